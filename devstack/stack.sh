@@ -1,0 +1,520 @@
+#!/usr/bin/env bash
+# The local dev stack: real PostgreSQL and real Apache Kafka (KRaft) on loopback,
+# without Docker. `make up` / `make down` call this script.
+#
+# Usage: devstack/stack.sh up | down | status | logs [lines] | psql [db] [psql args...]
+#
+#   up      start both servers (idempotent: when they already run it only re-checks
+#           them), create the databases and topics, return once both answer.
+#   down    stop both servers; data stays for the next `up`.
+#   status  one line per server.
+#   logs    the tail of both servers' logs (default 40 lines).
+#   psql    open psql on a database (default: postgres), e.g. `stack.sh psql orders`.
+#
+# Settings (environment, with defaults):
+#   ONCEFLOW_PG_PORT                55432  PostgreSQL port on 127.0.0.1
+#   ONCEFLOW_KAFKA_PORT             59092  Kafka client (PLAINTEXT) port on 127.0.0.1
+#   ONCEFLOW_KAFKA_CONTROLLER_PORT  59093  KRaft controller port on 127.0.0.1
+#   ONCEFLOW_TOPIC_PARTITIONS       6      partitions for the topics `up` creates
+#   ONCEFLOW_KAFKA_HEAP             768m   broker max heap (-Xmx), at most 1g: the machine has 2 cores
+#                                          and the services, tests and load tests share it
+#   ONCEFLOW_STACK_TIMEOUT          60     seconds each server gets to become ready
+#
+# Everything it downloads, stores and logs lives in $ROOT/.devstack/ (git-ignored):
+#   pg/data  pg/run  pg/postgres.log
+#   kafka/libs  kafka/data  kafka/server.properties  kafka/log4j.properties  kafka/kafka.log  kafka/kafka.pid
+#   bin/kafkactl   (built from tools/cmd/kafkactl)
+# Delete that folder to start from nothing.
+#
+# Connection strings:
+#   postgres://postgres:postgres@127.0.0.1:55432/<orders|billing|shim>?sslmode=disable
+#   Kafka bootstrap: 127.0.0.1:59092
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+STATE="$ROOT/.devstack"
+
+PG_PORT="${ONCEFLOW_PG_PORT:-55432}"
+KAFKA_PORT="${ONCEFLOW_KAFKA_PORT:-59092}"
+KAFKA_CONTROLLER_PORT="${ONCEFLOW_KAFKA_CONTROLLER_PORT:-59093}"
+TOPIC_PARTITIONS="${ONCEFLOW_TOPIC_PARTITIONS:-6}"
+KAFKA_HEAP="${ONCEFLOW_KAFKA_HEAP:-768m}"
+TIMEOUT="${ONCEFLOW_STACK_TIMEOUT:-60}"
+
+PG_DIR="$STATE/pg"
+# pg_set_dir points every Postgres path at dir. .devstack/pg may be a link to a
+# place the postgres user can reach (see pg_prepare_dirs); follow it.
+pg_set_dir() {
+  PG_DIR=$1
+  PG_DATA="$PG_DIR/data"
+  PG_RUN="$PG_DIR/run"
+  PG_LOG="$PG_DIR/postgres.log"
+}
+if [[ -L $PG_DIR ]]; then pg_set_dir "$(readlink -f "$PG_DIR")"; else pg_set_dir "$PG_DIR"; fi
+PG_DATABASES=(orders billing shim)
+
+KAFKA_DIR="$STATE/kafka"
+KAFKA_LIBS="$KAFKA_DIR/libs"
+KAFKA_DATA="$KAFKA_DIR/data"
+KAFKA_PROPS="$KAFKA_DIR/server.properties"
+KAFKA_LOG4J="$KAFKA_DIR/log4j.properties"
+KAFKA_LOG="$KAFKA_DIR/kafka.log"
+KAFKA_PID="$KAFKA_DIR/kafka.pid"
+KAFKA_TOPICS=(orders.events billing.events orders.events.dlt billing.events.dlt)
+
+KAFKACTL="$STATE/bin/kafkactl"
+
+say() { printf '%s\n' "$*"; }
+die() { printf 'stack.sh: %s\n' "$*" >&2; exit 1; }
+
+# show_log_tail prints the end of a server's log, so a failed `up` explains itself.
+# A dying broker logs pages of shutdown chatter after the cause, so the first
+# error lines of the recent log follow the tail.
+show_log_tail() {
+  local name=$1 file=$2
+  printf '\n--- last 40 lines of %s (%s) ---\n' "$name" "$file" >&2
+  if [[ ! -f $file ]]; then
+    say "(no log yet)" >&2
+    return
+  fi
+  tail -n 40 "$file" >&2
+  local errors
+  errors=$(tail -n 400 "$file" | grep -E 'ERROR|FATAL|PANIC|Caused by|Exception:' | head -n 8 | cut -c1-300 || true)
+  if [[ -n $errors ]]; then
+    printf -- '--- first errors in the recent %s log ---\n%s\n' "$name" "$errors" >&2
+  fi
+  printf -- '--- end of %s log ---\n\n' "$name" >&2
+}
+
+is_root() { [[ $(id -u) -eq 0 ]]; }
+
+# apt_install installs Debian packages the stack needs but the machine lacks. A CI
+# machine may start from a bare image, so the script brings its own servers.
+apt_install() {
+  local sudo=()
+  if ! is_root; then
+    command -v sudo >/dev/null || die "missing $*: install them (apt-get install -y $*) or run as root"
+    sudo=(sudo)
+  fi
+  say "installing $* with apt-get (first run on this machine only) …"
+  "${sudo[@]}" apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive "${sudo[@]}" apt-get install -y -qq "$@" >/dev/null
+}
+
+validate_settings() {
+  local v
+  for v in PG_PORT KAFKA_PORT KAFKA_CONTROLLER_PORT TOPIC_PARTITIONS TIMEOUT; do
+    [[ ${!v} =~ ^[0-9]+$ ]] || die "$v must be a number, got '${!v}'"
+  done
+  # A bigger broker heap only starves the services and the load generator on a 2-core box.
+  local mb
+  case "$KAFKA_HEAP" in
+    *[kK]) mb=$(( ${KAFKA_HEAP%[kK]} / 1024 )) ;;
+    *[mM]) mb=${KAFKA_HEAP%[mM]} ;;
+    *[gG]) mb=$(( ${KAFKA_HEAP%[gG]} * 1024 )) ;;
+    *) die "ONCEFLOW_KAFKA_HEAP must look like 768m or 1g, got '$KAFKA_HEAP'" ;;
+  esac
+  [[ $mb =~ ^[0-9]+$ ]] || die "ONCEFLOW_KAFKA_HEAP must look like 768m or 1g, got '$KAFKA_HEAP'"
+  (( mb >= 256 && mb <= 1024 )) || die "ONCEFLOW_KAFKA_HEAP must be between 256m and 1g, got '$KAFKA_HEAP'"
+}
+
+# ---------------------------------------------------------------------------
+# PostgreSQL
+# ---------------------------------------------------------------------------
+
+PG_BIN=""
+
+# find_pg_bin picks the newest installed server. Only `up` (argument "install")
+# installs Debian's package when there is none; `down` and `status` just look.
+find_pg_bin() {
+  local d
+  PG_BIN=""
+  # The glob stays literal when nothing matches; the -x test then skips it.
+  for d in $(printf '%s\n' /usr/lib/postgresql/*/bin | sort -V); do
+    [[ -x $d/postgres ]] && PG_BIN=$d
+  done
+  if [[ -z $PG_BIN && ${1:-} == install ]]; then
+    apt_install postgresql
+    find_pg_bin
+  fi
+  [[ -n $PG_BIN || ${1:-} != install ]] || die "no PostgreSQL server found under /usr/lib/postgresql/*/bin"
+}
+
+# as_pg runs a server-side command as the postgres user when we are root, because
+# initdb and postgres refuse to run as root.
+as_pg() {
+  if is_root; then runuser -u postgres -- "$@"; else "$@"; fi
+}
+
+# pg_client runs a client over TCP; trust auth means no password and no OS user needed.
+pg_client() {
+  local tool=$1; shift
+  "$PG_BIN/$tool" -h 127.0.0.1 -p "$PG_PORT" -U postgres "$@"
+}
+
+pg_running() {
+  [[ -n $PG_BIN && -f $PG_DATA/PG_VERSION ]] || return 1
+  as_pg "$PG_BIN/pg_ctl" status -D "$PG_DATA" >/dev/null 2>&1
+}
+
+pg_pid() { head -n 1 "$PG_DATA/postmaster.pid" 2>/dev/null || true; }
+
+# pg_prepare_dirs makes the data directory the postgres user's. That user must be
+# able to reach it through every parent directory, which fails for a clone under
+# /root (mode 700). Then the data lives under /var/lib/onceflow instead, and
+# .devstack/pg links to it, so it is still found, reused and deleted from one place.
+pg_prepare_dirs() {
+  mkdir -p "$PG_DATA" "$PG_RUN"
+  if is_root; then
+    chown postgres:postgres "$PG_DIR" "$PG_RUN"
+    chown -R postgres:postgres "$PG_DATA"
+    if ! runuser -u postgres -- test -w "$PG_DIR"; then
+      local d="$PG_DIR" blocker=""
+      while [[ $d != / ]]; do
+        runuser -u postgres -- test -x "$d" || blocker=$d
+        d=$(dirname "$d")
+      done
+      local alt
+      alt="/var/lib/onceflow/$(printf '%s' "$ROOT" | sha1sum | cut -c1-12)/pg"
+      say "postgres: the postgres user cannot enter ${blocker:-a parent of $PG_DIR}; keeping the data in $alt (linked from .devstack/pg)"
+      rm -rf "$PG_DIR"
+      mkdir -p "$alt/data" "$alt/run"
+      chmod 755 /var/lib/onceflow "$(dirname "$alt")"
+      ln -sfn "$alt" "$STATE/pg"
+      pg_set_dir "$alt"
+      chown postgres:postgres "$PG_DIR" "$PG_RUN"
+      chown -R postgres:postgres "$PG_DATA"
+    fi
+  fi
+  chmod 700 "$PG_DATA"
+}
+
+# pg_configure writes the stack's settings into a file of its own, included from
+# postgresql.conf, so re-running `up` never edits initdb's file twice.
+pg_configure() {
+  # Unix socket paths are limited to 107 bytes; a deep checkout would break startup.
+  local socket_dir="$PG_RUN"
+  if (( ${#PG_RUN} + 20 > 107 )); then
+    say "postgres: path too long for a unix socket, listening on TCP only"
+    socket_dir=""
+  fi
+  as_pg tee "$PG_DATA/onceflow.conf" >/dev/null <<EOF
+# Written by devstack/stack.sh on every \`up\`; edit the script, not this file.
+listen_addresses = '127.0.0.1'
+port = $PG_PORT
+unix_socket_directories = '$socket_dir'
+# Logical decoding lets a relay read the outbox from the WAL instead of polling.
+wal_level = logical
+# Three services, each with a pool, plus tests and the fault harness.
+max_connections = 300
+shared_buffers = 128MB
+logging_collector = off
+log_line_prefix = '%m [%p] %q%u@%d '
+EOF
+  if ! grep -q "^include_if_exists = 'onceflow.conf'" "$PG_DATA/postgresql.conf"; then
+    printf "\ninclude_if_exists = 'onceflow.conf'\n" | as_pg tee -a "$PG_DATA/postgresql.conf" >/dev/null
+  fi
+}
+
+pg_up() {
+  find_pg_bin install
+  if pg_running; then
+    say "postgres: already running on 127.0.0.1:$PG_PORT (pid $(pg_pid))"
+  else
+    pg_prepare_dirs
+    if [[ ! -f $PG_DATA/PG_VERSION ]]; then
+      say "postgres: initialising $PG_DATA (first run only) …"
+      # --no-locale: the same byte-order collation on every machine, whatever locales it has.
+      as_pg "$PG_BIN/initdb" -D "$PG_DATA" --auth=trust -U postgres --encoding=UTF8 --no-locale >"$PG_DIR/initdb.log" 2>&1 \
+        || { show_log_tail postgres-initdb "$PG_DIR/initdb.log"; die "initdb failed"; }
+    fi
+    pg_configure
+    say "postgres: starting on 127.0.0.1:$PG_PORT …"
+    # One log per start, the previous one kept beside it, so errors shown on failure are this run's.
+    [[ -f $PG_LOG ]] && mv -f "$PG_LOG" "$PG_LOG.1"
+    # setsid: the server must outlive this script and the terminal that ran it.
+    if ! as_pg setsid -w "$PG_BIN/pg_ctl" start -D "$PG_DATA" -l "$PG_LOG" -w -t "$TIMEOUT" >/dev/null 2>&1; then
+      show_log_tail postgres "$PG_LOG"
+      die "postgres failed to start (see the log above)"
+    fi
+  fi
+
+  local deadline=$(( SECONDS + TIMEOUT ))
+  until pg_client psql -d postgres -Atqc 'select 1' >/dev/null 2>&1; do
+    if (( SECONDS >= deadline )); then
+      show_log_tail postgres "$PG_LOG"
+      die "postgres is not accepting connections on 127.0.0.1:$PG_PORT after ${TIMEOUT}s"
+    fi
+    sleep 0.5
+  done
+
+  # Only the databases: each service migrates its own schema on start.
+  local db
+  for db in "${PG_DATABASES[@]}"; do
+    if [[ -z $(pg_client psql -d postgres -Atqc "select 1 from pg_database where datname = '$db'") ]]; then
+      pg_client createdb "$db"
+      say "postgres: created database $db"
+    fi
+  done
+  say "postgres: ready"
+}
+
+pg_down() {
+  find_pg_bin
+  if pg_running; then
+    local pid; pid=$(pg_pid)
+    as_pg "$PG_BIN/pg_ctl" stop -D "$PG_DATA" -m fast -w -t "$TIMEOUT" >/dev/null
+    say "postgres: stopped (was pid $pid)"
+  else
+    say "postgres: not running"
+  fi
+}
+
+pg_status() {
+  find_pg_bin
+  if pg_running; then
+    say "postgres  running  127.0.0.1:$PG_PORT  pid $(pg_pid)  data $PG_DATA"
+  else
+    say "postgres  stopped  127.0.0.1:$PG_PORT  -  data $PG_DATA"
+  fi
+}
+
+# ---------------------------------------------------------------------------
+# Kafka
+# ---------------------------------------------------------------------------
+
+ensure_java_maven() {
+  local missing=()
+  command -v java >/dev/null || missing+=(default-jdk-headless)
+  command -v mvn >/dev/null || missing+=(maven)
+  (( ${#missing[@]} == 0 )) || apt_install "${missing[@]}"
+}
+
+# kafka_fetch_jars copies the broker and its dependencies from Maven Central.
+# The marker records which pom.xml it came from, so a version bump refetches and
+# an interrupted download (no marker) is redone instead of half-used.
+kafka_fetch_jars() {
+  local marker="$KAFKA_LIBS/.complete" want
+  want=$(sha256sum "$ROOT/devstack/pom.xml" | cut -d' ' -f1)
+  if [[ -f $marker && $(cat "$marker") == "$want" ]]; then
+    return
+  fi
+  say "kafka: fetching jars (first run only) …"
+  rm -rf "$KAFKA_LIBS" "$KAFKA_LIBS.tmp"
+  # mvn's output goes to a file (shown on failure): even -q -B prints stray ANSI codes.
+  mvn -q -B -f "$ROOT/devstack/pom.xml" dependency:copy-dependencies \
+    -DoutputDirectory="$KAFKA_LIBS.tmp" -DincludeScope=runtime >"$KAFKA_DIR/mvn.log" 2>&1 \
+    || { show_log_tail mvn "$KAFKA_DIR/mvn.log"; die "fetching Kafka jars with mvn failed"; }
+  ls "$KAFKA_LIBS.tmp"/kafka_2.13-*.jar >/dev/null 2>&1 || die "mvn finished but no kafka_2.13 jar was copied"
+  mv "$KAFKA_LIBS.tmp" "$KAFKA_LIBS"
+  printf '%s\n' "$want" >"$marker"
+}
+
+kafka_configure() {
+  mkdir -p "$KAFKA_DATA"
+  cat >"$KAFKA_LOG4J" <<'EOF'
+# Written by devstack/stack.sh on every `up`. The broker logs to stdout, which
+# the script sends to .devstack/kafka/kafka.log.
+log4j.rootLogger=INFO, stdout
+log4j.appender.stdout=org.apache.log4j.ConsoleAppender
+log4j.appender.stdout.layout=org.apache.log4j.PatternLayout
+log4j.appender.stdout.layout.ConversionPattern=[%d] %p %m (%c)%n
+# Per-request and per-partition chatter drowns the lines that explain a failure.
+log4j.logger.kafka.request.logger=WARN
+log4j.logger.kafka.network.RequestChannel$=WARN
+log4j.logger.state.change.logger=WARN
+log4j.logger.kafka.authorizer.logger=WARN
+log4j.logger.kafka.log.LogCleaner=WARN
+log4j.logger.org.apache.kafka.clients=WARN
+EOF
+  cat >"$KAFKA_PROPS" <<EOF
+# Written by devstack/stack.sh on every \`up\`; edit the script, not this file.
+# One node that is both broker and KRaft controller: no ZooKeeper.
+process.roles=broker,controller
+node.id=1
+controller.quorum.voters=1@127.0.0.1:$KAFKA_CONTROLLER_PORT
+listeners=PLAINTEXT://127.0.0.1:$KAFKA_PORT,CONTROLLER://127.0.0.1:$KAFKA_CONTROLLER_PORT
+advertised.listeners=PLAINTEXT://127.0.0.1:$KAFKA_PORT
+controller.listener.names=CONTROLLER
+inter.broker.listener.name=PLAINTEXT
+listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT
+log.dirs=$KAFKA_DATA
+num.partitions=$TOPIC_PARTITIONS
+# Topics are created on purpose (stack.sh, tests), never by a typo in a producer.
+auto.create.topics.enable=false
+delete.topic.enable=true
+# A single broker cannot hold more than one replica of anything.
+offsets.topic.replication.factor=1
+offsets.topic.num.partitions=10
+transaction.state.log.replication.factor=1
+transaction.state.log.min.isr=1
+# Consumers in tests join at once instead of waiting 3 s for more members.
+group.initial.rebalance.delay.ms=0
+EOF
+}
+
+kafka_java() {
+  java -Dlog4j.configuration="file:$KAFKA_LOG4J" -cp "$KAFKA_LIBS/*" "$@"
+}
+
+# kafka_format writes the KRaft metadata once; formatting again would refuse (or,
+# forced, throw away every topic), so existing data is always reused.
+kafka_format() {
+  [[ -f $KAFKA_DATA/meta.properties ]] && return
+  local id
+  id=$(kafka_java kafka.tools.StorageTool random-uuid 2>/dev/null | tail -n 1)
+  [[ -n $id ]] || die "kafka: could not generate a cluster id"
+  say "kafka: formatting storage (cluster id $id, first run only) …"
+  kafka_java kafka.tools.StorageTool format -t "$id" -c "$KAFKA_PROPS" >"$KAFKA_DIR/format.log" 2>&1 \
+    || { show_log_tail kafka-format "$KAFKA_DIR/format.log"; die "kafka: formatting storage failed"; }
+}
+
+# kafka_pid prints the broker's pid if the pid file names a live broker of this
+# stack (checked through its command line, because pids get reused).
+kafka_pid() {
+  local pid
+  pid=$(cat "$KAFKA_PID" 2>/dev/null || true)
+  [[ $pid =~ ^[0-9]+$ ]] || return 1
+  kill -0 "$pid" 2>/dev/null || return 1
+  tr '\0' ' ' <"/proc/$pid/cmdline" 2>/dev/null | grep -qF "kafka.Kafka $KAFKA_PROPS" || return 1
+  printf '%s\n' "$pid"
+}
+
+# build_kafkactl builds the Go helper once, and again when its source changes.
+# GOWORK=off: it needs only its own module, so a half-edited service elsewhere in
+# the workspace cannot stop the stack from starting.
+build_kafkactl() {
+  local src="$ROOT/tools"
+  if [[ -x $KAFKACTL ]] && [[ -z $(find "$src/cmd/kafkactl" "$src/go.mod" "$src/go.sum" -newer "$KAFKACTL" 2>/dev/null) ]]; then
+    return
+  fi
+  command -v go >/dev/null || die "go is not installed; it is needed to build tools/cmd/kafkactl"
+  say "kafka: building kafkactl …"
+  mkdir -p "$(dirname "$KAFKACTL")"
+  (cd "$src" && GOWORK=off go build -o "$KAFKACTL" ./cmd/kafkactl) || die "building kafkactl failed"
+}
+
+kafka_up() {
+  build_kafkactl
+  local pid
+  if pid=$(kafka_pid); then
+    say "kafka: already running on 127.0.0.1:$KAFKA_PORT (pid $pid)"
+  else
+    ensure_java_maven
+    mkdir -p "$KAFKA_DIR"
+    kafka_fetch_jars
+    kafka_configure
+    kafka_format
+    say "kafka: starting on 127.0.0.1:$KAFKA_PORT (controller 127.0.0.1:$KAFKA_CONTROLLER_PORT, heap $KAFKA_HEAP) …"
+    # Keep the previous run's log next to the new one for post-mortems.
+    [[ -f $KAFKA_LOG ]] && mv -f "$KAFKA_LOG" "$KAFKA_LOG.1"
+    # setsid + nohup detach the broker from this script and its terminal; the
+    # inner shell writes its own pid and then becomes java, so the pid file is exact.
+    # shellcheck disable=SC2016 # $$ and $@ belong to the inner shell
+    KAFKA_PID_FILE="$KAFKA_PID" setsid nohup bash -c 'echo $$ >"$KAFKA_PID_FILE"; exec "$@"' kafka \
+      java -Xms256m -Xmx"$KAFKA_HEAP" -XX:+UseG1GC -Djava.awt.headless=true \
+      -Dlog4j.configuration="file:$KAFKA_LOG4J" -cp "$KAFKA_LIBS/*" \
+      kafka.Kafka "$KAFKA_PROPS" </dev/null >>"$KAFKA_LOG" 2>&1 &
+    disown
+  fi
+
+  # Poll in short rounds so a broker that dies on startup (port taken, bad
+  # config) is reported at once instead of after the whole timeout.
+  local deadline=$(( SECONDS + TIMEOUT )) err=""
+  for (( ;; )); do
+    if err=$("$KAFKACTL" wait -brokers "127.0.0.1:$KAFKA_PORT" -timeout 2s 2>&1); then
+      break
+    fi
+    if ! kafka_pid >/dev/null; then
+      sleep 0.5 # the pid file is written by the child; give it a moment once
+      if ! kafka_pid >/dev/null; then
+        show_log_tail kafka "$KAFKA_LOG"
+        die "kafka exited during startup (see the log above)"
+      fi
+    fi
+    if (( SECONDS >= deadline )); then
+      show_log_tail kafka "$KAFKA_LOG"
+      die "kafka did not answer on 127.0.0.1:$KAFKA_PORT within ${TIMEOUT}s: $err"
+    fi
+  done
+
+  "$KAFKACTL" ensure-topics -brokers "127.0.0.1:$KAFKA_PORT" -partitions "$TOPIC_PARTITIONS" "${KAFKA_TOPICS[@]}" \
+    | sed 's/^/kafka: /'
+  say "kafka: ready"
+}
+
+kafka_down() {
+  local pid
+  if ! pid=$(kafka_pid); then
+    rm -f "$KAFKA_PID"
+    say "kafka: not running"
+    return
+  fi
+  # SIGTERM lets the broker flush and close its logs cleanly, so the next start
+  # skips log recovery; SIGKILL only if it hangs.
+  kill -TERM "$pid"
+  local i
+  for (( i = 0; i < 60; i++ )); do
+    kill -0 "$pid" 2>/dev/null || break
+    sleep 0.5
+  done
+  if kill -0 "$pid" 2>/dev/null; then
+    say "kafka: still running after 30s, killing pid $pid"
+    kill -KILL "$pid"
+  fi
+  rm -f "$KAFKA_PID"
+  say "kafka: stopped (was pid $pid)"
+}
+
+kafka_status() {
+  local pid
+  if pid=$(kafka_pid); then
+    say "kafka     running  127.0.0.1:$KAFKA_PORT  pid $pid  data $KAFKA_DATA"
+  else
+    say "kafka     stopped  127.0.0.1:$KAFKA_PORT  -  data $KAFKA_DATA"
+  fi
+}
+
+# ---------------------------------------------------------------------------
+
+cmd_up() {
+  validate_settings
+  mkdir -p "$STATE"
+  local start=$SECONDS
+  pg_up
+  kafka_up
+  say "stack is up in $(( SECONDS - start ))s:"
+  say "  postgres://postgres:postgres@127.0.0.1:$PG_PORT/{$(IFS=,; echo "${PG_DATABASES[*]}")}?sslmode=disable"
+  say "  kafka bootstrap 127.0.0.1:$KAFKA_PORT"
+}
+
+cmd_logs() {
+  local n=${1:-40}
+  printf '==> %s <==\n' "$PG_LOG"
+  tail -n "$n" "$PG_LOG" 2>/dev/null || say "(no log yet)"
+  printf '\n==> %s <==\n' "$KAFKA_LOG"
+  tail -n "$n" "$KAFKA_LOG" 2>/dev/null || say "(no log yet)"
+}
+
+cmd_psql() {
+  find_pg_bin
+  [[ -n $PG_BIN ]] || die "PostgreSQL is not installed; run \`devstack/stack.sh up\` first"
+  local db=postgres
+  if [[ $# -gt 0 && $1 != -* ]]; then db=$1; shift; fi
+  exec "$PG_BIN/psql" -h 127.0.0.1 -p "$PG_PORT" -U postgres -d "$db" "$@"
+}
+
+main() {
+  local cmd=${1:-}
+  (( $# )) && shift
+  case "$cmd" in
+    up) cmd_up ;;
+    down) kafka_down; pg_down ;;
+    status) pg_status; kafka_status ;;
+    logs) cmd_logs "$@" ;;
+    psql) cmd_psql "$@" ;;
+    *) sed -n '2,12s/^# \{0,1\}//p' "${BASH_SOURCE[0]}" >&2; exit 2 ;;
+  esac
+}
+
+main "$@"

@@ -1,0 +1,12 @@
+// Package event defines the envelope every onceflow event travels in, and how
+// it is carried on a Kafka message.
+//
+// The envelope is shared by the producing side (package outbox) and the
+// consuming side (package inbox); it lives here so that neither library
+// depends on the other.
+//
+// On the wire the Kafka key is the aggregate id (so one aggregate's events
+// share a partition and stay in order), the value is the payload JSON, and
+// every envelope field travels as a Kafka header (see the Header constants).
+// Payloads are integration contracts, never serialized database rows.
+package event

@@ -1,0 +1,3 @@
+module github.com/onceflow/onceflow/pkg/inbox
+
+go 1.26

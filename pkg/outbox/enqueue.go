@@ -1,0 +1,59 @@
+package outbox
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/onceflow/onceflow/pkg/event"
+)
+
+// insertEvent writes one pending event. The logical partition is computed by
+// Postgres from the aggregate id so every writer, in any language, agrees.
+const insertEvent = `
+INSERT INTO outbox_events (
+    event_id, aggregate_type, aggregate_id, aggregate_version,
+    event_type, event_version, payload, headers, occurred_at, partition)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, mod(hashtext($3)::bigint + 2147483648, 64)) -- 64 = Partitions
+`
+
+// Enqueue writes ev to the outbox inside the caller's transaction, so the
+// event commits if and only if the domain change beside it commits. It never
+// commits and never talks to Kafka. An event missing a required envelope
+// field is rejected with an error wrapping event.ErrInvalid.
+func Enqueue(ctx context.Context, tx pgx.Tx, ev event.Envelope) error {
+	return EnqueueBatch(ctx, tx, ev)
+}
+
+// EnqueueBatch writes several events in one round trip, in order.
+func EnqueueBatch(ctx context.Context, tx pgx.Tx, evs ...event.Envelope) error {
+	var b pgx.Batch
+	for _, ev := range evs {
+		if err := ev.Validate(); err != nil {
+			return fmt.Errorf("outbox: %s %s: %w", ev.EventType, ev.EventID, err)
+		}
+		headers, err := json.Marshal(envelopeHeaders{
+			CorrelationID: ev.CorrelationID,
+			CausationID:   ev.CausationID,
+			Traceparent:   ev.Traceparent,
+		})
+		if err != nil {
+			return fmt.Errorf("outbox: encoding headers: %w", err)
+		}
+		b.Queue(insertEvent, ev.EventID, ev.AggregateType, ev.AggregateID, ev.AggregateVersion,
+			ev.EventType, ev.EventVersion, []byte(ev.Payload), headers, ev.OccurredAt)
+	}
+	if err := tx.SendBatch(ctx, &b).Close(); err != nil {
+		return fmt.Errorf("outbox: inserting events: %w", err)
+	}
+	return nil
+}
+
+// envelopeHeaders is the JSON shape of the headers column.
+type envelopeHeaders struct {
+	CorrelationID string `json:"correlationId,omitempty"`
+	CausationID   string `json:"causationId,omitempty"`
+	Traceparent   string `json:"traceparent,omitempty"`
+}

@@ -1,0 +1,243 @@
+package outbox_test
+
+import (
+	"context"
+	"errors"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/segmentio/kafka-go"
+
+	"github.com/onceflow/onceflow/pkg/event"
+	"github.com/onceflow/onceflow/pkg/outbox"
+	"github.com/onceflow/onceflow/pkg/platform/kafkautil"
+	"github.com/onceflow/onceflow/pkg/platform/pgutil"
+	"github.com/onceflow/onceflow/pkg/platform/testinfra"
+)
+
+// newOutboxDB returns a pool on a fresh database with the outbox schema.
+func newOutboxDB(t *testing.T) *pgxpool.Pool {
+	t.Helper()
+	pool := testinfra.NewPool(t, testinfra.NewDatabase(t))
+	if err := pgutil.Migrate(pool, pgutil.Migration{FS: outbox.Migrations, Table: outbox.MigrationsTable}); err != nil {
+		t.Fatalf("migrating: %v", err)
+	}
+	return pool
+}
+
+func newEvent(aggregateID string, version int64) event.Envelope {
+	return event.Envelope{
+		EventID:          uuid.New(),
+		EventType:        "ThingHappened",
+		EventVersion:     1,
+		AggregateType:    "thing",
+		AggregateID:      aggregateID,
+		AggregateVersion: version,
+		OccurredAt:       time.Now(),
+		CorrelationID:    "corr-1",
+		Payload:          []byte(`{"n":1}`),
+	}
+}
+
+func countRows(t *testing.T, pool *pgxpool.Pool, where string) int {
+	t.Helper()
+	var n int
+	if err := pool.QueryRow(context.Background(), "SELECT count(*) FROM outbox_events WHERE "+where).Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+func TestEnqueueCommitsOrRollsBackWithTheBusinessTransaction(t *testing.T) {
+	ctx := context.Background()
+	pool := newOutboxDB(t)
+
+	tx, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx)
+	if err := outbox.Enqueue(ctx, tx, newEvent("a", 1)); err != nil {
+		t.Fatal(err)
+	}
+	if err := tx.Rollback(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if n := countRows(t, pool, "true"); n != 0 {
+		t.Fatalf("after rollback: %d outbox rows, want 0", n)
+	}
+
+	tx, err = pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx)
+	if err := outbox.Enqueue(ctx, tx, newEvent("a", 1)); err != nil {
+		t.Fatal(err)
+	}
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if n := countRows(t, pool, "state = 'pending'"); n != 1 {
+		t.Fatalf("after commit: %d pending rows, want 1", n)
+	}
+}
+
+func TestEnqueueRejectsAnIncompleteEnvelope(t *testing.T) {
+	ctx := context.Background()
+	pool := newOutboxDB(t)
+	tx, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx)
+	ev := newEvent("", 1)
+	if err := outbox.Enqueue(ctx, tx, ev); !errors.Is(err, event.ErrInvalid) {
+		t.Fatalf("err = %v, want event.ErrInvalid for a missing aggregate id", err)
+	}
+}
+
+func TestRelayPublishesThroughTheBrokerThenMarks(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	brokers := testinfra.KafkaBrokers(t)
+	topic := testinfra.NewTopic(t, brokers, 3)
+	pool := newOutboxDB(t)
+
+	var want []event.Envelope
+	tx, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx)
+	for v := int64(1); v <= 5; v++ {
+		want = append(want, newEvent("agg-1", v))
+	}
+	if err := outbox.EnqueueBatch(ctx, tx, want...); err != nil {
+		t.Fatal(err)
+	}
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+
+	w := kafkautil.NewWriter(brokers, 100)
+	defer w.Close()
+	relay, err := outbox.NewRelay(pool, w, outbox.RelayConfig{Topic: func(string) string { return topic }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	runCtx, stop := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- relay.Run(runCtx) }()
+	t.Cleanup(func() { stop(); <-done })
+
+	r := kafka.NewReader(kafka.ReaderConfig{Brokers: brokers, Topic: topic, GroupID: testinfra.Name("g"), MaxWait: 100 * time.Millisecond})
+	defer r.Close()
+	for i, w := range want {
+		m, err := r.FetchMessage(ctx)
+		if err != nil {
+			t.Fatalf("reading event %d: %v", i, err)
+		}
+		got, err := event.FromKafka(m)
+		if err != nil {
+			t.Fatalf("decoding event %d: %v", i, err)
+		}
+		if got.EventID != w.EventID || got.AggregateVersion != w.AggregateVersion || got.CorrelationID != "corr-1" {
+			t.Fatalf("event %d = %s v%d, want %s v%d in order", i, got.EventID, got.AggregateVersion, w.EventID, w.AggregateVersion)
+		}
+	}
+	testinfra.WaitFor(t, 10*time.Second, "all rows marked published", func() (bool, error) {
+		return countRows(t, pool, "state = 'published' AND published_at IS NOT NULL") == len(want), nil
+	})
+}
+
+// flakyWriter fails every write until healthy is set, then delegates to the real broker.
+type flakyWriter struct {
+	real    outbox.Writer
+	healthy atomic.Bool
+	calls   atomic.Int32
+}
+
+func (f *flakyWriter) WriteMessages(ctx context.Context, msgs ...kafka.Message) error {
+	f.calls.Add(1)
+	if !f.healthy.Load() {
+		return errors.New("injected: broker unreachable")
+	}
+	return f.real.WriteMessages(ctx, msgs...)
+}
+
+func TestRelayRetriesWithBackoffThenGoesDead(t *testing.T) {
+	ctx := context.Background()
+	brokers := testinfra.KafkaBrokers(t)
+	topic := testinfra.NewTopic(t, brokers, 1)
+	pool := newOutboxDB(t)
+	real := kafkautil.NewWriter(brokers, 10)
+	defer real.Close()
+	w := &flakyWriter{real: real}
+	relay, err := outbox.NewRelay(pool, w, outbox.RelayConfig{
+		Topic: func(string) string { return topic }, MaxAttempts: 3, BackoffMin: time.Millisecond, BackoffMax: 2 * time.Millisecond,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	tx, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx)
+	if err := outbox.EnqueueBatch(ctx, tx, newEvent("x", 1), newEvent("y", 1)); err != nil {
+		t.Fatal(err)
+	}
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+
+	if _, err := relay.RelayBatch(ctx); err != nil {
+		t.Fatal(err)
+	}
+	var attempts int
+	var lastErr string
+	if err := pool.QueryRow(ctx, "SELECT max(attempts), max(last_error) FROM outbox_events WHERE state = 'pending'").Scan(&attempts, &lastErr); err != nil {
+		t.Fatal(err)
+	}
+	if attempts != 1 || lastErr != "injected: broker unreachable" {
+		t.Fatalf("after one failure: attempts=%d last_error=%q", attempts, lastErr)
+	}
+
+	testinfra.WaitFor(t, 10*time.Second, "rows to go dead after 3 attempts", func() (bool, error) {
+		if _, err := relay.RelayBatch(ctx); err != nil {
+			return false, err
+		}
+		return countRows(t, pool, "state = 'dead' AND attempts = 3") == 2, nil
+	})
+	calls := w.calls.Load()
+	w.healthy.Store(true)
+	if n, err := relay.RelayBatch(ctx); err != nil || n != 0 {
+		t.Fatalf("dead rows were claimed again: n=%d err=%v", n, err)
+	}
+	if w.calls.Load() != calls {
+		t.Fatal("the relay wrote dead rows to the broker")
+	}
+}
+
+func TestBackoffGrowsAndIsCapped(t *testing.T) {
+	for _, tt := range []struct {
+		attempt int
+		lo, hi  time.Duration
+	}{
+		{1, 50 * time.Millisecond, 100 * time.Millisecond},
+		{2, 100 * time.Millisecond, 200 * time.Millisecond},
+		{4, 400 * time.Millisecond, 800 * time.Millisecond},
+		{30, 500 * time.Millisecond, time.Second},
+	} {
+		for range 50 {
+			d := outbox.Backoff(tt.attempt, 100*time.Millisecond, time.Second)
+			if d < tt.lo || d > tt.hi {
+				t.Fatalf("Backoff(%d) = %v, want within [%v, %v]", tt.attempt, d, tt.lo, tt.hi)
+			}
+		}
+	}
+}

@@ -1,0 +1,42 @@
+// Package apperr is the one coded error type application code returns when
+// the caller, not the system, is at fault. The HTTP layer maps each Code to a
+// status in exactly one place (httpserver's error handler); everything else
+// is an internal error whose details stay in the log.
+package apperr
+
+import (
+	"errors"
+	"fmt"
+)
+
+// Code classifies an application error.
+type Code string
+
+// The codes, with the HTTP status they map to.
+const (
+	Malformed Code = "malformed" // 400: the request cannot be parsed
+	Invalid   Code = "invalid"   // 422: parsed, but breaks a rule
+	NotFound  Code = "not_found" // 404
+	Conflict  Code = "conflict"  // 409: valid, but clashes with current state
+	TooLarge  Code = "too_large" // 413
+)
+
+// Error is an application error with a message safe to show the caller.
+type Error struct {
+	Code    Code
+	Message string
+}
+
+func (e *Error) Error() string { return string(e.Code) + ": " + e.Message }
+
+// Errorf returns an *Error with a formatted message.
+func Errorf(code Code, format string, args ...any) *Error {
+	return &Error{Code: code, Message: fmt.Sprintf(format, args...)}
+}
+
+// As returns the *Error in err's chain, if any.
+func As(err error) (*Error, bool) {
+	var e *Error
+	ok := errors.As(err, &e)
+	return e, ok
+}

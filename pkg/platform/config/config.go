@@ -1,0 +1,51 @@
+// Package config loads a service's configuration from environment variables
+// into a struct whose fields carry `env` and `envDefault` tags.
+//
+// It wraps github.com/caarlos0/env so that the environment is read through
+// the getenv function a service's run receives, never from os.Getenv
+// directly, and so that tests and docs can list every variable a service reads.
+package config
+
+import (
+	"fmt"
+
+	"github.com/caarlos0/env/v11"
+)
+
+// Var describes one environment variable a configuration reads.
+type Var struct {
+	Name    string
+	Default string
+}
+
+// Load fills cfg (a pointer to a struct) from getenv, applying the
+// envDefault of every variable getenv returns empty for.
+func Load(getenv func(string) string, cfg any) error {
+	vars, err := Vars(cfg)
+	if err != nil {
+		return err
+	}
+	environ := make(map[string]string, len(vars))
+	for _, v := range vars {
+		if val := getenv(v.Name); val != "" {
+			environ[v.Name] = val
+		}
+	}
+	if err := env.ParseWithOptions(cfg, env.Options{Environment: environ}); err != nil {
+		return fmt.Errorf("reading configuration: %w", err)
+	}
+	return nil
+}
+
+// Vars lists the environment variables cfg (a pointer to a struct) reads.
+func Vars(cfg any) ([]Var, error) {
+	params, err := env.GetFieldParams(cfg)
+	if err != nil {
+		return nil, fmt.Errorf("listing configuration variables: %w", err)
+	}
+	vars := make([]Var, 0, len(params))
+	for _, p := range params {
+		vars = append(vars, Var{Name: p.Key, Default: p.DefaultValue})
+	}
+	return vars, nil
+}

@@ -1,0 +1,84 @@
+// Package kafkautil builds segmentio/kafka-go clients with the settings the
+// outbox and inbox rely on, instead of kafka-go's unsafe zero values.
+package kafkautil
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"time"
+
+	"github.com/segmentio/kafka-go"
+)
+
+// NewWriter returns a writer that waits for every in-sync replica to ack
+// (a Writer{} literal defaults to fire-and-forget), flushes after a few
+// milliseconds instead of kafka-go's default second, and picks partitions by
+// hashing the key so each aggregate stays on one partition. batchSize should
+// be at least the number of messages a caller writes at once.
+func NewWriter(brokers []string, batchSize int) *kafka.Writer {
+	if batchSize < 1 {
+		batchSize = 100
+	}
+	return &kafka.Writer{
+		Addr:         kafka.TCP(brokers...),
+		Balancer:     &kafka.Hash{},
+		RequiredAcks: kafka.RequireAll,
+		BatchSize:    batchSize,
+		BatchTimeout: 2 * time.Millisecond,
+		// Writes that fail are retried by the caller (the outbox relay keeps
+		// the row pending), so kafka-go's own retries only add latency.
+		MaxAttempts:            3,
+		WriteBackoffMin:        10 * time.Millisecond,
+		WriteBackoffMax:        200 * time.Millisecond,
+		AllowAutoTopicCreation: false,
+	}
+}
+
+// Ping reports whether a broker answers a metadata request within the
+// deadline of ctx (or 3 seconds).
+func Ping(ctx context.Context, brokers []string) error {
+	if _, ok := ctx.Deadline(); !ok {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, 3*time.Second)
+		defer cancel()
+	}
+	var lastErr error
+	for _, b := range brokers {
+		d := kafka.Dialer{Timeout: 3 * time.Second}
+		conn, err := d.DialContext(ctx, "tcp", b)
+		if err != nil {
+			lastErr = err
+			continue
+		}
+		if dl, ok := ctx.Deadline(); ok {
+			_ = conn.SetDeadline(dl)
+		}
+		_, err = conn.Brokers()
+		conn.Close()
+		if err == nil {
+			return nil
+		}
+		lastErr = err
+	}
+	return fmt.Errorf("no Kafka broker of %v answered: %w", brokers, lastErr)
+}
+
+// Controller dials the cluster's controller, which topic admin requests must go to.
+func Controller(ctx context.Context, brokers []string) (*kafka.Conn, error) {
+	d := kafka.Dialer{Timeout: 3 * time.Second}
+	conn, err := d.DialContext(ctx, "tcp", brokers[0])
+	if err != nil {
+		return nil, fmt.Errorf("dialing %s: %w", brokers[0], err)
+	}
+	defer conn.Close()
+	c, err := conn.Controller()
+	if err != nil {
+		return nil, fmt.Errorf("finding the controller: %w", err)
+	}
+	ctrl, err := d.DialContext(ctx, "tcp", net.JoinHostPort(c.Host, fmt.Sprint(c.Port)))
+	if err != nil {
+		return nil, fmt.Errorf("dialing the controller: %w", err)
+	}
+	return ctrl, nil
+}

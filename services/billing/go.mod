@@ -1,0 +1,3 @@
+module github.com/onceflow/onceflow/services/billing
+
+go 1.26

@@ -1,0 +1,3 @@
+module github.com/onceflow/onceflow/services/reconciler-shim
+
+go 1.26

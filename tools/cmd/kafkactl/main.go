@@ -1,0 +1,303 @@
+// Command kafkactl is the dev stack's small Kafka helper: it tells whether the
+// broker answers, creates the platform's topics, and lists what exists.
+//
+// devstack/stack.sh uses it instead of Kafka's own shell tools because those
+// start a JVM per call (seconds each) while this answers in milliseconds, and
+// because it speaks to the broker through segmentio/kafka-go, the same client
+// the services use: if kafkactl can talk to the broker, so can they.
+//
+// Usage:
+//
+//	kafkactl wait          -brokers 127.0.0.1:59092 -timeout 60s
+//	kafkactl ensure-topics -brokers 127.0.0.1:59092 -partitions 6 orders.events billing.events
+//	kafkactl topics        -brokers 127.0.0.1:59092
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"os/signal"
+	"slices"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/segmentio/kafka-go"
+)
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	if err := run(ctx, os.Args[1:], os.Stdout); err != nil {
+		fmt.Fprintln(os.Stderr, "kafkactl:", err)
+		os.Exit(1)
+	}
+}
+
+const usage = `usage:
+  kafkactl wait          [-brokers host:port,...] [-timeout 60s]
+  kafkactl ensure-topics [-brokers host:port,...] [-partitions 6] [-timeout 30s] topic...
+  kafkactl topics        [-brokers host:port,...]`
+
+// defaultBrokers matches the dev stack's default ONCEFLOW_KAFKA_PORT.
+const defaultBrokers = "127.0.0.1:59092"
+
+func run(ctx context.Context, args []string, stdout io.Writer) error {
+	if len(args) == 0 {
+		return errors.New(usage)
+	}
+	cmd, args := args[0], args[1:]
+
+	fs := flag.NewFlagSet("kafkactl "+cmd, flag.ContinueOnError)
+	brokers := fs.String("brokers", defaultBrokers, "comma-separated bootstrap brokers")
+	switch cmd {
+	case "wait":
+		timeout := fs.Duration("timeout", 60*time.Second, "give up after this long")
+		if err := fs.Parse(args); err != nil {
+			return err
+		}
+		return waitReady(ctx, splitBrokers(*brokers), *timeout, stdout)
+	case "ensure-topics":
+		partitions := fs.Int("partitions", 6, "partition count for topics that are created")
+		timeout := fs.Duration("timeout", 30*time.Second, "give up after this long")
+		if err := fs.Parse(args); err != nil {
+			return err
+		}
+		if fs.NArg() == 0 {
+			return errors.New("ensure-topics: name at least one topic")
+		}
+		if *partitions < 1 {
+			return fmt.Errorf("ensure-topics: -partitions must be at least 1, got %d", *partitions)
+		}
+		ctx, cancel := context.WithTimeout(ctx, *timeout)
+		defer cancel()
+		return ensureTopics(ctx, splitBrokers(*brokers), fs.Args(), *partitions, stdout)
+	case "topics":
+		if err := fs.Parse(args); err != nil {
+			return err
+		}
+		ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		defer cancel()
+		return listTopics(ctx, splitBrokers(*brokers), stdout)
+	case "help", "-h", "-help", "--help":
+		fmt.Fprintln(stdout, usage)
+		return nil
+	default:
+		return fmt.Errorf("unknown command %q\n%s", cmd, usage)
+	}
+}
+
+func splitBrokers(s string) []string {
+	var out []string
+	for _, b := range strings.Split(s, ",") {
+		if b = strings.TrimSpace(b); b != "" {
+			out = append(out, b)
+		}
+	}
+	return out
+}
+
+// dial connects to the first broker that answers. Every operation gets a fresh
+// connection because a broker that is still starting may accept and then drop
+// connections; retrying on a new one is what a real client would do too.
+func dial(ctx context.Context, brokers []string) (*kafka.Conn, error) {
+	if len(brokers) == 0 {
+		return nil, errors.New("no brokers given")
+	}
+	dialer := &kafka.Dialer{Timeout: 5 * time.Second}
+	var errs []error
+	for _, addr := range brokers {
+		conn, err := dialer.DialContext(ctx, "tcp", addr)
+		if err == nil {
+			// kafka-go's request methods take no context: bound them with a deadline.
+			deadline, ok := ctx.Deadline()
+			if !ok || time.Until(deadline) > 10*time.Second {
+				deadline = time.Now().Add(10 * time.Second)
+			}
+			if err := conn.SetDeadline(deadline); err != nil {
+				conn.Close()
+				return nil, fmt.Errorf("setting deadline on %s: %w", addr, err)
+			}
+			return conn, nil
+		}
+		errs = append(errs, fmt.Errorf("dialing %s: %w", addr, err))
+	}
+	return nil, errors.Join(errs...)
+}
+
+// waitReady retries a metadata request until the cluster reports a broker and
+// a controller. Only then can topics be created, so that is what "ready" means.
+func waitReady(ctx context.Context, brokers []string, timeout time.Duration, stdout io.Writer) error {
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+
+	var lastErr error
+	for {
+		lastErr = probe(ctx, brokers)
+		if lastErr == nil {
+			fmt.Fprintf(stdout, "kafka at %s is ready\n", strings.Join(brokers, ","))
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("kafka at %s not ready after %s: %w", strings.Join(brokers, ","), timeout, lastErr)
+		case <-time.After(250 * time.Millisecond):
+		}
+	}
+}
+
+func probe(ctx context.Context, brokers []string) error {
+	conn, err := dial(ctx, brokers)
+	if err != nil {
+		return err
+	}
+	defer conn.Close()
+
+	bs, err := conn.Brokers()
+	if err != nil {
+		return fmt.Errorf("reading brokers: %w", err)
+	}
+	if len(bs) == 0 {
+		return errors.New("metadata lists no brokers yet")
+	}
+	controller, err := conn.Controller()
+	if err != nil {
+		return fmt.Errorf("reading controller: %w", err)
+	}
+	if controller.Host == "" {
+		return errors.New("metadata names no controller yet")
+	}
+	return nil
+}
+
+// ensureTopics creates the topics that do not exist yet and waits until every
+// partition of those has a leader, so a producer started right after does not
+// race the broker. Existing topics are left alone, even with another partition
+// count: repartitioning would break per-key ordering, which is a decision for
+// a person, not for a setup script.
+func ensureTopics(ctx context.Context, brokers, topics []string, partitions int, stdout io.Writer) error {
+	conn, err := dial(ctx, brokers)
+	if err != nil {
+		return err
+	}
+	defer conn.Close()
+
+	existing, err := partitionCounts(conn)
+	if err != nil {
+		return err
+	}
+	var missing []kafka.TopicConfig
+	for _, t := range topics {
+		if n, ok := existing[t]; ok {
+			if n != partitions {
+				fmt.Fprintf(stdout, "topic %s exists with %d partitions (not %d); left as it is\n", t, n, partitions)
+			}
+			continue
+		}
+		missing = append(missing, kafka.TopicConfig{Topic: t, NumPartitions: partitions, ReplicationFactor: 1})
+	}
+	if len(missing) == 0 {
+		return nil
+	}
+
+	// CreateTopics must be sent to the controller; any broker can say which one it is.
+	controller, err := conn.Controller()
+	if err != nil {
+		return fmt.Errorf("finding controller: %w", err)
+	}
+	cconn, err := dial(ctx, []string{net.JoinHostPort(controller.Host, strconv.Itoa(controller.Port))})
+	if err != nil {
+		return fmt.Errorf("connecting to controller: %w", err)
+	}
+	defer cconn.Close()
+	if err := cconn.CreateTopics(missing...); err != nil {
+		return fmt.Errorf("creating topics: %w", err)
+	}
+
+	names := make([]string, len(missing))
+	for i, m := range missing {
+		names[i] = m.Topic
+	}
+	if err := waitForLeaders(ctx, brokers, names); err != nil {
+		return err
+	}
+	for _, n := range names {
+		fmt.Fprintf(stdout, "created topic %s (%d partitions, replication factor 1)\n", n, partitions)
+	}
+	return nil
+}
+
+func waitForLeaders(ctx context.Context, brokers, topics []string) error {
+	var lastErr error
+	for {
+		lastErr = leadersElected(ctx, brokers, topics)
+		if lastErr == nil {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("waiting for partition leaders: %w", lastErr)
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+}
+
+func leadersElected(ctx context.Context, brokers, topics []string) error {
+	conn, err := dial(ctx, brokers)
+	if err != nil {
+		return err
+	}
+	defer conn.Close()
+	ps, err := conn.ReadPartitions(topics...)
+	if err != nil {
+		return err
+	}
+	for _, p := range ps {
+		// kafka-go leaves Leader empty when the broker reports no leader (-1).
+		if p.Leader.Host == "" {
+			return fmt.Errorf("%s/%d has no leader yet", p.Topic, p.ID)
+		}
+	}
+	return nil
+}
+
+func listTopics(ctx context.Context, brokers []string, stdout io.Writer) error {
+	conn, err := dial(ctx, brokers)
+	if err != nil {
+		return err
+	}
+	defer conn.Close()
+	counts, err := partitionCounts(conn)
+	if err != nil {
+		return err
+	}
+	names := make([]string, 0, len(counts))
+	for t := range counts {
+		names = append(names, t)
+	}
+	slices.Sort(names)
+	fmt.Fprintf(stdout, "%-40s %s\n", "TOPIC", "PARTITIONS")
+	for _, t := range names {
+		fmt.Fprintf(stdout, "%-40s %d\n", t, counts[t])
+	}
+	return nil
+}
+
+// partitionCounts reads every topic in the cluster with its partition count.
+func partitionCounts(conn *kafka.Conn) (map[string]int, error) {
+	ps, err := conn.ReadPartitions()
+	if err != nil {
+		return nil, fmt.Errorf("reading topics: %w", err)
+	}
+	counts := make(map[string]int)
+	for _, p := range ps {
+		counts[p.Topic]++
+	}
+	return counts, nil
+}
