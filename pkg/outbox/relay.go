@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"math/rand/v2"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -15,6 +14,7 @@ import (
 	"github.com/segmentio/kafka-go"
 
 	"github.com/onceflow/onceflow/pkg/event"
+	"github.com/onceflow/onceflow/pkg/event/retry"
 )
 
 // Writer is the part of *kafka.Writer the relay needs. It must wait for the
@@ -298,7 +298,7 @@ func (r *Relay) claim(ctx context.Context, tx pgx.Tx) ([]claimed, error) {
 
 func (r *Relay) fail(ctx context.Context, tx pgx.Tx, c claimed, cause error) error {
 	r.metrics.failures.Inc()
-	delay := Backoff(c.attempts+1, r.cfg.BackoffMin, r.cfg.BackoffMax)
+	delay := retry.Backoff(c.attempts+1, r.cfg.BackoffMin, r.cfg.BackoffMax)
 	var state string
 	err := tx.QueryRow(ctx, markFailed, c.id, cause.Error(), delay.Microseconds(), r.cfg.MaxAttempts).Scan(&state)
 	if err != nil {
@@ -313,18 +313,4 @@ func (r *Relay) fail(ctx context.Context, tx pgx.Tx, c claimed, cause error) err
 	}
 	log.WarnContext(ctx, "outbox publish failed; will retry", slog.Duration("retry_in", delay))
 	return nil
-}
-
-// Backoff is the delay before attempt (counting from 1): exponential from min,
-// capped at max, with full jitter over its upper half so that many rows
-// failing together do not retry together.
-func Backoff(attempt int, min, max time.Duration) time.Duration {
-	d := min
-	for i := 1; i < attempt && d < max; i++ {
-		d *= 2
-	}
-	if d > max {
-		d = max
-	}
-	return d/2 + rand.N(d/2+1)
 }

@@ -32,6 +32,10 @@ func NewWriter(brokers []string, batchSize int) *kafka.Writer {
 		WriteBackoffMin:        10 * time.Millisecond,
 		WriteBackoffMax:        200 * time.Millisecond,
 		AllowAutoTopicCreation: false,
+		// A transport of its own: kafka.DefaultTransport is shared by every
+		// writer in the process and caches topic metadata, so a topic created
+		// after another writer looked would stay unknown for seconds.
+		Transport: &kafka.Transport{DialTimeout: 3 * time.Second, MetadataTTL: 2 * time.Second},
 	}
 }
 
@@ -81,4 +85,27 @@ func Controller(ctx context.Context, brokers []string) (*kafka.Conn, error) {
 		return nil, fmt.Errorf("dialing the controller: %w", err)
 	}
 	return ctrl, nil
+}
+
+// NewGroupReader returns a consumer-group reader that starts a new group at
+// the oldest message, polls with a short wait, and commits offsets in the
+// background every 100ms. Callers commit a message only after its database
+// transaction committed; a crash loses at most 100ms of offset commits, which
+// are redelivered and absorbed by the inbox. Close flushes pending commits.
+func NewGroupReader(brokers []string, topic, group string) *kafka.Reader {
+	return kafka.NewReader(kafka.ReaderConfig{
+		Brokers:           brokers,
+		Topic:             topic,
+		GroupID:           group,
+		StartOffset:       kafka.FirstOffset,
+		MinBytes:          1,
+		MaxBytes:          10 << 20,
+		MaxWait:           50 * time.Millisecond,
+		ReadBackoffMin:    10 * time.Millisecond,
+		ReadBackoffMax:    100 * time.Millisecond,
+		CommitInterval:    100 * time.Millisecond,
+		HeartbeatInterval: time.Second,
+		SessionTimeout:    10 * time.Second,
+		RebalanceTimeout:  10 * time.Second,
+	})
 }

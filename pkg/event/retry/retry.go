@@ -1,0 +1,22 @@
+// Package retry holds the backoff policy the outbox relay and the inbox
+// consumer share, so both retry the same way.
+package retry
+
+import (
+	"math/rand/v2"
+	"time"
+)
+
+// Backoff is the delay before attempt (counting from 1): exponential from min,
+// capped at max, with jitter over its upper half so that many failures
+// happening together do not retry together.
+func Backoff(attempt int, min, max time.Duration) time.Duration {
+	d := min
+	for i := 1; i < attempt && d < max; i++ {
+		d *= 2
+	}
+	if d > max {
+		d = max
+	}
+	return d/2 + rand.N(d/2+1)
+}

@@ -1,0 +1,225 @@
+package inbox_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/segmentio/kafka-go"
+
+	"github.com/onceflow/onceflow/pkg/event"
+	"github.com/onceflow/onceflow/pkg/inbox"
+	"github.com/onceflow/onceflow/pkg/platform/kafkautil"
+	"github.com/onceflow/onceflow/pkg/platform/pgutil"
+	"github.com/onceflow/onceflow/pkg/platform/testinfra"
+)
+
+// fixture is a fresh database with the inbox schema and an effects table,
+// a fresh topic and its dead-letter topic, and a consumer on them.
+type fixture struct {
+	pool     *pgxpool.Pool
+	brokers  []string
+	topic    string
+	writer   *kafka.Writer
+	registry *prometheus.Registry
+	calls    atomic.Int32
+}
+
+func newFixture(t *testing.T) *fixture {
+	t.Helper()
+	f := &fixture{brokers: testinfra.KafkaBrokers(t), registry: prometheus.NewRegistry()}
+	f.pool = testinfra.NewPool(t, testinfra.NewDatabase(t))
+	if err := pgutil.Migrate(f.pool, pgutil.Migration{FS: inbox.Migrations, Table: inbox.MigrationsTable}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.pool.Exec(context.Background(),
+		`CREATE TABLE effects (event_id uuid PRIMARY KEY, aggregate_id text NOT NULL, seq bigserial)`); err != nil {
+		t.Fatal(err)
+	}
+	f.topic = testinfra.NewTopic(t, f.brokers, 1)
+	f.writer = kafkautil.NewWriter(f.brokers, 10)
+	t.Cleanup(func() { f.writer.Close() })
+	return f
+}
+
+// run starts a consumer with handler h until the test ends.
+func (f *fixture) run(t *testing.T, h inbox.Handler, cfg inbox.Config) {
+	t.Helper()
+	cfg.Name = "test-consumer"
+	cfg.Registerer = f.registry
+	r := kafkautil.NewGroupReader(f.brokers, f.topic, testinfra.Name("group"))
+	c, err := inbox.NewConsumer(f.pool, r, f.writer, h, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- c.Run(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("consumer: %v", err)
+		}
+		r.Close()
+	})
+}
+
+// recordEffect is a handler whose side effect is one row per event.
+func (f *fixture) recordEffect(ctx context.Context, tx pgx.Tx, ev event.Envelope) error {
+	f.calls.Add(1)
+	_, err := tx.Exec(ctx, "INSERT INTO effects (event_id, aggregate_id) VALUES ($1, $2)", ev.EventID, ev.AggregateID)
+	return err
+}
+
+func (f *fixture) produce(t *testing.T, msgs ...kafka.Message) {
+	t.Helper()
+	for i := range msgs {
+		msgs[i].Topic = f.topic
+	}
+	if err := f.writer.WriteMessages(context.Background(), msgs...); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func (f *fixture) count(t *testing.T, query string, args ...any) int {
+	t.Helper()
+	var n int
+	if err := f.pool.QueryRow(context.Background(), query, args...).Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+func newEvent(aggregateID string, version int64) event.Envelope {
+	return event.Envelope{
+		EventID: uuid.New(), EventType: "ThingHappened", EventVersion: 1,
+		AggregateType: "thing", AggregateID: aggregateID, AggregateVersion: version,
+		OccurredAt: time.Now(), Payload: []byte(`{"n":1}`),
+	}
+}
+
+func TestSameEventTenTimesHasOneEffect(t *testing.T) {
+	f := newFixture(t)
+	ev := newEvent("agg", 1)
+	msgs := make([]kafka.Message, 10)
+	for i := range msgs {
+		msgs[i] = event.ToKafka(f.topic, ev)
+	}
+	f.produce(t, msgs...)
+	f.run(t, f.recordEffect, inbox.Config{})
+
+	testinfra.WaitFor(t, 30*time.Second, "10 deliveries to be handled", func() (bool, error) {
+		return testinfra.MetricValue(t, f.registry, "inbox_processed_total")+
+			testinfra.MetricValue(t, f.registry, "inbox_duplicates_total") == 10, nil
+	})
+	if n := f.count(t, "SELECT count(*) FROM effects"); n != 1 {
+		t.Fatalf("%d effects, want 1", n)
+	}
+	if n := f.count(t, "SELECT count(*) FROM inbox_messages WHERE status = 'processed'"); n != 1 {
+		t.Fatalf("%d inbox rows, want 1", n)
+	}
+	if got := testinfra.MetricValue(t, f.registry, "inbox_duplicates_total"); got != 9 {
+		t.Fatalf("inbox_duplicates_total = %v, want 9", got)
+	}
+	if got := f.calls.Load(); got != 1 {
+		t.Fatalf("handler ran %d times, want 1", got)
+	}
+}
+
+func TestPoisonMessagesAreDeadLetteredAndThePartitionMovesOn(t *testing.T) {
+	f := newFixture(t)
+	dlt := testinfra.NewTopic(t, f.brokers, 1)
+	good := newEvent("agg", 2)
+	badVersion := newEvent("agg", 1)
+	badVersion.EventVersion = 99
+	f.produce(t,
+		kafka.Message{Key: []byte("agg"), Value: []byte("not an event")},
+		event.ToKafka(f.topic, badVersion),
+		event.ToKafka(f.topic, good),
+	)
+	f.run(t, func(ctx context.Context, tx pgx.Tx, ev event.Envelope) error {
+		if ev.EventVersion != 1 {
+			return inbox.Permanent(fmt.Errorf("unknown %s version %d", ev.EventType, ev.EventVersion))
+		}
+		return f.recordEffect(ctx, tx, ev)
+	}, inbox.Config{DeadLetterTopic: dlt})
+
+	testinfra.WaitFor(t, 30*time.Second, "the good event behind two poison messages", func() (bool, error) {
+		return f.count(t, "SELECT count(*) FROM effects WHERE event_id = $1", good.EventID) == 1, nil
+	})
+
+	r := kafka.NewReader(kafka.ReaderConfig{Brokers: f.brokers, Topic: dlt, Partition: 0, MaxWait: 100 * time.Millisecond})
+	defer r.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	wantReasons := []string{"event-id", "unknown ThingHappened version 99"}
+	for i, want := range wantReasons {
+		m, err := r.ReadMessage(ctx)
+		if err != nil {
+			t.Fatalf("reading dead letter %d: %v", i, err)
+		}
+		h := map[string]string{}
+		for _, kv := range m.Headers {
+			h[kv.Key] = string(kv.Value)
+		}
+		if !strings.Contains(h[inbox.HeaderDLTReason], want) {
+			t.Fatalf("dead letter %d reason = %q, want it to mention %q", i, h[inbox.HeaderDLTReason], want)
+		}
+		if h[inbox.HeaderDLTTopic] != f.topic || h[inbox.HeaderDLTOffset] != fmt.Sprint(i) {
+			t.Fatalf("dead letter %d came from %s@%s, want %s@%d", i, h[inbox.HeaderDLTTopic], h[inbox.HeaderDLTOffset], f.topic, i)
+		}
+	}
+	if n := f.count(t, "SELECT count(*) FROM inbox_messages WHERE status = 'dead_lettered' AND message_id = $1", badVersion.EventID); n != 1 {
+		t.Fatalf("%d dead_lettered inbox rows for the unknown version, want 1", n)
+	}
+	if got := testinfra.MetricValue(t, f.registry, "inbox_dead_lettered_total"); got != 2 {
+		t.Fatalf("inbox_dead_lettered_total = %v, want 2", got)
+	}
+}
+
+func TestTransientFailuresRetryThenSucceedOrDeadLetter(t *testing.T) {
+	f := newFixture(t)
+	dlt := testinfra.NewTopic(t, f.brokers, 1)
+	flaky, hopeless := newEvent("a", 1), newEvent("b", 1)
+	f.produce(t, event.ToKafka(f.topic, flaky), event.ToKafka(f.topic, hopeless))
+	var flakyTries atomic.Int32
+	f.run(t, func(ctx context.Context, tx pgx.Tx, ev event.Envelope) error {
+		if ev.EventID == hopeless.EventID {
+			return errors.New("downstream down")
+		}
+		if flakyTries.Add(1) < 3 {
+			return errors.New("deadlock, try again")
+		}
+		return f.recordEffect(ctx, tx, ev)
+	}, inbox.Config{DeadLetterTopic: dlt, MaxAttempts: 4, BackoffMin: time.Millisecond, BackoffMax: 5 * time.Millisecond})
+
+	testinfra.WaitFor(t, 30*time.Second, "the hopeless event to be dead-lettered", func() (bool, error) {
+		return testinfra.MetricValue(t, f.registry, "inbox_dead_lettered_total") == 1, nil
+	})
+	if n := f.count(t, "SELECT count(*) FROM effects WHERE event_id = $1", flaky.EventID); n != 1 {
+		t.Fatalf("flaky event: %d effects, want 1 after retries", n)
+	}
+	if got := flakyTries.Load(); got != 3 {
+		t.Fatalf("flaky event tried %d times, want 3", got)
+	}
+	var lastErr string
+	if err := f.pool.QueryRow(context.Background(),
+		"SELECT last_error FROM inbox_messages WHERE message_id = $1 AND status = 'dead_lettered'", hopeless.EventID).Scan(&lastErr); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(lastErr, "gave up after 4 attempts: downstream down") {
+		t.Fatalf("last_error = %q", lastErr)
+	}
+	// 2 failures of the flaky event + 4 of the hopeless one.
+	if got := testinfra.MetricValue(t, f.registry, "inbox_failures_total"); got != 6 {
+		t.Fatalf("inbox_failures_total = %v, want 6", got)
+	}
+}
