@@ -75,13 +75,12 @@ func (e Envelope) Validate() error {
 	return nil
 }
 
-// DecodePayload unmarshals the payload into v, strictly: an unknown field
-// means the producer speaks a schema this consumer does not, which is a
-// permanent error and wraps ErrInvalid.
+// DecodePayload unmarshals the payload into v. Unknown fields are ignored
+// (producers may add fields; that is how contracts evolve), but a payload
+// that is not JSON or has a field of the wrong type is a permanent error and
+// wraps ErrInvalid. Callers check the fields they require themselves.
 func (e Envelope) DecodePayload(v any) error {
-	dec := json.NewDecoder(strings.NewReader(string(e.Payload)))
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(v); err != nil {
+	if err := json.Unmarshal(e.Payload, v); err != nil {
 		return fmt.Errorf("%w: decoding %s v%d payload: %v", ErrInvalid, e.EventType, e.EventVersion, err)
 	}
 	return nil

@@ -1,0 +1,120 @@
+package orders
+
+import (
+	"encoding/json"
+	"errors"
+	"io"
+	"net/http"
+
+	"github.com/google/uuid"
+	"github.com/labstack/echo/v4"
+
+	"github.com/onceflow/onceflow/pkg/platform/apperr"
+)
+
+// Routes registers the orders API on e.
+//
+//	POST /orders              place an order (honours Idempotency-Key)
+//	GET  /orders/:id          read an order
+//	POST /orders/:id/cancel   cancel an order
+func Routes(e *echo.Echo, s *Service) {
+	h := handlers{s}
+	e.POST("/orders", h.place)
+	e.GET("/orders/:id", h.get)
+	e.POST("/orders/:id/cancel", h.cancel)
+}
+
+type handlers struct{ s *Service }
+
+// MaxIdempotencyKeyLength bounds the Idempotency-Key header.
+const MaxIdempotencyKeyLength = 200
+
+func (h handlers) place(c echo.Context) error {
+	var req PlaceRequest
+	if err := decodeStrict(c.Request().Body, &req); err != nil {
+		return err
+	}
+	key := c.Request().Header.Get("Idempotency-Key")
+	if len(key) > MaxIdempotencyKeyLength {
+		return apperr.Errorf(apperr.Invalid, "Idempotency-Key must be at most %d bytes", MaxIdempotencyKeyLength)
+	}
+	o, replayed, err := h.s.Place(c.Request().Context(), req, key, meta(c, key))
+	if err != nil {
+		return err
+	}
+	if replayed {
+		c.Response().Header().Set("Idempotent-Replayed", "true")
+		return c.JSON(http.StatusOK, o)
+	}
+	c.Response().Header().Set(echo.HeaderLocation, "/orders/"+o.ID.String())
+	return c.JSON(http.StatusCreated, o)
+}
+
+func (h handlers) get(c echo.Context) error {
+	id, err := orderID(c)
+	if err != nil {
+		return err
+	}
+	o, err := h.s.Get(c.Request().Context(), id)
+	if err != nil {
+		return err
+	}
+	return c.JSON(http.StatusOK, o)
+}
+
+func (h handlers) cancel(c echo.Context) error {
+	id, err := orderID(c)
+	if err != nil {
+		return err
+	}
+	o, err := h.s.Cancel(c.Request().Context(), id, meta(c, ""))
+	if err != nil {
+		return err
+	}
+	return c.JSON(http.StatusOK, o)
+}
+
+func orderID(c echo.Context) (uuid.UUID, error) {
+	id, err := uuid.Parse(c.Param("id"))
+	if err != nil {
+		return uuid.Nil, apperr.Errorf(apperr.Malformed, "order id %q is not a UUID", c.Param("id"))
+	}
+	return id, nil
+}
+
+// meta takes the event metadata from the request: X-Request-Id (generated
+// when absent) correlates, the idempotency key (else the request id) is the
+// cause, and a W3C traceparent header is carried along.
+func meta(c echo.Context, idempotencyKey string) Meta {
+	r := c.Request()
+	reqID := r.Header.Get(echo.HeaderXRequestID)
+	if reqID == "" || len(reqID) > 200 {
+		reqID = uuid.NewString()
+	}
+	c.Response().Header().Set(echo.HeaderXRequestID, reqID)
+	cause := idempotencyKey
+	if cause == "" {
+		cause = reqID
+	}
+	return Meta{CorrelationID: reqID, CausationID: cause, Traceparent: r.Header.Get("traceparent")}
+}
+
+// decodeStrict reads exactly one JSON object with only known fields into v.
+func decodeStrict(body io.Reader, v any) error {
+	dec := json.NewDecoder(body)
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(v); err != nil {
+		if errors.Is(err, echo.ErrStatusRequestEntityTooLarge) {
+			return err // the body limit middleware's own error, mapped to 413
+		}
+		if errors.Is(err, io.EOF) {
+			return apperr.Errorf(apperr.Malformed, "request body is empty; want a JSON object")
+		}
+		return apperr.Errorf(apperr.Malformed, "request body is not valid JSON for this endpoint: %v", err)
+	}
+	if _, err := dec.Token(); !errors.Is(err, io.EOF) {
+		return apperr.Errorf(apperr.Malformed, "request body has data after the JSON object")
+	}
+	return nil
+}
+

@@ -1,0 +1,252 @@
+package orders
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"regexp"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/onceflow/onceflow/pkg/event"
+	"github.com/onceflow/onceflow/pkg/outbox"
+	"github.com/onceflow/onceflow/pkg/platform/apperr"
+)
+
+// Order statuses.
+const (
+	StatusPlaced    = "placed"
+	StatusCancelled = "cancelled"
+)
+
+// The events this service publishes, all on aggregate type "order".
+const (
+	AggregateType       = "order"
+	EventOrderPlaced    = "OrderPlaced"
+	EventOrderCancelled = "OrderCancelled"
+)
+
+// Order is one customer order.
+type Order struct {
+	ID          uuid.UUID `json:"id"`
+	CustomerID  string    `json:"customerId"`
+	AmountCents int64     `json:"amountCents"`
+	Currency    string    `json:"currency"`
+	Status      string    `json:"status"`
+	Version     int64     `json:"version"`
+	CreatedAt   time.Time `json:"createdAt"`
+	UpdatedAt   time.Time `json:"updatedAt"`
+}
+
+// OrderPlaced is the v1 payload of EventOrderPlaced: the integration
+// contract, not the row.
+type OrderPlaced struct {
+	OrderID     uuid.UUID `json:"orderId"`
+	CustomerID  string    `json:"customerId"`
+	AmountCents int64     `json:"amountCents"`
+	Currency    string    `json:"currency"`
+	PlacedAt    time.Time `json:"placedAt"`
+}
+
+// OrderCancelled is the v1 payload of EventOrderCancelled.
+type OrderCancelled struct {
+	OrderID     uuid.UUID `json:"orderId"`
+	CancelledAt time.Time `json:"cancelledAt"`
+}
+
+// PlaceRequest is what a client sends to place an order.
+type PlaceRequest struct {
+	CustomerID  string `json:"customerId"`
+	AmountCents int64  `json:"amountCents"`
+	Currency    string `json:"currency"`
+}
+
+// MaxAmountCents caps one order, so a typo cannot charge a fortune.
+const MaxAmountCents = 10_000_000_00
+
+var customerIDPattern = regexp.MustCompile(`^[A-Za-z0-9._:-]{1,64}$`)
+
+// Currencies are the ISO 4217 codes the platform accepts.
+var Currencies = map[string]bool{
+	"AUD": true, "BRL": true, "CAD": true, "CHF": true, "CNY": true, "CZK": true, "DKK": true,
+	"EUR": true, "GBP": true, "HKD": true, "INR": true, "JPY": true, "MXN": true, "NOK": true,
+	"NZD": true, "PLN": true, "SEK": true, "SGD": true, "USD": true, "ZAR": true,
+}
+
+// Validate reports the first rule r breaks as an apperr.Invalid.
+func (r PlaceRequest) Validate() error {
+	switch {
+	case !customerIDPattern.MatchString(r.CustomerID):
+		return apperr.Errorf(apperr.Invalid, "customerId must be 1-64 letters, digits or ._:-")
+	case r.AmountCents <= 0:
+		return apperr.Errorf(apperr.Invalid, "amountCents must be a positive integer, got %d", r.AmountCents)
+	case r.AmountCents > MaxAmountCents:
+		return apperr.Errorf(apperr.Invalid, "amountCents must be at most %d, got %d", int64(MaxAmountCents), r.AmountCents)
+	case !Currencies[r.Currency]:
+		return apperr.Errorf(apperr.Invalid, "currency %q is not a supported ISO 4217 code", r.Currency)
+	}
+	return nil
+}
+
+// Meta is the request context an event records: who asked, and within what.
+type Meta struct {
+	CorrelationID string // the request id
+	CausationID   string // the idempotency key or request id that caused the change
+	Traceparent   string // W3C trace context of the request, if any
+}
+
+// Service places, reads and cancels orders.
+type Service struct {
+	pool *pgxpool.Pool
+	now  func() time.Time
+}
+
+// NewService returns a service on pool; now is the clock (time.Now if nil).
+func NewService(pool *pgxpool.Pool, now func() time.Time) *Service {
+	if now == nil {
+		now = time.Now
+	}
+	return &Service{pool: pool, now: now}
+}
+
+// Place writes a new order and its OrderPlaced event in one transaction.
+// With an idempotency key, a repeat of the same request returns the
+// original order and replayed=true; the same key with another request is a
+// conflict.
+func (s *Service) Place(ctx context.Context, req PlaceRequest, idempotencyKey string, meta Meta) (o Order, replayed bool, err error) {
+	if err := req.Validate(); err != nil {
+		return Order{}, false, err
+	}
+	reqHash := requestHash(req)
+	err = pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+		now := s.now().UTC()
+		o = Order{ID: uuid.New(), CustomerID: req.CustomerID, AmountCents: req.AmountCents, Currency: req.Currency,
+			Status: StatusPlaced, Version: 1, CreatedAt: now, UpdatedAt: now}
+		if _, err := tx.Exec(ctx, `
+			INSERT INTO orders (id, customer_id, amount_cents, currency, status, version, created_at, updated_at)
+			VALUES ($1, $2, $3, $4, $5, $6, $7, $7)`,
+			o.ID, o.CustomerID, o.AmountCents, o.Currency, o.Status, o.Version, now); err != nil {
+			return fmt.Errorf("inserting order: %w", err)
+		}
+		if idempotencyKey != "" {
+			tag, err := tx.Exec(ctx, `
+				INSERT INTO idempotency_keys (key, request_hash, order_id) VALUES ($1, $2, $3)
+				ON CONFLICT (key) DO NOTHING`, idempotencyKey, reqHash, o.ID)
+			if err != nil {
+				return fmt.Errorf("recording idempotency key: %w", err)
+			}
+			if tag.RowsAffected() == 0 {
+				return errKeySeen
+			}
+		}
+		return s.emit(ctx, tx, o, EventOrderPlaced, OrderPlaced{
+			OrderID: o.ID, CustomerID: o.CustomerID, AmountCents: o.AmountCents, Currency: o.Currency, PlacedAt: now,
+		}, meta)
+	})
+	if errors.Is(err, errKeySeen) {
+		o, err = s.replay(ctx, idempotencyKey, reqHash)
+		return o, err == nil, err
+	}
+	if err != nil {
+		return Order{}, false, fmt.Errorf("placing order: %w", err)
+	}
+	return o, false, nil
+}
+
+// errKeySeen rolls back a Place whose idempotency key was used before.
+var errKeySeen = errors.New("idempotency key seen")
+
+func (s *Service) replay(ctx context.Context, key string, reqHash []byte) (Order, error) {
+	var stored []byte
+	var id uuid.UUID
+	if err := s.pool.QueryRow(ctx, `SELECT request_hash, order_id FROM idempotency_keys WHERE key = $1`, key).
+		Scan(&stored, &id); err != nil {
+		return Order{}, fmt.Errorf("reading idempotency key: %w", err)
+	}
+	if string(stored) != string(reqHash) {
+		return Order{}, apperr.Errorf(apperr.Conflict, "Idempotency-Key %q was already used with a different request", key)
+	}
+	return s.Get(ctx, id)
+}
+
+// Get returns one order.
+func (s *Service) Get(ctx context.Context, id uuid.UUID) (Order, error) {
+	rows, err := s.pool.Query(ctx, `
+		SELECT id, customer_id, amount_cents, currency, status, version, created_at, updated_at
+		FROM orders WHERE id = $1`, id)
+	if err != nil {
+		return Order{}, fmt.Errorf("reading order: %w", err)
+	}
+	o, err := pgx.CollectExactlyOneRow(rows, pgx.RowToStructByPos[Order])
+	if errors.Is(err, pgx.ErrNoRows) {
+		return Order{}, apperr.Errorf(apperr.NotFound, "order %s does not exist", id)
+	}
+	if err != nil {
+		return Order{}, fmt.Errorf("reading order: %w", err)
+	}
+	return o, nil
+}
+
+// Cancel cancels a placed order and emits OrderCancelled in the same
+// transaction. Cancelling a cancelled order changes nothing and emits nothing.
+func (s *Service) Cancel(ctx context.Context, id uuid.UUID, meta Meta) (Order, error) {
+	var o Order
+	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+		rows, err := tx.Query(ctx, `
+			SELECT id, customer_id, amount_cents, currency, status, version, created_at, updated_at
+			FROM orders WHERE id = $1 FOR UPDATE`, id)
+		if err != nil {
+			return err
+		}
+		o, err = pgx.CollectExactlyOneRow(rows, pgx.RowToStructByPos[Order])
+		if errors.Is(err, pgx.ErrNoRows) {
+			return apperr.Errorf(apperr.NotFound, "order %s does not exist", id)
+		}
+		if err != nil || o.Status == StatusCancelled {
+			return err
+		}
+		now := s.now().UTC()
+		o.Status, o.Version, o.UpdatedAt = StatusCancelled, o.Version+1, now
+		if _, err := tx.Exec(ctx, `UPDATE orders SET status = $2, version = $3, updated_at = $4 WHERE id = $1`,
+			o.ID, o.Status, o.Version, now); err != nil {
+			return fmt.Errorf("updating order: %w", err)
+		}
+		return s.emit(ctx, tx, o, EventOrderCancelled, OrderCancelled{OrderID: o.ID, CancelledAt: now}, meta)
+	})
+	if err != nil {
+		return Order{}, fmt.Errorf("cancelling order: %w", err)
+	}
+	return o, nil
+}
+
+// emit writes the event for o's current version to the outbox in tx.
+func (s *Service) emit(ctx context.Context, tx pgx.Tx, o Order, eventType string, payload any, meta Meta) error {
+	body, err := json.Marshal(payload)
+	if err != nil {
+		return fmt.Errorf("encoding %s: %w", eventType, err)
+	}
+	return outbox.Enqueue(ctx, tx, event.Envelope{
+		EventID:          uuid.New(),
+		EventType:        eventType,
+		EventVersion:     1,
+		AggregateType:    AggregateType,
+		AggregateID:      o.ID.String(),
+		AggregateVersion: o.Version,
+		OccurredAt:       o.UpdatedAt,
+		CorrelationID:    meta.CorrelationID,
+		CausationID:      meta.CausationID,
+		Traceparent:      meta.Traceparent,
+		Payload:          body,
+	})
+}
+
+func requestHash(r PlaceRequest) []byte {
+	b, _ := json.Marshal(r) // a struct of strings and ints always encodes
+	h := sha256.Sum256(b)
+	return h[:]
+}

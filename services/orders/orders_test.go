@@ -1,0 +1,204 @@
+package orders_test
+
+import (
+	"context"
+	"encoding/json"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/labstack/echo/v4"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/onceflow/onceflow/pkg/outbox"
+	"github.com/onceflow/onceflow/pkg/platform/httpserver"
+	"github.com/onceflow/onceflow/pkg/platform/logging"
+	"github.com/onceflow/onceflow/pkg/platform/pgutil"
+	"github.com/onceflow/onceflow/pkg/platform/testinfra"
+	"github.com/onceflow/onceflow/services/orders"
+)
+
+type api struct {
+	e    *echo.Echo
+	pool *pgxpool.Pool
+}
+
+// newAPI serves the orders API on a fresh, migrated database.
+func newAPI(t *testing.T) *api {
+	t.Helper()
+	pool := testinfra.NewPool(t, testinfra.NewDatabase(t))
+	if err := pgutil.Migrate(pool,
+		pgutil.Migration{FS: orders.Migrations, Table: orders.MigrationsTable},
+		pgutil.Migration{FS: outbox.Migrations, Table: outbox.MigrationsTable},
+	); err != nil {
+		t.Fatal(err)
+	}
+	logger, _ := logging.New(&strings.Builder{}, "orders-test", "error")
+	e := httpserver.New(httpserver.Config{Logger: logger, Gatherer: prometheus.NewRegistry()})
+	orders.Routes(e, orders.NewService(pool, nil))
+	return &api{e: e, pool: pool}
+}
+
+func (a *api) do(t *testing.T, method, path, body string, headers ...string) *httptest.ResponseRecorder {
+	t.Helper()
+	req := httptest.NewRequest(method, path, strings.NewReader(body))
+	req.Header.Set("Content-Type", "application/json")
+	for i := 0; i+1 < len(headers); i += 2 {
+		req.Header.Set(headers[i], headers[i+1])
+	}
+	rec := httptest.NewRecorder()
+	a.e.ServeHTTP(rec, req)
+	return rec
+}
+
+func (a *api) count(t *testing.T, query string, args ...any) int {
+	t.Helper()
+	var n int
+	if err := a.pool.QueryRow(context.Background(), query, args...).Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+func decode[T any](t *testing.T, rec *httptest.ResponseRecorder) T {
+	t.Helper()
+	var v T
+	if err := json.Unmarshal(rec.Body.Bytes(), &v); err != nil {
+		t.Fatalf("decoding %q: %v", rec.Body.String(), err)
+	}
+	return v
+}
+
+const validOrder = `{"customerId":"cust-1","amountCents":1999,"currency":"EUR"}`
+
+func TestPlaceWritesTheOrderAndItsEventTogether(t *testing.T) {
+	a := newAPI(t)
+	rec := a.do(t, http.MethodPost, "/orders", validOrder, "X-Request-Id", "req-42")
+	if rec.Code != http.StatusCreated {
+		t.Fatalf("status %d: %s", rec.Code, rec.Body)
+	}
+	o := decode[orders.Order](t, rec)
+	if o.Status != orders.StatusPlaced || o.Version != 1 || o.AmountCents != 1999 || o.Currency != "EUR" {
+		t.Fatalf("order = %+v", o)
+	}
+	var (
+		eventType, aggregateID, correlation string
+		version                             int64
+		payload                             orders.OrderPlaced
+	)
+	err := a.pool.QueryRow(context.Background(), `
+		SELECT event_type, aggregate_id, aggregate_version, payload, headers->>'correlationId' FROM outbox_events`).
+		Scan(&eventType, &aggregateID, &version, &payload, &correlation)
+	if err != nil {
+		t.Fatalf("reading the one outbox row: %v", err)
+	}
+	if eventType != orders.EventOrderPlaced || aggregateID != o.ID.String() || version != 1 || correlation != "req-42" {
+		t.Fatalf("outbox row: %s %s v%d correlation %q", eventType, aggregateID, version, correlation)
+	}
+	if payload.OrderID != o.ID || payload.AmountCents != 1999 || payload.CustomerID != "cust-1" {
+		t.Fatalf("payload = %+v", payload)
+	}
+
+	got := a.do(t, http.MethodGet, "/orders/"+o.ID.String(), "")
+	if got.Code != http.StatusOK || decode[orders.Order](t, got).ID != o.ID {
+		t.Fatalf("GET: %d %s", got.Code, got.Body)
+	}
+}
+
+func TestBadInputGetsA4xxAndWritesNothing(t *testing.T) {
+	a := newAPI(t)
+	tests := []struct {
+		name   string
+		body   string
+		status int
+		want   string
+	}{
+		{"malformed JSON", `{"customerId": "c",`, http.StatusBadRequest, "not valid JSON"},
+		{"empty body", ``, http.StatusBadRequest, "empty"},
+		{"not an object", `[1,2]`, http.StatusBadRequest, "not valid JSON"},
+		{"unknown field", `{"customerId":"c","amountCents":1,"currency":"EUR","discount":5}`, http.StatusBadRequest, "discount"},
+		{"trailing data", validOrder + `{}`, http.StatusBadRequest, "after the JSON object"},
+		{"fractional amount", `{"customerId":"c","amountCents":1.5,"currency":"EUR"}`, http.StatusBadRequest, "amountCents"},
+		{"negative amount", `{"customerId":"c","amountCents":-100,"currency":"EUR"}`, http.StatusUnprocessableEntity, "amountCents must be a positive integer"},
+		{"zero amount", `{"customerId":"c","amountCents":0,"currency":"EUR"}`, http.StatusUnprocessableEntity, "amountCents"},
+		{"huge amount", `{"customerId":"c","amountCents":99999999999999,"currency":"EUR"}`, http.StatusUnprocessableEntity, "at most"},
+		{"unknown currency", `{"customerId":"c","amountCents":100,"currency":"XYZ"}`, http.StatusUnprocessableEntity, `currency "XYZ"`},
+		{"missing customer", `{"amountCents":100,"currency":"EUR"}`, http.StatusUnprocessableEntity, "customerId"},
+		{"2 MB body", `{"customerId":"` + strings.Repeat("x", 2<<20) + `","amountCents":1,"currency":"EUR"}`, http.StatusRequestEntityTooLarge, "larger than the limit"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			rec := a.do(t, http.MethodPost, "/orders", tt.body)
+			if rec.Code != tt.status {
+				t.Fatalf("status = %d, want %d; body %s", rec.Code, tt.status, rec.Body)
+			}
+			body := decode[httpserver.ErrorBody](t, rec)
+			if !strings.Contains(body.Error.Message, tt.want) {
+				t.Fatalf("message = %q, want it to mention %q", body.Error.Message, tt.want)
+			}
+		})
+	}
+	if n := a.count(t, "SELECT count(*) FROM orders"); n != 0 {
+		t.Fatalf("%d orders written by bad requests", n)
+	}
+	if n := a.count(t, "SELECT count(*) FROM outbox_events"); n != 0 {
+		t.Fatalf("%d events written by bad requests", n)
+	}
+}
+
+func TestIdempotencyKeyReturnsTheOriginalOrder(t *testing.T) {
+	a := newAPI(t)
+	first := a.do(t, http.MethodPost, "/orders", validOrder, "Idempotency-Key", "k-1")
+	again := a.do(t, http.MethodPost, "/orders", validOrder, "Idempotency-Key", "k-1")
+	if first.Code != http.StatusCreated || again.Code != http.StatusOK {
+		t.Fatalf("statuses %d then %d, want 201 then 200", first.Code, again.Code)
+	}
+	if again.Header().Get("Idempotent-Replayed") != "true" {
+		t.Fatal("the replay is not marked Idempotent-Replayed")
+	}
+	if decode[orders.Order](t, first).ID != decode[orders.Order](t, again).ID {
+		t.Fatal("the retry created another order")
+	}
+	other := a.do(t, http.MethodPost, "/orders", `{"customerId":"cust-1","amountCents":5,"currency":"EUR"}`, "Idempotency-Key", "k-1")
+	if other.Code != http.StatusConflict {
+		t.Fatalf("same key, other body: status %d, want 409", other.Code)
+	}
+	if n := a.count(t, "SELECT count(*) FROM orders"); n != 1 {
+		t.Fatalf("%d orders, want 1", n)
+	}
+	if n := a.count(t, "SELECT count(*) FROM outbox_events"); n != 1 {
+		t.Fatalf("%d events, want 1", n)
+	}
+}
+
+func TestCancelEmitsOrderCancelledOnce(t *testing.T) {
+	a := newAPI(t)
+	o := decode[orders.Order](t, a.do(t, http.MethodPost, "/orders", validOrder))
+	for i := range 2 {
+		rec := a.do(t, http.MethodPost, "/orders/"+o.ID.String()+"/cancel", "")
+		if rec.Code != http.StatusOK {
+			t.Fatalf("cancel %d: status %d: %s", i, rec.Code, rec.Body)
+		}
+		c := decode[orders.Order](t, rec)
+		if c.Status != orders.StatusCancelled || c.Version != 2 {
+			t.Fatalf("cancel %d: order = %+v", i, c)
+		}
+	}
+	if n := a.count(t, "SELECT count(*) FROM outbox_events WHERE event_type = $1 AND aggregate_version = 2",
+		orders.EventOrderCancelled); n != 1 {
+		t.Fatalf("%d OrderCancelled events, want 1", n)
+	}
+	for path, want := range map[string]int{
+		"/orders/8f14e45f-ceea-467f-a0e6-1bde3ba4a5d1/cancel": http.StatusNotFound,
+		"/orders/not-a-uuid/cancel":                          http.StatusBadRequest,
+	} {
+		if rec := a.do(t, http.MethodPost, path, ""); rec.Code != want {
+			t.Fatalf("POST %s: status %d, want %d", path, rec.Code, want)
+		}
+	}
+	if rec := a.do(t, http.MethodGet, "/orders/8f14e45f-ceea-467f-a0e6-1bde3ba4a5d1", ""); rec.Code != http.StatusNotFound {
+		t.Fatalf("GET unknown order: status %d, want 404", rec.Code)
+	}
+}
