@@ -117,4 +117,3 @@ func decodeStrict(body io.Reader, v any) error {
 	}
 	return nil
 }
-

@@ -192,7 +192,7 @@ func TestCancelEmitsOrderCancelledOnce(t *testing.T) {
 	}
 	for path, want := range map[string]int{
 		"/orders/8f14e45f-ceea-467f-a0e6-1bde3ba4a5d1/cancel": http.StatusNotFound,
-		"/orders/not-a-uuid/cancel":                          http.StatusBadRequest,
+		"/orders/not-a-uuid/cancel":                           http.StatusBadRequest,
 	} {
 		if rec := a.do(t, http.MethodPost, path, ""); rec.Code != want {
 			t.Fatalf("POST %s: status %d, want %d", path, rec.Code, want)
