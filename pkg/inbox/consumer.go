@@ -164,6 +164,8 @@ func (c *Consumer) Process(ctx context.Context, m kafka.Message) error {
 		if err == nil {
 			if duplicate {
 				c.metrics.duplicates.Inc()
+				c.cfg.Logger.DebugContext(ctx, "inbox duplicate", slog.String("consumer", c.cfg.Name),
+					slog.String("event_id", ev.EventID.String()), slog.String("event_type", ev.EventType))
 			} else {
 				c.metrics.processed.Inc()
 			}

@@ -111,6 +111,14 @@ func NewPool(t testing.TB, url string) *pgxpool.Pool {
 func NewTopic(t testing.TB, brokers []string, partitions int) string {
 	t.Helper()
 	name := Name("test")
+	NewTopicNamed(t, brokers, name, partitions)
+	return name
+}
+
+// NewTopicNamed creates the topic name for this test and deletes it when the
+// test ends; use it for names derived from another topic (a ".dlt").
+func NewTopicNamed(t testing.TB, brokers []string, name string, partitions int) {
+	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	ctrl, err := kafkautil.Controller(ctx, brokers)
@@ -147,7 +155,6 @@ func NewTopic(t testing.TB, brokers []string, partitions int) string {
 			t.Logf("deleting topic %s: %v", name, err)
 		}
 	})
-	return name
 }
 
 // WaitFor polls cond until it returns true, fails the test on an error or

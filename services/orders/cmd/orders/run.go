@@ -2,22 +2,15 @@ package main
 
 import (
 	"context"
-	"fmt"
 	"io"
-	"log/slog"
-	"net"
 	"time"
-
-	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/client_golang/prometheus/collectors"
 
 	"github.com/onceflow/onceflow/pkg/outbox"
 	"github.com/onceflow/onceflow/pkg/platform/config"
-	"github.com/onceflow/onceflow/pkg/platform/httpserver"
 	"github.com/onceflow/onceflow/pkg/platform/kafkautil"
 	"github.com/onceflow/onceflow/pkg/platform/lifecycle"
-	"github.com/onceflow/onceflow/pkg/platform/logging"
 	"github.com/onceflow/onceflow/pkg/platform/pgutil"
+	"github.com/onceflow/onceflow/pkg/platform/service"
 	"github.com/onceflow/onceflow/services/orders"
 )
 
@@ -42,59 +35,29 @@ func run(ctx context.Context, _ []string, getenv func(string) string, stdout io.
 	if err := config.Load(getenv, &cfg); err != nil {
 		return err
 	}
-	logger, err := logging.New(stdout, "orders", cfg.LogLevel)
+	svc, err := service.New(ctx, stdout, service.Options{
+		Name: "orders", HTTPAddr: cfg.HTTPAddr, DatabaseURL: cfg.DatabaseURL, KafkaBrokers: cfg.KafkaBrokers,
+		LogLevel: cfg.LogLevel, ShutdownGrace: cfg.ShutdownGrace,
+		Migrations: []pgutil.Migration{
+			{FS: orders.Migrations, Table: orders.MigrationsTable},
+			{FS: outbox.Migrations, Table: outbox.MigrationsTable},
+		},
+	})
 	if err != nil {
 		return err
 	}
-
-	pool, err := pgutil.Connect(ctx, cfg.DatabaseURL, 0)
-	if err != nil {
-		return err
-	}
-	defer pool.Close()
-	if err := pgutil.Migrate(pool,
-		pgutil.Migration{FS: orders.Migrations, Table: orders.MigrationsTable},
-		pgutil.Migration{FS: outbox.Migrations, Table: outbox.MigrationsTable},
-	); err != nil {
-		return err
-	}
-
-	registry := prometheus.NewRegistry()
-	registry.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	defer svc.Close()
 
 	writer := kafkautil.NewWriter(cfg.KafkaBrokers, 500)
 	defer writer.Close()
-	relay, err := outbox.NewRelay(pool, writer, outbox.RelayConfig{
+	relay, err := outbox.NewRelay(svc.Pool, writer, outbox.RelayConfig{
 		Topic:      func(string) string { return cfg.OrdersTopic },
-		Logger:     logger,
-		Registerer: registry,
+		Logger:     svc.Logger,
+		Registerer: svc.Registry,
 	})
 	if err != nil {
 		return err
 	}
-
-	e := httpserver.New(httpserver.Config{
-		Logger:   logger,
-		Gatherer: registry,
-		Checks: map[string]httpserver.Check{
-			"postgres": pool.Ping,
-			"kafka":    func(ctx context.Context) error { return kafkautil.Ping(ctx, cfg.KafkaBrokers) },
-		},
-	})
-	orders.Routes(e, orders.NewService(pool, nil))
-
-	ln, err := net.Listen("tcp", cfg.HTTPAddr)
-	if err != nil {
-		return fmt.Errorf("listening on %s: %w", cfg.HTTPAddr, err)
-	}
-	logger.InfoContext(ctx, "orders service started", slog.String("http_addr", ln.Addr().String()),
-		slog.String("topic", cfg.OrdersTopic))
-	err = lifecycle.Run(ctx,
-		lifecycle.Stage{Name: "http", Run: func(ctx context.Context) error {
-			return httpserver.Serve(ctx, e, ln, cfg.ShutdownGrace)
-		}},
-		lifecycle.Stage{Name: "outbox relay", Run: relay.Run},
-	)
-	logger.Info("orders service stopped", slog.Any("error", err))
-	return err
+	orders.Routes(svc.HTTP, orders.NewService(svc.Pool, nil))
+	return svc.Run(ctx, lifecycle.Stage{Name: "outbox relay", Run: relay.Run})
 }

@@ -1,0 +1,209 @@
+package billing
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/onceflow/onceflow/pkg/event"
+	"github.com/onceflow/onceflow/pkg/inbox"
+	"github.com/onceflow/onceflow/pkg/outbox"
+)
+
+// The order events billing understands (published by the orders service).
+const (
+	EventOrderPlaced    = "OrderPlaced"
+	EventOrderCancelled = "OrderCancelled"
+)
+
+// The events billing publishes, on aggregate type "payment" whose id is the
+// order id (one payment per order), so a payment's events share a partition.
+const (
+	AggregateType        = "payment"
+	EventPaymentCaptured = "PaymentCaptured"
+	EventPaymentRefunded = "PaymentRefunded"
+)
+
+// Charge statuses.
+const (
+	StatusCaptured = "captured"
+	StatusRefunded = "refunded"
+)
+
+// orderPlaced is billing's reading of the OrderPlaced v1 contract: only the
+// fields it needs, so the producer may add others.
+type orderPlaced struct {
+	OrderID     uuid.UUID `json:"orderId"`
+	CustomerID  string    `json:"customerId"`
+	AmountCents int64     `json:"amountCents"`
+	Currency    string    `json:"currency"`
+}
+
+type orderCancelled struct {
+	OrderID uuid.UUID `json:"orderId"`
+}
+
+// Payment is the v1 payload of PaymentCaptured and PaymentRefunded.
+type Payment struct {
+	PaymentID   uuid.UUID `json:"paymentId"`
+	OrderID     uuid.UUID `json:"orderId"`
+	CustomerID  string    `json:"customerId"`
+	AmountCents int64     `json:"amountCents"`
+	Currency    string    `json:"currency"`
+	At          time.Time `json:"at"`
+}
+
+// Charge is one order's payment.
+type Charge struct {
+	OrderID     uuid.UUID  `json:"orderId"`
+	PaymentID   uuid.UUID  `json:"paymentId"`
+	CustomerID  string     `json:"customerId"`
+	AmountCents int64      `json:"amountCents"`
+	Currency    string     `json:"currency"`
+	Status      string     `json:"status"`
+	Version     int64      `json:"version"`
+	CapturedAt  time.Time  `json:"capturedAt"`
+	RefundedAt  *time.Time `json:"refundedAt"`
+}
+
+// Billing handles order events.
+type Billing struct {
+	pool   *pgxpool.Pool
+	logger *slog.Logger
+	now    func() time.Time
+}
+
+// New returns billing on pool; now is the clock (time.Now if nil).
+func New(pool *pgxpool.Pool, logger *slog.Logger, now func() time.Time) *Billing {
+	if now == nil {
+		now = time.Now
+	}
+	return &Billing{pool: pool, logger: logger, now: now}
+}
+
+// Handle is the inbox handler for orders.events. It runs in the inbox's
+// transaction: the charge, the inbox row and the payment event commit
+// together.
+func (b *Billing) Handle(ctx context.Context, tx pgx.Tx, ev event.Envelope) error {
+	switch ev.EventType {
+	case EventOrderPlaced:
+		if ev.EventVersion != 1 {
+			return unknownVersion(ev)
+		}
+		var p orderPlaced
+		if err := ev.DecodePayload(&p); err != nil {
+			return err
+		}
+		if p.OrderID == uuid.Nil || p.CustomerID == "" || p.AmountCents <= 0 || len(p.Currency) != 3 {
+			return inbox.Permanent(fmt.Errorf("OrderPlaced %s: payload misses orderId, customerId, a positive amountCents or currency", ev.EventID))
+		}
+		return b.capture(ctx, tx, ev, p)
+	case EventOrderCancelled:
+		if ev.EventVersion != 1 {
+			return unknownVersion(ev)
+		}
+		var p orderCancelled
+		if err := ev.DecodePayload(&p); err != nil {
+			return err
+		}
+		if p.OrderID == uuid.Nil {
+			return inbox.Permanent(fmt.Errorf("OrderCancelled %s: payload misses orderId", ev.EventID))
+		}
+		return b.refund(ctx, tx, ev, p.OrderID)
+	default:
+		// Producers may add event types; a consumer that does not care about
+		// one records it as handled and moves on.
+		b.logger.InfoContext(ctx, "billing ignores this event type", slog.String("event_type", ev.EventType),
+			slog.String("event_id", ev.EventID.String()))
+		return nil
+	}
+}
+
+func unknownVersion(ev event.Envelope) error {
+	return inbox.Permanent(fmt.Errorf("%s version %d is unknown to billing (knows 1)", ev.EventType, ev.EventVersion))
+}
+
+func (b *Billing) capture(ctx context.Context, tx pgx.Tx, cause event.Envelope, p orderPlaced) error {
+	now := b.now().UTC()
+	paymentID := uuid.New()
+	tag, err := tx.Exec(ctx, `
+		INSERT INTO charges (order_id, payment_id, customer_id, amount_cents, currency, status, version, captured_at)
+		VALUES ($1, $2, $3, $4, $5, $6, 1, $7)
+		ON CONFLICT (order_id) DO NOTHING`,
+		p.OrderID, paymentID, p.CustomerID, p.AmountCents, p.Currency, StatusCaptured, now)
+	if err != nil {
+		return fmt.Errorf("recording charge: %w", err)
+	}
+	if tag.RowsAffected() == 0 {
+		return nil // already charged: the business constraint absorbed a re-emitted OrderPlaced
+	}
+	return b.emit(ctx, tx, cause, EventPaymentCaptured, 1, Payment{
+		PaymentID: paymentID, OrderID: p.OrderID, CustomerID: p.CustomerID,
+		AmountCents: p.AmountCents, Currency: p.Currency, At: now,
+	})
+}
+
+func (b *Billing) refund(ctx context.Context, tx pgx.Tx, cause event.Envelope, orderID uuid.UUID) error {
+	now := b.now().UTC()
+	var c Charge
+	err := tx.QueryRow(ctx, `
+		UPDATE charges SET status = $2, version = version + 1, refunded_at = $3
+		WHERE order_id = $1 AND status = $4
+		RETURNING payment_id, customer_id, amount_cents, currency, version`,
+		orderID, StatusRefunded, now, StatusCaptured).Scan(&c.PaymentID, &c.CustomerID, &c.AmountCents, &c.Currency, &c.Version)
+	if errors.Is(err, pgx.ErrNoRows) {
+		var status string
+		err := tx.QueryRow(ctx, `SELECT status FROM charges WHERE order_id = $1`, orderID).Scan(&status)
+		if errors.Is(err, pgx.ErrNoRows) {
+			// Order events share a partition, so the OrderPlaced went first;
+			// no charge means it was dead-lettered. Say so rather than guess.
+			return inbox.Permanent(fmt.Errorf("OrderCancelled %s: order %s has no charge to refund", cause.EventID, orderID))
+		}
+		return err // already refunded: nothing to do, or a read error
+	}
+	if err != nil {
+		return fmt.Errorf("refunding charge: %w", err)
+	}
+	return b.emit(ctx, tx, cause, EventPaymentRefunded, c.Version, Payment{
+		PaymentID: c.PaymentID, OrderID: orderID, CustomerID: c.CustomerID,
+		AmountCents: c.AmountCents, Currency: c.Currency, At: now,
+	})
+}
+
+func (b *Billing) emit(ctx context.Context, tx pgx.Tx, cause event.Envelope, eventType string, version int64, p Payment) error {
+	body, err := json.Marshal(p)
+	if err != nil {
+		return fmt.Errorf("encoding %s: %w", eventType, err)
+	}
+	return outbox.Enqueue(ctx, tx, event.Envelope{
+		EventID:          uuid.New(),
+		EventType:        eventType,
+		EventVersion:     1,
+		AggregateType:    AggregateType,
+		AggregateID:      p.OrderID.String(),
+		AggregateVersion: version,
+		OccurredAt:       p.At,
+		CorrelationID:    cause.CorrelationID,
+		CausationID:      cause.EventID.String(),
+		Traceparent:      cause.Traceparent,
+		Payload:          body,
+	})
+}
+
+// Charge returns the charge of an order, or pgx.ErrNoRows.
+func (b *Billing) Charge(ctx context.Context, orderID uuid.UUID) (Charge, error) {
+	rows, err := b.pool.Query(ctx, `
+		SELECT order_id, payment_id, customer_id, amount_cents, currency, status, version, captured_at, refunded_at
+		FROM charges WHERE order_id = $1`, orderID)
+	if err != nil {
+		return Charge{}, err
+	}
+	return pgx.CollectExactlyOneRow(rows, pgx.RowToStructByPos[Charge])
+}

@@ -1,0 +1,84 @@
+package main
+
+import (
+	"context"
+	"io"
+	"time"
+
+	"github.com/onceflow/onceflow/pkg/inbox"
+	"github.com/onceflow/onceflow/pkg/outbox"
+	"github.com/onceflow/onceflow/pkg/platform/config"
+	"github.com/onceflow/onceflow/pkg/platform/kafkautil"
+	"github.com/onceflow/onceflow/pkg/platform/lifecycle"
+	"github.com/onceflow/onceflow/pkg/platform/pgutil"
+	"github.com/onceflow/onceflow/pkg/platform/service"
+	"github.com/onceflow/onceflow/services/billing"
+)
+
+// Config is the billing service's configuration, read from the environment.
+type Config struct {
+	// HTTPAddr is where the read API, /healthz, /readyz and /metrics listen.
+	HTTPAddr string `env:"HTTP_ADDR" envDefault:"127.0.0.1:8082"`
+	// DatabaseURL is the service's own Postgres database.
+	DatabaseURL string `env:"DATABASE_URL" envDefault:"postgres://postgres:postgres@127.0.0.1:55432/billing?sslmode=disable"`
+	// KafkaBrokers is a comma-separated list of bootstrap brokers.
+	KafkaBrokers []string `env:"KAFKA_BROKERS" envDefault:"127.0.0.1:59092"`
+	// OrdersTopic is consumed; its dead letters go to OrdersTopic + ".dlt".
+	OrdersTopic string `env:"ORDERS_TOPIC" envDefault:"orders.events"`
+	// BillingTopic receives every payment event.
+	BillingTopic string `env:"BILLING_TOPIC" envDefault:"billing.events"`
+	// ConsumerGroup is the Kafka consumer group; it is also the inbox's consumer name.
+	ConsumerGroup string `env:"CONSUMER_GROUP" envDefault:"billing"`
+	// LogLevel is debug, info, warn or error.
+	LogLevel string `env:"LOG_LEVEL" envDefault:"info"`
+	// ShutdownGrace is how long in-flight requests get to finish on SIGTERM.
+	ShutdownGrace time.Duration `env:"SHUTDOWN_GRACE" envDefault:"10s"`
+}
+
+func run(ctx context.Context, _ []string, getenv func(string) string, stdout io.Writer) error {
+	var cfg Config
+	if err := config.Load(getenv, &cfg); err != nil {
+		return err
+	}
+	svc, err := service.New(ctx, stdout, service.Options{
+		Name: "billing", HTTPAddr: cfg.HTTPAddr, DatabaseURL: cfg.DatabaseURL, KafkaBrokers: cfg.KafkaBrokers,
+		LogLevel: cfg.LogLevel, ShutdownGrace: cfg.ShutdownGrace,
+		Migrations: []pgutil.Migration{
+			{FS: billing.Migrations, Table: billing.MigrationsTable},
+			{FS: inbox.Migrations, Table: inbox.MigrationsTable},
+			{FS: outbox.Migrations, Table: outbox.MigrationsTable},
+		},
+	})
+	if err != nil {
+		return err
+	}
+	defer svc.Close()
+
+	writer := kafkautil.NewWriter(cfg.KafkaBrokers, 500)
+	defer writer.Close()
+	relay, err := outbox.NewRelay(svc.Pool, writer, outbox.RelayConfig{
+		Topic:      func(string) string { return cfg.BillingTopic },
+		Logger:     svc.Logger,
+		Registerer: svc.Registry,
+	})
+	if err != nil {
+		return err
+	}
+
+	b := billing.New(svc.Pool, svc.Logger, nil)
+	reader := kafkautil.NewGroupReader(cfg.KafkaBrokers, cfg.OrdersTopic, cfg.ConsumerGroup)
+	defer reader.Close() // after Run: flushes the last offset commits
+	consumer, err := inbox.NewConsumer(svc.Pool, reader, writer, b.Handle, inbox.Config{
+		Name:       cfg.ConsumerGroup,
+		Logger:     svc.Logger,
+		Registerer: svc.Registry,
+	})
+	if err != nil {
+		return err
+	}
+	billing.Routes(svc.HTTP, b)
+	return svc.Run(ctx,
+		lifecycle.Stage{Name: "orders consumer", Run: consumer.Run},
+		lifecycle.Stage{Name: "outbox relay", Run: relay.Run},
+	)
+}

@@ -1,0 +1,133 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/segmentio/kafka-go"
+
+	"github.com/onceflow/onceflow/pkg/event"
+	"github.com/onceflow/onceflow/pkg/outbox"
+	"github.com/onceflow/onceflow/pkg/platform/kafkautil"
+	"github.com/onceflow/onceflow/pkg/platform/pgutil"
+	"github.com/onceflow/onceflow/pkg/platform/testinfra"
+	"github.com/onceflow/onceflow/services/billing"
+)
+
+// syncBuffer collects the service's log while it runs.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+// TestOrderEventThroughTheBrokerIsChargedOnce runs billing as it runs in
+// production and feeds it the way orders does: an OrderPlaced committed to an
+// outbox, published by the relay through the real broker. The same event is
+// then delivered again; billing must absorb it.
+func TestOrderEventThroughTheBrokerIsChargedOnce(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	brokers := testinfra.KafkaBrokers(t)
+	ordersTopic := testinfra.NewTopic(t, brokers, 3)
+	testinfra.NewTopicNamed(t, brokers, ordersTopic+".dlt", 1)
+	billingTopic := testinfra.NewTopic(t, brokers, 3)
+	billingDB := testinfra.NewDatabase(t)
+
+	// The orders side: an outbox and its relay in a database of their own.
+	ordersPool := testinfra.NewPool(t, testinfra.NewDatabase(t))
+	if err := pgutil.Migrate(ordersPool, pgutil.Migration{FS: outbox.Migrations, Table: outbox.MigrationsTable}); err != nil {
+		t.Fatal(err)
+	}
+	orderID := uuid.New()
+	placed := event.Envelope{
+		EventID: uuid.New(), EventType: billing.EventOrderPlaced, EventVersion: 1,
+		AggregateType: "order", AggregateID: orderID.String(), AggregateVersion: 1, OccurredAt: time.Now(),
+		CorrelationID: "req-7",
+		Payload:       json.RawMessage(`{"orderId":"` + orderID.String() + `","customerId":"c","amountCents":1234,"currency":"USD"}`),
+	}
+	if err := pgx.BeginFunc(ctx, ordersPool, func(tx pgx.Tx) error { return outbox.Enqueue(ctx, tx, placed) }); err != nil {
+		t.Fatal(err)
+	}
+	w := kafkautil.NewWriter(brokers, 10)
+	defer w.Close()
+	relay, err := outbox.NewRelay(ordersPool, w, outbox.RelayConfig{Topic: func(string) string { return ordersTopic }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n, err := relay.RelayBatch(ctx); err != nil || n != 1 {
+		t.Fatalf("relaying the OrderPlaced: n=%d err=%v", n, err)
+	}
+
+	// Billing, wired exactly as in production.
+	env := map[string]string{
+		"HTTP_ADDR":      "127.0.0.1:0",
+		"DATABASE_URL":   billingDB,
+		"KAFKA_BROKERS":  strings.Join(brokers, ","),
+		"ORDERS_TOPIC":   ordersTopic,
+		"BILLING_TOPIC":  billingTopic,
+		"CONSUMER_GROUP": testinfra.Name("billing"),
+		"LOG_LEVEL":      "debug",
+	}
+	var logs syncBuffer
+	runCtx, stop := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- run(runCtx, nil, func(k string) string { return env[k] }, &logs) }()
+	defer func() {
+		stop()
+		if err := <-done; err != nil {
+			t.Errorf("run: %v\n%s", err, logs.String())
+		}
+	}()
+
+	// PaymentCaptured comes out the other side, through billing's outbox and relay.
+	r := kafka.NewReader(kafka.ReaderConfig{Brokers: brokers, Topic: billingTopic, GroupID: testinfra.Name("check"), MaxWait: 100 * time.Millisecond})
+	defer r.Close()
+	m, err := r.FetchMessage(ctx)
+	if err != nil {
+		t.Fatalf("waiting for PaymentCaptured: %v\n%s", err, logs.String())
+	}
+	captured, err := event.FromKafka(m)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if captured.EventType != billing.EventPaymentCaptured || captured.AggregateID != orderID.String() ||
+		captured.CausationID != placed.EventID.String() || captured.CorrelationID != "req-7" {
+		t.Fatalf("got %s for %s caused by %s (correlation %q)", captured.EventType, captured.AggregateID, captured.CausationID, captured.CorrelationID)
+	}
+
+	// Redeliver the very same event; billing must count it as a duplicate.
+	if err := w.WriteMessages(ctx, event.ToKafka(ordersTopic, placed)); err != nil {
+		t.Fatal(err)
+	}
+	billingPool := testinfra.NewPool(t, billingDB)
+	testinfra.WaitFor(t, 30*time.Second, "the redelivery to be recorded as a duplicate", func() (bool, error) {
+		return strings.Contains(logs.String(), `"msg":"inbox duplicate"`), nil
+	})
+	var charges, inboxRows int
+	if err := billingPool.QueryRow(ctx, `SELECT (SELECT count(*) FROM charges), (SELECT count(*) FROM inbox_messages)`).
+		Scan(&charges, &inboxRows); err != nil {
+		t.Fatal(err)
+	}
+	if charges != 1 || inboxRows != 1 {
+		t.Fatalf("%d charges and %d inbox rows, want 1 and 1", charges, inboxRows)
+	}
+}

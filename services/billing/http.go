@@ -1,0 +1,30 @@
+package billing
+
+import (
+	"errors"
+	"net/http"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/labstack/echo/v4"
+
+	"github.com/onceflow/onceflow/pkg/platform/apperr"
+)
+
+// Routes registers billing's read API on e: GET /charges/:orderId.
+func Routes(e *echo.Echo, b *Billing) {
+	e.GET("/charges/:orderId", func(c echo.Context) error {
+		id, err := uuid.Parse(c.Param("orderId"))
+		if err != nil {
+			return apperr.Errorf(apperr.Malformed, "order id %q is not a UUID", c.Param("orderId"))
+		}
+		ch, err := b.Charge(c.Request().Context(), id)
+		if errors.Is(err, pgx.ErrNoRows) {
+			return apperr.Errorf(apperr.NotFound, "order %s has no charge", id)
+		}
+		if err != nil {
+			return err
+		}
+		return c.JSON(http.StatusOK, ch)
+	})
+}

@@ -1,0 +1,24 @@
+// Command reconciler runs the stand-in for the third-party reconciler: a
+// deliberately non-idempotent HTTP API that books every settlement it
+// receives into a JSON Lines ledger, so that a run of the platform can be
+// audited for duplicate bookings. See package thirdparty for the API.
+//
+// Configuration is read from the environment; run `reconciler -h` to list it.
+package main
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/signal"
+	"syscall"
+)
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	if err := run(ctx, os.Args, os.Getenv, os.Stdout); err != nil {
+		fmt.Fprintln(os.Stderr, "reconciler:", err)
+		os.Exit(1)
+	}
+}

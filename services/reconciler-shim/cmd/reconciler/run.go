@@ -1,0 +1,108 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+
+	"github.com/onceflow/onceflow/pkg/platform/config"
+	"github.com/onceflow/onceflow/pkg/platform/httpserver"
+	"github.com/onceflow/onceflow/pkg/platform/logging"
+	"github.com/onceflow/onceflow/services/reconciler-shim/thirdparty"
+)
+
+// shutdownGrace bounds how long in-flight requests may finish after SIGTERM;
+// longer than the usual injected hang is not needed, because a hung request
+// returns as soon as its caller gives up.
+const shutdownGrace = 10 * time.Second
+
+// runConfig is everything the stand-in reads from the environment.
+type runConfig struct {
+	// HTTPAddr is where the API listens. Port 0 picks a free port; the
+	// address actually bound is logged at start.
+	HTTPAddr string `env:"HTTP_ADDR" envDefault:"127.0.0.1:8084"`
+	// LedgerPath is the JSON Lines file every settlement is appended to. It
+	// is reloaded at start, so an audit counts bookings across restarts;
+	// delete it to start a run from zero.
+	LedgerPath string `env:"LEDGER_PATH" envDefault:"reconciler-ledger.jsonl"`
+	// LogLevel is debug, info, warn or error; debug adds one line per request.
+	LogLevel string `env:"LOG_LEVEL" envDefault:"info"`
+}
+
+// run serves the stand-in until ctx ends. It is main without the process:
+// tests call it with their own arguments, environment and output.
+func run(ctx context.Context, args []string, getenv func(string) string, stdout io.Writer) error {
+	fs := flag.NewFlagSet(args[0], flag.ContinueOnError)
+	fs.SetOutput(stdout)
+	fs.Usage = func() { usage(stdout, args[0]) }
+	if err := fs.Parse(args[1:]); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return nil
+		}
+		return err
+	}
+	if fs.NArg() > 0 {
+		return fmt.Errorf("unexpected arguments %q; configuration comes from the environment (see -h)", fs.Args())
+	}
+
+	var cfg runConfig
+	if err := config.Load(getenv, &cfg); err != nil {
+		return err
+	}
+	logger, err := logging.New(stdout, "reconciler", cfg.LogLevel)
+	if err != nil {
+		return err
+	}
+
+	ledger, err := thirdparty.OpenLedger(cfg.LedgerPath)
+	if err != nil {
+		return err
+	}
+	defer func() {
+		if err := ledger.Close(); err != nil {
+			logger.ErrorContext(ctx, "closing ledger", slog.Any("error", err))
+		}
+	}()
+
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	e, err := thirdparty.NewServer(ledger, logger, reg)
+	if err != nil {
+		return err
+	}
+
+	// Listening before logging makes the logged address the real one, which
+	// is how tests and the harness find a port-0 server.
+	ln, err := net.Listen("tcp", cfg.HTTPAddr)
+	if err != nil {
+		return fmt.Errorf("listening on %s: %w", cfg.HTTPAddr, err)
+	}
+	stats := ledger.Stats()
+	logger.InfoContext(ctx, "reconciler listening",
+		slog.String("addr", ln.Addr().String()), slog.String("ledger_path", cfg.LedgerPath),
+		slog.Int("settlements", stats.Settlements), slog.Int("duplicates", stats.Duplicates))
+
+	err = httpserver.Serve(ctx, e, ln, shutdownGrace)
+	logger.InfoContext(ctx, "reconciler stopped")
+	return err
+}
+
+func usage(w io.Writer, name string) {
+	fmt.Fprintf(w, "Usage: %s\n\nThe stand-in third-party reconciler. Environment (default):\n", name)
+	vars, err := config.Vars(&runConfig{})
+	if err != nil {
+		fmt.Fprintln(w, err)
+		return
+	}
+	for _, v := range vars {
+		fmt.Fprintf(w, "  %s (%s)\n", v.Name, v.Default)
+	}
+}

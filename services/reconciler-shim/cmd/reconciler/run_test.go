@@ -1,0 +1,157 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"io"
+	"net/http"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/onceflow/onceflow/pkg/platform/testinfra"
+	"github.com/onceflow/onceflow/services/reconciler-shim/thirdparty"
+)
+
+// syncBuffer is the stdout run logs to while the test reads it.
+type syncBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+// startLine returns the "reconciler listening" record once it is logged.
+func (b *syncBuffer) startLine() (map[string]any, bool) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	sc := bufio.NewScanner(bytes.NewReader(b.buf.Bytes()))
+	for sc.Scan() {
+		var rec map[string]any
+		if json.Unmarshal(sc.Bytes(), &rec) == nil && rec["msg"] == "reconciler listening" {
+			return rec, true
+		}
+	}
+	return nil, false
+}
+
+// startRun runs the command with env until the test ends, and returns its
+// start record and a function that stops it and returns run's error.
+func startRun(t *testing.T, env map[string]string) (map[string]any, func() error) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(t.Context())
+	out := &syncBuffer{}
+	done := make(chan error, 1)
+	go func() {
+		done <- run(ctx, []string{"reconciler"}, func(k string) string { return env[k] }, out)
+	}()
+	var start map[string]any
+	testinfra.WaitFor(t, 10*time.Second, "the start log line", func() (bool, error) {
+		select {
+		case err := <-done:
+			t.Fatalf("run returned before starting: %v\n%s", err, out.buf.String())
+		default:
+		}
+		var ok bool
+		start, ok = out.startLine()
+		return ok, nil
+	})
+	stop := func() error {
+		cancel()
+		select {
+		case err := <-done:
+			return err
+		case <-time.After(15 * time.Second):
+			t.Fatal("run did not return after its context ended")
+			return nil
+		}
+	}
+	t.Cleanup(func() { cancel() })
+	return start, stop
+}
+
+func TestRunServesAndStopsOnCancel(t *testing.T) {
+	env := map[string]string{
+		"HTTP_ADDR":   "127.0.0.1:0",
+		"LEDGER_PATH": filepath.Join(t.TempDir(), "ledger.jsonl"),
+		"LOG_LEVEL":   "debug",
+	}
+	start, stop := startRun(t, env)
+	if start["service"] != "reconciler" || start["ledger_path"] != env["LEDGER_PATH"] {
+		t.Fatalf("start line = %v, want service reconciler and the ledger path", start)
+	}
+	base := "http://" + start["addr"].(string)
+
+	resp, err := http.Get(base + "/healthz")
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("GET /healthz = %d", resp.StatusCode)
+	}
+
+	c := thirdparty.NewClient(base, nil)
+	req := thirdparty.SettleRequest{PaymentID: "p1", OrderID: "o1", Kind: thirdparty.KindCapture, AmountCents: 999, Currency: "USD"}
+	s, err := c.Settle(t.Context(), "p1:capture", req)
+	if err != nil {
+		t.Fatalf("Settle: %v", err)
+	}
+	if s.ID == "" || s.PaymentID != "p1" {
+		t.Fatalf("Settle returned %+v", s)
+	}
+	if found, err := c.Lookup(t.Context(), "p1:capture"); err != nil || !found {
+		t.Fatalf("Lookup = %v, %v; want true", found, err)
+	}
+
+	resp, err = http.Get(base + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	metrics, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if !strings.Contains(string(metrics), `reconciler_settlements_total{kind="capture"} 1`) {
+		t.Fatalf("/metrics lacks the settlement count:\n%s", metrics)
+	}
+
+	if err := stop(); err != nil {
+		t.Fatalf("run after cancel = %v, want nil", err)
+	}
+
+	// The ledger outlives the process: a restart starts from what was booked.
+	start, stop = startRun(t, env)
+	if start["settlements"] != float64(1) {
+		t.Fatalf("restart start line = %v, want settlements 1", start)
+	}
+	if err := stop(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestRunRejectsBadConfig(t *testing.T) {
+	env := map[string]string{"LOG_LEVEL": "loud", "LEDGER_PATH": filepath.Join(t.TempDir(), "l.jsonl")}
+	err := run(t.Context(), []string{"reconciler"}, func(k string) string { return env[k] }, io.Discard)
+	if err == nil || !strings.Contains(err.Error(), "loud") {
+		t.Fatalf("run with LOG_LEVEL=loud = %v, want an error naming the value", err)
+	}
+}
+
+func TestRunHelpListsEnvironment(t *testing.T) {
+	var out bytes.Buffer
+	if err := run(t.Context(), []string{"reconciler", "-h"}, func(string) string { return "" }, &out); err != nil {
+		t.Fatal(err)
+	}
+	for _, v := range []string{"HTTP_ADDR (127.0.0.1:8084)", "LEDGER_PATH (reconciler-ledger.jsonl)", "LOG_LEVEL (info)"} {
+		if !strings.Contains(out.String(), v) {
+			t.Errorf("-h output lacks %q:\n%s", v, out.String())
+		}
+	}
+}

@@ -1,0 +1,85 @@
+package thirdparty
+
+import (
+	"sync"
+	"time"
+
+	"github.com/onceflow/onceflow/pkg/platform/apperr"
+)
+
+// Faults is the fault-injection setting: the body of POST /admin/faults, and
+// what GET /admin/faults reports is still left of it.
+type Faults struct {
+	// FailNext is how many of the next settlements are answered 500 without
+	// being booked: a third party that is down.
+	FailNext int `json:"failNext"`
+	// HangNext is how many of the next settlements are booked and then
+	// answered only after HangFor: a third party that processed the request
+	// but whose answer arrives too late, which is exactly the case a caller
+	// that retries on timeout turns into a duplicate.
+	HangNext int `json:"hangNext"`
+	// HangFor is how long a hung settlement holds its answer, in Go duration
+	// notation ("5s"). Required when HangNext > 0.
+	HangFor string `json:"hangFor"`
+}
+
+type fault int
+
+const (
+	noFault fault = iota
+	failFault
+	hangFault
+)
+
+// faultState is the live setting, counted down by each settlement it hits.
+type faultState struct {
+	mu       sync.Mutex
+	failNext int
+	hangNext int
+	hangFor  time.Duration
+}
+
+// set replaces the whole setting, so a test states what it wants rather than
+// depending on what an earlier test left behind.
+func (f *faultState) set(in Faults) error {
+	if in.FailNext < 0 || in.HangNext < 0 {
+		return apperr.Errorf(apperr.Invalid, "failNext and hangNext must not be negative")
+	}
+	var hangFor time.Duration
+	if in.HangFor != "" {
+		d, err := time.ParseDuration(in.HangFor)
+		if err != nil || d < 0 {
+			return apperr.Errorf(apperr.Invalid, "hangFor %q is not a non-negative duration such as \"5s\"", in.HangFor)
+		}
+		hangFor = d
+	}
+	if in.HangNext > 0 && hangFor == 0 {
+		return apperr.Errorf(apperr.Invalid, "hangFor is required when hangNext > 0")
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.failNext, f.hangNext, f.hangFor = in.FailNext, in.HangNext, hangFor
+	return nil
+}
+
+func (f *faultState) get() Faults {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return Faults{FailNext: f.failNext, HangNext: f.hangNext, HangFor: f.hangFor.String()}
+}
+
+// take consumes one fault for the settlement at hand; failures go first,
+// because a third party that is down cannot also be slow.
+func (f *faultState) take() (fault, time.Duration) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	switch {
+	case f.failNext > 0:
+		f.failNext--
+		return failFault, 0
+	case f.hangNext > 0:
+		f.hangNext--
+		return hangFault, f.hangFor
+	}
+	return noFault, 0
+}

@@ -1,0 +1,258 @@
+package thirdparty
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/url"
+	"strings"
+	"time"
+
+	"github.com/labstack/echo/v4"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/onceflow/onceflow/pkg/platform/apperr"
+	"github.com/onceflow/onceflow/pkg/platform/httpserver"
+)
+
+// IdempotencyKeyHeader carries the caller's key for a settlement. The third
+// party stores it and lets callers look it up, but does not deduplicate on it.
+const IdempotencyKeyHeader = "Idempotency-Key"
+
+// MaxKeyLength is the longest Idempotency-Key accepted, in bytes.
+const MaxKeyLength = 255
+
+// SettleRequest is the body of POST /settlements.
+type SettleRequest struct {
+	PaymentID string `json:"paymentId"`
+	OrderID   string `json:"orderId"`
+	// Kind is KindCapture or KindRefund.
+	Kind string `json:"kind"`
+	// AmountCents is positive; a refund is told apart by Kind, not by sign.
+	AmountCents int64 `json:"amountCents"`
+	// Currency is an ISO 4217 code such as "EUR".
+	Currency string `json:"currency"`
+}
+
+type server struct {
+	ledger *Ledger
+	logger *slog.Logger
+	faults faultState
+}
+
+// NewServer returns the third party's HTTP API over l, built on the platform
+// chassis (/healthz, /readyz, /metrics, JSON errors). Its metrics are
+// registered with reg, which must also be a prometheus.Gatherer (a
+// *prometheus.Registry is both) because /metrics serves it.
+//
+// Routes: POST /settlements, GET /settlements, GET /settlements/:key,
+// GET /stats, GET and POST /admin/faults.
+func NewServer(l *Ledger, logger *slog.Logger, reg prometheus.Registerer) (*echo.Echo, error) {
+	gatherer, ok := reg.(prometheus.Gatherer)
+	if !ok {
+		return nil, errors.New("thirdparty: the metrics registerer must also be a prometheus.Gatherer, such as *prometheus.Registry")
+	}
+	if err := reg.Register(newLedgerCollector(l)); err != nil {
+		return nil, fmt.Errorf("registering reconciler metrics: %w", err)
+	}
+	s := &server{ledger: l, logger: logger}
+	e := httpserver.New(httpserver.Config{Logger: logger, Gatherer: gatherer})
+	e.POST("/settlements", s.settle)
+	e.GET("/settlements", s.list)
+	e.GET("/settlements/:key", s.byKey)
+	e.GET("/stats", s.stats)
+	e.GET("/admin/faults", s.getFaults)
+	e.POST("/admin/faults", s.setFaults)
+	return e, nil
+}
+
+func (s *server) settle(c echo.Context) error {
+	ctx := c.Request().Context()
+	key := c.Request().Header.Get(IdempotencyKeyHeader)
+	if strings.TrimSpace(key) == "" {
+		return apperr.Errorf(apperr.Malformed, "the %s header is required", IdempotencyKeyHeader)
+	}
+	var req SettleRequest
+	if err := decodeJSON(c.Request().Body, &req); err != nil {
+		return err
+	}
+	if err := validateSettle(key, req); err != nil {
+		return err
+	}
+
+	// Faults are taken only by requests that would otherwise be booked, so a
+	// test's fault count is never used up by its own invalid requests.
+	f, hangFor := s.faults.take()
+	if f == failFault {
+		s.logger.InfoContext(ctx, "injected failure, settlement not booked", slog.String("idempotency_key", key))
+		var body httpserver.ErrorBody
+		body.Error.Code, body.Error.Message = "injected_fault", "injected failure (failNext): nothing was booked"
+		return c.JSON(http.StatusInternalServerError, body)
+	}
+
+	stored, n, err := s.ledger.append(Settlement{
+		IdempotencyKey: key,
+		PaymentID:      req.PaymentID,
+		OrderID:        req.OrderID,
+		Kind:           req.Kind,
+		AmountCents:    req.AmountCents,
+		Currency:       req.Currency,
+	})
+	if err != nil {
+		return fmt.Errorf("booking settlement: %w", err)
+	}
+	if n > 1 {
+		s.logger.WarnContext(ctx, "duplicate settlement booked",
+			slog.String("idempotency_key", key), slog.String("payment_id", req.PaymentID), slog.Int("count", n))
+	}
+
+	if f == hangFault {
+		// Booked already: the caller's timeout cannot undo it, which is the point.
+		s.logger.InfoContext(ctx, "injected hang after booking",
+			slog.String("idempotency_key", key), slog.Duration("hang_for", hangFor))
+		t := time.NewTimer(hangFor)
+		defer t.Stop()
+		select {
+		case <-t.C:
+		case <-ctx.Done(): // the caller gave up; holding the answer longer only delays shutdown
+		}
+	}
+	return c.JSON(http.StatusCreated, stored)
+}
+
+func (s *server) byKey(c echo.Context) error {
+	// echo hands over the raw path segment when the request path needed
+	// escaping (RawPath set), so keys with '/', '%' or spaces must be decoded
+	// here to match the header value they were stored under.
+	key := c.Param("key")
+	if c.Request().URL.RawPath != "" {
+		k, err := url.PathUnescape(key)
+		if err != nil {
+			return apperr.Errorf(apperr.Malformed, "idempotency key in the path is not valid escaping: %v", err)
+		}
+		key = k
+	}
+	found := s.ledger.ByKey(key)
+	if len(found) == 0 {
+		return apperr.Errorf(apperr.NotFound, "no settlement under idempotency key %q", key)
+	}
+	return c.JSON(http.StatusOK, found)
+}
+
+func (s *server) list(c echo.Context) error {
+	return c.JSON(http.StatusOK, s.ledger.All())
+}
+
+func (s *server) stats(c echo.Context) error {
+	return c.JSON(http.StatusOK, s.ledger.Stats())
+}
+
+func (s *server) getFaults(c echo.Context) error {
+	return c.JSON(http.StatusOK, s.faults.get())
+}
+
+func (s *server) setFaults(c echo.Context) error {
+	var in Faults
+	if err := decodeJSON(c.Request().Body, &in); err != nil {
+		return err
+	}
+	if err := s.faults.set(in); err != nil {
+		return err
+	}
+	s.logger.InfoContext(c.Request().Context(), "fault injection set",
+		slog.Int("fail_next", in.FailNext), slog.Int("hang_next", in.HangNext), slog.String("hang_for", in.HangFor))
+	return c.JSON(http.StatusOK, s.faults.get())
+}
+
+// decodeJSON reads exactly one JSON object into v. Unknown fields are
+// refused so that a caller's misspelt field fails loudly instead of being
+// booked as a zero value.
+func decodeJSON(r io.Reader, v any) error {
+	dec := json.NewDecoder(r)
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(v); err != nil {
+		var he *echo.HTTPError
+		if errors.As(err, &he) { // the body limit, which the error handler maps to 413
+			return err
+		}
+		return apperr.Errorf(apperr.Malformed, "request body is not the expected JSON object: %v", err)
+	}
+	if _, err := dec.Token(); !errors.Is(err, io.EOF) {
+		return apperr.Errorf(apperr.Malformed, "request body has data after the JSON object")
+	}
+	return nil
+}
+
+// validateSettle reports every broken rule at once, so a caller fixes its
+// request in one round trip.
+func validateSettle(key string, r SettleRequest) error {
+	var problems []string
+	if len(key) > MaxKeyLength {
+		problems = append(problems, fmt.Sprintf("%s is longer than %d bytes", IdempotencyKeyHeader, MaxKeyLength))
+	}
+	if strings.TrimSpace(r.PaymentID) == "" {
+		problems = append(problems, "paymentId is required")
+	}
+	if strings.TrimSpace(r.OrderID) == "" {
+		problems = append(problems, "orderId is required")
+	}
+	if r.Kind != KindCapture && r.Kind != KindRefund {
+		problems = append(problems, fmt.Sprintf("kind must be %q or %q", KindCapture, KindRefund))
+	}
+	if r.AmountCents <= 0 {
+		problems = append(problems, "amountCents must be positive")
+	}
+	if !isCurrencyCode(r.Currency) {
+		problems = append(problems, "currency must be a 3-letter upper-case ISO 4217 code")
+	}
+	if len(problems) > 0 {
+		return apperr.Errorf(apperr.Invalid, "%s", strings.Join(problems, "; "))
+	}
+	return nil
+}
+
+func isCurrencyCode(s string) bool {
+	if len(s) != 3 {
+		return false
+	}
+	for _, r := range s {
+		if r < 'A' || r > 'Z' {
+			return false
+		}
+	}
+	return true
+}
+
+// ledgerCollector reads the metrics from the ledger at scrape time rather
+// than counting requests, so they agree with /stats, include what was loaded
+// from the file after a restart, and cannot drift from the audit.
+type ledgerCollector struct {
+	ledger      *Ledger
+	settlements *prometheus.Desc
+	duplicates  *prometheus.Desc
+}
+
+func newLedgerCollector(l *Ledger) *ledgerCollector {
+	return &ledgerCollector{
+		ledger: l,
+		settlements: prometheus.NewDesc("reconciler_settlements_total",
+			"Settlements the third-party reconciler booked, duplicates included.", []string{"kind"}, nil),
+		duplicates: prometheus.NewDesc("reconciler_duplicate_settlements_total",
+			"Settlements booked under an idempotency key that already had one.", nil, nil),
+	}
+}
+
+func (c *ledgerCollector) Describe(ch chan<- *prometheus.Desc) {
+	ch <- c.settlements
+	ch <- c.duplicates
+}
+
+func (c *ledgerCollector) Collect(ch chan<- prometheus.Metric) {
+	st := c.ledger.Stats()
+	ch <- prometheus.MustNewConstMetric(c.settlements, prometheus.CounterValue, float64(st.Captures), KindCapture)
+	ch <- prometheus.MustNewConstMetric(c.settlements, prometheus.CounterValue, float64(st.Refunds), KindRefund)
+	ch <- prometheus.MustNewConstMetric(c.duplicates, prometheus.CounterValue, float64(st.Duplicates))
+}
