@@ -1,11 +1,9 @@
 package main
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -20,24 +18,6 @@ import (
 	"github.com/onceflow/onceflow/pkg/platform/testinfra"
 	"github.com/onceflow/onceflow/services/billing"
 )
-
-// syncBuffer collects the service's log while it runs.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
 
 // TestOrderEventThroughTheBrokerIsChargedOnce runs billing as it runs in
 // production and feeds it the way orders does: an OrderPlaced committed to an
@@ -87,7 +67,7 @@ func TestOrderEventThroughTheBrokerIsChargedOnce(t *testing.T) {
 		"CONSUMER_GROUP": testinfra.Name("billing"),
 		"LOG_LEVEL":      "debug",
 	}
-	var logs syncBuffer
+	var logs testinfra.LogBuffer
 	runCtx, stop := context.WithCancel(ctx)
 	done := make(chan error, 1)
 	go func() { done <- run(runCtx, nil, func(k string) string { return env[k] }, &logs) }()

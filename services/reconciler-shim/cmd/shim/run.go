@@ -1,0 +1,74 @@
+package main
+
+import (
+	"context"
+	"io"
+	"net/http"
+	"time"
+
+	"github.com/onceflow/onceflow/pkg/inbox"
+	"github.com/onceflow/onceflow/pkg/platform/config"
+	"github.com/onceflow/onceflow/pkg/platform/kafkautil"
+	"github.com/onceflow/onceflow/pkg/platform/lifecycle"
+	"github.com/onceflow/onceflow/pkg/platform/pgutil"
+	"github.com/onceflow/onceflow/pkg/platform/service"
+	shim "github.com/onceflow/onceflow/services/reconciler-shim"
+	"github.com/onceflow/onceflow/services/reconciler-shim/thirdparty"
+)
+
+// Config is the shim's configuration, read from the environment.
+type Config struct {
+	// HTTPAddr is where /healthz, /readyz and /metrics listen.
+	HTTPAddr string `env:"HTTP_ADDR" envDefault:"127.0.0.1:8083"`
+	// DatabaseURL is the shim's own Postgres database.
+	DatabaseURL string `env:"DATABASE_URL" envDefault:"postgres://postgres:postgres@127.0.0.1:55432/shim?sslmode=disable"`
+	// KafkaBrokers is a comma-separated list of bootstrap brokers.
+	KafkaBrokers []string `env:"KAFKA_BROKERS" envDefault:"127.0.0.1:59092"`
+	// BillingTopic is consumed; its dead letters go to BillingTopic + ".dlt".
+	BillingTopic string `env:"BILLING_TOPIC" envDefault:"billing.events"`
+	// ConsumerGroup is the Kafka consumer group; it is also the inbox's consumer name.
+	ConsumerGroup string `env:"CONSUMER_GROUP" envDefault:"reconciler-shim"`
+	// ReconcilerURL is the third-party reconciler's base URL.
+	ReconcilerURL string `env:"RECONCILER_URL" envDefault:"http://127.0.0.1:8084"`
+	// ReconcilerTimeout bounds each call to the reconciler; a timed-out call
+	// is retried, and the retry first asks whether the call landed.
+	ReconcilerTimeout time.Duration `env:"RECONCILER_TIMEOUT" envDefault:"5s"`
+	// LogLevel is debug, info, warn or error.
+	LogLevel string `env:"LOG_LEVEL" envDefault:"info"`
+	// ShutdownGrace is how long in-flight requests get to finish on SIGTERM.
+	ShutdownGrace time.Duration `env:"SHUTDOWN_GRACE" envDefault:"10s"`
+}
+
+func run(ctx context.Context, _ []string, getenv func(string) string, stdout io.Writer) error {
+	var cfg Config
+	if err := config.Load(getenv, &cfg); err != nil {
+		return err
+	}
+	svc, err := service.New(ctx, stdout, service.Options{
+		Name: "reconciler-shim", HTTPAddr: cfg.HTTPAddr, DatabaseURL: cfg.DatabaseURL, KafkaBrokers: cfg.KafkaBrokers,
+		LogLevel: cfg.LogLevel, ShutdownGrace: cfg.ShutdownGrace,
+		Migrations: []pgutil.Migration{
+			{FS: shim.Migrations, Table: shim.MigrationsTable},
+			{FS: inbox.Migrations, Table: inbox.MigrationsTable},
+		},
+	})
+	if err != nil {
+		return err
+	}
+	defer svc.Close()
+
+	tp := thirdparty.NewClient(cfg.ReconcilerURL, &http.Client{Timeout: cfg.ReconcilerTimeout})
+	dlq := kafkautil.NewWriter(cfg.KafkaBrokers, 10)
+	defer dlq.Close()
+	reader := kafkautil.NewGroupReader(cfg.KafkaBrokers, cfg.BillingTopic, cfg.ConsumerGroup)
+	defer reader.Close() // after Run: flushes the last offset commits
+	consumer, err := inbox.NewConsumer(svc.Pool, reader, dlq, shim.New(tp, svc.Logger).Handle, inbox.Config{
+		Name:       cfg.ConsumerGroup,
+		Logger:     svc.Logger,
+		Registerer: svc.Registry,
+	})
+	if err != nil {
+		return err
+	}
+	return svc.Run(ctx, lifecycle.Stage{Name: "billing consumer", Run: consumer.Run})
+}

@@ -1,0 +1,127 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"io"
+	"log/slog"
+	"net/http/httptest"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/segmentio/kafka-go"
+
+	"github.com/onceflow/onceflow/pkg/event"
+	"github.com/onceflow/onceflow/pkg/platform/kafkautil"
+	"github.com/onceflow/onceflow/pkg/platform/testinfra"
+	shim "github.com/onceflow/onceflow/services/reconciler-shim"
+	"github.com/onceflow/onceflow/services/reconciler-shim/thirdparty"
+)
+
+func paymentEvent(eventType string, orderID uuid.UUID, version int64) event.Envelope {
+	body, _ := json.Marshal(map[string]any{
+		"paymentId": uuid.New(), "orderId": orderID, "customerId": "c", "amountCents": 700, "currency": "EUR",
+		"at": time.Now(),
+	})
+	return event.Envelope{
+		EventID: uuid.New(), EventType: eventType, EventVersion: 1,
+		AggregateType: "payment", AggregateID: orderID.String(), AggregateVersion: version,
+		OccurredAt: time.Now(), Payload: body,
+	}
+}
+
+// TestEachPaymentReachesTheThirdPartyOnce runs the shim as in production
+// against the stand-in reconciler, with redeliveries, a payment the third
+// party already has (a crash after calling out), and a third party that
+// fails its first calls.
+func TestEachPaymentReachesTheThirdPartyOnce(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	brokers := testinfra.KafkaBrokers(t)
+	topic := testinfra.NewTopic(t, brokers, 3)
+	testinfra.NewTopicNamed(t, brokers, topic+".dlt", 1)
+	db := testinfra.NewDatabase(t)
+
+	ledger, err := thirdparty.OpenLedger("")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv, err := thirdparty.NewServer(ledger, slog.New(slog.NewTextHandler(io.Discard, nil)), prometheus.NewRegistry())
+	if err != nil {
+		t.Fatal(err)
+	}
+	reconciler := httptest.NewServer(srv)
+	defer reconciler.Close()
+	client := thirdparty.NewClient(reconciler.URL, nil)
+
+	a, b, c := uuid.New(), uuid.New(), uuid.New()
+	captureA, captureB, captureC := paymentEvent(shim.EventPaymentCaptured, a, 1),
+		paymentEvent(shim.EventPaymentCaptured, b, 1), paymentEvent(shim.EventPaymentCaptured, c, 1)
+	refundA := paymentEvent(shim.EventPaymentRefunded, a, 2)
+
+	// C reached the third party before a crash: the shim must not send it again.
+	if _, err := client.Settle(ctx, captureC.EventID.String(), thirdparty.SettleRequest{
+		PaymentID: uuid.NewString(), OrderID: c.String(), Kind: thirdparty.KindCapture, AmountCents: 700, Currency: "EUR",
+	}); err != nil {
+		t.Fatal(err)
+	}
+	// The third party is down for the shim's first two calls.
+	if err := client.SetFaults(ctx, thirdparty.Faults{FailNext: 2}); err != nil {
+		t.Fatal(err)
+	}
+
+	w := kafkautil.NewWriter(brokers, 10)
+	defer w.Close()
+	var msgs []kafka.Message
+	for _, ev := range []event.Envelope{captureA, captureA, captureB, captureA, captureC, refundA} {
+		msgs = append(msgs, event.ToKafka(topic, ev))
+	}
+	if err := w.WriteMessages(ctx, msgs...); err != nil {
+		t.Fatal(err)
+	}
+
+	env := map[string]string{
+		"HTTP_ADDR":      "127.0.0.1:0",
+		"DATABASE_URL":   db,
+		"KAFKA_BROKERS":  strings.Join(brokers, ","),
+		"BILLING_TOPIC":  topic,
+		"CONSUMER_GROUP": testinfra.Name("shim"),
+		"RECONCILER_URL": reconciler.URL,
+		"LOG_LEVEL":      "debug",
+	}
+	var logs testinfra.LogBuffer
+	runCtx, stop := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- run(runCtx, nil, func(k string) string { return env[k] }, &logs) }()
+	defer func() {
+		stop()
+		if err := <-done; err != nil {
+			t.Errorf("run: %v\n%s", err, logs.String())
+		}
+	}()
+
+	pool := testinfra.NewPool(t, db)
+	testinfra.WaitFor(t, 60*time.Second, "four forwards recorded", func() (bool, error) {
+		var n int
+		err := pool.QueryRow(ctx, "SELECT count(*) FROM forwards").Scan(&n)
+		if err != nil && strings.Contains(err.Error(), "does not exist") {
+			return false, nil // the shim has not migrated yet
+		}
+		return n == 4, err
+	})
+
+	st := ledger.Stats()
+	if st.Settlements != 4 || st.Duplicates != 0 || st.Captures != 3 || st.Refunds != 1 {
+		t.Fatalf("third party saw %+v, want 4 settlements (3 captures, 1 refund) and no duplicates", st)
+	}
+	var outcome string
+	if err := pool.QueryRow(ctx, "SELECT outcome FROM forwards WHERE event_id = $1", captureC.EventID).Scan(&outcome); err != nil {
+		t.Fatal(err)
+	}
+	if outcome != "already_present" {
+		t.Fatalf("payment C outcome = %q, want already_present", outcome)
+	}
+}
