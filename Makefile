@@ -3,7 +3,12 @@
 
 .DEFAULT_GOAL := help
 
-.PHONY: help up down status logs
+# Every module of go.work, as package patterns: one `go` command covers them all.
+MODULES = $(shell go list -m -f '{{.Path}}/...')
+# Arguments for the demo driver, e.g. `make demo DEMO_ARGS="-orders 1000 -cancel 0.2"`.
+DEMO_ARGS ?=
+
+.PHONY: help up down status logs services stop demo test vet fmt build
 
 help: ## List the targets
 	@grep -E '^[a-zA-Z0-9_.-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*## "} {printf "  %-12s %s\n", $$1, $$2}'
@@ -11,11 +16,37 @@ help: ## List the targets
 up: ## Start PostgreSQL and Kafka on loopback (idempotent; see devstack/stack.sh)
 	devstack/stack.sh up
 
-down: ## Stop PostgreSQL and Kafka (data is kept in .devstack/)
+down: stop ## Stop the services, then PostgreSQL and Kafka (data is kept in .devstack/)
 	devstack/stack.sh down
 
-status: ## Show whether PostgreSQL and Kafka are running
-	devstack/stack.sh status
+status: ## Show what is running
+	@devstack/stack.sh status
+	@devstack/services.sh status
 
 logs: ## Show the tail of the PostgreSQL and Kafka logs
 	devstack/stack.sh logs
+
+build: ## Build every module
+	go build $(MODULES)
+
+services: up ## Build and (re)start orders, billing, the shim and the reconciler stand-in
+	devstack/services.sh start
+
+stop: ## Stop the services (PostgreSQL and Kafka keep running)
+	devstack/services.sh stop
+
+demo: services ## Run the platform end to end: place orders, wait until all are settled, print a summary
+	go run ./tools/cmd/demo $(DEMO_ARGS)
+	@echo
+	@echo "The platform is still running: orders http://127.0.0.1:8081, billing :8082, shim :8083, reconciler :8084"
+	@echo "(each has /metrics and /readyz). Logs: .devstack/logs/. Stop the services with 'make stop', everything with 'make down'."
+
+test: up ## Run every module's tests (with -race) against the real PostgreSQL and Kafka
+	go test -race -count=1 $(MODULES)
+
+vet: ## go vet and gofmt over every module
+	go vet $(MODULES)
+	@test -z "$$(gofmt -l .)" || { echo "not gofmt-formatted:"; gofmt -l .; exit 1; }
+
+fmt: ## gofmt every Go file
+	gofmt -w .

@@ -1,0 +1,136 @@
+#!/usr/bin/env bash
+# Builds and runs the platform's four programs as background processes on
+# loopback, against the dev stack that stack.sh starts. `make services`,
+# `make stop` and `make demo` call this script.
+#
+# Usage: devstack/services.sh start | stop | status
+#
+#   start   build all four programs, (re)start them, return when each answers /readyz
+#   stop    stop them (SIGTERM, then SIGKILL after 15 s)
+#   status  one line per program
+#
+# Programs and their addresses (each reads more settings from the environment;
+# the defaults in each cmd/*/run.go Config match the dev stack):
+#   reconciler  127.0.0.1:8084  the third-party reconciler stand-in
+#   shim        127.0.0.1:8083  reconciler-shim: billing.events -> reconciler
+#   billing     127.0.0.1:8082  orders.events -> charges -> billing.events
+#   orders      127.0.0.1:8081  the orders API
+#
+# Binaries in .devstack/bin, logs in .devstack/logs/<name>.log, pids in
+# .devstack/run/<name>.pid, the reconciler's ledger in .devstack/reconciler/.
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+STATE="$ROOT/.devstack"
+BIN="$STATE/bin"
+LOGS="$STATE/logs"
+RUN="$STATE/run"
+
+# name, package, address: started in this order, stopped in reverse, so each
+# program's downstream is up before it.
+PROGRAMS=(
+  "reconciler ./services/reconciler-shim/cmd/reconciler 127.0.0.1:8084"
+  "shim ./services/reconciler-shim/cmd/shim 127.0.0.1:8083"
+  "billing ./services/billing/cmd/billing 127.0.0.1:8082"
+  "orders ./services/orders/cmd/orders 127.0.0.1:8081"
+)
+
+say() { printf '%s\n' "$*"; }
+die() { printf 'services: %s\n' "$*" >&2; exit 1; }
+
+pid_of() {
+  local pidfile="$RUN/$1.pid" pid
+  [[ -f $pidfile ]] || return 1
+  pid=$(cat "$pidfile")
+  # The pid must still be our program, not a reused number.
+  [[ -n $pid ]] && kill -0 "$pid" 2>/dev/null && grep -qa "$BIN/$1" "/proc/$pid/cmdline" 2>/dev/null || return 1
+  printf '%s\n' "$pid"
+}
+
+build() {
+  mkdir -p "$BIN"
+  say "services: building …"
+  local entry name pkg
+  for entry in "${PROGRAMS[@]}"; do
+    read -r name pkg _ <<<"$entry"
+    (cd "$ROOT" && go build -o "$BIN/$name" "$pkg") || die "building $name failed"
+  done
+}
+
+stop_one() {
+  local name=$1 pid
+  pid=$(pid_of "$name") || { rm -f "$RUN/$name.pid"; return 0; }
+  kill -TERM "$pid"
+  for _ in $(seq 1 150); do
+    kill -0 "$pid" 2>/dev/null || break
+    sleep 0.1
+  done
+  if kill -0 "$pid" 2>/dev/null; then
+    say "services: $name did not stop within 15 s; killing it"
+    kill -KILL "$pid" 2>/dev/null || true
+  fi
+  rm -f "$RUN/$name.pid"
+  say "services: $name stopped (was pid $pid)"
+}
+
+wait_ready() {
+  local name=$1 addr=$2 pid
+  for _ in $(seq 1 300); do
+    if curl -fsS -o /dev/null "http://$addr/readyz" 2>/dev/null; then
+      say "services: $name ready on http://$addr"
+      return 0
+    fi
+    pid_of "$name" >/dev/null || break
+    sleep 0.1
+  done
+  say "services: $name did not become ready; last lines of $LOGS/$name.log:"
+  tail -n 30 "$LOGS/$name.log" >&2 || true
+  curl -sS "http://$addr/readyz" >&2 2>/dev/null || true
+  exit 1
+}
+
+cmd_start() {
+  command -v curl >/dev/null || die "curl is needed to check readiness (apt-get install -y curl)"
+  build
+  mkdir -p "$LOGS" "$RUN" "$STATE/reconciler"
+  local i entry name addr
+  for (( i=${#PROGRAMS[@]}-1; i>=0; i-- )); do
+    read -r name _ _ <<<"${PROGRAMS[$i]}"
+    stop_one "$name"
+  done
+  for entry in "${PROGRAMS[@]}"; do
+    read -r name _ addr <<<"$entry"
+    [[ -f $LOGS/$name.log ]] && mv -f "$LOGS/$name.log" "$LOGS/$name.log.1"
+    HTTP_ADDR="$addr" LEDGER_PATH="$STATE/reconciler/ledger.jsonl" \
+      setsid "$BIN/$name" >"$LOGS/$name.log" 2>&1 </dev/null &
+    echo $! >"$RUN/$name.pid"
+    wait_ready "$name" "$addr"
+  done
+}
+
+cmd_stop() {
+  local i name
+  for (( i=${#PROGRAMS[@]}-1; i>=0; i-- )); do
+    read -r name _ _ <<<"${PROGRAMS[$i]}"
+    stop_one "$name"
+  done
+}
+
+cmd_status() {
+  local entry name addr pid
+  for entry in "${PROGRAMS[@]}"; do
+    read -r name _ addr <<<"$entry"
+    if pid=$(pid_of "$name"); then
+      printf '%-11s running  http://%-16s pid %-7s log %s\n' "$name" "$addr" "$pid" "$LOGS/$name.log"
+    else
+      printf '%-11s stopped\n' "$name"
+    fi
+  done
+}
+
+case "${1:-}" in
+  start) cmd_start ;;
+  stop) cmd_stop ;;
+  status) cmd_status ;;
+  *) die "usage: $0 start | stop | status" ;;
+esac
