@@ -1,15 +1,13 @@
 package orders
 
 import (
-	"encoding/json"
-	"errors"
-	"io"
 	"net/http"
 
 	"github.com/google/uuid"
 	"github.com/labstack/echo/v4"
 
 	"github.com/onceflow/onceflow/pkg/platform/apperr"
+	"github.com/onceflow/onceflow/pkg/platform/httpserver"
 )
 
 // Routes registers the orders API on e.
@@ -31,7 +29,7 @@ const MaxIdempotencyKeyLength = 200
 
 func (h handlers) place(c echo.Context) error {
 	var req PlaceRequest
-	if err := decodeStrict(c.Request().Body, &req); err != nil {
+	if err := httpserver.DecodeJSON(c.Request().Body, &req); err != nil {
 		return err
 	}
 	key := c.Request().Header.Get("Idempotency-Key")
@@ -97,23 +95,4 @@ func meta(c echo.Context, idempotencyKey string) Meta {
 		cause = reqID
 	}
 	return Meta{CorrelationID: reqID, CausationID: cause, Traceparent: r.Header.Get("traceparent")}
-}
-
-// decodeStrict reads exactly one JSON object with only known fields into v.
-func decodeStrict(body io.Reader, v any) error {
-	dec := json.NewDecoder(body)
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(v); err != nil {
-		if errors.Is(err, echo.ErrStatusRequestEntityTooLarge) {
-			return err // the body limit middleware's own error, mapped to 413
-		}
-		if errors.Is(err, io.EOF) {
-			return apperr.Errorf(apperr.Malformed, "request body is empty; want a JSON object")
-		}
-		return apperr.Errorf(apperr.Malformed, "request body is not valid JSON for this endpoint: %v", err)
-	}
-	if _, err := dec.Token(); !errors.Is(err, io.EOF) {
-		return apperr.Errorf(apperr.Malformed, "request body has data after the JSON object")
-	}
-	return nil
 }

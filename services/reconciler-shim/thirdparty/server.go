@@ -1,10 +1,8 @@
 package thirdparty
 
 import (
-	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
 	"net/http"
 	"net/url"
@@ -76,7 +74,7 @@ func (s *server) settle(c echo.Context) error {
 		return apperr.Errorf(apperr.Malformed, "the %s header is required", IdempotencyKeyHeader)
 	}
 	var req SettleRequest
-	if err := decodeJSON(c.Request().Body, &req); err != nil {
+	if err := httpserver.DecodeJSON(c.Request().Body, &req); err != nil {
 		return err
 	}
 	if err := validateSettle(key, req); err != nil {
@@ -156,7 +154,7 @@ func (s *server) getFaults(c echo.Context) error {
 
 func (s *server) setFaults(c echo.Context) error {
 	var in Faults
-	if err := decodeJSON(c.Request().Body, &in); err != nil {
+	if err := httpserver.DecodeJSON(c.Request().Body, &in); err != nil {
 		return err
 	}
 	if err := s.faults.set(in); err != nil {
@@ -165,25 +163,6 @@ func (s *server) setFaults(c echo.Context) error {
 	s.logger.InfoContext(c.Request().Context(), "fault injection set",
 		slog.Int("fail_next", in.FailNext), slog.Int("hang_next", in.HangNext), slog.String("hang_for", in.HangFor))
 	return c.JSON(http.StatusOK, s.faults.get())
-}
-
-// decodeJSON reads exactly one JSON object into v. Unknown fields are
-// refused so that a caller's misspelt field fails loudly instead of being
-// booked as a zero value.
-func decodeJSON(r io.Reader, v any) error {
-	dec := json.NewDecoder(r)
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(v); err != nil {
-		var he *echo.HTTPError
-		if errors.As(err, &he) { // the body limit, which the error handler maps to 413
-			return err
-		}
-		return apperr.Errorf(apperr.Malformed, "request body is not the expected JSON object: %v", err)
-	}
-	if _, err := dec.Token(); !errors.Is(err, io.EOF) {
-		return apperr.Errorf(apperr.Malformed, "request body has data after the JSON object")
-	}
-	return nil
 }
 
 // validateSettle reports every broken rule at once, so a caller fixes its
