@@ -9,6 +9,7 @@ require (
 	github.com/labstack/echo/v4 v4.13.4
 	github.com/prometheus/client_golang v1.23.2
 	github.com/segmentio/kafka-go v0.4.49
+	gopkg.in/yaml.v3 v3.0.1
 )
 
 require (

@@ -1,0 +1,13 @@
+package main
+
+import (
+	"testing"
+
+	"github.com/onceflow/onceflow/pkg/platform/composecheck"
+)
+
+// The compose file must set every variable this program reads: the defaults
+// point at the dev stack on 127.0.0.1, not at the other containers.
+func TestDockerComposeSetsEveryVariable(t *testing.T) {
+	composecheck.CheckEnv(t, "../../../../docker-compose.yml", "orders", &Config{})
+}
