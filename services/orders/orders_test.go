@@ -126,7 +126,7 @@ func TestBadInputGetsA4xxAndWritesNothing(t *testing.T) {
 		{"huge amount", `{"customerId":"c","amountCents":99999999999999,"currency":"EUR"}`, http.StatusUnprocessableEntity, "at most"},
 		{"unknown currency", `{"customerId":"c","amountCents":100,"currency":"XYZ"}`, http.StatusUnprocessableEntity, `currency "XYZ"`},
 		{"missing customer", `{"amountCents":100,"currency":"EUR"}`, http.StatusUnprocessableEntity, "customerId"},
-		{"2 MB body", `{"customerId":"` + strings.Repeat("x", 2<<20) + `","amountCents":1,"currency":"EUR"}`, http.StatusRequestEntityTooLarge, "larger than the limit"},
+		{"2 MB body", `{"customerId":"` + strings.Repeat("x", 2<<20) + `","amountCents":1,"currency":"EUR"}`, http.StatusRequestEntityTooLarge, "larger than the limit of 1MB"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -45,7 +45,7 @@ func New(cfg Config) *echo.Echo {
 	e := echo.New()
 	e.HideBanner = true
 	e.HidePort = true
-	e.HTTPErrorHandler = errorHandler(cfg.Logger)
+	e.HTTPErrorHandler = errorHandler(cfg.Logger, cfg.BodyLimit)
 	e.Use(middleware.Recover())
 	e.Use(middleware.BodyLimit(cfg.BodyLimit))
 	e.Use(middleware.RequestLoggerWithConfig(middleware.RequestLoggerConfig{
@@ -111,7 +111,7 @@ var statusOf = map[apperr.Code]int{
 }
 
 // errorHandler is the one place an error becomes an HTTP status.
-func errorHandler(logger *slog.Logger) echo.HTTPErrorHandler {
+func errorHandler(logger *slog.Logger, bodyLimit string) echo.HTTPErrorHandler {
 	return func(err error, c echo.Context) {
 		if c.Response().Committed {
 			return
@@ -124,7 +124,7 @@ func errorHandler(logger *slog.Logger) echo.HTTPErrorHandler {
 		} else if errors.As(err, &he) {
 			status, body.Error.Code, body.Error.Message = he.Code, "http_"+fmt.Sprint(he.Code), fmt.Sprint(he.Message)
 			if he.Code == http.StatusRequestEntityTooLarge {
-				body.Error.Code, body.Error.Message = string(apperr.TooLarge), "request body is larger than the limit"
+				body.Error.Code, body.Error.Message = string(apperr.TooLarge), "request body is larger than the limit of "+bodyLimit+"B"
 			}
 		} else {
 			logger.ErrorContext(c.Request().Context(), "request failed",

@@ -64,7 +64,7 @@ func TestErrorsBecomeJSONWithTheRightStatus(t *testing.T) {
 		{"unknown field", "POST", "/echo", `{"name":"a","x":1}`, 400, "malformed", `unknown field "x"`},
 		{"two objects", "POST", "/echo", `{"name":"a"}{}`, 400, "malformed", "after the JSON object"},
 		{"invalid", "POST", "/echo", `{"name":""}`, 422, "invalid", "name is required"},
-		{"too large", "POST", "/echo", `{"name":"` + strings.Repeat("x", 2048) + `"}`, 413, "too_large", "larger than the limit"},
+		{"too large", "POST", "/echo", `{"name":"` + strings.Repeat("x", 2048) + `"}`, 413, "too_large", "larger than the limit of 1KB"},
 		{"no route", "GET", "/nope", ``, 404, "http_404", "Not Found"},
 		{"internal", "GET", "/boom", ``, 500, "internal", "see the service log"},
 	}
