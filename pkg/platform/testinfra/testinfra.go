@@ -15,7 +15,6 @@ import (
 	"net/url"
 	"os"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -207,24 +206,4 @@ func MetricValue(t testing.TB, g prometheus.Gatherer, name string) float64 {
 		}
 	}
 	return sum
-}
-
-// LogBuffer collects what a service under test logs, safely across its
-// goroutines.
-type LogBuffer struct {
-	mu sync.Mutex
-	b  strings.Builder
-}
-
-func (l *LogBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-// String returns everything written so far.
-func (l *LogBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
 }

@@ -67,23 +67,14 @@ func TestOrderEventThroughTheBrokerIsChargedOnce(t *testing.T) {
 		"CONSUMER_GROUP": testinfra.Name("billing"),
 		"LOG_LEVEL":      "debug",
 	}
-	var logs testinfra.LogBuffer
-	runCtx, stop := context.WithCancel(ctx)
-	done := make(chan error, 1)
-	go func() { done <- run(runCtx, nil, func(k string) string { return env[k] }, &logs) }()
-	defer func() {
-		stop()
-		if err := <-done; err != nil {
-			t.Errorf("run: %v\n%s", err, logs.String())
-		}
-	}()
+	svc := testinfra.Start(t, run, env)
 
 	// PaymentCaptured comes out the other side, through billing's outbox and relay.
 	r := kafka.NewReader(kafka.ReaderConfig{Brokers: brokers, Topic: billingTopic, GroupID: testinfra.Name("check"), MaxWait: 100 * time.Millisecond})
 	defer r.Close()
 	m, err := r.FetchMessage(ctx)
 	if err != nil {
-		t.Fatalf("waiting for PaymentCaptured: %v\n%s", err, logs.String())
+		t.Fatalf("waiting for PaymentCaptured: %v\n%s", err, svc.Logs.String())
 	}
 	captured, err := event.FromKafka(m)
 	if err != nil {
@@ -100,7 +91,7 @@ func TestOrderEventThroughTheBrokerIsChargedOnce(t *testing.T) {
 	}
 	billingPool := testinfra.NewPool(t, billingDB)
 	testinfra.WaitFor(t, 30*time.Second, "the redelivery to be recorded as a duplicate", func() (bool, error) {
-		return strings.Contains(logs.String(), `"msg":"inbox duplicate"`), nil
+		return strings.Contains(svc.Logs.String(), `"msg":"inbox duplicate"`), nil
 	})
 	var charges, inboxRows int
 	if err := billingPool.QueryRow(ctx, `SELECT (SELECT count(*) FROM charges), (SELECT count(*) FROM inbox_messages)`).

@@ -1,15 +1,11 @@
 package main
 
 import (
-	"bufio"
 	"bytes"
-	"context"
-	"encoding/json"
 	"io"
 	"net/http"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -17,65 +13,18 @@ import (
 	"github.com/onceflow/onceflow/services/reconciler-shim/thirdparty"
 )
 
-// syncBuffer is the stdout run logs to while the test reads it.
-type syncBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-// startLine returns the "reconciler listening" record once it is logged.
-func (b *syncBuffer) startLine() (map[string]any, bool) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	sc := bufio.NewScanner(bytes.NewReader(b.buf.Bytes()))
-	for sc.Scan() {
-		var rec map[string]any
-		if json.Unmarshal(sc.Bytes(), &rec) == nil && rec["msg"] == "reconciler listening" {
-			return rec, true
-		}
-	}
-	return nil, false
-}
-
 // startRun runs the command with env until the test ends, and returns its
 // start record and a function that stops it and returns run's error.
 func startRun(t *testing.T, env map[string]string) (map[string]any, func() error) {
 	t.Helper()
-	ctx, cancel := context.WithCancel(t.Context())
-	out := &syncBuffer{}
-	done := make(chan error, 1)
-	go func() {
-		done <- run(ctx, []string{"reconciler"}, func(k string) string { return env[k] }, out)
-	}()
+	r := testinfra.Start(t, run, env)
 	var start map[string]any
 	testinfra.WaitFor(t, 10*time.Second, "the start log line", func() (bool, error) {
-		select {
-		case err := <-done:
-			t.Fatalf("run returned before starting: %v\n%s", err, out.buf.String())
-		default:
-		}
 		var ok bool
-		start, ok = out.startLine()
+		start, ok = r.Logs.Record("reconciler listening")
 		return ok, nil
 	})
-	stop := func() error {
-		cancel()
-		select {
-		case err := <-done:
-			return err
-		case <-time.After(15 * time.Second):
-			t.Fatal("run did not return after its context ended")
-			return nil
-		}
-	}
-	t.Cleanup(func() { cancel() })
-	return start, stop
+	return start, r.Stop
 }
 
 func TestRunServesAndStopsOnCancel(t *testing.T) {

@@ -92,16 +92,7 @@ func TestEachPaymentReachesTheThirdPartyOnce(t *testing.T) {
 		"RECONCILER_URL": reconciler.URL,
 		"LOG_LEVEL":      "debug",
 	}
-	var logs testinfra.LogBuffer
-	runCtx, stop := context.WithCancel(ctx)
-	done := make(chan error, 1)
-	go func() { done <- run(runCtx, nil, func(k string) string { return env[k] }, &logs) }()
-	defer func() {
-		stop()
-		if err := <-done; err != nil {
-			t.Errorf("run: %v\n%s", err, logs.String())
-		}
-	}()
+	testinfra.Start(t, run, env)
 
 	pool := testinfra.NewPool(t, db)
 	testinfra.WaitFor(t, 60*time.Second, "four forwards recorded", func() (bool, error) {
