@@ -3,7 +3,6 @@ package outbox_test
 import (
 	"context"
 	"errors"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -22,10 +21,15 @@ import (
 func newOutboxDB(t *testing.T) *pgxpool.Pool {
 	t.Helper()
 	pool := testinfra.NewPool(t, testinfra.NewDatabase(t))
+	migrate(t, pool)
+	return pool
+}
+
+func migrate(t *testing.T, pool *pgxpool.Pool) {
+	t.Helper()
 	if err := pgutil.Migrate(pool, pgutil.Migration{FS: outbox.Migrations, Table: outbox.MigrationsTable}); err != nil {
 		t.Fatalf("migrating: %v", err)
 	}
-	return pool
 }
 
 func newEvent(aggregateID string, version int64) event.Envelope {
@@ -152,73 +156,4 @@ func TestRelayPublishesThroughTheBrokerThenMarks(t *testing.T) {
 	testinfra.WaitFor(t, 10*time.Second, "all rows marked published", func() (bool, error) {
 		return countRows(t, pool, "state = 'published' AND published_at IS NOT NULL") == len(want), nil
 	})
-}
-
-// flakyWriter fails every write until healthy is set, then delegates to the real broker.
-type flakyWriter struct {
-	real    outbox.Writer
-	healthy atomic.Bool
-	calls   atomic.Int32
-}
-
-func (f *flakyWriter) WriteMessages(ctx context.Context, msgs ...kafka.Message) error {
-	f.calls.Add(1)
-	if !f.healthy.Load() {
-		return errors.New("injected: broker unreachable")
-	}
-	return f.real.WriteMessages(ctx, msgs...)
-}
-
-func TestRelayRetriesWithBackoffThenGoesDead(t *testing.T) {
-	ctx := context.Background()
-	brokers := testinfra.KafkaBrokers(t)
-	topic := testinfra.NewTopic(t, brokers, 1)
-	pool := newOutboxDB(t)
-	real := kafkautil.NewWriter(brokers, 10)
-	defer real.Close()
-	w := &flakyWriter{real: real}
-	relay, err := outbox.NewRelay(pool, w, outbox.RelayConfig{
-		Topic: func(string) string { return topic }, MaxAttempts: 3, BackoffMin: time.Millisecond, BackoffMax: 2 * time.Millisecond,
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	tx, err := pool.Begin(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer tx.Rollback(ctx)
-	if err := outbox.EnqueueBatch(ctx, tx, newEvent("x", 1), newEvent("y", 1)); err != nil {
-		t.Fatal(err)
-	}
-	if err := tx.Commit(ctx); err != nil {
-		t.Fatal(err)
-	}
-
-	if _, err := relay.RelayBatch(ctx); err != nil {
-		t.Fatal(err)
-	}
-	var attempts int
-	var lastErr string
-	if err := pool.QueryRow(ctx, "SELECT max(attempts), max(last_error) FROM outbox_events WHERE state = 'pending'").Scan(&attempts, &lastErr); err != nil {
-		t.Fatal(err)
-	}
-	if attempts != 1 || lastErr != "injected: broker unreachable" {
-		t.Fatalf("after one failure: attempts=%d last_error=%q", attempts, lastErr)
-	}
-
-	testinfra.WaitFor(t, 10*time.Second, "rows to go dead after 3 attempts", func() (bool, error) {
-		if _, err := relay.RelayBatch(ctx); err != nil {
-			return false, err
-		}
-		return countRows(t, pool, "state = 'dead' AND attempts = 3") == 2, nil
-	})
-	calls := w.calls.Load()
-	w.healthy.Store(true)
-	if n, err := relay.RelayBatch(ctx); err != nil || n != 0 {
-		t.Fatalf("dead rows were claimed again: n=%d err=%v", n, err)
-	}
-	if w.calls.Load() != calls {
-		t.Fatal("the relay wrote dead rows to the broker")
-	}
 }

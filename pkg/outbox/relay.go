@@ -6,25 +6,37 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"os"
+	"sync"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
-	"github.com/prometheus/client_golang/prometheus"
 	"github.com/segmentio/kafka-go"
 
 	"github.com/onceflow/onceflow/pkg/event"
 	"github.com/onceflow/onceflow/pkg/event/retry"
 )
 
-// Writer is the part of *kafka.Writer the relay needs. It must wait for the
-// broker's acknowledgement (RequiredAcks = RequireAll) before returning.
+// Writer is the part of *kafka.Writer the relay needs. It must return only
+// after the broker acknowledged (RequiredAcks = RequireAll).
 type Writer interface {
 	WriteMessages(ctx context.Context, msgs ...kafka.Message) error
 }
 
+// Crash points the relay passes to RelayConfig.CrashPoint.
+const (
+	// CrashAfterAck is between the broker's acknowledgement and marking the
+	// rows published: a crash here republishes the batch after restart.
+	CrashAfterAck = "outbox.after-ack"
+)
+
 // RelayConfig configures a Relay. Zero fields take the documented defaults.
 type RelayConfig struct {
+	// ID names this relay instance among those sharing the outbox.
+	// Default: hostname-pid-random.
+	ID string
 	// Topic maps an aggregate type to its Kafka topic.
 	// Default: aggregateType + ".events".
 	Topic func(aggregateType string) string
@@ -33,18 +45,36 @@ type RelayConfig struct {
 	// PollInterval is how often the relay looks for work when no commit
 	// notification arrives (the fallback if NOTIFY is lost). Default 1s.
 	PollInterval time.Duration
+	// RebalanceInterval is how often the relay heartbeats and rebalances its
+	// share of the partitions, and refreshes the backlog gauges. Default 2s.
+	RebalanceInterval time.Duration
+	// RelayTTL is how long a relay that stopped heartbeating still counts as
+	// live. Default 3 × RebalanceInterval. (A relay that dies releases its
+	// partitions at once; the TTL only delays the others' larger share.)
+	RelayTTL time.Duration
+	// LockTimeout bounds how long a claim waits for rows another relay still
+	// holds during a handover. Default 10s.
+	LockTimeout time.Duration
 	// MaxAttempts is how many failed publishes make a row dead. Default 10.
 	MaxAttempts int
 	// BackoffMin and BackoffMax bound the exponential, jittered delay before
 	// a failed row is retried. Defaults 100ms and 1m.
 	BackoffMin, BackoffMax time.Duration
-	// Logger receives failures and dead rows. Default: slog.Default().
+	// CrashPoint, when set, is called at each named crash point (see
+	// CrashAfterAck); a non-nil error aborts the batch right there, as a
+	// crash would. Fault-injection harnesses use it; leave it nil otherwise.
+	CrashPoint func(name string) error
+	// Logger receives failures, dead rows and rebalances. Default: slog.Default().
 	Logger *slog.Logger
-	// Registerer receives the relay's metrics. Default: none registered.
-	Registerer prometheus.Registerer
+	// Metrics receives the relay's metrics. Default: none.
+	Metrics *Metrics
 }
 
 func (c RelayConfig) withDefaults() RelayConfig {
+	if c.ID == "" {
+		host, _ := os.Hostname()
+		c.ID = fmt.Sprintf("%s-%d-%s", host, os.Getpid(), uuid.NewString()[:8])
+	}
 	if c.Topic == nil {
 		c.Topic = func(t string) string { return t + ".events" }
 	}
@@ -53,6 +83,15 @@ func (c RelayConfig) withDefaults() RelayConfig {
 	}
 	if c.PollInterval <= 0 {
 		c.PollInterval = time.Second
+	}
+	if c.RebalanceInterval <= 0 {
+		c.RebalanceInterval = 2 * time.Second
+	}
+	if c.RelayTTL <= 0 {
+		c.RelayTTL = 3 * c.RebalanceInterval
+	}
+	if c.LockTimeout <= 0 {
+		c.LockTimeout = 10 * time.Second
 	}
 	if c.MaxAttempts <= 0 {
 		c.MaxAttempts = 10
@@ -66,27 +105,20 @@ func (c RelayConfig) withDefaults() RelayConfig {
 	if c.Logger == nil {
 		c.Logger = slog.Default()
 	}
+	if c.Metrics == nil {
+		c.Metrics = NewMetrics(nil)
+	}
 	return c
 }
 
 // Relay publishes pending outbox rows to Kafka and marks them published only
-// after the broker acknowledged them. A crash between the two republishes the
-// rows (consumers dedupe by event id); no committed event is lost.
-//
-// One relay per database keeps every aggregate's events in order: rows are
-// claimed and published in id order, and each aggregate's rows share a Kafka
-// partition (the key is the aggregate id).
+// after the broker acknowledged them. See the package documentation for what
+// it guarantees; several relays may share one outbox.
 type Relay struct {
-	pool    *pgxpool.Pool
-	writer  Writer
-	cfg     RelayConfig
-	metrics relayMetrics
-}
-
-type relayMetrics struct {
-	published prometheus.Counter
-	failures  prometheus.Counter
-	dead      prometheus.Counter
+	pool   *pgxpool.Pool
+	writer Writer
+	cfg    RelayConfig
+	owner  *owner
 }
 
 // NewRelay returns a relay reading the outbox in pool and writing to w.
@@ -94,58 +126,78 @@ func NewRelay(pool *pgxpool.Pool, w Writer, cfg RelayConfig) (*Relay, error) {
 	if pool == nil || w == nil {
 		return nil, errors.New("outbox: NewRelay needs a pool and a writer")
 	}
-	r := &Relay{pool: pool, writer: w, cfg: cfg.withDefaults()}
-	r.metrics = relayMetrics{
-		published: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "outbox_published_total", Help: "Outbox events the broker acknowledged.",
-		}),
-		failures: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "outbox_publish_failures_total", Help: "Outbox events whose publish attempt failed.",
-		}),
-		dead: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "outbox_dead_total", Help: "Outbox events that exhausted their attempts and went dead.",
-		}),
-	}
-	if reg := r.cfg.Registerer; reg != nil {
-		for _, c := range []prometheus.Collector{r.metrics.published, r.metrics.failures, r.metrics.dead} {
-			if err := reg.Register(c); err != nil {
-				return nil, fmt.Errorf("outbox: registering metrics: %w", err)
-			}
-		}
-	}
-	return r, nil
+	cfg = cfg.withDefaults()
+	connConfig := pool.Config().ConnConfig
+	return &Relay{
+		pool:   pool,
+		writer: w,
+		cfg:    cfg,
+		owner: &owner{
+			id:     cfg.ID,
+			ttl:    cfg.RelayTTL,
+			logger: cfg.Logger,
+			dial:   func(ctx context.Context) (*pgx.Conn, error) { return pgx.ConnectConfig(ctx, connConfig.Copy()) },
+		},
+	}, nil
 }
 
-// Run relays until ctx ends. It wakes on every commit that wrote outbox rows
-// (LISTEN/NOTIFY) and, as a fallback, every PollInterval.
+// Run relays until ctx ends. It publishes whenever a transaction that wrote
+// outbox rows commits (LISTEN/NOTIFY) and, as a fallback, every
+// PollInterval, for the partitions it owns.
 func (r *Relay) Run(ctx context.Context) error {
+	defer r.owner.leave()
 	wake := make(chan struct{}, 1)
 	listening := make(chan struct{})
 	go func() { defer close(listening); r.listen(ctx, wake) }()
 	defer func() { <-listening }()
-	timer := time.NewTimer(0)
-	defer timer.Stop()
+
+	r.rebalance(ctx)
+	rebalance := time.NewTicker(r.cfg.RebalanceInterval)
+	defer rebalance.Stop()
+	poll := time.NewTimer(0)
+	defer poll.Stop()
 	for {
 		select {
 		case <-ctx.Done():
 			return nil
+		case <-rebalance.C:
+			r.rebalance(ctx)
+			continue
 		case <-wake:
-		case <-timer.C:
+		case <-poll.C:
 		}
-		for {
-			n, err := r.RelayBatch(ctx)
-			if err != nil {
-				if ctx.Err() != nil {
-					return nil
-				}
+		r.drain(ctx)
+		poll.Reset(r.cfg.PollInterval)
+	}
+}
+
+// Close releases the relay's partitions and deregisters it, for callers of
+// RelayBatch; Run does this itself when it returns.
+func (r *Relay) Close() { r.owner.leave() }
+
+// drain relays batches until one comes back short.
+func (r *Relay) drain(ctx context.Context) {
+	for ctx.Err() == nil {
+		n, err := r.RelayBatch(ctx)
+		if err != nil {
+			if ctx.Err() == nil {
 				r.cfg.Logger.ErrorContext(ctx, "outbox relay batch failed", slog.Any("error", err))
-				break
 			}
-			if n < r.cfg.BatchSize {
-				break
-			}
+			return
 		}
-		timer.Reset(r.cfg.PollInterval)
+		if n < r.cfg.BatchSize {
+			return
+		}
+	}
+}
+
+func (r *Relay) rebalance(ctx context.Context) {
+	if err := r.owner.rebalance(ctx); err != nil && ctx.Err() == nil {
+		r.cfg.Logger.WarnContext(ctx, "outbox relay could not rebalance; retrying", slog.Any("error", err))
+	}
+	r.cfg.Metrics.ownedPartitions.Set(float64(len(r.owner.partitions())))
+	if err := r.cfg.Metrics.refresh(ctx, r.pool); err != nil && ctx.Err() == nil {
+		r.cfg.Logger.WarnContext(ctx, "outbox relay could not refresh its gauges", slog.Any("error", err))
 	}
 }
 
@@ -187,14 +239,24 @@ func (r *Relay) listenOnce(ctx context.Context, wake chan<- struct{}) error {
 	}
 }
 
+// claimBatch takes the next due rows of the owned partitions in id order.
+// A row waits while an earlier row of its aggregate is dead or backing off,
+// so a retry never lets a later event overtake. FOR UPDATE without SKIP
+// LOCKED: rows another relay still holds (a handover) are waited for, not
+// skipped, so they cannot be overtaken either.
 const claimBatch = `
-SELECT id, event_id, aggregate_type, aggregate_id, aggregate_version,
-       event_type, event_version, payload, headers, occurred_at, attempts
-FROM outbox_events
-WHERE state = 'pending' AND next_attempt_at <= now()
-ORDER BY id
+SELECT o.id, o.event_id, o.aggregate_type, o.aggregate_id, o.aggregate_version,
+       o.event_type, o.event_version, o.payload, o.headers, o.occurred_at, o.created_at, o.attempts
+FROM outbox_events o
+WHERE o.state = 'pending' AND o.next_attempt_at <= now() AND o.partition = ANY($2)
+  AND NOT EXISTS (
+      SELECT 1 FROM outbox_events e
+      WHERE e.aggregate_type = o.aggregate_type AND e.aggregate_id = o.aggregate_id AND e.id < o.id
+        AND (e.state = 'dead' OR (e.state = 'pending' AND e.next_attempt_at > '-infinity'))
+        AND (e.state = 'dead' OR e.next_attempt_at > now()))
+ORDER BY o.id
 LIMIT $1
-FOR UPDATE SKIP LOCKED`
+FOR UPDATE OF o`
 
 const markPublished = `
 UPDATE outbox_events
@@ -211,46 +273,68 @@ WHERE id = $1
 RETURNING state`
 
 type claimed struct {
-	id       int64
-	attempts int
-	msg      kafka.Message
+	id        int64
+	attempts  int
+	createdAt time.Time
+	aggregate string // type + id
+	msg       kafka.Message
 }
 
-// RelayBatch claims, publishes and marks one batch, returning how many rows
-// it claimed. Run calls it in a loop; it is exported for tests and tools.
+// RelayBatch claims, publishes and marks one batch of the owned partitions,
+// returning how many rows it claimed. Run calls it in a loop; it is exported
+// for tests and tools, and called outside Run it first takes this relay's
+// share of the partitions. It must not be called concurrently with Run.
 func (r *Relay) RelayBatch(ctx context.Context) (int, error) {
+	if r.owner.conn == nil {
+		r.rebalance(ctx)
+	}
+	owned := r.owner.partitions()
+	if len(owned) == 0 {
+		return 0, nil
+	}
 	tx, err := r.pool.Begin(ctx)
 	if err != nil {
 		return 0, fmt.Errorf("beginning claim: %w", err)
 	}
 	defer tx.Rollback(context.Background()) //nolint:errcheck // no-op after commit
-
-	batch, err := r.claim(ctx, tx)
+	if _, err := tx.Exec(ctx, fmt.Sprintf("SET LOCAL lock_timeout = %d", r.cfg.LockTimeout.Milliseconds())); err != nil {
+		return 0, fmt.Errorf("setting lock timeout: %w", err)
+	}
+	batch, err := r.claim(ctx, tx, owned)
 	if err != nil || len(batch) == 0 {
 		return 0, err
 	}
-	msgs := make([]kafka.Message, len(batch))
-	for i, c := range batch {
-		msgs[i] = c.msg
-	}
-	writeErr := r.writer.WriteMessages(ctx, msgs...)
+	r.cfg.Metrics.batchSize.Observe(float64(len(batch)))
+	errs := r.publish(ctx, batch)
 	if ctx.Err() != nil {
 		return 0, ctx.Err() // leave the rows pending; the next run republishes them
 	}
-	var perMessage kafka.WriteErrors
-	if writeErr != nil && !errors.As(writeErr, &perMessage) {
-		perMessage = make(kafka.WriteErrors, len(batch))
-		for i := range perMessage {
-			perMessage[i] = writeErr
+	if r.cfg.CrashPoint != nil {
+		if err := r.cfg.CrashPoint(CrashAfterAck); err != nil {
+			return 0, fmt.Errorf("crash point %s: %w", CrashAfterAck, err)
 		}
 	}
 	var published []int64
+	failedAggregates := map[string]bool{}
+	now := time.Now()
 	for i, c := range batch {
-		if perMessage == nil || perMessage[i] == nil {
+		cause := errs[i]
+		if cause == nil && failedAggregates[c.aggregate] {
+			// An earlier event of this aggregate failed: retry this one after
+			// it, even though the broker took it, so the retry keeps order.
+			// Consumers absorb the duplicate.
+			cause = errors.New("an earlier event of the same aggregate failed in this batch")
+		}
+		if cause == nil {
 			published = append(published, c.id)
+			r.cfg.Metrics.publishLag.Observe(now.Sub(c.createdAt).Seconds())
+			if c.attempts > 0 {
+				r.cfg.Metrics.retries.Inc()
+			}
 			continue
 		}
-		if err := r.fail(ctx, tx, c, perMessage[i]); err != nil {
+		failedAggregates[c.aggregate] = true
+		if err := r.fail(ctx, tx, c, cause); err != nil {
 			return 0, err
 		}
 	}
@@ -262,12 +346,57 @@ func (r *Relay) RelayBatch(ctx context.Context) (int, error) {
 	if err := tx.Commit(ctx); err != nil {
 		return 0, fmt.Errorf("committing batch: %w", err)
 	}
-	r.metrics.published.Add(float64(len(published)))
+	r.cfg.Metrics.published.Add(float64(len(published)))
 	return len(batch), nil
 }
 
-func (r *Relay) claim(ctx context.Context, tx pgx.Tx) ([]claimed, error) {
-	rows, err := tx.Query(ctx, claimBatch, r.cfg.BatchSize)
+// publish writes the batch and returns one error per row (nil: acked).
+// Each topic is written separately and concurrently: kafka-go fails a whole
+// write when one of its topics is unknown, and one misrouted aggregate type
+// must not hold up the others.
+func (r *Relay) publish(ctx context.Context, batch []claimed) []error {
+	byTopic := map[string][]int{}
+	for i, c := range batch {
+		byTopic[c.msg.Topic] = append(byTopic[c.msg.Topic], i)
+	}
+	errs := make([]error, len(batch))
+	var wg sync.WaitGroup
+	for _, idx := range byTopic {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			msgs := make([]kafka.Message, len(idx))
+			for j, i := range idx {
+				msgs[j] = batch[i].msg
+			}
+			for j, err := range perMessage(r.writer.WriteMessages(ctx, msgs...), len(idx)) {
+				errs[idx[j]] = err
+			}
+		}()
+	}
+	wg.Wait()
+	return errs
+}
+
+// perMessage spreads a write error over the messages: kafka-go reports
+// either one error per message (kafka.WriteErrors) or one for the write.
+func perMessage(err error, n int) []error {
+	errs := make([]error, n)
+	if err == nil {
+		return errs
+	}
+	var we kafka.WriteErrors
+	if errors.As(err, &we) && len(we) == n {
+		return we
+	}
+	for i := range errs {
+		errs[i] = err
+	}
+	return errs
+}
+
+func (r *Relay) claim(ctx context.Context, tx pgx.Tx, owned []int32) ([]claimed, error) {
+	rows, err := tx.Query(ctx, claimBatch, r.cfg.BatchSize, owned)
 	if err != nil {
 		return nil, fmt.Errorf("claiming batch: %w", err)
 	}
@@ -278,7 +407,7 @@ func (r *Relay) claim(ctx context.Context, tx pgx.Tx) ([]claimed, error) {
 			headers []byte
 		)
 		err := row.Scan(&c.id, &ev.EventID, &ev.AggregateType, &ev.AggregateID, &ev.AggregateVersion,
-			&ev.EventType, &ev.EventVersion, &ev.Payload, &headers, &ev.OccurredAt, &c.attempts)
+			&ev.EventType, &ev.EventVersion, &ev.Payload, &headers, &ev.OccurredAt, &c.createdAt, &c.attempts)
 		if err != nil {
 			return c, err
 		}
@@ -287,6 +416,7 @@ func (r *Relay) claim(ctx context.Context, tx pgx.Tx) ([]claimed, error) {
 			return c, fmt.Errorf("event %s: decoding headers: %w", ev.EventID, err)
 		}
 		ev.CorrelationID, ev.CausationID, ev.Traceparent = h.CorrelationID, h.CausationID, h.Traceparent
+		c.aggregate = ev.AggregateType + "\x00" + ev.AggregateID
 		c.msg = event.ToKafka(r.cfg.Topic(ev.AggregateType), ev)
 		return c, nil
 	})
@@ -297,7 +427,7 @@ func (r *Relay) claim(ctx context.Context, tx pgx.Tx) ([]claimed, error) {
 }
 
 func (r *Relay) fail(ctx context.Context, tx pgx.Tx, c claimed, cause error) error {
-	r.metrics.failures.Inc()
+	r.cfg.Metrics.failures.Inc()
 	delay := retry.Backoff(c.attempts+1, r.cfg.BackoffMin, r.cfg.BackoffMax)
 	var state string
 	err := tx.QueryRow(ctx, markFailed, c.id, cause.Error(), delay.Microseconds(), r.cfg.MaxAttempts).Scan(&state)
@@ -307,8 +437,8 @@ func (r *Relay) fail(ctx context.Context, tx pgx.Tx, c claimed, cause error) err
 	log := r.cfg.Logger.With(slog.Int64("outbox_id", c.id), slog.String("topic", c.msg.Topic),
 		slog.Int("attempt", c.attempts+1), slog.Any("error", cause))
 	if state == "dead" {
-		r.metrics.dead.Inc()
-		log.ErrorContext(ctx, "outbox event is dead after its last attempt; requeue it once the cause is fixed")
+		r.cfg.Metrics.deadTotal.Inc()
+		log.ErrorContext(ctx, "outbox event is dead after its last attempt; its aggregate's later events wait until it is requeued")
 		return nil
 	}
 	log.WarnContext(ctx, "outbox publish failed; will retry", slog.Duration("retry_in", delay))

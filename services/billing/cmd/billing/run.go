@@ -57,9 +57,9 @@ func run(ctx context.Context, _ []string, getenv func(string) string, stdout io.
 	writer := kafkautil.NewWriter(cfg.KafkaBrokers, 500)
 	defer writer.Close()
 	relay, err := outbox.NewRelay(svc.Pool, writer, outbox.RelayConfig{
-		Topic:      func(string) string { return cfg.BillingTopic },
-		Logger:     svc.Logger,
-		Registerer: svc.Registry,
+		Topic:   func(string) string { return cfg.BillingTopic },
+		Logger:  svc.Logger,
+		Metrics: outbox.NewMetrics(svc.Registry),
 	})
 	if err != nil {
 		return err

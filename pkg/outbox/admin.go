@@ -1,0 +1,444 @@
+package outbox
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"slices"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+)
+
+// The operator side of the outbox: see what is dead and requeue it, prune
+// published rows, and replay what was already published. These functions
+// are meant for an admin endpoint, a CLI or a background worker; none of
+// them talks to Kafka. Rows they set back to pending are picked up by the
+// relay on its next poll (RelayConfig.PollInterval).
+//
+// Time comparisons (retention, a replay window left open at the end) use the
+// database's now(): published_at and created_at were stamped by that clock,
+// so comparing against it is immune to skew between application hosts.
+
+// DB is what the operator functions need from the caller's database handle.
+// *pgxpool.Pool, *pgx.Conn and pgx.Tx all satisfy it; given a pgx.Tx, the
+// changes commit with the caller's transaction (and Prune's batches are no
+// longer separate transactions).
+type DB interface {
+	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+	Begin(ctx context.Context) (pgx.Tx, error)
+}
+
+// ErrInvalidFilter is wrapped by the error of a Replay whose filter has no
+// aggregate type or an empty time window.
+var ErrInvalidFilter = errors.New("outbox: invalid filter")
+
+// ErrReplayTooLarge is wrapped by the error of a Replay whose scope holds
+// more than MaxReplay events; the message tells how many.
+var ErrReplayTooLarge = errors.New("outbox: replay scope too large")
+
+// MaxReplay is the most events one Replay sets back to pending. A larger
+// scope is refused rather than flooding the relay and every consumer at
+// once; split it by aggregate id or by time window.
+const MaxReplay = 100_000
+
+// DeadEvent is an outbox row that exhausted its publish attempts.
+type DeadEvent struct {
+	ID               int64
+	EventID          uuid.UUID
+	EventType        string
+	AggregateType    string
+	AggregateID      string
+	AggregateVersion int64
+	// Attempts is how many publishes failed.
+	Attempts int
+	// LastError is the last failure, the reason the row is dead.
+	LastError string
+	CreatedAt time.Time
+}
+
+const listDead = `
+SELECT id, event_id, event_type, aggregate_type, aggregate_id, aggregate_version,
+       attempts, coalesce(last_error, ''), created_at
+FROM outbox_events
+WHERE state = 'dead'
+ORDER BY id
+LIMIT $1`
+
+// ListDead returns up to limit dead events, oldest first, so an operator can
+// see what failed and why before requeuing it. A limit <= 0 means 100.
+func ListDead(ctx context.Context, db DB, limit int) ([]DeadEvent, error) {
+	if limit <= 0 {
+		limit = 100
+	}
+	rows, err := db.Query(ctx, listDead, limit)
+	if err != nil {
+		return nil, fmt.Errorf("outbox: listing dead events: %w", err)
+	}
+	dead, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (DeadEvent, error) {
+		var d DeadEvent
+		err := row.Scan(&d.ID, &d.EventID, &d.EventType, &d.AggregateType, &d.AggregateID,
+			&d.AggregateVersion, &d.Attempts, &d.LastError, &d.CreatedAt)
+		return d, err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("outbox: reading dead events: %w", err)
+	}
+	return dead, nil
+}
+
+// requeueSet gives a dead row a fresh budget of attempts, due at once. The
+// cause of death stays in last_error, prefixed with "requeued: ", so a
+// pending row with attempts = 0 and a last_error reads as a requeued one;
+// the relay overwrites it on the next failure and clears it on success.
+const requeueSet = `
+UPDATE outbox_events
+SET state = 'pending', attempts = 0, next_attempt_at = '-infinity',
+    last_error = 'requeued: ' || coalesce(last_error, '')`
+
+const requeueIDs = requeueSet + `
+WHERE id = ANY($1) AND state = 'dead'`
+
+// requeueDead picks the rows in a MATERIALIZED CTE, run exactly once: as a
+// subquery in the WHERE clause, a LIMIT … FOR UPDATE may be re-run for each
+// row the UPDATE visits, skip the rows this statement already updated, and
+// so requeue more than the limit.
+const requeueDead = `
+WITH chosen AS MATERIALIZED (
+    SELECT id FROM outbox_events
+    WHERE state = 'dead'
+      AND ($1 = '' OR aggregate_type = $1)
+      AND ($2 = '' OR aggregate_id = $2)
+    ORDER BY id
+    LIMIT $3 -- NULL: no limit
+    FOR UPDATE)` + requeueSet + `
+WHERE id IN (SELECT id FROM chosen)`
+
+// Requeue sets the dead rows among ids back to pending with a fresh budget
+// of attempts (see requeueSet for what happens to last_error) and returns
+// how many it requeued. Ids of rows that are not dead, or do not exist, are
+// ignored: requeuing is safe to repeat.
+//
+// While a row is dead the relay holds back the later events of its
+// aggregate (see the package documentation); requeuing it releases them, to
+// be published after it, in order.
+func Requeue(ctx context.Context, db DB, ids ...int64) (int, error) {
+	if len(ids) == 0 {
+		return 0, nil
+	}
+	tag, err := db.Exec(ctx, requeueIDs, ids)
+	if err != nil {
+		return 0, fmt.Errorf("outbox: requeuing %d ids: %w", len(ids), err)
+	}
+	return int(tag.RowsAffected()), nil
+}
+
+// DeadFilter selects dead rows for RequeueDead. Empty fields match anything.
+type DeadFilter struct {
+	AggregateType string
+	AggregateID   string
+	// Limit is the most rows requeued, oldest first. <= 0 means no limit.
+	Limit int
+}
+
+// RequeueDead is Requeue for every dead row matching f, oldest first; it
+// returns how many it requeued. The zero filter requeues every dead row,
+// which is what an operator wants once the cause (a missing topic, a broker
+// outage) is fixed.
+func RequeueDead(ctx context.Context, db DB, f DeadFilter) (int, error) {
+	var limit any // nil: LIMIT NULL, no limit
+	if f.Limit > 0 {
+		limit = f.Limit
+	}
+	tag, err := db.Exec(ctx, requeueDead, f.AggregateType, f.AggregateID, limit)
+	if err != nil {
+		return 0, fmt.Errorf("outbox: requeuing dead events: %w", err)
+	}
+	return int(tag.RowsAffected()), nil
+}
+
+// PruneConfig configures Prune. Zero fields take the documented defaults.
+type PruneConfig struct {
+	// Retention is how long a published row is kept after publication, the
+	// window in which it can still be replayed. Default 7 days.
+	Retention time.Duration
+	// BatchSize is the most rows removed per statement (and transaction), so
+	// pruning a large backlog never holds many locks or a long transaction.
+	// Default 1000.
+	BatchSize int
+	// Archive moves pruned rows to outbox_events_archive, with their ids, in
+	// the same statement that deletes them. Default false: delete them.
+	Archive bool
+}
+
+func (c PruneConfig) withDefaults() PruneConfig {
+	if c.Retention <= 0 {
+		c.Retention = 7 * 24 * time.Hour
+	}
+	if c.BatchSize <= 0 {
+		c.BatchSize = 1000
+	}
+	return c
+}
+
+// pruneBatch selects the oldest prunable rows, once (MATERIALIZED: see
+// requeueDead). SKIP LOCKED: a row someone is replaying right now is left for
+// the next run instead of being waited for.
+const pruneBatch = `
+WITH doomed AS MATERIALIZED (
+    SELECT id FROM outbox_events
+    WHERE state = 'published' AND published_at < now() - $1::bigint * interval '1 microsecond'
+    ORDER BY published_at, id
+    LIMIT $2
+    FOR UPDATE SKIP LOCKED)`
+
+const pruneDelete = pruneBatch + `
+DELETE FROM outbox_events WHERE id IN (SELECT id FROM doomed)`
+
+// pruneArchive deletes and archives in one statement, so a row is never in
+// both tables nor in neither. The column lists are explicit so that columns
+// added to outbox_events later do not break it.
+const pruneArchive = pruneBatch + `,
+moved AS (
+    DELETE FROM outbox_events WHERE id IN (SELECT id FROM doomed)
+    RETURNING id, event_id, aggregate_type, aggregate_id, aggregate_version,
+              event_type, event_version, payload, headers, occurred_at, created_at,
+              partition, state, attempts, next_attempt_at, last_error, published_at)
+INSERT INTO outbox_events_archive (
+    id, event_id, aggregate_type, aggregate_id, aggregate_version,
+    event_type, event_version, payload, headers, occurred_at, created_at,
+    partition, state, attempts, next_attempt_at, last_error, published_at)
+SELECT id, event_id, aggregate_type, aggregate_id, aggregate_version,
+       event_type, event_version, payload, headers, occurred_at, created_at,
+       partition, state, attempts, next_attempt_at, last_error, published_at
+FROM moved`
+
+// Prune removes published rows older than cfg.Retention (by published_at),
+// deleting or archiving them per cfg.Archive, and returns how many it
+// removed. Pending and dead rows are never touched, however old: they are
+// work not yet done. It works oldest first in batches of cfg.BatchSize, each
+// its own statement and short transaction, until a batch comes up short, so
+// an interrupted Prune keeps what it removed and the next one resumes.
+//
+// On error the count is what the batches before the failure removed.
+func Prune(ctx context.Context, db DB, cfg PruneConfig) (int, error) {
+	cfg = cfg.withDefaults()
+	stmt := pruneDelete
+	if cfg.Archive {
+		stmt = pruneArchive
+	}
+	total := 0
+	for {
+		tag, err := db.Exec(ctx, stmt, cfg.Retention.Microseconds(), cfg.BatchSize)
+		if err != nil {
+			return total, fmt.Errorf("outbox: pruning published events: %w", err)
+		}
+		n := int(tag.RowsAffected())
+		total += n
+		if n < cfg.BatchSize {
+			return total, nil
+		}
+	}
+}
+
+// PrunerConfig configures a Pruner. Zero fields take the documented defaults.
+type PrunerConfig struct {
+	// PruneConfig is what each run prunes; see its fields' defaults.
+	PruneConfig
+	// Interval is the time between runs. Default 1h.
+	Interval time.Duration
+	// Logger receives each run's outcome. Default: slog.Default().
+	Logger *slog.Logger
+}
+
+func (c PrunerConfig) withDefaults() PrunerConfig {
+	c.PruneConfig = c.PruneConfig.withDefaults()
+	if c.Interval <= 0 {
+		c.Interval = time.Hour
+	}
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
+	return c
+}
+
+// Pruner runs Prune in the background, once at start and then every
+// Interval. Several instances may run at once: batches skip rows another
+// holds, so they share the work rather than collide.
+type Pruner struct {
+	db  DB
+	cfg PrunerConfig
+}
+
+// NewPruner returns a pruner of the outbox in db.
+func NewPruner(db DB, cfg PrunerConfig) (*Pruner, error) {
+	if db == nil {
+		return nil, errors.New("outbox: NewPruner needs a database")
+	}
+	return &Pruner{db: db, cfg: cfg.withDefaults()}, nil
+}
+
+// Run prunes until ctx ends, then returns nil. A failed run is logged and
+// retried at the next interval; it does not stop the pruner.
+func (p *Pruner) Run(ctx context.Context) error {
+	ticker := time.NewTicker(p.cfg.Interval)
+	defer ticker.Stop()
+	for {
+		p.pruneOnce(ctx)
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-ticker.C:
+		}
+	}
+}
+
+func (p *Pruner) pruneOnce(ctx context.Context) {
+	n, err := Prune(ctx, p.db, p.cfg.PruneConfig)
+	log := p.cfg.Logger.With(slog.Int("rows_removed", n), slog.Bool("archive", p.cfg.Archive),
+		slog.Duration("retention", p.cfg.Retention))
+	switch {
+	case err != nil && ctx.Err() != nil:
+		// Shutting down: the interrupted batch rolled back, nothing to report.
+	case err != nil:
+		log.ErrorContext(ctx, "outbox prune failed; retrying at the next interval", slog.Any("error", err))
+	case n > 0:
+		log.InfoContext(ctx, "outbox pruned published events")
+	default:
+		log.DebugContext(ctx, "outbox prune found nothing to remove")
+	}
+}
+
+// ReplayFilter scopes a Replay to the published events of one aggregate type.
+type ReplayFilter struct {
+	// AggregateType is required: a replay never spans every aggregate type.
+	AggregateType string
+	// AggregateID narrows the replay to one aggregate. Empty: all of them.
+	AggregateID string
+	// From and To bound created_at, half-open: From <= created_at < To.
+	// A zero From is unbounded; a zero To means the database's now().
+	From, To time.Time
+}
+
+func (f ReplayFilter) validate() error {
+	if f.AggregateType == "" {
+		return fmt.Errorf("%w: replay needs an aggregate type", ErrInvalidFilter)
+	}
+	if !f.To.IsZero() && !f.To.After(f.From) {
+		return fmt.Errorf("%w: replay window [%s, %s) is empty",
+			ErrInvalidFilter, f.From.Format(time.RFC3339Nano), f.To.Format(time.RFC3339Nano))
+	}
+	return nil
+}
+
+// ReplayItem is one event in a Replay's scope.
+type ReplayItem struct {
+	ID               int64
+	EventID          uuid.UUID
+	EventType        string
+	AggregateID      string
+	AggregateVersion int64
+	CreatedAt        time.Time
+}
+
+// replayScope is shared by the count, the dry run and the replay, so the
+// three can never disagree about which rows are in scope.
+const replayScope = `
+WHERE state = 'published'
+  AND aggregate_type = $1
+  AND ($2 = '' OR aggregate_id = $2)
+  AND created_at >= coalesce($3::timestamptz, '-infinity')
+  AND created_at < coalesce($4::timestamptz, now())`
+
+const replayCount = `SELECT count(*) FROM outbox_events` + replayScope
+
+const replayItems = `id, event_id, event_type, aggregate_id, aggregate_version, created_at`
+
+const replayList = `SELECT ` + replayItems + ` FROM outbox_events` + replayScope + `
+ORDER BY id`
+
+// replayApply makes the relay publish the rows again. The event ids are
+// kept: that is what lets every consumer's inbox recognise the replayed
+// events as duplicates, so only consumers that never saw them act on them.
+const replayApply = `
+UPDATE outbox_events
+SET state = 'pending', attempts = 0, next_attempt_at = '-infinity', published_at = NULL` +
+	replayScope + `
+RETURNING ` + replayItems
+
+// Replay sets the published events matching f back to pending, in one
+// transaction, so the relay publishes them again under their original event
+// ids; it returns them in id order, the order the relay will publish them.
+// With dryRun it returns the same list and changes nothing.
+//
+// A filter without AggregateType or with To <= From is refused with an error
+// wrapping ErrInvalidFilter; a scope of more than MaxReplay events with one
+// wrapping ErrReplayTooLarge. Events already removed by Prune are out of
+// reach: keep Retention longer than the window you may need to replay.
+func Replay(ctx context.Context, db DB, f ReplayFilter, dryRun bool) ([]ReplayItem, error) {
+	if err := f.validate(); err != nil {
+		return nil, err
+	}
+	args := []any{f.AggregateType, f.AggregateID, nullTime(f.From), nullTime(f.To)}
+
+	tx, err := db.Begin(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("outbox: beginning replay: %w", err)
+	}
+	defer tx.Rollback(context.Background()) //nolint:errcheck // no-op after commit
+
+	var n int
+	if err := tx.QueryRow(ctx, replayCount, args...).Scan(&n); err != nil {
+		return nil, fmt.Errorf("outbox: counting replay scope: %w", err)
+	}
+	if n > MaxReplay {
+		return nil, replayTooLarge(n)
+	}
+	stmt := replayApply
+	if dryRun {
+		stmt = replayList
+	}
+	rows, err := tx.Query(ctx, stmt, args...)
+	if err != nil {
+		return nil, fmt.Errorf("outbox: replaying %s events: %w", f.AggregateType, err)
+	}
+	items, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (ReplayItem, error) {
+		var it ReplayItem
+		err := row.Scan(&it.ID, &it.EventID, &it.EventType, &it.AggregateID, &it.AggregateVersion, &it.CreatedAt)
+		return it, err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("outbox: reading replayed events: %w", err)
+	}
+	if dryRun {
+		return items, nil // the deferred rollback ends the read-only transaction
+	}
+	// The relay may have published more rows in scope since the count.
+	if len(items) > MaxReplay {
+		return nil, replayTooLarge(len(items))
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return nil, fmt.Errorf("outbox: committing replay: %w", err)
+	}
+	// UPDATE … RETURNING has no order.
+	slices.SortFunc(items, func(a, b ReplayItem) int { return cmp.Compare(a.ID, b.ID) })
+	return items, nil
+}
+
+func replayTooLarge(n int) error {
+	return fmt.Errorf("%w: %d published events match, more than MaxReplay (%d); narrow the aggregate id or the time window",
+		ErrReplayTooLarge, n, MaxReplay)
+}
+
+// nullTime maps the zero time to SQL NULL, the "unbounded" of replayScope.
+func nullTime(t time.Time) any {
+	if t.IsZero() {
+		return nil
+	}
+	return t
+}

@@ -1,0 +1,629 @@
+package outbox_test
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/onceflow/onceflow/pkg/event"
+	"github.com/onceflow/onceflow/pkg/outbox"
+	"github.com/onceflow/onceflow/pkg/platform/pgutil"
+	"github.com/onceflow/onceflow/pkg/platform/testinfra"
+)
+
+// adminDB returns a pool on a fresh database with the outbox schema.
+func adminDB(t *testing.T) *pgxpool.Pool {
+	t.Helper()
+	pool := testinfra.NewPool(t, testinfra.NewDatabase(t))
+	if err := pgutil.Migrate(pool, pgutil.Migration{FS: outbox.Migrations, Table: outbox.MigrationsTable}); err != nil {
+		t.Fatalf("migrating: %v", err)
+	}
+	return pool
+}
+
+// row is one outbox row of a scenario, in the state the relay would have
+// left it in.
+type row struct {
+	aggType, aggID string
+	version        int64
+	state          string        // pending, published or dead
+	publishedAgo   time.Duration // published rows: published_at = now() - publishedAgo
+	createdAt      time.Time     // zero: the insert time
+}
+
+// seeded is where a row landed.
+type seeded struct {
+	id      int64
+	eventID uuid.UUID
+}
+
+// seedRows enqueues one event per row in one transaction (so ids follow the
+// order of rows), then forces each into its state.
+func seedRows(t *testing.T, pool *pgxpool.Pool, rows ...row) []seeded {
+	t.Helper()
+	ctx := context.Background()
+	evs := make([]event.Envelope, len(rows))
+	for i, r := range rows {
+		evs[i] = event.Envelope{
+			EventID: uuid.New(), EventType: "ThingHappened", EventVersion: 1,
+			AggregateType: r.aggType, AggregateID: r.aggID, AggregateVersion: r.version,
+			OccurredAt: time.Now(), Payload: []byte(`{"n":1}`),
+		}
+	}
+	if err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error { return outbox.EnqueueBatch(ctx, tx, evs...) }); err != nil {
+		t.Fatalf("enqueuing: %v", err)
+	}
+	out := make([]seeded, len(rows))
+	for i, r := range rows {
+		var createdAt any
+		if !r.createdAt.IsZero() {
+			createdAt = r.createdAt
+		}
+		err := pool.QueryRow(ctx, `
+			UPDATE outbox_events SET
+			    state = $2,
+			    attempts = CASE $2 WHEN 'pending' THEN 0 WHEN 'published' THEN 1 ELSE 3 END,
+			    next_attempt_at = CASE $2 WHEN 'dead' THEN now() ELSE next_attempt_at END,
+			    last_error = CASE $2 WHEN 'dead' THEN 'broker said no' END,
+			    published_at = CASE $2 WHEN 'published' THEN now() - $3::bigint * interval '1 microsecond' END,
+			    created_at = coalesce($4::timestamptz, created_at)
+			WHERE event_id = $1
+			RETURNING id`, evs[i].EventID, r.state, r.publishedAgo.Microseconds(), createdAt).Scan(&out[i].id)
+		if err != nil {
+			t.Fatalf("seeding row %d: %v", i, err)
+		}
+		out[i].eventID = evs[i].EventID
+	}
+	return out
+}
+
+// idsOf returns the ids of the seeded rows at the given indexes.
+func idsOf(s []seeded, idx ...int) []int64 {
+	ids := []int64{}
+	for _, i := range idx {
+		ids = append(ids, s[i].id)
+	}
+	return ids
+}
+
+// tableIDs returns the ids of table's rows matching where, in order.
+func tableIDs(t *testing.T, pool *pgxpool.Pool, table, where string, args ...any) []int64 {
+	t.Helper()
+	rows, err := pool.Query(context.Background(), "SELECT id FROM "+table+" WHERE "+where+" ORDER BY id", args...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ids, err := pgx.CollectRows(rows, pgx.RowTo[int64])
+	if err != nil {
+		t.Fatal(err)
+	}
+	return append([]int64{}, ids...)
+}
+
+// snapshot renders table's rows matching where, every column, as JSON, so
+// a test can tell whether anything at all changed.
+func snapshot(t *testing.T, pool *pgxpool.Pool, table, where string, args ...any) string {
+	t.Helper()
+	var s string
+	err := pool.QueryRow(context.Background(),
+		"SELECT coalesce(jsonb_agg(to_jsonb(r) - 'archived_at' ORDER BY id)::text, '[]') FROM "+table+" r WHERE "+where,
+		args...).Scan(&s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+func equalIDs(t *testing.T, what string, got, want []int64) {
+	t.Helper()
+	if !slices.Equal(got, want) {
+		t.Fatalf("%s: ids %v, want %v", what, got, want)
+	}
+}
+
+const (
+	day  = 24 * time.Hour
+	week = 7 * day
+)
+
+func TestPruneRemovesOnlyPublishedRowsPastRetention(t *testing.T) {
+	for _, archive := range []bool{false, true} {
+		t.Run(fmt.Sprintf("archive=%v", archive), func(t *testing.T) {
+			ctx := context.Background()
+			pool := adminDB(t)
+			old := time.Now().Add(-30 * day)
+			s := seedRows(t, pool,
+				row{"thing", "a", 1, "published", week + time.Hour, time.Time{}}, // 0: past the window
+				row{"thing", "a", 2, "published", 30 * day, time.Time{}},         // 1: long past
+				row{"thing", "b", 1, "published", time.Hour, time.Time{}},        // 2: recent
+				row{"thing", "c", 1, "published", week - time.Hour, time.Time{}}, // 3: just inside
+				row{"thing", "d", 1, "pending", 0, old},                          // 4: old but not done
+				row{"thing", "e", 1, "dead", 0, old},                             // 5: old but dead
+			)
+			doomed := idsOf(s, 0, 1)
+			before := snapshot(t, pool, "outbox_events", "id = ANY($1)", doomed)
+
+			n, err := outbox.Prune(ctx, pool, outbox.PruneConfig{Archive: archive}) // default retention: 7 days
+			if err != nil {
+				t.Fatal(err)
+			}
+			if n != 2 {
+				t.Fatalf("Prune removed %d rows, want 2", n)
+			}
+			equalIDs(t, "left in outbox_events", tableIDs(t, pool, "outbox_events", "true"), idsOf(s, 2, 3, 4, 5))
+			archived := tableIDs(t, pool, "outbox_events_archive", "true")
+			if !archive {
+				equalIDs(t, "archived without Archive", archived, []int64{})
+				return
+			}
+			equalIDs(t, "archived", archived, doomed)
+			// Every column survives the move, the id included. A column added to
+			// outbox_events and not to the archive shows up here.
+			if after := snapshot(t, pool, "outbox_events_archive", "true"); after != before {
+				t.Fatalf("archived rows differ from the originals:\n got %s\nwant %s", after, before)
+			}
+		})
+	}
+}
+
+func TestPruneWorksInBatchesOldestFirst(t *testing.T) {
+	tests := []struct {
+		name      string
+		old       int // published rows past the window
+		batchSize int
+		batches   []int // expected rows per batch, checked in archive mode
+	}{
+		{"several batches, last one short", 10, 3, []int{3, 3, 3, 1}},
+		{"exact multiple of the batch size", 9, 3, []int{3, 3, 3}},
+		{"one batch", 4, 0, []int{4}}, // default batch size
+		{"nothing to prune", 0, 3, nil},
+	}
+	for _, tt := range tests {
+		for _, archive := range []bool{false, true} {
+			t.Run(fmt.Sprintf("%s/archive=%v", tt.name, archive), func(t *testing.T) {
+				ctx := context.Background()
+				pool := adminDB(t)
+				var rows []row
+				// Later rows were published earlier, so oldest first is not id order.
+				for i := range tt.old {
+					rows = append(rows, row{"thing", fmt.Sprint("old-", i), 1, "published", 8*day + time.Duration(i)*time.Hour, time.Time{}})
+				}
+				rows = append(rows,
+					row{"thing", "recent-1", 1, "published", time.Minute, time.Time{}},
+					row{"thing", "recent-2", 1, "published", 6 * day, time.Time{}},
+					row{"thing", "waiting", 1, "pending", 0, time.Time{}},
+				)
+				s := seedRows(t, pool, rows...)
+
+				n, err := outbox.Prune(ctx, pool, outbox.PruneConfig{BatchSize: tt.batchSize, Archive: archive})
+				if err != nil {
+					t.Fatal(err)
+				}
+				if n != tt.old {
+					t.Fatalf("Prune removed %d rows, want %d", n, tt.old)
+				}
+				equalIDs(t, "left in outbox_events", tableIDs(t, pool, "outbox_events", "true"),
+					idsOf(s, tt.old, tt.old+1, tt.old+2))
+				if !archive {
+					return
+				}
+				// Each batch is its own transaction, so its rows share an archived_at
+				// (now() is the transaction's start) that no other batch has.
+				rs, err := pool.Query(ctx, `SELECT array_agg(id ORDER BY published_at) FROM outbox_events_archive
+					GROUP BY archived_at ORDER BY archived_at`)
+				if err != nil {
+					t.Fatal(err)
+				}
+				got, err := pgx.CollectRows(rs, pgx.RowTo[[]int64])
+				if err != nil {
+					t.Fatal(err)
+				}
+				var want [][]int64
+				next := tt.old - 1 // the oldest published row is the last seeded
+				for _, size := range tt.batches {
+					var batch []int64
+					for range size {
+						batch = append(batch, s[next].id)
+						next--
+					}
+					want = append(want, batch)
+				}
+				if fmt.Sprint(got) != fmt.Sprint(want) {
+					t.Fatalf("archived batches (oldest publication first) %v, want %v", got, want)
+				}
+			})
+		}
+	}
+}
+
+func TestPrunerPrunesAtStartAndEveryInterval(t *testing.T) {
+	pool := adminDB(t)
+	s := seedRows(t, pool,
+		row{"thing", "a", 1, "published", 8 * day, time.Time{}},
+		row{"thing", "a", 2, "published", 9 * day, time.Time{}},
+		row{"thing", "b", 1, "pending", 0, time.Time{}},
+	)
+	logs := &testinfra.LogBuffer{}
+	pruner, err := outbox.NewPruner(pool, outbox.PrunerConfig{
+		PruneConfig: outbox.PruneConfig{Archive: true},
+		Interval:    50 * time.Millisecond,
+		Logger:      slog.New(slog.NewJSONHandler(logs, nil)),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, stop := context.WithCancel(context.Background())
+	defer stop()
+	done := make(chan error, 1)
+	go func() { done <- pruner.Run(ctx) }()
+
+	testinfra.WaitFor(t, 10*time.Second, "the first run to archive the two old rows", func() (bool, error) {
+		return len(tableIDs(t, pool, "outbox_events_archive", "true")) == 2, nil
+	})
+	rec, ok := logs.Record("outbox pruned published events")
+	if !ok || rec["rows_removed"] != float64(2) || rec["archive"] != true {
+		t.Fatalf("first run's log record = %v, want rows_removed 2 and archive true\n%s", rec, logs.String())
+	}
+
+	later := seedRows(t, pool, row{"thing", "c", 1, "published", 10 * day, time.Time{}})
+	testinfra.WaitFor(t, 10*time.Second, "a later run to archive a row published since", func() (bool, error) {
+		return len(tableIDs(t, pool, "outbox_events_archive", "true")) == 3, nil
+	})
+	if !strings.Contains(logs.String(), `"rows_removed":1`) {
+		t.Fatalf("no log record of the later run removing 1 row:\n%s", logs.String())
+	}
+	equalIDs(t, "archived", tableIDs(t, pool, "outbox_events_archive", "true"), []int64{s[0].id, s[1].id, later[0].id})
+	equalIDs(t, "left in outbox_events", tableIDs(t, pool, "outbox_events", "true"), idsOf(s, 2))
+
+	stop()
+	var runErr error
+	testinfra.WaitFor(t, 10*time.Second, "Run to return once its context ended", func() (bool, error) {
+		select {
+		case runErr = <-done:
+			return true, nil
+		default:
+			return false, nil
+		}
+	})
+	if runErr != nil {
+		t.Fatalf("Run returned %v, want nil", runErr)
+	}
+	if strings.Contains(logs.String(), `"level":"ERROR"`) {
+		t.Fatalf("the pruner logged an error:\n%s", logs.String())
+	}
+}
+
+func TestNewPrunerNeedsADatabase(t *testing.T) {
+	if _, err := outbox.NewPruner(nil, outbox.PrunerConfig{}); err == nil {
+		t.Fatal("NewPruner(nil) returned no error")
+	}
+}
+
+// replayT0 anchors the replay scenarios' created_at times.
+var replayT0 = time.Date(2024, 3, 1, 12, 0, 0, 0, time.UTC)
+
+// seedReplayScenario writes rows of several aggregates, states and times.
+func seedReplayScenario(t *testing.T, pool *pgxpool.Pool) []seeded {
+	t.Helper()
+	h := time.Hour
+	return seedRows(t, pool,
+		row{"thing", "a", 1, "published", h, replayT0},              // 0
+		row{"thing", "a", 2, "published", h, replayT0.Add(h)},       // 1
+		row{"thing", "b", 1, "published", h, replayT0.Add(h)},       // 2
+		row{"thing", "a", 3, "published", h, replayT0.Add(2 * h)},   // 3: exactly at a To below
+		row{"other", "a", 1, "published", h, replayT0.Add(h)},       // 4: another aggregate type
+		row{"thing", "a", 4, "pending", 0, replayT0.Add(3 * h)},     // 5: not published yet
+		row{"thing", "a", 5, "dead", 0, replayT0.Add(3 * h)},        // 6: dead, not published
+		row{"thing", "c", 1, "published", time.Minute, time.Time{}}, // 7: created just now
+	)
+}
+
+var replayScopes = []struct {
+	name   string
+	filter outbox.ReplayFilter
+	want   []int // indexes into seedReplayScenario
+}{
+	{"aggregate type", outbox.ReplayFilter{AggregateType: "thing"}, []int{0, 1, 2, 3, 7}},
+	{"one aggregate", outbox.ReplayFilter{AggregateType: "thing", AggregateID: "a"}, []int{0, 1, 3}},
+	{"half-open window", outbox.ReplayFilter{AggregateType: "thing", From: replayT0.Add(time.Hour), To: replayT0.Add(2 * time.Hour)}, []int{1, 2}},
+	{"from only: up to now", outbox.ReplayFilter{AggregateType: "thing", From: replayT0.Add(time.Hour)}, []int{1, 2, 3, 7}},
+	{"to only", outbox.ReplayFilter{AggregateType: "thing", To: replayT0.Add(time.Hour)}, []int{0}},
+	{"one aggregate in a window", outbox.ReplayFilter{AggregateType: "thing", AggregateID: "a", From: replayT0.Add(time.Minute), To: replayT0.Add(3 * time.Hour)}, []int{1, 3}},
+	{"other type", outbox.ReplayFilter{AggregateType: "other"}, []int{4}},
+	{"nothing in scope", outbox.ReplayFilter{AggregateType: "thing", AggregateID: "nope"}, nil},
+}
+
+func itemIDs(items []outbox.ReplayItem) []int64 {
+	ids := []int64{}
+	for _, it := range items {
+		ids = append(ids, it.ID)
+	}
+	return ids
+}
+
+func TestReplayDryRunListsTheScopeAndChangesNothing(t *testing.T) {
+	ctx := context.Background()
+	pool := adminDB(t)
+	s := seedReplayScenario(t, pool)
+	before := snapshot(t, pool, "outbox_events", "true")
+	for _, tt := range replayScopes {
+		t.Run(tt.name, func(t *testing.T) {
+			items, err := outbox.Replay(ctx, pool, tt.filter, true)
+			if err != nil {
+				t.Fatal(err)
+			}
+			equalIDs(t, "dry run", itemIDs(items), idsOf(s, tt.want...))
+			for i, it := range items {
+				w := s[tt.want[i]]
+				if it.EventID != w.eventID || it.EventType != "ThingHappened" || it.CreatedAt.IsZero() {
+					t.Fatalf("item %d = %+v, want event id %s", i, it, w.eventID)
+				}
+			}
+			if after := snapshot(t, pool, "outbox_events", "true"); after != before {
+				t.Fatalf("a dry run changed the outbox:\nbefore %s\n after %s", before, after)
+			}
+		})
+	}
+	// The items carry the aggregate and the creation time as stored.
+	items, err := outbox.Replay(ctx, pool, outbox.ReplayFilter{AggregateType: "thing", AggregateID: "a", To: replayT0.Add(90 * time.Minute)}, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(items) != 2 || items[1].AggregateID != "a" || items[1].AggregateVersion != 2 || !items[1].CreatedAt.Equal(replayT0.Add(time.Hour)) {
+		t.Fatalf("items = %+v, want thing/a v1 and v2, the second created at %s", items, replayT0.Add(time.Hour))
+	}
+}
+
+func TestReplayFlipsExactlyTheScopedRowsToPendingKeepingEventIDs(t *testing.T) {
+	for _, tt := range replayScopes {
+		t.Run(tt.name, func(t *testing.T) {
+			ctx := context.Background()
+			pool := adminDB(t)
+			s := seedReplayScenario(t, pool)
+			want := idsOf(s, tt.want...)
+			untouched := snapshot(t, pool, "outbox_events", "id <> ALL($1)", want)
+
+			items, err := outbox.Replay(ctx, pool, tt.filter, false)
+			if err != nil {
+				t.Fatal(err)
+			}
+			equalIDs(t, "replayed", itemIDs(items), want)
+			// Due now, with a fresh budget, under the same event ids: the relay's
+			// claim picks them up and consumers' inboxes see duplicates.
+			var eventIDs []uuid.UUID
+			for _, i := range tt.want {
+				eventIDs = append(eventIDs, s[i].eventID)
+			}
+			replayed := tableIDs(t, pool, "outbox_events", `id = ANY($1) AND event_id = ANY($2) AND state = 'pending'
+				AND attempts = 0 AND published_at IS NULL AND next_attempt_at = '-infinity'`, want, eventIDs)
+			equalIDs(t, "rows pending again under their event ids", replayed, want)
+			if after := snapshot(t, pool, "outbox_events", "id <> ALL($1)", want); after != untouched {
+				t.Fatalf("rows out of scope changed:\nbefore %s\n after %s", untouched, after)
+			}
+
+			again, err := outbox.Replay(ctx, pool, tt.filter, false)
+			if err != nil || len(again) != 0 {
+				t.Fatalf("replaying again before the relay ran: %d items, err %v; want none", len(again), err)
+			}
+		})
+	}
+}
+
+func TestReplayRefusesAnInvalidFilter(t *testing.T) {
+	ctx := context.Background()
+	pool := adminDB(t)
+	seedReplayScenario(t, pool)
+	before := snapshot(t, pool, "outbox_events", "true")
+	tests := []struct {
+		name   string
+		filter outbox.ReplayFilter
+	}{
+		{"no aggregate type", outbox.ReplayFilter{AggregateID: "a"}},
+		{"zero filter", outbox.ReplayFilter{}},
+		{"To equals From", outbox.ReplayFilter{AggregateType: "thing", From: replayT0, To: replayT0}},
+		{"To before From", outbox.ReplayFilter{AggregateType: "thing", From: replayT0.Add(time.Hour), To: replayT0}},
+	}
+	for _, tt := range tests {
+		for _, dryRun := range []bool{true, false} {
+			t.Run(fmt.Sprintf("%s/dryRun=%v", tt.name, dryRun), func(t *testing.T) {
+				items, err := outbox.Replay(ctx, pool, tt.filter, dryRun)
+				if !errors.Is(err, outbox.ErrInvalidFilter) || items != nil {
+					t.Fatalf("Replay(%+v) = %d items, err %v; want ErrInvalidFilter", tt.filter, len(items), err)
+				}
+			})
+		}
+	}
+	if after := snapshot(t, pool, "outbox_events", "true"); after != before {
+		t.Fatal("a refused replay changed the outbox")
+	}
+}
+
+func TestReplayRefusesAScopeLargerThanMaxReplay(t *testing.T) {
+	ctx := context.Background()
+	pool := adminDB(t)
+	// MaxReplay rows of one aggregate and one of another, all published.
+	_, err := pool.Exec(ctx, `
+		INSERT INTO outbox_events (event_id, aggregate_type, aggregate_id, aggregate_version, event_type,
+		                           event_version, payload, occurred_at, partition, state, attempts, published_at)
+		SELECT gen_random_uuid(), 'bulk', CASE WHEN g <= $1 THEN 'big' ELSE 'small' END, g, 'ThingHappened',
+		       1, '{}', now(), 0, 'published', 1, now()
+		FROM generate_series(1, $1 + 1) g`, outbox.MaxReplay)
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	for _, dryRun := range []bool{true, false} {
+		items, err := outbox.Replay(ctx, pool, outbox.ReplayFilter{AggregateType: "bulk"}, dryRun)
+		if !errors.Is(err, outbox.ErrReplayTooLarge) || items != nil {
+			t.Fatalf("dryRun=%v: %d items, err %v; want ErrReplayTooLarge", dryRun, len(items), err)
+		}
+		if want := fmt.Sprint(outbox.MaxReplay + 1); !strings.Contains(err.Error(), want) {
+			t.Fatalf("error %q does not tell the scope's size, %s", err, want)
+		}
+	}
+	var published int
+	if err := pool.QueryRow(ctx, "SELECT count(*) FROM outbox_events WHERE state = 'published'").Scan(&published); err != nil {
+		t.Fatal(err)
+	}
+	if published != outbox.MaxReplay+1 {
+		t.Fatalf("%d rows published after a refused replay, want all %d", published, outbox.MaxReplay+1)
+	}
+
+	// Exactly MaxReplay is allowed.
+	items, err := outbox.Replay(ctx, pool, outbox.ReplayFilter{AggregateType: "bulk", AggregateID: "big"}, false)
+	if err != nil || len(items) != outbox.MaxReplay {
+		t.Fatalf("replaying exactly MaxReplay events: %d items, err %v", len(items), err)
+	}
+	if !slices.IsSortedFunc(items, func(a, b outbox.ReplayItem) int { return int(a.ID - b.ID) }) {
+		t.Fatal("replayed items are not in id order")
+	}
+}
+
+// seedDeadScenario writes dead rows among others.
+func seedDeadScenario(t *testing.T, pool *pgxpool.Pool) []seeded {
+	t.Helper()
+	return seedRows(t, pool,
+		row{"thing", "a", 1, "dead", 0, time.Time{}},        // 0
+		row{"thing", "b", 1, "dead", 0, time.Time{}},        // 1
+		row{"thing", "c", 1, "pending", 0, time.Time{}},     // 2
+		row{"thing", "d", 1, "published", day, time.Time{}}, // 3
+		row{"other", "a", 1, "dead", 0, time.Time{}},        // 4
+		row{"thing", "a", 2, "dead", 0, time.Time{}},        // 5
+	)
+}
+
+// checkRequeued fails unless exactly the rows want were requeued (due now,
+// a fresh budget, the cause kept) and nothing else changed.
+func checkRequeued(t *testing.T, pool *pgxpool.Pool, want []int64, untouchedBefore string) {
+	t.Helper()
+	got := tableIDs(t, pool, "outbox_events", `state = 'pending' AND attempts = 0 AND next_attempt_at = '-infinity'
+		AND last_error = 'requeued: broker said no'`)
+	equalIDs(t, "requeued rows", got, want)
+	if after := snapshot(t, pool, "outbox_events", "id <> ALL($1)", want); after != untouchedBefore {
+		t.Fatalf("rows not requeued changed:\nbefore %s\n after %s", untouchedBefore, after)
+	}
+}
+
+func TestRequeueMovesOnlyDeadRowsBackToPending(t *testing.T) {
+	tests := []struct {
+		name string
+		ids  func(s []seeded) []int64
+		want []int // indexes into seedDeadScenario
+	}{
+		{"dead rows", func(s []seeded) []int64 { return idsOf(s, 0, 1) }, []int{0, 1}},
+		{"pending, published and unknown ids are ignored",
+			func(s []seeded) []int64 { return append(idsOf(s, 0, 2, 3), 999_999) }, []int{0}},
+		{"only rows that are not dead", func(s []seeded) []int64 { return idsOf(s, 2, 3) }, nil},
+		{"an id given twice counts once", func(s []seeded) []int64 { return idsOf(s, 4, 4) }, []int{4}},
+		{"no ids", func([]seeded) []int64 { return nil }, nil},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			ctx := context.Background()
+			pool := adminDB(t)
+			s := seedDeadScenario(t, pool)
+			want := idsOf(s, tt.want...)
+			untouched := snapshot(t, pool, "outbox_events", "id <> ALL($1)", want)
+
+			n, err := outbox.Requeue(ctx, pool, tt.ids(s)...)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if n != len(want) {
+				t.Fatalf("Requeue returned %d, want %d", n, len(want))
+			}
+			checkRequeued(t, pool, want, untouched)
+			if n, err := outbox.Requeue(ctx, pool, tt.ids(s)...); err != nil || n != 0 {
+				t.Fatalf("requeuing again: n=%d err=%v, want 0: the rows are no longer dead", n, err)
+			}
+		})
+	}
+}
+
+func TestRequeueDeadByFilter(t *testing.T) {
+	tests := []struct {
+		name   string
+		filter outbox.DeadFilter
+		want   []int // indexes into seedDeadScenario
+	}{
+		{"every dead row", outbox.DeadFilter{}, []int{0, 1, 4, 5}},
+		{"aggregate type", outbox.DeadFilter{AggregateType: "thing"}, []int{0, 1, 5}},
+		{"one aggregate", outbox.DeadFilter{AggregateType: "thing", AggregateID: "a"}, []int{0, 5}},
+		{"aggregate id across types", outbox.DeadFilter{AggregateID: "a"}, []int{0, 4, 5}},
+		{"limit takes the oldest", outbox.DeadFilter{Limit: 2}, []int{0, 1}},
+		{"limit within a type", outbox.DeadFilter{AggregateType: "thing", Limit: 1}, []int{0}},
+		{"no match", outbox.DeadFilter{AggregateType: "nope"}, nil},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			ctx := context.Background()
+			pool := adminDB(t)
+			s := seedDeadScenario(t, pool)
+			want := idsOf(s, tt.want...)
+			untouched := snapshot(t, pool, "outbox_events", "id <> ALL($1)", want)
+
+			n, err := outbox.RequeueDead(ctx, pool, tt.filter)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if n != len(want) {
+				t.Fatalf("RequeueDead returned %d, want %d", n, len(want))
+			}
+			checkRequeued(t, pool, want, untouched)
+		})
+	}
+}
+
+func TestListDeadShowsDeadRows(t *testing.T) {
+	ctx := context.Background()
+	pool := adminDB(t)
+	s := seedDeadScenario(t, pool)
+
+	dead, err := outbox.ListDead(ctx, pool, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []int64
+	for _, d := range dead {
+		got = append(got, d.ID)
+	}
+	equalIDs(t, "ListDead", got, idsOf(s, 0, 1, 4, 5))
+	d := dead[2]
+	if d.EventID != s[4].eventID || d.EventType != "ThingHappened" || d.AggregateType != "other" ||
+		d.AggregateID != "a" || d.AggregateVersion != 1 || d.Attempts != 3 || d.LastError != "broker said no" ||
+		d.CreatedAt.IsZero() {
+		b, _ := json.Marshal(d)
+		t.Fatalf("dead event = %s, want other/a v1, event %s, 3 attempts, last error %q", b, s[4].eventID, "broker said no")
+	}
+
+	limited, err := outbox.ListDead(ctx, pool, 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(limited) != 2 || limited[0].ID != s[0].id || limited[1].ID != s[1].id {
+		t.Fatalf("ListDead(limit 2) = %+v, want the two oldest dead rows", limited)
+	}
+
+	if _, err := outbox.Requeue(ctx, pool, s[0].id); err != nil {
+		t.Fatal(err)
+	}
+	dead, err = outbox.ListDead(ctx, pool, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got = got[:0]
+	for _, d := range dead {
+		got = append(got, d.ID)
+	}
+	equalIDs(t, "ListDead after a requeue", got, idsOf(s, 1, 4, 5))
+}

@@ -1,0 +1,148 @@
+package outbox
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// advisoryLockClass namespaces the outbox's advisory locks (two-key form:
+// class, partition) so they cannot collide with other users of advisory locks
+// in the same database.
+const advisoryLockClass = 0x6f627831 // "obx1"
+
+// owner keeps this relay's share of the logical partitions.
+//
+// Ownership is a session-level advisory lock per partition, held on a
+// dedicated connection: if the relay dies, Postgres drops the connection and
+// with it the locks, and the other relays take the partitions over on their
+// next rebalance. Every relay registers in outbox_relays and heartbeats; the
+// fair share is ceil(Partitions / live relays), so a relay that joins makes
+// the others release partitions, and one that leaves or dies lets them take
+// more.
+//
+// Ownership spreads the work; it is not what keeps order. Order is kept by
+// claiming rows in id order with FOR UPDATE (no SKIP LOCKED): a relay that
+// takes over a partition while the previous owner still has a batch in
+// flight waits for that batch's transaction to end instead of overtaking it.
+type owner struct {
+	id     string
+	dial   func(ctx context.Context) (*pgx.Conn, error)
+	ttl    time.Duration
+	logger *slog.Logger
+
+	conn *pgx.Conn // used only by rebalance, which runs on one goroutine
+
+	mu    sync.Mutex
+	owned []int32
+}
+
+// partitions returns a copy of the partitions this relay owns now.
+func (o *owner) partitions() []int32 {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return slices.Clone(o.owned)
+}
+
+func (o *owner) set(owned []int32) {
+	slices.Sort(owned)
+	o.mu.Lock()
+	o.owned = owned
+	o.mu.Unlock()
+}
+
+// rebalance heartbeats, then takes or releases partitions to hold the fair share.
+func (o *owner) rebalance(ctx context.Context) error {
+	if o.conn == nil || o.conn.IsClosed() {
+		o.set(nil) // a lost connection took its locks with it
+		conn, err := o.dial(ctx)
+		if err != nil {
+			return fmt.Errorf("connecting for partition locks: %w", err)
+		}
+		o.conn = conn
+	}
+	var live int
+	err := o.conn.QueryRow(ctx, `
+		WITH beat AS (
+			INSERT INTO outbox_relays (id) VALUES ($1)
+			ON CONFLICT (id) DO UPDATE SET heartbeat_at = now()
+		), gone AS (
+			DELETE FROM outbox_relays WHERE heartbeat_at < now() - $2 * interval '1 microsecond' AND id <> $1
+		)
+		SELECT count(*) + 1 FROM outbox_relays WHERE id <> $1 AND heartbeat_at >= now() - $2 * interval '1 microsecond'`,
+		o.id, o.ttl.Microseconds()).Scan(&live)
+	if err != nil {
+		o.drop()
+		return fmt.Errorf("heartbeat: %w", err)
+	}
+	share := (Partitions + live - 1) / live
+	owned := o.partitions()
+	switch {
+	case len(owned) > share:
+		// Release the highest partitions; the lowest stay, so relays keep
+		// stable assignments across rebalances.
+		extra := owned[share:]
+		if _, err := o.conn.Exec(ctx, `SELECT pg_advisory_unlock($1, p) FROM unnest($2::int[]) AS p`, advisoryLockClass, extra); err != nil {
+			o.drop()
+			return fmt.Errorf("releasing partitions: %w", err)
+		}
+		o.set(owned[:share])
+		o.logger.InfoContext(ctx, "outbox relay released partitions", slog.String("relay_id", o.id),
+			slog.Int("released", len(extra)), slog.Int("owned", share), slog.Int("live_relays", live))
+	case len(owned) < share:
+		candidates := make([]int32, 0, Partitions)
+		for p := int32(0); p < Partitions; p++ {
+			if !slices.Contains(owned, p) {
+				candidates = append(candidates, p)
+			}
+		}
+		rand.Shuffle(len(candidates), func(i, j int) { candidates[i], candidates[j] = candidates[j], candidates[i] })
+		// pg_try_advisory_lock is evaluated row by row until LIMIT is met,
+		// so this takes at most the missing share in one round trip.
+		rows, err := o.conn.Query(ctx, `
+			SELECT p FROM unnest($2::int[]) AS p
+			WHERE pg_try_advisory_lock($1, p)
+			LIMIT $3`, advisoryLockClass, candidates, share-len(owned))
+		if err != nil {
+			o.drop()
+			return fmt.Errorf("taking partitions: %w", err)
+		}
+		got, err := pgx.CollectRows(rows, pgx.RowTo[int32])
+		if err != nil {
+			o.drop()
+			return fmt.Errorf("taking partitions: %w", err)
+		}
+		if len(got) > 0 {
+			o.set(append(owned, got...))
+			o.logger.InfoContext(ctx, "outbox relay took partitions", slog.String("relay_id", o.id),
+				slog.Int("taken", len(got)), slog.Int("owned", len(owned)+len(got)), slog.Int("live_relays", live))
+		}
+	}
+	return nil
+}
+
+// drop closes the lock connection, releasing every partition at once.
+func (o *owner) drop() {
+	o.set(nil)
+	if o.conn != nil {
+		o.conn.Close(context.Background())
+		o.conn = nil
+	}
+}
+
+// leave deregisters and releases everything, so the others rebalance now
+// instead of after the TTL.
+func (o *owner) leave() {
+	if o.conn != nil && !o.conn.IsClosed() {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		defer cancel()
+		_, _ = o.conn.Exec(ctx, `DELETE FROM outbox_relays WHERE id = $1`, o.id)
+	}
+	o.drop()
+}

@@ -1,0 +1,379 @@
+package outbox_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/onceflow/onceflow/pkg/event"
+	"github.com/onceflow/onceflow/pkg/outbox"
+	"github.com/onceflow/onceflow/pkg/platform/kafkautil"
+	"github.com/onceflow/onceflow/pkg/platform/testinfra"
+)
+
+// enqueue commits events in one transaction.
+func enqueue(t *testing.T, pool *pgxpool.Pool, evs ...event.Envelope) {
+	t.Helper()
+	err := pgx.BeginFunc(context.Background(), pool, func(tx pgx.Tx) error {
+		return outbox.EnqueueBatch(context.Background(), tx, evs...)
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
+// collector reads a topic from the start, keeping the first delivery of each
+// event id (as an inbox would) and counting redeliveries.
+type collector struct {
+	mu         sync.Mutex
+	seen       map[uuid.UUID]bool
+	order      map[string][]int64 // aggregate id -> versions, first deliveries only
+	duplicates int
+}
+
+func collect(t *testing.T, brokers []string, topic string) *collector {
+	t.Helper()
+	c := &collector{seen: map[uuid.UUID]bool{}, order: map[string][]int64{}}
+	r := kafkautil.NewGroupReader(brokers, topic, testinfra.Name("collector"))
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for {
+			m, err := r.FetchMessage(ctx)
+			if err != nil {
+				return
+			}
+			ev, err := event.FromKafka(m)
+			if err != nil {
+				t.Errorf("undecodable message at offset %d: %v", m.Offset, err)
+				return
+			}
+			c.mu.Lock()
+			if c.seen[ev.EventID] {
+				c.duplicates++
+			} else {
+				c.seen[ev.EventID] = true
+				c.order[ev.AggregateID] = append(c.order[ev.AggregateID], ev.AggregateVersion)
+			}
+			c.mu.Unlock()
+		}
+	}()
+	t.Cleanup(func() { cancel(); <-done; r.Close() })
+	return c
+}
+
+func (c *collector) distinct() int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return len(c.seen)
+}
+
+func (c *collector) dups() int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.duplicates
+}
+
+// checkOrder fails unless every aggregate's versions arrived as 1, 2, … want[id].
+func (c *collector) checkOrder(t *testing.T, want map[string]int64) {
+	t.Helper()
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for id, n := range want {
+		got := c.order[id]
+		if int64(len(got)) != n {
+			t.Errorf("aggregate %s: %d versions arrived, want %d", id, len(got), n)
+			continue
+		}
+		for i, v := range got {
+			if v != int64(i+1) {
+				t.Errorf("aggregate %s: arrival %d is version %d, want %d (order broken)", id, i, v, i+1)
+				break
+			}
+		}
+	}
+}
+
+func TestACrashBetweenAckAndMarkRepublishes(t *testing.T) {
+	ctx := context.Background()
+	brokers := testinfra.KafkaBrokers(t)
+	topic := testinfra.NewTopic(t, brokers, 1)
+	pool := newOutboxDB(t)
+	enqueue(t, pool, newEvent("a", 1), newEvent("a", 2))
+	c := collect(t, brokers, topic)
+
+	w := kafkautil.NewWriter(brokers, 10)
+	defer w.Close()
+	crashed := errors.New("killed after the ack")
+	armed := true
+	relay, err := outbox.NewRelay(pool, w, outbox.RelayConfig{
+		Topic: func(string) string { return topic },
+		CrashPoint: func(name string) error {
+			if armed && name == outbox.CrashAfterAck {
+				return crashed
+			}
+			return nil
+		},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer relay.Close()
+	if _, err := relay.RelayBatch(ctx); !errors.Is(err, crashed) {
+		t.Fatalf("err = %v, want the crash", err)
+	}
+	testinfra.WaitFor(t, 20*time.Second, "the broker to have the events", func() (bool, error) { return c.distinct() == 2, nil })
+	if n := countRows(t, pool, "state = 'pending'"); n != 2 {
+		t.Fatalf("%d rows pending after the crash, want 2: nothing may be marked before the ack is recorded", n)
+	}
+
+	armed = false // the restarted relay
+	if n, err := relay.RelayBatch(ctx); err != nil || n != 2 {
+		t.Fatalf("after restart: n=%d err=%v", n, err)
+	}
+	testinfra.WaitFor(t, 20*time.Second, "the republished duplicates", func() (bool, error) { return c.dups() == 2, nil })
+	if n := countRows(t, pool, "state = 'published'"); n != 2 {
+		t.Fatalf("%d rows published, want 2", n)
+	}
+	c.checkOrder(t, map[string]int64{"a": 2})
+}
+
+func TestARefusingBrokerBacksOffThenDeadThenRequeue(t *testing.T) {
+	ctx := context.Background()
+	brokers := testinfra.KafkaBrokers(t)
+	good := testinfra.NewTopic(t, brokers, 1)
+	missing := testinfra.Name("missing") // not created yet: the broker refuses it
+	pool := newOutboxDB(t)
+	route := func(aggregateType string) string {
+		if aggregateType == "ghost" {
+			return missing
+		}
+		return good
+	}
+	ghost1, ghost2 := newEvent("g", 1), newEvent("g", 2)
+	ghost1.AggregateType, ghost2.AggregateType = "ghost", "ghost"
+	enqueue(t, pool, ghost1, newEvent("fine", 1))
+
+	w := kafkautil.NewWriter(brokers, 10)
+	defer w.Close()
+	reg := prometheus.NewRegistry()
+	relay, err := outbox.NewRelay(pool, w, outbox.RelayConfig{
+		Topic: route, MaxAttempts: 3, BackoffMin: 50 * time.Millisecond, BackoffMax: time.Second,
+		Metrics: outbox.NewMetrics(reg),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	var delays []time.Duration
+	testinfra.WaitFor(t, 60*time.Second, "the refused event to go dead", func() (bool, error) {
+		if _, err := relay.RelayBatch(ctx); err != nil {
+			return false, err
+		}
+		var state, lastErr string
+		var attempts int
+		var delay time.Duration
+		err := pool.QueryRow(ctx, `SELECT state, attempts, coalesce(last_error, ''), greatest(next_attempt_at - now(), '0')
+			FROM outbox_events WHERE event_id = $1`, ghost1.EventID).Scan(&state, &attempts, &lastErr, &delay)
+		if err != nil {
+			return false, err
+		}
+		if attempts > len(delays) && state == "pending" {
+			if !strings.Contains(lastErr, "Unknown Topic Or Partition") {
+				return false, fmt.Errorf("last_error = %q, want the broker's refusal", lastErr)
+			}
+			delays = append(delays, delay)
+		}
+		return state == "dead" && attempts == 3, nil
+	})
+	if len(delays) != 2 || delays[1] <= delays[0]/2 {
+		t.Fatalf("backoff delays %v: want two, the second not shorter than half the first", delays)
+	}
+	// The next event of the dead one's aggregate waits behind it, untried; others flow.
+	enqueue(t, pool, ghost2)
+	for range 3 {
+		if _, err := relay.RelayBatch(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if n := countRows(t, pool, fmt.Sprintf("state = 'pending' AND attempts = 0 AND event_id = '%s'", ghost2.EventID)); n != 1 {
+		t.Fatal("the dead event's successor did not wait behind it")
+	}
+	if n := countRows(t, pool, "state = 'published' AND aggregate_id = 'fine'"); n != 1 {
+		t.Fatal("an unrelated aggregate was held up by the dead event")
+	}
+	if got := testinfra.MetricValue(t, reg, "outbox_publish_failures_total"); got < 3 {
+		t.Fatalf("outbox_publish_failures_total = %v, want >= 3", got)
+	}
+
+	// The operator creates the topic and requeues. The relay is restarted with
+	// a fresh writer: kafka-go caches "unknown topic" for its metadata TTL.
+	testinfra.NewTopicNamed(t, brokers, missing, 1)
+	c := collect(t, brokers, missing)
+	relay.Close()
+	w2 := kafkautil.NewWriter(brokers, 10)
+	defer w2.Close()
+	relay, err = outbox.NewRelay(pool, w2, outbox.RelayConfig{Topic: route})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer relay.Close()
+	if n, err := outbox.Requeue(ctx, pool, deadIDs(t, pool)...); err != nil || n != 1 {
+		t.Fatalf("requeue: n=%d err=%v", n, err)
+	}
+	testinfra.WaitFor(t, 30*time.Second, "the requeued event and its successor to publish", func() (bool, error) {
+		if _, err := relay.RelayBatch(ctx); err != nil {
+			return false, err
+		}
+		return c.distinct() == 2, nil
+	})
+	c.checkOrder(t, map[string]int64{"g": 2})
+}
+
+func deadIDs(t *testing.T, pool *pgxpool.Pool) []int64 {
+	t.Helper()
+	rows, _ := pool.Query(context.Background(), "SELECT id FROM outbox_events WHERE state = 'dead'")
+	ids, err := pgx.CollectRows(rows, pgx.RowTo[int64])
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ids
+}
+
+// TestRelayProcess is not a test of its own: TestThreeRelaysKeepOrderWhenOneIsKilled
+// runs the test binary again with ONCEFLOW_TEST_RELAY_DB set, so that this
+// function becomes a relay in a real process that can be killed with SIGKILL.
+func TestRelayProcess(t *testing.T) {
+	db := os.Getenv("ONCEFLOW_TEST_RELAY_DB")
+	if db == "" {
+		return
+	}
+	brokers := strings.Split(os.Getenv("ONCEFLOW_TEST_RELAY_BROKERS"), ",")
+	topic := os.Getenv("ONCEFLOW_TEST_RELAY_TOPIC")
+	pool, err := pgxpool.New(context.Background(), db)
+	if err != nil {
+		t.Fatal(err)
+	}
+	w := kafkautil.NewWriter(brokers, 100)
+	relay, err := outbox.NewRelay(pool, w, outbox.RelayConfig{
+		Topic: func(string) string { return topic }, BatchSize: 100,
+		RebalanceInterval: 200 * time.Millisecond, RelayTTL: time.Second,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, stop := signalContext()
+	defer stop()
+	if err := relay.Run(ctx); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func signalContext() (context.Context, context.CancelFunc) {
+	ctx, cancel := context.WithCancel(context.Background())
+	go func() {
+		// The parent ends this process with SIGKILL (the point of the test)
+		// or, at cleanup, by closing stdin.
+		buf := make([]byte, 1)
+		_, _ = os.Stdin.Read(buf)
+		cancel()
+	}()
+	return ctx, cancel
+}
+
+func TestThreeRelaysKeepOrderWhenOneIsKilled(t *testing.T) {
+	brokers := testinfra.KafkaBrokers(t)
+	topic := testinfra.NewTopic(t, brokers, 6)
+	dbURL := testinfra.NewDatabase(t)
+	pool := testinfra.NewPool(t, dbURL)
+	migrate(t, pool)
+	c := collect(t, brokers, topic)
+
+	relays := make([]*exec.Cmd, 3)
+	for i := range relays {
+		cmd := exec.Command(os.Args[0], "-test.run=^TestRelayProcess$", "-test.v")
+		cmd.Env = append(os.Environ(),
+			"ONCEFLOW_TEST_RELAY_DB="+dbURL,
+			"ONCEFLOW_TEST_RELAY_BROKERS="+strings.Join(brokers, ","),
+			"ONCEFLOW_TEST_RELAY_TOPIC="+topic)
+		stdin, err := cmd.StdinPipe()
+		if err != nil {
+			t.Fatal(err)
+		}
+		var out strings.Builder
+		cmd.Stdout, cmd.Stderr = &out, &out
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		relays[i] = cmd
+		t.Cleanup(func() {
+			stdin.Close()
+			_ = cmd.Wait()
+			if t.Failed() {
+				t.Logf("relay %d output:\n%s", i, out.String())
+			}
+		})
+	}
+	testinfra.WaitFor(t, 30*time.Second, "three relays to share the partitions", func() (bool, error) {
+		return ownersAndLocks(t, pool) == [2]int{3, outbox.Partitions}, nil
+	})
+
+	// 1,000 events on one hot aggregate, interleaved with 50 others.
+	want := map[string]int64{}
+	total := 0
+	for step := 0; step < 1000; step += 10 {
+		var evs []event.Envelope
+		for i := 0; i < 10; i++ {
+			want["hot"]++
+			evs = append(evs, newEvent("hot", want["hot"]))
+			other := fmt.Sprintf("agg-%02d", (step+i)%50)
+			want[other]++
+			evs = append(evs, newEvent(other, want[other]))
+		}
+		enqueue(t, pool, evs...)
+		total += len(evs)
+		if step == 400 {
+			testinfra.WaitFor(t, 30*time.Second, "some events to arrive before the kill", func() (bool, error) {
+				return c.distinct() > 200, nil
+			})
+			if err := relays[0].Process.Signal(syscall.SIGKILL); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	testinfra.WaitFor(t, 90*time.Second, fmt.Sprintf("all %d events to arrive", total), func() (bool, error) {
+		return c.distinct() == total, nil
+	})
+	c.checkOrder(t, want)
+	testinfra.WaitFor(t, 30*time.Second, "the two survivors to own every partition", func() (bool, error) {
+		return ownersAndLocks(t, pool) == [2]int{2, outbox.Partitions}, nil
+	})
+	t.Logf("%d events in order across 51 aggregates; %d redeliveries after the kill", total, c.dups())
+}
+
+// ownersAndLocks counts the sessions holding outbox partition locks, and the locks.
+func ownersAndLocks(t *testing.T, pool *pgxpool.Pool) [2]int {
+	t.Helper()
+	var owners, locks int
+	err := pool.QueryRow(context.Background(), `
+		SELECT count(DISTINCT pid), count(*) FROM pg_locks
+		WHERE locktype = 'advisory' AND granted AND database = (SELECT oid FROM pg_database WHERE datname = current_database())
+		  AND classid = x'6f627831'::int::oid`).Scan(&owners, &locks)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return [2]int{owners, locks}
+}
