@@ -3,10 +3,14 @@ package main
 import (
 	"context"
 	"io"
+	"net/http"
 	"time"
 
+	"github.com/labstack/echo/v4"
 	"github.com/onceflow/onceflow/pkg/inbox"
+
 	"github.com/onceflow/onceflow/pkg/outbox"
+	"github.com/onceflow/onceflow/pkg/outbox/outboxhttp"
 	"github.com/onceflow/onceflow/pkg/platform/config"
 	"github.com/onceflow/onceflow/pkg/platform/kafkautil"
 	"github.com/onceflow/onceflow/pkg/platform/lifecycle"
@@ -29,6 +33,12 @@ type Config struct {
 	BillingTopic string `env:"BILLING_TOPIC" envDefault:"billing.events"`
 	// ConsumerGroup is the Kafka consumer group; it is also the inbox's consumer name.
 	ConsumerGroup string `env:"CONSUMER_GROUP" envDefault:"billing"`
+	// OutboxRetention is how long published outbox rows are kept before the
+	// pruner removes them.
+	OutboxRetention time.Duration `env:"OUTBOX_RETENTION" envDefault:"168h"`
+	// OutboxArchive moves pruned rows to outbox_events_archive instead of
+	// deleting them (for audit trails that outlive the retention window).
+	OutboxArchive bool `env:"OUTBOX_ARCHIVE" envDefault:"false"`
 	// LogLevel is debug, info, warn or error.
 	LogLevel string `env:"LOG_LEVEL" envDefault:"info"`
 	// ShutdownGrace is how long in-flight requests get to finish on SIGTERM.
@@ -64,6 +74,15 @@ func run(ctx context.Context, _ []string, getenv func(string) string, stdout io.
 	if err != nil {
 		return err
 	}
+	pruner, err := outbox.NewPruner(svc.Pool, outbox.PrunerConfig{
+		PruneConfig: outbox.PruneConfig{Retention: cfg.OutboxRetention, Archive: cfg.OutboxArchive},
+		Logger:      svc.Logger,
+	})
+	if err != nil {
+		return err
+	}
+	// Operators list, requeue and replay outbox events here (see outboxhttp).
+	svc.HTTP.Any("/admin/outbox/*", echo.WrapHandler(http.StripPrefix("/admin/outbox", outboxhttp.Handler(svc.Pool))))
 
 	b := billing.New(svc.Pool, svc.Logger, nil)
 	reader := kafkautil.NewGroupReader(cfg.KafkaBrokers, cfg.OrdersTopic, cfg.ConsumerGroup)
@@ -80,5 +99,6 @@ func run(ctx context.Context, _ []string, getenv func(string) string, stdout io.
 	return svc.Run(ctx,
 		lifecycle.Stage{Name: "orders consumer", Run: consumer.Run},
 		lifecycle.Stage{Name: "outbox relay", Run: relay.Run},
+		lifecycle.Stage{Name: "outbox pruner", Run: pruner.Run},
 	)
 }

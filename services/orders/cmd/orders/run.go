@@ -3,9 +3,13 @@ package main
 import (
 	"context"
 	"io"
+	"net/http"
 	"time"
 
+	"github.com/labstack/echo/v4"
+
 	"github.com/onceflow/onceflow/pkg/outbox"
+	"github.com/onceflow/onceflow/pkg/outbox/outboxhttp"
 	"github.com/onceflow/onceflow/pkg/platform/config"
 	"github.com/onceflow/onceflow/pkg/platform/kafkautil"
 	"github.com/onceflow/onceflow/pkg/platform/lifecycle"
@@ -24,6 +28,12 @@ type Config struct {
 	KafkaBrokers []string `env:"KAFKA_BROKERS" envDefault:"127.0.0.1:59092"`
 	// OrdersTopic receives every order event.
 	OrdersTopic string `env:"ORDERS_TOPIC" envDefault:"orders.events"`
+	// OutboxRetention is how long published outbox rows are kept before the
+	// pruner removes them.
+	OutboxRetention time.Duration `env:"OUTBOX_RETENTION" envDefault:"168h"`
+	// OutboxArchive moves pruned rows to outbox_events_archive instead of
+	// deleting them (for audit trails that outlive the retention window).
+	OutboxArchive bool `env:"OUTBOX_ARCHIVE" envDefault:"false"`
 	// LogLevel is debug, info, warn or error.
 	LogLevel string `env:"LOG_LEVEL" envDefault:"info"`
 	// ShutdownGrace is how long in-flight requests get to finish on SIGTERM.
@@ -58,6 +68,18 @@ func run(ctx context.Context, _ []string, getenv func(string) string, stdout io.
 	if err != nil {
 		return err
 	}
+	pruner, err := outbox.NewPruner(svc.Pool, outbox.PrunerConfig{
+		PruneConfig: outbox.PruneConfig{Retention: cfg.OutboxRetention, Archive: cfg.OutboxArchive},
+		Logger:      svc.Logger,
+	})
+	if err != nil {
+		return err
+	}
+	// Operators list, requeue and replay outbox events here (see outboxhttp).
+	svc.HTTP.Any("/admin/outbox/*", echo.WrapHandler(http.StripPrefix("/admin/outbox", outboxhttp.Handler(svc.Pool))))
 	orders.Routes(svc.HTTP, orders.NewService(svc.Pool, nil))
-	return svc.Run(ctx, lifecycle.Stage{Name: "outbox relay", Run: relay.Run})
+	return svc.Run(ctx,
+		lifecycle.Stage{Name: "outbox relay", Run: relay.Run},
+		lifecycle.Stage{Name: "outbox pruner", Run: pruner.Run},
+	)
 }
