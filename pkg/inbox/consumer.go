@@ -2,16 +2,16 @@ package inbox
 
 import (
 	"context"
-	"crypto/sha256"
+	"encoding/json"
 	"errors"
 	"fmt"
+	"hash/fnv"
 	"log/slog"
-	"strconv"
+	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
-	"github.com/prometheus/client_golang/prometheus"
 	"github.com/segmentio/kafka-go"
 
 	"github.com/onceflow/onceflow/pkg/event"
@@ -41,10 +41,48 @@ type Writer interface {
 	WriteMessages(ctx context.Context, msgs ...kafka.Message) error
 }
 
+// GapPolicy says what to do with an event whose aggregate version is more
+// than one above the last one this consumer applied.
+type GapPolicy int
+
+const (
+	// GapAccept handles the event and reports the gap (metric and log).
+	// Right when events may be missing for good (topic retention, a
+	// consumer that starts late) and handlers do not depend on every step.
+	GapAccept GapPolicy = iota
+	// GapRetry treats the gap as transient: the event is retried, waiting
+	// for the missing versions, and dead-lettered after MaxAttempts.
+	GapRetry
+)
+
+// Upcaster converts the payload of EventType from version From to From+1.
+// Register one per step; the consumer applies them in a chain, so handlers
+// only ever see the current version.
+type Upcaster struct {
+	EventType string
+	From      int
+	Convert   func(payload json.RawMessage) (json.RawMessage, error)
+}
+
+// Crash points the consumer passes to Config.CrashPoint.
+const (
+	// CrashAfterCommit is after the database commit and before the offset
+	// commit: a crash here redelivers events the inbox already holds.
+	CrashAfterCommit = "inbox.after-commit"
+)
+
 // Config configures a Consumer. Zero fields take the documented defaults.
 type Config struct {
 	// Name identifies the consumer; dedupe is per (Name, event id). Required.
 	Name string
+	// Workers handle messages in parallel, each message going to the worker
+	// its key hashes to, so one key (one aggregate) is handled in order.
+	// Default 4.
+	Workers int
+	// BatchSize is the most messages a worker handles in one database
+	// transaction (a savepoint each, so one failure does not undo the
+	// others). Default 100.
+	BatchSize int
 	// DeadLetterTopic receives messages that cannot be handled.
 	// Default: the message's topic + ".dlt".
 	DeadLetterTopic string
@@ -54,14 +92,33 @@ type Config struct {
 	// BackoffMin and BackoffMax bound the jittered exponential delay between
 	// attempts. Defaults 50ms and 5s.
 	BackoffMin, BackoffMax time.Duration
+	// DisableVersionGuard turns off the aggregate-version check, for topics
+	// whose events carry no meaningful per-aggregate sequence.
+	DisableVersionGuard bool
+	// Gaps is the version-gap policy. Default GapAccept.
+	Gaps GapPolicy
+	// Upcasters convert older event versions to the current one.
+	Upcasters []Upcaster
+	// CrashPoint, when set, is called at each named crash point (see
+	// CrashAfterCommit); a non-nil error stops the consumer right there, as
+	// a crash would. Fault-injection harnesses use it; leave it nil otherwise.
+	CrashPoint func(name string) error
+	// LagInterval is how often consumer_lag_messages is refreshed, when the
+	// reader is a *kafka.Reader. Default 5s.
+	LagInterval time.Duration
 	// Logger receives failures and dead letters. Default: slog.Default().
 	Logger *slog.Logger
-	// Registerer receives the consumer's metrics, labelled with Name.
-	// Default: none registered.
-	Registerer prometheus.Registerer
+	// Metrics receives the consumer's metrics. Default: none.
+	Metrics *Metrics
 }
 
 func (c Config) withDefaults() Config {
+	if c.Workers <= 0 {
+		c.Workers = 4
+	}
+	if c.BatchSize <= 0 {
+		c.BatchSize = 100
+	}
 	if c.MaxAttempts <= 0 {
 		c.MaxAttempts = 5
 	}
@@ -71,25 +128,26 @@ func (c Config) withDefaults() Config {
 	if c.BackoffMax <= 0 {
 		c.BackoffMax = 5 * time.Second
 	}
+	if c.LagInterval <= 0 {
+		c.LagInterval = 5 * time.Second
+	}
 	if c.Logger == nil {
 		c.Logger = slog.Default()
+	}
+	if c.Metrics == nil {
+		c.Metrics = NewMetrics(nil)
 	}
 	return c
 }
 
 // Consumer handles the messages of one reader through the inbox.
 type Consumer struct {
-	pool    *pgxpool.Pool
-	reader  Reader
-	dlq     Writer
-	handle  Handler
-	cfg     Config
-	metrics metrics
-}
-
-type metrics struct {
-	processed, duplicates, failures, deadLettered prometheus.Counter
-	seconds                                       prometheus.Histogram
+	pool      *pgxpool.Pool
+	reader    Reader
+	dlq       Writer
+	handle    Handler
+	cfg       Config
+	upcasters map[string]map[int]Upcaster
 }
 
 // NewConsumer returns a consumer that reads from r, handles each event with h
@@ -101,137 +159,358 @@ func NewConsumer(pool *pgxpool.Pool, r Reader, dlq Writer, h Handler, cfg Config
 	if cfg.Name == "" {
 		return nil, errors.New("inbox: Config.Name is required")
 	}
-	c := &Consumer{pool: pool, reader: r, dlq: dlq, handle: h, cfg: cfg.withDefaults()}
-	labels := prometheus.Labels{"consumer": cfg.Name}
-	counter := func(name, help string) prometheus.Counter {
-		return prometheus.NewCounter(prometheus.CounterOpts{Name: name, Help: help, ConstLabels: labels})
-	}
-	c.metrics = metrics{
-		processed:    counter("inbox_processed_total", "Events handled and committed with their inbox row."),
-		duplicates:   counter("inbox_duplicates_total", "Redelivered events acknowledged without running the handler."),
-		failures:     counter("inbox_failures_total", "Handler attempts that failed (each retry counts)."),
-		deadLettered: counter("inbox_dead_lettered_total", "Messages sent to the dead-letter topic."),
-		seconds: prometheus.NewHistogram(prometheus.HistogramOpts{
-			Name: "inbox_processing_seconds", Help: "Time to handle one event, inbox write and commit included.",
-			ConstLabels: labels, Buckets: prometheus.ExponentialBuckets(0.0005, 2, 14),
-		}),
-	}
-	if reg := c.cfg.Registerer; reg != nil {
-		m := c.metrics
-		for _, col := range []prometheus.Collector{m.processed, m.duplicates, m.failures, m.deadLettered, m.seconds} {
-			if err := reg.Register(col); err != nil {
-				return nil, fmt.Errorf("inbox: registering metrics: %w", err)
-			}
+	c := &Consumer{pool: pool, reader: r, dlq: dlq, handle: h, cfg: cfg.withDefaults(),
+		upcasters: map[string]map[int]Upcaster{}}
+	for _, u := range cfg.Upcasters {
+		if u.EventType == "" || u.From < 1 || u.Convert == nil {
+			return nil, fmt.Errorf("inbox: upcaster %+v needs an event type, a version >= 1 and a Convert", u)
 		}
+		if c.upcasters[u.EventType] == nil {
+			c.upcasters[u.EventType] = map[int]Upcaster{}
+		}
+		c.upcasters[u.EventType][u.From] = u
 	}
 	return c, nil
 }
 
-// Run consumes until ctx ends, finishing the message in hand first.
+// Run consumes until ctx ends or a message can be neither handled nor
+// dead-lettered. On the way out every worker finishes the batch in hand;
+// messages fetched but not started are redelivered later.
 func (c *Consumer) Run(ctx context.Context) error {
+	offsets := newOffsets(c.reader)
+	work := context.WithoutCancel(ctx) // a batch in hand is finished even after ctx ends
+	queues := make([]chan kafka.Message, c.cfg.Workers)
+	failed := make(chan error, c.cfg.Workers)
+	var wg sync.WaitGroup
+	for i := range queues {
+		queues[i] = make(chan kafka.Message, c.cfg.BatchSize)
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if err := c.worker(ctx, work, queues[i], offsets); err != nil {
+				failed <- err
+			}
+		}()
+	}
+	if lr, ok := c.reader.(lagReader); ok {
+		wg.Add(1)
+		go func() { defer wg.Done(); c.reportLag(ctx, lr.Config()) }()
+	}
+
+	var runErr error
+fetch:
 	for {
 		m, err := c.reader.FetchMessage(ctx)
 		if err != nil {
-			if ctx.Err() != nil {
-				return nil
+			if ctx.Err() == nil {
+				runErr = fmt.Errorf("inbox %s: fetching: %w", c.cfg.Name, err)
 			}
-			return fmt.Errorf("inbox %s: fetching: %w", c.cfg.Name, err)
+			break
 		}
-		// The message in hand is finished even if ctx ends meanwhile, so a
-		// clean shutdown never leaves work half done.
-		if err := c.Process(context.WithoutCancel(ctx), m); err != nil {
-			return err
+		offsets.add(m)
+		select {
+		case queues[workerFor(m.Key, len(queues))] <- m:
+		case <-ctx.Done():
+			break fetch
+		case runErr = <-failed:
+			break fetch
 		}
 	}
+	for _, q := range queues {
+		close(q)
+	}
+	wg.Wait()
+	close(failed)
+	for err := range failed {
+		runErr = errors.Join(runErr, err)
+	}
+	return runErr
 }
 
-// Process handles one message through the inbox and then commits its offset.
-// It returns an error only when the message could be neither handled nor
-// dead-lettered; the offset is then left uncommitted.
-func (c *Consumer) Process(ctx context.Context, m kafka.Message) error {
-	start := time.Now()
-	defer func() { c.metrics.seconds.Observe(time.Since(start).Seconds()) }()
+func workerFor(key []byte, n int) int {
+	h := fnv.New32a()
+	_, _ = h.Write(key)
+	return int(h.Sum32() % uint32(n))
+}
 
-	ev, err := event.FromKafka(m)
-	if err != nil {
-		if err := c.deadLetter(ctx, m, nil, err); err != nil {
+// worker handles its queue in batches until the queue closes or ctx ends.
+func (c *Consumer) worker(ctx, work context.Context, q <-chan kafka.Message, offsets *offsets) error {
+	for m := range q {
+		if ctx.Err() != nil {
+			continue // drain: unstarted messages are redelivered
+		}
+		batch := []kafka.Message{m}
+	fill:
+		for len(batch) < c.cfg.BatchSize {
+			select {
+			case next, ok := <-q:
+				if !ok {
+					break fill
+				}
+				batch = append(batch, next)
+			default:
+				break fill
+			}
+		}
+		if err := c.processBatch(work, batch, offsets); err != nil {
 			return err
 		}
-		return c.commitOffset(ctx, m)
 	}
-	for attempt := 1; ; attempt++ {
-		duplicate, err := c.handleOnce(ctx, m, ev)
+	return nil
+}
+
+// outcome is what became of one message.
+type outcome int
+
+const (
+	processed outcome = iota
+	duplicate
+	stale
+	deadLettered
+)
+
+// processBatch handles batch in as few transactions as it can: one, unless
+// a message fails transiently; then what came before it commits, it is
+// retried alone with backoff, and the rest continues in a new transaction.
+func (c *Consumer) processBatch(ctx context.Context, batch []kafka.Message, offsets *offsets) error {
+	for len(batch) > 0 {
+		n, err := c.tryBatch(ctx, batch)
+		if err != nil {
+			return err
+		}
+		if err := c.committed(ctx, batch[:n], offsets); err != nil {
+			return err
+		}
+		if n == len(batch) {
+			return nil
+		}
+		if err := c.processAlone(ctx, batch[n]); err != nil {
+			return err
+		}
+		if err := c.committed(ctx, batch[n:n+1], offsets); err != nil {
+			return err
+		}
+		batch = batch[n+1:]
+	}
+	return nil
+}
+
+// committed is called once msgs' database work committed: it passes the
+// crash point, then lets their offsets be committed.
+func (c *Consumer) committed(ctx context.Context, msgs []kafka.Message, offsets *offsets) error {
+	if len(msgs) == 0 {
+		return nil
+	}
+	if c.cfg.CrashPoint != nil {
+		if err := c.cfg.CrashPoint(CrashAfterCommit); err != nil {
+			return fmt.Errorf("crash point %s: %w", CrashAfterCommit, err)
+		}
+	}
+	for _, m := range msgs {
+		if err := offsets.done(ctx, m); err != nil {
+			// Not fatal for correctness (the message is redelivered and
+			// absorbed), but fatal for this reader's group membership.
+			return fmt.Errorf("inbox %s: committing offset %s/%d/%d: %w", c.cfg.Name, m.Topic, m.Partition, m.Offset, err)
+		}
+	}
+	return nil
+}
+
+// tryBatch handles batch in one transaction, a savepoint per message. It
+// returns how many messages it settled (handled, skipped or dead-lettered)
+// before the first one that failed transiently; those are committed.
+func (c *Consumer) tryBatch(ctx context.Context, batch []kafka.Message) (int, error) {
+	start := time.Now()
+	tx, err := c.pool.Begin(ctx)
+	if err != nil {
+		return 0, fmt.Errorf("inbox %s: beginning: %w", c.cfg.Name, err)
+	}
+	defer tx.Rollback(context.Background()) //nolint:errcheck // no-op after commit
+	var counts [4]int
+	n := 0
+	for _, m := range batch {
+		out, err := c.settle(ctx, tx, m, 1)
+		if err != nil {
+			break // transient: commit what came before, retry this one alone
+		}
+		counts[out]++
+		n++
+	}
+	if err := tx.Commit(ctx); err != nil {
+		c.cfg.Logger.WarnContext(ctx, "inbox batch commit failed; retrying its messages one by one",
+			slog.String("consumer", c.cfg.Name), slog.Any("error", err))
+		return 0, nil
+	}
+	c.cfg.Metrics.record(c.cfg.Name, counts, n, time.Since(start))
+	return n, nil
+}
+
+// processAlone retries one transiently failing message in its own
+// transactions with backoff, dead-lettering it after MaxAttempts.
+func (c *Consumer) processAlone(ctx context.Context, m kafka.Message) error {
+	for attempt := 2; ; attempt++ {
+		delay := retry.Backoff(attempt-1, c.cfg.BackoffMin, c.cfg.BackoffMax)
+		<-time.After(delay)
+		start := time.Now()
+		tx, err := c.pool.Begin(ctx)
+		if err != nil {
+			return fmt.Errorf("inbox %s: beginning: %w", c.cfg.Name, err)
+		}
+		out, err := c.settle(ctx, tx, m, attempt)
 		if err == nil {
-			if duplicate {
-				c.metrics.duplicates.Inc()
-				c.cfg.Logger.DebugContext(ctx, "inbox duplicate", slog.String("consumer", c.cfg.Name),
-					slog.String("event_id", ev.EventID.String()), slog.String("event_type", ev.EventType))
-			} else {
-				c.metrics.processed.Inc()
-			}
-			break
+			err = tx.Commit(ctx)
 		}
-		c.metrics.failures.Inc()
-		permanent := errors.Is(err, ErrPermanent) || errors.Is(err, event.ErrInvalid)
-		if permanent || attempt >= c.cfg.MaxAttempts {
-			if !permanent {
-				err = fmt.Errorf("gave up after %d attempts: %w", attempt, err)
-			}
-			if err := c.deadLetter(ctx, m, &ev, err); err != nil {
-				return err
-			}
-			break
+		if err == nil {
+			var counts [4]int
+			counts[out]++
+			c.cfg.Metrics.record(c.cfg.Name, counts, 1, time.Since(start))
+			return nil
 		}
-		delay := retry.Backoff(attempt, c.cfg.BackoffMin, c.cfg.BackoffMax)
-		c.cfg.Logger.WarnContext(ctx, "inbox handler failed; retrying",
-			slog.String("consumer", c.cfg.Name), slog.String("event_id", ev.EventID.String()),
-			slog.String("event_type", ev.EventType), slog.Int("attempt", attempt),
-			slog.Duration("retry_in", delay), slog.Any("error", err))
-		select {
-		case <-ctx.Done():
+		_ = tx.Rollback(context.Background())
+		if ctx.Err() != nil {
 			return ctx.Err()
-		case <-time.After(delay):
 		}
 	}
-	return c.commitOffset(ctx, m)
 }
 
 const insertProcessed = `
 INSERT INTO inbox_messages (consumer, message_id, event_type, aggregate_id, aggregate_version,
                             topic, kafka_partition, kafka_offset, status, payload_hash, processed_at)
-VALUES ($1, $2, $3, $4, $5, $6, $7, $8, 'processed', $9, now())
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8, 'processed', sha256($9), now())
 ON CONFLICT (consumer, message_id) DO NOTHING`
 
-// handleOnce runs the handler in one transaction with the inbox insert. It
-// reports duplicate when the inbox already held the event.
-func (c *Consumer) handleOnce(ctx context.Context, m kafka.Message, ev event.Envelope) (duplicate bool, err error) {
-	tx, err := c.pool.Begin(ctx)
+// settle decides one message inside tx: handled, duplicate, stale, or
+// dead-lettered. It returns an error only for a transient failure (the
+// savepoint is rolled back and the caller retries); attempt counts the
+// tries so far, and the last allowed one dead-letters instead.
+func (c *Consumer) settle(ctx context.Context, tx pgx.Tx, m kafka.Message, attempt int) (outcome, error) {
+	ev, err := event.FromKafka(m)
 	if err != nil {
-		return false, fmt.Errorf("beginning: %w", err)
+		return deadLettered, c.deadLetter(ctx, tx, m, nil, err)
 	}
-	defer tx.Rollback(context.Background()) //nolint:errcheck // no-op after commit
-	hash := sha256.Sum256(ev.Payload)
-	tag, err := tx.Exec(ctx, insertProcessed, c.cfg.Name, ev.EventID, ev.EventType, ev.AggregateID,
-		ev.AggregateVersion, m.Topic, m.Partition, m.Offset, hash[:])
+	sp, err := tx.Begin(ctx) // a savepoint
 	if err != nil {
-		return false, fmt.Errorf("recording in inbox: %w", err)
+		return 0, err
+	}
+	out, err := c.apply(ctx, sp, m, &ev)
+	if err == nil {
+		if err := sp.Commit(ctx); err != nil {
+			return 0, err
+		}
+		return out, nil
+	}
+	if rbErr := sp.Rollback(ctx); rbErr != nil {
+		return 0, rbErr
+	}
+	c.cfg.Metrics.failures.WithLabelValues(c.cfg.Name).Inc()
+	permanent := errors.Is(err, ErrPermanent) || errors.Is(err, event.ErrInvalid)
+	if !permanent && attempt < c.cfg.MaxAttempts {
+		c.cfg.Logger.WarnContext(ctx, "inbox handler failed; retrying",
+			slog.String("consumer", c.cfg.Name), slog.String("event_id", ev.EventID.String()),
+			slog.String("event_type", ev.EventType), slog.Int("attempt", attempt), slog.Any("error", err))
+		return 0, err
+	}
+	if !permanent {
+		err = fmt.Errorf("gave up after %d attempts: %w", attempt, err)
+	}
+	return deadLettered, c.deadLetter(ctx, tx, m, &ev, err)
+}
+
+// apply is the inbox insert, the version guard, the upcasters and the
+// handler, all in tx.
+func (c *Consumer) apply(ctx context.Context, tx pgx.Tx, m kafka.Message, ev *event.Envelope) (outcome, error) {
+	tag, err := tx.Exec(ctx, insertProcessed, c.cfg.Name, ev.EventID, ev.EventType, ev.AggregateID,
+		ev.AggregateVersion, m.Topic, m.Partition, m.Offset, []byte(ev.Payload))
+	if err != nil {
+		return 0, fmt.Errorf("recording in inbox: %w", err)
 	}
 	if tag.RowsAffected() == 0 {
-		return true, tx.Commit(ctx)
+		c.cfg.Logger.DebugContext(ctx, "inbox duplicate", slog.String("consumer", c.cfg.Name),
+			slog.String("event_id", ev.EventID.String()), slog.String("event_type", ev.EventType))
+		return duplicate, nil
 	}
-	if err := c.handle(ctx, tx, ev); err != nil {
-		return false, err
+	if !c.cfg.DisableVersionGuard {
+		isStale, err := c.guardVersion(ctx, tx, ev)
+		if err != nil || isStale {
+			return stale, err
+		}
 	}
-	if err := tx.Commit(ctx); err != nil {
-		return false, fmt.Errorf("committing: %w", err)
+	if err := c.upcast(ev); err != nil {
+		return 0, err
+	}
+	if err := c.handle(ctx, tx, *ev); err != nil {
+		return 0, err
+	}
+	return processed, nil
+}
+
+// advanceVersion moves the consumer's high-water version of the aggregate
+// forward (never back) and returns the previous one (NULL when unseen).
+const advanceVersion = `
+WITH prev AS (
+    SELECT version FROM inbox_aggregate_versions
+    WHERE consumer = $1 AND aggregate_type = $2 AND aggregate_id = $3
+    FOR UPDATE
+), up AS (
+    INSERT INTO inbox_aggregate_versions (consumer, aggregate_type, aggregate_id, version)
+    VALUES ($1, $2, $3, $4)
+    ON CONFLICT (consumer, aggregate_type, aggregate_id) DO UPDATE
+    SET version = EXCLUDED.version, updated_at = now()
+    WHERE inbox_aggregate_versions.version < EXCLUDED.version
+)
+SELECT (SELECT version FROM prev)`
+
+// guardVersion reports whether ev is stale (at or below the version this
+// consumer applied last for its aggregate) and reports gaps.
+func (c *Consumer) guardVersion(ctx context.Context, tx pgx.Tx, ev *event.Envelope) (bool, error) {
+	var prev *int64
+	if err := tx.QueryRow(ctx, advanceVersion, c.cfg.Name, ev.AggregateType, ev.AggregateID, ev.AggregateVersion).Scan(&prev); err != nil {
+		return false, fmt.Errorf("checking the aggregate version: %w", err)
+	}
+	switch {
+	case prev == nil:
+		return false, nil
+	case ev.AggregateVersion <= *prev:
+		if _, err := tx.Exec(ctx, `UPDATE inbox_messages SET status = 'stale' WHERE consumer = $1 AND message_id = $2`,
+			c.cfg.Name, ev.EventID); err != nil {
+			return false, err
+		}
+		c.cfg.Logger.InfoContext(ctx, "inbox skipped a stale event", slog.String("consumer", c.cfg.Name),
+			slog.String("event_id", ev.EventID.String()), slog.String("aggregate_id", ev.AggregateID),
+			slog.Int64("version", ev.AggregateVersion), slog.Int64("applied_version", *prev))
+		return true, nil
+	case ev.AggregateVersion > *prev+1:
+		c.cfg.Metrics.gaps.WithLabelValues(c.cfg.Name).Inc()
+		c.cfg.Logger.WarnContext(ctx, "inbox sees a version gap", slog.String("consumer", c.cfg.Name),
+			slog.String("event_id", ev.EventID.String()), slog.String("aggregate_id", ev.AggregateID),
+			slog.Int64("version", ev.AggregateVersion), slog.Int64("applied_version", *prev))
+		if c.cfg.Gaps == GapRetry {
+			return false, fmt.Errorf("aggregate %s: version %d follows %d; waiting for the missing ones",
+				ev.AggregateID, ev.AggregateVersion, *prev)
+		}
 	}
 	return false, nil
+}
+
+// upcast converts ev's payload to the newest version it has upcasters for.
+func (c *Consumer) upcast(ev *event.Envelope) error {
+	for {
+		u, ok := c.upcasters[ev.EventType][ev.EventVersion]
+		if !ok {
+			return nil
+		}
+		p, err := u.Convert(ev.Payload)
+		if err != nil {
+			return Permanent(fmt.Errorf("upcasting %s v%d: %w", ev.EventType, ev.EventVersion, err))
+		}
+		ev.Payload, ev.EventVersion = p, ev.EventVersion+1
+	}
 }
 
 const insertDeadLettered = `
 INSERT INTO inbox_messages (consumer, message_id, event_type, aggregate_id, aggregate_version,
                             topic, kafka_partition, kafka_offset, status, last_error, payload_hash)
-VALUES ($1, $2, $3, $4, $5, $6, $7, $8, 'dead_lettered', $9, $10)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8, 'dead_lettered', $9, sha256($10))
 ON CONFLICT (consumer, message_id) DO UPDATE
 SET status = 'dead_lettered', last_error = EXCLUDED.last_error, attempts = inbox_messages.attempts + 1`
 
@@ -246,9 +525,9 @@ const (
 )
 
 // deadLetter publishes m to the dead-letter topic with the reason, then, when
-// the envelope decoded, records a dead_lettered inbox row. It retries the
-// publish until it succeeds or ctx ends: a message is never dropped.
-func (c *Consumer) deadLetter(ctx context.Context, m kafka.Message, ev *event.Envelope, reason error) error {
+// the envelope decoded, records a dead_lettered inbox row in tx. It retries
+// the publish until it succeeds or ctx ends: a message is never dropped.
+func (c *Consumer) deadLetter(ctx context.Context, tx pgx.Tx, m kafka.Message, ev *event.Envelope, reason error) error {
 	topic := c.cfg.DeadLetterTopic
 	if topic == "" {
 		topic = m.Topic + ".dlt"
@@ -258,8 +537,8 @@ func (c *Consumer) deadLetter(ctx context.Context, m kafka.Message, ev *event.En
 		kafka.Header{Key: HeaderDLTReason, Value: []byte(reason.Error())},
 		kafka.Header{Key: HeaderDLTConsumer, Value: []byte(c.cfg.Name)},
 		kafka.Header{Key: HeaderDLTTopic, Value: []byte(m.Topic)},
-		kafka.Header{Key: HeaderDLTPartition, Value: []byte(strconv.Itoa(m.Partition))},
-		kafka.Header{Key: HeaderDLTOffset, Value: []byte(strconv.FormatInt(m.Offset, 10))},
+		kafka.Header{Key: HeaderDLTPartition, Value: []byte(fmt.Sprint(m.Partition))},
+		kafka.Header{Key: HeaderDLTOffset, Value: []byte(fmt.Sprint(m.Offset))},
 		kafka.Header{Key: HeaderDLTFailedAt, Value: []byte(time.Now().UTC().Format(time.RFC3339Nano))},
 	)
 	for attempt := 1; ; attempt++ {
@@ -275,7 +554,6 @@ func (c *Consumer) deadLetter(ctx context.Context, m kafka.Message, ev *event.En
 		case <-time.After(retry.Backoff(attempt, c.cfg.BackoffMin, c.cfg.BackoffMax)):
 		}
 	}
-	c.metrics.deadLettered.Inc()
 	log := c.cfg.Logger.With(slog.String("consumer", c.cfg.Name), slog.String("topic", m.Topic),
 		slog.Int("partition", m.Partition), slog.Int64("offset", m.Offset), slog.String("dead_letter_topic", topic),
 		slog.Any("error", reason))
@@ -285,20 +563,9 @@ func (c *Consumer) deadLetter(ctx context.Context, m kafka.Message, ev *event.En
 	}
 	log.ErrorContext(ctx, "inbox dead-lettered an event", slog.String("event_id", ev.EventID.String()),
 		slog.String("event_type", ev.EventType))
-	hash := sha256.Sum256(ev.Payload)
-	if _, err := c.pool.Exec(ctx, insertDeadLettered, c.cfg.Name, ev.EventID, ev.EventType, ev.AggregateID,
-		ev.AggregateVersion, m.Topic, m.Partition, m.Offset, reason.Error(), hash[:]); err != nil {
-		// The dead letter is safely in Kafka; the row is only the local audit.
-		log.ErrorContext(ctx, "inbox could not record a dead letter", slog.Any("record_error", err))
-	}
-	return nil
-}
-
-func (c *Consumer) commitOffset(ctx context.Context, m kafka.Message) error {
-	if err := c.reader.CommitMessages(ctx, m); err != nil {
-		// Not fatal for correctness: the message will be redelivered and
-		// absorbed by the inbox. It is fatal for this reader, so stop.
-		return fmt.Errorf("inbox %s: committing offset %s/%d/%d: %w", c.cfg.Name, m.Topic, m.Partition, m.Offset, err)
+	if _, err := tx.Exec(ctx, insertDeadLettered, c.cfg.Name, ev.EventID, ev.EventType, ev.AggregateID,
+		ev.AggregateVersion, m.Topic, m.Partition, m.Offset, reason.Error(), []byte(ev.Payload)); err != nil {
+		return fmt.Errorf("recording a dead letter: %w", err)
 	}
 	return nil
 }

@@ -54,7 +54,7 @@ func newFixture(t *testing.T) *fixture {
 func (f *fixture) run(t *testing.T, h inbox.Handler, cfg inbox.Config) {
 	t.Helper()
 	cfg.Name = "test-consumer"
-	cfg.Registerer = f.registry
+	cfg.Metrics = inbox.NewMetrics(f.registry)
 	r := kafkautil.NewGroupReader(f.brokers, f.topic, testinfra.Name("group"))
 	c, err := inbox.NewConsumer(f.pool, r, f.writer, h, cfg)
 	if err != nil {

@@ -150,6 +150,12 @@ func TestPruneRemovesOnlyPublishedRowsPastRetention(t *testing.T) {
 				row{"thing", "d", 1, "pending", 0, old},                          // 4: old but not done
 				row{"thing", "e", 1, "dead", 0, old},                             // 5: old but dead
 			)
+			// As if they had been published once and set back by hand: the state,
+			// not published_at, says whether a row is done.
+			if _, err := pool.Exec(ctx, "UPDATE outbox_events SET published_at = now() - interval '30 days' WHERE id = ANY($1)",
+				idsOf(s, 4, 5)); err != nil {
+				t.Fatal(err)
+			}
 			doomed := idsOf(s, 0, 1)
 			before := snapshot(t, pool, "outbox_events", "id = ANY($1)", doomed)
 

@@ -63,9 +63,9 @@ func run(ctx context.Context, _ []string, getenv func(string) string, stdout io.
 	reader := kafkautil.NewGroupReader(cfg.KafkaBrokers, cfg.BillingTopic, cfg.ConsumerGroup)
 	defer reader.Close() // after Run: flushes the last offset commits
 	consumer, err := inbox.NewConsumer(svc.Pool, reader, dlq, shim.New(tp, svc.Logger).Handle, inbox.Config{
-		Name:       cfg.ConsumerGroup,
-		Logger:     svc.Logger,
-		Registerer: svc.Registry,
+		Name:    cfg.ConsumerGroup,
+		Logger:  svc.Logger,
+		Metrics: inbox.NewMetrics(svc.Registry),
 	})
 	if err != nil {
 		return err

@@ -1,0 +1,600 @@
+package inbox_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/segmentio/kafka-go"
+
+	"github.com/onceflow/onceflow/pkg/event"
+	"github.com/onceflow/onceflow/pkg/inbox"
+	"github.com/onceflow/onceflow/pkg/platform/kafkautil"
+	"github.com/onceflow/onceflow/pkg/platform/pgutil"
+	"github.com/onceflow/onceflow/pkg/platform/testinfra"
+)
+
+// adminInboxDB returns a pool on a fresh database with the inbox schema.
+func adminInboxDB(t *testing.T) *pgxpool.Pool {
+	t.Helper()
+	pool := testinfra.NewPool(t, testinfra.NewDatabase(t))
+	if err := pgutil.Migrate(pool, pgutil.Migration{FS: inbox.Migrations, Table: inbox.MigrationsTable}); err != nil {
+		t.Fatalf("migrating: %v", err)
+	}
+	return pool
+}
+
+// inboxRow is one inbox row of a scenario, as the consumer would have left it.
+type inboxRow struct {
+	consumer string
+	id       uuid.UUID
+	status   string        // processed or dead_lettered
+	age      time.Duration // processed_at (and received_at) = now() - age
+}
+
+func seedInbox(t *testing.T, pool *pgxpool.Pool, rows ...inboxRow) {
+	t.Helper()
+	for i, r := range rows {
+		// Dead-lettered rows get an old processed_at too, so that only the
+		// status can keep Prune away from them.
+		_, err := pool.Exec(context.Background(), `
+			INSERT INTO inbox_messages (consumer, message_id, event_type, aggregate_id, aggregate_version,
+			                            topic, kafka_partition, kafka_offset, status, last_error, payload_hash,
+			                            received_at, processed_at)
+			VALUES ($1, $2, 'ThingHappened', 'agg', 1, 'things', 0, $3, $4,
+			        CASE $4 WHEN 'dead_lettered' THEN 'boom' END, '\x00',
+			        now() - $5::bigint * interval '1 microsecond', now() - $5::bigint * interval '1 microsecond')`,
+			r.consumer, r.id, i, r.status, r.age.Microseconds())
+		if err != nil {
+			t.Fatalf("seeding inbox row %d: %v", i, err)
+		}
+	}
+}
+
+// inboxRows lists every inbox row as "consumer status message_id", sorted.
+func inboxRows(t *testing.T, pool *pgxpool.Pool) []string {
+	t.Helper()
+	rows, err := pool.Query(context.Background(),
+		`SELECT consumer || ' ' || status || ' ' || message_id FROM inbox_messages ORDER BY 1`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		t.Fatal(err)
+	}
+	return append([]string{}, got...)
+}
+
+func rowKey(consumer, status string, id uuid.UUID) string {
+	return consumer + " " + status + " " + id.String()
+}
+
+func sortedKeys(keys ...string) []string { slices.Sort(keys); return keys }
+
+func equalStrings(t *testing.T, what string, got, want []string) {
+	t.Helper()
+	if !slices.Equal(got, want) {
+		t.Fatalf("%s:\n got %q\nwant %q", what, got, want)
+	}
+}
+
+const adminDay = 24 * time.Hour
+
+func TestPruneRemovesOnlyProcessedRowsPastRetention(t *testing.T) {
+	ctx := context.Background()
+	pool := adminInboxDB(t)
+	ids := make([]uuid.UUID, 6)
+	for i := range ids {
+		ids[i] = uuid.New()
+	}
+	seedInbox(t, pool,
+		inboxRow{"billing", ids[0], "processed", 31 * adminDay},      // past the default 30 days
+		inboxRow{"shim", ids[1], "processed", 400 * adminDay},        // long past, another consumer
+		inboxRow{"billing", ids[2], "processed", time.Hour},          // recent
+		inboxRow{"billing", ids[3], "processed", 29 * adminDay},      // just inside
+		inboxRow{"billing", ids[4], "dead_lettered", 400 * adminDay}, // old, but the audit of a dead letter
+		inboxRow{"shim", ids[5], "dead_lettered", time.Hour},
+	)
+
+	n, err := inbox.Prune(ctx, pool, inbox.PruneConfig{}) // default retention: 30 days
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n != 2 {
+		t.Fatalf("Prune removed %d rows, want 2", n)
+	}
+	equalStrings(t, "left in inbox_messages", inboxRows(t, pool), sortedKeys(
+		rowKey("billing", "processed", ids[2]),
+		rowKey("billing", "processed", ids[3]),
+		rowKey("billing", "dead_lettered", ids[4]),
+		rowKey("shim", "dead_lettered", ids[5]),
+	))
+
+	if n, err := inbox.Prune(ctx, pool, inbox.PruneConfig{Retention: 2 * time.Hour}); err != nil || n != 1 {
+		t.Fatalf("Prune with a 2h retention = %d, %v; want the 29-day-old row only", n, err)
+	}
+	equalStrings(t, "left after a 2h retention", inboxRows(t, pool), sortedKeys(
+		rowKey("billing", "processed", ids[2]),
+		rowKey("billing", "dead_lettered", ids[4]),
+		rowKey("shim", "dead_lettered", ids[5]),
+	))
+}
+
+// batchRecorder is the real pool, recording what each of Prune's statements
+// removed and which rows were left after it.
+type batchRecorder struct {
+	*pgxpool.Pool
+	t       *testing.T
+	removed []int64
+	left    [][]string
+}
+
+func (b *batchRecorder) Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error) {
+	tag, err := b.Pool.Exec(ctx, sql, args...)
+	if err == nil {
+		b.removed = append(b.removed, tag.RowsAffected())
+		b.left = append(b.left, inboxRows(b.t, b.Pool))
+	}
+	return tag, err
+}
+
+func TestPruneWorksInBatchesOldestFirst(t *testing.T) {
+	ctx := context.Background()
+	pool := adminInboxDB(t)
+	old := make([]uuid.UUID, 5)
+	var rows []inboxRow
+	for i := range old {
+		old[i] = uuid.New()
+		// Later rows are older, so oldest first is not insertion order.
+		rows = append(rows, inboxRow{"billing", old[i], "processed", 40*adminDay + time.Duration(i)*time.Hour})
+	}
+	recent, dead := uuid.New(), uuid.New()
+	rows = append(rows,
+		inboxRow{"billing", recent, "processed", time.Minute},
+		inboxRow{"billing", dead, "dead_lettered", 50 * adminDay},
+	)
+	seedInbox(t, pool, rows...)
+
+	rec := &batchRecorder{Pool: pool, t: t}
+	n, err := inbox.Prune(ctx, rec, inbox.PruneConfig{BatchSize: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n != 5 {
+		t.Fatalf("Prune removed %d rows, want 5", n)
+	}
+	if fmt.Sprint(rec.removed) != "[2 2 1]" {
+		t.Fatalf("rows removed per statement = %v, want [2 2 1]", rec.removed)
+	}
+	keep := []string{rowKey("billing", "processed", recent), rowKey("billing", "dead_lettered", dead)}
+	want := [][]string{
+		sortedKeys(append(slices.Clone(keep), rowKey("billing", "processed", old[0]), rowKey("billing", "processed", old[1]), rowKey("billing", "processed", old[2]))...),
+		sortedKeys(append(slices.Clone(keep), rowKey("billing", "processed", old[0]))...),
+		sortedKeys(slices.Clone(keep)...),
+	}
+	for i := range want {
+		equalStrings(t, fmt.Sprintf("left after batch %d", i+1), rec.left[i], want[i])
+	}
+
+	rec.removed = nil
+	if n, err := inbox.Prune(ctx, rec, inbox.PruneConfig{BatchSize: 2}); err != nil || n != 0 {
+		t.Fatalf("second Prune = %d, %v; want 0, nil", n, err)
+	}
+	if fmt.Sprint(rec.removed) != "[0]" {
+		t.Fatalf("second Prune ran statements removing %v, want one removing nothing", rec.removed)
+	}
+}
+
+func TestPrunerPrunesAtStartAndEveryInterval(t *testing.T) {
+	pool := adminInboxDB(t)
+	first, second, kept := uuid.New(), uuid.New(), uuid.New()
+	seedInbox(t, pool,
+		inboxRow{"billing", first, "processed", 31 * adminDay},
+		inboxRow{"billing", kept, "dead_lettered", 31 * adminDay},
+	)
+	logs := &testinfra.LogBuffer{}
+	pruner, err := inbox.NewPruner(pool, inbox.PrunerConfig{
+		Interval: 50 * time.Millisecond,
+		Logger:   slog.New(slog.NewJSONHandler(logs, nil)),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, stop := context.WithCancel(context.Background())
+	defer stop()
+	done := make(chan error, 1)
+	go func() { done <- pruner.Run(ctx) }()
+
+	testinfra.WaitFor(t, 10*time.Second, "the first run to prune the old processed row", func() (bool, error) {
+		return len(inboxRows(t, pool)) == 1, nil
+	})
+	rec, ok := logs.Record("inbox pruned processed messages")
+	if !ok || rec["rows_removed"] != float64(1) {
+		t.Fatalf("first run's log record = %v, want rows_removed 1\n%s", rec, logs.String())
+	}
+	seedInbox(t, pool, inboxRow{"billing", second, "processed", 60 * adminDay})
+	testinfra.WaitFor(t, 10*time.Second, "a later run to prune a row added since", func() (bool, error) {
+		return len(inboxRows(t, pool)) == 1, nil
+	})
+	equalStrings(t, "left", inboxRows(t, pool), []string{rowKey("billing", "dead_lettered", kept)})
+
+	stop()
+	var runErr error
+	testinfra.WaitFor(t, 10*time.Second, "Run to return once its context ended", func() (bool, error) {
+		select {
+		case runErr = <-done:
+			return true, nil
+		default:
+			return false, nil
+		}
+	})
+	if runErr != nil {
+		t.Fatalf("Run returned %v, want nil", runErr)
+	}
+	if strings.Contains(logs.String(), `"level":"ERROR"`) {
+		t.Fatalf("the pruner logged an error:\n%s", logs.String())
+	}
+}
+
+func TestNewPrunerNeedsADatabase(t *testing.T) {
+	if _, err := inbox.NewPruner(nil, inbox.PrunerConfig{}); err == nil {
+		t.Fatal("NewPruner(nil) returned no error")
+	}
+}
+
+// dltScenario is an original topic and its dead-letter topic holding two
+// dead letters of consumer "billing", a and b, whose dead_lettered inbox rows
+// exist, next to a dead_lettered row of another consumer for a.
+type dltScenario struct {
+	pool                 *pgxpool.Pool
+	brokers              []string
+	original, dlt        string
+	writer               *kafka.Writer
+	a, b                 event.Envelope
+	originalA            kafka.Message // a as the consumer read it
+	originalB            kafka.Message
+	failedAtA, failedAtB time.Time
+}
+
+func newDLTScenario(t *testing.T) *dltScenario {
+	t.Helper()
+	s := &dltScenario{pool: adminInboxDB(t), brokers: testinfra.KafkaBrokers(t)}
+	s.original = testinfra.NewTopic(t, s.brokers, 1)
+	s.dlt = s.original + ".dlt"
+	testinfra.NewTopicNamed(t, s.brokers, s.dlt, 1)
+	s.writer = kafkautil.NewWriter(s.brokers, 10)
+	t.Cleanup(func() { s.writer.Close() })
+
+	s.a, s.b = sampleEvent("order-a"), sampleEvent("order-b")
+	s.b.EventType = "PaymentCaptured"
+	s.originalA, s.originalB = event.ToKafka(s.original, s.a), event.ToKafka(s.original, s.b)
+	// A header the event package does not know must survive a requeue too.
+	s.originalB.Headers = append(s.originalB.Headers, kafka.Header{Key: "x-tenant", Value: []byte("acme")})
+	s.failedAtA = time.Date(2025, 3, 1, 10, 0, 0, 123456789, time.UTC)
+	s.failedAtB = s.failedAtA.Add(time.Minute)
+
+	ctx := context.Background()
+	// One write each, so their order in the dead-letter topic is certain.
+	for _, m := range []kafka.Message{
+		asDeadLetter(s.dlt, s.originalA, "billing", "unknown ThingHappened version 2", 7, s.failedAtA),
+		asDeadLetter(s.dlt, s.originalB, "billing", "gave up after 5 attempts: downstream down", 8, s.failedAtB),
+	} {
+		if err := s.writer.WriteMessages(ctx, m); err != nil {
+			t.Fatalf("producing a dead letter: %v", err)
+		}
+	}
+	seedInbox(t, s.pool,
+		inboxRow{"billing", s.a.EventID, "dead_lettered", time.Minute},
+		inboxRow{"billing", s.b.EventID, "dead_lettered", time.Minute},
+		inboxRow{"shipping", s.a.EventID, "dead_lettered", time.Minute},
+	)
+	return s
+}
+
+func sampleEvent(aggregateID string) event.Envelope {
+	return event.Envelope{
+		EventID: uuid.New(), EventType: "ThingHappened", EventVersion: 1,
+		AggregateType: "order", AggregateID: aggregateID, AggregateVersion: 1,
+		OccurredAt: time.Now(), Payload: []byte(`{"amount":42,"aggregate":"` + aggregateID + `"}`),
+	}
+}
+
+// asDeadLetter is what the consumer publishes for a message it gave up on.
+func asDeadLetter(dlt string, m kafka.Message, consumer, reason string, offset int64, failedAt time.Time) kafka.Message {
+	dl := kafka.Message{Topic: dlt, Key: m.Key, Value: m.Value}
+	dl.Headers = append(slices.Clone(m.Headers),
+		kafka.Header{Key: inbox.HeaderDLTReason, Value: []byte(reason)},
+		kafka.Header{Key: inbox.HeaderDLTConsumer, Value: []byte(consumer)},
+		kafka.Header{Key: inbox.HeaderDLTTopic, Value: []byte(m.Topic)},
+		kafka.Header{Key: inbox.HeaderDLTPartition, Value: []byte("0")},
+		kafka.Header{Key: inbox.HeaderDLTOffset, Value: []byte(strconv.FormatInt(offset, 10))},
+		kafka.Header{Key: inbox.HeaderDLTFailedAt, Value: []byte(failedAt.Format(time.RFC3339Nano))},
+	)
+	return dl
+}
+
+// readAll waits until partition 0 of topic holds want messages, checks it
+// holds no more, and returns them.
+func readAll(t *testing.T, brokers []string, topic string, want int) []kafka.Message {
+	t.Helper()
+	var last int64
+	testinfra.WaitFor(t, 20*time.Second, fmt.Sprintf("%d messages in %s", want, topic), func() (bool, error) {
+		conn, err := kafka.DialLeader(context.Background(), "tcp", brokers[0], topic, 0)
+		if err != nil {
+			return false, err
+		}
+		defer conn.Close()
+		_, last, err = conn.ReadOffsets()
+		return err == nil && last >= int64(want), err
+	})
+	if last != int64(want) {
+		t.Fatalf("%s holds %d messages, want %d", topic, last, want)
+	}
+	r := kafka.NewReader(kafka.ReaderConfig{Brokers: brokers, Topic: topic, Partition: 0, MaxWait: 100 * time.Millisecond})
+	defer r.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	msgs := make([]kafka.Message, want)
+	for i := range msgs {
+		m, err := r.ReadMessage(ctx)
+		if err != nil {
+			t.Fatalf("reading message %d of %s: %v", i, topic, err)
+		}
+		msgs[i] = m
+	}
+	return msgs
+}
+
+// sameMessage fails unless got carries want's key, value and exact headers.
+func sameMessage(t *testing.T, what string, got, want kafka.Message) {
+	t.Helper()
+	if string(got.Key) != string(want.Key) || string(got.Value) != string(want.Value) {
+		t.Fatalf("%s: key/value %q/%q, want %q/%q", what, got.Key, got.Value, want.Key, want.Value)
+	}
+	if fmt.Sprint(headerList(got.Headers)) != fmt.Sprint(headerList(want.Headers)) {
+		t.Fatalf("%s: headers\n got %v\nwant %v", what, headerList(got.Headers), headerList(want.Headers))
+	}
+}
+
+func headerList(hs []kafka.Header) []string {
+	out := []string{}
+	for _, h := range hs {
+		out = append(out, h.Key+"="+string(h.Value))
+	}
+	return out
+}
+
+func TestListDeadLettersShowsWhyAndWhereOldestFirst(t *testing.T) {
+	s := newDLTScenario(t)
+	ctx := context.Background()
+
+	dls, err := inbox.ListDeadLetters(ctx, s.brokers, s.dlt, 10)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(dls) != 2 {
+		t.Fatalf("listed %d dead letters, want 2: %+v", len(dls), dls)
+	}
+	want := []inbox.DeadLetter{
+		{Partition: 0, Offset: 0, Reason: "unknown ThingHappened version 2", Consumer: "billing",
+			OriginalTopic: s.original, OriginalPartition: 0, OriginalOffset: 7, FailedAt: s.failedAtA,
+			EventID: s.a.EventID, EventType: "ThingHappened", AggregateID: "order-a",
+			KeySize: len("order-a"), ValueSize: len(s.originalA.Value)},
+		{Partition: 0, Offset: 1, Reason: "gave up after 5 attempts: downstream down", Consumer: "billing",
+			OriginalTopic: s.original, OriginalPartition: 0, OriginalOffset: 8, FailedAt: s.failedAtB,
+			EventID: s.b.EventID, EventType: "PaymentCaptured", AggregateID: "order-b",
+			KeySize: len("order-b"), ValueSize: len(s.originalB.Value)},
+	}
+	for i, d := range dls {
+		if d.Time.IsZero() || !d.FailedAt.Equal(want[i].FailedAt) {
+			t.Fatalf("dead letter %d: time %v, failed at %v; want a time and failed at %v", i, d.Time, d.FailedAt, want[i].FailedAt)
+		}
+		d.Time, d.FailedAt = time.Time{}, want[i].FailedAt
+		if d != want[i] {
+			t.Fatalf("dead letter %d:\n got %+v\nwant %+v", i, d, want[i])
+		}
+	}
+
+	one, err := inbox.ListDeadLetters(ctx, s.brokers, s.dlt, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(one) != 1 || one[0].EventID != s.a.EventID {
+		t.Fatalf("limit 1 listed %+v, want only the oldest (a)", one)
+	}
+	// Listing commits nothing: a second listing sees the same.
+	again, err := inbox.ListDeadLetters(ctx, s.brokers, s.dlt, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(again) != 2 || again[0].Offset != 0 || again[1].Offset != 1 {
+		t.Fatalf("second listing = %+v, want the same two", again)
+	}
+	// Listing touches neither the inbox nor the original topic.
+	if rows := inboxRows(t, s.pool); len(rows) != 3 {
+		t.Fatalf("inbox rows after listing = %q, want the 3 seeded", rows)
+	}
+	readAll(t, s.brokers, s.original, 0)
+}
+
+func TestListDeadLettersMergesPartitionsByAppendTime(t *testing.T) {
+	brokers := testinfra.KafkaBrokers(t)
+	dlt := testinfra.NewTopic(t, brokers, 2)
+	// A writer that puts each message on the partition it names, with the
+	// timestamp it names.
+	w := &kafka.Writer{
+		Addr:         kafka.TCP(brokers...),
+		Topic:        dlt,
+		Balancer:     kafka.BalancerFunc(func(m kafka.Message, _ ...int) int { return m.Partition }),
+		RequiredAcks: kafka.RequireAll,
+		BatchTimeout: 2 * time.Millisecond,
+		Transport:    &kafka.Transport{MetadataTTL: time.Second},
+	}
+	defer w.Close()
+	t0 := time.Now().Add(-time.Hour).Truncate(time.Millisecond)
+	type placed struct {
+		partition int
+		at        time.Duration
+		reason    string
+	}
+	for _, p := range []placed{{1, 0, "first"}, {0, time.Second, "second"}, {1, 2 * time.Second, "third"}, {0, 3 * time.Second, "fourth"}} {
+		m := asDeadLetter(dlt, kafka.Message{Topic: "orig", Key: []byte("k"), Value: []byte("not an event")}, "billing", p.reason, 0, t0)
+		m.Topic, m.Partition, m.Time = "", p.partition, t0.Add(p.at)
+		if err := w.WriteMessages(context.Background(), m); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, tt := range []struct {
+		limit int
+		want  string
+	}{
+		{10, "first@1/0 second@0/0 third@1/1 fourth@0/1"},
+		{3, "first@1/0 second@0/0 third@1/1"},
+		{1, "first@1/0"},
+	} {
+		dls, err := inbox.ListDeadLetters(context.Background(), brokers, dlt, tt.limit)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var got []string
+		for _, d := range dls {
+			if d.EventID != uuid.Nil || d.EventType != "" {
+				t.Fatalf("a message that is not an event listed with event %v %q", d.EventID, d.EventType)
+			}
+			got = append(got, fmt.Sprintf("%s@%d/%d", d.Reason, d.Partition, d.Offset))
+		}
+		if strings.Join(got, " ") != tt.want {
+			t.Fatalf("limit %d listed %v, want %s", tt.limit, got, tt.want)
+		}
+	}
+}
+
+func TestListDeadLettersOfAnEmptyOrMissingTopic(t *testing.T) {
+	brokers := testinfra.KafkaBrokers(t)
+	empty := testinfra.NewTopic(t, brokers, 3)
+	dls, err := inbox.ListDeadLetters(context.Background(), brokers, empty, 10)
+	if err != nil || len(dls) != 0 {
+		t.Fatalf("empty topic listed %v, %v; want nothing and no error", dls, err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	_, err = inbox.ListDeadLetters(ctx, brokers, testinfra.Name("missing"), 10)
+	if !errors.Is(err, kafka.UnknownTopicOrPartition) {
+		t.Fatalf("missing topic: error %v, want one wrapping kafka.UnknownTopicOrPartition", err)
+	}
+}
+
+func TestRequeueDeadLettersByEventID(t *testing.T) {
+	s := newDLTScenario(t)
+	ctx := context.Background()
+
+	n, err := inbox.RequeueDeadLetters(ctx, s.pool, s.writer, s.brokers, s.dlt, inbox.RequeueFilter{EventIDs: []uuid.UUID{s.b.EventID}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n != 1 {
+		t.Fatalf("requeued %d, want 1", n)
+	}
+	got := readAll(t, s.brokers, s.original, 1)
+	// The original key, value and headers (x-tenant included), no dlt-* header.
+	sameMessage(t, "requeued b", got[0], s.originalB)
+	if _, err := event.FromKafka(got[0]); err != nil {
+		t.Fatalf("the requeued message is no longer an event: %v", err)
+	}
+	equalStrings(t, "inbox rows after requeuing b", inboxRows(t, s.pool), sortedKeys(
+		rowKey("billing", "dead_lettered", s.a.EventID),
+		rowKey("shipping", "dead_lettered", s.a.EventID),
+	))
+	// The dead-letter topic is append-only: both dead letters are still listed.
+	if dls, err := inbox.ListDeadLetters(ctx, s.brokers, s.dlt, 10); err != nil || len(dls) != 2 {
+		t.Fatalf("after the requeue the DLT lists %d dead letters (%v), want 2", len(dls), err)
+	}
+}
+
+func TestRequeueDeadLettersByConsumerAndAll(t *testing.T) {
+	s := newDLTScenario(t)
+	ctx := context.Background()
+
+	if n, err := inbox.RequeueDeadLetters(ctx, s.pool, s.writer, s.brokers, s.dlt, inbox.RequeueFilter{Consumer: "nobody"}); err != nil || n != 0 {
+		t.Fatalf("requeue of an unknown consumer = %d, %v; want 0, nil", n, err)
+	}
+	n, err := inbox.RequeueDeadLetters(ctx, s.pool, s.writer, s.brokers, s.dlt, inbox.RequeueFilter{Consumer: "billing", All: true})
+	if err != nil || n != 2 {
+		t.Fatalf("requeue all of billing = %d, %v; want 2, nil", n, err)
+	}
+	got := readAll(t, s.brokers, s.original, 2)
+	sameMessage(t, "first requeued", got[0], s.originalA)
+	sameMessage(t, "second requeued", got[1], s.originalB)
+	// Only billing's rows go; shipping's dead letter of a is its own business.
+	equalStrings(t, "inbox rows after requeuing billing's", inboxRows(t, s.pool),
+		[]string{rowKey("shipping", "dead_lettered", s.a.EventID)})
+}
+
+// failingWriter is a broker that refuses every write.
+type failingWriter struct{ calls int }
+
+func (w *failingWriter) WriteMessages(context.Context, ...kafka.Message) error {
+	w.calls++
+	return errors.New("broker unreachable")
+}
+
+func TestRequeueDeletesTheRowFirstAndReportsAFailedWrite(t *testing.T) {
+	s := newDLTScenario(t)
+	ctx := context.Background()
+	filter := inbox.RequeueFilter{EventIDs: []uuid.UUID{s.a.EventID}}
+
+	fw := &failingWriter{}
+	n, err := inbox.RequeueDeadLetters(ctx, s.pool, fw, s.brokers, s.dlt, filter)
+	if err == nil || !strings.Contains(err.Error(), "broker unreachable") || n != 0 || fw.calls != 1 {
+		t.Fatalf("requeue through a failing writer = %d, %v after %d writes; want 0 and its error after 1", n, err, fw.calls)
+	}
+	// At-least-once: the row is gone although nothing was produced, so that
+	// the retry below is not taken for a duplicate.
+	equalStrings(t, "inbox rows after the failed requeue", inboxRows(t, s.pool), sortedKeys(
+		rowKey("billing", "dead_lettered", s.b.EventID),
+		rowKey("shipping", "dead_lettered", s.a.EventID),
+	))
+	readAll(t, s.brokers, s.original, 0)
+
+	if n, err := inbox.RequeueDeadLetters(ctx, s.pool, s.writer, s.brokers, s.dlt, filter); err != nil || n != 1 {
+		t.Fatalf("retried requeue = %d, %v; want 1, nil", n, err)
+	}
+	sameMessage(t, "requeued a", readAll(t, s.brokers, s.original, 1)[0], s.originalA)
+}
+
+func TestRequeueRefusesAnUnsafeCall(t *testing.T) {
+	s := newDLTScenario(t)
+	ctx := context.Background()
+	for _, f := range []inbox.RequeueFilter{
+		{},
+		{All: true, EventIDs: []uuid.UUID{s.a.EventID}},
+	} {
+		n, err := inbox.RequeueDeadLetters(ctx, s.pool, s.writer, s.brokers, s.dlt, f)
+		if !errors.Is(err, inbox.ErrInvalidFilter) || n != 0 {
+			t.Fatalf("filter %+v: %d, %v; want 0 and an error wrapping ErrInvalidFilter", f, n, err)
+		}
+	}
+	tx, err := s.pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx) //nolint:errcheck // test cleanup
+	if n, err := inbox.RequeueDeadLetters(ctx, tx, s.writer, s.brokers, s.dlt, inbox.RequeueFilter{All: true}); err == nil || n != 0 {
+		t.Fatalf("requeue in a transaction = %d, %v; want it refused", n, err)
+	}
+	if rows := inboxRows(t, s.pool); len(rows) != 3 {
+		t.Fatalf("a refused requeue changed the inbox: %q", rows)
+	}
+	readAll(t, s.brokers, s.original, 0)
+}

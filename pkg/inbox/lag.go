@@ -1,0 +1,72 @@
+package inbox
+
+import (
+	"context"
+	"log/slog"
+	"strconv"
+	"time"
+
+	"github.com/segmentio/kafka-go"
+)
+
+// lagReader is a reader that can say where it reads from, as *kafka.Reader does.
+type lagReader interface {
+	Config() kafka.ReaderConfig
+}
+
+// reportLag refreshes consumer_lag_messages every LagInterval: per partition,
+// the end offset minus the group's committed offset.
+func (c *Consumer) reportLag(ctx context.Context, rc kafka.ReaderConfig) {
+	if rc.GroupID == "" || rc.Topic == "" || len(rc.Brokers) == 0 {
+		return
+	}
+	client := &kafka.Client{Addr: kafka.TCP(rc.Brokers...), Timeout: 5 * time.Second}
+	tick := time.NewTicker(c.cfg.LagInterval)
+	defer tick.Stop()
+	for {
+		if err := c.measureLag(ctx, client, rc); err != nil && ctx.Err() == nil {
+			c.cfg.Logger.DebugContext(ctx, "inbox could not measure consumer lag", slog.Any("error", err))
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+		}
+	}
+}
+
+func (c *Consumer) measureLag(ctx context.Context, client *kafka.Client, rc kafka.ReaderConfig) error {
+	meta, err := client.Metadata(ctx, &kafka.MetadataRequest{Topics: []string{rc.Topic}})
+	if err != nil {
+		return err
+	}
+	if len(meta.Topics) != 1 || meta.Topics[0].Error != nil {
+		return nil
+	}
+	var ends []kafka.OffsetRequest
+	var ids []int
+	for _, p := range meta.Topics[0].Partitions {
+		ends = append(ends, kafka.LastOffsetOf(p.ID))
+		ids = append(ids, p.ID)
+	}
+	listed, err := client.ListOffsets(ctx, &kafka.ListOffsetsRequest{Topics: map[string][]kafka.OffsetRequest{rc.Topic: ends}})
+	if err != nil {
+		return err
+	}
+	committed, err := client.OffsetFetch(ctx, &kafka.OffsetFetchRequest{GroupID: rc.GroupID, Topics: map[string][]int{rc.Topic: ids}})
+	if err != nil {
+		return err
+	}
+	done := map[int]int64{}
+	for _, p := range committed.Topics[rc.Topic] {
+		done[p.Partition] = p.CommittedOffset
+	}
+	for _, p := range listed.Topics[rc.Topic] {
+		lag := p.LastOffset
+		if off := done[p.Partition]; off > 0 {
+			lag -= off
+		}
+		c.cfg.Metrics.lag.WithLabelValues(c.cfg.Name, rc.Topic, strconv.Itoa(p.Partition)).Set(float64(lag))
+	}
+	return nil
+}

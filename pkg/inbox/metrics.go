@@ -1,0 +1,59 @@
+package inbox
+
+import (
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// Metrics are the consumers' Prometheus metrics, labelled by consumer name.
+// Create them once per process and share them between its consumers.
+type Metrics struct {
+	processed, duplicates, stale, failures, deadLettered, gaps *prometheus.CounterVec
+	seconds                                                    *prometheus.HistogramVec
+	lag                                                        *prometheus.GaugeVec
+}
+
+// NewMetrics creates the consumer metrics and registers them on reg (nil:
+// not registered, for tests and tools).
+func NewMetrics(reg prometheus.Registerer) *Metrics {
+	counter := func(name, help string) *prometheus.CounterVec {
+		return prometheus.NewCounterVec(prometheus.CounterOpts{Name: name, Help: help}, []string{"consumer"})
+	}
+	m := &Metrics{
+		processed:    counter("inbox_processed_total", "Events handled and committed with their inbox row."),
+		duplicates:   counter("inbox_duplicates_total", "Redelivered events acknowledged without running the handler."),
+		stale:        counter("inbox_stale_total", "Events at or below the aggregate version already applied, skipped."),
+		failures:     counter("inbox_failures_total", "Handler attempts that failed (each retry counts)."),
+		deadLettered: counter("inbox_dead_lettered_total", "Messages sent to the dead-letter topic."),
+		gaps:         counter("inbox_version_gaps_total", "Events whose aggregate version skipped one or more versions."),
+		seconds: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "inbox_processing_seconds",
+			Help:    "Time to handle one message, its share of the batch transaction included.",
+			Buckets: prometheus.ExponentialBuckets(0.0001, 2, 16),
+		}, []string{"consumer"}),
+		lag: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "consumer_lag_messages",
+			Help: "Messages in the partition after the consumer group's committed offset.",
+		}, []string{"consumer", "topic", "partition"}),
+	}
+	if reg != nil {
+		reg.MustRegister(m.processed, m.duplicates, m.stale, m.failures, m.deadLettered, m.gaps, m.seconds, m.lag)
+	}
+	return m
+}
+
+// record counts one committed batch of n messages.
+func (m *Metrics) record(consumer string, counts [4]int, n int, took time.Duration) {
+	m.processed.WithLabelValues(consumer).Add(float64(counts[processed]))
+	m.duplicates.WithLabelValues(consumer).Add(float64(counts[duplicate]))
+	m.stale.WithLabelValues(consumer).Add(float64(counts[stale]))
+	m.deadLettered.WithLabelValues(consumer).Add(float64(counts[deadLettered]))
+	if n > 0 {
+		per := took.Seconds() / float64(n)
+		h := m.seconds.WithLabelValues(consumer)
+		for range n {
+			h.Observe(per)
+		}
+	}
+}

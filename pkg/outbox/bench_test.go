@@ -1,0 +1,870 @@
+//go:build unix
+
+// The benchmarks run against the real PostgreSQL and Kafka that `make up`
+// starts, on whatever machine runs them. A shared 2-core box is too noisy
+// for absolute numbers to mean much, so each benchmark measures its own
+// baseline in the same run and reports the RATIO (or the latency) beside the
+// raw rates. Run them with `make bench-outbox`; BENCHMARKS.md explains each
+// number and the goals.
+//
+// Every benchmark is one experiment per b.N iteration, so run them with
+// -benchtime 1x; ns/op is suppressed because it would time the setup too.
+// The build constraint is for getrusage, which the idle-CPU check reads.
+
+package outbox_test
+
+import (
+	"cmp"
+	"context"
+	"encoding/json"
+	"fmt"
+	"math"
+	"os"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/segmentio/kafka-go"
+
+	"github.com/onceflow/onceflow/pkg/event"
+	"github.com/onceflow/onceflow/pkg/outbox"
+	"github.com/onceflow/onceflow/pkg/platform/kafkautil"
+	"github.com/onceflow/onceflow/pkg/platform/pgutil"
+	"github.com/onceflow/onceflow/pkg/platform/testinfra"
+)
+
+// ---------------------------------------------------------------------------
+// 1. What Enqueue costs a business transaction.
+// ---------------------------------------------------------------------------
+
+// BenchmarkEnqueueOverhead runs the same order insert with and without an
+// outbox.Enqueue beside it, with the same number of concurrent workers,
+// alternating the two variants in short rounds (A B, B A, A B, …) so that
+// drift in the machine's speed falls on both alike. It reports both
+// transaction rates, their ratio (goal ≥ 0.90) and p50/p99 latencies.
+//
+// The sub-benchmarks after the first are knobs: the worker count, and
+// synchronous_commit=off on the benchmark's connections.
+func BenchmarkEnqueueOverhead(b *testing.B) {
+	for _, c := range []struct {
+		name       string
+		workers    int
+		syncCommit string
+		noNotify   bool
+	}{
+		{"workers=8", 8, "on", false},
+		{"workers=1", 1, "on", false},
+		{"workers=32", 32, "on", false},
+		{"workers=8/synchronous_commit=off", 8, "off", false},
+		{"workers=8/notify-trigger=off", 8, "on", true},
+		{"workers=8/synchronous_commit=off/notify-trigger=off", 8, "off", true},
+	} {
+		b.Run(c.name, func(b *testing.B) { benchEnqueueOverhead(b, c.workers, c.syncCommit, c.noNotify) })
+	}
+}
+
+const (
+	enqueueRound  = time.Second // one variant's share of a pair of rounds
+	enqueuePairs  = 5           // A/B pairs per b.N iteration
+	enqueueWarmUp = 300 * time.Millisecond
+
+	createBenchOrders = `
+CREATE TABLE bench_orders (
+    id           uuid        PRIMARY KEY,
+    customer_id  text        NOT NULL,
+    amount_cents bigint      NOT NULL,
+    status       text        NOT NULL,
+    created_at   timestamptz NOT NULL DEFAULT now()
+)`
+	insertBenchOrder = `INSERT INTO bench_orders (id, customer_id, amount_cents, status) VALUES ($1, $2, $3, 'placed')`
+)
+
+func benchEnqueueOverhead(b *testing.B, workers int, syncCommit string, noNotify bool) {
+	ctx := context.Background()
+	pool := benchPool(b, testinfra.NewDatabase(b), int32(workers)+2, syncCommit)
+	benchMigrate(b, pool)
+	if noNotify {
+		if _, err := pool.Exec(ctx, "ALTER TABLE outbox_events DISABLE TRIGGER outbox_events_notify"); err != nil {
+			b.Fatal(err)
+		}
+	}
+	if _, err := pool.Exec(ctx, createBenchOrders); err != nil {
+		b.Fatalf("creating bench_orders: %v", err)
+	}
+
+	placeOrder := func(ctx context.Context, tx pgx.Tx, id uuid.UUID, n int) error {
+		_, err := tx.Exec(ctx, insertBenchOrder, id, "customer-"+strconv.Itoa(n%977), 1000+n%5000)
+		return err
+	}
+	bare := func(ctx context.Context, n int) error {
+		return pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error { return placeOrder(ctx, tx, uuid.New(), n) })
+	}
+	withOutbox := func(ctx context.Context, n int) error {
+		return pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+			id := uuid.New()
+			if err := placeOrder(ctx, tx, id, n); err != nil {
+				return err
+			}
+			return outbox.Enqueue(ctx, tx, benchOrderPlaced(id.String(), 1, n))
+		})
+	}
+
+	// Warm both up: connections open, statements prepared, caches hot.
+	for _, v := range []benchTxFunc{bare, withOutbox} {
+		if _, err := benchRound(ctx, workers, enqueueWarmUp, v); err != nil {
+			b.Fatal(err)
+		}
+	}
+
+	var a, o benchRoundResult
+	for i := range enqueuePairs * b.N {
+		order := []benchTxFunc{bare, withOutbox}
+		if i%2 == 1 {
+			order = []benchTxFunc{withOutbox, bare}
+		}
+		for j, v := range order {
+			r, err := benchRound(ctx, workers, enqueueRound, v)
+			if err != nil {
+				b.Fatal(err)
+			}
+			if (j == 0) == (i%2 == 0) {
+				a.add(r)
+			} else {
+				o.add(r)
+			}
+		}
+	}
+	b.ReportMetric(0, "ns/op")
+	b.ReportMetric(a.rate(), "bare-tx/s")
+	b.ReportMetric(o.rate(), "outbox-tx/s")
+	b.ReportMetric(o.rate()/a.rate(), "ratio")
+	b.ReportMetric(benchMillis(benchPercentile(a.latencies, 0.50)), "bare-p50-ms")
+	b.ReportMetric(benchMillis(benchPercentile(a.latencies, 0.99)), "bare-p99-ms")
+	b.ReportMetric(benchMillis(benchPercentile(o.latencies, 0.50)), "outbox-p50-ms")
+	b.ReportMetric(benchMillis(benchPercentile(o.latencies, 0.99)), "outbox-p99-ms")
+}
+
+// benchTxFunc runs one whole transaction; n numbers it within its worker.
+type benchTxFunc func(ctx context.Context, n int) error
+
+type benchRoundResult struct {
+	count     int
+	elapsed   time.Duration
+	latencies []time.Duration
+}
+
+func (r *benchRoundResult) add(o benchRoundResult) {
+	r.count += o.count
+	r.elapsed += o.elapsed
+	r.latencies = append(r.latencies, o.latencies...)
+}
+
+func (r *benchRoundResult) rate() float64 { return float64(r.count) / r.elapsed.Seconds() }
+
+// benchRound runs tx on workers goroutines, back to back, for d.
+func benchRound(ctx context.Context, workers int, d time.Duration, tx benchTxFunc) (benchRoundResult, error) {
+	var (
+		mu       sync.Mutex
+		res      benchRoundResult
+		firstErr error
+		wg       sync.WaitGroup
+	)
+	start := time.Now()
+	deadline := start.Add(d)
+	for range workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			var lat []time.Duration
+			var err error
+			for n := 0; time.Now().Before(deadline); n++ {
+				t0 := time.Now()
+				if err = tx(ctx, n); err != nil {
+					break
+				}
+				lat = append(lat, time.Since(t0))
+			}
+			mu.Lock()
+			defer mu.Unlock()
+			res.count += len(lat)
+			res.latencies = append(res.latencies, lat...)
+			if err != nil && firstErr == nil {
+				firstErr = err
+			}
+		}()
+	}
+	wg.Wait()
+	res.elapsed = time.Since(start)
+	return res, firstErr
+}
+
+// ---------------------------------------------------------------------------
+// 2. How fast the relay drains a backlog.
+// ---------------------------------------------------------------------------
+
+// BenchmarkRelayDrain fills the outbox with a 100,000-event backlog, then
+// times relay.RelayBatch in a loop until it is drained, beside kafka-go
+// producing the very same messages from memory with the same writer settings
+// and the same batches (measured before and after the drain, to bracket it).
+// It reports both rates and their ratio; the goals are ≥ 20,000 events/s and
+// a ratio ≥ 0.50.
+//
+// RelayConfig.BatchSize is the knob of the first three sub-benchmarks; the
+// others change the kafka-go writer (its BatchSize, its BatchTimeout) or the
+// relay connections' synchronous_commit at BatchSize 1000.
+func BenchmarkRelayDrain(b *testing.B) {
+	brokers := testinfra.KafkaBrokers(b)
+	dbURL := testinfra.NewDatabase(b)
+	pool := benchPool(b, dbURL, 8, "on")
+	benchMigrate(b, pool)
+	for _, c := range []struct {
+		name          string
+		batch         int
+		writerBatch   int           // kafka-go Writer.BatchSize; default: batch
+		writerTimeout time.Duration // kafka-go Writer.BatchTimeout; default: kafkautil's
+		syncCommit    string
+	}{
+		{name: "batch=500", batch: 500},
+		{name: "batch=1000", batch: 1000},
+		{name: "batch=2000", batch: 2000},
+		{name: "batch=1000/writer-BatchSize=100", batch: 1000, writerBatch: 100},
+		{name: "batch=1000/writer-BatchTimeout=10ms", batch: 1000, writerTimeout: 10 * time.Millisecond},
+		{name: "batch=1000/synchronous_commit=off", batch: 1000, syncCommit: "off"},
+	} {
+		b.Run(c.name, func(b *testing.B) {
+			newWriter := func() *kafka.Writer {
+				w := kafkautil.NewWriter(brokers, cmp.Or(c.writerBatch, c.batch))
+				if c.writerTimeout > 0 {
+					w.BatchTimeout = c.writerTimeout
+				}
+				return w
+			}
+			relayPool := pool
+			if c.syncCommit != "" {
+				relayPool = benchPool(b, dbURL, 8, c.syncCommit)
+			}
+			benchRelayDrain(b, brokers, pool, relayPool, c.batch, newWriter)
+		})
+	}
+}
+
+const drainBacklog = 100_000
+
+// fillBacklog writes n pending events for 10,000 orders, ten versions each,
+// in id order per order, computing the logical partition exactly as
+// Enqueue's insertEvent does.
+const fillBacklog = `
+INSERT INTO outbox_events (
+    event_id, aggregate_type, aggregate_id, aggregate_version,
+    event_type, event_version, payload, headers, occurred_at, partition)
+SELECT gen_random_uuid(), 'order', a.id, g / 10000 + 1, 'OrderPlaced', 1,
+       jsonb_build_object('orderId', a.id, 'customerId', 'customer-' || g % 977,
+                          'amountCents', 1000 + g % 5000, 'currency', 'EUR'),
+       jsonb_build_object('correlationId', gen_random_uuid()::text,
+                          'traceparent', '00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01'),
+       now(), mod(hashtext(a.id)::bigint + 2147483648, 64)
+FROM generate_series(0, $1 - 1) AS g,
+     LATERAL (SELECT 'order-' || g % 10000 AS id) AS a`
+
+func benchRelayDrain(b *testing.B, brokers []string, pool, relayPool *pgxpool.Pool, batch int, newWriter func() *kafka.Writer) {
+	ctx := context.Background()
+	var raw, relayed benchRate
+	for range b.N {
+		rawTopic := testinfra.NewTopic(b, brokers, 6)
+		relayTopic := testinfra.NewTopic(b, brokers, 6)
+
+		fillStart := time.Now()
+		if _, err := pool.Exec(ctx, "TRUNCATE outbox_events"); err != nil {
+			b.Fatalf("emptying the outbox: %v", err)
+		}
+		if _, err := pool.Exec(ctx, fillBacklog, drainBacklog); err != nil {
+			b.Fatalf("filling the backlog: %v", err)
+		}
+		// A backlog built up by real commits has been autovacuumed and
+		// analyzed along the way; give this one the same start.
+		if _, err := pool.Exec(ctx, "VACUUM ANALYZE outbox_events"); err != nil {
+			b.Fatalf("vacuuming the backlog: %v", err)
+		}
+		msgs := benchBacklogMessages(b, pool, rawTopic)
+		b.Logf("backlog of %d events written, vacuumed and read back in %v", len(msgs), time.Since(fillStart).Round(time.Millisecond))
+
+		produce := func() {
+			w := newWriter()
+			defer w.Close()
+			start := time.Now()
+			for i := 0; i < len(msgs); i += batch {
+				if err := w.WriteMessages(ctx, msgs[i:min(i+batch, len(msgs))]...); err != nil {
+					b.Fatalf("raw produce: %v", err)
+				}
+			}
+			raw.add(len(msgs), time.Since(start))
+		}
+
+		produce()
+		w := newWriter()
+		relay, err := outbox.NewRelay(relayPool, w, outbox.RelayConfig{
+			Topic:     func(string) string { return relayTopic },
+			BatchSize: batch,
+		})
+		if err != nil {
+			b.Fatal(err)
+		}
+		start := time.Now()
+		total := 0
+		for {
+			n, err := relay.RelayBatch(ctx)
+			if err != nil {
+				b.Fatalf("relay batch after %d events: %v", total, err)
+			}
+			if n == 0 {
+				break
+			}
+			total += n
+		}
+		relayed.add(total, time.Since(start))
+		relay.Close()
+		w.Close()
+		produce()
+
+		if pending := benchCount(b, pool, "state <> 'published'"); pending != 0 || total != drainBacklog {
+			b.Fatalf("relayed %d events, %d rows not published; want %d and 0", total, pending, drainBacklog)
+		}
+		if got := benchTopicMessages(b, brokers, relayTopic); got != drainBacklog {
+			b.Fatalf("the relay's topic holds %d messages, want %d", got, drainBacklog)
+		}
+	}
+	b.ReportMetric(0, "ns/op")
+	b.ReportMetric(relayed.perSecond(), "relay-events/s")
+	b.ReportMetric(raw.perSecond(), "raw-events/s")
+	b.ReportMetric(relayed.perSecond()/raw.perSecond(), "ratio")
+}
+
+// benchBacklogMessages reads the backlog back, in the relay's order, as the
+// Kafka messages the relay will build from it.
+func benchBacklogMessages(b *testing.B, pool *pgxpool.Pool, topic string) []kafka.Message {
+	b.Helper()
+	rows, _ := pool.Query(context.Background(), `
+		SELECT event_id, aggregate_type, aggregate_id, aggregate_version, event_type, event_version,
+		       payload, headers, occurred_at
+		FROM outbox_events ORDER BY id`)
+	msgs, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (kafka.Message, error) {
+		var (
+			ev      event.Envelope
+			headers struct{ CorrelationID, CausationID, Traceparent string }
+		)
+		var rawHeaders []byte
+		if err := row.Scan(&ev.EventID, &ev.AggregateType, &ev.AggregateID, &ev.AggregateVersion,
+			&ev.EventType, &ev.EventVersion, &ev.Payload, &rawHeaders, &ev.OccurredAt); err != nil {
+			return kafka.Message{}, err
+		}
+		if err := json.Unmarshal(rawHeaders, &headers); err != nil {
+			return kafka.Message{}, err
+		}
+		ev.CorrelationID, ev.CausationID, ev.Traceparent = headers.CorrelationID, headers.CausationID, headers.Traceparent
+		return event.ToKafka(topic, ev), nil
+	})
+	if err != nil {
+		b.Fatalf("reading the backlog: %v", err)
+	}
+	return msgs
+}
+
+// benchRate accumulates events over time.
+type benchRate struct {
+	events  int
+	elapsed time.Duration
+}
+
+func (r *benchRate) add(n int, d time.Duration) { r.events += n; r.elapsed += d }
+func (r *benchRate) perSecond() float64         { return float64(r.events) / r.elapsed.Seconds() }
+
+// ---------------------------------------------------------------------------
+// 3. Commit-to-ack lag under a steady trickle.
+// ---------------------------------------------------------------------------
+
+// BenchmarkPublishLag commits one event per transaction at 1,000 events/s
+// while relay.Run publishes them, woken by LISTEN/NOTIFY, and measures for
+// every event the time from its commit (when Commit returned) to the broker's
+// acknowledgement of it (when the relay's WriteMessages returned), and to its
+// arrival at a consumer of the topic. Goal: ack p99 ≤ 10 ms.
+//
+// It then shows that the relay idles between commits: the batches it
+// published against the events, and, over an idle window after the load, the
+// batches it published (none), and the CPU time of this process and of the
+// database backends serving the relay.
+//
+// The sub-benchmarks after the first are knobs: the kafka-go writer's
+// BatchTimeout (a partly filled batch waits this long before it is sent),
+// and synchronous_commit=off on the relay's connections.
+func BenchmarkPublishLag(b *testing.B) {
+	for _, c := range []struct {
+		name          string
+		writerTimeout time.Duration
+		syncCommit    string
+	}{
+		{name: "rate=1000"},
+		{name: "rate=1000/writer-BatchTimeout=200us", writerTimeout: 200 * time.Microsecond},
+		{name: "rate=1000/relay-synchronous_commit=off", syncCommit: "off"},
+	} {
+		b.Run(c.name, func(b *testing.B) { benchPublishLag(b, c.writerTimeout, cmp.Or(c.syncCommit, "on")) })
+	}
+}
+
+const (
+	lagRate      = 1000
+	lagEvents    = 10_000 // 10 s at lagRate
+	lagWarmUp    = 500
+	lagProducers = 4
+	lagIdle      = 3 * time.Second
+)
+
+func benchPublishLag(b *testing.B, writerTimeout time.Duration, relaySyncCommit string) {
+	ctx := context.Background()
+	brokers := testinfra.KafkaBrokers(b)
+	topic := testinfra.NewTopic(b, brokers, 6)
+	dbURL := testinfra.NewDatabase(b)
+	pool := benchPool(b, dbURL, lagProducers+1, "on")
+	benchMigrate(b, pool)
+	relayPool := benchPool(b, dbURL, 4, relaySyncCommit)
+
+	acked := newBenchClock()
+	w := kafkautil.NewWriter(brokers, 500)
+	if writerTimeout > 0 {
+		w.BatchTimeout = writerTimeout
+	}
+	defer w.Close()
+	reg := prometheus.NewRegistry()
+	relay, err := outbox.NewRelay(relayPool, benchAckWriter{w: w, acked: acked}, outbox.RelayConfig{
+		Topic:   func(string) string { return topic },
+		Metrics: outbox.NewMetrics(reg),
+	})
+	if err != nil {
+		b.Fatal(err)
+	}
+	runCtx, stopRelay := context.WithCancel(ctx)
+	relayDone := make(chan error, 1)
+	go func() { relayDone <- relay.Run(runCtx) }()
+	defer func() {
+		stopRelay()
+		if err := <-relayDone; err != nil {
+			b.Errorf("relay.Run: %v", err)
+		}
+	}()
+
+	var (
+		ackLag, consumeLag       []time.Duration
+		events                   benchRate
+		batches, lagHist         benchHist
+		idleBatches              float64
+		idleCPU, idleDBCPU, idle time.Duration
+	)
+	for range b.N {
+		arrived := newBenchClock()
+		stopConsumers := benchConsume(b, brokers, topic, 6, arrived)
+
+		// Warm up: the relay takes its partitions, the writer its metadata,
+		// the consumers their first fetch.
+		warm, err := benchTrickle(ctx, pool, lagRate, lagWarmUp, newBenchClock())
+		if err != nil {
+			b.Fatal(err)
+		}
+		testinfra.WaitFor(b, 30*time.Second, "the warm-up events to be acked and consumed", func() (bool, error) {
+			return acked.hasAll(warm) && arrived.hasAll(warm), nil
+		})
+
+		batchesBefore := benchHistogram(b, reg, "outbox_batch_size")
+		lagBefore := benchHistogram(b, reg, "outbox_publish_lag_seconds")
+		committed := newBenchClock()
+		start := time.Now()
+		ids, err := benchTrickle(ctx, pool, lagRate, lagEvents, committed)
+		if err != nil {
+			b.Fatal(err)
+		}
+		events.add(len(ids), time.Since(start))
+		testinfra.WaitFor(b, 30*time.Second, "every event to be acked and consumed", func() (bool, error) {
+			return acked.hasAll(ids) && arrived.hasAll(ids), nil
+		})
+		batches = batches.plus(benchHistogram(b, reg, "outbox_batch_size").minus(batchesBefore))
+		lagHist = lagHist.plus(benchHistogram(b, reg, "outbox_publish_lag_seconds").minus(lagBefore))
+		ackLag = append(ackLag, committed.lagsUntil(acked, ids)...)
+		consumeLag = append(consumeLag, committed.lagsUntil(arrived, ids)...)
+
+		// Idle: no commits, no consumers. A relay that polled in a loop
+		// would show here as batches, CPU time, or database work.
+		stopConsumers()
+		time.Sleep(500 * time.Millisecond) // let the last batch's commit finish
+		batchesBefore = benchHistogram(b, reg, "outbox_batch_size")
+		cpu, dbCPU := benchProcessCPU(), benchBackendCPU(b, pool)
+		time.Sleep(lagIdle)
+		idleCPU += benchProcessCPU() - cpu
+		idleDBCPU += benchBackendCPU(b, pool) - dbCPU
+		idle += lagIdle
+		idleBatches += benchHistogram(b, reg, "outbox_batch_size").minus(batchesBefore).count
+	}
+	b.ReportMetric(0, "ns/op")
+	b.ReportMetric(events.perSecond(), "events/s")
+	b.ReportMetric(benchMillis(benchPercentile(ackLag, 0.50)), "ack-p50-ms")
+	b.ReportMetric(benchMillis(benchPercentile(ackLag, 0.99)), "ack-p99-ms")
+	b.ReportMetric(benchMillis(benchPercentile(ackLag, 1)), "ack-max-ms")
+	b.ReportMetric(benchMillis(benchPercentile(consumeLag, 0.50)), "consume-p50-ms")
+	b.ReportMetric(benchMillis(benchPercentile(consumeLag, 0.99)), "consume-p99-ms")
+	b.ReportMetric(lagHist.quantile(0.99)*1000, "hist-p99-ms")
+	b.ReportMetric(batches.sum/batches.count, "events/batch")
+	b.ReportMetric(idleBatches, "idle-batches")
+	b.ReportMetric(benchMillis(idleCPU)/idle.Seconds(), "idle-cpu-ms/s")
+	b.ReportMetric(benchMillis(idleDBCPU)/idle.Seconds(), "idle-db-cpu-ms/s")
+}
+
+// benchTrickle commits n events, one per transaction, at rate per second on
+// a fixed schedule (an open loop: a slow commit does not slow the schedule),
+// and records in committed when each transaction's Commit returned.
+func benchTrickle(ctx context.Context, pool *pgxpool.Pool, rate, n int, committed *benchClock) ([]string, error) {
+	ids := make([]string, n)
+	for i := range ids {
+		ids[i] = uuid.NewString()
+	}
+	due := make(chan int, n)
+	go func() {
+		defer close(due)
+		start := time.Now()
+		for i := range n {
+			time.Sleep(time.Until(start.Add(time.Duration(i) * time.Second / time.Duration(rate))))
+			due <- i
+		}
+	}()
+	var (
+		wg       sync.WaitGroup
+		mu       sync.Mutex
+		firstErr error
+	)
+	for range lagProducers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range due {
+				ev := benchOrderPlaced("order-"+strconv.Itoa(i), 1, i)
+				ev.EventID = uuid.MustParse(ids[i])
+				err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error { return outbox.Enqueue(ctx, tx, ev) })
+				if err != nil {
+					mu.Lock()
+					firstErr = cmp.Or(firstErr, err)
+					mu.Unlock()
+					continue
+				}
+				committed.mark(ids[i], time.Now())
+			}
+		}()
+	}
+	wg.Wait()
+	return ids, firstErr
+}
+
+// benchAckWriter is the relay's writer with a stopwatch: it records when the
+// broker acknowledged each event, the end of the commit-to-ack lag.
+type benchAckWriter struct {
+	w     outbox.Writer
+	acked *benchClock
+}
+
+func (a benchAckWriter) WriteMessages(ctx context.Context, msgs ...kafka.Message) error {
+	err := a.w.WriteMessages(ctx, msgs...)
+	now := time.Now()
+	if err == nil {
+		for _, m := range msgs {
+			a.acked.mark(benchEventID(m), now)
+		}
+	}
+	return err
+}
+
+// benchConsume reads every partition of topic from the start, recording when
+// each event arrived, until the returned stop is called.
+func benchConsume(b *testing.B, brokers []string, topic string, partitions int, arrived *benchClock) (stop func()) {
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	for p := range partitions {
+		r := kafka.NewReader(kafka.ReaderConfig{
+			Brokers: brokers, Topic: topic, Partition: p,
+			MinBytes: 1, MaxBytes: 10 << 20, MaxWait: 100 * time.Millisecond,
+		})
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			defer r.Close()
+			for {
+				m, err := r.ReadMessage(ctx)
+				if err != nil {
+					if ctx.Err() == nil {
+						b.Errorf("consuming partition %d: %v", p, err)
+					}
+					return
+				}
+				arrived.mark(benchEventID(m), time.Now())
+			}
+		}()
+	}
+	var once sync.Once
+	stop = func() { once.Do(func() { cancel(); wg.Wait() }) }
+	b.Cleanup(stop)
+	return stop
+}
+
+// benchClock records a time per event id.
+type benchClock struct {
+	mu sync.Mutex
+	at map[string]time.Time
+}
+
+func newBenchClock() *benchClock { return &benchClock{at: map[string]time.Time{}} }
+
+// mark keeps the first time of an id: a redelivery is not a later arrival.
+func (c *benchClock) mark(id string, t time.Time) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if _, ok := c.at[id]; !ok {
+		c.at[id] = t
+	}
+}
+
+func (c *benchClock) hasAll(ids []string) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for _, id := range ids {
+		if _, ok := c.at[id]; !ok {
+			return false
+		}
+	}
+	return true
+}
+
+// lagsUntil returns, per id, the time from c's mark to later's. A negative
+// lag (the ack observed before the committing goroutine read the clock) is 0.
+func (c *benchClock) lagsUntil(later *benchClock, ids []string) []time.Duration {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	later.mu.Lock()
+	defer later.mu.Unlock()
+	lags := make([]time.Duration, 0, len(ids))
+	for _, id := range ids {
+		lags = append(lags, max(0, later.at[id].Sub(c.at[id])))
+	}
+	return lags
+}
+
+func benchEventID(m kafka.Message) string {
+	for _, h := range m.Headers {
+		if h.Key == event.HeaderEventID {
+			return string(h.Value)
+		}
+	}
+	return ""
+}
+
+// benchHist is a snapshot of a Prometheus histogram.
+type benchHist struct {
+	count, sum float64
+	bounds     []float64 // upper bounds, ascending
+	cumulative []float64 // observations ≤ each bound
+}
+
+func benchHistogram(b *testing.B, g prometheus.Gatherer, name string) benchHist {
+	b.Helper()
+	families, err := g.Gather()
+	if err != nil {
+		b.Fatalf("gathering metrics: %v", err)
+	}
+	for _, f := range families {
+		if f.GetName() != name {
+			continue
+		}
+		h := f.GetMetric()[0].GetHistogram()
+		s := benchHist{count: float64(h.GetSampleCount()), sum: h.GetSampleSum()}
+		for _, bk := range h.GetBucket() {
+			s.bounds = append(s.bounds, bk.GetUpperBound())
+			s.cumulative = append(s.cumulative, float64(bk.GetCumulativeCount()))
+		}
+		return s
+	}
+	b.Fatalf("no histogram %s", name)
+	return benchHist{}
+}
+
+// minus returns the observations made since before.
+func (h benchHist) minus(before benchHist) benchHist { return h.combine(before, -1) }
+
+// plus adds the observations of o, a snapshot of the same histogram (or zero).
+func (h benchHist) plus(o benchHist) benchHist { return h.combine(o, 1) }
+
+func (h benchHist) combine(o benchHist, sign float64) benchHist {
+	if o.bounds == nil {
+		return h
+	}
+	if h.bounds == nil {
+		h = benchHist{bounds: o.bounds, cumulative: make([]float64, len(o.bounds))}
+	}
+	d := benchHist{count: h.count + sign*o.count, sum: h.sum + sign*o.sum, bounds: h.bounds}
+	for i := range h.cumulative {
+		d.cumulative = append(d.cumulative, h.cumulative[i]+sign*o.cumulative[i])
+	}
+	return d
+}
+
+// quantile interpolates linearly inside the bucket holding quantile q, as
+// Prometheus's histogram_quantile does.
+func (h benchHist) quantile(q float64) float64 {
+	rank := q * h.count
+	lower, below := 0.0, 0.0
+	for i, upper := range h.bounds {
+		if h.cumulative[i] >= rank {
+			return lower + (upper-lower)*(rank-below)/(h.cumulative[i]-below)
+		}
+		lower, below = upper, h.cumulative[i]
+	}
+	return math.Inf(1)
+}
+
+// benchProcessCPU is the user and system CPU time this process used so far.
+func benchProcessCPU() time.Duration {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		return 0
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
+// benchBackendCPU is the CPU time used so far by the Postgres backends
+// connected to pool's database, read from /proc (the benchmark runs on the
+// database's machine). Only the relay's connections are busy while the
+// benchmark idles.
+func benchBackendCPU(b *testing.B, pool *pgxpool.Pool) time.Duration {
+	b.Helper()
+	rows, _ := pool.Query(context.Background(),
+		`SELECT pid FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid()`)
+	pids, err := pgx.CollectRows(rows, pgx.RowTo[int32])
+	if err != nil {
+		b.Fatalf("listing backends: %v", err)
+	}
+	const clockTicks = 100 // USER_HZ on Linux
+	var ticks int64
+	for _, pid := range pids {
+		stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+		if err != nil {
+			b.Fatalf("reading the CPU time of backend %d (is Postgres on this machine?): %v", pid, err)
+		}
+		// Fields after the command name, which is in parentheses: utime and
+		// stime are the 12th and 13th of them.
+		fields := strings.Fields(string(stat[strings.LastIndexByte(string(stat), ')')+1:]))
+		for _, f := range fields[11:13] {
+			n, _ := strconv.ParseInt(f, 10, 64)
+			ticks += n
+		}
+	}
+	return time.Duration(ticks) * time.Second / clockTicks
+}
+
+// ---------------------------------------------------------------------------
+// Helpers shared by the benchmarks.
+// ---------------------------------------------------------------------------
+
+// benchPool opens a pool of maxConns on url whose sessions use the given
+// synchronous_commit, closed when the benchmark ends.
+func benchPool(b *testing.B, url string, maxConns int32, syncCommit string) *pgxpool.Pool {
+	b.Helper()
+	cfg, err := pgxpool.ParseConfig(url)
+	if err != nil {
+		b.Fatal(err)
+	}
+	cfg.MaxConns = maxConns
+	cfg.ConnConfig.RuntimeParams["synchronous_commit"] = syncCommit
+	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
+	if err != nil {
+		b.Fatalf("opening pool: %v", err)
+	}
+	b.Cleanup(pool.Close)
+	return pool
+}
+
+func benchMigrate(b *testing.B, pool *pgxpool.Pool) {
+	b.Helper()
+	if err := pgutil.Migrate(pool, pgutil.Migration{FS: outbox.Migrations, Table: outbox.MigrationsTable}); err != nil {
+		b.Fatalf("migrating: %v", err)
+	}
+}
+
+// benchOrderPlaced is an event the size of a real one: a small payload, a
+// correlation id and a trace context.
+func benchOrderPlaced(orderID string, version int64, n int) event.Envelope {
+	payload, _ := json.Marshal(map[string]any{
+		"orderId": orderID, "customerId": "customer-" + strconv.Itoa(n%977),
+		"amountCents": 1000 + n%5000, "currency": "EUR",
+	})
+	return event.Envelope{
+		EventID:          uuid.New(),
+		EventType:        "OrderPlaced",
+		EventVersion:     1,
+		AggregateType:    "order",
+		AggregateID:      orderID,
+		AggregateVersion: version,
+		OccurredAt:       time.Now(),
+		CorrelationID:    uuid.NewString(),
+		Traceparent:      "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+		Payload:          payload,
+	}
+}
+
+func benchCount(b *testing.B, pool *pgxpool.Pool, where string) int {
+	b.Helper()
+	var n int
+	if err := pool.QueryRow(context.Background(), "SELECT count(*) FROM outbox_events WHERE "+where).Scan(&n); err != nil {
+		b.Fatal(err)
+	}
+	return n
+}
+
+// benchTopicMessages is how many messages topic holds (it starts empty).
+func benchTopicMessages(b *testing.B, brokers []string, topic string) int {
+	b.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	c := &kafka.Client{Addr: kafka.TCP(brokers...)}
+	meta, err := c.Metadata(ctx, &kafka.MetadataRequest{Topics: []string{topic}})
+	if err != nil || len(meta.Topics) != 1 {
+		b.Fatalf("reading the partitions of %s: %v", topic, err)
+	}
+	req := &kafka.ListOffsetsRequest{Topics: map[string][]kafka.OffsetRequest{}}
+	for _, p := range meta.Topics[0].Partitions {
+		req.Topics[topic] = append(req.Topics[topic], kafka.LastOffsetOf(p.ID))
+	}
+	res, err := c.ListOffsets(ctx, req)
+	if err != nil {
+		b.Fatalf("listing the offsets of %s: %v", topic, err)
+	}
+	total := 0
+	for _, p := range res.Topics[topic] {
+		if p.Error != nil {
+			b.Fatalf("offsets of %s[%d]: %v", topic, p.Partition, p.Error)
+		}
+		total += int(p.LastOffset)
+	}
+	return total
+}
+
+// benchPercentile is the nearest-rank q-quantile of ds (q = 1: the maximum).
+func benchPercentile(ds []time.Duration, q float64) time.Duration {
+	if len(ds) == 0 {
+		return 0
+	}
+	s := slices.Clone(ds)
+	slices.Sort(s)
+	return s[max(0, int(math.Ceil(q*float64(len(s))))-1)]
+}
+
+func benchMillis(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }

@@ -1,0 +1,90 @@
+package outbox_test
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/onceflow/onceflow/pkg/event"
+	"github.com/onceflow/onceflow/pkg/outbox"
+)
+
+// Published events stay for a retention window, in which they can be
+// replayed, and are then pruned: here moved to outbox_events_archive. Pending
+// and dead rows are never pruned, however old. A service runs this in the
+// background with NewPruner(pool, cfg).Run(ctx).
+func ExamplePrune() {
+	ctx := context.Background()
+	pool, _, _, cleanup := exampleSetup(ctx)
+	defer cleanup()
+	if err := enqueueOrders(ctx, pool, "order-1", "order-2", "order-3"); err != nil {
+		fmt.Println(err)
+		return
+	}
+	// Stand in for the relay, which published two of them eight days ago.
+	_, err := pool.Exec(ctx, `UPDATE outbox_events SET state = 'published', published_at = now() - interval '8 days'
+		WHERE aggregate_id IN ('order-1', 'order-2')`)
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+
+	n, err := outbox.Prune(ctx, pool, outbox.PruneConfig{Retention: 7 * 24 * time.Hour, Archive: true})
+	fmt.Println("archived:", n, err)
+	// Output: archived: 2 <nil>
+}
+
+// Once the cause of dead events is fixed (here, a topic that did not exist),
+// an operator lists them and sets them back to pending with a fresh budget of
+// attempts; the relay then publishes them, and the later events of their
+// aggregates that waited behind them.
+func ExampleRequeueDead() {
+	ctx := context.Background()
+	pool, _, _, cleanup := exampleSetup(ctx)
+	defer cleanup()
+	if err := enqueueOrders(ctx, pool, "order-1", "order-2"); err != nil {
+		fmt.Println(err)
+		return
+	}
+	// Stand in for the relay, which gave up on both.
+	_, err := pool.Exec(ctx, `UPDATE outbox_events SET state = 'dead', attempts = 10, last_error = 'unknown topic'`)
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+
+	dead, err := outbox.ListDead(ctx, pool, 100)
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	for _, d := range dead {
+		fmt.Printf("dead: %s v%d after %d attempts: %s\n", d.AggregateID, d.AggregateVersion, d.Attempts, d.LastError)
+	}
+	n, err := outbox.RequeueDead(ctx, pool, outbox.DeadFilter{AggregateType: "order"})
+	fmt.Println("requeued:", n, err)
+	dead, err = outbox.ListDead(ctx, pool, 100)
+	fmt.Println("still dead:", len(dead), err)
+	// Output:
+	// dead: order-1 v1 after 10 attempts: unknown topic
+	// dead: order-2 v1 after 10 attempts: unknown topic
+	// requeued: 2 <nil>
+	// still dead: 0 <nil>
+}
+
+// enqueueOrders commits one OrderPlaced event per order id, in order.
+func enqueueOrders(ctx context.Context, pool *pgxpool.Pool, orderIDs ...string) error {
+	evs := make([]event.Envelope, len(orderIDs))
+	for i, id := range orderIDs {
+		evs[i] = event.Envelope{
+			EventID: uuid.New(), EventType: "OrderPlaced", EventVersion: 1,
+			AggregateType: "order", AggregateID: id, AggregateVersion: 1,
+			OccurredAt: time.Now(), Payload: []byte(`{"orderId":"` + id + `"}`),
+		}
+	}
+	return pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error { return outbox.EnqueueBatch(ctx, tx, evs...) })
+}
