@@ -179,6 +179,9 @@ func NewConsumer(pool *pgxpool.Pool, r Reader, dlq Writer, h Handler, cfg Config
 func (c *Consumer) Run(ctx context.Context) error {
 	offsets := newOffsets(c.reader)
 	work := context.WithoutCancel(ctx) // a batch in hand is finished even after ctx ends
+	// One failed worker stops the whole consumer: fetching, and the others.
+	ctx, stop := context.WithCancel(ctx)
+	defer stop()
 	queues := make([]chan kafka.Message, c.cfg.Workers)
 	failed := make(chan error, c.cfg.Workers)
 	var wg sync.WaitGroup
@@ -189,6 +192,7 @@ func (c *Consumer) Run(ctx context.Context) error {
 			defer wg.Done()
 			if err := c.worker(ctx, work, queues[i], offsets); err != nil {
 				failed <- err
+				stop()
 			}
 		}()
 	}
@@ -211,8 +215,6 @@ fetch:
 		select {
 		case queues[workerFor(m.Key, len(queues))] <- m:
 		case <-ctx.Done():
-			break fetch
-		case runErr = <-failed:
 			break fetch
 		}
 	}

@@ -1,0 +1,180 @@
+package inbox_test
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/segmentio/kafka-go"
+
+	"github.com/onceflow/onceflow/pkg/event"
+	"github.com/onceflow/onceflow/pkg/inbox"
+	"github.com/onceflow/onceflow/pkg/platform/kafkautil"
+	"github.com/onceflow/onceflow/pkg/platform/testinfra"
+)
+
+func TestOneKeyInVersionOrderAcrossWorkersAndStaleSkipped(t *testing.T) {
+	f := newFixture(t)
+	var msgs []kafka.Message
+	var versions []int64
+	for v := int64(1); v <= 1000; v++ {
+		msgs = append(msgs, event.ToKafka(f.topic, newEvent("hot", v)))
+		// Other keys interleaved, spread over the workers.
+		msgs = append(msgs, event.ToKafka(f.topic, newEvent("k"+string(rune('a'+v%7)), (v+6)/7)))
+	}
+	// An older version re-emitted under a new event id: stale.
+	replayed := newEvent("hot", 500)
+	msgs = append(msgs, event.ToKafka(f.topic, replayed))
+	f.produce(t, msgs...)
+
+	var mu sync.Mutex
+	f.run(t, func(ctx context.Context, tx pgx.Tx, ev event.Envelope) error {
+		if ev.AggregateID == "hot" {
+			mu.Lock()
+			versions = append(versions, ev.AggregateVersion)
+			mu.Unlock()
+		}
+		return f.recordEffect(ctx, tx, ev)
+	}, inbox.Config{Workers: 4, BatchSize: 50})
+
+	testinfra.WaitFor(t, 60*time.Second, "all 2001 messages", func() (bool, error) {
+		return testinfra.MetricValue(t, f.registry, "inbox_processed_total")+
+			testinfra.MetricValue(t, f.registry, "inbox_stale_total") == 2001, nil
+	})
+	mu.Lock()
+	defer mu.Unlock()
+	if len(versions) != 1000 {
+		t.Fatalf("hot aggregate handled %d times, want 1000 (the stale replay must be skipped)", len(versions))
+	}
+	for i, v := range versions {
+		if v != int64(i+1) {
+			t.Fatalf("hot aggregate: handling %d was version %d, want %d", i, v, i+1)
+		}
+	}
+	if got := testinfra.MetricValue(t, f.registry, "inbox_stale_total"); got != 1 {
+		t.Fatalf("inbox_stale_total = %v, want 1", got)
+	}
+	if n := f.count(t, "SELECT count(*) FROM inbox_messages WHERE status = 'stale' AND message_id = $1", replayed.EventID); n != 1 {
+		t.Fatal("the stale event's inbox row is not marked stale")
+	}
+}
+
+func TestKilledAfterCommitBeforeOffsetCommitRedeliveryIsANoOp(t *testing.T) {
+	f := newFixture(t)
+	evs := []event.Envelope{newEvent("a", 1), newEvent("b", 1), newEvent("c", 1)}
+	var msgs []kafka.Message
+	for _, ev := range evs {
+		msgs = append(msgs, event.ToKafka(f.topic, ev))
+	}
+	f.produce(t, msgs...)
+	group := testinfra.Name("group")
+
+	// First life: dies right after its first database commit.
+	killed := errors.New("killed")
+	r1 := kafkautil.NewGroupReader(f.brokers, f.topic, group)
+	c1, err := inbox.NewConsumer(f.pool, r1, f.writer, f.recordEffect, inbox.Config{
+		Name: "crashy", Workers: 1, BatchSize: 10,
+		CrashPoint: func(name string) error {
+			if name == inbox.CrashAfterCommit {
+				return killed
+			}
+			return nil
+		},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c1.Run(context.Background()); !errors.Is(err, killed) {
+		t.Fatalf("first life ended with %v, want the crash", err)
+	}
+	r1.Close()
+	firstLife := f.count(t, "SELECT count(*) FROM effects")
+	if firstLife == 0 {
+		t.Fatal("the first life committed nothing before the crash point")
+	}
+
+	// Second life: the same group gets the uncommitted messages again.
+	reg := prometheus.NewRegistry()
+	r2 := kafkautil.NewGroupReader(f.brokers, f.topic, group)
+	defer r2.Close()
+	c2, err := inbox.NewConsumer(f.pool, r2, f.writer, f.recordEffect, inbox.Config{
+		Name: "crashy", Metrics: inbox.NewMetrics(reg),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- c2.Run(ctx) }()
+	defer func() { cancel(); <-done }()
+	testinfra.WaitFor(t, 30*time.Second, "the redeliveries", func() (bool, error) {
+		return testinfra.MetricValue(t, reg, "inbox_duplicates_total") == float64(firstLife) &&
+			f.count(t, "SELECT count(*) FROM effects") == len(evs), nil
+	})
+}
+
+func TestUpcastersChainOldVersionsToTheCurrentOne(t *testing.T) {
+	f := newFixture(t)
+	old := newEvent("u", 1)
+	old.EventVersion, old.Payload = 1, []byte(`{"amount":5}`)
+	f.produce(t, event.ToKafka(f.topic, old))
+	var got event.Envelope
+	var mu sync.Mutex
+	f.run(t, func(ctx context.Context, tx pgx.Tx, ev event.Envelope) error {
+		mu.Lock()
+		got = ev
+		mu.Unlock()
+		return f.recordEffect(ctx, tx, ev)
+	}, inbox.Config{Upcasters: []inbox.Upcaster{
+		{EventType: "ThingHappened", From: 1, Convert: func(p json.RawMessage) (json.RawMessage, error) {
+			var v1 struct{ Amount int64 }
+			if err := json.Unmarshal(p, &v1); err != nil {
+				return nil, err
+			}
+			return json.Marshal(map[string]any{"amountCents": v1.Amount * 100})
+		}},
+		{EventType: "ThingHappened", From: 2, Convert: func(p json.RawMessage) (json.RawMessage, error) {
+			var v2 map[string]any
+			if err := json.Unmarshal(p, &v2); err != nil {
+				return nil, err
+			}
+			v2["currency"] = "EUR"
+			return json.Marshal(v2)
+		}},
+	}})
+	testinfra.WaitFor(t, 30*time.Second, "the upcast event", func() (bool, error) {
+		return f.count(t, "SELECT count(*) FROM effects") == 1, nil
+	})
+	mu.Lock()
+	defer mu.Unlock()
+	if got.EventVersion != 3 || string(got.Payload) != `{"amountCents":500,"currency":"EUR"}` {
+		t.Fatalf("handler saw v%d %s, want v3 with the converted payload", got.EventVersion, got.Payload)
+	}
+}
+
+func TestVersionGapsAreReportedOrWaitedFor(t *testing.T) {
+	f := newFixture(t)
+	f.produce(t, event.ToKafka(f.topic, newEvent("g", 1)), event.ToKafka(f.topic, newEvent("g", 3)))
+	f.run(t, f.recordEffect, inbox.Config{Gaps: inbox.GapAccept})
+	testinfra.WaitFor(t, 30*time.Second, "both events, the gap reported", func() (bool, error) {
+		return f.count(t, "SELECT count(*) FROM effects") == 2 &&
+			testinfra.MetricValue(t, f.registry, "inbox_version_gaps_total") == 1, nil
+	})
+
+	g := newFixture(t)
+	dlt := testinfra.NewTopic(t, g.brokers, 1)
+	g.produce(t, event.ToKafka(g.topic, newEvent("g", 1)), event.ToKafka(g.topic, newEvent("g", 3)))
+	g.run(t, g.recordEffect, inbox.Config{Gaps: inbox.GapRetry, MaxAttempts: 3, BackoffMin: time.Millisecond,
+		BackoffMax: 2 * time.Millisecond, DeadLetterTopic: dlt})
+	testinfra.WaitFor(t, 30*time.Second, "the gapped event to be retried, then dead-lettered", func() (bool, error) {
+		return testinfra.MetricValue(t, g.registry, "inbox_dead_lettered_total") == 1, nil
+	})
+	if n := g.count(t, "SELECT count(*) FROM effects"); n != 1 {
+		t.Fatalf("%d effects, want only version 1's", n)
+	}
+}
