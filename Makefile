@@ -50,3 +50,7 @@ vet: ## go vet and gofmt over every module
 
 fmt: ## gofmt every Go file
 	gofmt -w .
+
+.PHONY: bench-outbox
+bench-outbox: up ## Run the outbox benchmarks: ratios against same-run baselines (BENCHMARKS.md; BENCH=regex)
+	devstack/bench-outbox.sh

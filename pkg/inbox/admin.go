@@ -295,9 +295,10 @@ type RequeueFilter struct {
 	// EventIDs selects the dead letters of these events. A message that was
 	// not an event (it had no readable event id) never matches.
 	EventIDs []uuid.UUID
-	// All must be set to requeue every dead letter (of Consumer, if set)
-	// without naming events, so that a forgotten filter never floods a
-	// topic. It cannot be combined with EventIDs.
+	// All requeues every dead letter of the topic (of Consumer, if set). A
+	// filter with neither Consumer nor EventIDs needs it, so that a
+	// forgotten filter never floods a topic. It cannot be combined with
+	// EventIDs.
 	All bool
 }
 
@@ -349,10 +350,14 @@ WHERE status = 'dead_lettered'
 // the dlt-* headers. Fix the cause of the failures before requeuing, or the
 // messages come straight back.
 //
+// Only the dead letters present when the call began are read, so a requeued
+// message that fails again and comes back to dltTopic meanwhile is not sent
+// a second time by the same call.
+//
 // Requeue is at-least-once. The row is deleted before the message is
 // produced, so a crash or a failed write in between leaves the dead letter
-// to a later requeue, never a message that nobody will handle; a message
-// produced twice is absorbed by the inbox. Consequences worth knowing:
+// in dltTopic for a later requeue, and its redelivery free to be handled; a
+// message produced twice is absorbed by the inbox. Consequences worth knowing:
 //   - The requeued message reaches every consumer of the original topic, not
 //     only the one that gave up; the others absorb it as a duplicate (while
 //     their inbox rows are within PruneConfig.Retention).
@@ -362,7 +367,9 @@ WHERE status = 'dead_lettered'
 //     again. Requeue by EventIDs to be selective.
 //   - The message lands where w's balancer puts it: with kafkautil.NewWriter
 //     (hashing the key) on its original partition, if the partition count did
-//     not change, but after any later events of its aggregate.
+//     not change, but after any later events of its aggregate. A consumer
+//     whose version guard has already applied a later version of that
+//     aggregate skips the requeued event as stale instead of handling it.
 //
 // w must not have a Topic of its own: each message names its original topic.
 // db must not be a pgx.Tx: the deletes have to be committed before the

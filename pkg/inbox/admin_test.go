@@ -520,6 +520,24 @@ func TestRequeueDeadLettersByEventID(t *testing.T) {
 	if dls, err := inbox.ListDeadLetters(ctx, s.brokers, s.dlt, 10); err != nil || len(dls) != 2 {
 		t.Fatalf("after the requeue the DLT lists %d dead letters (%v), want 2", len(dls), err)
 	}
+
+	// Once billing has handled b, requeuing it again produces it again, and
+	// leaves the processed row that makes billing absorb it as a duplicate.
+	if _, err := s.pool.Exec(ctx, `INSERT INTO inbox_messages (consumer, message_id, event_type, aggregate_id,
+		aggregate_version, topic, kafka_partition, kafka_offset, status, payload_hash, processed_at)
+		VALUES ('billing', $1, 'PaymentCaptured', 'order-b', 1, $2, 0, 0, 'processed', '\x00', now())`,
+		s.b.EventID, s.original); err != nil {
+		t.Fatal(err)
+	}
+	if n, err := inbox.RequeueDeadLetters(ctx, s.pool, s.writer, s.brokers, s.dlt, inbox.RequeueFilter{EventIDs: []uuid.UUID{s.b.EventID}}); err != nil || n != 1 {
+		t.Fatalf("second requeue of b = %d, %v; want 1, nil", n, err)
+	}
+	sameMessage(t, "b requeued again", readAll(t, s.brokers, s.original, 2)[1], s.originalB)
+	equalStrings(t, "inbox rows after requeuing a handled b", inboxRows(t, s.pool), sortedKeys(
+		rowKey("billing", "dead_lettered", s.a.EventID),
+		rowKey("billing", "processed", s.b.EventID),
+		rowKey("shipping", "dead_lettered", s.a.EventID),
+	))
 }
 
 func TestRequeueDeadLettersByConsumerAndAll(t *testing.T) {

@@ -10,6 +10,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/segmentio/kafka-go"
@@ -103,6 +104,11 @@ type Config struct {
 	// CrashAfterCommit); a non-nil error stops the consumer right there, as
 	// a crash would. Fault-injection harnesses use it; leave it nil otherwise.
 	CrashPoint func(name string) error
+	// LeaseTTL is how long a leased message (NewLeaseConsumer) stays with
+	// its worker; it must exceed the longest side effect call. Default 30s.
+	LeaseTTL time.Duration
+	// LeaseOwner names this process in lease rows. Default: Name + a random suffix.
+	LeaseOwner string
 	// LagInterval is how often consumer_lag_messages is refreshed, when the
 	// reader is a *kafka.Reader. Default 5s.
 	LagInterval time.Duration
@@ -128,6 +134,12 @@ func (c Config) withDefaults() Config {
 	if c.BackoffMax <= 0 {
 		c.BackoffMax = 5 * time.Second
 	}
+	if c.LeaseTTL <= 0 {
+		c.LeaseTTL = 30 * time.Second
+	}
+	if c.LeaseOwner == "" {
+		c.LeaseOwner = c.Name + "-" + uuid.NewString()[:8]
+	}
 	if c.LagInterval <= 0 {
 		c.LagInterval = 5 * time.Second
 	}
@@ -148,6 +160,7 @@ type Consumer struct {
 	handle    Handler
 	cfg       Config
 	upcasters map[string]map[int]Upcaster
+	effect    *Effect // lease mode, when set
 }
 
 // NewConsumer returns a consumer that reads from r, handles each event with h
@@ -253,6 +266,17 @@ func (c *Consumer) worker(ctx, work context.Context, q <-chan kafka.Message, off
 			default:
 				break fill
 			}
+		}
+		if c.effect != nil {
+			for _, m := range batch {
+				if err := c.processLeased(work, m); err != nil {
+					return err
+				}
+				if err := offsets.done(work, m); err != nil {
+					return err
+				}
+			}
+			continue
 		}
 		if err := c.processBatch(work, batch, offsets); err != nil {
 			return err

@@ -9,9 +9,9 @@ import (
 // Metrics are the consumers' Prometheus metrics, labelled by consumer name.
 // Create them once per process and share them between its consumers.
 type Metrics struct {
-	processed, duplicates, stale, failures, deadLettered, gaps *prometheus.CounterVec
-	seconds                                                    *prometheus.HistogramVec
-	lag                                                        *prometheus.GaugeVec
+	processed, duplicates, stale, failures, deadLettered, gaps, uncertain *prometheus.CounterVec
+	seconds                                                               *prometheus.HistogramVec
+	lag                                                                   *prometheus.GaugeVec
 }
 
 // NewMetrics creates the consumer metrics and registers them on reg (nil:
@@ -27,6 +27,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		failures:     counter("inbox_failures_total", "Handler attempts that failed (each retry counts)."),
 		deadLettered: counter("inbox_dead_lettered_total", "Messages sent to the dead-letter topic."),
 		gaps:         counter("inbox_version_gaps_total", "Events whose aggregate version skipped one or more versions."),
+		uncertain:    counter("inbox_uncertain_total", "Leased messages whose side effect may or may not have happened; see the reconciliation report."),
 		seconds: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name:    "inbox_processing_seconds",
 			Help:    "Time to handle one message, its share of the batch transaction included.",
@@ -38,7 +39,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		}, []string{"consumer", "topic", "partition"}),
 	}
 	if reg != nil {
-		reg.MustRegister(m.processed, m.duplicates, m.stale, m.failures, m.deadLettered, m.gaps, m.seconds, m.lag)
+		reg.MustRegister(m.processed, m.duplicates, m.stale, m.failures, m.deadLettered, m.gaps, m.uncertain, m.seconds, m.lag)
 	}
 	return m
 }

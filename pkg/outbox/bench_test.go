@@ -18,8 +18,10 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"log/slog"
 	"math"
 	"os"
+	"runtime/debug"
 	"slices"
 	"strconv"
 	"strings"
@@ -52,7 +54,10 @@ import (
 // transaction rates, their ratio (goal ≥ 0.90) and p50/p99 latencies.
 //
 // The sub-benchmarks after the first are knobs: the worker count, and
-// synchronous_commit=off on the benchmark's connections.
+// synchronous_commit=off on the benchmark's connections. The two named
+// notify-trigger=off are a diagnosis, not a configuration anyone should run:
+// they disable the outbox's NOTIFY trigger (the relay then only polls) to
+// show what the NOTIFY costs each commit.
 func BenchmarkEnqueueOverhead(b *testing.B) {
 	for _, c := range []struct {
 		name       string
@@ -89,7 +94,7 @@ CREATE TABLE bench_orders (
 
 func benchEnqueueOverhead(b *testing.B, workers int, syncCommit string, noNotify bool) {
 	ctx := context.Background()
-	pool := benchPool(b, testinfra.NewDatabase(b), int32(workers)+2, syncCommit)
+	pool := benchPool(b, testinfra.NewDatabase(b), int32(workers)+1, syncCommit) // +1: the wait sampler
 	benchMigrate(b, pool)
 	if noNotify {
 		if _, err := pool.Exec(ctx, "ALTER TABLE outbox_events DISABLE TRIGGER outbox_events_notify"); err != nil {
@@ -119,37 +124,35 @@ func benchEnqueueOverhead(b *testing.B, workers int, syncCommit string, noNotify
 
 	// Warm both up: connections open, statements prepared, caches hot.
 	for _, v := range []benchTxFunc{bare, withOutbox} {
-		if _, err := benchRound(ctx, workers, enqueueWarmUp, v); err != nil {
+		if _, err := benchRound(ctx, pool, workers, enqueueWarmUp, v); err != nil {
 			b.Fatal(err)
 		}
 	}
 
-	var a, o benchRoundResult
+	var bareRes, outboxRes benchRoundResult
+	variants := []struct {
+		tx  benchTxFunc
+		res *benchRoundResult
+	}{{bare, &bareRes}, {withOutbox, &outboxRes}}
 	for i := range enqueuePairs * b.N {
-		order := []benchTxFunc{bare, withOutbox}
-		if i%2 == 1 {
-			order = []benchTxFunc{withOutbox, bare}
-		}
-		for j, v := range order {
-			r, err := benchRound(ctx, workers, enqueueRound, v)
+		for j := range variants {
+			v := variants[(i+j)%2] // A B, then B A, …
+			r, err := benchRound(ctx, pool, workers, enqueueRound, v.tx)
 			if err != nil {
 				b.Fatal(err)
 			}
-			if (j == 0) == (i%2 == 0) {
-				a.add(r)
-			} else {
-				o.add(r)
-			}
+			v.res.add(r)
 		}
 	}
 	b.ReportMetric(0, "ns/op")
-	b.ReportMetric(a.rate(), "bare-tx/s")
-	b.ReportMetric(o.rate(), "outbox-tx/s")
-	b.ReportMetric(o.rate()/a.rate(), "ratio")
-	b.ReportMetric(benchMillis(benchPercentile(a.latencies, 0.50)), "bare-p50-ms")
-	b.ReportMetric(benchMillis(benchPercentile(a.latencies, 0.99)), "bare-p99-ms")
-	b.ReportMetric(benchMillis(benchPercentile(o.latencies, 0.50)), "outbox-p50-ms")
-	b.ReportMetric(benchMillis(benchPercentile(o.latencies, 0.99)), "outbox-p99-ms")
+	b.ReportMetric(bareRes.rate(), "bare-tx/s")
+	b.ReportMetric(outboxRes.rate(), "outbox-tx/s")
+	b.ReportMetric(outboxRes.rate()/bareRes.rate(), "ratio")
+	b.ReportMetric(benchMillis(benchPercentile(bareRes.latencies, 0.50)), "bare-p50-ms")
+	b.ReportMetric(benchMillis(benchPercentile(bareRes.latencies, 0.99)), "bare-p99-ms")
+	b.ReportMetric(benchMillis(benchPercentile(outboxRes.latencies, 0.50)), "outbox-p50-ms")
+	b.ReportMetric(benchMillis(benchPercentile(outboxRes.latencies, 0.99)), "outbox-p99-ms")
+	b.ReportMetric(float64(outboxRes.notifyWaits)/float64(max(1, outboxRes.active)), "outbox-notify-wait")
 }
 
 // benchTxFunc runs one whole transaction; n numbers it within its worker.
@@ -159,18 +162,24 @@ type benchRoundResult struct {
 	count     int
 	elapsed   time.Duration
 	latencies []time.Duration
+	// Samples of the database's active backends, and of those waiting for
+	// the lock that NOTIFY takes at commit.
+	active, notifyWaits int
 }
 
 func (r *benchRoundResult) add(o benchRoundResult) {
 	r.count += o.count
 	r.elapsed += o.elapsed
 	r.latencies = append(r.latencies, o.latencies...)
+	r.active += o.active
+	r.notifyWaits += o.notifyWaits
 }
 
 func (r *benchRoundResult) rate() float64 { return float64(r.count) / r.elapsed.Seconds() }
 
-// benchRound runs tx on workers goroutines, back to back, for d.
-func benchRound(ctx context.Context, workers int, d time.Duration, tx benchTxFunc) (benchRoundResult, error) {
+// benchRound runs tx on workers goroutines, back to back, for d, while
+// sampling what the backends of pool's database wait for.
+func benchRound(ctx context.Context, pool *pgxpool.Pool, workers int, d time.Duration, tx benchTxFunc) (benchRoundResult, error) {
 	var (
 		mu       sync.Mutex
 		res      benchRoundResult
@@ -179,6 +188,15 @@ func benchRound(ctx context.Context, workers int, d time.Duration, tx benchTxFun
 	)
 	start := time.Now()
 	deadline := start.Add(d)
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		active, waits, err := benchSampleWaits(ctx, pool, deadline)
+		mu.Lock()
+		defer mu.Unlock()
+		res.active, res.notifyWaits = active, waits
+		firstErr = cmp.Or(firstErr, err)
+	}()
 	for range workers {
 		wg.Add(1)
 		go func() {
@@ -196,14 +214,38 @@ func benchRound(ctx context.Context, workers int, d time.Duration, tx benchTxFun
 			defer mu.Unlock()
 			res.count += len(lat)
 			res.latencies = append(res.latencies, lat...)
-			if err != nil && firstErr == nil {
-				firstErr = err
-			}
+			firstErr = cmp.Or(firstErr, err)
 		}()
 	}
 	wg.Wait()
 	res.elapsed = time.Since(start)
 	return res, firstErr
+}
+
+// benchSampleWaits counts, every 20 ms until deadline, the active backends of
+// pool's database and those waiting for a lock on an object. NOTIFY takes
+// such a lock at commit (the pg_database object 0, for the whole cluster) and
+// holds it until the commit is flushed, so commits that notify queue there
+// instead of sharing one WAL flush; nothing else in this benchmark takes it.
+func benchSampleWaits(ctx context.Context, pool *pgxpool.Pool, deadline time.Time) (active, waits int, err error) {
+	conn, err := pool.Acquire(ctx)
+	if err != nil {
+		return 0, 0, err
+	}
+	defer conn.Release()
+	for time.Now().Before(deadline) {
+		var a, w int
+		err := conn.QueryRow(ctx, `
+			SELECT count(*), count(*) FILTER (WHERE wait_event_type = 'Lock' AND wait_event = 'object')
+			FROM pg_stat_activity
+			WHERE datname = current_database() AND state = 'active' AND pid <> pg_backend_pid()`).Scan(&a, &w)
+		if err != nil {
+			return 0, 0, fmt.Errorf("sampling wait events: %w", err)
+		}
+		active, waits = active+a, waits+w
+		time.Sleep(20 * time.Millisecond)
+	}
+	return active, waits, nil
 }
 
 // ---------------------------------------------------------------------------
@@ -215,7 +257,9 @@ func benchRound(ctx context.Context, workers int, d time.Duration, tx benchTxFun
 // producing the very same messages from memory with the same writer settings
 // and the same batches (measured before and after the drain, to bracket it).
 // It reports both rates and their ratio; the goals are ≥ 20,000 events/s and
-// a ratio ≥ 0.50.
+// a ratio ≥ 0.50. Beside them: the mean time per relay batch, and the share
+// of the relay's time spent waiting for the broker (the rest is Postgres and
+// the relay's own work: claiming, decoding, marking published, committing).
 //
 // RelayConfig.BatchSize is the knob of the first three sub-benchmarks; the
 // others change the kafka-go writer (its BatchSize, its BatchTimeout) or the
@@ -276,7 +320,10 @@ FROM generate_series(0, $1 - 1) AS g,
 
 func benchRelayDrain(b *testing.B, brokers []string, pool, relayPool *pgxpool.Pool, batch int, newWriter func() *kafka.Writer) {
 	ctx := context.Background()
-	var raw, relayed benchRate
+	var (
+		raw, relayed benchRate
+		inKafka      time.Duration // of the relay's time, spent in WriteMessages
+	)
 	for range b.N {
 		rawTopic := testinfra.NewTopic(b, brokers, 6)
 		relayTopic := testinfra.NewTopic(b, brokers, 6)
@@ -310,9 +357,11 @@ func benchRelayDrain(b *testing.B, brokers []string, pool, relayPool *pgxpool.Po
 
 		produce()
 		w := newWriter()
-		relay, err := outbox.NewRelay(relayPool, w, outbox.RelayConfig{
+		timed := &benchTimedWriter{w: w}
+		relay, err := outbox.NewRelay(relayPool, timed, outbox.RelayConfig{
 			Topic:     func(string) string { return relayTopic },
 			BatchSize: batch,
+			Logger:    benchLogger,
 		})
 		if err != nil {
 			b.Fatal(err)
@@ -330,6 +379,7 @@ func benchRelayDrain(b *testing.B, brokers []string, pool, relayPool *pgxpool.Po
 			total += n
 		}
 		relayed.add(total, time.Since(start))
+		inKafka += benchSum(timed.since(0))
 		relay.Close()
 		w.Close()
 		produce()
@@ -345,6 +395,39 @@ func benchRelayDrain(b *testing.B, brokers []string, pool, relayPool *pgxpool.Po
 	b.ReportMetric(relayed.perSecond(), "relay-events/s")
 	b.ReportMetric(raw.perSecond(), "raw-events/s")
 	b.ReportMetric(relayed.perSecond()/raw.perSecond(), "ratio")
+	b.ReportMetric(inKafka.Seconds()/relayed.elapsed.Seconds(), "kafka-share")
+	b.ReportMetric(benchMillis(relayed.elapsed)/math.Ceil(float64(relayed.events)/float64(batch)), "ms/batch")
+}
+
+// benchTimedWriter adds up the time the relay spends waiting for the broker,
+// so the rest of a batch (claim, decoding, marking, commit) can be told apart.
+type benchTimedWriter struct {
+	w      outbox.Writer
+	mu     sync.Mutex
+	writes []time.Duration
+}
+
+func (t *benchTimedWriter) WriteMessages(ctx context.Context, msgs ...kafka.Message) error {
+	start := time.Now()
+	err := t.w.WriteMessages(ctx, msgs...)
+	t.mu.Lock()
+	t.writes = append(t.writes, time.Since(start))
+	t.mu.Unlock()
+	return err
+}
+
+// since returns the durations of the writes after the first n.
+func (t *benchTimedWriter) since(n int) []time.Duration {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return slices.Clone(t.writes[n:])
+}
+
+func benchSum(ds []time.Duration) (sum time.Duration) {
+	for _, d := range ds {
+		sum += d
+	}
+	return sum
 }
 
 // benchBacklogMessages reads the backlog back, in the relay's order, as the
@@ -390,43 +473,46 @@ func (r *benchRate) perSecond() float64         { return float64(r.events) / r.e
 // 3. Commit-to-ack lag under a steady trickle.
 // ---------------------------------------------------------------------------
 
-// BenchmarkPublishLag commits one event per transaction at 1,000 events/s
-// while relay.Run publishes them, woken by LISTEN/NOTIFY, and measures for
-// every event the time from its commit (when Commit returned) to the broker's
-// acknowledgement of it (when the relay's WriteMessages returned), and to its
-// arrival at a consumer of the topic. Goal: ack p99 ≤ 10 ms.
+// BenchmarkPublishLag commits one event per transaction at a steady rate
+// (1,000 events/s) while relay.Run publishes them, woken by LISTEN/NOTIFY,
+// and measures for every event the time from its commit (when Commit
+// returned) to the broker's acknowledgement of it (when the relay's
+// WriteMessages returned), and to its arrival at a consumer of the topic.
+// Goal: ack p99 ≤ 10 ms. Beside it: the relay's cycle (the time between two
+// successive acks, i.e. one claim-publish-mark-commit round), and the part of
+// it spent waiting for the broker, which split the lag into its causes.
 //
-// It then shows that the relay idles between commits: the batches it
-// published against the events, and, over an idle window after the load, the
-// batches it published (none), and the CPU time of this process and of the
-// database backends serving the relay.
+// It then shows that the relay idles between commits: over an idle window
+// after the load, the batches it published (none), and the CPU time of this
+// process and of the database backends serving the relay.
 //
 // The sub-benchmarks after the first are knobs: the kafka-go writer's
 // BatchTimeout (a partly filled batch waits this long before it is sent),
-// and synchronous_commit=off on the relay's connections.
+// synchronous_commit=off on the relay's connections, and a lower rate.
 func BenchmarkPublishLag(b *testing.B) {
 	for _, c := range []struct {
 		name          string
+		rate          int
 		writerTimeout time.Duration
 		syncCommit    string
 	}{
-		{name: "rate=1000"},
-		{name: "rate=1000/writer-BatchTimeout=200us", writerTimeout: 200 * time.Microsecond},
-		{name: "rate=1000/relay-synchronous_commit=off", syncCommit: "off"},
+		{name: "rate=1000", rate: 1000},
+		{name: "rate=1000/writer-BatchTimeout=200us", rate: 1000, writerTimeout: 200 * time.Microsecond},
+		{name: "rate=1000/relay-synchronous_commit=off", rate: 1000, syncCommit: "off"},
+		{name: "rate=200", rate: 200},
 	} {
-		b.Run(c.name, func(b *testing.B) { benchPublishLag(b, c.writerTimeout, cmp.Or(c.syncCommit, "on")) })
+		b.Run(c.name, func(b *testing.B) { benchPublishLag(b, c.rate, c.writerTimeout, cmp.Or(c.syncCommit, "on")) })
 	}
 }
 
 const (
-	lagRate      = 1000
-	lagEvents    = 10_000 // 10 s at lagRate
-	lagWarmUp    = 500
+	lagLoad      = 10 * time.Second // of commits at the benchmark's rate
+	lagWarmUp    = 500 * time.Millisecond
 	lagProducers = 4
 	lagIdle      = 3 * time.Second
 )
 
-func benchPublishLag(b *testing.B, writerTimeout time.Duration, relaySyncCommit string) {
+func benchPublishLag(b *testing.B, rate int, writerTimeout time.Duration, relaySyncCommit string) {
 	ctx := context.Background()
 	brokers := testinfra.KafkaBrokers(b)
 	topic := testinfra.NewTopic(b, brokers, 6)
@@ -442,9 +528,11 @@ func benchPublishLag(b *testing.B, writerTimeout time.Duration, relaySyncCommit 
 	}
 	defer w.Close()
 	reg := prometheus.NewRegistry()
-	relay, err := outbox.NewRelay(relayPool, benchAckWriter{w: w, acked: acked}, outbox.RelayConfig{
+	aw := &benchAckWriter{benchTimedWriter: benchTimedWriter{w: w}, acked: acked}
+	relay, err := outbox.NewRelay(relayPool, aw, outbox.RelayConfig{
 		Topic:   func(string) string { return topic },
 		Metrics: outbox.NewMetrics(reg),
+		Logger:  benchLogger,
 	})
 	if err != nil {
 		b.Fatal(err)
@@ -465,6 +553,7 @@ func benchPublishLag(b *testing.B, writerTimeout time.Duration, relaySyncCommit 
 		batches, lagHist         benchHist
 		idleBatches              float64
 		idleCPU, idleDBCPU, idle time.Duration
+		kafkaWrites, cycles      []time.Duration
 	)
 	for range b.N {
 		arrived := newBenchClock()
@@ -472,7 +561,7 @@ func benchPublishLag(b *testing.B, writerTimeout time.Duration, relaySyncCommit 
 
 		// Warm up: the relay takes its partitions, the writer its metadata,
 		// the consumers their first fetch.
-		warm, err := benchTrickle(ctx, pool, lagRate, lagWarmUp, newBenchClock())
+		warm, err := benchTrickle(ctx, pool, rate, int(lagWarmUp.Seconds()*float64(rate)), newBenchClock())
 		if err != nil {
 			b.Fatal(err)
 		}
@@ -482,9 +571,10 @@ func benchPublishLag(b *testing.B, writerTimeout time.Duration, relaySyncCommit 
 
 		batchesBefore := benchHistogram(b, reg, "outbox_batch_size")
 		lagBefore := benchHistogram(b, reg, "outbox_publish_lag_seconds")
+		writesBefore := len(aw.since(0))
 		committed := newBenchClock()
 		start := time.Now()
-		ids, err := benchTrickle(ctx, pool, lagRate, lagEvents, committed)
+		ids, err := benchTrickle(ctx, pool, rate, int(lagLoad.Seconds()*float64(rate)), committed)
 		if err != nil {
 			b.Fatal(err)
 		}
@@ -492,6 +582,8 @@ func benchPublishLag(b *testing.B, writerTimeout time.Duration, relaySyncCommit 
 		testinfra.WaitFor(b, 30*time.Second, "every event to be acked and consumed", func() (bool, error) {
 			return acked.hasAll(ids) && arrived.hasAll(ids), nil
 		})
+		kafkaWrites = append(kafkaWrites, aw.since(writesBefore)...)
+		cycles = append(cycles, acked.intervals(ids)...)
 		batches = batches.plus(benchHistogram(b, reg, "outbox_batch_size").minus(batchesBefore))
 		lagHist = lagHist.plus(benchHistogram(b, reg, "outbox_publish_lag_seconds").minus(lagBefore))
 		ackLag = append(ackLag, committed.lagsUntil(acked, ids)...)
@@ -500,6 +592,9 @@ func benchPublishLag(b *testing.B, writerTimeout time.Duration, relaySyncCommit 
 		// Idle: no commits, no consumers. A relay that polled in a loop
 		// would show here as batches, CPU time, or database work.
 		stopConsumers()
+		// Return the heap to the OS now, or the runtime's background
+		// scavenger does it during the window and is counted as idle CPU.
+		debug.FreeOSMemory()
 		time.Sleep(500 * time.Millisecond) // let the last batch's commit finish
 		batchesBefore = benchHistogram(b, reg, "outbox_batch_size")
 		cpu, dbCPU := benchProcessCPU(), benchBackendCPU(b, pool)
@@ -518,6 +613,10 @@ func benchPublishLag(b *testing.B, writerTimeout time.Duration, relaySyncCommit 
 	b.ReportMetric(benchMillis(benchPercentile(consumeLag, 0.99)), "consume-p99-ms")
 	b.ReportMetric(lagHist.quantile(0.99)*1000, "hist-p99-ms")
 	b.ReportMetric(batches.sum/batches.count, "events/batch")
+	b.ReportMetric(benchMillis(benchPercentile(cycles, 0.50)), "cycle-p50-ms")
+	b.ReportMetric(benchMillis(benchPercentile(cycles, 0.99)), "cycle-p99-ms")
+	b.ReportMetric(benchMillis(benchPercentile(kafkaWrites, 0.50)), "kafka-p50-ms")
+	b.ReportMetric(benchMillis(benchPercentile(kafkaWrites, 0.99)), "kafka-p99-ms")
 	b.ReportMetric(idleBatches, "idle-batches")
 	b.ReportMetric(benchMillis(idleCPU)/idle.Seconds(), "idle-cpu-ms/s")
 	b.ReportMetric(benchMillis(idleDBCPU)/idle.Seconds(), "idle-db-cpu-ms/s")
@@ -570,12 +669,12 @@ func benchTrickle(ctx context.Context, pool *pgxpool.Pool, rate, n int, committe
 // benchAckWriter is the relay's writer with a stopwatch: it records when the
 // broker acknowledged each event, the end of the commit-to-ack lag.
 type benchAckWriter struct {
-	w     outbox.Writer
+	benchTimedWriter
 	acked *benchClock
 }
 
-func (a benchAckWriter) WriteMessages(ctx context.Context, msgs ...kafka.Message) error {
-	err := a.w.WriteMessages(ctx, msgs...)
+func (a *benchAckWriter) WriteMessages(ctx context.Context, msgs ...kafka.Message) error {
+	err := a.benchTimedWriter.WriteMessages(ctx, msgs...)
 	now := time.Now()
 	if err == nil {
 		for _, m := range msgs {
@@ -657,6 +756,24 @@ func (c *benchClock) lagsUntil(later *benchClock, ids []string) []time.Duration 
 		lags = append(lags, max(0, later.at[id].Sub(c.at[id])))
 	}
 	return lags
+}
+
+// intervals returns the times between the successive distinct marks of ids:
+// for acks under a steady load, how long each relay batch took end to end.
+func (c *benchClock) intervals(ids []string) []time.Duration {
+	c.mu.Lock()
+	var at []time.Time
+	for _, id := range ids {
+		at = append(at, c.at[id])
+	}
+	c.mu.Unlock()
+	slices.SortFunc(at, time.Time.Compare)
+	at = slices.Compact(at)
+	var ds []time.Duration
+	for i := 1; i < len(at); i++ {
+		ds = append(ds, at[i].Sub(at[i-1]))
+	}
+	return ds
 }
 
 func benchEventID(m kafka.Message) string {
@@ -773,6 +890,9 @@ func benchBackendCPU(b *testing.B, pool *pgxpool.Pool) time.Duration {
 // ---------------------------------------------------------------------------
 // Helpers shared by the benchmarks.
 // ---------------------------------------------------------------------------
+
+// benchLogger keeps the relays' routine messages out of the results.
+var benchLogger = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
 
 // benchPool opens a pool of maxConns on url whose sessions use the given
 // synchronous_commit, closed when the benchmark ends.

@@ -48,52 +48,65 @@ type Shim struct {
 // New returns a shim forwarding to tp.
 func New(tp ThirdParty, logger *slog.Logger) *Shim { return &Shim{tp: tp, logger: logger} }
 
-// Handle is the inbox handler for billing.events.
-func (s *Shim) Handle(ctx context.Context, tx pgx.Tx, ev event.Envelope) error {
+// Effect is the shim's side effect for the inbox's lease mode
+// (inbox.NewLeaseConsumer): the event id is the idempotency key, Check asks
+// the reconciler whether it has that key, Call forwards the payment, and
+// Done records the forward in the inbox's transaction.
+func (s *Shim) Effect() inbox.Effect {
+	return inbox.Effect{Check: s.tp.Lookup, Call: s.forward, Done: s.record}
+}
+
+// request validates a payment event and builds its settlement. ok is false
+// for event types the shim does not forward.
+func request(ev event.Envelope) (req thirdparty.SettleRequest, ok bool, err error) {
 	kind, ok := kindOf[ev.EventType]
 	if !ok {
-		s.logger.InfoContext(ctx, "shim ignores this event type", slog.String("event_type", ev.EventType),
-			slog.String("event_id", ev.EventID.String()))
-		return nil
+		return req, false, nil
 	}
 	if ev.EventVersion != 1 {
-		return inbox.Permanent(fmt.Errorf("%s version %d is unknown to the shim (knows 1)", ev.EventType, ev.EventVersion))
+		return req, true, inbox.Permanent(fmt.Errorf("%s version %d is unknown to the shim (knows 1)", ev.EventType, ev.EventVersion))
 	}
 	var p payment
 	if err := ev.DecodePayload(&p); err != nil {
-		return err
+		return req, true, err
 	}
 	if p.PaymentID == uuid.Nil || p.OrderID == uuid.Nil || p.AmountCents <= 0 || len(p.Currency) != 3 {
-		return inbox.Permanent(fmt.Errorf("%s %s: payload misses paymentId, orderId, a positive amountCents or currency", ev.EventType, ev.EventID))
+		return req, true, inbox.Permanent(fmt.Errorf("%s %s: payload misses paymentId, orderId, a positive amountCents or currency", ev.EventType, ev.EventID))
 	}
+	return thirdparty.SettleRequest{
+		PaymentID: p.PaymentID.String(), OrderID: p.OrderID.String(), Kind: kind,
+		AmountCents: p.AmountCents, Currency: p.Currency,
+	}, true, nil
+}
 
-	key := ev.EventID.String()
-	outcome, settlementID := "already_present", ""
-	found, err := s.tp.Lookup(ctx, key)
-	if err != nil {
-		return fmt.Errorf("asking the reconciler about %s: %w", key, err) // retried
+func (s *Shim) forward(ctx context.Context, ev event.Envelope, key string) error {
+	req, ok, err := request(ev)
+	if err != nil || !ok {
+		if !ok {
+			s.logger.InfoContext(ctx, "shim ignores this event type", slog.String("event_type", ev.EventType),
+				slog.String("event_id", ev.EventID.String()))
+		}
+		return err
 	}
-	if !found {
-		st, err := s.tp.Settle(ctx, key, thirdparty.SettleRequest{
-			PaymentID: p.PaymentID.String(), OrderID: p.OrderID.String(), Kind: kind,
-			AmountCents: p.AmountCents, Currency: p.Currency,
-		})
-		if errors.Is(err, thirdparty.ErrRejected) {
-			return inbox.Permanent(err)
-		}
-		if err != nil {
-			// Retried; the retry's Lookup tells whether this call landed anyway.
-			return fmt.Errorf("forwarding %s: %w", key, err)
-		}
-		outcome, settlementID = "sent", st.ID
-	} else {
-		s.logger.WarnContext(ctx, "the reconciler already has this payment; recording it without forwarding again",
-			slog.String("event_id", key), slog.String("order_id", p.OrderID.String()))
+	_, err = s.tp.Settle(ctx, key, req)
+	if errors.Is(err, thirdparty.ErrRejected) {
+		return inbox.Permanent(err)
+	}
+	if err != nil {
+		return fmt.Errorf("forwarding %s: %w", key, err)
+	}
+	return nil
+}
+
+func (s *Shim) record(ctx context.Context, tx pgx.Tx, ev event.Envelope, outcome inbox.Outcome) error {
+	req, ok, err := request(ev)
+	if err != nil || !ok {
+		return err
 	}
 	_, err = tx.Exec(ctx, `
-		INSERT INTO forwards (event_id, event_type, order_id, kind, outcome, settlement_id)
-		VALUES ($1, $2, $3, $4, $5, NULLIF($6, ''))`,
-		ev.EventID, ev.EventType, p.OrderID, kind, outcome, settlementID)
+		INSERT INTO forwards (event_id, event_type, order_id, kind, outcome)
+		VALUES ($1, $2, $3, $4, $5)`,
+		ev.EventID, ev.EventType, req.OrderID, req.Kind, string(outcome))
 	if err != nil {
 		return fmt.Errorf("recording forward: %w", err)
 	}

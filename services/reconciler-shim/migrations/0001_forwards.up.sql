@@ -1,5 +1,6 @@
 -- The shim's record of what it forwarded to the third-party reconciler, one
--- row per payment event, written in the inbox transaction after the call.
+-- row per payment event, written in the transaction that marks the inbox row
+-- done after the call.
 CREATE TABLE forwards (
     event_id      uuid        PRIMARY KEY,
     event_type    text        NOT NULL,

@@ -62,10 +62,12 @@ func run(ctx context.Context, _ []string, getenv func(string) string, stdout io.
 	defer dlq.Close()
 	reader := kafkautil.NewGroupReader(cfg.KafkaBrokers, cfg.BillingTopic, cfg.ConsumerGroup)
 	defer reader.Close() // after Run: flushes the last offset commits
-	consumer, err := inbox.NewConsumer(svc.Pool, reader, dlq, shim.New(tp, svc.Logger).Handle, inbox.Config{
-		Name:    cfg.ConsumerGroup,
-		Logger:  svc.Logger,
-		Metrics: inbox.NewMetrics(svc.Registry),
+	consumer, err := inbox.NewLeaseConsumer(svc.Pool, reader, dlq, shim.New(tp, svc.Logger).Effect(), inbox.Config{
+		Name: cfg.ConsumerGroup,
+		// A lease outlives any single call to the reconciler.
+		LeaseTTL: 3 * cfg.ReconcilerTimeout,
+		Logger:   svc.Logger,
+		Metrics:  inbox.NewMetrics(svc.Registry),
 	})
 	if err != nil {
 		return err

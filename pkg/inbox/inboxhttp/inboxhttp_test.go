@@ -1,0 +1,177 @@
+package inboxhttp_test
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/segmentio/kafka-go"
+
+	"github.com/onceflow/onceflow/pkg/event"
+	"github.com/onceflow/onceflow/pkg/inbox"
+	"github.com/onceflow/onceflow/pkg/inbox/inboxhttp"
+	"github.com/onceflow/onceflow/pkg/platform/kafkautil"
+	"github.com/onceflow/onceflow/pkg/platform/pgutil"
+	"github.com/onceflow/onceflow/pkg/platform/testinfra"
+)
+
+func TestHandlerDeadLetterEndpoints(t *testing.T) {
+	ctx := context.Background()
+	brokers := testinfra.KafkaBrokers(t)
+	pool := testinfra.NewPool(t, testinfra.NewDatabase(t))
+	if err := pgutil.Migrate(pool, pgutil.Migration{FS: inbox.Migrations, Table: inbox.MigrationsTable}); err != nil {
+		t.Fatal(err)
+	}
+	original := testinfra.NewTopic(t, brokers, 1)
+	dlt := original + ".dlt"
+	testinfra.NewTopicNamed(t, brokers, dlt, 1)
+	w := kafkautil.NewWriter(brokers, 10)
+	defer w.Close()
+
+	evs := make([]event.Envelope, 2)
+	for i := range evs {
+		evs[i] = event.Envelope{
+			EventID: uuid.New(), EventType: "OrderPlaced", EventVersion: 1, AggregateType: "order",
+			AggregateID: fmt.Sprint("o-", i), AggregateVersion: 1, OccurredAt: time.Now(), Payload: []byte(`{}`),
+		}
+		m := event.ToKafka(original, evs[i])
+		dl := kafka.Message{Topic: dlt, Key: m.Key, Value: m.Value, Headers: append(m.Headers,
+			kafka.Header{Key: inbox.HeaderDLTReason, Value: []byte(fmt.Sprint("reason ", i))},
+			kafka.Header{Key: inbox.HeaderDLTConsumer, Value: []byte("billing")},
+			kafka.Header{Key: inbox.HeaderDLTTopic, Value: []byte(original)},
+			kafka.Header{Key: inbox.HeaderDLTPartition, Value: []byte("0")},
+			kafka.Header{Key: inbox.HeaderDLTOffset, Value: []byte(fmt.Sprint(10 + i))},
+			kafka.Header{Key: inbox.HeaderDLTFailedAt, Value: []byte(time.Now().UTC().Format(time.RFC3339Nano))},
+		)}
+		if err := w.WriteMessages(ctx, dl); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := pool.Exec(ctx, `INSERT INTO inbox_messages (consumer, message_id, event_type, aggregate_id,
+			aggregate_version, topic, kafka_partition, kafka_offset, status, last_error, payload_hash)
+			VALUES ('billing', $1, 'OrderPlaced', $2, 1, $3, 0, $4, 'dead_lettered', 'boom', '\x00')`,
+			evs[i].EventID, evs[i].AggregateID, original, 10+i); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	srv := httptest.NewServer(http.StripPrefix("/admin/inbox", inboxhttp.Handler(pool, w, brokers, map[string]string{"orders": dlt})))
+	defer srv.Close()
+
+	call := func(method, path, body string, wantStatus int) map[string]any {
+		t.Helper()
+		req, _ := http.NewRequest(method, srv.URL+"/admin/inbox"+path, strings.NewReader(body))
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		var out map[string]any
+		_ = json.NewDecoder(resp.Body).Decode(&out)
+		if resp.StatusCode != wantStatus {
+			t.Fatalf("%s %s: status %d, want %d: %v", method, path, resp.StatusCode, wantStatus, out)
+		}
+		return out
+	}
+	errorCode := func(out map[string]any) string {
+		t.Helper()
+		e, _ := out["error"].(map[string]any)
+		if e == nil || e["message"] == "" {
+			t.Fatalf("error body = %v, want {\"error\":{\"code\":…,\"message\":…}}", out)
+		}
+		return fmt.Sprint(e["code"])
+	}
+	remaining := func() []string {
+		t.Helper()
+		rows, err := pool.Query(ctx, `SELECT message_id::text FROM inbox_messages ORDER BY 1`)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer rows.Close()
+		var ids []string
+		for rows.Next() {
+			var id string
+			if err := rows.Scan(&id); err != nil {
+				t.Fatal(err)
+			}
+			ids = append(ids, id)
+		}
+		return ids
+	}
+	originalOffsets := func(want int64) {
+		t.Helper()
+		var last int64
+		testinfra.WaitFor(t, 20*time.Second, fmt.Sprintf("%d messages in the original topic", want), func() (bool, error) {
+			conn, err := kafka.DialLeader(ctx, "tcp", brokers[0], original, 0)
+			if err != nil {
+				return false, err
+			}
+			defer conn.Close()
+			_, last, err = conn.ReadOffsets()
+			return err == nil && last >= want, err
+		})
+		if last != want {
+			t.Fatalf("the original topic holds %d messages, want %d", last, want)
+		}
+	}
+
+	list := call("GET", "/dead-letters?topic=orders", "", 200)
+	dls := list["deadLetters"].([]any)
+	if list["count"] != float64(2) || list["deadLetterTopic"] != dlt || len(dls) != 2 {
+		t.Fatalf("list = %v, want the 2 dead letters of %s", list, dlt)
+	}
+	for i, d := range dls {
+		d := d.(map[string]any)
+		if d["eventId"] != evs[i].EventID.String() || d["reason"] != fmt.Sprint("reason ", i) ||
+			d["consumer"] != "billing" || d["originalTopic"] != original || d["originalOffset"] != float64(10+i) ||
+			d["offset"] != float64(i) || d["keySize"] != float64(len(evs[i].AggregateID)) {
+			t.Fatalf("dead letter %d = %v", i, d)
+		}
+	}
+	if got := call("GET", "/dead-letters?topic=orders&limit=1", "", 200)["count"]; got != float64(1) {
+		t.Fatalf("count with limit=1 = %v, want 1", got)
+	}
+	if code := errorCode(call("GET", "/dead-letters?topic=orders&limit=0", "", 400)); code != "malformed" {
+		t.Fatalf("limit=0: code %s, want malformed", code)
+	}
+	if code := errorCode(call("GET", "/dead-letters", "", 400)); code != "malformed" {
+		t.Fatalf("no topic: code %s, want malformed", code)
+	}
+	// Only configured names, never raw topic names.
+	if code := errorCode(call("GET", "/dead-letters?topic="+dlt, "", 404)); code != "not_found" {
+		t.Fatalf("unknown name: code %s, want not_found", code)
+	}
+	if code := errorCode(call("POST", "/dead-letters/requeue", `{"topic":"orders"}`, 422)); code != "invalid" {
+		t.Fatalf("empty filter: code %s, want invalid", code)
+	}
+	errorCode(call("POST", "/dead-letters/requeue", `{"eventIds":["`+evs[0].EventID.String()+`"]}`, 422))
+	errorCode(call("POST", "/dead-letters/requeue", `{"topic":"payments","all":true}`, 404))
+	errorCode(call("POST", "/dead-letters/requeue", `{"topic":"orders","al":true}`, 400))
+	errorCode(call("POST", "/dead-letters/requeue", `{"topic":"orders","eventIds":["not-a-uuid"]}`, 400))
+	if ids := remaining(); len(ids) != 2 {
+		t.Fatalf("refused requests changed the inbox: %v", ids)
+	}
+	originalOffsets(0)
+
+	body := `{"topic":"orders","eventIds":["` + evs[1].EventID.String() + `"]}`
+	if got := call("POST", "/dead-letters/requeue", body, 200)["requeued"]; got != float64(1) {
+		t.Fatalf("requeued = %v, want 1", got)
+	}
+	originalOffsets(1)
+	if ids := remaining(); !slices.Equal(ids, []string{evs[0].EventID.String()}) {
+		t.Fatalf("inbox rows after requeuing the second = %v, want only the first's", ids)
+	}
+	if got := call("POST", "/dead-letters/requeue", `{"topic":"orders","all":true}`, 200)["requeued"]; got != float64(2) {
+		t.Fatalf("requeued all = %v, want 2 (the topic still holds both dead letters)", got)
+	}
+	originalOffsets(3)
+	if ids := remaining(); len(ids) != 0 {
+		t.Fatalf("inbox rows after requeuing all = %v, want none", ids)
+	}
+}

@@ -1,0 +1,195 @@
+package shim_test
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/onceflow/onceflow/pkg/event"
+	"github.com/onceflow/onceflow/pkg/inbox"
+	"github.com/onceflow/onceflow/pkg/platform/kafkautil"
+	"github.com/onceflow/onceflow/pkg/platform/pgutil"
+	"github.com/onceflow/onceflow/pkg/platform/testinfra"
+	shim "github.com/onceflow/onceflow/services/reconciler-shim"
+	"github.com/onceflow/onceflow/services/reconciler-shim/thirdparty"
+)
+
+// rig is the shim's database, a topic, and the stand-in third party.
+type rig struct {
+	pool    *pgxpool.Pool
+	brokers []string
+	topic   string
+	ledger  *thirdparty.Ledger
+	url     string
+	quiet   *slog.Logger
+}
+
+func newRig(t *testing.T) *rig {
+	t.Helper()
+	r := &rig{brokers: testinfra.KafkaBrokers(t), quiet: slog.New(slog.NewTextHandler(io.Discard, nil))}
+	r.pool = testinfra.NewPool(t, testinfra.NewDatabase(t))
+	if err := pgutil.Migrate(r.pool,
+		pgutil.Migration{FS: shim.Migrations, Table: shim.MigrationsTable},
+		pgutil.Migration{FS: inbox.Migrations, Table: inbox.MigrationsTable},
+	); err != nil {
+		t.Fatal(err)
+	}
+	r.topic = testinfra.NewTopic(t, r.brokers, 1)
+	testinfra.NewTopicNamed(t, r.brokers, r.topic+".dlt", 1)
+	var err error
+	if r.ledger, err = thirdparty.OpenLedger(""); err != nil {
+		t.Fatal(err)
+	}
+	srv, err := thirdparty.NewServer(r.ledger, r.quiet, prometheus.NewRegistry())
+	if err != nil {
+		t.Fatal(err)
+	}
+	hs := httptest.NewServer(srv)
+	t.Cleanup(hs.Close)
+	r.url = hs.URL
+	return r
+}
+
+func (r *rig) publish(t *testing.T, evs ...event.Envelope) {
+	t.Helper()
+	w := kafkautil.NewWriter(r.brokers, 10)
+	defer w.Close()
+	for _, ev := range evs {
+		if err := w.WriteMessages(context.Background(), event.ToKafka(r.topic, ev)); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// consumer builds the shim's lease-mode consumer on a group, with a client
+// whose calls time out after callTimeout.
+func (r *rig) consumer(t *testing.T, group string, callTimeout time.Duration, cfg inbox.Config) (*inbox.Consumer, func()) {
+	t.Helper()
+	reader := kafkautil.NewGroupReader(r.brokers, r.topic, group)
+	w := kafkautil.NewWriter(r.brokers, 10)
+	tp := thirdparty.NewClient(r.url, &http.Client{Timeout: callTimeout})
+	cfg.Name, cfg.Logger = "shim", r.quiet
+	c, err := inbox.NewLeaseConsumer(r.pool, reader, w, shim.New(tp, r.quiet).Effect(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c, func() { reader.Close(); w.Close() }
+}
+
+func captured(orderID uuid.UUID) event.Envelope {
+	body, _ := json.Marshal(map[string]any{
+		"paymentId": uuid.New(), "orderId": orderID, "customerId": "c", "amountCents": 700, "currency": "EUR", "at": time.Now(),
+	})
+	return event.Envelope{
+		EventID: uuid.New(), EventType: shim.EventPaymentCaptured, EventVersion: 1,
+		AggregateType: "payment", AggregateID: orderID.String(), AggregateVersion: 1,
+		OccurredAt: time.Now(), Payload: body,
+	}
+}
+
+func (r *rig) outcome(t *testing.T, ev event.Envelope) (string, string) {
+	t.Helper()
+	var outcome, status string
+	err := r.pool.QueryRow(context.Background(), `
+		SELECT f.outcome, i.status FROM forwards f JOIN inbox_messages i ON i.message_id = f.event_id
+		WHERE f.event_id = $1`, ev.EventID).Scan(&outcome, &status)
+	if err != nil {
+		t.Fatalf("reading the forward of %s: %v", ev.EventID, err)
+	}
+	return outcome, status
+}
+
+func TestKilledBetweenTheCallAndDoneTheThirdPartyHoldsOneSettlement(t *testing.T) {
+	r := newRig(t)
+	ev := captured(uuid.New())
+	r.publish(t, ev)
+	group := testinfra.Name("shim")
+
+	// First life: calls the third party, then dies before marking done.
+	killed := errors.New("killed")
+	first, closeFirst := r.consumer(t, group, 5*time.Second, inbox.Config{
+		LeaseTTL: 500 * time.Millisecond,
+		CrashPoint: func(name string) error {
+			if name == inbox.CrashAfterEffect {
+				return killed
+			}
+			return nil
+		},
+	})
+	if err := first.Run(context.Background()); !errors.Is(err, killed) {
+		t.Fatalf("first life ended with %v, want the crash", err)
+	}
+	closeFirst()
+	if st := r.ledger.Stats(); st.Settlements != 1 {
+		t.Fatalf("after the first life the third party has %d settlements, want 1", st.Settlements)
+	}
+
+	// Second life: the redelivery waits out the dead worker's lease, asks the
+	// third party, and records the forward without calling again.
+	second, closeSecond := r.consumer(t, group, 5*time.Second, inbox.Config{LeaseTTL: 500 * time.Millisecond})
+	defer closeSecond()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- second.Run(ctx) }()
+	defer func() { cancel(); <-done }()
+	testinfra.WaitFor(t, 30*time.Second, "the forward to be recorded", func() (bool, error) {
+		var n int
+		err := r.pool.QueryRow(ctx, "SELECT count(*) FROM forwards").Scan(&n)
+		return n == 1, err
+	})
+	if outcome, status := r.outcome(t, ev); outcome != string(inbox.AlreadyPresent) || status != "processed" {
+		t.Fatalf("outcome %q, inbox status %q; want already_present and processed", outcome, status)
+	}
+	if st := r.ledger.Stats(); st.Settlements != 1 || st.Duplicates != 0 {
+		t.Fatalf("third party: %+v, want exactly one settlement", st)
+	}
+}
+
+func TestAFailingOrHangingThirdPartyIsRetriedWithoutDuplicates(t *testing.T) {
+	r := newRig(t)
+	first, second := captured(uuid.New()), captured(uuid.New())
+	client := thirdparty.NewClient(r.url, nil)
+	// The first payment meets two 500s, then a call that is booked but
+	// answered only after the shim's client gave up; the second goes through.
+	if err := client.SetFaults(context.Background(), thirdparty.Faults{FailNext: 2, HangNext: 1, HangFor: "2s"}); err != nil {
+		t.Fatal(err)
+	}
+	r.publish(t, first, second)
+	reg := prometheus.NewRegistry()
+	c, closeC := r.consumer(t, testinfra.Name("shim"), 300*time.Millisecond, inbox.Config{
+		Workers: 1, BackoffMin: 20 * time.Millisecond, BackoffMax: 100 * time.Millisecond,
+		Metrics: inbox.NewMetrics(reg),
+	})
+	defer closeC()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- c.Run(ctx) }()
+	defer func() { cancel(); <-done }()
+	testinfra.WaitFor(t, 30*time.Second, "both forwards recorded", func() (bool, error) {
+		var n int
+		err := r.pool.QueryRow(ctx, "SELECT count(*) FROM forwards").Scan(&n)
+		return n == 2, err
+	})
+	if st := r.ledger.Stats(); st.Settlements != 2 || st.Duplicates != 0 {
+		t.Fatalf("third party: %+v, want 2 settlements and no duplicates", st)
+	}
+	if outcome, _ := r.outcome(t, first); outcome != string(inbox.AlreadyPresent) {
+		t.Fatalf("the payment whose last call timed out but landed: outcome %q, want already_present", outcome)
+	}
+	if outcome, _ := r.outcome(t, second); outcome != string(inbox.Sent) {
+		t.Fatalf("the second payment: outcome %q, want sent", outcome)
+	}
+	if got := testinfra.MetricValue(t, reg, "inbox_failures_total"); got != 3 {
+		t.Fatalf("inbox_failures_total = %v, want 3 (two 500s and one timeout)", got)
+	}
+}
