@@ -58,3 +58,9 @@ func (m *Metrics) record(consumer string, counts [4]int, n int, took time.Durati
 		}
 	}
 }
+
+// Duplicates returns the duplicates counter of consumer, for tests and
+// examples that wait on it.
+func (m *Metrics) Duplicates(consumer string) prometheus.Counter {
+	return m.duplicates.WithLabelValues(consumer)
+}

@@ -1,0 +1,125 @@
+package inbox_test
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"fmt"
+	"os"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	"github.com/segmentio/kafka-go"
+
+	"github.com/onceflow/onceflow/pkg/event"
+	"github.com/onceflow/onceflow/pkg/inbox"
+	"github.com/onceflow/onceflow/pkg/platform/kafkautil"
+	"github.com/onceflow/onceflow/pkg/platform/pgutil"
+)
+
+// Kafka delivers an event three times; the handler's side effect happens once
+// and the two redeliveries are counted as duplicates.
+func ExampleNewConsumer() {
+	ctx := context.Background()
+	pool, brokers, topic, cleanup := exampleSetup(ctx)
+	defer cleanup()
+
+	ev := event.Envelope{
+		EventID: uuid.New(), EventType: "OrderPlaced", EventVersion: 1, AggregateType: "order",
+		AggregateID: "order-1", AggregateVersion: 1, OccurredAt: time.Now(), Payload: []byte(`{"amountCents":500}`),
+	}
+	w := kafkautil.NewWriter(brokers, 10)
+	defer w.Close()
+	for range 3 {
+		_ = w.WriteMessages(ctx, event.ToKafka(topic, ev))
+	}
+
+	// The handler's writes commit with the inbox row, or not at all.
+	charge := func(ctx context.Context, tx pgx.Tx, ev event.Envelope) error {
+		_, err := tx.Exec(ctx, `INSERT INTO charges (order_id) VALUES ($1)`, ev.AggregateID)
+		return err
+	}
+	reader := kafkautil.NewGroupReader(brokers, topic, topic+"-group")
+	defer reader.Close()
+	metrics := inbox.NewMetrics(prometheus.NewRegistry())
+	c, err := inbox.NewConsumer(pool, reader, w, charge, inbox.Config{Name: "billing", Metrics: metrics})
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	runCtx, stop := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- c.Run(runCtx) }()
+	for deadline := time.Now().Add(30 * time.Second); time.Now().Before(deadline); <-time.After(20 * time.Millisecond) {
+		if testutil.ToFloat64(metrics.Duplicates("billing")) == 2 {
+			break
+		}
+	}
+	stop()
+	fmt.Println("run:", <-done)
+
+	var charges int
+	_ = pool.QueryRow(ctx, `SELECT count(*) FROM charges`).Scan(&charges)
+	fmt.Println("charges:", charges, "duplicates:", testutil.ToFloat64(metrics.Duplicates("billing")))
+	// Output:
+	// run: <nil>
+	// charges: 1 duplicates: 2
+}
+
+// exampleSetup makes a fresh database with a charges table and the inbox
+// schema, and a fresh topic with its dead-letter topic, on the dev stack.
+func exampleSetup(ctx context.Context) (*pgxpool.Pool, []string, string, func()) {
+	admin := os.Getenv("ONCEFLOW_TEST_PG_URL")
+	if admin == "" {
+		admin = "postgres://postgres:postgres@127.0.0.1:55432/postgres?sslmode=disable"
+	}
+	brokers := []string{"127.0.0.1:59092"}
+	if b := os.Getenv("ONCEFLOW_TEST_KAFKA_BROKERS"); b != "" {
+		brokers = []string{b}
+	}
+	suffix := make([]byte, 6)
+	_, _ = rand.Read(suffix)
+	name := "example_" + hex.EncodeToString(suffix)
+	must := func(err error) {
+		if err != nil {
+			panic(fmt.Sprintf("example setup (is the dev stack up? `make up`): %v", err))
+		}
+	}
+	adminConn, err := pgx.Connect(ctx, admin)
+	must(err)
+	_, err = adminConn.Exec(ctx, "CREATE DATABASE "+name)
+	must(err)
+	cfg, err := pgxpool.ParseConfig(admin)
+	must(err)
+	cfg.ConnConfig.Database = name
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	must(err)
+	_, err = pool.Exec(ctx, `CREATE TABLE charges (order_id text PRIMARY KEY)`)
+	must(err)
+	must(pgutil.Migrate(pool, pgutil.Migration{FS: inbox.Migrations, Table: inbox.MigrationsTable}))
+	ctrl, err := kafkautil.Controller(ctx, brokers)
+	must(err)
+	for _, topic := range []string{name, name + ".dlt"} {
+		must(ctrl.CreateTopics(kafka.TopicConfig{Topic: topic, NumPartitions: 1, ReplicationFactor: 1}))
+	}
+	for deadline := time.Now().Add(20 * time.Second); ; <-time.After(20 * time.Millisecond) {
+		parts, err := ctrl.ReadPartitions(name)
+		if err == nil && len(parts) == 1 && parts[0].Leader.Host != "" {
+			break
+		}
+		if time.Now().After(deadline) {
+			must(fmt.Errorf("topic %s has no leader after 20s", name))
+		}
+	}
+	return pool, brokers, name, func() {
+		pool.Close()
+		_, _ = adminConn.Exec(ctx, "DROP DATABASE "+name+" WITH (FORCE)")
+		adminConn.Close(ctx)
+		_ = ctrl.DeleteTopics(name, name+".dlt")
+		ctrl.Close()
+	}
+}
