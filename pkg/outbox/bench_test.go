@@ -94,7 +94,7 @@ CREATE TABLE bench_orders (
 
 func benchEnqueueOverhead(b *testing.B, workers int, syncCommit string, noNotify bool) {
 	ctx := context.Background()
-	pool := benchPool(b, testinfra.NewDatabase(b), int32(workers)+1, syncCommit) // +1: the wait sampler
+	pool := benchPool(b, testinfra.NewDatabase(b), int32(workers)+1, syncCommit, nil) // +1: the wait sampler
 	benchMigrate(b, pool)
 	if noNotify {
 		if _, err := pool.Exec(ctx, "ALTER TABLE outbox_events DISABLE TRIGGER outbox_events_notify"); err != nil {
@@ -267,7 +267,7 @@ func benchSampleWaits(ctx context.Context, pool *pgxpool.Pool, deadline time.Tim
 func BenchmarkRelayDrain(b *testing.B) {
 	brokers := testinfra.KafkaBrokers(b)
 	dbURL := testinfra.NewDatabase(b)
-	pool := benchPool(b, dbURL, 8, "on")
+	pool := benchPool(b, dbURL, 4, "on", nil)
 	benchMigrate(b, pool)
 	for _, c := range []struct {
 		name          string
@@ -291,11 +291,9 @@ func BenchmarkRelayDrain(b *testing.B) {
 				}
 				return w
 			}
-			relayPool := pool
-			if c.syncCommit != "" {
-				relayPool = benchPool(b, dbURL, 8, c.syncCommit)
-			}
-			benchRelayDrain(b, brokers, pool, relayPool, c.batch, newWriter)
+			phases := newBenchPhases()
+			relayPool := benchPool(b, dbURL, 4, cmp.Or(c.syncCommit, "on"), phases)
+			benchRelayDrain(b, brokers, pool, relayPool, phases, c.batch, newWriter)
 		})
 	}
 }
@@ -318,11 +316,12 @@ SELECT gen_random_uuid(), 'order', a.id, g / 10000 + 1, 'OrderPlaced', 1,
 FROM generate_series(0, $1 - 1) AS g,
      LATERAL (SELECT 'order-' || g % 10000 AS id) AS a`
 
-func benchRelayDrain(b *testing.B, brokers []string, pool, relayPool *pgxpool.Pool, batch int, newWriter func() *kafka.Writer) {
+func benchRelayDrain(b *testing.B, brokers []string, pool, relayPool *pgxpool.Pool, phases *benchPhases,
+	batch int, newWriter func() *kafka.Writer) {
 	ctx := context.Background()
 	var (
 		raw, relayed benchRate
-		inKafka      time.Duration // of the relay's time, spent in WriteMessages
+		spent        = map[string][]time.Duration{}
 	)
 	for range b.N {
 		rawTopic := testinfra.NewTopic(b, brokers, 6)
@@ -357,8 +356,7 @@ func benchRelayDrain(b *testing.B, brokers []string, pool, relayPool *pgxpool.Po
 
 		produce()
 		w := newWriter()
-		timed := &benchTimedWriter{w: w}
-		relay, err := outbox.NewRelay(relayPool, timed, outbox.RelayConfig{
+		relay, err := outbox.NewRelay(relayPool, &benchTimedWriter{w: w, phases: phases}, outbox.RelayConfig{
 			Topic:     func(string) string { return relayTopic },
 			BatchSize: batch,
 			Logger:    benchLogger,
@@ -366,6 +364,7 @@ func benchRelayDrain(b *testing.B, brokers []string, pool, relayPool *pgxpool.Po
 		if err != nil {
 			b.Fatal(err)
 		}
+		before := phases.mark()
 		start := time.Now()
 		total := 0
 		for {
@@ -379,7 +378,9 @@ func benchRelayDrain(b *testing.B, brokers []string, pool, relayPool *pgxpool.Po
 			total += n
 		}
 		relayed.add(total, time.Since(start))
-		inKafka += benchSum(timed.since(0))
+		for kind, ds := range phases.since(before) {
+			spent[kind] = append(spent[kind], ds...)
+		}
 		relay.Close()
 		w.Close()
 		produce()
@@ -395,32 +396,101 @@ func benchRelayDrain(b *testing.B, brokers []string, pool, relayPool *pgxpool.Po
 	b.ReportMetric(relayed.perSecond(), "relay-events/s")
 	b.ReportMetric(raw.perSecond(), "raw-events/s")
 	b.ReportMetric(relayed.perSecond()/raw.perSecond(), "ratio")
-	b.ReportMetric(inKafka.Seconds()/relayed.elapsed.Seconds(), "kafka-share")
-	b.ReportMetric(benchMillis(relayed.elapsed)/math.Ceil(float64(relayed.events)/float64(batch)), "ms/batch")
+	batches := math.Ceil(float64(relayed.events) / float64(batch))
+	b.ReportMetric(benchMillis(relayed.elapsed)/batches, "ms/batch")
+	for _, kind := range benchPhaseKinds {
+		b.ReportMetric(benchMillis(benchSum(spent[kind]))/batches, kind+"-ms/batch")
+	}
 }
 
-// benchTimedWriter adds up the time the relay spends waiting for the broker,
-// so the rest of a batch (claim, decoding, marking, commit) can be told apart.
+// benchTimedWriter times the relay's writes to the broker as the phase "kafka".
 type benchTimedWriter struct {
 	w      outbox.Writer
-	mu     sync.Mutex
-	writes []time.Duration
+	phases *benchPhases
 }
 
 func (t *benchTimedWriter) WriteMessages(ctx context.Context, msgs ...kafka.Message) error {
 	start := time.Now()
 	err := t.w.WriteMessages(ctx, msgs...)
-	t.mu.Lock()
-	t.writes = append(t.writes, time.Since(start))
-	t.mu.Unlock()
+	t.phases.record("kafka", time.Since(start))
 	return err
 }
 
-// since returns the durations of the writes after the first n.
-func (t *benchTimedWriter) since(n int) []time.Duration {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	return slices.Clone(t.writes[n:])
+// benchPhases records how long each phase of the relay's batches took: its
+// writes to the broker (through benchTimedWriter) and its SQL statements by
+// kind (as the pgx.QueryTracer of the relay's pool). A claim's time runs
+// until its rows are read and decoded, since pgx ends a query's trace when
+// its rows are closed.
+type benchPhases struct {
+	mu    sync.Mutex
+	times map[string][]time.Duration
+}
+
+// benchPhaseKinds are the phases of one relay batch, in order. ("begin" and
+// "lock_timeout" are one short round trip each.)
+var benchPhaseKinds = []string{"claim", "kafka", "mark", "commit"}
+
+func newBenchPhases() *benchPhases { return &benchPhases{times: map[string][]time.Duration{}} }
+
+func (p *benchPhases) record(kind string, d time.Duration) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.times[kind] = append(p.times[kind], d)
+}
+
+// mark returns a bookmark for since.
+func (p *benchPhases) mark() map[string]int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	m := map[string]int{}
+	for kind, ds := range p.times {
+		m[kind] = len(ds)
+	}
+	return m
+}
+
+// since returns the times recorded after the bookmark.
+func (p *benchPhases) since(m map[string]int) map[string][]time.Duration {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	out := map[string][]time.Duration{}
+	for kind, ds := range p.times {
+		out[kind] = slices.Clone(ds[m[kind]:])
+	}
+	return out
+}
+
+type benchTraceKey struct{}
+
+type benchTraceStart struct {
+	kind string
+	at   time.Time
+}
+
+func (p *benchPhases) TraceQueryStart(ctx context.Context, _ *pgx.Conn, data pgx.TraceQueryStartData) context.Context {
+	return context.WithValue(ctx, benchTraceKey{}, benchTraceStart{benchSQLKind(data.SQL), time.Now()})
+}
+
+func (p *benchPhases) TraceQueryEnd(ctx context.Context, _ *pgx.Conn, _ pgx.TraceQueryEndData) {
+	if s, ok := ctx.Value(benchTraceKey{}).(benchTraceStart); ok {
+		p.record(s.kind, time.Since(s.at))
+	}
+}
+
+// benchSQLKind names the relay's statements by their text (relay.go); one
+// that changes shape shows up as "other" and its phase reads 0.
+func benchSQLKind(sql string) string {
+	switch {
+	case strings.Contains(sql, "FOR UPDATE OF o"):
+		return "claim"
+	case strings.Contains(sql, "SET state = 'published'"):
+		return "mark"
+	case sql == "commit", sql == "begin", sql == "rollback":
+		return sql
+	case strings.HasPrefix(sql, "SET LOCAL lock_timeout"):
+		return "lock_timeout"
+	}
+	return "other"
 }
 
 func benchSum(ds []time.Duration) (sum time.Duration) {
@@ -483,8 +553,9 @@ func (r *benchRate) perSecond() float64         { return float64(r.events) / r.e
 // it spent waiting for the broker, which split the lag into its causes.
 //
 // It then shows that the relay idles between commits: over an idle window
-// after the load, the batches it published (none), and the CPU time of this
-// process and of the database backends serving the relay.
+// after the load, the batches it published (none), the claims it ran (each
+// RelayBatch runs one: the fallback poll, once per PollInterval), and the CPU
+// time of this process and of the database backends serving the relay.
 //
 // The sub-benchmarks after the first are knobs: the kafka-go writer's
 // BatchTimeout (a partly filled batch waits this long before it is sent),
@@ -517,9 +588,10 @@ func benchPublishLag(b *testing.B, rate int, writerTimeout time.Duration, relayS
 	brokers := testinfra.KafkaBrokers(b)
 	topic := testinfra.NewTopic(b, brokers, 6)
 	dbURL := testinfra.NewDatabase(b)
-	pool := benchPool(b, dbURL, lagProducers+1, "on")
+	pool := benchPool(b, dbURL, lagProducers+1, "on", nil)
 	benchMigrate(b, pool)
-	relayPool := benchPool(b, dbURL, 4, relaySyncCommit)
+	phases := newBenchPhases()
+	relayPool := benchPool(b, dbURL, 4, relaySyncCommit, phases)
 
 	acked := newBenchClock()
 	w := kafkautil.NewWriter(brokers, 500)
@@ -528,7 +600,7 @@ func benchPublishLag(b *testing.B, rate int, writerTimeout time.Duration, relayS
 	}
 	defer w.Close()
 	reg := prometheus.NewRegistry()
-	aw := &benchAckWriter{benchTimedWriter: benchTimedWriter{w: w}, acked: acked}
+	aw := &benchAckWriter{benchTimedWriter: benchTimedWriter{w: w, phases: phases}, acked: acked}
 	relay, err := outbox.NewRelay(relayPool, aw, outbox.RelayConfig{
 		Topic:   func(string) string { return topic },
 		Metrics: outbox.NewMetrics(reg),
@@ -551,9 +623,10 @@ func benchPublishLag(b *testing.B, rate int, writerTimeout time.Duration, relayS
 		ackLag, consumeLag       []time.Duration
 		events                   benchRate
 		batches, lagHist         benchHist
-		idleBatches              float64
+		idleBatches, idleClaims  float64
 		idleCPU, idleDBCPU, idle time.Duration
-		kafkaWrites, cycles      []time.Duration
+		cycles                   []time.Duration
+		spent                    = map[string][]time.Duration{}
 	)
 	for range b.N {
 		arrived := newBenchClock()
@@ -571,7 +644,7 @@ func benchPublishLag(b *testing.B, rate int, writerTimeout time.Duration, relayS
 
 		batchesBefore := benchHistogram(b, reg, "outbox_batch_size")
 		lagBefore := benchHistogram(b, reg, "outbox_publish_lag_seconds")
-		writesBefore := len(aw.since(0))
+		phasesBefore := phases.mark()
 		committed := newBenchClock()
 		start := time.Now()
 		ids, err := benchTrickle(ctx, pool, rate, int(lagLoad.Seconds()*float64(rate)), committed)
@@ -582,7 +655,9 @@ func benchPublishLag(b *testing.B, rate int, writerTimeout time.Duration, relayS
 		testinfra.WaitFor(b, 30*time.Second, "every event to be acked and consumed", func() (bool, error) {
 			return acked.hasAll(ids) && arrived.hasAll(ids), nil
 		})
-		kafkaWrites = append(kafkaWrites, aw.since(writesBefore)...)
+		for kind, ds := range phases.since(phasesBefore) {
+			spent[kind] = append(spent[kind], ds...)
+		}
 		cycles = append(cycles, acked.intervals(ids)...)
 		batches = batches.plus(benchHistogram(b, reg, "outbox_batch_size").minus(batchesBefore))
 		lagHist = lagHist.plus(benchHistogram(b, reg, "outbox_publish_lag_seconds").minus(lagBefore))
@@ -596,13 +671,14 @@ func benchPublishLag(b *testing.B, rate int, writerTimeout time.Duration, relayS
 		// scavenger does it during the window and is counted as idle CPU.
 		debug.FreeOSMemory()
 		time.Sleep(500 * time.Millisecond) // let the last batch's commit finish
-		batchesBefore = benchHistogram(b, reg, "outbox_batch_size")
+		batchesBefore, phasesBefore = benchHistogram(b, reg, "outbox_batch_size"), phases.mark()
 		cpu, dbCPU := benchProcessCPU(), benchBackendCPU(b, pool)
 		time.Sleep(lagIdle)
 		idleCPU += benchProcessCPU() - cpu
 		idleDBCPU += benchBackendCPU(b, pool) - dbCPU
 		idle += lagIdle
 		idleBatches += benchHistogram(b, reg, "outbox_batch_size").minus(batchesBefore).count
+		idleClaims += float64(len(phases.since(phasesBefore)["claim"]))
 	}
 	b.ReportMetric(0, "ns/op")
 	b.ReportMetric(events.perSecond(), "events/s")
@@ -613,11 +689,15 @@ func benchPublishLag(b *testing.B, rate int, writerTimeout time.Duration, relayS
 	b.ReportMetric(benchMillis(benchPercentile(consumeLag, 0.99)), "consume-p99-ms")
 	b.ReportMetric(lagHist.quantile(0.99)*1000, "hist-p99-ms")
 	b.ReportMetric(batches.sum/batches.count, "events/batch")
+	b.ReportMetric(float64(len(spent["claim"]))/batches.count, "claims/batch")
 	b.ReportMetric(benchMillis(benchPercentile(cycles, 0.50)), "cycle-p50-ms")
 	b.ReportMetric(benchMillis(benchPercentile(cycles, 0.99)), "cycle-p99-ms")
-	b.ReportMetric(benchMillis(benchPercentile(kafkaWrites, 0.50)), "kafka-p50-ms")
-	b.ReportMetric(benchMillis(benchPercentile(kafkaWrites, 0.99)), "kafka-p99-ms")
+	for _, kind := range benchPhaseKinds {
+		b.ReportMetric(benchMillis(benchSum(spent[kind]))/batches.count, kind+"-ms/batch")
+		b.ReportMetric(benchMillis(benchPercentile(spent[kind], 0.99)), kind+"-p99-ms")
+	}
 	b.ReportMetric(idleBatches, "idle-batches")
+	b.ReportMetric(idleClaims/idle.Seconds(), "idle-claims/s")
 	b.ReportMetric(benchMillis(idleCPU)/idle.Seconds(), "idle-cpu-ms/s")
 	b.ReportMetric(benchMillis(idleDBCPU)/idle.Seconds(), "idle-db-cpu-ms/s")
 }
@@ -895,8 +975,9 @@ func benchBackendCPU(b *testing.B, pool *pgxpool.Pool) time.Duration {
 var benchLogger = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
 
 // benchPool opens a pool of maxConns on url whose sessions use the given
-// synchronous_commit, closed when the benchmark ends.
-func benchPool(b *testing.B, url string, maxConns int32, syncCommit string) *pgxpool.Pool {
+// synchronous_commit, traced by tracer if not nil, closed when the benchmark
+// ends.
+func benchPool(b *testing.B, url string, maxConns int32, syncCommit string, tracer pgx.QueryTracer) *pgxpool.Pool {
 	b.Helper()
 	cfg, err := pgxpool.ParseConfig(url)
 	if err != nil {
@@ -904,6 +985,9 @@ func benchPool(b *testing.B, url string, maxConns int32, syncCommit string) *pgx
 	}
 	cfg.MaxConns = maxConns
 	cfg.ConnConfig.RuntimeParams["synchronous_commit"] = syncCommit
+	if tracer != nil {
+		cfg.ConnConfig.Tracer = tracer
+	}
 	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
 	if err != nil {
 		b.Fatalf("opening pool: %v", err)

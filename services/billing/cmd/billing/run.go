@@ -8,6 +8,7 @@ import (
 
 	"github.com/labstack/echo/v4"
 	"github.com/onceflow/onceflow/pkg/inbox"
+	"github.com/onceflow/onceflow/pkg/inbox/inboxhttp"
 
 	"github.com/onceflow/onceflow/pkg/outbox"
 	"github.com/onceflow/onceflow/pkg/outbox/outboxhttp"
@@ -95,9 +96,17 @@ func run(ctx context.Context, _ []string, getenv func(string) string, stdout io.
 	if err != nil {
 		return err
 	}
+	inboxPruner, err := inbox.NewPruner(svc.Pool, inbox.PrunerConfig{Logger: svc.Logger})
+	if err != nil {
+		return err
+	}
+	// Operators list and requeue dead letters here (see inboxhttp).
+	svc.HTTP.Any("/admin/inbox/*", echo.WrapHandler(http.StripPrefix("/admin/inbox", inboxhttp.Handler(
+		svc.Pool, writer, cfg.KafkaBrokers, map[string]string{cfg.OrdersTopic: cfg.OrdersTopic + ".dlt"}))))
 	billing.Routes(svc.HTTP, b)
 	return svc.Run(ctx,
 		lifecycle.Stage{Name: "orders consumer", Run: consumer.Run},
+		lifecycle.Stage{Name: "inbox pruner", Run: inboxPruner.Run},
 		lifecycle.Stage{Name: "outbox relay", Run: relay.Run},
 		lifecycle.Stage{Name: "outbox pruner", Run: pruner.Run},
 	)

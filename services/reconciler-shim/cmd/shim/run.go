@@ -6,7 +6,10 @@ import (
 	"net/http"
 	"time"
 
+	"github.com/labstack/echo/v4"
+
 	"github.com/onceflow/onceflow/pkg/inbox"
+	"github.com/onceflow/onceflow/pkg/inbox/inboxhttp"
 	"github.com/onceflow/onceflow/pkg/platform/config"
 	"github.com/onceflow/onceflow/pkg/platform/kafkautil"
 	"github.com/onceflow/onceflow/pkg/platform/lifecycle"
@@ -72,5 +75,15 @@ func run(ctx context.Context, _ []string, getenv func(string) string, stdout io.
 	if err != nil {
 		return err
 	}
-	return svc.Run(ctx, lifecycle.Stage{Name: "billing consumer", Run: consumer.Run})
+	inboxPruner, err := inbox.NewPruner(svc.Pool, inbox.PrunerConfig{Logger: svc.Logger})
+	if err != nil {
+		return err
+	}
+	// Operators list and requeue dead letters here (see inboxhttp).
+	svc.HTTP.Any("/admin/inbox/*", echo.WrapHandler(http.StripPrefix("/admin/inbox", inboxhttp.Handler(
+		svc.Pool, dlq, cfg.KafkaBrokers, map[string]string{cfg.BillingTopic: cfg.BillingTopic + ".dlt"}))))
+	return svc.Run(ctx,
+		lifecycle.Stage{Name: "billing consumer", Run: consumer.Run},
+		lifecycle.Stage{Name: "inbox pruner", Run: inboxPruner.Run},
+	)
 }
