@@ -75,7 +75,8 @@ stop_one() {
 
 wait_ready() {
   local name=$1 addr=$2 pid
-  for _ in $(seq 1 300); do
+  # 60 s: a first start migrates the schema, and a busy 2-core machine is slow.
+  for _ in $(seq 1 600); do
     if curl -fsS -o /dev/null "http://$addr/readyz" 2>/dev/null; then
       say "services: $name ready on http://$addr"
       return 0

@@ -609,6 +609,11 @@ func benchPublishLag(b *testing.B, rate int, writerTimeout time.Duration, relayS
 	if err != nil {
 		b.Fatal(err)
 	}
+	// The same idle window before the relay starts is the baseline: what
+	// this process and the database use for nothing at all.
+	debug.FreeOSMemory()
+	baseCPU, baseDBCPU := benchIdleCPU(b, pool, lagIdle)
+
 	runCtx, stopRelay := context.WithCancel(ctx)
 	relayDone := make(chan error, 1)
 	go func() { relayDone <- relay.Run(runCtx) }()
@@ -672,11 +677,8 @@ func benchPublishLag(b *testing.B, rate int, writerTimeout time.Duration, relayS
 		debug.FreeOSMemory()
 		time.Sleep(500 * time.Millisecond) // let the last batch's commit finish
 		batchesBefore, phasesBefore = benchHistogram(b, reg, "outbox_batch_size"), phases.mark()
-		cpu, dbCPU := benchProcessCPU(), benchBackendCPU(b, pool)
-		time.Sleep(lagIdle)
-		idleCPU += benchProcessCPU() - cpu
-		idleDBCPU += benchBackendCPU(b, pool) - dbCPU
-		idle += lagIdle
+		cpu, dbCPU := benchIdleCPU(b, pool, lagIdle)
+		idleCPU, idleDBCPU, idle = idleCPU+cpu, idleDBCPU+dbCPU, idle+lagIdle
 		idleBatches += benchHistogram(b, reg, "outbox_batch_size").minus(batchesBefore).count
 		idleClaims += float64(len(phases.since(phasesBefore)["claim"]))
 	}
@@ -700,6 +702,25 @@ func benchPublishLag(b *testing.B, rate int, writerTimeout time.Duration, relayS
 	b.ReportMetric(idleClaims/idle.Seconds(), "idle-claims/s")
 	b.ReportMetric(benchMillis(idleCPU)/idle.Seconds(), "idle-cpu-ms/s")
 	b.ReportMetric(benchMillis(idleDBCPU)/idle.Seconds(), "idle-db-cpu-ms/s")
+	b.ReportMetric(benchMillis(baseCPU)/lagIdle.Seconds(), "base-cpu-ms/s")
+	b.ReportMetric(benchMillis(baseDBCPU)/lagIdle.Seconds(), "base-db-cpu-ms/s")
+}
+
+// benchIdleCPU returns the CPU time this process and the backends of pool's
+// database use during the next d. Backend time has the kernel's resolution
+// of 10 ms.
+func benchIdleCPU(b *testing.B, pool *pgxpool.Pool, d time.Duration) (process, backends time.Duration) {
+	b.Helper()
+	cpu, dbCPU := benchProcessCPU(), benchBackendCPU(b, pool)
+	time.Sleep(d)
+	process = benchProcessCPU() - cpu
+	const clockTicks = 100 // USER_HZ on Linux
+	for pid, ticks := range benchBackendCPU(b, pool) {
+		if before, ok := dbCPU[pid]; ok { // a backend that came or went is not idle work
+			backends += time.Duration(ticks-before) * time.Second / clockTicks
+		}
+	}
+	return process, backends
 }
 
 // benchTrickle commits n events, one per transaction, at rate per second on
@@ -937,11 +958,10 @@ func benchProcessCPU() time.Duration {
 	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
 
-// benchBackendCPU is the CPU time used so far by the Postgres backends
+// benchBackendCPU is the CPU time used so far by each Postgres backend
 // connected to pool's database, read from /proc (the benchmark runs on the
-// database's machine). Only the relay's connections are busy while the
-// benchmark idles.
-func benchBackendCPU(b *testing.B, pool *pgxpool.Pool) time.Duration {
+// database's machine), in clock ticks.
+func benchBackendCPU(b *testing.B, pool *pgxpool.Pool) map[int32]int64 {
 	b.Helper()
 	rows, _ := pool.Query(context.Background(),
 		`SELECT pid FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid()`)
@@ -949,8 +969,7 @@ func benchBackendCPU(b *testing.B, pool *pgxpool.Pool) time.Duration {
 	if err != nil {
 		b.Fatalf("listing backends: %v", err)
 	}
-	const clockTicks = 100 // USER_HZ on Linux
-	var ticks int64
+	ticks := map[int32]int64{}
 	for _, pid := range pids {
 		stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
 		if err != nil {
@@ -961,10 +980,10 @@ func benchBackendCPU(b *testing.B, pool *pgxpool.Pool) time.Duration {
 		fields := strings.Fields(string(stat[strings.LastIndexByte(string(stat), ')')+1:]))
 		for _, f := range fields[11:13] {
 			n, _ := strconv.ParseInt(f, 10, 64)
-			ticks += n
+			ticks[pid] += n
 		}
 	}
-	return time.Duration(ticks) * time.Second / clockTicks
+	return ticks
 }
 
 // ---------------------------------------------------------------------------
