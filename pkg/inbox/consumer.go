@@ -174,6 +174,7 @@ func NewConsumer(pool *pgxpool.Pool, r Reader, dlq Writer, h Handler, cfg Config
 	}
 	c := &Consumer{pool: pool, reader: r, dlq: dlq, handle: h, cfg: cfg.withDefaults(),
 		upcasters: map[string]map[int]Upcaster{}}
+	c.cfg.Metrics.init(cfg.Name)
 	for _, u := range cfg.Upcasters {
 		if u.EventType == "" || u.From < 1 || u.Convert == nil {
 			return nil, fmt.Errorf("inbox: upcaster %+v needs an event type, a version >= 1 and a Convert", u)

@@ -64,3 +64,12 @@ func (m *Metrics) record(consumer string, counts [4]int, n int, took time.Durati
 func (m *Metrics) Duplicates(consumer string) prometheus.Counter {
 	return m.duplicates.WithLabelValues(consumer)
 }
+
+// init exports every series of consumer at zero, so dashboards and alerts
+// see the metrics before the first event arrives.
+func (m *Metrics) init(consumer string) {
+	for _, c := range []*prometheus.CounterVec{m.processed, m.duplicates, m.stale, m.failures, m.deadLettered, m.gaps, m.uncertain} {
+		c.WithLabelValues(consumer)
+	}
+	m.seconds.WithLabelValues(consumer)
+}
