@@ -54,3 +54,19 @@ fmt: ## gofmt every Go file
 .PHONY: bench-outbox
 bench-outbox: up ## Run the outbox benchmarks: ratios against same-run baselines (BENCHMARKS.md; BENCH=regex)
 	devstack/bench-outbox.sh
+
+.PHONY: bench-inbox
+bench-inbox: up ## Run billing's consumption benchmarks: events/s, dup/clean ratio, knobs (BENCHMARKS.md; BENCH=regex)
+	@mkdir -p .devstack/bench
+	@bash -o pipefail -c '{ \
+	  echo "# machine"; \
+	  echo "date:     $$(date -u "+%Y-%m-%d %H:%M:%S UTC")"; \
+	  echo "cpus:     $$(nproc) ($$(grep -m1 "model name" /proc/cpuinfo | cut -d: -f2- | sed "s/^ *//"))"; \
+	  echo "memory:   $$(free -h | awk "/^Mem:/ {print \$$2}")"; \
+	  echo "load:     $$(cut -d" " -f1-3 /proc/loadavg) (1/5/15 min; other work on the machine skews every number)"; \
+	  echo "go:       $$(go version)"; \
+	  echo "postgres: $$($$(ls -d /usr/lib/postgresql/*/bin/postgres | sort -V | tail -n 1) --version)"; \
+	  echo "kafka:    $$(ls .devstack/kafka/libs/ | sed -nE "s/^kafka_2\.13-([0-9.]+)\.jar$$/\1/p" | head -n 1)"; \
+	  echo; \
+	  go test -run "^$$" -bench "$(or $(BENCH),.)" -benchtime 1x -timeout 20m ./services/billing/; \
+	} 2>&1 | tee .devstack/bench/inbox-$$(date -u +%Y%m%dT%H%M%SZ).txt'

@@ -29,7 +29,7 @@ pg_bin() {
 }
 
 facts() {
-  local pg
+  local pg jar
   pg=$(pg_bin)
   echo "# machine"
   echo "date:     $(date -u '+%Y-%m-%d %H:%M:%S UTC')"
@@ -38,11 +38,13 @@ facts() {
   echo "load:     $(cut -d' ' -f1-3 /proc/loadavg) (1/5/15 min; other work on the machine skews every number)"
   echo "go:       $(go version)"
   echo "postgres: $([[ -n $pg ]] && "$pg/postgres" --version)"
-  echo "kafka:    $(ls "$ROOT"/.devstack/kafka/libs/kafka_2.13-*.jar 2>/dev/null | sed -E 's/.*kafka_2\.13-([0-9.]+)\.jar/\1/' | head -n 1)"
+  for jar in "$ROOT"/.devstack/kafka/libs/kafka_2.13-*.jar; do
+    [[ -f $jar ]] && echo "kafka:    $(basename "$jar" .jar | sed 's/^kafka_2\.13-//')"
+  done
   if [[ ${BENCH_FSYNC:-0} == 1 && -n $pg ]]; then
     local f="$OUT_DIR/pg_test_fsync.tmp"
-    echo "fsync (pg_test_fsync -s 2 on $(df --output=source "$OUT_DIR" | tail -n 1)):"
-    "$pg/pg_test_fsync" -s 2 -f "$f" | grep -E 'fdatasync|open_datasync|^ *fsync ' | head -n 3 | sed 's/^ */  /'
+    echo "fsync (pg_test_fsync -s 2 on $(df --output=source "$OUT_DIR" | tail -n 1), one 8 kB write; Postgres uses fdatasync):"
+    "$pg/pg_test_fsync" -s 2 -f "$f" | grep -m 4 'ops/sec' | sed 's/^ */  /'
     rm -f "$f"
   fi
   echo

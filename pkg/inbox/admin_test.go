@@ -260,7 +260,7 @@ type dltScenario struct {
 	pool                 *pgxpool.Pool
 	brokers              []string
 	original, dlt        string
-	writer               *kafka.Writer
+	writer               *kafkautil.Writer
 	a, b                 event.Envelope
 	originalA            kafka.Message // a as the consumer read it
 	originalB            kafka.Message

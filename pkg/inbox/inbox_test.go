@@ -28,7 +28,7 @@ type fixture struct {
 	pool     *pgxpool.Pool
 	brokers  []string
 	topic    string
-	writer   *kafka.Writer
+	writer   *kafkautil.Writer
 	registry *prometheus.Registry
 	calls    atomic.Int32
 }

@@ -11,32 +11,48 @@ import (
 	"github.com/segmentio/kafka-go"
 )
 
+// Writer is a *kafka.Writer whose Close also closes the connections and the
+// metadata refresh of the transport it owns.
+type Writer struct {
+	*kafka.Writer
+	transport *kafka.Transport
+}
+
+// Close flushes and closes the writer, then its transport.
+func (w *Writer) Close() error {
+	err := w.Writer.Close()
+	w.transport.CloseIdleConnections()
+	return err
+}
+
 // NewWriter returns a writer that waits for every in-sync replica to ack
-// (a Writer{} literal defaults to fire-and-forget), flushes after a few
-// milliseconds instead of kafka-go's default second, and picks partitions by
-// hashing the key so each aggregate stays on one partition. batchSize should
-// be at least the number of messages a caller writes at once.
-func NewWriter(brokers []string, batchSize int) *kafka.Writer {
+// (a Writer{} literal defaults to fire-and-forget), flushes after a fraction
+// of a millisecond instead of kafka-go's default second (callers write whole
+// batches, so a longer wait only adds latency; see BENCHMARKS.md), and picks
+// partitions by hashing the key so each aggregate stays on one partition.
+// batchSize should be at least the number of messages a caller writes at once.
+func NewWriter(brokers []string, batchSize int) *Writer {
 	if batchSize < 1 {
 		batchSize = 100
 	}
-	return &kafka.Writer{
+	// A transport of its own: kafka.DefaultTransport is shared by every
+	// writer in the process and caches topic metadata, so a topic created
+	// after another writer looked would stay unknown for seconds.
+	transport := &kafka.Transport{DialTimeout: 3 * time.Second, MetadataTTL: 2 * time.Second}
+	return &Writer{transport: transport, Writer: &kafka.Writer{
 		Addr:         kafka.TCP(brokers...),
 		Balancer:     &kafka.Hash{},
 		RequiredAcks: kafka.RequireAll,
 		BatchSize:    batchSize,
-		BatchTimeout: 2 * time.Millisecond,
+		BatchTimeout: 200 * time.Microsecond,
 		// Writes that fail are retried by the caller (the outbox relay keeps
 		// the row pending), so kafka-go's own retries only add latency.
 		MaxAttempts:            3,
 		WriteBackoffMin:        10 * time.Millisecond,
 		WriteBackoffMax:        200 * time.Millisecond,
 		AllowAutoTopicCreation: false,
-		// A transport of its own: kafka.DefaultTransport is shared by every
-		// writer in the process and caches topic metadata, so a topic created
-		// after another writer looked would stay unknown for seconds.
-		Transport: &kafka.Transport{DialTimeout: 3 * time.Second, MetadataTTL: 2 * time.Second},
-	}
+		Transport:              transport,
+	}}
 }
 
 // Ping reports whether a broker answers a metadata request within the
