@@ -135,7 +135,16 @@ func Requeue(ctx context.Context, db DB, ids ...int64) (int, error) {
 	if err != nil {
 		return 0, fmt.Errorf("outbox: requeuing %d ids: %w", len(ids), err)
 	}
-	return int(tag.RowsAffected()), nil
+	return wake(ctx, db, int(tag.RowsAffected())), nil
+}
+
+// wake tells the relays that n rows became due, so they need not wait for
+// their poll. A lost wake-up only costs that poll, so its error is ignored.
+func wake(ctx context.Context, db DB, n int) int {
+	if n > 0 {
+		_, _ = db.Exec(ctx, wakeRelays)
+	}
+	return n
 }
 
 // DeadFilter selects dead rows for RequeueDead. Empty fields match anything.
@@ -159,7 +168,7 @@ func RequeueDead(ctx context.Context, db DB, f DeadFilter) (int, error) {
 	if err != nil {
 		return 0, fmt.Errorf("outbox: requeuing dead events: %w", err)
 	}
-	return int(tag.RowsAffected()), nil
+	return wake(ctx, db, int(tag.RowsAffected())), nil
 }
 
 // PruneConfig configures Prune. Zero fields take the documented defaults.
@@ -422,6 +431,7 @@ func Replay(ctx context.Context, db DB, f ReplayFilter, dryRun bool) ([]ReplayIt
 	if len(items) > MaxReplay {
 		return nil, replayTooLarge(len(items))
 	}
+	wake(ctx, tx, len(items)) // delivered when the replay commits
 	if err := tx.Commit(ctx); err != nil {
 		return nil, fmt.Errorf("outbox: committing replay: %w", err)
 	}

@@ -25,6 +25,14 @@ type Writer interface {
 	WriteMessages(ctx context.Context, msgs ...kafka.Message) error
 }
 
+// notifyChannel is where the insert trigger (migration 0001) and the
+// operator functions wake the relays.
+const notifyChannel = "outbox_events"
+
+// wakeRelays is run by operator functions that make rows due without
+// inserting them (requeue, replay), so relays need not wait for their poll.
+const wakeRelays = `SELECT pg_notify('` + notifyChannel + `', '')`
+
 // Crash points the relay passes to RelayConfig.CrashPoint.
 const (
 	// CrashAfterAck is between the broker's acknowledgement and marking the
@@ -225,7 +233,7 @@ func (r *Relay) listenOnce(ctx context.Context, wake chan<- struct{}) error {
 	// Take the connection out of the pool: its LISTEN must not leak to other users.
 	conn := pooled.Hijack()
 	defer conn.Close(context.Background())
-	if _, err := conn.Exec(ctx, "LISTEN outbox_events"); err != nil {
+	if _, err := conn.Exec(ctx, "LISTEN "+notifyChannel); err != nil {
 		return err
 	}
 	for {

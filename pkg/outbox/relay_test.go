@@ -377,3 +377,36 @@ func ownersAndLocks(t *testing.T, pool *pgxpool.Pool) [2]int {
 	}
 	return [2]int{owners, locks}
 }
+
+func TestARequeueWakesASleepingRelay(t *testing.T) {
+	ctx := context.Background()
+	brokers := testinfra.KafkaBrokers(t)
+	topic := testinfra.NewTopic(t, brokers, 1)
+	pool := newOutboxDB(t)
+	ev := newEvent("w", 1)
+	enqueue(t, pool, ev)
+	if _, err := pool.Exec(ctx, `UPDATE outbox_events SET state = 'dead', attempts = 10`); err != nil {
+		t.Fatal(err)
+	}
+	c := collect(t, brokers, topic)
+	w := kafkautil.NewWriter(brokers, 10)
+	defer w.Close()
+	// Polling once an hour: only a wake-up can make it publish in time.
+	relay, err := outbox.NewRelay(pool, w, outbox.RelayConfig{Topic: func(string) string { return topic }, PollInterval: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	runCtx, stop := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- relay.Run(runCtx) }()
+	defer func() { stop(); <-done }()
+	testinfra.WaitFor(t, 10*time.Second, "the relay to own its partitions", func() (bool, error) {
+		return ownersAndLocks(t, pool)[1] == outbox.Partitions, nil
+	})
+	if n, err := outbox.Requeue(ctx, pool, deadIDs(t, pool)...); err != nil || n != 1 {
+		t.Fatalf("requeue: n=%d err=%v", n, err)
+	}
+	testinfra.WaitFor(t, 10*time.Second, "the requeued event to be published", func() (bool, error) {
+		return c.distinct() == 1, nil
+	})
+}
