@@ -71,11 +71,11 @@ func (c PruneConfig) withDefaults() PruneConfig {
 // subquery in the WHERE clause, a LIMIT … FOR UPDATE may be re-run and
 // remove more than the batch) and skips rows another pruner holds, so
 // several pruners share the work. It reads the partial index on
-// processed_at of migration 0001.
+// processed_at of migration 0003.
 const pruneProcessed = `
 WITH doomed AS MATERIALIZED (
     SELECT consumer, message_id FROM inbox_messages
-    WHERE status = 'processed' AND processed_at < now() - $1::bigint * interval '1 microsecond'
+    WHERE status IN ('processed', 'stale') AND processed_at < now() - $1::bigint * interval '1 microsecond'
     ORDER BY processed_at
     LIMIT $2
     FOR UPDATE SKIP LOCKED)
@@ -83,7 +83,8 @@ DELETE FROM inbox_messages m
 USING doomed d
 WHERE m.consumer = d.consumer AND m.message_id = d.message_id`
 
-// Prune removes processed rows whose processed_at is older than
+// Prune removes processed and stale rows (stale: skipped by the version
+// guard) whose processed_at is older than
 // cfg.Retention and returns how many it removed. Dead-lettered rows are
 // never touched, however old: they are the audit of what went to a
 // dead-letter topic, and RequeueDeadLetters removes them when it sends the

@@ -94,11 +94,13 @@ const adminDay = 24 * time.Hour
 func TestPruneRemovesOnlyProcessedRowsPastRetention(t *testing.T) {
 	ctx := context.Background()
 	pool := adminInboxDB(t)
-	ids := make([]uuid.UUID, 6)
+	ids := make([]uuid.UUID, 8)
 	for i := range ids {
 		ids[i] = uuid.New()
 	}
 	seedInbox(t, pool,
+		inboxRow{"billing", ids[6], "stale", 31 * adminDay}, // skipped by the version guard, past retention
+		inboxRow{"billing", ids[7], "stale", time.Hour},
 		inboxRow{"billing", ids[0], "processed", 31 * adminDay},      // past the default 30 days
 		inboxRow{"shim", ids[1], "processed", 400 * adminDay},        // long past, another consumer
 		inboxRow{"billing", ids[2], "processed", time.Hour},          // recent
@@ -111,14 +113,15 @@ func TestPruneRemovesOnlyProcessedRowsPastRetention(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if n != 2 {
-		t.Fatalf("Prune removed %d rows, want 2", n)
+	if n != 3 {
+		t.Fatalf("Prune removed %d rows, want 3", n)
 	}
 	equalStrings(t, "left in inbox_messages", inboxRows(t, pool), sortedKeys(
 		rowKey("billing", "processed", ids[2]),
 		rowKey("billing", "processed", ids[3]),
 		rowKey("billing", "dead_lettered", ids[4]),
 		rowKey("shim", "dead_lettered", ids[5]),
+		rowKey("billing", "stale", ids[7]),
 	))
 
 	if n, err := inbox.Prune(ctx, pool, inbox.PruneConfig{Retention: 2 * time.Hour}); err != nil || n != 1 {
@@ -128,6 +131,7 @@ func TestPruneRemovesOnlyProcessedRowsPastRetention(t *testing.T) {
 		rowKey("billing", "processed", ids[2]),
 		rowKey("billing", "dead_lettered", ids[4]),
 		rowKey("shim", "dead_lettered", ids[5]),
+		rowKey("billing", "stale", ids[7]),
 	))
 }
 
