@@ -82,7 +82,7 @@ type Config struct {
 	Workers int
 	// BatchSize is the most messages a worker handles in one database
 	// transaction (a savepoint each, so one failure does not undo the
-	// others). Default 100.
+	// others). It is also each worker's queue capacity. Default 100.
 	BatchSize int
 	// DeadLetterTopic receives messages that cannot be handled.
 	// Default: the message's topic + ".dlt".
