@@ -233,6 +233,8 @@ func benchSampleWaits(ctx context.Context, pool *pgxpool.Pool, deadline time.Tim
 		return 0, 0, err
 	}
 	defer conn.Release()
+	tick := time.NewTicker(20 * time.Millisecond)
+	defer tick.Stop()
 	for time.Now().Before(deadline) {
 		var a, w int
 		err := conn.QueryRow(ctx, `
@@ -243,7 +245,7 @@ func benchSampleWaits(ctx context.Context, pool *pgxpool.Pool, deadline time.Tim
 			return 0, 0, fmt.Errorf("sampling wait events: %w", err)
 		}
 		active, waits = active+a, waits+w
-		time.Sleep(20 * time.Millisecond)
+		<-tick.C
 	}
 	return active, waits, nil
 }
@@ -683,7 +685,11 @@ func benchPublishLag(b *testing.B, rate int, writerTimeout time.Duration, relayS
 		// Return the heap to the OS now, or the runtime's background
 		// scavenger does it during the window and is counted as idle CPU.
 		debug.FreeOSMemory()
-		time.Sleep(500 * time.Millisecond) // let the last batch's commit finish
+		testinfra.WaitFor(b, 30*time.Second, "the last batch to be marked published", func() (bool, error) {
+			var unpublished int
+			err := pool.QueryRow(ctx, `SELECT count(*) FROM outbox_events WHERE state <> 'published'`).Scan(&unpublished)
+			return unpublished == 0, err
+		})
 		batchesBefore, phasesBefore = benchHistogram(b, reg, "outbox_batch_size"), phases.mark()
 		cpu, dbCPU := benchIdleCPU(b, pool, lagIdle)
 		idleCPU, idleDBCPU, idle = idleCPU+cpu, idleDBCPU+dbCPU, idle+lagIdle
@@ -720,7 +726,7 @@ func benchPublishLag(b *testing.B, rate int, writerTimeout time.Duration, relayS
 func benchIdleCPU(b *testing.B, pool *pgxpool.Pool, d time.Duration) (process, backends time.Duration) {
 	b.Helper()
 	cpu, dbCPU := benchProcessCPU(), benchBackendCPU(b, pool)
-	time.Sleep(d)
+	time.Sleep(d) // the measurement window itself, not a wait for a condition
 	process = benchProcessCPU() - cpu
 	const clockTicks = 100 // USER_HZ on Linux
 	for pid, ticks := range benchBackendCPU(b, pool) {
@@ -744,6 +750,7 @@ func benchTrickle(ctx context.Context, pool *pgxpool.Pool, rate, n int, committe
 		defer close(due)
 		start := time.Now()
 		for i := range n {
+			// An open-loop schedule: event i is due at start + i/rate.
 			time.Sleep(time.Until(start.Add(time.Duration(i) * time.Second / time.Duration(rate))))
 			due <- i
 		}
