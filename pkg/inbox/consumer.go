@@ -495,7 +495,9 @@ RETURNING message_id`
 // returned; within the batch, the first occurrence is the one inserted).
 func (c *Consumer) insertBatch(ctx context.Context, tx pgx.Tx, batch []kafka.Message, evs []event.Envelope) (map[uuid.UUID]bool, error) {
 	n := len(batch)
-	ids, types, aggs, versions := make([]uuid.UUID, n), make([]string, n), make([]string, n), make([]int64, n)
+	// [16]byte, not uuid.UUID: pgx encodes and decodes it natively instead of
+	// through driver.Valuer, sql.Scanner and text.
+	ids, types, aggs, versions := make([][16]byte, n), make([]string, n), make([]string, n), make([]int64, n)
 	topics, partitions, offsets, payloads := make([]string, n), make([]int32, n), make([]int64, n), make([][]byte, n)
 	for i, m := range batch {
 		ev := evs[i]
@@ -506,13 +508,13 @@ func (c *Consumer) insertBatch(ctx context.Context, tx pgx.Tx, batch []kafka.Mes
 	if err != nil {
 		return nil, err
 	}
-	inserted, err := pgx.CollectRows(rows, pgx.RowTo[uuid.UUID])
+	inserted, err := pgx.CollectRows(rows, pgx.RowTo[[16]byte])
 	if err != nil {
 		return nil, err
 	}
 	fresh := make(map[uuid.UUID]bool, len(inserted))
 	for _, id := range inserted {
-		fresh[id] = true
+		fresh[uuid.UUID(id)] = true
 	}
 	return fresh, nil
 }

@@ -472,7 +472,9 @@ func (r *Relay) claim(ctx context.Context, tx pgx.Tx, owned []int32) ([]claimed,
 			ev      event.Envelope
 			headers []byte
 		)
-		err := row.Scan(&c.id, &ev.EventID, &ev.AggregateType, &ev.AggregateID, &ev.AggregateVersion,
+		// *[16]byte, not *uuid.UUID: pgx decodes it natively instead of
+		// through sql.Scanner and text, a tenth of the claim's CPU.
+		err := row.Scan(&c.id, (*[16]byte)(&ev.EventID), &ev.AggregateType, &ev.AggregateID, &ev.AggregateVersion,
 			&ev.EventType, &ev.EventVersion, &ev.Payload, &headers, &ev.OccurredAt, &c.createdAt, &c.attempts)
 		if err != nil {
 			return c, err

@@ -137,7 +137,8 @@ func (b *Billing) capture(ctx context.Context, tx pgx.Tx, cause event.Envelope, 
 		INSERT INTO charges (order_id, payment_id, customer_id, amount_cents, currency, status, version, captured_at)
 		VALUES ($1, $2, $3, $4, $5, $6, 1, $7)
 		ON CONFLICT (order_id) DO NOTHING`,
-		p.OrderID, paymentID, p.CustomerID, p.AmountCents, p.Currency, StatusCaptured, now)
+		// [16]byte: pgx encodes it natively (uuid.UUID goes through text).
+		[16]byte(p.OrderID), [16]byte(paymentID), p.CustomerID, p.AmountCents, p.Currency, StatusCaptured, now)
 	if err != nil {
 		return fmt.Errorf("recording charge: %w", err)
 	}
