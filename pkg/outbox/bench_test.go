@@ -733,7 +733,7 @@ func benchPublishLag(b *testing.B, rate int, writerTimeout time.Duration, relayS
 func benchIdleCPU(b *testing.B, pool *pgxpool.Pool, d time.Duration) (process, backends time.Duration) {
 	b.Helper()
 	cpu, dbCPU := benchProcessCPU(), benchBackendCPU(b, pool)
-	time.Sleep(d) // the measurement window itself, not a wait for a condition
+	<-time.After(d) // the measurement window itself, not a wait for a condition
 	process = benchProcessCPU() - cpu
 	const clockTicks = 100 // USER_HZ on Linux
 	for pid, ticks := range benchBackendCPU(b, pool) {
@@ -758,7 +758,7 @@ func benchTrickle(ctx context.Context, pool *pgxpool.Pool, rate, n int, committe
 		start := time.Now()
 		for i := range n {
 			// An open-loop schedule: event i is due at start + i/rate.
-			time.Sleep(time.Until(start.Add(time.Duration(i) * time.Second / time.Duration(rate))))
+			<-time.After(time.Until(start.Add(time.Duration(i) * time.Second / time.Duration(rate))))
 			due <- i
 		}
 	}()
