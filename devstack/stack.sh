@@ -74,15 +74,15 @@ KAFKA_TOPICS=(orders.events billing.events orders.events.dlt billing.events.dlt)
 
 KAFKACTL="$STATE/bin/kafkactl"
 
-say() { printf '%s\n' "$*"; }
-die() { printf 'stack.sh: %s\n' "$*" >&2; exit 1; }
-
-# show_log_tail prints the end of a server's log, so a failed `up` explains itself.
 PROM_PORT="${ONCEFLOW_PROM_PORT:-59090}"
 PROM_TARGETS="${ONCEFLOW_PROM_TARGETS:-orders=127.0.0.1:8081 billing=127.0.0.1:8082 reconciler-shim=127.0.0.1:8083 reconciler=127.0.0.1:8084}"
 PROM_DIR="${ONCEFLOW_PROM_DIR:-$STATE/prometheus}"
 PROM_PID="$PROM_DIR/prometheus.pid"
 
+say() { printf '%s\n' "$*"; }
+die() { printf 'stack.sh: %s\n' "$*" >&2; exit 1; }
+
+# show_log_tail prints the end of a server's log, so a failed `up` explains itself.
 # A dying broker logs pages of shutdown chatter after the cause, so the first
 # error lines of the recent log follow the tail.
 show_log_tail() {
@@ -491,12 +491,6 @@ kafka_status() {
 }
 
 # ---------------------------------------------------------------------------
-
-cmd_up() {
-  validate_settings
-  mkdir -p "$STATE"
-  local start=$SECONDS
-# ---------------------------------------------------------------------------
 # Prometheus (for the dashboards and alerts; not part of `up`)
 # ---------------------------------------------------------------------------
 
@@ -594,6 +588,12 @@ prom_status() {
   fi
 }
 
+# ---------------------------------------------------------------------------
+
+cmd_up() {
+  validate_settings
+  mkdir -p "$STATE"
+  local start=$SECONDS
   pg_up
   kafka_up
   say "stack is up in $(( SECONDS - start ))s:"
