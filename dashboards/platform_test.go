@@ -219,7 +219,7 @@ type promServer struct {
 }
 
 // startPrometheus starts Debian's Prometheus on a free port, scraping
-// targets (service label -> address) every second and evaluating the
+// targets (service label -> address) every 2 seconds and evaluating the
 // committed rules every second.
 func startPrometheus(t *testing.T, targets map[string]string) *promServer {
 	t.Helper()
@@ -229,7 +229,7 @@ func startPrometheus(t *testing.T, targets map[string]string) *promServer {
 		t.Fatal(err)
 	}
 	var cfg strings.Builder
-	fmt.Fprintf(&cfg, "global:\n  scrape_interval: 1s\n  scrape_timeout: 1s\n  evaluation_interval: 1s\n")
+	fmt.Fprintf(&cfg, "global:\n  scrape_interval: 2s\n  scrape_timeout: 2s\n  evaluation_interval: 1s\n")
 	fmt.Fprintf(&cfg, "rule_files:\n  - %q\n", filepath.Join(rules, "*.yml"))
 	fmt.Fprintf(&cfg, "scrape_configs:\n  - job_name: onceflow\n    static_configs:\n")
 	for service, addr := range targets {
