@@ -458,6 +458,18 @@ kafka_up() {
   say "kafka: ready"
 }
 
+# stop_pid stops a server: SIGTERM, then SIGKILL if it still runs after 30 s.
+stop_pid() {
+  local name=$1 pid=$2 i
+  kill -TERM "$pid"
+  for (( i = 0; i < 60; i++ )); do
+    kill -0 "$pid" 2>/dev/null || return 0
+    sleep 0.5
+  done
+  say "$name: still running after 30s, killing pid $pid"
+  kill -KILL "$pid"
+}
+
 kafka_down() {
   local pid
   if ! pid=$(kafka_pid); then
@@ -467,16 +479,7 @@ kafka_down() {
   fi
   # SIGTERM lets the broker flush and close its logs cleanly, so the next start
   # skips log recovery; SIGKILL only if it hangs.
-  kill -TERM "$pid"
-  local i
-  for (( i = 0; i < 60; i++ )); do
-    kill -0 "$pid" 2>/dev/null || break
-    sleep 0.5
-  done
-  if kill -0 "$pid" 2>/dev/null; then
-    say "kafka: still running after 30s, killing pid $pid"
-    kill -KILL "$pid"
-  fi
+  stop_pid kafka "$pid"
   rm -f "$KAFKA_PID"
   say "kafka: stopped (was pid $pid)"
 }
@@ -568,13 +571,7 @@ prom_down() {
     say "prometheus: not running"
     return
   fi
-  kill -TERM "$pid"
-  local i
-  for (( i = 0; i < 60; i++ )); do
-    kill -0 "$pid" 2>/dev/null || break
-    sleep 0.5
-  done
-  kill -0 "$pid" 2>/dev/null && kill -KILL "$pid"
+  stop_pid prometheus "$pid"
   rm -f "$PROM_PID"
   say "prometheus: stopped (was pid $pid)"
 }
