@@ -185,27 +185,7 @@ func WaitFor(t testing.TB, timeout time.Duration, what string, cond func() (bool
 // (0 when absent), so tests can assert on what a component counted.
 func MetricValue(t testing.TB, g prometheus.Gatherer, name string) float64 {
 	t.Helper()
-	families, err := g.Gather()
-	if err != nil {
-		t.Fatalf("gathering metrics: %v", err)
-	}
-	var sum float64
-	for _, f := range families {
-		if f.GetName() != name {
-			continue
-		}
-		for _, m := range f.GetMetric() {
-			switch {
-			case m.Counter != nil:
-				sum += m.GetCounter().GetValue()
-			case m.Gauge != nil:
-				sum += m.GetGauge().GetValue()
-			case m.Histogram != nil:
-				sum += float64(m.GetHistogram().GetSampleCount())
-			}
-		}
-	}
-	return sum
+	return LabeledMetricValue(t, g, name, nil)
 }
 
 // LabeledMetricValue is MetricValue over only the samples of name whose
