@@ -8,7 +8,7 @@ MODULES = $(shell go list -m -f '{{.Path}}/...')
 # Arguments for the demo driver, e.g. `make demo DEMO_ARGS="-orders 1000 -cancel 0.2"`.
 DEMO_ARGS ?=
 
-.PHONY: help up down status logs services stop demo test vet fmt build
+.PHONY: help up down status logs services stop demo test vet fmt build prometheus-tools up-prometheus down-prometheus dashboards
 
 help: ## List the targets
 	@grep -E '^[a-zA-Z0-9_.-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*## "} {printf "  %-12s %s\n", $$1, $$2}'
@@ -16,11 +16,13 @@ help: ## List the targets
 up: ## Start PostgreSQL and Kafka on loopback (idempotent; see devstack/stack.sh)
 	devstack/stack.sh up
 
-down: stop ## Stop the services, then PostgreSQL and Kafka (data is kept in .devstack/)
+down: stop ## Stop the services, then Prometheus, PostgreSQL and Kafka (data is kept in .devstack/)
+	devstack/stack.sh prometheus down
 	devstack/stack.sh down
 
 status: ## Show what is running
 	@devstack/stack.sh status
+	@devstack/stack.sh prometheus status
 	@devstack/services.sh status
 
 logs: ## Show the tail of the PostgreSQL and Kafka logs
@@ -40,9 +42,30 @@ demo: services ## Run the platform end to end: place orders, wait until all are 
 	@echo
 	@echo "The platform is still running: orders http://127.0.0.1:8081, billing :8082, shim :8083, reconciler :8084"
 	@echo "(each has /metrics and /readyz). Logs: .devstack/logs/. Stop the services with 'make stop', everything with 'make down'."
+	@echo
+	@echo "Where to look:"
+	@echo "  metrics     http://127.0.0.1:8081/metrics  :8082/metrics  :8083/metrics  :8084/metrics"
+	@if devstack/stack.sh prometheus status | grep -q running; then \
+	  echo "  prometheus  http://127.0.0.1:$${ONCEFLOW_PROM_PORT:-59090}  (alerts: /alerts, rules from dashboards/alerts/)"; \
+	else \
+	  echo "  prometheus  not running: 'make up-prometheus' starts one scraping the services, with the alert rules"; \
+	fi
+	@echo "  grafana     under 'docker compose up': http://localhost:3000 (dashboards in the onceflow folder; Prometheus at http://localhost:9090)"
 
-test: up ## Run every module's tests (with -race) against the real PostgreSQL and Kafka
+test: up prometheus-tools ## Run every module's tests (with -race) against the real PostgreSQL and Kafka
 	go test -race -count=1 $(MODULES)
+
+prometheus-tools: ## Install prometheus and promtool (Debian's package) when missing: the dashboard and alert tests run them
+	devstack/stack.sh prometheus-install
+
+up-prometheus: ## Start a Prometheus on 127.0.0.1:59090 scraping the services, with the alert rules (see devstack/stack.sh)
+	devstack/stack.sh prometheus up
+
+down-prometheus: ## Stop that Prometheus
+	devstack/stack.sh prometheus down
+
+dashboards: ## Regenerate the Grafana dashboards (dashboards/grafana/dashboards/*.json) from their Go code
+	go generate ./dashboards/
 
 vet: ## go vet and gofmt over every module
 	go vet $(MODULES)

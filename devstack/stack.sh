@@ -3,6 +3,7 @@
 # without Docker. `make up` / `make down` call this script.
 #
 # Usage: devstack/stack.sh up | down | status | logs [lines] | psql [db] [psql args...]
+#        devstack/stack.sh prometheus-install | prometheus up|down|status
 #
 #   up      start both servers (idempotent: when they already run it only re-checks
 #           them), create the databases and topics, return once both answer.
@@ -10,6 +11,10 @@
 #   status  one line per server.
 #   logs    the tail of both servers' logs (default 40 lines).
 #   psql    open psql on a database (default: postgres), e.g. `stack.sh psql orders`.
+#   prometheus-install  install Debian's prometheus package (prometheus, promtool) when
+#           missing; `make test` runs it, the dashboard and alert tests need both.
+#   prometheus up|down|status  a Prometheus scraping the services (`make services` ports)
+#           with dashboards/alerts loaded, on 127.0.0.1:$ONCEFLOW_PROM_PORT (`make up-prometheus`).
 #
 # Settings (environment, with defaults):
 #   ONCEFLOW_PG_PORT                55432  PostgreSQL port on 127.0.0.1
@@ -19,6 +24,11 @@
 #   ONCEFLOW_KAFKA_HEAP             768m   broker max heap (-Xmx), at most 1g: the machine has 2 cores
 #                                          and the services, tests and load tests share it
 #   ONCEFLOW_STACK_TIMEOUT          60     seconds each server gets to become ready
+#   ONCEFLOW_PROM_PORT              59090  Prometheus port on 127.0.0.1 (`prometheus up`)
+#   ONCEFLOW_PROM_TARGETS           "orders=127.0.0.1:8081 billing=127.0.0.1:8082
+#                                   reconciler-shim=127.0.0.1:8083 reconciler=127.0.0.1:8084"
+#                                          what it scrapes: service label=address, space-separated
+#   ONCEFLOW_PROM_DIR               $ROOT/.devstack/prometheus  its config, data, log and pid
 #
 # Everything it downloads, stores and logs lives in $ROOT/.devstack/ (git-ignored):
 #   pg/data  pg/run  pg/postgres.log
@@ -67,6 +77,11 @@ KAFKA_PID="$KAFKA_DIR/kafka.pid"
 KAFKA_TOPICS=(orders.events billing.events orders.events.dlt billing.events.dlt)
 
 KAFKACTL="$STATE/bin/kafkactl"
+
+PROM_PORT="${ONCEFLOW_PROM_PORT:-59090}"
+PROM_TARGETS="${ONCEFLOW_PROM_TARGETS:-orders=127.0.0.1:8081 billing=127.0.0.1:8082 reconciler-shim=127.0.0.1:8083 reconciler=127.0.0.1:8084}"
+PROM_DIR="${ONCEFLOW_PROM_DIR:-$STATE/prometheus}"
+PROM_PID="$PROM_DIR/prometheus.pid"
 
 say() { printf '%s\n' "$*"; }
 die() { printf 'stack.sh: %s\n' "$*" >&2; exit 1; }
@@ -449,6 +464,18 @@ kafka_up() {
   say "kafka: ready"
 }
 
+# stop_pid stops a server: SIGTERM, then SIGKILL if it still runs after 30 s.
+stop_pid() {
+  local name=$1 pid=$2 i
+  kill -TERM "$pid"
+  for (( i = 0; i < 60; i++ )); do
+    kill -0 "$pid" 2>/dev/null || return 0
+    sleep 0.5
+  done
+  say "$name: still running after 30s, killing pid $pid"
+  kill -KILL "$pid"
+}
+
 kafka_down() {
   local pid
   if ! pid=$(kafka_pid); then
@@ -458,16 +485,7 @@ kafka_down() {
   fi
   # SIGTERM lets the broker flush and close its logs cleanly, so the next start
   # skips log recovery; SIGKILL only if it hangs.
-  kill -TERM "$pid"
-  local i
-  for (( i = 0; i < 60; i++ )); do
-    kill -0 "$pid" 2>/dev/null || break
-    sleep 0.5
-  done
-  if kill -0 "$pid" 2>/dev/null; then
-    say "kafka: still running after 30s, killing pid $pid"
-    kill -KILL "$pid"
-  fi
+  stop_pid kafka "$pid"
   rm -f "$KAFKA_PID"
   say "kafka: stopped (was pid $pid)"
 }
@@ -478,6 +496,98 @@ kafka_status() {
     say "kafka     running  127.0.0.1:$KAFKA_PORT  pid $pid  data $KAFKA_DATA"
   else
     say "kafka     stopped  127.0.0.1:$KAFKA_PORT  -  data $KAFKA_DATA"
+  fi
+}
+
+# ---------------------------------------------------------------------------
+# Prometheus (for the dashboards and alerts; not part of `up`)
+# ---------------------------------------------------------------------------
+
+# prom_install installs Debian's package when prometheus or promtool is missing.
+# Without recommends: no node exporter. Where systemd runs, the package also
+# enables a system-wide Prometheus on :9090; the stack never uses that one.
+prom_install() {
+  if command -v prometheus >/dev/null && command -v promtool >/dev/null; then
+    return
+  fi
+  apt_install --no-install-recommends prometheus
+  command -v promtool >/dev/null || die "installed prometheus, but promtool is not on PATH"
+}
+
+prom_pid() {
+  local pid
+  pid=$(cat "$PROM_PID" 2>/dev/null || true)
+  [[ $pid =~ ^[0-9]+$ ]] && kill -0 "$pid" 2>/dev/null || return 1
+  tr '\0' ' ' <"/proc/$pid/cmdline" 2>/dev/null | grep -qF -- "--config.file=$PROM_DIR/prometheus.yml" || return 1
+  printf '%s\n' "$pid"
+}
+
+# prom_configure writes a configuration like dashboards/prometheus/prometheus.yml
+# (the compose one): every target labelled with its service, the same rules.
+prom_configure() {
+  mkdir -p "$PROM_DIR/data"
+  {
+    printf '# Written by devstack/stack.sh prometheus up; edit the script or ONCEFLOW_PROM_TARGETS.\n'
+    printf 'global:\n  scrape_interval: 5s\n  evaluation_interval: 5s\n'
+    printf 'rule_files:\n  - %s/dashboards/alerts/*.yml\n' "$ROOT"
+    printf 'scrape_configs:\n  - job_name: onceflow\n    static_configs:\n'
+    local t
+    for t in $PROM_TARGETS; do
+      [[ $t == *=* ]] || die "ONCEFLOW_PROM_TARGETS: '$t' is not service=address"
+      printf '      - targets: ["%s"]\n        labels: {service: %s}\n' "${t#*=}" "${t%%=*}"
+    done
+  } >"$PROM_DIR/prometheus.yml"
+  promtool check config "$PROM_DIR/prometheus.yml" >"$PROM_DIR/check.log" 2>&1 \
+    || { show_log_tail promtool "$PROM_DIR/check.log"; die "the generated Prometheus configuration is invalid"; }
+}
+
+prom_up() {
+  [[ $PROM_PORT =~ ^[0-9]+$ ]] || die "ONCEFLOW_PROM_PORT must be a number, got '$PROM_PORT'"
+  prom_install
+  local pid
+  if pid=$(prom_pid); then
+    prom_configure
+    kill -HUP "$pid" # reload: picks up changed targets and rules
+    say "prometheus: already running on 127.0.0.1:$PROM_PORT (pid $pid); configuration reloaded"
+  else
+    prom_configure
+    say "prometheus: starting on 127.0.0.1:$PROM_PORT …"
+    [[ -f $PROM_DIR/prometheus.log ]] && mv -f "$PROM_DIR/prometheus.log" "$PROM_DIR/prometheus.log.1"
+    # shellcheck disable=SC2016 # $$ and $@ belong to the inner shell
+    PROM_PID_FILE="$PROM_PID" setsid nohup bash -c 'echo $$ >"$PROM_PID_FILE"; exec "$@"' prometheus \
+      prometheus --config.file="$PROM_DIR/prometheus.yml" --storage.tsdb.path="$PROM_DIR/data" \
+      --storage.tsdb.retention.time=2d --web.listen-address="127.0.0.1:$PROM_PORT" \
+      </dev/null >>"$PROM_DIR/prometheus.log" 2>&1 &
+    disown
+  fi
+  local deadline=$(( SECONDS + TIMEOUT ))
+  until curl -fsS -o /dev/null "http://127.0.0.1:$PROM_PORT/-/ready" 2>/dev/null; do
+    if (( SECONDS >= deadline )) || { sleep 0.5; ! prom_pid >/dev/null; }; then
+      show_log_tail prometheus "$PROM_DIR/prometheus.log"
+      die "prometheus did not become ready on 127.0.0.1:$PROM_PORT"
+    fi
+  done
+  say "prometheus: ready on http://127.0.0.1:$PROM_PORT (targets: $PROM_TARGETS; alerts: /alerts)"
+}
+
+prom_down() {
+  local pid
+  if ! pid=$(prom_pid); then
+    rm -f "$PROM_PID"
+    say "prometheus: not running"
+    return
+  fi
+  stop_pid prometheus "$pid"
+  rm -f "$PROM_PID"
+  say "prometheus: stopped (was pid $pid)"
+}
+
+prom_status() {
+  local pid
+  if pid=$(prom_pid); then
+    say "prometheus running  127.0.0.1:$PROM_PORT  pid $pid  data $PROM_DIR/data"
+  else
+    say "prometheus stopped  127.0.0.1:$PROM_PORT"
   fi
 }
 
@@ -519,7 +629,15 @@ main() {
     status) pg_status; kafka_status ;;
     logs) cmd_logs "$@" ;;
     psql) cmd_psql "$@" ;;
-    *) sed -n '2,12s/^# \{0,1\}//p' "${BASH_SOURCE[0]}" >&2; exit 2 ;;
+    prometheus-install) prom_install ;;
+    prometheus)
+      case "${1:-}" in
+        up) prom_up ;;
+        down) prom_down ;;
+        status) prom_status ;;
+        *) die "usage: stack.sh prometheus up | down | status" ;;
+      esac ;;
+    *) sed -n '2,17s/^# \{0,1\}//p' "${BASH_SOURCE[0]}" >&2; exit 2 ;;
   esac
 }
 

@@ -109,8 +109,8 @@ type Config struct {
 	LeaseTTL time.Duration
 	// LeaseOwner names this process in lease rows. Default: Name + a random suffix.
 	LeaseOwner string
-	// LagInterval is how often consumer_lag_messages is refreshed, when the
-	// reader is a *kafka.Reader. Default 5s.
+	// LagInterval is how often consumer_lag_messages (when the reader is a
+	// *kafka.Reader) and inbox_dead_letters are refreshed. Default 5s.
 	LagInterval time.Duration
 	// Logger receives failures and dead letters. Default: slog.Default().
 	Logger *slog.Logger
@@ -210,6 +210,8 @@ func (c *Consumer) Run(ctx context.Context) error {
 			}
 		}()
 	}
+	wg.Add(1)
+	go func() { defer wg.Done(); c.reportDeadLetters(ctx) }()
 	if lr, ok := c.reader.(lagReader); ok {
 		wg.Add(1)
 		go func() { defer wg.Done(); c.reportLag(ctx, lr.Config()) }()
@@ -776,6 +778,21 @@ const (
 	HeaderDLTFailedAt  = "dlt-failed-at"
 )
 
+// reasonClass is the reason label of a dead letter: ev is nil when the
+// message did not decode.
+func reasonClass(ev *event.Envelope, reason error) string {
+	switch {
+	case ev == nil:
+		return ReasonUndecodable
+	case errors.Is(reason, event.ErrInvalid):
+		return ReasonInvalid
+	case errors.Is(reason, ErrPermanent):
+		return ReasonPermanent
+	default:
+		return ReasonExhausted
+	}
+}
+
 // deadLetter publishes m to the dead-letter topic with the reason, then, when
 // the envelope decoded, records a dead_lettered inbox row in tx. It retries
 // the publish until it succeeds or ctx ends: a message is never dropped.
@@ -806,6 +823,7 @@ func (c *Consumer) deadLetter(ctx context.Context, tx pgx.Tx, m kafka.Message, e
 		case <-time.After(retry.Backoff(attempt, c.cfg.BackoffMin, c.cfg.BackoffMax)):
 		}
 	}
+	c.cfg.Metrics.deadLettered.WithLabelValues(c.cfg.Name, reasonClass(ev, reason)).Inc()
 	log := c.cfg.Logger.With(slog.String("consumer", c.cfg.Name), slog.String("topic", m.Topic),
 		slog.Int("partition", m.Partition), slog.Int64("offset", m.Offset), slog.String("dead_letter_topic", topic),
 		slog.Any("error", reason))

@@ -183,6 +183,11 @@ func TestPoisonMessagesAreDeadLetteredAndThePartitionMovesOn(t *testing.T) {
 	if got := testinfra.MetricValue(t, f.registry, "inbox_dead_lettered_total"); got != 2 {
 		t.Fatalf("inbox_dead_lettered_total = %v, want 2", got)
 	}
+	for reason, want := range map[string]float64{inbox.ReasonUndecodable: 1, inbox.ReasonPermanent: 1, inbox.ReasonExhausted: 0} {
+		if got := testinfra.LabeledMetricValue(t, f.registry, "inbox_dead_lettered_total", map[string]string{"reason": reason}); got != want {
+			t.Errorf("inbox_dead_lettered_total{reason=%q} = %v, want %v", reason, got, want)
+		}
+	}
 }
 
 func TestTransientFailuresRetryThenSucceedOrDeadLetter(t *testing.T) {
@@ -199,10 +204,16 @@ func TestTransientFailuresRetryThenSucceedOrDeadLetter(t *testing.T) {
 			return errors.New("deadlock, try again")
 		}
 		return f.recordEffect(ctx, tx, ev)
-	}, inbox.Config{DeadLetterTopic: dlt, MaxAttempts: 4, BackoffMin: time.Millisecond, BackoffMax: 5 * time.Millisecond})
+	}, inbox.Config{DeadLetterTopic: dlt, MaxAttempts: 4, BackoffMin: time.Millisecond, BackoffMax: 5 * time.Millisecond,
+		LagInterval: 50 * time.Millisecond})
 
 	testinfra.WaitFor(t, 30*time.Second, "the hopeless event to be dead-lettered", func() (bool, error) {
-		return testinfra.MetricValue(t, f.registry, "inbox_dead_lettered_total") == 1, nil
+		return testinfra.LabeledMetricValue(t, f.registry, "inbox_dead_lettered_total",
+			map[string]string{"reason": inbox.ReasonExhausted}) == 1, nil
+	})
+	// The dead-letter backlog: the hopeless event's row, until a requeue.
+	testinfra.WaitFor(t, 10*time.Second, "inbox_dead_letters to count the dead-lettered row", func() (bool, error) {
+		return testinfra.MetricValue(t, f.registry, "inbox_dead_letters") == 1, nil
 	})
 	if n := f.count(t, "SELECT count(*) FROM effects WHERE event_id = $1", flaky.EventID); n != 1 {
 		t.Fatalf("flaky event: %d effects, want 1 after retries", n)

@@ -70,3 +70,27 @@ func (c *Consumer) measureLag(ctx context.Context, client *kafka.Client, rc kafk
 	}
 	return nil
 }
+
+// reportDeadLetters refreshes inbox_dead_letters every LagInterval: the
+// consumer's dead_lettered rows, which a requeue deletes, so the gauge is
+// what is still waiting for an operator. Undecodable messages have no row
+// and are only in the dead-letter topic and inbox_dead_lettered_total.
+func (c *Consumer) reportDeadLetters(ctx context.Context) {
+	tick := time.NewTicker(c.cfg.LagInterval)
+	defer tick.Stop()
+	for {
+		var n int64
+		err := c.pool.QueryRow(ctx, `SELECT count(*) FROM inbox_messages WHERE consumer = $1 AND status = 'dead_lettered'`,
+			c.cfg.Name).Scan(&n)
+		if err == nil {
+			c.cfg.Metrics.deadLetters.WithLabelValues(c.cfg.Name).Set(float64(n))
+		} else if ctx.Err() == nil {
+			c.cfg.Logger.DebugContext(ctx, "inbox could not count its dead letters", slog.Any("error", err))
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+		}
+	}
+}

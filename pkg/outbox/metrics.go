@@ -3,6 +3,7 @@ package outbox
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -74,4 +75,25 @@ func (m *Metrics) refresh(ctx context.Context, pool *pgxpool.Pool) error {
 		m.oldestAge.Set(time.Since(*oldest).Seconds())
 	}
 	return nil
+}
+
+// WatchBacklog refreshes the backlog gauges (outbox_pending_events,
+// outbox_oldest_pending_age_seconds, outbox_dead_events) from pool every
+// interval until ctx ends, and then returns nil. A Relay refreshes them
+// itself; run WatchBacklog in a process that writes to the outbox while no
+// relay of its own runs (relaying paused, or done by another deployment), so
+// that a backlog nobody drains still shows, and still alerts.
+func (m *Metrics) WatchBacklog(ctx context.Context, pool *pgxpool.Pool, interval time.Duration, logger *slog.Logger) error {
+	tick := time.NewTicker(interval)
+	defer tick.Stop()
+	for {
+		if err := m.refresh(ctx, pool); err != nil && ctx.Err() == nil {
+			logger.WarnContext(ctx, "outbox could not refresh its backlog gauges", slog.Any("error", err))
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-tick.C:
+		}
+	}
 }

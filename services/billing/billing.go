@@ -58,6 +58,10 @@ type Payment struct {
 	AmountCents int64     `json:"amountCents"`
 	Currency    string    `json:"currency"`
 	At          time.Time `json:"at"`
+	// OrderEventAt is when the order event that caused this payment
+	// occurred (the orders commit: OrderPlaced for a capture, OrderCancelled
+	// for a refund), so that downstream can measure commit-to-settlement lag.
+	OrderEventAt time.Time `json:"orderEventAt"`
 }
 
 // Charge is one order's payment.
@@ -147,7 +151,7 @@ func (b *Billing) capture(ctx context.Context, tx pgx.Tx, cause event.Envelope, 
 	}
 	return b.emit(ctx, tx, cause, EventPaymentCaptured, 1, Payment{
 		PaymentID: paymentID, OrderID: p.OrderID, CustomerID: p.CustomerID,
-		AmountCents: p.AmountCents, Currency: p.Currency, At: now,
+		AmountCents: p.AmountCents, Currency: p.Currency, At: now, OrderEventAt: cause.OccurredAt.UTC(),
 	})
 }
 
@@ -174,7 +178,7 @@ func (b *Billing) refund(ctx context.Context, tx pgx.Tx, cause event.Envelope, o
 	}
 	return b.emit(ctx, tx, cause, EventPaymentRefunded, c.Version, Payment{
 		PaymentID: c.PaymentID, OrderID: orderID, CustomerID: c.CustomerID,
-		AmountCents: c.AmountCents, Currency: c.Currency, At: now,
+		AmountCents: c.AmountCents, Currency: c.Currency, At: now, OrderEventAt: cause.OccurredAt.UTC(),
 	})
 }
 

@@ -100,6 +100,22 @@ func TestCaptureThenRefund(t *testing.T) {
 	if len(got) != 2 || got[0] != want[0] || got[1] != want[1] {
 		t.Fatalf("outbox = %+v, want %+v", got, want)
 	}
+	// Each payment says when the order event behind it occurred, for the
+	// commit-to-settlement lag downstream.
+	rows, _ := pool.Query(context.Background(), `SELECT payload FROM outbox_events ORDER BY id`)
+	payloads, err := pgx.CollectRows(rows, pgx.RowTo[[]byte])
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, cause := range []event.Envelope{place, cancel} {
+		var p billing.Payment
+		if err := json.Unmarshal(payloads[i], &p); err != nil {
+			t.Fatal(err)
+		}
+		if !p.OrderEventAt.Equal(cause.OccurredAt) {
+			t.Errorf("%s: orderEventAt = %v, want the order event's occurredAt %v", want[i].EventType, p.OrderEventAt, cause.OccurredAt)
+		}
+	}
 }
 
 func TestAReEmittedOrderPlacedChargesOnce(t *testing.T) {

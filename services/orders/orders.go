@@ -102,8 +102,9 @@ type Meta struct {
 
 // Service places, reads and cancels orders.
 type Service struct {
-	pool *pgxpool.Pool
-	now  func() time.Time
+	pool    *pgxpool.Pool
+	now     func() time.Time
+	metrics *Metrics
 }
 
 // NewService returns a service on pool; now is the clock (time.Now if nil).
@@ -111,7 +112,7 @@ func NewService(pool *pgxpool.Pool, now func() time.Time) *Service {
 	if now == nil {
 		now = time.Now
 	}
-	return &Service{pool: pool, now: now}
+	return &Service{pool: pool, now: now, metrics: NewMetrics(nil)}
 }
 
 // Place writes a new order and its OrderPlaced event in one transaction.
@@ -155,6 +156,7 @@ func (s *Service) Place(ctx context.Context, req PlaceRequest, idempotencyKey st
 	if err != nil {
 		return Order{}, false, fmt.Errorf("placing order: %w", err)
 	}
+	s.metrics.placed.Inc()
 	return o, false, nil
 }
 
@@ -195,7 +197,10 @@ func (s *Service) Get(ctx context.Context, id uuid.UUID) (Order, error) {
 // Cancel cancels a placed order and emits OrderCancelled in the same
 // transaction. Cancelling a cancelled order changes nothing and emits nothing.
 func (s *Service) Cancel(ctx context.Context, id uuid.UUID, meta Meta) (Order, error) {
-	var o Order
+	var (
+		o       Order
+		changed bool
+	)
 	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
 		rows, err := tx.Query(ctx, `
 			SELECT id, customer_id, amount_cents, currency, status, version, created_at, updated_at
@@ -216,10 +221,14 @@ func (s *Service) Cancel(ctx context.Context, id uuid.UUID, meta Meta) (Order, e
 			o.ID, o.Status, o.Version, now); err != nil {
 			return fmt.Errorf("updating order: %w", err)
 		}
+		changed = true
 		return s.emit(ctx, tx, o, EventOrderCancelled, OrderCancelled{OrderID: o.ID, CancelledAt: now}, meta)
 	})
 	if err != nil {
 		return Order{}, fmt.Errorf("cancelling order: %w", err)
+	}
+	if changed {
+		s.metrics.cancelled.Inc()
 	}
 	return o, nil
 }

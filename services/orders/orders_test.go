@@ -23,6 +23,7 @@ import (
 type api struct {
 	e    *echo.Echo
 	pool *pgxpool.Pool
+	reg  *prometheus.Registry
 }
 
 // newAPI serves the orders API on a fresh, migrated database.
@@ -36,9 +37,10 @@ func newAPI(t *testing.T) *api {
 		t.Fatal(err)
 	}
 	logger, _ := logging.New(&strings.Builder{}, "orders-test", "error")
-	e := httpserver.New(httpserver.Config{Logger: logger, Gatherer: prometheus.NewRegistry()})
-	orders.Routes(e, orders.NewService(pool, nil))
-	return &api{e: e, pool: pool}
+	reg := prometheus.NewRegistry()
+	e := httpserver.New(httpserver.Config{Logger: logger, Gatherer: reg})
+	orders.Routes(e, orders.NewService(pool, nil).WithMetrics(orders.NewMetrics(reg)))
+	return &api{e: e, pool: pool, reg: reg}
 }
 
 func (a *api) do(t *testing.T, method, path, body string, headers ...string) *httptest.ResponseRecorder {
@@ -171,6 +173,9 @@ func TestIdempotencyKeyReturnsTheOriginalOrder(t *testing.T) {
 	if n := a.count(t, "SELECT count(*) FROM outbox_events"); n != 1 {
 		t.Fatalf("%d events, want 1", n)
 	}
+	if got := testinfra.MetricValue(t, a.reg, "orders_placed_total"); got != 1 {
+		t.Fatalf("orders_placed_total = %v after one order and its replay, want 1", got)
+	}
 }
 
 func TestCancelEmitsOrderCancelledOnce(t *testing.T) {
@@ -189,6 +194,9 @@ func TestCancelEmitsOrderCancelledOnce(t *testing.T) {
 	if n := a.count(t, "SELECT count(*) FROM outbox_events WHERE event_type = $1 AND aggregate_version = 2",
 		orders.EventOrderCancelled); n != 1 {
 		t.Fatalf("%d OrderCancelled events, want 1", n)
+	}
+	if got := testinfra.MetricValue(t, a.reg, "orders_cancelled_total"); got != 1 {
+		t.Fatalf("orders_cancelled_total = %v after cancelling twice, want 1", got)
 	}
 	for path, want := range map[string]int{
 		"/orders/8f14e45f-ceea-467f-a0e6-1bde3ba4a5d1/cancel": http.StatusNotFound,

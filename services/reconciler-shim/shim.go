@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"time"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
@@ -31,6 +32,9 @@ type payment struct {
 	OrderID     uuid.UUID `json:"orderId"`
 	AmountCents int64     `json:"amountCents"`
 	Currency    string    `json:"currency"`
+	// OrderEventAt is when the orders commit behind the payment happened;
+	// absent from payments of an older billing.
+	OrderEventAt time.Time `json:"orderEventAt"`
 }
 
 // ThirdParty is the part of the reconciler's client the shim needs.
@@ -41,46 +45,61 @@ type ThirdParty interface {
 
 // Shim forwards payments to the third party.
 type Shim struct {
-	tp     ThirdParty
-	logger *slog.Logger
+	tp      ThirdParty
+	logger  *slog.Logger
+	metrics *Metrics
+	now     func() time.Time
 }
 
 // New returns a shim forwarding to tp.
-func New(tp ThirdParty, logger *slog.Logger) *Shim { return &Shim{tp: tp, logger: logger} }
+func New(tp ThirdParty, logger *slog.Logger) *Shim {
+	return &Shim{tp: tp, logger: logger, metrics: NewMetrics(nil), now: time.Now}
+}
+
+// WithMetrics makes s count its forwards and third-party errors on m, and
+// returns s.
+func (s *Shim) WithMetrics(m *Metrics) *Shim {
+	s.metrics = m
+	return s
+}
 
 // Effect is the shim's side effect for the inbox's lease mode
 // (inbox.NewLeaseConsumer): the event id is the idempotency key, Check asks
 // the reconciler whether it has that key, Call forwards the payment, and
 // Done records the forward in the inbox's transaction.
 func (s *Shim) Effect() inbox.Effect {
-	return inbox.Effect{Check: s.tp.Lookup, Call: s.forward, Done: s.record}
+	return inbox.Effect{Check: s.lookup, Call: s.forward, Done: s.record}
+}
+
+func (s *Shim) lookup(ctx context.Context, key string) (bool, error) {
+	has, err := s.tp.Lookup(ctx, key)
+	return has, s.metrics.callError(OpLookup, err)
 }
 
 // request validates a payment event and builds its settlement. ok is false
 // for event types the shim does not forward.
-func request(ev event.Envelope) (req thirdparty.SettleRequest, ok bool, err error) {
+func request(ev event.Envelope) (req thirdparty.SettleRequest, p payment, ok bool, err error) {
 	kind, ok := kindOf[ev.EventType]
 	if !ok {
-		return req, false, nil
+		return req, p, false, nil
 	}
 	if ev.EventVersion != 1 {
-		return req, true, inbox.Permanent(fmt.Errorf("%s version %d is unknown to the shim (knows 1)", ev.EventType, ev.EventVersion))
+		return req, p, true, inbox.Permanent(fmt.Errorf("%s version %d is unknown to the shim (knows 1)", ev.EventType, ev.EventVersion))
 	}
-	var p payment
 	if err := ev.DecodePayload(&p); err != nil {
-		return req, true, err
+		return req, p, true, err
 	}
 	if p.PaymentID == uuid.Nil || p.OrderID == uuid.Nil || p.AmountCents <= 0 || len(p.Currency) != 3 {
-		return req, true, inbox.Permanent(fmt.Errorf("%s %s: payload misses paymentId, orderId, a positive amountCents or currency", ev.EventType, ev.EventID))
+		return req, p, true, inbox.Permanent(fmt.Errorf("%s %s: payload misses paymentId, orderId, a positive amountCents or currency", ev.EventType, ev.EventID))
 	}
 	return thirdparty.SettleRequest{
 		PaymentID: p.PaymentID.String(), OrderID: p.OrderID.String(), Kind: kind,
 		AmountCents: p.AmountCents, Currency: p.Currency,
-	}, true, nil
+	}, p, true, nil
 }
 
 func (s *Shim) forward(ctx context.Context, ev event.Envelope, key string) error {
-	req, ok, err := request(ev)
+	req, _, ok, err := request(ev)
 	if err != nil || !ok {
 		if !ok {
 			s.logger.InfoContext(ctx, "shim ignores this event type", slog.String("event_type", ev.EventType),
@@ -89,6 +108,7 @@ func (s *Shim) forward(ctx context.Context, ev event.Envelope, key string) error
 		return err
 	}
 	_, err = s.tp.Settle(ctx, key, req)
+	s.metrics.callError(OpSettle, err)
 	if errors.Is(err, thirdparty.ErrRejected) {
 		return inbox.Permanent(err)
 	}
@@ -98,8 +118,13 @@ func (s *Shim) forward(ctx context.Context, ev event.Envelope, key string) error
 	return nil
 }
 
+// record runs in the inbox's transaction that marks the message done, right
+// after the third party confirmed the settlement (or showed it already had
+// it): the moment the payment is settled, as far as the platform can tell.
+// The counters are bumped before the commit, so a commit that fails and is
+// retried counts the forward twice; that is rare, and only ever over-counts.
 func (s *Shim) record(ctx context.Context, tx pgx.Tx, ev event.Envelope, outcome inbox.Outcome) error {
-	req, ok, err := request(ev)
+	req, p, ok, err := request(ev)
 	if err != nil || !ok {
 		return err
 	}
@@ -109,6 +134,10 @@ func (s *Shim) record(ctx context.Context, tx pgx.Tx, ev event.Envelope, outcome
 		ev.EventID, ev.EventType, req.OrderID, req.Kind, string(outcome))
 	if err != nil {
 		return fmt.Errorf("recording forward: %w", err)
+	}
+	s.metrics.forwards.WithLabelValues(req.Kind, string(outcome)).Inc()
+	if !p.OrderEventAt.IsZero() {
+		s.metrics.lag.WithLabelValues(req.Kind).Observe(s.now().Sub(p.OrderEventAt).Seconds())
 	}
 	return nil
 }

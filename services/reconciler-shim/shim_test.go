@@ -32,6 +32,8 @@ type rig struct {
 	ledger  *thirdparty.Ledger
 	url     string
 	quiet   *slog.Logger
+	// metrics has the shim metrics of the consumer built last.
+	metrics *prometheus.Registry
 }
 
 func newRig(t *testing.T) *rig {
@@ -79,7 +81,8 @@ func (r *rig) consumer(t *testing.T, group string, callTimeout time.Duration, cf
 	w := kafkautil.NewWriter(r.brokers, 10)
 	tp := thirdparty.NewClient(r.url, &http.Client{Timeout: callTimeout})
 	cfg.Name, cfg.Logger = "shim", r.quiet
-	c, err := inbox.NewLeaseConsumer(r.pool, reader, w, shim.New(tp, r.quiet).Effect(), cfg)
+	r.metrics = prometheus.NewRegistry()
+	c, err := inbox.NewLeaseConsumer(r.pool, reader, w, shim.New(tp, r.quiet).WithMetrics(shim.NewMetrics(r.metrics)).Effect(), cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -89,6 +92,7 @@ func (r *rig) consumer(t *testing.T, group string, callTimeout time.Duration, cf
 func captured(orderID uuid.UUID) event.Envelope {
 	body, _ := json.Marshal(map[string]any{
 		"paymentId": uuid.New(), "orderId": orderID, "customerId": "c", "amountCents": 700, "currency": "EUR", "at": time.Now(),
+		"orderEventAt": time.Now().Add(-time.Second),
 	})
 	return event.Envelope{
 		EventID: uuid.New(), EventType: shim.EventPaymentCaptured, EventVersion: 1,
@@ -191,5 +195,21 @@ func TestAFailingOrHangingThirdPartyIsRetriedWithoutDuplicates(t *testing.T) {
 	}
 	if got := testinfra.MetricValue(t, reg, "inbox_failures_total"); got != 3 {
 		t.Fatalf("inbox_failures_total = %v, want 3 (two 500s and one timeout)", got)
+	}
+	for _, c := range []struct {
+		name   string
+		labels map[string]string
+		want   float64
+	}{
+		{"shim_thirdparty_errors_total", map[string]string{"op": shim.OpSettle, "kind": shim.ErrorStatus}, 2},
+		{"shim_thirdparty_errors_total", map[string]string{"op": shim.OpSettle, "kind": shim.ErrorTimeout}, 1},
+		{"shim_thirdparty_errors_total", map[string]string{"op": shim.OpLookup}, 0},
+		{"shim_forwards_total", map[string]string{"kind": thirdparty.KindCapture, "outcome": string(inbox.Sent)}, 1},
+		{"shim_forwards_total", map[string]string{"kind": thirdparty.KindCapture, "outcome": string(inbox.AlreadyPresent)}, 1},
+		{"shim_settlement_lag_seconds", map[string]string{"kind": thirdparty.KindCapture}, 2},
+	} {
+		if got := testinfra.LabeledMetricValue(t, r.metrics, c.name, c.labels); got != c.want {
+			t.Errorf("%s%v = %v, want %v", c.name, c.labels, got, c.want)
+		}
 	}
 }

@@ -185,6 +185,13 @@ func WaitFor(t testing.TB, timeout time.Duration, what string, cond func() (bool
 // (0 when absent), so tests can assert on what a component counted.
 func MetricValue(t testing.TB, g prometheus.Gatherer, name string) float64 {
 	t.Helper()
+	return LabeledMetricValue(t, g, name, nil)
+}
+
+// LabeledMetricValue is MetricValue over only the samples of name whose
+// labels include every pair in labels.
+func LabeledMetricValue(t testing.TB, g prometheus.Gatherer, name string, labels map[string]string) float64 {
+	t.Helper()
 	families, err := g.Gather()
 	if err != nil {
 		t.Fatalf("gathering metrics: %v", err)
@@ -194,7 +201,17 @@ func MetricValue(t testing.TB, g prometheus.Gatherer, name string) float64 {
 		if f.GetName() != name {
 			continue
 		}
+	samples:
 		for _, m := range f.GetMetric() {
+			have := map[string]string{}
+			for _, lp := range m.GetLabel() {
+				have[lp.GetName()] = lp.GetValue()
+			}
+			for k, v := range labels {
+				if have[k] != v {
+					continue samples
+				}
+			}
 			switch {
 			case m.Counter != nil:
 				sum += m.GetCounter().GetValue()

@@ -34,6 +34,11 @@ type Config struct {
 	// OutboxArchive moves pruned rows to outbox_events_archive instead of
 	// deleting them (for audit trails that outlive the retention window).
 	OutboxArchive bool `env:"OUTBOX_ARCHIVE" envDefault:"false"`
+	// RelayEnabled runs the outbox relay in this process. false keeps taking
+	// orders but publishes nothing (the backlog gauges are still reported, so
+	// the backlog alerts fire): for a relay run by another deployment, or for
+	// an alerting drill.
+	RelayEnabled bool `env:"RELAY_ENABLED" envDefault:"true"`
 	// LogLevel is debug, info, warn or error.
 	LogLevel string `env:"LOG_LEVEL" envDefault:"info"`
 	// ShutdownGrace is how long in-flight requests get to finish on SIGTERM.
@@ -58,15 +63,24 @@ func run(ctx context.Context, _ []string, getenv func(string) string, stdout io.
 	}
 	defer svc.Close()
 
-	writer := kafkautil.NewWriter(cfg.KafkaBrokers, 500)
-	defer writer.Close()
-	relay, err := outbox.NewRelay(svc.Pool, writer, outbox.RelayConfig{
-		Topic:   func(string) string { return cfg.OrdersTopic },
-		Logger:  svc.Logger,
-		Metrics: outbox.NewMetrics(svc.Registry),
-	})
-	if err != nil {
-		return err
+	metrics := outbox.NewMetrics(svc.Registry)
+	relayStage := lifecycle.Stage{Name: "outbox backlog gauges", Run: func(ctx context.Context) error {
+		return metrics.WatchBacklog(ctx, svc.Pool, 2*time.Second, svc.Logger)
+	}}
+	if cfg.RelayEnabled {
+		writer := kafkautil.NewWriter(cfg.KafkaBrokers, 500)
+		defer writer.Close()
+		relay, err := outbox.NewRelay(svc.Pool, writer, outbox.RelayConfig{
+			Topic:   func(string) string { return cfg.OrdersTopic },
+			Logger:  svc.Logger,
+			Metrics: metrics,
+		})
+		if err != nil {
+			return err
+		}
+		relayStage = lifecycle.Stage{Name: "outbox relay", Run: relay.Run}
+	} else {
+		svc.Logger.WarnContext(ctx, "the outbox relay is disabled (RELAY_ENABLED=false): orders are taken but not published")
 	}
 	pruner, err := outbox.NewPruner(svc.Pool, outbox.PrunerConfig{
 		PruneConfig: outbox.PruneConfig{Retention: cfg.OutboxRetention, Archive: cfg.OutboxArchive},
@@ -77,9 +91,9 @@ func run(ctx context.Context, _ []string, getenv func(string) string, stdout io.
 	}
 	// Operators list, requeue and replay outbox events here (see outboxhttp).
 	svc.HTTP.Any("/admin/outbox/*", echo.WrapHandler(http.StripPrefix("/admin/outbox", outboxhttp.Handler(svc.Pool))))
-	orders.Routes(svc.HTTP, orders.NewService(svc.Pool, nil))
+	orders.Routes(svc.HTTP, orders.NewService(svc.Pool, nil).WithMetrics(orders.NewMetrics(svc.Registry)))
 	return svc.Run(ctx,
-		lifecycle.Stage{Name: "outbox relay", Run: relay.Run},
+		relayStage,
 		lifecycle.Stage{Name: "outbox pruner", Run: pruner.Run},
 	)
 }

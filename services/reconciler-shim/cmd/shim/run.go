@@ -65,7 +65,7 @@ func run(ctx context.Context, _ []string, getenv func(string) string, stdout io.
 	defer dlq.Close()
 	reader := kafkautil.NewGroupReader(cfg.KafkaBrokers, cfg.BillingTopic, cfg.ConsumerGroup)
 	defer reader.Close() // after Run: flushes the last offset commits
-	consumer, err := inbox.NewLeaseConsumer(svc.Pool, reader, dlq, shim.New(tp, svc.Logger).Effect(), inbox.Config{
+	consumer, err := inbox.NewLeaseConsumer(svc.Pool, reader, dlq, shim.New(tp, svc.Logger).WithMetrics(shim.NewMetrics(svc.Registry)).Effect(), inbox.Config{
 		Name: cfg.ConsumerGroup,
 		// A lease outlives any single call to the reconciler.
 		LeaseTTL: 3 * cfg.ReconcilerTimeout,

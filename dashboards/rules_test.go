@@ -1,0 +1,312 @@
+package dashboards_test
+
+import (
+	"os"
+	"os/exec"
+	"path/filepath"
+	"testing"
+
+	"gopkg.in/yaml.v3"
+)
+
+// promtool returns the path of promtool, failing the test with how to get it.
+func promtool(t *testing.T) string {
+	t.Helper()
+	return tool(t, "promtool")
+}
+
+func tool(t *testing.T, name string) string {
+	t.Helper()
+	p, err := exec.LookPath(name)
+	if err != nil {
+		t.Fatalf("this test needs %s from Debian's prometheus package: run `devstack/stack.sh prometheus-install` "+
+			"(or `make test`, which does), or `apt-get install prometheus`: %v", name, err)
+	}
+	return p
+}
+
+func runTool(t *testing.T, dir, name string, args ...string) string {
+	t.Helper()
+	cmd := exec.Command(name, args...)
+	cmd.Dir = dir
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("%s %v: %v\n%s", filepath.Base(name), args, err, out)
+	}
+	return string(out)
+}
+
+func TestRuleFilesAreValid(t *testing.T) {
+	files, err := filepath.Glob("alerts/*.yml")
+	if err != nil || len(files) == 0 {
+		t.Fatalf("no rule files in alerts/ (%v)", err)
+	}
+	runTool(t, ".", promtool(t), append([]string{"check", "rules"}, files...)...)
+	for _, r := range loadRules(t) {
+		if r.Annotations["runbook"] == "" || r.Annotations["summary"] == "" {
+			t.Errorf("alert %s needs a summary and a runbook annotation", r.Alert)
+		}
+		if r.Labels["severity"] != "page" && r.Labels["severity"] != "ticket" {
+			t.Errorf("alert %s: severity %q, want page or ticket", r.Alert, r.Labels["severity"])
+		}
+	}
+}
+
+// The compose file's Prometheus configuration loads, with its rule files.
+func TestPrometheusConfigIsValid(t *testing.T) {
+	runTool(t, ".", promtool(t), "check", "config", "prometheus/prometheus.yml")
+}
+
+type rule struct {
+	Alert       string            `yaml:"alert"`
+	Expr        string            `yaml:"expr"`
+	For         string            `yaml:"for"`
+	Labels      map[string]string `yaml:"labels"`
+	Annotations map[string]string `yaml:"annotations"`
+}
+
+// loadRules reads every alert of alerts/*.yml.
+func loadRules(t *testing.T) []rule {
+	t.Helper()
+	files, err := filepath.Glob("alerts/*.yml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var rules []rule
+	for _, f := range files {
+		body, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var doc struct {
+			Groups []struct {
+				Rules []rule `yaml:"rules"`
+			} `yaml:"groups"`
+		}
+		if err := yaml.Unmarshal(body, &doc); err != nil {
+			t.Fatalf("%s: %v", f, err)
+		}
+		for _, g := range doc.Groups {
+			rules = append(rules, g.Rules...)
+		}
+	}
+	return rules
+}
+
+// The promtool unit tests of the alerts: for each alert, input series that
+// must make it fire (with the labels and summary it must fire with) and
+// series that must not. The runbook is taken from the rule itself, so only
+// the rendered summary and the labels are asserted here.
+
+type series struct{ Series, Values string }
+
+type firing struct {
+	labels  map[string]string
+	summary string
+}
+
+type check struct {
+	at    string   // eval_time
+	fires []firing // nil: the alert must not be firing then
+}
+
+type alertCase struct {
+	alert  string
+	series []series
+	checks []check
+}
+
+var alertCases = []alertCase{
+	{"OutboxBacklogAgeOverSLO",
+		[]series{
+			{`outbox_oldest_pending_age_seconds{service="orders",instance="orders:8081"}`, "0+30x10"},
+			{`outbox_oldest_pending_age_seconds{service="billing",instance="billing:8082"}`, "0x10"},
+		},
+		[]check{
+			{at: "4m"}, // over the SLO since 3m: pending, not firing yet
+			{at: "5m", fires: []firing{{map[string]string{"service": "orders"},
+				"orders: the oldest unpublished outbox event is 2m 30s old (SLO 60s)"}}},
+		}},
+	{"OutboxRelayStalled",
+		[]series{
+			{`outbox_pending_events{service="orders",instance="orders:8081"}`, "5x20"},
+			{`outbox_published_total{service="orders",instance="orders:8081"}`, "100x20"},
+			// billing has a backlog too, but publishes: busy, not stalled.
+			{`outbox_pending_events{service="billing",instance="billing:8082"}`, "5x20"},
+			{`outbox_published_total{service="billing",instance="billing:8082"}`, "0+10x20"},
+		},
+		[]check{
+			{at: "4m"},
+			{at: "7m", fires: []firing{{map[string]string{"service": "orders"},
+				"orders: 5 outbox events pending and none published for 5 minutes"}}},
+		}},
+	{"OutboxPublishFailures",
+		[]series{
+			{`outbox_publish_failures_total{service="billing",instance="billing:8082"}`, "0+60x20"},
+			{`outbox_publish_failures_total{service="orders",instance="orders:8081"}`, "0x20"},
+		},
+		[]check{
+			{at: "9m"},
+			{at: "12m", fires: []firing{{map[string]string{"service": "billing"},
+				"billing: outbox publishes have been failing for 10 minutes (1/s)"}}},
+		}},
+	{"OutboxDeadEvents",
+		[]series{{`outbox_dead_events{service="orders",instance="orders:8081"}`, "0 0 2 2 2 2"}},
+		[]check{
+			{at: "1m"},
+			{at: "3m", fires: []firing{{map[string]string{"service": "orders"},
+				"orders: 2 outbox events are dead and hold back their aggregates"}}},
+		}},
+	{"InboxDeadLettersGrowing",
+		[]series{
+			{`inbox_dead_lettered_total{service="billing",consumer="billing",reason="exhausted"}`, "0 0 0 0 0 0 0 0 0 0 0 0 2 2 2 2 2 2 2 2 2 2 2 2 2 2 2 2 2 2 2"},
+			{`inbox_dead_lettered_total{service="billing",consumer="billing",reason="permanent"}`, "0x30"},
+		},
+		[]check{
+			{at: "11m"},
+			{at: "15m", fires: []firing{{map[string]string{"service": "billing", "consumer": "billing", "reason": "exhausted"},
+				"billing/billing: 2 messages dead-lettered (exhausted) in 10 minutes"}}},
+			{at: "30m"}, // no new ones for over 10 minutes
+		}},
+	{"InboxDeadLetterBacklog",
+		[]series{{`inbox_dead_letters{service="reconciler-shim",consumer="reconciler-shim"}`, "3x70"}},
+		[]check{
+			{at: "30m"},
+			{at: "65m", fires: []firing{{map[string]string{"service": "reconciler-shim", "consumer": "reconciler-shim"},
+				"reconciler-shim/reconciler-shim: 3 dead letters have waited over an hour"}}},
+		}},
+	{"InboxFailures",
+		[]series{
+			{`inbox_failures_total{service="billing",consumer="billing"}`, "0+30x20"},
+			{`inbox_failures_total{service="reconciler-shim",consumer="reconciler-shim"}`, "0x20"},
+		},
+		[]check{
+			{at: "9m"},
+			{at: "12m", fires: []firing{{map[string]string{"service": "billing", "consumer": "billing"},
+				"billing/billing: the handler has been failing for 10 minutes (500m/s)"}}},
+		}},
+	{"ConsumerLagGrowing",
+		[]series{
+			{`consumer_lag_messages{service="billing",consumer="billing",topic="orders.events",partition="0"}`, "0+200x30"},
+			{`consumer_lag_messages{service="billing",consumer="billing",topic="orders.events",partition="1"}`, "0+100x30"},
+			// High but steady (or draining) is not growing.
+			{`consumer_lag_messages{service="reconciler-shim",consumer="reconciler-shim",topic="billing.events",partition="0"}`, "5000x30"},
+		},
+		[]check{
+			{at: "10m"}, // over 1000 since 4m
+			{at: "15m", fires: []firing{{map[string]string{"service": "billing", "consumer": "billing", "topic": "orders.events"},
+				"billing/billing: 4500 messages behind on orders.events, and growing"}}},
+		}},
+	{"InboxUncertainSideEffects",
+		[]series{{`inbox_uncertain_total{service="reconciler-shim",consumer="reconciler-shim"}`, "0 0 0 0 0 0 0 0 0 0 0 0 1 1 1 1 1 1 1 1 1 1 1 1 1 1 1 1 1 1 1 1 1 1 1"}},
+		[]check{
+			{at: "11m"},
+			{at: "15m", fires: []firing{{map[string]string{"service": "reconciler-shim", "consumer": "reconciler-shim"},
+				"reconciler-shim/reconciler-shim: 1 side effects of unknown outcome"}}},
+			{at: "34m"},
+		}},
+	{"ShimThirdPartyErrors",
+		[]series{
+			{`shim_thirdparty_errors_total{service="reconciler-shim",op="settle",kind="status"}`, "0+30x20"},
+			{`shim_thirdparty_errors_total{service="reconciler-shim",op="lookup",kind="status"}`, "0x20"},
+		},
+		[]check{
+			{at: "9m"},
+			{at: "12m", fires: []firing{{map[string]string{"service": "reconciler-shim", "op": "settle", "kind": "status"},
+				"reconciler-shim: third-party settle calls failing (status, 500m/s) for 10 minutes"}}},
+		}},
+	{"SettlementLagHigh",
+		[]series{
+			// Every settlement took between 10 and 100 seconds.
+			{`shim_settlement_lag_seconds_bucket{service="reconciler-shim",kind="capture",le="10"}`, "0x20"},
+			{`shim_settlement_lag_seconds_bucket{service="reconciler-shim",kind="capture",le="100"}`, "0+60x20"},
+			{`shim_settlement_lag_seconds_bucket{service="reconciler-shim",kind="capture",le="+Inf"}`, "0+60x20"},
+		},
+		[]check{
+			{at: "9m"},
+			{at: "12m", fires: []firing{{map[string]string{"service": "reconciler-shim"},
+				"p99 commit-to-settlement lag is 1m 39s"}}},
+		}},
+	{"ServiceDown",
+		[]series{
+			{`up{job="onceflow",service="billing",instance="billing:8082"}`, "1 1 0 0 0 0 0"},
+			{`up{job="onceflow",service="orders",instance="orders:8081"}`, "1x6"},
+		},
+		[]check{
+			{at: "3m"},
+			{at: "5m", fires: []firing{{map[string]string{"job": "onceflow", "service": "billing", "instance": "billing:8082"},
+				"billing (billing:8082) does not answer /metrics"}}},
+		}},
+}
+
+func TestAlertRulesWithPromtool(t *testing.T) {
+	rules := map[string]rule{}
+	for _, r := range loadRules(t) {
+		rules[r.Alert] = r
+	}
+	tested := map[string]bool{}
+	type expAlert struct {
+		ExpLabels      map[string]string `yaml:"exp_labels"`
+		ExpAnnotations map[string]string `yaml:"exp_annotations"`
+	}
+	type alertTest struct {
+		EvalTime  string     `yaml:"eval_time"`
+		Alertname string     `yaml:"alertname"`
+		ExpAlerts []expAlert `yaml:"exp_alerts"`
+	}
+	type unitTest struct {
+		Interval    string      `yaml:"interval"`
+		InputSeries []series    `yaml:"input_series"`
+		AlertTests  []alertTest `yaml:"alert_rule_test"`
+	}
+	var tests []unitTest
+	for _, c := range alertCases {
+		r, ok := rules[c.alert]
+		if !ok {
+			t.Fatalf("a test case names alert %s, which alerts/ does not have", c.alert)
+		}
+		tested[c.alert] = true
+		ut := unitTest{Interval: "1m", InputSeries: c.series}
+		for _, ch := range c.checks {
+			at := alertTest{EvalTime: ch.at, Alertname: c.alert, ExpAlerts: []expAlert{}}
+			for _, f := range ch.fires {
+				labels := map[string]string{"severity": r.Labels["severity"]}
+				for k, v := range f.labels {
+					labels[k] = v
+				}
+				at.ExpAlerts = append(at.ExpAlerts, expAlert{labels,
+					map[string]string{"summary": f.summary, "runbook": r.Annotations["runbook"]}})
+			}
+			ut.AlertTests = append(ut.AlertTests, at)
+		}
+		tests = append(tests, ut)
+	}
+	for name := range rules {
+		if !tested[name] {
+			t.Errorf("alert %s has no promtool test case", name)
+		}
+	}
+	var ruleFiles []string
+	files, _ := filepath.Glob("alerts/*.yml")
+	for _, f := range files {
+		abs, err := filepath.Abs(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ruleFiles = append(ruleFiles, abs)
+	}
+	body, err := yaml.Marshal(map[string]any{
+		"rule_files":          ruleFiles,
+		"evaluation_interval": "1m",
+		"tests":               tests,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	path := filepath.Join(t.TempDir(), "alerts_test.yml")
+	if err := os.WriteFile(path, body, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	out := runTool(t, ".", promtool(t), "test", "rules", path)
+	t.Logf("promtool test rules:\n%s", out)
+}

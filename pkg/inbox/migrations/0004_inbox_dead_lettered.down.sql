@@ -1,0 +1,1 @@
+DROP INDEX IF EXISTS inbox_messages_dead_lettered_idx;
