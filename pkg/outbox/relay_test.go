@@ -180,17 +180,22 @@ func TestARefusingBrokerBacksOffThenDeadThenRequeue(t *testing.T) {
 
 	var delays []time.Duration
 	testinfra.WaitFor(t, 60*time.Second, "the refused event to go dead", func() (bool, error) {
+		// The backoff is measured from just before the attempt, not from when
+		// the row is read back: a busy machine may take longer than the
+		// backoff itself between the two.
+		tried := time.Now()
 		if _, err := relay.RelayBatch(ctx); err != nil {
 			return false, err
 		}
 		var state, lastErr string
 		var attempts int
-		var delay time.Duration
-		err := pool.QueryRow(ctx, `SELECT state, attempts, coalesce(last_error, ''), greatest(next_attempt_at - now(), '0')
-			FROM outbox_events WHERE event_id = $1`, ghost1.EventID).Scan(&state, &attempts, &lastErr, &delay)
+		var nextAttempt time.Time
+		err := pool.QueryRow(ctx, `SELECT state, attempts, coalesce(last_error, ''), next_attempt_at
+			FROM outbox_events WHERE event_id = $1`, ghost1.EventID).Scan(&state, &attempts, &lastErr, &nextAttempt)
 		if err != nil {
 			return false, err
 		}
+		delay := nextAttempt.Sub(tried)
 		if attempts > len(delays) && state == "pending" {
 			if !strings.Contains(lastErr, "Unknown Topic Or Partition") {
 				return false, fmt.Errorf("last_error = %q, want the broker's refusal", lastErr)
