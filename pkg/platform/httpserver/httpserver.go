@@ -1,6 +1,6 @@
 // Package httpserver builds the echo server every service runs: JSON errors
 // mapped from apperr codes in one place, a request body limit, structured
-// request logs, a server span per request (package tracing), and the
+// request logs, a server span per request, and the
 // /healthz, /readyz and /metrics endpoints.
 package httpserver
 
@@ -20,7 +20,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/onceflow/onceflow/pkg/platform/apperr"
-	"github.com/onceflow/onceflow/pkg/platform/tracing"
 )
 
 // Check reports whether one dependency is usable; /readyz runs every check.
@@ -49,7 +48,7 @@ func New(cfg Config) *echo.Echo {
 	e.HidePort = true
 	e.HTTPErrorHandler = errorHandler(cfg.Logger, cfg.BodyLimit)
 	// Outermost, so a request's span covers everything, panics included.
-	e.Use(tracing.Middleware(isOperational))
+	e.Use(TracingMiddleware(isOperational))
 	e.Use(middleware.Recover())
 	e.Use(middleware.BodyLimit(cfg.BodyLimit))
 	e.Use(middleware.RequestLoggerWithConfig(middleware.RequestLoggerConfig{

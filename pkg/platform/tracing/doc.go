@@ -13,10 +13,10 @@
 // still hand an incoming trace context on unchanged, so a caller's trace id
 // survives the platform even when it records nothing itself.
 //
-// The string form of a trace context is the W3C traceparent header
-// ("00-<trace id>-<span id>-<flags>"), the form the event envelope keeps
-// (event.Envelope.Traceparent) in the outbox row and the Kafka header:
-// Traceparent reads it from a context, ContextWithTraceparent puts it back.
-// Middleware traces the requests an echo server handles and Transport the
-// requests an http.Client sends.
+// The spans themselves are started where the work happens: the echo server's
+// middleware (httpserver), the outbox relay (one producer span per event),
+// the inbox consumer (one consumer span per event) and the HTTP client
+// transport (tracectx.Transport). Package tracectx converts between a
+// context and the W3C traceparent string ("00-<trace id>-<span id>-<flags>")
+// that the event envelope keeps in the outbox row and the Kafka header.
 package tracing

@@ -1,4 +1,10 @@
-package tracing
+// Package tracectx carries W3C trace context across the places where the
+// platform breaks a call chain: an outbox row and a Kafka message (as the
+// event envelope's traceparent string), and an outgoing HTTP request
+// (Transport). It uses only the OpenTelemetry API, so libraries can import it
+// without the SDK; the process-wide tracer provider that makes its spans real
+// is installed by package tracing's Setup.
+package tracectx
 
 import (
 	"context"
@@ -14,7 +20,7 @@ const TraceparentHeader = "traceparent"
 
 // w3c is used directly rather than the process-wide propagator: the envelope
 // stores a W3C traceparent whatever else a program propagates, and these
-// helpers must work before (or without) Setup.
+// helpers must work before (or without) tracing.Setup.
 var w3c propagation.TraceContext
 
 // Traceparent returns the W3C traceparent of the span in ctx, or "" when
@@ -26,11 +32,11 @@ func Traceparent(ctx context.Context) string {
 	return carrier[TraceparentHeader]
 }
 
-// ContextWithTraceparent returns ctx with the trace context traceparent
+// WithTraceparent returns ctx with the trace context traceparent
 // encodes as its remote parent, so the next span started from it continues
 // that trace. An empty or malformed traceparent leaves ctx as it is: the next
 // span starts a new trace.
-func ContextWithTraceparent(ctx context.Context, traceparent string) context.Context {
+func WithTraceparent(ctx context.Context, traceparent string) context.Context {
 	if traceparent == "" {
 		return ctx
 	}

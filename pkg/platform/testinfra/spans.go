@@ -1,0 +1,24 @@
+package testinfra
+
+import (
+	"testing"
+
+	"go.opentelemetry.io/otel"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	"go.opentelemetry.io/otel/sdk/trace/tracetest"
+	"go.opentelemetry.io/otel/trace/noop"
+)
+
+// RecordSpans installs an in-memory tracer provider process-wide for the
+// test and a no-op one after it (OpenTelemetry's initial provider cannot be
+// put back: it keeps delegating to the first provider ever installed).
+// Every span the process starts meanwhile is recorded, so a test that uses
+// it must not run in parallel with others that start spans, or must pick
+// its spans out by trace id.
+func RecordSpans(t testing.TB) *tracetest.SpanRecorder {
+	t.Helper()
+	rec := tracetest.NewSpanRecorder()
+	otel.SetTracerProvider(sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(rec)))
+	t.Cleanup(func() { otel.SetTracerProvider(noop.NewTracerProvider()) })
+	return rec
+}
