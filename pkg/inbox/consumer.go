@@ -465,7 +465,7 @@ func (c *Consumer) apply(ctx context.Context, tx pgx.Tx, m kafka.Message, ev *ev
 	if err := c.upcast(ev); err != nil {
 		return 0, err
 	}
-	if err := c.handle(ctx, tx, *ev); err != nil {
+	if err := c.handleTraced(ctx, tx, m, *ev); err != nil {
 		return 0, err
 	}
 	return processed, nil
