@@ -344,4 +344,3 @@ func describe(spans map[string]testinfra.Span) string {
 	}
 	return b.String()
 }
-
