@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
+	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
@@ -44,90 +45,15 @@ const (
 func TestOneTraceFromTheHTTPRequestToTheThirdParty(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
-	bin := buildPrograms(ctx, t)
-
-	brokers := testinfra.KafkaBrokers(t)
-	ordersTopic := testinfra.NewTopic(t, brokers, 3)
-	testinfra.NewTopicNamed(t, brokers, ordersTopic+".dlt", 1)
-	billingTopic := testinfra.NewTopic(t, brokers, 3)
-	testinfra.NewTopicNamed(t, brokers, billingTopic+".dlt", 1)
-	ordersDB, billingDB, shimDB := testinfra.NewDatabase(t), testinfra.NewDatabase(t), testinfra.NewDatabase(t)
 	collector := testinfra.NewOTLPReceiver(t)
-
-	common := func(service string) map[string]string {
-		return map[string]string{
-			"HTTP_ADDR":                   "127.0.0.1:0",
-			"KAFKA_BROKERS":               strings.Join(brokers, ","),
-			"LOG_LEVEL":                   "info",
-			"SHUTDOWN_GRACE":              "5s",
-			"OTEL_TRACES_EXPORTER":        "otlp",
-			"OTEL_EXPORTER_OTLP_ENDPOINT": collector.URL,
-			"OTEL_SERVICE_NAME":           service,
-		}
-	}
-	with := func(env map[string]string, kv ...string) map[string]string {
-		for i := 0; i < len(kv); i += 2 {
-			env[kv[i]] = kv[i+1]
-		}
-		return env
-	}
-	reconciler := start(t, bin, "reconciler", with(common("reconciler"),
-		"LEDGER_PATH", filepath.Join(t.TempDir(), "ledger.jsonl")))
-	reconcilerURL := "http://" + reconciler.addr(t, "reconciler listening", "addr")
-	orders := start(t, bin, "orders", with(common("orders"),
-		"DATABASE_URL", ordersDB, "ORDERS_TOPIC", ordersTopic))
-	billing := start(t, bin, "billing", with(common("billing"),
-		"DATABASE_URL", billingDB, "ORDERS_TOPIC", ordersTopic, "BILLING_TOPIC", billingTopic,
-		"CONSUMER_GROUP", testinfra.Name("billing")))
-	shim := start(t, bin, "shim", with(common("reconciler-shim"),
-		"DATABASE_URL", shimDB, "BILLING_TOPIC", billingTopic, "CONSUMER_GROUP", testinfra.Name("shim"),
-		"RECONCILER_URL", reconcilerURL, "RECONCILER_TIMEOUT", "5s"))
-	ordersURL := "http://" + orders.addr(t, "orders started", "http_addr")
-
-	// The order, placed by a traced client.
-	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, ordersURL+"/orders",
-		strings.NewReader(`{"customerId":"c-trace","amountCents":4200,"currency":"EUR"}`))
-	req.Header.Set("Content-Type", "application/json")
-	req.Header.Set("traceparent", traceparent)
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var order struct {
-		ID string `json:"id"`
-	}
-	err = json.NewDecoder(resp.Body).Decode(&order)
-	resp.Body.Close()
-	if err != nil || resp.StatusCode != http.StatusCreated {
-		t.Fatalf("POST /orders: %d, %v", resp.StatusCode, err)
-	}
-
-	// The third party books it, under the client's trace.
-	var booked []struct {
-		OrderID string `json:"orderId"`
-		TraceID string `json:"traceId"`
-	}
-	testinfra.WaitFor(t, 90*time.Second, "the reconciler to book the order's payment", func() (bool, error) {
-		booked = nil
-		if err := getJSON(ctx, reconcilerURL+"/settlements", &booked); err != nil {
-			return false, err
-		}
-		return len(booked) > 0, nil
-	})
-	if len(booked) != 1 || booked[0].OrderID != order.ID || booked[0].TraceID != clientTraceID {
-		t.Fatalf("the reconciler booked %+v, want one settlement of order %s in trace %s", booked, order.ID, clientTraceID)
-	}
-
+	p := startPlatform(t, "otlp", collector.URL)
+	orderID := p.placeTracedOrder(ctx, t)
 	// What crossed the process boundaries, read before the spans are known.
-	ordersRow := storedTraceparent(ctx, t, ordersDB)
-	billingRow := storedTraceparent(ctx, t, billingDB)
-	orderHeader := kafkaTraceparent(ctx, t, brokers, ordersTopic)
-	billingHeader := kafkaTraceparent(ctx, t, brokers, billingTopic)
+	ordersRow, orderHeader, billingRow, billingHeader := p.crossings(ctx, t)
+	ordersTopic, billingTopic := p.ordersTopic, p.billingTopic
 
 	// Stopping the programs flushes the spans they still buffer.
-	for _, p := range []*program{orders, billing, shim, reconciler} {
-		p.stop(t)
-	}
+	p.stop(t)
 
 	spans := map[string]testinfra.Span{} // span id -> span, this trace only
 	for _, s := range collector.Spans() {
@@ -187,28 +113,162 @@ func TestOneTraceFromTheHTTPRequestToTheThirdParty(t *testing.T) {
 	if id := found[0].Attributes["http.response.status_code"]; id != "201" {
 		t.Errorf("the orders server span recorded status %q, want 201", id)
 	}
-	if key := found[1].Attributes["messaging.kafka.message.key"]; key != order.ID {
-		t.Errorf("the orders producer span recorded key %q, want the order id %s", key, order.ID)
+	if key := found[1].Attributes["messaging.kafka.message.key"]; key != orderID {
+		t.Errorf("the orders producer span recorded key %q, want the order id %s", key, orderID)
 	}
 }
 
-// buildPrograms builds the four programs from this checkout into a
-// temporary directory.
-func buildPrograms(ctx context.Context, t *testing.T) string {
+// With the default exporter, none, nothing is recorded, yet the caller's
+// trace context travels the same path unchanged: every no-op span hands on
+// the context it was started from.
+func TestWithoutAnExporterTheCallersTraceStillTravels(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	collector := testinfra.NewOTLPReceiver(t)
+	p := startPlatform(t, "none", collector.URL)
+	p.placeTracedOrder(ctx, t)
+	ordersRow, orderHeader, billingRow, billingHeader := p.crossings(ctx, t)
+	for what, got := range map[string]string{
+		"the orders outbox row": ordersRow, "the orders.events message": orderHeader,
+		"the billing outbox row": billingRow, "the billing.events message": billingHeader,
+	} {
+		if got != traceparent {
+			t.Errorf("%s carries traceparent %q, want the caller's %q", what, got, traceparent)
+		}
+	}
+	p.stop(t)
+	if spans := collector.Spans(); len(spans) != 0 {
+		t.Errorf("with the none exporter, %d spans were exported", len(spans))
+	}
+}
+
+// platform is the four programs, running on topics and databases of their own.
+type platform struct {
+	brokers                           []string
+	ordersTopic, billingTopic         string
+	ordersDB, billingDB               string
+	ordersURL, reconcilerURL          string
+	orders, billing, shim, reconciler *program
+}
+
+// startPlatform starts the four programs with OTEL_TRACES_EXPORTER set to
+// exporter and OTEL_EXPORTER_OTLP_ENDPOINT to endpoint.
+func startPlatform(t *testing.T, exporter, endpoint string) *platform {
 	t.Helper()
-	root, err := filepath.Abs("..")
+	p := &platform{brokers: testinfra.KafkaBrokers(t)}
+	p.ordersTopic = testinfra.NewTopic(t, p.brokers, 3)
+	testinfra.NewTopicNamed(t, p.brokers, p.ordersTopic+".dlt", 1)
+	p.billingTopic = testinfra.NewTopic(t, p.brokers, 3)
+	testinfra.NewTopicNamed(t, p.brokers, p.billingTopic+".dlt", 1)
+	p.ordersDB, p.billingDB = testinfra.NewDatabase(t), testinfra.NewDatabase(t)
+	shimDB := testinfra.NewDatabase(t)
+
+	env := func(service string, kv ...string) map[string]string {
+		env := map[string]string{
+			"HTTP_ADDR":                   "127.0.0.1:0",
+			"KAFKA_BROKERS":               strings.Join(p.brokers, ","),
+			"LOG_LEVEL":                   "info",
+			"SHUTDOWN_GRACE":              "5s",
+			"OTEL_TRACES_EXPORTER":        exporter,
+			"OTEL_EXPORTER_OTLP_ENDPOINT": endpoint,
+			"OTEL_SERVICE_NAME":           service,
+		}
+		for i := 0; i < len(kv); i += 2 {
+			env[kv[i]] = kv[i+1]
+		}
+		return env
+	}
+	p.reconciler = start(t, "reconciler", env("reconciler", "LEDGER_PATH", filepath.Join(t.TempDir(), "ledger.jsonl")))
+	p.reconcilerURL = "http://" + p.reconciler.addr(t, "reconciler listening", "addr")
+	p.orders = start(t, "orders", env("orders", "DATABASE_URL", p.ordersDB, "ORDERS_TOPIC", p.ordersTopic))
+	p.billing = start(t, "billing", env("billing",
+		"DATABASE_URL", p.billingDB, "ORDERS_TOPIC", p.ordersTopic, "BILLING_TOPIC", p.billingTopic,
+		"CONSUMER_GROUP", testinfra.Name("billing")))
+	p.shim = start(t, "shim", env("reconciler-shim",
+		"DATABASE_URL", shimDB, "BILLING_TOPIC", p.billingTopic, "CONSUMER_GROUP", testinfra.Name("shim"),
+		"RECONCILER_URL", p.reconcilerURL, "RECONCILER_TIMEOUT", "5s"))
+	p.ordersURL = "http://" + p.orders.addr(t, "orders started", "http_addr")
+	return p
+}
+
+// placeTracedOrder places an order as a traced client would, waits until
+// the third party booked its payment, checks that the booking is in the
+// client's trace, and returns the order id.
+func (p *platform) placeTracedOrder(ctx context.Context, t *testing.T) string {
+	t.Helper()
+	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, p.ordersURL+"/orders",
+		strings.NewReader(`{"customerId":"c-trace","amountCents":4200,"currency":"EUR"}`))
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("traceparent", traceparent)
+	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
 		t.Fatal(err)
 	}
-	bin := t.TempDir()
-	cmd := exec.CommandContext(ctx, "go", "build", "-o", bin+string(filepath.Separator),
+	var order struct {
+		ID string `json:"id"`
+	}
+	err = json.NewDecoder(resp.Body).Decode(&order)
+	resp.Body.Close()
+	if err != nil || resp.StatusCode != http.StatusCreated {
+		t.Fatalf("POST /orders: %d, %v", resp.StatusCode, err)
+	}
+
+	var booked []struct {
+		OrderID string `json:"orderId"`
+		TraceID string `json:"traceId"`
+	}
+	testinfra.WaitFor(t, 90*time.Second, "the reconciler to book the order's payment", func() (bool, error) {
+		booked = nil
+		if err := getJSON(ctx, p.reconcilerURL+"/settlements", &booked); err != nil {
+			return false, err
+		}
+		return len(booked) > 0, nil
+	})
+	if len(booked) != 1 || booked[0].OrderID != order.ID || booked[0].TraceID != clientTraceID {
+		t.Fatalf("the reconciler booked %+v, want one settlement of order %s in trace %s", booked, order.ID, clientTraceID)
+	}
+	return order.ID
+}
+
+// crossings returns the traceparents that crossed the process boundaries:
+// the one stored in each outbox row and the one each Kafka message carried.
+func (p *platform) crossings(ctx context.Context, t *testing.T) (ordersRow, orderHeader, billingRow, billingHeader string) {
+	t.Helper()
+	return storedTraceparent(ctx, t, p.ordersDB), kafkaTraceparent(ctx, t, p.brokers, p.ordersTopic),
+		storedTraceparent(ctx, t, p.billingDB), kafkaTraceparent(ctx, t, p.brokers, p.billingTopic)
+}
+
+// stop stops the programs, which flushes the spans they still buffer.
+func (p *platform) stop(t *testing.T) {
+	t.Helper()
+	for _, prog := range []*program{p.orders, p.billing, p.shim, p.reconciler} {
+		prog.stop(t)
+	}
+}
+
+// bin is where TestMain built the four programs.
+var bin string
+
+// TestMain builds the four programs from this checkout once for all tests.
+func TestMain(m *testing.M) {
+	dir, err := os.MkdirTemp("", "onceflow-e2e-")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	bin = dir
+	cmd := exec.Command("go", "build", "-o", bin+string(filepath.Separator),
 		"./services/orders/cmd/orders", "./services/billing/cmd/billing",
 		"./services/reconciler-shim/cmd/shim", "./services/reconciler-shim/cmd/reconciler")
-	cmd.Dir = root
+	cmd.Dir = ".." // the repository root, whose go.work joins the modules
 	if out, err := cmd.CombinedOutput(); err != nil {
-		t.Fatalf("building the programs: %v\n%s", err, out)
+		fmt.Fprintf(os.Stderr, "building the programs: %v\n%s", err, out)
+		os.RemoveAll(dir)
+		os.Exit(1)
 	}
-	return bin
+	code := m.Run()
+	os.RemoveAll(dir)
+	os.Exit(code)
 }
 
 // program is one of the platform's binaries running for the test.
@@ -223,7 +283,7 @@ type program struct {
 
 // start runs bin/name with env as its whole environment until stop or the
 // end of the test.
-func start(t *testing.T, bin, name string, env map[string]string) *program {
+func start(t *testing.T, name string, env map[string]string) *program {
 	t.Helper()
 	p := &program{name: name, stdout: &testinfra.LogBuffer{}, stderr: &testinfra.LogBuffer{}, done: make(chan error, 1)}
 	p.cmd = exec.Command(filepath.Join(bin, name))
