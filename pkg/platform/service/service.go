@@ -59,7 +59,7 @@ func New(ctx context.Context, stdout io.Writer, opts Options) (*Service, error) 
 	if err != nil {
 		return nil, err
 	}
-	shutdownTracing, err := tracing.Setup(ctx, opts.Tracing, opts.Name)
+	shutdownTracing, err := tracing.Setup(ctx, opts.Tracing, opts.Name, logger)
 	if err != nil {
 		return nil, err
 	}

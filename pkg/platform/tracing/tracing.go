@@ -3,6 +3,7 @@ package tracing
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"net/url"
 	"strings"
 
@@ -51,16 +52,21 @@ type Shutdown func(context.Context) error
 // Setup installs W3C trace-context propagation and, unless cfg.Exporter is
 // "none", a tracer provider exporting to cfg.Endpoint, both process-wide
 // (otel.SetTextMapPropagator, otel.SetTracerProvider). serviceName is used
-// when cfg.ServiceName is empty. Call it once per process, from run, and call
-// the returned Shutdown when the program stops: it flushes buffered spans.
+// when cfg.ServiceName is empty. OpenTelemetry's own errors (a collector
+// that cannot be reached) are logged to logger. Call it once per process,
+// from run, and call the returned Shutdown when the program stops: it
+// flushes buffered spans.
 //
 // With "none" the process-wide provider is left as it is: OpenTelemetry's
 // no-op, or whatever a test installed.
-func Setup(ctx context.Context, cfg Config, serviceName string) (Shutdown, error) {
+func Setup(ctx context.Context, cfg Config, serviceName string, logger *slog.Logger) (Shutdown, error) {
 	sampler, err := cfg.sampler()
 	if err != nil {
 		return nil, err
 	}
+	otel.SetErrorHandler(otel.ErrorHandlerFunc(func(err error) {
+		logger.Warn("opentelemetry failed; spans may be lost", slog.Any("error", err))
+	}))
 	otel.SetTextMapPropagator(propagation.NewCompositeTextMapPropagator(propagation.TraceContext{}, propagation.Baggage{}))
 	switch cfg.Exporter {
 	case ExporterNone, "":

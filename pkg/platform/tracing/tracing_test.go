@@ -2,6 +2,7 @@ package tracing_test
 
 import (
 	"context"
+	"log/slog"
 	"testing"
 	"time"
 
@@ -28,7 +29,7 @@ func TestSetupRejectsBadConfig(t *testing.T) {
 		"sampler":  {Exporter: "none", Sampler: "sometimes"},
 		"ratio":    {Exporter: "none", Sampler: "traceidratio", SamplerArg: 1.5},
 	} {
-		if _, err := tracing.Setup(context.Background(), cfg, "test"); err == nil {
+		if _, err := tracing.Setup(context.Background(), cfg, "test", slog.Default()); err == nil {
 			t.Errorf("%s: Setup accepted %+v", name, cfg)
 		}
 	}
@@ -41,7 +42,7 @@ func TestSetupExportsOverOTLP(t *testing.T) {
 	t.Cleanup(func() { otel.SetTracerProvider(noop.NewTracerProvider()) })
 	shutdown, err := tracing.Setup(context.Background(), tracing.Config{
 		Exporter: "otlp", Endpoint: collector.URL + "/", Sampler: "parentbased_always_on", SamplerArg: 1,
-	}, "unit-test")
+	}, "unit-test", slog.Default())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -67,7 +68,7 @@ func TestSetupExportsOverOTLP(t *testing.T) {
 // Setup with the none exporter leaves the provider alone.
 func TestSetupNoneInstallsNoProvider(t *testing.T) {
 	rec := testinfra.RecordSpans(t)
-	shutdown, err := tracing.Setup(context.Background(), tracing.Config{Exporter: "none"}, "test")
+	shutdown, err := tracing.Setup(context.Background(), tracing.Config{Exporter: "none"}, "test", slog.Default())
 	if err != nil {
 		t.Fatal(err)
 	}

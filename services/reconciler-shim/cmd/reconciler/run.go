@@ -67,7 +67,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout 
 		return err
 	}
 
-	shutdownTracing, err := tracing.Setup(ctx, cfg.Tracing, "reconciler")
+	shutdownTracing, err := tracing.Setup(ctx, cfg.Tracing, "reconciler", logger)
 	if err != nil {
 		return err
 	}
