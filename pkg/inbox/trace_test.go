@@ -17,15 +17,16 @@ import (
 	"github.com/onceflow/onceflow/pkg/platform/tracing/tracectx"
 )
 
+// The producer's context, as the message's traceparent header carries it.
 const (
-	producerTraceID = "4bf92f3577b34da6a3ce929d0e0e4736"
-	producerSpanID  = "00f067aa0ba902b7"
+	producerTraceID = testinfra.CallerTraceID
+	producerSpanID  = testinfra.CallerSpanID
 )
 
 // tracedEvent is an event whose Kafka header carries a producer's context.
 func tracedEvent() event.Envelope {
 	ev := newEvent("agg", 1)
-	ev.Traceparent = "00-" + producerTraceID + "-" + producerSpanID + "-01"
+	ev.Traceparent = testinfra.CallerTraceparent
 	return ev
 }
 
@@ -117,16 +118,7 @@ func TestALeasedSideEffectRunsInAConsumerSpanContinuingTheProducer(t *testing.T)
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- c.Run(ctx) }()
-	t.Cleanup(func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("consumer: %v", err)
-		}
-		r.Close()
-	})
+	runUntilCleanup(t, c, r)
 
 	var saw string
 	testinfra.WaitFor(t, 30*time.Second, "the side effect to run and be marked done", func() (bool, error) {

@@ -26,12 +26,9 @@ func TestRelayContinuesTheStoredTraceInAProducerSpan(t *testing.T) {
 	topic := testinfra.NewTopic(t, brokers, 1)
 	pool := newOutboxDB(t)
 
-	const (
-		traceID = "4bf92f3577b34da6a3ce929d0e0e4736"
-		spanID  = "00f067aa0ba902b7"
-	)
+	const traceID, spanID = testinfra.CallerTraceID, testinfra.CallerSpanID
 	traced, untraced := newEvent("a", 1), newEvent("a", 2)
-	traced.Traceparent = "00-" + traceID + "-" + spanID + "-01"
+	traced.Traceparent = testinfra.CallerTraceparent
 	enqueue(t, pool, traced, untraced)
 
 	w := kafkautil.NewWriter(brokers, 10)

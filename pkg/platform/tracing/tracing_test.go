@@ -17,9 +17,9 @@ import (
 )
 
 const (
-	traceID     = "4bf92f3577b34da6a3ce929d0e0e4736"
-	spanID      = "00f067aa0ba902b7"
-	traceparent = "00-" + traceID + "-" + spanID + "-01"
+	traceID     = testinfra.CallerTraceID
+	spanID      = testinfra.CallerSpanID
+	traceparent = testinfra.CallerTraceparent
 )
 
 func TestSetupRejectsBadConfig(t *testing.T) {
