@@ -44,12 +44,12 @@ type Options struct {
 
 // Service holds what New set up. Close it when Run has returned.
 type Service struct {
-	Logger          *slog.Logger
-	Pool            *pgxpool.Pool
-	Registry        *prometheus.Registry
-	HTTP            *echo.Echo
-	opts            Options
-	shutdownTracing tracing.Shutdown
+	Logger   *slog.Logger
+	Pool     *pgxpool.Pool
+	Registry *prometheus.Registry
+	HTTP     *echo.Echo
+	opts     Options
+	flush    tracing.Shutdown // flushes and stops the tracer provider
 }
 
 // New connects, migrates and builds the HTTP server; the caller adds routes
@@ -83,7 +83,7 @@ func New(ctx context.Context, stdout io.Writer, opts Options) (*Service, error) 
 			"kafka":    func(ctx context.Context) error { return kafkautil.Ping(ctx, opts.KafkaBrokers) },
 		},
 	})
-	return &Service{Logger: logger, Pool: pool, Registry: registry, HTTP: e, opts: opts, shutdownTracing: shutdownTracing}, nil
+	return &Service{Logger: logger, Pool: pool, Registry: registry, HTTP: e, opts: opts, flush: shutdownTracing}, nil
 }
 
 // Run serves HTTP and runs the workers until ctx ends or one fails, then
@@ -113,7 +113,7 @@ func (s *Service) Close() {
 	s.Pool.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), max(s.opts.ShutdownGrace, time.Second))
 	defer cancel()
-	if err := s.shutdownTracing(ctx); err != nil {
+	if err := s.flush(ctx); err != nil {
 		s.Logger.Warn("flushing traces failed; the last spans are lost", slog.Any("error", err))
 	}
 }
