@@ -36,6 +36,13 @@
 //     and jitter; after MaxAttempts the row is marked dead, counted and
 //     logged, and never retried silently.
 //
+// Latency without busy polling: a relay claims batch after batch while there
+// is work. When a claim finds nothing it arms a wake-up (outbox_relays.waiting)
+// and sleeps on LISTEN; writers' commits NOTIFY only while some relay is
+// armed, because NOTIFY serializes commits cluster-wide (migration 0004
+// explains the fence that keeps a commit from slipping past an arming relay).
+// PollInterval is only the fallback for a lost notification.
+//
 // Tracing: Enqueue stores the envelope's Traceparent with the row (set it
 // from the producing request's span with tracectx.Traceparent). The relay
 // publishes each event in an OpenTelemetry producer span that continues that

@@ -42,7 +42,9 @@ func EnqueueBatch(ctx context.Context, tx pgx.Tx, evs ...event.Envelope) error {
 		if err != nil {
 			return fmt.Errorf("outbox: encoding headers: %w", err)
 		}
-		b.Queue(insertEvent, ev.EventID, ev.AggregateType, ev.AggregateID, ev.AggregateVersion,
+		// [16]byte, not uuid.UUID: pgx encodes it natively instead of through
+		// driver.Valuer and text.
+		b.Queue(insertEvent, [16]byte(ev.EventID), ev.AggregateType, ev.AggregateID, ev.AggregateVersion,
 			ev.EventType, ev.EventVersion, []byte(ev.Payload), headers, ev.OccurredAt)
 	}
 	if err := tx.SendBatch(ctx, &b).Close(); err != nil {

@@ -133,12 +133,13 @@ func unknownVersion(ev event.Envelope) error {
 
 func (b *Billing) capture(ctx context.Context, tx pgx.Tx, cause event.Envelope, p orderPlaced) error {
 	now := b.now().UTC()
-	paymentID := uuid.New()
+	paymentID := event.NewID()
 	tag, err := tx.Exec(ctx, `
 		INSERT INTO charges (order_id, payment_id, customer_id, amount_cents, currency, status, version, captured_at)
 		VALUES ($1, $2, $3, $4, $5, $6, 1, $7)
 		ON CONFLICT (order_id) DO NOTHING`,
-		p.OrderID, paymentID, p.CustomerID, p.AmountCents, p.Currency, StatusCaptured, now)
+		// [16]byte: pgx encodes it natively (uuid.UUID goes through text).
+		[16]byte(p.OrderID), [16]byte(paymentID), p.CustomerID, p.AmountCents, p.Currency, StatusCaptured, now)
 	if err != nil {
 		return fmt.Errorf("recording charge: %w", err)
 	}
@@ -190,7 +191,7 @@ func (b *Billing) emit(ctx context.Context, tx pgx.Tx, cause event.Envelope, eve
 		traceparent = cause.Traceparent
 	}
 	return outbox.Enqueue(ctx, tx, event.Envelope{
-		EventID:          uuid.New(),
+		EventID:          event.NewID(),
 		EventType:        eventType,
 		EventVersion:     1,
 		AggregateType:    AggregateType,
