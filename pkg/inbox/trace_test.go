@@ -2,11 +2,15 @@ package inbox_test
 
 import (
 	"context"
+	"errors"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"go.opentelemetry.io/otel/codes"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 	"go.opentelemetry.io/otel/trace"
 
@@ -52,30 +56,32 @@ func (r *runUnder) of(ev event.Envelope) (string, bool) {
 	return tp, ok
 }
 
-// checkConsumerSpan checks that ev has one consumer span, that it continues
-// the producer's context from the header, and that the handler ran under it.
-func checkConsumerSpan(t *testing.T, rec *tracetest.SpanRecorder, topic string, ev event.Envelope, handlerSaw string) {
+// checkConsumerSpans checks that every consumer span of ev continues the
+// producer's context from the header, that the handler's last run was under
+// one of them, and returns them (one per run of the handler).
+func checkConsumerSpans(t *testing.T, rec *tracetest.SpanRecorder, topic string, ev event.Envelope, handlerSaw string) []sdktrace.ReadOnlySpan {
 	t.Helper()
-	var found []trace.SpanContext
+	var found []sdktrace.ReadOnlySpan
+	sawIt := false
 	for _, s := range rec.Ended() {
 		if s.SpanKind() != trace.SpanKindConsumer || s.Name() != "process "+topic {
 			continue
 		}
 		for _, a := range s.Attributes() {
-			if a.Key == "messaging.message.id" && a.Value.AsString() == ev.EventID.String() {
-				found = append(found, s.SpanContext())
-				if p := s.Parent(); p.TraceID().String() != producerTraceID || p.SpanID().String() != producerSpanID || !p.IsRemote() {
-					t.Fatalf("the consumer span's parent is %v, want the producer's span from the header", p)
-				}
+			if a.Key != "messaging.message.id" || a.Value.AsString() != ev.EventID.String() {
+				continue
 			}
+			found = append(found, s)
+			if p := s.Parent(); p.TraceID().String() != producerTraceID || p.SpanID().String() != producerSpanID || !p.IsRemote() {
+				t.Fatalf("a consumer span's parent is %v, want the producer's span from the header", p)
+			}
+			sawIt = sawIt || handlerSaw == "00-"+producerTraceID+"-"+s.SpanContext().SpanID().String()+"-01"
 		}
 	}
-	if len(found) != 1 {
-		t.Fatalf("%d consumer spans for the event, want 1", len(found))
+	if !sawIt {
+		t.Fatalf("the handler ran under %q, not under one of the event's %d consumer spans", handlerSaw, len(found))
 	}
-	if want := "00-" + producerTraceID + "-" + found[0].SpanID().String() + "-01"; handlerSaw != want {
-		t.Fatalf("the handler ran under %q, want the consumer span %q", handlerSaw, want)
-	}
+	return found
 }
 
 func TestTheHandlerRunsInAConsumerSpanContinuingTheProducer(t *testing.T) {
@@ -98,7 +104,49 @@ func TestTheHandlerRunsInAConsumerSpanContinuingTheProducer(t *testing.T) {
 	testinfra.WaitFor(t, 10*time.Second, "the consumer span to end", func() (bool, error) {
 		return len(rec.Ended()) > 0, nil
 	})
-	checkConsumerSpan(t, rec, f.topic, ev, saw)
+	if spans := checkConsumerSpans(t, rec, f.topic, ev, saw); len(spans) != 1 {
+		t.Fatalf("%d consumer spans, want 1", len(spans))
+	}
+}
+
+// A handler that fails once takes the batch off the fast path; each run of
+// it has its own consumer span in the producer's trace, the failed one
+// marked as an error.
+func TestEachRunOfAFailingHandlerHasItsOwnSpan(t *testing.T) {
+	rec := testinfra.RecordSpans(t)
+	f := newFixture(t)
+	ev := tracedEvent()
+	var under runUnder
+	var failed atomic.Bool
+	f.produce(t, event.ToKafka(f.topic, ev))
+	f.run(t, func(ctx context.Context, tx pgx.Tx, ev event.Envelope) error {
+		under.add(ctx, ev)
+		if !failed.Swap(true) {
+			return errors.New("transient")
+		}
+		return f.recordEffect(ctx, tx, ev)
+	}, inbox.Config{BackoffMin: time.Millisecond, BackoffMax: time.Millisecond})
+
+	var saw string
+	testinfra.WaitFor(t, 30*time.Second, "the event to be handled", func() (bool, error) {
+		var ok bool
+		saw, ok = under.of(ev)
+		return ok && f.count(t, "SELECT count(*) FROM effects") == 1, nil
+	})
+	var spans []sdktrace.ReadOnlySpan
+	testinfra.WaitFor(t, 10*time.Second, "the consumer spans to end", func() (bool, error) {
+		spans = checkConsumerSpans(t, rec, f.topic, ev, saw)
+		return len(spans) >= 2, nil
+	})
+	errored := 0
+	for _, s := range spans {
+		if s.Status().Code == codes.Error {
+			errored++
+		}
+	}
+	if errored != len(spans)-1 {
+		t.Fatalf("%d of %d runs' spans are errors, want all but the last", errored, len(spans))
+	}
 }
 
 func TestALeasedSideEffectRunsInAConsumerSpanContinuingTheProducer(t *testing.T) {
@@ -129,5 +177,7 @@ func TestALeasedSideEffectRunsInAConsumerSpanContinuingTheProducer(t *testing.T)
 	testinfra.WaitFor(t, 10*time.Second, "the consumer span to end", func() (bool, error) {
 		return len(rec.Ended()) > 0, nil
 	})
-	checkConsumerSpan(t, rec, f.topic, ev, saw)
+	if spans := checkConsumerSpans(t, rec, f.topic, ev, saw); len(spans) != 1 {
+		t.Fatalf("%d consumer spans, want 1", len(spans))
+	}
 }
