@@ -20,6 +20,7 @@ WORKDIR /src
 # dependency change rebuilds. Keep this list in step with go.work: a module
 # missing here makes the workspace fail to load.
 COPY go.work go.work.sum ./
+COPY e2e/go.mod e2e/go.sum ./e2e/
 COPY pkg/event/go.mod pkg/event/go.sum ./pkg/event/
 COPY pkg/inbox/go.mod pkg/inbox/go.sum ./pkg/inbox/
 COPY pkg/outbox/go.mod pkg/outbox/go.sum ./pkg/outbox/

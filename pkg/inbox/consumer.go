@@ -458,7 +458,7 @@ func (c *Consumer) fastBatch(ctx context.Context, batch []kafka.Message) bool {
 		if outs[i] != processed {
 			continue
 		}
-		if err := c.invoke(ctx, tx, &evs[i]); err != nil {
+		if err := c.invoke(ctx, tx, batch[i], &evs[i]); err != nil {
 			c.fastPathFailed(ctx, "handling "+evs[i].EventID.String(), err)
 			return false
 		}
@@ -684,18 +684,18 @@ func (c *Consumer) apply(ctx context.Context, tx pgx.Tx, m kafka.Message, ev *ev
 			return stale, err
 		}
 	}
-	if err := c.invoke(ctx, tx, ev); err != nil {
+	if err := c.invoke(ctx, tx, m, ev); err != nil {
 		return 0, err
 	}
 	return processed, nil
 }
 
-// invoke upcasts ev and runs the handler in tx.
-func (c *Consumer) invoke(ctx context.Context, tx pgx.Tx, ev *event.Envelope) error {
+// invoke upcasts ev and runs the handler in tx, in m's consumer span.
+func (c *Consumer) invoke(ctx context.Context, tx pgx.Tx, m kafka.Message, ev *event.Envelope) error {
 	if err := c.upcast(ev); err != nil {
 		return err
 	}
-	return c.handle(ctx, tx, *ev)
+	return c.handleTraced(ctx, tx, m, *ev)
 }
 
 // advanceVersion moves the consumer's high-water version of the aggregate

@@ -45,6 +45,14 @@
 //   - Old payload versions are converted by registered Upcasters, so a
 //     handler only ever sees the current version.
 //
+// Tracing: the handler runs in an OpenTelemetry consumer span (in lease
+// mode the span covers the lease, the side effect and marking it done) that
+// continues the trace context of the message's traceparent header, and its
+// ctx carries the span: an event the handler enqueues stores it
+// (tracectx.Traceparent), an HTTP call made with tracectx.Transport sends it.
+// Spans go to the process-wide tracer provider (package tracing); without one
+// they cost next to nothing and hand the header's context on unchanged.
+//
 // Knobs and their defaults are documented on Config; metrics on NewMetrics.
 // The crash points CrashAfterCommit and CrashAfterEffect let a
 // fault-injection harness kill a consumer at the worst moments.

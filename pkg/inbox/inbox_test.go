@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -60,6 +61,12 @@ func (f *fixture) run(t *testing.T, h inbox.Handler, cfg inbox.Config) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	runUntilCleanup(t, c, r)
+}
+
+// runUntilCleanup runs c until the test ends, then closes its reader r.
+func runUntilCleanup(t *testing.T, c *inbox.Consumer, r io.Closer) {
+	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- c.Run(ctx) }()

@@ -104,6 +104,8 @@ func (c *Consumer) processLeased(ctx context.Context, m kafka.Message) error {
 		counts[deadLettered]++
 		return c.deadLetterAlone(ctx, m, nil, err)
 	}
+	ctx, span := c.startProcess(ctx, m, ev) // covers the lease, the side effect and marking it done
+	defer span.End()
 	key := ev.EventID.String()
 
 	// Take the lease, waiting out another worker's (perhaps a dead one's).

@@ -43,6 +43,14 @@
 // explains the fence that keeps a commit from slipping past an arming relay).
 // PollInterval is only the fallback for a lost notification.
 //
+// Tracing: Enqueue stores the envelope's Traceparent with the row (set it
+// from the producing request's span with tracectx.Traceparent). The relay
+// publishes each event in an OpenTelemetry producer span that continues that
+// stored context, and the Kafka message carries the producer span's
+// traceparent, so the consumer's span is its child. Spans go to the
+// process-wide tracer provider (package tracing); without one they cost next
+// to nothing and hand the stored context on unchanged.
+//
 // Knobs and their defaults are documented on RelayConfig; metrics on
 // NewMetrics. The relay's crash points (CrashAfterAck) let a fault-injection
 // harness kill it at the worst moment.

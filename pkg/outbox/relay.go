@@ -371,7 +371,9 @@ func (r *Relay) RelayBatch(ctx context.Context) (int, error) {
 		return 0, err
 	}
 	r.cfg.Metrics.batchSize.Observe(float64(len(batch)))
+	endSends := startSends(ctx, batch)
 	errs := r.publish(ctx, batch)
+	endSends(errs)
 	if ctx.Err() != nil {
 		return 0, ctx.Err() // leave the rows pending; the next run republishes them
 	}

@@ -15,6 +15,7 @@ import (
 	"github.com/onceflow/onceflow/pkg/event"
 	"github.com/onceflow/onceflow/pkg/inbox"
 	"github.com/onceflow/onceflow/pkg/outbox"
+	"github.com/onceflow/onceflow/pkg/platform/tracing/tracectx"
 )
 
 // The order events billing understands (published by the orders service).
@@ -187,6 +188,12 @@ func (b *Billing) emit(ctx context.Context, tx pgx.Tx, cause event.Envelope, eve
 	if err != nil {
 		return fmt.Errorf("encoding %s: %w", eventType, err)
 	}
+	// The inbox runs Handle in the cause's consumer span: the payment event
+	// continues the order's trace from there.
+	traceparent := tracectx.Traceparent(ctx)
+	if traceparent == "" {
+		traceparent = cause.Traceparent
+	}
 	return outbox.Enqueue(ctx, tx, event.Envelope{
 		EventID:          event.NewID(),
 		EventType:        eventType,
@@ -197,7 +204,7 @@ func (b *Billing) emit(ctx context.Context, tx pgx.Tx, cause event.Envelope, eve
 		OccurredAt:       p.At,
 		CorrelationID:    cause.CorrelationID,
 		CausationID:      cause.EventID.String(),
-		Traceparent:      cause.Traceparent,
+		Traceparent:      traceparent,
 		Payload:          body,
 	})
 }

@@ -8,6 +8,7 @@ import (
 
 	"github.com/onceflow/onceflow/pkg/platform/apperr"
 	"github.com/onceflow/onceflow/pkg/platform/httpserver"
+	"github.com/onceflow/onceflow/pkg/platform/tracing/tracectx"
 )
 
 // Routes registers the orders API on e.
@@ -82,7 +83,8 @@ func orderID(c echo.Context) (uuid.UUID, error) {
 
 // meta takes the event metadata from the request: X-Request-Id (generated
 // when absent) correlates, the idempotency key (else the request id) is the
-// cause, and a W3C traceparent header is carried along.
+// cause, and the request's server span (which continues the caller's
+// traceparent header, if any) is the trace the event continues.
 func meta(c echo.Context, idempotencyKey string) Meta {
 	r := c.Request()
 	reqID := r.Header.Get(echo.HeaderXRequestID)
@@ -94,5 +96,5 @@ func meta(c echo.Context, idempotencyKey string) Meta {
 	if cause == "" {
 		cause = reqID
 	}
-	return Meta{CorrelationID: reqID, CausationID: cause, Traceparent: r.Header.Get("traceparent")}
+	return Meta{CorrelationID: reqID, CausationID: cause, Traceparent: tracectx.Traceparent(r.Context())}
 }

@@ -1,6 +1,7 @@
 // Package httpserver builds the echo server every service runs: JSON errors
 // mapped from apperr codes in one place, a request body limit, structured
-// request logs, and the /healthz, /readyz and /metrics endpoints.
+// request logs, a server span per request, and the
+// /healthz, /readyz and /metrics endpoints.
 package httpserver
 
 import (
@@ -46,17 +47,13 @@ func New(cfg Config) *echo.Echo {
 	e.HideBanner = true
 	e.HidePort = true
 	e.HTTPErrorHandler = errorHandler(cfg.Logger, cfg.BodyLimit)
+	// Outermost, so a request's span covers everything, panics included.
+	e.Use(TracingMiddleware(isOperational))
 	e.Use(middleware.Recover())
 	e.Use(middleware.BodyLimit(cfg.BodyLimit))
 	e.Use(middleware.RequestLoggerWithConfig(middleware.RequestLoggerConfig{
 		LogMethod: true, LogURIPath: true, LogStatus: true, LogLatency: true,
-		Skipper: func(c echo.Context) bool {
-			switch c.Path() {
-			case "/healthz", "/readyz", "/metrics":
-				return true
-			}
-			return false
-		},
+		Skipper: isOperational,
 		LogValuesFunc: func(c echo.Context, v middleware.RequestLoggerValues) error {
 			cfg.Logger.LogAttrs(c.Request().Context(), slog.LevelDebug, "http request",
 				slog.String("method", v.Method), slog.String("path", v.URIPath),
@@ -71,6 +68,16 @@ func New(cfg Config) *echo.Echo {
 	e.GET("/readyz", readyz(cfg.Checks))
 	e.GET("/metrics", echo.WrapHandler(promhttp.HandlerFor(cfg.Gatherer, promhttp.HandlerOpts{})))
 	return e
+}
+
+// isOperational tells the probes' and scrapers' requests, which are neither
+// logged nor traced.
+func isOperational(c echo.Context) bool {
+	switch c.Path() {
+	case "/healthz", "/readyz", "/metrics":
+		return true
+	}
+	return false
 }
 
 func readyz(checks map[string]Check) echo.HandlerFunc {

@@ -1,6 +1,7 @@
 // Package service is the chassis every onceflow service's run builds on: a
-// JSON logger, a migrated Postgres pool, a metrics registry and an echo
-// server with /healthz, /readyz (Postgres and Kafka reachable) and /metrics.
+// JSON logger, tracing (package tracing), a migrated Postgres pool, a metrics
+// registry and an echo server with /healthz, /readyz (Postgres and Kafka
+// reachable) and /metrics.
 // Run then serves HTTP beside the service's workers and stops them in order.
 package service
 
@@ -22,6 +23,7 @@ import (
 	"github.com/onceflow/onceflow/pkg/platform/lifecycle"
 	"github.com/onceflow/onceflow/pkg/platform/logging"
 	"github.com/onceflow/onceflow/pkg/platform/pgutil"
+	"github.com/onceflow/onceflow/pkg/platform/tracing"
 )
 
 // Options are the settings every service has; each service reads them from
@@ -33,6 +35,8 @@ type Options struct {
 	KafkaBrokers  []string
 	LogLevel      string
 	ShutdownGrace time.Duration
+	// Tracing configures the tracer provider; Name is its default service name.
+	Tracing tracing.Config
 	// Migrations are applied in order at start-up: the service's own schema
 	// first, then the outbox's and the inbox's as the service uses them.
 	Migrations []pgutil.Migration
@@ -45,6 +49,7 @@ type Service struct {
 	Registry *prometheus.Registry
 	HTTP     *echo.Echo
 	opts     Options
+	flush    tracing.Shutdown // flushes and stops the tracer provider
 }
 
 // New connects, migrates and builds the HTTP server; the caller adds routes
@@ -54,12 +59,18 @@ func New(ctx context.Context, stdout io.Writer, opts Options) (*Service, error) 
 	if err != nil {
 		return nil, err
 	}
+	shutdownTracing, err := tracing.Setup(ctx, opts.Tracing, opts.Name, logger)
+	if err != nil {
+		return nil, err
+	}
 	pool, err := pgutil.Connect(ctx, opts.DatabaseURL, 0)
 	if err != nil {
+		_ = shutdownTracing(ctx)
 		return nil, err
 	}
 	if err := pgutil.Migrate(pool, opts.Migrations...); err != nil {
 		pool.Close()
+		_ = shutdownTracing(ctx)
 		return nil, err
 	}
 	registry := prometheus.NewRegistry()
@@ -72,7 +83,7 @@ func New(ctx context.Context, stdout io.Writer, opts Options) (*Service, error) 
 			"kafka":    func(ctx context.Context) error { return kafkautil.Ping(ctx, opts.KafkaBrokers) },
 		},
 	})
-	return &Service{Logger: logger, Pool: pool, Registry: registry, HTTP: e, opts: opts}, nil
+	return &Service{Logger: logger, Pool: pool, Registry: registry, HTTP: e, opts: opts, flush: shutdownTracing}, nil
 }
 
 // Run serves HTTP and runs the workers until ctx ends or one fails, then
@@ -96,5 +107,13 @@ func (s *Service) Run(ctx context.Context, workers ...lifecycle.Stage) error {
 	return err
 }
 
-// Close releases the pool.
-func (s *Service) Close() { s.Pool.Close() }
+// Close releases the pool and flushes the spans not exported yet, waiting
+// at most ShutdownGrace for the collector.
+func (s *Service) Close() {
+	s.Pool.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), max(s.opts.ShutdownGrace, time.Second))
+	defer cancel()
+	if err := s.flush(ctx); err != nil {
+		s.Logger.Warn("flushing traces failed; the last spans are lost", slog.Any("error", err))
+	}
+}

@@ -14,6 +14,7 @@ import (
 
 	"github.com/onceflow/onceflow/pkg/platform/apperr"
 	"github.com/onceflow/onceflow/pkg/platform/httpserver"
+	"github.com/onceflow/onceflow/pkg/platform/tracing/tracectx"
 )
 
 // ErrRejected is wrapped by errors for answers that retrying the same request
@@ -45,7 +46,9 @@ func (e *StatusError) Unwrap() error {
 }
 
 // Client calls the third-party reconciler's API; it is the shim's side of
-// the wire. It is safe for concurrent use.
+// the wire. Each request is a client span of the caller's trace and carries
+// that trace in a traceparent header, so the reconciler's server span
+// continues it. It is safe for concurrent use.
 type Client struct {
 	baseURL string
 	hc      *http.Client
@@ -59,7 +62,9 @@ func NewClient(baseURL string, httpClient *http.Client) *Client {
 	if httpClient == nil {
 		httpClient = &http.Client{Timeout: 10 * time.Second}
 	}
-	return &Client{baseURL: strings.TrimRight(baseURL, "/"), hc: httpClient}
+	traced := *httpClient // the caller's client stays as it was
+	traced.Transport = tracectx.Transport(httpClient.Transport)
+	return &Client{baseURL: strings.TrimRight(baseURL, "/"), hc: &traced}
 }
 
 // Settle books req under key and returns the settlement as stored. The third

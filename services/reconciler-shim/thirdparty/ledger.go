@@ -32,6 +32,9 @@ type Settlement struct {
 	AmountCents    int64     `json:"amountCents"`
 	Currency       string    `json:"currency"`
 	ReceivedAt     time.Time `json:"receivedAt"`
+	// TraceID is the W3C trace id of the request that booked it, when the
+	// caller sent a traceparent: the trace to open to see how it got here.
+	TraceID string `json:"traceId,omitempty"`
 }
 
 // Stats summarises a ledger for an audit.

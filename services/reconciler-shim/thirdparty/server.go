@@ -1,6 +1,7 @@
 package thirdparty
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -11,6 +12,7 @@ import (
 
 	"github.com/labstack/echo/v4"
 	"github.com/prometheus/client_golang/prometheus"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/onceflow/onceflow/pkg/platform/apperr"
 	"github.com/onceflow/onceflow/pkg/platform/httpserver"
@@ -98,6 +100,7 @@ func (s *server) settle(c echo.Context) error {
 		Kind:           req.Kind,
 		AmountCents:    req.AmountCents,
 		Currency:       req.Currency,
+		TraceID:        traceID(ctx),
 	})
 	if err != nil {
 		return fmt.Errorf("booking settlement: %w", err)
@@ -119,6 +122,15 @@ func (s *server) settle(c echo.Context) error {
 		}
 	}
 	return c.JSON(http.StatusCreated, stored)
+}
+
+// traceID is the id of the trace the request's server span belongs to (the
+// caller's, when it sent a traceparent), or "".
+func traceID(ctx context.Context) string {
+	if sc := trace.SpanContextFromContext(ctx); sc.HasTraceID() {
+		return sc.TraceID().String()
+	}
+	return ""
 }
 
 func (s *server) byKey(c echo.Context) error {

@@ -15,6 +15,7 @@ import (
 	"github.com/onceflow/onceflow/pkg/platform/lifecycle"
 	"github.com/onceflow/onceflow/pkg/platform/pgutil"
 	"github.com/onceflow/onceflow/pkg/platform/service"
+	"github.com/onceflow/onceflow/pkg/platform/tracing"
 	"github.com/onceflow/onceflow/services/orders"
 )
 
@@ -43,6 +44,9 @@ type Config struct {
 	LogLevel string `env:"LOG_LEVEL" envDefault:"info"`
 	// ShutdownGrace is how long in-flight requests get to finish on SIGTERM.
 	ShutdownGrace time.Duration `env:"SHUTDOWN_GRACE" envDefault:"10s"`
+	// Tracing is OTEL_TRACES_EXPORTER and the other OpenTelemetry variables
+	// (see package tracing).
+	Tracing tracing.Config
 }
 
 func run(ctx context.Context, _ []string, getenv func(string) string, stdout io.Writer) error {
@@ -52,7 +56,7 @@ func run(ctx context.Context, _ []string, getenv func(string) string, stdout io.
 	}
 	svc, err := service.New(ctx, stdout, service.Options{
 		Name: "orders", HTTPAddr: cfg.HTTPAddr, DatabaseURL: cfg.DatabaseURL, KafkaBrokers: cfg.KafkaBrokers,
-		LogLevel: cfg.LogLevel, ShutdownGrace: cfg.ShutdownGrace,
+		LogLevel: cfg.LogLevel, ShutdownGrace: cfg.ShutdownGrace, Tracing: cfg.Tracing,
 		Migrations: []pgutil.Migration{
 			{FS: orders.Migrations, Table: orders.MigrationsTable},
 			{FS: outbox.Migrations, Table: outbox.MigrationsTable},

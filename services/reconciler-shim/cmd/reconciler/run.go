@@ -16,6 +16,7 @@ import (
 	"github.com/onceflow/onceflow/pkg/platform/config"
 	"github.com/onceflow/onceflow/pkg/platform/httpserver"
 	"github.com/onceflow/onceflow/pkg/platform/logging"
+	"github.com/onceflow/onceflow/pkg/platform/tracing"
 	"github.com/onceflow/onceflow/services/reconciler-shim/thirdparty"
 )
 
@@ -35,6 +36,10 @@ type runConfig struct {
 	LedgerPath string `env:"LEDGER_PATH" envDefault:"reconciler-ledger.jsonl"`
 	// LogLevel is debug, info, warn or error; debug adds one line per request.
 	LogLevel string `env:"LOG_LEVEL" envDefault:"info"`
+	// Tracing is OTEL_TRACES_EXPORTER and the other OpenTelemetry variables
+	// (see package tracing): each booking's request is a server span that
+	// continues the shim's trace.
+	Tracing tracing.Config
 }
 
 // run serves the stand-in until ctx ends. It is main without the process:
@@ -61,6 +66,18 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout 
 	if err != nil {
 		return err
 	}
+
+	shutdownTracing, err := tracing.Setup(ctx, cfg.Tracing, "reconciler", logger)
+	if err != nil {
+		return err
+	}
+	defer func() {
+		ctx, cancel := context.WithTimeout(context.Background(), shutdownGrace)
+		defer cancel()
+		if err := shutdownTracing(ctx); err != nil {
+			logger.WarnContext(ctx, "flushing traces failed; the last spans are lost", slog.Any("error", err))
+		}
+	}()
 
 	ledger, err := thirdparty.OpenLedger(cfg.LedgerPath)
 	if err != nil {

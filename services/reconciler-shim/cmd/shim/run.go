@@ -15,6 +15,7 @@ import (
 	"github.com/onceflow/onceflow/pkg/platform/lifecycle"
 	"github.com/onceflow/onceflow/pkg/platform/pgutil"
 	"github.com/onceflow/onceflow/pkg/platform/service"
+	"github.com/onceflow/onceflow/pkg/platform/tracing"
 	shim "github.com/onceflow/onceflow/services/reconciler-shim"
 	"github.com/onceflow/onceflow/services/reconciler-shim/thirdparty"
 )
@@ -40,6 +41,9 @@ type Config struct {
 	LogLevel string `env:"LOG_LEVEL" envDefault:"info"`
 	// ShutdownGrace is how long in-flight requests get to finish on SIGTERM.
 	ShutdownGrace time.Duration `env:"SHUTDOWN_GRACE" envDefault:"10s"`
+	// Tracing is OTEL_TRACES_EXPORTER and the other OpenTelemetry variables
+	// (see package tracing).
+	Tracing tracing.Config
 }
 
 func run(ctx context.Context, _ []string, getenv func(string) string, stdout io.Writer) error {
@@ -49,7 +53,7 @@ func run(ctx context.Context, _ []string, getenv func(string) string, stdout io.
 	}
 	svc, err := service.New(ctx, stdout, service.Options{
 		Name: "reconciler-shim", HTTPAddr: cfg.HTTPAddr, DatabaseURL: cfg.DatabaseURL, KafkaBrokers: cfg.KafkaBrokers,
-		LogLevel: cfg.LogLevel, ShutdownGrace: cfg.ShutdownGrace,
+		LogLevel: cfg.LogLevel, ShutdownGrace: cfg.ShutdownGrace, Tracing: cfg.Tracing,
 		Migrations: []pgutil.Migration{
 			{FS: shim.Migrations, Table: shim.MigrationsTable},
 			{FS: inbox.Migrations, Table: inbox.MigrationsTable},

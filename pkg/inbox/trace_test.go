@@ -1,0 +1,183 @@
+package inbox_test
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"go.opentelemetry.io/otel/codes"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	"go.opentelemetry.io/otel/sdk/trace/tracetest"
+	"go.opentelemetry.io/otel/trace"
+
+	"github.com/onceflow/onceflow/pkg/event"
+	"github.com/onceflow/onceflow/pkg/inbox"
+	"github.com/onceflow/onceflow/pkg/platform/kafkautil"
+	"github.com/onceflow/onceflow/pkg/platform/testinfra"
+	"github.com/onceflow/onceflow/pkg/platform/tracing/tracectx"
+)
+
+// The producer's context, as the message's traceparent header carries it.
+const (
+	producerTraceID = testinfra.CallerTraceID
+	producerSpanID  = testinfra.CallerSpanID
+)
+
+// tracedEvent is an event whose Kafka header carries a producer's context.
+func tracedEvent() event.Envelope {
+	ev := newEvent("agg", 1)
+	ev.Traceparent = testinfra.CallerTraceparent
+	return ev
+}
+
+// runUnder records the traceparent each event's handler or side effect ran under.
+type runUnder struct {
+	mu sync.Mutex
+	m  map[string]string
+}
+
+func (r *runUnder) add(ctx context.Context, ev event.Envelope) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.m == nil {
+		r.m = map[string]string{}
+	}
+	r.m[ev.EventID.String()] = tracectx.Traceparent(ctx)
+}
+
+func (r *runUnder) of(ev event.Envelope) (string, bool) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	tp, ok := r.m[ev.EventID.String()]
+	return tp, ok
+}
+
+// checkConsumerSpans checks that every consumer span of ev continues the
+// producer's context from the header, that the handler's last run was under
+// one of them, and returns them (one per run of the handler).
+func checkConsumerSpans(t *testing.T, rec *tracetest.SpanRecorder, topic string, ev event.Envelope, handlerSaw string) []sdktrace.ReadOnlySpan {
+	t.Helper()
+	var found []sdktrace.ReadOnlySpan
+	sawIt := false
+	for _, s := range rec.Ended() {
+		if s.SpanKind() != trace.SpanKindConsumer || s.Name() != "process "+topic {
+			continue
+		}
+		for _, a := range s.Attributes() {
+			if a.Key != "messaging.message.id" || a.Value.AsString() != ev.EventID.String() {
+				continue
+			}
+			found = append(found, s)
+			if p := s.Parent(); p.TraceID().String() != producerTraceID || p.SpanID().String() != producerSpanID || !p.IsRemote() {
+				t.Fatalf("a consumer span's parent is %v, want the producer's span from the header", p)
+			}
+			sawIt = sawIt || handlerSaw == "00-"+producerTraceID+"-"+s.SpanContext().SpanID().String()+"-01"
+		}
+	}
+	if !sawIt {
+		t.Fatalf("the handler ran under %q, not under one of the event's %d consumer spans", handlerSaw, len(found))
+	}
+	return found
+}
+
+func TestTheHandlerRunsInAConsumerSpanContinuingTheProducer(t *testing.T) {
+	rec := testinfra.RecordSpans(t)
+	f := newFixture(t)
+	ev := tracedEvent()
+	var under runUnder
+	f.produce(t, event.ToKafka(f.topic, ev))
+	f.run(t, func(ctx context.Context, tx pgx.Tx, ev event.Envelope) error {
+		under.add(ctx, ev)
+		return f.recordEffect(ctx, tx, ev)
+	}, inbox.Config{})
+
+	var saw string
+	testinfra.WaitFor(t, 30*time.Second, "the event to be handled", func() (bool, error) {
+		var ok bool
+		saw, ok = under.of(ev)
+		return ok && f.count(t, "SELECT count(*) FROM effects") == 1, nil
+	})
+	testinfra.WaitFor(t, 10*time.Second, "the consumer span to end", func() (bool, error) {
+		return len(rec.Ended()) > 0, nil
+	})
+	if spans := checkConsumerSpans(t, rec, f.topic, ev, saw); len(spans) != 1 {
+		t.Fatalf("%d consumer spans, want 1", len(spans))
+	}
+}
+
+// A handler that fails once takes the batch off the fast path; each run of
+// it has its own consumer span in the producer's trace, the failed one
+// marked as an error.
+func TestEachRunOfAFailingHandlerHasItsOwnSpan(t *testing.T) {
+	rec := testinfra.RecordSpans(t)
+	f := newFixture(t)
+	ev := tracedEvent()
+	var under runUnder
+	var failed atomic.Bool
+	f.produce(t, event.ToKafka(f.topic, ev))
+	f.run(t, func(ctx context.Context, tx pgx.Tx, ev event.Envelope) error {
+		under.add(ctx, ev)
+		if !failed.Swap(true) {
+			return errors.New("transient")
+		}
+		return f.recordEffect(ctx, tx, ev)
+	}, inbox.Config{BackoffMin: time.Millisecond, BackoffMax: time.Millisecond})
+
+	var saw string
+	testinfra.WaitFor(t, 30*time.Second, "the event to be handled", func() (bool, error) {
+		var ok bool
+		saw, ok = under.of(ev)
+		return ok && f.count(t, "SELECT count(*) FROM effects") == 1, nil
+	})
+	var spans []sdktrace.ReadOnlySpan
+	testinfra.WaitFor(t, 10*time.Second, "the consumer spans to end", func() (bool, error) {
+		spans = checkConsumerSpans(t, rec, f.topic, ev, saw)
+		return len(spans) >= 2, nil
+	})
+	errored := 0
+	for _, s := range spans {
+		if s.Status().Code == codes.Error {
+			errored++
+		}
+	}
+	if errored != len(spans)-1 {
+		t.Fatalf("%d of %d runs' spans are errors, want all but the last", errored, len(spans))
+	}
+}
+
+func TestALeasedSideEffectRunsInAConsumerSpanContinuingTheProducer(t *testing.T) {
+	rec := testinfra.RecordSpans(t)
+	f := newFixture(t)
+	ev := tracedEvent()
+	var under runUnder
+	f.produce(t, event.ToKafka(f.topic, ev))
+	r := kafkautil.NewGroupReader(f.brokers, f.topic, testinfra.Name("group"))
+	c, err := inbox.NewLeaseConsumer(f.pool, r, f.writer, inbox.Effect{
+		Check: func(context.Context, string) (bool, error) { return false, nil },
+		Call: func(ctx context.Context, ev event.Envelope, _ string) error {
+			under.add(ctx, ev)
+			return nil
+		},
+	}, inbox.Config{Name: "lease-test", Metrics: inbox.NewMetrics(f.registry)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	runUntilCleanup(t, c, r)
+
+	var saw string
+	testinfra.WaitFor(t, 30*time.Second, "the side effect to run and be marked done", func() (bool, error) {
+		var ok bool
+		saw, ok = under.of(ev)
+		return ok && f.count(t, "SELECT count(*) FROM inbox_messages WHERE status = 'processed'") == 1, nil
+	})
+	testinfra.WaitFor(t, 10*time.Second, "the consumer span to end", func() (bool, error) {
+		return len(rec.Ended()) > 0, nil
+	})
+	if spans := checkConsumerSpans(t, rec, f.topic, ev, saw); len(spans) != 1 {
+		t.Fatalf("%d consumer spans, want 1", len(spans))
+	}
+}
