@@ -40,6 +40,10 @@ type Config struct {
 	LogLevel string `env:"LOG_LEVEL" envDefault:"info"`
 	// ShutdownGrace is how long in-flight requests get to finish on SIGTERM.
 	ShutdownGrace time.Duration `env:"SHUTDOWN_GRACE" envDefault:"10s"`
+	// OutboxRelay runs the outbox relay in this process. false: the process
+	// serves the API and reports the outbox backlog gauges, and relays run
+	// elsewhere (the relay deployed apart, or stopped on purpose).
+	OutboxRelay bool `env:"OUTBOX_RELAY" envDefault:"true"`
 	// PublishMode is outbox (the order and its event commit together, the
 	// relay publishes) or naive (commit, then produce directly: the dual
 	// write). naive exists only so the fault-injection harness can show it
@@ -88,10 +92,11 @@ func run(ctx context.Context, _ []string, getenv func(string) string, stdout io.
 
 	writer := kafkautil.NewWriter(cfg.KafkaBrokers, 500)
 	defer writer.Close()
+	metrics := outbox.NewMetrics(svc.Registry)
 	relay, err := outbox.NewRelay(svc.Pool, writer, outbox.RelayConfig{
 		Topic:      func(string) string { return cfg.OrdersTopic },
 		Logger:     svc.Logger,
-		Metrics:    outbox.NewMetrics(svc.Registry),
+		Metrics:    metrics,
 		CrashPoint: crashPoint,
 	})
 	if err != nil {
@@ -107,8 +112,14 @@ func run(ctx context.Context, _ []string, getenv func(string) string, stdout io.
 	// Operators list, requeue and replay outbox events here (see outboxhttp).
 	svc.HTTP.Any("/admin/outbox/*", echo.WrapHandler(http.StripPrefix("/admin/outbox", outboxhttp.Handler(svc.Pool))))
 	orders.Routes(svc.HTTP, orders.New(svc.Pool, opts))
+	relayStage := lifecycle.Stage{Name: "outbox relay", Run: relay.Run}
+	if !cfg.OutboxRelay {
+		relayStage = lifecycle.Stage{Name: "outbox backlog gauges", Run: func(ctx context.Context) error {
+			return outbox.ReportBacklog(ctx, svc.Pool, metrics, 2*time.Second)
+		}}
+	}
 	return svc.Run(ctx,
-		lifecycle.Stage{Name: "outbox relay", Run: relay.Run},
+		relayStage,
 		lifecycle.Stage{Name: "outbox pruner", Run: pruner.Run},
 	)
 }
