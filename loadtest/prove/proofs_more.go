@@ -66,12 +66,15 @@ func (h *Harness) redelivery(ctx context.Context, naive bool) Row {
 			return fail(row, fmt.Errorf("re-producing: %w", err))
 		}
 		redelivered += len(again)
-		err := waitUntil(ctx, 3*time.Minute, func() bool {
+		// A crash after the commit leaves the batch's offsets uncommitted, so
+		// billing gets the same batch again until its crash budget is spent:
+		// each crash costs a restart and a group rejoin (about 10s).
+		err := waitUntil(ctx, 3*time.Minute+time.Duration(h.prof.Crashes)*20*time.Second, func() bool {
 			lag, err := groupLag(ctx, brokers, "billing", p.OrdersTopic)
 			return err == nil && lag == 0
 		})
 		if err != nil {
-			return fail(row, fmt.Errorf("billing did not catch up with redelivery round %d: %w", rounds, err))
+			return fail(row, fmt.Errorf("billing did not catch up with redelivery round %d (crashed %d times): %w", rounds, p.Billing.Crashes(), err))
 		}
 		h.logf("  redelivery round %d: %d events re-produced; billing crashed %d times so far", rounds, len(again), p.Billing.Crashes())
 	}
