@@ -7,6 +7,8 @@
 MODULES = $(shell go list -m -f '{{.Path}}/...')
 # Arguments for the demo driver, e.g. `make demo DEMO_ARGS="-orders 1000 -cancel 0.2"`.
 DEMO_ARGS ?=
+# The proof `make prove` runs, e.g. `make prove P=chaos` (default: all of them; docs/proofs.md).
+P ?=
 
 .PHONY: help up down status logs services stop demo test vet fmt build prometheus-tools up-prometheus down-prometheus dashboards
 
@@ -52,8 +54,9 @@ demo: services ## Run the platform end to end: place orders, wait until all are 
 	fi
 	@echo "  grafana     under 'docker compose up': http://localhost:3000 (dashboards in the onceflow folder; Prometheus at http://localhost:9090)"
 
+# -timeout: the quick proofs (loadtest/prove) run real crashes and restarts for several minutes.
 test: up prometheus-tools ## Run every module's tests (with -race) against the real PostgreSQL and Kafka
-	go test -race -count=1 $(MODULES)
+	go test -race -count=1 -timeout 20m $(MODULES)
 
 prometheus-tools: ## Install prometheus and promtool (Debian's package) when missing: the dashboard and alert tests run them
 	devstack/stack.sh prometheus-install
@@ -73,6 +76,10 @@ vet: ## go vet and gofmt over every module
 
 fmt: ## gofmt every Go file
 	gofmt -w .
+
+.PHONY: prove
+prove: ## Kill, restart and poison the real processes, audit every database and the ledger (P=<proof> for one; docs/proofs.md)
+	go run ./loadtest/prove/cmd/prove -profile full $(if $(P),-only $(P))
 
 .PHONY: bench-outbox
 bench-outbox: up ## Run the outbox benchmarks: ratios against same-run baselines (BENCHMARKS.md; BENCH=regex)

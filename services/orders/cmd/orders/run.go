@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"fmt"
 	"io"
 	"net/http"
 	"time"
@@ -11,6 +12,7 @@ import (
 	"github.com/onceflow/onceflow/pkg/outbox"
 	"github.com/onceflow/onceflow/pkg/outbox/outboxhttp"
 	"github.com/onceflow/onceflow/pkg/platform/config"
+	"github.com/onceflow/onceflow/pkg/platform/crash"
 	"github.com/onceflow/onceflow/pkg/platform/kafkautil"
 	"github.com/onceflow/onceflow/pkg/platform/lifecycle"
 	"github.com/onceflow/onceflow/pkg/platform/pgutil"
@@ -47,6 +49,17 @@ type Config struct {
 	// Tracing is OTEL_TRACES_EXPORTER and the other OpenTelemetry variables
 	// (see package tracing).
 	Tracing tracing.Config
+	// PublishMode is outbox (the order and its event commit together, the
+	// relay publishes) or naive (commit, then produce directly: the dual
+	// write). naive exists only so the fault-injection harness can show it
+	// losing events; never run it otherwise.
+	PublishMode string `env:"PUBLISH_MODE" envDefault:"outbox"`
+	// CrashPoint arms a crash point for fault injection (orders.after-write
+	// or outbox.after-ack): the process SIGKILLs itself the CrashAfter-th
+	// time it gets there. "none" arms nothing.
+	CrashPoint string `env:"CRASH_POINT" envDefault:"none"`
+	// CrashAfter is which pass of CrashPoint kills the process (1 = the first).
+	CrashAfter int `env:"CRASH_AFTER" envDefault:"1"`
 }
 
 func run(ctx context.Context, _ []string, getenv func(string) string, stdout io.Writer) error {
@@ -66,6 +79,21 @@ func run(ctx context.Context, _ []string, getenv func(string) string, stdout io.
 		return err
 	}
 	defer svc.Close()
+	crashPoint, err := crash.Point(cfg.CrashPoint, cfg.CrashAfter, svc.Logger, orders.CrashAfterWrite, outbox.CrashAfterAck)
+	if err != nil {
+		return err
+	}
+	opts := orders.Options{CrashPoint: crashPoint}
+	switch cfg.PublishMode {
+	case "outbox":
+	case "naive":
+		svc.Logger.Warn("PUBLISH_MODE=naive: orders are published by a dual write, without the outbox; for the fault-injection harness only")
+		naive := kafkautil.NewWriter(cfg.KafkaBrokers, 1)
+		defer naive.Close()
+		opts.NaivePublisher, opts.NaiveTopic = naive, cfg.OrdersTopic
+	default:
+		return fmt.Errorf("PUBLISH_MODE must be outbox or naive, got %q", cfg.PublishMode)
+	}
 
 	metrics := outbox.NewMetrics(svc.Registry)
 	relayStage := lifecycle.Stage{Name: "outbox backlog gauges", Run: func(ctx context.Context) error {
@@ -75,9 +103,10 @@ func run(ctx context.Context, _ []string, getenv func(string) string, stdout io.
 		writer := kafkautil.NewWriter(cfg.KafkaBrokers, 500)
 		defer writer.Close()
 		relay, err := outbox.NewRelay(svc.Pool, writer, outbox.RelayConfig{
-			Topic:   func(string) string { return cfg.OrdersTopic },
-			Logger:  svc.Logger,
-			Metrics: metrics,
+			Topic:      func(string) string { return cfg.OrdersTopic },
+			Logger:     svc.Logger,
+			Metrics:    metrics,
+			CrashPoint: crashPoint,
 		})
 		if err != nil {
 			return err
@@ -95,7 +124,7 @@ func run(ctx context.Context, _ []string, getenv func(string) string, stdout io.
 	}
 	// Operators list, requeue and replay outbox events here (see outboxhttp).
 	svc.HTTP.Any("/admin/outbox/*", echo.WrapHandler(http.StripPrefix("/admin/outbox", outboxhttp.Handler(svc.Pool))))
-	orders.Routes(svc.HTTP, orders.NewService(svc.Pool, nil).WithMetrics(orders.NewMetrics(svc.Registry)))
+	orders.Routes(svc.HTTP, orders.New(svc.Pool, opts).WithMetrics(orders.NewMetrics(svc.Registry)))
 	return svc.Run(ctx,
 		relayStage,
 		lifecycle.Stage{Name: "outbox pruner", Run: pruner.Run},
