@@ -1,0 +1,90 @@
+// Smoke: a few seconds of load with every check on, run by `make test`
+// (loadtest/rig/smoke_test.go). Besides orders it redelivers published
+// events (duplicates) and sends poison messages through the extension, and
+// the thresholds require that billing absorbed and dead-lettered them while
+// every order still settled exactly once.
+//
+//   bin/k6 run loadtest/k6/smoke.js
+import { check, sleep } from 'k6';
+import { Counter } from 'k6/metrics';
+import { audit, env, invariantThresholds, metricValue, placeOrder, platform, probe, probeScenario, report, seconds, setupRun, summarize, summaryTrendStats } from './lib.js';
+
+const rate = Number(__ENV.RATE || 20);
+const duration = __ENV.DURATION || '5s';
+const poison = 3;
+const duplicates = 20;
+
+const absorbed = new Counter('duplicates_absorbed');
+const deadLettered = new Counter('poison_dead_lettered');
+
+export const options = {
+  scenarios: {
+    orders: {
+      executor: 'constant-arrival-rate',
+      rate,
+      timeUnit: '1s',
+      duration,
+      preAllocatedVUs: 5,
+      maxVUs: 20,
+      exec: 'order',
+    },
+    probe: probeScenario(duration),
+  },
+  thresholds: Object.assign({
+    settle_lag: ['p(99)<10000'],
+    order_errors: ['count==0'],
+    // Billing counted every redelivery as a duplicate and dead-lettered
+    // every poison message (teardown adds what its metrics say).
+    duplicates_absorbed: [`count>=${duplicates}`],
+    poison_dead_lettered: [`count>=${poison}`],
+    checks: ['rate==1'],
+  }, invariantThresholds),
+  summaryTrendStats,
+  setupTimeout: '30s',
+  teardownTimeout: '3m',
+};
+
+export function setup() {
+  const d = setupRun();
+  d.duplicatesBefore = metricValue(env.billingURL, 'inbox_duplicates_total');
+  d.deadBefore = metricValue(env.billingURL, 'inbox_dead_lettered_total');
+  return d;
+}
+
+export function order() {
+  placeOrder();
+}
+
+export function probeLoop() {
+  probe();
+}
+
+export function teardown(data) {
+  // Redeliver some published events and send poison, then wait until
+  // billing's metrics show it absorbed and dead-lettered them.
+  check(platform.duplicate(duplicates), { 'redelivered as many events as asked': (n) => n === duplicates });
+  check(platform.poison(poison), { 'sent the poison messages': (n) => n === poison });
+  let dups = 0;
+  let dead = 0;
+  const deadline = Date.now() + 60000;
+  while (Date.now() < deadline) {
+    dups = metricValue(env.billingURL, 'inbox_duplicates_total') - data.duplicatesBefore;
+    dead = metricValue(env.billingURL, 'inbox_dead_lettered_total') - data.deadBefore;
+    if (dups >= duplicates && dead >= poison) {
+      break;
+    }
+    sleep(0.2);
+  }
+  absorbed.add(dups);
+  deadLettered.add(dead);
+  // Every order settled exactly once, the redeliveries included.
+  audit(data);
+}
+
+export function handleSummary(data) {
+  return summarize(report(data, 'smoke', seconds(duration), {
+    offeredRate: rate,
+    duplicatesAbsorbed: data.metrics.duplicates_absorbed ? data.metrics.duplicates_absorbed.values.count : 0,
+    poisonDeadLettered: data.metrics.poison_dead_lettered ? data.metrics.poison_dead_lettered.values.count : 0,
+  }));
+}
