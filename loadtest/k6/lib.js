@@ -44,7 +44,8 @@ export const metrics = {
   thirdPartyDuplicates: new Counter('third_party_duplicates'),
   backlogOrders: new Gauge('outbox_backlog_orders'),
   backlogBilling: new Gauge('outbox_backlog_billing'),
-  pending: new Gauge('orders_unsettled'),
+  // A trend, not a gauge: thresholds can then bound its max (the soak does).
+  pending: new Trend('orders_unsettled'),
 };
 
 // The invariants: every run fails on a lost or a duplicated settlement.
@@ -119,9 +120,10 @@ function thirdPartyDuplicates() {
   return res.json().duplicates;
 }
 
-// setup remembers the third party's duplicate count before the load.
+// setup remembers the third party's duplicate count before the load, and
+// when the load starts (within the milliseconds k6 takes to begin it).
 export function setupRun() {
-  return { thirdPartyDuplicates: thirdPartyDuplicates() };
+  return { thirdPartyDuplicates: thirdPartyDuplicates(), startedAt: Date.now() };
 }
 
 // audit, for teardown: wait for the last settlements, then count lost and

@@ -36,6 +36,16 @@ func (c *Client) Track(id, createdAt string) error {
 	return nil
 }
 
+// Unsettled is how many tracked orders the last poll had not yet seen
+// settle. It reads memory only, so load VUs may call it every iteration
+// (the ramp does, to stop piling up a backlog past its knee).
+func (c *Client) Unsettled() int {
+	t := c.shared.tracker
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return len(t.pending)
+}
+
 // Settled is what poll returns: the orders that settled since the last
 // poll, as parallel arrays (lag and placement time in milliseconds, the
 // latter since the Unix epoch), and how many tracked orders still wait.

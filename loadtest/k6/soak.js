@@ -1,0 +1,57 @@
+// Soak: a steady rate for a long time, to show what only time reveals:
+// growing backlogs, slowing queries as tables grow, leaks. SOAK_RATE orders/s
+// (default 200) for SOAK_DURATION (default 30m).
+//
+//   bin/k6 run -e SOAK_DURATION=2h -e SOAK_RATE=300 loadtest/k6/soak.js
+//
+// Besides the invariants it fails when the unsettled orders ever exceed
+// MAX_BACKLOG_SECONDS (default 30) of load, or when lag p99 exceeds
+// LAG_P99_MS (default 1000): a soak at a rate the platform cannot hold
+// says nothing about time.
+import { audit, invariantThresholds, placeOrder, probe, probeScenario, report, seconds, setupRun, summarize, summaryTrendStats } from './lib.js';
+
+const rate = Number(__ENV.SOAK_RATE || 200);
+const duration = __ENV.SOAK_DURATION || '30m';
+const maxBacklogSeconds = Number(__ENV.MAX_BACKLOG_SECONDS || 30);
+
+export const options = {
+  scenarios: {
+    orders: {
+      executor: 'constant-arrival-rate',
+      rate,
+      timeUnit: '1s',
+      duration,
+      preAllocatedVUs: Math.max(10, Math.ceil(rate / 20)),
+      maxVUs: Math.max(50, rate),
+      exec: 'order',
+    },
+    probe: probeScenario(duration),
+  },
+  thresholds: Object.assign({
+    settle_lag: [`p(99)<=${Number(__ENV.LAG_P99_MS || 1000)}`],
+    orders_unsettled: [`max<=${rate * maxBacklogSeconds}`],
+  }, invariantThresholds),
+  summaryTrendStats,
+  setupTimeout: '30s',
+  teardownTimeout: '10m',
+};
+
+export function setup() {
+  return setupRun();
+}
+
+export function order() {
+  placeOrder();
+}
+
+export function probeLoop() {
+  probe();
+}
+
+export function teardown(data) {
+  audit(data);
+}
+
+export function handleSummary(data) {
+  return summarize(report(data, 'soak', seconds(duration), { offeredRate: rate }));
+}
