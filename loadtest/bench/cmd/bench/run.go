@@ -19,7 +19,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/onceflow/onceflow/loadtest/rig"
+	"github.com/onceflow/onceflow/loadtest/bench/rig"
 )
 
 type options struct {

@@ -7,7 +7,7 @@
 //
 // Usage (from the repository root, after `make up` and `make k6`):
 //
-//	go run ./loadtest/cmd/bench [-only write,drain,consume,modes,ramp,spike,soak]
+//	go run ./loadtest/bench/cmd/bench [-only write,drain,consume,modes,ramp,spike,soak]
 //
 // See loadtest/README.md for every flag and what each number means.
 package main

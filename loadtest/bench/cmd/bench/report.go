@@ -6,7 +6,7 @@ import (
 	"os"
 	"strings"
 
-	"github.com/onceflow/onceflow/loadtest/rig"
+	"github.com/onceflow/onceflow/loadtest/bench/rig"
 )
 
 func f0(v float64) string { return commas(fmt.Sprintf("%.0f", v)) }

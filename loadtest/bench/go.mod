@@ -1,8 +1,8 @@
-module github.com/onceflow/onceflow/loadtest
+module github.com/onceflow/onceflow/loadtest/bench
 
 go 1.26
 
-replace github.com/onceflow/onceflow/pkg/platform => ../pkg/platform
+replace github.com/onceflow/onceflow/pkg/platform => ../../pkg/platform
 
 require (
 	github.com/jackc/pgx/v5 v5.7.5
