@@ -135,7 +135,7 @@ func markdown(res Results, o options, table string) string {
 	var b bytes.Buffer
 	m := res.Machine
 	fmt.Fprintf(&b, "%s\n## `make bench`: the latest run (generated)\n\n", beginMarker)
-	fmt.Fprintf(&b, "Written by `make bench` (loadtest/cmd/bench) on %s in %.1f minutes; everything between the markers is\n", m.Date, res.Seconds/60)
+	fmt.Fprintf(&b, "Written by `make bench` (loadtest/bench/cmd/bench) on %s in %.1f minutes; everything between the markers is\n", m.Date, res.Seconds/60)
 	fmt.Fprintf(&b, "replaced by the next run. Raw numbers: [`%s`](%s); lag over time of the steady run: [`%s`](%s).\n\n", o.jsonOut, o.jsonOut, o.svgOut, o.svgOut)
 	fmt.Fprintf(&b, "Machine: %d CPUs (%s), %.1f GiB, load %s when it started; %s; %s; Kafka %s; `pg_test_fsync` fdatasync %s/s.\n\n",
 		m.CPUs, m.CPUModel, m.MemoryGB, m.Load, m.Go, strings.SplitN(m.Postgres, " on ", 2)[0], m.Kafka, f0(m.FsyncPerSec))
