@@ -33,6 +33,10 @@ set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 STATE="$ROOT/.devstack"
+# A git worktree may link .devstack to the main checkout's, to share one stack:
+# resolve the link, so every checkout names the same files (and the broker's
+# command line, which kafka_pid checks, reads the same in all of them).
+[[ -L $STATE ]] && STATE="$(readlink -f "$STATE")"
 
 PG_PORT="${ONCEFLOW_PG_PORT:-55432}"
 KAFKA_PORT="${ONCEFLOW_KAFKA_PORT:-59092}"
@@ -376,7 +380,9 @@ kafka_pid() {
   pid=$(cat "$KAFKA_PID" 2>/dev/null || true)
   [[ $pid =~ ^[0-9]+$ ]] || return 1
   kill -0 "$pid" 2>/dev/null || return 1
-  tr '\0' ' ' <"/proc/$pid/cmdline" 2>/dev/null | grep -qF "kafka.Kafka $KAFKA_PROPS" || return 1
+  # The pid file lives in the stack's state, so any broker it names is ours,
+  # whichever checkout started it; check only that it is still a broker.
+  tr '\0' ' ' <"/proc/$pid/cmdline" 2>/dev/null | grep -qF "kafka.Kafka " || return 1
   printf '%s\n' "$pid"
 }
 

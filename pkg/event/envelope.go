@@ -10,6 +10,14 @@ import (
 	"github.com/google/uuid"
 )
 
+// NewID returns a new event id: a UUIDv7, so ids created later sort later.
+// The unique indexes on event ids (the outbox's event_id, the inbox's
+// message_id) then grow at their right edge, like a sequence, instead of
+// touching a random page per insert. Use it for any id that is indexed.
+func NewID() uuid.UUID {
+	return uuid.Must(uuid.NewV7())
+}
+
 // Envelope is the metadata and payload of one event.
 type Envelope struct {
 	// EventID identifies the event; consumers dedupe on it. It survives

@@ -1,6 +1,7 @@
 package event_test
 
 import (
+	"bytes"
 	"errors"
 	"strings"
 	"testing"
@@ -123,5 +124,19 @@ func TestDecodePayload(t *testing.T) {
 	e.Payload = []byte(`{"orderId":5}`)
 	if err := e.DecodePayload(&p); !errors.Is(err, event.ErrInvalid) {
 		t.Fatalf("err = %v, want ErrInvalid for a field of the wrong type", err)
+	}
+}
+
+func TestNewIDsSortInCreationOrder(t *testing.T) {
+	prev := event.NewID()
+	for range 1000 {
+		id := event.NewID()
+		if id.Version() != 7 {
+			t.Fatalf("NewID returned a version %d UUID, want 7", id.Version())
+		}
+		if bytes.Compare(id[:], prev[:]) <= 0 {
+			t.Fatalf("id %s does not sort after the one created before it, %s", id, prev)
+		}
+		prev = id
 	}
 }

@@ -343,10 +343,15 @@ func (c *Consumer) committed(ctx context.Context, msgs []kafka.Message, offsets 
 	return nil
 }
 
-// tryBatch handles batch in one transaction, a savepoint per message. It
-// returns how many messages it settled (handled, skipped or dead-lettered)
-// before the first one that failed transiently; those are committed.
+// tryBatch handles batch in one transaction. It first tries the fast path
+// (fastBatch); when that cannot settle the whole batch, it handles the batch
+// again with a savepoint per message, and returns how many messages it
+// settled (handled, skipped or dead-lettered) before the first one that
+// failed transiently; those are committed.
 func (c *Consumer) tryBatch(ctx context.Context, batch []kafka.Message) (int, error) {
+	if len(batch) > 1 && c.fastBatch(ctx, batch) {
+		return len(batch), nil
+	}
 	start := time.Now()
 	tx, err := c.pool.Begin(ctx)
 	if err != nil {
@@ -398,6 +403,219 @@ func (c *Consumer) processAlone(ctx context.Context, m kafka.Message) error {
 			return ctx.Err()
 		}
 	}
+}
+
+// fastBatch settles a whole batch in one transaction with set-based inbox
+// work: one INSERT for every message's inbox row, one locked read and one
+// upsert for the version guard, then the handlers one after another without
+// savepoints. It is all or nothing: if any message is undecodable, needs an
+// upcaster that fails, finds a version gap under GapRetry, or its handler
+// fails, the transaction is rolled back and fastBatch returns false, and the
+// caller takes the savepoint path, which settles each message on its own
+// (retry, dead letter). Handlers run in a transaction that may roll back, as
+// they always may.
+func (c *Consumer) fastBatch(ctx context.Context, batch []kafka.Message) bool {
+	start := time.Now()
+	evs := make([]event.Envelope, len(batch))
+	for i, m := range batch {
+		ev, err := event.FromKafka(m)
+		if err != nil {
+			return false
+		}
+		evs[i] = ev
+	}
+	tx, err := c.pool.Begin(ctx)
+	if err != nil {
+		return false
+	}
+	defer tx.Rollback(context.Background()) //nolint:errcheck // no-op after commit
+
+	fresh, err := c.insertBatch(ctx, tx, batch, evs)
+	if err != nil {
+		c.fastPathFailed(ctx, "recording in inbox", err)
+		return false
+	}
+	outs := make([]outcome, len(batch))
+	seen := make(map[uuid.UUID]bool, len(batch))
+	for i, ev := range evs {
+		if !fresh[ev.EventID] || seen[ev.EventID] {
+			outs[i] = duplicate
+		}
+		seen[ev.EventID] = true
+	}
+	var notes []func()
+	if !c.cfg.DisableVersionGuard {
+		if notes, err = c.guardBatch(ctx, tx, evs, outs); err != nil {
+			c.fastPathFailed(ctx, "checking aggregate versions", err)
+			return false
+		}
+	}
+	var counts [4]int
+	for i := range evs {
+		counts[outs[i]]++
+		if outs[i] != processed {
+			continue
+		}
+		if err := c.invoke(ctx, tx, &evs[i]); err != nil {
+			c.fastPathFailed(ctx, "handling "+evs[i].EventID.String(), err)
+			return false
+		}
+	}
+	if err := tx.Commit(ctx); err != nil {
+		c.fastPathFailed(ctx, "committing", err)
+		return false
+	}
+	for _, note := range notes {
+		note()
+	}
+	if counts[duplicate] > 0 {
+		c.cfg.Logger.DebugContext(ctx, "inbox duplicates", slog.String("consumer", c.cfg.Name), slog.Int("count", counts[duplicate]))
+	}
+	c.cfg.Metrics.record(c.cfg.Name, counts, len(batch), time.Since(start))
+	return true
+}
+
+func (c *Consumer) fastPathFailed(ctx context.Context, step string, err error) {
+	c.cfg.Logger.DebugContext(ctx, "inbox batch falls back to one savepoint per message",
+		slog.String("consumer", c.cfg.Name), slog.String("step", step), slog.Any("error", err))
+}
+
+const insertProcessedBatch = `
+INSERT INTO inbox_messages (consumer, message_id, event_type, aggregate_id, aggregate_version,
+                            topic, kafka_partition, kafka_offset, status, payload_hash, processed_at)
+SELECT $1, m.id, m.event_type, m.aggregate_id, m.aggregate_version, m.topic, m.kafka_partition,
+       m.kafka_offset, 'processed', sha256(m.payload), now()
+FROM unnest($2::uuid[], $3::text[], $4::text[], $5::bigint[], $6::text[], $7::int[], $8::bigint[], $9::bytea[])
+     AS m(id, event_type, aggregate_id, aggregate_version, topic, kafka_partition, kafka_offset, payload)
+ON CONFLICT (consumer, message_id) DO NOTHING
+RETURNING message_id`
+
+// insertBatch records every message in the inbox in one statement and
+// returns the ids that were new (a redelivered id finds its row and is not
+// returned; within the batch, the first occurrence is the one inserted).
+func (c *Consumer) insertBatch(ctx context.Context, tx pgx.Tx, batch []kafka.Message, evs []event.Envelope) (map[uuid.UUID]bool, error) {
+	n := len(batch)
+	ids, types, aggs, versions := make([]uuid.UUID, n), make([]string, n), make([]string, n), make([]int64, n)
+	topics, partitions, offsets, payloads := make([]string, n), make([]int32, n), make([]int64, n), make([][]byte, n)
+	for i, m := range batch {
+		ev := evs[i]
+		ids[i], types[i], aggs[i], versions[i] = ev.EventID, ev.EventType, ev.AggregateID, ev.AggregateVersion
+		topics[i], partitions[i], offsets[i], payloads[i] = m.Topic, int32(m.Partition), m.Offset, []byte(ev.Payload)
+	}
+	rows, err := tx.Query(ctx, insertProcessedBatch, c.cfg.Name, ids, types, aggs, versions, topics, partitions, offsets, payloads)
+	if err != nil {
+		return nil, err
+	}
+	inserted, err := pgx.CollectRows(rows, pgx.RowTo[uuid.UUID])
+	if err != nil {
+		return nil, err
+	}
+	fresh := make(map[uuid.UUID]bool, len(inserted))
+	for _, id := range inserted {
+		fresh[id] = true
+	}
+	return fresh, nil
+}
+
+type aggregateKey struct{ typ, id string }
+
+const lockVersions = `
+SELECT v.aggregate_type, v.aggregate_id, v.version
+FROM inbox_aggregate_versions v
+JOIN unnest($2::text[], $3::text[]) AS a(aggregate_type, aggregate_id)
+  ON v.aggregate_type = a.aggregate_type AND v.aggregate_id = a.aggregate_id
+WHERE v.consumer = $1
+FOR UPDATE OF v`
+
+const advanceVersions = `
+INSERT INTO inbox_aggregate_versions (consumer, aggregate_type, aggregate_id, version)
+SELECT $1, a.aggregate_type, a.aggregate_id, a.version
+FROM unnest($2::text[], $3::text[], $4::bigint[]) AS a(aggregate_type, aggregate_id, version)
+ON CONFLICT (consumer, aggregate_type, aggregate_id) DO UPDATE
+SET version = EXCLUDED.version, updated_at = now()
+WHERE inbox_aggregate_versions.version < EXCLUDED.version`
+
+// guardBatch is guardVersion for a batch: it marks stale messages in outs
+// (and in the inbox), advances each aggregate's version once, and returns
+// the log lines and gap counts to emit once the transaction commits. A gap
+// under GapRetry is an error: the savepoint path retries that message.
+func (c *Consumer) guardBatch(ctx context.Context, tx pgx.Tx, evs []event.Envelope, outs []outcome) ([]func(), error) {
+	var keys []aggregateKey
+	want := map[aggregateKey]bool{}
+	for i, ev := range evs {
+		k := aggregateKey{ev.AggregateType, ev.AggregateID}
+		if outs[i] == processed && !want[k] {
+			want[k] = true
+			keys = append(keys, k)
+		}
+	}
+	if len(keys) == 0 {
+		return nil, nil
+	}
+	typs, ids := make([]string, len(keys)), make([]string, len(keys))
+	for i, k := range keys {
+		typs[i], ids[i] = k.typ, k.id
+	}
+	rows, err := tx.Query(ctx, lockVersions, c.cfg.Name, typs, ids)
+	if err != nil {
+		return nil, err
+	}
+	applied := map[aggregateKey]int64{}
+	var k aggregateKey
+	var v int64
+	if _, err := pgx.ForEachRow(rows, []any{&k.typ, &k.id, &v}, func() error { applied[k] = v; return nil }); err != nil {
+		return nil, err
+	}
+
+	var notes []func()
+	var staleIDs []uuid.UUID
+	for i, ev := range evs {
+		if outs[i] != processed {
+			continue
+		}
+		k := aggregateKey{ev.AggregateType, ev.AggregateID}
+		prev, known := applied[k]
+		switch {
+		case !known || ev.AggregateVersion == prev+1:
+		case ev.AggregateVersion <= prev:
+			outs[i] = stale
+			staleIDs = append(staleIDs, ev.EventID)
+			notes = append(notes, func() {
+				c.cfg.Logger.InfoContext(ctx, "inbox skipped a stale event", slog.String("consumer", c.cfg.Name),
+					slog.String("event_id", ev.EventID.String()), slog.String("aggregate_id", ev.AggregateID),
+					slog.Int64("version", ev.AggregateVersion), slog.Int64("applied_version", prev))
+			})
+			continue
+		default: // a gap
+			if c.cfg.Gaps == GapRetry {
+				return nil, fmt.Errorf("aggregate %s: version %d follows %d", ev.AggregateID, ev.AggregateVersion, prev)
+			}
+			notes = append(notes, func() {
+				c.cfg.Metrics.gaps.WithLabelValues(c.cfg.Name).Inc()
+				c.cfg.Logger.WarnContext(ctx, "inbox sees a version gap", slog.String("consumer", c.cfg.Name),
+					slog.String("event_id", ev.EventID.String()), slog.String("aggregate_id", ev.AggregateID),
+					slog.Int64("version", ev.AggregateVersion), slog.Int64("applied_version", prev))
+			})
+		}
+		applied[k] = ev.AggregateVersion
+	}
+	for i, k := range keys {
+		typs[i], ids[i] = k.typ, k.id
+	}
+	versions := make([]int64, len(keys))
+	for i, k := range keys {
+		versions[i] = applied[k]
+	}
+	if _, err := tx.Exec(ctx, advanceVersions, c.cfg.Name, typs, ids, versions); err != nil {
+		return nil, err
+	}
+	if len(staleIDs) > 0 {
+		if _, err := tx.Exec(ctx, `UPDATE inbox_messages SET status = 'stale' WHERE consumer = $1 AND message_id = ANY($2)`,
+			c.cfg.Name, staleIDs); err != nil {
+			return nil, err
+		}
+	}
+	return notes, nil
 }
 
 const insertProcessed = `
@@ -462,13 +680,18 @@ func (c *Consumer) apply(ctx context.Context, tx pgx.Tx, m kafka.Message, ev *ev
 			return stale, err
 		}
 	}
-	if err := c.upcast(ev); err != nil {
-		return 0, err
-	}
-	if err := c.handle(ctx, tx, *ev); err != nil {
+	if err := c.invoke(ctx, tx, ev); err != nil {
 		return 0, err
 	}
 	return processed, nil
+}
+
+// invoke upcasts ev and runs the handler in tx.
+func (c *Consumer) invoke(ctx context.Context, tx pgx.Tx, ev *event.Envelope) error {
+	if err := c.upcast(ev); err != nil {
+		return err
+	}
+	return c.handle(ctx, tx, *ev)
 }
 
 // advanceVersion moves the consumer's high-water version of the aggregate

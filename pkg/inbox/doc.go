@@ -27,8 +27,15 @@
 //     more than one is a gap, reported, and handled or waited for as the
 //     GapPolicy says.
 //   - Throughput: a worker handles up to BatchSize messages in one
-//     transaction, a savepoint each, so one bad message does not undo the
-//     others; a transiently failing one is retried alone with backoff.
+//     transaction. It first tries the whole batch with set-based inbox work
+//     (one INSERT for every message's inbox row, one read and one upsert for
+//     the version guard) and the handlers without savepoints: about two round
+//     trips per message besides the handler's own. If anything in the batch
+//     fails, that transaction is rolled back and the batch is handled again
+//     with a savepoint per message, so one bad message does not undo the
+//     others; a transiently failing one is retried alone with backoff. A
+//     handler must therefore expect to run again after a rollback, as it
+//     always must in a transaction.
 //   - Nothing is dropped silently and nothing retries forever: an
 //     undecodable message, an invalid or unknown-version event (an error
 //     wrapping ErrPermanent or event.ErrInvalid), or one still failing after

@@ -54,25 +54,27 @@ import (
 // transaction rates, their ratio (goal ≥ 0.90) and p50/p99 latencies.
 //
 // The sub-benchmarks after the first are knobs: the worker count, and
-// synchronous_commit=off on the benchmark's connections. The two named
-// notify-trigger=off are a diagnosis, not a configuration anyone should run:
-// they disable the outbox's NOTIFY trigger (the relay then only polls) to
-// show what the NOTIFY costs each commit.
+// synchronous_commit=off on the benchmark's connections, and the relay's
+// state. By default no relay waits, as while relays are busy: commits do not
+// notify (migration 0004). relay=waiting registers a sleeping relay, so every
+// commit notifies: the worst case, and what every commit cost before 0004.
+// notify-trigger=off is a diagnosis, not a configuration anyone should run:
+// it disables the trigger altogether, to show what its check costs.
 func BenchmarkEnqueueOverhead(b *testing.B) {
 	for _, c := range []struct {
 		name       string
 		workers    int
 		syncCommit string
-		noNotify   bool
+		relay      string // "" (none waiting), "waiting", "trigger-off"
 	}{
-		{"workers=8", 8, "on", false},
-		{"workers=1", 1, "on", false},
-		{"workers=32", 32, "on", false},
-		{"workers=8/synchronous_commit=off", 8, "off", false},
-		{"workers=8/notify-trigger=off", 8, "on", true},
-		{"workers=8/synchronous_commit=off/notify-trigger=off", 8, "off", true},
+		{"workers=8", 8, "on", ""},
+		{"workers=1", 1, "on", ""},
+		{"workers=32", 32, "on", ""},
+		{"workers=8/synchronous_commit=off", 8, "off", ""},
+		{"workers=8/relay=waiting", 8, "on", "waiting"},
+		{"workers=8/notify-trigger=off", 8, "on", "trigger-off"},
 	} {
-		b.Run(c.name, func(b *testing.B) { benchEnqueueOverhead(b, c.workers, c.syncCommit, c.noNotify) })
+		b.Run(c.name, func(b *testing.B) { benchEnqueueOverhead(b, c.workers, c.syncCommit, c.relay) })
 	}
 }
 
@@ -92,12 +94,17 @@ CREATE TABLE bench_orders (
 	insertBenchOrder = `INSERT INTO bench_orders (id, customer_id, amount_cents, status) VALUES ($1, $2, $3, 'placed')`
 )
 
-func benchEnqueueOverhead(b *testing.B, workers int, syncCommit string, noNotify bool) {
+func benchEnqueueOverhead(b *testing.B, workers int, syncCommit, relay string) {
 	ctx := context.Background()
 	pool := benchPool(b, testinfra.NewDatabase(b), int32(workers)+1, syncCommit, nil) // +1: the wait sampler
 	benchMigrate(b, pool)
-	if noNotify {
+	switch relay {
+	case "trigger-off":
 		if _, err := pool.Exec(ctx, "ALTER TABLE outbox_events DISABLE TRIGGER outbox_events_notify"); err != nil {
+			b.Fatal(err)
+		}
+	case "waiting":
+		if _, err := pool.Exec(ctx, "INSERT INTO outbox_relays (id, waiting) VALUES ('bench-sleeper', true)"); err != nil {
 			b.Fatal(err)
 		}
 	}
@@ -110,11 +117,11 @@ func benchEnqueueOverhead(b *testing.B, workers int, syncCommit string, noNotify
 		return err
 	}
 	bare := func(ctx context.Context, n int) error {
-		return pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error { return placeOrder(ctx, tx, uuid.New(), n) })
+		return pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error { return placeOrder(ctx, tx, event.NewID(), n) })
 	}
 	withOutbox := func(ctx context.Context, n int) error {
 		return pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
-			id := uuid.New()
+			id := event.NewID()
 			if err := placeOrder(ctx, tx, id, n); err != nil {
 				return err
 			}
@@ -1045,7 +1052,7 @@ func benchOrderPlaced(orderID string, version int64, n int) event.Envelope {
 		"amountCents": 1000 + n%5000, "currency": "EUR",
 	})
 	return event.Envelope{
-		EventID:          uuid.New(),
+		EventID:          event.NewID(),
 		EventType:        "OrderPlaced",
 		EventVersion:     1,
 		AggregateType:    "order",

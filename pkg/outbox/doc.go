@@ -36,6 +36,13 @@
 //     and jitter; after MaxAttempts the row is marked dead, counted and
 //     logged, and never retried silently.
 //
+// Latency without busy polling: a relay claims batch after batch while there
+// is work. When a claim finds nothing it arms a wake-up (outbox_relays.waiting)
+// and sleeps on LISTEN; writers' commits NOTIFY only while some relay is
+// armed, because NOTIFY serializes commits cluster-wide (migration 0004
+// explains the fence that keeps a commit from slipping past an arming relay).
+// PollInterval is only the fallback for a lost notification.
+//
 // Knobs and their defaults are documented on RelayConfig; metrics on
 // NewMetrics. The relay's crash points (CrashAfterAck) let a fault-injection
 // harness kill it at the worst moment.

@@ -12,6 +12,7 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/segmentio/kafka-go"
 
@@ -25,8 +26,8 @@ type Writer interface {
 	WriteMessages(ctx context.Context, msgs ...kafka.Message) error
 }
 
-// notifyChannel is where the insert trigger (migration 0001) and the
-// operator functions wake the relays.
+// notifyChannel is where the insert trigger (migrations 0001 and 0004) and
+// the operator functions wake the relays.
 const notifyChannel = "outbox_events"
 
 // wakeRelays is run by operator functions that make rows due without
@@ -149,9 +150,10 @@ func NewRelay(pool *pgxpool.Pool, w Writer, cfg RelayConfig) (*Relay, error) {
 	}, nil
 }
 
-// Run relays until ctx ends. It publishes whenever a transaction that wrote
-// outbox rows commits (LISTEN/NOTIFY) and, as a fallback, every
-// PollInterval, for the partitions it owns.
+// Run relays until ctx ends. It claims batch after batch while there is
+// work; when a claim finds nothing it arms a wake-up (see arm) and sleeps
+// until a transaction that wrote outbox rows commits (LISTEN/NOTIFY) or, as
+// a fallback, PollInterval passes, for the partitions it owns.
 func (r *Relay) Run(ctx context.Context) error {
 	defer r.owner.leave()
 	wake := make(chan struct{}, 1)
@@ -164,6 +166,7 @@ func (r *Relay) Run(ctx context.Context) error {
 	defer rebalance.Stop()
 	poll := time.NewTimer(0)
 	defer poll.Stop()
+	armed := false
 	for {
 		select {
 		case <-ctx.Done():
@@ -173,8 +176,11 @@ func (r *Relay) Run(ctx context.Context) error {
 			continue
 		case <-wake:
 		case <-poll.C:
+			// Re-arm on every poll: a registration that expired and was
+			// re-created by the heartbeat starts unarmed.
+			armed = false
 		}
-		r.drain(ctx)
+		armed = r.drain(ctx, armed)
 		poll.Reset(r.cfg.PollInterval)
 	}
 }
@@ -183,20 +189,69 @@ func (r *Relay) Run(ctx context.Context) error {
 // RelayBatch; Run does this itself when it returns.
 func (r *Relay) Close() { r.owner.leave() }
 
-// drain relays batches until one comes back short.
-func (r *Relay) drain(ctx context.Context) {
+// drain relays batches until a claim finds nothing while the relay is armed,
+// and reports whether it is armed. A busy relay disarms, so writers stop
+// notifying while it would claim their rows anyway.
+func (r *Relay) drain(ctx context.Context, armed bool) bool {
 	for ctx.Err() == nil {
 		n, err := r.RelayBatch(ctx)
 		if err != nil {
 			if ctx.Err() == nil {
 				r.cfg.Logger.ErrorContext(ctx, "outbox relay batch failed", slog.Any("error", err))
 			}
-			return
+			return armed // the poll retries
 		}
-		if n < r.cfg.BatchSize {
-			return
+		switch {
+		case n > 0 && armed:
+			armed = !r.setWaiting(ctx, false)
+		case n == 0 && armed:
+			return true
+		case n == 0:
+			// Arm, then claim once more: rows committed before the fence
+			// would not have notified.
+			if armed = r.setWaiting(ctx, true); !armed {
+				return false
+			}
 		}
 	}
+	return armed
+}
+
+// wakeFenceKey is the advisory lock (class advisoryLockClass) that orders
+// arming against writers checking whether to notify; migration 0004 takes it
+// shared in the insert trigger.
+const wakeFenceKey = -1
+
+// arm marks this relay as waiting, so writers notify on commit. Taking the
+// fence exclusively waits for every writer that checked the flag before it
+// was set: their rows are committed before the claim that follows arming.
+const arm = `
+WITH fence AS (SELECT pg_advisory_xact_lock($2::int, $3::int))
+UPDATE outbox_relays SET waiting = true FROM fence WHERE id = $1`
+
+const disarm = `UPDATE outbox_relays SET waiting = false WHERE id = $1 AND waiting`
+
+// setWaiting arms (true) or disarms (false) commit notifications for this
+// relay and reports whether it changed the flag. A relay that is not
+// registered cannot arm; it relies on the poll until its next heartbeat.
+func (r *Relay) setWaiting(ctx context.Context, waiting bool) bool {
+	var (
+		tag pgconn.CommandTag
+		err error
+	)
+	if waiting {
+		tag, err = r.pool.Exec(ctx, arm, r.cfg.ID, advisoryLockClass, wakeFenceKey)
+	} else {
+		tag, err = r.pool.Exec(ctx, disarm, r.cfg.ID)
+	}
+	if err != nil {
+		if ctx.Err() == nil {
+			r.cfg.Logger.WarnContext(ctx, "outbox relay could not change its wake-up flag; polling",
+				slog.Bool("waiting", waiting), slog.Any("error", err))
+		}
+		return false
+	}
+	return tag.RowsAffected() == 1
 }
 
 func (r *Relay) rebalance(ctx context.Context) {

@@ -132,7 +132,7 @@ func unknownVersion(ev event.Envelope) error {
 
 func (b *Billing) capture(ctx context.Context, tx pgx.Tx, cause event.Envelope, p orderPlaced) error {
 	now := b.now().UTC()
-	paymentID := uuid.New()
+	paymentID := event.NewID()
 	tag, err := tx.Exec(ctx, `
 		INSERT INTO charges (order_id, payment_id, customer_id, amount_cents, currency, status, version, captured_at)
 		VALUES ($1, $2, $3, $4, $5, $6, 1, $7)
@@ -183,7 +183,7 @@ func (b *Billing) emit(ctx context.Context, tx pgx.Tx, cause event.Envelope, eve
 		return fmt.Errorf("encoding %s: %w", eventType, err)
 	}
 	return outbox.Enqueue(ctx, tx, event.Envelope{
-		EventID:          uuid.New(),
+		EventID:          event.NewID(),
 		EventType:        eventType,
 		EventVersion:     1,
 		AggregateType:    AggregateType,

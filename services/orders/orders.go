@@ -125,7 +125,7 @@ func (s *Service) Place(ctx context.Context, req PlaceRequest, idempotencyKey st
 	reqHash := requestHash(req)
 	err = pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
 		now := s.now().UTC()
-		o = Order{ID: uuid.New(), CustomerID: req.CustomerID, AmountCents: req.AmountCents, Currency: req.Currency,
+		o = Order{ID: event.NewID(), CustomerID: req.CustomerID, AmountCents: req.AmountCents, Currency: req.Currency,
 			Status: StatusPlaced, Version: 1, CreatedAt: now, UpdatedAt: now}
 		if _, err := tx.Exec(ctx, `
 			INSERT INTO orders (id, customer_id, amount_cents, currency, status, version, created_at, updated_at)
@@ -231,7 +231,7 @@ func (s *Service) emit(ctx context.Context, tx pgx.Tx, o Order, eventType string
 		return fmt.Errorf("encoding %s: %w", eventType, err)
 	}
 	return outbox.Enqueue(ctx, tx, event.Envelope{
-		EventID:          uuid.New(),
+		EventID:          event.NewID(),
 		EventType:        eventType,
 		EventVersion:     1,
 		AggregateType:    AggregateType,
