@@ -2,19 +2,24 @@
 # The local dev stack: real PostgreSQL and real Apache Kafka (KRaft) on loopback,
 # without Docker. `make up` / `make down` call this script.
 #
-# Usage: devstack/stack.sh up | down | status | logs [lines] | psql [db] [psql args...]
+# Usage: devstack/stack.sh up | down [postgres|kafka] | status | logs [lines] | psql [db] [psql args...]
 #
 #   up      start both servers (idempotent: when they already run it only re-checks
 #           them), create the databases and topics, return once both answer.
-#   down    stop both servers; data stays for the next `up`.
+#   down    stop both servers (or just the one named); data stays for the next `up`.
 #   status  one line per server.
 #   logs    the tail of both servers' logs (default 40 lines).
 #   psql    open psql on a database (default: postgres), e.g. `stack.sh psql orders`.
 #
 # Settings (environment, with defaults):
+#   ONCEFLOW_STACK_DIR              $ROOT/.devstack  where data, logs and pid files live; a second
+#                                          stack (the proofs harness's, which restarts its servers)
+#                                          runs beside the dev stack with its own dir and ports
 #   ONCEFLOW_PG_PORT                55432  PostgreSQL port on 127.0.0.1
 #   ONCEFLOW_KAFKA_PORT             59092  Kafka client (PLAINTEXT) port on 127.0.0.1
 #   ONCEFLOW_KAFKA_CONTROLLER_PORT  59093  KRaft controller port on 127.0.0.1
+#   ONCEFLOW_KAFKA_ADVERTISED_PORT  (the client port)  the port the broker tells clients to use,
+#                                          e.g. a fault-injecting proxy's in front of it (which must then be up)
 #   ONCEFLOW_TOPIC_PARTITIONS       6      partitions for the topics `up` creates
 #   ONCEFLOW_KAFKA_HEAP             768m   broker max heap (-Xmx), at most 1g: the machine has 2 cores
 #                                          and the services, tests and load tests share it
@@ -32,7 +37,7 @@
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-STATE="$ROOT/.devstack"
+STATE="${ONCEFLOW_STACK_DIR:-$ROOT/.devstack}"
 # A git worktree may link .devstack to the main checkout's, to share one stack:
 # resolve the link, so every checkout names the same files (and the broker's
 # command line, which kafka_pid checks, reads the same in all of them).
@@ -41,6 +46,7 @@ STATE="$ROOT/.devstack"
 PG_PORT="${ONCEFLOW_PG_PORT:-55432}"
 KAFKA_PORT="${ONCEFLOW_KAFKA_PORT:-59092}"
 KAFKA_CONTROLLER_PORT="${ONCEFLOW_KAFKA_CONTROLLER_PORT:-59093}"
+KAFKA_ADVERTISED_PORT="${ONCEFLOW_KAFKA_ADVERTISED_PORT:-$KAFKA_PORT}"
 TOPIC_PARTITIONS="${ONCEFLOW_TOPIC_PARTITIONS:-6}"
 KAFKA_HEAP="${ONCEFLOW_KAFKA_HEAP:-768m}"
 TIMEOUT="${ONCEFLOW_STACK_TIMEOUT:-60}"
@@ -58,7 +64,8 @@ if [[ -L $PG_DIR ]]; then pg_set_dir "$(readlink -f "$PG_DIR")"; else pg_set_dir
 PG_DATABASES=(orders billing shim)
 
 KAFKA_DIR="$STATE/kafka"
-KAFKA_LIBS="$KAFKA_DIR/libs"
+# The jars are a download cache, shared by every stack of this checkout.
+KAFKA_LIBS="$ROOT/.devstack/kafka/libs"
 KAFKA_DATA="$KAFKA_DIR/data"
 KAFKA_PROPS="$KAFKA_DIR/server.properties"
 KAFKA_LOG4J="$KAFKA_DIR/log4j.properties"
@@ -66,7 +73,7 @@ KAFKA_LOG="$KAFKA_DIR/kafka.log"
 KAFKA_PID="$KAFKA_DIR/kafka.pid"
 KAFKA_TOPICS=(orders.events billing.events orders.events.dlt billing.events.dlt)
 
-KAFKACTL="$STATE/bin/kafkactl"
+KAFKACTL="$ROOT/.devstack/bin/kafkactl"
 
 say() { printf '%s\n' "$*"; }
 die() { printf 'stack.sh: %s\n' "$*" >&2; exit 1; }
@@ -107,7 +114,7 @@ apt_install() {
 
 validate_settings() {
   local v
-  for v in PG_PORT KAFKA_PORT KAFKA_CONTROLLER_PORT TOPIC_PARTITIONS TIMEOUT; do
+  for v in PG_PORT KAFKA_PORT KAFKA_CONTROLLER_PORT KAFKA_ADVERTISED_PORT TOPIC_PARTITIONS TIMEOUT; do
     [[ ${!v} =~ ^[0-9]+$ ]] || die "$v must be a number, got '${!v}'"
   done
   # A bigger broker heap only starves the services and the load generator on a 2-core box.
@@ -179,7 +186,9 @@ pg_prepare_dirs() {
         d=$(dirname "$d")
       done
       local alt
-      alt="/var/lib/onceflow/$(printf '%s' "$ROOT" | sha1sum | cut -c1-12)/pg"
+      local key=$ROOT
+      [[ $STATE == "$ROOT/.devstack" ]] || key=$STATE # another stack of this checkout
+      alt="/var/lib/onceflow/$(printf '%s' "$key" | sha1sum | cut -c1-12)/pg"
       say "postgres: the postgres user cannot enter ${blocker:-a parent of $PG_DIR}; keeping the data in $alt (linked from .devstack/pg)"
       rm -rf "$PG_DIR"
       mkdir -p "$alt/data" "$alt/run"
@@ -305,6 +314,7 @@ kafka_fetch_jars() {
   fi
   say "kafka: fetching jars (first run only) …"
   rm -rf "$KAFKA_LIBS" "$KAFKA_LIBS.tmp"
+  mkdir -p "$(dirname "$KAFKA_LIBS")"
   # mvn's output goes to a file (shown on failure): even -q -B prints stray ANSI codes.
   mvn -q -B -f "$ROOT/devstack/pom.xml" dependency:copy-dependencies \
     -DoutputDirectory="$KAFKA_LIBS.tmp" -DincludeScope=runtime >"$KAFKA_DIR/mvn.log" 2>&1 \
@@ -338,7 +348,7 @@ process.roles=broker,controller
 node.id=1
 controller.quorum.voters=1@127.0.0.1:$KAFKA_CONTROLLER_PORT
 listeners=PLAINTEXT://127.0.0.1:$KAFKA_PORT,CONTROLLER://127.0.0.1:$KAFKA_CONTROLLER_PORT
-advertised.listeners=PLAINTEXT://127.0.0.1:$KAFKA_PORT
+advertised.listeners=PLAINTEXT://127.0.0.1:$KAFKA_ADVERTISED_PORT
 controller.listener.names=CONTROLLER
 inter.broker.listener.name=PLAINTEXT
 listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT
@@ -515,7 +525,13 @@ main() {
   (( $# )) && shift
   case "$cmd" in
     up) cmd_up ;;
-    down) kafka_down; pg_down ;;
+    down)
+      case "${1:-}" in
+        "") kafka_down; pg_down ;;
+        postgres) pg_down ;;
+        kafka) kafka_down ;;
+        *) die "down takes postgres, kafka or nothing (both), got '$1'" ;;
+      esac ;;
     status) pg_status; kafka_status ;;
     logs) cmd_logs "$@" ;;
     psql) cmd_psql "$@" ;;

@@ -75,3 +75,23 @@ func (m *Metrics) refresh(ctx context.Context, pool *pgxpool.Pool) error {
 	}
 	return nil
 }
+
+// ReportBacklog refreshes m's backlog gauges (pending, oldest age, dead)
+// every interval until ctx ends. A relay refreshes them itself; a process
+// that writes the outbox but runs no relay (the relay deployed apart) runs
+// this, so that the backlog stays visible, and alertable, while every relay
+// is down.
+func ReportBacklog(ctx context.Context, pool *pgxpool.Pool, m *Metrics, interval time.Duration) error {
+	t := time.NewTicker(interval)
+	defer t.Stop()
+	for {
+		if err := m.refresh(ctx, pool); err != nil && ctx.Err() == nil {
+			return err
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-t.C:
+		}
+	}
+}

@@ -88,6 +88,38 @@ func New(pool *pgxpool.Pool, logger *slog.Logger, now func() time.Time) *Billing
 	return &Billing{pool: pool, logger: logger, now: now}
 }
 
+// HandleNaive is the handler of the naive mode (INBOX_MODE=naive), for the
+// fault-injection harness only: what a team writes when it trusts the broker
+// to deliver each event once. Every OrderPlaced it receives captures the
+// payment again (a fresh payment id, the next version) and publishes another
+// PaymentCaptured, so a redelivery charges the customer twice downstream.
+// Run it without the inbox (NaiveConsumer) to see that happen.
+func (b *Billing) HandleNaive(ctx context.Context, tx pgx.Tx, ev event.Envelope) error {
+	if ev.EventType != EventOrderPlaced || ev.EventVersion != 1 {
+		return b.Handle(ctx, tx, ev)
+	}
+	var p orderPlaced
+	if err := ev.DecodePayload(&p); err != nil {
+		return err
+	}
+	now := b.now().UTC()
+	paymentID := uuid.New()
+	var version int64
+	if err := tx.QueryRow(ctx, `
+		INSERT INTO charges (order_id, payment_id, customer_id, amount_cents, currency, status, version, captured_at)
+		VALUES ($1, $2, $3, $4, $5, $6, 1, $7)
+		ON CONFLICT (order_id) DO UPDATE
+		SET payment_id = EXCLUDED.payment_id, version = charges.version + 1, captured_at = EXCLUDED.captured_at
+		RETURNING version`,
+		p.OrderID, paymentID, p.CustomerID, p.AmountCents, p.Currency, StatusCaptured, now).Scan(&version); err != nil {
+		return fmt.Errorf("recording charge: %w", err)
+	}
+	return b.emit(ctx, tx, ev, EventPaymentCaptured, version, Payment{
+		PaymentID: paymentID, OrderID: p.OrderID, CustomerID: p.CustomerID,
+		AmountCents: p.AmountCents, Currency: p.Currency, At: now,
+	})
+}
+
 // Handle is the inbox handler for orders.events. It runs in the inbox's
 // transaction: the charge, the inbox row and the payment event commit
 // together.

@@ -10,6 +10,7 @@ require (
 	github.com/onceflow/onceflow/pkg/outbox v0.0.0
 	github.com/onceflow/onceflow/pkg/platform v0.0.0
 	github.com/prometheus/client_golang v1.23.2
+	github.com/segmentio/kafka-go v0.4.49
 )
 
 require (
@@ -32,7 +33,6 @@ require (
 	github.com/prometheus/client_model v0.6.2 // indirect
 	github.com/prometheus/common v0.66.1 // indirect
 	github.com/prometheus/procfs v0.16.1 // indirect
-	github.com/segmentio/kafka-go v0.4.49 // indirect
 	github.com/valyala/bytebufferpool v1.0.0 // indirect
 	github.com/valyala/fasttemplate v1.2.2 // indirect
 	go.yaml.in/yaml/v2 v2.4.2 // indirect

@@ -12,6 +12,7 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/segmentio/kafka-go"
 
 	"github.com/onceflow/onceflow/pkg/event"
 	"github.com/onceflow/onceflow/pkg/outbox"
@@ -100,18 +101,54 @@ type Meta struct {
 	Traceparent   string // W3C trace context of the request, if any
 }
 
+// CrashAfterWrite is the crash point between an order's business write and
+// the moment its event is durable: before the transaction that holds the
+// order and its outbox row commits (outbox mode: both vanish), or, in the
+// naive mode, after the order committed and before its event is produced
+// (the event is lost). Options.CrashPoint receives it.
+const CrashAfterWrite = "orders.after-write"
+
+// Publisher produces messages straight to the broker; *kafka.Writer
+// satisfies it. Only the naive mode uses one.
+type Publisher interface {
+	WriteMessages(ctx context.Context, msgs ...kafka.Message) error
+}
+
+// Options are the service's optional settings; the zero value is production.
+type Options struct {
+	// Now is the clock. Default time.Now.
+	Now func() time.Time
+	// CrashPoint, when set, is called at CrashAfterWrite; see
+	// crash.Point. Fault-injection harnesses use it; leave it nil otherwise.
+	CrashPoint func(name string) error
+	// NaivePublisher switches the service to the naive dual write, for the
+	// fault-injection harness only: the order commits without an outbox
+	// row, then its event is produced to NaiveTopic directly. A crash or a
+	// broker error in between loses the event for good, which is what the
+	// harness shows. Leave it nil.
+	NaivePublisher Publisher
+	// NaiveTopic is the topic NaivePublisher produces to.
+	NaiveTopic string
+}
+
 // Service places, reads and cancels orders.
 type Service struct {
 	pool *pgxpool.Pool
 	now  func() time.Time
+	opts Options
 }
 
 // NewService returns a service on pool; now is the clock (time.Now if nil).
 func NewService(pool *pgxpool.Pool, now func() time.Time) *Service {
-	if now == nil {
-		now = time.Now
+	return New(pool, Options{Now: now})
+}
+
+// New returns a service on pool with opts.
+func New(pool *pgxpool.Pool, opts Options) *Service {
+	if opts.Now == nil {
+		opts.Now = time.Now
 	}
-	return &Service{pool: pool, now: now}
+	return &Service{pool: pool, now: opts.Now, opts: opts}
 }
 
 // Place writes a new order and its OrderPlaced event in one transaction.
@@ -123,7 +160,8 @@ func (s *Service) Place(ctx context.Context, req PlaceRequest, idempotencyKey st
 		return Order{}, false, err
 	}
 	reqHash := requestHash(req)
-	err = pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+	var naive []event.Envelope
+	err = s.inTx(ctx, &naive, func(tx pgx.Tx) error {
 		now := s.now().UTC()
 		o = Order{ID: event.NewID(), CustomerID: req.CustomerID, AmountCents: req.AmountCents, Currency: req.Currency,
 			Status: StatusPlaced, Version: 1, CreatedAt: now, UpdatedAt: now}
@@ -144,7 +182,7 @@ func (s *Service) Place(ctx context.Context, req PlaceRequest, idempotencyKey st
 				return errKeySeen
 			}
 		}
-		return s.emit(ctx, tx, o, EventOrderPlaced, OrderPlaced{
+		return s.emit(ctx, tx, &naive, o, EventOrderPlaced, OrderPlaced{
 			OrderID: o.ID, CustomerID: o.CustomerID, AmountCents: o.AmountCents, Currency: o.Currency, PlacedAt: now,
 		}, meta)
 	})
@@ -196,7 +234,8 @@ func (s *Service) Get(ctx context.Context, id uuid.UUID) (Order, error) {
 // transaction. Cancelling a cancelled order changes nothing and emits nothing.
 func (s *Service) Cancel(ctx context.Context, id uuid.UUID, meta Meta) (Order, error) {
 	var o Order
-	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+	var naive []event.Envelope
+	err := s.inTx(ctx, &naive, func(tx pgx.Tx) error {
 		rows, err := tx.Query(ctx, `
 			SELECT id, customer_id, amount_cents, currency, status, version, created_at, updated_at
 			FROM orders WHERE id = $1 FOR UPDATE`, id)
@@ -216,7 +255,7 @@ func (s *Service) Cancel(ctx context.Context, id uuid.UUID, meta Meta) (Order, e
 			o.ID, o.Status, o.Version, now); err != nil {
 			return fmt.Errorf("updating order: %w", err)
 		}
-		return s.emit(ctx, tx, o, EventOrderCancelled, OrderCancelled{OrderID: o.ID, CancelledAt: now}, meta)
+		return s.emit(ctx, tx, &naive, o, EventOrderCancelled, OrderCancelled{OrderID: o.ID, CancelledAt: now}, meta)
 	})
 	if err != nil {
 		return Order{}, fmt.Errorf("cancelling order: %w", err)
@@ -224,13 +263,54 @@ func (s *Service) Cancel(ctx context.Context, id uuid.UUID, meta Meta) (Order, e
 	return o, nil
 }
 
-// emit writes the event for o's current version to the outbox in tx.
-func (s *Service) emit(ctx context.Context, tx pgx.Tx, o Order, eventType string, payload any, meta Meta) error {
+// inTx runs fn in a transaction and passes the crash point between the
+// business write and the point where its events are durable. In the naive
+// mode, fn leaves the events in *naive instead of the outbox, and they are
+// produced after the commit: the dual write the outbox exists to avoid.
+func (s *Service) inTx(ctx context.Context, naive *[]event.Envelope, fn func(tx pgx.Tx) error) error {
+	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+		if err := fn(tx); err != nil {
+			return err
+		}
+		if s.opts.NaivePublisher == nil {
+			return s.crashPoint()
+		}
+		return nil
+	})
+	if err != nil || len(*naive) == 0 {
+		return err
+	}
+	if err := s.crashPoint(); err != nil {
+		return err
+	}
+	msgs := make([]kafka.Message, 0, len(*naive))
+	for _, ev := range *naive {
+		msgs = append(msgs, event.ToKafka(s.opts.NaiveTopic, ev))
+	}
+	if err := s.opts.NaivePublisher.WriteMessages(ctx, msgs...); err != nil {
+		return fmt.Errorf("publishing after commit (naive mode; the event is lost): %w", err)
+	}
+	return nil
+}
+
+func (s *Service) crashPoint() error {
+	if s.opts.CrashPoint == nil {
+		return nil
+	}
+	if err := s.opts.CrashPoint(CrashAfterWrite); err != nil {
+		return fmt.Errorf("crash point %s: %w", CrashAfterWrite, err)
+	}
+	return nil
+}
+
+// emit writes the event for o's current version to the outbox in tx (or,
+// in the naive mode, to *naive for inTx to produce after the commit).
+func (s *Service) emit(ctx context.Context, tx pgx.Tx, naive *[]event.Envelope, o Order, eventType string, payload any, meta Meta) error {
 	body, err := json.Marshal(payload)
 	if err != nil {
 		return fmt.Errorf("encoding %s: %w", eventType, err)
 	}
-	return outbox.Enqueue(ctx, tx, event.Envelope{
+	ev := event.Envelope{
 		EventID:          event.NewID(),
 		EventType:        eventType,
 		EventVersion:     1,
@@ -242,7 +322,12 @@ func (s *Service) emit(ctx context.Context, tx pgx.Tx, o Order, eventType string
 		CausationID:      meta.CausationID,
 		Traceparent:      meta.Traceparent,
 		Payload:          body,
-	})
+	}
+	if s.opts.NaivePublisher != nil {
+		*naive = append(*naive, ev)
+		return nil
+	}
+	return outbox.Enqueue(ctx, tx, ev)
 }
 
 func requestHash(r PlaceRequest) []byte {

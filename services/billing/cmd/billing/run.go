@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"fmt"
 	"io"
 	"net/http"
 	"time"
@@ -13,6 +14,7 @@ import (
 	"github.com/onceflow/onceflow/pkg/outbox"
 	"github.com/onceflow/onceflow/pkg/outbox/outboxhttp"
 	"github.com/onceflow/onceflow/pkg/platform/config"
+	"github.com/onceflow/onceflow/pkg/platform/crash"
 	"github.com/onceflow/onceflow/pkg/platform/kafkautil"
 	"github.com/onceflow/onceflow/pkg/platform/lifecycle"
 	"github.com/onceflow/onceflow/pkg/platform/pgutil"
@@ -32,7 +34,7 @@ type Config struct {
 	OrdersTopic string `env:"ORDERS_TOPIC" envDefault:"orders.events"`
 	// BillingTopic receives every payment event.
 	BillingTopic string `env:"BILLING_TOPIC" envDefault:"billing.events"`
-	// ConsumerGroup is the Kafka consumer group; it is also the inbox's consumer name.
+	// ConsumerGroup is the Kafka consumer group (see InboxName for the inbox's).
 	ConsumerGroup string `env:"CONSUMER_GROUP" envDefault:"billing"`
 	// OutboxRetention is how long published outbox rows are kept before the
 	// pruner removes them.
@@ -44,6 +46,21 @@ type Config struct {
 	LogLevel string `env:"LOG_LEVEL" envDefault:"info"`
 	// ShutdownGrace is how long in-flight requests get to finish on SIGTERM.
 	ShutdownGrace time.Duration `env:"SHUTDOWN_GRACE" envDefault:"10s"`
+	// InboxName is the inbox's dedupe namespace (inbox_messages.consumer).
+	// It stays when the consumer group changes (a reset, a replay into a
+	// fresh group), so the inbox still recognises what it already applied.
+	InboxName string `env:"INBOX_NAME" envDefault:"billing"`
+	// InboxMode is inbox (dedupe per event id, in the charge's transaction)
+	// or naive (no inbox: every delivery is applied). naive exists only so
+	// the fault-injection harness can show it duplicating; never run it
+	// otherwise.
+	InboxMode string `env:"INBOX_MODE" envDefault:"inbox"`
+	// CrashPoint arms a crash point for fault injection (inbox.after-commit
+	// or outbox.after-ack): the process SIGKILLs itself the CrashAfter-th
+	// time it gets there. "none" arms nothing.
+	CrashPoint string `env:"CRASH_POINT" envDefault:"none"`
+	// CrashAfter is which pass of CrashPoint kills the process (1 = the first).
+	CrashAfter int `env:"CRASH_AFTER" envDefault:"1"`
 }
 
 func run(ctx context.Context, _ []string, getenv func(string) string, stdout io.Writer) error {
@@ -64,13 +81,18 @@ func run(ctx context.Context, _ []string, getenv func(string) string, stdout io.
 		return err
 	}
 	defer svc.Close()
+	crashPoint, err := crash.Point(cfg.CrashPoint, cfg.CrashAfter, svc.Logger, inbox.CrashAfterCommit, outbox.CrashAfterAck)
+	if err != nil {
+		return err
+	}
 
 	writer := kafkautil.NewWriter(cfg.KafkaBrokers, 500)
 	defer writer.Close()
 	relay, err := outbox.NewRelay(svc.Pool, writer, outbox.RelayConfig{
-		Topic:   func(string) string { return cfg.BillingTopic },
-		Logger:  svc.Logger,
-		Metrics: outbox.NewMetrics(svc.Registry),
+		Topic:      func(string) string { return cfg.BillingTopic },
+		Logger:     svc.Logger,
+		Metrics:    outbox.NewMetrics(svc.Registry),
+		CrashPoint: crashPoint,
 	})
 	if err != nil {
 		return err
@@ -89,12 +111,23 @@ func run(ctx context.Context, _ []string, getenv func(string) string, stdout io.
 	reader := kafkautil.NewGroupReader(cfg.KafkaBrokers, cfg.OrdersTopic, cfg.ConsumerGroup)
 	defer reader.Close() // after Run: flushes the last offset commits
 	consumer, err := inbox.NewConsumer(svc.Pool, reader, writer, b.Handle, inbox.Config{
-		Name:    cfg.ConsumerGroup,
-		Logger:  svc.Logger,
-		Metrics: inbox.NewMetrics(svc.Registry),
+		Name:       cfg.InboxName,
+		Logger:     svc.Logger,
+		Metrics:    inbox.NewMetrics(svc.Registry),
+		CrashPoint: crashPoint,
 	})
 	if err != nil {
 		return err
+	}
+	consume := consumer.Run
+	switch cfg.InboxMode {
+	case "inbox":
+	case "naive":
+		svc.Logger.Warn("INBOX_MODE=naive: orders events are applied without the inbox; for the fault-injection harness only")
+		consume = (&billing.NaiveConsumer{Pool: svc.Pool, Reader: reader, Handle: b.HandleNaive,
+			CrashPoint: crashPoint, Logger: svc.Logger}).Run
+	default:
+		return fmt.Errorf("INBOX_MODE must be inbox or naive, got %q", cfg.InboxMode)
 	}
 	inboxPruner, err := inbox.NewPruner(svc.Pool, inbox.PrunerConfig{Logger: svc.Logger})
 	if err != nil {
@@ -105,7 +138,7 @@ func run(ctx context.Context, _ []string, getenv func(string) string, stdout io.
 		svc.Pool, writer, cfg.KafkaBrokers, map[string]string{cfg.OrdersTopic: cfg.OrdersTopic + ".dlt"}))))
 	billing.Routes(svc.HTTP, b)
 	return svc.Run(ctx,
-		lifecycle.Stage{Name: "orders consumer", Run: consumer.Run},
+		lifecycle.Stage{Name: "orders consumer", Run: consume},
 		lifecycle.Stage{Name: "inbox pruner", Run: inboxPruner.Run},
 		lifecycle.Stage{Name: "outbox relay", Run: relay.Run},
 		lifecycle.Stage{Name: "outbox pruner", Run: pruner.Run},

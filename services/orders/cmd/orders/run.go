@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"fmt"
 	"io"
 	"net/http"
 	"time"
@@ -11,6 +12,7 @@ import (
 	"github.com/onceflow/onceflow/pkg/outbox"
 	"github.com/onceflow/onceflow/pkg/outbox/outboxhttp"
 	"github.com/onceflow/onceflow/pkg/platform/config"
+	"github.com/onceflow/onceflow/pkg/platform/crash"
 	"github.com/onceflow/onceflow/pkg/platform/kafkautil"
 	"github.com/onceflow/onceflow/pkg/platform/lifecycle"
 	"github.com/onceflow/onceflow/pkg/platform/pgutil"
@@ -38,6 +40,21 @@ type Config struct {
 	LogLevel string `env:"LOG_LEVEL" envDefault:"info"`
 	// ShutdownGrace is how long in-flight requests get to finish on SIGTERM.
 	ShutdownGrace time.Duration `env:"SHUTDOWN_GRACE" envDefault:"10s"`
+	// OutboxRelay runs the outbox relay in this process. false: the process
+	// serves the API and reports the outbox backlog gauges, and relays run
+	// elsewhere (the relay deployed apart, or stopped on purpose).
+	OutboxRelay bool `env:"OUTBOX_RELAY" envDefault:"true"`
+	// PublishMode is outbox (the order and its event commit together, the
+	// relay publishes) or naive (commit, then produce directly: the dual
+	// write). naive exists only so the fault-injection harness can show it
+	// losing events; never run it otherwise.
+	PublishMode string `env:"PUBLISH_MODE" envDefault:"outbox"`
+	// CrashPoint arms a crash point for fault injection (orders.after-write
+	// or outbox.after-ack): the process SIGKILLs itself the CrashAfter-th
+	// time it gets there. "none" arms nothing.
+	CrashPoint string `env:"CRASH_POINT" envDefault:"none"`
+	// CrashAfter is which pass of CrashPoint kills the process (1 = the first).
+	CrashAfter int `env:"CRASH_AFTER" envDefault:"1"`
 }
 
 func run(ctx context.Context, _ []string, getenv func(string) string, stdout io.Writer) error {
@@ -57,13 +74,30 @@ func run(ctx context.Context, _ []string, getenv func(string) string, stdout io.
 		return err
 	}
 	defer svc.Close()
+	crashPoint, err := crash.Point(cfg.CrashPoint, cfg.CrashAfter, svc.Logger, orders.CrashAfterWrite, outbox.CrashAfterAck)
+	if err != nil {
+		return err
+	}
+	opts := orders.Options{CrashPoint: crashPoint}
+	switch cfg.PublishMode {
+	case "outbox":
+	case "naive":
+		svc.Logger.Warn("PUBLISH_MODE=naive: orders are published by a dual write, without the outbox; for the fault-injection harness only")
+		naive := kafkautil.NewWriter(cfg.KafkaBrokers, 1)
+		defer naive.Close()
+		opts.NaivePublisher, opts.NaiveTopic = naive, cfg.OrdersTopic
+	default:
+		return fmt.Errorf("PUBLISH_MODE must be outbox or naive, got %q", cfg.PublishMode)
+	}
 
 	writer := kafkautil.NewWriter(cfg.KafkaBrokers, 500)
 	defer writer.Close()
+	metrics := outbox.NewMetrics(svc.Registry)
 	relay, err := outbox.NewRelay(svc.Pool, writer, outbox.RelayConfig{
-		Topic:   func(string) string { return cfg.OrdersTopic },
-		Logger:  svc.Logger,
-		Metrics: outbox.NewMetrics(svc.Registry),
+		Topic:      func(string) string { return cfg.OrdersTopic },
+		Logger:     svc.Logger,
+		Metrics:    metrics,
+		CrashPoint: crashPoint,
 	})
 	if err != nil {
 		return err
@@ -77,9 +111,15 @@ func run(ctx context.Context, _ []string, getenv func(string) string, stdout io.
 	}
 	// Operators list, requeue and replay outbox events here (see outboxhttp).
 	svc.HTTP.Any("/admin/outbox/*", echo.WrapHandler(http.StripPrefix("/admin/outbox", outboxhttp.Handler(svc.Pool))))
-	orders.Routes(svc.HTTP, orders.NewService(svc.Pool, nil))
+	orders.Routes(svc.HTTP, orders.New(svc.Pool, opts))
+	relayStage := lifecycle.Stage{Name: "outbox relay", Run: relay.Run}
+	if !cfg.OutboxRelay {
+		relayStage = lifecycle.Stage{Name: "outbox backlog gauges", Run: func(ctx context.Context) error {
+			return outbox.ReportBacklog(ctx, svc.Pool, metrics, 2*time.Second)
+		}}
+	}
 	return svc.Run(ctx,
-		lifecycle.Stage{Name: "outbox relay", Run: relay.Run},
+		relayStage,
 		lifecycle.Stage{Name: "outbox pruner", Run: pruner.Run},
 	)
 }

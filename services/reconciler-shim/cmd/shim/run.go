@@ -11,6 +11,7 @@ import (
 	"github.com/onceflow/onceflow/pkg/inbox"
 	"github.com/onceflow/onceflow/pkg/inbox/inboxhttp"
 	"github.com/onceflow/onceflow/pkg/platform/config"
+	"github.com/onceflow/onceflow/pkg/platform/crash"
 	"github.com/onceflow/onceflow/pkg/platform/kafkautil"
 	"github.com/onceflow/onceflow/pkg/platform/lifecycle"
 	"github.com/onceflow/onceflow/pkg/platform/pgutil"
@@ -40,6 +41,13 @@ type Config struct {
 	LogLevel string `env:"LOG_LEVEL" envDefault:"info"`
 	// ShutdownGrace is how long in-flight requests get to finish on SIGTERM.
 	ShutdownGrace time.Duration `env:"SHUTDOWN_GRACE" envDefault:"10s"`
+	// CrashPoint arms a crash point for fault injection (inbox.after-effect:
+	// after the reconciler booked a payment, before the shim marks it done):
+	// the process SIGKILLs itself the CrashAfter-th time it gets there.
+	// "none" arms nothing.
+	CrashPoint string `env:"CRASH_POINT" envDefault:"none"`
+	// CrashAfter is which pass of CrashPoint kills the process (1 = the first).
+	CrashAfter int `env:"CRASH_AFTER" envDefault:"1"`
 }
 
 func run(ctx context.Context, _ []string, getenv func(string) string, stdout io.Writer) error {
@@ -59,6 +67,10 @@ func run(ctx context.Context, _ []string, getenv func(string) string, stdout io.
 		return err
 	}
 	defer svc.Close()
+	crashPoint, err := crash.Point(cfg.CrashPoint, cfg.CrashAfter, svc.Logger, inbox.CrashAfterEffect)
+	if err != nil {
+		return err
+	}
 
 	tp := thirdparty.NewClient(cfg.ReconcilerURL, &http.Client{Timeout: cfg.ReconcilerTimeout})
 	dlq := kafkautil.NewWriter(cfg.KafkaBrokers, 10)
@@ -68,9 +80,10 @@ func run(ctx context.Context, _ []string, getenv func(string) string, stdout io.
 	consumer, err := inbox.NewLeaseConsumer(svc.Pool, reader, dlq, shim.New(tp, svc.Logger).Effect(), inbox.Config{
 		Name: cfg.ConsumerGroup,
 		// A lease outlives any single call to the reconciler.
-		LeaseTTL: 3 * cfg.ReconcilerTimeout,
-		Logger:   svc.Logger,
-		Metrics:  inbox.NewMetrics(svc.Registry),
+		LeaseTTL:   3 * cfg.ReconcilerTimeout,
+		Logger:     svc.Logger,
+		Metrics:    inbox.NewMetrics(svc.Registry),
+		CrashPoint: crashPoint,
 	})
 	if err != nil {
 		return err

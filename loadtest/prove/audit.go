@@ -1,0 +1,262 @@
+package prove
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+)
+
+// Audit is what the three databases and the third party's ledger say after
+// a run has gone quiet.
+type Audit struct {
+	Orders   int // orders committed in the orders database
+	Accepted int // orders the API acknowledged to the client
+	// AcceptedMissing: acknowledged to the client, yet not in the database.
+	AcceptedMissing int
+	// EventlessOrders: orders without an OrderPlaced outbox row (outbox mode
+	// only: the naive mode writes none).
+	EventlessOrders int
+	// OrphanEvents: OrderPlaced outbox rows whose order does not exist.
+	OrphanEvents        int
+	OrdersPending       int // orders outbox rows not yet published
+	Charges             int
+	OrdersWithoutCharge int // the OrderPlaced never took effect in billing
+	ChargesWithoutOrder int
+	BillingPending      int
+	// SettledOrders have at least one capture in the ledger.
+	SettledOrders            int
+	ChargesWithoutSettlement int
+	// DuplicateEffects counts, per order, the captures beyond the first,
+	// the larger of billing's PaymentCaptured events and the ledger's bookings.
+	DuplicateEffects int
+	// LedgerDuplicateKeys is the ledger's own count: bookings under an
+	// idempotency key it had booked before.
+	LedgerDuplicateKeys int
+	// BillingInboxRows and BillingInboxMessages: inbox rows of billing, and
+	// the distinct event ids billing's topic holds.
+	BillingInboxRows int
+	Settlements      int
+}
+
+// Lost is every order whose effect is missing downstream, or that the client
+// was told about and does not exist.
+func (a Audit) Lost() int {
+	return a.AcceptedMissing + a.OrdersWithoutCharge + a.ChargesWithoutSettlement
+}
+
+// settlement is the part of the ledger's record the audit reads.
+type settlement struct {
+	IdempotencyKey string `json:"idempotencyKey"`
+	OrderID        string `json:"orderId"`
+	Kind           string `json:"kind"`
+}
+
+func (p *Platform) ledger(ctx context.Context) ([]settlement, error) {
+	var all []settlement
+	if err := getJSON(ctx, p.Recon.URL()+"/settlements", &all); err != nil {
+		return nil, fmt.Errorf("reading the ledger: %w", err)
+	}
+	return all, nil
+}
+
+// audit reads everything. accepted are the ids the driver was acknowledged.
+func (p *Platform) audit(ctx context.Context, accepted map[uuid.UUID]time.Time) (Audit, error) {
+	var a Audit
+	a.Accepted = len(accepted)
+	orders, err := idSet(ctx, p.ordersPool, `SELECT id::text FROM orders`)
+	if err != nil {
+		return a, err
+	}
+	a.Orders = len(orders)
+	for id := range accepted {
+		if !orders[id.String()] {
+			a.AcceptedMissing++
+		}
+	}
+	events, err := countBy(ctx, p.ordersPool, `SELECT aggregate_id FROM outbox_events WHERE event_type = 'OrderPlaced'`)
+	if err != nil {
+		return a, err
+	}
+	if len(events) > 0 || p.publishMode() == "outbox" {
+		for id := range orders {
+			if events[id] == 0 {
+				a.EventlessOrders++
+			}
+		}
+		for id := range events {
+			if !orders[id] {
+				a.OrphanEvents++
+			}
+		}
+	}
+	if err := p.ordersPool.QueryRow(ctx, `SELECT count(*) FROM outbox_events WHERE state <> 'published'`).Scan(&a.OrdersPending); err != nil {
+		return a, err
+	}
+	if p.Billing == nil {
+		return a, nil
+	}
+	charges, err := idSet(ctx, p.billingPool, `SELECT order_id::text FROM charges`)
+	if err != nil {
+		return a, err
+	}
+	a.Charges = len(charges)
+	for id := range orders {
+		if !charges[id] {
+			a.OrdersWithoutCharge++
+		}
+	}
+	for id := range charges {
+		if !orders[id] {
+			a.ChargesWithoutOrder++
+		}
+	}
+	if err := p.billingPool.QueryRow(ctx, `SELECT count(*) FROM outbox_events WHERE state <> 'published'`).Scan(&a.BillingPending); err != nil {
+		return a, err
+	}
+	if err := p.billingPool.QueryRow(ctx, `SELECT count(*) FROM inbox_messages`).Scan(&a.BillingInboxRows); err != nil {
+		return a, err
+	}
+	captured, err := countBy(ctx, p.billingPool, `SELECT aggregate_id FROM outbox_events WHERE event_type = 'PaymentCaptured'`)
+	if err != nil {
+		return a, err
+	}
+	ledger, err := p.ledger(ctx)
+	if err != nil {
+		return a, err
+	}
+	a.Settlements = len(ledger)
+	booked := map[string]int{}
+	keys := map[string]int{}
+	for _, s := range ledger {
+		keys[s.IdempotencyKey]++
+		if s.Kind == "capture" {
+			booked[s.OrderID]++
+		}
+	}
+	for _, n := range keys {
+		a.LedgerDuplicateKeys += n - 1
+	}
+	a.SettledOrders = len(booked)
+	for id := range charges {
+		if booked[id] == 0 {
+			a.ChargesWithoutSettlement++
+		}
+	}
+	for id := range charges {
+		a.DuplicateEffects += max(0, captured[id]-1, booked[id]-1)
+	}
+	return a, nil
+}
+
+func (p *Platform) publishMode() string { return p.API.env["PUBLISH_MODE"] }
+
+func idSet(ctx context.Context, db interface {
+	Query(context.Context, string, ...any) (pgx.Rows, error)
+}, sql string) (map[string]bool, error) {
+	rows, err := db.Query(ctx, sql)
+	if err != nil {
+		return nil, err
+	}
+	ids, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		return nil, err
+	}
+	out := make(map[string]bool, len(ids))
+	for _, id := range ids {
+		out[id] = true
+	}
+	return out, nil
+}
+
+func countBy(ctx context.Context, db interface {
+	Query(context.Context, string, ...any) (pgx.Rows, error)
+}, sql string) (map[string]int, error) {
+	rows, err := db.Query(ctx, sql)
+	if err != nil {
+		return nil, err
+	}
+	ids, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		return nil, err
+	}
+	out := map[string]int{}
+	for _, id := range ids {
+		out[id]++
+	}
+	return out, nil
+}
+
+// progress is the cheap view waitQuiet watches.
+type progress struct {
+	orders, pending, charges, billingPending, settlements int
+	lag                                                   int64
+}
+
+func (p *Platform) progress(ctx context.Context) (progress, error) {
+	var g progress
+	if err := p.ordersPool.QueryRow(ctx, `SELECT (SELECT count(*) FROM orders), (SELECT count(*) FROM outbox_events WHERE state <> 'published')`).
+		Scan(&g.orders, &g.pending); err != nil {
+		return g, err
+	}
+	if p.Billing == nil {
+		return g, nil
+	}
+	if err := p.billingPool.QueryRow(ctx, `SELECT (SELECT count(*) FROM charges), (SELECT count(*) FROM outbox_events WHERE state <> 'published')`).
+		Scan(&g.charges, &g.billingPending); err != nil {
+		return g, err
+	}
+	var stats struct {
+		Settlements int `json:"settlements"`
+	}
+	if err := getJSON(ctx, p.Recon.URL()+"/stats", &stats); err != nil {
+		return g, err
+	}
+	g.settlements = stats.Settlements
+	brokers := p.h.stack.Brokers()
+	l1, err := groupLag(ctx, brokers, p.Billing.env["CONSUMER_GROUP"], p.OrdersTopic)
+	if err != nil {
+		return g, err
+	}
+	l2, err := groupLag(ctx, brokers, "shim", p.BillingTop)
+	if err != nil {
+		return g, err
+	}
+	g.lag = l1 + l2
+	return g, nil
+}
+
+// waitQuiet waits until the platform is done: nothing pending, no lag,
+// every order charged and settled, and nothing changing for 3s; or, when
+// that never comes (a naive mode lost something), nothing changing for
+// stable. It returns when it became quiet.
+func (p *Platform) waitQuiet(ctx context.Context, stable time.Duration) (time.Time, error) {
+	var last progress
+	lastChange := time.Now()
+	deadline := time.Now().Add(10 * time.Minute)
+	t := time.NewTicker(500 * time.Millisecond)
+	defer t.Stop()
+	for {
+		g, err := p.progress(ctx)
+		if err == nil {
+			if g != last {
+				last, lastChange = g, time.Now()
+			}
+			complete := g.pending == 0 && g.billingPending == 0 && g.lag == 0 &&
+				(p.Billing == nil || (g.charges == g.orders && g.settlements >= g.charges))
+			if (complete && time.Since(lastChange) >= 3*time.Second) || time.Since(lastChange) >= stable {
+				return lastChange, nil
+			}
+		}
+		if time.Now().After(deadline) {
+			return time.Time{}, fmt.Errorf("%s did not go quiet within 10 minutes (last: %+v, error %v)", p.Name, last, err)
+		}
+		select {
+		case <-ctx.Done():
+			return time.Time{}, ctx.Err()
+		case <-t.C:
+		}
+	}
+}

@@ -1,0 +1,88 @@
+// Command prove runs the fault-injection proofs (loadtest/prove) and prints
+// their report; `make prove` runs it. It exits 1 when an outbox/inbox proof
+// failed or a naive mode survived its fault (the proof did not bite).
+//
+//	go run ./loadtest/prove/cmd/prove [-profile full|quick] [-only atomicity,chaos]
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"strings"
+	"syscall"
+
+	"github.com/onceflow/onceflow/loadtest/prove"
+)
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	if err := run(ctx, os.Args); err != nil {
+		fmt.Fprintln(os.Stderr, "prove:", err)
+		os.Exit(1)
+	}
+}
+
+func run(ctx context.Context, args []string) error {
+	fs := flag.NewFlagSet(args[0], flag.ContinueOnError)
+	profile := fs.String("profile", "full", "full (make prove) or quick (the make test version)")
+	only := fs.String("only", "", "comma-separated proofs to run (default all): "+names())
+	dir := fs.String("dir", "", "where the harness keeps its stack, binaries, logs and reports (default <repo>/.prove)")
+	if err := fs.Parse(args[1:]); err != nil {
+		return err
+	}
+	prof, ok := prove.Profiles[*profile]
+	if !ok {
+		return fmt.Errorf("no profile %q (full or quick)", *profile)
+	}
+	root, err := repoRoot()
+	if err != nil {
+		return err
+	}
+	opts := prove.Options{Root: root, Dir: *dir, Profile: prof, Out: os.Stdout}
+	if *only != "" {
+		opts.Only = strings.Split(*only, ",")
+	}
+	rep, err := prove.Run(ctx, opts)
+	if err != nil {
+		return err
+	}
+	fmt.Println()
+	rep.Table(os.Stdout)
+	fmt.Println()
+	if !rep.OK() {
+		return fmt.Errorf("%s", strings.Join(rep.Failures, "; "))
+	}
+	fmt.Println("every outbox/inbox proof held, and every naive mode broke under the same faults.")
+	return nil
+}
+
+func names() string {
+	var n []string
+	for _, p := range prove.Proofs {
+		n = append(n, p.Name)
+	}
+	return strings.Join(n, ", ")
+}
+
+// repoRoot walks up from the working directory to the directory of go.work.
+func repoRoot() (string, error) {
+	dir, err := os.Getwd()
+	if err != nil {
+		return "", err
+	}
+	for {
+		if _, err := os.Stat(filepath.Join(dir, "go.work")); err == nil {
+			return dir, nil
+		}
+		parent := filepath.Dir(dir)
+		if parent == dir {
+			return "", fmt.Errorf("no go.work above the working directory: run from the onceflow repository")
+		}
+		dir = parent
+	}
+}

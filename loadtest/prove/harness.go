@@ -1,0 +1,194 @@
+package prove
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"runtime"
+	"slices"
+	"strings"
+	"time"
+)
+
+// Profile sizes a run.
+type Profile struct {
+	Name string
+	// Orders is the least number of orders each load proof places.
+	Orders int
+	// Crashes is the least number of SIGKILLs each crash proof injects.
+	Crashes int
+	// Redeliveries is how often redelivery re-produces each event.
+	Redeliveries int
+	// HotEvents go to the one aggregate of the ordering proof; Others
+	// aggregates get OtherEvents each, interleaved with them.
+	HotEvents, Others, OtherEvents int
+	// Poison is the number of each kind of poison message.
+	Poison int
+	// ShimCrashes are the shim's crashes after the third-party call (chaos).
+	ShimCrashes int
+	// Stable is how long nothing may change before a run that never
+	// completes (a naive mode lost something) counts as quiet.
+	Stable time.Duration
+}
+
+// Profiles: quick runs in `make test`, full in `make prove`.
+var Profiles = map[string]Profile{
+	"quick": {Name: "quick", Orders: 30, Crashes: 3, Redeliveries: 10, HotEvents: 1000, Others: 50, OtherEvents: 4,
+		Poison: 2, ShimCrashes: 1, Stable: 8 * time.Second},
+	"full": {Name: "full", Orders: 300, Crashes: 20, Redeliveries: 10, HotEvents: 1000, Others: 300, OtherEvents: 5,
+		Poison: 10, ShimCrashes: 3, Stable: 20 * time.Second},
+}
+
+// Proof is one named proof; naive says whether it also runs in a naive mode.
+type Proof struct {
+	Name  string
+	Naive string // the naive mode's label, "" if none
+	run   func(h *Harness, ctx context.Context, naive bool) Row
+}
+
+// Proofs in the order they run.
+var Proofs = []Proof{
+	{"atomicity", "naive publish (dual write)", (*Harness).atomicity},
+	{"relay-crash", "naive consumer (no inbox)", (*Harness).relayCrash},
+	{"redelivery", "naive consumer (no inbox)", (*Harness).redelivery},
+	{"ordering", "", (*Harness).ordering},
+	{"replay", "", (*Harness).replay},
+	{"backlog", "", (*Harness).backlog},
+	{"poison", "", (*Harness).poison},
+	{"chaos", "", (*Harness).chaos},
+}
+
+// Options configure Run.
+type Options struct {
+	// Root is the repository root (where go.work is).
+	Root string
+	// Dir holds the harness's stack, binaries, logs and reports. Default Root/.prove.
+	Dir     string
+	Profile Profile
+	// Only runs the named proofs. Empty: all.
+	Only []string
+	// Out receives progress.
+	Out io.Writer
+}
+
+// Harness runs proofs against its own stack.
+type Harness struct {
+	opts  Options
+	dir   string
+	runID string
+	bins  map[string]string
+	stack *Stack
+	prof  Profile
+}
+
+func (h *Harness) logf(format string, args ...any) {
+	fmt.Fprintf(h.opts.Out, "%s  %s\n", time.Now().Format("15:04:05"), fmt.Sprintf(format, args...))
+}
+
+// Run builds the programs, starts the stack, runs the proofs and returns
+// the report (also written to Dir/runs/<id>/report.{json,md}).
+func Run(ctx context.Context, opts Options) (*Report, error) {
+	if opts.Dir == "" {
+		opts.Dir = filepath.Join(opts.Root, ".prove")
+	}
+	if opts.Out == nil {
+		opts.Out = os.Stdout
+	}
+	for _, name := range opts.Only {
+		if !slices.ContainsFunc(Proofs, func(p Proof) bool { return p.Name == name }) {
+			return nil, fmt.Errorf("no proof named %q (there are %s)", name, proofNames())
+		}
+	}
+	h := &Harness{opts: opts, dir: opts.Dir, prof: opts.Profile,
+		runID: time.Now().UTC().Format("20060102t150405")}
+	start := time.Now()
+	rep := &Report{Profile: opts.Profile.Name, Started: start,
+		Machine: fmt.Sprintf("%d CPUs, %s/%s, %s", runtime.NumCPU(), runtime.GOOS, runtime.GOARCH, runtime.Version())}
+	var err error
+	if h.bins, err = build(ctx, opts.Root, opts.Dir, h.logf); err != nil {
+		return nil, err
+	}
+	if h.stack, err = StartStack(ctx, opts.Root, filepath.Join(opts.Dir, "stack"), h.bins["toxiproxy"], h.logf); err != nil {
+		return nil, err
+	}
+	defer h.stack.Close()
+	h.dropOldDatabases(ctx)
+	for _, p := range Proofs {
+		if len(opts.Only) > 0 && !slices.Contains(opts.Only, p.Name) {
+			continue
+		}
+		modes := []bool{false}
+		if p.Naive != "" {
+			modes = append(modes, true)
+		}
+		for _, naive := range modes {
+			if ctx.Err() != nil {
+				return nil, ctx.Err()
+			}
+			mode := "outbox+inbox"
+			if naive {
+				mode = p.Naive
+			}
+			h.logf("── %s (%s) ──", p.Name, mode)
+			began := time.Now()
+			row := p.run(h, ctx, naive)
+			row.Proof, row.Mode, row.Naive = p.Name, mode, naive
+			row.Seconds = time.Since(began).Seconds()
+			row.settle()
+			h.logf("%s (%s): %s — faults %d, orders %d, lost %d, duplicated %d, out of order %d, absorbed %d, recovery %s%s",
+				p.Name, mode, row.Status, row.Faults, row.Orders, row.Lost, row.Duplicated, row.OutOfOrder, row.Absorbed,
+				recovery(row.RecoverySeconds), errSuffix(row.Error))
+			for _, c := range row.Checks {
+				if !c.OK {
+					h.logf("   broken: %s", c.What)
+				}
+			}
+			rep.Rows = append(rep.Rows, row)
+		}
+	}
+	rep.Seconds = time.Since(start).Seconds()
+	rep.finish()
+	dir := filepath.Join(opts.Dir, "runs", h.runID)
+	jsonPath, mdPath, err := rep.Write(dir)
+	if err != nil {
+		return rep, err
+	}
+	h.logf("report: %s and %s (service logs beside them)", jsonPath, mdPath)
+	return rep, nil
+}
+
+func errSuffix(e string) string {
+	if e == "" {
+		return ""
+	}
+	return " — error: " + e
+}
+
+func proofNames() string {
+	names := make([]string, len(Proofs))
+	for i, p := range Proofs {
+		names[i] = p.Name
+	}
+	return strings.Join(names, ", ")
+}
+
+// dropOldDatabases removes the databases of earlier runs.
+func (h *Harness) dropOldDatabases(ctx context.Context) {
+	rows, err := h.stack.Admin.Query(ctx, `SELECT datname FROM pg_database WHERE datname LIKE 'prove\_%'`)
+	if err != nil {
+		return
+	}
+	var names []string
+	for rows.Next() {
+		var n string
+		if rows.Scan(&n) == nil {
+			names = append(names, n)
+		}
+	}
+	rows.Close()
+	for _, n := range names {
+		_, _ = h.stack.Admin.Exec(ctx, `DROP DATABASE IF EXISTS "`+n+`" WITH (FORCE)`)
+	}
+}

@@ -1,0 +1,164 @@
+package prove
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"log/slog"
+	"math/rand/v2"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+
+	"github.com/onceflow/onceflow/pkg/event"
+	"github.com/onceflow/onceflow/pkg/inbox"
+	"github.com/onceflow/onceflow/pkg/outbox"
+	"github.com/onceflow/onceflow/pkg/platform/kafkautil"
+	"github.com/onceflow/onceflow/pkg/platform/pgutil"
+)
+
+// ordering: one aggregate gets HotEvents events, interleaved with many other
+// aggregates' events, written in small transactions while three relays (three
+// orders processes) publish them and one relay is killed -9 mid-run; a
+// consumer with four inbox workers records the order it handles them in.
+// Every aggregate's versions must arrive as 1, 2, 3, … with nothing missing.
+func (h *Harness) ordering(ctx context.Context, _ bool) Row {
+	var row Row
+	p, err := h.newPlatform(ctx, "ordering", Setup{Relays: 3, NoDownstream: true})
+	if err != nil {
+		return fail(row, err)
+	}
+	defer p.Close()
+
+	// The recorder: the real inbox, four workers, on a database of its own
+	// (the unused billing one), recording what its handler sees, in order.
+	pool := p.billingPool
+	if err := pgutil.Migrate(pool, pgutil.Migration{FS: inbox.Migrations, Table: inbox.MigrationsTable}); err != nil {
+		return fail(row, err)
+	}
+	if _, err := pool.Exec(ctx, `CREATE TABLE arrivals (seq bigserial PRIMARY KEY, aggregate_id text NOT NULL, version bigint NOT NULL)`); err != nil {
+		return fail(row, err)
+	}
+	brokers := h.stack.Brokers()
+	reader := kafkautil.NewGroupReader(brokers, p.OrdersTopic, "ordering-audit")
+	dlq := kafkautil.NewWriter(brokers, 10)
+	defer dlq.Close()
+	metrics := inbox.NewMetrics(prometheus.NewRegistry())
+	recorder, err := inbox.NewConsumer(pool, reader, dlq, func(ctx context.Context, tx pgx.Tx, ev event.Envelope) error {
+		_, err := tx.Exec(ctx, `INSERT INTO arrivals (aggregate_id, version) VALUES ($1, $2)`, ev.AggregateID, ev.AggregateVersion)
+		return err
+	}, inbox.Config{Name: "ordering-audit", Workers: 4, DisableVersionGuard: true, Metrics: metrics,
+		Logger: slog.New(slog.NewJSONHandler(io.Discard, nil))})
+	if err != nil {
+		return fail(row, err)
+	}
+	rctx, stop := context.WithCancel(ctx)
+	recorded := make(chan error, 1)
+	go func() { recorded <- recorder.Run(rctx); reader.Close() }()
+	defer func() { stop(); <-recorded }()
+
+	// The schedule: the hot aggregate's versions shuffled in among the others', each
+	// aggregate's own versions in order.
+	hot := "hot-" + uuid.NewString()
+	next := map[string]int64{hot: 0}
+	want := map[string]int64{hot: int64(h.prof.HotEvents)}
+	var pending []string
+	for range h.prof.HotEvents {
+		pending = append(pending, hot)
+	}
+	for range h.prof.Others {
+		id := uuid.NewString()
+		want[id] = int64(h.prof.OtherEvents)
+		for range h.prof.OtherEvents {
+			pending = append(pending, id)
+		}
+	}
+	rand.Shuffle(len(pending), func(i, j int) { pending[i], pending[j] = pending[j], pending[i] })
+	total := len(pending)
+	h.logf("  writing %d events (%d on aggregate %s) in transactions of 10, three relays publishing …", total, h.prof.HotEvents, hot)
+	killed := false
+	for i := 0; i < total; i += 10 {
+		batch := pending[i:min(i+10, total)]
+		err := pgx.BeginFunc(ctx, p.ordersPool, func(tx pgx.Tx) error {
+			for _, agg := range batch {
+				next[agg]++
+				body, _ := json.Marshal(map[string]any{"n": next[agg]})
+				if err := outbox.Enqueue(ctx, tx, event.Envelope{EventID: uuid.New(), EventType: "ProofTick", EventVersion: 1,
+					AggregateType: "order", AggregateID: agg, AggregateVersion: next[agg], OccurredAt: time.Now(),
+					CorrelationID: "ordering", Payload: body}); err != nil {
+					return err
+				}
+			}
+			return nil
+		})
+		if err != nil {
+			return fail(row, fmt.Errorf("writing events: %w", err))
+		}
+		if !killed && i >= total*2/5 {
+			h.logf("  kill -9 %s mid-run", p.Orders[1].Name)
+			p.Orders[1].Kill()
+			killed = true
+		}
+		if i%50 == 0 {
+			select {
+			case <-ctx.Done():
+				return fail(row, ctx.Err())
+			case <-time.After(20 * time.Millisecond): // spread the writes over the relays' rebalancing
+			}
+		}
+	}
+	var got int
+	err = waitUntil(ctx, 5*time.Minute, func() bool {
+		return pool.QueryRow(ctx, `SELECT count(*) FROM arrivals`).Scan(&got) == nil && got >= total
+	})
+	h.logf("  %d of %d events handled", got, total)
+	if err != nil {
+		row.Error = fmt.Sprintf("only %d of %d events arrived within 5 minutes", got, total)
+	}
+	outOfOrder, lost, err := auditArrivals(ctx, pool, want)
+	if err != nil {
+		return fail(row, err)
+	}
+	row.Faults = p.Orders[1].Crashes()
+	row.FaultsDesc = fmt.Sprintf("kill -9 of 1 of 3 relays after %d of %d events were written", total*2/5, total)
+	row.Orders, row.OutOfOrder, row.Lost = total, outOfOrder, lost
+	row.Absorbed = int(testutil.ToFloat64(metrics.Duplicates("ordering-audit")))
+	row.check(row.Faults == 1, "one relay was killed mid-run (%d)", row.Faults)
+	row.check(outOfOrder == 0, "every aggregate's versions were handled in order, the hot one's %d included (%d out of order)", h.prof.HotEvents, outOfOrder)
+	row.check(lost == 0, "every event was handled (%d missing)", lost)
+	return row
+}
+
+// auditArrivals replays the recorded arrivals: an arrival whose version is
+// not the aggregate's previous one plus one is out of order.
+func auditArrivals(ctx context.Context, pool *pgxpool.Pool, want map[string]int64) (outOfOrder, lost int, err error) {
+	rows, err := pool.Query(ctx, `SELECT aggregate_id, version FROM arrivals ORDER BY seq`)
+	if err != nil {
+		return 0, 0, err
+	}
+	last := map[string]int64{}
+	seen := map[string]int64{}
+	var agg string
+	var v int64
+	_, err = pgx.ForEachRow(rows, []any{&agg, &v}, func() error {
+		if v != last[agg]+1 {
+			outOfOrder++
+		}
+		if v > last[agg] {
+			last[agg] = v
+		}
+		seen[agg]++
+		return nil
+	})
+	for id, n := range want {
+		if seen[id] < n {
+			lost += int(n - seen[id])
+		}
+	}
+	return outOfOrder, lost, err
+}

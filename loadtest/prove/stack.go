@@ -1,0 +1,193 @@
+package prove
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"time"
+
+	toxiproxy "github.com/Shopify/toxiproxy/v2/client"
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+// Stack is the harness's own PostgreSQL and Kafka, started by
+// devstack/stack.sh in a state directory and on ports of its own, so the
+// chaos proof can restart them without disturbing the dev stack that other
+// work (and `go test`) uses. Every connection the services make goes through
+// toxiproxy, which the chaos proof poisons: Postgres through PGProxyPort, and
+// Kafka because the broker advertises KafkaProxyPort as its address.
+type Stack struct {
+	root, dir string
+	logf      func(string, ...any)
+
+	PGPort, PGProxyPort                  int
+	KafkaPort, KafkaCtrlPort, KafkaProxy int
+	toxiPort                             int
+	toxi                                 *exec.Cmd
+	// Toxi controls the proxies: "postgres" and "kafka".
+	Toxi *toxiproxy.Client
+	// Admin is a pool on the postgres database, direct (not proxied).
+	Admin *pgxpool.Pool
+}
+
+// freePorts asks the kernel for n ports nobody listens on.
+func freePorts(n int) ([]int, error) {
+	ports := make([]int, 0, n)
+	var ls []net.Listener
+	defer func() {
+		for _, l := range ls {
+			l.Close()
+		}
+	}()
+	for range n {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			return nil, err
+		}
+		ls = append(ls, l)
+		ports = append(ports, l.Addr().(*net.TCPAddr).Port)
+	}
+	return ports, nil
+}
+
+// StartStack stops whatever an earlier run left in dir, starts toxiproxy,
+// then PostgreSQL and a Kafka with empty storage behind it.
+func StartStack(ctx context.Context, root, dir, toxiBin string, logf func(string, ...any)) (*Stack, error) {
+	s := &Stack{root: root, dir: dir, logf: logf}
+	_ = s.script(ctx, "down") // a run that was killed leaves its servers behind
+	if err := os.RemoveAll(filepath.Join(dir, "kafka", "data")); err != nil {
+		return nil, err
+	}
+	ports, err := freePorts(6)
+	if err != nil {
+		return nil, err
+	}
+	s.PGPort, s.PGProxyPort, s.KafkaPort, s.KafkaCtrlPort, s.KafkaProxy, s.toxiPort =
+		ports[0], ports[1], ports[2], ports[3], ports[4], ports[5]
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return nil, err
+	}
+	logFile, err := os.OpenFile(filepath.Join(dir, "toxiproxy.log"), os.O_CREATE|os.O_WRONLY|os.O_TRUNC, 0o644)
+	if err != nil {
+		return nil, err
+	}
+	s.toxi = exec.Command(toxiBin, "-host", "127.0.0.1", "-port", strconv.Itoa(s.toxiPort))
+	s.toxi.Stdout, s.toxi.Stderr = logFile, logFile
+	if err := s.toxi.Start(); err != nil {
+		return nil, fmt.Errorf("starting toxiproxy: %w", err)
+	}
+	go func() { _ = s.toxi.Wait(); logFile.Close() }()
+	s.Toxi = toxiproxy.NewClient(fmt.Sprintf("127.0.0.1:%d", s.toxiPort))
+	if err := waitUntil(ctx, 10*time.Second, func() bool { _, err := s.Toxi.Version(); return err == nil }); err != nil {
+		s.Close()
+		return nil, fmt.Errorf("toxiproxy did not answer: %w", err)
+	}
+	for name, p := range map[string][2]int{"postgres": {s.PGProxyPort, s.PGPort}, "kafka": {s.KafkaProxy, s.KafkaPort}} {
+		if _, err := s.Toxi.CreateProxy(name, fmt.Sprintf("127.0.0.1:%d", p[0]), fmt.Sprintf("127.0.0.1:%d", p[1])); err != nil {
+			s.Close()
+			return nil, fmt.Errorf("creating the %s proxy: %w", name, err)
+		}
+	}
+	logf("stack: starting PostgreSQL :%d and Kafka :%d (through toxiproxy :%d and :%d) in %s",
+		s.PGPort, s.KafkaPort, s.PGProxyPort, s.KafkaProxy, dir)
+	if err := s.script(ctx, "up"); err != nil {
+		s.Close()
+		return nil, err
+	}
+	s.Admin, err = pgxpool.New(ctx, s.PGURL("postgres", false))
+	if err != nil {
+		s.Close()
+		return nil, err
+	}
+	return s, nil
+}
+
+// script runs devstack/stack.sh with this stack's settings.
+func (s *Stack) script(ctx context.Context, args ...string) error {
+	cmd := exec.CommandContext(ctx, filepath.Join(s.root, "devstack", "stack.sh"), args...)
+	cmd.Env = append(os.Environ(),
+		"ONCEFLOW_STACK_DIR="+s.dir,
+		fmt.Sprintf("ONCEFLOW_PG_PORT=%d", s.PGPort),
+		fmt.Sprintf("ONCEFLOW_KAFKA_PORT=%d", s.KafkaPort),
+		fmt.Sprintf("ONCEFLOW_KAFKA_CONTROLLER_PORT=%d", s.KafkaCtrlPort),
+		fmt.Sprintf("ONCEFLOW_KAFKA_ADVERTISED_PORT=%d", s.KafkaProxy),
+		"ONCEFLOW_KAFKA_HEAP=512m",
+		"ONCEFLOW_TOPIC_PARTITIONS=6",
+	)
+	if s.PGPort == 0 { // "down" before the ports are chosen: only the pid files matter
+		cmd.Env = append(os.Environ(), "ONCEFLOW_STACK_DIR="+s.dir)
+	}
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		return fmt.Errorf("stack.sh %s: %w\n%s", strings.Join(args, " "), err, out)
+	}
+	return nil
+}
+
+// PGURL is the URL of database db, through the proxy or direct.
+func (s *Stack) PGURL(db string, proxied bool) string {
+	port := s.PGPort
+	if proxied {
+		port = s.PGProxyPort
+	}
+	return fmt.Sprintf("postgres://postgres:postgres@127.0.0.1:%d/%s?sslmode=disable", port, db)
+}
+
+// Brokers is the Kafka bootstrap list (the proxy, which the broker advertises).
+func (s *Stack) Brokers() []string { return []string{fmt.Sprintf("127.0.0.1:%d", s.KafkaProxy)} }
+
+// RestartKafka stops the broker (SIGTERM, as an operator's restart does)
+// and starts it again; it returns once the broker answers.
+func (s *Stack) RestartKafka(ctx context.Context) error {
+	if err := s.script(ctx, "down", "kafka"); err != nil {
+		return err
+	}
+	return s.script(ctx, "up")
+}
+
+// RestartPostgres stops PostgreSQL (fast shutdown: every session is cut)
+// and starts it again.
+func (s *Stack) RestartPostgres(ctx context.Context) error {
+	if err := s.script(ctx, "down", "postgres"); err != nil {
+		return err
+	}
+	return s.script(ctx, "up")
+}
+
+// Close stops the servers and toxiproxy.
+func (s *Stack) Close() {
+	if s.Admin != nil {
+		s.Admin.Close()
+	}
+	if s.PGPort != 0 {
+		if err := s.script(context.Background(), "down"); err != nil {
+			s.logf("stack: %v", err)
+		}
+	}
+	if s.toxi != nil && s.toxi.Process != nil {
+		_ = s.toxi.Process.Kill()
+	}
+}
+
+// waitUntil polls cond every 100ms until it holds or timeout passes.
+func waitUntil(ctx context.Context, timeout time.Duration, cond func() bool) error {
+	deadline := time.Now().Add(timeout)
+	t := time.NewTicker(100 * time.Millisecond)
+	defer t.Stop()
+	for !cond() {
+		if time.Now().After(deadline) {
+			return fmt.Errorf("not within %s", timeout)
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-t.C:
+		}
+	}
+	return nil
+}

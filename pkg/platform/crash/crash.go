@@ -1,0 +1,55 @@
+// Package crash arms a named crash point from a service's configuration, for
+// the fault-injection harness (loadtest/prove): at the point, the process
+// kills itself with SIGKILL, as an OOM kill or a pulled plug would, so no
+// deferred function, rollback or offset commit runs.
+//
+// The libraries name their crash points (outbox.CrashAfterAck,
+// inbox.CrashAfterCommit, inbox.CrashAfterEffect, orders.CrashAfterWrite) and
+// call a CrashPoint func there when one is configured. A service's run turns
+// its CRASH_POINT and CRASH_AFTER variables into that func with Point. Unset
+// (or "none"), Point returns nil, and the libraries skip a nil CrashPoint:
+// production pays one nil check.
+package crash
+
+import (
+	"fmt"
+	"log/slog"
+	"os"
+	"slices"
+	"strings"
+	"sync/atomic"
+	"syscall"
+)
+
+// Disabled is the CRASH_POINT value that arms nothing (Compose files must set
+// every variable, and an empty one counts as unset).
+const Disabled = "none"
+
+// Point returns the CrashPoint func for a library config: the process kills
+// itself with SIGKILL the after-th time (1 = the first) it passes the point
+// called name; other points pass. known lists the points the service has, so a
+// misspelt name fails at start instead of never firing. For "" or Disabled it
+// returns nil.
+func Point(name string, after int, logger *slog.Logger, known ...string) (func(string) error, error) {
+	if name == "" || name == Disabled {
+		return nil, nil
+	}
+	if !slices.Contains(known, name) {
+		return nil, fmt.Errorf("CRASH_POINT %q is not a crash point of this service (it has %s, or %q)",
+			name, strings.Join(known, ", "), Disabled)
+	}
+	if after < 1 {
+		return nil, fmt.Errorf("CRASH_AFTER must be at least 1, got %d", after)
+	}
+	logger.Warn("crash point armed: this process will kill itself (fault injection)",
+		slog.String("crash_point", name), slog.Int("crash_after", after))
+	var hits atomic.Int64
+	return func(point string) error {
+		if point != name || hits.Add(1) != int64(after) {
+			return nil
+		}
+		logger.Warn("crash point reached: SIGKILL", slog.String("crash_point", name), slog.Int("crash_after", after))
+		_ = syscall.Kill(os.Getpid(), syscall.SIGKILL)
+		select {} // the signal is on its way; nothing after the point may run
+	}, nil
+}

@@ -1,0 +1,64 @@
+package billing
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/onceflow/onceflow/pkg/event"
+	"github.com/onceflow/onceflow/pkg/inbox"
+)
+
+// NaiveConsumer consumes without the inbox (INBOX_MODE=naive), for the
+// fault-injection harness only: fetch, run the handler in a transaction,
+// commit, commit the offset. Nothing remembers which events were applied, so
+// every redelivery (a crash before the offset commit, a relay republishing
+// after its own crash, a replay) applies the event again. It passes the same
+// crash point as the inbox (inbox.CrashAfterCommit), so the harness can kill
+// both at the same moment and compare.
+type NaiveConsumer struct {
+	Pool   *pgxpool.Pool
+	Reader inbox.Reader
+	Handle inbox.Handler
+	// CrashPoint, when set, is called with inbox.CrashAfterCommit after each
+	// database commit, before the offset commit.
+	CrashPoint func(name string) error
+	Logger     *slog.Logger
+}
+
+// Run consumes until ctx ends. A message that fails is logged and skipped:
+// the naive consumer has nowhere to put it.
+func (c *NaiveConsumer) Run(ctx context.Context) error {
+	for {
+		m, err := c.Reader.FetchMessage(ctx)
+		if err != nil {
+			if ctx.Err() != nil {
+				return nil
+			}
+			return fmt.Errorf("naive consumer: fetching: %w", err)
+		}
+		ev, err := event.FromKafka(m)
+		if err == nil {
+			err = pgx.BeginFunc(ctx, c.Pool, func(tx pgx.Tx) error { return c.Handle(ctx, tx, ev) })
+		}
+		if err != nil {
+			c.Logger.ErrorContext(ctx, "naive consumer skips a message it could not handle",
+				slog.String("topic", m.Topic), slog.Int("partition", m.Partition), slog.Int64("offset", m.Offset),
+				slog.Any("error", err))
+		}
+		if c.CrashPoint != nil {
+			if err := c.CrashPoint(inbox.CrashAfterCommit); err != nil {
+				return fmt.Errorf("crash point %s: %w", inbox.CrashAfterCommit, err)
+			}
+		}
+		if err := c.Reader.CommitMessages(ctx, m); err != nil {
+			if ctx.Err() != nil {
+				return nil
+			}
+			return fmt.Errorf("naive consumer: committing offset: %w", err)
+		}
+	}
+}
