@@ -59,6 +59,12 @@ export const invariantThresholds = {
   'http_req_duration{name:POST /orders}': ['max>=0'],
 };
 
+// maxVUs caps the VUs an arrival-rate scenario may add when the platform
+// slows down (MAX_VUS, default 300). Past it k6 drops iterations and counts
+// them (dropped_iterations), so the offered load stays open and k6 itself
+// does not eat the two cores the platform needs.
+export const maxVUs = Number(__ENV.MAX_VUS || 300);
+
 export const summaryTrendStats = ['avg', 'min', 'med', 'p(95)', 'p(99)', 'max'];
 
 const currencies = ['EUR', 'USD', 'GBP', 'CHF', 'JPY'];

@@ -6,17 +6,17 @@
 //   bin/k6 run -e STEPS=100,200,400,800 -e STEP_DURATION=15s loadtest/k6/ramp.js
 //
 // Past the knee the backlog would grow without bound and the audit would
-// wait for all of it; once more than MAX_BACKLOG_SECONDS (default 10) of
+// wait for all of it; once more than MAX_BACKLOG_SECONDS (default 5) of
 // the current step's orders are unsettled, iterations skip placing orders
 // (they count as not achieved), which keeps the run's length bounded.
 import exec from 'k6/execution';
-import { audit, invariantThresholds, placeOrder, platform, probe, probeScenario, report, seconds, setupRun, summarize, summaryTrendStats } from './lib.js';
+import { audit, maxVUs, invariantThresholds, placeOrder, platform, probe, probeScenario, report, seconds, setupRun, summarize, summaryTrendStats } from './lib.js';
 
 const steps = (__ENV.STEPS || '100,200,300,400,500,600,800,1000,1500,2000').split(',').map(Number);
 const stepDuration = __ENV.STEP_DURATION || '10s';
 const rampSeconds = 3;
 const budgetMs = Number(__ENV.LAG_BUDGET_MS || 100);
-const maxBacklogSeconds = Number(__ENV.MAX_BACKLOG_SECONDS || 10);
+const maxBacklogSeconds = Number(__ENV.MAX_BACKLOG_SECONDS || 5);
 
 const hold = seconds(stepDuration);
 const period = rampSeconds + hold;
@@ -50,7 +50,7 @@ export const options = {
       timeUnit: '1s',
       stages,
       preAllocatedVUs: 20,
-      maxVUs: Math.max(100, Math.max(...steps)),
+      maxVUs,
       exec: 'order',
     },
     probe: probeScenario(`${total}s`),

@@ -8,7 +8,7 @@
 // MAX_BACKLOG_SECONDS (default 30) of load, or when lag p99 exceeds
 // LAG_P99_MS (default 1000): a soak at a rate the platform cannot hold
 // says nothing about time.
-import { audit, invariantThresholds, placeOrder, probe, probeScenario, report, seconds, setupRun, summarize, summaryTrendStats } from './lib.js';
+import { audit, maxVUs, invariantThresholds, placeOrder, probe, probeScenario, report, seconds, setupRun, summarize, summaryTrendStats } from './lib.js';
 
 const rate = Number(__ENV.SOAK_RATE || 200);
 const duration = __ENV.SOAK_DURATION || '30m';
@@ -21,8 +21,8 @@ export const options = {
       rate,
       timeUnit: '1s',
       duration,
-      preAllocatedVUs: Math.max(10, Math.ceil(rate / 20)),
-      maxVUs: Math.max(50, rate),
+      preAllocatedVUs: Math.min(maxVUs, Math.max(10, Math.ceil(rate / 20))),
+      maxVUs,
       exec: 'order',
     },
     probe: probeScenario(duration),

@@ -6,7 +6,7 @@
 //
 //   bin/k6 run -e SPIKE_RATE=1500 loadtest/k6/spike.js
 import exec from 'k6/execution';
-import { audit, invariantThresholds, placeOrder, probe, probeScenario, report, seconds, setupRun, summarize, summaryTrendStats } from './lib.js';
+import { audit, maxVUs, invariantThresholds, placeOrder, probe, probeScenario, report, seconds, setupRun, summarize, summaryTrendStats } from './lib.js';
 
 const base = Number(__ENV.BASE_RATE || 100);
 const spike = Number(__ENV.SPIKE_RATE || 1000);
@@ -43,7 +43,7 @@ export const options = {
         { duration: `${after}s`, target: base },
       ],
       preAllocatedVUs: 20,
-      maxVUs: Math.max(100, spike),
+      maxVUs,
       exec: 'order',
     },
     probe: probeScenario(`${total}s`),

@@ -4,7 +4,7 @@
 //   bin/k6 run -e RATE=500 -e DURATION=2m loadtest/k6/steady.js
 //
 // LAG_P99_MS, when set, also fails the run if commit → settlement p99 exceeds it.
-import { audit, invariantThresholds, placeOrder, probe, probeScenario, report, seconds, setupRun, summarize, summaryTrendStats } from './lib.js';
+import { audit, maxVUs, invariantThresholds, placeOrder, probe, probeScenario, report, seconds, setupRun, summarize, summaryTrendStats } from './lib.js';
 
 const rate = Number(__ENV.RATE || 200);
 const duration = __ENV.DURATION || '60s';
@@ -21,8 +21,8 @@ export const options = {
       rate,
       timeUnit: '1s',
       duration,
-      preAllocatedVUs: Math.max(10, Math.ceil(rate / 20)),
-      maxVUs: Math.max(50, rate),
+      preAllocatedVUs: Math.min(maxVUs, Math.max(10, Math.ceil(rate / 20))),
+      maxVUs,
       exec: 'order',
     },
     probe: probeScenario(duration),

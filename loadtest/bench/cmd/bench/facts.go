@@ -61,7 +61,7 @@ func machineFacts(ctx context.Context, root, pgURL string, fsync bool) Machine {
 	return m
 }
 
-// fsyncRate runs pg_test_fsync for 2 s per method on the dev stack's disk
+// fsyncRate runs pg_test_fsync for 1 s per method on the dev stack's disk
 // and returns the fdatasync rate (Postgres's wal_sync_method here).
 func fsyncRate(ctx context.Context, root string) float64 {
 	bins, _ := filepath.Glob("/usr/lib/postgresql/*/bin/pg_test_fsync")
@@ -75,7 +75,7 @@ func fsyncRate(ctx context.Context, root string) float64 {
 	}
 	f := filepath.Join(dir, fmt.Sprintf("pg_test_fsync.%d.tmp", os.Getpid()))
 	defer os.Remove(f)
-	out, err := exec.CommandContext(ctx, bins[len(bins)-1], "-s", "2", "-f", f).Output()
+	out, err := exec.CommandContext(ctx, bins[len(bins)-1], "-s", "1", "-f", f).Output()
 	if err != nil {
 		return 0
 	}
