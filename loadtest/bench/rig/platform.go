@@ -60,6 +60,10 @@ type Config struct {
 	Name string
 	// Partitions of the two event topics; default 6, as the dev stack.
 	Partitions int
+	// DatabaseSettings are set on each service database before its program
+	// starts (ALTER DATABASE … SET), e.g. "synchronous_commit = off": a knob
+	// scoped to this platform, leaving the shared server's config alone.
+	DatabaseSettings []string
 	// Env adds environment variables per program, e.g.
 	// {"orders": {"PUBLISH_MODE=naive"}}.
 	Env map[string][]string
@@ -263,6 +267,11 @@ func (p *Platform) createDatabase(ctx context.Context, name string) (string, err
 		return "", fmt.Errorf("creating database %s: %w", name, err)
 	}
 	p.dbs = append(p.dbs, name)
+	for _, set := range p.cfg.DatabaseSettings {
+		if _, err := conn.Exec(ctx, "ALTER DATABASE "+name+" SET "+set); err != nil {
+			return "", fmt.Errorf("database %s: SET %s: %w", name, set, err)
+		}
+	}
 	u, err := url.Parse(p.cfg.PostgresURL)
 	if err != nil {
 		return "", err

@@ -32,9 +32,14 @@ type options struct {
 	spikeRate                  int
 	soakDuration               string
 	fsync                      bool
+	knobRate                   int
 }
 
-var parts = []string{"write", "drain", "consume", "modes", "ramp", "spike", "soak"}
+var parts = []string{"write", "drain", "consume", "modes", "ramp", "spike", "soak", "knobs"}
+
+// defaultParts are what `make bench` runs; knobs (platform settings varied
+// one at a time, ~4 min) is asked for by name.
+var defaultParts = parts[:7]
 
 func parseFlags(args []string, stdout io.Writer) (options, error) {
 	var o options
@@ -45,7 +50,8 @@ func parseFlags(args []string, stdout io.Writer) (options, error) {
 	fs.StringVar(&o.out, "out", "BENCHMARKS.md", "the file whose results section is rewritten (empty: none)")
 	fs.StringVar(&o.jsonOut, "json", "benchmarks/results.json", "where the results go as JSON (empty: nowhere)")
 	fs.StringVar(&o.svgOut, "svg", "benchmarks/steady-lag.svg", "where the steady run's lag plot goes (empty: nowhere)")
-	fs.StringVar(&only, "only", strings.Join(parts, ","), "which parts to run: "+strings.Join(parts, ","))
+	fs.StringVar(&only, "only", strings.Join(defaultParts, ","), "which parts to run: "+strings.Join(parts, ","))
+	fs.IntVar(&o.knobRate, "knob-rate", 150, "orders/s offered to every variant of the knobs part")
 	fs.IntVar(&o.rate, "rate", 1000, "orders/s offered to naive and outbox mode alike (the steady runs)")
 	fs.StringVar(&o.steadyDuration, "steady-duration", "20s", "how long each steady run offers load")
 	fs.StringVar(&o.steps, "steps", "100,200,300,400,600,800,1000,1500,2000", "the ramp's steps, orders/s")
@@ -85,6 +91,7 @@ type Results struct {
 	Go       map[string]GoBench    `json:"goBenchmarks,omitempty"`
 	K6       map[string]rig.Report `json:"k6,omitempty"`
 	Lag      []LagPoint            `json:"steadyLagSeries,omitempty"`
+	Knobs    []Knob                `json:"knobs,omitempty"`
 	Problems []string              `json:"problems,omitempty"`
 }
 
@@ -114,12 +121,12 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout 
 	res.Machine = machineFacts(ctx, root, adminURL(getenv), o.fsync)
 	printMachine(stdout, res.Machine)
 
-	goBench := func(part, pkg, pattern string) {
+	goBench := func(part, pkg, pattern, name string) {
 		if !o.only[part] {
 			return
 		}
 		say("go test -bench %s %s …", pattern, pkg)
-		b, err := runGoBench(ctx, root, pkg, pattern, stdout)
+		b, err := runGoBench(ctx, root, pkg, pattern, name, stdout)
 		if err != nil {
 			res.Problems = append(res.Problems, fmt.Sprintf("%s: %v", part, err))
 			say("%s failed: %v", part, err)
@@ -128,12 +135,13 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout 
 		res.Go[part] = b
 	}
 	// Library benchmarks first: they need the machine to themselves most.
-	// The trailing "/^$" keeps out the knob variants nested one level deeper.
-	goBench("write", "./pkg/outbox/", "EnqueueOverhead$/^workers=8$/^$")
-	goBench("drain", "./pkg/outbox/", "RelayDrain$/^batch=1000$/^$")
-	goBench("consume", "./services/billing/", "Consume$")
+	// A variant named "workers=8/synchronous_commit=off" is, to -bench, a
+	// child of "workers=8", so those run too; the result is the default's.
+	goBench("write", "./pkg/outbox/", "EnqueueOverhead$/^workers=8$", "BenchmarkEnqueueOverhead/workers=8")
+	goBench("drain", "./pkg/outbox/", "RelayDrain$/^batch=1000$", "BenchmarkRelayDrain/batch=1000")
+	goBench("consume", "./services/billing/", "Consume$", "BenchmarkConsume")
 
-	k6Parts := o.only["modes"] || o.only["ramp"] || o.only["spike"] || o.only["soak"]
+	k6Parts := o.only["modes"] || o.only["ramp"] || o.only["spike"] || o.only["soak"] || o.only["knobs"]
 	if k6Parts {
 		if err := runPlatform(ctx, o, &res, getenv, stdout, say); err != nil {
 			res.Problems = append(res.Problems, err.Error())
@@ -142,30 +150,53 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout 
 	}
 	res.Seconds = time.Since(start).Seconds()
 
-	table := resultsTable(res)
-	fmt.Fprintln(stdout)
-	fmt.Fprintln(stdout, table)
-	if o.jsonOut != "" {
-		if err := writeJSON(at(root, o.jsonOut), res); err != nil {
-			return err
-		}
-		say("wrote %s", o.jsonOut)
+	mainRan := false
+	for _, p := range defaultParts {
+		mainRan = mainRan || o.only[p]
 	}
-	if o.svgOut != "" && len(res.Lag) > 0 {
-		if err := os.MkdirAll(filepath.Dir(at(root, o.svgOut)), 0o755); err != nil {
-			return err
+	if mainRan {
+		table := resultsTable(res)
+		fmt.Fprintln(stdout)
+		fmt.Fprintln(stdout, table)
+		if o.jsonOut != "" {
+			if err := writeJSON(at(root, o.jsonOut), res); err != nil {
+				return err
+			}
+			say("wrote %s", o.jsonOut)
 		}
-		title := fmt.Sprintf("commit → settlement lag, steady %d orders/s (outbox mode), %s", o.rate, res.Started.Format("2006-01-02 15:04 UTC"))
-		if err := os.WriteFile(at(root, o.svgOut), []byte(lagSVG(res.Lag, title)), 0o644); err != nil {
-			return err
+		if o.svgOut != "" && len(res.Lag) > 0 {
+			if err := os.MkdirAll(filepath.Dir(at(root, o.svgOut)), 0o755); err != nil {
+				return err
+			}
+			title := fmt.Sprintf("commit → settlement lag, steady %d orders/s (outbox mode), %s", o.rate, res.Started.Format("2006-01-02 15:04 UTC"))
+			if err := os.WriteFile(at(root, o.svgOut), []byte(lagSVG(res.Lag, title)), 0o644); err != nil {
+				return err
+			}
+			say("wrote %s", o.svgOut)
 		}
-		say("wrote %s", o.svgOut)
+		if o.out != "" {
+			if err := writeMarkdown(at(root, o.out), markdown(res, o, table), beginMarker, endMarker); err != nil {
+				return err
+			}
+			say("rewrote the results section of %s", o.out)
+		}
 	}
-	if o.out != "" {
-		if err := writeMarkdown(at(root, o.out), markdown(res, o, table)); err != nil {
-			return err
+	if len(res.Knobs) > 0 {
+		fmt.Fprintln(stdout)
+		fmt.Fprintln(stdout, knobTable(res.Knobs))
+		if o.jsonOut != "" {
+			path := strings.TrimSuffix(at(root, o.jsonOut), ".json") + "-knobs.json"
+			if err := writeJSON(path, res); err != nil {
+				return err
+			}
+			say("wrote %s", path)
 		}
-		say("rewrote the results section of %s", o.out)
+		if o.out != "" {
+			if err := writeMarkdown(at(root, o.out), knobsMarkdown(res, o), knobsBeginMarker, knobsEndMarker); err != nil {
+				return err
+			}
+			say("rewrote the knobs section of %s", o.out)
+		}
 	}
 	if len(res.Problems) > 0 {
 		return fmt.Errorf("%d part(s) failed: %s", len(res.Problems), strings.Join(res.Problems, "; "))
@@ -197,7 +228,7 @@ func brokers(getenv func(string) string) []string {
 
 // runGoBench runs one benchmark once (-benchtime 1x: each is a whole
 // experiment that reports its own rates) and parses its reported metrics.
-func runGoBench(ctx context.Context, root, pkg, pattern string, stdout io.Writer) (GoBench, error) {
+func runGoBench(ctx context.Context, root, pkg, pattern, want string, stdout io.Writer) (GoBench, error) {
 	cmd := exec.CommandContext(ctx, "go", "test", "-run", "^$", "-bench", pattern, "-benchtime", "1x", "-timeout", "15m", pkg)
 	cmd.Dir = root
 	pr, pw := io.Pipe()
@@ -213,7 +244,7 @@ func runGoBench(ctx context.Context, root, pkg, pattern string, stdout io.Writer
 	for sc.Scan() {
 		line := sc.Text()
 		fmt.Fprintln(stdout, "    "+line)
-		if name, m, ok := parseBenchLine(line); ok && b.Name == "" {
+		if name, m, ok := parseBenchLine(line); ok && name == want {
 			b = GoBench{Name: name, Metrics: m}
 		}
 	}
@@ -221,7 +252,7 @@ func runGoBench(ctx context.Context, root, pkg, pattern string, stdout io.Writer
 		return b, fmt.Errorf("go test -bench %s %s: %w", pattern, pkg, err)
 	}
 	if b.Name == "" {
-		return b, fmt.Errorf("go test -bench %s %s printed no result", pattern, pkg)
+		return b, fmt.Errorf("go test -bench %s %s printed no result for %s", pattern, pkg, want)
 	}
 	return b, nil
 }
@@ -259,12 +290,12 @@ func runPlatform(ctx context.Context, o options, res *Results, getenv func(strin
 	}
 	workRoot := filepath.Join(o.root, "bin", "bench", "work")
 	n := 0
-	scenario := func(key, script string, env map[string][]string, vars ...string) (*rig.Platform, rig.Report, error) {
+	scenario := func(key, script string, knob variant, vars ...string) (*rig.Platform, rig.Report, error) {
 		n++
-		name := fmt.Sprintf("bench_%s_%d_%d", key, os.Getpid(), n)
+		name := fmt.Sprintf("bench_%s_%d_%d", strings.NewReplacer("=", "_", "-", "_").Replace(key), os.Getpid(), n)
 		p, err := rig.Start(ctx, rig.Config{
 			BinDir: binDir, WorkDir: filepath.Join(workRoot, key), PostgresURL: adminURL(getenv),
-			Brokers: brokers(getenv), Name: name, Env: env,
+			Brokers: brokers(getenv), Name: name, Env: knob.env, Partitions: knob.partitions, DatabaseSettings: knob.dbSettings,
 		})
 		if err != nil {
 			return nil, rig.Report{}, fmt.Errorf("%s: %w", key, err)
@@ -283,7 +314,9 @@ func runPlatform(ctx context.Context, o options, res *Results, getenv func(strin
 			p.Destroy(context.WithoutCancel(ctx))
 			return nil, r, fmt.Errorf("%s: %w", key, err)
 		}
-		res.K6[key] = r
+		if !knob.notInResults {
+			res.K6[key] = r
+		}
 		if r.ExitCode != 0 {
 			res.Problems = append(res.Problems, fmt.Sprintf("%s: k6 exited %d (%s)", key, r.ExitCode, strings.Join(r.ThresholdsFailed, "; ")))
 		}
@@ -296,7 +329,7 @@ func runPlatform(ctx context.Context, o options, res *Results, getenv func(strin
 	rate := strconv.Itoa(o.rate)
 
 	if o.only["modes"] {
-		p, _, err := scenario("outbox", "steady.js", nil, "RATE="+rate, "DURATION="+o.steadyDuration)
+		p, _, err := scenario("outbox", "steady.js", variant{}, "RATE="+rate, "DURATION="+o.steadyDuration)
 		if err != nil {
 			return err
 		}
@@ -306,9 +339,9 @@ func runPlatform(ctx context.Context, o options, res *Results, getenv func(strin
 		}
 		done(p)
 		if naiveAvailable(o.root) {
-			p, _, err := scenario("naive", "steady.js", map[string][]string{
+			p, _, err := scenario("naive", "steady.js", variant{env: map[string][]string{
 				"orders": {"PUBLISH_MODE=naive"}, "billing": {"INBOX_MODE=naive"},
-			}, "RATE="+rate, "DURATION="+o.steadyDuration)
+			}}, "RATE="+rate, "DURATION="+o.steadyDuration)
 			if err != nil {
 				return err
 			}
@@ -318,14 +351,14 @@ func runPlatform(ctx context.Context, o options, res *Results, getenv func(strin
 		}
 	}
 	if o.only["ramp"] {
-		p, _, err := scenario("ramp", "ramp.js", nil, "STEPS="+o.steps, "STEP_DURATION="+o.stepDuration)
+		p, _, err := scenario("ramp", "ramp.js", variant{}, "STEPS="+o.steps, "STEP_DURATION="+o.stepDuration)
 		if err != nil {
 			return err
 		}
 		done(p)
 	}
 	if o.only["spike"] {
-		p, _, err := scenario("spike", "spike.js", nil, "SPIKE_RATE="+strconv.Itoa(o.spikeRate))
+		p, _, err := scenario("spike", "spike.js", variant{}, "SPIKE_RATE="+strconv.Itoa(o.spikeRate))
 		if err != nil {
 			return err
 		}
@@ -336,13 +369,48 @@ func runPlatform(ctx context.Context, o options, res *Results, getenv func(strin
 		if r, ok := res.K6["ramp"]; ok && r.Knee > 0 {
 			soakRate = int(r.Knee) / 2
 		}
-		p, _, err := scenario("soak", "soak.js", nil, "SOAK_RATE="+strconv.Itoa(max(soakRate, 50)), "SOAK_DURATION="+o.soakDuration)
+		p, _, err := scenario("soak", "soak.js", variant{}, "SOAK_RATE="+strconv.Itoa(max(soakRate, 50)), "SOAK_DURATION="+o.soakDuration)
 		if err != nil {
 			return err
 		}
 		done(p)
 	}
+	if o.only["knobs"] {
+		// One setting at a time against the defaults, which run first and
+		// last so drift on a shared machine shows.
+		variants := []variant{
+			{name: "default"},
+			{name: "partitions=2", partitions: 2},
+			{name: "partitions=12", partitions: 12},
+			{name: "synchronous_commit=off", dbSettings: []string{"synchronous_commit = off"}},
+			{name: "default"},
+		}
+		for _, v := range variants {
+			v.notInResults = true
+			p, r, err := scenario("knob-"+v.name, "steady.js", v, "RATE="+strconv.Itoa(o.knobRate), "DURATION="+o.steadyDuration)
+			if err != nil {
+				return err
+			}
+			done(p)
+			res.Knobs = append(res.Knobs, Knob{Name: v.name, Report: r})
+		}
+	}
 	return nil
+}
+
+// variant is a platform setting a run changes.
+type variant struct {
+	name         string
+	env          map[string][]string
+	partitions   int
+	dbSettings   []string
+	notInResults bool // a knob run: kept in Results.Knobs instead of K6
+}
+
+// Knob is one run of the knobs part.
+type Knob struct {
+	Name   string     `json:"name"`
+	Report rig.Report `json:"report"`
 }
 
 // naiveAvailable reports whether this checkout's orders service knows the
