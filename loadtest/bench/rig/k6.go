@@ -45,6 +45,9 @@ type Report struct {
 	PoisonDeadLettered float64 `json:"poisonDeadLettered,omitempty"`
 	// ExitCode is k6's: 0, or 99 when a threshold failed.
 	ExitCode int `json:"exitCode"`
+	// CPUSeconds is the CPU time each program and k6 used during the run
+	// (filled in by K6, not by the script).
+	CPUSeconds map[string]float64 `json:"cpuSeconds,omitempty"`
 }
 
 // Step is one plateau of the ramp.
@@ -76,7 +79,15 @@ func K6(ctx context.Context, k6, script string, p *Platform, out io.Writer, vars
 	// k6 keeps its state (login tokens, usage reports) in the home
 	// directory; a throw-away one keeps the machine's untouched.
 	cmd.Env = append(os.Environ(), "K6_NO_USAGE_REPORT=true", "XDG_CONFIG_HOME="+dir)
+	before := p.CPUTimes()
 	runErr := cmd.Run()
+	cpu := map[string]float64{}
+	for name, t := range p.CPUTimes() {
+		cpu[name] = (t - before[name]).Seconds()
+	}
+	if cmd.ProcessState != nil {
+		cpu["k6"] = (cmd.ProcessState.UserTime() + cmd.ProcessState.SystemTime()).Seconds()
+	}
 	var r Report
 	b, err := os.ReadFile(summary)
 	if err != nil {
@@ -85,6 +96,7 @@ func K6(ctx context.Context, k6, script string, p *Platform, out io.Writer, vars
 	if err := json.Unmarshal(b, &r); err != nil {
 		return r, fmt.Errorf("reading k6's summary: %w", err)
 	}
+	r.CPUSeconds = cpu
 	var exit *exec.ExitError
 	switch {
 	case runErr == nil:

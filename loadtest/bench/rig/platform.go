@@ -1,6 +1,7 @@
 package rig
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -11,6 +12,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -64,6 +66,10 @@ type Config struct {
 	// starts (ALTER DATABASE … SET), e.g. "synchronous_commit = off": a knob
 	// scoped to this platform, leaving the shared server's config alone.
 	DatabaseSettings []string
+	// DatabaseParams are appended to the programs' DATABASE_URL query, e.g.
+	// "pool_max_conns=16" (pgxpool reads it; the default pool is
+	// max(4, cores) connections).
+	DatabaseParams string
 	// Env adds environment variables per program, e.g.
 	// {"orders": {"PUBLISH_MODE=naive"}}.
 	Env map[string][]string
@@ -125,6 +131,15 @@ func Start(ctx context.Context, cfg Config) (p *Platform, err error) {
 	}
 
 	brokers := strings.Join(cfg.Brokers, ",")
+	dbURL := func(u string) string {
+		if cfg.DatabaseParams == "" {
+			return u
+		}
+		if strings.Contains(u, "?") {
+			return u + "&" + cfg.DatabaseParams
+		}
+		return u + "?" + cfg.DatabaseParams
+	}
 	addrs := map[string]string{}
 	for _, pr := range programs {
 		addrs[pr.name], err = freeAddr()
@@ -138,11 +153,11 @@ func Start(ctx context.Context, cfg Config) (p *Platform, err error) {
 	p.OrdersURL = "http://" + addrs["orders"]
 	env := map[string][]string{
 		"reconciler": {"LEDGER_PATH=" + filepath.Join(cfg.WorkDir, "ledger.jsonl")},
-		"shim": {"DATABASE_URL=" + p.ShimDB, "KAFKA_BROKERS=" + brokers, "BILLING_TOPIC=" + p.BillingTopic,
+		"shim": {"DATABASE_URL=" + dbURL(p.ShimDB), "KAFKA_BROKERS=" + brokers, "BILLING_TOPIC=" + p.BillingTopic,
 			"CONSUMER_GROUP=" + cfg.Name + "-shim", "RECONCILER_URL=" + p.ReconcilerURL},
-		"billing": {"DATABASE_URL=" + p.BillingDB, "KAFKA_BROKERS=" + brokers, "ORDERS_TOPIC=" + p.OrdersTopic,
+		"billing": {"DATABASE_URL=" + dbURL(p.BillingDB), "KAFKA_BROKERS=" + brokers, "ORDERS_TOPIC=" + p.OrdersTopic,
 			"BILLING_TOPIC=" + p.BillingTopic, "CONSUMER_GROUP=" + cfg.Name + "-billing"},
-		"orders": {"DATABASE_URL=" + p.OrdersDB, "KAFKA_BROKERS=" + brokers, "ORDERS_TOPIC=" + p.OrdersTopic},
+		"orders": {"DATABASE_URL=" + dbURL(p.OrdersDB), "KAFKA_BROKERS=" + brokers, "ORDERS_TOPIC=" + p.OrdersTopic},
 	}
 	// A ledger from an earlier run would count its bookings as this run's.
 	if err := os.Remove(filepath.Join(cfg.WorkDir, "ledger.jsonl")); err != nil && !errors.Is(err, os.ErrNotExist) {
@@ -231,6 +246,29 @@ func (p *Platform) Destroy(ctx context.Context) {
 		}
 	}
 	p.dbs, p.topics = nil, nil
+}
+
+// CPUTimes returns the CPU time (user + system) each program has used so
+// far, read from /proc; a program whose stat cannot be read is left out.
+func (p *Platform) CPUTimes() map[string]time.Duration {
+	out := map[string]time.Duration{}
+	for _, pr := range p.procs {
+		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pr.cmd.Process.Pid))
+		if err != nil {
+			continue
+		}
+		// Fields after the command name, which sits in parentheses and may
+		// hold spaces: utime and stime are the 12th and 13th of them.
+		f := strings.Fields(string(b[bytes.LastIndexByte(b, ')')+1:]))
+		if len(f) < 13 {
+			continue
+		}
+		utime, _ := strconv.ParseInt(f[11], 10, 64)
+		stime, _ := strconv.ParseInt(f[12], 10, 64)
+		const clockTicks = 100 // USER_HZ on Linux
+		out[filepath.Base(pr.cmd.Path)] = time.Duration(utime+stime) * time.Second / clockTicks
+	}
+	return out
 }
 
 // LogTails returns the last n lines of each program's log, for errors.

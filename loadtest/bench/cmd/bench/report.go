@@ -180,6 +180,10 @@ func markdown(res Results, o options, table string) string {
 				f0(r.Errors), f0(r.Lost), f0(r.Duplicated+r.ThirdPartyDuplicates), r.ExitCode)
 		}
 	}
+	if len(res.K6) > 0 {
+		b.WriteString("\nCPU per order placed, by process (µs; from /proc for the four programs and k6's rusage; Postgres and Kafka are shared with\nthe rest of the machine and not attributed):\n\n")
+		b.WriteString(cpuTable(res.K6))
+	}
 	if len(res.Lag) > 0 {
 		fmt.Fprintf(&b, "\n![commit → settlement lag over time, steady run](%s)\n", o.svgOut)
 	}
@@ -243,6 +247,31 @@ func knobTable(knobs []Knob) string {
 		fmt.Fprintf(&b, "| %s | %s | %s ms | %s ms | %s ms | %s | %s | %s / %s |\n", k.Name, f0(r.OrdersPerSecond), f1(r.HTTPP99Ms),
 			f0(r.LagP50Ms), f0(r.LagP99Ms), f2(ratio(r.LagP50Ms, base.LagP50Ms)), f2(ratio(r.LagP99Ms, base.LagP99Ms)),
 			f0(r.BacklogPeakOrders), f0(r.BacklogPeakBilling))
+	}
+	return b.String()
+}
+
+var processes = []string{"orders", "billing", "shim", "reconciler", "k6"}
+
+func cpuTable(runs map[string]rig.Report) string {
+	var b bytes.Buffer
+	b.WriteString("| run | " + strings.Join(processes, " | ") + " | programs total |\n|---|" + strings.Repeat("---|", len(processes)+1) + "\n")
+	for _, key := range []string{"outbox", "naive", "ramp", "spike", "soak"} {
+		r, ok := runs[key]
+		if !ok || r.OrdersPlaced == 0 || len(r.CPUSeconds) == 0 {
+			continue
+		}
+		cells := []string{key}
+		total := 0.0
+		for _, p := range processes {
+			us := r.CPUSeconds[p] / r.OrdersPlaced * 1e6
+			if p != "k6" {
+				total += us
+			}
+			cells = append(cells, f0(us))
+		}
+		cells = append(cells, f0(total))
+		fmt.Fprintf(&b, "| %s |\n", strings.Join(cells, " | "))
 	}
 	return b.String()
 }

@@ -51,7 +51,7 @@ func parseFlags(args []string, stdout io.Writer) (options, error) {
 	fs.StringVar(&o.jsonOut, "json", "benchmarks/results.json", "where the results go as JSON (empty: nowhere)")
 	fs.StringVar(&o.svgOut, "svg", "benchmarks/steady-lag.svg", "where the steady run's lag plot goes (empty: nowhere)")
 	fs.StringVar(&only, "only", strings.Join(defaultParts, ","), "which parts to run: "+strings.Join(parts, ","))
-	fs.IntVar(&o.knobRate, "knob-rate", 150, "orders/s offered to every variant of the knobs part")
+	fs.IntVar(&o.knobRate, "knob-rate", 300, "orders/s offered to every variant of the knobs part")
 	fs.IntVar(&o.rate, "rate", 1000, "orders/s offered to naive and outbox mode alike (the steady runs)")
 	fs.StringVar(&o.steadyDuration, "steady-duration", "20s", "how long each steady run offers load")
 	fs.StringVar(&o.steps, "steps", "100,200,300,400,600,800,1000,1500,2000", "the ramp's steps, orders/s")
@@ -296,6 +296,7 @@ func runPlatform(ctx context.Context, o options, res *Results, getenv func(strin
 		p, err := rig.Start(ctx, rig.Config{
 			BinDir: binDir, WorkDir: filepath.Join(workRoot, key), PostgresURL: adminURL(getenv),
 			Brokers: brokers(getenv), Name: name, Env: knob.env, Partitions: knob.partitions, DatabaseSettings: knob.dbSettings,
+			DatabaseParams: knob.dbParams,
 		})
 		if err != nil {
 			return nil, rig.Report{}, fmt.Errorf("%s: %w", key, err)
@@ -380,7 +381,7 @@ func runPlatform(ctx context.Context, o options, res *Results, getenv func(strin
 		// last so drift on a shared machine shows.
 		variants := []variant{
 			{name: "default"},
-			{name: "partitions=2", partitions: 2},
+			{name: "pool_max_conns=16", dbParams: "pool_max_conns=16"},
 			{name: "partitions=12", partitions: 12},
 			{name: "synchronous_commit=off", dbSettings: []string{"synchronous_commit = off"}},
 			{name: "default"},
@@ -404,6 +405,7 @@ type variant struct {
 	env          map[string][]string
 	partitions   int
 	dbSettings   []string
+	dbParams     string
 	notInResults bool // a knob run: kept in Results.Knobs instead of K6
 }
 
