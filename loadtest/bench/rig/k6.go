@@ -40,6 +40,8 @@ type Report struct {
 	Steps       []Step  `json:"steps,omitempty"`
 	Knee        float64 `json:"knee,omitempty"`
 	LagBudgetMs float64 `json:"lagBudgetMs,omitempty"`
+	// Spike only: lag by the phase the order was placed in (before, spike, after).
+	Phases map[string]*PhaseLag `json:"phases,omitempty"`
 	// Smoke only.
 	DuplicatesAbsorbed float64 `json:"duplicatesAbsorbed,omitempty"`
 	PoisonDeadLettered float64 `json:"poisonDeadLettered,omitempty"`
@@ -48,6 +50,13 @@ type Report struct {
 	// CPUSeconds is the CPU time each program and k6 used during the run
 	// (filled in by K6, not by the script).
 	CPUSeconds map[string]float64 `json:"cpuSeconds,omitempty"`
+}
+
+// PhaseLag is the lag of the orders placed in one phase of the spike.
+type PhaseLag struct {
+	LagP50Ms float64 `json:"lagP50Ms"`
+	LagP99Ms float64 `json:"lagP99Ms"`
+	LagMaxMs float64 `json:"lagMaxMs"`
 }
 
 // Step is one plateau of the ramp.

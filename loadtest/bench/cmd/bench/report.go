@@ -103,6 +103,10 @@ func resultsTable(res Results) string {
 	if s, ok := res.K6["spike"]; ok {
 		row("spike: lag p99 over the whole run, backlog peak (orders outbox)", f0(s.LagP99Ms)+" ms",
 			"peak "+f0(s.BacklogPeakOrders)+" rows", "", "", invariants(s))
+		if ph := s.Phases; ph["before"] != nil && ph["spike"] != nil && ph["after"] != nil {
+			row("spike: lag p99 of orders placed before / during / after the burst", fmt.Sprintf("%s / %s / %s ms",
+				f0(ph["before"].LagP99Ms), f0(ph["spike"].LagP99Ms), f0(ph["after"].LagP99Ms)), "", "", "", "")
+		}
 	}
 	if s, ok := res.K6["soak"]; ok {
 		row(fmt.Sprintf("soak %s s at %s orders/s: lag p99", f0(s.LoadSeconds), f0(s.OfferedRate)), f0(s.LagP99Ms)+" ms", "", "", "", invariants(s))

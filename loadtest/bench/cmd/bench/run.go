@@ -366,7 +366,9 @@ func runPlatform(ctx context.Context, o options, res *Results, getenv func(strin
 		done(p)
 	}
 	if o.only["soak"] {
-		soakRate := 200
+		// Half the knee; without a knee (nothing met the lag budget), a rate
+		// low enough that the soak measures time, not overload.
+		soakRate := 50
 		if r, ok := res.K6["ramp"]; ok && r.Knee > 0 {
 			soakRate = int(r.Knee) / 2
 		}
