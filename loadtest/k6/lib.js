@@ -13,6 +13,7 @@ import onceflow from 'k6/x/onceflow';
 export const env = {
   ordersURL: __ENV.ORDERS_URL || 'http://127.0.0.1:8081',
   billingURL: __ENV.BILLING_URL || 'http://127.0.0.1:8082',
+  shimURL: __ENV.SHIM_URL || 'http://127.0.0.1:8083',
   reconcilerURL: __ENV.RECONCILER_URL || 'http://127.0.0.1:8084',
   ordersDB: __ENV.ORDERS_DB || 'postgres://postgres:postgres@127.0.0.1:55432/orders?sslmode=disable',
   billingDB: __ENV.BILLING_DB || 'postgres://postgres:postgres@127.0.0.1:55432/billing?sslmode=disable',
@@ -44,6 +45,10 @@ export const metrics = {
   thirdPartyDuplicates: new Counter('third_party_duplicates'),
   backlogOrders: new Gauge('outbox_backlog_orders'),
   backlogBilling: new Gauge('outbox_backlog_billing'),
+  // Kafka consumer lag (messages) of billing (orders.events) and the shim
+  // (billing.events): with the outbox backlogs, they show where a backlog sits.
+  consumerLagBilling: new Gauge('consumer_lag_billing'),
+  consumerLagShim: new Gauge('consumer_lag_shim'),
   // A trend, not a gauge: thresholds can then bound its max (the soak does).
   pending: new Trend('orders_unsettled'),
 };
@@ -100,6 +105,8 @@ export function probe(tagOf) {
   const b = platform.backlog();
   metrics.backlogOrders.add(b.orders);
   metrics.backlogBilling.add(b.billing);
+  metrics.consumerLagBilling.add(metricValue(env.billingURL, 'consumer_lag_messages'));
+  metrics.consumerLagShim.add(metricValue(env.shimURL, 'consumer_lag_messages'));
   sleep(0.5);
 }
 
@@ -181,6 +188,8 @@ export function report(data, scenario, loadSeconds, extra) {
     settled: value(data, 'orders_settled', 'count'),
     backlogPeakOrders: value(data, 'outbox_backlog_orders', 'max'),
     backlogPeakBilling: value(data, 'outbox_backlog_billing', 'max'),
+    consumerLagPeakBilling: value(data, 'consumer_lag_billing', 'max'),
+    consumerLagPeakShim: value(data, 'consumer_lag_shim', 'max'),
     errors: value(data, 'order_errors', 'count'),
     lost: value(data, 'settlements_lost', 'count'),
     duplicated: value(data, 'settlements_duplicated', 'count'),
@@ -205,6 +214,7 @@ export function summarize(r) {
     `  POST /orders           p50 ${fmt(r.httpP50Ms)} ms   p95 ${fmt(r.httpP95Ms)} ms   p99 ${fmt(r.httpP99Ms)} ms`,
     `  commit → settlement    p50 ${fmt(r.lagP50Ms)} ms   p99 ${fmt(r.lagP99Ms)} ms   max ${fmt(r.lagMaxMs)} ms   (${r.settled} settled)`,
     `  outbox backlog peak    orders ${r.backlogPeakOrders}   billing ${r.backlogPeakBilling}`,
+    `  consumer lag peak      billing ${r.consumerLagPeakBilling}   shim ${r.consumerLagPeakShim} (messages)`,
     `  errors                 ${r.errors} failed orders`,
     `  invariants             ${r.lost} lost, ${r.duplicated} duplicated, ${r.thirdPartyDuplicates} booked twice by the third party`,
   ];

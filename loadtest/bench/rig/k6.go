@@ -16,26 +16,30 @@ import (
 
 // Report is what the scenarios' handleSummary writes as JSON (lib.js, report).
 type Report struct {
-	Scenario             string   `json:"scenario"`
-	LoadSeconds          float64  `json:"loadSeconds"`
-	OfferedRate          float64  `json:"offeredRate"`
-	OrdersPlaced         float64  `json:"ordersPlaced"`
-	OrdersPerSecond      float64  `json:"ordersPerSecond"`
-	DroppedIterations    float64  `json:"droppedIterations"`
-	HTTPP50Ms            float64  `json:"httpP50Ms"`
-	HTTPP95Ms            float64  `json:"httpP95Ms"`
-	HTTPP99Ms            float64  `json:"httpP99Ms"`
-	LagP50Ms             float64  `json:"lagP50Ms"`
-	LagP99Ms             float64  `json:"lagP99Ms"`
-	LagMaxMs             float64  `json:"lagMaxMs"`
-	Settled              float64  `json:"settled"`
-	BacklogPeakOrders    float64  `json:"backlogPeakOrders"`
-	BacklogPeakBilling   float64  `json:"backlogPeakBilling"`
-	Errors               float64  `json:"errors"`
-	Lost                 float64  `json:"lost"`
-	Duplicated           float64  `json:"duplicated"`
-	ThirdPartyDuplicates float64  `json:"thirdPartyDuplicates"`
-	ThresholdsFailed     []string `json:"thresholdsFailed"`
+	Scenario           string  `json:"scenario"`
+	LoadSeconds        float64 `json:"loadSeconds"`
+	OfferedRate        float64 `json:"offeredRate"`
+	OrdersPlaced       float64 `json:"ordersPlaced"`
+	OrdersPerSecond    float64 `json:"ordersPerSecond"`
+	DroppedIterations  float64 `json:"droppedIterations"`
+	HTTPP50Ms          float64 `json:"httpP50Ms"`
+	HTTPP95Ms          float64 `json:"httpP95Ms"`
+	HTTPP99Ms          float64 `json:"httpP99Ms"`
+	LagP50Ms           float64 `json:"lagP50Ms"`
+	LagP99Ms           float64 `json:"lagP99Ms"`
+	LagMaxMs           float64 `json:"lagMaxMs"`
+	Settled            float64 `json:"settled"`
+	BacklogPeakOrders  float64 `json:"backlogPeakOrders"`
+	BacklogPeakBilling float64 `json:"backlogPeakBilling"`
+	// Kafka consumer lag peaks, in messages: billing on the orders topic,
+	// the shim on the billing topic.
+	ConsumerLagPeakBilling float64  `json:"consumerLagPeakBilling"`
+	ConsumerLagPeakShim    float64  `json:"consumerLagPeakShim"`
+	Errors                 float64  `json:"errors"`
+	Lost                   float64  `json:"lost"`
+	Duplicated             float64  `json:"duplicated"`
+	ThirdPartyDuplicates   float64  `json:"thirdPartyDuplicates"`
+	ThresholdsFailed       []string `json:"thresholdsFailed"`
 	// The ramp's steps and knee; empty for the other scenarios.
 	Steps       []Step  `json:"steps,omitempty"`
 	Knee        float64 `json:"knee,omitempty"`

@@ -171,16 +171,17 @@ func markdown(res Results, o options, table string) string {
 	}
 	if len(res.K6) > 0 {
 		b.WriteString("\nEvery k6 run (HTTP latency is `POST /orders`; backlog peaks are outbox rows pending):\n\n")
-		b.WriteString("| run | offered | orders/s | HTTP p50 / p95 / p99 | lag p50 / p99 / max | backlog peak orders / billing | errors | lost / doubled | k6 exit |\n")
-		b.WriteString("|---|---|---|---|---|---|---|---|---|\n")
+		b.WriteString("| run | offered | orders/s | HTTP p50 / p95 / p99 | lag p50 / p99 / max | outbox backlog peak orders / billing | consumer lag peak billing / shim | errors | lost / doubled | k6 exit |\n")
+		b.WriteString("|---|---|---|---|---|---|---|---|---|---|\n")
 		for _, key := range []string{"outbox", "naive", "ramp", "spike", "soak"} {
 			r, ok := res.K6[key]
 			if !ok {
 				continue
 			}
-			fmt.Fprintf(&b, "| %s | %s | %s | %s / %s / %s ms | %s / %s / %s ms | %s / %s | %s | %s / %s | %d |\n",
+			fmt.Fprintf(&b, "| %s | %s | %s | %s / %s / %s ms | %s / %s / %s ms | %s / %s | %s / %s | %s | %s / %s | %d |\n",
 				key, offered(r), f0(r.OrdersPerSecond), f1(r.HTTPP50Ms), f1(r.HTTPP95Ms), f1(r.HTTPP99Ms),
 				f0(r.LagP50Ms), f0(r.LagP99Ms), f0(r.LagMaxMs), f0(r.BacklogPeakOrders), f0(r.BacklogPeakBilling),
+				f0(r.ConsumerLagPeakBilling), f0(r.ConsumerLagPeakShim),
 				f0(r.Errors), f0(r.Lost), f0(r.Duplicated+r.ThirdPartyDuplicates), r.ExitCode)
 		}
 	}
@@ -245,12 +246,12 @@ func knobTable(knobs []Knob) string {
 		base.LagP99Ms /= nBase
 	}
 	var b bytes.Buffer
-	b.WriteString("| run | orders/s | HTTP p99 | lag p50 | lag p99 | lag p50 ÷ default | lag p99 ÷ default | backlog peak orders / billing |\n|---|---|---|---|---|---|---|---|\n")
+	b.WriteString("| run | orders/s | HTTP p99 | lag p50 | lag p99 | lag p50 ÷ default | lag p99 ÷ default | outbox backlog peak orders / billing | consumer lag peak billing / shim |\n|---|---|---|---|---|---|---|---|---|\n")
 	for _, k := range knobs {
 		r := k.Report
-		fmt.Fprintf(&b, "| %s | %s | %s ms | %s ms | %s ms | %s | %s | %s / %s |\n", k.Name, f0(r.OrdersPerSecond), f1(r.HTTPP99Ms),
+		fmt.Fprintf(&b, "| %s | %s | %s ms | %s ms | %s ms | %s | %s | %s / %s | %s / %s |\n", k.Name, f0(r.OrdersPerSecond), f1(r.HTTPP99Ms),
 			f0(r.LagP50Ms), f0(r.LagP99Ms), f2(ratio(r.LagP50Ms, base.LagP50Ms)), f2(ratio(r.LagP99Ms, base.LagP99Ms)),
-			f0(r.BacklogPeakOrders), f0(r.BacklogPeakBilling))
+			f0(r.BacklogPeakOrders), f0(r.BacklogPeakBilling), f0(r.ConsumerLagPeakBilling), f0(r.ConsumerLagPeakShim))
 	}
 	return b.String()
 }
