@@ -192,6 +192,12 @@ func markdown(res Results, o options, table string) string {
 	if len(res.Lag) > 0 {
 		fmt.Fprintf(&b, "\n![commit → settlement lag over time, steady run](%s)\n", o.svgOut)
 	}
+	if len(res.Missed) > 0 {
+		b.WriteString("\nScenario thresholds missed (goals, not invariants):\n\n")
+		for _, m := range res.Missed {
+			fmt.Fprintf(&b, "- %s\n", m)
+		}
+	}
 	if len(res.Problems) > 0 {
 		b.WriteString("\nProblems in this run:\n\n")
 		for _, p := range res.Problems {

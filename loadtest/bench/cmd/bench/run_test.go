@@ -5,6 +5,8 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/onceflow/onceflow/loadtest/bench/rig"
 )
 
 func TestParseBenchLine(t *testing.T) {
@@ -86,5 +88,22 @@ func TestLagSVGPlotsEverySecond(t *testing.T) {
 	}
 	if !strings.Contains(svg, "p99 goal 100 ms") {
 		t.Fatal("the 100 ms goal line is missing")
+	}
+}
+
+func TestBrokeInvariant(t *testing.T) {
+	for _, c := range []struct {
+		failed []string
+		want   bool
+	}{
+		{[]string{"settle_lag: p(99)<=1000"}, false},
+		{[]string{"orders_unsettled: max<=6000", "settle_lag: p(99)<=1000"}, false},
+		{[]string{"settle_lag: p(99)<=1000", "settlements_lost: count==0"}, true},
+		{[]string{"settlements_duplicated: count==0"}, true},
+		{nil, true}, // k6 failed without a threshold: something else broke
+	} {
+		if got := brokeInvariant(rig.Report{ThresholdsFailed: c.failed}); got != c.want {
+			t.Errorf("brokeInvariant(%q) = %v, want %v", c.failed, got, c.want)
+		}
 	}
 }
