@@ -62,8 +62,8 @@ func TestK6Smoke(t *testing.T) {
 		t.Fatalf("report: %d placed, %d settled, %d lost, %d duplicated; want ≥ 50 placed, all settled once",
 			int(r.OrdersPlaced), int(r.Settled), int(r.Lost), int(r.Duplicated))
 	}
-	if r.DuplicatesAbsorbed < 20 || r.PoisonDeadLettered < 3 {
-		t.Fatalf("billing absorbed %v duplicates and dead-lettered %v poison messages; want 20 and 3",
+	if r.DuplicatesAbsorbed < 20 || r.PoisonDeadLettered < 4 {
+		t.Fatalf("billing absorbed %v duplicates and dead-lettered %v poison messages; want 20 and 4",
 			r.DuplicatesAbsorbed, r.PoisonDeadLettered)
 	}
 
