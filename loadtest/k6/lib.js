@@ -218,6 +218,9 @@ export function summarize(r) {
     `  errors                 ${r.errors} failed orders`,
     `  invariants             ${r.lost} lost, ${r.duplicated} duplicated, ${r.thirdPartyDuplicates} booked twice by the third party`,
   ];
+  if (r.duplicatesAbsorbed !== undefined) {
+    lines.push(`  redeliveries           ${r.duplicatesAbsorbed} counted as duplicates by billing; ${r.poisonDeadLettered} poison messages dead-lettered`);
+  }
   if (r.steps) {
     lines.push('  steps (offered → achieved orders/s, lag p99):');
     for (const s of r.steps) {
