@@ -72,6 +72,48 @@ export const maxVUs = Number(__ENV.MAX_VUS || 300);
 
 export const summaryTrendStats = ['avg', 'min', 'med', 'p(95)', 'p(99)', 'max'];
 
+// withDefaults completes a scenario's options: the invariants' thresholds
+// (added to the script's own), the summary's statistics, and time for setup
+// and for the audit's drain.
+export function withDefaults(o) {
+  return Object.assign({
+    summaryTrendStats,
+    setupTimeout: '30s',
+    teardownTimeout: '10m',
+  }, o, { thresholds: Object.assign({}, invariantThresholds, o.thresholds || {}) });
+}
+
+// constantRate is the orders scenario of steady load: rate orders/s for duration.
+export function constantRate(rate, duration) {
+  return {
+    executor: 'constant-arrival-rate',
+    rate,
+    timeUnit: '1s',
+    duration,
+    preAllocatedVUs: Math.min(maxVUs, Math.max(10, Math.ceil(rate / 20))),
+    maxVUs,
+    exec: 'order',
+  };
+}
+
+// The lifecycle of a scenario without tags; scripts re-export what fits:
+//   export { setup, order, probeLoop, teardown } from './lib.js';
+export function setup() {
+  return setupRun();
+}
+
+export function order() {
+  placeOrder();
+}
+
+export function probeLoop() {
+  probe();
+}
+
+export function teardown(data) {
+  audit(data);
+}
+
 const currencies = ['EUR', 'USD', 'GBP', 'CHF', 'JPY'];
 const jsonHeaders = { 'Content-Type': 'application/json' };
 

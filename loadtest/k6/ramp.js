@@ -10,7 +10,7 @@
 // the current step's orders are unsettled, iterations skip placing orders
 // (they count as not achieved), which keeps the run's length bounded.
 import exec from 'k6/execution';
-import { audit, maxVUs, invariantThresholds, placeOrder, platform, probe, probeScenario, report, seconds, setupRun, summarize, summaryTrendStats } from './lib.js';
+import { audit, maxVUs, placeOrder, platform, probe, probeScenario, report, seconds, setupRun, summarize, withDefaults } from './lib.js';
 
 const steps = (__ENV.STEPS || '100,200,300,400,500,600,800,1000,1500,2000').split(',').map(Number);
 const stepDuration = __ENV.STEP_DURATION || '10s';
@@ -35,14 +35,14 @@ function stepOf(sinceStartMs) {
   return t - i * period < rampSeconds ? 'ramp' : String(steps[i]);
 }
 
-const thresholds = Object.assign({}, invariantThresholds);
+const thresholds = {};
 for (const rate of steps) {
   // Always true: they make k6 keep each step's sub-metrics for the report.
   thresholds[`settle_lag{step:${rate}}`] = ['max>=0'];
   thresholds[`orders_placed{step:${rate}}`] = ['count>=0'];
 }
 
-export const options = {
+export const options = withDefaults({
   scenarios: {
     orders: {
       executor: 'ramping-arrival-rate',
@@ -56,10 +56,7 @@ export const options = {
     probe: probeScenario(`${total}s`),
   },
   thresholds,
-  summaryTrendStats,
-  setupTimeout: '30s',
-  teardownTimeout: '10m',
-};
+});
 
 export function setup() {
   return setupRun();

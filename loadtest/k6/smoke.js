@@ -1,5 +1,5 @@
 // Smoke: a few seconds of load with every check on, run by `make test`
-// (loadtest/rig/smoke_test.go). Besides orders it redelivers published
+// (loadtest/bench/rig/smoke_test.go). Besides orders it redelivers published
 // events (duplicates) and sends poison messages through the extension, and
 // the thresholds require that billing absorbed and dead-lettered them while
 // every order still settled exactly once.
@@ -7,7 +7,9 @@
 //   bin/k6 run loadtest/k6/smoke.js
 import { check, sleep } from 'k6';
 import { Counter } from 'k6/metrics';
-import { audit, env, invariantThresholds, metricValue, placeOrder, platform, probe, probeScenario, report, seconds, setupRun, summarize, summaryTrendStats } from './lib.js';
+import { audit, constantRate, env, metricValue, platform, probeScenario, report, seconds, setupRun, summarize, withDefaults } from './lib.js';
+
+export { order, probeLoop } from './lib.js';
 
 const rate = Number(__ENV.RATE || 20);
 const duration = __ENV.DURATION || '5s';
@@ -17,20 +19,12 @@ const duplicates = 20;
 const absorbed = new Counter('duplicates_absorbed');
 const deadLettered = new Counter('poison_dead_lettered');
 
-export const options = {
+export const options = withDefaults({
   scenarios: {
-    orders: {
-      executor: 'constant-arrival-rate',
-      rate,
-      timeUnit: '1s',
-      duration,
-      preAllocatedVUs: 5,
-      maxVUs: 20,
-      exec: 'order',
-    },
+    orders: Object.assign(constantRate(rate, duration), { preAllocatedVUs: 5, maxVUs: 20 }),
     probe: probeScenario(duration),
   },
-  thresholds: Object.assign({
+  thresholds: {
     settle_lag: ['p(99)<10000'],
     order_errors: ['count==0'],
     // Billing counted every redelivery as a duplicate and dead-lettered
@@ -38,25 +32,15 @@ export const options = {
     duplicates_absorbed: [`count>=${duplicates}`],
     poison_dead_lettered: [`count>=${poison + 1}`],
     checks: ['rate==1'],
-  }, invariantThresholds),
-  summaryTrendStats,
-  setupTimeout: '30s',
+  },
   teardownTimeout: '3m',
-};
+});
 
 export function setup() {
   const d = setupRun();
   d.duplicatesBefore = metricValue(env.billingURL, 'inbox_duplicates_total');
   d.deadBefore = metricValue(env.billingURL, 'inbox_dead_lettered_total');
   return d;
-}
-
-export function order() {
-  placeOrder();
-}
-
-export function probeLoop() {
-  probe();
 }
 
 export function teardown(data) {

@@ -8,49 +8,21 @@
 // MAX_BACKLOG_SECONDS (default 30) of load, or when lag p99 exceeds
 // LAG_P99_MS (default 1000): a soak at a rate the platform cannot hold
 // says nothing about time.
-import { audit, maxVUs, invariantThresholds, placeOrder, probe, probeScenario, report, seconds, setupRun, summarize, summaryTrendStats } from './lib.js';
+import { constantRate, probeScenario, report, seconds, summarize, withDefaults } from './lib.js';
+
+export { setup, order, probeLoop, teardown } from './lib.js';
 
 const rate = Number(__ENV.SOAK_RATE || 200);
 const duration = __ENV.SOAK_DURATION || '30m';
 const maxBacklogSeconds = Number(__ENV.MAX_BACKLOG_SECONDS || 30);
 
-export const options = {
-  scenarios: {
-    orders: {
-      executor: 'constant-arrival-rate',
-      rate,
-      timeUnit: '1s',
-      duration,
-      preAllocatedVUs: Math.min(maxVUs, Math.max(10, Math.ceil(rate / 20))),
-      maxVUs,
-      exec: 'order',
-    },
-    probe: probeScenario(duration),
-  },
-  thresholds: Object.assign({
+export const options = withDefaults({
+  scenarios: { orders: constantRate(rate, duration), probe: probeScenario(duration) },
+  thresholds: {
     settle_lag: [`p(99)<=${Number(__ENV.LAG_P99_MS || 1000)}`],
     orders_unsettled: [`max<=${rate * maxBacklogSeconds}`],
-  }, invariantThresholds),
-  summaryTrendStats,
-  setupTimeout: '30s',
-  teardownTimeout: '10m',
-};
-
-export function setup() {
-  return setupRun();
-}
-
-export function order() {
-  placeOrder();
-}
-
-export function probeLoop() {
-  probe();
-}
-
-export function teardown(data) {
-  audit(data);
-}
+  },
+});
 
 export function handleSummary(data) {
   return summarize(report(data, 'soak', seconds(duration), { offeredRate: rate }));

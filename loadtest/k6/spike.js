@@ -6,7 +6,7 @@
 //
 //   bin/k6 run -e SPIKE_RATE=1500 loadtest/k6/spike.js
 import exec from 'k6/execution';
-import { audit, maxVUs, invariantThresholds, placeOrder, probe, probeScenario, report, seconds, setupRun, summarize, summaryTrendStats } from './lib.js';
+import { audit, maxVUs, placeOrder, probe, probeScenario, report, seconds, setupRun, summarize, withDefaults } from './lib.js';
 
 const base = Number(__ENV.BASE_RATE || 100);
 const spike = Number(__ENV.SPIKE_RATE || 1000);
@@ -23,13 +23,13 @@ function phaseOf(sinceStartMs) {
   return t < before + seconds(spikeDuration) ? 'spike' : 'after';
 }
 
-const thresholds = Object.assign({}, invariantThresholds);
+const thresholds = {};
 for (const phase of ['before', 'spike', 'after']) {
   // Always true: they make k6 keep each phase's lag for the report.
   thresholds[`settle_lag{phase:${phase}}`] = ['max>=0'];
 }
 
-export const options = {
+export const options = withDefaults({
   scenarios: {
     orders: {
       executor: 'ramping-arrival-rate',
@@ -49,10 +49,7 @@ export const options = {
     probe: probeScenario(`${total}s`),
   },
   thresholds,
-  summaryTrendStats,
-  setupTimeout: '30s',
-  teardownTimeout: '10m',
-};
+});
 
 export function setup() {
   return setupRun();
