@@ -7,6 +7,8 @@
 MODULES = $(shell go list -m -f '{{.Path}}/...')
 # Arguments for the demo driver, e.g. `make demo DEMO_ARGS="-orders 1000 -cancel 0.2"`.
 DEMO_ARGS ?=
+# The proof `make prove` runs, e.g. `make prove P=chaos` (default: all of them; docs/proofs.md).
+P ?=
 
 .PHONY: help up down status logs services stop demo test vet fmt build
 
@@ -41,8 +43,10 @@ demo: services ## Run the platform end to end: place orders, wait until all are 
 	@echo "The platform is still running: orders http://127.0.0.1:8081, billing :8082, shim :8083, reconciler :8084"
 	@echo "(each has /metrics and /readyz). Logs: .devstack/logs/. Stop the services with 'make stop', everything with 'make down'."
 
+# -timeout: the quick proofs (loadtest/prove) run real crashes and restarts for several minutes.
+# k6: the k6 smoke scenario (loadtest/bench/rig) runs the project's k6 build.
 test: up k6 ## Run every module's tests (with -race) against the real PostgreSQL and Kafka
-	go test -race -count=1 $(MODULES)
+	go test -race -count=1 -timeout 20m $(MODULES)
 
 vet: ## go vet and gofmt over every module
 	go vet $(MODULES)
@@ -50,6 +54,10 @@ vet: ## go vet and gofmt over every module
 
 fmt: ## gofmt every Go file
 	gofmt -w .
+
+.PHONY: prove
+prove: ## Kill, restart and poison the real processes, audit every database and the ledger (P=<proof> for one; docs/proofs.md)
+	go run ./loadtest/prove/cmd/prove -profile full $(if $(P),-only $(P))
 
 .PHONY: bench-outbox
 bench-outbox: up ## Run the outbox benchmarks: ratios against same-run baselines (BENCHMARKS.md; BENCH=regex)

@@ -3,6 +3,7 @@ package prove
 import (
 	"context"
 	"fmt"
+	"sync/atomic"
 	"time"
 
 	"github.com/segmentio/kafka-go"
@@ -20,7 +21,17 @@ func (h *Harness) redelivery(ctx context.Context, naive bool) Row {
 	if naive {
 		mode, name = "naive", "redelivery-naive"
 	}
-	p, err := h.newPlatform(ctx, name, Setup{InboxMode: mode, BillingArm: arm(crashAfterCommit, h.prof.Crashes, 2)})
+	// Billing is armed only once the redeliveries start, so that its crashes
+	// land among them.
+	var redelivering atomic.Bool
+	crashes := arm(crashAfterCommit, h.prof.Crashes, 2)
+	billingArm := func() map[string]string {
+		if !redelivering.Load() {
+			return map[string]string{"CRASH_POINT": "none", "CRASH_AFTER": "1"}
+		}
+		return crashes()
+	}
+	p, err := h.newPlatform(ctx, name, Setup{InboxMode: mode, BillingArm: billingArm})
 	if err != nil {
 		return fail(row, err)
 	}
@@ -42,6 +53,8 @@ func (h *Harness) redelivery(ctx context.Context, naive bool) Row {
 	}
 	w := kafkautil.NewWriter(brokers, 500)
 	defer w.Close()
+	redelivering.Store(true)
+	p.Billing.Kill() // restarts armed; this kill -9 counts among the crashes
 	rounds, redelivered := 0, 0
 	for rounds < h.prof.Redeliveries || (p.Billing.Crashes() < h.prof.Crashes && rounds < 6*h.prof.Redeliveries) {
 		rounds++
@@ -53,12 +66,15 @@ func (h *Harness) redelivery(ctx context.Context, naive bool) Row {
 			return fail(row, fmt.Errorf("re-producing: %w", err))
 		}
 		redelivered += len(again)
-		err := waitUntil(ctx, 3*time.Minute, func() bool {
+		// A crash after the commit leaves the batch's offsets uncommitted, so
+		// billing gets the same batch again until its crash budget is spent:
+		// each crash costs a restart and a group rejoin (about 10s).
+		err := waitUntil(ctx, 3*time.Minute+time.Duration(h.prof.Crashes)*20*time.Second, func() bool {
 			lag, err := groupLag(ctx, brokers, "billing", p.OrdersTopic)
 			return err == nil && lag == 0
 		})
 		if err != nil {
-			return fail(row, fmt.Errorf("billing did not catch up with redelivery round %d: %w", rounds, err))
+			return fail(row, fmt.Errorf("billing did not catch up with redelivery round %d (crashed %d times): %w", rounds, p.Billing.Crashes(), err))
 		}
 		h.logf("  redelivery round %d: %d events re-produced; billing crashed %d times so far", rounds, len(again), p.Billing.Crashes())
 	}
@@ -67,7 +83,7 @@ func (h *Harness) redelivery(ctx context.Context, naive bool) Row {
 		return fail(row, err)
 	}
 	row.Faults, row.Absorbed = p.Billing.Crashes()+redelivered, p.absorbed()
-	row.FaultsDesc = fmt.Sprintf("%d SIGKILLs of billing at %s, %d events re-produced (%d rounds of %d)",
+	row.FaultsDesc = fmt.Sprintf("%d SIGKILLs of billing (the first from the harness, the others at %s) during the redeliveries, %d events re-produced (%d rounds of %d)",
 		p.Billing.Crashes(), crashAfterCommit, redelivered, rounds, len(consumed))
 	row.RecoverySeconds = recoverySince(p.Billing.LastKill(), quietAt)
 	row.check(p.Billing.Crashes() >= h.prof.Crashes, "billing was killed at least %d times (%d)", h.prof.Crashes, p.Billing.Crashes())

@@ -235,6 +235,10 @@ fetch:
 	for _, q := range queues {
 		close(q)
 	}
+	// A fetch error (the broker restarted under the reader) ends Run too:
+	// stop the lag reporter and tell the workers to drain, or Run would
+	// wait for them forever and the process would live on without consuming.
+	stop()
 	wg.Wait()
 	close(failed)
 	for err := range failed {

@@ -223,3 +223,31 @@ func TestTransientFailuresRetryThenSucceedOrDeadLetter(t *testing.T) {
 		t.Fatalf("inbox_failures_total = %v, want 6", got)
 	}
 }
+
+// TestRunReturnsWhenFetchingFails: when the reader fails (here: closed under
+// the consumer, as a broker restart can leave it), Run must return the error
+// instead of waiting forever for its lag reporter, so that the process ends
+// and its supervisor restarts it. The chaos proof (loadtest/prove) found the hang.
+func TestRunReturnsWhenFetchingFails(t *testing.T) {
+	f := newFixture(t)
+	r := kafkautil.NewGroupReader(f.brokers, f.topic, testinfra.Name("group"))
+	c, err := inbox.NewConsumer(f.pool, r, f.writer, f.recordEffect, inbox.Config{Name: "test-consumer", LagInterval: 50 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- c.Run(context.Background()) }()
+	f.produce(t, event.ToKafka(f.topic, newEvent("a", 1)))
+	testinfra.WaitFor(t, 30*time.Second, "the event to be handled", func() (bool, error) {
+		return f.calls.Load() == 1, nil
+	})
+	r.Close()
+	select {
+	case err := <-done:
+		if err == nil {
+			t.Fatal("Run returned nil after its reader failed; want the fetch error")
+		}
+	case <-time.After(15 * time.Second):
+		t.Fatal("Run did not return within 15s of its reader failing")
+	}
+}

@@ -1,0 +1,93 @@
+package prove_test
+
+import (
+	"bytes"
+	"context"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/onceflow/onceflow/loadtest/prove"
+)
+
+// TestQuickProofs runs every proof in the quick profile, the version `make
+// test` runs: the outbox/inbox rows must pass, and the naive rows must lose
+// or duplicate (a naive mode that survives means the proof does not bite).
+// It starts its own PostgreSQL and Kafka with devstack/stack.sh, as `make
+// prove` does, so it needs what `make up` needs (Go, Java 17+, Maven,
+// PostgreSQL; stack.sh installs the missing ones on Debian as root).
+func TestQuickProofs(t *testing.T) {
+	root, err := filepath.Abs("../..")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)
+	defer cancel()
+	out := &lineLogger{t: t}
+	rep, err := prove.Run(ctx, prove.Options{Root: root, Dir: filepath.Join(root, ".prove", "test"),
+		Profile: prove.Profiles["quick"], Out: out})
+	if err != nil {
+		t.Fatalf("the harness could not run: %v\n(it starts PostgreSQL and Kafka with devstack/stack.sh: "+
+			"run `make up` once to see what is missing, and see docs/proofs.md)", err)
+	}
+	var table bytes.Buffer
+	rep.Table(&table)
+	t.Logf("\n%s", table.String())
+
+	want := map[string]bool{}
+	for _, p := range prove.Proofs {
+		want[p.Name+"/safe"] = true
+		if p.Naive != "" {
+			want[p.Name+"/naive"] = true
+		}
+	}
+	for _, r := range rep.Rows {
+		key := r.Proof + "/safe"
+		if r.Naive {
+			key = r.Proof + "/naive"
+		}
+		delete(want, key)
+		switch {
+		case r.Naive && r.Status != prove.Bites:
+			t.Errorf("%s (%s): %s; a naive mode must lose or duplicate under the fault (lost %d, duplicated %d)",
+				r.Proof, r.Mode, r.Status, r.Lost, r.Duplicated)
+		case !r.Naive && r.Status != prove.Pass:
+			var broken []string
+			for _, c := range r.Checks {
+				if !c.OK {
+					broken = append(broken, c.What)
+				}
+			}
+			t.Errorf("%s (%s): %s %s; broken: %s", r.Proof, r.Mode, r.Status, r.Error, strings.Join(broken, "; "))
+		}
+		if r.Faults == 0 {
+			t.Errorf("%s (%s) injected no fault", r.Proof, r.Mode)
+		}
+	}
+	for missing := range want {
+		t.Errorf("no report row for %s", missing)
+	}
+}
+
+// lineLogger sends the harness's progress to t.Log, a line at a time.
+type lineLogger struct {
+	t   *testing.T
+	mu  sync.Mutex
+	buf []byte
+}
+
+func (l *lineLogger) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.buf = append(l.buf, p...)
+	for {
+		i := bytes.IndexByte(l.buf, '\n')
+		if i < 0 {
+			return len(p), nil
+		}
+		l.t.Log(string(l.buf[:i]))
+		l.buf = l.buf[i+1:]
+	}
+}
