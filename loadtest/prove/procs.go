@@ -79,14 +79,17 @@ func (p *Proc) Start() error {
 	if p.closedSums == nil {
 		p.closedSums, p.current = map[string]float64{}, map[string]float64{}
 	}
-	p.done = make(chan struct{})
+	// Each lifetime has its own done channel; the goroutines get it as an
+	// argument, so a restart's new channel never races with them.
+	done := make(chan struct{})
+	p.done = done
 	p.mu.Unlock()
 	if err := p.spawn(); err != nil {
 		return err
 	}
-	go p.supervise()
+	go p.supervise(done)
 	if len(p.scrape) > 0 {
-		go p.scraper()
+		go p.scraper(done)
 	}
 	return nil
 }
@@ -119,8 +122,8 @@ func (p *Proc) spawn() error {
 	return nil
 }
 
-func (p *Proc) supervise() {
-	defer close(p.done)
+func (p *Proc) supervise(done chan struct{}) {
+	defer close(done)
 	for {
 		p.mu.Lock()
 		cmd := p.cmd
@@ -163,12 +166,12 @@ func (p *Proc) supervise() {
 }
 
 // scraper follows the counters in scrape through /metrics every 250ms.
-func (p *Proc) scraper() {
+func (p *Proc) scraper(done <-chan struct{}) {
 	t := time.NewTicker(250 * time.Millisecond)
 	defer t.Stop()
 	for {
 		select {
-		case <-p.done:
+		case <-done:
 			return
 		case <-t.C:
 		}
@@ -232,14 +235,14 @@ func (p *Proc) Stop() {
 		return
 	}
 	p.stopping = true
-	cmd := p.cmd
+	cmd, done := p.cmd, p.done
 	p.mu.Unlock()
 	_ = cmd.Process.Signal(syscall.SIGTERM)
 	select {
-	case <-p.done:
+	case <-done:
 	case <-time.After(20 * time.Second):
 		_ = cmd.Process.Kill()
-		<-p.done
+		<-done
 	}
 }
 
