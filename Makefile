@@ -55,7 +55,8 @@ demo: services ## Run the platform end to end: place orders, wait until all are 
 	@echo "  grafana     under 'docker compose up': http://localhost:3000 (dashboards in the onceflow folder; Prometheus at http://localhost:9090)"
 
 # -timeout: the quick proofs (loadtest/prove) run real crashes and restarts for several minutes.
-test: up prometheus-tools ## Run every module's tests (with -race) against the real PostgreSQL and Kafka
+# k6: the k6 smoke scenario (loadtest/bench/rig) runs the project's k6 build.
+test: up prometheus-tools k6 ## Run every module's tests (with -race) against the real PostgreSQL and Kafka
 	go test -race -count=1 -timeout 20m $(MODULES)
 
 prometheus-tools: ## Install prometheus and promtool (Debian's package) when missing: the dashboard and alert tests run them
@@ -100,3 +101,26 @@ bench-inbox: up ## Run billing's consumption benchmarks: events/s, dup/clean rat
 	  echo; \
 	  go test -run "^$$" -bench "$(or $(BENCH),.)" -benchtime 1x -timeout 20m ./services/billing/; \
 	} 2>&1 | tee .devstack/bench/inbox-$$(date -u +%Y%m%dT%H%M%SZ).txt'
+
+.PHONY: bench
+bench: up k6 ## Run every benchmark and k6 scenario in one go: ratios table, BENCHMARKS.md results, benchmarks/*.json|svg (~15 min; BENCH_ARGS)
+	go run ./loadtest/bench/cmd/bench $(BENCH_ARGS)
+
+# k6 built with xk6 and the project's extension (loadtest/xk6-onceflow), every
+# version pinned: xk6 by loadtest/xk6/go.mod, k6 here, the extension's
+# dependencies by its go.mod. Rebuilt only when the extension changes.
+K6_VERSION = v1.8.1
+K6_EXT = github.com/onceflow/onceflow/loadtest/xk6-onceflow
+K6_EXT_SRC = $(wildcard loadtest/xk6-onceflow/*.go loadtest/xk6-onceflow/go.*) $(wildcard pkg/event/*.go pkg/event/go.*)
+
+.PHONY: k6
+k6: bin/k6 ## Build k6 with the project's extension k6/x/onceflow into bin/k6 (xk6; skipped when up to date)
+
+bin/xk6: loadtest/xk6/go.mod loadtest/xk6/go.sum
+	cd loadtest/xk6 && GOWORK=off go build -o $(CURDIR)/bin/xk6 go.k6.io/xk6/cmd/xk6
+
+bin/k6: bin/xk6 $(K6_EXT_SRC)
+	GOWORK=off bin/xk6 build $(K6_VERSION) --output $(CURDIR)/bin/k6.tmp \
+	  --with $(K6_EXT)=$(CURDIR)/loadtest/xk6-onceflow \
+	  --replace github.com/onceflow/onceflow/pkg/event=$(CURDIR)/pkg/event
+	mv -f bin/k6.tmp bin/k6

@@ -79,14 +79,14 @@ func (p *Proc) Start() error {
 	if p.closedSums == nil {
 		p.closedSums, p.current = map[string]float64{}, map[string]float64{}
 	}
+	// Each lifetime has its own done channel; the goroutines get it as an
+	// argument, so a restart's new channel never races with them.
 	done := make(chan struct{})
 	p.done = done
 	p.mu.Unlock()
 	if err := p.spawn(); err != nil {
 		return err
 	}
-	// Each lifetime's goroutines get their own channel: a Restart replaces
-	// p.done while the last one's scraper may still be on its way out.
 	go p.supervise(done)
 	if len(p.scrape) > 0 {
 		go p.scraper(done)

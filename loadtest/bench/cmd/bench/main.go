@@ -1,0 +1,30 @@
+// Command bench is `make bench`: in one invocation on one machine it runs
+// the library benchmarks (write path, relay drain, billing consumption) and
+// the platform under k6 (naive vs outbox at the same load, the ramp to the
+// knee, a spike, a short soak), prints a table of ratios, and writes the
+// results section of BENCHMARKS.md, a JSON file and an SVG plot of the
+// steady run's lag over time.
+//
+// Usage (from the repository root, after `make up` and `make k6`):
+//
+//	go run ./loadtest/bench/cmd/bench [-only write,drain,consume,modes,ramp,spike,soak]
+//
+// See loadtest/README.md for every flag and what each number means.
+package main
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/signal"
+	"syscall"
+)
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	if err := run(ctx, os.Args, os.Getenv, os.Stdout); err != nil {
+		fmt.Fprintln(os.Stderr, "bench:", err)
+		os.Exit(1)
+	}
+}

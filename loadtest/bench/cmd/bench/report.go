@@ -1,0 +1,288 @@
+package main
+
+import (
+	"bytes"
+	"fmt"
+	"os"
+	"strings"
+
+	"github.com/onceflow/onceflow/loadtest/bench/rig"
+)
+
+func f0(v float64) string { return commas(fmt.Sprintf("%.0f", v)) }
+func f1(v float64) string { return fmt.Sprintf("%.1f", v) }
+func f2(v float64) string { return fmt.Sprintf("%.2f", v) }
+
+// commas groups an integer's digits by thousands.
+func commas(s string) string {
+	neg := strings.HasPrefix(s, "-")
+	s = strings.TrimPrefix(s, "-")
+	var b strings.Builder
+	for i, c := range s {
+		if i > 0 && (len(s)-i)%3 == 0 {
+			b.WriteByte(',')
+		}
+		b.WriteRune(c)
+	}
+	if neg {
+		return "-" + b.String()
+	}
+	return b.String()
+}
+
+func verdict(ok bool) string {
+	if ok {
+		return "met"
+	}
+	return "**missed**"
+}
+
+func ratio(a, b float64) float64 {
+	if b == 0 {
+		return 0
+	}
+	return a / b
+}
+
+// resultsTable is the headline: each comparison as a ratio, with the raw
+// numbers it divides and the goal it answers to.
+func resultsTable(res Results) string {
+	var b bytes.Buffer
+	row := func(cells ...string) { fmt.Fprintf(&b, "| %s |\n", strings.Join(cells, " | ")) }
+	row("comparison", "measured", "baseline", "ratio", "goal", "")
+	row("---", "---", "---", "---", "---", "---")
+	missing := func(what string) { row(what, "not run", "", "", "", "") }
+
+	if g, ok := res.Go["write"]; ok {
+		m := g.Metrics
+		row("write path: order + outbox vs bare order insert (tx/s)", f0(m["outbox-tx/s"])+" tx/s", f0(m["bare-tx/s"])+" tx/s",
+			f2(m["ratio"]), "ratio ≥ 0.90", verdict(m["ratio"] >= 0.90))
+		row("write path: p99 commit latency", f1(m["outbox-p99-ms"])+" ms", f1(m["bare-p99-ms"])+" ms",
+			f2(ratio(m["outbox-p99-ms"], m["bare-p99-ms"])), "", "")
+	} else {
+		missing("write path")
+	}
+	if g, ok := res.Go["drain"]; ok {
+		m := g.Metrics
+		row("relay drain of 100,000 events vs raw kafka-go produce (events/s)", f0(m["relay-events/s"])+" events/s",
+			f0(m["raw-events/s"])+" events/s", f2(m["ratio"]), "≥ 20,000 events/s", verdict(m["relay-events/s"] >= 20000))
+	} else {
+		missing("relay drain")
+	}
+	if g, ok := res.Go["consume"]; ok {
+		m := g.Metrics
+		row("billing consumption: 10% duplicates vs clean (events/s)", f0(m["dup-events/s"])+" events/s",
+			f0(m["clean-events/s"])+" events/s", f2(m["ratio"]), "clean ≥ 10,000 events/s", verdict(m["clean-events/s"] >= 10000))
+	} else {
+		missing("billing consumption")
+	}
+	out, okO := res.K6["outbox"]
+	naive, okN := res.K6["naive"]
+	switch {
+	case okO && okN:
+		row(fmt.Sprintf("end to end at %s orders/s offered: outbox vs naive dual write (orders/s)", f0(out.OfferedRate)),
+			f0(out.OrdersPerSecond), f0(naive.OrdersPerSecond), f2(ratio(out.OrdersPerSecond, naive.OrdersPerSecond)), "", "")
+		row("end to end: commit → settlement p99, outbox vs naive", f0(out.LagP99Ms)+" ms", f0(naive.LagP99Ms)+" ms",
+			f2(ratio(out.LagP99Ms, naive.LagP99Ms)), "", "")
+	case okO:
+		row("end to end: outbox vs naive dual write", "naive mode not run", "", "", "", "")
+	default:
+		missing("end to end: outbox vs naive")
+	}
+	if okO {
+		row(fmt.Sprintf("steady %s orders/s (outbox): achieved, commit → settlement p50 / p99", f0(out.OfferedRate)),
+			f0(out.OrdersPerSecond)+" orders/s", fmt.Sprintf("p50 %s ms", f0(out.LagP50Ms)), fmt.Sprintf("p99 %s ms", f0(out.LagP99Ms)),
+			"p99 ≤ 100 ms at 1,000 orders/s", verdict(out.OfferedRate >= 1000 && out.OrdersPerSecond >= 950 && out.LagP99Ms <= 100))
+	}
+	if r, ok := res.K6["ramp"]; ok {
+		row("system: highest steady orders/s with commit → settlement p99 ≤ 100 ms (ramp knee)", f0(r.Knee)+" orders/s", "", "",
+			"≥ 2,000 orders/s sustained; ≥ 1,000 at p99 ≤ 100 ms", verdict(r.Knee >= 2000))
+	} else {
+		missing("system knee (ramp)")
+	}
+	if s, ok := res.K6["spike"]; ok {
+		row("spike: lag p99 over the whole run, backlog peak (orders outbox)", f0(s.LagP99Ms)+" ms",
+			"peak "+f0(s.BacklogPeakOrders)+" rows", "", "", invariants(s))
+		if ph := s.Phases; ph["before"] != nil && ph["spike"] != nil && ph["after"] != nil {
+			row("spike: lag p99 of orders placed before / during / after the burst", fmt.Sprintf("%s / %s / %s ms",
+				f0(ph["before"].LagP99Ms), f0(ph["spike"].LagP99Ms), f0(ph["after"].LagP99Ms)), "", "", "", "")
+		}
+	}
+	if s, ok := res.K6["soak"]; ok {
+		row(fmt.Sprintf("soak %s s at %s orders/s: lag p99", f0(s.LoadSeconds), f0(s.OfferedRate)), f0(s.LagP99Ms)+" ms", "", "", "", invariants(s))
+	}
+	lost, dup := 0.0, 0.0
+	for _, r := range res.K6 {
+		lost += r.Lost
+		dup += r.Duplicated + r.ThirdPartyDuplicates
+	}
+	if len(res.K6) > 0 {
+		row("invariants over every k6 run: lost / duplicated settlements", f0(lost)+" / "+f0(dup), "", "", "0 / 0", verdict(lost == 0 && dup == 0))
+	}
+	return b.String()
+}
+
+func invariants(r rig.Report) string {
+	if r.Lost == 0 && r.Duplicated == 0 && r.ThirdPartyDuplicates == 0 {
+		return "none lost or doubled"
+	}
+	return fmt.Sprintf("**%s lost, %s doubled**", f0(r.Lost), f0(r.Duplicated+r.ThirdPartyDuplicates))
+}
+
+const (
+	beginMarker      = "<!-- make bench: generated results begin -->"
+	endMarker        = "<!-- make bench: generated results end -->"
+	knobsBeginMarker = "<!-- make bench -only knobs: generated results begin -->"
+	knobsEndMarker   = "<!-- make bench -only knobs: generated results end -->"
+)
+
+// knobsMarkdown is the generated section of the knobs part.
+func knobsMarkdown(res Results, o options) string {
+	var b bytes.Buffer
+	fmt.Fprintf(&b, "%s\n### Platform knobs (generated by `make bench BENCH_ARGS=-only=knobs`)\n\n", knobsBeginMarker)
+	fmt.Fprintf(&b, "Run on %s, load %s when it started. Steady %s orders/s for %s per run, one setting changed at a time;\n",
+		res.Machine.Date, res.Machine.Load, f0(res.Knobs[0].Report.OfferedRate), o.steadyDuration)
+	b.WriteString("the default runs first and last, and ratios divide by their mean.\n\n")
+	b.WriteString(knobTable(res.Knobs))
+	fmt.Fprintf(&b, "\n%s\n", knobsEndMarker)
+	return b.String()
+}
+
+// markdown is the generated section of BENCHMARKS.md.
+func markdown(res Results, o options, table string) string {
+	var b bytes.Buffer
+	m := res.Machine
+	fmt.Fprintf(&b, "%s\n## `make bench`: the latest run (generated)\n\n", beginMarker)
+	fmt.Fprintf(&b, "Written by `make bench` (loadtest/bench/cmd/bench) on %s in %.1f minutes; everything between the markers is\n", m.Date, res.Seconds/60)
+	fmt.Fprintf(&b, "replaced by the next run. Raw numbers: [`%s`](%s); lag over time of the steady run: [`%s`](%s).\n\n", o.jsonOut, o.jsonOut, o.svgOut, o.svgOut)
+	fmt.Fprintf(&b, "Machine: %d CPUs (%s), %.1f GiB, load %s when it started; %s; %s; Kafka %s; `pg_test_fsync` fdatasync %s/s.\n\n",
+		m.CPUs, m.CPUModel, m.MemoryGB, m.Load, m.Go, strings.SplitN(m.Postgres, " on ", 2)[0], m.Kafka, f0(m.FsyncPerSec))
+	b.WriteString(table)
+	if r, ok := res.K6["ramp"]; ok && len(r.Steps) > 0 {
+		b.WriteString("\nRamp steps (each held " + o.stepDuration + "; a step passes with lag p99 ≤ 100 ms and ≥ 95 % of the offered rate):\n\n")
+		b.WriteString("| offered orders/s | achieved | lag p50 | lag p99 | |\n|---|---|---|---|---|\n")
+		for _, s := range r.Steps {
+			ok := "pass"
+			if !s.OK {
+				ok = "**fail**"
+			}
+			fmt.Fprintf(&b, "| %s | %s | %s ms | %s ms | %s |\n", f0(s.Rate), f0(s.Achieved), f0(s.LagP50Ms), f0(s.LagP99Ms), ok)
+		}
+	}
+	if len(res.K6) > 0 {
+		b.WriteString("\nEvery k6 run (HTTP latency is `POST /orders`; backlog peaks are outbox rows pending):\n\n")
+		b.WriteString("| run | offered | orders/s | HTTP p50 / p95 / p99 | lag p50 / p99 / max | outbox backlog peak orders / billing | consumer lag peak billing / shim | errors | lost / doubled | k6 exit |\n")
+		b.WriteString("|---|---|---|---|---|---|---|---|---|---|\n")
+		for _, key := range []string{"outbox", "naive", "ramp", "spike", "soak"} {
+			r, ok := res.K6[key]
+			if !ok {
+				continue
+			}
+			fmt.Fprintf(&b, "| %s | %s | %s | %s / %s / %s ms | %s / %s / %s ms | %s / %s | %s / %s | %s | %s / %s | %d |\n",
+				key, offered(r), f0(r.OrdersPerSecond), f1(r.HTTPP50Ms), f1(r.HTTPP95Ms), f1(r.HTTPP99Ms),
+				f0(r.LagP50Ms), f0(r.LagP99Ms), f0(r.LagMaxMs), f0(r.BacklogPeakOrders), f0(r.BacklogPeakBilling),
+				f0(r.ConsumerLagPeakBilling), f0(r.ConsumerLagPeakShim),
+				f0(r.Errors), f0(r.Lost), f0(r.Duplicated+r.ThirdPartyDuplicates), r.ExitCode)
+		}
+	}
+	if len(res.K6) > 0 {
+		b.WriteString("\nCPU per order placed, by process (µs; from /proc for the four programs and k6's rusage; Postgres and Kafka are shared with\nthe rest of the machine and not attributed):\n\n")
+		b.WriteString(cpuTable(res.K6))
+	}
+	if len(res.Lag) > 0 {
+		fmt.Fprintf(&b, "\n![commit → settlement lag over time, steady run](%s)\n", o.svgOut)
+	}
+	if len(res.Missed) > 0 {
+		b.WriteString("\nScenario thresholds missed (goals, not invariants):\n\n")
+		for _, m := range res.Missed {
+			fmt.Fprintf(&b, "- %s\n", m)
+		}
+	}
+	if len(res.Problems) > 0 {
+		b.WriteString("\nProblems in this run:\n\n")
+		for _, p := range res.Problems {
+			fmt.Fprintf(&b, "- %s\n", strings.ReplaceAll(p, "\n", " "))
+		}
+	}
+	fmt.Fprintf(&b, "\n%s\n", endMarker)
+	return b.String()
+}
+
+func offered(r rig.Report) string {
+	switch r.Scenario {
+	case "ramp":
+		return "steps"
+	case "spike":
+		return "100 → spike → 100"
+	}
+	return f0(r.OfferedRate)
+}
+
+// writeMarkdown replaces the generated section of path between begin and
+// end, or appends it.
+func writeMarkdown(path, section, beginMarker, endMarker string) error {
+	b, err := os.ReadFile(path)
+	if err != nil && !os.IsNotExist(err) {
+		return err
+	}
+	s := string(b)
+	i, j := strings.Index(s, beginMarker), strings.Index(s, endMarker)
+	if i >= 0 && j > i {
+		s = s[:i] + strings.TrimSuffix(section, "\n") + s[j+len(endMarker):]
+	} else {
+		s = strings.TrimRight(s, "\n") + "\n\n" + section
+	}
+	return os.WriteFile(path, []byte(s), 0o644)
+}
+
+func knobTable(knobs []Knob) string {
+	var base rig.Report
+	nBase := 0.0
+	for _, k := range knobs {
+		if k.Name == "default" {
+			base.OrdersPerSecond += k.Report.OrdersPerSecond
+			base.LagP50Ms += k.Report.LagP50Ms
+			base.LagP99Ms += k.Report.LagP99Ms
+			nBase++
+		}
+	}
+	if nBase > 0 {
+		base.OrdersPerSecond /= nBase
+		base.LagP50Ms /= nBase
+		base.LagP99Ms /= nBase
+	}
+	var b bytes.Buffer
+	b.WriteString("| run | orders/s | HTTP p99 | lag p50 | lag p99 | lag p50 ÷ default | lag p99 ÷ default | outbox backlog peak orders / billing | consumer lag peak billing / shim |\n|---|---|---|---|---|---|---|---|---|\n")
+	for _, k := range knobs {
+		r := k.Report
+		fmt.Fprintf(&b, "| %s | %s | %s ms | %s ms | %s ms | %s | %s | %s / %s | %s / %s |\n", k.Name, f0(r.OrdersPerSecond), f1(r.HTTPP99Ms),
+			f0(r.LagP50Ms), f0(r.LagP99Ms), f2(ratio(r.LagP50Ms, base.LagP50Ms)), f2(ratio(r.LagP99Ms, base.LagP99Ms)),
+			f0(r.BacklogPeakOrders), f0(r.BacklogPeakBilling), f0(r.ConsumerLagPeakBilling), f0(r.ConsumerLagPeakShim))
+	}
+	return b.String()
+}
+
+var processes = []string{"orders", "billing", "shim", "reconciler", "k6"}
+
+func cpuTable(runs map[string]rig.Report) string {
+	var b bytes.Buffer
+	b.WriteString("| run | " + strings.Join(processes, " | ") + " | programs total |\n|---|" + strings.Repeat("---|", len(processes)+1) + "\n")
+	for _, key := range []string{"outbox", "naive", "ramp", "spike", "soak"} {
+		r, ok := runs[key]
+		if !ok || r.OrdersPlaced == 0 || len(r.CPUSeconds) == 0 {
+			continue
+		}
+		cells := []string{key}
+		total := 0.0
+		for _, p := range processes {
+			us := r.CPUSeconds[p] / r.OrdersPlaced * 1e6
+			if p != "k6" {
+				total += us
+			}
+			cells = append(cells, f0(us))
+		}
+		cells = append(cells, f0(total))
+		fmt.Fprintf(&b, "| %s |\n", strings.Join(cells, " | "))
+	}
+	return b.String()
+}

@@ -1,0 +1,574 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/onceflow/onceflow/loadtest/bench/rig"
+)
+
+type options struct {
+	root, out, jsonOut, svgOut string
+	only                       map[string]bool
+	rate                       int
+	steadyDuration             string
+	steps                      string
+	stepDuration               string
+	spikeRate                  int
+	soakDuration               string
+	fsync                      bool
+	knobRate                   int
+}
+
+var parts = []string{"write", "drain", "consume", "modes", "ramp", "spike", "soak", "knobs"}
+
+// defaultParts are what `make bench` runs; knobs (platform settings varied
+// one at a time, ~4 min) is asked for by name.
+var defaultParts = parts[:7]
+
+func parseFlags(args []string, stdout io.Writer) (options, error) {
+	var o options
+	var only string
+	fs := flag.NewFlagSet(args[0], flag.ContinueOnError)
+	fs.SetOutput(stdout)
+	fs.StringVar(&o.root, "root", ".", "the repository's root")
+	fs.StringVar(&o.out, "out", "BENCHMARKS.md", "the file whose results section is rewritten (empty: none)")
+	fs.StringVar(&o.jsonOut, "json", "benchmarks/results.json", "where the results go as JSON (empty: nowhere)")
+	fs.StringVar(&o.svgOut, "svg", "benchmarks/steady-lag.svg", "where the steady run's lag plot goes (empty: nowhere)")
+	fs.StringVar(&only, "only", strings.Join(defaultParts, ","), "which parts to run: "+strings.Join(parts, ","))
+	fs.IntVar(&o.knobRate, "knob-rate", 300, "orders/s offered to every variant of the knobs part")
+	fs.IntVar(&o.rate, "rate", 1000, "orders/s offered to naive and outbox mode alike (the steady runs)")
+	fs.StringVar(&o.steadyDuration, "steady-duration", "20s", "how long each steady run offers load")
+	fs.StringVar(&o.steps, "steps", "100,200,300,400,600,800,1000,1500,2000", "the ramp's steps, orders/s")
+	fs.StringVar(&o.stepDuration, "step-duration", "10s", "how long the ramp holds each step")
+	fs.IntVar(&o.spikeRate, "spike-rate", 1000, "the spike's orders/s (over a baseline of 100)")
+	fs.StringVar(&o.soakDuration, "soak-duration", "60s", "the soak's length in this run (loadtest/k6/soak.js defaults to 30m)")
+	fs.BoolVar(&o.fsync, "fsync", true, "measure the disk's fsync rate with pg_test_fsync (~10 s)")
+	if err := fs.Parse(args[1:]); err != nil {
+		return o, err
+	}
+	o.only = map[string]bool{}
+	for _, p := range strings.Split(only, ",") {
+		if p = strings.TrimSpace(p); p != "" {
+			if !contains(parts, p) {
+				return o, fmt.Errorf("-only: unknown part %q (have %s)", p, strings.Join(parts, ","))
+			}
+			o.only[p] = true
+		}
+	}
+	return o, nil
+}
+
+func contains(list []string, s string) bool {
+	for _, x := range list {
+		if x == s {
+			return true
+		}
+	}
+	return false
+}
+
+// Results is everything one `make bench` measured; it is also the JSON file.
+type Results struct {
+	Machine  Machine               `json:"machine"`
+	Started  time.Time             `json:"started"`
+	Seconds  float64               `json:"seconds"`
+	Go       map[string]GoBench    `json:"goBenchmarks,omitempty"`
+	K6       map[string]rig.Report `json:"k6,omitempty"`
+	Lag      []LagPoint            `json:"steadyLagSeries,omitempty"`
+	Knobs    []Knob                `json:"knobs,omitempty"`
+	Problems []string              `json:"problems,omitempty"`
+	// Missed lists scenario thresholds on lag or backlog that failed: goals
+	// missed, not broken invariants.
+	Missed []string `json:"missed,omitempty"`
+}
+
+// GoBench is one `go test -bench` result: its reported metrics by unit.
+type GoBench struct {
+	Name    string             `json:"name"`
+	Metrics map[string]float64 `json:"metrics"`
+}
+
+func run(ctx context.Context, args []string, getenv func(string) string, stdout io.Writer) error {
+	o, err := parseFlags(args, stdout)
+	if err != nil {
+		return err
+	}
+	root, err := filepath.Abs(o.root)
+	if err != nil {
+		return err
+	}
+	o.root = root
+	start := time.Now()
+	res := Results{Started: start.UTC(), Go: map[string]GoBench{}, K6: map[string]rig.Report{}}
+	say := func(format string, a ...any) {
+		fmt.Fprintf(stdout, "[%5.0fs] %s\n", time.Since(start).Seconds(), fmt.Sprintf(format, a...))
+	}
+
+	say("machine facts …")
+	res.Machine = machineFacts(ctx, root, adminURL(getenv), o.fsync)
+	printMachine(stdout, res.Machine)
+
+	goBench := func(part, pkg, pattern, name string) {
+		if !o.only[part] {
+			return
+		}
+		say("go test -bench %s %s …", pattern, pkg)
+		b, err := runGoBench(ctx, root, pkg, pattern, name, stdout)
+		if err != nil {
+			res.Problems = append(res.Problems, fmt.Sprintf("%s: %v", part, err))
+			say("%s failed: %v", part, err)
+			return
+		}
+		res.Go[part] = b
+	}
+	// Library benchmarks first: they need the machine to themselves most.
+	// A variant named "workers=8/synchronous_commit=off" is, to -bench, a
+	// child of "workers=8", so those run too; the result is the default's.
+	goBench("write", "./pkg/outbox/", "EnqueueOverhead$/^workers=8$", "BenchmarkEnqueueOverhead/workers=8")
+	goBench("drain", "./pkg/outbox/", "RelayDrain$/^batch=1000$", "BenchmarkRelayDrain/batch=1000")
+	goBench("consume", "./services/billing/", "Consume$", "BenchmarkConsume")
+
+	k6Parts := o.only["modes"] || o.only["ramp"] || o.only["spike"] || o.only["soak"] || o.only["knobs"]
+	if k6Parts {
+		if err := runPlatform(ctx, o, &res, getenv, stdout, say); err != nil {
+			res.Problems = append(res.Problems, err.Error())
+			say("platform runs: %v", err)
+		}
+	}
+	res.Seconds = time.Since(start).Seconds()
+
+	mainRan := false
+	for _, p := range defaultParts {
+		mainRan = mainRan || o.only[p]
+	}
+	if mainRan {
+		table := resultsTable(res)
+		fmt.Fprintln(stdout)
+		fmt.Fprintln(stdout, table)
+		if o.jsonOut != "" {
+			if err := writeJSON(at(root, o.jsonOut), res); err != nil {
+				return err
+			}
+			say("wrote %s", o.jsonOut)
+		}
+		if o.svgOut != "" && len(res.Lag) > 0 {
+			if err := os.MkdirAll(filepath.Dir(at(root, o.svgOut)), 0o755); err != nil {
+				return err
+			}
+			title := fmt.Sprintf("commit → settlement lag, steady %d orders/s (outbox mode), %s", o.rate, res.Started.Format("2006-01-02 15:04 UTC"))
+			if err := os.WriteFile(at(root, o.svgOut), []byte(lagSVG(res.Lag, title)), 0o644); err != nil {
+				return err
+			}
+			say("wrote %s", o.svgOut)
+		}
+		if o.out != "" {
+			if err := writeMarkdown(at(root, o.out), markdown(res, o, table), beginMarker, endMarker); err != nil {
+				return err
+			}
+			say("rewrote the results section of %s", o.out)
+		}
+	}
+	if len(res.Knobs) > 0 {
+		fmt.Fprintln(stdout)
+		fmt.Fprintln(stdout, knobTable(res.Knobs))
+		if o.jsonOut != "" {
+			path := strings.TrimSuffix(at(root, o.jsonOut), ".json") + "-knobs.json"
+			if err := writeJSON(path, res); err != nil {
+				return err
+			}
+			say("wrote %s", path)
+		}
+		if o.out != "" {
+			if err := writeMarkdown(at(root, o.out), knobsMarkdown(res, o), knobsBeginMarker, knobsEndMarker); err != nil {
+				return err
+			}
+			say("rewrote the knobs section of %s", o.out)
+		}
+	}
+	if len(res.Problems) > 0 {
+		return fmt.Errorf("%d part(s) failed: %s", len(res.Problems), strings.Join(res.Problems, "; "))
+	}
+	return nil
+}
+
+// at resolves a path given on the command line against the repository root.
+func at(root, path string) string {
+	if filepath.IsAbs(path) {
+		return path
+	}
+	return filepath.Join(root, path)
+}
+
+func adminURL(getenv func(string) string) string {
+	if u := getenv("ONCEFLOW_TEST_PG_URL"); u != "" {
+		return u
+	}
+	return "postgres://postgres:postgres@127.0.0.1:55432/postgres?sslmode=disable"
+}
+
+func brokers(getenv func(string) string) []string {
+	if b := getenv("ONCEFLOW_TEST_KAFKA_BROKERS"); b != "" {
+		return strings.Split(b, ",")
+	}
+	return []string{"127.0.0.1:59092"}
+}
+
+// runGoBench runs one benchmark once (-benchtime 1x: each is a whole
+// experiment that reports its own rates) and parses its reported metrics.
+func runGoBench(ctx context.Context, root, pkg, pattern, want string, stdout io.Writer) (GoBench, error) {
+	cmd := exec.CommandContext(ctx, "go", "test", "-run", "^$", "-bench", pattern, "-benchtime", "1x", "-timeout", "15m", pkg)
+	cmd.Dir = root
+	pr, pw := io.Pipe()
+	cmd.Stdout, cmd.Stderr = pw, pw
+	if err := cmd.Start(); err != nil {
+		return GoBench{}, err
+	}
+	done := make(chan error, 1)
+	go func() { done <- cmd.Wait(); pw.Close() }()
+	var b GoBench
+	sc := bufio.NewScanner(pr)
+	sc.Buffer(make([]byte, 1<<20), 1<<20)
+	for sc.Scan() {
+		line := sc.Text()
+		fmt.Fprintln(stdout, "    "+line)
+		if name, m, ok := parseBenchLine(line); ok && name == want {
+			b = GoBench{Name: name, Metrics: m}
+		}
+	}
+	if err := <-done; err != nil {
+		return b, fmt.Errorf("go test -bench %s %s: %w", pattern, pkg, err)
+	}
+	if b.Name == "" {
+		return b, fmt.Errorf("go test -bench %s %s printed no result for %s", pattern, pkg, want)
+	}
+	return b, nil
+}
+
+var benchLine = regexp.MustCompile(`^(Benchmark\S+?)(?:-\d+)?\s+\d+\s+(.*)$`)
+
+// parseBenchLine reads "BenchmarkX-2  1  12.5 unit  3 other-unit …".
+func parseBenchLine(line string) (string, map[string]float64, bool) {
+	m := benchLine.FindStringSubmatch(line)
+	if m == nil {
+		return "", nil, false
+	}
+	fields := strings.Fields(m[2])
+	metrics := map[string]float64{}
+	for i := 0; i+1 < len(fields); i += 2 {
+		v, err := strconv.ParseFloat(fields[i], 64)
+		if err != nil {
+			return "", nil, false
+		}
+		metrics[fields[i+1]] = v
+	}
+	return m[1], metrics, len(metrics) > 0
+}
+
+// runPlatform runs the k6 parts, each against a fresh platform.
+func runPlatform(ctx context.Context, o options, res *Results, getenv func(string) string, stdout io.Writer, say func(string, ...any)) error {
+	k6 := filepath.Join(o.root, "bin", "k6")
+	if _, err := os.Stat(k6); err != nil {
+		return fmt.Errorf("the project's k6 is missing: run `make k6` (make bench does): %w", err)
+	}
+	binDir := filepath.Join(o.root, "bin", "bench")
+	say("building the platform's programs into %s …", binDir)
+	if err := rig.Build(ctx, o.root, binDir); err != nil {
+		return err
+	}
+	workRoot := filepath.Join(o.root, "bin", "bench", "work")
+	n := 0
+	scenario := func(key, script string, knob variant, vars ...string) (*rig.Platform, rig.Report, error) {
+		n++
+		name := fmt.Sprintf("bench_%s_%d_%d", strings.NewReplacer("=", "_", "-", "_").Replace(key), os.Getpid(), n)
+		p, err := rig.Start(ctx, rig.Config{
+			BinDir: binDir, WorkDir: filepath.Join(workRoot, key), PostgresURL: adminURL(getenv),
+			Brokers: brokers(getenv), Name: name, Env: knob.env, Partitions: knob.partitions, DatabaseSettings: knob.dbSettings,
+			DatabaseParams: knob.dbParams,
+		})
+		if err != nil {
+			return nil, rig.Report{}, fmt.Errorf("%s: %w", key, err)
+		}
+		if err := p.Warm(ctx); err != nil {
+			p.Stop()
+			p.Destroy(context.WithoutCancel(ctx))
+			return nil, rig.Report{}, fmt.Errorf("%s: %w", key, err)
+		}
+		say("k6 %s (%s) …", filepath.Base(script), strings.Join(vars, " "))
+		// An overloaded run drains for minutes; only a stall should end the wait.
+		vars = append(vars, "DRAIN_TIMEOUT_MS=300000")
+		r, err := rig.K6(ctx, k6, filepath.Join(o.root, "loadtest", "k6", script), p, indent(stdout), vars...)
+		if err != nil {
+			p.Stop()
+			p.Destroy(context.WithoutCancel(ctx))
+			return nil, r, fmt.Errorf("%s: %w", key, err)
+		}
+		if !knob.notInResults {
+			res.K6[key] = r
+		}
+		if r.ExitCode != 0 {
+			// A broken invariant fails make bench; a scenario's lag or backlog
+			// threshold is a goal missed, which the table already reports.
+			msg := fmt.Sprintf("%s: k6 exited %d (%s)", key, r.ExitCode, strings.Join(r.ThresholdsFailed, "; "))
+			if brokeInvariant(r) {
+				res.Problems = append(res.Problems, msg)
+			} else {
+				res.Missed = append(res.Missed, msg)
+			}
+		}
+		return p, r, nil
+	}
+	done := func(p *rig.Platform) {
+		p.Stop()
+		p.Destroy(context.WithoutCancel(ctx))
+	}
+	rate := strconv.Itoa(o.rate)
+
+	if o.only["modes"] {
+		p, _, err := scenario("outbox", "steady.js", variant{}, "RATE="+rate, "DURATION="+o.steadyDuration)
+		if err != nil {
+			return err
+		}
+		res.Lag, err = lagSeries(ctx, p)
+		if err != nil {
+			res.Problems = append(res.Problems, "reading the steady run's lag series: "+err.Error())
+		}
+		done(p)
+		if naiveAvailable(o.root) {
+			p, _, err := scenario("naive", "steady.js", variant{env: map[string][]string{
+				"orders": {"PUBLISH_MODE=naive"}, "billing": {"INBOX_MODE=naive"},
+			}}, "RATE="+rate, "DURATION="+o.steadyDuration)
+			if err != nil {
+				return err
+			}
+			done(p)
+		} else {
+			res.Problems = append(res.Problems, "naive mode: this checkout's orders service has no PUBLISH_MODE (the naive dual-write mode is not merged yet)")
+		}
+	}
+	if o.only["ramp"] {
+		p, _, err := scenario("ramp", "ramp.js", variant{}, "STEPS="+o.steps, "STEP_DURATION="+o.stepDuration)
+		if err != nil {
+			return err
+		}
+		done(p)
+	}
+	if o.only["spike"] {
+		p, _, err := scenario("spike", "spike.js", variant{}, "SPIKE_RATE="+strconv.Itoa(o.spikeRate))
+		if err != nil {
+			return err
+		}
+		done(p)
+	}
+	if o.only["soak"] {
+		// Half the knee; without a knee (nothing met the lag budget), a rate
+		// low enough that the soak measures time, not overload.
+		soakRate := 50
+		if r, ok := res.K6["ramp"]; ok && r.Knee > 0 {
+			soakRate = int(r.Knee) / 2
+		}
+		p, _, err := scenario("soak", "soak.js", variant{}, "SOAK_RATE="+strconv.Itoa(max(soakRate, 50)), "SOAK_DURATION="+o.soakDuration)
+		if err != nil {
+			return err
+		}
+		done(p)
+	}
+	if o.only["knobs"] {
+		// One setting at a time against the defaults, which run first and
+		// last so drift on a shared machine shows.
+		variants := []variant{
+			{name: "default"},
+			{name: "pool_max_conns=16", dbParams: "pool_max_conns=16"},
+			{name: "partitions=12", partitions: 12},
+			{name: "synchronous_commit=off", dbSettings: []string{"synchronous_commit = off"}},
+			{name: "default"},
+		}
+		for _, v := range variants {
+			v.notInResults = true
+			p, r, err := scenario("knob-"+v.name, "steady.js", v, "RATE="+strconv.Itoa(o.knobRate), "DURATION="+o.steadyDuration)
+			if err != nil {
+				return err
+			}
+			done(p)
+			res.Knobs = append(res.Knobs, Knob{Name: v.name, Report: r})
+		}
+	}
+	return nil
+}
+
+// variant is a platform setting a run changes.
+type variant struct {
+	name         string
+	env          map[string][]string
+	partitions   int
+	dbSettings   []string
+	dbParams     string
+	notInResults bool // a knob run: kept in Results.Knobs instead of K6
+}
+
+// Knob is one run of the knobs part.
+type Knob struct {
+	Name   string     `json:"name"`
+	Report rig.Report `json:"report"`
+}
+
+// brokeInvariant reports whether a failed threshold of r is an invariant's
+// (lib.js, invariantThresholds), or k6 failed for another reason.
+func brokeInvariant(r rig.Report) bool {
+	if len(r.ThresholdsFailed) == 0 {
+		return true
+	}
+	for _, t := range r.ThresholdsFailed {
+		if !strings.HasPrefix(t, "settle_lag") && !strings.HasPrefix(t, "orders_unsettled") {
+			return true
+		}
+	}
+	return false
+}
+
+// naiveAvailable reports whether this checkout's orders service knows the
+// naive dual-write mode the comparison needs.
+func naiveAvailable(root string) bool {
+	b, err := os.ReadFile(filepath.Join(root, "services", "orders", "cmd", "orders", "run.go"))
+	return err == nil && strings.Contains(string(b), "PUBLISH_MODE")
+}
+
+// LagPoint is one second of the steady run: the lags of the orders placed
+// in that second.
+type LagPoint struct {
+	Second int     `json:"second"`
+	Orders int     `json:"orders"`
+	P50Ms  float64 `json:"p50Ms"`
+	P99Ms  float64 `json:"p99Ms"`
+	MaxMs  float64 `json:"maxMs"`
+}
+
+// lagSeries reads every order's commit and settlement times straight from
+// the orders and shim databases and groups the lags by the second the
+// order was placed in.
+func lagSeries(ctx context.Context, p *rig.Platform) ([]LagPoint, error) {
+	settledAt := map[string]time.Time{}
+	if err := query(ctx, p.ShimDB, `SELECT order_id::text, min(forwarded_at) FROM forwards WHERE kind = 'capture' GROUP BY order_id`,
+		func(r pgx.Rows) error {
+			var id string
+			var at time.Time
+			if err := r.Scan(&id, &at); err != nil {
+				return err
+			}
+			settledAt[id] = at
+			return nil
+		}); err != nil {
+		return nil, err
+	}
+	type placed struct {
+		at  time.Time
+		lag time.Duration
+	}
+	var orders []placed
+	if err := query(ctx, p.OrdersDB, `SELECT id::text, created_at FROM orders WHERE customer_id <> 'warm-up' ORDER BY created_at`,
+		func(r pgx.Rows) error {
+			var id string
+			var at time.Time
+			if err := r.Scan(&id, &at); err != nil {
+				return err
+			}
+			if s, ok := settledAt[id]; ok {
+				orders = append(orders, placed{at, s.Sub(at)})
+			}
+			return nil
+		}); err != nil {
+		return nil, err
+	}
+	if len(orders) == 0 {
+		return nil, errors.New("no settled orders")
+	}
+	t0 := orders[0].at
+	var series []LagPoint
+	var bucket []float64
+	sec := 0
+	flush := func() {
+		if len(bucket) > 0 {
+			sortFloats(bucket)
+			series = append(series, LagPoint{Second: sec, Orders: len(bucket),
+				P50Ms: quantile(bucket, 0.5), P99Ms: quantile(bucket, 0.99), MaxMs: bucket[len(bucket)-1]})
+		}
+		bucket = bucket[:0]
+	}
+	for _, o := range orders {
+		s := int(o.at.Sub(t0) / time.Second)
+		if s != sec {
+			flush()
+			sec = s
+		}
+		bucket = append(bucket, float64(o.lag.Microseconds())/1000)
+	}
+	flush()
+	return series, nil
+}
+
+func query(ctx context.Context, url, sql string, each func(pgx.Rows) error) error {
+	conn, err := pgx.Connect(ctx, url)
+	if err != nil {
+		return err
+	}
+	defer conn.Close(ctx)
+	rows, err := conn.Query(ctx, sql)
+	if err != nil {
+		return err
+	}
+	defer rows.Close()
+	for rows.Next() {
+		if err := each(rows); err != nil {
+			return err
+		}
+	}
+	return rows.Err()
+}
+
+func writeJSON(path string, v any) error {
+	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+		return err
+	}
+	b, err := json.MarshalIndent(v, "", "  ")
+	if err != nil {
+		return err
+	}
+	return os.WriteFile(path, append(b, '\n'), 0o644)
+}
+
+// indent prefixes each line k6 prints, so it reads as part of a step.
+func indent(w io.Writer) io.Writer { return &prefixWriter{w: w} }
+
+type prefixWriter struct {
+	w       io.Writer
+	partial []byte
+}
+
+func (p *prefixWriter) Write(b []byte) (int, error) {
+	p.partial = append(p.partial, b...)
+	for {
+		i := bytes.IndexByte(p.partial, '\n')
+		if i < 0 {
+			return len(b), nil
+		}
+		if _, err := fmt.Fprintf(p.w, "    %s\n", p.partial[:i]); err != nil {
+			return 0, err
+		}
+		p.partial = p.partial[i+1:]
+	}
+}

@@ -1,0 +1,109 @@
+package main
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/onceflow/onceflow/loadtest/bench/rig"
+)
+
+func TestParseBenchLine(t *testing.T) {
+	for _, c := range []struct {
+		line    string
+		name    string
+		metrics map[string]float64
+	}{
+		{"BenchmarkEnqueueOverhead/workers=8-2   \t 1\t 2.054 bare-p50-ms\t 2042 bare-tx/s\t 0.2478 ratio",
+			"BenchmarkEnqueueOverhead/workers=8", map[string]float64{"bare-p50-ms": 2.054, "bare-tx/s": 2042, "ratio": 0.2478}},
+		{"BenchmarkConsume-2 1 1880 clean-events/s 1.06 ratio",
+			"BenchmarkConsume", map[string]float64{"clean-events/s": 1880, "ratio": 1.06}},
+		{"BenchmarkRelayDrain/batch=1000/writer-BatchSize=100-2 1 22000 relay-events/s",
+			"BenchmarkRelayDrain/batch=1000/writer-BatchSize=100", map[string]float64{"relay-events/s": 22000}},
+		{"--- BENCH: BenchmarkConsume-2", "", nil},
+		{"    bench_test.go:65: 22000 deliveries", "", nil},
+		{"PASS", "", nil},
+	} {
+		name, m, ok := parseBenchLine(c.line)
+		if ok != (c.name != "") || name != c.name || len(m) != len(c.metrics) {
+			t.Errorf("parseBenchLine(%q) = %q, %v, %v; want %q, %v", c.line, name, m, ok, c.name, c.metrics)
+			continue
+		}
+		for k, v := range c.metrics {
+			if m[k] != v {
+				t.Errorf("parseBenchLine(%q)[%s] = %v, want %v", c.line, k, m[k], v)
+			}
+		}
+	}
+}
+
+func TestWriteMarkdownKeepsTheHandWrittenParts(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "BENCHMARKS.md")
+	if err := os.WriteFile(path, []byte("# Notes\n\nhand-written\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for _, run := range []string{"first", "second"} {
+		section := beginMarker + "\n" + run + " run\n" + endMarker + "\n"
+		if err := writeMarkdown(path, section, beginMarker, endMarker); err != nil {
+			t.Fatal(err)
+		}
+	}
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := string(b)
+	want := "# Notes\n\nhand-written\n\n" + beginMarker + "\nsecond run\n" + endMarker + "\n"
+	if got != want {
+		t.Fatalf("after two runs the file is\n%s\nwant\n%s", got, want)
+	}
+	if strings.Count(got, beginMarker) != 1 {
+		t.Fatalf("the generated section appears %d times", strings.Count(got, beginMarker))
+	}
+}
+
+func TestQuantileAndCommas(t *testing.T) {
+	v := []float64{1, 2, 3, 4, 5, 6, 7, 8, 9, 10}
+	for q, want := range map[float64]float64{0: 1, 0.5: 5, 0.99: 10, 1: 10} {
+		if got := quantile(v, q); got != want {
+			t.Errorf("quantile(1..10, %v) = %v, want %v", q, got, want)
+		}
+	}
+	for in, want := range map[string]string{"0": "0", "999": "999", "1000": "1,000", "1234567": "1,234,567", "-20000": "-20,000"} {
+		if got := commas(in); got != want {
+			t.Errorf("commas(%q) = %q, want %q", in, got, want)
+		}
+	}
+}
+
+func TestLagSVGPlotsEverySecond(t *testing.T) {
+	series := []LagPoint{{Second: 0, Orders: 10, P50Ms: 20, P99Ms: 80, MaxMs: 90}, {Second: 1, Orders: 10, P50Ms: 25, P99Ms: 150, MaxMs: 400}}
+	svg := lagSVG(series, "lag <test>")
+	if !strings.HasPrefix(svg, "<svg") || !strings.Contains(svg, "lag &lt;test&gt;") {
+		t.Fatalf("not an SVG with the escaped title:\n%s", svg)
+	}
+	if n := strings.Count(svg, "<polyline"); n != 3 {
+		t.Fatalf("%d lines, want p50, p99 and max", n)
+	}
+	if !strings.Contains(svg, "p99 goal 100 ms") {
+		t.Fatal("the 100 ms goal line is missing")
+	}
+}
+
+func TestBrokeInvariant(t *testing.T) {
+	for _, c := range []struct {
+		failed []string
+		want   bool
+	}{
+		{[]string{"settle_lag: p(99)<=1000"}, false},
+		{[]string{"orders_unsettled: max<=6000", "settle_lag: p(99)<=1000"}, false},
+		{[]string{"settle_lag: p(99)<=1000", "settlements_lost: count==0"}, true},
+		{[]string{"settlements_duplicated: count==0"}, true},
+		{nil, true}, // k6 failed without a threshold: something else broke
+	} {
+		if got := brokeInvariant(rig.Report{ThresholdsFailed: c.failed}); got != c.want {
+			t.Errorf("brokeInvariant(%q) = %v, want %v", c.failed, got, c.want)
+		}
+	}
+}
