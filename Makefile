@@ -10,7 +10,7 @@ DEMO_ARGS ?=
 # The proof `make prove` runs, e.g. `make prove P=chaos` (default: all of them; docs/proofs.md).
 P ?=
 
-.PHONY: help up down status logs services stop demo test vet fmt build prometheus-tools up-prometheus down-prometheus dashboards
+.PHONY: help up down status logs services stop demo test vet fmt build prometheus-tools up-prometheus down-prometheus alert-drill dashboards
 
 help: ## List the targets
 	@grep -E '^[a-zA-Z0-9_.-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*## "} {printf "  %-12s %s\n", $$1, $$2}'
@@ -67,6 +67,9 @@ up-prometheus: ## Start a Prometheus on 127.0.0.1:59090 scraping the services, w
 
 down-prometheus: ## Stop that Prometheus
 	devstack/stack.sh prometheus down
+
+alert-drill: ## With `make demo` and `make up-prometheus` running: stop the relay, watch the backlog alert fire and clear (~4 min)
+	devstack/alert-drill.sh
 
 dashboards: ## Regenerate the Grafana dashboards (dashboards/grafana/dashboards/*.json) from their Go code
 	go generate ./dashboards/
