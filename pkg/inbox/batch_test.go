@@ -46,6 +46,7 @@ func TestABatchSettlesDuplicatesStaleGapsAndAFailureLikeOneByOne(t *testing.T) {
 		mu            sync.Mutex
 		cFailures     int
 		fastCalls     int
+		fastSeen      = map[string]bool{}
 		fastFailures  int
 		savepointSeen = map[string]bool{}
 	)
@@ -55,6 +56,7 @@ func TestABatchSettlesDuplicatesStaleGapsAndAFailureLikeOneByOne(t *testing.T) {
 			savepointSeen[ev.AggregateID] = true
 		} else {
 			fastCalls++
+			fastSeen[ev.AggregateID] = true
 		}
 		fail := ev.AggregateID == "c" && cFailures < 2
 		if fail {
@@ -79,8 +81,12 @@ func TestABatchSettlesDuplicatesStaleGapsAndAFailureLikeOneByOne(t *testing.T) {
 	}
 	testinfra.WaitFor(t, 30*time.Second, fmt.Sprintf("phase one's %d messages to settle", len(phase1)), settled(len(phase1)))
 	mu.Lock()
-	if len(savepointSeen) > 0 {
-		t.Errorf("phase one has no failures, yet handlers ran in savepoints for %v: the fast path fell back", savepointSeen)
+	// A batch of one message takes the per-message path directly; a
+	// fallback shows as the same message handled on both paths.
+	for agg := range savepointSeen {
+		if fastSeen[agg] {
+			t.Errorf("phase one has no failures, yet %s was handled on the fast path and again in a savepoint: the fast path fell back", agg)
+		}
 	}
 	mu.Unlock()
 	f.produce(t, phase2...)
