@@ -273,8 +273,10 @@ func TestPrunerPrunesAtStartAndEveryInterval(t *testing.T) {
 	done := make(chan error, 1)
 	go func() { done <- pruner.Run(ctx) }()
 
-	testinfra.WaitFor(t, 10*time.Second, "the first run to archive the two old rows", func() (bool, error) {
-		return len(tableIDs(t, pool, "outbox_events_archive", "true")) == 2, nil
+	// The pruner logs after its transaction commits: wait for both.
+	testinfra.WaitFor(t, 10*time.Second, "the first run to archive the two old rows and log it", func() (bool, error) {
+		_, logged := logs.Record("outbox pruned published events")
+		return logged && len(tableIDs(t, pool, "outbox_events_archive", "true")) == 2, nil
 	})
 	rec, ok := logs.Record("outbox pruned published events")
 	if !ok || rec["rows_removed"] != float64(2) || rec["archive"] != true {
@@ -282,8 +284,8 @@ func TestPrunerPrunesAtStartAndEveryInterval(t *testing.T) {
 	}
 
 	later := seedRows(t, pool, row{"thing", "c", 1, "published", 10 * day, time.Time{}})
-	testinfra.WaitFor(t, 10*time.Second, "a later run to archive a row published since", func() (bool, error) {
-		return len(tableIDs(t, pool, "outbox_events_archive", "true")) == 3, nil
+	testinfra.WaitFor(t, 10*time.Second, "a later run to archive a row published since and log it", func() (bool, error) {
+		return strings.Contains(logs.String(), `"rows_removed":1`) && len(tableIDs(t, pool, "outbox_events_archive", "true")) == 3, nil
 	})
 	if !strings.Contains(logs.String(), `"rows_removed":1`) {
 		t.Fatalf("no log record of the later run removing 1 row:\n%s", logs.String())
