@@ -49,7 +49,8 @@ type Service struct {
 	Registry *prometheus.Registry
 	HTTP     *echo.Echo
 	opts     Options
-	flush    tracing.Shutdown // flushes and stops the tracer provider
+	checks   map[string]httpserver.Check // /readyz's, by name
+	flush    tracing.Shutdown            // flushes and stops the tracer provider
 }
 
 // New connects, migrates and builds the HTTP server; the caller adds routes
@@ -75,15 +76,23 @@ func New(ctx context.Context, stdout io.Writer, opts Options) (*Service, error) 
 	}
 	registry := prometheus.NewRegistry()
 	registry.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	checks := map[string]httpserver.Check{
+		"postgres": pool.Ping,
+		"kafka":    func(ctx context.Context) error { return kafkautil.Ping(ctx, opts.KafkaBrokers) },
+	}
 	e := httpserver.New(httpserver.Config{
 		Logger:   logger,
 		Gatherer: registry,
-		Checks: map[string]httpserver.Check{
-			"postgres": pool.Ping,
-			"kafka":    func(ctx context.Context) error { return kafkautil.Ping(ctx, opts.KafkaBrokers) },
-		},
+		Checks:   checks,
 	})
-	return &Service{Logger: logger, Pool: pool, Registry: registry, HTTP: e, opts: opts, flush: shutdownTracing}, nil
+	return &Service{Logger: logger, Pool: pool, Registry: registry, HTTP: e, opts: opts, flush: shutdownTracing, checks: checks}, nil
+}
+
+// AddCheck adds a readiness check to /readyz, for a worker that can say
+// which of its dependencies is broken (inbox.Consumer.Healthy). Call it
+// before Run.
+func (s *Service) AddCheck(name string, check httpserver.Check) {
+	s.checks[name] = check
 }
 
 // Run serves HTTP and runs the workers until ctx ends or one fails, then

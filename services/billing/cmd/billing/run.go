@@ -112,13 +112,13 @@ func run(ctx context.Context, _ []string, getenv func(string) string, stdout io.
 	svc.HTTP.Any("/admin/outbox/*", echo.WrapHandler(http.StripPrefix("/admin/outbox", outboxhttp.Handler(svc.Pool))))
 
 	b := billing.New(svc.Pool, svc.Logger, nil)
-	reader := kafkautil.NewGroupReader(cfg.KafkaBrokers, cfg.OrdersTopic, cfg.ConsumerGroup)
-	defer reader.Close() // after Run: flushes the last offset commits
-	consumer, err := inbox.NewConsumer(svc.Pool, reader, writer, b.Handle, inbox.Config{
-		Name:       cfg.InboxName,
-		Logger:     svc.Logger,
-		Metrics:    inbox.NewMetrics(svc.Registry),
-		CrashPoint: crashPoint,
+	src := inbox.GroupConfig{Brokers: cfg.KafkaBrokers, Topic: cfg.OrdersTopic, Group: cfg.ConsumerGroup}
+	consumer, err := inbox.NewConsumer(svc.Pool, src, writer, b.Handle, inbox.Config{
+		Name:          cfg.InboxName,
+		ShutdownGrace: cfg.ShutdownGrace,
+		Logger:        svc.Logger,
+		Metrics:       inbox.NewMetrics(svc.Registry),
+		CrashPoint:    crashPoint,
 	})
 	if err != nil {
 		return err
@@ -126,8 +126,11 @@ func run(ctx context.Context, _ []string, getenv func(string) string, stdout io.
 	consume := consumer.Run
 	switch cfg.InboxMode {
 	case "inbox":
+		svc.AddCheck("orders_consumer", func(context.Context) error { return consumer.Healthy() })
 	case "naive":
 		svc.Logger.Warn("INBOX_MODE=naive: orders events are applied without the inbox; for the fault-injection harness only")
+		reader := kafkautil.NewGroupReader(cfg.KafkaBrokers, cfg.OrdersTopic, cfg.ConsumerGroup)
+		defer reader.Close() // after Run: flushes the last offset commits
 		consume = (&billing.NaiveConsumer{Pool: svc.Pool, Reader: reader, Handle: b.HandleNaive,
 			CrashPoint: crashPoint, Logger: svc.Logger}).Run
 	default:
