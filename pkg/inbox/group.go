@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"sync"
 	"time"
 
 	"github.com/segmentio/kafka-go"
@@ -102,6 +103,10 @@ func (c *Consumer) consume(ctx context.Context, dispatch func(context.Context, d
 		<-ctx.Done()
 		return
 	}
+	// Run closes the workers' queues when consume returns: no fetcher may
+	// be left to send on them, even one kafka-go started late.
+	var fetchers sync.WaitGroup
+	defer fetchers.Wait()
 	defer c.closeGroup(group)
 	for {
 		gen, err := group.Next(ctx)
@@ -127,7 +132,9 @@ func (c *Consumer) consume(ctx context.Context, dispatch func(context.Context, d
 		c.cfg.Logger.InfoContext(ctx, "inbox joined a group generation", slog.String("consumer", c.cfg.Name),
 			slog.Int("generation", int(gen.ID)), slog.Int("partitions", len(assigned)))
 		for k, off := range assigned {
+			fetchers.Add(1)
 			gen.Start(func(gctx context.Context) {
+				defer fetchers.Done()
 				fctx, cancel := context.WithCancel(ctx)
 				defer context.AfterFunc(gctx, cancel)()
 				defer cancel()
