@@ -2,11 +2,14 @@ package inbox_test
 
 import (
 	"context"
+	"errors"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/onceflow/onceflow/pkg/event"
 	"github.com/onceflow/onceflow/pkg/inbox"
@@ -78,6 +81,87 @@ func TestRunEndsWithinTheGraceWhenCommitAndDeadLetterAlwaysFail(t *testing.T) {
 			}
 			if n := f.count(t, "SELECT count(*) FROM children"); n != 0 {
 				t.Fatalf("%d children committed; the commit was to fail every time", n)
+			}
+		})
+	}
+}
+
+// A database connection that dies under the handler (the server terminates
+// the backend, as a restart or failover does), or a statement the server
+// refuses because it is shutting down (SQLSTATE 57P01, raised here on a
+// live connection so the savepoint survives it), is an outage, not the
+// message's fault: it is waited out however often it happens, never spends
+// the message's MaxAttempts, and never dead-letters it.
+func TestADatabaseOutageDoesNotSpendTheRetryBudget(t *testing.T) {
+	for _, mode := range []string{"transactional", "lease"} {
+		t.Run(mode, func(t *testing.T) {
+			t.Parallel()
+			f := newFixture(t)
+			ev := newEvent("survivor", 1)
+			f.produce(t, event.ToKafka(f.topic, ev))
+			var kills atomic.Int32
+			const outages = 6 // more than MaxAttempts
+			// killOwnConnection ends the session it runs in from the server
+			// side, or has the server refuse a statement as during a shutdown.
+			killOwnConnection := func(ctx context.Context, exec func(context.Context, string, ...any) (pgconn.CommandTag, error)) error {
+				n := kills.Add(1)
+				if n > outages {
+					return nil
+				}
+				kill := `SELECT pg_terminate_backend(pg_backend_pid())`
+				if n%2 == 0 {
+					kill = `DO $$ BEGIN RAISE EXCEPTION 'terminating connection due to administrator command' USING ERRCODE = '57P01'; END $$`
+				}
+				_, err := exec(ctx, kill)
+				if err == nil {
+					err = errors.New("the backend survived pg_terminate_backend")
+				}
+				return err
+			}
+			cfg := inbox.Config{Name: "outage-" + mode, MaxAttempts: 2, BackoffMin: time.Millisecond,
+				BackoffMax: 20 * time.Millisecond, Metrics: inbox.NewMetrics(f.registry)}
+			var c *inbox.Consumer
+			var err error
+			if mode == "transactional" {
+				c, err = inbox.NewConsumer(f.pool, f.source(testinfra.Name("group")), f.writer,
+					func(ctx context.Context, tx pgx.Tx, ev event.Envelope) error {
+						if err := killOwnConnection(ctx, tx.Exec); err != nil {
+							return err
+						}
+						return f.recordEffect(ctx, tx, ev)
+					}, cfg)
+			} else {
+				// In lease mode the outage hits the lease transaction; the
+				// side effect is the call that follows.
+				c, err = inbox.NewLeaseConsumer(f.pool, f.source(testinfra.Name("group")), f.writer, inbox.Effect{
+					Check: func(context.Context, string) (bool, error) { return false, nil },
+					Call: func(ctx context.Context, ev event.Envelope, _ string) error {
+						_, err := f.pool.Exec(ctx, "INSERT INTO effects (event_id, aggregate_id) VALUES ($1, $2)", ev.EventID, ev.AggregateID)
+						return err
+					},
+					Done: func(ctx context.Context, tx pgx.Tx, _ event.Envelope, _ inbox.Outcome) error {
+						return killOwnConnection(ctx, tx.Exec)
+					},
+				}, cfg)
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			runUntilCleanup(t, c)
+			testinfra.WaitFor(t, 30*time.Second, "the event to be handled after the outages", func() (bool, error) {
+				return f.count(t, "SELECT count(*) FROM inbox_messages WHERE message_id = $1 AND status = 'processed'", ev.EventID) == 1, nil
+			})
+			if got := kills.Load(); got <= outages {
+				t.Fatalf("the connection was killed %d times, want %d before the success", got, outages)
+			}
+			if n := f.count(t, "SELECT count(*) FROM effects WHERE event_id = $1", ev.EventID); n != 1 {
+				t.Fatalf("%d effects, want 1", n)
+			}
+			if got := testinfra.MetricValue(t, f.registry, "inbox_dead_lettered_total"); got != 0 {
+				t.Fatalf("inbox_dead_lettered_total = %v: the outage was charged to the message", got)
+			}
+			if got := testinfra.MetricValue(t, f.registry, "inbox_database_errors_total"); got < 1 {
+				t.Fatalf("inbox_database_errors_total = %v, want the outage counted", got)
 			}
 		})
 	}
