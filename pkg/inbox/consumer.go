@@ -413,7 +413,7 @@ func messages(batch []delivery) []kafka.Message {
 func (c *Consumer) tryBatch(ctx context.Context, batch []delivery) int {
 	ms := messages(batch)
 	if len(ms) > 1 && c.fastBatch(ctx, ms) {
-		c.db.ok(ctx)
+		c.db.ok(ctx, "")
 		return len(ms)
 	}
 	start := time.Now()
@@ -444,7 +444,7 @@ func (c *Consumer) tryBatch(ctx context.Context, batch []delivery) int {
 		}
 		return 0
 	}
-	c.db.ok(ctx)
+	c.db.ok(ctx, "")
 	c.cfg.Metrics.record(c.cfg.Name, counts, n, time.Since(start))
 	return n
 }
@@ -523,7 +523,7 @@ func (c *Consumer) processAlone(ctx context.Context, d delivery) error {
 			err = tx.Commit(ctx)
 		}
 		if err == nil {
-			c.db.ok(ctx)
+			c.db.ok(ctx, "")
 			var counts [4]int
 			counts[out]++
 			c.cfg.Metrics.record(c.cfg.Name, counts, 1, time.Since(start))
@@ -537,7 +537,7 @@ func (c *Consumer) processAlone(ctx context.Context, d delivery) error {
 			c.db.fail(ctx, op, err)
 			outages++
 		default:
-			c.db.ok(ctx)
+			c.db.ok(ctx, "")
 			outages = 0
 			attempt++
 			if op == "commit" {
@@ -987,7 +987,7 @@ func (c *Consumer) deadLetter(ctx context.Context, tx pgx.Tx, m kafka.Message, e
 	for attempt := 1; ; attempt++ {
 		err := c.dlq.WriteMessages(ctx, dl)
 		if err == nil {
-			c.kafka.ok(ctx)
+			c.kafka.ok(ctx, "dead_letter")
 			break
 		}
 		if kafkautil.IsMessageError(err) && !truncated {

@@ -121,7 +121,7 @@ func (c *Consumer) consume(ctx context.Context, dispatch func(context.Context, d
 			}
 			continue
 		}
-		c.kafka.ok(ctx)
+		c.kafka.ok(ctx, "join")
 		assigned := map[partitionKey]int64{}
 		for topic, parts := range gen.Assignments {
 			for _, p := range parts {
@@ -187,7 +187,7 @@ func (c *Consumer) fetch(ctx context.Context, g *generation, k partitionKey, off
 			}
 			attempt = 1
 			next = m.Offset + 1
-			c.kafka.ok(ctx)
+			c.kafka.ok(ctx, "fetch")
 			if !g.add(m) {
 				continue
 			}
@@ -255,7 +255,7 @@ func (c *Consumer) commit(ctx context.Context, gen *kafka.Generation, g *generat
 	switch {
 	case err == nil:
 		g.committed(offs)
-		c.kafka.ok(ctx)
+		c.kafka.ok(ctx, "commit")
 	case errors.Is(err, kafka.RebalanceInProgress), errors.Is(err, kafka.IllegalGeneration),
 		errors.Is(err, kafka.UnknownMemberId), errors.Is(err, kafka.FencedInstanceID):
 		// The generation is over; the heartbeat ends it and the next owner

@@ -12,10 +12,13 @@ import (
 )
 
 // fault follows one dependency of the consumer (Kafka or the database)
-// through an outage: it counts every error (inbox_<part>_errors_total by
-// op), shows the state (inbox_<part>_connected), and logs at a bounded
-// rate: the first failure, then at most one line per ErrorLogInterval with
-// the count since the last line, and one line on recovery.
+// through outages, per op (fetch, commit, dead_letter, begin, …): it counts
+// every error (inbox_<part>_errors_total by op), shows the state
+// (inbox_<part>_connected is 0 while any op is failing), and logs at a
+// bounded rate: an op's first failure, then at most one line per
+// ErrorLogInterval with the count since the last line, and one line when
+// it works again. Per op, so that a dead-letter topic that cannot be reached
+// is not declared recovered by every successful fetch.
 type fault struct {
 	part      string // "kafka" or "database"
 	consumer  string
@@ -25,64 +28,76 @@ type fault struct {
 	connected prometheus.Gauge
 
 	mu      sync.Mutex
-	failing bool
-	since   time.Time
-	logged  time.Time
-	unseen  int // failures since the last line
-	lastErr error
+	failing map[string]*outage // by op
+}
+
+type outage struct {
+	since, logged time.Time
+	unseen        int // failures since the last line
+	lastErr       error
 }
 
 func newFault(part, consumer string, logger *slog.Logger, interval time.Duration, errs *prometheus.CounterVec, connected *prometheus.GaugeVec) *fault {
 	f := &fault{part: part, consumer: consumer, logger: logger, interval: interval, errors: errs,
-		connected: connected.WithLabelValues(consumer)}
+		connected: connected.WithLabelValues(consumer), failing: map[string]*outage{}}
 	f.connected.Set(1)
 	return f
 }
 
-// fail records a failed op (fetch, commit, begin, …).
+// fail records a failed op.
 func (f *fault) fail(ctx context.Context, op string, err error) {
 	f.errors.WithLabelValues(f.consumer, op).Inc()
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	now := time.Now()
-	f.lastErr = err
-	if !f.failing {
-		f.failing, f.since, f.logged, f.unseen = true, now, now, 0
+	o := f.failing[op]
+	if o == nil {
+		f.failing[op] = &outage{since: now, logged: now, lastErr: err}
 		f.connected.Set(0)
 		f.logger.WarnContext(ctx, "inbox cannot reach "+f.part+"; waiting it out",
 			slog.String("consumer", f.consumer), slog.String("op", op), slog.Any("error", err))
 		return
 	}
-	f.unseen++
-	if now.Sub(f.logged) >= f.interval {
+	o.lastErr = err
+	o.unseen++
+	if now.Sub(o.logged) >= f.interval {
 		f.logger.WarnContext(ctx, "inbox still cannot reach "+f.part,
-			slog.String("consumer", f.consumer), slog.String("op", op), slog.Int("failures", f.unseen),
-			slog.Duration("for", now.Sub(f.since)), slog.Any("error", err))
-		f.logged, f.unseen = now, 0
+			slog.String("consumer", f.consumer), slog.String("op", op), slog.Int("failures", o.unseen),
+			slog.Duration("for", now.Sub(o.since)), slog.Any("error", err))
+		o.logged, o.unseen = now, 0
 	}
 }
 
-// ok records a successful op; it ends an outage.
-func (f *fault) ok(ctx context.Context) {
+// ok records that op worked; "" (any success of the database) ends every
+// op's outage.
+func (f *fault) ok(ctx context.Context, op string) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	if !f.failing {
+	if len(f.failing) == 0 {
 		return
 	}
-	f.failing = false
-	f.connected.Set(1)
-	f.logger.InfoContext(ctx, "inbox reaches "+f.part+" again", slog.String("consumer", f.consumer),
-		slog.Duration("after", time.Since(f.since)))
+	for name, o := range f.failing {
+		if op != "" && name != op {
+			continue
+		}
+		delete(f.failing, name)
+		f.logger.InfoContext(ctx, "inbox reaches "+f.part+" again", slog.String("consumer", f.consumer),
+			slog.String("op", name), slog.Duration("after", time.Since(o.since)))
+	}
+	if len(f.failing) == 0 {
+		f.connected.Set(1)
+	}
 }
 
-// err describes the outage, nil when there is none.
+// err describes the outages, nil when there is none.
 func (f *fault) err() error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	if !f.failing {
-		return nil
+	var errs []error
+	for op, o := range f.failing {
+		errs = append(errs, fmt.Errorf("%s unreachable (%s) for %s: %w", f.part, op, time.Since(o.since).Round(time.Millisecond), o.lastErr))
 	}
-	return fmt.Errorf("%s unreachable for %s: %w", f.part, time.Since(f.since).Round(time.Millisecond), f.lastErr)
+	return errors.Join(errs...)
 }
 
 // Healthy reports what keeps the consumer from working right now: Kafka or

@@ -78,7 +78,7 @@ func (c *Consumer) reportDeadLetters(ctx context.Context) {
 		err := c.pool.QueryRow(ctx, `SELECT count(*) FROM inbox_messages WHERE consumer = $1 AND status = 'dead_lettered'`,
 			c.cfg.Name).Scan(&n)
 		if err == nil {
-			c.db.ok(ctx) // the idle consumer's sign that an outage ended
+			c.db.ok(ctx, "") // the idle consumer's sign that an outage ended
 			c.cfg.Metrics.deadLetters.WithLabelValues(c.cfg.Name).Set(float64(n))
 		} else if ctx.Err() == nil && isOutage(err) {
 			c.db.fail(ctx, "count_dead_letters", err)

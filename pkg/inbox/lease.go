@@ -131,11 +131,11 @@ func (c *Consumer) processLeased(ctx context.Context, d delivery) error {
 			}
 			continue // waiting is not failing
 		case err == nil && out != nil:
-			c.db.ok(ctx)
+			c.db.ok(ctx, "")
 			counts[*out]++ // a duplicate or a stale event: settled without a side effect
 			return nil
 		case err == nil:
-			c.db.ok(ctx)
+			c.db.ok(ctx, "")
 		case ctx.Err() != nil:
 			return errAbandoned
 		case isOutage(err):
@@ -214,7 +214,7 @@ func (c *Consumer) settleLeased(ctx context.Context, d delivery, step string, f 
 		err := f()
 		switch {
 		case err == nil:
-			c.db.ok(ctx)
+			c.db.ok(ctx, "")
 			return nil
 		case ctx.Err() != nil:
 			return errAbandoned
