@@ -109,7 +109,17 @@ func (r *groupRig) produce(t *testing.T) {
 				versions[key]++
 				msgs = append(msgs, event.ToKafka(r.f.topic, newEvent(key, versions[key])))
 			}
-			if err := r.f.writer.WriteMessages(context.Background(), msgs...); err != nil {
+			// A new topic's leadership can still move (Not Leader For
+			// Partition): write the batch again, as the relay would. Copies
+			// of events that did land are duplicates the inbox absorbs.
+			var err error
+			for try := 0; try < 50; try++ {
+				if err = r.f.writer.WriteMessages(context.Background(), msgs...); err == nil {
+					break
+				}
+				<-time.After(100 * time.Millisecond)
+			}
+			if err != nil {
 				t.Errorf("producing: %v", err)
 				return
 			}
