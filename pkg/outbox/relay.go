@@ -648,6 +648,9 @@ func (r *Relay) relayBatch(ctx context.Context) (batchResult, error) {
 	now := time.Now()
 	for i, c := range batch {
 		cause := errs[i]
+		if cause != nil && !kafkautil.IsMessageError(cause) {
+			r.cfg.Metrics.kafkaErrors.Inc()
+		}
 		switch {
 		case held[c.aggregate]:
 			// An earlier event of this aggregate failed: leave this one
@@ -675,7 +678,6 @@ func (r *Relay) relayBatch(ctx context.Context) (batchResult, error) {
 			if res.brokerErr == nil {
 				res.brokerErr = cause
 			}
-			r.cfg.Metrics.kafkaErrors.Inc()
 			// Deferred by how long this topic has been failing, so a topic
 			// that stays unavailable is retried ever less often while the
 			// other topics flow.
