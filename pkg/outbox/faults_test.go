@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"net/url"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -275,4 +276,79 @@ func TestABusyRelayHeartbeatsReportsItsBacklogAndShares(t *testing.T) {
 	c.checkOrder(t, want)
 	t.Logf("published: busy-1 %v, busy-2 %v; redeliveries %d",
 		testinfra.MetricValue(t, reg1, "outbox_published_total"), testinfra.MetricValue(t, reg2, "outbox_published_total"), c.dups())
+}
+
+// A Postgres outage does not end Run: the relay's claim loop, heartbeat,
+// listener and gauges wait it out with backoff, log each failure once (not
+// once per retry), and the relay publishes what was committed meanwhile once
+// the database is back.
+func TestAPostgresOutageIsWaitedOut(t *testing.T) {
+	brokers := testinfra.KafkaBrokers(t)
+	topic := testinfra.NewTopic(t, brokers, 1)
+	dbURL := testinfra.NewDatabase(t)
+	direct := testinfra.NewPool(t, dbURL)
+	migrate(t, direct)
+	u, err := url.Parse(dbURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	proxy := testinfra.NewProxy(t, u.Host)
+	u.Host = proxy.Addr()
+	c := collect(t, brokers, topic)
+
+	w := kafkautil.NewWriter(brokers, 10)
+	t.Cleanup(func() { w.Close() })
+	reg := prometheus.NewRegistry()
+	logs := &testinfra.LogBuffer{}
+	relay, err := outbox.NewRelay(testinfra.NewPool(t, u.String()), w, outbox.RelayConfig{
+		Topic: func(string) string { return topic }, PollInterval: 50 * time.Millisecond,
+		RebalanceInterval: 100 * time.Millisecond, OutageBackoffMax: 300 * time.Millisecond,
+		Metrics: outbox.NewMetrics(reg), Logger: slog.New(slog.NewJSONHandler(logs, nil)),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- relay.Run(ctx) }()
+	defer func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("Run: %v", err)
+		}
+	}()
+	enqueue(t, direct, newEvent("a", 1), newEvent("a", 2))
+	testinfra.WaitFor(t, 20*time.Second, "the first events to be published", func() (bool, error) {
+		return c.distinct() == 2, nil
+	})
+
+	proxy.Cut()
+	enqueue(t, direct, newEvent("a", 3), newEvent("a", 4)) // committed while the relay cannot see the database
+	testinfra.WaitFor(t, 20*time.Second, "the relay to fail heartbeats and gauges for a while", func() (bool, error) {
+		return testinfra.LabeledMetricValue(t, reg, "outbox_db_errors_total", map[string]string{"op": "heartbeat"}) >= 5 &&
+			testinfra.LabeledMetricValue(t, reg, "outbox_db_errors_total", map[string]string{"op": "gauges"}) >= 3, nil
+	})
+	select {
+	case err := <-done:
+		t.Fatalf("Run returned during a Postgres outage: %v", err)
+	default:
+	}
+	if relay.Health().PostgresConnected {
+		t.Errorf("Health() = %+v during the outage, want PostgresConnected false", relay.Health())
+	}
+
+	proxy.Heal()
+	testinfra.WaitFor(t, 30*time.Second, "the events committed during the outage to be published", func() (bool, error) {
+		return c.distinct() == 4, nil
+	})
+	c.checkOrder(t, map[string]int64{"a": 4})
+	for _, what := range []string{"heartbeating in Postgres", "refreshing the backlog gauges"} {
+		if n := strings.Count(logs.String(), "outbox relay: "+what+" failed; retrying with backoff"); n != 1 {
+			t.Errorf("%q: %d lines about the outage's start, want 1 (bounded-rate logging)", what, n)
+		}
+	}
+	testinfra.WaitFor(t, 10*time.Second, "the recovery to be logged and reported", func() (bool, error) {
+		_, ok := logs.Record("outbox relay: heartbeating in Postgres works again")
+		return ok && relay.Health().PostgresConnected, nil
+	})
 }

@@ -158,7 +158,7 @@ type Relay struct {
 	owner  *owner
 
 	// Followed for bounded-rate logs and for Health.
-	kafka, claims, heartbeat, gauges, listening *outage
+	kafka, claims, heartbeat, gauges, listening, waking *outage
 
 	// Used only by the claim loop (or RelayBatch's caller): how many batches
 	// in a row Kafka refused as a whole, how many writes to each topic in a
@@ -192,6 +192,7 @@ func NewRelay(pool *pgxpool.Pool, w Writer, cfg RelayConfig) (*Relay, error) {
 		heartbeat:   health("heartbeating in Postgres"),
 		gauges:      health("refreshing the backlog gauges"),
 		listening:   health("listening for commits"),
+		waking:      health("arming the commit wake-up (polling meanwhile)"),
 		topicStreak: map[string]int{},
 	}, nil
 }
@@ -392,11 +393,12 @@ func (r *Relay) setWaiting(ctx context.Context, waiting bool) bool {
 	}
 	if err != nil {
 		if ctx.Err() == nil {
-			r.cfg.Logger.WarnContext(ctx, "outbox relay could not change its wake-up flag; polling",
-				slog.Bool("waiting", waiting), slog.Any("error", err))
+			r.cfg.Metrics.dbErrors.WithLabelValues("claim").Inc()
+			r.waking.fail(ctx, err)
 		}
 		return false
 	}
+	r.waking.ok(ctx)
 	return tag.RowsAffected() == 1
 }
 

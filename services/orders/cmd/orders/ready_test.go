@@ -1,12 +1,10 @@
 package main
 
 import (
-	"io"
 	"net"
 	"net/http"
 	"net/url"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -18,11 +16,11 @@ import (
 // database unreachable it is not ready, until the database is back.
 func TestReadinessFollowsTheDatabaseNotKafka(t *testing.T) {
 	db := testinfra.NewDatabase(t)
-	pgProxy := newTCPProxy(t, hostOf(t, db))
+	pgProxy := testinfra.NewProxy(t, hostOf(t, db))
 	kafkaDown := closedAddr(t)
 	svc := testinfra.Start(t, run, map[string]string{
 		"HTTP_ADDR":     "127.0.0.1:0",
-		"DATABASE_URL":  strings.Replace(db, hostOf(t, db), pgProxy.addr, 1),
+		"DATABASE_URL":  strings.Replace(db, hostOf(t, db), pgProxy.Addr(), 1),
 		"KAFKA_BROKERS": kafkaDown,
 		"ORDERS_TOPIC":  "orders.events",
 	})
@@ -56,11 +54,11 @@ func TestReadinessFollowsTheDatabaseNotKafka(t *testing.T) {
 		t.Fatalf("placing an order with Kafka unreachable: status %d, want 201", resp.StatusCode)
 	}
 
-	pgProxy.cut()
+	pgProxy.Cut()
 	testinfra.WaitFor(t, 20*time.Second, "/readyz to answer 503 with the database unreachable", func() (bool, error) {
 		return ready() == http.StatusServiceUnavailable, nil
 	})
-	pgProxy.heal()
+	pgProxy.Heal()
 	testinfra.WaitFor(t, 20*time.Second, "/readyz to answer 200 once the database is back", func() (bool, error) {
 		return ready() == http.StatusOK, nil
 	})
@@ -85,67 +83,4 @@ func closedAddr(t *testing.T) string {
 	addr := ln.Addr().String()
 	ln.Close()
 	return addr
-}
-
-// tcpProxy forwards a loopback port to target until cut, which refuses new
-// connections and breaks the open ones, as a database that went away would;
-// heal listens again on the same port.
-type tcpProxy struct {
-	t      *testing.T
-	addr   string
-	target string
-
-	mu    sync.Mutex
-	ln    net.Listener
-	conns []net.Conn
-}
-
-func newTCPProxy(t *testing.T, target string) *tcpProxy {
-	t.Helper()
-	p := &tcpProxy{t: t, addr: "127.0.0.1:0", target: target}
-	p.heal()
-	t.Cleanup(p.cut)
-	return p
-}
-
-func (p *tcpProxy) heal() {
-	p.t.Helper()
-	ln, err := net.Listen("tcp", p.addr)
-	if err != nil {
-		p.t.Fatalf("proxy listening: %v", err)
-	}
-	p.mu.Lock()
-	p.ln, p.addr = ln, ln.Addr().String()
-	p.mu.Unlock()
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			up, err := net.Dial("tcp", p.target)
-			if err != nil {
-				c.Close()
-				continue
-			}
-			p.mu.Lock()
-			p.conns = append(p.conns, c, up)
-			p.mu.Unlock()
-			go func() { _, _ = io.Copy(up, c); up.Close() }()
-			go func() { _, _ = io.Copy(c, up); c.Close() }()
-		}
-	}()
-}
-
-func (p *tcpProxy) cut() {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if p.ln != nil {
-		p.ln.Close()
-		p.ln = nil
-	}
-	for _, c := range p.conns {
-		c.Close()
-	}
-	p.conns = nil
 }
