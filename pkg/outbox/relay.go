@@ -9,6 +9,8 @@ import (
 	"log/slog"
 	"os"
 	"slices"
+	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -68,6 +70,11 @@ type RelayConfig struct {
 	// LockTimeout bounds how long a claim waits for rows another relay still
 	// holds during a handover. Default 10s.
 	LockTimeout time.Duration
+	// PublishTimeout bounds one batch's writes to Kafka; a batch that runs
+	// out of it is treated as a broker failure (its rows stay pending,
+	// uncharged), so a stalled broker cannot hold a claim open for long.
+	// Default 30s.
+	PublishTimeout time.Duration
 	// MaxAttempts is how many publishes failed because of the message (see
 	// the package documentation for which errors those are) make a row dead.
 	// Default 10.
@@ -117,6 +124,9 @@ func (c RelayConfig) withDefaults() RelayConfig {
 	}
 	if c.LockTimeout <= 0 {
 		c.LockTimeout = 10 * time.Second
+	}
+	if c.PublishTimeout <= 0 {
+		c.PublishTimeout = 30 * time.Second
 	}
 	if c.MaxAttempts <= 0 {
 		c.MaxAttempts = 10
@@ -506,7 +516,18 @@ const fenceLockClass = 0x6f627832 // "obx2"
 // wait for the previous claim transaction of that partition to end before
 // it reads anything, so each claim sees everything the previous one wrote,
 // whoever owns the partition, and even while two relays both believe they do.
-const fencePartitions = `SELECT count(pg_advisory_xact_lock($1, p)) FROM unnest($2::int[]) AS p`
+//
+// It is sent with the transaction's settings in one simple-protocol round
+// trip, so the partitions are spelled into the text; they are integers this
+// relay computed, never input.
+func fencePartitions(owned []int32) string {
+	ps := make([]string, len(owned))
+	for i, p := range owned {
+		ps[i] = strconv.Itoa(int(p))
+	}
+	return fmt.Sprintf(`SELECT count(pg_advisory_xact_lock(%d, p)) FROM unnest('{%s}'::int[]) AS p`,
+		fenceLockClass, strings.Join(ps, ","))
+}
 
 // undeferOutage makes the rows an outage deferred due again once Kafka is
 // back, rather than each waiting out its own deferral. Only an outage
@@ -605,12 +626,11 @@ func (r *Relay) relayBatch(ctx context.Context) (batchResult, error) {
 	defer tx.Rollback(context.Background()) //nolint:errcheck // no-op after commit
 	// The relay's own commit need not wait for the disk: a mark lost in a
 	// crash only republishes the batch, which consumers absorb (BENCHMARKS.md).
-	if _, err := tx.Exec(ctx, fmt.Sprintf("SET LOCAL lock_timeout = %d; SET LOCAL synchronous_commit = off",
-		r.cfg.LockTimeout.Milliseconds())); err != nil {
-		return batchResult{}, fmt.Errorf("setting lock timeout: %w", err)
-	}
-	if _, err := tx.Exec(ctx, fencePartitions, fenceLockClass, owned); err != nil {
-		return batchResult{}, fmt.Errorf("fencing the owned partitions: %w", err)
+	// owned is sorted (owner.set), so concurrent fences take their locks in
+	// one order and cannot deadlock.
+	if _, err := tx.Exec(ctx, fmt.Sprintf("SET LOCAL lock_timeout = %d; SET LOCAL synchronous_commit = off; %s",
+		r.cfg.LockTimeout.Milliseconds(), fencePartitions(owned))); err != nil {
+		return batchResult{}, fmt.Errorf("setting up the claim (lock timeout, partition fences): %w", err)
 	}
 	undefer := r.undefer
 	if undefer {
@@ -628,7 +648,9 @@ func (r *Relay) relayBatch(ctx context.Context) (batchResult, error) {
 	}
 	r.cfg.Metrics.batchSize.Observe(float64(len(batch)))
 	endSends := startSends(ctx, batch)
-	errs := r.publish(ctx, batch)
+	publishCtx, cancel := context.WithTimeout(ctx, r.cfg.PublishTimeout)
+	errs := r.publish(publishCtx, batch)
+	cancel()
 	endSends(errs)
 	if ctx.Err() != nil {
 		return batchResult{}, ctx.Err() // leave the rows pending; the next run republishes them
