@@ -80,11 +80,18 @@ func New(ctx context.Context, stdout io.Writer, opts Options) (*Service, error) 
 	}
 	registry := prometheus.NewRegistry()
 	registry.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	checks := map[string]httpserver.Check{"postgres": pool.Ping}
-	if !opts.ReadyWithoutKafka {
-		checks["kafka"] = func(ctx context.Context) error { return kafkautil.Ping(ctx, opts.KafkaBrokers) }
+	checks := map[string]httpserver.Check{
+		"postgres": pool.Ping,
+		"kafka":    func(ctx context.Context) error { return kafkautil.Ping(ctx, opts.KafkaBrokers) },
 	}
-	e := httpserver.New(httpserver.Config{Logger: logger, Gatherer: registry, Checks: checks})
+	if opts.ReadyWithoutKafka {
+		delete(checks, "kafka")
+	}
+	e := httpserver.New(httpserver.Config{
+		Logger:   logger,
+		Gatherer: registry,
+		Checks:   checks,
+	})
 	return &Service{Logger: logger, Pool: pool, Registry: registry, HTTP: e, opts: opts, flush: shutdownTracing}, nil
 }
 
