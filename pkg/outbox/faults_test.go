@@ -157,9 +157,11 @@ func TestAMissingTopicIsWaitedOutWhileOtherTopicsFlow(t *testing.T) {
 
 	w := kafkautil.NewWriter(brokers, 10)
 	t.Cleanup(func() { w.Close() })
+	logs := &testinfra.LogBuffer{}
 	relay, err := outbox.NewRelay(pool, w, outbox.RelayConfig{
 		Topic: route, MaxAttempts: 2, BackoffMin: 10 * time.Millisecond, BackoffMax: 20 * time.Millisecond,
 		OutageBackoffMax: 500 * time.Millisecond, PollInterval: 50 * time.Millisecond,
+		Logger: slog.New(slog.NewJSONHandler(logs, nil)),
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -171,8 +173,20 @@ func TestAMissingTopicIsWaitedOutWhileOtherTopicsFlow(t *testing.T) {
 	testinfra.WaitFor(t, 30*time.Second, "the missing topic's first event to be deferred", func() (bool, error) {
 		return countRows(t, pool, "last_error LIKE '%Unknown Topic Or Partition%'") >= 1, nil
 	})
+	// The other topic keeps flowing while the missing one is retried.
+	for v := int64(2); v <= 6; v++ {
+		enqueue(t, pool, newEvent("fine", v))
+		testinfra.WaitFor(t, 30*time.Second, fmt.Sprintf("fine v%d to be published", v), func() (bool, error) {
+			return countRows(t, pool, "state = 'published' AND aggregate_id = 'fine'") == int(v), nil
+		})
+	}
 	if n := countRows(t, pool, "aggregate_id = 'g' AND state = 'pending' AND attempts = 0"); n != 2 {
 		t.Fatalf("%d of the missing topic's events pending with no attempt charged, want 2", n)
+	}
+	// Batches alternate between the missing topic alone (nothing reached
+	// Kafka) and the other one: the log must not get a pair of lines per flap.
+	if n := strings.Count(logs.String(), "publishing to Kafka failed"); n > 1 {
+		t.Errorf("%d lines about Kafka failing, want at most 1 (bounded-rate logging):\n%s", n, logs.String())
 	}
 
 	testinfra.NewTopicNamed(t, brokers, missing, 1)

@@ -171,12 +171,14 @@ type Relay struct {
 	kafka, claims, heartbeat, gauges, listening, waking *outage
 
 	// Used only by the claim loop (or RelayBatch's caller): how many batches
-	// in a row Kafka refused as a whole, how many writes to each topic in a
-	// row failed because of the broker, and whether rows deferred during an
-	// outage are to be made due again now that Kafka is back.
-	kafkaStreak int
-	topicStreak map[string]int
-	undefer     bool
+	// in a row Kafka refused as a whole; how many writes to each topic in a
+	// row failed because of the broker; the aggregate types whose rows were
+	// deferred, by topic; and the aggregate types whose deferred rows are to
+	// be made due again because their topic works again.
+	kafkaStreak   int
+	topicStreak   map[string]int
+	deferredTypes map[string]map[string]bool
+	undefer       []string
 }
 
 // NewRelay returns a relay reading the outbox in pool and writing to w.
@@ -197,13 +199,14 @@ func NewRelay(pool *pgxpool.Pool, w Writer, cfg RelayConfig) (*Relay, error) {
 			logger: cfg.Logger,
 			dial:   func(ctx context.Context) (*pgx.Conn, error) { return pgx.ConnectConfig(ctx, connConfig.Copy()) },
 		},
-		kafka:       health("publishing to Kafka"),
-		claims:      health("claiming from Postgres"),
-		heartbeat:   health("heartbeating in Postgres"),
-		gauges:      health("refreshing the backlog gauges"),
-		listening:   health("listening for commits"),
-		waking:      health("arming the commit wake-up (polling meanwhile)"),
-		topicStreak: map[string]int{},
+		kafka:         health("publishing to Kafka"),
+		claims:        health("claiming from Postgres"),
+		heartbeat:     health("heartbeating in Postgres"),
+		gauges:        health("refreshing the backlog gauges"),
+		listening:     health("listening for commits"),
+		waking:        health("arming the commit wake-up (polling meanwhile)"),
+		topicStreak:   map[string]int{},
+		deferredTypes: map[string]map[string]bool{},
 	}, nil
 }
 
@@ -351,10 +354,6 @@ func (r *Relay) noteKafka(ctx context.Context, res batchResult) bool {
 		r.kafka.fail(ctx, res.brokerErr)
 		return true
 	case res.published > 0 || res.judged > 0:
-		// The broker answered: whatever an outage deferred may go now.
-		if r.kafkaStreak > 0 {
-			r.undefer = true
-		}
 		r.kafkaStreak = 0
 		r.cfg.Metrics.kafkaConnected.Set(1)
 		r.kafka.ok(ctx)
@@ -529,14 +528,16 @@ func fencePartitions(owned []int32) string {
 		fenceLockClass, strings.Join(ps, ","))
 }
 
-// undeferOutage makes the rows an outage deferred due again once Kafka is
-// back, rather than each waiting out its own deferral. Only an outage
-// defers a row without charging an attempt, so attempts = 0 with a future
-// next_attempt_at identifies them (a requeue resets next_attempt_at).
+// undeferOutage makes the rows an outage deferred due again once their topic
+// takes writes again, rather than each waiting out its own deferral. Only
+// an outage defers a row without charging an attempt, so attempts = 0 with
+// a future next_attempt_at identifies them (a requeue resets
+// next_attempt_at). Scoped to the aggregate types of the topic that
+// recovered: a topic that is still missing keeps its rows deferred.
 const undeferOutage = `
 UPDATE outbox_events SET next_attempt_at = '-infinity'
 WHERE state = 'pending' AND attempts = 0 AND next_attempt_at > '-infinity' AND next_attempt_at > now()
-  AND partition = ANY($1)`
+  AND partition = ANY($1) AND aggregate_type = ANY($2)`
 
 // claimBatch takes the next due rows of the owned partitions in id order.
 // A row waits while an earlier row of its aggregate is dead or backing off,
@@ -584,6 +585,7 @@ type claimed struct {
 	id        int64
 	attempts  int
 	createdAt time.Time
+	aggType   string
 	aggregate string // type + id
 	msg       kafka.Message
 }
@@ -633,16 +635,17 @@ func (r *Relay) relayBatch(ctx context.Context) (batchResult, error) {
 		return batchResult{}, fmt.Errorf("setting up the claim (lock timeout, partition fences): %w", err)
 	}
 	undefer := r.undefer
-	if undefer {
-		if _, err := tx.Exec(ctx, undeferOutage, owned); err != nil {
+	if len(undefer) > 0 {
+		if _, err := tx.Exec(ctx, undeferOutage, owned, undefer); err != nil {
 			return batchResult{}, fmt.Errorf("resuming rows an outage deferred: %w", err)
 		}
 	}
 	batch, err := r.claim(ctx, tx, owned)
 	if err != nil || len(batch) == 0 {
-		if err == nil && undefer {
-			err = tx.Commit(ctx)
-			r.undefer = err != nil
+		if err == nil && len(undefer) > 0 {
+			if err = tx.Commit(ctx); err == nil {
+				r.undefer = nil
+			}
 		}
 		return batchResult{}, err
 	}
@@ -707,6 +710,10 @@ func (r *Relay) relayBatch(ctx context.Context) (batchResult, error) {
 			// other topics flow.
 			delay := retry.Backoff(r.topicStreak[c.msg.Topic]+1, r.cfg.OutageBackoffMin, r.cfg.OutageBackoffMax)
 			deferIDs, deferErrs, deferDelays = append(deferIDs, c.id), append(deferErrs, cause.Error()), append(deferDelays, delay.Microseconds())
+			if r.deferredTypes[c.msg.Topic] == nil {
+				r.deferredTypes[c.msg.Topic] = map[string]bool{}
+			}
+			r.deferredTypes[c.msg.Topic][c.aggType] = true
 		}
 	}
 	if len(published) > 0 {
@@ -722,16 +729,24 @@ func (r *Relay) relayBatch(ctx context.Context) (batchResult, error) {
 	if err := tx.Commit(ctx); err != nil {
 		return batchResult{}, fmt.Errorf("committing batch: %w", err)
 	}
-	if undefer {
-		r.undefer = false
+	if len(undefer) > 0 {
+		r.undefer = nil
 	}
 	for topic := range brokerTopics {
 		r.topicStreak[topic]++
 	}
 	for topic := range okTopics {
-		if !brokerTopics[topic] {
-			delete(r.topicStreak, topic)
+		if brokerTopics[topic] {
+			continue
 		}
+		// The topic works again: what its outage deferred may go now.
+		delete(r.topicStreak, topic)
+		for t := range r.deferredTypes[topic] {
+			if !slices.Contains(r.undefer, t) {
+				r.undefer = append(r.undefer, t)
+			}
+		}
+		delete(r.deferredTypes, topic)
 	}
 	res.published = len(published)
 	r.cfg.Metrics.published.Add(float64(len(published)))
@@ -860,6 +875,7 @@ func (r *Relay) claim(ctx context.Context, tx pgx.Tx, owned []int32) ([]claimed,
 			return c, fmt.Errorf("event %s: decoding headers: %w", ev.EventID, err)
 		}
 		ev.CorrelationID, ev.CausationID, ev.Traceparent = h.CorrelationID, h.CausationID, h.Traceparent
+		c.aggType = ev.AggregateType
 		c.aggregate = ev.AggregateType + "\x00" + ev.AggregateID
 		c.msg = event.ToKafka(r.cfg.Topic(ev.AggregateType), ev)
 		return c, nil
