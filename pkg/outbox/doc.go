@@ -54,8 +54,9 @@
 //     with its attempts unchanged, deferred by its topic's outage backoff
 //     (holding its aggregate back, letting other topics flow); a batch Kafka
 //     took none of makes the whole relay back off (OutageBackoffMin to
-//     OutageBackoffMax), and once Kafka answers again the deferred rows are
-//     due at once. However long the outage, no row goes dead because of it.
+//     OutageBackoffMax), and once a topic takes a write again its deferred
+//     rows are due at once. However long the outage, no row goes dead
+//     because of it.
 //   - Postgres errors (claim, mark, heartbeat, gauges, LISTEN) are retried
 //     by each loop with the same capped backoff.
 //
