@@ -1,7 +1,7 @@
 // Package service is the chassis every onceflow service's run builds on: a
 // JSON logger, tracing (package tracing), a migrated Postgres pool, a metrics
-// registry and an echo server with /healthz, /readyz (Postgres and Kafka
-// reachable) and /metrics.
+// registry and an echo server with /healthz, /readyz (Postgres reachable,
+// and Kafka unless Options.ReadyWithoutKafka) and /metrics.
 // Run then serves HTTP beside the service's workers and stops them in order.
 package service
 
@@ -40,6 +40,11 @@ type Options struct {
 	// Migrations are applied in order at start-up: the service's own schema
 	// first, then the outbox's and the inbox's as the service uses them.
 	Migrations []pgutil.Migration
+	// ReadyWithoutKafka leaves Kafka out of /readyz, for a service whose API
+	// needs only its database: orders takes orders through a Kafka outage
+	// (the outbox exists for that), and a load balancer must not take it
+	// out of rotation then. Its relay reports Kafka in metrics and alerts.
+	ReadyWithoutKafka bool
 }
 
 // Service holds what New set up. Close it when Run has returned.
@@ -75,13 +80,17 @@ func New(ctx context.Context, stdout io.Writer, opts Options) (*Service, error) 
 	}
 	registry := prometheus.NewRegistry()
 	registry.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	checks := map[string]httpserver.Check{
+		"postgres": pool.Ping,
+		"kafka":    func(ctx context.Context) error { return kafkautil.Ping(ctx, opts.KafkaBrokers) },
+	}
+	if opts.ReadyWithoutKafka {
+		delete(checks, "kafka")
+	}
 	e := httpserver.New(httpserver.Config{
 		Logger:   logger,
 		Gatherer: registry,
-		Checks: map[string]httpserver.Check{
-			"postgres": pool.Ping,
-			"kafka":    func(ctx context.Context) error { return kafkautil.Ping(ctx, opts.KafkaBrokers) },
-		},
+		Checks:   checks,
 	})
 	return &Service{Logger: logger, Pool: pool, Registry: registry, HTTP: e, opts: opts, flush: shutdownTracing}, nil
 }

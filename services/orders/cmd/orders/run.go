@@ -70,6 +70,8 @@ func run(ctx context.Context, _ []string, getenv func(string) string, stdout io.
 	svc, err := service.New(ctx, stdout, service.Options{
 		Name: "orders", HTTPAddr: cfg.HTTPAddr, DatabaseURL: cfg.DatabaseURL, KafkaBrokers: cfg.KafkaBrokers,
 		LogLevel: cfg.LogLevel, ShutdownGrace: cfg.ShutdownGrace, Tracing: cfg.Tracing,
+		// Orders are taken while Kafka is down; the relay catches up after.
+		ReadyWithoutKafka: true,
 		Migrations: []pgutil.Migration{
 			{FS: orders.Migrations, Table: orders.MigrationsTable},
 			{FS: outbox.Migrations, Table: outbox.MigrationsTable},
