@@ -4,10 +4,7 @@ import (
 	"context"
 	"fmt"
 	"io"
-	"net/http"
 	"time"
-
-	"github.com/labstack/echo/v4"
 
 	"github.com/onceflow/onceflow/pkg/outbox"
 	"github.com/onceflow/onceflow/pkg/outbox/outboxhttp"
@@ -23,8 +20,15 @@ import (
 
 // Config is the orders service's configuration, read from the environment.
 type Config struct {
-	// HTTPAddr is where the API, /healthz, /readyz and /metrics listen.
+	// HTTPAddr is where the API, /healthz and /readyz listen.
 	HTTPAddr string `env:"HTTP_ADDR" envDefault:"127.0.0.1:8081"`
+	// AdminAddr is the operator listener: /metrics, /admin/outbox/... and, with
+	// PPROF=true, /debug/pprof/. Loopback by default; any other address
+	// needs ADMIN_TOKEN.
+	AdminAddr string `env:"ADMIN_ADDR" envDefault:"127.0.0.1:9081"`
+	// HTTP is ADMIN_TOKEN, PPROF and the HTTP_* server timeouts (see
+	// service.HTTPConfig).
+	HTTP service.HTTPConfig
 	// DatabaseURL is the service's own Postgres database.
 	DatabaseURL string `env:"DATABASE_URL" envDefault:"postgres://postgres:postgres@127.0.0.1:55432/orders?sslmode=disable"`
 	// KafkaBrokers is a comma-separated list of bootstrap brokers.
@@ -68,7 +72,7 @@ func run(ctx context.Context, _ []string, getenv func(string) string, stdout io.
 		return err
 	}
 	svc, err := service.New(ctx, stdout, service.Options{
-		Name: "orders", HTTPAddr: cfg.HTTPAddr, DatabaseURL: cfg.DatabaseURL, KafkaBrokers: cfg.KafkaBrokers,
+		Name: "orders", HTTPAddr: cfg.HTTPAddr, AdminAddr: cfg.AdminAddr, HTTP: cfg.HTTP, DatabaseURL: cfg.DatabaseURL, KafkaBrokers: cfg.KafkaBrokers,
 		LogLevel: cfg.LogLevel, ShutdownGrace: cfg.ShutdownGrace, Tracing: cfg.Tracing,
 		Migrations: []pgutil.Migration{
 			{FS: orders.Migrations, Table: orders.MigrationsTable},
@@ -123,7 +127,7 @@ func run(ctx context.Context, _ []string, getenv func(string) string, stdout io.
 		return err
 	}
 	// Operators list, requeue and replay outbox events here (see outboxhttp).
-	svc.HTTP.Any("/admin/outbox/*", echo.WrapHandler(http.StripPrefix("/admin/outbox", outboxhttp.Handler(svc.Pool))))
+	svc.Mount("/admin/outbox", outboxhttp.Handler(svc.Pool, svc.Logger))
 	orders.Routes(svc.HTTP, orders.New(svc.Pool, opts).WithMetrics(orders.NewMetrics(svc.Registry)))
 	return svc.Run(ctx,
 		relayStage,

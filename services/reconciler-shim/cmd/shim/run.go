@@ -6,8 +6,6 @@ import (
 	"net/http"
 	"time"
 
-	"github.com/labstack/echo/v4"
-
 	"github.com/onceflow/onceflow/pkg/inbox"
 	"github.com/onceflow/onceflow/pkg/inbox/inboxhttp"
 	"github.com/onceflow/onceflow/pkg/platform/config"
@@ -23,8 +21,15 @@ import (
 
 // Config is the shim's configuration, read from the environment.
 type Config struct {
-	// HTTPAddr is where /healthz, /readyz and /metrics listen.
+	// HTTPAddr is where /healthz and /readyz listen.
 	HTTPAddr string `env:"HTTP_ADDR" envDefault:"127.0.0.1:8083"`
+	// AdminAddr is the operator listener: /metrics, /admin/inbox/... and, with
+	// PPROF=true, /debug/pprof/. Loopback by default; any other address
+	// needs ADMIN_TOKEN.
+	AdminAddr string `env:"ADMIN_ADDR" envDefault:"127.0.0.1:9083"`
+	// HTTP is ADMIN_TOKEN, PPROF and the HTTP_* server timeouts (see
+	// service.HTTPConfig).
+	HTTP service.HTTPConfig
 	// DatabaseURL is the shim's own Postgres database.
 	DatabaseURL string `env:"DATABASE_URL" envDefault:"postgres://postgres:postgres@127.0.0.1:55432/shim?sslmode=disable"`
 	// KafkaBrokers is a comma-separated list of bootstrap brokers.
@@ -60,7 +65,7 @@ func run(ctx context.Context, _ []string, getenv func(string) string, stdout io.
 		return err
 	}
 	svc, err := service.New(ctx, stdout, service.Options{
-		Name: "reconciler-shim", HTTPAddr: cfg.HTTPAddr, DatabaseURL: cfg.DatabaseURL, KafkaBrokers: cfg.KafkaBrokers,
+		Name: "reconciler-shim", HTTPAddr: cfg.HTTPAddr, AdminAddr: cfg.AdminAddr, HTTP: cfg.HTTP, DatabaseURL: cfg.DatabaseURL, KafkaBrokers: cfg.KafkaBrokers,
 		LogLevel: cfg.LogLevel, ShutdownGrace: cfg.ShutdownGrace, Tracing: cfg.Tracing,
 		Migrations: []pgutil.Migration{
 			{FS: shim.Migrations, Table: shim.MigrationsTable},
@@ -97,8 +102,8 @@ func run(ctx context.Context, _ []string, getenv func(string) string, stdout io.
 		return err
 	}
 	// Operators list and requeue dead letters here (see inboxhttp).
-	svc.HTTP.Any("/admin/inbox/*", echo.WrapHandler(http.StripPrefix("/admin/inbox", inboxhttp.Handler(
-		svc.Pool, dlq, cfg.KafkaBrokers, map[string]string{cfg.BillingTopic: cfg.BillingTopic + ".dlt"}))))
+	svc.Mount("/admin/inbox", inboxhttp.Handler(
+		svc.Pool, dlq, cfg.KafkaBrokers, map[string]string{cfg.BillingTopic: cfg.BillingTopic + ".dlt"}, svc.Logger))
 	return svc.Run(ctx,
 		lifecycle.Stage{Name: "billing consumer", Run: consumer.Run},
 		lifecycle.Stage{Name: "inbox pruner", Run: inboxPruner.Run},
