@@ -36,10 +36,12 @@ type Options struct {
 	HTTPAddr string
 	// AdminAddr is the operator listener's address. New refuses a
 	// non-loopback one without HTTP.AdminToken.
-	AdminAddr     string
-	HTTP          HTTPConfig
-	DatabaseURL   string
-	KafkaBrokers  []string
+	AdminAddr    string
+	HTTP         HTTPConfig
+	DatabaseURL  string
+	KafkaBrokers []string
+	// Kafka is how /readyz's broker check connects (TLS, SASL).
+	Kafka         kafkautil.Security
 	LogLevel      string
 	ShutdownGrace time.Duration
 	// Tracing configures the tracer provider; Name is its default service name.
@@ -105,7 +107,7 @@ func New(ctx context.Context, stdout io.Writer, opts Options) (*Service, error) 
 		Logger: logger,
 		Checks: map[string]httpserver.Check{
 			"postgres": pool.Ping,
-			"kafka":    func(ctx context.Context) error { return kafkautil.Ping(ctx, opts.KafkaBrokers) },
+			"kafka":    func(ctx context.Context) error { return kafkautil.PingWith(ctx, opts.Kafka, opts.KafkaBrokers) },
 		},
 	})
 	admin := httpserver.NewAdmin(httpserver.AdminConfig{

@@ -37,6 +37,9 @@ type Config struct {
 	DatabaseURL string `env:"DATABASE_URL" envDefault:"postgres://postgres:postgres@127.0.0.1:55432/billing?sslmode=disable"`
 	// KafkaBrokers is a comma-separated list of bootstrap brokers.
 	KafkaBrokers []string `env:"KAFKA_BROKERS" envDefault:"127.0.0.1:59092"`
+	// Kafka is KAFKA_TLS, KAFKA_SASL_MECHANISM and the other Kafka security
+	// variables (see kafkautil.SecurityConfig); the default is PLAINTEXT.
+	Kafka kafkautil.SecurityConfig
 	// OrdersTopic is consumed; its dead letters go to OrdersTopic + ".dlt".
 	OrdersTopic string `env:"ORDERS_TOPIC" envDefault:"orders.events"`
 	// BillingTopic receives every payment event.
@@ -78,8 +81,13 @@ func run(ctx context.Context, _ []string, getenv func(string) string, stdout io.
 	if err := config.Load(getenv, &cfg); err != nil {
 		return err
 	}
+	kafkaSecurity, err := kafkautil.NewSecurity(cfg.Kafka)
+	if err != nil {
+		return err
+	}
 	svc, err := service.New(ctx, stdout, service.Options{
-		Name: "billing", HTTPAddr: cfg.HTTPAddr, AdminAddr: cfg.AdminAddr, HTTP: cfg.HTTP, DatabaseURL: cfg.DatabaseURL, KafkaBrokers: cfg.KafkaBrokers,
+		Name: "billing", HTTPAddr: cfg.HTTPAddr, DatabaseURL: cfg.DatabaseURL, KafkaBrokers: cfg.KafkaBrokers,
+		AdminAddr: cfg.AdminAddr, HTTP: cfg.HTTP, Kafka: kafkaSecurity,
 		LogLevel: cfg.LogLevel, ShutdownGrace: cfg.ShutdownGrace, Tracing: cfg.Tracing,
 		Migrations: []pgutil.Migration{
 			{FS: billing.Migrations, Table: billing.MigrationsTable},
@@ -96,7 +104,7 @@ func run(ctx context.Context, _ []string, getenv func(string) string, stdout io.
 		return err
 	}
 
-	writer := kafkautil.NewWriter(cfg.KafkaBrokers, 500)
+	writer := kafkautil.NewWriter(cfg.KafkaBrokers, 500, kafkautil.WithSecurity(kafkaSecurity))
 	defer writer.Close()
 	relay, err := outbox.NewRelay(svc.Pool, writer, outbox.RelayConfig{
 		Topic:      func(string) string { return cfg.BillingTopic },

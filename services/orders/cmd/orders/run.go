@@ -33,6 +33,9 @@ type Config struct {
 	DatabaseURL string `env:"DATABASE_URL" envDefault:"postgres://postgres:postgres@127.0.0.1:55432/orders?sslmode=disable"`
 	// KafkaBrokers is a comma-separated list of bootstrap brokers.
 	KafkaBrokers []string `env:"KAFKA_BROKERS" envDefault:"127.0.0.1:59092"`
+	// Kafka is KAFKA_TLS, KAFKA_SASL_MECHANISM and the other Kafka security
+	// variables (see kafkautil.SecurityConfig); the default is PLAINTEXT.
+	Kafka kafkautil.SecurityConfig
 	// OrdersTopic receives every order event.
 	OrdersTopic string `env:"ORDERS_TOPIC" envDefault:"orders.events"`
 	// OutboxRetention is how long published outbox rows are kept before the
@@ -71,8 +74,13 @@ func run(ctx context.Context, _ []string, getenv func(string) string, stdout io.
 	if err := config.Load(getenv, &cfg); err != nil {
 		return err
 	}
+	kafkaSecurity, err := kafkautil.NewSecurity(cfg.Kafka)
+	if err != nil {
+		return err
+	}
 	svc, err := service.New(ctx, stdout, service.Options{
-		Name: "orders", HTTPAddr: cfg.HTTPAddr, AdminAddr: cfg.AdminAddr, HTTP: cfg.HTTP, DatabaseURL: cfg.DatabaseURL, KafkaBrokers: cfg.KafkaBrokers,
+		Name: "orders", HTTPAddr: cfg.HTTPAddr, DatabaseURL: cfg.DatabaseURL, KafkaBrokers: cfg.KafkaBrokers,
+		AdminAddr: cfg.AdminAddr, HTTP: cfg.HTTP, Kafka: kafkaSecurity,
 		LogLevel: cfg.LogLevel, ShutdownGrace: cfg.ShutdownGrace, Tracing: cfg.Tracing,
 		Migrations: []pgutil.Migration{
 			{FS: orders.Migrations, Table: orders.MigrationsTable},
@@ -92,7 +100,7 @@ func run(ctx context.Context, _ []string, getenv func(string) string, stdout io.
 	case "outbox":
 	case "naive":
 		svc.Logger.Warn("PUBLISH_MODE=naive: orders are published by a dual write, without the outbox; for the fault-injection harness only")
-		naive := kafkautil.NewWriter(cfg.KafkaBrokers, 1)
+		naive := kafkautil.NewWriter(cfg.KafkaBrokers, 1, kafkautil.WithSecurity(kafkaSecurity))
 		defer naive.Close()
 		opts.NaivePublisher, opts.NaiveTopic = naive, cfg.OrdersTopic
 	default:
@@ -104,7 +112,7 @@ func run(ctx context.Context, _ []string, getenv func(string) string, stdout io.
 		return metrics.WatchBacklog(ctx, svc.Pool, 2*time.Second, svc.Logger)
 	}}
 	if cfg.RelayEnabled {
-		writer := kafkautil.NewWriter(cfg.KafkaBrokers, 500)
+		writer := kafkautil.NewWriter(cfg.KafkaBrokers, 500, kafkautil.WithSecurity(kafkaSecurity))
 		defer writer.Close()
 		relay, err := outbox.NewRelay(svc.Pool, writer, outbox.RelayConfig{
 			Topic:      func(string) string { return cfg.OrdersTopic },

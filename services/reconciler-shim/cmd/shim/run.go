@@ -34,6 +34,9 @@ type Config struct {
 	DatabaseURL string `env:"DATABASE_URL" envDefault:"postgres://postgres:postgres@127.0.0.1:55432/shim?sslmode=disable"`
 	// KafkaBrokers is a comma-separated list of bootstrap brokers.
 	KafkaBrokers []string `env:"KAFKA_BROKERS" envDefault:"127.0.0.1:59092"`
+	// Kafka is KAFKA_TLS, KAFKA_SASL_MECHANISM and the other Kafka security
+	// variables (see kafkautil.SecurityConfig); the default is PLAINTEXT.
+	Kafka kafkautil.SecurityConfig
 	// BillingTopic is consumed; its dead letters go to BillingTopic + ".dlt".
 	BillingTopic string `env:"BILLING_TOPIC" envDefault:"billing.events"`
 	// ConsumerGroup is the Kafka consumer group; it is also the inbox's consumer name.
@@ -64,8 +67,13 @@ func run(ctx context.Context, _ []string, getenv func(string) string, stdout io.
 	if err := config.Load(getenv, &cfg); err != nil {
 		return err
 	}
+	kafkaSecurity, err := kafkautil.NewSecurity(cfg.Kafka)
+	if err != nil {
+		return err
+	}
 	svc, err := service.New(ctx, stdout, service.Options{
-		Name: "reconciler-shim", HTTPAddr: cfg.HTTPAddr, AdminAddr: cfg.AdminAddr, HTTP: cfg.HTTP, DatabaseURL: cfg.DatabaseURL, KafkaBrokers: cfg.KafkaBrokers,
+		Name: "reconciler-shim", HTTPAddr: cfg.HTTPAddr, DatabaseURL: cfg.DatabaseURL, KafkaBrokers: cfg.KafkaBrokers,
+		AdminAddr: cfg.AdminAddr, HTTP: cfg.HTTP, Kafka: kafkaSecurity,
 		LogLevel: cfg.LogLevel, ShutdownGrace: cfg.ShutdownGrace, Tracing: cfg.Tracing,
 		Migrations: []pgutil.Migration{
 			{FS: shim.Migrations, Table: shim.MigrationsTable},
@@ -82,7 +90,7 @@ func run(ctx context.Context, _ []string, getenv func(string) string, stdout io.
 	}
 
 	tp := thirdparty.NewClient(cfg.ReconcilerURL, &http.Client{Timeout: cfg.ReconcilerTimeout})
-	dlq := kafkautil.NewWriter(cfg.KafkaBrokers, 10)
+	dlq := kafkautil.NewWriter(cfg.KafkaBrokers, 10, kafkautil.WithSecurity(kafkaSecurity))
 	defer dlq.Close()
 	reader := kafkautil.NewGroupReader(cfg.KafkaBrokers, cfg.BillingTopic, cfg.ConsumerGroup)
 	defer reader.Close() // after Run: flushes the last offset commits
