@@ -43,10 +43,11 @@ demo: services ## Run the platform end to end: place orders, wait until all are 
 	go run ./tools/cmd/demo $(DEMO_ARGS)
 	@echo
 	@echo "The platform is still running: orders http://127.0.0.1:8081, billing :8082, shim :8083, reconciler :8084"
-	@echo "(each has /metrics and /readyz). Logs: .devstack/logs/. Stop the services with 'make stop', everything with 'make down'."
+	@echo "(each has /readyz). Logs: .devstack/logs/. Stop the services with 'make stop', everything with 'make down'."
 	@echo
 	@echo "Where to look:"
-	@echo "  metrics     http://127.0.0.1:8081/metrics  :8082/metrics  :8083/metrics  :8084/metrics"
+	@echo "  metrics     http://127.0.0.1:9081/metrics  :9082/metrics  :9083/metrics  :9084/metrics  (the operator listeners)"
+	@echo "  operator    curl -H \"Authorization: Bearer \$$(devstack/services.sh token)\" http://127.0.0.1:9081/admin/outbox/dead"
 	@if devstack/stack.sh prometheus status | grep -q running; then \
 	  echo "  prometheus  http://127.0.0.1:$${ONCEFLOW_PROM_PORT:-59090}  (alerts: /alerts, rules from dashboards/alerts/)"; \
 	else \
