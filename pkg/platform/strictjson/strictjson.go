@@ -79,9 +79,10 @@ func malformed(err error) error {
 		if field == "" {
 			field = "the body"
 		}
-		return apperr.Errorf(apperr.Malformed, "%s must be %s, got a JSON %s", field, kind(typ.Type), typ.Value)
+		return apperr.Errorf(apperr.Malformed, "request body is not valid JSON for this endpoint: %s must be %s, got a JSON %s",
+			field, kind(typ.Type), typ.Value)
 	case errors.Is(err, io.ErrUnexpectedEOF):
-		return apperr.Errorf(apperr.Malformed, "request body ends in the middle of the JSON value")
+		return apperr.Errorf(apperr.Malformed, "request body is not valid JSON: it ends in the middle of a value")
 	}
 	msg := err.Error()
 	if name, ok := strings.CutPrefix(msg, "json: unknown field "); ok {
