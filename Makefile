@@ -82,6 +82,25 @@ vet: ## go vet and gofmt over every module
 fmt: ## gofmt every Go file
 	gofmt -w .
 
+# The native Go fuzz targets, as package:Target. `go test` (and so `make test`)
+# runs their seed corpora (f.Add and testdata/fuzz/); `make fuzz` fuzzes each
+# for FUZZTIME, one after another (go test -fuzz takes one target at a time).
+FUZZTIME ?= 30s
+FUZZ_TARGETS = \
+	./pkg/event:FuzzFromKafka \
+	./services/orders:FuzzDecodePlaceRequest \
+	./pkg/outbox/outboxhttp:FuzzDecodeRequeue \
+	./pkg/outbox/outboxhttp:FuzzDecodeReplay \
+	./pkg/inbox/inboxhttp:FuzzDecodeRequeue
+
+.PHONY: fuzz
+fuzz: ## Fuzz every decoder for FUZZTIME each (default 30s); a failure leaves its input in the package's testdata/fuzz/
+	@set -e; for t in $(FUZZ_TARGETS); do \
+	  pkg=$${t%%:*}; name=$${t##*:}; \
+	  echo "== $$name ($$pkg, $(FUZZTIME))"; \
+	  go test -run '^$$' -fuzz "^$$name\$$" -fuzztime $(FUZZTIME) $$pkg; \
+	done
+
 .PHONY: prove
 prove: ## Kill, restart and poison the real processes, audit every database and the ledger (P=<proof> for one; docs/proofs.md)
 	go run ./loadtest/prove/cmd/prove -profile full $(if $(P),-only $(P))
