@@ -85,9 +85,10 @@ type Platform struct {
 	OrdersAdminURL, BillingAdminURL, ShimAdminURL, ReconcilerAdminURL string
 	// AdminToken is the programs' ADMIN_TOKEN, random per platform.
 	AdminToken string
-	OrdersDB, BillingDB, ShimDB                   string
-	OrdersTopic, BillingTopic                     string
-	Brokers                                       []string
+
+	OrdersDB, BillingDB, ShimDB string
+	OrdersTopic, BillingTopic   string
+	Brokers                     []string
 
 	cfg    Config
 	procs  []proc
