@@ -53,7 +53,7 @@ demo: services ## Run the platform end to end: place orders, wait until all are 
 	else \
 	  echo "  prometheus  not running: 'make up-prometheus' starts one scraping the services, with the alert rules"; \
 	fi
-	@echo "  grafana     under 'docker compose up': http://localhost:3000 (dashboards in the onceflow folder; Prometheus at http://localhost:9090)"
+	@echo "  grafana     under 'docker compose up' (secrets in .env, see .env.example): http://127.0.0.1:3000 (dashboards in the onceflow folder; Prometheus at http://127.0.0.1:9090)"
 
 # -timeout: the quick proofs (loadtest/prove) run real crashes and restarts for several minutes.
 # k6: the k6 smoke scenario (loadtest/bench/rig) runs the project's k6 build.
