@@ -41,6 +41,9 @@ type GroupConfig struct {
 	CommitInterval time.Duration
 	// MaxWait is the longest a fetch waits for new messages. Default 50ms.
 	MaxWait time.Duration
+	// Dialer connects to the brokers, with TLS and SASL when it has them
+	// (kafkautil.Security.Dialer). Default: plain TCP, 3s dial timeout.
+	Dialer *kafka.Dialer
 }
 
 func (g GroupConfig) withDefaults() GroupConfig {
@@ -61,6 +64,9 @@ func (g GroupConfig) withDefaults() GroupConfig {
 	}
 	if g.MaxWait <= 0 {
 		g.MaxWait = 50 * time.Millisecond
+	}
+	if g.Dialer == nil {
+		g.Dialer = &kafka.Dialer{Timeout: 3 * time.Second}
 	}
 	return g
 }
@@ -87,6 +93,7 @@ func (c *Consumer) consume(ctx context.Context, dispatch func(context.Context, d
 	group, err := kafka.NewConsumerGroup(kafka.ConsumerGroupConfig{
 		ID:                gc.Group,
 		Brokers:           gc.Brokers,
+		Dialer:            gc.Dialer,
 		Topics:            []string{gc.Topic},
 		StartOffset:       gc.StartOffset,
 		SessionTimeout:    gc.SessionTimeout,
@@ -171,6 +178,7 @@ func (c *Consumer) fetch(ctx context.Context, g *generation, k partitionKey, off
 			Brokers:         c.group.Brokers,
 			Topic:           k.topic,
 			Partition:       k.partition,
+			Dialer:          c.group.Dialer,
 			MinBytes:        1,
 			MaxBytes:        10 << 20,
 			MaxWait:         c.group.MaxWait,

@@ -14,7 +14,9 @@ import (
 // partition of the topic, owned by this member or not, so any instance's
 // series shows the group's whole backlog.
 func (c *Consumer) reportLag(ctx context.Context) {
-	client := &kafka.Client{Addr: kafka.TCP(c.group.Brokers...), Timeout: 5 * time.Second}
+	d := c.group.Dialer
+	client := &kafka.Client{Addr: kafka.TCP(c.group.Brokers...), Timeout: 5 * time.Second,
+		Transport: &kafka.Transport{DialTimeout: d.Timeout, TLS: d.TLS, SASL: d.SASLMechanism}}
 	tick := time.NewTicker(c.cfg.LagInterval)
 	defer tick.Stop()
 	for {

@@ -126,7 +126,8 @@ func run(ctx context.Context, _ []string, getenv func(string) string, stdout io.
 	svc.Mount("/admin/outbox", outboxhttp.Handler(svc.Pool, svc.Logger))
 
 	b := billing.New(svc.Pool, svc.Logger, nil)
-	src := inbox.GroupConfig{Brokers: cfg.KafkaBrokers, Topic: cfg.OrdersTopic, Group: cfg.ConsumerGroup}
+	src := inbox.GroupConfig{Brokers: cfg.KafkaBrokers, Topic: cfg.OrdersTopic, Group: cfg.ConsumerGroup,
+		Dialer: kafkaSecurity.Dialer()}
 	consumer, err := inbox.NewConsumer(svc.Pool, src, writer, b.Handle, inbox.Config{
 		Name:          cfg.InboxName,
 		ShutdownGrace: cfg.ShutdownGrace,
