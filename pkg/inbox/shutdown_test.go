@@ -3,6 +3,8 @@ package inbox_test
 import (
 	"context"
 	"errors"
+	"fmt"
+	"net/url"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -162,6 +164,96 @@ func TestADatabaseOutageDoesNotSpendTheRetryBudget(t *testing.T) {
 			}
 			if got := testinfra.MetricValue(t, f.registry, "inbox_database_errors_total"); got < 1 {
 				t.Fatalf("inbox_database_errors_total = %v, want the outage counted", got)
+			}
+		})
+	}
+}
+
+// The database going away for a while (the consumer's connections broken,
+// new ones refused) does not end Run in either mode: the consumer reports
+// it (Healthy, inbox_database_connected), waits it out, and handles what
+// arrived meanwhile once the database is back, dead-lettering nothing.
+func TestAPostgresOutageIsWaitedOut(t *testing.T) {
+	for _, mode := range []string{"transactional", "lease"} {
+		t.Run(mode, func(t *testing.T) {
+			t.Parallel()
+			f := newFixture(t)
+			u, err := url.Parse(f.pool.Config().ConnString())
+			if err != nil {
+				t.Fatal(err)
+			}
+			proxy := testinfra.NewProxy(t, u.Host)
+			u.Host = proxy.Addr()
+			q := u.Query()
+			q.Set("connect_timeout", "1")
+			u.RawQuery = q.Encode()
+			pool := testinfra.NewPool(t, u.String())
+
+			cfg := inbox.Config{Name: "outage-" + mode, MaxAttempts: 2, BackoffMin: 10 * time.Millisecond,
+				BackoffMax: 200 * time.Millisecond, LagInterval: 100 * time.Millisecond, Metrics: inbox.NewMetrics(f.registry)}
+			var c *inbox.Consumer
+			if mode == "transactional" {
+				c, err = inbox.NewConsumer(pool, f.source(testinfra.Name("group")), f.writer, f.recordEffect, cfg)
+			} else {
+				c, err = inbox.NewLeaseConsumer(pool, f.source(testinfra.Name("group")), f.writer, inbox.Effect{
+					Check: func(context.Context, string) (bool, error) { return false, nil },
+					Call: func(ctx context.Context, ev event.Envelope, _ string) error {
+						_, err := f.pool.Exec(ctx, "INSERT INTO effects (event_id, aggregate_id) VALUES ($1, $2)", ev.EventID, ev.AggregateID)
+						return err
+					},
+				}, cfg)
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			ctx, cancel := context.WithCancel(context.Background())
+			done := make(chan error, 1)
+			go func() { done <- c.Run(ctx) }()
+			defer func() {
+				cancel()
+				if err := <-done; err != nil {
+					t.Errorf("Run: %v", err)
+				}
+			}()
+			running := func() error {
+				select {
+				case err := <-done:
+					return fmt.Errorf("Run returned during the outage: %v", err)
+				default:
+					return nil
+				}
+			}
+
+			f.produce(t, event.ToKafka(f.topic, newEvent("before", 1)))
+			testinfra.WaitFor(t, 30*time.Second, "the first event", func() (bool, error) {
+				return f.count(t, "SELECT count(*) FROM effects") == 1, running()
+			})
+			proxy.Cut()
+			var during []event.Envelope
+			for i := range 5 {
+				ev := newEvent(fmt.Sprintf("during-%d", i), 1)
+				during = append(during, ev)
+				f.produce(t, event.ToKafka(f.topic, ev))
+			}
+			testinfra.WaitFor(t, 30*time.Second, "the outage to show in Healthy and the gauge", func() (bool, error) {
+				err := c.Healthy()
+				return err != nil && strings.Contains(err.Error(), "database") &&
+					testinfra.MetricValue(t, f.registry, "inbox_database_connected") == 0, running()
+			})
+			// Long enough for several retries of every message.
+			deadline := time.Now().Add(2 * time.Second)
+			testinfra.WaitFor(t, 10*time.Second, "the outage to last two seconds", func() (bool, error) {
+				return time.Now().After(deadline), running()
+			})
+			proxy.Heal()
+			testinfra.WaitFor(t, 30*time.Second, "the events of the outage to be handled", func() (bool, error) {
+				return f.count(t, "SELECT count(*) FROM effects") == 1+len(during), running()
+			})
+			testinfra.WaitFor(t, 10*time.Second, "Healthy to clear", func() (bool, error) {
+				return c.Healthy() == nil && testinfra.MetricValue(t, f.registry, "inbox_database_connected") == 1, nil
+			})
+			if got := testinfra.MetricValue(t, f.registry, "inbox_dead_lettered_total"); got != 0 {
+				t.Fatalf("inbox_dead_lettered_total = %v: the outage was charged to the messages", got)
 			}
 		})
 	}
