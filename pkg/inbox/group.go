@@ -100,7 +100,7 @@ func (c *Consumer) consume(ctx context.Context, dispatch func(context.Context, d
 		HeartbeatInterval: gc.HeartbeatInterval,
 		RebalanceTimeout:  gc.RebalanceTimeout,
 		JoinGroupBackoff:  time.Second,
-		// Partitions added to the topic rebalance the group, as the Reader did.
+		// Partitions added to the topic rebalance the group.
 		WatchPartitionChanges:  true,
 		PartitionWatchInterval: 5 * time.Second,
 		Timeout:                5 * time.Second,
