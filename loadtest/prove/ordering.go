@@ -45,11 +45,11 @@ func (h *Harness) ordering(ctx context.Context, _ bool) Row {
 		return fail(row, err)
 	}
 	brokers := h.stack.Brokers()
-	reader := kafkautil.NewGroupReader(brokers, p.OrdersTopic, "ordering-audit")
+	src := inbox.GroupConfig{Brokers: brokers, Topic: p.OrdersTopic, Group: "ordering-audit"}
 	dlq := kafkautil.NewWriter(brokers, 10)
 	defer dlq.Close()
 	metrics := inbox.NewMetrics(prometheus.NewRegistry())
-	recorder, err := inbox.NewConsumer(pool, reader, dlq, func(ctx context.Context, tx pgx.Tx, ev event.Envelope) error {
+	recorder, err := inbox.NewConsumer(pool, src, dlq, func(ctx context.Context, tx pgx.Tx, ev event.Envelope) error {
 		_, err := tx.Exec(ctx, `INSERT INTO arrivals (aggregate_id, version) VALUES ($1, $2)`, ev.AggregateID, ev.AggregateVersion)
 		return err
 	}, inbox.Config{Name: "ordering-audit", Workers: 4, DisableVersionGuard: true, Metrics: metrics,
@@ -59,7 +59,7 @@ func (h *Harness) ordering(ctx context.Context, _ bool) Row {
 	}
 	rctx, stop := context.WithCancel(ctx)
 	recorded := make(chan error, 1)
-	go func() { recorded <- recorder.Run(rctx); reader.Close() }()
+	go func() { recorded <- recorder.Run(rctx) }()
 	defer func() { stop(); <-recorded }()
 
 	// The schedule: the hot aggregate's versions shuffled in among the others', each

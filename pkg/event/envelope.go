@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/google/uuid"
 )
@@ -50,7 +51,41 @@ type Envelope struct {
 // tell a permanently bad event (dead-letter it) from a transient failure.
 var ErrInvalid = errors.New("invalid event")
 
-// Validate reports the first missing or malformed required field.
+// Limits on envelope fields. Postgres stores every one of them (the inbox
+// and outbox tables, the services' own rows), so an event outside them is
+// refused here, where the refusal is a clear ErrInvalid, instead of by a
+// database error on every retry. The services' identifiers (UUIDs, short
+// type names, W3C traceparents of 55 bytes) fit with room to spare.
+const (
+	// MaxNameBytes bounds EventType, AggregateType, AggregateID,
+	// CorrelationID and CausationID.
+	MaxNameBytes = 200
+	// MaxTraceparentBytes bounds Traceparent (version 00 uses 55).
+	MaxTraceparentBytes = 512
+	// MaxEventVersion bounds EventVersion: schemas are versioned one step
+	// at a time, so thousands of versions means a corrupt header.
+	MaxEventVersion = 10_000
+	// MaxAggregateVersion bounds AggregateVersion at 2^53, the largest
+	// integer every JSON reader keeps exact.
+	MaxAggregateVersion = 1 << 53
+)
+
+// checkText refuses what a Postgres text column refuses (NUL bytes and
+// invalid UTF-8, SQLSTATE 22021) and what no identifier needs (over max bytes).
+func checkText(field, v string, max int) error {
+	switch {
+	case len(v) > max:
+		return fmt.Errorf("%w: %s is %d bytes, more than %d", ErrInvalid, field, len(v), max)
+	case !utf8.ValidString(v):
+		return fmt.Errorf("%w: %s is not valid UTF-8", ErrInvalid, field)
+	case strings.IndexByte(v, 0) >= 0:
+		return fmt.Errorf("%w: %s holds a NUL byte", ErrInvalid, field)
+	}
+	return nil
+}
+
+// Validate reports the first missing or malformed required field, and
+// refuses fields outside the limits above.
 func (e Envelope) Validate() error {
 	var missing []string
 	if e.EventID == uuid.Nil {
@@ -82,6 +117,30 @@ func (e Envelope) Validate() error {
 	// -1) could not be encoded again by a relay or a dead-letter requeue.
 	if y := e.OccurredAt.UTC().Year(); y < 1 || y > 9999 {
 		return fmt.Errorf("%w: occurred at is outside the years 1 to 9999 in UTC", ErrInvalid)
+	}
+	for _, f := range [...]struct {
+		name, v string
+		max     int
+	}{
+		{"event type", e.EventType, MaxNameBytes},
+		{"aggregate type", e.AggregateType, MaxNameBytes},
+		{"aggregate id", e.AggregateID, MaxNameBytes},
+		{"correlation id", e.CorrelationID, MaxNameBytes},
+		{"causation id", e.CausationID, MaxNameBytes},
+		{"traceparent", e.Traceparent, MaxTraceparentBytes},
+	} {
+		if err := checkText(f.name, f.v, f.max); err != nil {
+			return err
+		}
+	}
+	if e.EventVersion > MaxEventVersion {
+		return fmt.Errorf("%w: event version %d is above %d", ErrInvalid, e.EventVersion, MaxEventVersion)
+	}
+	if e.AggregateVersion > MaxAggregateVersion {
+		return fmt.Errorf("%w: aggregate version %d is above %d", ErrInvalid, e.AggregateVersion, int64(MaxAggregateVersion))
+	}
+	if !utf8.Valid(e.Payload) {
+		return fmt.Errorf("%w: payload is not valid UTF-8", ErrInvalid)
 	}
 	if !json.Valid(e.Payload) || len(e.Payload) == 0 || e.Payload[0] != '{' {
 		return fmt.Errorf("%w: payload is not a JSON object", ErrInvalid)

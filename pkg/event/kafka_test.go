@@ -80,6 +80,13 @@ func TestFromKafkaRejects(t *testing.T) {
 			}
 		}
 	}
+	aggregateID := func(id string) func(*kafka.Message) {
+		return func(m *kafka.Message) {
+			set(event.HeaderAggregateID, id)(m)
+			m.Key = []byte(id)
+		}
+	}
+	long := strings.Repeat("x", event.MaxNameBytes+1)
 	tests := []struct {
 		name   string
 		mutate func(*kafka.Message)
@@ -95,6 +102,21 @@ func TestFromKafkaRejects(t *testing.T) {
 		{"key differs", func(m *kafka.Message) { m.Key = []byte("other") }, "differs"},
 		{"payload not json", func(m *kafka.Message) { m.Value = []byte("{not json") }, "payload"},
 		{"payload not object", func(m *kafka.Message) { m.Value = []byte(`[1]`) }, "payload"},
+		{"payload not utf-8", func(m *kafka.Message) { m.Value = []byte("{\"a\":\"\xff\"}") }, "payload is not valid UTF-8"},
+		{"NUL in aggregate id", aggregateID("order\x00-1"), "aggregate id holds a NUL"},
+		{"invalid UTF-8 in aggregate id", aggregateID("order-\xc3\x28"), "aggregate id is not valid UTF-8"},
+		{"aggregate id too long", aggregateID(long), "aggregate id is 201 bytes"},
+		{"NUL in event type", set(event.HeaderEventType, "Order\x00Placed"), "event type holds a NUL"},
+		{"invalid UTF-8 in event type", set(event.HeaderEventType, "Order\xffPlaced"), "event type is not valid UTF-8"},
+		{"event type too long", set(event.HeaderEventType, long), "event type is 201 bytes"},
+		{"NUL in aggregate type", set(event.HeaderAggregateType, "or\x00der"), "aggregate type holds a NUL"},
+		{"NUL in correlation id", set(event.HeaderCorrelationID, "req\x00"), "correlation id holds a NUL"},
+		{"invalid UTF-8 in traceparent", set(event.HeaderTraceparent, "00-\xfe"), "traceparent is not valid UTF-8"},
+		{"traceparent too long", set(event.HeaderTraceparent, strings.Repeat("0", event.MaxTraceparentBytes+1)), "traceparent is 513 bytes"},
+		{"absurd event version", set(event.HeaderEventVersion, "10001"), "event version 10001 is above"},
+		{"negative event version", set(event.HeaderEventVersion, "-3"), "event version"},
+		{"zero aggregate version", set(event.HeaderAggregateVersion, "0"), "aggregate version"},
+		{"absurd aggregate version", set(event.HeaderAggregateVersion, "9223372036854775807"), "aggregate version 9223372036854775807 is above"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

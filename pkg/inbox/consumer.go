@@ -17,6 +17,8 @@ import (
 
 	"github.com/onceflow/onceflow/pkg/event"
 	"github.com/onceflow/onceflow/pkg/event/retry"
+	"github.com/onceflow/onceflow/pkg/platform/kafkautil"
+	"github.com/onceflow/onceflow/pkg/platform/pgutil"
 )
 
 // Handler applies one event's side effects using tx, the transaction the
@@ -30,12 +32,6 @@ var ErrPermanent = errors.New("permanent failure")
 
 // Permanent wraps err so the consumer dead-letters instead of retrying.
 func Permanent(err error) error { return fmt.Errorf("%w: %w", ErrPermanent, err) }
-
-// Reader is the part of *kafka.Reader (in a consumer group) the consumer needs.
-type Reader interface {
-	FetchMessage(ctx context.Context) (kafka.Message, error)
-	CommitMessages(ctx context.Context, msgs ...kafka.Message) error
-}
 
 // Writer publishes dead letters; *kafka.Writer satisfies it.
 type Writer interface {
@@ -109,9 +105,18 @@ type Config struct {
 	LeaseTTL time.Duration
 	// LeaseOwner names this process in lease rows. Default: Name + a random suffix.
 	LeaseOwner string
-	// LagInterval is how often consumer_lag_messages (when the reader is a
-	// *kafka.Reader) and inbox_dead_letters are refreshed. Default 5s.
+	// LagInterval is how often consumer_lag_messages and
+	// inbox_dead_letters are refreshed. Default 5s.
 	LagInterval time.Duration
+	// ShutdownGrace is how long the work in hand may go on after Run's ctx
+	// ended (a SIGTERM): a batch being handled, a retry, a dead letter being
+	// published. After it, unfinished messages are abandoned uncommitted and
+	// redelivered later. Default 10s.
+	ShutdownGrace time.Duration
+	// ErrorLogInterval bounds how often an outage is logged: its first
+	// failure, then one line per interval with a count, then its end.
+	// Default 30s.
+	ErrorLogInterval time.Duration
 	// Logger receives failures and dead letters. Default: slog.Default().
 	Logger *slog.Logger
 	// Metrics receives the consumer's metrics. Default: none.
@@ -143,6 +148,12 @@ func (c Config) withDefaults() Config {
 	if c.LagInterval <= 0 {
 		c.LagInterval = 5 * time.Second
 	}
+	if c.ShutdownGrace <= 0 {
+		c.ShutdownGrace = 10 * time.Second
+	}
+	if c.ErrorLogInterval <= 0 {
+		c.ErrorLogInterval = 30 * time.Second
+	}
 	if c.Logger == nil {
 		c.Logger = slog.Default()
 	}
@@ -152,29 +163,38 @@ func (c Config) withDefaults() Config {
 	return c
 }
 
-// Consumer handles the messages of one reader through the inbox.
+// Consumer handles the messages of one topic, in one consumer group,
+// through the inbox.
 type Consumer struct {
 	pool      *pgxpool.Pool
-	reader    Reader
+	group     GroupConfig
 	dlq       Writer
 	handle    Handler
 	cfg       Config
 	upcasters map[string]map[int]Upcaster
 	effect    *Effect // lease mode, when set
+	kafka, db *fault
 }
 
-// NewConsumer returns a consumer that reads from r, handles each event with h
-// in a transaction on pool, and dead-letters through dlq.
-func NewConsumer(pool *pgxpool.Pool, r Reader, dlq Writer, h Handler, cfg Config) (*Consumer, error) {
-	if pool == nil || r == nil || dlq == nil || h == nil {
-		return nil, errors.New("inbox: NewConsumer needs a pool, a reader, a dead-letter writer and a handler")
+// NewConsumer returns a consumer that reads src's topic as a member of its
+// consumer group, handles each event with h in a transaction on pool, and
+// dead-letters through dlq.
+func NewConsumer(pool *pgxpool.Pool, src GroupConfig, dlq Writer, h Handler, cfg Config) (*Consumer, error) {
+	if pool == nil || dlq == nil || h == nil {
+		return nil, errors.New("inbox: NewConsumer needs a pool, a dead-letter writer and a handler")
+	}
+	if err := src.validate(); err != nil {
+		return nil, err
 	}
 	if cfg.Name == "" {
 		return nil, errors.New("inbox: Config.Name is required")
 	}
-	c := &Consumer{pool: pool, reader: r, dlq: dlq, handle: h, cfg: cfg.withDefaults(),
+	c := &Consumer{pool: pool, group: src.withDefaults(), dlq: dlq, handle: h, cfg: cfg.withDefaults(),
 		upcasters: map[string]map[int]Upcaster{}}
 	c.cfg.Metrics.init(cfg.Name)
+	m := c.cfg.Metrics
+	c.kafka = newFault("kafka", cfg.Name, c.cfg.Logger, c.cfg.ErrorLogInterval, m.kafkaErrors, m.kafkaConnected)
+	c.db = newFault("database", cfg.Name, c.cfg.Logger, c.cfg.ErrorLogInterval, m.dbErrors, m.dbConnected)
 	for _, u := range cfg.Upcasters {
 		if u.EventType == "" || u.From < 1 || u.Convert == nil {
 			return nil, fmt.Errorf("inbox: upcaster %+v needs an event type, a version >= 1 and a Convert", u)
@@ -187,63 +207,67 @@ func NewConsumer(pool *pgxpool.Pool, r Reader, dlq Writer, h Handler, cfg Config
 	return c, nil
 }
 
-// Run consumes until ctx ends or a message can be neither handled nor
-// dead-lettered. On the way out every worker finishes the batch in hand;
-// messages fetched but not started are redelivered later.
+// errAbandoned ends the handling of a message this member no longer owns
+// (its generation was dropped) or may no longer work on (the shutdown grace
+// is over); the message is fetched again by whoever owns its partition.
+var errAbandoned = errors.New("message abandoned")
+
+// crashError is a crash point firing: the one error that stops Run.
+type crashError struct{ err error }
+
+func (e *crashError) Error() string { return e.err.Error() }
+func (e *crashError) Unwrap() error { return e.err }
+
+// Run consumes until ctx ends. Broker and database outages are waited out
+// (see doc.go for how errors are classified); Run returns only after ctx
+// ended, with nil, or when a crash point fires. On the way out, the work in
+// hand gets ShutdownGrace to finish and have its offsets committed; what is
+// still unfinished then is abandoned and redelivered later.
 func (c *Consumer) Run(ctx context.Context) error {
-	offsets := newOffsets(c.reader)
-	work := context.WithoutCancel(ctx) // a batch in hand is finished even after ctx ends
-	// One failed worker stops the whole consumer: fetching, and the others.
+	// The work in hand outlives ctx by ShutdownGrace at most.
+	work, cancelWork := context.WithCancel(context.WithoutCancel(ctx))
+	defer cancelWork()
+	stopGrace := context.AfterFunc(ctx, func() { time.AfterFunc(c.cfg.ShutdownGrace, cancelWork) })
+	defer stopGrace()
+	// A crash point stops the whole consumer: fetching and the other workers.
 	ctx, stop := context.WithCancel(ctx)
 	defer stop()
-	queues := make([]chan kafka.Message, c.cfg.Workers)
-	failed := make(chan error, c.cfg.Workers)
-	var wg sync.WaitGroup
+
+	queues := make([]chan delivery, c.cfg.Workers)
+	crashed := make(chan error, c.cfg.Workers)
+	var workers, side sync.WaitGroup
 	for i := range queues {
-		queues[i] = make(chan kafka.Message, c.cfg.BatchSize)
-		wg.Add(1)
+		queues[i] = make(chan delivery, c.cfg.BatchSize)
+		workers.Add(1)
 		go func() {
-			defer wg.Done()
-			if err := c.worker(ctx, work, queues[i], offsets); err != nil {
-				failed <- err
+			defer workers.Done()
+			if err := c.worker(work, queues[i]); err != nil {
+				crashed <- err
 				stop()
+				cancelWork()
 			}
 		}()
 	}
-	wg.Add(1)
-	go func() { defer wg.Done(); c.reportDeadLetters(ctx) }()
-	if lr, ok := c.reader.(lagReader); ok {
-		wg.Add(1)
-		go func() { defer wg.Done(); c.reportLag(ctx, lr.Config()) }()
-	}
+	side.Add(2)
+	go func() { defer side.Done(); c.reportDeadLetters(ctx) }()
+	go func() { defer side.Done(); c.reportLag(ctx) }()
 
-	var runErr error
-fetch:
-	for {
-		m, err := c.reader.FetchMessage(ctx)
-		if err != nil {
-			if ctx.Err() == nil {
-				runErr = fmt.Errorf("inbox %s: fetching: %w", c.cfg.Name, err)
-			}
-			break
-		}
-		offsets.add(m)
+	c.consume(ctx, func(ctx context.Context, d delivery) bool {
 		select {
-		case queues[workerFor(m.Key, len(queues))] <- m:
+		case queues[workerFor(d.m.Key, len(queues))] <- d:
+			return true
 		case <-ctx.Done():
-			break fetch
+			return false
 		}
-	}
+	})
 	for _, q := range queues {
 		close(q)
 	}
-	// A fetch error (the broker restarted under the reader) ends Run too:
-	// stop the lag reporter and tell the workers to drain, or Run would
-	// wait for them forever and the process would live on without consuming.
-	stop()
-	wg.Wait()
-	close(failed)
-	for err := range failed {
+	workers.Wait()
+	side.Wait()
+	close(crashed)
+	var runErr error
+	for err := range crashed {
 		runErr = errors.Join(runErr, err)
 	}
 	return runErr
@@ -255,13 +279,15 @@ func workerFor(key []byte, n int) int {
 	return int(h.Sum32() % uint32(n))
 }
 
-// worker handles its queue in batches until the queue closes or ctx ends.
-func (c *Consumer) worker(ctx, work context.Context, q <-chan kafka.Message, offsets *offsets) error {
-	for m := range q {
-		if ctx.Err() != nil {
-			continue // drain: unstarted messages are redelivered
+// worker handles its queue in batches until the queue closes. Messages of a
+// generation that ended are skipped: their partition's next owner fetches
+// them again from the committed offset. It returns only a crash.
+func (c *Consumer) worker(ctx context.Context, q <-chan delivery) error {
+	for d := range q {
+		if ctx.Err() != nil || !d.gen.begin() {
+			continue
 		}
-		batch := []kafka.Message{m}
+		batch := []delivery{d}
 	fill:
 		for len(batch) < c.cfg.BatchSize {
 			select {
@@ -269,23 +295,33 @@ func (c *Consumer) worker(ctx, work context.Context, q <-chan kafka.Message, off
 				if !ok {
 					break fill
 				}
-				batch = append(batch, next)
+				if next.gen.begin() {
+					batch = append(batch, next)
+				}
 			default:
 				break fill
 			}
 		}
+		var err error
 		if c.effect != nil {
-			for _, m := range batch {
-				if err := c.processLeased(work, m); err != nil {
-					return err
+			for i, d := range batch {
+				if err = c.processLeased(ctx, d); err == nil {
+					err = c.committed(ctx, batch[i:i+1])
+				} else {
+					d.gen.finish(d.m, false)
 				}
-				if err := offsets.done(work, m); err != nil {
-					return err
+				if crash := (*crashError)(nil); errors.As(err, &crash) {
+					for _, rest := range batch[i+1:] {
+						rest.gen.finish(rest.m, false)
+					}
+					break
 				}
 			}
-			continue
+		} else {
+			err = c.processBatch(ctx, batch)
 		}
-		if err := c.processBatch(work, batch, offsets); err != nil {
+		var crash *crashError
+		if errors.As(err, &crash) {
 			return err
 		}
 	}
@@ -305,68 +341,93 @@ const (
 // processBatch handles batch in as few transactions as it can: one, unless
 // a message fails transiently; then what came before it commits, it is
 // retried alone with backoff, and the rest continues in a new transaction.
-func (c *Consumer) processBatch(ctx context.Context, batch []kafka.Message, offsets *offsets) error {
+// Every message of batch is finished (done or abandoned) when it returns.
+func (c *Consumer) processBatch(ctx context.Context, batch []delivery) (err error) {
+	defer func() {
+		for _, d := range batch {
+			d.gen.finish(d.m, false)
+		}
+	}()
 	for len(batch) > 0 {
-		n, err := c.tryBatch(ctx, batch)
+		n := c.tryBatch(ctx, batch)
+		if err := c.committed(ctx, batch[:n]); err != nil {
+			batch = batch[n:]
+			return err
+		}
+		batch = batch[n:]
+		if len(batch) == 0 {
+			return nil
+		}
+		if err := c.processAlone(ctx, batch[0]); err != nil {
+			if ctx.Err() != nil {
+				return err
+			}
+			// Its generation was dropped; the others may be of a newer one.
+			batch[0].gen.finish(batch[0].m, false)
+			batch = batch[1:]
+			continue
+		}
+		err := c.committed(ctx, batch[:1])
+		batch = batch[1:]
 		if err != nil {
 			return err
 		}
-		if err := c.committed(ctx, batch[:n], offsets); err != nil {
-			return err
-		}
-		if n == len(batch) {
-			return nil
-		}
-		if err := c.processAlone(ctx, batch[n]); err != nil {
-			return err
-		}
-		if err := c.committed(ctx, batch[n:n+1], offsets); err != nil {
-			return err
-		}
-		batch = batch[n+1:]
 	}
 	return nil
 }
 
 // committed is called once msgs' database work committed: it passes the
 // crash point, then lets their offsets be committed.
-func (c *Consumer) committed(ctx context.Context, msgs []kafka.Message, offsets *offsets) error {
+func (c *Consumer) committed(_ context.Context, msgs []delivery) error {
 	if len(msgs) == 0 {
 		return nil
 	}
 	if c.cfg.CrashPoint != nil {
 		if err := c.cfg.CrashPoint(CrashAfterCommit); err != nil {
-			return fmt.Errorf("crash point %s: %w", CrashAfterCommit, err)
+			for _, d := range msgs {
+				d.gen.finish(d.m, false)
+			}
+			return &crashError{fmt.Errorf("crash point %s: %w", CrashAfterCommit, err)}
 		}
 	}
-	for _, m := range msgs {
-		if err := offsets.done(ctx, m); err != nil {
-			// Not fatal for correctness (the message is redelivered and
-			// absorbed), but fatal for this reader's group membership.
-			return fmt.Errorf("inbox %s: committing offset %s/%d/%d: %w", c.cfg.Name, m.Topic, m.Partition, m.Offset, err)
-		}
+	for _, d := range msgs {
+		d.gen.finish(d.m, true)
 	}
 	return nil
+}
+
+func messages(batch []delivery) []kafka.Message {
+	ms := make([]kafka.Message, len(batch))
+	for i, d := range batch {
+		ms[i] = d.m
+	}
+	return ms
 }
 
 // tryBatch handles batch in one transaction. It first tries the fast path
 // (fastBatch); when that cannot settle the whole batch, it handles the batch
 // again with a savepoint per message, and returns how many messages it
 // settled (handled, skipped or dead-lettered) before the first one that
-// failed transiently; those are committed.
-func (c *Consumer) tryBatch(ctx context.Context, batch []kafka.Message) (int, error) {
-	if len(batch) > 1 && c.fastBatch(ctx, batch) {
-		return len(batch), nil
+// failed transiently; those are committed. When the database cannot be
+// reached it settles none, and processAlone waits the outage out.
+func (c *Consumer) tryBatch(ctx context.Context, batch []delivery) int {
+	ms := messages(batch)
+	if len(ms) > 1 && c.fastBatch(ctx, ms) {
+		c.db.ok(ctx, "")
+		return len(ms)
 	}
 	start := time.Now()
 	tx, err := c.pool.Begin(ctx)
 	if err != nil {
-		return 0, fmt.Errorf("inbox %s: beginning: %w", c.cfg.Name, err)
+		if ctx.Err() == nil {
+			c.db.fail(ctx, "begin", err)
+		}
+		return 0
 	}
 	defer tx.Rollback(context.Background()) //nolint:errcheck // no-op after commit
 	var counts [4]int
 	n := 0
-	for _, m := range batch {
+	for _, m := range ms {
 		out, err := c.settle(ctx, tx, m, 1)
 		if err != nil {
 			break // transient: commit what came before, retry this one alone
@@ -375,38 +436,119 @@ func (c *Consumer) tryBatch(ctx context.Context, batch []kafka.Message) (int, er
 		n++
 	}
 	if err := tx.Commit(ctx); err != nil {
-		c.cfg.Logger.WarnContext(ctx, "inbox batch commit failed; retrying its messages one by one",
-			slog.String("consumer", c.cfg.Name), slog.Any("error", err))
-		return 0, nil
+		if pgutil.IsUnavailable(err) {
+			c.db.fail(ctx, "commit", err)
+		} else if ctx.Err() == nil {
+			c.cfg.Logger.WarnContext(ctx, "inbox batch commit failed; retrying its messages one by one",
+				slog.String("consumer", c.cfg.Name), slog.Any("error", err))
+		}
+		return 0
 	}
+	c.db.ok(ctx, "")
 	c.cfg.Metrics.record(c.cfg.Name, counts, n, time.Since(start))
-	return n, nil
+	return n
 }
 
-// processAlone retries one transiently failing message in its own
-// transactions with backoff, dead-lettering it after MaxAttempts.
-func (c *Consumer) processAlone(ctx context.Context, m kafka.Message) error {
-	for attempt := 2; ; attempt++ {
-		delay := retry.Backoff(attempt-1, c.cfg.BackoffMin, c.cfg.BackoffMax)
-		<-time.After(delay)
+// isOutage reports whether err is the database being unreachable rather
+// than anything about the message: it is waited out, never counted as an
+// attempt, and never dead-letters the message.
+func isOutage(err error) bool { return pgutil.IsUnavailable(err) }
+
+// wait sleeps for d, or returns errAbandoned when ctx ends (the shutdown
+// grace is over) or the message's generation is dropped first.
+func wait(ctx context.Context, gen *generation, d time.Duration) error {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return errAbandoned
+	case <-t.C:
+	}
+	if gen != nil && gen.isDropped() {
+		return errAbandoned
+	}
+	return nil
+}
+
+// processAlone retries one failing message in its own transactions with
+// backoff. Failures of the message (its handler, its commit) count toward
+// MaxAttempts, after which it is dead-lettered; the database being
+// unreachable does not count and is waited out with capped backoff. It
+// returns errAbandoned when ctx ends or the message's generation is dropped.
+func (c *Consumer) processAlone(ctx context.Context, d delivery) error {
+	attempt, outages := 1, 0 // the batch was attempt 1
+	var lastErr error
+	for {
+		delay := retry.Backoff(attempt, c.cfg.BackoffMin, c.cfg.BackoffMax)
+		if outages > 0 {
+			delay = retry.Backoff(outages, c.cfg.BackoffMin, c.cfg.BackoffMax)
+		}
+		if err := wait(ctx, d.gen, delay); err != nil {
+			return err
+		}
+		if attempt >= c.cfg.MaxAttempts && lastErr != nil {
+			// The last allowed attempt failed outside the handler (its
+			// commit): dead-letter without running it again.
+			err := c.deadLetterAlone(ctx, d.m, nil, fmt.Errorf("gave up after %d attempts: %w", attempt, lastErr))
+			switch {
+			case err == nil:
+				return nil
+			case ctx.Err() != nil:
+				return errAbandoned
+			case isOutage(err):
+				c.db.fail(ctx, "dead_letter", err)
+				outages++
+				continue
+			}
+			// The dead letter is published; only its empty transaction
+			// failed. Moving on is all that is left to do.
+			c.cfg.Logger.ErrorContext(ctx, "inbox dead-lettered a message but could not commit afterwards; moving on",
+				slog.String("consumer", c.cfg.Name), slog.Any("error", err))
+			return nil
+		}
 		start := time.Now()
 		tx, err := c.pool.Begin(ctx)
 		if err != nil {
-			return fmt.Errorf("inbox %s: beginning: %w", c.cfg.Name, err)
+			if ctx.Err() != nil {
+				return errAbandoned
+			}
+			c.db.fail(ctx, "begin", err)
+			outages++
+			continue
 		}
-		out, err := c.settle(ctx, tx, m, attempt)
+		out, err := c.settle(ctx, tx, d.m, attempt+1)
+		op := "handle"
 		if err == nil {
+			op = "commit"
 			err = tx.Commit(ctx)
 		}
 		if err == nil {
+			c.db.ok(ctx, "")
 			var counts [4]int
 			counts[out]++
 			c.cfg.Metrics.record(c.cfg.Name, counts, 1, time.Since(start))
 			return nil
 		}
 		_ = tx.Rollback(context.Background())
-		if ctx.Err() != nil {
-			return ctx.Err()
+		switch {
+		case ctx.Err() != nil:
+			return errAbandoned
+		case isOutage(err):
+			c.db.fail(ctx, op, err)
+			outages++
+		default:
+			c.db.ok(ctx, "")
+			outages = 0
+			attempt++
+			if op == "commit" {
+				lastErr = err
+				c.cfg.Metrics.failures.WithLabelValues(c.cfg.Name).Inc()
+				c.cfg.Logger.WarnContext(ctx, "inbox could not commit a message's transaction; retrying",
+					slog.String("consumer", c.cfg.Name), slog.String("topic", d.m.Topic), slog.Int("partition", d.m.Partition),
+					slog.Int64("offset", d.m.Offset), slog.Int("attempt", attempt), slog.Any("error", err))
+			} else {
+				lastErr = nil // settle logged and counted the handler's failure
+			}
 		}
 	}
 }
@@ -635,7 +777,9 @@ ON CONFLICT (consumer, message_id) DO NOTHING`
 // settle decides one message inside tx: handled, duplicate, stale, or
 // dead-lettered. It returns an error only for a transient failure (the
 // savepoint is rolled back and the caller retries); attempt counts the
-// tries so far, and the last allowed one dead-letters instead.
+// tries so far, and the last allowed one dead-letters instead. A failure
+// because the database is unreachable is never the message's: it is
+// returned for the caller to wait out, whatever the attempt.
 func (c *Consumer) settle(ctx context.Context, tx pgx.Tx, m kafka.Message, attempt int) (outcome, error) {
 	ev, err := event.FromKafka(m)
 	if err != nil {
@@ -655,8 +799,11 @@ func (c *Consumer) settle(ctx context.Context, tx pgx.Tx, m kafka.Message, attem
 	if rbErr := sp.Rollback(ctx); rbErr != nil {
 		return 0, rbErr
 	}
+	if ctx.Err() != nil || isOutage(err) {
+		return 0, err
+	}
 	c.cfg.Metrics.failures.WithLabelValues(c.cfg.Name).Inc()
-	permanent := errors.Is(err, ErrPermanent) || errors.Is(err, event.ErrInvalid)
+	permanent := isPermanent(err)
 	if !permanent && attempt < c.cfg.MaxAttempts {
 		c.cfg.Logger.WarnContext(ctx, "inbox handler failed; retrying",
 			slog.String("consumer", c.cfg.Name), slog.String("event_id", ev.EventID.String()),
@@ -667,6 +814,14 @@ func (c *Consumer) settle(ctx context.Context, tx pgx.Tx, m kafka.Message, attem
 		err = fmt.Errorf("gave up after %d attempts: %w", attempt, err)
 	}
 	return deadLettered, c.deadLetter(ctx, tx, m, &ev, err)
+}
+
+// isPermanent reports whether no retry can make err go away: the handler
+// said so (Permanent), the event broke its contract (event.ErrInvalid), or
+// Postgres refused the data itself (pgutil.IsPermanent: SQLSTATE class 22,
+// a NUL byte in a text column, say, or class 54).
+func isPermanent(err error) bool {
+	return errors.Is(err, ErrPermanent) || errors.Is(err, event.ErrInvalid) || pgutil.IsPermanent(err)
 }
 
 // apply is the inbox insert, the version guard, the upcasters and the
@@ -786,41 +941,77 @@ const (
 // message did not decode.
 func reasonClass(ev *event.Envelope, reason error) string {
 	switch {
-	case ev == nil:
+	case errors.Is(reason, event.ErrInvalid) && ev == nil:
 		return ReasonUndecodable
 	case errors.Is(reason, event.ErrInvalid):
 		return ReasonInvalid
-	case errors.Is(reason, ErrPermanent):
+	case errors.Is(reason, ErrPermanent), pgutil.IsPermanent(reason):
 		return ReasonPermanent
 	default:
 		return ReasonExhausted
 	}
 }
 
+// DeadLetterBodyLimit is how much of a message's value a dead letter keeps
+// when the dead-letter topic refuses the whole message (too large for the
+// writer or the topic): the record then carries the first DeadLetterBodyLimit
+// bytes and the HeaderDLTTruncated header, so the partition can move on and
+// the message is still visible, with its coordinates, for an operator.
+const DeadLetterBodyLimit = 64 << 10
+
+// HeaderDLTTruncated, on a dead letter, holds the original value's size in
+// bytes when the value was cut to DeadLetterBodyLimit.
+const HeaderDLTTruncated = "dlt-truncated-from"
+
 // deadLetter publishes m to the dead-letter topic with the reason, then, when
 // the envelope decoded, records a dead_lettered inbox row in tx. It retries
-// the publish until it succeeds or ctx ends: a message is never dropped.
+// the publish while the broker is unreachable, until it succeeds or ctx ends
+// (then it returns an error and the message is redelivered later); a message
+// the topic refuses as it is goes there truncated.
 func (c *Consumer) deadLetter(ctx context.Context, tx pgx.Tx, m kafka.Message, ev *event.Envelope, reason error) error {
 	topic := c.cfg.DeadLetterTopic
 	if topic == "" {
 		topic = m.Topic + ".dlt"
 	}
-	dl := kafka.Message{Topic: topic, Key: m.Key, Value: m.Value}
-	dl.Headers = append(append(dl.Headers, m.Headers...),
-		kafka.Header{Key: HeaderDLTReason, Value: []byte(reason.Error())},
-		kafka.Header{Key: HeaderDLTConsumer, Value: []byte(c.cfg.Name)},
-		kafka.Header{Key: HeaderDLTTopic, Value: []byte(m.Topic)},
-		kafka.Header{Key: HeaderDLTPartition, Value: []byte(fmt.Sprint(m.Partition))},
-		kafka.Header{Key: HeaderDLTOffset, Value: []byte(fmt.Sprint(m.Offset))},
-		kafka.Header{Key: HeaderDLTFailedAt, Value: []byte(time.Now().UTC().Format(time.RFC3339Nano))},
-	)
+	dlt := []kafka.Header{
+		{Key: HeaderDLTReason, Value: []byte(truncate(reason.Error(), 4<<10))},
+		{Key: HeaderDLTConsumer, Value: []byte(c.cfg.Name)},
+		{Key: HeaderDLTTopic, Value: []byte(m.Topic)},
+		{Key: HeaderDLTPartition, Value: []byte(fmt.Sprint(m.Partition))},
+		{Key: HeaderDLTOffset, Value: []byte(fmt.Sprint(m.Offset))},
+		{Key: HeaderDLTFailedAt, Value: []byte(time.Now().UTC().Format(time.RFC3339Nano))},
+	}
+	dl := kafka.Message{Topic: topic, Key: m.Key, Value: m.Value,
+		Headers: append(append([]kafka.Header{}, m.Headers...), dlt...)}
+	truncated := false
 	for attempt := 1; ; attempt++ {
 		err := c.dlq.WriteMessages(ctx, dl)
 		if err == nil {
+			c.kafka.ok(ctx, "dead_letter")
 			break
 		}
-		c.cfg.Logger.ErrorContext(ctx, "inbox could not publish a dead letter; retrying",
-			slog.String("consumer", c.cfg.Name), slog.String("topic", topic), slog.Any("error", err))
+		if kafkautil.IsMessageError(err) && !truncated {
+			// Too large (or otherwise refused) as it is: keep the
+			// coordinates, the reason and the start of the body.
+			truncated = true
+			dl = truncatedDeadLetter(dl, m, dlt)
+			c.cfg.Logger.WarnContext(ctx, "inbox dead-letters a message truncated; the topic refused it whole",
+				slog.String("consumer", c.cfg.Name), slog.String("topic", m.Topic), slog.Int("partition", m.Partition),
+				slog.Int64("offset", m.Offset), slog.Int("bytes", len(m.Value)), slog.Any("error", err))
+			continue
+		}
+		if kafkautil.IsMessageError(err) {
+			// Even the truncated record is refused: nothing more can be
+			// kept in Kafka; the log line and the counter are the record.
+			c.cfg.Logger.ErrorContext(ctx, "inbox could not dead-letter a message even truncated; moving on",
+				slog.String("consumer", c.cfg.Name), slog.String("topic", m.Topic), slog.Int("partition", m.Partition),
+				slog.Int64("offset", m.Offset), slog.Any("reason", reason), slog.Any("error", err))
+			break
+		}
+		if ctx.Err() != nil {
+			return fmt.Errorf("inbox %s: dead-lettering %s/%d/%d: %w", c.cfg.Name, m.Topic, m.Partition, m.Offset, err)
+		}
+		c.kafka.fail(ctx, "dead_letter", err)
 		select {
 		case <-ctx.Done():
 			return fmt.Errorf("inbox %s: dead-lettering %s/%d/%d: %w", c.cfg.Name, m.Topic, m.Partition, m.Offset, err)
@@ -832,14 +1023,51 @@ func (c *Consumer) deadLetter(ctx context.Context, tx pgx.Tx, m kafka.Message, e
 		slog.Int("partition", m.Partition), slog.Int64("offset", m.Offset), slog.String("dead_letter_topic", topic),
 		slog.Any("error", reason))
 	if ev == nil {
-		log.ErrorContext(ctx, "inbox dead-lettered an undecodable message")
+		log.ErrorContext(ctx, "inbox dead-lettered a message it keeps no inbox row for")
 		return nil
 	}
 	log.ErrorContext(ctx, "inbox dead-lettered an event", slog.String("event_id", ev.EventID.String()),
 		slog.String("event_type", ev.EventType))
-	if _, err := tx.Exec(ctx, insertDeadLettered, c.cfg.Name, ev.EventID, ev.EventType, ev.AggregateID,
-		ev.AggregateVersion, m.Topic, m.Partition, m.Offset, reason.Error(), []byte(ev.Payload)); err != nil {
+	// In a savepoint: a row Postgres refuses (its fields are what the
+	// decoder let through) must not undo the batch; the message is in the
+	// dead-letter topic either way.
+	sp, err := tx.Begin(ctx)
+	if err != nil {
 		return fmt.Errorf("recording a dead letter: %w", err)
 	}
-	return nil
+	if _, err := sp.Exec(ctx, insertDeadLettered, c.cfg.Name, ev.EventID, ev.EventType, ev.AggregateID,
+		ev.AggregateVersion, m.Topic, m.Partition, m.Offset, reason.Error(), []byte(ev.Payload)); err != nil {
+		_ = sp.Rollback(ctx)
+		if isOutage(err) || ctx.Err() != nil {
+			return fmt.Errorf("recording a dead letter: %w", err)
+		}
+		log.ErrorContext(ctx, "inbox could not record a dead letter's inbox row; it is in the dead-letter topic only",
+			slog.Any("row_error", err))
+		return nil
+	}
+	return sp.Commit(ctx)
+}
+
+// truncatedDeadLetter is dl cut down to what any topic takes: the key and
+// the original headers cut to 1 KiB each, the first DeadLetterBodyLimit bytes
+// of the value, and the dead-letter headers.
+func truncatedDeadLetter(dl, m kafka.Message, dlt []kafka.Header) kafka.Message {
+	out := kafka.Message{Topic: dl.Topic, Key: []byte(truncate(string(m.Key), 1<<10))}
+	out.Value = m.Value
+	if len(out.Value) > DeadLetterBodyLimit {
+		out.Value = out.Value[:DeadLetterBodyLimit]
+	}
+	for _, h := range m.Headers {
+		out.Headers = append(out.Headers, kafka.Header{Key: truncate(h.Key, 256), Value: []byte(truncate(string(h.Value), 1<<10))})
+	}
+	out.Headers = append(out.Headers, dlt...)
+	out.Headers = append(out.Headers, kafka.Header{Key: HeaderDLTTruncated, Value: []byte(fmt.Sprint(len(m.Value)))})
+	return out
+}
+
+func truncate(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	return s[:n]
 }

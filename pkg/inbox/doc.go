@@ -14,12 +14,54 @@
 //     side (Effect.Check) whether it has the key; when it cannot tell, the
 //     message is marked 'uncertain' for reconciliation instead of repeated.
 //
+// Consumer groups: a Consumer is one member of the Kafka consumer group in
+// its GroupConfig (kafka-go's consumer-group API). For every generation the
+// group hands it, it reads each assigned partition with a partition reader
+// from the assigned offset, and tracks every fetched message by (topic,
+// partition, offset) within that generation. Offsets are committed every
+// CommitInterval with the generation's id, so a member that lost a
+// partition cannot move that partition's offset back after its new owner
+// went further: the coordinator refuses commits of an older generation.
+// When a generation ends (a rebalance, or Run's ctx), no new work starts
+// under it, the work in hand gets a bounded time (half the rebalance
+// timeout, or ShutdownGrace) to finish, the finished offsets are committed
+// and the generation's tracking is dropped. Work still in hand after that is
+// abandoned uncommitted: the next owner fetches it again and the inbox
+// absorbs it if it did commit after all.
+//
+// Error classes: a worker waits out outages and charges only the message's
+// own failures to the message.
+//   - Outages: Kafka unreachable or not ready (dial errors, connection
+//     resets, NotLeaderForPartition, LeaderNotAvailable, RequestTimedOut,
+//     NotEnoughReplicas, a group coordinator moving); the database
+//     unreachable (pgutil.IsUnavailable: SQLSTATE class 08, 57P01-57P03,
+//     class 53, a broken connection, a pool acquire timeout). Retried with
+//     capped backoff and jitter for as long as they last, never counted as
+//     an attempt of a message, never a dead letter. They are counted
+//     (inbox_kafka_errors_total, inbox_database_errors_total by op), shown
+//     (inbox_kafka_connected, inbox_database_connected, Consumer.Healthy for
+//     /readyz) and logged at a bounded rate (ErrorLogInterval).
+//   - Permanent message errors: undecodable or invalid envelopes
+//     (event.ErrInvalid, which includes NUL bytes, invalid UTF-8, over-long
+//     fields and absurd versions), errors wrapping ErrPermanent, and data
+//     Postgres refuses (pgutil.IsPermanent: SQLSTATE class 22, such as 22021
+//     for a NUL in a text column, and class 54). Dead-lettered at once.
+//   - Other handler or commit errors: retried with backoff up to
+//     MaxAttempts, then dead-lettered.
+//
+// A dead letter the dead-letter topic refuses as it is (kafkautil.
+// IsMessageError: too large, a policy) is written truncated: coordinates,
+// reason and the first DeadLetterBodyLimit bytes, with HeaderDLTTruncated.
+// Run returns only once its ctx ended (or a crash point fired); every retry
+// loop ends within ShutdownGrace of that.
+//
 // Guarantees:
 //   - A redelivered event finds its inbox row and is acknowledged without
 //     running the handler; it is counted (inbox_duplicates_total).
 //   - The Kafka offset is committed only after the database commit, and a
-//     partition's offset never passes a message still being handled. A
-//     crash in between redelivers events the inbox absorbs.
+//     partition's offset never passes a message still being handled, nor
+//     is it committed under a generation that no longer owns the partition.
+//     A crash in between redelivers events the inbox absorbs.
 //   - Events of one key (one aggregate) are handled in order: Workers run in
 //     parallel, but each key always goes to the same worker. With the version
 //     guard on (the default), an event at or below the aggregate version this

@@ -43,10 +43,11 @@ func ExampleNewConsumer() {
 		_, err := tx.Exec(ctx, `INSERT INTO charges (order_id) VALUES ($1)`, ev.AggregateID)
 		return err
 	}
-	reader := kafkautil.NewGroupReader(brokers, topic, topic+"-group")
-	defer reader.Close()
+	// Every instance of the service joins the same group; the group spreads
+	// the topic's partitions among them.
+	src := inbox.GroupConfig{Brokers: brokers, Topic: topic, Group: topic + "-group"}
 	metrics := inbox.NewMetrics(prometheus.NewRegistry())
-	c, err := inbox.NewConsumer(pool, reader, w, charge, inbox.Config{Name: "billing", Metrics: metrics})
+	c, err := inbox.NewConsumer(pool, src, w, charge, inbox.Config{Name: "billing", Metrics: metrics})
 	if err != nil {
 		fmt.Println(err)
 		return

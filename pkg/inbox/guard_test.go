@@ -14,7 +14,6 @@ import (
 
 	"github.com/onceflow/onceflow/pkg/event"
 	"github.com/onceflow/onceflow/pkg/inbox"
-	"github.com/onceflow/onceflow/pkg/platform/kafkautil"
 	"github.com/onceflow/onceflow/pkg/platform/testinfra"
 )
 
@@ -76,8 +75,7 @@ func TestKilledAfterCommitBeforeOffsetCommitRedeliveryIsANoOp(t *testing.T) {
 
 	// First life: dies right after its first database commit.
 	killed := errors.New("killed")
-	r1 := kafkautil.NewGroupReader(f.brokers, f.topic, group)
-	c1, err := inbox.NewConsumer(f.pool, r1, f.writer, f.recordEffect, inbox.Config{
+	c1, err := inbox.NewConsumer(f.pool, f.source(group), f.writer, f.recordEffect, inbox.Config{
 		Name: "crashy", Workers: 1, BatchSize: 10,
 		CrashPoint: func(name string) error {
 			if name == inbox.CrashAfterCommit {
@@ -92,7 +90,6 @@ func TestKilledAfterCommitBeforeOffsetCommitRedeliveryIsANoOp(t *testing.T) {
 	if err := c1.Run(context.Background()); !errors.Is(err, killed) {
 		t.Fatalf("first life ended with %v, want the crash", err)
 	}
-	r1.Close()
 	firstLife := f.count(t, "SELECT count(*) FROM effects")
 	if firstLife == 0 {
 		t.Fatal("the first life committed nothing before the crash point")
@@ -100,9 +97,7 @@ func TestKilledAfterCommitBeforeOffsetCommitRedeliveryIsANoOp(t *testing.T) {
 
 	// Second life: the same group gets the uncommitted messages again.
 	reg := prometheus.NewRegistry()
-	r2 := kafkautil.NewGroupReader(f.brokers, f.topic, group)
-	defer r2.Close()
-	c2, err := inbox.NewConsumer(f.pool, r2, f.writer, f.recordEffect, inbox.Config{
+	c2, err := inbox.NewConsumer(f.pool, f.source(group), f.writer, f.recordEffect, inbox.Config{
 		Name: "crashy", Metrics: inbox.NewMetrics(reg),
 	})
 	if err != nil {

@@ -9,22 +9,18 @@ import (
 	"github.com/segmentio/kafka-go"
 )
 
-// lagReader is a reader that can say where it reads from, as *kafka.Reader does.
-type lagReader interface {
-	Config() kafka.ReaderConfig
-}
-
 // reportLag refreshes consumer_lag_messages every LagInterval: per partition,
-// the end offset minus the group's committed offset.
-func (c *Consumer) reportLag(ctx context.Context, rc kafka.ReaderConfig) {
-	if rc.GroupID == "" || rc.Topic == "" || len(rc.Brokers) == 0 {
-		return
-	}
-	client := &kafka.Client{Addr: kafka.TCP(rc.Brokers...), Timeout: 5 * time.Second}
+// the end offset minus the group's committed offset. It reports every
+// partition of the topic, owned by this member or not, so any instance's
+// series shows the group's whole backlog.
+func (c *Consumer) reportLag(ctx context.Context) {
+	d := c.group.Dialer
+	client := &kafka.Client{Addr: kafka.TCP(c.group.Brokers...), Timeout: 5 * time.Second,
+		Transport: &kafka.Transport{DialTimeout: d.Timeout, TLS: d.TLS, SASL: d.SASLMechanism}}
 	tick := time.NewTicker(c.cfg.LagInterval)
 	defer tick.Stop()
 	for {
-		if err := c.measureLag(ctx, client, rc); err != nil && ctx.Err() == nil {
+		if err := c.measureLag(ctx, client); err != nil && ctx.Err() == nil {
 			c.cfg.Logger.DebugContext(ctx, "inbox could not measure consumer lag", slog.Any("error", err))
 		}
 		select {
@@ -35,7 +31,8 @@ func (c *Consumer) reportLag(ctx context.Context, rc kafka.ReaderConfig) {
 	}
 }
 
-func (c *Consumer) measureLag(ctx context.Context, client *kafka.Client, rc kafka.ReaderConfig) error {
+func (c *Consumer) measureLag(ctx context.Context, client *kafka.Client) error {
+	rc := struct{ Topic, GroupID string }{c.group.Topic, c.group.Group}
 	meta, err := client.Metadata(ctx, &kafka.MetadataRequest{Topics: []string{rc.Topic}})
 	if err != nil {
 		return err
@@ -83,7 +80,10 @@ func (c *Consumer) reportDeadLetters(ctx context.Context) {
 		err := c.pool.QueryRow(ctx, `SELECT count(*) FROM inbox_messages WHERE consumer = $1 AND status = 'dead_lettered'`,
 			c.cfg.Name).Scan(&n)
 		if err == nil {
+			c.db.ok(ctx, "") // the idle consumer's sign that an outage ended
 			c.cfg.Metrics.deadLetters.WithLabelValues(c.cfg.Name).Set(float64(n))
+		} else if ctx.Err() == nil && isOutage(err) {
+			c.db.fail(ctx, "count_dead_letters", err)
 		} else if ctx.Err() == nil {
 			c.cfg.Logger.DebugContext(ctx, "inbox could not count its dead letters", slog.Any("error", err))
 		}

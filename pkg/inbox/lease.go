@@ -66,12 +66,12 @@ const CrashAfterEffect = "inbox.after-effect"
 // mode (see Effect). Dedupe, the version guard, upcasters, dead letters,
 // workers and offsets work as in NewConsumer; each message is its own
 // sequence of short transactions instead of part of a batch.
-func NewLeaseConsumer(pool *pgxpool.Pool, r Reader, dlq Writer, eff Effect, cfg Config) (*Consumer, error) {
+func NewLeaseConsumer(pool *pgxpool.Pool, src GroupConfig, dlq Writer, eff Effect, cfg Config) (*Consumer, error) {
 	if eff.Check == nil || eff.Call == nil {
 		return nil, errors.New("inbox: an Effect needs Check and Call")
 	}
 	noHandler := func(context.Context, pgx.Tx, event.Envelope) error { return nil }
-	c, err := NewConsumer(pool, r, dlq, noHandler, cfg)
+	c, err := NewConsumer(pool, src, dlq, noHandler, cfg)
 	if err != nil {
 		return nil, err
 	}
@@ -93,8 +93,13 @@ SET lease_owner = EXCLUDED.lease_owner, lease_until = EXCLUDED.lease_until,
 WHERE inbox_messages.status = 'leased' AND inbox_messages.lease_until < now()
 RETURNING fencing_token, fencing_token > 1`
 
-// processLeased settles one message in lease mode.
-func (c *Consumer) processLeased(ctx context.Context, m kafka.Message) error {
+// processLeased settles one message in lease mode. Like processAlone, it
+// charges a message only for its own failures (its side effect, data
+// Postgres refuses), waits out the database being unreachable, and returns
+// errAbandoned when ctx (the shutdown grace) ends or the message's
+// generation is dropped; a crash point firing is a *crashError.
+func (c *Consumer) processLeased(ctx context.Context, d delivery) error {
+	m := d.m
 	start := time.Now()
 	var counts [4]int
 	defer func() { c.cfg.Metrics.record(c.cfg.Name, counts, 1, time.Since(start)) }()
@@ -102,7 +107,7 @@ func (c *Consumer) processLeased(ctx context.Context, m kafka.Message) error {
 	ev, err := event.FromKafka(m)
 	if err != nil {
 		counts[deadLettered]++
-		return c.deadLetterAlone(ctx, m, nil, err)
+		return c.deadLetterLeased(ctx, d, nil, err)
 	}
 	ctx, span := c.startProcess(ctx, m, ev) // covers the lease, the side effect and marking it done
 	defer span.End()
@@ -113,7 +118,7 @@ func (c *Consumer) processLeased(ctx context.Context, m kafka.Message) error {
 		token int64
 		taken bool
 	)
-	for attempt := 1; ; attempt++ {
+	for attempt, outages := 1, 0; ; {
 		var out *outcome
 		token, out, taken, err = c.lease(ctx, m, &ev)
 		var held *leaseHeldError
@@ -121,22 +126,33 @@ func (c *Consumer) processLeased(ctx context.Context, m kafka.Message) error {
 		case errors.As(err, &held):
 			c.cfg.Logger.InfoContext(ctx, "inbox waits for another worker's lease", slog.String("consumer", c.cfg.Name),
 				slog.String("event_id", key), slog.Time("lease_until", held.until))
-			select {
-			case <-ctx.Done():
-				return ctx.Err()
-			case <-time.After(time.Until(held.until) + 10*time.Millisecond):
+			if err := wait(ctx, d.gen, time.Until(held.until)+10*time.Millisecond); err != nil {
+				return err
 			}
-			attempt = 0 // waiting is not failing
-			continue
+			continue // waiting is not failing
 		case err == nil && out != nil:
+			c.db.ok(ctx, "")
 			counts[*out]++ // a duplicate or a stale event: settled without a side effect
 			return nil
 		case err == nil:
-		case attempt >= c.cfg.MaxAttempts || errors.Is(err, ErrPermanent):
+			c.db.ok(ctx, "")
+		case ctx.Err() != nil:
+			return errAbandoned
+		case isOutage(err):
+			c.db.fail(ctx, "lease", err)
+			outages++
+			if err := wait(ctx, d.gen, retry.Backoff(outages, c.cfg.BackoffMin, c.cfg.BackoffMax)); err != nil {
+				return err
+			}
+			continue
+		case attempt >= c.cfg.MaxAttempts || isPermanent(err):
 			counts[deadLettered]++
-			return c.deadLetterAlone(ctx, m, &ev, err)
+			return c.deadLetterLeased(ctx, d, &ev, err)
 		default:
-			<-time.After(retry.Backoff(attempt, c.cfg.BackoffMin, c.cfg.BackoffMax))
+			if err := wait(ctx, d.gen, retry.Backoff(attempt, c.cfg.BackoffMin, c.cfg.BackoffMax)); err != nil {
+				return err
+			}
+			attempt++
 			continue
 		}
 		break
@@ -148,42 +164,83 @@ func (c *Consumer) processLeased(ctx context.Context, m kafka.Message) error {
 		outcome, err := c.runEffect(ctx, ev, key, mayHaveCalled)
 		switch {
 		case errors.Is(err, ErrUnknowable):
-			return c.markUncertain(ctx, ev, token, err)
+			return c.settleLeased(ctx, d, "marking uncertain", func() error { return c.markUncertain(ctx, ev, token, err) })
 		case err == nil:
 			if c.cfg.CrashPoint != nil {
 				if err := c.cfg.CrashPoint(CrashAfterEffect); err != nil {
-					return fmt.Errorf("crash point %s: %w", CrashAfterEffect, err)
+					return &crashError{fmt.Errorf("crash point %s: %w", CrashAfterEffect, err)}
 				}
 			}
 			counts[processed]++
-			return c.markDone(ctx, ev, token, outcome)
+			return c.settleLeased(ctx, d, "marking done", func() error { return c.markDone(ctx, ev, token, outcome) })
+		}
+		if ctx.Err() != nil {
+			return errAbandoned
 		}
 		mayHaveCalled = true // a failed call may still have landed
 		c.cfg.Metrics.failures.WithLabelValues(c.cfg.Name).Inc()
-		permanent := errors.Is(err, ErrPermanent) || errors.Is(err, event.ErrInvalid)
+		permanent := isPermanent(err)
 		if permanent || attempt >= c.cfg.MaxAttempts {
 			if !permanent {
 				err = fmt.Errorf("gave up after %d attempts: %w", attempt, err)
 			}
 			counts[deadLettered]++
-			return c.deadLetterAlone(ctx, m, &ev, err)
+			return c.deadLetterLeased(ctx, d, &ev, err)
 		}
 		delay := retry.Backoff(attempt, c.cfg.BackoffMin, c.cfg.BackoffMax)
 		c.cfg.Logger.WarnContext(ctx, "inbox side effect failed; retrying", slog.String("consumer", c.cfg.Name),
 			slog.String("event_id", key), slog.Int("attempt", attempt), slog.Duration("retry_in", delay), slog.Any("error", err))
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-time.After(delay):
+		if err := wait(ctx, d.gen, delay); err != nil {
+			return err
 		}
 		// Keep the lease while retrying, so no other worker takes it over.
+		// If the database is away, the lease may lapse; the fencing token
+		// then keeps a late markDone from overwriting the new holder's work.
 		if _, err := c.pool.Exec(ctx, `
 			UPDATE inbox_messages SET lease_until = now() + $4 * interval '1 microsecond'
 			WHERE consumer = $1 AND message_id = $2 AND fencing_token = $3 AND status = 'leased'`,
-			c.cfg.Name, ev.EventID, token, c.cfg.LeaseTTL.Microseconds()); err != nil {
-			return fmt.Errorf("renewing the lease of %s: %w", key, err)
+			c.cfg.Name, ev.EventID, token, c.cfg.LeaseTTL.Microseconds()); err != nil && ctx.Err() == nil {
+			c.db.fail(ctx, "renew_lease", err)
 		}
 	}
+}
+
+// settleLeased runs one of the transactions that close a lease (markDone,
+// markUncertain). The side effect is behind it, so it is retried while the
+// database is unreachable; other failures are retried MaxAttempts times,
+// then logged, and the row stays leased for the reconciliation report.
+func (c *Consumer) settleLeased(ctx context.Context, d delivery, step string, f func() error) error {
+	for attempt, outages := 1, 0; ; {
+		err := f()
+		switch {
+		case err == nil:
+			c.db.ok(ctx, "")
+			return nil
+		case ctx.Err() != nil:
+			return errAbandoned
+		case isOutage(err):
+			c.db.fail(ctx, step, err)
+			outages++
+			if err := wait(ctx, d.gen, retry.Backoff(outages, c.cfg.BackoffMin, c.cfg.BackoffMax)); err != nil {
+				return err
+			}
+		case attempt >= c.cfg.MaxAttempts || isPermanent(err):
+			c.cfg.Logger.ErrorContext(ctx, "inbox could not settle a lease; its row stays leased for reconciliation",
+				slog.String("consumer", c.cfg.Name), slog.String("step", step), slog.Any("error", err))
+			return nil
+		default:
+			if err := wait(ctx, d.gen, retry.Backoff(attempt, c.cfg.BackoffMin, c.cfg.BackoffMax)); err != nil {
+				return err
+			}
+			attempt++
+		}
+	}
+}
+
+// deadLetterLeased dead-letters in a transaction of its own, waiting out
+// the database being unreachable.
+func (c *Consumer) deadLetterLeased(ctx context.Context, d delivery, ev *event.Envelope, reason error) error {
+	return c.settleLeased(ctx, d, "dead_letter", func() error { return c.deadLetterAlone(ctx, d.m, ev, reason) })
 }
 
 // lease claims the message. A non-nil outcome means it needs no side effect

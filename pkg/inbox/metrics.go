@@ -13,6 +13,8 @@ type Metrics struct {
 	deadLettered                                            *prometheus.CounterVec // consumer, reason
 	seconds                                                 *prometheus.HistogramVec
 	lag, deadLetters                                        *prometheus.GaugeVec
+	kafkaErrors, dbErrors                                   *prometheus.CounterVec // consumer, op
+	kafkaConnected, dbConnected                             *prometheus.GaugeVec
 }
 
 // The reason label of inbox_dead_lettered_total: why a message went to the
@@ -61,9 +63,26 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Name: "inbox_dead_letters",
 			Help: "Dead-lettered events not requeued yet: the dead-letter backlog an operator has to resolve (refreshed every LagInterval).",
 		}, []string{"consumer"}),
+		kafkaErrors: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "inbox_kafka_errors_total",
+			Help: "Failed Kafka operations of the consumer, by op (join, fetch, commit, dead_letter); retried, never charged to a message.",
+		}, []string{"consumer", "op"}),
+		dbErrors: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "inbox_database_errors_total",
+			Help: "Database operations that failed because the database was unreachable, by op; waited out, never charged to a message.",
+		}, []string{"consumer", "op"}),
+		kafkaConnected: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "inbox_kafka_connected",
+			Help: "1 while the consumer reaches Kafka, 0 during an outage it is waiting out.",
+		}, []string{"consumer"}),
+		dbConnected: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "inbox_database_connected",
+			Help: "1 while the consumer reaches its database, 0 during an outage it is waiting out.",
+		}, []string{"consumer"}),
 	}
 	if reg != nil {
-		reg.MustRegister(m.processed, m.duplicates, m.stale, m.failures, m.deadLettered, m.gaps, m.uncertain, m.seconds, m.lag, m.deadLetters)
+		reg.MustRegister(m.processed, m.duplicates, m.stale, m.failures, m.deadLettered, m.gaps, m.uncertain, m.seconds, m.lag, m.deadLetters,
+			m.kafkaErrors, m.dbErrors, m.kafkaConnected, m.dbConnected)
 	}
 	return m
 }
@@ -81,6 +100,12 @@ func (m *Metrics) record(consumer string, counts [4]int, n int, took time.Durati
 			h.Observe(per)
 		}
 	}
+}
+
+// KafkaErrors returns the inbox_kafka_errors_total counter of consumer and
+// op, for tests that wait on it.
+func (m *Metrics) KafkaErrors(consumer, op string) prometheus.Counter {
+	return m.kafkaErrors.WithLabelValues(consumer, op)
 }
 
 // Duplicates returns the duplicates counter of consumer, for tests and

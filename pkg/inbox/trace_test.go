@@ -16,7 +16,6 @@ import (
 
 	"github.com/onceflow/onceflow/pkg/event"
 	"github.com/onceflow/onceflow/pkg/inbox"
-	"github.com/onceflow/onceflow/pkg/platform/kafkautil"
 	"github.com/onceflow/onceflow/pkg/platform/testinfra"
 	"github.com/onceflow/onceflow/pkg/platform/tracing/tracectx"
 )
@@ -155,8 +154,7 @@ func TestALeasedSideEffectRunsInAConsumerSpanContinuingTheProducer(t *testing.T)
 	ev := tracedEvent()
 	var under runUnder
 	f.produce(t, event.ToKafka(f.topic, ev))
-	r := kafkautil.NewGroupReader(f.brokers, f.topic, testinfra.Name("group"))
-	c, err := inbox.NewLeaseConsumer(f.pool, r, f.writer, inbox.Effect{
+	c, err := inbox.NewLeaseConsumer(f.pool, f.source(testinfra.Name("group")), f.writer, inbox.Effect{
 		Check: func(context.Context, string) (bool, error) { return false, nil },
 		Call: func(ctx context.Context, ev event.Envelope, _ string) error {
 			under.add(ctx, ev)
@@ -166,7 +164,7 @@ func TestALeasedSideEffectRunsInAConsumerSpanContinuingTheProducer(t *testing.T)
 	if err != nil {
 		t.Fatal(err)
 	}
-	runUntilCleanup(t, c, r)
+	runUntilCleanup(t, c)
 
 	var saw string
 	testinfra.WaitFor(t, 30*time.Second, "the side effect to run and be marked done", func() (bool, error) {

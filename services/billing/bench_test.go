@@ -247,11 +247,11 @@ func consumeRun(b *testing.B, brokers []string, s consumeSetup) consumeResult {
 	benchProduce(b, brokers, msgs)
 
 	reg := prometheus.NewRegistry()
-	reader := &benchFirstFetch{Reader: kafkautil.NewGroupReader(brokers, topic, testinfra.Name("billing"))}
-	defer reader.Close()
+	reader := &benchFirstFetch{handle: billing.New(pool, benchLogger, nil).Handle}
 	dlq := kafkautil.NewWriter(brokers, 100)
 	defer dlq.Close()
-	consumer, err := inbox.NewConsumer(pool, reader, dlq, billing.New(pool, benchLogger, nil).Handle, inbox.Config{
+	src := inbox.GroupConfig{Brokers: brokers, Topic: topic, Group: testinfra.Name("billing")}
+	consumer, err := inbox.NewConsumer(pool, src, dlq, reader.Handle, inbox.Config{
 		Name:      "billing",
 		Workers:   s.workers,
 		BatchSize: s.batchSize,
@@ -349,25 +349,22 @@ func benchProduce(b *testing.B, brokers []string, msgs []kafka.Message) {
 	}
 }
 
-// benchFirstFetch is the consumer's reader, noting when the first message
-// arrived: the end of the consumer group's join.
+// benchFirstFetch wraps the consumer's handler, noting when the first
+// message arrived: the end of the consumer group's join.
 type benchFirstFetch struct {
-	*kafka.Reader
-	once sync.Once
-	mu   sync.Mutex
-	at   time.Time
+	handle inbox.Handler
+	once   sync.Once
+	mu     sync.Mutex
+	at     time.Time
 }
 
-func (r *benchFirstFetch) FetchMessage(ctx context.Context) (kafka.Message, error) {
-	m, err := r.Reader.FetchMessage(ctx)
-	if err == nil {
-		r.once.Do(func() {
-			r.mu.Lock()
-			defer r.mu.Unlock()
-			r.at = time.Now()
-		})
-	}
-	return m, err
+func (r *benchFirstFetch) Handle(ctx context.Context, tx pgx.Tx, ev event.Envelope) error {
+	r.once.Do(func() {
+		r.mu.Lock()
+		defer r.mu.Unlock()
+		r.at = time.Now()
+	})
+	return r.handle(ctx, tx, ev)
 }
 
 func (r *benchFirstFetch) first() time.Time {

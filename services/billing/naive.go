@@ -7,10 +7,18 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/segmentio/kafka-go"
 
 	"github.com/onceflow/onceflow/pkg/event"
 	"github.com/onceflow/onceflow/pkg/inbox"
 )
+
+// Reader is the part of a consumer-group *kafka.Reader the naive consumer
+// uses (kafkautil.NewGroupReader builds one).
+type Reader interface {
+	FetchMessage(ctx context.Context) (kafka.Message, error)
+	CommitMessages(ctx context.Context, msgs ...kafka.Message) error
+}
 
 // NaiveConsumer consumes without the inbox (INBOX_MODE=naive), for the
 // fault-injection harness only: fetch, run the handler in a transaction,
@@ -21,7 +29,7 @@ import (
 // both at the same moment and compare.
 type NaiveConsumer struct {
 	Pool   *pgxpool.Pool
-	Reader inbox.Reader
+	Reader Reader
 	Handle inbox.Handler
 	// CrashPoint, when set, is called with inbox.CrashAfterCommit after each
 	// database commit, before the offset commit.

@@ -79,16 +79,16 @@ func (r *rig) publish(t *testing.T, evs ...event.Envelope) {
 // whose calls time out after callTimeout.
 func (r *rig) consumer(t *testing.T, group string, callTimeout time.Duration, cfg inbox.Config) (*inbox.Consumer, func()) {
 	t.Helper()
-	reader := kafkautil.NewGroupReader(r.brokers, r.topic, group)
 	w := kafkautil.NewWriter(r.brokers, 10)
 	tp := thirdparty.NewClient(r.url, &http.Client{Timeout: callTimeout})
 	cfg.Name, cfg.Logger = "shim", r.quiet
 	r.metrics = prometheus.NewRegistry()
-	c, err := inbox.NewLeaseConsumer(r.pool, reader, w, shim.New(tp, r.quiet).WithMetrics(shim.NewMetrics(r.metrics)).Effect(), cfg)
+	src := inbox.GroupConfig{Brokers: r.brokers, Topic: r.topic, Group: group}
+	c, err := inbox.NewLeaseConsumer(r.pool, src, w, shim.New(tp, r.quiet).WithMetrics(shim.NewMetrics(r.metrics)).Effect(), cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
-	return c, func() { reader.Close(); w.Close() }
+	return c, func() { w.Close() }
 }
 
 func captured(orderID uuid.UUID) event.Envelope {

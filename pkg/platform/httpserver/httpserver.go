@@ -104,12 +104,14 @@ func isOperational(c echo.Context) bool {
 }
 
 func readyz(checks map[string]Check) echo.HandlerFunc {
-	names := make([]string, 0, len(checks))
-	for n := range checks {
-		names = append(names, n)
-	}
-	sort.Strings(names)
 	return func(c echo.Context) error {
+		// Names are read per request: a service adds its workers' checks
+		// after building the server (service.Service.AddCheck).
+		names := make([]string, 0, len(checks))
+		for n := range checks {
+			names = append(names, n)
+		}
+		sort.Strings(names)
 		ctx, cancel := context.WithTimeout(c.Request().Context(), 2*time.Second)
 		defer cancel()
 		status, result := http.StatusOK, make(map[string]string, len(checks))

@@ -78,9 +78,10 @@ type Service struct {
 	Registry *prometheus.Registry
 	HTTP     *echo.Echo
 	// Admin is the operator listener: mount operator routes with Mount.
-	Admin *echo.Echo
-	opts  Options
-	flush tracing.Shutdown // flushes and stops the tracer provider
+	Admin  *echo.Echo
+	opts   Options
+	checks map[string]httpserver.Check // /readyz's, by name
+	flush  tracing.Shutdown            // flushes and stops the tracer provider
 }
 
 // New connects, migrates and builds the HTTP server; the caller adds routes
@@ -123,7 +124,15 @@ func New(ctx context.Context, stdout io.Writer, opts Options) (*Service, error) 
 	admin := httpserver.NewAdmin(httpserver.AdminConfig{
 		Logger: logger, Gatherer: registry, Token: opts.HTTP.AdminToken, Pprof: opts.HTTP.Pprof,
 	})
-	return &Service{Logger: logger, Pool: pool, Registry: registry, HTTP: e, Admin: admin, opts: opts, flush: shutdownTracing}, nil
+	return &Service{Logger: logger, Pool: pool, Registry: registry, HTTP: e, Admin: admin, opts: opts, flush: shutdownTracing,
+		checks: checks}, nil
+}
+
+// AddCheck adds a readiness check to /readyz, for a worker that can say
+// which of its dependencies is broken (inbox.Consumer.Healthy). Call it
+// before Run.
+func (s *Service) AddCheck(name string, check httpserver.Check) {
+	s.checks[name] = check
 }
 
 // Mount serves h under prefix (such as "/admin/outbox") on the operator

@@ -126,13 +126,14 @@ func run(ctx context.Context, _ []string, getenv func(string) string, stdout io.
 	svc.Mount("/admin/outbox", outboxhttp.Handler(svc.Pool, svc.Logger))
 
 	b := billing.New(svc.Pool, svc.Logger, nil)
-	reader := kafkautil.NewGroupReader(cfg.KafkaBrokers, cfg.OrdersTopic, cfg.ConsumerGroup)
-	defer reader.Close() // after Run: flushes the last offset commits
-	consumer, err := inbox.NewConsumer(svc.Pool, reader, writer, b.Handle, inbox.Config{
-		Name:       cfg.InboxName,
-		Logger:     svc.Logger,
-		Metrics:    inbox.NewMetrics(svc.Registry),
-		CrashPoint: crashPoint,
+	src := inbox.GroupConfig{Brokers: cfg.KafkaBrokers, Topic: cfg.OrdersTopic, Group: cfg.ConsumerGroup,
+		Dialer: kafkaSecurity.Dialer()}
+	consumer, err := inbox.NewConsumer(svc.Pool, src, writer, b.Handle, inbox.Config{
+		Name:          cfg.InboxName,
+		ShutdownGrace: cfg.ShutdownGrace,
+		Logger:        svc.Logger,
+		Metrics:       inbox.NewMetrics(svc.Registry),
+		CrashPoint:    crashPoint,
 	})
 	if err != nil {
 		return err
@@ -140,8 +141,11 @@ func run(ctx context.Context, _ []string, getenv func(string) string, stdout io.
 	consume := consumer.Run
 	switch cfg.InboxMode {
 	case "inbox":
+		svc.AddCheck("orders_consumer", func(context.Context) error { return consumer.Healthy() })
 	case "naive":
 		svc.Logger.Warn("INBOX_MODE=naive: orders events are applied without the inbox; for the fault-injection harness only")
+		reader := kafkautil.NewGroupReader(cfg.KafkaBrokers, cfg.OrdersTopic, cfg.ConsumerGroup)
+		defer reader.Close() // after Run: flushes the last offset commits
 		consume = (&billing.NaiveConsumer{Pool: svc.Pool, Reader: reader, Handle: b.HandleNaive,
 			CrashPoint: crashPoint, Logger: svc.Logger}).Run
 	default:

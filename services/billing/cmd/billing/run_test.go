@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"net/http"
 	"strings"
 	"testing"
 	"time"
@@ -101,5 +102,23 @@ func TestOrderEventThroughTheBrokerIsChargedOnce(t *testing.T) {
 	}
 	if charges != 1 || inboxRows != 1 {
 		t.Fatalf("%d charges and %d inbox rows, want 1 and 1", charges, inboxRows)
+	}
+
+	// /readyz reports the consumer next to the database and Kafka.
+	started, ok := svc.Logs.Record("billing started")
+	if !ok {
+		t.Fatalf("no start record in the logs:\n%s", svc.Logs.String())
+	}
+	resp, err := http.Get("http://" + started["http_addr"].(string) + "/readyz")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var ready map[string]string
+	if err := json.NewDecoder(resp.Body).Decode(&ready); err != nil {
+		t.Fatal(err)
+	}
+	if resp.StatusCode != http.StatusOK || ready["orders_consumer"] != "ok" {
+		t.Fatalf("/readyz: %d %v, want 200 with orders_consumer ok", resp.StatusCode, ready)
 	}
 }

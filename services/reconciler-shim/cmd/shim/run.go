@@ -92,19 +92,21 @@ func run(ctx context.Context, _ []string, getenv func(string) string, stdout io.
 	tp := thirdparty.NewClient(cfg.ReconcilerURL, &http.Client{Timeout: cfg.ReconcilerTimeout})
 	dlq := kafkautil.NewWriter(cfg.KafkaBrokers, 10, kafkautil.WithSecurity(kafkaSecurity))
 	defer dlq.Close()
-	reader := kafkautil.NewGroupReader(cfg.KafkaBrokers, cfg.BillingTopic, cfg.ConsumerGroup)
-	defer reader.Close() // after Run: flushes the last offset commits
-	consumer, err := inbox.NewLeaseConsumer(svc.Pool, reader, dlq, shim.New(tp, svc.Logger).WithMetrics(shim.NewMetrics(svc.Registry)).Effect(), inbox.Config{
+	src := inbox.GroupConfig{Brokers: cfg.KafkaBrokers, Topic: cfg.BillingTopic, Group: cfg.ConsumerGroup,
+		Dialer: kafkaSecurity.Dialer()}
+	consumer, err := inbox.NewLeaseConsumer(svc.Pool, src, dlq, shim.New(tp, svc.Logger).WithMetrics(shim.NewMetrics(svc.Registry)).Effect(), inbox.Config{
 		Name: cfg.ConsumerGroup,
 		// A lease outlives any single call to the reconciler.
-		LeaseTTL:   3 * cfg.ReconcilerTimeout,
-		Logger:     svc.Logger,
-		Metrics:    inbox.NewMetrics(svc.Registry),
-		CrashPoint: crashPoint,
+		LeaseTTL:      3 * cfg.ReconcilerTimeout,
+		ShutdownGrace: cfg.ShutdownGrace,
+		Logger:        svc.Logger,
+		Metrics:       inbox.NewMetrics(svc.Registry),
+		CrashPoint:    crashPoint,
 	})
 	if err != nil {
 		return err
 	}
+	svc.AddCheck("billing_consumer", func(context.Context) error { return consumer.Healthy() })
 	inboxPruner, err := inbox.NewPruner(svc.Pool, inbox.PrunerConfig{Logger: svc.Logger})
 	if err != nil {
 		return err

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"io"
 	"log/slog"
+	"net/http"
 	"net/http/httptest"
 	"strings"
 	"testing"
@@ -86,7 +87,7 @@ func TestEachPaymentReachesTheThirdPartyOnce(t *testing.T) {
 		"RECONCILER_URL": reconciler.URL,
 		"LOG_LEVEL":      "debug",
 	}
-	testinfra.Start(t, run, env)
+	svc := testinfra.Start(t, run, env)
 
 	pool := testinfra.NewPool(t, db)
 	testinfra.WaitFor(t, 60*time.Second, "three forwards recorded", func() (bool, error) {
@@ -101,5 +102,23 @@ func TestEachPaymentReachesTheThirdPartyOnce(t *testing.T) {
 	st := ledger.Stats()
 	if st.Settlements != 3 || st.Duplicates != 0 || st.Captures != 2 || st.Refunds != 1 {
 		t.Fatalf("third party saw %+v, want 3 settlements (2 captures, 1 refund) and no duplicates", st)
+	}
+
+	// /readyz reports the consumer next to the database and Kafka.
+	started, ok := svc.Logs.Record("reconciler-shim started")
+	if !ok {
+		t.Fatalf("no start record in the logs:\n%s", svc.Logs.String())
+	}
+	resp, err := http.Get("http://" + started["http_addr"].(string) + "/readyz")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var ready map[string]string
+	if err := json.NewDecoder(resp.Body).Decode(&ready); err != nil {
+		t.Fatal(err)
+	}
+	if resp.StatusCode != http.StatusOK || ready["billing_consumer"] != "ok" {
+		t.Fatalf("/readyz: %d %v, want 200 with billing_consumer ok", resp.StatusCode, ready)
 	}
 }

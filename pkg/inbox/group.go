@@ -1,0 +1,274 @@
+package inbox
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/segmentio/kafka-go"
+
+	"github.com/onceflow/onceflow/pkg/event/retry"
+)
+
+// GroupConfig names the topic a Consumer reads and the Kafka consumer group
+// it reads it in. Zero durations take the documented defaults.
+type GroupConfig struct {
+	// Brokers are the bootstrap brokers. Required.
+	Brokers []string
+	// Topic is the topic to consume. Required.
+	Topic string
+	// Group is the consumer group id; every instance of a service uses the
+	// same one and the group spreads the partitions among them. Required.
+	Group string
+	// StartOffset is where a partition the group never committed starts:
+	// kafka.FirstOffset (the default) or kafka.LastOffset.
+	StartOffset int64
+	// SessionTimeout is how long the coordinator waits for a heartbeat
+	// before it gives the member's partitions to others. Default 10s.
+	SessionTimeout time.Duration
+	// HeartbeatInterval is how often the member heartbeats. Default 1s.
+	HeartbeatInterval time.Duration
+	// RebalanceTimeout is how long the coordinator waits for every member
+	// to rejoin in a rebalance. A member finishes the work in hand (up to
+	// half of it) before it rejoins. Default 10s.
+	RebalanceTimeout time.Duration
+	// CommitInterval is how often finished offsets are committed. A crash
+	// loses at most this much of offset commits, which are redelivered and
+	// absorbed by the inbox. Default 100ms.
+	CommitInterval time.Duration
+	// MaxWait is the longest a fetch waits for new messages. Default 50ms.
+	MaxWait time.Duration
+	// Dialer connects to the brokers, with TLS and SASL when it has them
+	// (kafkautil.Security.Dialer). Default: plain TCP, 3s dial timeout.
+	Dialer *kafka.Dialer
+}
+
+func (g GroupConfig) withDefaults() GroupConfig {
+	if g.StartOffset == 0 {
+		g.StartOffset = kafka.FirstOffset
+	}
+	if g.SessionTimeout <= 0 {
+		g.SessionTimeout = 10 * time.Second
+	}
+	if g.HeartbeatInterval <= 0 {
+		g.HeartbeatInterval = time.Second
+	}
+	if g.RebalanceTimeout <= 0 {
+		g.RebalanceTimeout = 10 * time.Second
+	}
+	if g.CommitInterval <= 0 {
+		g.CommitInterval = 100 * time.Millisecond
+	}
+	if g.MaxWait <= 0 {
+		g.MaxWait = 50 * time.Millisecond
+	}
+	if g.Dialer == nil {
+		g.Dialer = &kafka.Dialer{Timeout: 3 * time.Second}
+	}
+	return g
+}
+
+func (g GroupConfig) validate() error {
+	if len(g.Brokers) == 0 || g.Topic == "" || g.Group == "" {
+		return errors.New("inbox: GroupConfig needs Brokers, Topic and Group")
+	}
+	return nil
+}
+
+// delivery is a fetched message and the generation it was fetched in.
+type delivery struct {
+	m   kafka.Message
+	gen *generation
+}
+
+// consume takes part in the consumer group until ctx ends, handing every
+// fetched message to dispatch. Each generation gets one fetching goroutine
+// per assigned partition and one committing goroutine, all started through
+// the generation so kafka-go waits for them before joining the next one.
+func (c *Consumer) consume(ctx context.Context, dispatch func(context.Context, delivery) bool) {
+	gc := c.group
+	group, err := kafka.NewConsumerGroup(kafka.ConsumerGroupConfig{
+		ID:                gc.Group,
+		Brokers:           gc.Brokers,
+		Dialer:            gc.Dialer,
+		Topics:            []string{gc.Topic},
+		StartOffset:       gc.StartOffset,
+		SessionTimeout:    gc.SessionTimeout,
+		HeartbeatInterval: gc.HeartbeatInterval,
+		RebalanceTimeout:  gc.RebalanceTimeout,
+		JoinGroupBackoff:  time.Second,
+		// Partitions added to the topic rebalance the group.
+		WatchPartitionChanges:  true,
+		PartitionWatchInterval: 5 * time.Second,
+		Timeout:                5 * time.Second,
+	})
+	if err != nil { // only an invalid config, which NewConsumer has checked
+		c.cfg.Logger.ErrorContext(ctx, "inbox cannot create its consumer group", slog.String("consumer", c.cfg.Name), slog.Any("error", err))
+		<-ctx.Done()
+		return
+	}
+	// Run closes the workers' queues when consume returns: no fetcher may
+	// be left to send on them, even one kafka-go started late.
+	var fetchers sync.WaitGroup
+	defer fetchers.Wait()
+	defer c.closeGroup(group)
+	for {
+		gen, err := group.Next(ctx)
+		if ctx.Err() != nil {
+			return
+		}
+		if err != nil {
+			// kafka-go backs off between attempts to join; a rebalance in
+			// progress is the group working, not the broker failing.
+			if !errors.Is(err, kafka.RebalanceInProgress) {
+				c.kafka.fail(ctx, "join", err)
+			}
+			continue
+		}
+		c.kafka.ok(ctx, "join")
+		assigned := map[partitionKey]int64{}
+		for topic, parts := range gen.Assignments {
+			for _, p := range parts {
+				assigned[partitionKey{topic, p.ID}] = p.Offset
+			}
+		}
+		g := newGeneration(gen.ID, assigned)
+		c.cfg.Logger.InfoContext(ctx, "inbox joined a group generation", slog.String("consumer", c.cfg.Name),
+			slog.Int("generation", int(gen.ID)), slog.Int("partitions", len(assigned)))
+		for k, off := range assigned {
+			fetchers.Add(1)
+			gen.Start(func(gctx context.Context) {
+				defer fetchers.Done()
+				fctx, cancel := context.WithCancel(ctx)
+				defer context.AfterFunc(gctx, cancel)()
+				defer cancel()
+				c.fetch(fctx, g, k, off, dispatch)
+			})
+		}
+		gen.Start(func(gctx context.Context) { c.commitLoop(ctx, gctx, gen, g) })
+	}
+}
+
+// closeGroup leaves the group, which first waits for the generation's
+// goroutines (the last commit included), within the shutdown grace: a
+// broker that is gone must not hold the process.
+func (c *Consumer) closeGroup(group *kafka.ConsumerGroup) {
+	done := make(chan struct{})
+	go func() { _ = group.Close(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(c.cfg.ShutdownGrace + time.Second):
+		c.cfg.Logger.Warn("inbox gave up leaving its consumer group in time", slog.String("consumer", c.cfg.Name))
+	}
+}
+
+// fetch reads one assigned partition from its assigned offset until ctx
+// (the run's or the generation's) ends. A fetch error is the broker's: the
+// reader is replaced, after a backoff, at the next offset.
+func (c *Consumer) fetch(ctx context.Context, g *generation, k partitionKey, offset int64, dispatch func(context.Context, delivery) bool) {
+	next := offset
+	if next < 0 {
+		next = c.group.StartOffset
+	}
+	for attempt := 1; ; attempt++ {
+		r := kafka.NewReader(kafka.ReaderConfig{
+			Brokers:         c.group.Brokers,
+			Topic:           k.topic,
+			Partition:       k.partition,
+			Dialer:          c.group.Dialer,
+			MinBytes:        1,
+			MaxBytes:        10 << 20,
+			MaxWait:         c.group.MaxWait,
+			ReadBackoffMin:  10 * time.Millisecond,
+			ReadBackoffMax:  100 * time.Millisecond,
+			ReadLagInterval: -1,
+			MaxAttempts:     3,
+		})
+		err := r.SetOffset(next)
+		for err == nil {
+			var m kafka.Message
+			if m, err = r.FetchMessage(ctx); err != nil {
+				break
+			}
+			attempt = 1
+			next = m.Offset + 1
+			c.kafka.ok(ctx, "fetch")
+			if !g.add(m) {
+				continue
+			}
+			if !dispatch(ctx, delivery{m: m, gen: g}) {
+				err = ctx.Err()
+			}
+		}
+		_ = r.Close()
+		if ctx.Err() != nil {
+			return
+		}
+		c.kafka.fail(ctx, "fetch", fmt.Errorf("fetching %s/%d at %d: %w", k.topic, k.partition, next, err))
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(retry.Backoff(attempt, c.cfg.BackoffMin, c.cfg.BackoffMax)):
+		}
+	}
+}
+
+// commitLoop commits the generation's finished offsets every
+// CommitInterval. When the generation ends (a rebalance, or ctx: shutdown)
+// it lets the work in hand finish for a bounded time, commits once more and
+// drops the generation's tracking; kafka-go joins the next generation only
+// after that, so the next owner of a partition starts where this one stopped.
+func (c *Consumer) commitLoop(ctx, gctx context.Context, gen *kafka.Generation, g *generation) {
+	tick := time.NewTicker(c.group.CommitInterval)
+	defer tick.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			c.endGeneration(gen, g, c.cfg.ShutdownGrace)
+			return
+		case <-gctx.Done():
+			c.endGeneration(gen, g, c.group.RebalanceTimeout/2)
+			return
+		case <-tick.C:
+			c.commit(ctx, gen, g)
+		}
+	}
+}
+
+func (c *Consumer) endGeneration(gen *kafka.Generation, g *generation, grace time.Duration) {
+	g.end()
+	deadline := time.Now().Add(grace)
+	tick := time.NewTicker(5 * time.Millisecond)
+	defer tick.Stop()
+	for !g.drained() && time.Now().Before(deadline) {
+		<-tick.C
+	}
+	// The coordinator takes commits of the generation being revoked until
+	// the rebalance completes; after that it refuses them, which is safe.
+	c.commit(context.Background(), gen, g)
+	g.drop()
+	c.cfg.Logger.Info("inbox left a group generation", slog.String("consumer", c.cfg.Name),
+		slog.Int("generation", int(gen.ID)), slog.Bool("drained", g.drained()))
+}
+
+func (c *Consumer) commit(ctx context.Context, gen *kafka.Generation, g *generation) {
+	offs := g.pending()
+	if len(offs) == 0 {
+		return
+	}
+	err := gen.CommitOffsets(offs)
+	switch {
+	case err == nil:
+		g.committed(offs)
+		c.kafka.ok(ctx, "commit")
+	case errors.Is(err, kafka.RebalanceInProgress), errors.Is(err, kafka.IllegalGeneration),
+		errors.Is(err, kafka.UnknownMemberId), errors.Is(err, kafka.FencedInstanceID):
+		// The generation is over; the heartbeat ends it and the next owner
+		// starts from the last offset committed.
+	default:
+		c.kafka.fail(ctx, "commit", err)
+	}
+}

@@ -1,0 +1,222 @@
+package inbox_test
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/segmentio/kafka-go"
+
+	"github.com/onceflow/onceflow/pkg/event"
+	"github.com/onceflow/onceflow/pkg/inbox"
+	"github.com/onceflow/onceflow/pkg/platform/kafkautil"
+	"github.com/onceflow/onceflow/pkg/platform/testinfra"
+)
+
+// bigMessage is larger than a dead-letter writer's BatchBytes (kafka-go's
+// default, 1 MiB) and than the broker's default message.max.bytes, so it can
+// be dead-lettered only truncated.
+const bigMessage = 3 << 19 // 1.5 MiB
+
+// newTopicTakingBigMessages creates a topic whose max.message.bytes admits
+// bigMessage (the dev stack's broker keeps Kafka's default of about 1 MiB).
+func newTopicTakingBigMessages(t *testing.T, brokers []string) string {
+	t.Helper()
+	name := testinfra.Name("big")
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	ctrl, err := kafkautil.Controller(ctx, brokers)
+	if err != nil {
+		t.Fatalf("creating topic: %v", err)
+	}
+	defer ctrl.Close()
+	if err := ctrl.CreateTopics(kafka.TopicConfig{Topic: name, NumPartitions: 1, ReplicationFactor: 1,
+		ConfigEntries: []kafka.ConfigEntry{{ConfigName: "max.message.bytes", ConfigValue: fmt.Sprint(4 << 20)}}}); err != nil {
+		t.Fatalf("creating topic %s: %v", name, err)
+	}
+	testinfra.WaitFor(t, 20*time.Second, "topic "+name+" to have a leader", func() (bool, error) {
+		parts, err := ctrl.ReadPartitions(name)
+		return err == nil && len(parts) == 1 && parts[0].Leader.Host != "", nil
+	})
+	t.Cleanup(func() {
+		if ctrl, err := kafkautil.Controller(context.Background(), brokers); err == nil {
+			_ = ctrl.DeleteTopics(name)
+			ctrl.Close()
+		}
+	})
+	return name
+}
+
+// hostile is one message no retry can fix, and what its dead letter must say.
+type hostile struct {
+	name   string
+	msg    kafka.Message
+	reason string // the dlt-reason header mentions it
+}
+
+func hostileMessages(topic string) []hostile {
+	nulID := newEvent("order\x00-1", 1)
+	badType := newEvent("order-2", 1)
+	badType.EventType = "Order\xffPlaced"
+	// The handler stores this event's note in a text column; Postgres
+	// refuses the NUL in it (SQLSTATE 22021), which no retry changes.
+	nulNote := newEvent("order-3", 1)
+	nulNote.EventType, nulNote.Payload = "NoteAdded", []byte(`{"note":"a\u0000b"}`)
+	big := kafka.Message{Topic: topic, Key: []byte("order-4"), Value: bytes.Repeat([]byte("x"), bigMessage)}
+	return []hostile{
+		{"NUL in the aggregate id", event.ToKafka(topic, nulID), "aggregate id holds a NUL"},
+		{"invalid UTF-8 in the event type", event.ToKafka(topic, badType), "event type is not valid UTF-8"},
+		{"a handler error that is SQLSTATE 22021", event.ToKafka(topic, nulNote), "22021"},
+		{"a message larger than the dead-letter writer takes", big, "event-id"},
+	}
+}
+
+// applyNote is the side effect both modes run: a row per event, with the
+// payload's note in a text column.
+func applyNote(ctx context.Context, exec func(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error), ev event.Envelope) error {
+	var p struct{ Note string }
+	if err := ev.DecodePayload(&p); err != nil {
+		return err
+	}
+	_, err := exec(ctx, "INSERT INTO effects (event_id, aggregate_id) VALUES ($1, $2)", ev.EventID, ev.AggregateID+p.Note)
+	return err
+}
+
+// Every hostile message is dead-lettered with its reason and coordinates,
+// the partition moves on (the good event behind them is handled and the
+// group's offset reaches the end), and the consumer keeps running; in both
+// modes.
+func TestHostileMessagesNeverStopAPartition(t *testing.T) {
+	for _, mode := range []string{"transactional", "lease"} {
+		t.Run(mode, func(t *testing.T) {
+			t.Parallel()
+			f := newFixture(t)
+			f.topic = newTopicTakingBigMessages(t, f.brokers)
+			dlt := testinfra.NewTopic(t, f.brokers, 1)
+			hs := hostileMessages(f.topic)
+			good := newEvent("order-5", 1)
+			// A transport of its own: the default one caches topic metadata
+			// from before this topic existed.
+			big := kafka.Writer{Addr: kafka.TCP(f.brokers...), RequiredAcks: kafka.RequireAll, BatchBytes: 4 << 20,
+				BatchTimeout: time.Millisecond, Transport: &kafka.Transport{MetadataTTL: 200 * time.Millisecond}}
+			defer big.Close()
+			msgs := []kafka.Message{}
+			for _, h := range hs {
+				msgs = append(msgs, h.msg)
+			}
+			msgs = append(msgs, event.ToKafka(f.topic, good))
+			for len(msgs) > 0 {
+				var err error
+				testinfra.WaitFor(t, 20*time.Second, "the new topic to take messages", func() (bool, error) {
+					err = big.WriteMessages(context.Background(), msgs[0])
+					return !errors.Is(err, kafka.UnknownTopicOrPartition), nil
+				})
+				if err != nil {
+					t.Fatalf("producing: %v", err)
+				}
+				msgs = msgs[1:]
+			}
+
+			group := testinfra.Name("group")
+			cfg := inbox.Config{Name: "hostile-" + mode, DeadLetterTopic: dlt, Metrics: inbox.NewMetrics(f.registry),
+				BackoffMin: time.Millisecond, BackoffMax: 10 * time.Millisecond}
+			var c *inbox.Consumer
+			var err error
+			if mode == "transactional" {
+				c, err = inbox.NewConsumer(f.pool, f.source(group), f.writer, func(ctx context.Context, tx pgx.Tx, ev event.Envelope) error {
+					return applyNote(ctx, tx.Exec, ev)
+				}, cfg)
+			} else {
+				c, err = inbox.NewLeaseConsumer(f.pool, f.source(group), f.writer, inbox.Effect{
+					Check: func(context.Context, string) (bool, error) { return false, nil },
+					Call: func(ctx context.Context, ev event.Envelope, _ string) error {
+						return applyNote(ctx, f.pool.Exec, ev)
+					},
+				}, cfg)
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			ctx, cancel := context.WithCancel(context.Background())
+			done := make(chan error, 1)
+			go func() { done <- c.Run(ctx) }()
+			defer func() {
+				cancel()
+				if err := <-done; err != nil {
+					t.Errorf("Run: %v", err)
+				}
+			}()
+
+			testinfra.WaitFor(t, 30*time.Second, "the good event behind the hostile ones", func() (bool, error) {
+				select {
+				case err := <-done:
+					return false, fmt.Errorf("the consumer exited: %v", err)
+				default:
+				}
+				return f.count(t, "SELECT count(*) FROM effects WHERE event_id = $1", good.EventID) == 1, nil
+			})
+
+			r := kafka.NewReader(kafka.ReaderConfig{Brokers: f.brokers, Topic: dlt, Partition: 0, MaxWait: 100 * time.Millisecond})
+			defer r.Close()
+			rctx, rcancel := context.WithTimeout(context.Background(), 20*time.Second)
+			defer rcancel()
+			// Different keys go to different workers, so dead letters
+			// arrive in any order; each names its original offset.
+			byOffset := map[string]kafka.Message{}
+			for range hs {
+				m, err := r.ReadMessage(rctx)
+				if err != nil {
+					t.Fatalf("reading dead letters (%d of %d read): %v", len(byOffset), len(hs), err)
+				}
+				for _, kv := range m.Headers {
+					if kv.Key == inbox.HeaderDLTOffset {
+						byOffset[string(kv.Value)] = m
+					}
+				}
+			}
+			for i, h := range hs {
+				m, ok := byOffset[fmt.Sprint(i)]
+				if !ok {
+					t.Errorf("%s: no dead letter names offset %d", h.name, i)
+					continue
+				}
+				hdr := map[string]string{}
+				for _, kv := range m.Headers {
+					hdr[kv.Key] = string(kv.Value)
+				}
+				if !strings.Contains(hdr[inbox.HeaderDLTReason], h.reason) {
+					t.Errorf("%s: dlt-reason %q, want it to mention %q", h.name, hdr[inbox.HeaderDLTReason], h.reason)
+				}
+				if strings.Contains(hdr[inbox.HeaderDLTReason], "gave up after") {
+					t.Errorf("%s: retried as if transient (%q); want it dead-lettered at once", h.name, hdr[inbox.HeaderDLTReason])
+				}
+				if hdr[inbox.HeaderDLTTopic] != f.topic || hdr[inbox.HeaderDLTPartition] != "0" {
+					t.Errorf("%s: dead letter names %s/%s, want %s/0", h.name, hdr[inbox.HeaderDLTTopic], hdr[inbox.HeaderDLTPartition], f.topic)
+				}
+				if len(h.msg.Value) == bigMessage {
+					if hdr[inbox.HeaderDLTTruncated] != fmt.Sprint(bigMessage) || len(m.Value) != inbox.DeadLetterBodyLimit ||
+						!bytes.Equal(m.Value, h.msg.Value[:inbox.DeadLetterBodyLimit]) {
+						t.Errorf("%s: dead letter of %d bytes with %s=%q, want the first %d bytes and the original size",
+							h.name, len(m.Value), inbox.HeaderDLTTruncated, hdr[inbox.HeaderDLTTruncated], inbox.DeadLetterBodyLimit)
+					}
+				}
+			}
+			client := &kafka.Client{Addr: kafka.TCP(f.brokers...), Timeout: 5 * time.Second}
+			testinfra.WaitFor(t, 10*time.Second, "the group's offset to pass every message", func() (bool, error) {
+				ends, committed := endAndCommitted(t, client, f.topic, group, 1)
+				return committed[0] == ends[0] && ends[0] == int64(len(hs)+1), nil
+			})
+			// Each one once: no dead letter is published again on a retry.
+			ends, _ := endAndCommitted(t, client, dlt, testinfra.Name("none"), 1)
+			if ends[0] != int64(len(hs)) {
+				t.Errorf("%d dead letters, want %d", ends[0], len(hs))
+			}
+		})
+	}
+}

@@ -1,0 +1,57 @@
+package pgutil_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"syscall"
+	"testing"
+
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/onceflow/onceflow/pkg/platform/pgutil"
+)
+
+func TestErrorClasses(t *testing.T) {
+	pg := func(code string) error { return fmt.Errorf("inserting: %w", &pgconn.PgError{Code: code}) }
+	for _, tt := range []struct {
+		name                   string
+		err                    error
+		permanent, unavailable bool
+	}{
+		{"nil", nil, false, false},
+		{"invalid byte sequence (NUL in text)", pg("22021"), true, false},
+		{"invalid text representation", pg("22P02"), true, false},
+		{"string too long", pg("22001"), true, false},
+		{"numeric out of range", pg("22003"), true, false},
+		{"program limit exceeded", pg("54000"), true, false},
+		{"serialization failure", pg("40001"), false, false},
+		{"deadlock", pg("40P01"), false, false},
+		{"unique violation", pg("23505"), false, false},
+		{"admin shutdown", pg("57P01"), false, true},
+		{"cannot connect now", pg("57P03"), false, true},
+		{"connection failure", pg("08006"), false, true},
+		{"too many connections", pg("53300"), false, true},
+		{"query canceled", pg("57014"), false, false},
+		{"connect error", &pgconn.ConnectError{}, false, true},
+		{"net error", &net.OpError{Op: "dial", Err: syscall.ECONNREFUSED}, false, true},
+		{"connection reset", fmt.Errorf("reading: %w", syscall.ECONNRESET), false, true},
+		{"eof", fmt.Errorf("reading: %w", io.EOF), false, true},
+		{"pool acquire timeout", fmt.Errorf("acquiring: %w", context.DeadlineExceeded), false, true},
+		{"closed pool", errors.New("closed pool"), false, true},
+		{"conn closed", errors.New("conn closed"), false, true},
+		{"canceled", context.Canceled, false, false},
+		{"handler error", errors.New("no such customer"), false, false},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			if got := pgutil.IsPermanent(tt.err); got != tt.permanent {
+				t.Errorf("IsPermanent(%v) = %v, want %v", tt.err, got, tt.permanent)
+			}
+			if got := pgutil.IsUnavailable(tt.err); got != tt.unavailable {
+				t.Errorf("IsUnavailable(%v) = %v, want %v", tt.err, got, tt.unavailable)
+			}
+		})
+	}
+}
