@@ -27,8 +27,14 @@ import (
 type Config struct {
 	// HTTPAddr is where the read API, /healthz, /readyz and /metrics listen.
 	HTTPAddr string `env:"HTTP_ADDR" envDefault:"127.0.0.1:8082"`
-	// DatabaseURL is the service's own Postgres database.
-	DatabaseURL string `env:"DATABASE_URL" envDefault:"postgres://postgres:postgres@127.0.0.1:55432/billing?sslmode=disable"`
+	// DatabaseURL is the service's own Postgres database, as its runtime role
+	// (billing_app: reads and writes the tables, no DDL; see package pgroles).
+	DatabaseURL string `env:"DATABASE_URL" envDefault:"postgres://billing_app:billing_app@127.0.0.1:55432/billing?sslmode=disable"`
+	// MigrateDatabaseURL is the schema owner's URL (billing_owner), used only to
+	// migrate at start-up. Empty migrates over DATABASE_URL if that role may
+	// create tables and otherwise skips; "none" skips (migrations run as a
+	// separate job).
+	MigrateDatabaseURL string `env:"MIGRATE_DATABASE_URL"`
 	// KafkaBrokers is a comma-separated list of bootstrap brokers.
 	KafkaBrokers []string `env:"KAFKA_BROKERS" envDefault:"127.0.0.1:59092"`
 	// OrdersTopic is consumed; its dead letters go to OrdersTopic + ".dlt".
@@ -73,7 +79,7 @@ func run(ctx context.Context, _ []string, getenv func(string) string, stdout io.
 		return err
 	}
 	svc, err := service.New(ctx, stdout, service.Options{
-		Name: "billing", HTTPAddr: cfg.HTTPAddr, DatabaseURL: cfg.DatabaseURL, KafkaBrokers: cfg.KafkaBrokers,
+		Name: "billing", HTTPAddr: cfg.HTTPAddr, DatabaseURL: cfg.DatabaseURL, MigrateDatabaseURL: cfg.MigrateDatabaseURL, KafkaBrokers: cfg.KafkaBrokers,
 		LogLevel: cfg.LogLevel, ShutdownGrace: cfg.ShutdownGrace, Tracing: cfg.Tracing,
 		Migrations: []pgutil.Migration{
 			{FS: billing.Migrations, Table: billing.MigrationsTable},

@@ -25,8 +25,14 @@ import (
 type Config struct {
 	// HTTPAddr is where the API, /healthz, /readyz and /metrics listen.
 	HTTPAddr string `env:"HTTP_ADDR" envDefault:"127.0.0.1:8081"`
-	// DatabaseURL is the service's own Postgres database.
-	DatabaseURL string `env:"DATABASE_URL" envDefault:"postgres://postgres:postgres@127.0.0.1:55432/orders?sslmode=disable"`
+	// DatabaseURL is the service's own Postgres database, as its runtime role
+	// (orders_app: reads and writes the tables, no DDL; see package pgroles).
+	DatabaseURL string `env:"DATABASE_URL" envDefault:"postgres://orders_app:orders_app@127.0.0.1:55432/orders?sslmode=disable"`
+	// MigrateDatabaseURL is the schema owner's URL (orders_owner), used only to
+	// migrate at start-up. Empty migrates over DATABASE_URL if that role may
+	// create tables and otherwise skips; "none" skips (migrations run as a
+	// separate job).
+	MigrateDatabaseURL string `env:"MIGRATE_DATABASE_URL"`
 	// KafkaBrokers is a comma-separated list of bootstrap brokers.
 	KafkaBrokers []string `env:"KAFKA_BROKERS" envDefault:"127.0.0.1:59092"`
 	// OrdersTopic receives every order event.
@@ -68,7 +74,7 @@ func run(ctx context.Context, _ []string, getenv func(string) string, stdout io.
 		return err
 	}
 	svc, err := service.New(ctx, stdout, service.Options{
-		Name: "orders", HTTPAddr: cfg.HTTPAddr, DatabaseURL: cfg.DatabaseURL, KafkaBrokers: cfg.KafkaBrokers,
+		Name: "orders", HTTPAddr: cfg.HTTPAddr, DatabaseURL: cfg.DatabaseURL, MigrateDatabaseURL: cfg.MigrateDatabaseURL, KafkaBrokers: cfg.KafkaBrokers,
 		LogLevel: cfg.LogLevel, ShutdownGrace: cfg.ShutdownGrace, Tracing: cfg.Tracing,
 		Migrations: []pgutil.Migration{
 			{FS: orders.Migrations, Table: orders.MigrationsTable},

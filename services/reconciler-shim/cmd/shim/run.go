@@ -25,8 +25,14 @@ import (
 type Config struct {
 	// HTTPAddr is where /healthz, /readyz and /metrics listen.
 	HTTPAddr string `env:"HTTP_ADDR" envDefault:"127.0.0.1:8083"`
-	// DatabaseURL is the shim's own Postgres database.
-	DatabaseURL string `env:"DATABASE_URL" envDefault:"postgres://postgres:postgres@127.0.0.1:55432/shim?sslmode=disable"`
+	// DatabaseURL is the shim's own Postgres database, as its runtime role
+	// (shim_app: reads and writes the tables, no DDL; see package pgroles).
+	DatabaseURL string `env:"DATABASE_URL" envDefault:"postgres://shim_app:shim_app@127.0.0.1:55432/shim?sslmode=disable"`
+	// MigrateDatabaseURL is the schema owner's URL (shim_owner), used only to
+	// migrate at start-up. Empty migrates over DATABASE_URL if that role may
+	// create tables and otherwise skips; "none" skips (migrations run as a
+	// separate job).
+	MigrateDatabaseURL string `env:"MIGRATE_DATABASE_URL"`
 	// KafkaBrokers is a comma-separated list of bootstrap brokers.
 	KafkaBrokers []string `env:"KAFKA_BROKERS" envDefault:"127.0.0.1:59092"`
 	// BillingTopic is consumed; its dead letters go to BillingTopic + ".dlt".
@@ -60,7 +66,7 @@ func run(ctx context.Context, _ []string, getenv func(string) string, stdout io.
 		return err
 	}
 	svc, err := service.New(ctx, stdout, service.Options{
-		Name: "reconciler-shim", HTTPAddr: cfg.HTTPAddr, DatabaseURL: cfg.DatabaseURL, KafkaBrokers: cfg.KafkaBrokers,
+		Name: "reconciler-shim", HTTPAddr: cfg.HTTPAddr, DatabaseURL: cfg.DatabaseURL, MigrateDatabaseURL: cfg.MigrateDatabaseURL, KafkaBrokers: cfg.KafkaBrokers,
 		LogLevel: cfg.LogLevel, ShutdownGrace: cfg.ShutdownGrace, Tracing: cfg.Tracing,
 		Migrations: []pgutil.Migration{
 			{FS: shim.Migrations, Table: shim.MigrationsTable},

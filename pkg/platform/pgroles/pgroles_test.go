@@ -1,0 +1,158 @@
+package pgroles_test
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/onceflow/onceflow/pkg/platform/pgroles/pgrolestest"
+	"github.com/onceflow/onceflow/pkg/platform/testinfra"
+)
+
+// The runtime role reads and writes its tables, and nothing else: DDL,
+// TRUNCATE and another service's database are refused; the owner migrates;
+// the reader only reads.
+func TestRuntimeRoleIsLimitedToItsOwnTables(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	ordersDB := testinfra.NewDatabase(t)
+	billingDB := testinfra.NewDatabase(t)
+	orders := pgrolestest.Ensure(t, ordersDB, "orders", "ro")
+	billing := pgrolestest.Ensure(t, billingDB, "billing")
+
+	// The owner migrates: a table, an identity sequence, a trigger function
+	// that notifies, as the outbox's migrations do.
+	owner := connect(t, orders.OwnerURL)
+	mustExec(t, owner, `CREATE TABLE things (id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY, name text NOT NULL)`)
+	mustExec(t, owner, `CREATE FUNCTION things_notify() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN PERFORM pg_notify('things', ''); RETURN NULL; END $$`)
+	mustExec(t, owner, `CREATE TRIGGER things_notify AFTER INSERT ON things FOR EACH STATEMENT EXECUTE FUNCTION things_notify()`)
+
+	app := connect(t, orders.AppURL)
+	// What a service does at run time works.
+	for _, q := range []string{
+		`INSERT INTO things (name) VALUES ('a'), ('b')`,
+		`UPDATE things SET name = 'c' WHERE name = 'a'`,
+		`SELECT count(*) FROM things`,
+		`DELETE FROM things WHERE name = 'b'`,
+		`LISTEN things`,
+		`SELECT pg_advisory_lock(42), pg_advisory_unlock(42)`,
+		`SELECT pg_notify('things', 'x')`,
+	} {
+		mustExec(t, app, q)
+	}
+	// DDL and TRUNCATE are not.
+	for _, q := range []string{
+		`DROP TABLE things`,
+		`ALTER TABLE things ADD COLUMN x int`,
+		`TRUNCATE things`,
+		`CREATE TABLE other (id int)`,
+		`CREATE INDEX things_name_idx ON things (name)`,
+		`DROP FUNCTION things_notify()`,
+	} {
+		refused(t, app, q)
+	}
+	// Another service's database is not reachable, by the runtime role nor
+	// by the owner.
+	for _, u := range []string{
+		strings.Replace(orders.AppURL, dbName(ordersDB), dbName(billingDB), 1),
+		strings.Replace(orders.OwnerURL, dbName(ordersDB), dbName(billingDB), 1),
+		strings.Replace(billing.AppURL, dbName(billingDB), dbName(ordersDB), 1),
+	} {
+		conn, err := pgx.Connect(ctx, u)
+		if err == nil {
+			conn.Close(ctx)
+			t.Fatalf("connecting with %s succeeded, want permission denied", u)
+		}
+		if !isCode(err, "42501") {
+			t.Fatalf("connecting with %s: %v, want SQLSTATE 42501 (permission denied for database)", u, err)
+		}
+	}
+	// The reader reads and writes nothing.
+	reader := connect(t, orders.ReaderURLs[0])
+	mustExec(t, reader, `SELECT count(*) FROM things`)
+	refused(t, reader, `INSERT INTO things (name) VALUES ('r')`)
+	refused(t, reader, `DELETE FROM things`)
+	// No role is more than a login.
+	var wide int
+	if err := owner.QueryRow(ctx, `SELECT count(*) FROM pg_roles WHERE rolname = ANY($1) AND (rolsuper OR rolcreatedb OR rolcreaterole OR rolreplication OR rolbypassrls)`,
+		[]string{orders.Spec.Owner.Name, orders.Spec.App.Name, orders.Spec.Readers[0].Name}).Scan(&wide); err != nil {
+		t.Fatal(err)
+	}
+	if wide != 0 {
+		t.Fatalf("%d of the roles have more than LOGIN", wide)
+	}
+}
+
+// A database migrated by a superuser before the roles existed (a dev stack
+// from before this package) is handed to the owner, and the runtime role
+// gets its tables; running Ensure again changes nothing.
+func TestEnsureAdoptsObjectsASuperuserCreated(t *testing.T) {
+	t.Parallel()
+	db := testinfra.NewDatabase(t)
+	super := connect(t, db)
+	mustExec(t, super, `CREATE TABLE legacy (id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY, v text)`)
+	mustExec(t, super, `CREATE FUNCTION legacy_fn() RETURNS int LANGUAGE sql AS 'SELECT 1'`)
+	roles := pgrolestest.Ensure(t, db, "legacy")
+	var tableOwner, fnOwner string
+	if err := super.QueryRow(context.Background(),
+		`SELECT pg_get_userbyid(relowner), (SELECT pg_get_userbyid(proowner) FROM pg_proc WHERE proname = 'legacy_fn') FROM pg_class WHERE relname = 'legacy'`).
+		Scan(&tableOwner, &fnOwner); err != nil {
+		t.Fatal(err)
+	}
+	if tableOwner != roles.Spec.Owner.Name || fnOwner != roles.Spec.Owner.Name {
+		t.Fatalf("legacy is owned by %s and legacy_fn by %s, want %s", tableOwner, fnOwner, roles.Spec.Owner.Name)
+	}
+	app := connect(t, roles.AppURL)
+	mustExec(t, app, `INSERT INTO legacy (v) VALUES ('x')`)
+	refused(t, app, `DROP TABLE legacy`)
+	// Idempotent: the owner can still alter what it owns after a second run.
+	owner := connect(t, roles.OwnerURL)
+	mustExec(t, owner, `ALTER TABLE legacy ADD COLUMN w int`)
+}
+
+func connect(t *testing.T, url string) *pgx.Conn {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	conn, err := pgx.Connect(ctx, url)
+	if err != nil {
+		t.Fatalf("connecting with %s: %v", url, err)
+	}
+	t.Cleanup(func() { conn.Close(context.Background()) })
+	return conn
+}
+
+func mustExec(t *testing.T, conn *pgx.Conn, q string) {
+	t.Helper()
+	if _, err := conn.Exec(context.Background(), q); err != nil {
+		t.Fatalf("%s: %v", q, err)
+	}
+}
+
+// refused checks q fails for lack of privilege (42501) or ownership (42501
+// too: "must be owner of table").
+func refused(t *testing.T, conn *pgx.Conn, q string) {
+	t.Helper()
+	_, err := conn.Exec(context.Background(), q)
+	if !isCode(err, "42501") {
+		t.Fatalf("%s as %s: err = %v, want SQLSTATE 42501 (insufficient privilege)", q, conn.Config().User, err)
+	}
+}
+
+func isCode(err error, code string) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && pgErr.Code == code
+}
+
+func dbName(url string) string {
+	name := url[strings.LastIndex(url, "/")+1:]
+	name, _, _ = strings.Cut(name, "?")
+	return name
+}
