@@ -73,6 +73,15 @@ stop_one() {
   say "services: $name stopped (was pid $pid)"
 }
 
+# migrate_url is the owner role's URL of a program's database ("" for the
+# reconciler, which has none). The dev stack trusts loopback, so the password
+# is only the dev default that compose also uses.
+migrate_url() {
+  case $1 in
+    orders|billing|shim) printf 'postgres://%s_owner:%s@127.0.0.1:55432/%s?sslmode=disable' "$1" "$1_owner" "$1" ;;
+  esac
+}
+
 wait_ready() {
   local name=$1 addr=$2 pid
   # 60 s: a first start migrates the schema, and a busy 2-core machine is slow.
@@ -102,7 +111,9 @@ cmd_start() {
   for entry in "${PROGRAMS[@]}"; do
     read -r name _ addr <<<"$entry"
     [[ -f $LOGS/$name.log ]] && mv -f "$LOGS/$name.log" "$LOGS/$name.log.1"
-    HTTP_ADDR="$addr" LEDGER_PATH="$STATE/reconciler/ledger.jsonl" \
+    # The programs' defaults connect as each service's runtime role; the
+    # schema owner migrates (devstack/stack.sh made both, tools/cmd/pgroles).
+    HTTP_ADDR="$addr" LEDGER_PATH="$STATE/reconciler/ledger.jsonl" MIGRATE_DATABASE_URL="$(migrate_url "$name")" \
       setsid "$BIN/$name" >"$LOGS/$name.log" 2>&1 </dev/null &
     echo $! >"$RUN/$name.pid"
     wait_ready "$name" "$addr"

@@ -276,7 +276,8 @@ pg_up() {
     sleep 0.5
   done
 
-  # Only the databases: each service migrates its own schema on start.
+  # The databases and their roles: each service migrates its own schema on
+  # start, as its owner role.
   local db
   for db in "${PG_DATABASES[@]}"; do
     if [[ -z $(pg_client psql -d postgres -Atqc "select 1 from pg_database where datname = '$db'") ]]; then
@@ -284,6 +285,10 @@ pg_up() {
       say "postgres: created database $db"
     fi
   done
+  # Per database an owner role (migrates), a runtime role (reads and writes
+  # its tables, no DDL) and reconcile_ro (reads): package pgroles, idempotent.
+  (cd "$ROOT" && ONCEFLOW_PG_ADMIN_URL="postgres://postgres@127.0.0.1:$PG_PORT/postgres?sslmode=disable" \
+    go run ./tools/cmd/pgroles) || die "creating the database roles failed (tools/cmd/pgroles)"
   say "postgres: ready"
 }
 

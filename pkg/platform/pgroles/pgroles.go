@@ -86,36 +86,44 @@ func Ensure(ctx context.Context, adminURL string, spec Spec) error {
 	if _, err := admin.Exec(ctx, "SELECT pg_advisory_lock($1)", int64(lockKey)); err != nil {
 		return fmt.Errorf("locking: %w", err)
 	}
-	// Closing the connection releases the lock too; this is for the log's sake.
-	defer func() { _, _ = admin.Exec(context.WithoutCancel(ctx), "SELECT pg_advisory_unlock($1)", int64(lockKey)) }()
+	// Held until admin closes, after the last statement on target below.
 
-	logins := append([]Login{spec.Owner, spec.App}, spec.Readers...)
-	for _, l := range logins {
+	for _, l := range spec.logins() {
 		if err := ensureLogin(ctx, admin, l); err != nil {
 			return err
 		}
 	}
-	db := ident(spec.Database)
-	stmts := []string{
-		"REVOKE ALL ON DATABASE " + db + " FROM PUBLIC",
-	}
-	for _, l := range logins {
-		stmts = append(stmts, "GRANT CONNECT ON DATABASE "+db+" TO "+ident(l.Name))
-	}
-	if err := execAll(ctx, admin, stmts); err != nil {
+	if err := execAll(ctx, admin, databaseStatements(spec)); err != nil {
 		return err
 	}
-
 	target, err := connectTo(ctx, adminURL, spec.Database)
 	if err != nil {
 		return err
 	}
 	defer target.Close(ctx)
-	owner, app := ident(spec.Owner.Name), ident(spec.App.Name)
 	if err := reassign(ctx, target, spec.Owner.Name); err != nil {
 		return err
 	}
-	stmts = []string{
+	return execAll(ctx, target, schemaStatements(spec))
+}
+
+func (s Spec) logins() []Login { return append([]Login{s.Owner, s.App}, s.Readers...) }
+
+// databaseStatements run in any database: who may connect to spec.Database.
+func databaseStatements(spec Spec) []string {
+	db := ident(spec.Database)
+	stmts := []string{"REVOKE ALL ON DATABASE " + db + " FROM PUBLIC"}
+	for _, l := range spec.logins() {
+		stmts = append(stmts, "GRANT CONNECT ON DATABASE "+db+" TO "+ident(l.Name))
+	}
+	return stmts
+}
+
+// schemaStatements run in spec.Database: who may do what in schema public,
+// now and for the tables the owner creates later.
+func schemaStatements(spec Spec) []string {
+	owner, app := ident(spec.Owner.Name), ident(spec.App.Name)
+	stmts := []string{
 		// PG 15 already keeps CREATE on public from PUBLIC; older servers do not.
 		"REVOKE CREATE ON SCHEMA public FROM PUBLIC",
 		"GRANT USAGE, CREATE ON SCHEMA public TO " + owner,
@@ -133,7 +141,37 @@ func Ensure(ctx context.Context, adminURL string, spec Spec) error {
 			"ALTER DEFAULT PRIVILEGES FOR ROLE "+owner+" IN SCHEMA public GRANT SELECT ON TABLES TO "+reader,
 		)
 	}
-	return execAll(ctx, target, stmts)
+	return stmts
+}
+
+// Script returns the same roles and privileges as Ensure for freshly created,
+// empty databases, as a psql script (it uses \connect), for servers set up by
+// a script rather than by a program: the postgres container's
+// docker-entrypoint-initdb.d. A role shared by several specs (a reader) is
+// created once.
+func Script(specs ...Spec) string {
+	var b strings.Builder
+	created := map[string]bool{}
+	for _, spec := range specs {
+		for _, l := range spec.logins() {
+			if created[l.Name] {
+				continue
+			}
+			created[l.Name] = true
+			b.WriteString(createLogin(l) + ";\n")
+		}
+	}
+	for _, spec := range specs {
+		b.WriteString("\n")
+		for _, s := range databaseStatements(spec) {
+			b.WriteString(s + ";\n")
+		}
+		b.WriteString("\\connect " + ident(spec.Database) + "\n")
+		for _, s := range schemaStatements(spec) {
+			b.WriteString(s + ";\n")
+		}
+	}
+	return b.String()
 }
 
 // ensureLogin creates l if missing and (re)states its attributes, so a role
@@ -148,16 +186,22 @@ func ensureLogin(ctx context.Context, conn *pgx.Conn, l Login) error {
 			return fmt.Errorf("creating role %s: %w", l.Name, err)
 		}
 	}
+	if _, err := conn.Exec(ctx, "ALTER ROLE "+ident(l.Name)+" WITH "+attributes(l)); err != nil {
+		return fmt.Errorf("setting attributes of role %s: %w", l.Name, err)
+	}
+	return nil
+}
+
+// createLogin is CREATE ROLE for l with the attributes Ensure states.
+func createLogin(l Login) string { return "CREATE ROLE " + ident(l.Name) + " WITH " + attributes(l) }
+
+// attributes allow logging in and nothing else.
+func attributes(l Login) string {
 	password := "NULL"
 	if l.Password != "" {
 		password = literal(l.Password)
 	}
-	stmt := "ALTER ROLE " + ident(l.Name) +
-		" WITH LOGIN NOSUPERUSER NOCREATEDB NOCREATEROLE NOREPLICATION NOBYPASSRLS INHERIT PASSWORD " + password
-	if _, err := conn.Exec(ctx, stmt); err != nil {
-		return fmt.Errorf("setting attributes of role %s: %w", l.Name, err)
-	}
-	return nil
+	return "LOGIN NOSUPERUSER NOCREATEDB NOCREATEROLE NOREPLICATION NOBYPASSRLS INHERIT PASSWORD " + password
 }
 
 // reassign gives owner every table, view, standalone sequence and function

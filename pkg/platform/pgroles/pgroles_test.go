@@ -10,6 +10,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
+	"github.com/onceflow/onceflow/pkg/platform/pgroles"
 	"github.com/onceflow/onceflow/pkg/platform/pgroles/pgrolestest"
 	"github.com/onceflow/onceflow/pkg/platform/testinfra"
 )
@@ -155,4 +156,55 @@ func dbName(url string) string {
 	name := url[strings.LastIndex(url, "/")+1:]
 	name, _, _ = strings.Cut(name, "?")
 	return name
+}
+
+// Script, run on a fresh database as the compose init does, gives the same
+// result as Ensure.
+func TestScriptGivesTheSameRolesOnAFreshDatabase(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := testinfra.NewDatabase(t)
+	prefix := testinfra.Name("script")
+	spec := pgroles.ForService(prefix, dbName(db), "o", "a", pgroles.Login{Name: prefix + "_ro", Password: "r"})
+	t.Cleanup(func() {
+		admin := connect(t, testinfra.PostgresAdminURL())
+		for _, l := range []string{spec.Owner.Name, spec.App.Name, spec.Readers[0].Name} {
+			_, _ = admin.Exec(ctx, "REVOKE ALL ON DATABASE "+pgx.Identifier{spec.Database}.Sanitize()+" FROM "+pgx.Identifier{l}.Sanitize())
+			_, _ = admin.Exec(ctx, "DROP ROLE IF EXISTS "+pgx.Identifier{l}.Sanitize())
+		}
+	})
+	conn := connect(t, testinfra.PostgresAdminURL())
+	t.Cleanup(func() { // the roles' grants and default privileges live in db
+		c := connect(t, db)
+		for _, l := range []string{spec.Owner.Name, spec.App.Name, spec.Readers[0].Name} {
+			_, _ = c.Exec(ctx, "DROP OWNED BY "+pgx.Identifier{l}.Sanitize())
+		}
+	})
+	for _, line := range strings.Split(pgroles.Script(spec), "\n") {
+		switch {
+		case line == "":
+		case strings.HasPrefix(line, `\connect `):
+			conn = connect(t, db) // the script has one database
+		default:
+			mustExec(t, conn, line)
+		}
+	}
+	owner := connect(t, mustURL(t, db, spec.Owner))
+	mustExec(t, owner, `CREATE TABLE t (id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY)`)
+	app := connect(t, mustURL(t, db, spec.App))
+	mustExec(t, app, `INSERT INTO t DEFAULT VALUES`)
+	refused(t, app, `DROP TABLE t`)
+	refused(t, app, `TRUNCATE t`)
+	reader := connect(t, mustURL(t, db, spec.Readers[0]))
+	mustExec(t, reader, `SELECT * FROM t`)
+	refused(t, reader, `DELETE FROM t`)
+}
+
+func mustURL(t *testing.T, base string, l pgroles.Login) string {
+	t.Helper()
+	u, err := pgroles.URL(base, l, dbName(base))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return u
 }
