@@ -146,6 +146,11 @@ func Run(ctx context.Context, src Sources, cfg Config) (Report, error) {
 	cfg = cfg.WithDefaults()
 	rep := Report{At: time.Now()}
 	add := func(f Finding, err error) error {
+		if isUndefinedTable(err) {
+			// Never read as "nothing found": a URL pointing at the wrong
+			// database would report a clean platform.
+			return fmt.Errorf("%s in %s: %w (is the service's database migrated, and is the URL the right database?)", f.Kind, f.Service, err)
+		}
 		if err != nil {
 			return fmt.Errorf("%s in %s: %w", f.Kind, f.Service, err)
 		}
@@ -239,11 +244,6 @@ func (c check) run(ctx context.Context, db Querier, service string, samples int)
 	// where takes the threshold as $1, in microseconds.
 	err := db.QueryRow(ctx, "SELECT count(*), min("+c.ts+") FROM "+c.table+" WHERE "+c.where, c.threshold.Microseconds()).
 		Scan(&f.Count, &oldest)
-	if isUndefinedTable(err) {
-		// A service that does not use this library (or has not migrated yet)
-		// has nothing of this kind to reconcile.
-		return f, nil
-	}
 	if err != nil {
 		return f, err
 	}
