@@ -15,6 +15,8 @@
 #   shim        127.0.0.1:8083  reconciler-shim: billing.events -> reconciler
 #   billing     127.0.0.1:8082  orders.events -> charges -> billing.events
 #   orders      127.0.0.1:8081  the orders API
+#   reconcile   127.0.0.1:9085  the reconciliation job: reconcile_* gauges on /metrics
+#                               (reads as reconcile_ro; `make reconcile` prints the report)
 #
 # Binaries in .devstack/bin, logs in .devstack/logs/<name>.log, pids in
 # .devstack/run/<name>.pid, the reconciler's ledger in .devstack/reconciler/.
@@ -33,6 +35,7 @@ PROGRAMS=(
   "shim ./services/reconciler-shim/cmd/shim 127.0.0.1:8083"
   "billing ./services/billing/cmd/billing 127.0.0.1:8082"
   "orders ./services/orders/cmd/orders 127.0.0.1:8081"
+  "reconcile ./tools/cmd/reconcile 127.0.0.1:9085"
 )
 
 say() { printf '%s\n' "$*"; }
@@ -82,6 +85,13 @@ migrate_url() {
   esac
 }
 
+# args_of is a program's command line: only the reconcile job takes flags.
+args_of() {
+  case $1 in
+    reconcile) printf -- '-serve %s -interval 30s' "$2" ;;
+  esac
+}
+
 wait_ready() {
   local name=$1 addr=$2 pid
   # 60 s: a first start migrates the schema, and a busy 2-core machine is slow.
@@ -114,7 +124,7 @@ cmd_start() {
     # The programs' defaults connect as each service's runtime role; the
     # schema owner migrates (devstack/stack.sh made both, tools/cmd/pgroles).
     HTTP_ADDR="$addr" LEDGER_PATH="$STATE/reconciler/ledger.jsonl" MIGRATE_DATABASE_URL="$(migrate_url "$name")" \
-      setsid "$BIN/$name" >"$LOGS/$name.log" 2>&1 </dev/null &
+      setsid "$BIN/$name" $(args_of "$name" "$addr") >"$LOGS/$name.log" 2>&1 </dev/null &
     echo $! >"$RUN/$name.pid"
     wait_ready "$name" "$addr"
   done

@@ -94,7 +94,7 @@ func Command(ctx context.Context, name string, args []string, getenv func(string
 }
 
 // Serve reconciles every interval and serves the gauges (Metrics) on addr's
-// /metrics until ctx ends. A failed run is logged and counted; the next one
+// /metrics, and /healthz and /readyz, until ctx ends. A failed run is logged and counted; the next one
 // tries again.
 func Serve(ctx context.Context, addr string, interval time.Duration, src Sources, cfg Config, logger *slog.Logger) error {
 	reg := prometheus.NewRegistry()
@@ -105,6 +105,11 @@ func Serve(ctx context.Context, addr string, interval time.Duration, src Sources
 	}
 	mux := http.NewServeMux()
 	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+	// Ready as soon as it serves: a failing source shows in the gauges and
+	// the ReconciliationStale alert, not as a job that never starts.
+	ok := func(w http.ResponseWriter, _ *http.Request) { _, _ = io.WriteString(w, "ok\n") }
+	mux.HandleFunc("/healthz", ok)
+	mux.HandleFunc("/readyz", ok)
 	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second, ReadTimeout: 10 * time.Second,
 		WriteTimeout: 30 * time.Second, IdleTimeout: time.Minute}
 	served := make(chan error, 1)

@@ -5,7 +5,10 @@ import (
 )
 
 // Metrics are the gauges a report is published as; the reconciliation alerts
-// (dashboards/alerts) and the dashboard panel read them.
+// (dashboards/alerts/reconcile.yml) and the overview dashboard read them.
+// The label naming the service whose data has a finding is "component",
+// not "service": Prometheus puts service on every target (this one's is
+// "reconcile"), and a metric label of the same name would be renamed.
 type Metrics struct {
 	findings    *prometheus.GaugeVec
 	oldest      *prometheus.GaugeVec
@@ -18,12 +21,12 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	m := &Metrics{
 		findings: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "reconcile_findings",
-			Help: "Inconsistencies the last reconciliation found, by kind and service.",
-		}, []string{"kind", "service"}),
+			Help: "Inconsistencies the last reconciliation found, by kind and the component whose data has them.",
+		}, []string{"kind", "component"}),
 		oldest: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "reconcile_oldest_age_seconds",
 			Help: "Age of the oldest inconsistency of each kind at the last reconciliation (0 when none).",
-		}, []string{"kind", "service"}),
+		}, []string{"kind", "component"}),
 		lastSuccess: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "reconcile_last_success_timestamp_seconds",
 			Help: "When the last reconciliation completed; a stale value means the gauges are stale too.",

@@ -231,10 +231,10 @@ func TestReportFindsEachInconsistencyAndNothingElse(t *testing.T) {
 	m := reconcile.NewMetrics(reg)
 	m.Observe(rep)
 	if n := testutil.ToFloat64(gauge(t, reg, "reconcile_findings", "outbox_stuck", "orders")); n != 1 {
-		t.Fatalf("reconcile_findings{kind=outbox_stuck,service=orders} = %v, want 1", n)
+		t.Fatalf("reconcile_findings{kind=outbox_stuck,component=orders} = %v, want 1", n)
 	}
 	if n := testutil.ToFloat64(gauge(t, reg, "reconcile_findings", "outbox_stuck", "billing")); n != 0 {
-		t.Fatalf("reconcile_findings{kind=outbox_stuck,service=billing} = %v, want 0", n)
+		t.Fatalf("reconcile_findings{kind=outbox_stuck,component=billing} = %v, want 0", n)
 	}
 }
 
@@ -265,11 +265,11 @@ func gauge(t *testing.T, reg *prometheus.Registry, name, kind, service string) p
 			for _, l := range m.GetLabel() {
 				labels[l.GetName()] = l.GetValue()
 			}
-			if labels["kind"] == kind && labels["service"] == service {
+			if labels["kind"] == kind && labels["component"] == service {
 				return prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "x"}, func() float64 { return m.GetGauge().GetValue() })
 			}
 		}
 	}
-	t.Fatalf("no %s{kind=%q,service=%q}", name, kind, service)
+	t.Fatalf("no %s{kind=%q,component=%q}", name, kind, service)
 	return nil
 }
