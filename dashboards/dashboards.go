@@ -99,7 +99,7 @@ var overview = board{
 				description: "Dead-lettered events not requeued yet, plus dead outbox rows. Healthy: 0. Anything else needs an operator: see the dead-letters dashboard.",
 				queries:     []query{q("", `sum(inbox_dead_letters{%s}) + sum(outbox_dead_events{%s})`, sel, sel)}},
 			{title: "Targets up", unit: units.Short, stat: true, width: 4,
-				description: "Scraped programs that answered their last scrape, of those selected. Healthy: all of them (4 with every service selected).",
+				description: "Scraped programs that answered their last scrape, of those selected. Healthy: all of them (5 with every service selected: the four programs and the reconcile job).",
 				queries:     []query{q("", `sum(up{%s})`, sel)}},
 		}},
 		{"Reconciliation", []panel{
