@@ -127,7 +127,7 @@ func Serve(ctx context.Context, addr string, interval time.Duration, src Sources
 		}
 		m.Observe(rep)
 		for _, f := range rep.Problems() {
-			logger.WarnContext(ctx, "reconciliation finding", slog.String("kind", f.Kind), slog.String("service", f.Service),
+			logger.WarnContext(ctx, "reconciliation finding", slog.String("kind", f.Kind), slog.String("component", f.Component),
 				slog.Int("count", f.Count), slog.Duration("oldest_age", f.OldestAge), slog.Any("samples", f.Samples))
 		}
 	}

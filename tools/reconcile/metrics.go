@@ -44,8 +44,8 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 // an alert clears when its finding is gone.
 func (m *Metrics) Observe(rep Report) {
 	for _, f := range rep.Findings {
-		m.findings.WithLabelValues(f.Kind, f.Service).Set(float64(f.Count))
-		m.oldest.WithLabelValues(f.Kind, f.Service).Set(f.OldestAge.Seconds())
+		m.findings.WithLabelValues(f.Kind, f.Component).Set(float64(f.Count))
+		m.oldest.WithLabelValues(f.Kind, f.Component).Set(f.OldestAge.Seconds())
 	}
 	m.lastSuccess.Set(float64(rep.At.Unix()))
 }

@@ -19,9 +19,9 @@ func (r Report) WriteText(w io.Writer) error {
 		return err
 	}
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "KIND\tSERVICE\tCOUNT\tOLDEST\tSAMPLES")
+	fmt.Fprintln(tw, "KIND\tCOMPONENT\tCOUNT\tOLDEST\tSAMPLES")
 	for _, f := range problems {
-		fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s\n", f.Kind, f.Service, f.Count, f.OldestAge, strings.Join(f.Samples, " "))
+		fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s\n", f.Kind, f.Component, f.Count, f.OldestAge, strings.Join(f.Samples, " "))
 	}
 	if err := tw.Flush(); err != nil {
 		return err

@@ -46,7 +46,7 @@ var Runbooks = map[string]string{
 	KindOutboxStuck:        "Check the relay: is it running, is Kafka reachable, does outbox_oldest_pending_age_seconds grow? Fix the outage; the rows go out by themselves.",
 	KindOutboxDead:         "Read last_error (onceflowctl dead-letters list), fix the cause, then onceflowctl dead-letters requeue; later events of the aggregate wait until then.",
 	KindInboxLeaseExpired:  "The worker holding the lease died and no consumer took the message over: check the consumer is running and its lag; restart it to reclaim the lease.",
-	KindInboxUncertain:     "Ask the third party whether it booked the key (GET /settlements/<event id>); if it did, mark it done; if not, requeue it (onceflowctl dead-letters requeue).",
+	KindInboxUncertain:     "Ask the third party whether it booked the key (GET /settlements/<event id>), then settle the row by hand as docs/reconciliation.md says: booked, mark it processed; not booked, delete it and replay the event.",
 	KindDeadLetterOverdue:  "A dead letter is past its SLA: read its error (onceflowctl dead-letters list), fix the cause and requeue it, or record why it is dropped.",
 	KindOrderWithoutCharge: "Find the order's OrderPlaced: is it still in the orders outbox (relay), in billing's dead letters, or lost? Replay it from the orders outbox (onceflowctl replay).",
 	KindChargeNotForwarded: "Find the PaymentCaptured: in billing's outbox (relay), in the shim's dead letters or uncertain rows? Requeue or replay it; the shim checks the third party before forwarding.",
@@ -110,10 +110,12 @@ type Sources struct {
 	HTTP *http.Client
 }
 
-// Finding is one kind of inconsistency in one service's database.
+// Finding is one kind of inconsistency in one component's data.
 type Finding struct {
-	Kind    string `json:"kind"`
-	Service string `json:"service"`
+	Kind string `json:"kind"`
+	// Component is the service (or the third party, "reconciler") whose
+	// data has the inconsistency or that should act on it.
+	Component string `json:"component"`
 	Count   int    `json:"count"`
 	// Oldest is when the oldest one began (created, received, placed).
 	Oldest    time.Time     `json:"oldest,omitzero"`
@@ -149,10 +151,10 @@ func Run(ctx context.Context, src Sources, cfg Config) (Report, error) {
 		if isUndefinedTable(err) {
 			// Never read as "nothing found": a URL pointing at the wrong
 			// database would report a clean platform.
-			return fmt.Errorf("%s in %s: %w (is the service's database migrated, and is the URL the right database?)", f.Kind, f.Service, err)
+			return fmt.Errorf("%s in %s: %w (is the service's database migrated, and is the URL the right database?)", f.Kind, f.Component, err)
 		}
 		if err != nil {
-			return fmt.Errorf("%s in %s: %w", f.Kind, f.Service, err)
+			return fmt.Errorf("%s in %s: %w", f.Kind, f.Component, err)
 		}
 		f.Runbook = Runbooks[f.Kind]
 		if f.Count > 0 {
@@ -193,7 +195,7 @@ func Run(ctx context.Context, src Sources, cfg Config) (Report, error) {
 		   AND created_at > now() - $2::bigint * interval '1 microsecond' ORDER BY created_at`,
 		[]any{cfg.ChargeAfter.Microseconds(), cfg.Lookback.Microseconds()},
 		present(src.Billing, `SELECT order_id::text FROM charges WHERE order_id = ANY($1::uuid[])`), cfg.Samples)
-	if err := add(Finding{Kind: KindOrderWithoutCharge, Service: "billing", Count: noCharge.count, Oldest: noCharge.oldest, Samples: noCharge.samples}, err); err != nil {
+	if err := add(Finding{Kind: KindOrderWithoutCharge, Component: "billing", Count: noCharge.count, Oldest: noCharge.oldest, Samples: noCharge.samples}, err); err != nil {
 		return Report{}, err
 	}
 	charges := `SELECT order_id::text, captured_at FROM charges WHERE captured_at < now() - $1::bigint * interval '1 microsecond'
@@ -201,7 +203,7 @@ func Run(ctx context.Context, src Sources, cfg Config) (Report, error) {
 	chargeArgs := []any{cfg.SettleAfter.Microseconds(), cfg.Lookback.Microseconds()}
 	forwarded := present(src.Shim, `SELECT order_id::text FROM forwards WHERE kind = 'capture' AND order_id = ANY($1::uuid[])`)
 	notForwarded, err := missing(ctx, src.Billing, charges, chargeArgs, forwarded, cfg.Samples)
-	if err := add(Finding{Kind: KindChargeNotForwarded, Service: "reconciler-shim", Count: notForwarded.count, Oldest: notForwarded.oldest, Samples: notForwarded.samples}, err); err != nil {
+	if err := add(Finding{Kind: KindChargeNotForwarded, Component: "reconciler-shim", Count: notForwarded.count, Oldest: notForwarded.oldest, Samples: notForwarded.samples}, err); err != nil {
 		return Report{}, err
 	}
 	if src.LedgerURL != "" {
@@ -225,7 +227,7 @@ func Run(ctx context.Context, src Sources, cfg Config) (Report, error) {
 			return out, nil
 		}
 		notSettled, err := missing(ctx, src.Billing, charges, chargeArgs, settled, cfg.Samples)
-		if err := add(Finding{Kind: KindChargeNotSettled, Service: "reconciler", Count: notSettled.count, Oldest: notSettled.oldest, Samples: notSettled.samples}, err); err != nil {
+		if err := add(Finding{Kind: KindChargeNotSettled, Component: "reconciler", Count: notSettled.count, Oldest: notSettled.oldest, Samples: notSettled.samples}, err); err != nil {
 			return Report{}, err
 		}
 	}
@@ -239,7 +241,7 @@ type check struct {
 }
 
 func (c check) run(ctx context.Context, db Querier, service string, samples int) (Finding, error) {
-	f := Finding{Kind: c.kind, Service: service}
+	f := Finding{Kind: c.kind, Component: service}
 	var oldest *time.Time
 	// where takes the threshold as $1, in microseconds.
 	err := db.QueryRow(ctx, "SELECT count(*), min("+c.ts+") FROM "+c.table+" WHERE "+c.where, c.threshold.Microseconds()).

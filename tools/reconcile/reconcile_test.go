@@ -188,7 +188,7 @@ func TestReportFindsEachInconsistencyAndNothingElse(t *testing.T) {
 	}
 	got := map[string]reconcile.Finding{}
 	for _, f := range rep.Problems() {
-		got[f.Kind+"/"+f.Service] = f
+		got[f.Kind+"/"+f.Component] = f
 	}
 	for key, id := range want {
 		f, ok := got[key]
@@ -211,6 +211,7 @@ func TestReportFindsEachInconsistencyAndNothingElse(t *testing.T) {
 	if err := rep.WriteText(&text); err != nil {
 		t.Fatal(err)
 	}
+	t.Logf("the report:\n%s", text.String())
 	for key := range want {
 		kind, _, _ := strings.Cut(key, "/")
 		if !strings.Contains(text.String(), kind+": "+reconcile.Runbooks[kind]) {
