@@ -133,7 +133,8 @@ func waitHTTP(t *testing.T, p *process, url string) {
 
 // platform is the four programs, ready.
 type platform struct {
-	addrs       map[string]string // service label -> address
+	addrs       map[string]string // service label -> public address
+	adminAddrs  map[string]string // service label -> operator address (/metrics)
 	procs       map[string]*process
 	brokers     []string
 	ordersTopic string
@@ -151,9 +152,9 @@ func startPlatform(t *testing.T) *platform {
 	billingTopic := testinfra.NewTopic(t, b, 3)
 	testinfra.NewTopicNamed(t, b, billingTopic+".dlt", 1)
 	bin := buildPrograms(t)
-	p := &platform{addrs: map[string]string{}, procs: map[string]*process{}, brokers: b, ordersTopic: ordersTopic}
+	p := &platform{addrs: map[string]string{}, adminAddrs: map[string]string{}, procs: map[string]*process{}, brokers: b, ordersTopic: ordersTopic}
 	for _, s := range services {
-		p.addrs[s] = freeAddr(t)
+		p.addrs[s], p.adminAddrs[s] = freeAddr(t), freeAddr(t)
 	}
 	envs := map[string]map[string]string{
 		"reconciler": {"LEDGER_PATH": filepath.Join(t.TempDir(), "ledger.jsonl")},
@@ -167,21 +168,22 @@ func startPlatform(t *testing.T) *platform {
 	programs := map[string]string{"reconciler": "reconciler", "reconciler-shim": "shim", "billing": "billing", "orders": "orders"}
 	for _, s := range services {
 		env := envs[s]
-		env["HTTP_ADDR"], env["LOG_LEVEL"] = p.addrs[s], "warn"
+		env["HTTP_ADDR"], env["ADMIN_ADDR"], env["LOG_LEVEL"] = p.addrs[s], p.adminAddrs[s], "warn"
 		p.procs[s] = startProcess(t, s, filepath.Join(bin, programs[s]), nil, env)
 		waitHTTP(t, p.procs[s], "http://"+p.addrs[s]+"/readyz")
 	}
 	// The reconcile job over the three databases and the ledger, serving
-	// the reconcile_* gauges as Prometheus target "reconcile".
-	p.addrs["reconcile"] = freeAddr(t)
+	// the reconcile_* gauges as Prometheus target "reconcile" (its one
+	// listener is an operator one).
+	p.adminAddrs["reconcile"] = freeAddr(t)
 	p.procs["reconcile"] = startProcess(t, "reconcile", filepath.Join(bin, "reconcile"),
-		[]string{"-serve", p.addrs["reconcile"], "-interval", "2s"}, map[string]string{
+		[]string{"-serve", p.adminAddrs["reconcile"], "-interval", "2s"}, map[string]string{
 			"ONCEFLOW_RECONCILE_ORDERS_URL":  envs["orders"]["DATABASE_URL"],
 			"ONCEFLOW_RECONCILE_BILLING_URL": envs["billing"]["DATABASE_URL"],
 			"ONCEFLOW_RECONCILE_SHIM_URL":    envs["reconciler-shim"]["DATABASE_URL"],
 			"ONCEFLOW_LEDGER_URL":            "http://" + p.addrs["reconciler"],
 		})
-	waitHTTP(t, p.procs["reconcile"], "http://"+p.addrs["reconcile"]+"/metrics")
+	waitHTTP(t, p.procs["reconcile"], "http://"+p.adminAddrs["reconcile"]+"/metrics")
 	return p
 }
 

@@ -89,9 +89,15 @@ func (h *Harness) newPlatform(ctx context.Context, name string, s Setup) (*Platf
 	if err := createTopics(ctx, h.stack.Brokers(), p.OrdersTopic, p.OrdersTopic+".dlt", p.BillingTop, p.BillingTop+".dlt"); err != nil {
 		return nil, err
 	}
-	ports, err := freePorts(s.Relays + 4)
+	// One call, so the operator ports cannot repeat a public one.
+	ports, err := freePorts(2 * (s.Relays + 4))
 	if err != nil {
 		return nil, err
+	}
+	ports, adminPorts := ports[:s.Relays+4], ports[s.Relays+4:]
+	adminPortOf := map[int]int{}
+	for i, port := range ports {
+		adminPortOf[port] = adminPorts[i]
 	}
 	brokers := strings.Join(h.stack.Brokers(), ",")
 	common := func(port int, db string) map[string]string {
@@ -102,7 +108,8 @@ func (h *Harness) newPlatform(ctx context.Context, name string, s Setup) (*Platf
 		}
 	}
 	newProc := func(name, bin string, port int, env map[string]string, arm func() map[string]string, scrape ...string) *Proc {
-		pr := &Proc{Name: name, Port: port, bin: h.bins[bin], env: env, arm: arm, scrape: scrape,
+		env["ADMIN_ADDR"], env["ADMIN_TOKEN"] = fmt.Sprintf("127.0.0.1:%d", adminPortOf[port]), adminToken
+		pr := &Proc{Name: name, Port: port, AdminPort: adminPortOf[port], bin: h.bins[bin], env: env, arm: arm, scrape: scrape,
 			log: filepath.Join(p.Dir, name+".log")}
 		p.all = append(p.all, pr)
 		return pr

@@ -51,9 +51,11 @@ func build(ctx context.Context, root, dir string, logf func(string, ...any)) (ma
 type Proc struct {
 	Name string
 	Port int
-	bin  string
-	env  map[string]string
-	log  string
+	// AdminPort is its operator listener (ADMIN_ADDR): /metrics, /admin/...
+	AdminPort int
+	bin       string
+	env       map[string]string
+	log       string
 	// arm returns the extra environment of the next start: the crash point
 	// the harness arms for it, or nothing.
 	arm func() map[string]string
@@ -178,7 +180,7 @@ func (p *Proc) scraper(done <-chan struct{}) {
 		p.mu.Lock()
 		gen := p.gen
 		p.mu.Unlock()
-		m, err := scrapeMetrics(p.Port)
+		m, err := scrapeMetrics(p.AdminPort)
 		if err != nil {
 			continue
 		}
@@ -262,6 +264,14 @@ func (p *Proc) Restart(ctx context.Context, change map[string]string) error {
 
 // URL is the base URL of the process's HTTP server.
 func (p *Proc) URL() string { return fmt.Sprintf("http://127.0.0.1:%d", p.Port) }
+
+// AdminURL is the base URL of the process's operator listener; calls to
+// /admin/... there need adminToken.
+func (p *Proc) AdminURL() string { return fmt.Sprintf("http://127.0.0.1:%d", p.AdminPort) }
+
+// adminToken is every harness process's ADMIN_TOKEN: they listen on loopback
+// only, for the length of a proof.
+const adminToken = "onceflow-prove-operator-token"
 
 // WaitReady waits until /readyz answers 200 (or, for the reconciler, /stats).
 func (p *Proc) WaitReady(ctx context.Context, timeout time.Duration) error {

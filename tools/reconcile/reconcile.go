@@ -116,7 +116,7 @@ type Finding struct {
 	// Component is the service (or the third party, "reconciler") whose
 	// data has the inconsistency or that should act on it.
 	Component string `json:"component"`
-	Count   int    `json:"count"`
+	Count     int    `json:"count"`
 	// Oldest is when the oldest one began (created, received, placed).
 	Oldest    time.Time     `json:"oldest,omitzero"`
 	OldestAge time.Duration `json:"oldestAgeNs"`

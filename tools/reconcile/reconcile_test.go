@@ -66,11 +66,11 @@ func newPlatform(t *testing.T) *platform {
 	if err != nil {
 		t.Fatal(err)
 	}
-	e, err := thirdparty.NewServer(ledger, slog.New(slog.NewTextHandler(io.Discard, nil)), prometheus.NewRegistry())
+	servers, err := thirdparty.NewServer(ledger, slog.New(slog.NewTextHandler(io.Discard, nil)), prometheus.NewRegistry(), thirdparty.AdminOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv := httptest.NewServer(e)
+	srv := httptest.NewServer(servers.Public)
 	t.Cleanup(srv.Close)
 	p.ledger = thirdparty.NewClient(srv.URL, nil)
 	p.src = reconcile.Sources{Orders: roOrders, Billing: roBilling, Shim: roShim, LedgerURL: srv.URL}

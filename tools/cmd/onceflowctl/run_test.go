@@ -16,34 +16,21 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/labstack/echo/v4"
 	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/onceflow/onceflow/pkg/outbox"
 	"github.com/onceflow/onceflow/pkg/outbox/outboxhttp"
+	"github.com/onceflow/onceflow/pkg/platform/httpserver"
 	"github.com/onceflow/onceflow/pkg/platform/pgutil"
 	"github.com/onceflow/onceflow/pkg/platform/testinfra"
 )
 
 const token = "s3cret"
 
-// requireToken stands in for the operator listener's bearer check (the
-// service chassis has it); the handlers behind it are the real ones.
-func requireToken(h http.Handler) http.Handler {
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if r.Header.Get("Authorization") != "Bearer "+token {
-			w.Header().Set("Content-Type", "application/json")
-			w.WriteHeader(http.StatusUnauthorized)
-			_, _ = io.WriteString(w, `{"error":{"code":"unauthorized","message":"a bearer token is required"}}`)
-			return
-		}
-		h.ServeHTTP(w, r)
-	})
-}
-
 // ordersAdmin is orders' operator listener as the service mounts it: the
-// real outboxhttp handler over a real, migrated database, and /metrics with
-// the real outbox backlog gauges.
+// platform's operator echo (bearer token, /metrics) with the real outboxhttp
+// handler over a real, migrated database, and the real outbox backlog gauges.
 func ordersAdmin(t *testing.T) (*httptest.Server, *pgxpool.Pool) {
 	t.Helper()
 	pool := testinfra.NewPool(t, testinfra.NewDatabase(t))
@@ -60,10 +47,10 @@ func ordersAdmin(t *testing.T) (*httptest.Server, *pgxpool.Pool) {
 		_ = m.WatchBacklog(ctx, pool, 50*time.Millisecond, slog.New(slog.NewTextHandler(io.Discard, nil)))
 	}()
 	t.Cleanup(func() { cancel(); wg.Wait() })
-	mux := http.NewServeMux()
-	mux.Handle("/admin/outbox/", http.StripPrefix("/admin/outbox", outboxhttp.Handler(pool)))
-	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
-	srv := httptest.NewServer(requireToken(mux))
+	logger := slog.New(slog.NewTextHandler(io.Discard, nil))
+	e := httpserver.NewAdmin(httpserver.AdminConfig{Logger: logger, Gatherer: reg, Token: token})
+	e.Any("/admin/outbox/*", echo.WrapHandler(http.StripPrefix("/admin/outbox", outboxhttp.Handler(pool, logger))))
+	srv := httptest.NewServer(e)
 	t.Cleanup(srv.Close)
 	return srv, pool
 }
@@ -166,6 +153,13 @@ func TestStatusDeadLettersAndReplayAgainstTheRealOutboxHandlers(t *testing.T) {
 	var state string
 	if err := pool.QueryRow(context.Background(), `SELECT state FROM outbox_events WHERE id = $1`, deadID).Scan(&state); err != nil || state != "pending" {
 		t.Fatalf("requeued row is %q (%v), want pending", state, err)
+	}
+
+	// -all is said explicitly, and the real handler takes it.
+	insertOutbox(t, pool, "dead", time.Minute)
+	out, err = ctl(t, env, "dead-letters", "requeue", "-service", "orders", "-all")
+	if err != nil || !strings.Contains(out, "requeued 1") {
+		t.Fatalf("requeue -all = %v\n%s", err, out)
 	}
 
 	// replay: a dry run unless -apply, and a dry run changes nothing.

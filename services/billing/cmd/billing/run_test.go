@@ -65,6 +65,7 @@ func TestOrderEventThroughTheBrokerIsChargedOnce(t *testing.T) {
 	roles := pgrolestest.Ensure(t, billingDB, "billing")
 	env := map[string]string{
 		"HTTP_ADDR":            "127.0.0.1:0",
+		"ADMIN_ADDR":           "127.0.0.1:0",
 		"DATABASE_URL":         roles.AppURL,
 		"MIGRATE_DATABASE_URL": roles.OwnerURL,
 		"KAFKA_BROKERS":        strings.Join(brokers, ","),
