@@ -123,11 +123,23 @@ func schemaStatements(spec Spec) []string {
 }
 
 // Script returns the same roles and privileges as Ensure for freshly created,
-// empty databases, as a psql script (it uses \connect), for servers set up by
-// a script rather than by a program: the postgres container's
-// docker-entrypoint-initdb.d. A role shared by several specs (a reader) is
-// created once.
+// empty databases, as a psql script (it uses \\connect), for servers set up
+// by a script rather than by a program. A role shared by several specs (a
+// reader) is created once. Passwords are the specs' own.
 func Script(specs ...Spec) string {
+	return script(specs, func(l Login) string { return passwordClause(l.Password) })
+}
+
+// ScriptWithPasswordVariables is Script with each password left to a psql
+// variable named after the role, <role>_password (e.g. orders_app_password),
+// so that no secret is written in the script: run it with
+// psql -v orders_app_password="$PG_ORDERS_APP_PASSWORD" … -f script. The
+// postgres container's init (docker-compose.yml) does.
+func ScriptWithPasswordVariables(specs ...Spec) string {
+	return script(specs, func(l Login) string { return "PASSWORD :'" + l.Name + "_password'" })
+}
+
+func script(specs []Spec, password func(Login) string) string {
 	var b strings.Builder
 	created := map[string]bool{}
 	for _, spec := range specs {
@@ -136,7 +148,7 @@ func Script(specs ...Spec) string {
 				continue
 			}
 			created[l.Name] = true
-			b.WriteString(createLogin(l) + ";\n")
+			b.WriteString("CREATE ROLE " + ident(l.Name) + " WITH " + loginAttributes + " " + password(l) + ";\n")
 		}
 	}
 	for _, spec := range specs {
@@ -170,16 +182,18 @@ func ensureLogin(ctx context.Context, conn *pgx.Conn, l Login) error {
 	return nil
 }
 
-// createLogin is CREATE ROLE for l with the attributes Ensure states.
-func createLogin(l Login) string { return "CREATE ROLE " + ident(l.Name) + " WITH " + attributes(l) }
+// loginAttributes allow logging in and nothing else.
+const loginAttributes = "LOGIN NOSUPERUSER NOCREATEDB NOCREATEROLE NOREPLICATION NOBYPASSRLS INHERIT"
 
-// attributes allow logging in and nothing else.
-func attributes(l Login) string {
-	password := "NULL"
-	if l.Password != "" {
-		password = literal(l.Password)
+// attributes are loginAttributes and l's password.
+func attributes(l Login) string { return loginAttributes + " " + passwordClause(l.Password) }
+
+// passwordClause sets password, or none when it is empty.
+func passwordClause(password string) string {
+	if password == "" {
+		return "PASSWORD NULL"
 	}
-	return "LOGIN NOSUPERUSER NOCREATEDB NOCREATEROLE NOREPLICATION NOBYPASSRLS INHERIT PASSWORD " + password
+	return "PASSWORD " + literal(password)
 }
 
 // reassign gives owner every table, view, standalone sequence and function

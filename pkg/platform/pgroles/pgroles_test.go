@@ -3,6 +3,9 @@ package pgroles_test
 import (
 	"context"
 	"errors"
+	"os"
+	"os/exec"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -207,4 +210,54 @@ func mustURL(t *testing.T, base string, l pgroles.Login) string {
 		t.Fatal(err)
 	}
 	return u
+}
+
+// ScriptWithPasswordVariables runs in psql with the passwords given as
+// variables, as devstack/compose/initdb-roles.sh runs it, and sets them.
+func TestScriptWithPasswordVariablesRunsInPsql(t *testing.T) {
+	t.Parallel()
+	psql, err := exec.LookPath("psql")
+	if err != nil {
+		t.Fatalf("this test needs psql (Debian's postgresql-client, which `make up` installs with the server): %v", err)
+	}
+	ctx := context.Background()
+	db := testinfra.NewDatabase(t)
+	prefix := testinfra.Name("vars")
+	spec := pgroles.ForService(prefix, dbName(db), "", "", pgroles.Login{Name: prefix + "_ro"})
+	names := []string{spec.Owner.Name, spec.App.Name, spec.Readers[0].Name}
+	t.Cleanup(func() {
+		admin := connect(t, testinfra.PostgresAdminURL())
+		for _, l := range names {
+			_, _ = admin.Exec(ctx, "REVOKE ALL ON DATABASE "+pgx.Identifier{spec.Database}.Sanitize()+" FROM "+pgx.Identifier{l}.Sanitize())
+			_, _ = admin.Exec(ctx, "DROP ROLE IF EXISTS "+pgx.Identifier{l}.Sanitize())
+		}
+	})
+	t.Cleanup(func() {
+		c := connect(t, db)
+		for _, l := range names {
+			_, _ = c.Exec(ctx, "DROP OWNED BY "+pgx.Identifier{l}.Sanitize())
+		}
+	})
+	file := filepath.Join(t.TempDir(), "roles.sql")
+	if err := os.WriteFile(file, []byte(pgroles.ScriptWithPasswordVariables(spec)), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	args := []string{"-v", "ON_ERROR_STOP=1", "-q", "-f", file, testinfra.PostgresAdminURL()}
+	for _, n := range names {
+		args = append(args, "-v", n+"_password=pw-"+n+"-it's")
+	}
+	if out, err := exec.Command(psql, args...).CombinedOutput(); err != nil {
+		t.Fatalf("psql: %v\n%s", err, out)
+	}
+	var withPassword int
+	if err := connect(t, testinfra.PostgresAdminURL()).QueryRow(ctx,
+		`SELECT count(*) FROM pg_authid WHERE rolname = ANY($1) AND rolpassword IS NOT NULL AND rolcanlogin AND NOT rolsuper`, names).
+		Scan(&withPassword); err != nil {
+		t.Fatal(err)
+	}
+	if withPassword != len(names) {
+		t.Fatalf("%d of %d roles have a password", withPassword, len(names))
+	}
+	app := connect(t, mustURL(t, db, spec.App))
+	refused(t, app, `CREATE TABLE t (id int)`)
 }

@@ -6,8 +6,9 @@
 // devstack/stack.sh runs it after creating the databases.
 //
 //	pgroles            ensure the roles (ONCEFLOW_PG_ADMIN_URL, a superuser)
-//	pgroles -script    print them as a psql script for fresh databases
-//	                   (devstack/compose/initdb-roles.sql, via go generate)
+//	pgroles -script    print them as a psql script for fresh databases, the
+//	                   passwords left to psql variables (devstack/compose/
+//	                   initdb-roles.sql, via go generate; initdb-roles.sh runs it)
 //
 // Passwords default to the role's name, for the dev stack only; set
 // PG_<ROLE>_PASSWORD (e.g. PG_ORDERS_APP_PASSWORD, PG_RECONCILE_RO_PASSWORD)
