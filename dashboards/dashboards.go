@@ -99,8 +99,16 @@ var overview = board{
 				description: "Dead-lettered events not requeued yet, plus dead outbox rows. Healthy: 0. Anything else needs an operator: see the dead-letters dashboard.",
 				queries:     []query{q("", `sum(inbox_dead_letters{%s}) + sum(outbox_dead_events{%s})`, sel, sel)}},
 			{title: "Targets up", unit: units.Short, stat: true, width: 4,
-				description: "Scraped programs that answered their last scrape, of those selected. Healthy: all of them (4 with every service selected).",
+				description: "Scraped programs that answered their last scrape, of those selected. Healthy: all of them (5 with every service selected: the four programs and the reconcile job).",
 				queries:     []query{q("", `sum(up{%s})`, sel)}},
+		}},
+		{"Reconciliation", []panel{
+			{title: "Reconciliation findings", unit: units.Short, width: 12, thresholds: []float64{1},
+				description: "What the outbox and inbox left inconsistent, by kind and the component whose data has it, from the reconcile job (tools/cmd/reconcile -serve): stuck or dead outbox rows, expired leases, uncertain forwards, overdue dead letters, orders without a charge, charges without a settlement. Healthy: 0 for every kind. Run `make reconcile` for the ids and docs/reconciliation.md for what to do (ReconciliationFindings).",
+				queries:     []query{q("{{kind}} {{component}}", `sum by (kind, component) (reconcile_findings{%s})`, sel)}},
+			{title: "Oldest finding of each kind", unit: units.Seconds, width: 12,
+				description: "Age of the oldest inconsistency of each kind at the last reconciliation (0 when none). Healthy: 0. An age that keeps growing is a finding nobody works on.",
+				queries:     []query{q("{{kind}} {{component}}", `max by (kind, component) (reconcile_oldest_age_seconds{%s})`, sel)}},
 		}},
 	},
 }

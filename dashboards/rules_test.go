@@ -262,6 +262,26 @@ var alertCases = []alertCase{
 			{at: "12m", fires: []firing{{map[string]string{"service": "reconciler-shim"},
 				"p99 commit-to-settlement lag is 1m 39s"}}},
 		}},
+	{"ReconciliationFindings",
+		[]series{
+			{`reconcile_findings{service="reconcile",kind="order_without_charge",component="billing"}`, "0 0 3 3 3 3 3 3 3 3"},
+			{`reconcile_findings{service="reconcile",kind="outbox_stuck",component="orders"}`, "0x10"},
+		},
+		[]check{
+			{at: "5m"}, // found at 2m: pending for 5m
+			{at: "8m", fires: []firing{{map[string]string{"kind": "order_without_charge", "component": "billing"},
+				"billing: 3 order_without_charge found by the reconciliation"}}},
+		}},
+	{"ReconciliationStale",
+		[]series{
+			// Runs every minute until 5m, then stop: the timestamp freezes at 300.
+			{`reconcile_last_success_timestamp_seconds{service="reconcile"}`, "0+60x5 300x30"},
+		},
+		[]check{
+			{at: "20m"}, // 15m old: over 900 s only from 21m, pending for 5m
+			{at: "30m", fires: []firing{{map[string]string{},
+				"the last successful reconciliation was 25m 0s ago"}}},
+		}},
 	{"ServiceDown",
 		[]series{
 			{`up{job="onceflow",service="billing",instance="billing:8082"}`, "1 1 0 0 0 0 0"},
