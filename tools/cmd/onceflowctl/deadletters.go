@@ -123,7 +123,7 @@ func (a *app) deadLettersRequeue(ctx context.Context, args []string) error {
 	kind := fs.String("kind", "", "outbox or inbox; needed only for billing, which has both")
 	ids := fs.String("ids", "", "outbox: comma-separated row ids (from dead-letters list)")
 	eventIDs := fs.String("event-ids", "", "inbox: comma-separated event ids (from dead-letters list)")
-	all := fs.Bool("all", false, "requeue every dead row or dead letter of the service (bounded per call by the service)")
+	all := fs.Bool("all", false, "requeue every dead row or pending dead letter of the service (bounded per call by the service; inbox: one whole pass, call after call)")
 	topic := fs.String("topic", "", "inbox: the topic whose dead letters to requeue (default: the service's input topic)")
 	consumer := fs.String("consumer", "", "inbox: only this consumer's dead letters")
 	if err := fs.Parse(args); err != nil {
@@ -199,7 +199,26 @@ func (a *app) deadLettersRequeue(ctx context.Context, args []string) error {
 			}
 			body["eventIds"] = list
 		}
-		err = a.call(ctx, "POST", s.admin+"/admin/inbox/dead-letters/requeue", body, &res)
+		// The service sends back at most 1000 per call and says where its
+		// pass goes on; follow it to the end of the pass. Each pass ends:
+		// it covers the letters present when it began.
+		for {
+			var page struct {
+				Requeued int    `json:"requeued"`
+				Next     string `json:"next"`
+			}
+			if err = a.call(ctx, "POST", s.admin+"/admin/inbox/dead-letters/requeue", body, &page); err != nil {
+				if res.Requeued > 0 {
+					err = fmt.Errorf("%w (requeued %d before this call)", err, res.Requeued)
+				}
+				break
+			}
+			res.Requeued += page.Requeued
+			if page.Next == "" {
+				break
+			}
+			body["after"] = page.Next
+		}
 	default:
 		return fmt.Errorf("-kind must be outbox or inbox, got %q", *kind)
 	}

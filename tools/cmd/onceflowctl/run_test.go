@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -204,6 +205,11 @@ func TestRequestsFollowTheOperatorContract(t *testing.T) {
 		mu.Unlock()
 		w.Header().Set("Content-Type", "application/json")
 		switch {
+		case strings.HasSuffix(r.URL.Path, "/dead-letters/requeue") && body["all"] == true && body["after"] == nil:
+			// A pass longer than one call: the tool must follow "next".
+			_, _ = io.WriteString(w, `{"requeued": 3, "next": "0:3:5"}`)
+		case strings.HasSuffix(r.URL.Path, "/dead-letters/requeue"):
+			_, _ = io.WriteString(w, `{"requeued": 2, "next": ""}`)
 		case strings.HasSuffix(r.URL.Path, "/requeue"):
 			_, _ = io.WriteString(w, `{"requeued": 3}`)
 		case strings.HasSuffix(r.URL.Path, "/replay"):
@@ -222,8 +228,12 @@ func TestRequestsFollowTheOperatorContract(t *testing.T) {
 		{"dead-letters", "list", "-service", "shim", "-limit", "5"},
 		{"replay", "-service", "billing", "-aggregate-type", "order", "-from", "2026-01-01T00:00:00Z", "-to", "2026-01-02T00:00:00Z"},
 	} {
-		if out, err := ctl(t, env, args...); err != nil {
+		out, err := ctl(t, env, args...)
+		if err != nil {
 			t.Fatalf("%v: %v\n%s", args, err, out)
+		}
+		if slices.Contains(args, "-consumer") && !strings.Contains(out, "requeued 5 inbox") {
+			t.Fatalf("%v printed %q, want the pass's total: requeued 5 inbox …", args, out)
 		}
 	}
 	// billing has both: the tool refuses to guess.
@@ -234,6 +244,7 @@ func TestRequestsFollowTheOperatorContract(t *testing.T) {
 		{"POST", "/admin/outbox/requeue", "", "Bearer " + token, map[string]any{"all": true}},
 		{"POST", "/admin/inbox/dead-letters/requeue", "", "Bearer " + token, map[string]any{"topic": "billing.events", "eventIds": []any{id}}},
 		{"POST", "/admin/inbox/dead-letters/requeue", "", "Bearer " + token, map[string]any{"topic": "billing.events", "all": true, "consumer": "reconciler-shim"}},
+		{"POST", "/admin/inbox/dead-letters/requeue", "", "Bearer " + token, map[string]any{"topic": "billing.events", "all": true, "consumer": "reconciler-shim", "after": "0:3:5"}},
 		{"GET", "/admin/inbox/dead-letters", "limit=5&topic=billing.events", "Bearer " + token, nil},
 		{"POST", "/admin/outbox/replay", "", "Bearer " + token, map[string]any{"aggregateType": "order",
 			"from": "2026-01-01T00:00:00Z", "to": "2026-01-02T00:00:00Z", "dryRun": true}},
