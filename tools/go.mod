@@ -2,9 +2,14 @@ module github.com/onceflow/onceflow/tools
 
 go 1.26
 
-require github.com/segmentio/kafka-go v0.4.49
+require (
+	github.com/onceflow/onceflow/pkg/platform v0.0.0
+	github.com/segmentio/kafka-go v0.4.49
+)
 
 require (
-	github.com/klauspost/compress v1.15.9 // indirect
-	github.com/pierrec/lz4/v4 v4.1.15 // indirect
+	github.com/klauspost/compress v1.18.0 // indirect
+	github.com/pierrec/lz4/v4 v4.1.16 // indirect
 )
+
+replace github.com/onceflow/onceflow/pkg/platform => ../pkg/platform

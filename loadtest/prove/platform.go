@@ -172,24 +172,11 @@ func createTopics(ctx context.Context, brokers []string, topics ...string) error
 	if err := conn.CreateTopics(cfgs...); err != nil {
 		return fmt.Errorf("creating topics: %w", err)
 	}
-	client := &kafka.Client{Addr: kafka.TCP(brokers...), Timeout: 5 * time.Second}
-	return waitUntil(ctx, 30*time.Second, func() bool {
-		md, err := client.Metadata(ctx, &kafka.MetadataRequest{Topics: topics})
-		if err != nil || len(md.Topics) != len(topics) {
-			return false
-		}
-		for _, t := range md.Topics {
-			if t.Error != nil || len(t.Partitions) != 6 {
-				return false
-			}
-			for _, pt := range t.Partitions {
-				if pt.Leader.ID < 0 {
-					return false
-				}
-			}
-		}
-		return true
-	})
+	// The services start right after: wait until every partition's leader
+	// serves it, or their first fetch gets Not Leader For Partition.
+	wctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	return kafkautil.WaitTopicsReady(wctx, brokers, topics...)
 }
 
 // arm returns an Arm func that arms point for the first budget starts, each
