@@ -75,12 +75,12 @@ var Profiles = map[string]Profile{
 		Poison: 2, ShimCrashes: 1, Stable: 8 * time.Second,
 		Scale:  ScaleProfile{Changes: 8, Every: 3 * time.Second, Rate: 20},
 		Outage: OutageProfile{Kafka: 20 * time.Second, Postgres: 10 * time.Second, Restarts: 1, RestartEvery: 20 * time.Second, Rate: 10},
-		Busy:   BusyProfile{Age: 10, Within: 60 * time.Second, Rate: 30, KBps: 3}},
+		Busy:   BusyProfile{Age: 10, Within: 60 * time.Second, Rate: 40, KBps: 3}},
 	"full": {Name: "full", Orders: 300, Crashes: 20, Redeliveries: 10, HotEvents: 1000, Others: 300, OtherEvents: 5,
 		Poison: 10, ShimCrashes: 3, Stable: 20 * time.Second,
 		Scale:  ScaleProfile{Changes: 24, Every: 8 * time.Second, Rate: 30},
 		Outage: OutageProfile{Kafka: 3 * time.Minute, Postgres: time.Minute, Restarts: 3, RestartEvery: 20 * time.Second, Rate: 20},
-		Busy:   BusyProfile{Age: 20, Within: 60 * time.Second, Rate: 40, KBps: 3}},
+		Busy:   BusyProfile{Age: 20, Within: 60 * time.Second, Rate: 45, KBps: 3}},
 }
 
 // Proof is one named proof; naive says whether it also runs in a naive mode.
