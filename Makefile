@@ -43,16 +43,17 @@ demo: services ## Run the platform end to end: place orders, wait until all are 
 	go run ./tools/cmd/demo $(DEMO_ARGS)
 	@echo
 	@echo "The platform is still running: orders http://127.0.0.1:8081, billing :8082, shim :8083, reconciler :8084"
-	@echo "(each has /metrics and /readyz). Logs: .devstack/logs/. Stop the services with 'make stop', everything with 'make down'."
+	@echo "(each has /readyz). Logs: .devstack/logs/. Stop the services with 'make stop', everything with 'make down'."
 	@echo
 	@echo "Where to look:"
-	@echo "  metrics     http://127.0.0.1:8081/metrics  :8082/metrics  :8083/metrics  :8084/metrics"
+	@echo "  metrics     http://127.0.0.1:9081/metrics  :9082/metrics  :9083/metrics  :9084/metrics  (the operator listeners)"
+	@echo "  operator    curl -H \"Authorization: Bearer \$$(devstack/services.sh token)\" http://127.0.0.1:9081/admin/outbox/dead"
 	@if devstack/stack.sh prometheus status | grep -q running; then \
 	  echo "  prometheus  http://127.0.0.1:$${ONCEFLOW_PROM_PORT:-59090}  (alerts: /alerts, rules from dashboards/alerts/)"; \
 	else \
 	  echo "  prometheus  not running: 'make up-prometheus' starts one scraping the services, with the alert rules"; \
 	fi
-	@echo "  grafana     under 'docker compose up': http://localhost:3000 (dashboards in the onceflow folder; Prometheus at http://localhost:9090)"
+	@echo "  grafana     under 'docker compose up' (secrets in .env, see .env.example): http://127.0.0.1:3000 (dashboards in the onceflow folder; Prometheus at http://127.0.0.1:9090)"
 
 # -timeout: the quick proofs (loadtest/prove) run real crashes and restarts for several minutes.
 # k6: the k6 smoke scenario (loadtest/bench/rig) runs the project's k6 build.
@@ -80,6 +81,25 @@ vet: ## go vet and gofmt over every module
 
 fmt: ## gofmt every Go file
 	gofmt -w .
+
+# The native Go fuzz targets, as package:Target. `go test` (and so `make test`)
+# runs their seed corpora (f.Add and testdata/fuzz/); `make fuzz` fuzzes each
+# for FUZZTIME, one after another (go test -fuzz takes one target at a time).
+FUZZTIME ?= 30s
+FUZZ_TARGETS = \
+	./pkg/event:FuzzFromKafka \
+	./services/orders:FuzzDecodePlaceRequest \
+	./pkg/outbox/outboxhttp:FuzzDecodeRequeue \
+	./pkg/outbox/outboxhttp:FuzzDecodeReplay \
+	./pkg/inbox/inboxhttp:FuzzDecodeRequeue
+
+.PHONY: fuzz
+fuzz: ## Fuzz every decoder for FUZZTIME each (default 30s); a failure leaves its input in the package's testdata/fuzz/
+	@set -e; for t in $(FUZZ_TARGETS); do \
+	  pkg=$${t%%:*}; name=$${t##*:}; \
+	  echo "== $$name ($$pkg, $(FUZZTIME))"; \
+	  go test -run '^$$' -fuzz "^$$name\$$" -fuzztime $(FUZZTIME) $$pkg; \
+	done
 
 .PHONY: prove
 prove: ## Kill, restart and poison the real processes, audit every database and the ledger (P=<proof> for one; docs/proofs.md)

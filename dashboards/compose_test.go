@@ -78,10 +78,11 @@ func TestDockerComposeProvisionsPrometheusAndGrafana(t *testing.T) {
 		}
 	}
 	for _, s := range services {
-		addr := compose.Services[s].Environment["HTTP_ADDR"]
+		// /metrics is on the operator listener.
+		addr := compose.Services[s].Environment["ADMIN_ADDR"]
 		_, port, _ := strings.Cut(addr, ":")
 		if scraped[s+":"+port] != s {
-			t.Errorf("prometheus.yml must scrape %s:%s (HTTP_ADDR %q in docker-compose.yml) with service=%q; scrapes %v", s, port, addr, s, scraped)
+			t.Errorf("prometheus.yml must scrape %s:%s (ADMIN_ADDR %q in docker-compose.yml) with service=%q; scrapes %v", s, port, addr, s, scraped)
 		}
 	}
 }

@@ -131,7 +131,7 @@ var outboxBoard = board{
 					q("p99 {{service}}", `histogram_quantile(0.99, sum by (service, le) (rate(outbox_publish_lag_seconds_bucket{%s}[$__rate_interval])))`, sel),
 				}},
 			{title: "Failures, retries and rows gone dead", unit: units.OpsPerSecond,
-				description: "Failed publish attempts (each row counts), events published on a retry, and rows that went dead. Healthy: all zero; failures with matching retries are a broker blip the backoff absorbed, failures without retries are an outage.",
+				description: "Publish attempts that failed because of the message (too large, refused by a topic policy; each row counts, MaxAttempts make it dead), events published on a retry, and rows that went dead. Healthy: all zero. A broker outage does not show here (see Kafka errors): it is waited out without charging rows.",
 				queries: []query{
 					q("failures {{service}}", `sum by (service) (rate(outbox_publish_failures_total{%s}[$__rate_interval]))`, sel),
 					q("retries {{service}}", `sum by (service) (rate(outbox_publish_retries_total{%s}[$__rate_interval]))`, sel),
@@ -146,6 +146,15 @@ var outboxBoard = board{
 			{title: "Owned partitions per relay", unit: units.Short, width: 12,
 				description: "Logical outbox partitions (64 per service) each relay instance owns. Healthy: the 64 split evenly across a service's instances; a service whose instances own fewer than 64 in total is rebalancing or has lost a relay.",
 				queries:     []query{q("{{service}} {{instance}}", `sum by (service, instance) (outbox_owned_partitions{%s})`, sel)}},
+			{title: "Relay connected to Kafka", unit: units.Short, width: 12,
+				description: "1 while a relay's last publish reached Kafka, 0 while Kafka is unreachable and the relay backs off (rows wait, uncharged, and go out when it is back). Healthy: 1 for every instance; 0 for over a minute pages (OutboxKafkaDisconnected).",
+				queries:     []query{q("{{service}} {{instance}}", `min by (service, instance) (outbox_kafka_connected{%s})`, sel)}},
+			{title: "Kafka and Postgres errors", unit: units.OpsPerSecond, width: 12,
+				description: "Rows whose publish failed because of the broker (unreachable, not leader, timed out; each row counts), and failed Postgres operations of the relay by op. Both are outages the relay waits out with backoff, never charged to a row. Healthy: 0; a blip during a broker or database restart is normal.",
+				queries: []query{
+					q("kafka {{service}}", `sum by (service) (rate(outbox_kafka_errors_total{%s}[$__rate_interval]))`, sel),
+					q("postgres {{op}} {{service}}", `sum by (service, op) (rate(outbox_db_errors_total{%s}[$__rate_interval]))`, sel),
+				}},
 		}},
 	},
 }

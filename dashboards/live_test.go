@@ -28,7 +28,7 @@ func TestEveryQueryReturnsDataFromTheRunningPlatform(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
 	defer cancel()
 	p := startPlatform(t)
-	prom := startPrometheus(t, p.addrs)
+	prom := startPrometheus(t, p.adminAddrs)
 
 	// A poison message: billing dead-letters it, so the dead-letter series move.
 	if err := p.poison(ctx); err != nil {

@@ -133,7 +133,8 @@ func waitHTTP(t *testing.T, p *process, url string) {
 
 // platform is the four programs, ready.
 type platform struct {
-	addrs       map[string]string // service label -> address
+	addrs       map[string]string // service label -> public address
+	adminAddrs  map[string]string // service label -> operator address (/metrics)
 	procs       map[string]*process
 	brokers     []string
 	ordersTopic string
@@ -158,9 +159,9 @@ func startPlatform(t *testing.T) *platform {
 		t.Fatal(err)
 	}
 	bin := buildPrograms(t)
-	p := &platform{addrs: map[string]string{}, procs: map[string]*process{}, brokers: b, ordersTopic: ordersTopic}
+	p := &platform{addrs: map[string]string{}, adminAddrs: map[string]string{}, procs: map[string]*process{}, brokers: b, ordersTopic: ordersTopic}
 	for _, s := range services {
-		p.addrs[s] = freeAddr(t)
+		p.addrs[s], p.adminAddrs[s] = freeAddr(t), freeAddr(t)
 	}
 	envs := map[string]map[string]string{
 		"reconciler": {"LEDGER_PATH": filepath.Join(t.TempDir(), "ledger.jsonl")},
@@ -174,7 +175,7 @@ func startPlatform(t *testing.T) *platform {
 	programs := map[string]string{"reconciler": "reconciler", "reconciler-shim": "shim", "billing": "billing", "orders": "orders"}
 	for _, s := range services {
 		env := envs[s]
-		env["HTTP_ADDR"], env["LOG_LEVEL"] = p.addrs[s], "warn"
+		env["HTTP_ADDR"], env["ADMIN_ADDR"], env["LOG_LEVEL"] = p.addrs[s], p.adminAddrs[s], "warn"
 		p.procs[s] = startProcess(t, s, filepath.Join(bin, programs[s]), nil, env)
 		waitHTTP(t, p.procs[s], "http://"+p.addrs[s]+"/readyz")
 	}

@@ -150,6 +150,18 @@ var alertCases = []alertCase{
 			{at: "12m", fires: []firing{{map[string]string{"service": "billing"},
 				"billing: outbox publishes have been failing for 10 minutes (1/s)"}}},
 		}},
+	{"OutboxKafkaDisconnected",
+		[]series{
+			// One of orders' two relays lost Kafka at 2m; billing had a blip shorter than the for.
+			{`outbox_kafka_connected{service="orders",instance="orders-1:8081"}`, "1 1 0 0 0 0 0"},
+			{`outbox_kafka_connected{service="orders",instance="orders-2:8081"}`, "1x6"},
+			{`outbox_kafka_connected{service="billing",instance="billing:8082"}`, "1 0 1 1 1 1 1"},
+		},
+		[]check{
+			{at: "2m"}, // down since 2m: pending, not firing yet
+			{at: "4m", fires: []firing{{map[string]string{"service": "orders"},
+				"orders: an outbox relay has not reached Kafka for over a minute"}}},
+		}},
 	{"OutboxDeadEvents",
 		[]series{{`outbox_dead_events{service="orders",instance="orders:8081"}`, "0 0 2 2 2 2"}},
 		[]check{

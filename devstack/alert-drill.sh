@@ -8,6 +8,9 @@
 set -u
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 PROM=http://127.0.0.1:${ONCEFLOW_PROM_PORT:-59090}
+# The restarted orders keeps the operator token the others run with.
+ADMIN_TOKEN=$(devstack/services.sh token)
+export ADMIN_TOKEN
 curl -sf "$PROM/-/ready" >/dev/null || { echo "alert-drill: no Prometheus on $PROM; run make up-prometheus first" >&2; exit 1; }
 curl -sf localhost:8081/readyz >/dev/null || { echo "alert-drill: orders is not running on :8081; run make demo (or make services) first" >&2; exit 1; }
 state() {

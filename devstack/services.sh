@@ -3,18 +3,25 @@
 # loopback, against the dev stack that stack.sh starts. `make services`,
 # `make stop` and `make demo` call this script.
 #
-# Usage: devstack/services.sh start | stop | status
+# Usage: devstack/services.sh start | stop | status | token
 #
 #   start   build all four programs, (re)start them, return when each answers /readyz
 #   stop    stop them (SIGTERM, then SIGKILL after 15 s)
 #   status  one line per program
+#   token   print the operator token (ADMIN_TOKEN) the programs run with
 #
-# Programs and their addresses (each reads more settings from the environment;
-# the defaults in each cmd/*/run.go Config match the dev stack):
-#   reconciler  127.0.0.1:8084  the third-party reconciler stand-in
-#   shim        127.0.0.1:8083  reconciler-shim: billing.events -> reconciler
-#   billing     127.0.0.1:8082  orders.events -> charges -> billing.events
-#   orders      127.0.0.1:8081  the orders API
+# Programs and their addresses, public (API, /healthz, /readyz) and operator
+# (/metrics, /admin/... with the token); each reads more settings from the
+# environment, and the defaults in each cmd/*/run.go Config match the dev stack:
+#   reconciler  127.0.0.1:8084  127.0.0.1:9084  the third-party reconciler stand-in
+#   shim        127.0.0.1:8083  127.0.0.1:9083  reconciler-shim: billing.events -> reconciler
+#   billing     127.0.0.1:8082  127.0.0.1:9082  orders.events -> charges -> billing.events
+#   orders      127.0.0.1:8081  127.0.0.1:9081  the orders API
+#
+# The operator token is $ADMIN_TOKEN when set, else a random one generated
+# once into .devstack/admin-token (mode 600), which the demo and the alert
+# drill read too: curl -H "Authorization: Bearer $(devstack/services.sh token)" \
+#   127.0.0.1:9081/admin/outbox/dead
 #
 # Binaries in .devstack/bin, logs in .devstack/logs/<name>.log, pids in
 # .devstack/run/<name>.pid, the reconciler's ledger in .devstack/reconciler/.
@@ -26,17 +33,32 @@ BIN="$STATE/bin"
 LOGS="$STATE/logs"
 RUN="$STATE/run"
 
-# name, package, address: started in this order, stopped in reverse, so each
-# program's downstream is up before it.
+TOKEN_FILE="$STATE/admin-token"
+
+# name, package, address, operator address: started in this order, stopped in
+# reverse, so each program's downstream is up before it.
 PROGRAMS=(
-  "reconciler ./services/reconciler-shim/cmd/reconciler 127.0.0.1:8084"
-  "shim ./services/reconciler-shim/cmd/shim 127.0.0.1:8083"
-  "billing ./services/billing/cmd/billing 127.0.0.1:8082"
-  "orders ./services/orders/cmd/orders 127.0.0.1:8081"
+  "reconciler ./services/reconciler-shim/cmd/reconciler 127.0.0.1:8084 127.0.0.1:9084"
+  "shim ./services/reconciler-shim/cmd/shim 127.0.0.1:8083 127.0.0.1:9083"
+  "billing ./services/billing/cmd/billing 127.0.0.1:8082 127.0.0.1:9082"
+  "orders ./services/orders/cmd/orders 127.0.0.1:8081 127.0.0.1:9081"
 )
 
 say() { printf '%s\n' "$*"; }
 die() { printf 'services: %s\n' "$*" >&2; exit 1; }
+
+# admin_token prints $ADMIN_TOKEN, or the dev stack's own, made on first use.
+admin_token() {
+  if [[ -n ${ADMIN_TOKEN:-} ]]; then
+    printf '%s\n' "$ADMIN_TOKEN"
+    return
+  fi
+  if [[ ! -s $TOKEN_FILE ]]; then
+    mkdir -p "$STATE"
+    (umask 077 && od -An -N24 -tx1 /dev/urandom | tr -d ' \n' >"$TOKEN_FILE")
+  fi
+  cat "$TOKEN_FILE"
+}
 
 pid_of() {
   local pidfile="$RUN/$1.pid" pid
@@ -94,15 +116,16 @@ cmd_start() {
   command -v curl >/dev/null || die "curl is needed to check readiness (apt-get install -y curl)"
   build
   mkdir -p "$LOGS" "$RUN" "$STATE/reconciler"
-  local i entry name addr
+  local i entry name addr admin token
+  token=$(admin_token)
   for (( i=${#PROGRAMS[@]}-1; i>=0; i-- )); do
-    read -r name _ _ <<<"${PROGRAMS[$i]}"
+    read -r name _ _ _ <<<"${PROGRAMS[$i]}"
     stop_one "$name"
   done
   for entry in "${PROGRAMS[@]}"; do
-    read -r name _ addr <<<"$entry"
+    read -r name _ addr admin <<<"$entry"
     [[ -f $LOGS/$name.log ]] && mv -f "$LOGS/$name.log" "$LOGS/$name.log.1"
-    HTTP_ADDR="$addr" LEDGER_PATH="$STATE/reconciler/ledger.jsonl" \
+    HTTP_ADDR="$addr" ADMIN_ADDR="$admin" ADMIN_TOKEN="$token" LEDGER_PATH="$STATE/reconciler/ledger.jsonl" \
       setsid "$BIN/$name" >"$LOGS/$name.log" 2>&1 </dev/null &
     echo $! >"$RUN/$name.pid"
     wait_ready "$name" "$addr"
@@ -112,17 +135,17 @@ cmd_start() {
 cmd_stop() {
   local i name
   for (( i=${#PROGRAMS[@]}-1; i>=0; i-- )); do
-    read -r name _ _ <<<"${PROGRAMS[$i]}"
+    read -r name _ _ _ <<<"${PROGRAMS[$i]}"
     stop_one "$name"
   done
 }
 
 cmd_status() {
-  local entry name addr pid
+  local entry name addr admin pid
   for entry in "${PROGRAMS[@]}"; do
-    read -r name _ addr <<<"$entry"
+    read -r name _ addr admin <<<"$entry"
     if pid=$(pid_of "$name"); then
-      printf '%-11s running  http://%-16s pid %-7s log %s\n' "$name" "$addr" "$pid" "$LOGS/$name.log"
+      printf '%-11s running  http://%-16s operator http://%-16s pid %-7s log %s\n' "$name" "$addr" "$admin" "$pid" "$LOGS/$name.log"
     else
       printf '%-11s stopped\n' "$name"
     fi
@@ -133,5 +156,6 @@ case "${1:-}" in
   start) cmd_start ;;
   stop) cmd_stop ;;
   status) cmd_status ;;
-  *) die "usage: $0 start | stop | status" ;;
+  token) admin_token ;;
+  *) die "usage: $0 start | stop | status | token" ;;
 esac

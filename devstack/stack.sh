@@ -30,9 +30,10 @@
 #                                          and the services, tests and load tests share it
 #   ONCEFLOW_STACK_TIMEOUT          60     seconds each server gets to become ready
 #   ONCEFLOW_PROM_PORT              59090  Prometheus port on 127.0.0.1 (`prometheus up`)
-#   ONCEFLOW_PROM_TARGETS           "orders=127.0.0.1:8081 billing=127.0.0.1:8082
-#                                   reconciler-shim=127.0.0.1:8083 reconciler=127.0.0.1:8084"
+#   ONCEFLOW_PROM_TARGETS           "orders=127.0.0.1:9081 billing=127.0.0.1:9082
+#                                   reconciler-shim=127.0.0.1:9083 reconciler=127.0.0.1:9084"
 #                                          what it scrapes: service label=address, space-separated
+#                                          (the operator listeners, ADMIN_ADDR, serve /metrics)
 #   ONCEFLOW_PROM_DIR               $ROOT/.devstack/prometheus  its config, data, log and pid
 #
 # Everything it downloads, stores and logs lives in $ROOT/.devstack/ (git-ignored):
@@ -86,7 +87,7 @@ KAFKA_TOPICS=(orders.events billing.events orders.events.dlt billing.events.dlt)
 KAFKACTL="$ROOT/.devstack/bin/kafkactl"
 
 PROM_PORT="${ONCEFLOW_PROM_PORT:-59090}"
-PROM_TARGETS="${ONCEFLOW_PROM_TARGETS:-orders=127.0.0.1:8081 billing=127.0.0.1:8082 reconciler-shim=127.0.0.1:8083 reconciler=127.0.0.1:8084}"
+PROM_TARGETS="${ONCEFLOW_PROM_TARGETS:-orders=127.0.0.1:9081 billing=127.0.0.1:9082 reconciler-shim=127.0.0.1:9083 reconciler=127.0.0.1:9084}"
 PROM_DIR="${ONCEFLOW_PROM_DIR:-$STATE/prometheus}"
 PROM_PID="$PROM_DIR/prometheus.pid"
 

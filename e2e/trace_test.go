@@ -174,6 +174,7 @@ func startPlatform(t *testing.T, exporter, endpoint string) *platform {
 	env := func(service string, kv ...string) map[string]string {
 		env := map[string]string{
 			"HTTP_ADDR":                   "127.0.0.1:0",
+			"ADMIN_ADDR":                  "127.0.0.1:0",
 			"KAFKA_BROKERS":               strings.Join(p.brokers, ","),
 			"LOG_LEVEL":                   "info",
 			"SHUTDOWN_GRACE":              "5s",

@@ -15,6 +15,10 @@ export const env = {
   billingURL: __ENV.BILLING_URL || 'http://127.0.0.1:8082',
   shimURL: __ENV.SHIM_URL || 'http://127.0.0.1:8083',
   reconcilerURL: __ENV.RECONCILER_URL || 'http://127.0.0.1:8084',
+  // The operator listeners (ADMIN_ADDR), where /metrics is served.
+  ordersAdminURL: __ENV.ORDERS_ADMIN_URL || 'http://127.0.0.1:9081',
+  billingAdminURL: __ENV.BILLING_ADMIN_URL || 'http://127.0.0.1:9082',
+  shimAdminURL: __ENV.SHIM_ADMIN_URL || 'http://127.0.0.1:9083',
   ordersDB: __ENV.ORDERS_DB || 'postgres://postgres:postgres@127.0.0.1:55432/orders?sslmode=disable',
   billingDB: __ENV.BILLING_DB || 'postgres://postgres:postgres@127.0.0.1:55432/billing?sslmode=disable',
   shimDB: __ENV.SHIM_DB || 'postgres://postgres:postgres@127.0.0.1:55432/shim?sslmode=disable',
@@ -147,8 +151,8 @@ export function probe(tagOf) {
   const b = platform.backlog();
   metrics.backlogOrders.add(b.orders);
   metrics.backlogBilling.add(b.billing);
-  metrics.consumerLagBilling.add(metricValue(env.billingURL, 'consumer_lag_messages'));
-  metrics.consumerLagShim.add(metricValue(env.shimURL, 'consumer_lag_messages'));
+  metrics.consumerLagBilling.add(metricValue(env.billingAdminURL, 'consumer_lag_messages'));
+  metrics.consumerLagShim.add(metricValue(env.shimAdminURL, 'consumer_lag_messages'));
   sleep(0.5);
 }
 
@@ -194,7 +198,8 @@ export function audit(data, tagOf) {
   return a;
 }
 
-// metricValue sums a Prometheus counter or gauge from a service's /metrics.
+// metricValue sums a Prometheus counter or gauge from a service's /metrics
+// (baseURL is its operator listener).
 export function metricValue(baseURL, name) {
   const res = http.get(`${baseURL}/metrics`, { tags: { name: 'GET /metrics' } });
   let sum = 0;

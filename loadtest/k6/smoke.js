@@ -38,8 +38,8 @@ export const options = withDefaults({
 
 export function setup() {
   const d = setupRun();
-  d.duplicatesBefore = metricValue(env.billingURL, 'inbox_duplicates_total');
-  d.deadBefore = metricValue(env.billingURL, 'inbox_dead_lettered_total');
+  d.duplicatesBefore = metricValue(env.billingAdminURL, 'inbox_duplicates_total');
+  d.deadBefore = metricValue(env.billingAdminURL, 'inbox_dead_lettered_total');
   return d;
 }
 
@@ -54,8 +54,8 @@ export function teardown(data) {
   let dead = 0;
   const deadline = Date.now() + 60000;
   while (Date.now() < deadline) {
-    dups = metricValue(env.billingURL, 'inbox_duplicates_total') - data.duplicatesBefore;
-    dead = metricValue(env.billingURL, 'inbox_dead_lettered_total') - data.deadBefore;
+    dups = metricValue(env.billingAdminURL, 'inbox_duplicates_total') - data.duplicatesBefore;
+    dead = metricValue(env.billingAdminURL, 'inbox_dead_lettered_total') - data.deadBefore;
     if (dups >= duplicates && dead >= poison + 1) {
       break;
     }

@@ -63,7 +63,7 @@ func (h *Harness) chaos(ctx context.Context, _ bool) Row {
 	}
 	thirdParty := func(body string) func(ctx context.Context) error {
 		return func(ctx context.Context) error {
-			return postJSON(ctx, p.Recon.URL()+"/admin/faults", []byte(body), nil)
+			return postJSON(ctx, p.Recon.AdminURL()+"/admin/faults", []byte(body), nil)
 		}
 	}
 	nothing := func(context.Context) error { return nil }
@@ -140,11 +140,19 @@ func (h *Harness) chaos(ctx context.Context, _ bool) Row {
 		var out struct {
 			Requeued int `json:"requeued"`
 		}
-		body := []byte(`{"aggregateType":"` + svc.aggregateType + `","limit":100000}`)
-		if err := postJSON(ctx, svc.proc.URL()+"/admin/outbox/requeue", body, &out); err != nil {
-			return fail(row, fmt.Errorf("requeueing dead outbox events: %w", err))
+		// At most 1000 rows per call (outboxhttp.MaxRequeue): call again
+		// while a call fills its limit.
+		body := []byte(`{"aggregateType":"` + svc.aggregateType + `"}`)
+		for {
+			out.Requeued = 0
+			if err := postJSON(ctx, svc.proc.AdminURL()+"/admin/outbox/requeue", body, &out); err != nil {
+				return fail(row, fmt.Errorf("requeueing dead outbox events: %w", err))
+			}
+			requeued += out.Requeued
+			if out.Requeued < 1000 {
+				break
+			}
 		}
-		requeued += out.Requeued
 	}
 	if requeued > 0 {
 		h.logf("  %d outbox events went dead during the outages (10 attempts spent); requeued them through POST /admin/outbox/requeue", requeued)

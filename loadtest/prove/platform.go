@@ -67,6 +67,21 @@ type Platform struct {
 	// newInstance builds the next instance of a kind (KindRelay,
 	// KindBilling, KindShim) on a free port, not started.
 	newInstance map[string]func(port int) *Proc
+	// adminPortOf maps each public port to its process's operator port.
+	adminPortOf map[int]int
+}
+
+// freePorts returns n public ports, each with an operator port beside it
+// in adminPortOf, taken in one call so that no port repeats another.
+func (p *Platform) freePorts(n int) ([]int, error) {
+	ports, err := freePorts(2 * n)
+	if err != nil {
+		return nil, err
+	}
+	for i := range n {
+		p.adminPortOf[ports[i]] = ports[n+i]
+	}
+	return ports[:n], nil
 }
 
 func (h *Harness) newPlatform(ctx context.Context, name string, s Setup) (*Platform, error) {
@@ -98,7 +113,8 @@ func (h *Harness) newPlatform(ctx context.Context, name string, s Setup) (*Platf
 	if err := createTopics(ctx, h.stack.Brokers(), p.OrdersTopic, p.OrdersTopic+".dlt", p.BillingTop, p.BillingTop+".dlt"); err != nil {
 		return nil, err
 	}
-	ports, err := freePorts(2)
+	p.adminPortOf = map[int]int{}
+	ports, err := p.freePorts(2)
 	if err != nil {
 		return nil, err
 	}
@@ -110,7 +126,8 @@ func (h *Harness) newPlatform(ctx context.Context, name string, s Setup) (*Platf
 		}
 	}
 	newProc := func(name, bin string, port int, env map[string]string, arm func() map[string]string, scrape ...string) *Proc {
-		pr := &Proc{Name: name, Port: port, bin: h.bins[bin], env: env, arm: arm, scrape: scrape,
+		env["ADMIN_ADDR"], env["ADMIN_TOKEN"] = fmt.Sprintf("127.0.0.1:%d", p.adminPortOf[port]), adminToken
+		pr := &Proc{Name: name, Port: port, AdminPort: p.adminPortOf[port], bin: h.bins[bin], env: env, arm: arm, scrape: scrape,
 			log: filepath.Join(p.Dir, name+".log")}
 		p.all = append(p.all, pr)
 		return pr
@@ -151,7 +168,7 @@ func (h *Harness) newPlatform(ctx context.Context, name string, s Setup) (*Platf
 			return pr
 		},
 	}
-	ports, err = freePorts(s.Relays + s.Billings + s.Shims + 1)
+	ports, err = p.freePorts(s.Relays + s.Billings + s.Shims + 1)
 	if err != nil {
 		return nil, err
 	}
@@ -212,7 +229,7 @@ func (p *Platform) Add(ctx context.Context, kind string) (*Proc, error) {
 	if !ok {
 		return nil, fmt.Errorf("no instance kind %q", kind)
 	}
-	ports, err := freePorts(1)
+	ports, err := p.freePorts(1)
 	if err != nil {
 		return nil, err
 	}

@@ -51,9 +51,11 @@ func build(ctx context.Context, root, dir string, logf func(string, ...any)) (ma
 type Proc struct {
 	Name string
 	Port int
-	bin  string
-	env  map[string]string
-	log  string
+	// AdminPort is its operator listener (ADMIN_ADDR): /metrics, /admin/...
+	AdminPort int
+	bin       string
+	env       map[string]string
+	log       string
 	// arm returns the extra environment of the next start: the crash point
 	// the harness arms for it, or nothing.
 	arm func() map[string]string
@@ -308,6 +310,14 @@ func (p *Proc) Resume(ctx context.Context, change map[string]string) error {
 // URL is the base URL of the process's HTTP server.
 func (p *Proc) URL() string { return fmt.Sprintf("http://127.0.0.1:%d", p.Port) }
 
+// AdminURL is the base URL of the process's operator listener; calls to
+// /admin/... there need adminToken.
+func (p *Proc) AdminURL() string { return fmt.Sprintf("http://127.0.0.1:%d", p.AdminPort) }
+
+// adminToken is every harness process's ADMIN_TOKEN: they listen on loopback
+// only, for the length of a proof.
+const adminToken = "onceflow-prove-operator-token"
+
 // WaitReady waits until /readyz answers 200 (or, for the reconciler, /stats).
 func (p *Proc) WaitReady(ctx context.Context, timeout time.Duration) error {
 	path := "/readyz"
@@ -329,10 +339,9 @@ func (p *Proc) WaitReady(ctx context.Context, timeout time.Duration) error {
 	return nil
 }
 
-// MetricsURL is where the process serves /metrics. Every scrape of the
-// harness goes through here, so moving /metrics to another listener is a
-// change of this one line.
-func (p *Proc) MetricsURL() string { return p.URL() + "/metrics" }
+// MetricsURL is where the process serves /metrics: its operator listener.
+// Every scrape of the harness goes through here.
+func (p *Proc) MetricsURL() string { return p.AdminURL() + "/metrics" }
 
 // Metrics scrapes the process's /metrics now and sums each metric's series
 // over their labels.

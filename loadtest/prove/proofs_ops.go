@@ -60,11 +60,11 @@ func (h *Harness) replay(ctx context.Context, _ bool) Row {
 		return fail(row, err)
 	}
 	dupsBefore := p.Billing.Counter("inbox_duplicates_total")
-	body, _ := json.Marshal(map[string]any{"aggregateType": "order", "to": mid})
+	body, _ := json.Marshal(map[string]any{"aggregateType": "order", "to": mid, "dryRun": false})
 	var resp struct {
 		Events []json.RawMessage `json:"events"`
 	}
-	if err := postJSON(ctx, p.API.URL()+"/admin/outbox/replay", body, &resp); err != nil {
+	if err := postJSON(ctx, p.API.AdminURL()+"/admin/outbox/replay", body, &resp); err != nil {
 		return fail(row, err)
 	}
 	replayed := resp.Events
@@ -121,9 +121,11 @@ func (h *Harness) replay(ctx context.Context, _ bool) Row {
 	return row
 }
 
+// postJSON posts to an operator endpoint (on a Proc's AdminURL) with the token.
 func postJSON(ctx context.Context, url string, body []byte, out any) error {
 	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, url, bytes.NewReader(body))
 	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Authorization", "Bearer "+adminToken)
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
 		return err

@@ -77,6 +77,12 @@ func (e Envelope) Validate() error {
 	if len(missing) > 0 {
 		return fmt.Errorf("%w: missing %s", ErrInvalid, strings.Join(missing, ", "))
 	}
+	// The header carries OccurredAt in UTC as RFC 3339, which has four-digit
+	// years only: "0000-01-01T00:30:00+01:00" parses, but its UTC form (year
+	// -1) could not be encoded again by a relay or a dead-letter requeue.
+	if y := e.OccurredAt.UTC().Year(); y < 1 || y > 9999 {
+		return fmt.Errorf("%w: occurred at is outside the years 1 to 9999 in UTC", ErrInvalid)
+	}
 	if !json.Valid(e.Payload) || len(e.Payload) == 0 || e.Payload[0] != '{' {
 		return fmt.Errorf("%w: payload is not a JSON object", ErrInvalid)
 	}

@@ -20,8 +20,10 @@
 //     logical partition (a hash of the aggregate id, one of Partitions);
 //     each partition is owned by one live relay at a time (a session advisory
 //     lock), relays rebalance the partitions as they join, leave or die, and
-//     claim rows in id order with FOR UPDATE, so a relay taking over waits
-//     for a batch still in flight rather than overtaking it. A row that fails
+//     every claim takes a per-partition fence lock before it claims rows in
+//     id order with FOR UPDATE, so a relay taking over waits for a batch
+//     still in flight, and sees what it wrote, rather than overtaking it.
+//     A row that fails
 //     holds back the later rows of its aggregate until it is published, or,
 //     if it went dead, until it is requeued. The Kafka key is the aggregate
 //     id, so the aggregate's events share a Kafka partition in that order.
@@ -32,9 +34,43 @@
 //     is not: events of different aggregates, relative to each other; and a
 //     redelivery after a crash repeats events the consumer saw already
 //     (dedupe by event id, as package inbox does).
-//   - Bounded retries: a failed publish is retried with exponential backoff
-//     and jitter; after MaxAttempts the row is marked dead, counted and
-//     logged, and never retried silently.
+//   - Bounded retries: a publish that failed because of the message is
+//     retried with exponential backoff and jitter; after MaxAttempts the row
+//     is marked dead, counted and logged, and never retried silently.
+//   - Outages are waited out: Run returns only when its context ends.
+//
+// Failures are classified (kafkautil.IsMessageError):
+//   - About the message: too large for the writer (kafka.MessageTooLargeError)
+//     or the broker (MessageSizeTooLarge, RecordListTooLarge), corrupt or
+//     invalid (InvalidMessage, InvalidRecord, InvalidTimestamp), refused by
+//     a topic policy (PolicyViolation), in a format the topic cannot store.
+//     Writing it again gets the same answer, so each failure is an attempt of
+//     that row, and MaxAttempts make it dead. Only the row the error is about
+//     is charged, never its batch-mates.
+//   - About the broker: everything else, such as a dial error, a connection
+//     reset or EOF, NotLeaderForPartition, LeaderNotAvailable,
+//     RequestTimedOut, NotEnoughReplicas, UnknownTopicOrPartition (a topic
+//     being created), a write past PublishTimeout. The row stays pending
+//     with its attempts unchanged, deferred by its topic's outage backoff
+//     (holding its aggregate back, letting other topics flow); a batch Kafka
+//     took none of makes the whole relay back off (OutageBackoffMin to
+//     OutageBackoffMax), and once a topic takes a write again its deferred
+//     rows are due at once. However long the outage, no row goes dead
+//     because of it.
+//   - Postgres errors (claim, mark, heartbeat, gauges, LISTEN) are retried
+//     by each loop with the same capped backoff.
+//
+// Outages show in metrics (outbox_kafka_connected, outbox_kafka_errors_total,
+// outbox_db_errors_total, and the backlog gauges, which keep moving) and in
+// Relay.Health, and are logged at a bounded rate: the first failure, at most
+// one line per LogInterval with a count, and the recovery.
+//
+// Maintenance runs beside the work: the relay's heartbeat and rebalance,
+// and the backlog gauges, run on goroutines of their own next to the claim
+// loop (as in River's producer), so a relay that is busy for longer than
+// RelayTTL stays registered, a relay that joins gets its share at once, and
+// outbox_oldest_pending_age_seconds keeps rising while a busy relay falls
+// behind.
 //
 // Latency without busy polling: a relay claims batch after batch while there
 // is work. When a claim finds nothing it arms a wake-up (outbox_relays.waiting)

@@ -14,7 +14,10 @@ import (
 // and share them between the relays of that process.
 type Metrics struct {
 	pending, oldestAge, dead, ownedPartitions prometheus.Gauge
+	kafkaConnected                            prometheus.Gauge
 	published, failures, retries, deadTotal   prometheus.Counter
+	kafkaErrors                               prometheus.Counter
+	dbErrors                                  *prometheus.CounterVec
 	publishLag, batchSize                     prometheus.Histogram
 }
 
@@ -33,9 +36,17 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		dead:            gauge("outbox_dead_events", "Outbox rows that exhausted their attempts and wait for a requeue."),
 		ownedPartitions: gauge("outbox_owned_partitions", "Logical partitions this relay owns."),
 		published:       counter("outbox_published_total", "Outbox events the broker acknowledged and the relay marked published."),
-		failures:        counter("outbox_publish_failures_total", "Publish attempts that failed (each row counts)."),
-		retries:         counter("outbox_publish_retries_total", "Events published on a retry, after at least one failed attempt."),
-		deadTotal:       counter("outbox_dead_total", "Outbox rows that went dead."),
+		failures:        counter("outbox_publish_failures_total", "Publish attempts that failed because of the message (too large, refused by the topic's policy, …); each row counts, and MaxAttempts of them make it dead."),
+		kafkaErrors: counter("outbox_kafka_errors_total",
+			"Rows whose publish failed because of the broker (unreachable, not leader, timed out, …); each row counts. They stay pending and are not charged an attempt."),
+		kafkaConnected: gauge("outbox_kafka_connected",
+			"1 while the relay's last publish reached Kafka, 0 while Kafka is unreachable and the relay backs off (an idle relay keeps its last value)."),
+		dbErrors: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "outbox_db_errors_total",
+			Help: "Failed Postgres operations of the relay, by op (claim, heartbeat, gauges, listen); each is retried with backoff.",
+		}, []string{"op"}),
+		retries:   counter("outbox_publish_retries_total", "Events published on a retry, after at least one failed attempt."),
+		deadTotal: counter("outbox_dead_total", "Outbox rows that went dead."),
 		publishLag: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name:    "outbox_publish_lag_seconds",
 			Help:    "From the outbox insert (the business commit) to the broker's acknowledgement.",
@@ -49,7 +60,13 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	}
 	if reg != nil {
 		reg.MustRegister(m.pending, m.oldestAge, m.dead, m.ownedPartitions, m.published, m.failures,
-			m.retries, m.deadTotal, m.publishLag, m.batchSize)
+			m.retries, m.deadTotal, m.publishLag, m.batchSize, m.kafkaErrors, m.kafkaConnected, m.dbErrors)
+	}
+	// Connected until a publish says otherwise: a relay that has not published
+	// yet has no evidence of an outage, and the alert on 0 must not fire for it.
+	m.kafkaConnected.Set(1)
+	for _, op := range []string{"claim", "heartbeat", "gauges", "listen"} {
+		m.dbErrors.WithLabelValues(op) // export zeros, so rate() works from the start
 	}
 	return m
 }
@@ -79,20 +96,36 @@ func (m *Metrics) refresh(ctx context.Context, pool *pgxpool.Pool) error {
 
 // WatchBacklog refreshes the backlog gauges (outbox_pending_events,
 // outbox_oldest_pending_age_seconds, outbox_dead_events) from pool every
-// interval until ctx ends, and then returns nil. A Relay refreshes them
-// itself; run WatchBacklog in a process that writes to the outbox while no
-// relay of its own runs (relaying paused, or done by another deployment), so
-// that a backlog nobody drains still shows, and still alerts.
+// interval until ctx ends, and then returns nil; while Postgres is away it
+// keeps trying every interval and logs at a bounded rate. A Relay runs the
+// same loop on a goroutine of its own, beside its claim loop, so the gauges
+// keep moving while it is busy; run WatchBacklog in a process that writes to
+// the outbox while no relay of its own runs (relaying paused, or done by
+// another deployment), so that a backlog nobody drains still shows, and
+// still alerts.
 func (m *Metrics) WatchBacklog(ctx context.Context, pool *pgxpool.Pool, interval time.Duration, logger *slog.Logger) error {
+	m.watchBacklog(ctx, pool, interval, newOutage("refreshing the backlog gauges", logger, defaultLogInterval))
+	return nil
+}
+
+func (m *Metrics) watchBacklog(ctx context.Context, pool *pgxpool.Pool, interval time.Duration, health *outage) {
 	tick := time.NewTicker(interval)
 	defer tick.Stop()
 	for {
-		if err := m.refresh(ctx, pool); err != nil && ctx.Err() == nil {
-			logger.WarnContext(ctx, "outbox could not refresh its backlog gauges", slog.Any("error", err))
+		// Bounded, so a hung connection cannot freeze the gauges for longer.
+		refreshCtx, cancel := context.WithTimeout(ctx, max(interval, time.Second))
+		err := m.refresh(refreshCtx, pool)
+		cancel()
+		switch {
+		case err == nil:
+			health.ok(ctx)
+		case ctx.Err() == nil:
+			m.dbErrors.WithLabelValues("gauges").Inc()
+			health.fail(ctx, err)
 		}
 		select {
 		case <-ctx.Done():
-			return nil
+			return
 		case <-tick.C:
 		}
 	}

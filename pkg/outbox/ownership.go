@@ -27,17 +27,21 @@ const advisoryLockClass = 0x6f627831 // "obx1"
 // the others release partitions, and one that leaves or dies lets them take
 // more.
 //
-// Ownership spreads the work; it is not what keeps order. Order is kept by
-// claiming rows in id order with FOR UPDATE (no SKIP LOCKED): a relay that
-// takes over a partition while the previous owner still has a batch in
-// flight waits for that batch's transaction to end instead of overtaking it.
+// Ownership spreads the work; it is not what keeps order. Rebalancing runs
+// on the relay's heartbeat goroutine, beside the claim loop, so a partition
+// may be released (or lost with the lock connection) while a batch of it is
+// in flight. Order is kept by the claim transaction instead: it takes a
+// per-partition fence lock before reading (fencePartitions in relay.go), so
+// a relay that takes over waits for the previous owner's batch to commit and
+// then sees everything it wrote, and it claims rows in id order skipping
+// none (FOR UPDATE without SKIP LOCKED).
 type owner struct {
 	id     string
 	dial   func(ctx context.Context) (*pgx.Conn, error)
 	ttl    time.Duration
 	logger *slog.Logger
 
-	conn *pgx.Conn // used only by rebalance, which runs on one goroutine
+	conn *pgx.Conn // used only by rebalance and leave, never concurrently (Relay.Run)
 
 	mu    sync.Mutex
 	owned []int32

@@ -1,12 +1,16 @@
 package outbox
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
 	"os"
+	"slices"
+	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -18,6 +22,7 @@ import (
 
 	"github.com/onceflow/onceflow/pkg/event"
 	"github.com/onceflow/onceflow/pkg/event/retry"
+	"github.com/onceflow/onceflow/pkg/platform/kafkautil"
 )
 
 // Writer is the part of *kafka.Writer the relay needs. It must return only
@@ -55,7 +60,8 @@ type RelayConfig struct {
 	// notification arrives (the fallback if NOTIFY is lost). Default 1s.
 	PollInterval time.Duration
 	// RebalanceInterval is how often the relay heartbeats and rebalances its
-	// share of the partitions, and refreshes the backlog gauges. Default 2s.
+	// share of the partitions, and refreshes the backlog gauges, each on a
+	// goroutine of its own beside the claim loop. Default 2s.
 	RebalanceInterval time.Duration
 	// RelayTTL is how long a relay that stopped heartbeating still counts as
 	// live. Default 3 × RebalanceInterval. (A relay that dies releases its
@@ -64,11 +70,28 @@ type RelayConfig struct {
 	// LockTimeout bounds how long a claim waits for rows another relay still
 	// holds during a handover. Default 10s.
 	LockTimeout time.Duration
-	// MaxAttempts is how many failed publishes make a row dead. Default 10.
+	// PublishTimeout bounds one batch's writes to Kafka; a batch that runs
+	// out of it is treated as a broker failure (its rows stay pending,
+	// uncharged), so a stalled broker cannot hold a claim open for long.
+	// Default 30s.
+	PublishTimeout time.Duration
+	// MaxAttempts is how many publishes failed because of the message (see
+	// the package documentation for which errors those are) make a row dead.
+	// Default 10.
 	MaxAttempts int
 	// BackoffMin and BackoffMax bound the exponential, jittered delay before
-	// a failed row is retried. Defaults 100ms and 1m.
+	// a row whose publish failed because of the message is retried.
+	// Defaults 100ms and 1m.
 	BackoffMin, BackoffMax time.Duration
+	// OutageBackoffMin and OutageBackoffMax bound the exponential, jittered
+	// delay with which the relay as a whole retries while Kafka or Postgres
+	// is unreachable; such failures are never charged to a row. The maximum
+	// is also about how long publishing resumes after Kafka is back.
+	// Defaults 100ms and 10s.
+	OutageBackoffMin, OutageBackoffMax time.Duration
+	// LogInterval is the most often the relay logs that a failure goes on
+	// (the first failure and the recovery are always logged). Default 30s.
+	LogInterval time.Duration
 	// CrashPoint, when set, is called at each named crash point (see
 	// CrashAfterAck); a non-nil error aborts the batch right there, as a
 	// crash would. Fault-injection harnesses use it; leave it nil otherwise.
@@ -102,6 +125,9 @@ func (c RelayConfig) withDefaults() RelayConfig {
 	if c.LockTimeout <= 0 {
 		c.LockTimeout = 10 * time.Second
 	}
+	if c.PublishTimeout <= 0 {
+		c.PublishTimeout = 30 * time.Second
+	}
 	if c.MaxAttempts <= 0 {
 		c.MaxAttempts = 10
 	}
@@ -110,6 +136,15 @@ func (c RelayConfig) withDefaults() RelayConfig {
 	}
 	if c.BackoffMax <= 0 {
 		c.BackoffMax = time.Minute
+	}
+	if c.OutageBackoffMin <= 0 {
+		c.OutageBackoffMin = 100 * time.Millisecond
+	}
+	if c.OutageBackoffMax <= 0 {
+		c.OutageBackoffMax = 10 * time.Second
+	}
+	if c.LogInterval <= 0 {
+		c.LogInterval = defaultLogInterval
 	}
 	if c.Logger == nil {
 		c.Logger = slog.Default()
@@ -120,6 +155,9 @@ func (c RelayConfig) withDefaults() RelayConfig {
 	return c
 }
 
+// defaultLogInterval is RelayConfig.LogInterval's default, and WatchBacklog's.
+const defaultLogInterval = 30 * time.Second
+
 // Relay publishes pending outbox rows to Kafka and marks them published only
 // after the broker acknowledged them. See the package documentation for what
 // it guarantees; several relays may share one outbox.
@@ -128,6 +166,19 @@ type Relay struct {
 	writer Writer
 	cfg    RelayConfig
 	owner  *owner
+
+	// Followed for bounded-rate logs and for Health.
+	kafka, claims, heartbeat, gauges, listening, waking *outage
+
+	// Used only by the claim loop (or RelayBatch's caller): how many batches
+	// in a row Kafka refused as a whole; how many writes to each topic in a
+	// row failed because of the broker; the aggregate types whose rows were
+	// deferred, by topic; and the aggregate types whose deferred rows are to
+	// be made due again because their topic works again.
+	kafkaStreak   int
+	topicStreak   map[string]int
+	deferredTypes map[string]map[string]bool
+	undefer       []string
 }
 
 // NewRelay returns a relay reading the outbox in pool and writing to w.
@@ -137,6 +188,7 @@ func NewRelay(pool *pgxpool.Pool, w Writer, cfg RelayConfig) (*Relay, error) {
 	}
 	cfg = cfg.withDefaults()
 	connConfig := pool.Config().ConnConfig
+	health := func(what string) *outage { return newOutage(what, cfg.Logger, cfg.LogInterval) }
 	return &Relay{
 		pool:   pool,
 		writer: w,
@@ -147,23 +199,44 @@ func NewRelay(pool *pgxpool.Pool, w Writer, cfg RelayConfig) (*Relay, error) {
 			logger: cfg.Logger,
 			dial:   func(ctx context.Context) (*pgx.Conn, error) { return pgx.ConnectConfig(ctx, connConfig.Copy()) },
 		},
+		kafka:         health("publishing to Kafka"),
+		claims:        health("claiming from Postgres"),
+		heartbeat:     health("heartbeating in Postgres"),
+		gauges:        health("refreshing the backlog gauges"),
+		listening:     health("listening for commits"),
+		waking:        health("arming the commit wake-up (polling meanwhile)"),
+		topicStreak:   map[string]int{},
+		deferredTypes: map[string]map[string]bool{},
 	}, nil
 }
 
-// Run relays until ctx ends. It claims batch after batch while there is
-// work; when a claim finds nothing it arms a wake-up (see arm) and sleeps
-// until a transaction that wrote outbox rows commits (LISTEN/NOTIFY) or, as
-// a fallback, PollInterval passes, for the partitions it owns.
+// Run relays until ctx ends, and returns nil then; an unreachable Kafka or
+// Postgres is waited out, never returned. Its work runs on four goroutines,
+// in the manner of River's producer, so that a busy claim loop never starves
+// the rest:
+//   - the claim loop (this goroutine) claims batch after batch while there
+//     is work; when a claim finds nothing it arms a wake-up (see arm) and
+//     sleeps until a transaction that wrote outbox rows commits
+//     (LISTEN/NOTIFY) or, as a fallback, PollInterval passes;
+//   - the listener forwards those notifications;
+//   - the heartbeat registers the relay and rebalances its share of the
+//     partitions every RebalanceInterval, so a relay that is busy for
+//     longer than RelayTTL stays registered and one that joins gets its
+//     share at once;
+//   - the gauges goroutine refreshes the backlog gauges every
+//     RebalanceInterval, so the oldest pending age keeps rising while a busy
+//     relay falls behind, and the backlog alert can fire.
 func (r *Relay) Run(ctx context.Context) error {
 	defer r.owner.leave()
-	wake := make(chan struct{}, 1)
-	listening := make(chan struct{})
-	go func() { defer close(listening); r.listen(ctx, wake) }()
-	defer func() { <-listening }()
-
+	// Take a share before the first claim, so the relay starts at once.
 	r.rebalance(ctx)
-	rebalance := time.NewTicker(r.cfg.RebalanceInterval)
-	defer rebalance.Stop()
+	wake := make(chan struct{}, 1)
+	var wg sync.WaitGroup
+	defer wg.Wait() // before leave: the heartbeat goroutine uses the lock connection
+	wg.Go(func() { r.listen(ctx, wake) })
+	wg.Go(func() { r.heartbeatLoop(ctx, wake) })
+	wg.Go(func() { r.cfg.Metrics.watchBacklog(ctx, r.pool, r.cfg.RebalanceInterval, r.gauges) })
+
 	poll := time.NewTimer(0)
 	defer poll.Stop()
 	armed := false
@@ -171,9 +244,6 @@ func (r *Relay) Run(ctx context.Context) error {
 		select {
 		case <-ctx.Done():
 			return nil
-		case <-rebalance.C:
-			r.rebalance(ctx)
-			continue
 		case <-wake:
 		case <-poll.C:
 			// Re-arm on every poll: a registration that expired and was
@@ -189,19 +259,75 @@ func (r *Relay) Run(ctx context.Context) error {
 // RelayBatch; Run does this itself when it returns.
 func (r *Relay) Close() { r.owner.leave() }
 
+// RelayHealth is what a relay knows about its dependencies, for dashboards
+// and admin pages. It is not meant for readiness: the relay rides out both
+// outages, and the service it runs in can take writes meanwhile.
+type RelayHealth struct {
+	// KafkaConnected is false while publishing fails because of the broker.
+	KafkaConnected bool
+	// KafkaDownSince is when the current Kafka outage began (zero if none).
+	KafkaDownSince time.Time
+	// PostgresConnected is false while claiming or heartbeating fails.
+	PostgresConnected bool
+	// PostgresDownSince is when the current Postgres failure began (zero if none).
+	PostgresDownSince time.Time
+	// LastError is the latest error of a current outage ("" if none).
+	LastError string
+	// OwnedPartitions is how many logical partitions the relay owns now.
+	OwnedPartitions int
+}
+
+// Health reports the relay's view of Kafka and Postgres now. It is safe to
+// call while Run runs.
+func (r *Relay) Health() RelayHealth {
+	h := RelayHealth{KafkaConnected: true, PostgresConnected: true, OwnedPartitions: len(r.owner.partitions())}
+	if down, since, err := r.kafka.state(); down {
+		h.KafkaConnected, h.KafkaDownSince, h.LastError = false, since, err.Error()
+	}
+	for _, o := range []*outage{r.claims, r.heartbeat} {
+		if down, since, err := o.state(); down {
+			if h.PostgresConnected || since.Before(h.PostgresDownSince) {
+				h.PostgresDownSince = since
+			}
+			h.PostgresConnected, h.LastError = false, err.Error()
+		}
+	}
+	return h
+}
+
 // drain relays batches until a claim finds nothing while the relay is armed,
 // and reports whether it is armed. A busy relay disarms, so writers stop
 // notifying while it would claim their rows anyway.
+//
+// Outages are waited out here, with the relay's backoff: a batch that
+// Postgres failed, or one whose every row Kafka refused because of the
+// broker, makes the whole relay pause before the next claim. The rows of
+// such a batch stay pending without an attempt charged (see relayBatch).
 func (r *Relay) drain(ctx context.Context, armed bool) bool {
+	dbStreak := 0
 	for ctx.Err() == nil {
-		n, err := r.RelayBatch(ctx)
+		res, err := r.relayBatch(ctx)
 		if err != nil {
-			if ctx.Err() == nil {
-				r.cfg.Logger.ErrorContext(ctx, "outbox relay batch failed", slog.Any("error", err))
+			if ctx.Err() != nil {
+				return armed
 			}
-			return armed // the poll retries
+			dbStreak++
+			r.cfg.Metrics.dbErrors.WithLabelValues("claim").Inc()
+			r.claims.fail(ctx, err)
+			if !sleep(ctx, retry.Backoff(dbStreak, r.cfg.OutageBackoffMin, r.cfg.OutageBackoffMax)) {
+				return armed
+			}
+			continue
 		}
-		switch {
+		dbStreak = 0
+		r.claims.ok(ctx)
+		if r.noteKafka(ctx, res) {
+			if !sleep(ctx, retry.Backoff(r.kafkaStreak, r.cfg.OutageBackoffMin, r.cfg.OutageBackoffMax)) {
+				return armed
+			}
+			continue
+		}
+		switch n := res.claimed; {
 		case n > 0 && armed:
 			armed = !r.setWaiting(ctx, false)
 		case n == 0 && armed:
@@ -215,6 +341,36 @@ func (r *Relay) drain(ctx context.Context, armed bool) bool {
 		}
 	}
 	return armed
+}
+
+// noteKafka follows Kafka's health from a batch's outcome and reports
+// whether the relay should back off: Kafka refused every row it was given
+// because of the broker, which is what an outage looks like.
+func (r *Relay) noteKafka(ctx context.Context, res batchResult) bool {
+	switch {
+	case res.brokerErr != nil && res.published == 0 && res.judged == 0:
+		r.kafkaStreak++
+		r.cfg.Metrics.kafkaConnected.Set(0)
+		r.kafka.fail(ctx, res.brokerErr)
+		return true
+	case res.published > 0 || res.judged > 0:
+		r.kafkaStreak = 0
+		r.cfg.Metrics.kafkaConnected.Set(1)
+		r.kafka.ok(ctx)
+	}
+	return false
+}
+
+// sleep waits d or until ctx ends, and reports whether ctx is still live.
+func sleep(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-t.C:
+		return true
+	}
 }
 
 // wakeFenceKey is the advisory lock (class advisoryLockClass) that orders
@@ -246,41 +402,73 @@ func (r *Relay) setWaiting(ctx context.Context, waiting bool) bool {
 	}
 	if err != nil {
 		if ctx.Err() == nil {
-			r.cfg.Logger.WarnContext(ctx, "outbox relay could not change its wake-up flag; polling",
-				slog.Bool("waiting", waiting), slog.Any("error", err))
+			r.cfg.Metrics.dbErrors.WithLabelValues("claim").Inc()
+			r.waking.fail(ctx, err)
 		}
 		return false
 	}
+	r.waking.ok(ctx)
 	return tag.RowsAffected() == 1
 }
 
-func (r *Relay) rebalance(ctx context.Context) {
-	if err := r.owner.rebalance(ctx); err != nil && ctx.Err() == nil {
-		r.cfg.Logger.WarnContext(ctx, "outbox relay could not rebalance; retrying", slog.Any("error", err))
-	}
-	r.cfg.Metrics.ownedPartitions.Set(float64(len(r.owner.partitions())))
-	if err := r.cfg.Metrics.refresh(ctx, r.pool); err != nil && ctx.Err() == nil {
-		r.cfg.Logger.WarnContext(ctx, "outbox relay could not refresh its gauges", slog.Any("error", err))
+// heartbeatLoop heartbeats and rebalances every RebalanceInterval until ctx
+// ends, and wakes the claim loop when it took partitions, which may hold
+// rows that nothing would notify about.
+func (r *Relay) heartbeatLoop(ctx context.Context, wake chan<- struct{}) {
+	tick := time.NewTicker(r.cfg.RebalanceInterval)
+	defer tick.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+		}
+		before := len(r.owner.partitions())
+		r.rebalance(ctx)
+		if len(r.owner.partitions()) > before {
+			select {
+			case wake <- struct{}{}:
+			default:
+			}
+		}
 	}
 }
 
-// listen forwards commit notifications to wake, reconnecting on failure.
+func (r *Relay) rebalance(ctx context.Context) {
+	// Bounded: past the TTL the registration is gone anyway, and a hung
+	// query must not stop the heartbeats that follow.
+	ctx, cancel := context.WithTimeout(ctx, r.cfg.RelayTTL)
+	defer cancel()
+	err := r.owner.rebalance(ctx)
+	switch {
+	case err == nil:
+		r.heartbeat.ok(ctx)
+	case ctx.Err() == nil || errors.Is(ctx.Err(), context.DeadlineExceeded):
+		r.cfg.Metrics.dbErrors.WithLabelValues("heartbeat").Inc()
+		r.heartbeat.fail(ctx, err)
+	}
+	r.cfg.Metrics.ownedPartitions.Set(float64(len(r.owner.partitions())))
+}
+
+// listen forwards commit notifications to wake, reconnecting with backoff on
+// failure; the poll covers the time without.
 func (r *Relay) listen(ctx context.Context, wake chan<- struct{}) {
-	for ctx.Err() == nil {
-		err := r.listenOnce(ctx, wake)
+	for streak := 1; ctx.Err() == nil; streak++ {
+		err := r.listenOnce(ctx, wake, func() { streak = 0; r.listening.ok(ctx) })
 		if ctx.Err() != nil {
 			return
 		}
-		r.cfg.Logger.WarnContext(ctx, "outbox relay lost its LISTEN connection; polling until it is back",
-			slog.Any("error", err))
-		select {
-		case <-ctx.Done():
-		case <-time.After(time.Second):
+		r.cfg.Metrics.dbErrors.WithLabelValues("listen").Inc()
+		r.listening.fail(ctx, err)
+		if !sleep(ctx, retry.Backoff(max(streak, 1), r.cfg.OutageBackoffMin, r.cfg.OutageBackoffMax)) {
+			return
 		}
 	}
 }
 
-func (r *Relay) listenOnce(ctx context.Context, wake chan<- struct{}) error {
+// listenOnce listens on one connection until it fails; listening is called
+// once LISTEN took effect.
+func (r *Relay) listenOnce(ctx context.Context, wake chan<- struct{}, listening func()) error {
 	pooled, err := r.pool.Acquire(ctx)
 	if err != nil {
 		return err
@@ -290,6 +478,12 @@ func (r *Relay) listenOnce(ctx context.Context, wake chan<- struct{}) error {
 	defer conn.Close(context.Background())
 	if _, err := conn.Exec(ctx, "LISTEN "+notifyChannel); err != nil {
 		return err
+	}
+	listening()
+	// Rows committed while nobody listened notified no one.
+	select {
+	case wake <- struct{}{}:
+	default:
 	}
 	for {
 		if _, err := conn.WaitForNotification(ctx); err != nil {
@@ -302,11 +496,54 @@ func (r *Relay) listenOnce(ctx context.Context, wake chan<- struct{}) error {
 	}
 }
 
+// fenceLockClass namespaces the per-partition claim fences (two-key form:
+// class, partition); see fencePartitions.
+const fenceLockClass = 0x6f627832 // "obx2"
+
+// fencePartitions takes, for the claim transaction, an exclusive lock per
+// owned partition, in partition order (so two claims cannot deadlock).
+//
+// This, not the ownership lock, is what keeps a partition's events in order
+// when it changes hands. The ownership lock is held on another connection
+// and changes on the heartbeat goroutine, whenever the share changes, so a
+// partition may be released, or lost with the lock connection, while a
+// batch of it is in flight. FOR UPDATE alone would make the new owner wait
+// for the in-flight rows, but not for the rest: its claim's snapshot was
+// taken before the old batch committed, so it would not see that a row of
+// that batch failed and now holds its aggregate back, and could publish the
+// aggregate's next event first. The fence makes every claim of a partition
+// wait for the previous claim transaction of that partition to end before
+// it reads anything, so each claim sees everything the previous one wrote,
+// whoever owns the partition, and even while two relays both believe they do.
+//
+// It is sent with the transaction's settings in one simple-protocol round
+// trip, so the partitions are spelled into the text; they are integers this
+// relay computed, never input.
+func fencePartitions(owned []int32) string {
+	ps := make([]string, len(owned))
+	for i, p := range owned {
+		ps[i] = strconv.Itoa(int(p))
+	}
+	return fmt.Sprintf(`SELECT count(pg_advisory_xact_lock(%d, p)) FROM unnest('{%s}'::int[]) AS p`,
+		fenceLockClass, strings.Join(ps, ","))
+}
+
+// undeferOutage makes the rows an outage deferred due again once their topic
+// takes writes again, rather than each waiting out its own deferral. Only
+// an outage defers a row without charging an attempt, so attempts = 0 with
+// a future next_attempt_at identifies them (a requeue resets
+// next_attempt_at). Scoped to the aggregate types of the topic that
+// recovered: a topic that is still missing keeps its rows deferred.
+const undeferOutage = `
+UPDATE outbox_events SET next_attempt_at = '-infinity'
+WHERE state = 'pending' AND attempts = 0 AND next_attempt_at > '-infinity' AND next_attempt_at > now()
+  AND partition = ANY($1) AND aggregate_type = ANY($2)`
+
 // claimBatch takes the next due rows of the owned partitions in id order.
 // A row waits while an earlier row of its aggregate is dead or backing off,
 // so a retry never lets a later event overtake. FOR UPDATE without SKIP
-// LOCKED: rows another relay still holds (a handover) are waited for, not
-// skipped, so they cannot be overtaken either.
+// LOCKED: rows someone else holds (an operator's requeue, say) are waited
+// for, not skipped, so they cannot be overtaken either.
 const claimBatch = `
 SELECT o.id, o.event_id, o.aggregate_type, o.aggregate_id, o.aggregate_version,
        o.event_type, o.event_version, o.payload, o.headers, o.occurred_at, o.created_at, o.attempts
@@ -335,87 +572,185 @@ SET attempts = attempts + 1,
 WHERE id = $1
 RETURNING state`
 
+// markDeferred puts off rows the broker could not take, without charging
+// an attempt: the deferral lets the relay move past a topic or partition
+// that is unavailable, and holds back the rows' aggregates meanwhile.
+const markDeferred = `
+UPDATE outbox_events o
+SET last_error = d.last_error, next_attempt_at = now() + d.delay_us * interval '1 microsecond'
+FROM unnest($1::bigint[], $2::text[], $3::bigint[]) AS d(id, last_error, delay_us)
+WHERE o.id = d.id`
+
 type claimed struct {
 	id        int64
 	attempts  int
 	createdAt time.Time
+	aggType   string
 	aggregate string // type + id
 	msg       kafka.Message
+}
+
+// batchResult is what one batch did.
+type batchResult struct {
+	claimed   int
+	published int
+	judged    int   // rows the broker refused because of the message
+	brokerErr error // the first error about the broker; nil if none
 }
 
 // RelayBatch claims, publishes and marks one batch of the owned partitions,
 // returning how many rows it claimed. Run calls it in a loop; it is exported
 // for tests and tools, and called outside Run it first takes this relay's
 // share of the partitions. It must not be called concurrently with Run.
+// Rows Kafka could not take because of the broker stay pending, deferred
+// for the relay's outage backoff without an attempt charged; they count as
+// claimed.
 func (r *Relay) RelayBatch(ctx context.Context) (int, error) {
 	if r.owner.conn == nil {
 		r.rebalance(ctx)
 	}
+	res, err := r.relayBatch(ctx)
+	if err == nil {
+		r.noteKafka(ctx, res)
+	}
+	return res.claimed, err
+}
+
+func (r *Relay) relayBatch(ctx context.Context) (batchResult, error) {
 	owned := r.owner.partitions()
 	if len(owned) == 0 {
-		return 0, nil
+		return batchResult{}, nil
 	}
 	tx, err := r.pool.Begin(ctx)
 	if err != nil {
-		return 0, fmt.Errorf("beginning claim: %w", err)
+		return batchResult{}, fmt.Errorf("beginning claim: %w", err)
 	}
 	defer tx.Rollback(context.Background()) //nolint:errcheck // no-op after commit
 	// The relay's own commit need not wait for the disk: a mark lost in a
 	// crash only republishes the batch, which consumers absorb (BENCHMARKS.md).
-	if _, err := tx.Exec(ctx, fmt.Sprintf("SET LOCAL lock_timeout = %d; SET LOCAL synchronous_commit = off",
-		r.cfg.LockTimeout.Milliseconds())); err != nil {
-		return 0, fmt.Errorf("setting lock timeout: %w", err)
+	// owned is sorted (owner.set), so concurrent fences take their locks in
+	// one order and cannot deadlock.
+	if _, err := tx.Exec(ctx, fmt.Sprintf("SET LOCAL lock_timeout = %d; SET LOCAL synchronous_commit = off; %s",
+		r.cfg.LockTimeout.Milliseconds(), fencePartitions(owned))); err != nil {
+		return batchResult{}, fmt.Errorf("setting up the claim (lock timeout, partition fences): %w", err)
+	}
+	undefer := r.undefer
+	if len(undefer) > 0 {
+		if _, err := tx.Exec(ctx, undeferOutage, owned, undefer); err != nil {
+			return batchResult{}, fmt.Errorf("resuming rows an outage deferred: %w", err)
+		}
 	}
 	batch, err := r.claim(ctx, tx, owned)
 	if err != nil || len(batch) == 0 {
-		return 0, err
+		if err == nil && len(undefer) > 0 {
+			if err = tx.Commit(ctx); err == nil {
+				r.undefer = nil
+			}
+		}
+		return batchResult{}, err
 	}
 	r.cfg.Metrics.batchSize.Observe(float64(len(batch)))
 	endSends := startSends(ctx, batch)
-	errs := r.publish(ctx, batch)
+	publishCtx, cancel := context.WithTimeout(ctx, r.cfg.PublishTimeout)
+	errs := r.publish(publishCtx, batch)
+	cancel()
 	endSends(errs)
 	if ctx.Err() != nil {
-		return 0, ctx.Err() // leave the rows pending; the next run republishes them
+		return batchResult{}, ctx.Err() // leave the rows pending; the next run republishes them
 	}
 	if r.cfg.CrashPoint != nil {
 		if err := r.cfg.CrashPoint(CrashAfterAck); err != nil {
-			return 0, fmt.Errorf("crash point %s: %w", CrashAfterAck, err)
+			return batchResult{}, fmt.Errorf("crash point %s: %w", CrashAfterAck, err)
 		}
 	}
-	var published []int64
-	failedAggregates := map[string]bool{}
+	res := batchResult{claimed: len(batch)}
+	var (
+		published             []int64
+		deferIDs, deferDelays []int64
+		deferErrs             []string
+		brokerTopics          = map[string]bool{}
+		okTopics              = map[string]bool{}
+	)
+	held := map[string]bool{} // aggregates with an earlier row of this batch not published
 	now := time.Now()
 	for i, c := range batch {
 		cause := errs[i]
-		if cause == nil && failedAggregates[c.aggregate] {
-			// An earlier event of this aggregate failed: retry this one after
-			// it, even though the broker took it, so the retry keeps order.
-			// Consumers absorb the duplicate.
-			cause = errors.New("an earlier event of the same aggregate failed in this batch")
+		if cause != nil && !kafkautil.IsMessageError(cause) {
+			r.cfg.Metrics.kafkaErrors.Inc()
 		}
-		if cause == nil {
+		switch {
+		case held[c.aggregate]:
+			// An earlier event of this aggregate failed: leave this one
+			// pending and untouched, even though the broker may have taken
+			// it, so that it is retried after that event and keeps order.
+			// The failed row now holds the aggregate back (claimBatch), and
+			// consumers absorb the duplicate.
+		case cause == nil:
 			published = append(published, c.id)
+			okTopics[c.msg.Topic] = true
 			r.cfg.Metrics.publishLag.Observe(now.Sub(c.createdAt).Seconds())
 			if c.attempts > 0 {
 				r.cfg.Metrics.retries.Inc()
 			}
-			continue
-		}
-		failedAggregates[c.aggregate] = true
-		if err := r.fail(ctx, tx, c, cause); err != nil {
-			return 0, err
+		case kafkautil.IsMessageError(cause):
+			held[c.aggregate] = true
+			res.judged++
+			okTopics[c.msg.Topic] = true
+			if err := r.fail(ctx, tx, c, cause); err != nil {
+				return batchResult{}, err
+			}
+		default:
+			held[c.aggregate] = true
+			brokerTopics[c.msg.Topic] = true
+			if res.brokerErr == nil {
+				res.brokerErr = cause
+			}
+			// Deferred by how long this topic has been failing, so a topic
+			// that stays unavailable is retried ever less often while the
+			// other topics flow.
+			delay := retry.Backoff(r.topicStreak[c.msg.Topic]+1, r.cfg.OutageBackoffMin, r.cfg.OutageBackoffMax)
+			deferIDs, deferErrs, deferDelays = append(deferIDs, c.id), append(deferErrs, cause.Error()), append(deferDelays, delay.Microseconds())
+			if r.deferredTypes[c.msg.Topic] == nil {
+				r.deferredTypes[c.msg.Topic] = map[string]bool{}
+			}
+			r.deferredTypes[c.msg.Topic][c.aggType] = true
 		}
 	}
 	if len(published) > 0 {
 		if _, err := tx.Exec(ctx, markPublished, published); err != nil {
-			return 0, fmt.Errorf("marking published: %w", err)
+			return batchResult{}, fmt.Errorf("marking published: %w", err)
+		}
+	}
+	if len(deferIDs) > 0 {
+		if _, err := tx.Exec(ctx, markDeferred, deferIDs, deferErrs, deferDelays); err != nil {
+			return batchResult{}, fmt.Errorf("deferring rows the broker did not take: %w", err)
 		}
 	}
 	if err := tx.Commit(ctx); err != nil {
-		return 0, fmt.Errorf("committing batch: %w", err)
+		return batchResult{}, fmt.Errorf("committing batch: %w", err)
 	}
+	if len(undefer) > 0 {
+		r.undefer = nil
+	}
+	for topic := range brokerTopics {
+		r.topicStreak[topic]++
+	}
+	for topic := range okTopics {
+		if brokerTopics[topic] {
+			continue
+		}
+		// The topic works again: what its outage deferred may go now.
+		delete(r.topicStreak, topic)
+		for t := range r.deferredTypes[topic] {
+			if !slices.Contains(r.undefer, t) {
+				r.undefer = append(r.undefer, t)
+			}
+		}
+		delete(r.deferredTypes, topic)
+	}
+	res.published = len(published)
 	r.cfg.Metrics.published.Add(float64(len(published)))
-	return len(batch), nil
+	return res, nil
 }
 
 // publish writes the batch and returns one error per row (nil: acked).
@@ -430,20 +765,74 @@ func (r *Relay) publish(ctx context.Context, batch []claimed) []error {
 	errs := make([]error, len(batch))
 	var wg sync.WaitGroup
 	for _, idx := range byTopic {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
+		wg.Go(func() {
 			msgs := make([]kafka.Message, len(idx))
 			for j, i := range idx {
 				msgs[j] = batch[i].msg
 			}
-			for j, err := range perMessage(r.writer.WriteMessages(ctx, msgs...), len(idx)) {
+			for j, err := range r.write(ctx, msgs) {
 				errs[idx[j]] = err
 			}
-		}()
+		})
 	}
 	wg.Wait()
 	return errs
+}
+
+// write writes msgs to one topic and returns one error per message, making
+// sure that a message error lands on the message it is about and not on its
+// batch-mates, which would otherwise be charged an attempt for it:
+//   - kafka-go refuses the whole write, before sending anything, when one
+//     message is larger than its BatchBytes (kafka.MessageTooLargeError,
+//     naming the message): that message gets the error and the rest are
+//     written again without it;
+//   - the broker judges a whole produce request at once, so a message error
+//     it returns for several messages is checked by writing each of them
+//     on its own.
+func (r *Relay) write(ctx context.Context, msgs []kafka.Message) []error {
+	errs := make([]error, len(msgs))
+	todo := make([]int, len(msgs)) // indexes into msgs still to write
+	for i := range todo {
+		todo[i] = i
+	}
+	for len(todo) > 0 {
+		batch := make([]kafka.Message, len(todo))
+		for j, i := range todo {
+			batch[j] = msgs[i]
+		}
+		err := r.writer.WriteMessages(ctx, batch...)
+		var tooLarge kafka.MessageTooLargeError
+		if errors.As(err, &tooLarge) {
+			if j := slices.IndexFunc(batch, func(m kafka.Message) bool { return sameMessage(m, tooLarge.Message) }); j >= 0 {
+				errs[todo[j]] = err
+				todo = slices.Delete(todo, j, j+1)
+				continue
+			}
+		}
+		var judged []int
+		for j, e := range perMessage(err, len(todo)) {
+			errs[todo[j]] = e
+			if kafkautil.IsMessageError(e) {
+				judged = append(judged, todo[j])
+			}
+		}
+		if len(judged) > 1 {
+			for _, i := range judged {
+				errs[i] = perMessage(r.writer.WriteMessages(ctx, msgs[i]), 1)[0]
+			}
+		}
+		break
+	}
+	return errs
+}
+
+// sameMessage tells a message by its key, value and headers; the headers
+// carry the event id, so two events never compare equal.
+func sameMessage(a, b kafka.Message) bool {
+	return bytes.Equal(a.Key, b.Key) && bytes.Equal(a.Value, b.Value) &&
+		slices.EqualFunc(a.Headers, b.Headers, func(x, y kafka.Header) bool {
+			return x.Key == y.Key && bytes.Equal(x.Value, y.Value)
+		})
 }
 
 // perMessage spreads a write error over the messages: kafka-go reports
@@ -486,6 +875,7 @@ func (r *Relay) claim(ctx context.Context, tx pgx.Tx, owned []int32) ([]claimed,
 			return c, fmt.Errorf("event %s: decoding headers: %w", ev.EventID, err)
 		}
 		ev.CorrelationID, ev.CausationID, ev.Traceparent = h.CorrelationID, h.CausationID, h.Traceparent
+		c.aggType = ev.AggregateType
 		c.aggregate = ev.AggregateType + "\x00" + ev.AggregateID
 		c.msg = event.ToKafka(r.cfg.Topic(ev.AggregateType), ev)
 		return c, nil
@@ -511,6 +901,6 @@ func (r *Relay) fail(ctx context.Context, tx pgx.Tx, c claimed, cause error) err
 		log.ErrorContext(ctx, "outbox event is dead after its last attempt; its aggregate's later events wait until it is requeued")
 		return nil
 	}
-	log.WarnContext(ctx, "outbox publish failed; will retry", slog.Duration("retry_in", delay))
+	log.WarnContext(ctx, "outbox publish failed because of the message; will retry", slog.Duration("retry_in", delay))
 	return nil
 }

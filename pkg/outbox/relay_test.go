@@ -16,6 +16,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/segmentio/kafka-go"
 
 	"github.com/onceflow/onceflow/pkg/event"
 	"github.com/onceflow/onceflow/pkg/outbox"
@@ -151,27 +152,26 @@ func TestACrashBetweenAckAndMarkRepublishes(t *testing.T) {
 	c.checkOrder(t, map[string]int64{"a": 2})
 }
 
-func TestARefusingBrokerBacksOffThenDeadThenRequeue(t *testing.T) {
+// A message the writer refuses as too large is the message's fault: it is
+// retried with growing backoff, goes dead after MaxAttempts, holds its
+// aggregate's later events back, and charges nothing to its batch-mates.
+// Once the operator raises the limit, a requeue publishes it and its
+// successor in order.
+func TestATooLargeMessageBacksOffThenDeadThenRequeue(t *testing.T) {
 	ctx := context.Background()
 	brokers := testinfra.KafkaBrokers(t)
-	good := testinfra.NewTopic(t, brokers, 1)
-	missing := testinfra.Name("missing") // not created yet: the broker refuses it
+	// The topic takes 2 MiB; kafka-go's writer stops at 1 MiB (BatchBytes).
+	topic := newTopicWithConfig(t, brokers, map[string]string{"max.message.bytes": "2097152"})
 	pool := newOutboxDB(t)
-	route := func(aggregateType string) string {
-		if aggregateType == "ghost" {
-			return missing
-		}
-		return good
-	}
-	ghost1, ghost2 := newEvent("g", 1), newEvent("g", 2)
-	ghost1.AggregateType, ghost2.AggregateType = "ghost", "ghost"
-	enqueue(t, pool, ghost1, newEvent("fine", 1))
+	big1, big2 := newEvent("big", 1), newEvent("big", 2)
+	big1.Payload = []byte(`{"blob":"` + strings.Repeat("x", 1200<<10) + `"}`)
+	enqueue(t, pool, big1, newEvent("fine", 1))
 
 	w := kafkautil.NewWriter(brokers, 10)
 	defer w.Close()
 	reg := prometheus.NewRegistry()
 	relay, err := outbox.NewRelay(pool, w, outbox.RelayConfig{
-		Topic: route, MaxAttempts: 3, BackoffMin: 50 * time.Millisecond, BackoffMax: time.Second,
+		Topic: func(string) string { return topic }, MaxAttempts: 3, BackoffMin: 50 * time.Millisecond, BackoffMax: time.Second,
 		Metrics: outbox.NewMetrics(reg),
 	})
 	if err != nil {
@@ -179,7 +179,7 @@ func TestARefusingBrokerBacksOffThenDeadThenRequeue(t *testing.T) {
 	}
 
 	var delays []time.Duration
-	testinfra.WaitFor(t, 60*time.Second, "the refused event to go dead", func() (bool, error) {
+	testinfra.WaitFor(t, 60*time.Second, "the too-large event to go dead", func() (bool, error) {
 		// The backoff is measured from just before the attempt, not from when
 		// the row is read back: a busy machine may take longer than the
 		// backoff itself between the two.
@@ -191,14 +191,14 @@ func TestARefusingBrokerBacksOffThenDeadThenRequeue(t *testing.T) {
 		var attempts int
 		var nextAttempt time.Time
 		err := pool.QueryRow(ctx, `SELECT state, attempts, coalesce(last_error, ''), next_attempt_at
-			FROM outbox_events WHERE event_id = $1`, ghost1.EventID).Scan(&state, &attempts, &lastErr, &nextAttempt)
+			FROM outbox_events WHERE event_id = $1`, big1.EventID).Scan(&state, &attempts, &lastErr, &nextAttempt)
 		if err != nil {
 			return false, err
 		}
 		delay := nextAttempt.Sub(tried)
 		if attempts > len(delays) && state == "pending" {
-			if !strings.Contains(lastErr, "Unknown Topic Or Partition") {
-				return false, fmt.Errorf("last_error = %q, want the broker's refusal", lastErr)
+			if !strings.Contains(lastErr, "Message Size Too Large") {
+				return false, fmt.Errorf("last_error = %q, want the writer's refusal", lastErr)
 			}
 			delays = append(delays, delay)
 		}
@@ -207,31 +207,34 @@ func TestARefusingBrokerBacksOffThenDeadThenRequeue(t *testing.T) {
 	if len(delays) != 2 || delays[1] <= delays[0]/2 {
 		t.Fatalf("backoff delays %v: want two, the second not shorter than half the first", delays)
 	}
-	// The next event of the dead one's aggregate waits behind it, untried; others flow.
-	enqueue(t, pool, ghost2)
+	if n := countRows(t, pool, "state = 'published' AND aggregate_id = 'fine' AND attempts = 1"); n != 1 {
+		t.Fatal("the too-large event's batch-mate was not published at its first attempt")
+	}
+	// The next event of the dead one's aggregate waits behind it, untried.
+	enqueue(t, pool, big2)
 	for range 3 {
 		if _, err := relay.RelayBatch(ctx); err != nil {
 			t.Fatal(err)
 		}
 	}
-	if n := countRows(t, pool, fmt.Sprintf("state = 'pending' AND attempts = 0 AND event_id = '%s'", ghost2.EventID)); n != 1 {
+	if n := countRows(t, pool, fmt.Sprintf("state = 'pending' AND attempts = 0 AND event_id = '%s'", big2.EventID)); n != 1 {
 		t.Fatal("the dead event's successor did not wait behind it")
 	}
-	if n := countRows(t, pool, "state = 'published' AND aggregate_id = 'fine'"); n != 1 {
-		t.Fatal("an unrelated aggregate was held up by the dead event")
+	if got := testinfra.MetricValue(t, reg, "outbox_publish_failures_total"); got != 3 {
+		t.Fatalf("outbox_publish_failures_total = %v, want 3", got)
 	}
-	if got := testinfra.MetricValue(t, reg, "outbox_publish_failures_total"); got < 3 {
-		t.Fatalf("outbox_publish_failures_total = %v, want >= 3", got)
+	if got := testinfra.MetricValue(t, reg, "outbox_kafka_errors_total"); got != 0 {
+		t.Fatalf("outbox_kafka_errors_total = %v, want 0: the broker was fine", got)
 	}
 
-	// The operator creates the topic and requeues. The relay is restarted with
-	// a fresh writer: kafka-go caches "unknown topic" for its metadata TTL.
-	testinfra.NewTopicNamed(t, brokers, missing, 1)
-	c := collect(t, brokers, missing)
+	// The operator raises the writer's limit (a relay restarted with the new
+	// setting) and requeues.
+	c := collect(t, brokers, topic)
 	relay.Close()
 	w2 := kafkautil.NewWriter(brokers, 10)
+	w2.BatchBytes = 4 << 20
 	defer w2.Close()
-	relay, err = outbox.NewRelay(pool, w2, outbox.RelayConfig{Topic: route})
+	relay, err = outbox.NewRelay(pool, w2, outbox.RelayConfig{Topic: func(string) string { return topic }})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -243,9 +246,43 @@ func TestARefusingBrokerBacksOffThenDeadThenRequeue(t *testing.T) {
 		if _, err := relay.RelayBatch(ctx); err != nil {
 			return false, err
 		}
-		return c.distinct() == 2, nil
+		return c.distinct() == 3, nil
 	})
-	c.checkOrder(t, map[string]int64{"g": 2})
+	c.checkOrder(t, map[string]int64{"big": 2, "fine": 1})
+}
+
+// newTopicWithConfig creates a one-partition topic with the given topic
+// configuration for this test and deletes it when the test ends.
+func newTopicWithConfig(t *testing.T, brokers []string, config map[string]string) string {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	ctrl, err := kafkautil.Controller(ctx, brokers)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ctrl.Close()
+	name := testinfra.Name("test")
+	tc := kafka.TopicConfig{Topic: name, NumPartitions: 1, ReplicationFactor: 1}
+	for k, v := range config {
+		tc.ConfigEntries = append(tc.ConfigEntries, kafka.ConfigEntry{ConfigName: k, ConfigValue: v})
+	}
+	if err := ctrl.CreateTopics(tc); err != nil {
+		t.Fatalf("creating topic %s: %v", name, err)
+	}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		if ctrl, err := kafkautil.Controller(ctx, brokers); err == nil {
+			_ = ctrl.DeleteTopics(name)
+			ctrl.Close()
+		}
+	})
+	testinfra.WaitFor(t, 20*time.Second, "topic "+name+" to have a leader", func() (bool, error) {
+		parts, err := ctrl.ReadPartitions(name)
+		return err == nil && len(parts) == 1 && parts[0].Leader.Host != "", nil
+	})
+	return name
 }
 
 func deadIDs(t *testing.T, pool *pgxpool.Pool) []int64 {

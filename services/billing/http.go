@@ -16,7 +16,7 @@ func Routes(e *echo.Echo, b *Billing) {
 	e.GET("/charges/:orderId", func(c echo.Context) error {
 		id, err := uuid.Parse(c.Param("orderId"))
 		if err != nil {
-			return apperr.Errorf(apperr.Malformed, "order id %q is not a UUID", c.Param("orderId"))
+			return apperr.Errorf(apperr.Malformed, "order id %s is not a UUID", apperr.Quote(c.Param("orderId")))
 		}
 		ch, err := b.Charge(c.Request().Context(), id)
 		if errors.Is(err, pgx.ErrNoRows) {

@@ -1,6 +1,7 @@
 package orders
 
 import (
+	"io"
 	"net/http"
 
 	"github.com/google/uuid"
@@ -28,14 +29,32 @@ type handlers struct{ s *Service }
 // MaxIdempotencyKeyLength bounds the Idempotency-Key header.
 const MaxIdempotencyKeyLength = 200
 
-func (h handlers) place(c echo.Context) error {
+// DecodePlaceRequest reads the body of POST /orders strictly (see
+// httpserver.DecodeJSON: exact field names, no unknown fields, no trailing
+// data, no invalid UTF-8 or NUL) and validates it. Errors are apperr errors:
+// Malformed for what is not a request, Invalid for a request that breaks a rule.
+func DecodePlaceRequest(body io.Reader) (PlaceRequest, error) {
 	var req PlaceRequest
-	if err := httpserver.DecodeJSON(c.Request().Body, &req); err != nil {
+	if err := httpserver.DecodeJSON(body, &req); err != nil {
+		return PlaceRequest{}, err
+	}
+	if err := req.Validate(); err != nil {
+		return PlaceRequest{}, err
+	}
+	return req, nil
+}
+
+func (h handlers) place(c echo.Context) error {
+	req, err := DecodePlaceRequest(c.Request().Body)
+	if err != nil {
 		return err
 	}
 	key := c.Request().Header.Get("Idempotency-Key")
 	if len(key) > MaxIdempotencyKeyLength {
 		return apperr.Errorf(apperr.Invalid, "Idempotency-Key must be at most %d bytes", MaxIdempotencyKeyLength)
+	}
+	if err := apperr.CheckText("the Idempotency-Key header", key); err != nil {
+		return err
 	}
 	o, replayed, err := h.s.Place(c.Request().Context(), req, key, meta(c, key))
 	if err != nil {
@@ -76,19 +95,20 @@ func (h handlers) cancel(c echo.Context) error {
 func orderID(c echo.Context) (uuid.UUID, error) {
 	id, err := uuid.Parse(c.Param("id"))
 	if err != nil {
-		return uuid.Nil, apperr.Errorf(apperr.Malformed, "order id %q is not a UUID", c.Param("id"))
+		return uuid.Nil, apperr.Errorf(apperr.Malformed, "order id %s is not a UUID", apperr.Quote(c.Param("id")))
 	}
 	return id, nil
 }
 
 // meta takes the event metadata from the request: X-Request-Id (generated
-// when absent) correlates, the idempotency key (else the request id) is the
-// cause, and the request's server span (which continues the caller's
-// traceparent header, if any) is the trace the event continues.
+// when absent or unsafe to store; see httpserver.RequestID) correlates, the
+// idempotency key (else the request id) is the cause, and the request's
+// server span (which continues the caller's traceparent header, if any) is
+// the trace the event continues.
 func meta(c echo.Context, idempotencyKey string) Meta {
 	r := c.Request()
 	reqID := r.Header.Get(echo.HeaderXRequestID)
-	if reqID == "" || len(reqID) > 200 {
+	if !apperr.ValidRequestID(reqID) { // a Service used without httpserver's middleware
 		reqID = uuid.NewString()
 	}
 	c.Response().Header().Set(echo.HeaderXRequestID, reqID)

@@ -89,7 +89,7 @@ func (r PlaceRequest) Validate() error {
 	case r.AmountCents > MaxAmountCents:
 		return apperr.Errorf(apperr.Invalid, "amountCents must be at most %d, got %d", int64(MaxAmountCents), r.AmountCents)
 	case !Currencies[r.Currency]:
-		return apperr.Errorf(apperr.Invalid, "currency %q is not a supported ISO 4217 code", r.Currency)
+		return apperr.Errorf(apperr.Invalid, "currency %s is not a supported ISO 4217 code", apperr.Quote(r.Currency))
 	}
 	return nil
 }
@@ -160,6 +160,11 @@ func (s *Service) Place(ctx context.Context, req PlaceRequest, idempotencyKey st
 	if err := req.Validate(); err != nil {
 		return Order{}, false, err
 	}
+	// The key is stored as text: what Postgres would refuse is the caller's
+	// mistake (400), not a 500.
+	if err := apperr.CheckText("the Idempotency-Key header", idempotencyKey); err != nil {
+		return Order{}, false, err
+	}
 	reqHash := requestHash(req)
 	var naive []event.Envelope
 	err = s.inTx(ctx, &naive, func(tx pgx.Tx) error {
@@ -209,7 +214,7 @@ func (s *Service) replay(ctx context.Context, key string, reqHash []byte) (Order
 		return Order{}, fmt.Errorf("reading idempotency key: %w", err)
 	}
 	if string(stored) != string(reqHash) {
-		return Order{}, apperr.Errorf(apperr.Conflict, "Idempotency-Key %q was already used with a different request", key)
+		return Order{}, apperr.Errorf(apperr.Conflict, "Idempotency-Key %s was already used with a different request", apperr.Quote(key))
 	}
 	return s.Get(ctx, id)
 }

@@ -129,6 +129,14 @@ func TestBadInputGetsA4xxAndWritesNothing(t *testing.T) {
 		{"unknown currency", `{"customerId":"c","amountCents":100,"currency":"XYZ"}`, http.StatusUnprocessableEntity, `currency "XYZ"`},
 		{"missing customer", `{"amountCents":100,"currency":"EUR"}`, http.StatusUnprocessableEntity, "customerId"},
 		{"2 MB body", `{"customerId":"` + strings.Repeat("x", 2<<20) + `","amountCents":1,"currency":"EUR"}`, http.StatusRequestEntityTooLarge, "larger than the limit of 1MB"},
+		// encoding/json alone would match these names case-insensitively and place the order.
+		{"upper-case field", `{"CUSTOMERID":"c","amountCents":1,"currency":"EUR"}`, http.StatusBadRequest, `unknown field "CUSTOMERID"`},
+		{"mixed-case field", `{"customerId":"c","AmountCents":1,"currency":"EUR"}`, http.StatusBadRequest, `unknown field "AmountCents"`},
+		// Postgres refuses NUL and invalid UTF-8 in text; encoding/json would
+		// pass the NUL through and silently replace the invalid bytes.
+		{"NUL in a string", `{"customerId":"c\u0000","amountCents":1,"currency":"EUR"}`, http.StatusBadRequest, "NUL"},
+		{"invalid UTF-8", "{\"customerId\":\"c\xff\",\"amountCents\":1,\"currency\":\"EUR\"}", http.StatusBadRequest, "UTF-8"},
+		{"900 KB currency", `{"customerId":"c","amountCents":1,"currency":"` + strings.Repeat("E", 900<<10) + `"}`, http.StatusUnprocessableEntity, "(921600 bytes)"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -140,6 +148,9 @@ func TestBadInputGetsA4xxAndWritesNothing(t *testing.T) {
 			if !strings.Contains(body.Error.Message, tt.want) {
 				t.Fatalf("message = %q, want it to mention %q", body.Error.Message, tt.want)
 			}
+			if rec.Body.Len() > 1024 {
+				t.Fatalf("the error body is %d bytes: it echoes the input", rec.Body.Len())
+			}
 		})
 	}
 	if n := a.count(t, "SELECT count(*) FROM orders"); n != 0 {
@@ -147,6 +158,33 @@ func TestBadInputGetsA4xxAndWritesNothing(t *testing.T) {
 	}
 	if n := a.count(t, "SELECT count(*) FROM outbox_events"); n != 0 {
 		t.Fatalf("%d events written by bad requests", n)
+	}
+}
+
+// Headers the API stores (Idempotency-Key as the key, X-Request-Id as the
+// events' correlation id) must not carry what Postgres refuses into a 500.
+func TestHeadersPostgresWouldRefuse(t *testing.T) {
+	a := newAPI(t)
+	for _, key := range []string{"k\xff\xfe", "k\x00y"} {
+		rec := a.do(t, http.MethodPost, "/orders", validOrder, "Idempotency-Key", key)
+		if rec.Code != http.StatusBadRequest {
+			t.Fatalf("Idempotency-Key %q: status %d, want 400; body %s", key, rec.Code, rec.Body)
+		}
+	}
+	if n := a.count(t, "SELECT count(*) FROM orders"); n != 0 {
+		t.Fatalf("%d orders written with a bad Idempotency-Key", n)
+	}
+	rec := a.do(t, http.MethodPost, "/orders", validOrder, "X-Request-Id", "r\xff\x00")
+	if rec.Code != http.StatusCreated {
+		t.Fatalf("an unusable X-Request-Id: status %d, want 201 (a new id replaces it); body %s", rec.Code, rec.Body)
+	}
+	id := rec.Header().Get("X-Request-Id")
+	var correlation string
+	if err := a.pool.QueryRow(context.Background(), `SELECT headers->>'correlationId' FROM outbox_events`).Scan(&correlation); err != nil {
+		t.Fatal(err)
+	}
+	if id == "" || correlation != id {
+		t.Fatalf("correlation id %q, response X-Request-Id %q: want the generated id in both", correlation, id)
 	}
 }
 

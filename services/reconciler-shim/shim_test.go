@@ -26,12 +26,13 @@ import (
 
 // rig is the shim's database, a topic, and the stand-in third party.
 type rig struct {
-	pool    *pgxpool.Pool
-	brokers []string
-	topic   string
-	ledger  *thirdparty.Ledger
-	url     string
-	quiet   *slog.Logger
+	pool     *pgxpool.Pool
+	brokers  []string
+	topic    string
+	ledger   *thirdparty.Ledger
+	url      string
+	adminURL string
+	quiet    *slog.Logger
 	// metrics has the shim metrics of the consumer built last.
 	metrics *prometheus.Registry
 }
@@ -52,13 +53,14 @@ func newRig(t *testing.T) *rig {
 	if r.ledger, err = thirdparty.OpenLedger(""); err != nil {
 		t.Fatal(err)
 	}
-	srv, err := thirdparty.NewServer(r.ledger, r.quiet, prometheus.NewRegistry())
+	srv, err := thirdparty.NewServer(r.ledger, r.quiet, prometheus.NewRegistry(), thirdparty.AdminOptions{Token: "test-token"})
 	if err != nil {
 		t.Fatal(err)
 	}
-	hs := httptest.NewServer(srv)
+	hs, admin := httptest.NewServer(srv.Public), httptest.NewServer(srv.Admin)
 	t.Cleanup(hs.Close)
-	r.url = hs.URL
+	t.Cleanup(admin.Close)
+	r.url, r.adminURL = hs.URL, admin.URL
 	return r
 }
 
@@ -162,7 +164,7 @@ func TestKilledBetweenTheCallAndDoneTheThirdPartyHoldsOneSettlement(t *testing.T
 func TestAFailingOrHangingThirdPartyIsRetriedWithoutDuplicates(t *testing.T) {
 	r := newRig(t)
 	first, second := captured(uuid.New()), captured(uuid.New())
-	client := thirdparty.NewClient(r.url, nil)
+	client := thirdparty.NewClient(r.url, nil).WithAdmin(r.adminURL, "test-token")
 	// The first payment meets two 500s, then a call that is booked but
 	// answered only after the shim's client gave up; the second goes through.
 	if err := client.SetFaults(context.Background(), thirdparty.Faults{FailNext: 2, HangNext: 1, HangFor: "2s"}); err != nil {

@@ -3,6 +3,7 @@ package rig
 import (
 	"bytes"
 	"context"
+	"crypto/rand"
 	"errors"
 	"fmt"
 	"io"
@@ -80,9 +81,14 @@ type Config struct {
 // Platform is a running platform.
 type Platform struct {
 	OrdersURL, BillingURL, ShimURL, ReconcilerURL string
-	OrdersDB, BillingDB, ShimDB                   string
-	OrdersTopic, BillingTopic                     string
-	Brokers                                       []string
+	// The operator listeners (ADMIN_ADDR): /metrics, /admin/... with AdminToken.
+	OrdersAdminURL, BillingAdminURL, ShimAdminURL, ReconcilerAdminURL string
+	// AdminToken is the programs' ADMIN_TOKEN, random per platform.
+	AdminToken string
+
+	OrdersDB, BillingDB, ShimDB string
+	OrdersTopic, BillingTopic   string
+	Brokers                     []string
 
 	cfg    Config
 	procs  []proc
@@ -140,13 +146,22 @@ func Start(ctx context.Context, cfg Config) (p *Platform, err error) {
 		}
 		return u + "?" + cfg.DatabaseParams
 	}
-	addrs := map[string]string{}
+	addrs, adminAddrs := map[string]string{}, map[string]string{}
 	for _, pr := range programs {
 		addrs[pr.name], err = freeAddr()
 		if err != nil {
 			return p, err
 		}
+		adminAddrs[pr.name], err = freeAddr()
+		if err != nil {
+			return p, err
+		}
 	}
+	p.AdminToken = rand.Text()
+	p.ReconcilerAdminURL = "http://" + adminAddrs["reconciler"]
+	p.ShimAdminURL = "http://" + adminAddrs["shim"]
+	p.BillingAdminURL = "http://" + adminAddrs["billing"]
+	p.OrdersAdminURL = "http://" + adminAddrs["orders"]
 	p.ReconcilerURL = "http://" + addrs["reconciler"]
 	p.ShimURL = "http://" + addrs["shim"]
 	p.BillingURL = "http://" + addrs["billing"]
@@ -164,7 +179,8 @@ func Start(ctx context.Context, cfg Config) (p *Platform, err error) {
 		return p, err
 	}
 	for _, pr := range programs {
-		if err := p.startProgram(ctx, pr.name, addrs[pr.name], append(env[pr.name], cfg.Env[pr.name]...)); err != nil {
+		progEnv := append([]string{"ADMIN_ADDR=" + adminAddrs[pr.name], "ADMIN_TOKEN=" + p.AdminToken}, env[pr.name]...)
+		if err := p.startProgram(ctx, pr.name, addrs[pr.name], append(progEnv, cfg.Env[pr.name]...)); err != nil {
 			return p, err
 		}
 	}
@@ -290,6 +306,7 @@ func (p *Platform) K6Env() []string {
 	return []string{
 		"ORDERS_URL=" + p.OrdersURL, "BILLING_URL=" + p.BillingURL, "SHIM_URL=" + p.ShimURL,
 		"RECONCILER_URL=" + p.ReconcilerURL,
+		"ORDERS_ADMIN_URL=" + p.OrdersAdminURL, "BILLING_ADMIN_URL=" + p.BillingAdminURL, "SHIM_ADMIN_URL=" + p.ShimAdminURL,
 		"ORDERS_DB=" + p.OrdersDB, "BILLING_DB=" + p.BillingDB, "SHIM_DB=" + p.ShimDB,
 		"KAFKA_BROKERS=" + strings.Join(p.Brokers, ","), "ORDERS_TOPIC=" + p.OrdersTopic,
 	}

@@ -6,16 +6,19 @@
 //	                                        either optionally with "consumer"
 //
 // NAME is one of the names the service gave its dead-letter topics, never a
-// topic itself, so the endpoints cannot be pointed at arbitrary topics. Mount
-// it under a prefix with http.StripPrefix. Requeuing changes what consumers
-// receive: expose these endpoints only where operators, not the public, can
-// reach them.
+// topic itself, so the endpoints cannot be pointed at arbitrary topics.
+// Requeuing every dead letter needs "all": true: an empty request or an
+// empty id list is refused; at most MaxRequeueIDs ids per call. Mount it
+// under a prefix with http.StripPrefix on the operator listener
+// (httpserver.NewAdmin), which checks the bearer token: requeuing changes
+// what consumers receive. Every requeue is logged with what it sent back.
 package inboxhttp
 
 import (
-	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
+	"log/slog"
 	"maps"
 	"net/http"
 	"slices"
@@ -26,25 +29,69 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/onceflow/onceflow/pkg/inbox"
+	"github.com/onceflow/onceflow/pkg/platform/apperr"
+	"github.com/onceflow/onceflow/pkg/platform/strictjson"
 )
+
+// MaxRequeueIDs is the most event ids one requeue call takes.
+const MaxRequeueIDs = 1000
+
+// RequeueRequest is the body of POST /dead-letters/requeue.
+type RequeueRequest struct {
+	// Topic is the dead-letter topic's name (a key of the handler's map).
+	Topic string `json:"topic"`
+	// Consumer narrows the requeue to one consumer's dead letters.
+	Consumer string `json:"consumer"`
+	// EventIDs selects the dead letters of these events (1 to MaxRequeueIDs).
+	EventIDs []uuid.UUID `json:"eventIds"`
+	// All selects every dead letter of the topic (of Consumer, if set).
+	All bool `json:"all"`
+}
+
+// DecodeRequeue decodes and checks a POST /dead-letters/requeue body. Errors
+// are apperr.Malformed (400); which topics exist is the handler's business.
+func DecodeRequeue(body []byte) (RequeueRequest, error) {
+	var req RequeueRequest
+	if err := strictjson.Unmarshal(body, &req); err != nil {
+		return req, err
+	}
+	switch {
+	case req.EventIDs != nil && len(req.EventIDs) == 0:
+		return req, apperr.Errorf(apperr.Malformed, `"eventIds" is empty: list the event ids to requeue, or send "all": true`)
+	case len(req.EventIDs) > MaxRequeueIDs:
+		return req, apperr.Errorf(apperr.Malformed, "at most %d event ids per call", MaxRequeueIDs)
+	}
+	return req, nil
+}
 
 // Handler serves the dead-letter endpoints. db holds the inbox, w produces
 // requeued messages (it must not have a Topic of its own; see
 // inbox.RequeueDeadLetters), brokers is the Kafka cluster, and dltTopics maps
 // the names callers use to the dead-letter topics, e.g.
-// {"orders": "orders.events.dlt"}.
-func Handler(db inbox.DB, w inbox.Writer, brokers []string, dltTopics map[string]string) http.Handler {
+// {"orders": "orders.events.dlt"}. logger records every requeue and every
+// internal error.
+func Handler(db inbox.DB, w inbox.Writer, brokers []string, dltTopics map[string]string, logger *slog.Logger) http.Handler {
 	topics := maps.Clone(dltTopics)
 	names := slices.Sorted(maps.Keys(topics))
+	writeError := func(rw http.ResponseWriter, r *http.Request, status int, msg string) {
+		code := apperr.Invalid
+		switch status {
+		case http.StatusBadRequest:
+			code = apperr.Malformed
+		case http.StatusNotFound:
+			code = apperr.NotFound
+		}
+		apperr.WriteHTTP(rw, r, logger, apperr.Errorf(code, "%s", msg))
+	}
 	// lookup reports an unknown or missing name itself and returns ok=false.
-	lookup := func(rw http.ResponseWriter, name string, missingStatus int) (string, bool) {
+	lookup := func(rw http.ResponseWriter, r *http.Request, name string, missingStatus int) (string, bool) {
 		if name == "" {
-			writeError(rw, missingStatus, fmt.Sprintf("topic is required, one of: %s", strings.Join(names, ", ")))
+			writeError(rw, r, missingStatus, fmt.Sprintf("topic is required, one of: %s", strings.Join(names, ", ")))
 			return "", false
 		}
 		topic, ok := topics[name]
 		if !ok {
-			writeError(rw, http.StatusNotFound, fmt.Sprintf("no dead-letter topic is named %q; known: %s", name, strings.Join(names, ", ")))
+			writeError(rw, r, http.StatusNotFound, fmt.Sprintf("no dead-letter topic is named %s; known: %s", apperr.Quote(name), strings.Join(names, ", ")))
 			return "", false
 		}
 		return topic, true
@@ -57,19 +104,19 @@ func Handler(db inbox.DB, w inbox.Writer, brokers []string, dltTopics map[string
 		if s := q.Get("limit"); s != "" {
 			n, err := strconv.Atoi(s)
 			if err != nil || n < 1 || n > 10_000 {
-				writeError(rw, http.StatusBadRequest, "limit must be an integer from 1 to 10000")
+				writeError(rw, r, http.StatusBadRequest, "limit must be an integer from 1 to 10000")
 				return
 			}
 			limit = n
 		}
 		name := q.Get("topic")
-		topic, ok := lookup(rw, name, http.StatusBadRequest)
+		topic, ok := lookup(rw, r, name, http.StatusBadRequest)
 		if !ok {
 			return
 		}
 		dls, err := inbox.ListDeadLetters(r.Context(), brokers, topic, limit)
 		if err != nil {
-			writeError(rw, http.StatusInternalServerError, err.Error())
+			apperr.WriteHTTP(rw, r, logger, err)
 			return
 		}
 		out := make([]deadLetter, len(dls))
@@ -85,21 +132,26 @@ func Handler(db inbox.DB, w inbox.Writer, brokers []string, dltTopics map[string
 				out[i].EventID = d.EventID.String()
 			}
 		}
-		writeJSON(rw, http.StatusOK, map[string]any{
+		apperr.WriteJSON(rw, http.StatusOK, map[string]any{
 			"topic": name, "deadLetterTopic": topic, "count": len(out), "deadLetters": out,
 		})
 	})
 	mux.HandleFunc("POST /dead-letters/requeue", func(rw http.ResponseWriter, r *http.Request) {
-		var req struct {
-			Topic    string      `json:"topic"`
-			Consumer string      `json:"consumer"`
-			EventIDs []uuid.UUID `json:"eventIds"`
-			All      bool        `json:"all"`
-		}
-		if !decode(rw, r, &req) {
+		body, err := io.ReadAll(http.MaxBytesReader(rw, r.Body, 1<<20))
+		if err != nil {
+			var mbe *http.MaxBytesError
+			if !errors.As(err, &mbe) {
+				err = apperr.Errorf(apperr.Malformed, "reading the request body failed")
+			}
+			apperr.WriteHTTP(rw, r, logger, err)
 			return
 		}
-		topic, ok := lookup(rw, req.Topic, http.StatusUnprocessableEntity)
+		req, err := DecodeRequeue(body)
+		if err != nil {
+			apperr.WriteHTTP(rw, r, logger, err)
+			return
+		}
+		topic, ok := lookup(rw, r, req.Topic, http.StatusUnprocessableEntity)
 		if !ok {
 			return
 		}
@@ -108,15 +160,20 @@ func Handler(db inbox.DB, w inbox.Writer, brokers []string, dltTopics map[string
 		})
 		switch {
 		case errors.Is(err, inbox.ErrInvalidFilter):
-			writeError(rw, http.StatusUnprocessableEntity, err.Error())
+			writeError(rw, r, http.StatusUnprocessableEntity, err.Error())
 			return
 		case err != nil:
 			// Some may have been requeued before the failure; a retry is
-			// safe, since the inbox absorbs what arrives twice.
-			writeError(rw, http.StatusInternalServerError, fmt.Sprintf("%v (requeued before the failure: %d)", err, n))
+			// safe, since the inbox absorbs what arrives twice. The count
+			// goes to the log with the error, under the request id.
+			apperr.WriteHTTP(rw, r, logger, fmt.Errorf("%w (requeued before the failure: %d)", err, n))
 			return
 		}
-		writeJSON(rw, http.StatusOK, map[string]int{"requeued": n})
+		logger.InfoContext(r.Context(), "dead letters requeued by an operator",
+			slog.Int("requeued", n), slog.String("dead_letter_topic", topic), slog.String("consumer", req.Consumer),
+			slog.Int("event_ids", len(req.EventIDs)), slog.Any("event_id_list", req.EventIDs), slog.Bool("all", req.All),
+			slog.String("remote_addr", r.RemoteAddr), slog.String("request_id", apperr.RequestID(rw, r)))
+		apperr.WriteJSON(rw, http.StatusOK, map[string]int{"requeued": n})
 	})
 	return mux
 }
@@ -136,34 +193,4 @@ type deadLetter struct {
 	AggregateID       string    `json:"aggregateId,omitempty"`
 	KeySize           int       `json:"keySize"`
 	ValueSize         int       `json:"valueSize"`
-}
-
-func decode(w http.ResponseWriter, r *http.Request, v any) bool {
-	dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, 1<<20))
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(v); err != nil {
-		writeError(w, http.StatusBadRequest, fmt.Sprintf("request body is not valid JSON for this endpoint: %v", err))
-		return false
-	}
-	return true
-}
-
-func writeJSON(w http.ResponseWriter, status int, v any) {
-	w.Header().Set("Content-Type", "application/json")
-	w.WriteHeader(status)
-	_ = json.NewEncoder(w).Encode(v)
-}
-
-// writeError uses the same body shape and codes as the services' own errors.
-func writeError(w http.ResponseWriter, status int, msg string) {
-	code := "invalid"
-	switch {
-	case status == http.StatusBadRequest:
-		code = "malformed"
-	case status == http.StatusNotFound:
-		code = "not_found"
-	case status >= 500:
-		code = "internal"
-	}
-	writeJSON(w, status, map[string]any{"error": map[string]string{"code": code, "message": msg}})
 }

@@ -4,6 +4,8 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
+	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"slices"
@@ -61,7 +63,7 @@ func TestHandlerDeadLetterEndpoints(t *testing.T) {
 		}
 	}
 
-	srv := httptest.NewServer(http.StripPrefix("/admin/inbox", inboxhttp.Handler(pool, w, brokers, map[string]string{"orders": dlt})))
+	srv := httptest.NewServer(http.StripPrefix("/admin/inbox", inboxhttp.Handler(pool, w, brokers, map[string]string{"orders": dlt}, slog.New(slog.NewTextHandler(io.Discard, nil)))))
 	defer srv.Close()
 
 	call := func(method, path, body string, wantStatus int) map[string]any {
@@ -154,6 +156,9 @@ func TestHandlerDeadLetterEndpoints(t *testing.T) {
 	errorCode(call("POST", "/dead-letters/requeue", `{"topic":"payments","all":true}`, 404))
 	errorCode(call("POST", "/dead-letters/requeue", `{"topic":"orders","al":true}`, 400))
 	errorCode(call("POST", "/dead-letters/requeue", `{"topic":"orders","eventIds":["not-a-uuid"]}`, 400))
+	errorCode(call("POST", "/dead-letters/requeue", `{"topic":"orders","eventIds":[]}`, 400))
+	errorCode(call("POST", "/dead-letters/requeue", `{"TOPIC":"orders","all":true}`, 400))
+	errorCode(call("POST", "/dead-letters/requeue", `{"topic":"orders","all":true}x`, 400))
 	if ids := remaining(); len(ids) != 2 {
 		t.Fatalf("refused requests changed the inbox: %v", ids)
 	}

@@ -1,19 +1,23 @@
 // Package outboxhttp puts the outbox's operator functions behind HTTP, with
-// the standard library only, so any service can mount them:
+// the standard library and the platform's error mapping only, so any service
+// can mount them:
 //
-//	GET  /dead?limit=N   the dead events (ListDead), newest rows last
-//	POST /requeue        {"ids":[…]} or {"aggregateType":…,"aggregateId":…,"limit":N}
-//	POST /replay         {"aggregateType":…,"aggregateId":…,"from":…,"to":…,"dryRun":true}
+//	GET  /dead?limit=N   the dead events (ListDead), oldest first
+//	POST /requeue        {"ids":[…]}, or {"aggregateType":…,"aggregateId":…,"limit":N},
+//	                     or {"all":true,"limit":N}: at most MaxRequeue rows per call
+//	POST /replay         {"aggregateType":…,"aggregateId":…,"from":…,"to":…,"dryRun":false}:
+//	                     a dry run unless dryRun is false; at most outbox.MaxReplay events
 //
-// Mount it under a prefix with http.StripPrefix. These endpoints change what
-// a service publishes: expose them only where operators, not the public, can
-// reach them.
+// Mount it under a prefix with http.StripPrefix, on the operator listener
+// (httpserver.NewAdmin), which checks the bearer token: these endpoints
+// change what a service publishes. Every call that changes something is
+// logged with what it changed.
 package outboxhttp
 
 import (
-	"encoding/json"
 	"errors"
-	"fmt"
+	"io"
+	"log/slog"
 	"net/http"
 	"strconv"
 	"time"
@@ -21,24 +25,105 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/onceflow/onceflow/pkg/outbox"
+	"github.com/onceflow/onceflow/pkg/platform/apperr"
+	"github.com/onceflow/onceflow/pkg/platform/strictjson"
 )
 
-// Handler serves the operator endpoints on db.
-func Handler(db outbox.DB) http.Handler {
+// MaxRequeue is the most rows one POST /requeue sets back to pending, and
+// the most ids it takes: an operator clearing a large backlog calls again
+// until "requeued" is 0, watching the relay keep up in between.
+const MaxRequeue = 1000
+
+// maxBody bounds an operator request body; the largest, a requeue of
+// MaxRequeue ids, is far smaller.
+const maxBody = 1 << 20
+
+// RequeueRequest is the body of POST /requeue. Exactly one way of selecting
+// must be used: Ids, a filter (AggregateType, optionally AggregateID), or
+// All. An empty request, an empty id list or a negative limit is refused,
+// never read as "everything".
+type RequeueRequest struct {
+	IDs           []int64 `json:"ids"`
+	AggregateType string  `json:"aggregateType"`
+	AggregateID   string  `json:"aggregateId"`
+	// All selects every dead row (of AggregateType/AggregateID when set).
+	All bool `json:"all"`
+	// Limit is the most rows requeued, oldest first: 1 to MaxRequeue,
+	// absent or 0 meaning MaxRequeue. Not allowed with IDs.
+	Limit int `json:"limit"`
+}
+
+// ReplayRequest is the body of POST /replay.
+type ReplayRequest struct {
+	AggregateType string    `json:"aggregateType"`
+	AggregateID   string    `json:"aggregateId"`
+	From          time.Time `json:"from"`
+	To            time.Time `json:"to"`
+	// DryRun only lists what would be replayed. Absent means true: a replay
+	// republishes events to every consumer, so it happens only when asked
+	// for with "dryRun": false.
+	DryRun *bool `json:"dryRun"`
+}
+
+// DecodeRequeue decodes and checks a POST /requeue body. Errors are
+// apperr.Malformed (400).
+func DecodeRequeue(body []byte) (RequeueRequest, error) {
+	var req RequeueRequest
+	if err := strictjson.Unmarshal(body, &req); err != nil {
+		return req, err
+	}
+	bad := func(msg string) (RequeueRequest, error) { return req, apperr.Errorf(apperr.Malformed, "%s", msg) }
+	filter := req.AggregateType != "" || req.AggregateID != ""
+	switch {
+	case req.IDs != nil && len(req.IDs) == 0:
+		return bad(`"ids" is empty: list the ids to requeue, or send {"all":true} to requeue every dead row`)
+	case len(req.IDs) > MaxRequeue:
+		return bad("at most " + strconv.Itoa(MaxRequeue) + " ids per call")
+	case len(req.IDs) > 0 && (filter || req.All || req.Limit != 0):
+		return bad(`"ids" cannot be combined with "aggregateType", "aggregateId", "all" or "limit"`)
+	case req.Limit < 0 || req.Limit > MaxRequeue:
+		return bad(`"limit" must be from 1 to ` + strconv.Itoa(MaxRequeue) + " (absent: " + strconv.Itoa(MaxRequeue) + ")")
+	case req.AggregateID != "" && req.AggregateType == "":
+		return bad(`"aggregateId" needs "aggregateType"`)
+	case len(req.IDs) == 0 && !filter && !req.All:
+		return bad(`say what to requeue: {"ids":[…]}, {"aggregateType":…}, or {"all":true} for every dead row`)
+	}
+	for _, s := range []string{req.AggregateType, req.AggregateID} {
+		if err := apperr.CheckText("the aggregate", s); err != nil {
+			return req, err
+		}
+	}
+	return req, nil
+}
+
+// DecodeReplay decodes a POST /replay body. Errors are apperr.Malformed
+// (400); the filter's own rules are outbox.Replay's (422).
+func DecodeReplay(body []byte) (ReplayRequest, error) {
+	var req ReplayRequest
+	if err := strictjson.Unmarshal(body, &req); err != nil {
+		return req, err
+	}
+	return req, nil
+}
+
+// Handler serves the operator endpoints on db; logger records every change
+// and every internal error.
+func Handler(db outbox.DB, logger *slog.Logger) http.Handler {
 	mux := http.NewServeMux()
+	fail := func(w http.ResponseWriter, r *http.Request, err error) { apperr.WriteHTTP(w, r, logger, err) }
 	mux.HandleFunc("GET /dead", func(w http.ResponseWriter, r *http.Request) {
 		limit := 100
 		if s := r.URL.Query().Get("limit"); s != "" {
 			n, err := strconv.Atoi(s)
 			if err != nil || n < 1 || n > 10_000 {
-				writeError(w, http.StatusBadRequest, "limit must be an integer from 1 to 10000")
+				fail(w, r, apperr.Errorf(apperr.Malformed, "limit must be an integer from 1 to 10000"))
 				return
 			}
 			limit = n
 		}
 		dead, err := outbox.ListDead(r.Context(), db, limit)
 		if err != nil {
-			writeError(w, http.StatusInternalServerError, err.Error())
+			fail(w, r, err)
 			return
 		}
 		out := make([]deadEvent, len(dead))
@@ -46,64 +131,96 @@ func Handler(db outbox.DB) http.Handler {
 			out[i] = deadEvent{d.ID, d.EventID, d.EventType, d.AggregateType, d.AggregateID,
 				d.AggregateVersion, d.Attempts, d.LastError, d.CreatedAt}
 		}
-		writeJSON(w, http.StatusOK, map[string]any{"dead": out})
+		apperr.WriteJSON(w, http.StatusOK, map[string]any{"dead": out})
 	})
 	mux.HandleFunc("POST /requeue", func(w http.ResponseWriter, r *http.Request) {
-		var req struct {
-			IDs           []int64 `json:"ids"`
-			AggregateType string  `json:"aggregateType"`
-			AggregateID   string  `json:"aggregateId"`
-			Limit         int     `json:"limit"`
-		}
-		if !decode(w, r, &req) {
+		body, err := read(w, r)
+		if err != nil {
+			fail(w, r, err)
 			return
 		}
-		var (
-			n   int
-			err error
-		)
+		req, err := DecodeRequeue(body)
+		if err != nil {
+			fail(w, r, err)
+			return
+		}
+		var n int
 		if len(req.IDs) > 0 {
 			n, err = outbox.Requeue(r.Context(), db, req.IDs...)
 		} else {
+			limit := req.Limit
+			if limit == 0 {
+				limit = MaxRequeue
+			}
 			n, err = outbox.RequeueDead(r.Context(), db, outbox.DeadFilter{
-				AggregateType: req.AggregateType, AggregateID: req.AggregateID, Limit: req.Limit,
+				AggregateType: req.AggregateType, AggregateID: req.AggregateID, Limit: limit,
 			})
 		}
 		if err != nil {
-			writeError(w, http.StatusInternalServerError, err.Error())
+			fail(w, r, err)
 			return
 		}
-		writeJSON(w, http.StatusOK, map[string]int{"requeued": n})
+		logger.InfoContext(r.Context(), "outbox events requeued by an operator",
+			slog.Int("requeued", n), slog.Any("ids", req.IDs), slog.Bool("all", req.All),
+			slog.String("aggregate_type", req.AggregateType), slog.String("aggregate_id", req.AggregateID),
+			slog.String("remote_addr", r.RemoteAddr), slog.String("request_id", apperr.RequestID(w, r)))
+		apperr.WriteJSON(w, http.StatusOK, map[string]int{"requeued": n})
 	})
 	mux.HandleFunc("POST /replay", func(w http.ResponseWriter, r *http.Request) {
-		var req struct {
-			AggregateType string    `json:"aggregateType"`
-			AggregateID   string    `json:"aggregateId"`
-			From          time.Time `json:"from"`
-			To            time.Time `json:"to"`
-			DryRun        bool      `json:"dryRun"`
-		}
-		if !decode(w, r, &req) {
+		body, err := read(w, r)
+		if err != nil {
+			fail(w, r, err)
 			return
 		}
+		req, err := DecodeReplay(body)
+		if err != nil {
+			fail(w, r, err)
+			return
+		}
+		dryRun := req.DryRun == nil || *req.DryRun
 		items, err := outbox.Replay(r.Context(), db, outbox.ReplayFilter{
 			AggregateType: req.AggregateType, AggregateID: req.AggregateID, From: req.From, To: req.To,
-		}, req.DryRun)
+		}, dryRun)
 		switch {
 		case errors.Is(err, outbox.ErrInvalidFilter), errors.Is(err, outbox.ErrReplayTooLarge):
-			writeError(w, http.StatusUnprocessableEntity, err.Error())
+			fail(w, r, apperr.Errorf(apperr.Invalid, "%v", err))
 			return
 		case err != nil:
-			writeError(w, http.StatusInternalServerError, err.Error())
+			fail(w, r, err)
 			return
 		}
 		out := make([]replayItem, len(items))
 		for i, it := range items {
 			out[i] = replayItem{it.ID, it.EventID, it.EventType, it.AggregateID, it.AggregateVersion, it.CreatedAt}
 		}
-		writeJSON(w, http.StatusOK, map[string]any{"dryRun": req.DryRun, "count": len(out), "events": out})
+		if !dryRun {
+			var first, last int64
+			if len(items) > 0 {
+				first, last = items[0].ID, items[len(items)-1].ID
+			}
+			logger.InfoContext(r.Context(), "outbox events replayed by an operator",
+				slog.Int("count", len(items)), slog.Int64("first_id", first), slog.Int64("last_id", last),
+				slog.String("aggregate_type", req.AggregateType), slog.String("aggregate_id", req.AggregateID),
+				slog.Time("from", req.From), slog.Time("to", req.To),
+				slog.String("remote_addr", r.RemoteAddr), slog.String("request_id", apperr.RequestID(w, r)))
+		}
+		apperr.WriteJSON(w, http.StatusOK, map[string]any{"dryRun": dryRun, "count": len(out), "events": out})
 	})
 	return mux
+}
+
+// read reads a bounded request body; an oversized one is an
+// *http.MaxBytesError, which apperr.WriteHTTP answers with 413.
+func read(w http.ResponseWriter, r *http.Request) ([]byte, error) {
+	b, err := io.ReadAll(http.MaxBytesReader(w, r.Body, maxBody))
+	if err != nil {
+		var mbe *http.MaxBytesError
+		if errors.As(err, &mbe) {
+			return nil, err
+		}
+		return nil, apperr.Errorf(apperr.Malformed, "reading the request body failed")
+	}
+	return b, nil
 }
 
 type deadEvent struct {
@@ -125,32 +242,4 @@ type replayItem struct {
 	AggregateID      string    `json:"aggregateId"`
 	AggregateVersion int64     `json:"aggregateVersion"`
 	CreatedAt        time.Time `json:"createdAt"`
-}
-
-func decode(w http.ResponseWriter, r *http.Request, v any) bool {
-	dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, 1<<20))
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(v); err != nil {
-		writeError(w, http.StatusBadRequest, fmt.Sprintf("request body is not valid JSON for this endpoint: %v", err))
-		return false
-	}
-	return true
-}
-
-func writeJSON(w http.ResponseWriter, status int, v any) {
-	w.Header().Set("Content-Type", "application/json")
-	w.WriteHeader(status)
-	_ = json.NewEncoder(w).Encode(v)
-}
-
-// writeError uses the same body shape as the services' own errors.
-func writeError(w http.ResponseWriter, status int, msg string) {
-	code := "invalid"
-	switch {
-	case status == http.StatusBadRequest:
-		code = "malformed"
-	case status >= 500:
-		code = "internal"
-	}
-	writeJSON(w, status, map[string]any{"error": map[string]string{"code": code, "message": msg}})
 }

@@ -1,11 +1,15 @@
 package outboxhttp_test
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
+	"io"
+	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -40,7 +44,8 @@ func TestOperatorEndpoints(t *testing.T) {
 	if _, err := pool.Exec(ctx, `UPDATE outbox_events SET state = 'published', published_at = now() WHERE event_id = $1`, published.EventID); err != nil {
 		t.Fatal(err)
 	}
-	srv := httptest.NewServer(http.StripPrefix("/admin/outbox", outboxhttp.Handler(pool)))
+	var logs syncBuffer
+	srv := httptest.NewServer(http.StripPrefix("/admin/outbox", outboxhttp.Handler(pool, slog.New(slog.NewJSONHandler(&logs, nil)))))
 	defer srv.Close()
 
 	call := func(method, path, body string, wantStatus int) map[string]any {
@@ -67,7 +72,19 @@ func TestOperatorEndpoints(t *testing.T) {
 	if dry["count"] != float64(1) {
 		t.Fatalf("replay dry run = %v, want the one published event", dry)
 	}
+	if implicit := call("POST", "/replay", `{"aggregateType":"order"}`, 200); implicit["dryRun"] != true || implicit["count"] != float64(1) {
+		t.Fatalf("a replay that does not say dryRun = %v, want a dry run of the one published event", implicit)
+	}
 	call("POST", "/replay", `{"dryRun":true}`, 422)
+	call("POST", "/replay", `{"AGGREGATETYPE":"order"}`, 400)
+	call("POST", "/replay", `{"aggregateType":"order"} {}`, 400)
+	// Nothing selects "every dead row" but an explicit all.
+	for _, body := range []string{`{}`, `{"ids":[]}`, `{"all":true,"limit":-1}`, `{"aggregateType":"order","limit":-5}`,
+		`{"all":true,"limit":1001}`, `{"ids":[1],"all":true}`, `{"aggregateId":"o-1"}`, `{"Ids":[1]}`, `{"aggregateType":"o\u0000"}`} {
+		if code := call("POST", "/requeue", body, 400)["error"].(map[string]any)["code"]; code != "malformed" {
+			t.Fatalf("requeue %s: code %v, want malformed", body, code)
+		}
+	}
 	call("POST", "/replay", `{"aggregateType":`, 400)
 	call("GET", "/dead?limit=0", "", 400)
 	if got := call("POST", "/requeue", `{"aggregateType":"order"}`, 200)["requeued"]; got != float64(1) {
@@ -81,4 +98,55 @@ func TestOperatorEndpoints(t *testing.T) {
 	if err := pool.QueryRow(ctx, `SELECT count(*) FROM outbox_events WHERE state = 'pending'`).Scan(&pending); err != nil || pending != 1 {
 		t.Fatalf("the dry run changed something: %d pending (%v)", pending, err)
 	}
+	if !strings.Contains(logs.String(), `"msg":"outbox events requeued by an operator"`) || !strings.Contains(logs.String(), `"requeued":1`) {
+		t.Fatalf("the requeue was not logged with its count:\n%s", logs.String())
+	}
+}
+
+// A database error is a 500 whose body has a request id and none of the
+// error's text; the log has the text under the same id.
+func TestInternalErrorsKeepTheirDetailInTheLog(t *testing.T) {
+	pool := testinfra.NewPool(t, testinfra.NewDatabase(t))
+	pool.Close()
+	var logs syncBuffer
+	srv := httptest.NewServer(outboxhttp.Handler(pool, slog.New(slog.NewJSONHandler(&logs, nil))))
+	defer srv.Close()
+	resp, err := http.Get(srv.URL + "/dead")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	raw, _ := io.ReadAll(resp.Body)
+	var body struct {
+		Error struct{ Code, Message, RequestID string }
+	}
+	_ = json.Unmarshal(raw, &body)
+	id := resp.Header.Get("X-Request-Id")
+	if resp.StatusCode != 500 || body.Error.Code != "internal" || id == "" || body.Error.RequestID != id {
+		t.Fatalf("status %d, X-Request-Id %q, body %s; want 500 with the request id in header and body", resp.StatusCode, id, raw)
+	}
+	if strings.Contains(string(raw), "closed") || strings.Contains(string(raw), "outbox:") {
+		t.Fatalf("the body leaks the internal error: %s", raw)
+	}
+	if !strings.Contains(logs.String(), `"request_id":"`+id+`"`) || !strings.Contains(logs.String(), "closed") {
+		t.Fatalf("the log lacks the error under request id %s:\n%s", id, logs.String())
+	}
+}
+
+// syncBuffer is a log sink the server's goroutines and the test share.
+type syncBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *syncBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
 }

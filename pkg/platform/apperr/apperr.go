@@ -12,7 +12,7 @@ import (
 // Code classifies an application error.
 type Code string
 
-// The codes, with the HTTP status they map to.
+// The codes, with the HTTP status they map to (see Status).
 const (
 	Malformed Code = "malformed" // 400: the request cannot be parsed
 	Invalid   Code = "invalid"   // 422: parsed, but breaks a rule

@@ -10,6 +10,8 @@ import (
 	"fmt"
 
 	"github.com/caarlos0/env/v11"
+
+	"github.com/onceflow/onceflow/pkg/platform/kafkautil"
 )
 
 // Var describes one environment variable a configuration reads.
@@ -48,4 +50,16 @@ func Vars(cfg any) ([]Var, error) {
 		vars = append(vars, Var{Name: p.Key, Default: p.DefaultValue})
 	}
 	return vars, nil
+}
+
+// KafkaSecurity reads the Kafka security variables (KAFKA_TLS, KAFKA_SASL_…;
+// see kafkautil.SecurityConfig) from getenv and builds the security every
+// Kafka client applies, for programs that have no Config struct of their
+// own to embed kafkautil.SecurityConfig in.
+func KafkaSecurity(getenv func(string) string) (kafkautil.Security, error) {
+	var c kafkautil.SecurityConfig
+	if err := Load(getenv, &c); err != nil {
+		return kafkautil.Security{}, err
+	}
+	return kafkautil.NewSecurity(c)
 }

@@ -1,7 +1,9 @@
-// Package httpserver builds the echo server every service runs: JSON errors
-// mapped from apperr codes in one place, a request body limit, structured
-// request logs, a server span per request, and the
-// /healthz, /readyz and /metrics endpoints.
+// Package httpserver builds the echo servers every service runs: JSON errors
+// mapped by apperr.WriteHTTP, a request id on every request, a request body
+// limit, structured request logs, a server span per request, and the
+// /healthz and /readyz endpoints on the public listener (New); /metrics,
+// the operator routes behind a bearer token and opt-in pprof on the operator
+// listener (NewAdmin). Serve runs either with the timeouts of Timeouts.
 package httpserver
 
 import (
@@ -29,7 +31,8 @@ type Check func(ctx context.Context) error
 type Config struct {
 	// Logger receives one record per request and every internal error. Required.
 	Logger *slog.Logger
-	// Gatherer is served on /metrics. Required.
+	// Gatherer is served on /metrics. nil serves no /metrics: the public
+	// listener of a service leaves it to the operator listener (NewAdmin).
 	Gatherer prometheus.Gatherer
 	// Checks are run by /readyz, by name. Default: none (always ready).
 	Checks map[string]Check
@@ -50,6 +53,7 @@ func New(cfg Config) *echo.Echo {
 	// Outermost, so a request's span covers everything, panics included.
 	e.Use(TracingMiddleware(isOperational))
 	e.Use(middleware.Recover())
+	e.Use(RequestID)
 	e.Use(middleware.BodyLimit(cfg.BodyLimit))
 	e.Use(middleware.RequestLoggerWithConfig(middleware.RequestLoggerConfig{
 		LogMethod: true, LogURIPath: true, LogStatus: true, LogLatency: true,
@@ -66,8 +70,27 @@ func New(cfg Config) *echo.Echo {
 		return c.JSON(http.StatusOK, map[string]string{"status": "ok"})
 	})
 	e.GET("/readyz", readyz(cfg.Checks))
-	e.GET("/metrics", echo.WrapHandler(promhttp.HandlerFor(cfg.Gatherer, promhttp.HandlerOpts{})))
+	if cfg.Gatherer != nil {
+		e.GET("/metrics", echo.WrapHandler(promhttp.HandlerFor(cfg.Gatherer, promhttp.HandlerOpts{})))
+	}
 	return e
+}
+
+// RequestID gives every request an id (apperr.RequestIDHeader): the
+// client's when it is a valid one, else a new one. It is set on the request,
+// so handlers that record it (as an event's correlation id) read a value
+// that is safe to store, and on the response, so the client can quote it.
+func RequestID(next echo.HandlerFunc) echo.HandlerFunc {
+	return func(c echo.Context) error {
+		r := c.Request()
+		id := r.Header.Get(apperr.RequestIDHeader)
+		if !apperr.ValidRequestID(id) {
+			id = apperr.NewRequestID()
+			r.Header.Set(apperr.RequestIDHeader, id)
+		}
+		c.Response().Header().Set(apperr.RequestIDHeader, id)
+		return next(c)
+	}
 }
 
 // isOperational tells the probes' and scrapers' requests, which are neither
@@ -101,61 +124,60 @@ func readyz(checks map[string]Check) echo.HandlerFunc {
 	}
 }
 
-// ErrorBody is the JSON body of every error response.
-type ErrorBody struct {
-	Error struct {
-		Code    string `json:"code"`
-		Message string `json:"message"`
-	} `json:"error"`
-}
+// ErrorBody is the JSON body of every error response (apperr.ErrorBody).
+type ErrorBody = apperr.ErrorBody
 
-var statusOf = map[apperr.Code]int{
-	apperr.Malformed: http.StatusBadRequest,
-	apperr.Invalid:   http.StatusUnprocessableEntity,
-	apperr.NotFound:  http.StatusNotFound,
-	apperr.Conflict:  http.StatusConflict,
-	apperr.TooLarge:  http.StatusRequestEntityTooLarge,
-}
-
-// errorHandler is the one place an error becomes an HTTP status.
+// errorHandler hands every error to apperr.WriteHTTP, the one mapper;
+// echo's own errors (no route, wrong method, the body limit) are translated
+// first.
 func errorHandler(logger *slog.Logger, bodyLimit string) echo.HTTPErrorHandler {
 	return func(err error, c echo.Context) {
 		if c.Response().Committed {
 			return
 		}
-		var body ErrorBody
-		status := http.StatusInternalServerError
+		w, r := c.Response(), c.Request()
 		var he *echo.HTTPError
-		if ae, ok := apperr.As(err); ok {
-			status, body.Error.Code, body.Error.Message = statusOf[ae.Code], string(ae.Code), ae.Message
-		} else if errors.As(err, &he) {
-			status, body.Error.Code, body.Error.Message = he.Code, "http_"+fmt.Sprint(he.Code), fmt.Sprint(he.Message)
-			if he.Code == http.StatusRequestEntityTooLarge {
-				body.Error.Code, body.Error.Message = string(apperr.TooLarge), "request body is larger than the limit of "+bodyLimit+"B"
+		if _, ok := apperr.As(err); !ok && errors.As(err, &he) {
+			switch {
+			case he.Code == http.StatusRequestEntityTooLarge:
+				err = apperr.Errorf(apperr.TooLarge, "request body is larger than the limit of %sB", bodyLimit)
+			case he.Code < 500:
+				var body ErrorBody
+				body.Error.Code, body.Error.Message = "http_"+fmt.Sprint(he.Code), http.StatusText(he.Code)
+				if m, ok := he.Message.(string); ok {
+					body.Error.Message = m
+				}
+				writeBody(w, r, he.Code, body)
+				return
 			}
-		} else {
-			logger.ErrorContext(c.Request().Context(), "request failed",
-				slog.String("method", c.Request().Method), slog.String("path", c.Path()), slog.Any("error", err))
-			body.Error.Code, body.Error.Message = "internal", "internal error; see the service log"
 		}
-		if status == 0 {
-			status = http.StatusInternalServerError
+		if r.Method == http.MethodHead {
+			// No body for HEAD: the status (and the request id) are the answer.
+			rec := &statusOnly{ResponseWriter: w}
+			apperr.WriteHTTP(rec, r, logger, err)
+			return
 		}
-		if c.Request().Method == http.MethodHead {
-			err = c.NoContent(status)
-		} else {
-			err = c.JSON(status, body)
-		}
-		if err != nil {
-			logger.ErrorContext(c.Request().Context(), "writing error response", slog.Any("error", err))
-		}
+		apperr.WriteHTTP(w, r, logger, err)
 	}
 }
 
-// Serve runs e on addr until ctx ends, then shuts down gracefully, letting
-// in-flight requests finish for up to grace.
-func Serve(ctx context.Context, e *echo.Echo, ln net.Listener, grace time.Duration) error {
-	srv := &http.Server{Handler: e, ReadHeaderTimeout: 5 * time.Second}
+func writeBody(w http.ResponseWriter, r *http.Request, status int, body ErrorBody) {
+	if r.Method == http.MethodHead {
+		w.WriteHeader(status)
+		return
+	}
+	apperr.WriteJSON(w, status, body)
+}
+
+// statusOnly drops the body of a HEAD response.
+type statusOnly struct{ http.ResponseWriter }
+
+func (s *statusOnly) Write(b []byte) (int, error) { return len(b), nil }
+
+// Serve serves h on ln with the limits of t until ctx ends, then shuts down
+// gracefully, letting in-flight requests finish for up to grace.
+func Serve(ctx context.Context, h http.Handler, ln net.Listener, grace time.Duration, t Timeouts) error {
+	srv := t.Server(h)
 	errc := make(chan error, 1)
 	go func() { errc <- srv.Serve(ln) }()
 	select {

@@ -31,14 +31,19 @@ func (w *Writer) Close() error {
 // batches, so a longer wait only adds latency; see BENCHMARKS.md), and picks
 // partitions by hashing the key so each aggregate stays on one partition.
 // batchSize should be at least the number of messages a caller writes at once.
-func NewWriter(brokers []string, batchSize int) *Writer {
+// WithSecurity adds TLS and SASL.
+func NewWriter(brokers []string, batchSize int, opts ...WriterOption) *Writer {
 	if batchSize < 1 {
 		batchSize = 100
+	}
+	var o writerOptions
+	for _, opt := range opts {
+		opt(&o)
 	}
 	// A transport of its own: kafka.DefaultTransport is shared by every
 	// writer in the process and caches topic metadata, so a topic created
 	// after another writer looked would stay unknown for seconds.
-	transport := &kafka.Transport{DialTimeout: 3 * time.Second, MetadataTTL: 2 * time.Second}
+	transport := o.security.Transport()
 	return &Writer{transport: transport, Writer: &kafka.Writer{
 		Addr:         kafka.TCP(brokers...),
 		Balancer:     &kafka.Hash{},
@@ -58,14 +63,19 @@ func NewWriter(brokers []string, batchSize int) *Writer {
 // Ping reports whether a broker answers a metadata request within the
 // deadline of ctx (or 3 seconds).
 func Ping(ctx context.Context, brokers []string) error {
+	return PingWith(ctx, Security{}, brokers)
+}
+
+// PingWith is Ping connecting with s (TLS, SASL).
+func PingWith(ctx context.Context, s Security, brokers []string) error {
 	if _, ok := ctx.Deadline(); !ok {
 		var cancel context.CancelFunc
 		ctx, cancel = context.WithTimeout(ctx, 3*time.Second)
 		defer cancel()
 	}
 	var lastErr error
+	d := s.Dialer()
 	for _, b := range brokers {
-		d := kafka.Dialer{Timeout: 3 * time.Second}
 		conn, err := d.DialContext(ctx, "tcp", b)
 		if err != nil {
 			lastErr = err

@@ -1,8 +1,11 @@
 // Package service is the chassis every onceflow service's run builds on: a
 // JSON logger, tracing (package tracing), a migrated Postgres pool, a metrics
-// registry and an echo server with /healthz, /readyz (Postgres and Kafka
-// reachable) and /metrics.
-// Run then serves HTTP beside the service's workers and stops them in order.
+// registry, and two echo servers: the public one (HTTP) with the API,
+// /healthz and /readyz (Postgres reachable, and Kafka unless
+// Options.ReadyWithoutKafka), and the operator one
+// (Admin, on ADMIN_ADDR) with /metrics, the /admin/... routes behind the
+// bearer token ADMIN_TOKEN, and opt-in pprof.
+// Run then serves both beside the service's workers and stops them in order.
 package service
 
 import (
@@ -11,6 +14,7 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"net/http"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -29,10 +33,16 @@ import (
 // Options are the settings every service has; each service reads them from
 // its own Config so that each documents its own defaults.
 type Options struct {
-	Name          string
-	HTTPAddr      string
-	DatabaseURL   string
-	KafkaBrokers  []string
+	Name     string
+	HTTPAddr string
+	// AdminAddr is the operator listener's address. New refuses a
+	// non-loopback one without HTTP.AdminToken.
+	AdminAddr    string
+	HTTP         HTTPConfig
+	DatabaseURL  string
+	KafkaBrokers []string
+	// Kafka is how /readyz's broker check connects (TLS, SASL).
+	Kafka         kafkautil.Security
 	LogLevel      string
 	ShutdownGrace time.Duration
 	// Tracing configures the tracer provider; Name is its default service name.
@@ -40,6 +50,25 @@ type Options struct {
 	// Migrations are applied in order at start-up: the service's own schema
 	// first, then the outbox's and the inbox's as the service uses them.
 	Migrations []pgutil.Migration
+	// ReadyWithoutKafka leaves Kafka out of /readyz, for a service whose API
+	// needs only its database: orders takes orders through a Kafka outage
+	// (the outbox exists for that), and a load balancer must not take it
+	// out of rotation then. Its relay reports Kafka in metrics and alerts.
+	ReadyWithoutKafka bool
+}
+
+// HTTPConfig is what every service reads about its two listeners besides
+// their addresses; each service's Config embeds it.
+type HTTPConfig struct {
+	// AdminToken is the bearer token the operator routes (/admin/...,
+	// /debug/pprof/...) require. No default: without it those routes answer
+	// 401, and a non-loopback ADMIN_ADDR refuses to start.
+	AdminToken string `env:"ADMIN_TOKEN"`
+	// Pprof serves net/http/pprof on the operator listener, behind the token.
+	Pprof bool `env:"PPROF" envDefault:"false"`
+	// Timeouts bound every request on both listeners (HTTP_READ_TIMEOUT and
+	// the others; see httpserver.Timeouts).
+	Timeouts httpserver.Timeouts
 }
 
 // Service holds what New set up. Close it when Run has returned.
@@ -48,13 +77,18 @@ type Service struct {
 	Pool     *pgxpool.Pool
 	Registry *prometheus.Registry
 	HTTP     *echo.Echo
-	opts     Options
-	flush    tracing.Shutdown // flushes and stops the tracer provider
+	// Admin is the operator listener: mount operator routes with Mount.
+	Admin *echo.Echo
+	opts  Options
+	flush tracing.Shutdown // flushes and stops the tracer provider
 }
 
 // New connects, migrates and builds the HTTP server; the caller adds routes
 // to HTTP and builds its workers on Pool and Registry.
 func New(ctx context.Context, stdout io.Writer, opts Options) (*Service, error) {
+	if err := httpserver.CheckAdminAddr(opts.AdminAddr, opts.HTTP.AdminToken); err != nil {
+		return nil, err
+	}
 	logger, err := logging.New(stdout, opts.Name, opts.LogLevel)
 	if err != nil {
 		return nil, err
@@ -75,29 +109,54 @@ func New(ctx context.Context, stdout io.Writer, opts Options) (*Service, error) 
 	}
 	registry := prometheus.NewRegistry()
 	registry.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	checks := map[string]httpserver.Check{
+		"postgres": pool.Ping,
+		"kafka":    func(ctx context.Context) error { return kafkautil.PingWith(ctx, opts.Kafka, opts.KafkaBrokers) },
+	}
+	if opts.ReadyWithoutKafka {
+		delete(checks, "kafka")
+	}
 	e := httpserver.New(httpserver.Config{
-		Logger:   logger,
-		Gatherer: registry,
-		Checks: map[string]httpserver.Check{
-			"postgres": pool.Ping,
-			"kafka":    func(ctx context.Context) error { return kafkautil.Ping(ctx, opts.KafkaBrokers) },
-		},
+		Logger: logger,
+		Checks: checks,
 	})
-	return &Service{Logger: logger, Pool: pool, Registry: registry, HTTP: e, opts: opts, flush: shutdownTracing}, nil
+	admin := httpserver.NewAdmin(httpserver.AdminConfig{
+		Logger: logger, Gatherer: registry, Token: opts.HTTP.AdminToken, Pprof: opts.HTTP.Pprof,
+	})
+	return &Service{Logger: logger, Pool: pool, Registry: registry, HTTP: e, Admin: admin, opts: opts, flush: shutdownTracing}, nil
 }
 
-// Run serves HTTP and runs the workers until ctx ends or one fails, then
-// stops HTTP first and the workers in the order given (consumers before
-// relays, so what a consumer commits last still gets published).
+// Mount serves h under prefix (such as "/admin/outbox") on the operator
+// listener, with the prefix stripped, behind the bearer token.
+func (s *Service) Mount(prefix string, h http.Handler) {
+	s.Admin.Any(prefix+"/*", echo.WrapHandler(http.StripPrefix(prefix, h)))
+}
+
+// Run serves both listeners and runs the workers until ctx ends or one
+// fails, then stops the public HTTP first, the workers in the order given
+// (consumers before relays, so what a consumer commits last still gets
+// published), and the operator listener last.
 func (s *Service) Run(ctx context.Context, workers ...lifecycle.Stage) error {
 	ln, err := net.Listen("tcp", s.opts.HTTPAddr)
 	if err != nil {
 		return fmt.Errorf("listening on %s: %w", s.opts.HTTPAddr, err)
 	}
-	s.Logger.InfoContext(ctx, s.opts.Name+" started", slog.String("http_addr", ln.Addr().String()))
-	stages := append([]lifecycle.Stage{{Name: "http", Run: func(ctx context.Context) error {
-		return httpserver.Serve(ctx, s.HTTP, ln, s.opts.ShutdownGrace)
-	}}}, workers...)
+	adminLn, err := net.Listen("tcp", s.opts.AdminAddr)
+	if err != nil {
+		ln.Close()
+		return fmt.Errorf("listening on ADMIN_ADDR %s: %w", s.opts.AdminAddr, err)
+	}
+	s.Logger.InfoContext(ctx, s.opts.Name+" started",
+		slog.String("http_addr", ln.Addr().String()), slog.String("admin_addr", adminLn.Addr().String()),
+		slog.Bool("admin_token_set", s.opts.HTTP.AdminToken != ""), slog.Bool("pprof", s.opts.HTTP.Pprof))
+	timeouts := s.opts.HTTP.Timeouts
+	// The operator listener stops last, so /metrics shows the workers
+	// draining until they are done.
+	stages := append(append([]lifecycle.Stage{{Name: "http", Run: func(ctx context.Context) error {
+		return httpserver.Serve(ctx, s.HTTP, ln, s.opts.ShutdownGrace, timeouts)
+	}}}, workers...), lifecycle.Stage{Name: "admin http", Run: func(ctx context.Context) error {
+		return httpserver.Serve(ctx, s.Admin, adminLn, s.opts.ShutdownGrace, timeouts)
+	}})
 	err = lifecycle.Run(ctx, stages...)
 	if err != nil {
 		s.Logger.Error(s.opts.Name+" stopped", slog.Any("error", err))

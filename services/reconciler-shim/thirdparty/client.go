@@ -50,8 +50,19 @@ func (e *StatusError) Unwrap() error {
 // that trace in a traceparent header, so the reconciler's server span
 // continues it. It is safe for concurrent use.
 type Client struct {
-	baseURL string
-	hc      *http.Client
+	baseURL    string
+	adminURL   string // the operator listener, for SetFaults (see WithAdmin)
+	adminToken string
+	hc         *http.Client
+}
+
+// WithAdmin returns a copy of c that also reaches the operator listener at
+// adminURL (such as "http://127.0.0.1:9084") with the bearer token, which
+// SetFaults needs.
+func (c *Client) WithAdmin(adminURL, token string) *Client {
+	cp := *c
+	cp.adminURL, cp.adminToken = strings.TrimRight(adminURL, "/"), token
+	return &cp
 }
 
 // NewClient returns a client for the reconciler at baseURL (such as
@@ -97,9 +108,13 @@ func (c *Client) Lookup(ctx context.Context, key string) (bool, error) {
 }
 
 // SetFaults replaces the reconciler's fault-injection setting (POST
-// /admin/faults), for tests and the fault-injection harness.
+// /admin/faults on the operator listener; see WithAdmin), for tests and the
+// fault-injection harness.
 func (c *Client) SetFaults(ctx context.Context, f Faults) error {
-	if err := c.do(ctx, http.MethodPost, "/admin/faults", "", f, nil); err != nil {
+	if c.adminURL == "" {
+		return errors.New("setting faults: the client has no operator URL (see Client.WithAdmin)")
+	}
+	if err := c.do(ctx, http.MethodPost, c.adminURL+"/admin/faults", "", f, nil); err != nil {
 		return fmt.Errorf("setting faults: %w", err)
 	}
 	return nil
@@ -116,11 +131,18 @@ func (c *Client) do(ctx context.Context, method, path, key string, in, out any) 
 		}
 		body = bytes.NewReader(b)
 	}
-	req, err := http.NewRequestWithContext(ctx, method, c.baseURL+path, body)
+	target, operator := c.baseURL+path, strings.HasPrefix(path, "http") // an operator call has the full URL
+	if operator {
+		target = path
+	}
+	req, err := http.NewRequestWithContext(ctx, method, target, body)
 	if err != nil {
 		return fmt.Errorf("building request: %w", err)
 	}
 	req.Header.Set("Accept", "application/json")
+	if operator && c.adminToken != "" {
+		req.Header.Set("Authorization", "Bearer "+c.adminToken)
+	}
 	if in != nil {
 		req.Header.Set("Content-Type", "application/json")
 	}

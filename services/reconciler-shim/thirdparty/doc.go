@@ -10,12 +10,15 @@
 //
 // The package holds both sides of the wire:
 //
-//   - NewServer serves the third party's HTTP API over a Ledger, with small
-//     fault injection (/admin/faults) for retry tests: fail the next N
-//     settlements, or answer the next N late after booking them.
+//   - NewServer serves the third party's HTTP API over a Ledger, and on a
+//     separate operator listener its /metrics and a small, bounded fault
+//     injection (/admin/faults, behind the bearer token) for retry tests:
+//     fail the next N settlements, or answer the next N late after booking
+//     them (N ≤ MaxFaultCount, at most MaxHangFor late).
 //   - Client is what the shim uses to call it: Settle books a settlement,
 //     Lookup asks whether a key was already booked, and errors wrapping
-//     ErrRejected mark answers that retrying cannot fix.
+//     ErrRejected mark answers that retrying cannot fix; WithAdmin gives it
+//     the operator URL and token SetFaults needs.
 //
 // The stand-in runs as its own process, cmd/reconciler.
 package thirdparty

@@ -23,6 +23,17 @@ type Faults struct {
 	HangFor string `json:"hangFor"`
 }
 
+// The bounds of a fault setting: a stand-in told to fail a billion calls, or
+// to hang for a day, is an operator's typo, and would outlast any test.
+const (
+	// MaxFaultCount is the most FailNext or HangNext one setting takes.
+	MaxFaultCount = 10_000
+	// MaxHangFor is the longest HangFor. It is longer than any caller's
+	// timeout worth testing, and shorter than the server's WriteTimeout
+	// default would make pointless.
+	MaxHangFor = 2 * time.Minute
+)
+
 type fault int
 
 const (
@@ -42,14 +53,14 @@ type faultState struct {
 // set replaces the whole setting, so a test states what it wants rather than
 // depending on what an earlier test left behind.
 func (f *faultState) set(in Faults) error {
-	if in.FailNext < 0 || in.HangNext < 0 {
-		return apperr.Errorf(apperr.Invalid, "failNext and hangNext must not be negative")
+	if in.FailNext < 0 || in.HangNext < 0 || in.FailNext > MaxFaultCount || in.HangNext > MaxFaultCount {
+		return apperr.Errorf(apperr.Invalid, "failNext and hangNext must be from 0 to %d", MaxFaultCount)
 	}
 	var hangFor time.Duration
 	if in.HangFor != "" {
 		d, err := time.ParseDuration(in.HangFor)
-		if err != nil || d < 0 {
-			return apperr.Errorf(apperr.Invalid, "hangFor %q is not a non-negative duration such as \"5s\"", in.HangFor)
+		if err != nil || d < 0 || d > MaxHangFor {
+			return apperr.Errorf(apperr.Invalid, "hangFor %s is not a duration from 0 to %s, such as \"5s\"", apperr.Quote(in.HangFor), MaxHangFor)
 		}
 		hangFor = d
 	}

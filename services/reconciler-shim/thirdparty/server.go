@@ -43,30 +43,47 @@ type server struct {
 	faults faultState
 }
 
-// NewServer returns the third party's HTTP API over l, built on the platform
-// chassis (/healthz, /readyz, /metrics, JSON errors). Its metrics are
-// registered with reg, which must also be a prometheus.Gatherer (a
-// *prometheus.Registry is both) because /metrics serves it.
-//
-// Routes: POST /settlements, GET /settlements, GET /settlements/:key,
-// GET /stats, GET and POST /admin/faults.
-func NewServer(l *Ledger, logger *slog.Logger, reg prometheus.Registerer) (*echo.Echo, error) {
+// Servers are the stand-in's two HTTP handlers, for its two listeners.
+type Servers struct {
+	// Public is the API: POST /settlements, GET /settlements,
+	// GET /settlements/:key, GET /stats, /healthz and /readyz.
+	Public *echo.Echo
+	// Admin is the operator listener (httpserver.NewAdmin): /metrics, and
+	// GET and POST /admin/faults behind the bearer token.
+	Admin *echo.Echo
+}
+
+// AdminOptions configure the stand-in's operator listener.
+type AdminOptions struct {
+	// Token is the bearer token /admin/faults requires (ADMIN_TOKEN); empty
+	// refuses every call with 401.
+	Token string
+	// Pprof serves /debug/pprof/ behind the token.
+	Pprof bool
+}
+
+// NewServer returns the third party's HTTP API over l and its operator
+// listener, built on the platform chassis (JSON errors, request ids). Its
+// metrics are registered with reg, which must also be a prometheus.Gatherer
+// (a *prometheus.Registry is both) because the operator's /metrics serves it.
+func NewServer(l *Ledger, logger *slog.Logger, reg prometheus.Registerer, admin AdminOptions) (Servers, error) {
 	gatherer, ok := reg.(prometheus.Gatherer)
 	if !ok {
-		return nil, errors.New("thirdparty: the metrics registerer must also be a prometheus.Gatherer, such as *prometheus.Registry")
+		return Servers{}, errors.New("thirdparty: the metrics registerer must also be a prometheus.Gatherer, such as *prometheus.Registry")
 	}
 	if err := reg.Register(newLedgerCollector(l)); err != nil {
-		return nil, fmt.Errorf("registering reconciler metrics: %w", err)
+		return Servers{}, fmt.Errorf("registering reconciler metrics: %w", err)
 	}
 	s := &server{ledger: l, logger: logger}
-	e := httpserver.New(httpserver.Config{Logger: logger, Gatherer: gatherer})
+	e := httpserver.New(httpserver.Config{Logger: logger})
 	e.POST("/settlements", s.settle)
 	e.GET("/settlements", s.list)
 	e.GET("/settlements/:key", s.byKey)
 	e.GET("/stats", s.stats)
-	e.GET("/admin/faults", s.getFaults)
-	e.POST("/admin/faults", s.setFaults)
-	return e, nil
+	a := httpserver.NewAdmin(httpserver.AdminConfig{Logger: logger, Gatherer: gatherer, Token: admin.Token, Pprof: admin.Pprof})
+	a.GET("/admin/faults", s.getFaults)
+	a.POST("/admin/faults", s.setFaults)
+	return Servers{Public: e, Admin: a}, nil
 }
 
 func (s *server) settle(c echo.Context) error {
@@ -74,6 +91,9 @@ func (s *server) settle(c echo.Context) error {
 	key := c.Request().Header.Get(IdempotencyKeyHeader)
 	if strings.TrimSpace(key) == "" {
 		return apperr.Errorf(apperr.Malformed, "the %s header is required", IdempotencyKeyHeader)
+	}
+	if err := apperr.CheckText("the "+IdempotencyKeyHeader+" header", key); err != nil {
+		return err
 	}
 	var req SettleRequest
 	if err := httpserver.DecodeJSON(c.Request().Body, &req); err != nil {
@@ -141,13 +161,13 @@ func (s *server) byKey(c echo.Context) error {
 	if c.Request().URL.RawPath != "" {
 		k, err := url.PathUnescape(key)
 		if err != nil {
-			return apperr.Errorf(apperr.Malformed, "idempotency key in the path is not valid escaping: %v", err)
+			return apperr.Errorf(apperr.Malformed, "idempotency key in the path is not valid escaping")
 		}
 		key = k
 	}
 	found := s.ledger.ByKey(key)
 	if len(found) == 0 {
-		return apperr.Errorf(apperr.NotFound, "no settlement under idempotency key %q", key)
+		return apperr.Errorf(apperr.NotFound, "no settlement under idempotency key %s", apperr.Quote(key))
 	}
 	return c.JSON(http.StatusOK, found)
 }
@@ -172,8 +192,9 @@ func (s *server) setFaults(c echo.Context) error {
 	if err := s.faults.set(in); err != nil {
 		return err
 	}
-	s.logger.InfoContext(c.Request().Context(), "fault injection set",
-		slog.Int("fail_next", in.FailNext), slog.Int("hang_next", in.HangNext), slog.String("hang_for", in.HangFor))
+	s.logger.InfoContext(c.Request().Context(), "fault injection set by an operator",
+		slog.Int("fail_next", in.FailNext), slog.Int("hang_next", in.HangNext), slog.String("hang_for", in.HangFor),
+		slog.String("remote_addr", c.Request().RemoteAddr))
 	return c.JSON(http.StatusOK, s.faults.get())
 }
 

@@ -21,24 +21,29 @@ import (
 
 // api is one stand-in reconciler served over real HTTP for a test.
 type api struct {
-	ledger *thirdparty.Ledger
-	client *thirdparty.Client
-	url    string
-	reg    *prometheus.Registry
+	ledger   *thirdparty.Ledger
+	client   *thirdparty.Client
+	url      string
+	adminURL string
+	reg      *prometheus.Registry
 }
+
+const testToken = "test-token"
 
 func newAPI(t *testing.T) *api {
 	t.Helper()
 	l := openLedger(t, "")
 	reg := prometheus.NewRegistry()
 	logger := slog.New(slog.NewTextHandler(t.Output(), nil))
-	e, err := thirdparty.NewServer(l, logger, reg)
+	s, err := thirdparty.NewServer(l, logger, reg, thirdparty.AdminOptions{Token: testToken})
 	if err != nil {
 		t.Fatalf("NewServer: %v", err)
 	}
-	srv := httptest.NewServer(e)
+	srv, admin := httptest.NewServer(s.Public), httptest.NewServer(s.Admin)
 	t.Cleanup(srv.Close)
-	return &api{ledger: l, client: thirdparty.NewClient(srv.URL, srv.Client()), url: srv.URL, reg: reg}
+	t.Cleanup(admin.Close)
+	return &api{ledger: l, client: thirdparty.NewClient(srv.URL, srv.Client()).WithAdmin(admin.URL, testToken),
+		url: srv.URL, adminURL: admin.URL, reg: reg}
 }
 
 func capture(paymentID string) thirdparty.SettleRequest {
@@ -263,7 +268,16 @@ func TestFailNextFailsWithoutBooking(t *testing.T) {
 	}
 
 	var left thirdparty.Faults
-	getJSON(t, a.url+"/admin/faults", &left)
+	req, _ := http.NewRequest(http.MethodGet, a.adminURL+"/admin/faults", nil)
+	req.Header.Set("Authorization", "Bearer "+testToken)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	if err := json.NewDecoder(resp.Body).Decode(&left); err != nil {
+		t.Fatal(err)
+	}
 	if left.FailNext != 0 {
 		t.Fatalf("GET /admin/faults = %+v, want failNext used up", left)
 	}
@@ -325,6 +339,8 @@ func TestSetFaultsValidates(t *testing.T) {
 		{"hangNext without hangFor", thirdparty.Faults{HangNext: 1}},
 		{"bad duration", thirdparty.Faults{HangNext: 1, HangFor: "soon"}},
 		{"negative duration", thirdparty.Faults{HangNext: 1, HangFor: "-1s"}},
+		{"hang too long", thirdparty.Faults{HangNext: 1, HangFor: "24h"}},
+		{"too many failures", thirdparty.Faults{FailNext: thirdparty.MaxFaultCount + 1}},
 	}
 	a := newAPI(t)
 	for _, tt := range tests {
@@ -341,7 +357,7 @@ func TestSetFaultsValidates(t *testing.T) {
 func TestNewServerNeedsAGatherer(t *testing.T) {
 	reg := prometheus.WrapRegistererWith(prometheus.Labels{"x": "y"}, prometheus.NewRegistry())
 	logger := slog.New(slog.DiscardHandler)
-	if _, err := thirdparty.NewServer(openLedger(t, ""), logger, reg); err == nil {
+	if _, err := thirdparty.NewServer(openLedger(t, ""), logger, reg, thirdparty.AdminOptions{}); err == nil {
 		t.Fatal("NewServer accepted a registerer that /metrics cannot serve")
 	}
 }

@@ -11,6 +11,7 @@ import (
 	"io"
 	"math/rand/v2"
 	"net/http"
+	"os"
 	"slices"
 	"strconv"
 	"strings"
@@ -27,6 +28,11 @@ type options struct {
 	billingURL    string
 	shimURL       string
 	reconcilerURL string
+	// The operator listeners (ADMIN_ADDR): /metrics, /admin/... with the token.
+	ordersAdminURL  string
+	billingAdminURL string
+	shimAdminURL    string
+	adminTokenFile  string
 }
 
 func parseFlags(args []string, out io.Writer) (options, error) {
@@ -41,6 +47,11 @@ func parseFlags(args []string, out io.Writer) (options, error) {
 	fs.StringVar(&o.billingURL, "billing-url", "http://127.0.0.1:8082", "billing service")
 	fs.StringVar(&o.shimURL, "shim-url", "http://127.0.0.1:8083", "reconciler shim")
 	fs.StringVar(&o.reconcilerURL, "reconciler-url", "http://127.0.0.1:8084", "third-party reconciler stand-in")
+	fs.StringVar(&o.ordersAdminURL, "orders-admin-url", "http://127.0.0.1:9081", "orders' operator listener (ADMIN_ADDR)")
+	fs.StringVar(&o.billingAdminURL, "billing-admin-url", "http://127.0.0.1:9082", "billing's operator listener (/metrics)")
+	fs.StringVar(&o.shimAdminURL, "shim-admin-url", "http://127.0.0.1:9083", "the shim's operator listener (/metrics)")
+	fs.StringVar(&o.adminTokenFile, "admin-token-file", ".devstack/admin-token",
+		"file holding the operator token (devstack/services.sh writes it); empty or missing skips the authenticated check")
 	if err := fs.Parse(args); err != nil {
 		return o, err
 	}
@@ -86,7 +97,7 @@ func run(ctx context.Context, args []string, out io.Writer) error {
 		return fmt.Errorf("warming up: %w", err)
 	}
 	fmt.Fprintf(out, "pipeline is flowing (first order settled after %v)\n", time.Since(warm).Round(time.Millisecond))
-	dupsBefore := c.duplicates(ctx, o.billingURL, o.shimURL)
+	dupsBefore := c.duplicates(ctx, o.billingAdminURL, o.shimAdminURL)
 
 	fmt.Fprintf(out, "placing %d orders (cancelling about %.0f%%) with %d clients …\n", o.orders, o.cancelRatio*100, o.concurrency)
 	start := time.Now()
@@ -253,7 +264,7 @@ func summarize(ctx context.Context, c *client, o options, orders []placed, byOrd
 			}
 		}
 	}
-	dupsAfter := c.duplicates(ctx, o.billingURL, o.shimURL)
+	dupsAfter := c.duplicates(ctx, o.billingAdminURL, o.shimAdminURL)
 	slices.Sort(lags)
 	settlements := 0
 	for _, ss := range byOrder {
@@ -273,6 +284,7 @@ func summarize(ctx context.Context, c *client, o options, orders []placed, byOrd
 		fmt.Fprintf(out, "  commit → settlement lag           p50 %v   p99 %v   max %v\n",
 			percentile(lags, 0.50), percentile(lags, 0.99), lags[len(lags)-1].Round(time.Millisecond))
 	}
+	problems = append(problems, c.operatorSurface(ctx, out, o)...)
 	if len(problems) > 0 || charges != len(orders) || refunds != cancelled {
 		fmt.Fprintln(out, "\nFAILED:")
 		for _, p := range problems {
@@ -283,6 +295,50 @@ func summarize(ctx context.Context, c *client, o options, orders []placed, byOrd
 	}
 	fmt.Fprintln(out, "\nevery order was charged once and reached the third party exactly once.")
 	return nil
+}
+
+// operatorSurface shows that the operator endpoints are off the public port
+// and need the token on the operator port, and returns what is not so.
+func (c *client) operatorSurface(ctx context.Context, out io.Writer, o options) []string {
+	token := ""
+	if o.adminTokenFile != "" {
+		if b, err := os.ReadFile(o.adminTokenFile); err == nil {
+			token = strings.TrimSpace(string(b))
+		}
+	}
+	checks := []struct {
+		what, url, token string
+		want             int
+	}{
+		{"public port", o.ordersURL + "/admin/outbox/dead", "", http.StatusNotFound},
+		{"operator port, no token", o.ordersAdminURL + "/admin/outbox/dead", "", http.StatusUnauthorized},
+		{"operator port, token", o.ordersAdminURL + "/admin/outbox/dead", token, http.StatusOK},
+	}
+	fmt.Fprintln(out, "\noperator surface (orders' dead outbox events):")
+	var problems []string
+	for _, ch := range checks {
+		if ch.want == http.StatusOK && token == "" {
+			fmt.Fprintf(out, "  %-24s GET %-45s skipped: no token in %q\n", ch.what, ch.url, o.adminTokenFile)
+			continue
+		}
+		status := 0
+		req, err := http.NewRequestWithContext(ctx, http.MethodGet, ch.url, nil)
+		if err == nil {
+			if ch.token != "" {
+				req.Header.Set("Authorization", "Bearer "+ch.token)
+			}
+			var resp *http.Response
+			if resp, err = c.http.Do(req); err == nil {
+				status = resp.StatusCode
+				resp.Body.Close()
+			}
+		}
+		fmt.Fprintf(out, "  %-24s GET %-45s → %d\n", ch.what, ch.url, status)
+		if status != ch.want {
+			problems = append(problems, fmt.Sprintf("%s: GET %s = %d (%v), want %d", ch.what, ch.url, status, err, ch.want))
+		}
+	}
+	return problems
 }
 
 func percentile(sorted []time.Duration, q float64) time.Duration {

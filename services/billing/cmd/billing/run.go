@@ -4,10 +4,8 @@ import (
 	"context"
 	"fmt"
 	"io"
-	"net/http"
 	"time"
 
-	"github.com/labstack/echo/v4"
 	"github.com/onceflow/onceflow/pkg/inbox"
 	"github.com/onceflow/onceflow/pkg/inbox/inboxhttp"
 
@@ -25,12 +23,23 @@ import (
 
 // Config is the billing service's configuration, read from the environment.
 type Config struct {
-	// HTTPAddr is where the read API, /healthz, /readyz and /metrics listen.
+	// HTTPAddr is where the read API, /healthz and /readyz listen.
 	HTTPAddr string `env:"HTTP_ADDR" envDefault:"127.0.0.1:8082"`
+	// AdminAddr is the operator listener: /metrics, /admin/outbox/...,
+	// /admin/inbox/... and, with
+	// PPROF=true, /debug/pprof/. Loopback by default; any other address
+	// needs ADMIN_TOKEN.
+	AdminAddr string `env:"ADMIN_ADDR" envDefault:"127.0.0.1:9082"`
+	// HTTP is ADMIN_TOKEN, PPROF and the HTTP_* server timeouts (see
+	// service.HTTPConfig).
+	HTTP service.HTTPConfig
 	// DatabaseURL is the service's own Postgres database.
 	DatabaseURL string `env:"DATABASE_URL" envDefault:"postgres://postgres:postgres@127.0.0.1:55432/billing?sslmode=disable"`
 	// KafkaBrokers is a comma-separated list of bootstrap brokers.
 	KafkaBrokers []string `env:"KAFKA_BROKERS" envDefault:"127.0.0.1:59092"`
+	// Kafka is KAFKA_TLS, KAFKA_SASL_MECHANISM and the other Kafka security
+	// variables (see kafkautil.SecurityConfig); the default is PLAINTEXT.
+	Kafka kafkautil.SecurityConfig
 	// OrdersTopic is consumed; its dead letters go to OrdersTopic + ".dlt".
 	OrdersTopic string `env:"ORDERS_TOPIC" envDefault:"orders.events"`
 	// BillingTopic receives every payment event.
@@ -72,8 +81,13 @@ func run(ctx context.Context, _ []string, getenv func(string) string, stdout io.
 	if err := config.Load(getenv, &cfg); err != nil {
 		return err
 	}
+	kafkaSecurity, err := kafkautil.NewSecurity(cfg.Kafka)
+	if err != nil {
+		return err
+	}
 	svc, err := service.New(ctx, stdout, service.Options{
 		Name: "billing", HTTPAddr: cfg.HTTPAddr, DatabaseURL: cfg.DatabaseURL, KafkaBrokers: cfg.KafkaBrokers,
+		AdminAddr: cfg.AdminAddr, HTTP: cfg.HTTP, Kafka: kafkaSecurity,
 		LogLevel: cfg.LogLevel, ShutdownGrace: cfg.ShutdownGrace, Tracing: cfg.Tracing,
 		Migrations: []pgutil.Migration{
 			{FS: billing.Migrations, Table: billing.MigrationsTable},
@@ -90,7 +104,7 @@ func run(ctx context.Context, _ []string, getenv func(string) string, stdout io.
 		return err
 	}
 
-	writer := kafkautil.NewWriter(cfg.KafkaBrokers, 500)
+	writer := kafkautil.NewWriter(cfg.KafkaBrokers, 500, kafkautil.WithSecurity(kafkaSecurity))
 	defer writer.Close()
 	relay, err := outbox.NewRelay(svc.Pool, writer, outbox.RelayConfig{
 		Topic:      func(string) string { return cfg.BillingTopic },
@@ -109,7 +123,7 @@ func run(ctx context.Context, _ []string, getenv func(string) string, stdout io.
 		return err
 	}
 	// Operators list, requeue and replay outbox events here (see outboxhttp).
-	svc.HTTP.Any("/admin/outbox/*", echo.WrapHandler(http.StripPrefix("/admin/outbox", outboxhttp.Handler(svc.Pool))))
+	svc.Mount("/admin/outbox", outboxhttp.Handler(svc.Pool, svc.Logger))
 
 	b := billing.New(svc.Pool, svc.Logger, nil)
 	reader := kafkautil.NewGroupReader(cfg.KafkaBrokers, cfg.OrdersTopic, cfg.ConsumerGroup)
@@ -138,8 +152,8 @@ func run(ctx context.Context, _ []string, getenv func(string) string, stdout io.
 		return err
 	}
 	// Operators list and requeue dead letters here (see inboxhttp).
-	svc.HTTP.Any("/admin/inbox/*", echo.WrapHandler(http.StripPrefix("/admin/inbox", inboxhttp.Handler(
-		svc.Pool, writer, cfg.KafkaBrokers, map[string]string{cfg.OrdersTopic: cfg.OrdersTopic + ".dlt"}))))
+	svc.Mount("/admin/inbox", inboxhttp.Handler(
+		svc.Pool, writer, cfg.KafkaBrokers, map[string]string{cfg.OrdersTopic: cfg.OrdersTopic + ".dlt"}, svc.Logger))
 	billing.Routes(svc.HTTP, b)
 	return svc.Run(ctx,
 		lifecycle.Stage{Name: "orders consumer", Run: consume},

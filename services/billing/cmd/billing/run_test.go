@@ -60,6 +60,7 @@ func TestOrderEventThroughTheBrokerIsChargedOnce(t *testing.T) {
 	// Billing, wired exactly as in production.
 	env := map[string]string{
 		"HTTP_ADDR":      "127.0.0.1:0",
+		"ADMIN_ADDR":     "127.0.0.1:0",
 		"DATABASE_URL":   billingDB,
 		"KAFKA_BROKERS":  strings.Join(brokers, ","),
 		"ORDERS_TOPIC":   ordersTopic,

@@ -4,10 +4,7 @@ import (
 	"context"
 	"fmt"
 	"io"
-	"net/http"
 	"time"
-
-	"github.com/labstack/echo/v4"
 
 	"github.com/onceflow/onceflow/pkg/outbox"
 	"github.com/onceflow/onceflow/pkg/outbox/outboxhttp"
@@ -23,12 +20,22 @@ import (
 
 // Config is the orders service's configuration, read from the environment.
 type Config struct {
-	// HTTPAddr is where the API, /healthz, /readyz and /metrics listen.
+	// HTTPAddr is where the API, /healthz and /readyz listen.
 	HTTPAddr string `env:"HTTP_ADDR" envDefault:"127.0.0.1:8081"`
+	// AdminAddr is the operator listener: /metrics, /admin/outbox/... and, with
+	// PPROF=true, /debug/pprof/. Loopback by default; any other address
+	// needs ADMIN_TOKEN.
+	AdminAddr string `env:"ADMIN_ADDR" envDefault:"127.0.0.1:9081"`
+	// HTTP is ADMIN_TOKEN, PPROF and the HTTP_* server timeouts (see
+	// service.HTTPConfig).
+	HTTP service.HTTPConfig
 	// DatabaseURL is the service's own Postgres database.
 	DatabaseURL string `env:"DATABASE_URL" envDefault:"postgres://postgres:postgres@127.0.0.1:55432/orders?sslmode=disable"`
 	// KafkaBrokers is a comma-separated list of bootstrap brokers.
 	KafkaBrokers []string `env:"KAFKA_BROKERS" envDefault:"127.0.0.1:59092"`
+	// Kafka is KAFKA_TLS, KAFKA_SASL_MECHANISM and the other Kafka security
+	// variables (see kafkautil.SecurityConfig); the default is PLAINTEXT.
+	Kafka kafkautil.SecurityConfig
 	// OrdersTopic receives every order event.
 	OrdersTopic string `env:"ORDERS_TOPIC" envDefault:"orders.events"`
 	// OutboxRetention is how long published outbox rows are kept before the
@@ -67,9 +74,16 @@ func run(ctx context.Context, _ []string, getenv func(string) string, stdout io.
 	if err := config.Load(getenv, &cfg); err != nil {
 		return err
 	}
+	kafkaSecurity, err := kafkautil.NewSecurity(cfg.Kafka)
+	if err != nil {
+		return err
+	}
 	svc, err := service.New(ctx, stdout, service.Options{
 		Name: "orders", HTTPAddr: cfg.HTTPAddr, DatabaseURL: cfg.DatabaseURL, KafkaBrokers: cfg.KafkaBrokers,
+		AdminAddr: cfg.AdminAddr, HTTP: cfg.HTTP, Kafka: kafkaSecurity,
 		LogLevel: cfg.LogLevel, ShutdownGrace: cfg.ShutdownGrace, Tracing: cfg.Tracing,
+		// Orders are taken while Kafka is down; the relay catches up after.
+		ReadyWithoutKafka: true,
 		Migrations: []pgutil.Migration{
 			{FS: orders.Migrations, Table: orders.MigrationsTable},
 			{FS: outbox.Migrations, Table: outbox.MigrationsTable},
@@ -88,7 +102,7 @@ func run(ctx context.Context, _ []string, getenv func(string) string, stdout io.
 	case "outbox":
 	case "naive":
 		svc.Logger.Warn("PUBLISH_MODE=naive: orders are published by a dual write, without the outbox; for the fault-injection harness only")
-		naive := kafkautil.NewWriter(cfg.KafkaBrokers, 1)
+		naive := kafkautil.NewWriter(cfg.KafkaBrokers, 1, kafkautil.WithSecurity(kafkaSecurity))
 		defer naive.Close()
 		opts.NaivePublisher, opts.NaiveTopic = naive, cfg.OrdersTopic
 	default:
@@ -100,7 +114,7 @@ func run(ctx context.Context, _ []string, getenv func(string) string, stdout io.
 		return metrics.WatchBacklog(ctx, svc.Pool, 2*time.Second, svc.Logger)
 	}}
 	if cfg.RelayEnabled {
-		writer := kafkautil.NewWriter(cfg.KafkaBrokers, 500)
+		writer := kafkautil.NewWriter(cfg.KafkaBrokers, 500, kafkautil.WithSecurity(kafkaSecurity))
 		defer writer.Close()
 		relay, err := outbox.NewRelay(svc.Pool, writer, outbox.RelayConfig{
 			Topic:      func(string) string { return cfg.OrdersTopic },
@@ -123,7 +137,7 @@ func run(ctx context.Context, _ []string, getenv func(string) string, stdout io.
 		return err
 	}
 	// Operators list, requeue and replay outbox events here (see outboxhttp).
-	svc.HTTP.Any("/admin/outbox/*", echo.WrapHandler(http.StripPrefix("/admin/outbox", outboxhttp.Handler(svc.Pool))))
+	svc.Mount("/admin/outbox", outboxhttp.Handler(svc.Pool, svc.Logger))
 	orders.Routes(svc.HTTP, orders.New(svc.Pool, opts).WithMetrics(orders.NewMetrics(svc.Registry)))
 	return svc.Run(ctx,
 		relayStage,

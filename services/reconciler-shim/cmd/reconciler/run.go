@@ -15,7 +15,9 @@ import (
 
 	"github.com/onceflow/onceflow/pkg/platform/config"
 	"github.com/onceflow/onceflow/pkg/platform/httpserver"
+	"github.com/onceflow/onceflow/pkg/platform/lifecycle"
 	"github.com/onceflow/onceflow/pkg/platform/logging"
+	"github.com/onceflow/onceflow/pkg/platform/service"
 	"github.com/onceflow/onceflow/pkg/platform/tracing"
 	"github.com/onceflow/onceflow/services/reconciler-shim/thirdparty"
 )
@@ -30,6 +32,14 @@ type runConfig struct {
 	// HTTPAddr is where the API listens. Port 0 picks a free port; the
 	// address actually bound is logged at start.
 	HTTPAddr string `env:"HTTP_ADDR" envDefault:"127.0.0.1:8084"`
+	// AdminAddr is the operator listener: /metrics, /admin/faults (fault
+	// injection, behind ADMIN_TOKEN) and, with PPROF=true, /debug/pprof/.
+	// Loopback by default; any other address needs ADMIN_TOKEN. Port 0
+	// picks a free port, logged at start as admin_addr.
+	AdminAddr string `env:"ADMIN_ADDR" envDefault:"127.0.0.1:9084"`
+	// HTTP is ADMIN_TOKEN, PPROF and the HTTP_* server timeouts (see
+	// service.HTTPConfig).
+	HTTP service.HTTPConfig
 	// LedgerPath is the JSON Lines file every settlement is appended to. It
 	// is reloaded at start, so an audit counts bookings across restarts;
 	// delete it to start a run from zero.
@@ -62,6 +72,9 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout 
 	if err := config.Load(getenv, &cfg); err != nil {
 		return err
 	}
+	if err := httpserver.CheckAdminAddr(cfg.AdminAddr, cfg.HTTP.AdminToken); err != nil {
+		return err
+	}
 	logger, err := logging.New(stdout, "reconciler", cfg.LogLevel)
 	if err != nil {
 		return err
@@ -91,7 +104,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout 
 
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	e, err := thirdparty.NewServer(ledger, logger, reg)
+	srv, err := thirdparty.NewServer(ledger, logger, reg, thirdparty.AdminOptions{Token: cfg.HTTP.AdminToken, Pprof: cfg.HTTP.Pprof})
 	if err != nil {
 		return err
 	}
@@ -102,12 +115,25 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout 
 	if err != nil {
 		return fmt.Errorf("listening on %s: %w", cfg.HTTPAddr, err)
 	}
+	adminLn, err := net.Listen("tcp", cfg.AdminAddr)
+	if err != nil {
+		ln.Close()
+		return fmt.Errorf("listening on ADMIN_ADDR %s: %w", cfg.AdminAddr, err)
+	}
 	stats := ledger.Stats()
 	logger.InfoContext(ctx, "reconciler listening",
-		slog.String("addr", ln.Addr().String()), slog.String("ledger_path", cfg.LedgerPath),
+		slog.String("addr", ln.Addr().String()), slog.String("admin_addr", adminLn.Addr().String()),
+		slog.String("ledger_path", cfg.LedgerPath),
 		slog.Int("settlements", stats.Settlements), slog.Int("duplicates", stats.Duplicates))
 
-	err = httpserver.Serve(ctx, e, ln, shutdownGrace)
+	err = lifecycle.Run(ctx,
+		lifecycle.Stage{Name: "http", Run: func(ctx context.Context) error {
+			return httpserver.Serve(ctx, srv.Public, ln, shutdownGrace, cfg.HTTP.Timeouts)
+		}},
+		lifecycle.Stage{Name: "admin http", Run: func(ctx context.Context) error {
+			return httpserver.Serve(ctx, srv.Admin, adminLn, shutdownGrace, cfg.HTTP.Timeouts)
+		}},
+	)
 	logger.InfoContext(ctx, "reconciler stopped")
 	return err
 }

@@ -30,6 +30,8 @@ func startRun(t *testing.T, env map[string]string) (map[string]any, func() error
 func TestRunServesAndStopsOnCancel(t *testing.T) {
 	env := map[string]string{
 		"HTTP_ADDR":   "127.0.0.1:0",
+		"ADMIN_ADDR":  "127.0.0.1:0",
+		"ADMIN_TOKEN": "test-token",
 		"LEDGER_PATH": filepath.Join(t.TempDir(), "ledger.jsonl"),
 		"LOG_LEVEL":   "debug",
 	}
@@ -61,7 +63,21 @@ func TestRunServesAndStopsOnCancel(t *testing.T) {
 		t.Fatalf("Lookup = %v, %v; want true", found, err)
 	}
 
-	resp, err = http.Get(base + "/metrics")
+	admin := "http://" + start["admin_addr"].(string)
+	for path, want := range map[string]int{base + "/metrics": 404, base + "/admin/faults": 404, admin + "/admin/faults": 401} {
+		resp, err := http.Get(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != want {
+			t.Errorf("GET %s = %d, want %d", path, resp.StatusCode, want)
+		}
+	}
+	if err := c.WithAdmin(admin, "test-token").SetFaults(t.Context(), thirdparty.Faults{}); err != nil {
+		t.Fatalf("SetFaults with the token: %v", err)
+	}
+	resp, err = http.Get(admin + "/metrics")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -90,6 +106,14 @@ func TestRunRejectsBadConfig(t *testing.T) {
 	err := run(t.Context(), []string{"reconciler"}, func(k string) string { return env[k] }, io.Discard)
 	if err == nil || !strings.Contains(err.Error(), "loud") {
 		t.Fatalf("run with LOG_LEVEL=loud = %v, want an error naming the value", err)
+	}
+}
+
+func TestRunRefusesAPublicAdminAddrWithoutToken(t *testing.T) {
+	env := map[string]string{"ADMIN_ADDR": "0.0.0.0:9084", "LEDGER_PATH": filepath.Join(t.TempDir(), "l.jsonl")}
+	err := run(t.Context(), []string{"reconciler"}, func(k string) string { return env[k] }, io.Discard)
+	if err == nil || !strings.Contains(err.Error(), "ADMIN_TOKEN") {
+		t.Fatalf("run with ADMIN_ADDR=0.0.0.0:9084 and no token = %v, want a refusal naming ADMIN_TOKEN", err)
 	}
 }
 

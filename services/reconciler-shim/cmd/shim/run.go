@@ -6,8 +6,6 @@ import (
 	"net/http"
 	"time"
 
-	"github.com/labstack/echo/v4"
-
 	"github.com/onceflow/onceflow/pkg/inbox"
 	"github.com/onceflow/onceflow/pkg/inbox/inboxhttp"
 	"github.com/onceflow/onceflow/pkg/platform/config"
@@ -23,12 +21,22 @@ import (
 
 // Config is the shim's configuration, read from the environment.
 type Config struct {
-	// HTTPAddr is where /healthz, /readyz and /metrics listen.
+	// HTTPAddr is where /healthz and /readyz listen.
 	HTTPAddr string `env:"HTTP_ADDR" envDefault:"127.0.0.1:8083"`
+	// AdminAddr is the operator listener: /metrics, /admin/inbox/... and, with
+	// PPROF=true, /debug/pprof/. Loopback by default; any other address
+	// needs ADMIN_TOKEN.
+	AdminAddr string `env:"ADMIN_ADDR" envDefault:"127.0.0.1:9083"`
+	// HTTP is ADMIN_TOKEN, PPROF and the HTTP_* server timeouts (see
+	// service.HTTPConfig).
+	HTTP service.HTTPConfig
 	// DatabaseURL is the shim's own Postgres database.
 	DatabaseURL string `env:"DATABASE_URL" envDefault:"postgres://postgres:postgres@127.0.0.1:55432/shim?sslmode=disable"`
 	// KafkaBrokers is a comma-separated list of bootstrap brokers.
 	KafkaBrokers []string `env:"KAFKA_BROKERS" envDefault:"127.0.0.1:59092"`
+	// Kafka is KAFKA_TLS, KAFKA_SASL_MECHANISM and the other Kafka security
+	// variables (see kafkautil.SecurityConfig); the default is PLAINTEXT.
+	Kafka kafkautil.SecurityConfig
 	// BillingTopic is consumed; its dead letters go to BillingTopic + ".dlt".
 	BillingTopic string `env:"BILLING_TOPIC" envDefault:"billing.events"`
 	// ConsumerGroup is the Kafka consumer group; it is also the inbox's consumer name.
@@ -59,8 +67,13 @@ func run(ctx context.Context, _ []string, getenv func(string) string, stdout io.
 	if err := config.Load(getenv, &cfg); err != nil {
 		return err
 	}
+	kafkaSecurity, err := kafkautil.NewSecurity(cfg.Kafka)
+	if err != nil {
+		return err
+	}
 	svc, err := service.New(ctx, stdout, service.Options{
 		Name: "reconciler-shim", HTTPAddr: cfg.HTTPAddr, DatabaseURL: cfg.DatabaseURL, KafkaBrokers: cfg.KafkaBrokers,
+		AdminAddr: cfg.AdminAddr, HTTP: cfg.HTTP, Kafka: kafkaSecurity,
 		LogLevel: cfg.LogLevel, ShutdownGrace: cfg.ShutdownGrace, Tracing: cfg.Tracing,
 		Migrations: []pgutil.Migration{
 			{FS: shim.Migrations, Table: shim.MigrationsTable},
@@ -77,7 +90,7 @@ func run(ctx context.Context, _ []string, getenv func(string) string, stdout io.
 	}
 
 	tp := thirdparty.NewClient(cfg.ReconcilerURL, &http.Client{Timeout: cfg.ReconcilerTimeout})
-	dlq := kafkautil.NewWriter(cfg.KafkaBrokers, 10)
+	dlq := kafkautil.NewWriter(cfg.KafkaBrokers, 10, kafkautil.WithSecurity(kafkaSecurity))
 	defer dlq.Close()
 	reader := kafkautil.NewGroupReader(cfg.KafkaBrokers, cfg.BillingTopic, cfg.ConsumerGroup)
 	defer reader.Close() // after Run: flushes the last offset commits
@@ -97,8 +110,8 @@ func run(ctx context.Context, _ []string, getenv func(string) string, stdout io.
 		return err
 	}
 	// Operators list and requeue dead letters here (see inboxhttp).
-	svc.HTTP.Any("/admin/inbox/*", echo.WrapHandler(http.StripPrefix("/admin/inbox", inboxhttp.Handler(
-		svc.Pool, dlq, cfg.KafkaBrokers, map[string]string{cfg.BillingTopic: cfg.BillingTopic + ".dlt"}))))
+	svc.Mount("/admin/inbox", inboxhttp.Handler(
+		svc.Pool, dlq, cfg.KafkaBrokers, map[string]string{cfg.BillingTopic: cfg.BillingTopic + ".dlt"}, svc.Logger))
 	return svc.Run(ctx,
 		lifecycle.Stage{Name: "billing consumer", Run: consumer.Run},
 		lifecycle.Stage{Name: "inbox pruner", Run: inboxPruner.Run},

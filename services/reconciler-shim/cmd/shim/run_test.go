@@ -48,13 +48,15 @@ func TestEachPaymentReachesTheThirdPartyOnce(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv, err := thirdparty.NewServer(ledger, slog.New(slog.NewTextHandler(io.Discard, nil)), prometheus.NewRegistry())
+	srv, err := thirdparty.NewServer(ledger, slog.New(slog.NewTextHandler(io.Discard, nil)), prometheus.NewRegistry(),
+		thirdparty.AdminOptions{Token: "test-token"})
 	if err != nil {
 		t.Fatal(err)
 	}
-	reconciler := httptest.NewServer(srv)
+	reconciler, reconcilerAdmin := httptest.NewServer(srv.Public), httptest.NewServer(srv.Admin)
 	defer reconciler.Close()
-	client := thirdparty.NewClient(reconciler.URL, nil)
+	defer reconcilerAdmin.Close()
+	client := thirdparty.NewClient(reconciler.URL, nil).WithAdmin(reconcilerAdmin.URL, "test-token")
 
 	a, b := uuid.New(), uuid.New()
 	captureA, captureB := paymentEvent(shim.EventPaymentCaptured, a, 1), paymentEvent(shim.EventPaymentCaptured, b, 1)
@@ -76,6 +78,7 @@ func TestEachPaymentReachesTheThirdPartyOnce(t *testing.T) {
 
 	env := map[string]string{
 		"HTTP_ADDR":      "127.0.0.1:0",
+		"ADMIN_ADDR":     "127.0.0.1:0",
 		"DATABASE_URL":   db,
 		"KAFKA_BROKERS":  strings.Join(brokers, ","),
 		"BILLING_TOPIC":  topic,

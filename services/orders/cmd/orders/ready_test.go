@@ -1,0 +1,86 @@
+package main
+
+import (
+	"net"
+	"net/http"
+	"net/url"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/onceflow/onceflow/pkg/platform/testinfra"
+)
+
+// orders' readiness is its database's: with Kafka unreachable it stays ready
+// and takes orders (the outbox holds them until Kafka is back), and with its
+// database unreachable it is not ready, until the database is back.
+func TestReadinessFollowsTheDatabaseNotKafka(t *testing.T) {
+	db := testinfra.NewDatabase(t)
+	pgProxy := testinfra.NewProxy(t, hostOf(t, db))
+	kafkaDown := closedAddr(t)
+	svc := testinfra.Start(t, run, map[string]string{
+		"HTTP_ADDR":     "127.0.0.1:0",
+		"DATABASE_URL":  strings.Replace(db, hostOf(t, db), pgProxy.Addr(), 1),
+		"KAFKA_BROKERS": kafkaDown,
+		"ORDERS_TOPIC":  "orders.events",
+	})
+	var addr string
+	testinfra.WaitFor(t, 60*time.Second, "orders to start", func() (bool, error) {
+		rec, ok := svc.Logs.Record("orders started")
+		if ok {
+			addr, _ = rec["http_addr"].(string)
+		}
+		return ok, nil
+	})
+	ready := func() int {
+		resp, err := http.Get("http://" + addr + "/readyz")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		return resp.StatusCode
+	}
+
+	if got := ready(); got != http.StatusOK {
+		t.Fatalf("/readyz = %d with Kafka unreachable, want 200: orders takes orders through a Kafka outage", got)
+	}
+	resp, err := http.Post("http://"+addr+"/orders", "application/json",
+		strings.NewReader(`{"customerId":"c1","amountCents":100,"currency":"EUR"}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusCreated {
+		t.Fatalf("placing an order with Kafka unreachable: status %d, want 201", resp.StatusCode)
+	}
+
+	pgProxy.Cut()
+	testinfra.WaitFor(t, 20*time.Second, "/readyz to answer 503 with the database unreachable", func() (bool, error) {
+		return ready() == http.StatusServiceUnavailable, nil
+	})
+	pgProxy.Heal()
+	testinfra.WaitFor(t, 20*time.Second, "/readyz to answer 200 once the database is back", func() (bool, error) {
+		return ready() == http.StatusOK, nil
+	})
+}
+
+func hostOf(t *testing.T, dbURL string) string {
+	t.Helper()
+	u, err := url.Parse(dbURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return u.Host
+}
+
+// closedAddr returns a loopback address nothing listens on.
+func closedAddr(t *testing.T) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	ln.Close()
+	return addr
+}
