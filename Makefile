@@ -61,7 +61,7 @@ demo: services ## Run the platform end to end: place orders, wait until all are 
 # -timeout: the quick proofs (loadtest/prove) run real crashes and restarts for several minutes.
 # k6: the k6 smoke scenario (loadtest/bench/rig) runs the project's k6 build.
 test: up prometheus-tools k6 ## Run every module's tests (with -race) against the real PostgreSQL and Kafka
-	go test -race -count=1 -timeout 20m $(MODULES)
+	go test -race -count=1 -timeout 30m $(MODULES)
 
 prometheus-tools: ## Install prometheus and promtool (Debian's package) when missing: the dashboard and alert tests run them
 	devstack/stack.sh prometheus-install

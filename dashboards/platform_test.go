@@ -151,6 +151,13 @@ func startPlatform(t *testing.T) *platform {
 	testinfra.NewTopicNamed(t, b, ordersTopic+".dlt", 1)
 	billingTopic := testinfra.NewTopic(t, b, 3)
 	testinfra.NewTopicNamed(t, b, billingTopic+".dlt", 1)
+	// A leader named in the metadata may not serve its partition yet: a
+	// consumer started then gets Not Leader For Partition (issue 11).
+	readyCtx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := kafkautil.WaitTopicsReady(readyCtx, b, ordersTopic, ordersTopic+".dlt", billingTopic, billingTopic+".dlt"); err != nil {
+		t.Fatal(err)
+	}
 	bin := buildPrograms(t)
 	p := &platform{addrs: map[string]string{}, adminAddrs: map[string]string{}, procs: map[string]*process{}, brokers: b, ordersTopic: ordersTopic}
 	for _, s := range services {

@@ -418,12 +418,13 @@ kafka_pid() {
   printf '%s\n' "$pid"
 }
 
-# build_kafkactl builds the Go helper once, and again when its source changes.
+# build_kafkactl builds the Go helper once, and again when its source (or the
+# kafkautil package it uses to wait for topics) changes.
 # GOWORK=off: it needs only its own module, so a half-edited service elsewhere in
 # the workspace cannot stop the stack from starting.
 build_kafkactl() {
   local src="$ROOT/tools"
-  if [[ -x $KAFKACTL ]] && [[ -z $(find "$src/cmd/kafkactl" "$src/go.mod" "$src/go.sum" -newer "$KAFKACTL" 2>/dev/null) ]]; then
+  if [[ -x $KAFKACTL ]] && [[ -z $(find "$src/cmd/kafkactl" "$src/go.mod" "$src/go.sum" "$ROOT/pkg/platform/kafkautil" "$ROOT/pkg/platform/go.mod" -newer "$KAFKACTL" 2>/dev/null) ]]; then
     return
   fi
   command -v go >/dev/null || die "go is not installed; it is needed to build tools/cmd/kafkactl"

@@ -17,6 +17,7 @@ import (
 	"github.com/segmentio/kafka-go"
 	tracepb "go.opentelemetry.io/proto/otlp/trace/v1"
 
+	"github.com/onceflow/onceflow/pkg/platform/kafkautil"
 	"github.com/onceflow/onceflow/pkg/platform/pgroles/pgrolestest"
 	"github.com/onceflow/onceflow/pkg/platform/testinfra"
 )
@@ -161,6 +162,13 @@ func startPlatform(t *testing.T, exporter, endpoint string) *platform {
 	testinfra.NewTopicNamed(t, p.brokers, p.ordersTopic+".dlt", 1)
 	p.billingTopic = testinfra.NewTopic(t, p.brokers, 3)
 	testinfra.NewTopicNamed(t, p.brokers, p.billingTopic+".dlt", 1)
+	// A leader named in the metadata may not serve its partition yet: a
+	// consumer started then gets Not Leader For Partition (issue 11).
+	readyCtx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := kafkautil.WaitTopicsReady(readyCtx, p.brokers, p.ordersTopic, p.ordersTopic+".dlt", p.billingTopic, p.billingTopic+".dlt"); err != nil {
+		t.Fatal(err)
+	}
 	p.ordersDB, p.billingDB = testinfra.NewDatabase(t), testinfra.NewDatabase(t)
 	shimDB := testinfra.NewDatabase(t)
 	// Each program runs as its database's runtime role and migrates as its

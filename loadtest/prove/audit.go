@@ -39,6 +39,33 @@ type Audit struct {
 	// the distinct event ids billing's topic holds.
 	BillingInboxRows int
 	Settlements      int
+
+	// Cancelled orders (status cancelled in the orders database); the
+	// production-shaped proofs cancel some orders right after placing them,
+	// so each such aggregate has two events whose order matters.
+	Cancelled int
+	// CancelledNotRefunded: cancelled orders whose charge stands. Billing
+	// refunds only a charge it has, so this is an OrderCancelled handled
+	// before its OrderPlaced (or never).
+	CancelledNotRefunded int
+	// RefundsWithoutSettlement: refunded charges the third party never
+	// booked a refund for.
+	RefundsWithoutSettlement int
+	// DuplicateRefunds counts, per order, the refunds beyond the first, the
+	// larger of billing's PaymentRefunded events and the ledger's bookings.
+	DuplicateRefunds int
+	// BillingOutOfOrder: orders whose PaymentRefunded was written to
+	// billing's outbox before their PaymentCaptured.
+	BillingOutOfOrder int
+	// LedgerOutOfOrder: orders whose refund the third party booked before
+	// their capture, or without one.
+	LedgerOutOfOrder int
+}
+
+// OutOfOrder is every per-aggregate order violation the audit sees
+// downstream of orders: at billing and at the third party.
+func (a Audit) OutOfOrder() int {
+	return a.CancelledNotRefunded + a.BillingOutOfOrder + a.LedgerOutOfOrder
 }
 
 // Lost is every order whose effect is missing downstream, or that the client
@@ -129,11 +156,19 @@ func (p *Platform) audit(ctx context.Context, accepted map[uuid.UUID]time.Time) 
 	}
 	a.Settlements = len(ledger)
 	booked := map[string]int{}
+	refundsBooked := map[string]int{}
 	keys := map[string]int{}
 	for _, s := range ledger {
 		keys[s.IdempotencyKey]++
-		if s.Kind == "capture" {
+		switch s.Kind {
+		case "capture":
 			booked[s.OrderID]++
+		case "refund":
+			// The ledger lists bookings in the order it made them.
+			if booked[s.OrderID] == 0 && refundsBooked[s.OrderID] == 0 {
+				a.LedgerOutOfOrder++
+			}
+			refundsBooked[s.OrderID]++
 		}
 	}
 	for _, n := range keys {
@@ -148,7 +183,45 @@ func (p *Platform) audit(ctx context.Context, accepted map[uuid.UUID]time.Time) 
 	for id := range charges {
 		a.DuplicateEffects += max(0, captured[id]-1, booked[id]-1)
 	}
-	return a, nil
+	return a, p.auditCancellations(ctx, &a, refundsBooked)
+}
+
+// auditCancellations fills the cancellation and ordering part of a.
+func (p *Platform) auditCancellations(ctx context.Context, a *Audit, refundsBooked map[string]int) error {
+	cancelled, err := idSet(ctx, p.ordersPool, `SELECT id::text FROM orders WHERE status = 'cancelled'`)
+	if err != nil {
+		return err
+	}
+	a.Cancelled = len(cancelled)
+	refunded, err := idSet(ctx, p.billingPool, `SELECT order_id::text FROM charges WHERE status = 'refunded'`)
+	if err != nil {
+		return err
+	}
+	charged, err := idSet(ctx, p.billingPool, `SELECT order_id::text FROM charges`)
+	if err != nil {
+		return err
+	}
+	for id := range cancelled {
+		if charged[id] && !refunded[id] {
+			a.CancelledNotRefunded++
+		}
+	}
+	for id := range refunded {
+		if refundsBooked[id] == 0 {
+			a.RefundsWithoutSettlement++
+		}
+	}
+	refundEvents, err := countBy(ctx, p.billingPool, `SELECT aggregate_id FROM outbox_events WHERE event_type = 'PaymentRefunded'`)
+	if err != nil {
+		return err
+	}
+	for id := range refunded {
+		a.DuplicateRefunds += max(0, refundEvents[id]-1, refundsBooked[id]-1)
+	}
+	return p.billingPool.QueryRow(ctx, `SELECT count(*) FROM outbox_events r
+		WHERE r.event_type = 'PaymentRefunded' AND NOT EXISTS (
+			SELECT 1 FROM outbox_events c WHERE c.event_type = 'PaymentCaptured'
+			AND c.aggregate_id = r.aggregate_id AND c.id < r.id)`).Scan(&a.BillingOutOfOrder)
 }
 
 func (p *Platform) publishMode() string { return p.API.env["PUBLISH_MODE"] }
@@ -192,6 +265,7 @@ func countBy(ctx context.Context, db interface {
 // progress is the cheap view waitQuiet watches.
 type progress struct {
 	orders, pending, charges, billingPending, settlements int
+	refunded                                              int
 	lag                                                   int64
 }
 
@@ -204,8 +278,9 @@ func (p *Platform) progress(ctx context.Context) (progress, error) {
 	if p.Billing == nil {
 		return g, nil
 	}
-	if err := p.billingPool.QueryRow(ctx, `SELECT (SELECT count(*) FROM charges), (SELECT count(*) FROM outbox_events WHERE state <> 'published')`).
-		Scan(&g.charges, &g.billingPending); err != nil {
+	if err := p.billingPool.QueryRow(ctx, `SELECT (SELECT count(*) FROM charges), (SELECT count(*) FROM outbox_events WHERE state <> 'published'),
+		(SELECT count(*) FROM charges WHERE status = 'refunded')`).
+		Scan(&g.charges, &g.billingPending, &g.refunded); err != nil {
 		return g, err
 	}
 	var stats struct {
@@ -245,7 +320,7 @@ func (p *Platform) waitQuiet(ctx context.Context, stable time.Duration) (time.Ti
 				last, lastChange = g, time.Now()
 			}
 			complete := g.pending == 0 && g.billingPending == 0 && g.lag == 0 &&
-				(p.Billing == nil || (g.charges == g.orders && g.settlements >= g.charges))
+				(p.Billing == nil || (g.charges == g.orders && g.settlements >= g.charges+g.refunded))
 			if (complete && time.Since(lastChange) >= 3*time.Second) || time.Since(lastChange) >= stable {
 				return lastChange, nil
 			}

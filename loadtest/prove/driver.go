@@ -21,11 +21,18 @@ type Driver struct {
 	prefix string
 	client http.Client
 
-	next     atomic.Int64
-	mu       sync.Mutex
-	accepted map[uuid.UUID]time.Time
-	gaveUp   int
-	retries  int
+	// CancelEvery, when above 0, cancels every CancelEvery-th order right
+	// after it was placed, so that its aggregate has two events (OrderPlaced,
+	// OrderCancelled) close together, whose order billing and the third
+	// party must keep. Set it before Drive.
+	CancelEvery int
+
+	next      atomic.Int64
+	cancelled atomic.Int64
+	mu        sync.Mutex
+	accepted  map[uuid.UUID]time.Time
+	gaveUp    int
+	retries   int
 }
 
 func newDriver(url, prefix string) *Driver {
@@ -60,7 +67,10 @@ func (d *Driver) Drive(ctx context.Context, workers, rate, min, max int, done fu
 				if int(n) > max || (done != nil && int(n) > min && done()) {
 					return
 				}
-				d.PlaceOne(ctx, n)
+				id, ok := d.PlaceOne(ctx, n)
+				if ok && d.CancelEvery > 0 && n%int64(d.CancelEvery) == 0 {
+					d.CancelOne(ctx, id)
+				}
 			}
 		}()
 	}
@@ -110,6 +120,34 @@ func (d *Driver) PlaceOne(ctx context.Context, n int64) (uuid.UUID, bool) {
 		}
 	}
 }
+
+// CancelOne cancels order id, retrying for up to three minutes (a cancel
+// is idempotent: cancelling a cancelled order changes nothing).
+func (d *Driver) CancelOne(ctx context.Context, id uuid.UUID) bool {
+	deadline := time.Now().Add(3 * time.Minute)
+	for attempt := 0; ctx.Err() == nil && time.Now().Before(deadline); attempt++ {
+		if attempt > 0 {
+			select {
+			case <-ctx.Done():
+			case <-time.After(time.Duration(50+attempt*50%500) * time.Millisecond):
+			}
+		}
+		req, _ := http.NewRequestWithContext(ctx, http.MethodPost, d.url+"/orders/"+id.String()+"/cancel", nil)
+		resp, err := d.client.Do(req)
+		if err != nil {
+			continue
+		}
+		resp.Body.Close()
+		if resp.StatusCode == http.StatusOK {
+			d.cancelled.Add(1)
+			return true
+		}
+	}
+	return false
+}
+
+// Cancelled is how many cancels the API acknowledged.
+func (d *Driver) Cancelled() int { return int(d.cancelled.Load()) }
 
 // Accepted returns the ids of the orders the API acknowledged.
 func (d *Driver) Accepted() map[uuid.UUID]time.Time {

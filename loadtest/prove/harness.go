@@ -31,14 +31,56 @@ type Profile struct {
 	// Stable is how long nothing may change before a run that never
 	// completes (a naive mode lost something) counts as quiet.
 	Stable time.Duration
+
+	// Scale is the scale-out proof's size: at least Changes membership
+	// changes (SIGKILLs, graceful stops, restarts, added instances), one
+	// every Every, under Rate orders/s.
+	Scale ScaleProfile
+	// Outage is the kafka-outage proof's size.
+	Outage OutageProfile
+	// Busy is the busy-relay proof's size.
+	Busy BusyProfile
+}
+
+// ScaleProfile sizes the scale-out proof.
+type ScaleProfile struct {
+	Changes int
+	Every   time.Duration
+	Rate    int
+}
+
+// OutageProfile sizes the kafka-outage proof: Kafka down for Kafka, then
+// Restarts broker restarts RestartEvery apart, then PostgreSQL down for
+// Postgres, all under Rate orders/s.
+type OutageProfile struct {
+	Kafka, Postgres time.Duration
+	Restarts        int
+	RestartEvery    time.Duration
+	Rate            int
+}
+
+// BusyProfile sizes the busy-relay proof: with Kafka slowed, the relay's
+// oldest pending age must pass Age seconds within Within, under Rate
+// orders/s, with the Kafka link limited to KBps per connection upstream.
+type BusyProfile struct {
+	Age    float64
+	Within time.Duration
+	Rate   int
+	KBps   int
 }
 
 // Profiles: quick runs in `make test`, full in `make prove`.
 var Profiles = map[string]Profile{
 	"quick": {Name: "quick", Orders: 30, Crashes: 3, Redeliveries: 10, HotEvents: 1000, Others: 50, OtherEvents: 4,
-		Poison: 2, ShimCrashes: 1, Stable: 8 * time.Second},
+		Poison: 2, ShimCrashes: 1, Stable: 8 * time.Second,
+		Scale:  ScaleProfile{Changes: 8, Every: 3 * time.Second, Rate: 20},
+		Outage: OutageProfile{Kafka: 20 * time.Second, Postgres: 10 * time.Second, Restarts: 1, RestartEvery: 20 * time.Second, Rate: 10},
+		Busy:   BusyProfile{Age: 10, Within: 60 * time.Second, Rate: 40, KBps: 3}},
 	"full": {Name: "full", Orders: 300, Crashes: 20, Redeliveries: 10, HotEvents: 1000, Others: 300, OtherEvents: 5,
-		Poison: 10, ShimCrashes: 3, Stable: 20 * time.Second},
+		Poison: 10, ShimCrashes: 3, Stable: 20 * time.Second,
+		Scale:  ScaleProfile{Changes: 24, Every: 8 * time.Second, Rate: 30},
+		Outage: OutageProfile{Kafka: 3 * time.Minute, Postgres: time.Minute, Restarts: 3, RestartEvery: 20 * time.Second, Rate: 20},
+		Busy:   BusyProfile{Age: 20, Within: 60 * time.Second, Rate: 45, KBps: 3}},
 }
 
 // Proof is one named proof; naive says whether it also runs in a naive mode.
@@ -58,6 +100,9 @@ var Proofs = []Proof{
 	{"backlog", "", (*Harness).backlog},
 	{"poison", "", (*Harness).poison},
 	{"chaos", "", (*Harness).chaos},
+	{"scale-out", "", (*Harness).scaleOut},
+	{"kafka-outage", "", (*Harness).kafkaOutage},
+	{"busy-relay", "", (*Harness).busyRelay},
 }
 
 // Options configure Run.

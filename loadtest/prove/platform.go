@@ -27,6 +27,9 @@ type Setup struct {
 	PublishMode, InboxMode string
 	// Relays is the number of orders processes (each runs a relay). Default 1.
 	Relays int
+	// Billings and Shims are the numbers of billing and shim instances, each
+	// kind one consumer group. Default 1.
+	Billings, Shims int
 	// APIOnly adds an orders process without a relay, which the driver uses.
 	APIOnly bool
 	// NoDownstream runs no billing, shim or reconciler (ordering).
@@ -36,6 +39,13 @@ type Setup struct {
 	// ReconcilerTimeout is the shim's RECONCILER_TIMEOUT. Default 5s.
 	ReconcilerTimeout string
 }
+
+// The kinds of instance a proof can add mid-run (Platform.Add).
+const (
+	KindRelay   = "orders"
+	KindBilling = "billing"
+	KindShim    = "shim"
+)
 
 // Platform is one proof's copy of the system: its own databases, topics,
 // processes and ledger, on the harness's stack.
@@ -47,16 +57,39 @@ type Platform struct {
 	ShimDB                  string
 	Orders                  []*Proc // relays (and the API, unless APIOnly)
 	API                     *Proc   // the orders process the driver talks to
-	Billing, Shim, Recon    *Proc
-	ordersPool, billingPool *pgxpool.Pool
-	shimPool                *pgxpool.Pool
-	all                     []*Proc
+	// Billings and Shims are every instance of each consumer, in the order
+	// they were added; Billing and Shim are the first of each.
+	Billings, Shims      []*Proc
+	Billing, Shim, Recon *Proc
+	ordersPool           *pgxpool.Pool
+	billingPool          *pgxpool.Pool
+	shimPool             *pgxpool.Pool
+	all                  []*Proc
+	// newInstance builds the next instance of a kind (KindRelay,
+	// KindBilling, KindShim) on a free port, not started.
+	newInstance map[string]func(port int) *Proc
+	// adminPortOf maps each public port to its process's operator port.
+	adminPortOf map[int]int
+}
+
+// freePorts returns n public ports, each with an operator port beside it
+// in adminPortOf, taken in one call so that no port repeats another.
+func (p *Platform) freePorts(n int) ([]int, error) {
+	ports, err := freePorts(2 * n)
+	if err != nil {
+		return nil, err
+	}
+	for i := range n {
+		p.adminPortOf[ports[i]] = ports[n+i]
+	}
+	return ports[:n], nil
 }
 
 func (h *Harness) newPlatform(ctx context.Context, name string, s Setup) (*Platform, error) {
 	if s.Relays == 0 {
 		s.Relays = 1
 	}
+	s.Billings, s.Shims = max(s.Billings, 1), max(s.Shims, 1)
 	if s.PublishMode == "" {
 		s.PublishMode = "outbox"
 	}
@@ -89,15 +122,10 @@ func (h *Harness) newPlatform(ctx context.Context, name string, s Setup) (*Platf
 	if err := createTopics(ctx, h.stack.Brokers(), p.OrdersTopic, p.OrdersTopic+".dlt", p.BillingTop, p.BillingTop+".dlt"); err != nil {
 		return nil, err
 	}
-	// One call, so the operator ports cannot repeat a public one.
-	ports, err := freePorts(2 * (s.Relays + 4))
+	p.adminPortOf = map[int]int{}
+	ports, err := p.freePorts(2)
 	if err != nil {
 		return nil, err
-	}
-	ports, adminPorts := ports[:s.Relays+4], ports[s.Relays+4:]
-	adminPortOf := map[int]int{}
-	for i, port := range ports {
-		adminPortOf[port] = adminPorts[i]
 	}
 	brokers := strings.Join(h.stack.Brokers(), ",")
 	common := func(port int, db string) map[string]string {
@@ -108,39 +136,70 @@ func (h *Harness) newPlatform(ctx context.Context, name string, s Setup) (*Platf
 		}
 	}
 	newProc := func(name, bin string, port int, env map[string]string, arm func() map[string]string, scrape ...string) *Proc {
-		env["ADMIN_ADDR"], env["ADMIN_TOKEN"] = fmt.Sprintf("127.0.0.1:%d", adminPortOf[port]), adminToken
-		pr := &Proc{Name: name, Port: port, AdminPort: adminPortOf[port], bin: h.bins[bin], env: env, arm: arm, scrape: scrape,
+		env["ADMIN_ADDR"], env["ADMIN_TOKEN"] = fmt.Sprintf("127.0.0.1:%d", p.adminPortOf[port]), adminToken
+		pr := &Proc{Name: name, Port: port, AdminPort: p.adminPortOf[port], bin: h.bins[bin], env: env, arm: arm, scrape: scrape,
 			log: filepath.Join(p.Dir, name+".log")}
 		p.all = append(p.all, pr)
 		return pr
 	}
-	for i := range s.Relays {
-		env := common(ports[i], p.OrdersDB)
-		env["ORDERS_TOPIC"], env["PUBLISH_MODE"] = p.OrdersTopic, s.PublishMode
-		p.Orders = append(p.Orders, newProc(fmt.Sprintf("orders-%d", i+1), "orders", ports[i], env, s.OrdersArm,
-			"outbox_published_total"))
-	}
-	p.API = p.Orders[0]
-	if s.APIOnly {
-		env := common(ports[s.Relays], p.OrdersDB)
-		env["ORDERS_TOPIC"], env["PUBLISH_MODE"], env["RELAY_ENABLED"] = p.OrdersTopic, s.PublishMode, "false"
-		p.API = newProc("orders-api", "orders", ports[s.Relays], env, nil)
-	}
 	if !s.NoDownstream {
-		reconPort := ports[s.Relays+1]
+		reconPort := ports[1]
 		p.Recon = newProc("reconciler", "reconciler", reconPort, map[string]string{
 			"HTTP_ADDR": fmt.Sprintf("127.0.0.1:%d", reconPort), "LEDGER_PATH": filepath.Join(p.Dir, "ledger.jsonl"), "LOG_LEVEL": "info",
 		}, nil)
-		env := common(ports[s.Relays+2], p.BillingDB)
-		env["ORDERS_TOPIC"], env["BILLING_TOPIC"], env["CONSUMER_GROUP"], env["INBOX_NAME"], env["INBOX_MODE"] =
-			p.OrdersTopic, p.BillingTop, "billing", "billing", s.InboxMode
-		p.Billing = newProc("billing", "billing", ports[s.Relays+2], env, s.BillingArm,
-			"inbox_duplicates_total", "inbox_processed_total", "inbox_dead_lettered_total")
-		env = common(ports[s.Relays+3], p.ShimDB)
-		env["BILLING_TOPIC"], env["CONSUMER_GROUP"] = p.BillingTop, "shim"
-		env["RECONCILER_URL"], env["RECONCILER_TIMEOUT"] = p.Recon.URL(), s.ReconcilerTimeout
-		p.Shim = newProc("shim", "shim", ports[s.Relays+3], env, s.ShimArm,
-			"inbox_duplicates_total", "inbox_processed_total", "inbox_dead_lettered_total")
+	}
+	p.newInstance = map[string]func(port int) *Proc{
+		KindRelay: func(port int) *Proc {
+			env := common(port, p.OrdersDB)
+			env["ORDERS_TOPIC"], env["PUBLISH_MODE"] = p.OrdersTopic, s.PublishMode
+			pr := newProc(fmt.Sprintf("orders-%d", len(p.Orders)+1), "orders", port, env, s.OrdersArm, "outbox_published_total")
+			p.Orders = append(p.Orders, pr)
+			return pr
+		},
+		// Every billing instance is one member of the consumer group
+		// "billing" and shares the inbox name and the database; so do the
+		// shims in "shim". The first of each keeps its historical name.
+		KindBilling: func(port int) *Proc {
+			env := common(port, p.BillingDB)
+			env["ORDERS_TOPIC"], env["BILLING_TOPIC"], env["CONSUMER_GROUP"], env["INBOX_NAME"], env["INBOX_MODE"] =
+				p.OrdersTopic, p.BillingTop, "billing", "billing", s.InboxMode
+			pr := newProc(instanceName("billing", len(p.Billings)), "billing", port, env, s.BillingArm,
+				"inbox_duplicates_total", "inbox_processed_total", "inbox_dead_lettered_total", "outbox_published_total")
+			p.Billings = append(p.Billings, pr)
+			return pr
+		},
+		KindShim: func(port int) *Proc {
+			env := common(port, p.ShimDB)
+			env["BILLING_TOPIC"], env["CONSUMER_GROUP"] = p.BillingTop, "shim"
+			env["RECONCILER_URL"], env["RECONCILER_TIMEOUT"] = p.Recon.URL(), s.ReconcilerTimeout
+			pr := newProc(instanceName("shim", len(p.Shims)), "shim", port, env, s.ShimArm,
+				"inbox_duplicates_total", "inbox_processed_total", "inbox_dead_lettered_total")
+			p.Shims = append(p.Shims, pr)
+			return pr
+		},
+	}
+	ports, err = p.freePorts(s.Relays + s.Billings + s.Shims + 1)
+	if err != nil {
+		return nil, err
+	}
+	for i := range s.Relays {
+		p.newInstance[KindRelay](ports[i])
+	}
+	p.API = p.Orders[0]
+	if s.APIOnly {
+		api := ports[len(ports)-1]
+		env := common(api, p.OrdersDB)
+		env["ORDERS_TOPIC"], env["PUBLISH_MODE"], env["RELAY_ENABLED"] = p.OrdersTopic, s.PublishMode, "false"
+		p.API = newProc("orders-api", "orders", api, env, nil)
+	}
+	if !s.NoDownstream {
+		for i := range s.Billings {
+			p.newInstance[KindBilling](ports[s.Relays+i])
+		}
+		for i := range s.Shims {
+			p.newInstance[KindShim](ports[s.Relays+s.Billings+i])
+		}
+		p.Billing, p.Shim = p.Billings[0], p.Shims[0]
 	}
 	for _, pr := range p.all {
 		if err := pr.Start(); err != nil {
@@ -161,6 +220,56 @@ func (h *Harness) newPlatform(ctx context.Context, name string, s Setup) (*Platf
 		}
 	}
 	return p, nil
+}
+
+// instanceName names the i-th instance (from 0) of a consumer: the first
+// keeps the bare name the one-instance proofs always used.
+func instanceName(kind string, i int) string {
+	if i == 0 {
+		return kind
+	}
+	return fmt.Sprintf("%s-%d", kind, i+1)
+}
+
+// Add starts one more instance of kind (KindRelay, KindBilling, KindShim)
+// mid-run, on a port of its own, supervised and scraped like the others,
+// and waits until it is ready.
+func (p *Platform) Add(ctx context.Context, kind string) (*Proc, error) {
+	build, ok := p.newInstance[kind]
+	if !ok {
+		return nil, fmt.Errorf("no instance kind %q", kind)
+	}
+	ports, err := p.freePorts(1)
+	if err != nil {
+		return nil, err
+	}
+	pr := build(ports[0])
+	if err := pr.Start(); err != nil {
+		return nil, err
+	}
+	return pr, pr.WaitReady(ctx, 90*time.Second)
+}
+
+// Exits sums, over every process of the platform, the lifetimes that ended
+// by themselves (see Proc.Exits), and lists the last exit of each.
+func (p *Platform) Exits() (n int, detail []string) {
+	for _, pr := range p.all {
+		e, last := pr.Exits()
+		n += e
+		if e > 0 {
+			detail = append(detail, fmt.Sprintf("%s exited %d times (last %s)", pr.Name, e, last))
+		}
+	}
+	return n, detail
+}
+
+// Hangs sums the graceful stops that SIGTERM did not finish within 20s.
+func (p *Platform) Hangs() int {
+	n := 0
+	for _, pr := range p.all {
+		n += pr.Hangs()
+	}
+	return n
 }
 
 // Close stops every process of the platform.
@@ -189,24 +298,11 @@ func createTopics(ctx context.Context, brokers []string, topics ...string) error
 	if err := conn.CreateTopics(cfgs...); err != nil {
 		return fmt.Errorf("creating topics: %w", err)
 	}
-	client := &kafka.Client{Addr: kafka.TCP(brokers...), Timeout: 5 * time.Second}
-	return waitUntil(ctx, 30*time.Second, func() bool {
-		md, err := client.Metadata(ctx, &kafka.MetadataRequest{Topics: topics})
-		if err != nil || len(md.Topics) != len(topics) {
-			return false
-		}
-		for _, t := range md.Topics {
-			if t.Error != nil || len(t.Partitions) != 6 {
-				return false
-			}
-			for _, pt := range t.Partitions {
-				if pt.Leader.ID < 0 {
-					return false
-				}
-			}
-		}
-		return true
-	})
+	// The services start right after: wait until every partition's leader
+	// serves it, or their first fetch gets Not Leader For Partition.
+	wctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	return kafkautil.WaitTopicsReady(wctx, brokers, topics...)
 }
 
 // arm returns an Arm func that arms point for the first budget starts, each
@@ -228,10 +324,25 @@ func arm(point string, budget, maxAfter int) func() map[string]string {
 // groupLag is how many messages of topic the consumer group has not
 // committed yet (a group that committed nothing lags by the whole topic).
 func groupLag(ctx context.Context, brokers []string, group, topic string) (int64, error) {
+	behind, err := groupBehind(ctx, brokers, group, topic)
+	if err != nil {
+		return 0, err
+	}
+	var lag int64
+	for _, n := range behind {
+		lag += n
+	}
+	return lag, nil
+}
+
+// groupBehind is, per partition of topic, its end offset (ListOffsets)
+// minus the group's committed offset (OffsetFetch; nothing committed counts
+// as 0): zero everywhere means the group committed every message.
+func groupBehind(ctx context.Context, brokers []string, group, topic string) (map[int]int64, error) {
 	client := &kafka.Client{Addr: kafka.TCP(brokers...), Timeout: 5 * time.Second}
 	ends, err := topicEnds(ctx, client, topic)
 	if err != nil {
-		return 0, err
+		return nil, err
 	}
 	parts := make([]int, 0, len(ends))
 	for p := range ends {
@@ -239,24 +350,23 @@ func groupLag(ctx context.Context, brokers []string, group, topic string) (int64
 	}
 	resp, err := client.OffsetFetch(ctx, &kafka.OffsetFetchRequest{GroupID: group, Topics: map[string][]int{topic: parts}})
 	if err != nil {
-		return 0, err
+		return nil, err
 	}
 	if resp.Error != nil {
-		return 0, resp.Error
+		return nil, resp.Error
 	}
-	var lag int64
 	committed := map[int]int64{}
 	for _, p := range resp.Topics[topic] {
+		if p.Error != nil {
+			return nil, p.Error
+		}
 		committed[p.Partition] = p.CommittedOffset
 	}
+	behind := map[int]int64{}
 	for p, end := range ends {
-		c := committed[p]
-		if c < 0 {
-			c = 0
-		}
-		lag += end - c
+		behind[p] = end - max(committed[p], 0)
 	}
-	return lag, nil
+	return behind, nil
 }
 
 // topicEnds returns each partition's end offset (the next offset to write).

@@ -68,8 +68,15 @@ type Proc struct {
 	done     chan struct{}
 	crashes  int
 	lastKill time.Time
-	starts   int
-	gen      int // lifetimes ended so far
+	// exits counts the lifetimes that ended neither by SIGKILL (the
+	// harness's or an armed crash point's) nor by Stop: the process gave up
+	// by itself, which a production-shaped proof counts as a failure.
+	exits    int
+	lastExit string
+	// hangs counts the Stops that SIGTERM did not end within 20s.
+	hangs  int
+	starts int
+	gen    int // lifetimes ended so far
 	// per lifetime, the last value scraped of each counter
 	closedSums map[string]float64
 	current    map[string]float64
@@ -149,6 +156,10 @@ func (p *Proc) supervise(done chan struct{}) {
 			p.lastKill = time.Now()
 		}
 		stopping := p.stopping
+		if !killed && !stopping {
+			p.exits++
+			p.lastExit = fmt.Sprintf("%s: %v", time.Now().UTC().Format(time.RFC3339), err)
+		}
 		p.mu.Unlock()
 		if stopping {
 			return
@@ -180,7 +191,7 @@ func (p *Proc) scraper(done <-chan struct{}) {
 		p.mu.Lock()
 		gen := p.gen
 		p.mu.Unlock()
-		m, err := scrapeMetrics(p.AdminPort)
+		m, err := p.Metrics()
 		if err != nil {
 			continue
 		}
@@ -220,6 +231,31 @@ func (p *Proc) LastKill() time.Time {
 	return p.lastKill
 }
 
+// Exits is how many times the process ended by itself: not by SIGKILL, not
+// by Stop. A service must ride out a broker or database outage in the
+// process, so any exit here is a failure of the new proofs.
+func (p *Proc) Exits() (n int, last string) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.exits, p.lastExit
+}
+
+// Hangs is how many times SIGTERM did not end the process within 20s (it
+// was then killed).
+func (p *Proc) Hangs() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.hangs
+}
+
+// Running reports whether the process is supervised now (started and not
+// stopped).
+func (p *Proc) Running() bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.done != nil && !p.stopping
+}
+
 // Kill sends SIGKILL; the supervisor restarts the process.
 func (p *Proc) Kill() {
 	p.mu.Lock()
@@ -243,6 +279,9 @@ func (p *Proc) Stop() {
 	select {
 	case <-done:
 	case <-time.After(20 * time.Second):
+		p.mu.Lock()
+		p.hangs++
+		p.mu.Unlock()
 		_ = cmd.Process.Kill()
 		<-done
 	}
@@ -251,6 +290,12 @@ func (p *Proc) Stop() {
 // Restart stops the process gracefully and starts it again with env changes.
 func (p *Proc) Restart(ctx context.Context, change map[string]string) error {
 	p.Stop()
+	return p.Resume(ctx, change)
+}
+
+// Resume starts a process that Stop ended, with env changes, and waits
+// until it is ready.
+func (p *Proc) Resume(ctx context.Context, change map[string]string) error {
 	p.mu.Lock()
 	p.stopping = false
 	p.env = maps.Clone(p.env)
@@ -294,11 +339,15 @@ func (p *Proc) WaitReady(ctx context.Context, timeout time.Duration) error {
 	return nil
 }
 
-// scrapeMetrics reads a Prometheus text exposition and sums each metric's
-// series over their labels.
-func scrapeMetrics(port int) (map[string]float64, error) {
+// MetricsURL is where the process serves /metrics: its operator listener.
+// Every scrape of the harness goes through here.
+func (p *Proc) MetricsURL() string { return p.AdminURL() + "/metrics" }
+
+// Metrics scrapes the process's /metrics now and sums each metric's series
+// over their labels.
+func (p *Proc) Metrics() (map[string]float64, error) {
 	client := http.Client{Timeout: 2 * time.Second}
-	resp, err := client.Get(fmt.Sprintf("http://127.0.0.1:%d/metrics", port))
+	resp, err := client.Get(p.MetricsURL())
 	if err != nil {
 		return nil, err
 	}

@@ -3,6 +3,7 @@ package prove
 import (
 	"context"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/onceflow/onceflow/pkg/inbox"
@@ -26,10 +27,8 @@ func fail(row Row, err error) Row {
 // absorbed is the duplicates billing's and the shim's inboxes counted.
 func (p *Platform) absorbed() int {
 	n := 0.0
-	for _, pr := range []*Proc{p.Billing, p.Shim} {
-		if pr != nil {
-			n += pr.Counter("inbox_duplicates_total")
-		}
+	for _, pr := range append(slices.Clone(p.Billings), p.Shims...) {
+		n += pr.Counter("inbox_duplicates_total")
 	}
 	return int(n)
 }

@@ -160,7 +160,7 @@ func (h *Harness) backlog(ctx context.Context, _ bool) Row {
 	go func() { d.Drive(lctx, 2, 20, 0, 1<<30, nil); close(loadDone) }()
 	defer func() { stopLoad(); <-loadDone }()
 	gauges := func() (pending, age float64) {
-		m, err := scrapeMetrics(p.API.AdminPort)
+		m, err := p.API.Metrics()
 		if err != nil {
 			return -1, -1
 		}

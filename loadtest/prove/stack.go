@@ -150,6 +150,16 @@ func (s *Stack) RestartKafka(ctx context.Context) error {
 	return s.script(ctx, "up")
 }
 
+// StopKafka stops the broker (SIGTERM) and leaves it down: an outage.
+func (s *Stack) StopKafka(ctx context.Context) error { return s.script(ctx, "down", "kafka") }
+
+// StopPostgres stops PostgreSQL (fast shutdown) and leaves it down.
+func (s *Stack) StopPostgres(ctx context.Context) error { return s.script(ctx, "down", "postgres") }
+
+// StartServers starts whichever of PostgreSQL and Kafka is down and returns
+// once both answer (stack.sh up is idempotent).
+func (s *Stack) StartServers(ctx context.Context) error { return s.script(ctx, "up") }
+
 // RestartPostgres stops PostgreSQL (fast shutdown: every session is cut)
 // and starts it again.
 func (s *Stack) RestartPostgres(ctx context.Context) error {

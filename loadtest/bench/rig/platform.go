@@ -351,24 +351,12 @@ func (p *Platform) createTopics(ctx context.Context, names ...string) error {
 		return fmt.Errorf("creating topics: %w", err)
 	}
 	p.topics = append(p.topics, names...)
-	// A new topic's partitions get leaders asynchronously.
-	for {
-		parts, err := ctrl.ReadPartitions(names...)
-		led := 0
-		for _, pt := range parts {
-			if pt.Leader.Host != "" {
-				led++
-			}
-		}
-		if err == nil && led == len(names)*p.cfg.Partitions {
-			return nil
-		}
-		select {
-		case <-ctx.Done():
-			return fmt.Errorf("waiting for the topics' leaders: %w", ctx.Err())
-		case <-time.After(100 * time.Millisecond):
-		}
+	// A new topic's partitions get leaders asynchronously, and a consumer
+	// started before its leader serves it gets Not Leader For Partition.
+	if err := kafkautil.WaitTopicsReady(ctx, p.cfg.Brokers, names...); err != nil {
+		return err
 	}
+	return nil
 }
 
 // freeAddr returns a loopback address with a port nobody listens on now.

@@ -29,6 +29,8 @@ import (
 	"time"
 
 	"github.com/segmentio/kafka-go"
+
+	"github.com/onceflow/onceflow/pkg/platform/kafkautil"
 )
 
 func main() {
@@ -177,11 +179,12 @@ func probe(ctx context.Context, brokers []string) error {
 }
 
 // ensureTopics creates the topics that do not exist yet and waits until every
-// partition of those has a leader, so a producer started right after does not
-// race the broker. Existing topics are left alone, even with another partition
+// partition of every named topic has a leader that serves it
+// (kafkautil.WaitTopicsReady), so a consumer or producer started right after
+// does not race the broker. Existing topics are left alone, even with another partition
 // count: repartitioning would break per-key ordering, which is a decision for
 // a person, not for a setup script.
-func ensureTopics(ctx context.Context, brokers, topics []string, partitions int, stdout io.Writer) error {
+func ensureTopics(ctx context.Context, brokers, topics []string, partitions int, stdout io.Writer) (err error) {
 	conn, err := dial(ctx, brokers)
 	if err != nil {
 		return err
@@ -202,6 +205,14 @@ func ensureTopics(ctx context.Context, brokers, topics []string, partitions int,
 		}
 		missing = append(missing, kafka.TopicConfig{Topic: t, NumPartitions: partitions, ReplicationFactor: 1})
 	}
+	// Every named topic, existing or new, must be served before this returns:
+	// `make up` starts consumers right after, and a broker that has just
+	// restarted re-elects the leaders of existing topics too.
+	defer func() {
+		if err == nil {
+			err = kafkautil.WaitTopicsReady(ctx, brokers, topics...)
+		}
+	}()
 	if len(missing) == 0 {
 		return nil
 	}
@@ -220,49 +231,8 @@ func ensureTopics(ctx context.Context, brokers, topics []string, partitions int,
 		return fmt.Errorf("creating topics: %w", err)
 	}
 
-	names := make([]string, len(missing))
-	for i, m := range missing {
-		names[i] = m.Topic
-	}
-	if err := waitForLeaders(ctx, brokers, names); err != nil {
-		return err
-	}
-	for _, n := range names {
-		fmt.Fprintf(stdout, "created topic %s (%d partitions, replication factor 1)\n", n, partitions)
-	}
-	return nil
-}
-
-func waitForLeaders(ctx context.Context, brokers, topics []string) error {
-	var lastErr error
-	for {
-		lastErr = leadersElected(ctx, brokers, topics)
-		if lastErr == nil {
-			return nil
-		}
-		select {
-		case <-ctx.Done():
-			return fmt.Errorf("waiting for partition leaders: %w", lastErr)
-		case <-time.After(100 * time.Millisecond):
-		}
-	}
-}
-
-func leadersElected(ctx context.Context, brokers, topics []string) error {
-	conn, err := dial(ctx, brokers)
-	if err != nil {
-		return err
-	}
-	defer conn.Close()
-	ps, err := conn.ReadPartitions(topics...)
-	if err != nil {
-		return err
-	}
-	for _, p := range ps {
-		// kafka-go leaves Leader empty when the broker reports no leader (-1).
-		if p.Leader.Host == "" {
-			return fmt.Errorf("%s/%d has no leader yet", p.Topic, p.ID)
-		}
+	for _, m := range missing {
+		fmt.Fprintf(stdout, "created topic %s (%d partitions, replication factor 1)\n", m.Topic, partitions)
 	}
 	return nil
 }
