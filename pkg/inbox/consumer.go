@@ -123,35 +123,38 @@ type Config struct {
 	Metrics *Metrics
 }
 
-func (c Config) withDefaults() Config {
-	if c.Workers <= 0 {
+// WithDefaults returns c with every zero field set to its documented
+// default. Negative values are kept, for Validate to refuse: a typo'd sign
+// must not quietly become the default.
+func (c Config) WithDefaults() Config {
+	if c.Workers == 0 {
 		c.Workers = 4
 	}
-	if c.BatchSize <= 0 {
+	if c.BatchSize == 0 {
 		c.BatchSize = 100
 	}
-	if c.MaxAttempts <= 0 {
+	if c.MaxAttempts == 0 {
 		c.MaxAttempts = 5
 	}
-	if c.BackoffMin <= 0 {
+	if c.BackoffMin == 0 {
 		c.BackoffMin = 50 * time.Millisecond
 	}
-	if c.BackoffMax <= 0 {
+	if c.BackoffMax == 0 {
 		c.BackoffMax = 5 * time.Second
 	}
-	if c.LeaseTTL <= 0 {
+	if c.LeaseTTL == 0 {
 		c.LeaseTTL = 30 * time.Second
 	}
 	if c.LeaseOwner == "" {
 		c.LeaseOwner = c.Name + "-" + uuid.NewString()[:8]
 	}
-	if c.LagInterval <= 0 {
+	if c.LagInterval == 0 {
 		c.LagInterval = 5 * time.Second
 	}
-	if c.ShutdownGrace <= 0 {
+	if c.ShutdownGrace == 0 {
 		c.ShutdownGrace = 10 * time.Second
 	}
-	if c.ErrorLogInterval <= 0 {
+	if c.ErrorLogInterval == 0 {
 		c.ErrorLogInterval = 30 * time.Second
 	}
 	if c.Logger == nil {
@@ -161,6 +164,43 @@ func (c Config) withDefaults() Config {
 		c.Metrics = NewMetrics(nil)
 	}
 	return c
+}
+
+// Validate reports the first field of c that no consumer can run with: a
+// missing Name, a negative count or duration, an unknown gap policy, or
+// backoff bounds the wrong way round. It checks c as NewConsumer would use
+// it, after WithDefaults.
+func (c Config) Validate() error {
+	if c.Name == "" {
+		return errors.New("inbox: Config.Name is required")
+	}
+	for _, f := range []struct {
+		name string
+		v    any
+		neg  bool
+	}{
+		{"Workers", c.Workers, c.Workers < 0},
+		{"BatchSize", c.BatchSize, c.BatchSize < 0},
+		{"MaxAttempts", c.MaxAttempts, c.MaxAttempts < 0},
+		{"BackoffMin", c.BackoffMin, c.BackoffMin < 0},
+		{"BackoffMax", c.BackoffMax, c.BackoffMax < 0},
+		{"LeaseTTL", c.LeaseTTL, c.LeaseTTL < 0},
+		{"LagInterval", c.LagInterval, c.LagInterval < 0},
+		{"ShutdownGrace", c.ShutdownGrace, c.ShutdownGrace < 0},
+		{"ErrorLogInterval", c.ErrorLogInterval, c.ErrorLogInterval < 0},
+	} {
+		if f.neg {
+			return fmt.Errorf("inbox: Config.%s is negative (%v); leave it zero for the default", f.name, f.v)
+		}
+	}
+	if c.Gaps != GapAccept && c.Gaps != GapRetry {
+		return fmt.Errorf("inbox: Config.Gaps is %d, neither GapAccept nor GapRetry", c.Gaps)
+	}
+	d := c.WithDefaults()
+	if d.BackoffMin > d.BackoffMax {
+		return fmt.Errorf("inbox: Config.BackoffMin (%v) exceeds BackoffMax (%v)", d.BackoffMin, d.BackoffMax)
+	}
+	return nil
 }
 
 // Consumer handles the messages of one topic, in one consumer group,
@@ -183,13 +223,13 @@ func NewConsumer(pool *pgxpool.Pool, src GroupConfig, dlq Writer, h Handler, cfg
 	if pool == nil || dlq == nil || h == nil {
 		return nil, errors.New("inbox: NewConsumer needs a pool, a dead-letter writer and a handler")
 	}
-	if err := src.validate(); err != nil {
+	if err := src.Validate(); err != nil {
 		return nil, err
 	}
-	if cfg.Name == "" {
-		return nil, errors.New("inbox: Config.Name is required")
+	if err := cfg.Validate(); err != nil {
+		return nil, err
 	}
-	c := &Consumer{pool: pool, group: src.withDefaults(), dlq: dlq, handle: h, cfg: cfg.withDefaults(),
+	c := &Consumer{pool: pool, group: src.WithDefaults(), dlq: dlq, handle: h, cfg: cfg.WithDefaults(),
 		upcasters: map[string]map[int]Upcaster{}}
 	c.cfg.Metrics.init(cfg.Name)
 	m := c.cfg.Metrics

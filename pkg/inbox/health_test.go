@@ -17,6 +17,7 @@ import (
 // and by Healthy. A dead-letter topic that cannot be reached stays broken
 // while fetching works.
 func TestAnOutageIsLoggedAtABoundedRate(t *testing.T) {
+	t.Parallel()
 	var logs bytes.Buffer
 	m := NewMetrics(nil)
 	f := newFault("kafka", "c", slog.New(slog.NewTextHandler(&logs, nil)), time.Hour, m.kafkaErrors, m.kafkaConnected)

@@ -299,9 +299,8 @@ func TestABusyRelayHeartbeatsReportsItsBacklogAndShares(t *testing.T) {
 func TestAPostgresOutageIsWaitedOut(t *testing.T) {
 	brokers := testinfra.KafkaBrokers(t)
 	topic := testinfra.NewTopic(t, brokers, 1)
-	dbURL := testinfra.NewDatabase(t)
+	dbURL := newOutboxDBURL(t)
 	direct := testinfra.NewPool(t, dbURL)
-	migrate(t, direct)
 	u, err := url.Parse(dbURL)
 	if err != nil {
 		t.Fatal(err)

@@ -339,9 +339,8 @@ func signalContext() (context.Context, context.CancelFunc) {
 func TestThreeRelaysKeepOrderWhenOneIsKilled(t *testing.T) {
 	brokers := testinfra.KafkaBrokers(t)
 	topic := testinfra.NewTopic(t, brokers, 6)
-	dbURL := testinfra.NewDatabase(t)
+	dbURL := newOutboxDBURL(t)
 	pool := testinfra.NewPool(t, dbURL)
-	migrate(t, pool)
 	c := collect(t, brokers, topic)
 
 	relays := make([]*exec.Cmd, 3)

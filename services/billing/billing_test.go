@@ -23,13 +23,10 @@ import (
 
 func newBilling(t *testing.T) (*billing.Billing, *pgxpool.Pool) {
 	t.Helper()
-	pool := testinfra.NewPool(t, testinfra.NewDatabase(t))
-	if err := pgutil.Migrate(pool,
+	pool := testinfra.NewPool(t, testinfra.NewMigratedDatabase(t,
 		pgutil.Migration{FS: billing.Migrations, Table: billing.MigrationsTable},
 		pgutil.Migration{FS: outbox.Migrations, Table: outbox.MigrationsTable},
-	); err != nil {
-		t.Fatal(err)
-	}
+	))
 	return billing.New(pool, slog.New(slog.NewTextHandler(io.Discard, nil)), nil), pool
 }
 
@@ -76,6 +73,7 @@ func outboxEvents(t *testing.T, pool *pgxpool.Pool) []emitted {
 }
 
 func TestCaptureThenRefund(t *testing.T) {
+	t.Parallel()
 	b, pool := newBilling(t)
 	orderID := uuid.New()
 	place, cancel := placed(orderID), cancelled(orderID)
@@ -119,6 +117,7 @@ func TestCaptureThenRefund(t *testing.T) {
 }
 
 func TestAReEmittedOrderPlacedChargesOnce(t *testing.T) {
+	t.Parallel()
 	b, pool := newBilling(t)
 	orderID := uuid.New()
 	// Same order, two different event ids: the inbox cannot tell, the
@@ -138,6 +137,7 @@ func TestAReEmittedOrderPlacedChargesOnce(t *testing.T) {
 }
 
 func TestPermanentFailures(t *testing.T) {
+	t.Parallel()
 	b, pool := newBilling(t)
 	orderID := uuid.New()
 	v2 := placed(orderID)
@@ -162,6 +162,7 @@ func TestPermanentFailures(t *testing.T) {
 }
 
 func TestUnknownEventTypesAreIgnored(t *testing.T) {
+	t.Parallel()
 	b, pool := newBilling(t)
 	if err := handle(t, b, pool, orderEvent("OrderShipped", uuid.New(), 3, `{}`)); err != nil {
 		t.Fatalf("err = %v, want nil: new event types must not block the partition", err)

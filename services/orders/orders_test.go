@@ -29,13 +29,10 @@ type api struct {
 // newAPI serves the orders API on a fresh, migrated database.
 func newAPI(t *testing.T) *api {
 	t.Helper()
-	pool := testinfra.NewPool(t, testinfra.NewDatabase(t))
-	if err := pgutil.Migrate(pool,
+	pool := testinfra.NewPool(t, testinfra.NewMigratedDatabase(t,
 		pgutil.Migration{FS: orders.Migrations, Table: orders.MigrationsTable},
 		pgutil.Migration{FS: outbox.Migrations, Table: outbox.MigrationsTable},
-	); err != nil {
-		t.Fatal(err)
-	}
+	))
 	logger, _ := logging.New(&strings.Builder{}, "orders-test", "error")
 	reg := prometheus.NewRegistry()
 	e := httpserver.New(httpserver.Config{Logger: logger, Gatherer: reg})
@@ -76,6 +73,7 @@ func decode[T any](t *testing.T, rec *httptest.ResponseRecorder) T {
 const validOrder = `{"customerId":"cust-1","amountCents":1999,"currency":"EUR"}`
 
 func TestPlaceWritesTheOrderAndItsEventTogether(t *testing.T) {
+	t.Parallel()
 	a := newAPI(t)
 	rec := a.do(t, http.MethodPost, "/orders", validOrder, "X-Request-Id", "req-42")
 	if rec.Code != http.StatusCreated {
@@ -110,6 +108,7 @@ func TestPlaceWritesTheOrderAndItsEventTogether(t *testing.T) {
 }
 
 func TestBadInputGetsA4xxAndWritesNothing(t *testing.T) {
+	t.Parallel()
 	a := newAPI(t)
 	tests := []struct {
 		name   string
@@ -164,6 +163,7 @@ func TestBadInputGetsA4xxAndWritesNothing(t *testing.T) {
 // Headers the API stores (Idempotency-Key as the key, X-Request-Id as the
 // events' correlation id) must not carry what Postgres refuses into a 500.
 func TestHeadersPostgresWouldRefuse(t *testing.T) {
+	t.Parallel()
 	a := newAPI(t)
 	for _, key := range []string{"k\xff\xfe", "k\x00y"} {
 		rec := a.do(t, http.MethodPost, "/orders", validOrder, "Idempotency-Key", key)
@@ -189,6 +189,7 @@ func TestHeadersPostgresWouldRefuse(t *testing.T) {
 }
 
 func TestIdempotencyKeyReturnsTheOriginalOrder(t *testing.T) {
+	t.Parallel()
 	a := newAPI(t)
 	first := a.do(t, http.MethodPost, "/orders", validOrder, "Idempotency-Key", "k-1")
 	again := a.do(t, http.MethodPost, "/orders", validOrder, "Idempotency-Key", "k-1")
@@ -217,6 +218,7 @@ func TestIdempotencyKeyReturnsTheOriginalOrder(t *testing.T) {
 }
 
 func TestCancelEmitsOrderCancelledOnce(t *testing.T) {
+	t.Parallel()
 	a := newAPI(t)
 	o := decode[orders.Order](t, a.do(t, http.MethodPost, "/orders", validOrder))
 	for i := range 2 {

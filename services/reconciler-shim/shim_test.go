@@ -40,13 +40,10 @@ type rig struct {
 func newRig(t *testing.T) *rig {
 	t.Helper()
 	r := &rig{brokers: testinfra.KafkaBrokers(t), quiet: slog.New(slog.NewTextHandler(io.Discard, nil))}
-	r.pool = testinfra.NewPool(t, testinfra.NewDatabase(t))
-	if err := pgutil.Migrate(r.pool,
+	r.pool = testinfra.NewPool(t, testinfra.NewMigratedDatabase(t,
 		pgutil.Migration{FS: shim.Migrations, Table: shim.MigrationsTable},
 		pgutil.Migration{FS: inbox.Migrations, Table: inbox.MigrationsTable},
-	); err != nil {
-		t.Fatal(err)
-	}
+	))
 	r.topic = testinfra.NewTopic(t, r.brokers, 1)
 	testinfra.NewTopicNamed(t, r.brokers, r.topic+".dlt", 1)
 	var err error
@@ -116,6 +113,7 @@ func (r *rig) outcome(t *testing.T, ev event.Envelope) (string, string) {
 }
 
 func TestKilledBetweenTheCallAndDoneTheThirdPartyHoldsOneSettlement(t *testing.T) {
+	t.Parallel()
 	r := newRig(t)
 	ev := captured(uuid.New())
 	r.publish(t, ev)
@@ -162,6 +160,7 @@ func TestKilledBetweenTheCallAndDoneTheThirdPartyHoldsOneSettlement(t *testing.T
 }
 
 func TestAFailingOrHangingThirdPartyIsRetriedWithoutDuplicates(t *testing.T) {
+	t.Parallel()
 	r := newRig(t)
 	first, second := captured(uuid.New()), captured(uuid.New())
 	client := thirdparty.NewClient(r.url, nil).WithAdmin(r.adminURL, "test-token")

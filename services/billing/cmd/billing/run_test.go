@@ -34,10 +34,7 @@ func TestOrderEventThroughTheBrokerIsChargedOnce(t *testing.T) {
 	billingDB := testinfra.NewDatabase(t)
 
 	// The orders side: an outbox and its relay in a database of their own.
-	ordersPool := testinfra.NewPool(t, testinfra.NewDatabase(t))
-	if err := pgutil.Migrate(ordersPool, pgutil.Migration{FS: outbox.Migrations, Table: outbox.MigrationsTable}); err != nil {
-		t.Fatal(err)
-	}
+	ordersPool := testinfra.NewPool(t, testinfra.NewMigratedDatabase(t, pgutil.Migration{FS: outbox.Migrations, Table: outbox.MigrationsTable}))
 	orderID := uuid.New()
 	placed := event.Envelope{
 		EventID: uuid.New(), EventType: billing.EventOrderPlaced, EventVersion: 1,
