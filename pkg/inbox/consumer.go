@@ -313,6 +313,39 @@ func (c *Consumer) Run(ctx context.Context) error {
 	return runErr
 }
 
+// Handle runs msgs through the inbox as Run runs the messages it fetches —
+// in one batch: the inbox row, the version guard and the handler in one
+// transaction, retries with backoff, dead letters through the consumer's
+// dead-letter writer; in lease mode, each through the lease and the Effect —
+// but commits no offset, since msgs did not come from the consumer group.
+// It is for callers that fetch messages themselves (a replay from a file,
+// a test: inboxtest.Deliver runs handlers through it without Kafka).
+//
+// It returns nil once every message is settled (handled, skipped as a
+// duplicate or stale, or dead-lettered), or an error when ctx ended first
+// or a crash point fired.
+func (c *Consumer) Handle(ctx context.Context, msgs ...kafka.Message) error {
+	batch := make([]delivery, len(msgs))
+	for i, m := range msgs {
+		batch[i] = delivery{m: m}
+	}
+	if c.effect == nil {
+		if err := c.processBatch(ctx, batch); err != nil {
+			return err
+		}
+		return ctx.Err()
+	}
+	for _, d := range batch {
+		if err := c.processLeased(ctx, d); err != nil {
+			return err
+		}
+		if err := c.committed(ctx, []delivery{d}); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
 func workerFor(key []byte, n int) int {
 	h := fnv.New32a()
 	_, _ = h.Write(key)
