@@ -214,7 +214,7 @@ type Relay struct {
 	// Followed for bounded-rate logs and for Health.
 	kafka, claims, heartbeat, gauges, listening, waking *outage
 
-	// Used only by the claim loop (or RelayBatch's caller): how many batches
+	// Used only by the claim loop (or relayOneBatch's caller): how many batches
 	// in a row Kafka refused as a whole; how many writes to each topic in a
 	// row failed because of the broker; the aggregate types whose rows were
 	// deferred, by topic; and the aggregate types whose deferred rows are to
@@ -302,9 +302,9 @@ func (r *Relay) Run(ctx context.Context) error {
 	}
 }
 
-// Close releases the relay's partitions and deregisters it, for callers of
-// RelayBatch; Run does this itself when it returns.
-func (r *Relay) Close() { r.owner.leave() }
+// close releases the relay's partitions and deregisters it, for callers of
+// relayOneBatch (this package's tests); Run does this itself when it returns.
+func (r *Relay) close() { r.owner.leave() }
 
 // RelayHealth is what a relay knows about its dependencies, for dashboards
 // and admin pages. It is not meant for readiness: the relay rides out both
@@ -645,14 +645,16 @@ type batchResult struct {
 	brokerErr error // the first error about the broker; nil if none
 }
 
-// RelayBatch claims, publishes and marks one batch of the owned partitions,
-// returning how many rows it claimed. Run calls it in a loop; it is exported
-// for tests and tools, and called outside Run it first takes this relay's
-// share of the partitions. It must not be called concurrently with Run.
+// relayOneBatch claims, publishes and marks one batch of the owned
+// partitions, returning how many rows it claimed. Run works in the same
+// steps; this package's tests and benchmarks drive the relay through it one
+// batch at a time (export_test.go). Called outside Run it first takes this
+// relay's share of the partitions. It must not be called concurrently with
+// Run.
 // Rows Kafka could not take because of the broker stay pending, deferred
 // for the relay's outage backoff without an attempt charged; they count as
 // claimed.
-func (r *Relay) RelayBatch(ctx context.Context) (int, error) {
+func (r *Relay) relayOneBatch(ctx context.Context) (int, error) {
 	if r.owner.conn == nil {
 		r.rebalance(ctx)
 	}

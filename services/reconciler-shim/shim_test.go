@@ -17,6 +17,7 @@ import (
 
 	"github.com/onceflow/onceflow/pkg/event"
 	"github.com/onceflow/onceflow/pkg/inbox"
+	"github.com/onceflow/onceflow/pkg/inbox/inboxtest"
 	"github.com/onceflow/onceflow/pkg/platform/kafkautil"
 	"github.com/onceflow/onceflow/pkg/platform/pgutil"
 	"github.com/onceflow/onceflow/pkg/platform/testinfra"
@@ -102,14 +103,12 @@ func captured(orderID uuid.UUID) event.Envelope {
 
 func (r *rig) outcome(t *testing.T, ev event.Envelope) (string, string) {
 	t.Helper()
-	var outcome, status string
-	err := r.pool.QueryRow(context.Background(), `
-		SELECT f.outcome, i.status FROM forwards f JOIN inbox_messages i ON i.message_id = f.event_id
-		WHERE f.event_id = $1`, ev.EventID).Scan(&outcome, &status)
+	var outcome string
+	err := r.pool.QueryRow(context.Background(), `SELECT outcome FROM forwards WHERE event_id = $1`, ev.EventID).Scan(&outcome)
 	if err != nil {
 		t.Fatalf("reading the forward of %s: %v", ev.EventID, err)
 	}
-	return outcome, status
+	return outcome, inboxtest.Status(t, r.pool, "shim", ev.EventID)
 }
 
 func TestKilledBetweenTheCallAndDoneTheThirdPartyHoldsOneSettlement(t *testing.T) {
