@@ -11,7 +11,7 @@ import (
 type Metrics struct {
 	processed, duplicates, stale, failures, gaps, uncertain *prometheus.CounterVec
 	deadLettered                                            *prometheus.CounterVec // consumer, reason
-	seconds                                                 *prometheus.HistogramVec
+	seconds, batchSeconds                                   *prometheus.HistogramVec
 	lag, deadLetters                                        *prometheus.GaugeVec
 	kafkaErrors, dbErrors                                   *prometheus.CounterVec // consumer, op
 	kafkaConnected, dbConnected                             *prometheus.GaugeVec
@@ -52,8 +52,13 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		uncertain: counter("inbox_uncertain_total", "Leased messages whose side effect may or may not have happened; see the reconciliation report."),
 		seconds: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name:    "inbox_processing_seconds",
-			Help:    "Time to handle one message, its share of the batch transaction included.",
+			Help:    "Time to handle one message in a transaction of its own (a retry, lease mode, a batch of one), commit included.",
 			Buckets: prometheus.ExponentialBuckets(0.0001, 2, 16),
+		}, []string{"consumer"}),
+		batchSeconds: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "inbox_batch_seconds",
+			Help:    "Time to handle one batch of messages in one transaction, commit included; observed once per batch, whatever its size.",
+			Buckets: prometheus.ExponentialBuckets(0.0001, 2, 18),
 		}, []string{"consumer"}),
 		lag: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "consumer_lag_messages",
@@ -81,24 +86,27 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		}, []string{"consumer"}),
 	}
 	if reg != nil {
-		reg.MustRegister(m.processed, m.duplicates, m.stale, m.failures, m.deadLettered, m.gaps, m.uncertain, m.seconds, m.lag, m.deadLetters,
+		reg.MustRegister(m.processed, m.duplicates, m.stale, m.failures, m.deadLettered, m.gaps, m.uncertain, m.seconds, m.batchSeconds, m.lag, m.deadLetters,
 			m.kafkaErrors, m.dbErrors, m.kafkaConnected, m.dbConnected)
 	}
 	return m
 }
 
-// record counts one committed batch of n messages. Dead letters are counted
-// by deadLetter itself, with their reason, when the dead-letter topic has them.
+// record counts one committed batch of n messages, which took took. The
+// batch's time is observed once, in inbox_batch_seconds; only a message
+// handled alone (n == 1) is also a per-message observation: splitting a
+// batch's time evenly among its messages would invent durations no message
+// had, and weigh big batches n times. Dead letters are counted by deadLetter
+// itself, with their reason, when the dead-letter topic has them.
 func (m *Metrics) record(consumer string, counts [4]int, n int, took time.Duration) {
 	m.processed.WithLabelValues(consumer).Add(float64(counts[processed]))
 	m.duplicates.WithLabelValues(consumer).Add(float64(counts[duplicate]))
 	m.stale.WithLabelValues(consumer).Add(float64(counts[stale]))
 	if n > 0 {
-		per := took.Seconds() / float64(n)
-		h := m.seconds.WithLabelValues(consumer)
-		for range n {
-			h.Observe(per)
-		}
+		m.batchSeconds.WithLabelValues(consumer).Observe(took.Seconds())
+	}
+	if n == 1 {
+		m.seconds.WithLabelValues(consumer).Observe(took.Seconds())
 	}
 }
 
@@ -106,12 +114,6 @@ func (m *Metrics) record(consumer string, counts [4]int, n int, took time.Durati
 // op, for tests that wait on it.
 func (m *Metrics) KafkaErrors(consumer, op string) prometheus.Counter {
 	return m.kafkaErrors.WithLabelValues(consumer, op)
-}
-
-// Duplicates returns the duplicates counter of consumer, for tests and
-// examples that wait on it.
-func (m *Metrics) Duplicates(consumer string) prometheus.Counter {
-	return m.duplicates.WithLabelValues(consumer)
 }
 
 // init exports every series of consumer at zero, so dashboards and alerts
@@ -124,5 +126,6 @@ func (m *Metrics) init(consumer string) {
 		m.deadLettered.WithLabelValues(consumer, r)
 	}
 	m.seconds.WithLabelValues(consumer)
+	m.batchSeconds.WithLabelValues(consumer)
 	m.deadLetters.WithLabelValues(consumer)
 }
