@@ -37,7 +37,7 @@ func newAPI(t *testing.T) *api {
 	logger, _ := logging.New(&strings.Builder{}, "orders-test", "error")
 	reg := prometheus.NewRegistry()
 	e := httpserver.New(httpserver.Config{Logger: logger, Gatherer: reg})
-	orders.Routes(e, orders.NewService(pool, nil).WithMetrics(orders.NewMetrics(reg)))
+	orders.Routes(e, orders.New(pool, orders.Options{}).WithMetrics(orders.NewMetrics(reg)))
 	return &api{e: e, pool: pool, reg: reg}
 }
 
