@@ -2,6 +2,7 @@ package outbox_test
 
 import (
 	"context"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -102,4 +103,14 @@ func checkValidate(t *testing.T, err error, want string) {
 	case want != "" && !strings.Contains(err.Error(), want):
 		t.Fatalf("want an error with %q, got %v", want, err)
 	}
+}
+
+// Constructors refuse a configuration no relay can run with; Validate says
+// why before anything starts.
+func ExampleRelayConfig_Validate() {
+	fmt.Println(outbox.RelayConfig{RebalanceInterval: 5 * time.Second, RelayTTL: 5 * time.Second}.Validate())
+	fmt.Println(outbox.RelayConfig{PollInterval: -time.Second}.Validate())
+	// Output:
+	// outbox: RelayConfig.RelayTTL (5s) must exceed RebalanceInterval (5s)
+	// outbox: RelayConfig.PollInterval is negative (-1s); leave it zero for the default
 }
