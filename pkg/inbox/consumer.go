@@ -658,11 +658,17 @@ func (c *Consumer) fastBatch(ctx context.Context, batch []kafka.Message) bool {
 	}
 	outs := make([]outcome, len(batch))
 	seen := make(map[uuid.UUID]bool, len(batch))
+	var dups []event.Envelope
 	for i, ev := range evs {
 		if !fresh[ev.EventID] || seen[ev.EventID] {
 			outs[i] = duplicate
+			dups = append(dups, ev)
 		}
 		seen[ev.EventID] = true
+	}
+	if err := c.checkPayloads(ctx, tx, dups...); err != nil {
+		c.fastPathFailed(ctx, "comparing duplicates' payloads", err)
+		return false
 	}
 	var notes []func()
 	if !c.cfg.DisableVersionGuard {
@@ -889,6 +895,45 @@ func (c *Consumer) settle(ctx context.Context, tx pgx.Tx, m kafka.Message, attem
 	return deadLettered, c.deadLetter(ctx, tx, m, &ev, err)
 }
 
+// payloadMismatches returns which of the given redelivered events carry a
+// payload other than the one first recorded (payload_hash, the sha256 the
+// inbox stores with every row).
+const payloadMismatches = `
+SELECT m.id
+FROM unnest($2::uuid[], $3::bytea[]) AS m(id, payload)
+JOIN inbox_messages i ON i.consumer = $1 AND i.message_id = m.id
+WHERE i.payload_hash <> sha256(m.payload)`
+
+// checkPayloads compares redelivered events with the payload their inbox row
+// recorded. A mismatch is a producer bug — one event id reused for another
+// body — that dedupe would otherwise hide: the redelivery is still a no-op
+// (the first body was applied), but it is logged and counted in
+// inbox_payload_mismatches_total. It costs a query only when there are
+// duplicates.
+func (c *Consumer) checkPayloads(ctx context.Context, tx pgx.Tx, dups ...event.Envelope) error {
+	if len(dups) == 0 {
+		return nil
+	}
+	ids, payloads := make([][16]byte, len(dups)), make([][]byte, len(dups))
+	for i, ev := range dups {
+		ids[i], payloads[i] = ev.EventID, []byte(ev.Payload)
+	}
+	rows, err := tx.Query(ctx, payloadMismatches, c.cfg.Name, ids, payloads)
+	if err != nil {
+		return fmt.Errorf("comparing payloads of duplicates: %w", err)
+	}
+	bad, err := pgx.CollectRows(rows, pgx.RowTo[[16]byte])
+	if err != nil {
+		return fmt.Errorf("comparing payloads of duplicates: %w", err)
+	}
+	for _, id := range bad {
+		c.cfg.Metrics.payloadMismatches.WithLabelValues(c.cfg.Name).Inc()
+		c.cfg.Logger.WarnContext(ctx, "inbox duplicate with another payload: the producer reused an event id; the first payload was applied, this one ignored",
+			slog.String("consumer", c.cfg.Name), slog.String("event_id", uuid.UUID(id).String()))
+	}
+	return nil
+}
+
 // isPermanent reports whether no retry can make err go away: the handler
 // said so (Permanent), the event broke its contract (event.ErrInvalid), or
 // Postgres refused the data itself (pgutil.IsPermanent: SQLSTATE class 22,
@@ -908,6 +953,9 @@ func (c *Consumer) apply(ctx context.Context, tx pgx.Tx, m kafka.Message, ev *ev
 	if tag.RowsAffected() == 0 {
 		c.cfg.Logger.DebugContext(ctx, "inbox duplicate", slog.String("consumer", c.cfg.Name),
 			slog.String("event_id", ev.EventID.String()), slog.String("event_type", ev.EventType))
+		if err := c.checkPayloads(ctx, tx, *ev); err != nil {
+			return 0, err
+		}
 		return duplicate, nil
 	}
 	if !c.cfg.DisableVersionGuard {

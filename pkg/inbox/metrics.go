@@ -10,6 +10,7 @@ import (
 // Create them once per process and share them between its consumers.
 type Metrics struct {
 	processed, duplicates, stale, failures, gaps, uncertain *prometheus.CounterVec
+	payloadMismatches                                       *prometheus.CounterVec
 	deadLettered                                            *prometheus.CounterVec // consumer, reason
 	seconds, batchSeconds                                   *prometheus.HistogramVec
 	lag, deadLetters                                        *prometheus.GaugeVec
@@ -43,7 +44,9 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		processed:  counter("inbox_processed_total", "Events handled and committed with their inbox row."),
 		duplicates: counter("inbox_duplicates_total", "Redelivered events acknowledged without running the handler."),
 		stale:      counter("inbox_stale_total", "Events at or below the aggregate version already applied, skipped."),
-		failures:   counter("inbox_failures_total", "Handler attempts that failed (each retry counts)."),
+		payloadMismatches: counter("inbox_payload_mismatches_total",
+			"Redelivered events whose payload differs from the one first handled under the same event id (a producer bug); ignored like any duplicate."),
+		failures: counter("inbox_failures_total", "Handler attempts that failed (each retry counts)."),
 		deadLettered: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "inbox_dead_lettered_total",
 			Help: "Messages sent to the dead-letter topic, by reason (undecodable, invalid, permanent, exhausted).",
@@ -86,7 +89,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		}, []string{"consumer"}),
 	}
 	if reg != nil {
-		reg.MustRegister(m.processed, m.duplicates, m.stale, m.failures, m.deadLettered, m.gaps, m.uncertain, m.seconds, m.batchSeconds, m.lag, m.deadLetters,
+		reg.MustRegister(m.processed, m.duplicates, m.stale, m.failures, m.deadLettered, m.gaps, m.uncertain, m.payloadMismatches, m.seconds, m.batchSeconds, m.lag, m.deadLetters,
 			m.kafkaErrors, m.dbErrors, m.kafkaConnected, m.dbConnected)
 	}
 	return m
@@ -119,7 +122,7 @@ func (m *Metrics) KafkaErrors(consumer, op string) prometheus.Counter {
 // init exports every series of consumer at zero, so dashboards and alerts
 // see the metrics before the first event arrives.
 func (m *Metrics) init(consumer string) {
-	for _, c := range []*prometheus.CounterVec{m.processed, m.duplicates, m.stale, m.failures, m.gaps, m.uncertain} {
+	for _, c := range []*prometheus.CounterVec{m.processed, m.duplicates, m.stale, m.failures, m.gaps, m.uncertain, m.payloadMismatches} {
 		c.WithLabelValues(consumer)
 	}
 	for _, r := range deadLetterReasons {
