@@ -40,6 +40,8 @@ type Match struct {
 	State string
 }
 
+// String describes m for failure messages, e.g. "event_type=OrderPlaced
+// state=pending".
 func (m Match) String() string {
 	var parts []string
 	add := func(k, v string) {
