@@ -10,7 +10,7 @@ DEMO_ARGS ?=
 # The proof `make prove` runs, e.g. `make prove P=chaos` (default: all of them; docs/proofs.md).
 P ?=
 
-.PHONY: help up down status logs services stop demo test vet fmt build prometheus-tools up-prometheus down-prometheus alert-drill dashboards
+.PHONY: help up down status logs services stop demo test vet fmt build prometheus-tools up-prometheus down-prometheus alert-drill dashboards reconcile
 
 help: ## List the targets
 	@grep -E '^[a-zA-Z0-9_.-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*## "} {printf "  %-12s %s\n", $$1, $$2}'
@@ -38,6 +38,9 @@ services: up ## Build and (re)start orders, billing, the shim and the reconciler
 
 stop: ## Stop the services (PostgreSQL and Kafka keep running)
 	devstack/services.sh stop
+
+reconcile: ## Print the reconciliation report of the dev stack: stuck, dead, uncertain and missing, with what to do (docs/reconciliation.md; ARGS=-o json)
+	go run ./tools/cmd/reconcile $(ARGS)
 
 demo: services ## Run the platform end to end: place orders, wait until all are settled, print a summary
 	go run ./tools/cmd/demo $(DEMO_ARGS)

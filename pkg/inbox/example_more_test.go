@@ -146,8 +146,8 @@ func ExampleRequeueDeadLetters() {
 		fmt.Println(err)
 		return
 	}
-	n, err := inbox.RequeueDeadLetters(ctx, pool, w, brokers, topic+".dlt", inbox.RequeueFilter{Consumer: "billing"})
-	fmt.Println("requeued:", n, err)
+	res, err := inbox.RequeueDeadLetters(ctx, pool, w, brokers, topic+".dlt", inbox.RequeueFilter{Consumer: "billing"})
+	fmt.Println("requeued:", res.Requeued, err)
 	// Output: requeued: 1 <nil>
 }
 
