@@ -17,6 +17,7 @@ import (
 	"github.com/segmentio/kafka-go"
 
 	"github.com/onceflow/onceflow/pkg/event"
+	"github.com/onceflow/onceflow/pkg/event/periodic"
 )
 
 // The operator side of the inbox: prune the rows of handled events once no
@@ -56,14 +57,28 @@ type PruneConfig struct {
 	BatchSize int
 }
 
-func (c PruneConfig) withDefaults() PruneConfig {
-	if c.Retention <= 0 {
+// WithDefaults returns c with every zero field set to its documented
+// default; negative values are kept for Validate to refuse.
+func (c PruneConfig) WithDefaults() PruneConfig {
+	if c.Retention == 0 {
 		c.Retention = 30 * 24 * time.Hour
 	}
-	if c.BatchSize <= 0 {
+	if c.BatchSize == 0 {
 		c.BatchSize = 1000
 	}
 	return c
+}
+
+// Validate refuses a negative Retention or BatchSize: a negative retention
+// would prune rows the moment they are processed.
+func (c PruneConfig) Validate() error {
+	if c.Retention < 0 {
+		return fmt.Errorf("inbox: PruneConfig.Retention is negative (%v); leave it zero for the default", c.Retention)
+	}
+	if c.BatchSize < 0 {
+		return fmt.Errorf("inbox: PruneConfig.BatchSize is negative (%d); leave it zero for the default", c.BatchSize)
+	}
+	return nil
 }
 
 // pruneProcessed picks the oldest prunable rows once (MATERIALIZED: as a
@@ -93,7 +108,10 @@ WHERE m.consumer = d.consumer AND m.message_id = d.message_id`
 //
 // On error the count is what the batches before the failure removed.
 func Prune(ctx context.Context, db DB, cfg PruneConfig) (int, error) {
-	cfg = cfg.withDefaults()
+	if err := cfg.Validate(); err != nil {
+		return 0, err
+	}
+	cfg = cfg.WithDefaults()
 	total := 0
 	for {
 		tag, err := db.Exec(ctx, pruneProcessed, cfg.Retention.Microseconds(), cfg.BatchSize)
@@ -118,15 +136,29 @@ type PrunerConfig struct {
 	Logger *slog.Logger
 }
 
-func (c PrunerConfig) withDefaults() PrunerConfig {
-	c.PruneConfig = c.PruneConfig.withDefaults()
-	if c.Interval <= 0 {
+// WithDefaults returns c with every zero field set to its documented
+// default; negative values are kept for Validate to refuse.
+func (c PrunerConfig) WithDefaults() PrunerConfig {
+	c.PruneConfig = c.PruneConfig.WithDefaults()
+	if c.Interval == 0 {
 		c.Interval = time.Hour
 	}
 	if c.Logger == nil {
 		c.Logger = slog.Default()
 	}
 	return c
+}
+
+// Validate refuses what PruneConfig.Validate refuses, and a negative
+// Interval.
+func (c PrunerConfig) Validate() error {
+	if err := c.PruneConfig.Validate(); err != nil {
+		return err
+	}
+	if c.Interval < 0 {
+		return fmt.Errorf("inbox: PrunerConfig.Interval is negative (%v); leave it zero for the default", c.Interval)
+	}
+	return nil
 }
 
 // Pruner runs Prune in the background, once at start and then every
@@ -142,22 +174,17 @@ func NewPruner(db DB, cfg PrunerConfig) (*Pruner, error) {
 	if db == nil {
 		return nil, errors.New("inbox: NewPruner needs a database")
 	}
-	return &Pruner{db: db, cfg: cfg.withDefaults()}, nil
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	return &Pruner{db: db, cfg: cfg.WithDefaults()}, nil
 }
 
 // Run prunes until ctx ends, then returns nil. A failed run is logged and
 // retried at the next interval; it does not stop the pruner.
 func (p *Pruner) Run(ctx context.Context) error {
-	ticker := time.NewTicker(p.cfg.Interval)
-	defer ticker.Stop()
-	for {
-		p.pruneOnce(ctx)
-		select {
-		case <-ctx.Done():
-			return nil
-		case <-ticker.C:
-		}
-	}
+	periodic.Run(ctx, p.cfg.Interval, p.pruneOnce)
+	return nil
 }
 
 func (p *Pruner) pruneOnce(ctx context.Context) {

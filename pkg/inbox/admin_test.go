@@ -27,11 +27,7 @@ import (
 // adminInboxDB returns a pool on a fresh database with the inbox schema.
 func adminInboxDB(t *testing.T) *pgxpool.Pool {
 	t.Helper()
-	pool := testinfra.NewPool(t, testinfra.NewDatabase(t))
-	if err := pgutil.Migrate(pool, pgutil.Migration{FS: inbox.Migrations, Table: inbox.MigrationsTable}); err != nil {
-		t.Fatalf("migrating: %v", err)
-	}
-	return pool
+	return testinfra.NewPool(t, testinfra.NewMigratedDatabase(t, pgutil.Migration{FS: inbox.Migrations, Table: inbox.MigrationsTable}))
 }
 
 // inboxRow is one inbox row of a scenario, as the consumer would have left it.
@@ -92,6 +88,7 @@ func equalStrings(t *testing.T, what string, got, want []string) {
 const adminDay = 24 * time.Hour
 
 func TestPruneRemovesOnlyProcessedRowsPastRetention(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	pool := adminInboxDB(t)
 	ids := make([]uuid.UUID, 8)
@@ -154,6 +151,7 @@ func (b *batchRecorder) Exec(ctx context.Context, sql string, args ...any) (pgco
 }
 
 func TestPruneWorksInBatchesOldestFirst(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	pool := adminInboxDB(t)
 	old := make([]uuid.UUID, 5)
@@ -201,6 +199,7 @@ func TestPruneWorksInBatchesOldestFirst(t *testing.T) {
 }
 
 func TestPrunerPrunesAtStartAndEveryInterval(t *testing.T) {
+	t.Parallel()
 	pool := adminInboxDB(t)
 	first, second, kept := uuid.New(), uuid.New(), uuid.New()
 	seedInbox(t, pool,
@@ -252,6 +251,7 @@ func TestPrunerPrunesAtStartAndEveryInterval(t *testing.T) {
 }
 
 func TestNewPrunerNeedsADatabase(t *testing.T) {
+	t.Parallel()
 	if _, err := inbox.NewPruner(nil, inbox.PrunerConfig{}); err == nil {
 		t.Fatal("NewPruner(nil) returned no error")
 	}
@@ -380,6 +380,7 @@ func headerList(hs []kafka.Header) []string {
 }
 
 func TestListDeadLettersShowsWhyAndWhereOldestFirst(t *testing.T) {
+	t.Parallel()
 	s := newDLTScenario(t)
 	ctx := context.Background()
 
@@ -433,6 +434,7 @@ func TestListDeadLettersShowsWhyAndWhereOldestFirst(t *testing.T) {
 }
 
 func TestListDeadLettersMergesPartitionsByAppendTime(t *testing.T) {
+	t.Parallel()
 	brokers := testinfra.KafkaBrokers(t)
 	dlt := testinfra.NewTopic(t, brokers, 2)
 	// A writer that puts each message on the partition it names, with the
@@ -485,6 +487,7 @@ func TestListDeadLettersMergesPartitionsByAppendTime(t *testing.T) {
 }
 
 func TestListDeadLettersOfAnEmptyOrMissingTopic(t *testing.T) {
+	t.Parallel()
 	brokers := testinfra.KafkaBrokers(t)
 	empty := testinfra.NewTopic(t, brokers, 3)
 	dls, err := inbox.ListDeadLetters(context.Background(), brokers, empty, 10)
@@ -500,6 +503,7 @@ func TestListDeadLettersOfAnEmptyOrMissingTopic(t *testing.T) {
 }
 
 func TestRequeueDeadLettersByEventID(t *testing.T) {
+	t.Parallel()
 	s := newDLTScenario(t)
 	ctx := context.Background()
 
@@ -546,6 +550,7 @@ func TestRequeueDeadLettersByEventID(t *testing.T) {
 }
 
 func TestRequeueDeadLettersByConsumerAndAll(t *testing.T) {
+	t.Parallel()
 	s := newDLTScenario(t)
 	ctx := context.Background()
 
@@ -574,6 +579,7 @@ func TestRequeueDeadLettersByConsumerAndAll(t *testing.T) {
 // cursor, each exactly once; a letter appended during the pass waits for the
 // next pass, and then nothing is left.
 func TestRequeueSweepIsBoundedAndFollowsTheCursor(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	pool := adminInboxDB(t)
 	brokers := testinfra.KafkaBrokers(t)
@@ -678,6 +684,7 @@ func TestRequeueSweepIsBoundedAndFollowsTheCursor(t *testing.T) {
 // Named event ids are bounded per call the same way, and the cursor carries
 // the pass on where the previous call stopped.
 func TestRequeueByEventIDFollowsTheCursor(t *testing.T) {
+	t.Parallel()
 	s := newDLTScenario(t)
 	ctx := context.Background()
 	filter := inbox.RequeueFilter{EventIDs: []uuid.UUID{s.a.EventID, s.b.EventID}, Limit: 1}
@@ -702,6 +709,7 @@ func (w *failingWriter) WriteMessages(context.Context, ...kafka.Message) error {
 }
 
 func TestRequeueKeepsTheRowsOfAFailedWrite(t *testing.T) {
+	t.Parallel()
 	s := newDLTScenario(t)
 	ctx := context.Background()
 
@@ -728,6 +736,7 @@ func TestRequeueKeepsTheRowsOfAFailedWrite(t *testing.T) {
 }
 
 func TestRequeueRefusesAnUnsafeCall(t *testing.T) {
+	t.Parallel()
 	s := newDLTScenario(t)
 	ctx := context.Background()
 	for _, f := range []inbox.RequeueFilter{

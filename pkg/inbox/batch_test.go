@@ -24,6 +24,7 @@ func inSavepoint(tx pgx.Tx) bool { return strings.Contains(fmt.Sprintf("%T", tx)
 // A pre-filled partition reaches one worker as large batches; the fast path
 // must give each message exactly the outcome the per-message path would.
 func TestABatchSettlesDuplicatesStaleGapsAndAFailureLikeOneByOne(t *testing.T) {
+	t.Parallel()
 	f := newFixture(t)
 	a1, a2, b1, c1, d1, d3 := newEvent("a", 1), newEvent("a", 2), newEvent("b", 1), newEvent("c", 1), newEvent("d", 1), newEvent("d", 3)
 	staleA := newEvent("a", 1) // an old version under a new id

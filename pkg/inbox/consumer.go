@@ -123,35 +123,38 @@ type Config struct {
 	Metrics *Metrics
 }
 
-func (c Config) withDefaults() Config {
-	if c.Workers <= 0 {
+// WithDefaults returns c with every zero field set to its documented
+// default. Negative values are kept, for Validate to refuse: a typo'd sign
+// must not quietly become the default.
+func (c Config) WithDefaults() Config {
+	if c.Workers == 0 {
 		c.Workers = 4
 	}
-	if c.BatchSize <= 0 {
+	if c.BatchSize == 0 {
 		c.BatchSize = 100
 	}
-	if c.MaxAttempts <= 0 {
+	if c.MaxAttempts == 0 {
 		c.MaxAttempts = 5
 	}
-	if c.BackoffMin <= 0 {
+	if c.BackoffMin == 0 {
 		c.BackoffMin = 50 * time.Millisecond
 	}
-	if c.BackoffMax <= 0 {
+	if c.BackoffMax == 0 {
 		c.BackoffMax = 5 * time.Second
 	}
-	if c.LeaseTTL <= 0 {
+	if c.LeaseTTL == 0 {
 		c.LeaseTTL = 30 * time.Second
 	}
 	if c.LeaseOwner == "" {
 		c.LeaseOwner = c.Name + "-" + uuid.NewString()[:8]
 	}
-	if c.LagInterval <= 0 {
+	if c.LagInterval == 0 {
 		c.LagInterval = 5 * time.Second
 	}
-	if c.ShutdownGrace <= 0 {
+	if c.ShutdownGrace == 0 {
 		c.ShutdownGrace = 10 * time.Second
 	}
-	if c.ErrorLogInterval <= 0 {
+	if c.ErrorLogInterval == 0 {
 		c.ErrorLogInterval = 30 * time.Second
 	}
 	if c.Logger == nil {
@@ -161,6 +164,43 @@ func (c Config) withDefaults() Config {
 		c.Metrics = NewMetrics(nil)
 	}
 	return c
+}
+
+// Validate reports the first field of c that no consumer can run with: a
+// missing Name, a negative count or duration, an unknown gap policy, or
+// backoff bounds the wrong way round. It checks c as NewConsumer would use
+// it, after WithDefaults.
+func (c Config) Validate() error {
+	if c.Name == "" {
+		return errors.New("inbox: Config.Name is required")
+	}
+	for _, f := range []struct {
+		name string
+		v    any
+		neg  bool
+	}{
+		{"Workers", c.Workers, c.Workers < 0},
+		{"BatchSize", c.BatchSize, c.BatchSize < 0},
+		{"MaxAttempts", c.MaxAttempts, c.MaxAttempts < 0},
+		{"BackoffMin", c.BackoffMin, c.BackoffMin < 0},
+		{"BackoffMax", c.BackoffMax, c.BackoffMax < 0},
+		{"LeaseTTL", c.LeaseTTL, c.LeaseTTL < 0},
+		{"LagInterval", c.LagInterval, c.LagInterval < 0},
+		{"ShutdownGrace", c.ShutdownGrace, c.ShutdownGrace < 0},
+		{"ErrorLogInterval", c.ErrorLogInterval, c.ErrorLogInterval < 0},
+	} {
+		if f.neg {
+			return fmt.Errorf("inbox: Config.%s is negative (%v); leave it zero for the default", f.name, f.v)
+		}
+	}
+	if c.Gaps != GapAccept && c.Gaps != GapRetry {
+		return fmt.Errorf("inbox: Config.Gaps is %d, neither GapAccept nor GapRetry", c.Gaps)
+	}
+	d := c.WithDefaults()
+	if d.BackoffMin > d.BackoffMax {
+		return fmt.Errorf("inbox: Config.BackoffMin (%v) exceeds BackoffMax (%v)", d.BackoffMin, d.BackoffMax)
+	}
+	return nil
 }
 
 // Consumer handles the messages of one topic, in one consumer group,
@@ -183,13 +223,13 @@ func NewConsumer(pool *pgxpool.Pool, src GroupConfig, dlq Writer, h Handler, cfg
 	if pool == nil || dlq == nil || h == nil {
 		return nil, errors.New("inbox: NewConsumer needs a pool, a dead-letter writer and a handler")
 	}
-	if err := src.validate(); err != nil {
+	if err := src.Validate(); err != nil {
 		return nil, err
 	}
-	if cfg.Name == "" {
-		return nil, errors.New("inbox: Config.Name is required")
+	if err := cfg.Validate(); err != nil {
+		return nil, err
 	}
-	c := &Consumer{pool: pool, group: src.withDefaults(), dlq: dlq, handle: h, cfg: cfg.withDefaults(),
+	c := &Consumer{pool: pool, group: src.WithDefaults(), dlq: dlq, handle: h, cfg: cfg.WithDefaults(),
 		upcasters: map[string]map[int]Upcaster{}}
 	c.cfg.Metrics.init(cfg.Name)
 	m := c.cfg.Metrics
@@ -271,6 +311,39 @@ func (c *Consumer) Run(ctx context.Context) error {
 		runErr = errors.Join(runErr, err)
 	}
 	return runErr
+}
+
+// Handle runs msgs through the inbox as Run runs the messages it fetches —
+// in one batch: the inbox row, the version guard and the handler in one
+// transaction, retries with backoff, dead letters through the consumer's
+// dead-letter writer; in lease mode, each through the lease and the Effect —
+// but commits no offset, since msgs did not come from the consumer group.
+// It is for callers that fetch messages themselves (a replay from a file,
+// a test: inboxtest.Deliver runs handlers through it without Kafka).
+//
+// It returns nil once every message is settled (handled, skipped as a
+// duplicate or stale, or dead-lettered), or an error when ctx ended first
+// or a crash point fired.
+func (c *Consumer) Handle(ctx context.Context, msgs ...kafka.Message) error {
+	batch := make([]delivery, len(msgs))
+	for i, m := range msgs {
+		batch[i] = delivery{m: m}
+	}
+	if c.effect == nil {
+		if err := c.processBatch(ctx, batch); err != nil {
+			return err
+		}
+		return ctx.Err()
+	}
+	for _, d := range batch {
+		if err := c.processLeased(ctx, d); err != nil {
+			return err
+		}
+		if err := c.committed(ctx, []delivery{d}); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 func workerFor(key []byte, n int) int {
@@ -585,11 +658,17 @@ func (c *Consumer) fastBatch(ctx context.Context, batch []kafka.Message) bool {
 	}
 	outs := make([]outcome, len(batch))
 	seen := make(map[uuid.UUID]bool, len(batch))
+	var dups []event.Envelope
 	for i, ev := range evs {
 		if !fresh[ev.EventID] || seen[ev.EventID] {
 			outs[i] = duplicate
+			dups = append(dups, ev)
 		}
 		seen[ev.EventID] = true
+	}
+	if err := c.checkPayloads(ctx, tx, dups...); err != nil {
+		c.fastPathFailed(ctx, "comparing duplicates' payloads", err)
+		return false
 	}
 	var notes []func()
 	if !c.cfg.DisableVersionGuard {
@@ -816,6 +895,45 @@ func (c *Consumer) settle(ctx context.Context, tx pgx.Tx, m kafka.Message, attem
 	return deadLettered, c.deadLetter(ctx, tx, m, &ev, err)
 }
 
+// payloadMismatches returns which of the given redelivered events carry a
+// payload other than the one first recorded (payload_hash, the sha256 the
+// inbox stores with every row).
+const payloadMismatches = `
+SELECT m.id
+FROM unnest($2::uuid[], $3::bytea[]) AS m(id, payload)
+JOIN inbox_messages i ON i.consumer = $1 AND i.message_id = m.id
+WHERE i.payload_hash <> sha256(m.payload)`
+
+// checkPayloads compares redelivered events with the payload their inbox row
+// recorded. A mismatch is a producer bug — one event id reused for another
+// body — that dedupe would otherwise hide: the redelivery is still a no-op
+// (the first body was applied), but it is logged and counted in
+// inbox_payload_mismatches_total. It costs a query only when there are
+// duplicates.
+func (c *Consumer) checkPayloads(ctx context.Context, tx pgx.Tx, dups ...event.Envelope) error {
+	if len(dups) == 0 {
+		return nil
+	}
+	ids, payloads := make([][16]byte, len(dups)), make([][]byte, len(dups))
+	for i, ev := range dups {
+		ids[i], payloads[i] = ev.EventID, []byte(ev.Payload)
+	}
+	rows, err := tx.Query(ctx, payloadMismatches, c.cfg.Name, ids, payloads)
+	if err != nil {
+		return fmt.Errorf("comparing payloads of duplicates: %w", err)
+	}
+	bad, err := pgx.CollectRows(rows, pgx.RowTo[[16]byte])
+	if err != nil {
+		return fmt.Errorf("comparing payloads of duplicates: %w", err)
+	}
+	for _, id := range bad {
+		c.cfg.Metrics.payloadMismatches.WithLabelValues(c.cfg.Name).Inc()
+		c.cfg.Logger.WarnContext(ctx, "inbox duplicate with another payload: the producer reused an event id; the first payload was applied, this one ignored",
+			slog.String("consumer", c.cfg.Name), slog.String("event_id", uuid.UUID(id).String()))
+	}
+	return nil
+}
+
 // isPermanent reports whether no retry can make err go away: the handler
 // said so (Permanent), the event broke its contract (event.ErrInvalid), or
 // Postgres refused the data itself (pgutil.IsPermanent: SQLSTATE class 22,
@@ -835,6 +953,9 @@ func (c *Consumer) apply(ctx context.Context, tx pgx.Tx, m kafka.Message, ev *ev
 	if tag.RowsAffected() == 0 {
 		c.cfg.Logger.DebugContext(ctx, "inbox duplicate", slog.String("consumer", c.cfg.Name),
 			slog.String("event_id", ev.EventID.String()), slog.String("event_type", ev.EventType))
+		if err := c.checkPayloads(ctx, tx, *ev); err != nil {
+			return 0, err
+		}
 		return duplicate, nil
 	}
 	if !c.cfg.DisableVersionGuard {

@@ -95,10 +95,16 @@
 // Spans go to the process-wide tracer provider (package tracing); without one
 // they cost next to nothing and hand the header's context on unchanged.
 //
-// Knobs and their defaults are documented on Config; metrics on NewMetrics.
+// Knobs and their defaults are documented on Config and GroupConfig
+// (WithDefaults fills them, Validate refuses negatives and impossible
+// combinations, the constructors call both); metrics on NewMetrics.
 // The crash points CrashAfterCommit and CrashAfterEffect let a
 // fault-injection harness kill a consumer at the worst moments.
 //
 // The schema ships as golang-migrate files in Migrations; apply them with
 // the service's own migrations, tracked in MigrationsTable.
+//
+// Tests of handlers use the test kit in inboxtest: Deliver runs a handler
+// through Consumer.Handle, the consumer's real transaction path, without
+// Kafka, and RequireProcessed asserts what the inbox recorded.
 package inbox

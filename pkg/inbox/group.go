@@ -46,23 +46,25 @@ type GroupConfig struct {
 	Dialer *kafka.Dialer
 }
 
-func (g GroupConfig) withDefaults() GroupConfig {
+// WithDefaults returns g with every zero field set to its documented
+// default; negative durations are kept for Validate to refuse.
+func (g GroupConfig) WithDefaults() GroupConfig {
 	if g.StartOffset == 0 {
 		g.StartOffset = kafka.FirstOffset
 	}
-	if g.SessionTimeout <= 0 {
+	if g.SessionTimeout == 0 {
 		g.SessionTimeout = 10 * time.Second
 	}
-	if g.HeartbeatInterval <= 0 {
+	if g.HeartbeatInterval == 0 {
 		g.HeartbeatInterval = time.Second
 	}
-	if g.RebalanceTimeout <= 0 {
+	if g.RebalanceTimeout == 0 {
 		g.RebalanceTimeout = 10 * time.Second
 	}
-	if g.CommitInterval <= 0 {
+	if g.CommitInterval == 0 {
 		g.CommitInterval = 100 * time.Millisecond
 	}
-	if g.MaxWait <= 0 {
+	if g.MaxWait == 0 {
 		g.MaxWait = 50 * time.Millisecond
 	}
 	if g.Dialer == nil {
@@ -71,9 +73,34 @@ func (g GroupConfig) withDefaults() GroupConfig {
 	return g
 }
 
-func (g GroupConfig) validate() error {
+// Validate reports a missing Brokers, Topic or Group, a negative duration,
+// an unknown StartOffset, or a HeartbeatInterval that does not fit in the
+// SessionTimeout (the coordinator would evict the member between two
+// heartbeats). It checks g as NewConsumer would use it, after WithDefaults.
+func (g GroupConfig) Validate() error {
 	if len(g.Brokers) == 0 || g.Topic == "" || g.Group == "" {
 		return errors.New("inbox: GroupConfig needs Brokers, Topic and Group")
+	}
+	for _, f := range []struct {
+		name string
+		v    time.Duration
+	}{
+		{"SessionTimeout", g.SessionTimeout},
+		{"HeartbeatInterval", g.HeartbeatInterval},
+		{"RebalanceTimeout", g.RebalanceTimeout},
+		{"CommitInterval", g.CommitInterval},
+		{"MaxWait", g.MaxWait},
+	} {
+		if f.v < 0 {
+			return fmt.Errorf("inbox: GroupConfig.%s is negative (%v); leave it zero for the default", f.name, f.v)
+		}
+	}
+	if g.StartOffset != 0 && g.StartOffset != kafka.FirstOffset && g.StartOffset != kafka.LastOffset {
+		return fmt.Errorf("inbox: GroupConfig.StartOffset is %d, neither kafka.FirstOffset nor kafka.LastOffset", g.StartOffset)
+	}
+	d := g.WithDefaults()
+	if d.HeartbeatInterval >= d.SessionTimeout {
+		return fmt.Errorf("inbox: GroupConfig.HeartbeatInterval (%v) must be shorter than SessionTimeout (%v)", d.HeartbeatInterval, d.SessionTimeout)
 	}
 	return nil
 }

@@ -18,6 +18,7 @@ import (
 )
 
 func TestOneKeyInVersionOrderAcrossWorkersAndStaleSkipped(t *testing.T) {
+	t.Parallel()
 	f := newFixture(t)
 	var msgs []kafka.Message
 	var versions []int64
@@ -64,6 +65,7 @@ func TestOneKeyInVersionOrderAcrossWorkersAndStaleSkipped(t *testing.T) {
 }
 
 func TestKilledAfterCommitBeforeOffsetCommitRedeliveryIsANoOp(t *testing.T) {
+	t.Parallel()
 	f := newFixture(t)
 	evs := []event.Envelope{newEvent("a", 1), newEvent("b", 1), newEvent("c", 1)}
 	var msgs []kafka.Message
@@ -114,6 +116,7 @@ func TestKilledAfterCommitBeforeOffsetCommitRedeliveryIsANoOp(t *testing.T) {
 }
 
 func TestUpcastersChainOldVersionsToTheCurrentOne(t *testing.T) {
+	t.Parallel()
 	f := newFixture(t)
 	old := newEvent("u", 1)
 	old.EventVersion, old.Payload = 1, []byte(`{"amount":5}`)
@@ -153,6 +156,7 @@ func TestUpcastersChainOldVersionsToTheCurrentOne(t *testing.T) {
 }
 
 func TestVersionGapsAreReportedOrWaitedFor(t *testing.T) {
+	t.Parallel()
 	f := newFixture(t)
 	f.produce(t, event.ToKafka(f.topic, newEvent("g", 1)), event.ToKafka(f.topic, newEvent("g", 3)))
 	f.run(t, f.recordEffect, inbox.Config{Gaps: inbox.GapAccept})

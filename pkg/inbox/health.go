@@ -26,6 +26,7 @@ type fault struct {
 	interval  time.Duration
 	errors    *prometheus.CounterVec
 	connected prometheus.Gauge
+	now       func() time.Time // the clock the log rate is kept by; tests move it
 
 	mu      sync.Mutex
 	failing map[string]*outage // by op
@@ -39,7 +40,7 @@ type outage struct {
 
 func newFault(part, consumer string, logger *slog.Logger, interval time.Duration, errs *prometheus.CounterVec, connected *prometheus.GaugeVec) *fault {
 	f := &fault{part: part, consumer: consumer, logger: logger, interval: interval, errors: errs,
-		connected: connected.WithLabelValues(consumer), failing: map[string]*outage{}}
+		connected: connected.WithLabelValues(consumer), failing: map[string]*outage{}, now: time.Now}
 	f.connected.Set(1)
 	return f
 }
@@ -49,7 +50,7 @@ func (f *fault) fail(ctx context.Context, op string, err error) {
 	f.errors.WithLabelValues(f.consumer, op).Inc()
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	now := time.Now()
+	now := f.now()
 	o := f.failing[op]
 	if o == nil {
 		f.failing[op] = &outage{since: now, logged: now, lastErr: err}
@@ -82,7 +83,7 @@ func (f *fault) ok(ctx context.Context, op string) {
 		}
 		delete(f.failing, name)
 		f.logger.InfoContext(ctx, "inbox reaches "+f.part+" again", slog.String("consumer", f.consumer),
-			slog.String("op", name), slog.Duration("after", time.Since(o.since)))
+			slog.String("op", name), slog.Duration("after", f.now().Sub(o.since)))
 	}
 	if len(f.failing) == 0 {
 		f.connected.Set(1)
@@ -95,7 +96,7 @@ func (f *fault) err() error {
 	defer f.mu.Unlock()
 	var errs []error
 	for op, o := range f.failing {
-		errs = append(errs, fmt.Errorf("%s unreachable (%s) for %s: %w", f.part, op, time.Since(o.since).Round(time.Millisecond), o.lastErr))
+		errs = append(errs, fmt.Errorf("%s unreachable (%s) for %s: %w", f.part, op, f.now().Sub(o.since).Round(time.Millisecond), o.lastErr))
 	}
 	return errors.Join(errs...)
 }

@@ -17,6 +17,7 @@ import (
 // and by Healthy. A dead-letter topic that cannot be reached stays broken
 // while fetching works.
 func TestAnOutageIsLoggedAtABoundedRate(t *testing.T) {
+	t.Parallel()
 	var logs bytes.Buffer
 	m := NewMetrics(nil)
 	f := newFault("kafka", "c", slog.New(slog.NewTextHandler(&logs, nil)), time.Hour, m.kafkaErrors, m.kafkaConnected)
@@ -44,5 +45,18 @@ func TestAnOutageIsLoggedAtABoundedRate(t *testing.T) {
 	}
 	if got := testutil.ToFloat64(m.kafkaConnected.WithLabelValues("c")); got != 1 || f.err() != nil {
 		t.Fatalf("after recovery: connected %v, err %v", got, f.err())
+	}
+
+	// Once the interval has passed, a failure that goes on is logged again,
+	// with the count since the last line.
+	now := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	f.now = func() time.Time { return now }
+	logs.Reset()
+	f.fail(ctx, "fetch", down)
+	f.fail(ctx, "fetch", down)
+	now = now.Add(time.Hour)
+	f.fail(ctx, "fetch", down)
+	if !strings.Contains(logs.String(), "still cannot reach kafka") || !strings.Contains(logs.String(), "failures=2") {
+		t.Fatalf("want a reminder with the failures since the first line after an interval:\n%s", logs.String())
 	}
 }

@@ -93,6 +93,7 @@ func applyNote(ctx context.Context, exec func(ctx context.Context, sql string, a
 // group's offset reaches the end), and the consumer keeps running; in both
 // modes.
 func TestHostileMessagesNeverStopAPartition(t *testing.T) {
+	t.Parallel()
 	for _, mode := range []string{"transactional", "lease"} {
 		t.Run(mode, func(t *testing.T) {
 			t.Parallel()

@@ -36,10 +36,7 @@ type fixture struct {
 func newFixture(t *testing.T) *fixture {
 	t.Helper()
 	f := &fixture{brokers: testinfra.KafkaBrokers(t), registry: prometheus.NewRegistry()}
-	f.pool = testinfra.NewPool(t, testinfra.NewDatabase(t))
-	if err := pgutil.Migrate(f.pool, pgutil.Migration{FS: inbox.Migrations, Table: inbox.MigrationsTable}); err != nil {
-		t.Fatal(err)
-	}
+	f.pool = testinfra.NewPool(t, testinfra.NewMigratedDatabase(t, pgutil.Migration{FS: inbox.Migrations, Table: inbox.MigrationsTable}))
 	if _, err := f.pool.Exec(context.Background(),
 		`CREATE TABLE effects (event_id uuid PRIMARY KEY, aggregate_id text NOT NULL, seq bigserial)`); err != nil {
 		t.Fatal(err)
@@ -116,6 +113,7 @@ func newEvent(aggregateID string, version int64) event.Envelope {
 }
 
 func TestSameEventTenTimesHasOneEffect(t *testing.T) {
+	t.Parallel()
 	f := newFixture(t)
 	ev := newEvent("agg", 1)
 	msgs := make([]kafka.Message, 10)
@@ -144,6 +142,7 @@ func TestSameEventTenTimesHasOneEffect(t *testing.T) {
 }
 
 func TestPoisonMessagesAreDeadLetteredAndThePartitionMovesOn(t *testing.T) {
+	t.Parallel()
 	f := newFixture(t)
 	dlt := testinfra.NewTopic(t, f.brokers, 1)
 	good := newEvent("agg", 2)
@@ -200,6 +199,7 @@ func TestPoisonMessagesAreDeadLetteredAndThePartitionMovesOn(t *testing.T) {
 }
 
 func TestTransientFailuresRetryThenSucceedOrDeadLetter(t *testing.T) {
+	t.Parallel()
 	f := newFixture(t)
 	dlt := testinfra.NewTopic(t, f.brokers, 1)
 	flaky, hopeless := newEvent("a", 1), newEvent("b", 1)

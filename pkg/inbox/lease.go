@@ -260,6 +260,9 @@ func (c *Consumer) lease(ctx context.Context, m kafka.Message, ev *event.Envelop
 			if status == "leased" && until != nil {
 				return &leaseHeldError{eventID: ev.EventID.String(), until: *until}
 			}
+			if err := c.checkPayloads(ctx, tx, *ev); err != nil {
+				return err
+			}
 			d := duplicate
 			out = &d
 			return nil

@@ -10,8 +10,9 @@ import (
 // Create them once per process and share them between its consumers.
 type Metrics struct {
 	processed, duplicates, stale, failures, gaps, uncertain *prometheus.CounterVec
+	payloadMismatches                                       *prometheus.CounterVec
 	deadLettered                                            *prometheus.CounterVec // consumer, reason
-	seconds                                                 *prometheus.HistogramVec
+	seconds, batchSeconds                                   *prometheus.HistogramVec
 	lag, deadLetters                                        *prometheus.GaugeVec
 	kafkaErrors, dbErrors                                   *prometheus.CounterVec // consumer, op
 	kafkaConnected, dbConnected                             *prometheus.GaugeVec
@@ -43,7 +44,9 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		processed:  counter("inbox_processed_total", "Events handled and committed with their inbox row."),
 		duplicates: counter("inbox_duplicates_total", "Redelivered events acknowledged without running the handler."),
 		stale:      counter("inbox_stale_total", "Events at or below the aggregate version already applied, skipped."),
-		failures:   counter("inbox_failures_total", "Handler attempts that failed (each retry counts)."),
+		payloadMismatches: counter("inbox_payload_mismatches_total",
+			"Redelivered events whose payload differs from the one first handled under the same event id (a producer bug); ignored like any duplicate."),
+		failures: counter("inbox_failures_total", "Handler attempts that failed (each retry counts)."),
 		deadLettered: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "inbox_dead_lettered_total",
 			Help: "Messages sent to the dead-letter topic, by reason (undecodable, invalid, permanent, exhausted).",
@@ -52,8 +55,13 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		uncertain: counter("inbox_uncertain_total", "Leased messages whose side effect may or may not have happened; see the reconciliation report."),
 		seconds: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name:    "inbox_processing_seconds",
-			Help:    "Time to handle one message, its share of the batch transaction included.",
+			Help:    "Time to handle one message in a transaction of its own (a retry, lease mode, a batch of one), commit included.",
 			Buckets: prometheus.ExponentialBuckets(0.0001, 2, 16),
+		}, []string{"consumer"}),
+		batchSeconds: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "inbox_batch_seconds",
+			Help:    "Time to handle one batch of messages in one transaction, commit included; observed once per batch, whatever its size.",
+			Buckets: prometheus.ExponentialBuckets(0.0001, 2, 18),
 		}, []string{"consumer"}),
 		lag: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "consumer_lag_messages",
@@ -81,24 +89,27 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		}, []string{"consumer"}),
 	}
 	if reg != nil {
-		reg.MustRegister(m.processed, m.duplicates, m.stale, m.failures, m.deadLettered, m.gaps, m.uncertain, m.seconds, m.lag, m.deadLetters,
+		reg.MustRegister(m.processed, m.duplicates, m.stale, m.failures, m.deadLettered, m.gaps, m.uncertain, m.payloadMismatches, m.seconds, m.batchSeconds, m.lag, m.deadLetters,
 			m.kafkaErrors, m.dbErrors, m.kafkaConnected, m.dbConnected)
 	}
 	return m
 }
 
-// record counts one committed batch of n messages. Dead letters are counted
-// by deadLetter itself, with their reason, when the dead-letter topic has them.
+// record counts one committed batch of n messages, which took took. The
+// batch's time is observed once, in inbox_batch_seconds; only a message
+// handled alone (n == 1) is also a per-message observation: splitting a
+// batch's time evenly among its messages would invent durations no message
+// had, and weigh big batches n times. Dead letters are counted by deadLetter
+// itself, with their reason, when the dead-letter topic has them.
 func (m *Metrics) record(consumer string, counts [4]int, n int, took time.Duration) {
 	m.processed.WithLabelValues(consumer).Add(float64(counts[processed]))
 	m.duplicates.WithLabelValues(consumer).Add(float64(counts[duplicate]))
 	m.stale.WithLabelValues(consumer).Add(float64(counts[stale]))
 	if n > 0 {
-		per := took.Seconds() / float64(n)
-		h := m.seconds.WithLabelValues(consumer)
-		for range n {
-			h.Observe(per)
-		}
+		m.batchSeconds.WithLabelValues(consumer).Observe(took.Seconds())
+	}
+	if n == 1 {
+		m.seconds.WithLabelValues(consumer).Observe(took.Seconds())
 	}
 }
 
@@ -108,22 +119,17 @@ func (m *Metrics) KafkaErrors(consumer, op string) prometheus.Counter {
 	return m.kafkaErrors.WithLabelValues(consumer, op)
 }
 
-// Duplicates returns the duplicates counter of consumer, for tests and
-// examples that wait on it.
-func (m *Metrics) Duplicates(consumer string) prometheus.Counter {
-	return m.duplicates.WithLabelValues(consumer)
-}
-
 // init exports every series of consumer at zero, so dashboards and alerts
 // see the metrics before the first event arrives.
 func (m *Metrics) init(consumer string) {
-	for _, c := range []*prometheus.CounterVec{m.processed, m.duplicates, m.stale, m.failures, m.gaps, m.uncertain} {
+	for _, c := range []*prometheus.CounterVec{m.processed, m.duplicates, m.stale, m.failures, m.gaps, m.uncertain, m.payloadMismatches} {
 		c.WithLabelValues(consumer)
 	}
 	for _, r := range deadLetterReasons {
 		m.deadLettered.WithLabelValues(consumer, r)
 	}
 	m.seconds.WithLabelValues(consumer)
+	m.batchSeconds.WithLabelValues(consumer)
 	m.deadLetters.WithLabelValues(consumer)
 	// The ops every consumer runs, so that rate() of the error counters has
 	// a series before the first outage; rarer ops appear when they fail.

@@ -83,6 +83,9 @@ func (g *generation) add(m kafka.Message) bool {
 // generation has ended: m is left to whoever owns its partition now, which
 // fetches it again from the committed offset.
 func (g *generation) begin() bool {
+	if g == nil { // handed in through Handle: nothing to track
+		return true
+	}
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	if g.ended {
@@ -97,6 +100,9 @@ func (g *generation) begin() bool {
 // abandoned (ok false) holds its partition's offset back, and it is fetched
 // again in a later generation.
 func (g *generation) finish(m kafka.Message, ok bool) {
+	if g == nil {
+		return
+	}
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	g.inflight--

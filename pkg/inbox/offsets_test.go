@@ -30,6 +30,7 @@ func wantPending(t *testing.T, g *generation, want map[int]int64) {
 }
 
 func TestOffsetsNeverPassAMessageInFlight(t *testing.T) {
+	t.Parallel()
 	g := newGeneration(1, map[partitionKey]int64{{"t", 0}: 1, {"t", 1}: -2})
 	for off := int64(1); off <= 3; off++ {
 		if !g.add(msgAt(0, off)) {
@@ -60,6 +61,7 @@ func TestOffsetsNeverPassAMessageInFlight(t *testing.T) {
 // its index entry, the old entry stayed at the head of the queue unfinished,
 // and the partition's commits stopped until the process restarted.
 func TestOffsetsAReFetchAfterARebalanceDoesNotStallCommits(t *testing.T) {
+	t.Parallel()
 	assigned := map[partitionKey]int64{{"t", 0}: 5}
 	g1 := newGeneration(1, assigned)
 	g1.add(msgAt(0, 5))

@@ -17,18 +17,13 @@ import (
 
 	"github.com/onceflow/onceflow/pkg/event"
 	"github.com/onceflow/onceflow/pkg/outbox"
-	"github.com/onceflow/onceflow/pkg/platform/pgutil"
 	"github.com/onceflow/onceflow/pkg/platform/testinfra"
 )
 
 // adminDB returns a pool on a fresh database with the outbox schema.
 func adminDB(t *testing.T) *pgxpool.Pool {
 	t.Helper()
-	pool := testinfra.NewPool(t, testinfra.NewDatabase(t))
-	if err := pgutil.Migrate(pool, pgutil.Migration{FS: outbox.Migrations, Table: outbox.MigrationsTable}); err != nil {
-		t.Fatalf("migrating: %v", err)
-	}
-	return pool
+	return newOutboxDB(t)
 }
 
 // row is one outbox row of a scenario, in the state the relay would have
@@ -137,6 +132,7 @@ const (
 )
 
 func TestPruneRemovesOnlyPublishedRowsPastRetention(t *testing.T) {
+	t.Parallel()
 	for _, archive := range []bool{false, true} {
 		t.Run(fmt.Sprintf("archive=%v", archive), func(t *testing.T) {
 			ctx := context.Background()
@@ -183,6 +179,7 @@ func TestPruneRemovesOnlyPublishedRowsPastRetention(t *testing.T) {
 }
 
 func TestPruneWorksInBatchesOldestFirst(t *testing.T) {
+	t.Parallel()
 	tests := []struct {
 		name      string
 		old       int // published rows past the window
@@ -253,6 +250,7 @@ func TestPruneWorksInBatchesOldestFirst(t *testing.T) {
 }
 
 func TestPrunerPrunesAtStartAndEveryInterval(t *testing.T) {
+	t.Parallel()
 	pool := adminDB(t)
 	s := seedRows(t, pool,
 		row{"thing", "a", 1, "published", 8 * day, time.Time{}},
@@ -312,6 +310,7 @@ func TestPrunerPrunesAtStartAndEveryInterval(t *testing.T) {
 }
 
 func TestNewPrunerNeedsADatabase(t *testing.T) {
+	t.Parallel()
 	if _, err := outbox.NewPruner(nil, outbox.PrunerConfig{}); err == nil {
 		t.Fatal("NewPruner(nil) returned no error")
 	}
@@ -360,6 +359,7 @@ func itemIDs(items []outbox.ReplayItem) []int64 {
 }
 
 func TestReplayDryRunListsTheScopeAndChangesNothing(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	pool := adminDB(t)
 	s := seedReplayScenario(t, pool)
@@ -393,6 +393,7 @@ func TestReplayDryRunListsTheScopeAndChangesNothing(t *testing.T) {
 }
 
 func TestReplayFlipsExactlyTheScopedRowsToPendingKeepingEventIDs(t *testing.T) {
+	t.Parallel()
 	for _, tt := range replayScopes {
 		t.Run(tt.name, func(t *testing.T) {
 			ctx := context.Background()
@@ -428,6 +429,7 @@ func TestReplayFlipsExactlyTheScopedRowsToPendingKeepingEventIDs(t *testing.T) {
 }
 
 func TestReplayRefusesAnInvalidFilter(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	pool := adminDB(t)
 	seedReplayScenario(t, pool)
@@ -457,6 +459,7 @@ func TestReplayRefusesAnInvalidFilter(t *testing.T) {
 }
 
 func TestReplayRefusesAScopeLargerThanMaxReplay(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	pool := adminDB(t)
 	// MaxReplay rows of one aggregate and one of another, all published.
@@ -523,6 +526,7 @@ func checkRequeued(t *testing.T, pool *pgxpool.Pool, want []int64, untouchedBefo
 }
 
 func TestRequeueMovesOnlyDeadRowsBackToPending(t *testing.T) {
+	t.Parallel()
 	tests := []struct {
 		name string
 		ids  func(s []seeded) []int64
@@ -559,6 +563,7 @@ func TestRequeueMovesOnlyDeadRowsBackToPending(t *testing.T) {
 }
 
 func TestRequeueDeadByFilter(t *testing.T) {
+	t.Parallel()
 	tests := []struct {
 		name   string
 		filter outbox.DeadFilter
@@ -593,6 +598,7 @@ func TestRequeueDeadByFilter(t *testing.T) {
 }
 
 func TestListDeadShowsDeadRows(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	pool := adminDB(t)
 	s := seedDeadScenario(t, pool)

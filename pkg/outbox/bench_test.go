@@ -321,7 +321,7 @@ SELECT gen_random_uuid(), 'order', a.id, g / 10000 + 1, 'OrderPlaced', 1,
                           'amountCents', 1000 + g % 5000, 'currency', 'EUR'),
        jsonb_build_object('correlationId', gen_random_uuid()::text,
                           'traceparent', '00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01'),
-       now(), mod(hashtext(a.id)::bigint + 2147483648, 64)
+       now(), mod(hashtext(a.id)::bigint + 2147483648, $2)
 FROM generate_series(0, $1 - 1) AS g,
      LATERAL (SELECT 'order-' || g % 10000 AS id) AS a`
 
@@ -340,7 +340,7 @@ func benchRelayDrain(b *testing.B, brokers []string, pool, relayPool *pgxpool.Po
 		if _, err := pool.Exec(ctx, "TRUNCATE outbox_events"); err != nil {
 			b.Fatalf("emptying the outbox: %v", err)
 		}
-		if _, err := pool.Exec(ctx, fillBacklog, drainBacklog); err != nil {
+		if _, err := pool.Exec(ctx, fillBacklog, drainBacklog, outbox.Partitions); err != nil {
 			b.Fatalf("filling the backlog: %v", err)
 		}
 		// A backlog built up by real commits has been autovacuumed and

@@ -87,10 +87,14 @@
 // process-wide tracer provider (package tracing); without one they cost next
 // to nothing and hand the stored context on unchanged.
 //
-// Knobs and their defaults are documented on RelayConfig; metrics on
-// NewMetrics. The relay's crash points (CrashAfterAck) let a fault-injection
+// Knobs and their defaults are documented on RelayConfig (WithDefaults fills
+// them, Validate refuses negatives and impossible combinations, NewRelay
+// calls both); metrics on NewMetrics. The relay's crash points (CrashAfterAck) let a fault-injection
 // harness kill it at the worst moment.
 //
 // The schema ships as golang-migrate files in Migrations; apply them with
 // the service's own migrations, tracked in MigrationsTable.
+//
+// Tests of code that enqueues use the test kit in outboxtest
+// (RequireEnqueued, an in-memory Writer) rather than SQL against the table.
 package outbox

@@ -58,9 +58,10 @@ func Example() {
 		fmt.Println(err)
 		return
 	}
-	defer relay.Close()
-	n, err := relay.RelayBatch(ctx)
-	fmt.Println("published:", n, err)
+	runCtx, stop := context.WithCancel(ctx)
+	defer stop()
+	stopped := make(chan error, 1)
+	go func() { stopped <- relay.Run(runCtx) }()
 
 	// A consumer sees the event, keyed by the aggregate id.
 	r := kafka.NewReader(kafka.ReaderConfig{Brokers: brokers, Topic: topic, Partition: 0, MaxWait: 100 * time.Millisecond})
@@ -74,9 +75,13 @@ func Example() {
 	}
 	ev, err := event.FromKafka(m)
 	fmt.Println(ev.EventType, string(m.Key) == orderID.String(), err)
+
+	// On shutdown (SIGTERM), ending Run's context stops the relay.
+	stop()
+	fmt.Println("relay stopped:", <-stopped)
 	// Output:
-	// published: 1 <nil>
 	// OrderPlaced true <nil>
+	// relay stopped: <nil>
 }
 
 // Operators replay a window of published events; the dry run only lists them.

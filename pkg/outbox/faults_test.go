@@ -141,6 +141,7 @@ func TestAKafkaOutageIsWaitedOutNotChargedToRows(t *testing.T) {
 // about the broker, not the message: its rows wait, uncharged, while other
 // topics flow, and go out once the topic exists, without a requeue.
 func TestAMissingTopicIsWaitedOutWhileOtherTopicsFlow(t *testing.T) {
+	t.Parallel()
 	brokers := testinfra.KafkaBrokers(t)
 	good := testinfra.NewTopic(t, brokers, 1)
 	missing := testinfra.Name("missing")
@@ -299,9 +300,8 @@ func TestABusyRelayHeartbeatsReportsItsBacklogAndShares(t *testing.T) {
 func TestAPostgresOutageIsWaitedOut(t *testing.T) {
 	brokers := testinfra.KafkaBrokers(t)
 	topic := testinfra.NewTopic(t, brokers, 1)
-	dbURL := testinfra.NewDatabase(t)
+	dbURL := newOutboxDBURL(t)
 	direct := testinfra.NewPool(t, dbURL)
-	migrate(t, direct)
 	u, err := url.Parse(dbURL)
 	if err != nil {
 		t.Fatal(err)

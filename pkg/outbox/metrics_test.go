@@ -16,6 +16,7 @@ import (
 // Without a relay, WatchBacklog alone keeps the backlog visible: the gauges
 // follow the table as rows are enqueued and marked published.
 func TestWatchBacklogReportsABacklogNoRelayDrains(t *testing.T) {
+	t.Parallel()
 	ctx, cancel := context.WithCancel(context.Background())
 	pool := newOutboxDB(t)
 	reg := prometheus.NewRegistry()

@@ -13,6 +13,7 @@ import (
 // An outage is logged once when it starts, then at most once per interval
 // with the count since the last line, and once when it ends.
 func TestOutageLogsAtABoundedRate(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	var buf bytes.Buffer
 	now := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)

@@ -20,16 +20,13 @@ import (
 // newOutboxDB returns a pool on a fresh database with the outbox schema.
 func newOutboxDB(t *testing.T) *pgxpool.Pool {
 	t.Helper()
-	pool := testinfra.NewPool(t, testinfra.NewDatabase(t))
-	migrate(t, pool)
-	return pool
+	return testinfra.NewPool(t, newOutboxDBURL(t))
 }
 
-func migrate(t *testing.T, pool *pgxpool.Pool) {
+// newOutboxDBURL returns the URL of a fresh database with the outbox schema.
+func newOutboxDBURL(t *testing.T) string {
 	t.Helper()
-	if err := pgutil.Migrate(pool, pgutil.Migration{FS: outbox.Migrations, Table: outbox.MigrationsTable}); err != nil {
-		t.Fatalf("migrating: %v", err)
-	}
+	return testinfra.NewMigratedDatabase(t, pgutil.Migration{FS: outbox.Migrations, Table: outbox.MigrationsTable})
 }
 
 func newEvent(aggregateID string, version int64) event.Envelope {
@@ -56,6 +53,7 @@ func countRows(t *testing.T, pool *pgxpool.Pool, where string) int {
 }
 
 func TestEnqueueCommitsOrRollsBackWithTheBusinessTransaction(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	pool := newOutboxDB(t)
 
@@ -91,6 +89,7 @@ func TestEnqueueCommitsOrRollsBackWithTheBusinessTransaction(t *testing.T) {
 }
 
 func TestEnqueueRejectsAnIncompleteEnvelope(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	pool := newOutboxDB(t)
 	tx, err := pool.Begin(ctx)
@@ -105,6 +104,7 @@ func TestEnqueueRejectsAnIncompleteEnvelope(t *testing.T) {
 }
 
 func TestRelayPublishesThroughTheBrokerThenMarks(t *testing.T) {
+	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	brokers := testinfra.KafkaBrokers(t)

@@ -102,7 +102,10 @@ type RelayConfig struct {
 	Metrics *Metrics
 }
 
-func (c RelayConfig) withDefaults() RelayConfig {
+// WithDefaults returns c with every zero field set to its documented
+// default. Negative values are kept, for Validate to refuse: a typo'd sign
+// must not quietly become the default.
+func (c RelayConfig) WithDefaults() RelayConfig {
 	if c.ID == "" {
 		host, _ := os.Hostname()
 		c.ID = fmt.Sprintf("%s-%d-%s", host, os.Getpid(), uuid.NewString()[:8])
@@ -110,40 +113,40 @@ func (c RelayConfig) withDefaults() RelayConfig {
 	if c.Topic == nil {
 		c.Topic = func(t string) string { return t + ".events" }
 	}
-	if c.BatchSize <= 0 {
+	if c.BatchSize == 0 {
 		c.BatchSize = 500
 	}
-	if c.PollInterval <= 0 {
+	if c.PollInterval == 0 {
 		c.PollInterval = time.Second
 	}
-	if c.RebalanceInterval <= 0 {
+	if c.RebalanceInterval == 0 {
 		c.RebalanceInterval = 2 * time.Second
 	}
-	if c.RelayTTL <= 0 {
+	if c.RelayTTL == 0 {
 		c.RelayTTL = 3 * c.RebalanceInterval
 	}
-	if c.LockTimeout <= 0 {
+	if c.LockTimeout == 0 {
 		c.LockTimeout = 10 * time.Second
 	}
-	if c.PublishTimeout <= 0 {
+	if c.PublishTimeout == 0 {
 		c.PublishTimeout = 30 * time.Second
 	}
-	if c.MaxAttempts <= 0 {
+	if c.MaxAttempts == 0 {
 		c.MaxAttempts = 10
 	}
-	if c.BackoffMin <= 0 {
+	if c.BackoffMin == 0 {
 		c.BackoffMin = 100 * time.Millisecond
 	}
-	if c.BackoffMax <= 0 {
+	if c.BackoffMax == 0 {
 		c.BackoffMax = time.Minute
 	}
-	if c.OutageBackoffMin <= 0 {
+	if c.OutageBackoffMin == 0 {
 		c.OutageBackoffMin = 100 * time.Millisecond
 	}
-	if c.OutageBackoffMax <= 0 {
+	if c.OutageBackoffMax == 0 {
 		c.OutageBackoffMax = 10 * time.Second
 	}
-	if c.LogInterval <= 0 {
+	if c.LogInterval == 0 {
 		c.LogInterval = defaultLogInterval
 	}
 	if c.Logger == nil {
@@ -153,6 +156,47 @@ func (c RelayConfig) withDefaults() RelayConfig {
 		c.Metrics = NewMetrics(nil)
 	}
 	return c
+}
+
+// Validate reports the first field of c that no relay can run with: a
+// negative size or duration, or a combination that defeats its purpose. It
+// checks c as NewRelay would use it, after WithDefaults.
+func (c RelayConfig) Validate() error {
+	for _, f := range []struct {
+		name string
+		v    any
+		neg  bool
+	}{
+		{"BatchSize", c.BatchSize, c.BatchSize < 0},
+		{"PollInterval", c.PollInterval, c.PollInterval < 0},
+		{"RebalanceInterval", c.RebalanceInterval, c.RebalanceInterval < 0},
+		{"RelayTTL", c.RelayTTL, c.RelayTTL < 0},
+		{"LockTimeout", c.LockTimeout, c.LockTimeout < 0},
+		{"PublishTimeout", c.PublishTimeout, c.PublishTimeout < 0},
+		{"MaxAttempts", c.MaxAttempts, c.MaxAttempts < 0},
+		{"BackoffMin", c.BackoffMin, c.BackoffMin < 0},
+		{"BackoffMax", c.BackoffMax, c.BackoffMax < 0},
+		{"OutageBackoffMin", c.OutageBackoffMin, c.OutageBackoffMin < 0},
+		{"OutageBackoffMax", c.OutageBackoffMax, c.OutageBackoffMax < 0},
+		{"LogInterval", c.LogInterval, c.LogInterval < 0},
+	} {
+		if f.neg {
+			return fmt.Errorf("outbox: RelayConfig.%s is negative (%v); leave it zero for the default", f.name, f.v)
+		}
+	}
+	d := c.WithDefaults()
+	switch {
+	case d.RelayTTL <= d.RebalanceInterval:
+		// A relay heartbeats every RebalanceInterval; a TTL no longer than
+		// that declares live relays dead between two heartbeats, and the
+		// partitions flap between them.
+		return fmt.Errorf("outbox: RelayConfig.RelayTTL (%v) must exceed RebalanceInterval (%v)", d.RelayTTL, d.RebalanceInterval)
+	case d.BackoffMin > d.BackoffMax:
+		return fmt.Errorf("outbox: RelayConfig.BackoffMin (%v) exceeds BackoffMax (%v)", d.BackoffMin, d.BackoffMax)
+	case d.OutageBackoffMin > d.OutageBackoffMax:
+		return fmt.Errorf("outbox: RelayConfig.OutageBackoffMin (%v) exceeds OutageBackoffMax (%v)", d.OutageBackoffMin, d.OutageBackoffMax)
+	}
+	return nil
 }
 
 // defaultLogInterval is RelayConfig.LogInterval's default, and WatchBacklog's.
@@ -170,7 +214,7 @@ type Relay struct {
 	// Followed for bounded-rate logs and for Health.
 	kafka, claims, heartbeat, gauges, listening, waking *outage
 
-	// Used only by the claim loop (or RelayBatch's caller): how many batches
+	// Used only by the claim loop (or relayOneBatch's caller): how many batches
 	// in a row Kafka refused as a whole; how many writes to each topic in a
 	// row failed because of the broker; the aggregate types whose rows were
 	// deferred, by topic; and the aggregate types whose deferred rows are to
@@ -186,7 +230,10 @@ func NewRelay(pool *pgxpool.Pool, w Writer, cfg RelayConfig) (*Relay, error) {
 	if pool == nil || w == nil {
 		return nil, errors.New("outbox: NewRelay needs a pool and a writer")
 	}
-	cfg = cfg.withDefaults()
+	cfg = cfg.WithDefaults()
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
 	connConfig := pool.Config().ConnConfig
 	health := func(what string) *outage { return newOutage(what, cfg.Logger, cfg.LogInterval) }
 	return &Relay{
@@ -255,9 +302,9 @@ func (r *Relay) Run(ctx context.Context) error {
 	}
 }
 
-// Close releases the relay's partitions and deregisters it, for callers of
-// RelayBatch; Run does this itself when it returns.
-func (r *Relay) Close() { r.owner.leave() }
+// close releases the relay's partitions and deregisters it, for callers of
+// relayOneBatch (this package's tests); Run does this itself when it returns.
+func (r *Relay) close() { r.owner.leave() }
 
 // RelayHealth is what a relay knows about its dependencies, for dashboards
 // and admin pages. It is not meant for readiness: the relay rides out both
@@ -598,14 +645,16 @@ type batchResult struct {
 	brokerErr error // the first error about the broker; nil if none
 }
 
-// RelayBatch claims, publishes and marks one batch of the owned partitions,
-// returning how many rows it claimed. Run calls it in a loop; it is exported
-// for tests and tools, and called outside Run it first takes this relay's
-// share of the partitions. It must not be called concurrently with Run.
+// relayOneBatch claims, publishes and marks one batch of the owned
+// partitions, returning how many rows it claimed. Run works in the same
+// steps; this package's tests and benchmarks drive the relay through it one
+// batch at a time (export_test.go). Called outside Run it first takes this
+// relay's share of the partitions. It must not be called concurrently with
+// Run.
 // Rows Kafka could not take because of the broker stay pending, deferred
 // for the relay's outage backoff without an attempt charged; they count as
 // claimed.
-func (r *Relay) RelayBatch(ctx context.Context) (int, error) {
+func (r *Relay) relayOneBatch(ctx context.Context) (int, error) {
 	if r.owner.conn == nil {
 		r.rebalance(ctx)
 	}

@@ -109,6 +109,7 @@ func (c *collector) checkOrder(t *testing.T, want map[string]int64) {
 }
 
 func TestACrashBetweenAckAndMarkRepublishes(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	brokers := testinfra.KafkaBrokers(t)
 	topic := testinfra.NewTopic(t, brokers, 1)
@@ -158,6 +159,7 @@ func TestACrashBetweenAckAndMarkRepublishes(t *testing.T) {
 // Once the operator raises the limit, a requeue publishes it and its
 // successor in order.
 func TestATooLargeMessageBacksOffThenDeadThenRequeue(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	brokers := testinfra.KafkaBrokers(t)
 	// The topic takes 2 MiB; kafka-go's writer stops at 1 MiB (BatchBytes).
@@ -339,9 +341,8 @@ func signalContext() (context.Context, context.CancelFunc) {
 func TestThreeRelaysKeepOrderWhenOneIsKilled(t *testing.T) {
 	brokers := testinfra.KafkaBrokers(t)
 	topic := testinfra.NewTopic(t, brokers, 6)
-	dbURL := testinfra.NewDatabase(t)
+	dbURL := newOutboxDBURL(t)
 	pool := testinfra.NewPool(t, dbURL)
-	migrate(t, pool)
 	c := collect(t, brokers, topic)
 
 	relays := make([]*exec.Cmd, 3)
@@ -421,6 +422,7 @@ func ownersAndLocks(t *testing.T, pool *pgxpool.Pool) [2]int {
 }
 
 func TestARequeueWakesASleepingRelay(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	brokers := testinfra.KafkaBrokers(t)
 	topic := testinfra.NewTopic(t, brokers, 1)

@@ -34,6 +34,7 @@ func notified(t *testing.T, conn *pgx.Conn, d time.Duration) bool {
 }
 
 func TestCommitsNotifyOnlyWhileARelayWaits(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	pool := newOutboxDB(t)
 	conn, err := pgx.Connect(ctx, pool.Config().ConnConfig.ConnString())
@@ -89,6 +90,7 @@ func TestCommitsNotifyOnlyWhileARelayWaits(t *testing.T) {
 // it arms its wake-up before sleeping, and the fence in arming means no
 // commit can slip between its last empty claim and its sleep unnoticed.
 func TestASleepingRelayIsWokenByEveryCommit(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	brokers := testinfra.KafkaBrokers(t)
 	topic := testinfra.NewTopic(t, brokers, 1)

@@ -15,7 +15,9 @@ import (
 
 	"github.com/onceflow/onceflow/pkg/event"
 	"github.com/onceflow/onceflow/pkg/inbox"
+	"github.com/onceflow/onceflow/pkg/inbox/inboxtest"
 	"github.com/onceflow/onceflow/pkg/outbox"
+	"github.com/onceflow/onceflow/pkg/outbox/outboxtest"
 	"github.com/onceflow/onceflow/pkg/platform/pgutil"
 	"github.com/onceflow/onceflow/pkg/platform/testinfra"
 	"github.com/onceflow/onceflow/services/billing"
@@ -23,13 +25,11 @@ import (
 
 func newBilling(t *testing.T) (*billing.Billing, *pgxpool.Pool) {
 	t.Helper()
-	pool := testinfra.NewPool(t, testinfra.NewDatabase(t))
-	if err := pgutil.Migrate(pool,
+	pool := testinfra.NewPool(t, testinfra.NewMigratedDatabase(t,
 		pgutil.Migration{FS: billing.Migrations, Table: billing.MigrationsTable},
 		pgutil.Migration{FS: outbox.Migrations, Table: outbox.MigrationsTable},
-	); err != nil {
-		t.Fatal(err)
-	}
+		pgutil.Migration{FS: inbox.Migrations, Table: inbox.MigrationsTable},
+	))
 	return billing.New(pool, slog.New(slog.NewTextHandler(io.Discard, nil)), nil), pool
 }
 
@@ -66,16 +66,15 @@ type emitted struct {
 
 func outboxEvents(t *testing.T, pool *pgxpool.Pool) []emitted {
 	t.Helper()
-	rows, _ := pool.Query(context.Background(),
-		`SELECT event_type, aggregate_version, headers->>'causationId' FROM outbox_events ORDER BY id`)
-	evs, err := pgx.CollectRows(rows, pgx.RowToStructByPos[emitted])
-	if err != nil {
-		t.Fatal(err)
+	var evs []emitted
+	for _, e := range outboxtest.Enqueued(t, pool, outboxtest.Match{}) {
+		evs = append(evs, emitted{e.EventType, e.AggregateVersion, e.CausationID})
 	}
 	return evs
 }
 
 func TestCaptureThenRefund(t *testing.T) {
+	t.Parallel()
 	b, pool := newBilling(t)
 	orderID := uuid.New()
 	place, cancel := placed(orderID), cancelled(orderID)
@@ -102,14 +101,10 @@ func TestCaptureThenRefund(t *testing.T) {
 	}
 	// Each payment says when the order event behind it occurred, for the
 	// commit-to-settlement lag downstream.
-	rows, _ := pool.Query(context.Background(), `SELECT payload FROM outbox_events ORDER BY id`)
-	payloads, err := pgx.CollectRows(rows, pgx.RowTo[[]byte])
-	if err != nil {
-		t.Fatal(err)
-	}
+	payments := outboxtest.Enqueued(t, pool, outboxtest.Match{})
 	for i, cause := range []event.Envelope{place, cancel} {
 		var p billing.Payment
-		if err := json.Unmarshal(payloads[i], &p); err != nil {
+		if err := json.Unmarshal(payments[i].Payload, &p); err != nil {
 			t.Fatal(err)
 		}
 		if !p.OrderEventAt.Equal(cause.OccurredAt) {
@@ -119,6 +114,7 @@ func TestCaptureThenRefund(t *testing.T) {
 }
 
 func TestAReEmittedOrderPlacedChargesOnce(t *testing.T) {
+	t.Parallel()
 	b, pool := newBilling(t)
 	orderID := uuid.New()
 	// Same order, two different event ids: the inbox cannot tell, the
@@ -138,6 +134,7 @@ func TestAReEmittedOrderPlacedChargesOnce(t *testing.T) {
 }
 
 func TestPermanentFailures(t *testing.T) {
+	t.Parallel()
 	b, pool := newBilling(t)
 	orderID := uuid.New()
 	v2 := placed(orderID)
@@ -162,8 +159,32 @@ func TestPermanentFailures(t *testing.T) {
 }
 
 func TestUnknownEventTypesAreIgnored(t *testing.T) {
+	t.Parallel()
 	b, pool := newBilling(t)
 	if err := handle(t, b, pool, orderEvent("OrderShipped", uuid.New(), 3, `{}`)); err != nil {
 		t.Fatalf("err = %v, want nil: new event types must not block the partition", err)
 	}
+}
+
+// Through the inbox, as the consumer runs it: a redelivered OrderPlaced is
+// a no-op, and an event billing can never handle is dead-lettered with
+// nothing written.
+func TestThroughTheInboxARedeliveryIsANoOpAndAPoisonIsDeadLettered(t *testing.T) {
+	t.Parallel()
+	b, pool := newBilling(t)
+	cfg := inbox.Config{Name: "billing"}
+	place := placed(uuid.New())
+	if dl := inboxtest.Deliver(t, pool, cfg, b.Handle, place, place); len(dl) != 0 {
+		t.Fatalf("%d dead letters", len(dl))
+	}
+	inboxtest.Deliver(t, pool, cfg, b.Handle, place)
+	inboxtest.RequireProcessed(t, pool, "billing", place.EventID)
+	outboxtest.RequireEnqueued(t, pool, outboxtest.Match{EventType: billing.EventPaymentCaptured})
+
+	poison := cancelled(uuid.New()) // no charge to refund
+	if dl := inboxtest.Deliver(t, pool, cfg, b.Handle, poison); len(dl) != 1 {
+		t.Fatalf("%d dead letters, want 1", len(dl))
+	}
+	inboxtest.RequireStatus(t, pool, "billing", poison.EventID, "dead_lettered")
+	outboxtest.RequireNotEnqueued(t, pool, outboxtest.Match{EventType: billing.EventPaymentRefunded})
 }

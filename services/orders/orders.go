@@ -139,11 +139,6 @@ type Service struct {
 	metrics *Metrics
 }
 
-// NewService returns a service on pool; now is the clock (time.Now if nil).
-func NewService(pool *pgxpool.Pool, now func() time.Time) *Service {
-	return New(pool, Options{Now: now})
-}
-
 // New returns a service on pool with opts.
 func New(pool *pgxpool.Pool, opts Options) *Service {
 	if opts.Now == nil {

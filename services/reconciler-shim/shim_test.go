@@ -17,6 +17,7 @@ import (
 
 	"github.com/onceflow/onceflow/pkg/event"
 	"github.com/onceflow/onceflow/pkg/inbox"
+	"github.com/onceflow/onceflow/pkg/inbox/inboxtest"
 	"github.com/onceflow/onceflow/pkg/platform/kafkautil"
 	"github.com/onceflow/onceflow/pkg/platform/pgutil"
 	"github.com/onceflow/onceflow/pkg/platform/testinfra"
@@ -40,13 +41,10 @@ type rig struct {
 func newRig(t *testing.T) *rig {
 	t.Helper()
 	r := &rig{brokers: testinfra.KafkaBrokers(t), quiet: slog.New(slog.NewTextHandler(io.Discard, nil))}
-	r.pool = testinfra.NewPool(t, testinfra.NewDatabase(t))
-	if err := pgutil.Migrate(r.pool,
+	r.pool = testinfra.NewPool(t, testinfra.NewMigratedDatabase(t,
 		pgutil.Migration{FS: shim.Migrations, Table: shim.MigrationsTable},
 		pgutil.Migration{FS: inbox.Migrations, Table: inbox.MigrationsTable},
-	); err != nil {
-		t.Fatal(err)
-	}
+	))
 	r.topic = testinfra.NewTopic(t, r.brokers, 1)
 	testinfra.NewTopicNamed(t, r.brokers, r.topic+".dlt", 1)
 	var err error
@@ -105,17 +103,16 @@ func captured(orderID uuid.UUID) event.Envelope {
 
 func (r *rig) outcome(t *testing.T, ev event.Envelope) (string, string) {
 	t.Helper()
-	var outcome, status string
-	err := r.pool.QueryRow(context.Background(), `
-		SELECT f.outcome, i.status FROM forwards f JOIN inbox_messages i ON i.message_id = f.event_id
-		WHERE f.event_id = $1`, ev.EventID).Scan(&outcome, &status)
+	var outcome string
+	err := r.pool.QueryRow(context.Background(), `SELECT outcome FROM forwards WHERE event_id = $1`, ev.EventID).Scan(&outcome)
 	if err != nil {
 		t.Fatalf("reading the forward of %s: %v", ev.EventID, err)
 	}
-	return outcome, status
+	return outcome, inboxtest.Status(t, r.pool, "shim", ev.EventID)
 }
 
 func TestKilledBetweenTheCallAndDoneTheThirdPartyHoldsOneSettlement(t *testing.T) {
+	t.Parallel()
 	r := newRig(t)
 	ev := captured(uuid.New())
 	r.publish(t, ev)
@@ -162,6 +159,7 @@ func TestKilledBetweenTheCallAndDoneTheThirdPartyHoldsOneSettlement(t *testing.T
 }
 
 func TestAFailingOrHangingThirdPartyIsRetriedWithoutDuplicates(t *testing.T) {
+	t.Parallel()
 	r := newRig(t)
 	first, second := captured(uuid.New()), captured(uuid.New())
 	client := thirdparty.NewClient(r.url, nil).WithAdmin(r.adminURL, "test-token")

@@ -25,12 +25,10 @@ import (
 )
 
 func TestHandlerDeadLetterEndpoints(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	brokers := testinfra.KafkaBrokers(t)
-	pool := testinfra.NewPool(t, testinfra.NewDatabase(t))
-	if err := pgutil.Migrate(pool, pgutil.Migration{FS: inbox.Migrations, Table: inbox.MigrationsTable}); err != nil {
-		t.Fatal(err)
-	}
+	pool := testinfra.NewPool(t, testinfra.NewMigratedDatabase(t, pgutil.Migration{FS: inbox.Migrations, Table: inbox.MigrationsTable}))
 	original := testinfra.NewTopic(t, brokers, 1)
 	dlt := original + ".dlt"
 	testinfra.NewTopicNamed(t, brokers, dlt, 1)

@@ -24,11 +24,9 @@ import (
 )
 
 func TestOperatorEndpoints(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
-	pool := testinfra.NewPool(t, testinfra.NewDatabase(t))
-	if err := pgutil.Migrate(pool, pgutil.Migration{FS: outbox.Migrations, Table: outbox.MigrationsTable}); err != nil {
-		t.Fatal(err)
-	}
+	pool := testinfra.NewPool(t, testinfra.NewMigratedDatabase(t, pgutil.Migration{FS: outbox.Migrations, Table: outbox.MigrationsTable}))
 	ev := event.Envelope{
 		EventID: uuid.New(), EventType: "OrderPlaced", EventVersion: 1, AggregateType: "order",
 		AggregateID: "o-1", AggregateVersion: 1, OccurredAt: time.Now(), Payload: []byte(`{}`),
@@ -106,6 +104,7 @@ func TestOperatorEndpoints(t *testing.T) {
 // A database error is a 500 whose body has a request id and none of the
 // error's text; the log has the text under the same id.
 func TestInternalErrorsKeepTheirDetailInTheLog(t *testing.T) {
+	t.Parallel()
 	pool := testinfra.NewPool(t, testinfra.NewDatabase(t))
 	pool.Close()
 	var logs syncBuffer

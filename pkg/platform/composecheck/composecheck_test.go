@@ -55,6 +55,7 @@ services:
 `
 
 func TestReadComposeEnvMapForm(t *testing.T) {
+	t.Parallel()
 	path := writeCompose(t, composeFile)
 	for _, tc := range []struct {
 		service string
@@ -77,6 +78,7 @@ func TestReadComposeEnvMapForm(t *testing.T) {
 }
 
 func TestReadComposeEnvRejects(t *testing.T) {
+	t.Parallel()
 	path := writeCompose(t, composeFile)
 	for _, tc := range []struct {
 		service, wantErr string
@@ -94,6 +96,7 @@ func TestReadComposeEnvRejects(t *testing.T) {
 }
 
 func TestComposeEnvProblems(t *testing.T) {
+	t.Parallel()
 	path := writeCompose(t, composeFile)
 	env, err := readEnv(path, "typos")
 	if err != nil {
@@ -114,6 +117,7 @@ func TestComposeEnvProblems(t *testing.T) {
 }
 
 func TestCheckComposeEnvPasses(t *testing.T) {
+	t.Parallel()
 	CheckEnv(t, writeCompose(t, composeFile), "good", &composeTestConfig{})
 }
 
@@ -130,6 +134,7 @@ func (r *errorRecorder) Errorf(format string, args ...any) {
 }
 
 func TestCheckComposeEnvNamesEveryProblem(t *testing.T) {
+	t.Parallel()
 	rec := &errorRecorder{TB: t}
 	CheckEnv(rec, writeCompose(t, composeFile), "typos", &composeTestConfig{})
 	if len(rec.errors) != 2 ||

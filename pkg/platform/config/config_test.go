@@ -15,6 +15,7 @@ type sample struct {
 }
 
 func TestLoadAppliesDefaultsAndOverrides(t *testing.T) {
+	t.Parallel()
 	var c sample
 	getenv := func(k string) string { return map[string]string{"TIMEOUT": "2m"}[k] }
 	if err := config.Load(getenv, &c); err != nil {
@@ -27,6 +28,7 @@ func TestLoadAppliesDefaultsAndOverrides(t *testing.T) {
 }
 
 func TestLoadRejectsBadValue(t *testing.T) {
+	t.Parallel()
 	var c sample
 	getenv := func(k string) string { return map[string]string{"TIMEOUT": "soon"}[k] }
 	if err := config.Load(getenv, &c); err == nil {
@@ -35,6 +37,7 @@ func TestLoadRejectsBadValue(t *testing.T) {
 }
 
 func TestVars(t *testing.T) {
+	t.Parallel()
 	vars, err := config.Vars(&sample{})
 	if err != nil {
 		t.Fatal(err)

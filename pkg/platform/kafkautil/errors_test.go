@@ -15,6 +15,7 @@ import (
 )
 
 func TestIsMessageError(t *testing.T) {
+	t.Parallel()
 	for _, tt := range []struct {
 		name string
 		err  error

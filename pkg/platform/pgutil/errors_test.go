@@ -15,6 +15,7 @@ import (
 )
 
 func TestErrorClasses(t *testing.T) {
+	t.Parallel()
 	pg := func(code string) error { return fmt.Errorf("inserting: %w", &pgconn.PgError{Code: code}) }
 	for _, tt := range []struct {
 		name                   string

@@ -74,6 +74,13 @@ func NewDatabase(t testing.TB) string {
 	if _, err := conn.Exec(ctx, "CREATE DATABASE "+name); err != nil {
 		t.Fatalf("creating test database: %v", err)
 	}
+	dropOnCleanup(t, admin, name)
+	return databaseURL(t, admin, name)
+}
+
+// dropOnCleanup drops the database name when the test ends.
+func dropOnCleanup(t testing.TB, admin, name string) {
+	t.Helper()
 	t.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		defer cancel()
@@ -87,6 +94,11 @@ func NewDatabase(t testing.TB) string {
 			t.Errorf("dropping test database %s: %v", name, err)
 		}
 	})
+}
+
+// databaseURL is admin's URL with the database name in place of its own.
+func databaseURL(t testing.TB, admin, name string) string {
+	t.Helper()
 	u, err := url.Parse(admin)
 	if err != nil {
 		t.Fatalf("parsing ONCEFLOW_TEST_PG_URL: %v", err)

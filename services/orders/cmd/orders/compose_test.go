@@ -9,5 +9,6 @@ import (
 // The compose file must set every variable this program reads: the defaults
 // point at the dev stack on 127.0.0.1, not at the other containers.
 func TestDockerComposeSetsEveryVariable(t *testing.T) {
+	t.Parallel()
 	composecheck.CheckEnv(t, "../../../../docker-compose.yml", "orders", &Config{})
 }

@@ -2,13 +2,13 @@ package main
 
 import (
 	"bufio"
-	"context"
 	"io"
 	"net/http"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/onceflow/onceflow/pkg/outbox/outboxtest"
 	"github.com/onceflow/onceflow/pkg/platform/pgroles/pgrolestest"
 	"github.com/onceflow/onceflow/pkg/platform/testinfra"
 )
@@ -56,14 +56,7 @@ func TestWithoutTheRelayOrdersAreTakenAndTheBacklogShows(t *testing.T) {
 		return m["outbox_pending_events"] == "1" && m["orders_placed_total"] == "1" && m["outbox_published_total"] == "0" &&
 			m["outbox_oldest_pending_age_seconds"] != "0", nil
 	})
-	pool := testinfra.NewPool(t, db)
-	var pending int
-	if err := pool.QueryRow(context.Background(), `SELECT count(*) FROM outbox_events WHERE state = 'pending'`).Scan(&pending); err != nil {
-		t.Fatal(err)
-	}
-	if pending != 1 {
-		t.Fatalf("%d pending outbox rows, want 1", pending)
-	}
+	outboxtest.RequireEnqueued(t, testinfra.NewPool(t, db), outboxtest.Match{State: "pending"})
 }
 
 // The operator routes and /metrics are on ADMIN_ADDR only, and the operator

@@ -1,0 +1,123 @@
+package inbox_test
+
+import (
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/segmentio/kafka-go"
+
+	"github.com/onceflow/onceflow/pkg/event"
+	"github.com/onceflow/onceflow/pkg/inbox"
+)
+
+func TestConfigValidate(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		name string
+		cfg  inbox.Config
+		want string // "" for valid; else a substring of the error
+	}{
+		{"name only takes the defaults", inbox.Config{Name: "c"}, ""},
+		{"no name", inbox.Config{}, "Name is required"},
+		{"negative workers", inbox.Config{Name: "c", Workers: -1}, "Workers is negative"},
+		{"negative batch size", inbox.Config{Name: "c", BatchSize: -1}, "BatchSize is negative"},
+		{"negative lease", inbox.Config{Name: "c", LeaseTTL: -time.Second}, "LeaseTTL is negative (-1s)"},
+		{"negative shutdown grace", inbox.Config{Name: "c", ShutdownGrace: -time.Second}, "ShutdownGrace is negative"},
+		{"unknown gap policy", inbox.Config{Name: "c", Gaps: 7}, "neither GapAccept nor GapRetry"},
+		{"backoff bounds crossed", inbox.Config{Name: "c", BackoffMin: time.Minute}, "BackoffMin (1m0s) exceeds BackoffMax (5s)"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			checkValidate(t, tt.cfg.Validate(), tt.want)
+		})
+	}
+}
+
+func TestGroupConfigValidate(t *testing.T) {
+	t.Parallel()
+	ok := inbox.GroupConfig{Brokers: []string{"b"}, Topic: "t", Group: "g"}
+	with := func(f func(*inbox.GroupConfig)) inbox.GroupConfig { g := ok; f(&g); return g }
+	tests := []struct {
+		name string
+		cfg  inbox.GroupConfig
+		want string
+	}{
+		{"required fields take the defaults", ok, ""},
+		{"no topic", with(func(g *inbox.GroupConfig) { g.Topic = "" }), "needs Brokers, Topic and Group"},
+		{"negative session timeout", with(func(g *inbox.GroupConfig) { g.SessionTimeout = -time.Second }), "SessionTimeout is negative"},
+		{"negative commit interval", with(func(g *inbox.GroupConfig) { g.CommitInterval = -1 }), "CommitInterval is negative"},
+		{"heartbeat as long as the session", with(func(g *inbox.GroupConfig) { g.SessionTimeout = time.Second }), "HeartbeatInterval (1s) must be shorter than SessionTimeout (1s)"},
+		{"unknown start offset", with(func(g *inbox.GroupConfig) { g.StartOffset = 42 }), "StartOffset is 42"},
+		{"last offset", with(func(g *inbox.GroupConfig) { g.StartOffset = kafka.LastOffset }), ""},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			checkValidate(t, tt.cfg.Validate(), tt.want)
+		})
+	}
+}
+
+func TestPrunerConfigValidate(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		name string
+		cfg  inbox.PrunerConfig
+		want string
+	}{
+		{"zero takes the defaults", inbox.PrunerConfig{}, ""},
+		{"negative retention", inbox.PrunerConfig{PruneConfig: inbox.PruneConfig{Retention: -time.Hour}}, "Retention is negative (-1h0m0s)"},
+		{"negative batch size", inbox.PrunerConfig{PruneConfig: inbox.PruneConfig{BatchSize: -1}}, "BatchSize is negative"},
+		{"negative interval", inbox.PrunerConfig{Interval: -time.Minute}, "Interval is negative"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			checkValidate(t, tt.cfg.Validate(), tt.want)
+			_, err := inbox.NewPruner(lazyPool(t), tt.cfg)
+			checkValidate(t, err, tt.want)
+		})
+	}
+}
+
+// NewConsumer refuses what Validate refuses, before it touches Kafka or
+// the database.
+func TestNewConsumerValidates(t *testing.T) {
+	t.Parallel()
+	src := inbox.GroupConfig{Brokers: []string{"127.0.0.1:1"}, Topic: "t", Group: "g"}
+	h := func(context.Context, pgx.Tx, event.Envelope) error { return nil }
+	_, err := inbox.NewConsumer(lazyPool(t), src, &kafka.Writer{}, h, inbox.Config{Name: "c", Workers: -2})
+	checkValidate(t, err, "Workers is negative")
+	src.HeartbeatInterval = time.Minute
+	_, err = inbox.NewConsumer(lazyPool(t), src, &kafka.Writer{}, h, inbox.Config{Name: "c"})
+	checkValidate(t, err, "HeartbeatInterval")
+}
+
+// lazyPool is a pool that never connects unless used: the constructors
+// must refuse a bad config before they use it.
+func lazyPool(t *testing.T) *pgxpool.Pool {
+	t.Helper()
+	pool, err := pgxpool.New(context.Background(), "postgres://nobody@127.0.0.1:1/none")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	return pool
+}
+
+func checkValidate(t *testing.T, err error, want string) {
+	t.Helper()
+	switch {
+	case want == "" && err != nil:
+		t.Fatalf("want valid, got %v", err)
+	case want != "" && err == nil:
+		t.Fatalf("want an error with %q, got none", want)
+	case want != "" && !strings.Contains(err.Error(), want):
+		t.Fatalf("want an error with %q, got %v", want, err)
+	}
+}

@@ -1,0 +1,162 @@
+package inbox_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+
+	"github.com/onceflow/onceflow/pkg/event"
+	"github.com/onceflow/onceflow/pkg/inbox"
+	"github.com/onceflow/onceflow/pkg/platform/kafkautil"
+)
+
+func exampleEvent(orderID string) event.Envelope {
+	return event.Envelope{
+		EventID: uuid.New(), EventType: "PaymentCaptured", EventVersion: 1, AggregateType: "payment",
+		AggregateID: orderID, AggregateVersion: 1, OccurredAt: time.Now(), Payload: []byte(`{}`),
+	}
+}
+
+// Lease mode, for a side effect outside the database that cannot be made
+// idempotent (a call to a third party): the event id travels as the
+// idempotency key, and a delivery whose predecessor may have called asks the
+// other side first. A redelivery of a settled event is a duplicate and calls
+// nothing. Run(ctx) feeds the consumer from Kafka; Handle feeds it here.
+func ExampleNewLeaseConsumer() {
+	ctx := context.Background()
+	pool, brokers, topic, cleanup := exampleSetup(ctx)
+	defer cleanup()
+
+	var mu sync.Mutex
+	thirdParty := map[string]bool{} // the idempotency keys it has seen
+	eff := inbox.Effect{
+		Check: func(_ context.Context, key string) (bool, error) {
+			mu.Lock()
+			defer mu.Unlock()
+			return thirdParty[key], nil
+		},
+		Call: func(_ context.Context, _ event.Envelope, key string) error {
+			mu.Lock()
+			defer mu.Unlock()
+			thirdParty[key] = true
+			return nil
+		},
+	}
+	w := kafkautil.NewWriter(brokers, 10)
+	defer w.Close()
+	src := inbox.GroupConfig{Brokers: brokers, Topic: topic, Group: topic + "-group"}
+	c, err := inbox.NewLeaseConsumer(pool, src, w, eff, inbox.Config{Name: "shim", LeaseTTL: 10 * time.Second})
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	ev := exampleEvent("order-1")
+	fmt.Println(c.Handle(ctx, event.ToKafka(topic, ev)))
+	fmt.Println(c.Handle(ctx, event.ToKafka(topic, ev))) // redelivered
+	fmt.Println("calls:", len(thirdParty))
+	// Output:
+	// <nil>
+	// <nil>
+	// calls: 1
+}
+
+// Handle runs messages a caller fetched itself through the inbox: the same
+// transaction, dedupe, version guard, retries and dead letters as Run, but
+// no consumer group and no offsets.
+func ExampleConsumer_Handle() {
+	ctx := context.Background()
+	pool, brokers, topic, cleanup := exampleSetup(ctx)
+	defer cleanup()
+	charge := func(ctx context.Context, tx pgx.Tx, ev event.Envelope) error {
+		_, err := tx.Exec(ctx, `INSERT INTO charges (order_id) VALUES ($1)`, ev.AggregateID)
+		return err
+	}
+	w := kafkautil.NewWriter(brokers, 10)
+	defer w.Close()
+	src := inbox.GroupConfig{Brokers: brokers, Topic: topic, Group: topic + "-group"}
+	c, err := inbox.NewConsumer(pool, src, w, charge, inbox.Config{Name: "billing"})
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	ev := event.ToKafka(topic, exampleEvent("order-1"))
+	fmt.Println(c.Handle(ctx, ev, ev, ev))
+	var charges int
+	_ = pool.QueryRow(ctx, `SELECT count(*) FROM charges`).Scan(&charges)
+	fmt.Println("charges:", charges)
+	// Output:
+	// <nil>
+	// charges: 1
+}
+
+// Handled events' rows are what make a redelivery a no-op, so they are kept
+// for a retention window longer than any redelivery, then pruned. A service
+// runs this in the background with NewPruner(pool, cfg).Run(ctx).
+func ExamplePrune() {
+	ctx := context.Background()
+	pool, brokers, topic, cleanup := exampleSetup(ctx)
+	defer cleanup()
+	w := kafkautil.NewWriter(brokers, 10)
+	defer w.Close()
+	src := inbox.GroupConfig{Brokers: brokers, Topic: topic, Group: topic + "-group"}
+	nothing := func(context.Context, pgx.Tx, event.Envelope) error { return nil }
+	c, err := inbox.NewConsumer(pool, src, w, nothing, inbox.Config{Name: "billing"})
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	if err := c.Handle(ctx, event.ToKafka(topic, exampleEvent("order-1")), event.ToKafka(topic, exampleEvent("order-2"))); err != nil {
+		fmt.Println(err)
+		return
+	}
+	// Stand in for time: one of them was handled 31 days ago.
+	if _, err := pool.Exec(ctx, `UPDATE inbox_messages SET processed_at = now() - interval '31 days' WHERE aggregate_id = 'order-1'`); err != nil {
+		fmt.Println(err)
+		return
+	}
+	n, err := inbox.Prune(ctx, pool, inbox.PruneConfig{Retention: 30 * 24 * time.Hour})
+	fmt.Println("pruned:", n, err)
+	// Output: pruned: 1 <nil>
+}
+
+// Once the cause is fixed, an operator sends a consumer's dead letters back
+// to their original topic; the inbox rows that recorded them are removed,
+// so the redelivery is handled, not skipped as a duplicate.
+func ExampleRequeueDeadLetters() {
+	ctx := context.Background()
+	pool, brokers, topic, cleanup := exampleSetup(ctx)
+	defer cleanup()
+	w := kafkautil.NewWriter(brokers, 10)
+	defer w.Close()
+	src := inbox.GroupConfig{Brokers: brokers, Topic: topic, Group: topic + "-group"}
+	refuse := func(context.Context, pgx.Tx, event.Envelope) error {
+		return inbox.Permanent(errors.New("unknown customer"))
+	}
+	c, err := inbox.NewConsumer(pool, src, w, refuse, inbox.Config{Name: "billing"})
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	if err := c.Handle(ctx, event.ToKafka(topic, exampleEvent("order-1"))); err != nil {
+		fmt.Println(err)
+		return
+	}
+	res, err := inbox.RequeueDeadLetters(ctx, pool, w, brokers, topic+".dlt", inbox.RequeueFilter{Consumer: "billing"})
+	fmt.Println("requeued:", res.Requeued, err)
+	// Output: requeued: 1 <nil>
+}
+
+// Constructors refuse a configuration no consumer can run with; Validate
+// says why before anything starts.
+func ExampleConfig_Validate() {
+	fmt.Println(inbox.Config{Name: "billing", BackoffMin: time.Minute}.Validate())
+	fmt.Println(inbox.Config{Name: "billing", Workers: -1}.Validate())
+	// Output:
+	// inbox: Config.BackoffMin (1m0s) exceeds BackoffMax (5s)
+	// inbox: Config.Workers is negative (-1); leave it zero for the default
+}

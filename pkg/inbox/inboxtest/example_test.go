@@ -1,0 +1,60 @@
+package inboxtest_test
+
+import (
+	"context"
+	"fmt"
+	"testing"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/onceflow/onceflow/pkg/event"
+	"github.com/onceflow/onceflow/pkg/inbox"
+	"github.com/onceflow/onceflow/pkg/inbox/inboxtest"
+	"github.com/onceflow/onceflow/pkg/platform/pgutil"
+	"github.com/onceflow/onceflow/pkg/platform/testinfra"
+)
+
+// A handler's test runs it through the consumer's real transaction path,
+// without Kafka, and asserts what the inbox recorded: here that a
+// redelivered event is handled once.
+func ExampleDeliver() {
+	t := newExampleT()
+	defer t.cleanup()
+	ctx := context.Background()
+	pool := testinfra.NewPool(t, testinfra.NewMigratedDatabase(t, pgutil.Migration{FS: inbox.Migrations, Table: inbox.MigrationsTable}))
+	if _, err := pool.Exec(ctx, `CREATE TABLE charges (order_id text PRIMARY KEY)`); err != nil {
+		fmt.Println(err)
+		return
+	}
+	charge := func(ctx context.Context, tx pgx.Tx, ev event.Envelope) error {
+		_, err := tx.Exec(ctx, `INSERT INTO charges (order_id) VALUES ($1)`, ev.AggregateID)
+		return err
+	}
+
+	placed := ev("order-1", 1)
+	deadLetters := inboxtest.Deliver(t, pool, inbox.Config{Name: "billing"}, charge, placed, placed)
+	inboxtest.RequireProcessed(t, pool, "billing", placed.EventID)
+	var charges int
+	_ = pool.QueryRow(ctx, `SELECT count(*) FROM charges`).Scan(&charges)
+	fmt.Println("charges:", charges, "dead letters:", len(deadLetters))
+	// Output: charges: 1 dead letters: 0
+}
+
+// exampleT stands in for the *testing.T an example does not have: a
+// failure panics, cleanups run at the end of the example.
+type exampleT struct {
+	testing.TB // nil: only the methods below are called
+	cleanups   []func()
+}
+
+func newExampleT() *exampleT                        { return &exampleT{} }
+func (*exampleT) Helper()                           {}
+func (*exampleT) Fatalf(format string, args ...any) { panic(fmt.Sprintf(format, args...)) }
+func (*exampleT) Errorf(format string, args ...any) { panic(fmt.Sprintf(format, args...)) }
+func (*exampleT) Logf(string, ...any)               {}
+func (t *exampleT) Cleanup(f func())                { t.cleanups = append(t.cleanups, f) }
+func (t *exampleT) cleanup() {
+	for i := len(t.cleanups) - 1; i >= 0; i-- {
+		t.cleanups[i]()
+	}
+}

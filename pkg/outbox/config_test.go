@@ -1,0 +1,116 @@
+package outbox_test
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/segmentio/kafka-go"
+
+	"github.com/onceflow/onceflow/pkg/outbox"
+)
+
+func TestRelayConfigValidate(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		name string
+		cfg  outbox.RelayConfig
+		want string // "" for valid; else a substring of the error
+	}{
+		{"zero takes the defaults", outbox.RelayConfig{}, ""},
+		{"explicit values", outbox.RelayConfig{BatchSize: 10, RebalanceInterval: time.Second, RelayTTL: 3 * time.Second}, ""},
+		{"negative batch size", outbox.RelayConfig{BatchSize: -1}, "BatchSize is negative"},
+		{"negative poll interval", outbox.RelayConfig{PollInterval: -time.Second}, "PollInterval is negative (-1s)"},
+		{"negative max attempts", outbox.RelayConfig{MaxAttempts: -3}, "MaxAttempts is negative"},
+		{"negative outage backoff", outbox.RelayConfig{OutageBackoffMax: -1}, "OutageBackoffMax is negative"},
+		{"TTL equal to the heartbeat", outbox.RelayConfig{RebalanceInterval: time.Second, RelayTTL: time.Second}, "RelayTTL (1s) must exceed RebalanceInterval (1s)"},
+		{"TTL below the default heartbeat", outbox.RelayConfig{RelayTTL: time.Second}, "must exceed RebalanceInterval (2s)"},
+		{"backoff bounds crossed", outbox.RelayConfig{BackoffMin: 2 * time.Minute}, "BackoffMin (2m0s) exceeds BackoffMax (1m0s)"},
+		{"outage backoff bounds crossed", outbox.RelayConfig{OutageBackoffMin: time.Second, OutageBackoffMax: time.Millisecond}, "OutageBackoffMin (1s) exceeds"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			err := tt.cfg.Validate()
+			checkValidate(t, err, tt.want)
+		})
+	}
+}
+
+func TestRelayConfigWithDefaultsKeepsNegatives(t *testing.T) {
+	t.Parallel()
+	d := outbox.RelayConfig{BatchSize: -1}.WithDefaults()
+	if d.BatchSize != -1 || d.PollInterval != time.Second || d.RelayTTL != 6*time.Second {
+		t.Fatalf("WithDefaults gave BatchSize %d, PollInterval %v, RelayTTL %v; want -1, 1s, 6s", d.BatchSize, d.PollInterval, d.RelayTTL)
+	}
+}
+
+func TestPrunerConfigValidate(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		name string
+		cfg  outbox.PrunerConfig
+		want string
+	}{
+		{"zero takes the defaults", outbox.PrunerConfig{}, ""},
+		{"negative retention", outbox.PrunerConfig{PruneConfig: outbox.PruneConfig{Retention: -time.Hour}}, "Retention is negative (-1h0m0s)"},
+		{"negative batch size", outbox.PrunerConfig{PruneConfig: outbox.PruneConfig{BatchSize: -1}}, "BatchSize is negative"},
+		{"negative interval", outbox.PrunerConfig{Interval: -time.Minute}, "Interval is negative"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			checkValidate(t, tt.cfg.Validate(), tt.want)
+			_, err := outbox.NewPruner(lazyPool(t), tt.cfg)
+			checkValidate(t, err, tt.want)
+		})
+	}
+}
+
+// NewRelay refuses what Validate refuses, before it touches the database.
+func TestNewRelayValidates(t *testing.T) {
+	t.Parallel()
+	_, err := outbox.NewRelay(lazyPool(t), nopWriter{}, outbox.RelayConfig{RelayTTL: time.Millisecond})
+	checkValidate(t, err, "RelayTTL")
+}
+
+// lazyPool is a pool that never connects unless used: the constructors
+// must refuse a bad config before they use it.
+func lazyPool(t *testing.T) *pgxpool.Pool {
+	t.Helper()
+	pool, err := pgxpool.New(context.Background(), "postgres://nobody@127.0.0.1:1/none")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	return pool
+}
+
+type nopWriter struct{}
+
+func (nopWriter) WriteMessages(context.Context, ...kafka.Message) error { return nil }
+
+func checkValidate(t *testing.T, err error, want string) {
+	t.Helper()
+	switch {
+	case want == "" && err != nil:
+		t.Fatalf("want valid, got %v", err)
+	case want != "" && err == nil:
+		t.Fatalf("want an error with %q, got none", want)
+	case want != "" && !strings.Contains(err.Error(), want):
+		t.Fatalf("want an error with %q, got %v", want, err)
+	}
+}
+
+// Constructors refuse a configuration no relay can run with; Validate says
+// why before anything starts.
+func ExampleRelayConfig_Validate() {
+	fmt.Println(outbox.RelayConfig{RebalanceInterval: 5 * time.Second, RelayTTL: 5 * time.Second}.Validate())
+	fmt.Println(outbox.RelayConfig{PollInterval: -time.Second}.Validate())
+	// Output:
+	// outbox: RelayConfig.RelayTTL (5s) must exceed RebalanceInterval (5s)
+	// outbox: RelayConfig.PollInterval is negative (-1s); leave it zero for the default
+}

@@ -1,0 +1,11 @@
+package outbox
+
+import "context"
+
+// RelayBatch lets this package's external tests and benchmarks drive a
+// relay one batch at a time; users run Run, and tests of services use
+// outboxtest.
+func (r *Relay) RelayBatch(ctx context.Context) (int, error) { return r.relayOneBatch(ctx) }
+
+// Close releases the partitions a RelayBatch caller took.
+func (r *Relay) Close() { r.close() }
