@@ -65,6 +65,13 @@ func (h *Harness) newPlatform(ctx context.Context, name string, s Setup) (*Platf
 	if s.ReconcilerTimeout == "" {
 		s.ReconcilerTimeout = "5s"
 	}
+	relayMode := h.relayMode
+	if relayMode == "" {
+		relayMode = "poll"
+	}
+	if relayMode != "poll" {
+		name += "-" + relayMode // its own databases, topics and slots
+	}
 	id := fmt.Sprintf("%s_%s", h.runID, strings.ReplaceAll(name, "-", "_"))
 	p := &Platform{h: h, Name: name, Dir: filepath.Join(h.dir, "runs", h.runID, name),
 		OrdersTopic: "prove." + id + ".orders", BillingTop: "prove." + id + ".billing",
@@ -95,6 +102,8 @@ func (h *Harness) newPlatform(ctx context.Context, name string, s Setup) (*Platf
 		return map[string]string{
 			"HTTP_ADDR": fmt.Sprintf("127.0.0.1:%d", port), "DATABASE_URL": h.stack.PGURL(db, true),
 			"KAFKA_BROKERS": brokers, "LOG_LEVEL": "info", "SHUTDOWN_GRACE": "5s",
+			// Slot names are global to the cluster: one per database.
+			"RELAY_MODE": relayMode, "OUTBOX_SLOT": db,
 		}
 	}
 	newProc := func(name, bin string, port int, env map[string]string, arm func() map[string]string, scrape ...string) *Proc {
@@ -153,11 +162,23 @@ func (h *Harness) newPlatform(ctx context.Context, name string, s Setup) (*Platf
 	return p, nil
 }
 
-// Close stops every process of the platform.
+// Close stops every process of the platform, then drops the replication
+// slots of its databases (log-based relay modes), which would otherwise pin
+// WAL and keep the databases from being dropped.
 func (p *Platform) Close() {
 	for _, pr := range p.all {
 		pr.Stop()
 	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	_ = waitUntil(ctx, 30*time.Second, func() bool {
+		dbs := []string{p.OrdersDB, p.BillingDB}
+		_, _ = p.h.stack.Admin.Exec(ctx, `SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots
+			WHERE database = ANY($1) AND NOT active`, dbs)
+		var left int
+		err := p.h.stack.Admin.QueryRow(ctx, `SELECT count(*) FROM pg_replication_slots WHERE database = ANY($1)`, dbs).Scan(&left)
+		return err == nil && left == 0
+	})
 	for _, pool := range []*pgxpool.Pool{p.ordersPool, p.billingPool, p.shimPool} {
 		if pool != nil {
 			pool.Close()
