@@ -64,7 +64,7 @@ var Proofs = []Proof{
 
 // RelayModeProofs are the proofs that run once per Options.RelayModes:
 // the ones whose faults are about the producing side.
-var RelayModeProofs = map[string]bool{"atomicity": true, "relay-crash": true, "ordering": true}
+var RelayModeProofs = map[string]bool{"atomicity": true, "relay-crash": true, "ordering": true, "chaos": true}
 
 // Options configure Run.
 type Options struct {
