@@ -457,6 +457,15 @@ type streamer struct {
 	batchEnd pglogrepl.LSN // commit end of the last transaction in batch
 	flushAt  time.Time
 
+	// Batches go to the publisher goroutine, which writes them to Kafka
+	// one after the other, in order, and reports each acknowledged one on
+	// acked; meanwhile this goroutine goes on reading the stream, so
+	// decoding and Kafka's round trips overlap. Only this goroutine uses
+	// the connection.
+	toPublish chan pubBatch
+	acked     chan pubResult
+	inflight  int // batches handed over and not yet acknowledged
+
 	confirmed   pglogrepl.LSN // acknowledged by Kafka (or holding no events)
 	confirmedID int64
 	recorded    pglogrepl.LSN // last confirmed position written to outbox_cdc_slots
@@ -497,15 +506,117 @@ func (r *CDCRelay) streamOnce(ctx context.Context) error {
 	r.stream.ok(ctx)
 	r.cfg.Logger.InfoContext(ctx, "streaming the outbox from the replication slot", slog.String("slot", r.cfg.Slot),
 		slog.String("from_lsn", start.String()))
-	s := &streamer{r: r, conn: conn, relations: map[uint32]*pglogrepl.RelationMessage{}, confirmed: start, recorded: start}
-	if err := s.run(ctx); err != nil {
+	s := &streamer{r: r, conn: conn, relations: map[uint32]*pglogrepl.RelationMessage{}, confirmed: start, recorded: start,
+		toPublish: make(chan pubBatch, 2), acked: make(chan pubResult, 4)}
+	pubCtx, stopPublisher := context.WithCancel(ctx)
+	var wg sync.WaitGroup
+	wg.Go(func() { s.publisher(pubCtx) })
+	err = s.run(ctx)
+	// What was handed over and not acknowledged is not confirmed: the next
+	// stream starts before it.
+	stopPublisher()
+	close(s.toPublish)
+	wg.Wait()
+	if err != nil {
 		return fmt.Errorf("%w: %w", errStreamed, err)
 	}
 	return nil
 }
 
+// pubBatch is a run of whole committed transactions, ending at end.
+type pubBatch struct {
+	events []cdcEvent
+	end    pglogrepl.LSN
+}
+
+// pubResult reports a batch Kafka acknowledged (err nil), or why the
+// publisher stopped.
+type pubResult struct {
+	end   pglogrepl.LSN
+	maxID int64
+	err   error
+}
+
+// publisher writes the batches in order until toPublish is closed or ctx
+// ends; a batch is reported only once Kafka acknowledged all of it.
+func (s *streamer) publisher(ctx context.Context) {
+	for b := range s.toPublish {
+		ok, err := s.publish(ctx, b.events)
+		if err != nil {
+			select {
+			case s.acked <- pubResult{err: err}:
+			case <-ctx.Done():
+			}
+			return
+		}
+		if !ok {
+			return // ctx ended: unacknowledged, so unconfirmed
+		}
+		res := pubResult{end: b.end}
+		for _, e := range b.events {
+			res.maxID = max(res.maxID, e.rowID)
+		}
+		select {
+		case s.acked <- res:
+		case <-ctx.Done():
+			return
+		}
+	}
+}
+
+// noteAcked moves the confirmed position over an acknowledged batch.
+func (s *streamer) noteAcked(res pubResult) error {
+	if res.err != nil {
+		return res.err
+	}
+	s.inflight--
+	s.confirmed = max(s.confirmed, res.end)
+	s.confirmedID = max(s.confirmedID, res.maxID)
+	s.nextStatus = time.Time{} // confirm now
+	return nil
+}
+
+// handOver passes the pending batch to the publisher. While the publisher
+// is behind (Kafka is slow or away) it waits, still answering the server
+// with status updates so the walsender does not time out.
+func (s *streamer) handOver(ctx context.Context) error {
+	b := pubBatch{events: s.batch, end: s.batchEnd}
+	for {
+		wait := time.NewTimer(max(time.Until(s.nextStatus), 0))
+		select {
+		case s.toPublish <- b:
+			wait.Stop()
+			s.inflight++
+			s.batch = nil
+			return nil
+		case res := <-s.acked:
+			wait.Stop()
+			if err := s.noteAcked(res); err != nil {
+				return err
+			}
+		case <-wait.C:
+			if err := s.sendStatus(ctx); err != nil {
+				return err
+			}
+		case <-ctx.Done():
+			wait.Stop()
+			return nil
+		}
+	}
+}
+
 func (s *streamer) run(ctx context.Context) error {
 	for ctx.Err() == nil {
+		for drained := false; !drained; {
+			select {
+			case res := <-s.acked:
+				if err := s.noteAcked(res); err != nil {
+					return err
+				}
+			default:
+				drained = true
+			}
+		}
 		now := time.Now()
 		if !now.Before(s.nextStatus) {
 			if err := s.sendStatus(ctx); err != nil {
@@ -513,7 +624,7 @@ func (s *streamer) run(ctx context.Context) error {
 			}
 		}
 		if len(s.batch) > 0 && (len(s.batch) >= s.r.cfg.BatchSize || !now.Before(s.flushAt)) {
-			if err := s.publish(ctx); err != nil {
+			if err := s.handOver(ctx); err != nil {
 				return err
 			}
 			continue
@@ -560,7 +671,7 @@ func (s *streamer) handle(ctx context.Context, data []byte) error {
 		// handled, so the slot may move there (as Postgres's own apply
 		// worker does); otherwise an idle outbox in a busy database would
 		// pin WAL.
-		if !s.inTx && len(s.batch) == 0 && k.ServerWALEnd > s.confirmed {
+		if s.idle() && k.ServerWALEnd > s.confirmed {
 			s.confirmed = k.ServerWALEnd
 		}
 		if k.ReplyRequested {
@@ -610,7 +721,7 @@ func (s *streamer) decode(ctx context.Context, wal []byte) error {
 	case *pglogrepl.CommitMessage:
 		s.inTx = false
 		if len(s.txEvents) == 0 {
-			if len(s.batch) == 0 && m.TransactionEndLSN > s.confirmed {
+			if len(s.batch) == 0 && s.inflight == 0 && m.TransactionEndLSN > s.confirmed {
 				s.confirmed = m.TransactionEndLSN
 			}
 			return nil
@@ -684,14 +795,17 @@ func (r *CDCRelay) decodeRow(rel *pglogrepl.RelationMessage, tuple *pglogrepl.Tu
 	return r.newEvent(ev, createdAt, rowID), nil
 }
 
+// idle reports that nothing decoded is waiting for Kafka: no open
+// transaction, no pending batch, none in flight.
+func (s *streamer) idle() bool { return !s.inTx && len(s.batch) == 0 && s.inflight == 0 }
+
 // sendStatus confirms s.confirmed to the server: the slot's
 // confirmed_flush_lsn moves there, and the WAL before it may be recycled.
 // While idle it asks for a keepalive, whose position the next status
 // confirms.
 func (s *streamer) sendStatus(ctx context.Context) error {
-	idle := !s.inTx && len(s.batch) == 0
 	err := pglogrepl.SendStandbyStatusUpdate(ctx, s.conn, pglogrepl.StandbyStatusUpdate{
-		WALWritePosition: s.confirmed, ReplyRequested: idle,
+		WALWritePosition: s.confirmed, ReplyRequested: s.idle(),
 	})
 	if err != nil {
 		return fmt.Errorf("sending the standby status: %w", err)
@@ -714,14 +828,13 @@ func (s *streamer) sendStatus(ctx context.Context) error {
 	return nil
 }
 
-// publish writes the batch until Kafka acknowledged every event of it,
-// then confirms the batch's last commit. Broker errors are waited out (the
-// connection is kept alive with status updates meanwhile); an event Kafka
-// refuses because of the message MaxAttempts times is skipped as dead.
-func (s *streamer) publish(ctx context.Context) error {
+// publish writes events until Kafka acknowledged every one of them and
+// reports true; false if ctx ended first. Broker errors are waited out with
+// capped backoff; an event Kafka refuses because of the message
+// MaxAttempts times is skipped as dead. It runs on the publisher goroutine.
+func (s *streamer) publish(ctx context.Context, todo []cdcEvent) (bool, error) {
 	r := s.r
-	todo := s.batch
-	attempts := make(map[int]int) // index into s.batch -> message-error attempts
+	attempts := make(map[int]int) // index into todo -> message-error attempts
 	idx := make([]int, len(todo))
 	for i := range idx {
 		idx[i] = i
@@ -731,6 +844,8 @@ func (s *streamer) publish(ctx context.Context) error {
 		batch := make([]claimed, len(idx))
 		for j, i := range idx {
 			batch[j] = todo[i].claimed
+			// startSends rewrites the traceparent header: a retry starts
+			// from the stored one again.
 			batch[j].msg.Headers = append([]kafka.Header(nil), todo[i].msg.Headers...)
 		}
 		r.cfg.Metrics.batchSize.Observe(float64(len(batch)))
@@ -740,7 +855,7 @@ func (s *streamer) publish(ctx context.Context) error {
 		cancel()
 		endSends(errs)
 		if ctx.Err() != nil {
-			return nil // unconfirmed: the next relay publishes the batch again
+			return false, nil
 		}
 		var (
 			retryIdx    []int
@@ -791,40 +906,16 @@ func (s *streamer) publish(ctx context.Context) error {
 		if brokerErr == nil {
 			delay = retry.Backoff(attempts[idx[0]], r.cfg.BackoffMin, r.cfg.BackoffMax)
 		}
-		if err := s.wait(ctx, delay); err != nil || ctx.Err() != nil {
-			return err
+		if !sleep(ctx, delay) {
+			return false, nil
 		}
 	}
 	if r.cfg.CrashPoint != nil {
 		if err := r.cfg.CrashPoint(CrashAfterAck); err != nil {
-			return fmt.Errorf("crash point %s: %w", CrashAfterAck, err)
+			return false, fmt.Errorf("crash point %s: %w", CrashAfterAck, err)
 		}
 	}
-	for _, e := range s.batch {
-		s.confirmedID = max(s.confirmedID, e.rowID)
-	}
-	s.confirmed = max(s.confirmed, s.batchEnd)
-	s.batch = s.batch[:0]
-	s.nextStatus = time.Time{} // confirm now
-	return nil
-}
-
-// wait sleeps d while keeping the walsender from timing out: it sends a
-// status update (the old position) every StatusInterval.
-func (s *streamer) wait(ctx context.Context, d time.Duration) error {
-	end := time.Now().Add(d)
-	for {
-		left := time.Until(end)
-		if left <= 0 {
-			return nil
-		}
-		if !sleep(ctx, min(left, s.r.cfg.StatusInterval)) {
-			return nil
-		}
-		if err := pglogrepl.SendStandbyStatusUpdate(ctx, s.conn, pglogrepl.StandbyStatusUpdate{WALWritePosition: s.confirmed}); err != nil {
-			return fmt.Errorf("sending the standby status: %w", err)
-		}
-	}
+	return true, nil
 }
 
 const markDeadCDC = `UPDATE outbox_events SET state = 'dead', last_error = $2, attempts = $3 WHERE id = $1`
