@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"slices"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -424,4 +425,40 @@ func TestCDCLostSlotIsDetectedAndReplaced(t *testing.T) {
 	runRelay(t, poll)
 	testinfra.WaitFor(t, 20*time.Second, "the window replayed by the polling relay", func() (bool, error) { return c.distinct() == 4, nil })
 	c.checkOrder(t, map[string]int64{"a": 3, "b": 1})
+}
+
+// An event Kafka refuses because of the message (larger than the writer
+// takes) is tried MaxAttempts times, then skipped as dead: counted, its row
+// marked dead (and kept by retention), while the events after it, its own
+// aggregate's included, are published and the stream goes on.
+func TestCDCMessageErrorSkipsTheEventAsDead(t *testing.T) {
+	t.Parallel()
+	brokers := testinfra.KafkaBrokers(t)
+	topic := testinfra.NewTopic(t, brokers, 1)
+	pool := newOutboxDB(t)
+	slot := newSlot(t, pool)
+	c := collect(t, brokers, topic)
+	w := kafkautil.NewWriter(brokers, 10)
+	t.Cleanup(func() { w.Close() })
+	reg := prometheus.NewRegistry()
+	relay := newCDC(t, pool, w, outbox.CDCConfig{Slot: slot, Topic: func(string) string { return topic },
+		MaxAttempts: 2, BackoffMin: 10 * time.Millisecond, Metrics: outbox.NewMetrics(reg),
+		RetentionInterval: 50 * time.Millisecond, Retain: time.Nanosecond})
+	runCDC(t, relay)
+	testinfra.WaitFor(t, 20*time.Second, "the relay to stream", func() (bool, error) { return relay.Active(), nil })
+
+	big := newEvent("big", 1)
+	big.Payload = []byte(`{"blob":"` + strings.Repeat("x", 1200<<10) + `"}`) // kafka-go's writer stops at 1 MiB
+	enqueue(t, pool, big, newEvent("fine", 1))
+	enqueue(t, pool, newEvent("big", 2))
+	testinfra.WaitFor(t, 30*time.Second, "the events after the refused one", func() (bool, error) { return c.distinct() == 2, nil })
+	if v := testinfra.MetricValue(t, reg, "outbox_dead_total"); v != 1 {
+		t.Errorf("outbox_dead_total = %v, want 1", v)
+	}
+	if v := testinfra.MetricValue(t, reg, "outbox_publish_failures_total"); v != 2 {
+		t.Errorf("outbox_publish_failures_total = %v, want MaxAttempts = 2", v)
+	}
+	testinfra.WaitFor(t, 20*time.Second, "retention to keep only the dead row", func() (bool, error) {
+		return countRows(t, pool, "true") == 1 && countRows(t, pool, "state = 'dead' AND last_error <> ''") == 1, nil
+	})
 }
