@@ -235,6 +235,9 @@ func (r *CDCRelay) Run(ctx context.Context) error {
 		if ctx.Err() != nil {
 			return nil
 		}
+		if err == nil {
+			err = errStreamed // the stream ended without a reason: reconnect
+		}
 		streak++
 		if errors.Is(err, errSlotBusy) {
 			if !standing {
