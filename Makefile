@@ -11,7 +11,7 @@ DEMO_ARGS ?=
 # RELAY_MODES: the relay modes atomicity, relay-crash and ordering run in (default poll,cdc,wal).
 P ?=
 
-.PHONY: help up down status logs services stop demo test vet fmt build prometheus-tools up-prometheus down-prometheus alert-drill dashboards
+.PHONY: help up down status logs services stop demo test vet fmt build prometheus-tools up-prometheus down-prometheus alert-drill dashboards reconcile
 
 help: ## List the targets
 	@grep -E '^[a-zA-Z0-9_.-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*## "} {printf "  %-12s %s\n", $$1, $$2}'
@@ -39,6 +39,9 @@ services: up ## Build and (re)start orders, billing, the shim and the reconciler
 
 stop: ## Stop the services (PostgreSQL and Kafka keep running)
 	devstack/services.sh stop
+
+reconcile: ## Print the reconciliation report of the dev stack: stuck, dead, uncertain and missing, with what to do (docs/reconciliation.md; ARGS=-o json)
+	go run ./tools/cmd/reconcile $(ARGS)
 
 demo: services ## Run the platform end to end: place orders, wait until all are settled, print a summary
 	go run ./tools/cmd/demo $(DEMO_ARGS)

@@ -75,7 +75,7 @@ func TestEveryQueryReturnsDataFromTheRunningPlatform(t *testing.T) {
 	// Wait until the trickle shows in a rate, and every target is up.
 	testinfra.WaitFor(t, 60*time.Second, "every target up and the settlement lag histogram moving", func() (bool, error) {
 		up, err := prom.query(ctx, `sum(up)`)
-		if err != nil || len(up.Result) != 1 || sampleValue(up.Result[0].Value) != float64(len(services)) {
+		if err != nil || len(up.Result) != 1 || sampleValue(up.Result[0].Value) != float64(len(p.adminAddrs)) {
 			return false, nil
 		}
 		r, err := prom.query(ctx, `sum(rate(shim_settlement_lag_seconds_count[30s]))`)

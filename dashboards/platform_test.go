@@ -47,7 +47,7 @@ func buildPrograms(t *testing.T) string {
 	bin := t.TempDir()
 	cmd := exec.Command("go", "build", "-o", bin+string(filepath.Separator),
 		"./services/orders/cmd/orders", "./services/billing/cmd/billing",
-		"./services/reconciler-shim/cmd/shim", "./services/reconciler-shim/cmd/reconciler")
+		"./services/reconciler-shim/cmd/shim", "./services/reconciler-shim/cmd/reconciler", "./tools/cmd/reconcile")
 	cmd.Dir = root
 	if out, err := cmd.CombinedOutput(); err != nil {
 		t.Fatalf("building the programs: %v\n%s", err, out)
@@ -172,6 +172,18 @@ func startPlatform(t *testing.T) *platform {
 		p.procs[s] = startProcess(t, s, filepath.Join(bin, programs[s]), nil, env)
 		waitHTTP(t, p.procs[s], "http://"+p.addrs[s]+"/readyz")
 	}
+	// The reconcile job over the three databases and the ledger, serving
+	// the reconcile_* gauges as Prometheus target "reconcile" (its one
+	// listener is an operator one).
+	p.adminAddrs["reconcile"] = freeAddr(t)
+	p.procs["reconcile"] = startProcess(t, "reconcile", filepath.Join(bin, "reconcile"),
+		[]string{"-serve", p.adminAddrs["reconcile"], "-interval", "2s"}, map[string]string{
+			"ONCEFLOW_RECONCILE_ORDERS_URL":  envs["orders"]["DATABASE_URL"],
+			"ONCEFLOW_RECONCILE_BILLING_URL": envs["billing"]["DATABASE_URL"],
+			"ONCEFLOW_RECONCILE_SHIM_URL":    envs["reconciler-shim"]["DATABASE_URL"],
+			"ONCEFLOW_LEDGER_URL":            "http://" + p.addrs["reconciler"],
+		})
+	waitHTTP(t, p.procs["reconcile"], "http://"+p.adminAddrs["reconcile"]+"/metrics")
 	return p
 }
 

@@ -230,6 +230,29 @@ var alertCases = []alertCase{
 			{at: "15m", fires: []firing{{map[string]string{"service": "billing", "consumer": "billing", "topic": "orders.events"},
 				"billing/billing: 4500 messages behind on orders.events, and growing"}}},
 		}},
+	{"InboxKafkaDisconnected",
+		[]series{
+			// One of billing's two consumers lost Kafka at 2m; the shim had a blip shorter than the for.
+			{`inbox_kafka_connected{service="billing",consumer="billing",instance="billing-1:9082"}`, "1 1 0 0 0 0 0"},
+			{`inbox_kafka_connected{service="billing",consumer="billing",instance="billing-2:9082"}`, "1x6"},
+			{`inbox_kafka_connected{service="reconciler-shim",consumer="reconciler-shim",instance="shim:9083"}`, "1 0 1 1 1 1 1"},
+		},
+		[]check{
+			{at: "2m"}, // down since 2m: pending, not firing yet
+			{at: "4m", fires: []firing{{map[string]string{"service": "billing", "consumer": "billing"},
+				"billing/billing: an inbox consumer has not reached Kafka for over a minute"}}},
+		}},
+	{"InboxDatabaseDisconnected",
+		[]series{
+			{`inbox_database_connected{service="reconciler-shim",consumer="reconciler-shim",instance="shim:9083"}`, "1 1 0 0 0 0 1"},
+			{`inbox_database_connected{service="billing",consumer="billing",instance="billing:9082"}`, "1 0 1 1 1 1 1"},
+		},
+		[]check{
+			{at: "2m"},
+			{at: "4m", fires: []firing{{map[string]string{"service": "reconciler-shim", "consumer": "reconciler-shim"},
+				"reconciler-shim/reconciler-shim: an inbox consumer has not reached its database for over a minute"}}},
+			{at: "6m"}, // back
+		}},
 	{"InboxUncertainSideEffects",
 		[]series{{`inbox_uncertain_total{service="reconciler-shim",consumer="reconciler-shim"}`, "0 0 0 0 0 0 0 0 0 0 0 0 1 1 1 1 1 1 1 1 1 1 1 1 1 1 1 1 1 1 1 1 1 1 1"}},
 		[]check{
@@ -259,6 +282,26 @@ var alertCases = []alertCase{
 			{at: "9m"},
 			{at: "12m", fires: []firing{{map[string]string{"service": "reconciler-shim"},
 				"p99 commit-to-settlement lag is 1m 39s"}}},
+		}},
+	{"ReconciliationFindings",
+		[]series{
+			{`reconcile_findings{service="reconcile",kind="order_without_charge",component="billing"}`, "0 0 3 3 3 3 3 3 3 3"},
+			{`reconcile_findings{service="reconcile",kind="outbox_stuck",component="orders"}`, "0x10"},
+		},
+		[]check{
+			{at: "5m"}, // found at 2m: pending for 5m
+			{at: "8m", fires: []firing{{map[string]string{"kind": "order_without_charge", "component": "billing"},
+				"billing: 3 order_without_charge found by the reconciliation"}}},
+		}},
+	{"ReconciliationStale",
+		[]series{
+			// Runs every minute until 5m, then stop: the timestamp freezes at 300.
+			{`reconcile_last_success_timestamp_seconds{service="reconcile"}`, "0+60x5 300x30"},
+		},
+		[]check{
+			{at: "20m"}, // 15m old: over 900 s only from 21m, pending for 5m
+			{at: "30m", fires: []firing{{map[string]string{},
+				"the last successful reconciliation was 25m 0s ago"}}},
 		}},
 	{"ServiceDown",
 		[]series{

@@ -17,6 +17,9 @@
 #   shim        127.0.0.1:8083  127.0.0.1:9083  reconciler-shim: billing.events -> reconciler
 #   billing     127.0.0.1:8082  127.0.0.1:9082  orders.events -> charges -> billing.events
 #   orders      127.0.0.1:8081  127.0.0.1:9081  the orders API
+#   reconcile   127.0.0.1:9085  (the same)      the reconciliation job: reconcile_* gauges on
+#                                               /metrics (reads as reconcile_ro; `make reconcile`
+#                                               prints the report)
 #
 # The operator token is $ADMIN_TOKEN when set, else a random one generated
 # once into .devstack/admin-token (mode 600), which the demo and the alert
@@ -42,6 +45,7 @@ PROGRAMS=(
   "shim ./services/reconciler-shim/cmd/shim 127.0.0.1:8083 127.0.0.1:9083"
   "billing ./services/billing/cmd/billing 127.0.0.1:8082 127.0.0.1:9082"
   "orders ./services/orders/cmd/orders 127.0.0.1:8081 127.0.0.1:9081"
+  "reconcile ./tools/cmd/reconcile 127.0.0.1:9085 127.0.0.1:9085"
 )
 
 say() { printf '%s\n' "$*"; }
@@ -95,6 +99,22 @@ stop_one() {
   say "services: $name stopped (was pid $pid)"
 }
 
+# migrate_url is the owner role's URL of a program's database ("" for the
+# reconciler, which has none). The dev stack trusts loopback, so the password
+# is only the dev default that compose also uses.
+migrate_url() {
+  case $1 in
+    orders|billing|shim) printf 'postgres://%s_owner:%s@127.0.0.1:55432/%s?sslmode=disable' "$1" "$1_owner" "$1" ;;
+  esac
+}
+
+# args_of is a program's command line: only the reconcile job takes flags.
+args_of() {
+  case $1 in
+    reconcile) printf -- '-serve %s -interval 30s' "$2" ;;
+  esac
+}
+
 wait_ready() {
   local name=$1 addr=$2 pid
   # 60 s: a first start migrates the schema, and a busy 2-core machine is slow.
@@ -125,8 +145,11 @@ cmd_start() {
   for entry in "${PROGRAMS[@]}"; do
     read -r name _ addr admin <<<"$entry"
     [[ -f $LOGS/$name.log ]] && mv -f "$LOGS/$name.log" "$LOGS/$name.log.1"
+    # The programs' defaults connect as each service's runtime role; the
+    # schema owner migrates (devstack/stack.sh made both, tools/cmd/pgroles).
     HTTP_ADDR="$addr" ADMIN_ADDR="$admin" ADMIN_TOKEN="$token" LEDGER_PATH="$STATE/reconciler/ledger.jsonl" \
-      setsid "$BIN/$name" >"$LOGS/$name.log" 2>&1 </dev/null &
+      MIGRATE_DATABASE_URL="$(migrate_url "$name")" \
+      setsid "$BIN/$name" $(args_of "$name" "$addr") >"$LOGS/$name.log" 2>&1 </dev/null &
     echo $! >"$RUN/$name.pid"
     wait_ready "$name" "$addr"
   done

@@ -31,7 +31,8 @@
 #   ONCEFLOW_STACK_TIMEOUT          60     seconds each server gets to become ready
 #   ONCEFLOW_PROM_PORT              59090  Prometheus port on 127.0.0.1 (`prometheus up`)
 #   ONCEFLOW_PROM_TARGETS           "orders=127.0.0.1:9081 billing=127.0.0.1:9082
-#                                   reconciler-shim=127.0.0.1:9083 reconciler=127.0.0.1:9084"
+#                                   reconciler-shim=127.0.0.1:9083 reconciler=127.0.0.1:9084
+#                                   reconcile=127.0.0.1:9085"
 #                                          what it scrapes: service label=address, space-separated
 #                                          (the operator listeners, ADMIN_ADDR, serve /metrics)
 #   ONCEFLOW_PROM_DIR               $ROOT/.devstack/prometheus  its config, data, log and pid
@@ -87,7 +88,7 @@ KAFKA_TOPICS=(orders.events billing.events orders.events.dlt billing.events.dlt)
 KAFKACTL="$ROOT/.devstack/bin/kafkactl"
 
 PROM_PORT="${ONCEFLOW_PROM_PORT:-59090}"
-PROM_TARGETS="${ONCEFLOW_PROM_TARGETS:-orders=127.0.0.1:9081 billing=127.0.0.1:9082 reconciler-shim=127.0.0.1:9083 reconciler=127.0.0.1:9084}"
+PROM_TARGETS="${ONCEFLOW_PROM_TARGETS:-orders=127.0.0.1:9081 billing=127.0.0.1:9082 reconciler-shim=127.0.0.1:9083 reconciler=127.0.0.1:9084 reconcile=127.0.0.1:9085}"
 PROM_DIR="${ONCEFLOW_PROM_DIR:-$STATE/prometheus}"
 PROM_PID="$PROM_DIR/prometheus.pid"
 
@@ -282,7 +283,8 @@ pg_up() {
     sleep 0.5
   done
 
-  # Only the databases: each service migrates its own schema on start.
+  # The databases and their roles: each service migrates its own schema on
+  # start, as its owner role.
   local db
   for db in "${PG_DATABASES[@]}"; do
     if [[ -z $(pg_client psql -d postgres -Atqc "select 1 from pg_database where datname = '$db'") ]]; then
@@ -290,6 +292,10 @@ pg_up() {
       say "postgres: created database $db"
     fi
   done
+  # Per database an owner role (migrates), a runtime role (reads and writes
+  # its tables, no DDL) and reconcile_ro (reads): package pgroles, idempotent.
+  (cd "$ROOT" && ONCEFLOW_PG_ADMIN_URL="postgres://postgres@127.0.0.1:$PG_PORT/postgres?sslmode=disable" \
+    go run ./tools/cmd/pgroles) || die "creating the database roles failed (tools/cmd/pgroles)"
   say "postgres: ready"
 }
 

@@ -17,6 +17,7 @@ import (
 	"github.com/segmentio/kafka-go"
 	tracepb "go.opentelemetry.io/proto/otlp/trace/v1"
 
+	"github.com/onceflow/onceflow/pkg/platform/pgroles/pgrolestest"
 	"github.com/onceflow/onceflow/pkg/platform/testinfra"
 )
 
@@ -162,6 +163,11 @@ func startPlatform(t *testing.T, exporter, endpoint string) *platform {
 	testinfra.NewTopicNamed(t, p.brokers, p.billingTopic+".dlt", 1)
 	p.ordersDB, p.billingDB = testinfra.NewDatabase(t), testinfra.NewDatabase(t)
 	shimDB := testinfra.NewDatabase(t)
+	// Each program runs as its database's runtime role and migrates as its
+	// owner, as in production (package pgroles).
+	ordersRoles := pgrolestest.Ensure(t, p.ordersDB, "orders")
+	billingRoles := pgrolestest.Ensure(t, p.billingDB, "billing")
+	shimRoles := pgrolestest.Ensure(t, shimDB, "shim")
 
 	env := func(service string, kv ...string) map[string]string {
 		env := map[string]string{
@@ -181,12 +187,12 @@ func startPlatform(t *testing.T, exporter, endpoint string) *platform {
 	}
 	p.reconciler = start(t, "reconciler", env("reconciler", "LEDGER_PATH", filepath.Join(t.TempDir(), "ledger.jsonl")))
 	p.reconcilerURL = "http://" + p.reconciler.addr(t, "reconciler listening", "addr")
-	p.orders = start(t, "orders", env("orders", "DATABASE_URL", p.ordersDB, "ORDERS_TOPIC", p.ordersTopic))
+	p.orders = start(t, "orders", env("orders", "DATABASE_URL", ordersRoles.AppURL, "MIGRATE_DATABASE_URL", ordersRoles.OwnerURL, "ORDERS_TOPIC", p.ordersTopic))
 	p.billing = start(t, "billing", env("billing",
-		"DATABASE_URL", p.billingDB, "ORDERS_TOPIC", p.ordersTopic, "BILLING_TOPIC", p.billingTopic,
+		"DATABASE_URL", billingRoles.AppURL, "MIGRATE_DATABASE_URL", billingRoles.OwnerURL, "ORDERS_TOPIC", p.ordersTopic, "BILLING_TOPIC", p.billingTopic,
 		"CONSUMER_GROUP", testinfra.Name("billing")))
 	p.shim = start(t, "shim", env("reconciler-shim",
-		"DATABASE_URL", shimDB, "BILLING_TOPIC", p.billingTopic, "CONSUMER_GROUP", testinfra.Name("shim"),
+		"DATABASE_URL", shimRoles.AppURL, "MIGRATE_DATABASE_URL", shimRoles.OwnerURL, "BILLING_TOPIC", p.billingTopic, "CONSUMER_GROUP", testinfra.Name("shim"),
 		"RECONCILER_URL", p.reconcilerURL, "RECONCILER_TIMEOUT", "5s"))
 	p.ordersURL = "http://" + p.orders.addr(t, "orders started", "http_addr")
 	return p

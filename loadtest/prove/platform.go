@@ -18,6 +18,7 @@ import (
 	"github.com/segmentio/kafka-go"
 
 	"github.com/onceflow/onceflow/pkg/platform/kafkautil"
+	"github.com/onceflow/onceflow/pkg/platform/pgroles"
 )
 
 // Setup says which processes a proof runs and how.
@@ -79,9 +80,17 @@ func (h *Harness) newPlatform(ctx context.Context, name string, s Setup) (*Platf
 	if err := os.MkdirAll(p.Dir, 0o755); err != nil {
 		return nil, err
 	}
-	for _, db := range []string{p.OrdersDB, p.BillingDB, p.ShimDB} {
+	// Each service runs as in production: migrated by its owner role, run by
+	// a runtime role without DDL (package pgroles). The roles are the
+	// server's, shared by every platform of the run.
+	roles := map[string]pgroles.Spec{}
+	for svc, db := range map[string]string{"orders": p.OrdersDB, "billing": p.BillingDB, "shim": p.ShimDB} {
 		if _, err := h.stack.Admin.Exec(ctx, "CREATE DATABASE "+pgx.Identifier{db}.Sanitize()); err != nil {
 			return nil, fmt.Errorf("creating database %s: %w", db, err)
+		}
+		roles[db] = pgroles.ForService(svc, db, svc+"_owner", svc+"_app")
+		if err := pgroles.Ensure(ctx, h.stack.PGURL("postgres", false), roles[db]); err != nil {
+			return nil, fmt.Errorf("creating the roles of %s: %w", db, err)
 		}
 	}
 	if err := createTopics(ctx, h.stack.Brokers(), p.OrdersTopic, p.OrdersTopic+".dlt", p.BillingTop, p.BillingTop+".dlt"); err != nil {
@@ -100,7 +109,8 @@ func (h *Harness) newPlatform(ctx context.Context, name string, s Setup) (*Platf
 	brokers := strings.Join(h.stack.Brokers(), ",")
 	common := func(port int, db string) map[string]string {
 		return map[string]string{
-			"HTTP_ADDR": fmt.Sprintf("127.0.0.1:%d", port), "DATABASE_URL": h.stack.PGURL(db, true),
+			"HTTP_ADDR":    fmt.Sprintf("127.0.0.1:%d", port),
+			"DATABASE_URL": roleURL(h.stack.PGURL(db, true), roles[db].App, db), "MIGRATE_DATABASE_URL": roleURL(h.stack.PGURL(db, true), roles[db].Owner, db),
 			"KAFKA_BROKERS": brokers, "LOG_LEVEL": "info", "SHUTDOWN_GRACE": "5s",
 			// Slot names are global to the cluster: one per database.
 			"RELAY_MODE": relayMode, "OUTBOX_SLOT": db,
@@ -341,4 +351,10 @@ func getJSON(ctx context.Context, url string, v any) error {
 		return fmt.Errorf("GET %s: %s", url, resp.Status)
 	}
 	return json.NewDecoder(resp.Body).Decode(v)
+}
+
+// roleURL is base (a URL PGURL made) as role l; base is well formed.
+func roleURL(base string, l pgroles.Login, db string) string {
+	u, _ := pgroles.URL(base, l, db)
+	return u
 }

@@ -29,10 +29,9 @@ import (
 // by that clock, so the comparison is immune to skew between application
 // hosts.
 
-// DB is what the operator functions need from the caller's database handle.
-// *pgxpool.Pool and *pgx.Conn satisfy it. Given a pgx.Tx, Prune's batches
-// commit with the caller's transaction instead of one by one;
-// RequeueDeadLetters refuses a pgx.Tx (see there).
+// DB is what Prune needs from the caller's database handle. *pgxpool.Pool
+// and *pgx.Conn satisfy it. Given a pgx.Tx, Prune's batches commit with the
+// caller's transaction instead of one by one.
 type DB interface {
 	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
 }
@@ -249,7 +248,8 @@ func deadLetterOf(m kafka.Message) DeadLetter {
 // at the time of the call, with plain partition readers: no consumer group,
 // no committed offset, so listing changes nothing and can be repeated. Dead
 // letters stay in the topic after a requeue (Kafka topics are append-only);
-// they leave it only through the topic's retention.
+// they leave it only through the topic's retention. Whether one is still
+// pending is in the inbox: its consumer's dead_lettered row.
 func ListDeadLetters(ctx context.Context, brokers []string, dltTopic string, limit int) ([]DeadLetter, error) {
 	if limit <= 0 {
 		limit = 100
@@ -285,33 +285,76 @@ func ListDeadLetters(ctx context.Context, brokers []string, dltTopic string, lim
 }
 
 // ErrInvalidFilter is wrapped by the error of a RequeueDeadLetters whose
-// filter selects nothing explicitly or contradicts itself.
+// filter selects nothing explicitly, contradicts itself, or carries a limit
+// or a cursor that is not valid.
 var ErrInvalidFilter = errors.New("inbox: invalid requeue filter")
 
-// RequeueFilter selects the dead letters RequeueDeadLetters sends back. A
-// dead letter matches when it matches every field that is set.
+// MaxRequeueLimit is the most dead letters one RequeueDeadLetters call sends
+// back, and the default of RequeueFilter.Limit.
+const MaxRequeueLimit = 1000
+
+// requeueScanLimit bounds how many dead letters one call reads, requeued or
+// passed over, so that a call over a topic of letters requeued long ago
+// also ends soon, with a cursor to go on from.
+const requeueScanLimit = 10 * MaxRequeueLimit
+
+// RequeueFilter selects the dead letters RequeueDeadLetters sends back, and
+// how many per call. A dead letter matches when it matches every field that
+// is set.
+//
+// A filter without EventIDs (All, or Consumer alone) is a sweep: it sends
+// back only the dead letters that are still pending, those whose consumer
+// still holds the dead_lettered inbox row of their event. Requeuing deletes
+// that row, so a sweep sends each dead-lettering back once, a second sweep
+// finds nothing left, and two sweeps at once never send the same one twice.
+// A dead letter with no such row (a message that was not an event, or whose
+// row Postgres refused) is passed over by a sweep: name its event id to send
+// it back.
+//
+// A filter with EventIDs sends back every dead letter of those events, row
+// or not: the caller said exactly what it wants, including an event that was
+// requeued before.
 type RequeueFilter struct {
 	// Consumer selects the dead letters of one consumer (Config.Name).
 	Consumer string
 	// EventIDs selects the dead letters of these events. A message that was
 	// not an event (it had no readable event id) never matches.
 	EventIDs []uuid.UUID
-	// All requeues every dead letter of the topic (of Consumer, if set). A
-	// filter with neither Consumer nor EventIDs needs it, so that a
+	// All requeues every pending dead letter of the topic (of Consumer, if
+	// set). A filter with neither Consumer nor EventIDs needs it, so that a
 	// forgotten filter never floods a topic. It cannot be combined with
 	// EventIDs.
 	All bool
+	// Limit is the most dead letters one call sends back, from 1 to
+	// MaxRequeueLimit; 0 means MaxRequeueLimit.
+	Limit int
+	// After continues a pass over the dead-letter topic: the Next of the
+	// previous call's RequeueResult, passed back as it is. Empty starts a
+	// pass, which covers the dead letters present at that moment; letters
+	// appended later (a requeued message that failed again) belong to the
+	// next pass, so a pass always ends.
+	After string
 }
 
-func (f RequeueFilter) validate() error {
+// Validate reports a filter that RequeueDeadLetters refuses, with an error
+// wrapping ErrInvalidFilter, so that a caller decoding a request can refuse
+// it before doing anything else.
+func (f RequeueFilter) Validate() error {
 	switch {
 	case f.All && len(f.EventIDs) > 0:
 		return fmt.Errorf("%w: All and EventIDs exclude each other", ErrInvalidFilter)
 	case !f.All && len(f.EventIDs) == 0 && f.Consumer == "":
 		return fmt.Errorf("%w: name the event ids or the consumer to requeue, or set All", ErrInvalidFilter)
+	case f.Limit < 0 || f.Limit > MaxRequeueLimit:
+		return fmt.Errorf("%w: the limit must be from 1 to %d (0: %d)", ErrInvalidFilter, MaxRequeueLimit, MaxRequeueLimit)
+	}
+	if _, err := parseRequeueCursor(f.After); err != nil {
+		return fmt.Errorf("%w: %w", ErrInvalidFilter, err)
 	}
 	return nil
 }
+
+func (f RequeueFilter) sweep() bool { return len(f.EventIDs) == 0 }
 
 func (f RequeueFilter) matches(dl DeadLetter) bool {
 	if f.Consumer != "" && dl.Consumer != f.Consumer {
@@ -328,44 +371,122 @@ func (f RequeueFilter) matches(dl DeadLetter) bool {
 	return false
 }
 
-// requeueChunk bounds how many dead letters one delete statement and one
+// RequeueResult is what one RequeueDeadLetters call did.
+type RequeueResult struct {
+	// Requeued is how many dead letters the call sent back.
+	Requeued int
+	// Next is the cursor to pass as RequeueFilter.After to go on with the
+	// pass; empty when the pass has read every dead letter it covers. A call
+	// that stops at its Limit, or after reading requeueScanLimit letters,
+	// returns a Next even when it requeued nothing.
+	Next string
+}
+
+// partitionRange is the part of one partition of a dead-letter topic that a
+// pass still has to read: offsets next up to (not including) end.
+type partitionRange struct {
+	partition int
+	next, end int64
+}
+
+// requeueCursor is the text form of a pass's remaining ranges, in partition
+// order: "partition:next:end" joined by commas, e.g. "0:1000:2500,1:0:800".
+// It names positions in the dead-letter topic, the only order its letters
+// have; a partition left out is done.
+type requeueCursor []partitionRange
+
+func (c requeueCursor) String() string {
+	parts := make([]string, len(c))
+	for i, r := range c {
+		parts[i] = fmt.Sprintf("%d:%d:%d", r.partition, r.next, r.end)
+	}
+	return strings.Join(parts, ",")
+}
+
+// maxCursorPartitions bounds the ranges a cursor may name, far above any
+// real topic's partition count.
+const maxCursorPartitions = 10_000
+
+func parseRequeueCursor(s string) (requeueCursor, error) {
+	if s == "" {
+		return nil, nil
+	}
+	parts := strings.Split(s, ",")
+	if len(parts) > maxCursorPartitions {
+		return nil, fmt.Errorf("the cursor names more than %d partitions", maxCursorPartitions)
+	}
+	c := make(requeueCursor, len(parts))
+	for i, part := range parts {
+		fields := strings.Split(part, ":")
+		if len(fields) != 3 {
+			return nil, errors.New("the cursor is not one returned as next")
+		}
+		p, err1 := strconv.Atoi(fields[0])
+		next, err2 := strconv.ParseInt(fields[1], 10, 64)
+		end, err3 := strconv.ParseInt(fields[2], 10, 64)
+		if err := errors.Join(err1, err2, err3); err != nil || p < 0 || next < 0 || next >= end ||
+			(i > 0 && p <= c[i-1].partition) {
+			return nil, errors.New("the cursor is not one returned as next")
+		}
+		c[i] = partitionRange{partition: p, next: next, end: end}
+	}
+	return c, nil
+}
+
+// requeueChunk bounds how many dead letters one transaction and one
 // WriteMessages call handle, and so how many RequeueDeadLetters holds in
 // memory.
 const requeueChunk = 100
 
 // deleteDeadLettered removes the rows that would make the requeued messages
-// look like duplicates. Only dead_lettered rows: a processed row means the
-// event was handled since (by an earlier requeue), and must stay so that
-// this redelivery is absorbed.
+// look like duplicates, and returns the ones it removed: a sweep sends back
+// only those. Only dead_lettered rows: a processed row means the event was
+// handled since (by an earlier requeue), and must stay so that this
+// redelivery is absorbed.
 const deleteDeadLettered = `
 DELETE FROM inbox_messages
 WHERE status = 'dead_lettered'
-  AND (consumer, message_id) IN (SELECT * FROM unnest($1::text[], $2::uuid[]))`
+  AND (consumer, message_id) IN (SELECT * FROM unnest($1::text[], $2::uuid[]))
+RETURNING consumer, message_id`
 
-// RequeueDeadLetters sends the dead letters of dltTopic that match filter
-// back to their original topic, oldest first within each partition, and
-// returns how many it sent. For each one it first deletes the dead-lettering
-// consumer's dead_lettered inbox row for the event (without that, the
-// consumer would take the redelivery for a duplicate and skip it), then
-// produces the original message through w: its key, value and headers, minus
-// the dlt-* headers. Fix the cause of the failures before requeuing, or the
-// messages come straight back.
+// RequeueDB is what RequeueDeadLetters needs from the caller's database
+// handle: *pgxpool.Pool and *pgx.Conn satisfy it.
+type RequeueDB interface {
+	Begin(ctx context.Context) (pgx.Tx, error)
+}
+
+// RequeueDeadLetters sends dead letters of dltTopic that match filter back
+// to their original topic, at most filter.Limit of them, oldest first within
+// each partition, and returns how many it sent and where the pass goes on.
+// Call it again with After set to the returned Next until Next is empty:
 //
-// Only the dead letters present when the call began are read, so a requeued
-// message that fails again and comes back to dltTopic meanwhile is not sent
-// a second time by the same call.
+//	var next string
+//	for {
+//		res, err := inbox.RequeueDeadLetters(ctx, pool, w, brokers, dlt, inbox.RequeueFilter{All: true, After: next})
+//		…
+//		if next = res.Next; next == "" {
+//			break
+//		}
+//	}
 //
-// Requeue is at-least-once. The row is deleted before the message is
-// produced, so a crash or a failed write in between leaves the dead letter
-// in dltTopic for a later requeue, and its redelivery free to be handled; a
-// message produced twice is absorbed by the inbox. Consequences worth knowing:
+// For each dead letter it deletes the dead-lettering consumer's
+// dead_lettered inbox row for the event (without that, the consumer would
+// take the redelivery for a duplicate and skip it) and produces the original
+// message through w: its key, value and headers, minus the dlt-* headers.
+// The deletes of a chunk commit only after w took the chunk's messages, so a
+// failed write leaves the rows, and the letters pending for the next sweep.
+// Fix the cause of the failures before requeuing, or the messages come
+// straight back (as new dead letters, for the next pass).
+//
+// Requeue is at-least-once: a commit that fails after the write leaves the
+// rows, so the letters are sent again later, and the inbox absorbs the copy
+// (see also RequeueFilter: a filter with EventIDs sends again what was
+// requeued before). Consequences worth knowing:
 //   - The requeued message reaches every consumer of the original topic, not
 //     only the one that gave up; the others absorb it as a duplicate (while
 //     their inbox rows are within PruneConfig.Retention).
-//   - Dead letters stay in dltTopic (see ListDeadLetters): a later requeue
-//     whose filter matches them produces them again, harmlessly for events,
-//     which are absorbed; a message that is not an event would be dead-lettered
-//     again. Requeue by EventIDs to be selective.
+//   - Dead letters stay in dltTopic (see ListDeadLetters); a sweep tells the
+//     pending ones by their inbox rows.
 //   - The message lands where w's balancer puts it: with kafkautil.NewWriter
 //     (hashing the key) on its original partition, if the partition count did
 //     not change, but after any later events of its aggregate. A consumer
@@ -373,64 +494,182 @@ WHERE status = 'dead_lettered'
 //     aggregate skips the requeued event as stale instead of handling it.
 //
 // w must not have a Topic of its own: each message names its original topic.
-// db must not be a pgx.Tx: the deletes have to be committed before the
-// messages are produced, or a rollback would leave a requeued event looking
-// like a duplicate. A filter that selects nothing explicitly is refused with
-// an error wrapping ErrInvalidFilter. On error the count is what was produced
-// before the failing chunk.
-func RequeueDeadLetters(ctx context.Context, db DB, w Writer, brokers []string, dltTopic string, filter RequeueFilter) (int, error) {
-	if err := filter.validate(); err != nil {
-		return 0, err
+// db must not be a pgx.Tx: each chunk's deletes have to commit on their own,
+// right after its write, or the consumers would wait on their row locks. A
+// filter that Validate refuses is refused with its error. On error, Requeued
+// is what was sent before the failing chunk and Next is empty: call again
+// with the same After.
+func RequeueDeadLetters(ctx context.Context, db RequeueDB, w Writer, brokers []string, dltTopic string, filter RequeueFilter) (RequeueResult, error) {
+	if err := filter.Validate(); err != nil {
+		return RequeueResult{}, err
 	}
 	if _, ok := db.(pgx.Tx); ok {
-		return 0, errors.New("inbox: RequeueDeadLetters needs a pool or a connection, not a transaction: its deletes must commit before it produces")
+		return RequeueResult{}, errors.New("inbox: RequeueDeadLetters needs a pool or a connection, not a transaction: its deletes must commit right after each write")
 	}
-	var (
-		total     int
-		consumers []string
-		eventIDs  []uuid.UUID
-		msgs      []kafka.Message
-	)
-	flush := func() error {
-		if len(msgs) == 0 {
-			return nil
-		}
-		if len(eventIDs) > 0 {
-			if _, err := db.Exec(ctx, deleteDeadLettered, consumers, eventIDs); err != nil {
-				return fmt.Errorf("inbox: deleting dead_lettered rows before requeuing: %w", err)
+	limit := cmp.Or(filter.Limit, MaxRequeueLimit)
+	dialer := &kafka.Dialer{Timeout: 5 * time.Second}
+	partitions, err := topicPartitions(ctx, brokers, dltTopic)
+	if err != nil {
+		return RequeueResult{}, err
+	}
+	cursor, _ := parseRequeueCursor(filter.After) // checked by Validate
+	if filter.After == "" {
+		// A new pass covers what the topic holds now.
+		for _, p := range partitions {
+			first, last, err := partitionOffsets(ctx, dialer, brokers, p)
+			if err != nil {
+				return RequeueResult{}, err
+			}
+			if first < last {
+				cursor = append(cursor, partitionRange{partition: p.ID, next: first, end: last})
 			}
 		}
-		if err := w.WriteMessages(ctx, msgs...); err != nil {
-			return fmt.Errorf("inbox: requeuing %d dead letters of %s: %w", len(msgs), dltTopic, err)
+	}
+
+	rq := &requeuer{db: db, w: w, dltTopic: dltTopic, filter: filter}
+	for i, pr := range cursor {
+		idx, found := slices.BinarySearchFunc(partitions, pr.partition, func(p kafka.Partition, id int) int { return cmp.Compare(p.ID, id) })
+		if !found {
+			continue // the topic was recreated with fewer partitions: nothing left there
 		}
-		total += len(msgs)
-		// Fresh slices: w may keep the ones it was given.
-		consumers, eventIDs, msgs = nil, nil, nil
+		p := partitions[idx]
+		first, last, err := partitionOffsets(ctx, dialer, brokers, p)
+		if err != nil {
+			return RequeueResult{Requeued: rq.total}, err
+		}
+		// Retention may have removed letters since the cursor was made, and
+		// a recreated topic may hold fewer.
+		start, end := max(pr.next, first), min(pr.end, last)
+		if start >= end {
+			continue
+		}
+		next := start
+		err = readPartition(ctx, dialer, brokers, p, start, end, func(_ int, m kafka.Message) (bool, error) {
+			next = m.Offset + 1
+			if err := rq.visit(ctx, m, limit); err != nil {
+				return false, err
+			}
+			return rq.total < limit && rq.scanned < requeueScanLimit, nil
+		})
+		if err == nil {
+			err = rq.flush(ctx)
+		}
+		if err != nil {
+			return RequeueResult{Requeued: rq.total}, err
+		}
+		if rq.total >= limit || rq.scanned >= requeueScanLimit {
+			rest := cursor[i+1:]
+			if next < end {
+				rest = append(requeueCursor{{partition: pr.partition, next: next, end: end}}, rest...)
+			}
+			return RequeueResult{Requeued: rq.total, Next: rest.String()}, nil
+		}
+	}
+	return RequeueResult{Requeued: rq.total}, nil
+}
+
+// deadLetterKey is the inbox row of a dead letter: its consumer and event.
+type deadLetterKey struct {
+	consumer string
+	id       uuid.UUID
+}
+
+// requeuer is one RequeueDeadLetters call's state: the chunk it is
+// gathering and what it has done so far.
+type requeuer struct {
+	db       RequeueDB
+	w        Writer
+	dltTopic string
+	filter   RequeueFilter
+
+	scanned, total int
+	keys           []deadLetterKey // parallel to msgs; zero for a letter with no row
+	msgs           []kafka.Message
+}
+
+// visit adds m to the chunk if it matches, and sends the chunk once it is
+// as large as what the call may still requeue (or requeueChunk).
+func (rq *requeuer) visit(ctx context.Context, m kafka.Message, limit int) error {
+	rq.scanned++
+	dl := deadLetterOf(m)
+	if !rq.filter.matches(dl) {
 		return nil
 	}
-	err := readDeadLetterTopic(ctx, brokers, dltTopic, func(_ int, m kafka.Message) (bool, error) {
-		dl := deadLetterOf(m)
-		if !filter.matches(dl) {
-			return true, nil
-		}
-		if dl.OriginalTopic == "" {
-			return false, fmt.Errorf("inbox: dead letter %s/%d/%d has no %s header; cannot requeue it",
-				dltTopic, m.Partition, m.Offset, HeaderDLTTopic)
-		}
-		if dl.EventID != uuid.Nil && dl.Consumer != "" {
-			consumers = append(consumers, dl.Consumer)
-			eventIDs = append(eventIDs, dl.EventID)
-		}
-		msgs = append(msgs, originalMessage(dl.OriginalTopic, m))
-		if len(msgs) >= requeueChunk {
-			return true, flush()
-		}
-		return true, nil
-	})
-	if err != nil {
-		return total, err
+	var key deadLetterKey
+	if dl.EventID != uuid.Nil && dl.Consumer != "" {
+		key = deadLetterKey{consumer: dl.Consumer, id: dl.EventID}
+	} else if rq.filter.sweep() {
+		return nil // no row says whether it is pending: only named ids send it back
 	}
-	return total, flush()
+	if dl.OriginalTopic == "" {
+		return fmt.Errorf("inbox: dead letter %s/%d/%d has no %s header; cannot requeue it",
+			rq.dltTopic, m.Partition, m.Offset, HeaderDLTTopic)
+	}
+	rq.keys = append(rq.keys, key)
+	rq.msgs = append(rq.msgs, originalMessage(dl.OriginalTopic, m))
+	if len(rq.msgs) >= min(requeueChunk, limit-rq.total) {
+		return rq.flush(ctx)
+	}
+	return nil
+}
+
+// flush deletes the chunk's dead_lettered rows and writes its messages in
+// one transaction that commits after the write: a sweep writes only the
+// letters whose row it deleted.
+func (rq *requeuer) flush(ctx context.Context) error {
+	if len(rq.msgs) == 0 {
+		return nil
+	}
+	var (
+		consumers []string
+		ids       []uuid.UUID
+	)
+	for _, k := range rq.keys {
+		if k.id != uuid.Nil {
+			consumers, ids = append(consumers, k.consumer), append(ids, k.id)
+		}
+	}
+	tx, err := rq.db.Begin(ctx)
+	if err != nil {
+		return fmt.Errorf("inbox: beginning a requeue: %w", err)
+	}
+	defer tx.Rollback(ctx) //nolint:errcheck // a no-op after Commit
+	deleted := map[deadLetterKey]bool{}
+	if len(ids) > 0 {
+		rows, err := tx.Query(ctx, deleteDeadLettered, consumers, ids)
+		if err != nil {
+			return fmt.Errorf("inbox: deleting dead_lettered rows before requeuing: %w", err)
+		}
+		var k deadLetterKey
+		if _, err := pgx.ForEachRow(rows, []any{&k.consumer, &k.id}, func() error { deleted[k] = true; return nil }); err != nil {
+			return fmt.Errorf("inbox: deleting dead_lettered rows before requeuing: %w", err)
+		}
+	}
+	send := rq.msgs
+	if rq.filter.sweep() {
+		send = nil
+		for i, k := range rq.keys {
+			// A key twice in one chunk (an event dead-lettered, requeued and
+			// dead-lettered again) had one row: send it once.
+			if deleted[k] {
+				send = append(send, rq.msgs[i])
+				delete(deleted, k)
+			}
+		}
+	}
+	if len(send) > 0 {
+		if err := rq.w.WriteMessages(ctx, send...); err != nil {
+			return fmt.Errorf("inbox: requeuing %d dead letters of %s: %w", len(send), rq.dltTopic, err)
+		}
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return fmt.Errorf("inbox: committing the requeue of %d dead letters of %s (written; their rows stay, so a later requeue sends them again): %w",
+			len(send), rq.dltTopic, err)
+	}
+	rq.total += len(send)
+	// Fresh slices: w may keep the ones it was given.
+	rq.keys, rq.msgs = nil, nil
+	return nil
 }
 
 // originalMessage rebuilds the message the consumer read, minus the headers
@@ -468,7 +707,7 @@ func readDeadLetterTopic(ctx context.Context, brokers []string, topic string, vi
 		if first >= last {
 			continue
 		}
-		if err := readPartition(ctx, dialer, brokers, p, last, visit); err != nil {
+		if err := readPartition(ctx, dialer, brokers, p, first, last, visit); err != nil {
 			return err
 		}
 	}
@@ -544,7 +783,9 @@ func readOffsets(ctx context.Context, dialer *kafka.Dialer, p kafka.Partition) (
 	return conn.ReadOffsets()
 }
 
-func readPartition(ctx context.Context, dialer *kafka.Dialer, brokers []string, p kafka.Partition, end int64,
+// readPartition calls visit with the messages of p from offset start up to
+// end, until visit returns false.
+func readPartition(ctx context.Context, dialer *kafka.Dialer, brokers []string, p kafka.Partition, start, end int64,
 	visit func(int, kafka.Message) (bool, error)) error {
 	r := kafka.NewReader(kafka.ReaderConfig{
 		Brokers:        brokers,
@@ -559,6 +800,9 @@ func readPartition(ctx context.Context, dialer *kafka.Dialer, brokers []string, 
 		ReadBackoffMax: 100 * time.Millisecond,
 	})
 	defer r.Close()
+	if err := r.SetOffset(start); err != nil {
+		return fmt.Errorf("inbox: reading %s/%d from %d: %w", p.Topic, p.ID, start, err)
+	}
 	for {
 		readCtx, cancel := context.WithTimeout(ctx, readIdleTimeout)
 		m, err := r.ReadMessage(readCtx)

@@ -125,4 +125,12 @@ func (m *Metrics) init(consumer string) {
 	}
 	m.seconds.WithLabelValues(consumer)
 	m.deadLetters.WithLabelValues(consumer)
+	// The ops every consumer runs, so that rate() of the error counters has
+	// a series before the first outage; rarer ops appear when they fail.
+	for _, op := range []string{"join", "fetch", "commit", "dead_letter"} {
+		m.kafkaErrors.WithLabelValues(consumer, op)
+	}
+	for _, op := range []string{"begin", "commit"} {
+		m.dbErrors.WithLabelValues(consumer, op)
+	}
 }

@@ -4,12 +4,14 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/segmentio/kafka-go"
 
 	"github.com/onceflow/onceflow/pkg/event"
+	"github.com/onceflow/onceflow/pkg/event/retry"
 	"github.com/onceflow/onceflow/pkg/inbox"
 )
 
@@ -37,17 +39,38 @@ type NaiveConsumer struct {
 	Logger     *slog.Logger
 }
 
-// Run consumes until ctx ends. A message that fails is logged and skipped:
-// the naive consumer has nowhere to put it.
+// The naive consumer's wait between failed fetches, as the inbox's outage
+// backoff: capped, so it is back soon after Kafka is.
+const (
+	naiveBackoffMin = 100 * time.Millisecond
+	naiveBackoffMax = 5 * time.Second
+)
+
+// Run consumes until ctx ends, then returns nil. A message that fails is
+// logged and skipped: the naive consumer has nowhere to put it. A failed
+// fetch is retried with capped backoff and a failed offset commit is logged
+// and left to the next one, so that Kafka being away never ends the process:
+// the proofs count process exits, and the naive consumer must differ from the
+// inbox in what it applies twice, not in whether it survives an outage.
 func (c *NaiveConsumer) Run(ctx context.Context) error {
+	failures := 0
 	for {
 		m, err := c.Reader.FetchMessage(ctx)
 		if err != nil {
 			if ctx.Err() != nil {
 				return nil
 			}
-			return fmt.Errorf("naive consumer: fetching: %w", err)
+			failures++
+			c.Logger.WarnContext(ctx, "naive consumer could not fetch; retrying",
+				slog.Int("failures", failures), slog.Any("error", err))
+			select {
+			case <-ctx.Done():
+				return nil
+			case <-time.After(retry.Backoff(failures, naiveBackoffMin, naiveBackoffMax)):
+			}
+			continue
 		}
+		failures = 0
 		ev, err := event.FromKafka(m)
 		if err == nil {
 			err = pgx.BeginFunc(ctx, c.Pool, func(tx pgx.Tx) error { return c.Handle(ctx, tx, ev) })
@@ -66,7 +89,11 @@ func (c *NaiveConsumer) Run(ctx context.Context) error {
 			if ctx.Err() != nil {
 				return nil
 			}
-			return fmt.Errorf("naive consumer: committing offset: %w", err)
+			// A later commit covers this offset; a rebalance first
+			// redelivers it, which the naive consumer applies again.
+			c.Logger.WarnContext(ctx, "naive consumer could not commit an offset; moving on",
+				slog.String("topic", m.Topic), slog.Int("partition", m.Partition), slog.Int64("offset", m.Offset),
+				slog.Any("error", err))
 		}
 	}
 }

@@ -3,12 +3,18 @@
 //
 //	GET  /dead-letters?topic=NAME&limit=N   the dead letters (ListDeadLetters), oldest first
 //	POST /dead-letters/requeue              {"topic":NAME,"eventIds":[…]} or {"topic":NAME,"all":true},
-//	                                        either optionally with "consumer"
+//	                                        either optionally with "consumer", "limit" and "after";
+//	                                        answers {"requeued":N,"next":CURSOR}
 //
 // NAME is one of the names the service gave its dead-letter topics, never a
 // topic itself, so the endpoints cannot be pointed at arbitrary topics.
 // Requeuing every dead letter needs "all": true: an empty request or an
-// empty id list is refused; at most MaxRequeueIDs ids per call. Mount it
+// empty id list is refused; at most MaxRequeueIDs ids per call. Every call
+// sends back at most "limit" dead letters (1 to inbox.MaxRequeueLimit,
+// default inbox.MaxRequeueLimit); to requeue more, call again with "after"
+// set to the "next" of the previous answer until "next" is empty. A sweep
+// ("all", or "consumer" alone) sends back only the letters still pending, so
+// a second sweep finds nothing left (see inbox.RequeueFilter). Mount it
 // under a prefix with http.StripPrefix on the operator listener
 // (httpserver.NewAdmin), which checks the bearer token: requeuing changes
 // what consumers receive. Every requeue is logged with what it sent back.
@@ -44,8 +50,20 @@ type RequeueRequest struct {
 	Consumer string `json:"consumer"`
 	// EventIDs selects the dead letters of these events (1 to MaxRequeueIDs).
 	EventIDs []uuid.UUID `json:"eventIds"`
-	// All selects every dead letter of the topic (of Consumer, if set).
+	// All selects every pending dead letter of the topic (of Consumer, if
+	// set).
 	All bool `json:"all"`
+	// Limit is the most dead letters this call sends back: 1 to
+	// inbox.MaxRequeueLimit; absent or 0 means inbox.MaxRequeueLimit.
+	Limit int `json:"limit"`
+	// After is the "next" of the previous call's answer, to go on with its
+	// pass; absent starts a pass.
+	After string `json:"after"`
+}
+
+// filter is the library's view of the request.
+func (req RequeueRequest) filter() inbox.RequeueFilter {
+	return inbox.RequeueFilter{Consumer: req.Consumer, EventIDs: req.EventIDs, All: req.All, Limit: req.Limit, After: req.After}
 }
 
 // DecodeRequeue decodes and checks a POST /dead-letters/requeue body. Errors
@@ -61,6 +79,10 @@ func DecodeRequeue(body []byte) (RequeueRequest, error) {
 	case len(req.EventIDs) > MaxRequeueIDs:
 		return req, apperr.Errorf(apperr.Malformed, "at most %d event ids per call", MaxRequeueIDs)
 	}
+	// {} and a negative limit are refused here, never taken for "everything".
+	if err := req.filter().Validate(); err != nil {
+		return req, apperr.Errorf(apperr.Malformed, "%s", strings.TrimPrefix(err.Error(), inbox.ErrInvalidFilter.Error()+": "))
+	}
 	return req, nil
 }
 
@@ -70,7 +92,7 @@ func DecodeRequeue(body []byte) (RequeueRequest, error) {
 // the names callers use to the dead-letter topics, e.g.
 // {"orders": "orders.events.dlt"}. logger records every requeue and every
 // internal error.
-func Handler(db inbox.DB, w inbox.Writer, brokers []string, dltTopics map[string]string, logger *slog.Logger) http.Handler {
+func Handler(db inbox.RequeueDB, w inbox.Writer, brokers []string, dltTopics map[string]string, logger *slog.Logger) http.Handler {
 	topics := maps.Clone(dltTopics)
 	names := slices.Sorted(maps.Keys(topics))
 	writeError := func(rw http.ResponseWriter, r *http.Request, status int, msg string) {
@@ -155,9 +177,7 @@ func Handler(db inbox.DB, w inbox.Writer, brokers []string, dltTopics map[string
 		if !ok {
 			return
 		}
-		n, err := inbox.RequeueDeadLetters(r.Context(), db, w, brokers, topic, inbox.RequeueFilter{
-			Consumer: req.Consumer, EventIDs: req.EventIDs, All: req.All,
-		})
+		res, err := inbox.RequeueDeadLetters(r.Context(), db, w, brokers, topic, req.filter())
 		switch {
 		case errors.Is(err, inbox.ErrInvalidFilter):
 			writeError(rw, r, http.StatusUnprocessableEntity, err.Error())
@@ -166,16 +186,24 @@ func Handler(db inbox.DB, w inbox.Writer, brokers []string, dltTopics map[string
 			// Some may have been requeued before the failure; a retry is
 			// safe, since the inbox absorbs what arrives twice. The count
 			// goes to the log with the error, under the request id.
-			apperr.WriteHTTP(rw, r, logger, fmt.Errorf("%w (requeued before the failure: %d)", err, n))
+			apperr.WriteHTTP(rw, r, logger, fmt.Errorf("%w (requeued before the failure: %d)", err, res.Requeued))
 			return
 		}
 		logger.InfoContext(r.Context(), "dead letters requeued by an operator",
-			slog.Int("requeued", n), slog.String("dead_letter_topic", topic), slog.String("consumer", req.Consumer),
+			slog.Int("requeued", res.Requeued), slog.String("dead_letter_topic", topic), slog.String("consumer", req.Consumer),
 			slog.Int("event_ids", len(req.EventIDs)), slog.Any("event_id_list", req.EventIDs), slog.Bool("all", req.All),
+			slog.Int("limit", req.Limit), slog.String("after", req.After), slog.String("next", res.Next),
 			slog.String("remote_addr", r.RemoteAddr), slog.String("request_id", apperr.RequestID(rw, r)))
-		apperr.WriteJSON(rw, http.StatusOK, map[string]int{"requeued": n})
+		apperr.WriteJSON(rw, http.StatusOK, requeueResponse{Requeued: res.Requeued, Next: res.Next})
 	})
 	return mux
+}
+
+// requeueResponse is the answer of POST /dead-letters/requeue; Next is
+// always present, empty once the pass is done.
+type requeueResponse struct {
+	Requeued int    `json:"requeued"`
+	Next     string `json:"next"`
 }
 
 type deadLetter struct {

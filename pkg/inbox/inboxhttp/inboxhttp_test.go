@@ -149,8 +149,12 @@ func TestHandlerDeadLetterEndpoints(t *testing.T) {
 	if code := errorCode(call("GET", "/dead-letters?topic="+dlt, "", 404)); code != "not_found" {
 		t.Fatalf("unknown name: code %s, want not_found", code)
 	}
-	if code := errorCode(call("POST", "/dead-letters/requeue", `{"topic":"orders"}`, 422)); code != "invalid" {
-		t.Fatalf("empty filter: code %s, want invalid", code)
+	for _, body := range []string{`{}`, `{"topic":"orders"}`, `{"topic":"orders","all":true,"limit":-1}`,
+		`{"topic":"orders","all":true,"limit":1001}`, `{"topic":"orders","all":true,"after":"garbage"}`,
+		`{"topic":"orders","all":true,"eventIds":["` + evs[0].EventID.String() + `"]}`} {
+		if code := errorCode(call("POST", "/dead-letters/requeue", body, 400)); code != "malformed" {
+			t.Fatalf("%s: code %s, want malformed", body, code)
+		}
 	}
 	errorCode(call("POST", "/dead-letters/requeue", `{"eventIds":["`+evs[0].EventID.String()+`"]}`, 422))
 	errorCode(call("POST", "/dead-letters/requeue", `{"topic":"payments","all":true}`, 404))
@@ -172,11 +176,22 @@ func TestHandlerDeadLetterEndpoints(t *testing.T) {
 	if ids := remaining(); !slices.Equal(ids, []string{evs[0].EventID.String()}) {
 		t.Fatalf("inbox rows after requeuing the second = %v, want only the first's", ids)
 	}
-	if got := call("POST", "/dead-letters/requeue", `{"topic":"orders","all":true}`, 200)["requeued"]; got != float64(2) {
-		t.Fatalf("requeued all = %v, want 2 (the topic still holds both dead letters)", got)
+	// A sweep one letter per call: the first is pending, the second was
+	// requeued above; then the pass is done, and a new one finds nothing.
+	first := call("POST", "/dead-letters/requeue", `{"topic":"orders","all":true,"limit":1}`, 200)
+	if first["requeued"] != float64(1) || first["next"] == "" {
+		t.Fatalf("first call of the sweep = %v, want 1 requeued and a cursor", first)
 	}
-	originalOffsets(3)
+	second := call("POST", "/dead-letters/requeue", fmt.Sprintf(`{"topic":"orders","all":true,"limit":1,"after":%q}`, first["next"]), 200)
+	if second["requeued"] != float64(0) || second["next"] != "" {
+		t.Fatalf("second call of the sweep = %v, want nothing requeued and \"next\": \"\"", second)
+	}
+	originalOffsets(2)
 	if ids := remaining(); len(ids) != 0 {
 		t.Fatalf("inbox rows after requeuing all = %v, want none", ids)
 	}
+	if again := call("POST", "/dead-letters/requeue", `{"topic":"orders","all":true}`, 200); again["requeued"] != float64(0) || again["next"] != "" {
+		t.Fatalf("a new sweep = %v, want nothing left", again)
+	}
+	originalOffsets(2)
 }

@@ -55,6 +55,14 @@ type Options struct {
 	// (the outbox exists for that), and a load balancer must not take it
 	// out of rotation then. Its relay reports Kafka in metrics and alerts.
 	ReadyWithoutKafka bool
+
+	// MigrateDatabaseURL is the owner role's URL, used only to apply
+	// Migrations at start-up (DatabaseURL is the runtime role's). MigrateNone
+	// skips migrating, for deployments that run migrations as a separate job.
+	// Empty migrates over DatabaseURL when that role may create tables (a
+	// single-role setup, as in most tests) and otherwise skips with a
+	// warning: a least-privilege runtime role must not try DDL.
+	MigrateDatabaseURL string
 }
 
 // HTTPConfig is what every service reads about its two listeners besides
@@ -103,7 +111,7 @@ func New(ctx context.Context, stdout io.Writer, opts Options) (*Service, error) 
 		_ = shutdownTracing(ctx)
 		return nil, err
 	}
-	if err := pgutil.Migrate(pool, opts.Migrations...); err != nil {
+	if err := migrate(ctx, pool, opts, logger); err != nil {
 		pool.Close()
 		_ = shutdownTracing(ctx)
 		return nil, err
@@ -184,4 +192,34 @@ func (s *Service) Close() {
 	if err := s.flush(ctx); err != nil {
 		s.Logger.Warn("flushing traces failed; the last spans are lost", slog.Any("error", err))
 	}
+}
+
+// MigrateNone is the MigrateDatabaseURL that skips migrating.
+const MigrateNone = "none"
+
+// migrate applies opts.Migrations as MigrateDatabaseURL says, on a pool of
+// its own closed before the service starts, so the owner role's
+// connections do not outlive start-up.
+func migrate(ctx context.Context, pool *pgxpool.Pool, opts Options, logger *slog.Logger) error {
+	switch opts.MigrateDatabaseURL {
+	case MigrateNone:
+		return nil
+	case "":
+		var mayCreate bool
+		if err := pool.QueryRow(ctx, `SELECT has_schema_privilege('public', 'CREATE')`).Scan(&mayCreate); err != nil {
+			return fmt.Errorf("checking whether the runtime role may migrate: %w", err)
+		}
+		if !mayCreate {
+			logger.WarnContext(ctx, "not migrating: the DATABASE_URL role cannot create tables and MIGRATE_DATABASE_URL is empty; "+
+				"the schema must be migrated by its owner (set MIGRATE_DATABASE_URL, or \"none\" to silence this)")
+			return nil
+		}
+		return pgutil.Migrate(pool, opts.Migrations...)
+	}
+	owner, err := pgutil.Connect(ctx, opts.MigrateDatabaseURL, 2)
+	if err != nil {
+		return fmt.Errorf("connecting to migrate: %w", err)
+	}
+	defer owner.Close()
+	return pgutil.Migrate(owner, opts.Migrations...)
 }

@@ -33,8 +33,14 @@ type Config struct {
 	// HTTP is ADMIN_TOKEN, PPROF and the HTTP_* server timeouts (see
 	// service.HTTPConfig).
 	HTTP service.HTTPConfig
-	// DatabaseURL is the service's own Postgres database.
-	DatabaseURL string `env:"DATABASE_URL" envDefault:"postgres://postgres:postgres@127.0.0.1:55432/billing?sslmode=disable"`
+	// DatabaseURL is the service's own Postgres database, as its runtime role
+	// (billing_app: reads and writes the tables, no DDL; see package pgroles).
+	DatabaseURL string `env:"DATABASE_URL" envDefault:"postgres://billing_app:billing_app@127.0.0.1:55432/billing?sslmode=disable"`
+	// MigrateDatabaseURL is the schema owner's URL (billing_owner), used only to
+	// migrate at start-up. Empty migrates over DATABASE_URL if that role may
+	// create tables and otherwise skips; "none" skips (migrations run as a
+	// separate job).
+	MigrateDatabaseURL string `env:"MIGRATE_DATABASE_URL"`
 	// KafkaBrokers is a comma-separated list of bootstrap brokers.
 	KafkaBrokers []string `env:"KAFKA_BROKERS" envDefault:"127.0.0.1:59092"`
 	// Kafka is KAFKA_TLS, KAFKA_SASL_MECHANISM and the other Kafka security
@@ -97,7 +103,7 @@ func run(ctx context.Context, _ []string, getenv func(string) string, stdout io.
 		return err
 	}
 	svc, err := service.New(ctx, stdout, service.Options{
-		Name: "billing", HTTPAddr: cfg.HTTPAddr, DatabaseURL: cfg.DatabaseURL, KafkaBrokers: cfg.KafkaBrokers,
+		Name: "billing", HTTPAddr: cfg.HTTPAddr, DatabaseURL: cfg.DatabaseURL, MigrateDatabaseURL: cfg.MigrateDatabaseURL, KafkaBrokers: cfg.KafkaBrokers,
 		AdminAddr: cfg.AdminAddr, HTTP: cfg.HTTP, Kafka: kafkaSecurity,
 		LogLevel: cfg.LogLevel, ShutdownGrace: cfg.ShutdownGrace, Tracing: cfg.Tracing,
 		Migrations: []pgutil.Migration{

@@ -15,6 +15,7 @@ import (
 	"github.com/onceflow/onceflow/pkg/event"
 	"github.com/onceflow/onceflow/pkg/outbox"
 	"github.com/onceflow/onceflow/pkg/platform/kafkautil"
+	"github.com/onceflow/onceflow/pkg/platform/pgroles/pgrolestest"
 	"github.com/onceflow/onceflow/pkg/platform/pgutil"
 	"github.com/onceflow/onceflow/pkg/platform/testinfra"
 	"github.com/onceflow/onceflow/services/billing"
@@ -23,7 +24,10 @@ import (
 // TestOrderEventThroughTheBrokerIsChargedOnce runs billing as it runs in
 // production and feeds it the way orders does: an OrderPlaced committed to an
 // outbox, published by the relay through the real broker. The same event is
-// then delivered again; billing must absorb it.
+// then delivered again; billing must absorb it. Billing runs as in
+// production with least privilege too: migrated by its owner role, run by a
+// runtime role that has no DDL, so this shows the consumer, the outbox and
+// its relay need nothing more.
 func TestOrderEventThroughTheBrokerIsChargedOnce(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
@@ -59,15 +63,17 @@ func TestOrderEventThroughTheBrokerIsChargedOnce(t *testing.T) {
 	}
 
 	// Billing, wired exactly as in production.
+	roles := pgrolestest.Ensure(t, billingDB, "billing")
 	env := map[string]string{
-		"HTTP_ADDR":      "127.0.0.1:0",
-		"ADMIN_ADDR":     "127.0.0.1:0",
-		"DATABASE_URL":   billingDB,
-		"KAFKA_BROKERS":  strings.Join(brokers, ","),
-		"ORDERS_TOPIC":   ordersTopic,
-		"BILLING_TOPIC":  billingTopic,
-		"CONSUMER_GROUP": testinfra.Name("billing"),
-		"LOG_LEVEL":      "debug",
+		"HTTP_ADDR":            "127.0.0.1:0",
+		"ADMIN_ADDR":           "127.0.0.1:0",
+		"DATABASE_URL":         roles.AppURL,
+		"MIGRATE_DATABASE_URL": roles.OwnerURL,
+		"KAFKA_BROKERS":        strings.Join(brokers, ","),
+		"ORDERS_TOPIC":         ordersTopic,
+		"BILLING_TOPIC":        billingTopic,
+		"CONSUMER_GROUP":       testinfra.Name("billing"),
+		"LOG_LEVEL":            "debug",
 	}
 	svc := testinfra.Start(t, run, env)
 
@@ -120,5 +126,21 @@ func TestOrderEventThroughTheBrokerIsChargedOnce(t *testing.T) {
 	}
 	if resp.StatusCode != http.StatusOK || ready["orders_consumer"] != "ok" {
 		t.Fatalf("/readyz: %d %v, want 200 with orders_consumer ok", resp.StatusCode, ready)
+	}
+
+	// The owner role migrated; the runtime role owns nothing.
+	var owners []string
+	if err := pgx.BeginFunc(ctx, billingPool, func(tx pgx.Tx) error {
+		rows, err := tx.Query(ctx, `SELECT DISTINCT tableowner FROM pg_tables WHERE schemaname = 'public'`)
+		if err != nil {
+			return err
+		}
+		owners, err = pgx.CollectRows(rows, pgx.RowTo[string])
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if len(owners) != 1 || owners[0] != roles.Spec.Owner.Name {
+		t.Fatalf("tables owned by %v, want only %s", owners, roles.Spec.Owner.Name)
 	}
 }

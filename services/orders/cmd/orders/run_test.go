@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/onceflow/onceflow/pkg/platform/pgroles/pgrolestest"
 	"github.com/onceflow/onceflow/pkg/platform/testinfra"
 )
 
@@ -18,13 +19,16 @@ import (
 func TestWithoutTheRelayOrdersAreTakenAndTheBacklogShows(t *testing.T) {
 	brokers := testinfra.KafkaBrokers(t)
 	db := testinfra.NewDatabase(t)
+	// As its runtime role, migrated by its owner: the API needs no more.
+	roles := pgrolestest.Ensure(t, db, "orders")
 	svc := testinfra.Start(t, run, map[string]string{
-		"HTTP_ADDR":     "127.0.0.1:0",
-		"ADMIN_ADDR":    "127.0.0.1:0",
-		"DATABASE_URL":  db,
-		"KAFKA_BROKERS": strings.Join(brokers, ","),
-		"ORDERS_TOPIC":  testinfra.NewTopic(t, brokers, 1),
-		"RELAY_ENABLED": "false",
+		"HTTP_ADDR":            "127.0.0.1:0",
+		"ADMIN_ADDR":           "127.0.0.1:0",
+		"DATABASE_URL":         roles.AppURL,
+		"MIGRATE_DATABASE_URL": roles.OwnerURL,
+		"KAFKA_BROKERS":        strings.Join(brokers, ","),
+		"ORDERS_TOPIC":         testinfra.NewTopic(t, brokers, 1),
+		"RELAY_ENABLED":        "false",
 	})
 	var addr, adminAddr string
 	testinfra.WaitFor(t, 60*time.Second, "orders to start", func() (bool, error) {

@@ -17,6 +17,7 @@ import (
 
 	"github.com/onceflow/onceflow/pkg/event"
 	"github.com/onceflow/onceflow/pkg/platform/kafkautil"
+	"github.com/onceflow/onceflow/pkg/platform/pgroles/pgrolestest"
 	"github.com/onceflow/onceflow/pkg/platform/testinfra"
 	shim "github.com/onceflow/onceflow/services/reconciler-shim"
 	"github.com/onceflow/onceflow/services/reconciler-shim/thirdparty"
@@ -77,15 +78,19 @@ func TestEachPaymentReachesTheThirdPartyOnce(t *testing.T) {
 		t.Fatal(err)
 	}
 
+	// The shim runs with least privilege, as in production: its lease-mode
+	// inbox and forwards need only its runtime role.
+	roles := pgrolestest.Ensure(t, db, "shim")
 	env := map[string]string{
-		"HTTP_ADDR":      "127.0.0.1:0",
-		"ADMIN_ADDR":     "127.0.0.1:0",
-		"DATABASE_URL":   db,
-		"KAFKA_BROKERS":  strings.Join(brokers, ","),
-		"BILLING_TOPIC":  topic,
-		"CONSUMER_GROUP": testinfra.Name("shim"),
-		"RECONCILER_URL": reconciler.URL,
-		"LOG_LEVEL":      "debug",
+		"HTTP_ADDR":            "127.0.0.1:0",
+		"ADMIN_ADDR":           "127.0.0.1:0",
+		"DATABASE_URL":         roles.AppURL,
+		"MIGRATE_DATABASE_URL": roles.OwnerURL,
+		"KAFKA_BROKERS":        strings.Join(brokers, ","),
+		"BILLING_TOPIC":        topic,
+		"CONSUMER_GROUP":       testinfra.Name("shim"),
+		"RECONCILER_URL":       reconciler.URL,
+		"LOG_LEVEL":            "debug",
 	}
 	svc := testinfra.Start(t, run, env)
 

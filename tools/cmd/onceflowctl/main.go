@@ -1,0 +1,40 @@
+// Command onceflowctl is the operator's tool for a running onceflow
+// platform. It talks to each service's operator listener (ADMIN_ADDR:
+// /metrics and /admin/*) with the bearer token in ADMIN_TOKEN, and reads
+// the databases for the reconciliation report.
+//
+//	onceflowctl status                              backlog and lag of each service
+//	onceflowctl dead-letters list [-service S]      dead outbox rows and inbox dead letters
+//	onceflowctl dead-letters requeue -service S (-ids … | -event-ids … | -all)
+//	onceflowctl replay -service S -from T -to T [-aggregate-type … -aggregate-id …] [-apply]
+//	onceflowctl reconcile                           the reconciliation report (make reconcile)
+//
+// Output is aligned tables for a person; -o json (before the command) gives
+// the same data for scripts. Replay is a dry run unless -apply is given.
+// The services' operator addresses come from ONCEFLOW_ORDERS_ADMIN,
+// ONCEFLOW_BILLING_ADMIN and ONCEFLOW_SHIM_ADMIN (defaults
+// http://127.0.0.1:9081, :9082, :9083), or the -orders, -billing and -shim
+// flags. See docs/operations.md.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"os"
+	"os/signal"
+	"syscall"
+)
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	if err := run(ctx, os.Args[1:], os.Getenv, os.Stdout); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			os.Exit(2)
+		}
+		fmt.Fprintln(os.Stderr, "onceflowctl:", err)
+		os.Exit(1)
+	}
+}

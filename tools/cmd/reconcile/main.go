@@ -1,0 +1,34 @@
+// Command reconcile prints the reconciliation report of the platform (see
+// package reconcile and docs/reconciliation.md), or with -serve keeps
+// reconciling and serves the gauges the reconciliation alerts use.
+//
+//	reconcile                      one report, as a table (make reconcile)
+//	reconcile -o json              the same for scripts
+//	reconcile -serve 127.0.0.1:9085 -interval 1m
+//
+// Run `reconcile -h` for the thresholds.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"os"
+	"os/signal"
+	"syscall"
+
+	"github.com/onceflow/onceflow/tools/reconcile"
+)
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	if err := reconcile.Command(ctx, "reconcile", os.Args[1:], os.Getenv, os.Stdout); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return
+		}
+		fmt.Fprintln(os.Stderr, "reconcile:", err)
+		os.Exit(1)
+	}
+}

@@ -1,0 +1,398 @@
+package reconcile
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+)
+
+// The kinds of finding. Each has a runbook line in Runbooks.
+const (
+	// KindOutboxStuck: outbox rows still pending after Config.OutboxStuckAfter.
+	KindOutboxStuck = "outbox_stuck"
+	// KindOutboxDead: outbox rows the relay gave up on; they block their
+	// aggregate's later events.
+	KindOutboxDead = "outbox_dead"
+	// KindInboxLeaseExpired: inbox messages whose lease ran out more than
+	// Config.LeaseGrace ago and were not taken over.
+	KindInboxLeaseExpired = "inbox_lease_expired"
+	// KindInboxUncertain: side effects whose outcome the consumer could not
+	// learn (the shim's forwards to the third party); a person decides.
+	KindInboxUncertain = "inbox_uncertain"
+	// KindDeadLetterOverdue: inbox dead letters older than Config.DeadLetterSLA.
+	KindDeadLetterOverdue = "dead_letter_overdue"
+	// KindOrderWithoutCharge: orders older than Config.ChargeAfter that
+	// billing has not charged.
+	KindOrderWithoutCharge = "order_without_charge"
+	// KindChargeNotForwarded: charges older than Config.SettleAfter that the
+	// shim has not forwarded to the third party.
+	KindChargeNotForwarded = "charge_not_forwarded"
+	// KindChargeNotSettled: charges the shim recorded as forwarded that the
+	// third party's ledger does not have.
+	KindChargeNotSettled = "charge_not_settled"
+)
+
+// Runbooks is the line an operator reads for each kind; docs/reconciliation.md
+// has the full text.
+var Runbooks = map[string]string{
+	KindOutboxStuck:        "Check the relay: is it running, is Kafka reachable, does outbox_oldest_pending_age_seconds grow? Fix the outage; the rows go out by themselves.",
+	KindOutboxDead:         "Read last_error (onceflowctl dead-letters list), fix the cause, then onceflowctl dead-letters requeue; later events of the aggregate wait until then.",
+	KindInboxLeaseExpired:  "The worker holding the lease died and no consumer took the message over: check the consumer is running and its lag; restart it to reclaim the lease.",
+	KindInboxUncertain:     "Ask the third party whether it booked the key (GET /settlements/<event id>), then settle the row by hand as docs/reconciliation.md says: booked, mark it processed; not booked, delete it and replay the event.",
+	KindDeadLetterOverdue:  "A dead letter is past its SLA: read its error (onceflowctl dead-letters list), fix the cause and requeue it, or record why it is dropped.",
+	KindOrderWithoutCharge: "Find the order's OrderPlaced: is it still in the orders outbox (relay), in billing's dead letters, or lost? Replay it from the orders outbox (onceflowctl replay).",
+	KindChargeNotForwarded: "Find the PaymentCaptured: in billing's outbox (relay), in the shim's dead letters or uncertain rows? Requeue or replay it; the shim checks the third party before forwarding.",
+	KindChargeNotSettled:   "The shim recorded a forward the third party does not have: confirm with GET /settlements/<event id>, then requeue the shim's inbox row so it is forwarded again.",
+}
+
+// Config holds the thresholds. A zero field takes its default.
+type Config struct {
+	// OutboxStuckAfter is how long a pending outbox row may wait. Default 5m.
+	OutboxStuckAfter time.Duration
+	// LeaseGrace is how long past its lease_until a leased inbox row may stay
+	// unclaimed. Default 1m.
+	LeaseGrace time.Duration
+	// DeadLetterSLA is how long an inbox dead letter may wait for a person.
+	// Default 1h.
+	DeadLetterSLA time.Duration
+	// ChargeAfter is how long after an order its charge must exist. Default 10m.
+	ChargeAfter time.Duration
+	// SettleAfter is how long after a charge its settlement must exist.
+	// Default 10m.
+	SettleAfter time.Duration
+	// Lookback bounds the cross-database checks to orders and charges younger
+	// than this, so a run reads a bounded window. Default 168h.
+	Lookback time.Duration
+	// Samples is how many ids each finding lists. Default 5.
+	Samples int
+}
+
+// WithDefaults returns c with zero fields set to their defaults.
+func (c Config) WithDefaults() Config {
+	def := func(d *time.Duration, v time.Duration) {
+		if *d == 0 {
+			*d = v
+		}
+	}
+	def(&c.OutboxStuckAfter, 5*time.Minute)
+	def(&c.LeaseGrace, time.Minute)
+	def(&c.DeadLetterSLA, time.Hour)
+	def(&c.ChargeAfter, 10*time.Minute)
+	def(&c.SettleAfter, 10*time.Minute)
+	def(&c.Lookback, 168*time.Hour)
+	if c.Samples == 0 {
+		c.Samples = 5
+	}
+	return c
+}
+
+// Querier is what Run needs of a database: a *pgxpool.Pool or a *pgx.Conn.
+type Querier interface {
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+}
+
+// Sources are the databases and the ledger to reconcile.
+type Sources struct {
+	Orders, Billing, Shim Querier
+	// LedgerURL is the third-party reconciler's base URL (GET /settlements).
+	// Empty skips KindChargeNotSettled.
+	LedgerURL string
+	// HTTP calls the ledger; nil uses a client with a 30 s timeout.
+	HTTP *http.Client
+}
+
+// Finding is one kind of inconsistency in one component's data.
+type Finding struct {
+	Kind string `json:"kind"`
+	// Component is the service (or the third party, "reconciler") whose
+	// data has the inconsistency or that should act on it.
+	Component string `json:"component"`
+	Count     int    `json:"count"`
+	// Oldest is when the oldest one began (created, received, placed).
+	Oldest    time.Time     `json:"oldest,omitzero"`
+	OldestAge time.Duration `json:"oldestAgeNs"`
+	// Samples are ids of the oldest ones (event, message, order ids).
+	Samples []string `json:"samples,omitempty"`
+	Runbook string   `json:"runbook"`
+}
+
+// Report is the result of one Run: every check, the clean ones with Count 0.
+type Report struct {
+	At       time.Time `json:"at"`
+	Findings []Finding `json:"findings"`
+}
+
+// Problems returns the findings with a non-zero count.
+func (r Report) Problems() []Finding {
+	var out []Finding
+	for _, f := range r.Findings {
+		if f.Count > 0 {
+			out = append(out, f)
+		}
+	}
+	return out
+}
+
+// Run checks every source and returns the report. It fails on the first
+// source it cannot read: a partial report would read as "clean".
+func Run(ctx context.Context, src Sources, cfg Config) (Report, error) {
+	cfg = cfg.WithDefaults()
+	rep := Report{At: time.Now()}
+	add := func(f Finding, err error) error {
+		if isUndefinedTable(err) {
+			// Never read as "nothing found": a URL pointing at the wrong
+			// database would report a clean platform.
+			return fmt.Errorf("%s in %s: %w (is the service's database migrated, and is the URL the right database?)", f.Kind, f.Component, err)
+		}
+		if err != nil {
+			return fmt.Errorf("%s in %s: %w", f.Kind, f.Component, err)
+		}
+		f.Runbook = Runbooks[f.Kind]
+		if f.Count > 0 {
+			f.OldestAge = rep.At.Sub(f.Oldest).Round(time.Second)
+		}
+		rep.Findings = append(rep.Findings, f)
+		return nil
+	}
+	for _, s := range []struct {
+		name string
+		db   Querier
+	}{{"orders", src.Orders}, {"billing", src.Billing}} {
+		for _, c := range []check{
+			{KindOutboxStuck, "outbox_events", "state = 'pending' AND created_at < now() - $1::bigint * interval '1 microsecond'", "created_at", "event_id", cfg.OutboxStuckAfter},
+			{KindOutboxDead, "outbox_events", "state = 'dead' AND $1::bigint >= 0", "created_at", "event_id", 0},
+		} {
+			if err := add(c.run(ctx, s.db, s.name, cfg.Samples)); err != nil {
+				return Report{}, err
+			}
+		}
+	}
+	for _, s := range []struct {
+		name string
+		db   Querier
+	}{{"billing", src.Billing}, {"reconciler-shim", src.Shim}} {
+		for _, c := range []check{
+			{KindInboxLeaseExpired, "inbox_messages", "status = 'leased' AND lease_until < now() - $1::bigint * interval '1 microsecond'", "lease_until", "message_id", cfg.LeaseGrace},
+			{KindInboxUncertain, "inbox_messages", "status = 'uncertain' AND $1::bigint >= 0", "received_at", "message_id", 0},
+			{KindDeadLetterOverdue, "inbox_messages", "status = 'dead_lettered' AND received_at < now() - $1::bigint * interval '1 microsecond'", "received_at", "message_id", cfg.DeadLetterSLA},
+		} {
+			if err := add(c.run(ctx, s.db, s.name, cfg.Samples)); err != nil {
+				return Report{}, err
+			}
+		}
+	}
+	noCharge, err := missing(ctx, src.Orders,
+		`SELECT id::text, created_at FROM orders WHERE created_at < now() - $1::bigint * interval '1 microsecond'
+		   AND created_at > now() - $2::bigint * interval '1 microsecond' ORDER BY created_at`,
+		[]any{cfg.ChargeAfter.Microseconds(), cfg.Lookback.Microseconds()},
+		present(src.Billing, `SELECT order_id::text FROM charges WHERE order_id = ANY($1::uuid[])`), cfg.Samples)
+	if err := add(Finding{Kind: KindOrderWithoutCharge, Component: "billing", Count: noCharge.count, Oldest: noCharge.oldest, Samples: noCharge.samples}, err); err != nil {
+		return Report{}, err
+	}
+	charges := `SELECT order_id::text, captured_at FROM charges WHERE captured_at < now() - $1::bigint * interval '1 microsecond'
+		   AND captured_at > now() - $2::bigint * interval '1 microsecond' ORDER BY captured_at`
+	chargeArgs := []any{cfg.SettleAfter.Microseconds(), cfg.Lookback.Microseconds()}
+	forwarded := present(src.Shim, `SELECT order_id::text FROM forwards WHERE kind = 'capture' AND order_id = ANY($1::uuid[])`)
+	notForwarded, err := missing(ctx, src.Billing, charges, chargeArgs, forwarded, cfg.Samples)
+	if err := add(Finding{Kind: KindChargeNotForwarded, Component: "reconciler-shim", Count: notForwarded.count, Oldest: notForwarded.oldest, Samples: notForwarded.samples}, err); err != nil {
+		return Report{}, err
+	}
+	if src.LedgerURL != "" {
+		booked, err := ledgerCaptures(ctx, src)
+		if err != nil {
+			return Report{}, fmt.Errorf("%s: %w", KindChargeNotSettled, err)
+		}
+		// Of the forwarded charges, those the ledger lacks; the unforwarded
+		// ones are already reported above.
+		settled := func(ctx context.Context, ids []string) (map[string]bool, error) {
+			fw, err := forwarded(ctx, ids)
+			if err != nil {
+				return nil, err
+			}
+			out := map[string]bool{}
+			for _, id := range ids {
+				if !fw[id] || booked[id] {
+					out[id] = true
+				}
+			}
+			return out, nil
+		}
+		notSettled, err := missing(ctx, src.Billing, charges, chargeArgs, settled, cfg.Samples)
+		if err := add(Finding{Kind: KindChargeNotSettled, Component: "reconciler", Count: notSettled.count, Oldest: notSettled.oldest, Samples: notSettled.samples}, err); err != nil {
+			return Report{}, err
+		}
+	}
+	return rep, nil
+}
+
+// check is a finding read from one table of one database.
+type check struct {
+	kind, table, where, ts, id string
+	threshold                  time.Duration
+}
+
+func (c check) run(ctx context.Context, db Querier, service string, samples int) (Finding, error) {
+	f := Finding{Kind: c.kind, Component: service}
+	var oldest *time.Time
+	// where takes the threshold as $1, in microseconds.
+	err := db.QueryRow(ctx, "SELECT count(*), min("+c.ts+") FROM "+c.table+" WHERE "+c.where, c.threshold.Microseconds()).
+		Scan(&f.Count, &oldest)
+	if err != nil {
+		return f, err
+	}
+	if f.Count == 0 {
+		return f, nil
+	}
+	f.Oldest = *oldest
+	rows, err := db.Query(ctx, "SELECT "+c.id+"::text FROM "+c.table+" WHERE "+c.where+" ORDER BY "+c.ts+" LIMIT $2",
+		c.threshold.Microseconds(), samples)
+	if err != nil {
+		return f, err
+	}
+	f.Samples, err = pgx.CollectRows(rows, pgx.RowTo[string])
+	return f, err
+}
+
+func isUndefinedTable(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && pgErr.Code == "42P01"
+}
+
+// lookup reports which of ids exist on the other side.
+type lookup func(ctx context.Context, ids []string) (map[string]bool, error)
+
+// present is a lookup by a query taking the ids as $1.
+func present(db Querier, query string) lookup {
+	return func(ctx context.Context, ids []string) (map[string]bool, error) {
+		rows, err := db.Query(ctx, query, ids)
+		if err != nil {
+			return nil, err
+		}
+		found, err := pgx.CollectRows(rows, pgx.RowTo[string])
+		if err != nil {
+			return nil, err
+		}
+		out := make(map[string]bool, len(found))
+		for _, id := range found {
+			out[id] = true
+		}
+		return out, nil
+	}
+}
+
+type gap struct {
+	count   int
+	oldest  time.Time
+	samples []string
+}
+
+// batchSize bounds the ids one lookup sends to the other database.
+const batchSize = 1000
+
+// missing streams (id, time) rows of query, oldest first, and counts those
+// the lookup does not find, in batches so that neither side is read whole.
+func missing(ctx context.Context, db Querier, query string, args []any, has lookup, samples int) (gap, error) {
+	var g gap
+	rows, err := db.Query(ctx, query, args...)
+	if err != nil {
+		return g, err
+	}
+	type row struct {
+		id string
+		at time.Time
+	}
+	var batch []row
+	flush := func() error {
+		ids := make([]string, len(batch))
+		for i, r := range batch {
+			ids[i] = r.id
+		}
+		found, err := has(ctx, ids)
+		if err != nil {
+			return err
+		}
+		for _, r := range batch {
+			if found[r.id] {
+				continue
+			}
+			if g.count == 0 {
+				g.oldest = r.at
+			}
+			g.count++
+			if len(g.samples) < samples {
+				g.samples = append(g.samples, r.id)
+			}
+		}
+		batch = batch[:0]
+		return nil
+	}
+	// The lookups run on another database, so the rows can be buffered a
+	// batch at a time while this cursor stays open.
+	for rows.Next() {
+		var r row
+		if err := rows.Scan(&r.id, &r.at); err != nil {
+			rows.Close()
+			return g, err
+		}
+		batch = append(batch, r)
+		if len(batch) == batchSize {
+			if err := flush(); err != nil {
+				rows.Close()
+				return g, err
+			}
+		}
+	}
+	if err := rows.Err(); err != nil {
+		return g, err
+	}
+	if len(batch) > 0 {
+		if err := flush(); err != nil {
+			return g, err
+		}
+	}
+	return g, nil
+}
+
+// ledgerCaptures returns the order ids the third party booked a capture for.
+func ledgerCaptures(ctx context.Context, src Sources) (map[string]bool, error) {
+	hc := src.HTTP
+	if hc == nil {
+		hc = &http.Client{Timeout: 30 * time.Second}
+	}
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, strings.TrimRight(src.LedgerURL, "/")+"/settlements", nil)
+	if err != nil {
+		return nil, fmt.Errorf("building the ledger request: %w", err)
+	}
+	resp, err := hc.Do(req)
+	if err != nil {
+		return nil, fmt.Errorf("reading the ledger: %w", err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		body, _ := io.ReadAll(io.LimitReader(resp.Body, 512))
+		return nil, fmt.Errorf("reading the ledger: %s: %s", resp.Status, body)
+	}
+	var all []struct {
+		OrderID string `json:"orderId"`
+		Kind    string `json:"kind"`
+	}
+	if err := json.NewDecoder(resp.Body).Decode(&all); err != nil {
+		return nil, fmt.Errorf("decoding the ledger: %w", err)
+	}
+	out := make(map[string]bool, len(all))
+	for _, s := range all {
+		if s.Kind == "capture" {
+			out[s.OrderID] = true
+		}
+	}
+	return out, nil
+}
