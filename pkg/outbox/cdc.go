@@ -357,6 +357,34 @@ func (r *CDCRelay) deleteConfirmed(ctx context.Context) error {
 	return nil
 }
 
+// createPublication is migration 0005's publication, for when the
+// migrating role could not create it.
+const createPublication = `CREATE PUBLICATION ` + Publication + ` FOR TABLE outbox_events WITH (publish = 'insert')`
+
+// ensurePublication creates the publication over the replication
+// connection if migration 0005 could not (its role had no CREATE on the
+// database); a walsender in database mode runs plain SQL too.
+func (r *CDCRelay) ensurePublication(ctx context.Context, conn *pgconn.PgConn) error {
+	var exists bool
+	if err := r.pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_publication WHERE pubname = $1)`, Publication).Scan(&exists); err != nil {
+		return fmt.Errorf("looking for the publication: %w", err)
+	}
+	if exists {
+		return nil
+	}
+	_, err := conn.Exec(ctx, createPublication).ReadAll()
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) && pgErr.Code == "42710" {
+		return nil // another relay just created it
+	}
+	if err != nil {
+		return fmt.Errorf("creating publication %s (migration 0005 could not: grant CREATE on the database to the migrating role, "+
+			"or let REPLICATION_DATABASE_URL's role own outbox_events or be a superuser): %w", Publication, err)
+	}
+	r.cfg.Logger.InfoContext(ctx, "created the publication the migration could not", slog.String("publication", Publication))
+	return nil
+}
+
 // slotState is the slot's row in pg_replication_slots and the relay's own
 // record of it (outbox_cdc_slots).
 const slotState = `
@@ -483,6 +511,9 @@ func (r *CDCRelay) streamOnce(ctx context.Context) error {
 	// Closing without a last status update is what a crash does: the slot
 	// keeps the last confirmed position, and the next relay starts there.
 	defer conn.Close(context.Background()) //nolint:errcheck // the connection is done either way
+	if err := r.ensurePublication(ctx, conn); err != nil {
+		return err
+	}
 	if err := r.ensureSlot(ctx, conn); err != nil {
 		return err
 	}

@@ -464,3 +464,25 @@ func TestCDCMessageErrorSkipsTheEventAsDead(t *testing.T) {
 		return countRows(t, pool, "true") == 1 && countRows(t, pool, "state = 'dead' AND last_error <> ''") == 1, nil
 	})
 }
+
+// A migrating role without CREATE on the database (pgroles' owner) leaves
+// the publication out; the relay creates it over its replication
+// connection and publishes.
+func TestCDCRelayCreatesAMissingPublication(t *testing.T) {
+	t.Parallel()
+	brokers := testinfra.KafkaBrokers(t)
+	topic := testinfra.NewTopic(t, brokers, 1)
+	pool := newOutboxDB(t)
+	if _, err := pool.Exec(context.Background(), "DROP PUBLICATION "+outbox.Publication); err != nil {
+		t.Fatal(err)
+	}
+	slot := newSlot(t, pool)
+	c := collect(t, brokers, topic)
+	w := kafkautil.NewWriter(brokers, 10)
+	t.Cleanup(func() { w.Close() })
+	relay := newCDC(t, pool, w, outbox.CDCConfig{Slot: slot, Topic: func(string) string { return topic }})
+	runCDC(t, relay)
+	testinfra.WaitFor(t, 20*time.Second, "the relay to stream", func() (bool, error) { return relay.Active(), nil })
+	enqueue(t, pool, newEvent("a", 1))
+	testinfra.WaitFor(t, 20*time.Second, "the event", func() (bool, error) { return c.distinct() == 1, nil })
+}
