@@ -112,8 +112,10 @@ func (h *Harness) newPlatform(ctx context.Context, name string, s Setup) (*Platf
 			"HTTP_ADDR":    fmt.Sprintf("127.0.0.1:%d", port),
 			"DATABASE_URL": roleURL(h.stack.PGURL(db, true), roles[db].App, db), "MIGRATE_DATABASE_URL": roleURL(h.stack.PGURL(db, true), roles[db].Owner, db),
 			"KAFKA_BROKERS": brokers, "LOG_LEVEL": "info", "SHUTDOWN_GRACE": "5s",
-			// Slot names are global to the cluster: one per database.
-			"RELAY_MODE": relayMode, "OUTBOX_SLOT": db,
+			// Slot names are global to the cluster: one per database. The
+			// walsender needs REPLICATION, which the app role has not: the
+			// stack's superuser, as a deployment's replication role would be.
+			"RELAY_MODE": relayMode, "OUTBOX_SLOT": db, "REPLICATION_DATABASE_URL": h.stack.PGURL(db, true),
 		}
 	}
 	newProc := func(name, bin string, port int, env map[string]string, arm func() map[string]string, scrape ...string) *Proc {
