@@ -8,6 +8,7 @@ MODULES = $(shell go list -m -f '{{.Path}}/...')
 # Arguments for the demo driver, e.g. `make demo DEMO_ARGS="-orders 1000 -cancel 0.2"`.
 DEMO_ARGS ?=
 # The proof `make prove` runs, e.g. `make prove P=chaos` (default: all of them; docs/proofs.md).
+# RELAY_MODES: the relay modes atomicity, relay-crash and ordering run in (default poll,cdc,wal).
 P ?=
 
 .PHONY: help up down status logs services stop demo test vet fmt build prometheus-tools up-prometheus down-prometheus alert-drill dashboards reconcile
@@ -106,7 +107,7 @@ fuzz: ## Fuzz every decoder for FUZZTIME each (default 30s); a failure leaves it
 
 .PHONY: prove
 prove: ## Kill, restart and poison the real processes, audit every database and the ledger (P=<proof> for one; docs/proofs.md)
-	go run ./loadtest/prove/cmd/prove -profile full $(if $(P),-only $(P))
+	go run ./loadtest/prove/cmd/prove -profile full $(if $(P),-only $(P)) $(if $(RELAY_MODES),-relay-modes $(RELAY_MODES))
 
 .PHONY: bench-outbox
 bench-outbox: up ## Run the outbox benchmarks: ratios against same-run baselines (BENCHMARKS.md; BENCH=regex)

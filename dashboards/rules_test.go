@@ -162,6 +162,27 @@ var alertCases = []alertCase{
 			{at: "4m", fires: []firing{{map[string]string{"service": "orders"},
 				"orders: an outbox relay has not reached Kafka for over a minute"}}},
 		}},
+	{"OutboxSlotRetainingWAL",
+		[]series{
+			// orders' slot grows by 512 MiB a minute (its relay stopped); billing's stays small.
+			{`outbox_slot_lag_bytes{service="orders",instance="orders:8081"}`, "0+536870912x10"},
+			{`outbox_slot_lag_bytes{service="billing",instance="billing:8082"}`, "1048576x10"},
+		},
+		[]check{
+			{at: "5m"}, // over 1 GiB since 3m: pending
+			{at: "9m", fires: []firing{{map[string]string{"service": "orders"},
+				"orders: the outbox replication slot retains 4.5GiB of WAL"}}},
+		}},
+	{"OutboxSlotLost",
+		[]series{
+			{`outbox_slot_lost_total{service="billing",instance="billing:8082"}`, "0 0 0 1 1 1"},
+			{`outbox_slot_lost_total{service="orders",instance="orders:8081"}`, "0x5"},
+		},
+		[]check{
+			{at: "2m"},
+			{at: "4m", fires: []firing{{map[string]string{"service": "billing"},
+				"billing: the outbox replication slot was lost and replaced"}}},
+		}},
 	{"OutboxDeadEvents",
 		[]series{{`outbox_dead_events{service="orders",instance="orders:8081"}`, "0 0 2 2 2 2"}},
 		[]check{

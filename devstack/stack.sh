@@ -235,6 +235,11 @@ port = $PG_PORT
 unix_socket_directories = '$socket_dir'
 # Logical decoding lets a relay read the outbox from the WAL instead of polling.
 wal_level = logical
+# Slots for the log-based relays (RELAY_MODE=cdc|wal) and their tests, which
+# run in parallel; an abandoned slot is invalidated before it fills the disk.
+max_replication_slots = 20
+max_wal_senders = 20
+max_slot_wal_keep_size = 2GB
 # Three services, each with a pool, plus tests and the fault harness.
 max_connections = 300
 shared_buffers = 128MB

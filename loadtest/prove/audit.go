@@ -107,7 +107,10 @@ func (p *Platform) audit(ctx context.Context, accepted map[uuid.UUID]time.Time) 
 	if err != nil {
 		return a, err
 	}
-	if len(events) > 0 || p.publishMode() == "outbox" {
+	// The log-based modes keep no row to check against: wal writes none, cdc
+	// deletes rows once confirmed. Their lost events show end to end
+	// (OrdersWithoutCharge), and orphans as ChargesWithoutOrder.
+	if p.relayMode() == "poll" && (len(events) > 0 || p.publishMode() == "outbox") {
 		for id := range orders {
 			if events[id] == 0 {
 				a.EventlessOrders++
@@ -119,7 +122,7 @@ func (p *Platform) audit(ctx context.Context, accepted map[uuid.UUID]time.Time) 
 			}
 		}
 	}
-	if err := p.ordersPool.QueryRow(ctx, `SELECT count(*) FROM outbox_events WHERE state <> 'published'`).Scan(&a.OrdersPending); err != nil {
+	if err := p.ordersPool.QueryRow(ctx, p.pendingQuery()).Scan(&a.OrdersPending); err != nil {
 		return a, err
 	}
 	if p.Billing == nil {
@@ -140,7 +143,7 @@ func (p *Platform) audit(ctx context.Context, accepted map[uuid.UUID]time.Time) 
 			a.ChargesWithoutOrder++
 		}
 	}
-	if err := p.billingPool.QueryRow(ctx, `SELECT count(*) FROM outbox_events WHERE state <> 'published'`).Scan(&a.BillingPending); err != nil {
+	if err := p.billingPool.QueryRow(ctx, p.pendingQuery()).Scan(&a.BillingPending); err != nil {
 		return a, err
 	}
 	if err := p.billingPool.QueryRow(ctx, `SELECT count(*) FROM inbox_messages`).Scan(&a.BillingInboxRows); err != nil {
@@ -225,6 +228,19 @@ func (p *Platform) auditCancellations(ctx context.Context, a *Audit, refundsBook
 }
 
 func (p *Platform) publishMode() string { return p.API.env["PUBLISH_MODE"] }
+
+func (p *Platform) relayMode() string { return p.API.env["RELAY_MODE"] }
+
+// pendingQuery counts an outbox's events not yet published. The log-based
+// relay leaves rows pending for good: what it has not published is what
+// lies past the slot's confirmed id (cdc), and dead rows; wal has no rows.
+func (p *Platform) pendingQuery() string {
+	if p.relayMode() == "poll" {
+		return `SELECT count(*) FROM outbox_events WHERE state <> 'published'`
+	}
+	return `SELECT count(*) FROM outbox_events
+		WHERE state = 'dead' OR id > coalesce((SELECT max(confirmed_id) FROM outbox_cdc_slots), 0)`
+}
 
 func idSet(ctx context.Context, db interface {
 	Query(context.Context, string, ...any) (pgx.Rows, error)

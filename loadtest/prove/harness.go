@@ -10,6 +10,8 @@ import (
 	"slices"
 	"strings"
 	"time"
+
+	"github.com/onceflow/onceflow/pkg/outbox"
 )
 
 // Profile sizes a run.
@@ -105,6 +107,10 @@ var Proofs = []Proof{
 	{"busy-relay", "", (*Harness).busyRelay},
 }
 
+// RelayModeProofs are the proofs that run once per Options.RelayModes:
+// the ones whose faults are about the producing side.
+var RelayModeProofs = map[string]bool{"atomicity": true, "relay-crash": true, "ordering": true, "chaos": true}
+
 // Options configure Run.
 type Options struct {
 	// Root is the repository root (where go.work is).
@@ -114,6 +120,10 @@ type Options struct {
 	Profile Profile
 	// Only runs the named proofs. Empty: all.
 	Only []string
+	// RelayModes are the relay modes (RELAY_MODE: poll, cdc, wal) that the
+	// proofs about publishing (RelayModeProofs) run in, one row each; the
+	// other proofs and the naive modes run with poll. Default: poll.
+	RelayModes []string
 	// Out receives progress.
 	Out io.Writer
 }
@@ -126,6 +136,8 @@ type Harness struct {
 	bins  map[string]string
 	stack *Stack
 	prof  Profile
+	// relayMode is the RELAY_MODE of the proof running now.
+	relayMode string
 }
 
 func (h *Harness) logf(format string, args ...any) {
@@ -140,6 +152,14 @@ func Run(ctx context.Context, opts Options) (*Report, error) {
 	}
 	if opts.Out == nil {
 		opts.Out = os.Stdout
+	}
+	if len(opts.RelayModes) == 0 {
+		opts.RelayModes = []string{"poll"}
+	}
+	for _, m := range opts.RelayModes {
+		if _, err := outbox.ParseRelayMode(m); err != nil {
+			return nil, err
+		}
 	}
 	for _, name := range opts.Only {
 		if !slices.ContainsFunc(Proofs, func(p Proof) bool { return p.Name == name }) {
@@ -164,11 +184,23 @@ func Run(ctx context.Context, opts Options) (*Report, error) {
 		if len(opts.Only) > 0 && !slices.Contains(opts.Only, p.Name) {
 			continue
 		}
-		modes := []bool{false}
-		if p.Naive != "" {
-			modes = append(modes, true)
+		type variant struct {
+			naive     bool
+			relayMode string
 		}
-		for _, naive := range modes {
+		var variants []variant
+		if RelayModeProofs[p.Name] {
+			for _, m := range opts.RelayModes {
+				variants = append(variants, variant{false, m})
+			}
+		} else {
+			variants = append(variants, variant{false, "poll"})
+		}
+		if p.Naive != "" {
+			variants = append(variants, variant{true, "poll"})
+		}
+		for _, v := range variants {
+			naive := v.naive
 			if ctx.Err() != nil {
 				return nil, ctx.Err()
 			}
@@ -176,6 +208,10 @@ func Run(ctx context.Context, opts Options) (*Report, error) {
 			if naive {
 				mode = p.Naive
 			}
+			if v.relayMode != "poll" {
+				mode += ", RELAY_MODE=" + v.relayMode
+			}
+			h.relayMode = v.relayMode
 			h.logf("── %s (%s) ──", p.Name, mode)
 			began := time.Now()
 			row := p.run(h, ctx, naive)
@@ -219,8 +255,12 @@ func proofNames() string {
 	return strings.Join(names, ", ")
 }
 
-// dropOldDatabases removes the databases of earlier runs.
+// dropOldDatabases removes the databases of earlier runs, and first the
+// replication slots a killed run left in them (a database with a logical
+// slot cannot be dropped).
 func (h *Harness) dropOldDatabases(ctx context.Context) {
+	_, _ = h.stack.Admin.Exec(ctx, `SELECT pg_drop_replication_slot(s.slot_name) FROM pg_replication_slots s
+		WHERE s.database LIKE 'prove\_%' AND NOT s.active`)
 	rows, err := h.stack.Admin.Query(ctx, `SELECT datname FROM pg_database WHERE datname LIKE 'prove\_%'`)
 	if err != nil {
 		return

@@ -99,6 +99,13 @@ func (h *Harness) newPlatform(ctx context.Context, name string, s Setup) (*Platf
 	if s.ReconcilerTimeout == "" {
 		s.ReconcilerTimeout = "5s"
 	}
+	relayMode := h.relayMode
+	if relayMode == "" {
+		relayMode = "poll"
+	}
+	if relayMode != "poll" {
+		name += "-" + relayMode // its own databases, topics and slots
+	}
 	id := fmt.Sprintf("%s_%s", h.runID, strings.ReplaceAll(name, "-", "_"))
 	p := &Platform{h: h, Name: name, Dir: filepath.Join(h.dir, "runs", h.runID, name),
 		OrdersTopic: "prove." + id + ".orders", BillingTop: "prove." + id + ".billing",
@@ -133,6 +140,10 @@ func (h *Harness) newPlatform(ctx context.Context, name string, s Setup) (*Platf
 			"HTTP_ADDR":    fmt.Sprintf("127.0.0.1:%d", port),
 			"DATABASE_URL": roleURL(h.stack.PGURL(db, true), roles[db].App, db), "MIGRATE_DATABASE_URL": roleURL(h.stack.PGURL(db, true), roles[db].Owner, db),
 			"KAFKA_BROKERS": brokers, "LOG_LEVEL": "info", "SHUTDOWN_GRACE": "5s",
+			// Slot names are global to the cluster: one per database. The
+			// walsender needs REPLICATION, which the app role has not: the
+			// stack's superuser, as a deployment's replication role would be.
+			"RELAY_MODE": relayMode, "OUTBOX_SLOT": db, "REPLICATION_DATABASE_URL": h.stack.PGURL(db, true),
 		}
 	}
 	newProc := func(name, bin string, port int, env map[string]string, arm func() map[string]string, scrape ...string) *Proc {
@@ -272,11 +283,23 @@ func (p *Platform) Hangs() int {
 	return n
 }
 
-// Close stops every process of the platform.
+// Close stops every process of the platform, then drops the replication
+// slots of its databases (log-based relay modes), which would otherwise pin
+// WAL and keep the databases from being dropped.
 func (p *Platform) Close() {
 	for _, pr := range p.all {
 		pr.Stop()
 	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	_ = waitUntil(ctx, 30*time.Second, func() bool {
+		dbs := []string{p.OrdersDB, p.BillingDB}
+		_, _ = p.h.stack.Admin.Exec(ctx, `SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots
+			WHERE database = ANY($1) AND NOT active`, dbs)
+		var left int
+		err := p.h.stack.Admin.QueryRow(ctx, `SELECT count(*) FROM pg_replication_slots WHERE database = ANY($1)`, dbs).Scan(&left)
+		return err == nil && left == 0
+	})
 	for _, pool := range []*pgxpool.Pool{p.ordersPool, p.billingPool, p.shimPool} {
 		if pool != nil {
 			pool.Close()

@@ -92,6 +92,22 @@
 // calls both); metrics on NewMetrics. The relay's crash points (CrashAfterAck) let a fault-injection
 // harness kill it at the worst moment.
 //
+// The log-based relay: CDCRelay publishes from Postgres's logical
+// replication stream instead of polling, through one pgoutput slot, from
+// two sources: the inserts into outbox_events (rows written by Enqueue,
+// never updated by the relay, deleted by its retention once confirmed), and
+// events written by Emit into the WAL only (pg_logical_emit_message: no
+// row, no index). The slot's confirmed position moves only after Kafka
+// acknowledged every event before it, so a relay that dies loses nothing
+// and its successor republishes what was not confirmed; commit order gives
+// each aggregate's order; one relay streams per slot while the others
+// stand by. Messages are built with the polling relay's conversion, so
+// consumers cannot tell the two apart. A message Kafka keeps refusing is
+// skipped as dead (logged, counted, its row marked dead) rather than
+// holding the whole stream. A lost or invalidated slot is detected,
+// replaced and reported with the window that may need a replay
+// (LostSlot). docs/runbook-cdc.md is the operator's side.
+//
 // The schema ships as golang-migrate files in Migrations; apply them with
 // the service's own migrations, tracked in MigrationsTable.
 //

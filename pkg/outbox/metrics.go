@@ -15,6 +15,8 @@ import (
 type Metrics struct {
 	pending, oldestAge, dead, ownedPartitions prometheus.Gauge
 	kafkaConnected                            prometheus.Gauge
+	slotLag, slotActive                       prometheus.Gauge
+	slotLost                                  prometheus.Counter
 	published, failures, retries, deadTotal   prometheus.Counter
 	kafkaErrors                               prometheus.Counter
 	dbErrors                                  *prometheus.CounterVec
@@ -43,8 +45,14 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			"1 while the relay's last publish reached Kafka, 0 while Kafka is unreachable and the relay backs off (an idle relay keeps its last value)."),
 		dbErrors: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "outbox_db_errors_total",
-			Help: "Failed Postgres operations of the relay, by op (claim, heartbeat, gauges, listen); each is retried with backoff.",
+			Help: "Failed Postgres operations of the relay, by op (polling relay: claim, heartbeat, gauges, listen; log-based relay: replication, retention, slot); each is retried with backoff.",
 		}, []string{"op"}),
+		slotLag: gauge("outbox_slot_lag_bytes",
+			"WAL the log-based relay's replication slot retains: pg_current_wal_lsn() - confirmed_flush_lsn (0 without a CDC relay)."),
+		slotActive: gauge("outbox_slot_active",
+			"1 while this process's log-based relay streams from its slot, 0 while it stands by (another relay holds the slot) or reconnects."),
+		slotLost: counter("outbox_slot_lost_total",
+			"Replication slots the log-based relay found dropped or invalidated and replaced; each leaves a window of events that may need a replay (see the runbook)."),
 		retries:   counter("outbox_publish_retries_total", "Events published on a retry, after at least one failed attempt."),
 		deadTotal: counter("outbox_dead_total", "Outbox rows that went dead."),
 		publishLag: prometheus.NewHistogram(prometheus.HistogramOpts{
@@ -60,12 +68,13 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	}
 	if reg != nil {
 		reg.MustRegister(m.pending, m.oldestAge, m.dead, m.ownedPartitions, m.published, m.failures,
-			m.retries, m.deadTotal, m.publishLag, m.batchSize, m.kafkaErrors, m.kafkaConnected, m.dbErrors)
+			m.retries, m.deadTotal, m.publishLag, m.batchSize, m.kafkaErrors, m.kafkaConnected, m.dbErrors,
+			m.slotLag, m.slotActive, m.slotLost)
 	}
 	// Connected until a publish says otherwise: a relay that has not published
 	// yet has no evidence of an outage, and the alert on 0 must not fire for it.
 	m.kafkaConnected.Set(1)
-	for _, op := range []string{"claim", "heartbeat", "gauges", "listen"} {
+	for _, op := range []string{"claim", "heartbeat", "gauges", "listen", "replication", "retention", "slot"} {
 		m.dbErrors.WithLabelValues(op) // export zeros, so rate() works from the start
 	}
 	return m

@@ -701,7 +701,7 @@ func (r *Relay) relayBatch(ctx context.Context) (batchResult, error) {
 	r.cfg.Metrics.batchSize.Observe(float64(len(batch)))
 	endSends := startSends(ctx, batch)
 	publishCtx, cancel := context.WithTimeout(ctx, r.cfg.PublishTimeout)
-	errs := r.publish(publishCtx, batch)
+	errs := publishBatch(publishCtx, r.writer, batch)
 	cancel()
 	endSends(errs)
 	if ctx.Err() != nil {
@@ -802,11 +802,11 @@ func (r *Relay) relayBatch(ctx context.Context) (batchResult, error) {
 	return res, nil
 }
 
-// publish writes the batch and returns one error per row (nil: acked).
+// publishBatch writes the batch to w and returns one error per row (nil: acked).
 // Each topic is written separately and concurrently: kafka-go fails a whole
 // write when one of its topics is unknown, and one misrouted aggregate type
 // must not hold up the others.
-func (r *Relay) publish(ctx context.Context, batch []claimed) []error {
+func publishBatch(ctx context.Context, w Writer, batch []claimed) []error {
 	byTopic := map[string][]int{}
 	for i, c := range batch {
 		byTopic[c.msg.Topic] = append(byTopic[c.msg.Topic], i)
@@ -819,7 +819,7 @@ func (r *Relay) publish(ctx context.Context, batch []claimed) []error {
 			for j, i := range idx {
 				msgs[j] = batch[i].msg
 			}
-			for j, err := range r.write(ctx, msgs) {
+			for j, err := range writeTopic(ctx, w, msgs) {
 				errs[idx[j]] = err
 			}
 		})
@@ -828,7 +828,7 @@ func (r *Relay) publish(ctx context.Context, batch []claimed) []error {
 	return errs
 }
 
-// write writes msgs to one topic and returns one error per message, making
+// writeTopic writes msgs to one topic and returns one error per message, making
 // sure that a message error lands on the message it is about and not on its
 // batch-mates, which would otherwise be charged an attempt for it:
 //   - kafka-go refuses the whole write, before sending anything, when one
@@ -838,7 +838,7 @@ func (r *Relay) publish(ctx context.Context, batch []claimed) []error {
 //   - the broker judges a whole produce request at once, so a message error
 //     it returns for several messages is checked by writing each of them
 //     on its own.
-func (r *Relay) write(ctx context.Context, msgs []kafka.Message) []error {
+func writeTopic(ctx context.Context, w Writer, msgs []kafka.Message) []error {
 	errs := make([]error, len(msgs))
 	todo := make([]int, len(msgs)) // indexes into msgs still to write
 	for i := range todo {
@@ -849,7 +849,7 @@ func (r *Relay) write(ctx context.Context, msgs []kafka.Message) []error {
 		for j, i := range todo {
 			batch[j] = msgs[i]
 		}
-		err := r.writer.WriteMessages(ctx, batch...)
+		err := w.WriteMessages(ctx, batch...)
 		var tooLarge kafka.MessageTooLargeError
 		if errors.As(err, &tooLarge) {
 			if j := slices.IndexFunc(batch, func(m kafka.Message) bool { return sameMessage(m, tooLarge.Message) }); j >= 0 {
@@ -867,7 +867,7 @@ func (r *Relay) write(ctx context.Context, msgs []kafka.Message) []error {
 		}
 		if len(judged) > 1 {
 			for _, i := range judged {
-				errs[i] = perMessage(r.writer.WriteMessages(ctx, msgs[i]), 1)[0]
+				errs[i] = perMessage(w.WriteMessages(ctx, msgs[i]), 1)[0]
 			}
 		}
 		break

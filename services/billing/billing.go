@@ -83,6 +83,7 @@ type Billing struct {
 	pool   *pgxpool.Pool
 	logger *slog.Logger
 	now    func() time.Time
+	write  outbox.WriteFunc
 }
 
 // New returns billing on pool; now is the clock (time.Now if nil).
@@ -90,7 +91,14 @@ func New(pool *pgxpool.Pool, logger *slog.Logger, now func() time.Time) *Billing
 	if now == nil {
 		now = time.Now
 	}
-	return &Billing{pool: pool, logger: logger, now: now}
+	return &Billing{pool: pool, logger: logger, now: now, write: outbox.Enqueue}
+}
+
+// WithOutboxWrite makes billing write its events with w: outbox.Emit under
+// RELAY_MODE=wal (outbox.RelayMode.Write), outbox.Enqueue otherwise.
+func (b *Billing) WithOutboxWrite(w outbox.WriteFunc) *Billing {
+	b.write = w
+	return b
 }
 
 // HandleNaive is the handler of the naive mode (INBOX_MODE=naive), for the
@@ -226,7 +234,7 @@ func (b *Billing) emit(ctx context.Context, tx pgx.Tx, cause event.Envelope, eve
 	if traceparent == "" {
 		traceparent = cause.Traceparent
 	}
-	return outbox.Enqueue(ctx, tx, event.Envelope{
+	return b.write(ctx, tx, event.Envelope{
 		EventID:          event.NewID(),
 		EventType:        eventType,
 		EventVersion:     1,

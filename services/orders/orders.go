@@ -129,6 +129,10 @@ type Options struct {
 	NaivePublisher Publisher
 	// NaiveTopic is the topic NaivePublisher produces to.
 	NaiveTopic string
+	// WriteEvent writes an order's event in its transaction: outbox.Enqueue
+	// (the default; RELAY_MODE poll and cdc) or outbox.Emit (wal), as
+	// outbox.RelayMode.Write picks.
+	WriteEvent outbox.WriteFunc
 }
 
 // Service places, reads and cancels orders.
@@ -335,6 +339,9 @@ func (s *Service) emit(ctx context.Context, tx pgx.Tx, naive *[]event.Envelope, 
 	if s.opts.NaivePublisher != nil {
 		*naive = append(*naive, ev)
 		return nil
+	}
+	if s.opts.WriteEvent != nil {
+		return s.opts.WriteEvent(ctx, tx, ev)
 	}
 	return outbox.Enqueue(ctx, tx, ev)
 }

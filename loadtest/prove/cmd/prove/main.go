@@ -2,7 +2,7 @@
 // their report; `make prove` runs it. It exits 1 when an outbox/inbox proof
 // failed or a naive mode survived its fault (the proof did not bite).
 //
-//	go run ./loadtest/prove/cmd/prove [-profile full|quick] [-only atomicity,chaos]
+//	go run ./loadtest/prove/cmd/prove [-profile full|quick] [-only atomicity,chaos] [-relay-modes poll,cdc,wal]
 package main
 
 import (
@@ -31,6 +31,8 @@ func run(ctx context.Context, args []string) error {
 	fs := flag.NewFlagSet(args[0], flag.ContinueOnError)
 	profile := fs.String("profile", "full", "full (make prove) or quick (the make test version)")
 	only := fs.String("only", "", "comma-separated proofs to run (default all): "+names())
+	relayModes := fs.String("relay-modes", "poll,cdc,wal",
+		"comma-separated RELAY_MODEs the producing-side proofs ("+strings.Join(relayModeProofs(), ", ")+") run in")
 	dir := fs.String("dir", "", "where the harness keeps its stack, binaries, logs and reports (default <repo>/.prove)")
 	if err := fs.Parse(args[1:]); err != nil {
 		return err
@@ -43,7 +45,7 @@ func run(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
-	opts := prove.Options{Root: root, Dir: *dir, Profile: prof, Out: os.Stdout}
+	opts := prove.Options{Root: root, Dir: *dir, Profile: prof, Out: os.Stdout, RelayModes: strings.Split(*relayModes, ",")}
 	if *only != "" {
 		opts.Only = strings.Split(*only, ",")
 	}
@@ -85,4 +87,14 @@ func repoRoot() (string, error) {
 		}
 		dir = parent
 	}
+}
+
+func relayModeProofs() []string {
+	var out []string
+	for _, p := range prove.Proofs {
+		if prove.RelayModeProofs[p.Name] {
+			out = append(out, p.Name)
+		}
+	}
+	return out
 }

@@ -52,6 +52,17 @@ type Config struct {
 	BillingTopic string `env:"BILLING_TOPIC" envDefault:"billing.events"`
 	// ConsumerGroup is the Kafka consumer group (see InboxName for the inbox's).
 	ConsumerGroup string `env:"CONSUMER_GROUP" envDefault:"billing"`
+	// RelayMode is poll (outbox rows, the polling relay), cdc (outbox rows,
+	// the log-based relay reading the replication stream; rows are deleted
+	// once confirmed) or wal (events written only to the WAL with
+	// outbox.Emit, the log-based relay). See docs/runbook-cdc.md.
+	RelayMode string `env:"RELAY_MODE" envDefault:"poll"`
+	// ReplicationDatabaseURL is the log-based relay's walsender connection:
+	// a role with the REPLICATION attribute. Empty: DATABASE_URL.
+	ReplicationDatabaseURL string `env:"REPLICATION_DATABASE_URL"`
+	// OutboxSlot is the log-based relay's replication slot; slot names are
+	// global to the Postgres cluster, so each service has its own.
+	OutboxSlot string `env:"OUTBOX_SLOT" envDefault:"billing_outbox"`
 	// OutboxRetention is how long published outbox rows are kept before the
 	// pruner removes them.
 	OutboxRetention time.Duration `env:"OUTBOX_RETENTION" envDefault:"168h"`
@@ -112,14 +123,29 @@ func run(ctx context.Context, _ []string, getenv func(string) string, stdout io.
 
 	writer := kafkautil.NewWriter(cfg.KafkaBrokers, 500, kafkautil.WithSecurity(kafkaSecurity))
 	defer writer.Close()
-	relay, err := outbox.NewRelay(svc.Pool, writer, outbox.RelayConfig{
-		Topic:      func(string) string { return cfg.BillingTopic },
-		Logger:     svc.Logger,
-		Metrics:    outbox.NewMetrics(svc.Registry),
-		CrashPoint: crashPoint,
-	})
+	relayMode, err := outbox.ParseRelayMode(cfg.RelayMode)
 	if err != nil {
 		return err
+	}
+	topic := func(string) string { return cfg.BillingTopic }
+	var relayRun func(context.Context) error
+	if relayMode == outbox.ModePoll {
+		relay, err := outbox.NewRelay(svc.Pool, writer, outbox.RelayConfig{
+			Topic: topic, Logger: svc.Logger, Metrics: outbox.NewMetrics(svc.Registry), CrashPoint: crashPoint,
+		})
+		if err != nil {
+			return err
+		}
+		relayRun = relay.Run
+	} else {
+		relay, err := outbox.NewCDCRelay(svc.Pool, writer, outbox.CDCConfig{
+			Slot: cfg.OutboxSlot, ReplicationURL: cfg.ReplicationDatabaseURL,
+			Topic: topic, Logger: svc.Logger, Metrics: outbox.NewMetrics(svc.Registry), CrashPoint: crashPoint,
+		})
+		if err != nil {
+			return err
+		}
+		relayRun = relay.Run
 	}
 	pruner, err := outbox.NewPruner(svc.Pool, outbox.PrunerConfig{
 		PruneConfig: outbox.PruneConfig{Retention: cfg.OutboxRetention, Archive: cfg.OutboxArchive},
@@ -131,7 +157,7 @@ func run(ctx context.Context, _ []string, getenv func(string) string, stdout io.
 	// Operators list, requeue and replay outbox events here (see outboxhttp).
 	svc.Mount("/admin/outbox", outboxhttp.Handler(svc.Pool, svc.Logger))
 
-	b := billing.New(svc.Pool, svc.Logger, nil)
+	b := billing.New(svc.Pool, svc.Logger, nil).WithOutboxWrite(relayMode.Write())
 	src := inbox.GroupConfig{Brokers: cfg.KafkaBrokers, Topic: cfg.OrdersTopic, Group: cfg.ConsumerGroup,
 		Dialer: kafkaSecurity.Dialer()}
 	consumer, err := inbox.NewConsumer(svc.Pool, src, writer, b.Handle, inbox.Config{
@@ -168,7 +194,7 @@ func run(ctx context.Context, _ []string, getenv func(string) string, stdout io.
 	return svc.Run(ctx,
 		lifecycle.Stage{Name: "orders consumer", Run: consume},
 		lifecycle.Stage{Name: "inbox pruner", Run: inboxPruner.Run},
-		lifecycle.Stage{Name: "outbox relay", Run: relay.Run},
+		lifecycle.Stage{Name: "outbox relay (" + string(relayMode) + ")", Run: relayRun},
 		lifecycle.Stage{Name: "outbox pruner", Run: pruner.Run},
 	)
 }

@@ -55,6 +55,17 @@ type Config struct {
 	// the backlog alerts fire): for a relay run by another deployment, or for
 	// an alerting drill.
 	RelayEnabled bool `env:"RELAY_ENABLED" envDefault:"true"`
+	// RelayMode is poll (outbox rows, the polling relay), cdc (outbox rows,
+	// the log-based relay reading the replication stream; rows are deleted
+	// once confirmed) or wal (events written only to the WAL with
+	// outbox.Emit, the log-based relay). See docs/runbook-cdc.md.
+	RelayMode string `env:"RELAY_MODE" envDefault:"poll"`
+	// ReplicationDatabaseURL is the log-based relay's walsender connection:
+	// a role with the REPLICATION attribute. Empty: DATABASE_URL.
+	ReplicationDatabaseURL string `env:"REPLICATION_DATABASE_URL"`
+	// OutboxSlot is the log-based relay's replication slot; slot names are
+	// global to the Postgres cluster, so each service has its own.
+	OutboxSlot string `env:"OUTBOX_SLOT" envDefault:"orders_outbox"`
 	// LogLevel is debug, info, warn or error.
 	LogLevel string `env:"LOG_LEVEL" envDefault:"info"`
 	// ShutdownGrace is how long in-flight requests get to finish on SIGTERM.
@@ -103,7 +114,11 @@ func run(ctx context.Context, _ []string, getenv func(string) string, stdout io.
 	if err != nil {
 		return err
 	}
-	opts := orders.Options{CrashPoint: crashPoint}
+	relayMode, err := outbox.ParseRelayMode(cfg.RelayMode)
+	if err != nil {
+		return err
+	}
+	opts := orders.Options{CrashPoint: crashPoint, WriteEvent: relayMode.Write()}
 	switch cfg.PublishMode {
 	case "outbox":
 	case "naive":
@@ -122,16 +137,25 @@ func run(ctx context.Context, _ []string, getenv func(string) string, stdout io.
 	if cfg.RelayEnabled {
 		writer := kafkautil.NewWriter(cfg.KafkaBrokers, 500, kafkautil.WithSecurity(kafkaSecurity))
 		defer writer.Close()
-		relay, err := outbox.NewRelay(svc.Pool, writer, outbox.RelayConfig{
-			Topic:      func(string) string { return cfg.OrdersTopic },
-			Logger:     svc.Logger,
-			Metrics:    metrics,
-			CrashPoint: crashPoint,
-		})
-		if err != nil {
-			return err
+		topic := func(string) string { return cfg.OrdersTopic }
+		if relayMode == outbox.ModePoll {
+			relay, err := outbox.NewRelay(svc.Pool, writer, outbox.RelayConfig{
+				Topic: topic, Logger: svc.Logger, Metrics: metrics, CrashPoint: crashPoint,
+			})
+			if err != nil {
+				return err
+			}
+			relayStage = lifecycle.Stage{Name: "outbox relay", Run: relay.Run}
+		} else {
+			relay, err := outbox.NewCDCRelay(svc.Pool, writer, outbox.CDCConfig{
+				Slot: cfg.OutboxSlot, ReplicationURL: cfg.ReplicationDatabaseURL,
+				Topic: topic, Logger: svc.Logger, Metrics: metrics, CrashPoint: crashPoint,
+			})
+			if err != nil {
+				return err
+			}
+			relayStage = lifecycle.Stage{Name: "outbox relay (" + string(relayMode) + ")", Run: relay.Run}
 		}
-		relayStage = lifecycle.Stage{Name: "outbox relay", Run: relay.Run}
 	} else {
 		svc.Logger.WarnContext(ctx, "the outbox relay is disabled (RELAY_ENABLED=false): orders are taken but not published")
 	}

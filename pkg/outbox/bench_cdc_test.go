@@ -1,0 +1,265 @@
+//go:build unix
+
+package outbox_test
+
+import (
+	"context"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/segmentio/kafka-go"
+
+	"github.com/onceflow/onceflow/pkg/event"
+	"github.com/onceflow/onceflow/pkg/outbox"
+	"github.com/onceflow/onceflow/pkg/platform/kafkautil"
+	"github.com/onceflow/onceflow/pkg/platform/testinfra"
+)
+
+// ---------------------------------------------------------------------------
+// The log-based relay (CDCRelay): write cost and drain rate.
+// ---------------------------------------------------------------------------
+
+// BenchmarkCDCWriteOverhead is BenchmarkEnqueueOverhead for the log-based
+// modes: the same order insert alone and with its event, alternating in
+// short rounds, 8 workers. mode=table writes the event with Enqueue (the
+// row the slot streams; the write is the polling mode's, and what changes
+// is that the relay never updates it), mode=wal with Emit (no row). It
+// reports the rates, their ratio (issue 15's goals: wal ≥ 0.95, table
+// ≥ 0.75) and the WAL each event adds. WAL positions are cluster-wide, so
+// other databases' writes during the run inflate wal-bytes/event.
+func BenchmarkCDCWriteOverhead(b *testing.B) {
+	for _, mode := range []outbox.RelayMode{outbox.ModeCDC, outbox.ModeWAL} {
+		name := "mode=table"
+		if mode == outbox.ModeWAL {
+			name = "mode=wal"
+		}
+		b.Run(name, func(b *testing.B) { benchCDCWriteOverhead(b, mode.Write()) })
+	}
+}
+
+func benchCDCWriteOverhead(b *testing.B, write outbox.WriteFunc) {
+	const workers = 8
+	ctx := context.Background()
+	pool := benchPool(b, testinfra.NewDatabase(b), workers+1, "on", nil)
+	benchMigrate(b, pool)
+	if _, err := pool.Exec(ctx, createBenchOrders); err != nil {
+		b.Fatalf("creating bench_orders: %v", err)
+	}
+	bare := func(ctx context.Context, n int) error {
+		return pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+			_, err := tx.Exec(ctx, insertBenchOrder, event.NewID(), "customer", 1000+n%5000)
+			return err
+		})
+	}
+	withEvent := func(ctx context.Context, n int) error {
+		return pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+			id := event.NewID()
+			if _, err := tx.Exec(ctx, insertBenchOrder, id, "customer", 1000+n%5000); err != nil {
+				return err
+			}
+			return write(ctx, tx, benchOrderPlaced(id.String(), 1, n))
+		})
+	}
+	for _, v := range []benchTxFunc{bare, withEvent} {
+		if _, err := benchRound(ctx, pool, workers, enqueueWarmUp, v); err != nil {
+			b.Fatal(err)
+		}
+	}
+	var (
+		bareRes, eventRes benchRoundResult
+		bareWAL, eventWAL int64
+	)
+	variants := []struct {
+		tx  benchTxFunc
+		res *benchRoundResult
+		wal *int64
+	}{{bare, &bareRes, &bareWAL}, {withEvent, &eventRes, &eventWAL}}
+	for i := range enqueuePairs * b.N {
+		for j := range variants {
+			v := variants[(i+j)%2]
+			before := benchWALPosition(b, pool)
+			r, err := benchRound(ctx, pool, workers, enqueueRound, v.tx)
+			if err != nil {
+				b.Fatal(err)
+			}
+			*v.wal += benchWALSince(b, pool, before)
+			v.res.add(r)
+		}
+	}
+	b.ReportMetric(0, "ns/op")
+	b.ReportMetric(bareRes.rate(), "bare-tx/s")
+	b.ReportMetric(eventRes.rate(), "event-tx/s")
+	b.ReportMetric(eventRes.rate()/bareRes.rate(), "ratio")
+	b.ReportMetric(benchMillis(benchPercentile(eventRes.latencies, 0.99)), "event-p99-ms")
+	b.ReportMetric(float64(eventWAL)/float64(eventRes.count)-float64(bareWAL)/float64(bareRes.count), "wal-bytes/event")
+}
+
+func benchWALPosition(b *testing.B, pool *pgxpool.Pool) string {
+	b.Helper()
+	var lsn string
+	if err := pool.QueryRow(context.Background(), `SELECT pg_current_wal_lsn()::text`).Scan(&lsn); err != nil {
+		b.Fatal(err)
+	}
+	return lsn
+}
+
+func benchWALSince(b *testing.B, pool *pgxpool.Pool, lsn string) int64 {
+	b.Helper()
+	var n int64
+	if err := pool.QueryRow(context.Background(), `SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), $1::pg_lsn)::bigint`, lsn).Scan(&n); err != nil {
+		b.Fatal(err)
+	}
+	return n
+}
+
+// BenchmarkCDCDrain is BenchmarkRelayDrain for the log-based relay: a
+// backlog of 100,000 events committed in transactions of 100 while the slot
+// existed and no relay ran, then drained by a CDCRelay, against kafka-go
+// producing the same messages directly (goal: ratio ≥ 0.50).
+func BenchmarkCDCDrain(b *testing.B) {
+	for _, mode := range []string{"table", "wal"} {
+		b.Run("mode="+mode, func(b *testing.B) { benchCDCDrain(b, mode) })
+	}
+}
+
+// emitFromTable re-emits the rows of outbox_events as Emit's messages, 100
+// rows per transaction, in id order.
+const emitFromTable = `
+DO $$
+DECLARE lo bigint; hi bigint;
+BEGIN
+  SELECT min(id), max(id) INTO lo, hi FROM outbox_events;
+  WHILE lo <= hi LOOP
+    PERFORM pg_logical_emit_message(true, '` + outbox.EmitPrefix + `', convert_to(jsonb_build_object(
+        'eventId', event_id, 'eventType', event_type, 'eventVersion', event_version,
+        'aggregateType', aggregate_type, 'aggregateId', aggregate_id, 'aggregateVersion', aggregate_version,
+        'occurredAt', to_char(occurred_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"'),
+        'correlationId', headers->>'correlationId', 'causationId', '', 'traceparent', headers->>'traceparent',
+        'payload', payload, 'emittedAt', clock_timestamp())::text, 'UTF8'))
+    FROM outbox_events WHERE id >= lo AND id < lo + 100 ORDER BY id;
+    COMMIT;
+    lo := lo + 100;
+  END LOOP;
+END $$`
+
+// copyInChunks re-inserts a filled backlog (moved aside to bench_backlog)
+// 100 rows per transaction, so the slot sees many commits, as in life.
+const copyInChunks = `
+DO $$
+DECLARE lo bigint; hi bigint;
+BEGIN
+  SELECT min(id), max(id) INTO lo, hi FROM bench_backlog;
+  WHILE lo <= hi LOOP
+    INSERT INTO outbox_events (event_id, aggregate_type, aggregate_id, aggregate_version, event_type,
+        event_version, payload, headers, occurred_at, partition)
+    SELECT event_id, aggregate_type, aggregate_id, aggregate_version, event_type, event_version,
+           payload, headers, occurred_at, partition
+    FROM bench_backlog WHERE id >= lo AND id < lo + 100 ORDER BY id;
+    COMMIT;
+    lo := lo + 100;
+  END LOOP;
+END $$`
+
+func benchCDCDrain(b *testing.B, mode string) {
+	ctx := context.Background()
+	brokers := testinfra.KafkaBrokers(b)
+	pool := benchPool(b, testinfra.NewDatabase(b), 4, "on", nil)
+	benchMigrate(b, pool)
+	var raw, relayed benchRate
+	for range b.N {
+		rawTopic := testinfra.NewTopic(b, brokers, 6)
+		relayTopic := testinfra.NewTopic(b, brokers, 6)
+		slot := testinfra.Name("bench")
+		for _, q := range []string{"TRUNCATE outbox_events", "DROP TABLE IF EXISTS bench_backlog"} {
+			if _, err := pool.Exec(ctx, q); err != nil {
+				b.Fatal(err)
+			}
+		}
+		if _, err := pool.Exec(ctx, fillBacklog, drainBacklog); err != nil {
+			b.Fatalf("filling the backlog: %v", err)
+		}
+		msgs := benchBacklogMessages(b, pool, rawTopic)
+		// The slot first, then the commits it is to stream.
+		if _, err := pool.Exec(ctx, `SELECT pg_create_logical_replication_slot($1, 'pgoutput')`, slot); err != nil {
+			b.Fatalf("creating the slot: %v", err)
+		}
+		b.Cleanup(func() {
+			_, _ = pool.Exec(context.Background(), `SELECT pg_drop_replication_slot($1)`, slot)
+		})
+		fill := emitFromTable
+		if mode == "table" {
+			if _, err := pool.Exec(ctx, "CREATE TABLE bench_backlog AS SELECT * FROM outbox_events; TRUNCATE outbox_events"); err != nil {
+				b.Fatal(err)
+			}
+			fill = copyInChunks
+		}
+		if _, err := pool.Exec(ctx, fill); err != nil {
+			b.Fatalf("committing the backlog: %v", err)
+		}
+		if mode == "wal" {
+			if _, err := pool.Exec(ctx, "TRUNCATE outbox_events"); err != nil {
+				b.Fatal(err)
+			}
+		}
+
+		w := kafkautil.NewWriter(brokers, 1000)
+		start := time.Now()
+		for i := 0; i < len(msgs); i += 1000 {
+			if err := w.WriteMessages(ctx, msgs[i:min(i+1000, len(msgs))]...); err != nil {
+				b.Fatalf("raw produce: %v", err)
+			}
+		}
+		raw.add(len(msgs), time.Since(start))
+		benchCloseWriter(w)
+
+		w = kafkautil.NewWriter(brokers, 1000)
+		counted := &benchCountingWriter{w: w, done: make(chan struct{}), want: int64(len(msgs))}
+		relay, err := outbox.NewCDCRelay(pool, counted, outbox.CDCConfig{Slot: slot, BatchSize: 1000,
+			Topic: func(string) string { return relayTopic }, Logger: benchLogger, RetentionInterval: time.Hour})
+		if err != nil {
+			b.Fatal(err)
+		}
+		runCtx, stop := context.WithCancel(ctx)
+		ran := make(chan error, 1)
+		start = time.Now()
+		go func() { ran <- relay.Run(runCtx) }()
+		select {
+		case <-counted.done:
+		case <-time.After(10 * time.Minute):
+			b.Fatalf("drained %d of %d events in 10 minutes", counted.n.Load(), len(msgs))
+		}
+		relayed.add(len(msgs), time.Since(start))
+		stop()
+		<-ran
+		benchCloseWriter(w)
+		if got := benchTopicMessages(b, brokers, relayTopic); got < drainBacklog {
+			b.Fatalf("the relay's topic holds %d messages, want %d", got, drainBacklog)
+		}
+	}
+	b.ReportMetric(0, "ns/op")
+	b.ReportMetric(relayed.perSecond(), "relay-events/s")
+	b.ReportMetric(raw.perSecond(), "raw-events/s")
+	b.ReportMetric(relayed.perSecond()/raw.perSecond(), "ratio")
+}
+
+// benchCountingWriter closes done once want messages were acknowledged.
+type benchCountingWriter struct {
+	w    outbox.Writer
+	n    atomic.Int64
+	want int64
+	done chan struct{}
+	once atomic.Bool
+}
+
+func (c *benchCountingWriter) WriteMessages(ctx context.Context, msgs ...kafka.Message) error {
+	if err := c.w.WriteMessages(ctx, msgs...); err != nil {
+		return err
+	}
+	if c.n.Add(int64(len(msgs))) >= c.want && c.once.CompareAndSwap(false, true) {
+		close(c.done)
+	}
+	return nil
+}

@@ -1,0 +1,488 @@
+package outbox_test
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pglogrepl"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/segmentio/kafka-go"
+
+	"github.com/onceflow/onceflow/pkg/event"
+	"github.com/onceflow/onceflow/pkg/outbox"
+	"github.com/onceflow/onceflow/pkg/platform/kafkautil"
+	"github.com/onceflow/onceflow/pkg/platform/testinfra"
+)
+
+// newSlot names a replication slot for this test (slot names are global to
+// the cluster) and drops it when the test ends, after the relays using it
+// stopped (cleanups run last-registered first, so call it before starting
+// them): a database with a slot cannot be dropped.
+func newSlot(t *testing.T, pool *pgxpool.Pool) string {
+	t.Helper()
+	slot := testinfra.Name("slot")
+	t.Cleanup(func() {
+		testinfra.WaitFor(t, 20*time.Second, "the slot to be dropped", func() (bool, error) {
+			_, err := pool.Exec(context.Background(),
+				`SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_name = $1`, slot)
+			return err == nil, nil // 55006 while the walsender is still going away
+		})
+	})
+	return slot
+}
+
+// emit commits events in one transaction through Emit (WAL only).
+func emit(t *testing.T, pool *pgxpool.Pool, evs ...event.Envelope) {
+	t.Helper()
+	err := pgx.BeginFunc(context.Background(), pool, func(tx pgx.Tx) error {
+		for _, ev := range evs {
+			if err := outbox.Emit(context.Background(), tx, ev); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
+// runCDC runs relay until the returned stop is called or the test ends.
+func runCDC(t *testing.T, relay *outbox.CDCRelay) (stop func()) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- relay.Run(ctx) }()
+	stopped := false
+	stop = func() {
+		if stopped {
+			return
+		}
+		stopped = true
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("Run: %v", err)
+		}
+	}
+	t.Cleanup(stop)
+	return stop
+}
+
+func newCDC(t *testing.T, pool *pgxpool.Pool, w outbox.Writer, cfg outbox.CDCConfig) *outbox.CDCRelay {
+	t.Helper()
+	if cfg.StatusInterval == 0 {
+		cfg.StatusInterval = 100 * time.Millisecond
+	}
+	relay, err := outbox.NewCDCRelay(pool, w, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return relay
+}
+
+// readAll reads n messages of topic from its start.
+func readAll(t *testing.T, brokers []string, topic string, n int) []kafka.Message {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	r := kafkautil.NewGroupReader(brokers, topic, testinfra.Name("reader"))
+	defer r.Close()
+	var out []kafka.Message
+	for len(out) < n {
+		m, err := r.FetchMessage(ctx)
+		if err != nil {
+			t.Fatalf("read %d of %d messages of %s: %v", len(out), n, topic, err)
+		}
+		out = append(out, m)
+	}
+	return out
+}
+
+// The polling relay, the table-mode CDC relay and the WAL-only CDC relay
+// publish the same events as the same Kafka messages (key, value, headers
+// and their order, trace context), each aggregate in order; table mode
+// leaves no row behind once retention ran.
+func TestCDCRelayPublishesLikeThePollingRelay(t *testing.T) {
+	t.Parallel()
+	brokers := testinfra.KafkaBrokers(t)
+	var evs []event.Envelope
+	for v := int64(1); v <= 4; v++ {
+		for _, agg := range []string{"a", "b"} {
+			ev := newEvent(agg, v)
+			ev.CausationID = "cause-" + agg
+			ev.Traceparent = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+			ev.Payload = []byte(`{"n":1,  "nested": {"z": [1, 2.50, "x"], "a": null}}`)
+			evs = append(evs, ev)
+		}
+	}
+	published := map[string][]kafka.Message{}
+	for _, mode := range []string{"poll", "cdc", "wal"} {
+		pool := newOutboxDB(t)
+		topic := testinfra.NewTopic(t, brokers, 3)
+		w := kafkautil.NewWriter(brokers, 100)
+		t.Cleanup(func() { w.Close() })
+		write := func() {
+			for i := 0; i < len(evs); i += 2 { // two events per transaction
+				if mode == "wal" {
+					emit(t, pool, evs[i:i+2]...)
+				} else {
+					enqueue(t, pool, evs[i:i+2]...)
+				}
+			}
+		}
+		switch mode {
+		case "poll":
+			write()
+			relay, err := outbox.NewRelay(pool, w, outbox.RelayConfig{Topic: func(string) string { return topic }})
+			if err != nil {
+				t.Fatal(err)
+			}
+			runRelay(t, relay)
+		default:
+			// The relay creates the slot on its first start; the stream
+			// begins there.
+			relay := newCDC(t, pool, w, outbox.CDCConfig{Slot: newSlot(t, pool), Topic: func(string) string { return topic },
+				RetentionInterval: 50 * time.Millisecond, Retain: time.Nanosecond})
+			runCDC(t, relay)
+			testinfra.WaitFor(t, 20*time.Second, "the relay to stream", func() (bool, error) { return relay.Active(), nil })
+			write()
+		}
+		published[mode] = readAll(t, brokers, topic, len(evs))
+		if mode == "cdc" {
+			testinfra.WaitFor(t, 20*time.Second, "retention to delete the published rows", func() (bool, error) {
+				return countRows(t, pool, "true") == 0, nil
+			})
+		}
+		if mode == "wal" {
+			if n := countRows(t, pool, "true"); n != 0 {
+				t.Errorf("wal mode: %d outbox rows, want none", n)
+			}
+		}
+	}
+	byID := func(ms []kafka.Message) map[string]kafka.Message {
+		out := map[string]kafka.Message{}
+		for _, m := range ms {
+			out[headerValue(m, event.HeaderEventID)] = m
+		}
+		return out
+	}
+	poll := byID(published["poll"])
+	for _, mode := range []string{"cdc", "wal"} {
+		got := published[mode]
+		versions := map[string][]int64{}
+		for _, m := range got {
+			ev, err := event.FromKafka(m)
+			if err != nil {
+				t.Fatalf("%s: %v", mode, err)
+			}
+			versions[ev.AggregateID] = append(versions[ev.AggregateID], ev.AggregateVersion)
+			want, ok := poll[ev.EventID.String()]
+			if !ok {
+				t.Fatalf("%s published %s, which the polling relay did not", mode, ev.EventID)
+			}
+			if string(m.Key) != string(want.Key) || string(m.Value) != string(want.Value) {
+				t.Errorf("%s: event %s key/value = %q/%s, polling relay %q/%s", mode, ev.EventID, m.Key, m.Value, want.Key, want.Value)
+			}
+			if g, w := headerList(m), headerList(want); !slices.Equal(g, w) {
+				t.Errorf("%s: event %s headers\n%v\npolling relay\n%v", mode, ev.EventID, g, w)
+			}
+		}
+		for agg, vs := range versions {
+			if !slices.Equal(vs, []int64{1, 2, 3, 4}) {
+				t.Errorf("%s: aggregate %s arrived as %v, want 1..4", mode, agg, vs)
+			}
+		}
+	}
+}
+
+func headerValue(m kafka.Message, key string) string {
+	for _, h := range m.Headers {
+		if h.Key == key {
+			return string(h.Value)
+		}
+	}
+	return ""
+}
+
+func headerList(m kafka.Message) []string {
+	var out []string
+	for _, h := range m.Headers {
+		out = append(out, h.Key+"="+string(h.Value))
+	}
+	return out
+}
+
+// confirmedLSN is the slot's confirmed_flush_lsn.
+func confirmedLSN(t *testing.T, pool *pgxpool.Pool, slot string) pglogrepl.LSN {
+	t.Helper()
+	var s string
+	if err := pool.QueryRow(context.Background(),
+		`SELECT coalesce(confirmed_flush_lsn::text, '0/0') FROM pg_replication_slots WHERE slot_name = $1`, slot).Scan(&s); err != nil {
+		t.Fatal(err)
+	}
+	lsn, err := pglogrepl.ParseLSN(s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return lsn
+}
+
+func currentLSN(t *testing.T, pool *pgxpool.Pool) pglogrepl.LSN {
+	t.Helper()
+	var s string
+	if err := pool.QueryRow(context.Background(), `SELECT pg_current_wal_lsn()::text`).Scan(&s); err != nil {
+		t.Fatal(err)
+	}
+	lsn, err := pglogrepl.ParseLSN(s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return lsn
+}
+
+// While Kafka refuses the writes (broker down), the slot's confirmed
+// position stays before the unacknowledged events' commit, however long
+// the relay runs and however many keepalives pass, and the lag metric
+// shows the retained WAL; a relay started after that one died, with Kafka
+// back, publishes the events, and the position moves past them.
+func TestCDCSlotDoesNotAdvancePastUnacknowledgedEvents(t *testing.T) {
+	t.Parallel()
+	brokers := testinfra.KafkaBrokers(t)
+	topic := testinfra.NewTopic(t, brokers, 1)
+	pool := newOutboxDB(t)
+	slot := newSlot(t, pool)
+	down := kafkautil.NewWriter([]string{closedAddr(t)}, 100)
+	up := kafkautil.NewWriter(brokers, 100)
+	t.Cleanup(func() { down.Close(); up.Close() })
+	sw := &switchWriter{}
+	sw.current.Store(down)
+	reg := prometheus.NewRegistry()
+	relay := newCDC(t, pool, sw, outbox.CDCConfig{Slot: slot, Topic: func(string) string { return topic },
+		LagInterval: 50 * time.Millisecond, OutageBackoffMax: 200 * time.Millisecond, Metrics: outbox.NewMetrics(reg)})
+	stop := runCDC(t, relay)
+	testinfra.WaitFor(t, 20*time.Second, "the relay to stream", func() (bool, error) { return relay.Active(), nil })
+
+	enqueue(t, pool, newEvent("a", 1), newEvent("a", 2))
+	emit(t, pool, newEvent("a", 3))
+	committed := currentLSN(t, pool)
+	// Other work in the database after the events: keepalives now report
+	// positions past them, which an idle relay would confirm.
+	for range 5 {
+		if _, err := pool.Exec(context.Background(), "CREATE TABLE IF NOT EXISTS noise (n int); INSERT INTO noise VALUES (1)"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	testinfra.WaitFor(t, 20*time.Second, "writes to fail a few times", func() (bool, error) { return sw.writes.Load() >= 5, nil })
+	time.Sleep(500 * time.Millisecond) // five status intervals: a wrongly confirmed position would show now
+	if got := confirmedLSN(t, pool, slot); got >= committed {
+		t.Fatalf("slot confirmed %s, at or past the unacknowledged events' commit (before %s)", got, committed)
+	}
+	testinfra.WaitFor(t, 10*time.Second, "outbox_slot_lag_bytes to show retained WAL", func() (bool, error) {
+		return testinfra.MetricValue(t, reg, "outbox_slot_lag_bytes") > 0, nil
+	})
+	if v := testinfra.MetricValue(t, reg, "outbox_kafka_connected"); v != 0 {
+		t.Errorf("outbox_kafka_connected = %v during the outage, want 0", v)
+	}
+
+	// The relay dies in the outage; the one after it, with Kafka back, must
+	// still find the events in the slot's stream.
+	stop()
+	relay = newCDC(t, pool, up, outbox.CDCConfig{Slot: slot, Topic: func(string) string { return topic }})
+	runCDC(t, relay)
+	msgs := readAll(t, brokers, topic, 3)
+	for i, m := range msgs {
+		if v := headerValue(m, event.HeaderAggregateVersion); v != fmt.Sprint(i+1) {
+			t.Errorf("message %d is version %s, want %d", i, v, i+1)
+		}
+	}
+	testinfra.WaitFor(t, 20*time.Second, "the slot to confirm past the events", func() (bool, error) {
+		return confirmedLSN(t, pool, slot) >= committed, nil
+	})
+}
+
+// Two relays share a slot: one streams, the other stands by. Killing the
+// active one mid-stream (its context cancelled: the connection closes
+// without a last confirmation) loses nothing: the standby takes the slot,
+// resumes from the last confirmed position, and each aggregate's first
+// deliveries stay in version order.
+func TestCDCStandbyTakesOverAndLosesNothing(t *testing.T) {
+	t.Parallel()
+	brokers := testinfra.KafkaBrokers(t)
+	topic := testinfra.NewTopic(t, brokers, 3)
+	pool := newOutboxDB(t)
+	slot := newSlot(t, pool)
+	c := collect(t, brokers, topic)
+	w := kafkautil.NewWriter(brokers, 50)
+	t.Cleanup(func() { w.Close() })
+	cfg := outbox.CDCConfig{Slot: slot, Topic: func(string) string { return topic }, BatchSize: 20,
+		OutageBackoffMax: 200 * time.Millisecond}
+	first := newCDC(t, pool, w, cfg)
+	stopFirst := runCDC(t, first)
+	testinfra.WaitFor(t, 20*time.Second, "the first relay to stream", func() (bool, error) { return first.Active(), nil })
+	second := newCDC(t, pool, w, cfg)
+	runCDC(t, second)
+
+	const aggregates, versions = 6, 40
+	want := map[string]int64{}
+	var written atomic.Int64
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for v := int64(1); v <= versions; v++ {
+			for a := range aggregates {
+				id := fmt.Sprintf("agg-%d", a)
+				ev := newEvent(id, v)
+				if a%2 == 0 {
+					enqueue(t, pool, ev)
+				} else {
+					emit(t, pool, ev)
+				}
+				written.Add(1)
+			}
+		}
+	}()
+	for a := range aggregates {
+		want[fmt.Sprintf("agg-%d", a)] = versions
+	}
+	testinfra.WaitFor(t, 30*time.Second, "some events to be published", func() (bool, error) { return c.distinct() >= 50, nil })
+	if second.Active() {
+		t.Fatal("the standby streams while the first relay still holds the slot")
+	}
+	stopFirst()
+	testinfra.WaitFor(t, 30*time.Second, "the standby to take over", func() (bool, error) { return second.Active(), nil })
+	<-done
+	testinfra.WaitFor(t, 60*time.Second, "every event to arrive", func() (bool, error) {
+		return c.distinct() == aggregates*versions, nil
+	})
+	c.checkOrder(t, want)
+	t.Logf("%d events, %d redelivered after the takeover", written.Load(), c.dups())
+}
+
+// A slot that was dropped while the relay was away is detected when it
+// comes back: logged, counted, reported with the window, and replaced. The
+// table-mode rows committed in the window are still in outbox_events, and
+// the polling relay (the runbook's fallback) publishes them.
+func TestCDCLostSlotIsDetectedAndReplaced(t *testing.T) {
+	t.Parallel()
+	brokers := testinfra.KafkaBrokers(t)
+	topic := testinfra.NewTopic(t, brokers, 1)
+	pool := newOutboxDB(t)
+	slot := newSlot(t, pool)
+	c := collect(t, brokers, topic)
+	w := kafkautil.NewWriter(brokers, 50)
+	t.Cleanup(func() { w.Close() })
+	reg := prometheus.NewRegistry()
+	lost := make(chan outbox.LostSlot, 1)
+	cfg := outbox.CDCConfig{Slot: slot, Topic: func(string) string { return topic }, Metrics: outbox.NewMetrics(reg),
+		OnSlotLost: func(l outbox.LostSlot) { lost <- l }}
+	relay := newCDC(t, pool, w, cfg)
+	stop := runCDC(t, relay)
+	testinfra.WaitFor(t, 20*time.Second, "the relay to stream", func() (bool, error) { return relay.Active(), nil })
+	enqueue(t, pool, newEvent("a", 1))
+	testinfra.WaitFor(t, 20*time.Second, "the first event", func() (bool, error) { return c.distinct() == 1, nil })
+	stop()
+
+	// The slot goes (an operator's mistake, or max_slot_wal_keep_size), and
+	// events commit while there is none.
+	testinfra.WaitFor(t, 20*time.Second, "the slot to be dropped", func() (bool, error) {
+		_, err := pool.Exec(context.Background(), `SELECT pg_drop_replication_slot($1)`, slot)
+		return err == nil, nil
+	})
+	before := time.Now()
+	enqueue(t, pool, newEvent("a", 2), newEvent("a", 3))
+
+	relay = newCDC(t, pool, w, cfg)
+	runCDC(t, relay)
+	var l outbox.LostSlot
+	select {
+	case l = <-lost:
+	case <-time.After(30 * time.Second):
+		t.Fatal("the lost slot was not reported")
+	}
+	if l.Slot != slot || l.Invalidated || !l.LastConfirmedAt.Before(before) || l.CreatedAt.Before(before) {
+		t.Errorf("lost slot = %+v, want %s missing, window around %s", l, slot, before)
+	}
+	if v := testinfra.MetricValue(t, reg, "outbox_slot_lost_total"); v != 1 {
+		t.Errorf("outbox_slot_lost_total = %v, want 1", v)
+	}
+	testinfra.WaitFor(t, 20*time.Second, "the new slot to stream", func() (bool, error) { return relay.Active(), nil })
+	enqueue(t, pool, newEvent("b", 1))
+	testinfra.WaitFor(t, 20*time.Second, "an event after the new slot", func() (bool, error) { return c.distinct() == 2, nil })
+
+	// The window's events are not in the new slot's stream; the polling
+	// relay publishes what the table still holds.
+	poll, err := outbox.NewRelay(pool, w, outbox.RelayConfig{Topic: func(string) string { return topic }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	runRelay(t, poll)
+	testinfra.WaitFor(t, 20*time.Second, "the window replayed by the polling relay", func() (bool, error) { return c.distinct() == 4, nil })
+	c.checkOrder(t, map[string]int64{"a": 3, "b": 1})
+}
+
+// An event Kafka refuses because of the message (larger than the writer
+// takes) is tried MaxAttempts times, then skipped as dead: counted, its row
+// marked dead (and kept by retention), while the events after it, its own
+// aggregate's included, are published and the stream goes on.
+func TestCDCMessageErrorSkipsTheEventAsDead(t *testing.T) {
+	t.Parallel()
+	brokers := testinfra.KafkaBrokers(t)
+	topic := testinfra.NewTopic(t, brokers, 1)
+	pool := newOutboxDB(t)
+	slot := newSlot(t, pool)
+	c := collect(t, brokers, topic)
+	w := kafkautil.NewWriter(brokers, 10)
+	t.Cleanup(func() { w.Close() })
+	reg := prometheus.NewRegistry()
+	relay := newCDC(t, pool, w, outbox.CDCConfig{Slot: slot, Topic: func(string) string { return topic },
+		MaxAttempts: 2, BackoffMin: 10 * time.Millisecond, Metrics: outbox.NewMetrics(reg),
+		RetentionInterval: 50 * time.Millisecond, Retain: time.Nanosecond})
+	runCDC(t, relay)
+	testinfra.WaitFor(t, 20*time.Second, "the relay to stream", func() (bool, error) { return relay.Active(), nil })
+
+	big := newEvent("big", 1)
+	big.Payload = []byte(`{"blob":"` + strings.Repeat("x", 1200<<10) + `"}`) // kafka-go's writer stops at 1 MiB
+	enqueue(t, pool, big, newEvent("fine", 1))
+	enqueue(t, pool, newEvent("big", 2))
+	testinfra.WaitFor(t, 30*time.Second, "the events after the refused one", func() (bool, error) { return c.distinct() == 2, nil })
+	// The events after it may go out before its last attempt: all three can
+	// share a batch, and only the refused one is tried again.
+	testinfra.WaitFor(t, 20*time.Second, "the refused event to be skipped as dead", func() (bool, error) {
+		return testinfra.MetricValue(t, reg, "outbox_dead_total") == 1, nil
+	})
+	if v := testinfra.MetricValue(t, reg, "outbox_publish_failures_total"); v != 2 {
+		t.Errorf("outbox_publish_failures_total = %v, want MaxAttempts = 2", v)
+	}
+	testinfra.WaitFor(t, 20*time.Second, "retention to keep only the dead row", func() (bool, error) {
+		return countRows(t, pool, "true") == 1 && countRows(t, pool, "state = 'dead' AND last_error <> ''") == 1, nil
+	})
+}
+
+// A migrating role without CREATE on the database (pgroles' owner) leaves
+// the publication out; the relay creates it over its replication
+// connection and publishes.
+func TestCDCRelayCreatesAMissingPublication(t *testing.T) {
+	t.Parallel()
+	brokers := testinfra.KafkaBrokers(t)
+	topic := testinfra.NewTopic(t, brokers, 1)
+	pool := newOutboxDB(t)
+	if _, err := pool.Exec(context.Background(), "DROP PUBLICATION "+outbox.Publication); err != nil {
+		t.Fatal(err)
+	}
+	slot := newSlot(t, pool)
+	c := collect(t, brokers, topic)
+	w := kafkautil.NewWriter(brokers, 10)
+	t.Cleanup(func() { w.Close() })
+	relay := newCDC(t, pool, w, outbox.CDCConfig{Slot: slot, Topic: func(string) string { return topic }})
+	runCDC(t, relay)
+	testinfra.WaitFor(t, 20*time.Second, "the relay to stream", func() (bool, error) { return relay.Active(), nil })
+	enqueue(t, pool, newEvent("a", 1))
+	testinfra.WaitFor(t, 20*time.Second, "the event", func() (bool, error) { return c.distinct() == 1, nil })
+}

@@ -1,0 +1,87 @@
+package main
+
+import (
+	"context"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/segmentio/kafka-go"
+
+	"github.com/onceflow/onceflow/pkg/event"
+	"github.com/onceflow/onceflow/pkg/platform/kafkautil"
+	"github.com/onceflow/onceflow/pkg/platform/testinfra"
+)
+
+// RELAY_MODE=cdc and wal publish an order's event through the log-based
+// relay; wal leaves no outbox row behind, and the metrics show the slot.
+func TestRelayModesPublishThroughTheReplicationSlot(t *testing.T) {
+	for _, mode := range []string{"cdc", "wal"} {
+		t.Run(mode, func(t *testing.T) {
+			brokers := testinfra.KafkaBrokers(t)
+			db := testinfra.NewDatabase(t)
+			pool := testinfra.NewPool(t, db)
+			slot := testinfra.Name("orders_slot")
+			t.Cleanup(func() { // before the database is dropped, after the service stopped
+				testinfra.WaitFor(t, 20*time.Second, "the slot to be dropped", func() (bool, error) {
+					_, err := pool.Exec(context.Background(),
+						`SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_name = $1`, slot)
+					return err == nil, nil
+				})
+			})
+			topic := testinfra.NewTopic(t, brokers, 1)
+			svc := testinfra.Start(t, run, map[string]string{
+				"HTTP_ADDR":     "127.0.0.1:0",
+				"ADMIN_ADDR":    "127.0.0.1:0",
+				"DATABASE_URL":  db,
+				"KAFKA_BROKERS": strings.Join(brokers, ","),
+				"ORDERS_TOPIC":  topic,
+				"RELAY_MODE":    mode,
+				"OUTBOX_SLOT":   slot,
+			})
+			var addr, adminAddr string
+			testinfra.WaitFor(t, 60*time.Second, "orders to stream from its slot", func() (bool, error) {
+				rec, ok := svc.Logs.Record("orders started")
+				if ok {
+					addr, _ = rec["http_addr"].(string)
+					adminAddr, _ = rec["admin_addr"].(string)
+				}
+				_, streaming := svc.Logs.Record("streaming the outbox from the replication slot")
+				return ok && streaming, nil
+			})
+			resp, err := http.Post("http://"+addr+"/orders", "application/json",
+				strings.NewReader(`{"customerId":"c1","amountCents":100,"currency":"EUR"}`))
+			if err != nil {
+				t.Fatal(err)
+			}
+			resp.Body.Close()
+			if resp.StatusCode != http.StatusCreated {
+				t.Fatalf("placing an order: status %d", resp.StatusCode)
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			defer cancel()
+			r := kafkautil.NewGroupReader(brokers, topic, testinfra.Name("g"))
+			defer r.Close()
+			m, err := r.FetchMessage(ctx)
+			if err != nil {
+				t.Fatalf("reading the order's event: %v\n%s", err, svc.Logs.String())
+			}
+			ev, err := event.FromKafka(kafka.Message{Key: m.Key, Value: m.Value, Headers: m.Headers})
+			if err != nil || ev.EventType != "OrderPlaced" {
+				t.Fatalf("event %+v, %v; want OrderPlaced", ev, err)
+			}
+			var rows int
+			if err := pool.QueryRow(ctx, `SELECT count(*) FROM outbox_events`).Scan(&rows); err != nil {
+				t.Fatal(err)
+			}
+			if mode == "wal" && rows != 0 {
+				t.Errorf("wal mode wrote %d outbox rows, want none", rows)
+			}
+			testinfra.WaitFor(t, 20*time.Second, "/metrics to show the active slot", func() (bool, error) {
+				got := scrape(t, "http://"+adminAddr+"/metrics")
+				return got["outbox_slot_active"] == "1" && got["outbox_published_total"] == "1", nil
+			})
+		})
+	}
+}
