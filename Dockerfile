@@ -1,12 +1,12 @@
 # syntax=docker/dockerfile:1
 #
-# One image for all four onceflow programs. docker-compose.yml builds it as
+# One image for all four onceflow programs and the reconcile job. docker-compose.yml builds it as
 # onceflow:dev and picks the program per service with `command`; by hand:
 #
 #   docker build -t onceflow:dev .
 #   docker run --rm onceflow:dev /usr/local/bin/reconciler -h
 #
-# The binaries are /usr/local/bin/{orders,billing,shim,reconciler}. There is
+# The binaries are /usr/local/bin/{orders,billing,shim,reconciler,reconcile}. There is
 # no default command on purpose: starting "the" service of a four-program
 # image would be a guess.
 
@@ -47,7 +47,8 @@ RUN --mount=type=cache,target=/root/.cache/go-build \
         ./services/orders/cmd/orders \
         ./services/billing/cmd/billing \
         ./services/reconciler-shim/cmd/shim \
-        ./services/reconciler-shim/cmd/reconciler
+        ./services/reconciler-shim/cmd/reconciler \
+        ./tools/cmd/reconcile
 # The reconciler's ledger directory, owned by the image's user (see below).
 RUN mkdir /data
 

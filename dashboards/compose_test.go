@@ -85,6 +85,33 @@ func TestDockerComposeProvisionsPrometheusAndGrafana(t *testing.T) {
 			t.Errorf("prometheus.yml must scrape %s:%s (ADMIN_ADDR %q in docker-compose.yml) with service=%q; scrapes %v", s, port, addr, s, scraped)
 		}
 	}
+	// The reconcile job has no ADMIN_ADDR: its one listener is -serve's, and
+	// without its scrape the reconciliation alerts have no data.
+	job, ok := compose.Services["reconcile"]
+	if !ok {
+		t.Fatal("docker-compose.yml must run the reconcile job (service reconcile), whose gauges the reconciliation alerts read")
+	}
+	var args []string
+	if b, err := yaml.Marshal(job.Command); err != nil || yaml.Unmarshal(b, &args) != nil {
+		t.Fatalf("service reconcile: command %v must be a list", job.Command)
+	}
+	i := slices.Index(args, "-serve")
+	if len(args) == 0 || args[0] != "/usr/local/bin/reconcile" || i < 0 || i+1 >= len(args) {
+		t.Fatalf("service reconcile must run /usr/local/bin/reconcile -serve ADDR, runs %v", args)
+	}
+	_, port, _ := strings.Cut(args[i+1], ":")
+	if scraped["reconcile:"+port] != "reconcile" {
+		t.Errorf("prometheus.yml must scrape reconcile:%s (-serve %s in docker-compose.yml) with service=\"reconcile\"; scrapes %v", port, args[i+1], scraped)
+	}
+	for _, key := range []string{"ONCEFLOW_RECONCILE_ORDERS_URL", "ONCEFLOW_RECONCILE_BILLING_URL", "ONCEFLOW_RECONCILE_SHIM_URL"} {
+		// The defaults point at 127.0.0.1, and only reconcile_ro is read-only.
+		if v := job.Environment[key]; !strings.HasPrefix(v, "postgres://reconcile_ro:") || !strings.Contains(v, "@postgres:5432/") {
+			t.Errorf("service reconcile: %s = %q, want reconcile_ro's URL on the postgres service", key, v)
+		}
+	}
+	if v := job.Environment["ONCEFLOW_LEDGER_URL"]; v != "http://reconciler:8084" {
+		t.Errorf("service reconcile: ONCEFLOW_LEDGER_URL = %q, want the reconciler service's http://reconciler:8084", v)
+	}
 }
 
 func readYAML(t *testing.T, path string, v any) {

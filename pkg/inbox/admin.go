@@ -277,12 +277,15 @@ func deadLetterOf(m kafka.Message) DeadLetter {
 // letters stay in the topic after a requeue (Kafka topics are append-only);
 // they leave it only through the topic's retention. Whether one is still
 // pending is in the inbox: its consumer's dead_lettered row.
-func ListDeadLetters(ctx context.Context, brokers []string, dltTopic string, limit int) ([]DeadLetter, error) {
+//
+// WithDialer connects with a TLS/SASL dialer; the default is plain TCP.
+func ListDeadLetters(ctx context.Context, brokers []string, dltTopic string, limit int, opts ...AdminOption) ([]DeadLetter, error) {
 	if limit <= 0 {
 		limit = 100
 	}
+	dialer := adminDialer(opts)
 	var perPartition [][]DeadLetter
-	err := readDeadLetterTopic(ctx, brokers, dltTopic, func(p int, m kafka.Message) (bool, error) {
+	err := readDeadLetterTopic(ctx, dialer, brokers, dltTopic, func(p int, m kafka.Message) (bool, error) {
 		for len(perPartition) <= p {
 			perPartition = append(perPartition, nil)
 		}
@@ -526,7 +529,10 @@ type RequeueDB interface {
 // filter that Validate refuses is refused with its error. On error, Requeued
 // is what was sent before the failing chunk and Next is empty: call again
 // with the same After.
-func RequeueDeadLetters(ctx context.Context, db RequeueDB, w Writer, brokers []string, dltTopic string, filter RequeueFilter) (RequeueResult, error) {
+//
+// WithDialer connects the reads of dltTopic with a TLS/SASL dialer (w
+// carries its own security); the default is plain TCP.
+func RequeueDeadLetters(ctx context.Context, db RequeueDB, w Writer, brokers []string, dltTopic string, filter RequeueFilter, opts ...AdminOption) (RequeueResult, error) {
 	if err := filter.Validate(); err != nil {
 		return RequeueResult{}, err
 	}
@@ -534,8 +540,8 @@ func RequeueDeadLetters(ctx context.Context, db RequeueDB, w Writer, brokers []s
 		return RequeueResult{}, errors.New("inbox: RequeueDeadLetters needs a pool or a connection, not a transaction: its deletes must commit right after each write")
 	}
 	limit := cmp.Or(filter.Limit, MaxRequeueLimit)
-	dialer := &kafka.Dialer{Timeout: 5 * time.Second}
-	partitions, err := topicPartitions(ctx, brokers, dltTopic)
+	dialer := adminDialer(opts)
+	partitions, err := topicPartitions(ctx, dialer, brokers, dltTopic)
 	if err != nil {
 		return RequeueResult{}, err
 	}
@@ -717,12 +723,42 @@ func originalMessage(topic string, dl kafka.Message) kafka.Message {
 // hanging it.
 const readIdleTimeout = 10 * time.Second
 
+// AdminOption changes how ListDeadLetters and RequeueDeadLetters reach Kafka.
+type AdminOption func(*adminOptions)
+
+type adminOptions struct{ dialer *kafka.Dialer }
+
+// WithDialer makes ListDeadLetters and RequeueDeadLetters connect with d:
+// pass kafkautil.Security.Dialer() so a cluster that wants TLS or SASL is
+// read the way the service's consumers read it. A nil d keeps the default.
+func WithDialer(d *kafka.Dialer) AdminOption {
+	return func(o *adminOptions) { o.dialer = d }
+}
+
+// adminDialer is the dialer opts ask for, or plain TCP with a 5s timeout.
+// A caller's dialer is copied with that timeout when it has none, because a
+// zero timeout would leave a dial to a dead broker to the context alone.
+func adminDialer(opts []AdminOption) *kafka.Dialer {
+	var o adminOptions
+	for _, opt := range opts {
+		opt(&o)
+	}
+	if o.dialer == nil {
+		return &kafka.Dialer{Timeout: 5 * time.Second}
+	}
+	if o.dialer.Timeout == 0 {
+		d := *o.dialer
+		d.Timeout = 5 * time.Second
+		return &d
+	}
+	return o.dialer
+}
+
 // readDeadLetterTopic calls visit with every message of topic, partition by
 // partition, each from its first offset up to the high-water mark it had
 // when reading began. visit returns false to skip the rest of the partition.
-func readDeadLetterTopic(ctx context.Context, brokers []string, topic string, visit func(partition int, m kafka.Message) (bool, error)) error {
-	dialer := &kafka.Dialer{Timeout: 5 * time.Second}
-	partitions, err := topicPartitions(ctx, brokers, topic)
+func readDeadLetterTopic(ctx context.Context, dialer *kafka.Dialer, brokers []string, topic string, visit func(partition int, m kafka.Message) (bool, error)) error {
+	partitions, err := topicPartitions(ctx, dialer, brokers, topic)
 	if err != nil {
 		return err
 	}
@@ -744,9 +780,10 @@ func readDeadLetterTopic(ctx context.Context, brokers []string, topic string, vi
 // topicPartitions reads the partitions of topic, in id order, with a
 // metadata request that does not ask the broker to create a missing topic
 // (kafka.Conn.ReadPartitions does), and does not retry an unknown topic until
-// ctx ends (kafka.Dialer.LookupPartitions does).
-func topicPartitions(ctx context.Context, brokers []string, topic string) ([]kafka.Partition, error) {
-	transport := &kafka.Transport{DialTimeout: 5 * time.Second}
+// ctx ends (kafka.Dialer.LookupPartitions does). The client's transport
+// takes dialer's TLS and SASL, so metadata goes the way the reads go.
+func topicPartitions(ctx context.Context, dialer *kafka.Dialer, brokers []string, topic string) ([]kafka.Partition, error) {
+	transport := &kafka.Transport{DialTimeout: dialer.Timeout, TLS: dialer.TLS, SASL: dialer.SASLMechanism}
 	defer transport.CloseIdleConnections()
 	client := &kafka.Client{Addr: kafka.TCP(brokers...), Transport: transport, Timeout: 10 * time.Second}
 	res, err := client.Metadata(ctx, &kafka.MetadataRequest{Topics: []string{topic}})
@@ -787,7 +824,7 @@ func partitionOffsets(ctx context.Context, dialer *kafka.Dialer, brokers []strin
 			return 0, 0, fmt.Errorf("inbox: reading the offsets of %s/%d: %w", p.Topic, p.ID, ctx.Err())
 		case <-time.After(time.Duration(attempt) * 100 * time.Millisecond):
 		}
-		partitions, perr := topicPartitions(ctx, brokers, p.Topic)
+		partitions, perr := topicPartitions(ctx, dialer, brokers, p.Topic)
 		if perr == nil && p.ID < len(partitions) {
 			p = partitions[p.ID]
 		}

@@ -2,6 +2,7 @@ package inbox_test
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -765,4 +766,32 @@ func TestRequeueRefusesAnUnsafeCall(t *testing.T) {
 		t.Fatalf("a refused requeue changed the inbox: %q", rows)
 	}
 	readAll(t, s.brokers, s.original, 0)
+}
+
+// TestDeadLetterAdminUsesTheGivenDialer points a TLS dialer at the dev
+// stack's PLAINTEXT Kafka: listing and requeueing must then fail to connect,
+// which shows that WithDialer's dialer (not a plain one built inside) reaches
+// every client they open, while the default still reads the topic.
+func TestDeadLetterAdminUsesTheGivenDialer(t *testing.T) {
+	t.Parallel()
+	brokers := testinfra.KafkaBrokers(t)
+	dlt := testinfra.NewTopic(t, brokers, 2)
+	if _, err := inbox.ListDeadLetters(context.Background(), brokers, dlt, 10); err != nil {
+		t.Fatalf("listing with the default dialer: %v", err)
+	}
+	tlsDialer := kafkautil.Security{TLS: &tls.Config{InsecureSkipVerify: true}}.Dialer() //nolint:gosec // never verified: the handshake must fail first
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	if _, err := inbox.ListDeadLetters(ctx, brokers, dlt, 10, inbox.WithDialer(tlsDialer)); err == nil {
+		t.Fatal("ListDeadLetters over TLS to a PLAINTEXT broker succeeded: the given dialer was not used")
+	}
+	w := kafkautil.NewWriter(brokers, 10)
+	defer w.Close()
+	_, err := inbox.RequeueDeadLetters(ctx, adminInboxDB(t), w, brokers, dlt, inbox.RequeueFilter{All: true}, inbox.WithDialer(tlsDialer))
+	if err == nil {
+		t.Fatal("RequeueDeadLetters over TLS to a PLAINTEXT broker succeeded: the given dialer was not used")
+	}
+	if ctx.Err() != nil {
+		t.Fatalf("the TLS attempts took until the deadline instead of failing to connect: %v", err)
+	}
 }

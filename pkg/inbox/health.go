@@ -5,20 +5,25 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
+	"slices"
 	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/onceflow/onceflow/pkg/event/retry"
 )
 
 // fault follows one dependency of the consumer (Kafka or the database)
 // through outages, per op (fetch, commit, dead_letter, begin, …): it counts
 // every error (inbox_<part>_errors_total by op), shows the state
-// (inbox_<part>_connected is 0 while any op is failing), and logs at a
-// bounded rate: an op's first failure, then at most one line per
-// ErrorLogInterval with the count since the last line, and one line when
-// it works again. Per op, so that a dead-letter topic that cannot be reached
-// is not declared recovered by every successful fetch.
+// (inbox_<part>_connected is 0 while any op is failing), and logs what each
+// op's retry.Outage reports: an op's first failure, then at most one line
+// per ErrorLogInterval with the count since the last line, and one line
+// when it works again, with nothing for an op that flaps within the
+// interval. Per op, so that a dead-letter topic that cannot be reached is
+// not declared recovered by every successful fetch.
 type fault struct {
 	part      string // "kafka" or "database"
 	consumer  string
@@ -28,19 +33,13 @@ type fault struct {
 	connected prometheus.Gauge
 	now       func() time.Time // the clock the log rate is kept by; tests move it
 
-	mu      sync.Mutex
-	failing map[string]*outage // by op
-}
-
-type outage struct {
-	since, logged time.Time
-	unseen        int // failures since the last line
-	lastErr       error
+	mu  sync.Mutex
+	ops map[string]*retry.Outage // every op that has failed; kept after recovery, for the flapping rule
 }
 
 func newFault(part, consumer string, logger *slog.Logger, interval time.Duration, errs *prometheus.CounterVec, connected *prometheus.GaugeVec) *fault {
 	f := &fault{part: part, consumer: consumer, logger: logger, interval: interval, errors: errs,
-		connected: connected.WithLabelValues(consumer), failing: map[string]*outage{}, now: time.Now}
+		connected: connected.WithLabelValues(consumer), ops: map[string]*retry.Outage{}, now: time.Now}
 	f.connected.Set(1)
 	return f
 }
@@ -50,22 +49,20 @@ func (f *fault) fail(ctx context.Context, op string, err error) {
 	f.errors.WithLabelValues(f.consumer, op).Inc()
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	now := f.now()
-	o := f.failing[op]
+	o := f.ops[op]
 	if o == nil {
-		f.failing[op] = &outage{since: now, logged: now, lastErr: err}
-		f.connected.Set(0)
+		o = retry.NewOutage(f.interval, func() time.Time { return f.now() })
+		f.ops[op] = o
+	}
+	f.connected.Set(0)
+	switch r := o.Fail(err); r.Event {
+	case retry.Started:
 		f.logger.WarnContext(ctx, "inbox cannot reach "+f.part+"; waiting it out",
 			slog.String("consumer", f.consumer), slog.String("op", op), slog.Any("error", err))
-		return
-	}
-	o.lastErr = err
-	o.unseen++
-	if now.Sub(o.logged) >= f.interval {
+	case retry.Continuing:
 		f.logger.WarnContext(ctx, "inbox still cannot reach "+f.part,
-			slog.String("consumer", f.consumer), slog.String("op", op), slog.Int("failures", o.unseen),
-			slog.Duration("for", now.Sub(o.since)), slog.Any("error", err))
-		o.logged, o.unseen = now, 0
+			slog.String("consumer", f.consumer), slog.String("op", op), slog.Int("failures", r.Failures),
+			slog.Duration("for", r.Down), slog.Any("error", err))
 	}
 }
 
@@ -74,18 +71,18 @@ func (f *fault) fail(ctx context.Context, op string, err error) {
 func (f *fault) ok(ctx context.Context, op string) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	if len(f.failing) == 0 {
-		return
-	}
-	for name, o := range f.failing {
+	down := false
+	for name, o := range f.ops {
 		if op != "" && name != op {
+			down = down || o.Down()
 			continue
 		}
-		delete(f.failing, name)
-		f.logger.InfoContext(ctx, "inbox reaches "+f.part+" again", slog.String("consumer", f.consumer),
-			slog.String("op", name), slog.Duration("after", f.now().Sub(o.since)))
+		if r := o.OK(); r.Event == retry.Recovered {
+			f.logger.InfoContext(ctx, "inbox reaches "+f.part+" again", slog.String("consumer", f.consumer),
+				slog.String("op", name), slog.Duration("after", r.Down))
+		}
 	}
-	if len(f.failing) == 0 {
+	if !down {
 		f.connected.Set(1)
 	}
 }
@@ -95,8 +92,10 @@ func (f *fault) err() error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	var errs []error
-	for op, o := range f.failing {
-		errs = append(errs, fmt.Errorf("%s unreachable (%s) for %s: %w", f.part, op, f.now().Sub(o.since).Round(time.Millisecond), o.lastErr))
+	for _, op := range slices.Sorted(maps.Keys(f.ops)) {
+		if down, since, lastErr := f.ops[op].State(); down {
+			errs = append(errs, fmt.Errorf("%s unreachable (%s) for %s: %w", f.part, op, f.now().Sub(since).Round(time.Millisecond), lastErr))
+		}
 	}
 	return errors.Join(errs...)
 }

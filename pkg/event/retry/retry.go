@@ -1,5 +1,6 @@
-// Package retry holds the backoff policy the outbox relay and the inbox
-// consumer share, so both retry the same way.
+// Package retry holds the backoff policy and the outage tracker the outbox
+// relay and the inbox consumer share, so both retry and log outages the
+// same way.
 package retry
 
 import (

@@ -91,8 +91,9 @@ func DecodeRequeue(body []byte) (RequeueRequest, error) {
 // inbox.RequeueDeadLetters), brokers is the Kafka cluster, and dltTopics maps
 // the names callers use to the dead-letter topics, e.g.
 // {"orders": "orders.events.dlt"}. logger records every requeue and every
-// internal error.
-func Handler(db inbox.RequeueDB, w inbox.Writer, brokers []string, dltTopics map[string]string, logger *slog.Logger) http.Handler {
+// internal error. opts reach every read of the dead-letter topics: pass
+// inbox.WithDialer(security.Dialer()) when the cluster wants TLS or SASL.
+func Handler(db inbox.RequeueDB, w inbox.Writer, brokers []string, dltTopics map[string]string, logger *slog.Logger, opts ...inbox.AdminOption) http.Handler {
 	topics := maps.Clone(dltTopics)
 	names := slices.Sorted(maps.Keys(topics))
 	writeError := func(rw http.ResponseWriter, r *http.Request, status int, msg string) {
@@ -136,7 +137,7 @@ func Handler(db inbox.RequeueDB, w inbox.Writer, brokers []string, dltTopics map
 		if !ok {
 			return
 		}
-		dls, err := inbox.ListDeadLetters(r.Context(), brokers, topic, limit)
+		dls, err := inbox.ListDeadLetters(r.Context(), brokers, topic, limit, opts...)
 		if err != nil {
 			apperr.WriteHTTP(rw, r, logger, err)
 			return
@@ -177,7 +178,7 @@ func Handler(db inbox.RequeueDB, w inbox.Writer, brokers []string, dltTopics map
 		if !ok {
 			return
 		}
-		res, err := inbox.RequeueDeadLetters(r.Context(), db, w, brokers, topic, req.filter())
+		res, err := inbox.RequeueDeadLetters(r.Context(), db, w, brokers, topic, req.filter(), opts...)
 		switch {
 		case errors.Is(err, inbox.ErrInvalidFilter):
 			writeError(rw, r, http.StatusUnprocessableEntity, err.Error())

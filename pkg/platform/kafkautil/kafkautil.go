@@ -94,9 +94,16 @@ func PingWith(ctx context.Context, s Security, brokers []string) error {
 	return fmt.Errorf("no Kafka broker of %v answered: %w", brokers, lastErr)
 }
 
-// Controller dials the cluster's controller, which topic admin requests must go to.
+// Controller dials the cluster's controller, which topic admin requests must
+// go to, over PLAINTEXT (the dev stack's and the test rigs'; see ControllerWith).
 func Controller(ctx context.Context, brokers []string) (*kafka.Conn, error) {
-	d := kafka.Dialer{Timeout: 3 * time.Second}
+	return ControllerWith(ctx, Security{}, brokers)
+}
+
+// ControllerWith is Controller connecting with s (TLS, SASL), both to the
+// first broker and to the controller it names.
+func ControllerWith(ctx context.Context, s Security, brokers []string) (*kafka.Conn, error) {
+	d := s.Dialer()
 	conn, err := d.DialContext(ctx, "tcp", brokers[0])
 	if err != nil {
 		return nil, fmt.Errorf("dialing %s: %w", brokers[0], err)
@@ -118,8 +125,15 @@ func Controller(ctx context.Context, brokers []string) (*kafka.Conn, error) {
 // background every 100ms. Callers commit a message only after its database
 // transaction committed; a crash loses at most 100ms of offset commits, which
 // are redelivered and absorbed by the inbox. Close flushes pending commits.
+// It connects over PLAINTEXT; NewGroupReaderWith adds TLS and SASL.
 func NewGroupReader(brokers []string, topic, group string) *kafka.Reader {
+	return NewGroupReaderWith(Security{}, brokers, topic, group)
+}
+
+// NewGroupReaderWith is NewGroupReader connecting with s (TLS, SASL).
+func NewGroupReaderWith(s Security, brokers []string, topic, group string) *kafka.Reader {
 	return kafka.NewReader(kafka.ReaderConfig{
+		Dialer:            s.Dialer(),
 		Brokers:           brokers,
 		Topic:             topic,
 		GroupID:           group,

@@ -20,11 +20,19 @@ import (
 // its topics sees on a fresh cluster. Waiting here, once, keeps that race out
 // of every test that builds a platform. Give ctx a deadline: without one,
 // a topic that never gets a leader is waited for until ctx is cancelled.
+// It connects over PLAINTEXT; WaitTopicsReadyWith adds TLS and SASL.
 func WaitTopicsReady(ctx context.Context, brokers []string, topics ...string) error {
+	return WaitTopicsReadyWith(ctx, Security{}, brokers, topics...)
+}
+
+// WaitTopicsReadyWith is WaitTopicsReady connecting with s (TLS, SASL).
+func WaitTopicsReadyWith(ctx context.Context, s Security, brokers []string, topics ...string) error {
 	if len(topics) == 0 {
 		return nil
 	}
-	client := &kafka.Client{Addr: kafka.TCP(brokers...), Timeout: 5 * time.Second}
+	transport := s.Transport()
+	defer transport.CloseIdleConnections()
+	client := &kafka.Client{Addr: kafka.TCP(brokers...), Timeout: 5 * time.Second, Transport: transport}
 	t := time.NewTicker(100 * time.Millisecond)
 	defer t.Stop()
 	for {

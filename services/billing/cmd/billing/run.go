@@ -176,7 +176,7 @@ func run(ctx context.Context, _ []string, getenv func(string) string, stdout io.
 		svc.AddCheck("orders_consumer", func(context.Context) error { return consumer.Healthy() })
 	case "naive":
 		svc.Logger.Warn("INBOX_MODE=naive: orders events are applied without the inbox; for the fault-injection harness only")
-		reader := kafkautil.NewGroupReader(cfg.KafkaBrokers, cfg.OrdersTopic, cfg.ConsumerGroup)
+		reader := kafkautil.NewGroupReaderWith(kafkaSecurity, cfg.KafkaBrokers, cfg.OrdersTopic, cfg.ConsumerGroup)
 		defer reader.Close() // after Run: flushes the last offset commits
 		consume = (&billing.NaiveConsumer{Pool: svc.Pool, Reader: reader, Handle: b.HandleNaive,
 			CrashPoint: crashPoint, Logger: svc.Logger}).Run
@@ -189,7 +189,8 @@ func run(ctx context.Context, _ []string, getenv func(string) string, stdout io.
 	}
 	// Operators list and requeue dead letters here (see inboxhttp).
 	svc.Mount("/admin/inbox", inboxhttp.Handler(
-		svc.Pool, writer, cfg.KafkaBrokers, map[string]string{cfg.OrdersTopic: cfg.OrdersTopic + ".dlt"}, svc.Logger))
+		svc.Pool, writer, cfg.KafkaBrokers, map[string]string{cfg.OrdersTopic: cfg.OrdersTopic + ".dlt"}, svc.Logger,
+		inbox.WithDialer(kafkaSecurity.Dialer())))
 	billing.Routes(svc.HTTP, b)
 	return svc.Run(ctx,
 		lifecycle.Stage{Name: "orders consumer", Run: consume},

@@ -119,7 +119,8 @@ func run(ctx context.Context, _ []string, getenv func(string) string, stdout io.
 	}
 	// Operators list and requeue dead letters here (see inboxhttp).
 	svc.Mount("/admin/inbox", inboxhttp.Handler(
-		svc.Pool, dlq, cfg.KafkaBrokers, map[string]string{cfg.BillingTopic: cfg.BillingTopic + ".dlt"}, svc.Logger))
+		svc.Pool, dlq, cfg.KafkaBrokers, map[string]string{cfg.BillingTopic: cfg.BillingTopic + ".dlt"}, svc.Logger,
+		inbox.WithDialer(kafkaSecurity.Dialer())))
 	return svc.Run(ctx,
 		lifecycle.Stage{Name: "billing consumer", Run: consumer.Run},
 		lifecycle.Stage{Name: "inbox pruner", Run: inboxPruner.Run},
