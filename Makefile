@@ -135,7 +135,7 @@ bench-inbox: up ## Run billing's consumption benchmarks: events/s, dup/clean rat
 	} 2>&1 | tee .devstack/bench/inbox-$$(date -u +%Y%m%dT%H%M%SZ).txt'
 
 .PHONY: bench
-bench: up k6 ## Run every benchmark and k6 scenario in one go: ratios table, BENCHMARKS.md results, benchmarks/*.json|svg (~15 min; BENCH_ARGS)
+bench: up k6 ## Run every benchmark and k6 scenario in one go: ratios table, BENCHMARKS.md results, benchmarks/*.json|svg (~19 min; BENCH_ARGS)
 	go run ./loadtest/bench/cmd/bench $(BENCH_ARGS)
 
 # k6 built with xk6 and the project's extension (loadtest/xk6-onceflow), every

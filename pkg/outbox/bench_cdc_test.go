@@ -31,10 +31,12 @@ import (
 // ≥ 0.75) and the WAL each event adds. WAL positions are cluster-wide, so
 // other databases' writes during the run inflate wal-bytes/event.
 func BenchmarkCDCWriteOverhead(b *testing.B) {
-	for _, mode := range []outbox.RelayMode{outbox.ModeCDC, outbox.ModeWAL} {
-		name := "mode=table"
-		if mode == outbox.ModeWAL {
-			name = "mode=wal"
+	// mode=poll is the polling relay's write (Enqueue, as mode=table), measured
+	// here too so make bench compares all three in one run, WAL included.
+	for _, mode := range []outbox.RelayMode{outbox.ModePoll, outbox.ModeCDC, outbox.ModeWAL} {
+		name := "mode=" + string(mode)
+		if mode == outbox.ModeCDC {
+			name = "mode=table"
 		}
 		b.Run(name, func(b *testing.B) { benchCDCWriteOverhead(b, mode.Write()) })
 	}
@@ -116,10 +118,22 @@ func benchWALSince(b *testing.B, pool *pgxpool.Pool, lsn string) int64 {
 }
 
 // BenchmarkCDCDrain is BenchmarkRelayDrain for the log-based relay: a
-// backlog of 100,000 events committed in transactions of 100 while the slot
+// backlog of drainBacklog (100,000) events committed in transactions of 100 while the slot
 // existed and no relay ran, then drained by a CDCRelay, against kafka-go
 // producing the same messages directly (goal: ratio ≥ 0.50).
+//
+// mode=poll is BenchmarkRelayDrain/batch=1000 (the polling relay), so one
+// -bench run gives the three modes' drains side by side.
 func BenchmarkCDCDrain(b *testing.B) {
+	b.Run("mode=poll", func(b *testing.B) {
+		brokers := testinfra.KafkaBrokers(b)
+		dbURL := testinfra.NewDatabase(b)
+		pool := benchPool(b, dbURL, 4, "on", nil)
+		benchMigrate(b, pool)
+		phases := newBenchPhases()
+		relayPool := benchPool(b, dbURL, 4, "on", phases)
+		benchRelayDrain(b, brokers, pool, relayPool, phases, 1000, func() *kafkautil.Writer { return kafkautil.NewWriter(brokers, 1000) })
+	})
 	for _, mode := range []string{"table", "wal"} {
 		b.Run("mode="+mode, func(b *testing.B) { benchCDCDrain(b, mode) })
 	}
@@ -178,7 +192,7 @@ func benchCDCDrain(b *testing.B, mode string) {
 				b.Fatal(err)
 			}
 		}
-		if _, err := pool.Exec(ctx, fillBacklog, drainBacklog); err != nil {
+		if _, err := pool.Exec(ctx, fillBacklog, drainBacklog, outbox.Partitions); err != nil {
 			b.Fatalf("filling the backlog: %v", err)
 		}
 		msgs := benchBacklogMessages(b, pool, rawTopic)
@@ -243,6 +257,7 @@ func benchCDCDrain(b *testing.B, mode string) {
 	b.ReportMetric(relayed.perSecond(), "relay-events/s")
 	b.ReportMetric(raw.perSecond(), "raw-events/s")
 	b.ReportMetric(relayed.perSecond()/raw.perSecond(), "ratio")
+	b.ReportMetric(float64(drainBacklog), "events")
 }
 
 // benchCountingWriter closes done once want messages were acknowledged.
@@ -262,4 +277,101 @@ func (c *benchCountingWriter) WriteMessages(ctx context.Context, msgs ...kafka.M
 		close(c.done)
 	}
 	return nil
+}
+
+// BenchmarkCDCPublishLag is BenchmarkPublishLag for the log-based relay:
+// one event per transaction at 1,000 commits/s (Enqueue for mode=table,
+// Emit for mode=wal), timed from each Commit's return to Kafka's ack of the
+// event, and to its arrival at a consumer (issue 15's goal: ack p99
+// ≤ 5 ms). The relay streams the slot; nothing polls. mode=poll is
+// BenchmarkPublishLag/rate=1000, so one -bench run compares the three.
+func BenchmarkCDCPublishLag(b *testing.B) {
+	b.Run("mode=poll", func(b *testing.B) { benchPublishLag(b, 1000, 0, "on") })
+	for _, mode := range []outbox.RelayMode{outbox.ModeCDC, outbox.ModeWAL} {
+		name := "mode=table"
+		if mode == outbox.ModeWAL {
+			name = "mode=wal"
+		}
+		b.Run(name, func(b *testing.B) { benchCDCPublishLag(b, mode.Write(), 1000) })
+	}
+}
+
+func benchCDCPublishLag(b *testing.B, write outbox.WriteFunc, rate int) {
+	ctx := context.Background()
+	brokers := testinfra.KafkaBrokers(b)
+	topic := testinfra.NewTopic(b, brokers, 6)
+	pool := benchPool(b, testinfra.NewDatabase(b), lagProducers+2, "on", nil)
+	benchMigrate(b, pool)
+	slot := testinfra.Name("bench")
+	b.Cleanup(func() {
+		_, _ = pool.Exec(context.Background(), `SELECT pg_drop_replication_slot($1)`, slot)
+	})
+
+	acked := newBenchClock()
+	w := kafkautil.NewWriter(brokers, 500)
+	defer benchCloseWriter(w)
+	aw := &benchAckWriter{benchTimedWriter: benchTimedWriter{w: w, phases: newBenchPhases()}, acked: acked}
+	relay, err := outbox.NewCDCRelay(pool, aw, outbox.CDCConfig{Slot: slot,
+		Topic: func(string) string { return topic }, Logger: benchLogger})
+	if err != nil {
+		b.Fatal(err)
+	}
+	runCtx, stopRelay := context.WithCancel(ctx)
+	relayDone := make(chan error, 1)
+	go func() { relayDone <- relay.Run(runCtx) }()
+	defer func() {
+		stopRelay()
+		if err := <-relayDone; err != nil {
+			b.Errorf("relay.Run: %v", err)
+		}
+	}()
+
+	var (
+		ackLag, consumeLag []time.Duration
+		events             benchRate
+		walBytes           int64
+	)
+	for range b.N {
+		arrived := newBenchClock()
+		stopConsumers := benchConsume(b, brokers, topic, 6, arrived)
+		// Warm up: the relay takes its slot (events committed before it
+		// exists are never streamed), the writer its metadata, the
+		// consumers their first fetch.
+		testinfra.WaitFor(b, 60*time.Second, "the relay's slot to be streamed", func() (bool, error) {
+			var active bool
+			err := pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_replication_slots WHERE slot_name = $1 AND active)`, slot).Scan(&active)
+			return active, err
+		})
+		warm, err := benchTrickle(ctx, pool, write, rate, int(lagWarmUp.Seconds()*float64(rate)), newBenchClock())
+		if err != nil {
+			b.Fatal(err)
+		}
+		testinfra.WaitFor(b, 30*time.Second, "the warm-up events to be acked and consumed", func() (bool, error) {
+			return acked.hasAll(warm) && arrived.hasAll(warm), nil
+		})
+
+		committed := newBenchClock()
+		before := benchWALPosition(b, pool)
+		start := time.Now()
+		ids, err := benchTrickle(ctx, pool, write, rate, int(lagLoad.Seconds()*float64(rate)), committed)
+		if err != nil {
+			b.Fatal(err)
+		}
+		events.add(len(ids), time.Since(start))
+		walBytes += benchWALSince(b, pool, before)
+		testinfra.WaitFor(b, 30*time.Second, "every event to be acked and consumed", func() (bool, error) {
+			return acked.hasAll(ids) && arrived.hasAll(ids), nil
+		})
+		ackLag = append(ackLag, committed.lagsUntil(acked, ids)...)
+		consumeLag = append(consumeLag, committed.lagsUntil(arrived, ids)...)
+		stopConsumers()
+	}
+	b.ReportMetric(0, "ns/op")
+	b.ReportMetric(events.perSecond(), "events/s")
+	b.ReportMetric(benchMillis(benchPercentile(ackLag, 0.50)), "ack-p50-ms")
+	b.ReportMetric(benchMillis(benchPercentile(ackLag, 0.99)), "ack-p99-ms")
+	b.ReportMetric(benchMillis(benchPercentile(ackLag, 1)), "ack-max-ms")
+	b.ReportMetric(benchMillis(benchPercentile(consumeLag, 0.50)), "consume-p50-ms")
+	b.ReportMetric(benchMillis(benchPercentile(consumeLag, 0.99)), "consume-p99-ms")
+	b.ReportMetric(float64(walBytes)/float64(events.events), "wal-bytes/event")
 }

@@ -307,7 +307,17 @@ func BenchmarkRelayDrain(b *testing.B) {
 	}
 }
 
-const drainBacklog = 100_000
+// drainBacklog is the drain benchmarks' backlog: issue 15's 100,000, or
+// ONCEFLOW_BENCH_DRAIN_EVENTS (make bench's -drain-events), so a quick run
+// of the wiring can use a small one.
+var drainBacklog = benchDrainEvents()
+
+func benchDrainEvents() int {
+	if n, err := strconv.Atoi(os.Getenv("ONCEFLOW_BENCH_DRAIN_EVENTS")); err == nil && n > 0 {
+		return n
+	}
+	return 100_000
+}
 
 // fillBacklog writes n pending events for 10,000 orders, ten versions each,
 // in id order per order, computing the logical partition exactly as
@@ -405,6 +415,7 @@ func benchRelayDrain(b *testing.B, brokers []string, pool, relayPool *pgxpool.Po
 	b.ReportMetric(relayed.perSecond(), "relay-events/s")
 	b.ReportMetric(raw.perSecond(), "raw-events/s")
 	b.ReportMetric(relayed.perSecond()/raw.perSecond(), "ratio")
+	b.ReportMetric(float64(drainBacklog), "events")
 	batches := math.Ceil(float64(relayed.events) / float64(batch))
 	b.ReportMetric(benchMillis(relayed.elapsed)/batches, "ms/batch")
 	for _, kind := range benchPhaseKinds {
@@ -656,7 +667,7 @@ func benchPublishLag(b *testing.B, rate int, writerTimeout time.Duration, relayS
 
 		// Warm up: the relay takes its partitions, the writer its metadata,
 		// the consumers their first fetch.
-		warm, err := benchTrickle(ctx, pool, rate, int(lagWarmUp.Seconds()*float64(rate)), newBenchClock())
+		warm, err := benchTrickle(ctx, pool, outbox.Enqueue, rate, int(lagWarmUp.Seconds()*float64(rate)), newBenchClock())
 		if err != nil {
 			b.Fatal(err)
 		}
@@ -669,7 +680,7 @@ func benchPublishLag(b *testing.B, rate int, writerTimeout time.Duration, relayS
 		phasesBefore := phases.mark()
 		committed := newBenchClock()
 		start := time.Now()
-		ids, err := benchTrickle(ctx, pool, rate, int(lagLoad.Seconds()*float64(rate)), committed)
+		ids, err := benchTrickle(ctx, pool, outbox.Enqueue, rate, int(lagLoad.Seconds()*float64(rate)), committed)
 		if err != nil {
 			b.Fatal(err)
 		}
@@ -744,10 +755,11 @@ func benchIdleCPU(b *testing.B, pool *pgxpool.Pool, d time.Duration) (process, b
 	return process, backends
 }
 
-// benchTrickle commits n events, one per transaction, at rate per second on
-// a fixed schedule (an open loop: a slow commit does not slow the schedule),
-// and records in committed when each transaction's Commit returned.
-func benchTrickle(ctx context.Context, pool *pgxpool.Pool, rate, n int, committed *benchClock) ([]string, error) {
+// benchTrickle commits n events, one per transaction written with write, at
+// rate per second on a fixed schedule (an open loop: a slow commit does not
+// slow the schedule), and records in committed when each transaction's
+// Commit returned.
+func benchTrickle(ctx context.Context, pool *pgxpool.Pool, write outbox.WriteFunc, rate, n int, committed *benchClock) ([]string, error) {
 	ids := make([]string, n)
 	for i := range ids {
 		ids[i] = uuid.NewString()
@@ -774,7 +786,7 @@ func benchTrickle(ctx context.Context, pool *pgxpool.Pool, rate, n int, committe
 			for i := range due {
 				ev := benchOrderPlaced("order-"+strconv.Itoa(i), 1, i)
 				ev.EventID = uuid.MustParse(ids[i])
-				err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error { return outbox.Enqueue(ctx, tx, ev) })
+				err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error { return write(ctx, tx, ev) })
 				if err != nil {
 					mu.Lock()
 					firstErr = cmp.Or(firstErr, err)

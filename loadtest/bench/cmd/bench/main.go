@@ -1,5 +1,6 @@
 // Command bench is `make bench`: in one invocation on one machine it runs
-// the library benchmarks (write path, relay drain, billing consumption) and
+// the library benchmarks (write path, relay drain, billing consumption, the
+// relay modes poll, cdc and wal side by side) and
 // the platform under k6 (naive vs outbox at the same load, the ramp to the
 // knee, a spike, a short soak), prints a table of ratios, and writes the
 // results section of BENCHMARKS.md, a JSON file and an SVG plot of the
@@ -7,7 +8,7 @@
 //
 // Usage (from the repository root, after `make up` and `make k6`):
 //
-//	go run ./loadtest/bench/cmd/bench [-only write,drain,consume,modes,ramp,spike,soak]
+//	go run ./loadtest/bench/cmd/bench [-only write,drain,consume,cdc,modes,ramp,spike,soak] [-drain-events 100000]
 //
 // See loadtest/README.md for every flag and what each number means.
 package main

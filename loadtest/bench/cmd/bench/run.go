@@ -33,13 +33,14 @@ type options struct {
 	soakDuration               string
 	fsync                      bool
 	knobRate                   int
+	drainEvents                int
 }
 
-var parts = []string{"write", "drain", "consume", "modes", "ramp", "spike", "soak", "knobs"}
+var parts = []string{"write", "drain", "consume", "cdc", "modes", "ramp", "spike", "soak", "knobs"}
 
 // defaultParts are what `make bench` runs; knobs (platform settings varied
 // one at a time, ~4 min) is asked for by name.
-var defaultParts = parts[:7]
+var defaultParts = parts[:8]
 
 func parseFlags(args []string, stdout io.Writer) (options, error) {
 	var o options
@@ -58,9 +59,13 @@ func parseFlags(args []string, stdout io.Writer) (options, error) {
 	fs.StringVar(&o.stepDuration, "step-duration", "10s", "how long the ramp holds each step")
 	fs.IntVar(&o.spikeRate, "spike-rate", 1000, "the spike's orders/s (over a baseline of 100)")
 	fs.StringVar(&o.soakDuration, "soak-duration", "60s", "the soak's length in this run (loadtest/k6/soak.js defaults to 30m)")
+	fs.IntVar(&o.drainEvents, "drain-events", 100_000, "the backlog the drain and cdc parts' relays drain (issue 15: 100,000)")
 	fs.BoolVar(&o.fsync, "fsync", true, "measure the disk's fsync rate with pg_test_fsync (~10 s)")
 	if err := fs.Parse(args[1:]); err != nil {
 		return o, err
+	}
+	if o.drainEvents < 1 {
+		return o, fmt.Errorf("-drain-events: %d, want at least 1", o.drainEvents)
 	}
 	o.only = map[string]bool{}
 	for _, p := range strings.Split(only, ",") {
@@ -129,7 +134,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout 
 			return
 		}
 		say("go test -bench %s %s …", pattern, pkg)
-		b, err := runGoBench(ctx, root, pkg, pattern, name, stdout)
+		b, err := runGoBench(ctx, root, pkg, pattern, name, o.drainEvents, stdout)
 		if err != nil {
 			res.Problems = append(res.Problems, fmt.Sprintf("%s: %v", part, err))
 			say("%s failed: %v", part, err)
@@ -143,6 +148,22 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout 
 	goBench("write", "./pkg/outbox/", "EnqueueOverhead$/^workers=8$", "BenchmarkEnqueueOverhead/workers=8")
 	goBench("drain", "./pkg/outbox/", "RelayDrain$/^batch=1000$", "BenchmarkRelayDrain/batch=1000")
 	goBench("consume", "./services/billing/", "Consume$", "BenchmarkConsume")
+	// The log-based relay beside the polling one, every figure from this
+	// run: each benchmark runs its poll, table and wal modes one after the
+	// other in one process, so the three share the machine's state.
+	if o.only["cdc"] {
+		for _, c := range cdcBenches {
+			say("go test -bench %s ./pkg/outbox/ …", c.pattern)
+			got, err := runGoBenches(ctx, root, "./pkg/outbox/", c.pattern, cdcNames(c.name), o.drainEvents, stdout)
+			for name, b := range got {
+				res.Go[cdcKey(name)] = b
+			}
+			if err != nil {
+				res.Problems = append(res.Problems, fmt.Sprintf("cdc: %v", err))
+				say("cdc failed: %v", err)
+			}
+		}
+	}
 
 	k6Parts := o.only["modes"] || o.only["ramp"] || o.only["spike"] || o.only["soak"] || o.only["knobs"]
 	if k6Parts {
@@ -229,35 +250,75 @@ func brokers(getenv func(string) string) []string {
 	return []string{"127.0.0.1:59092"}
 }
 
+// cdcModes are the relay modes the cdc part compares, as the benchmarks
+// name them (mode=table is RELAY_MODE=cdc).
+var cdcModes = []string{"poll", "table", "wal"}
+
+// cdcBenches are the cdc part's benchmarks: each has a sub-benchmark per
+// cdcModes entry, and the results are kept in Results.Go as cdcKey names.
+var cdcBenches = []struct{ pattern, name string }{
+	{"^BenchmarkCDCWriteOverhead$", "BenchmarkCDCWriteOverhead"},
+	{"^BenchmarkCDCDrain$", "BenchmarkCDCDrain"},
+	{"^BenchmarkCDCPublishLag$", "BenchmarkCDCPublishLag"},
+}
+
+func cdcNames(bench string) []string {
+	var names []string
+	for _, m := range cdcModes {
+		names = append(names, bench+"/mode="+m)
+	}
+	return names
+}
+
+// cdcKey is a cdc result's key in Results.Go:
+// "BenchmarkCDCDrain/mode=wal" is "cdc-drain-wal".
+func cdcKey(name string) string {
+	bench, mode, _ := strings.Cut(strings.TrimPrefix(name, "BenchmarkCDC"), "/mode=")
+	kind := map[string]string{"WriteOverhead": "write", "Drain": "drain", "PublishLag": "lag"}[bench]
+	return "cdc-" + kind + "-" + mode
+}
+
 // runGoBench runs one benchmark once (-benchtime 1x: each is a whole
 // experiment that reports its own rates) and parses its reported metrics.
-func runGoBench(ctx context.Context, root, pkg, pattern, want string, stdout io.Writer) (GoBench, error) {
+func runGoBench(ctx context.Context, root, pkg, pattern, want string, drainEvents int, stdout io.Writer) (GoBench, error) {
+	got, err := runGoBenches(ctx, root, pkg, pattern, []string{want}, drainEvents, stdout)
+	return got[want], err
+}
+
+// runGoBenches runs the benchmarks pattern matches once each and returns
+// the results named in want; one missing is an error, but the others found
+// are returned with it. drainEvents reaches the drain benchmarks as
+// ONCEFLOW_BENCH_DRAIN_EVENTS.
+func runGoBenches(ctx context.Context, root, pkg, pattern string, want []string, drainEvents int, stdout io.Writer) (map[string]GoBench, error) {
 	cmd := exec.CommandContext(ctx, "go", "test", "-run", "^$", "-bench", pattern, "-benchtime", "1x", "-timeout", "15m", pkg)
 	cmd.Dir = root
+	cmd.Env = append(os.Environ(), "ONCEFLOW_BENCH_DRAIN_EVENTS="+strconv.Itoa(drainEvents))
 	pr, pw := io.Pipe()
 	cmd.Stdout, cmd.Stderr = pw, pw
 	if err := cmd.Start(); err != nil {
-		return GoBench{}, err
+		return nil, err
 	}
 	done := make(chan error, 1)
 	go func() { done <- cmd.Wait(); pw.Close() }()
-	var b GoBench
+	got := map[string]GoBench{}
 	sc := bufio.NewScanner(pr)
 	sc.Buffer(make([]byte, 1<<20), 1<<20)
 	for sc.Scan() {
 		line := sc.Text()
 		fmt.Fprintln(stdout, "    "+line)
-		if name, m, ok := parseBenchLine(line); ok && name == want {
-			b = GoBench{Name: name, Metrics: m}
+		if name, m, ok := parseBenchLine(line); ok && contains(want, name) {
+			got[name] = GoBench{Name: name, Metrics: m}
 		}
 	}
 	if err := <-done; err != nil {
-		return b, fmt.Errorf("go test -bench %s %s: %w", pattern, pkg, err)
+		return got, fmt.Errorf("go test -bench %s %s: %w", pattern, pkg, err)
 	}
-	if b.Name == "" {
-		return b, fmt.Errorf("go test -bench %s %s printed no result for %s", pattern, pkg, want)
+	for _, name := range want {
+		if _, ok := got[name]; !ok {
+			return got, fmt.Errorf("go test -bench %s %s printed no result for %s", pattern, pkg, name)
+		}
 	}
-	return b, nil
+	return got, nil
 }
 
 var benchLine = regexp.MustCompile(`^(Benchmark\S+?)(?:-\d+)?\s+\d+\s+(.*)$`)

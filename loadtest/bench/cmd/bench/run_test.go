@@ -1,6 +1,7 @@
 package main
 
 import (
+	"io"
 	"os"
 	"path/filepath"
 	"strings"
@@ -105,5 +106,64 @@ func TestBrokeInvariant(t *testing.T) {
 		if got := brokeInvariant(rig.Report{ThresholdsFailed: c.failed}); got != c.want {
 			t.Errorf("brokeInvariant(%q) = %v, want %v", c.failed, got, c.want)
 		}
+	}
+}
+
+func TestCDCRows(t *testing.T) {
+	res := Results{Go: map[string]GoBench{}}
+	lines := []string{
+		"BenchmarkCDCWriteOverhead/mode=poll-2 1 0 ns/op 1000 bare-tx/s 560 event-tx/s 0.56 ratio 310 wal-bytes/event",
+		"BenchmarkCDCWriteOverhead/mode=table-2 1 0 ns/op 1000 bare-tx/s 800 event-tx/s 0.80 ratio 305 wal-bytes/event",
+		"BenchmarkCDCWriteOverhead/mode=wal-2 1 0 ns/op 1000 bare-tx/s 900 event-tx/s 0.90 ratio 420 wal-bytes/event",
+		"BenchmarkCDCDrain/mode=poll-2 1 0 ns/op 3000 relay-events/s 20000 raw-events/s 0.15 ratio 1000 events",
+		"BenchmarkCDCDrain/mode=table-2 1 0 ns/op 12000 relay-events/s 20000 raw-events/s 0.60 ratio 1000 events",
+		"BenchmarkCDCPublishLag/mode=wal-2 1 0 ns/op 999 events/s 2.1 ack-p50-ms 7.5 ack-p99-ms",
+	}
+	for _, l := range lines {
+		name, m, ok := parseBenchLine(l)
+		if !ok {
+			t.Fatalf("parseBenchLine(%q) failed", l)
+		}
+		res.Go[cdcKey(name)] = GoBench{Name: name, Metrics: m}
+	}
+	for _, key := range []string{"cdc-write-poll", "cdc-write-table", "cdc-write-wal", "cdc-drain-poll", "cdc-drain-table", "cdc-lag-wal"} {
+		if _, ok := res.Go[key]; !ok {
+			t.Errorf("no result under %s; have %v", key, res.Go)
+		}
+	}
+	table := resultsTable(res)
+	for _, want := range []string{
+		"| relay mode cdc (table), write: order + event vs bare order insert (tx/s) | 800 tx/s | 1,000 tx/s | 0.80 | ratio ≥ 0.75 | met |",
+		"| relay mode wal, write: order + event vs bare order insert (tx/s) | 900 tx/s | 1,000 tx/s | 0.90 | ratio ≥ 0.95 | **missed** |",
+		"| relay mode poll, write: order + event vs bare order insert (tx/s) | 560 tx/s | 1,000 tx/s | 0.56 |  |  |",
+		"| relay mode wal, WAL bytes per event (write phase, over the bare insert's) | 420 B |",
+		"| relay mode cdc (table), drain of 1,000 events vs raw kafka-go produce (events/s) | 12,000 events/s | 20,000 events/s | 0.60 | ratio ≥ 0.50 | met |",
+		"| relay mode wal: drain | not run |",
+		"| relay mode wal, commit → Kafka ack lag at 999 events/s: p50 / p99 | p50 2.1 ms | p99 7.5 ms |  | p99 ≤ 5 ms, no polling | **missed** |",
+		"| relay mode poll: lag | not run |",
+	} {
+		if !strings.Contains(table, want) {
+			t.Errorf("the table lacks %q:\n%s", want, table)
+		}
+	}
+}
+
+func TestParseFlagsCDC(t *testing.T) {
+	o, err := parseFlags([]string{"bench"}, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !o.only["cdc"] || o.drainEvents != 100_000 {
+		t.Errorf("defaults: only %v, drain-events %d; want cdc among the parts and 100,000", o.only, o.drainEvents)
+	}
+	o, err = parseFlags([]string{"bench", "-only", "cdc", "-drain-events", "500"}, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(o.only) != 1 || !o.only["cdc"] || o.drainEvents != 500 {
+		t.Errorf("-only cdc -drain-events 500: only %v, drain-events %d", o.only, o.drainEvents)
+	}
+	if _, err := parseFlags([]string{"bench", "-drain-events", "0"}, io.Discard); err == nil {
+		t.Error("-drain-events 0 was accepted")
 	}
 }
