@@ -1,0 +1,41 @@
+package outbox
+
+import (
+	"errors"
+	"fmt"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/onceflow/onceflow/pkg/platform/pgutil"
+)
+
+// The errors this package's functions wrap, so that callers decide with
+// errors.Is and never look at driver errors: the store boundary of the
+// outbox is this file, where Postgres's errors become these.
+var (
+	// ErrNotFound is wrapped by the error of an operator function asked
+	// about outbox rows that do not exist (Requeue of unknown ids).
+	ErrNotFound = errors.New("outbox: no such event")
+	// ErrUnavailable is wrapped by the error of an operator function that
+	// could not reach Postgres (pgutil.IsUnavailable): worth retrying, and
+	// nobody's fault in the request.
+	ErrUnavailable = errors.New("outbox: database unavailable")
+	// ErrUndecodable is the reason recorded on a row the relay cannot make
+	// into a Kafka message (its headers column does not decode). Like any
+	// message error it is charged an attempt each try, and goes dead after
+	// MaxAttempts with this as its last error.
+	ErrUndecodable = errors.New("outbox: undecodable row")
+)
+
+// storeErr wraps err, an error from Postgres while doing what, translating
+// what the driver says into this package's named errors; the driver's error
+// stays in the chain for logs.
+func storeErr(what string, err error) error {
+	switch {
+	case errors.Is(err, pgx.ErrNoRows):
+		return fmt.Errorf("outbox: %s: %w (%w)", what, ErrNotFound, err)
+	case pgutil.IsUnavailable(err):
+		return fmt.Errorf("outbox: %s: %w (%w)", what, ErrUnavailable, err)
+	}
+	return fmt.Errorf("outbox: %s: %w", what, err)
+}
