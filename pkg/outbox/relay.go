@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"os"
 	"slices"
 	"strconv"
@@ -58,12 +59,15 @@ type RelayConfig struct {
 	// PollInterval is how often the relay looks for work when no commit
 	// notification arrives (the fallback if NOTIFY is lost). Default 1s.
 	PollInterval time.Duration
-	// WakeLinger is how long an armed relay waits after a commit
-	// notification before it claims, so that the commits of a burst of
-	// writers become one batch instead of one each. It adds up to that much
-	// to the publish lag of the first event of each wake-up. Default 0: claim
-	// at once.
-	WakeLinger time.Duration
+	// Linger is how long a busy relay waits before a claim when it has no
+	// backlog: after a commit notification wakes it, and between batches
+	// that did not fill BatchSize. Commits that arrive meanwhile ride the
+	// same batch, so a steady rate of hundreds a second costs fewer claims
+	// and round trips; each event waits up to Linger longer. The relay
+	// lingers only while its recent rate says more commits are coming
+	// within Linger (at least one per 4 × Linger), so at low rates it adds
+	// nothing. Default 1ms.
+	Linger time.Duration
 	// RebalanceInterval is how often the relay heartbeats and rebalances its
 	// share of the partitions, and refreshes the backlog gauges, each on a
 	// goroutine of its own beside the claim loop. Default 2s.
@@ -154,6 +158,9 @@ func (c RelayConfig) WithDefaults() RelayConfig {
 	if c.LogInterval == 0 {
 		c.LogInterval = defaultLogInterval
 	}
+	if c.Linger == 0 {
+		c.Linger = time.Millisecond
+	}
 	if c.Logger == nil {
 		c.Logger = slog.Default()
 	}
@@ -184,7 +191,7 @@ func (c RelayConfig) Validate() error {
 		{"OutageBackoffMin", c.OutageBackoffMin, c.OutageBackoffMin < 0},
 		{"OutageBackoffMax", c.OutageBackoffMax, c.OutageBackoffMax < 0},
 		{"LogInterval", c.LogInterval, c.LogInterval < 0},
-		{"WakeLinger", c.WakeLinger, c.WakeLinger < 0},
+		{"Linger", c.Linger, c.Linger < 0},
 	} {
 		if f.neg {
 			return fmt.Errorf("outbox: RelayConfig.%s is negative (%v); leave it zero for the default", f.name, f.v)
@@ -229,6 +236,9 @@ type Relay struct {
 	topicStreak   map[string]int
 	deferredTypes map[string]map[string]bool
 	undefer       []string
+	// The claim loop's estimate of its rate (noteRate).
+	rate   float64
+	rateAt time.Time
 }
 
 // NewRelay returns a relay reading the outbox in pool and writing to w.
@@ -300,10 +310,7 @@ func (r *Relay) Run(ctx context.Context) error {
 		case <-ctx.Done():
 			return nil
 		case <-wake:
-			// Only an armed relay is notified, and lingering only pays
-			// when a notification may be followed by more commits at once:
-			// a burst of writers becomes one batch instead of several.
-			if armed && r.cfg.WakeLinger > 0 && !sleep(ctx, r.cfg.WakeLinger) {
+			if r.lingers() && !sleep(ctx, r.cfg.Linger) {
 				return nil
 			}
 		case <-poll.C:
@@ -358,11 +365,33 @@ func (r *Relay) Health() RelayHealth {
 	return h
 }
 
-// busyBatches is how many batches in a row an armed relay finishes with
-// another commit notification already waiting before it disarms: it is then
-// busy enough to claim again anyway, and notifying it would only make every
-// writer's commit queue on the cluster-wide NOTIFY lock (migration 0004).
-const busyBatches = 3
+// busyRate is the rate of claimed rows (per second) above which an armed
+// relay disarms. Armed, every writer's commit notifies, and notifying
+// commits queue on a cluster-wide lock (migration 0004); the relay claims
+// about once per commit. Disarmed, writers do not notify and the relay
+// claims back to back, once per cycle (a few ms: claim, publish, mark).
+// Around a few hundred events a second the claims cost the same either
+// way, and above it notifying only costs the writers.
+const busyRate = 200
+
+// rateWindow is the time constant of the relay's estimate of its rate.
+const rateWindow = 100 * time.Millisecond
+
+// noteRate adds n claimed rows to the relay's estimate of its rate, an
+// exponentially decaying count over rateWindow, and returns the estimate
+// in rows per second. Used only by the claim loop.
+func (r *Relay) noteRate(n int, now time.Time) float64 {
+	decay := math.Exp(-float64(now.Sub(r.rateAt)) / float64(rateWindow))
+	r.rate, r.rateAt = r.rate*decay+float64(n), now
+	return r.rate / rateWindow.Seconds()
+}
+
+// lingers reports whether the relay should wait Linger before its next
+// claim: whether, at its recent rate, at least a quarter of a commit is
+// expected meanwhile.
+func (r *Relay) lingers() bool {
+	return r.noteRate(0, time.Now())*r.cfg.Linger.Seconds() >= 0.25
+}
 
 // drain relays batches until the relay is idle, and reports whether it is
 // armed then. At a low rate an armed relay stays armed: each commit
@@ -381,13 +410,10 @@ const busyBatches = 3
 // broker, makes the whole relay pause before the next claim. The rows of
 // such a batch stay pending without an attempt charged (see relayBatch).
 func (r *Relay) drain(ctx context.Context, armed bool, wake chan struct{}) bool {
-	dbStreak, busy := 0, 0
+	dbStreak := 0
 	armFirst := false
 	for ctx.Err() == nil {
-		ops := wakeOps{arm: armFirst && !armed}
-		if armed {
-			ops.disarmAtFull, ops.disarm = true, busy+1 >= busyBatches
-		}
+		ops := wakeOps{arm: armFirst && !armed, disarmIfBusy: armed}
 		res, err := r.relayBatch(ctx, ops)
 		switch {
 		case res.armed:
@@ -426,15 +452,19 @@ func (r *Relay) drain(ctx context.Context, armed bool, wake chan struct{}) bool 
 		case armed && (n == 0 || n < r.cfg.BatchSize && len(wake) == 0):
 			return true
 		case armed:
-			// More commits arrived during the batch: claim them now, and
+			// More commits arrived during the batch: claim them next, and
 			// take the pending notification, which would only claim again.
-			busy++
 			select {
 			case <-wake:
 			default:
 			}
 		case n == 0:
 			armFirst = true
+			continue
+		}
+		if n < r.cfg.BatchSize && r.lingers() && !sleep(ctx, r.cfg.Linger) {
+			// Busy, but not behind: the sleep lets the next batch gather.
+			return armed
 		}
 	}
 	return armed
@@ -493,9 +523,9 @@ const disarm = `UPDATE outbox_relays SET waiting = false WHERE id = $1 AND waiti
 type wakeOps struct {
 	// arm arms before the claim.
 	arm bool
-	// disarm disarms when the batch commits; disarmAtFull does when the
-	// claim filled the batch, which means a backlog.
-	disarm, disarmAtFull bool
+	// disarmIfBusy disarms when the batch commits if the claim filled the
+	// batch (a backlog) or the relay's rate is above busyRate.
+	disarmIfBusy bool
 }
 
 // heartbeatLoop heartbeats and rebalances every RebalanceInterval until ctx
@@ -768,6 +798,7 @@ func (r *Relay) relayBatch(ctx context.Context, ops wakeOps) (res batchResult, e
 	if err != nil {
 		return res, err
 	}
+	rate := r.noteRate(len(batch), time.Now())
 	if len(batch) == 0 {
 		r.cfg.Metrics.emptyClaims.Inc()
 		r.cfg.Metrics.roundTrips.WithLabelValues("commit").Inc()
@@ -884,7 +915,7 @@ func (r *Relay) relayBatch(ctx context.Context, ops wakeOps) (res batchResult, e
 	if len(deferIDs) > 0 {
 		finish.Queue(markDeferred, deferIDs, deferErrs, deferDelays)
 	}
-	disarming := ops.disarm || ops.disarmAtFull && len(batch) >= r.cfg.BatchSize
+	disarming := ops.disarmIfBusy && (len(batch) >= r.cfg.BatchSize || rate > busyRate)
 	if disarming {
 		finish.Queue(disarm, r.cfg.ID)
 	}
