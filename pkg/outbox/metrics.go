@@ -95,17 +95,20 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	return m
 }
 
-// refresh reads the backlog gauges from the table; each query reads one
-// partial index, so the cost does not grow with the published rows.
+// backlog reads the backlog gauges; each subquery reads one partial index,
+// so the cost does not grow with the published rows.
+const backlog = `
+SELECT (SELECT count(*) FROM outbox_events WHERE state = 'pending'),
+       (SELECT created_at FROM outbox_events WHERE state = 'pending' ORDER BY id LIMIT 1),
+       (SELECT count(*) FROM outbox_events WHERE state = 'dead')`
+
+// refresh reads the backlog gauges from the table.
 func (m *Metrics) refresh(ctx context.Context, pool *pgxpool.Pool) error {
 	var (
 		pending, dead int64
 		oldest        *time.Time
 	)
-	err := pool.QueryRow(ctx, `
-		SELECT (SELECT count(*) FROM outbox_events WHERE state = 'pending'),
-		       (SELECT created_at FROM outbox_events WHERE state = 'pending' ORDER BY id LIMIT 1),
-		       (SELECT count(*) FROM outbox_events WHERE state = 'dead')`).Scan(&pending, &oldest, &dead)
+	err := pool.QueryRow(ctx, backlog).Scan(&pending, &oldest, &dead)
 	if err != nil {
 		return fmt.Errorf("reading the backlog: %w", err)
 	}

@@ -100,7 +100,7 @@ func (o *owner) rebalance(ctx context.Context, roundTrips prometheus.Counter) er
 		// stable assignments across rebalances.
 		extra := owned[share:]
 		roundTrips.Inc()
-		if _, err := o.conn.Exec(ctx, `SELECT pg_advisory_unlock($1, p) FROM unnest($2::int[]) AS p`, advisoryLockClass, extra); err != nil {
+		if _, err := o.conn.Exec(ctx, releasePartitions, advisoryLockClass, extra); err != nil {
 			o.drop()
 			return fmt.Errorf("releasing partitions: %w", err)
 		}
@@ -115,13 +115,8 @@ func (o *owner) rebalance(ctx context.Context, roundTrips prometheus.Counter) er
 			}
 		}
 		rand.Shuffle(len(candidates), func(i, j int) { candidates[i], candidates[j] = candidates[j], candidates[i] })
-		// pg_try_advisory_lock is evaluated row by row until LIMIT is met,
-		// so this takes at most the missing share in one round trip.
 		roundTrips.Inc()
-		rows, err := o.conn.Query(ctx, `
-			SELECT p FROM unnest($2::int[]) AS p
-			WHERE pg_try_advisory_lock($1, p)
-			LIMIT $3`, advisoryLockClass, candidates, share-len(owned))
+		rows, err := o.conn.Query(ctx, takePartitions, advisoryLockClass, candidates, share-len(owned))
 		if err != nil {
 			o.drop()
 			return fmt.Errorf("taking partitions: %w", err)
@@ -155,6 +150,18 @@ WITH beat AS (
 SELECT (SELECT count(*) + 1 FROM outbox_relays WHERE id <> $1 AND heartbeat_at >= now() - $2 * interval '1 microsecond'),
        (SELECT created FROM beat)`
 
+const releasePartitions = `SELECT pg_advisory_unlock($1, p) FROM unnest($2::int[]) AS p`
+
+// takePartitions tries the candidates in the given (shuffled) order.
+// pg_try_advisory_lock is evaluated row by row until LIMIT is met, so this
+// takes at most the missing share in one round trip.
+const takePartitions = `
+SELECT p FROM unnest($2::int[]) AS p
+WHERE pg_try_advisory_lock($1, p)
+LIMIT $3`
+
+const deregister = `DELETE FROM outbox_relays WHERE id = $1`
+
 // drop closes the lock connection, releasing every partition at once.
 func (o *owner) drop() {
 	o.set(nil)
@@ -170,7 +177,7 @@ func (o *owner) leave() {
 	if o.conn != nil && !o.conn.IsClosed() {
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 		defer cancel()
-		_, _ = o.conn.Exec(ctx, `DELETE FROM outbox_relays WHERE id = $1`, o.id)
+		_, _ = o.conn.Exec(ctx, deregister, o.id)
 	}
 	o.drop()
 }
