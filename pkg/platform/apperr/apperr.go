@@ -19,6 +19,9 @@ const (
 	NotFound  Code = "not_found" // 404
 	Conflict  Code = "conflict"  // 409: valid, but clashes with current state
 	TooLarge  Code = "too_large" // 413
+	// Unavailable: a dependency (the database) cannot be reached; the
+	// request may succeed if retried later.
+	Unavailable Code = "unavailable" // 503
 )
 
 // Error is an application error with a message safe to show the caller.

@@ -58,6 +58,8 @@ func Status(code Code) int {
 		return http.StatusConflict
 	case TooLarge:
 		return http.StatusRequestEntityTooLarge
+	case Unavailable:
+		return http.StatusServiceUnavailable
 	}
 	return http.StatusInternalServerError
 }
@@ -68,7 +70,9 @@ func Status(code Code) int {
 // *Error is answered with its code and message; an *http.MaxBytesError with
 // 413; anything else is internal: logged with the request id, answered 500
 // with that id and no detail, because an internal error string can reveal
-// SQL, hosts or file paths.
+// SQL, hosts or file paths. An Unavailable *Error is logged like an
+// internal one (the rest of err's chain says why) and answered 503 with its
+// own message, which tells the caller to retry.
 func WriteHTTP(w http.ResponseWriter, r *http.Request, logger *slog.Logger, err error) {
 	var body ErrorBody
 	var mbe *http.MaxBytesError
@@ -84,8 +88,11 @@ func WriteHTTP(w http.ResponseWriter, r *http.Request, logger *slog.Logger, err 
 		logger.ErrorContext(r.Context(), "request failed",
 			slog.String("method", r.Method), slog.String("path", r.URL.Path),
 			slog.String("request_id", id), slog.Any("error", err))
-		body.Error.Code, body.Error.RequestID = "internal", id
-		body.Error.Message = "internal error; see the service log for request id " + id
+		body.Error.RequestID = id
+		if status != http.StatusServiceUnavailable {
+			body.Error.Code = "internal"
+			body.Error.Message = "internal error; see the service log for request id " + id
+		}
 	}
 	if len(body.Error.Message) > maxMessage {
 		body.Error.Message = truncate(body.Error.Message, maxMessage) + "…"
