@@ -52,6 +52,8 @@ func BenchmarkRelayRoundTrips(b *testing.B) {
 		{"rate=100/linger=off", 100, time.Nanosecond},
 		{"rate=300/linger=off", 300, time.Nanosecond},
 		{"rate=1000/linger=off", 1000, time.Nanosecond},
+		{"rate=300/linger=2ms", 300, 2 * time.Millisecond},
+		{"rate=1000/linger=2ms", 1000, 2 * time.Millisecond},
 	} {
 		b.Run(c.name, func(b *testing.B) { benchRelayRoundTrips(b, c.rate, c.linger) })
 	}
