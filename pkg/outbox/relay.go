@@ -225,7 +225,7 @@ type Relay struct {
 	owner  *owner
 
 	// Followed for bounded-rate logs and for Health.
-	kafka, claims, heartbeat, gauges, listening, waking *outage
+	kafka, claims, heartbeat, gauges, listening *outage
 
 	// Used only by the claim loop (or relayOneBatch's caller): how many batches
 	// in a row Kafka refused as a whole; how many writes to each topic in a
@@ -267,7 +267,6 @@ func NewRelay(pool *pgxpool.Pool, w Writer, cfg RelayConfig) (*Relay, error) {
 		heartbeat:     health("heartbeating in Postgres"),
 		gauges:        health("refreshing the backlog gauges"),
 		listening:     health("listening for commits"),
-		waking:        health("arming the commit wake-up (polling meanwhile)"),
 		topicStreak:   map[string]int{},
 		deferredTypes: map[string]map[string]bool{},
 	}, nil
