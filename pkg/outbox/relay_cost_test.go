@@ -78,7 +78,9 @@ func TestAnArmedRelayPaysOneClaimAndTwoRoundTripsPerCommit(t *testing.T) {
 	if d.roundTrips > 2*(commits+2) {
 		t.Errorf("%d round trips for %d commits, want at most two each (+4)", d.roundTrips, commits)
 	}
-	if claims != float64(d.claims) || roundTrips != float64(d.roundTrips) {
+	// The relay does not count pgx preparing its statements on a
+	// connection it had not used yet: one round trip per pipeline, rare.
+	if prepares := float64(d.roundTrips) - roundTrips; claims != float64(d.claims) || prepares < 0 || prepares > 4 {
 		t.Errorf("the relay counted %.0f claims and %.0f round trips; its sockets saw %d and %d",
 			claims, roundTrips, d.claims, d.roundTrips)
 	}
