@@ -70,11 +70,20 @@ type Config struct {
 	Upcasters []Upcaster
 	// CrashPoint, when set, is called at each named crash point (see
 	// CrashAfterCommit); a non-nil error stops the consumer right there, as
-	// a crash would. Fault-injection harnesses use it; leave it nil otherwise.
+	// a crash would. In lease mode it is called from concurrent side
+	// effects, so it must be safe for concurrent use. Fault-injection
+	// harnesses use it; leave it nil otherwise.
 	CrashPoint func(name string) error
 	// LeaseTTL is how long a leased message (NewLeaseConsumer) stays with
 	// its worker; it must exceed the longest side effect call. Default 30s.
 	LeaseTTL time.Duration
+	// MaxInFlight bounds the side-effect calls (Effect.Check and
+	// Effect.Call) a lease-mode consumer makes at once, across its workers:
+	// the most load it puts on the other side. The messages of one key are
+	// called one after the other, in order; distinct keys of a batch are
+	// called concurrently up to this limit. 1 makes one call at a time.
+	// Default 16.
+	MaxInFlight int
 	// LeaseOwner names this process in lease rows. Default: Name + a random suffix.
 	LeaseOwner string
 	// LagInterval is how often consumer_lag_messages and
@@ -117,6 +126,9 @@ func (c Config) WithDefaults() Config {
 	if c.LeaseTTL == 0 {
 		c.LeaseTTL = 30 * time.Second
 	}
+	if c.MaxInFlight == 0 {
+		c.MaxInFlight = 16
+	}
 	if c.LeaseOwner == "" {
 		c.LeaseOwner = c.Name + "-" + uuid.NewString()[:8]
 	}
@@ -157,6 +169,7 @@ func (c Config) Validate() error {
 		{"BackoffMin", c.BackoffMin, c.BackoffMin < 0},
 		{"BackoffMax", c.BackoffMax, c.BackoffMax < 0},
 		{"LeaseTTL", c.LeaseTTL, c.LeaseTTL < 0},
+		{"MaxInFlight", c.MaxInFlight, c.MaxInFlight < 0},
 		{"LagInterval", c.LagInterval, c.LagInterval < 0},
 		{"ShutdownGrace", c.ShutdownGrace, c.ShutdownGrace < 0},
 		{"ErrorLogInterval", c.ErrorLogInterval, c.ErrorLogInterval < 0},

@@ -42,7 +42,8 @@ type Consumer struct {
 	handle    Handler
 	cfg       Config
 	upcasters map[string]map[int]Upcaster
-	effect    *Effect // lease mode, when set
+	effect    *Effect       // lease mode, when set
+	calls     chan struct{} // lease mode: a slot per side-effect call in flight (MaxInFlight)
 	kafka, db *fault
 }
 
@@ -160,21 +161,14 @@ func (c *Consumer) Handle(ctx context.Context, msgs ...kafka.Message) error {
 	for i, m := range msgs {
 		batch[i] = delivery{m: m}
 	}
-	if c.effect == nil {
-		if err := c.processBatch(ctx, batch); err != nil {
-			return err
-		}
-		return ctx.Err()
+	process := c.processBatch
+	if c.effect != nil {
+		process = c.processLeasedBatch
 	}
-	for _, d := range batch {
-		if err := c.processLeased(ctx, d); err != nil {
-			return err
-		}
-		if err := c.committed(ctx, []delivery{d}); err != nil {
-			return err
-		}
+	if err := process(ctx, batch); err != nil {
+		return err
 	}
-	return nil
+	return ctx.Err()
 }
 
 func workerFor(key []byte, n int) int {
@@ -206,24 +200,11 @@ func (c *Consumer) worker(ctx context.Context, q <-chan delivery) error {
 				break fill
 			}
 		}
-		var err error
+		process := c.processBatch // the transactional applier (txapply.go)
 		if c.effect != nil {
-			for i, d := range batch {
-				if err = c.processLeased(ctx, d); err == nil {
-					err = c.committed(ctx, batch[i:i+1])
-				} else {
-					d.gen.finish(d.m, false)
-				}
-				if crash := (*crashError)(nil); errors.As(err, &crash) {
-					for _, rest := range batch[i+1:] {
-						rest.gen.finish(rest.m, false)
-					}
-					break
-				}
-			}
-		} else {
-			err = c.processBatch(ctx, batch)
+			process = c.processLeasedBatch // the lease applier (lease.go)
 		}
+		err := process(ctx, batch)
 		var crash *crashError
 		if errors.As(err, &crash) {
 			return err
