@@ -148,7 +148,8 @@ func (c *Consumer) Run(ctx context.Context) error {
 // Handle runs msgs through the inbox as Run runs the messages it fetches —
 // in one batch: the inbox row, the version guard and the handler in one
 // transaction, retries with backoff, dead letters through the consumer's
-// dead-letter writer; in lease mode, each through the lease and the Effect —
+// dead-letter writer; in lease mode, through the batch's lease, the Effect
+// and the batch's marking done —
 // but commits no offset, since msgs did not come from the consumer group.
 // It is for callers that fetch messages themselves (a replay from a file,
 // a test: inboxtest.Deliver runs handlers through it without Kafka).

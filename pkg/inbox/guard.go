@@ -144,11 +144,16 @@ func (c *Consumer) checkPayloads(ctx context.Context, tx pgx.Tx, dups ...event.E
 		return fmt.Errorf("comparing payloads of duplicates: %w", err)
 	}
 	for _, id := range bad {
-		c.cfg.Metrics.payloadMismatches.WithLabelValues(c.cfg.Name).Inc()
-		c.cfg.Logger.WarnContext(ctx, "inbox duplicate with another payload: the producer reused an event id; the first payload was applied, this one ignored",
-			slog.String("consumer", c.cfg.Name), slog.String("event_id", uuid.UUID(id).String()))
+		c.payloadMismatch(ctx, id)
 	}
 	return nil
+}
+
+// payloadMismatch counts and logs a duplicate of id with another payload.
+func (c *Consumer) payloadMismatch(ctx context.Context, id uuid.UUID) {
+	c.cfg.Metrics.payloadMismatches.WithLabelValues(c.cfg.Name).Inc()
+	c.cfg.Logger.WarnContext(ctx, "inbox duplicate with another payload: the producer reused an event id; the first payload was applied, this one ignored",
+		slog.String("consumer", c.cfg.Name), slog.String("event_id", id.String()))
 }
 
 // advanceVersion moves the consumer's high-water version of the aggregate

@@ -1,6 +1,7 @@
 package inbox
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -44,6 +45,10 @@ const (
 //  3. mark the row done, only if the fencing token is still this worker's,
 //     and run Done in that same transaction.
 //
+// A worker does 1 and 3 for a batch of messages at a time, in one
+// transaction each, and 2 for distinct keys concurrently; Check and Call
+// must be safe for concurrent use.
+//
 // If a worker dies between 2 and 3, the lease expires and the next delivery
 // takes it over. It must not call blindly: it first asks Check. Found: the
 // row is marked done as AlreadyPresent without calling. Not found: it calls.
@@ -58,7 +63,9 @@ type Effect struct {
 	// ErrPermanent dead-letters the message; others are retried. Required.
 	Call func(ctx context.Context, ev event.Envelope, key string) error
 	// Done records the outcome in the consumer's database, in the
-	// transaction that marks the message done. Optional.
+	// transaction that marks the message done: one transaction for the
+	// messages of a batch, so an error rolls back the batch's marking, and
+	// each message is then marked done in a transaction of its own. Optional.
 	Done func(ctx context.Context, tx pgx.Tx, ev event.Envelope, outcome Outcome) error
 }
 
@@ -68,8 +75,10 @@ const CrashAfterEffect = "inbox.after-effect"
 
 // NewLeaseConsumer returns a consumer that runs eff for each event in lease
 // mode (see Effect). Dedupe, the version guard, upcasters, dead letters,
-// workers and offsets work as in NewConsumer; each message is its own
-// sequence of short transactions instead of part of a batch.
+// workers and offsets work as in NewConsumer. Each worker leases a batch of
+// messages in one transaction, calls out for them — distinct keys
+// concurrently, up to Config.MaxInFlight calls at once, each key's messages
+// in order — and marks them done in one transaction.
 func NewLeaseConsumer(pool *pgxpool.Pool, src GroupConfig, dlq Writer, eff Effect, cfg Config) (*Consumer, error) {
 	if eff.Check == nil || eff.Call == nil {
 		return nil, errors.New("inbox: an Effect needs Check and Call")
@@ -160,9 +169,13 @@ type leasePlan int
 
 const (
 	// planAlone: the message is settled on its own (processLeased): it did
-	// not decode, another worker holds its lease, it repeats an event id of
-	// the batch, or the batch's lease transaction failed.
+	// not decode, another worker holds its lease, or the batch's lease
+	// transaction failed.
 	planAlone leasePlan = iota
+	// planRepeat: the message repeats an event id earlier in the batch (a
+	// producer's retry): a duplicate, settled in its key's turn after the
+	// first one.
+	planRepeat
 	// planSettled: a duplicate or a stale event; nothing to call.
 	planSettled
 	// planLeased: leased by the batch; call under the lease, then mark done
@@ -180,6 +193,7 @@ type leaseItem struct {
 	taken    bool      // an expired lease was taken over: check before calling
 	leasedAt time.Time // when the lease transaction began: the lease runs from no earlier
 	counts   [4]int
+	mismatch bool // planRepeat: its payload differs from the first's
 
 	// After its key's turn:
 	result  leaseResult
@@ -274,8 +288,9 @@ func (c *Consumer) processLeasedBatch(ctx context.Context, batch []delivery) err
 		}
 	}
 	var (
-		counts [4]int
-		done   []delivery
+		counts  [4]int
+		done    []delivery
+		batched int // settled through the batch, not alone (processLeased records those)
 	)
 	for _, it := range items {
 		if it.span != nil {
@@ -288,12 +303,15 @@ func (c *Consumer) processLeasedBatch(ctx context.Context, batch []delivery) err
 		for i, n := range it.counts {
 			counts[i] += n
 		}
+		if it.plan != planAlone {
+			batched++
+		}
 		done = append(done, it.d)
 	}
 	if ce := crash.Load(); ce != nil {
 		return ce
 	}
-	c.cfg.Metrics.record(c.cfg.Name, counts, len(items), time.Since(start))
+	c.cfg.Metrics.record(c.cfg.Name, counts, batched, time.Since(start))
 	return c.committed(ctx, done)
 }
 
@@ -301,11 +319,19 @@ func (c *Consumer) processLeasedBatch(ctx context.Context, batch []delivery) err
 // When the transaction fails, every item is left to planAlone, which waits
 // out an outage and charges failures to the message that caused them.
 func (c *Consumer) leaseBatch(ctx context.Context, items []*leaseItem) {
-	seen := map[uuid.UUID]bool{}
+	seen := map[uuid.UUID]*leaseItem{}
 	var fresh []*leaseItem // decoded, first of their event id in the batch
 	for _, it := range items {
-		if it.decoded && !seen[it.ev.EventID] {
-			seen[it.ev.EventID] = true
+		switch first := seen[it.ev.EventID]; {
+		case !it.decoded:
+		case first != nil:
+			it.plan = planRepeat
+			it.counts[duplicate]++
+			if !bytes.Equal(first.ev.Payload, it.ev.Payload) {
+				it.mismatch = true
+			}
+		default:
+			seen[it.ev.EventID] = it
 			fresh = append(fresh, it)
 		}
 	}
@@ -448,6 +474,12 @@ func (c *Consumer) runLeased(ctx context.Context, it *leaseItem) error {
 	case planSettled:
 		it.result = leaseSettled
 		return nil
+	case planRepeat:
+		if it.mismatch {
+			c.payloadMismatch(ctx, it.ev.EventID)
+		}
+		it.result = leaseSettled
+		return nil
 	case planAlone:
 		err := c.processLeased(ctx, it.d)
 		if err != nil {
@@ -472,17 +504,14 @@ func (c *Consumer) runLeased(ctx context.Context, it *leaseItem) error {
 	// late (their key's earlier messages were slow) renew it before calling,
 	// so it cannot lapse while they call.
 	if time.Since(it.leasedAt) > c.cfg.LeaseTTL/2 {
-		if err := c.renew(ctx, it.ev.EventID, it.token); err != nil {
-			if !errors.Is(err, errLeaseLost) {
-				// Not renewed: leave the message to be fetched again
-				// rather than call under a lease that may lapse.
-				it.result = leaseAbandoned
-				return errAbandoned
-			}
-			c.cfg.Logger.WarnContext(ctx, "inbox lease was taken over before its turn; leaving the message to the new holder",
-				slog.String("consumer", c.cfg.Name), slog.String("event_id", it.ev.EventID.String()))
+		switch err := c.renewBeforeCall(ctx, it); {
+		case errors.Is(err, errLeaseLost):
+			c.leaseTakenOver(ctx, it.ev)
 			it.result = leaseSettled
 			return nil
+		case err != nil:
+			it.result = leaseAbandoned
+			return err
 		}
 	}
 	outcome, settled, err := c.underLease(ctx, it.d, it.ev, it.token, it.taken, &it.counts)
@@ -496,6 +525,28 @@ func (c *Consumer) runLeased(ctx context.Context, it *leaseItem) error {
 		it.result, it.outcome = leaseCalled, outcome
 	}
 	return nil
+}
+
+// renewBeforeCall renews its lease, waiting out the database being
+// unreachable: no call may start under a lease that could lapse during it.
+// A renewal that succeeds late is still safe: the token proves nobody took
+// the message over meanwhile. It returns errLeaseLost or errAbandoned.
+func (c *Consumer) renewBeforeCall(ctx context.Context, it *leaseItem) error {
+	for outages := 1; ; outages++ {
+		err := c.renew(ctx, it.ev.EventID, it.token)
+		switch {
+		case err == nil:
+			return nil
+		case errors.Is(err, errLeaseLost):
+			return err
+		case ctx.Err() != nil:
+			return errAbandoned
+		}
+		c.db.fail(ctx, "renew_lease", err)
+		if err := wait(ctx, it.d.gen, retry.Backoff(outages, c.cfg.BackoffMin, c.cfg.BackoffMax)); err != nil {
+			return err
+		}
+	}
 }
 
 // renew extends the lease of id if token still holds it.
@@ -577,11 +628,9 @@ func (c *Consumer) leaseTakenOver(ctx context.Context, ev event.Envelope) {
 // generation is dropped; a crash point firing is a *crashError.
 func (c *Consumer) processLeased(ctx context.Context, d delivery) error {
 	m := d.m
+	start := time.Now()
 	var counts [4]int
-	defer func() {
-		// Metrics for the message alone; a batch counts its own.
-		c.cfg.Metrics.record(c.cfg.Name, counts, 0, 0)
-	}()
+	defer func() { c.cfg.Metrics.record(c.cfg.Name, counts, 1, time.Since(start)) }()
 
 	ev, err := event.FromKafka(m)
 	if err != nil {
