@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -217,4 +218,63 @@ func TestAFailingOrHangingThirdPartyIsRetriedWithoutDuplicates(t *testing.T) {
 			t.Errorf("%s%v = %v, want %v", c.name, c.labels, got, c.want)
 		}
 	}
+}
+
+func TestManyPaymentsThroughFailuresHangsAndACrashAreEachBookedOnce(t *testing.T) {
+	t.Parallel()
+	r := newRig(t)
+	const payments = 12
+	evs := make([]event.Envelope, payments)
+	for i := range evs {
+		evs[i] = captured(uuid.New())
+	}
+	client := thirdparty.NewClient(r.url, nil).WithAdmin(r.adminURL, "test-token")
+	// Calls in flight meet 500s and calls that are booked but answered after
+	// the shim's client gave up; then the shim dies between calls and done.
+	if err := client.SetFaults(context.Background(), thirdparty.Faults{FailNext: 3, HangNext: 2, HangFor: "1s"}); err != nil {
+		t.Fatal(err)
+	}
+	r.publish(t, evs...)
+	group := testinfra.Name("shim")
+	backoff := inbox.Config{BackoffMin: 20 * time.Millisecond, BackoffMax: 100 * time.Millisecond, LeaseTTL: time.Second, MaxInFlight: 4}
+
+	killed := errors.New("killed")
+	var passes atomic.Int32
+	firstCfg := backoff
+	firstCfg.CrashPoint = func(name string) error {
+		if name == inbox.CrashAfterEffect && passes.Add(1) == 4 {
+			return killed
+		}
+		return nil
+	}
+	first, closeFirst := r.consumer(t, group, 300*time.Millisecond, firstCfg)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	if err := first.Run(ctx); !errors.Is(err, killed) {
+		t.Fatalf("first life ended with %v, want the crash", err)
+	}
+	closeFirst()
+
+	second, closeSecond := r.consumer(t, group, 300*time.Millisecond, backoff)
+	defer closeSecond()
+	runCtx, stop := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- second.Run(runCtx) }()
+	defer func() { stop(); <-done }()
+	testinfra.WaitFor(t, 60*time.Second, "every forward recorded", func() (bool, error) {
+		var n int
+		err := r.pool.QueryRow(ctx, "SELECT count(*) FROM forwards").Scan(&n)
+		return n == payments, err
+	})
+	if st := r.ledger.Stats(); st.Settlements != payments || st.Duplicates != 0 {
+		t.Fatalf("third party: %+v, want %d settlements and no duplicates", st, payments)
+	}
+	var present int
+	if err := r.pool.QueryRow(ctx, "SELECT count(*) FROM forwards WHERE outcome = 'already_present'").Scan(&present); err != nil {
+		t.Fatal(err)
+	}
+	if present < 2 {
+		t.Fatalf("%d forwards already present, want at least the 2 hung calls (and those the crash left leased)", present)
+	}
+	t.Logf("%d payments, %d found already booked by a check", payments, present)
 }
