@@ -701,6 +701,7 @@ func (c *Consumer) processLeased(ctx context.Context, d delivery) error {
 func (c *Consumer) underLease(ctx context.Context, d delivery, ev event.Envelope, token int64, taken bool, counts *[4]int) (Outcome, bool, error) {
 	key := ev.EventID.String()
 	mayHaveCalled := taken
+	c.cfg.Metrics.observeHop(c.cfg.Name, ev.OccurredAt)
 	for attempt := 1; ; attempt++ {
 		outcome, err := c.runEffect(ctx, d.gen, ev, key, mayHaveCalled)
 		switch {

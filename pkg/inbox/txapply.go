@@ -246,6 +246,7 @@ func (c *Consumer) fastBatch(ctx context.Context, batch []kafka.Message) bool {
 		if outs[i] != processed {
 			continue
 		}
+		c.cfg.Metrics.observeHop(c.cfg.Name, evs[i].OccurredAt)
 		if err := c.invoke(ctx, tx, batch[i], &evs[i]); err != nil {
 			c.fastPathFailed(ctx, "handling "+evs[i].EventID.String(), err)
 			return false
@@ -330,7 +331,7 @@ func (c *Consumer) settle(ctx context.Context, tx pgx.Tx, m kafka.Message, attem
 	if err != nil {
 		return 0, err
 	}
-	out, err := c.apply(ctx, sp, m, &ev)
+	out, err := c.apply(ctx, sp, m, &ev, attempt)
 	if err == nil {
 		if err := sp.Commit(ctx); err != nil {
 			return 0, err
@@ -358,8 +359,8 @@ func (c *Consumer) settle(ctx context.Context, tx pgx.Tx, m kafka.Message, attem
 }
 
 // apply is the inbox insert, the version guard, the upcasters and the
-// handler, all in tx.
-func (c *Consumer) apply(ctx context.Context, tx pgx.Tx, m kafka.Message, ev *event.Envelope) (outcome, error) {
+// handler, all in tx; the first attempt records the hop (inbox_hop_seconds).
+func (c *Consumer) apply(ctx context.Context, tx pgx.Tx, m kafka.Message, ev *event.Envelope, attempt int) (outcome, error) {
 	tag, err := tx.Exec(ctx, insertProcessed, c.cfg.Name, ev.EventID, ev.EventType, ev.AggregateID,
 		ev.AggregateVersion, m.Topic, m.Partition, m.Offset, []byte(ev.Payload))
 	if err != nil {
@@ -378,6 +379,9 @@ func (c *Consumer) apply(ctx context.Context, tx pgx.Tx, m kafka.Message, ev *ev
 		if err != nil || isStale {
 			return stale, err
 		}
+	}
+	if attempt == 1 {
+		c.cfg.Metrics.observeHop(c.cfg.Name, ev.OccurredAt)
 	}
 	if err := c.invoke(ctx, tx, m, ev); err != nil {
 		return 0, err
