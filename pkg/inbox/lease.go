@@ -470,6 +470,18 @@ func (c *Consumer) leaseBatch(ctx context.Context, items []*leaseItem) {
 // (its result says whether it still needs marking done), errAbandoned, or a
 // *crashError.
 func (c *Consumer) runLeased(ctx context.Context, it *leaseItem) error {
+	if it.plan == planAlone {
+		if err := c.processLeased(ctx, it.d); err != nil {
+			it.result = leaseAbandoned
+			return err
+		}
+		it.result = leaseSettled
+		return nil
+	}
+	// Every delivery has its consumer span, a duplicate's too: in lease mode
+	// the trace shows each time the third party's payment was considered.
+	ctx, span := c.startProcess(ctx, it.d.m, it.ev)
+	it.span = span
 	switch it.plan {
 	case planSettled:
 		it.result = leaseSettled
@@ -480,17 +492,7 @@ func (c *Consumer) runLeased(ctx context.Context, it *leaseItem) error {
 		}
 		it.result = leaseSettled
 		return nil
-	case planAlone:
-		err := c.processLeased(ctx, it.d)
-		if err != nil {
-			it.result = leaseAbandoned
-			return err
-		}
-		it.result = leaseSettled
-		return nil
 	}
-	ctx, span := c.startProcess(ctx, it.d.m, it.ev)
-	it.span = span
 	if err := c.upcast(&it.ev); err != nil {
 		it.counts[deadLettered]++
 		it.result = leaseSettled
