@@ -3,6 +3,7 @@ package orders
 import (
 	"context"
 	"errors"
+	"fmt"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
@@ -48,7 +49,8 @@ const (
 	// and a request racing one that holds the same key waits for it to
 	// commit or roll back before getting it.
 	sqlInsertIdempotencyKey = `
-		INSERT INTO idempotency_keys (key, request_hash, order_id) VALUES ($1, $2, $3)`
+		INSERT INTO idempotency_keys (key, request_hash, order_id) VALUES ($1, $2, $3)
+		ON CONFLICT (key) DO NOTHING`
 	sqlSelectIdempotencyKey = `
 		SELECT request_hash, order_id FROM idempotency_keys WHERE key = $1`
 	sqlSelectOrder = `
@@ -86,11 +88,19 @@ func (s *Store) InsertOrder(ctx context.Context, tx pgx.Tx, o Order) error {
 }
 
 // InsertIdempotencyKey records that key (a request with hash) placed
-// orderID, in tx. ErrDuplicate: the key is already recorded, and tx is
-// aborted.
+// orderID, in tx. ErrDuplicate: the key is already recorded (the caller
+// rolls tx back and replays). ON CONFLICT DO NOTHING rather than a unique
+// violation: a replayed key is the normal path of a retried request, and
+// should not write an ERROR line to the server's log each time.
 func (s *Store) InsertIdempotencyKey(ctx context.Context, tx pgx.Tx, key string, hash []byte, orderID uuid.UUID) error {
-	_, err := tx.Exec(ctx, sqlInsertIdempotencyKey, key, hash, orderID)
-	return storeErrors.Translate("recording idempotency key", err)
+	tag, err := tx.Exec(ctx, sqlInsertIdempotencyKey, key, hash, orderID)
+	if err != nil {
+		return storeErrors.Translate("recording idempotency key", err)
+	}
+	if tag.RowsAffected() == 0 {
+		return fmt.Errorf("recording idempotency key %q: %w", key, ErrDuplicate)
+	}
+	return nil
 }
 
 // IdempotencyKey returns the request hash and the order recorded for key,
