@@ -104,12 +104,11 @@ func captured(orderID uuid.UUID) event.Envelope {
 
 func (r *rig) outcome(t *testing.T, ev event.Envelope) (string, string) {
 	t.Helper()
-	var outcome string
-	err := r.pool.QueryRow(context.Background(), `SELECT outcome FROM forwards WHERE event_id = $1`, ev.EventID).Scan(&outcome)
+	f, err := shim.ReadForward(context.Background(), r.pool, ev.EventID)
 	if err != nil {
 		t.Fatalf("reading the forward of %s: %v", ev.EventID, err)
 	}
-	return outcome, inboxtest.Status(t, r.pool, "shim", ev.EventID)
+	return f.Outcome, inboxtest.Status(t, r.pool, "shim", ev.EventID)
 }
 
 func TestKilledBetweenTheCallAndDoneTheThirdPartyHoldsOneSettlement(t *testing.T) {
@@ -147,8 +146,7 @@ func TestKilledBetweenTheCallAndDoneTheThirdPartyHoldsOneSettlement(t *testing.T
 	go func() { done <- second.Run(ctx) }()
 	defer func() { cancel(); <-done }()
 	testinfra.WaitFor(t, 30*time.Second, "the forward to be recorded", func() (bool, error) {
-		var n int
-		err := r.pool.QueryRow(ctx, "SELECT count(*) FROM forwards").Scan(&n)
+		n, err := shim.CountForwards(ctx, r.pool)
 		return n == 1, err
 	})
 	if outcome, status := r.outcome(t, ev); outcome != string(inbox.AlreadyPresent) || status != "processed" {
@@ -181,8 +179,7 @@ func TestAFailingOrHangingThirdPartyIsRetriedWithoutDuplicates(t *testing.T) {
 	go func() { done <- c.Run(ctx) }()
 	defer func() { cancel(); <-done }()
 	testinfra.WaitFor(t, 30*time.Second, "both forwards recorded", func() (bool, error) {
-		var n int
-		err := r.pool.QueryRow(ctx, "SELECT count(*) FROM forwards").Scan(&n)
+		n, err := shim.CountForwards(ctx, r.pool)
 		return n == 2, err
 	})
 	if st := r.ledger.Stats(); st.Settlements != 2 || st.Duplicates != 0 {
