@@ -244,10 +244,27 @@ func (c *Consumer) committed(_ context.Context, msgs []delivery) error {
 	return nil
 }
 
+// The database errors the dispatcher and the appliers decide on. Each
+// applier translates the driver's errors (pgx, SQLSTATE) of the SQL it runs
+// into these names (dbErrors.Translate), beside that SQL; isOutage and
+// isPermanent also classify what has no name yet, such as a handler's own
+// statements.
+var (
+	// errDBUnavailable: the database could not be reached or could not
+	// serve (pgutil.IsUnavailable). Waited out, never the message's fault.
+	errDBUnavailable = errors.New("inbox database unavailable")
+	// errDBRefused: Postgres refused the data itself (pgutil.IsPermanent:
+	// SQLSTATE class 22 or 54). No retry can help: the message is
+	// dead-lettered.
+	errDBRefused = errors.New("inbox database refused the data")
+
+	dbErrors = pgutil.StoreErrors{Unavailable: errDBUnavailable, Invalid: errDBRefused}
+)
+
 // isOutage reports whether err is the database being unreachable rather
 // than anything about the message: it is waited out, never counted as an
 // attempt, and never dead-letters the message.
-func isOutage(err error) bool { return pgutil.IsUnavailable(err) }
+func isOutage(err error) bool { return errors.Is(err, errDBUnavailable) || pgutil.IsUnavailable(err) }
 
 // wait sleeps for d, or returns errAbandoned when ctx ends (the shutdown
 // grace is over) or the message's generation is dropped first.
@@ -270,5 +287,6 @@ func wait(ctx context.Context, gen *generation, d time.Duration) error {
 // Postgres refused the data itself (pgutil.IsPermanent: SQLSTATE class 22,
 // a NUL byte in a text column, say, or class 54).
 func isPermanent(err error) bool {
-	return errors.Is(err, ErrPermanent) || errors.Is(err, event.ErrInvalid) || pgutil.IsPermanent(err)
+	return errors.Is(err, ErrPermanent) || errors.Is(err, event.ErrInvalid) ||
+		errors.Is(err, errDBRefused) || pgutil.IsPermanent(err)
 }

@@ -41,7 +41,7 @@ func reasonClass(ev *event.Envelope, reason error) string {
 		return ReasonUndecodable
 	case errors.Is(reason, event.ErrInvalid):
 		return ReasonInvalid
-	case errors.Is(reason, ErrPermanent), pgutil.IsPermanent(reason):
+	case errors.Is(reason, ErrPermanent), errors.Is(reason, errDBRefused), pgutil.IsPermanent(reason):
 		return ReasonPermanent
 	default:
 		return ReasonExhausted

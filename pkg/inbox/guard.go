@@ -137,11 +137,11 @@ func (c *Consumer) checkPayloads(ctx context.Context, tx pgx.Tx, dups ...event.E
 	}
 	rows, err := tx.Query(ctx, payloadMismatches, c.cfg.Name, ids, payloads)
 	if err != nil {
-		return fmt.Errorf("comparing payloads of duplicates: %w", err)
+		return dbErrors.Translate("comparing payloads of duplicates", err)
 	}
 	bad, err := pgx.CollectRows(rows, pgx.RowTo[[16]byte])
 	if err != nil {
-		return fmt.Errorf("comparing payloads of duplicates: %w", err)
+		return dbErrors.Translate("comparing payloads of duplicates", err)
 	}
 	for _, id := range bad {
 		c.payloadMismatch(ctx, id)
@@ -177,7 +177,7 @@ SELECT (SELECT version FROM prev)`
 func (c *Consumer) guardVersion(ctx context.Context, tx pgx.Tx, ev *event.Envelope) (bool, error) {
 	var prev *int64
 	if err := tx.QueryRow(ctx, advanceVersion, c.cfg.Name, ev.AggregateType, ev.AggregateID, ev.AggregateVersion).Scan(&prev); err != nil {
-		return false, fmt.Errorf("checking the aggregate version: %w", err)
+		return false, dbErrors.Translate("checking the aggregate version", err)
 	}
 	switch {
 	case prev == nil:

@@ -354,7 +354,7 @@ func (c *Consumer) leaseBatch(ctx context.Context, items []*leaseItem) {
 		rows, err := tx.Query(ctx, claimLeases, c.cfg.Name, ids, types, aggs, versions, topics, partitions, offsets, payloads,
 			c.cfg.LeaseOwner, c.cfg.LeaseTTL.Microseconds())
 		if err != nil {
-			return fmt.Errorf("leasing a batch: %w", err)
+			return dbErrors.Translate("leasing a batch", err)
 		}
 		type claim struct {
 			id    [16]byte
@@ -366,7 +366,7 @@ func (c *Consumer) leaseBatch(ctx context.Context, items []*leaseItem) {
 			return cl, r.Scan(&cl.id, &cl.token, &cl.taken)
 		})
 		if err != nil {
-			return fmt.Errorf("leasing a batch: %w", err)
+			return dbErrors.Translate("leasing a batch", err)
 		}
 		byID := make(map[uuid.UUID]*leaseItem, n)
 		for _, it := range fresh {
@@ -389,7 +389,7 @@ func (c *Consumer) leaseBatch(ctx context.Context, items []*leaseItem) {
 		if len(unclaimed) > 0 {
 			rows, err := tx.Query(ctx, leaseStates, c.cfg.Name, unclaimed)
 			if err != nil {
-				return fmt.Errorf("reading leases: %w", err)
+				return dbErrors.Translate("reading leases", err)
 			}
 			var (
 				id     [16]byte
@@ -408,7 +408,7 @@ func (c *Consumer) leaseBatch(ctx context.Context, items []*leaseItem) {
 				plans[id] = &d
 				return nil
 			}); err != nil {
-				return fmt.Errorf("reading leases: %w", err)
+				return dbErrors.Translate("reading leases", err)
 			}
 		}
 		if err := c.checkPayloads(ctx, tx, dups...); err != nil {
@@ -433,7 +433,7 @@ func (c *Consumer) leaseBatch(ctx context.Context, items []*leaseItem) {
 		}
 		if !c.cfg.DisableVersionGuard {
 			if notes, err = c.guardBatch(ctx, tx, evs, outs); err != nil {
-				return fmt.Errorf("checking aggregate versions: %w", err)
+				return dbErrors.Translate("checking aggregate versions", err)
 			}
 			for i, out := range outs {
 				if out == stale {
@@ -556,7 +556,7 @@ func (c *Consumer) renew(ctx context.Context, id uuid.UUID, token int64) error {
 	tag, err := c.pool.Exec(ctx, renewLease, c.cfg.Name, id, token, c.cfg.LeaseTTL.Microseconds())
 	switch {
 	case err != nil:
-		return fmt.Errorf("renewing a lease: %w", err)
+		return dbErrors.Translate("renewing a lease", err)
 	case tag.RowsAffected() == 0:
 		return errLeaseLost
 	}
@@ -579,11 +579,11 @@ func (c *Consumer) markBatchDone(ctx context.Context, called []*leaseItem) error
 	err := pgx.BeginFunc(ctx, c.pool, func(tx pgx.Tx) error {
 		rows, err := tx.Query(ctx, markLeasesDone, c.cfg.Name, ids, tokens)
 		if err != nil {
-			return fmt.Errorf("marking leases done: %w", err)
+			return dbErrors.Translate("marking leases done", err)
 		}
 		marked, err := pgx.CollectRows(rows, pgx.RowTo[[16]byte])
 		if err != nil {
-			return fmt.Errorf("marking leases done: %w", err)
+			return dbErrors.Translate("marking leases done", err)
 		}
 		ours := make(map[uuid.UUID]bool, len(marked))
 		for _, id := range marked {
@@ -797,7 +797,7 @@ func (c *Consumer) lease(ctx context.Context, m kafka.Message, ev *event.Envelop
 			var status string
 			var until *time.Time
 			if err := tx.QueryRow(ctx, leaseState, c.cfg.Name, ev.EventID).Scan(&status, &until); err != nil {
-				return fmt.Errorf("reading a lease: %w", err)
+				return dbErrors.Translate("reading a lease", err)
 			}
 			if status == "leased" && until != nil {
 				return &leaseHeldError{eventID: ev.EventID.String(), until: *until}
@@ -810,7 +810,7 @@ func (c *Consumer) lease(ctx context.Context, m kafka.Message, ev *event.Envelop
 			return nil
 		}
 		if err != nil {
-			return fmt.Errorf("leasing: %w", err)
+			return dbErrors.Translate("leasing", err)
 		}
 		if !taken && !c.cfg.DisableVersionGuard {
 			isStale, err := c.guardVersion(ctx, tx, ev)
@@ -877,7 +877,7 @@ func (c *Consumer) markDone(ctx context.Context, ev event.Envelope, token int64,
 	return pgx.BeginFunc(ctx, c.pool, func(tx pgx.Tx) error {
 		tag, err := tx.Exec(ctx, markLeaseDone, c.cfg.Name, ev.EventID, token)
 		if err != nil {
-			return fmt.Errorf("marking a lease done: %w", err)
+			return dbErrors.Translate("marking a lease done", err)
 		}
 		if tag.RowsAffected() == 0 {
 			// Our lease expired and another worker took over; it settles the row.
@@ -896,7 +896,7 @@ func (c *Consumer) markUncertain(ctx context.Context, ev event.Envelope, token i
 	c.cfg.Logger.ErrorContext(ctx, "inbox cannot tell whether the side effect happened; marked uncertain for reconciliation",
 		slog.String("consumer", c.cfg.Name), slog.String("event_id", ev.EventID.String()), slog.Any("error", cause))
 	if _, err := c.pool.Exec(ctx, markLeaseUncertain, c.cfg.Name, ev.EventID, token, cause.Error()); err != nil {
-		return fmt.Errorf("marking a lease uncertain: %w", err)
+		return dbErrors.Translate("marking a lease uncertain", err)
 	}
 	return nil
 }

@@ -364,7 +364,7 @@ func (c *Consumer) apply(ctx context.Context, tx pgx.Tx, m kafka.Message, ev *ev
 	tag, err := tx.Exec(ctx, insertProcessed, c.cfg.Name, ev.EventID, ev.EventType, ev.AggregateID,
 		ev.AggregateVersion, m.Topic, m.Partition, m.Offset, []byte(ev.Payload))
 	if err != nil {
-		return 0, fmt.Errorf("recording in inbox: %w", err)
+		return 0, dbErrors.Translate("recording in inbox", err)
 	}
 	if tag.RowsAffected() == 0 {
 		c.cfg.Logger.DebugContext(ctx, "inbox duplicate", slog.String("consumer", c.cfg.Name),
