@@ -23,7 +23,8 @@
 // partition readers, offset commits) and offsets.go (what may be
 // committed); txapply.go is the transactional applier (inbox row, version
 // guard and handler in one transaction, batches, retries) and lease.go the
-// lease applier; guard.go (version guard, upcasters, payload checks) and
+// lease applier (its batches; lease_alone.go settles one message in
+// transactions of its own, when a batch cannot lease it); guard.go (version guard, upcasters, payload checks) and
 // deadletter.go serve both. Each applier keeps its SQL beside it.
 //
 // Consumer groups: a Consumer is one member of the Kafka consumer group in
