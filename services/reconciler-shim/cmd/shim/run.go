@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"fmt"
 	"io"
 	"net/http"
 	"time"
@@ -52,6 +53,12 @@ type Config struct {
 	// ReconcilerTimeout bounds each call to the reconciler; a timed-out call
 	// is retried, and the retry first asks whether the call landed.
 	ReconcilerTimeout time.Duration `env:"RECONCILER_TIMEOUT" envDefault:"5s"`
+	// ReconcilerMaxInFlight bounds the calls to the reconciler in flight at
+	// once (inbox.Config.MaxInFlight): payments of distinct orders are
+	// forwarded concurrently up to it, each order's in order. It also sizes
+	// the client's pool of kept-alive connections, so concurrent calls do
+	// not open and close a connection each.
+	ReconcilerMaxInFlight int `env:"RECONCILER_MAX_IN_FLIGHT" envDefault:"16"`
 	// LogLevel is debug, info, warn or error.
 	LogLevel string `env:"LOG_LEVEL" envDefault:"info"`
 	// ShutdownGrace is how long in-flight requests get to finish on SIGTERM.
@@ -95,7 +102,12 @@ func run(ctx context.Context, _ []string, getenv func(string) string, stdout io.
 		return err
 	}
 
-	tp := thirdparty.NewClient(cfg.ReconcilerURL, &http.Client{Timeout: cfg.ReconcilerTimeout})
+	if cfg.ReconcilerMaxInFlight < 1 {
+		return fmt.Errorf("RECONCILER_MAX_IN_FLIGHT must be at least 1, got %d", cfg.ReconcilerMaxInFlight)
+	}
+	transport := http.DefaultTransport.(*http.Transport).Clone()
+	transport.MaxIdleConnsPerHost = cfg.ReconcilerMaxInFlight
+	tp := thirdparty.NewClient(cfg.ReconcilerURL, &http.Client{Timeout: cfg.ReconcilerTimeout, Transport: transport})
 	dlq := kafkautil.NewWriter(cfg.KafkaBrokers, 10, kafkautil.WithSecurity(kafkaSecurity))
 	defer dlq.Close()
 	src := inbox.GroupConfig{Brokers: cfg.KafkaBrokers, Topic: cfg.BillingTopic, Group: cfg.ConsumerGroup,
@@ -104,6 +116,7 @@ func run(ctx context.Context, _ []string, getenv func(string) string, stdout io.
 		Name: cfg.ConsumerGroup,
 		// A lease outlives any single call to the reconciler.
 		LeaseTTL:      3 * cfg.ReconcilerTimeout,
+		MaxInFlight:   cfg.ReconcilerMaxInFlight,
 		ShutdownGrace: cfg.ShutdownGrace,
 		Logger:        svc.Logger,
 		Metrics:       inbox.NewMetrics(svc.Registry),
