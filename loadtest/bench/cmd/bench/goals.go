@@ -229,31 +229,49 @@ func goalsTable(res Results) string {
 	return b.String()
 }
 
-// rampStepsTable lists every ramp step of the working tree's first run with
-// the figures measured from the databases and /proc.
-func rampStepsTable(r Run) string {
+// windowsTable lists the windows of runs (a ramp's steps, a steady run's
+// load) with the figures measured from the databases and /proc; first
+// names each row's run when there are several.
+func windowsTable(runs []Run) string {
 	var b bytes.Buffer
-	b.WriteString("| offered | placed | settled | lag median first → last quarter | hop orders → billing p50 / p99 | hop billing → shim p50 / p99 | CPU µs/order: programs / all but k6 / k6 | orders relay claims / round trips per event |\n")
-	b.WriteString("|---|---|---|---|---|---|---|---|\n")
-	for _, w := range r.Windows {
-		relay := "n/a"
-		if c, ok := w.Relay["orders"]; ok {
-			relay = formatValue(c.ClaimsPerEvent, "") + " / " + formatValue(c.RoundTripsPerEvent, "")
+	b.WriteString("| run | offered | placed | settled | lag median first → last quarter | hop orders → billing p50 / p99 | hop billing → shim p50 / p99 | CPU µs/order: programs / all but k6 / k6 | relay claims / round trips per event: orders, billing |\n")
+	b.WriteString("|---|---|---|---|---|---|---|---|---|\n")
+	for _, r := range runs {
+		label := r.Key
+		if r.Side != "" {
+			label += " (" + r.Side + ")"
 		}
-		cpu := func(g string) string {
-			if v, ok := w.CPUPerOrderUs[g]; ok {
-				return f0(v)
+		if r.Round > 0 {
+			label += fmt.Sprintf(" #%d", r.Round+1)
+		}
+		for _, w := range r.Windows {
+			relay := func(svc string) string {
+				c, ok := w.Relay[svc]
+				if !ok {
+					return "n/a"
+				}
+				return formatValue(c.ClaimsPerEvent, "") + " / " + formatValue(c.RoundTripsPerEvent, "")
 			}
-			return "n/a"
+			cpu := func(g string) string {
+				if v, ok := w.CPUPerOrderUs[g]; ok {
+					return f0(v)
+				}
+				return "n/a"
+			}
+			growing := ""
+			if w.LagGrowing {
+				growing = " (growing)"
+			}
+			hop := func(h HopStat) string {
+				if h.Events == 0 {
+					return "n/a"
+				}
+				return formatValue(h.P50Ms, "ms") + " / " + formatValue(h.P99Ms, "ms")
+			}
+			fmt.Fprintf(&b, "| %s | %s | %s | %s | %s → %s ms%s | %s | %s | %s / %s / %s | %s, %s |\n",
+				label, f0(w.Rate), f0(w.PlacedPerSecond), f0(w.SettledPerSecond), f0(w.LagFirstMs), f0(w.LagLastMs), growing,
+				hop(w.Hop1), hop(w.Hop2), cpu(cpuPrograms), cpu(cpuAllButK6), cpu("k6"), relay("orders"), relay("billing"))
 		}
-		growing := ""
-		if w.LagGrowing {
-			growing = " (growing)"
-		}
-		fmt.Fprintf(&b, "| %s | %s | %s | %s → %s ms%s | %s / %s ms | %s / %s ms | %s / %s / %s | %s |\n",
-			f0(w.Rate), f0(w.PlacedPerSecond), f0(w.SettledPerSecond), f0(w.LagFirstMs), f0(w.LagLastMs), growing,
-			f1(w.Hop1.P50Ms), f1(w.Hop1.P99Ms), f1(w.Hop2.P50Ms), f1(w.Hop2.P99Ms),
-			cpu(cpuPrograms), cpu(cpuAllButK6), cpu("k6"), relay)
 	}
 	return b.String()
 }

@@ -233,6 +233,13 @@ func TestGoalsTableWithABase(t *testing.T) {
 			t.Errorf("the table lacks\n%s\nin\n%s", want, table)
 		}
 	}
+	windows := windowsTable(res.Runs)
+	for _, want := range []string{"| ramp (base) | 100 | 0 | 0 | 0 → 0 ms | 30.0 ms / 60.0 ms | 1.0 ms / 2.0 ms | n/a / n/a / n/a | n/a, n/a |",
+		"| ramp | 2,000 | 1,600 | 1,600 | 50 → 4,000 ms (growing) | n/a | n/a |"} {
+		if !strings.Contains(windows, want) {
+			t.Errorf("the windows table lacks\n%s\nin\n%s", want, windows)
+		}
+	}
 	if strings.Contains(goalsTable(Results{Runs: res.Runs[:1]}), "ratio") {
 		t.Error("a table without -base has a ratio column")
 	}

@@ -233,9 +233,15 @@ func markdown(res Results, o options, table string) string {
 			"reaped, so the whole shared server), the Kafka broker's JVM, and k6. Relay costs are the relays' `outbox_relay_*`\n" +
 			"counters over `outbox_published_total`; n/a where a relay has no such counter.\n\n")
 		b.WriteString(goalsTable(res))
-		if runs := sideRuns(res, "ramp", ""); len(runs) > 0 && len(runs[0].Windows) > 0 {
-			b.WriteString("\nRamp steps, measured from the databases and /proc (this tree's first run):\n\n")
-			b.WriteString(rampStepsTable(runs[0]))
+		var measured []Run
+		for _, r := range res.Runs {
+			if len(r.Windows) > 0 {
+				measured = append(measured, r)
+			}
+		}
+		if len(measured) > 0 {
+			b.WriteString("\nEvery run's windows (ramp: each step's plateau; steady and soak: the whole load), measured from the databases and /proc:\n\n")
+			b.WriteString(windowsTable(measured))
 		}
 	}
 	if r, ok := res.K6["ramp"]; ok && len(r.Steps) > 0 {
