@@ -3,6 +3,7 @@ package rig_test
 import (
 	"bytes"
 	"context"
+	"net/http"
 	"os"
 	"path/filepath"
 	"testing"
@@ -144,6 +145,17 @@ func TestDebugListenersAndCPUByPid(t *testing.T) {
 		if p.DebugURLs[name] == "" {
 			t.Errorf("%s has no debug listener", name)
 			continue
+		}
+		// The debug listener itself, without the token: Profile alone would
+		// also succeed through PPROF on the operator listener.
+		resp, err := http.Get(p.DebugURLs[name] + "/debug/pprof/cmdline")
+		if err != nil {
+			t.Errorf("%s's debug listener: %v", name, err)
+			continue
+		}
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusOK {
+			t.Errorf("%s's debug listener: GET /debug/pprof/cmdline: %s", name, resp.Status)
 		}
 		path := filepath.Join(dir, name+".pprof")
 		if err := p.Profile(ctx, name, time.Second, path); err != nil {
