@@ -210,11 +210,18 @@ var programGroups = []string{"orders", "billing", "shim", "reconciler"}
 
 // The aggregate rows of the CPU figures.
 const (
-	cpuPrograms  = "programs"
-	cpuAllButK6  = "all but k6"
-	relayClaims  = "outbox_relay_claims_total"
-	relayTripsIn = "round_trips" // any outbox_relay_*round_trips*_total family
+	cpuPrograms = "programs"
+	cpuAllButK6 = "all but k6"
+	relayClaims = "outbox_relay_claims_total"
 )
+
+// isRoundTrips tells the relay's round-trip counters: any
+// outbox_relay_*roundtrips*_total (outbox_relay_db_roundtrips_total{op}),
+// spelt with or without the underscore.
+func isRoundTrips(fam string) bool {
+	return strings.HasPrefix(fam, "outbox_relay_") && strings.HasSuffix(fam, "_total") &&
+		(strings.Contains(fam, "roundtrips") || strings.Contains(fam, "round_trips"))
+}
 
 // cpuPerOrder divides each group's CPU over [from, to] by the orders placed
 // in it, in µs, and adds the programs' sum and everything but k6's.
@@ -298,7 +305,7 @@ func relayCost(samples []sample, service string, from, to time.Time) (RelayCost,
 	found := false
 	for key := range samples[len(samples)-1].counters {
 		fam, ok := strings.CutPrefix(key, service+":")
-		if !ok || !strings.HasPrefix(fam, "outbox_relay_") || !strings.Contains(fam, relayTripsIn) || !strings.HasSuffix(fam, "_total") {
+		if !ok || !isRoundTrips(fam) {
 			continue
 		}
 		if d, ok := delta(samples, from, to, counterOf(key)); ok {

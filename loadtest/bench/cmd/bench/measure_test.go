@@ -17,13 +17,13 @@ func TestParseCountersSumsFamiliesOverLabels(t *testing.T) {
 outbox_published_total 1200
 outbox_relay_claims_total{result="rows"} 30
 outbox_relay_claims_total{result="empty",note="a } b"} 12
-outbox_relay_db_round_trips_total{op="claim"} 42
-outbox_relay_db_round_trips_total{op="mark"} 40
+outbox_relay_db_roundtrips_total{op="claim"} 42
+outbox_relay_db_roundtrips_total{op="commit"} 40
 outbox_pending_events 3
 go_goroutines 17
 `
 	got := parseCounters(strings.NewReader(text), relayFamily)
-	want := map[string]float64{"outbox_published_total": 1200, "outbox_relay_claims_total": 42, "outbox_relay_db_round_trips_total": 82}
+	want := map[string]float64{"outbox_published_total": 1200, "outbox_relay_claims_total": 42, "outbox_relay_db_roundtrips_total": 82}
 	if len(got) != len(want) {
 		t.Fatalf("parseCounters = %v, want %v", got, want)
 	}
@@ -48,7 +48,7 @@ func samplesOf(t0 time.Time, cpu []time.Duration, published, claims, trips []flo
 			s.counters["orders:outbox_relay_claims_total"] = claims[i]
 		}
 		if trips != nil {
-			s.counters["orders:outbox_relay_round_trips_total"] = trips[i]
+			s.counters["orders:outbox_relay_db_roundtrips_total"] = trips[i]
 		}
 		out = append(out, s)
 	}
