@@ -262,15 +262,19 @@ func windowsTable(runs []Run) string {
 			if w.LagGrowing {
 				growing = " (growing)"
 			}
-			hop := func(h HopStat) string {
-				if h.Events == 0 {
-					return "n/a"
+			hop := func(h HopStat, consumer string) string {
+				out := "n/a"
+				if h.Events > 0 {
+					out = formatValue(h.P50Ms, "ms") + " / " + formatValue(h.P99Ms, "ms")
 				}
-				return formatValue(h.P50Ms, "ms") + " / " + formatValue(h.P99Ms, "ms")
+				if m, ok := w.HopMetric[consumer]; ok {
+					out += " (" + hopHistogram + ": " + formatValue(m.P50Ms, "ms") + " / " + formatValue(m.P99Ms, "ms") + ")"
+				}
+				return out
 			}
 			fmt.Fprintf(&b, "| %s | %s | %s | %s | %s → %s ms%s | %s | %s | %s / %s / %s | %s, %s |\n",
 				label, f0(w.Rate), f0(w.PlacedPerSecond), f0(w.SettledPerSecond), f0(w.LagFirstMs), f0(w.LagLastMs), growing,
-				hop(w.Hop1), hop(w.Hop2), cpu(cpuPrograms), cpu(cpuAllButK6), cpu("k6"), relay("orders"), relay("billing"))
+				hop(w.Hop1, "billing"), hop(w.Hop2, "shim"), cpu(cpuPrograms), cpu(cpuAllButK6), cpu("k6"), relay("orders"), relay("billing"))
 		}
 	}
 	return b.String()

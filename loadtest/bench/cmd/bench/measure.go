@@ -77,9 +77,13 @@ func (s *sampler) take() {
 		extra["k6"] = k6
 	}
 	smp := sample{at: time.Now(), cpu: s.p.CPUGroups(s.srv, extra), counters: map[string]float64{}}
-	for name, url := range map[string]string{"orders": s.p.OrdersAdminURL, "billing": s.p.BillingAdminURL} {
-		for fam, v := range scrapeRelayCounters(url) {
+	for name, url := range map[string]string{"orders": s.p.OrdersAdminURL, "billing": s.p.BillingAdminURL, "shim": s.p.ShimAdminURL} {
+		text := scrapeMetrics(url)
+		for fam, v := range parseCounters(strings.NewReader(text), relayFamily) {
 			smp.counters[name+":"+fam] = v
+		}
+		for le, v := range parseBuckets(strings.NewReader(text), hopHistogram) {
+			smp.counters[name+":"+hopHistogram+"_bucket|le="+le] = v
 		}
 	}
 	s.mu.Lock()
@@ -105,19 +109,109 @@ func relayFamily(name string) bool {
 	return name == "outbox_published_total" || strings.HasPrefix(name, "outbox_relay_")
 }
 
-func scrapeRelayCounters(adminURL string) map[string]float64 {
+// scrapeMetrics returns a program's /metrics, or "" when it does not answer
+// (a sample then lacks its counters, and windows around it read n/a).
+func scrapeMetrics(adminURL string) string {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	defer cancel()
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, adminURL+"/metrics", nil)
 	if err != nil {
-		return nil
+		return ""
 	}
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
-		return nil
+		return ""
 	}
 	defer resp.Body.Close()
-	return parseCounters(resp.Body, relayFamily)
+	b, err := io.ReadAll(resp.Body)
+	if err != nil || resp.StatusCode != http.StatusOK {
+		return ""
+	}
+	return string(b)
+}
+
+// hopHistogram is the inbox's own hop histogram (pkg/inbox, issue 12):
+// from the event's occurredAt, stamped by the producer before its outbox
+// write, to the start of its handler. Absent from older inboxes.
+const hopHistogram = "inbox_hop_seconds"
+
+// parseBuckets sums the cumulative buckets of histogram name over its
+// labels other than le, by le as written.
+func parseBuckets(r io.Reader, name string) map[string]float64 {
+	out := map[string]float64{}
+	prefix := name + "_bucket{"
+	sc := bufio.NewScanner(r)
+	sc.Buffer(make([]byte, 64<<10), 1<<20)
+	for sc.Scan() {
+		line := sc.Text()
+		if !strings.HasPrefix(line, prefix) {
+			continue
+		}
+		end := strings.LastIndexByte(line, '}')
+		if end < 0 {
+			continue
+		}
+		_, le, ok := strings.Cut(line[len(prefix):end], `le="`)
+		if !ok {
+			continue
+		}
+		le, _, _ = strings.Cut(le, `"`)
+		f := strings.Fields(line[end+1:])
+		if len(f) == 0 {
+			continue
+		}
+		if v, err := strconv.ParseFloat(f[0], 64); err == nil {
+			out[le] += v
+		}
+	}
+	return out
+}
+
+// histogramHop is the hop histogram's growth over [from, to] on service, as
+// p50 and p99 interpolated within buckets (as Prometheus's
+// histogram_quantile does); ok is false without the histogram or events.
+func histogramHop(samples []sample, service string, from, to time.Time) (HopStat, bool) {
+	type bucket struct{ le, n float64 }
+	var buckets []bucket
+	prefix := service + ":" + hopHistogram + "_bucket|le="
+	for key := range samples[len(samples)-1].counters {
+		le, ok := strings.CutPrefix(key, prefix)
+		if !ok {
+			continue
+		}
+		bound, err := strconv.ParseFloat(le, 64)
+		if err != nil {
+			continue
+		}
+		n, ok := delta(samples, from, to, counterOf(key))
+		if !ok {
+			return HopStat{}, false
+		}
+		buckets = append(buckets, bucket{bound, n})
+	}
+	sort.Slice(buckets, func(i, j int) bool { return buckets[i].le < buckets[j].le })
+	if len(buckets) == 0 || buckets[len(buckets)-1].n < 1 {
+		return HopStat{}, false
+	}
+	total := buckets[len(buckets)-1].n
+	q := func(q float64) float64 {
+		rank := q * total
+		prevLe, prevN := 0.0, 0.0
+		for _, b := range buckets {
+			if b.n >= rank {
+				if math.IsInf(b.le, 1) {
+					return prevLe * 1000
+				}
+				if b.n == prevN {
+					return b.le * 1000
+				}
+				return (prevLe + (b.le-prevLe)*(rank-prevN)/(b.n-prevN)) * 1000
+			}
+			prevLe, prevN = b.le, b.n
+		}
+		return prevLe * 1000
+	}
+	return HopStat{Events: int(math.Round(total)), P50Ms: q(0.5), P99Ms: q(0.99)}, true
 }
 
 // parseCounters sums each metric family of Prometheus text that keep
@@ -476,6 +570,10 @@ type Window struct {
 	// outbox commit → shim handler start, for the window's orders.
 	Hop1 HopStat `json:"hopOrdersBilling"`
 	Hop2 HopStat `json:"hopBillingShim"`
+	// HopMetric is the consumers' own inbox_hop_seconds over the window
+	// (occurredAt → handler start), by consumer program (billing: hop 1,
+	// shim: hop 2), where the programs export it.
+	HopMetric map[string]HopStat `json:"hopMetric,omitempty"`
 	// CPUPerOrderUs is each process group's CPU over the window per order
 	// placed in it, plus "programs" and "all but k6".
 	CPUPerOrderUs map[string]float64 `json:"cpuPerOrderUs,omitempty"`
@@ -537,6 +635,17 @@ func window(rate float64, from, to time.Time, orders []placedOrder, samples []sa
 	w.LagGrowing = lastUnsettled || w.LagLastMs-w.LagFirstMs > float64(lagBudget.Milliseconds())
 	w.Hop1, w.Hop2 = hopStat(hop1), hopStat(hop2)
 	w.CPUPerOrderUs = cpuPerOrder(samples, from, to, n)
+	for _, svc := range []string{"billing", "shim"} {
+		if len(samples) == 0 {
+			break
+		}
+		if h, ok := histogramHop(samples, svc, from, to); ok {
+			if w.HopMetric == nil {
+				w.HopMetric = map[string]HopStat{}
+			}
+			w.HopMetric[svc] = h
+		}
+	}
 	for _, svc := range []string{"orders", "billing"} {
 		if c, ok := relayCost(samples, svc, from, to); ok {
 			if w.Relay == nil {

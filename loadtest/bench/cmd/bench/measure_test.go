@@ -265,3 +265,33 @@ func TestParseFlagsAB(t *testing.T) {
 }
 
 func rigReport(knee float64) rig.Report { return rig.Report{Knee: knee} }
+
+func TestHistogramHopFromTheInboxsOwnBuckets(t *testing.T) {
+	text := `# TYPE inbox_hop_seconds histogram
+inbox_hop_seconds_bucket{consumer="billing",le="0.005"} 10
+inbox_hop_seconds_bucket{consumer="billing",le="0.01"} 90
+inbox_hop_seconds_bucket{consumer="billing",le="0.02"} 100
+inbox_hop_seconds_bucket{consumer="billing",le="+Inf"} 100
+inbox_hop_seconds_sum{consumer="billing"} 0.9
+inbox_hop_seconds_count{consumer="billing"} 100
+`
+	b := parseBuckets(strings.NewReader(text), hopHistogram)
+	if len(b) != 4 || b["0.01"] != 90 || b["+Inf"] != 100 {
+		t.Fatalf("parseBuckets = %v", b)
+	}
+	t0 := time.Now()
+	s := []sample{{at: t0, counters: map[string]float64{}}, {at: t0.Add(time.Second), counters: map[string]float64{}}}
+	for le, v := range b {
+		s[1].counters["billing:"+hopHistogram+"_bucket|le="+le] = v
+		s[0].counters["billing:"+hopHistogram+"_bucket|le="+le] = 0
+	}
+	h, ok := histogramHop(s, "billing", t0, t0.Add(time.Second))
+	// p50: rank 50 in (5 ms, 10 ms] holding 10..90: 5 + 5 × 40/80 = 7.5 ms;
+	// p99: rank 99 in (10 ms, 20 ms] holding 90..100: 10 + 10 × 9/10 = 19 ms.
+	if !ok || h.Events != 100 || math.Abs(h.P50Ms-7.5) > 1e-9 || math.Abs(h.P99Ms-19) > 1e-9 {
+		t.Fatalf("histogramHop = %+v, %v; want 100 events, p50 7.5 ms, p99 19 ms", h, ok)
+	}
+	if _, ok := histogramHop(s, "shim", t0, t0.Add(time.Second)); ok {
+		t.Error("a program without the histogram has a hop")
+	}
+}
