@@ -4,8 +4,8 @@ import (
 	"bufio"
 	"bytes"
 	"context"
-	"errors"
 	"fmt"
+	"net"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -201,8 +201,11 @@ func FindServers(ctx context.Context, pgURL string, brokers []string) Servers {
 		s.Missing = append(s.Missing, "kafka: no brokers")
 		return s
 	}
-	_, p, _ := strings.Cut(brokers[0], ":")
-	port, perr := strconv.Atoi(p)
+	_, p, perr := net.SplitHostPort(brokers[0])
+	port, err := strconv.Atoi(p)
+	if perr == nil {
+		perr = err
+	}
 	if perr != nil {
 		s.Missing = append(s.Missing, fmt.Sprintf("kafka: broker %q has no port", brokers[0]))
 		return s
@@ -212,10 +215,6 @@ func FindServers(ctx context.Context, pgURL string, brokers []string) Servers {
 	}
 	return s
 }
-
-// ErrNoProcess is returned for a process group none of whose processes
-// could be read.
-var ErrNoProcess = errors.New("process not found")
 
 // CPUGroups returns the CPU time used so far by each process of the run:
 // the four programs by name, "postgres" (the whole server, see TreeCPU),

@@ -175,11 +175,13 @@ func (s *Service) Mount(prefix string, h http.Handler) {
 func (s *Service) Run(ctx context.Context, workers ...lifecycle.Stage) error {
 	ln, err := net.Listen("tcp", s.opts.HTTPAddr)
 	if err != nil {
+		_ = s.debug.Close()
 		return fmt.Errorf("listening on %s: %w", s.opts.HTTPAddr, err)
 	}
 	adminLn, err := net.Listen("tcp", s.opts.AdminAddr)
 	if err != nil {
 		ln.Close()
+		_ = s.debug.Close()
 		return fmt.Errorf("listening on ADMIN_ADDR %s: %w", s.opts.AdminAddr, err)
 	}
 	s.Logger.InfoContext(ctx, s.opts.Name+" started",

@@ -279,3 +279,68 @@ func windowsTable(runs []Run) string {
 	}
 	return b.String()
 }
+
+// abTable compares, scenario by scenario, what both sides' k6 runs
+// measured as a whole: every scenario that ran against the base, whichever
+// -only chose, has its rows (means over the rounds).
+func abTable(res Results) string {
+	if res.Base == "" {
+		return ""
+	}
+	type metric struct {
+		label string
+		unit  string
+		get   func(Run) (float64, bool)
+	}
+	k6 := func(f func(Run) float64) func(Run) (float64, bool) {
+		return func(r Run) (float64, bool) { return f(r), true }
+	}
+	whole := func(f func(Window) (float64, bool)) func(Run) (float64, bool) {
+		return func(r Run) (float64, bool) {
+			if len(r.Windows) != 1 { // steady and soak runs: their whole load
+				return 0, false
+			}
+			return f(r.Windows[0])
+		}
+	}
+	cpu := func(g string) func(Run) (float64, bool) {
+		return func(r Run) (float64, bool) {
+			v, ok := r.CPUPerOrderUs[g]
+			return v, ok
+		}
+	}
+	metrics := []metric{
+		{"orders placed per second", "orders/s", k6(func(r Run) float64 { return r.K6.OrdersPerSecond })},
+		{"commit → settlement lag p50", "ms", k6(func(r Run) float64 { return r.K6.LagP50Ms })},
+		{"commit → settlement lag p99", "ms", k6(func(r Run) float64 { return r.K6.LagP99Ms })},
+		{"POST /orders p99", "ms", k6(func(r Run) float64 { return r.K6.HTTPP99Ms })},
+		{"knee", "orders/s", func(r Run) (float64, bool) { return r.K6.Knee, r.Key == "ramp" }},
+		{"hop orders → billing p99", "ms", whole(func(w Window) (float64, bool) { return w.Hop1.P99Ms, w.Hop1.Events > 0 })},
+		{"hop billing → shim p99", "ms", whole(func(w Window) (float64, bool) { return w.Hop2.P99Ms, w.Hop2.Events > 0 })},
+		{"CPU per order, the four programs (whole run)", "µs", cpu(cpuPrograms)},
+		{"CPU per order, everything but k6 (whole run)", "µs", cpu(cpuAllButK6)},
+		{"CPU per order, Postgres (whole run)", "µs", cpu("postgres")},
+		{"CPU per order, Kafka (whole run)", "µs", cpu("kafka")},
+	}
+	var b bytes.Buffer
+	fmt.Fprintf(&b, "| scenario | figure | this tree | base %s | ratio |\n|---|---|---|---|---|\n", res.Base[:min(len(res.Base), 12)])
+	for _, key := range []string{"outbox", "ramp", "spike", "soak"} {
+		work, base := sideRuns(res, key, ""), sideRuns(res, key, "base")
+		if len(work) == 0 || len(base) == 0 {
+			continue
+		}
+		for _, m := range metrics {
+			v, ok := mean(work, m.get)
+			bv, bok := mean(base, m.get)
+			if !ok && !bok {
+				continue
+			}
+			r := "n/a"
+			if ok && bok && bv != 0 {
+				r = f2(v/bv) + "×"
+			}
+			fmt.Fprintf(&b, "| %s | %s | %s | %s | %s |\n", key, m.label, formatValue(v, m.unit), formatValue(bv, m.unit), r)
+		}
+	}
+	return b.String()
+}

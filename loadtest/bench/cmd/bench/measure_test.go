@@ -240,6 +240,13 @@ func TestGoalsTableWithABase(t *testing.T) {
 			t.Errorf("the windows table lacks\n%s\nin\n%s", want, windows)
 		}
 	}
+	ab := abTable(res)
+	if want := "| ramp | knee | 1,100 orders/s | 100 orders/s | 11.00× |"; !strings.Contains(ab, want) {
+		t.Errorf("the A/B table lacks\n%s\nin\n%s", want, ab)
+	}
+	if abTable(Results{Runs: res.Runs}) != "" {
+		t.Error("an A/B table without -base")
+	}
 	if strings.Contains(goalsTable(Results{Runs: res.Runs[:1]}), "ratio") {
 		t.Error("a table without -base has a ratio column")
 	}

@@ -233,6 +233,10 @@ func markdown(res Results, o options, table string) string {
 			"reaped, so the whole shared server), the Kafka broker's JVM, and k6. Relay costs are the relays' `outbox_relay_*`\n" +
 			"counters over `outbox_published_total`; n/a where a relay has no such counter.\n\n")
 		b.WriteString(goalsTable(res))
+		if ab := abTable(res); ab != "" {
+			b.WriteString("\nEach scenario against the base, as a whole (k6's report; the steady and soak runs' hops over their load; CPU over\nthe whole run):\n\n")
+			b.WriteString(ab)
+		}
 		var measured []Run
 		for _, r := range res.Runs {
 			if len(r.Windows) > 0 {

@@ -201,6 +201,9 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout 
 		if len(res.Runs) > 0 {
 			fmt.Fprintln(stdout, goalsTable(res))
 		}
+		if ab := abTable(res); ab != "" {
+			fmt.Fprintln(stdout, ab)
+		}
 		if o.jsonOut != "" {
 			if err := writeJSON(at(root, o.jsonOut), res); err != nil {
 				return err
