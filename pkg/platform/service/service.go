@@ -4,8 +4,9 @@
 // /healthz and /readyz (Postgres reachable, and Kafka unless
 // Options.ReadyWithoutKafka), and the operator one
 // (Admin, on ADMIN_ADDR) with /metrics, the /admin/... routes behind the
-// bearer token ADMIN_TOKEN, and opt-in pprof.
-// Run then serves both beside the service's workers and stops them in order.
+// bearer token ADMIN_TOKEN, and opt-in pprof; and, opt-in (DEBUG_ADDR), a
+// debug listener serving only net/http/pprof (Debug).
+// Run then serves them beside the service's workers and stops them in order.
 package service
 
 import (
