@@ -162,7 +162,7 @@ func goalRows() []goalRow {
 }
 
 // growth is how much a window's lag grew over it, in ms; +Inf when orders
-// of its last quarter never settled.
+// of its last quarter never settled or none were placed then.
 func growth(w Window) float64 {
 	if w.LagGrowing && w.LagLastMs-w.LagFirstMs <= float64(lagBudget.Milliseconds()) {
 		return math.Inf(1)
@@ -175,7 +175,7 @@ func formatValue(v float64, unit string) string {
 	case math.IsNaN(v):
 		return "n/a"
 	case math.IsInf(v, 1):
-		return "unsettled"
+		return "∞ (orders unsettled, or none placed)"
 	case unit == "":
 		return f2(v)
 	case unit == "ms" && math.Abs(v) < 100:

@@ -561,8 +561,8 @@ type Window struct {
 	Unsettled int `json:"unsettled"`
 	// LagFirstMs and LagLastMs are the median commit → settlement lag of the
 	// orders placed in the window's first and last quarter; LagGrowing is
-	// the last exceeding the first by more than the 100 ms lag budget (or
-	// an order of the last quarter never settled).
+	// the last exceeding the first by more than the 100 ms lag budget, or
+	// an order of the last quarter never settled, or none was placed then.
 	LagFirstMs float64 `json:"lagFirstMs"`
 	LagLastMs  float64 `json:"lagLastMs"`
 	LagGrowing bool    `json:"lagGrowing"`
@@ -632,7 +632,11 @@ func window(rate float64, from, to time.Time, orders []placedOrder, samples []sa
 	w.PlacedPerSecond = float64(n) / secs
 	w.SettledPerSecond = float64(settledIn) / secs
 	w.LagFirstMs, w.LagLastMs = median(first), median(last)
-	w.LagGrowing = lastUnsettled || w.LagLastMs-w.LagFirstMs > float64(lagBudget.Milliseconds())
+	// No order at all in the last quarter, while the first had some, is the
+	// load generator holding back for a backlog (ramp.js's
+	// MAX_BACKLOG_SECONDS): a lag that grew, not one that held.
+	starved := n > 0 && len(last) == 0
+	w.LagGrowing = lastUnsettled || starved || w.LagLastMs-w.LagFirstMs > float64(lagBudget.Milliseconds())
 	w.Hop1, w.Hop2 = hopStat(hop1), hopStat(hop2)
 	w.CPUPerOrderUs = cpuPerOrder(samples, from, to, n)
 	for _, svc := range []string{"billing", "shim"} {

@@ -191,7 +191,11 @@ func TestWindowTellsAGrowingLagFromASteadyOne(t *testing.T) {
 	if !tail.LagGrowing || tail.Unsettled != 9 || !math.IsInf(growth(tail), 1) {
 		t.Errorf("last orders never settled: %+v", tail)
 	}
-	if f := formatValue(growth(tail), "ms"); f != "unsettled" {
+	starved := window(10, t0, end, orders(func(int) int { return 40 })[:70], nil)
+	if !starved.LagGrowing || !math.IsInf(growth(starved), 1) {
+		t.Errorf("no order placed in the last quarter: %+v", starved)
+	}
+	if f := formatValue(growth(tail), "ms"); !strings.HasPrefix(f, "∞") {
 		t.Errorf("growth reads %q", f)
 	}
 }
