@@ -263,6 +263,22 @@ func valueAt(samples []sample, t time.Time, get func(sample) (float64, bool)) (f
 		}
 		va, okA := get(a)
 		vb, okB := get(b)
+		if okA && !okB && i >= 2 {
+			// The process exited in between (k6, right after its audit):
+			// carry on at the rate of the interval before.
+			if vp, okP := get(samples[i-2]); okP && a.at.After(samples[i-2].at) {
+				slope := (va - vp) / float64(a.at.Sub(samples[i-2].at))
+				return va + slope*float64(t.Sub(a.at)), true
+			}
+		}
+		if !okA && okB && i+1 < len(samples) {
+			// The process started in between (k6 is found by the first
+			// sample after it started): back at the rate of the next interval.
+			if vn, okN := get(samples[i+1]); okN && samples[i+1].at.After(b.at) {
+				slope := (vn - vb) / float64(samples[i+1].at.Sub(b.at))
+				return max(0, vb-slope*float64(b.at.Sub(t))), true
+			}
+		}
 		if !okA || !okB {
 			return 0, false
 		}

@@ -71,6 +71,23 @@ func TestValueAtInterpolatesBetweenSamples(t *testing.T) {
 			t.Errorf("valueAt(+%v) = %v, %v; want %v, %v", c.at, got, ok, c.want, c.ok)
 		}
 	}
+	// k6 exits between two samples: its last interval's rate carries on.
+	exited := samplesOf(t0, []time.Duration{0, time.Second, 2 * time.Second, 0}, []float64{0, 0, 0, 0}, nil, nil)
+	delete(exited[3].cpu, "orders")
+	if got, ok := valueAt(exited, t0.Add(2500*time.Millisecond), cpuOf("orders")); !ok || math.Abs(got-2.5) > 1e-9 {
+		t.Errorf("after the process exited: %v, %v; want 2.5 s, extrapolated", got, ok)
+	}
+	if _, ok := valueAt(exited[1:], t0.Add(2500*time.Millisecond), cpuOf("orders")); !ok {
+		t.Error("with one sample before the exit there is a rate to carry on")
+	}
+	if _, ok := valueAt(exited[2:], t0.Add(2500*time.Millisecond), cpuOf("orders")); ok {
+		t.Error("extrapolated without an interval to take the rate from")
+	}
+	started := samplesOf(t0, []time.Duration{0, time.Second, 2 * time.Second}, []float64{0, 0, 0}, nil, nil)
+	delete(started[0].cpu, "orders")
+	if got, ok := valueAt(started, t0.Add(500*time.Millisecond), cpuOf("orders")); !ok || math.Abs(got-0.5) > 1e-9 {
+		t.Errorf("before the process was found: %v, %v; want 0.5 s, extrapolated back", got, ok)
+	}
 	if _, ok := valueAt(s, t0.Add(time.Second), counterOf("missing")); ok {
 		t.Error("a key no sample has got a value")
 	}
