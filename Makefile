@@ -135,8 +135,10 @@ bench-inbox: up ## Run billing's consumption benchmarks: events/s, dup/clean rat
 	} 2>&1 | tee .devstack/bench/inbox-$$(date -u +%Y%m%dT%H%M%SZ).txt'
 
 .PHONY: bench
-bench: up k6 ## Run every benchmark and k6 scenario in one go: ratios table, BENCHMARKS.md results, benchmarks/*.json|svg (~19 min; BENCH_ARGS)
-	go run ./loadtest/bench/cmd/bench $(BENCH_ARGS)
+# BASE=<rev> also runs every k6 scenario against that revision's programs,
+# alternated with the working tree's, and prints each figure's ratio.
+bench: up k6 ## Run every benchmark and k6 scenario in one go: ratios table, BENCHMARKS.md results, benchmarks/*.json|svg (~19 min; BENCH_ARGS, BASE=rev for a same-run A/B)
+	go run ./loadtest/bench/cmd/bench $(if $(BASE),-base $(BASE)) $(BENCH_ARGS)
 
 # k6 built with xk6 and the project's extension (loadtest/xk6-onceflow), every
 # version pinned: xk6 by loadtest/xk6/go.mod, k6 here, the extension's

@@ -26,6 +26,7 @@ func TestConfigValidate(t *testing.T) {
 		{"negative workers", inbox.Config{Name: "c", Workers: -1}, "Workers is negative"},
 		{"negative batch size", inbox.Config{Name: "c", BatchSize: -1}, "BatchSize is negative"},
 		{"negative lease", inbox.Config{Name: "c", LeaseTTL: -time.Second}, "LeaseTTL is negative (-1s)"},
+		{"negative calls in flight", inbox.Config{Name: "c", MaxInFlight: -1}, "MaxInFlight is negative"},
 		{"negative shutdown grace", inbox.Config{Name: "c", ShutdownGrace: -time.Second}, "ShutdownGrace is negative"},
 		{"unknown gap policy", inbox.Config{Name: "c", Gaps: 7}, "neither GapAccept nor GapRetry"},
 		{"backoff bounds crossed", inbox.Config{Name: "c", BackoffMin: time.Minute}, "BackoffMin (1m0s) exceeds BackoffMax (5s)"},
@@ -53,6 +54,9 @@ func TestGroupConfigValidate(t *testing.T) {
 		{"negative commit interval", with(func(g *inbox.GroupConfig) { g.CommitInterval = -1 }), "CommitInterval is negative"},
 		{"heartbeat as long as the session", with(func(g *inbox.GroupConfig) { g.SessionTimeout = time.Second }), "HeartbeatInterval (1s) must be shorter than SessionTimeout (1s)"},
 		{"unknown start offset", with(func(g *inbox.GroupConfig) { g.StartOffset = 42 }), "StartOffset is 42"},
+		{"negative min bytes", with(func(g *inbox.GroupConfig) { g.MinBytes = -1 }), "MinBytes is negative"},
+		{"min bytes above max bytes", with(func(g *inbox.GroupConfig) { g.MinBytes = 2 << 20; g.MaxBytes = 1 << 20 }), "MinBytes (2097152) exceeds MaxBytes (1048576)"},
+		{"read backoffs the wrong way round", with(func(g *inbox.GroupConfig) { g.ReadBackoffMin = time.Second }), "ReadBackoffMin (1s) exceeds ReadBackoffMax (100ms)"},
 		{"last offset", with(func(g *inbox.GroupConfig) { g.StartOffset = kafka.LastOffset }), ""},
 	}
 	for _, tt := range tests {

@@ -39,8 +39,29 @@ type GroupConfig struct {
 	// loses at most this much of offset commits, which are redelivered and
 	// absorbed by the inbox. Default 100ms.
 	CommitInterval time.Duration
-	// MaxWait is the longest a fetch waits for new messages. Default 50ms.
+	// MaxWait is the longest a partition's fetch waits at the broker for
+	// MinBytes to arrive. A fetch returns as soon as MinBytes are there, so
+	// with MinBytes 1 MaxWait costs a new message no latency: it only sets
+	// how often an idle partition asks again — one fetch request per
+	// partition per MaxWait, on the broker and here. Default 500ms (50ms
+	// cost ~4× the idle CPU, for nothing).
 	MaxWait time.Duration
+	// MinBytes is how much a fetch waits for (up to MaxWait) before it
+	// answers. Default 1: a message is handed over the moment it is
+	// committed to the log. More batches fetches at high rates at the price
+	// of up to MaxWait of latency at low ones.
+	MinBytes int
+	// MaxBytes bounds one fetch's answer per partition; a larger message
+	// still comes through, alone. Default 10 MiB.
+	MaxBytes int
+	// QueueCapacity is how many fetched messages each partition's reader
+	// holds ahead of the dispatcher. Default 100.
+	QueueCapacity int
+	// ReadBackoffMin and ReadBackoffMax bound the wait between fetches
+	// that failed in a row (a broker error); a fetch that worked, empty or
+	// not, is followed by the next at once. Defaults 10ms and 100ms (kafka-go's
+	// own, 100ms and 1s, slow down recovery after a leader change).
+	ReadBackoffMin, ReadBackoffMax time.Duration
 	// Dialer connects to the brokers, with TLS and SASL when it has them
 	// (kafkautil.Security.Dialer). Default: plain TCP, 3s dial timeout.
 	Dialer *kafka.Dialer
@@ -65,7 +86,22 @@ func (g GroupConfig) WithDefaults() GroupConfig {
 		g.CommitInterval = 100 * time.Millisecond
 	}
 	if g.MaxWait == 0 {
-		g.MaxWait = 50 * time.Millisecond
+		g.MaxWait = 500 * time.Millisecond
+	}
+	if g.MinBytes == 0 {
+		g.MinBytes = 1
+	}
+	if g.MaxBytes == 0 {
+		g.MaxBytes = 10 << 20
+	}
+	if g.QueueCapacity == 0 {
+		g.QueueCapacity = 100
+	}
+	if g.ReadBackoffMin == 0 {
+		g.ReadBackoffMin = 10 * time.Millisecond
+	}
+	if g.ReadBackoffMax == 0 {
+		g.ReadBackoffMax = 100 * time.Millisecond
 	}
 	if g.Dialer == nil {
 		g.Dialer = &kafka.Dialer{Timeout: 3 * time.Second}
@@ -73,7 +109,8 @@ func (g GroupConfig) WithDefaults() GroupConfig {
 	return g
 }
 
-// Validate reports a missing Brokers, Topic or Group, a negative duration,
+// Validate reports a missing Brokers, Topic or Group, a negative duration
+// or size, MinBytes above MaxBytes, ReadBackoffMin above ReadBackoffMax,
 // an unknown StartOffset, or a HeartbeatInterval that does not fit in the
 // SessionTimeout (the coordinator would evict the member between two
 // heartbeats). It checks g as NewConsumer would use it, after WithDefaults.
@@ -90,15 +127,32 @@ func (g GroupConfig) Validate() error {
 		{"RebalanceTimeout", g.RebalanceTimeout},
 		{"CommitInterval", g.CommitInterval},
 		{"MaxWait", g.MaxWait},
+		{"ReadBackoffMin", g.ReadBackoffMin},
+		{"ReadBackoffMax", g.ReadBackoffMax},
 	} {
 		if f.v < 0 {
 			return fmt.Errorf("inbox: GroupConfig.%s is negative (%v); leave it zero for the default", f.name, f.v)
+		}
+	}
+	for _, f := range []struct {
+		name string
+		v    int
+	}{{"MinBytes", g.MinBytes}, {"MaxBytes", g.MaxBytes}, {"QueueCapacity", g.QueueCapacity}} {
+		if f.v < 0 {
+			return fmt.Errorf("inbox: GroupConfig.%s is negative (%d); leave it zero for the default", f.name, f.v)
 		}
 	}
 	if g.StartOffset != 0 && g.StartOffset != kafka.FirstOffset && g.StartOffset != kafka.LastOffset {
 		return fmt.Errorf("inbox: GroupConfig.StartOffset is %d, neither kafka.FirstOffset nor kafka.LastOffset", g.StartOffset)
 	}
 	d := g.WithDefaults()
+	if d.MinBytes > d.MaxBytes {
+		return fmt.Errorf("inbox: GroupConfig.MinBytes (%d) exceeds MaxBytes (%d)", d.MinBytes, d.MaxBytes)
+	}
+	if d.ReadBackoffMin > d.ReadBackoffMax {
+		// kafka-go would panic on it.
+		return fmt.Errorf("inbox: GroupConfig.ReadBackoffMin (%v) exceeds ReadBackoffMax (%v)", d.ReadBackoffMin, d.ReadBackoffMax)
+	}
 	if d.HeartbeatInterval >= d.SessionTimeout {
 		return fmt.Errorf("inbox: GroupConfig.HeartbeatInterval (%v) must be shorter than SessionTimeout (%v)", d.HeartbeatInterval, d.SessionTimeout)
 	}
@@ -206,11 +260,12 @@ func (c *Consumer) fetch(ctx context.Context, g *generation, k partitionKey, off
 			Topic:           k.topic,
 			Partition:       k.partition,
 			Dialer:          c.group.Dialer,
-			MinBytes:        1,
-			MaxBytes:        10 << 20,
+			MinBytes:        c.group.MinBytes,
+			MaxBytes:        c.group.MaxBytes,
 			MaxWait:         c.group.MaxWait,
-			ReadBackoffMin:  10 * time.Millisecond,
-			ReadBackoffMax:  100 * time.Millisecond,
+			QueueCapacity:   c.group.QueueCapacity,
+			ReadBackoffMin:  c.group.ReadBackoffMin,
+			ReadBackoffMax:  c.group.ReadBackoffMax,
 			ReadLagInterval: -1,
 			MaxAttempts:     3,
 		})

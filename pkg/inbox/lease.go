@@ -1,15 +1,19 @@
 package inbox
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
 	"log/slog"
+	"sync"
+	"sync/atomic"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
-	"github.com/segmentio/kafka-go"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/onceflow/onceflow/pkg/event"
 	"github.com/onceflow/onceflow/pkg/event/retry"
@@ -40,6 +44,10 @@ const (
 //  3. mark the row done, only if the fencing token is still this worker's,
 //     and run Done in that same transaction.
 //
+// A worker does 1 and 3 for a batch of messages at a time, in one
+// transaction each, and 2 for distinct keys concurrently; Check and Call
+// must be safe for concurrent use.
+//
 // If a worker dies between 2 and 3, the lease expires and the next delivery
 // takes it over. It must not call blindly: it first asks Check. Found: the
 // row is marked done as AlreadyPresent without calling. Not found: it calls.
@@ -54,7 +62,9 @@ type Effect struct {
 	// ErrPermanent dead-letters the message; others are retried. Required.
 	Call func(ctx context.Context, ev event.Envelope, key string) error
 	// Done records the outcome in the consumer's database, in the
-	// transaction that marks the message done. Optional.
+	// transaction that marks the message done: one transaction for the
+	// messages of a batch, so an error rolls back the batch's marking, and
+	// each message is then marked done in a transaction of its own. Optional.
 	Done func(ctx context.Context, tx pgx.Tx, ev event.Envelope, outcome Outcome) error
 }
 
@@ -64,8 +74,10 @@ const CrashAfterEffect = "inbox.after-effect"
 
 // NewLeaseConsumer returns a consumer that runs eff for each event in lease
 // mode (see Effect). Dedupe, the version guard, upcasters, dead letters,
-// workers and offsets work as in NewConsumer; each message is its own
-// sequence of short transactions instead of part of a batch.
+// workers and offsets work as in NewConsumer. Each worker leases a batch of
+// messages in one transaction, calls out for them — distinct keys
+// concurrently, up to Config.MaxInFlight calls at once, each key's messages
+// in order — and marks them done in one transaction.
 func NewLeaseConsumer(pool *pgxpool.Pool, src GroupConfig, dlq Writer, eff Effect, cfg Config) (*Consumer, error) {
 	if eff.Check == nil || eff.Call == nil {
 		return nil, errors.New("inbox: an Effect needs Check and Call")
@@ -76,13 +88,17 @@ func NewLeaseConsumer(pool *pgxpool.Pool, src GroupConfig, dlq Writer, eff Effec
 		return nil, err
 	}
 	c.effect = &eff
+	c.calls = make(chan struct{}, c.cfg.MaxInFlight)
 	return c, nil
 }
 
-// claimLease takes the message's inbox row: a new row, or an expired lease
-// of a worker that died. It returns the fencing token and whether an earlier
-// lease existed (so the side effect may have happened already).
-const claimLease = `
+// The SQL of the lease applier. Each statement names the fencing token it
+// expects, so a worker whose lease was taken over changes nothing.
+const (
+	// claimLease takes the message's inbox row: a new row, or an expired
+	// lease of a worker that died. It returns the fencing token and whether
+	// an earlier lease existed (so the side effect may have happened).
+	claimLease = `
 INSERT INTO inbox_messages (consumer, message_id, event_type, aggregate_id, aggregate_version,
                             topic, kafka_partition, kafka_offset, status, payload_hash,
                             lease_owner, lease_until, fencing_token)
@@ -93,89 +109,546 @@ SET lease_owner = EXCLUDED.lease_owner, lease_until = EXCLUDED.lease_until,
 WHERE inbox_messages.status = 'leased' AND inbox_messages.lease_until < now()
 RETURNING fencing_token, fencing_token > 1`
 
-// processLeased settles one message in lease mode. Like processAlone, it
-// charges a message only for its own failures (its side effect, data
-// Postgres refuses), waits out the database being unreachable, and returns
-// errAbandoned when ctx (the shutdown grace) ends or the message's
-// generation is dropped; a crash point firing is a *crashError.
-func (c *Consumer) processLeased(ctx context.Context, d delivery) error {
-	m := d.m
+	// claimLeases is claimLease for a batch of distinct event ids, in id
+	// order so two consumers claiming overlapping batches lock rows in the
+	// same order. Ids it does not return are settled already or leased to
+	// a live worker (leaseStates tells which).
+	claimLeases = `
+INSERT INTO inbox_messages (consumer, message_id, event_type, aggregate_id, aggregate_version,
+                            topic, kafka_partition, kafka_offset, status, payload_hash,
+                            lease_owner, lease_until, fencing_token)
+SELECT $1, m.id, m.event_type, m.aggregate_id, m.aggregate_version, m.topic, m.kafka_partition,
+       m.kafka_offset, 'leased', sha256(m.payload), $10, now() + $11 * interval '1 microsecond', 1
+FROM unnest($2::uuid[], $3::text[], $4::text[], $5::bigint[], $6::text[], $7::int[], $8::bigint[], $9::bytea[])
+     AS m(id, event_type, aggregate_id, aggregate_version, topic, kafka_partition, kafka_offset, payload)
+ORDER BY m.id
+ON CONFLICT (consumer, message_id) DO UPDATE
+SET lease_owner = EXCLUDED.lease_owner, lease_until = EXCLUDED.lease_until,
+    fencing_token = inbox_messages.fencing_token + 1, attempts = inbox_messages.attempts + 1
+WHERE inbox_messages.status = 'leased' AND inbox_messages.lease_until < now()
+RETURNING message_id, fencing_token, fencing_token > 1`
+
+	// leaseState reads what keeps a message from being leased.
+	leaseState = `SELECT status, lease_until FROM inbox_messages WHERE consumer = $1 AND message_id = $2`
+
+	// leaseStates is leaseState for a batch.
+	leaseStates = `
+SELECT message_id, status, lease_until FROM inbox_messages WHERE consumer = $1 AND message_id = ANY($2)`
+
+	// renewLease keeps a lease while its holder retries or waits its turn.
+	renewLease = `
+UPDATE inbox_messages SET lease_until = now() + $4 * interval '1 microsecond'
+WHERE consumer = $1 AND message_id = $2 AND fencing_token = $3 AND status = 'leased'`
+
+	// markLeaseDone closes one lease as processed.
+	markLeaseDone = `
+UPDATE inbox_messages SET status = 'processed', processed_at = now(), lease_owner = NULL, lease_until = NULL
+WHERE consumer = $1 AND message_id = $2 AND status = 'leased' AND fencing_token = $3`
+
+	// markLeasesDone closes a batch of leases as processed and returns the
+	// ones that were still this worker's.
+	markLeasesDone = `
+UPDATE inbox_messages i SET status = 'processed', processed_at = now(), lease_owner = NULL, lease_until = NULL
+FROM unnest($2::uuid[], $3::bigint[]) AS m(id, token)
+WHERE i.consumer = $1 AND i.message_id = m.id AND i.status = 'leased' AND i.fencing_token = m.token
+RETURNING i.message_id`
+
+	// markLeaseUncertain records a side effect nobody can vouch for.
+	markLeaseUncertain = `
+UPDATE inbox_messages SET status = 'uncertain', last_error = $4, lease_owner = NULL, lease_until = NULL
+WHERE consumer = $1 AND message_id = $2 AND fencing_token = $3`
+)
+
+// errLeaseLost says a lease this worker took was taken over (it expired and
+// another worker leased the message): the new holder settles the message.
+var errLeaseLost = errors.New("the lease was taken over")
+
+// leasePlan is what the batch's lease transaction decided for a message.
+type leasePlan int
+
+const (
+	// planAlone: the message is settled on its own (processLeased): it did
+	// not decode, another worker holds its lease, or the batch's lease
+	// transaction failed.
+	planAlone leasePlan = iota
+	// planRepeat: the message repeats an event id earlier in the batch (a
+	// producer's retry): a duplicate, settled in its key's turn after the
+	// first one.
+	planRepeat
+	// planSettled: a duplicate or a stale event; nothing to call.
+	planSettled
+	// planLeased: leased by the batch; call under the lease, then mark done
+	// with the batch.
+	planLeased
+)
+
+// leaseItem is one message of a batch handled in lease mode.
+type leaseItem struct {
+	d        delivery
+	ev       event.Envelope
+	decoded  bool
+	plan     leasePlan
+	token    int64
+	taken    bool      // an expired lease was taken over: check before calling
+	leasedAt time.Time // when the lease transaction began: the lease runs from no earlier
+	counts   [4]int
+	mismatch bool // planRepeat: its payload differs from the first's
+
+	// After its key's turn:
+	result  leaseResult
+	outcome Outcome    // the side effect's, when result is leaseCalled
+	span    trace.Span // the consumer span, ended once the message is settled
+}
+
+type leaseResult int
+
+const (
+	leaseSettled   leaseResult = iota // nothing more to do: duplicate, stale, dead letter, uncertain, or done alone
+	leaseCalled                       // the side effect happened: mark done with the batch
+	leaseAbandoned                    // unfinished; redelivered later
+)
+
+// processLeasedBatch settles a batch in lease mode:
+//
+//  1. one transaction leases every message it can (claimLeases), skips
+//     duplicates and stale events, and advances the version guard;
+//  2. each key's messages run their side effects in order, one after the
+//     other, while distinct keys run concurrently (MaxInFlight bounds the
+//     calls in flight across the consumer);
+//  3. one transaction marks every called message done (markLeasesDone) and
+//     runs Effect.Done for each.
+//
+// A message the batch cannot lease (another worker holds it, or the lease
+// transaction failed) is settled alone, in its key's turn, as before
+// batching. Every message is finished (done or abandoned) when it returns;
+// a crash point firing returns a *crashError and abandons what is not
+// marked done.
+func (c *Consumer) processLeasedBatch(ctx context.Context, batch []delivery) error {
 	start := time.Now()
-	var counts [4]int
-	defer func() { c.cfg.Metrics.record(c.cfg.Name, counts, 1, time.Since(start)) }()
-
-	ev, err := event.FromKafka(m)
-	if err != nil {
-		counts[deadLettered]++
-		return c.deadLetterLeased(ctx, d, nil, err)
+	items := make([]*leaseItem, len(batch))
+	for i, d := range batch {
+		it := &leaseItem{d: d}
+		if ev, err := event.FromKafka(d.m); err == nil {
+			it.ev, it.decoded = ev, true
+		}
+		items[i] = it
 	}
-	ctx, span := c.startProcess(ctx, m, ev) // covers the lease, the side effect and marking it done
-	defer span.End()
-	key := ev.EventID.String()
+	c.leaseBatch(ctx, items)
 
-	// Take the lease, waiting out another worker's (perhaps a dead one's).
+	// Each key's turn, keys side by side. A crash stops every turn.
+	turnCtx, stopTurns := context.WithCancel(ctx)
+	defer stopTurns()
 	var (
-		token int64
-		taken bool
+		order []string
+		turns = map[string][]*leaseItem{}
+		crash atomic.Pointer[crashError]
+		wg    sync.WaitGroup
 	)
-	for attempt, outages := 1, 0; ; {
-		var out *outcome
-		token, out, taken, err = c.lease(ctx, m, &ev)
-		var held *leaseHeldError
-		switch {
-		case errors.As(err, &held):
-			c.cfg.Logger.InfoContext(ctx, "inbox waits for another worker's lease", slog.String("consumer", c.cfg.Name),
-				slog.String("event_id", key), slog.Time("lease_until", held.until))
-			if err := wait(ctx, d.gen, time.Until(held.until)+10*time.Millisecond); err != nil {
-				return err
+	for _, it := range items {
+		k := string(it.d.m.Key)
+		if turns[k] == nil {
+			order = append(order, k)
+		}
+		turns[k] = append(turns[k], it)
+	}
+	for _, k := range order {
+		wg.Go(func() {
+			for i, it := range turns[k] {
+				err := c.runLeased(turnCtx, it)
+				var ce *crashError
+				if errors.As(err, &ce) {
+					crash.CompareAndSwap(nil, ce)
+					stopTurns()
+				}
+				if err != nil {
+					// The key's later messages wait for this one: they are
+					// abandoned with it, and redelivered after it.
+					for _, rest := range turns[k][i:] {
+						rest.result = leaseAbandoned
+					}
+					return
+				}
 			}
-			continue // waiting is not failing
-		case err == nil && out != nil:
-			c.db.ok(ctx, "")
-			counts[*out]++ // a duplicate or a stale event: settled without a side effect
-			return nil
-		case err == nil:
-			c.db.ok(ctx, "")
-		case ctx.Err() != nil:
-			return errAbandoned
-		case isOutage(err):
-			c.db.fail(ctx, "lease", err)
-			outages++
-			if err := wait(ctx, d.gen, retry.Backoff(outages, c.cfg.BackoffMin, c.cfg.BackoffMax)); err != nil {
-				return err
+		})
+	}
+	wg.Wait()
+
+	var called []*leaseItem
+	if crash.Load() == nil {
+		for _, it := range items {
+			if it.result == leaseCalled {
+				called = append(called, it)
 			}
-			continue
-		case attempt >= c.cfg.MaxAttempts || isPermanent(err):
-			counts[deadLettered]++
-			return c.deadLetterLeased(ctx, d, &ev, err)
-		default:
-			if err := wait(ctx, d.gen, retry.Backoff(attempt, c.cfg.BackoffMin, c.cfg.BackoffMax)); err != nil {
-				return err
+		}
+		if err := c.markBatchDone(ctx, called); err != nil {
+			for _, it := range called {
+				it.result = leaseAbandoned
 			}
-			attempt++
+		}
+	}
+	var (
+		counts  [4]int
+		done    []delivery
+		batched int // settled through the batch, not alone (processLeased records those)
+	)
+	for _, it := range items {
+		if it.span != nil {
+			it.span.End()
+		}
+		if crash.Load() != nil || it.result == leaseAbandoned {
+			it.d.gen.finish(it.d.m, false)
 			continue
 		}
-		break
+		for i, n := range it.counts {
+			counts[i] += n
+		}
+		if it.plan != planAlone {
+			batched++
+		}
+		done = append(done, it.d)
 	}
+	if ce := crash.Load(); ce != nil {
+		return ce
+	}
+	c.cfg.Metrics.record(c.cfg.Name, counts, batched, time.Since(start))
+	return c.committed(ctx, done)
+}
 
-	// Run the side effect under the lease, retrying with backoff.
-	mayHaveCalled := taken // an expired lease: its holder may have called
-	for attempt := 1; ; attempt++ {
-		outcome, err := c.runEffect(ctx, ev, key, mayHaveCalled)
+// leaseBatch runs the batch's lease transaction and sets each item's plan.
+// When the transaction fails, every item is left to planAlone, which waits
+// out an outage and charges failures to the message that caused them.
+func (c *Consumer) leaseBatch(ctx context.Context, items []*leaseItem) {
+	seen := map[uuid.UUID]*leaseItem{}
+	var fresh []*leaseItem // decoded, first of their event id in the batch
+	for _, it := range items {
+		switch first := seen[it.ev.EventID]; {
+		case !it.decoded:
+		case first != nil:
+			it.plan = planRepeat
+			it.counts[duplicate]++
+			if !bytes.Equal(first.ev.Payload, it.ev.Payload) {
+				it.mismatch = true
+			}
+		default:
+			seen[it.ev.EventID] = it
+			fresh = append(fresh, it)
+		}
+	}
+	if len(fresh) == 0 {
+		return
+	}
+	leasedAt := time.Now()
+	var notes []func()
+	plans := make(map[uuid.UUID]*leaseItem, len(fresh))
+	err := pgx.BeginFunc(ctx, c.pool, func(tx pgx.Tx) error {
+		clear(plans)
+		n := len(fresh)
+		ids, types, aggs, versions := make([][16]byte, n), make([]string, n), make([]string, n), make([]int64, n)
+		topics, partitions, offsets, payloads := make([]string, n), make([]int32, n), make([]int64, n), make([][]byte, n)
+		for i, it := range fresh {
+			ev, m := it.ev, it.d.m
+			ids[i], types[i], aggs[i], versions[i] = ev.EventID, ev.EventType, ev.AggregateID, ev.AggregateVersion
+			topics[i], partitions[i], offsets[i], payloads[i] = m.Topic, int32(m.Partition), m.Offset, []byte(ev.Payload)
+		}
+		rows, err := tx.Query(ctx, claimLeases, c.cfg.Name, ids, types, aggs, versions, topics, partitions, offsets, payloads,
+			c.cfg.LeaseOwner, c.cfg.LeaseTTL.Microseconds())
+		if err != nil {
+			return dbErrors.Translate("leasing a batch", err)
+		}
+		type claim struct {
+			id    [16]byte
+			token int64
+			taken bool
+		}
+		claims, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (claim, error) {
+			var cl claim
+			return cl, r.Scan(&cl.id, &cl.token, &cl.taken)
+		})
+		if err != nil {
+			return dbErrors.Translate("leasing a batch", err)
+		}
+		byID := make(map[uuid.UUID]*leaseItem, n)
+		for _, it := range fresh {
+			byID[it.ev.EventID] = it
+		}
+		var leased, unclaimed []uuid.UUID
+		tokens := map[uuid.UUID]claim{}
+		for _, cl := range claims {
+			tokens[cl.id] = cl
+			leased = append(leased, cl.id)
+		}
+		for _, it := range fresh {
+			if _, ok := tokens[it.ev.EventID]; !ok {
+				unclaimed = append(unclaimed, it.ev.EventID)
+			}
+		}
+		// Unclaimed: settled already (a duplicate), or leased to a live
+		// worker (its own turn waits for that lease).
+		var dups []event.Envelope
+		if len(unclaimed) > 0 {
+			rows, err := tx.Query(ctx, leaseStates, c.cfg.Name, unclaimed)
+			if err != nil {
+				return dbErrors.Translate("reading leases", err)
+			}
+			var (
+				id     [16]byte
+				status string
+				until  *time.Time
+			)
+			if _, err := pgx.ForEachRow(rows, []any{&id, &status, &until}, func() error {
+				it := byID[id]
+				if status == "leased" && until != nil {
+					return nil // planAlone
+				}
+				dups = append(dups, it.ev)
+				d := *it
+				d.plan = planSettled
+				d.counts[duplicate]++
+				plans[id] = &d
+				return nil
+			}); err != nil {
+				return dbErrors.Translate("reading leases", err)
+			}
+		}
+		if err := c.checkPayloads(ctx, tx, dups...); err != nil {
+			return err
+		}
+		// The version guard, for the messages leased for the first time.
+		evs := make([]event.Envelope, 0, len(leased))
+		outs := make([]outcome, 0, len(leased))
+		for _, it := range fresh {
+			cl, ok := tokens[it.ev.EventID]
+			if !ok {
+				continue
+			}
+			d := *it
+			d.plan, d.token, d.taken, d.leasedAt = planLeased, cl.token, cl.taken, leasedAt
+			plans[it.ev.EventID] = &d
+			out := duplicate // taken over: guarded when it was first leased
+			if !cl.taken {
+				out = processed
+			}
+			evs, outs = append(evs, it.ev), append(outs, out)
+		}
+		if !c.cfg.DisableVersionGuard {
+			if notes, err = c.guardBatch(ctx, tx, evs, outs); err != nil {
+				return dbErrors.Translate("checking aggregate versions", err)
+			}
+			for i, out := range outs {
+				if out == stale {
+					p := plans[evs[i].EventID]
+					p.plan = planSettled
+					p.counts[stale]++
+				}
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		if isOutage(err) {
+			c.db.fail(ctx, "lease", err)
+		} else if ctx.Err() == nil {
+			c.cfg.Logger.DebugContext(ctx, "inbox lease batch falls back to one lease per message",
+				slog.String("consumer", c.cfg.Name), slog.Any("error", err))
+		}
+		return
+	}
+	c.db.ok(ctx, "")
+	for _, note := range notes {
+		note()
+	}
+	for _, it := range fresh {
+		if p := plans[it.ev.EventID]; p != nil {
+			it.plan, it.token, it.taken, it.leasedAt, it.counts = p.plan, p.token, p.taken, p.leasedAt, p.counts
+		}
+	}
+}
+
+// runLeased is one message's turn: settle it alone, or run its side effect
+// under the batch's lease. It returns nil when the message may be finished
+// (its result says whether it still needs marking done), errAbandoned, or a
+// *crashError.
+func (c *Consumer) runLeased(ctx context.Context, it *leaseItem) error {
+	if it.plan == planAlone {
+		if err := c.processLeased(ctx, it.d); err != nil {
+			it.result = leaseAbandoned
+			return err
+		}
+		it.result = leaseSettled
+		return nil
+	}
+	// Every delivery has its consumer span, a duplicate's too: in lease mode
+	// the trace shows each time the third party's payment was considered.
+	ctx, span := c.startProcess(ctx, it.d.m, it.ev)
+	it.span = span
+	switch it.plan {
+	case planSettled:
+		it.result = leaseSettled
+		return nil
+	case planRepeat:
+		if it.mismatch {
+			c.payloadMismatch(ctx, it.ev.EventID)
+		}
+		it.result = leaseSettled
+		return nil
+	}
+	if err := c.upcast(&it.ev); err != nil {
+		it.counts[deadLettered]++
+		it.result = leaseSettled
+		if err := c.deadLetterLeased(ctx, it.d, &it.ev, err); err != nil {
+			it.result = leaseAbandoned
+			return err
+		}
+		return nil
+	}
+	// The lease was taken when the batch began; messages whose turn came
+	// late (their key's earlier messages were slow) renew it before calling,
+	// so it cannot lapse while they call.
+	if time.Since(it.leasedAt) > c.cfg.LeaseTTL/2 {
+		switch err := c.renewBeforeCall(ctx, it); {
+		case errors.Is(err, errLeaseLost):
+			c.leaseTakenOver(ctx, it.ev)
+			it.result = leaseSettled
+			return nil
+		case err != nil:
+			it.result = leaseAbandoned
+			return err
+		}
+	}
+	outcome, settled, err := c.underLease(ctx, it.d, it.ev, it.token, it.taken, &it.counts)
+	switch {
+	case err != nil:
+		it.result = leaseAbandoned
+		return err
+	case settled:
+		it.result = leaseSettled
+	default:
+		it.result, it.outcome = leaseCalled, outcome
+	}
+	return nil
+}
+
+// renewBeforeCall renews its lease, waiting out the database being
+// unreachable: no call may start under a lease that could lapse during it.
+// A renewal that succeeds late is still safe: the token proves nobody took
+// the message over meanwhile. It returns errLeaseLost or errAbandoned.
+func (c *Consumer) renewBeforeCall(ctx context.Context, it *leaseItem) error {
+	for outages := 1; ; outages++ {
+		err := c.renew(ctx, it.ev.EventID, it.token)
 		switch {
+		case err == nil:
+			return nil
+		case errors.Is(err, errLeaseLost):
+			return err
+		case ctx.Err() != nil:
+			return errAbandoned
+		}
+		c.db.fail(ctx, "renew_lease", err)
+		if err := wait(ctx, it.d.gen, retry.Backoff(outages, c.cfg.BackoffMin, c.cfg.BackoffMax)); err != nil {
+			return err
+		}
+	}
+}
+
+// renew extends the lease of id if token still holds it.
+func (c *Consumer) renew(ctx context.Context, id uuid.UUID, token int64) error {
+	tag, err := c.pool.Exec(ctx, renewLease, c.cfg.Name, id, token, c.cfg.LeaseTTL.Microseconds())
+	switch {
+	case err != nil:
+		return dbErrors.Translate("renewing a lease", err)
+	case tag.RowsAffected() == 0:
+		return errLeaseLost
+	}
+	return nil
+}
+
+// markBatchDone marks every called message done, and runs Effect.Done for
+// each, in one transaction. The side effects are behind it, so when that
+// transaction fails each message is marked alone, which waits out an
+// outage; it returns an error only when the messages must be abandoned
+// (ctx ended).
+func (c *Consumer) markBatchDone(ctx context.Context, called []*leaseItem) error {
+	if len(called) == 0 {
+		return nil
+	}
+	ids, tokens := make([][16]byte, len(called)), make([]int64, len(called))
+	for i, it := range called {
+		ids[i], tokens[i] = it.ev.EventID, it.token
+	}
+	err := pgx.BeginFunc(ctx, c.pool, func(tx pgx.Tx) error {
+		rows, err := tx.Query(ctx, markLeasesDone, c.cfg.Name, ids, tokens)
+		if err != nil {
+			return dbErrors.Translate("marking leases done", err)
+		}
+		marked, err := pgx.CollectRows(rows, pgx.RowTo[[16]byte])
+		if err != nil {
+			return dbErrors.Translate("marking leases done", err)
+		}
+		ours := make(map[uuid.UUID]bool, len(marked))
+		for _, id := range marked {
+			ours[id] = true
+		}
+		for _, it := range called {
+			if !ours[it.ev.EventID] {
+				c.leaseTakenOver(ctx, it.ev)
+				continue
+			}
+			if c.effect.Done != nil {
+				if err := c.effect.Done(ctx, tx, it.ev, it.outcome); err != nil {
+					return err
+				}
+			}
+		}
+		return nil
+	})
+	if err == nil {
+		c.db.ok(ctx, "")
+		return nil
+	}
+	if isOutage(err) {
+		c.db.fail(ctx, "mark_done", err)
+	}
+	for _, it := range called {
+		if err := c.settleLeased(ctx, it.d, "marking done", func() error { return c.markDone(ctx, it.ev, it.token, it.outcome) }); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (c *Consumer) leaseTakenOver(ctx context.Context, ev event.Envelope) {
+	c.cfg.Logger.WarnContext(ctx, "inbox lease was taken over; leaving the row to the new holder",
+		slog.String("consumer", c.cfg.Name), slog.String("event_id", ev.EventID.String()))
+}
+
+// underLease runs ev's side effect under the lease token, retrying with
+// backoff, checking first whenever an earlier attempt may have called
+// (taken: an expired lease was taken over; or a call of this worker
+// failed, since a failed call may still have landed). It returns the
+// outcome to mark done with; settled when the message needs no marking
+// done (marked uncertain, or dead-lettered); errAbandoned or a *crashError.
+func (c *Consumer) underLease(ctx context.Context, d delivery, ev event.Envelope, token int64, taken bool, counts *[4]int) (Outcome, bool, error) {
+	key := ev.EventID.String()
+	mayHaveCalled := taken
+	c.cfg.Metrics.observeHop(c.cfg.Name, ev.OccurredAt)
+	for attempt := 1; ; attempt++ {
+		outcome, err := c.runEffect(ctx, d.gen, ev, key, mayHaveCalled)
+		switch {
+		case errors.Is(err, errAbandoned):
+			return "", false, err
 		case errors.Is(err, ErrUnknowable):
-			return c.settleLeased(ctx, d, "marking uncertain", func() error { return c.markUncertain(ctx, ev, token, err) })
+			return "", true, c.settleLeased(ctx, d, "marking uncertain", func() error { return c.markUncertain(ctx, ev, token, err) })
 		case err == nil:
 			if c.cfg.CrashPoint != nil {
 				if err := c.cfg.CrashPoint(CrashAfterEffect); err != nil {
-					return &crashError{fmt.Errorf("crash point %s: %w", CrashAfterEffect, err)}
+					return "", false, &crashError{fmt.Errorf("crash point %s: %w", CrashAfterEffect, err)}
 				}
 			}
 			counts[processed]++
-			return c.settleLeased(ctx, d, "marking done", func() error { return c.markDone(ctx, ev, token, outcome) })
+			return outcome, false, nil
 		}
 		if ctx.Err() != nil {
-			return errAbandoned
+			return "", false, errAbandoned
 		}
 		mayHaveCalled = true // a failed call may still have landed
 		c.cfg.Metrics.failures.WithLabelValues(c.cfg.Name).Inc()
@@ -185,121 +658,29 @@ func (c *Consumer) processLeased(ctx context.Context, d delivery) error {
 				err = fmt.Errorf("gave up after %d attempts: %w", attempt, err)
 			}
 			counts[deadLettered]++
-			return c.deadLetterLeased(ctx, d, &ev, err)
+			return "", true, c.deadLetterLeased(ctx, d, &ev, err)
 		}
 		delay := retry.Backoff(attempt, c.cfg.BackoffMin, c.cfg.BackoffMax)
 		c.cfg.Logger.WarnContext(ctx, "inbox side effect failed; retrying", slog.String("consumer", c.cfg.Name),
 			slog.String("event_id", key), slog.Int("attempt", attempt), slog.Duration("retry_in", delay), slog.Any("error", err))
 		if err := wait(ctx, d.gen, delay); err != nil {
-			return err
+			return "", false, err
 		}
 		// Keep the lease while retrying, so no other worker takes it over.
 		// If the database is away, the lease may lapse; the fencing token
 		// then keeps a late markDone from overwriting the new holder's work.
-		if _, err := c.pool.Exec(ctx, `
-			UPDATE inbox_messages SET lease_until = now() + $4 * interval '1 microsecond'
-			WHERE consumer = $1 AND message_id = $2 AND fencing_token = $3 AND status = 'leased'`,
-			c.cfg.Name, ev.EventID, token, c.cfg.LeaseTTL.Microseconds()); err != nil && ctx.Err() == nil {
+		if err := c.renew(ctx, ev.EventID, token); err != nil && !errors.Is(err, errLeaseLost) && ctx.Err() == nil {
 			c.db.fail(ctx, "renew_lease", err)
 		}
 	}
 }
 
-// settleLeased runs one of the transactions that close a lease (markDone,
-// markUncertain). The side effect is behind it, so it is retried while the
-// database is unreachable; other failures are retried MaxAttempts times,
-// then logged, and the row stays leased for the reconciliation report.
-func (c *Consumer) settleLeased(ctx context.Context, d delivery, step string, f func() error) error {
-	for attempt, outages := 1, 0; ; {
-		err := f()
-		switch {
-		case err == nil:
-			c.db.ok(ctx, "")
-			return nil
-		case ctx.Err() != nil:
-			return errAbandoned
-		case isOutage(err):
-			c.db.fail(ctx, step, err)
-			outages++
-			if err := wait(ctx, d.gen, retry.Backoff(outages, c.cfg.BackoffMin, c.cfg.BackoffMax)); err != nil {
-				return err
-			}
-		case attempt >= c.cfg.MaxAttempts || isPermanent(err):
-			c.cfg.Logger.ErrorContext(ctx, "inbox could not settle a lease; its row stays leased for reconciliation",
-				slog.String("consumer", c.cfg.Name), slog.String("step", step), slog.Any("error", err))
-			return nil
-		default:
-			if err := wait(ctx, d.gen, retry.Backoff(attempt, c.cfg.BackoffMin, c.cfg.BackoffMax)); err != nil {
-				return err
-			}
-			attempt++
-		}
-	}
-}
-
-// deadLetterLeased dead-letters in a transaction of its own, waiting out
-// the database being unreachable.
-func (c *Consumer) deadLetterLeased(ctx context.Context, d delivery, ev *event.Envelope, reason error) error {
-	return c.settleLeased(ctx, d, "dead_letter", func() error { return c.deadLetterAlone(ctx, d.m, ev, reason) })
-}
-
-// lease claims the message. A non-nil outcome means it needs no side effect
-// (duplicate or stale); an error means another worker holds a live lease or
-// the database failed, and the caller retries.
-func (c *Consumer) lease(ctx context.Context, m kafka.Message, ev *event.Envelope) (token int64, out *outcome, taken bool, err error) {
-	err = pgx.BeginFunc(ctx, c.pool, func(tx pgx.Tx) error {
-		err := tx.QueryRow(ctx, claimLease, c.cfg.Name, ev.EventID, ev.EventType, ev.AggregateID, ev.AggregateVersion,
-			m.Topic, m.Partition, m.Offset, []byte(ev.Payload), c.cfg.LeaseOwner, c.cfg.LeaseTTL.Microseconds()).Scan(&token, &taken)
-		if errors.Is(err, pgx.ErrNoRows) {
-			var status string
-			var until *time.Time
-			if err := tx.QueryRow(ctx, `SELECT status, lease_until FROM inbox_messages WHERE consumer = $1 AND message_id = $2`,
-				c.cfg.Name, ev.EventID).Scan(&status, &until); err != nil {
-				return err
-			}
-			if status == "leased" && until != nil {
-				return &leaseHeldError{eventID: ev.EventID.String(), until: *until}
-			}
-			if err := c.checkPayloads(ctx, tx, *ev); err != nil {
-				return err
-			}
-			d := duplicate
-			out = &d
-			return nil
-		}
-		if err != nil {
-			return fmt.Errorf("leasing: %w", err)
-		}
-		if !taken && !c.cfg.DisableVersionGuard {
-			isStale, err := c.guardVersion(ctx, tx, ev)
-			if err != nil {
-				return err
-			}
-			if isStale {
-				s := stale
-				out = &s
-				return nil
-			}
-		}
-		return c.upcast(ev)
-	})
-	return token, out, taken, err
-}
-
-// leaseHeldError says another worker holds the message's lease until until.
-type leaseHeldError struct {
-	eventID string
-	until   time.Time
-}
-
-func (e *leaseHeldError) Error() string {
-	return fmt.Sprintf("event %s is leased to another worker until %s", e.eventID, e.until.Format(time.RFC3339Nano))
-}
-
-// runEffect checks first when an earlier attempt may have called, then calls.
-func (c *Consumer) runEffect(ctx context.Context, ev event.Envelope, key string, mayHaveCalled bool) (Outcome, error) {
+// runEffect checks first when an earlier attempt may have called, then
+// calls, each call within the consumer's MaxInFlight. It returns
+// errAbandoned when ctx ends or gen is dropped while it waits its turn.
+func (c *Consumer) runEffect(ctx context.Context, gen *generation, ev event.Envelope, key string, mayHaveCalled bool) (Outcome, error) {
 	if mayHaveCalled {
-		has, err := c.effect.Check(ctx, key)
+		has, err := c.call(ctx, gen, func() (bool, error) { return c.effect.Check(ctx, key) })
 		if err != nil {
 			return "", err
 		}
@@ -309,45 +690,20 @@ func (c *Consumer) runEffect(ctx context.Context, ev event.Envelope, key string,
 			return AlreadyPresent, nil
 		}
 	}
-	return Sent, c.effect.Call(ctx, ev, key)
+	_, err := c.call(ctx, gen, func() (bool, error) { return false, c.effect.Call(ctx, ev, key) })
+	return Sent, err
 }
 
-// markDone marks the leased row processed, if the lease is still ours, and
-// records the outcome with Done in the same transaction.
-func (c *Consumer) markDone(ctx context.Context, ev event.Envelope, token int64, outcome Outcome) error {
-	return pgx.BeginFunc(ctx, c.pool, func(tx pgx.Tx) error {
-		tag, err := tx.Exec(ctx, `
-			UPDATE inbox_messages SET status = 'processed', processed_at = now(), lease_owner = NULL, lease_until = NULL
-			WHERE consumer = $1 AND message_id = $2 AND status = 'leased' AND fencing_token = $3`,
-			c.cfg.Name, ev.EventID, token)
-		if err != nil {
-			return err
-		}
-		if tag.RowsAffected() == 0 {
-			// Our lease expired and another worker took over; it settles the row.
-			c.cfg.Logger.WarnContext(ctx, "inbox lease was taken over; leaving the row to the new holder",
-				slog.String("consumer", c.cfg.Name), slog.String("event_id", ev.EventID.String()))
-			return nil
-		}
-		if c.effect.Done != nil {
-			return c.effect.Done(ctx, tx, ev, outcome)
-		}
-		return nil
-	})
-}
-
-func (c *Consumer) markUncertain(ctx context.Context, ev event.Envelope, token int64, cause error) error {
-	c.cfg.Metrics.uncertain.WithLabelValues(c.cfg.Name).Inc()
-	c.cfg.Logger.ErrorContext(ctx, "inbox cannot tell whether the side effect happened; marked uncertain for reconciliation",
-		slog.String("consumer", c.cfg.Name), slog.String("event_id", ev.EventID.String()), slog.Any("error", cause))
-	_, err := c.pool.Exec(ctx, `
-		UPDATE inbox_messages SET status = 'uncertain', last_error = $4, lease_owner = NULL, lease_until = NULL
-		WHERE consumer = $1 AND message_id = $2 AND fencing_token = $3`,
-		c.cfg.Name, ev.EventID, token, cause.Error())
-	return err
-}
-
-// deadLetterAlone dead-letters outside a batch, in a transaction of its own.
-func (c *Consumer) deadLetterAlone(ctx context.Context, m kafka.Message, ev *event.Envelope, reason error) error {
-	return pgx.BeginFunc(ctx, c.pool, func(tx pgx.Tx) error { return c.deadLetter(ctx, tx, m, ev, reason) })
+// call runs f once one of the MaxInFlight call slots is free.
+func (c *Consumer) call(ctx context.Context, gen *generation, f func() (bool, error)) (bool, error) {
+	select {
+	case c.calls <- struct{}{}:
+	case <-ctx.Done():
+		return false, errAbandoned
+	}
+	defer func() { <-c.calls }()
+	if gen != nil && gen.isDropped() {
+		return false, errAbandoned
+	}
+	return f()
 }

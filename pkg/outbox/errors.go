@@ -2,7 +2,6 @@ package outbox
 
 import (
 	"errors"
-	"fmt"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -29,18 +28,13 @@ var (
 	ErrUndecodable = errors.New("outbox: undecodable row")
 )
 
+// storeErrors are the names storeErr gives the driver's errors.
+var storeErrors = pgutil.StoreErrors{NotFound: ErrNotFound, Unavailable: ErrUnavailable}
+
 // storeErr wraps err, an error from Postgres while doing what, translating
 // what the driver says into this package's named errors; the driver's error
 // stays in the chain for logs.
-func storeErr(what string, err error) error {
-	switch {
-	case errors.Is(err, pgx.ErrNoRows):
-		return fmt.Errorf("outbox: %s: %w (%w)", what, ErrNotFound, err)
-	case pgutil.IsUnavailable(err):
-		return fmt.Errorf("outbox: %s: %w (%w)", what, ErrUnavailable, err)
-	}
-	return fmt.Errorf("outbox: %s: %w", what, err)
-}
+func storeErr(what string, err error) error { return storeErrors.Translate("outbox: "+what, err) }
 
 // SQLSTATEs the relays act on.
 const (

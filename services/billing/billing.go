@@ -78,9 +78,9 @@ type Charge struct {
 	RefundedAt  *time.Time `json:"refundedAt"`
 }
 
-// Billing handles order events.
+// Billing handles order events; its Store runs the SQL.
 type Billing struct {
-	pool   *pgxpool.Pool
+	store  *Store
 	logger *slog.Logger
 	now    func() time.Time
 	write  outbox.WriteFunc
@@ -91,7 +91,7 @@ func New(pool *pgxpool.Pool, logger *slog.Logger, now func() time.Time) *Billing
 	if now == nil {
 		now = time.Now
 	}
-	return &Billing{pool: pool, logger: logger, now: now, write: outbox.Enqueue}
+	return &Billing{store: NewStore(pool), logger: logger, now: now, write: outbox.Enqueue}
 }
 
 // WithOutboxWrite makes billing write its events with w: outbox.Emit under
@@ -117,15 +117,10 @@ func (b *Billing) HandleNaive(ctx context.Context, tx pgx.Tx, ev event.Envelope)
 	}
 	now := b.now().UTC()
 	paymentID := uuid.New()
-	var version int64
-	if err := tx.QueryRow(ctx, `
-		INSERT INTO charges (order_id, payment_id, customer_id, amount_cents, currency, status, version, captured_at)
-		VALUES ($1, $2, $3, $4, $5, $6, 1, $7)
-		ON CONFLICT (order_id) DO UPDATE
-		SET payment_id = EXCLUDED.payment_id, version = charges.version + 1, captured_at = EXCLUDED.captured_at
-		RETURNING version`,
-		p.OrderID, paymentID, p.CustomerID, p.AmountCents, p.Currency, StatusCaptured, now).Scan(&version); err != nil {
-		return fmt.Errorf("recording charge: %w", err)
+	version, err := b.store.RecaptureCharge(ctx, tx, Charge{OrderID: p.OrderID, PaymentID: paymentID, CustomerID: p.CustomerID,
+		AmountCents: p.AmountCents, Currency: p.Currency, Status: StatusCaptured, CapturedAt: now})
+	if err != nil {
+		return err
 	}
 	return b.emit(ctx, tx, ev, EventPaymentCaptured, version, Payment{
 		PaymentID: paymentID, OrderID: p.OrderID, CustomerID: p.CustomerID,
@@ -178,16 +173,12 @@ func unknownVersion(ev event.Envelope) error {
 func (b *Billing) capture(ctx context.Context, tx pgx.Tx, cause event.Envelope, p orderPlaced) error {
 	now := b.now().UTC()
 	paymentID := event.NewID()
-	tag, err := tx.Exec(ctx, `
-		INSERT INTO charges (order_id, payment_id, customer_id, amount_cents, currency, status, version, captured_at)
-		VALUES ($1, $2, $3, $4, $5, $6, 1, $7)
-		ON CONFLICT (order_id) DO NOTHING`,
-		// [16]byte: pgx encodes it natively (uuid.UUID goes through text).
-		[16]byte(p.OrderID), [16]byte(paymentID), p.CustomerID, p.AmountCents, p.Currency, StatusCaptured, now)
+	inserted, err := b.store.InsertCharge(ctx, tx, Charge{OrderID: p.OrderID, PaymentID: paymentID, CustomerID: p.CustomerID,
+		AmountCents: p.AmountCents, Currency: p.Currency, Status: StatusCaptured, Version: 1, CapturedAt: now})
 	if err != nil {
-		return fmt.Errorf("recording charge: %w", err)
+		return err
 	}
-	if tag.RowsAffected() == 0 {
+	if !inserted {
 		return nil // already charged: the business constraint absorbed a re-emitted OrderPlaced
 	}
 	return b.emit(ctx, tx, cause, EventPaymentCaptured, 1, Payment{
@@ -198,16 +189,10 @@ func (b *Billing) capture(ctx context.Context, tx pgx.Tx, cause event.Envelope, 
 
 func (b *Billing) refund(ctx context.Context, tx pgx.Tx, cause event.Envelope, orderID uuid.UUID) error {
 	now := b.now().UTC()
-	var c Charge
-	err := tx.QueryRow(ctx, `
-		UPDATE charges SET status = $2, version = version + 1, refunded_at = $3
-		WHERE order_id = $1 AND status = $4
-		RETURNING payment_id, customer_id, amount_cents, currency, version`,
-		orderID, StatusRefunded, now, StatusCaptured).Scan(&c.PaymentID, &c.CustomerID, &c.AmountCents, &c.Currency, &c.Version)
-	if errors.Is(err, pgx.ErrNoRows) {
-		var status string
-		err := tx.QueryRow(ctx, `SELECT status FROM charges WHERE order_id = $1`, orderID).Scan(&status)
-		if errors.Is(err, pgx.ErrNoRows) {
+	c, err := b.store.RefundCharge(ctx, tx, orderID, now)
+	if errors.Is(err, ErrNotFound) {
+		_, err := b.store.ChargeStatus(ctx, tx, orderID)
+		if errors.Is(err, ErrNotFound) {
 			// Order events share a partition, so the OrderPlaced went first;
 			// no charge means it was dead-lettered. Say so rather than guess.
 			return inbox.Permanent(fmt.Errorf("OrderCancelled %s: order %s has no charge to refund", cause.EventID, orderID))
@@ -215,7 +200,7 @@ func (b *Billing) refund(ctx context.Context, tx pgx.Tx, cause event.Envelope, o
 		return err // already refunded: nothing to do, or a read error
 	}
 	if err != nil {
-		return fmt.Errorf("refunding charge: %w", err)
+		return err
 	}
 	return b.emit(ctx, tx, cause, EventPaymentRefunded, c.Version, Payment{
 		PaymentID: c.PaymentID, OrderID: orderID, CustomerID: c.CustomerID,
@@ -249,13 +234,7 @@ func (b *Billing) emit(ctx context.Context, tx pgx.Tx, cause event.Envelope, eve
 	})
 }
 
-// Charge returns the charge of an order, or pgx.ErrNoRows.
+// Charge returns the charge of an order, or ErrNotFound.
 func (b *Billing) Charge(ctx context.Context, orderID uuid.UUID) (Charge, error) {
-	rows, err := b.pool.Query(ctx, `
-		SELECT order_id, payment_id, customer_id, amount_cents, currency, status, version, captured_at, refunded_at
-		FROM charges WHERE order_id = $1`, orderID)
-	if err != nil {
-		return Charge{}, err
-	}
-	return pgx.CollectExactlyOneRow(rows, pgx.RowToStructByPos[Charge])
+	return b.store.Charge(ctx, orderID)
 }

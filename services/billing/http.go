@@ -5,7 +5,6 @@ import (
 	"net/http"
 
 	"github.com/google/uuid"
-	"github.com/jackc/pgx/v5"
 	"github.com/labstack/echo/v4"
 
 	"github.com/onceflow/onceflow/pkg/platform/apperr"
@@ -19,7 +18,7 @@ func Routes(e *echo.Echo, b *Billing) {
 			return apperr.Errorf(apperr.Malformed, "order id %s is not a UUID", apperr.Quote(c.Param("orderId")))
 		}
 		ch, err := b.Charge(c.Request().Context(), id)
-		if errors.Is(err, pgx.ErrNoRows) {
+		if errors.Is(err, ErrNotFound) {
 			return apperr.Errorf(apperr.NotFound, "order %s has no charge", id)
 		}
 		if err != nil {

@@ -135,9 +135,9 @@ type Options struct {
 	WriteEvent outbox.WriteFunc
 }
 
-// Service places, reads and cancels orders.
+// Service places, reads and cancels orders; its Store runs the SQL.
 type Service struct {
-	pool    *pgxpool.Pool
+	store   *Store
 	now     func() time.Time
 	opts    Options
 	metrics *Metrics
@@ -148,7 +148,7 @@ func New(pool *pgxpool.Pool, opts Options) *Service {
 	if opts.Now == nil {
 		opts.Now = time.Now
 	}
-	return &Service{pool: pool, now: opts.Now, opts: opts, metrics: NewMetrics(nil)}
+	return &Service{store: NewStore(pool), now: opts.Now, opts: opts, metrics: NewMetrics(nil)}
 }
 
 // Place writes a new order and its OrderPlaced event in one transaction.
@@ -170,47 +170,41 @@ func (s *Service) Place(ctx context.Context, req PlaceRequest, idempotencyKey st
 		now := s.now().UTC()
 		o = Order{ID: event.NewID(), CustomerID: req.CustomerID, AmountCents: req.AmountCents, Currency: req.Currency,
 			Status: StatusPlaced, Version: 1, CreatedAt: now, UpdatedAt: now}
-		if _, err := tx.Exec(ctx, `
-			INSERT INTO orders (id, customer_id, amount_cents, currency, status, version, created_at, updated_at)
-			VALUES ($1, $2, $3, $4, $5, $6, $7, $7)`,
-			o.ID, o.CustomerID, o.AmountCents, o.Currency, o.Status, o.Version, now); err != nil {
-			return fmt.Errorf("inserting order: %w", err)
+		if err := s.store.InsertOrder(ctx, tx, o); err != nil {
+			return err
 		}
 		if idempotencyKey != "" {
-			tag, err := tx.Exec(ctx, `
-				INSERT INTO idempotency_keys (key, request_hash, order_id) VALUES ($1, $2, $3)
-				ON CONFLICT (key) DO NOTHING`, idempotencyKey, reqHash, o.ID)
-			if err != nil {
-				return fmt.Errorf("recording idempotency key: %w", err)
-			}
-			if tag.RowsAffected() == 0 {
-				return errKeySeen
+			if err := s.store.InsertIdempotencyKey(ctx, tx, idempotencyKey, reqHash, o.ID); err != nil {
+				return err
 			}
 		}
 		return s.emit(ctx, tx, &naive, o, EventOrderPlaced, OrderPlaced{
 			OrderID: o.ID, CustomerID: o.CustomerID, AmountCents: o.AmountCents, Currency: o.Currency, PlacedAt: now,
 		}, meta)
 	})
-	if errors.Is(err, errKeySeen) {
+	switch {
+	case errors.Is(err, ErrDuplicate):
+		// The key was used before: the transaction rolled back, and the
+		// request is answered from what the key recorded.
 		o, err = s.replay(ctx, idempotencyKey, reqHash)
 		return o, err == nil, err
-	}
-	if err != nil {
+	case errors.Is(err, ErrInvalidData):
+		// Validation let through a value Postgres refuses: still the
+		// request's fault, and retrying it cannot help.
+		return Order{}, false, fmt.Errorf("placing order: %w: %w",
+			apperr.Errorf(apperr.Invalid, "the order has a value the database refuses"), err)
+	case err != nil:
 		return Order{}, false, fmt.Errorf("placing order: %w", err)
 	}
 	s.metrics.placed.Inc()
 	return o, false, nil
 }
 
-// errKeySeen rolls back a Place whose idempotency key was used before.
-var errKeySeen = errors.New("idempotency key seen")
-
 func (s *Service) replay(ctx context.Context, key string, reqHash []byte) (Order, error) {
-	var stored []byte
-	var id uuid.UUID
-	if err := s.pool.QueryRow(ctx, `SELECT request_hash, order_id FROM idempotency_keys WHERE key = $1`, key).
-		Scan(&stored, &id); err != nil {
-		return Order{}, fmt.Errorf("reading idempotency key: %w", err)
+	stored, id, err := s.store.IdempotencyKey(ctx, key)
+	if err != nil {
+		// ErrNotFound cannot happen: keys are never deleted.
+		return Order{}, fmt.Errorf("replaying idempotency key: %w", err)
 	}
 	if string(stored) != string(reqHash) {
 		return Order{}, apperr.Errorf(apperr.Conflict, "Idempotency-Key %s was already used with a different request", apperr.Quote(key))
@@ -218,22 +212,17 @@ func (s *Service) replay(ctx context.Context, key string, reqHash []byte) (Order
 	return s.Get(ctx, id)
 }
 
-// Get returns one order.
+// Get returns one order; a missing one is an apperr.NotFound.
 func (s *Service) Get(ctx context.Context, id uuid.UUID) (Order, error) {
-	rows, err := s.pool.Query(ctx, `
-		SELECT id, customer_id, amount_cents, currency, status, version, created_at, updated_at
-		FROM orders WHERE id = $1`, id)
-	if err != nil {
-		return Order{}, fmt.Errorf("reading order: %w", err)
+	o, err := s.store.Order(ctx, id)
+	if errors.Is(err, ErrNotFound) {
+		return Order{}, notFound(id)
 	}
-	o, err := pgx.CollectExactlyOneRow(rows, pgx.RowToStructByPos[Order])
-	if errors.Is(err, pgx.ErrNoRows) {
-		return Order{}, apperr.Errorf(apperr.NotFound, "order %s does not exist", id)
-	}
-	if err != nil {
-		return Order{}, fmt.Errorf("reading order: %w", err)
-	}
-	return o, nil
+	return o, err
+}
+
+func notFound(id uuid.UUID) error {
+	return apperr.Errorf(apperr.NotFound, "order %s does not exist", id)
 }
 
 // Cancel cancels a placed order and emits OrderCancelled in the same
@@ -245,24 +234,18 @@ func (s *Service) Cancel(ctx context.Context, id uuid.UUID, meta Meta) (Order, e
 		naive   []event.Envelope
 	)
 	err := s.inTx(ctx, &naive, func(tx pgx.Tx) error {
-		rows, err := tx.Query(ctx, `
-			SELECT id, customer_id, amount_cents, currency, status, version, created_at, updated_at
-			FROM orders WHERE id = $1 FOR UPDATE`, id)
-		if err != nil {
-			return err
-		}
-		o, err = pgx.CollectExactlyOneRow(rows, pgx.RowToStructByPos[Order])
-		if errors.Is(err, pgx.ErrNoRows) {
-			return apperr.Errorf(apperr.NotFound, "order %s does not exist", id)
+		var err error
+		o, err = s.store.LockOrder(ctx, tx, id)
+		if errors.Is(err, ErrNotFound) {
+			return notFound(id)
 		}
 		if err != nil || o.Status == StatusCancelled {
 			return err
 		}
 		now := s.now().UTC()
 		o.Status, o.Version, o.UpdatedAt = StatusCancelled, o.Version+1, now
-		if _, err := tx.Exec(ctx, `UPDATE orders SET status = $2, version = $3, updated_at = $4 WHERE id = $1`,
-			o.ID, o.Status, o.Version, now); err != nil {
-			return fmt.Errorf("updating order: %w", err)
+		if err := s.store.UpdateOrder(ctx, tx, o); err != nil {
+			return err
 		}
 		changed = true
 		return s.emit(ctx, tx, &naive, o, EventOrderCancelled, OrderCancelled{OrderID: o.ID, CancelledAt: now}, meta)
@@ -281,7 +264,7 @@ func (s *Service) Cancel(ctx context.Context, id uuid.UUID, meta Meta) (Order, e
 // mode, fn leaves the events in *naive instead of the outbox, and they are
 // produced after the commit: the dual write the outbox exists to avoid.
 func (s *Service) inTx(ctx context.Context, naive *[]event.Envelope, fn func(tx pgx.Tx) error) error {
-	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+	err := s.store.InTx(ctx, func(tx pgx.Tx) error {
 		if err := fn(tx); err != nil {
 			return err
 		}

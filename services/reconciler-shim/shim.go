@@ -128,12 +128,10 @@ func (s *Shim) record(ctx context.Context, tx pgx.Tx, ev event.Envelope, outcome
 	if err != nil || !ok {
 		return err
 	}
-	_, err = tx.Exec(ctx, `
-		INSERT INTO forwards (event_id, event_type, order_id, kind, outcome)
-		VALUES ($1, $2, $3, $4, $5)`,
-		ev.EventID, ev.EventType, req.OrderID, req.Kind, string(outcome))
+	err = InsertForward(ctx, tx, Forward{EventID: ev.EventID, EventType: ev.EventType, OrderID: p.OrderID,
+		Kind: req.Kind, Outcome: string(outcome)})
 	if err != nil {
-		return fmt.Errorf("recording forward: %w", err)
+		return err
 	}
 	s.metrics.forwards.WithLabelValues(req.Kind, string(outcome)).Inc()
 	if !p.OrderEventAt.IsZero() {

@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -103,12 +104,11 @@ func captured(orderID uuid.UUID) event.Envelope {
 
 func (r *rig) outcome(t *testing.T, ev event.Envelope) (string, string) {
 	t.Helper()
-	var outcome string
-	err := r.pool.QueryRow(context.Background(), `SELECT outcome FROM forwards WHERE event_id = $1`, ev.EventID).Scan(&outcome)
+	f, err := shim.ReadForward(context.Background(), r.pool, ev.EventID)
 	if err != nil {
 		t.Fatalf("reading the forward of %s: %v", ev.EventID, err)
 	}
-	return outcome, inboxtest.Status(t, r.pool, "shim", ev.EventID)
+	return f.Outcome, inboxtest.Status(t, r.pool, "shim", ev.EventID)
 }
 
 func TestKilledBetweenTheCallAndDoneTheThirdPartyHoldsOneSettlement(t *testing.T) {
@@ -146,8 +146,7 @@ func TestKilledBetweenTheCallAndDoneTheThirdPartyHoldsOneSettlement(t *testing.T
 	go func() { done <- second.Run(ctx) }()
 	defer func() { cancel(); <-done }()
 	testinfra.WaitFor(t, 30*time.Second, "the forward to be recorded", func() (bool, error) {
-		var n int
-		err := r.pool.QueryRow(ctx, "SELECT count(*) FROM forwards").Scan(&n)
+		n, err := shim.CountForwards(ctx, r.pool)
 		return n == 1, err
 	})
 	if outcome, status := r.outcome(t, ev); outcome != string(inbox.AlreadyPresent) || status != "processed" {
@@ -163,8 +162,8 @@ func TestAFailingOrHangingThirdPartyIsRetriedWithoutDuplicates(t *testing.T) {
 	r := newRig(t)
 	first, second := captured(uuid.New()), captured(uuid.New())
 	client := thirdparty.NewClient(r.url, nil).WithAdmin(r.adminURL, "test-token")
-	// The first payment meets two 500s, then a call that is booked but
-	// answered only after the shim's client gave up; the second goes through.
+	// The payments meet two 500s and a call that is booked but answered only
+	// after the shim's client gave up.
 	if err := client.SetFaults(context.Background(), thirdparty.Faults{FailNext: 2, HangNext: 1, HangFor: "2s"}); err != nil {
 		t.Fatal(err)
 	}
@@ -180,18 +179,22 @@ func TestAFailingOrHangingThirdPartyIsRetriedWithoutDuplicates(t *testing.T) {
 	go func() { done <- c.Run(ctx) }()
 	defer func() { cancel(); <-done }()
 	testinfra.WaitFor(t, 30*time.Second, "both forwards recorded", func() (bool, error) {
-		var n int
-		err := r.pool.QueryRow(ctx, "SELECT count(*) FROM forwards").Scan(&n)
+		n, err := shim.CountForwards(ctx, r.pool)
 		return n == 2, err
 	})
 	if st := r.ledger.Stats(); st.Settlements != 2 || st.Duplicates != 0 {
 		t.Fatalf("third party: %+v, want 2 settlements and no duplicates", st)
 	}
-	if outcome, _ := r.outcome(t, first); outcome != string(inbox.AlreadyPresent) {
-		t.Fatalf("the payment whose last call timed out but landed: outcome %q, want already_present", outcome)
+	// The two payments are called concurrently, so either may meet the
+	// faults; the one whose call hung (booked, answered too late) is found
+	// by the check and recorded as already present, the other as sent.
+	outcomes := map[string]int{}
+	for _, ev := range []event.Envelope{first, second} {
+		outcome, _ := r.outcome(t, ev)
+		outcomes[outcome]++
 	}
-	if outcome, _ := r.outcome(t, second); outcome != string(inbox.Sent) {
-		t.Fatalf("the second payment: outcome %q, want sent", outcome)
+	if outcomes[string(inbox.AlreadyPresent)] != 1 || outcomes[string(inbox.Sent)] != 1 {
+		t.Fatalf("outcomes %v, want one already_present (the call that timed out but landed) and one sent", outcomes)
 	}
 	if got := testinfra.MetricValue(t, reg, "inbox_failures_total"); got != 3 {
 		t.Fatalf("inbox_failures_total = %v, want 3 (two 500s and one timeout)", got)
@@ -212,4 +215,64 @@ func TestAFailingOrHangingThirdPartyIsRetriedWithoutDuplicates(t *testing.T) {
 			t.Errorf("%s%v = %v, want %v", c.name, c.labels, got, c.want)
 		}
 	}
+}
+
+func TestManyPaymentsThroughFailuresHangsAndACrashAreEachBookedOnce(t *testing.T) {
+	t.Parallel()
+	r := newRig(t)
+	const payments = 12
+	evs := make([]event.Envelope, payments)
+	for i := range evs {
+		evs[i] = captured(uuid.New())
+	}
+	client := thirdparty.NewClient(r.url, nil).WithAdmin(r.adminURL, "test-token")
+	// Calls in flight meet 500s and calls that are booked but answered after
+	// the shim's client gave up; then the shim dies between calls and done.
+	if err := client.SetFaults(context.Background(), thirdparty.Faults{FailNext: 3, HangNext: 2, HangFor: "1s"}); err != nil {
+		t.Fatal(err)
+	}
+	r.publish(t, evs...)
+	group := testinfra.Name("shim")
+	backoff := inbox.Config{BackoffMin: 20 * time.Millisecond, BackoffMax: 100 * time.Millisecond, LeaseTTL: time.Second, MaxInFlight: 4}
+
+	killed := errors.New("killed")
+	var passes atomic.Int32
+	firstCfg := backoff
+	firstCfg.CrashPoint = func(name string) error {
+		if name == inbox.CrashAfterEffect && passes.Add(1) == 4 {
+			return killed
+		}
+		return nil
+	}
+	first, closeFirst := r.consumer(t, group, 300*time.Millisecond, firstCfg)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	if err := first.Run(ctx); !errors.Is(err, killed) {
+		t.Fatalf("first life ended with %v, want the crash", err)
+	}
+	closeFirst()
+
+	second, closeSecond := r.consumer(t, group, 300*time.Millisecond, backoff)
+	defer closeSecond()
+	runCtx, stop := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- second.Run(runCtx) }()
+	defer func() { stop(); <-done }()
+	testinfra.WaitFor(t, 60*time.Second, "every forward recorded", func() (bool, error) {
+		n, err := shim.CountForwards(ctx, r.pool)
+		return n == payments, err
+	})
+	if st := r.ledger.Stats(); st.Settlements != payments || st.Duplicates != 0 {
+		t.Fatalf("third party: %+v, want %d settlements and no duplicates", st, payments)
+	}
+	present := 0
+	for _, ev := range evs {
+		if outcome, _ := r.outcome(t, ev); outcome == string(inbox.AlreadyPresent) {
+			present++
+		}
+	}
+	if present < 2 {
+		t.Fatalf("%d forwards already present, want at least the 2 hung calls (and those the crash left leased)", present)
+	}
+	t.Logf("%d payments, %d found already booked by a check", payments, present)
 }

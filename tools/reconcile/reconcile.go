@@ -3,15 +3,11 @@ package reconcile
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"io"
 	"net/http"
 	"strings"
 	"time"
-
-	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 )
 
 // The kinds of finding. Each has a runbook line in Runbooks.
@@ -94,12 +90,6 @@ func (c Config) WithDefaults() Config {
 	return c
 }
 
-// Querier is what Run needs of a database: a *pgxpool.Pool or a *pgx.Conn.
-type Querier interface {
-	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
-	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
-}
-
 // Sources are the databases and the ledger to reconcile.
 type Sources struct {
 	Orders, Billing, Shim Querier
@@ -148,11 +138,6 @@ func Run(ctx context.Context, src Sources, cfg Config) (Report, error) {
 	cfg = cfg.WithDefaults()
 	rep := Report{At: time.Now()}
 	add := func(f Finding, err error) error {
-		if isUndefinedTable(err) {
-			// Never read as "nothing found": a URL pointing at the wrong
-			// database would report a clean platform.
-			return fmt.Errorf("%s in %s: %w (is the service's database migrated, and is the URL the right database?)", f.Kind, f.Component, err)
-		}
 		if err != nil {
 			return fmt.Errorf("%s in %s: %w", f.Kind, f.Component, err)
 		}
@@ -168,8 +153,8 @@ func Run(ctx context.Context, src Sources, cfg Config) (Report, error) {
 		db   Querier
 	}{{"orders", src.Orders}, {"billing", src.Billing}} {
 		for _, c := range []check{
-			{KindOutboxStuck, "outbox_events", "state = 'pending' AND created_at < now() - $1::bigint * interval '1 microsecond'", "created_at", "event_id", cfg.OutboxStuckAfter},
-			{KindOutboxDead, "outbox_events", "state = 'dead' AND $1::bigint >= 0", "created_at", "event_id", 0},
+			{KindOutboxStuck, outboxTable, whereOutboxStuck, "created_at", "event_id", cfg.OutboxStuckAfter},
+			{KindOutboxDead, outboxTable, whereOutboxDead, "created_at", "event_id", 0},
 		} {
 			if err := add(c.run(ctx, s.db, s.name, cfg.Samples)); err != nil {
 				return Report{}, err
@@ -181,27 +166,24 @@ func Run(ctx context.Context, src Sources, cfg Config) (Report, error) {
 		db   Querier
 	}{{"billing", src.Billing}, {"reconciler-shim", src.Shim}} {
 		for _, c := range []check{
-			{KindInboxLeaseExpired, "inbox_messages", "status = 'leased' AND lease_until < now() - $1::bigint * interval '1 microsecond'", "lease_until", "message_id", cfg.LeaseGrace},
-			{KindInboxUncertain, "inbox_messages", "status = 'uncertain' AND $1::bigint >= 0", "received_at", "message_id", 0},
-			{KindDeadLetterOverdue, "inbox_messages", "status = 'dead_lettered' AND received_at < now() - $1::bigint * interval '1 microsecond'", "received_at", "message_id", cfg.DeadLetterSLA},
+			{KindInboxLeaseExpired, inboxTable, whereInboxLeaseOver, "lease_until", "message_id", cfg.LeaseGrace},
+			{KindInboxUncertain, inboxTable, whereInboxUncertain, "received_at", "message_id", 0},
+			{KindDeadLetterOverdue, inboxTable, whereDeadLetterLate, "received_at", "message_id", cfg.DeadLetterSLA},
 		} {
 			if err := add(c.run(ctx, s.db, s.name, cfg.Samples)); err != nil {
 				return Report{}, err
 			}
 		}
 	}
-	noCharge, err := missing(ctx, src.Orders,
-		`SELECT id::text, created_at FROM orders WHERE created_at < now() - $1::bigint * interval '1 microsecond'
-		   AND created_at > now() - $2::bigint * interval '1 microsecond' ORDER BY created_at`,
+	noCharge, err := missing(ctx, src.Orders, sqlOrdersInWindow,
 		[]any{cfg.ChargeAfter.Microseconds(), cfg.Lookback.Microseconds()},
-		present(src.Billing, `SELECT order_id::text FROM charges WHERE order_id = ANY($1::uuid[])`), cfg.Samples)
+		present(src.Billing, sqlChargesOfOrders), cfg.Samples)
 	if err := add(Finding{Kind: KindOrderWithoutCharge, Component: "billing", Count: noCharge.count, Oldest: noCharge.oldest, Samples: noCharge.samples}, err); err != nil {
 		return Report{}, err
 	}
-	charges := `SELECT order_id::text, captured_at FROM charges WHERE captured_at < now() - $1::bigint * interval '1 microsecond'
-		   AND captured_at > now() - $2::bigint * interval '1 microsecond' ORDER BY captured_at`
+	charges := sqlChargesInWindow
 	chargeArgs := []any{cfg.SettleAfter.Microseconds(), cfg.Lookback.Microseconds()}
-	forwarded := present(src.Shim, `SELECT order_id::text FROM forwards WHERE kind = 'capture' AND order_id = ANY($1::uuid[])`)
+	forwarded := present(src.Shim, sqlCaptureForwardsOfOrders)
 	notForwarded, err := missing(ctx, src.Billing, charges, chargeArgs, forwarded, cfg.Samples)
 	if err := add(Finding{Kind: KindChargeNotForwarded, Component: "reconciler-shim", Count: notForwarded.count, Oldest: notForwarded.oldest, Samples: notForwarded.samples}, err); err != nil {
 		return Report{}, err
@@ -234,61 +216,6 @@ func Run(ctx context.Context, src Sources, cfg Config) (Report, error) {
 	return rep, nil
 }
 
-// check is a finding read from one table of one database.
-type check struct {
-	kind, table, where, ts, id string
-	threshold                  time.Duration
-}
-
-func (c check) run(ctx context.Context, db Querier, service string, samples int) (Finding, error) {
-	f := Finding{Kind: c.kind, Component: service}
-	var oldest *time.Time
-	// where takes the threshold as $1, in microseconds.
-	err := db.QueryRow(ctx, "SELECT count(*), min("+c.ts+") FROM "+c.table+" WHERE "+c.where, c.threshold.Microseconds()).
-		Scan(&f.Count, &oldest)
-	if err != nil {
-		return f, err
-	}
-	if f.Count == 0 {
-		return f, nil
-	}
-	f.Oldest = *oldest
-	rows, err := db.Query(ctx, "SELECT "+c.id+"::text FROM "+c.table+" WHERE "+c.where+" ORDER BY "+c.ts+" LIMIT $2",
-		c.threshold.Microseconds(), samples)
-	if err != nil {
-		return f, err
-	}
-	f.Samples, err = pgx.CollectRows(rows, pgx.RowTo[string])
-	return f, err
-}
-
-func isUndefinedTable(err error) bool {
-	var pgErr *pgconn.PgError
-	return errors.As(err, &pgErr) && pgErr.Code == "42P01"
-}
-
-// lookup reports which of ids exist on the other side.
-type lookup func(ctx context.Context, ids []string) (map[string]bool, error)
-
-// present is a lookup by a query taking the ids as $1.
-func present(db Querier, query string) lookup {
-	return func(ctx context.Context, ids []string) (map[string]bool, error) {
-		rows, err := db.Query(ctx, query, ids)
-		if err != nil {
-			return nil, err
-		}
-		found, err := pgx.CollectRows(rows, pgx.RowTo[string])
-		if err != nil {
-			return nil, err
-		}
-		out := make(map[string]bool, len(found))
-		for _, id := range found {
-			out[id] = true
-		}
-		return out, nil
-	}
-}
-
 type gap struct {
 	count   int
 	oldest  time.Time
@@ -302,10 +229,6 @@ const batchSize = 1000
 // the lookup does not find, in batches so that neither side is read whole.
 func missing(ctx context.Context, db Querier, query string, args []any, has lookup, samples int) (gap, error) {
 	var g gap
-	rows, err := db.Query(ctx, query, args...)
-	if err != nil {
-		return g, err
-	}
 	type row struct {
 		id string
 		at time.Time
@@ -337,21 +260,14 @@ func missing(ctx context.Context, db Querier, query string, args []any, has look
 	}
 	// The lookups run on another database, so the rows can be buffered a
 	// batch at a time while this cursor stays open.
-	for rows.Next() {
-		var r row
-		if err := rows.Scan(&r.id, &r.at); err != nil {
-			rows.Close()
-			return g, err
-		}
-		batch = append(batch, r)
+	err := idsSince(ctx, db, query, args, func(id string, at time.Time) error {
+		batch = append(batch, row{id, at})
 		if len(batch) == batchSize {
-			if err := flush(); err != nil {
-				rows.Close()
-				return g, err
-			}
+			return flush()
 		}
-	}
-	if err := rows.Err(); err != nil {
+		return nil
+	})
+	if err != nil {
 		return g, err
 	}
 	if len(batch) > 0 {

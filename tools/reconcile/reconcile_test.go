@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"io"
 	"log/slog"
 	"net/http/httptest"
@@ -273,4 +274,32 @@ func gauge(t *testing.T, reg *prometheus.Registry, name, kind, service string) p
 	}
 	t.Fatalf("no %s{kind=%q,component=%q}", name, kind, service)
 	return nil
+}
+
+// A source that is not the service's database (no tables) fails the run with
+// ErrNotMigrated rather than reading as clean, and a source that cannot be
+// reached fails it with ErrUnavailable; neither shows pgx's errors as the
+// reason.
+func TestNamedErrorsOfTheSources(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	p := newPlatform(t)
+
+	wrong := p.src
+	wrong.Billing = testinfra.NewPool(t, testinfra.NewDatabase(t))
+	_, err := reconcile.Run(ctx, wrong, reconcile.Config{})
+	if !errors.Is(err, reconcile.ErrNotMigrated) || errors.Is(err, reconcile.ErrUnavailable) {
+		t.Fatalf("an empty database as billing: %v, want ErrNotMigrated", err)
+	}
+
+	url, proxy := testinfra.ProxyDatabase(t, testinfra.NewMigratedDatabase(t,
+		pgutil.Migration{FS: shim.Migrations, Table: shim.MigrationsTable},
+		pgutil.Migration{FS: inbox.Migrations, Table: inbox.MigrationsTable}))
+	away := p.src
+	away.Shim = testinfra.NewPool(t, url)
+	proxy.Cut()
+	_, err = reconcile.Run(ctx, away, reconcile.Config{})
+	if !errors.Is(err, reconcile.ErrUnavailable) || !strings.Contains(err.Error(), "reconciler-shim") {
+		t.Fatalf("the shim's database away: %v, want ErrUnavailable naming the component", err)
+	}
 }

@@ -85,6 +85,8 @@ type Platform struct {
 	OrdersAdminURL, BillingAdminURL, ShimAdminURL, ReconcilerAdminURL string
 	// AdminToken is the programs' ADMIN_TOKEN, random per platform.
 	AdminToken string
+	// DebugURLs are the programs' debug listeners (DEBUG_ADDR, pprof), by name.
+	DebugURLs map[string]string
 
 	OrdersDB, BillingDB, ShimDB string
 	OrdersTopic, BillingTopic   string
@@ -180,6 +182,11 @@ func Start(ctx context.Context, cfg Config) (p *Platform, err error) {
 	}
 	for _, pr := range programs {
 		progEnv := append([]string{"ADMIN_ADDR=" + adminAddrs[pr.name], "ADMIN_TOKEN=" + p.AdminToken}, env[pr.name]...)
+		debug, err := p.debugEnv(pr.name)
+		if err != nil {
+			return p, err
+		}
+		progEnv = append(progEnv, debug...)
 		if err := p.startProgram(ctx, pr.name, addrs[pr.name], append(progEnv, cfg.Env[pr.name]...)); err != nil {
 			return p, err
 		}

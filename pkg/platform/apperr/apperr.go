@@ -1,6 +1,7 @@
 // Package apperr is the one coded error type application code returns when
-// the caller, not the system, is at fault. The HTTP layer maps each Code to a
-// status in exactly one place (httpserver's error handler); everything else
+// the caller, not the system, is at fault, or when a dependency is away for a
+// while (Unavailable). The HTTP layer maps each Code to a status in exactly
+// one place (WriteHTTP, behind httpserver's error handler); everything else
 // is an internal error whose details stay in the log.
 package apperr
 
@@ -19,9 +20,9 @@ const (
 	NotFound  Code = "not_found" // 404
 	Conflict  Code = "conflict"  // 409: valid, but clashes with current state
 	TooLarge  Code = "too_large" // 413
-	// Unavailable: a dependency (the database) cannot be reached; the
-	// request may succeed if retried later.
-	Unavailable Code = "unavailable" // 503
+	// Unavailable: a dependency (the service's database) cannot be reached
+	// now; the same request may succeed later. 503 with Retry-After.
+	Unavailable Code = "unavailable"
 )
 
 // Error is an application error with a message safe to show the caller.

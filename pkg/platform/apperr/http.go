@@ -64,15 +64,20 @@ func Status(code Code) int {
 	return http.StatusInternalServerError
 }
 
+// RetryAfterSeconds is the Retry-After of a 503 (Unavailable): long enough
+// for a pool to redial, short enough that a client retrying on it is back
+// soon after the database is.
+const RetryAfterSeconds = 1
+
 // WriteHTTP is the one place an error becomes an HTTP response, for the
 // echo services (through httpserver's error handler) and for the
 // standard-library operator handlers (outboxhttp, inboxhttp) alike. An
 // *Error is answered with its code and message; an *http.MaxBytesError with
-// 413; anything else is internal: logged with the request id, answered 500
+// 413; an Unavailable *Error with 503, its message, Retry-After and the
+// request id, the whole error chain (the driver's cause) going to the log
+// only; anything else is internal: logged with the request id, answered 500
 // with that id and no detail, because an internal error string can reveal
-// SQL, hosts or file paths. An Unavailable *Error is logged like an
-// internal one (the rest of err's chain says why) and answered 503 with its
-// own message, which tells the caller to retry.
+// SQL, hosts or file paths.
 func WriteHTTP(w http.ResponseWriter, r *http.Request, logger *slog.Logger, err error) {
 	var body ErrorBody
 	var mbe *http.MaxBytesError
@@ -83,16 +88,22 @@ func WriteHTTP(w http.ResponseWriter, r *http.Request, logger *slog.Logger, err 
 		status, body.Error.Code = http.StatusRequestEntityTooLarge, string(TooLarge)
 		body.Error.Message = "request body is larger than the limit of " + strconv.FormatInt(mbe.Limit, 10) + " bytes"
 	}
-	if status >= 500 {
+	switch {
+	case status == http.StatusServiceUnavailable:
+		// An outage, not a bug: a warning, and a body that says to retry.
+		id := RequestID(w, r)
+		logger.WarnContext(r.Context(), "request failed: a dependency is unavailable",
+			slog.String("method", r.Method), slog.String("path", r.URL.Path),
+			slog.String("request_id", id), slog.Any("error", err))
+		w.Header().Set("Retry-After", strconv.Itoa(RetryAfterSeconds))
+		body.Error.RequestID = id
+	case status >= 500:
 		id := RequestID(w, r)
 		logger.ErrorContext(r.Context(), "request failed",
 			slog.String("method", r.Method), slog.String("path", r.URL.Path),
 			slog.String("request_id", id), slog.Any("error", err))
-		body.Error.RequestID = id
-		if status != http.StatusServiceUnavailable {
-			body.Error.Code = "internal"
-			body.Error.Message = "internal error; see the service log for request id " + id
-		}
+		body.Error.Code, body.Error.RequestID = "internal", id
+		body.Error.Message = "internal error; see the service log for request id " + id
 	}
 	if len(body.Error.Message) > maxMessage {
 		body.Error.Message = truncate(body.Error.Message, maxMessage) + "…"

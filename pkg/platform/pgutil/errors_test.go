@@ -6,9 +6,11 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"strings"
 	"syscall"
 	"testing"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/onceflow/onceflow/pkg/platform/pgutil"
@@ -54,5 +56,53 @@ func TestErrorClasses(t *testing.T) {
 				t.Errorf("IsUnavailable(%v) = %v, want %v", tt.err, got, tt.unavailable)
 			}
 		})
+	}
+}
+
+func TestStoreErrorsTranslate(t *testing.T) {
+	t.Parallel()
+	var (
+		errNotFound    = errors.New("not found")
+		errDuplicate   = errors.New("duplicate")
+		errUnavailable = errors.New("unavailable")
+		errInvalid     = errors.New("invalid")
+	)
+	names := pgutil.StoreErrors{NotFound: errNotFound, Duplicate: errDuplicate, Unavailable: errUnavailable, Invalid: errInvalid}
+	pg := func(code string) error { return &pgconn.PgError{Code: code} }
+	for _, tt := range []struct {
+		name     string
+		err      error
+		want     error // nil: no name
+		keepsPgx bool
+	}{
+		{"no rows", fmt.Errorf("scanning: %w", pgx.ErrNoRows), errNotFound, false},
+		{"unique violation", pg("23505"), errDuplicate, true},
+		{"closed pool", errors.New("closed pool"), errUnavailable, false},
+		{"admin shutdown", pg("57P01"), errUnavailable, true},
+		{"NUL in text", pg("22021"), errInvalid, true},
+		{"check violation", pg("23514"), nil, true},
+		{"already named", fmt.Errorf("inner: %w: %w", errDuplicate, pg("23505")), errDuplicate, true},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			got := names.Translate("reading thing", tt.err)
+			if !strings.HasPrefix(got.Error(), "reading thing: ") && !strings.HasPrefix(got.Error(), "inner: ") {
+				t.Errorf("Translate = %q, want the op in front", got)
+			}
+			for _, name := range []error{errNotFound, errDuplicate, errUnavailable, errInvalid} {
+				if errors.Is(got, name) != (name == tt.want) {
+					t.Errorf("errors.Is(%q, %v) = %v", got, name, !(name == tt.want))
+				}
+			}
+			var pgErr *pgconn.PgError
+			if errors.As(got, &pgErr) != tt.keepsPgx {
+				t.Errorf("the driver's error is in the chain: %v, want %v", !tt.keepsPgx, tt.keepsPgx)
+			}
+			if errors.Is(got, pgx.ErrNoRows) {
+				t.Error("pgx.ErrNoRows left in the chain")
+			}
+		})
+	}
+	if (pgutil.StoreErrors{}).Translate("x", nil) != nil {
+		t.Error("Translate(nil) is not nil")
 	}
 }

@@ -4,8 +4,9 @@
 // /healthz and /readyz (Postgres reachable, and Kafka unless
 // Options.ReadyWithoutKafka), and the operator one
 // (Admin, on ADMIN_ADDR) with /metrics, the /admin/... routes behind the
-// bearer token ADMIN_TOKEN, and opt-in pprof.
-// Run then serves both beside the service's workers and stops them in order.
+// bearer token ADMIN_TOKEN, and opt-in pprof; and, opt-in (DEBUG_ADDR), a
+// debug listener serving only net/http/pprof (Debug).
+// Run then serves them beside the service's workers and stops them in order.
 package service
 
 import (
@@ -74,6 +75,11 @@ type HTTPConfig struct {
 	AdminToken string `env:"ADMIN_TOKEN"`
 	// Pprof serves net/http/pprof on the operator listener, behind the token.
 	Pprof bool `env:"PPROF" envDefault:"false"`
+	// DebugAddr is the opt-in debug listener (see Debug): net/http/pprof
+	// without a token, for `go tool pprof` and `make bench -profile-dir`.
+	// Empty, the default, is off. Loopback only, unless AdminToken is set,
+	// which it then requires.
+	DebugAddr string `env:"DEBUG_ADDR"`
 	// Timeouts bound every request on both listeners (HTTP_READ_TIMEOUT and
 	// the others; see httpserver.Timeouts).
 	Timeouts httpserver.Timeouts
@@ -88,6 +94,7 @@ type Service struct {
 	// Admin is the operator listener: mount operator routes with Mount.
 	Admin  *echo.Echo
 	opts   Options
+	debug  *Debug                      // nil when DEBUG_ADDR is empty
 	checks map[string]httpserver.Check // /readyz's, by name
 	flush  tracing.Shutdown            // flushes and stops the tracer provider
 }
@@ -102,6 +109,18 @@ func New(ctx context.Context, stdout io.Writer, opts Options) (*Service, error) 
 	if err != nil {
 		return nil, err
 	}
+	// Listening here, before anything connects, makes a bad DEBUG_ADDR fail
+	// the start at once.
+	debug, err := ListenDebug(opts.HTTP.DebugAddr, opts.HTTP.AdminToken)
+	if err != nil {
+		return nil, err
+	}
+	started := false
+	defer func() {
+		if !started {
+			_ = debug.Close()
+		}
+	}()
 	shutdownTracing, err := tracing.Setup(ctx, opts.Tracing, opts.Name, logger)
 	if err != nil {
 		return nil, err
@@ -132,8 +151,9 @@ func New(ctx context.Context, stdout io.Writer, opts Options) (*Service, error) 
 	admin := httpserver.NewAdmin(httpserver.AdminConfig{
 		Logger: logger, Gatherer: registry, Token: opts.HTTP.AdminToken, Pprof: opts.HTTP.Pprof,
 	})
+	started = true
 	return &Service{Logger: logger, Pool: pool, Registry: registry, HTTP: e, Admin: admin, opts: opts, flush: shutdownTracing,
-		checks: checks}, nil
+		checks: checks, debug: debug}, nil
 }
 
 // AddCheck adds a readiness check to /readyz, for a worker that can say
@@ -156,24 +176,29 @@ func (s *Service) Mount(prefix string, h http.Handler) {
 func (s *Service) Run(ctx context.Context, workers ...lifecycle.Stage) error {
 	ln, err := net.Listen("tcp", s.opts.HTTPAddr)
 	if err != nil {
+		_ = s.debug.Close()
 		return fmt.Errorf("listening on %s: %w", s.opts.HTTPAddr, err)
 	}
 	adminLn, err := net.Listen("tcp", s.opts.AdminAddr)
 	if err != nil {
 		ln.Close()
+		_ = s.debug.Close()
 		return fmt.Errorf("listening on ADMIN_ADDR %s: %w", s.opts.AdminAddr, err)
 	}
 	s.Logger.InfoContext(ctx, s.opts.Name+" started",
 		slog.String("http_addr", ln.Addr().String()), slog.String("admin_addr", adminLn.Addr().String()),
-		slog.Bool("admin_token_set", s.opts.HTTP.AdminToken != ""), slog.Bool("pprof", s.opts.HTTP.Pprof))
+		slog.Bool("admin_token_set", s.opts.HTTP.AdminToken != ""), slog.Bool("pprof", s.opts.HTTP.Pprof),
+		slog.String("debug_addr", s.debug.Addr()))
 	timeouts := s.opts.HTTP.Timeouts
 	// The operator listener stops last, so /metrics shows the workers
-	// draining until they are done.
+	// draining until they are done; the debug listener with it, so a profile
+	// can cover the shutdown.
 	stages := append(append([]lifecycle.Stage{{Name: "http", Run: func(ctx context.Context) error {
 		return httpserver.Serve(ctx, s.HTTP, ln, s.opts.ShutdownGrace, timeouts)
 	}}}, workers...), lifecycle.Stage{Name: "admin http", Run: func(ctx context.Context) error {
 		return httpserver.Serve(ctx, s.Admin, adminLn, s.opts.ShutdownGrace, timeouts)
 	}})
+	stages = append(stages, s.debug.Stages(s.opts.ShutdownGrace)...)
 	err = lifecycle.Run(ctx, stages...)
 	if err != nil {
 		s.Logger.Error(s.opts.Name+" stopped", slog.Any("error", err))

@@ -7,6 +7,9 @@
 // purpose, and records every settlement in an append-only Ledger, so that the
 // demo, the tests and the fault-injection harness can audit afterwards whether
 // the shim delivered each payment exactly once (Stats.Duplicates == 0).
+// A booking is answered only once its line is fsynced, so the audit counts
+// every settlement the shim was told about, across a kill -9; concurrent
+// bookings share one fsync (group commit), as a real ledger's would.
 //
 // The package holds both sides of the wire:
 //

@@ -9,6 +9,7 @@ import (
 	"io"
 	"os"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/google/uuid"
@@ -57,14 +58,34 @@ var ErrLedgerClosed = errors.New("ledger is closed")
 // With a file behind it, each settlement is one JSON line, written and
 // fsynced before Append returns, so that a settlement the server
 // acknowledged survives a kill -9 of the stand-in and the audit still counts it.
+// Concurrent bookings share fsyncs (group commit): one goroutine writes
+// and fsyncs the bookings queued so far as one group, and those arriving
+// while it does go in the next group. A booking is answered, and visible
+// to ByKey, only once its group's fsync returned.
 type Ledger struct {
 	mu      sync.Mutex
 	f       *os.File // nil: memory only
-	size    int64    // bytes of whole lines in f; a failed write is cut back to it
+	size    int64    // bytes of whole, synced lines in f; a failed group is cut back to it
 	closed  bool
 	entries []Settlement
 	byKey   map[string][]int // idempotency key -> indexes into entries
 	stats   Stats
+
+	// Group commit, with a file only.
+	next    *syncGroup    // bookings waiting for the next write and fsync
+	wake    chan struct{} // tells the syncer there is a group (1-buffered)
+	stopped chan struct{} // closed when the syncer has returned
+	sync    func(*os.File) error
+	syncs   atomic.Int64
+}
+
+// syncGroup is bookings written and fsynced together.
+type syncGroup struct {
+	buf     []byte // their lines
+	entries []Settlement
+	counts  []int // per entry: the settlements its key has, counting it
+	err     error
+	done    chan struct{} // closed once the group is durable or failed
 }
 
 // OpenLedger opens the ledger stored at path, creating the file if needed and
@@ -75,6 +96,12 @@ type Ledger struct {
 // acknowledged to a caller, so it is cut off rather than treated as corruption.
 // Any other unreadable line is an error: an audit must not silently skip data.
 func OpenLedger(path string) (*Ledger, error) {
+	return openLedger(path, (*os.File).Sync)
+}
+
+// openLedger is OpenLedger with the fsync it runs per group (tests slow it
+// down to see groups form).
+func openLedger(path string, sync func(*os.File) error) (*Ledger, error) {
 	l := &Ledger{byKey: make(map[string][]int)}
 	if path == "" {
 		return l, nil
@@ -87,7 +114,9 @@ func OpenLedger(path string) (*Ledger, error) {
 		_ = f.Close()
 		return nil, fmt.Errorf("loading ledger %s: %w", path, err)
 	}
-	l.f = f
+	l.f, l.sync = f, sync
+	l.wake, l.stopped = make(chan struct{}, 1), make(chan struct{})
+	go l.syncer()
 	return l, nil
 }
 
@@ -136,38 +165,86 @@ func (l *Ledger) append(s Settlement) (Settlement, int, error) {
 	if err != nil {
 		return Settlement{}, 0, fmt.Errorf("encoding settlement: %w", err)
 	}
-	line = append(line, '\n')
 
 	l.mu.Lock()
-	defer l.mu.Unlock()
 	if l.closed {
+		l.mu.Unlock()
 		return Settlement{}, 0, ErrLedgerClosed
 	}
-	if l.f != nil {
-		if err := l.write(line); err != nil {
-			return Settlement{}, 0, err
-		}
+	if l.f == nil {
+		defer l.mu.Unlock()
+		l.add(s)
+		return s, len(l.byKey[s.IdempotencyKey]), nil
 	}
-	l.add(s)
-	return s, len(l.byKey[s.IdempotencyKey]), nil
+	g := l.next
+	if g == nil {
+		g = &syncGroup{done: make(chan struct{})}
+		l.next = g
+	}
+	i := len(g.entries)
+	g.buf = append(append(g.buf, line...), '\n')
+	g.entries = append(g.entries, s)
+	l.mu.Unlock()
+	select {
+	case l.wake <- struct{}{}:
+	default: // the syncer has a wake-up pending and will find this group
+	}
+	<-g.done
+	if g.err != nil {
+		return Settlement{}, 0, g.err
+	}
+	return s, g.counts[i], nil
 }
 
-// write appends line durably. On failure it cuts the file back to its last
-// whole line, so a half-written record cannot corrupt the next one.
-func (l *Ledger) write(line []byte) error {
-	_, err := l.f.Write(line)
-	if err == nil {
-		err = l.f.Sync()
+// syncer writes and fsyncs the queued group, one group at a time, until the
+// ledger is closed and its last group is durable.
+func (l *Ledger) syncer() {
+	defer close(l.stopped)
+	for range l.wake {
+		l.mu.Lock()
+		g, closed := l.next, l.closed
+		l.next = nil
+		l.mu.Unlock()
+		if g != nil {
+			l.commit(g)
+		}
+		if closed {
+			return
+		}
 	}
+}
+
+// commit appends g's lines with one write and one fsync, then makes its
+// bookings visible and answers them. On failure it cuts the file back to its
+// last synced line, so a half-written group cannot corrupt the next one, and
+// every booking of g fails: none was acknowledged.
+func (l *Ledger) commit(g *syncGroup) {
+	defer close(g.done)
+	_, err := l.f.Write(g.buf)
+	if err == nil {
+		l.syncs.Add(1)
+		err = l.sync(l.f)
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
 	if err != nil {
 		if terr := l.f.Truncate(l.size); terr != nil {
 			err = errors.Join(err, fmt.Errorf("cutting back: %w", terr))
 		}
-		return fmt.Errorf("writing ledger: %w", err)
+		g.err = fmt.Errorf("writing ledger: %w", err)
+		return
 	}
-	l.size += int64(len(line))
-	return nil
+	l.size += int64(len(g.buf))
+	g.counts = make([]int, len(g.entries))
+	for i, s := range g.entries {
+		l.add(s)
+		g.counts[i] = len(l.byKey[s.IdempotencyKey])
+	}
 }
+
+// Syncs returns how many fsyncs the ledger has run: fewer than its bookings
+// when concurrent bookings shared them.
+func (l *Ledger) Syncs() int64 { return l.syncs.Load() }
 
 func (l *Ledger) add(s Settlement) {
 	idx := l.byKey[s.IdempotencyKey]
@@ -214,17 +291,24 @@ func (l *Ledger) Stats() Stats {
 	return l.stats
 }
 
-// Close closes the ledger file; reads keep working, Append fails.
+// Close closes the ledger file, after the bookings already queued are
+// durable and answered; reads keep working, Append fails.
 func (l *Ledger) Close() error {
 	l.mu.Lock()
-	defer l.mu.Unlock()
 	if l.closed {
+		l.mu.Unlock()
 		return nil
 	}
 	l.closed = true
+	l.mu.Unlock()
 	if l.f == nil {
 		return nil
 	}
+	select {
+	case l.wake <- struct{}{}:
+	default:
+	}
+	<-l.stopped
 	if err := l.f.Close(); err != nil {
 		return fmt.Errorf("closing ledger: %w", err)
 	}

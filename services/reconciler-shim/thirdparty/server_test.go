@@ -106,7 +106,7 @@ reconciler_duplicate_settlements_total 1
 reconciler_settlements_total{kind="capture"} 2
 reconciler_settlements_total{kind="refund"} 0
 `
-	if err := testutil.GatherAndCompare(a.reg, strings.NewReader(want)); err != nil {
+	if err := testutil.GatherAndCompare(a.reg, strings.NewReader(want), "reconciler_duplicate_settlements_total", "reconciler_settlements_total"); err != nil {
 		t.Fatal(err)
 	}
 }

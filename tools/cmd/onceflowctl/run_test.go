@@ -22,6 +22,7 @@ import (
 
 	"github.com/onceflow/onceflow/pkg/outbox"
 	"github.com/onceflow/onceflow/pkg/outbox/outboxhttp"
+	"github.com/onceflow/onceflow/pkg/outbox/outboxtest"
 	"github.com/onceflow/onceflow/pkg/platform/httpserver"
 	"github.com/onceflow/onceflow/pkg/platform/pgutil"
 	"github.com/onceflow/onceflow/pkg/platform/testinfra"
@@ -34,10 +35,7 @@ const token = "s3cret"
 // handler over a real, migrated database, and the real outbox backlog gauges.
 func ordersAdmin(t *testing.T) (*httptest.Server, *pgxpool.Pool) {
 	t.Helper()
-	pool := testinfra.NewPool(t, testinfra.NewDatabase(t))
-	if err := pgutil.Migrate(pool, pgutil.Migration{FS: outbox.Migrations, Table: outbox.MigrationsTable}); err != nil {
-		t.Fatal(err)
-	}
+	pool := testinfra.NewPool(t, testinfra.NewMigratedDatabase(t, pgutil.Migration{FS: outbox.Migrations, Table: outbox.MigrationsTable}))
 	reg := prometheus.NewRegistry()
 	m := outbox.NewMetrics(reg)
 	ctx, cancel := context.WithCancel(context.Background())
@@ -151,9 +149,14 @@ func TestStatusDeadLettersAndReplayAgainstTheRealOutboxHandlers(t *testing.T) {
 	if err != nil || !strings.Contains(out, "requeued 1") {
 		t.Fatalf("requeue -ids = %v\n%s", err, out)
 	}
-	var state string
-	if err := pool.QueryRow(context.Background(), `SELECT state FROM outbox_events WHERE id = $1`, deadID).Scan(&state); err != nil || state != "pending" {
-		t.Fatalf("requeued row is %q (%v), want pending", state, err)
+	state := ""
+	for _, ev := range outboxtest.Enqueued(t, pool, outboxtest.Match{}) {
+		if ev.EventID == deadEvent {
+			state = ev.State
+		}
+	}
+	if state != "pending" {
+		t.Fatalf("requeued row is %q, want pending", state)
 	}
 
 	// -all is said explicitly, and the real handler takes it.
@@ -177,11 +180,7 @@ func TestStatusDeadLettersAndReplayAgainstTheRealOutboxHandlers(t *testing.T) {
 
 func countPending(t *testing.T, pool *pgxpool.Pool) int {
 	t.Helper()
-	var n int
-	if err := pool.QueryRow(context.Background(), `SELECT count(*) FROM outbox_events WHERE state = 'pending'`).Scan(&n); err != nil {
-		t.Fatal(err)
-	}
-	return n
+	return len(outboxtest.Enqueued(t, pool, outboxtest.Match{State: "pending"}))
 }
 
 func itoa(n int64) string { return strconv.FormatInt(n, 10) }

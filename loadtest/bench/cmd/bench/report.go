@@ -219,6 +219,35 @@ func markdown(res Results, o options, table string) string {
 	fmt.Fprintf(&b, "Machine: %d CPUs (%s), %.1f GiB, load %s when it started; %s; %s; Kafka %s; `pg_test_fsync` fdatasync %s/s.\n\n",
 		m.CPUs, m.CPUModel, m.MemoryGB, m.Load, m.Go, strings.SplitN(m.Postgres, " on ", 2)[0], m.Kafka, f0(m.FsyncPerSec))
 	b.WriteString(table)
+	if len(res.Runs) > 0 {
+		b.WriteString("\n### End-to-end figures and goals (issue 12)\n\n")
+		if res.Base != "" {
+			fmt.Fprintf(&b, "Every figure also measured, in this same run, against the programs of `%s` (`-base`), alternated with\n"+
+				"the working tree's; the ratio divides this tree's value by the base's.\n\n", res.Base)
+		}
+		b.WriteString("Steps, hops, CPU and relay counters come from the ramp's plateaus (`-steps`, each held " + o.stepDuration + ").\n" +
+			"A hop runs from the upstream outbox row's `created_at` (`clock_timestamp()` at its INSERT, the transaction's last\n" +
+			"statement, so the hop includes its COMMIT) to the downstream inbox row's `received_at` (`now()`: the start of the\n" +
+			"consumer's transaction that applies or leases the event). CPU is `/proc/<pid>/stat` utime + stime per process over\n" +
+			"the plateau, per order placed in it: the four programs, Postgres (the postmaster, its live children and the ones it\n" +
+			"reaped, so the whole shared server), the Kafka broker's JVM, and k6. Relay costs are the relays' `outbox_relay_*`\n" +
+			"counters over `outbox_published_total`; n/a where a relay has no such counter.\n\n")
+		b.WriteString(goalsTable(res))
+		if ab := abTable(res); ab != "" {
+			b.WriteString("\nEach scenario against the base, as a whole (k6's report; the steady and soak runs' hops over their load; CPU over\nthe whole run):\n\n")
+			b.WriteString(ab)
+		}
+		var measured []Run
+		for _, r := range res.Runs {
+			if len(r.Windows) > 0 {
+				measured = append(measured, r)
+			}
+		}
+		if len(measured) > 0 {
+			b.WriteString("\nEvery run's windows (ramp: each step's plateau; steady and soak: the whole load), measured from the databases and /proc:\n\n")
+			b.WriteString(windowsTable(measured))
+		}
+	}
 	if r, ok := res.K6["ramp"]; ok && len(r.Steps) > 0 {
 		b.WriteString("\nRamp steps (each held " + o.stepDuration + "; a step passes with lag p99 ≤ 100 ms and ≥ 95 % of the offered rate):\n\n")
 		b.WriteString("| offered orders/s | achieved | lag p50 | lag p99 | |\n|---|---|---|---|---|\n")
@@ -246,9 +275,10 @@ func markdown(res Results, o options, table string) string {
 				f0(r.Errors), f0(r.Lost), f0(r.Duplicated+r.ThirdPartyDuplicates), r.ExitCode)
 		}
 	}
-	if len(res.K6) > 0 {
-		b.WriteString("\nCPU per order placed, by process (µs; from /proc for the four programs and k6's rusage; Postgres and Kafka are shared with\nthe rest of the machine and not attributed):\n\n")
-		b.WriteString(cpuTable(res.K6))
+	if len(res.Runs) > 0 {
+		b.WriteString("\nCPU per order placed over each whole k6 run (load, drain and audit), by process (µs; /proc/<pid>/stat for the\n" +
+			"programs, Postgres (the whole server, shared with anything else on it) and Kafka; k6's rusage):\n\n")
+		b.WriteString(cpuTable(res.Runs))
 	}
 	if len(res.Lag) > 0 {
 		fmt.Fprintf(&b, "\n![commit → settlement lag over time, steady run](%s)\n", o.svgOut)
@@ -323,26 +353,29 @@ func knobTable(knobs []Knob) string {
 	return b.String()
 }
 
-var processes = []string{"orders", "billing", "shim", "reconciler", "k6"}
-
-func cpuTable(runs map[string]rig.Report) string {
+func cpuTable(runs []Run) string {
 	var b bytes.Buffer
-	b.WriteString("| run | " + strings.Join(processes, " | ") + " | programs total |\n|---|" + strings.Repeat("---|", len(processes)+1) + "\n")
-	for _, key := range []string{"outbox", "naive", "ramp", "spike", "soak"} {
-		r, ok := runs[key]
-		if !ok || r.OrdersPlaced == 0 || len(r.CPUSeconds) == 0 {
+	cols := append(append([]string{}, cpuGroups...), cpuPrograms, cpuAllButK6)
+	b.WriteString("| run | " + strings.Join(cols, " | ") + " |\n|---|" + strings.Repeat("---|", len(cols)) + "\n")
+	for _, r := range runs {
+		if len(r.CPUPerOrderUs) == 0 {
 			continue
 		}
-		cells := []string{key}
-		total := 0.0
-		for _, p := range processes {
-			us := r.CPUSeconds[p] / r.OrdersPlaced * 1e6
-			if p != "k6" {
-				total += us
-			}
-			cells = append(cells, f0(us))
+		label := r.Key
+		if r.Side != "" {
+			label += " (" + r.Side + ")"
 		}
-		cells = append(cells, f0(total))
+		if r.Round > 0 {
+			label += fmt.Sprintf(" #%d", r.Round+1)
+		}
+		cells := []string{label}
+		for _, c := range cols {
+			if v, ok := r.CPUPerOrderUs[c]; ok {
+				cells = append(cells, f0(v))
+			} else {
+				cells = append(cells, "n/a")
+			}
+		}
 		fmt.Fprintf(&b, "| %s |\n", strings.Join(cells, " | "))
 	}
 	return b.String()

@@ -34,6 +34,11 @@ type options struct {
 	fsync                      bool
 	knobRate                   int
 	drainEvents                int
+	// base is a git revision whose programs run the k6 scenarios beside the
+	// working tree's (-base, make bench BASE=), abRounds times each.
+	base       string
+	abRounds   int
+	profileDir string
 }
 
 var parts = []string{"write", "drain", "consume", "cdc", "modes", "ramp", "spike", "soak", "knobs"}
@@ -61,11 +66,17 @@ func parseFlags(args []string, stdout io.Writer) (options, error) {
 	fs.StringVar(&o.soakDuration, "soak-duration", "60s", "the soak's length in this run (loadtest/k6/soak.js defaults to 30m)")
 	fs.IntVar(&o.drainEvents, "drain-events", 100_000, "the backlog the drain and cdc parts' relays drain (issue 15: 100,000)")
 	fs.BoolVar(&o.fsync, "fsync", true, "measure the disk's fsync rate with pg_test_fsync (~10 s)")
+	fs.StringVar(&o.base, "base", "", "a git revision (commit, tag, branch) whose programs run every k6 scenario too, alternated with the working tree's, each figure then with the base's value and the ratio (make bench BASE=rev)")
+	fs.IntVar(&o.abRounds, "ab-rounds", 1, "with -base: rounds of each scenario per side, alternated A B, B A, … (figures are the rounds' mean)")
+	fs.StringVar(&o.profileDir, "profile-dir", "", "save a CPU profile of every program over the middle half of the steady and soak runs here (empty: none); read with go tool pprof -top FILE")
 	if err := fs.Parse(args[1:]); err != nil {
 		return o, err
 	}
 	if o.drainEvents < 1 {
 		return o, fmt.Errorf("-drain-events: %d, want at least 1", o.drainEvents)
+	}
+	if o.abRounds < 1 {
+		return o, fmt.Errorf("-ab-rounds: %d, want at least 1", o.abRounds)
 	}
 	o.only = map[string]bool{}
 	for _, p := range strings.Split(only, ",") {
@@ -90,14 +101,19 @@ func contains(list []string, s string) bool {
 
 // Results is everything one `make bench` measured; it is also the JSON file.
 type Results struct {
-	Machine  Machine               `json:"machine"`
-	Started  time.Time             `json:"started"`
-	Seconds  float64               `json:"seconds"`
-	Go       map[string]GoBench    `json:"goBenchmarks,omitempty"`
-	K6       map[string]rig.Report `json:"k6,omitempty"`
-	Lag      []LagPoint            `json:"steadyLagSeries,omitempty"`
-	Knobs    []Knob                `json:"knobs,omitempty"`
-	Problems []string              `json:"problems,omitempty"`
+	Machine Machine               `json:"machine"`
+	Started time.Time             `json:"started"`
+	Seconds float64               `json:"seconds"`
+	Go      map[string]GoBench    `json:"goBenchmarks,omitempty"`
+	K6      map[string]rig.Report `json:"k6,omitempty"`
+	Lag     []LagPoint            `json:"steadyLagSeries,omitempty"`
+	Knobs   []Knob                `json:"knobs,omitempty"`
+	// Base is the -base revision the k6 scenarios also ran against.
+	Base string `json:"base,omitempty"`
+	// Runs are every k6 run with the figures measured around it (both
+	// sides with -base), in the order they ran.
+	Runs     []Run    `json:"runs,omitempty"`
+	Problems []string `json:"problems,omitempty"`
 	// Missed lists scenario thresholds on lag or backlog that failed: goals
 	// missed, not broken invariants.
 	Missed []string `json:"missed,omitempty"`
@@ -182,6 +198,12 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout 
 		table := resultsTable(res)
 		fmt.Fprintln(stdout)
 		fmt.Fprintln(stdout, table)
+		if len(res.Runs) > 0 {
+			fmt.Fprintln(stdout, goalsTable(res))
+		}
+		if ab := abTable(res); ab != "" {
+			fmt.Fprintln(stdout, ab)
+		}
 		if o.jsonOut != "" {
 			if err := writeJSON(at(root, o.jsonOut), res); err != nil {
 				return err
@@ -341,52 +363,101 @@ func parseBenchLine(line string) (string, map[string]float64, bool) {
 	return m[1], metrics, len(metrics) > 0
 }
 
-// runPlatform runs the k6 parts, each against a fresh platform.
+// side is which programs a k6 run starts: the working tree's, or the -base
+// revision's.
+type side struct {
+	name   string // "" for the working tree, "base"
+	binDir string
+}
+
+// loadShape tells how a scenario offered its load, so that the databases'
+// timestamps can be cut into windows afterwards.
+type loadShape struct {
+	rate  float64       // a steady rate; 0 for the ramp and the spike
+	for_  time.Duration // how long the steady rate was held
+	steps []float64     // the ramp's steps
+	hold  time.Duration // how long the ramp held each step
+}
+
+// runPlatform runs the k6 parts, each against a fresh platform; with -base,
+// each of modes' outbox run, ramp, spike and soak runs against the base's
+// programs too, alternated with the working tree's.
 func runPlatform(ctx context.Context, o options, res *Results, getenv func(string) string, stdout io.Writer, say func(string, ...any)) error {
 	k6 := filepath.Join(o.root, "bin", "k6")
 	if _, err := os.Stat(k6); err != nil {
 		return fmt.Errorf("the project's k6 is missing: run `make k6` (make bench does): %w", err)
 	}
-	binDir := filepath.Join(o.root, "bin", "bench")
-	say("building the platform's programs into %s …", binDir)
-	if err := rig.Build(ctx, o.root, binDir); err != nil {
+	work := side{binDir: filepath.Join(o.root, "bin", "bench")}
+	say("building the platform's programs into %s …", work.binDir)
+	if err := rig.Build(ctx, o.root, work.binDir); err != nil {
 		return err
+	}
+	sides := []side{work}
+	if o.base != "" {
+		base, rev, err := buildBase(ctx, o.root, o.base, say)
+		if err != nil {
+			return err
+		}
+		res.Base = rev
+		sides = append(sides, base)
+	}
+	servers := rig.FindServers(ctx, adminURL(getenv), brokers(getenv))
+	for _, m := range servers.Missing {
+		res.Problems = append(res.Problems, "CPU by pid: "+m+" (left out of the CPU figures)")
 	}
 	workRoot := filepath.Join(o.root, "bin", "bench", "work")
 	n := 0
-	scenario := func(key, script string, knob variant, vars ...string) (*rig.Platform, rig.Report, error) {
+	scenario := func(key string, sd side, round int, script string, knob variant, shape loadShape, vars ...string) (*rig.Platform, rig.Report, error) {
 		n++
-		name := fmt.Sprintf("bench_%s_%d_%d", strings.NewReplacer("=", "_", "-", "_").Replace(key), os.Getpid(), n)
+		label := key
+		if sd.name != "" {
+			label = key + "@" + sd.name
+		}
+		name := fmt.Sprintf("bench_%s_%d_%d", strings.NewReplacer("=", "_", "-", "_", "@", "_").Replace(label), os.Getpid(), n)
+		// The rig gives every program explicit free ports, which binaries of
+		// any age understand (a -base revision's predate port 0).
 		p, err := rig.Start(ctx, rig.Config{
-			BinDir: binDir, WorkDir: filepath.Join(workRoot, key), PostgresURL: adminURL(getenv),
+			BinDir: sd.binDir, WorkDir: filepath.Join(workRoot, label), PostgresURL: adminURL(getenv),
 			Brokers: brokers(getenv), Name: name, Env: knob.env, Partitions: knob.partitions, DatabaseSettings: knob.dbSettings,
 			DatabaseParams: knob.dbParams,
 		})
 		if err != nil {
-			return nil, rig.Report{}, fmt.Errorf("%s: %w", key, err)
+			return nil, rig.Report{}, fmt.Errorf("%s: %w", label, err)
 		}
 		if err := p.Warm(ctx); err != nil {
 			p.Stop()
 			p.Destroy(context.WithoutCancel(ctx))
-			return nil, rig.Report{}, fmt.Errorf("%s: %w", key, err)
+			return nil, rig.Report{}, fmt.Errorf("%s: %w", label, err)
 		}
-		say("k6 %s (%s) …", filepath.Base(script), strings.Join(vars, " "))
+		say("k6 %s (%s)%s …", filepath.Base(script), strings.Join(vars, " "), map[bool]string{true: " against " + o.base, false: ""}[sd.name != ""])
 		// An overloaded run drains for minutes; only a stall should end the wait.
 		vars = append(vars, "DRAIN_TIMEOUT_MS=300000")
+		smp := startSampler(p, servers, time.Second)
+		profiled := profileDuring(ctx, o, p, label, shape, say)
 		r, err := rig.K6(ctx, k6, filepath.Join(o.root, "loadtest", "k6", script), p, indent(stdout), vars...)
+		samples := smp.finish()
+		profiles := profiled()
 		if err != nil {
 			p.Stop()
 			p.Destroy(context.WithoutCancel(ctx))
-			return nil, r, fmt.Errorf("%s: %w", key, err)
+			return nil, r, fmt.Errorf("%s: %w", label, err)
 		}
 		if !knob.notInResults {
-			res.K6[key] = r
+			run := Run{Key: key, Side: sd.name, Round: round, K6: r, Profiles: profiles}
+			if err := measureRun(ctx, p, &run, shape, samples); err != nil {
+				res.Problems = append(res.Problems, fmt.Sprintf("%s: measuring: %v", label, err))
+			}
+			res.Runs = append(res.Runs, run)
+			if sd.name == "" && round == 0 {
+				res.K6[key] = r
+			}
 		}
 		if r.ExitCode != 0 {
 			// A broken invariant fails make bench; a scenario's lag or backlog
 			// threshold is a goal missed, which the table already reports.
-			msg := fmt.Sprintf("%s: k6 exited %d (%s)", key, r.ExitCode, strings.Join(r.ThresholdsFailed, "; "))
-			if brokeInvariant(r) {
+			// The base's failures are the base's: reported, never ours.
+			msg := fmt.Sprintf("%s: k6 exited %d (%s)", label, r.ExitCode, strings.Join(r.ThresholdsFailed, "; "))
+			if brokeInvariant(r) && sd.name == "" {
 				res.Problems = append(res.Problems, msg)
 			} else {
 				res.Missed = append(res.Missed, msg)
@@ -398,22 +469,55 @@ func runPlatform(ctx context.Context, o options, res *Results, getenv func(strin
 		p.Stop()
 		p.Destroy(context.WithoutCancel(ctx))
 	}
+	// abRun runs one scenario against every side, rounds times, alternating
+	// which side goes first (A B, B A, …) so that a machine drifting over
+	// the run weighs on both alike. after sees the working tree's first run.
+	abRun := func(key, script string, shape loadShape, after func(*rig.Platform) error, vars ...string) error {
+		rounds := 1
+		if len(sides) > 1 {
+			rounds = o.abRounds
+		}
+		for round := range rounds {
+			order := sides
+			if round%2 == 1 {
+				order = []side{sides[1], sides[0]}
+			}
+			for _, sd := range order {
+				p, _, err := scenario(key, sd, round, script, variant{}, shape, vars...)
+				if err != nil {
+					return err
+				}
+				if after != nil && sd.name == "" && round == 0 {
+					if err := after(p); err != nil {
+						res.Problems = append(res.Problems, err.Error())
+					}
+				}
+				done(p)
+			}
+		}
+		return nil
+	}
 	rate := strconv.Itoa(o.rate)
+	steady, err := time.ParseDuration(o.steadyDuration)
+	if err != nil {
+		return fmt.Errorf("-steady-duration: %w", err)
+	}
 
 	if o.only["modes"] {
-		p, _, err := scenario("outbox", "steady.js", variant{}, "RATE="+rate, "DURATION="+o.steadyDuration)
+		err := abRun("outbox", "steady.js", loadShape{rate: float64(o.rate), for_: steady}, func(p *rig.Platform) error {
+			var err error
+			if res.Lag, err = lagSeries(ctx, p); err != nil {
+				return fmt.Errorf("reading the steady run's lag series: %w", err)
+			}
+			return nil
+		}, "RATE="+rate, "DURATION="+o.steadyDuration)
 		if err != nil {
 			return err
 		}
-		res.Lag, err = lagSeries(ctx, p)
-		if err != nil {
-			res.Problems = append(res.Problems, "reading the steady run's lag series: "+err.Error())
-		}
-		done(p)
 		if naiveAvailable(o.root) {
-			p, _, err := scenario("naive", "steady.js", variant{env: map[string][]string{
+			p, _, err := scenario("naive", work, 0, "steady.js", variant{env: map[string][]string{
 				"orders": {"PUBLISH_MODE=naive"}, "billing": {"INBOX_MODE=naive"},
-			}}, "RATE="+rate, "DURATION="+o.steadyDuration)
+			}}, loadShape{rate: float64(o.rate), for_: steady}, "RATE="+rate, "DURATION="+o.steadyDuration)
 			if err != nil {
 				return err
 			}
@@ -423,31 +527,40 @@ func runPlatform(ctx context.Context, o options, res *Results, getenv func(strin
 		}
 	}
 	if o.only["ramp"] {
-		p, _, err := scenario("ramp", "ramp.js", variant{}, "STEPS="+o.steps, "STEP_DURATION="+o.stepDuration)
+		steps, err := parseSteps(o.steps)
 		if err != nil {
 			return err
 		}
-		done(p)
+		hold, err := time.ParseDuration(o.stepDuration)
+		if err != nil {
+			return fmt.Errorf("-step-duration: %w", err)
+		}
+		if err := abRun("ramp", "ramp.js", loadShape{steps: steps, hold: hold}, nil, "STEPS="+o.steps, "STEP_DURATION="+o.stepDuration); err != nil {
+			return err
+		}
 	}
 	if o.only["spike"] {
-		p, _, err := scenario("spike", "spike.js", variant{}, "SPIKE_RATE="+strconv.Itoa(o.spikeRate))
-		if err != nil {
+		if err := abRun("spike", "spike.js", loadShape{}, nil, "SPIKE_RATE="+strconv.Itoa(o.spikeRate)); err != nil {
 			return err
 		}
-		done(p)
 	}
 	if o.only["soak"] {
 		// Half the knee; without a knee (nothing met the lag budget), a rate
-		// low enough that the soak measures time, not overload.
+		// low enough that the soak measures time, not overload. The base
+		// gets the same rate, so that its figures compare.
 		soakRate := 50
 		if r, ok := res.K6["ramp"]; ok && r.Knee > 0 {
 			soakRate = int(r.Knee) / 2
 		}
-		p, _, err := scenario("soak", "soak.js", variant{}, "SOAK_RATE="+strconv.Itoa(max(soakRate, 50)), "SOAK_DURATION="+o.soakDuration)
+		soakRate = max(soakRate, 50)
+		soak, err := time.ParseDuration(o.soakDuration)
 		if err != nil {
+			return fmt.Errorf("-soak-duration: %w", err)
+		}
+		if err := abRun("soak", "soak.js", loadShape{rate: float64(soakRate), for_: soak}, nil,
+			"SOAK_RATE="+strconv.Itoa(soakRate), "SOAK_DURATION="+o.soakDuration); err != nil {
 			return err
 		}
-		done(p)
 	}
 	if o.only["knobs"] {
 		// One setting at a time against the defaults, which run first and
@@ -461,7 +574,7 @@ func runPlatform(ctx context.Context, o options, res *Results, getenv func(strin
 		}
 		for _, v := range variants {
 			v.notInResults = true
-			p, r, err := scenario("knob-"+v.name, "steady.js", v, "RATE="+strconv.Itoa(o.knobRate), "DURATION="+o.steadyDuration)
+			p, r, err := scenario("knob-"+v.name, work, 0, "steady.js", v, loadShape{}, "RATE="+strconv.Itoa(o.knobRate), "DURATION="+o.steadyDuration)
 			if err != nil {
 				return err
 			}
@@ -470,6 +583,19 @@ func runPlatform(ctx context.Context, o options, res *Results, getenv func(strin
 		}
 	}
 	return nil
+}
+
+// parseSteps reads -steps, "100,200,…".
+func parseSteps(s string) ([]float64, error) {
+	var out []float64
+	for _, f := range strings.Split(s, ",") {
+		v, err := strconv.ParseFloat(strings.TrimSpace(f), 64)
+		if err != nil || v <= 0 {
+			return nil, fmt.Errorf("-steps: %q is not a rate", f)
+		}
+		out = append(out, v)
+	}
+	return out, nil
 }
 
 // variant is a platform setting a run changes.

@@ -30,8 +30,8 @@ type Config struct {
 	// PPROF=true, /debug/pprof/. Loopback by default; any other address
 	// needs ADMIN_TOKEN.
 	AdminAddr string `env:"ADMIN_ADDR" envDefault:"127.0.0.1:9082"`
-	// HTTP is ADMIN_TOKEN, PPROF and the HTTP_* server timeouts (see
-	// service.HTTPConfig).
+	// HTTP is ADMIN_TOKEN, PPROF, DEBUG_ADDR and the HTTP_* server timeouts
+	// (see service.HTTPConfig).
 	HTTP service.HTTPConfig
 	// DatabaseURL is the service's own Postgres database, as its runtime role
 	// (billing_app: reads and writes the tables, no DDL; see package pgroles).

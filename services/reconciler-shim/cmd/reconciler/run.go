@@ -37,8 +37,8 @@ type runConfig struct {
 	// Loopback by default; any other address needs ADMIN_TOKEN. Port 0
 	// picks a free port, logged at start as admin_addr.
 	AdminAddr string `env:"ADMIN_ADDR" envDefault:"127.0.0.1:9084"`
-	// HTTP is ADMIN_TOKEN, PPROF and the HTTP_* server timeouts (see
-	// service.HTTPConfig).
+	// HTTP is ADMIN_TOKEN, PPROF, DEBUG_ADDR and the HTTP_* server timeouts
+	// (see service.HTTPConfig).
 	HTTP service.HTTPConfig
 	// LedgerPath is the JSON Lines file every settlement is appended to. It
 	// is reloaded at start, so an audit counts bookings across restarts;
@@ -120,20 +120,26 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout 
 		ln.Close()
 		return fmt.Errorf("listening on ADMIN_ADDR %s: %w", cfg.AdminAddr, err)
 	}
+	debug, err := service.ListenDebug(cfg.HTTP.DebugAddr, cfg.HTTP.AdminToken)
+	if err != nil {
+		ln.Close()
+		adminLn.Close()
+		return err
+	}
 	stats := ledger.Stats()
 	logger.InfoContext(ctx, "reconciler listening",
 		slog.String("addr", ln.Addr().String()), slog.String("admin_addr", adminLn.Addr().String()),
-		slog.String("ledger_path", cfg.LedgerPath),
+		slog.String("debug_addr", debug.Addr()), slog.String("ledger_path", cfg.LedgerPath),
 		slog.Int("settlements", stats.Settlements), slog.Int("duplicates", stats.Duplicates))
 
-	err = lifecycle.Run(ctx,
-		lifecycle.Stage{Name: "http", Run: func(ctx context.Context) error {
+	err = lifecycle.Run(ctx, append([]lifecycle.Stage{
+		{Name: "http", Run: func(ctx context.Context) error {
 			return httpserver.Serve(ctx, srv.Public, ln, shutdownGrace, cfg.HTTP.Timeouts)
 		}},
-		lifecycle.Stage{Name: "admin http", Run: func(ctx context.Context) error {
+		{Name: "admin http", Run: func(ctx context.Context) error {
 			return httpserver.Serve(ctx, srv.Admin, adminLn, shutdownGrace, cfg.HTTP.Timeouts)
 		}},
-	)
+	}, debug.Stages(shutdownGrace)...)...)
 	logger.InfoContext(ctx, "reconciler stopped")
 	return err
 }

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"fmt"
 	"io"
 	"net/http"
 	"time"
@@ -27,8 +28,8 @@ type Config struct {
 	// PPROF=true, /debug/pprof/. Loopback by default; any other address
 	// needs ADMIN_TOKEN.
 	AdminAddr string `env:"ADMIN_ADDR" envDefault:"127.0.0.1:9083"`
-	// HTTP is ADMIN_TOKEN, PPROF and the HTTP_* server timeouts (see
-	// service.HTTPConfig).
+	// HTTP is ADMIN_TOKEN, PPROF, DEBUG_ADDR and the HTTP_* server timeouts
+	// (see service.HTTPConfig).
 	HTTP service.HTTPConfig
 	// DatabaseURL is the shim's own Postgres database, as its runtime role
 	// (shim_app: reads and writes the tables, no DDL; see package pgroles).
@@ -52,6 +53,12 @@ type Config struct {
 	// ReconcilerTimeout bounds each call to the reconciler; a timed-out call
 	// is retried, and the retry first asks whether the call landed.
 	ReconcilerTimeout time.Duration `env:"RECONCILER_TIMEOUT" envDefault:"5s"`
+	// ReconcilerMaxInFlight bounds the calls to the reconciler in flight at
+	// once (inbox.Config.MaxInFlight): payments of distinct orders are
+	// forwarded concurrently up to it, each order's in order. It also sizes
+	// the client's pool of kept-alive connections, so concurrent calls do
+	// not open and close a connection each.
+	ReconcilerMaxInFlight int `env:"RECONCILER_MAX_IN_FLIGHT" envDefault:"16"`
 	// LogLevel is debug, info, warn or error.
 	LogLevel string `env:"LOG_LEVEL" envDefault:"info"`
 	// ShutdownGrace is how long in-flight requests get to finish on SIGTERM.
@@ -95,7 +102,12 @@ func run(ctx context.Context, _ []string, getenv func(string) string, stdout io.
 		return err
 	}
 
-	tp := thirdparty.NewClient(cfg.ReconcilerURL, &http.Client{Timeout: cfg.ReconcilerTimeout})
+	if cfg.ReconcilerMaxInFlight < 1 {
+		return fmt.Errorf("RECONCILER_MAX_IN_FLIGHT must be at least 1, got %d", cfg.ReconcilerMaxInFlight)
+	}
+	transport := http.DefaultTransport.(*http.Transport).Clone()
+	transport.MaxIdleConnsPerHost = cfg.ReconcilerMaxInFlight
+	tp := thirdparty.NewClient(cfg.ReconcilerURL, &http.Client{Timeout: cfg.ReconcilerTimeout, Transport: transport})
 	dlq := kafkautil.NewWriter(cfg.KafkaBrokers, 10, kafkautil.WithSecurity(kafkaSecurity))
 	defer dlq.Close()
 	src := inbox.GroupConfig{Brokers: cfg.KafkaBrokers, Topic: cfg.BillingTopic, Group: cfg.ConsumerGroup,
@@ -104,6 +116,7 @@ func run(ctx context.Context, _ []string, getenv func(string) string, stdout io.
 		Name: cfg.ConsumerGroup,
 		// A lease outlives any single call to the reconciler.
 		LeaseTTL:      3 * cfg.ReconcilerTimeout,
+		MaxInFlight:   cfg.ReconcilerMaxInFlight,
 		ShutdownGrace: cfg.ShutdownGrace,
 		Logger:        svc.Logger,
 		Metrics:       inbox.NewMetrics(svc.Registry),

@@ -96,8 +96,7 @@ func TestEachPaymentReachesTheThirdPartyOnce(t *testing.T) {
 
 	pool := testinfra.NewPool(t, db)
 	testinfra.WaitFor(t, 60*time.Second, "three forwards recorded", func() (bool, error) {
-		var n int
-		err := pool.QueryRow(ctx, "SELECT count(*) FROM forwards").Scan(&n)
+		n, err := shim.CountForwards(ctx, pool)
 		if err != nil && strings.Contains(err.Error(), "does not exist") {
 			return false, nil // the shim has not migrated yet
 		}

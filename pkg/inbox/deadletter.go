@@ -1,0 +1,169 @@
+package inbox
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/segmentio/kafka-go"
+
+	"github.com/onceflow/onceflow/pkg/event"
+	"github.com/onceflow/onceflow/pkg/event/retry"
+	"github.com/onceflow/onceflow/pkg/platform/kafkautil"
+	"github.com/onceflow/onceflow/pkg/platform/pgutil"
+)
+
+const insertDeadLettered = `
+INSERT INTO inbox_messages (consumer, message_id, event_type, aggregate_id, aggregate_version,
+                            topic, kafka_partition, kafka_offset, status, last_error, payload_hash)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8, 'dead_lettered', $9, sha256($10))
+ON CONFLICT (consumer, message_id) DO UPDATE
+SET status = 'dead_lettered', last_error = EXCLUDED.last_error, attempts = inbox_messages.attempts + 1`
+
+// Dead-letter headers added to the original message's headers.
+const (
+	HeaderDLTReason    = "dlt-reason"
+	HeaderDLTConsumer  = "dlt-consumer"
+	HeaderDLTTopic     = "dlt-original-topic"
+	HeaderDLTPartition = "dlt-original-partition"
+	HeaderDLTOffset    = "dlt-original-offset"
+	HeaderDLTFailedAt  = "dlt-failed-at"
+)
+
+// reasonClass is the reason label of a dead letter: ev is nil when the
+// message did not decode.
+func reasonClass(ev *event.Envelope, reason error) string {
+	switch {
+	case errors.Is(reason, event.ErrInvalid) && ev == nil:
+		return ReasonUndecodable
+	case errors.Is(reason, event.ErrInvalid):
+		return ReasonInvalid
+	case errors.Is(reason, ErrPermanent), errors.Is(reason, errDBRefused), pgutil.IsPermanent(reason):
+		return ReasonPermanent
+	default:
+		return ReasonExhausted
+	}
+}
+
+// DeadLetterBodyLimit is how much of a message's value a dead letter keeps
+// when the dead-letter topic refuses the whole message (too large for the
+// writer or the topic): the record then carries the first DeadLetterBodyLimit
+// bytes and the HeaderDLTTruncated header, so the partition can move on and
+// the message is still visible, with its coordinates, for an operator.
+const DeadLetterBodyLimit = 64 << 10
+
+// HeaderDLTTruncated, on a dead letter, holds the original value's size in
+// bytes when the value was cut to DeadLetterBodyLimit.
+const HeaderDLTTruncated = "dlt-truncated-from"
+
+// deadLetter publishes m to the dead-letter topic with the reason, then, when
+// the envelope decoded, records a dead_lettered inbox row in tx. It retries
+// the publish while the broker is unreachable, until it succeeds or ctx ends
+// (then it returns an error and the message is redelivered later); a message
+// the topic refuses as it is goes there truncated.
+func (c *Consumer) deadLetter(ctx context.Context, tx pgx.Tx, m kafka.Message, ev *event.Envelope, reason error) error {
+	topic := c.cfg.DeadLetterTopic
+	if topic == "" {
+		topic = m.Topic + ".dlt"
+	}
+	dlt := []kafka.Header{
+		{Key: HeaderDLTReason, Value: []byte(truncate(reason.Error(), 4<<10))},
+		{Key: HeaderDLTConsumer, Value: []byte(c.cfg.Name)},
+		{Key: HeaderDLTTopic, Value: []byte(m.Topic)},
+		{Key: HeaderDLTPartition, Value: []byte(fmt.Sprint(m.Partition))},
+		{Key: HeaderDLTOffset, Value: []byte(fmt.Sprint(m.Offset))},
+		{Key: HeaderDLTFailedAt, Value: []byte(time.Now().UTC().Format(time.RFC3339Nano))},
+	}
+	dl := kafka.Message{Topic: topic, Key: m.Key, Value: m.Value,
+		Headers: append(append([]kafka.Header{}, m.Headers...), dlt...)}
+	truncated := false
+	for attempt := 1; ; attempt++ {
+		err := c.dlq.WriteMessages(ctx, dl)
+		if err == nil {
+			c.kafka.ok(ctx, "dead_letter")
+			break
+		}
+		if kafkautil.IsMessageError(err) && !truncated {
+			// Too large (or otherwise refused) as it is: keep the
+			// coordinates, the reason and the start of the body.
+			truncated = true
+			dl = truncatedDeadLetter(dl, m, dlt)
+			c.cfg.Logger.WarnContext(ctx, "inbox dead-letters a message truncated; the topic refused it whole",
+				slog.String("consumer", c.cfg.Name), slog.String("topic", m.Topic), slog.Int("partition", m.Partition),
+				slog.Int64("offset", m.Offset), slog.Int("bytes", len(m.Value)), slog.Any("error", err))
+			continue
+		}
+		if kafkautil.IsMessageError(err) {
+			// Even the truncated record is refused: nothing more can be
+			// kept in Kafka; the log line and the counter are the record.
+			c.cfg.Logger.ErrorContext(ctx, "inbox could not dead-letter a message even truncated; moving on",
+				slog.String("consumer", c.cfg.Name), slog.String("topic", m.Topic), slog.Int("partition", m.Partition),
+				slog.Int64("offset", m.Offset), slog.Any("reason", reason), slog.Any("error", err))
+			break
+		}
+		if ctx.Err() != nil {
+			return fmt.Errorf("inbox %s: dead-lettering %s/%d/%d: %w", c.cfg.Name, m.Topic, m.Partition, m.Offset, err)
+		}
+		c.kafka.fail(ctx, "dead_letter", err)
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("inbox %s: dead-lettering %s/%d/%d: %w", c.cfg.Name, m.Topic, m.Partition, m.Offset, err)
+		case <-time.After(retry.Backoff(attempt, c.cfg.BackoffMin, c.cfg.BackoffMax)):
+		}
+	}
+	c.cfg.Metrics.deadLettered.WithLabelValues(c.cfg.Name, reasonClass(ev, reason)).Inc()
+	log := c.cfg.Logger.With(slog.String("consumer", c.cfg.Name), slog.String("topic", m.Topic),
+		slog.Int("partition", m.Partition), slog.Int64("offset", m.Offset), slog.String("dead_letter_topic", topic),
+		slog.Any("error", reason))
+	if ev == nil {
+		log.ErrorContext(ctx, "inbox dead-lettered a message it keeps no inbox row for")
+		return nil
+	}
+	log.ErrorContext(ctx, "inbox dead-lettered an event", slog.String("event_id", ev.EventID.String()),
+		slog.String("event_type", ev.EventType))
+	// In a savepoint: a row Postgres refuses (its fields are what the
+	// decoder let through) must not undo the batch; the message is in the
+	// dead-letter topic either way.
+	sp, err := tx.Begin(ctx)
+	if err != nil {
+		return fmt.Errorf("recording a dead letter: %w", err)
+	}
+	if _, err := sp.Exec(ctx, insertDeadLettered, c.cfg.Name, ev.EventID, ev.EventType, ev.AggregateID,
+		ev.AggregateVersion, m.Topic, m.Partition, m.Offset, reason.Error(), []byte(ev.Payload)); err != nil {
+		_ = sp.Rollback(ctx)
+		if isOutage(err) || ctx.Err() != nil {
+			return fmt.Errorf("recording a dead letter: %w", err)
+		}
+		log.ErrorContext(ctx, "inbox could not record a dead letter's inbox row; it is in the dead-letter topic only",
+			slog.Any("row_error", err))
+		return nil
+	}
+	return sp.Commit(ctx)
+}
+
+// truncatedDeadLetter is dl cut down to what any topic takes: the key and
+// the original headers cut to 1 KiB each, the first DeadLetterBodyLimit bytes
+// of the value, and the dead-letter headers.
+func truncatedDeadLetter(dl, m kafka.Message, dlt []kafka.Header) kafka.Message {
+	out := kafka.Message{Topic: dl.Topic, Key: []byte(truncate(string(m.Key), 1<<10))}
+	out.Value = m.Value
+	if len(out.Value) > DeadLetterBodyLimit {
+		out.Value = out.Value[:DeadLetterBodyLimit]
+	}
+	for _, h := range m.Headers {
+		out.Headers = append(out.Headers, kafka.Header{Key: truncate(h.Key, 256), Value: []byte(truncate(string(h.Value), 1<<10))})
+	}
+	out.Headers = append(out.Headers, dlt...)
+	out.Headers = append(out.Headers, kafka.Header{Key: HeaderDLTTruncated, Value: []byte(fmt.Sprint(len(m.Value)))})
+	return out
+}
+
+func truncate(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	return s[:n]
+}

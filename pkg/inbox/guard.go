@@ -1,0 +1,220 @@
+package inbox
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+
+	"github.com/onceflow/onceflow/pkg/event"
+)
+
+type aggregateKey struct{ typ, id string }
+
+const lockVersions = `
+SELECT v.aggregate_type, v.aggregate_id, v.version
+FROM inbox_aggregate_versions v
+JOIN unnest($2::text[], $3::text[]) AS a(aggregate_type, aggregate_id)
+  ON v.aggregate_type = a.aggregate_type AND v.aggregate_id = a.aggregate_id
+WHERE v.consumer = $1
+FOR UPDATE OF v`
+
+const advanceVersions = `
+INSERT INTO inbox_aggregate_versions (consumer, aggregate_type, aggregate_id, version)
+SELECT $1, a.aggregate_type, a.aggregate_id, a.version
+FROM unnest($2::text[], $3::text[], $4::bigint[]) AS a(aggregate_type, aggregate_id, version)
+ON CONFLICT (consumer, aggregate_type, aggregate_id) DO UPDATE
+SET version = EXCLUDED.version, updated_at = now()
+WHERE inbox_aggregate_versions.version < EXCLUDED.version`
+
+// guardBatch is guardVersion for a batch: it marks stale messages in outs
+// (and in the inbox), advances each aggregate's version once, and returns
+// the log lines and gap counts to emit once the transaction commits. A gap
+// under GapRetry is an error: the savepoint path retries that message.
+func (c *Consumer) guardBatch(ctx context.Context, tx pgx.Tx, evs []event.Envelope, outs []outcome) ([]func(), error) {
+	var keys []aggregateKey
+	want := map[aggregateKey]bool{}
+	for i, ev := range evs {
+		k := aggregateKey{ev.AggregateType, ev.AggregateID}
+		if outs[i] == processed && !want[k] {
+			want[k] = true
+			keys = append(keys, k)
+		}
+	}
+	if len(keys) == 0 {
+		return nil, nil
+	}
+	typs, ids := make([]string, len(keys)), make([]string, len(keys))
+	for i, k := range keys {
+		typs[i], ids[i] = k.typ, k.id
+	}
+	rows, err := tx.Query(ctx, lockVersions, c.cfg.Name, typs, ids)
+	if err != nil {
+		return nil, err
+	}
+	applied := map[aggregateKey]int64{}
+	var k aggregateKey
+	var v int64
+	if _, err := pgx.ForEachRow(rows, []any{&k.typ, &k.id, &v}, func() error { applied[k] = v; return nil }); err != nil {
+		return nil, err
+	}
+
+	var notes []func()
+	var staleIDs []uuid.UUID
+	for i, ev := range evs {
+		if outs[i] != processed {
+			continue
+		}
+		k := aggregateKey{ev.AggregateType, ev.AggregateID}
+		prev, known := applied[k]
+		switch {
+		case !known || ev.AggregateVersion == prev+1:
+		case ev.AggregateVersion <= prev:
+			outs[i] = stale
+			staleIDs = append(staleIDs, ev.EventID)
+			notes = append(notes, func() {
+				c.cfg.Logger.InfoContext(ctx, "inbox skipped a stale event", slog.String("consumer", c.cfg.Name),
+					slog.String("event_id", ev.EventID.String()), slog.String("aggregate_id", ev.AggregateID),
+					slog.Int64("version", ev.AggregateVersion), slog.Int64("applied_version", prev))
+			})
+			continue
+		default: // a gap
+			if c.cfg.Gaps == GapRetry {
+				return nil, fmt.Errorf("aggregate %s: version %d follows %d", ev.AggregateID, ev.AggregateVersion, prev)
+			}
+			notes = append(notes, func() {
+				c.cfg.Metrics.gaps.WithLabelValues(c.cfg.Name).Inc()
+				c.cfg.Logger.WarnContext(ctx, "inbox sees a version gap", slog.String("consumer", c.cfg.Name),
+					slog.String("event_id", ev.EventID.String()), slog.String("aggregate_id", ev.AggregateID),
+					slog.Int64("version", ev.AggregateVersion), slog.Int64("applied_version", prev))
+			})
+		}
+		applied[k] = ev.AggregateVersion
+	}
+	for i, k := range keys {
+		typs[i], ids[i] = k.typ, k.id
+	}
+	versions := make([]int64, len(keys))
+	for i, k := range keys {
+		versions[i] = applied[k]
+	}
+	if _, err := tx.Exec(ctx, advanceVersions, c.cfg.Name, typs, ids, versions); err != nil {
+		return nil, err
+	}
+	if len(staleIDs) > 0 {
+		if _, err := tx.Exec(ctx, `UPDATE inbox_messages SET status = 'stale' WHERE consumer = $1 AND message_id = ANY($2)`,
+			c.cfg.Name, staleIDs); err != nil {
+			return nil, err
+		}
+	}
+	return notes, nil
+}
+
+// payloadMismatches returns which of the given redelivered events carry a
+// payload other than the one first recorded (payload_hash, the sha256 the
+// inbox stores with every row).
+const payloadMismatches = `
+SELECT m.id
+FROM unnest($2::uuid[], $3::bytea[]) AS m(id, payload)
+JOIN inbox_messages i ON i.consumer = $1 AND i.message_id = m.id
+WHERE i.payload_hash <> sha256(m.payload)`
+
+// checkPayloads compares redelivered events with the payload their inbox row
+// recorded. A mismatch is a producer bug — one event id reused for another
+// body — that dedupe would otherwise hide: the redelivery is still a no-op
+// (the first body was applied), but it is logged and counted in
+// inbox_payload_mismatches_total. It costs a query only when there are
+// duplicates.
+func (c *Consumer) checkPayloads(ctx context.Context, tx pgx.Tx, dups ...event.Envelope) error {
+	if len(dups) == 0 {
+		return nil
+	}
+	ids, payloads := make([][16]byte, len(dups)), make([][]byte, len(dups))
+	for i, ev := range dups {
+		ids[i], payloads[i] = ev.EventID, []byte(ev.Payload)
+	}
+	rows, err := tx.Query(ctx, payloadMismatches, c.cfg.Name, ids, payloads)
+	if err != nil {
+		return dbErrors.Translate("comparing payloads of duplicates", err)
+	}
+	bad, err := pgx.CollectRows(rows, pgx.RowTo[[16]byte])
+	if err != nil {
+		return dbErrors.Translate("comparing payloads of duplicates", err)
+	}
+	for _, id := range bad {
+		c.payloadMismatch(ctx, id)
+	}
+	return nil
+}
+
+// payloadMismatch counts and logs a duplicate of id with another payload.
+func (c *Consumer) payloadMismatch(ctx context.Context, id uuid.UUID) {
+	c.cfg.Metrics.payloadMismatches.WithLabelValues(c.cfg.Name).Inc()
+	c.cfg.Logger.WarnContext(ctx, "inbox duplicate with another payload: the producer reused an event id; the first payload was applied, this one ignored",
+		slog.String("consumer", c.cfg.Name), slog.String("event_id", id.String()))
+}
+
+// advanceVersion moves the consumer's high-water version of the aggregate
+// forward (never back) and returns the previous one (NULL when unseen).
+const advanceVersion = `
+WITH prev AS (
+    SELECT version FROM inbox_aggregate_versions
+    WHERE consumer = $1 AND aggregate_type = $2 AND aggregate_id = $3
+    FOR UPDATE
+), up AS (
+    INSERT INTO inbox_aggregate_versions (consumer, aggregate_type, aggregate_id, version)
+    VALUES ($1, $2, $3, $4)
+    ON CONFLICT (consumer, aggregate_type, aggregate_id) DO UPDATE
+    SET version = EXCLUDED.version, updated_at = now()
+    WHERE inbox_aggregate_versions.version < EXCLUDED.version
+)
+SELECT (SELECT version FROM prev)`
+
+// guardVersion reports whether ev is stale (at or below the version this
+// consumer applied last for its aggregate) and reports gaps.
+func (c *Consumer) guardVersion(ctx context.Context, tx pgx.Tx, ev *event.Envelope) (bool, error) {
+	var prev *int64
+	if err := tx.QueryRow(ctx, advanceVersion, c.cfg.Name, ev.AggregateType, ev.AggregateID, ev.AggregateVersion).Scan(&prev); err != nil {
+		return false, dbErrors.Translate("checking the aggregate version", err)
+	}
+	switch {
+	case prev == nil:
+		return false, nil
+	case ev.AggregateVersion <= *prev:
+		if _, err := tx.Exec(ctx, `UPDATE inbox_messages SET status = 'stale' WHERE consumer = $1 AND message_id = $2`,
+			c.cfg.Name, ev.EventID); err != nil {
+			return false, err
+		}
+		c.cfg.Logger.InfoContext(ctx, "inbox skipped a stale event", slog.String("consumer", c.cfg.Name),
+			slog.String("event_id", ev.EventID.String()), slog.String("aggregate_id", ev.AggregateID),
+			slog.Int64("version", ev.AggregateVersion), slog.Int64("applied_version", *prev))
+		return true, nil
+	case ev.AggregateVersion > *prev+1:
+		c.cfg.Metrics.gaps.WithLabelValues(c.cfg.Name).Inc()
+		c.cfg.Logger.WarnContext(ctx, "inbox sees a version gap", slog.String("consumer", c.cfg.Name),
+			slog.String("event_id", ev.EventID.String()), slog.String("aggregate_id", ev.AggregateID),
+			slog.Int64("version", ev.AggregateVersion), slog.Int64("applied_version", *prev))
+		if c.cfg.Gaps == GapRetry {
+			return false, fmt.Errorf("aggregate %s: version %d follows %d; waiting for the missing ones",
+				ev.AggregateID, ev.AggregateVersion, *prev)
+		}
+	}
+	return false, nil
+}
+
+// upcast converts ev's payload to the newest version it has upcasters for.
+func (c *Consumer) upcast(ev *event.Envelope) error {
+	for {
+		u, ok := c.upcasters[ev.EventType][ev.EventVersion]
+		if !ok {
+			return nil
+		}
+		p, err := u.Convert(ev.Payload)
+		if err != nil {
+			return Permanent(fmt.Errorf("upcasting %s v%d: %w", ev.EventType, ev.EventVersion, err))
+		}
+		ev.Payload, ev.EventVersion = p, ev.EventVersion+1
+	}
+}

@@ -1,0 +1,212 @@
+package inbox
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/segmentio/kafka-go"
+
+	"github.com/onceflow/onceflow/pkg/event"
+	"github.com/onceflow/onceflow/pkg/event/retry"
+)
+
+// processLeased settles one message in lease mode, in transactions of its
+// own: the lease, the side effect, marking it done. Like processAlone, it
+// charges a message only for its own failures (its side effect, data
+// Postgres refuses), waits out the database being unreachable, and returns
+// errAbandoned when ctx (the shutdown grace) ends or the message's
+// generation is dropped; a crash point firing is a *crashError.
+func (c *Consumer) processLeased(ctx context.Context, d delivery) error {
+	m := d.m
+	start := time.Now()
+	var counts [4]int
+	defer func() { c.cfg.Metrics.record(c.cfg.Name, counts, 1, time.Since(start)) }()
+
+	ev, err := event.FromKafka(m)
+	if err != nil {
+		counts[deadLettered]++
+		return c.deadLetterLeased(ctx, d, nil, err)
+	}
+	ctx, span := c.startProcess(ctx, m, ev) // covers the lease, the side effect and marking it done
+	defer span.End()
+	key := ev.EventID.String()
+
+	// Take the lease, waiting out another worker's (perhaps a dead one's).
+	var (
+		token int64
+		taken bool
+	)
+	for attempt, outages := 1, 0; ; {
+		var out *outcome
+		token, out, taken, err = c.lease(ctx, m, &ev)
+		var held *leaseHeldError
+		switch {
+		case errors.As(err, &held):
+			c.cfg.Logger.InfoContext(ctx, "inbox waits for another worker's lease", slog.String("consumer", c.cfg.Name),
+				slog.String("event_id", key), slog.Time("lease_until", held.until))
+			if err := wait(ctx, d.gen, time.Until(held.until)+10*time.Millisecond); err != nil {
+				return err
+			}
+			continue // waiting is not failing
+		case err == nil && out != nil:
+			c.db.ok(ctx, "")
+			counts[*out]++ // a duplicate or a stale event: settled without a side effect
+			return nil
+		case err == nil:
+			c.db.ok(ctx, "")
+		case ctx.Err() != nil:
+			return errAbandoned
+		case isOutage(err):
+			c.db.fail(ctx, "lease", err)
+			outages++
+			if err := wait(ctx, d.gen, retry.Backoff(outages, c.cfg.BackoffMin, c.cfg.BackoffMax)); err != nil {
+				return err
+			}
+			continue
+		case attempt >= c.cfg.MaxAttempts || isPermanent(err):
+			counts[deadLettered]++
+			return c.deadLetterLeased(ctx, d, &ev, err)
+		default:
+			if err := wait(ctx, d.gen, retry.Backoff(attempt, c.cfg.BackoffMin, c.cfg.BackoffMax)); err != nil {
+				return err
+			}
+			attempt++
+			continue
+		}
+		break
+	}
+	outcome, settled, err := c.underLease(ctx, d, ev, token, taken, &counts)
+	if err != nil || settled {
+		return err
+	}
+	return c.settleLeased(ctx, d, "marking done", func() error { return c.markDone(ctx, ev, token, outcome) })
+}
+
+// settleLeased runs one of the transactions that close a lease (markDone,
+// markUncertain). The side effect is behind it, so it is retried while the
+// database is unreachable; other failures are retried MaxAttempts times,
+// then logged, and the row stays leased for the reconciliation report.
+func (c *Consumer) settleLeased(ctx context.Context, d delivery, step string, f func() error) error {
+	for attempt, outages := 1, 0; ; {
+		err := f()
+		switch {
+		case err == nil:
+			c.db.ok(ctx, "")
+			return nil
+		case ctx.Err() != nil:
+			return errAbandoned
+		case isOutage(err):
+			c.db.fail(ctx, step, err)
+			outages++
+			if err := wait(ctx, d.gen, retry.Backoff(outages, c.cfg.BackoffMin, c.cfg.BackoffMax)); err != nil {
+				return err
+			}
+		case attempt >= c.cfg.MaxAttempts || isPermanent(err):
+			c.cfg.Logger.ErrorContext(ctx, "inbox could not settle a lease; its row stays leased for reconciliation",
+				slog.String("consumer", c.cfg.Name), slog.String("step", step), slog.Any("error", err))
+			return nil
+		default:
+			if err := wait(ctx, d.gen, retry.Backoff(attempt, c.cfg.BackoffMin, c.cfg.BackoffMax)); err != nil {
+				return err
+			}
+			attempt++
+		}
+	}
+}
+
+// deadLetterLeased dead-letters in a transaction of its own, waiting out
+// the database being unreachable.
+func (c *Consumer) deadLetterLeased(ctx context.Context, d delivery, ev *event.Envelope, reason error) error {
+	return c.settleLeased(ctx, d, "dead_letter", func() error { return c.deadLetterAlone(ctx, d.m, ev, reason) })
+}
+
+// lease claims the message. A non-nil outcome means it needs no side effect
+// (duplicate or stale); an error means another worker holds a live lease or
+// the database failed, and the caller retries.
+func (c *Consumer) lease(ctx context.Context, m kafka.Message, ev *event.Envelope) (token int64, out *outcome, taken bool, err error) {
+	err = pgx.BeginFunc(ctx, c.pool, func(tx pgx.Tx) error {
+		err := tx.QueryRow(ctx, claimLease, c.cfg.Name, ev.EventID, ev.EventType, ev.AggregateID, ev.AggregateVersion,
+			m.Topic, m.Partition, m.Offset, []byte(ev.Payload), c.cfg.LeaseOwner, c.cfg.LeaseTTL.Microseconds()).Scan(&token, &taken)
+		if errors.Is(err, pgx.ErrNoRows) {
+			var status string
+			var until *time.Time
+			if err := tx.QueryRow(ctx, leaseState, c.cfg.Name, ev.EventID).Scan(&status, &until); err != nil {
+				return dbErrors.Translate("reading a lease", err)
+			}
+			if status == "leased" && until != nil {
+				return &leaseHeldError{eventID: ev.EventID.String(), until: *until}
+			}
+			if err := c.checkPayloads(ctx, tx, *ev); err != nil {
+				return err
+			}
+			d := duplicate
+			out = &d
+			return nil
+		}
+		if err != nil {
+			return dbErrors.Translate("leasing", err)
+		}
+		if !taken && !c.cfg.DisableVersionGuard {
+			isStale, err := c.guardVersion(ctx, tx, ev)
+			if err != nil {
+				return err
+			}
+			if isStale {
+				s := stale
+				out = &s
+				return nil
+			}
+		}
+		return c.upcast(ev)
+	})
+	return token, out, taken, err
+}
+
+// leaseHeldError says another worker holds the message's lease until until.
+type leaseHeldError struct {
+	eventID string
+	until   time.Time
+}
+
+func (e *leaseHeldError) Error() string {
+	return fmt.Sprintf("event %s is leased to another worker until %s", e.eventID, e.until.Format(time.RFC3339Nano))
+}
+
+// markDone marks the leased row processed, if the lease is still ours, and
+// records the outcome with Done in the same transaction.
+func (c *Consumer) markDone(ctx context.Context, ev event.Envelope, token int64, outcome Outcome) error {
+	return pgx.BeginFunc(ctx, c.pool, func(tx pgx.Tx) error {
+		tag, err := tx.Exec(ctx, markLeaseDone, c.cfg.Name, ev.EventID, token)
+		if err != nil {
+			return dbErrors.Translate("marking a lease done", err)
+		}
+		if tag.RowsAffected() == 0 {
+			// Our lease expired and another worker took over; it settles the row.
+			c.leaseTakenOver(ctx, ev)
+			return nil
+		}
+		if c.effect.Done != nil {
+			return c.effect.Done(ctx, tx, ev, outcome)
+		}
+		return nil
+	})
+}
+
+func (c *Consumer) markUncertain(ctx context.Context, ev event.Envelope, token int64, cause error) error {
+	c.cfg.Metrics.uncertain.WithLabelValues(c.cfg.Name).Inc()
+	c.cfg.Logger.ErrorContext(ctx, "inbox cannot tell whether the side effect happened; marked uncertain for reconciliation",
+		slog.String("consumer", c.cfg.Name), slog.String("event_id", ev.EventID.String()), slog.Any("error", cause))
+	if _, err := c.pool.Exec(ctx, markLeaseUncertain, c.cfg.Name, ev.EventID, token, cause.Error()); err != nil {
+		return dbErrors.Translate("marking a lease uncertain", err)
+	}
+	return nil
+}
+
+// deadLetterAlone dead-letters outside a batch, in a transaction of its own.
+func (c *Consumer) deadLetterAlone(ctx context.Context, m kafka.Message, ev *event.Envelope, reason error) error {
+	return pgx.BeginFunc(ctx, c.pool, func(tx pgx.Tx) error { return c.deadLetter(ctx, tx, m, ev, reason) })
+}

@@ -1,0 +1,398 @@
+package inbox
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/segmentio/kafka-go"
+
+	"github.com/onceflow/onceflow/pkg/event"
+	"github.com/onceflow/onceflow/pkg/event/retry"
+	"github.com/onceflow/onceflow/pkg/platform/pgutil"
+)
+
+// processBatch handles batch in as few transactions as it can: one, unless
+// a message fails transiently; then what came before it commits, it is
+// retried alone with backoff, and the rest continues in a new transaction.
+// Every message of batch is finished (done or abandoned) when it returns.
+func (c *Consumer) processBatch(ctx context.Context, batch []delivery) (err error) {
+	defer func() {
+		for _, d := range batch {
+			d.gen.finish(d.m, false)
+		}
+	}()
+	for len(batch) > 0 {
+		n := c.tryBatch(ctx, batch)
+		if err := c.committed(ctx, batch[:n]); err != nil {
+			batch = batch[n:]
+			return err
+		}
+		batch = batch[n:]
+		if len(batch) == 0 {
+			return nil
+		}
+		if err := c.processAlone(ctx, batch[0]); err != nil {
+			if ctx.Err() != nil {
+				return err
+			}
+			// Its generation was dropped; the others may be of a newer one.
+			batch[0].gen.finish(batch[0].m, false)
+			batch = batch[1:]
+			continue
+		}
+		err := c.committed(ctx, batch[:1])
+		batch = batch[1:]
+		if err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func messages(batch []delivery) []kafka.Message {
+	ms := make([]kafka.Message, len(batch))
+	for i, d := range batch {
+		ms[i] = d.m
+	}
+	return ms
+}
+
+// tryBatch handles batch in one transaction. It first tries the fast path
+// (fastBatch); when that cannot settle the whole batch, it handles the batch
+// again with a savepoint per message, and returns how many messages it
+// settled (handled, skipped or dead-lettered) before the first one that
+// failed transiently; those are committed. When the database cannot be
+// reached it settles none, and processAlone waits the outage out.
+func (c *Consumer) tryBatch(ctx context.Context, batch []delivery) int {
+	ms := messages(batch)
+	if len(ms) > 1 && c.fastBatch(ctx, ms) {
+		c.db.ok(ctx, "")
+		return len(ms)
+	}
+	start := time.Now()
+	tx, err := c.pool.Begin(ctx)
+	if err != nil {
+		if ctx.Err() == nil {
+			c.db.fail(ctx, "begin", err)
+		}
+		return 0
+	}
+	defer tx.Rollback(context.Background()) //nolint:errcheck // no-op after commit
+	var counts [4]int
+	n := 0
+	for _, m := range ms {
+		out, err := c.settle(ctx, tx, m, 1)
+		if err != nil {
+			break // transient: commit what came before, retry this one alone
+		}
+		counts[out]++
+		n++
+	}
+	if err := tx.Commit(ctx); err != nil {
+		if pgutil.IsUnavailable(err) {
+			c.db.fail(ctx, "commit", err)
+		} else if ctx.Err() == nil {
+			c.cfg.Logger.WarnContext(ctx, "inbox batch commit failed; retrying its messages one by one",
+				slog.String("consumer", c.cfg.Name), slog.Any("error", err))
+		}
+		return 0
+	}
+	c.db.ok(ctx, "")
+	c.cfg.Metrics.record(c.cfg.Name, counts, n, time.Since(start))
+	return n
+}
+
+// processAlone retries one failing message in its own transactions with
+// backoff. Failures of the message (its handler, its commit) count toward
+// MaxAttempts, after which it is dead-lettered; the database being
+// unreachable does not count and is waited out with capped backoff. It
+// returns errAbandoned when ctx ends or the message's generation is dropped.
+func (c *Consumer) processAlone(ctx context.Context, d delivery) error {
+	attempt, outages := 1, 0 // the batch was attempt 1
+	var lastErr error
+	for {
+		delay := retry.Backoff(attempt, c.cfg.BackoffMin, c.cfg.BackoffMax)
+		if outages > 0 {
+			delay = retry.Backoff(outages, c.cfg.BackoffMin, c.cfg.BackoffMax)
+		}
+		if err := wait(ctx, d.gen, delay); err != nil {
+			return err
+		}
+		if attempt >= c.cfg.MaxAttempts && lastErr != nil {
+			// The last allowed attempt failed outside the handler (its
+			// commit): dead-letter without running it again.
+			err := c.deadLetterAlone(ctx, d.m, nil, fmt.Errorf("gave up after %d attempts: %w", attempt, lastErr))
+			switch {
+			case err == nil:
+				return nil
+			case ctx.Err() != nil:
+				return errAbandoned
+			case isOutage(err):
+				c.db.fail(ctx, "dead_letter", err)
+				outages++
+				continue
+			}
+			// The dead letter is published; only its empty transaction
+			// failed. Moving on is all that is left to do.
+			c.cfg.Logger.ErrorContext(ctx, "inbox dead-lettered a message but could not commit afterwards; moving on",
+				slog.String("consumer", c.cfg.Name), slog.Any("error", err))
+			return nil
+		}
+		start := time.Now()
+		tx, err := c.pool.Begin(ctx)
+		if err != nil {
+			if ctx.Err() != nil {
+				return errAbandoned
+			}
+			c.db.fail(ctx, "begin", err)
+			outages++
+			continue
+		}
+		out, err := c.settle(ctx, tx, d.m, attempt+1)
+		op := "handle"
+		if err == nil {
+			op = "commit"
+			err = tx.Commit(ctx)
+		}
+		if err == nil {
+			c.db.ok(ctx, "")
+			var counts [4]int
+			counts[out]++
+			c.cfg.Metrics.record(c.cfg.Name, counts, 1, time.Since(start))
+			return nil
+		}
+		_ = tx.Rollback(context.Background())
+		switch {
+		case ctx.Err() != nil:
+			return errAbandoned
+		case isOutage(err):
+			c.db.fail(ctx, op, err)
+			outages++
+		default:
+			c.db.ok(ctx, "")
+			outages = 0
+			attempt++
+			if op == "commit" {
+				lastErr = err
+				c.cfg.Metrics.failures.WithLabelValues(c.cfg.Name).Inc()
+				c.cfg.Logger.WarnContext(ctx, "inbox could not commit a message's transaction; retrying",
+					slog.String("consumer", c.cfg.Name), slog.String("topic", d.m.Topic), slog.Int("partition", d.m.Partition),
+					slog.Int64("offset", d.m.Offset), slog.Int("attempt", attempt), slog.Any("error", err))
+			} else {
+				lastErr = nil // settle logged and counted the handler's failure
+			}
+		}
+	}
+}
+
+// fastBatch settles a whole batch in one transaction with set-based inbox
+// work: one INSERT for every message's inbox row, one locked read and one
+// upsert for the version guard, then the handlers one after another without
+// savepoints. It is all or nothing: if any message is undecodable, needs an
+// upcaster that fails, finds a version gap under GapRetry, or its handler
+// fails, the transaction is rolled back and fastBatch returns false, and the
+// caller takes the savepoint path, which settles each message on its own
+// (retry, dead letter). Handlers run in a transaction that may roll back, as
+// they always may.
+func (c *Consumer) fastBatch(ctx context.Context, batch []kafka.Message) bool {
+	start := time.Now()
+	evs := make([]event.Envelope, len(batch))
+	for i, m := range batch {
+		ev, err := event.FromKafka(m)
+		if err != nil {
+			return false
+		}
+		evs[i] = ev
+	}
+	tx, err := c.pool.Begin(ctx)
+	if err != nil {
+		return false
+	}
+	defer tx.Rollback(context.Background()) //nolint:errcheck // no-op after commit
+
+	fresh, err := c.insertBatch(ctx, tx, batch, evs)
+	if err != nil {
+		c.fastPathFailed(ctx, "recording in inbox", err)
+		return false
+	}
+	outs := make([]outcome, len(batch))
+	seen := make(map[uuid.UUID]bool, len(batch))
+	var dups []event.Envelope
+	for i, ev := range evs {
+		if !fresh[ev.EventID] || seen[ev.EventID] {
+			outs[i] = duplicate
+			dups = append(dups, ev)
+		}
+		seen[ev.EventID] = true
+	}
+	if err := c.checkPayloads(ctx, tx, dups...); err != nil {
+		c.fastPathFailed(ctx, "comparing duplicates' payloads", err)
+		return false
+	}
+	var notes []func()
+	if !c.cfg.DisableVersionGuard {
+		if notes, err = c.guardBatch(ctx, tx, evs, outs); err != nil {
+			c.fastPathFailed(ctx, "checking aggregate versions", err)
+			return false
+		}
+	}
+	var counts [4]int
+	for i := range evs {
+		counts[outs[i]]++
+		if outs[i] != processed {
+			continue
+		}
+		c.cfg.Metrics.observeHop(c.cfg.Name, evs[i].OccurredAt)
+		if err := c.invoke(ctx, tx, batch[i], &evs[i]); err != nil {
+			c.fastPathFailed(ctx, "handling "+evs[i].EventID.String(), err)
+			return false
+		}
+	}
+	if err := tx.Commit(ctx); err != nil {
+		c.fastPathFailed(ctx, "committing", err)
+		return false
+	}
+	for _, note := range notes {
+		note()
+	}
+	if counts[duplicate] > 0 {
+		c.cfg.Logger.DebugContext(ctx, "inbox duplicates", slog.String("consumer", c.cfg.Name), slog.Int("count", counts[duplicate]))
+	}
+	c.cfg.Metrics.record(c.cfg.Name, counts, len(batch), time.Since(start))
+	return true
+}
+
+func (c *Consumer) fastPathFailed(ctx context.Context, step string, err error) {
+	c.cfg.Logger.DebugContext(ctx, "inbox batch falls back to one savepoint per message",
+		slog.String("consumer", c.cfg.Name), slog.String("step", step), slog.Any("error", err))
+}
+
+const insertProcessedBatch = `
+INSERT INTO inbox_messages (consumer, message_id, event_type, aggregate_id, aggregate_version,
+                            topic, kafka_partition, kafka_offset, status, payload_hash, processed_at)
+SELECT $1, m.id, m.event_type, m.aggregate_id, m.aggregate_version, m.topic, m.kafka_partition,
+       m.kafka_offset, 'processed', sha256(m.payload), now()
+FROM unnest($2::uuid[], $3::text[], $4::text[], $5::bigint[], $6::text[], $7::int[], $8::bigint[], $9::bytea[])
+     AS m(id, event_type, aggregate_id, aggregate_version, topic, kafka_partition, kafka_offset, payload)
+ON CONFLICT (consumer, message_id) DO NOTHING
+RETURNING message_id`
+
+// insertBatch records every message in the inbox in one statement and
+// returns the ids that were new (a redelivered id finds its row and is not
+// returned; within the batch, the first occurrence is the one inserted).
+func (c *Consumer) insertBatch(ctx context.Context, tx pgx.Tx, batch []kafka.Message, evs []event.Envelope) (map[uuid.UUID]bool, error) {
+	n := len(batch)
+	// [16]byte, not uuid.UUID: pgx encodes and decodes it natively instead of
+	// through driver.Valuer, sql.Scanner and text.
+	ids, types, aggs, versions := make([][16]byte, n), make([]string, n), make([]string, n), make([]int64, n)
+	topics, partitions, offsets, payloads := make([]string, n), make([]int32, n), make([]int64, n), make([][]byte, n)
+	for i, m := range batch {
+		ev := evs[i]
+		ids[i], types[i], aggs[i], versions[i] = ev.EventID, ev.EventType, ev.AggregateID, ev.AggregateVersion
+		topics[i], partitions[i], offsets[i], payloads[i] = m.Topic, int32(m.Partition), m.Offset, []byte(ev.Payload)
+	}
+	rows, err := tx.Query(ctx, insertProcessedBatch, c.cfg.Name, ids, types, aggs, versions, topics, partitions, offsets, payloads)
+	if err != nil {
+		return nil, err
+	}
+	inserted, err := pgx.CollectRows(rows, pgx.RowTo[[16]byte])
+	if err != nil {
+		return nil, err
+	}
+	fresh := make(map[uuid.UUID]bool, len(inserted))
+	for _, id := range inserted {
+		fresh[uuid.UUID(id)] = true
+	}
+	return fresh, nil
+}
+
+const insertProcessed = `
+INSERT INTO inbox_messages (consumer, message_id, event_type, aggregate_id, aggregate_version,
+                            topic, kafka_partition, kafka_offset, status, payload_hash, processed_at)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8, 'processed', sha256($9), now())
+ON CONFLICT (consumer, message_id) DO NOTHING`
+
+// settle decides one message inside tx: handled, duplicate, stale, or
+// dead-lettered. It returns an error only for a transient failure (the
+// savepoint is rolled back and the caller retries); attempt counts the
+// tries so far, and the last allowed one dead-letters instead. A failure
+// because the database is unreachable is never the message's: it is
+// returned for the caller to wait out, whatever the attempt.
+func (c *Consumer) settle(ctx context.Context, tx pgx.Tx, m kafka.Message, attempt int) (outcome, error) {
+	ev, err := event.FromKafka(m)
+	if err != nil {
+		return deadLettered, c.deadLetter(ctx, tx, m, nil, err)
+	}
+	sp, err := tx.Begin(ctx) // a savepoint
+	if err != nil {
+		return 0, err
+	}
+	out, err := c.apply(ctx, sp, m, &ev, attempt)
+	if err == nil {
+		if err := sp.Commit(ctx); err != nil {
+			return 0, err
+		}
+		return out, nil
+	}
+	if rbErr := sp.Rollback(ctx); rbErr != nil {
+		return 0, rbErr
+	}
+	if ctx.Err() != nil || isOutage(err) {
+		return 0, err
+	}
+	c.cfg.Metrics.failures.WithLabelValues(c.cfg.Name).Inc()
+	permanent := isPermanent(err)
+	if !permanent && attempt < c.cfg.MaxAttempts {
+		c.cfg.Logger.WarnContext(ctx, "inbox handler failed; retrying",
+			slog.String("consumer", c.cfg.Name), slog.String("event_id", ev.EventID.String()),
+			slog.String("event_type", ev.EventType), slog.Int("attempt", attempt), slog.Any("error", err))
+		return 0, err
+	}
+	if !permanent {
+		err = fmt.Errorf("gave up after %d attempts: %w", attempt, err)
+	}
+	return deadLettered, c.deadLetter(ctx, tx, m, &ev, err)
+}
+
+// apply is the inbox insert, the version guard, the upcasters and the
+// handler, all in tx; the first attempt records the hop (inbox_hop_seconds).
+func (c *Consumer) apply(ctx context.Context, tx pgx.Tx, m kafka.Message, ev *event.Envelope, attempt int) (outcome, error) {
+	tag, err := tx.Exec(ctx, insertProcessed, c.cfg.Name, ev.EventID, ev.EventType, ev.AggregateID,
+		ev.AggregateVersion, m.Topic, m.Partition, m.Offset, []byte(ev.Payload))
+	if err != nil {
+		return 0, dbErrors.Translate("recording in inbox", err)
+	}
+	if tag.RowsAffected() == 0 {
+		c.cfg.Logger.DebugContext(ctx, "inbox duplicate", slog.String("consumer", c.cfg.Name),
+			slog.String("event_id", ev.EventID.String()), slog.String("event_type", ev.EventType))
+		if err := c.checkPayloads(ctx, tx, *ev); err != nil {
+			return 0, err
+		}
+		return duplicate, nil
+	}
+	if !c.cfg.DisableVersionGuard {
+		isStale, err := c.guardVersion(ctx, tx, ev)
+		if err != nil || isStale {
+			return stale, err
+		}
+	}
+	if attempt == 1 {
+		c.cfg.Metrics.observeHop(c.cfg.Name, ev.OccurredAt)
+	}
+	if err := c.invoke(ctx, tx, m, ev); err != nil {
+		return 0, err
+	}
+	return processed, nil
+}
+
+// invoke upcasts ev and runs the handler in tx, in m's consumer span.
+func (c *Consumer) invoke(ctx context.Context, tx pgx.Tx, m kafka.Message, ev *event.Envelope) error {
+	if err := c.upcast(ev); err != nil {
+		return err
+	}
+	return c.handleTraced(ctx, tx, m, *ev)
+}

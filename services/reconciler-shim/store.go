@@ -1,0 +1,90 @@
+package shim
+
+import (
+	"context"
+	"errors"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+
+	"github.com/onceflow/onceflow/pkg/platform/pgutil"
+)
+
+// The store's named errors. The code above the store matches these with
+// errors.Is and never sees pgx's errors or a SQLSTATE; the driver's error
+// stays in the chain behind the name, for the log and for the inbox, whose
+// outage and poison checks (pgutil.IsUnavailable, pgutil.IsPermanent) read
+// it. The shim has no API of its own, so none of them is an apperr.
+var (
+	// ErrNotFound: no forward is recorded for that event.
+	ErrNotFound = errors.New("no such forward")
+	// ErrDuplicate: a forward of that event is recorded already (SQLSTATE
+	// 23505 on event_id): another delivery of it committed first.
+	ErrDuplicate = errors.New("forward already recorded")
+	// ErrUnavailable: the database cannot be reached or cannot serve now
+	// (pgutil.IsUnavailable); the inbox waits the outage out.
+	ErrUnavailable = errors.New("the shim database is unavailable")
+	// ErrInvalidData: Postgres refused a value (pgutil.IsPermanent); the
+	// inbox dead-letters the event.
+	ErrInvalidData = errors.New("the database refused a value")
+)
+
+var storeErrors = pgutil.StoreErrors{NotFound: ErrNotFound, Duplicate: ErrDuplicate, Unavailable: ErrUnavailable, Invalid: ErrInvalidData}
+
+// The SQL the shim runs on its own table; the inbox's tables are the
+// inbox's business.
+const (
+	sqlInsertForward = `
+		INSERT INTO forwards (event_id, event_type, order_id, kind, outcome)
+		VALUES ($1, $2, $3, $4, $5)`
+	sqlSelectForward = `
+		SELECT event_id, event_type, order_id, kind, outcome, forwarded_at
+		FROM forwards WHERE event_id = $1`
+	sqlCountForwards = `SELECT count(*) FROM forwards`
+)
+
+// Forward is the shim's record of one payment event it forwarded to the
+// third party. Its field order is the column order of sqlSelectForward.
+type Forward struct {
+	EventID   uuid.UUID
+	EventType string
+	OrderID   uuid.UUID
+	// Kind is thirdparty.KindCapture or thirdparty.KindRefund.
+	Kind string
+	// Outcome is inbox.Sent (this delivery made the call) or
+	// inbox.AlreadyPresent (an earlier one had).
+	Outcome string
+	// ForwardedAt is set by the database when the forward is recorded.
+	ForwardedAt time.Time
+}
+
+// DB is what the reads run on: a *pgxpool.Pool, a pgx.Tx or a *pgx.Conn.
+type DB interface {
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+}
+
+// InsertForward records f in tx, the inbox's transaction that marks the
+// message done. ErrDuplicate: f's event is recorded already.
+func InsertForward(ctx context.Context, tx pgx.Tx, f Forward) error {
+	_, err := tx.Exec(ctx, sqlInsertForward, f.EventID, f.EventType, f.OrderID, f.Kind, f.Outcome)
+	return storeErrors.Translate("recording forward", err)
+}
+
+// ReadForward returns the forward of eventID, or ErrNotFound.
+func ReadForward(ctx context.Context, db DB, eventID uuid.UUID) (Forward, error) {
+	rows, err := db.Query(ctx, sqlSelectForward, eventID)
+	if err != nil {
+		return Forward{}, storeErrors.Translate("reading forward", err)
+	}
+	f, err := pgx.CollectExactlyOneRow(rows, pgx.RowToStructByPos[Forward])
+	return f, storeErrors.Translate("reading forward", err)
+}
+
+// CountForwards returns how many forwards are recorded.
+func CountForwards(ctx context.Context, db DB) (int, error) {
+	var n int
+	err := db.QueryRow(ctx, sqlCountForwards).Scan(&n)
+	return n, storeErrors.Translate("counting forwards", err)
+}
