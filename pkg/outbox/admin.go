@@ -7,6 +7,8 @@ import (
 	"fmt"
 	"log/slog"
 	"slices"
+	"strconv"
+	"strings"
 	"time"
 
 	"github.com/google/uuid"
@@ -80,7 +82,7 @@ func ListDead(ctx context.Context, db DB, limit int) ([]DeadEvent, error) {
 	}
 	rows, err := db.Query(ctx, listDead, limit)
 	if err != nil {
-		return nil, fmt.Errorf("outbox: listing dead events: %w", err)
+		return nil, storeErr("listing dead events", err)
 	}
 	dead, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (DeadEvent, error) {
 		var d DeadEvent
@@ -89,7 +91,7 @@ func ListDead(ctx context.Context, db DB, limit int) ([]DeadEvent, error) {
 		return d, err
 	})
 	if err != nil {
-		return nil, fmt.Errorf("outbox: reading dead events: %w", err)
+		return nil, storeErr("reading dead events", err)
 	}
 	return dead, nil
 }
@@ -103,8 +105,18 @@ UPDATE outbox_events
 SET state = 'pending', attempts = 0, next_attempt_at = '-infinity',
     last_error = 'requeued: ' || coalesce(last_error, '')`
 
-const requeueIDs = requeueSet + `
-WHERE id = ANY($1) AND state = 'dead'`
+// requeueIDs requeues the dead rows among the ids, unless an id names no
+// row at all: then it changes nothing and returns the unknown ids, so that
+// a mistyped id is reported rather than quietly skipped. Rows that exist
+// but are not dead are skipped, so a requeue can be repeated safely.
+const requeueIDs = `
+WITH wanted AS (SELECT DISTINCT unnest($1::bigint[]) AS id),
+unknown AS (
+    SELECT w.id FROM wanted w WHERE NOT EXISTS (SELECT 1 FROM outbox_events o WHERE o.id = w.id)),
+requeued AS (` + requeueSet + `
+    WHERE id IN (SELECT id FROM wanted) AND state = 'dead' AND NOT EXISTS (SELECT 1 FROM unknown)
+    RETURNING id)
+SELECT (SELECT count(*) FROM requeued), coalesce((SELECT array_agg(id ORDER BY id) FROM unknown), '{}')`
 
 // requeueDead picks the rows in a MATERIALIZED CTE, run exactly once: as a
 // subquery in the WHERE clause, a LIMIT … FOR UPDATE may be re-run for each
@@ -123,8 +135,10 @@ WHERE id IN (SELECT id FROM chosen)`
 
 // Requeue sets the dead rows among ids back to pending with a fresh budget
 // of attempts (see requeueSet for what happens to last_error) and returns
-// how many it requeued. Ids of rows that are not dead, or do not exist, are
-// ignored: requeuing is safe to repeat.
+// how many it requeued. Ids of rows that are not dead are ignored, so
+// requeuing is safe to repeat. If an id names no row (mistyped, or pruned
+// since), it requeues nothing and returns an error wrapping ErrNotFound
+// that lists the unknown ids.
 //
 // While a row is dead the relay holds back the later events of its
 // aggregate (see the package documentation); requeuing it releases them, to
@@ -133,11 +147,34 @@ func Requeue(ctx context.Context, db DB, ids ...int64) (int, error) {
 	if len(ids) == 0 {
 		return 0, nil
 	}
-	tag, err := db.Exec(ctx, requeueIDs, ids)
-	if err != nil {
-		return 0, fmt.Errorf("outbox: requeuing %d ids: %w", len(ids), err)
+	var (
+		n       int
+		unknown []int64
+	)
+	rows, err := db.Query(ctx, requeueIDs, ids)
+	if err == nil {
+		_, err = pgx.ForEachRow(rows, []any{&n, &unknown}, func() error { return nil })
 	}
-	return wake(ctx, db, int(tag.RowsAffected())), nil
+	if err != nil {
+		return 0, storeErr(fmt.Sprintf("requeuing %d ids", len(ids)), err)
+	}
+	if len(unknown) > 0 {
+		return 0, fmt.Errorf("%w: no outbox row has id %s (nothing was requeued; pruned rows are gone)", ErrNotFound, listIDs(unknown))
+	}
+	return wake(ctx, db, n), nil
+}
+
+// listIDs spells ids for an error message, the first ten of them.
+func listIDs(ids []int64) string {
+	const most = 10
+	s := make([]string, 0, most+1)
+	for _, id := range ids[:min(len(ids), most)] {
+		s = append(s, strconv.FormatInt(id, 10))
+	}
+	if len(ids) > most {
+		s = append(s, fmt.Sprintf("and %d more", len(ids)-most))
+	}
+	return strings.Join(s, ", ")
 }
 
 // wake tells the relays that n rows became due, so they need not wait for
@@ -168,7 +205,7 @@ func RequeueDead(ctx context.Context, db DB, f DeadFilter) (int, error) {
 	}
 	tag, err := db.Exec(ctx, requeueDead, f.AggregateType, f.AggregateID, limit)
 	if err != nil {
-		return 0, fmt.Errorf("outbox: requeuing dead events: %w", err)
+		return 0, storeErr("requeuing dead events", err)
 	}
 	return wake(ctx, db, int(tag.RowsAffected())), nil
 }
@@ -264,7 +301,7 @@ func Prune(ctx context.Context, db DB, cfg PruneConfig) (int, error) {
 	for {
 		tag, err := db.Exec(ctx, stmt, cfg.Retention.Microseconds(), cfg.BatchSize)
 		if err != nil {
-			return total, fmt.Errorf("outbox: pruning published events: %w", err)
+			return total, storeErr("pruning published events", err)
 		}
 		n := int(tag.RowsAffected())
 		total += n
@@ -425,13 +462,13 @@ func Replay(ctx context.Context, db DB, f ReplayFilter, dryRun bool) ([]ReplayIt
 
 	tx, err := db.Begin(ctx)
 	if err != nil {
-		return nil, fmt.Errorf("outbox: beginning replay: %w", err)
+		return nil, storeErr("beginning replay", err)
 	}
 	defer tx.Rollback(context.Background()) //nolint:errcheck // no-op after commit
 
 	var n int
 	if err := tx.QueryRow(ctx, replayCount, args...).Scan(&n); err != nil {
-		return nil, fmt.Errorf("outbox: counting replay scope: %w", err)
+		return nil, storeErr("counting replay scope", err)
 	}
 	if n > MaxReplay {
 		return nil, replayTooLarge(n)
@@ -442,7 +479,7 @@ func Replay(ctx context.Context, db DB, f ReplayFilter, dryRun bool) ([]ReplayIt
 	}
 	rows, err := tx.Query(ctx, stmt, args...)
 	if err != nil {
-		return nil, fmt.Errorf("outbox: replaying %s events: %w", f.AggregateType, err)
+		return nil, storeErr("replaying "+f.AggregateType+" events", err)
 	}
 	items, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (ReplayItem, error) {
 		var it ReplayItem
@@ -450,7 +487,7 @@ func Replay(ctx context.Context, db DB, f ReplayFilter, dryRun bool) ([]ReplayIt
 		return it, err
 	})
 	if err != nil {
-		return nil, fmt.Errorf("outbox: reading replayed events: %w", err)
+		return nil, storeErr("reading replayed events", err)
 	}
 	if dryRun {
 		return items, nil // the deferred rollback ends the read-only transaction
@@ -461,7 +498,7 @@ func Replay(ctx context.Context, db DB, f ReplayFilter, dryRun bool) ([]ReplayIt
 	}
 	wake(ctx, tx, len(items)) // delivered when the replay commits
 	if err := tx.Commit(ctx); err != nil {
-		return nil, fmt.Errorf("outbox: committing replay: %w", err)
+		return nil, storeErr("committing replay", err)
 	}
 	// UPDATE … RETURNING has no order.
 	slices.SortFunc(items, func(a, b ReplayItem) int { return cmp.Compare(a.ID, b.ID) })

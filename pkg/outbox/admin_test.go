@@ -533,8 +533,8 @@ func TestRequeueMovesOnlyDeadRowsBackToPending(t *testing.T) {
 		want []int // indexes into seedDeadScenario
 	}{
 		{"dead rows", func(s []seeded) []int64 { return idsOf(s, 0, 1) }, []int{0, 1}},
-		{"pending, published and unknown ids are ignored",
-			func(s []seeded) []int64 { return append(idsOf(s, 0, 2, 3), 999_999) }, []int{0}},
+		{"pending and published ids are ignored",
+			func(s []seeded) []int64 { return idsOf(s, 0, 2, 3) }, []int{0}},
 		{"only rows that are not dead", func(s []seeded) []int64 { return idsOf(s, 2, 3) }, nil},
 		{"an id given twice counts once", func(s []seeded) []int64 { return idsOf(s, 4, 4) }, []int{4}},
 		{"no ids", func([]seeded) []int64 { return nil }, nil},
@@ -559,6 +559,28 @@ func TestRequeueMovesOnlyDeadRowsBackToPending(t *testing.T) {
 				t.Fatalf("requeuing again: n=%d err=%v, want 0: the rows are no longer dead", n, err)
 			}
 		})
+	}
+}
+
+// An id that names no row is reported, not skipped: the operator mistyped
+// it, or the row was pruned, and a requeue that quietly did less than asked
+// would hide that. Nothing is requeued then, so the corrected call does it
+// all.
+func TestRequeueOfAnUnknownIDIsNotFoundAndRequeuesNothing(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := adminDB(t)
+	s := seedDeadScenario(t, pool)
+	untouched := snapshot(t, pool, "outbox_events", "true")
+	n, err := outbox.Requeue(ctx, pool, append(idsOf(s, 0, 1), 999_999, 999_998)...)
+	if !errors.Is(err, outbox.ErrNotFound) || n != 0 {
+		t.Fatalf("Requeue with unknown ids: n=%d err=%v, want 0 and ErrNotFound", n, err)
+	}
+	if !strings.Contains(err.Error(), "999998, 999999") {
+		t.Errorf("the error %q does not name the unknown ids", err)
+	}
+	if after := snapshot(t, pool, "outbox_events", "true"); after != untouched {
+		t.Fatalf("a refused requeue changed rows:\nbefore %s\n after %s", untouched, after)
 	}
 }
 

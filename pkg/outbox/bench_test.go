@@ -502,6 +502,39 @@ func (p *benchPhases) TraceQueryEnd(ctx context.Context, _ *pgx.Conn, _ pgx.Trac
 	}
 }
 
+// TraceBatchStart, TraceBatchQuery and TraceBatchEnd time the relay's
+// pipelines (pgx.Batch) as one phase each, named after the most telling
+// statement in it: a pipeline that claims is "claim", one that marks rows
+// published is "mark", one that only commits is "commit".
+func (p *benchPhases) TraceBatchStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceBatchStartData) context.Context {
+	return context.WithValue(ctx, benchTraceKey{}, &benchBatchTrace{at: time.Now()})
+}
+
+func (p *benchPhases) TraceBatchQuery(ctx context.Context, _ *pgx.Conn, data pgx.TraceBatchQueryData) {
+	if t, ok := ctx.Value(benchTraceKey{}).(*benchBatchTrace); ok {
+		t.kinds = append(t.kinds, benchSQLKind(data.SQL))
+	}
+}
+
+func (p *benchPhases) TraceBatchEnd(ctx context.Context, _ *pgx.Conn, _ pgx.TraceBatchEndData) {
+	t, ok := ctx.Value(benchTraceKey{}).(*benchBatchTrace)
+	if !ok {
+		return
+	}
+	for _, kind := range []string{"claim", "mark", "commit"} {
+		if slices.Contains(t.kinds, kind) {
+			p.record(kind, time.Since(t.at))
+			return
+		}
+	}
+	p.record("other", time.Since(t.at))
+}
+
+type benchBatchTrace struct {
+	at    time.Time
+	kinds []string
+}
+
 // benchSQLKind names the relay's statements by their text (relay.go); one
 // that changes shape shows up as "other" and its phase reads 0.
 func benchSQLKind(sql string) string {

@@ -13,7 +13,6 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pglogrepl"
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgproto3"
 	"github.com/jackc/pgx/v5/pgtype"
@@ -324,7 +323,7 @@ FROM pg_replication_slots WHERE slot_name = $1`
 func (r *CDCRelay) refreshLag(ctx context.Context) error {
 	var lag int64
 	err := r.pool.QueryRow(ctx, slotLag, r.cfg.Slot).Scan(&lag)
-	if errors.Is(err, pgx.ErrNoRows) {
+	if isNoRows(err) {
 		lag, err = 0, nil // no slot yet: nothing retained
 	}
 	if err != nil {
@@ -357,6 +356,8 @@ func (r *CDCRelay) deleteConfirmed(ctx context.Context) error {
 	return nil
 }
 
+const publicationExists = `SELECT EXISTS (SELECT 1 FROM pg_publication WHERE pubname = $1)`
+
 // createPublication is migration 0005's publication, for when the
 // migrating role could not create it.
 const createPublication = `CREATE PUBLICATION ` + Publication + ` FOR TABLE outbox_events WITH (publish = 'insert')`
@@ -366,15 +367,14 @@ const createPublication = `CREATE PUBLICATION ` + Publication + ` FOR TABLE outb
 // database); a walsender in database mode runs plain SQL too.
 func (r *CDCRelay) ensurePublication(ctx context.Context, conn *pgconn.PgConn) error {
 	var exists bool
-	if err := r.pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_publication WHERE pubname = $1)`, Publication).Scan(&exists); err != nil {
+	if err := r.pool.QueryRow(ctx, publicationExists, Publication).Scan(&exists); err != nil {
 		return fmt.Errorf("looking for the publication: %w", err)
 	}
 	if exists {
 		return nil
 	}
 	_, err := conn.Exec(ctx, createPublication).ReadAll()
-	var pgErr *pgconn.PgError
-	if errors.As(err, &pgErr) && pgErr.Code == "42710" {
+	if isDuplicateObject(err) {
 		return nil // another relay just created it
 	}
 	if err != nil {
@@ -397,6 +397,12 @@ INSERT INTO outbox_cdc_slots (slot_name, created_at, confirmed_lsn, confirmed_at
 VALUES ($1, now(), $2::pg_lsn, now(), 0)
 ON CONFLICT (slot_name) DO UPDATE SET created_at = now(), confirmed_lsn = $2::pg_lsn, confirmed_at = now()`
 
+// recordHandMadeSlot records a slot the relay did not create.
+const recordHandMadeSlot = `
+INSERT INTO outbox_cdc_slots (slot_name, confirmed_lsn)
+SELECT slot_name, confirmed_flush_lsn FROM pg_replication_slots WHERE slot_name = $1
+ON CONFLICT DO NOTHING`
+
 const recordConfirmed = `
 UPDATE outbox_cdc_slots SET confirmed_lsn = $2::pg_lsn, confirmed_at = now(), confirmed_id = greatest(confirmed_id, $3)
 WHERE slot_name = $1`
@@ -415,9 +421,7 @@ func (r *CDCRelay) ensureSlot(ctx context.Context, conn *pgconn.PgConn) error {
 		if lastLSN == nil {
 			// A slot made by hand: record it, so that losing it later is
 			// noticed.
-			if _, err := r.pool.Exec(ctx, `INSERT INTO outbox_cdc_slots (slot_name, confirmed_lsn)
-				SELECT slot_name, confirmed_flush_lsn FROM pg_replication_slots WHERE slot_name = $1
-				ON CONFLICT DO NOTHING`, r.cfg.Slot); err != nil {
+			if _, err := r.pool.Exec(ctx, recordHandMadeSlot, r.cfg.Slot); err != nil {
 				return fmt.Errorf("recording the slot: %w", err)
 			}
 		}
@@ -462,8 +466,7 @@ func (r *CDCRelay) ensureSlot(ctx context.Context, conn *pgconn.PgConn) error {
 // just created it" (42710) into errSlotBusy, which a standby retries
 // quietly.
 func slotErr(what string, err error) error {
-	var pgErr *pgconn.PgError
-	if errors.As(err, &pgErr) && (pgErr.Code == "55006" || pgErr.Code == "42710") {
+	if isObjectInUse(err) || isDuplicateObject(err) {
 		return fmt.Errorf("%s: %w (%w)", what, errSlotBusy, err)
 	}
 	return fmt.Errorf("%s: %w", what, err)
@@ -503,6 +506,9 @@ type streamer struct {
 	nextStatus  time.Time
 }
 
+// slotConfirmed is where the slot's stream resumes.
+const slotConfirmed = `SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = $1`
+
 func (r *CDCRelay) streamOnce(ctx context.Context) error {
 	conn, err := pgconn.ConnectConfig(ctx, r.replConf)
 	if err != nil {
@@ -519,7 +525,7 @@ func (r *CDCRelay) streamOnce(ctx context.Context) error {
 	}
 	var start pglogrepl.LSN
 	var lsnText string
-	if err := r.pool.QueryRow(ctx, `SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = $1`, r.cfg.Slot).Scan(&lsnText); err != nil {
+	if err := r.pool.QueryRow(ctx, slotConfirmed, r.cfg.Slot).Scan(&lsnText); err != nil {
 		return fmt.Errorf("reading the slot's confirmed position: %w", err)
 	}
 	if start, err = pglogrepl.ParseLSN(lsnText); err != nil {
@@ -681,7 +687,7 @@ func (s *streamer) run(ctx context.Context) error {
 		}
 		switch m := raw.(type) {
 		case *pgproto3.ErrorResponse:
-			return fmt.Errorf("replication stream: %w", pgconn.ErrorResponseToPgError(m))
+			return fmt.Errorf("replication stream: %w", serverError(m))
 		case *pgproto3.CopyData:
 			if err := s.handle(ctx, m.Data); err != nil {
 				return err

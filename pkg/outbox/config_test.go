@@ -26,6 +26,7 @@ func TestRelayConfigValidate(t *testing.T) {
 		{"negative poll interval", outbox.RelayConfig{PollInterval: -time.Second}, "PollInterval is negative (-1s)"},
 		{"negative max attempts", outbox.RelayConfig{MaxAttempts: -3}, "MaxAttempts is negative"},
 		{"negative outage backoff", outbox.RelayConfig{OutageBackoffMax: -1}, "OutageBackoffMax is negative"},
+		{"negative linger", outbox.RelayConfig{Linger: -time.Millisecond}, "Linger is negative (-1ms)"},
 		{"TTL equal to the heartbeat", outbox.RelayConfig{RebalanceInterval: time.Second, RelayTTL: time.Second}, "RelayTTL (1s) must exceed RebalanceInterval (1s)"},
 		{"TTL below the default heartbeat", outbox.RelayConfig{RelayTTL: time.Second}, "must exceed RebalanceInterval (2s)"},
 		{"backoff bounds crossed", outbox.RelayConfig{BackoffMin: 2 * time.Minute}, "BackoffMin (2m0s) exceeds BackoffMax (1m0s)"},

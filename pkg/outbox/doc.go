@@ -39,6 +39,13 @@
 //     is marked dead, counted and logged, and never retried silently.
 //   - Outages are waited out: Run returns only when its context ends.
 //
+// Operator functions (ListDead, Requeue, RequeueDead, Replay, Prune) wrap
+// named errors callers can test with errors.Is: ErrNotFound (a requeue of
+// ids that name no row), ErrUnavailable (Postgres unreachable),
+// ErrInvalidFilter, ErrReplayTooLarge. Driver errors are translated in one
+// file (errors.go); outboxhttp maps the named errors to HTTP through
+// apperr.WriteHTTP.
+//
 // Failures are classified (kafkautil.IsMessageError):
 //   - About the message: too large for the writer (kafka.MessageTooLargeError)
 //     or the broker (MessageSizeTooLarge, RecordListTooLarge), corrupt or
@@ -46,7 +53,9 @@
 //     a topic policy (PolicyViolation), in a format the topic cannot store.
 //     Writing it again gets the same answer, so each failure is an attempt of
 //     that row, and MaxAttempts make it dead. Only the row the error is about
-//     is charged, never its batch-mates.
+//     is charged, never its batch-mates. A row the relay cannot make into a
+//     message (its headers column does not decode, ErrUndecodable) is one
+//     too: it is never sent, and it holds back its aggregate's later rows.
 //   - About the broker: everything else, such as a dial error, a connection
 //     reset or EOF, NotLeaderForPartition, LeaderNotAvailable,
 //     RequestTimedOut, NotEnoughReplicas, UnknownTopicOrPartition (a topic
@@ -72,12 +81,21 @@
 // outbox_oldest_pending_age_seconds keeps rising while a busy relay falls
 // behind.
 //
-// Latency without busy polling: a relay claims batch after batch while there
-// is work. When a claim finds nothing it arms a wake-up (outbox_relays.waiting)
+// Latency without busy polling: an idle relay is armed (outbox_relays.waiting)
 // and sleeps on LISTEN; writers' commits NOTIFY only while some relay is
 // armed, because NOTIFY serializes commits cluster-wide (migration 0004
 // explains the fence that keeps a commit from slipping past an arming relay).
-// PollInterval is only the fallback for a lost notification.
+// At a low rate the relay stays armed, and each commit costs it one claim
+// and two round trips to Postgres: one pipeline begins, fences the
+// partitions and claims; after the publish, another marks and commits. Once
+// its rate passes a few hundred events a second (or a claim fills
+// BatchSize) it disarms, so writers stop notifying, and claims batch after
+// batch, lingering up to Linger between batches that did not fill up; when
+// a claim finds nothing it arms again, in the next claim's round trip.
+// PollInterval is only the fallback for a lost notification and for rows
+// whose retry backoff ran out. outbox_relay_claims_total and
+// outbox_relay_db_roundtrips_total{op}, over outbox_published_total, are
+// the relay's claims and round trips per event.
 //
 // Tracing: Enqueue stores the envelope's Traceparent with the row (set it
 // from the producing request's span with tracectx.Traceparent). The relay

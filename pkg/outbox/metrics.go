@@ -20,6 +20,8 @@ type Metrics struct {
 	published, failures, retries, deadTotal   prometheus.Counter
 	kafkaErrors                               prometheus.Counter
 	dbErrors                                  *prometheus.CounterVec
+	claims, emptyClaims                       prometheus.Counter
+	roundTrips                                *prometheus.CounterVec
 	publishLag, batchSize                     prometheus.Histogram
 }
 
@@ -47,6 +49,16 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Name: "outbox_db_errors_total",
 			Help: "Failed Postgres operations of the relay, by op (polling relay: claim, heartbeat, gauges, listen; log-based relay: replication, retention, slot); each is retried with backoff.",
 		}, []string{"op"}),
+		claims: counter("outbox_relay_claims_total",
+			"Claims the polling relay ran (one claim statement each, with or without rows); claims per event is this over outbox_published_total."),
+		emptyClaims: counter("outbox_relay_empty_claims_total",
+			"Claims of the polling relay that found no due row (polls, and wake-ups whose rows an earlier claim took)."),
+		roundTrips: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "outbox_relay_db_roundtrips_total",
+			Help: "Round trips from the polling relay to Postgres, by op: claim (begin, fences, claim, and arming when due: one pipeline), " +
+				"commit (the marks and the commit: one pipeline), rollback (after a failure), heartbeat, gauges, listen. " +
+				"Round trips per event is the sum over outbox_published_total. One-time statement preparation is not counted.",
+		}, []string{"op"}),
 		slotLag: gauge("outbox_slot_lag_bytes",
 			"WAL the log-based relay's replication slot retains: pg_current_wal_lsn() - confirmed_flush_lsn (0 without a CDC relay)."),
 		slotActive: gauge("outbox_slot_active",
@@ -69,7 +81,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	if reg != nil {
 		reg.MustRegister(m.pending, m.oldestAge, m.dead, m.ownedPartitions, m.published, m.failures,
 			m.retries, m.deadTotal, m.publishLag, m.batchSize, m.kafkaErrors, m.kafkaConnected, m.dbErrors,
-			m.slotLag, m.slotActive, m.slotLost)
+			m.slotLag, m.slotActive, m.slotLost, m.claims, m.emptyClaims, m.roundTrips)
 	}
 	// Connected until a publish says otherwise: a relay that has not published
 	// yet has no evidence of an outage, and the alert on 0 must not fire for it.
@@ -77,20 +89,26 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	for _, op := range []string{"claim", "heartbeat", "gauges", "listen", "replication", "retention", "slot"} {
 		m.dbErrors.WithLabelValues(op) // export zeros, so rate() works from the start
 	}
+	for _, op := range []string{"claim", "commit", "rollback", "heartbeat", "gauges", "listen"} {
+		m.roundTrips.WithLabelValues(op)
+	}
 	return m
 }
 
-// refresh reads the backlog gauges from the table; each query reads one
-// partial index, so the cost does not grow with the published rows.
+// backlog reads the backlog gauges; each subquery reads one partial index,
+// so the cost does not grow with the published rows.
+const backlog = `
+SELECT (SELECT count(*) FROM outbox_events WHERE state = 'pending'),
+       (SELECT created_at FROM outbox_events WHERE state = 'pending' ORDER BY id LIMIT 1),
+       (SELECT count(*) FROM outbox_events WHERE state = 'dead')`
+
+// refresh reads the backlog gauges from the table.
 func (m *Metrics) refresh(ctx context.Context, pool *pgxpool.Pool) error {
 	var (
 		pending, dead int64
 		oldest        *time.Time
 	)
-	err := pool.QueryRow(ctx, `
-		SELECT (SELECT count(*) FROM outbox_events WHERE state = 'pending'),
-		       (SELECT created_at FROM outbox_events WHERE state = 'pending' ORDER BY id LIMIT 1),
-		       (SELECT count(*) FROM outbox_events WHERE state = 'dead')`).Scan(&pending, &oldest, &dead)
+	err := pool.QueryRow(ctx, backlog).Scan(&pending, &oldest, &dead)
 	if err != nil {
 		return fmt.Errorf("reading the backlog: %w", err)
 	}
@@ -113,14 +131,19 @@ func (m *Metrics) refresh(ctx context.Context, pool *pgxpool.Pool) error {
 // another deployment), so that a backlog nobody drains still shows, and
 // still alerts.
 func (m *Metrics) WatchBacklog(ctx context.Context, pool *pgxpool.Pool, interval time.Duration, logger *slog.Logger) error {
-	m.watchBacklog(ctx, pool, interval, newOutage("refreshing the backlog gauges", logger, defaultLogInterval))
+	m.watchBacklog(ctx, pool, interval, newOutage("refreshing the backlog gauges", logger, defaultLogInterval), nil)
 	return nil
 }
 
-func (m *Metrics) watchBacklog(ctx context.Context, pool *pgxpool.Pool, interval time.Duration, health *outage) {
+// watchBacklog is WatchBacklog's loop; a relay passes roundTrips (nil:
+// not counted) to count its refreshes among its round trips.
+func (m *Metrics) watchBacklog(ctx context.Context, pool *pgxpool.Pool, interval time.Duration, health *outage, roundTrips prometheus.Counter) {
 	tick := time.NewTicker(interval)
 	defer tick.Stop()
 	for {
+		if roundTrips != nil {
+			roundTrips.Inc()
+		}
 		// Bounded, so a hung connection cannot freeze the gauges for longer.
 		refreshCtx, cancel := context.WithTimeout(ctx, max(interval, time.Second))
 		err := m.refresh(refreshCtx, pool)

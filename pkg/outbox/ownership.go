@@ -7,9 +7,11 @@ import (
 	"math/rand/v2"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/prometheus/client_golang/prometheus"
 )
 
 // advisoryLockClass namespaces the outbox's advisory locks (two-key form:
@@ -45,6 +47,11 @@ type owner struct {
 
 	mu    sync.Mutex
 	owned []int32
+
+	// reregistered is set when a heartbeat created the relay's row in
+	// outbox_relays rather than refreshing it, and cleared by the claim
+	// loop, which must then arm again: a new row is not waiting.
+	reregistered atomic.Bool
 }
 
 // partitions returns a copy of the partitions this relay owns now.
@@ -61,8 +68,9 @@ func (o *owner) set(owned []int32) {
 	o.mu.Unlock()
 }
 
-// rebalance heartbeats, then takes or releases partitions to hold the fair share.
-func (o *owner) rebalance(ctx context.Context) error {
+// rebalance heartbeats, then takes or releases partitions to hold the fair
+// share; each statement it sends adds one to roundTrips.
+func (o *owner) rebalance(ctx context.Context, roundTrips prometheus.Counter) error {
 	if o.conn == nil || o.conn.IsClosed() {
 		o.set(nil) // a lost connection took its locks with it
 		conn, err := o.dial(ctx)
@@ -71,16 +79,15 @@ func (o *owner) rebalance(ctx context.Context) error {
 		}
 		o.conn = conn
 	}
-	var live int
-	err := o.conn.QueryRow(ctx, `
-		WITH beat AS (
-			INSERT INTO outbox_relays (id) VALUES ($1)
-			ON CONFLICT (id) DO UPDATE SET heartbeat_at = now()
-		), gone AS (
-			DELETE FROM outbox_relays WHERE heartbeat_at < now() - $2 * interval '1 microsecond' AND id <> $1
-		)
-		SELECT count(*) + 1 FROM outbox_relays WHERE id <> $1 AND heartbeat_at >= now() - $2 * interval '1 microsecond'`,
-		o.id, o.ttl.Microseconds()).Scan(&live)
+	var (
+		live    int
+		created bool
+	)
+	roundTrips.Inc()
+	err := o.conn.QueryRow(ctx, heartbeat, o.id, o.ttl.Microseconds()).Scan(&live, &created)
+	if err == nil && created {
+		o.reregistered.Store(true)
+	}
 	if err != nil {
 		o.drop()
 		return fmt.Errorf("heartbeat: %w", err)
@@ -92,7 +99,8 @@ func (o *owner) rebalance(ctx context.Context) error {
 		// Release the highest partitions; the lowest stay, so relays keep
 		// stable assignments across rebalances.
 		extra := owned[share:]
-		if _, err := o.conn.Exec(ctx, `SELECT pg_advisory_unlock($1, p) FROM unnest($2::int[]) AS p`, advisoryLockClass, extra); err != nil {
+		roundTrips.Inc()
+		if _, err := o.conn.Exec(ctx, releasePartitions, advisoryLockClass, extra); err != nil {
 			o.drop()
 			return fmt.Errorf("releasing partitions: %w", err)
 		}
@@ -107,12 +115,8 @@ func (o *owner) rebalance(ctx context.Context) error {
 			}
 		}
 		rand.Shuffle(len(candidates), func(i, j int) { candidates[i], candidates[j] = candidates[j], candidates[i] })
-		// pg_try_advisory_lock is evaluated row by row until LIMIT is met,
-		// so this takes at most the missing share in one round trip.
-		rows, err := o.conn.Query(ctx, `
-			SELECT p FROM unnest($2::int[]) AS p
-			WHERE pg_try_advisory_lock($1, p)
-			LIMIT $3`, advisoryLockClass, candidates, share-len(owned))
+		roundTrips.Inc()
+		rows, err := o.conn.Query(ctx, takePartitions, advisoryLockClass, candidates, share-len(owned))
 		if err != nil {
 			o.drop()
 			return fmt.Errorf("taking partitions: %w", err)
@@ -131,6 +135,33 @@ func (o *owner) rebalance(ctx context.Context) error {
 	return nil
 }
 
+// heartbeat registers the relay or refreshes its registration, forgets
+// relays whose heartbeat is older than the TTL, and counts the live ones. It
+// also says whether it created the registration (xmax is 0 on a row the
+// INSERT wrote, and the conflicting row's xid after an ON CONFLICT update).
+const heartbeat = `
+WITH beat AS (
+    INSERT INTO outbox_relays (id) VALUES ($1)
+    ON CONFLICT (id) DO UPDATE SET heartbeat_at = now()
+    RETURNING xmax = 0 AS created
+), gone AS (
+    DELETE FROM outbox_relays WHERE heartbeat_at < now() - $2 * interval '1 microsecond' AND id <> $1
+)
+SELECT (SELECT count(*) + 1 FROM outbox_relays WHERE id <> $1 AND heartbeat_at >= now() - $2 * interval '1 microsecond'),
+       (SELECT created FROM beat)`
+
+const releasePartitions = `SELECT pg_advisory_unlock($1, p) FROM unnest($2::int[]) AS p`
+
+// takePartitions tries the candidates in the given (shuffled) order.
+// pg_try_advisory_lock is evaluated row by row until LIMIT is met, so this
+// takes at most the missing share in one round trip.
+const takePartitions = `
+SELECT p FROM unnest($2::int[]) AS p
+WHERE pg_try_advisory_lock($1, p)
+LIMIT $3`
+
+const deregister = `DELETE FROM outbox_relays WHERE id = $1`
+
 // drop closes the lock connection, releasing every partition at once.
 func (o *owner) drop() {
 	o.set(nil)
@@ -146,7 +177,7 @@ func (o *owner) leave() {
 	if o.conn != nil && !o.conn.IsClosed() {
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 		defer cancel()
-		_, _ = o.conn.Exec(ctx, `DELETE FROM outbox_relays WHERE id = $1`, o.id)
+		_, _ = o.conn.Exec(ctx, deregister, o.id)
 	}
 	o.drop()
 }

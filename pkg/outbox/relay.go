@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"os"
 	"slices"
 	"strconv"
@@ -16,7 +17,6 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/segmentio/kafka-go"
 
@@ -59,6 +59,15 @@ type RelayConfig struct {
 	// PollInterval is how often the relay looks for work when no commit
 	// notification arrives (the fallback if NOTIFY is lost). Default 1s.
 	PollInterval time.Duration
+	// Linger is how long a busy relay waits before a claim when it has no
+	// backlog: after a commit notification wakes it, and between batches
+	// that did not fill BatchSize. Commits that arrive meanwhile ride the
+	// same batch, so a steady rate of hundreds a second costs fewer claims
+	// and round trips; each event waits up to Linger longer. The relay
+	// lingers only while its recent rate says more commits are coming
+	// within Linger (at least one per 4 × Linger), so at low rates it adds
+	// nothing. Default 1ms.
+	Linger time.Duration
 	// RebalanceInterval is how often the relay heartbeats and rebalances its
 	// share of the partitions, and refreshes the backlog gauges, each on a
 	// goroutine of its own beside the claim loop. Default 2s.
@@ -149,6 +158,9 @@ func (c RelayConfig) WithDefaults() RelayConfig {
 	if c.LogInterval == 0 {
 		c.LogInterval = defaultLogInterval
 	}
+	if c.Linger == 0 {
+		c.Linger = time.Millisecond
+	}
 	if c.Logger == nil {
 		c.Logger = slog.Default()
 	}
@@ -179,6 +191,7 @@ func (c RelayConfig) Validate() error {
 		{"OutageBackoffMin", c.OutageBackoffMin, c.OutageBackoffMin < 0},
 		{"OutageBackoffMax", c.OutageBackoffMax, c.OutageBackoffMax < 0},
 		{"LogInterval", c.LogInterval, c.LogInterval < 0},
+		{"Linger", c.Linger, c.Linger < 0},
 	} {
 		if f.neg {
 			return fmt.Errorf("outbox: RelayConfig.%s is negative (%v); leave it zero for the default", f.name, f.v)
@@ -212,7 +225,7 @@ type Relay struct {
 	owner  *owner
 
 	// Followed for bounded-rate logs and for Health.
-	kafka, claims, heartbeat, gauges, listening, waking *outage
+	kafka, claims, heartbeat, gauges, listening *outage
 
 	// Used only by the claim loop (or relayOneBatch's caller): how many batches
 	// in a row Kafka refused as a whole; how many writes to each topic in a
@@ -223,6 +236,9 @@ type Relay struct {
 	topicStreak   map[string]int
 	deferredTypes map[string]map[string]bool
 	undefer       []string
+	// The claim loop's estimate of its rate (noteRate).
+	rate   float64
+	rateAt time.Time
 }
 
 // NewRelay returns a relay reading the outbox in pool and writing to w.
@@ -251,7 +267,6 @@ func NewRelay(pool *pgxpool.Pool, w Writer, cfg RelayConfig) (*Relay, error) {
 		heartbeat:     health("heartbeating in Postgres"),
 		gauges:        health("refreshing the backlog gauges"),
 		listening:     health("listening for commits"),
-		waking:        health("arming the commit wake-up (polling meanwhile)"),
 		topicStreak:   map[string]int{},
 		deferredTypes: map[string]map[string]bool{},
 	}, nil
@@ -262,9 +277,9 @@ func NewRelay(pool *pgxpool.Pool, w Writer, cfg RelayConfig) (*Relay, error) {
 // in the manner of River's producer, so that a busy claim loop never starves
 // the rest:
 //   - the claim loop (this goroutine) claims batch after batch while there
-//     is work; when a claim finds nothing it arms a wake-up (see arm) and
-//     sleeps until a transaction that wrote outbox rows commits
-//     (LISTEN/NOTIFY) or, as a fallback, PollInterval passes;
+//     is work; when it is idle it is armed (see arm) and sleeps until a
+//     transaction that wrote outbox rows commits (LISTEN/NOTIFY) or, as a
+//     fallback, PollInterval passes;
 //   - the listener forwards those notifications;
 //   - the heartbeat registers the relay and rebalances its share of the
 //     partitions every RebalanceInterval, so a relay that is busy for
@@ -282,7 +297,9 @@ func (r *Relay) Run(ctx context.Context) error {
 	defer wg.Wait() // before leave: the heartbeat goroutine uses the lock connection
 	wg.Go(func() { r.listen(ctx, wake) })
 	wg.Go(func() { r.heartbeatLoop(ctx, wake) })
-	wg.Go(func() { r.cfg.Metrics.watchBacklog(ctx, r.pool, r.cfg.RebalanceInterval, r.gauges) })
+	wg.Go(func() {
+		r.cfg.Metrics.watchBacklog(ctx, r.pool, r.cfg.RebalanceInterval, r.gauges, r.cfg.Metrics.roundTrips.WithLabelValues("gauges"))
+	})
 
 	poll := time.NewTimer(0)
 	defer poll.Stop()
@@ -292,12 +309,17 @@ func (r *Relay) Run(ctx context.Context) error {
 		case <-ctx.Done():
 			return nil
 		case <-wake:
+			if r.lingers() && !sleep(ctx, r.cfg.Linger) {
+				return nil
+			}
 		case <-poll.C:
-			// Re-arm on every poll: a registration that expired and was
-			// re-created by the heartbeat starts unarmed.
+		}
+		if r.owner.reregistered.Swap(false) {
+			// The heartbeat re-created the registration (it had expired,
+			// or this is the first one), and a new registration is unarmed.
 			armed = false
 		}
-		armed = r.drain(ctx, armed)
+		armed = r.drain(ctx, armed, wake)
 		poll.Reset(r.cfg.PollInterval)
 	}
 }
@@ -342,18 +364,62 @@ func (r *Relay) Health() RelayHealth {
 	return h
 }
 
-// drain relays batches until a claim finds nothing while the relay is armed,
-// and reports whether it is armed. A busy relay disarms, so writers stop
-// notifying while it would claim their rows anyway.
+// busyRate is the rate of claimed rows (per second) above which an armed
+// relay disarms. Armed, every writer's commit notifies, and notifying
+// commits queue on a cluster-wide lock (migration 0004); the relay claims
+// about once per commit. Disarmed, writers do not notify and the relay
+// claims back to back, once per cycle (a few ms: claim, publish, mark).
+// Around a few hundred events a second the claims cost the same either
+// way, and above it notifying only costs the writers.
+const busyRate = 200
+
+// rateWindow is the time constant of the relay's estimate of its rate.
+const rateWindow = 100 * time.Millisecond
+
+// noteRate adds n claimed rows to the relay's estimate of its rate, an
+// exponentially decaying count over rateWindow, and returns the estimate
+// in rows per second. Used only by the claim loop.
+func (r *Relay) noteRate(n int, now time.Time) float64 {
+	decay := math.Exp(-float64(now.Sub(r.rateAt)) / float64(rateWindow))
+	r.rate, r.rateAt = r.rate*decay+float64(n), now
+	return r.rate / rateWindow.Seconds()
+}
+
+// lingers reports whether the relay should wait Linger before its next
+// claim: whether, at its recent rate, at least a quarter of a commit is
+// expected meanwhile.
+func (r *Relay) lingers() bool {
+	return r.noteRate(0, time.Now())*r.cfg.Linger.Seconds() >= 0.25
+}
+
+// drain relays batches until the relay is idle, and reports whether it is
+// armed then. At a low rate an armed relay stays armed: each commit
+// notifies, and each notification costs one claim and two round trips. A
+// busy relay disarms, so writers stop notifying while it would claim their
+// rows anyway, and arms again when a claim finds nothing.
+//
+// An armed relay needs no second claim to be sure it missed nothing: every
+// commit after arming notifies, and a notification that arrives during a
+// batch stays in wake for the next round. A disarmed relay arms in the same
+// round trip as its next claim, which then sees every row committed before
+// arming (see arm).
 //
 // Outages are waited out here, with the relay's backoff: a batch that
 // Postgres failed, or one whose every row Kafka refused because of the
 // broker, makes the whole relay pause before the next claim. The rows of
 // such a batch stay pending without an attempt charged (see relayBatch).
-func (r *Relay) drain(ctx context.Context, armed bool) bool {
+func (r *Relay) drain(ctx context.Context, armed bool, wake chan struct{}) bool {
 	dbStreak := 0
+	armFirst := false
 	for ctx.Err() == nil {
-		res, err := r.relayBatch(ctx)
+		ops := wakeOps{arm: armFirst && !armed, disarmIfBusy: armed}
+		res, err := r.relayBatch(ctx, ops)
+		switch {
+		case res.armed:
+			armed = true
+		case res.disarmed:
+			armed = false
+		}
 		if err != nil {
 			if ctx.Err() != nil {
 				return armed
@@ -368,23 +434,36 @@ func (r *Relay) drain(ctx context.Context, armed bool) bool {
 		}
 		dbStreak = 0
 		r.claims.ok(ctx)
+		if ops.arm && !armed {
+			// Not registered (yet, or any more): the poll covers until the
+			// heartbeat registers the relay again.
+			return false
+		}
+		armFirst = false
 		if r.noteKafka(ctx, res) {
 			if !sleep(ctx, retry.Backoff(r.kafkaStreak, r.cfg.OutageBackoffMin, r.cfg.OutageBackoffMax)) {
 				return armed
 			}
 			continue
 		}
-		switch n := res.claimed; {
-		case n > 0 && armed:
-			armed = !r.setWaiting(ctx, false)
-		case n == 0 && armed:
+		n := res.claimed
+		switch {
+		case armed && (n == 0 || n < r.cfg.BatchSize && len(wake) == 0):
 			return true
-		case n == 0:
-			// Arm, then claim once more: rows committed before the fence
-			// would not have notified.
-			if armed = r.setWaiting(ctx, true); !armed {
-				return false
+		case armed:
+			// More commits arrived during the batch: claim them next, and
+			// take the pending notification, which would only claim again.
+			select {
+			case <-wake:
+			default:
 			}
+		case n == 0:
+			armFirst = true
+			continue
+		}
+		if n < r.cfg.BatchSize && r.lingers() && !sleep(ctx, r.cfg.Linger) {
+			// Busy, but not behind: the sleep lets the next batch gather.
+			return armed
 		}
 	}
 	return armed
@@ -428,39 +507,29 @@ const wakeFenceKey = -1
 // arm marks this relay as waiting, so writers notify on commit. Taking the
 // fence exclusively waits for every writer that checked the flag before it
 // was set: their rows are committed before the claim that follows arming.
+// It runs in a transaction of its own, committed in the claim's round trip
+// before the claim's transaction begins: held through the claim, the fence
+// would make writers' commits wait for the Kafka publish.
 const arm = `
 WITH fence AS (SELECT pg_advisory_xact_lock($2::int, $3::int))
 UPDATE outbox_relays SET waiting = true FROM fence WHERE id = $1`
 
+// disarm runs in the claim transaction, so it costs no round trip of its own.
 const disarm = `UPDATE outbox_relays SET waiting = false WHERE id = $1 AND waiting`
 
-// setWaiting arms (true) or disarms (false) commit notifications for this
-// relay and reports whether it changed the flag. A relay that is not
-// registered cannot arm; it relies on the poll until its next heartbeat.
-func (r *Relay) setWaiting(ctx context.Context, waiting bool) bool {
-	var (
-		tag pgconn.CommandTag
-		err error
-	)
-	if waiting {
-		tag, err = r.pool.Exec(ctx, arm, r.cfg.ID, advisoryLockClass, wakeFenceKey)
-	} else {
-		tag, err = r.pool.Exec(ctx, disarm, r.cfg.ID)
-	}
-	if err != nil {
-		if ctx.Err() == nil {
-			r.cfg.Metrics.dbErrors.WithLabelValues("claim").Inc()
-			r.waking.fail(ctx, err)
-		}
-		return false
-	}
-	r.waking.ok(ctx)
-	return tag.RowsAffected() == 1
+// wakeOps are the changes to the relay's wake-up that ride along with a
+// batch's round trips.
+type wakeOps struct {
+	// arm arms before the claim.
+	arm bool
+	// disarmIfBusy disarms when the batch commits if the claim filled the
+	// batch (a backlog) or the relay's rate is above busyRate.
+	disarmIfBusy bool
 }
 
 // heartbeatLoop heartbeats and rebalances every RebalanceInterval until ctx
-// ends, and wakes the claim loop when it took partitions, which may hold
-// rows that nothing would notify about.
+// ends, and wakes the claim loop when it took partitions or re-created the
+// registration.
 func (r *Relay) heartbeatLoop(ctx context.Context, wake chan<- struct{}) {
 	tick := time.NewTicker(r.cfg.RebalanceInterval)
 	defer tick.Stop()
@@ -472,7 +541,9 @@ func (r *Relay) heartbeatLoop(ctx context.Context, wake chan<- struct{}) {
 		}
 		before := len(r.owner.partitions())
 		r.rebalance(ctx)
-		if len(r.owner.partitions()) > before {
+		// New partitions may hold rows nothing will notify about, and a new
+		// registration must be armed before writers notify again.
+		if len(r.owner.partitions()) > before || r.owner.reregistered.Load() {
 			select {
 			case wake <- struct{}{}:
 			default:
@@ -486,7 +557,7 @@ func (r *Relay) rebalance(ctx context.Context) {
 	// query must not stop the heartbeats that follow.
 	ctx, cancel := context.WithTimeout(ctx, r.cfg.RelayTTL)
 	defer cancel()
-	err := r.owner.rebalance(ctx)
+	err := r.owner.rebalance(ctx, r.cfg.Metrics.roundTrips.WithLabelValues("heartbeat"))
 	switch {
 	case err == nil:
 		r.heartbeat.ok(ctx)
@@ -523,6 +594,7 @@ func (r *Relay) listenOnce(ctx context.Context, wake chan<- struct{}, listening 
 	// Take the connection out of the pool: its LISTEN must not leak to other users.
 	conn := pooled.Hijack()
 	defer conn.Close(context.Background())
+	r.cfg.Metrics.roundTrips.WithLabelValues("listen").Inc()
 	if _, err := conn.Exec(ctx, "LISTEN "+notifyChannel); err != nil {
 		return err
 	}
@@ -563,17 +635,18 @@ const fenceLockClass = 0x6f627832 // "obx2"
 // it reads anything, so each claim sees everything the previous one wrote,
 // whoever owns the partition, and even while two relays both believe they do.
 //
-// It is sent with the transaction's settings in one simple-protocol round
-// trip, so the partitions are spelled into the text; they are integers this
-// relay computed, never input.
-func fencePartitions(owned []int32) string {
-	ps := make([]string, len(owned))
-	for i, p := range owned {
-		ps[i] = strconv.Itoa(int(p))
-	}
-	return fmt.Sprintf(`SELECT count(pg_advisory_xact_lock(%d, p)) FROM unnest('{%s}'::int[]) AS p`,
-		fenceLockClass, strings.Join(ps, ","))
-}
+// It is a statement of its own, after the settings and before the claim:
+// in READ COMMITTED a statement reads from a snapshot taken when it starts,
+// so a claim that took the fence itself would read from before the wait,
+// which is the very overtaking the fence is there to stop. The pipeline
+// makes the three statements one round trip anyway (relayBatch).
+const fencePartitions = `SELECT count(pg_advisory_xact_lock($1, p)) FROM unnest($2::int[]) AS p`
+
+// claimSettings are the claim transaction's: a bounded wait for locks (a
+// handover), and a commit that need not wait for the disk, because a mark
+// lost in a crash only republishes the batch, which consumers absorb
+// (BENCHMARKS.md).
+const claimSettings = `SELECT set_config('lock_timeout', $1, true), set_config('synchronous_commit', 'off', true)`
 
 // undeferOutage makes the rows an outage deferred due again once their topic
 // takes writes again, rather than each waiting out its own deferral. Only
@@ -635,14 +708,20 @@ type claimed struct {
 	aggType   string
 	aggregate string // type + id
 	msg       kafka.Message
+	// undecodable is why the row could not be made into a message; such a
+	// row is a message error, charged an attempt and never published.
+	undecodable error
 }
 
 // batchResult is what one batch did.
 type batchResult struct {
 	claimed   int
 	published int
-	judged    int   // rows the broker refused because of the message
+	judged    int   // rows refused because of the message (by the broker, or undecodable)
 	brokerErr error // the first error about the broker; nil if none
+	// armed and disarmed say that the batch's round trips changed the
+	// relay's wake-up (wakeOps).
+	armed, disarmed bool
 }
 
 // relayOneBatch claims, publishes and marks one batch of the owned
@@ -658,73 +737,129 @@ func (r *Relay) relayOneBatch(ctx context.Context) (int, error) {
 	if r.owner.conn == nil {
 		r.rebalance(ctx)
 	}
-	res, err := r.relayBatch(ctx)
+	res, err := r.relayBatch(ctx, wakeOps{})
 	if err == nil {
 		r.noteKafka(ctx, res)
 	}
 	return res.claimed, err
 }
 
-func (r *Relay) relayBatch(ctx context.Context) (batchResult, error) {
+// relayBatch claims, publishes and marks one batch in two round trips to
+// Postgres, each a pipeline of statements (pgx.Batch): the first begins the
+// transaction, sets it up, takes the partition fences and claims (arming
+// first, in a transaction of its own, when ops.arm); the second records the
+// outcome of every row and commits (disarming on the way, per ops). A claim
+// that finds nothing costs the same two.
+func (r *Relay) relayBatch(ctx context.Context, ops wakeOps) (res batchResult, err error) {
 	owned := r.owner.partitions()
 	if len(owned) == 0 {
 		return batchResult{}, nil
 	}
-	tx, err := r.pool.Begin(ctx)
+	conn, err := r.pool.Acquire(ctx)
 	if err != nil {
-		return batchResult{}, fmt.Errorf("beginning claim: %w", err)
+		return batchResult{}, fmt.Errorf("acquiring a connection to claim: %w", err)
 	}
-	defer tx.Rollback(context.Background()) //nolint:errcheck // no-op after commit
-	// The relay's own commit need not wait for the disk: a mark lost in a
-	// crash only republishes the batch, which consumers absorb (BENCHMARKS.md).
+	inTx := false
+	defer func() {
+		if inTx {
+			// A failed statement or a crash point left the transaction
+			// open: end it, so that the connection goes back to the pool
+			// clean (the pool would destroy it otherwise).
+			rctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			r.cfg.Metrics.roundTrips.WithLabelValues("rollback").Inc()
+			_, _ = conn.Exec(rctx, "rollback")
+			cancel()
+		}
+		conn.Release()
+	}()
+
+	undefer := r.undefer
+	claim := &pgx.Batch{}
+	if ops.arm {
+		claim.Queue("begin")
+		claim.Queue(arm, r.cfg.ID, advisoryLockClass, wakeFenceKey)
+		claim.Queue("commit")
+	}
 	// owned is sorted (owner.set), so concurrent fences take their locks in
 	// one order and cannot deadlock.
-	if _, err := tx.Exec(ctx, fmt.Sprintf("SET LOCAL lock_timeout = %d; SET LOCAL synchronous_commit = off; %s",
-		r.cfg.LockTimeout.Milliseconds(), fencePartitions(owned))); err != nil {
-		return batchResult{}, fmt.Errorf("setting up the claim (lock timeout, partition fences): %w", err)
-	}
-	undefer := r.undefer
+	claim.Queue("begin")
+	claim.Queue(claimSettings, strconv.FormatInt(r.cfg.LockTimeout.Milliseconds(), 10))
+	claim.Queue(fencePartitions, fenceLockClass, owned)
 	if len(undefer) > 0 {
-		if _, err := tx.Exec(ctx, undeferOutage, owned, undefer); err != nil {
-			return batchResult{}, fmt.Errorf("resuming rows an outage deferred: %w", err)
-		}
+		claim.Queue(undeferOutage, owned, undefer)
 	}
-	batch, err := r.claim(ctx, tx, owned)
-	if err != nil || len(batch) == 0 {
-		if err == nil && len(undefer) > 0 {
-			if err = tx.Commit(ctx); err == nil {
-				r.undefer = nil
-			}
+	claim.Queue(claimBatch, r.cfg.BatchSize, owned)
+	r.cfg.Metrics.roundTrips.WithLabelValues("claim").Inc()
+	r.cfg.Metrics.claims.Inc()
+	inTx = true
+	batch, armed, err := r.readClaim(claim, conn.SendBatch(ctx, claim), ops.arm)
+	res.armed = armed
+	if err != nil {
+		return res, err
+	}
+	rate := r.noteRate(len(batch), time.Now())
+	if len(batch) == 0 {
+		r.cfg.Metrics.emptyClaims.Inc()
+		r.cfg.Metrics.roundTrips.WithLabelValues("commit").Inc()
+		inTx = false
+		if _, err := conn.Exec(ctx, "commit"); err != nil {
+			return res, fmt.Errorf("ending an empty claim: %w", err)
 		}
-		return batchResult{}, err
+		if len(undefer) > 0 {
+			r.undefer = nil
+		}
+		return res, nil
 	}
 	r.cfg.Metrics.batchSize.Observe(float64(len(batch)))
-	endSends := startSends(ctx, batch)
+
+	// Publish only what can be published in order: an undecodable row, and
+	// the later rows of its aggregate, stay behind it.
+	held := map[string]bool{} // aggregates with an earlier row of this batch not published
+	var publish []claimed
+	for _, c := range batch {
+		switch {
+		case c.undecodable != nil:
+			held[c.aggregate] = true
+		case !held[c.aggregate]:
+			publish = append(publish, c)
+		}
+	}
+	endSends := startSends(ctx, publish)
 	publishCtx, cancel := context.WithTimeout(ctx, r.cfg.PublishTimeout)
-	errs := publishBatch(publishCtx, r.writer, batch)
+	errs := publishBatch(publishCtx, r.writer, publish)
 	cancel()
 	endSends(errs)
 	if ctx.Err() != nil {
-		return batchResult{}, ctx.Err() // leave the rows pending; the next run republishes them
+		return res, ctx.Err() // leave the rows pending; the next run republishes them
 	}
 	if r.cfg.CrashPoint != nil {
 		if err := r.cfg.CrashPoint(CrashAfterAck); err != nil {
-			return batchResult{}, fmt.Errorf("crash point %s: %w", CrashAfterAck, err)
+			return res, fmt.Errorf("crash point %s: %w", CrashAfterAck, err)
 		}
 	}
-	res := batchResult{claimed: len(batch)}
+	cause := make(map[int64]error, len(publish))
+	for i, c := range publish {
+		cause[c.id] = errs[i]
+	}
+
+	res.claimed = len(batch)
 	var (
 		published             []int64
+		failed                []claimed
+		failedCauses          []error
 		deferIDs, deferDelays []int64
 		deferErrs             []string
 		brokerTopics          = map[string]bool{}
 		okTopics              = map[string]bool{}
 	)
-	held := map[string]bool{} // aggregates with an earlier row of this batch not published
+	clear(held)
 	now := time.Now()
-	for i, c := range batch {
-		cause := errs[i]
-		if cause != nil && !kafkautil.IsMessageError(cause) {
+	for _, c := range batch {
+		err, sent := cause[c.id]
+		if c.undecodable != nil {
+			err = c.undecodable
+		}
+		if sent && err != nil && !kafkautil.IsMessageError(err) {
 			r.cfg.Metrics.kafkaErrors.Inc()
 		}
 		switch {
@@ -734,49 +869,65 @@ func (r *Relay) relayBatch(ctx context.Context) (batchResult, error) {
 			// it, so that it is retried after that event and keeps order.
 			// The failed row now holds the aggregate back (claimBatch), and
 			// consumers absorb the duplicate.
-		case cause == nil:
+		case err == nil:
 			published = append(published, c.id)
 			okTopics[c.msg.Topic] = true
 			r.cfg.Metrics.publishLag.Observe(now.Sub(c.createdAt).Seconds())
 			if c.attempts > 0 {
 				r.cfg.Metrics.retries.Inc()
 			}
-		case kafkautil.IsMessageError(cause):
+		case c.undecodable != nil || kafkautil.IsMessageError(err):
 			held[c.aggregate] = true
 			res.judged++
-			okTopics[c.msg.Topic] = true
-			if err := r.fail(ctx, tx, c, cause); err != nil {
-				return batchResult{}, err
+			if c.undecodable == nil {
+				okTopics[c.msg.Topic] = true
 			}
+			failed, failedCauses = append(failed, c), append(failedCauses, err)
 		default:
 			held[c.aggregate] = true
 			brokerTopics[c.msg.Topic] = true
 			if res.brokerErr == nil {
-				res.brokerErr = cause
+				res.brokerErr = err
 			}
 			// Deferred by how long this topic has been failing, so a topic
 			// that stays unavailable is retried ever less often while the
 			// other topics flow.
 			delay := retry.Backoff(r.topicStreak[c.msg.Topic]+1, r.cfg.OutageBackoffMin, r.cfg.OutageBackoffMax)
-			deferIDs, deferErrs, deferDelays = append(deferIDs, c.id), append(deferErrs, cause.Error()), append(deferDelays, delay.Microseconds())
+			deferIDs, deferErrs, deferDelays = append(deferIDs, c.id), append(deferErrs, err.Error()), append(deferDelays, delay.Microseconds())
 			if r.deferredTypes[c.msg.Topic] == nil {
 				r.deferredTypes[c.msg.Topic] = map[string]bool{}
 			}
 			r.deferredTypes[c.msg.Topic][c.aggType] = true
 		}
 	}
+
+	finish := &pgx.Batch{}
+	delays := make([]time.Duration, len(failed))
+	for i, c := range failed {
+		r.cfg.Metrics.failures.Inc()
+		delays[i] = retry.Backoff(c.attempts+1, r.cfg.BackoffMin, r.cfg.BackoffMax)
+		finish.Queue(markFailed, c.id, failedCauses[i].Error(), delays[i].Microseconds(), r.cfg.MaxAttempts)
+	}
 	if len(published) > 0 {
-		if _, err := tx.Exec(ctx, markPublished, published); err != nil {
-			return batchResult{}, fmt.Errorf("marking published: %w", err)
-		}
+		finish.Queue(markPublished, published)
 	}
 	if len(deferIDs) > 0 {
-		if _, err := tx.Exec(ctx, markDeferred, deferIDs, deferErrs, deferDelays); err != nil {
-			return batchResult{}, fmt.Errorf("deferring rows the broker did not take: %w", err)
-		}
+		finish.Queue(markDeferred, deferIDs, deferErrs, deferDelays)
 	}
-	if err := tx.Commit(ctx); err != nil {
-		return batchResult{}, fmt.Errorf("committing batch: %w", err)
+	disarming := ops.disarmIfBusy && (len(batch) >= r.cfg.BatchSize || rate > busyRate)
+	if disarming {
+		finish.Queue(disarm, r.cfg.ID)
+	}
+	finish.Queue("commit")
+	r.cfg.Metrics.roundTrips.WithLabelValues("commit").Inc()
+	states, err := readFinish(conn.SendBatch(ctx, finish), len(failed))
+	if err != nil {
+		return res, err
+	}
+	inTx = false
+	res.disarmed = disarming
+	for i, c := range failed {
+		r.logFailed(ctx, c, failedCauses[i], delays[i], states[i])
 	}
 	if len(undefer) > 0 {
 		r.undefer = nil
@@ -800,6 +951,61 @@ func (r *Relay) relayBatch(ctx context.Context) (batchResult, error) {
 	res.published = len(published)
 	r.cfg.Metrics.published.Add(float64(len(published)))
 	return res, nil
+}
+
+// readClaim reads the results of the claim's pipeline, in the order
+// relayBatch queued them, and reports whether arming took.
+func (r *Relay) readClaim(b *pgx.Batch, br pgx.BatchResults, arming bool) (batch []claimed, armed bool, err error) {
+	defer func() {
+		if cerr := br.Close(); err == nil && cerr != nil {
+			err = fmt.Errorf("claiming batch: %w", cerr)
+		}
+	}()
+	n := len(b.QueuedQueries)
+	for i := 0; i < n-1; i++ {
+		tag, err := br.Exec()
+		if err != nil {
+			return nil, armed, fmt.Errorf("setting up the claim (%s): %w", firstWord(b.QueuedQueries[i].SQL), err)
+		}
+		if arming && i == 1 {
+			armed = tag.RowsAffected() == 1
+		}
+	}
+	rows, err := br.Query()
+	if err != nil {
+		return nil, armed, fmt.Errorf("claiming batch: %w", err)
+	}
+	batch, err = pgx.CollectRows(rows, r.scanClaimed)
+	if err != nil {
+		return nil, armed, fmt.Errorf("reading claimed rows: %w", err)
+	}
+	return batch, armed, nil
+}
+
+// firstWord names a statement in an error without quoting all of it.
+func firstWord(sql string) string {
+	sql = strings.TrimSpace(sql)
+	if i := strings.IndexAny(sql, " \n"); i > 0 {
+		return sql[:i]
+	}
+	return sql
+}
+
+// readFinish reads the results of the finishing pipeline: the state each
+// failed row was left in, then the marks and the commit.
+func readFinish(br pgx.BatchResults, failed int) (states []string, err error) {
+	defer func() {
+		if cerr := br.Close(); err == nil && cerr != nil {
+			err = fmt.Errorf("committing batch: %w", cerr)
+		}
+	}()
+	states = make([]string, failed)
+	for i := range states {
+		if err := br.QueryRow().Scan(&states[i]); err != nil {
+			return nil, fmt.Errorf("recording failed publish: %w", err)
+		}
+	}
+	return states, nil
 }
 
 // publishBatch writes the batch to w and returns one error per row (nil: acked).
@@ -901,55 +1107,44 @@ func perMessage(err error, n int) []error {
 	return errs
 }
 
-func (r *Relay) claim(ctx context.Context, tx pgx.Tx, owned []int32) ([]claimed, error) {
-	rows, err := tx.Query(ctx, claimBatch, r.cfg.BatchSize, owned)
+// scanClaimed reads one claimed row. A row whose headers cannot be decoded
+// is returned with undecodable set rather than failing the claim: the claim
+// would fail the same way on every try, and nothing else would ever move.
+func (r *Relay) scanClaimed(row pgx.CollectableRow) (claimed, error) {
+	var (
+		c       claimed
+		ev      event.Envelope
+		headers []byte
+	)
+	// *[16]byte, not *uuid.UUID: pgx decodes it natively instead of
+	// through sql.Scanner and text, a tenth of the claim's CPU.
+	err := row.Scan(&c.id, (*[16]byte)(&ev.EventID), &ev.AggregateType, &ev.AggregateID, &ev.AggregateVersion,
+		&ev.EventType, &ev.EventVersion, &ev.Payload, &headers, &ev.OccurredAt, &c.createdAt, &c.attempts)
 	if err != nil {
-		return nil, fmt.Errorf("claiming batch: %w", err)
+		return c, err
 	}
-	batch, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (claimed, error) {
-		var (
-			c       claimed
-			ev      event.Envelope
-			headers []byte
-		)
-		// *[16]byte, not *uuid.UUID: pgx decodes it natively instead of
-		// through sql.Scanner and text, a tenth of the claim's CPU.
-		err := row.Scan(&c.id, (*[16]byte)(&ev.EventID), &ev.AggregateType, &ev.AggregateID, &ev.AggregateVersion,
-			&ev.EventType, &ev.EventVersion, &ev.Payload, &headers, &ev.OccurredAt, &c.createdAt, &c.attempts)
-		if err != nil {
-			return c, err
-		}
-		var h envelopeHeaders
-		if err := json.Unmarshal(headers, &h); err != nil {
-			return c, fmt.Errorf("event %s: decoding headers: %w", ev.EventID, err)
-		}
-		ev.CorrelationID, ev.CausationID, ev.Traceparent = h.CorrelationID, h.CausationID, h.Traceparent
-		c.aggType = ev.AggregateType
-		c.aggregate = ev.AggregateType + "\x00" + ev.AggregateID
-		c.msg = event.ToKafka(r.cfg.Topic(ev.AggregateType), ev)
+	c.aggType = ev.AggregateType
+	c.aggregate = ev.AggregateType + "\x00" + ev.AggregateID
+	var h envelopeHeaders
+	if err := json.Unmarshal(headers, &h); err != nil {
+		c.msg.Topic = r.cfg.Topic(ev.AggregateType)
+		c.undecodable = fmt.Errorf("%w: event %s: decoding the headers column: %w", ErrUndecodable, ev.EventID, err)
 		return c, nil
-	})
-	if err != nil {
-		return nil, fmt.Errorf("reading claimed rows: %w", err)
 	}
-	return batch, nil
+	ev.CorrelationID, ev.CausationID, ev.Traceparent = h.CorrelationID, h.CausationID, h.Traceparent
+	c.msg = event.ToKafka(r.cfg.Topic(ev.AggregateType), ev)
+	return c, nil
 }
 
-func (r *Relay) fail(ctx context.Context, tx pgx.Tx, c claimed, cause error) error {
-	r.cfg.Metrics.failures.Inc()
-	delay := retry.Backoff(c.attempts+1, r.cfg.BackoffMin, r.cfg.BackoffMax)
-	var state string
-	err := tx.QueryRow(ctx, markFailed, c.id, cause.Error(), delay.Microseconds(), r.cfg.MaxAttempts).Scan(&state)
-	if err != nil {
-		return fmt.Errorf("recording failed publish: %w", err)
-	}
+// logFailed logs a row whose publish failed because of the message, now
+// that its new state is committed.
+func (r *Relay) logFailed(ctx context.Context, c claimed, cause error, delay time.Duration, state string) {
 	log := r.cfg.Logger.With(slog.Int64("outbox_id", c.id), slog.String("topic", c.msg.Topic),
 		slog.Int("attempt", c.attempts+1), slog.Any("error", cause))
 	if state == "dead" {
 		r.cfg.Metrics.deadTotal.Inc()
 		log.ErrorContext(ctx, "outbox event is dead after its last attempt; its aggregate's later events wait until it is requeued")
-		return nil
+		return
 	}
 	log.WarnContext(ctx, "outbox publish failed because of the message; will retry", slog.Duration("retry_in", delay))
-	return nil
 }

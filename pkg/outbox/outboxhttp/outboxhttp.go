@@ -8,6 +8,11 @@
 //	POST /replay         {"aggregateType":…,"aggregateId":…,"from":…,"to":…,"dryRun":false}:
 //	                     a dry run unless dryRun is false; at most outbox.MaxReplay events
 //
+// Errors are apperr bodies: 400 for a malformed request, 404 for a requeue
+// naming ids that do not exist (outbox.ErrNotFound; nothing is requeued),
+// 422 for a replay filter outbox.Replay refuses, 503 while the database is
+// unreachable (outbox.ErrUnavailable), 500 otherwise.
+//
 // Mount it under a prefix with http.StripPrefix, on the operator listener
 // (httpserver.NewAdmin), which checks the bearer token: these endpoints
 // change what a service publishes. Every call that changes something is
@@ -16,6 +21,7 @@ package outboxhttp
 
 import (
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"net/http"
@@ -110,7 +116,7 @@ func DecodeReplay(body []byte) (ReplayRequest, error) {
 // and every internal error.
 func Handler(db outbox.DB, logger *slog.Logger) http.Handler {
 	mux := http.NewServeMux()
-	fail := func(w http.ResponseWriter, r *http.Request, err error) { apperr.WriteHTTP(w, r, logger, err) }
+	fail := func(w http.ResponseWriter, r *http.Request, err error) { apperr.WriteHTTP(w, r, logger, appError(err)) }
 	mux.HandleFunc("GET /dead", func(w http.ResponseWriter, r *http.Request) {
 		limit := 100
 		if s := r.URL.Query().Get("limit"); s != "" {
@@ -181,11 +187,7 @@ func Handler(db outbox.DB, logger *slog.Logger) http.Handler {
 		items, err := outbox.Replay(r.Context(), db, outbox.ReplayFilter{
 			AggregateType: req.AggregateType, AggregateID: req.AggregateID, From: req.From, To: req.To,
 		}, dryRun)
-		switch {
-		case errors.Is(err, outbox.ErrInvalidFilter), errors.Is(err, outbox.ErrReplayTooLarge):
-			fail(w, r, apperr.Errorf(apperr.Invalid, "%v", err))
-			return
-		case err != nil:
+		if err != nil {
 			fail(w, r, err)
 			return
 		}
@@ -207,6 +209,24 @@ func Handler(db outbox.DB, logger *slog.Logger) http.Handler {
 		apperr.WriteJSON(w, http.StatusOK, map[string]any{"dryRun": dryRun, "count": len(out), "events": out})
 	})
 	return mux
+}
+
+// appError gives the outbox's named errors their apperr codes: the one
+// place this package decides what an outbox error means to the caller, as
+// apperr.WriteHTTP is the one place a code becomes a status. The messages
+// of these errors say what was wrong with the request and nothing about the
+// system; anything else stays an internal error (500, details in the log).
+func appError(err error) error {
+	switch {
+	case errors.Is(err, outbox.ErrInvalidFilter), errors.Is(err, outbox.ErrReplayTooLarge):
+		return apperr.Errorf(apperr.Invalid, "%v", err)
+	case errors.Is(err, outbox.ErrNotFound):
+		return apperr.Errorf(apperr.NotFound, "%v", err)
+	case errors.Is(err, outbox.ErrUnavailable):
+		// The driver's error stays in the chain, for the log only.
+		return fmt.Errorf("%w: %w", apperr.Errorf(apperr.Unavailable, "the outbox database is unavailable; retry later"), err)
+	}
+	return err
 }
 
 // read reads a bounded request body; an oversized one is an

@@ -84,6 +84,10 @@ func TestOperatorEndpoints(t *testing.T) {
 		}
 	}
 	call("POST", "/replay", `{"aggregateType":`, 400)
+	if e := call("POST", "/requeue", `{"ids":[424242]}`, 404)["error"].(map[string]any); e["code"] != "not_found" ||
+		!strings.Contains(e["message"].(string), "424242") {
+		t.Fatalf("requeue of an unknown id: %v, want not_found naming it", e)
+	}
 	call("GET", "/dead?limit=0", "", 400)
 	if got := call("POST", "/requeue", `{"aggregateType":"order"}`, 200)["requeued"]; got != float64(1) {
 		t.Fatalf("requeued = %v, want 1", got)
@@ -102,11 +106,11 @@ func TestOperatorEndpoints(t *testing.T) {
 }
 
 // A database error is a 500 whose body has a request id and none of the
-// error's text; the log has the text under the same id.
+// error's text; the log has the text under the same id. (A database without
+// the outbox schema: the error is the system's, not the request's.)
 func TestInternalErrorsKeepTheirDetailInTheLog(t *testing.T) {
 	t.Parallel()
 	pool := testinfra.NewPool(t, testinfra.NewDatabase(t))
-	pool.Close()
 	var logs syncBuffer
 	srv := httptest.NewServer(outboxhttp.Handler(pool, slog.New(slog.NewJSONHandler(&logs, nil))))
 	defer srv.Close()
@@ -124,11 +128,49 @@ func TestInternalErrorsKeepTheirDetailInTheLog(t *testing.T) {
 	if resp.StatusCode != 500 || body.Error.Code != "internal" || id == "" || body.Error.RequestID != id {
 		t.Fatalf("status %d, X-Request-Id %q, body %s; want 500 with the request id in header and body", resp.StatusCode, id, raw)
 	}
-	if strings.Contains(string(raw), "closed") || strings.Contains(string(raw), "outbox:") {
+	if strings.Contains(string(raw), "outbox_events") || strings.Contains(string(raw), "outbox:") {
 		t.Fatalf("the body leaks the internal error: %s", raw)
 	}
-	if !strings.Contains(logs.String(), `"request_id":"`+id+`"`) || !strings.Contains(logs.String(), "closed") {
+	if !strings.Contains(logs.String(), `"request_id":"`+id+`"`) || !strings.Contains(logs.String(), "does not exist") {
 		t.Fatalf("the log lacks the error under request id %s:\n%s", id, logs.String())
+	}
+}
+
+// While the database cannot be reached the endpoints answer 503 and say to
+// retry (outbox.ErrUnavailable, apperr.Unavailable), without the driver's
+// text, which goes to the log.
+func TestAnUnreachableDatabaseIs503(t *testing.T) {
+	t.Parallel()
+	pool := testinfra.NewPool(t, testinfra.NewDatabase(t))
+	pool.Close()
+	var logs syncBuffer
+	srv := httptest.NewServer(outboxhttp.Handler(pool, slog.New(slog.NewJSONHandler(&logs, nil))))
+	defer srv.Close()
+	for _, c := range []struct{ method, path, body string }{
+		{"GET", "/dead", ""},
+		{"POST", "/requeue", `{"ids":[1]}`},
+		{"POST", "/replay", `{"aggregateType":"order"}`},
+	} {
+		req, _ := http.NewRequest(c.method, srv.URL+c.path, strings.NewReader(c.body))
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		raw, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		var body struct {
+			Error struct{ Code, Message, RequestID string }
+		}
+		_ = json.Unmarshal(raw, &body)
+		if resp.StatusCode != http.StatusServiceUnavailable || body.Error.Code != "unavailable" || body.Error.RequestID == "" {
+			t.Errorf("%s %s: status %d, body %s; want 503, code unavailable, a request id", c.method, c.path, resp.StatusCode, raw)
+		}
+		if strings.Contains(string(raw), "closed pool") {
+			t.Errorf("%s %s: the body leaks the driver's error: %s", c.method, c.path, raw)
+		}
+	}
+	if !strings.Contains(logs.String(), "closed pool") {
+		t.Errorf("the log lacks the driver's error:\n%s", logs.String())
 	}
 }
 

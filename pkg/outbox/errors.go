@@ -1,0 +1,61 @@
+package outbox
+
+import (
+	"errors"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgproto3"
+
+	"github.com/onceflow/onceflow/pkg/platform/pgutil"
+)
+
+// The errors this package's functions wrap, so that callers decide with
+// errors.Is and never look at driver errors: the store boundary of the
+// outbox is this file, where Postgres's errors become these.
+var (
+	// ErrNotFound is wrapped by the error of an operator function asked
+	// about outbox rows that do not exist (Requeue of unknown ids).
+	ErrNotFound = errors.New("outbox: no such event")
+	// ErrUnavailable is wrapped by the error of an operator function that
+	// could not reach Postgres (pgutil.IsUnavailable): worth retrying, and
+	// nobody's fault in the request.
+	ErrUnavailable = errors.New("outbox: database unavailable")
+	// ErrUndecodable is the reason recorded on a row the relay cannot make
+	// into a Kafka message (its headers column does not decode). Like any
+	// message error it is charged an attempt each try, and goes dead after
+	// MaxAttempts with this as its last error.
+	ErrUndecodable = errors.New("outbox: undecodable row")
+)
+
+// storeErrors are the names storeErr gives the driver's errors.
+var storeErrors = pgutil.StoreErrors{NotFound: ErrNotFound, Unavailable: ErrUnavailable}
+
+// storeErr wraps err, an error from Postgres while doing what, translating
+// what the driver says into this package's named errors; the driver's error
+// stays in the chain for logs.
+func storeErr(what string, err error) error { return storeErrors.Translate("outbox: "+what, err) }
+
+// SQLSTATEs the relays act on.
+const (
+	duplicateObject = "42710" // CREATE of a publication or slot that exists
+	objectInUse     = "55006" // a replication slot another connection streams from
+)
+
+func isNoRows(err error) bool { return errors.Is(err, pgx.ErrNoRows) }
+
+func isDuplicateObject(err error) bool { return sqlState(err) == duplicateObject }
+
+func isObjectInUse(err error) bool { return sqlState(err) == objectInUse }
+
+// sqlState is the SQLSTATE of the Postgres error in err's chain, "" if none.
+func sqlState(err error) string {
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) {
+		return pgErr.Code
+	}
+	return ""
+}
+
+// serverError is the error a replication stream's ErrorResponse reports.
+func serverError(m *pgproto3.ErrorResponse) error { return pgconn.ErrorResponseToPgError(m) }

@@ -1,0 +1,183 @@
+package outbox_test
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/onceflow/onceflow/pkg/outbox"
+	"github.com/onceflow/onceflow/pkg/platform/kafkautil"
+	"github.com/onceflow/onceflow/pkg/platform/testinfra"
+)
+
+// At a low rate, one event per transaction costs the relay one claim and
+// two round trips to Postgres (the claim's pipeline, then the marks and the
+// commit): it stays armed between commits instead of disarming, claiming
+// until empty, re-arming and claiming again. The round trips are counted on
+// the relay's sockets, so the test does not take the relay's word for it;
+// the relay's own counters must agree.
+func TestAnArmedRelayPaysOneClaimAndTwoRoundTripsPerCommit(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	brokers := testinfra.KafkaBrokers(t)
+	topic := testinfra.NewTopic(t, brokers, 1)
+	url := newOutboxDBURL(t)
+	pool := testinfra.NewPool(t, url)
+	counts := &benchWireCounts{}
+	relayPool := benchCountingPool(t, url, 4, counts)
+	c := collect(t, brokers, topic)
+	w := kafkautil.NewWriter(brokers, 50)
+	defer w.Close()
+	reg := prometheus.NewRegistry()
+	relay, err := outbox.NewRelay(relayPool, w, outbox.RelayConfig{
+		ID: "frugal", Topic: func(string) string { return topic }, Metrics: outbox.NewMetrics(reg),
+		// No poll, heartbeat or gauge refresh during the test: only commits
+		// make the relay talk to Postgres.
+		PollInterval: time.Hour, RebalanceInterval: time.Hour,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	runRelay(t, relay)
+	testinfra.WaitFor(t, 10*time.Second, "the idle relay to arm its wake-up", func() (bool, error) {
+		var waiting bool
+		err := pool.QueryRow(ctx, `SELECT coalesce(bool_or(waiting), false) FROM outbox_relays WHERE id = 'frugal'`).Scan(&waiting)
+		return waiting, err
+	})
+	// The first commit prepares the relay's statements on its connection;
+	// count from the second.
+	enqueue(t, pool, newEvent("warm-up", 1))
+	testinfra.WaitFor(t, 10*time.Second, "the warm-up event to be published", func() (bool, error) {
+		return countRows(t, pool, "state = 'published'") == 1, nil
+	})
+
+	before := counts.snapshot()
+	claimsBefore := testinfra.MetricValue(t, reg, "outbox_relay_claims_total")
+	rtBefore := testinfra.MetricValue(t, reg, "outbox_relay_db_roundtrips_total")
+	const commits = 20
+	for i := range commits {
+		enqueue(t, pool, newEvent(fmt.Sprintf("agg-%d", i), 1))
+		testinfra.WaitFor(t, 10*time.Second, fmt.Sprintf("commit %d to be published and marked", i+1), func() (bool, error) {
+			return countRows(t, pool, "state = 'published'") == i+2, nil
+		})
+	}
+	d := counts.snapshot().minus(before)
+	claims := testinfra.MetricValue(t, reg, "outbox_relay_claims_total") - claimsBefore
+	roundTrips := testinfra.MetricValue(t, reg, "outbox_relay_db_roundtrips_total") - rtBefore
+	t.Logf("%d commits: %d claims, %d round trips, %d statements on the wire; the relay counted %.0f claims, %.0f round trips",
+		commits, d.claims, d.roundTrips, d.statements, claims, roundTrips)
+	// A notification that arrives while the relay finishes a batch costs
+	// one empty claim; allow two of them.
+	if d.claims > commits+2 {
+		t.Errorf("%d claims for %d commits, want at most one each (+2)", d.claims, commits)
+	}
+	if d.roundTrips > 2*(commits+2) {
+		t.Errorf("%d round trips for %d commits, want at most two each (+4)", d.roundTrips, commits)
+	}
+	// The relay does not count pgx preparing its statements on a
+	// connection it had not used yet: one round trip per pipeline, rare.
+	if prepares := float64(d.roundTrips) - roundTrips; claims != float64(d.claims) || prepares < 0 || prepares > 4 {
+		t.Errorf("the relay counted %.0f claims and %.0f round trips; its sockets saw %d and %d",
+			claims, roundTrips, d.claims, d.roundTrips)
+	}
+	if got := c.distinct(); got > commits+1 {
+		t.Errorf("%d events on the topic, want at most %d", got, commits+1)
+	}
+}
+
+// A row the relay cannot make into a message (its headers column does not
+// decode) is a message error like any other: charged an attempt each try,
+// dead after MaxAttempts with the reason, and holding back its aggregate's
+// later rows meanwhile, while other aggregates flow. It used to fail the
+// whole claim, every time, forever.
+func TestAnUndecodableRowIsChargedThenDeadAndHoldsBackItsAggregate(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	brokers := testinfra.KafkaBrokers(t)
+	topic := testinfra.NewTopic(t, brokers, 1)
+	pool := newOutboxDB(t)
+	c := collect(t, brokers, topic)
+
+	enqueue(t, pool, newEvent("bad", 1))
+	if _, err := pool.Exec(ctx, `UPDATE outbox_events SET headers = '"not an object"' WHERE aggregate_id = 'bad'`); err != nil {
+		t.Fatal(err)
+	}
+	enqueue(t, pool, newEvent("bad", 2), newEvent("good", 1))
+
+	w := kafkautil.NewWriter(brokers, 50)
+	defer w.Close()
+	const maxAttempts = 3
+	relay, err := outbox.NewRelay(pool, w, outbox.RelayConfig{
+		Topic: func(string) string { return topic }, MaxAttempts: maxAttempts,
+		BackoffMin: time.Millisecond, BackoffMax: time.Millisecond,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer relay.Close()
+	testinfra.WaitFor(t, 20*time.Second, "the undecodable row to go dead", func() (bool, error) {
+		if _, err := relay.RelayBatch(ctx); err != nil {
+			return false, fmt.Errorf("a batch failed instead of charging the row: %w", err)
+		}
+		return countRows(t, pool, "state = 'dead'") == 1, nil
+	})
+	var (
+		attempts  int
+		lastError string
+	)
+	if err := pool.QueryRow(ctx, `SELECT attempts, last_error FROM outbox_events WHERE state = 'dead'`).Scan(&attempts, &lastError); err != nil {
+		t.Fatal(err)
+	}
+	if attempts != maxAttempts || !strings.Contains(lastError, outbox.ErrUndecodable.Error()) {
+		t.Errorf("dead row: %d attempts, last error %q; want %d and the reason", attempts, lastError, maxAttempts)
+	}
+	if n := countRows(t, pool, "aggregate_id = 'bad' AND aggregate_version = 2 AND state = 'pending' AND attempts = 0"); n != 1 {
+		t.Error("the dead row's later event was published or charged; it must wait, untouched, for a requeue")
+	}
+	if n := countRows(t, pool, "aggregate_id = 'good' AND state = 'published'"); n != 1 {
+		t.Error("another aggregate's event was held back by the undecodable row")
+	}
+	testinfra.WaitFor(t, 10*time.Second, "the good event on the topic", func() (bool, error) { return c.distinct() >= 1, nil })
+	c.checkOrder(t, map[string]int64{"good": 1, "bad": 0})
+}
+
+// A relay whose registration vanished (another relay took it for dead and
+// deleted it) is unarmed once its heartbeat registers it again; it must arm
+// again at once, not at its next poll, or commits would wait for that poll.
+func TestARelayReArmsWhenItsRegistrationIsRecreated(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	brokers := testinfra.KafkaBrokers(t)
+	topic := testinfra.NewTopic(t, brokers, 1)
+	pool := newOutboxDB(t)
+	c := collect(t, brokers, topic)
+	w := kafkautil.NewWriter(brokers, 50)
+	defer w.Close()
+	relay, err := outbox.NewRelay(pool, w, outbox.RelayConfig{
+		ID: "phoenix", Topic: func(string) string { return topic },
+		PollInterval: time.Hour, RebalanceInterval: 100 * time.Millisecond,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	runRelay(t, relay)
+	armed := func() (bool, error) {
+		var waiting bool
+		err := pool.QueryRow(ctx, `SELECT coalesce(bool_or(waiting), false) FROM outbox_relays WHERE id = 'phoenix'`).Scan(&waiting)
+		return waiting, err
+	}
+	testinfra.WaitFor(t, 10*time.Second, "the idle relay to arm its wake-up", armed)
+	if _, err := pool.Exec(ctx, `DELETE FROM outbox_relays WHERE id = 'phoenix'`); err != nil {
+		t.Fatal(err)
+	}
+	testinfra.WaitFor(t, 10*time.Second, "the relay to register and arm again (an hourly poll would be too late)", armed)
+	enqueue(t, pool, newEvent("after", 1))
+	testinfra.WaitFor(t, 5*time.Second, "the commit after re-registration to be published", func() (bool, error) {
+		return c.distinct() == 1, nil
+	})
+}
