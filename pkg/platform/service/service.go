@@ -166,6 +166,10 @@ func (s *Service) Run(ctx context.Context, workers ...lifecycle.Stage) error {
 	s.Logger.InfoContext(ctx, s.opts.Name+" started",
 		slog.String("http_addr", ln.Addr().String()), slog.String("admin_addr", adminLn.Addr().String()),
 		slog.Bool("admin_token_set", s.opts.HTTP.AdminToken != ""), slog.Bool("pprof", s.opts.HTTP.Pprof))
+	// One line with a fixed msg for whatever started this process on port
+	// 0 (pkg/platform/harness): it reads the bound addresses from here.
+	s.Logger.InfoContext(ctx, "listening",
+		slog.String("http_addr", ln.Addr().String()), slog.String("admin_addr", adminLn.Addr().String()))
 	timeouts := s.opts.HTTP.Timeouts
 	// The operator listener stops last, so /metrics shows the workers
 	// draining until they are done.
