@@ -29,13 +29,15 @@ func reconciler(t *testing.T) string {
 	return bins["reconciler"]
 }
 
+// The addresses come from the program's "listening" line, which it writes
+// even with LOG_LEVEL=warn (the load rig's level).
 func TestStartReadsTheBoundAddressesAndRestartKeepsThem(t *testing.T) {
 	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	dir := t.TempDir()
 	p, err := harness.Start(ctx, harness.Config{Spec: harness.Reconciler, Bin: reconciler(t), LogPath: filepath.Join(dir, "r.log"),
-		Env: map[string]string{"LEDGER_PATH": filepath.Join(dir, "ledger.jsonl")}})
+		Env: map[string]string{"LEDGER_PATH": filepath.Join(dir, "ledger.jsonl"), "LOG_LEVEL": "warn"}})
 	if err != nil {
 		t.Fatal(err)
 	}

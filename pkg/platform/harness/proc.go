@@ -16,12 +16,14 @@ import (
 	"sync"
 	"syscall"
 	"time"
+
+	"github.com/onceflow/onceflow/pkg/platform/logging"
 )
 
 // ListeningMsg is the msg of the JSON log record a program writes once both
 // its listeners are bound, with their addresses under "http_addr" and
-// "admin_addr" (httpserver.LogListening writes it).
-const ListeningMsg = "listening"
+// "admin_addr" (logging.Listening writes it, whatever LOG_LEVEL says).
+const ListeningMsg = logging.ListeningMsg
 
 // ErrHung is what Stop returns when SIGTERM did not end the program within
 // the grace and it had to be killed.
@@ -68,14 +70,14 @@ type Proc struct {
 	cfg  Config
 	name string
 
-	mu         sync.Mutex
-	env        map[string]string
-	httpAddr   string
-	adminAddr  string
-	cmd        *exec.Cmd
-	done       chan struct{} // closed when the current lifetime ended
-	exitErr    error
-	logOffset  int64 // where the current lifetime's log begins
+	mu        sync.Mutex
+	env       map[string]string
+	httpAddr  string
+	adminAddr string
+	cmd       *exec.Cmd
+	done      chan struct{} // closed when the current lifetime ended
+	exitErr   error
+	logOffset int64 // where the current lifetime's log begins
 }
 
 // New validates cfg and returns a Proc that has not started.

@@ -90,6 +90,7 @@ type Service struct {
 	opts   Options
 	checks map[string]httpserver.Check // /readyz's, by name
 	flush  tracing.Shutdown            // flushes and stops the tracer provider
+	stdout io.Writer                   // the log's, for logging.Listening
 }
 
 // New connects, migrates and builds the HTTP server; the caller adds routes
@@ -133,7 +134,7 @@ func New(ctx context.Context, stdout io.Writer, opts Options) (*Service, error) 
 		Logger: logger, Gatherer: registry, Token: opts.HTTP.AdminToken, Pprof: opts.HTTP.Pprof,
 	})
 	return &Service{Logger: logger, Pool: pool, Registry: registry, HTTP: e, Admin: admin, opts: opts, flush: shutdownTracing,
-		checks: checks}, nil
+		checks: checks, stdout: stdout}, nil
 }
 
 // AddCheck adds a readiness check to /readyz, for a worker that can say
@@ -166,10 +167,7 @@ func (s *Service) Run(ctx context.Context, workers ...lifecycle.Stage) error {
 	s.Logger.InfoContext(ctx, s.opts.Name+" started",
 		slog.String("http_addr", ln.Addr().String()), slog.String("admin_addr", adminLn.Addr().String()),
 		slog.Bool("admin_token_set", s.opts.HTTP.AdminToken != ""), slog.Bool("pprof", s.opts.HTTP.Pprof))
-	// One line with a fixed msg for whatever started this process on port
-	// 0 (pkg/platform/harness): it reads the bound addresses from here.
-	s.Logger.InfoContext(ctx, "listening",
-		slog.String("http_addr", ln.Addr().String()), slog.String("admin_addr", adminLn.Addr().String()))
+	logging.Listening(ctx, s.stdout, s.opts.Name, ln.Addr().String(), adminLn.Addr().String())
 	timeouts := s.opts.HTTP.Timeouts
 	// The operator listener stops last, so /metrics shows the workers
 	// draining until they are done.

@@ -125,10 +125,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout 
 		slog.String("addr", ln.Addr().String()), slog.String("admin_addr", adminLn.Addr().String()),
 		slog.String("ledger_path", cfg.LedgerPath),
 		slog.Int("settlements", stats.Settlements), slog.Int("duplicates", stats.Duplicates))
-	// The same line as every service's (pkg/platform/service): the harness
-	// reads the port-0 addresses from it.
-	logger.InfoContext(ctx, "listening",
-		slog.String("http_addr", ln.Addr().String()), slog.String("admin_addr", adminLn.Addr().String()))
+	logging.Listening(ctx, stdout, "reconciler", ln.Addr().String(), adminLn.Addr().String())
 
 	err = lifecycle.Run(ctx,
 		lifecycle.Stage{Name: "http", Run: func(ctx context.Context) error {
