@@ -227,9 +227,9 @@ func (p *Platform) auditCancellations(ctx context.Context, a *Audit, refundsBook
 			AND c.aggregate_id = r.aggregate_id AND c.id < r.id)`).Scan(&a.BillingOutOfOrder)
 }
 
-func (p *Platform) publishMode() string { return p.API.env["PUBLISH_MODE"] }
+func (p *Platform) publishMode() string { return p.API.env("PUBLISH_MODE") }
 
-func (p *Platform) relayMode() string { return p.API.env["RELAY_MODE"] }
+func (p *Platform) relayMode() string { return p.API.env("RELAY_MODE") }
 
 // pendingQuery counts an outbox's events not yet published. The log-based
 // relay leaves rows pending for good: what it has not published is what
@@ -307,11 +307,11 @@ func (p *Platform) progress(ctx context.Context) (progress, error) {
 	}
 	g.settlements = stats.Settlements
 	brokers := p.h.stack.Brokers()
-	l1, err := groupLag(ctx, brokers, p.Billing.env["CONSUMER_GROUP"], p.OrdersTopic)
+	l1, err := groupLag(ctx, brokers, p.Billing.env("CONSUMER_GROUP"), p.OrdersTopic)
 	if err != nil {
 		return g, err
 	}
-	l2, err := groupLag(ctx, brokers, "shim", p.BillingTop)
+	l2, err := groupLag(ctx, brokers, p.ShimGroup, p.BillingTop)
 	if err != nil {
 		return g, err
 	}

@@ -9,6 +9,7 @@ import (
 	"runtime"
 	"slices"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/onceflow/onceflow/pkg/outbox"
@@ -90,21 +91,25 @@ type Proof struct {
 	Name  string
 	Naive string // the naive mode's label, "" if none
 	run   func(h *Harness, ctx context.Context, naive bool) Row
+	// Exclusive proofs change the shared stack itself (restart or stop
+	// Kafka or PostgreSQL, poison the proxies every platform goes through):
+	// they run alone, after the others.
+	Exclusive bool
 }
 
-// Proofs in the order they run.
+// Proofs in the order they are reported.
 var Proofs = []Proof{
-	{"atomicity", "naive publish (dual write)", (*Harness).atomicity},
-	{"relay-crash", "naive consumer (no inbox)", (*Harness).relayCrash},
-	{"redelivery", "naive consumer (no inbox)", (*Harness).redelivery},
-	{"ordering", "", (*Harness).ordering},
-	{"replay", "", (*Harness).replay},
-	{"backlog", "", (*Harness).backlog},
-	{"poison", "", (*Harness).poison},
-	{"chaos", "", (*Harness).chaos},
-	{"scale-out", "", (*Harness).scaleOut},
-	{"kafka-outage", "", (*Harness).kafkaOutage},
-	{"busy-relay", "", (*Harness).busyRelay},
+	{"atomicity", "naive publish (dual write)", (*Harness).atomicity, false},
+	{"relay-crash", "naive consumer (no inbox)", (*Harness).relayCrash, false},
+	{"redelivery", "naive consumer (no inbox)", (*Harness).redelivery, false},
+	{"ordering", "", (*Harness).ordering, false},
+	{"replay", "", (*Harness).replay, false},
+	{"backlog", "", (*Harness).backlog, false},
+	{"poison", "", (*Harness).poison, false},
+	{"chaos", "", (*Harness).chaos, true},
+	{"scale-out", "", (*Harness).scaleOut, true},
+	{"kafka-outage", "", (*Harness).kafkaOutage, true},
+	{"busy-relay", "", (*Harness).busyRelay, true},
 }
 
 // RelayModeProofs are the proofs that run once per Options.RelayModes:
@@ -124,6 +129,10 @@ type Options struct {
 	// proofs about publishing (RelayModeProofs) run in, one row each; the
 	// other proofs and the naive modes run with poll. Default: poll.
 	RelayModes []string
+	// Parallel is how many runs of the proofs that leave the shared stack
+	// alone (not Exclusive) go at once, each on its own platform (its own
+	// databases, topics, consumer groups and processes). Default 1.
+	Parallel int
 	// Out receives progress.
 	Out io.Writer
 }
@@ -136,12 +145,24 @@ type Harness struct {
 	bins  map[string]string
 	stack *Stack
 	prof  Profile
-	// relayMode is the RELAY_MODE of the proof running now.
+	// relayMode is the RELAY_MODE of the proof this copy runs.
 	relayMode string
+	// tag prefixes this copy's lines when runs go side by side.
+	tag string
+	// rolesMu serializes creating the server's roles, which every
+	// platform of the run shares.
+	rolesMu *sync.Mutex
 }
 
 func (h *Harness) logf(format string, args ...any) {
-	fmt.Fprintf(h.opts.Out, "%s  %s\n", time.Now().Format("15:04:05"), fmt.Sprintf(format, args...))
+	fmt.Fprintf(h.opts.Out, "%s  %s%s\n", time.Now().Format("15:04:05"), h.tag, fmt.Sprintf(format, args...))
+}
+
+// job is one row of the report: a proof in one mode.
+type job struct {
+	proof     Proof
+	naive     bool
+	relayMode string
 }
 
 // Run builds the programs, starts the stack, runs the proofs and returns
@@ -166,7 +187,8 @@ func Run(ctx context.Context, opts Options) (*Report, error) {
 			return nil, fmt.Errorf("no proof named %q (there are %s)", name, proofNames())
 		}
 	}
-	h := &Harness{opts: opts, dir: opts.Dir, prof: opts.Profile,
+	opts.Parallel = max(opts.Parallel, 1)
+	h := &Harness{opts: opts, dir: opts.Dir, prof: opts.Profile, rolesMu: &sync.Mutex{},
 		runID: time.Now().UTC().Format("20060102t150405")}
 	start := time.Now()
 	rep := &Report{Profile: opts.Profile.Name, Started: start,
@@ -180,55 +202,53 @@ func Run(ctx context.Context, opts Options) (*Report, error) {
 	}
 	defer h.stack.Close()
 	h.dropOldDatabases(ctx)
+	var jobs []job
 	for _, p := range Proofs {
 		if len(opts.Only) > 0 && !slices.Contains(opts.Only, p.Name) {
 			continue
 		}
-		type variant struct {
-			naive     bool
-			relayMode string
-		}
-		var variants []variant
 		if RelayModeProofs[p.Name] {
 			for _, m := range opts.RelayModes {
-				variants = append(variants, variant{false, m})
+				jobs = append(jobs, job{p, false, m})
 			}
 		} else {
-			variants = append(variants, variant{false, "poll"})
+			jobs = append(jobs, job{p, false, "poll"})
 		}
 		if p.Naive != "" {
-			variants = append(variants, variant{true, "poll"})
-		}
-		for _, v := range variants {
-			naive := v.naive
-			if ctx.Err() != nil {
-				return nil, ctx.Err()
-			}
-			mode := "outbox+inbox"
-			if naive {
-				mode = p.Naive
-			}
-			if v.relayMode != "poll" {
-				mode += ", RELAY_MODE=" + v.relayMode
-			}
-			h.relayMode = v.relayMode
-			h.logf("── %s (%s) ──", p.Name, mode)
-			began := time.Now()
-			row := p.run(h, ctx, naive)
-			row.Proof, row.Mode, row.Naive = p.Name, mode, naive
-			row.Seconds = time.Since(began).Seconds()
-			row.settle()
-			h.logf("%s (%s): %s — faults %d, orders %d, lost %d, duplicated %d, out of order %d, absorbed %d, recovery %s%s",
-				p.Name, mode, row.Status, row.Faults, row.Orders, row.Lost, row.Duplicated, row.OutOfOrder, row.Absorbed,
-				recovery(row.RecoverySeconds), errSuffix(row.Error))
-			for _, c := range row.Checks {
-				if !c.OK {
-					h.logf("   broken: %s", c.What)
-				}
-			}
-			rep.Rows = append(rep.Rows, row)
+			jobs = append(jobs, job{p, true, "poll"})
 		}
 	}
+	rows := make([]Row, len(jobs))
+	// First the proofs that leave the stack alone, opts.Parallel at a time;
+	// then the exclusive ones, one by one, with nothing beside them.
+	sem := make(chan struct{}, opts.Parallel)
+	var wg sync.WaitGroup
+	for i, j := range jobs {
+		if j.proof.Exclusive {
+			continue
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			select {
+			case sem <- struct{}{}:
+			case <-ctx.Done():
+				return
+			}
+			defer func() { <-sem }()
+			rows[i] = h.runJob(ctx, j)
+		}()
+	}
+	wg.Wait()
+	for i, j := range jobs {
+		if j.proof.Exclusive && ctx.Err() == nil {
+			rows[i] = h.runJob(ctx, j)
+		}
+	}
+	if ctx.Err() != nil {
+		return nil, ctx.Err()
+	}
+	rep.Rows = rows
 	rep.Seconds = time.Since(start).Seconds()
 	rep.finish()
 	dir := filepath.Join(opts.Dir, "runs", h.runID)
@@ -238,6 +258,37 @@ func Run(ctx context.Context, opts Options) (*Report, error) {
 	}
 	h.logf("report: %s and %s (service logs beside them)", jsonPath, mdPath)
 	return rep, nil
+}
+
+// runJob runs one proof in one mode on a copy of h, and logs its row.
+func (h *Harness) runJob(ctx context.Context, j job) Row {
+	mode := "outbox+inbox"
+	if j.naive {
+		mode = j.proof.Naive
+	}
+	if j.relayMode != "poll" {
+		mode += ", RELAY_MODE=" + j.relayMode
+	}
+	hj := *h
+	hj.relayMode = j.relayMode
+	if h.opts.Parallel > 1 && !j.proof.Exclusive {
+		hj.tag = fmt.Sprintf("[%s, %s] ", j.proof.Name, mode)
+	}
+	hj.logf("── %s (%s) ──", j.proof.Name, mode)
+	began := time.Now()
+	row := j.proof.run(&hj, ctx, j.naive)
+	row.Proof, row.Mode, row.Naive = j.proof.Name, mode, j.naive
+	row.Seconds = time.Since(began).Seconds()
+	row.settle()
+	hj.logf("%s (%s): %s in %.0fs — faults %d, orders %d, lost %d, duplicated %d, out of order %d, absorbed %d, recovery %s%s",
+		j.proof.Name, mode, row.Status, row.Seconds, row.Faults, row.Orders, row.Lost, row.Duplicated, row.OutOfOrder, row.Absorbed,
+		recovery(row.RecoverySeconds), errSuffix(row.Error))
+	for _, c := range row.Checks {
+		if !c.OK {
+			hj.logf("   broken: %s", c.What)
+		}
+	}
+	return row
 }
 
 func errSuffix(e string) string {

@@ -34,6 +34,7 @@ func run(ctx context.Context, args []string) error {
 	relayModes := fs.String("relay-modes", "poll,cdc,wal",
 		"comma-separated RELAY_MODEs the producing-side proofs ("+strings.Join(relayModeProofs(), ", ")+") run in")
 	dir := fs.String("dir", "", "where the harness keeps its stack, binaries, logs and reports (default <repo>/.prove)")
+	parallel := fs.Int("parallel", 1, "how many of the proofs that leave the shared stack alone run at once, each on its own platform")
 	if err := fs.Parse(args[1:]); err != nil {
 		return err
 	}
@@ -45,7 +46,8 @@ func run(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
-	opts := prove.Options{Root: root, Dir: *dir, Profile: prof, Out: os.Stdout, RelayModes: strings.Split(*relayModes, ",")}
+	opts := prove.Options{Root: root, Dir: *dir, Profile: prof, Out: os.Stdout, RelayModes: strings.Split(*relayModes, ","),
+		Parallel: *parallel}
 	if *only != "" {
 		opts.Only = strings.Split(*only, ",")
 	}
