@@ -257,23 +257,14 @@ func (s *promServer) query(ctx context.Context, expr string) (apiResult, error) 
 }
 
 func (s *promServer) get(ctx context.Context, path string, data any) error {
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, s.url+path, nil)
-	if err != nil {
-		return err
-	}
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		return err
-	}
-	defer resp.Body.Close()
 	var body struct {
 		Status    string          `json:"status"`
 		ErrorType string          `json:"errorType"`
 		Error     string          `json:"error"`
 		Data      json.RawMessage `json:"data"`
 	}
-	if err := json.NewDecoder(resp.Body).Decode(&body); err != nil {
-		return fmt.Errorf("decoding %s: %w", path, err)
+	if err := harness.GetJSON(ctx, s.url+path, &body); err != nil {
+		return err
 	}
 	if body.Status != "success" {
 		return fmt.Errorf("%s: %s", body.ErrorType, body.Error)

@@ -231,7 +231,7 @@ func (p *platform) placeTracedOrder(ctx context.Context, t *testing.T) string {
 	}
 	testinfra.WaitFor(t, 90*time.Second, "the reconciler to book the order's payment", func() (bool, error) {
 		booked = nil
-		if err := getJSON(ctx, p.reconcilerURL+"/settlements", &booked); err != nil {
+		if err := harness.GetJSON(ctx, p.reconcilerURL+"/settlements", &booked); err != nil {
 			return false, err
 		}
 		return len(booked) > 0, nil
@@ -305,22 +305,6 @@ func stop(t *testing.T, p *harness.Proc) {
 	if err := p.Stop(30 * time.Second); err != nil {
 		t.Errorf("%v\n%s", err, p.Tail(40))
 	}
-}
-
-func getJSON(ctx context.Context, url string, v any) error {
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
-	if err != nil {
-		return err
-	}
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		return err
-	}
-	defer resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		return fmt.Errorf("GET %s: %s", url, resp.Status)
-	}
-	return json.NewDecoder(resp.Body).Decode(v)
 }
 
 // storedTraceparent returns the traceparent of the one outbox row in db.

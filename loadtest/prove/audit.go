@@ -7,6 +7,8 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+
+	"github.com/onceflow/onceflow/pkg/platform/harness"
 )
 
 // Audit is what the three databases and the third party's ledger say after
@@ -83,7 +85,7 @@ type settlement struct {
 
 func (p *Platform) ledger(ctx context.Context) ([]settlement, error) {
 	var all []settlement
-	if err := getJSON(ctx, p.Recon.URL()+"/settlements", &all); err != nil {
+	if err := harness.GetJSON(ctx, p.Recon.URL()+"/settlements", &all); err != nil {
 		return nil, fmt.Errorf("reading the ledger: %w", err)
 	}
 	return all, nil
@@ -302,7 +304,7 @@ func (p *Platform) progress(ctx context.Context) (progress, error) {
 	var stats struct {
 		Settlements int `json:"settlements"`
 	}
-	if err := getJSON(ctx, p.Recon.URL()+"/stats", &stats); err != nil {
+	if err := harness.GetJSON(ctx, p.Recon.URL()+"/stats", &stats); err != nil {
 		return g, err
 	}
 	g.settlements = stats.Settlements

@@ -474,20 +474,6 @@ func readTopic(ctx context.Context, brokers []string, topic string) ([]kafka.Mes
 	return out, nil
 }
 
-// getJSON decodes a GET's JSON body into v.
-func getJSON(ctx context.Context, url string, v any) error {
-	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		return err
-	}
-	defer resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		return fmt.Errorf("GET %s: %s", url, resp.Status)
-	}
-	return json.NewDecoder(resp.Body).Decode(v)
-}
-
 // roleURL is base (a URL PGURL made) as role l; base is well formed.
 func roleURL(base string, l pgroles.Login, db string) string {
 	u, _ := pgroles.URL(base, l, db)

@@ -18,22 +18,27 @@ import (
 )
 
 // CheckProgram checks one program against its configuration cfg (a pointer
-// to its Config struct): CheckEnv on the Compose service spec.Compose, and
-// spec's variables against the ones cfg reads (harness.CheckSpec). One
-// test per program then keeps both descriptions of its environment, the
-// Compose file and the harness's, in line with the code.
-func CheckProgram(t testing.TB, composePath string, spec harness.Spec, cfg any) {
+// to its Config struct): CheckEnv on the Compose service, and the
+// program's harness.Spec (the one whose Compose is service) against the
+// variables cfg reads (harness.CheckSpec). One test per program then keeps
+// both descriptions of its environment, the Compose file and the
+// harness's, in line with the code.
+func CheckProgram(t testing.TB, composePath, service string, cfg any) {
 	t.Helper()
-	CheckEnv(t, composePath, spec.Compose, cfg)
+	CheckEnv(t, composePath, service, cfg)
+	i := slices.IndexFunc(harness.Programs, func(s harness.Spec) bool { return s.Compose == service })
+	if i < 0 {
+		t.Fatalf("pkg/platform/harness has no program spec for the Compose service %q", service)
+	}
 	reads, err := config.Vars(cfg)
 	if err != nil {
 		t.Fatalf("%v", err)
 	}
 	names := make([]string, len(reads))
-	for i, v := range reads {
-		names[i] = v.Name
+	for j, v := range reads {
+		names[j] = v.Name
 	}
-	if err := harness.CheckSpec(spec, names); err != nil {
+	if err := harness.CheckSpec(harness.Programs[i], names); err != nil {
 		t.Errorf("%v (pkg/platform/harness/spec.go)", err)
 	}
 }

@@ -468,3 +468,26 @@ func FreeAddrs(n int) ([]string, error) {
 	}
 	return out, nil
 }
+
+// GetJSON GETs url and decodes its JSON answer into v. A status other than
+// 200 is an error that quotes the start of the body (Prometheus, for one,
+// says there why it refused a query).
+func GetJSON(ctx context.Context, url string, v any) error {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	if err != nil {
+		return err
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		body, _ := io.ReadAll(io.LimitReader(resp.Body, 512))
+		return fmt.Errorf("GET %s: %s: %s", url, resp.Status, body)
+	}
+	if err := json.NewDecoder(resp.Body).Decode(v); err != nil {
+		return fmt.Errorf("GET %s: decoding: %w", url, err)
+	}
+	return nil
+}

@@ -4,7 +4,6 @@ import (
 	"testing"
 
 	"github.com/onceflow/onceflow/pkg/platform/composecheck"
-	"github.com/onceflow/onceflow/pkg/platform/harness"
 )
 
 // The compose file must set every variable this program reads (the defaults
@@ -12,5 +11,5 @@ import (
 // harness's spec of it must name only variables it reads.
 func TestDockerComposeSetsEveryVariable(t *testing.T) {
 	t.Parallel()
-	composecheck.CheckProgram(t, "../../../../docker-compose.yml", harness.Billing, &Config{})
+	composecheck.CheckProgram(t, "../../../../docker-compose.yml", "billing", &Config{})
 }
