@@ -131,7 +131,9 @@ type Options struct {
 	RelayModes []string
 	// Parallel is how many runs of the proofs that leave the shared stack
 	// alone (not Exclusive) go at once, each on its own platform (its own
-	// databases, topics, consumer groups and processes). Default 1.
+	// databases, topics, consumer groups and processes). Above 1, the
+	// Exclusive proofs also run meanwhile, one by one, on a second stack.
+	// Default 1: everything one after the other on one stack.
 	Parallel int
 	// Out receives progress.
 	Out io.Writer
@@ -201,7 +203,7 @@ func Run(ctx context.Context, opts Options) (*Report, error) {
 		return nil, err
 	}
 	defer h.stack.Close()
-	h.dropOldDatabases(ctx)
+	h.stack.dropOldDatabases(ctx)
 	var jobs []job
 	for _, p := range Proofs {
 		if len(opts.Only) > 0 && !slices.Contains(opts.Only, p.Name) {
@@ -219,8 +221,39 @@ func Run(ctx context.Context, opts Options) (*Report, error) {
 		}
 	}
 	rows := make([]Row, len(jobs))
-	// First the proofs that leave the stack alone, opts.Parallel at a time;
-	// then the exclusive ones, one by one, with nothing beside them.
+	// The proofs that leave the stack alone run opts.Parallel at a time.
+	// The exclusive ones run one by one with nothing beside them on their
+	// stack: after the others on the same stack, or, when runs go side by
+	// side anyway, at the same time as the others on a second stack of
+	// their own (the machine's cores are shared either way; the proofs
+	// spend most of their time waiting out faults and quiet windows).
+	exclusive := func(stack *Stack) {
+		for i, j := range jobs {
+			if j.proof.Exclusive && ctx.Err() == nil {
+				rows[i] = h.runJob(ctx, stack, j)
+			}
+		}
+	}
+	var second sync.WaitGroup
+	if opts.Parallel > 1 && slices.ContainsFunc(jobs, func(j job) bool { return j.proof.Exclusive }) {
+		second.Add(1)
+		go func() {
+			defer second.Done()
+			stack, err := StartStack(ctx, opts.Root, filepath.Join(opts.Dir, "stack-exclusive"), h.bins["toxiproxy"], h.logf)
+			if err != nil {
+				for i, j := range jobs {
+					if j.proof.Exclusive {
+						rows[i] = Row{Proof: j.proof.Name, Mode: "outbox+inbox", Error: fmt.Sprintf("the second stack: %v", err)}
+						rows[i].settle()
+					}
+				}
+				return
+			}
+			defer stack.Close()
+			stack.dropOldDatabases(ctx)
+			exclusive(stack)
+		}()
+	}
 	sem := make(chan struct{}, opts.Parallel)
 	var wg sync.WaitGroup
 	for i, j := range jobs {
@@ -236,15 +269,14 @@ func Run(ctx context.Context, opts Options) (*Report, error) {
 				return
 			}
 			defer func() { <-sem }()
-			rows[i] = h.runJob(ctx, j)
+			rows[i] = h.runJob(ctx, h.stack, j)
 		}()
 	}
 	wg.Wait()
-	for i, j := range jobs {
-		if j.proof.Exclusive && ctx.Err() == nil {
-			rows[i] = h.runJob(ctx, j)
-		}
+	if opts.Parallel == 1 {
+		exclusive(h.stack)
 	}
+	second.Wait()
 	if ctx.Err() != nil {
 		return nil, ctx.Err()
 	}
@@ -260,8 +292,9 @@ func Run(ctx context.Context, opts Options) (*Report, error) {
 	return rep, nil
 }
 
-// runJob runs one proof in one mode on a copy of h, and logs its row.
-func (h *Harness) runJob(ctx context.Context, j job) Row {
+// runJob runs one proof in one mode on a copy of h using stack, and logs
+// its row.
+func (h *Harness) runJob(ctx context.Context, stack *Stack, j job) Row {
 	mode := "outbox+inbox"
 	if j.naive {
 		mode = j.proof.Naive
@@ -270,8 +303,8 @@ func (h *Harness) runJob(ctx context.Context, j job) Row {
 		mode += ", RELAY_MODE=" + j.relayMode
 	}
 	hj := *h
-	hj.relayMode = j.relayMode
-	if h.opts.Parallel > 1 && !j.proof.Exclusive {
+	hj.relayMode, hj.stack = j.relayMode, stack
+	if h.opts.Parallel > 1 {
 		hj.tag = fmt.Sprintf("[%s, %s] ", j.proof.Name, mode)
 	}
 	hj.logf("── %s (%s) ──", j.proof.Name, mode)
@@ -309,10 +342,10 @@ func proofNames() string {
 // dropOldDatabases removes the databases of earlier runs, and first the
 // replication slots a killed run left in them (a database with a logical
 // slot cannot be dropped).
-func (h *Harness) dropOldDatabases(ctx context.Context) {
-	_, _ = h.stack.Admin.Exec(ctx, `SELECT pg_drop_replication_slot(s.slot_name) FROM pg_replication_slots s
+func (s *Stack) dropOldDatabases(ctx context.Context) {
+	_, _ = s.Admin.Exec(ctx, `SELECT pg_drop_replication_slot(s.slot_name) FROM pg_replication_slots s
 		WHERE s.database LIKE 'prove\_%' AND NOT s.active`)
-	rows, err := h.stack.Admin.Query(ctx, `SELECT datname FROM pg_database WHERE datname LIKE 'prove\_%'`)
+	rows, err := s.Admin.Query(ctx, `SELECT datname FROM pg_database WHERE datname LIKE 'prove\_%'`)
 	if err != nil {
 		return
 	}
@@ -325,6 +358,6 @@ func (h *Harness) dropOldDatabases(ctx context.Context) {
 	}
 	rows.Close()
 	for _, n := range names {
-		_, _ = h.stack.Admin.Exec(ctx, `DROP DATABASE IF EXISTS "`+n+`" WITH (FORCE)`)
+		_, _ = s.Admin.Exec(ctx, `DROP DATABASE IF EXISTS "`+n+`" WITH (FORCE)`)
 	}
 }
