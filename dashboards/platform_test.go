@@ -30,7 +30,7 @@ import (
 // test process.
 func buildPrograms(t *testing.T) map[string]string {
 	t.Helper()
-	root, err := filepath.Abs("..")
+	root, err := harness.RepoRoot()
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -12,7 +12,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/segmentio/kafka-go"
+	kafka "github.com/segmentio/kafka-go" // the package's name is not its path's
 	tracepb "go.opentelemetry.io/proto/otlp/trace/v1"
 
 	"github.com/onceflow/onceflow/pkg/platform/harness"

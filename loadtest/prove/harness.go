@@ -254,22 +254,25 @@ func Run(ctx context.Context, opts Options) (*Report, error) {
 			exclusive(stack)
 		}()
 	}
-	sem := make(chan struct{}, opts.Parallel)
-	var wg sync.WaitGroup
+	// Workers take the jobs in their order, so the slowest proofs, listed
+	// first among those that share the stack, start first.
+	queue := make(chan int, len(jobs))
 	for i, j := range jobs {
-		if j.proof.Exclusive {
-			continue
+		if !j.proof.Exclusive {
+			queue <- i
 		}
+	}
+	close(queue)
+	var wg sync.WaitGroup
+	for range opts.Parallel {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			select {
-			case sem <- struct{}{}:
-			case <-ctx.Done():
-				return
+			for i := range queue {
+				if ctx.Err() == nil {
+					rows[i] = h.runJob(ctx, h.stack, jobs[i])
+				}
 			}
-			defer func() { <-sem }()
-			rows[i] = h.runJob(ctx, h.stack, j)
 		}()
 	}
 	wg.Wait()

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/onceflow/onceflow/loadtest/prove"
+	"github.com/onceflow/onceflow/pkg/platform/harness"
 )
 
 // TestQuickProofs runs every proof in the quick profile, the version `make
@@ -25,7 +26,7 @@ import (
 // ONCEFLOW_PROVE_PARALLEL sets Options.Parallel (default 3: the proofs that
 // leave the stack alone go three at a time, each on its own platform).
 func TestQuickProofs(t *testing.T) {
-	root, err := filepath.Abs("../..")
+	root, err := harness.RepoRoot()
 	if err != nil {
 		t.Fatal(err)
 	}

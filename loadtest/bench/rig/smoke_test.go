@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/onceflow/onceflow/loadtest/bench/rig"
+	"github.com/onceflow/onceflow/pkg/platform/harness"
 	"github.com/onceflow/onceflow/pkg/platform/testinfra"
 )
 
@@ -19,7 +20,7 @@ import (
 // their own. k6's thresholds must pass (exit 0), and the databases must
 // agree with k6's audit: every order charged once and forwarded once.
 func TestK6Smoke(t *testing.T) {
-	root, err := filepath.Abs("../../..")
+	root, err := harness.RepoRoot()
 	if err != nil {
 		t.Fatal(err)
 	}

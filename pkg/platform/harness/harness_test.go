@@ -15,7 +15,7 @@ import (
 // reconciler builds the reconciler stand-in (it needs no server) once.
 func reconciler(t *testing.T) string {
 	t.Helper()
-	root, err := filepath.Abs("../../..")
+	root, err := harness.RepoRoot()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -29,19 +29,27 @@ func reconciler(t *testing.T) string {
 	return bins["reconciler"]
 }
 
+// startReconciler starts the reconciler stand-in with logLevel, on port 0
+// or, with prePick, on ports picked in advance; the test stops it.
+func startReconciler(ctx context.Context, t *testing.T, logLevel string, prePick bool) *harness.Proc {
+	t.Helper()
+	dir := t.TempDir()
+	p, err := harness.Start(ctx, harness.Config{Spec: harness.Reconciler, Bin: reconciler(t), LogPath: filepath.Join(dir, "r.log"),
+		Env: map[string]string{"LEDGER_PATH": filepath.Join(dir, "ledger.jsonl"), "LOG_LEVEL": logLevel}, PrePickPorts: prePick})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = p.Stop(10 * time.Second) })
+	return p
+}
+
 // The addresses come from the program's "listening" line, which it writes
 // even with LOG_LEVEL=warn (the load rig's level).
 func TestStartReadsTheBoundAddressesAndRestartKeepsThem(t *testing.T) {
 	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	dir := t.TempDir()
-	p, err := harness.Start(ctx, harness.Config{Spec: harness.Reconciler, Bin: reconciler(t), LogPath: filepath.Join(dir, "r.log"),
-		Env: map[string]string{"LEDGER_PATH": filepath.Join(dir, "ledger.jsonl"), "LOG_LEVEL": "warn"}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = p.Stop(10 * time.Second) })
+	p := startReconciler(ctx, t, "warn", false)
 	if strings.HasSuffix(p.HTTPAddr(), ":0") || strings.HasSuffix(p.AdminAddr(), ":0") || p.HTTPAddr() == p.AdminAddr() {
 		t.Fatalf("addresses %q and %q: want the two bound ports", p.HTTPAddr(), p.AdminAddr())
 	}
@@ -79,13 +87,7 @@ func TestPrePickedPortsForOldBinaries(t *testing.T) {
 	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	dir := t.TempDir()
-	p, err := harness.Start(ctx, harness.Config{Spec: harness.Reconciler, Bin: reconciler(t), LogPath: filepath.Join(dir, "r.log"),
-		Env: map[string]string{"LEDGER_PATH": filepath.Join(dir, "ledger.jsonl")}, PrePickPorts: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = p.Stop(10 * time.Second) })
+	p := startReconciler(ctx, t, "info", true)
 	if strings.HasSuffix(p.HTTPAddr(), ":0") {
 		t.Fatalf("address %q: want the picked port", p.HTTPAddr())
 	}

@@ -12,6 +12,7 @@ import (
 	"net/http"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strings"
 	"sync"
 	"syscall"
@@ -254,19 +255,18 @@ func (p *Proc) exited() bool {
 // Name is the program's name.
 func (p *Proc) Name() string { return p.name }
 
-// HTTPAddr is the public listener's address (host:port).
-func (p *Proc) HTTPAddr() string {
+// locked reads p's state under its lock.
+func locked[T any](p *Proc, read func() T) T {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	return p.httpAddr
+	return read()
 }
 
+// HTTPAddr is the public listener's address (host:port).
+func (p *Proc) HTTPAddr() string { return locked(p, func() string { return p.httpAddr }) }
+
 // AdminAddr is the operator listener's address (host:port).
-func (p *Proc) AdminAddr() string {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	return p.adminAddr
-}
+func (p *Proc) AdminAddr() string { return locked(p, func() string { return p.adminAddr }) }
 
 // URL is the public listener's base URL.
 func (p *Proc) URL() string { return "http://" + p.HTTPAddr() }
@@ -275,11 +275,7 @@ func (p *Proc) URL() string { return "http://" + p.HTTPAddr() }
 func (p *Proc) AdminURL() string { return "http://" + p.AdminAddr() }
 
 // Env returns the value of an environment variable of the next lifetime.
-func (p *Proc) Env(key string) string {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	return p.env[key]
-}
+func (p *Proc) Env(key string) string { return locked(p, func() string { return p.env[key] }) }
 
 // SetEnv changes the environment of the next lifetimes; "" removes a
 // variable. The addresses cannot change.
@@ -297,36 +293,24 @@ func (p *Proc) SetEnv(change map[string]string) {
 
 // Pid is the current lifetime's process id (0 before the first start).
 func (p *Proc) Pid() int {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if p.cmd == nil || p.cmd.Process == nil {
-		return 0
-	}
-	return p.cmd.Process.Pid
+	return locked(p, func() int {
+		if p.cmd == nil || p.cmd.Process == nil {
+			return 0
+		}
+		return p.cmd.Process.Pid
+	})
 }
 
 // Done is closed when the current lifetime ends (nil before the first
 // start). Take it before waiting: a Start makes a new one.
-func (p *Proc) Done() <-chan struct{} {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	return p.done
-}
+func (p *Proc) Done() <-chan struct{} { return locked(p, func() <-chan struct{} { return p.done }) }
 
 // ExitErr is how the last lifetime ended (nil: exit status 0, or still
 // running).
-func (p *Proc) ExitErr() error {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	return p.exitErr
-}
+func (p *Proc) ExitErr() error { return locked(p, func() error { return p.exitErr }) }
 
 // Running reports whether a lifetime is running now.
-func (p *Proc) Running() bool {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	return p.done != nil && !p.exited()
-}
+func (p *Proc) Running() bool { return locked(p, func() bool { return p.done != nil && !p.exited() }) }
 
 // Killed reports whether err (an ExitErr) is a death by SIGKILL: a crash
 // point's, or Kill's.
@@ -490,4 +474,23 @@ func GetJSON(ctx context.Context, url string, v any) error {
 		return fmt.Errorf("GET %s: decoding: %w", url, err)
 	}
 	return nil
+}
+
+// RepoRoot returns the repository root: the nearest directory at or above
+// the working directory (a test's is its package's) that holds go.work.
+func RepoRoot() (string, error) {
+	dir, err := os.Getwd()
+	if err != nil {
+		return "", err
+	}
+	for {
+		if _, err := os.Stat(filepath.Join(dir, "go.work")); err == nil {
+			return dir, nil
+		}
+		parent := filepath.Dir(dir)
+		if parent == dir {
+			return "", errors.New("no go.work at or above the working directory")
+		}
+		dir = parent
+	}
 }
