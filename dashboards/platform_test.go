@@ -30,14 +30,10 @@ import (
 // test process.
 func buildPrograms(t *testing.T) map[string]string {
 	t.Helper()
-	root, err := harness.RepoRoot()
-	if err != nil {
-		t.Fatal(err)
-	}
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
 	reconcile := harness.Spec{Name: "reconcile", Package: "./tools/cmd/reconcile"}
-	bins, err := harness.Build(ctx, root, filepath.Join(os.TempDir(), "onceflow-dashboards-test"), append(harness.Programs, reconcile)...)
+	bins, err := harness.BuildTree(ctx, filepath.Join(os.TempDir(), "onceflow-dashboards-test"), append(harness.Programs, reconcile)...)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -269,8 +269,7 @@ func TestMain(m *testing.M) {
 		os.Exit(1)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
-	// The repository root, whose go.work joins the modules.
-	bins, err = harness.Build(ctx, "..", dir)
+	bins, err = harness.BuildTree(ctx, dir)
 	cancel()
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)

@@ -26,10 +26,7 @@ import (
 // ONCEFLOW_PROVE_PARALLEL sets Options.Parallel (default 3: the proofs that
 // leave the stack alone go three at a time, each on its own platform).
 func TestQuickProofs(t *testing.T) {
-	root, err := harness.RepoRoot()
-	if err != nil {
-		t.Fatal(err)
-	}
+	root := harness.Root(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 25*time.Minute)
 	defer cancel()
 	var only []string
@@ -38,6 +35,7 @@ func TestQuickProofs(t *testing.T) {
 	}
 	parallel := 3
 	if v := os.Getenv("ONCEFLOW_PROVE_PARALLEL"); v != "" {
+		var err error
 		if parallel, err = strconv.Atoi(v); err != nil {
 			t.Fatalf("ONCEFLOW_PROVE_PARALLEL=%q: %v", v, err)
 		}

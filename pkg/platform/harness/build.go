@@ -61,3 +61,13 @@ func build(ctx context.Context, root, dir string, specs []Spec, pkgs []string) (
 	}
 	return bins, nil
 }
+
+// BuildTree is Build from the repository around the working directory
+// (RepoRoot), as the tests of its packages build it.
+func BuildTree(ctx context.Context, dir string, specs ...Spec) (map[string]string, error) {
+	root, err := RepoRoot()
+	if err != nil {
+		return nil, err
+	}
+	return Build(ctx, root, dir, specs...)
+}

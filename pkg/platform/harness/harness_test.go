@@ -15,14 +15,10 @@ import (
 // reconciler builds the reconciler stand-in (it needs no server) once.
 func reconciler(t *testing.T) string {
 	t.Helper()
-	root, err := harness.RepoRoot()
-	if err != nil {
-		t.Fatal(err)
-	}
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
 	// A directory of the process, not of the test: Build is once per process.
-	bins, err := harness.Build(ctx, root, filepath.Join(os.TempDir(), "onceflow-harness-test"), harness.Reconciler)
+	bins, err := harness.BuildTree(ctx, filepath.Join(os.TempDir(), "onceflow-harness-test"), harness.Reconciler)
 	if err != nil {
 		t.Fatal(err)
 	}

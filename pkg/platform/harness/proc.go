@@ -16,6 +16,7 @@ import (
 	"strings"
 	"sync"
 	"syscall"
+	"testing"
 	"time"
 
 	"github.com/onceflow/onceflow/pkg/platform/logging"
@@ -493,4 +494,14 @@ func RepoRoot() (string, error) {
 		}
 		dir = parent
 	}
+}
+
+// Root is RepoRoot for a test: it fails t when there is no root.
+func Root(t testing.TB) string {
+	t.Helper()
+	root, err := RepoRoot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return root
 }
