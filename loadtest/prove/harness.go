@@ -132,8 +132,9 @@ type Options struct {
 	// Parallel is how many runs of the proofs that leave the shared stack
 	// alone (not Exclusive) go at once, each on its own platform (its own
 	// databases, topics, consumer groups and processes). Above 1, the
-	// Exclusive proofs also run meanwhile, one by one, on a second stack.
-	// Default 1: everything one after the other on one stack.
+	// Exclusive proofs also run meanwhile, on Parallel-1 stacks of their
+	// own, one at a time on each. Default 1: everything one after the other
+	// on one stack.
 	Parallel int
 	// Out receives progress.
 	Out io.Writer
@@ -222,37 +223,45 @@ func Run(ctx context.Context, opts Options) (*Report, error) {
 	}
 	rows := make([]Row, len(jobs))
 	// The proofs that leave the stack alone run opts.Parallel at a time.
-	// The exclusive ones run one by one with nothing beside them on their
-	// stack: after the others on the same stack, or, when runs go side by
-	// side anyway, at the same time as the others on a second stack of
-	// their own (the machine's cores are shared either way; the proofs
-	// spend most of their time waiting out faults and quiet windows).
-	exclusive := func(stack *Stack) {
-		for i, j := range jobs {
-			if j.proof.Exclusive && ctx.Err() == nil {
-				rows[i] = h.runJob(ctx, stack, j)
+	// An exclusive one runs with nothing beside it on its stack: after the
+	// others on the same stack, or, when runs go side by side anyway, at the
+	// same time as the others on stacks of their own, opts.Parallel-1 of
+	// them, each running its share one by one (the machine's cores are
+	// shared either way; the proofs spend most of their time waiting out
+	// faults and quiet windows).
+	exclusive := make(chan int, len(jobs))
+	for i, j := range jobs {
+		if j.proof.Exclusive {
+			exclusive <- i
+		}
+	}
+	close(exclusive)
+	runExclusive := func(stack *Stack) {
+		for i := range exclusive {
+			if ctx.Err() == nil {
+				rows[i] = h.runJob(ctx, stack, jobs[i])
 			}
 		}
 	}
-	var second sync.WaitGroup
-	if opts.Parallel > 1 && slices.ContainsFunc(jobs, func(j job) bool { return j.proof.Exclusive }) {
-		second.Add(1)
-		go func() {
-			defer second.Done()
-			stack, err := StartStack(ctx, opts.Root, filepath.Join(opts.Dir, "stack-exclusive"), h.bins["toxiproxy"], h.logf)
-			if err != nil {
-				for i, j := range jobs {
-					if j.proof.Exclusive {
-						rows[i] = Row{Proof: j.proof.Name, Mode: "outbox+inbox", Error: fmt.Sprintf("the second stack: %v", err)}
+	var others sync.WaitGroup
+	if opts.Parallel > 1 {
+		for n := range min(opts.Parallel-1, len(exclusive)) {
+			others.Add(1)
+			go func() {
+				defer others.Done()
+				stack, err := StartStack(ctx, opts.Root, filepath.Join(opts.Dir, fmt.Sprintf("stack-exclusive-%d", n+1)), h.bins["toxiproxy"], h.logf)
+				if err != nil {
+					for i := range exclusive {
+						rows[i] = Row{Proof: jobs[i].proof.Name, Mode: "outbox+inbox", Error: fmt.Sprintf("starting a stack for it: %v", err)}
 						rows[i].settle()
 					}
+					return
 				}
-				return
-			}
-			defer stack.Close()
-			stack.dropOldDatabases(ctx)
-			exclusive(stack)
-		}()
+				defer stack.Close()
+				stack.dropOldDatabases(ctx)
+				runExclusive(stack)
+			}()
+		}
 	}
 	// Workers take the jobs in their order, so the slowest proofs, listed
 	// first among those that share the stack, start first.
@@ -276,10 +285,8 @@ func Run(ctx context.Context, opts Options) (*Report, error) {
 		}()
 	}
 	wg.Wait()
-	if opts.Parallel == 1 {
-		exclusive(h.stack)
-	}
-	second.Wait()
+	runExclusive(h.stack) // those left: every one when Parallel is 1
+	others.Wait()
 	if ctx.Err() != nil {
 		return nil, ctx.Err()
 	}
