@@ -120,10 +120,13 @@ func (s *Stack) script(ctx context.Context, args ...string) error {
 	if s.PGPort == 0 { // "down" before the ports are chosen: only the pid files matter
 		cmd.Env = append(os.Environ(), "ONCEFLOW_STACK_DIR="+s.dir)
 	}
+	began := time.Now()
 	out, err := cmd.CombinedOutput()
 	if err != nil {
 		return fmt.Errorf("stack.sh %s: %w\n%s", strings.Join(args, " "), err, out)
 	}
+	// Restarts are where a proof's time goes beside its own waits: say how long.
+	s.logf("stack %s: stack.sh %s took %.1fs", filepath.Base(s.dir), strings.Join(args, " "), time.Since(began).Seconds())
 	return nil
 }
 
