@@ -28,6 +28,9 @@ const ListeningMsg = "listening"
 // harness, pkg/platform/harness) reads them from here, and a platform run
 // with LOG_LEVEL=warn must still say where it listens.
 func Listening(ctx context.Context, w io.Writer, service, httpAddr, adminAddr string) {
+	if w == nil {
+		return
+	}
 	slog.New(slog.NewJSONHandler(w, nil)).With("service", service).InfoContext(ctx, ListeningMsg,
 		slog.String("http_addr", httpAddr), slog.String("admin_addr", adminAddr))
 }

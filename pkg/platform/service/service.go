@@ -63,6 +63,10 @@ type Options struct {
 	// single-role setup, as in most tests) and otherwise skips with a
 	// warning: a least-privilege runtime role must not try DDL.
 	MigrateDatabaseURL string
+
+	// stdout is New's writer, kept for the listening record Run writes
+	// whatever LOG_LEVEL says (logging.Listening).
+	stdout io.Writer
 }
 
 // HTTPConfig is what every service reads about its two listeners besides
@@ -90,7 +94,6 @@ type Service struct {
 	opts   Options
 	checks map[string]httpserver.Check // /readyz's, by name
 	flush  tracing.Shutdown            // flushes and stops the tracer provider
-	stdout io.Writer                   // the log's, for logging.Listening
 }
 
 // New connects, migrates and builds the HTTP server; the caller adds routes
@@ -99,6 +102,7 @@ func New(ctx context.Context, stdout io.Writer, opts Options) (*Service, error) 
 	if err := httpserver.CheckAdminAddr(opts.AdminAddr, opts.HTTP.AdminToken); err != nil {
 		return nil, err
 	}
+	opts.stdout = stdout
 	logger, err := logging.New(stdout, opts.Name, opts.LogLevel)
 	if err != nil {
 		return nil, err
@@ -134,7 +138,7 @@ func New(ctx context.Context, stdout io.Writer, opts Options) (*Service, error) 
 		Logger: logger, Gatherer: registry, Token: opts.HTTP.AdminToken, Pprof: opts.HTTP.Pprof,
 	})
 	return &Service{Logger: logger, Pool: pool, Registry: registry, HTTP: e, Admin: admin, opts: opts, flush: shutdownTracing,
-		checks: checks, stdout: stdout}, nil
+		checks: checks}, nil
 }
 
 // AddCheck adds a readiness check to /readyz, for a worker that can say
@@ -164,10 +168,10 @@ func (s *Service) Run(ctx context.Context, workers ...lifecycle.Stage) error {
 		ln.Close()
 		return fmt.Errorf("listening on ADMIN_ADDR %s: %w", s.opts.AdminAddr, err)
 	}
+	logging.Listening(ctx, s.opts.stdout, s.opts.Name, ln.Addr().String(), adminLn.Addr().String())
 	s.Logger.InfoContext(ctx, s.opts.Name+" started",
 		slog.String("http_addr", ln.Addr().String()), slog.String("admin_addr", adminLn.Addr().String()),
 		slog.Bool("admin_token_set", s.opts.HTTP.AdminToken != ""), slog.Bool("pprof", s.opts.HTTP.Pprof))
-	logging.Listening(ctx, s.stdout, s.opts.Name, ln.Addr().String(), adminLn.Addr().String())
 	timeouts := s.opts.HTTP.Timeouts
 	// The operator listener stops last, so /metrics shows the workers
 	// draining until they are done.
