@@ -135,3 +135,21 @@ func TestCheckSpec(t *testing.T) {
 		t.Fatalf("a spec naming B, which the program does not read: %v", err)
 	}
 }
+
+// A program that never says where it listens cannot be reached or stopped
+// by its caller: Start must not leave it running.
+func TestStartKillsAProgramThatNeverListens(t *testing.T) {
+	t.Parallel()
+	p, err := harness.New(harness.Config{Name: "silent", Bin: "/bin/sh", Args: []string{"-c", "sleep 60"},
+		LogPath: filepath.Join(t.TempDir(), "s.log"), ListenTimeout: 300 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := p.Start(context.Background()); err == nil || !strings.Contains(err.Error(), "listening") {
+		t.Fatalf("Start: %v, want it to say the program did not log its addresses", err)
+	}
+	if p.Running() {
+		_ = p.Stop(time.Second)
+		t.Fatal("Start failed and left the program running")
+	}
+}

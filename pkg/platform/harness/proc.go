@@ -188,7 +188,13 @@ func (p *Proc) Start(ctx context.Context) error {
 		p.mu.Unlock()
 		return nil
 	}
-	return p.readAddrs(ctx, offset, done)
+	if err := p.readAddrs(ctx, offset, done); err != nil {
+		// Nobody can reach or stop a program whose addresses are unknown.
+		_ = cmd.Process.Kill()
+		<-done
+		return err
+	}
+	return nil
 }
 
 // readAddrs waits for ListeningMsg in the log from offset on.
