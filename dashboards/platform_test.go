@@ -1,126 +1,76 @@
 package dashboards_test
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
-	"net"
 	"net/http"
 	"net/url"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
 	"github.com/segmentio/kafka-go"
 
+	"github.com/onceflow/onceflow/pkg/platform/harness"
 	"github.com/onceflow/onceflow/pkg/platform/kafkautil"
 	"github.com/onceflow/onceflow/pkg/platform/testinfra"
 )
 
 // The platform as the tests run it: the four real programs, built from this
-// repository and started as processes on free ports, each with a database
-// and topics of its own, and a real Prometheus scraping them with the
-// committed alert rules.
+// repository and started as processes on port 0 (pkg/platform/harness),
+// each with a database and topics of its own, and a real Prometheus
+// scraping them with the committed alert rules.
 
-// freeAddr returns a loopback address with a port nobody listens on now.
-func freeAddr(t *testing.T) string {
+// buildPrograms builds the four programs and the reconcile tool once per
+// test process.
+func buildPrograms(t *testing.T) map[string]string {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	reconcile := harness.Spec{Name: "reconcile", Package: "./tools/cmd/reconcile"}
+	bins, err := harness.BuildTree(ctx, filepath.Join(os.TempDir(), "onceflow-dashboards-test"), append(harness.Programs, reconcile)...)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer ln.Close()
-	return ln.Addr().String()
+	return bins
 }
 
-// buildPrograms builds the four programs into a temporary directory.
-func buildPrograms(t *testing.T) string {
+// start runs a program until the test ends (then SIGTERM; a hang fails the
+// test), and shows its log's tail if the test failed.
+func start(t *testing.T, cfg harness.Config) *harness.Proc {
 	t.Helper()
-	root, err := filepath.Abs("..")
+	cfg.LogPath = filepath.Join(t.TempDir(), cmp.Or(cfg.Name, cfg.Spec.Name)+".log")
+	p, err := harness.New(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
-	bin := t.TempDir()
-	cmd := exec.Command("go", "build", "-o", bin+string(filepath.Separator),
-		"./services/orders/cmd/orders", "./services/billing/cmd/billing",
-		"./services/reconciler-shim/cmd/shim", "./services/reconciler-shim/cmd/reconciler", "./tools/cmd/reconcile")
-	cmd.Dir = root
-	if out, err := cmd.CombinedOutput(); err != nil {
-		t.Fatalf("building the programs: %v\n%s", err, out)
-	}
-	return bin
-}
-
-// process is a program the test started; it is stopped (SIGTERM) when the
-// test ends, and its log is shown if the test failed.
-type process struct {
-	name, log string
-	cmd       *exec.Cmd
-	done      chan error
-}
-
-func startProcess(t *testing.T, name, path string, args []string, env map[string]string) *process {
-	t.Helper()
-	logPath := filepath.Join(t.TempDir(), name+".log")
-	logFile, err := os.Create(logPath)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cmd := exec.Command(path, args...)
-	cmd.Env = []string{"PATH=" + os.Getenv("PATH")}
-	for k, v := range env {
-		cmd.Env = append(cmd.Env, k+"="+v)
-	}
-	cmd.Stdout, cmd.Stderr = logFile, logFile
-	if err := cmd.Start(); err != nil {
-		t.Fatalf("starting %s: %v", name, err)
-	}
-	p := &process{name: name, log: logPath, cmd: cmd, done: make(chan error, 1)}
-	go func() { p.done <- cmd.Wait(); logFile.Close() }()
 	t.Cleanup(func() {
-		p.stop(t)
+		if err := p.Stop(20 * time.Second); errors.Is(err, harness.ErrHung) {
+			t.Error(err)
+		}
 		if t.Failed() {
-			body, _ := os.ReadFile(logPath)
-			lines := strings.Split(strings.TrimSpace(string(body)), "\n")
-			t.Logf("--- last lines of %s's log ---\n%s", name, strings.Join(lines[max(0, len(lines)-15):], "\n"))
+			t.Logf("--- last lines of %s's log ---\n%s", p.Name(), p.Tail(15))
 		}
 	})
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
+	if err := p.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
 	return p
 }
 
-func (p *process) stop(t *testing.T) {
+// waitHTTP waits until url answers 200, failing if p exits first.
+func waitHTTP(t *testing.T, p *harness.Proc, url string) {
 	t.Helper()
-	_ = p.cmd.Process.Signal(syscall.SIGTERM)
-	select {
-	case <-p.done:
-	case <-time.After(20 * time.Second):
-		_ = p.cmd.Process.Kill()
-		<-p.done
-		t.Errorf("%s did not stop within 20s of SIGTERM", p.name)
-	}
-}
-
-// alive fails the test if the process has exited.
-func (p *process) alive() error {
-	select {
-	case err := <-p.done:
-		p.done <- err
-		body, _ := os.ReadFile(p.log)
-		return fmt.Errorf("%s exited (%v):\n%s", p.name, err, body)
-	default:
-		return nil
-	}
-}
-
-func waitHTTP(t *testing.T, p *process, url string) {
-	t.Helper()
-	testinfra.WaitFor(t, 60*time.Second, p.name+" at "+url, func() (bool, error) {
-		if err := p.alive(); err != nil {
-			return false, err
+	testinfra.WaitFor(t, 60*time.Second, p.Name()+" at "+url, func() (bool, error) {
+		if !p.Running() {
+			return false, fmt.Errorf("%s exited (%v):\n%s", p.Name(), p.ExitErr(), p.Tail(30))
 		}
 		resp, err := http.Get(url)
 		if err != nil {
@@ -135,12 +85,12 @@ func waitHTTP(t *testing.T, p *process, url string) {
 type platform struct {
 	addrs       map[string]string // service label -> public address
 	adminAddrs  map[string]string // service label -> operator address (/metrics)
-	procs       map[string]*process
 	brokers     []string
 	ordersTopic string
 }
 
-// services in the order they start: each one's downstream first.
+// services in the order they start: each one's downstream first; the
+// label of each is its Compose service name.
 var services = []string{"reconciler", "reconciler-shim", "billing", "orders"}
 
 func startPlatform(t *testing.T) *platform {
@@ -158,39 +108,50 @@ func startPlatform(t *testing.T) *platform {
 	if err := kafkautil.WaitTopicsReady(readyCtx, b, ordersTopic, ordersTopic+".dlt", billingTopic, billingTopic+".dlt"); err != nil {
 		t.Fatal(err)
 	}
-	bin := buildPrograms(t)
-	p := &platform{addrs: map[string]string{}, adminAddrs: map[string]string{}, procs: map[string]*process{}, brokers: b, ordersTopic: ordersTopic}
-	for _, s := range services {
-		p.addrs[s], p.adminAddrs[s] = freeAddr(t), freeAddr(t)
+	bins := buildPrograms(t)
+	p := &platform{addrs: map[string]string{}, adminAddrs: map[string]string{}, brokers: b, ordersTopic: ordersTopic}
+	dbs := map[string]string{"orders": testinfra.NewDatabase(t), "billing": testinfra.NewDatabase(t), "shim": testinfra.NewDatabase(t)}
+	envs := map[string]func() map[string]string{
+		"reconciler": func() map[string]string {
+			return map[string]string{"LEDGER_PATH": filepath.Join(t.TempDir(), "ledger.jsonl")}
+		},
+		"shim": func() map[string]string {
+			return map[string]string{"DATABASE_URL": dbs["shim"], "KAFKA_BROKERS": brokers,
+				"BILLING_TOPIC": billingTopic, "CONSUMER_GROUP": testinfra.Name("shim"),
+				"RECONCILER_URL": "http://" + p.addrs["reconciler"]}
+		},
+		"billing": func() map[string]string {
+			return map[string]string{"DATABASE_URL": dbs["billing"], "KAFKA_BROKERS": brokers,
+				"ORDERS_TOPIC": ordersTopic, "BILLING_TOPIC": billingTopic, "CONSUMER_GROUP": testinfra.Name("billing")}
+		},
+		"orders": func() map[string]string {
+			return map[string]string{"DATABASE_URL": dbs["orders"], "KAFKA_BROKERS": brokers, "ORDERS_TOPIC": ordersTopic}
+		},
 	}
-	envs := map[string]map[string]string{
-		"reconciler": {"LEDGER_PATH": filepath.Join(t.TempDir(), "ledger.jsonl")},
-		"reconciler-shim": {"DATABASE_URL": testinfra.NewDatabase(t), "KAFKA_BROKERS": brokers,
-			"BILLING_TOPIC": billingTopic, "CONSUMER_GROUP": testinfra.Name("shim"),
-			"RECONCILER_URL": "http://" + p.addrs["reconciler"]},
-		"billing": {"DATABASE_URL": testinfra.NewDatabase(t), "KAFKA_BROKERS": brokers,
-			"ORDERS_TOPIC": ordersTopic, "BILLING_TOPIC": billingTopic, "CONSUMER_GROUP": testinfra.Name("billing")},
-		"orders": {"DATABASE_URL": testinfra.NewDatabase(t), "KAFKA_BROKERS": brokers, "ORDERS_TOPIC": ordersTopic},
-	}
-	programs := map[string]string{"reconciler": "reconciler", "reconciler-shim": "shim", "billing": "billing", "orders": "orders"}
-	for _, s := range services {
-		env := envs[s]
-		env["HTTP_ADDR"], env["ADMIN_ADDR"], env["LOG_LEVEL"] = p.addrs[s], p.adminAddrs[s], "warn"
-		p.procs[s] = startProcess(t, s, filepath.Join(bin, programs[s]), nil, env)
-		waitHTTP(t, p.procs[s], "http://"+p.addrs[s]+"/readyz")
+	for _, spec := range harness.Programs {
+		env := envs[spec.Name]()
+		env["LOG_LEVEL"] = "warn"
+		pr := start(t, harness.Config{Spec: spec, Bin: bins[spec.Name], Env: env})
+		p.addrs[spec.Compose], p.adminAddrs[spec.Compose] = pr.HTTPAddr(), pr.AdminAddr()
+		waitHTTP(t, pr, pr.URL()+"/readyz")
 	}
 	// The reconcile job over the three databases and the ledger, serving
 	// the reconcile_* gauges as Prometheus target "reconcile" (its one
-	// listener is an operator one).
-	p.adminAddrs["reconcile"] = freeAddr(t)
-	p.procs["reconcile"] = startProcess(t, "reconcile", filepath.Join(bin, "reconcile"),
-		[]string{"-serve", p.adminAddrs["reconcile"], "-interval", "2s"}, map[string]string{
-			"ONCEFLOW_RECONCILE_ORDERS_URL":  envs["orders"]["DATABASE_URL"],
-			"ONCEFLOW_RECONCILE_BILLING_URL": envs["billing"]["DATABASE_URL"],
-			"ONCEFLOW_RECONCILE_SHIM_URL":    envs["reconciler-shim"]["DATABASE_URL"],
+	// listener is an operator one). A tool's flag takes no port 0 it would
+	// report: the port is picked in advance.
+	addrs, err := harness.FreeAddrs(1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p.adminAddrs["reconcile"] = addrs[0]
+	rec := start(t, harness.Config{Name: "reconcile", Bin: bins["reconcile"], NoAddrs: true,
+		Args: []string{"-serve", p.adminAddrs["reconcile"], "-interval", "2s"}, Env: map[string]string{
+			"ONCEFLOW_RECONCILE_ORDERS_URL":  dbs["orders"],
+			"ONCEFLOW_RECONCILE_BILLING_URL": dbs["billing"],
+			"ONCEFLOW_RECONCILE_SHIM_URL":    dbs["shim"],
 			"ONCEFLOW_LEDGER_URL":            "http://" + p.addrs["reconciler"],
-		})
-	waitHTTP(t, p.procs["reconcile"], "http://"+p.adminAddrs["reconcile"]+"/metrics")
+		}})
+	waitHTTP(t, rec, "http://"+p.adminAddrs["reconcile"]+"/metrics")
 	return p
 }
 
@@ -260,13 +221,17 @@ func startPrometheus(t *testing.T, targets map[string]string) *promServer {
 	if err := os.WriteFile(cfgPath, []byte(cfg.String()), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	addr := freeAddr(t)
-	p := startProcess(t, "prometheus", bin, []string{
+	addrs, err := harness.FreeAddrs(1) // a flag: no port 0 it would report
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := addrs[0]
+	p := start(t, harness.Config{Name: "prometheus", Bin: bin, NoAddrs: true, Args: []string{
 		"--config.file=" + cfgPath,
 		"--storage.tsdb.path=" + filepath.Join(dir, "data"),
 		"--web.listen-address=" + addr,
 		"--log.level=warn",
-	}, nil)
+	}})
 	waitHTTP(t, p, "http://"+addr+"/-/ready")
 	return &promServer{url: "http://" + addr}
 }
@@ -288,23 +253,14 @@ func (s *promServer) query(ctx context.Context, expr string) (apiResult, error) 
 }
 
 func (s *promServer) get(ctx context.Context, path string, data any) error {
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, s.url+path, nil)
-	if err != nil {
-		return err
-	}
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		return err
-	}
-	defer resp.Body.Close()
 	var body struct {
 		Status    string          `json:"status"`
 		ErrorType string          `json:"errorType"`
 		Error     string          `json:"error"`
 		Data      json.RawMessage `json:"data"`
 	}
-	if err := json.NewDecoder(resp.Body).Decode(&body); err != nil {
-		return fmt.Errorf("decoding %s: %w", path, err)
+	if err := harness.GetJSON(ctx, s.url+path, &body); err != nil {
+		return err
 	}
 	if body.Status != "success" {
 		return fmt.Errorf("%s: %s", body.ErrorType, body.Error)

@@ -7,16 +7,15 @@ import (
 	"fmt"
 	"net/http"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
-	"github.com/segmentio/kafka-go"
+	kafka "github.com/segmentio/kafka-go" // the package's name is not its path's
 	tracepb "go.opentelemetry.io/proto/otlp/trace/v1"
 
+	"github.com/onceflow/onceflow/pkg/platform/harness"
 	"github.com/onceflow/onceflow/pkg/platform/kafkautil"
 	"github.com/onceflow/onceflow/pkg/platform/pgroles/pgrolestest"
 	"github.com/onceflow/onceflow/pkg/platform/testinfra"
@@ -150,7 +149,7 @@ type platform struct {
 	ordersTopic, billingTopic         string
 	ordersDB, billingDB               string
 	ordersURL, reconcilerURL          string
-	orders, billing, shim, reconciler *program
+	orders, billing, shim, reconciler *harness.Proc
 }
 
 // startPlatform starts the four programs with OTEL_TRACES_EXPORTER set to
@@ -179,8 +178,6 @@ func startPlatform(t *testing.T, exporter, endpoint string) *platform {
 
 	env := func(service string, kv ...string) map[string]string {
 		env := map[string]string{
-			"HTTP_ADDR":                   "127.0.0.1:0",
-			"ADMIN_ADDR":                  "127.0.0.1:0",
 			"KAFKA_BROKERS":               strings.Join(p.brokers, ","),
 			"LOG_LEVEL":                   "info",
 			"SHUTDOWN_GRACE":              "5s",
@@ -193,16 +190,16 @@ func startPlatform(t *testing.T, exporter, endpoint string) *platform {
 		}
 		return env
 	}
-	p.reconciler = start(t, "reconciler", env("reconciler", "LEDGER_PATH", filepath.Join(t.TempDir(), "ledger.jsonl")))
-	p.reconcilerURL = "http://" + p.reconciler.addr(t, "reconciler listening", "addr")
-	p.orders = start(t, "orders", env("orders", "DATABASE_URL", ordersRoles.AppURL, "MIGRATE_DATABASE_URL", ordersRoles.OwnerURL, "ORDERS_TOPIC", p.ordersTopic))
-	p.billing = start(t, "billing", env("billing",
+	p.reconciler = start(t, harness.Reconciler, env("reconciler", "LEDGER_PATH", filepath.Join(t.TempDir(), "ledger.jsonl")))
+	p.reconcilerURL = p.reconciler.URL()
+	p.orders = start(t, harness.Orders, env("orders", "DATABASE_URL", ordersRoles.AppURL, "MIGRATE_DATABASE_URL", ordersRoles.OwnerURL, "ORDERS_TOPIC", p.ordersTopic))
+	p.billing = start(t, harness.Billing, env("billing",
 		"DATABASE_URL", billingRoles.AppURL, "MIGRATE_DATABASE_URL", billingRoles.OwnerURL, "ORDERS_TOPIC", p.ordersTopic, "BILLING_TOPIC", p.billingTopic,
 		"CONSUMER_GROUP", testinfra.Name("billing")))
-	p.shim = start(t, "shim", env("reconciler-shim",
+	p.shim = start(t, harness.Shim, env("reconciler-shim",
 		"DATABASE_URL", shimRoles.AppURL, "MIGRATE_DATABASE_URL", shimRoles.OwnerURL, "BILLING_TOPIC", p.billingTopic, "CONSUMER_GROUP", testinfra.Name("shim"),
 		"RECONCILER_URL", p.reconcilerURL, "RECONCILER_TIMEOUT", "5s"))
-	p.ordersURL = "http://" + p.orders.addr(t, "orders started", "http_addr")
+	p.ordersURL = p.orders.URL()
 	return p
 }
 
@@ -234,7 +231,7 @@ func (p *platform) placeTracedOrder(ctx context.Context, t *testing.T) string {
 	}
 	testinfra.WaitFor(t, 90*time.Second, "the reconciler to book the order's payment", func() (bool, error) {
 		booked = nil
-		if err := getJSON(ctx, p.reconcilerURL+"/settlements", &booked); err != nil {
+		if err := harness.GetJSON(ctx, p.reconcilerURL+"/settlements", &booked); err != nil {
 			return false, err
 		}
 		return len(booked) > 0, nil
@@ -256,13 +253,13 @@ func (p *platform) crossings(ctx context.Context, t *testing.T) (ordersRow, orde
 // stop stops the programs, which flushes the spans they still buffer.
 func (p *platform) stop(t *testing.T) {
 	t.Helper()
-	for _, prog := range []*program{p.orders, p.billing, p.shim, p.reconciler} {
-		prog.stop(t)
+	for _, prog := range []*harness.Proc{p.orders, p.billing, p.shim, p.reconciler} {
+		stop(t, prog)
 	}
 }
 
-// bin is where TestMain built the four programs.
-var bin string
+// bins are the four programs TestMain built, by name.
+var bins map[string]string
 
 // TestMain builds the four programs from this checkout once for all tests.
 func TestMain(m *testing.M) {
@@ -271,13 +268,11 @@ func TestMain(m *testing.M) {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(1)
 	}
-	bin = dir
-	cmd := exec.Command("go", "build", "-o", bin+string(filepath.Separator),
-		"./services/orders/cmd/orders", "./services/billing/cmd/billing",
-		"./services/reconciler-shim/cmd/shim", "./services/reconciler-shim/cmd/reconciler")
-	cmd.Dir = ".." // the repository root, whose go.work joins the modules
-	if out, err := cmd.CombinedOutput(); err != nil {
-		fmt.Fprintf(os.Stderr, "building the programs: %v\n%s", err, out)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+	bins, err = harness.BuildTree(ctx, dir)
+	cancel()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
 		os.RemoveAll(dir)
 		os.Exit(1)
 	}
@@ -286,89 +281,29 @@ func TestMain(m *testing.M) {
 	os.Exit(code)
 }
 
-// program is one of the platform's binaries running for the test.
-type program struct {
-	name   string
-	cmd    *exec.Cmd
-	stdout *testinfra.LogBuffer
-	stderr *testinfra.LogBuffer
-	done   chan error
-	err    error
-}
-
-// start runs bin/name with env as its whole environment until stop or the
-// end of the test.
-func start(t *testing.T, name string, env map[string]string) *program {
+// start runs a program on port 0 with env until stop or the end of the
+// test, and returns once it logged its addresses.
+func start(t *testing.T, spec harness.Spec, env map[string]string) *harness.Proc {
 	t.Helper()
-	p := &program{name: name, stdout: &testinfra.LogBuffer{}, stderr: &testinfra.LogBuffer{}, done: make(chan error, 1)}
-	p.cmd = exec.Command(filepath.Join(bin, name))
-	for k, v := range env {
-		p.cmd.Env = append(p.cmd.Env, k+"="+v)
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
+	p, err := harness.Start(ctx, harness.Config{Spec: spec, Bin: bins[spec.Name], Env: env,
+		LogPath: filepath.Join(t.TempDir(), spec.Name+".log")})
+	if err != nil {
+		t.Fatal(err)
 	}
-	p.cmd.Stdout, p.cmd.Stderr = p.stdout, p.stderr
-	if err := p.cmd.Start(); err != nil {
-		t.Fatalf("starting %s: %v", name, err)
-	}
-	go func() { p.done <- p.cmd.Wait() }()
-	t.Cleanup(func() { p.stop(t) })
+	t.Cleanup(func() { stop(t, p) })
 	return p
 }
 
 // stop sends SIGTERM and waits for a clean exit, as an orchestrator would;
-// a program still running after 30 s is killed and fails the test.
-func (p *program) stop(t *testing.T) {
+// a program that exits badly, or still runs 30 s after SIGTERM (it is then
+// killed), fails the test.
+func stop(t *testing.T, p *harness.Proc) {
 	t.Helper()
-	if p.done == nil {
-		return
+	if err := p.Stop(30 * time.Second); err != nil {
+		t.Errorf("%v\n%s", err, p.Tail(40))
 	}
-	_ = p.cmd.Process.Signal(syscall.SIGTERM)
-	select {
-	case p.err = <-p.done:
-	case <-time.After(30 * time.Second):
-		_ = p.cmd.Process.Kill()
-		p.err = fmt.Errorf("still running 30s after SIGTERM: %w", <-p.done)
-	}
-	p.done = nil
-	if p.err != nil {
-		t.Errorf("%s: %v\n%s%s", p.name, p.err, p.stdout, p.stderr)
-	}
-}
-
-// addr waits for the log record msg and returns its field key: the address
-// a program bound its port-0 listener to.
-func (p *program) addr(t *testing.T, msg, key string) string {
-	t.Helper()
-	var addr string
-	testinfra.WaitFor(t, 60*time.Second, p.name+" to log "+msg, func() (bool, error) {
-		select {
-		case err := <-p.done:
-			p.done = nil
-			return false, fmt.Errorf("%s exited: %v\n%s%s", p.name, err, p.stdout, p.stderr)
-		default:
-		}
-		rec, ok := p.stdout.Record(msg)
-		if ok {
-			addr, _ = rec[key].(string)
-		}
-		return addr != "", nil
-	})
-	return addr
-}
-
-func getJSON(ctx context.Context, url string, v any) error {
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
-	if err != nil {
-		return err
-	}
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		return err
-	}
-	defer resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		return fmt.Errorf("GET %s: %s", url, resp.Status)
-	}
-	return json.NewDecoder(resp.Body).Decode(v)
 }
 
 // storedTraceparent returns the traceparent of the one outbox row in db.

@@ -7,6 +7,8 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+
+	"github.com/onceflow/onceflow/pkg/platform/harness"
 )
 
 // Audit is what the three databases and the third party's ledger say after
@@ -83,7 +85,7 @@ type settlement struct {
 
 func (p *Platform) ledger(ctx context.Context) ([]settlement, error) {
 	var all []settlement
-	if err := getJSON(ctx, p.Recon.URL()+"/settlements", &all); err != nil {
+	if err := harness.GetJSON(ctx, p.Recon.URL()+"/settlements", &all); err != nil {
 		return nil, fmt.Errorf("reading the ledger: %w", err)
 	}
 	return all, nil
@@ -227,9 +229,9 @@ func (p *Platform) auditCancellations(ctx context.Context, a *Audit, refundsBook
 			AND c.aggregate_id = r.aggregate_id AND c.id < r.id)`).Scan(&a.BillingOutOfOrder)
 }
 
-func (p *Platform) publishMode() string { return p.API.env["PUBLISH_MODE"] }
+func (p *Platform) publishMode() string { return p.API.env("PUBLISH_MODE") }
 
-func (p *Platform) relayMode() string { return p.API.env["RELAY_MODE"] }
+func (p *Platform) relayMode() string { return p.API.env("RELAY_MODE") }
 
 // pendingQuery counts an outbox's events not yet published. The log-based
 // relay leaves rows pending for good: what it has not published is what
@@ -283,35 +285,47 @@ type progress struct {
 	orders, pending, charges, billingPending, settlements int
 	refunded                                              int
 	lag                                                   int64
+	// dead and billingDead are the outbox rows parked as dead: counted in
+	// pending, yet not in flight (nothing retries them until requeued).
+	dead, billingDead int
+}
+
+// inFlight reports whether work is still under way that can change the
+// outcome: events waiting for a relay, or messages a consumer group has not
+// committed. A process that is restarting (a crash point, a rejoin) leaves
+// its work here, however long its restart takes on a busy machine.
+func (g progress) inFlight() bool {
+	return g.pending > g.dead || g.billingPending > g.billingDead || g.lag > 0
 }
 
 func (p *Platform) progress(ctx context.Context) (progress, error) {
 	var g progress
-	if err := p.ordersPool.QueryRow(ctx, `SELECT (SELECT count(*) FROM orders), (SELECT count(*) FROM outbox_events WHERE state <> 'published')`).
-		Scan(&g.orders, &g.pending); err != nil {
+	if err := p.ordersPool.QueryRow(ctx, `SELECT (SELECT count(*) FROM orders), (SELECT count(*) FROM outbox_events WHERE state <> 'published'),
+		(SELECT count(*) FROM outbox_events WHERE state = 'dead')`).
+		Scan(&g.orders, &g.pending, &g.dead); err != nil {
 		return g, err
 	}
 	if p.Billing == nil {
 		return g, nil
 	}
 	if err := p.billingPool.QueryRow(ctx, `SELECT (SELECT count(*) FROM charges), (SELECT count(*) FROM outbox_events WHERE state <> 'published'),
-		(SELECT count(*) FROM charges WHERE status = 'refunded')`).
-		Scan(&g.charges, &g.billingPending, &g.refunded); err != nil {
+		(SELECT count(*) FROM charges WHERE status = 'refunded'), (SELECT count(*) FROM outbox_events WHERE state = 'dead')`).
+		Scan(&g.charges, &g.billingPending, &g.refunded, &g.billingDead); err != nil {
 		return g, err
 	}
 	var stats struct {
 		Settlements int `json:"settlements"`
 	}
-	if err := getJSON(ctx, p.Recon.URL()+"/stats", &stats); err != nil {
+	if err := harness.GetJSON(ctx, p.Recon.URL()+"/stats", &stats); err != nil {
 		return g, err
 	}
 	g.settlements = stats.Settlements
 	brokers := p.h.stack.Brokers()
-	l1, err := groupLag(ctx, brokers, p.Billing.env["CONSUMER_GROUP"], p.OrdersTopic)
+	l1, err := groupLag(ctx, brokers, p.Billing.env("CONSUMER_GROUP"), p.OrdersTopic)
 	if err != nil {
 		return g, err
 	}
-	l2, err := groupLag(ctx, brokers, "shim", p.BillingTop)
+	l2, err := groupLag(ctx, brokers, p.ShimGroup, p.BillingTop)
 	if err != nil {
 		return g, err
 	}
@@ -321,8 +335,10 @@ func (p *Platform) progress(ctx context.Context) (progress, error) {
 
 // waitQuiet waits until the platform is done: nothing pending, no lag,
 // every order charged and settled, and nothing changing for 3s; or, when
-// that never comes (a naive mode lost something), nothing changing for
-// stable. It returns when it became quiet.
+// that never comes (a naive mode lost something), nothing in flight and
+// nothing changing for stable. Work in flight that does not move for ten
+// times stable is given up on too (the audit then says what is missing).
+// It returns when it became quiet.
 func (p *Platform) waitQuiet(ctx context.Context, stable time.Duration) (time.Time, error) {
 	var last progress
 	lastChange := time.Now()
@@ -337,7 +353,8 @@ func (p *Platform) waitQuiet(ctx context.Context, stable time.Duration) (time.Ti
 			}
 			complete := g.pending == 0 && g.billingPending == 0 && g.lag == 0 &&
 				(p.Billing == nil || (g.charges == g.orders && g.settlements >= g.charges+g.refunded))
-			if (complete && time.Since(lastChange) >= 3*time.Second) || time.Since(lastChange) >= stable {
+			still := time.Since(lastChange)
+			if (complete && still >= 3*time.Second) || (!g.inFlight() && still >= stable) || still >= 10*stable {
 				return lastChange, nil
 			}
 		}

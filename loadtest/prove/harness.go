@@ -9,6 +9,7 @@ import (
 	"runtime"
 	"slices"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/onceflow/onceflow/pkg/outbox"
@@ -90,21 +91,25 @@ type Proof struct {
 	Name  string
 	Naive string // the naive mode's label, "" if none
 	run   func(h *Harness, ctx context.Context, naive bool) Row
+	// Exclusive proofs change the shared stack itself (restart or stop
+	// Kafka or PostgreSQL, poison the proxies every platform goes through):
+	// they run alone, after the others.
+	Exclusive bool
 }
 
-// Proofs in the order they run.
+// Proofs in the order they are reported.
 var Proofs = []Proof{
-	{"atomicity", "naive publish (dual write)", (*Harness).atomicity},
-	{"relay-crash", "naive consumer (no inbox)", (*Harness).relayCrash},
-	{"redelivery", "naive consumer (no inbox)", (*Harness).redelivery},
-	{"ordering", "", (*Harness).ordering},
-	{"replay", "", (*Harness).replay},
-	{"backlog", "", (*Harness).backlog},
-	{"poison", "", (*Harness).poison},
-	{"chaos", "", (*Harness).chaos},
-	{"scale-out", "", (*Harness).scaleOut},
-	{"kafka-outage", "", (*Harness).kafkaOutage},
-	{"busy-relay", "", (*Harness).busyRelay},
+	{"atomicity", "naive publish (dual write)", (*Harness).atomicity, false},
+	{"relay-crash", "naive consumer (no inbox)", (*Harness).relayCrash, false},
+	{"redelivery", "naive consumer (no inbox)", (*Harness).redelivery, false},
+	{"ordering", "", (*Harness).ordering, false},
+	{"replay", "", (*Harness).replay, false},
+	{"backlog", "", (*Harness).backlog, false},
+	{"poison", "", (*Harness).poison, false},
+	{"chaos", "", (*Harness).chaos, true},
+	{"scale-out", "", (*Harness).scaleOut, true},
+	{"kafka-outage", "", (*Harness).kafkaOutage, true},
+	{"busy-relay", "", (*Harness).busyRelay, true},
 }
 
 // RelayModeProofs are the proofs that run once per Options.RelayModes:
@@ -124,6 +129,13 @@ type Options struct {
 	// proofs about publishing (RelayModeProofs) run in, one row each; the
 	// other proofs and the naive modes run with poll. Default: poll.
 	RelayModes []string
+	// Parallel is how many runs of the proofs that leave the shared stack
+	// alone (not Exclusive) go at once, each on its own platform (its own
+	// databases, topics, consumer groups and processes). Above 1, the
+	// Exclusive proofs also run meanwhile, on Parallel-1 stacks of their
+	// own, one at a time on each. Default 1: everything one after the other
+	// on one stack.
+	Parallel int
 	// Out receives progress.
 	Out io.Writer
 }
@@ -136,12 +148,24 @@ type Harness struct {
 	bins  map[string]string
 	stack *Stack
 	prof  Profile
-	// relayMode is the RELAY_MODE of the proof running now.
+	// relayMode is the RELAY_MODE of the proof this copy runs.
 	relayMode string
+	// tag prefixes this copy's lines when runs go side by side.
+	tag string
+	// rolesMu serializes creating the server's roles, which every
+	// platform of the run shares.
+	rolesMu *sync.Mutex
 }
 
 func (h *Harness) logf(format string, args ...any) {
-	fmt.Fprintf(h.opts.Out, "%s  %s\n", time.Now().Format("15:04:05"), fmt.Sprintf(format, args...))
+	fmt.Fprintf(h.opts.Out, "%s  %s%s\n", time.Now().Format("15:04:05"), h.tag, fmt.Sprintf(format, args...))
+}
+
+// job is one row of the report: a proof in one mode.
+type job struct {
+	proof     Proof
+	naive     bool
+	relayMode string
 }
 
 // Run builds the programs, starts the stack, runs the proofs and returns
@@ -166,7 +190,8 @@ func Run(ctx context.Context, opts Options) (*Report, error) {
 			return nil, fmt.Errorf("no proof named %q (there are %s)", name, proofNames())
 		}
 	}
-	h := &Harness{opts: opts, dir: opts.Dir, prof: opts.Profile,
+	opts.Parallel = max(opts.Parallel, 1)
+	h := &Harness{opts: opts, dir: opts.Dir, prof: opts.Profile, rolesMu: &sync.Mutex{},
 		runID: time.Now().UTC().Format("20060102t150405")}
 	start := time.Now()
 	rep := &Report{Profile: opts.Profile.Name, Started: start,
@@ -179,56 +204,93 @@ func Run(ctx context.Context, opts Options) (*Report, error) {
 		return nil, err
 	}
 	defer h.stack.Close()
-	h.dropOldDatabases(ctx)
+	h.stack.dropOldDatabases(ctx)
+	var jobs []job
 	for _, p := range Proofs {
 		if len(opts.Only) > 0 && !slices.Contains(opts.Only, p.Name) {
 			continue
 		}
-		type variant struct {
-			naive     bool
-			relayMode string
-		}
-		var variants []variant
 		if RelayModeProofs[p.Name] {
 			for _, m := range opts.RelayModes {
-				variants = append(variants, variant{false, m})
+				jobs = append(jobs, job{p, false, m})
 			}
 		} else {
-			variants = append(variants, variant{false, "poll"})
+			jobs = append(jobs, job{p, false, "poll"})
 		}
 		if p.Naive != "" {
-			variants = append(variants, variant{true, "poll"})
-		}
-		for _, v := range variants {
-			naive := v.naive
-			if ctx.Err() != nil {
-				return nil, ctx.Err()
-			}
-			mode := "outbox+inbox"
-			if naive {
-				mode = p.Naive
-			}
-			if v.relayMode != "poll" {
-				mode += ", RELAY_MODE=" + v.relayMode
-			}
-			h.relayMode = v.relayMode
-			h.logf("── %s (%s) ──", p.Name, mode)
-			began := time.Now()
-			row := p.run(h, ctx, naive)
-			row.Proof, row.Mode, row.Naive = p.Name, mode, naive
-			row.Seconds = time.Since(began).Seconds()
-			row.settle()
-			h.logf("%s (%s): %s — faults %d, orders %d, lost %d, duplicated %d, out of order %d, absorbed %d, recovery %s%s",
-				p.Name, mode, row.Status, row.Faults, row.Orders, row.Lost, row.Duplicated, row.OutOfOrder, row.Absorbed,
-				recovery(row.RecoverySeconds), errSuffix(row.Error))
-			for _, c := range row.Checks {
-				if !c.OK {
-					h.logf("   broken: %s", c.What)
-				}
-			}
-			rep.Rows = append(rep.Rows, row)
+			jobs = append(jobs, job{p, true, "poll"})
 		}
 	}
+	rows := make([]Row, len(jobs))
+	// The proofs that leave the stack alone run opts.Parallel at a time.
+	// An exclusive one runs with nothing beside it on its stack: after the
+	// others on the same stack, or, when runs go side by side anyway, at the
+	// same time as the others on stacks of their own, opts.Parallel-1 of
+	// them, each running its share one by one (the machine's cores are
+	// shared either way; the proofs spend most of their time waiting out
+	// faults and quiet windows).
+	exclusive := make(chan int, len(jobs))
+	for i, j := range jobs {
+		if j.proof.Exclusive {
+			exclusive <- i
+		}
+	}
+	close(exclusive)
+	runExclusive := func(stack *Stack) {
+		for i := range exclusive {
+			if ctx.Err() == nil {
+				rows[i] = h.runJob(ctx, stack, jobs[i])
+			}
+		}
+	}
+	var others sync.WaitGroup
+	if opts.Parallel > 1 {
+		for n := range min(opts.Parallel-1, len(exclusive)) {
+			others.Add(1)
+			go func() {
+				defer others.Done()
+				stack, err := StartStack(ctx, opts.Root, filepath.Join(opts.Dir, fmt.Sprintf("stack-exclusive-%d", n+1)), h.bins["toxiproxy"], h.logf)
+				if err != nil {
+					for i := range exclusive {
+						rows[i] = Row{Proof: jobs[i].proof.Name, Mode: "outbox+inbox", Error: fmt.Sprintf("starting a stack for it: %v", err)}
+						rows[i].settle()
+					}
+					return
+				}
+				defer stack.Close()
+				stack.dropOldDatabases(ctx)
+				runExclusive(stack)
+			}()
+		}
+	}
+	// Workers take the jobs in their order, so the slowest proofs, listed
+	// first among those that share the stack, start first.
+	queue := make(chan int, len(jobs))
+	for i, j := range jobs {
+		if !j.proof.Exclusive {
+			queue <- i
+		}
+	}
+	close(queue)
+	var wg sync.WaitGroup
+	for range opts.Parallel {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range queue {
+				if ctx.Err() == nil {
+					rows[i] = h.runJob(ctx, h.stack, jobs[i])
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	runExclusive(h.stack) // those left: every one when Parallel is 1
+	others.Wait()
+	if ctx.Err() != nil {
+		return nil, ctx.Err()
+	}
+	rep.Rows = rows
 	rep.Seconds = time.Since(start).Seconds()
 	rep.finish()
 	dir := filepath.Join(opts.Dir, "runs", h.runID)
@@ -238,6 +300,38 @@ func Run(ctx context.Context, opts Options) (*Report, error) {
 	}
 	h.logf("report: %s and %s (service logs beside them)", jsonPath, mdPath)
 	return rep, nil
+}
+
+// runJob runs one proof in one mode on a copy of h using stack, and logs
+// its row.
+func (h *Harness) runJob(ctx context.Context, stack *Stack, j job) Row {
+	mode := "outbox+inbox"
+	if j.naive {
+		mode = j.proof.Naive
+	}
+	if j.relayMode != "poll" {
+		mode += ", RELAY_MODE=" + j.relayMode
+	}
+	hj := *h
+	hj.relayMode, hj.stack = j.relayMode, stack
+	if h.opts.Parallel > 1 {
+		hj.tag = fmt.Sprintf("[%s, %s] ", j.proof.Name, mode)
+	}
+	hj.logf("── %s (%s) ──", j.proof.Name, mode)
+	began := time.Now()
+	row := j.proof.run(&hj, ctx, j.naive)
+	row.Proof, row.Mode, row.Naive = j.proof.Name, mode, j.naive
+	row.Seconds = time.Since(began).Seconds()
+	row.settle()
+	hj.logf("%s (%s): %s in %.0fs — faults %d, orders %d, lost %d, duplicated %d, out of order %d, absorbed %d, recovery %s%s",
+		j.proof.Name, mode, row.Status, row.Seconds, row.Faults, row.Orders, row.Lost, row.Duplicated, row.OutOfOrder, row.Absorbed,
+		recovery(row.RecoverySeconds), errSuffix(row.Error))
+	for _, c := range row.Checks {
+		if !c.OK {
+			hj.logf("   broken: %s", c.What)
+		}
+	}
+	return row
 }
 
 func errSuffix(e string) string {
@@ -258,10 +352,10 @@ func proofNames() string {
 // dropOldDatabases removes the databases of earlier runs, and first the
 // replication slots a killed run left in them (a database with a logical
 // slot cannot be dropped).
-func (h *Harness) dropOldDatabases(ctx context.Context) {
-	_, _ = h.stack.Admin.Exec(ctx, `SELECT pg_drop_replication_slot(s.slot_name) FROM pg_replication_slots s
+func (s *Stack) dropOldDatabases(ctx context.Context) {
+	_, _ = s.Admin.Exec(ctx, `SELECT pg_drop_replication_slot(s.slot_name) FROM pg_replication_slots s
 		WHERE s.database LIKE 'prove\_%' AND NOT s.active`)
-	rows, err := h.stack.Admin.Query(ctx, `SELECT datname FROM pg_database WHERE datname LIKE 'prove\_%'`)
+	rows, err := s.Admin.Query(ctx, `SELECT datname FROM pg_database WHERE datname LIKE 'prove\_%'`)
 	if err != nil {
 		return
 	}
@@ -274,6 +368,6 @@ func (h *Harness) dropOldDatabases(ctx context.Context) {
 	}
 	rows.Close()
 	for _, n := range names {
-		_, _ = h.stack.Admin.Exec(ctx, `DROP DATABASE IF EXISTS "`+n+`" WITH (FORCE)`)
+		_, _ = s.Admin.Exec(ctx, `DROP DATABASE IF EXISTS "`+n+`" WITH (FORCE)`)
 	}
 }

@@ -2,10 +2,9 @@ package prove
 
 import (
 	"context"
-	"encoding/json"
+	"errors"
 	"fmt"
 	"math/rand/v2"
-	"net/http"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -17,6 +16,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/segmentio/kafka-go"
 
+	"github.com/onceflow/onceflow/pkg/platform/harness"
 	"github.com/onceflow/onceflow/pkg/platform/kafkautil"
 	"github.com/onceflow/onceflow/pkg/platform/pgroles"
 )
@@ -66,23 +66,11 @@ type Platform struct {
 	shimPool             *pgxpool.Pool
 	all                  []*Proc
 	// newInstance builds the next instance of a kind (KindRelay,
-	// KindBilling, KindShim) on a free port, not started.
-	newInstance map[string]func(port int) *Proc
-	// adminPortOf maps each public port to its process's operator port.
-	adminPortOf map[int]int
-}
-
-// freePorts returns n public ports, each with an operator port beside it
-// in adminPortOf, taken in one call so that no port repeats another.
-func (p *Platform) freePorts(n int) ([]int, error) {
-	ports, err := freePorts(2 * n)
-	if err != nil {
-		return nil, err
-	}
-	for i := range n {
-		p.adminPortOf[ports[i]] = ports[n+i]
-	}
-	return ports[:n], nil
+	// KindBilling, KindShim), not started.
+	newInstance map[string]func() (*Proc, error)
+	// BillingGroup and ShimGroup are the consumer groups, the platform's
+	// own: proofs that run at the same time must not share a group.
+	BillingGroup, ShimGroup string
 }
 
 func (h *Harness) newPlatform(ctx context.Context, name string, s Setup) (*Platform, error) {
@@ -122,22 +110,21 @@ func (h *Harness) newPlatform(ctx context.Context, name string, s Setup) (*Platf
 			return nil, fmt.Errorf("creating database %s: %w", db, err)
 		}
 		roles[db] = pgroles.ForService(svc, db, svc+"_owner", svc+"_app")
-		if err := pgroles.Ensure(ctx, h.stack.PGURL("postgres", false), roles[db]); err != nil {
+		h.rolesMu.Lock()
+		err := pgroles.Ensure(ctx, h.stack.PGURL("postgres", false), roles[db])
+		h.rolesMu.Unlock()
+		if err != nil {
 			return nil, fmt.Errorf("creating the roles of %s: %w", db, err)
 		}
 	}
 	if err := createTopics(ctx, h.stack.Brokers(), p.OrdersTopic, p.OrdersTopic+".dlt", p.BillingTop, p.BillingTop+".dlt"); err != nil {
 		return nil, err
 	}
-	p.adminPortOf = map[int]int{}
-	ports, err := p.freePorts(2)
-	if err != nil {
-		return nil, err
-	}
+	p.BillingGroup, p.ShimGroup = id+"_billing", id+"_shim"
+	var err error
 	brokers := strings.Join(h.stack.Brokers(), ",")
-	common := func(port int, db string) map[string]string {
+	common := func(db string) map[string]string {
 		return map[string]string{
-			"HTTP_ADDR":    fmt.Sprintf("127.0.0.1:%d", port),
 			"DATABASE_URL": roleURL(h.stack.PGURL(db, true), roles[db].App, db), "MIGRATE_DATABASE_URL": roleURL(h.stack.PGURL(db, true), roles[db].Owner, db),
 			"KAFKA_BROKERS": brokers, "LOG_LEVEL": "info", "SHUTDOWN_GRACE": "5s",
 			// Slot names are global to the cluster: one per database. The
@@ -146,77 +133,112 @@ func (h *Harness) newPlatform(ctx context.Context, name string, s Setup) (*Platf
 			"RELAY_MODE": relayMode, "OUTBOX_SLOT": db, "REPLICATION_DATABASE_URL": h.stack.PGURL(db, true),
 		}
 	}
-	newProc := func(name, bin string, port int, env map[string]string, arm func() map[string]string, scrape ...string) *Proc {
-		env["ADMIN_ADDR"], env["ADMIN_TOKEN"] = fmt.Sprintf("127.0.0.1:%d", p.adminPortOf[port]), adminToken
-		pr := &Proc{Name: name, Port: port, AdminPort: p.adminPortOf[port], bin: h.bins[bin], env: env, arm: arm, scrape: scrape,
-			log: filepath.Join(p.Dir, name+".log")}
+	// Every process listens on port 0 and says where (package harness):
+	// no port is picked for it, so none can be taken by another first.
+	newProc := func(name string, spec harness.Spec, env map[string]string, arm func() map[string]string, scrape ...string) (*Proc, error) {
+		env["ADMIN_TOKEN"] = adminToken
+		hp, err := harness.New(harness.Config{Spec: spec, Name: name, Bin: h.bins[spec.Name], Env: env,
+			LogPath: filepath.Join(p.Dir, name+".log")})
+		if err != nil {
+			return nil, err
+		}
+		pr := &Proc{Name: name, hp: hp, arm: arm, scrape: scrape}
 		p.all = append(p.all, pr)
-		return pr
+		return pr, nil
 	}
-	if !s.NoDownstream {
-		reconPort := ports[1]
-		p.Recon = newProc("reconciler", "reconciler", reconPort, map[string]string{
-			"HTTP_ADDR": fmt.Sprintf("127.0.0.1:%d", reconPort), "LEDGER_PATH": filepath.Join(p.Dir, "ledger.jsonl"), "LOG_LEVEL": "info",
-		}, nil)
-	}
-	p.newInstance = map[string]func(port int) *Proc{
-		KindRelay: func(port int) *Proc {
-			env := common(port, p.OrdersDB)
+	p.newInstance = map[string]func() (*Proc, error){
+		KindRelay: func() (*Proc, error) {
+			env := common(p.OrdersDB)
 			env["ORDERS_TOPIC"], env["PUBLISH_MODE"] = p.OrdersTopic, s.PublishMode
-			pr := newProc(fmt.Sprintf("orders-%d", len(p.Orders)+1), "orders", port, env, s.OrdersArm, "outbox_published_total")
-			p.Orders = append(p.Orders, pr)
-			return pr
+			pr, err := newProc(fmt.Sprintf("orders-%d", len(p.Orders)+1), harness.Orders, env, s.OrdersArm, "outbox_published_total")
+			if err == nil {
+				p.Orders = append(p.Orders, pr)
+			}
+			return pr, err
 		},
-		// Every billing instance is one member of the consumer group
-		// "billing" and shares the inbox name and the database; so do the
-		// shims in "shim". The first of each keeps its historical name.
-		KindBilling: func(port int) *Proc {
-			env := common(port, p.BillingDB)
+		// Every billing instance is one member of the platform's billing
+		// consumer group and shares the inbox name and the database; so do
+		// the shims in theirs. The first of each keeps its historical name.
+		KindBilling: func() (*Proc, error) {
+			env := common(p.BillingDB)
 			env["ORDERS_TOPIC"], env["BILLING_TOPIC"], env["CONSUMER_GROUP"], env["INBOX_NAME"], env["INBOX_MODE"] =
-				p.OrdersTopic, p.BillingTop, "billing", "billing", s.InboxMode
-			pr := newProc(instanceName("billing", len(p.Billings)), "billing", port, env, s.BillingArm,
+				p.OrdersTopic, p.BillingTop, p.BillingGroup, "billing", s.InboxMode
+			pr, err := newProc(instanceName("billing", len(p.Billings)), harness.Billing, env, s.BillingArm,
 				"inbox_duplicates_total", "inbox_processed_total", "inbox_dead_lettered_total", "outbox_published_total")
-			p.Billings = append(p.Billings, pr)
-			return pr
+			if err == nil {
+				p.Billings = append(p.Billings, pr)
+			}
+			return pr, err
 		},
-		KindShim: func(port int) *Proc {
-			env := common(port, p.ShimDB)
-			env["BILLING_TOPIC"], env["CONSUMER_GROUP"] = p.BillingTop, "shim"
+		KindShim: func() (*Proc, error) {
+			env := common(p.ShimDB)
+			env["BILLING_TOPIC"], env["CONSUMER_GROUP"] = p.BillingTop, p.ShimGroup
 			env["RECONCILER_URL"], env["RECONCILER_TIMEOUT"] = p.Recon.URL(), s.ReconcilerTimeout
-			pr := newProc(instanceName("shim", len(p.Shims)), "shim", port, env, s.ShimArm,
+			pr, err := newProc(instanceName("shim", len(p.Shims)), harness.Shim, env, s.ShimArm,
 				"inbox_duplicates_total", "inbox_processed_total", "inbox_dead_lettered_total")
-			p.Shims = append(p.Shims, pr)
-			return pr
+			if err == nil {
+				p.Shims = append(p.Shims, pr)
+			}
+			return pr, err
 		},
 	}
-	ports, err = p.freePorts(s.Relays + s.Billings + s.Shims + 1)
-	if err != nil {
-		return nil, err
-	}
-	for i := range s.Relays {
-		p.newInstance[KindRelay](ports[i])
-	}
-	p.API = p.Orders[0]
-	if s.APIOnly {
-		api := ports[len(ports)-1]
-		env := common(api, p.OrdersDB)
-		env["ORDERS_TOPIC"], env["PUBLISH_MODE"], env["RELAY_ENABLED"] = p.OrdersTopic, s.PublishMode, "false"
-		p.API = newProc("orders-api", "orders", api, env, nil)
-	}
+	// The reconciler first: the shims need its address.
 	if !s.NoDownstream {
-		for i := range s.Billings {
-			p.newInstance[KindBilling](ports[s.Relays+i])
+		if p.Recon, err = newProc("reconciler", harness.Reconciler, map[string]string{
+			"LEDGER_PATH": filepath.Join(p.Dir, "ledger.jsonl"), "LOG_LEVEL": "info",
+		}, nil); err != nil {
+			return nil, err
 		}
-		for i := range s.Shims {
-			p.newInstance[KindShim](ports[s.Relays+s.Billings+i])
-		}
-		p.Billing, p.Shim = p.Billings[0], p.Shims[0]
-	}
-	for _, pr := range p.all {
-		if err := pr.Start(); err != nil {
+		if err := p.Recon.Start(ctx); err != nil {
 			p.Close()
 			return nil, err
 		}
+	}
+	var kinds []string
+	for range s.Relays {
+		kinds = append(kinds, KindRelay)
+	}
+	if !s.NoDownstream {
+		for range s.Billings {
+			kinds = append(kinds, KindBilling)
+		}
+		for range s.Shims {
+			kinds = append(kinds, KindShim)
+		}
+	}
+	for _, kind := range kinds {
+		if _, err := p.newInstance[kind](); err != nil {
+			p.Close()
+			return nil, err
+		}
+	}
+	p.API = p.Orders[0]
+	if s.APIOnly {
+		env := common(p.OrdersDB)
+		env["ORDERS_TOPIC"], env["PUBLISH_MODE"], env["RELAY_ENABLED"] = p.OrdersTopic, s.PublishMode, "false"
+		if p.API, err = newProc("orders-api", harness.Orders, env, nil); err != nil {
+			p.Close()
+			return nil, err
+		}
+	}
+	if !s.NoDownstream {
+		p.Billing, p.Shim = p.Billings[0], p.Shims[0]
+	}
+	// The others start side by side: each connects and migrates before it
+	// listens, and the shared databases' migrations are idempotent.
+	errs := make([]error, len(p.all))
+	var wg sync.WaitGroup
+	for i, pr := range p.all {
+		if pr == p.Recon {
+			continue
+		}
+		wg.Add(1)
+		go func() { defer wg.Done(); errs[i] = pr.Start(ctx) }()
+	}
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		p.Close()
+		return nil, err
 	}
 	for _, pr := range p.all {
 		if err := pr.WaitReady(ctx, 90*time.Second); err != nil {
@@ -243,19 +265,18 @@ func instanceName(kind string, i int) string {
 }
 
 // Add starts one more instance of kind (KindRelay, KindBilling, KindShim)
-// mid-run, on a port of its own, supervised and scraped like the others,
+// mid-run, on ports of its own, supervised and scraped like the others,
 // and waits until it is ready.
 func (p *Platform) Add(ctx context.Context, kind string) (*Proc, error) {
 	build, ok := p.newInstance[kind]
 	if !ok {
 		return nil, fmt.Errorf("no instance kind %q", kind)
 	}
-	ports, err := p.freePorts(1)
+	pr, err := build()
 	if err != nil {
 		return nil, err
 	}
-	pr := build(ports[0])
-	if err := pr.Start(); err != nil {
+	if err := pr.Start(ctx); err != nil {
 		return nil, err
 	}
 	return pr, pr.WaitReady(ctx, 90*time.Second)
@@ -274,7 +295,7 @@ func (p *Platform) Exits() (n int, detail []string) {
 	return n, detail
 }
 
-// Hangs sums the graceful stops that SIGTERM did not finish within 20s.
+// Hangs sums the graceful stops that SIGTERM did not finish within stopGrace.
 func (p *Platform) Hangs() int {
 	n := 0
 	for _, pr := range p.all {
@@ -449,20 +470,6 @@ func readTopic(ctx context.Context, brokers []string, topic string) ([]kafka.Mes
 		r.Close()
 	}
 	return out, nil
-}
-
-// getJSON decodes a GET's JSON body into v.
-func getJSON(ctx context.Context, url string, v any) error {
-	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		return err
-	}
-	defer resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		return fmt.Errorf("GET %s: %s", url, resp.Status)
-	}
-	return json.NewDecoder(resp.Body).Decode(v)
 }
 
 // roleURL is base (a URL PGURL made) as role l; base is well formed.

@@ -8,54 +8,45 @@ import (
 	"io"
 	"maps"
 	"net/http"
-	"os"
 	"os/exec"
 	"path/filepath"
-	"slices"
 	"strconv"
 	"strings"
 	"sync"
-	"syscall"
 	"time"
+
+	"github.com/onceflow/onceflow/pkg/platform/harness"
 )
 
-// build compiles the four programs into dir/bin and toxiproxy's server.
+// build compiles the four programs (harness.Build) into dir/bin, and
+// toxiproxy's server.
 func build(ctx context.Context, root, dir string, logf func(string, ...any)) (map[string]string, error) {
-	bins := map[string]string{
-		"orders":     "./services/orders/cmd/orders",
-		"billing":    "./services/billing/cmd/billing",
-		"shim":       "./services/reconciler-shim/cmd/shim",
-		"reconciler": "./services/reconciler-shim/cmd/reconciler",
-		"toxiproxy":  "github.com/Shopify/toxiproxy/v2/cmd/server",
+	logf("building the four programs and toxiproxy …")
+	bins, err := harness.Build(ctx, root, filepath.Join(dir, "bin"))
+	if err != nil {
+		return nil, err
 	}
-	out := map[string]string{}
-	logf("building %s …", strings.Join(slices.Sorted(maps.Keys(bins)), ", "))
-	for name, pkg := range bins {
-		path := filepath.Join(dir, "bin", name)
-		cmd := exec.CommandContext(ctx, "go", "build", "-o", path, pkg)
-		cmd.Dir = root
-		if name == "toxiproxy" {
-			cmd.Dir = filepath.Join(root, "loadtest", "prove") // the module that pins it as a tool
-		}
-		if b, err := cmd.CombinedOutput(); err != nil {
-			return nil, fmt.Errorf("building %s: %w\n%s", name, err, b)
-		}
-		out[name] = path
+	out := maps.Clone(bins)
+	out["toxiproxy"] = filepath.Join(dir, "bin", "toxiproxy")
+	cmd := exec.CommandContext(ctx, "go", "build", "-o", out["toxiproxy"], "github.com/Shopify/toxiproxy/v2/cmd/server")
+	cmd.Dir = filepath.Join(root, "loadtest", "prove") // the module that pins it as a tool
+	if b, err := cmd.CombinedOutput(); err != nil {
+		return nil, fmt.Errorf("building toxiproxy: %w\n%s", err, b)
 	}
 	return out, nil
 }
 
-// Proc is one service running as a real OS process, supervised: when it
-// dies (its own crash point, a kill -9 from the harness, a start that failed
-// because a server was down) it is started again, until Stop.
+// stopGrace is how long a graceful stop waits after SIGTERM before it
+// kills and counts a hang.
+const stopGrace = 20 * time.Second
+
+// Proc is one service running as a real OS process (a harness.Proc),
+// supervised: when it dies (its own crash point, a kill -9 from the
+// harness, a start that failed because a server was down) it is started
+// again, on the same addresses, until Stop.
 type Proc struct {
 	Name string
-	Port int
-	// AdminPort is its operator listener (ADMIN_ADDR): /metrics, /admin/...
-	AdminPort int
-	bin       string
-	env       map[string]string
-	log       string
+	hp   *harness.Proc
 	// arm returns the extra environment of the next start: the crash point
 	// the harness arms for it, or nothing.
 	arm func() map[string]string
@@ -63,9 +54,8 @@ type Proc struct {
 	scrape []string
 
 	mu       sync.Mutex
-	cmd      *exec.Cmd
 	stopping bool
-	done     chan struct{}
+	done     chan struct{} // closed when the supervisor returns
 	crashes  int
 	lastKill time.Time
 	// exits counts the lifetimes that ended neither by SIGKILL (the
@@ -73,27 +63,30 @@ type Proc struct {
 	// by itself, which a production-shaped proof counts as a failure.
 	exits    int
 	lastExit string
-	// hangs counts the Stops that SIGTERM did not end within 20s.
-	hangs  int
-	starts int
-	gen    int // lifetimes ended so far
+	// hangs counts the Stops that SIGTERM did not end within stopGrace.
+	hangs int
+	gen   int // lifetimes ended so far
 	// per lifetime, the last value scraped of each counter
 	closedSums map[string]float64
 	current    map[string]float64
 }
 
-// Start starts the process and supervises it.
-func (p *Proc) Start() error {
+// Start starts the process (the first time on port 0, then on the
+// addresses it bound) and supervises it.
+func (p *Proc) Start(ctx context.Context) error {
 	p.mu.Lock()
 	if p.closedSums == nil {
 		p.closedSums, p.current = map[string]float64{}, map[string]float64{}
 	}
-	// Each lifetime has its own done channel; the goroutines get it as an
-	// argument, so a restart's new channel never races with them.
+	// Each supervision has its own done channel; the goroutines get it as
+	// an argument, so a restart's new channel never races with them.
 	done := make(chan struct{})
 	p.done = done
 	p.mu.Unlock()
-	if err := p.spawn(); err != nil {
+	if err := p.spawn(ctx); err != nil {
+		p.mu.Lock()
+		p.done = nil // nothing to supervise, nothing for Stop to wait for
+		p.mu.Unlock()
 		return err
 	}
 	go p.supervise(done)
@@ -103,63 +96,35 @@ func (p *Proc) Start() error {
 	return nil
 }
 
-func (p *Proc) spawn() error {
-	env := maps.Clone(p.env)
+// spawn starts one lifetime with the next arming.
+func (p *Proc) spawn(ctx context.Context) error {
 	if p.arm != nil {
-		maps.Copy(env, p.arm())
+		p.hp.SetEnv(p.arm())
 	}
-	f, err := os.OpenFile(p.log, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
-	if err != nil {
-		return err
-	}
-	fmt.Fprintf(f, "=== %s start %s %s=%s %s=%s\n", p.Name, time.Now().UTC().Format(time.RFC3339Nano),
-		"CRASH_POINT", env["CRASH_POINT"], "CRASH_AFTER", env["CRASH_AFTER"])
-	cmd := exec.Command(p.bin)
-	for k, v := range env {
-		cmd.Env = append(cmd.Env, k+"="+v)
-	}
-	cmd.Stdout, cmd.Stderr = f, f
-	if err := cmd.Start(); err != nil {
-		f.Close()
-		return fmt.Errorf("starting %s: %w", p.Name, err)
-	}
-	f.Close() // the child holds its own descriptor
-	p.mu.Lock()
-	p.cmd = cmd
-	p.starts++
-	p.mu.Unlock()
-	return nil
+	return p.hp.Start(ctx)
 }
 
 func (p *Proc) supervise(done chan struct{}) {
 	defer close(done)
 	for {
-		p.mu.Lock()
-		cmd := p.cmd
-		p.mu.Unlock()
-		err := cmd.Wait()
+		<-p.hp.Done()
+		err := p.hp.ExitErr()
 		p.mu.Lock()
 		for k, v := range p.current {
 			p.closedSums[k] += v
 		}
 		p.current = map[string]float64{}
 		p.gen++
-		var exit *exec.ExitError
-		killed := false
-		if errors.As(err, &exit) {
-			if ws, ok := exit.Sys().(syscall.WaitStatus); ok && ws.Signaled() && ws.Signal() == syscall.SIGKILL {
-				killed = true
-			}
-		}
+		killed := harness.Killed(err)
 		if killed {
 			p.crashes++
 			p.lastKill = time.Now()
 		}
-		stopping := p.stopping
-		if !killed && !stopping {
+		if !killed && !p.stopping {
 			p.exits++
 			p.lastExit = fmt.Sprintf("%s: %v", time.Now().UTC().Format(time.RFC3339), err)
 		}
+		stopping := p.stopping
 		p.mu.Unlock()
 		if stopping {
 			return
@@ -170,7 +135,16 @@ func (p *Proc) supervise(done chan struct{}) {
 			time.Sleep(500 * time.Millisecond) //nolint:forbidigo // pacing restarts, not waiting for a condition
 		}
 		for {
-			if err := p.spawn(); err == nil {
+			// Holding mu: a Stop either comes first (and no new lifetime
+			// starts) or signals the one started here.
+			p.mu.Lock()
+			if p.stopping {
+				p.mu.Unlock()
+				return
+			}
+			err := p.spawn(context.Background())
+			p.mu.Unlock()
+			if err == nil {
 				break
 			}
 			time.Sleep(500 * time.Millisecond) //nolint:forbidigo // pacing restarts
@@ -240,8 +214,8 @@ func (p *Proc) Exits() (n int, last string) {
 	return p.exits, p.lastExit
 }
 
-// Hangs is how many times SIGTERM did not end the process within 20s (it
-// was then killed).
+// Hangs is how many times SIGTERM did not end the process within
+// stopGrace (it was then killed).
 func (p *Proc) Hangs() int {
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -257,15 +231,10 @@ func (p *Proc) Running() bool {
 }
 
 // Kill sends SIGKILL; the supervisor restarts the process.
-func (p *Proc) Kill() {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if p.cmd != nil && p.cmd.Process != nil {
-		_ = p.cmd.Process.Kill()
-	}
-}
+func (p *Proc) Kill() { p.hp.Kill() }
 
-// Stop ends the process with SIGTERM (SIGKILL after 20s) and stops supervising.
+// Stop ends the process with SIGTERM (SIGKILL after stopGrace, counted as
+// a hang) and stops supervising.
 func (p *Proc) Stop() {
 	p.mu.Lock()
 	if p.done == nil || p.stopping {
@@ -273,18 +242,14 @@ func (p *Proc) Stop() {
 		return
 	}
 	p.stopping = true
-	cmd, done := p.cmd, p.done
+	done := p.done
 	p.mu.Unlock()
-	_ = cmd.Process.Signal(syscall.SIGTERM)
-	select {
-	case <-done:
-	case <-time.After(20 * time.Second):
+	if err := p.hp.Stop(stopGrace); errors.Is(err, harness.ErrHung) {
 		p.mu.Lock()
 		p.hangs++
 		p.mu.Unlock()
-		_ = cmd.Process.Kill()
-		<-done
 	}
+	<-done
 }
 
 // Restart stops the process gracefully and starts it again with env changes.
@@ -298,35 +263,34 @@ func (p *Proc) Restart(ctx context.Context, change map[string]string) error {
 func (p *Proc) Resume(ctx context.Context, change map[string]string) error {
 	p.mu.Lock()
 	p.stopping = false
-	p.env = maps.Clone(p.env)
-	maps.Copy(p.env, change)
 	p.mu.Unlock()
-	if err := p.Start(); err != nil {
+	p.hp.SetEnv(change)
+	if err := p.Start(ctx); err != nil {
 		return err
 	}
 	return p.WaitReady(ctx, 90*time.Second)
 }
 
+// env is a variable of the process's environment.
+func (p *Proc) env(key string) string { return p.hp.Env(key) }
+
 // URL is the base URL of the process's HTTP server.
-func (p *Proc) URL() string { return fmt.Sprintf("http://127.0.0.1:%d", p.Port) }
+func (p *Proc) URL() string { return p.hp.URL() }
 
 // AdminURL is the base URL of the process's operator listener; calls to
 // /admin/... there need adminToken.
-func (p *Proc) AdminURL() string { return fmt.Sprintf("http://127.0.0.1:%d", p.AdminPort) }
+func (p *Proc) AdminURL() string { return p.hp.AdminURL() }
 
 // adminToken is every harness process's ADMIN_TOKEN: they listen on loopback
 // only, for the length of a proof.
 const adminToken = "onceflow-prove-operator-token"
 
-// WaitReady waits until /readyz answers 200 (or, for the reconciler, /stats).
+// WaitReady waits until /readyz answers 200. A lifetime that ends
+// meanwhile (a crash point) is not the end: the supervisor starts another.
 func (p *Proc) WaitReady(ctx context.Context, timeout time.Duration) error {
-	path := "/readyz"
-	if p.Name == "reconciler" {
-		path = "/stats"
-	}
 	client := http.Client{Timeout: time.Second}
 	err := waitUntil(ctx, timeout, func() bool {
-		resp, err := client.Get(p.URL() + path)
+		resp, err := client.Get(p.URL() + "/readyz")
 		if err != nil {
 			return false
 		}
@@ -334,7 +298,7 @@ func (p *Proc) WaitReady(ctx context.Context, timeout time.Duration) error {
 		return resp.StatusCode == http.StatusOK
 	})
 	if err != nil {
-		return fmt.Errorf("%s not ready: %w (log: %s)", p.Name, err, p.log)
+		return fmt.Errorf("%s not ready: %w (log: %s)\n%s", p.Name, err, p.hp.LogPath(), p.hp.Tail(20))
 	}
 	return nil
 }

@@ -70,7 +70,7 @@ func (h *Harness) redelivery(ctx context.Context, naive bool) Row {
 		// billing gets the same batch again until its crash budget is spent:
 		// each crash costs a restart and a group rejoin (about 10s).
 		err := waitUntil(ctx, 3*time.Minute+time.Duration(h.prof.Crashes)*20*time.Second, func() bool {
-			lag, err := groupLag(ctx, brokers, "billing", p.OrdersTopic)
+			lag, err := groupLag(ctx, brokers, p.BillingGroup, p.OrdersTopic)
 			return err == nil && lag == 0
 		})
 		if err != nil {

@@ -86,11 +86,11 @@ func (h *Harness) replay(ctx context.Context, _ bool) Row {
 	}
 	h.logf("  restarting billing in a fresh consumer group: %d messages to read again …", len(all))
 	dupsBefore = p.Billing.Counter("inbox_duplicates_total")
-	if err := p.Billing.Restart(ctx, map[string]string{"CONSUMER_GROUP": "billing-replay"}); err != nil {
+	if err := p.Billing.Restart(ctx, map[string]string{"CONSUMER_GROUP": p.BillingGroup + "_replay"}); err != nil {
 		return fail(row, err)
 	}
 	err = waitUntil(ctx, 2*time.Minute, func() bool {
-		lag, err := groupLag(ctx, h.stack.Brokers(), "billing-replay", p.OrdersTopic)
+		lag, err := groupLag(ctx, h.stack.Brokers(), p.BillingGroup+"_replay", p.OrdersTopic)
 		return err == nil && lag == 0 && p.Billing.Counter("inbox_duplicates_total")-dupsBefore >= float64(len(all))
 	})
 	if err != nil && row.Error == "" {
@@ -284,7 +284,7 @@ func (h *Harness) poison(ctx context.Context, _ bool) Row {
 			withReason++
 		}
 	}
-	lag, err := groupLag(ctx, h.stack.Brokers(), "billing", p.OrdersTopic)
+	lag, err := groupLag(ctx, h.stack.Brokers(), p.BillingGroup, p.OrdersTopic)
 	if err != nil {
 		return fail(row, err)
 	}

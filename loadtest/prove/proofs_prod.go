@@ -58,7 +58,7 @@ func listSuffix(items []string) string {
 // offset, and checks it on row, listing the partitions still behind.
 func (p *Platform) offsetsAtEnd(ctx context.Context, row *Row) {
 	type group struct{ name, topic string }
-	groups := []group{{p.Billing.env["CONSUMER_GROUP"], p.OrdersTopic}, {"shim", p.BillingTop}}
+	groups := []group{{p.Billing.env("CONSUMER_GROUP"), p.OrdersTopic}, {p.ShimGroup, p.BillingTop}}
 	behind := map[string]map[int]int64{}
 	var lastErr error
 	at := func() bool {

@@ -6,12 +6,14 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/onceflow/onceflow/loadtest/prove"
+	"github.com/onceflow/onceflow/pkg/platform/harness"
 )
 
 // TestQuickProofs runs every proof in the quick profile, the version `make
@@ -20,21 +22,27 @@ import (
 // It starts its own PostgreSQL and Kafka with devstack/stack.sh, as `make
 // prove` does, so it needs what `make up` needs (Go, Java 17+, Maven,
 // PostgreSQL; stack.sh installs the missing ones on Debian as root).
-// ONCEFLOW_PROVE_ONLY (comma-separated proof names) runs only those.
+// ONCEFLOW_PROVE_ONLY (comma-separated proof names) runs only those;
+// ONCEFLOW_PROVE_PARALLEL sets Options.Parallel (default 3: the proofs that
+// leave the stack alone go three at a time, each on its own platform).
 func TestQuickProofs(t *testing.T) {
-	root, err := filepath.Abs("../..")
-	if err != nil {
-		t.Fatal(err)
-	}
+	root := harness.Root(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 25*time.Minute)
 	defer cancel()
 	var only []string
 	if v := os.Getenv("ONCEFLOW_PROVE_ONLY"); v != "" {
 		only = strings.Split(v, ",")
 	}
+	parallel := 3
+	if v := os.Getenv("ONCEFLOW_PROVE_PARALLEL"); v != "" {
+		var err error
+		if parallel, err = strconv.Atoi(v); err != nil {
+			t.Fatalf("ONCEFLOW_PROVE_PARALLEL=%q: %v", v, err)
+		}
+	}
 	out := &lineLogger{t: t}
 	rep, err := prove.Run(ctx, prove.Options{Root: root, Dir: filepath.Join(root, ".prove", "test"),
-		Profile: prove.Profiles["quick"], Out: out, Only: only})
+		Profile: prove.Profiles["quick"], Out: out, Only: only, Parallel: parallel})
 	if err != nil {
 		t.Fatalf("the harness could not run: %v\n(it starts PostgreSQL and Kafka with devstack/stack.sh: "+
 			"run `make up` once to see what is missing, and see docs/proofs.md)", err)

@@ -101,10 +101,10 @@ func (rep *Report) finish() {
 // Table writes the report as an aligned text table.
 func (rep *Report) Table(w io.Writer) {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "proof\tmode\tfaults\torders\tlost\tduplicated\tout-of-order\tdups absorbed\trecovery\tresult\t")
+	fmt.Fprintln(tw, "proof\tmode\tfaults\torders\tlost\tduplicated\tout-of-order\tdups absorbed\trecovery\ttook\tresult\t")
 	for _, r := range rep.Rows {
-		fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%d\t%d\t%d\t%d\t%s\t%s\t\n", r.Proof, r.Mode, r.Faults, r.Orders, r.Lost,
-			r.Duplicated, r.OutOfOrder, r.Absorbed, recovery(r.RecoverySeconds), r.Status)
+		fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%d\t%d\t%d\t%d\t%s\t%.0fs\t%s\t\n", r.Proof, r.Mode, r.Faults, r.Orders, r.Lost,
+			r.Duplicated, r.OutOfOrder, r.Absorbed, recovery(r.RecoverySeconds), r.Seconds, r.Status)
 	}
 	tw.Flush()
 }

@@ -13,6 +13,8 @@ import (
 
 	toxiproxy "github.com/Shopify/toxiproxy/v2/client"
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/onceflow/onceflow/pkg/platform/harness"
 )
 
 // Stack is the harness's own PostgreSQL and Kafka, started by
@@ -35,22 +37,18 @@ type Stack struct {
 	Admin *pgxpool.Pool
 }
 
-// freePorts asks the kernel for n ports nobody listens on.
+// freePorts asks the kernel for n ports nobody listens on now, for the
+// servers, which take their ports as settings (stack.sh, toxiproxy's flags)
+// and cannot report a port 0 they bound.
 func freePorts(n int) ([]int, error) {
-	ports := make([]int, 0, n)
-	var ls []net.Listener
-	defer func() {
-		for _, l := range ls {
-			l.Close()
-		}
-	}()
-	for range n {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			return nil, err
-		}
-		ls = append(ls, l)
-		ports = append(ports, l.Addr().(*net.TCPAddr).Port)
+	addrs, err := harness.FreeAddrs(n)
+	if err != nil {
+		return nil, err
+	}
+	ports := make([]int, n)
+	for i, a := range addrs {
+		_, port, _ := net.SplitHostPort(a)
+		ports[i], _ = strconv.Atoi(port)
 	}
 	return ports, nil
 }
@@ -122,10 +120,13 @@ func (s *Stack) script(ctx context.Context, args ...string) error {
 	if s.PGPort == 0 { // "down" before the ports are chosen: only the pid files matter
 		cmd.Env = append(os.Environ(), "ONCEFLOW_STACK_DIR="+s.dir)
 	}
+	began := time.Now()
 	out, err := cmd.CombinedOutput()
 	if err != nil {
 		return fmt.Errorf("stack.sh %s: %w\n%s", strings.Join(args, " "), err, out)
 	}
+	// Restarts are where a proof's time goes beside its own waits: say how long.
+	s.logf("stack %s: stack.sh %s took %.1fs", filepath.Base(s.dir), strings.Join(args, " "), time.Since(began).Seconds())
 	return nil
 }
 

@@ -8,6 +8,8 @@ import (
 	"os"
 	"path/filepath"
 	"time"
+
+	"github.com/onceflow/onceflow/pkg/platform/harness"
 )
 
 // debugEnv gives program name a debug listener (DEBUG_ADDR) on a free
@@ -15,10 +17,11 @@ import (
 // that binaries built before DEBUG_ADDR existed (a BASE revision) still
 // serve pprof, on their operator listener behind the token.
 func (p *Platform) debugEnv(name string) ([]string, error) {
-	addr, err := freeAddr()
+	addrs, err := harness.FreeAddrs(1)
 	if err != nil {
 		return nil, err
 	}
+	addr := addrs[0]
 	if p.DebugURLs == nil {
 		p.DebugURLs = map[string]string{}
 	}
@@ -91,7 +94,7 @@ func fetchProfile(ctx context.Context, url, token, path string) error {
 func (p *Platform) PIDs() map[string]int {
 	out := map[string]int{}
 	for _, pr := range p.procs {
-		out[filepath.Base(pr.cmd.Path)] = pr.cmd.Process.Pid
+		out[pr.Name()] = pr.Pid()
 	}
 	return out
 }

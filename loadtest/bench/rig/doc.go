@@ -10,4 +10,9 @@
 // `make bench` (loadtest/bench/cmd/bench) and the k6 smoke test (smoke_test.go,
 // part of `make test`) use it. It needs the dev stack (`make up`) and, for
 // k6, the project's own build (`make k6`).
+//
+// The programs run through pkg/platform/harness: each binds port 0 and the
+// rig reads the addresses it logs, so no port is picked and then taken by
+// another process first; binaries of an older revision, which do not log
+// them, get ports picked in advance (Config.PrePickPorts).
 package rig

@@ -7,44 +7,27 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"net/url"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
-	"syscall"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/segmentio/kafka-go"
 
+	"github.com/onceflow/onceflow/pkg/platform/harness"
 	"github.com/onceflow/onceflow/pkg/platform/kafkautil"
 )
 
-// program is one of the platform's binaries; they start in this order, so
-// each one's downstream is up before it, and stop in reverse.
-type program struct{ name, pkg string }
-
-var programs = []program{
-	{"reconciler", "./services/reconciler-shim/cmd/reconciler"},
-	{"shim", "./services/reconciler-shim/cmd/shim"},
-	{"billing", "./services/billing/cmd/billing"},
-	{"orders", "./services/orders/cmd/orders"},
-}
-
-// Build compiles the four programs from the repository at root into dir.
+// Build compiles the four programs from the repository at root into dir
+// (harness.Build: once per process for each root and dir). The BASE mode
+// of `make bench` builds an older revision's tree into another dir.
 func Build(ctx context.Context, root, dir string) error {
-	for _, p := range programs {
-		cmd := exec.CommandContext(ctx, "go", "build", "-o", filepath.Join(dir, p.name), p.pkg)
-		cmd.Dir = root
-		if out, err := cmd.CombinedOutput(); err != nil {
-			return fmt.Errorf("building %s: %w\n%s", p.name, err, out)
-		}
-	}
-	return nil
+	_, err := harness.Build(ctx, root, dir)
+	return err
 }
 
 // Config says where the programs are and what to give them.
@@ -74,6 +57,11 @@ type Config struct {
 	// Env adds environment variables per program, e.g.
 	// {"orders": {"PUBLISH_MODE=naive"}}.
 	Env map[string][]string
+	// PrePickPorts hands the programs ports picked in advance instead of
+	// reading the ones they bound to port 0 from their log: only for binaries
+	// built from an older revision (BASE), which do not log their
+	// addresses. Racy (harness.Config.PrePickPorts).
+	PrePickPorts bool
 	// Logf reports progress; nil is silent.
 	Logf func(format string, args ...any)
 }
@@ -93,20 +81,14 @@ type Platform struct {
 	Brokers                     []string
 
 	cfg    Config
-	procs  []proc
+	procs  []*harness.Proc // in start order
 	dbs    []string
 	topics []string
 }
 
-// proc is a started program; exited closes when it has exited.
-type proc struct {
-	cmd    *exec.Cmd
-	exited chan struct{}
-}
-
-// Start creates the databases and topics, starts the four programs on free
-// ports and returns once each answers /readyz. On an error it takes down
-// what it started.
+// Start creates the databases and topics, starts the four programs on port
+// 0 (each one's downstream first) and returns once each answers /readyz. On
+// an error it takes down what it started.
 func Start(ctx context.Context, cfg Config) (p *Platform, err error) {
 	if cfg.Partitions == 0 {
 		cfg.Partitions = 6
@@ -148,101 +130,87 @@ func Start(ctx context.Context, cfg Config) (p *Platform, err error) {
 		}
 		return u + "?" + cfg.DatabaseParams
 	}
-	addrs, adminAddrs := map[string]string{}, map[string]string{}
-	for _, pr := range programs {
-		addrs[pr.name], err = freeAddr()
-		if err != nil {
-			return p, err
-		}
-		adminAddrs[pr.name], err = freeAddr()
-		if err != nil {
-			return p, err
-		}
-	}
 	p.AdminToken = rand.Text()
-	p.ReconcilerAdminURL = "http://" + adminAddrs["reconciler"]
-	p.ShimAdminURL = "http://" + adminAddrs["shim"]
-	p.BillingAdminURL = "http://" + adminAddrs["billing"]
-	p.OrdersAdminURL = "http://" + adminAddrs["orders"]
-	p.ReconcilerURL = "http://" + addrs["reconciler"]
-	p.ShimURL = "http://" + addrs["shim"]
-	p.BillingURL = "http://" + addrs["billing"]
-	p.OrdersURL = "http://" + addrs["orders"]
-	env := map[string][]string{
-		"reconciler": {"LEDGER_PATH=" + filepath.Join(cfg.WorkDir, "ledger.jsonl")},
-		"shim": {"DATABASE_URL=" + dbURL(p.ShimDB), "KAFKA_BROKERS=" + brokers, "BILLING_TOPIC=" + p.BillingTopic,
-			"CONSUMER_GROUP=" + cfg.Name + "-shim", "RECONCILER_URL=" + p.ReconcilerURL},
-		"billing": {"DATABASE_URL=" + dbURL(p.BillingDB), "KAFKA_BROKERS=" + brokers, "ORDERS_TOPIC=" + p.OrdersTopic,
-			"BILLING_TOPIC=" + p.BillingTopic, "CONSUMER_GROUP=" + cfg.Name + "-billing"},
-		"orders": {"DATABASE_URL=" + dbURL(p.OrdersDB), "KAFKA_BROKERS=" + brokers, "ORDERS_TOPIC=" + p.OrdersTopic},
+	// The shim's env needs the reconciler's address, known once it started:
+	// each program's env is made when its turn comes.
+	env := map[string]func() []string{
+		"reconciler": func() []string { return []string{"LEDGER_PATH=" + filepath.Join(cfg.WorkDir, "ledger.jsonl")} },
+		"shim": func() []string {
+			return []string{"DATABASE_URL=" + dbURL(p.ShimDB), "KAFKA_BROKERS=" + brokers, "BILLING_TOPIC=" + p.BillingTopic,
+				"CONSUMER_GROUP=" + cfg.Name + "-shim", "RECONCILER_URL=" + p.ReconcilerURL}
+		},
+		"billing": func() []string {
+			return []string{"DATABASE_URL=" + dbURL(p.BillingDB), "KAFKA_BROKERS=" + brokers, "ORDERS_TOPIC=" + p.OrdersTopic,
+				"BILLING_TOPIC=" + p.BillingTopic, "CONSUMER_GROUP=" + cfg.Name + "-billing"}
+		},
+		"orders": func() []string {
+			return []string{"DATABASE_URL=" + dbURL(p.OrdersDB), "KAFKA_BROKERS=" + brokers, "ORDERS_TOPIC=" + p.OrdersTopic}
+		},
 	}
 	// A ledger from an earlier run would count its bookings as this run's.
 	if err := os.Remove(filepath.Join(cfg.WorkDir, "ledger.jsonl")); err != nil && !errors.Is(err, os.ErrNotExist) {
 		return p, err
 	}
-	for _, pr := range programs {
-		progEnv := append([]string{"ADMIN_ADDR=" + adminAddrs[pr.name], "ADMIN_TOKEN=" + p.AdminToken}, env[pr.name]...)
-		debug, err := p.debugEnv(pr.name)
+	for _, spec := range harness.Programs {
+		progEnv := append([]string{"ADMIN_TOKEN=" + p.AdminToken}, env[spec.Name]()...)
+		debug, err := p.debugEnv(spec.Name)
 		if err != nil {
 			return p, err
 		}
 		progEnv = append(progEnv, debug...)
-		if err := p.startProgram(ctx, pr.name, addrs[pr.name], append(progEnv, cfg.Env[pr.name]...)); err != nil {
+		pr, err := p.startProgram(ctx, spec, append(progEnv, cfg.Env[spec.Name]...))
+		if err != nil {
 			return p, err
+		}
+		url, adminURL := pr.URL(), pr.AdminURL()
+		switch spec.Name {
+		case "reconciler":
+			p.ReconcilerURL, p.ReconcilerAdminURL = url, adminURL
+		case "shim":
+			p.ShimURL, p.ShimAdminURL = url, adminURL
+		case "billing":
+			p.BillingURL, p.BillingAdminURL = url, adminURL
+		case "orders":
+			p.OrdersURL, p.OrdersAdminURL = url, adminURL
 		}
 	}
 	return p, nil
 }
 
-func (p *Platform) startProgram(ctx context.Context, name, addr string, env []string) error {
-	log, err := os.Create(filepath.Join(p.cfg.WorkDir, name+".log"))
+// startProgram starts one program (env as KEY=value) and waits until it is
+// ready.
+func (p *Platform) startProgram(ctx context.Context, spec harness.Spec, env []string) (*harness.Proc, error) {
+	vars := map[string]string{"LOG_LEVEL": "warn"}
+	for _, kv := range env {
+		k, v, _ := strings.Cut(kv, "=")
+		vars[k] = v
+	}
+	pr, err := harness.New(harness.Config{Spec: spec, Bin: filepath.Join(p.cfg.BinDir, spec.Name), Env: vars,
+		LogPath: filepath.Join(p.cfg.WorkDir, spec.Name+".log"), PrePickPorts: p.cfg.PrePickPorts})
 	if err != nil {
-		return err
+		return nil, err
 	}
-	defer log.Close() // the child has its own descriptor
-	cmd := exec.Command(filepath.Join(p.cfg.BinDir, name))
-	cmd.Env = append(append(os.Environ(), "HTTP_ADDR="+addr, "LOG_LEVEL=warn"), env...)
-	cmd.Stdout, cmd.Stderr = log, log
-	// Its own process group: a Ctrl-C to the driver reaches the driver,
-	// which then stops the programs in order.
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	if err := cmd.Start(); err != nil {
-		return fmt.Errorf("starting %s: %w", name, err)
+	// Appended to by each start: a log from an earlier run would mislead.
+	if err := os.Remove(pr.LogPath()); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return nil, err
 	}
-	exited := make(chan struct{})
-	go func() { _ = cmd.Wait(); close(exited) }()
-	p.procs = append(p.procs, proc{cmd, exited})
-
-	deadline := time.Now().Add(60 * time.Second) // a first start migrates; a busy machine is slow
-	for {
-		if err := get(ctx, "http://"+addr+"/readyz"); err == nil {
-			p.cfg.Logf("%s ready on http://%s", name, addr)
-			return nil
-		}
-		select {
-		case <-exited:
-			return fmt.Errorf("%s exited before it was ready; see %s", name, log.Name())
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-time.After(100 * time.Millisecond):
-		}
-		if time.Now().After(deadline) {
-			return fmt.Errorf("%s not ready on %s within 60 s; see %s", name, addr, log.Name())
-		}
+	if err := pr.Start(ctx); err != nil {
+		return nil, err
 	}
+	p.procs = append(p.procs, pr)
+	// A first start migrates; a busy machine is slow.
+	if err := pr.WaitReady(ctx, "/readyz", 60*time.Second); err != nil {
+		return nil, err
+	}
+	p.cfg.Logf("%s ready on %s", spec.Name, pr.URL())
+	return pr, nil
 }
 
 // Stop stops the programs in reverse order: SIGTERM, then SIGKILL after 15 s.
 func (p *Platform) Stop() {
 	for i := len(p.procs) - 1; i >= 0; i-- {
-		pr := p.procs[i]
-		_ = pr.cmd.Process.Signal(syscall.SIGTERM)
-		select {
-		case <-pr.exited:
-		case <-time.After(15 * time.Second):
-			p.cfg.Logf("%s did not stop within 15 s; killing it", filepath.Base(pr.cmd.Path))
-			_ = pr.cmd.Process.Kill()
-			<-pr.exited
+		if err := p.procs[i].Stop(15 * time.Second); errors.Is(err, harness.ErrHung) {
+			p.cfg.Logf("%v", err)
 		}
 	}
 	p.procs = nil
@@ -276,7 +244,7 @@ func (p *Platform) Destroy(ctx context.Context) {
 func (p *Platform) CPUTimes() map[string]time.Duration {
 	out := map[string]time.Duration{}
 	for _, pr := range p.procs {
-		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pr.cmd.Process.Pid))
+		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pr.Pid()))
 		if err != nil {
 			continue
 		}
@@ -289,7 +257,7 @@ func (p *Platform) CPUTimes() map[string]time.Duration {
 		utime, _ := strconv.ParseInt(f[11], 10, 64)
 		stime, _ := strconv.ParseInt(f[12], 10, 64)
 		const clockTicks = 100 // USER_HZ on Linux
-		out[filepath.Base(pr.cmd.Path)] = time.Duration(utime+stime) * time.Second / clockTicks
+		out[pr.Name()] = time.Duration(utime+stime) * time.Second / clockTicks
 	}
 	return out
 }
@@ -297,13 +265,12 @@ func (p *Platform) CPUTimes() map[string]time.Duration {
 // LogTails returns the last n lines of each program's log, for errors.
 func (p *Platform) LogTails(n int) string {
 	var b strings.Builder
-	for _, pr := range programs {
-		data, err := os.ReadFile(filepath.Join(p.cfg.WorkDir, pr.name+".log"))
-		if err != nil {
+	for _, spec := range harness.Programs {
+		path := filepath.Join(p.cfg.WorkDir, spec.Name+".log")
+		if _, err := os.Stat(path); err != nil {
 			continue
 		}
-		lines := strings.Split(strings.TrimRight(string(data), "\n"), "\n")
-		fmt.Fprintf(&b, "--- %s.log (last %d lines)\n%s\n", pr.name, n, strings.Join(lines[max(0, len(lines)-n):], "\n"))
+		fmt.Fprintf(&b, "--- %s.log (last %d lines)\n%s\n", spec.Name, n, harness.Tail(path, n))
 	}
 	return b.String()
 }
@@ -366,16 +333,6 @@ func (p *Platform) createTopics(ctx context.Context, names ...string) error {
 	return nil
 }
 
-// freeAddr returns a loopback address with a port nobody listens on now.
-func freeAddr() (string, error) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return "", err
-	}
-	defer ln.Close()
-	return ln.Addr().String(), nil
-}
-
 func post(ctx context.Context, url, body string) error {
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, url, strings.NewReader(body))
 	if err != nil {
@@ -390,25 +347,6 @@ func post(ctx context.Context, url, body string) error {
 	b, _ := io.ReadAll(resp.Body)
 	if resp.StatusCode/100 != 2 {
 		return fmt.Errorf("POST %s: %s: %s", url, resp.Status, b)
-	}
-	return nil
-}
-
-func get(ctx context.Context, url string) error {
-	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
-	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
-	if err != nil {
-		return err
-	}
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		return err
-	}
-	defer resp.Body.Close()
-	_, _ = io.Copy(io.Discard, resp.Body)
-	if resp.StatusCode != http.StatusOK {
-		return fmt.Errorf("%s: %s", url, resp.Status)
 	}
 	return nil
 }

@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/onceflow/onceflow/loadtest/bench/rig"
+	"github.com/onceflow/onceflow/pkg/platform/harness"
 	"github.com/onceflow/onceflow/pkg/platform/testinfra"
 )
 
@@ -20,10 +21,7 @@ import (
 // their own. k6's thresholds must pass (exit 0), and the databases must
 // agree with k6's audit: every order charged once and forwarded once.
 func TestK6Smoke(t *testing.T) {
-	root, err := filepath.Abs("../../..")
-	if err != nil {
-		t.Fatal(err)
-	}
+	root := harness.Root(t)
 	k6 := filepath.Join(root, "bin", "k6")
 	if _, err := os.Stat(k6); err != nil {
 		t.Fatalf("this test runs the project's k6 build: run `make k6` first (`make test` does): %v", err)

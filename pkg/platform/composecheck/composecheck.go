@@ -1,6 +1,7 @@
-// Package composecheck keeps docker-compose.yml honest: a test per program
-// checks that the Compose service sets every environment variable the
-// program reads, and nothing it does not.
+// Package composecheck keeps docker-compose.yml and the harness's program
+// specs honest: a test per program checks that the Compose service sets
+// every environment variable the program reads, and nothing it does not,
+// and that the program's harness.Spec names only variables it reads.
 package composecheck
 
 import (
@@ -13,7 +14,34 @@ import (
 	"gopkg.in/yaml.v3"
 
 	"github.com/onceflow/onceflow/pkg/platform/config"
+	"github.com/onceflow/onceflow/pkg/platform/harness"
 )
+
+// CheckProgram checks one program against its configuration cfg (a pointer
+// to its Config struct): CheckEnv on the Compose service, and the
+// program's harness.Spec (the one whose Compose is service) against the
+// variables cfg reads (harness.CheckSpec). One test per program then keeps
+// both descriptions of its environment, the Compose file and the
+// harness's, in line with the code.
+func CheckProgram(t testing.TB, composePath, service string, cfg any) {
+	t.Helper()
+	CheckEnv(t, composePath, service, cfg)
+	i := slices.IndexFunc(harness.Programs, func(s harness.Spec) bool { return s.Compose == service })
+	if i < 0 {
+		t.Fatalf("pkg/platform/harness has no program spec for the Compose service %q", service)
+	}
+	reads, err := config.Vars(cfg)
+	if err != nil {
+		t.Fatalf("%v", err)
+	}
+	names := make([]string, len(reads))
+	for j, v := range reads {
+		names[j] = v.Name
+	}
+	if err := harness.CheckSpec(harness.Programs[i], names); err != nil {
+		t.Errorf("%v (pkg/platform/harness/spec.go)", err)
+	}
+}
 
 // Env returns the environment that the Docker Compose file at
 // composePath gives service. It fails the test when the file cannot be read,

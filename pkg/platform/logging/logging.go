@@ -2,6 +2,7 @@
 package logging
 
 import (
+	"context"
 	"fmt"
 	"io"
 	"log/slog"
@@ -16,4 +17,20 @@ func New(w io.Writer, service, level string) (*slog.Logger, error) {
 	}
 	h := slog.NewJSONHandler(w, &slog.HandlerOptions{Level: l})
 	return slog.New(h).With("service", service), nil
+}
+
+// ListeningMsg is the msg of the record Listening writes.
+const ListeningMsg = "listening"
+
+// Listening writes one info record to w, whatever the program's LOG_LEVEL
+// says, with the addresses its listeners are bound to ("http_addr",
+// "admin_addr"): whatever started the program on port 0 (the tests'
+// harness, pkg/platform/harness) reads them from here, and a platform run
+// with LOG_LEVEL=warn must still say where it listens.
+func Listening(ctx context.Context, w io.Writer, service, httpAddr, adminAddr string) {
+	if w == nil {
+		return
+	}
+	slog.New(slog.NewJSONHandler(w, nil)).With("service", service).InfoContext(ctx, ListeningMsg,
+		slog.String("http_addr", httpAddr), slog.String("admin_addr", adminAddr))
 }

@@ -64,6 +64,10 @@ type Options struct {
 	// single-role setup, as in most tests) and otherwise skips with a
 	// warning: a least-privilege runtime role must not try DDL.
 	MigrateDatabaseURL string
+
+	// stdout is New's writer, kept for the listening record Run writes
+	// whatever LOG_LEVEL says (logging.Listening).
+	stdout io.Writer
 }
 
 // HTTPConfig is what every service reads about its two listeners besides
@@ -105,6 +109,7 @@ func New(ctx context.Context, stdout io.Writer, opts Options) (*Service, error) 
 	if err := httpserver.CheckAdminAddr(opts.AdminAddr, opts.HTTP.AdminToken); err != nil {
 		return nil, err
 	}
+	opts.stdout = stdout
 	logger, err := logging.New(stdout, opts.Name, opts.LogLevel)
 	if err != nil {
 		return nil, err
@@ -185,6 +190,7 @@ func (s *Service) Run(ctx context.Context, workers ...lifecycle.Stage) error {
 		_ = s.debug.Close()
 		return fmt.Errorf("listening on ADMIN_ADDR %s: %w", s.opts.AdminAddr, err)
 	}
+	logging.Listening(ctx, s.opts.stdout, s.opts.Name, ln.Addr().String(), adminLn.Addr().String())
 	s.Logger.InfoContext(ctx, s.opts.Name+" started",
 		slog.String("http_addr", ln.Addr().String()), slog.String("admin_addr", adminLn.Addr().String()),
 		slog.Bool("admin_token_set", s.opts.HTTP.AdminToken != ""), slog.Bool("pprof", s.opts.HTTP.Pprof),

@@ -414,10 +414,12 @@ func runPlatform(ctx context.Context, o options, res *Results, getenv func(strin
 			label = key + "@" + sd.name
 		}
 		name := fmt.Sprintf("bench_%s_%d_%d", strings.NewReplacer("=", "_", "-", "_", "@", "_").Replace(label), os.Getpid(), n)
-		// The rig gives every program explicit free ports, which binaries of
-		// any age understand (a -base revision's predate port 0).
+		// The working tree's programs listen on port 0 and log the bound
+		// addresses; a -base revision's may predate that "listening" line, so
+		// they get ports picked in advance (racy, but only for old binaries).
 		p, err := rig.Start(ctx, rig.Config{
-			BinDir: sd.binDir, WorkDir: filepath.Join(workRoot, label), PostgresURL: adminURL(getenv),
+			PrePickPorts: sd.name != "",
+			BinDir:       sd.binDir, WorkDir: filepath.Join(workRoot, label), PostgresURL: adminURL(getenv),
 			Brokers: brokers(getenv), Name: name, Env: knob.env, Partitions: knob.partitions, DatabaseSettings: knob.dbSettings,
 			DatabaseParams: knob.dbParams,
 		})

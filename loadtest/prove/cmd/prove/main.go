@@ -11,11 +11,11 @@ import (
 	"fmt"
 	"os"
 	"os/signal"
-	"path/filepath"
 	"strings"
 	"syscall"
 
 	"github.com/onceflow/onceflow/loadtest/prove"
+	"github.com/onceflow/onceflow/pkg/platform/harness"
 )
 
 func main() {
@@ -34,6 +34,7 @@ func run(ctx context.Context, args []string) error {
 	relayModes := fs.String("relay-modes", "poll,cdc,wal",
 		"comma-separated RELAY_MODEs the producing-side proofs ("+strings.Join(relayModeProofs(), ", ")+") run in")
 	dir := fs.String("dir", "", "where the harness keeps its stack, binaries, logs and reports (default <repo>/.prove)")
+	parallel := fs.Int("parallel", 1, "how many of the proofs that leave the shared stack alone run at once, each on its own platform")
 	if err := fs.Parse(args[1:]); err != nil {
 		return err
 	}
@@ -41,11 +42,12 @@ func run(ctx context.Context, args []string) error {
 	if !ok {
 		return fmt.Errorf("no profile %q (full or quick)", *profile)
 	}
-	root, err := repoRoot()
+	root, err := harness.RepoRoot()
 	if err != nil {
-		return err
+		return fmt.Errorf("run from the onceflow repository: %w", err)
 	}
-	opts := prove.Options{Root: root, Dir: *dir, Profile: prof, Out: os.Stdout, RelayModes: strings.Split(*relayModes, ",")}
+	opts := prove.Options{Root: root, Dir: *dir, Profile: prof, Out: os.Stdout, RelayModes: strings.Split(*relayModes, ","),
+		Parallel: *parallel}
 	if *only != "" {
 		opts.Only = strings.Split(*only, ",")
 	}
@@ -69,24 +71,6 @@ func names() string {
 		n = append(n, p.Name)
 	}
 	return strings.Join(n, ", ")
-}
-
-// repoRoot walks up from the working directory to the directory of go.work.
-func repoRoot() (string, error) {
-	dir, err := os.Getwd()
-	if err != nil {
-		return "", err
-	}
-	for {
-		if _, err := os.Stat(filepath.Join(dir, "go.work")); err == nil {
-			return dir, nil
-		}
-		parent := filepath.Dir(dir)
-		if parent == dir {
-			return "", fmt.Errorf("no go.work above the working directory: run from the onceflow repository")
-		}
-		dir = parent
-	}
 }
 
 func relayModeProofs() []string {

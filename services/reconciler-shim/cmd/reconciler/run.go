@@ -131,6 +131,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout 
 		slog.String("addr", ln.Addr().String()), slog.String("admin_addr", adminLn.Addr().String()),
 		slog.String("debug_addr", debug.Addr()), slog.String("ledger_path", cfg.LedgerPath),
 		slog.Int("settlements", stats.Settlements), slog.Int("duplicates", stats.Duplicates))
+	logging.Listening(ctx, stdout, "reconciler", ln.Addr().String(), adminLn.Addr().String())
 
 	err = lifecycle.Run(ctx, append([]lifecycle.Stage{
 		{Name: "http", Run: func(ctx context.Context) error {
