@@ -64,6 +64,9 @@ type goalRow struct {
 	unit  string // "orders/s", "ms", "µs", "" (a plain number)
 	goal  string
 	met   func(float64) bool // nil: reported, no goal
+	// difference: the figure is a change (can be negative or zero), so
+	// dividing it by the base's says nothing; no ratio is printed.
+	difference bool
 }
 
 func inWindow(rate float64, f func(Window) (float64, bool)) func(Run) (float64, bool) {
@@ -131,7 +134,7 @@ func goalRows() []goalRow {
 			unit: "orders/s", goal: "≥ 1,500 orders/s", met: atLeast(1500)},
 		{label: "2,000 orders/s offered: lag growth over the step (median, last quarter − first)", key: "ramp",
 			get:  inWindow(2000, func(w Window) (float64, bool) { return growth(w), true }),
-			unit: "ms", goal: "not growing (≤ 100 ms)", met: atMost(float64(lagBudget.Milliseconds()))},
+			unit: "ms", goal: "not growing (≤ 100 ms)", met: atMost(float64(lagBudget.Milliseconds())), difference: true},
 		{label: "one hop at 100 orders/s, orders → billing: p99", key: "ramp", get: inWindow(100, hop(1, "p99")),
 			unit: "ms", goal: "≤ 10 ms", met: atMost(10)},
 		{label: "one hop at 100 orders/s, billing → shim: p99", key: "ramp", get: inWindow(100, hop(2, "p99")),
@@ -213,9 +216,12 @@ func goalsTable(res Results) string {
 			if withBase {
 				bv, bok := mean(sideRuns(res, g.key, "base"), g.get)
 				base = append(base, formatValue(bv, g.unit))
-				if ok && bok && bv != 0 && !math.IsInf(v, 0) && !math.IsInf(bv, 0) {
+				switch {
+				case g.difference:
+					ratios = append(ratios, "—")
+				case ok && bok && bv != 0 && !math.IsInf(v, 0) && !math.IsInf(bv, 0):
 					ratios = append(ratios, f2(v/bv)+"×")
-				} else {
+				default:
 					ratios = append(ratios, "n/a")
 				}
 			}
