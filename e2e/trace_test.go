@@ -15,6 +15,7 @@ import (
 	kafka "github.com/segmentio/kafka-go" // the package's name is not its path's
 	tracepb "go.opentelemetry.io/proto/otlp/trace/v1"
 
+	"github.com/onceflow/onceflow/pkg/outbox/outboxtest"
 	"github.com/onceflow/onceflow/pkg/platform/harness"
 	"github.com/onceflow/onceflow/pkg/platform/kafkautil"
 	"github.com/onceflow/onceflow/pkg/platform/pgroles/pgrolestest"
@@ -246,8 +247,8 @@ func (p *platform) placeTracedOrder(ctx context.Context, t *testing.T) string {
 // the one stored in each outbox row and the one each Kafka message carried.
 func (p *platform) crossings(ctx context.Context, t *testing.T) (ordersRow, orderHeader, billingRow, billingHeader string) {
 	t.Helper()
-	return storedTraceparent(ctx, t, p.ordersDB), kafkaTraceparent(ctx, t, p.brokers, p.ordersTopic),
-		storedTraceparent(ctx, t, p.billingDB), kafkaTraceparent(ctx, t, p.brokers, p.billingTopic)
+	return storedTraceparent(t, p.ordersDB), kafkaTraceparent(ctx, t, p.brokers, p.ordersTopic),
+		storedTraceparent(t, p.billingDB), kafkaTraceparent(ctx, t, p.brokers, p.billingTopic)
 }
 
 // stop stops the programs, which flushes the spans they still buffer.
@@ -307,25 +308,9 @@ func stop(t *testing.T, p *harness.Proc) {
 }
 
 // storedTraceparent returns the traceparent of the one outbox row in db.
-func storedTraceparent(ctx context.Context, t *testing.T, db string) string {
+func storedTraceparent(t *testing.T, db string) string {
 	t.Helper()
-	var tps []string
-	rows, err := testinfra.NewPool(t, db).Query(ctx, `SELECT coalesce(headers->>'traceparent', '') FROM outbox_events`)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer rows.Close()
-	for rows.Next() {
-		var tp string
-		if err := rows.Scan(&tp); err != nil {
-			t.Fatal(err)
-		}
-		tps = append(tps, tp)
-	}
-	if err := rows.Err(); err != nil || len(tps) != 1 {
-		t.Fatalf("outbox rows' traceparents: %q, %v; want one row", tps, err)
-	}
-	return tps[0]
+	return outboxtest.RequireEnqueued(t, testinfra.NewPool(t, db), outboxtest.Match{}).Traceparent
 }
 
 // kafkaTraceparent returns the traceparent header of the one message on topic.

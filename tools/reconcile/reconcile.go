@@ -8,6 +8,9 @@ import (
 	"net/http"
 	"strings"
 	"time"
+
+	"github.com/onceflow/onceflow/pkg/inbox"
+	"github.com/onceflow/onceflow/pkg/outbox"
 )
 
 // The kinds of finding. Each has a runbook line in Runbooks.
@@ -152,11 +155,13 @@ func Run(ctx context.Context, src Sources, cfg Config) (Report, error) {
 		name string
 		db   Querier
 	}{{"orders", src.Orders}, {"billing", src.Billing}} {
-		for _, c := range []check{
-			{KindOutboxStuck, outboxTable, whereOutboxStuck, "created_at", "event_id", cfg.OutboxStuckAfter},
-			{KindOutboxDead, outboxTable, whereOutboxDead, "created_at", "event_id", 0},
+		b, err := outbox.Backlog(ctx, s.db, outbox.BacklogConfig{PendingOlderThan: cfg.OutboxStuckAfter, Samples: cfg.Samples})
+		err = translate("reading the outbox's backlog", err)
+		for _, f := range []Finding{
+			backlogFinding(KindOutboxStuck, s.name, b.Pending.Count, b.Pending.Oldest, b.Pending.Samples),
+			backlogFinding(KindOutboxDead, s.name, b.Dead.Count, b.Dead.Oldest, b.Dead.Samples),
 		} {
-			if err := add(c.run(ctx, s.db, s.name, cfg.Samples)); err != nil {
+			if err := add(f, err); err != nil {
 				return Report{}, err
 			}
 		}
@@ -165,12 +170,15 @@ func Run(ctx context.Context, src Sources, cfg Config) (Report, error) {
 		name string
 		db   Querier
 	}{{"billing", src.Billing}, {"reconciler-shim", src.Shim}} {
-		for _, c := range []check{
-			{KindInboxLeaseExpired, inboxTable, whereInboxLeaseOver, "lease_until", "message_id", cfg.LeaseGrace},
-			{KindInboxUncertain, inboxTable, whereInboxUncertain, "received_at", "message_id", 0},
-			{KindDeadLetterOverdue, inboxTable, whereDeadLetterLate, "received_at", "message_id", cfg.DeadLetterSLA},
+		b, err := inbox.Backlog(ctx, s.db, inbox.BacklogConfig{
+			LeaseExpiredFor: cfg.LeaseGrace, DeadLetteredOlderThan: cfg.DeadLetterSLA, Samples: cfg.Samples})
+		err = translate("reading the inbox's backlog", err)
+		for _, f := range []Finding{
+			backlogFinding(KindInboxLeaseExpired, s.name, b.LeaseExpired.Count, b.LeaseExpired.Oldest, b.LeaseExpired.Samples),
+			backlogFinding(KindInboxUncertain, s.name, b.Uncertain.Count, b.Uncertain.Oldest, b.Uncertain.Samples),
+			backlogFinding(KindDeadLetterOverdue, s.name, b.DeadLettered.Count, b.DeadLettered.Oldest, b.DeadLettered.Samples),
 		} {
-			if err := add(c.run(ctx, s.db, s.name, cfg.Samples)); err != nil {
+			if err := add(f, err); err != nil {
 				return Report{}, err
 			}
 		}

@@ -19,7 +19,9 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/onceflow/onceflow/pkg/inbox"
+	"github.com/onceflow/onceflow/pkg/inbox/inboxtest"
 	"github.com/onceflow/onceflow/pkg/outbox"
+	"github.com/onceflow/onceflow/pkg/outbox/outboxtest"
 	"github.com/onceflow/onceflow/pkg/platform/pgroles/pgrolestest"
 	"github.com/onceflow/onceflow/pkg/platform/pgutil"
 	"github.com/onceflow/onceflow/pkg/platform/testinfra"
@@ -116,24 +118,12 @@ func (p *platform) forward(t *testing.T, orderID uuid.UUID) {
 }
 
 func (p *platform) outboxRow(t *testing.T, db *pgxpool.Pool, state string, age time.Duration) uuid.UUID {
-	id := uuid.New()
-	p.exec(t, db, `INSERT INTO outbox_events (event_id, aggregate_type, aggregate_id, aggregate_version, event_type, event_version,
-		payload, occurred_at, partition, state, created_at) VALUES ($1, 'order', $2, 1, 'OrderPlaced', 1, '{}', now(), 0, $3, now() - $4::interval)`,
-		id, uuid.NewString(), state, age.String())
+	_, id := outboxtest.Seed(t, db, outboxtest.Row{State: state, Age: age})
 	return id
 }
 
 func (p *platform) inboxRow(t *testing.T, db *pgxpool.Pool, status string, age, leaseAgo time.Duration) uuid.UUID {
-	id := uuid.New()
-	var leaseUntil any
-	if status == "leased" {
-		leaseUntil = time.Now().Add(-leaseAgo)
-	}
-	p.exec(t, db, `INSERT INTO inbox_messages (consumer, message_id, event_type, aggregate_id, aggregate_version, topic,
-		kafka_partition, kafka_offset, status, payload_hash, received_at, lease_owner, lease_until)
-		VALUES ('c', $1, 'E', 'a', 1, 't', 0, 0, $2, '\x00', now() - $3::interval, CASE WHEN $2 = 'leased' THEN 'w1' END, $4)`,
-		id, status, age.String(), leaseUntil)
-	return id
+	return inboxtest.Seed(t, db, inboxtest.Row{Consumer: "c", Status: status, Age: age, LeaseExpiredAgo: leaseAgo})
 }
 
 // Each inconsistency made on purpose is reported once, under its kind, with

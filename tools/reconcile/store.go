@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
@@ -42,21 +43,13 @@ func translate(op string, err error) error {
 // The reads. Every statement is a SELECT, run as the read-only role
 // reconcile_ro (see package pgroles): the tool never writes.
 //
-// The backlog checks read the outbox's and the inbox's tables
-// (outbox_events, inbox_messages) directly, as their only reader outside
-// pkg/outbox and pkg/inbox: neither library exports a read of "rows in state
-// S older than T" yet. When they do, these constants give way to calls.
-// Each where clause takes the threshold as $1, in microseconds.
+// The backlog checks read the outbox's and the inbox's tables through
+// outbox.Backlog and inbox.Backlog (in Run): this package knows
+// neither their tables nor their states. The statements below read the
+// services' own tables, whose stores export no such reads. Each takes its
+// thresholds in microseconds.
 const (
-	outboxTable = "outbox_events"
-	inboxTable  = "inbox_messages"
-
-	whereOutboxStuck    = "state = 'pending' AND created_at < now() - $1::bigint * interval '1 microsecond'"
-	whereOutboxDead     = "state = 'dead' AND $1::bigint >= 0"
-	whereInboxLeaseOver = "status = 'leased' AND lease_until < now() - $1::bigint * interval '1 microsecond'"
-	whereInboxUncertain = "status = 'uncertain' AND $1::bigint >= 0"
-	whereDeadLetterLate = "status = 'dead_lettered' AND received_at < now() - $1::bigint * interval '1 microsecond'"
-	sqlOrdersInWindow   = `
+	sqlOrdersInWindow = `
 		SELECT id::text, created_at FROM orders WHERE created_at < now() - $1::bigint * interval '1 microsecond'
 		   AND created_at > now() - $2::bigint * interval '1 microsecond' ORDER BY created_at`
 	sqlChargesOfOrders = `SELECT order_id::text FROM charges WHERE order_id = ANY($1::uuid[])`
@@ -72,33 +65,13 @@ type Querier interface {
 	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
 }
 
-// check is a finding read from one table of one database.
-type check struct {
-	kind, table, where, ts, id string
-	threshold                  time.Duration
-}
-
-func (c check) run(ctx context.Context, db Querier, service string, samples int) (Finding, error) {
-	f := Finding{Kind: c.kind, Component: service}
-	var oldest *time.Time
-	op := "counting " + c.table
-	err := db.QueryRow(ctx, "SELECT count(*), min("+c.ts+") FROM "+c.table+" WHERE "+c.where, c.threshold.Microseconds()).
-		Scan(&f.Count, &oldest)
-	if err != nil {
-		return f, translate(op, err)
+// backlogFinding is the Finding of one state of a library's backlog.
+func backlogFinding(kind, component string, count int, oldest time.Time, samples []uuid.UUID) Finding {
+	f := Finding{Kind: kind, Component: component, Count: count, Oldest: oldest}
+	for _, id := range samples {
+		f.Samples = append(f.Samples, id.String())
 	}
-	if f.Count == 0 {
-		return f, nil
-	}
-	f.Oldest = *oldest
-	op = "sampling " + c.table
-	rows, err := db.Query(ctx, "SELECT "+c.id+"::text FROM "+c.table+" WHERE "+c.where+" ORDER BY "+c.ts+" LIMIT $2",
-		c.threshold.Microseconds(), samples)
-	if err != nil {
-		return f, translate(op, err)
-	}
-	f.Samples, err = pgx.CollectRows(rows, pgx.RowTo[string])
-	return f, translate(op, err)
+	return f
 }
 
 // lookup reports which of ids exist on the other side.

@@ -56,17 +56,11 @@ func ordersAdmin(t *testing.T) (*httptest.Server, *pgxpool.Pool) {
 
 func insertOutbox(t *testing.T, pool *pgxpool.Pool, state string, age time.Duration) (int64, uuid.UUID) {
 	t.Helper()
-	eventID := uuid.New()
-	var id int64
-	err := pool.QueryRow(context.Background(), `INSERT INTO outbox_events (event_id, aggregate_type, aggregate_id, aggregate_version,
-		event_type, event_version, payload, occurred_at, partition, state, last_error, created_at, published_at)
-		VALUES ($1, 'order', $2, 1, 'OrderPlaced', 1, '{}', now(), 0, $3, CASE WHEN $3 = 'dead' THEN 'broker refused: too large' END,
-		        now() - $4::interval, CASE WHEN $3 = 'published' THEN now() END) RETURNING id`,
-		eventID, uuid.NewString(), state, age.String()).Scan(&id)
-	if err != nil {
-		t.Fatal(err)
+	r := outboxtest.Row{State: state, Age: age}
+	if state == "dead" {
+		r.LastError = "broker refused: too large"
 	}
-	return id, eventID
+	return outboxtest.Seed(t, pool, r)
 }
 
 func ctl(t *testing.T, env map[string]string, args ...string) (string, error) {
