@@ -300,7 +300,10 @@ func (g progress) inFlight() bool {
 
 func (p *Platform) progress(ctx context.Context) (progress, error) {
 	var g progress
-	if err := p.ordersPool.QueryRow(ctx, `SELECT (SELECT count(*) FROM orders), (SELECT count(*) FROM outbox_events WHERE state <> 'published'),
+	// Pending as the audit counts it (pendingQuery): under the log-based
+	// relay rows stay 'pending' after they are published, and counting them
+	// kept a cdc run "in flight" until waitQuiet gave up after 10×stable.
+	if err := p.ordersPool.QueryRow(ctx, `SELECT (SELECT count(*) FROM orders), (`+p.pendingQuery()+`),
 		(SELECT count(*) FROM outbox_events WHERE state = 'dead')`).
 		Scan(&g.orders, &g.pending, &g.dead); err != nil {
 		return g, err
@@ -308,7 +311,7 @@ func (p *Platform) progress(ctx context.Context) (progress, error) {
 	if p.Billing == nil {
 		return g, nil
 	}
-	if err := p.billingPool.QueryRow(ctx, `SELECT (SELECT count(*) FROM charges), (SELECT count(*) FROM outbox_events WHERE state <> 'published'),
+	if err := p.billingPool.QueryRow(ctx, `SELECT (SELECT count(*) FROM charges), (`+p.pendingQuery()+`),
 		(SELECT count(*) FROM charges WHERE status = 'refunded'), (SELECT count(*) FROM outbox_events WHERE state = 'dead')`).
 		Scan(&g.charges, &g.billingPending, &g.refunded, &g.billingDead); err != nil {
 		return g, err
