@@ -9,7 +9,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/segmentio/kafka-go"
 
@@ -127,40 +126,10 @@ func TestHostileMessagesNeverStopAPartition(t *testing.T) {
 			group := testinfra.Name("group")
 			cfg := inbox.Config{Name: "hostile-" + mode, DeadLetterTopic: dlt, Metrics: inbox.NewMetrics(f.registry),
 				BackoffMin: time.Millisecond, BackoffMax: 10 * time.Millisecond}
-			var c *inbox.Consumer
-			var err error
-			if mode == "transactional" {
-				c, err = inbox.NewConsumer(f.pool, f.source(group), f.writer, func(ctx context.Context, tx pgx.Tx, ev event.Envelope) error {
-					return applyNote(ctx, tx.Exec, ev)
-				}, cfg)
-			} else {
-				c, err = inbox.NewLeaseConsumer(f.pool, f.source(group), f.writer, inbox.Effect{
-					Check: func(context.Context, string) (bool, error) { return false, nil },
-					Call: func(ctx context.Context, ev event.Envelope, _ string) error {
-						return applyNote(ctx, f.pool.Exec, ev)
-					},
-				}, cfg)
-			}
-			if err != nil {
-				t.Fatal(err)
-			}
-			ctx, cancel := context.WithCancel(context.Background())
-			done := make(chan error, 1)
-			go func() { done <- c.Run(ctx) }()
-			defer func() {
-				cancel()
-				if err := <-done; err != nil {
-					t.Errorf("Run: %v", err)
-				}
-			}()
+			running := runUntilCleanup(t, f.modeConsumer(t, mode, f.pool, group, applyNote, cfg))
 
 			testinfra.WaitFor(t, 30*time.Second, "the good event behind the hostile ones", func() (bool, error) {
-				select {
-				case err := <-done:
-					return false, fmt.Errorf("the consumer exited: %v", err)
-				default:
-				}
-				return f.count(t, "SELECT count(*) FROM effects WHERE event_id = $1", good.EventID) == 1, nil
+				return f.count(t, "SELECT count(*) FROM effects WHERE event_id = $1", good.EventID) == 1, running()
 			})
 
 			r := kafka.NewReader(kafka.ReaderConfig{Brokers: f.brokers, Topic: dlt, Partition: 0, MaxWait: 100 * time.Millisecond})
