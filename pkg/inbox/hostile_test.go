@@ -14,7 +14,6 @@ import (
 
 	"github.com/onceflow/onceflow/pkg/event"
 	"github.com/onceflow/onceflow/pkg/inbox"
-	"github.com/onceflow/onceflow/pkg/platform/kafkautil"
 	"github.com/onceflow/onceflow/pkg/platform/testinfra"
 )
 
@@ -28,27 +27,7 @@ const bigMessage = 3 << 19 // 1.5 MiB
 func newTopicTakingBigMessages(t *testing.T, brokers []string) string {
 	t.Helper()
 	name := testinfra.Name("big")
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	ctrl, err := kafkautil.Controller(ctx, brokers)
-	if err != nil {
-		t.Fatalf("creating topic: %v", err)
-	}
-	defer ctrl.Close()
-	if err := ctrl.CreateTopics(kafka.TopicConfig{Topic: name, NumPartitions: 1, ReplicationFactor: 1,
-		ConfigEntries: []kafka.ConfigEntry{{ConfigName: "max.message.bytes", ConfigValue: fmt.Sprint(4 << 20)}}}); err != nil {
-		t.Fatalf("creating topic %s: %v", name, err)
-	}
-	testinfra.WaitFor(t, 20*time.Second, "topic "+name+" to have a leader", func() (bool, error) {
-		parts, err := ctrl.ReadPartitions(name)
-		return err == nil && len(parts) == 1 && parts[0].Leader.Host != "", nil
-	})
-	t.Cleanup(func() {
-		if ctrl, err := kafkautil.Controller(context.Background(), brokers); err == nil {
-			_ = ctrl.DeleteTopics(name)
-			ctrl.Close()
-		}
-	})
+	testinfra.NewTopicNamed(t, brokers, name, 1, kafka.ConfigEntry{ConfigName: "max.message.bytes", ConfigValue: fmt.Sprint(4 << 20)})
 	return name
 }
 
