@@ -16,11 +16,7 @@ import (
 
 func TestConfigValidate(t *testing.T) {
 	t.Parallel()
-	tests := []struct {
-		name string
-		cfg  inbox.Config
-		want string // "" for valid; else a substring of the error
-	}{
+	tests := []validateCase{
 		{"name only takes the defaults", inbox.Config{Name: "c"}, ""},
 		{"no name", inbox.Config{}, "Name is required"},
 		{"negative workers", inbox.Config{Name: "c", Workers: -1}, "Workers is negative"},
@@ -31,23 +27,14 @@ func TestConfigValidate(t *testing.T) {
 		{"unknown gap policy", inbox.Config{Name: "c", Gaps: 7}, "neither GapAccept nor GapRetry"},
 		{"backoff bounds crossed", inbox.Config{Name: "c", BackoffMin: time.Minute}, "BackoffMin (1m0s) exceeds BackoffMax (5s)"},
 	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			t.Parallel()
-			checkValidate(t, tt.cfg.Validate(), tt.want)
-		})
-	}
+	checkValidateCases(t, tests)
 }
 
 func TestGroupConfigValidate(t *testing.T) {
 	t.Parallel()
 	ok := inbox.GroupConfig{Brokers: []string{"b"}, Topic: "t", Group: "g"}
 	with := func(f func(*inbox.GroupConfig)) inbox.GroupConfig { g := ok; f(&g); return g }
-	tests := []struct {
-		name string
-		cfg  inbox.GroupConfig
-		want string
-	}{
+	tests := []validateCase{
 		{"required fields take the defaults", ok, ""},
 		{"no topic", with(func(g *inbox.GroupConfig) { g.Topic = "" }), "needs Brokers, Topic and Group"},
 		{"negative session timeout", with(func(g *inbox.GroupConfig) { g.SessionTimeout = -time.Second }), "SessionTimeout is negative"},
@@ -59,12 +46,7 @@ func TestGroupConfigValidate(t *testing.T) {
 		{"read backoffs the wrong way round", with(func(g *inbox.GroupConfig) { g.ReadBackoffMin = time.Second }), "ReadBackoffMin (1s) exceeds ReadBackoffMax (100ms)"},
 		{"last offset", with(func(g *inbox.GroupConfig) { g.StartOffset = kafka.LastOffset }), ""},
 	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			t.Parallel()
-			checkValidate(t, tt.cfg.Validate(), tt.want)
-		})
-	}
+	checkValidateCases(t, tests)
 }
 
 func TestPrunerConfigValidate(t *testing.T) {
@@ -112,6 +94,25 @@ func lazyPool(t *testing.T) *pgxpool.Pool {
 	}
 	t.Cleanup(pool.Close)
 	return pool
+}
+
+// validateCase is a configuration and what its Validate must say: "" for
+// valid, else a substring of the error.
+type validateCase struct {
+	name string
+	cfg  interface{ Validate() error }
+	want string
+}
+
+// checkValidateCases checks each case in a parallel subtest.
+func checkValidateCases(t *testing.T, tests []validateCase) {
+	t.Helper()
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			checkValidate(t, tt.cfg.Validate(), tt.want)
+		})
+	}
 }
 
 func checkValidate(t *testing.T, err error, want string) {

@@ -9,13 +9,11 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/segmentio/kafka-go"
 
 	"github.com/onceflow/onceflow/pkg/event"
 	"github.com/onceflow/onceflow/pkg/inbox"
-	"github.com/onceflow/onceflow/pkg/platform/kafkautil"
 	"github.com/onceflow/onceflow/pkg/platform/testinfra"
 )
 
@@ -29,27 +27,7 @@ const bigMessage = 3 << 19 // 1.5 MiB
 func newTopicTakingBigMessages(t *testing.T, brokers []string) string {
 	t.Helper()
 	name := testinfra.Name("big")
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	ctrl, err := kafkautil.Controller(ctx, brokers)
-	if err != nil {
-		t.Fatalf("creating topic: %v", err)
-	}
-	defer ctrl.Close()
-	if err := ctrl.CreateTopics(kafka.TopicConfig{Topic: name, NumPartitions: 1, ReplicationFactor: 1,
-		ConfigEntries: []kafka.ConfigEntry{{ConfigName: "max.message.bytes", ConfigValue: fmt.Sprint(4 << 20)}}}); err != nil {
-		t.Fatalf("creating topic %s: %v", name, err)
-	}
-	testinfra.WaitFor(t, 20*time.Second, "topic "+name+" to have a leader", func() (bool, error) {
-		parts, err := ctrl.ReadPartitions(name)
-		return err == nil && len(parts) == 1 && parts[0].Leader.Host != "", nil
-	})
-	t.Cleanup(func() {
-		if ctrl, err := kafkautil.Controller(context.Background(), brokers); err == nil {
-			_ = ctrl.DeleteTopics(name)
-			ctrl.Close()
-		}
-	})
+	testinfra.NewTopicNamed(t, brokers, name, 1, kafka.ConfigEntry{ConfigName: "max.message.bytes", ConfigValue: fmt.Sprint(4 << 20)})
 	return name
 }
 
@@ -127,40 +105,10 @@ func TestHostileMessagesNeverStopAPartition(t *testing.T) {
 			group := testinfra.Name("group")
 			cfg := inbox.Config{Name: "hostile-" + mode, DeadLetterTopic: dlt, Metrics: inbox.NewMetrics(f.registry),
 				BackoffMin: time.Millisecond, BackoffMax: 10 * time.Millisecond}
-			var c *inbox.Consumer
-			var err error
-			if mode == "transactional" {
-				c, err = inbox.NewConsumer(f.pool, f.source(group), f.writer, func(ctx context.Context, tx pgx.Tx, ev event.Envelope) error {
-					return applyNote(ctx, tx.Exec, ev)
-				}, cfg)
-			} else {
-				c, err = inbox.NewLeaseConsumer(f.pool, f.source(group), f.writer, inbox.Effect{
-					Check: func(context.Context, string) (bool, error) { return false, nil },
-					Call: func(ctx context.Context, ev event.Envelope, _ string) error {
-						return applyNote(ctx, f.pool.Exec, ev)
-					},
-				}, cfg)
-			}
-			if err != nil {
-				t.Fatal(err)
-			}
-			ctx, cancel := context.WithCancel(context.Background())
-			done := make(chan error, 1)
-			go func() { done <- c.Run(ctx) }()
-			defer func() {
-				cancel()
-				if err := <-done; err != nil {
-					t.Errorf("Run: %v", err)
-				}
-			}()
+			running := runUntilCleanup(t, f.modeConsumer(t, mode, f.pool, group, applyNote, cfg))
 
 			testinfra.WaitFor(t, 30*time.Second, "the good event behind the hostile ones", func() (bool, error) {
-				select {
-				case err := <-done:
-					return false, fmt.Errorf("the consumer exited: %v", err)
-				default:
-				}
-				return f.count(t, "SELECT count(*) FROM effects WHERE event_id = $1", good.EventID) == 1, nil
+				return f.count(t, "SELECT count(*) FROM effects WHERE event_id = $1", good.EventID) == 1, running()
 			})
 
 			r := kafka.NewReader(kafka.ReaderConfig{Brokers: f.brokers, Topic: dlt, Partition: 0, MaxWait: 100 * time.Millisecond})

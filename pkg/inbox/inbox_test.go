@@ -11,6 +11,7 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/segmentio/kafka-go"
@@ -64,18 +65,69 @@ func (f *fixture) source(group string) inbox.GroupConfig {
 	return inbox.GroupConfig{Brokers: f.brokers, Topic: f.topic, Group: group}
 }
 
-// runUntilCleanup runs c until the test ends.
-func runUntilCleanup(t *testing.T, c *inbox.Consumer) {
+// runUntilCleanup runs c until the test ends, and returns running, which
+// reports an error once Run has returned early: Run must return only when its
+// context ends, so a WaitFor condition returns running() to fail fast.
+func runUntilCleanup(t *testing.T, c *inbox.Consumer) (running func() error) {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- c.Run(ctx) }()
+	done := make(chan struct{})
+	var runErr error
+	go func() {
+		runErr = c.Run(ctx)
+		close(done)
+	}()
 	t.Cleanup(func() {
 		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("consumer: %v", err)
+		<-done
+		if runErr != nil {
+			t.Errorf("consumer: %v", runErr)
 		}
 	})
+	return func() error {
+		select {
+		case <-done:
+			return fmt.Errorf("Run returned before the test ended: %v", runErr)
+		default:
+			return nil
+		}
+	}
+}
+
+// modeConsumer is a consumer of the fixture's topic, read through pool in
+// group, in mode "transactional" (apply runs in the inbox transaction) or
+// "lease" (apply runs on f.pool beside it, the effect's Check finding
+// nothing): the tests that must hold in both modes build theirs here.
+func (f *fixture) modeConsumer(t *testing.T, mode string, pool *pgxpool.Pool, group string, apply execApply, cfg inbox.Config) *inbox.Consumer {
+	t.Helper()
+	var c *inbox.Consumer
+	var err error
+	if mode == "transactional" {
+		c, err = inbox.NewConsumer(pool, f.source(group), f.writer, func(ctx context.Context, tx pgx.Tx, ev event.Envelope) error {
+			return apply(ctx, tx.Exec, ev)
+		}, cfg)
+	} else {
+		c, err = inbox.NewLeaseConsumer(pool, f.source(group), f.writer, inbox.Effect{
+			Check: func(context.Context, string) (bool, error) { return false, nil },
+			Call: func(ctx context.Context, ev event.Envelope, _ string) error {
+				return apply(ctx, f.pool.Exec, ev)
+			},
+		}, cfg)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
+// execApply is a side effect written through exec: a transaction's or a
+// pool's Exec.
+type execApply func(ctx context.Context, exec func(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error), ev event.Envelope) error
+
+// insertEffect is the plain side effect: one effects row per event.
+func insertEffect(ctx context.Context, exec func(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error), ev event.Envelope) error {
+	_, err := exec(ctx, "INSERT INTO effects (event_id, aggregate_id) VALUES ($1, $2)", ev.EventID, ev.AggregateID)
+	return err
 }
 
 // recordEffect is a handler whose side effect is one row per event.

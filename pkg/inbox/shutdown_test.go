@@ -191,38 +191,8 @@ func TestAPostgresOutageIsWaitedOut(t *testing.T) {
 
 			cfg := inbox.Config{Name: "outage-" + mode, MaxAttempts: 2, BackoffMin: 10 * time.Millisecond,
 				BackoffMax: 200 * time.Millisecond, LagInterval: 100 * time.Millisecond, Metrics: inbox.NewMetrics(f.registry)}
-			var c *inbox.Consumer
-			if mode == "transactional" {
-				c, err = inbox.NewConsumer(pool, f.source(testinfra.Name("group")), f.writer, f.recordEffect, cfg)
-			} else {
-				c, err = inbox.NewLeaseConsumer(pool, f.source(testinfra.Name("group")), f.writer, inbox.Effect{
-					Check: func(context.Context, string) (bool, error) { return false, nil },
-					Call: func(ctx context.Context, ev event.Envelope, _ string) error {
-						_, err := f.pool.Exec(ctx, "INSERT INTO effects (event_id, aggregate_id) VALUES ($1, $2)", ev.EventID, ev.AggregateID)
-						return err
-					},
-				}, cfg)
-			}
-			if err != nil {
-				t.Fatal(err)
-			}
-			ctx, cancel := context.WithCancel(context.Background())
-			done := make(chan error, 1)
-			go func() { done <- c.Run(ctx) }()
-			defer func() {
-				cancel()
-				if err := <-done; err != nil {
-					t.Errorf("Run: %v", err)
-				}
-			}()
-			running := func() error {
-				select {
-				case err := <-done:
-					return fmt.Errorf("Run returned during the outage: %v", err)
-				default:
-					return nil
-				}
-			}
+			c := f.modeConsumer(t, mode, pool, testinfra.Name("group"), insertEffect, cfg)
+			running := runUntilCleanup(t, c)
 
 			f.produce(t, event.ToKafka(f.topic, newEvent("before", 1)))
 			testinfra.WaitFor(t, 30*time.Second, "the first event", func() (bool, error) {

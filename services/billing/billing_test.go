@@ -16,20 +16,14 @@ import (
 	"github.com/onceflow/onceflow/pkg/event"
 	"github.com/onceflow/onceflow/pkg/inbox"
 	"github.com/onceflow/onceflow/pkg/inbox/inboxtest"
-	"github.com/onceflow/onceflow/pkg/outbox"
 	"github.com/onceflow/onceflow/pkg/outbox/outboxtest"
-	"github.com/onceflow/onceflow/pkg/platform/pgutil"
 	"github.com/onceflow/onceflow/pkg/platform/testinfra"
 	"github.com/onceflow/onceflow/services/billing"
 )
 
 func newBilling(t *testing.T) (*billing.Billing, *pgxpool.Pool) {
 	t.Helper()
-	pool := testinfra.NewPool(t, testinfra.NewMigratedDatabase(t,
-		pgutil.Migration{FS: billing.Migrations, Table: billing.MigrationsTable},
-		pgutil.Migration{FS: outbox.Migrations, Table: outbox.MigrationsTable},
-		pgutil.Migration{FS: inbox.Migrations, Table: inbox.MigrationsTable},
-	))
+	pool := testinfra.NewPool(t, billingDatabase(t))
 	return billing.New(pool, slog.New(slog.NewTextHandler(io.Discard, nil)), nil), pool
 }
 

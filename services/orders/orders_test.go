@@ -12,11 +12,9 @@ import (
 	"github.com/labstack/echo/v4"
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/onceflow/onceflow/pkg/outbox"
 	"github.com/onceflow/onceflow/pkg/outbox/outboxtest"
 	"github.com/onceflow/onceflow/pkg/platform/httpserver"
 	"github.com/onceflow/onceflow/pkg/platform/logging"
-	"github.com/onceflow/onceflow/pkg/platform/pgutil"
 	"github.com/onceflow/onceflow/pkg/platform/testinfra"
 	"github.com/onceflow/onceflow/services/orders"
 )
@@ -30,10 +28,7 @@ type api struct {
 // newAPI serves the orders API on a fresh, migrated database.
 func newAPI(t *testing.T) *api {
 	t.Helper()
-	pool := testinfra.NewPool(t, testinfra.NewMigratedDatabase(t,
-		pgutil.Migration{FS: orders.Migrations, Table: orders.MigrationsTable},
-		pgutil.Migration{FS: outbox.Migrations, Table: outbox.MigrationsTable},
-	))
+	pool := testinfra.NewPool(t, migratedDatabase(t))
 	logger, _ := logging.New(&strings.Builder{}, "orders-test", "error")
 	reg := prometheus.NewRegistry()
 	e := httpserver.New(httpserver.Config{Logger: logger, Gatherer: reg})

@@ -20,7 +20,6 @@ import (
 	"github.com/onceflow/onceflow/pkg/inbox"
 	"github.com/onceflow/onceflow/pkg/inbox/inboxtest"
 	"github.com/onceflow/onceflow/pkg/platform/kafkautil"
-	"github.com/onceflow/onceflow/pkg/platform/pgutil"
 	"github.com/onceflow/onceflow/pkg/platform/testinfra"
 	shim "github.com/onceflow/onceflow/services/reconciler-shim"
 	"github.com/onceflow/onceflow/services/reconciler-shim/thirdparty"
@@ -42,10 +41,7 @@ type rig struct {
 func newRig(t *testing.T) *rig {
 	t.Helper()
 	r := &rig{brokers: testinfra.KafkaBrokers(t), quiet: slog.New(slog.NewTextHandler(io.Discard, nil))}
-	r.pool = testinfra.NewPool(t, testinfra.NewMigratedDatabase(t,
-		pgutil.Migration{FS: shim.Migrations, Table: shim.MigrationsTable},
-		pgutil.Migration{FS: inbox.Migrations, Table: inbox.MigrationsTable},
-	))
+	r.pool = testinfra.NewPool(t, shimDatabase(t))
 	r.topic = testinfra.NewTopic(t, r.brokers, 1)
 	testinfra.NewTopicNamed(t, r.brokers, r.topic+".dlt", 1)
 	var err error

@@ -42,20 +42,12 @@ type AdminConfig struct {
 // /admin/* and /debug/pprof/*, and a log record of every non-GET operator
 // call with who made it. The caller mounts its /admin/... routes.
 func NewAdmin(cfg AdminConfig) *echo.Echo {
-	if cfg.BodyLimit == "" {
-		cfg.BodyLimit = "1M"
-	}
-	e := echo.New()
-	e.HideBanner = true
-	e.HidePort = true
-	e.HTTPErrorHandler = errorHandler(cfg.Logger, cfg.BodyLimit)
+	e, bodyLimit := newEcho(cfg.Logger, cfg.BodyLimit)
 	e.Use(middleware.Recover())
 	e.Use(RequestID)
 	e.Use(bearer(cfg.Logger, cfg.Token))
-	e.Use(middleware.BodyLimit(cfg.BodyLimit))
-	e.GET("/healthz", func(c echo.Context) error {
-		return c.JSON(http.StatusOK, map[string]string{"status": "ok"})
-	})
+	e.Use(middleware.BodyLimit(bodyLimit))
+	e.GET("/healthz", healthz)
 	e.GET("/metrics", echo.WrapHandler(promhttp.HandlerFor(cfg.Gatherer, promhttp.HandlerOpts{})))
 	if cfg.Pprof {
 		// The handlers are mounted one by one on this listener; importing

@@ -40,21 +40,34 @@ type Config struct {
 	BodyLimit string
 }
 
-// New returns an echo instance with the shared middleware and endpoints;
-// the caller adds its routes.
-func New(cfg Config) *echo.Echo {
-	if cfg.BodyLimit == "" {
-		cfg.BodyLimit = "1M"
+// newEcho is the bare echo both listeners start from: no banner, and the
+// shared error handler, which needs the body limit (default "1M") to name it
+// in a 413; it returns the limit with the default applied.
+func newEcho(logger *slog.Logger, bodyLimit string) (*echo.Echo, string) {
+	if bodyLimit == "" {
+		bodyLimit = "1M"
 	}
 	e := echo.New()
 	e.HideBanner = true
 	e.HidePort = true
-	e.HTTPErrorHandler = errorHandler(cfg.Logger, cfg.BodyLimit)
+	e.HTTPErrorHandler = errorHandler(logger, bodyLimit)
+	return e, bodyLimit
+}
+
+// healthz answers 200 while the listener is up.
+func healthz(c echo.Context) error {
+	return c.JSON(http.StatusOK, map[string]string{"status": "ok"})
+}
+
+// New returns an echo instance with the shared middleware and endpoints;
+// the caller adds its routes.
+func New(cfg Config) *echo.Echo {
+	e, bodyLimit := newEcho(cfg.Logger, cfg.BodyLimit)
 	// Outermost, so a request's span covers everything, panics included.
 	e.Use(TracingMiddleware(isOperational))
 	e.Use(middleware.Recover())
 	e.Use(RequestID)
-	e.Use(middleware.BodyLimit(cfg.BodyLimit))
+	e.Use(middleware.BodyLimit(bodyLimit))
 	e.Use(middleware.RequestLoggerWithConfig(middleware.RequestLoggerConfig{
 		LogMethod: true, LogURIPath: true, LogStatus: true, LogLatency: true,
 		Skipper: isOperational,
@@ -66,9 +79,7 @@ func New(cfg Config) *echo.Echo {
 		},
 	}))
 
-	e.GET("/healthz", func(c echo.Context) error {
-		return c.JSON(http.StatusOK, map[string]string{"status": "ok"})
-	})
+	e.GET("/healthz", healthz)
 	e.GET("/readyz", readyz(cfg.Checks))
 	if cfg.Gatherer != nil {
 		e.GET("/metrics", echo.WrapHandler(promhttp.HandlerFor(cfg.Gatherer, promhttp.HandlerOpts{})))

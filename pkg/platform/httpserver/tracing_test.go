@@ -17,12 +17,6 @@ import (
 	"github.com/onceflow/onceflow/pkg/platform/tracing/tracectx"
 )
 
-const (
-	traceID     = testinfra.CallerTraceID
-	spanID      = testinfra.CallerSpanID
-	traceparent = testinfra.CallerTraceparent
-)
-
 // The server middleware continues the caller's trace and hands its span to
 // the handler; the client transport sends its own span's context, so a call
 // through both makes a parent chain client -> server.
@@ -40,7 +34,7 @@ func TestMiddlewareAndTransport(t *testing.T) {
 	defer srv.Close()
 
 	client := &http.Client{Transport: tracectx.Transport(nil)}
-	ctx := tracectx.WithTraceparent(context.Background(), traceparent)
+	ctx := tracectx.WithTraceparent(context.Background(), testinfra.CallerTraceparent)
 	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, srv.URL+"/things/7", nil)
 	resp, err := client.Do(req)
 	if err != nil {
@@ -69,16 +63,16 @@ func TestMiddlewareAndTransport(t *testing.T) {
 			len(byKind[trace.SpanKindClient]), len(byKind[trace.SpanKindServer]))
 	}
 	client1, server := byKind[trace.SpanKindClient][0], byKind[trace.SpanKindServer][0]
-	if client1.SpanContext().TraceID().String() != traceID || client1.Parent().SpanID().String() != spanID {
+	if client1.SpanContext().TraceID().String() != testinfra.CallerTraceID || client1.Parent().SpanID().String() != testinfra.CallerSpanID {
 		t.Fatalf("client span is not the caller's child: %v under %v", client1.SpanContext(), client1.Parent())
 	}
-	if server.SpanContext().TraceID().String() != traceID || server.Parent().SpanID() != client1.SpanContext().SpanID() {
+	if server.SpanContext().TraceID().String() != testinfra.CallerTraceID || server.Parent().SpanID() != client1.SpanContext().SpanID() {
 		t.Fatalf("server span is not the client span's child: %v under %v", server.SpanContext(), server.Parent())
 	}
 	if server.Name() != "POST /things/:id" || server.Status().Code != codes.Error {
 		t.Fatalf("server span %q status %v, want POST /things/:id with an error status", server.Name(), server.Status())
 	}
-	if want := "00-" + traceID + "-" + server.SpanContext().SpanID().String() + "-01"; seen != want {
+	if want := "00-" + testinfra.CallerTraceID + "-" + server.SpanContext().SpanID().String() + "-01"; seen != want {
 		t.Fatalf("the handler saw %q, want the server span %q", seen, want)
 	}
 }

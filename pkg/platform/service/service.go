@@ -71,7 +71,7 @@ type Options struct {
 }
 
 // HTTPConfig is what every service reads about its two listeners besides
-// their addresses; each service's Config embeds it.
+// their addresses; each service's Config embeds it through Env.
 type HTTPConfig struct {
 	// AdminToken is the bearer token the operator routes (/admin/...,
 	// /debug/pprof/...) require. No default: without it those routes answer

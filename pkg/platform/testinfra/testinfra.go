@@ -128,8 +128,10 @@ func NewTopic(t testing.TB, brokers []string, partitions int) string {
 }
 
 // NewTopicNamed creates the topic name for this test and deletes it when the
-// test ends; use it for names derived from another topic (a ".dlt").
-func NewTopicNamed(t testing.TB, brokers []string, name string, partitions int) {
+// test ends; use it for names derived from another topic (a ".dlt"). configs
+// are topic settings beside the broker's defaults (max.message.bytes for a
+// test of oversized messages).
+func NewTopicNamed(t testing.TB, brokers []string, name string, partitions int, configs ...kafka.ConfigEntry) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
@@ -138,7 +140,8 @@ func NewTopicNamed(t testing.TB, brokers []string, name string, partitions int) 
 		t.Fatalf("creating topic: %v", err)
 	}
 	defer ctrl.Close()
-	if err := ctrl.CreateTopics(kafka.TopicConfig{Topic: name, NumPartitions: partitions, ReplicationFactor: 1}); err != nil {
+	if err := ctrl.CreateTopics(kafka.TopicConfig{Topic: name, NumPartitions: partitions, ReplicationFactor: 1,
+		ConfigEntries: configs}); err != nil {
 		t.Fatalf("creating topic %s: %v", name, err)
 	}
 	// A new topic's partitions get leaders asynchronously; wait until all have one.

@@ -16,12 +16,6 @@ import (
 	"github.com/onceflow/onceflow/pkg/platform/tracing/tracectx"
 )
 
-const (
-	traceID     = testinfra.CallerTraceID
-	spanID      = testinfra.CallerSpanID
-	traceparent = testinfra.CallerTraceparent
-)
-
 func TestSetupRejectsBadConfig(t *testing.T) {
 	for name, cfg := range map[string]tracing.Config{
 		"exporter": {Exporter: "jaeger"},
@@ -46,7 +40,7 @@ func TestSetupExportsOverOTLP(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	_, span := otel.Tracer("test").Start(tracectx.WithTraceparent(context.Background(), traceparent), "exported",
+	_, span := otel.Tracer("test").Start(tracectx.WithTraceparent(context.Background(), testinfra.CallerTraceparent), "exported",
 		trace.WithSpanKind(trace.SpanKindConsumer))
 	span.End()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
@@ -59,7 +53,7 @@ func TestSetupExportsOverOTLP(t *testing.T) {
 		t.Fatalf("collector got %d spans, want 1", len(spans))
 	}
 	s := spans[0]
-	if s.Service != "unit-test" || s.Name != "exported" || s.TraceID != traceID || s.ParentSpanID != spanID ||
+	if s.Service != "unit-test" || s.Name != "exported" || s.TraceID != testinfra.CallerTraceID || s.ParentSpanID != testinfra.CallerSpanID ||
 		s.Kind != tracepb.Span_SPAN_KIND_CONSUMER {
 		t.Fatalf("collector got %+v", s)
 	}

@@ -252,16 +252,12 @@ func TestGoalsTableWithABase(t *testing.T) {
 		"| CPU per order at 1,000 orders/s, everything but k6 (+ Postgres, Kafka) | 1,200 µs | ≤ 1,200 µs | met |",
 		"| orders relay at 100 orders/s: claims per event | n/a |  |  | n/a | n/a |",
 	} {
-		if !strings.Contains(table, want) {
-			t.Errorf("the table lacks\n%s\nin\n%s", want, table)
-		}
+		requireRow(t, "the table", table, want)
 	}
 	windows := windowsTable(res.Runs)
 	for _, want := range []string{"| ramp (base) | 100 | 0 | 0 | 0 → 0 ms | 30.0 ms / 60.0 ms | 1.0 ms / 2.0 ms | n/a / n/a / n/a | n/a, n/a |",
 		"| ramp | 2,000 | 1,600 | 1,600 | 50 → 4,000 ms (growing) | n/a | n/a |"} {
-		if !strings.Contains(windows, want) {
-			t.Errorf("the windows table lacks\n%s\nin\n%s", want, windows)
-		}
+		requireRow(t, "the windows table", windows, want)
 	}
 	ab := abTable(res)
 	if want := "| ramp | knee | 1,100 orders/s | 100 orders/s | 11.00× |"; !strings.Contains(ab, want) {
@@ -323,5 +319,14 @@ inbox_hop_seconds_count{consumer="billing"} 100
 	}
 	if _, ok := histogramHop(s, "shim", t0, t0.Add(time.Second)); ok {
 		t.Error("a program without the histogram has a hop")
+	}
+}
+
+// requireRow fails the test (and goes on) unless table, a generated
+// Markdown table named what, holds the row want.
+func requireRow(t *testing.T, what, table, want string) {
+	t.Helper()
+	if !strings.Contains(table, want) {
+		t.Errorf("%s lacks\n%s\nin\n%s", what, want, table)
 	}
 }

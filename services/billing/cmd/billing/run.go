@@ -17,12 +17,15 @@ import (
 	"github.com/onceflow/onceflow/pkg/platform/lifecycle"
 	"github.com/onceflow/onceflow/pkg/platform/pgutil"
 	"github.com/onceflow/onceflow/pkg/platform/service"
-	"github.com/onceflow/onceflow/pkg/platform/tracing"
 	"github.com/onceflow/onceflow/services/billing"
 )
 
 // Config is the billing service's configuration, read from the environment.
 type Config struct {
+	// Env is what every service reads the same way: ADMIN_TOKEN and the
+	// other HTTP settings, MIGRATE_DATABASE_URL, KAFKA_BROKERS and Kafka's
+	// security, LOG_LEVEL, SHUTDOWN_GRACE, tracing and CRASH_AFTER.
+	service.Env
 	// HTTPAddr is where the read API, /healthz and /readyz listen.
 	HTTPAddr string `env:"HTTP_ADDR" envDefault:"127.0.0.1:8082"`
 	// AdminAddr is the operator listener: /metrics, /admin/outbox/...,
@@ -30,22 +33,9 @@ type Config struct {
 	// PPROF=true, /debug/pprof/. Loopback by default; any other address
 	// needs ADMIN_TOKEN.
 	AdminAddr string `env:"ADMIN_ADDR" envDefault:"127.0.0.1:9082"`
-	// HTTP is ADMIN_TOKEN, PPROF, DEBUG_ADDR and the HTTP_* server timeouts
-	// (see service.HTTPConfig).
-	HTTP service.HTTPConfig
 	// DatabaseURL is the service's own Postgres database, as its runtime role
 	// (billing_app: reads and writes the tables, no DDL; see package pgroles).
 	DatabaseURL string `env:"DATABASE_URL" envDefault:"postgres://billing_app:billing_app@127.0.0.1:55432/billing?sslmode=disable"`
-	// MigrateDatabaseURL is the schema owner's URL (billing_owner), used only to
-	// migrate at start-up. Empty migrates over DATABASE_URL if that role may
-	// create tables and otherwise skips; "none" skips (migrations run as a
-	// separate job).
-	MigrateDatabaseURL string `env:"MIGRATE_DATABASE_URL"`
-	// KafkaBrokers is a comma-separated list of bootstrap brokers.
-	KafkaBrokers []string `env:"KAFKA_BROKERS" envDefault:"127.0.0.1:59092"`
-	// Kafka is KAFKA_TLS, KAFKA_SASL_MECHANISM and the other Kafka security
-	// variables (see kafkautil.SecurityConfig); the default is PLAINTEXT.
-	Kafka kafkautil.SecurityConfig
 	// OrdersTopic is consumed; its dead letters go to OrdersTopic + ".dlt".
 	OrdersTopic string `env:"ORDERS_TOPIC" envDefault:"orders.events"`
 	// BillingTopic receives every payment event.
@@ -69,13 +59,6 @@ type Config struct {
 	// OutboxArchive moves pruned rows to outbox_events_archive instead of
 	// deleting them (for audit trails that outlive the retention window).
 	OutboxArchive bool `env:"OUTBOX_ARCHIVE" envDefault:"false"`
-	// LogLevel is debug, info, warn or error.
-	LogLevel string `env:"LOG_LEVEL" envDefault:"info"`
-	// ShutdownGrace is how long in-flight requests get to finish on SIGTERM.
-	ShutdownGrace time.Duration `env:"SHUTDOWN_GRACE" envDefault:"10s"`
-	// Tracing is OTEL_TRACES_EXPORTER and the other OpenTelemetry variables
-	// (see package tracing).
-	Tracing tracing.Config
 	// InboxName is the inbox's dedupe namespace (inbox_messages.consumer).
 	// It stays when the consumer group changes (a reset, a replay into a
 	// fresh group), so the inbox still recognises what it already applied.
@@ -89,8 +72,6 @@ type Config struct {
 	// or outbox.after-ack): the process SIGKILLs itself the CrashAfter-th
 	// time it gets there. "none" arms nothing.
 	CrashPoint string `env:"CRASH_POINT" envDefault:"none"`
-	// CrashAfter is which pass of CrashPoint kills the process (1 = the first).
-	CrashAfter int `env:"CRASH_AFTER" envDefault:"1"`
 }
 
 func run(ctx context.Context, _ []string, getenv func(string) string, stdout io.Writer) error {
@@ -102,16 +83,13 @@ func run(ctx context.Context, _ []string, getenv func(string) string, stdout io.
 	if err != nil {
 		return err
 	}
-	svc, err := service.New(ctx, stdout, service.Options{
-		Name: "billing", HTTPAddr: cfg.HTTPAddr, DatabaseURL: cfg.DatabaseURL, MigrateDatabaseURL: cfg.MigrateDatabaseURL, KafkaBrokers: cfg.KafkaBrokers,
-		AdminAddr: cfg.AdminAddr, HTTP: cfg.HTTP, Kafka: kafkaSecurity,
-		LogLevel: cfg.LogLevel, ShutdownGrace: cfg.ShutdownGrace, Tracing: cfg.Tracing,
-		Migrations: []pgutil.Migration{
-			{FS: billing.Migrations, Table: billing.MigrationsTable},
-			{FS: inbox.Migrations, Table: inbox.MigrationsTable},
-			{FS: outbox.Migrations, Table: outbox.MigrationsTable},
-		},
-	})
+	svcOpts := cfg.Options("billing", cfg.HTTPAddr, cfg.AdminAddr, cfg.DatabaseURL, kafkaSecurity)
+	svcOpts.Migrations = []pgutil.Migration{
+		{FS: billing.Migrations, Table: billing.MigrationsTable},
+		{FS: inbox.Migrations, Table: inbox.MigrationsTable},
+		{FS: outbox.Migrations, Table: outbox.MigrationsTable},
+	}
+	svc, err := service.New(ctx, stdout, svcOpts)
 	if err != nil {
 		return err
 	}

@@ -24,14 +24,7 @@ func TestReadinessFollowsTheDatabaseNotKafka(t *testing.T) {
 		"KAFKA_BROKERS": kafkaDown,
 		"ORDERS_TOPIC":  "orders.events",
 	})
-	var addr string
-	testinfra.WaitFor(t, 60*time.Second, "orders to start", func() (bool, error) {
-		rec, ok := svc.Logs.Record("orders started")
-		if ok {
-			addr, _ = rec["http_addr"].(string)
-		}
-		return ok, nil
-	})
+	addr := testinfra.Addr(t, svc.WaitRecord(t, 60*time.Second, "orders started"), "http_addr")
 	ready := func() int {
 		resp, err := http.Get("http://" + addr + "/readyz")
 		if err != nil {
@@ -44,15 +37,7 @@ func TestReadinessFollowsTheDatabaseNotKafka(t *testing.T) {
 	if got := ready(); got != http.StatusOK {
 		t.Fatalf("/readyz = %d with Kafka unreachable, want 200: orders takes orders through a Kafka outage", got)
 	}
-	resp, err := http.Post("http://"+addr+"/orders", "application/json",
-		strings.NewReader(`{"customerId":"c1","amountCents":100,"currency":"EUR"}`))
-	if err != nil {
-		t.Fatal(err)
-	}
-	resp.Body.Close()
-	if resp.StatusCode != http.StatusCreated {
-		t.Fatalf("placing an order with Kafka unreachable: status %d, want 201", resp.StatusCode)
-	}
+	placeOrder(t, addr) // with Kafka unreachable
 
 	pgProxy.Cut()
 	testinfra.WaitFor(t, 20*time.Second, "/readyz to answer 503 with the database unreachable", func() (bool, error) {

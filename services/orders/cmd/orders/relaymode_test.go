@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"net/http"
 	"strings"
 	"testing"
 	"time"
@@ -41,25 +40,10 @@ func TestRelayModesPublishThroughTheReplicationSlot(t *testing.T) {
 				"RELAY_MODE":    mode,
 				"OUTBOX_SLOT":   slot,
 			})
-			var addr, adminAddr string
-			testinfra.WaitFor(t, 60*time.Second, "orders to stream from its slot", func() (bool, error) {
-				rec, ok := svc.Logs.Record("orders started")
-				if ok {
-					addr, _ = rec["http_addr"].(string)
-					adminAddr, _ = rec["admin_addr"].(string)
-				}
-				_, streaming := svc.Logs.Record("streaming the outbox from the replication slot")
-				return ok && streaming, nil
-			})
-			resp, err := http.Post("http://"+addr+"/orders", "application/json",
-				strings.NewReader(`{"customerId":"c1","amountCents":100,"currency":"EUR"}`))
-			if err != nil {
-				t.Fatal(err)
-			}
-			resp.Body.Close()
-			if resp.StatusCode != http.StatusCreated {
-				t.Fatalf("placing an order: status %d", resp.StatusCode)
-			}
+			started := svc.WaitRecord(t, 60*time.Second, "orders started")
+			svc.WaitRecord(t, 60*time.Second, "streaming the outbox from the replication slot")
+			addr, adminAddr := testinfra.Addr(t, started, "http_addr"), testinfra.Addr(t, started, "admin_addr")
+			placeOrder(t, addr)
 			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 			defer cancel()
 			r := kafkautil.NewGroupReader(brokers, topic, testinfra.Name("g"))

@@ -14,34 +14,24 @@ import (
 	"github.com/onceflow/onceflow/pkg/platform/lifecycle"
 	"github.com/onceflow/onceflow/pkg/platform/pgutil"
 	"github.com/onceflow/onceflow/pkg/platform/service"
-	"github.com/onceflow/onceflow/pkg/platform/tracing"
 	"github.com/onceflow/onceflow/services/orders"
 )
 
 // Config is the orders service's configuration, read from the environment.
 type Config struct {
+	// Env is what every service reads the same way: ADMIN_TOKEN and the
+	// other HTTP settings, MIGRATE_DATABASE_URL, KAFKA_BROKERS and Kafka's
+	// security, LOG_LEVEL, SHUTDOWN_GRACE, tracing and CRASH_AFTER.
+	service.Env
 	// HTTPAddr is where the API, /healthz and /readyz listen.
 	HTTPAddr string `env:"HTTP_ADDR" envDefault:"127.0.0.1:8081"`
 	// AdminAddr is the operator listener: /metrics, /admin/outbox/... and, with
 	// PPROF=true, /debug/pprof/. Loopback by default; any other address
 	// needs ADMIN_TOKEN.
 	AdminAddr string `env:"ADMIN_ADDR" envDefault:"127.0.0.1:9081"`
-	// HTTP is ADMIN_TOKEN, PPROF, DEBUG_ADDR and the HTTP_* server timeouts
-	// (see service.HTTPConfig).
-	HTTP service.HTTPConfig
 	// DatabaseURL is the service's own Postgres database, as its runtime role
 	// (orders_app: reads and writes the tables, no DDL; see package pgroles).
 	DatabaseURL string `env:"DATABASE_URL" envDefault:"postgres://orders_app:orders_app@127.0.0.1:55432/orders?sslmode=disable"`
-	// MigrateDatabaseURL is the schema owner's URL (orders_owner), used only to
-	// migrate at start-up. Empty migrates over DATABASE_URL if that role may
-	// create tables and otherwise skips; "none" skips (migrations run as a
-	// separate job).
-	MigrateDatabaseURL string `env:"MIGRATE_DATABASE_URL"`
-	// KafkaBrokers is a comma-separated list of bootstrap brokers.
-	KafkaBrokers []string `env:"KAFKA_BROKERS" envDefault:"127.0.0.1:59092"`
-	// Kafka is KAFKA_TLS, KAFKA_SASL_MECHANISM and the other Kafka security
-	// variables (see kafkautil.SecurityConfig); the default is PLAINTEXT.
-	Kafka kafkautil.SecurityConfig
 	// OrdersTopic receives every order event.
 	OrdersTopic string `env:"ORDERS_TOPIC" envDefault:"orders.events"`
 	// OutboxRetention is how long published outbox rows are kept before the
@@ -66,13 +56,6 @@ type Config struct {
 	// OutboxSlot is the log-based relay's replication slot; slot names are
 	// global to the Postgres cluster, so each service has its own.
 	OutboxSlot string `env:"OUTBOX_SLOT" envDefault:"orders_outbox"`
-	// LogLevel is debug, info, warn or error.
-	LogLevel string `env:"LOG_LEVEL" envDefault:"info"`
-	// ShutdownGrace is how long in-flight requests get to finish on SIGTERM.
-	ShutdownGrace time.Duration `env:"SHUTDOWN_GRACE" envDefault:"10s"`
-	// Tracing is OTEL_TRACES_EXPORTER and the other OpenTelemetry variables
-	// (see package tracing).
-	Tracing tracing.Config
 	// PublishMode is outbox (the order and its event commit together, the
 	// relay publishes) or naive (commit, then produce directly: the dual
 	// write). naive exists only so the fault-injection harness can show it
@@ -82,8 +65,6 @@ type Config struct {
 	// or outbox.after-ack): the process SIGKILLs itself the CrashAfter-th
 	// time it gets there. "none" arms nothing.
 	CrashPoint string `env:"CRASH_POINT" envDefault:"none"`
-	// CrashAfter is which pass of CrashPoint kills the process (1 = the first).
-	CrashAfter int `env:"CRASH_AFTER" envDefault:"1"`
 }
 
 func run(ctx context.Context, _ []string, getenv func(string) string, stdout io.Writer) error {
@@ -95,17 +76,14 @@ func run(ctx context.Context, _ []string, getenv func(string) string, stdout io.
 	if err != nil {
 		return err
 	}
-	svc, err := service.New(ctx, stdout, service.Options{
-		Name: "orders", HTTPAddr: cfg.HTTPAddr, DatabaseURL: cfg.DatabaseURL, MigrateDatabaseURL: cfg.MigrateDatabaseURL, KafkaBrokers: cfg.KafkaBrokers,
-		AdminAddr: cfg.AdminAddr, HTTP: cfg.HTTP, Kafka: kafkaSecurity,
-		LogLevel: cfg.LogLevel, ShutdownGrace: cfg.ShutdownGrace, Tracing: cfg.Tracing,
-		// Orders are taken while Kafka is down; the relay catches up after.
-		ReadyWithoutKafka: true,
-		Migrations: []pgutil.Migration{
-			{FS: orders.Migrations, Table: orders.MigrationsTable},
-			{FS: outbox.Migrations, Table: outbox.MigrationsTable},
-		},
-	})
+	svcOpts := cfg.Options("orders", cfg.HTTPAddr, cfg.AdminAddr, cfg.DatabaseURL, kafkaSecurity)
+	// Orders are taken while Kafka is down; the relay catches up after.
+	svcOpts.ReadyWithoutKafka = true
+	svcOpts.Migrations = []pgutil.Migration{
+		{FS: orders.Migrations, Table: orders.MigrationsTable},
+		{FS: outbox.Migrations, Table: outbox.MigrationsTable},
+	}
+	svc, err := service.New(ctx, stdout, svcOpts)
 	if err != nil {
 		return err
 	}

@@ -30,27 +30,12 @@ func TestWithoutTheRelayOrdersAreTakenAndTheBacklogShows(t *testing.T) {
 		"ORDERS_TOPIC":         testinfra.NewTopic(t, brokers, 1),
 		"RELAY_ENABLED":        "false",
 	})
-	var addr, adminAddr string
-	testinfra.WaitFor(t, 60*time.Second, "orders to start", func() (bool, error) {
-		rec, ok := svc.Logs.Record("orders started")
-		if ok {
-			addr, _ = rec["http_addr"].(string)
-			adminAddr, _ = rec["admin_addr"].(string)
-		}
-		return ok, nil
-	})
+	started := svc.WaitRecord(t, 60*time.Second, "orders started")
+	addr, adminAddr := testinfra.Addr(t, started, "http_addr"), testinfra.Addr(t, started, "admin_addr")
 	if _, ok := svc.Logs.Record("the outbox relay is disabled (RELAY_ENABLED=false): orders are taken but not published"); !ok {
 		t.Fatalf("no warning that the relay is disabled:\n%s", svc.Logs.String())
 	}
-	resp, err := http.Post("http://"+addr+"/orders", "application/json",
-		strings.NewReader(`{"customerId":"c1","amountCents":100,"currency":"EUR"}`))
-	if err != nil {
-		t.Fatal(err)
-	}
-	resp.Body.Close()
-	if resp.StatusCode != http.StatusCreated {
-		t.Fatalf("placing an order: status %d", resp.StatusCode)
-	}
+	placeOrder(t, addr)
 	testinfra.WaitFor(t, 20*time.Second, "/metrics to show one pending event, one order and nothing published", func() (bool, error) {
 		m := scrape(t, "http://"+adminAddr+"/metrics")
 		return m["outbox_pending_events"] == "1" && m["orders_placed_total"] == "1" && m["outbox_published_total"] == "0" &&
@@ -73,15 +58,8 @@ func TestOperatorRoutesAreOnTheAdminListenerBehindTheToken(t *testing.T) {
 		"KAFKA_BROKERS": strings.Join(brokers, ","),
 		"ORDERS_TOPIC":  testinfra.NewTopic(t, brokers, 1),
 	})
-	var addr, adminAddr string
-	testinfra.WaitFor(t, 60*time.Second, "orders to start", func() (bool, error) {
-		rec, ok := svc.Logs.Record("orders started")
-		if ok {
-			addr, _ = rec["http_addr"].(string)
-			adminAddr, _ = rec["admin_addr"].(string)
-		}
-		return ok, nil
-	})
+	started := svc.WaitRecord(t, 60*time.Second, "orders started")
+	addr, adminAddr := testinfra.Addr(t, started, "http_addr"), testinfra.Addr(t, started, "admin_addr")
 	get := func(url, auth string) int {
 		t.Helper()
 		req, _ := http.NewRequest(http.MethodGet, url, nil)

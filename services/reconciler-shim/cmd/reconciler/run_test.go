@@ -18,13 +18,7 @@ import (
 func startRun(t *testing.T, env map[string]string) (map[string]any, func() error) {
 	t.Helper()
 	r := testinfra.Start(t, run, env)
-	var start map[string]any
-	testinfra.WaitFor(t, 10*time.Second, "the start log line", func() (bool, error) {
-		var ok bool
-		start, ok = r.Logs.Record("reconciler listening")
-		return ok, nil
-	})
-	return start, r.Stop
+	return r.WaitRecord(t, 10*time.Second, "reconciler listening"), r.Stop
 }
 
 func TestRunServesAndStopsOnCancel(t *testing.T) {

@@ -15,35 +15,25 @@ import (
 	"github.com/onceflow/onceflow/pkg/platform/lifecycle"
 	"github.com/onceflow/onceflow/pkg/platform/pgutil"
 	"github.com/onceflow/onceflow/pkg/platform/service"
-	"github.com/onceflow/onceflow/pkg/platform/tracing"
 	shim "github.com/onceflow/onceflow/services/reconciler-shim"
 	"github.com/onceflow/onceflow/services/reconciler-shim/thirdparty"
 )
 
 // Config is the shim's configuration, read from the environment.
 type Config struct {
+	// Env is what every service reads the same way: ADMIN_TOKEN and the
+	// other HTTP settings, MIGRATE_DATABASE_URL, KAFKA_BROKERS and Kafka's
+	// security, LOG_LEVEL, SHUTDOWN_GRACE, tracing and CRASH_AFTER.
+	service.Env
 	// HTTPAddr is where /healthz and /readyz listen.
 	HTTPAddr string `env:"HTTP_ADDR" envDefault:"127.0.0.1:8083"`
 	// AdminAddr is the operator listener: /metrics, /admin/inbox/... and, with
 	// PPROF=true, /debug/pprof/. Loopback by default; any other address
 	// needs ADMIN_TOKEN.
 	AdminAddr string `env:"ADMIN_ADDR" envDefault:"127.0.0.1:9083"`
-	// HTTP is ADMIN_TOKEN, PPROF, DEBUG_ADDR and the HTTP_* server timeouts
-	// (see service.HTTPConfig).
-	HTTP service.HTTPConfig
 	// DatabaseURL is the shim's own Postgres database, as its runtime role
 	// (shim_app: reads and writes the tables, no DDL; see package pgroles).
 	DatabaseURL string `env:"DATABASE_URL" envDefault:"postgres://shim_app:shim_app@127.0.0.1:55432/shim?sslmode=disable"`
-	// MigrateDatabaseURL is the schema owner's URL (shim_owner), used only to
-	// migrate at start-up. Empty migrates over DATABASE_URL if that role may
-	// create tables and otherwise skips; "none" skips (migrations run as a
-	// separate job).
-	MigrateDatabaseURL string `env:"MIGRATE_DATABASE_URL"`
-	// KafkaBrokers is a comma-separated list of bootstrap brokers.
-	KafkaBrokers []string `env:"KAFKA_BROKERS" envDefault:"127.0.0.1:59092"`
-	// Kafka is KAFKA_TLS, KAFKA_SASL_MECHANISM and the other Kafka security
-	// variables (see kafkautil.SecurityConfig); the default is PLAINTEXT.
-	Kafka kafkautil.SecurityConfig
 	// BillingTopic is consumed; its dead letters go to BillingTopic + ".dlt".
 	BillingTopic string `env:"BILLING_TOPIC" envDefault:"billing.events"`
 	// ConsumerGroup is the Kafka consumer group; it is also the inbox's consumer name.
@@ -59,20 +49,11 @@ type Config struct {
 	// the client's pool of kept-alive connections, so concurrent calls do
 	// not open and close a connection each.
 	ReconcilerMaxInFlight int `env:"RECONCILER_MAX_IN_FLIGHT" envDefault:"16"`
-	// LogLevel is debug, info, warn or error.
-	LogLevel string `env:"LOG_LEVEL" envDefault:"info"`
-	// ShutdownGrace is how long in-flight requests get to finish on SIGTERM.
-	ShutdownGrace time.Duration `env:"SHUTDOWN_GRACE" envDefault:"10s"`
-	// Tracing is OTEL_TRACES_EXPORTER and the other OpenTelemetry variables
-	// (see package tracing).
-	Tracing tracing.Config
 	// CrashPoint arms a crash point for fault injection (inbox.after-effect:
 	// after the reconciler booked a payment, before the shim marks it done):
 	// the process SIGKILLs itself the CrashAfter-th time it gets there.
 	// "none" arms nothing.
 	CrashPoint string `env:"CRASH_POINT" envDefault:"none"`
-	// CrashAfter is which pass of CrashPoint kills the process (1 = the first).
-	CrashAfter int `env:"CRASH_AFTER" envDefault:"1"`
 }
 
 func run(ctx context.Context, _ []string, getenv func(string) string, stdout io.Writer) error {
@@ -84,15 +65,12 @@ func run(ctx context.Context, _ []string, getenv func(string) string, stdout io.
 	if err != nil {
 		return err
 	}
-	svc, err := service.New(ctx, stdout, service.Options{
-		Name: "reconciler-shim", HTTPAddr: cfg.HTTPAddr, DatabaseURL: cfg.DatabaseURL, MigrateDatabaseURL: cfg.MigrateDatabaseURL, KafkaBrokers: cfg.KafkaBrokers,
-		AdminAddr: cfg.AdminAddr, HTTP: cfg.HTTP, Kafka: kafkaSecurity,
-		LogLevel: cfg.LogLevel, ShutdownGrace: cfg.ShutdownGrace, Tracing: cfg.Tracing,
-		Migrations: []pgutil.Migration{
-			{FS: shim.Migrations, Table: shim.MigrationsTable},
-			{FS: inbox.Migrations, Table: inbox.MigrationsTable},
-		},
-	})
+	svcOpts := cfg.Options("reconciler-shim", cfg.HTTPAddr, cfg.AdminAddr, cfg.DatabaseURL, kafkaSecurity)
+	svcOpts.Migrations = []pgutil.Migration{
+		{FS: shim.Migrations, Table: shim.MigrationsTable},
+		{FS: inbox.Migrations, Table: inbox.MigrationsTable},
+	}
+	svc, err := service.New(ctx, stdout, svcOpts)
 	if err != nil {
 		return err
 	}

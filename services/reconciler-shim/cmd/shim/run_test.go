@@ -109,20 +109,9 @@ func TestEachPaymentReachesTheThirdPartyOnce(t *testing.T) {
 	}
 
 	// /readyz reports the consumer next to the database and Kafka.
-	started, ok := svc.Logs.Record("reconciler-shim started")
-	if !ok {
-		t.Fatalf("no start record in the logs:\n%s", svc.Logs.String())
-	}
-	resp, err := http.Get("http://" + started["http_addr"].(string) + "/readyz")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
+	started := svc.WaitRecord(t, 10*time.Second, "reconciler-shim started")
 	var ready map[string]string
-	if err := json.NewDecoder(resp.Body).Decode(&ready); err != nil {
-		t.Fatal(err)
-	}
-	if resp.StatusCode != http.StatusOK || ready["billing_consumer"] != "ok" {
-		t.Fatalf("/readyz: %d %v, want 200 with billing_consumer ok", resp.StatusCode, ready)
+	if code := testinfra.GetJSON(t, "http://"+testinfra.Addr(t, started, "http_addr")+"/readyz", &ready); code != http.StatusOK || ready["billing_consumer"] != "ok" {
+		t.Fatalf("/readyz: %d %v, want 200 with billing_consumer ok", code, ready)
 	}
 }
