@@ -21,25 +21,21 @@ import (
 	"io"
 	"net"
 	"os"
-	"os/signal"
 	"slices"
 	"strconv"
 	"strings"
-	"syscall"
 	"time"
 
 	"github.com/segmentio/kafka-go"
 
 	"github.com/onceflow/onceflow/pkg/platform/kafkautil"
+	"github.com/onceflow/onceflow/pkg/platform/lifecycle"
 )
 
 func main() {
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
-	if err := run(ctx, os.Args[1:], os.Stdout); err != nil {
-		fmt.Fprintln(os.Stderr, "kafkactl:", err)
-		os.Exit(1)
-	}
+	lifecycle.Main("kafkactl", func(ctx context.Context) error {
+		return run(ctx, os.Args[1:], os.Stdout)
+	})
 }
 
 const usage = `usage:

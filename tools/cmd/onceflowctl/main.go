@@ -19,22 +19,13 @@ package main
 
 import (
 	"context"
-	"errors"
-	"flag"
-	"fmt"
 	"os"
-	"os/signal"
-	"syscall"
+
+	"github.com/onceflow/onceflow/pkg/platform/lifecycle"
 )
 
 func main() {
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
-	if err := run(ctx, os.Args[1:], os.Getenv, os.Stdout); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			os.Exit(2)
-		}
-		fmt.Fprintln(os.Stderr, "onceflowctl:", err)
-		os.Exit(1)
-	}
+	lifecycle.Main("onceflowctl", func(ctx context.Context) error {
+		return run(ctx, os.Args[1:], os.Getenv, os.Stdout)
+	})
 }

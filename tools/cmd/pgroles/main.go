@@ -17,19 +17,15 @@ package main
 
 import (
 	"context"
-	"fmt"
 	"os"
-	"os/signal"
-	"syscall"
+
+	"github.com/onceflow/onceflow/pkg/platform/lifecycle"
 )
 
 //go:generate sh -c "go run . -script > ../../../devstack/compose/initdb-roles.sql"
 
 func main() {
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
-	if err := run(ctx, os.Args[1:], os.Getenv, os.Stdout); err != nil {
-		fmt.Fprintln(os.Stderr, "pgroles:", err)
-		os.Exit(1)
-	}
+	lifecycle.Main("pgroles", func(ctx context.Context) error {
+		return run(ctx, os.Args[1:], os.Getenv, os.Stdout)
+	})
 }

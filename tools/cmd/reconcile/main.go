@@ -13,22 +13,18 @@ import (
 	"context"
 	"errors"
 	"flag"
-	"fmt"
 	"os"
-	"os/signal"
-	"syscall"
 
+	"github.com/onceflow/onceflow/pkg/platform/lifecycle"
 	"github.com/onceflow/onceflow/tools/reconcile"
 )
 
 func main() {
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
-	if err := reconcile.Command(ctx, "reconcile", os.Args[1:], os.Getenv, os.Stdout); err != nil {
+	lifecycle.Main("reconcile", func(ctx context.Context) error {
+		err := reconcile.Command(ctx, "reconcile", os.Args[1:], os.Getenv, os.Stdout)
 		if errors.Is(err, flag.ErrHelp) {
-			return
+			return nil // -h asked for the usage: that is a success here
 		}
-		fmt.Fprintln(os.Stderr, "reconcile:", err)
-		os.Exit(1)
-	}
+		return err
+	})
 }

@@ -5,17 +5,13 @@ package main
 
 import (
 	"context"
-	"fmt"
 	"os"
-	"os/signal"
-	"syscall"
+
+	"github.com/onceflow/onceflow/pkg/platform/lifecycle"
 )
 
 func main() {
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
-	if err := run(ctx, os.Args, os.Getenv, os.Stdout); err != nil {
-		fmt.Fprintln(os.Stderr, "orders:", err)
-		os.Exit(1)
-	}
+	lifecycle.Main("orders", func(ctx context.Context) error {
+		return run(ctx, os.Args, os.Getenv, os.Stdout)
+	})
 }
