@@ -11,14 +11,20 @@ import (
 	"syscall"
 )
 
+// RunFunc is a program's main without the process: args is the whole
+// command line, the program's name first (os.Args), getenv reads its
+// environment and stdout is where it writes. Tests call it with their own.
+type RunFunc func(ctx context.Context, args []string, getenv func(string) string, stdout io.Writer) error
+
 // Main is the whole of a program's main function, shared by the services'
 // and tools' commands so that each one stops and reports the same way: it
-// calls run with a context that ends on SIGINT or SIGTERM (so run can drain
-// instead of being killed mid-write) and exits with the status ExitCode
-// gives run's error. name prefixes the error on stderr.
-func Main(name string, run func(ctx context.Context) error) {
+// calls run with os.Args, os.Getenv, os.Stdout and a context that ends on
+// SIGINT or SIGTERM (so run can drain instead of being killed mid-write),
+// and exits with the status ExitCode gives run's error. name prefixes the
+// error on stderr.
+func Main(name string, run RunFunc) {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	err := run(ctx)
+	err := run(ctx, os.Args, os.Getenv, os.Stdout)
 	stop()
 	os.Exit(ExitCode(name, err, os.Stderr))
 }

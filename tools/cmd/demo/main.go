@@ -8,15 +8,6 @@
 // works against `docker compose up`.
 package main
 
-import (
-	"context"
-	"os"
+import "github.com/onceflow/onceflow/pkg/platform/lifecycle"
 
-	"github.com/onceflow/onceflow/pkg/platform/lifecycle"
-)
-
-func main() {
-	lifecycle.Main("demo", func(ctx context.Context) error {
-		return run(ctx, os.Args[1:], os.Stdout)
-	})
-}
+func main() { lifecycle.Main("demo", run) }

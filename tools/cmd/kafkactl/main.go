@@ -20,7 +20,6 @@ import (
 	"fmt"
 	"io"
 	"net"
-	"os"
 	"slices"
 	"strconv"
 	"strings"
@@ -32,11 +31,7 @@ import (
 	"github.com/onceflow/onceflow/pkg/platform/lifecycle"
 )
 
-func main() {
-	lifecycle.Main("kafkactl", func(ctx context.Context) error {
-		return run(ctx, os.Args[1:], os.Stdout)
-	})
-}
+func main() { lifecycle.Main("kafkactl", run) }
 
 const usage = `usage:
   kafkactl wait          [-brokers host:port,...] [-timeout 60s]
@@ -46,7 +41,10 @@ const usage = `usage:
 // defaultBrokers matches the dev stack's default ONCEFLOW_KAFKA_PORT.
 const defaultBrokers = "127.0.0.1:59092"
 
-func run(ctx context.Context, args []string, stdout io.Writer) error {
+// run is main without the process (lifecycle.RunFunc). The broker comes from
+// the -brokers flag only, so getenv goes unused.
+func run(ctx context.Context, args []string, _ func(string) string, stdout io.Writer) error {
+	args = args[1:] // the program's name
 	if len(args) == 0 {
 		return errors.New(usage)
 	}

@@ -17,15 +17,6 @@
 // flags. See docs/operations.md.
 package main
 
-import (
-	"context"
-	"os"
+import "github.com/onceflow/onceflow/pkg/platform/lifecycle"
 
-	"github.com/onceflow/onceflow/pkg/platform/lifecycle"
-)
-
-func main() {
-	lifecycle.Main("onceflowctl", func(ctx context.Context) error {
-		return run(ctx, os.Args[1:], os.Getenv, os.Stdout)
-	})
-}
+func main() { lifecycle.Main("onceflowctl", run) }

@@ -15,17 +15,8 @@
 // to override.
 package main
 
-import (
-	"context"
-	"os"
-
-	"github.com/onceflow/onceflow/pkg/platform/lifecycle"
-)
+import "github.com/onceflow/onceflow/pkg/platform/lifecycle"
 
 //go:generate sh -c "go run . -script > ../../../devstack/compose/initdb-roles.sql"
 
-func main() {
-	lifecycle.Main("pgroles", func(ctx context.Context) error {
-		return run(ctx, os.Args[1:], os.Getenv, os.Stdout)
-	})
-}
+func main() { lifecycle.Main("pgroles", run) }

@@ -13,18 +13,20 @@ import (
 	"context"
 	"errors"
 	"flag"
-	"os"
+	"io"
 
 	"github.com/onceflow/onceflow/pkg/platform/lifecycle"
 	"github.com/onceflow/onceflow/tools/reconcile"
 )
 
-func main() {
-	lifecycle.Main("reconcile", func(ctx context.Context) error {
-		err := reconcile.Command(ctx, "reconcile", os.Args[1:], os.Getenv, os.Stdout)
-		if errors.Is(err, flag.ErrHelp) {
-			return nil // -h asked for the usage: that is a success here
-		}
-		return err
-	})
+func main() { lifecycle.Main("reconcile", run) }
+
+// run is reconcile.Command as a lifecycle.RunFunc: -h, which asked for the
+// usage, is a success here.
+func run(ctx context.Context, args []string, getenv func(string) string, stdout io.Writer) error {
+	err := reconcile.Command(ctx, "reconcile", args[1:], getenv, stdout)
+	if errors.Is(err, flag.ErrHelp) {
+		return nil
+	}
+	return err
 }

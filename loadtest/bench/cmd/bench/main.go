@@ -18,15 +18,6 @@
 // See loadtest/README.md for every flag and what each number means.
 package main
 
-import (
-	"context"
-	"os"
+import "github.com/onceflow/onceflow/pkg/platform/lifecycle"
 
-	"github.com/onceflow/onceflow/pkg/platform/lifecycle"
-)
-
-func main() {
-	lifecycle.Main("bench", func(ctx context.Context) error {
-		return run(ctx, os.Args, os.Getenv, os.Stdout)
-	})
-}
+func main() { lifecycle.Main("bench", run) }

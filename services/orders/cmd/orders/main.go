@@ -3,15 +3,6 @@
 // environment; see Config in run.go.
 package main
 
-import (
-	"context"
-	"os"
+import "github.com/onceflow/onceflow/pkg/platform/lifecycle"
 
-	"github.com/onceflow/onceflow/pkg/platform/lifecycle"
-)
-
-func main() {
-	lifecycle.Main("orders", func(ctx context.Context) error {
-		return run(ctx, os.Args, os.Getenv, os.Stdout)
-	})
-}
+func main() { lifecycle.Main("orders", run) }

@@ -6,15 +6,6 @@
 // Configuration is read from the environment; run `reconciler -h` to list it.
 package main
 
-import (
-	"context"
-	"os"
+import "github.com/onceflow/onceflow/pkg/platform/lifecycle"
 
-	"github.com/onceflow/onceflow/pkg/platform/lifecycle"
-)
-
-func main() {
-	lifecycle.Main("reconciler", func(ctx context.Context) error {
-		return run(ctx, os.Args, os.Getenv, os.Stdout)
-	})
-}
+func main() { lifecycle.Main("reconciler", run) }
