@@ -57,22 +57,7 @@ func emit(t *testing.T, pool *pgxpool.Pool, evs ...event.Envelope) {
 // runCDC runs relay until the returned stop is called or the test ends.
 func runCDC(t *testing.T, relay *outbox.CDCRelay) (stop func()) {
 	t.Helper()
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- relay.Run(ctx) }()
-	stopped := false
-	stop = func() {
-		if stopped {
-			return
-		}
-		stopped = true
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("Run: %v", err)
-		}
-	}
-	t.Cleanup(stop)
-	return stop
+	return runInBackground(t, "Run", relay.Run)
 }
 
 func newCDC(t *testing.T, pool *pgxpool.Pool, w outbox.Writer, cfg outbox.CDCConfig) *outbox.CDCRelay {
@@ -87,34 +72,25 @@ func newCDC(t *testing.T, pool *pgxpool.Pool, w outbox.Writer, cfg outbox.CDCCon
 	return relay
 }
 
-// cdcEnv is what most CDC tests start from: a fresh outbox database with a
-// replication slot, a topic with a collector reading it, and a writer to it.
+// cdcEnv is a relayEnv with a replication slot for this test.
 type cdcEnv struct {
-	brokers []string
-	topic   string
-	pool    *pgxpool.Pool
-	slot    string
-	c       *collector
-	w       *kafkautil.Writer
+	*relayEnv
+	slot string
 }
 
 // newCDCEnv makes a cdcEnv with a topic of the given partitions and a writer
-// of the given batch size, closed when the test ends.
+// of the given batch size. The slot's cleanup runs after the relays the test
+// starts have stopped, as newSlot requires.
 func newCDCEnv(t *testing.T, partitions, batchSize int) *cdcEnv {
 	t.Helper()
-	e := &cdcEnv{brokers: testinfra.KafkaBrokers(t)}
-	e.topic = testinfra.NewTopic(t, e.brokers, partitions)
-	e.pool = newOutboxDB(t)
+	e := &cdcEnv{relayEnv: newRelayEnv(t, partitions, batchSize)}
 	e.slot = newSlot(t, e.pool)
-	e.c = collect(t, e.brokers, e.topic)
-	e.w = kafkautil.NewWriter(e.brokers, batchSize)
-	t.Cleanup(func() { e.w.Close() })
 	return e
 }
 
 // config is a CDCConfig on the env's slot that publishes to its topic.
 func (e *cdcEnv) config() outbox.CDCConfig {
-	return outbox.CDCConfig{Slot: e.slot, Topic: func(string) string { return e.topic }}
+	return outbox.CDCConfig{Slot: e.slot, Topic: e.topicFn}
 }
 
 // runStreaming runs relay as runCDC does and waits until it streams.

@@ -49,15 +49,7 @@ func closedAddr(t *testing.T) string {
 // or with an error.
 func runRelay(t *testing.T, relay *outbox.Relay) {
 	t.Helper()
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- relay.Run(ctx) }()
-	t.Cleanup(func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("Run: %v", err)
-		}
-	})
+	runInBackground(t, "Run", relay.Run)
 }
 
 // A Kafka outage many times longer than MaxAttempts × BackoffMax sends no row
