@@ -10,27 +10,18 @@ import (
 	"github.com/onceflow/onceflow/pkg/platform/lifecycle"
 )
 
+// Success exits 0 quietly, -h (whose usage is already out) 2 quietly, and
+// any other error 1 with the error on stderr under the program's name.
 func TestExitCode(t *testing.T) {
 	t.Parallel()
-	for _, tc := range []struct {
-		name   string
-		err    error
-		code   int
-		stderr string
-	}{
-		{name: "success", err: nil, code: 0, stderr: ""},
-		{name: "help", err: fmt.Errorf("parsing: %w", flag.ErrHelp), code: 2, stderr: ""},
-		{name: "failure", err: errors.New("database unreachable"), code: 1, stderr: "prog: database unreachable\n"},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			t.Parallel()
-			var stderr strings.Builder
-			if got := lifecycle.ExitCode("prog", tc.err, &stderr); got != tc.code {
-				t.Errorf("ExitCode(%v) = %d, want %d", tc.err, got, tc.code)
-			}
-			if stderr.String() != tc.stderr {
-				t.Errorf("stderr = %q, want %q", stderr.String(), tc.stderr)
-			}
-		})
+	check := func(err error, wantCode int, wantStderr string) {
+		t.Helper()
+		var stderr strings.Builder
+		if got := lifecycle.ExitCode("prog", err, &stderr); got != wantCode || stderr.String() != wantStderr {
+			t.Errorf("ExitCode(%v) = %d writing %q, want %d writing %q", err, got, stderr.String(), wantCode, wantStderr)
+		}
 	}
+	check(nil, 0, "")
+	check(fmt.Errorf("parsing: %w", flag.ErrHelp), 2, "")
+	check(errors.New("database unreachable"), 1, "prog: database unreachable\n")
 }
