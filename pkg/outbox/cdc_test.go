@@ -271,7 +271,7 @@ func TestCDCSlotDoesNotAdvancePastUnacknowledgedEvents(t *testing.T) {
 	topic := testinfra.NewTopic(t, brokers, 1)
 	pool := newOutboxDB(t)
 	slot := newSlot(t, pool)
-	down := kafkautil.NewWriter([]string{closedAddr(t)}, 100)
+	down := kafkautil.NewWriter([]string{testinfra.ClosedAddr(t)}, 100)
 	up := kafkautil.NewWriter(brokers, 100)
 	t.Cleanup(func() { down.Close(); up.Close() })
 	sw := &switchWriter{}
