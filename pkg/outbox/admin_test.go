@@ -363,7 +363,7 @@ func TestReplayDryRunListsTheScopeAndChangesNothing(t *testing.T) {
 	ctx := context.Background()
 	pool := adminDB(t)
 	s := seedReplayScenario(t, pool)
-	before := snapshot(t, pool, "outbox_events", "true")
+	before := watchRows(t, pool, "true")
 	for _, tt := range replayScopes {
 		t.Run(tt.name, func(t *testing.T) {
 			items, err := outbox.Replay(ctx, pool, tt.filter, true)
@@ -377,9 +377,7 @@ func TestReplayDryRunListsTheScopeAndChangesNothing(t *testing.T) {
 					t.Fatalf("item %d = %+v, want event id %s", i, it, w.eventID)
 				}
 			}
-			if after := snapshot(t, pool, "outbox_events", "true"); after != before {
-				t.Fatalf("a dry run changed the outbox:\nbefore %s\n after %s", before, after)
-			}
+			before.unchanged(t, "a dry run")
 		})
 	}
 	// The items carry the aggregate and the creation time as stored.
@@ -400,7 +398,7 @@ func TestReplayFlipsExactlyTheScopedRowsToPendingKeepingEventIDs(t *testing.T) {
 			pool := adminDB(t)
 			s := seedReplayScenario(t, pool)
 			want := idsOf(s, tt.want...)
-			untouched := snapshot(t, pool, "outbox_events", "id <> ALL($1)", want)
+			untouched := watchRows(t, pool, "id <> ALL($1)", want)
 
 			items, err := outbox.Replay(ctx, pool, tt.filter, false)
 			if err != nil {
@@ -416,9 +414,7 @@ func TestReplayFlipsExactlyTheScopedRowsToPendingKeepingEventIDs(t *testing.T) {
 			replayed := tableIDs(t, pool, "outbox_events", `id = ANY($1) AND event_id = ANY($2) AND state = 'pending'
 				AND attempts = 0 AND published_at IS NULL AND next_attempt_at = '-infinity'`, want, eventIDs)
 			equalIDs(t, "rows pending again under their event ids", replayed, want)
-			if after := snapshot(t, pool, "outbox_events", "id <> ALL($1)", want); after != untouched {
-				t.Fatalf("rows out of scope changed:\nbefore %s\n after %s", untouched, after)
-			}
+			untouched.unchanged(t, "replaying the rows in scope")
 
 			again, err := outbox.Replay(ctx, pool, tt.filter, false)
 			if err != nil || len(again) != 0 {
@@ -433,7 +429,7 @@ func TestReplayRefusesAnInvalidFilter(t *testing.T) {
 	ctx := context.Background()
 	pool := adminDB(t)
 	seedReplayScenario(t, pool)
-	before := snapshot(t, pool, "outbox_events", "true")
+	before := watchRows(t, pool, "true")
 	tests := []struct {
 		name   string
 		filter outbox.ReplayFilter
@@ -453,9 +449,7 @@ func TestReplayRefusesAnInvalidFilter(t *testing.T) {
 			})
 		}
 	}
-	if after := snapshot(t, pool, "outbox_events", "true"); after != before {
-		t.Fatal("a refused replay changed the outbox")
-	}
+	before.unchanged(t, "a refused replay")
 }
 
 func TestReplayRefusesAScopeLargerThanMaxReplay(t *testing.T) {
@@ -513,16 +507,39 @@ func seedDeadScenario(t *testing.T, pool *pgxpool.Pool) []seeded {
 	)
 }
 
+// rowsWatch is a snapshot of the outbox rows an operation must leave alone,
+// taken before it runs.
+type rowsWatch struct {
+	pool   *pgxpool.Pool
+	where  string
+	args   []any
+	before string
+}
+
+// watchRows snapshots the outbox_events rows matching where (with args).
+func watchRows(t *testing.T, pool *pgxpool.Pool, where string, args ...any) rowsWatch {
+	t.Helper()
+	return rowsWatch{pool: pool, where: where, args: args, before: snapshot(t, pool, "outbox_events", where, args...)}
+}
+
+// unchanged fails the test if the watched rows differ from the snapshot;
+// what names the operation that must not have changed them.
+func (w rowsWatch) unchanged(t *testing.T, what string) {
+	t.Helper()
+	if after := snapshot(t, w.pool, "outbox_events", w.where, w.args...); after != w.before {
+		t.Fatalf("%s changed rows it must leave alone:\nbefore %s\n after %s", what, w.before, after)
+	}
+}
+
 // checkRequeued fails unless exactly the rows want were requeued (due now,
-// a fresh budget, the cause kept) and nothing else changed.
-func checkRequeued(t *testing.T, pool *pgxpool.Pool, want []int64, untouchedBefore string) {
+// a fresh budget, the cause kept) and the rows untouched watches did not
+// change.
+func checkRequeued(t *testing.T, pool *pgxpool.Pool, want []int64, untouched rowsWatch) {
 	t.Helper()
 	got := tableIDs(t, pool, "outbox_events", `state = 'pending' AND attempts = 0 AND next_attempt_at = '-infinity'
 		AND last_error = 'requeued: broker said no'`)
 	equalIDs(t, "requeued rows", got, want)
-	if after := snapshot(t, pool, "outbox_events", "id <> ALL($1)", want); after != untouchedBefore {
-		t.Fatalf("rows not requeued changed:\nbefore %s\n after %s", untouchedBefore, after)
-	}
+	untouched.unchanged(t, "requeuing")
 }
 
 func TestRequeueMovesOnlyDeadRowsBackToPending(t *testing.T) {
@@ -545,7 +562,7 @@ func TestRequeueMovesOnlyDeadRowsBackToPending(t *testing.T) {
 			pool := adminDB(t)
 			s := seedDeadScenario(t, pool)
 			want := idsOf(s, tt.want...)
-			untouched := snapshot(t, pool, "outbox_events", "id <> ALL($1)", want)
+			untouched := watchRows(t, pool, "id <> ALL($1)", want)
 
 			n, err := outbox.Requeue(ctx, pool, tt.ids(s)...)
 			if err != nil {
@@ -571,7 +588,7 @@ func TestRequeueOfAnUnknownIDIsNotFoundAndRequeuesNothing(t *testing.T) {
 	ctx := context.Background()
 	pool := adminDB(t)
 	s := seedDeadScenario(t, pool)
-	untouched := snapshot(t, pool, "outbox_events", "true")
+	untouched := watchRows(t, pool, "true")
 	n, err := outbox.Requeue(ctx, pool, append(idsOf(s, 0, 1), 999_999, 999_998)...)
 	if !errors.Is(err, outbox.ErrNotFound) || n != 0 {
 		t.Fatalf("Requeue with unknown ids: n=%d err=%v, want 0 and ErrNotFound", n, err)
@@ -579,9 +596,7 @@ func TestRequeueOfAnUnknownIDIsNotFoundAndRequeuesNothing(t *testing.T) {
 	if !strings.Contains(err.Error(), "999998, 999999") {
 		t.Errorf("the error %q does not name the unknown ids", err)
 	}
-	if after := snapshot(t, pool, "outbox_events", "true"); after != untouched {
-		t.Fatalf("a refused requeue changed rows:\nbefore %s\n after %s", untouched, after)
-	}
+	untouched.unchanged(t, "a refused requeue")
 }
 
 func TestRequeueDeadByFilter(t *testing.T) {
@@ -605,7 +620,7 @@ func TestRequeueDeadByFilter(t *testing.T) {
 			pool := adminDB(t)
 			s := seedDeadScenario(t, pool)
 			want := idsOf(s, tt.want...)
-			untouched := snapshot(t, pool, "outbox_events", "id <> ALL($1)", want)
+			untouched := watchRows(t, pool, "id <> ALL($1)", want)
 
 			n, err := outbox.RequeueDead(ctx, pool, tt.filter)
 			if err != nil {

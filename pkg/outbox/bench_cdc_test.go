@@ -316,15 +316,7 @@ func benchCDCPublishLag(b *testing.B, write outbox.WriteFunc, rate int) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	runCtx, stopRelay := context.WithCancel(ctx)
-	relayDone := make(chan error, 1)
-	go func() { relayDone <- relay.Run(runCtx) }()
-	defer func() {
-		stopRelay()
-		if err := <-relayDone; err != nil {
-			b.Errorf("relay.Run: %v", err)
-		}
-	}()
+	defer runInBackground(b, "relay.Run", relay.Run)()
 
 	var (
 		ackLag, consumeLag []time.Duration

@@ -88,15 +88,7 @@ func benchRelayRoundTrips(b *testing.B, rate int, linger time.Duration) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	runCtx, stopRelay := context.WithCancel(ctx)
-	relayDone := make(chan error, 1)
-	go func() { relayDone <- relay.Run(runCtx) }()
-	defer func() {
-		stopRelay()
-		if err := <-relayDone; err != nil {
-			b.Errorf("relay.Run: %v", err)
-		}
-	}()
+	defer runInBackground(b, "relay.Run", relay.Run)()
 
 	var (
 		events, claims, wire, stmts   float64

@@ -675,15 +675,7 @@ func benchPublishLag(b *testing.B, rate int, writerTimeout time.Duration, relayS
 	debug.FreeOSMemory()
 	baseCPU, baseDBCPU := benchIdleCPU(b, pool, lagIdle)
 
-	runCtx, stopRelay := context.WithCancel(ctx)
-	relayDone := make(chan error, 1)
-	go func() { relayDone <- relay.Run(runCtx) }()
-	defer func() {
-		stopRelay()
-		if err := <-relayDone; err != nil {
-			b.Errorf("relay.Run: %v", err)
-		}
-	}()
+	defer runInBackground(b, "relay.Run", relay.Run)()
 
 	var (
 		ackLag, consumeLag       []time.Duration

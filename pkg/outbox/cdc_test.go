@@ -57,22 +57,7 @@ func emit(t *testing.T, pool *pgxpool.Pool, evs ...event.Envelope) {
 // runCDC runs relay until the returned stop is called or the test ends.
 func runCDC(t *testing.T, relay *outbox.CDCRelay) (stop func()) {
 	t.Helper()
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- relay.Run(ctx) }()
-	stopped := false
-	stop = func() {
-		if stopped {
-			return
-		}
-		stopped = true
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("Run: %v", err)
-		}
-	}
-	t.Cleanup(stop)
-	return stop
+	return runInBackground(t, "Run", relay.Run)
 }
 
 func newCDC(t *testing.T, pool *pgxpool.Pool, w outbox.Writer, cfg outbox.CDCConfig) *outbox.CDCRelay {
@@ -85,6 +70,35 @@ func newCDC(t *testing.T, pool *pgxpool.Pool, w outbox.Writer, cfg outbox.CDCCon
 		t.Fatal(err)
 	}
 	return relay
+}
+
+// cdcEnv is a relayEnv with a replication slot for this test.
+type cdcEnv struct {
+	*relayEnv
+	slot string
+}
+
+// newCDCEnv makes a cdcEnv with a topic of the given partitions and a writer
+// of the given batch size. The slot's cleanup runs after the relays the test
+// starts have stopped, as newSlot requires.
+func newCDCEnv(t *testing.T, partitions, batchSize int) *cdcEnv {
+	t.Helper()
+	e := &cdcEnv{relayEnv: newRelayEnv(t, partitions, batchSize)}
+	e.slot = newSlot(t, e.pool)
+	return e
+}
+
+// config is a CDCConfig on the env's slot that publishes to its topic.
+func (e *cdcEnv) config() outbox.CDCConfig {
+	return outbox.CDCConfig{Slot: e.slot, Topic: e.topicFn}
+}
+
+// runStreaming runs relay as runCDC does and waits until it streams.
+func runStreaming(t *testing.T, relay *outbox.CDCRelay) (stop func()) {
+	t.Helper()
+	stop = runCDC(t, relay)
+	testinfra.WaitFor(t, 20*time.Second, "the relay to stream", func() (bool, error) { return relay.Active(), nil })
+	return stop
 }
 
 // readAll reads n messages of topic from its start.
@@ -150,8 +164,7 @@ func TestCDCRelayPublishesLikeThePollingRelay(t *testing.T) {
 			// begins there.
 			relay := newCDC(t, pool, w, outbox.CDCConfig{Slot: newSlot(t, pool), Topic: func(string) string { return topic },
 				RetentionInterval: 50 * time.Millisecond, Retain: time.Nanosecond})
-			runCDC(t, relay)
-			testinfra.WaitFor(t, 20*time.Second, "the relay to stream", func() (bool, error) { return relay.Active(), nil })
+			runStreaming(t, relay)
 			write()
 		}
 		published[mode] = readAll(t, brokers, topic, len(evs))
@@ -258,7 +271,7 @@ func TestCDCSlotDoesNotAdvancePastUnacknowledgedEvents(t *testing.T) {
 	topic := testinfra.NewTopic(t, brokers, 1)
 	pool := newOutboxDB(t)
 	slot := newSlot(t, pool)
-	down := kafkautil.NewWriter([]string{closedAddr(t)}, 100)
+	down := kafkautil.NewWriter([]string{testinfra.ClosedAddr(t)}, 100)
 	up := kafkautil.NewWriter(brokers, 100)
 	t.Cleanup(func() { down.Close(); up.Close() })
 	sw := &switchWriter{}
@@ -266,8 +279,7 @@ func TestCDCSlotDoesNotAdvancePastUnacknowledgedEvents(t *testing.T) {
 	reg := prometheus.NewRegistry()
 	relay := newCDC(t, pool, sw, outbox.CDCConfig{Slot: slot, Topic: func(string) string { return topic },
 		LagInterval: 50 * time.Millisecond, OutageBackoffMax: 200 * time.Millisecond, Metrics: outbox.NewMetrics(reg)})
-	stop := runCDC(t, relay)
-	testinfra.WaitFor(t, 20*time.Second, "the relay to stream", func() (bool, error) { return relay.Active(), nil })
+	stop := runStreaming(t, relay)
 
 	enqueue(t, pool, newEvent("a", 1), newEvent("a", 2))
 	emit(t, pool, newEvent("a", 3))
@@ -314,15 +326,10 @@ func TestCDCSlotDoesNotAdvancePastUnacknowledgedEvents(t *testing.T) {
 // deliveries stay in version order.
 func TestCDCStandbyTakesOverAndLosesNothing(t *testing.T) {
 	t.Parallel()
-	brokers := testinfra.KafkaBrokers(t)
-	topic := testinfra.NewTopic(t, brokers, 3)
-	pool := newOutboxDB(t)
-	slot := newSlot(t, pool)
-	c := collect(t, brokers, topic)
-	w := kafkautil.NewWriter(brokers, 50)
-	t.Cleanup(func() { w.Close() })
-	cfg := outbox.CDCConfig{Slot: slot, Topic: func(string) string { return topic }, BatchSize: 20,
-		OutageBackoffMax: 200 * time.Millisecond}
+	e := newCDCEnv(t, 3, 50)
+	pool, w, c := e.pool, e.w, e.c
+	cfg := e.config()
+	cfg.BatchSize, cfg.OutageBackoffMax = 20, 200*time.Millisecond
 	first := newCDC(t, pool, w, cfg)
 	stopFirst := runCDC(t, first)
 	testinfra.WaitFor(t, 20*time.Second, "the first relay to stream", func() (bool, error) { return first.Active(), nil })
@@ -371,20 +378,14 @@ func TestCDCStandbyTakesOverAndLosesNothing(t *testing.T) {
 // the polling relay (the runbook's fallback) publishes them.
 func TestCDCLostSlotIsDetectedAndReplaced(t *testing.T) {
 	t.Parallel()
-	brokers := testinfra.KafkaBrokers(t)
-	topic := testinfra.NewTopic(t, brokers, 1)
-	pool := newOutboxDB(t)
-	slot := newSlot(t, pool)
-	c := collect(t, brokers, topic)
-	w := kafkautil.NewWriter(brokers, 50)
-	t.Cleanup(func() { w.Close() })
+	e := newCDCEnv(t, 1, 50)
+	pool, slot, topic, w, c := e.pool, e.slot, e.topic, e.w, e.c
 	reg := prometheus.NewRegistry()
 	lost := make(chan outbox.LostSlot, 1)
-	cfg := outbox.CDCConfig{Slot: slot, Topic: func(string) string { return topic }, Metrics: outbox.NewMetrics(reg),
-		OnSlotLost: func(l outbox.LostSlot) { lost <- l }}
+	cfg := e.config()
+	cfg.Metrics, cfg.OnSlotLost = outbox.NewMetrics(reg), func(l outbox.LostSlot) { lost <- l }
 	relay := newCDC(t, pool, w, cfg)
-	stop := runCDC(t, relay)
-	testinfra.WaitFor(t, 20*time.Second, "the relay to stream", func() (bool, error) { return relay.Active(), nil })
+	stop := runStreaming(t, relay)
 	enqueue(t, pool, newEvent("a", 1))
 	testinfra.WaitFor(t, 20*time.Second, "the first event", func() (bool, error) { return c.distinct() == 1, nil })
 	stop()
@@ -433,19 +434,13 @@ func TestCDCLostSlotIsDetectedAndReplaced(t *testing.T) {
 // aggregate's included, are published and the stream goes on.
 func TestCDCMessageErrorSkipsTheEventAsDead(t *testing.T) {
 	t.Parallel()
-	brokers := testinfra.KafkaBrokers(t)
-	topic := testinfra.NewTopic(t, brokers, 1)
-	pool := newOutboxDB(t)
-	slot := newSlot(t, pool)
-	c := collect(t, brokers, topic)
-	w := kafkautil.NewWriter(brokers, 10)
-	t.Cleanup(func() { w.Close() })
+	e := newCDCEnv(t, 1, 10)
+	pool, c := e.pool, e.c
 	reg := prometheus.NewRegistry()
-	relay := newCDC(t, pool, w, outbox.CDCConfig{Slot: slot, Topic: func(string) string { return topic },
-		MaxAttempts: 2, BackoffMin: 10 * time.Millisecond, Metrics: outbox.NewMetrics(reg),
-		RetentionInterval: 50 * time.Millisecond, Retain: time.Nanosecond})
-	runCDC(t, relay)
-	testinfra.WaitFor(t, 20*time.Second, "the relay to stream", func() (bool, error) { return relay.Active(), nil })
+	cfg := e.config()
+	cfg.MaxAttempts, cfg.BackoffMin, cfg.Metrics = 2, 10*time.Millisecond, outbox.NewMetrics(reg)
+	cfg.RetentionInterval, cfg.Retain = 50*time.Millisecond, time.Nanosecond
+	runStreaming(t, newCDC(t, pool, e.w, cfg))
 
 	big := newEvent("big", 1)
 	big.Payload = []byte(`{"blob":"` + strings.Repeat("x", 1200<<10) + `"}`) // kafka-go's writer stops at 1 MiB
@@ -470,19 +465,11 @@ func TestCDCMessageErrorSkipsTheEventAsDead(t *testing.T) {
 // connection and publishes.
 func TestCDCRelayCreatesAMissingPublication(t *testing.T) {
 	t.Parallel()
-	brokers := testinfra.KafkaBrokers(t)
-	topic := testinfra.NewTopic(t, brokers, 1)
-	pool := newOutboxDB(t)
-	if _, err := pool.Exec(context.Background(), "DROP PUBLICATION "+outbox.Publication); err != nil {
+	e := newCDCEnv(t, 1, 10)
+	if _, err := e.pool.Exec(context.Background(), "DROP PUBLICATION "+outbox.Publication); err != nil {
 		t.Fatal(err)
 	}
-	slot := newSlot(t, pool)
-	c := collect(t, brokers, topic)
-	w := kafkautil.NewWriter(brokers, 10)
-	t.Cleanup(func() { w.Close() })
-	relay := newCDC(t, pool, w, outbox.CDCConfig{Slot: slot, Topic: func(string) string { return topic }})
-	runCDC(t, relay)
-	testinfra.WaitFor(t, 20*time.Second, "the relay to stream", func() (bool, error) { return relay.Active(), nil })
-	enqueue(t, pool, newEvent("a", 1))
-	testinfra.WaitFor(t, 20*time.Second, "the event", func() (bool, error) { return c.distinct() == 1, nil })
+	runStreaming(t, newCDC(t, e.pool, e.w, e.config()))
+	enqueue(t, e.pool, newEvent("a", 1))
+	testinfra.WaitFor(t, 20*time.Second, "the event", func() (bool, error) { return e.c.distinct() == 1, nil })
 }

@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
-	"net"
 	"net/url"
 	"strings"
 	"sync/atomic"
@@ -32,32 +31,11 @@ func (s *switchWriter) WriteMessages(ctx context.Context, msgs ...kafka.Message)
 	return s.current.Load().WriteMessages(ctx, msgs...)
 }
 
-// closedAddr returns a loopback address nothing listens on: dialing it is
-// refused, as dialing a broker that is down is.
-func closedAddr(t *testing.T) string {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := ln.Addr().String()
-	ln.Close()
-	return addr
-}
-
 // runRelay runs relay until the test ends, failing it if Run returns early
 // or with an error.
 func runRelay(t *testing.T, relay *outbox.Relay) {
 	t.Helper()
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- relay.Run(ctx) }()
-	t.Cleanup(func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("Run: %v", err)
-		}
-	})
+	runInBackground(t, "Run", relay.Run)
 }
 
 // A Kafka outage many times longer than MaxAttempts × BackoffMax sends no row
@@ -79,7 +57,7 @@ func TestAKafkaOutageIsWaitedOutNotChargedToRows(t *testing.T) {
 	}
 	enqueue(t, pool, evs...)
 
-	down := kafkautil.NewWriter([]string{closedAddr(t)}, 100)
+	down := kafkautil.NewWriter([]string{testinfra.ClosedAddr(t)}, 100)
 	t.Cleanup(func() { down.Close() })
 	up := kafkautil.NewWriter(brokers, 100)
 	t.Cleanup(func() { up.Close() })

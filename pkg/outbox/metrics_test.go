@@ -17,17 +17,12 @@ import (
 // follow the table as rows are enqueued and marked published.
 func TestWatchBacklogReportsABacklogNoRelayDrains(t *testing.T) {
 	t.Parallel()
-	ctx, cancel := context.WithCancel(context.Background())
+	ctx := context.Background()
 	pool := newOutboxDB(t)
 	reg := prometheus.NewRegistry()
 	m := outbox.NewMetrics(reg)
-	done := make(chan error, 1)
-	go func() { done <- m.WatchBacklog(ctx, pool, 20*time.Millisecond, slog.Default()) }()
-	t.Cleanup(func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("WatchBacklog: %v", err)
-		}
+	runInBackground(t, "WatchBacklog", func(ctx context.Context) error {
+		return m.WatchBacklog(ctx, pool, 20*time.Millisecond, slog.Default())
 	})
 
 	if err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {

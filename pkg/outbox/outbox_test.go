@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/segmentio/kafka-go"
 
@@ -57,34 +58,31 @@ func TestEnqueueCommitsOrRollsBackWithTheBusinessTransaction(t *testing.T) {
 	ctx := context.Background()
 	pool := newOutboxDB(t)
 
-	tx, err := pool.Begin(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer tx.Rollback(ctx)
-	if err := outbox.Enqueue(ctx, tx, newEvent("a", 1)); err != nil {
-		t.Fatal(err)
-	}
-	if err := tx.Rollback(ctx); err != nil {
-		t.Fatal(err)
-	}
-	if n := countRows(t, pool, "true"); n != 0 {
-		t.Fatalf("after rollback: %d outbox rows, want 0", n)
-	}
-
-	tx, err = pool.Begin(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer tx.Rollback(ctx)
-	if err := outbox.Enqueue(ctx, tx, newEvent("a", 1)); err != nil {
-		t.Fatal(err)
-	}
-	if err := tx.Commit(ctx); err != nil {
-		t.Fatal(err)
-	}
-	if n := countRows(t, pool, "state = 'pending'"); n != 1 {
-		t.Fatalf("after commit: %d pending rows, want 1", n)
+	// The rollback comes first: it must leave nothing for the commit's
+	// count to see.
+	for _, step := range []struct {
+		end   func(pgx.Tx) error
+		name  string
+		where string
+		want  int
+	}{
+		{func(tx pgx.Tx) error { return tx.Rollback(ctx) }, "after rollback", "true", 0},
+		{func(tx pgx.Tx) error { return tx.Commit(ctx) }, "after commit", "state = 'pending'", 1},
+	} {
+		tx, err := pool.Begin(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer tx.Rollback(ctx)
+		if err := outbox.Enqueue(ctx, tx, newEvent("a", 1)); err != nil {
+			t.Fatal(err)
+		}
+		if err := step.end(tx); err != nil {
+			t.Fatal(err)
+		}
+		if n := countRows(t, pool, step.where); n != step.want {
+			t.Fatalf("%s: %d rows where %s, want %d", step.name, n, step.where, step.want)
+		}
 	}
 }
 
@@ -133,10 +131,7 @@ func TestRelayPublishesThroughTheBrokerThenMarks(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	runCtx, stop := context.WithCancel(ctx)
-	done := make(chan error, 1)
-	go func() { done <- relay.Run(runCtx) }()
-	t.Cleanup(func() { stop(); <-done })
+	runInBackground(t, "Run", relay.Run)
 
 	r := kafka.NewReader(kafka.ReaderConfig{Brokers: brokers, Topic: topic, GroupID: testinfra.Name("g"), MaxWait: 100 * time.Millisecond})
 	defer r.Close()

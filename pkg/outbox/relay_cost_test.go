@@ -152,14 +152,10 @@ func TestAnUndecodableRowIsChargedThenDeadAndHoldsBackItsAggregate(t *testing.T)
 func TestARelayReArmsWhenItsRegistrationIsRecreated(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	brokers := testinfra.KafkaBrokers(t)
-	topic := testinfra.NewTopic(t, brokers, 1)
-	pool := newOutboxDB(t)
-	c := collect(t, brokers, topic)
-	w := kafkautil.NewWriter(brokers, 50)
-	defer w.Close()
-	relay, err := outbox.NewRelay(pool, w, outbox.RelayConfig{
-		ID: "phoenix", Topic: func(string) string { return topic },
+	e := newRelayEnv(t, 1, 50)
+	pool, c := e.pool, e.c
+	relay, err := outbox.NewRelay(pool, e.w, outbox.RelayConfig{
+		ID: "phoenix", Topic: e.topicFn,
 		PollInterval: time.Hour, RebalanceInterval: 100 * time.Millisecond,
 	})
 	if err != nil {

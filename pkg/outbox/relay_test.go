@@ -444,10 +444,7 @@ func TestARequeueWakesASleepingRelay(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	runCtx, stop := context.WithCancel(ctx)
-	done := make(chan error, 1)
-	go func() { done <- relay.Run(runCtx) }()
-	defer func() { stop(); <-done }()
+	defer runInBackground(t, "Run", relay.Run)()
 	testinfra.WaitFor(t, 10*time.Second, "the relay to own its partitions", func() (bool, error) {
 		return ownersAndLocks(t, pool)[1] == outbox.Partitions, nil
 	})

@@ -12,7 +12,6 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/onceflow/onceflow/pkg/outbox"
-	"github.com/onceflow/onceflow/pkg/platform/kafkautil"
 	"github.com/onceflow/onceflow/pkg/platform/testinfra"
 )
 
@@ -92,20 +91,13 @@ func TestCommitsNotifyOnlyWhileARelayWaits(t *testing.T) {
 func TestASleepingRelayIsWokenByEveryCommit(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	brokers := testinfra.KafkaBrokers(t)
-	topic := testinfra.NewTopic(t, brokers, 1)
-	pool := newOutboxDB(t)
-	c := collect(t, brokers, topic)
-	w := kafkautil.NewWriter(brokers, 50)
-	defer w.Close()
-	relay, err := outbox.NewRelay(pool, w, outbox.RelayConfig{ID: "sleeper", Topic: func(string) string { return topic }, PollInterval: time.Hour})
+	e := newRelayEnv(t, 1, 50)
+	pool, c := e.pool, e.c
+	relay, err := outbox.NewRelay(pool, e.w, outbox.RelayConfig{ID: "sleeper", Topic: e.topicFn, PollInterval: time.Hour})
 	if err != nil {
 		t.Fatal(err)
 	}
-	runCtx, stop := context.WithCancel(ctx)
-	done := make(chan error, 1)
-	go func() { done <- relay.Run(runCtx) }()
-	defer func() { stop(); <-done }()
+	defer runInBackground(t, "Run", relay.Run)()
 	armed := func() (bool, error) {
 		var waiting bool
 		err := pool.QueryRow(ctx, `SELECT coalesce(bool_or(waiting), false) FROM outbox_relays WHERE id = 'sleeper'`).Scan(&waiting)

@@ -2,14 +2,12 @@ package inboxhttp_test
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"io"
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"slices"
-	"strings"
 	"testing"
 	"time"
 
@@ -66,18 +64,7 @@ func TestHandlerDeadLetterEndpoints(t *testing.T) {
 
 	call := func(method, path, body string, wantStatus int) map[string]any {
 		t.Helper()
-		req, _ := http.NewRequest(method, srv.URL+"/admin/inbox"+path, strings.NewReader(body))
-		resp, err := http.DefaultClient.Do(req)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer resp.Body.Close()
-		var out map[string]any
-		_ = json.NewDecoder(resp.Body).Decode(&out)
-		if resp.StatusCode != wantStatus {
-			t.Fatalf("%s %s: status %d, want %d: %v", method, path, resp.StatusCode, wantStatus, out)
-		}
-		return out
+		return testinfra.CallJSON(t, method, srv.URL+"/admin/inbox"+path, body, wantStatus)
 	}
 	errorCode := func(out map[string]any) string {
 		t.Helper()

@@ -48,18 +48,7 @@ func TestOperatorEndpoints(t *testing.T) {
 
 	call := func(method, path, body string, wantStatus int) map[string]any {
 		t.Helper()
-		req, _ := http.NewRequest(method, srv.URL+"/admin/outbox"+path, strings.NewReader(body))
-		resp, err := http.DefaultClient.Do(req)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer resp.Body.Close()
-		var out map[string]any
-		_ = json.NewDecoder(resp.Body).Decode(&out)
-		if resp.StatusCode != wantStatus {
-			t.Fatalf("%s %s: status %d, want %d: %v", method, path, resp.StatusCode, wantStatus, out)
-		}
-		return out
+		return testinfra.CallJSON(t, method, srv.URL+"/admin/outbox"+path, body, wantStatus)
 	}
 
 	dead := call("GET", "/dead", "", 200)["dead"].([]any)

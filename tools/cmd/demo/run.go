@@ -74,8 +74,10 @@ type settlement struct {
 	ReceivedAt time.Time `json:"receivedAt"`
 }
 
-func run(ctx context.Context, args []string, out io.Writer) error {
-	o, err := parseFlags(args, out)
+// run is main without the process (lifecycle.RunFunc). The demo is
+// configured by flags only, so getenv goes unused.
+func run(ctx context.Context, args []string, _ func(string) string, out io.Writer) error {
+	o, err := parseFlags(args[1:], out)
 	if err != nil {
 		return err
 	}

@@ -20,27 +20,18 @@ import (
 	"fmt"
 	"io"
 	"net"
-	"os"
-	"os/signal"
 	"slices"
 	"strconv"
 	"strings"
-	"syscall"
 	"time"
 
 	"github.com/segmentio/kafka-go"
 
 	"github.com/onceflow/onceflow/pkg/platform/kafkautil"
+	"github.com/onceflow/onceflow/pkg/platform/lifecycle"
 )
 
-func main() {
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
-	if err := run(ctx, os.Args[1:], os.Stdout); err != nil {
-		fmt.Fprintln(os.Stderr, "kafkactl:", err)
-		os.Exit(1)
-	}
-}
+func main() { lifecycle.Main("kafkactl", run) }
 
 const usage = `usage:
   kafkactl wait          [-brokers host:port,...] [-timeout 60s]
@@ -50,7 +41,10 @@ const usage = `usage:
 // defaultBrokers matches the dev stack's default ONCEFLOW_KAFKA_PORT.
 const defaultBrokers = "127.0.0.1:59092"
 
-func run(ctx context.Context, args []string, stdout io.Writer) error {
+// run is main without the process (lifecycle.RunFunc). The broker comes from
+// the -brokers flag only, so getenv goes unused.
+func run(ctx context.Context, args []string, _ func(string) string, stdout io.Writer) error {
+	args = args[1:] // the program's name
 	if len(args) == 0 {
 		return errors.New(usage)
 	}

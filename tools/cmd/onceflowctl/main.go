@@ -17,24 +17,6 @@
 // flags. See docs/operations.md.
 package main
 
-import (
-	"context"
-	"errors"
-	"flag"
-	"fmt"
-	"os"
-	"os/signal"
-	"syscall"
-)
+import "github.com/onceflow/onceflow/pkg/platform/lifecycle"
 
-func main() {
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
-	if err := run(ctx, os.Args[1:], os.Getenv, os.Stdout); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			os.Exit(2)
-		}
-		fmt.Fprintln(os.Stderr, "onceflowctl:", err)
-		os.Exit(1)
-	}
-}
+func main() { lifecycle.Main("onceflowctl", run) }

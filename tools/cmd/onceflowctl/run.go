@@ -50,6 +50,8 @@ commands:
 ADMIN_TOKEN is sent as the bearer token. Run onceflowctl <command> -h for a command's flags.
 `
 
+// run is main without the process (lifecycle.RunFunc); args starts with the
+// program's name.
 func run(ctx context.Context, args []string, getenv func(string) string, stdout io.Writer) error {
 	fs := flag.NewFlagSet("onceflowctl", flag.ContinueOnError)
 	fs.SetOutput(stdout)
@@ -64,7 +66,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout 
 	orders := fs.String("orders", env("ONCEFLOW_ORDERS_ADMIN", "http://127.0.0.1:9081"), "orders' operator address")
 	billing := fs.String("billing", env("ONCEFLOW_BILLING_ADMIN", "http://127.0.0.1:9082"), "billing's operator address")
 	shim := fs.String("shim", env("ONCEFLOW_SHIM_ADMIN", "http://127.0.0.1:9083"), "the reconciler shim's operator address")
-	if err := fs.Parse(args); err != nil {
+	if err := fs.Parse(args[1:]); err != nil {
 		return err
 	}
 	if *output != "text" && *output != "json" {

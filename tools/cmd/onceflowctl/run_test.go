@@ -66,7 +66,7 @@ func insertOutbox(t *testing.T, pool *pgxpool.Pool, state string, age time.Durat
 func ctl(t *testing.T, env map[string]string, args ...string) (string, error) {
 	t.Helper()
 	var out bytes.Buffer
-	err := run(context.Background(), args, func(k string) string { return env[k] }, &out)
+	err := run(context.Background(), append([]string{"onceflowctl"}, args...), func(k string) string { return env[k] }, &out)
 	return out.String(), err
 }
 

@@ -15,21 +15,8 @@
 // to override.
 package main
 
-import (
-	"context"
-	"fmt"
-	"os"
-	"os/signal"
-	"syscall"
-)
+import "github.com/onceflow/onceflow/pkg/platform/lifecycle"
 
 //go:generate sh -c "go run . -script > ../../../devstack/compose/initdb-roles.sql"
 
-func main() {
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
-	if err := run(ctx, os.Args[1:], os.Getenv, os.Stdout); err != nil {
-		fmt.Fprintln(os.Stderr, "pgroles:", err)
-		os.Exit(1)
-	}
-}
+func main() { lifecycle.Main("pgroles", run) }

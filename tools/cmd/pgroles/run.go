@@ -18,10 +18,12 @@ const ReaderRole = "reconcile_ro"
 
 const defaultAdminURL = "postgres://postgres:postgres@127.0.0.1:55432/postgres?sslmode=disable"
 
+// run is main without the process (lifecycle.RunFunc); args starts with the
+// program's name.
 func run(ctx context.Context, args []string, getenv func(string) string, stdout io.Writer) error {
 	fs := flag.NewFlagSet("pgroles", flag.ContinueOnError)
 	script := fs.Bool("script", false, "print the roles as a psql script for fresh databases, passwords as psql variables, instead of applying them")
-	if err := fs.Parse(args); err != nil {
+	if err := fs.Parse(args[1:]); err != nil {
 		return err
 	}
 	specs := Specs(getenv)

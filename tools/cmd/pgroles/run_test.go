@@ -12,7 +12,7 @@ import (
 // dev stack.
 func TestComposeScriptIsUpToDate(t *testing.T) {
 	var out bytes.Buffer
-	if err := run(context.Background(), []string{"-script"}, func(string) string { return "" }, &out); err != nil {
+	if err := run(context.Background(), []string{"pgroles", "-script"}, func(string) string { return "" }, &out); err != nil {
 		t.Fatal(err)
 	}
 	committed, err := os.ReadFile("../../../devstack/compose/initdb-roles.sql")

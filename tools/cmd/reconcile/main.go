@@ -13,22 +13,20 @@ import (
 	"context"
 	"errors"
 	"flag"
-	"fmt"
-	"os"
-	"os/signal"
-	"syscall"
+	"io"
 
+	"github.com/onceflow/onceflow/pkg/platform/lifecycle"
 	"github.com/onceflow/onceflow/tools/reconcile"
 )
 
-func main() {
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
-	if err := reconcile.Command(ctx, "reconcile", os.Args[1:], os.Getenv, os.Stdout); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return
-		}
-		fmt.Fprintln(os.Stderr, "reconcile:", err)
-		os.Exit(1)
+func main() { lifecycle.Main("reconcile", run) }
+
+// run is reconcile.Command as a lifecycle.RunFunc: -h, which asked for the
+// usage, is a success here.
+func run(ctx context.Context, args []string, getenv func(string) string, stdout io.Writer) error {
+	err := reconcile.Command(ctx, "reconcile", args[1:], getenv, stdout)
+	if errors.Is(err, flag.ErrHelp) {
+		return nil
 	}
+	return err
 }

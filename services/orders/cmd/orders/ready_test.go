@@ -1,7 +1,6 @@
 package main
 
 import (
-	"net"
 	"net/http"
 	"net/url"
 	"strings"
@@ -17,7 +16,7 @@ import (
 func TestReadinessFollowsTheDatabaseNotKafka(t *testing.T) {
 	db := testinfra.NewDatabase(t)
 	pgProxy := testinfra.NewProxy(t, hostOf(t, db))
-	kafkaDown := closedAddr(t)
+	kafkaDown := testinfra.ClosedAddr(t)
 	svc := testinfra.Start(t, run, map[string]string{
 		"HTTP_ADDR":     "127.0.0.1:0",
 		"DATABASE_URL":  strings.Replace(db, hostOf(t, db), pgProxy.Addr(), 1),
@@ -56,16 +55,4 @@ func hostOf(t *testing.T, dbURL string) string {
 		t.Fatal(err)
 	}
 	return u.Host
-}
-
-// closedAddr returns a loopback address nothing listens on.
-func closedAddr(t *testing.T) string {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := ln.Addr().String()
-	ln.Close()
-	return addr
 }

@@ -6,19 +6,6 @@
 // Configuration is read from the environment; run `reconciler -h` to list it.
 package main
 
-import (
-	"context"
-	"fmt"
-	"os"
-	"os/signal"
-	"syscall"
-)
+import "github.com/onceflow/onceflow/pkg/platform/lifecycle"
 
-func main() {
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
-	if err := run(ctx, os.Args, os.Getenv, os.Stdout); err != nil {
-		fmt.Fprintln(os.Stderr, "reconciler:", err)
-		os.Exit(1)
-	}
-}
+func main() { lifecycle.Main("reconciler", run) }
