@@ -220,8 +220,11 @@ func TestPrunerPrunesAtStartAndEveryInterval(t *testing.T) {
 	done := make(chan error, 1)
 	go func() { done <- pruner.Run(ctx) }()
 
-	testinfra.WaitFor(t, 10*time.Second, "the first run to prune the old processed row", func() (bool, error) {
-		return len(inboxRows(t, pool)) == 1, nil
+	// The row is gone once the delete commits, a moment before the pruner
+	// logs it: wait for both, or a slow machine reads the log too early.
+	testinfra.WaitFor(t, 10*time.Second, "the first run to prune the old processed row and log it", func() (bool, error) {
+		_, logged := logs.Record("inbox pruned processed messages")
+		return logged && len(inboxRows(t, pool)) == 1, nil
 	})
 	rec, ok := logs.Record("inbox pruned processed messages")
 	if !ok || rec["rows_removed"] != float64(1) {
