@@ -81,9 +81,13 @@ func TestHostileMessagesNeverStopAPartition(t *testing.T) {
 			hs := hostileMessages(f.topic)
 			good := newEvent("order-5", 1)
 			// A transport of its own: the default one caches topic metadata
-			// from before this topic existed.
+			// from before this topic existed. Timeouts of 30s rather than
+			// kafka-go's 10s: a 1.5 MiB acks=all write on a loaded 2-core
+			// machine took longer once ("i/o timeout"), and retrying a write
+			// that may have landed would produce a hostile message twice.
 			big := kafka.Writer{Addr: kafka.TCP(f.brokers...), RequiredAcks: kafka.RequireAll, BatchBytes: 4 << 20,
-				BatchTimeout: time.Millisecond, Transport: &kafka.Transport{MetadataTTL: 200 * time.Millisecond}}
+				BatchTimeout: time.Millisecond, WriteTimeout: 30 * time.Second, ReadTimeout: 30 * time.Second,
+				Transport: &kafka.Transport{MetadataTTL: 200 * time.Millisecond}}
 			defer big.Close()
 			msgs := []kafka.Message{}
 			for _, h := range hs {
@@ -92,7 +96,7 @@ func TestHostileMessagesNeverStopAPartition(t *testing.T) {
 			msgs = append(msgs, event.ToKafka(f.topic, good))
 			for len(msgs) > 0 {
 				var err error
-				testinfra.WaitFor(t, 20*time.Second, "the new topic to take messages", func() (bool, error) {
+				testinfra.WaitFor(t, 90*time.Second, "the new topic to take messages", func() (bool, error) {
 					err = big.WriteMessages(context.Background(), msgs[0])
 					return !errors.Is(err, kafka.UnknownTopicOrPartition), nil
 				})
