@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/onceflow/onceflow/pkg/platform/harness"
+	"github.com/onceflow/onceflow/pkg/platform/testinfra"
 )
 
 // reconciler builds the reconciler stand-in (it needs no server) once.
@@ -101,13 +102,9 @@ func TestStopReportsAHungSIGTERM(t *testing.T) {
 		t.Fatal(err)
 	}
 	// Wait until the trap is set, or SIGTERM would end the shell at once.
-	deadline := time.Now().Add(10 * time.Second)
-	for !strings.Contains(p.Tail(5), "ready") {
-		if time.Now().After(deadline) {
-			t.Fatal("the shell did not start")
-		}
-		time.Sleep(10 * time.Millisecond) //nolint:forbidigo // polling a file with a deadline
-	}
+	testinfra.WaitFor(t, 10*time.Second, "the shell to set its trap", func() (bool, error) {
+		return strings.Contains(p.Tail(5), "ready"), nil
+	})
 	if err := p.Stop(300 * time.Millisecond); !errors.Is(err, harness.ErrHung) {
 		t.Fatalf("Stop: %v, want ErrHung", err)
 	}
