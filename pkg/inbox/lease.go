@@ -745,6 +745,9 @@ func (c *Consumer) callUnderLease(ctx context.Context, gen *generation, id uuid.
 		renewed = time.Now() // before the renewal: the lease runs from no earlier
 		err := c.renew(ctx, id, token)
 		if err == nil {
+			if outages > 1 {
+				c.db.ok(ctx, "renew_lease")
+			}
 			break
 		}
 		switch {
