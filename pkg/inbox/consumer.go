@@ -45,6 +45,7 @@ type Consumer struct {
 	effect    *Effect       // lease mode, when set
 	calls     chan struct{} // lease mode: a slot per side-effect call in flight (MaxInFlight)
 	kafka, db *fault
+	other     *fault // lease mode: the Effect's other side (a third party)
 }
 
 // NewConsumer returns a consumer that reads src's topic as a member of its

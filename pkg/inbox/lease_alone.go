@@ -17,9 +17,10 @@ import (
 // processLeased settles one message in lease mode, in transactions of its
 // own: the lease, the side effect, marking it done. Like processAlone, it
 // charges a message only for its own failures (its side effect, data
-// Postgres refuses), waits out the database being unreachable, and returns
-// errAbandoned when ctx (the shutdown grace) ends or the message's
-// generation is dropped; a crash point firing is a *crashError.
+// Postgres refuses), waits out the database (and the Effect's other side)
+// being unreachable, and returns errAbandoned when ctx (the shutdown grace)
+// ends or the message's generation is dropped, errLeaseLost when another
+// worker took its lease over; a crash point firing is a *crashError.
 func (c *Consumer) processLeased(ctx context.Context, d delivery) error {
 	m := d.m
 	start := time.Now()

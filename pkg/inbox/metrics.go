@@ -16,6 +16,8 @@ type Metrics struct {
 	lag, deadLetters                                        *prometheus.GaugeVec
 	kafkaErrors, dbErrors                                   *prometheus.CounterVec // consumer, op
 	kafkaConnected, dbConnected                             *prometheus.GaugeVec
+	effectErrors                                            *prometheus.CounterVec // consumer, op (lease mode)
+	effectConnected                                         *prometheus.GaugeVec   // lease mode
 }
 
 // The reason label of inbox_dead_lettered_total: why a message went to the
@@ -93,8 +95,17 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Name: "inbox_database_connected",
 			Help: "1 while the consumer reaches its database, 0 during an outage it is waiting out.",
 		}, []string{"consumer"}),
+		effectErrors: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "inbox_effect_errors_total",
+			Help: "Lease mode: Effect calls that found the other side (a third party) unavailable, by op (check, call); waited out, never charged to a message.",
+		}, []string{"consumer", "op"}),
+		effectConnected: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "inbox_effect_connected",
+			Help: "Lease mode: 1 while the other side of the Effect (a third party) answers, 0 during an outage the consumer is waiting out.",
+		}, []string{"consumer"}),
 	}
 	if reg != nil {
+		reg.MustRegister(m.effectErrors, m.effectConnected)
 		reg.MustRegister(m.processed, m.duplicates, m.stale, m.failures, m.deadLettered, m.gaps, m.uncertain, m.payloadMismatches, m.seconds, m.batchSeconds, m.hop, m.lag, m.deadLetters,
 			m.kafkaErrors, m.dbErrors, m.kafkaConnected, m.dbConnected)
 	}
