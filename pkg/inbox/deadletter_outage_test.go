@@ -28,12 +28,21 @@ func (s *switchWriter) WriteMessages(ctx context.Context, msgs ...kafka.Message)
 }
 
 // A dead letter that cannot reach Kafka is waited for outside any
-// transaction: the batch it came in commits first, so the rows its
-// batch-mates' handlers locked are free and no connection sits idle in a
-// transaction through the outage. Once Kafka is back the dead letter is
-// published, once, and the partition moves on.
+// transaction: in transactional mode the batch it came in commits first, so
+// the rows its batch-mates' handlers locked are free; in either mode no
+// connection sits idle in a transaction through the outage. Once Kafka is
+// back the dead letter is published, once, and the partition moves on.
 func TestADeadLetterWaitingForKafkaHoldsNoTransactionOpen(t *testing.T) {
 	t.Parallel()
+	for _, mode := range []string{"transactional", "lease"} {
+		t.Run(mode, func(t *testing.T) {
+			t.Parallel()
+			testDeadLetterWaitingForKafka(t, mode)
+		})
+	}
+}
+
+func testDeadLetterWaitingForKafka(t *testing.T, mode string) {
 	ctx := context.Background()
 	f := newFixture(t)
 	if _, err := f.pool.Exec(ctx, `CREATE TABLE counters (id int PRIMARY KEY, n int NOT NULL);
@@ -51,16 +60,30 @@ func TestADeadLetterWaitingForKafkaHoldsNoTransactionOpen(t *testing.T) {
 	f.produce(t, event.ToKafka(f.topic, good), event.ToKafka(f.topic, bad))
 	cfg := inbox.Config{Name: "test-consumer", Workers: 1, DeadLetterTopic: dlt, Metrics: inbox.NewMetrics(f.registry),
 		BackoffMin: 10 * time.Millisecond, BackoffMax: 200 * time.Millisecond}
-	c, err := inbox.NewConsumer(f.pool, f.source(testinfra.Name("group")), dlq, func(ctx context.Context, tx pgx.Tx, ev event.Envelope) error {
+	// The effect locks a row that others use too, in the inbox transaction
+	// (transactional mode) or on its own (lease mode).
+	effect := func(ctx context.Context, exec func(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error), ev event.Envelope) error {
 		if ev.EventID == bad.EventID {
 			return inbox.Permanent(errors.New("refused"))
 		}
-		// The effect locks a row that others use too.
-		if _, err := tx.Exec(ctx, "UPDATE counters SET n = n + 1 WHERE id = 1"); err != nil {
+		if _, err := exec(ctx, "UPDATE counters SET n = n + 1 WHERE id = 1"); err != nil {
 			return err
 		}
-		return f.recordEffect(ctx, tx, ev)
-	}, cfg)
+		return insertEffect(ctx, exec, ev)
+	}
+	src := f.source(testinfra.Name("group"))
+	var c *inbox.Consumer
+	var err error
+	if mode == "transactional" {
+		c, err = inbox.NewConsumer(f.pool, src, dlq, func(ctx context.Context, tx pgx.Tx, ev event.Envelope) error {
+			return effect(ctx, tx.Exec, ev)
+		}, cfg)
+	} else {
+		c, err = inbox.NewLeaseConsumer(f.pool, src, dlq, inbox.Effect{
+			Check: func(context.Context, string) (bool, error) { return false, nil },
+			Call:  func(ctx context.Context, ev event.Envelope, _ string) error { return effect(ctx, f.pool.Exec, ev) },
+		}, cfg)
+	}
 	if err != nil {
 		t.Fatal(err)
 	}
