@@ -9,6 +9,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/segmentio/kafka-go"
 
 	"github.com/onceflow/onceflow/pkg/event"
@@ -144,4 +145,60 @@ func deadLettersOn(t *testing.T, brokers []string, topic string) int64 {
 		t.Fatal(err)
 	}
 	return last - first
+}
+
+// A consumer stopped while a dead letter waits for Kafka (its batch-mates
+// committed, the dead letter neither published nor recorded) loses nothing:
+// the message's offset was not committed, so the next consumer of the group
+// gets it again and dead-letters it once Kafka is back.
+func TestADeadLetterPendingAtShutdownIsPublishedAfterRestart(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	dlt := testinfra.NewTopic(t, f.brokers, 1)
+	down := kafkautil.NewWriter([]string{testinfra.ClosedAddr(t)}, 10)
+	t.Cleanup(func() { down.Close() })
+
+	good, bad := newEvent("a", 1), newEvent("b", 1)
+	f.produce(t, event.ToKafka(f.topic, good), event.ToKafka(f.topic, bad))
+	group := testinfra.Name("group")
+	consumer := func(dlq inbox.Writer, reg *prometheus.Registry) *inbox.Consumer {
+		c, err := inbox.NewConsumer(f.pool, f.source(group), dlq, func(ctx context.Context, tx pgx.Tx, ev event.Envelope) error {
+			if ev.EventID == bad.EventID {
+				return inbox.Permanent(errors.New("refused"))
+			}
+			return f.recordEffect(ctx, tx, ev)
+		}, inbox.Config{Name: "test-consumer", Workers: 1, DeadLetterTopic: dlt, Metrics: inbox.NewMetrics(reg),
+			BackoffMin: 10 * time.Millisecond, BackoffMax: 200 * time.Millisecond, ShutdownGrace: time.Second})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return c
+	}
+
+	reg := prometheus.NewRegistry()
+	first := consumer(down, reg)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- first.Run(ctx) }()
+	testinfra.WaitFor(t, 30*time.Second, "the dead letter to fail against the missing Kafka", func() (bool, error) {
+		return testinfra.LabeledMetricValue(t, reg, "inbox_kafka_errors_total", map[string]string{"op": "dead_letter"}) >= 2, nil
+	})
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatalf("first consumer: %v", err)
+	}
+	if n := f.count(t, "SELECT count(*) FROM inbox_messages WHERE message_id = $1", bad.EventID); n != 0 {
+		t.Fatalf("%d inbox rows for the dead letter that was never published, want 0: a redelivery would skip it as a duplicate", n)
+	}
+
+	runUntilCleanup(t, consumer(f.writer, prometheus.NewRegistry()))
+	testinfra.WaitFor(t, 30*time.Second, "the restarted consumer to dead-letter the event", func() (bool, error) {
+		return f.count(t, "SELECT count(*) FROM inbox_messages WHERE status = 'dead_lettered' AND message_id = $1", bad.EventID) == 1, nil
+	})
+	if got := deadLettersOn(t, f.brokers, dlt); got != 1 {
+		t.Fatalf("%d messages on the dead-letter topic, want 1", got)
+	}
+	if n := f.count(t, "SELECT count(*) FROM effects WHERE event_id = $1", good.EventID); n != 1 {
+		t.Fatalf("%d effects of the batch-mate, want 1", n)
+	}
 }
