@@ -194,31 +194,36 @@ func onTopic(t *testing.T, brokers []string, topic string) []string {
 	if err != nil {
 		t.Fatalf("dialing the leader of %s: %v", topic, err)
 	}
-	end, err := conn.ReadLastOffset()
-	conn.Close()
+	defer conn.Close()
+	deadline, _ := ctx.Deadline()
+	_ = conn.SetDeadline(deadline)
+	offset, end, err := conn.ReadOffsets()
 	if err != nil {
-		t.Fatalf("reading the end of %s: %v", topic, err)
+		t.Fatalf("reading the offsets of %s: %v", topic, err)
 	}
 	got := []string{}
-	if end == 0 {
-		return got
+	for offset < end {
+		if _, err := conn.Seek(offset, kafka.SeekAbsolute); err != nil {
+			t.Fatalf("seeking %s to %d: %v", topic, offset, err)
+		}
+		b := conn.ReadBatchWith(kafka.ReadBatchConfig{MinBytes: 1, MaxBytes: 16 << 20, MaxWait: time.Second})
+		for {
+			m, err := b.ReadMessage()
+			if err != nil {
+				break
+			}
+			ev, err := event.FromKafka(m)
+			if err != nil {
+				t.Fatalf("undecodable message at offset %d: %v", m.Offset, err)
+			}
+			got = append(got, fmt.Sprintf("%s/%d", ev.AggregateID, ev.AggregateVersion))
+			offset = m.Offset + 1
+		}
+		if err := b.Close(); err != nil {
+			t.Fatalf("reading %s at %d: %v", topic, offset, err)
+		}
 	}
-	r := kafka.NewReader(kafka.ReaderConfig{Brokers: brokers, Topic: topic, Partition: 0, MaxBytes: 8 << 20})
-	defer r.Close()
-	for {
-		m, err := r.ReadMessage(ctx)
-		if err != nil {
-			t.Fatalf("reading %s: %v", topic, err)
-		}
-		ev, err := event.FromKafka(m)
-		if err != nil {
-			t.Fatalf("undecodable message at offset %d: %v", m.Offset, err)
-		}
-		got = append(got, fmt.Sprintf("%s/%d", ev.AggregateID, ev.AggregateVersion))
-		if m.Offset+1 >= end {
-			return got
-		}
-	}
+	return got
 }
 
 // setTopicConfig changes one setting of topic, as an operator would.
