@@ -100,6 +100,12 @@
 // A dead letter the dead-letter topic refuses as it is (kafkautil.
 // IsMessageError: too large, a policy) is written truncated: coordinates,
 // reason and the first DeadLetterBodyLimit bytes, with HeaderDLTTruncated.
+// A dead letter is published with no transaction open: the batch-mates
+// before it commit first, then it is published (waiting out a Kafka outage
+// without holding row locks or a connection), then its inbox row commits in
+// a short transaction of its own, and only then is its offset committed. A
+// crash in between redelivers it and dead-letters it again: a duplicate
+// dead letter is possible after a crash, a missing one is not.
 // Run returns only once its ctx ended (or a crash point fired); every retry
 // loop ends within ShutdownGrace of that.
 //

@@ -119,10 +119,11 @@ func (c *Consumer) settleLeased(ctx context.Context, d delivery, step string, f 
 	}
 }
 
-// deadLetterLeased dead-letters in a transaction of its own, waiting out
-// the database being unreachable.
+// deadLetterLeased dead-letters outside any transaction (deadLetterAlone),
+// waiting out the database being unreachable without publishing again.
 func (c *Consumer) deadLetterLeased(ctx context.Context, d delivery, ev *event.Envelope, reason error) error {
-	return c.settleLeased(ctx, d, "dead_letter", func() error { return c.deadLetterAlone(ctx, d.m, ev, reason) })
+	published := false
+	return c.settleLeased(ctx, d, "dead_letter", func() error { return c.deadLetterAlone(ctx, d.m, ev, reason, &published) })
 }
 
 // lease claims the message. A non-nil outcome means it needs no side effect
@@ -205,9 +206,4 @@ func (c *Consumer) markUncertain(ctx context.Context, ev event.Envelope, token i
 		return dbErrors.Translate("marking a lease uncertain", err)
 	}
 	return nil
-}
-
-// deadLetterAlone dead-letters outside a batch, in a transaction of its own.
-func (c *Consumer) deadLetterAlone(ctx context.Context, m kafka.Message, ev *event.Envelope, reason error) error {
-	return pgx.BeginFunc(ctx, c.pool, func(tx pgx.Tx) error { return c.deadLetter(ctx, tx, m, ev, reason) })
 }

@@ -2,6 +2,7 @@ package inbox
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"time"
@@ -16,8 +17,10 @@ import (
 )
 
 // processBatch handles batch in as few transactions as it can: one, unless
-// a message fails transiently; then what came before it commits, it is
-// retried alone with backoff, and the rest continues in a new transaction.
+// a message fails transiently or is to be dead-lettered; then what came
+// before it commits, it is retried alone with backoff or dead-lettered with
+// no transaction open (dueDeadLetter), and the rest continues in a new
+// transaction.
 // Every message of batch is finished (done or abandoned) when it returns.
 func (c *Consumer) processBatch(ctx context.Context, batch []delivery) (err error) {
 	defer func() {
@@ -26,7 +29,7 @@ func (c *Consumer) processBatch(ctx context.Context, batch []delivery) (err erro
 		}
 	}()
 	for len(batch) > 0 {
-		n := c.tryBatch(ctx, batch)
+		n, due := c.tryBatch(ctx, batch)
 		if err := c.committed(ctx, batch[:n]); err != nil {
 			batch = batch[n:]
 			return err
@@ -35,9 +38,15 @@ func (c *Consumer) processBatch(ctx context.Context, batch []delivery) (err erro
 		if len(batch) == 0 {
 			return nil
 		}
-		if err := c.processAlone(ctx, batch[0]); err != nil {
+		var aloneErr error
+		if due != nil {
+			aloneErr = c.deadLetterSettled(ctx, batch[0], due)
+		} else {
+			aloneErr = c.processAlone(ctx, batch[0])
+		}
+		if aloneErr != nil {
 			if ctx.Err() != nil {
-				return err
+				return aloneErr
 			}
 			// Its generation was dropped; the others may be of a newer one.
 			batch[0].gen.finish(batch[0].m, false)
@@ -64,14 +73,16 @@ func messages(batch []delivery) []kafka.Message {
 // tryBatch handles batch in one transaction. It first tries the fast path
 // (fastBatch); when that cannot settle the whole batch, it handles the batch
 // again with a savepoint per message, and returns how many messages it
-// settled (handled, skipped or dead-lettered) before the first one that
-// failed transiently; those are committed. When the database cannot be
-// reached it settles none, and processAlone waits the outage out.
-func (c *Consumer) tryBatch(ctx context.Context, batch []delivery) int {
+// settled (handled or skipped) before the first one that failed transiently
+// or is to be dead-lettered; those are committed. due is that next
+// message's dead letter, to publish now that the transaction has ended;
+// nil when it failed transiently. When the database cannot be reached it
+// settles none, and processAlone waits the outage out.
+func (c *Consumer) tryBatch(ctx context.Context, batch []delivery) (n int, due *dueDeadLetter) {
 	ms := messages(batch)
 	if len(ms) > 1 && c.fastBatch(ctx, ms) {
 		c.db.ok(ctx, "")
-		return len(ms)
+		return len(ms), nil
 	}
 	start := time.Now()
 	tx, err := c.pool.Begin(ctx)
@@ -79,15 +90,17 @@ func (c *Consumer) tryBatch(ctx context.Context, batch []delivery) int {
 		if ctx.Err() == nil {
 			c.db.fail(ctx, "begin", err)
 		}
-		return 0
+		return 0, nil
 	}
 	defer tx.Rollback(context.Background()) //nolint:errcheck // no-op after commit
 	var counts [4]int
-	n := 0
 	for _, m := range ms {
 		out, err := c.settle(ctx, tx, m, 1)
 		if err != nil {
-			break // transient: commit what came before, retry this one alone
+			// A dead letter, or a transient failure: commit what came
+			// before, then dead-letter this one, or retry it alone.
+			errors.As(err, &due)
+			break
 		}
 		counts[out]++
 		n++
@@ -99,11 +112,11 @@ func (c *Consumer) tryBatch(ctx context.Context, batch []delivery) int {
 			c.cfg.Logger.WarnContext(ctx, "inbox batch commit failed; retrying its messages one by one",
 				slog.String("consumer", c.cfg.Name), slog.Any("error", err))
 		}
-		return 0
+		return 0, nil
 	}
 	c.db.ok(ctx, "")
 	c.cfg.Metrics.record(c.cfg.Name, counts, n, time.Since(start))
-	return n
+	return n, due
 }
 
 // processAlone retries one failing message in its own transactions with
@@ -125,22 +138,7 @@ func (c *Consumer) processAlone(ctx context.Context, d delivery) error {
 		if attempt >= c.cfg.MaxAttempts && lastErr != nil {
 			// The last allowed attempt failed outside the handler (its
 			// commit): dead-letter without running it again.
-			err := c.deadLetterAlone(ctx, d.m, nil, fmt.Errorf("gave up after %d attempts: %w", attempt, lastErr))
-			switch {
-			case err == nil:
-				return nil
-			case ctx.Err() != nil:
-				return errAbandoned
-			case isOutage(err):
-				c.db.fail(ctx, "dead_letter", err)
-				outages++
-				continue
-			}
-			// The dead letter is published; only its empty transaction
-			// failed. Moving on is all that is left to do.
-			c.cfg.Logger.ErrorContext(ctx, "inbox dead-lettered a message but could not commit afterwards; moving on",
-				slog.String("consumer", c.cfg.Name), slog.Any("error", err))
-			return nil
+			return c.deadLetterSettled(ctx, d, &dueDeadLetter{reason: fmt.Errorf("gave up after %d attempts: %w", attempt, lastErr)})
 		}
 		start := time.Now()
 		tx, err := c.pool.Begin(ctx)
@@ -166,7 +164,10 @@ func (c *Consumer) processAlone(ctx context.Context, d delivery) error {
 			return nil
 		}
 		_ = tx.Rollback(context.Background())
+		var due *dueDeadLetter
 		switch {
+		case errors.As(err, &due):
+			return c.deadLetterSettled(ctx, d, due)
 		case ctx.Err() != nil:
 			return errAbandoned
 		case isOutage(err):
@@ -316,16 +317,17 @@ INSERT INTO inbox_messages (consumer, message_id, event_type, aggregate_id, aggr
 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, 'processed', sha256($9), now())
 ON CONFLICT (consumer, message_id) DO NOTHING`
 
-// settle decides one message inside tx: handled, duplicate, stale, or
-// dead-lettered. It returns an error only for a transient failure (the
-// savepoint is rolled back and the caller retries); attempt counts the
-// tries so far, and the last allowed one dead-letters instead. A failure
+// settle decides one message inside tx: handled, duplicate, stale, or to be
+// dead-lettered (a *dueDeadLetter error, which the caller publishes after
+// ending tx). Any other error is a transient failure (the savepoint is
+// rolled back and the caller retries); attempt counts the tries so far, and
+// the last allowed one dead-letters instead. A failure
 // because the database is unreachable is never the message's: it is
 // returned for the caller to wait out, whatever the attempt.
 func (c *Consumer) settle(ctx context.Context, tx pgx.Tx, m kafka.Message, attempt int) (outcome, error) {
 	ev, err := event.FromKafka(m)
 	if err != nil {
-		return deadLettered, c.deadLetter(ctx, tx, m, nil, err)
+		return deadLettered, &dueDeadLetter{reason: err}
 	}
 	sp, err := tx.Begin(ctx) // a savepoint
 	if err != nil {
@@ -355,7 +357,7 @@ func (c *Consumer) settle(ctx context.Context, tx pgx.Tx, m kafka.Message, attem
 	if !permanent {
 		err = fmt.Errorf("gave up after %d attempts: %w", attempt, err)
 	}
-	return deadLettered, c.deadLetter(ctx, tx, m, &ev, err)
+	return deadLettered, &dueDeadLetter{ev: &ev, reason: err}
 }
 
 // apply is the inbox insert, the version guard, the upcasters and the

@@ -911,6 +911,10 @@ func (s *streamer) publish(ctx context.Context, todo []cdcEvent) (bool, error) {
 				if attempts[i] > 0 {
 					r.cfg.Metrics.retries.Inc()
 				}
+			case errors.Is(err, errHeldBack):
+				// Not written: an earlier event of its aggregate failed. It
+				// goes again with that one, uncharged, and after it.
+				retryIdx = append(retryIdx, i)
 			case kafkautil.IsMessageError(err):
 				judged++
 				attempts[i]++
