@@ -1,6 +1,7 @@
 package inbox
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"log/slog"
@@ -40,8 +41,9 @@ func (c *Consumer) processBatch(ctx context.Context, batch []delivery) (err erro
 				return err
 			}
 			// Its generation was dropped; the others may be of a newer one.
-			batch[0].gen.finish(batch[0].m, false)
-			batch = batch[1:]
+			// The later messages of its key in its generation go with it:
+			// applied now, they would make the redelivered one look stale.
+			batch = abandonKey(batch)
 			continue
 		}
 		err := c.committed(ctx, batch[:1])
@@ -51,6 +53,22 @@ func (c *Consumer) processBatch(ctx context.Context, batch []delivery) (err erro
 		}
 	}
 	return nil
+}
+
+// abandonKey finishes batch[0] unfinished, with every later message of its
+// key and generation, and returns the rest of the batch in order.
+func abandonKey(batch []delivery) []delivery {
+	first := batch[0]
+	first.gen.finish(first.m, false)
+	rest := make([]delivery, 0, len(batch)-1)
+	for _, d := range batch[1:] {
+		if d.gen == first.gen && bytes.Equal(d.m.Key, first.m.Key) {
+			d.gen.finish(d.m, false)
+			continue
+		}
+		rest = append(rest, d)
+	}
+	return rest
 }
 
 func messages(batch []delivery) []kafka.Message {
