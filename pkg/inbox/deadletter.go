@@ -131,8 +131,13 @@ func (c *Consumer) deadLetter(ctx context.Context, tx pgx.Tx, m kafka.Message, e
 	if err != nil {
 		return fmt.Errorf("recording a dead letter: %w", err)
 	}
-	if _, err := sp.Exec(ctx, insertDeadLettered, c.cfg.Name, ev.EventID, ev.EventType, ev.AggregateID,
-		ev.AggregateVersion, m.Topic, m.Partition, m.Offset, reason.Error(), []byte(ev.Payload)); err != nil {
+	_, err = sp.Exec(ctx, insertDeadLettered, c.cfg.Name, ev.EventID, ev.EventType, ev.AggregateID,
+		ev.AggregateVersion, m.Topic, m.Partition, m.Offset, reason.Error(), []byte(ev.Payload))
+	if err == nil {
+		// Its aggregate's later messages are parked until it is requeued.
+		err = c.holdDeadKey(ctx, sp, ev)
+	}
+	if err != nil {
 		_ = sp.Rollback(ctx)
 		if isOutage(err) || ctx.Err() != nil {
 			return fmt.Errorf("recording a dead letter: %w", err)

@@ -191,7 +191,7 @@ type leaseItem struct {
 	token    int64
 	taken    bool      // an expired lease was taken over: check before calling
 	leasedAt time.Time // when the lease transaction began: the lease runs from no earlier
-	counts   [4]int
+	counts   [numOutcomes]int
 	mismatch bool // planRepeat: its payload differs from the first's
 
 	// After its key's turn:
@@ -253,8 +253,25 @@ func (c *Consumer) processLeasedBatch(ctx context.Context, batch []delivery) err
 	}
 	for _, k := range order {
 		wg.Go(func() {
+			mayBeHeld := false // an earlier message of the key was settled without its call: perhaps dead
 			for i, it := range turns[k] {
+				if mayBeHeld && it.plan == planLeased {
+					// Leased with the batch, before the dead one died.
+					switch parkedNow, err := c.parkLeasedIfHeld(turnCtx, it); {
+					case err != nil:
+						for _, rest := range turns[k][i:] {
+							rest.result = leaseAbandoned
+						}
+						return
+					case parkedNow:
+						it.result = leaseSettled
+						continue
+					}
+				}
 				err := c.runLeased(turnCtx, it)
+				if it.result == leaseSettled && (it.plan == planAlone || it.plan == planLeased) {
+					mayBeHeld = true
+				}
 				var ce *crashError
 				if errors.As(err, &ce) {
 					crash.CompareAndSwap(nil, ce)
@@ -287,7 +304,7 @@ func (c *Consumer) processLeasedBatch(ctx context.Context, batch []delivery) err
 		}
 	}
 	var (
-		counts  [4]int
+		counts  [numOutcomes]int
 		done    []delivery
 		batched int // settled through the batch, not alone (processLeased records those)
 	)
@@ -342,6 +359,12 @@ func (c *Consumer) leaseBatch(ctx context.Context, items []*leaseItem) {
 	plans := make(map[uuid.UUID]*leaseItem, len(fresh))
 	err := pgx.BeginFunc(ctx, c.pool, func(tx pgx.Tx) error {
 		clear(plans)
+		// A held aggregate's messages are left to planAlone, where each is
+		// parked or released on its own (park.go).
+		fresh, err := c.unheld(ctx, tx, fresh)
+		if err != nil || len(fresh) == 0 {
+			return err
+		}
 		n := len(fresh)
 		ids, types, aggs, versions := make([][16]byte, n), make([]string, n), make([]string, n), make([]int64, n)
 		topics, partitions, offsets, payloads := make([]string, n), make([]int32, n), make([]int64, n), make([][]byte, n)
@@ -627,7 +650,7 @@ func (c *Consumer) leaseTakenOver(ctx context.Context, ev event.Envelope) {
 // failed, since a failed call may still have landed). It returns the
 // outcome to mark done with; settled when the message needs no marking
 // done (marked uncertain, or dead-lettered); errAbandoned or a *crashError.
-func (c *Consumer) underLease(ctx context.Context, d delivery, ev event.Envelope, token int64, taken bool, counts *[4]int) (Outcome, bool, error) {
+func (c *Consumer) underLease(ctx context.Context, d delivery, ev event.Envelope, token int64, taken bool, counts *[numOutcomes]int) (Outcome, bool, error) {
 	key := ev.EventID.String()
 	mayHaveCalled := taken
 	c.cfg.Metrics.observeHop(c.cfg.Name, ev.OccurredAt)

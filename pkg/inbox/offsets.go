@@ -17,6 +17,9 @@ import (
 // older generation).
 type generation struct {
 	id int32
+	// parent: a generation for messages released from the parking (see
+	// released), dropped when its parent is.
+	parent *generation
 
 	mu       sync.Mutex
 	ended    bool // no new work starts: the partitions may belong to another member now
@@ -181,9 +184,23 @@ func (g *generation) drop() {
 	g.parts = nil
 }
 
-// isDropped reports whether drop was called.
+// isDropped reports whether drop was called (on its parent, for released).
 func (g *generation) isDropped() bool {
+	if g.parent != nil {
+		return g.parent.isDropped()
+	}
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	return g.dropped
+}
+
+// released is the generation of a message released from the parking
+// (park.go), handled under g: abandoned when g is dropped, but tracking no
+// offset, since it was not fetched in g (its own offset was committed when
+// it was parked).
+func (g *generation) released() *generation {
+	if g == nil {
+		return nil
+	}
+	return &generation{id: g.id, parent: g}
 }

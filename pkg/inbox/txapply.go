@@ -100,7 +100,7 @@ func (c *Consumer) tryBatch(ctx context.Context, batch []delivery) int {
 		return 0
 	}
 	defer tx.Rollback(context.Background()) //nolint:errcheck // no-op after commit
-	var counts [4]int
+	var counts [numOutcomes]int
 	n := 0
 	for _, m := range ms {
 		out, err := c.settle(ctx, tx, m, 1)
@@ -178,7 +178,7 @@ func (c *Consumer) processAlone(ctx context.Context, d delivery) error {
 		}
 		if err == nil {
 			c.db.ok(ctx, "")
-			var counts [4]int
+			var counts [numOutcomes]int
 			counts[out]++
 			c.cfg.Metrics.record(c.cfg.Name, counts, 1, time.Since(start))
 			return nil
@@ -232,6 +232,11 @@ func (c *Consumer) fastBatch(ctx context.Context, batch []kafka.Message) bool {
 	}
 	defer tx.Rollback(context.Background()) //nolint:errcheck // no-op after commit
 
+	// A held aggregate (a dead message, parked messages) is decided message
+	// by message, on the savepoint path.
+	if held, err := c.heldKeys(ctx, tx, evs); err != nil || len(held) > 0 {
+		return false
+	}
 	fresh, err := c.insertBatch(ctx, tx, batch, evs)
 	if err != nil {
 		c.fastPathFailed(ctx, "recording in inbox", err)
@@ -258,7 +263,7 @@ func (c *Consumer) fastBatch(ctx context.Context, batch []kafka.Message) bool {
 			return false
 		}
 	}
-	var counts [4]int
+	var counts [numOutcomes]int
 	for i := range evs {
 		counts[outs[i]]++
 		if outs[i] != processed {
@@ -328,6 +333,8 @@ func (c *Consumer) insertBatch(ctx context.Context, tx pgx.Tx, batch []kafka.Mes
 	return fresh, nil
 }
 
+const deleteInboxRow = `DELETE FROM inbox_messages WHERE consumer = $1 AND message_id = $2`
+
 const insertProcessed = `
 INSERT INTO inbox_messages (consumer, message_id, event_type, aggregate_id, aggregate_version,
                             topic, kafka_partition, kafka_offset, status, payload_hash, processed_at)
@@ -392,8 +399,30 @@ func (c *Consumer) apply(ctx context.Context, tx pgx.Tx, m kafka.Message, ev *ev
 		}
 		return duplicate, nil
 	}
+	pd, err := c.parkCheck(ctx, tx, ev)
+	if err != nil {
+		return 0, err
+	}
+	if pd.release {
+		c.released.add(aggregateKey{ev.AggregateType, ev.AggregateID})
+	}
+	switch pd.verdict {
+	case parkIt, alreadyParked:
+		// Not applied: no inbox row either, so that its release applies it.
+		if _, err := tx.Exec(ctx, deleteInboxRow, c.cfg.Name, ev.EventID); err != nil {
+			return 0, dbErrors.Translate("parking a message", err)
+		}
+		if pd.verdict == alreadyParked {
+			return duplicate, nil
+		}
+		return parked, c.park(ctx, tx, m, ev, pd.blockedBy)
+	case proceedRequeued:
+		if _, err := tx.Exec(ctx, dropDeadKey, c.cfg.Name, ev.EventID); err != nil {
+			return 0, dbErrors.Translate("releasing a requeued message's aggregate", err)
+		}
+	}
 	if !c.cfg.DisableVersionGuard {
-		isStale, err := c.guardVersion(ctx, tx, ev)
+		isStale, err := c.guardVersion(ctx, tx, ev, pd.verdict == proceedRequeued)
 		if err != nil || isStale {
 			return stale, err
 		}

@@ -1,0 +1,171 @@
+package inbox_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/segmentio/kafka-go"
+
+	"github.com/onceflow/onceflow/pkg/event"
+	"github.com/onceflow/onceflow/pkg/inbox"
+	"github.com/onceflow/onceflow/pkg/platform/testinfra"
+)
+
+// requeue sends the dead letters of ids in dlt back to their topic, as an
+// operator would, and fails the test unless it sent n.
+func (f *fixture) requeue(t *testing.T, dlt string, n int, ids ...uuid.UUID) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	res, err := inbox.RequeueDeadLetters(ctx, f.pool, f.writer, f.brokers, dlt, inbox.RequeueFilter{EventIDs: ids})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Requeued != n {
+		t.Fatalf("requeued %d dead letters, want %d", res.Requeued, n)
+	}
+}
+
+// effectOrder returns the aggregate ids and versions of the effects table
+// in the order they were applied, e.g. "a1 a2 b1".
+func (f *fixture) effectOrder(t *testing.T, evs map[uuid.UUID]event.Envelope) []string {
+	t.Helper()
+	rows, err := f.pool.Query(context.Background(), "SELECT event_id FROM effects ORDER BY seq")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rows.Close()
+	var out []string
+	for rows.Next() {
+		var id uuid.UUID
+		if err := rows.Scan(&id); err != nil {
+			t.Fatal(err)
+		}
+		ev := evs[id]
+		out = append(out, fmt.Sprintf("%s%d", ev.AggregateID, ev.AggregateVersion))
+	}
+	if err := rows.Err(); err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
+// In lease mode the version guard advanced when v1 was leased; v1's effect
+// then failed for good and it was dead-lettered. An operator's requeue must
+// run the effect, once: today the redelivery is skipped as stale.
+func TestLeaseModeARequeuedDeadLetterRunsItsEffectOnce(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	dlt := testinfra.NewTopic(t, f.brokers, 1)
+	evs := f.leaseEvents(t, 1, 1)
+	v1 := evs[0]
+	b := newBooker(0)
+	var broken atomic.Bool
+	broken.Store(true)
+	eff := b.effect()
+	call := eff.Call
+	eff.Call = func(ctx context.Context, ev event.Envelope, key string) error {
+		if broken.Load() {
+			return inbox.Permanent(errors.New("the third party refuses it for now"))
+		}
+		return call(ctx, ev, key)
+	}
+	runUntilCleanup(t, f.leaseConsumer(t, testinfra.Name("group"), eff, inbox.Config{DeadLetterTopic: dlt}))
+
+	testinfra.WaitFor(t, 30*time.Second, "v1 dead-lettered", func() (bool, error) {
+		return f.count(t, "SELECT count(*) FROM inbox_messages WHERE message_id = $1 AND status = 'dead_lettered'", v1.EventID) == 1, nil
+	})
+	broken.Store(false) // the cause is fixed
+	f.requeue(t, dlt, 1, v1.EventID)
+	testinfra.WaitFor(t, 30*time.Second, "the requeued v1 settled", func() (bool, error) {
+		return f.count(t, "SELECT count(*) FROM inbox_messages WHERE message_id = $1 AND status IN ('processed', 'stale')", v1.EventID) == 1, nil
+	})
+	if n := b.bookings(v1.EventID.String()); n != 1 {
+		var status string
+		_ = f.pool.QueryRow(context.Background(), "SELECT status FROM inbox_messages WHERE message_id = $1", v1.EventID).Scan(&status)
+		t.Fatalf("the requeued v1 was booked %d times (its inbox row: %s), want once", n, status)
+	}
+}
+
+// While v1 of key a is dead, a's later versions are parked, not applied,
+// and key b moves on; the parked messages are counted and listed; the
+// requeue of v1 applies v1, then the parked ones in order. In both modes.
+func TestAKeyWhoseEarlierVersionIsDeadIsParkedUntilItsRequeue(t *testing.T) {
+	t.Parallel()
+	for _, mode := range []string{"transactional", "lease"} {
+		t.Run(mode, func(t *testing.T) {
+			t.Parallel()
+			f := newFixture(t)
+			dlt := testinfra.NewTopic(t, f.brokers, 1)
+			a1, a2, a3, b1, b2 := newEvent("a", 1), newEvent("a", 2), newEvent("a", 3), newEvent("b", 1), newEvent("b", 2)
+			all := map[uuid.UUID]event.Envelope{}
+			var msgs []kafka.Message
+			for _, ev := range []event.Envelope{a1, a2, b1, a3, b2} {
+				all[ev.EventID] = ev
+				msgs = append(msgs, event.ToKafka(f.topic, ev))
+			}
+			var broken atomic.Bool
+			broken.Store(true)
+			apply := func(ctx context.Context, exec func(context.Context, string, ...any) (pgconn.CommandTag, error), ev event.Envelope) error {
+				if ev.EventID == a1.EventID && broken.Load() {
+					return inbox.Permanent(errors.New("refused for now"))
+				}
+				return insertEffect(ctx, exec, ev)
+			}
+			cfg := inbox.Config{Name: "park-" + mode, DeadLetterTopic: dlt, Metrics: inbox.NewMetrics(f.registry),
+				LagInterval: 50 * time.Millisecond}
+			runUntilCleanup(t, f.modeConsumer(t, mode, f.pool, testinfra.Name("group"), apply, cfg))
+			f.produce(t, msgs...)
+
+			testinfra.WaitFor(t, 30*time.Second, "key b applied past key a's dead v1", func() (bool, error) {
+				return f.count(t, "SELECT count(*) FROM effects WHERE aggregate_id = 'b'") == 2, nil
+			})
+			testinfra.WaitFor(t, 30*time.Second, "a2 and a3 parked", func() (bool, error) {
+				rep, err := inbox.Backlog(context.Background(), f.pool, inbox.BacklogConfig{Samples: 10})
+				return rep.Parked.Count == 2, err
+			})
+			if got := f.effectOrder(t, all); len(got) != 2 {
+				t.Fatalf("effects %v while a1 is dead, want only b's: a's later versions must be parked", got)
+			}
+			rep, err := inbox.Backlog(context.Background(), f.pool, inbox.BacklogConfig{Samples: 10})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(rep.Parked.Samples) != 2 || rep.Parked.Samples[0] != a2.EventID || rep.Parked.Samples[1] != a3.EventID {
+				t.Fatalf("parked samples %v, want a2 %v then a3 %v", rep.Parked.Samples, a2.EventID, a3.EventID)
+			}
+			parked, err := inbox.ListParked(context.Background(), f.pool, inbox.ParkedFilter{Consumer: cfg.Name})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(parked) != 2 || parked[0].BlockedBy != a1.EventID || parked[0].AggregateVersion != 2 || parked[1].AggregateVersion != 3 {
+				t.Fatalf("ListParked = %+v, want a2 and a3 behind a1", parked)
+			}
+			testinfra.WaitFor(t, 10*time.Second, "inbox_parked_messages to count them", func() (bool, error) {
+				return testinfra.MetricValue(t, f.registry, "inbox_parked_messages") == 2, nil
+			})
+
+			broken.Store(false)
+			f.requeue(t, dlt, 1, a1.EventID)
+			testinfra.WaitFor(t, 30*time.Second, "a1, then a2 and a3, applied", func() (bool, error) {
+				return f.count(t, "SELECT count(*) FROM effects") == 5, nil
+			})
+			got := f.effectOrder(t, all)
+			if fmt.Sprint(got[2:]) != "[a1 a2 a3]" {
+				t.Fatalf("effects in order %v, want a1 a2 a3 after b's", got)
+			}
+			if rep, err := inbox.Backlog(context.Background(), f.pool, inbox.BacklogConfig{}); err != nil || rep.Parked.Count != 0 {
+				t.Fatalf("after the requeue %d messages are still parked (%v)", rep.Parked.Count, err)
+			}
+			testinfra.WaitFor(t, 10*time.Second, "inbox_parked_messages back to 0", func() (bool, error) {
+				return testinfra.MetricValue(t, f.registry, "inbox_parked_messages") == 0, nil
+			})
+		})
+	}
+}
