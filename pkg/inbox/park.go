@@ -202,13 +202,15 @@ func (c *Consumer) park(ctx context.Context, tx pgx.Tx, m kafka.Message, ev *eve
 	return nil
 }
 
-// holdDeadKey records, in the dead letter's transaction, that ev is dead;
-// in park mode it also moves the version guard back below it.
+// holdDeadKey records, in the dead letter's transaction, that ev is dead.
+// In lease mode, when parking, it also moves the version guard back below
+// it: the guard advanced when ev was leased. (The transactional applier's
+// guard advanced in ev's savepoint, rolled back with its failure.)
 func (c *Consumer) holdDeadKey(ctx context.Context, tx pgx.Tx, ev *event.Envelope) error {
 	if _, err := tx.Exec(ctx, insertDeadKey, c.cfg.Name, ev.EventID, ev.AggregateType, ev.AggregateID, ev.AggregateVersion); err != nil {
 		return err
 	}
-	if c.cfg.DeadKeys == DeadKeyPark && !c.cfg.DisableVersionGuard {
+	if c.cfg.DeadKeys == DeadKeyPark && !c.cfg.DisableVersionGuard && c.effect != nil {
 		if _, err := tx.Exec(ctx, unreserveVersion, c.cfg.Name, ev.AggregateType, ev.AggregateID, ev.AggregateVersion); err != nil {
 			return err
 		}
