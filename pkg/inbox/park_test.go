@@ -169,3 +169,46 @@ func TestAKeyWhoseEarlierVersionIsDeadIsParkedUntilItsRequeue(t *testing.T) {
 		})
 	}
 }
+
+// A consumer that skips ahead (Config.DeadKeys = DeadKeySkipAhead) applies
+// a dead event's successors at once, parks nothing, and still applies the
+// dead event when an operator requeues it, although its version guard has
+// moved past it. In both modes.
+func TestASkipAheadConsumerAppliesSuccessorsAndTheRequeuedEventOnce(t *testing.T) {
+	t.Parallel()
+	for _, mode := range []string{"transactional", "lease"} {
+		t.Run(mode, func(t *testing.T) {
+			t.Parallel()
+			f := newFixture(t)
+			dlt := testinfra.NewTopic(t, f.brokers, 1)
+			a1, a2 := newEvent("a", 1), newEvent("a", 2)
+			all := map[uuid.UUID]event.Envelope{a1.EventID: a1, a2.EventID: a2}
+			var broken atomic.Bool
+			broken.Store(true)
+			apply := func(ctx context.Context, exec func(context.Context, string, ...any) (pgconn.CommandTag, error), ev event.Envelope) error {
+				if ev.EventID == a1.EventID && broken.Load() {
+					return inbox.Permanent(errors.New("refused for now"))
+				}
+				return insertEffect(ctx, exec, ev)
+			}
+			cfg := inbox.Config{Name: "skip-" + mode, DeadLetterTopic: dlt, DeadKeys: inbox.DeadKeySkipAhead}
+			runUntilCleanup(t, f.modeConsumer(t, mode, f.pool, testinfra.Name("group"), apply, cfg))
+			f.produce(t, event.ToKafka(f.topic, a1), event.ToKafka(f.topic, a2))
+
+			testinfra.WaitFor(t, 30*time.Second, "a2 applied past the dead a1", func() (bool, error) {
+				return f.count(t, "SELECT count(*) FROM effects WHERE event_id = $1", a2.EventID) == 1, nil
+			})
+			if rep, err := inbox.Backlog(context.Background(), f.pool, inbox.BacklogConfig{}); err != nil || rep.Parked.Count != 0 || rep.DeadLettered.Count != 1 {
+				t.Fatalf("backlog %+v (%v), want a1 dead and nothing parked", rep, err)
+			}
+			broken.Store(false)
+			f.requeue(t, dlt, 1, a1.EventID)
+			testinfra.WaitFor(t, 30*time.Second, "the requeued a1 applied", func() (bool, error) {
+				return f.count(t, "SELECT count(*) FROM inbox_messages WHERE message_id = $1 AND status IN ('processed', 'stale')", a1.EventID) == 1, nil
+			})
+			if got := f.effectOrder(t, all); fmt.Sprint(got) != "[a2 a1]" {
+				t.Fatalf("effects %v, want a2 then the requeued a1, once each", got)
+			}
+		})
+	}
+}
