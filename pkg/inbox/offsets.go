@@ -89,6 +89,9 @@ func (g *generation) begin() bool {
 	if g == nil { // handed in through Handle: nothing to track
 		return true
 	}
+	if g.parent != nil && !g.parent.live() {
+		return false
+	}
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	if g.ended {
@@ -166,6 +169,13 @@ func (g *generation) end() {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	g.ended = true
+}
+
+// live reports whether work may still start under g.
+func (g *generation) live() bool {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return !g.ended
 }
 
 // drained reports whether no worker is handling a message of the generation.

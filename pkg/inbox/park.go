@@ -349,12 +349,8 @@ func (c *Consumer) nextParked(ctx context.Context, k aggregateKey) (m kafka.Mess
 	if err != nil {
 		return m, false, false, dbErrors.Translate("reading a parked message", err)
 	}
-	var hs []storedHeader
-	if err := json.Unmarshal(headers, &hs); err != nil {
+	if m.Headers, err = decodeHeaders(headers); err != nil {
 		return m, false, false, fmt.Errorf("parked message %s: its headers: %w", id, err)
-	}
-	for _, h := range hs {
-		m.Headers = append(m.Headers, kafka.Header{Key: string(h.Key), Value: h.Value})
 	}
 	return m, settled, true, nil
 }
@@ -492,6 +488,82 @@ func ListParked(ctx context.Context, db BacklogDB, f ParkedFilter) ([]Parked, er
 	})
 	if err != nil {
 		return nil, dbErrors.Translate("inbox: listing parked messages", err)
+	}
+	return out, nil
+}
+
+// firstParkedOfFreeKeys is, per aggregate parked in the given partitions of
+// topic with no dead message ahead, its first parked message.
+const firstParkedOfFreeKeys = `
+SELECT DISTINCT ON (p.aggregate_type, p.aggregate_id)
+       p.message_id, p.topic, p.kafka_partition, p.kafka_offset, p.msg_key, p.msg_value, p.msg_headers
+FROM inbox_parked_messages p
+WHERE p.consumer = $1 AND p.topic = $2 AND p.kafka_partition = ANY($3)
+  AND NOT EXISTS (SELECT 1 FROM inbox_dead_keys d
+                  WHERE d.consumer = p.consumer AND d.aggregate_type = p.aggregate_type AND d.aggregate_id = p.aggregate_id)
+ORDER BY p.aggregate_type, p.aggregate_id, p.seq`
+
+// resumeReleases hands the workers, when a generation starts, the first
+// parked message of every aggregate of its partitions that nothing dead
+// holds any more: a consumer that stopped after applying a requeued
+// message, before releasing what was parked behind it, left them so. Each
+// is handled as a released message (its key's worker applies it, then
+// releases the rest); a failure to read them is logged, and the next
+// generation, or the aggregate's next message, tries again.
+func (c *Consumer) resumeReleases(ctx context.Context, g *generation, assigned map[partitionKey]int64,
+	dispatch func(context.Context, delivery) bool) {
+	var parts []int32
+	for k := range assigned {
+		if k.topic == c.group.Topic {
+			parts = append(parts, int32(k.partition))
+		}
+	}
+	if len(parts) == 0 {
+		return
+	}
+	rows, err := c.pool.Query(ctx, firstParkedOfFreeKeys, c.cfg.Name, c.group.Topic, parts)
+	if err != nil {
+		if ctx.Err() == nil {
+			c.cfg.Logger.WarnContext(ctx, "inbox could not look for parked messages to release",
+				slog.String("consumer", c.cfg.Name), slog.Any("error", err))
+		}
+		return
+	}
+	var ms []kafka.Message
+	for rows.Next() {
+		var (
+			m       kafka.Message
+			id      uuid.UUID
+			headers []byte
+		)
+		if err := rows.Scan(&id, &m.Topic, &m.Partition, &m.Offset, &m.Key, &m.Value, &headers); err != nil {
+			break
+		}
+		if m.Headers, err = decodeHeaders(headers); err != nil {
+			continue
+		}
+		ms = append(ms, m)
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil && ctx.Err() == nil {
+		c.cfg.Logger.WarnContext(ctx, "inbox could not look for parked messages to release",
+			slog.String("consumer", c.cfg.Name), slog.Any("error", err))
+	}
+	for _, m := range ms {
+		if !dispatch(ctx, delivery{m: m, gen: g.released()}) {
+			return
+		}
+	}
+}
+
+func decodeHeaders(raw []byte) ([]kafka.Header, error) {
+	var hs []storedHeader
+	if err := json.Unmarshal(raw, &hs); err != nil {
+		return nil, err
+	}
+	out := make([]kafka.Header, len(hs))
+	for i, h := range hs {
+		out[i] = kafka.Header{Key: string(h.Key), Value: h.Value}
 	}
 	return out, nil
 }

@@ -2,6 +2,7 @@ package inbox_test
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"sync/atomic"
@@ -279,6 +280,52 @@ func TestParkingWithinABatchAndAcrossBatches(t *testing.T) {
 			}
 			if n := f.count(t, "SELECT count(*) FROM inbox_dead_keys"); n != 0 {
 				t.Fatalf("%d dead aggregates left after the requeue, want none", n)
+			}
+		})
+	}
+}
+
+// A consumer that crashed after applying a requeued event, before releasing
+// the parked events behind it, leaves them parked with nothing dead ahead.
+// The partition's next owner releases them when its generation starts,
+// without waiting for another event of the aggregate. In both modes.
+func TestParkedEventsLeftWithNothingDeadAheadAreReleasedByTheNextOwner(t *testing.T) {
+	t.Parallel()
+	for _, mode := range []string{"transactional", "lease"} {
+		t.Run(mode, func(t *testing.T) {
+			t.Parallel()
+			f := newFixture(t)
+			name := "orphans-" + mode
+			a2, a3 := newEvent("a", 2), newEvent("a", 3)
+			all := map[uuid.UUID]event.Envelope{a2.EventID: a2, a3.EventID: a3}
+			for i, ev := range []event.Envelope{a2, a3} {
+				m := event.ToKafka(f.topic, ev)
+				type header struct {
+					Key   []byte `json:"key"`
+					Value []byte `json:"value"`
+				}
+				var hs []header
+				for _, h := range m.Headers {
+					hs = append(hs, header{[]byte(h.Key), h.Value})
+				}
+				headers, err := json.Marshal(hs)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if _, err := f.pool.Exec(context.Background(), `INSERT INTO inbox_parked_messages (consumer, message_id,
+					aggregate_type, aggregate_id, aggregate_version, event_type, topic, kafka_partition, kafka_offset,
+					msg_key, msg_value, msg_headers) VALUES ($1, $2, 'thing', 'a', $3, 'ThingHappened', $4, 0, $5, $6, $7, $8)`,
+					name, ev.EventID, ev.AggregateVersion, f.topic, i, m.Key, m.Value, headers); err != nil {
+					t.Fatal(err)
+				}
+			}
+			runUntilCleanup(t, f.modeConsumer(t, mode, f.pool, testinfra.Name("group"), insertEffect, inbox.Config{Name: name}))
+			testinfra.WaitFor(t, 30*time.Second, "the parked events released", func() (bool, error) {
+				return f.count(t, "SELECT count(*) FROM inbox_parked_messages") == 0 &&
+					f.count(t, "SELECT count(*) FROM effects") == 2, nil
+			})
+			if got := f.effectOrder(t, all); fmt.Sprint(got) != "[a2 a3]" {
+				t.Fatalf("effects %v, want [a2 a3]", got)
 			}
 		})
 	}
