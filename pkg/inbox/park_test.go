@@ -11,10 +11,12 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/segmentio/kafka-go"
 
 	"github.com/onceflow/onceflow/pkg/event"
 	"github.com/onceflow/onceflow/pkg/inbox"
+	"github.com/onceflow/onceflow/pkg/platform/pgroles/pgrolestest"
 	"github.com/onceflow/onceflow/pkg/platform/testinfra"
 )
 
@@ -224,64 +226,87 @@ func TestParkingWithinABatchAndAcrossBatches(t *testing.T) {
 		t.Run(mode, func(t *testing.T) {
 			t.Parallel()
 			f := newFixture(t)
-			dlt := testinfra.NewTopic(t, f.brokers, 1)
-			a1, a2, a3, b1 := newEvent("a", 1), newEvent("a", 2), newEvent("a", 3), newEvent("b", 1)
-			all := map[uuid.UUID]event.Envelope{a1.EventID: a1, a2.EventID: a2, a3.EventID: a3, b1.EventID: b1}
-			var broken atomic.Bool
-			broken.Store(true)
-			apply := func(ctx context.Context, exec func(context.Context, string, ...any) (pgconn.CommandTag, error), ev event.Envelope) error {
-				if ev.EventID == a1.EventID && broken.Load() {
-					return inbox.Permanent(errors.New("refused for now"))
-				}
-				return insertEffect(ctx, exec, ev)
-			}
-			c := f.modeConsumer(t, mode, f.pool, testinfra.Name("group"), apply, inbox.Config{Name: "handle-" + mode, DeadLetterTopic: dlt})
-			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-			defer cancel()
-			msg := func(ev event.Envelope, offset int64) kafka.Message {
-				m := event.ToKafka(f.topic, ev)
-				m.Topic, m.Offset = f.topic, offset
-				return m
-			}
-			if err := c.Handle(ctx, msg(a1, 0), msg(a2, 1), msg(b1, 2)); err != nil {
-				t.Fatal(err)
-			}
-			if err := c.Handle(ctx, msg(a3, 3)); err != nil {
-				t.Fatal(err)
-			}
-			if got := f.effectOrder(t, all); fmt.Sprint(got) != "[b1]" {
-				t.Fatalf("effects %v while a1 is dead, want [b1]", got)
-			}
-			parked, err := inbox.ListParked(ctx, f.pool, inbox.ParkedFilter{})
-			if err != nil || len(parked) != 2 || parked[0].EventID != a2.EventID || parked[1].EventID != a3.EventID {
-				t.Fatalf("parked %+v (%v), want a2 then a3", parked, err)
-			}
-			if n := f.count(t, "SELECT count(*) FROM inbox_messages WHERE message_id = ANY($1)", []uuid.UUID{a2.EventID, a3.EventID}); n != 0 {
-				t.Fatalf("%d inbox rows for the parked messages, want none (a lease given up, nothing processed)", n)
-			}
-			// A redelivery of a parked message is absorbed.
-			if err := c.Handle(ctx, msg(a2, 1)); err != nil {
-				t.Fatal(err)
-			}
-			if got := f.effectOrder(t, all); fmt.Sprint(got) != "[b1]" {
-				t.Fatalf("effects %v after a parked message came again, want [b1]", got)
-			}
-
-			broken.Store(false)
-			f.requeue(t, dlt, 1, a1.EventID)
-			if err := c.Handle(ctx, msg(a1, 4)); err != nil { // the requeued copy, later in the partition
-				t.Fatal(err)
-			}
-			if got := f.effectOrder(t, all); fmt.Sprint(got) != "[b1 a1 a2 a3]" {
-				t.Fatalf("effects %v after the requeue, want [b1 a1 a2 a3]", got)
-			}
-			if parked, err := inbox.ListParked(ctx, f.pool, inbox.ParkedFilter{}); err != nil || len(parked) != 0 {
-				t.Fatalf("still parked after the requeue: %+v (%v)", parked, err)
-			}
-			if n := f.count(t, "SELECT count(*) FROM inbox_dead_keys"); n != 0 {
-				t.Fatalf("%d dead aggregates left after the requeue, want none", n)
-			}
+			parkingThroughHandle(t, f, mode, f.pool)
 		})
+	}
+}
+
+// The service's runtime role (pgroles) parks, releases and requeues: the
+// parking tables are granted to it like the inbox's others.
+func TestTheRuntimeRoleParksAndReleases(t *testing.T) {
+	t.Parallel()
+	for _, mode := range []string{"transactional", "lease"} {
+		t.Run(mode, func(t *testing.T) {
+			t.Parallel()
+			f := newFixture(t)
+			roles := pgrolestest.Ensure(t, f.pool.Config().ConnString(), "inbox")
+			parkingThroughHandle(t, f, mode, testinfra.NewPool(t, roles.AppURL))
+		})
+	}
+}
+
+// parkingThroughHandle runs the parking schedule through Handle, with the
+// consumer's inbox reached through pool.
+func parkingThroughHandle(t *testing.T, f *fixture, mode string, pool *pgxpool.Pool) {
+	t.Helper()
+	dlt := testinfra.NewTopic(t, f.brokers, 1)
+	a1, a2, a3, b1 := newEvent("a", 1), newEvent("a", 2), newEvent("a", 3), newEvent("b", 1)
+	all := map[uuid.UUID]event.Envelope{a1.EventID: a1, a2.EventID: a2, a3.EventID: a3, b1.EventID: b1}
+	var broken atomic.Bool
+	broken.Store(true)
+	apply := func(ctx context.Context, exec func(context.Context, string, ...any) (pgconn.CommandTag, error), ev event.Envelope) error {
+		if ev.EventID == a1.EventID && broken.Load() {
+			return inbox.Permanent(errors.New("refused for now"))
+		}
+		return insertEffect(ctx, exec, ev)
+	}
+	c := f.modeConsumer(t, mode, pool, testinfra.Name("group"), apply, inbox.Config{Name: "handle-" + mode, DeadLetterTopic: dlt})
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	msg := func(ev event.Envelope, offset int64) kafka.Message {
+		m := event.ToKafka(f.topic, ev)
+		m.Topic, m.Offset = f.topic, offset
+		return m
+	}
+	if err := c.Handle(ctx, msg(a1, 0), msg(a2, 1), msg(b1, 2)); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Handle(ctx, msg(a3, 3)); err != nil {
+		t.Fatal(err)
+	}
+	if got := f.effectOrder(t, all); fmt.Sprint(got) != "[b1]" {
+		t.Fatalf("effects %v while a1 is dead, want [b1]", got)
+	}
+	parked, err := inbox.ListParked(ctx, f.pool, inbox.ParkedFilter{})
+	if err != nil || len(parked) != 2 || parked[0].EventID != a2.EventID || parked[1].EventID != a3.EventID {
+		t.Fatalf("parked %+v (%v), want a2 then a3", parked, err)
+	}
+	if n := f.count(t, "SELECT count(*) FROM inbox_messages WHERE message_id = ANY($1)", []uuid.UUID{a2.EventID, a3.EventID}); n != 0 {
+		t.Fatalf("%d inbox rows for the parked messages, want none (a lease given up, nothing processed)", n)
+	}
+	// A redelivery of a parked message is absorbed.
+	if err := c.Handle(ctx, msg(a2, 1)); err != nil {
+		t.Fatal(err)
+	}
+	if got := f.effectOrder(t, all); fmt.Sprint(got) != "[b1]" {
+		t.Fatalf("effects %v after a parked message came again, want [b1]", got)
+	}
+
+	broken.Store(false)
+	if res, err := inbox.RequeueDeadLetters(ctx, pool, f.writer, f.brokers, dlt, inbox.RequeueFilter{EventIDs: []uuid.UUID{a1.EventID}}); err != nil || res.Requeued != 1 {
+		t.Fatalf("requeue = %+v, %v; want 1 requeued", res, err)
+	}
+	if err := c.Handle(ctx, msg(a1, 4)); err != nil { // the requeued copy, later in the partition
+		t.Fatal(err)
+	}
+	if got := f.effectOrder(t, all); fmt.Sprint(got) != "[b1 a1 a2 a3]" {
+		t.Fatalf("effects %v after the requeue, want [b1 a1 a2 a3]", got)
+	}
+	if parked, err := inbox.ListParked(ctx, f.pool, inbox.ParkedFilter{}); err != nil || len(parked) != 0 {
+		t.Fatalf("still parked after the requeue: %+v (%v)", parked, err)
+	}
+	if n := f.count(t, "SELECT count(*) FROM inbox_dead_keys"); n != 0 {
+		t.Fatalf("%d dead aggregates left after the requeue, want none", n)
 	}
 }
 
