@@ -66,6 +66,13 @@ type Config struct {
 	DisableVersionGuard bool
 	// Gaps is the version-gap policy. Default GapAccept.
 	Gaps GapPolicy
+	// DeadKeys says what happens to the later events of an aggregate whose
+	// earlier event is dead (dead-lettered, not yet requeued and applied).
+	// Default DeadKeyPark: they are parked, and applied in order once the
+	// dead one is requeued and applied. DeadKeySkipAhead applies them at
+	// once; only for consumers whose events of one aggregate do not depend
+	// on each other (see DeadKeySkipAhead).
+	DeadKeys DeadKeyPolicy
 	// Upcasters convert older event versions to the current one.
 	Upcasters []Upcaster
 	// CrashPoint, when set, is called at each named crash point (see
@@ -207,6 +214,9 @@ func (c Config) Validate() error {
 	}
 	if c.Gaps != GapAccept && c.Gaps != GapRetry {
 		return fmt.Errorf("inbox: Config.Gaps is %d, neither GapAccept nor GapRetry", c.Gaps)
+	}
+	if c.DeadKeys != DeadKeyPark && c.DeadKeys != DeadKeySkipAhead {
+		return fmt.Errorf("inbox: Config.DeadKeys is %d, neither DeadKeyPark nor DeadKeySkipAhead", c.DeadKeys)
 	}
 	d := c.WithDefaults()
 	if d.BackoffMin > d.BackoffMax {

@@ -137,8 +137,13 @@ func (c *Consumer) recordDeadLetter(ctx context.Context, tx pgx.Tx, m kafka.Mess
 	if err != nil {
 		return fmt.Errorf("recording a dead letter: %w", err)
 	}
-	if _, err := sp.Exec(ctx, insertDeadLettered, c.cfg.Name, ev.EventID, ev.EventType, ev.AggregateID,
-		ev.AggregateVersion, m.Topic, m.Partition, m.Offset, reason.Error(), []byte(ev.Payload)); err != nil {
+	_, err = sp.Exec(ctx, insertDeadLettered, c.cfg.Name, ev.EventID, ev.EventType, ev.AggregateID,
+		ev.AggregateVersion, m.Topic, m.Partition, m.Offset, reason.Error(), []byte(ev.Payload))
+	if err == nil {
+		// Its aggregate's later messages are parked until it is requeued.
+		err = c.holdDeadKey(ctx, sp, ev)
+	}
+	if err != nil {
 		_ = sp.Rollback(ctx)
 		if isOutage(err) || ctx.Err() != nil {
 			return fmt.Errorf("recording a dead letter: %w", err)
@@ -195,7 +200,7 @@ func (c *Consumer) deadLetterSettled(ctx context.Context, d delivery, due *dueDe
 		switch {
 		case err == nil:
 			c.db.ok(ctx, "")
-			var counts [4]int
+			var counts [numOutcomes]int
 			counts[deadLettered]++
 			c.cfg.Metrics.record(c.cfg.Name, counts, 1, time.Since(start))
 			return nil

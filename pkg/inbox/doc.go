@@ -60,7 +60,7 @@
 // guard and handler in one transaction, batches, retries) and lease.go the
 // lease applier (its batches; lease_alone.go settles one message in
 // transactions of its own, when a batch cannot lease it); guard.go (version guard, upcasters, payload checks) and
-// deadletter.go serve both. Each applier keeps its SQL beside it.
+// deadletter.go and park.go (per-key parking behind a dead event) serve both. Each applier keeps its SQL beside it.
 //
 // Consumer groups: a Consumer is one member of the Kafka consumer group in
 // its GroupConfig (kafka-go's consumer-group API). For every generation the
@@ -138,6 +138,15 @@
 //     MaxAttempts goes to the dead-letter topic (<topic>.dlt) with the reason
 //     and its original coordinates as headers, a 'dead_lettered' inbox row
 //     records it, and the partition moves on.
+//   - While an event of an aggregate is dead (dead-lettered, not yet
+//     requeued and applied), the aggregate's later events are parked in
+//     inbox_parked_messages instead of applied, counted
+//     (inbox_parked_messages) and listed (ListParked, Backlog); the
+//     partition moves on for every other aggregate. A requeue of the dead
+//     event (RequeueDeadLetters) makes it apply, whatever the version guard
+//     says, and then releases the parked events in the order they arrived
+//     (park.go). Config.DeadKeys = DeadKeySkipAhead applies them at once
+//     instead, for consumers whose events of one aggregate are independent.
 //   - Old payload versions are converted by registered Upcasters, so a
 //     handler only ever sees the current version.
 //

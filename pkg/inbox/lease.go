@@ -223,7 +223,7 @@ type leaseItem struct {
 	plan     leasePlan
 	token    int64
 	taken    bool // an expired lease was taken over: check before calling
-	counts   [4]int
+	counts   [numOutcomes]int
 	mismatch bool // planRepeat: its payload differs from the first's
 
 	// After its key's turn:
@@ -285,8 +285,25 @@ func (c *Consumer) processLeasedBatch(ctx context.Context, batch []delivery) err
 	}
 	for _, k := range order {
 		wg.Go(func() {
+			mayBeHeld := false // an earlier message of the key was settled without its call: perhaps dead
 			for i, it := range turns[k] {
+				if mayBeHeld && it.plan == planLeased {
+					// Leased with the batch, before the dead one died.
+					switch parkedNow, err := c.parkLeasedIfHeld(turnCtx, it); {
+					case err != nil:
+						for _, rest := range turns[k][i:] {
+							rest.result = leaseAbandoned
+						}
+						return
+					case parkedNow:
+						it.result = leaseSettled
+						continue
+					}
+				}
 				err := c.runLeased(turnCtx, it)
+				if it.result == leaseSettled && (it.plan == planAlone || it.plan == planLeased) {
+					mayBeHeld = true
+				}
 				var ce *crashError
 				if errors.As(err, &ce) {
 					crash.CompareAndSwap(nil, ce)
@@ -319,7 +336,7 @@ func (c *Consumer) processLeasedBatch(ctx context.Context, batch []delivery) err
 		}
 	}
 	var (
-		counts  [4]int
+		counts  [numOutcomes]int
 		done    []delivery
 		batched int // settled through the batch, not alone (processLeased records those)
 	)
@@ -373,6 +390,12 @@ func (c *Consumer) leaseBatch(ctx context.Context, items []*leaseItem) {
 	plans := make(map[uuid.UUID]*leaseItem, len(fresh))
 	err := pgx.BeginFunc(ctx, c.pool, func(tx pgx.Tx) error {
 		clear(plans)
+		// A held aggregate's messages are left to planAlone, where each is
+		// parked or released on its own (park.go).
+		fresh, err := c.unheld(ctx, tx, fresh)
+		if err != nil || len(fresh) == 0 {
+			return err
+		}
 		n := len(fresh)
 		ids, types, aggs, versions := make([][16]byte, n), make([]string, n), make([]string, n), make([]int64, n)
 		topics, partitions, offsets, payloads := make([]string, n), make([]int32, n), make([]int64, n), make([][]byte, n)
@@ -631,7 +654,7 @@ const (
 // It returns the outcome to mark done with; settled when the message needs
 // no marking done (marked uncertain, or dead-lettered); errLeaseLost when
 // another worker took the message over, errAbandoned, or a *crashError.
-func (c *Consumer) underLease(ctx context.Context, d delivery, ev event.Envelope, token int64, taken bool, counts *[4]int) (Outcome, bool, error) {
+func (c *Consumer) underLease(ctx context.Context, d delivery, ev event.Envelope, token int64, taken bool, counts *[numOutcomes]int) (Outcome, bool, error) {
 	key := ev.EventID.String()
 	mayHaveCalled := taken
 	var failedAt time.Time // when this worker's last failed call returned

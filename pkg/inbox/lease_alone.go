@@ -24,7 +24,7 @@ import (
 func (c *Consumer) processLeased(ctx context.Context, d delivery) error {
 	m := d.m
 	start := time.Now()
-	var counts [4]int
+	var counts [numOutcomes]int
 	defer func() { c.cfg.Metrics.record(c.cfg.Name, counts, 1, time.Since(start)) }()
 
 	ev, err := event.FromKafka(m)
@@ -152,8 +152,38 @@ func (c *Consumer) lease(ctx context.Context, m kafka.Message, ev *event.Envelop
 		if err != nil {
 			return dbErrors.Translate("leasing", err)
 		}
-		if !taken && !c.cfg.DisableVersionGuard {
-			isStale, err := c.guardVersion(ctx, tx, ev)
+		if taken {
+			return c.upcast(ev) // parked and guarded when it was first leased
+		}
+		pd, err := c.parkCheck(ctx, tx, ev)
+		if err != nil {
+			return err
+		}
+		if pd.release {
+			c.released.add(aggregateKey{ev.AggregateType, ev.AggregateID})
+		}
+		switch pd.verdict {
+		case parkIt, alreadyParked:
+			// Not leased after all: no inbox row, so that its release leases it.
+			if _, err := tx.Exec(ctx, deleteInboxRow, c.cfg.Name, ev.EventID); err != nil {
+				return dbErrors.Translate("parking a message", err)
+			}
+			o := duplicate
+			if pd.verdict == parkIt {
+				o = parked
+				if err := c.park(ctx, tx, m, ev, pd.blockedBy); err != nil {
+					return err
+				}
+			}
+			out = &o
+			return nil
+		case proceedRequeued:
+			if _, err := tx.Exec(ctx, dropDeadKey, c.cfg.Name, ev.EventID); err != nil {
+				return dbErrors.Translate("releasing a requeued message's aggregate", err)
+			}
+		}
+		if !c.cfg.DisableVersionGuard {
+			isStale, err := c.guardVersion(ctx, tx, ev, pd.verdict == proceedRequeued)
 			if err != nil {
 				return err
 			}

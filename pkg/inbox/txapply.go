@@ -1,6 +1,7 @@
 package inbox
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -49,8 +50,9 @@ func (c *Consumer) processBatch(ctx context.Context, batch []delivery) (err erro
 				return aloneErr
 			}
 			// Its generation was dropped; the others may be of a newer one.
-			batch[0].gen.finish(batch[0].m, false)
-			batch = batch[1:]
+			// The later messages of its key in its generation go with it:
+			// applied now, they would make the redelivered one look stale.
+			batch = abandonKey(batch)
 			continue
 		}
 		err := c.committed(ctx, batch[:1])
@@ -60,6 +62,22 @@ func (c *Consumer) processBatch(ctx context.Context, batch []delivery) (err erro
 		}
 	}
 	return nil
+}
+
+// abandonKey finishes batch[0] unfinished, with every later message of its
+// key and generation, and returns the rest of the batch in order.
+func abandonKey(batch []delivery) []delivery {
+	first := batch[0]
+	first.gen.finish(first.m, false)
+	rest := make([]delivery, 0, len(batch)-1)
+	for _, d := range batch[1:] {
+		if d.gen == first.gen && bytes.Equal(d.m.Key, first.m.Key) {
+			d.gen.finish(d.m, false)
+			continue
+		}
+		rest = append(rest, d)
+	}
+	return rest
 }
 
 func messages(batch []delivery) []kafka.Message {
@@ -93,7 +111,7 @@ func (c *Consumer) tryBatch(ctx context.Context, batch []delivery) (n int, due *
 		return 0, nil
 	}
 	defer tx.Rollback(context.Background()) //nolint:errcheck // no-op after commit
-	var counts [4]int
+	var counts [numOutcomes]int
 	for _, m := range ms {
 		out, err := c.settle(ctx, tx, m, 1)
 		if err != nil {
@@ -158,7 +176,7 @@ func (c *Consumer) processAlone(ctx context.Context, d delivery) error {
 		}
 		if err == nil {
 			c.db.ok(ctx, "")
-			var counts [4]int
+			var counts [numOutcomes]int
 			counts[out]++
 			c.cfg.Metrics.record(c.cfg.Name, counts, 1, time.Since(start))
 			return nil
@@ -215,6 +233,11 @@ func (c *Consumer) fastBatch(ctx context.Context, batch []kafka.Message) bool {
 	}
 	defer tx.Rollback(context.Background()) //nolint:errcheck // no-op after commit
 
+	// A held aggregate (a dead message, parked messages) is decided message
+	// by message, on the savepoint path.
+	if held, err := c.heldKeys(ctx, tx, evs); err != nil || len(held) > 0 {
+		return false
+	}
 	fresh, err := c.insertBatch(ctx, tx, batch, evs)
 	if err != nil {
 		c.fastPathFailed(ctx, "recording in inbox", err)
@@ -241,7 +264,7 @@ func (c *Consumer) fastBatch(ctx context.Context, batch []kafka.Message) bool {
 			return false
 		}
 	}
-	var counts [4]int
+	var counts [numOutcomes]int
 	for i := range evs {
 		counts[outs[i]]++
 		if outs[i] != processed {
@@ -311,6 +334,8 @@ func (c *Consumer) insertBatch(ctx context.Context, tx pgx.Tx, batch []kafka.Mes
 	return fresh, nil
 }
 
+const deleteInboxRow = `DELETE FROM inbox_messages WHERE consumer = $1 AND message_id = $2`
+
 const insertProcessed = `
 INSERT INTO inbox_messages (consumer, message_id, event_type, aggregate_id, aggregate_version,
                             topic, kafka_partition, kafka_offset, status, payload_hash, processed_at)
@@ -376,8 +401,30 @@ func (c *Consumer) apply(ctx context.Context, tx pgx.Tx, m kafka.Message, ev *ev
 		}
 		return duplicate, nil
 	}
+	pd, err := c.parkCheck(ctx, tx, ev)
+	if err != nil {
+		return 0, err
+	}
+	if pd.release {
+		c.released.add(aggregateKey{ev.AggregateType, ev.AggregateID})
+	}
+	switch pd.verdict {
+	case parkIt, alreadyParked:
+		// Not applied: no inbox row either, so that its release applies it.
+		if _, err := tx.Exec(ctx, deleteInboxRow, c.cfg.Name, ev.EventID); err != nil {
+			return 0, dbErrors.Translate("parking a message", err)
+		}
+		if pd.verdict == alreadyParked {
+			return duplicate, nil
+		}
+		return parked, c.park(ctx, tx, m, ev, pd.blockedBy)
+	case proceedRequeued:
+		if _, err := tx.Exec(ctx, dropDeadKey, c.cfg.Name, ev.EventID); err != nil {
+			return 0, dbErrors.Translate("releasing a requeued message's aggregate", err)
+		}
+	}
 	if !c.cfg.DisableVersionGuard {
-		isStale, err := c.guardVersion(ctx, tx, ev)
+		isStale, err := c.guardVersion(ctx, tx, ev, pd.verdict == proceedRequeued)
 		if err != nil || isStale {
 			return stale, err
 		}
