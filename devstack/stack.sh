@@ -293,7 +293,10 @@ pg_up() {
     fi
   done
   # Per database an owner role (migrates), a runtime role (reads and writes
-  # its tables, no DDL) and reconcile_ro (reads): package pgroles, idempotent.
+  # its tables, no DDL), reconcile_ro (reads) and, for orders and billing, a
+  # replication role (the log-based relay's walsender, nothing else); only
+  # the runtime and owner roles may emit into the WAL or take advisory
+  # locks: package pgroles, idempotent.
   (cd "$ROOT" && ONCEFLOW_PG_ADMIN_URL="postgres://postgres@127.0.0.1:$PG_PORT/postgres?sslmode=disable" \
     go run ./tools/cmd/pgroles) || die "creating the database roles failed (tools/cmd/pgroles)"
   say "postgres: ready"
