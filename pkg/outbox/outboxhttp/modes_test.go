@@ -207,3 +207,19 @@ func (d *deliveries) waitFor(t *testing.T, id uuid.UUID, n int, what string) {
 		return d.n[id] >= n, nil
 	})
 }
+
+// A handler wired with no mode or an unknown one refuses to be built: it
+// could not know whether a requeue will happen.
+func TestHandlerNeedsAKnownRelayMode(t *testing.T) {
+	t.Parallel()
+	for _, mode := range []outbox.RelayMode{"", "POLL", "debezium"} {
+		func() {
+			defer func() {
+				if recover() == nil {
+					t.Errorf("Handler with mode %q did not panic", mode)
+				}
+			}()
+			outboxhttp.Handler(nil, mode, slog.New(slog.NewTextHandler(io.Discard, nil)))
+		}()
+	}
+}

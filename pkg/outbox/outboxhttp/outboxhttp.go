@@ -133,8 +133,13 @@ func DecodeReplay(body []byte) (ReplayRequest, error) {
 }
 
 // Handler serves the operator endpoints on db, for a service whose relay
-// runs in mode; logger records every change and every internal error.
+// runs in mode (outbox.ParseRelayMode's); logger records every change and
+// every internal error. An unknown mode panics: it is a wiring mistake, and
+// a handler that guessed a mode could report a requeue that will not happen.
 func Handler(db outbox.DB, mode outbox.RelayMode, logger *slog.Logger) http.Handler {
+	if _, err := outbox.ParseRelayMode(string(mode)); err != nil {
+		panic(fmt.Sprintf("outboxhttp.Handler: %v", err))
+	}
 	mux := http.NewServeMux()
 	fail := func(w http.ResponseWriter, r *http.Request, err error) { apperr.WriteHTTP(w, r, logger, appError(err)) }
 	mux.HandleFunc("GET /dead", func(w http.ResponseWriter, r *http.Request) {

@@ -43,7 +43,7 @@ FROM generate_series(1, $1) AS i`, limit+1); err != nil {
 		`{"aggregateType":"thing","to":"` + to + `","dryRun":false}`,
 	} {
 		got := testinfra.CallJSON(t, "POST", srv.URL+"/replay", body, 400)
-		if msg := fmt.Sprint(got["error"]); !strings.Contains(msg, "from") || !strings.Contains(msg, "to") {
+		if msg := fmt.Sprint(got["error"]); !strings.Contains(msg, `"from" and "to" are required`) {
 			t.Errorf("%s: the refusal %v does not say that from and to are required", body, got)
 		}
 	}
