@@ -108,6 +108,16 @@ migrate_url() {
   esac
 }
 
+# repl_url is the replication role's URL of a producing service's database
+# ("" for the others): the log-based relay's walsender connection under
+# RELAY_MODE=cdc or wal, unused by the polling relay (tools/cmd/pgroles made
+# the role: REPLICATION and CONNECT, nothing else).
+repl_url() {
+  case $1 in
+    orders|billing) printf 'postgres://%s_repl:%s@127.0.0.1:55432/%s?sslmode=disable' "$1" "$1_repl" "$1" ;;
+  esac
+}
+
 # args_of is a program's command line: only the reconcile job takes flags.
 args_of() {
   case $1 in
@@ -149,6 +159,7 @@ cmd_start() {
     # schema owner migrates (devstack/stack.sh made both, tools/cmd/pgroles).
     HTTP_ADDR="$addr" ADMIN_ADDR="$admin" ADMIN_TOKEN="$token" LEDGER_PATH="$STATE/reconciler/ledger.jsonl" \
       MIGRATE_DATABASE_URL="$(migrate_url "$name")" \
+      REPLICATION_DATABASE_URL="$(repl_url "$name")" \
       setsid "$BIN/$name" $(args_of "$name" "$addr") >"$LOGS/$name.log" 2>&1 </dev/null &
     echo $! >"$RUN/$name.pid"
     wait_ready "$name" "$addr"

@@ -74,6 +74,8 @@ pg_set_dir() {
 }
 if [[ -L $PG_DIR ]]; then pg_set_dir "$(readlink -f "$PG_DIR")"; else pg_set_dir "$PG_DIR"; fi
 PG_DATABASES=(orders billing shim)
+# Idempotent: creates outbox_events_pub where outbox_events exists without it.
+OUTBOX_PUBLICATION_FIXUP="DO \$\$ BEGIN IF to_regclass('public.outbox_events') IS NOT NULL AND NOT EXISTS (SELECT 1 FROM pg_publication WHERE pubname = 'outbox_events_pub') THEN CREATE PUBLICATION outbox_events_pub FOR TABLE outbox_events WITH (publish = 'insert'); END IF; END \$\$"
 
 KAFKA_DIR="$STATE/kafka"
 # The jars are a download cache, shared by every stack of this checkout.
@@ -293,9 +295,20 @@ pg_up() {
     fi
   done
   # Per database an owner role (migrates), a runtime role (reads and writes
-  # its tables, no DDL) and reconcile_ro (reads): package pgroles, idempotent.
+  # its tables, no DDL), reconcile_ro (reads) and, for orders and billing, a
+  # replication role (the log-based relay's walsender, nothing else); only
+  # the runtime and owner roles may emit into the WAL or take advisory
+  # locks: package pgroles, idempotent.
   (cd "$ROOT" && ONCEFLOW_PG_ADMIN_URL="postgres://postgres@127.0.0.1:$PG_PORT/postgres?sslmode=disable" \
     go run ./tools/cmd/pgroles) || die "creating the database roles failed (tools/cmd/pgroles)"
+  # The outbox's publication (migration 0005), in a producer's database that
+  # was migrated before its owner role had CREATE on it: the migration then
+  # left it out, and the replication role the log-based relay streams as
+  # cannot create it. Fresh databases get it from the migration.
+  for db in orders billing; do
+    pg_client psql -d "$db" -v ON_ERROR_STOP=1 -Atqc "$OUTBOX_PUBLICATION_FIXUP" \
+      || die "creating the outbox publication in $db failed"
+  done
   say "postgres: ready"
 }
 

@@ -6,7 +6,7 @@
 # docs/operations.md.
 set -euo pipefail
 vars=()
-for role in orders_owner orders_app billing_owner billing_app shim_owner shim_app reconcile_ro; do
+for role in orders_owner orders_app orders_repl billing_owner billing_app billing_repl shim_owner shim_app reconcile_ro; do
   env_name="PG_${role^^}_PASSWORD"
   [[ -n ${!env_name:-} ]] || { echo "initdb-roles: $env_name is not set (see .env.example)" >&2; exit 1; }
   vars+=(-v "${role}_password=${!env_name}")

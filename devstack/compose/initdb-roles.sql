@@ -5,8 +5,10 @@
 CREATE ROLE "orders_owner" WITH LOGIN NOSUPERUSER NOCREATEDB NOCREATEROLE NOREPLICATION NOBYPASSRLS INHERIT PASSWORD :'orders_owner_password';
 CREATE ROLE "orders_app" WITH LOGIN NOSUPERUSER NOCREATEDB NOCREATEROLE NOREPLICATION NOBYPASSRLS INHERIT PASSWORD :'orders_app_password';
 CREATE ROLE "reconcile_ro" WITH LOGIN NOSUPERUSER NOCREATEDB NOCREATEROLE NOREPLICATION NOBYPASSRLS INHERIT PASSWORD :'reconcile_ro_password';
+CREATE ROLE "orders_repl" WITH LOGIN NOSUPERUSER NOCREATEDB NOCREATEROLE REPLICATION NOBYPASSRLS INHERIT PASSWORD :'orders_repl_password';
 CREATE ROLE "billing_owner" WITH LOGIN NOSUPERUSER NOCREATEDB NOCREATEROLE NOREPLICATION NOBYPASSRLS INHERIT PASSWORD :'billing_owner_password';
 CREATE ROLE "billing_app" WITH LOGIN NOSUPERUSER NOCREATEDB NOCREATEROLE NOREPLICATION NOBYPASSRLS INHERIT PASSWORD :'billing_app_password';
+CREATE ROLE "billing_repl" WITH LOGIN NOSUPERUSER NOCREATEDB NOCREATEROLE REPLICATION NOBYPASSRLS INHERIT PASSWORD :'billing_repl_password';
 CREATE ROLE "shim_owner" WITH LOGIN NOSUPERUSER NOCREATEDB NOCREATEROLE NOREPLICATION NOBYPASSRLS INHERIT PASSWORD :'shim_owner_password';
 CREATE ROLE "shim_app" WITH LOGIN NOSUPERUSER NOCREATEDB NOCREATEROLE NOREPLICATION NOBYPASSRLS INHERIT PASSWORD :'shim_app_password';
 
@@ -14,6 +16,8 @@ REVOKE ALL ON DATABASE "orders" FROM PUBLIC;
 GRANT CONNECT ON DATABASE "orders" TO "orders_owner";
 GRANT CONNECT ON DATABASE "orders" TO "orders_app";
 GRANT CONNECT ON DATABASE "orders" TO "reconcile_ro";
+GRANT CONNECT ON DATABASE "orders" TO "orders_repl";
+GRANT CREATE ON DATABASE "orders" TO "orders_owner";
 \connect "orders"
 REVOKE CREATE ON SCHEMA public FROM PUBLIC;
 GRANT USAGE, CREATE ON SCHEMA public TO "orders_owner";
@@ -22,6 +26,7 @@ GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA public TO "orders_a
 GRANT USAGE, SELECT ON ALL SEQUENCES IN SCHEMA public TO "orders_app";
 ALTER DEFAULT PRIVILEGES FOR ROLE "orders_owner" IN SCHEMA public GRANT SELECT, INSERT, UPDATE, DELETE ON TABLES TO "orders_app";
 ALTER DEFAULT PRIVILEGES FOR ROLE "orders_owner" IN SCHEMA public GRANT USAGE, SELECT ON SEQUENCES TO "orders_app";
+DO $$DECLARE f regprocedure; BEGIN FOR f IN SELECT p.oid::regprocedure FROM pg_proc p WHERE p.pronamespace = 'pg_catalog'::regnamespace AND (p.proname = 'pg_logical_emit_message' OR p.proname ~ '^pg_(try_)?advisory_') LOOP EXECUTE format('REVOKE EXECUTE ON FUNCTION %s FROM PUBLIC', f); EXECUTE format('GRANT EXECUTE ON FUNCTION %s TO %I, %I', f, 'orders_app', 'orders_owner'); END LOOP; END $$;
 GRANT USAGE ON SCHEMA public TO "reconcile_ro";
 GRANT SELECT ON ALL TABLES IN SCHEMA public TO "reconcile_ro";
 ALTER DEFAULT PRIVILEGES FOR ROLE "orders_owner" IN SCHEMA public GRANT SELECT ON TABLES TO "reconcile_ro";
@@ -30,6 +35,8 @@ REVOKE ALL ON DATABASE "billing" FROM PUBLIC;
 GRANT CONNECT ON DATABASE "billing" TO "billing_owner";
 GRANT CONNECT ON DATABASE "billing" TO "billing_app";
 GRANT CONNECT ON DATABASE "billing" TO "reconcile_ro";
+GRANT CONNECT ON DATABASE "billing" TO "billing_repl";
+GRANT CREATE ON DATABASE "billing" TO "billing_owner";
 \connect "billing"
 REVOKE CREATE ON SCHEMA public FROM PUBLIC;
 GRANT USAGE, CREATE ON SCHEMA public TO "billing_owner";
@@ -38,6 +45,7 @@ GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA public TO "billing_
 GRANT USAGE, SELECT ON ALL SEQUENCES IN SCHEMA public TO "billing_app";
 ALTER DEFAULT PRIVILEGES FOR ROLE "billing_owner" IN SCHEMA public GRANT SELECT, INSERT, UPDATE, DELETE ON TABLES TO "billing_app";
 ALTER DEFAULT PRIVILEGES FOR ROLE "billing_owner" IN SCHEMA public GRANT USAGE, SELECT ON SEQUENCES TO "billing_app";
+DO $$DECLARE f regprocedure; BEGIN FOR f IN SELECT p.oid::regprocedure FROM pg_proc p WHERE p.pronamespace = 'pg_catalog'::regnamespace AND (p.proname = 'pg_logical_emit_message' OR p.proname ~ '^pg_(try_)?advisory_') LOOP EXECUTE format('REVOKE EXECUTE ON FUNCTION %s FROM PUBLIC', f); EXECUTE format('GRANT EXECUTE ON FUNCTION %s TO %I, %I', f, 'billing_app', 'billing_owner'); END LOOP; END $$;
 GRANT USAGE ON SCHEMA public TO "reconcile_ro";
 GRANT SELECT ON ALL TABLES IN SCHEMA public TO "reconcile_ro";
 ALTER DEFAULT PRIVILEGES FOR ROLE "billing_owner" IN SCHEMA public GRANT SELECT ON TABLES TO "reconcile_ro";
@@ -46,6 +54,7 @@ REVOKE ALL ON DATABASE "shim" FROM PUBLIC;
 GRANT CONNECT ON DATABASE "shim" TO "shim_owner";
 GRANT CONNECT ON DATABASE "shim" TO "shim_app";
 GRANT CONNECT ON DATABASE "shim" TO "reconcile_ro";
+GRANT CREATE ON DATABASE "shim" TO "shim_owner";
 \connect "shim"
 REVOKE CREATE ON SCHEMA public FROM PUBLIC;
 GRANT USAGE, CREATE ON SCHEMA public TO "shim_owner";
@@ -54,6 +63,7 @@ GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA public TO "shim_app
 GRANT USAGE, SELECT ON ALL SEQUENCES IN SCHEMA public TO "shim_app";
 ALTER DEFAULT PRIVILEGES FOR ROLE "shim_owner" IN SCHEMA public GRANT SELECT, INSERT, UPDATE, DELETE ON TABLES TO "shim_app";
 ALTER DEFAULT PRIVILEGES FOR ROLE "shim_owner" IN SCHEMA public GRANT USAGE, SELECT ON SEQUENCES TO "shim_app";
+DO $$DECLARE f regprocedure; BEGIN FOR f IN SELECT p.oid::regprocedure FROM pg_proc p WHERE p.pronamespace = 'pg_catalog'::regnamespace AND (p.proname = 'pg_logical_emit_message' OR p.proname ~ '^pg_(try_)?advisory_') LOOP EXECUTE format('REVOKE EXECUTE ON FUNCTION %s FROM PUBLIC', f); EXECUTE format('GRANT EXECUTE ON FUNCTION %s TO %I, %I', f, 'shim_app', 'shim_owner'); END LOOP; END $$;
 GRANT USAGE ON SCHEMA public TO "reconcile_ro";
 GRANT SELECT ON ALL TABLES IN SCHEMA public TO "reconcile_ro";
 ALTER DEFAULT PRIVILEGES FOR ROLE "shim_owner" IN SCHEMA public GRANT SELECT ON TABLES TO "reconcile_ro";

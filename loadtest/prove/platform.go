@@ -102,14 +102,18 @@ func (h *Harness) newPlatform(ctx context.Context, name string, s Setup) (*Platf
 		return nil, err
 	}
 	// Each service runs as in production: migrated by its owner role, run by
-	// a runtime role without DDL (package pgroles). The roles are the
-	// server's, shared by every platform of the run.
+	// a runtime role without DDL, its log-based relay streaming as a
+	// replication role with nothing else (package pgroles). The roles are
+	// the server's, shared by every platform of the run.
 	roles := map[string]pgroles.Spec{}
 	for svc, db := range map[string]string{"orders": p.OrdersDB, "billing": p.BillingDB, "shim": p.ShimDB} {
 		if _, err := h.stack.Admin.Exec(ctx, "CREATE DATABASE "+pgx.Identifier{db}.Sanitize()); err != nil {
 			return nil, fmt.Errorf("creating database %s: %w", db, err)
 		}
 		roles[db] = pgroles.ForService(svc, db, svc+"_owner", svc+"_app")
+		if svc != "shim" { // the producers: the log-based relay's walsender role
+			roles[db] = roles[db].WithReplication(svc + "_repl")
+		}
 		h.rolesMu.Lock()
 		err := pgroles.Ensure(ctx, h.stack.PGURL("postgres", false), roles[db])
 		h.rolesMu.Unlock()
@@ -124,14 +128,18 @@ func (h *Harness) newPlatform(ctx context.Context, name string, s Setup) (*Platf
 	var err error
 	brokers := strings.Join(h.stack.Brokers(), ",")
 	common := func(db string) map[string]string {
-		return map[string]string{
+		env := map[string]string{
 			"DATABASE_URL": roleURL(h.stack.PGURL(db, true), roles[db].App, db), "MIGRATE_DATABASE_URL": roleURL(h.stack.PGURL(db, true), roles[db].Owner, db),
 			"KAFKA_BROKERS": brokers, "LOG_LEVEL": "info", "SHUTDOWN_GRACE": "5s",
-			// Slot names are global to the cluster: one per database. The
-			// walsender needs REPLICATION, which the app role has not: the
-			// stack's superuser, as a deployment's replication role would be.
-			"RELAY_MODE": relayMode, "OUTBOX_SLOT": db, "REPLICATION_DATABASE_URL": h.stack.PGURL(db, true),
+			// Slot names are global to the cluster: one per database.
+			"RELAY_MODE": relayMode, "OUTBOX_SLOT": db,
 		}
+		// The walsender needs REPLICATION, which the app role has not: the
+		// producer's replication role, which has nothing else.
+		if r := roles[db].Replication; r.Name != "" {
+			env["REPLICATION_DATABASE_URL"] = roleURL(h.stack.PGURL(db, true), r, db)
+		}
+		return env
 	}
 	// Every process listens on port 0 and says where (package harness):
 	// no port is picked for it, so none can be taken by another first.

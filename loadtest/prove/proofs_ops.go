@@ -54,13 +54,13 @@ func (h *Harness) replay(ctx context.Context, _ bool) Row {
 	if err != nil {
 		return fail(row, err)
 	}
-	// The window: the older half of the orders.
-	var mid time.Time
-	if err := p.ordersPool.QueryRow(ctx, `SELECT percentile_disc(0.5) WITHIN GROUP (ORDER BY created_at) FROM outbox_events`).Scan(&mid); err != nil {
+	// The window: the older half of the orders (a replay always takes one).
+	var first, mid time.Time
+	if err := p.ordersPool.QueryRow(ctx, `SELECT min(created_at), percentile_disc(0.5) WITHIN GROUP (ORDER BY created_at) FROM outbox_events`).Scan(&first, &mid); err != nil {
 		return fail(row, err)
 	}
 	dupsBefore := p.Billing.Counter("inbox_duplicates_total")
-	body, _ := json.Marshal(map[string]any{"aggregateType": "order", "to": mid, "dryRun": false})
+	body, _ := json.Marshal(map[string]any{"aggregateType": "order", "from": first, "to": mid, "dryRun": false})
 	var resp struct {
 		Events []json.RawMessage `json:"events"`
 	}

@@ -21,8 +21,11 @@ import (
 // The operator side of the outbox: see what is dead and requeue it, prune
 // published rows, and replay what was already published. These functions
 // are meant for an admin endpoint, a CLI or a background worker; none of
-// them talks to Kafka. Rows they set back to pending are picked up by the
-// relay on its next poll (RelayConfig.PollInterval).
+// them talks to Kafka. Requeue, RequeueDead and Replay are the polling
+// relay's (ModePoll): rows they set back to pending are picked up on its
+// next poll (RelayConfig.PollInterval). A service running a log-based relay
+// calls the same actions as methods of its RelayMode (admin_modes.go),
+// because those relays never read a row that was updated.
 //
 // Time comparisons (retention, a replay window left open at the end) use the
 // database's now(): published_at and created_at were stamped by that clock,
@@ -39,11 +42,12 @@ type DB interface {
 }
 
 // ErrInvalidFilter is wrapped by the error of a Replay whose filter has no
-// aggregate type or an empty time window.
+// aggregate type, no window (From) or an empty window.
 var ErrInvalidFilter = errors.New("outbox: invalid filter")
 
 // ErrReplayTooLarge is wrapped by the error of a Replay whose scope holds
-// more than MaxReplay events; the message tells how many.
+// more events than it may replay (ReplayFilter.Max, MaxReplay); the message
+// tells how many and the cap.
 var ErrReplayTooLarge = errors.New("outbox: replay scope too large")
 
 // MaxReplay is the most events one Replay sets back to pending. A larger
@@ -143,7 +147,14 @@ WHERE id IN (SELECT id FROM chosen)`
 // While a row is dead the relay holds back the later events of its
 // aggregate (see the package documentation); requeuing it releases them, to
 // be published after it, in order.
+//
+// Requeue is ModePoll.Requeue; with a log-based relay call the method of
+// its mode.
 func Requeue(ctx context.Context, db DB, ids ...int64) (int, error) {
+	return ModePoll.Requeue(ctx, db, ids...)
+}
+
+func requeuePoll(ctx context.Context, db DB, ids []int64) (int, error) {
 	if len(ids) == 0 {
 		return 0, nil
 	}
@@ -198,7 +209,14 @@ type DeadFilter struct {
 // returns how many it requeued. The zero filter requeues every dead row,
 // which is what an operator wants once the cause (a missing topic, a broker
 // outage) is fixed.
+//
+// RequeueDead is ModePoll.RequeueDead; with a log-based relay call the
+// method of its mode.
 func RequeueDead(ctx context.Context, db DB, f DeadFilter) (int, error) {
+	return ModePoll.RequeueDead(ctx, db, f)
+}
+
+func requeueDeadPoll(ctx context.Context, db DB, f DeadFilter) (int, error) {
 	var limit any // nil: LIMIT NULL, no limit
 	if f.Limit > 0 {
 		limit = f.Limit
@@ -388,30 +406,52 @@ func (p *Pruner) pruneOnce(ctx context.Context) {
 	}
 }
 
-// ReplayFilter scopes a Replay to the published events of one aggregate type.
+// ReplayFilter scopes a Replay to the published events of one aggregate type
+// in a time window.
 type ReplayFilter struct {
 	// AggregateType is required: a replay never spans every aggregate type.
 	AggregateType string
 	// AggregateID narrows the replay to one aggregate. Empty: all of them.
 	AggregateID string
 	// From and To bound created_at, half-open: From <= created_at < To.
-	// A zero From is unbounded; a zero To means the database's now().
+	// From is required: a replay always takes a window, so that a filter
+	// naming only an aggregate type never republishes a whole history. A
+	// zero To means the database's now().
 	From, To time.Time
+	// Max is the most events this replay may cover; a larger scope is
+	// refused whole (ErrReplayTooLarge), never cut short. 0 means MaxReplay,
+	// and more than MaxReplay is refused. An endpoint sets its own per-call
+	// cap here (outboxhttp.MaxReplay).
+	Max int
 }
 
 func (f ReplayFilter) validate() error {
-	if f.AggregateType == "" {
+	switch {
+	case f.AggregateType == "":
 		return fmt.Errorf("%w: replay needs an aggregate type", ErrInvalidFilter)
-	}
-	if !f.To.IsZero() && !f.To.After(f.From) {
+	case f.From.IsZero():
+		return fmt.Errorf("%w: replay needs a window: From is required (a zero To means now)", ErrInvalidFilter)
+	case !f.To.IsZero() && !f.To.After(f.From):
 		return fmt.Errorf("%w: replay window [%s, %s) is empty",
 			ErrInvalidFilter, f.From.Format(time.RFC3339Nano), f.To.Format(time.RFC3339Nano))
+	case f.Max < 0 || f.Max > MaxReplay:
+		return fmt.Errorf("%w: Max %d is outside 0 to MaxReplay (%d)", ErrInvalidFilter, f.Max, MaxReplay)
 	}
 	return nil
 }
 
+// limit is the cap f's replay is held to.
+func (f ReplayFilter) limit() int {
+	if f.Max == 0 {
+		return MaxReplay
+	}
+	return f.Max
+}
+
 // ReplayItem is one event in a Replay's scope.
 type ReplayItem struct {
+	// ID is the outbox row: after a replay in ModeCDC, the new row that
+	// carries the event again (see RelayMode.Replay).
 	ID               int64
 	EventID          uuid.UUID
 	EventType        string
@@ -420,21 +460,20 @@ type ReplayItem struct {
 	CreatedAt        time.Time
 }
 
-// replayScope is shared by the count, the dry run and the replay, so the
-// three can never disagree about which rows are in scope.
-const replayScope = `
-WHERE state = 'published'
+// replayWindow is shared by every mode's count, dry run and replay, so that
+// they can never disagree about which rows are in scope; each mode's scope
+// adds which states count as published.
+const replayWindow = `
   AND aggregate_type = $1
   AND ($2 = '' OR aggregate_id = $2)
   AND created_at >= coalesce($3::timestamptz, '-infinity')
   AND created_at < coalesce($4::timestamptz, now())`
 
-const replayCount = `SELECT count(*) FROM outbox_events` + replayScope
+// replayScope is the polling relay's: it marks what it published.
+const replayScope = `
+WHERE state = 'published'` + replayWindow
 
 const replayItems = `id, event_id, event_type, aggregate_id, aggregate_version, created_at`
-
-const replayList = `SELECT ` + replayItems + ` FROM outbox_events` + replayScope + `
-ORDER BY id`
 
 // replayApply makes the relay publish the rows again. The event ids are
 // kept: that is what lets every consumer's inbox recognise the replayed
@@ -450,11 +489,21 @@ RETURNING ` + replayItems
 // ids; it returns them in id order, the order the relay will publish them.
 // With dryRun it returns the same list and changes nothing.
 //
-// A filter without AggregateType or with To <= From is refused with an error
-// wrapping ErrInvalidFilter; a scope of more than MaxReplay events with one
-// wrapping ErrReplayTooLarge. Events already removed by Prune are out of
-// reach: keep Retention longer than the window you may need to replay.
+// A filter without AggregateType or From, or with To <= From, is refused
+// with an error wrapping ErrInvalidFilter; a scope of more than f.Max
+// (default MaxReplay) events with one wrapping ErrReplayTooLarge. Events
+// already removed by Prune are out of reach: keep Retention longer than the
+// window you may need to replay.
+//
+// Replay is ModePoll.Replay; with a log-based relay call the method of its
+// mode.
 func Replay(ctx context.Context, db DB, f ReplayFilter, dryRun bool) ([]ReplayItem, error) {
+	return ModePoll.Replay(ctx, db, f, dryRun)
+}
+
+// replay runs a replay whose scope (a WHERE clause over replayWindow's
+// parameters) and apply statement (returning replayItems) are a mode's.
+func replay(ctx context.Context, db DB, f ReplayFilter, dryRun bool, scope, apply string) ([]ReplayItem, error) {
 	if err := f.validate(); err != nil {
 		return nil, err
 	}
@@ -467,15 +516,15 @@ func Replay(ctx context.Context, db DB, f ReplayFilter, dryRun bool) ([]ReplayIt
 	defer tx.Rollback(context.Background()) //nolint:errcheck // no-op after commit
 
 	var n int
-	if err := tx.QueryRow(ctx, replayCount, args...).Scan(&n); err != nil {
+	if err := tx.QueryRow(ctx, `SELECT count(*) FROM outbox_events`+scope, args...).Scan(&n); err != nil {
 		return nil, storeErr("counting replay scope", err)
 	}
-	if n > MaxReplay {
-		return nil, replayTooLarge(n)
+	if n > f.limit() {
+		return nil, replayTooLarge(n, f.limit())
 	}
-	stmt := replayApply
+	stmt := apply
 	if dryRun {
-		stmt = replayList
+		stmt = `SELECT ` + replayItems + ` FROM outbox_events` + scope + ` ORDER BY id`
 	}
 	rows, err := tx.Query(ctx, stmt, args...)
 	if err != nil {
@@ -493,8 +542,8 @@ func Replay(ctx context.Context, db DB, f ReplayFilter, dryRun bool) ([]ReplayIt
 		return items, nil // the deferred rollback ends the read-only transaction
 	}
 	// The relay may have published more rows in scope since the count.
-	if len(items) > MaxReplay {
-		return nil, replayTooLarge(len(items))
+	if len(items) > f.limit() {
+		return nil, replayTooLarge(len(items), f.limit())
 	}
 	wake(ctx, tx, len(items)) // delivered when the replay commits
 	if err := tx.Commit(ctx); err != nil {
@@ -505,12 +554,12 @@ func Replay(ctx context.Context, db DB, f ReplayFilter, dryRun bool) ([]ReplayIt
 	return items, nil
 }
 
-func replayTooLarge(n int) error {
-	return fmt.Errorf("%w: %d published events match, more than MaxReplay (%d); narrow the aggregate id or the time window",
-		ErrReplayTooLarge, n, MaxReplay)
+func replayTooLarge(n, limit int) error {
+	return fmt.Errorf("%w: %d published events match, more than one replay may cover (%d); narrow the aggregate id or the time window",
+		ErrReplayTooLarge, n, limit)
 }
 
-// nullTime maps the zero time to SQL NULL, the "unbounded" of replayScope.
+// nullTime maps the zero time to SQL NULL, the "unbounded" of replayWindow.
 func nullTime(t time.Time) any {
 	if t.IsZero() {
 		return nil

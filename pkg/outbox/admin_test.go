@@ -319,6 +319,10 @@ func TestNewPrunerNeedsADatabase(t *testing.T) {
 // replayT0 anchors the replay scenarios' created_at times.
 var replayT0 = time.Date(2024, 3, 1, 12, 0, 0, 0, time.UTC)
 
+// longAgo opens a replay window before every seeded row: a replay always
+// takes a window.
+var longAgo = replayT0.Add(-24 * time.Hour)
+
 // seedReplayScenario writes rows of several aggregates, states and times.
 func seedReplayScenario(t *testing.T, pool *pgxpool.Pool) []seeded {
 	t.Helper()
@@ -340,14 +344,14 @@ var replayScopes = []struct {
 	filter outbox.ReplayFilter
 	want   []int // indexes into seedReplayScenario
 }{
-	{"aggregate type", outbox.ReplayFilter{AggregateType: "thing"}, []int{0, 1, 2, 3, 7}},
-	{"one aggregate", outbox.ReplayFilter{AggregateType: "thing", AggregateID: "a"}, []int{0, 1, 3}},
+	{"aggregate type", outbox.ReplayFilter{AggregateType: "thing", From: longAgo}, []int{0, 1, 2, 3, 7}},
+	{"one aggregate", outbox.ReplayFilter{AggregateType: "thing", AggregateID: "a", From: longAgo}, []int{0, 1, 3}},
 	{"half-open window", outbox.ReplayFilter{AggregateType: "thing", From: replayT0.Add(time.Hour), To: replayT0.Add(2 * time.Hour)}, []int{1, 2}},
 	{"from only: up to now", outbox.ReplayFilter{AggregateType: "thing", From: replayT0.Add(time.Hour)}, []int{1, 2, 3, 7}},
-	{"to only", outbox.ReplayFilter{AggregateType: "thing", To: replayT0.Add(time.Hour)}, []int{0}},
+	{"to bounds the window", outbox.ReplayFilter{AggregateType: "thing", From: longAgo, To: replayT0.Add(time.Hour)}, []int{0}},
 	{"one aggregate in a window", outbox.ReplayFilter{AggregateType: "thing", AggregateID: "a", From: replayT0.Add(time.Minute), To: replayT0.Add(3 * time.Hour)}, []int{1, 3}},
-	{"other type", outbox.ReplayFilter{AggregateType: "other"}, []int{4}},
-	{"nothing in scope", outbox.ReplayFilter{AggregateType: "thing", AggregateID: "nope"}, nil},
+	{"other type", outbox.ReplayFilter{AggregateType: "other", From: longAgo}, []int{4}},
+	{"nothing in scope", outbox.ReplayFilter{AggregateType: "thing", AggregateID: "nope", From: longAgo}, nil},
 }
 
 func itemIDs(items []outbox.ReplayItem) []int64 {
@@ -381,7 +385,7 @@ func TestReplayDryRunListsTheScopeAndChangesNothing(t *testing.T) {
 		})
 	}
 	// The items carry the aggregate and the creation time as stored.
-	items, err := outbox.Replay(ctx, pool, outbox.ReplayFilter{AggregateType: "thing", AggregateID: "a", To: replayT0.Add(90 * time.Minute)}, true)
+	items, err := outbox.Replay(ctx, pool, outbox.ReplayFilter{AggregateType: "thing", AggregateID: "a", From: longAgo, To: replayT0.Add(90 * time.Minute)}, true)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -436,6 +440,9 @@ func TestReplayRefusesAnInvalidFilter(t *testing.T) {
 	}{
 		{"no aggregate type", outbox.ReplayFilter{AggregateID: "a"}},
 		{"zero filter", outbox.ReplayFilter{}},
+		{"no window", outbox.ReplayFilter{AggregateType: "thing"}},
+		{"To without From", outbox.ReplayFilter{AggregateType: "thing", To: replayT0}},
+		{"Max above MaxReplay", outbox.ReplayFilter{AggregateType: "thing", From: longAgo, Max: outbox.MaxReplay + 1}},
 		{"To equals From", outbox.ReplayFilter{AggregateType: "thing", From: replayT0, To: replayT0}},
 		{"To before From", outbox.ReplayFilter{AggregateType: "thing", From: replayT0.Add(time.Hour), To: replayT0}},
 	}
@@ -468,7 +475,7 @@ func TestReplayRefusesAScopeLargerThanMaxReplay(t *testing.T) {
 	}
 
 	for _, dryRun := range []bool{true, false} {
-		items, err := outbox.Replay(ctx, pool, outbox.ReplayFilter{AggregateType: "bulk"}, dryRun)
+		items, err := outbox.Replay(ctx, pool, outbox.ReplayFilter{AggregateType: "bulk", From: longAgo}, dryRun)
 		if !errors.Is(err, outbox.ErrReplayTooLarge) || items != nil {
 			t.Fatalf("dryRun=%v: %d items, err %v; want ErrReplayTooLarge", dryRun, len(items), err)
 		}
@@ -485,7 +492,7 @@ func TestReplayRefusesAScopeLargerThanMaxReplay(t *testing.T) {
 	}
 
 	// Exactly MaxReplay is allowed.
-	items, err := outbox.Replay(ctx, pool, outbox.ReplayFilter{AggregateType: "bulk", AggregateID: "big"}, false)
+	items, err := outbox.Replay(ctx, pool, outbox.ReplayFilter{AggregateType: "bulk", AggregateID: "big", From: longAgo}, false)
 	if err != nil || len(items) != outbox.MaxReplay {
 		t.Fatalf("replaying exactly MaxReplay events: %d items, err %v", len(items), err)
 	}

@@ -21,6 +21,11 @@ var (
 	// could not reach Postgres (pgutil.IsUnavailable): worth retrying, and
 	// nobody's fault in the request.
 	ErrUnavailable = errors.New("outbox: database unavailable")
+	// ErrNotInThisMode is wrapped by the error of an operator action the
+	// relay mode cannot carry out (a replay in RELAY_MODE=wal, which keeps no
+	// copy of what it published): refused, with the reason and what to do
+	// instead, rather than answered with a success that will not happen.
+	ErrNotInThisMode = errors.New("outbox: not possible in this relay mode")
 	// ErrUndecodable is the reason recorded on a row the relay cannot make
 	// into a Kafka message (its headers column does not decode). Like any
 	// message error it is charged an attempt each try, and goes dead after

@@ -2,6 +2,7 @@ package outbox_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
@@ -87,4 +88,39 @@ func enqueueOrders(ctx context.Context, pool *pgxpool.Pool, orderIDs ...string) 
 		}
 	}
 	return pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error { return outbox.EnqueueBatch(ctx, tx, evs...) })
+}
+
+// A service acts in its own relay mode: the log-based relay never reads an
+// updated row, so in RELAY_MODE=cdc a requeue writes the dead event again
+// as a new row (same event id) that the replication stream carries, and in
+// RELAY_MODE=wal, which keeps no copy of what it published, a replay is
+// refused rather than answered with a success that will not happen.
+func ExampleRelayMode_Requeue() {
+	ctx := context.Background()
+	pool, _, _, cleanup := exampleSetup(ctx)
+	defer cleanup()
+	if err := enqueueOrders(ctx, pool, "order-1"); err != nil {
+		fmt.Println(err)
+		return
+	}
+	var id int64
+	// Stand in for the log-based relay, which gave up on it.
+	if err := pool.QueryRow(ctx, `UPDATE outbox_events SET state = 'dead', last_error = 'too large' RETURNING id`).Scan(&id); err != nil {
+		fmt.Println(err)
+		return
+	}
+
+	n, err := outbox.ModeCDC.Requeue(ctx, pool, id)
+	fmt.Println("requeued:", n, err)
+	var newID int64
+	var state string
+	_ = pool.QueryRow(ctx, `SELECT id, state FROM outbox_events WHERE aggregate_id = 'order-1'`).Scan(&newID, &state)
+	fmt.Println("written again as a new row:", newID > id, state)
+
+	_, err = outbox.ModeWAL.Replay(ctx, pool, outbox.ReplayFilter{AggregateType: "order", From: time.Now().Add(-time.Hour)}, false)
+	fmt.Println("wal replay refused:", errors.Is(err, outbox.ErrNotInThisMode))
+	// Output:
+	// requeued: 1 <nil>
+	// written again as a new row: true pending
+	// wal replay refused: true
 }

@@ -97,7 +97,9 @@ func ExampleReplay() {
 	})
 	_, _ = pool.Exec(ctx, `UPDATE outbox_events SET state = 'published', published_at = now()`)
 
-	items, err := outbox.Replay(ctx, pool, outbox.ReplayFilter{AggregateType: "order", AggregateID: "order-42"}, true)
+	items, err := outbox.Replay(ctx, pool, outbox.ReplayFilter{
+		AggregateType: "order", AggregateID: "order-42", From: time.Now().Add(-time.Hour),
+	}, true)
 	fmt.Println(len(items), items[0].EventType, items[0].AggregateVersion, err)
 	// Output: 1 OrderPlaced 1 <nil>
 }

@@ -40,10 +40,11 @@ func FuzzDecodeRequeue(f *testing.F) {
 }
 
 // FuzzDecodeReplay: no panic; a refusal is Malformed; an accepted request
-// decodes the same after encoding it again.
+// has a window and decodes the same after encoding it again.
 func FuzzDecodeReplay(f *testing.F) {
 	for _, seed := range []string{
 		`{"aggregateType":"order"}`, `{"aggregateType":"order","dryRun":false}`,
+		`{"aggregateType":"order","from":"2026-01-01T00:00:00Z","to":"2026-01-02T00:00:00Z","dryRun":false}`,
 		`{"aggregateType":"order","aggregateId":"o-1","from":"2026-01-01T00:00:00Z","to":"2026-01-02T00:00:00Z","dryRun":true}`,
 		`{"from":"yesterday"}`, `{"DRYRUN":false}`, `{"dryRun":"false"}`, `{} {}`,
 	} {
@@ -56,6 +57,9 @@ func FuzzDecodeReplay(f *testing.F) {
 				t.Fatalf("refusal %v is not a 400", err)
 			}
 			return
+		}
+		if req.From.IsZero() || req.To.IsZero() {
+			t.Fatalf("accepted %+v, which has no window", req)
 		}
 		again, err := json.Marshal(req)
 		if err != nil {

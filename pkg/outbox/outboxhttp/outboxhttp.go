@@ -6,12 +6,22 @@
 //	POST /requeue        {"ids":[…]}, or {"aggregateType":…,"aggregateId":…,"limit":N},
 //	                     or {"all":true,"limit":N}: at most MaxRequeue rows per call
 //	POST /replay         {"aggregateType":…,"aggregateId":…,"from":…,"to":…,"dryRun":false}:
-//	                     a dry run unless dryRun is false; at most outbox.MaxReplay events
+//	                     from and to required; a dry run unless dryRun is false;
+//	                     at most MaxReplay events per call
 //
-// Errors are apperr bodies: 400 for a malformed request, 404 for a requeue
-// naming ids that do not exist (outbox.ErrNotFound; nothing is requeued),
-// 422 for a replay filter outbox.Replay refuses, 503 while the database is
-// unreachable (outbox.ErrUnavailable), 500 otherwise.
+// The handler acts in the service's relay mode (outbox.RelayMode's methods):
+// every mode requeues and replays for real, or refuses with 409 — a
+// requeue or replay is never answered with a success the relay will not
+// carry out (RELAY_MODE=wal keeps no copy of its events, so its replay and
+// a requeue that finds no dead row are refused).
+//
+// Errors are apperr bodies: 400 for a malformed request (a replay without
+// from and to among them), 404 for a requeue naming ids that do not exist
+// (outbox.ErrNotFound; nothing is requeued), 409 for an action the relay
+// mode cannot carry out (outbox.ErrNotInThisMode), 422 for a replay filter
+// outbox.Replay refuses or a scope over MaxReplay events (the message states
+// the cap), 503 while the database is unreachable (outbox.ErrUnavailable),
+// 500 otherwise.
 //
 // Mount it under a prefix with http.StripPrefix, on the operator listener
 // (httpserver.NewAdmin), which checks the bearer token: these endpoints
@@ -40,6 +50,11 @@ import (
 // until "requeued" is 0, watching the relay keep up in between.
 const MaxRequeue = 1000
 
+// MaxReplay is the most events one POST /replay may cover, dry run or not;
+// a larger scope is refused whole with a 422 that states it. An operator
+// replaying more splits the window.
+const MaxReplay = 10_000
+
 // maxBody bounds an operator request body; the largest, a requeue of
 // MaxRequeue ids, is far smaller.
 const maxBody = 1 << 20
@@ -59,7 +74,8 @@ type RequeueRequest struct {
 	Limit int `json:"limit"`
 }
 
-// ReplayRequest is the body of POST /replay.
+// ReplayRequest is the body of POST /replay. From and To are required: a
+// replay always takes a window.
 type ReplayRequest struct {
 	AggregateType string    `json:"aggregateType"`
 	AggregateID   string    `json:"aggregateId"`
@@ -103,18 +119,27 @@ func DecodeRequeue(body []byte) (RequeueRequest, error) {
 }
 
 // DecodeReplay decodes a POST /replay body. Errors are apperr.Malformed
-// (400); the filter's own rules are outbox.Replay's (422).
+// (400): an undecodable body, or one without "from" and "to"; the filter's
+// own rules are outbox.Replay's (422).
 func DecodeReplay(body []byte) (ReplayRequest, error) {
 	var req ReplayRequest
 	if err := strictjson.Unmarshal(body, &req); err != nil {
 		return req, err
 	}
+	if req.From.IsZero() || req.To.IsZero() {
+		return req, apperr.Errorf(apperr.Malformed, `"from" and "to" are required: a replay always takes a window (at most %d events per call)`, MaxReplay)
+	}
 	return req, nil
 }
 
-// Handler serves the operator endpoints on db; logger records every change
-// and every internal error.
-func Handler(db outbox.DB, logger *slog.Logger) http.Handler {
+// Handler serves the operator endpoints on db, for a service whose relay
+// runs in mode (outbox.ParseRelayMode's); logger records every change and
+// every internal error. An unknown mode panics: it is a wiring mistake, and
+// a handler that guessed a mode could report a requeue that will not happen.
+func Handler(db outbox.DB, mode outbox.RelayMode, logger *slog.Logger) http.Handler {
+	if _, err := outbox.ParseRelayMode(string(mode)); err != nil {
+		panic(fmt.Sprintf("outboxhttp.Handler: %v", err))
+	}
 	mux := http.NewServeMux()
 	fail := func(w http.ResponseWriter, r *http.Request, err error) { apperr.WriteHTTP(w, r, logger, appError(err)) }
 	mux.HandleFunc("GET /dead", func(w http.ResponseWriter, r *http.Request) {
@@ -152,13 +177,13 @@ func Handler(db outbox.DB, logger *slog.Logger) http.Handler {
 		}
 		var n int
 		if len(req.IDs) > 0 {
-			n, err = outbox.Requeue(r.Context(), db, req.IDs...)
+			n, err = mode.Requeue(r.Context(), db, req.IDs...)
 		} else {
 			limit := req.Limit
 			if limit == 0 {
 				limit = MaxRequeue
 			}
-			n, err = outbox.RequeueDead(r.Context(), db, outbox.DeadFilter{
+			n, err = mode.RequeueDead(r.Context(), db, outbox.DeadFilter{
 				AggregateType: req.AggregateType, AggregateID: req.AggregateID, Limit: limit,
 			})
 		}
@@ -167,7 +192,7 @@ func Handler(db outbox.DB, logger *slog.Logger) http.Handler {
 			return
 		}
 		logger.InfoContext(r.Context(), "outbox events requeued by an operator",
-			slog.Int("requeued", n), slog.Any("ids", req.IDs), slog.Bool("all", req.All),
+			slog.Int("requeued", n), slog.String("relay_mode", string(mode)), slog.Any("ids", req.IDs), slog.Bool("all", req.All),
 			slog.String("aggregate_type", req.AggregateType), slog.String("aggregate_id", req.AggregateID),
 			slog.String("remote_addr", r.RemoteAddr), slog.String("request_id", apperr.RequestID(w, r)))
 		apperr.WriteJSON(w, http.StatusOK, map[string]int{"requeued": n})
@@ -184,8 +209,9 @@ func Handler(db outbox.DB, logger *slog.Logger) http.Handler {
 			return
 		}
 		dryRun := req.DryRun == nil || *req.DryRun
-		items, err := outbox.Replay(r.Context(), db, outbox.ReplayFilter{
+		items, err := mode.Replay(r.Context(), db, outbox.ReplayFilter{
 			AggregateType: req.AggregateType, AggregateID: req.AggregateID, From: req.From, To: req.To,
+			Max: MaxReplay,
 		}, dryRun)
 		if err != nil {
 			fail(w, r, err)
@@ -202,6 +228,7 @@ func Handler(db outbox.DB, logger *slog.Logger) http.Handler {
 			}
 			logger.InfoContext(r.Context(), "outbox events replayed by an operator",
 				slog.Int("count", len(items)), slog.Int64("first_id", first), slog.Int64("last_id", last),
+				slog.String("relay_mode", string(mode)),
 				slog.String("aggregate_type", req.AggregateType), slog.String("aggregate_id", req.AggregateID),
 				slog.Time("from", req.From), slog.Time("to", req.To),
 				slog.String("remote_addr", r.RemoteAddr), slog.String("request_id", apperr.RequestID(w, r)))
@@ -222,6 +249,8 @@ func appError(err error) error {
 		return apperr.Errorf(apperr.Invalid, "%v", err)
 	case errors.Is(err, outbox.ErrNotFound):
 		return apperr.Errorf(apperr.NotFound, "%v", err)
+	case errors.Is(err, outbox.ErrNotInThisMode):
+		return apperr.Errorf(apperr.Conflict, "%v", err)
 	case errors.Is(err, outbox.ErrUnavailable):
 		// The driver's error stays in the chain, for the log only.
 		return fmt.Errorf("%w: %w", apperr.Errorf(apperr.Unavailable, "the outbox database is unavailable; retry later"), err)

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
 	"log/slog"
 	"net/http"
@@ -43,7 +44,7 @@ func TestOperatorEndpoints(t *testing.T) {
 		t.Fatal(err)
 	}
 	var logs syncBuffer
-	srv := httptest.NewServer(http.StripPrefix("/admin/outbox", outboxhttp.Handler(pool, slog.New(slog.NewJSONHandler(&logs, nil)))))
+	srv := httptest.NewServer(http.StripPrefix("/admin/outbox", outboxhttp.Handler(pool, outbox.ModePoll, slog.New(slog.NewJSONHandler(&logs, nil)))))
 	defer srv.Close()
 
 	call := func(method, path, body string, wantStatus int) map[string]any {
@@ -55,14 +56,15 @@ func TestOperatorEndpoints(t *testing.T) {
 	if len(dead) != 1 || dead[0].(map[string]any)["lastError"] != "broker said no" {
 		t.Fatalf("dead = %v", dead)
 	}
-	dry := call("POST", "/replay", `{"aggregateType":"order","dryRun":true}`, 200)
+	window := fmt.Sprintf(`"from":%q,"to":%q`, time.Now().Add(-time.Hour).Format(time.RFC3339), time.Now().Add(time.Hour).Format(time.RFC3339))
+	dry := call("POST", "/replay", `{"aggregateType":"order",`+window+`,"dryRun":true}`, 200)
 	if dry["count"] != float64(1) {
 		t.Fatalf("replay dry run = %v, want the one published event", dry)
 	}
-	if implicit := call("POST", "/replay", `{"aggregateType":"order"}`, 200); implicit["dryRun"] != true || implicit["count"] != float64(1) {
+	if implicit := call("POST", "/replay", `{"aggregateType":"order",`+window+`}`, 200); implicit["dryRun"] != true || implicit["count"] != float64(1) {
 		t.Fatalf("a replay that does not say dryRun = %v, want a dry run of the one published event", implicit)
 	}
-	call("POST", "/replay", `{"dryRun":true}`, 422)
+	call("POST", "/replay", `{`+window+`,"dryRun":true}`, 422)
 	call("POST", "/replay", `{"AGGREGATETYPE":"order"}`, 400)
 	call("POST", "/replay", `{"aggregateType":"order"} {}`, 400)
 	// Nothing selects "every dead row" but an explicit all.
@@ -101,7 +103,7 @@ func TestInternalErrorsKeepTheirDetailInTheLog(t *testing.T) {
 	t.Parallel()
 	pool := testinfra.NewPool(t, testinfra.NewDatabase(t))
 	var logs syncBuffer
-	srv := httptest.NewServer(outboxhttp.Handler(pool, slog.New(slog.NewJSONHandler(&logs, nil))))
+	srv := httptest.NewServer(outboxhttp.Handler(pool, outbox.ModePoll, slog.New(slog.NewJSONHandler(&logs, nil))))
 	defer srv.Close()
 	resp, err := http.Get(srv.URL + "/dead")
 	if err != nil {
@@ -133,12 +135,12 @@ func TestAnUnreachableDatabaseIs503(t *testing.T) {
 	pool := testinfra.NewPool(t, testinfra.NewDatabase(t))
 	pool.Close()
 	var logs syncBuffer
-	srv := httptest.NewServer(outboxhttp.Handler(pool, slog.New(slog.NewJSONHandler(&logs, nil))))
+	srv := httptest.NewServer(outboxhttp.Handler(pool, outbox.ModePoll, slog.New(slog.NewJSONHandler(&logs, nil))))
 	defer srv.Close()
 	for _, c := range []struct{ method, path, body string }{
 		{"GET", "/dead", ""},
 		{"POST", "/requeue", `{"ids":[1]}`},
-		{"POST", "/replay", `{"aggregateType":"order"}`},
+		{"POST", "/replay", `{"aggregateType":"order","from":"2026-01-01T00:00:00Z","to":"2026-01-02T00:00:00Z"}`},
 	} {
 		req, _ := http.NewRequest(c.method, srv.URL+c.path, strings.NewReader(c.body))
 		resp, err := http.DefaultClient.Do(req)

@@ -29,6 +29,19 @@ type Spec struct {
 	App Login
 	// Readers get SELECT only, e.g. reconcile_ro. Optional.
 	Readers []Login
+	// Replication is the log-based relay's walsender role, e.g.
+	// orders_repl: LOGIN and REPLICATION, CONNECT on Database, and nothing
+	// else — no schema, table or function privilege (see the package
+	// documentation for why pgoutput needs none). Optional: a zero Name
+	// creates none, for services without an outbox or on the polling relay.
+	Replication Login
+}
+
+// WithReplication returns s with the conventional walsender role,
+// <prefix>_repl where s.Owner is <prefix>_owner (e.g. orders_repl).
+func (s Spec) WithReplication(password string) Spec {
+	s.Replication = Login{Name: strings.TrimSuffix(s.Owner.Name, "_owner") + "_repl", Password: password}
+	return s
 }
 
 // ForService returns the conventional Spec for service's database: roles
@@ -67,7 +80,7 @@ func Ensure(ctx context.Context, adminURL string, spec Spec) error {
 	// Held until admin closes, after the last statement on target below.
 
 	for _, l := range spec.logins() {
-		if err := ensureLogin(ctx, admin, l); err != nil {
+		if err := ensureLogin(ctx, admin, l, spec.attributesOf(l)); err != nil {
 			return err
 		}
 	}
@@ -85,7 +98,24 @@ func Ensure(ctx context.Context, adminURL string, spec Spec) error {
 	return execAll(ctx, target, schemaStatements(spec))
 }
 
-func (s Spec) logins() []Login { return append([]Login{s.Owner, s.App}, s.Readers...) }
+// logins are every role of s: the owner, the app role, the readers and the
+// replication role if any.
+func (s Spec) logins() []Login {
+	l := append([]Login{s.Owner, s.App}, s.Readers...)
+	if s.Replication.Name != "" {
+		l = append(l, s.Replication)
+	}
+	return l
+}
+
+// attributesOf are the role attributes of l, one of s's logins: every one
+// may log in, only the replication role may also replicate.
+func (s Spec) attributesOf(l Login) string {
+	if s.Replication.Name != "" && l.Name == s.Replication.Name {
+		return replicationAttributes
+	}
+	return loginAttributes
+}
 
 // databaseStatements run in any database: who may connect to spec.Database.
 func databaseStatements(spec Spec) []string {
@@ -94,7 +124,10 @@ func databaseStatements(spec Spec) []string {
 	for _, l := range spec.logins() {
 		stmts = append(stmts, "GRANT CONNECT ON DATABASE "+db+" TO "+ident(l.Name))
 	}
-	return stmts
+	// CREATE on its own database lets the owner's migration create the
+	// outbox's publication (CREATE PUBLICATION needs it and ownership of
+	// the table), so that the replication role needs neither.
+	return append(stmts, "GRANT CREATE ON DATABASE "+db+" TO "+ident(spec.Owner.Name))
 }
 
 // schemaStatements run in spec.Database: who may do what in schema public,
@@ -110,6 +143,7 @@ func schemaStatements(spec Spec) []string {
 		"GRANT USAGE, SELECT ON ALL SEQUENCES IN SCHEMA public TO " + app,
 		"ALTER DEFAULT PRIVILEGES FOR ROLE " + owner + " IN SCHEMA public GRANT SELECT, INSERT, UPDATE, DELETE ON TABLES TO " + app,
 		"ALTER DEFAULT PRIVILEGES FOR ROLE " + owner + " IN SCHEMA public GRANT USAGE, SELECT ON SEQUENCES TO " + app,
+		privilegedFunctions(spec),
 	}
 	for _, r := range spec.Readers {
 		reader := ident(r.Name)
@@ -120,6 +154,23 @@ func schemaStatements(spec Spec) []string {
 		)
 	}
 	return stmts
+}
+
+// privilegedFunctions is a DO block that takes EXECUTE on the functions
+// invariant 9 reserves for the service's own roles away from PUBLIC, in
+// spec.Database (functions are per database), and gives it to the app role
+// and the owner: pg_logical_emit_message, which writes an event the
+// WAL-only relay publishes as genuine, and the advisory lock functions, the
+// outbox's commit trigger's and relays' locks (and golang-migrate's, which
+// the owner takes). The functions are found by name, so that every
+// overload of every server version is covered. One line: Script's callers
+// may run it line by line.
+func privilegedFunctions(spec Spec) string {
+	return `DO $$DECLARE f regprocedure; BEGIN FOR f IN SELECT p.oid::regprocedure FROM pg_proc p ` +
+		`WHERE p.pronamespace = 'pg_catalog'::regnamespace AND (p.proname = 'pg_logical_emit_message' OR p.proname ~ '^pg_(try_)?advisory_') LOOP ` +
+		`EXECUTE format('REVOKE EXECUTE ON FUNCTION %s FROM PUBLIC', f); ` +
+		`EXECUTE format('GRANT EXECUTE ON FUNCTION %s TO %I, %I', f, ` + literal(spec.App.Name) + `, ` + literal(spec.Owner.Name) + `); ` +
+		`END LOOP; END $$`
 }
 
 // Script returns the same roles and privileges as Ensure for freshly created,
@@ -148,7 +199,7 @@ func script(specs []Spec, password func(Login) string) string {
 				continue
 			}
 			created[l.Name] = true
-			b.WriteString("CREATE ROLE " + ident(l.Name) + " WITH " + loginAttributes + " " + password(l) + ";\n")
+			b.WriteString("CREATE ROLE " + ident(l.Name) + " WITH " + spec.attributesOf(l) + " " + password(l) + ";\n")
 		}
 	}
 	for _, spec := range specs {
@@ -166,7 +217,7 @@ func script(specs []Spec, password func(Login) string) string {
 
 // ensureLogin creates l if missing and (re)states its attributes, so a role
 // that someone widened by hand is narrowed again.
-func ensureLogin(ctx context.Context, conn *pgx.Conn, l Login) error {
+func ensureLogin(ctx context.Context, conn *pgx.Conn, l Login, attributes string) error {
 	var exists bool
 	if err := conn.QueryRow(ctx, "SELECT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = $1)", l.Name).Scan(&exists); err != nil {
 		return fmt.Errorf("looking up role %s: %w", l.Name, err)
@@ -176,7 +227,7 @@ func ensureLogin(ctx context.Context, conn *pgx.Conn, l Login) error {
 			return fmt.Errorf("creating role %s: %w", l.Name, err)
 		}
 	}
-	if _, err := conn.Exec(ctx, "ALTER ROLE "+ident(l.Name)+" WITH "+attributes(l)); err != nil {
+	if _, err := conn.Exec(ctx, "ALTER ROLE "+ident(l.Name)+" WITH "+attributes+" "+passwordClause(l.Password)); err != nil {
 		return fmt.Errorf("setting attributes of role %s: %w", l.Name, err)
 	}
 	return nil
@@ -185,8 +236,9 @@ func ensureLogin(ctx context.Context, conn *pgx.Conn, l Login) error {
 // loginAttributes allow logging in and nothing else.
 const loginAttributes = "LOGIN NOSUPERUSER NOCREATEDB NOCREATEROLE NOREPLICATION NOBYPASSRLS INHERIT"
 
-// attributes are loginAttributes and l's password.
-func attributes(l Login) string { return loginAttributes + " " + passwordClause(l.Password) }
+// replicationAttributes are loginAttributes with REPLICATION: a walsender
+// connection, nothing more.
+const replicationAttributes = "LOGIN NOSUPERUSER NOCREATEDB NOCREATEROLE REPLICATION NOBYPASSRLS INHERIT"
 
 // passwordClause sets password, or none when it is empty.
 func passwordClause(password string) string {

@@ -48,7 +48,7 @@ func ordersAdmin(t *testing.T) (*httptest.Server, *pgxpool.Pool) {
 	t.Cleanup(func() { cancel(); wg.Wait() })
 	logger := slog.New(slog.NewTextHandler(io.Discard, nil))
 	e := httpserver.NewAdmin(httpserver.AdminConfig{Logger: logger, Gatherer: reg, Token: token})
-	e.Any("/admin/outbox/*", echo.WrapHandler(http.StripPrefix("/admin/outbox", outboxhttp.Handler(pool, logger))))
+	e.Any("/admin/outbox/*", echo.WrapHandler(http.StripPrefix("/admin/outbox", outboxhttp.Handler(pool, outbox.ModePoll, logger))))
 	srv := httptest.NewServer(e)
 	t.Cleanup(srv.Close)
 	return srv, pool

@@ -5,6 +5,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"slices"
 	"strings"
 
 	"github.com/onceflow/onceflow/pkg/platform/pgroles"
@@ -12,6 +13,10 @@ import (
 
 // Services are the platform's databases, each named after its roles' prefix.
 var Services = []string{"orders", "billing", "shim"}
+
+// Producers are the services with an outbox, which may run the log-based
+// relay: they get a replication role, <service>_repl.
+var Producers = []string{"orders", "billing"}
 
 // ReaderRole reads every service database; the reconciliation report uses it.
 const ReaderRole = "reconcile_ro"
@@ -43,7 +48,12 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout 
 		if err := pgroles.Ensure(ctx, admin, spec); err != nil {
 			return fmt.Errorf("database %s: %w", spec.Database, err)
 		}
-		fmt.Fprintf(stdout, "pgroles: %s: owner %s, runtime %s, reader %s\n", spec.Database, spec.Owner.Name, spec.App.Name, ReaderRole)
+		repl := "none"
+		if spec.Replication.Name != "" {
+			repl = spec.Replication.Name
+		}
+		fmt.Fprintf(stdout, "pgroles: %s: owner %s, runtime %s, reader %s, replication %s\n",
+			spec.Database, spec.Owner.Name, spec.App.Name, ReaderRole, repl)
 	}
 	return nil
 }
@@ -60,7 +70,11 @@ func Specs(getenv func(string) string) []pgroles.Spec {
 	reader := pgroles.Login{Name: ReaderRole, Password: password(ReaderRole)}
 	var specs []pgroles.Spec
 	for _, s := range Services {
-		specs = append(specs, pgroles.ForService(s, s, password(s+"_owner"), password(s+"_app"), reader))
+		spec := pgroles.ForService(s, s, password(s+"_owner"), password(s+"_app"), reader)
+		if slices.Contains(Producers, s) {
+			spec = spec.WithReplication(password(s + "_repl"))
+		}
+		specs = append(specs, spec)
 	}
 	return specs
 }

@@ -26,10 +26,13 @@ type Roles struct {
 	AppURL string
 	// ReaderURLs are the URLs of Spec.Readers, in order.
 	ReaderURLs []string
+	// ReplicationURL is the log-based relay's walsender role
+	// (REPLICATION_DATABASE_URL): REPLICATION and CONNECT, nothing else.
+	ReplicationURL string
 }
 
-// Ensure creates an owner and an app role (and one reader per name in
-// readers) for the database at dbURL, a URL testinfra.NewDatabase returned.
+// Ensure creates an owner, an app and a replication role (and one reader
+// per name in readers) for the database at dbURL, a URL testinfra.NewDatabase returned.
 // Call it before the database is migrated, as the dev stack does, or after:
 // either way the owner ends up owning the tables. Roles are named after
 // service with a random suffix, e.g. orders_3fa2c1_app; reader names get the
@@ -42,7 +45,7 @@ func Ensure(t testing.TB, dbURL, service string, readers ...string) Roles {
 	}
 	database := strings.TrimPrefix(u.Path, "/")
 	prefix := testinfra.Name(service)
-	spec := pgroles.ForService(prefix, database, "owner-pw", "app-pw")
+	spec := pgroles.ForService(prefix, database, "owner-pw", "app-pw").WithReplication("repl-pw")
 	for _, r := range readers {
 		spec.Readers = append(spec.Readers, pgroles.Login{Name: prefix + "_" + r, Password: "reader-pw"})
 	}
@@ -62,6 +65,7 @@ func Ensure(t testing.TB, dbURL, service string, readers ...string) Roles {
 	for _, l := range spec.Readers {
 		r.ReaderURLs = append(r.ReaderURLs, mustURL(t, dbURL, l, database))
 	}
+	r.ReplicationURL = mustURL(t, dbURL, spec.Replication, database)
 	return r
 }
 
@@ -80,7 +84,7 @@ func mustURL(t testing.TB, base string, l pgroles.Login, database string) string
 func dropRoles(t testing.TB, admin, database string, spec pgroles.Spec) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	names := []string{spec.Owner.Name, spec.App.Name}
+	names := []string{spec.Owner.Name, spec.App.Name, spec.Replication.Name}
 	for _, r := range spec.Readers {
 		names = append(names, r.Name)
 	}

@@ -133,7 +133,7 @@ func run(ctx context.Context, _ []string, getenv func(string) string, stdout io.
 		return err
 	}
 	// Operators list, requeue and replay outbox events here (see outboxhttp).
-	svc.Mount("/admin/outbox", outboxhttp.Handler(svc.Pool, svc.Logger))
+	svc.Mount("/admin/outbox", outboxhttp.Handler(svc.Pool, relayMode, svc.Logger))
 
 	b := billing.New(svc.Pool, svc.Logger, nil).WithOutboxWrite(relayMode.Write())
 	src := inbox.GroupConfig{Brokers: cfg.KafkaBrokers, Topic: cfg.OrdersTopic, Group: cfg.ConsumerGroup,

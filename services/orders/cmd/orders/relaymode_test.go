@@ -11,17 +11,22 @@ import (
 	"github.com/onceflow/onceflow/pkg/event"
 	"github.com/onceflow/onceflow/pkg/outbox/outboxtest"
 	"github.com/onceflow/onceflow/pkg/platform/kafkautil"
+	"github.com/onceflow/onceflow/pkg/platform/pgroles/pgrolestest"
 	"github.com/onceflow/onceflow/pkg/platform/testinfra"
 )
 
 // RELAY_MODE=cdc and wal publish an order's event through the log-based
 // relay; wal leaves no outbox row behind, and the metrics show the slot.
+// Under least privilege, as deployed: migrated by the owner, run as the app
+// role, streaming as the replication role, which has nothing but
+// REPLICATION and CONNECT (package pgroles).
 func TestRelayModesPublishThroughTheReplicationSlot(t *testing.T) {
 	for _, mode := range []string{"cdc", "wal"} {
 		t.Run(mode, func(t *testing.T) {
 			brokers := testinfra.KafkaBrokers(t)
 			db := testinfra.NewDatabase(t)
 			pool := testinfra.NewPool(t, db)
+			roles := pgrolestest.Ensure(t, db, "orders")
 			slot := testinfra.Name("orders_slot")
 			t.Cleanup(func() { // before the database is dropped, after the service stopped
 				testinfra.WaitFor(t, 20*time.Second, "the slot to be dropped", func() (bool, error) {
@@ -32,13 +37,15 @@ func TestRelayModesPublishThroughTheReplicationSlot(t *testing.T) {
 			})
 			topic := testinfra.NewTopic(t, brokers, 1)
 			svc := testinfra.Start(t, run, map[string]string{
-				"HTTP_ADDR":     "127.0.0.1:0",
-				"ADMIN_ADDR":    "127.0.0.1:0",
-				"DATABASE_URL":  db,
-				"KAFKA_BROKERS": strings.Join(brokers, ","),
-				"ORDERS_TOPIC":  topic,
-				"RELAY_MODE":    mode,
-				"OUTBOX_SLOT":   slot,
+				"HTTP_ADDR":                "127.0.0.1:0",
+				"ADMIN_ADDR":               "127.0.0.1:0",
+				"DATABASE_URL":             roles.AppURL,
+				"MIGRATE_DATABASE_URL":     roles.OwnerURL,
+				"REPLICATION_DATABASE_URL": roles.ReplicationURL,
+				"KAFKA_BROKERS":            strings.Join(brokers, ","),
+				"ORDERS_TOPIC":             topic,
+				"RELAY_MODE":               mode,
+				"OUTBOX_SLOT":              slot,
 			})
 			started := svc.WaitRecord(t, 60*time.Second, "orders started")
 			svc.WaitRecord(t, 60*time.Second, "streaming the outbox from the replication slot")

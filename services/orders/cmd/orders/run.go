@@ -145,7 +145,7 @@ func run(ctx context.Context, _ []string, getenv func(string) string, stdout io.
 		return err
 	}
 	// Operators list, requeue and replay outbox events here (see outboxhttp).
-	svc.Mount("/admin/outbox", outboxhttp.Handler(svc.Pool, svc.Logger))
+	svc.Mount("/admin/outbox", outboxhttp.Handler(svc.Pool, relayMode, svc.Logger))
 	orders.Routes(svc.HTTP, orders.New(svc.Pool, opts).WithMetrics(orders.NewMetrics(svc.Registry)))
 	return svc.Run(ctx,
 		relayStage,
