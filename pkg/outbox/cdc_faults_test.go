@@ -2,11 +2,13 @@ package outbox_test
 
 import (
 	"context"
+	"fmt"
 	"log/slog"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/jackc/pglogrepl"
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/onceflow/onceflow/pkg/outbox"
@@ -160,5 +162,80 @@ func TestCDCRelayRefreshesTheDeadGauge(t *testing.T) {
 	})
 	testinfra.WaitFor(t, 20*time.Second, "outbox_dead_events to show the dead row", func() (bool, error) {
 		return testinfra.MetricValue(t, reg, "outbox_dead_events") == 1, nil
+	})
+}
+
+// Issue 19, item 6: in WAL-only mode a lost slot's window cannot be
+// republished (Emit wrote no row); the loss is loud: counted in
+// outbox_slot_lost_unrecoverable_total and logged with the LSN range, which
+// holds the lost event's commit.
+func TestCDCLostSlotInWALModeIsLoud(t *testing.T) {
+	t.Parallel()
+	e := newCDCEnv(t, 1, 50)
+	pool, slot, c := e.pool, e.slot, e.c
+	reg := prometheus.NewRegistry()
+	logs := &testinfra.LogBuffer{}
+	cfg := e.config()
+	cfg.Mode, cfg.Metrics, cfg.Logger = outbox.ModeWAL, outbox.NewMetrics(reg), slog.New(slog.NewJSONHandler(logs, nil))
+	stop := runStreaming(t, newCDC(t, pool, e.w, cfg))
+	emit(t, pool, newEvent("a", 1))
+	testinfra.WaitFor(t, 20*time.Second, "the first event", func() (bool, error) { return c.distinct() == 1, nil })
+	stop()
+
+	testinfra.WaitFor(t, 20*time.Second, "the slot to be dropped", func() (bool, error) {
+		_, err := pool.Exec(context.Background(), `SELECT pg_drop_replication_slot($1)`, slot)
+		return err == nil, nil
+	})
+	emit(t, pool, newEvent("a", 2)) // in the WAL only, and in no slot's stream
+	lostAt := currentLSN(t, pool)
+
+	relay := newCDC(t, pool, e.w, cfg)
+	runCDC(t, relay)
+	testinfra.WaitFor(t, 30*time.Second, "the unrecoverable loss to be counted", func() (bool, error) {
+		return testinfra.MetricValue(t, reg, "outbox_slot_lost_unrecoverable_total") == 1, nil
+	})
+	rec, ok := logs.Record("REPLICATION SLOT LOST, WAL-ONLY EVENTS LOST: replaced it with a new one; every event Emit wrote " +
+		"between last_confirmed_lsn and new_slot_lsn that Kafka had not acknowledged is lost and cannot be republished: " +
+		"reconcile from the domain tables (see the runbook)")
+	if !ok {
+		t.Fatalf("no log record of the WAL-only loss:\n%s", logs)
+	}
+	from, err := pglogrepl.ParseLSN(fmt.Sprint(rec["last_confirmed_lsn"]))
+	if err != nil {
+		t.Fatal(err)
+	}
+	to, err := pglogrepl.ParseLSN(fmt.Sprint(rec["new_slot_lsn"]))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !(from < lostAt && lostAt <= to) {
+		t.Errorf("logged range %s..%s does not hold the lost event's commit (%s)", from, to, lostAt)
+	}
+	testinfra.WaitFor(t, 20*time.Second, "the new slot to stream", func() (bool, error) { return relay.Active(), nil })
+	emit(t, pool, newEvent("b", 1))
+	testinfra.WaitFor(t, 20*time.Second, "events after the new slot", func() (bool, error) { return c.distinct() == 2, nil })
+}
+
+// Issue 19, item 6: the relay exports the WAL its slot retains and the
+// server's max_slot_wal_keep_size, so an alert (OutboxSlotNearInvalidation)
+// fires well before Postgres invalidates the slot.
+func TestCDCSlotGaugesShowRetainedWALAgainstTheKeepSize(t *testing.T) {
+	t.Parallel()
+	e := newCDCEnv(t, 1, 50)
+	reg := prometheus.NewRegistry()
+	cfg := e.config()
+	cfg.Metrics, cfg.LagInterval = outbox.NewMetrics(reg), 50*time.Millisecond
+	var keepMB int64
+	if err := e.pool.QueryRow(context.Background(),
+		`SELECT setting::bigint FROM pg_settings WHERE name = 'max_slot_wal_keep_size'`).Scan(&keepMB); err != nil {
+		t.Fatal(err)
+	}
+	if keepMB <= 0 {
+		t.Fatalf("max_slot_wal_keep_size is unlimited on this server; the dev stack sets 2GB (devstack/stack.sh): start it with `make up`")
+	}
+	runStreaming(t, newCDC(t, e.pool, e.w, cfg))
+	testinfra.WaitFor(t, 20*time.Second, "the slot gauges", func() (bool, error) {
+		return testinfra.MetricValue(t, reg, "outbox_slot_wal_keep_size_bytes") == float64(keepMB<<20) &&
+			testinfra.MetricValue(t, reg, "outbox_slot_retained_wal_bytes") > 0, nil
 	})
 }
