@@ -24,7 +24,7 @@ func newCDCMetrics(reg prometheus.Registerer) *cdcMetrics {
 			Help: "WAL the log-based relay's slot keeps from being recycled: pg_current_wal_lsn() - restart_lsn. " +
 				"Postgres invalidates the slot (its events are then lost or must be republished) when this passes max_slot_wal_keep_size."}),
 		walKeepSize: prometheus.NewGauge(prometheus.GaugeOpts{Name: "outbox_slot_wal_keep_size_bytes",
-			Help: "The server's max_slot_wal_keep_size in bytes, as the log-based relay reads it; 0 when unlimited (a slot then fills the disk instead)."}),
+			Help: "The server's max_slot_wal_keep_size in bytes, as the log-based relay reads it; +Inf when unlimited (a slot then fills the disk instead); 0 until a log-based relay read it."}),
 		lostUnrecoverable: prometheus.NewCounter(prometheus.CounterOpts{Name: "outbox_slot_lost_unrecoverable_total",
 			Help: "Lost replication slots in WAL-only mode (RELAY_MODE=wal): the events Emit wrote in the window were never published and exist nowhere else."}),
 		gapRepublished: prometheus.NewCounter(prometheus.CounterOpts{Name: "outbox_slot_gap_republished_total",
