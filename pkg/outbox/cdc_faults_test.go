@@ -12,6 +12,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/onceflow/onceflow/pkg/outbox"
+	"github.com/onceflow/onceflow/pkg/platform/kafkautil"
 	"github.com/onceflow/onceflow/pkg/platform/testinfra"
 )
 
@@ -237,5 +238,55 @@ func TestCDCSlotGaugesShowRetainedWALAgainstTheKeepSize(t *testing.T) {
 	testinfra.WaitFor(t, 20*time.Second, "the slot gauges", func() (bool, error) {
 		return testinfra.MetricValue(t, reg, "outbox_slot_wal_keep_size_bytes") == float64(keepMB<<20) &&
 			testinfra.MetricValue(t, reg, "outbox_slot_retained_wal_bytes") > 0, nil
+	})
+}
+
+// Issue 19, item 6, the schedule of a real loss: the relay runs, Kafka is
+// away, events wait in the relay unacknowledged, and the slot is lost under
+// it (here its walsender is killed and the slot dropped; Postgres
+// invalidating it does the same). The relay replaces the slot while Kafka
+// is still away, and once Kafka is back every event reaches it, in order,
+// and retention deletes nothing unpublished.
+func TestCDCSlotLostDuringAKafkaOutageLosesNothing(t *testing.T) {
+	t.Parallel()
+	e := newCDCEnv(t, 1, 50)
+	pool, slot, c := e.pool, e.slot, e.c
+	down := kafkautil.NewWriter([]string{testinfra.ClosedAddr(t)}, 100)
+	t.Cleanup(func() { down.Close() })
+	sw := &switchWriter{}
+	sw.current.Store(down)
+	reg := prometheus.NewRegistry()
+	cfg := e.config()
+	cfg.Metrics = outbox.NewMetrics(reg)
+	cfg.RetentionInterval, cfg.Retain = 20*time.Millisecond, time.Nanosecond
+	// Slow to reconnect, so the test can drop the slot between two tries.
+	cfg.OutageBackoffMin, cfg.OutageBackoffMax = time.Second, 2*time.Second
+	runStreaming(t, newCDC(t, pool, sw, cfg))
+
+	enqueue(t, pool, newEvent("a", 1), newEvent("a", 2))
+	testinfra.WaitFor(t, 20*time.Second, "writes to fail a few times", func() (bool, error) { return sw.writes.Load() >= 3, nil })
+	testinfra.WaitFor(t, 20*time.Second, "the slot to be dropped under the relay", func() (bool, error) {
+		_, err := pool.Exec(context.Background(), `
+SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots WHERE slot_name = $1 AND active_pid IS NOT NULL`, slot)
+		if err != nil {
+			return false, err
+		}
+		_, err = pool.Exec(context.Background(), `SELECT pg_drop_replication_slot($1)`, slot)
+		return err == nil, nil // 55006 while the walsender is still going away
+	})
+	testinfra.WaitFor(t, 30*time.Second, "the relay to replace the lost slot", func() (bool, error) {
+		return testinfra.MetricValue(t, reg, "outbox_slot_lost_total") == 1, nil
+	})
+	enqueue(t, pool, newEvent("a", 3))
+	time.Sleep(200 * time.Millisecond) // ten retention passes: a wrongly deleted row would be gone now
+	if n := countRows(t, pool, "true"); n != 3 {
+		t.Fatalf("%d outbox rows while Kafka is away, want all 3 (retention deleted unpublished rows)", n)
+	}
+
+	sw.current.Store(e.w)
+	testinfra.WaitFor(t, 60*time.Second, "every event once Kafka is back", func() (bool, error) { return c.distinct() == 3, nil })
+	c.checkOrder(t, map[string]int64{"a": 3})
+	testinfra.WaitFor(t, 20*time.Second, "retention to delete the published rows", func() (bool, error) {
+		return countRows(t, pool, "true") == 0, nil
 	})
 }
