@@ -2,6 +2,7 @@ package outbox_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"runtime"
@@ -120,4 +121,49 @@ func TestCDCLargeTransactionMemoryIsBounded(t *testing.T) {
 		t.Errorf("the relay's heap grew by %.1f MiB publishing one %d-event transaction, over the %d MiB bound: it holds the transaction",
 			float64(grew)/(1<<20), n, bigTxHeapBound>>20)
 	}
+}
+
+// Publishing a transaction in chunks must not confirm part of it: a relay
+// that crashes after Kafka acknowledged some of a big transaction's chunks
+// resumes before the transaction, and its successor publishes all of it
+// (the chunks already acknowledged again; consumers dedupe).
+func TestCDCCrashInsideABigTransactionRepublishesAllOfIt(t *testing.T) {
+	t.Parallel()
+	const n = 3000
+	e := newCDCEnv(t, 3, 100)
+	cfg := e.config()
+	cfg.BatchSize, cfg.OutageBackoffMax = 100, 200*time.Millisecond
+	// The crash comes after the next-to-last chunk, when the transaction's
+	// commit has been decoded and its last chunk is still unacknowledged;
+	// it waits a few status intervals first, so a relay that confirmed the
+	// commit too early would have told the server by then.
+	var acks atomic.Int64
+	cfg.CrashPoint = func(name string) error {
+		if name == outbox.CrashAfterAck && acks.Add(1) == n/100-1 {
+			time.Sleep(3 * 100 * time.Millisecond) // three StatusIntervals (newCDC's 100ms)
+			return errors.New("injected crash after the next-to-last acknowledged chunk")
+		}
+		return nil
+	}
+	stop := runStreaming(t, newCDC(t, e.pool, e.w, cfg))
+	defer stop()
+	if _, err := e.pool.Exec(context.Background(), insertBigTx, n); err != nil {
+		t.Fatal(err)
+	}
+	committed := currentLSN(t, e.pool)
+	testinfra.WaitFor(t, 60*time.Second, "every event of the transaction", func() (bool, error) { return e.c.distinct() == n, nil })
+	testinfra.WaitFor(t, 20*time.Second, "the slot to confirm past the transaction", func() (bool, error) {
+		return confirmedLSN(t, e.pool, e.slot) >= committed, nil
+	})
+	if acks.Load() < n/100 {
+		t.Fatalf("the crash point was reached %d times, want at least %d (the crash never happened)", acks.Load(), n/100)
+	}
+	if e.c.dups() == 0 {
+		t.Errorf("no event was published twice: the relay did not start the transaction again after the crash")
+	}
+	want := map[string]int64{}
+	for i := range 100 {
+		want[fmt.Sprintf("agg-%d", i)] = n / 100
+	}
+	e.c.checkOrder(t, want)
 }
