@@ -93,7 +93,8 @@ type CDCConfig struct {
 	// LogInterval is the most often an ongoing failure is logged. Default 30s.
 	LogInterval time.Duration
 	// OnSlotLost, if set, is called after the relay replaced a lost slot,
-	// with the window whose events may not have been published.
+	// with the window no slot streamed, before the relay republishes it
+	// (table mode) or after it counted it lost (WAL-only mode).
 	OnSlotLost func(LostSlot)
 	// CrashPoint, when set, is called at CrashAfterAck (Kafka acknowledged a
 	// batch, the slot is not yet confirmed); a non-nil error drops the
@@ -163,7 +164,9 @@ func (c CDCConfig) withDefaults() (CDCConfig, error) {
 
 // LostSlot describes a replication slot the relay found dropped or
 // invalidated and replaced. Events committed between LastConfirmedAt and
-// CreatedAt may never have reached Kafka.
+// CreatedAt (LastConfirmedLSN and the new slot's position) were in no
+// slot's stream: in table mode (ModeCDC) the relay republishes them from
+// the table before it streams; in WAL-only mode (ModeWAL) they are lost.
 type LostSlot struct {
 	Slot string
 	// Invalidated is true when the slot existed with wal_status 'lost'
