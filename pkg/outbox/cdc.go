@@ -69,8 +69,9 @@ type CDCConfig struct {
 	RetentionInterval time.Duration
 	// RetentionBatch is the most rows one retention DELETE removes.
 	RetentionBatch int
-	// Retain keeps confirmed rows this long after their insert, for a replay
-	// after a lost slot (see the runbook) and for a transaction that
+	// Retain keeps confirmed rows this long after their insert, for the
+	// replay after a lost slot (the relay republishes every pending row the
+	// table still holds; see the runbook) and for a transaction that
 	// inserted a lower id but committed later (it is in the WAL, so the
 	// relay publishes it either way; only the table copy would go early).
 	// Default 1m.
