@@ -229,7 +229,7 @@ func NewCDCRelay(pool *pgxpool.Pool, w Writer, cfg CDCConfig) (*CDCRelay, error)
 		downTopics: map[string]topicOutage{},
 		stream:     health("streaming from the replication slot"),
 		retention:  health("deleting confirmed outbox rows"),
-		lag:        health("reading the slot lag"),
+		lag:        health("reading the slot gauges"),
 	}, nil
 }
 
