@@ -290,6 +290,17 @@ var alertCases = []alertCase{
 				"reconciler-shim/reconciler-shim: an inbox consumer has not reached its database for over a minute"}}},
 			{at: "6m"}, // back
 		}},
+	{"InboxThirdPartyDisconnected",
+		[]series{
+			{`inbox_effect_connected{service="reconciler-shim",consumer="reconciler-shim",instance="shim:9083"}`, "1 0 0 0 0 0 1"},
+			{`inbox_effect_connected{service="billing",consumer="billing",instance="billing:9082"}`, "1 0 1 1 1 1 1"},
+		},
+		[]check{
+			{at: "2m"},
+			{at: "4m", fires: []firing{{map[string]string{"service": "reconciler-shim", "consumer": "reconciler-shim"},
+				"reconciler-shim/reconciler-shim: a lease-mode consumer has not reached its third party for over two minutes"}}},
+			{at: "6m"}, // back
+		}},
 	{"InboxUncertainSideEffects",
 		[]series{{`inbox_uncertain_total{service="reconciler-shim",consumer="reconciler-shim"}`, "0 0 0 0 0 0 0 0 0 0 0 0 1 1 1 1 1 1 1 1 1 1 1 1 1 1 1 1 1 1 1 1 1 1 1"}},
 		[]check{

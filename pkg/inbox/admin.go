@@ -479,6 +479,13 @@ WHERE status = 'dead_lettered'
   AND (consumer, message_id) IN (SELECT * FROM unnest($1::text[], $2::uuid[]))
 RETURNING consumer, message_id`
 
+// markDeadKeysRequeued marks the holds of requeued messages: the consumer
+// applies a requeued message whatever its version guard says, then releases
+// its aggregate's parked messages.
+const markDeadKeysRequeued = `
+UPDATE inbox_dead_keys SET status = 'requeued', requeued_at = now()
+WHERE (consumer, message_id) IN (SELECT * FROM unnest($1::text[], $2::uuid[]))`
+
 // RequeueDB is what RequeueDeadLetters needs from the caller's database
 // handle: *pgxpool.Pool and *pgx.Conn satisfy it.
 type RequeueDB interface {
@@ -519,9 +526,12 @@ type RequeueDB interface {
 //     pending ones by their inbox rows.
 //   - The message lands where w's balancer puts it: with kafkautil.NewWriter
 //     (hashing the key) on its original partition, if the partition count did
-//     not change, but after any later events of its aggregate. A consumer
-//     whose version guard has already applied a later version of that
-//     aggregate skips the requeued event as stale instead of handling it.
+//     not change, but after any later events of its aggregate. Those later
+//     events were parked by the consumer that dead-lettered it (Config.
+//     DeadKeys), and stay parked until the requeued event is applied; then
+//     they are applied in order after it. The requeued event is applied
+//     even if the consumer's version guard has moved past it (a consumer
+//     that skips ahead): the operator asked for it.
 //
 // w must not have a Topic of its own: each message names its original topic.
 // db must not be a pgx.Tx: each chunk's deletes have to commit on their own,
@@ -676,6 +686,11 @@ func (rq *requeuer) flush(ctx context.Context) error {
 		var k deadLetterKey
 		if _, err := pgx.ForEachRow(rows, []any{&k.consumer, &k.id}, func() error { deleted[k] = true; return nil }); err != nil {
 			return fmt.Errorf("inbox: deleting dead_lettered rows before requeuing: %w", err)
+		}
+		// The aggregates stay held until the requeued messages are applied;
+		// then their parked messages are released (park.go).
+		if _, err := tx.Exec(ctx, markDeadKeysRequeued, consumers, ids); err != nil {
+			return fmt.Errorf("inbox: marking dead aggregates requeued: %w", err)
 		}
 	}
 	send := rq.msgs

@@ -39,6 +39,9 @@ type BacklogConfig struct {
 	// DeadLetteredOlderThan counts a dead-lettered row once its received_at
 	// is at least this old: a dead letter nobody requeued within an SLA.
 	DeadLetteredOlderThan time.Duration
+	// ParkedOlderThan counts a parked message (one held behind a dead
+	// message of its aggregate) once its parked_at is at least this old.
+	ParkedOlderThan time.Duration
 	// Samples is how many message ids of the oldest counted rows each
 	// status lists, oldest first. 0 lists none.
 	Samples int
@@ -54,6 +57,8 @@ func (c BacklogConfig) Validate() error {
 		return fmt.Errorf("inbox: backlog: UncertainOlderThan %v is negative", c.UncertainOlderThan)
 	case c.DeadLetteredOlderThan < 0:
 		return fmt.Errorf("inbox: backlog: DeadLetteredOlderThan %v is negative", c.DeadLetteredOlderThan)
+	case c.ParkedOlderThan < 0:
+		return fmt.Errorf("inbox: backlog: ParkedOlderThan %v is negative", c.ParkedOlderThan)
 	case c.Samples < 0:
 		return fmt.Errorf("inbox: backlog: Samples %d is negative", c.Samples)
 	}
@@ -78,6 +83,10 @@ type BacklogReport struct {
 	LeaseExpired BacklogState
 	Uncertain    BacklogState
 	DeadLettered BacklogState
+	// Parked: messages held behind a dead message of their aggregate
+	// (inbox_parked_messages), oldest parked first; they go once the dead
+	// one is requeued and applied.
+	Parked BacklogState
 }
 
 // The backlog's statements, one pair per status: $1 is the age in
@@ -96,10 +105,14 @@ const (
 	sqlUncertainSamples  = "SELECT message_id FROM inbox_messages WHERE " + whereUncertain + " ORDER BY received_at, message_id LIMIT $3"
 	sqlDeadLetterCount   = "SELECT count(*), min(received_at) FROM inbox_messages WHERE " + whereDeadLetter
 	sqlDeadLetterSamples = "SELECT message_id FROM inbox_messages WHERE " + whereDeadLetter + " ORDER BY received_at, message_id LIMIT $3"
+
+	whereParked      = "parked_at" + backlogAge
+	sqlParkedCount   = "SELECT count(*), min(parked_at) FROM inbox_parked_messages WHERE " + whereParked
+	sqlParkedSamples = "SELECT message_id FROM inbox_parked_messages WHERE " + whereParked + " ORDER BY parked_at, seq LIMIT $3"
 )
 
-// Backlog counts the inbox's expired leases, uncertain rows and dead
-// letters older than cfg says, with the oldest one's time and the ids of
+// Backlog counts the inbox's expired leases, uncertain rows, dead letters
+// and parked messages older than cfg says, with the oldest one's time and the ids of
 // the oldest few. Its errors are named like the consumer's (a database that
 // cannot be reached satisfies pgutil.IsUnavailable); a missing table (an
 // unmigrated database) stays a *pgconn.PgError in the chain (SQLSTATE
@@ -121,6 +134,7 @@ func Backlog(ctx context.Context, db BacklogDB, cfg BacklogConfig) (BacklogRepor
 		{&rep.LeaseExpired, "expired leases", sqlLeaseOverCount, sqlLeaseOverSamples, cfg.LeaseExpiredFor},
 		{&rep.Uncertain, "uncertain rows", sqlUncertainCount, sqlUncertainSamples, cfg.UncertainOlderThan},
 		{&rep.DeadLettered, "dead-lettered rows", sqlDeadLetterCount, sqlDeadLetterSamples, cfg.DeadLetteredOlderThan},
+		{&rep.Parked, "parked messages", sqlParkedCount, sqlParkedSamples, cfg.ParkedOlderThan},
 	} {
 		if *s.into, err = backlogState(ctx, db, s.what, s.count, s.sample, s.olderThan, cfg); err != nil {
 			return BacklogReport{}, err

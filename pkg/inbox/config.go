@@ -66,6 +66,13 @@ type Config struct {
 	DisableVersionGuard bool
 	// Gaps is the version-gap policy. Default GapAccept.
 	Gaps GapPolicy
+	// DeadKeys says what happens to the later events of an aggregate whose
+	// earlier event is dead (dead-lettered, not yet requeued and applied).
+	// Default DeadKeyPark: they are parked, and applied in order once the
+	// dead one is requeued and applied. DeadKeySkipAhead applies them at
+	// once; only for consumers whose events of one aggregate do not depend
+	// on each other (see DeadKeySkipAhead).
+	DeadKeys DeadKeyPolicy
 	// Upcasters convert older event versions to the current one.
 	Upcasters []Upcaster
 	// CrashPoint, when set, is called at each named crash point (see
@@ -75,8 +82,26 @@ type Config struct {
 	// harnesses use it; leave it nil otherwise.
 	CrashPoint func(name string) error
 	// LeaseTTL is how long a leased message (NewLeaseConsumer) stays with
-	// its worker; it must exceed the longest side effect call. Default 30s.
+	// its worker. Every Effect.Check and Effect.Call starts only right after
+	// its worker renewed the lease under its fencing token, so a lease must
+	// outlast CallTimeout + LeaseMargin (Validate refuses it otherwise).
+	// Default 30s.
 	LeaseTTL time.Duration
+	// CallTimeout bounds each Effect.Check and Effect.Call of a lease-mode
+	// consumer: its ctx ends CallTimeout after the renewal that preceded it,
+	// so before the lease does. A call cut off by it counts as the other
+	// side being unavailable (an outage: waited out, never an attempt), and
+	// the next try checks first. Effect.Check and Effect.Call must honour
+	// their ctx. Default LeaseTTL/3.
+	CallTimeout time.Duration
+	// LeaseMargin is how long after a call's ctx ended the call may still
+	// take effect on the other side: a request already on the wire, the
+	// other side finishing what it received. Leases outlast every call by at
+	// least this much, so a worker that takes over an expired lease checks
+	// only after the previous holder's last possible call has landed; and a
+	// worker whose own call failed checks, before trying again, no sooner
+	// than this after it. Default LeaseTTL/10.
+	LeaseMargin time.Duration
 	// MaxInFlight bounds the side-effect calls (Effect.Check and
 	// Effect.Call) a lease-mode consumer makes at once, across its workers:
 	// the most load it puts on the other side. The messages of one key are
@@ -126,6 +151,12 @@ func (c Config) WithDefaults() Config {
 	if c.LeaseTTL == 0 {
 		c.LeaseTTL = 30 * time.Second
 	}
+	if c.CallTimeout == 0 {
+		c.CallTimeout = c.LeaseTTL / 3
+	}
+	if c.LeaseMargin == 0 {
+		c.LeaseMargin = c.LeaseTTL / 10
+	}
 	if c.MaxInFlight == 0 {
 		c.MaxInFlight = 16
 	}
@@ -151,8 +182,9 @@ func (c Config) WithDefaults() Config {
 }
 
 // Validate reports the first field of c that no consumer can run with: a
-// missing Name, a negative count or duration, an unknown gap policy, or
-// backoff bounds the wrong way round. It checks c as NewConsumer would use
+// missing Name, a negative count or duration, an unknown gap policy,
+// backoff bounds the wrong way round, or a LeaseTTL that does not outlast
+// CallTimeout + LeaseMargin. It checks c as NewConsumer would use
 // it, after WithDefaults.
 func (c Config) Validate() error {
 	if c.Name == "" {
@@ -169,6 +201,8 @@ func (c Config) Validate() error {
 		{"BackoffMin", c.BackoffMin, c.BackoffMin < 0},
 		{"BackoffMax", c.BackoffMax, c.BackoffMax < 0},
 		{"LeaseTTL", c.LeaseTTL, c.LeaseTTL < 0},
+		{"CallTimeout", c.CallTimeout, c.CallTimeout < 0},
+		{"LeaseMargin", c.LeaseMargin, c.LeaseMargin < 0},
 		{"MaxInFlight", c.MaxInFlight, c.MaxInFlight < 0},
 		{"LagInterval", c.LagInterval, c.LagInterval < 0},
 		{"ShutdownGrace", c.ShutdownGrace, c.ShutdownGrace < 0},
@@ -181,9 +215,18 @@ func (c Config) Validate() error {
 	if c.Gaps != GapAccept && c.Gaps != GapRetry {
 		return fmt.Errorf("inbox: Config.Gaps is %d, neither GapAccept nor GapRetry", c.Gaps)
 	}
+	if c.DeadKeys != DeadKeyPark && c.DeadKeys != DeadKeySkipAhead {
+		return fmt.Errorf("inbox: Config.DeadKeys is %d, neither DeadKeyPark nor DeadKeySkipAhead", c.DeadKeys)
+	}
 	d := c.WithDefaults()
 	if d.BackoffMin > d.BackoffMax {
 		return fmt.Errorf("inbox: Config.BackoffMin (%v) exceeds BackoffMax (%v)", d.BackoffMin, d.BackoffMax)
+	}
+	if d.CallTimeout+d.LeaseMargin >= d.LeaseTTL {
+		// A call could then still be running, or landing, when its lease
+		// expires and another worker takes the message over.
+		return fmt.Errorf("inbox: Config.LeaseTTL (%v) must exceed CallTimeout (%v) + LeaseMargin (%v): "+
+			"a side-effect call must end, and land, before its lease can be taken over", d.LeaseTTL, d.CallTimeout, d.LeaseMargin)
 	}
 	return nil
 }

@@ -26,6 +26,14 @@ func TestConfigValidate(t *testing.T) {
 		{"negative shutdown grace", inbox.Config{Name: "c", ShutdownGrace: -time.Second}, "ShutdownGrace is negative"},
 		{"unknown gap policy", inbox.Config{Name: "c", Gaps: 7}, "neither GapAccept nor GapRetry"},
 		{"backoff bounds crossed", inbox.Config{Name: "c", BackoffMin: time.Minute}, "BackoffMin (1m0s) exceeds BackoffMax (5s)"},
+		{"negative call timeout", inbox.Config{Name: "c", CallTimeout: -time.Second}, "CallTimeout is negative"},
+		{"negative lease margin", inbox.Config{Name: "c", LeaseMargin: -time.Second}, "LeaseMargin is negative"},
+		{"call timeout as long as the lease", inbox.Config{Name: "c", LeaseTTL: time.Second, CallTimeout: time.Second},
+			"LeaseTTL (1s) must exceed CallTimeout (1s) + LeaseMargin (100ms)"},
+		{"call and margin fill the lease", inbox.Config{Name: "c", LeaseTTL: time.Second, CallTimeout: 800 * time.Millisecond, LeaseMargin: 200 * time.Millisecond},
+			"LeaseTTL (1s) must exceed CallTimeout (800ms) + LeaseMargin (200ms)"},
+		{"a long call timeout against the default lease", inbox.Config{Name: "c", CallTimeout: 30 * time.Second}, "LeaseTTL (30s) must exceed"},
+		{"call timeout and margin inside the lease", inbox.Config{Name: "c", LeaseTTL: time.Second, CallTimeout: 750 * time.Millisecond, LeaseMargin: 200 * time.Millisecond}, ""},
 	}
 	checkValidateCases(t, tests)
 }

@@ -44,7 +44,9 @@ type Consumer struct {
 	upcasters map[string]map[int]Upcaster
 	effect    *Effect       // lease mode, when set
 	calls     chan struct{} // lease mode: a slot per side-effect call in flight (MaxInFlight)
+	released  releases      // aggregates whose parked messages may be released (park.go)
 	kafka, db *fault
+	other     *fault // lease mode: the Effect's other side (a third party)
 }
 
 // NewConsumer returns a consumer that reads src's topic as a member of its
@@ -169,6 +171,9 @@ func (c *Consumer) Handle(ctx context.Context, msgs ...kafka.Message) error {
 	if err := process(ctx, batch); err != nil {
 		return err
 	}
+	if err := c.releaseParked(ctx, batch, process); err != nil {
+		return err
+	}
 	return ctx.Err()
 }
 
@@ -206,6 +211,12 @@ func (c *Consumer) worker(ctx context.Context, q <-chan delivery) error {
 			process = c.processLeasedBatch // the lease applier (lease.go)
 		}
 		err := process(ctx, batch)
+		if err == nil {
+			// A requeued dead message applied in the batch lets its
+			// aggregate's parked messages go, in this worker, which
+			// handles every message of the aggregate's key.
+			err = c.releaseParked(ctx, batch, process)
+		}
 		var crash *crashError
 		if errors.As(err, &crash) {
 			return err
@@ -222,6 +233,9 @@ const (
 	duplicate
 	stale
 	deadLettered
+	parked // held behind a dead message of its aggregate (park.go)
+
+	numOutcomes = iota
 )
 
 // committed is called once msgs' database work committed: it passes the

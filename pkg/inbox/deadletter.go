@@ -59,12 +59,12 @@ const DeadLetterBodyLimit = 64 << 10
 // bytes when the value was cut to DeadLetterBodyLimit.
 const HeaderDLTTruncated = "dlt-truncated-from"
 
-// deadLetter publishes m to the dead-letter topic with the reason, then, when
-// the envelope decoded, records a dead_lettered inbox row in tx. It retries
-// the publish while the broker is unreachable, until it succeeds or ctx ends
-// (then it returns an error and the message is redelivered later); a message
-// the topic refuses as it is goes there truncated.
-func (c *Consumer) deadLetter(ctx context.Context, tx pgx.Tx, m kafka.Message, ev *event.Envelope, reason error) error {
+// publishDeadLetter publishes m to the dead-letter topic with the reason. It
+// retries while the broker is unreachable, until it succeeds or ctx ends
+// (then it returns an error, the offset is not committed, and the message
+// is redelivered later); a message the topic refuses as it is goes there
+// truncated. It runs outside any transaction (see dueDeadLetter).
+func (c *Consumer) publishDeadLetter(ctx context.Context, m kafka.Message, ev *event.Envelope, reason error) error {
 	topic := c.cfg.DeadLetterTopic
 	if topic == "" {
 		topic = m.Topic + ".dlt"
@@ -124,24 +124,102 @@ func (c *Consumer) deadLetter(ctx context.Context, tx pgx.Tx, m kafka.Message, e
 	}
 	log.ErrorContext(ctx, "inbox dead-lettered an event", slog.String("event_id", ev.EventID.String()),
 		slog.String("event_type", ev.EventType))
+	return nil
+}
+
+// recordDeadLetter records the dead_lettered inbox row of a decoded event
+// whose dead letter is published, in tx.
+func (c *Consumer) recordDeadLetter(ctx context.Context, tx pgx.Tx, m kafka.Message, ev *event.Envelope, reason error) error {
 	// In a savepoint: a row Postgres refuses (its fields are what the
-	// decoder let through) must not undo the batch; the message is in the
-	// dead-letter topic either way.
+	// decoder let through) must not fail the transaction; the message is in
+	// the dead-letter topic either way.
 	sp, err := tx.Begin(ctx)
 	if err != nil {
 		return fmt.Errorf("recording a dead letter: %w", err)
 	}
-	if _, err := sp.Exec(ctx, insertDeadLettered, c.cfg.Name, ev.EventID, ev.EventType, ev.AggregateID,
-		ev.AggregateVersion, m.Topic, m.Partition, m.Offset, reason.Error(), []byte(ev.Payload)); err != nil {
+	_, err = sp.Exec(ctx, insertDeadLettered, c.cfg.Name, ev.EventID, ev.EventType, ev.AggregateID,
+		ev.AggregateVersion, m.Topic, m.Partition, m.Offset, reason.Error(), []byte(ev.Payload))
+	if err == nil {
+		// Its aggregate's later messages are parked until it is requeued.
+		err = c.holdDeadKey(ctx, sp, ev)
+	}
+	if err != nil {
 		_ = sp.Rollback(ctx)
 		if isOutage(err) || ctx.Err() != nil {
 			return fmt.Errorf("recording a dead letter: %w", err)
 		}
-		log.ErrorContext(ctx, "inbox could not record a dead letter's inbox row; it is in the dead-letter topic only",
-			slog.Any("row_error", err))
+		c.cfg.Logger.ErrorContext(ctx, "inbox could not record a dead letter's inbox row; it is in the dead-letter topic only",
+			slog.String("consumer", c.cfg.Name), slog.String("topic", m.Topic), slog.Int("partition", m.Partition),
+			slog.Int64("offset", m.Offset), slog.String("event_id", ev.EventID.String()), slog.Any("row_error", err))
 		return nil
 	}
 	return sp.Commit(ctx)
+}
+
+// dueDeadLetter is what settle returns, as its error, for a message that is
+// to be dead-lettered. The caller ends its transaction first (committing
+// the batch-mates settled before it) and only then dead-letters it
+// (deadLetterSettled): the publish may wait out a whole Kafka outage, and no
+// transaction, row lock or connection may be held through that. Nothing is
+// lost in between: the message's offset is committed only after its dead
+// letter is published and recorded, so a crash before then redelivers it
+// and dead-letters it again (a duplicate dead letter, never a missing one).
+type dueDeadLetter struct {
+	ev     *event.Envelope // nil: the message did not decode
+	reason error
+}
+
+func (e *dueDeadLetter) Error() string { return "to be dead-lettered: " + e.reason.Error() }
+
+// deadLetterAlone publishes m's dead letter outside any transaction, then
+// records its inbox row in a transaction of its own. *published says that
+// an earlier call for this dead letter published it already, and is set
+// once this one did: a caller retrying after the database failed does not
+// publish it again.
+func (c *Consumer) deadLetterAlone(ctx context.Context, m kafka.Message, ev *event.Envelope, reason error, published *bool) error {
+	if !*published {
+		if err := c.publishDeadLetter(ctx, m, ev, reason); err != nil {
+			return err
+		}
+		*published = true
+	}
+	if ev == nil {
+		return nil
+	}
+	return pgx.BeginFunc(ctx, c.pool, func(tx pgx.Tx) error { return c.recordDeadLetter(ctx, tx, m, ev, reason) })
+}
+
+// deadLetterSettled dead-letters d (deadLetterAlone), waiting out the
+// database being unreachable, and counts it. It returns errAbandoned when
+// ctx ends or d's generation is dropped first.
+func (c *Consumer) deadLetterSettled(ctx context.Context, d delivery, due *dueDeadLetter) error {
+	start := time.Now()
+	published := false
+	for outages := 0; ; {
+		err := c.deadLetterAlone(ctx, d.m, due.ev, due.reason, &published)
+		switch {
+		case err == nil:
+			c.db.ok(ctx, "")
+			var counts [numOutcomes]int
+			counts[deadLettered]++
+			c.cfg.Metrics.record(c.cfg.Name, counts, 1, time.Since(start))
+			return nil
+		case ctx.Err() != nil:
+			return errAbandoned
+		case isOutage(err):
+			c.db.fail(ctx, "dead_letter", err)
+			outages++
+			if err := wait(ctx, d.gen, retry.Backoff(outages, c.cfg.BackoffMin, c.cfg.BackoffMax)); err != nil {
+				return err
+			}
+		default:
+			// The dead letter is published; only its transaction failed.
+			// Moving on is all that is left to do.
+			c.cfg.Logger.ErrorContext(ctx, "inbox dead-lettered a message but could not commit afterwards; moving on",
+				slog.String("consumer", c.cfg.Name), slog.Any("error", err))
+			return nil
+		}
+	}
 }
 
 // truncatedDeadLetter is dl cut down to what any topic takes: the key and

@@ -18,6 +18,41 @@
 //     the consumer) while each key's messages go one after the other, and
 //     marks the called ones done in one transaction.
 //
+// Lease mode acts only under a lease it holds. Each Effect.Check and
+// Effect.Call takes a call slot, then renews its lease under the fencing
+// token, and only then starts, with a ctx that ends CallTimeout after that
+// renewal began; the lease runs LeaseTTL from no earlier, and Validate
+// insists on LeaseTTL > CallTimeout + LeaseMargin. So every call's ctx ends
+// at least LeaseMargin before its lease can expire, and a worker that takes
+// over an expired lease (which the claim's SQL allows only once the lease
+// has expired, by the database's clock) checks the other side only after
+// the previous holder's last possible call has ended and had LeaseMargin
+// to land. A renewal that finds the token changed means another worker
+// took the message over: this worker drops the message at once, and the
+// later messages of its key in its hands with it (they are redelivered,
+// after it). A call that failed may still land: the worker checks, before
+// calling again, no sooner than LeaseMargin after it. The other side being
+// unreachable (an error wrapping ErrUnavailable, or a call cut off by
+// CallTimeout) is an outage like the database's: waited out with capped
+// backoff, counted (inbox_effect_errors_total), shown
+// (inbox_effect_connected, Healthy), never an attempt of the message.
+//
+// The window that remains: a process frozen (SIGSTOP, a VM pause, a very
+// long GC pause) after the last moment its call looks at its ctx and before
+// the call's first byte leaves. Frozen longer than the time left on its
+// lease, it may wake up and send a call that a new holder has already
+// checked for and made. An HTTP client looks at the ctx when it connects
+// and writes, so the window is that of a freeze between those steps and the
+// bytes leaving the process; everything before it (waiting for a slot,
+// renewing, checking) is covered by the fencing token and the deadline. The
+// settings bound it: a freeze shorter than LeaseTTL - CallTimeout (the time
+// left on the lease when the ctx ends), and a call that lands no later than
+// LeaseMargin after its ctx ended, cannot cause a second call. Choose
+// CallTimeout from the other side's real latency, LeaseMargin from how long
+// it may go on processing a request its caller gave up on, and LeaseTTL
+// above their sum by the longest freeze worth surviving; the reconciliation
+// report (the other side's records against the inbox) finds what is left.
+//
 // The files follow that split: consumer.go is the dispatcher (Run, the
 // key → worker routing, batching, Handle) over group.go (the consumer group,
 // partition readers, offset commits) and offsets.go (what may be
@@ -25,7 +60,7 @@
 // guard and handler in one transaction, batches, retries) and lease.go the
 // lease applier (its batches; lease_alone.go settles one message in
 // transactions of its own, when a batch cannot lease it); guard.go (version guard, upcasters, payload checks) and
-// deadletter.go serve both. Each applier keeps its SQL beside it.
+// deadletter.go and park.go (per-key parking behind a dead event) serve both. Each applier keeps its SQL beside it.
 //
 // Consumer groups: a Consumer is one member of the Kafka consumer group in
 // its GroupConfig (kafka-go's consumer-group API). For every generation the
@@ -65,6 +100,12 @@
 // A dead letter the dead-letter topic refuses as it is (kafkautil.
 // IsMessageError: too large, a policy) is written truncated: coordinates,
 // reason and the first DeadLetterBodyLimit bytes, with HeaderDLTTruncated.
+// A dead letter is published with no transaction open: the batch-mates
+// before it commit first, then it is published (waiting out a Kafka outage
+// without holding row locks or a connection), then its inbox row commits in
+// a short transaction of its own, and only then is its offset committed. A
+// crash in between redelivers it and dead-letters it again: a duplicate
+// dead letter is possible after a crash, a missing one is not.
 // Run returns only once its ctx ended (or a crash point fired); every retry
 // loop ends within ShutdownGrace of that.
 //
@@ -97,6 +138,15 @@
 //     MaxAttempts goes to the dead-letter topic (<topic>.dlt) with the reason
 //     and its original coordinates as headers, a 'dead_lettered' inbox row
 //     records it, and the partition moves on.
+//   - While an event of an aggregate is dead (dead-lettered, not yet
+//     requeued and applied), the aggregate's later events are parked in
+//     inbox_parked_messages instead of applied, counted
+//     (inbox_parked_messages) and listed (ListParked, Backlog); the
+//     partition moves on for every other aggregate. A requeue of the dead
+//     event (RequeueDeadLetters) makes it apply, whatever the version guard
+//     says, and then releases the parked events in the order they arrived
+//     (park.go). Config.DeadKeys = DeadKeySkipAhead applies them at once
+//     instead, for consumers whose events of one aggregate are independent.
 //   - Old payload versions are converted by registered Upcasters, so a
 //     handler only ever sees the current version.
 //

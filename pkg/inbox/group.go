@@ -230,6 +230,12 @@ func (c *Consumer) consume(ctx context.Context, dispatch func(context.Context, d
 			})
 		}
 		gen.Start(func(gctx context.Context) { c.commitLoop(ctx, gctx, gen, g) })
+		fetchers.Add(1) // it dispatches too
+		gen.Start(func(gctx context.Context) {
+			defer fetchers.Done()
+			c.resumeReleases(gctx, g, assigned, dispatch)
+			<-gctx.Done() // a function of the generation that returns ends it
+		})
 	}
 }
 

@@ -173,14 +173,21 @@ WITH prev AS (
 SELECT (SELECT version FROM prev)`
 
 // guardVersion reports whether ev is stale (at or below the version this
-// consumer applied last for its aggregate) and reports gaps.
-func (c *Consumer) guardVersion(ctx context.Context, tx pgx.Tx, ev *event.Envelope) (bool, error) {
+// consumer applied last for its aggregate) and reports gaps. A requeued
+// dead message is never stale: an operator sent it back to be applied (a
+// consumer that skips ahead applied its successors meanwhile).
+func (c *Consumer) guardVersion(ctx context.Context, tx pgx.Tx, ev *event.Envelope, requeued bool) (bool, error) {
 	var prev *int64
 	if err := tx.QueryRow(ctx, advanceVersion, c.cfg.Name, ev.AggregateType, ev.AggregateID, ev.AggregateVersion).Scan(&prev); err != nil {
 		return false, dbErrors.Translate("checking the aggregate version", err)
 	}
 	switch {
 	case prev == nil:
+		return false, nil
+	case ev.AggregateVersion <= *prev && requeued:
+		c.cfg.Logger.InfoContext(ctx, "inbox applies a requeued event below the applied version", slog.String("consumer", c.cfg.Name),
+			slog.String("event_id", ev.EventID.String()), slog.String("aggregate_id", ev.AggregateID),
+			slog.Int64("version", ev.AggregateVersion), slog.Int64("applied_version", *prev))
 		return false, nil
 	case ev.AggregateVersion <= *prev:
 		if _, err := tx.Exec(ctx, `UPDATE inbox_messages SET status = 'stale' WHERE consumer = $1 AND message_id = $2`,

@@ -101,10 +101,11 @@ func (f *fault) err() error {
 }
 
 // Healthy reports what keeps the consumer from working right now: Kafka or
-// the database unreachable (the last error says why), or nil. The consumer
+// the database unreachable, or in lease mode the Effect's other side (the
+// last error says why), or nil. The consumer
 // waits outages out by itself; a service's /readyz reports this so the
 // broken part is visible, and its metrics (inbox_kafka_connected,
 // inbox_database_connected) show it over time.
 func (c *Consumer) Healthy() error {
-	return errors.Join(c.kafka.err(), c.db.err())
+	return errors.Join(c.kafka.err(), c.db.err(), c.effectHealth())
 }

@@ -68,7 +68,8 @@ func (c *Consumer) measureLag(ctx context.Context, client *kafka.Client) error {
 	return nil
 }
 
-// reportDeadLetters refreshes inbox_dead_letters every LagInterval: the
+// reportDeadLetters refreshes inbox_dead_letters and inbox_parked_messages
+// every LagInterval: the
 // consumer's dead_lettered rows, which a requeue deletes, so the gauge is
 // what is still waiting for an operator. Undecodable messages have no row
 // and are only in the dead-letter topic and inbox_dead_lettered_total.
@@ -79,9 +80,16 @@ func (c *Consumer) reportDeadLetters(ctx context.Context) {
 		var n int64
 		err := c.pool.QueryRow(ctx, `SELECT count(*) FROM inbox_messages WHERE consumer = $1 AND status = 'dead_lettered'`,
 			c.cfg.Name).Scan(&n)
+		var p int64
+		if err == nil {
+			// Parked events wait for a dead letter's requeue: the same
+			// operator backlog, seen from the other side.
+			err = c.pool.QueryRow(ctx, countParked, c.cfg.Name).Scan(&p)
+		}
 		if err == nil {
 			c.db.ok(ctx, "") // the idle consumer's sign that an outage ended
 			c.cfg.Metrics.deadLetters.WithLabelValues(c.cfg.Name).Set(float64(n))
+			c.cfg.Metrics.parkedNow.WithLabelValues(c.cfg.Name).Set(float64(p))
 		} else if ctx.Err() == nil && isOutage(err) {
 			c.db.fail(ctx, "count_dead_letters", err)
 		} else if ctx.Err() == nil {

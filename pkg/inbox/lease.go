@@ -19,9 +19,20 @@ import (
 	"github.com/onceflow/onceflow/pkg/event/retry"
 )
 
-// ErrUnknowable is what Effect.Check returns when the other side cannot say
-// whether it already has an idempotency key.
+// ErrUnknowable is what Effect.Check returns when the other side answered
+// but cannot say whether it already has an idempotency key (its answer does
+// not decide it). The message is marked 'uncertain' for reconciliation.
 var ErrUnknowable = errors.New("cannot tell whether the side effect happened")
+
+// ErrUnavailable is what Effect.Check and Effect.Call wrap when the other
+// side cannot be reached or cannot serve now (connection refused, a
+// timeout, a 5xx): an outage, not the message's fault. It is waited out
+// with capped backoff (BackoffMin to BackoffMax), counted
+// (inbox_effect_errors_total), shown (inbox_effect_connected,
+// Consumer.Healthy), never charged as an attempt and never a dead letter by
+// itself. A Call that failed so may still have landed: the next try checks
+// first. A call cut off by Config.CallTimeout counts as one.
+var ErrUnavailable = errors.New("the other side of the side effect is unavailable")
 
 // Outcome is how a leased message's side effect was settled.
 type Outcome string
@@ -54,12 +65,29 @@ const (
 // Unknowable: the row is marked 'uncertain' for the reconciliation report and
 // nothing is called. The same check precedes every retry after a failed Call,
 // since a timed-out call may have landed.
+//
+// A worker acts only under a lease it holds. Each Check and each Call takes
+// one of the MaxInFlight call slots, then renews the lease under its
+// fencing token, and only then starts, with a ctx that ends CallTimeout
+// after that renewal: at least LeaseTTL - CallTimeout before the lease can
+// expire, which leaves LeaseMargin for a call to land after its ctx ended.
+// A renewal that finds the token changed (another worker took the message
+// over) ends the message's work in this worker at once, and the later
+// messages of its key in this worker's hands are abandoned with it (they are
+// redelivered, after it). So a takeover, which needs the lease expired,
+// comes after the previous holder's last possible call has ended and landed
+// (see the package doc for the window that remains).
 type Effect struct {
-	// Check asks the other side whether it already has key. Return
-	// ErrUnknowable when it cannot answer. Required.
+	// Check asks the other side whether it already has key. Return an
+	// error wrapping ErrUnavailable when the other side cannot be reached
+	// or cannot serve (waited out), and ErrUnknowable when it answered but
+	// its answer does not decide (the message is marked uncertain).
+	// It must return once ctx ends. Required.
 	Check func(ctx context.Context, key string) (bool, error)
 	// Call performs the side effect, passing key along. An error wrapping
-	// ErrPermanent dead-letters the message; others are retried. Required.
+	// ErrPermanent dead-letters the message; one wrapping ErrUnavailable is
+	// an outage, waited out; others are retried up to MaxAttempts. It must
+	// send nothing once ctx has ended. Required.
 	Call func(ctx context.Context, ev event.Envelope, key string) error
 	// Done records the outcome in the consumer's database, in the
 	// transaction that marks the message done: one transaction for the
@@ -89,6 +117,11 @@ func NewLeaseConsumer(pool *pgxpool.Pool, src GroupConfig, dlq Writer, eff Effec
 	}
 	c.effect = &eff
 	c.calls = make(chan struct{}, c.cfg.MaxInFlight)
+	m := c.cfg.Metrics
+	c.other = newFault("the third party", c.cfg.Name, c.cfg.Logger, c.cfg.ErrorLogInterval, m.effectErrors, m.effectConnected)
+	for _, op := range []string{opCheck, opCall} {
+		m.effectErrors.WithLabelValues(c.cfg.Name, op)
+	}
 	return c, nil
 }
 
@@ -189,9 +222,8 @@ type leaseItem struct {
 	decoded  bool
 	plan     leasePlan
 	token    int64
-	taken    bool      // an expired lease was taken over: check before calling
-	leasedAt time.Time // when the lease transaction began: the lease runs from no earlier
-	counts   [4]int
+	taken    bool // an expired lease was taken over: check before calling
+	counts   [numOutcomes]int
 	mismatch bool // planRepeat: its payload differs from the first's
 
 	// After its key's turn:
@@ -253,8 +285,25 @@ func (c *Consumer) processLeasedBatch(ctx context.Context, batch []delivery) err
 	}
 	for _, k := range order {
 		wg.Go(func() {
+			mayBeHeld := false // an earlier message of the key was settled without its call: perhaps dead
 			for i, it := range turns[k] {
+				if mayBeHeld && it.plan == planLeased {
+					// Leased with the batch, before the dead one died.
+					switch parkedNow, err := c.parkLeasedIfHeld(turnCtx, it); {
+					case err != nil:
+						for _, rest := range turns[k][i:] {
+							rest.result = leaseAbandoned
+						}
+						return
+					case parkedNow:
+						it.result = leaseSettled
+						continue
+					}
+				}
 				err := c.runLeased(turnCtx, it)
+				if it.result == leaseSettled && (it.plan == planAlone || it.plan == planLeased) {
+					mayBeHeld = true
+				}
 				var ce *crashError
 				if errors.As(err, &ce) {
 					crash.CompareAndSwap(nil, ce)
@@ -287,7 +336,7 @@ func (c *Consumer) processLeasedBatch(ctx context.Context, batch []delivery) err
 		}
 	}
 	var (
-		counts  [4]int
+		counts  [numOutcomes]int
 		done    []delivery
 		batched int // settled through the batch, not alone (processLeased records those)
 	)
@@ -337,11 +386,16 @@ func (c *Consumer) leaseBatch(ctx context.Context, items []*leaseItem) {
 	if len(fresh) == 0 {
 		return
 	}
-	leasedAt := time.Now()
 	var notes []func()
 	plans := make(map[uuid.UUID]*leaseItem, len(fresh))
 	err := pgx.BeginFunc(ctx, c.pool, func(tx pgx.Tx) error {
 		clear(plans)
+		// A held aggregate's messages are left to planAlone, where each is
+		// parked or released on its own (park.go).
+		fresh, err := c.unheld(ctx, tx, fresh)
+		if err != nil || len(fresh) == 0 {
+			return err
+		}
 		n := len(fresh)
 		ids, types, aggs, versions := make([][16]byte, n), make([]string, n), make([]string, n), make([]int64, n)
 		topics, partitions, offsets, payloads := make([]string, n), make([]int32, n), make([]int64, n), make([][]byte, n)
@@ -422,7 +476,7 @@ func (c *Consumer) leaseBatch(ctx context.Context, items []*leaseItem) {
 				continue
 			}
 			d := *it
-			d.plan, d.token, d.taken, d.leasedAt = planLeased, cl.token, cl.taken, leasedAt
+			d.plan, d.token, d.taken = planLeased, cl.token, cl.taken
 			plans[it.ev.EventID] = &d
 			out := duplicate // taken over: guarded when it was first leased
 			if !cl.taken {
@@ -459,14 +513,15 @@ func (c *Consumer) leaseBatch(ctx context.Context, items []*leaseItem) {
 	}
 	for _, it := range fresh {
 		if p := plans[it.ev.EventID]; p != nil {
-			it.plan, it.token, it.taken, it.leasedAt, it.counts = p.plan, p.token, p.taken, p.leasedAt, p.counts
+			it.plan, it.token, it.taken, it.counts = p.plan, p.token, p.taken, p.counts
 		}
 	}
 }
 
 // runLeased is one message's turn: settle it alone, or run its side effect
 // under the batch's lease. It returns nil when the message may be finished
-// (its result says whether it still needs marking done), errAbandoned, or a
+// (its result says whether it still needs marking done), errAbandoned or
+// errLeaseLost (the key's later messages are then abandoned with it), or a
 // *crashError.
 func (c *Consumer) runLeased(ctx context.Context, it *leaseItem) error {
 	if it.plan == planAlone {
@@ -501,20 +556,6 @@ func (c *Consumer) runLeased(ctx context.Context, it *leaseItem) error {
 		}
 		return nil
 	}
-	// The lease was taken when the batch began; messages whose turn came
-	// late (their key's earlier messages were slow) renew it before calling,
-	// so it cannot lapse while they call.
-	if time.Since(it.leasedAt) > c.cfg.LeaseTTL/2 {
-		switch err := c.renewBeforeCall(ctx, it); {
-		case errors.Is(err, errLeaseLost):
-			c.leaseTakenOver(ctx, it.ev)
-			it.result = leaseSettled
-			return nil
-		case err != nil:
-			it.result = leaseAbandoned
-			return err
-		}
-	}
 	outcome, settled, err := c.underLease(ctx, it.d, it.ev, it.token, it.taken, &it.counts)
 	switch {
 	case err != nil:
@@ -526,28 +567,6 @@ func (c *Consumer) runLeased(ctx context.Context, it *leaseItem) error {
 		it.result, it.outcome = leaseCalled, outcome
 	}
 	return nil
-}
-
-// renewBeforeCall renews its lease, waiting out the database being
-// unreachable: no call may start under a lease that could lapse during it.
-// A renewal that succeeds late is still safe: the token proves nobody took
-// the message over meanwhile. It returns errLeaseLost or errAbandoned.
-func (c *Consumer) renewBeforeCall(ctx context.Context, it *leaseItem) error {
-	for outages := 1; ; outages++ {
-		err := c.renew(ctx, it.ev.EventID, it.token)
-		switch {
-		case err == nil:
-			return nil
-		case errors.Is(err, errLeaseLost):
-			return err
-		case ctx.Err() != nil:
-			return errAbandoned
-		}
-		c.db.fail(ctx, "renew_lease", err)
-		if err := wait(ctx, it.d.gen, retry.Backoff(outages, c.cfg.BackoffMin, c.cfg.BackoffMax)); err != nil {
-			return err
-		}
-	}
 }
 
 // renew extends the lease of id if token still holds it.
@@ -621,24 +640,48 @@ func (c *Consumer) leaseTakenOver(ctx context.Context, ev event.Envelope) {
 		slog.String("consumer", c.cfg.Name), slog.String("event_id", ev.EventID.String()))
 }
 
+// The op label of inbox_effect_errors_total.
+const (
+	opCheck = "check"
+	opCall  = "call"
+)
+
 // underLease runs ev's side effect under the lease token, retrying with
 // backoff, checking first whenever an earlier attempt may have called
 // (taken: an expired lease was taken over; or a call of this worker
-// failed, since a failed call may still have landed). It returns the
-// outcome to mark done with; settled when the message needs no marking
-// done (marked uncertain, or dead-lettered); errAbandoned or a *crashError.
-func (c *Consumer) underLease(ctx context.Context, d delivery, ev event.Envelope, token int64, taken bool, counts *[4]int) (Outcome, bool, error) {
+// failed, since a failed call may still have landed). The other side being
+// unavailable (ErrUnavailable) is waited out without counting an attempt.
+// It returns the outcome to mark done with; settled when the message needs
+// no marking done (marked uncertain, or dead-lettered); errLeaseLost when
+// another worker took the message over, errAbandoned, or a *crashError.
+func (c *Consumer) underLease(ctx context.Context, d delivery, ev event.Envelope, token int64, taken bool, counts *[numOutcomes]int) (Outcome, bool, error) {
 	key := ev.EventID.String()
 	mayHaveCalled := taken
+	var failedAt time.Time // when this worker's last failed call returned
 	c.cfg.Metrics.observeHop(c.cfg.Name, ev.OccurredAt)
-	for attempt := 1; ; attempt++ {
-		outcome, err := c.runEffect(ctx, d.gen, ev, key, mayHaveCalled)
+	for attempt, outages := 1, 0; ; {
+		if !failedAt.IsZero() {
+			// That call may still land up to LeaseMargin after it returned;
+			// a check any sooner could miss it and call again.
+			if err := wait(ctx, d.gen, time.Until(failedAt.Add(c.cfg.LeaseMargin))); err != nil {
+				return "", false, err
+			}
+		}
+		outcome, op, err := c.runEffect(ctx, d.gen, ev, token, key, mayHaveCalled)
+		if op == opCall && err != nil {
+			mayHaveCalled, failedAt = true, time.Now()
+		}
 		switch {
+		case errors.Is(err, errLeaseLost):
+			c.leaseTakenOver(ctx, ev)
+			return "", false, err
 		case errors.Is(err, errAbandoned):
 			return "", false, err
 		case errors.Is(err, ErrUnknowable):
+			c.other.ok(ctx, "")
 			return "", true, c.settleLeased(ctx, d, "marking uncertain", func() error { return c.markUncertain(ctx, ev, token, err) })
 		case err == nil:
+			c.other.ok(ctx, "")
 			if c.cfg.CrashPoint != nil {
 				if err := c.cfg.CrashPoint(CrashAfterEffect); err != nil {
 					return "", false, &crashError{fmt.Errorf("crash point %s: %w", CrashAfterEffect, err)}
@@ -646,11 +689,17 @@ func (c *Consumer) underLease(ctx context.Context, d delivery, ev event.Envelope
 			}
 			counts[processed]++
 			return outcome, false, nil
-		}
-		if ctx.Err() != nil {
+		case ctx.Err() != nil:
 			return "", false, errAbandoned
+		case errors.Is(err, ErrUnavailable):
+			c.other.fail(ctx, op, err)
+			outages++
+			if err := wait(ctx, d.gen, retry.Backoff(outages, c.cfg.BackoffMin, c.cfg.BackoffMax)); err != nil {
+				return "", false, err
+			}
+			continue
 		}
-		mayHaveCalled = true // a failed call may still have landed
+		c.other.ok(ctx, op) // it answered: reachable, and the failure is the message's
 		c.cfg.Metrics.failures.WithLabelValues(c.cfg.Name).Inc()
 		permanent := isPermanent(err)
 		if permanent || attempt >= c.cfg.MaxAttempts {
@@ -666,44 +715,89 @@ func (c *Consumer) underLease(ctx context.Context, d delivery, ev event.Envelope
 		if err := wait(ctx, d.gen, delay); err != nil {
 			return "", false, err
 		}
-		// Keep the lease while retrying, so no other worker takes it over.
-		// If the database is away, the lease may lapse; the fencing token
-		// then keeps a late markDone from overwriting the new holder's work.
-		if err := c.renew(ctx, ev.EventID, token); err != nil && !errors.Is(err, errLeaseLost) && ctx.Err() == nil {
-			c.db.fail(ctx, "renew_lease", err)
-		}
+		attempt++
 	}
 }
 
 // runEffect checks first when an earlier attempt may have called, then
-// calls, each call within the consumer's MaxInFlight. It returns
-// errAbandoned when ctx ends or gen is dropped while it waits its turn.
-func (c *Consumer) runEffect(ctx context.Context, gen *generation, ev event.Envelope, key string, mayHaveCalled bool) (Outcome, error) {
+// calls, each under the lease (callUnderLease). op says which of the two
+// the error came from.
+func (c *Consumer) runEffect(ctx context.Context, gen *generation, ev event.Envelope, token int64, key string, mayHaveCalled bool) (Outcome, string, error) {
 	if mayHaveCalled {
-		has, err := c.call(ctx, gen, func() (bool, error) { return c.effect.Check(ctx, key) })
+		var has bool
+		err := c.callUnderLease(ctx, gen, ev.EventID, token, func(ctx context.Context) (err error) {
+			has, err = c.effect.Check(ctx, key)
+			return err
+		})
 		if err != nil {
-			return "", err
+			return "", opCheck, err
 		}
 		if has {
 			c.cfg.Logger.WarnContext(ctx, "the side effect already happened; marking it done without repeating it",
 				slog.String("consumer", c.cfg.Name), slog.String("event_id", key))
-			return AlreadyPresent, nil
+			return AlreadyPresent, "", nil
 		}
 	}
-	_, err := c.call(ctx, gen, func() (bool, error) { return false, c.effect.Call(ctx, ev, key) })
-	return Sent, err
+	err := c.callUnderLease(ctx, gen, ev.EventID, token, func(ctx context.Context) error { return c.effect.Call(ctx, ev, key) })
+	return Sent, opCall, err
 }
 
-// call runs f once one of the MaxInFlight call slots is free.
-func (c *Consumer) call(ctx context.Context, gen *generation, f func() (bool, error)) (bool, error) {
+// callUnderLease runs f, a call to the other side, only while this worker
+// holds the lease of id: it takes one of the MaxInFlight call slots (a wait
+// of any length, during which the lease may lapse), renews the lease under
+// token, waiting out the database being unreachable, and then runs f with a
+// ctx that ends CallTimeout after the renewal began — so before the lease,
+// renewed for LeaseTTL, can expire, by LeaseTTL - CallTimeout (at least
+// LeaseMargin, which Validate enforces). The renewal is the check: a
+// renewal that succeeds late is still safe, since the token proves nobody
+// took the message over meanwhile. It returns errLeaseLost when somebody
+// did, errAbandoned when ctx ends or gen is dropped, and an error wrapping
+// ErrUnavailable when f outlived CallTimeout.
+func (c *Consumer) callUnderLease(ctx context.Context, gen *generation, id uuid.UUID, token int64, f func(context.Context) error) error {
 	select {
 	case c.calls <- struct{}{}:
 	case <-ctx.Done():
-		return false, errAbandoned
+		return errAbandoned
 	}
 	defer func() { <-c.calls }()
-	if gen != nil && gen.isDropped() {
-		return false, errAbandoned
+	var renewed time.Time
+	for outages := 1; ; outages++ {
+		if gen != nil && gen.isDropped() {
+			return errAbandoned
+		}
+		renewed = time.Now() // before the renewal: the lease runs from no earlier
+		err := c.renew(ctx, id, token)
+		if err == nil {
+			if outages > 1 {
+				c.db.ok(ctx, "renew_lease")
+			}
+			break
+		}
+		switch {
+		case errors.Is(err, errLeaseLost):
+			return err
+		case ctx.Err() != nil:
+			return errAbandoned
+		}
+		c.db.fail(ctx, "renew_lease", err)
+		if err := wait(ctx, gen, retry.Backoff(outages, c.cfg.BackoffMin, c.cfg.BackoffMax)); err != nil {
+			return err
+		}
 	}
-	return f()
+	callCtx, cancel := context.WithDeadline(ctx, renewed.Add(c.cfg.CallTimeout))
+	defer cancel()
+	err := f(callCtx)
+	if err != nil && ctx.Err() == nil && errors.Is(callCtx.Err(), context.DeadlineExceeded) && !errors.Is(err, ErrUnavailable) {
+		err = fmt.Errorf("%w: no answer within CallTimeout (%v): %w", ErrUnavailable, c.cfg.CallTimeout, err)
+	}
+	return err
+}
+
+// effectHealth describes an outage of the Effect's other side, nil when
+// there is none or the consumer is not in lease mode.
+func (c *Consumer) effectHealth() error {
+	if c.other == nil {
+		return nil
+	}
+	return c.other.err()
 }

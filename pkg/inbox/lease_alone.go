@@ -17,13 +17,14 @@ import (
 // processLeased settles one message in lease mode, in transactions of its
 // own: the lease, the side effect, marking it done. Like processAlone, it
 // charges a message only for its own failures (its side effect, data
-// Postgres refuses), waits out the database being unreachable, and returns
-// errAbandoned when ctx (the shutdown grace) ends or the message's
-// generation is dropped; a crash point firing is a *crashError.
+// Postgres refuses), waits out the database (and the Effect's other side)
+// being unreachable, and returns errAbandoned when ctx (the shutdown grace)
+// ends or the message's generation is dropped, errLeaseLost when another
+// worker took its lease over; a crash point firing is a *crashError.
 func (c *Consumer) processLeased(ctx context.Context, d delivery) error {
 	m := d.m
 	start := time.Now()
-	var counts [4]int
+	var counts [numOutcomes]int
 	defer func() { c.cfg.Metrics.record(c.cfg.Name, counts, 1, time.Since(start)) }()
 
 	ev, err := event.FromKafka(m)
@@ -118,10 +119,11 @@ func (c *Consumer) settleLeased(ctx context.Context, d delivery, step string, f 
 	}
 }
 
-// deadLetterLeased dead-letters in a transaction of its own, waiting out
-// the database being unreachable.
+// deadLetterLeased dead-letters outside any transaction (deadLetterAlone),
+// waiting out the database being unreachable without publishing again.
 func (c *Consumer) deadLetterLeased(ctx context.Context, d delivery, ev *event.Envelope, reason error) error {
-	return c.settleLeased(ctx, d, "dead_letter", func() error { return c.deadLetterAlone(ctx, d.m, ev, reason) })
+	published := false
+	return c.settleLeased(ctx, d, "dead_letter", func() error { return c.deadLetterAlone(ctx, d.m, ev, reason, &published) })
 }
 
 // lease claims the message. A non-nil outcome means it needs no side effect
@@ -150,8 +152,38 @@ func (c *Consumer) lease(ctx context.Context, m kafka.Message, ev *event.Envelop
 		if err != nil {
 			return dbErrors.Translate("leasing", err)
 		}
-		if !taken && !c.cfg.DisableVersionGuard {
-			isStale, err := c.guardVersion(ctx, tx, ev)
+		if taken {
+			return c.upcast(ev) // parked and guarded when it was first leased
+		}
+		pd, err := c.parkCheck(ctx, tx, ev)
+		if err != nil {
+			return err
+		}
+		if pd.release {
+			c.released.add(aggregateKey{ev.AggregateType, ev.AggregateID})
+		}
+		switch pd.verdict {
+		case parkIt, alreadyParked:
+			// Not leased after all: no inbox row, so that its release leases it.
+			if _, err := tx.Exec(ctx, deleteInboxRow, c.cfg.Name, ev.EventID); err != nil {
+				return dbErrors.Translate("parking a message", err)
+			}
+			o := duplicate
+			if pd.verdict == parkIt {
+				o = parked
+				if err := c.park(ctx, tx, m, ev, pd.blockedBy); err != nil {
+					return err
+				}
+			}
+			out = &o
+			return nil
+		case proceedRequeued:
+			if _, err := tx.Exec(ctx, dropDeadKey, c.cfg.Name, ev.EventID); err != nil {
+				return dbErrors.Translate("releasing a requeued message's aggregate", err)
+			}
+		}
+		if !c.cfg.DisableVersionGuard {
+			isStale, err := c.guardVersion(ctx, tx, ev, pd.verdict == proceedRequeued)
 			if err != nil {
 				return err
 			}
@@ -204,9 +236,4 @@ func (c *Consumer) markUncertain(ctx context.Context, ev event.Envelope, token i
 		return dbErrors.Translate("marking a lease uncertain", err)
 	}
 	return nil
-}
-
-// deadLetterAlone dead-letters outside a batch, in a transaction of its own.
-func (c *Consumer) deadLetterAlone(ctx context.Context, m kafka.Message, ev *event.Envelope, reason error) error {
-	return pgx.BeginFunc(ctx, c.pool, func(tx pgx.Tx) error { return c.deadLetter(ctx, tx, m, ev, reason) })
 }

@@ -10,12 +10,15 @@ import (
 // Create them once per process and share them between its consumers.
 type Metrics struct {
 	processed, duplicates, stale, failures, gaps, uncertain *prometheus.CounterVec
+	parked, released                                        *prometheus.CounterVec
 	payloadMismatches                                       *prometheus.CounterVec
 	deadLettered                                            *prometheus.CounterVec // consumer, reason
 	seconds, batchSeconds, hop                              *prometheus.HistogramVec
-	lag, deadLetters                                        *prometheus.GaugeVec
+	lag, deadLetters, parkedNow                             *prometheus.GaugeVec
 	kafkaErrors, dbErrors                                   *prometheus.CounterVec // consumer, op
 	kafkaConnected, dbConnected                             *prometheus.GaugeVec
+	effectErrors                                            *prometheus.CounterVec // consumer, op (lease mode)
+	effectConnected                                         *prometheus.GaugeVec   // lease mode
 }
 
 // The reason label of inbox_dead_lettered_total: why a message went to the
@@ -47,6 +50,9 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		payloadMismatches: counter("inbox_payload_mismatches_total",
 			"Redelivered events whose payload differs from the one first handled under the same event id (a producer bug); ignored like any duplicate."),
 		failures: counter("inbox_failures_total", "Handler attempts that failed (each retry counts)."),
+		parked: counter("inbox_parked_total",
+			"Events parked, not applied, because an earlier event of their aggregate is dead (dead-lettered and not yet requeued and applied)."),
+		released: counter("inbox_released_total", "Parked events released from the parking once the dead event ahead of them was requeued and applied."),
 		deadLettered: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "inbox_dead_lettered_total",
 			Help: "Messages sent to the dead-letter topic, by reason (undecodable, invalid, permanent, exhausted).",
@@ -77,6 +83,10 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Name: "inbox_dead_letters",
 			Help: "Dead-lettered events not requeued yet: the dead-letter backlog an operator has to resolve (refreshed every LagInterval).",
 		}, []string{"consumer"}),
+		parkedNow: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "inbox_parked_messages",
+			Help: "Events parked behind a dead event of their aggregate, waiting for its requeue (refreshed every LagInterval).",
+		}, []string{"consumer"}),
 		kafkaErrors: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "inbox_kafka_errors_total",
 			Help: "Failed Kafka operations of the consumer, by op (join, fetch, commit, dead_letter); retried, never charged to a message.",
@@ -93,9 +103,19 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Name: "inbox_database_connected",
 			Help: "1 while the consumer reaches its database, 0 during an outage it is waiting out.",
 		}, []string{"consumer"}),
+		effectErrors: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "inbox_effect_errors_total",
+			Help: "Lease mode: Effect calls that found the other side (a third party) unavailable, by op (check, call); waited out, never charged to a message.",
+		}, []string{"consumer", "op"}),
+		effectConnected: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "inbox_effect_connected",
+			Help: "Lease mode: 1 while the other side of the Effect (a third party) answers, 0 during an outage the consumer is waiting out.",
+		}, []string{"consumer"}),
 	}
 	if reg != nil {
+		reg.MustRegister(m.effectErrors, m.effectConnected)
 		reg.MustRegister(m.processed, m.duplicates, m.stale, m.failures, m.deadLettered, m.gaps, m.uncertain, m.payloadMismatches, m.seconds, m.batchSeconds, m.hop, m.lag, m.deadLetters,
+			m.parked, m.released, m.parkedNow,
 			m.kafkaErrors, m.dbErrors, m.kafkaConnected, m.dbConnected)
 	}
 	return m
@@ -107,10 +127,11 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 // batch's time evenly among its messages would invent durations no message
 // had, and weigh big batches n times. Dead letters are counted by deadLetter
 // itself, with their reason, when the dead-letter topic has them.
-func (m *Metrics) record(consumer string, counts [4]int, n int, took time.Duration) {
+func (m *Metrics) record(consumer string, counts [numOutcomes]int, n int, took time.Duration) {
 	m.processed.WithLabelValues(consumer).Add(float64(counts[processed]))
 	m.duplicates.WithLabelValues(consumer).Add(float64(counts[duplicate]))
 	m.stale.WithLabelValues(consumer).Add(float64(counts[stale]))
+	m.parked.WithLabelValues(consumer).Add(float64(counts[parked]))
 	if n > 0 {
 		m.batchSeconds.WithLabelValues(consumer).Observe(took.Seconds())
 	}
@@ -141,7 +162,7 @@ func (m *Metrics) KafkaErrors(consumer, op string) prometheus.Counter {
 // init exports every series of consumer at zero, so dashboards and alerts
 // see the metrics before the first event arrives.
 func (m *Metrics) init(consumer string) {
-	for _, c := range []*prometheus.CounterVec{m.processed, m.duplicates, m.stale, m.failures, m.gaps, m.uncertain, m.payloadMismatches} {
+	for _, c := range []*prometheus.CounterVec{m.processed, m.duplicates, m.stale, m.failures, m.gaps, m.uncertain, m.payloadMismatches, m.parked, m.released} {
 		c.WithLabelValues(consumer)
 	}
 	for _, r := range deadLetterReasons {
@@ -151,6 +172,7 @@ func (m *Metrics) init(consumer string) {
 	m.batchSeconds.WithLabelValues(consumer)
 	m.hop.WithLabelValues(consumer)
 	m.deadLetters.WithLabelValues(consumer)
+	m.parkedNow.WithLabelValues(consumer)
 	// The ops every consumer runs, so that rate() of the error counters has
 	// a series before the first outage; rarer ops appear when they fail.
 	for _, op := range []string{"join", "fetch", "commit", "dead_letter"} {

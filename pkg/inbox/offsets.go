@@ -17,6 +17,9 @@ import (
 // older generation).
 type generation struct {
 	id int32
+	// parent: a generation for messages released from the parking (see
+	// released), dropped when its parent is.
+	parent *generation
 
 	mu       sync.Mutex
 	ended    bool // no new work starts: the partitions may belong to another member now
@@ -85,6 +88,9 @@ func (g *generation) add(m kafka.Message) bool {
 func (g *generation) begin() bool {
 	if g == nil { // handed in through Handle: nothing to track
 		return true
+	}
+	if g.parent != nil && !g.parent.live() {
+		return false
 	}
 	g.mu.Lock()
 	defer g.mu.Unlock()
@@ -165,6 +171,13 @@ func (g *generation) end() {
 	g.ended = true
 }
 
+// live reports whether work may still start under g.
+func (g *generation) live() bool {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return !g.ended
+}
+
 // drained reports whether no worker is handling a message of the generation.
 func (g *generation) drained() bool {
 	g.mu.Lock()
@@ -181,9 +194,23 @@ func (g *generation) drop() {
 	g.parts = nil
 }
 
-// isDropped reports whether drop was called.
+// isDropped reports whether drop was called (on its parent, for released).
 func (g *generation) isDropped() bool {
+	if g.parent != nil {
+		return g.parent.isDropped()
+	}
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	return g.dropped
+}
+
+// released is the generation of a message released from the parking
+// (park.go), handled under g: abandoned when g is dropped, but tracking no
+// offset, since it was not fetched in g (its own offset was committed when
+// it was parked).
+func (g *generation) released() *generation {
+	if g == nil {
+		return nil
+	}
+	return &generation{id: g.id, parent: g}
 }

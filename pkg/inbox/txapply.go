@@ -1,7 +1,9 @@
 package inbox
 
 import (
+	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"time"
@@ -16,8 +18,10 @@ import (
 )
 
 // processBatch handles batch in as few transactions as it can: one, unless
-// a message fails transiently; then what came before it commits, it is
-// retried alone with backoff, and the rest continues in a new transaction.
+// a message fails transiently or is to be dead-lettered; then what came
+// before it commits, it is retried alone with backoff or dead-lettered with
+// no transaction open (dueDeadLetter), and the rest continues in a new
+// transaction.
 // Every message of batch is finished (done or abandoned) when it returns.
 func (c *Consumer) processBatch(ctx context.Context, batch []delivery) (err error) {
 	defer func() {
@@ -26,7 +30,7 @@ func (c *Consumer) processBatch(ctx context.Context, batch []delivery) (err erro
 		}
 	}()
 	for len(batch) > 0 {
-		n := c.tryBatch(ctx, batch)
+		n, due := c.tryBatch(ctx, batch)
 		if err := c.committed(ctx, batch[:n]); err != nil {
 			batch = batch[n:]
 			return err
@@ -35,13 +39,20 @@ func (c *Consumer) processBatch(ctx context.Context, batch []delivery) (err erro
 		if len(batch) == 0 {
 			return nil
 		}
-		if err := c.processAlone(ctx, batch[0]); err != nil {
+		var aloneErr error
+		if due != nil {
+			aloneErr = c.deadLetterSettled(ctx, batch[0], due)
+		} else {
+			aloneErr = c.processAlone(ctx, batch[0])
+		}
+		if aloneErr != nil {
 			if ctx.Err() != nil {
-				return err
+				return aloneErr
 			}
 			// Its generation was dropped; the others may be of a newer one.
-			batch[0].gen.finish(batch[0].m, false)
-			batch = batch[1:]
+			// The later messages of its key in its generation go with it:
+			// applied now, they would make the redelivered one look stale.
+			batch = abandonKey(batch)
 			continue
 		}
 		err := c.committed(ctx, batch[:1])
@@ -51,6 +62,22 @@ func (c *Consumer) processBatch(ctx context.Context, batch []delivery) (err erro
 		}
 	}
 	return nil
+}
+
+// abandonKey finishes batch[0] unfinished, with every later message of its
+// key and generation, and returns the rest of the batch in order.
+func abandonKey(batch []delivery) []delivery {
+	first := batch[0]
+	first.gen.finish(first.m, false)
+	rest := make([]delivery, 0, len(batch)-1)
+	for _, d := range batch[1:] {
+		if d.gen == first.gen && bytes.Equal(d.m.Key, first.m.Key) {
+			d.gen.finish(d.m, false)
+			continue
+		}
+		rest = append(rest, d)
+	}
+	return rest
 }
 
 func messages(batch []delivery) []kafka.Message {
@@ -64,14 +91,16 @@ func messages(batch []delivery) []kafka.Message {
 // tryBatch handles batch in one transaction. It first tries the fast path
 // (fastBatch); when that cannot settle the whole batch, it handles the batch
 // again with a savepoint per message, and returns how many messages it
-// settled (handled, skipped or dead-lettered) before the first one that
-// failed transiently; those are committed. When the database cannot be
-// reached it settles none, and processAlone waits the outage out.
-func (c *Consumer) tryBatch(ctx context.Context, batch []delivery) int {
+// settled (handled or skipped) before the first one that failed transiently
+// or is to be dead-lettered; those are committed. due is that next
+// message's dead letter, to publish now that the transaction has ended;
+// nil when it failed transiently. When the database cannot be reached it
+// settles none, and processAlone waits the outage out.
+func (c *Consumer) tryBatch(ctx context.Context, batch []delivery) (n int, due *dueDeadLetter) {
 	ms := messages(batch)
 	if len(ms) > 1 && c.fastBatch(ctx, ms) {
 		c.db.ok(ctx, "")
-		return len(ms)
+		return len(ms), nil
 	}
 	start := time.Now()
 	tx, err := c.pool.Begin(ctx)
@@ -79,15 +108,17 @@ func (c *Consumer) tryBatch(ctx context.Context, batch []delivery) int {
 		if ctx.Err() == nil {
 			c.db.fail(ctx, "begin", err)
 		}
-		return 0
+		return 0, nil
 	}
 	defer tx.Rollback(context.Background()) //nolint:errcheck // no-op after commit
-	var counts [4]int
-	n := 0
+	var counts [numOutcomes]int
 	for _, m := range ms {
 		out, err := c.settle(ctx, tx, m, 1)
 		if err != nil {
-			break // transient: commit what came before, retry this one alone
+			// A dead letter, or a transient failure: commit what came
+			// before, then dead-letter this one, or retry it alone.
+			errors.As(err, &due)
+			break
 		}
 		counts[out]++
 		n++
@@ -99,11 +130,11 @@ func (c *Consumer) tryBatch(ctx context.Context, batch []delivery) int {
 			c.cfg.Logger.WarnContext(ctx, "inbox batch commit failed; retrying its messages one by one",
 				slog.String("consumer", c.cfg.Name), slog.Any("error", err))
 		}
-		return 0
+		return 0, nil
 	}
 	c.db.ok(ctx, "")
 	c.cfg.Metrics.record(c.cfg.Name, counts, n, time.Since(start))
-	return n
+	return n, due
 }
 
 // processAlone retries one failing message in its own transactions with
@@ -125,22 +156,7 @@ func (c *Consumer) processAlone(ctx context.Context, d delivery) error {
 		if attempt >= c.cfg.MaxAttempts && lastErr != nil {
 			// The last allowed attempt failed outside the handler (its
 			// commit): dead-letter without running it again.
-			err := c.deadLetterAlone(ctx, d.m, nil, fmt.Errorf("gave up after %d attempts: %w", attempt, lastErr))
-			switch {
-			case err == nil:
-				return nil
-			case ctx.Err() != nil:
-				return errAbandoned
-			case isOutage(err):
-				c.db.fail(ctx, "dead_letter", err)
-				outages++
-				continue
-			}
-			// The dead letter is published; only its empty transaction
-			// failed. Moving on is all that is left to do.
-			c.cfg.Logger.ErrorContext(ctx, "inbox dead-lettered a message but could not commit afterwards; moving on",
-				slog.String("consumer", c.cfg.Name), slog.Any("error", err))
-			return nil
+			return c.deadLetterSettled(ctx, d, &dueDeadLetter{reason: fmt.Errorf("gave up after %d attempts: %w", attempt, lastErr)})
 		}
 		start := time.Now()
 		tx, err := c.pool.Begin(ctx)
@@ -160,13 +176,16 @@ func (c *Consumer) processAlone(ctx context.Context, d delivery) error {
 		}
 		if err == nil {
 			c.db.ok(ctx, "")
-			var counts [4]int
+			var counts [numOutcomes]int
 			counts[out]++
 			c.cfg.Metrics.record(c.cfg.Name, counts, 1, time.Since(start))
 			return nil
 		}
 		_ = tx.Rollback(context.Background())
+		var due *dueDeadLetter
 		switch {
+		case errors.As(err, &due):
+			return c.deadLetterSettled(ctx, d, due)
 		case ctx.Err() != nil:
 			return errAbandoned
 		case isOutage(err):
@@ -214,6 +233,11 @@ func (c *Consumer) fastBatch(ctx context.Context, batch []kafka.Message) bool {
 	}
 	defer tx.Rollback(context.Background()) //nolint:errcheck // no-op after commit
 
+	// A held aggregate (a dead message, parked messages) is decided message
+	// by message, on the savepoint path.
+	if held, err := c.heldKeys(ctx, tx, evs); err != nil || len(held) > 0 {
+		return false
+	}
 	fresh, err := c.insertBatch(ctx, tx, batch, evs)
 	if err != nil {
 		c.fastPathFailed(ctx, "recording in inbox", err)
@@ -240,7 +264,7 @@ func (c *Consumer) fastBatch(ctx context.Context, batch []kafka.Message) bool {
 			return false
 		}
 	}
-	var counts [4]int
+	var counts [numOutcomes]int
 	for i := range evs {
 		counts[outs[i]]++
 		if outs[i] != processed {
@@ -310,22 +334,25 @@ func (c *Consumer) insertBatch(ctx context.Context, tx pgx.Tx, batch []kafka.Mes
 	return fresh, nil
 }
 
+const deleteInboxRow = `DELETE FROM inbox_messages WHERE consumer = $1 AND message_id = $2`
+
 const insertProcessed = `
 INSERT INTO inbox_messages (consumer, message_id, event_type, aggregate_id, aggregate_version,
                             topic, kafka_partition, kafka_offset, status, payload_hash, processed_at)
 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, 'processed', sha256($9), now())
 ON CONFLICT (consumer, message_id) DO NOTHING`
 
-// settle decides one message inside tx: handled, duplicate, stale, or
-// dead-lettered. It returns an error only for a transient failure (the
-// savepoint is rolled back and the caller retries); attempt counts the
-// tries so far, and the last allowed one dead-letters instead. A failure
+// settle decides one message inside tx: handled, duplicate, stale, or to be
+// dead-lettered (a *dueDeadLetter error, which the caller publishes after
+// ending tx). Any other error is a transient failure (the savepoint is
+// rolled back and the caller retries); attempt counts the tries so far, and
+// the last allowed one dead-letters instead. A failure
 // because the database is unreachable is never the message's: it is
 // returned for the caller to wait out, whatever the attempt.
 func (c *Consumer) settle(ctx context.Context, tx pgx.Tx, m kafka.Message, attempt int) (outcome, error) {
 	ev, err := event.FromKafka(m)
 	if err != nil {
-		return deadLettered, c.deadLetter(ctx, tx, m, nil, err)
+		return deadLettered, &dueDeadLetter{reason: err}
 	}
 	sp, err := tx.Begin(ctx) // a savepoint
 	if err != nil {
@@ -355,7 +382,7 @@ func (c *Consumer) settle(ctx context.Context, tx pgx.Tx, m kafka.Message, attem
 	if !permanent {
 		err = fmt.Errorf("gave up after %d attempts: %w", attempt, err)
 	}
-	return deadLettered, c.deadLetter(ctx, tx, m, &ev, err)
+	return deadLettered, &dueDeadLetter{ev: &ev, reason: err}
 }
 
 // apply is the inbox insert, the version guard, the upcasters and the
@@ -374,8 +401,30 @@ func (c *Consumer) apply(ctx context.Context, tx pgx.Tx, m kafka.Message, ev *ev
 		}
 		return duplicate, nil
 	}
+	pd, err := c.parkCheck(ctx, tx, ev)
+	if err != nil {
+		return 0, err
+	}
+	if pd.release {
+		c.released.add(aggregateKey{ev.AggregateType, ev.AggregateID})
+	}
+	switch pd.verdict {
+	case parkIt, alreadyParked:
+		// Not applied: no inbox row either, so that its release applies it.
+		if _, err := tx.Exec(ctx, deleteInboxRow, c.cfg.Name, ev.EventID); err != nil {
+			return 0, dbErrors.Translate("parking a message", err)
+		}
+		if pd.verdict == alreadyParked {
+			return duplicate, nil
+		}
+		return parked, c.park(ctx, tx, m, ev, pd.blockedBy)
+	case proceedRequeued:
+		if _, err := tx.Exec(ctx, dropDeadKey, c.cfg.Name, ev.EventID); err != nil {
+			return 0, dbErrors.Translate("releasing a requeued message's aggregate", err)
+		}
+	}
 	if !c.cfg.DisableVersionGuard {
-		isStale, err := c.guardVersion(ctx, tx, ev)
+		isStale, err := c.guardVersion(ctx, tx, ev, pd.verdict == proceedRequeued)
 		if err != nil || isStale {
 			return stale, err
 		}

@@ -2,6 +2,7 @@ package outbox
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"time"
@@ -126,6 +127,10 @@ func (l *lane) publish(ctx context.Context, todo []cdcEvent) (bool, error) {
 				if attempts[i] > 0 {
 					r.cfg.Metrics.retries.Inc()
 				}
+			case errors.Is(err, errHeldBack):
+				// Not written: an earlier event of its aggregate failed. It
+				// goes again with that one, uncharged, and after it.
+				retryIdx = append(retryIdx, i)
 			case kafkautil.IsMessageError(err):
 				judged++
 				attempts[i]++

@@ -446,8 +446,9 @@ func TestCDCMessageErrorSkipsTheEventAsDead(t *testing.T) {
 	enqueue(t, pool, big, newEvent("fine", 1))
 	enqueue(t, pool, newEvent("big", 2))
 	testinfra.WaitFor(t, 30*time.Second, "the events after the refused one", func() (bool, error) { return c.distinct() == 2, nil })
-	// The events after it may go out before its last attempt: all three can
-	// share a batch, and only the refused one is tried again.
+	// fine/1 may go out before its last attempt (all three can share a
+	// batch, and only the refused one is tried again); big/2 waits for it to
+	// be published or dead.
 	testinfra.WaitFor(t, 20*time.Second, "the refused event to be skipped as dead", func() (bool, error) {
 		return testinfra.MetricValue(t, reg, "outbox_dead_total") == 1, nil
 	})

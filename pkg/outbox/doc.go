@@ -25,7 +25,10 @@
 //     still in flight, and sees what it wrote, rather than overtaking it.
 //     A row that fails
 //     holds back the later rows of its aggregate until it is published, or,
-//     if it went dead, until it is requeued. The Kafka key is the aggregate
+//     if it went dead, until it is requeued; in its own batch too, where the
+//     later rows are not given to Kafka at all (a batch's events of one
+//     aggregate go in one write of kafka-go's record batch size, which the
+//     broker takes or refuses whole). The Kafka key is the aggregate
 //     id, so the aggregate's events share a Kafka partition in that order.
 //     What is ordered: the events of one aggregate, in the order their
 //     transactions inserted them (id order), which is version order as long

@@ -26,7 +26,11 @@ import (
 )
 
 // Writer is the part of *kafka.Writer the relay needs. It must return only
-// after the broker acknowledged (RequiredAcks = RequireAll).
+// after the broker acknowledged (RequiredAcks = RequireAll). A *kafka.Writer
+// or *kafkautil.Writer is given no more in one call than fits one record
+// batch per partition, so that the broker judges an aggregate's events of
+// the call together (see writeTopic); a Writer of another type that splits
+// calls must keep each key's messages of one call together itself.
 type Writer interface {
 	WriteMessages(ctx context.Context, msgs ...kafka.Message) error
 }
@@ -859,16 +863,15 @@ func (r *Relay) relayBatch(ctx context.Context, ops wakeOps) (res batchResult, e
 		if c.undecodable != nil {
 			err = c.undecodable
 		}
-		if sent && err != nil && !kafkautil.IsMessageError(err) {
+		if sent && err != nil && !kafkautil.IsMessageError(err) && !errors.Is(err, errHeldBack) {
 			r.cfg.Metrics.kafkaErrors.Inc()
 		}
 		switch {
-		case held[c.aggregate]:
+		case held[c.aggregate] || errors.Is(err, errHeldBack):
 			// An earlier event of this aggregate failed: leave this one
-			// pending and untouched, even though the broker may have taken
-			// it, so that it is retried after that event and keeps order.
-			// The failed row now holds the aggregate back (claimBatch), and
-			// consumers absorb the duplicate.
+			// pending and untouched, so that it is retried after that event
+			// and keeps order. writeTopic did not give it to the broker; the
+			// failed row now holds the aggregate back (claimBatch).
 		case err == nil:
 			published = append(published, c.id)
 			okTopics[c.msg.Topic] = true
@@ -1011,21 +1014,24 @@ func readFinish(br pgx.BatchResults, failed int) (states []string, err error) {
 // publishBatch writes the batch to w and returns one error per row (nil: acked).
 // Each topic is written separately and concurrently: kafka-go fails a whole
 // write when one of its topics is unknown, and one misrouted aggregate type
-// must not hold up the others.
+// must not hold up the others. An aggregate's events all go to one topic,
+// so writeTopic alone keeps them in order.
 func publishBatch(ctx context.Context, w Writer, batch []claimed) []error {
 	byTopic := map[string][]int{}
 	for i, c := range batch {
 		byTopic[c.msg.Topic] = append(byTopic[c.msg.Topic], i)
 	}
+	limits := writerLimits(w)
 	errs := make([]error, len(batch))
 	var wg sync.WaitGroup
 	for _, idx := range byTopic {
 		wg.Go(func() {
 			msgs := make([]kafka.Message, len(idx))
+			aggs := make([]string, len(idx))
 			for j, i := range idx {
-				msgs[j] = batch[i].msg
+				msgs[j], aggs[j] = batch[i].msg, batch[i].aggregate
 			}
-			for j, err := range writeTopic(ctx, w, msgs) {
+			for j, err := range writeTopic(ctx, w, limits, msgs, aggs) {
 				errs[idx[j]] = err
 			}
 		})
@@ -1034,22 +1040,124 @@ func publishBatch(ctx context.Context, w Writer, batch []claimed) []error {
 	return errs
 }
 
-// writeTopic writes msgs to one topic and returns one error per message, making
-// sure that a message error lands on the message it is about and not on its
-// batch-mates, which would otherwise be charged an attempt for it:
+// errHeldBack is the outcome of a message that was not written because an
+// earlier message of its aggregate in the same batch failed: the broker must
+// not have an aggregate's event while it lacks an earlier one.
+var errHeldBack = errors.New("outbox: not written: an earlier event of its aggregate in the batch failed")
+
+// batchLimits are how many messages, and how many bytes of them, kafka-go's
+// writer puts into one record batch of a partition (Writer.BatchSize and
+// BatchBytes). Zero: unknown.
+type batchLimits struct {
+	count int
+	bytes int64
+}
+
+// writerLimits reads w's batch limits when w is kafka-go's writer (as
+// kafkautil.NewWriter's is); another Writer gets the zero limits, and the
+// relay gives it each topic's messages in one call, as it is.
+func writerLimits(w Writer) batchLimits {
+	var kw *kafka.Writer
+	switch w := w.(type) {
+	case *kafka.Writer:
+		kw = w
+	case *kafkautil.Writer:
+		kw = w.Writer
+	}
+	if kw == nil {
+		return batchLimits{}
+	}
+	// kafka-go's own defaults for zero fields.
+	l := batchLimits{count: kw.BatchSize, bytes: kw.BatchBytes}
+	if l.count <= 0 {
+		l.count = 100
+	}
+	if l.bytes <= 0 {
+		l.bytes = 1 << 20
+	}
+	return l
+}
+
+// messageBytes is at least what kafka-go counts for m against BatchBytes
+// (its Message.totalSize: the lengths plus fixed fields and varints, which
+// 64 bytes and 20 per header more than cover). Overcounting only splits a
+// write earlier than needed; undercounting could let kafka-go split one
+// partition's messages into two record batches (see writeTopic).
+func messageBytes(m kafka.Message) int64 {
+	n := int64(64 + len(m.Key) + len(m.Value))
+	for _, h := range m.Headers {
+		n += int64(20 + len(h.Key) + len(h.Value))
+	}
+	return n
+}
+
+// writeTopic writes msgs, in order, to one topic and returns one error per
+// message; aggs[i] names msgs[i]'s aggregate. Two rules shape it.
+//
+// An aggregate's later messages are never written once one of its messages
+// failed: they get errHeldBack and stay behind it (relayBatch leaves them
+// pending). The broker judges a partition's record batch as a whole, but
+// kafka-go cuts one call's messages for a partition into several record
+// batches when they exceed its BatchSize or BatchBytes and sends them one
+// after the other, so in one call the broker could refuse v1 and then take
+// v2. writeTopic therefore cuts msgs into calls that each fit one record
+// batch per partition (limits), and holds an aggregate back in the calls
+// after the one where it failed. Within a call, an aggregate's messages
+// share one partition and one record batch, and so their fate.
+//
+// A message error lands on the message it is about, not on its batch-mates,
+// which would otherwise be charged an attempt for it (writeCall).
+func writeTopic(ctx context.Context, w Writer, limits batchLimits, msgs []kafka.Message, aggs []string) []error {
+	errs := make([]error, len(msgs))
+	failed := map[string]bool{}
+	for _, a := range aggs {
+		failed[a] = false
+	}
+	if len(failed) == len(msgs) {
+		// No aggregate has two events here, so no split can reorder one:
+		// one call, however kafka-go cuts it, is the fastest.
+		limits = batchLimits{}
+	}
+	for start := 0; start < len(msgs); {
+		end, bytes := start, int64(0)
+		for end < len(msgs) {
+			n := messageBytes(msgs[end])
+			if end > start && limits.count > 0 && (end-start >= limits.count || bytes+n > limits.bytes) {
+				break
+			}
+			bytes += n
+			end++
+		}
+		var todo []int // indexes into msgs to write in this call
+		for i := start; i < end; i++ {
+			if failed[aggs[i]] {
+				errs[i] = errHeldBack
+				continue
+			}
+			todo = append(todo, i)
+		}
+		writeCall(ctx, w, msgs, aggs, todo, errs)
+		for _, i := range todo {
+			if errs[i] != nil {
+				failed[aggs[i]] = true
+			}
+		}
+		start = end
+	}
+	return errs
+}
+
+// writeCall writes msgs[todo] in one call and records each one's outcome in
+// errs:
 //   - kafka-go refuses the whole write, before sending anything, when one
 //     message is larger than its BatchBytes (kafka.MessageTooLargeError,
-//     naming the message): that message gets the error and the rest are
-//     written again without it;
-//   - the broker judges a whole produce request at once, so a message error
+//     naming the message): that message gets the error, the later messages
+//     of its aggregate are held back, and the rest are written again;
+//   - the broker judges a whole record batch at once, so a message error
 //     it returns for several messages is checked by writing each of them
-//     on its own.
-func writeTopic(ctx context.Context, w Writer, msgs []kafka.Message) []error {
-	errs := make([]error, len(msgs))
-	todo := make([]int, len(msgs)) // indexes into msgs still to write
-	for i := range todo {
-		todo[i] = i
-	}
+//     on its own, in order, holding back an aggregate's later messages
+//     once one of its messages fails.
+func writeCall(ctx context.Context, w Writer, msgs []kafka.Message, aggs []string, todo []int, errs []error) {
 	for len(todo) > 0 {
 		batch := make([]kafka.Message, len(todo))
 		for j, i := range todo {
@@ -1059,26 +1167,45 @@ func writeTopic(ctx context.Context, w Writer, msgs []kafka.Message) []error {
 		var tooLarge kafka.MessageTooLargeError
 		if errors.As(err, &tooLarge) {
 			if j := slices.IndexFunc(batch, func(m kafka.Message) bool { return sameMessage(m, tooLarge.Message) }); j >= 0 {
-				errs[todo[j]] = err
-				todo = slices.Delete(todo, j, j+1)
+				refused := todo[j]
+				errs[refused] = err
+				rest := todo[:j:j]
+				for _, i := range todo[j+1:] {
+					if aggs[i] == aggs[refused] {
+						errs[i] = errHeldBack
+						continue
+					}
+					rest = append(rest, i)
+				}
+				todo = rest
 				continue
 			}
 		}
-		var judged []int
+		judged := map[int]bool{}
 		for j, e := range perMessage(err, len(todo)) {
 			errs[todo[j]] = e
 			if kafkautil.IsMessageError(e) {
-				judged = append(judged, todo[j])
+				judged[todo[j]] = true
 			}
 		}
 		if len(judged) > 1 {
-			for _, i := range judged {
-				errs[i] = perMessage(w.WriteMessages(ctx, msgs[i]), 1)[0]
+			bad := map[string]bool{}
+			for _, i := range todo {
+				switch {
+				case errs[i] == nil:
+					// Written by the call above.
+				case bad[aggs[i]]:
+					errs[i] = errHeldBack
+				case judged[i]:
+					errs[i] = perMessage(w.WriteMessages(ctx, msgs[i]), 1)[0]
+				}
+				if errs[i] != nil {
+					bad[aggs[i]] = true
+				}
 			}
 		}
-		break
+		return
 	}
-	return errs
 }
 
 // sameMessage tells a message by its key, value and headers; the headers

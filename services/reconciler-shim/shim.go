@@ -71,9 +71,31 @@ func (s *Shim) Effect() inbox.Effect {
 	return inbox.Effect{Check: s.lookup, Call: s.forward, Done: s.record}
 }
 
+// lookup asks the third party whether it booked key. The inbox decides on
+// the class of the error, so the lookup says which one it is:
+//   - the third party could not be reached or could not serve (refused,
+//     reset, a timeout, 5xx, 408, 429): inbox.ErrUnavailable, an outage
+//     the inbox waits out without charging the payment;
+//   - it answered, but not with "booked" or its own "not found" (another
+//     4xx, such as a proxy's bare 404): inbox.ErrUnknowable, nobody can
+//     tell from it whether an earlier delivery booked the payment, and the
+//     inbox records the payment uncertain for the reconciliation report.
 func (s *Shim) lookup(ctx context.Context, key string) (bool, error) {
 	has, err := s.tp.Lookup(ctx, key)
-	return has, s.metrics.callError(OpLookup, err)
+	if err == nil {
+		return has, nil
+	}
+	s.metrics.callError(OpLookup, err)
+	if errors.Is(err, thirdparty.ErrRejected) {
+		return false, fmt.Errorf("%w: %w", inbox.ErrUnknowable, err)
+	}
+	return false, unavailable(err)
+}
+
+// unavailable marks err, a failed call that did not reach the third party
+// or that it could not serve, as the third party's outage.
+func unavailable(err error) error {
+	return fmt.Errorf("%w: %w", inbox.ErrUnavailable, err)
 }
 
 // request validates a payment event and builds its settlement. ok is false
@@ -109,13 +131,20 @@ func (s *Shim) forward(ctx context.Context, ev event.Envelope, key string) error
 	}
 	_, err = s.tp.Settle(ctx, key, req)
 	s.metrics.callError(OpSettle, err)
-	if errors.Is(err, thirdparty.ErrRejected) {
+	switch {
+	case err == nil:
+		return nil
+	case errors.Is(err, thirdparty.ErrRejected):
 		return inbox.Permanent(err)
-	}
-	if err != nil {
+	case !errors.Is(err, thirdparty.ErrUndecodable):
+		// A 5xx, 408 or 429, a timeout, no connection: the third party is
+		// down or overloaded, which is no payment's fault. The inbox waits
+		// it out and, since the call may have landed, checks before calling
+		// again.
+		return unavailable(fmt.Errorf("forwarding %s: %w", key, err))
+	default: // it answered 2xx, but not as the API says: retried, then dead-lettered
 		return fmt.Errorf("forwarding %s: %w", key, err)
 	}
-	return nil
 }
 
 // record runs in the inbox's transaction that marks the message done, right

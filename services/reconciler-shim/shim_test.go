@@ -36,6 +36,38 @@ type rig struct {
 	quiet    *slog.Logger
 	// metrics has the shim metrics of the consumer built last.
 	metrics *prometheus.Registry
+	// mode is how the third party's API answers now (see gate).
+	mode atomic.Int32
+}
+
+// The modes of the third party's API in front of the stand-in.
+const (
+	apiUp int32 = iota
+	// apiDown: every request is answered 503, as by a load balancer with
+	// no healthy backend: the third party is down.
+	apiDown
+	// apiLookupLost: lookups are answered a bare 404 that is not the API's
+	// own not_found (a proxy's, a wrong route): nobody can tell from it
+	// whether the key was booked.
+	apiLookupLost
+)
+
+// gate answers for the third party as r.mode says, and passes everything
+// else to its API.
+func (r *rig) gate(api http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
+		switch r.mode.Load() {
+		case apiDown:
+			http.Error(w, "no healthy upstream", http.StatusServiceUnavailable)
+			return
+		case apiLookupLost:
+			if req.Method == http.MethodGet {
+				http.Error(w, "404 page not found", http.StatusNotFound)
+				return
+			}
+		}
+		api.ServeHTTP(w, req)
+	})
 }
 
 func newRig(t *testing.T) *rig {
@@ -52,7 +84,7 @@ func newRig(t *testing.T) *rig {
 	if err != nil {
 		t.Fatal(err)
 	}
-	hs, admin := httptest.NewServer(srv.Public), httptest.NewServer(srv.Admin)
+	hs, admin := httptest.NewServer(r.gate(srv.Public)), httptest.NewServer(srv.Admin)
 	t.Cleanup(hs.Close)
 	t.Cleanup(admin.Close)
 	r.url, r.adminURL = hs.URL, admin.URL
@@ -167,7 +199,7 @@ func TestAFailingOrHangingThirdPartyIsRetriedWithoutDuplicates(t *testing.T) {
 	reg := prometheus.NewRegistry()
 	c, closeC := r.consumer(t, testinfra.Name("shim"), 300*time.Millisecond, inbox.Config{
 		Workers: 1, BackoffMin: 20 * time.Millisecond, BackoffMax: 100 * time.Millisecond,
-		Metrics: inbox.NewMetrics(reg),
+		LeaseTTL: 2 * time.Second, Metrics: inbox.NewMetrics(reg),
 	})
 	defer closeC()
 	ctx, cancel := context.WithCancel(context.Background())
@@ -192,8 +224,13 @@ func TestAFailingOrHangingThirdPartyIsRetriedWithoutDuplicates(t *testing.T) {
 	if outcomes[string(inbox.AlreadyPresent)] != 1 || outcomes[string(inbox.Sent)] != 1 {
 		t.Fatalf("outcomes %v, want one already_present (the call that timed out but landed) and one sent", outcomes)
 	}
-	if got := testinfra.MetricValue(t, reg, "inbox_failures_total"); got != 3 {
-		t.Fatalf("inbox_failures_total = %v, want 3 (two 500s and one timeout)", got)
+	// A 500 and a timeout are the third party's outage, not the payment's
+	// failure: waited out, never an attempt.
+	if got := testinfra.MetricValue(t, reg, "inbox_failures_total"); got != 0 {
+		t.Fatalf("inbox_failures_total = %v, want 0 (the 500s and the timeout are outages)", got)
+	}
+	if got := testinfra.LabeledMetricValue(t, reg, "inbox_effect_errors_total", map[string]string{"op": "call"}); got != 3 {
+		t.Fatalf("inbox_effect_errors_total{op=call} = %v, want 3 (two 500s and one timeout)", got)
 	}
 	for _, c := range []struct {
 		name   string

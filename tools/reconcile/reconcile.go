@@ -28,6 +28,9 @@ const (
 	KindInboxUncertain = "inbox_uncertain"
 	// KindDeadLetterOverdue: inbox dead letters older than Config.DeadLetterSLA.
 	KindDeadLetterOverdue = "dead_letter_overdue"
+	// KindInboxParked: inbox events parked behind a dead event of their
+	// aggregate, waiting for its requeue; any age.
+	KindInboxParked = "inbox_parked"
 	// KindOrderWithoutCharge: orders older than Config.ChargeAfter that
 	// billing has not charged.
 	KindOrderWithoutCharge = "order_without_charge"
@@ -47,6 +50,7 @@ var Runbooks = map[string]string{
 	KindInboxLeaseExpired:  "The worker holding the lease died and no consumer took the message over: check the consumer is running and its lag; restart it to reclaim the lease.",
 	KindInboxUncertain:     "Ask the third party whether it booked the key (GET /settlements/<event id>), then settle the row by hand as docs/reconciliation.md says: booked, mark it processed; not booked, delete it and replay the event.",
 	KindDeadLetterOverdue:  "A dead letter is past its SLA: read its error (onceflowctl dead-letters list), fix the cause and requeue it, or record why it is dropped.",
+	KindInboxParked:        "Later events of an aggregate whose earlier event is dead: find the dead one (onceflowctl parked: WAITS FOR), fix its cause and requeue it (onceflowctl dead-letters requeue -event-ids); the parked ones follow it in order by themselves.",
 	KindOrderWithoutCharge: "Find the order's OrderPlaced: is it still in the orders outbox (relay), in billing's dead letters, or lost? Replay it from the orders outbox (onceflowctl replay).",
 	KindChargeNotForwarded: "Find the PaymentCaptured: in billing's outbox (relay), in the shim's dead letters or uncertain rows? Requeue or replay it; the shim checks the third party before forwarding.",
 	KindChargeNotSettled:   "The shim recorded a forward the third party does not have: confirm with GET /settlements/<event id>, then requeue the shim's inbox row so it is forwarded again.",
@@ -177,6 +181,7 @@ func Run(ctx context.Context, src Sources, cfg Config) (Report, error) {
 			backlogFinding(KindInboxLeaseExpired, s.name, b.LeaseExpired.Count, b.LeaseExpired.Oldest, b.LeaseExpired.Samples),
 			backlogFinding(KindInboxUncertain, s.name, b.Uncertain.Count, b.Uncertain.Oldest, b.Uncertain.Samples),
 			backlogFinding(KindDeadLetterOverdue, s.name, b.DeadLettered.Count, b.DeadLettered.Oldest, b.DeadLettered.Samples),
+			backlogFinding(KindInboxParked, s.name, b.Parked.Count, b.Parked.Oldest, b.Parked.Samples),
 		} {
 			if err := add(f, err); err != nil {
 				return Report{}, err

@@ -126,6 +126,16 @@ func (p *platform) inboxRow(t *testing.T, db *pgxpool.Pool, status string, age, 
 	return inboxtest.Seed(t, db, inboxtest.Row{Consumer: "c", Status: status, Age: age, LeaseExpiredAgo: leaseAgo})
 }
 
+// parked parks an event behind a dead one, as the inbox does.
+func (p *platform) parked(t *testing.T, db *pgxpool.Pool) uuid.UUID {
+	id := uuid.New()
+	p.exec(t, db, `INSERT INTO inbox_parked_messages (consumer, message_id, aggregate_type, aggregate_id, aggregate_version,
+		event_type, blocked_by, topic, kafka_partition, kafka_offset, msg_key, msg_value, parked_at)
+		VALUES ('c', $1, 'payment', 'p-1', 2, 'PaymentRefunded', $2, 'billing.events', 0, 9, 'p-1', '{}', now() - interval '1 minute')`,
+		id, uuid.New())
+	return id
+}
+
 // Each inconsistency made on purpose is reported once, under its kind, with
 // its id; what is merely recent is not; a clean platform reports nothing.
 func TestReportFindsEachInconsistencyAndNothingElse(t *testing.T) {
@@ -164,6 +174,7 @@ func TestReportFindsEachInconsistencyAndNothingElse(t *testing.T) {
 		"inbox_uncertain/reconciler-shim":     p.inboxRow(t, p.shim, "uncertain", 3*time.Minute, 0).String(),
 		"dead_letter_overdue/billing":         p.inboxRow(t, p.billing, "dead_lettered", 2*time.Hour, 0).String(),
 		"order_without_charge/billing":        p.order(t, 30*time.Minute).String(),
+		"inbox_parked/reconciler-shim":        p.parked(t, p.shim).String(),
 	}
 	unforwarded := p.order(t, 40*time.Minute)
 	p.charge(t, unforwarded, 30*time.Minute)

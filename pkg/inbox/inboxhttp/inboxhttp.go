@@ -5,6 +5,13 @@
 //	POST /dead-letters/requeue              {"topic":NAME,"eventIds":[…]} or {"topic":NAME,"all":true},
 //	                                        either optionally with "consumer", "limit" and "after";
 //	                                        answers {"requeued":N,"next":CURSOR}
+//	GET  /parked?consumer=C&aggregateId=A&limit=N
+//	                                        the events parked behind a dead event of their
+//	                                        aggregate (inbox.ListParked), each aggregate's in
+//	                                        the order they will be released; all filters optional
+//
+// A parked event leaves the parking by itself once the dead event of its
+// aggregate is requeued (POST /dead-letters/requeue) and applied.
 //
 // NAME is one of the names the service gave its dead-letter topics, never a
 // topic itself, so the endpoints cannot be pointed at arbitrary topics.
@@ -21,6 +28,7 @@
 package inboxhttp
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"io"
@@ -197,7 +205,55 @@ func Handler(db inbox.RequeueDB, w inbox.Writer, brokers []string, dltTopics map
 			slog.String("remote_addr", r.RemoteAddr), slog.String("request_id", apperr.RequestID(rw, r)))
 		apperr.WriteJSON(rw, http.StatusOK, requeueResponse{Requeued: res.Requeued, Next: res.Next})
 	})
+	mux.HandleFunc("GET /parked", func(rw http.ResponseWriter, r *http.Request) {
+		q := r.URL.Query()
+		f := inbox.ParkedFilter{Consumer: q.Get("consumer"), AggregateID: q.Get("aggregateId")}
+		if s := q.Get("limit"); s != "" {
+			n, err := strconv.Atoi(s)
+			if err != nil || n < 1 || n > 1000 {
+				writeError(rw, r, http.StatusBadRequest, "limit must be an integer from 1 to 1000")
+				return
+			}
+			f.Limit = n
+		}
+		// A read in a transaction of its own: db is only known to Begin.
+		tx, err := db.Begin(r.Context())
+		if err != nil {
+			apperr.WriteHTTP(rw, r, logger, err)
+			return
+		}
+		defer tx.Rollback(context.WithoutCancel(r.Context())) //nolint:errcheck // read-only
+		ps, err := inbox.ListParked(r.Context(), tx, f)
+		if err != nil {
+			apperr.WriteHTTP(rw, r, logger, err)
+			return
+		}
+		out := make([]parked, len(ps))
+		for i, p := range ps {
+			out[i] = parked{Consumer: p.Consumer, EventID: p.EventID.String(), EventType: p.EventType,
+				AggregateType: p.AggregateType, AggregateID: p.AggregateID, AggregateVersion: p.AggregateVersion,
+				Topic: p.Topic, Partition: p.Partition, Offset: p.Offset, ParkedAt: p.ParkedAt}
+			if p.BlockedBy != uuid.Nil {
+				out[i].BlockedBy = p.BlockedBy.String()
+			}
+		}
+		apperr.WriteJSON(rw, http.StatusOK, map[string]any{"count": len(out), "parked": out})
+	})
 	return mux
+}
+
+type parked struct {
+	Consumer         string    `json:"consumer"`
+	EventID          string    `json:"eventId"`
+	EventType        string    `json:"eventType"`
+	AggregateType    string    `json:"aggregateType"`
+	AggregateID      string    `json:"aggregateId"`
+	AggregateVersion int64     `json:"aggregateVersion"`
+	BlockedBy        string    `json:"blockedBy,omitempty"`
+	Topic            string    `json:"topic"`
+	Partition        int       `json:"partition"`
+	Offset           int64     `json:"offset"`
+	ParkedAt         time.Time `json:"parkedAt"`
 }
 
 // requeueResponse is the answer of POST /dead-letters/requeue; Next is

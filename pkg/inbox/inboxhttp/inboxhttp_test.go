@@ -180,3 +180,34 @@ func TestHandlerDeadLetterEndpoints(t *testing.T) {
 	}
 	originalOffsets(2)
 }
+
+func TestHandlerListsParkedEvents(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	brokers := testinfra.KafkaBrokers(t)
+	pool := testinfra.NewPool(t, testinfra.NewMigratedDatabase(t, pgutil.Migration{FS: inbox.Migrations, Table: inbox.MigrationsTable}))
+	w := kafkautil.NewWriter(brokers, 10)
+	defer w.Close()
+	dead, later := uuid.New(), uuid.New()
+	if _, err := pool.Exec(ctx, `INSERT INTO inbox_parked_messages (consumer, message_id, aggregate_type, aggregate_id,
+		aggregate_version, event_type, blocked_by, topic, kafka_partition, kafka_offset, msg_key, msg_value)
+		VALUES ('billing', $1, 'order', 'o-1', 2, 'PaymentRefunded', $2, 'orders.events', 0, 7, 'o-1', '{}')`, later, dead); err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewServer(inboxhttp.Handler(pool, w, brokers, map[string]string{"orders": "orders.events.dlt"}, slog.New(slog.NewTextHandler(io.Discard, nil))))
+	defer srv.Close()
+
+	out := testinfra.CallJSON(t, http.MethodGet, srv.URL+"/parked?consumer=billing", "", http.StatusOK)
+	ps, _ := out["parked"].([]any)
+	if len(ps) != 1 {
+		t.Fatalf("GET /parked = %v, want the one parked event", out)
+	}
+	p := ps[0].(map[string]any)
+	if p["eventId"] != later.String() || p["blockedBy"] != dead.String() || p["aggregateVersion"] != float64(2) || p["aggregateId"] != "o-1" {
+		t.Fatalf("parked event = %v", p)
+	}
+	if out := testinfra.CallJSON(t, http.MethodGet, srv.URL+"/parked?consumer=shipping", "", http.StatusOK); out["count"] != float64(0) {
+		t.Fatalf("another consumer's parked events = %v, want none", out)
+	}
+	testinfra.CallJSON(t, http.MethodGet, srv.URL+"/parked?limit=0", "", http.StatusBadRequest)
+}

@@ -3,6 +3,13 @@
 // consumer's real transaction path — inbox row, version guard, handler,
 // retries, dead letters — without Kafka, and the Require helpers assert what
 // the inbox recorded without writing SQL against its tables.
+//
+// For lease mode it has the adversaries the schedules need: ThirdParty, a
+// stand-in for a third party that cannot dedupe, which books every call it
+// receives (also one whose caller gave up) and can be delayed, taken down
+// and brought back; and Pausable, which freezes the member running an
+// effect while it holds a lease, as SIGSTOP would, so that a second member
+// takes the message over before the first one wakes up.
 package inboxtest
 
 import (
@@ -30,7 +37,9 @@ const Topic = "inboxtest.events"
 // as a consumer fed by Kafka would (inbox.Consumer.Handle), and returns the
 // dead letters it wrote. The same event delivered twice, in one call or two,
 // is a duplicate the second time, as it would be from Kafka. Retry backoffs
-// default to 1ms–10ms here, so a failing handler is dead-lettered quickly.
+// default to 1ms–10ms here, so a failing handler is dead-lettered quickly,
+// and in lease mode LeaseMargin to 10ms (there is no wire for a failed call
+// to land late on, unless the effect makes one).
 // pool must hold the inbox schema. Deliver fails the test if the consumer
 // could not settle every event within 30s.
 func Deliver(t testing.TB, pool *pgxpool.Pool, cfg inbox.Config, h inbox.Handler, evs ...event.Envelope) []kafka.Message {
@@ -65,6 +74,9 @@ func source() inbox.GroupConfig {
 func fast(cfg inbox.Config) inbox.Config {
 	if cfg.BackoffMin == 0 && cfg.BackoffMax == 0 {
 		cfg.BackoffMin, cfg.BackoffMax = time.Millisecond, 10*time.Millisecond
+	}
+	if cfg.LeaseMargin == 0 {
+		cfg.LeaseMargin = 10 * time.Millisecond
 	}
 	return cfg
 }

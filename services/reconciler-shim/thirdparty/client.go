@@ -22,6 +22,11 @@ import (
 // instead of retrying; check with errors.Is(err, ErrRejected).
 var ErrRejected = errors.New("rejected by the third-party reconciler")
 
+// ErrUndecodable is wrapped by errors for a 2xx answer whose body the
+// client could not decode: the reconciler answered, so it is up, but the
+// answer is not what the API promises.
+var ErrUndecodable = errors.New("undecodable answer from the third-party reconciler")
+
 // StatusError is a non-2xx answer from the reconciler.
 type StatusError struct {
 	StatusCode int
@@ -165,7 +170,7 @@ func (c *Client) do(ctx context.Context, method, path, key string, in, out any) 
 		return nil
 	}
 	if err := json.NewDecoder(resp.Body).Decode(out); err != nil {
-		return fmt.Errorf("decoding %d answer: %w", resp.StatusCode, err)
+		return fmt.Errorf("%w: decoding %d answer: %w", ErrUndecodable, resp.StatusCode, err)
 	}
 	return nil
 }

@@ -6,6 +6,7 @@
 //	onceflowctl status                              backlog and lag of each service
 //	onceflowctl dead-letters list [-service S]      dead outbox rows and inbox dead letters
 //	onceflowctl dead-letters requeue -service S (-ids … | -event-ids … | -all)
+//	onceflowctl parked [-service S] [-consumer C] [-aggregate A]   inbox events parked behind a dead one
 //	onceflowctl replay -service S -from T -to T [-aggregate-type … -aggregate-id …] [-apply]
 //	onceflowctl reconcile                           the reconciliation report (make reconcile)
 //

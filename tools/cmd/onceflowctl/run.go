@@ -44,6 +44,8 @@ commands:
                              consumer lag and dead letters (from its /metrics)
   dead-letters list          dead outbox rows and inbox dead letters
   dead-letters requeue       put dead rows or dead letters back (-service, and -ids, -event-ids or -all)
+  parked                     inbox events parked behind a dead event of their aggregate
+                             (released once that one is requeued and applied)
   replay                     republish a window of outbox events (dry run unless -apply)
   reconcile                  the reconciliation report (reads the databases; see reconcile -h)
 
@@ -103,6 +105,8 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout 
 			return a.deadLettersRequeue(ctx, cmdArgs[1:])
 		}
 		return fmt.Errorf("dead-letters: unknown subcommand %q (list or requeue)", cmdArgs[0])
+	case "parked":
+		return a.parked(ctx, cmdArgs)
 	case "replay":
 		return a.replay(ctx, cmdArgs)
 	case "reconcile":

@@ -219,13 +219,14 @@ func TestRequestsFollowTheOperatorContract(t *testing.T) {
 		{"dead-letters", "requeue", "-service", "shim", "-event-ids", id},
 		{"dead-letters", "requeue", "-service", "reconciler-shim", "-all", "-consumer", "reconciler-shim"},
 		{"dead-letters", "list", "-service", "shim", "-limit", "5"},
+		{"parked", "-service", "shim", "-consumer", "reconciler-shim", "-limit", "7"},
 		{"replay", "-service", "billing", "-aggregate-type", "order", "-from", "2026-01-01T00:00:00Z", "-to", "2026-01-02T00:00:00Z"},
 	} {
 		out, err := ctl(t, env, args...)
 		if err != nil {
 			t.Fatalf("%v: %v\n%s", args, err, out)
 		}
-		if slices.Contains(args, "-consumer") && !strings.Contains(out, "requeued 5 inbox") {
+		if args[0] == "dead-letters" && slices.Contains(args, "-consumer") && !strings.Contains(out, "requeued 5 inbox") {
 			t.Fatalf("%v printed %q, want the pass's total: requeued 5 inbox …", args, out)
 		}
 	}
@@ -239,6 +240,7 @@ func TestRequestsFollowTheOperatorContract(t *testing.T) {
 		{"POST", "/admin/inbox/dead-letters/requeue", "", "Bearer " + token, map[string]any{"topic": "billing.events", "all": true, "consumer": "reconciler-shim"}},
 		{"POST", "/admin/inbox/dead-letters/requeue", "", "Bearer " + token, map[string]any{"topic": "billing.events", "all": true, "consumer": "reconciler-shim", "after": "0:3:5"}},
 		{"GET", "/admin/inbox/dead-letters", "limit=5&topic=billing.events", "Bearer " + token, nil},
+		{"GET", "/admin/inbox/parked", "consumer=reconciler-shim&limit=7", "Bearer " + token, nil},
 		{"POST", "/admin/outbox/replay", "", "Bearer " + token, map[string]any{"aggregateType": "order",
 			"from": "2026-01-01T00:00:00Z", "to": "2026-01-02T00:00:00Z", "dryRun": true}},
 	}

@@ -92,8 +92,12 @@ func run(ctx context.Context, _ []string, getenv func(string) string, stdout io.
 		Dialer: kafkaSecurity.Dialer()}
 	consumer, err := inbox.NewLeaseConsumer(svc.Pool, src, dlq, shim.New(tp, svc.Logger).WithMetrics(shim.NewMetrics(svc.Registry)).Effect(), inbox.Config{
 		Name: cfg.ConsumerGroup,
-		// A lease outlives any single call to the reconciler.
+		// Each call to the reconciler starts right after its lease was
+		// renewed and ends within ReconcilerTimeout; the lease outlives it by
+		// twice that, which leaves the default LeaseMargin (LeaseTTL/10) for
+		// a call to land after the shim stopped waiting for it.
 		LeaseTTL:      3 * cfg.ReconcilerTimeout,
+		CallTimeout:   cfg.ReconcilerTimeout,
 		MaxInFlight:   cfg.ReconcilerMaxInFlight,
 		ShutdownGrace: cfg.ShutdownGrace,
 		Logger:        svc.Logger,

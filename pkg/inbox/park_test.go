@@ -1,0 +1,357 @@
+package inbox_test
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/segmentio/kafka-go"
+
+	"github.com/onceflow/onceflow/pkg/event"
+	"github.com/onceflow/onceflow/pkg/inbox"
+	"github.com/onceflow/onceflow/pkg/platform/pgroles/pgrolestest"
+	"github.com/onceflow/onceflow/pkg/platform/testinfra"
+)
+
+// requeue sends the dead letters of ids in dlt back to their topic, as an
+// operator would, and fails the test unless it sent n.
+func (f *fixture) requeue(t *testing.T, dlt string, n int, ids ...uuid.UUID) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	res, err := inbox.RequeueDeadLetters(ctx, f.pool, f.writer, f.brokers, dlt, inbox.RequeueFilter{EventIDs: ids})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Requeued != n {
+		t.Fatalf("requeued %d dead letters, want %d", res.Requeued, n)
+	}
+}
+
+// effectOrder returns the aggregate ids and versions of the effects table
+// in the order they were applied, e.g. "a1 a2 b1".
+func (f *fixture) effectOrder(t *testing.T, evs map[uuid.UUID]event.Envelope) []string {
+	t.Helper()
+	rows, err := f.pool.Query(context.Background(), "SELECT event_id FROM effects ORDER BY seq")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rows.Close()
+	var out []string
+	for rows.Next() {
+		var id uuid.UUID
+		if err := rows.Scan(&id); err != nil {
+			t.Fatal(err)
+		}
+		ev := evs[id]
+		out = append(out, fmt.Sprintf("%s%d", ev.AggregateID, ev.AggregateVersion))
+	}
+	if err := rows.Err(); err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
+// In lease mode the version guard advanced when v1 was leased; v1's effect
+// then failed for good and it was dead-lettered. An operator's requeue must
+// run the effect, once: today the redelivery is skipped as stale.
+func TestLeaseModeARequeuedDeadLetterRunsItsEffectOnce(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	dlt := testinfra.NewTopic(t, f.brokers, 1)
+	evs := f.leaseEvents(t, 1, 1)
+	v1 := evs[0]
+	b := newBooker(0)
+	var broken atomic.Bool
+	broken.Store(true)
+	eff := b.effect()
+	call := eff.Call
+	eff.Call = func(ctx context.Context, ev event.Envelope, key string) error {
+		if broken.Load() {
+			return inbox.Permanent(errors.New("the third party refuses it for now"))
+		}
+		return call(ctx, ev, key)
+	}
+	runUntilCleanup(t, f.leaseConsumer(t, testinfra.Name("group"), eff, inbox.Config{DeadLetterTopic: dlt}))
+
+	testinfra.WaitFor(t, 30*time.Second, "v1 dead-lettered", func() (bool, error) {
+		return f.count(t, "SELECT count(*) FROM inbox_messages WHERE message_id = $1 AND status = 'dead_lettered'", v1.EventID) == 1, nil
+	})
+	broken.Store(false) // the cause is fixed
+	f.requeue(t, dlt, 1, v1.EventID)
+	testinfra.WaitFor(t, 30*time.Second, "the requeued v1 settled", func() (bool, error) {
+		return f.count(t, "SELECT count(*) FROM inbox_messages WHERE message_id = $1 AND status IN ('processed', 'stale')", v1.EventID) == 1, nil
+	})
+	if n := b.bookings(v1.EventID.String()); n != 1 {
+		var status string
+		_ = f.pool.QueryRow(context.Background(), "SELECT status FROM inbox_messages WHERE message_id = $1", v1.EventID).Scan(&status)
+		t.Fatalf("the requeued v1 was booked %d times (its inbox row: %s), want once", n, status)
+	}
+}
+
+// While v1 of key a is dead, a's later versions are parked, not applied,
+// and key b moves on; the parked messages are counted and listed; the
+// requeue of v1 applies v1, then the parked ones in order. In both modes.
+func TestAKeyWhoseEarlierVersionIsDeadIsParkedUntilItsRequeue(t *testing.T) {
+	t.Parallel()
+	for _, mode := range []string{"transactional", "lease"} {
+		t.Run(mode, func(t *testing.T) {
+			t.Parallel()
+			f := newFixture(t)
+			dlt := testinfra.NewTopic(t, f.brokers, 1)
+			a1, a2, a3, b1, b2 := newEvent("a", 1), newEvent("a", 2), newEvent("a", 3), newEvent("b", 1), newEvent("b", 2)
+			all := map[uuid.UUID]event.Envelope{}
+			var msgs []kafka.Message
+			for _, ev := range []event.Envelope{a1, a2, b1, a3, b2} {
+				all[ev.EventID] = ev
+				msgs = append(msgs, event.ToKafka(f.topic, ev))
+			}
+			var broken atomic.Bool
+			broken.Store(true)
+			apply := func(ctx context.Context, exec func(context.Context, string, ...any) (pgconn.CommandTag, error), ev event.Envelope) error {
+				if ev.EventID == a1.EventID && broken.Load() {
+					return inbox.Permanent(errors.New("refused for now"))
+				}
+				return insertEffect(ctx, exec, ev)
+			}
+			cfg := inbox.Config{Name: "park-" + mode, DeadLetterTopic: dlt, Metrics: inbox.NewMetrics(f.registry),
+				LagInterval: 50 * time.Millisecond}
+			runUntilCleanup(t, f.modeConsumer(t, mode, f.pool, testinfra.Name("group"), apply, cfg))
+			f.produce(t, msgs...)
+
+			testinfra.WaitFor(t, 30*time.Second, "key b applied past key a's dead v1", func() (bool, error) {
+				return f.count(t, "SELECT count(*) FROM effects WHERE aggregate_id = 'b'") == 2, nil
+			})
+			testinfra.WaitFor(t, 30*time.Second, "a2 and a3 parked", func() (bool, error) {
+				rep, err := inbox.Backlog(context.Background(), f.pool, inbox.BacklogConfig{Samples: 10})
+				return rep.Parked.Count == 2, err
+			})
+			if got := f.effectOrder(t, all); len(got) != 2 {
+				t.Fatalf("effects %v while a1 is dead, want only b's: a's later versions must be parked", got)
+			}
+			rep, err := inbox.Backlog(context.Background(), f.pool, inbox.BacklogConfig{Samples: 10})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(rep.Parked.Samples) != 2 || rep.Parked.Samples[0] != a2.EventID || rep.Parked.Samples[1] != a3.EventID {
+				t.Fatalf("parked samples %v, want a2 %v then a3 %v", rep.Parked.Samples, a2.EventID, a3.EventID)
+			}
+			parked, err := inbox.ListParked(context.Background(), f.pool, inbox.ParkedFilter{Consumer: cfg.Name})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(parked) != 2 || parked[0].BlockedBy != a1.EventID || parked[0].AggregateVersion != 2 || parked[1].AggregateVersion != 3 {
+				t.Fatalf("ListParked = %+v, want a2 and a3 behind a1", parked)
+			}
+			testinfra.WaitFor(t, 10*time.Second, "inbox_parked_messages to count them", func() (bool, error) {
+				return testinfra.MetricValue(t, f.registry, "inbox_parked_messages") == 2, nil
+			})
+
+			broken.Store(false)
+			f.requeue(t, dlt, 1, a1.EventID)
+			testinfra.WaitFor(t, 30*time.Second, "a1, then a2 and a3, applied", func() (bool, error) {
+				return f.count(t, "SELECT count(*) FROM effects") == 5, nil
+			})
+			got := f.effectOrder(t, all)
+			if fmt.Sprint(got[2:]) != "[a1 a2 a3]" {
+				t.Fatalf("effects in order %v, want a1 a2 a3 after b's", got)
+			}
+			if rep, err := inbox.Backlog(context.Background(), f.pool, inbox.BacklogConfig{}); err != nil || rep.Parked.Count != 0 {
+				t.Fatalf("after the requeue %d messages are still parked (%v)", rep.Parked.Count, err)
+			}
+			testinfra.WaitFor(t, 10*time.Second, "inbox_parked_messages back to 0", func() (bool, error) {
+				return testinfra.MetricValue(t, f.registry, "inbox_parked_messages") == 0, nil
+			})
+		})
+	}
+}
+
+// A consumer that skips ahead (Config.DeadKeys = DeadKeySkipAhead) applies
+// a dead event's successors at once, parks nothing, and still applies the
+// dead event when an operator requeues it, although its version guard has
+// moved past it. In both modes.
+func TestASkipAheadConsumerAppliesSuccessorsAndTheRequeuedEventOnce(t *testing.T) {
+	t.Parallel()
+	for _, mode := range []string{"transactional", "lease"} {
+		t.Run(mode, func(t *testing.T) {
+			t.Parallel()
+			f := newFixture(t)
+			dlt := testinfra.NewTopic(t, f.brokers, 1)
+			a1, a2 := newEvent("a", 1), newEvent("a", 2)
+			all := map[uuid.UUID]event.Envelope{a1.EventID: a1, a2.EventID: a2}
+			var broken atomic.Bool
+			broken.Store(true)
+			apply := func(ctx context.Context, exec func(context.Context, string, ...any) (pgconn.CommandTag, error), ev event.Envelope) error {
+				if ev.EventID == a1.EventID && broken.Load() {
+					return inbox.Permanent(errors.New("refused for now"))
+				}
+				return insertEffect(ctx, exec, ev)
+			}
+			cfg := inbox.Config{Name: "skip-" + mode, DeadLetterTopic: dlt, DeadKeys: inbox.DeadKeySkipAhead}
+			runUntilCleanup(t, f.modeConsumer(t, mode, f.pool, testinfra.Name("group"), apply, cfg))
+			f.produce(t, event.ToKafka(f.topic, a1), event.ToKafka(f.topic, a2))
+
+			testinfra.WaitFor(t, 30*time.Second, "a2 applied past the dead a1", func() (bool, error) {
+				return f.count(t, "SELECT count(*) FROM effects WHERE event_id = $1", a2.EventID) == 1, nil
+			})
+			if rep, err := inbox.Backlog(context.Background(), f.pool, inbox.BacklogConfig{}); err != nil || rep.Parked.Count != 0 || rep.DeadLettered.Count != 1 {
+				t.Fatalf("backlog %+v (%v), want a1 dead and nothing parked", rep, err)
+			}
+			broken.Store(false)
+			f.requeue(t, dlt, 1, a1.EventID)
+			testinfra.WaitFor(t, 30*time.Second, "the requeued a1 applied", func() (bool, error) {
+				return f.count(t, "SELECT count(*) FROM inbox_messages WHERE message_id = $1 AND status IN ('processed', 'stale')", a1.EventID) == 1, nil
+			})
+			if got := f.effectOrder(t, all); fmt.Sprint(got) != "[a2 a1]" {
+				t.Fatalf("effects %v, want a2 then the requeued a1, once each", got)
+			}
+		})
+	}
+}
+
+// The same schedule through Consumer.Handle, so that which messages share a
+// batch is fixed: a1 (dead), a2 and b1 in one batch — in lease mode a2 was
+// leased with a1 before a1 died —, a3 in a batch of its own; then the
+// requeued a1 arrives, alone. In both modes.
+func TestParkingWithinABatchAndAcrossBatches(t *testing.T) {
+	t.Parallel()
+	for _, mode := range []string{"transactional", "lease"} {
+		t.Run(mode, func(t *testing.T) {
+			t.Parallel()
+			f := newFixture(t)
+			parkingThroughHandle(t, f, mode, f.pool)
+		})
+	}
+}
+
+// The service's runtime role (pgroles) parks, releases and requeues: the
+// parking tables are granted to it like the inbox's others.
+func TestTheRuntimeRoleParksAndReleases(t *testing.T) {
+	t.Parallel()
+	for _, mode := range []string{"transactional", "lease"} {
+		t.Run(mode, func(t *testing.T) {
+			t.Parallel()
+			f := newFixture(t)
+			roles := pgrolestest.Ensure(t, f.pool.Config().ConnString(), "inbox")
+			parkingThroughHandle(t, f, mode, testinfra.NewPool(t, roles.AppURL))
+		})
+	}
+}
+
+// parkingThroughHandle runs the parking schedule through Handle, with the
+// consumer's inbox reached through pool.
+func parkingThroughHandle(t *testing.T, f *fixture, mode string, pool *pgxpool.Pool) {
+	t.Helper()
+	dlt := testinfra.NewTopic(t, f.brokers, 1)
+	a1, a2, a3, b1 := newEvent("a", 1), newEvent("a", 2), newEvent("a", 3), newEvent("b", 1)
+	all := map[uuid.UUID]event.Envelope{a1.EventID: a1, a2.EventID: a2, a3.EventID: a3, b1.EventID: b1}
+	var broken atomic.Bool
+	broken.Store(true)
+	apply := func(ctx context.Context, exec func(context.Context, string, ...any) (pgconn.CommandTag, error), ev event.Envelope) error {
+		if ev.EventID == a1.EventID && broken.Load() {
+			return inbox.Permanent(errors.New("refused for now"))
+		}
+		return insertEffect(ctx, exec, ev)
+	}
+	c := f.modeConsumer(t, mode, pool, testinfra.Name("group"), apply, inbox.Config{Name: "handle-" + mode, DeadLetterTopic: dlt})
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	msg := func(ev event.Envelope, offset int64) kafka.Message {
+		m := event.ToKafka(f.topic, ev)
+		m.Topic, m.Offset = f.topic, offset
+		return m
+	}
+	if err := c.Handle(ctx, msg(a1, 0), msg(a2, 1), msg(b1, 2)); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Handle(ctx, msg(a3, 3)); err != nil {
+		t.Fatal(err)
+	}
+	if got := f.effectOrder(t, all); fmt.Sprint(got) != "[b1]" {
+		t.Fatalf("effects %v while a1 is dead, want [b1]", got)
+	}
+	parked, err := inbox.ListParked(ctx, f.pool, inbox.ParkedFilter{})
+	if err != nil || len(parked) != 2 || parked[0].EventID != a2.EventID || parked[1].EventID != a3.EventID {
+		t.Fatalf("parked %+v (%v), want a2 then a3", parked, err)
+	}
+	if n := f.count(t, "SELECT count(*) FROM inbox_messages WHERE message_id = ANY($1)", []uuid.UUID{a2.EventID, a3.EventID}); n != 0 {
+		t.Fatalf("%d inbox rows for the parked messages, want none (a lease given up, nothing processed)", n)
+	}
+	// A redelivery of a parked message is absorbed.
+	if err := c.Handle(ctx, msg(a2, 1)); err != nil {
+		t.Fatal(err)
+	}
+	if got := f.effectOrder(t, all); fmt.Sprint(got) != "[b1]" {
+		t.Fatalf("effects %v after a parked message came again, want [b1]", got)
+	}
+
+	broken.Store(false)
+	if res, err := inbox.RequeueDeadLetters(ctx, pool, f.writer, f.brokers, dlt, inbox.RequeueFilter{EventIDs: []uuid.UUID{a1.EventID}}); err != nil || res.Requeued != 1 {
+		t.Fatalf("requeue = %+v, %v; want 1 requeued", res, err)
+	}
+	if err := c.Handle(ctx, msg(a1, 4)); err != nil { // the requeued copy, later in the partition
+		t.Fatal(err)
+	}
+	if got := f.effectOrder(t, all); fmt.Sprint(got) != "[b1 a1 a2 a3]" {
+		t.Fatalf("effects %v after the requeue, want [b1 a1 a2 a3]", got)
+	}
+	if parked, err := inbox.ListParked(ctx, f.pool, inbox.ParkedFilter{}); err != nil || len(parked) != 0 {
+		t.Fatalf("still parked after the requeue: %+v (%v)", parked, err)
+	}
+	if n := f.count(t, "SELECT count(*) FROM inbox_dead_keys"); n != 0 {
+		t.Fatalf("%d dead aggregates left after the requeue, want none", n)
+	}
+}
+
+// A consumer that crashed after applying a requeued event, before releasing
+// the parked events behind it, leaves them parked with nothing dead ahead.
+// The partition's next owner releases them when its generation starts,
+// without waiting for another event of the aggregate. In both modes.
+func TestParkedEventsLeftWithNothingDeadAheadAreReleasedByTheNextOwner(t *testing.T) {
+	t.Parallel()
+	for _, mode := range []string{"transactional", "lease"} {
+		t.Run(mode, func(t *testing.T) {
+			t.Parallel()
+			f := newFixture(t)
+			name := "orphans-" + mode
+			a2, a3 := newEvent("a", 2), newEvent("a", 3)
+			all := map[uuid.UUID]event.Envelope{a2.EventID: a2, a3.EventID: a3}
+			for i, ev := range []event.Envelope{a2, a3} {
+				m := event.ToKafka(f.topic, ev)
+				type header struct {
+					Key   []byte `json:"key"`
+					Value []byte `json:"value"`
+				}
+				var hs []header
+				for _, h := range m.Headers {
+					hs = append(hs, header{[]byte(h.Key), h.Value})
+				}
+				headers, err := json.Marshal(hs)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if _, err := f.pool.Exec(context.Background(), `INSERT INTO inbox_parked_messages (consumer, message_id,
+					aggregate_type, aggregate_id, aggregate_version, event_type, topic, kafka_partition, kafka_offset,
+					msg_key, msg_value, msg_headers) VALUES ($1, $2, 'thing', 'a', $3, 'ThingHappened', $4, 0, $5, $6, $7, $8)`,
+					name, ev.EventID, ev.AggregateVersion, f.topic, i, m.Key, m.Value, headers); err != nil {
+					t.Fatal(err)
+				}
+			}
+			runUntilCleanup(t, f.modeConsumer(t, mode, f.pool, testinfra.Name("group"), insertEffect, inbox.Config{Name: name}))
+			testinfra.WaitFor(t, 30*time.Second, "the parked events released", func() (bool, error) {
+				return f.count(t, "SELECT count(*) FROM inbox_parked_messages") == 0 &&
+					f.count(t, "SELECT count(*) FROM effects") == 2, nil
+			})
+			if got := f.effectOrder(t, all); fmt.Sprint(got) != "[a2 a3]" {
+				t.Fatalf("effects %v, want [a2 a3]", got)
+			}
+		})
+	}
+}
