@@ -183,6 +183,43 @@ var alertCases = []alertCase{
 			{at: "4m", fires: []firing{{map[string]string{"service": "billing"},
 				"billing: the outbox replication slot was lost and replaced"}}},
 		}},
+	{"OutboxSlotNearInvalidation",
+		[]series{
+			// orders' slot retains 1 GiB more a minute against a 10 GiB keep size; billing's
+			// keep size is unlimited (+Inf) and never fires; shipping runs no log-based relay (0/0).
+			{`outbox_slot_retained_wal_bytes{service="orders",instance="orders:8081"}`, "0+1073741824x10"},
+			{`outbox_slot_wal_keep_size_bytes{service="orders",instance="orders:8081"}`, "10737418240x10"},
+			{`outbox_slot_retained_wal_bytes{service="billing",instance="billing:8082"}`, "0+1073741824x10"},
+			{`outbox_slot_wal_keep_size_bytes{service="billing",instance="billing:8082"}`, "Inf Inf Inf Inf Inf Inf Inf Inf Inf Inf Inf"},
+			{`outbox_slot_retained_wal_bytes{service="shipping",instance="shipping:8083"}`, "0x10"},
+			{`outbox_slot_wal_keep_size_bytes{service="shipping",instance="shipping:8083"}`, "0x10"},
+		},
+		[]check{
+			{at: "7m"}, // over half since 6m: pending
+			{at: "8m", fires: []firing{{map[string]string{"service": "orders"},
+				"orders: the outbox replication slot retains 80% of max_slot_wal_keep_size"}}},
+		}},
+	{"OutboxWALOnlyEventsLost",
+		[]series{
+			{`outbox_slot_lost_unrecoverable_total{service="orders",instance="orders:8081"}`, "0 0 0 1 1 1"},
+			{`outbox_slot_lost_unrecoverable_total{service="billing",instance="billing:8082"}`, "0x5"},
+		},
+		[]check{
+			{at: "2m"},
+			{at: "4m", fires: []firing{{map[string]string{"service": "orders"},
+				"orders: a lost replication slot lost WAL-only outbox events"}}},
+		}},
+	{"OutboxEmittedRefused",
+		[]series{
+			{`outbox_emitted_refused_total{service="billing",instance="billing:8082",reason="invalid"}`, "0 0 0 2 2 2 2 2 2 2 2 2 2 2 2 2 2 2 2 2 2"},
+			{`outbox_emitted_refused_total{service="billing",instance="billing:8082",reason="undecodable"}`, "0x20"},
+		},
+		[]check{
+			{at: "2m"},
+			{at: "5m", fires: []firing{{map[string]string{"service": "billing", "reason": "invalid"},
+				"billing: 2 messages in the WAL under the outbox's prefix refused (invalid)"}}},
+			{at: "20m"}, // none for over 10 minutes
+		}},
 	{"OutboxDeadEvents",
 		[]series{{`outbox_dead_events{service="orders",instance="orders:8081"}`, "0 0 2 2 2 2"}},
 		[]check{

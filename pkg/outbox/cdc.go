@@ -2,26 +2,20 @@ package outbox
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"regexp"
-	"strconv"
 	"sync"
 	"time"
 
-	"github.com/google/uuid"
 	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5/pgconn"
-	"github.com/jackc/pgx/v5/pgproto3"
 	"github.com/jackc/pgx/v5/pgtype"
 	"github.com/jackc/pgx/v5/pgxpool"
-	"github.com/segmentio/kafka-go"
 
-	"github.com/onceflow/onceflow/pkg/event"
 	"github.com/onceflow/onceflow/pkg/event/retry"
-	"github.com/onceflow/onceflow/pkg/platform/kafkautil"
 )
 
 // Publication is the publication migration 0005 creates on outbox_events
@@ -42,8 +36,20 @@ type CDCConfig struct {
 	// Topic maps an aggregate type to its Kafka topic.
 	// Default: aggregateType + ".events".
 	Topic func(aggregateType string) string
+	// Mode is what the service writes: ModeCDC (Enqueue: rows, the
+	// default) or ModeWAL (Emit: the WAL only). It decides what a lost slot
+	// costs: in ModeCDC the relay republishes the gap from the table; in
+	// ModeWAL the gap's events exist nowhere else, and the relay reports
+	// them lost (outbox_slot_lost_unrecoverable_total).
+	Mode RelayMode
 	// BatchSize is the most events written to Kafka at once. Default 500.
 	BatchSize int
+	// MaxInFlight is the most events of one topic decoded and not yet
+	// acknowledged by Kafka; with BatchSize it bounds the relay's memory
+	// whatever a transaction's size. A topic that cannot be written holds
+	// back its own events, and the others flow until its MaxInFlight are
+	// waiting; then the stream waits for it. Default 4 × BatchSize.
+	MaxInFlight int
 	// FlushDelay is how long committed events wait for more to join their
 	// batch before they are written. Default 2ms: the stream usually has
 	// the next commit already buffered, and a long delay is pure latency.
@@ -53,7 +59,9 @@ type CDCConfig struct {
 	// position follows the server's WAL). It must be well under the server's
 	// wal_sender_timeout (default 60s). Default 1s.
 	StatusInterval time.Duration
-	// LagInterval is how often outbox_slot_lag_bytes is refreshed. Default 2s.
+	// LagInterval is how often the slot's gauges (outbox_slot_lag_bytes,
+	// outbox_slot_retained_wal_bytes, outbox_slot_wal_keep_size_bytes) and
+	// outbox_dead_events are refreshed. Default 2s.
 	LagInterval time.Duration
 	// RetentionInterval is how often rows of outbox_events that Kafka
 	// acknowledged and the slot confirmed are deleted, in batches of
@@ -61,8 +69,9 @@ type CDCConfig struct {
 	RetentionInterval time.Duration
 	// RetentionBatch is the most rows one retention DELETE removes.
 	RetentionBatch int
-	// Retain keeps confirmed rows this long after their insert, for a replay
-	// after a lost slot (see the runbook) and for a transaction that
+	// Retain keeps confirmed rows this long after their insert, for the
+	// replay after a lost slot (the relay republishes every pending row the
+	// table still holds; see the runbook) and for a transaction that
 	// inserted a lower id but committed later (it is in the WAL, so the
 	// relay publishes it either way; only the table copy would go early).
 	// Default 1m.
@@ -85,7 +94,8 @@ type CDCConfig struct {
 	// LogInterval is the most often an ongoing failure is logged. Default 30s.
 	LogInterval time.Duration
 	// OnSlotLost, if set, is called after the relay replaced a lost slot,
-	// with the window whose events may not have been published.
+	// with the window no slot streamed, before the relay republishes it
+	// (table mode) or after it counted it lost (WAL-only mode).
 	OnSlotLost func(LostSlot)
 	// CrashPoint, when set, is called at CrashAfterAck (Kafka acknowledged a
 	// batch, the slot is not yet confirmed); a non-nil error drops the
@@ -114,8 +124,18 @@ func (c CDCConfig) withDefaults() (CDCConfig, error) {
 			*d = v
 		}
 	}
+	switch c.Mode {
+	case "":
+		c.Mode = ModeCDC
+	case ModeCDC, ModeWAL:
+	default:
+		return c, fmt.Errorf("outbox: CDCConfig.Mode must be %s or %s, got %q", ModeCDC, ModeWAL, c.Mode)
+	}
 	if c.BatchSize <= 0 {
 		c.BatchSize = 500
+	}
+	if c.MaxInFlight <= 0 {
+		c.MaxInFlight = 4 * c.BatchSize
 	}
 	if c.RetentionBatch <= 0 {
 		c.RetentionBatch = 1000
@@ -145,7 +165,9 @@ func (c CDCConfig) withDefaults() (CDCConfig, error) {
 
 // LostSlot describes a replication slot the relay found dropped or
 // invalidated and replaced. Events committed between LastConfirmedAt and
-// CreatedAt may never have reached Kafka.
+// CreatedAt (LastConfirmedLSN and the new slot's position) were in no
+// slot's stream: in table mode (ModeCDC) the relay republishes them from
+// the table before it streams; in WAL-only mode (ModeWAL) they are lost.
 type LostSlot struct {
 	Slot string
 	// Invalidated is true when the slot existed with wal_status 'lost'
@@ -172,10 +194,11 @@ type CDCRelay struct {
 	replConf *pgconn.Config
 	types    *pgtype.Map
 
-	kafka, stream, retention, lag *outage
+	stream, retention, lag *outage
 
-	mu     sync.Mutex
-	active bool
+	mu         sync.Mutex
+	active     bool
+	downTopics map[string]topicOutage // topics whose writes fail for the broker's sake
 }
 
 // NewCDCRelay returns a log-based relay for the outbox in pool, writing to w.
@@ -203,10 +226,10 @@ func NewCDCRelay(pool *pgxpool.Pool, w Writer, cfg CDCConfig) (*CDCRelay, error)
 	health := func(what string) *outage { return newOutage(what, cfg.Logger, cfg.LogInterval) }
 	return &CDCRelay{
 		pool: pool, writer: w, cfg: cfg, replConf: rc, types: pgtype.NewMap(),
-		kafka:     health("publishing to Kafka"),
-		stream:    health("streaming from the replication slot"),
-		retention: health("deleting confirmed outbox rows"),
-		lag:       health("reading the slot lag"),
+		downTopics: map[string]topicOutage{},
+		stream:     health("streaming from the replication slot"),
+		retention:  health("deleting confirmed outbox rows"),
+		lag:        health("reading the slot gauges"),
 	}, nil
 }
 
@@ -224,7 +247,7 @@ var errSlotBusy = errors.New("the replication slot is active in another relay")
 func (r *CDCRelay) Run(ctx context.Context) error {
 	var wg sync.WaitGroup
 	defer wg.Wait()
-	wg.Go(func() { r.every(ctx, r.cfg.LagInterval, r.lag, "slot", r.refreshLag) })
+	wg.Go(func() { r.every(ctx, r.cfg.LagInterval, r.lag, "slot", r.refreshGauges) })
 	wg.Go(func() { r.every(ctx, r.cfg.RetentionInterval, r.retention, "retention", r.deleteConfirmed) })
 
 	streak, standing := 0, false
@@ -266,9 +289,13 @@ var errStreamed = errors.New("stream interrupted")
 // Health reports what the relay knows about Kafka and Postgres now.
 func (r *CDCRelay) Health() RelayHealth {
 	h := RelayHealth{KafkaConnected: true, PostgresConnected: true}
-	if down, since, err := r.kafka.state(); down {
-		h.KafkaConnected, h.KafkaDownSince, h.LastError = false, since, err.Error()
+	r.mu.Lock()
+	for _, d := range r.downTopics {
+		if h.KafkaConnected || d.since.Before(h.KafkaDownSince) {
+			h.KafkaConnected, h.KafkaDownSince, h.LastError = false, d.since, d.err.Error()
+		}
 	}
+	r.mu.Unlock()
 	if down, since, err := r.stream.state(); down {
 		h.PostgresConnected, h.PostgresDownSince, h.LastError = false, since, err.Error()
 	}
@@ -316,30 +343,47 @@ func (r *CDCRelay) every(ctx context.Context, interval time.Duration, o *outage,
 	}
 }
 
-const slotLag = `
-SELECT coalesce(pg_wal_lsn_diff(pg_current_wal_lsn(), confirmed_flush_lsn), 0)::bigint
-FROM pg_replication_slots WHERE slot_name = $1`
+// cdcGauges reads the slot's position against the server's (0 while there
+// is no slot yet), the WAL the slot keeps from being recycled (from its
+// restart_lsn, which may be older than its confirmed position), the
+// server's max_slot_wal_keep_size (in MB, -1: unlimited), and the dead rows, which the polling relay's backlog gauges
+// count in poll mode and nothing else counts in the log-based modes.
+const cdcGauges = `
+SELECT coalesce((SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), confirmed_flush_lsn)
+                 FROM pg_replication_slots WHERE slot_name = $1), 0)::bigint,
+       coalesce((SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), restart_lsn)
+                 FROM pg_replication_slots WHERE slot_name = $1), 0)::bigint,
+       (SELECT setting::bigint FROM pg_settings WHERE name = 'max_slot_wal_keep_size'),
+       (SELECT count(*) FROM outbox_events WHERE state = 'dead')`
 
-func (r *CDCRelay) refreshLag(ctx context.Context) error {
-	var lag int64
-	err := r.pool.QueryRow(ctx, slotLag, r.cfg.Slot).Scan(&lag)
-	if isNoRows(err) {
-		lag, err = 0, nil // no slot yet: nothing retained
+func (r *CDCRelay) refreshGauges(ctx context.Context) error {
+	var lag, retained, keepMB, dead int64
+	if err := r.pool.QueryRow(ctx, cdcGauges, r.cfg.Slot).Scan(&lag, &retained, &keepMB, &dead); err != nil {
+		return fmt.Errorf("reading the slot's gauges: %w", err)
 	}
-	if err != nil {
-		return fmt.Errorf("reading the slot lag: %w", err)
+	// Unlimited is +Inf, so retained / keep size, what the alert
+	// OutboxSlotNearInvalidation divides, is 0 and not +Inf.
+	keep := math.Inf(1)
+	if keepMB >= 0 {
+		keep = float64(keepMB << 20)
 	}
-	r.cfg.Metrics.slotLag.Set(float64(lag))
+	m := r.cfg.Metrics
+	m.slotLag.Set(float64(lag))
+	m.cdc.retainedWAL.Set(float64(retained))
+	m.cdc.walKeepSize.Set(keep)
+	m.dead.Set(float64(dead))
 	return nil
 }
 
 // deleteConfirmedBatch removes rows Kafka acknowledged and the slot
 // confirmed. Only state 'pending': a row marked dead (its event was
-// skipped) stays for the operator.
+// skipped) stays for the operator. Nothing while a new slot's gap has not
+// been republished from the table: the gap's rows are still pending, and
+// the new slot's confirmed id already passes them.
 const deleteConfirmedBatch = `
 DELETE FROM outbox_events WHERE id IN (
     SELECT id FROM outbox_events
-    WHERE id <= (SELECT confirmed_id FROM outbox_cdc_slots WHERE slot_name = $1)
+    WHERE id <= (SELECT confirmed_id FROM outbox_cdc_slots WHERE slot_name = $1 AND NOT gap_pending)
       AND state = 'pending' AND created_at < now() - $2 * interval '1 microsecond'
     ORDER BY id LIMIT $3)`
 
@@ -392,15 +436,21 @@ SELECT (SELECT wal_status FROM pg_replication_slots WHERE slot_name = $1 AND dat
        (SELECT confirmed_lsn::text FROM outbox_cdc_slots WHERE slot_name = $1),
        (SELECT confirmed_at FROM outbox_cdc_slots WHERE slot_name = $1)`
 
+// recordSlot records a new slot. Its stream starts at its creation, so the
+// rows committed before it that were never published (a lost slot's gap,
+// or rows left by the polling relay) are in no stream: gap_pending makes
+// the relay republish the table's pending rows before it streams, and
+// keeps retention off until it did (migration 0006).
 const recordSlot = `
-INSERT INTO outbox_cdc_slots (slot_name, created_at, confirmed_lsn, confirmed_at, confirmed_id)
-VALUES ($1, now(), $2::pg_lsn, now(), 0)
-ON CONFLICT (slot_name) DO UPDATE SET created_at = now(), confirmed_lsn = $2::pg_lsn, confirmed_at = now()`
+INSERT INTO outbox_cdc_slots (slot_name, created_at, confirmed_lsn, confirmed_at, confirmed_id, gap_pending)
+VALUES ($1, now(), $2::pg_lsn, now(), 0, true)
+ON CONFLICT (slot_name) DO UPDATE SET created_at = now(), confirmed_lsn = $2::pg_lsn, confirmed_at = now(), gap_pending = true`
 
-// recordHandMadeSlot records a slot the relay did not create.
+// recordHandMadeSlot records a slot the relay did not create; what was
+// committed before it is unknown, so its gap is replayed too.
 const recordHandMadeSlot = `
-INSERT INTO outbox_cdc_slots (slot_name, confirmed_lsn)
-SELECT slot_name, confirmed_flush_lsn FROM pg_replication_slots WHERE slot_name = $1
+INSERT INTO outbox_cdc_slots (slot_name, confirmed_lsn, gap_pending)
+SELECT slot_name, confirmed_flush_lsn, true FROM pg_replication_slots WHERE slot_name = $1
 ON CONFLICT DO NOTHING`
 
 const recordConfirmed = `
@@ -451,11 +501,21 @@ func (r *CDCRelay) ensureSlot(ctx context.Context, conn *pgconn.PgConn) error {
 		lost.LastConfirmedAt = *lastAt
 	}
 	r.cfg.Metrics.slotLost.Inc()
-	r.cfg.Logger.ErrorContext(ctx, "REPLICATION SLOT LOST: replaced it with a new one; events committed in the window may never have been published: "+
-		"replay them (table mode: run the polling relay, RELAY_MODE=poll, until outbox_pending_events is 0; see the runbook)",
-		slog.String("slot", r.cfg.Slot), slog.Bool("invalidated", invalidated),
+	attrs := []any{slog.String("slot", r.cfg.Slot), slog.Bool("invalidated", invalidated),
 		slog.Time("window_from", lost.LastConfirmedAt), slog.Time("window_to", lost.CreatedAt),
-		slog.String("last_confirmed_lsn", lost.LastConfirmedLSN), slog.String("new_slot_lsn", res.ConsistentPoint))
+		slog.String("last_confirmed_lsn", lost.LastConfirmedLSN), slog.String("new_slot_lsn", res.ConsistentPoint),
+		slog.String("mode", string(r.cfg.Mode))}
+	if r.cfg.Mode == ModeWAL {
+		// The price of writing no row: nothing but the WAL held these
+		// events, and no slot decoded that range.
+		r.cfg.Metrics.cdc.lostUnrecoverable.Inc()
+		r.cfg.Logger.ErrorContext(ctx, "REPLICATION SLOT LOST, WAL-ONLY EVENTS LOST: replaced it with a new one; every event Emit wrote "+
+			"between last_confirmed_lsn and new_slot_lsn that Kafka had not acknowledged is lost and cannot be republished: "+
+			"reconcile from the domain tables (see the runbook)", attrs...)
+	} else {
+		r.cfg.Logger.ErrorContext(ctx, "REPLICATION SLOT LOST: replaced it with a new one; republishing the window's events from the "+
+			"outbox table before streaming (retention waits until that is done)", attrs...)
+	}
 	if r.cfg.OnSlotLost != nil {
 		r.cfg.OnSlotLost(lost)
 	}
@@ -470,514 +530,4 @@ func slotErr(what string, err error) error {
 		return fmt.Errorf("%s: %w (%w)", what, errSlotBusy, err)
 	}
 	return fmt.Errorf("%s: %w", what, err)
-}
-
-// cdcEvent is one event decoded from the stream.
-type cdcEvent struct {
-	claimed
-	rowID int64 // outbox_events id; 0 for an emitted event
-}
-
-// streamer is the state of one replication connection.
-type streamer struct {
-	r    *CDCRelay
-	conn *pgconn.PgConn
-
-	relations map[uint32]*pglogrepl.RelationMessage
-	inTx      bool
-	txEvents  []cdcEvent
-
-	batch    []cdcEvent
-	batchEnd pglogrepl.LSN // commit end of the last transaction in batch
-	flushAt  time.Time
-
-	// Batches go to the publisher goroutine, which writes them to Kafka
-	// one after the other, in order, and reports each acknowledged one on
-	// acked; meanwhile this goroutine goes on reading the stream, so
-	// decoding and Kafka's round trips overlap. Only this goroutine uses
-	// the connection.
-	toPublish chan pubBatch
-	acked     chan pubResult
-	inflight  int // batches handed over and not yet acknowledged
-
-	confirmed   pglogrepl.LSN // acknowledged by Kafka (or holding no events)
-	confirmedID int64
-	recorded    pglogrepl.LSN // last confirmed position written to outbox_cdc_slots
-	nextStatus  time.Time
-}
-
-// slotConfirmed is where the slot's stream resumes.
-const slotConfirmed = `SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = $1`
-
-func (r *CDCRelay) streamOnce(ctx context.Context) error {
-	conn, err := pgconn.ConnectConfig(ctx, r.replConf)
-	if err != nil {
-		return fmt.Errorf("connecting for replication: %w", err)
-	}
-	// Closing without a last status update is what a crash does: the slot
-	// keeps the last confirmed position, and the next relay starts there.
-	defer conn.Close(context.Background()) //nolint:errcheck // the connection is done either way
-	if err := r.ensurePublication(ctx, conn); err != nil {
-		return err
-	}
-	if err := r.ensureSlot(ctx, conn); err != nil {
-		return err
-	}
-	var start pglogrepl.LSN
-	var lsnText string
-	if err := r.pool.QueryRow(ctx, slotConfirmed, r.cfg.Slot).Scan(&lsnText); err != nil {
-		return fmt.Errorf("reading the slot's confirmed position: %w", err)
-	}
-	if start, err = pglogrepl.ParseLSN(lsnText); err != nil {
-		return fmt.Errorf("parsing the slot's confirmed position: %w", err)
-	}
-	// proto_version 1 suffices: pgoutput sends logical decoding messages
-	// with messages 'true' since Postgres 14, and the relay needs no
-	// streaming of in-progress transactions (proto 2), which would hand it
-	// changes before their commit.
-	err = pglogrepl.StartReplication(ctx, conn, r.cfg.Slot, 0, pglogrepl.StartReplicationOptions{
-		Mode:       pglogrepl.LogicalReplication,
-		PluginArgs: []string{"proto_version '1'", "publication_names '" + Publication + "'", "messages 'true'"},
-	})
-	if err != nil {
-		return slotErr("starting replication", err)
-	}
-	r.setActive(true)
-	r.stream.ok(ctx)
-	r.cfg.Logger.InfoContext(ctx, "streaming the outbox from the replication slot", slog.String("slot", r.cfg.Slot),
-		slog.String("from_lsn", start.String()))
-	s := &streamer{r: r, conn: conn, relations: map[uint32]*pglogrepl.RelationMessage{}, confirmed: start, recorded: start,
-		toPublish: make(chan pubBatch, 2), acked: make(chan pubResult, 4)}
-	pubCtx, stopPublisher := context.WithCancel(ctx)
-	var wg sync.WaitGroup
-	wg.Go(func() { s.publisher(pubCtx) })
-	err = s.run(ctx)
-	// What was handed over and not acknowledged is not confirmed: the next
-	// stream starts before it.
-	stopPublisher()
-	close(s.toPublish)
-	wg.Wait()
-	if err != nil {
-		return fmt.Errorf("%w: %w", errStreamed, err)
-	}
-	return nil
-}
-
-// pubBatch is a run of whole committed transactions, ending at end.
-type pubBatch struct {
-	events []cdcEvent
-	end    pglogrepl.LSN
-}
-
-// pubResult reports a batch Kafka acknowledged (err nil), or why the
-// publisher stopped.
-type pubResult struct {
-	end   pglogrepl.LSN
-	maxID int64
-	err   error
-}
-
-// publisher writes the batches in order until toPublish is closed or ctx
-// ends; a batch is reported only once Kafka acknowledged all of it.
-func (s *streamer) publisher(ctx context.Context) {
-	for b := range s.toPublish {
-		ok, err := s.publish(ctx, b.events)
-		if err != nil {
-			select {
-			case s.acked <- pubResult{err: err}:
-			case <-ctx.Done():
-			}
-			return
-		}
-		if !ok {
-			return // ctx ended: unacknowledged, so unconfirmed
-		}
-		res := pubResult{end: b.end}
-		for _, e := range b.events {
-			res.maxID = max(res.maxID, e.rowID)
-		}
-		select {
-		case s.acked <- res:
-		case <-ctx.Done():
-			return
-		}
-	}
-}
-
-// noteAcked moves the confirmed position over an acknowledged batch.
-func (s *streamer) noteAcked(res pubResult) error {
-	if res.err != nil {
-		return res.err
-	}
-	s.inflight--
-	s.confirmed = max(s.confirmed, res.end)
-	s.confirmedID = max(s.confirmedID, res.maxID)
-	s.nextStatus = time.Time{} // confirm now
-	return nil
-}
-
-// handOver passes the pending batch to the publisher. While the publisher
-// is behind (Kafka is slow or away) it waits, still answering the server
-// with status updates so the walsender does not time out.
-func (s *streamer) handOver(ctx context.Context) error {
-	b := pubBatch{events: s.batch, end: s.batchEnd}
-	for {
-		wait := time.NewTimer(max(time.Until(s.nextStatus), 0))
-		select {
-		case s.toPublish <- b:
-			wait.Stop()
-			s.inflight++
-			s.batch = nil
-			return nil
-		case res := <-s.acked:
-			wait.Stop()
-			if err := s.noteAcked(res); err != nil {
-				return err
-			}
-		case <-wait.C:
-			if err := s.sendStatus(ctx); err != nil {
-				return err
-			}
-		case <-ctx.Done():
-			wait.Stop()
-			return nil
-		}
-	}
-}
-
-func (s *streamer) run(ctx context.Context) error {
-	for ctx.Err() == nil {
-		for drained := false; !drained; {
-			select {
-			case res := <-s.acked:
-				if err := s.noteAcked(res); err != nil {
-					return err
-				}
-			default:
-				drained = true
-			}
-		}
-		now := time.Now()
-		if !now.Before(s.nextStatus) {
-			if err := s.sendStatus(ctx); err != nil {
-				return err
-			}
-		}
-		if len(s.batch) > 0 && (len(s.batch) >= s.r.cfg.BatchSize || !now.Before(s.flushAt)) {
-			if err := s.handOver(ctx); err != nil {
-				return err
-			}
-			continue
-		}
-		deadline := s.nextStatus
-		if len(s.batch) > 0 && s.flushAt.Before(deadline) {
-			deadline = s.flushAt
-		}
-		recvCtx, cancel := context.WithDeadline(ctx, deadline)
-		raw, err := s.conn.ReceiveMessage(recvCtx)
-		cancel()
-		if err != nil {
-			if pgconn.Timeout(err) && ctx.Err() == nil {
-				continue
-			}
-			if ctx.Err() != nil {
-				return nil
-			}
-			return fmt.Errorf("receiving: %w", err)
-		}
-		switch m := raw.(type) {
-		case *pgproto3.ErrorResponse:
-			return fmt.Errorf("replication stream: %w", serverError(m))
-		case *pgproto3.CopyData:
-			if err := s.handle(ctx, m.Data); err != nil {
-				return err
-			}
-		}
-	}
-	return nil
-}
-
-func (s *streamer) handle(ctx context.Context, data []byte) error {
-	if len(data) == 0 {
-		return nil
-	}
-	switch data[0] {
-	case pglogrepl.PrimaryKeepaliveMessageByteID:
-		k, err := pglogrepl.ParsePrimaryKeepaliveMessage(data[1:])
-		if err != nil {
-			return fmt.Errorf("parsing a keepalive: %w", err)
-		}
-		// Nothing in flight: every change before ServerWALEnd was sent and
-		// handled, so the slot may move there (as Postgres's own apply
-		// worker does); otherwise an idle outbox in a busy database would
-		// pin WAL.
-		if s.idle() && k.ServerWALEnd > s.confirmed {
-			s.confirmed = k.ServerWALEnd
-		}
-		if k.ReplyRequested {
-			s.nextStatus = time.Time{}
-		}
-	case pglogrepl.XLogDataByteID:
-		x, err := pglogrepl.ParseXLogData(data[1:])
-		if err != nil {
-			return fmt.Errorf("parsing XLogData: %w", err)
-		}
-		return s.decode(ctx, x.WALData)
-	}
-	return nil
-}
-
-func (s *streamer) decode(ctx context.Context, wal []byte) error {
-	msg, err := pglogrepl.Parse(wal)
-	if err != nil {
-		return fmt.Errorf("parsing a pgoutput message: %w", err)
-	}
-	switch m := msg.(type) {
-	case *pglogrepl.BeginMessage:
-		s.inTx, s.txEvents = true, s.txEvents[:0]
-	case *pglogrepl.RelationMessage:
-		s.relations[m.RelationID] = m
-	case *pglogrepl.InsertMessage:
-		rel := s.relations[m.RelationID]
-		if rel == nil || rel.RelationName != "outbox_events" {
-			return nil
-		}
-		ev, err := s.r.decodeRow(rel, m.Tuple)
-		if err != nil {
-			// A row Postgres accepted but the relay cannot read is a bug or
-			// a schema the relay does not know; skipping it would lose it.
-			return fmt.Errorf("decoding an outbox row: %w", err)
-		}
-		s.txEvents = append(s.txEvents, ev)
-	case *pglogrepl.LogicalDecodingMessage:
-		if m.Prefix != EmitPrefix || !m.Transactional {
-			return nil
-		}
-		env, emitted, err := decodeEmitted(m.Content)
-		if err != nil {
-			return err
-		}
-		s.txEvents = append(s.txEvents, s.r.newEvent(env, emitted, 0))
-	case *pglogrepl.CommitMessage:
-		s.inTx = false
-		if len(s.txEvents) == 0 {
-			if len(s.batch) == 0 && s.inflight == 0 && m.TransactionEndLSN > s.confirmed {
-				s.confirmed = m.TransactionEndLSN
-			}
-			return nil
-		}
-		if len(s.batch) == 0 {
-			s.flushAt = time.Now().Add(s.r.cfg.FlushDelay)
-		}
-		s.batch = append(s.batch, s.txEvents...)
-		s.txEvents = s.txEvents[:0]
-		s.batchEnd = m.TransactionEndLSN
-	}
-	return nil
-}
-
-func (r *CDCRelay) newEvent(ev event.Envelope, createdAt time.Time, rowID int64) cdcEvent {
-	return cdcEvent{rowID: rowID, claimed: claimed{
-		id: rowID, createdAt: createdAt, aggType: ev.AggregateType,
-		aggregate: ev.AggregateType + "\x00" + ev.AggregateID,
-		msg:       event.ToKafka(r.cfg.Topic(ev.AggregateType), ev),
-	}}
-}
-
-// decodeRow reads an outbox_events insert (pgoutput's text format) into
-// the same envelope the polling relay reads from the table.
-func (r *CDCRelay) decodeRow(rel *pglogrepl.RelationMessage, tuple *pglogrepl.TupleData) (cdcEvent, error) {
-	if tuple == nil || len(tuple.Columns) != len(rel.Columns) {
-		return cdcEvent{}, errors.New("tuple does not match its relation")
-	}
-	var (
-		ev        event.Envelope
-		rowID     int64
-		headers   envelopeHeaders
-		createdAt time.Time
-		err       error
-	)
-	for i, col := range rel.Columns {
-		data := tuple.Columns[i].Data
-		if tuple.Columns[i].DataType != pglogrepl.TupleDataTypeText {
-			continue // null: only optional columns (last_error, published_at)
-		}
-		text := string(data)
-		switch col.Name {
-		case "id":
-			rowID, err = strconv.ParseInt(text, 10, 64)
-		case "event_id":
-			ev.EventID, err = uuid.Parse(text)
-		case "aggregate_type":
-			ev.AggregateType = text
-		case "aggregate_id":
-			ev.AggregateID = text
-		case "aggregate_version":
-			ev.AggregateVersion, err = strconv.ParseInt(text, 10, 64)
-		case "event_type":
-			ev.EventType = text
-		case "event_version":
-			ev.EventVersion, err = strconv.Atoi(text)
-		case "payload":
-			ev.Payload = json.RawMessage(text)
-		case "headers":
-			err = json.Unmarshal(data, &headers)
-		case "occurred_at":
-			err = r.types.Scan(pgtype.TimestamptzOID, pgtype.TextFormatCode, data, &ev.OccurredAt)
-		case "created_at":
-			err = r.types.Scan(pgtype.TimestamptzOID, pgtype.TextFormatCode, data, &createdAt)
-		}
-		if err != nil {
-			return cdcEvent{}, fmt.Errorf("column %s: %w", col.Name, err)
-		}
-	}
-	ev.CorrelationID, ev.CausationID, ev.Traceparent = headers.CorrelationID, headers.CausationID, headers.Traceparent
-	return r.newEvent(ev, createdAt, rowID), nil
-}
-
-// idle reports that nothing decoded is waiting for Kafka: no open
-// transaction, no pending batch, none in flight.
-func (s *streamer) idle() bool { return !s.inTx && len(s.batch) == 0 && s.inflight == 0 }
-
-// sendStatus confirms s.confirmed to the server: the slot's
-// confirmed_flush_lsn moves there, and the WAL before it may be recycled.
-// While idle it asks for a keepalive, whose position the next status
-// confirms.
-func (s *streamer) sendStatus(ctx context.Context) error {
-	err := pglogrepl.SendStandbyStatusUpdate(ctx, s.conn, pglogrepl.StandbyStatusUpdate{
-		WALWritePosition: s.confirmed, ReplyRequested: s.idle(),
-	})
-	if err != nil {
-		return fmt.Errorf("sending the standby status: %w", err)
-	}
-	s.nextStatus = time.Now().Add(s.r.cfg.StatusInterval)
-	if s.confirmed != s.recorded {
-		// Best effort: the record only dates a lost slot's window and
-		// bounds retention; the slot itself is the source of truth.
-		recCtx, cancel := context.WithTimeout(ctx, s.r.cfg.StatusInterval)
-		_, err := s.r.pool.Exec(recCtx, recordConfirmed, s.r.cfg.Slot, s.confirmed.String(), s.confirmedID)
-		cancel()
-		if err != nil {
-			if ctx.Err() == nil {
-				s.r.cfg.Metrics.dbErrors.WithLabelValues("slot").Inc()
-			}
-		} else {
-			s.recorded = s.confirmed
-		}
-	}
-	return nil
-}
-
-// publish writes events until Kafka acknowledged every one of them and
-// reports true; false if ctx ended first. Broker errors are waited out with
-// capped backoff; an event Kafka refuses because of the message
-// MaxAttempts times is skipped as dead. It runs on the publisher goroutine.
-func (s *streamer) publish(ctx context.Context, todo []cdcEvent) (bool, error) {
-	r := s.r
-	attempts := make(map[int]int) // index into todo -> message-error attempts
-	idx := make([]int, len(todo))
-	for i := range idx {
-		idx[i] = i
-	}
-	kafkaStreak := 0
-	for len(idx) > 0 {
-		batch := make([]claimed, len(idx))
-		for j, i := range idx {
-			batch[j] = todo[i].claimed
-			// startSends rewrites the traceparent header: a retry starts
-			// from the stored one again.
-			batch[j].msg.Headers = append([]kafka.Header(nil), todo[i].msg.Headers...)
-		}
-		r.cfg.Metrics.batchSize.Observe(float64(len(batch)))
-		endSends := startSends(ctx, batch)
-		pubCtx, cancel := context.WithTimeout(ctx, r.cfg.PublishTimeout)
-		errs := publishBatch(pubCtx, r.writer, batch)
-		cancel()
-		endSends(errs)
-		if ctx.Err() != nil {
-			return false, nil
-		}
-		var (
-			retryIdx    []int
-			brokerErr   error
-			judged, ack int
-		)
-		now := time.Now()
-		for j, i := range idx {
-			switch err := errs[j]; {
-			case err == nil:
-				ack++
-				r.cfg.Metrics.publishLag.Observe(now.Sub(todo[i].createdAt).Seconds())
-				if attempts[i] > 0 {
-					r.cfg.Metrics.retries.Inc()
-				}
-			case errors.Is(err, errHeldBack):
-				// Not written: an earlier event of its aggregate failed. It
-				// goes again with that one, uncharged, and after it.
-				retryIdx = append(retryIdx, i)
-			case kafkautil.IsMessageError(err):
-				judged++
-				attempts[i]++
-				r.cfg.Metrics.failures.Inc()
-				if attempts[i] >= r.cfg.MaxAttempts {
-					s.dead(ctx, todo[i], err)
-					continue
-				}
-				retryIdx = append(retryIdx, i)
-			default:
-				r.cfg.Metrics.kafkaErrors.Inc()
-				if brokerErr == nil {
-					brokerErr = err
-				}
-				retryIdx = append(retryIdx, i)
-			}
-		}
-		r.cfg.Metrics.published.Add(float64(ack))
-		if brokerErr != nil && ack == 0 && judged == 0 {
-			kafkaStreak++
-			r.cfg.Metrics.kafkaConnected.Set(0)
-			r.kafka.fail(ctx, brokerErr)
-		} else {
-			kafkaStreak = 0
-			r.cfg.Metrics.kafkaConnected.Set(1)
-			r.kafka.ok(ctx)
-		}
-		idx = retryIdx
-		if len(idx) == 0 {
-			break
-		}
-		delay := retry.Backoff(max(kafkaStreak, 1), r.cfg.OutageBackoffMin, r.cfg.OutageBackoffMax)
-		if brokerErr == nil {
-			delay = retry.Backoff(attempts[idx[0]], r.cfg.BackoffMin, r.cfg.BackoffMax)
-		}
-		if !sleep(ctx, delay) {
-			return false, nil
-		}
-	}
-	if r.cfg.CrashPoint != nil {
-		if err := r.cfg.CrashPoint(CrashAfterAck); err != nil {
-			return false, fmt.Errorf("crash point %s: %w", CrashAfterAck, err)
-		}
-	}
-	return true, nil
-}
-
-const markDeadCDC = `UPDATE outbox_events SET state = 'dead', last_error = $2, attempts = $3 WHERE id = $1`
-
-// dead skips an event Kafka keeps refusing because of the message: logged
-// with its identity, counted in outbox_dead_total, and, for a table row,
-// marked dead (retention keeps dead rows) so an operator can find it.
-func (s *streamer) dead(ctx context.Context, e cdcEvent, cause error) {
-	r := s.r
-	r.cfg.Metrics.deadTotal.Inc()
-	r.cfg.Logger.ErrorContext(ctx, "outbox event refused by Kafka because of the message; skipped as dead (its aggregate's later events go on)",
-		slog.String("event_id", header(e.msg, event.HeaderEventID)), slog.String("topic", e.msg.Topic),
-		slog.String("aggregate_id", string(e.msg.Key)), slog.Int64("outbox_id", e.rowID), slog.Any("error", cause))
-	if e.rowID == 0 {
-		return
-	}
-	if _, err := r.pool.Exec(ctx, markDeadCDC, e.rowID, cause.Error(), r.cfg.MaxAttempts); err != nil && ctx.Err() == nil {
-		r.cfg.Metrics.dbErrors.WithLabelValues("slot").Inc()
-		r.cfg.Logger.ErrorContext(ctx, "could not mark the skipped outbox row dead", slog.Int64("outbox_id", e.rowID), slog.Any("error", err))
-	}
 }

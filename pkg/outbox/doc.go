@@ -123,11 +123,17 @@
 // and its successor republishes what was not confirmed; commit order gives
 // each aggregate's order; one relay streams per slot while the others
 // stand by. Messages are built with the polling relay's conversion, so
-// consumers cannot tell the two apart. A message Kafka keeps refusing is
-// skipped as dead (logged, counted, its row marked dead) rather than
-// holding the whole stream. A lost or invalidated slot is detected,
-// replaced and reported with the window that may need a replay
-// (LostSlot). docs/runbook-cdc.md is the operator's side.
+// consumers cannot tell the two apart. Each topic is written on its own, so
+// a topic that cannot be written holds back only its own events; a
+// transaction's events go to Kafka in chunks as they are decoded, so memory
+// stays bounded (MaxInFlight) whatever the transaction's size. A message
+// Kafka keeps refusing is skipped as dead (logged, counted, its row marked
+// dead) rather than holding the whole stream, and so is a message under
+// EmitPrefix that is not a valid envelope. A lost or invalidated slot is
+// detected and replaced; in table mode the relay republishes the window
+// from the table before it streams, in WAL-only mode (CDCConfig.Mode) the
+// window's events are reported lost (LostSlot, a metric, a log record with
+// the LSN range). docs/runbook-cdc.md is the operator's side.
 //
 // The schema ships as golang-migrate files in Migrations; apply them with
 // the service's own migrations, tracked in MigrationsTable.

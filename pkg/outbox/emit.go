@@ -4,9 +4,11 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"log/slog"
 	"time"
 
 	"github.com/google/uuid"
+	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5"
 
 	"github.com/onceflow/onceflow/pkg/event"
@@ -69,20 +71,58 @@ func Emit(ctx context.Context, tx pgx.Tx, ev event.Envelope) error {
 	return nil
 }
 
-// decodeEmitted is the inverse of Emit, for the relay.
-func decodeEmitted(content []byte) (event.Envelope, time.Time, error) {
+// decodeEmitted is the inverse of Emit, for the relay. A message that is
+// not what Emit writes is refused with reason (refusedUndecodable or
+// refusedInvalid) and err: pg_logical_emit_message is an ordinary function,
+// so anything may be under the prefix, and the relay must neither publish
+// it as genuine nor stop on it.
+func decodeEmitted(content []byte) (ev event.Envelope, emittedAt time.Time, reason string, err error) {
 	var w walEnvelope
 	if err := json.Unmarshal(content, &w); err != nil {
-		return event.Envelope{}, time.Time{}, fmt.Errorf("decoding an emitted event: %w", err)
+		return event.Envelope{}, time.Time{}, refusedUndecodable, fmt.Errorf("decoding an emitted event: %w", err)
 	}
-	occurred, err := time.Parse(time.RFC3339Nano, w.OccurredAt)
-	if err != nil {
-		return event.Envelope{}, time.Time{}, fmt.Errorf("event %s: decoding occurredAt: %w", w.EventID, err)
+	var occurred time.Time
+	if w.OccurredAt != "" {
+		if occurred, err = time.Parse(time.RFC3339Nano, w.OccurredAt); err != nil {
+			return event.Envelope{}, time.Time{}, refusedInvalid, fmt.Errorf("event %s: decoding occurredAt: %w", w.EventID, err)
+		}
 	}
-	return event.Envelope{
+	ev = event.Envelope{
 		EventID: w.EventID, EventType: w.EventType, EventVersion: w.EventVersion,
 		AggregateType: w.AggregateType, AggregateID: w.AggregateID, AggregateVersion: w.AggregateVersion,
 		OccurredAt: occurred, CorrelationID: w.CorrelationID, CausationID: w.CausationID,
 		Traceparent: w.Traceparent, Payload: w.Payload,
-	}, w.EmittedAt, nil
+	}
+	if err := ev.Validate(); err != nil {
+		return event.Envelope{}, time.Time{}, refusedInvalid, fmt.Errorf("event %s: %w", w.EventID, err)
+	}
+	if len(w.Payload) == 0 {
+		return event.Envelope{}, time.Time{}, refusedInvalid, fmt.Errorf("event %s: %w: missing payload", w.EventID, event.ErrInvalid)
+	}
+	if w.EmittedAt.IsZero() {
+		w.EmittedAt = occurred
+	}
+	return ev, w.EmittedAt, "", nil
+}
+
+// refusedContentShown is how much of a refused message the log shows: enough
+// to tell a mistake from a forgery, bounded however large it is.
+const refusedContentShown = 1024
+
+// refuseEmitted skips a message under the outbox's prefix that is not a
+// valid envelope: it goes dead where the WAL-only mode's dead events go
+// (an error log record with its position, reason and content, and
+// outbox_dead_total), counted by reason in outbox_emitted_refused_total. It
+// is never published, and the stream goes on.
+func (r *CDCRelay) refuseEmitted(ctx context.Context, reason string, cause error, lsn pglogrepl.LSN, content []byte) {
+	r.cfg.Metrics.deadTotal.Inc()
+	r.cfg.Metrics.cdc.emittedRefused.WithLabelValues(reason).Inc()
+	shown := content
+	if len(shown) > refusedContentShown {
+		shown = shown[:refusedContentShown]
+	}
+	r.cfg.Logger.ErrorContext(ctx, "outbox: refused a message in the WAL under the outbox's prefix that is not a valid envelope; "+
+		"skipped as dead, never published (only Emit, run by the service's own role, should write there)",
+		slog.String("reason", reason), slog.String("lsn", lsn.String()), slog.Int("content_bytes", len(content)),
+		slog.String("content", string(shown)), slog.Any("error", cause))
 }

@@ -23,6 +23,7 @@ type Metrics struct {
 	claims, emptyClaims                       prometheus.Counter
 	roundTrips                                *prometheus.CounterVec
 	publishLag, batchSize                     prometheus.Histogram
+	cdc                                       *cdcMetrics
 }
 
 // NewMetrics creates the relay metrics and registers them on reg (nil: not
@@ -83,6 +84,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			m.retries, m.deadTotal, m.publishLag, m.batchSize, m.kafkaErrors, m.kafkaConnected, m.dbErrors,
 			m.slotLag, m.slotActive, m.slotLost, m.claims, m.emptyClaims, m.roundTrips)
 	}
+	m.cdc = newCDCMetrics(reg)
 	// Connected until a publish says otherwise: a relay that has not published
 	// yet has no evidence of an outage, and the alert on 0 must not fire for it.
 	m.kafkaConnected.Set(1)

@@ -117,7 +117,7 @@ func run(ctx context.Context, _ []string, getenv func(string) string, stdout io.
 		relayRun = relay.Run
 	} else {
 		relay, err := outbox.NewCDCRelay(svc.Pool, writer, outbox.CDCConfig{
-			Slot: cfg.OutboxSlot, ReplicationURL: cfg.ReplicationDatabaseURL,
+			Slot: cfg.OutboxSlot, ReplicationURL: cfg.ReplicationDatabaseURL, Mode: relayMode,
 			Topic: topic, Logger: svc.Logger, Metrics: outbox.NewMetrics(svc.Registry), CrashPoint: crashPoint,
 		})
 		if err != nil {

@@ -126,7 +126,7 @@ func run(ctx context.Context, _ []string, getenv func(string) string, stdout io.
 			relayStage = lifecycle.Stage{Name: "outbox relay", Run: relay.Run}
 		} else {
 			relay, err := outbox.NewCDCRelay(svc.Pool, writer, outbox.CDCConfig{
-				Slot: cfg.OutboxSlot, ReplicationURL: cfg.ReplicationDatabaseURL,
+				Slot: cfg.OutboxSlot, ReplicationURL: cfg.ReplicationDatabaseURL, Mode: relayMode,
 				Topic: topic, Logger: svc.Logger, Metrics: metrics, CrashPoint: crashPoint,
 			})
 			if err != nil {

@@ -1,0 +1,292 @@
+package outbox_test
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pglogrepl"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/onceflow/onceflow/pkg/outbox"
+	"github.com/onceflow/onceflow/pkg/platform/kafkautil"
+	"github.com/onceflow/onceflow/pkg/platform/testinfra"
+)
+
+// Issue 19, item 6: a slot lost while the relay was away (here dropped;
+// max_slot_wal_keep_size or a failover do the same) leaves a gap of rows
+// that no slot streams. In table mode the relay republishes them from the
+// table by itself, before its retention deletes anything: every row
+// reaches Kafka, in order, and none leaves the table unpublished.
+func TestCDCLostSlotGapIsRepublishedFromTheTable(t *testing.T) {
+	t.Parallel()
+	e := newCDCEnv(t, 1, 50)
+	pool, slot, c := e.pool, e.slot, e.c
+	cfg := e.config()
+	// Retention as eager as it can be: the gap's rows are old enough to go
+	// at once if the relay's confirmed id passes them.
+	cfg.RetentionInterval, cfg.Retain = 20*time.Millisecond, time.Nanosecond
+	stop := runStreaming(t, newCDC(t, pool, e.w, cfg))
+	enqueue(t, pool, newEvent("a", 1))
+	testinfra.WaitFor(t, 20*time.Second, "the first event", func() (bool, error) { return c.distinct() == 1, nil })
+	stop()
+
+	testinfra.WaitFor(t, 20*time.Second, "the slot to be dropped", func() (bool, error) {
+		_, err := pool.Exec(context.Background(), `SELECT pg_drop_replication_slot($1)`, slot)
+		return err == nil, nil
+	})
+	// The gap: committed while no slot exists.
+	enqueue(t, pool, newEvent("a", 2), newEvent("a", 3))
+	enqueue(t, pool, newEvent("gap", 1))
+
+	relay := newCDC(t, pool, e.w, cfg)
+	runCDC(t, relay)
+	testinfra.WaitFor(t, 30*time.Second, "the new slot to stream", func() (bool, error) { return relay.Active(), nil })
+	// A newer event, whose acknowledgement raises the confirmed id past the
+	// whole gap.
+	enqueue(t, pool, newEvent("b", 1))
+	testinfra.WaitFor(t, 30*time.Second, "every event, the gap's included, to reach Kafka", func() (bool, error) {
+		return c.distinct() == 5, nil
+	})
+	c.checkOrder(t, map[string]int64{"a": 3, "gap": 1, "b": 1})
+	// Retention still works once the gap is published.
+	testinfra.WaitFor(t, 20*time.Second, "retention to delete the published rows", func() (bool, error) {
+		return countRows(t, pool, "true") == 0, nil
+	})
+}
+
+// Issue 19, item 9: a topic whose writes fail (here it does not exist and
+// the broker does not create topics) holds back its own events only; the
+// other topics' events keep flowing, as with the polling relay. Once the
+// topic exists its events follow, and the slot confirms past all of them.
+func TestCDCOneFailingTopicDoesNotStopTheOthers(t *testing.T) {
+	t.Parallel()
+	e := newCDCEnv(t, 1, 50)
+	pool, c := e.pool, e.c
+	missing := testinfra.Name("missing")
+	cfg := e.config()
+	cfg.OutageBackoffMax = 200 * time.Millisecond
+	cfg.Topic = func(aggType string) string {
+		if aggType == "broken" {
+			return missing
+		}
+		return e.topic
+	}
+	runStreaming(t, newCDC(t, pool, e.w, cfg))
+
+	bad := newEvent("b-1", 1)
+	bad.AggregateType = "broken"
+	enqueue(t, pool, bad)
+	for v := int64(1); v <= 3; v++ {
+		enqueue(t, pool, newEvent("fine", v))
+	}
+	testinfra.WaitFor(t, 30*time.Second, "the healthy topic's events while the other topic fails", func() (bool, error) {
+		return c.distinct() == 3, nil
+	})
+	c.checkOrder(t, map[string]int64{"fine": 3})
+
+	committed := currentLSN(t, pool)
+	if got := confirmedLSN(t, pool, e.slot); got >= committed {
+		t.Fatalf("slot confirmed %s, past the unpublished event of the failing topic (before %s)", got, committed)
+	}
+	testinfra.NewTopicNamed(t, e.brokers, missing, 1)
+	late := collect(t, e.brokers, missing)
+	testinfra.WaitFor(t, 60*time.Second, "the failing topic's event once the topic exists", func() (bool, error) {
+		return late.distinct() == 1, nil
+	})
+	testinfra.WaitFor(t, 20*time.Second, "the slot to confirm past every event", func() (bool, error) {
+		return confirmedLSN(t, pool, e.slot) >= committed, nil
+	})
+}
+
+// Issue 19, item 8: a message under the outbox's prefix that is not a valid
+// envelope (emitted by hand: pg_logical_emit_message is a plain function)
+// is refused: counted dead with its reason, never published, and the
+// stream goes on with the events after it.
+func TestCDCInvalidEmittedMessageGoesDead(t *testing.T) {
+	t.Parallel()
+	e := newCDCEnv(t, 1, 50)
+	pool, c := e.pool, e.c
+	reg := prometheus.NewRegistry()
+	cfg := e.config()
+	cfg.Metrics = outbox.NewMetrics(reg)
+	logs := &testinfra.LogBuffer{}
+	cfg.Logger = slog.New(slog.NewJSONHandler(logs, nil))
+	runStreaming(t, newCDC(t, pool, e.w, cfg))
+
+	forge := func(content string) {
+		t.Helper()
+		if _, err := pool.Exec(context.Background(), `SELECT pg_logical_emit_message(true, $1, $2::text)`, outbox.EmitPrefix, content); err != nil {
+			t.Fatal(err)
+		}
+	}
+	forge(`not json at all`)
+	// JSON, but no event id, no aggregate: a PaymentCaptured nobody wrote.
+	forge(`{"eventType":"PaymentCaptured","eventVersion":1,"payload":{"amount":100}}`)
+	emit(t, pool, newEvent("a", 1))
+	testinfra.WaitFor(t, 30*time.Second, "the valid event after the invalid ones", func() (bool, error) { return c.distinct() == 1, nil })
+	testinfra.WaitFor(t, 10*time.Second, "both invalid messages counted dead", func() (bool, error) {
+		return testinfra.MetricValue(t, reg, "outbox_dead_total") == 2, nil
+	})
+	for _, reason := range []string{"undecodable", "invalid"} {
+		if v := testinfra.LabeledMetricValue(t, reg, "outbox_emitted_refused_total", map[string]string{"reason": reason}); v != 1 {
+			t.Errorf("outbox_emitted_refused_total{reason=%q} = %v, want 1", reason, v)
+		}
+	}
+	if !strings.Contains(logs.String(), "PaymentCaptured") {
+		t.Errorf("the refusal's log does not show the refused content:\n%s", logs)
+	}
+	if n := c.distinct() + c.dups(); n != 1 {
+		t.Errorf("%d messages on the topic, want only the valid one", n)
+	}
+}
+
+// Issue 19, item 10: in the log-based modes the relay keeps
+// outbox_dead_events current, so the OutboxDeadEvents alert can fire.
+func TestCDCRelayRefreshesTheDeadGauge(t *testing.T) {
+	t.Parallel()
+	e := newCDCEnv(t, 1, 10)
+	reg := prometheus.NewRegistry()
+	cfg := e.config()
+	cfg.MaxAttempts, cfg.BackoffMin, cfg.Metrics = 1, 10*time.Millisecond, outbox.NewMetrics(reg)
+	cfg.LagInterval = 50 * time.Millisecond
+	runStreaming(t, newCDC(t, e.pool, e.w, cfg))
+
+	big := newEvent("big", 1)
+	big.Payload = []byte(`{"blob":"` + strings.Repeat("x", 1200<<10) + `"}`) // kafka-go's writer stops at 1 MiB
+	enqueue(t, e.pool, big)
+	testinfra.WaitFor(t, 30*time.Second, "the row to be marked dead", func() (bool, error) {
+		return countRows(t, e.pool, "state = 'dead'") == 1, nil
+	})
+	testinfra.WaitFor(t, 20*time.Second, "outbox_dead_events to show the dead row", func() (bool, error) {
+		return testinfra.MetricValue(t, reg, "outbox_dead_events") == 1, nil
+	})
+}
+
+// Issue 19, item 6: in WAL-only mode a lost slot's window cannot be
+// republished (Emit wrote no row); the loss is loud: counted in
+// outbox_slot_lost_unrecoverable_total and logged with the LSN range, which
+// holds the lost event's commit.
+func TestCDCLostSlotInWALModeIsLoud(t *testing.T) {
+	t.Parallel()
+	e := newCDCEnv(t, 1, 50)
+	pool, slot, c := e.pool, e.slot, e.c
+	reg := prometheus.NewRegistry()
+	logs := &testinfra.LogBuffer{}
+	cfg := e.config()
+	cfg.Mode, cfg.Metrics, cfg.Logger = outbox.ModeWAL, outbox.NewMetrics(reg), slog.New(slog.NewJSONHandler(logs, nil))
+	stop := runStreaming(t, newCDC(t, pool, e.w, cfg))
+	emit(t, pool, newEvent("a", 1))
+	testinfra.WaitFor(t, 20*time.Second, "the first event", func() (bool, error) { return c.distinct() == 1, nil })
+	stop()
+
+	testinfra.WaitFor(t, 20*time.Second, "the slot to be dropped", func() (bool, error) {
+		_, err := pool.Exec(context.Background(), `SELECT pg_drop_replication_slot($1)`, slot)
+		return err == nil, nil
+	})
+	emit(t, pool, newEvent("a", 2)) // in the WAL only, and in no slot's stream
+	lostAt := currentLSN(t, pool)
+
+	relay := newCDC(t, pool, e.w, cfg)
+	runCDC(t, relay)
+	testinfra.WaitFor(t, 30*time.Second, "the unrecoverable loss to be counted", func() (bool, error) {
+		return testinfra.MetricValue(t, reg, "outbox_slot_lost_unrecoverable_total") == 1, nil
+	})
+	rec, ok := logs.Record("REPLICATION SLOT LOST, WAL-ONLY EVENTS LOST: replaced it with a new one; every event Emit wrote " +
+		"between last_confirmed_lsn and new_slot_lsn that Kafka had not acknowledged is lost and cannot be republished: " +
+		"reconcile from the domain tables (see the runbook)")
+	if !ok {
+		t.Fatalf("no log record of the WAL-only loss:\n%s", logs)
+	}
+	from, err := pglogrepl.ParseLSN(fmt.Sprint(rec["last_confirmed_lsn"]))
+	if err != nil {
+		t.Fatal(err)
+	}
+	to, err := pglogrepl.ParseLSN(fmt.Sprint(rec["new_slot_lsn"]))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !(from < lostAt && lostAt <= to) {
+		t.Errorf("logged range %s..%s does not hold the lost event's commit (%s)", from, to, lostAt)
+	}
+	testinfra.WaitFor(t, 20*time.Second, "the new slot to stream", func() (bool, error) { return relay.Active(), nil })
+	emit(t, pool, newEvent("b", 1))
+	testinfra.WaitFor(t, 20*time.Second, "events after the new slot", func() (bool, error) { return c.distinct() == 2, nil })
+}
+
+// Issue 19, item 6: the relay exports the WAL its slot retains and the
+// server's max_slot_wal_keep_size, so an alert (OutboxSlotNearInvalidation)
+// fires well before Postgres invalidates the slot.
+func TestCDCSlotGaugesShowRetainedWALAgainstTheKeepSize(t *testing.T) {
+	t.Parallel()
+	e := newCDCEnv(t, 1, 50)
+	reg := prometheus.NewRegistry()
+	cfg := e.config()
+	cfg.Metrics, cfg.LagInterval = outbox.NewMetrics(reg), 50*time.Millisecond
+	var keepMB int64
+	if err := e.pool.QueryRow(context.Background(),
+		`SELECT setting::bigint FROM pg_settings WHERE name = 'max_slot_wal_keep_size'`).Scan(&keepMB); err != nil {
+		t.Fatal(err)
+	}
+	if keepMB <= 0 {
+		t.Fatalf("max_slot_wal_keep_size is unlimited on this server; the dev stack sets 2GB (devstack/stack.sh): start it with `make up`")
+	}
+	runStreaming(t, newCDC(t, e.pool, e.w, cfg))
+	testinfra.WaitFor(t, 20*time.Second, "the slot gauges", func() (bool, error) {
+		return testinfra.MetricValue(t, reg, "outbox_slot_wal_keep_size_bytes") == float64(keepMB<<20) &&
+			testinfra.MetricValue(t, reg, "outbox_slot_retained_wal_bytes") > 0, nil
+	})
+}
+
+// Issue 19, item 6, the schedule of a real loss: the relay runs, Kafka is
+// away, events wait in the relay unacknowledged, and the slot is lost under
+// it (here its walsender is killed and the slot dropped; Postgres
+// invalidating it does the same). The relay replaces the slot while Kafka
+// is still away, and once Kafka is back every event reaches it, in order,
+// and retention deletes nothing unpublished.
+func TestCDCSlotLostDuringAKafkaOutageLosesNothing(t *testing.T) {
+	t.Parallel()
+	e := newCDCEnv(t, 1, 50)
+	pool, slot, c := e.pool, e.slot, e.c
+	down := kafkautil.NewWriter([]string{testinfra.ClosedAddr(t)}, 100)
+	t.Cleanup(func() { down.Close() })
+	sw := &switchWriter{}
+	sw.current.Store(down)
+	reg := prometheus.NewRegistry()
+	cfg := e.config()
+	cfg.Metrics = outbox.NewMetrics(reg)
+	cfg.RetentionInterval, cfg.Retain = 20*time.Millisecond, time.Nanosecond
+	// Slow to reconnect, so the test can drop the slot between two tries.
+	cfg.OutageBackoffMin, cfg.OutageBackoffMax = time.Second, 2*time.Second
+	runStreaming(t, newCDC(t, pool, sw, cfg))
+
+	enqueue(t, pool, newEvent("a", 1), newEvent("a", 2))
+	testinfra.WaitFor(t, 20*time.Second, "writes to fail a few times", func() (bool, error) { return sw.writes.Load() >= 3, nil })
+	testinfra.WaitFor(t, 20*time.Second, "the slot to be dropped under the relay", func() (bool, error) {
+		_, err := pool.Exec(context.Background(), `
+SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots WHERE slot_name = $1 AND active_pid IS NOT NULL`, slot)
+		if err != nil {
+			return false, err
+		}
+		_, err = pool.Exec(context.Background(), `SELECT pg_drop_replication_slot($1)`, slot)
+		return err == nil, nil // 55006 while the walsender is still going away
+	})
+	testinfra.WaitFor(t, 30*time.Second, "the relay to replace the lost slot", func() (bool, error) {
+		return testinfra.MetricValue(t, reg, "outbox_slot_lost_total") == 1, nil
+	})
+	enqueue(t, pool, newEvent("a", 3))
+	time.Sleep(200 * time.Millisecond) // ten retention passes: a wrongly deleted row would be gone now
+	if n := countRows(t, pool, "true"); n != 3 {
+		t.Fatalf("%d outbox rows while Kafka is away, want all 3 (retention deleted unpublished rows)", n)
+	}
+
+	sw.current.Store(e.w)
+	testinfra.WaitFor(t, 60*time.Second, "every event once Kafka is back", func() (bool, error) { return c.distinct() == 3, nil })
+	c.checkOrder(t, map[string]int64{"a": 3})
+	testinfra.WaitFor(t, 20*time.Second, "retention to delete the published rows", func() (bool, error) {
+		return countRows(t, pool, "true") == 0, nil
+	})
+}

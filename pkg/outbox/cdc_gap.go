@@ -1,0 +1,126 @@
+package outbox
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/onceflow/onceflow/pkg/event"
+)
+
+const gapPending = `SELECT gap_pending FROM outbox_cdc_slots WHERE slot_name = $1`
+
+// gapRows reads the table's pending rows in id order, a page at a time
+// (keyset on id, so each page is one index range scan of the pending index).
+const gapRows = `
+SELECT id, event_id, aggregate_type, aggregate_id, aggregate_version, event_type, event_version,
+       payload, headers, occurred_at, created_at
+FROM outbox_events WHERE state = 'pending' AND id > $1 ORDER BY id LIMIT $2`
+
+// gapReplayed ends the replay: retention may delete again, and the rows it
+// republished count as confirmed.
+const gapReplayed = `
+UPDATE outbox_cdc_slots SET gap_pending = false, confirmed_id = greatest(confirmed_id, $2)
+WHERE slot_name = $1`
+
+// replayGap republishes, before the new slot's stream starts, every row of
+// the table still pending: a new slot streams from its creation only, so
+// the rows of a lost slot's window would otherwise never be published, and
+// the new slot's first acknowledgement would let retention delete them.
+// Rows are read in id order, which is each aggregate's order, and go out
+// before any event of the stream, so each aggregate stays in order. Rows
+// the old slot did publish (those within Retain) go out again; consumers
+// dedupe them by event id. Rows committed after the slot's creation are
+// both here and in the stream: published twice, in order both times.
+//
+// In WAL-only mode the table is empty and this finds nothing: the window's
+// events were in the WAL alone (ensureSlot reported them lost).
+func (s *streamer) replayGap(ctx context.Context) error {
+	r := s.r
+	var pending bool
+	err := r.pool.QueryRow(ctx, gapPending, r.cfg.Slot).Scan(&pending)
+	if err != nil && !isNoRows(err) {
+		return fmt.Errorf("reading the slot's record: %w", err)
+	}
+	if !pending {
+		return nil
+	}
+	var after, total int64
+	started := time.Now()
+	for {
+		evs, err := r.readGapPage(ctx, after)
+		if err != nil {
+			return err
+		}
+		if len(evs) == 0 {
+			break
+		}
+		// One page at a time: memory stays bounded however long the gap.
+		tx := s.begin()
+		for _, ev := range evs {
+			ev.tx = tx
+			if err := s.add(ctx, ev); err != nil {
+				return err
+			}
+		}
+		s.seal(tx, 0) // no commit position: the stream has not started
+		for tx.pending > 0 {
+			select {
+			case a := <-s.acked:
+				if err := s.noteAcked(a); err != nil {
+					return err
+				}
+			case <-ctx.Done():
+				return ctx.Err()
+			}
+		}
+		after = evs[len(evs)-1].rowID
+		total += int64(len(evs))
+		r.cfg.Metrics.cdc.gapRepublished.Add(float64(len(evs)))
+	}
+	if _, err := r.pool.Exec(ctx, gapReplayed, r.cfg.Slot, after); err != nil {
+		return fmt.Errorf("recording the replayed gap: %w", err)
+	}
+	if total > 0 {
+		r.cfg.Logger.WarnContext(ctx, "republished the outbox rows a new replication slot does not stream, from the table",
+			slog.String("slot", r.cfg.Slot), slog.Int64("rows", total), slog.Int64("up_to_outbox_id", after),
+			slog.Duration("took", time.Since(started).Round(time.Millisecond)))
+	}
+	return nil
+}
+
+// readGapPage reads up to MaxInFlight pending rows after id after.
+func (r *CDCRelay) readGapPage(ctx context.Context, after int64) ([]cdcEvent, error) {
+	rows, err := r.pool.Query(ctx, gapRows, after, r.cfg.MaxInFlight)
+	if err != nil {
+		return nil, fmt.Errorf("reading the gap's rows: %w", err)
+	}
+	defer rows.Close()
+	var evs []cdcEvent
+	for rows.Next() {
+		var (
+			id        int64
+			ev        event.Envelope
+			payload   []byte
+			headers   []byte
+			createdAt time.Time
+		)
+		if err := rows.Scan(&id, &ev.EventID, &ev.AggregateType, &ev.AggregateID, &ev.AggregateVersion, &ev.EventType,
+			&ev.EventVersion, &payload, &headers, &ev.OccurredAt, &createdAt); err != nil {
+			return nil, fmt.Errorf("reading a gap row: %w", err)
+		}
+		var h envelopeHeaders
+		if err := json.Unmarshal(headers, &h); err != nil {
+			return nil, fmt.Errorf("outbox row %d: headers: %w", id, err)
+		}
+		ev.Payload = payload
+		ev.CorrelationID, ev.CausationID, ev.Traceparent = h.CorrelationID, h.CausationID, h.Traceparent
+		evs = append(evs, r.newEvent(ev, createdAt, id))
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("reading the gap's rows: %w", err)
+	}
+	return evs, nil
+}

@@ -1,0 +1,44 @@
+package outbox
+
+import "github.com/prometheus/client_golang/prometheus"
+
+// cdcMetrics are the metrics only the log-based relay moves.
+type cdcMetrics struct {
+	retainedWAL, walKeepSize prometheus.Gauge
+	lostUnrecoverable        prometheus.Counter
+	gapRepublished           prometheus.Counter
+	emittedRefused           *prometheus.CounterVec
+}
+
+// Reasons an emitted message under EmitPrefix is refused
+// (outbox_emitted_refused_total's reason label).
+const (
+	refusedUndecodable      = "undecodable"       // not the JSON Emit writes
+	refusedInvalid          = "invalid"           // JSON, but not a complete envelope
+	refusedNonTransactional = "non_transactional" // Emit writes transactional messages only
+)
+
+func newCDCMetrics(reg prometheus.Registerer) *cdcMetrics {
+	m := &cdcMetrics{
+		retainedWAL: prometheus.NewGauge(prometheus.GaugeOpts{Name: "outbox_slot_retained_wal_bytes",
+			Help: "WAL the log-based relay's slot keeps from being recycled: pg_current_wal_lsn() - restart_lsn. " +
+				"Postgres invalidates the slot (its events are then lost or must be republished) when this passes max_slot_wal_keep_size."}),
+		walKeepSize: prometheus.NewGauge(prometheus.GaugeOpts{Name: "outbox_slot_wal_keep_size_bytes",
+			Help: "The server's max_slot_wal_keep_size in bytes, as the log-based relay reads it; +Inf when unlimited (a slot then fills the disk instead); 0 until a log-based relay read it."}),
+		lostUnrecoverable: prometheus.NewCounter(prometheus.CounterOpts{Name: "outbox_slot_lost_unrecoverable_total",
+			Help: "Lost replication slots in WAL-only mode (RELAY_MODE=wal): the events Emit wrote in the window were never published and exist nowhere else."}),
+		gapRepublished: prometheus.NewCounter(prometheus.CounterOpts{Name: "outbox_slot_gap_republished_total",
+			Help: "Pending outbox rows the log-based relay republished from the table because a new slot's stream could not carry them (a lost slot's window)."}),
+		emittedRefused: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "outbox_emitted_refused_total",
+			Help: "Messages under the outbox's prefix in the WAL that are not valid envelopes, by reason (undecodable, invalid, non_transactional): " +
+				"never published, counted dead in outbox_dead_total. Only Emit should write there; anything else was written by hand."},
+			[]string{"reason"}),
+	}
+	for _, reason := range []string{refusedUndecodable, refusedInvalid, refusedNonTransactional} {
+		m.emittedRefused.WithLabelValues(reason) // export zeros, so increase() works from the start
+	}
+	if reg != nil {
+		reg.MustRegister(m.retainedWAL, m.walKeepSize, m.lostUnrecoverable, m.gapRepublished, m.emittedRefused)
+	}
+	return m
+}

@@ -1,0 +1,1 @@
+ALTER TABLE outbox_cdc_slots DROP COLUMN IF EXISTS gap_pending;
