@@ -45,6 +45,8 @@ commands:
   dead-letters list          dead outbox rows and inbox dead letters
   dead-letters requeue       put dead rows or dead letters back (-service, and -ids, -event-ids or -all)
   replay                     republish a window of outbox events (dry run unless -apply)
+  journey <order-id>         every step of one order across the databases, the topics and the
+                             third party's ledger, with each hop's latency and what is odd
   reconcile                  the reconciliation report (reads the databases; see reconcile -h)
 
 ADMIN_TOKEN is sent as the bearer token. Run onceflowctl <command> -h for a command's flags.
@@ -105,6 +107,8 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout 
 		return fmt.Errorf("dead-letters: unknown subcommand %q (list or requeue)", cmdArgs[0])
 	case "replay":
 		return a.replay(ctx, cmdArgs)
+	case "journey":
+		return a.journey(ctx, cmdArgs)
 	case "reconcile":
 		if a.json {
 			cmdArgs = append([]string{"-o", "json"}, cmdArgs...)
