@@ -110,9 +110,12 @@ func (r *reader) databases(ctx context.Context) error {
 		return fmt.Errorf("reading the shim's forwards: %w", err)
 	}
 	for _, f := range r.forwards {
-		what := fmt.Sprintf("%s forwarded to the third party (settlement %s)", f.kind, f.settlementID)
+		what := f.kind + " forwarded to the third party"
 		if f.outcome == "already_present" {
-			what = fmt.Sprintf("%s found already booked at the third party, not sent again (settlement %s)", f.kind, f.settlementID)
+			what = f.kind + " found already booked at the third party, not sent again"
+		}
+		if f.settlementID != "" {
+			what += " (settlement " + f.settlementID + ")"
 		}
 		r.add(Step{At: f.at, Where: "shim db", What: what, EventID: f.eventID, EventType: f.eventType, State: f.outcome})
 	}
@@ -137,7 +140,7 @@ func (r *reader) outboxSteps(where string, e outbox.EventRecord) {
 	r.add(Step{At: e.CreatedAt, Where: where, What: what, EventID: e.EventID.String(), EventType: e.EventType, State: e.State})
 	if e.PublishedAt != nil {
 		r.add(Step{At: *e.PublishedAt, Where: where, What: fmt.Sprintf("outbox: %s marked published after the broker's ack", e.EventType),
-			EventID: e.EventID.String(), EventType: e.EventType, State: "published"})
+			EventID: e.EventID.String(), EventType: e.EventType, State: "published", notAHop: true})
 	}
 }
 

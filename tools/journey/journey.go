@@ -76,6 +76,10 @@ type Step struct {
 
 	// cause is the event this step's event was caused by (outbox rows).
 	cause string
+	// notAHop: later steps do not count their hop from this one (the
+	// polling relay's "marked published" comes after the broker's ack, but
+	// a record's hop is its publish latency from the row's commit).
+	notAHop bool
 }
 
 // Journey is everything Follow found about one order.
@@ -174,7 +178,7 @@ func hops(steps []Step) {
 		s := &steps[i]
 		from := -1
 		for k := i - 1; k >= 0 && from < 0; k-- {
-			if s.EventID != "" && steps[k].EventID == s.EventID {
+			if s.EventID != "" && steps[k].EventID == s.EventID && !steps[k].notAHop {
 				from = k
 			}
 		}
