@@ -32,6 +32,9 @@ type ScanConfig struct {
 	Since time.Time
 	// Key keeps only the records with this key; "" keeps all.
 	Key string
+	// Last reads only the last this many records of each partition; 0
+	// reads from Since (or the start).
+	Last int
 	// Max bounds the records read (kept or not) over all partitions; 0 is
 	// unbounded. Scan reports whether it stopped there.
 	Max int
@@ -105,6 +108,9 @@ func scanPartition(ctx context.Context, dialer *kafka.Dialer, p kafka.Partition,
 			return 0, false, nil
 		}
 		first = max(first, at)
+	}
+	if cfg.Last > 0 {
+		first = max(first, last-int64(cfg.Last))
 	}
 	if first >= last {
 		return 0, false, nil
