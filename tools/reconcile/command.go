@@ -16,6 +16,12 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 )
 
+// ErrFindings is what Command returns, after printing the report, when a
+// one-shot run found something: `make reconcile` and scripts then exit
+// non-zero. -exit-zero turns it off; -serve never returns it (the gauges and
+// the alerts carry the findings there).
+var ErrFindings = errors.New("the reconciliation found inconsistencies (see the report above)")
+
 // The dev stack's sources, read as reconcile_ro (see tools/cmd/pgroles).
 const (
 	defaultOrdersURL  = "postgres://reconcile_ro:reconcile_ro@127.0.0.1:55432/orders?sslmode=disable"
@@ -48,6 +54,7 @@ func Command(ctx context.Context, name string, args []string, getenv func(string
 	fs.DurationVar(&cfg.SettleAfter, "settle-after", def.SettleAfter, "a charge older than this must be forwarded and booked")
 	fs.DurationVar(&cfg.Lookback, "lookback", def.Lookback, "orders and charges older than this are not cross-checked")
 	fs.IntVar(&cfg.Samples, "samples", def.Samples, "ids listed per finding")
+	exitZero := fs.Bool("exit-zero", false, "exit 0 even when the report has findings (default: exit 1, so scripts and make notice)")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -85,10 +92,17 @@ func Command(ctx context.Context, name string, args []string, getenv func(string
 		if err != nil {
 			return err
 		}
+		write := rep.WriteText
 		if *output == "json" {
-			return rep.WriteJSON(stdout)
+			write = rep.WriteJSON
 		}
-		return rep.WriteText(stdout)
+		if err := write(stdout); err != nil {
+			return err
+		}
+		if n := len(rep.Problems()); n > 0 && !*exitZero {
+			return fmt.Errorf("%w: %d kind(s)", ErrFindings, n)
+		}
+		return nil
 	}
 	return Serve(ctx, *serve, *interval, src, cfg, slog.New(slog.NewJSONHandler(stdout, nil)))
 }
