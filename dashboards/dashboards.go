@@ -266,12 +266,15 @@ var shimBoard = board{
 				queries:     []query{q("{{consumer}}", `sum by (consumer) (increase(inbox_uncertain_total{%s, service="reconciler-shim"}[1h]))`, sel)}},
 		}},
 		{"Third party", []panel{
-			{title: "Third-party errors per second", unit: units.OpsPerSecond, width: 12,
+			{title: "Third-party errors per second", unit: units.OpsPerSecond, width: 8,
 				description: "Failed calls, by op (settle, lookup) and kind: rejected (4xx, dead-lettered), status (5xx, retried), timeout (retried after a lookup), transport (no answer). Healthy: 0; status and transport errors mean the third party is down (ShimThirdPartyErrors).",
 				queries:     []query{q("{{op}} {{kind}}", `sum by (op, kind) (rate(shim_thirdparty_errors_total{%s}[$__rate_interval]))`, sel)}},
-			{title: "Shim consumer lag", unit: units.Short, width: 12,
+			{title: "Shim consumer lag", unit: units.Short, width: 8,
 				description: "billing.events messages not yet forwarded, per partition. Healthy: near 0; climbing while the third party errors is the shim waiting it out.",
 				queries:     []query{q("{{topic}}/{{partition}}", `sum by (topic, partition) (consumer_lag_messages{%s, service="reconciler-shim"})`, sel)}},
+			{title: "Payments booked twice", unit: units.Short, width: 8, thresholds: []float64{1},
+				description: "Settlements the third party booked under an idempotency key that already had one (reconciler_duplicate_settlements_total): payments charged twice, which the shim exists to prevent. Healthy: 0, always. Any other value pages (ReconcilerDuplicateSettlements): onceflowctl journey <order id> names the key and both bookings; see docs/reconciliation.md#duplicate_settlements.",
+				queries:     []query{q("booked twice", `max(reconciler_duplicate_settlements_total{%s})`, sel)}},
 		}},
 	},
 }

@@ -303,6 +303,18 @@ var alertCases = []alertCase{
 			{at: "30m", fires: []firing{{map[string]string{},
 				"the last successful reconciliation was 25m 0s ago"}}},
 		}},
+	{"ReconcilerDuplicateSettlements",
+		[]series{
+			// Two earlier duplicates in the ledger when the counter is first
+			// scraped are not new; one more at 20m is.
+			{`reconciler_duplicate_settlements_total{service="reconciler",instance="reconciler:8084"}`, "2x19 3x70"},
+		},
+		[]check{
+			{at: "10m"},
+			{at: "21m", fires: []firing{{map[string]string{"service": "reconciler"},
+				"reconciler: the third party booked 1 payment(s) twice in the last hour"}}},
+			{at: "85m"}, // an hour without a new one
+		}},
 	{"ServiceDown",
 		[]series{
 			{`up{job="onceflow",service="billing",instance="billing:8082"}`, "1 1 0 0 0 0 0"},

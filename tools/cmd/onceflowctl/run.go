@@ -30,18 +30,22 @@ type service struct {
 // app is what every command shares.
 type app struct {
 	services []service
-	token    string
-	json     bool
-	out      io.Writer
-	hc       *http.Client
-	getenv   func(string) string
+	// reconcilerAdmin is the third party's operator address, read by
+	// status for its duplicate bookings ("" skips it).
+	reconcilerAdmin string
+	token           string
+	json            bool
+	out             io.Writer
+	hc              *http.Client
+	getenv          func(string) string
 }
 
-const usage = `usage: onceflowctl [-o text|json] [-orders URL] [-billing URL] [-shim URL] <command> [flags]
+const usage = `usage: onceflowctl [-o text|json] [-orders URL] [-billing URL] [-shim URL] [-reconciler URL|none] <command> [flags]
 
 commands:
-  status                     each service's outbox backlog, oldest pending age, dead rows,
-                             consumer lag and dead letters (from its /metrics)
+  status                     a verdict (ok, degraded, failing) and each service's outbox backlog,
+                             oldest pending age, dead rows, consumer lag, dead letters, Kafka
+                             connection and the payments the third party booked twice (/metrics)
   dead-letters list          dead outbox rows and inbox dead letters
   dead-letters requeue       put dead rows or dead letters back (-service, and -ids, -event-ids or -all)
   replay                     republish a window of outbox events (dry run unless -apply)
@@ -68,6 +72,8 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout 
 	orders := fs.String("orders", env("ONCEFLOW_ORDERS_ADMIN", "http://127.0.0.1:9081"), "orders' operator address")
 	billing := fs.String("billing", env("ONCEFLOW_BILLING_ADMIN", "http://127.0.0.1:9082"), "billing's operator address")
 	shim := fs.String("shim", env("ONCEFLOW_SHIM_ADMIN", "http://127.0.0.1:9083"), "the reconciler shim's operator address")
+	reconciler := fs.String("reconciler", env("ONCEFLOW_RECONCILER_ADMIN", "http://127.0.0.1:9084"),
+		"the third-party stand-in's operator address, for status's duplicate bookings (none: skip it)")
 	if err := fs.Parse(args[1:]); err != nil {
 		return err
 	}
@@ -85,6 +91,9 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout 
 		out:    stdout,
 		hc:     &http.Client{Timeout: 30 * time.Second},
 		getenv: getenv,
+	}
+	if *reconciler != "none" {
+		a.reconcilerAdmin = baseURL(*reconciler)
 	}
 	rest := fs.Args()
 	if len(rest) == 0 {
