@@ -226,10 +226,33 @@ func (a *app) deadLettersRequeue(ctx context.Context, args []string) error {
 		return fmt.Errorf("%s: %w", s.name, err)
 	}
 	if a.json {
-		return a.writeJSON(map[string]any{"service": s.name, "kind": *kind, "requeued": res.Requeued})
+		err = a.writeJSON(map[string]any{"service": s.name, "kind": *kind, "requeued": res.Requeued})
+	} else {
+		_, err = fmt.Fprintf(a.out, "%s: requeued %d %s dead letter(s)\n", s.name, res.Requeued, *kind)
 	}
-	_, err = fmt.Fprintf(a.out, "%s: requeued %d %s dead letter(s)\n", s.name, res.Requeued, *kind)
-	return err
+	if err != nil {
+		return err
+	}
+	// Named ids that were not requeued are not dead letters (any more): say
+	// so and fail, rather than print "requeued 0" and exit 0 as if done.
+	asked := len(splitList(*ids)) + len(splitList(*eventIDs))
+	if asked > 0 && res.Requeued < asked {
+		return fmt.Errorf("%s: requeued %d of the %d named: the others are not %s dead letters of %s (requeue moves dead letters only; "+
+			"onceflowctl journey <order id> shows what state each event is in, and an uncertain one is settled as docs/reconciliation.md#inbox_uncertain says)",
+			s.name, res.Requeued, asked, *kind, s.name)
+	}
+	return nil
+}
+
+// splitList is the non-empty comma-separated fields of s.
+func splitList(s string) []string {
+	var out []string
+	for _, f := range strings.Split(s, ",") {
+		if f = strings.TrimSpace(f); f != "" {
+			out = append(out, f)
+		}
+	}
+	return out
 }
 
 func parseInts(s string) ([]int64, error) {

@@ -108,6 +108,10 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout 
 			return errors.New("dead-letters needs list or requeue")
 		}
 		switch cmdArgs[0] {
+		case "-h", "-help", "--help", "help":
+			fmt.Fprint(stdout, "usage: onceflowctl dead-letters list [flags] | onceflowctl dead-letters requeue [flags]\n"+
+				"run onceflowctl dead-letters list -h or onceflowctl dead-letters requeue -h for their flags\n")
+			return flag.ErrHelp
 		case "list":
 			return a.deadLettersList(ctx, cmdArgs[1:])
 		case "requeue":

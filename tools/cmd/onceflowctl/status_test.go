@@ -68,3 +68,25 @@ func TestStatusSaysFailingWhenTheThirdPartyBookedTwice(t *testing.T) {
 		t.Fatalf("status -o json = %s (%v)", out, err)
 	}
 }
+
+// A requeue of named ids that the service did not requeue (not dead letters:
+// unknown, already requeued, uncertain) fails and says why, instead of
+// printing "requeued 0" and exiting 0; -h on dead-letters prints the usage.
+func TestRequeueOfIdsThatAreNotDeadLettersFails(t *testing.T) {
+	t.Parallel()
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		_, _ = io.WriteString(w, `{"requeued": 0}`)
+	}))
+	t.Cleanup(srv.Close)
+	env := map[string]string{"ADMIN_TOKEN": token, "ONCEFLOW_SHIM_ADMIN": srv.URL}
+	out, err := ctl(t, env, "dead-letters", "requeue", "-service", "shim", "-event-ids", "6f1c8a4e-1d2b-4c3d-9e8f-0a1b2c3d4e5f")
+	if err == nil || !strings.Contains(err.Error(), "requeued 0 of the 1 named") || !strings.Contains(out, "requeued 0") {
+		t.Fatalf("err = %v, out = %q: want a failure that names what was not requeued", err, out)
+	}
+	if out, err := ctl(t, env, "dead-letters", "requeue", "-service", "shim", "-all"); err != nil {
+		t.Fatalf("-all with nothing to requeue is not an error: %v\n%s", err, out)
+	}
+	if out, _ := ctl(t, env, "dead-letters", "-h"); !strings.Contains(out, "usage: onceflowctl dead-letters") {
+		t.Fatalf("dead-letters -h = %q", out)
+	}
+}
