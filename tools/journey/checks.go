@@ -197,8 +197,8 @@ func (r *reader) check() {
 			switch {
 			case e.State == "dead":
 				r.problem("%s v%d is dead in %s's outbox after %d attempts (%s): fix the cause, then "+
-					"onceflowctl dead-letters requeue -service %s -ids %d", e.EventType, e.AggregateVersion, o.service,
-					e.Attempts, e.LastError, o.service, e.ID)
+					"onceflowctl dead-letters requeue -service %s -kind outbox -event-ids %s", e.EventType, e.AggregateVersion, o.service,
+					e.Attempts, e.LastError, o.service, id)
 			case !topicsRead || published(o.topic, id) || hasMessage(o.consumed, id):
 			case e.State == "pending":
 				r.problem("%s v%d not yet published: pending in %s's outbox for %s (attempts %d%s); "+
@@ -226,7 +226,7 @@ func (r *reader) check() {
 			switch m.Status {
 			case "dead_lettered":
 				r.problem("%s v%d dead-lettered by %s after %d attempts (%s): fix the cause, then "+
-					"onceflowctl dead-letters requeue -service %s -event-ids %s", m.EventType, m.AggregateVersion, m.Consumer,
+					"onceflowctl dead-letters requeue -service %s -kind inbox -event-ids %s", m.EventType, m.AggregateVersion, m.Consumer,
 					m.Attempts, m.LastError, in.service, m.MessageID)
 			case "uncertain":
 				r.problem("%s v%d uncertain in %s: the third party may or may not have booked it; "+

@@ -42,14 +42,14 @@ const (
 // Runbooks is the line an operator reads for each kind; docs/reconciliation.md
 // has the full text.
 var Runbooks = map[string]string{
-	KindOutboxStuck:        "Check the relay: onceflowctl status (is the service up, its Kafka connected, the oldest pending age growing?). Fix the outage; the rows go out by themselves.",
-	KindOutboxDead:         "Read the error: onceflowctl dead-letters list -service <component>; fix the cause, then onceflowctl dead-letters requeue -service <component> -ids <outbox id>. Later events of the aggregate wait until then.",
-	KindInboxLeaseExpired:  "The worker holding the lease died and no consumer took the message over: onceflowctl status (consumer up and connected? its lag?); restart the consumer to reclaim the lease.",
-	KindInboxUncertain:     "The samples are event ids, the third party's idempotency keys: curl http://127.0.0.1:8084/settlements/<event id> (200 booked, 404 not) and follow docs/reconciliation.md#inbox_uncertain: the one documented exception where a person settles the row.",
-	KindDeadLetterOverdue:  "Read the error: onceflowctl dead-letters list -service <component>; fix the cause, then onceflowctl dead-letters requeue -service <component> -event-ids <event id> (or record why it is dropped).",
-	KindOrderWithoutCharge: "The samples are order ids: onceflowctl journey <order id> shows where its OrderPlaced stopped (pending, dead, dead-lettered) and the command that moves it on.",
-	KindChargeNotForwarded: "The samples are order ids: onceflowctl journey <order id> shows where its PaymentCaptured stopped (billing's outbox, the shim's dead letters or uncertain rows) and the command that moves it on.",
-	KindChargeNotSettled:   "The samples are order ids: onceflowctl journey <order id> shows the forward and asks the third party under the right key (the event id); then docs/reconciliation.md#charge_not_settled.",
+	KindOutboxStuck:        "Check the relay: `onceflowctl status` (is the service up, its Kafka connected, the oldest pending age growing?). Fix the outage; the rows go out by themselves.",
+	KindOutboxDead:         "Read the error: `onceflowctl dead-letters list -service <component>`; fix the cause, then `onceflowctl dead-letters requeue -service <component> -kind outbox -event-ids <event id>`. Later events of the aggregate wait until then.",
+	KindInboxLeaseExpired:  "The worker holding the lease died and no consumer took the message over: `onceflowctl status` (consumer up and connected? its lag?); restart the consumer to reclaim the lease.",
+	KindInboxUncertain:     "The samples are event ids, the third party's idempotency keys: `curl http://127.0.0.1:8084/settlements/<event id>` (200 booked, 404 not) and follow docs/reconciliation.md#inbox_uncertain: the one documented exception where a person settles the row.",
+	KindDeadLetterOverdue:  "Read the error: `onceflowctl dead-letters list -service <component>`; fix the cause, then `onceflowctl dead-letters requeue -service <component> -kind inbox -event-ids <event id>` (or record why it is dropped).",
+	KindOrderWithoutCharge: "The samples are order ids: `onceflowctl journey <order id>` shows where its OrderPlaced stopped (pending, dead, dead-lettered) and the command that moves it on.",
+	KindChargeNotForwarded: "The samples are order ids: `onceflowctl journey <order id>` shows where its PaymentCaptured stopped (billing's outbox, the shim's dead letters or uncertain rows) and the command that moves it on.",
+	KindChargeNotSettled:   "The samples are order ids: `onceflowctl journey <order id>` shows the forward and asks the third party under the right key (the event id); then docs/reconciliation.md#charge_not_settled.",
 }
 
 // Config holds the thresholds. A zero field takes its default.
