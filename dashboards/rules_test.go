@@ -43,8 +43,11 @@ func TestRuleFilesAreValid(t *testing.T) {
 	}
 	runTool(t, ".", promtool(t), append([]string{"check", "rules"}, files...)...)
 	for _, r := range loadRules(t) {
-		if r.Annotations["runbook"] == "" || r.Annotations["summary"] == "" {
-			t.Errorf("alert %s needs a summary and a runbook annotation", r.Alert)
+		if r.Annotations["summary"] == "" || r.Annotations["description"] == "" || r.Annotations["runbook_url"] == "" {
+			t.Errorf("alert %s needs a summary, a description and a runbook_url annotation", r.Alert)
+		}
+		if _, ok := r.Annotations["runbook"]; ok {
+			t.Errorf("alert %s has a free-text runbook annotation: the runbook goes in docs/alerts.md, linked by runbook_url", r.Alert)
 		}
 		if r.Labels["severity"] != "page" && r.Labels["severity"] != "ticket" {
 			t.Errorf("alert %s: severity %q, want page or ticket", r.Alert, r.Labels["severity"])
@@ -95,8 +98,9 @@ func loadRules(t *testing.T) []rule {
 
 // The promtool unit tests of the alerts: for each alert, input series that
 // must make it fire (with the labels and summary it must fire with) and
-// series that must not. The runbook is taken from the rule itself, so only
-// the rendered summary and the labels are asserted here.
+// series that must not. The description and the runbook_url are taken from
+// the rule itself, so only the rendered summary and the labels are asserted
+// here.
 
 type series struct{ Series, Values string }
 
@@ -362,8 +366,14 @@ func TestAlertRulesWithPromtool(t *testing.T) {
 				for k, v := range f.labels {
 					labels[k] = v
 				}
-				at.ExpAlerts = append(at.ExpAlerts, expAlert{labels,
-					map[string]string{"summary": f.summary, "runbook": r.Annotations["runbook"]}})
+				// Only the summary is templated; the other annotations are
+				// taken from the rule as they are.
+				annotations := map[string]string{}
+				for k, v := range r.Annotations {
+					annotations[k] = v
+				}
+				annotations["summary"] = f.summary
+				at.ExpAlerts = append(at.ExpAlerts, expAlert{labels, annotations})
 			}
 			ut.AlertTests = append(ut.AlertTests, at)
 		}
