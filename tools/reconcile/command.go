@@ -14,6 +14,8 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/onceflow/onceflow/pkg/platform/httpserver"
 )
 
 // ErrFindings is what Command returns, after printing the report, when a
@@ -121,9 +123,11 @@ func Serve(ctx context.Context, addr string, interval time.Duration, src Sources
 	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
 	// Ready as soon as it serves: a failing source shows in the gauges and
 	// the ReconciliationStale alert, not as a job that never starts.
-	ok := func(w http.ResponseWriter, _ *http.Request) { _, _ = io.WriteString(w, "ok\n") }
-	mux.HandleFunc("/healthz", ok)
-	mux.HandleFunc("/readyz", ok)
+	// The body is the platform's one readiness shape (httpserver.Ready).
+	mux.HandleFunc("/healthz", httpserver.Healthz)
+	mux.HandleFunc("/readyz", httpserver.Ready(map[string]httpserver.Check{
+		"reconcile": func(context.Context) error { return nil },
+	}))
 	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second, ReadTimeout: 10 * time.Second,
 		WriteTimeout: 30 * time.Second, IdleTimeout: time.Minute}
 	served := make(chan error, 1)
