@@ -49,11 +49,14 @@ const defaultBrokers = "127.0.0.1:59092"
 func run(ctx context.Context, args []string, _ func(string) string, stdout io.Writer) error {
 	args = args[1:] // the program's name
 	if len(args) == 0 {
-		return errors.New(usage)
+		fmt.Fprintln(stdout, usage)
+		return fmt.Errorf("%w: no command given", lifecycle.ErrUsage)
 	}
 	cmd, args := args[0], args[1:]
 
 	fs := flag.NewFlagSet("kafkactl "+cmd, flag.ContinueOnError)
+	// -h is asked for, so its answer goes where the asker reads.
+	fs.SetOutput(stdout)
 	brokers := fs.String("brokers", defaultBrokers, "comma-separated bootstrap brokers")
 	switch cmd {
 	case "wait":

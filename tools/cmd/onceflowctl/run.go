@@ -12,6 +12,7 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/onceflow/onceflow/pkg/platform/lifecycle"
 	"github.com/onceflow/onceflow/tools/reconcile"
 )
 
@@ -98,7 +99,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout 
 	rest := fs.Args()
 	if len(rest) == 0 {
 		fs.Usage()
-		return flag.ErrHelp
+		return fmt.Errorf("%w: no command given", lifecycle.ErrUsage)
 	}
 	switch cmd, cmdArgs := rest[0], rest[1:]; cmd {
 	case "status":
@@ -129,7 +130,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout 
 		return reconcile.Command(ctx, "onceflowctl reconcile", cmdArgs, getenv, stdout)
 	default:
 		fs.Usage()
-		return fmt.Errorf("unknown command %q", cmd)
+		return fmt.Errorf("%w: unknown command %q", lifecycle.ErrUsage, cmd)
 	}
 }
 
