@@ -43,14 +43,19 @@ stop: ## Stop the services (PostgreSQL and Kafka keep running)
 reconcile: ## Print the reconciliation report of the dev stack: stuck, dead, uncertain and missing, with what to do (docs/reconciliation.md; ARGS=-o json)
 	go run ./tools/cmd/reconcile $(ARGS)
 
-demo: services ## Run the platform end to end: place orders, wait until all are settled, print a summary
-	go run ./tools/cmd/demo $(DEMO_ARGS)
+demo: services ## Run the platform end to end: place orders, wait until all are settled, print a summary and one order's journey
+	go run ./tools/cmd/demo -journey-file .devstack/demo-journey-order $(DEMO_ARGS)
+	@echo
+	@echo "One order's journey (onceflowctl journey <order-id>; -o json for all of it):"
+	@go run ./tools/cmd/onceflowctl journey $$(cat .devstack/demo-journey-order)
 	@echo
 	@echo "The platform is still running: orders http://127.0.0.1:8081, billing :8082, shim :8083, reconciler :8084"
 	@echo "(each has /readyz). Logs: .devstack/logs/. Stop the services with 'make stop', everything with 'make down'."
 	@echo
 	@echo "Where to look:"
 	@echo "  metrics     http://127.0.0.1:9081/metrics  :9082/metrics  :9083/metrics  :9084/metrics  (the operator listeners)"
+	@echo "  journey     go run ./tools/cmd/onceflowctl journey <order-id>   (any order: every hop, its latency, what is odd)"
+	@echo "  records     go run ./tools/cmd/kafkactl tail orders.events       (with their headers)"
 	@echo "  operator    curl -H \"Authorization: Bearer \$$(devstack/services.sh token)\" http://127.0.0.1:9081/admin/outbox/dead"
 	@if devstack/stack.sh prometheus status | grep -q running; then \
 	  echo "  prometheus  http://127.0.0.1:$${ONCEFLOW_PROM_PORT:-59090}  (alerts: /alerts, rules from dashboards/alerts/)"; \

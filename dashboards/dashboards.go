@@ -45,14 +45,19 @@ type panel struct {
 	thresholds []float64
 }
 
-type query struct{ expr, legend string }
+type query struct {
+	expr, legend string
+	// exemplars shows the series' exemplars (the trace ids of sampled
+	// requests) as points that open the trace.
+	exemplars bool
+}
 
 func q(legend, format string, args ...any) query {
 	return query{expr: fmt.Sprintf(format, args...), legend: legend}
 }
 
 // boards are all of onceflow's dashboards.
-var boards = []board{overview, outboxBoard, inboxBoard, deadLettersBoard, shimBoard}
+var boards = []board{overview, outboxBoard, inboxBoard, deadLettersBoard, shimBoard, runtimeBoard}
 
 var overview = board{
 	uid: "onceflow-overview", title: "onceflow / Overview",
@@ -97,7 +102,11 @@ var overview = board{
 				queries:     []query{q("", `max(outbox_oldest_pending_age_seconds{%s})`, sel)}},
 			{title: "Dead letters waiting", unit: units.Short, stat: true, width: 4, thresholds: []float64{1, 100},
 				description: "Dead-lettered events not requeued yet, plus dead outbox rows. Healthy: 0. Anything else needs an operator: see the dead-letters dashboard.",
-				queries:     []query{q("", `sum(inbox_dead_letters{%s}) + sum(outbox_dead_events{%s})`, sel, sel)}},
+				// Each side "or vector(0)": a sum over no series is no
+				// value, and no value plus a number is no value, so with
+				// the filter hiding one side (billing alone has both) the
+				// stat showed nothing instead of the other side's count.
+				queries: []query{q("", `(sum(inbox_dead_letters{%s}) or vector(0)) + (sum(outbox_dead_events{%s}) or vector(0))`, sel, sel)}},
 			{title: "Targets up", unit: units.Short, stat: true, width: 4,
 				description: "Scraped programs that answered their last scrape, of those selected. Healthy: all of them (5 with every service selected: the four programs and the reconcile job).",
 				queries:     []query{q("", `sum(up{%s})`, sel)}},
@@ -266,12 +275,15 @@ var shimBoard = board{
 				queries:     []query{q("{{consumer}}", `sum by (consumer) (increase(inbox_uncertain_total{%s, service="reconciler-shim"}[1h]))`, sel)}},
 		}},
 		{"Third party", []panel{
-			{title: "Third-party errors per second", unit: units.OpsPerSecond, width: 12,
+			{title: "Third-party errors per second", unit: units.OpsPerSecond, width: 8,
 				description: "Failed calls, by op (settle, lookup) and kind: rejected (4xx, dead-lettered), status (5xx, retried), timeout (retried after a lookup), transport (no answer). Healthy: 0; status and transport errors mean the third party is down (ShimThirdPartyErrors).",
 				queries:     []query{q("{{op}} {{kind}}", `sum by (op, kind) (rate(shim_thirdparty_errors_total{%s}[$__rate_interval]))`, sel)}},
-			{title: "Shim consumer lag", unit: units.Short, width: 12,
+			{title: "Shim consumer lag", unit: units.Short, width: 8,
 				description: "billing.events messages not yet forwarded, per partition. Healthy: near 0; climbing while the third party errors is the shim waiting it out.",
 				queries:     []query{q("{{topic}}/{{partition}}", `sum by (topic, partition) (consumer_lag_messages{%s, service="reconciler-shim"})`, sel)}},
+			{title: "Payments booked twice", unit: units.Short, width: 8, thresholds: []float64{1},
+				description: "Settlements the third party booked under an idempotency key that already had one (reconciler_duplicate_settlements_total): payments charged twice, which the shim exists to prevent. Healthy: 0, always. Any other value pages (ReconcilerDuplicateSettlements): onceflowctl journey <order id> names the key and both bookings; see docs/reconciliation.md#duplicate_settlements.",
+				queries:     []query{q("booked twice", `max(reconciler_duplicate_settlements_total{%s})`, sel)}},
 		}},
 	},
 }
@@ -364,10 +376,57 @@ func (qr query) target(i int, instant bool) *prometheus.DataqueryBuilder {
 	if qr.legend == "" {
 		t.LegendFormat("__auto")
 	}
+	if qr.exemplars {
+		t.Exemplar(true)
+	}
 	if instant {
 		return t.Instant()
 	}
 	return t.Range()
+}
+
+// runtimeBoard is what every Go service has, whatever it does: its HTTP
+// requests (rate, errors, duration: the RED metrics of
+// httpserver.HTTPMetrics), the Go runtime and the process.
+var runtimeBoard = board{
+	uid: "onceflow-runtime", title: "onceflow / HTTP, Go runtime and process",
+	description: "Each program's HTTP API (requests, errors, latency by route template, with exemplars that open the request's trace), its Go runtime and its process.",
+	rows: []row{
+		{"HTTP", []panel{
+			{title: "Requests per second", unit: units.OpsPerSecond,
+				description: "Requests each program's public API answered, by route template (never the raw path) and status class; the probes and scrapes are not counted. Healthy: follows the demand, nearly all 2xx.",
+				queries:     []query{q("{{service}} {{method}} {{route}} {{status_class}}", `sum by (service, method, route, status_class) (rate(http_requests_total{%s}[$__rate_interval]))`, sel)}},
+			{title: "Server errors ratio", unit: units.PercentUnit, thresholds: []float64{0.01, 0.05},
+				description: "Share of requests answered 5xx, per program. Healthy: 0 (shown as 0, not as no data, while nothing fails); a 503 is a dependency away (the body says which, /readyz too), a 500 is a bug whose request id is in the log. 4xx are the clients' and not counted here.",
+				queries:     []query{q("{{service}}", `(sum by (service) (rate(http_requests_total{%s, status_class="5xx"}[$__rate_interval])) or 0 * sum by (service) (rate(http_requests_total{%s}[$__rate_interval]))) / sum by (service) (rate(http_requests_total{%s}[$__rate_interval]))`, sel, sel, sel)}},
+			{title: "Request duration p99", unit: units.Seconds, thresholds: []float64{0.5, 2},
+				description: "99th percentile of the time to answer, by program and route template. The dots are exemplars: a traced request in that bucket; click one to open its trace (tracing on: OTEL_EXPORTER_OTLP_ENDPOINT). Healthy: tens of milliseconds; POST /orders waits for its commit.",
+				queries: []query{{expr: fmt.Sprintf(`histogram_quantile(0.99, sum by (service, route, le) (rate(http_request_duration_seconds_bucket{%s}[$__rate_interval])))`, sel),
+					legend: "{{service}} {{route}}", exemplars: true}}},
+		}},
+		{"Go runtime", []panel{
+			{title: "Goroutines", unit: units.Short,
+				description: "Live goroutines per program. Healthy: flat under steady load (workers, connections); a steady climb is a leak.",
+				queries:     []query{q("{{service}}", `sum by (service) (go_goroutines{%s})`, sel)}},
+			{title: "Heap in use", unit: units.BytesIEC,
+				description: "Bytes of heap spans in use per program. Healthy: a sawtooth around a flat level; a rising floor is memory kept alive.",
+				queries:     []query{q("{{service}}", `sum by (service) (go_memstats_heap_inuse_bytes{%s})`, sel)}},
+			{title: "GC pause per second", unit: units.Seconds,
+				description: "Time per second the garbage collector stopped the world, per program. Healthy: well under a millisecond per second; more means allocation pressure (see the heap).",
+				queries:     []query{q("{{service}}", `sum by (service) (rate(go_gc_duration_seconds_sum{%s}[$__rate_interval]))`, sel)}},
+		}},
+		{"Process", []panel{
+			{title: "CPU", unit: units.Short,
+				description: "CPU seconds per second per program (1 = one core busy). Healthy: proportional to the load; a program pinned at its cores' count is the bottleneck.",
+				queries:     []query{q("{{service}}", `sum by (service) (rate(process_cpu_seconds_total{%s}[$__rate_interval]))`, sel)}},
+			{title: "Resident memory", unit: units.BytesIEC,
+				description: "Resident set size per program. Healthy: flat under steady load, well under the container's limit.",
+				queries:     []query{q("{{service}}", `sum by (service) (process_resident_memory_bytes{%s})`, sel)}},
+			{title: "Open file descriptors", unit: units.PercentUnit, thresholds: []float64{0.8},
+				description: "Open file descriptors as a share of the limit, per program (sockets to Postgres, Kafka and clients count). Healthy: far below 1; near it, new connections fail.",
+				queries:     []query{q("{{service}}", `max by (service) (process_open_fds{%s} / process_max_fds{%s})`, sel, sel)}},
+		}},
+	},
 }
 
 // VariableQuery lists the values of the service variable.

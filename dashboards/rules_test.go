@@ -43,8 +43,11 @@ func TestRuleFilesAreValid(t *testing.T) {
 	}
 	runTool(t, ".", promtool(t), append([]string{"check", "rules"}, files...)...)
 	for _, r := range loadRules(t) {
-		if r.Annotations["runbook"] == "" || r.Annotations["summary"] == "" {
-			t.Errorf("alert %s needs a summary and a runbook annotation", r.Alert)
+		if r.Annotations["summary"] == "" || r.Annotations["description"] == "" || r.Annotations["runbook_url"] == "" {
+			t.Errorf("alert %s needs a summary, a description and a runbook_url annotation", r.Alert)
+		}
+		if _, ok := r.Annotations["runbook"]; ok {
+			t.Errorf("alert %s has a free-text runbook annotation: the runbook goes in docs/alerts.md, linked by runbook_url", r.Alert)
 		}
 		if r.Labels["severity"] != "page" && r.Labels["severity"] != "ticket" {
 			t.Errorf("alert %s: severity %q, want page or ticket", r.Alert, r.Labels["severity"])
@@ -95,8 +98,9 @@ func loadRules(t *testing.T) []rule {
 
 // The promtool unit tests of the alerts: for each alert, input series that
 // must make it fire (with the labels and summary it must fire with) and
-// series that must not. The runbook is taken from the rule itself, so only
-// the rendered summary and the labels are asserted here.
+// series that must not. The description and the runbook_url are taken from
+// the rule itself, so only the rendered summary and the labels are asserted
+// here.
 
 type series struct{ Series, Values string }
 
@@ -351,6 +355,18 @@ var alertCases = []alertCase{
 			{at: "30m", fires: []firing{{map[string]string{},
 				"the last successful reconciliation was 25m 0s ago"}}},
 		}},
+	{"ReconcilerDuplicateSettlements",
+		[]series{
+			// Two earlier duplicates in the ledger when the counter is first
+			// scraped are not new; one more at 20m is.
+			{`reconciler_duplicate_settlements_total{service="reconciler",instance="reconciler:8084"}`, "2x19 3x70"},
+		},
+		[]check{
+			{at: "10m"},
+			{at: "21m", fires: []firing{{map[string]string{"service": "reconciler"},
+				"reconciler: the third party booked 1 payment(s) twice in the last hour"}}},
+			{at: "85m"}, // an hour without a new one
+		}},
 	{"ServiceDown",
 		[]series{
 			{`up{job="onceflow",service="billing",instance="billing:8082"}`, "1 1 0 0 0 0 0"},
@@ -398,8 +414,14 @@ func TestAlertRulesWithPromtool(t *testing.T) {
 				for k, v := range f.labels {
 					labels[k] = v
 				}
-				at.ExpAlerts = append(at.ExpAlerts, expAlert{labels,
-					map[string]string{"summary": f.summary, "runbook": r.Annotations["runbook"]}})
+				// Only the summary is templated; the other annotations are
+				// taken from the rule as they are.
+				annotations := map[string]string{}
+				for k, v := range r.Annotations {
+					annotations[k] = v
+				}
+				annotations["summary"] = f.summary
+				at.ExpAlerts = append(at.ExpAlerts, expAlert{labels, annotations})
 			}
 			ut.AlertTests = append(ut.AlertTests, at)
 		}

@@ -592,7 +592,7 @@ prom_up() {
     # shellcheck disable=SC2016 # $$ and $@ belong to the inner shell
     PROM_PID_FILE="$PROM_PID" setsid nohup bash -c 'echo $$ >"$PROM_PID_FILE"; exec "$@"' prometheus \
       prometheus --config.file="$PROM_DIR/prometheus.yml" --storage.tsdb.path="$PROM_DIR/data" \
-      --storage.tsdb.retention.time=2d --web.listen-address="127.0.0.1:$PROM_PORT" \
+      --storage.tsdb.retention.time=2d --web.listen-address="127.0.0.1:$PROM_PORT" --enable-feature=exemplar-storage \
       </dev/null >>"$PROM_DIR/prometheus.log" 2>&1 &
     disown
   fi

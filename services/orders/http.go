@@ -45,6 +45,9 @@ func DecodePlaceRequest(body io.Reader) (PlaceRequest, error) {
 }
 
 func (h handlers) place(c echo.Context) error {
+	if err := httpserver.RequireJSON(c.Request()); err != nil {
+		return err
+	}
 	req, err := DecodePlaceRequest(c.Request().Body)
 	if err != nil {
 		return err

@@ -230,3 +230,37 @@ func TestCancelEmitsOrderCancelledOnce(t *testing.T) {
 		t.Fatalf("GET unknown order: status %d, want 404", rec.Code)
 	}
 }
+
+// POST /orders takes one JSON reading of the body: a key given twice (which
+// encoding/json resolves silently, the last one winning) and a body declared
+// as something else than JSON are refused with what is wrong, and nothing is
+// written.
+func TestPlaceRefusesDuplicateKeysAndNonJSONContentTypes(t *testing.T) {
+	t.Parallel()
+	a := newAPI(t)
+	for _, tt := range []struct {
+		name, contentType, body string
+		status                  int
+		code, message           string
+	}{
+		{"duplicate key", "application/json", `{"customerId":"cust-1","amountCents":1999,"amountCents":1,"currency":"EUR"}`,
+			http.StatusBadRequest, "malformed", `field "amountCents" appears twice`},
+		{"text/plain", "text/plain", validOrder, http.StatusUnsupportedMediaType, "unsupported_media_type", `Content-Type must be application/json, got "text/plain"`},
+		{"a form", "application/x-www-form-urlencoded", validOrder, http.StatusUnsupportedMediaType, "unsupported_media_type", "application/json"},
+	} {
+		rec := a.do(t, http.MethodPost, "/orders", tt.body, "Content-Type", tt.contentType)
+		var body httpserver.ErrorBody
+		_ = json.Unmarshal(rec.Body.Bytes(), &body)
+		if rec.Code != tt.status || body.Error.Code != tt.code || !strings.Contains(body.Error.Message, tt.message) {
+			t.Errorf("%s: %d %s, want %d %s %q", tt.name, rec.Code, rec.Body, tt.status, tt.code, tt.message)
+		}
+	}
+	for _, ct := range []string{"application/json; charset=utf-8", "application/json"} {
+		if rec := a.do(t, http.MethodPost, "/orders", validOrder, "Content-Type", ct); rec.Code != http.StatusCreated {
+			t.Errorf("Content-Type %q: %d %s, want 201", ct, rec.Code, rec.Body)
+		}
+	}
+	if n := a.count(t, `SELECT count(*) FROM orders`); n != 2 {
+		t.Fatalf("%d orders written, want only the 2 accepted", n)
+	}
+}

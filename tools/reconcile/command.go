@@ -14,7 +14,15 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/onceflow/onceflow/pkg/platform/httpserver"
 )
+
+// ErrFindings is what Command returns, after printing the report, when a
+// one-shot run found something: `make reconcile` and scripts then exit
+// non-zero. -exit-zero turns it off; -serve never returns it (the gauges and
+// the alerts carry the findings there).
+var ErrFindings = errors.New("the reconciliation found inconsistencies (see the report above)")
 
 // The dev stack's sources, read as reconcile_ro (see tools/cmd/pgroles).
 const (
@@ -48,6 +56,7 @@ func Command(ctx context.Context, name string, args []string, getenv func(string
 	fs.DurationVar(&cfg.SettleAfter, "settle-after", def.SettleAfter, "a charge older than this must be forwarded and booked")
 	fs.DurationVar(&cfg.Lookback, "lookback", def.Lookback, "orders and charges older than this are not cross-checked")
 	fs.IntVar(&cfg.Samples, "samples", def.Samples, "ids listed per finding")
+	exitZero := fs.Bool("exit-zero", false, "exit 0 even when the report has findings (default: exit 1, so scripts and make notice)")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -85,10 +94,17 @@ func Command(ctx context.Context, name string, args []string, getenv func(string
 		if err != nil {
 			return err
 		}
+		write := rep.WriteText
 		if *output == "json" {
-			return rep.WriteJSON(stdout)
+			write = rep.WriteJSON
 		}
-		return rep.WriteText(stdout)
+		if err := write(stdout); err != nil {
+			return err
+		}
+		if n := len(rep.Problems()); n > 0 && !*exitZero {
+			return fmt.Errorf("%w: %d kind(s)", ErrFindings, n)
+		}
+		return nil
 	}
 	return Serve(ctx, *serve, *interval, src, cfg, slog.New(slog.NewJSONHandler(stdout, nil)))
 }
@@ -107,9 +123,11 @@ func Serve(ctx context.Context, addr string, interval time.Duration, src Sources
 	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
 	// Ready as soon as it serves: a failing source shows in the gauges and
 	// the ReconciliationStale alert, not as a job that never starts.
-	ok := func(w http.ResponseWriter, _ *http.Request) { _, _ = io.WriteString(w, "ok\n") }
-	mux.HandleFunc("/healthz", ok)
-	mux.HandleFunc("/readyz", ok)
+	// The body is the platform's one readiness shape (httpserver.Ready).
+	mux.HandleFunc("/healthz", httpserver.Healthz)
+	mux.HandleFunc("/readyz", httpserver.Ready(map[string]httpserver.Check{
+		"reconcile": func(context.Context) error { return nil },
+	}))
 	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second, ReadTimeout: 10 * time.Second,
 		WriteTimeout: 30 * time.Second, IdleTimeout: time.Minute}
 	served := make(chan error, 1)

@@ -45,15 +45,15 @@ const (
 // Runbooks is the line an operator reads for each kind; docs/reconciliation.md
 // has the full text.
 var Runbooks = map[string]string{
-	KindOutboxStuck:        "Check the relay: is it running, is Kafka reachable, does outbox_oldest_pending_age_seconds grow? Fix the outage; the rows go out by themselves.",
-	KindOutboxDead:         "Read last_error (onceflowctl dead-letters list), fix the cause, then onceflowctl dead-letters requeue; later events of the aggregate wait until then.",
-	KindInboxLeaseExpired:  "The worker holding the lease died and no consumer took the message over: check the consumer is running and its lag; restart it to reclaim the lease.",
-	KindInboxUncertain:     "Ask the third party whether it booked the key (GET /settlements/<event id>), then settle the row by hand as docs/reconciliation.md says: booked, mark it processed; not booked, delete it and replay the event.",
-	KindDeadLetterOverdue:  "A dead letter is past its SLA: read its error (onceflowctl dead-letters list), fix the cause and requeue it, or record why it is dropped.",
-	KindInboxParked:        "Later events of an aggregate whose earlier event is dead: find the dead one (onceflowctl parked: WAITS FOR), fix its cause and requeue it (onceflowctl dead-letters requeue -event-ids); the parked ones follow it in order by themselves.",
-	KindOrderWithoutCharge: "Find the order's OrderPlaced: is it still in the orders outbox (relay), in billing's dead letters, or lost? Replay it from the orders outbox (onceflowctl replay).",
-	KindChargeNotForwarded: "Find the PaymentCaptured: in billing's outbox (relay), in the shim's dead letters or uncertain rows? Requeue or replay it; the shim checks the third party before forwarding.",
-	KindChargeNotSettled:   "The shim recorded a forward the third party does not have: confirm with GET /settlements/<event id>, then requeue the shim's inbox row so it is forwarded again.",
+	KindOutboxStuck:        "Check the relay: `onceflowctl status` (is the service up, its Kafka connected, the oldest pending age growing?). Fix the outage; the rows go out by themselves.",
+	KindOutboxDead:         "Read the error: `onceflowctl dead-letters list -service <component>`; fix the cause, then `onceflowctl dead-letters requeue -service <component> -kind outbox -event-ids <event id>`. Later events of the aggregate wait until then.",
+	KindInboxLeaseExpired:  "The worker holding the lease died and no consumer took the message over: `onceflowctl status` (consumer up and connected? its lag?); restart the consumer to reclaim the lease.",
+	KindInboxUncertain:     "The samples are event ids, the third party's idempotency keys: `curl http://127.0.0.1:8084/settlements/<event id>` (200 booked, 404 not) and follow docs/reconciliation.md#inbox_uncertain: the one documented exception where a person settles the row.",
+	KindDeadLetterOverdue:  "Read the error: `onceflowctl dead-letters list -service <component>`; fix the cause, then `onceflowctl dead-letters requeue -service <component> -kind inbox -event-ids <event id>` (or record why it is dropped).",
+	KindInboxParked:        "The samples are event ids of parked events: `onceflowctl parked -service <component>` names the dead event each waits for (WAITS FOR); fix its cause and `onceflowctl dead-letters requeue -service <component> -kind inbox -event-ids <that event id>`; the parked ones follow it in order by themselves.",
+	KindOrderWithoutCharge: "The samples are order ids: `onceflowctl journey <order id>` shows where its OrderPlaced stopped (pending, dead, dead-lettered) and the command that moves it on.",
+	KindChargeNotForwarded: "The samples are order ids: `onceflowctl journey <order id>` shows where its PaymentCaptured stopped (billing's outbox, the shim's dead letters or uncertain rows) and the command that moves it on.",
+	KindChargeNotSettled:   "The samples are order ids: `onceflowctl journey <order id>` shows the forward and asks the third party under the right key (the event id); then docs/reconciliation.md#charge_not_settled.",
 }
 
 // Config holds the thresholds. A zero field takes its default.

@@ -39,10 +39,13 @@ type platform struct {
 	orders, billing, shim *pgxpool.Pool
 	ledger                *thirdparty.Client
 	src                   reconcile.Sources
+	// env is the command's environment for these sources (read-only roles).
+	env map[string]string
 }
 
 func newPlatform(t *testing.T) *platform {
 	t.Helper()
+	p := &platform{env: map[string]string{}}
 	migrate := func(service string, sets ...pgutil.Migration) (*pgxpool.Pool, *pgxpool.Pool) {
 		db := testinfra.NewDatabase(t)
 		roles := pgrolestest.Ensure(t, db, service, "ro")
@@ -50,9 +53,9 @@ func newPlatform(t *testing.T) *platform {
 		if err := pgutil.Migrate(owner, sets...); err != nil {
 			t.Fatalf("migrating %s: %v", service, err)
 		}
+		p.env["ONCEFLOW_RECONCILE_"+strings.ToUpper(service)+"_URL"] = roles.ReaderURLs[0]
 		return testinfra.NewPool(t, db), testinfra.NewPool(t, roles.ReaderURLs[0])
 	}
-	p := &platform{}
 	var roOrders, roBilling, roShim *pgxpool.Pool
 	p.orders, roOrders = migrate("orders",
 		pgutil.Migration{FS: orders.Migrations, Table: orders.MigrationsTable},
@@ -77,6 +80,7 @@ func newPlatform(t *testing.T) *platform {
 	t.Cleanup(srv.Close)
 	p.ledger = thirdparty.NewClient(srv.URL, nil)
 	p.src = reconcile.Sources{Orders: roOrders, Billing: roBilling, Shim: roShim, LedgerURL: srv.URL}
+	p.env["ONCEFLOW_LEDGER_URL"] = srv.URL
 	return p
 }
 
@@ -302,5 +306,32 @@ func TestNamedErrorsOfTheSources(t *testing.T) {
 	_, err = reconcile.Run(ctx, away, reconcile.Config{})
 	if !errors.Is(err, reconcile.ErrUnavailable) || !strings.Contains(err.Error(), "reconciler-shim") {
 		t.Fatalf("the shim's database away: %v, want ErrUnavailable naming the component", err)
+	}
+}
+
+// A one-shot report with findings exits non-zero (make reconcile, scripts)
+// after printing them; a clean one exits 0; -exit-zero keeps 0 for scripts
+// that read the JSON themselves.
+func TestCommandFailsWhenTheReportHasFindings(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	p := newPlatform(t)
+	command := func(args ...string) (string, error) {
+		var out bytes.Buffer
+		err := reconcile.Command(ctx, "reconcile", args, func(k string) string { return p.env[k] }, &out)
+		return out.String(), err
+	}
+	p.settledOrder(t, time.Hour)
+	if out, err := command(); err != nil || !strings.HasPrefix(out, "nothing to reconcile") {
+		t.Fatalf("clean platform: %v\n%s", err, out)
+	}
+	id := p.order(t, 30*time.Minute)
+	out, err := command()
+	if !errors.Is(err, reconcile.ErrFindings) || !strings.Contains(out, id.String()) {
+		t.Fatalf("with an order without charge: err = %v, want ErrFindings after the report:\n%s", err, out)
+	}
+	if out, err := command("-o", "json", "-exit-zero"); err != nil || !strings.Contains(out, id.String()) {
+		t.Fatalf("-exit-zero: %v\n%s", err, out)
 	}
 }

@@ -13,6 +13,7 @@ import (
 
 func main() {
 	out := flag.String("out", "grafana/dashboards", "directory to write the dashboards to")
+	flag.CommandLine.SetOutput(os.Stdout) // -h is asked for: its answer goes where the asker reads
 	flag.Parse()
 	if err := write(*out); err != nil {
 		fmt.Fprintln(os.Stderr, "dashgen:", err)

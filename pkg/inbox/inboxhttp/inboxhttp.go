@@ -16,8 +16,11 @@
 // NAME is one of the names the service gave its dead-letter topics, never a
 // topic itself, so the endpoints cannot be pointed at arbitrary topics.
 // Requeuing every dead letter needs "all": true: an empty request or an
-// empty id list is refused; at most MaxRequeueIDs ids per call. Every call
-// sends back at most "limit" dead letters (1 to inbox.MaxRequeueLimit,
+// empty id list is refused; named event ids none of which is in the topic
+// are answered 404 not_found with nothing requeued, as the outbox's requeue
+// answers unknown ids (when one call reads the whole pass, which it does up
+// to the scan limit; a longer pass answers per call, "requeued" counting);
+// at most MaxRequeueIDs ids per call. Every call sends back at most "limit" dead letters (1 to inbox.MaxRequeueLimit,
 // default inbox.MaxRequeueLimit); to requeue more, call again with "after"
 // set to the "next" of the previous answer until "next" is empty. A sweep
 // ("all", or "consumer" alone) sends back only the letters still pending, so
@@ -198,6 +201,15 @@ func Handler(db inbox.RequeueDB, w inbox.Writer, brokers []string, dltTopics map
 			apperr.WriteHTTP(rw, r, logger, fmt.Errorf("%w (requeued before the failure: %d)", err, res.Requeued))
 			return
 		}
+		if len(req.EventIDs) > 0 && req.After == "" && res.Next == "" && res.Requeued == 0 {
+			// A whole pass in one call found none of the named events: the
+			// outbox requeue's answer to unknown ids (404, nothing
+			// requeued), so that a client tells "no such dead letter" from
+			// "done" the same way for both libraries.
+			writeError(rw, r, http.StatusNotFound, fmt.Sprintf("no dead letter of %s has event id %s; nothing was requeued",
+				apperr.Quote(req.Topic), listEventIDs(req.EventIDs)))
+			return
+		}
 		logger.InfoContext(r.Context(), "dead letters requeued by an operator",
 			slog.Int("requeued", res.Requeued), slog.String("dead_letter_topic", topic), slog.String("consumer", req.Consumer),
 			slog.Int("event_ids", len(req.EventIDs)), slog.Any("event_id_list", req.EventIDs), slog.Bool("all", req.All),
@@ -254,6 +266,19 @@ type parked struct {
 	Partition        int       `json:"partition"`
 	Offset           int64     `json:"offset"`
 	ParkedAt         time.Time `json:"parkedAt"`
+}
+
+// listEventIDs spells ids for an error message, the first ten of them.
+func listEventIDs(ids []uuid.UUID) string {
+	const most = 10
+	s := make([]string, 0, most+1)
+	for _, id := range ids[:min(len(ids), most)] {
+		s = append(s, id.String())
+	}
+	if len(ids) > most {
+		s = append(s, fmt.Sprintf("and %d more", len(ids)-most))
+	}
+	return strings.Join(s, ", ")
 }
 
 // requeueResponse is the answer of POST /dead-letters/requeue; Next is

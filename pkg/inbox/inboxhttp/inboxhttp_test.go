@@ -147,6 +147,11 @@ func TestHandlerDeadLetterEndpoints(t *testing.T) {
 	errorCode(call("POST", "/dead-letters/requeue", `{"topic":"orders","eventIds":["not-a-uuid"]}`, 400))
 	errorCode(call("POST", "/dead-letters/requeue", `{"topic":"orders","eventIds":[]}`, 400))
 	errorCode(call("POST", "/dead-letters/requeue", `{"TOPIC":"orders","all":true}`, 400))
+	// Unknown ids get the outbox requeue's answer: 404 not_found, nothing
+	// requeued, never 200 "requeued": 0.
+	if code := errorCode(call("POST", "/dead-letters/requeue", `{"topic":"orders","eventIds":["`+uuid.NewString()+`"]}`, 404)); code != "not_found" {
+		t.Fatalf("unknown event id: code %s, want not_found as the outbox requeue answers", code)
+	}
 	errorCode(call("POST", "/dead-letters/requeue", `{"topic":"orders","all":true}x`, 400))
 	if ids := remaining(); len(ids) != 2 {
 		t.Fatalf("refused requests changed the inbox: %v", ids)

@@ -23,6 +23,16 @@ const (
 	// Unavailable: a dependency (the service's database) cannot be reached
 	// now; the same request may succeed later. 503 with Retry-After.
 	Unavailable Code = "unavailable"
+	// NoRoute: no route has this path (404). Not NotFound, which says the
+	// route exists and the thing it names does not: a client that reads
+	// not_found as "never booked" (the shim asking the third party) must
+	// not read a wrong base URL the same way.
+	NoRoute Code = "no_route"
+	// MethodNotAllowed: the route exists, not with this method (405).
+	MethodNotAllowed Code = "method_not_allowed"
+	// UnsupportedMediaType: the body is not in a format the route takes,
+	// such as text/plain where JSON is expected (415).
+	UnsupportedMediaType Code = "unsupported_media_type"
 )
 
 // Error is an application error with a message safe to show the caller.

@@ -52,7 +52,7 @@ func Status(code Code) int {
 		return http.StatusUnauthorized
 	case Invalid:
 		return http.StatusUnprocessableEntity
-	case NotFound:
+	case NotFound, NoRoute:
 		return http.StatusNotFound
 	case Conflict:
 		return http.StatusConflict
@@ -60,6 +60,10 @@ func Status(code Code) int {
 		return http.StatusRequestEntityTooLarge
 	case Unavailable:
 		return http.StatusServiceUnavailable
+	case MethodNotAllowed:
+		return http.StatusMethodNotAllowed
+	case UnsupportedMediaType:
+		return http.StatusUnsupportedMediaType
 	}
 	return http.StatusInternalServerError
 }
@@ -116,7 +120,12 @@ func WriteHTTP(w http.ResponseWriter, r *http.Request, logger *slog.Logger, err 
 func WriteJSON(w http.ResponseWriter, status int, v any) {
 	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(status)
-	_ = json.NewEncoder(w).Encode(v)
+	enc := json.NewEncoder(w)
+	// The bodies are JSON for programs and people, never HTML: "<ADMIN_TOKEN>"
+	// reads better than "\u003cADMIN_TOKEN\u003e", and the Content-Type
+	// keeps a browser from taking it for markup.
+	enc.SetEscapeHTML(false)
+	_ = enc.Encode(v)
 }
 
 // RequestID returns the id of the request being answered on w: the one the

@@ -7,11 +7,15 @@
 package config
 
 import (
+	"flag"
 	"fmt"
+	"io"
+	"slices"
 
 	"github.com/caarlos0/env/v11"
 
 	"github.com/onceflow/onceflow/pkg/platform/kafkautil"
+	"github.com/onceflow/onceflow/pkg/platform/lifecycle"
 )
 
 // Var describes one environment variable a configuration reads.
@@ -62,4 +66,29 @@ func KafkaSecurity(getenv func(string) string) (kafkautil.Security, error) {
 		return kafkautil.Security{}, err
 	}
 	return kafkautil.NewSecurity(c)
+}
+
+// Args checks the command line of a program configured only by its
+// environment (cfg, as Load reads it): -h, -help or --help prints the usage
+// (about, then every variable with its default) to stdout and returns
+// flag.ErrHelp, which lifecycle.ExitCode makes exit 0; any other argument is
+// refused (lifecycle.ErrUsage), rather than ignored while the program
+// starts as if nothing had been asked.
+func Args(args []string, stdout io.Writer, about string, cfg any) error {
+	if len(args) <= 1 {
+		return nil
+	}
+	if !slices.Contains([]string{"-h", "-help", "--help"}, args[1]) {
+		return fmt.Errorf("%w: %s takes no arguments, got %q: it is configured by environment variables (%s -h lists them)",
+			lifecycle.ErrUsage, args[0], args[1:], args[0])
+	}
+	vars, err := Vars(cfg)
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(stdout, "usage: %s\n\n%s\n\nEnvironment (default):\n", args[0], about)
+	for _, v := range vars {
+		fmt.Fprintf(stdout, "  %s (%s)\n", v.Name, v.Default)
+	}
+	return flag.ErrHelp
 }

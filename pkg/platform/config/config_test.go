@@ -1,11 +1,15 @@
 package config_test
 
 import (
+	"errors"
+	"flag"
 	"reflect"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/onceflow/onceflow/pkg/platform/config"
+	"github.com/onceflow/onceflow/pkg/platform/lifecycle"
 )
 
 type sample struct {
@@ -45,5 +49,30 @@ func TestVars(t *testing.T) {
 	want := []config.Var{{"HTTP_ADDR", "127.0.0.1:8080"}, {"TIMEOUT", "5s"}, {"BROKERS", "a:1,b:2"}}
 	if !reflect.DeepEqual(vars, want) {
 		t.Fatalf("got %+v, want %+v", vars, want)
+	}
+}
+
+// A program configured by its environment answers -h with its variables
+// (exit 0 through flag.ErrHelp) and refuses any other argument, instead of
+// starting as if nothing had been asked.
+func TestArgs(t *testing.T) {
+	t.Parallel()
+	type cfg struct {
+		Addr string `env:"HTTP_ADDR" envDefault:"127.0.0.1:8081"`
+	}
+	var out strings.Builder
+	if err := config.Args([]string{"orders"}, &out, "about", &cfg{}); err != nil || out.Len() != 0 {
+		t.Fatalf("no arguments: %v %q, want nil and nothing printed", err, out.String())
+	}
+	for _, h := range []string{"-h", "-help", "--help"} {
+		out.Reset()
+		err := config.Args([]string{"orders", h}, &out, "The orders service.", &cfg{})
+		if !errors.Is(err, flag.ErrHelp) || !strings.Contains(out.String(), "usage: orders") ||
+			!strings.Contains(out.String(), "HTTP_ADDR (127.0.0.1:8081)") || !strings.Contains(out.String(), "The orders service.") {
+			t.Fatalf("%s: %v\n%s", h, err, out.String())
+		}
+	}
+	if err := config.Args([]string{"orders", "serve"}, &out, "", &cfg{}); !errors.Is(err, lifecycle.ErrUsage) {
+		t.Fatalf("an argument: %v, want lifecycle.ErrUsage", err)
 	}
 }

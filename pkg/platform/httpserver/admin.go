@@ -48,7 +48,10 @@ func NewAdmin(cfg AdminConfig) *echo.Echo {
 	e.Use(bearer(cfg.Logger, cfg.Token))
 	e.Use(middleware.BodyLimit(bodyLimit))
 	e.GET("/healthz", healthz)
-	e.GET("/metrics", echo.WrapHandler(promhttp.HandlerFor(cfg.Gatherer, promhttp.HandlerOpts{})))
+	// OpenMetrics when the scraper asks for it (Prometheus does), because
+	// only that format carries the exemplars that link a latency bucket to
+	// a trace.
+	e.GET("/metrics", echo.WrapHandler(promhttp.HandlerFor(cfg.Gatherer, promhttp.HandlerOpts{EnableOpenMetrics: true})))
 	if cfg.Pprof {
 		// The handlers are mounted one by one on this listener; importing
 		// net/http/pprof also registers them on http.DefaultServeMux, which

@@ -1,7 +1,8 @@
 // Package httpserver builds the echo servers every service runs: JSON errors
 // mapped by apperr.WriteHTTP, a request id on every request, a request body
 // limit, structured request logs, a server span per request, and the
-// /healthz and /readyz endpoints on the public listener (New); /metrics,
+// /healthz and /readyz endpoints and the RED metrics of the requests on the
+// public listener (New); /metrics (OpenMetrics, with exemplars),
 // the operator routes behind a bearer token and opt-in pprof on the operator
 // listener (NewAdmin). Serve runs either with the timeouts of Timeouts.
 package httpserver
@@ -34,6 +35,10 @@ type Config struct {
 	// Gatherer is served on /metrics. nil serves no /metrics: the public
 	// listener of a service leaves it to the operator listener (NewAdmin).
 	Gatherer prometheus.Gatherer
+	// Registerer receives the listener's RED metrics (NewHTTPMetrics:
+	// requests by route template, method and status class, and their
+	// duration). nil: none, for a server that has no registry.
+	Registerer prometheus.Registerer
 	// Checks are run by /readyz, by name. Default: none (always ready).
 	Checks map[string]Check
 	// BodyLimit caps request bodies, in echo's notation. Default "1M".
@@ -65,6 +70,11 @@ func New(cfg Config) *echo.Echo {
 	e, bodyLimit := newEcho(cfg.Logger, cfg.BodyLimit)
 	// Outermost, so a request's span covers everything, panics included.
 	e.Use(TracingMiddleware(isOperational))
+	if cfg.Registerer != nil {
+		// Inside the span, for the exemplars' trace id; outside Recover,
+		// so a panic counts as the 500 it becomes.
+		e.Use(NewHTTPMetrics(cfg.Registerer).Middleware)
+	}
 	e.Use(middleware.Recover())
 	e.Use(RequestID)
 	e.Use(middleware.BodyLimit(bodyLimit))
@@ -115,7 +125,19 @@ func isOperational(c echo.Context) bool {
 }
 
 func readyz(checks map[string]Check) echo.HandlerFunc {
-	return func(c echo.Context) error {
+	return echo.WrapHandler(Ready(checks))
+}
+
+// Ready is the /readyz every program of the platform serves, echo or not
+// (the reconcile job's plain mux): 200 when every check passes, else 503,
+// and always the one body shape, each check's name with "ok" or its error:
+//
+//	{"kafka":"ok","postgres":"dial tcp 127.0.0.1:55432: connection refused"}
+//
+// A program with no dependency to check still names what it is ready for,
+// so that a client reads the same shape everywhere.
+func Ready(checks map[string]Check) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
 		// Names are read per request: a service adds its workers' checks
 		// after building the server (service.Service.AddCheck).
 		names := make([]string, 0, len(checks))
@@ -123,7 +145,7 @@ func readyz(checks map[string]Check) echo.HandlerFunc {
 			names = append(names, n)
 		}
 		sort.Strings(names)
-		ctx, cancel := context.WithTimeout(c.Request().Context(), 2*time.Second)
+		ctx, cancel := context.WithTimeout(r.Context(), 2*time.Second)
 		defer cancel()
 		status, result := http.StatusOK, make(map[string]string, len(checks))
 		for _, n := range names {
@@ -133,8 +155,14 @@ func readyz(checks map[string]Check) echo.HandlerFunc {
 			}
 			result[n] = "ok"
 		}
-		return c.JSON(status, result)
+		apperr.WriteJSON(w, status, result)
 	}
+}
+
+// Healthz is /healthz outside echo: 200 {"status":"ok"} while the listener
+// is up, the body healthz gives on every listener.
+func Healthz(w http.ResponseWriter, _ *http.Request) {
+	apperr.WriteJSON(w, http.StatusOK, map[string]string{"status": "ok"})
 }
 
 // ErrorBody is the JSON body of every error response (apperr.ErrorBody).
@@ -155,10 +183,19 @@ func errorHandler(logger *slog.Logger, bodyLimit string) echo.HTTPErrorHandler {
 			case he.Code == http.StatusRequestEntityTooLarge:
 				err = apperr.Errorf(apperr.TooLarge, "request body is larger than the limit of %sB", bodyLimit)
 			case he.Code < 500:
+				// echo's router and middleware answer in apperr's
+				// vocabulary too: one set of codes for every client.
 				var body ErrorBody
-				body.Error.Code, body.Error.Message = "http_"+fmt.Sprint(he.Code), http.StatusText(he.Code)
-				if m, ok := he.Message.(string); ok {
-					body.Error.Message = m
+				body.Error.Code, body.Error.Message = string(echoCode(he.Code)), http.StatusText(he.Code)
+				switch {
+				case he.Code == http.StatusNotFound:
+					body.Error.Message = "no route for " + r.Method + " " + apperr.Quote(r.URL.Path)
+				case he.Code == http.StatusMethodNotAllowed:
+					body.Error.Message = r.Method + " is not allowed on " + apperr.Quote(r.URL.Path)
+				default:
+					if m, ok := he.Message.(string); ok {
+						body.Error.Message = m
+					}
 				}
 				writeBody(w, r, he.Code, body)
 				return
@@ -172,6 +209,28 @@ func errorHandler(logger *slog.Logger, bodyLimit string) echo.HTTPErrorHandler {
 		}
 		apperr.WriteHTTP(w, r, logger, err)
 	}
+}
+
+// echoCode is the apperr code of a 4xx echo answers by itself.
+func echoCode(status int) apperr.Code {
+	switch status {
+	case http.StatusNotFound:
+		// Only echo's router answers 404 here; a handler's is an apperr.
+		return apperr.NoRoute
+	case http.StatusMethodNotAllowed:
+		return apperr.MethodNotAllowed
+	case http.StatusUnauthorized, http.StatusForbidden:
+		return apperr.Unauthorized
+	case http.StatusUnsupportedMediaType:
+		return apperr.UnsupportedMediaType
+	case http.StatusRequestEntityTooLarge:
+		return apperr.TooLarge
+	case http.StatusConflict:
+		return apperr.Conflict
+	case http.StatusUnprocessableEntity:
+		return apperr.Invalid
+	}
+	return apperr.Malformed
 }
 
 func writeBody(w http.ResponseWriter, r *http.Request, status int, body ErrorBody) {

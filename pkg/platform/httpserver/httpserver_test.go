@@ -65,7 +65,8 @@ func TestErrorsBecomeJSONWithTheRightStatus(t *testing.T) {
 		{"two objects", "POST", "/echo", `{"name":"a"}{}`, 400, "malformed", "after the JSON object"},
 		{"invalid", "POST", "/echo", `{"name":""}`, 422, "invalid", "name is required"},
 		{"too large", "POST", "/echo", `{"name":"` + strings.Repeat("x", 2048) + `"}`, 413, "too_large", "larger than the limit of 1KB"},
-		{"no route", "GET", "/nope", ``, 404, "http_404", "Not Found"},
+		{"no route", "GET", "/nope", ``, 404, "no_route", `no route for GET "/nope"`},
+		{"wrong method", "DELETE", "/echo", ``, 405, "method_not_allowed", `DELETE is not allowed on "/echo"`},
 		{"internal", "GET", "/boom", ``, 500, "internal", "see the service log"},
 	}
 	for _, tt := range tests {
@@ -95,5 +96,33 @@ func TestReadyzReportsEachCheck(t *testing.T) {
 	}
 	if status, _, raw := serve(e, "GET", "/metrics", ""); status != http.StatusOK || !strings.Contains(raw, "test_things_total 0") {
 		t.Fatalf("metrics: %d", status)
+	}
+}
+
+// The error codes are one vocabulary: apperr's, whoever answers (a handler,
+// echo's router, the body limit, the bearer check); never "http_404".
+func TestEveryErrorCodeIsApperrs(t *testing.T) {
+	known := map[string]bool{}
+	for _, c := range []apperr.Code{apperr.Malformed, apperr.Invalid, apperr.NotFound, apperr.Conflict, apperr.TooLarge,
+		apperr.Unavailable, apperr.Unauthorized, apperr.NoRoute, apperr.MethodNotAllowed, apperr.UnsupportedMediaType, "internal"} {
+		known[string(c)] = true
+	}
+	e := newServer(nil)
+	for _, r := range [][2]string{{"GET", "/nope"}, {"DELETE", "/echo"}, {"POST", "/echo"}, {"GET", "/boom"}, {"PUT", "/healthz"}} {
+		status, body, raw := serve(e, r[0], r[1], "")
+		if status < 400 || !known[body.Error.Code] {
+			t.Errorf("%s %s: %d %s, want an apperr code", r[0], r[1], status, raw)
+		}
+	}
+}
+
+// Error bodies are readable as they are: "<ADMIN_TOKEN>", not
+// "\u003cADMIN_TOKEN\u003e".
+func TestErrorBodiesAreNotHTMLEscaped(t *testing.T) {
+	rec := httptest.NewRecorder()
+	apperr.WriteHTTP(rec, httptest.NewRequest("GET", "/", nil), slog.New(slog.NewTextHandler(io.Discard, nil)),
+		apperr.Errorf(apperr.Unauthorized, "send Authorization: Bearer <ADMIN_TOKEN> & retry"))
+	if body := rec.Body.String(); !strings.Contains(body, "Bearer <ADMIN_TOKEN> & retry") {
+		t.Fatalf("401 body = %s, want the message as written", body)
 	}
 }

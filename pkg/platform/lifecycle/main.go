@@ -29,15 +29,22 @@ func Main(name string, run RunFunc) {
 	os.Exit(ExitCode(name, err, os.Stderr))
 }
 
+// ErrUsage marks a command line the program cannot run: a missing command,
+// an argument where none is taken. Wrap it with what was wrong; the program
+// exits 2, as the flag package does for a flag it does not know.
+var ErrUsage = errors.New("usage")
+
 // ExitCode turns the error a program's run returned into its exit status:
-// 0 for nil; 2 for flag.ErrHelp, without a message, because the usage has
-// already been printed and 2 is what the flag package exits with for a
-// usage error; 1 for any other error, written to stderr as "name: error".
+// 0 for nil and for flag.ErrHelp (-h asked for the usage, which is printed:
+// that is a success, and scripts may run `prog -h`); 2 for ErrUsage, with
+// the error on stderr; 1 for any other error, written to stderr as
+// "name: error".
 func ExitCode(name string, err error, stderr io.Writer) int {
 	switch {
-	case err == nil:
+	case err == nil, errors.Is(err, flag.ErrHelp):
 		return 0
-	case errors.Is(err, flag.ErrHelp):
+	case errors.Is(err, ErrUsage):
+		fmt.Fprintf(stderr, "%s: %v\n", name, err)
 		return 2
 	default:
 		fmt.Fprintf(stderr, "%s: %v\n", name, err)

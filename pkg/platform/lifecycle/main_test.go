@@ -10,8 +10,10 @@ import (
 	"github.com/onceflow/onceflow/pkg/platform/lifecycle"
 )
 
-// Success exits 0 quietly, -h (whose usage is already out) 2 quietly, and
-// any other error 1 with the error on stderr under the program's name.
+// Success exits 0 quietly, and so does -h: the usage it asked for is out.
+// A command line that is wrong (ErrUsage) exits 2, as the flag package does,
+// saying why; any other error 1 with the error on stderr under the
+// program's name.
 func TestExitCode(t *testing.T) {
 	t.Parallel()
 	check := func(err error, wantCode int, wantStderr string) {
@@ -22,6 +24,7 @@ func TestExitCode(t *testing.T) {
 		}
 	}
 	check(nil, 0, "")
-	check(fmt.Errorf("parsing: %w", flag.ErrHelp), 2, "")
+	check(fmt.Errorf("parsing: %w", flag.ErrHelp), 0, "")
+	check(fmt.Errorf("%w: no command given", lifecycle.ErrUsage), 2, "prog: usage: no command given\n")
 	check(errors.New("database unreachable"), 1, "prog: database unreachable\n")
 }

@@ -150,8 +150,9 @@ func New(ctx context.Context, stdout io.Writer, opts Options) (*Service, error) 
 		delete(checks, "kafka")
 	}
 	e := httpserver.New(httpserver.Config{
-		Logger: logger,
-		Checks: checks,
+		Logger:     logger,
+		Registerer: registry,
+		Checks:     checks,
 	})
 	admin := httpserver.NewAdmin(httpserver.AdminConfig{
 		Logger: logger, Gatherer: registry, Token: opts.HTTP.AdminToken, Pprof: opts.HTTP.Pprof,

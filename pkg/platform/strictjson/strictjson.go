@@ -1,7 +1,8 @@
 // Package strictjson decodes a request body the way an API should and
 // encoding/json alone does not: exactly one JSON value, field names matched
 // exactly (encoding/json matches them case-insensitively, so {"CUSTOMERID":…}
-// would fill CustomerID), unknown fields and trailing data refused, and no
+// would fill CustomerID), a key given twice refused (encoding/json keeps the
+// last one), unknown fields and trailing data refused, and no
 // string Postgres would refuse (invalid UTF-8, NUL). Every refusal is an
 // apperr.Malformed whose message quotes at most apperr.MaxQuote bytes of the
 // input. It uses the standard library only, so the operator handlers
@@ -57,11 +58,55 @@ func Unmarshal(data []byte, v any) error {
 	if _, err := dec.Token(); !errors.Is(err, io.EOF) {
 		return apperr.Errorf(apperr.Malformed, "request body has data after the JSON object")
 	}
+	// encoding/json keeps the last of two equal keys without a word, so
+	// {"amountCents":1999,"amountCents":1} would charge 1: one reading only.
+	if err := noDuplicateKeys(json.NewDecoder(bytes.NewReader(data)), ""); err != nil {
+		return err
+	}
 	var raw any
 	if err := json.Unmarshal(data, &raw); err != nil {
 		return malformed(err) // not reached: dec.Decode accepted the same bytes
 	}
 	return check(raw, reflect.TypeOf(v), "")
+}
+
+// noDuplicateKeys reads one JSON value from dec (already known to be valid)
+// and refuses an object that has a key twice, naming its path.
+func noDuplicateKeys(dec *json.Decoder, path string) error {
+	tok, err := dec.Token()
+	if err != nil {
+		return malformed(err)
+	}
+	switch tok {
+	case json.Delim('{'):
+		seen := map[string]bool{}
+		for dec.More() {
+			k, err := dec.Token()
+			if err != nil {
+				return malformed(err)
+			}
+			key, _ := k.(string)
+			if seen[key] {
+				return apperr.Errorf(apperr.Malformed, "field %s appears twice; send each field once", apperr.Quote(join(path, key)))
+			}
+			seen[key] = true
+			if err := noDuplicateKeys(dec, join(path, key)); err != nil {
+				return err
+			}
+		}
+		_, err = dec.Token() // '}'
+	case json.Delim('['):
+		for i := 0; dec.More(); i++ {
+			if err := noDuplicateKeys(dec, fmt.Sprintf("%s[%d]", path, i)); err != nil {
+				return err
+			}
+		}
+		_, err = dec.Token() // ']'
+	}
+	if err != nil {
+		return malformed(err)
+	}
+	return nil
 }
 
 // malformed turns a decoding error into a message that names the field and

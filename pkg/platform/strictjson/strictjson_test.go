@@ -59,6 +59,11 @@ func TestUnmarshal(t *testing.T) {
 		{"wrong type", `{"count":"1"}`, "count must be an integer"},
 		{"not an object", `[]`, "must be an object"},
 		{"bad time", `{"at":"yesterday"}`, "not valid JSON for this endpoint"},
+		{"duplicate key", `{"id":"a","count":1,"id":"b"}`, `field "id" appears twice`},
+		{"duplicate key in a nested object", `{"inner":{"name":"a","name":"b"}}`, `field "inner.name" appears twice`},
+		{"duplicate key in an array element", `{"list":[{"name":"a"},{"name":"b","name":"c"}]}`, `field "list[1].name" appears twice`},
+		{"duplicate map key", `{"labels":{"k":"v","k":"w"}}`, `field "labels.k" appears twice`},
+		{"same key in two objects", `{"inner":{"name":"a"},"ptr":{"name":"b"}}`, ""},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			var v target

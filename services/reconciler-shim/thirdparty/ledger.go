@@ -3,6 +3,7 @@ package thirdparty
 import (
 	"bufio"
 	"bytes"
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -289,6 +290,17 @@ func (l *Ledger) Stats() Stats {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return l.stats
+}
+
+// Ready reports whether the ledger takes bookings: nil until it is
+// closed (the stand-in's /readyz check).
+func (l *Ledger) Ready(context.Context) error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.closed {
+		return ErrLedgerClosed
+	}
+	return nil
 }
 
 // Close closes the ledger file, after the bookings already queued are

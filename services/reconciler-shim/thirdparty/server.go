@@ -75,7 +75,8 @@ func NewServer(l *Ledger, logger *slog.Logger, reg prometheus.Registerer, admin 
 		return Servers{}, fmt.Errorf("registering reconciler metrics: %w", err)
 	}
 	s := &server{ledger: l, logger: logger}
-	e := httpserver.New(httpserver.Config{Logger: logger})
+	e := httpserver.New(httpserver.Config{Logger: logger, Registerer: reg,
+		Checks: map[string]httpserver.Check{"ledger": l.Ready}})
 	e.POST("/settlements", s.settle)
 	e.GET("/settlements", s.list)
 	e.GET("/settlements/:key", s.byKey)

@@ -16,6 +16,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/onceflow/onceflow/pkg/platform/httpserver"
+	"github.com/onceflow/onceflow/pkg/platform/testinfra"
 	"github.com/onceflow/onceflow/services/reconciler-shim/thirdparty"
 )
 
@@ -368,5 +369,29 @@ func TestSettleHonoursContext(t *testing.T) {
 	cancel()
 	if _, err := a.client.Settle(ctx, "k", capture("p")); !errors.Is(err, context.Canceled) {
 		t.Fatalf("Settle with a cancelled context = %v, want context.Canceled", err)
+	}
+}
+
+// The stand-in answers /readyz in the platform's one shape (each check's
+// name with "ok" or its error), like the services, and counts its requests
+// (http_requests_total) like them.
+func TestReadyzHasThePlatformsShapeAndRequestsAreCounted(t *testing.T) {
+	a := newAPI(t)
+	var ready map[string]string
+	if code := testinfra.GetJSON(t, a.url+"/readyz", &ready); code != http.StatusOK || ready["ledger"] != "ok" || len(ready) != 1 {
+		t.Fatalf("/readyz = %d %v, want 200 {\"ledger\":\"ok\"}", code, ready)
+	}
+	if _, err := a.client.Lookup(t.Context(), "k"); err != nil {
+		t.Fatal(err)
+	}
+	if n := testinfra.LabeledMetricValue(t, a.reg, "http_requests_total",
+		map[string]string{"route": "/settlements/:key", "method": "GET", "status_class": "4xx"}); n != 1 {
+		t.Fatalf("http_requests_total for the look-up = %v, want 1", n)
+	}
+	if err := a.ledger.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if code := testinfra.GetJSON(t, a.url+"/readyz", &ready); code != http.StatusServiceUnavailable || ready["ledger"] == "ok" {
+		t.Fatalf("/readyz with the ledger closed = %d %v, want 503 naming the ledger", code, ready)
 	}
 }

@@ -33,6 +33,10 @@ type options struct {
 	billingAdminURL string
 	shimAdminURL    string
 	adminTokenFile  string
+	// journeyFile receives one order's id for `make demo` to follow with
+	// onceflowctl journey: a cancelled one when there is one, since its
+	// journey shows both events.
+	journeyFile string
 }
 
 func parseFlags(args []string, out io.Writer) (options, error) {
@@ -52,6 +56,7 @@ func parseFlags(args []string, out io.Writer) (options, error) {
 	fs.StringVar(&o.shimAdminURL, "shim-admin-url", "http://127.0.0.1:9083", "the shim's operator listener (/metrics)")
 	fs.StringVar(&o.adminTokenFile, "admin-token-file", ".devstack/admin-token",
 		"file holding the operator token (devstack/services.sh writes it); empty or missing skips the authenticated check")
+	fs.StringVar(&o.journeyFile, "journey-file", "", "write one settled order's id (a cancelled one if any) to this file, for onceflowctl journey")
 	if err := fs.Parse(args); err != nil {
 		return o, err
 	}
@@ -121,7 +126,28 @@ func run(ctx context.Context, args []string, _ func(string) string, out io.Write
 	if err != nil {
 		return err
 	}
-	return summarize(ctx, c, o, orders, byOrder, dupsBefore, out)
+	if err := summarize(ctx, c, o, orders, byOrder, dupsBefore, out); err != nil {
+		return err
+	}
+	return writeJourneyOrder(o.journeyFile, orders)
+}
+
+// writeJourneyOrder writes the id of the last cancelled order, or else the
+// last order, to path ("" writes nothing).
+func writeJourneyOrder(path string, orders []placed) error {
+	if path == "" || len(orders) == 0 {
+		return nil
+	}
+	pick := orders[len(orders)-1]
+	for _, p := range orders {
+		if p.cancelled {
+			pick = p
+		}
+	}
+	if err := os.WriteFile(path, []byte(pick.ID+"\n"), 0o644); err != nil {
+		return fmt.Errorf("writing the journey's order id: %w", err)
+	}
+	return nil
 }
 
 func placeOrders(ctx context.Context, c *client, o options, out io.Writer) ([]placed, error) {

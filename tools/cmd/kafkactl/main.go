@@ -11,6 +11,7 @@
 //	kafkactl wait          -brokers 127.0.0.1:59092 -timeout 60s
 //	kafkactl ensure-topics -brokers 127.0.0.1:59092 -partitions 6 orders.events billing.events
 //	kafkactl topics        -brokers 127.0.0.1:59092
+//	kafkactl tail          -brokers 127.0.0.1:59092 -n 10 orders.events
 package main
 
 import (
@@ -36,7 +37,9 @@ func main() { lifecycle.Main("kafkactl", run) }
 const usage = `usage:
   kafkactl wait          [-brokers host:port,...] [-timeout 60s]
   kafkactl ensure-topics [-brokers host:port,...] [-partitions 6] [-timeout 30s] topic...
-  kafkactl topics        [-brokers host:port,...]`
+  kafkactl topics        [-brokers host:port,...]
+  kafkactl tail          [-brokers host:port,...] [-n 10] [-key K] [-since 10m] [-values] [-o text|json] topic
+                         the last records of a topic (all partitions, oldest first) with their headers`
 
 // defaultBrokers matches the dev stack's default ONCEFLOW_KAFKA_PORT.
 const defaultBrokers = "127.0.0.1:59092"
@@ -46,11 +49,14 @@ const defaultBrokers = "127.0.0.1:59092"
 func run(ctx context.Context, args []string, _ func(string) string, stdout io.Writer) error {
 	args = args[1:] // the program's name
 	if len(args) == 0 {
-		return errors.New(usage)
+		fmt.Fprintln(stdout, usage)
+		return fmt.Errorf("%w: no command given", lifecycle.ErrUsage)
 	}
 	cmd, args := args[0], args[1:]
 
 	fs := flag.NewFlagSet("kafkactl "+cmd, flag.ContinueOnError)
+	// -h is asked for, so its answer goes where the asker reads.
+	fs.SetOutput(stdout)
 	brokers := fs.String("brokers", defaultBrokers, "comma-separated bootstrap brokers")
 	switch cmd {
 	case "wait":
@@ -81,6 +87,24 @@ func run(ctx context.Context, args []string, _ func(string) string, stdout io.Wr
 		ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 		defer cancel()
 		return listTopics(ctx, splitBrokers(*brokers), stdout)
+	case "tail":
+		n := fs.Int("n", 10, "show the last n records of the topic (the last n of each partition are read, then merged by time)")
+		key := fs.String("key", "", "only records with this key (an order id)")
+		since := fs.Duration("since", 0, "read from this long ago instead of the last -n of each partition, e.g. 10m")
+		values := fs.Bool("values", false, "print whole values (default: the first 200 bytes)")
+		output := fs.String("o", "text", "output: text or json (one object a line)")
+		if err := fs.Parse(args); err != nil {
+			return err
+		}
+		if fs.NArg() != 1 {
+			return errors.New("tail: name one topic\n" + usage)
+		}
+		if *output != "text" && *output != "json" {
+			return fmt.Errorf("tail: -o must be text or json, got %q", *output)
+		}
+		ctx, cancel := context.WithTimeout(ctx, time.Minute)
+		defer cancel()
+		return tail(ctx, splitBrokers(*brokers), fs.Arg(0), tailOptions{n: *n, key: *key, since: *since, values: *values, json: *output == "json"}, stdout)
 	case "help", "-h", "-help", "--help":
 		fmt.Fprintln(stdout, usage)
 		return nil

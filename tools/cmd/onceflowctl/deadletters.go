@@ -122,7 +122,7 @@ func (a *app) deadLettersRequeue(ctx context.Context, args []string) error {
 	name := fs.String("service", "", "the service (orders, billing, reconciler-shim); required")
 	kind := fs.String("kind", "", "outbox or inbox; needed only for billing, which has both")
 	ids := fs.String("ids", "", "outbox: comma-separated row ids (from dead-letters list)")
-	eventIDs := fs.String("event-ids", "", "inbox: comma-separated event ids (from dead-letters list)")
+	eventIDs := fs.String("event-ids", "", "comma-separated event ids (from dead-letters list, reconcile or journey): inbox dead letters, or dead outbox rows")
 	all := fs.Bool("all", false, "requeue every dead row or pending dead letter of the service (bounded per call by the service; inbox: one whole pass, call after call)")
 	topic := fs.String("topic", "", "inbox: the topic whose dead letters to requeue (default: the service's input topic)")
 	consumer := fs.String("consumer", "", "inbox: only this consumer's dead letters")
@@ -159,12 +159,19 @@ func (a *app) deadLettersRequeue(ctx context.Context, args []string) error {
 		if !s.outbox {
 			return fmt.Errorf("%s has no outbox", s.name)
 		}
-		if *eventIDs != "" {
-			return errors.New("outbox rows are requeued by -ids (row ids), not -event-ids")
-		}
 		body := map[string]any{"all": true}
-		if *ids != "" {
+		switch {
+		case *ids != "":
 			list, err := parseInts(*ids)
+			if err != nil {
+				return err
+			}
+			body = map[string]any{"ids": list}
+		case *eventIDs != "":
+			// The reconciliation report and the journey name events by
+			// their event id, the one id every tool shares; the service
+			// requeues rows by row id, so look the dead ones up.
+			list, err := a.deadOutboxRows(ctx, s, splitList(*eventIDs))
 			if err != nil {
 				return err
 			}
@@ -226,10 +233,71 @@ func (a *app) deadLettersRequeue(ctx context.Context, args []string) error {
 		return fmt.Errorf("%s: %w", s.name, err)
 	}
 	if a.json {
-		return a.writeJSON(map[string]any{"service": s.name, "kind": *kind, "requeued": res.Requeued})
+		err = a.writeJSON(map[string]any{"service": s.name, "kind": *kind, "requeued": res.Requeued})
+	} else {
+		_, err = fmt.Fprintf(a.out, "%s: requeued %d %s dead letter(s)\n", s.name, res.Requeued, *kind)
 	}
-	_, err = fmt.Fprintf(a.out, "%s: requeued %d %s dead letter(s)\n", s.name, res.Requeued, *kind)
-	return err
+	if err != nil {
+		return err
+	}
+	// Named ids that were not requeued are not dead letters (any more): say
+	// so and fail, rather than print "requeued 0" and exit 0 as if done.
+	asked := len(splitList(*ids)) + len(splitList(*eventIDs))
+	if asked > 0 && res.Requeued < asked {
+		return fmt.Errorf("%s: requeued %d of the %d named: the others are not %s dead letters of %s (requeue moves dead letters only; "+
+			"onceflowctl journey <order id> shows what state each event is in, and an uncertain one is settled as docs/reconciliation.md#inbox_uncertain says)",
+			s.name, res.Requeued, asked, *kind, s.name)
+	}
+	return nil
+}
+
+// deadOutboxRows returns the row ids of s's dead outbox rows with these
+// event ids, failing with the ones that are not dead rows there (nothing is
+// requeued then).
+func (a *app) deadOutboxRows(ctx context.Context, s service, eventIDs []string) ([]int64, error) {
+	var res struct {
+		Dead []struct {
+			ID      int64  `json:"id"`
+			EventID string `json:"eventId"`
+		} `json:"dead"`
+	}
+	// The service lists at most 10000 dead rows, oldest first; a requeue
+	// takes at most 1000 ids anyway.
+	if err := a.call(ctx, "GET", s.admin+"/admin/outbox/dead?limit=10000", nil, &res); err != nil {
+		return nil, fmt.Errorf("%s: listing the dead outbox rows: %w", s.name, err)
+	}
+	rows := make(map[string]int64, len(res.Dead))
+	for _, d := range res.Dead {
+		rows[strings.ToLower(d.EventID)] = d.ID
+	}
+	var ids []int64
+	var missing []string
+	for _, e := range eventIDs {
+		if _, err := uuid.Parse(e); err != nil {
+			return nil, fmt.Errorf("-event-ids: %q is not a UUID", e)
+		}
+		if id, ok := rows[strings.ToLower(e)]; ok {
+			ids = append(ids, id)
+		} else {
+			missing = append(missing, e)
+		}
+	}
+	if len(missing) > 0 {
+		return nil, fmt.Errorf("%s: not dead outbox rows of %s, nothing requeued: %s (onceflowctl journey <order id> shows what state an event is in)",
+			s.name, s.name, strings.Join(missing, ", "))
+	}
+	return ids, nil
+}
+
+// splitList is the non-empty comma-separated fields of s.
+func splitList(s string) []string {
+	var out []string
+	for _, f := range strings.Split(s, ",") {
+		if f = strings.TrimSpace(f); f != "" {
+			out = append(out, f)
+		}
+	}
+	return out
 }
 
 func parseInts(s string) ([]int64, error) {

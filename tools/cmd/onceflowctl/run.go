@@ -12,6 +12,7 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/onceflow/onceflow/pkg/platform/lifecycle"
 	"github.com/onceflow/onceflow/tools/reconcile"
 )
 
@@ -30,23 +31,29 @@ type service struct {
 // app is what every command shares.
 type app struct {
 	services []service
-	token    string
-	json     bool
-	out      io.Writer
-	hc       *http.Client
-	getenv   func(string) string
+	// reconcilerAdmin is the third party's operator address, read by
+	// status for its duplicate bookings ("" skips it).
+	reconcilerAdmin string
+	token           string
+	json            bool
+	out             io.Writer
+	hc              *http.Client
+	getenv          func(string) string
 }
 
-const usage = `usage: onceflowctl [-o text|json] [-orders URL] [-billing URL] [-shim URL] <command> [flags]
+const usage = `usage: onceflowctl [-o text|json] [-orders URL] [-billing URL] [-shim URL] [-reconciler URL|none] <command> [flags]
 
 commands:
-  status                     each service's outbox backlog, oldest pending age, dead rows,
-                             consumer lag and dead letters (from its /metrics)
+  status                     a verdict (ok, degraded, failing) and each service's outbox backlog,
+                             oldest pending age, dead rows, consumer lag, dead letters, Kafka
+                             connection and the payments the third party booked twice (/metrics)
   dead-letters list          dead outbox rows and inbox dead letters
   dead-letters requeue       put dead rows or dead letters back (-service, and -ids, -event-ids or -all)
   parked                     inbox events parked behind a dead event of their aggregate
                              (released once that one is requeued and applied)
   replay                     republish a window of outbox events (dry run unless -apply)
+  journey <order-id>         every step of one order across the databases, the topics and the
+                             third party's ledger, with each hop's latency and what is odd
   reconcile                  the reconciliation report (reads the databases; see reconcile -h)
 
 ADMIN_TOKEN is sent as the bearer token. Run onceflowctl <command> -h for a command's flags.
@@ -68,6 +75,8 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout 
 	orders := fs.String("orders", env("ONCEFLOW_ORDERS_ADMIN", "http://127.0.0.1:9081"), "orders' operator address")
 	billing := fs.String("billing", env("ONCEFLOW_BILLING_ADMIN", "http://127.0.0.1:9082"), "billing's operator address")
 	shim := fs.String("shim", env("ONCEFLOW_SHIM_ADMIN", "http://127.0.0.1:9083"), "the reconciler shim's operator address")
+	reconciler := fs.String("reconciler", env("ONCEFLOW_RECONCILER_ADMIN", "http://127.0.0.1:9084"),
+		"the third-party stand-in's operator address, for status's duplicate bookings (none: skip it)")
 	if err := fs.Parse(args[1:]); err != nil {
 		return err
 	}
@@ -86,10 +95,13 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout 
 		hc:     &http.Client{Timeout: 30 * time.Second},
 		getenv: getenv,
 	}
+	if *reconciler != "none" {
+		a.reconcilerAdmin = baseURL(*reconciler)
+	}
 	rest := fs.Args()
 	if len(rest) == 0 {
 		fs.Usage()
-		return flag.ErrHelp
+		return fmt.Errorf("%w: no command given", lifecycle.ErrUsage)
 	}
 	switch cmd, cmdArgs := rest[0], rest[1:]; cmd {
 	case "status":
@@ -99,6 +111,10 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout 
 			return errors.New("dead-letters needs list or requeue")
 		}
 		switch cmdArgs[0] {
+		case "-h", "-help", "--help", "help":
+			fmt.Fprint(stdout, "usage: onceflowctl dead-letters list [flags] | onceflowctl dead-letters requeue [flags]\n"+
+				"run onceflowctl dead-letters list -h or onceflowctl dead-letters requeue -h for their flags\n")
+			return flag.ErrHelp
 		case "list":
 			return a.deadLettersList(ctx, cmdArgs[1:])
 		case "requeue":
@@ -109,6 +125,8 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout 
 		return a.parked(ctx, cmdArgs)
 	case "replay":
 		return a.replay(ctx, cmdArgs)
+	case "journey":
+		return a.journey(ctx, cmdArgs)
 	case "reconcile":
 		if a.json {
 			cmdArgs = append([]string{"-o", "json"}, cmdArgs...)
@@ -116,7 +134,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout 
 		return reconcile.Command(ctx, "onceflowctl reconcile", cmdArgs, getenv, stdout)
 	default:
 		fs.Usage()
-		return fmt.Errorf("unknown command %q", cmd)
+		return fmt.Errorf("%w: unknown command %q", lifecycle.ErrUsage, cmd)
 	}
 }
 

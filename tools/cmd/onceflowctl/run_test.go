@@ -73,11 +73,11 @@ func ctl(t *testing.T, env map[string]string, args ...string) (string, error) {
 func TestStatusDeadLettersAndReplayAgainstTheRealOutboxHandlers(t *testing.T) {
 	t.Parallel()
 	srv, pool := ordersAdmin(t)
-	// billing and the shim are down: status still reports orders.
+	// billing, the shim and the third party are down: status still reports orders.
 	down := httptest.NewServer(http.NotFoundHandler())
 	down.Close()
 	env := map[string]string{"ADMIN_TOKEN": token, "ONCEFLOW_ORDERS_ADMIN": srv.URL,
-		"ONCEFLOW_BILLING_ADMIN": down.URL, "ONCEFLOW_SHIM_ADMIN": down.URL}
+		"ONCEFLOW_BILLING_ADMIN": down.URL, "ONCEFLOW_SHIM_ADMIN": down.URL, "ONCEFLOW_RECONCILER_ADMIN": down.URL}
 
 	deadID, deadEvent := insertOutbox(t, pool, "dead", time.Hour)
 	insertOutbox(t, pool, "pending", 2*time.Minute)
@@ -88,7 +88,7 @@ func TestStatusDeadLettersAndReplayAgainstTheRealOutboxHandlers(t *testing.T) {
 	testinfra.WaitFor(t, 10*time.Second, "status to show orders' pending and dead rows", func() (bool, error) {
 		var err error
 		out, err = ctl(t, env, "status")
-		if err == nil || !strings.Contains(err.Error(), "2 of 3 services could not be read") {
+		if err == nil || !strings.Contains(err.Error(), "3 of 4 services could not be read") {
 			return false, err
 		}
 		// The backlog gauges refresh every 50 ms, each from its own query.
@@ -97,12 +97,12 @@ func TestStatusDeadLettersAndReplayAgainstTheRealOutboxHandlers(t *testing.T) {
 			strings.Fields(lines[1])[1] == "1" && strings.Fields(lines[1])[2] != "0.0s" && strings.Fields(lines[1])[3] == "1", nil
 	})
 	lines := strings.Split(strings.TrimSpace(out), "\n")
-	if len(lines) != 4 || !strings.HasPrefix(lines[0], "SERVICE") {
+	if len(lines) != 7 || !strings.HasPrefix(lines[0], "SERVICE") || lines[6] != "verdict: failing" {
 		t.Fatalf("status table:\n%s", out)
 	}
 	orders := strings.Fields(lines[1])
 	if orders[0] != "orders" || orders[2] == "0.0s" || !strings.HasSuffix(orders[2], "s") || orders[4] != "-" ||
-		!strings.HasSuffix(lines[1], "dead letters waiting") {
+		!strings.Contains(lines[1], "degraded: dead letters waiting") {
 		t.Fatalf("orders row = %q, want an age, no consumer lag and the verdict:\n%s", orders, out)
 	}
 	if !strings.Contains(lines[2], "unreachable") {
@@ -113,8 +113,9 @@ func TestStatusDeadLettersAndReplayAgainstTheRealOutboxHandlers(t *testing.T) {
 		t.Fatalf("unaligned:\n%s", out)
 	}
 	out, _ = ctl(t, env, "-o", "json", "status")
-	var st []Status
-	if err := json.Unmarshal([]byte(out), &st); err != nil || len(st) != 3 || st[0].OutboxPending == nil || *st[0].OutboxPending != 1 {
+	var rep StatusReport
+	if err := json.Unmarshal([]byte(out), &rep); err != nil || rep.Verdict != "failing" || len(rep.Services) != 4 ||
+		rep.Services[0].OutboxPending == nil || *rep.Services[0].OutboxPending != 1 || rep.Services[0].Verdict != "degraded" {
 		t.Fatalf("status -o json = %s (%v)", out, err)
 	}
 

@@ -27,6 +27,7 @@ const defaultAdminURL = "postgres://postgres:postgres@127.0.0.1:55432/postgres?s
 // program's name.
 func run(ctx context.Context, args []string, getenv func(string) string, stdout io.Writer) error {
 	fs := flag.NewFlagSet("pgroles", flag.ContinueOnError)
+	fs.SetOutput(stdout) // -h is asked for: its answer goes where the asker reads
 	script := fs.Bool("script", false, "print the roles as a psql script for fresh databases, passwords as psql variables, instead of applying them")
 	if err := fs.Parse(args[1:]); err != nil {
 		return err

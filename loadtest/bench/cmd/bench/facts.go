@@ -91,3 +91,31 @@ func printMachine(w io.Writer, m Machine) {
 	fmt.Fprintf(w, "  date:     %s\n  cpus:     %d (%s)\n  memory:   %.1f GiB\n  load:     %s (1/5/15 min)\n  go:       %s\n  postgres: %s\n  kafka:    %s\n  fsync:    %.0f fdatasync/s (pg_test_fsync, 8 kB)\n",
 		m.Date, m.CPUs, m.CPUModel, m.MemoryGB, m.Load, m.Go, m.Postgres, m.Kafka, m.FsyncPerSec)
 }
+
+// quietLoadPerCPU is the most load per CPU, over each of the 1, 5 and 15
+// minutes before a run, at which the machine counts as quiet: a quarter of
+// the cores busy on average. The 15-minute figure matters too: a load that
+// just fell (another run ended) still leaves caches, page cache and the
+// disk's queue in the state that run left them.
+const quietLoadPerCPU = 0.25
+
+// quietness tells whether the load averages at a run's start ("1 5 15",
+// /proc/loadavg's first fields) allow calling the machine quiet, and why.
+// An unknown load is not quiet: a report calls a run quiet only on evidence.
+func quietness(load string, cpus int) (bool, string) {
+	f := strings.Fields(load)
+	if len(f) < 3 || cpus < 1 {
+		return false, fmt.Sprintf("load at start unknown (%q)", load)
+	}
+	limit := quietLoadPerCPU * float64(cpus)
+	for i, window := range []string{"1", "5", "15"} {
+		v, err := strconv.ParseFloat(f[i], 64)
+		if err != nil {
+			return false, fmt.Sprintf("load at start unreadable (%q)", load)
+		}
+		if v > limit {
+			return false, fmt.Sprintf("load %s over %s minutes at start, above %.2f (%.2f per CPU × %d CPUs)", f[i], window, limit, quietLoadPerCPU, cpus)
+		}
+	}
+	return true, fmt.Sprintf("load %s (1/5/15 min) at start, each at most %.2f (%.2f per CPU × %d CPUs)", strings.Join(f[:3], " / "), limit, quietLoadPerCPU, cpus)
+}

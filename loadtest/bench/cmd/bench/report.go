@@ -65,15 +65,19 @@ func resultsTable(res Results) string {
 	}
 	if g, ok := res.Go["drain"]; ok {
 		m := g.Metrics
+		// The section's goals are both (BENCHMARKS.md: "≥ 20,000 events/s and
+		// ratio ≥ 0.50"): a row is met only when every one is.
 		row(fmt.Sprintf("relay drain of %s events vs raw kafka-go produce (events/s)", f0(cmp.Or(m["events"], 100_000))), f0(m["relay-events/s"])+" events/s",
-			f0(m["raw-events/s"])+" events/s", f2(m["ratio"]), "≥ 20,000 events/s", verdict(m["relay-events/s"] >= 20000))
+			f0(m["raw-events/s"])+" events/s", f2(m["ratio"]), "≥ 20,000 events/s and ratio ≥ 0.50",
+			verdict(m["relay-events/s"] >= 20000 && m["ratio"] >= 0.50))
 	} else {
 		missing("relay drain")
 	}
 	if g, ok := res.Go["consume"]; ok {
 		m := g.Metrics
 		row("billing consumption: 10% duplicates vs clean (events/s)", f0(m["dup-events/s"])+" events/s",
-			f0(m["clean-events/s"])+" events/s", f2(m["ratio"]), "clean ≥ 10,000 events/s", verdict(m["clean-events/s"] >= 10000))
+			f0(m["clean-events/s"])+" events/s", f2(m["ratio"]), "clean ≥ 10,000 events/s and ratio ≥ 0.90",
+			verdict(m["clean-events/s"] >= 10000 && m["ratio"] >= 0.90))
 	} else {
 		missing("billing consumption")
 	}
@@ -92,9 +96,14 @@ func resultsTable(res Results) string {
 		missing("end to end: outbox vs naive")
 	}
 	if okO {
-		row(fmt.Sprintf("steady %s orders/s (outbox): achieved, commit → settlement p50 / p99", f0(out.OfferedRate)),
-			f0(out.OrdersPerSecond)+" orders/s", fmt.Sprintf("p50 %s ms", f0(out.LagP50Ms)), fmt.Sprintf("p99 %s ms", f0(out.LagP99Ms)),
-			"p99 ≤ 100 ms at 1,000 orders/s", verdict(out.OfferedRate >= 1000 && out.OrdersPerSecond >= 950 && out.LagP99Ms <= 100))
+		// One figure a row: the columns are measured / baseline / ratio,
+		// and a p50 is none of the last two.
+		steady := fmt.Sprintf("steady %s orders/s (outbox): ", f0(out.OfferedRate))
+		row(steady+"achieved", f0(out.OrdersPerSecond)+" orders/s", "", "", "≥ 95 % of 1,000 offered",
+			verdict(out.OfferedRate >= 1000 && out.OrdersPerSecond >= 950))
+		row(steady+"commit → settlement p50", f0(out.LagP50Ms)+" ms", "", "", "", "")
+		row(steady+"commit → settlement p99", f0(out.LagP99Ms)+" ms", "", "", "p99 ≤ 100 ms at 1,000 orders/s",
+			verdict(out.OfferedRate >= 1000 && out.OrdersPerSecond >= 950 && out.LagP99Ms <= 100))
 	}
 	if r, ok := res.K6["ramp"]; ok {
 		row("system: highest steady orders/s with commit → settlement p99 ≤ 100 ms (ramp knee)", f0(r.Knee)+" orders/s", "", "",
@@ -178,8 +187,9 @@ func cdcRows(res Results, row func(...string)) {
 		if mode != "poll" {
 			goal, met = "p99 ≤ 5 ms, no polling", verdict(m["ack-p99-ms"] <= 5)
 		}
-		row(fmt.Sprintf("relay mode %s, commit → Kafka ack lag at %s events/s: p50 / p99", label[mode], f0(m["events/s"])),
-			fmt.Sprintf("p50 %s ms", f1(m["ack-p50-ms"])), fmt.Sprintf("p99 %s ms", f1(m["ack-p99-ms"])), "", goal, met)
+		lag := fmt.Sprintf("relay mode %s, commit → Kafka ack lag at %s events/s: ", label[mode], f0(m["events/s"]))
+		row(lag+"p50", f1(m["ack-p50-ms"])+" ms", "", "", "", "")
+		row(lag+"p99", f1(m["ack-p99-ms"])+" ms", "", "", goal, met)
 	})
 }
 
@@ -216,8 +226,15 @@ func markdown(res Results, o options, table string) string {
 	fmt.Fprintf(&b, "%s\n## `make bench`: the latest run (generated)\n\n", beginMarker)
 	fmt.Fprintf(&b, "Written by `make bench` (loadtest/bench/cmd/bench) on %s in %.1f minutes; everything between the markers is\n", m.Date, res.Seconds/60)
 	fmt.Fprintf(&b, "replaced by the next run. Raw numbers: [`%s`](%s); lag over time of the steady run: [`%s`](%s).\n\n", o.jsonOut, o.jsonOut, o.svgOut, o.svgOut)
-	fmt.Fprintf(&b, "Machine: %d CPUs (%s), %.1f GiB, load %s when it started; %s; %s; Kafka %s; `pg_test_fsync` fdatasync %s/s.\n\n",
+	fmt.Fprintf(&b, "Machine: %d CPUs (%s), %.1f GiB, load %s when it started; %s; %s; Kafka %s; `pg_test_fsync` fdatasync %s/s.\n",
 		m.CPUs, m.CPUModel, m.MemoryGB, m.Load, m.Go, strings.SplitN(m.Postgres, " on ", 2)[0], m.Kafka, f0(m.FsyncPerSec))
+	// Whether the run may be called quiet is the load's to say, not the
+	// writer's: a busy start makes every figure below pessimistic.
+	if quiet, why := quietness(m.Load, m.CPUs); quiet {
+		fmt.Fprintf(&b, "On a quiet machine: %s.\n\n", why)
+	} else {
+		fmt.Fprintf(&b, "**Not a quiet machine**: %s; the figures below are pessimistic and not comparable with a quiet run's.\n\n", why)
+	}
 	b.WriteString(table)
 	if len(res.Runs) > 0 {
 		b.WriteString("\n### End-to-end figures and goals (issue 12)\n\n")

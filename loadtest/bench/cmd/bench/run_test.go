@@ -139,7 +139,8 @@ func TestCDCRows(t *testing.T) {
 		"| relay mode wal, WAL bytes per event (write phase, over the bare insert's) | 420 B |",
 		"| relay mode cdc (table), drain of 1,000 events vs raw kafka-go produce (events/s) | 12,000 events/s | 20,000 events/s | 0.60 | ratio ≥ 0.50 | met |",
 		"| relay mode wal: drain | not run |",
-		"| relay mode wal, commit → Kafka ack lag at 999 events/s: p50 / p99 | p50 2.1 ms | p99 7.5 ms |  | p99 ≤ 5 ms, no polling | **missed** |",
+		"| relay mode wal, commit → Kafka ack lag at 999 events/s: p50 | 2.1 ms |  |  |  |  |",
+		"| relay mode wal, commit → Kafka ack lag at 999 events/s: p99 | 7.5 ms |  |  | p99 ≤ 5 ms, no polling | **missed** |",
 		"| relay mode poll: lag | not run |",
 	} {
 		requireRow(t, "the table", table, want)

@@ -7,6 +7,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"os"
@@ -21,7 +22,11 @@ import (
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	if err := run(ctx, os.Args); err != nil {
+	err := run(ctx, os.Args)
+	switch {
+	case errors.Is(err, flag.ErrHelp):
+		// -h asked for the usage, which is printed: a success.
+	case err != nil:
 		fmt.Fprintln(os.Stderr, "prove:", err)
 		os.Exit(1)
 	}
@@ -29,6 +34,7 @@ func main() {
 
 func run(ctx context.Context, args []string) error {
 	fs := flag.NewFlagSet(args[0], flag.ContinueOnError)
+	fs.SetOutput(os.Stdout) // -h is asked for: its answer goes where the asker reads
 	profile := fs.String("profile", "full", "full (make prove) or quick (the make test version)")
 	only := fs.String("only", "", "comma-separated proofs to run (default all): "+names())
 	relayModes := fs.String("relay-modes", "poll,cdc,wal",

@@ -74,8 +74,12 @@ type Config struct {
 	CrashPoint string `env:"CRASH_POINT" envDefault:"none"`
 }
 
-func run(ctx context.Context, _ []string, getenv func(string) string, stdout io.Writer) error {
+func run(ctx context.Context, args []string, getenv func(string) string, stdout io.Writer) error {
 	var cfg Config
+	if err := config.Args(args, stdout,
+		"The billing service: consumes order events through its inbox, charges or refunds, and publishes payment events through its outbox.", &cfg); err != nil {
+		return err
+	}
 	if err := config.Load(getenv, &cfg); err != nil {
 		return err
 	}

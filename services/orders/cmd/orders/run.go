@@ -67,8 +67,12 @@ type Config struct {
 	CrashPoint string `env:"CRASH_POINT" envDefault:"none"`
 }
 
-func run(ctx context.Context, _ []string, getenv func(string) string, stdout io.Writer) error {
+func run(ctx context.Context, args []string, getenv func(string) string, stdout io.Writer) error {
 	var cfg Config
+	if err := config.Args(args, stdout,
+		"The orders service: its HTTP API takes orders (POST /orders, GET /orders/:id, POST /orders/:id/cancel) and its outbox relay publishes their events to Kafka.", &cfg); err != nil {
+		return err
+	}
 	if err := config.Load(getenv, &cfg); err != nil {
 		return err
 	}

@@ -56,8 +56,12 @@ type Config struct {
 	CrashPoint string `env:"CRASH_POINT" envDefault:"none"`
 }
 
-func run(ctx context.Context, _ []string, getenv func(string) string, stdout io.Writer) error {
+func run(ctx context.Context, args []string, getenv func(string) string, stdout io.Writer) error {
 	var cfg Config
+	if err := config.Args(args, stdout,
+		"The reconciler shim: consumes payment events through its inbox and forwards each, once, to the third-party reconciler.", &cfg); err != nil {
+		return err
+	}
 	if err := config.Load(getenv, &cfg); err != nil {
 		return err
 	}
