@@ -3,7 +3,7 @@ module github.com/onceflow/onceflow/e2e
 go 1.26
 
 require (
-	github.com/onceflow/onceflow/pkg/platform v0.0.0
+	github.com/onceflow/onceflow/platform v0.0.0
 	github.com/segmentio/kafka-go v0.4.49
 	go.opentelemetry.io/proto/otlp v1.7.1
 )
@@ -51,7 +51,7 @@ require (
 	google.golang.org/protobuf v1.36.8 // indirect
 )
 
-replace github.com/onceflow/onceflow/pkg/platform => ../pkg/platform
+replace github.com/onceflow/onceflow/platform => ../platform
 
 require github.com/onceflow/onceflow/pkg/outbox v0.0.0
 

@@ -51,9 +51,9 @@ require (
 	google.golang.org/protobuf v1.36.8 // indirect
 )
 
-require github.com/onceflow/onceflow/pkg/platform v0.0.0
+require github.com/onceflow/onceflow/platform v0.0.0
 
-replace github.com/onceflow/onceflow/pkg/platform => ../pkg/platform
+replace github.com/onceflow/onceflow/platform => ../platform
 
 require (
 	github.com/google/uuid v1.6.0

@@ -8,7 +8,7 @@ require (
 	github.com/jackc/pgx/v5 v5.7.5
 	github.com/onceflow/onceflow/pkg/inbox v0.0.0
 	github.com/onceflow/onceflow/pkg/outbox v0.0.0
-	github.com/onceflow/onceflow/pkg/platform v0.0.0
+	github.com/onceflow/onceflow/platform v0.0.0
 	github.com/segmentio/kafka-go v0.4.49
 )
 
@@ -44,7 +44,7 @@ replace (
 	github.com/onceflow/onceflow/pkg/event => ../../pkg/event
 	github.com/onceflow/onceflow/pkg/inbox => ../../pkg/inbox
 	github.com/onceflow/onceflow/pkg/outbox => ../../pkg/outbox
-	github.com/onceflow/onceflow/pkg/platform => ../../pkg/platform
+	github.com/onceflow/onceflow/platform => ../../platform
 )
 
 tool github.com/Shopify/toxiproxy/v2/cmd/server

@@ -20,9 +20,9 @@ import (
 
 	"github.com/onceflow/onceflow/pkg/event"
 	"github.com/onceflow/onceflow/pkg/inbox"
-	"github.com/onceflow/onceflow/pkg/platform/kafkautil"
-	"github.com/onceflow/onceflow/pkg/platform/pgutil"
-	"github.com/onceflow/onceflow/pkg/platform/testinfra"
+	"github.com/onceflow/onceflow/platform/kafkautil"
+	"github.com/onceflow/onceflow/platform/pgutil"
+	"github.com/onceflow/onceflow/platform/testinfra"
 )
 
 // adminInboxDB returns a pool on a fresh database with the inbox schema.

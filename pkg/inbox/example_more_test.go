@@ -12,7 +12,7 @@ import (
 
 	"github.com/onceflow/onceflow/pkg/event"
 	"github.com/onceflow/onceflow/pkg/inbox"
-	"github.com/onceflow/onceflow/pkg/platform/kafkautil"
+	"github.com/onceflow/onceflow/platform/kafkautil"
 )
 
 func exampleEvent(orderID string) event.Envelope {

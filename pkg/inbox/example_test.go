@@ -16,8 +16,8 @@ import (
 
 	"github.com/onceflow/onceflow/pkg/event"
 	"github.com/onceflow/onceflow/pkg/inbox"
-	"github.com/onceflow/onceflow/pkg/platform/kafkautil"
-	"github.com/onceflow/onceflow/pkg/platform/pgutil"
+	"github.com/onceflow/onceflow/platform/kafkautil"
+	"github.com/onceflow/onceflow/platform/pgutil"
 )
 
 // Kafka delivers an event three times; the handler's side effect happens once

@@ -6,7 +6,7 @@ require (
 	github.com/google/uuid v1.6.0
 	github.com/jackc/pgx/v5 v5.7.5
 	github.com/onceflow/onceflow/pkg/event v0.0.0
-	github.com/onceflow/onceflow/pkg/platform v0.0.0-00010101000000-000000000000
+	github.com/onceflow/onceflow/platform v0.0.0-00010101000000-000000000000
 	github.com/prometheus/client_golang v1.23.2
 	github.com/segmentio/kafka-go v0.4.49
 	go.opentelemetry.io/otel v1.38.0
@@ -51,4 +51,4 @@ require (
 
 replace github.com/onceflow/onceflow/pkg/event => ../event
 
-replace github.com/onceflow/onceflow/pkg/platform => ../platform
+replace github.com/onceflow/onceflow/platform => ../../platform

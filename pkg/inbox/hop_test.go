@@ -11,7 +11,7 @@ import (
 
 	"github.com/onceflow/onceflow/pkg/event"
 	"github.com/onceflow/onceflow/pkg/inbox"
-	"github.com/onceflow/onceflow/pkg/platform/testinfra"
+	"github.com/onceflow/onceflow/platform/testinfra"
 )
 
 // TestHopsAtALowRateAreMeasured sends one event at a time, 100 a second,

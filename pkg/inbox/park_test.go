@@ -16,8 +16,8 @@ import (
 
 	"github.com/onceflow/onceflow/pkg/event"
 	"github.com/onceflow/onceflow/pkg/inbox"
-	"github.com/onceflow/onceflow/pkg/platform/pgroles/pgrolestest"
-	"github.com/onceflow/onceflow/pkg/platform/testinfra"
+	"github.com/onceflow/onceflow/platform/pgroles/pgrolestest"
+	"github.com/onceflow/onceflow/platform/testinfra"
 )
 
 // requeue sends the dead letters of ids in dlt back to their topic, as an

@@ -16,8 +16,8 @@ import (
 
 	"github.com/onceflow/onceflow/pkg/event"
 	"github.com/onceflow/onceflow/pkg/inbox"
-	"github.com/onceflow/onceflow/pkg/platform/testinfra"
-	"github.com/onceflow/onceflow/pkg/platform/tracing/tracectx"
+	"github.com/onceflow/onceflow/platform/testinfra"
+	"github.com/onceflow/onceflow/platform/tracing/tracectx"
 )
 
 // The producer's context, as the message's traceparent header carries it.

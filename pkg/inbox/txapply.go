@@ -14,7 +14,7 @@ import (
 
 	"github.com/onceflow/onceflow/pkg/event"
 	"github.com/onceflow/onceflow/pkg/event/retry"
-	"github.com/onceflow/onceflow/pkg/platform/pgutil"
+	"github.com/onceflow/onceflow/platform/pgutil"
 )
 
 // processBatch handles batch in as few transactions as it can: one, unless

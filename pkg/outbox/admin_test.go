@@ -17,7 +17,7 @@ import (
 
 	"github.com/onceflow/onceflow/pkg/event"
 	"github.com/onceflow/onceflow/pkg/outbox"
-	"github.com/onceflow/onceflow/pkg/platform/testinfra"
+	"github.com/onceflow/onceflow/platform/testinfra"
 )
 
 // adminDB returns a pool on a fresh database with the outbox schema.

@@ -13,7 +13,7 @@ import (
 
 	"github.com/onceflow/onceflow/pkg/outbox"
 	"github.com/onceflow/onceflow/pkg/outbox/outboxtest"
-	"github.com/onceflow/onceflow/pkg/platform/testinfra"
+	"github.com/onceflow/onceflow/platform/testinfra"
 )
 
 // Backlog counts the rows of each state old enough, reports the oldest and

@@ -11,7 +11,7 @@ import (
 
 	"github.com/onceflow/onceflow/pkg/event"
 	"github.com/onceflow/onceflow/pkg/event/retry"
-	"github.com/onceflow/onceflow/pkg/platform/kafkautil"
+	"github.com/onceflow/onceflow/platform/kafkautil"
 )
 
 // lane publishes the events of one topic, in the order they were decoded,

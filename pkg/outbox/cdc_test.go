@@ -17,8 +17,8 @@ import (
 
 	"github.com/onceflow/onceflow/pkg/event"
 	"github.com/onceflow/onceflow/pkg/outbox"
-	"github.com/onceflow/onceflow/pkg/platform/kafkautil"
-	"github.com/onceflow/onceflow/pkg/platform/testinfra"
+	"github.com/onceflow/onceflow/platform/kafkautil"
+	"github.com/onceflow/onceflow/platform/testinfra"
 )
 
 // newSlot names a replication slot for this test (slot names are global to

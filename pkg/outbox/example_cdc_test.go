@@ -13,7 +13,7 @@ import (
 
 	"github.com/onceflow/onceflow/pkg/event"
 	"github.com/onceflow/onceflow/pkg/outbox"
-	"github.com/onceflow/onceflow/pkg/platform/kafkautil"
+	"github.com/onceflow/onceflow/platform/kafkautil"
 )
 
 // The log-based relay publishes from the replication stream: here an event

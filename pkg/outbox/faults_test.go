@@ -15,8 +15,8 @@ import (
 
 	"github.com/onceflow/onceflow/pkg/event"
 	"github.com/onceflow/onceflow/pkg/outbox"
-	"github.com/onceflow/onceflow/pkg/platform/kafkautil"
-	"github.com/onceflow/onceflow/pkg/platform/testinfra"
+	"github.com/onceflow/onceflow/platform/kafkautil"
+	"github.com/onceflow/onceflow/platform/testinfra"
 )
 
 // switchWriter forwards to whichever writer is current and counts the writes,

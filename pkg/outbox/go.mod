@@ -40,7 +40,7 @@ require (
 	github.com/jackc/puddle/v2 v2.2.2 // indirect
 	github.com/klauspost/compress v1.18.0 // indirect
 	github.com/munnerz/goautoneg v0.0.0-20191010083416-a7dc8b61c822 // indirect
-	github.com/onceflow/onceflow/pkg/platform v0.0.0
+	github.com/onceflow/onceflow/platform v0.0.0
 	github.com/pierrec/lz4/v4 v4.1.16 // indirect
 	github.com/prometheus/client_model v0.6.2 // indirect
 	github.com/prometheus/common v0.66.1 // indirect
@@ -55,4 +55,4 @@ require (
 
 replace github.com/onceflow/onceflow/pkg/event => ../event
 
-replace github.com/onceflow/onceflow/pkg/platform => ../platform
+replace github.com/onceflow/onceflow/platform => ../../platform

@@ -22,7 +22,7 @@ import (
 
 	"github.com/onceflow/onceflow/pkg/event"
 	"github.com/onceflow/onceflow/pkg/event/retry"
-	"github.com/onceflow/onceflow/pkg/platform/kafkautil"
+	"github.com/onceflow/onceflow/platform/kafkautil"
 )
 
 // Writer is the part of *kafka.Writer the relay needs. It must return only

@@ -9,7 +9,7 @@ require (
 	github.com/onceflow/onceflow/pkg/event v0.0.0
 	github.com/onceflow/onceflow/pkg/inbox v0.0.0
 	github.com/onceflow/onceflow/pkg/outbox v0.0.0
-	github.com/onceflow/onceflow/pkg/platform v0.0.0
+	github.com/onceflow/onceflow/platform v0.0.0
 	github.com/prometheus/client_golang v1.23.2
 	github.com/segmentio/kafka-go v0.4.49
 )
@@ -64,7 +64,7 @@ require (
 
 replace github.com/onceflow/onceflow/pkg/event => ../../pkg/event
 
-replace github.com/onceflow/onceflow/pkg/platform => ../../pkg/platform
+replace github.com/onceflow/onceflow/platform => ../../platform
 
 replace github.com/onceflow/onceflow/pkg/outbox => ../../pkg/outbox
 

@@ -8,7 +8,7 @@ require (
 	github.com/labstack/echo/v4 v4.13.4
 	github.com/onceflow/onceflow/pkg/event v0.0.0
 	github.com/onceflow/onceflow/pkg/outbox v0.0.0
-	github.com/onceflow/onceflow/pkg/platform v0.0.0
+	github.com/onceflow/onceflow/platform v0.0.0
 	github.com/prometheus/client_golang v1.23.2
 	github.com/segmentio/kafka-go v0.4.49
 )
@@ -63,6 +63,6 @@ require (
 
 replace github.com/onceflow/onceflow/pkg/event => ../../pkg/event
 
-replace github.com/onceflow/onceflow/pkg/platform => ../../pkg/platform
+replace github.com/onceflow/onceflow/platform => ../../platform
 
 replace github.com/onceflow/onceflow/pkg/outbox => ../../pkg/outbox

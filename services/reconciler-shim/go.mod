@@ -5,7 +5,7 @@ go 1.26
 require (
 	github.com/google/uuid v1.6.0
 	github.com/labstack/echo/v4 v4.13.4
-	github.com/onceflow/onceflow/pkg/platform v0.0.0
+	github.com/onceflow/onceflow/platform v0.0.0
 	github.com/prometheus/client_golang v1.23.2
 	go.opentelemetry.io/otel/trace v1.38.0
 )
@@ -65,7 +65,7 @@ require (
 	google.golang.org/protobuf v1.36.8 // indirect
 )
 
-replace github.com/onceflow/onceflow/pkg/platform => ../../pkg/platform
+replace github.com/onceflow/onceflow/platform => ../../platform
 
 replace github.com/onceflow/onceflow/pkg/event => ../../pkg/event
 

@@ -7,7 +7,7 @@ import (
 
 	"github.com/onceflow/onceflow/pkg/inbox"
 	"github.com/onceflow/onceflow/pkg/inbox/inboxhttp"
-	"github.com/onceflow/onceflow/pkg/platform/apperr"
+	"github.com/onceflow/onceflow/platform/apperr"
 )
 
 // FuzzDecodeRequeue feeds the dead-letter requeue decoder arbitrary bodies.

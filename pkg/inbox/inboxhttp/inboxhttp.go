@@ -46,8 +46,8 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/onceflow/onceflow/pkg/inbox"
-	"github.com/onceflow/onceflow/pkg/platform/apperr"
-	"github.com/onceflow/onceflow/pkg/platform/strictjson"
+	"github.com/onceflow/onceflow/platform/apperr"
+	"github.com/onceflow/onceflow/platform/strictjson"
 )
 
 // MaxRequeueIDs is the most event ids one requeue call takes.

@@ -5,7 +5,7 @@ import (
 	"testing"
 
 	"github.com/onceflow/onceflow/pkg/outbox/outboxhttp"
-	"github.com/onceflow/onceflow/pkg/platform/apperr"
+	"github.com/onceflow/onceflow/platform/apperr"
 )
 
 // FuzzDecodeRequeue feeds the requeue decoder arbitrary bodies. Properties:

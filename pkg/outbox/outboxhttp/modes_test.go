@@ -18,9 +18,9 @@ import (
 	"github.com/onceflow/onceflow/pkg/event"
 	"github.com/onceflow/onceflow/pkg/outbox"
 	"github.com/onceflow/onceflow/pkg/outbox/outboxhttp"
-	"github.com/onceflow/onceflow/pkg/platform/kafkautil"
-	"github.com/onceflow/onceflow/pkg/platform/pgutil"
-	"github.com/onceflow/onceflow/pkg/platform/testinfra"
+	"github.com/onceflow/onceflow/platform/kafkautil"
+	"github.com/onceflow/onceflow/platform/pgutil"
+	"github.com/onceflow/onceflow/platform/testinfra"
 )
 
 // Invariant 8: requeue and replay work in every relay mode or refuse with

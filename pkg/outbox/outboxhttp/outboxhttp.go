@@ -41,8 +41,8 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/onceflow/onceflow/pkg/outbox"
-	"github.com/onceflow/onceflow/pkg/platform/apperr"
-	"github.com/onceflow/onceflow/pkg/platform/strictjson"
+	"github.com/onceflow/onceflow/platform/apperr"
+	"github.com/onceflow/onceflow/platform/strictjson"
 )
 
 // MaxRequeue is the most rows one POST /requeue sets back to pending, and

@@ -20,8 +20,8 @@ import (
 	"github.com/onceflow/onceflow/pkg/event"
 	"github.com/onceflow/onceflow/pkg/outbox"
 	"github.com/onceflow/onceflow/pkg/outbox/outboxhttp"
-	"github.com/onceflow/onceflow/pkg/platform/pgutil"
-	"github.com/onceflow/onceflow/pkg/platform/testinfra"
+	"github.com/onceflow/onceflow/platform/pgutil"
+	"github.com/onceflow/onceflow/platform/testinfra"
 )
 
 func TestOperatorEndpoints(t *testing.T) {

@@ -12,8 +12,8 @@ import (
 	"github.com/onceflow/onceflow/pkg/event"
 	"github.com/onceflow/onceflow/pkg/outbox"
 	"github.com/onceflow/onceflow/pkg/outbox/outboxtest"
-	"github.com/onceflow/onceflow/pkg/platform/pgutil"
-	"github.com/onceflow/onceflow/pkg/platform/testinfra"
+	"github.com/onceflow/onceflow/platform/pgutil"
+	"github.com/onceflow/onceflow/platform/testinfra"
 )
 
 // A test of code that enqueues asserts what it enqueued — here inside the
