@@ -2,12 +2,10 @@ module github.com/onceflow/onceflow/loadtest/xk6-onceflow
 
 go 1.26
 
-replace github.com/onceflow/onceflow/pkg/event => ../../pkg/event
 
 require (
 	github.com/google/uuid v1.6.0
 	github.com/jackc/pgx/v5 v5.7.5
-	github.com/onceflow/onceflow/pkg/event v0.0.0
 	github.com/segmentio/kafka-go v0.4.49
 	go.k6.io/k6 v1.8.1
 )
@@ -60,3 +58,7 @@ require (
 	google.golang.org/protobuf v1.36.11 // indirect
 	gopkg.in/guregu/null.v3 v3.3.0 // indirect
 )
+
+require github.com/onceflow/onceflow/pkg v0.0.0
+
+replace github.com/onceflow/onceflow/pkg => ../../pkg
