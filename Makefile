@@ -103,9 +103,9 @@ FUZZMINIMIZETIME ?= 5s
 FUZZ_TARGETS = \
 	./pkg/event:FuzzFromKafka \
 	./services/orders:FuzzDecodePlaceRequest \
-	./pkg/outbox/outboxhttp:FuzzDecodeRequeue \
-	./pkg/outbox/outboxhttp:FuzzDecodeReplay \
-	./pkg/inbox/inboxhttp:FuzzDecodeRequeue
+	./platform/outboxhttp:FuzzDecodeRequeue \
+	./platform/outboxhttp:FuzzDecodeReplay \
+	./platform/inboxhttp:FuzzDecodeRequeue
 
 .PHONY: fuzz
 fuzz: ## Fuzz every decoder for FUZZTIME each (default 30s); a failure leaves its input in the package's testdata/fuzz/

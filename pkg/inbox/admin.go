@@ -17,7 +17,7 @@ import (
 	"github.com/segmentio/kafka-go"
 
 	"github.com/onceflow/onceflow/pkg/event"
-	"github.com/onceflow/onceflow/pkg/event/periodic"
+	"github.com/onceflow/onceflow/pkg/internal/periodic"
 )
 
 // The operator side of the inbox: prune the rows of handled events once no
@@ -524,8 +524,8 @@ type RequeueDB interface {
 //     their inbox rows are within PruneConfig.Retention).
 //   - Dead letters stay in dltTopic (see ListDeadLetters); a sweep tells the
 //     pending ones by their inbox rows.
-//   - The message lands where w's balancer puts it: with kafkautil.NewWriter
-//     (hashing the key) on its original partition, if the partition count did
+//   - The message lands where w's balancer puts it: with a writer
+//     hashing the key, on its original partition, if the partition count did
 //     not change, but after any later events of its aggregate. Those later
 //     events were parked by the consumer that dead-lettered it (Config.
 //     DeadKeys), and stay parked until the requeued event is applied; then
@@ -744,7 +744,7 @@ type AdminOption func(*adminOptions)
 type adminOptions struct{ dialer *kafka.Dialer }
 
 // WithDialer makes ListDeadLetters and RequeueDeadLetters connect with d:
-// pass kafkautil.Security.Dialer() so a cluster that wants TLS or SASL is
+// pass a dialer with the TLS and SASL settings so a cluster that wants TLS or SASL is
 // read the way the service's consumers read it. A nil d keeps the default.
 func WithDialer(d *kafka.Dialer) AdminOption {
 	return func(o *adminOptions) { o.dialer = d }

@@ -10,7 +10,7 @@ import (
 
 	"github.com/segmentio/kafka-go"
 
-	"github.com/onceflow/onceflow/pkg/event/retry"
+	"github.com/onceflow/onceflow/pkg/internal/retry"
 )
 
 // GroupConfig names the topic a Consumer reads and the Kafka consumer group

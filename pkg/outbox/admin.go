@@ -15,7 +15,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
-	"github.com/onceflow/onceflow/pkg/event/periodic"
+	"github.com/onceflow/onceflow/pkg/internal/periodic"
 )
 
 // The operator side of the outbox: see what is dead and requeue it, prune

@@ -18,6 +18,10 @@ type Writer struct {
 	transport *kafka.Transport
 }
 
+// KafkaWriter returns the kafka-go writer w wraps: the outbox relay reads its
+// batch limits to cut its writes (outbox.Writer).
+func (w *Writer) KafkaWriter() *kafka.Writer { return w.Writer }
+
 // Close flushes and closes the writer, then its transport.
 func (w *Writer) Close() error {
 	err := w.Writer.Close()

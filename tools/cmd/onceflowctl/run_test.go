@@ -21,7 +21,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/onceflow/onceflow/pkg/outbox"
-	"github.com/onceflow/onceflow/pkg/outbox/outboxhttp"
+	"github.com/onceflow/onceflow/platform/outboxhttp"
 	"github.com/onceflow/onceflow/pkg/outbox/outboxtest"
 	"github.com/onceflow/onceflow/platform/httpserver"
 	"github.com/onceflow/onceflow/platform/pgutil"

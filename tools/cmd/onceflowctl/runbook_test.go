@@ -24,10 +24,10 @@ import (
 
 	"github.com/onceflow/onceflow/pkg/event"
 	"github.com/onceflow/onceflow/pkg/inbox"
-	"github.com/onceflow/onceflow/pkg/inbox/inboxhttp"
+	"github.com/onceflow/onceflow/platform/inboxhttp"
 	"github.com/onceflow/onceflow/pkg/inbox/inboxtest"
 	"github.com/onceflow/onceflow/pkg/outbox"
-	"github.com/onceflow/onceflow/pkg/outbox/outboxhttp"
+	"github.com/onceflow/onceflow/platform/outboxhttp"
 	"github.com/onceflow/onceflow/pkg/outbox/outboxtest"
 	"github.com/onceflow/onceflow/platform/httpserver"
 	"github.com/onceflow/onceflow/platform/pgroles/pgrolestest"

@@ -7,7 +7,7 @@ import (
 	"time"
 
 	"github.com/onceflow/onceflow/pkg/outbox"
-	"github.com/onceflow/onceflow/pkg/outbox/outboxhttp"
+	"github.com/onceflow/onceflow/platform/outboxhttp"
 	"github.com/onceflow/onceflow/platform/config"
 	"github.com/onceflow/onceflow/platform/crash"
 	"github.com/onceflow/onceflow/platform/kafkautil"

@@ -8,7 +8,7 @@ import (
 	"time"
 
 	"github.com/onceflow/onceflow/pkg/inbox"
-	"github.com/onceflow/onceflow/pkg/inbox/inboxhttp"
+	"github.com/onceflow/onceflow/platform/inboxhttp"
 	"github.com/onceflow/onceflow/platform/config"
 	"github.com/onceflow/onceflow/platform/crash"
 	"github.com/onceflow/onceflow/platform/kafkautil"

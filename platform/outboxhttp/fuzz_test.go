@@ -4,8 +4,8 @@ import (
 	"encoding/json"
 	"testing"
 
-	"github.com/onceflow/onceflow/pkg/outbox/outboxhttp"
 	"github.com/onceflow/onceflow/platform/apperr"
+	"github.com/onceflow/onceflow/platform/outboxhttp"
 )
 
 // FuzzDecodeRequeue feeds the requeue decoder arbitrary bodies. Properties:

@@ -4,7 +4,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/onceflow/onceflow/pkg/event/retry"
+	"github.com/onceflow/onceflow/pkg/internal/retry"
 )
 
 func TestBackoffGrowsAndIsCapped(t *testing.T) {

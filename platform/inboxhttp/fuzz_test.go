@@ -6,8 +6,8 @@ import (
 	"testing"
 
 	"github.com/onceflow/onceflow/pkg/inbox"
-	"github.com/onceflow/onceflow/pkg/inbox/inboxhttp"
 	"github.com/onceflow/onceflow/platform/apperr"
+	"github.com/onceflow/onceflow/platform/inboxhttp"
 )
 
 // FuzzDecodeRequeue feeds the dead-letter requeue decoder arbitrary bodies.

@@ -6,7 +6,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/onceflow/onceflow/pkg/event/periodic"
+	"github.com/onceflow/onceflow/pkg/internal/periodic"
 )
 
 func TestRunCallsAtOnceThenEveryIntervalUntilCancelled(t *testing.T) {

@@ -5,7 +5,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/onceflow/onceflow/pkg/event/retry"
+	"github.com/onceflow/onceflow/pkg/internal/retry"
 )
 
 // An outage is reported once when it starts, then at most once per interval

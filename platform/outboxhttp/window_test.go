@@ -9,7 +9,7 @@ import (
 	"time"
 
 	"github.com/onceflow/onceflow/pkg/outbox"
-	"github.com/onceflow/onceflow/pkg/outbox/outboxhttp"
+	"github.com/onceflow/onceflow/platform/outboxhttp"
 	"github.com/onceflow/onceflow/platform/pgutil"
 	"github.com/onceflow/onceflow/platform/testinfra"
 )
