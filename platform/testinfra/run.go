@@ -1,14 +1,13 @@
 package testinfra
 
 import (
-	"bufio"
 	"context"
-	"encoding/json"
 	"io"
-	"strings"
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/onceflow/onceflow/pkg/testenv"
 )
 
 // RunFunc is the signature of every program's run function.
@@ -58,35 +57,5 @@ func Start(t testing.TB, run RunFunc, env map[string]string) *Running {
 // Stop ends the program and returns what run returned.
 func (r *Running) Stop() error { return r.stop() }
 
-// LogBuffer collects what a program under test logs, safely across its
-// goroutines.
-type LogBuffer struct {
-	mu sync.Mutex
-	b  strings.Builder
-}
-
-func (l *LogBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-// String returns everything written so far.
-func (l *LogBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
-
-// Record returns the first JSON log record whose "msg" is msg.
-func (l *LogBuffer) Record(msg string) (map[string]any, bool) {
-	sc := bufio.NewScanner(strings.NewReader(l.String()))
-	sc.Buffer(make([]byte, 64<<10), 4<<20)
-	for sc.Scan() {
-		var rec map[string]any
-		if json.Unmarshal(sc.Bytes(), &rec) == nil && rec["msg"] == msg {
-			return rec, true
-		}
-	}
-	return nil, false
-}
+// LogBuffer collects what a program under test logs (testenv.LogBuffer).
+type LogBuffer = testenv.LogBuffer

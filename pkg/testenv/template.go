@@ -1,4 +1,4 @@
-package testinfra
+package testenv
 
 import (
 	"context"
@@ -17,8 +17,16 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/onceflow/onceflow/platform/pgutil"
+	"github.com/onceflow/onceflow/pkg/internal/pgmigrate"
 )
+
+// Migration is a set of golang-migrate files (NNNN_name.up.sql at the root
+// of FS) tracked in Table: outbox.Migrations with outbox.MigrationsTable,
+// inbox.Migrations with inbox.MigrationsTable, or a service's own.
+type Migration struct {
+	FS    fs.FS
+	Table string
+}
 
 // NewMigratedDatabase is NewDatabase with sets already applied: it clones a
 // template database (CREATE DATABASE … TEMPLATE) that holds exactly those
@@ -27,7 +35,7 @@ import (
 // files, by whichever test process gets there first, and kept on the server
 // for later runs; its name carries a hash of the files, so editing a
 // migration makes a new template rather than reusing a stale one.
-func NewMigratedDatabase(t testing.TB, sets ...pgutil.Migration) string {
+func NewMigratedDatabase(t testing.TB, sets ...Migration) string {
 	t.Helper()
 	if len(sets) == 0 {
 		return NewDatabase(t)
@@ -58,7 +66,7 @@ func NewMigratedDatabase(t testing.TB, sets ...pgutil.Migration) string {
 
 // migrationsHash identifies a list of migration sets by their tables and the
 // names and contents of their files, in order.
-func migrationsHash(sets []pgutil.Migration) (string, error) {
+func migrationsHash(sets []Migration) (string, error) {
 	h := sha256.New()
 	for _, set := range sets {
 		fmt.Fprintf(h, "table %s\n", set.Table)
@@ -94,7 +102,7 @@ func migrationsHash(sets []pgutil.Migration) (string, error) {
 // the migrations run in a scratch database renamed to the template's name
 // only when they have all succeeded, so a process killed half-way never
 // leaves a half-migrated template behind.
-func ensureTemplate(ctx context.Context, conn *pgx.Conn, admin, template, sum string, sets []pgutil.Migration) error {
+func ensureTemplate(ctx context.Context, conn *pgx.Conn, admin, template, sum string, sets []Migration) error {
 	key := int64(binary.BigEndian.Uint64(mustHex(sum[:16])))
 	if _, err := conn.Exec(ctx, "SELECT pg_advisory_lock($1)", key); err != nil {
 		return fmt.Errorf("locking: %w", err)
@@ -122,7 +130,7 @@ func ensureTemplate(ctx context.Context, conn *pgx.Conn, admin, template, sum st
 	u.Path = "/" + scratch
 	pool, err := pgxpool.New(ctx, u.String())
 	if err == nil {
-		err = pgutil.Migrate(pool, sets...)
+		err = Migrate(pool, sets...)
 		pool.Close()
 	}
 	if err != nil {
@@ -182,4 +190,14 @@ func mustHex(s string) []byte {
 		panic(err)
 	}
 	return b
+}
+
+// Migrate applies every pending up migration of each set to pool's database.
+func Migrate(pool *pgxpool.Pool, sets ...Migration) error {
+	for _, set := range sets {
+		if err := pgmigrate.Up(context.Background(), pool, set.FS, set.Table); err != nil {
+			return err
+		}
+	}
+	return nil
 }

@@ -1,4 +1,4 @@
-package testinfra_test
+package testenv_test
 
 import (
 	"context"
@@ -6,12 +6,11 @@ import (
 	"testing"
 	"testing/fstest"
 
-	"github.com/onceflow/onceflow/platform/pgutil"
-	"github.com/onceflow/onceflow/platform/testinfra"
+	"github.com/onceflow/onceflow/pkg/testenv"
 )
 
-func migration(sql string) pgutil.Migration {
-	return pgutil.Migration{Table: "kit_schema_migrations", FS: fstest.MapFS{
+func migration(sql string) testenv.Migration {
+	return testenv.Migration{Table: "kit_schema_migrations", FS: fstest.MapFS{
 		"0001_kit.up.sql":   {Data: []byte(sql)},
 		"0001_kit.down.sql": {Data: []byte("DROP TABLE kit;")},
 	}}
@@ -26,11 +25,11 @@ func TestNewMigratedDatabase(t *testing.T) {
 	urls := make([]string, 4)
 	var wg sync.WaitGroup
 	for i := range urls {
-		wg.Go(func() { urls[i] = testinfra.NewMigratedDatabase(t, set) })
+		wg.Go(func() { urls[i] = testenv.NewMigratedDatabase(t, set) })
 	}
 	wg.Wait()
 	for _, u := range urls {
-		pool := testinfra.NewPool(t, u)
+		pool := testenv.NewPool(t, u)
 		if _, err := pool.Exec(ctx, "INSERT INTO kit VALUES (2)"); err != nil {
 			t.Fatal(err)
 		}
@@ -43,7 +42,7 @@ func TestNewMigratedDatabase(t *testing.T) {
 		}
 	}
 
-	changed := testinfra.NewPool(t, testinfra.NewMigratedDatabase(t,
+	changed := testenv.NewPool(t, testenv.NewMigratedDatabase(t,
 		migration("CREATE TABLE kit (n int, m int); INSERT INTO kit VALUES (1, 1);")))
 	var m int
 	if err := changed.QueryRow(ctx, "SELECT m FROM kit").Scan(&m); err != nil {
