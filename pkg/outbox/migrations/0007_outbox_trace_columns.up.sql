@@ -15,6 +15,12 @@ ALTER TABLE outbox_events
     ADD COLUMN causation_id   text,
     ADD COLUMN traceparent    text;
 
+-- The archive mirrors outbox_events (migration 0002).
+ALTER TABLE outbox_events_archive
+    ADD COLUMN correlation_id text,
+    ADD COLUMN causation_id   text,
+    ADD COLUMN traceparent    text;
+
 -- Rows written before this migration: requeue and replay copy these columns,
 -- so they must agree with headers there too.
 UPDATE outbox_events
