@@ -11,7 +11,7 @@ DEMO_ARGS ?=
 # RELAY_MODES: the relay modes atomicity, relay-crash and ordering run in (default poll,cdc,wal).
 P ?=
 
-.PHONY: help up down status logs services stop demo test vet fmt build prometheus-tools up-prometheus down-prometheus alert-drill dashboards reconcile
+.PHONY: help up down status logs services stop demo test vet fmt build prometheus-tools up-prometheus down-prometheus up-debezium down-debezium alert-drill dashboards reconcile
 
 help: ## List the targets
 	@grep -E '^[a-zA-Z0-9_.-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*## "} {printf "  %-12s %s\n", $$1, $$2}'
@@ -19,13 +19,15 @@ help: ## List the targets
 up: ## Start PostgreSQL and Kafka on loopback (idempotent; see devstack/stack.sh)
 	devstack/stack.sh up
 
-down: stop ## Stop the services, then Prometheus, PostgreSQL and Kafka (data is kept in .devstack/)
+down: stop ## Stop the services, then Kafka Connect, Prometheus, PostgreSQL and Kafka (data is kept in .devstack/)
+	devstack/connect.sh down
 	devstack/stack.sh prometheus down
 	devstack/stack.sh down
 
 status: ## Show what is running
 	@devstack/stack.sh status
 	@devstack/stack.sh prometheus status
+	@devstack/connect.sh status
 	@devstack/services.sh status
 
 logs: ## Show the tail of the PostgreSQL and Kafka logs
@@ -77,6 +79,12 @@ up-prometheus: ## Start a Prometheus on 127.0.0.1:59090 scraping the services, w
 
 down-prometheus: ## Stop that Prometheus
 	devstack/stack.sh prometheus down
+
+up-debezium: ## Start Kafka Connect with Debezium publishing orders' outbox (docs/debezium; run orders with RELAY_ENABLED=false)
+	devstack/connect.sh up
+
+down-debezium: ## Stop that Kafka Connect
+	devstack/connect.sh down
 
 alert-drill: ## With `make demo` and `make up-prometheus` running: stop the relay, watch the backlog alert fire and clear (~4 min)
 	devstack/alert-drill.sh

@@ -82,8 +82,10 @@ func (cs *clients) get(ctx context.Context, cfg Config) (*shared, error) {
 	}
 	if cfg.Brokers != "" {
 		s.writer = &kafka.Writer{
-			Addr:         kafka.TCP(strings.Split(cfg.Brokers, ",")...),
-			Balancer:     &kafka.Hash{}, // the relay's balancer: a redelivery lands on its original partition
+			Addr: kafka.TCP(strings.Split(cfg.Brokers, ",")...),
+			// The relays' balancer (kafkautil.NewWriter: murmur2, as Kafka's Java
+			// client): a redelivery lands on its original partition.
+			Balancer:     &kafka.Murmur2Balancer{},
 			RequiredAcks: kafka.RequireAll,
 			BatchTimeout: time.Millisecond,
 		}

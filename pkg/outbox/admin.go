@@ -288,14 +288,17 @@ moved AS (
     DELETE FROM outbox_events WHERE id IN (SELECT id FROM doomed)
     RETURNING id, event_id, aggregate_type, aggregate_id, aggregate_version,
               event_type, event_version, payload, headers, occurred_at, created_at,
-              partition, state, attempts, next_attempt_at, last_error, published_at)
+              partition, state, attempts, next_attempt_at, last_error, published_at,
+              correlation_id, causation_id, traceparent)
 INSERT INTO outbox_events_archive (
     id, event_id, aggregate_type, aggregate_id, aggregate_version,
     event_type, event_version, payload, headers, occurred_at, created_at,
-    partition, state, attempts, next_attempt_at, last_error, published_at)
+    partition, state, attempts, next_attempt_at, last_error, published_at,
+    correlation_id, causation_id, traceparent)
 SELECT id, event_id, aggregate_type, aggregate_id, aggregate_version,
        event_type, event_version, payload, headers, occurred_at, created_at,
-       partition, state, attempts, next_attempt_at, last_error, published_at
+       partition, state, attempts, next_attempt_at, last_error, published_at,
+       correlation_id, causation_id, traceparent
 FROM moved`
 
 // Prune removes published rows older than cfg.Retention (by published_at),

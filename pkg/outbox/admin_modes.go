@@ -102,7 +102,7 @@ func errUnknownMode(m RelayMode) error {
 // created_at is kept so that the event stays in the replay windows and
 // retention of its first write.
 const copyColumns = `event_id, aggregate_type, aggregate_id, aggregate_version, event_type, event_version,
-    payload, headers, occurred_at, created_at, partition`
+    payload, headers, correlation_id, causation_id, traceparent, occurred_at, created_at, partition`
 
 // copyAsPending inserts the rows of the CTE "moved" again as pending, in
 // their old order (identity values are drawn in the order the rows come),

@@ -14,11 +14,17 @@ import (
 // Postgres from the aggregate id so every writer, in any language, agrees;
 // the partition count is passed in ($10, always Partitions) so that the
 // constant the relay divides the work by is the only place it is written.
+// The correlation id, causation id and traceparent are written twice: in
+// headers, which the platform's relays read, and as columns of their own,
+// which an external publisher (Debezium's EventRouter) places as Kafka
+// headers (migration 0007). Empty is NULL, as the relays omit the header.
 const insertEvent = `
 INSERT INTO outbox_events (
     event_id, aggregate_type, aggregate_id, aggregate_version,
-    event_type, event_version, payload, headers, occurred_at, partition)
-VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, mod(hashtext($3)::bigint + 2147483648, $10))
+    event_type, event_version, payload, headers, occurred_at, partition,
+    correlation_id, causation_id, traceparent)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, mod(hashtext($3)::bigint + 2147483648, $10),
+    nullif($11, ''), nullif($12, ''), nullif($13, ''))
 `
 
 // Enqueue writes ev to the outbox inside the caller's transaction, so the
@@ -47,7 +53,8 @@ func EnqueueBatch(ctx context.Context, tx pgx.Tx, evs ...event.Envelope) error {
 		// [16]byte, not uuid.UUID: pgx encodes it natively instead of through
 		// driver.Valuer and text.
 		b.Queue(insertEvent, [16]byte(ev.EventID), ev.AggregateType, ev.AggregateID, ev.AggregateVersion,
-			ev.EventType, ev.EventVersion, []byte(ev.Payload), headers, ev.OccurredAt, Partitions)
+			ev.EventType, ev.EventVersion, []byte(ev.Payload), headers, ev.OccurredAt, Partitions,
+			ev.CorrelationID, ev.CausationID, ev.Traceparent)
 	}
 	if err := tx.SendBatch(ctx, &b).Close(); err != nil {
 		return fmt.Errorf("outbox: inserting events: %w", err)

@@ -81,7 +81,7 @@ func NewWriter(brokers []string, batchSize int) *Writer {
 	transport := &kafka.Transport{DialTimeout: 3 * time.Second, MetadataTTL: 2 * time.Second}
 	return &Writer{transport: transport, Writer: &kafka.Writer{
 		Addr:            kafka.TCP(brokers...),
-		Balancer:        &kafka.Hash{},
+		Balancer:        &kafka.Murmur2Balancer{}, // as Kafka's Java producer, and platform/kafkautil
 		RequiredAcks:    kafka.RequireAll,
 		BatchSize:       batchSize,
 		BatchTimeout:    200 * time.Microsecond,
