@@ -13,9 +13,8 @@ import (
 // runtime role may in the database at dbURL, as docs/adopt.md lists it:
 // connect, read and write every table and sequence of schema public (as they
 // are now: call it after migrating), and nothing else — no DDL, no
-// TRUNCATE, not a superuser. It returns dbURL as that role; the role is
-// dropped when the test ends, after the database (register it after
-// NewDatabase or NewMigratedDatabase).
+// TRUNCATE, not a superuser. It returns dbURL as that role; the role and
+// its privileges are dropped when the test ends.
 func RuntimeRole(t testing.TB, dbURL string) string {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
@@ -45,16 +44,19 @@ func RuntimeRole(t testing.TB, dbURL string) string {
 	t.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		defer cancel()
-		admin, err := pgx.Connect(ctx, PostgresAdminURL())
+		// Cleanups run last in, first out: the database is still there,
+		// and its grants (CONNECT among them) hold the role until revoked.
+		conn, err := pgx.Connect(ctx, dbURL)
 		if err != nil {
 			t.Errorf("dropping role %s: %v", role, err)
 			return
 		}
-		defer admin.Close(ctx)
-		// The database is dropped first (cleanups run last in, first out),
-		// and with it the role's privileges in it.
-		if _, err := admin.Exec(ctx, "DROP ROLE IF EXISTS "+role); err != nil {
-			t.Errorf("dropping role %s: %v", role, err)
+		defer conn.Close(ctx)
+		for _, stmt := range []string{"DROP OWNED BY " + role, "DROP ROLE " + role} {
+			if _, err := conn.Exec(ctx, stmt); err != nil {
+				t.Errorf("dropping role %s: %s: %v", role, stmt, err)
+				return
+			}
 		}
 	})
 	u.User = url.UserPassword(role, role)
