@@ -127,7 +127,18 @@ func Check(history []Record) Result {
 	// Which topic is which: the run names them by the service that writes
 	// them (Service on a message record).
 	keyBooked := map[string]int{}
+	// A placement that got no answer names no order; the orders database's
+	// idempotency keys say which order, if any, it created.
+	byKey := map[string]string{}
 	for _, rec := range history {
+		if rec.Kind == KindOrder && rec.Key != "" {
+			byKey[rec.Key] = rec.Order
+		}
+	}
+	for _, rec := range history {
+		if rec.Kind == KindPlace && rec.Order == "" {
+			rec.Order = byKey[rec.Key]
+		}
 		switch rec.Kind {
 		case KindRun:
 			res.Seed, res.Mode, res.Bound = rec.Seed, rec.Mode, rec.Bound

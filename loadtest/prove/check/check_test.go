@@ -92,6 +92,10 @@ func TestCheck(t *testing.T) {
 			{Kind: check.KindPlace, Key: "k-x", Outcome: check.Refused},
 			{Kind: check.KindPlace, Key: "k-y", Outcome: check.Unknown},
 		})},
+		{name: "unknown placement that committed, linked by its key, is checked", history: run(
+			edit(without(life("a", false), check.KindBooking, ""), check.KindPlace, "", func(r *check.Record) { r.Order, r.Outcome = "", check.Unknown }),
+			[]check.Record{{Kind: check.KindOrder, Order: "a", Key: "k-a", Status: "placed"}}),
+			want: map[string]int{check.Loss: 1}, story: "client: place (key k-a) → unknown"},
 		{name: "acknowledged order missing", history: run(without(life("a", false), check.KindOrder, "")[:1]),
 			want: map[string]int{check.Atomicity: 1}},
 		{name: "refused order present", history: run(edit(life("a", false), check.KindPlace, "", func(r *check.Record) { r.Outcome = check.Refused })),
