@@ -184,12 +184,14 @@ func schedule(seed int64, kinds []string, d time.Duration) []step {
 		case NemThirdParty:
 			s.Param = pick(nemTPFaults)
 			switch s.Param {
+			// One setting at a time (each replaces the last), so short holds:
+			// a step that comes while another holds the third party is skipped.
 			case "slow": // ms per call, under the shim's 700ms timeout
-				s.N, s.Hold = 300+rng.IntN(350), dur(10*time.Second, 40*time.Second)
+				s.N, s.Hold = 300+rng.IntN(350), dur(6*time.Second, 20*time.Second)
 			case "fail": // the next N settlements
-				s.N, s.Hold = 5+rng.IntN(40), dur(3*time.Second, 20*time.Second)
+				s.N, s.Hold = 5+rng.IntN(40), dur(3*time.Second, 10*time.Second)
 			case "hang": // booked, answered after 2s, past the 700ms timeout
-				s.N, s.Hold = 1+rng.IntN(4), dur(5*time.Second, 15*time.Second)
+				s.N, s.Hold = 1+rng.IntN(4), dur(4*time.Second, 10*time.Second)
 			}
 		case NemSlot:
 			s.Target = pick([]string{"orders", "billing"})

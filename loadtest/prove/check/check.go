@@ -219,8 +219,16 @@ func (v *orderView) check(keyBooked map[string]int) []Finding {
 	billingMsgs := distinctEvents(v.messages["billing"])
 	placedOnTopic := countType(ordersMsgs, orderPlaced)
 	cancelledOnTopic := countType(ordersMsgs, orderCancelled)
+	// Bookings by distinct idempotency key: two keys for one order is a
+	// second payment (billing charged twice); one key booked twice is the
+	// shim's duplicate, reported once below.
 	captures, refunds := 0, 0
+	keys := map[string]bool{}
 	for _, b := range v.bookings {
+		if keys[b.Key] {
+			continue
+		}
+		keys[b.Key] = true
 		switch b.Type {
 		case bookCapture:
 			captures++
@@ -255,7 +263,7 @@ func (v *orderView) check(keyBooked map[string]int) []Finding {
 	why := "no dead or uncertain trace explains it"
 	if len(v.stuck) > 0 {
 		lossKind = Unresolved
-		why = "stuck: " + describe(v.stuck)
+		why = "visibly stuck, and still so after the end-of-run operator action: " + describe(v.stuck)
 	}
 	switch {
 	case placedOnTopic == 0 && v.charge == nil:
@@ -275,10 +283,10 @@ func (v *orderView) check(keyBooked map[string]int) []Finding {
 	// No duplicate effect, ever (also while faults ran: the ledger keeps
 	// every booking).
 	if captures > 1 {
-		add(Duplicate, "the third party booked %d captures of the order", captures)
+		add(Duplicate, "the third party booked %d captures of the order, under distinct payments", captures)
 	}
 	if refunds > 1 {
-		add(Duplicate, "the third party booked %d refunds of the order", refunds)
+		add(Duplicate, "the third party booked %d refunds of the order, under distinct payments", refunds)
 	}
 	if n := countType(billingMsgs, paymentCaptured); n > 1 {
 		add(Duplicate, "billing published %d distinct PaymentCaptured events for the order (charged %d times)", n, n)
@@ -290,7 +298,7 @@ func (v *orderView) check(keyBooked map[string]int) []Finding {
 	for _, b := range v.bookings {
 		if keyBooked[b.Key] > 1 && !seen[b.Key] {
 			seen[b.Key] = true
-			add(Duplicate, "the third party booked idempotency key %s %d times", b.Key, keyBooked[b.Key])
+			add(Duplicate, "the third party booked the %s under idempotency key %s %d times", b.Type, b.Key, keyBooked[b.Key])
 		}
 	}
 
@@ -317,7 +325,10 @@ func (v *orderView) check(keyBooked map[string]int) []Finding {
 			firstRefund = b.Seq
 		}
 	}
-	if firstRefund >= 0 && (firstCapture < 0 || firstRefund < firstCapture) {
+	switch {
+	case firstRefund >= 0 && firstCapture < 0:
+		add(Order, "the third party booked the refund (booking #%d) and never the capture", firstRefund)
+	case firstRefund >= 0 && firstRefund < firstCapture:
 		add(Order, "the third party booked the refund (booking #%d) before the capture (booking #%d)", firstRefund, firstCapture)
 	}
 	if cancelled && v.charge != nil && v.charge.Status != "refunded" {
@@ -491,9 +502,9 @@ func storyLine(s Record) string {
 	case KindOutbox:
 		return fmt.Sprintf("%s outbox: %s v%d %s (event %s)", s.Service, s.Type, s.Version, s.Status, s.Event)
 	case KindMessage:
-		return fmt.Sprintf("%s topic: %s v%d at %d/%d (event %s)", s.Service, s.Type, s.Version, s.Partition, s.Offset, s.Event)
+		return fmt.Sprintf("%s%s topic: %s v%d at %d/%d (event %s)", at, s.Service, s.Type, s.Version, s.Partition, s.Offset, s.Event)
 	case KindDeadLetter:
-		return fmt.Sprintf("dead letter %s: %s v%d (event %s) %s", s.Topic, s.Type, s.Version, s.Event, s.Detail)
+		return fmt.Sprintf("%sdead letter %s: %s v%d (event %s) %s", at, s.Topic, s.Type, s.Version, s.Event, s.Detail)
 	case KindInbox:
 		return fmt.Sprintf("%s inbox: %s v%d %s (event %s)", s.Service, s.Type, s.Version, s.Status, s.Event)
 	case KindCharge:
