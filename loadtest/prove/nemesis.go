@@ -481,20 +481,9 @@ func (n *nemesisRun) dropSlot(ctx context.Context, service string) (string, erro
 func (n *nemesisRun) operator(ctx context.Context, action string) (string, error) {
 	p := n.p
 	switch action {
-	case "dlq-requeue-all":
-		a, err := requeueDeadLetters(ctx, p.Billing, p.OrdersTopic)
-		b, err2 := requeueDeadLetters(ctx, p.Shim, p.BillingTop)
-		if err == nil {
-			err = err2
-		}
-		return fmt.Sprintf("dead-letter requeue-all: billing %d, shim %d", a, b), err
-	case "outbox-requeue":
-		a, err := requeueOutbox(ctx, p.API)
-		b, err2 := requeueOutbox(ctx, p.Billing)
-		if err == nil {
-			err = err2
-		}
-		return fmt.Sprintf("outbox requeue: orders %d, billing %d", a, b), err
+	case "dlq-requeue-all", "outbox-requeue":
+		detail, _, err := n.resolve(ctx, action)
+		return detail, err
 	case "replay":
 		// The last 30 s of orders' events, republished under their ids.
 		to := time.Now()
@@ -507,6 +496,28 @@ func (n *nemesisRun) operator(ctx context.Context, action string) (string, error
 		return fmt.Sprintf("replay dryRun:false of the last 30s: %d events", len(out.Events)), err
 	}
 	return "", fmt.Errorf("no operator action %q", action)
+}
+
+// resolve takes the runbook's end-of-run step and says how many it requeued.
+func (n *nemesisRun) resolve(ctx context.Context, action string) (string, int, error) {
+	p := n.p
+	switch action {
+	case "dlq-requeue-all":
+		a, err := requeueDeadLetters(ctx, p.Billing, p.OrdersTopic)
+		b, err2 := requeueDeadLetters(ctx, p.Shim, p.BillingTop)
+		if err == nil {
+			err = err2
+		}
+		return fmt.Sprintf("dead-letter requeue-all: billing %d, shim %d", a, b), a + b, err
+	case "outbox-requeue":
+		a, err := requeueOutbox(ctx, p.API)
+		b, err2 := requeueOutbox(ctx, p.Billing)
+		if err == nil {
+			err = err2
+		}
+		return fmt.Sprintf("outbox requeue: orders %d, billing %d", a, b), a + b, err
+	}
+	return "", 0, fmt.Errorf("no resolution %q", action)
 }
 
 // requeueDeadLetters sends every pending dead letter of topic's consumer

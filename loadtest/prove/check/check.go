@@ -267,7 +267,13 @@ func (v *orderView) check(keyBooked map[string]int) []Finding {
 	}
 	switch {
 	case placedOnTopic == 0 && v.charge == nil:
-		add(lossKind, "the committed order's OrderPlaced never reached the orders topic, and billing never charged it (%s)", why)
+		rows := "no outbox row of it is left either"
+		for _, r := range v.records {
+			if r.Kind == KindOutbox && r.Service == "orders" && r.Type == orderPlaced {
+				rows = "its outbox row is " + r.Status
+			}
+		}
+		add(lossKind, "the committed order's OrderPlaced never reached the orders topic, and billing never charged it; %s (%s)", rows, why)
 	case v.charge == nil:
 		add(lossKind, "the OrderPlaced is on the orders topic, and billing never charged the order (%s)", why)
 	case captures == 0:
