@@ -5,12 +5,14 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
 	"time"
 
 	toxiproxy "github.com/Shopify/toxiproxy/v2/client"
+	"github.com/segmentio/kafka-go"
 
 	"github.com/onceflow/onceflow/loadtest/prove/check"
 )
@@ -33,10 +35,11 @@ const (
 	NemThirdParty = "thirdparty" // the third party slow, answering 500s, booking then hanging
 	NemSlot       = "slot"       // the replication slot dropped (log-based modes only)
 	NemOperator   = "operator"   // dead-letter requeue-all, outbox requeue, replay dryRun:false
+	NemLimit      = "limit"      // the orders topic's max.message.bytes lowered between the sizes of OrderCancelled and OrderPlaced
 )
 
 // NemesisKinds are every fault kind, in the order the schedule weighs them.
-var NemesisKinds = []string{NemPause, NemKill, NemMember, NemKafka, NemPostgres, NemNet, NemThirdParty, NemSlot, NemOperator}
+var NemesisKinds = []string{NemPause, NemKill, NemMember, NemKafka, NemPostgres, NemNet, NemThirdParty, NemSlot, NemOperator, NemLimit}
 
 // NemesisOptions configure the nemesis proof.
 type NemesisOptions struct {
@@ -197,6 +200,8 @@ func schedule(seed int64, kinds []string, d time.Duration) []step {
 			s.Target = pick([]string{"orders", "billing"})
 		case NemOperator:
 			s.Param = pick(nemOperator)
+		case NemLimit:
+			s.Hold = dur(3*time.Second, 15*time.Second)
 		}
 		out = append(out, s)
 	}
@@ -281,7 +286,7 @@ func hold(ctx context.Context, d time.Duration) {
 func (n *nemesisRun) apply(ctx context.Context, s step) {
 	busyKey := s.Target
 	switch s.Kind {
-	case NemKafka, NemPostgres, NemThirdParty, NemSlot:
+	case NemKafka, NemPostgres, NemThirdParty, NemSlot, NemLimit:
 		busyKey = s.Kind + "/" + s.Target
 	case NemNet:
 		busyKey = "net/" + s.Target
@@ -352,7 +357,7 @@ func (n *nemesisRun) run(ctx context.Context, s step) (string, error) {
 			}
 			pr.Stop()
 			hold(ctx, s.Hold)
-			return fmt.Sprintf("left (SIGTERM) for %.1fs, then started again", s.Hold.Seconds()), pr.Resume(context.WithoutCancel(ctx), nil)
+			return fmt.Sprintf("left (SIGTERM) for %.1fs, then started again", s.Hold.Seconds()), startPatiently(ctx, pr, false)
 		}
 		n.procMu.Lock()
 		pr, err := p.newInstance[s.Target]()
@@ -360,11 +365,7 @@ func (n *nemesisRun) run(ctx context.Context, s step) (string, error) {
 		if err != nil {
 			return "join failed", err
 		}
-		if err := pr.Start(ctx); err != nil {
-			return "join failed", err
-		}
-		if err := pr.WaitReady(ctx, 90*time.Second); err != nil {
-			pr.Stop()
+		if err := startPatiently(ctx, pr, true); err != nil {
 			return "join failed", err
 		}
 		hold(ctx, s.Hold)
@@ -440,8 +441,39 @@ func (n *nemesisRun) run(ctx context.Context, s step) (string, error) {
 		return n.dropSlot(ctx, s.Target)
 	case NemOperator:
 		return n.operator(ctx, s.Param)
+	case NemLimit:
+		return n.limit(ctx, s.Hold)
 	}
 	return "", fmt.Errorf("no fault kind %q", s.Kind)
+}
+
+// startPatiently starts pr (first: its first start) as an orchestrator
+// does: a start that fails because a server is down (another fault) is
+// tried again, for up to 2 minutes.
+func startPatiently(ctx context.Context, pr *Proc, first bool) error {
+	cctx := context.WithoutCancel(ctx)
+	deadline := time.Now().Add(2 * time.Minute)
+	for {
+		var err error
+		if first {
+			if err = pr.Start(cctx); err == nil {
+				err = pr.WaitReady(cctx, 90*time.Second)
+			}
+		} else {
+			err = pr.Resume(cctx, nil)
+		}
+		if err == nil {
+			return nil
+		}
+		if pr.Running() {
+			// Started, not ready in time: the supervisor keeps it going.
+			return err
+		}
+		if time.Now().After(deadline) {
+			return err
+		}
+		hold(cctx, time.Second)
+	}
 }
 
 func describeToxic(s step) string {
@@ -582,4 +614,76 @@ func (n *nemesisRun) clearAll(ctx context.Context) {
 			_ = syscall.Kill(pid, syscall.SIGCONT)
 		}
 	}
+}
+
+// limit lowers the orders topic's max.message.bytes, for hold, to between
+// the record-batch sizes of OrderCancelled and OrderPlaced as the topic
+// holds them now: an operator's misconfiguration that the broker answers
+// with MESSAGE_TOO_LARGE, a message error, for every OrderPlaced written
+// alone, while an OrderCancelled alone still passes. A batch holding both
+// of one order is refused whole, and the relay then writes each alone.
+func (n *nemesisRun) limit(ctx context.Context, d time.Duration) (string, error) {
+	p := n.p
+	msgs, err := readTopic(ctx, n.h.stack.Brokers(), p.OrdersTopic)
+	if err != nil {
+		return "", err
+	}
+	minPlaced, maxCancelled := 0, 0
+	for _, m := range msgs {
+		size := recordBatchSize(m)
+		switch headerValue(m, "event-type") {
+		case "OrderPlaced":
+			if minPlaced == 0 || size < minPlaced {
+				minPlaced = size
+			}
+		case "OrderCancelled":
+			maxCancelled = max(maxCancelled, size)
+		}
+	}
+	if minPlaced == 0 || maxCancelled == 0 || minPlaced <= maxCancelled+1 {
+		return fmt.Sprintf("skipped: cannot put a limit between OrderCancelled (%d bytes) and OrderPlaced (%d bytes)", maxCancelled, minPlaced), nil
+	}
+	limit := maxCancelled + (minPlaced-maxCancelled)/2
+	client := &kafka.Client{Addr: kafka.TCP(n.h.stack.Brokers()...), Timeout: 10 * time.Second}
+	set := func(configs []kafka.AlterConfigRequestConfig) error {
+		resp, err := client.AlterConfigs(ctx, &kafka.AlterConfigsRequest{Resources: []kafka.AlterConfigRequestResource{{
+			ResourceType: kafka.ResourceTypeTopic, ResourceName: p.OrdersTopic, Configs: configs}}})
+		if err != nil {
+			return err
+		}
+		for _, e := range resp.Errors {
+			if e != nil {
+				return e
+			}
+		}
+		return nil
+	}
+	if err := set([]kafka.AlterConfigRequestConfig{{Name: "max.message.bytes", Value: strconv.Itoa(limit)}}); err != nil {
+		return "", fmt.Errorf("lowering max.message.bytes: %w", err)
+	}
+	hold(ctx, d)
+	// No configs: every dynamic setting of the topic back to the default.
+	err = set(nil)
+	return fmt.Sprintf("max.message.bytes=%d for %.1fs (OrderCancelled up to %d bytes, OrderPlaced from %d)", limit, d.Seconds(), maxCancelled, minPlaced), err
+}
+
+// recordBatchSize is the size of a v2 record batch holding m alone, as the
+// broker compares it with max.message.bytes: the 61-byte batch header and
+// the record, whose lengths are zigzag varints.
+func recordBatchSize(m kafka.Message) int {
+	vlen := func(n int) int {
+		u := uint64((int64(n) << 1) ^ (int64(n) >> 63))
+		l := 1
+		for u >= 0x80 {
+			u >>= 7
+			l++
+		}
+		return l
+	}
+	body := 1 + vlen(0) + vlen(0) // attributes, timestamp delta, offset delta
+	body += vlen(len(m.Key)) + len(m.Key) + vlen(len(m.Value)) + len(m.Value) + vlen(len(m.Headers))
+	for _, h := range m.Headers {
+		body += vlen(len(h.Key)) + len(h.Key) + vlen(len(h.Value)) + len(h.Value)
+	}
+	return 61 + vlen(body) + body
 }
