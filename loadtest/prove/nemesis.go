@@ -51,6 +51,10 @@ type NemesisOptions struct {
 	// Kinds chooses fault kinds ("pause,thirdparty") or excludes them
 	// ("-kafka,-postgres"). Empty: every kind.
 	Kinds []string
+	// Targets narrows the faults on instances (pause, kill, member) to the
+	// kinds of instance named: orders, billing, shim (NEMESIS_TARGETS=).
+	// Empty: every instance.
+	Targets []string
 }
 
 // nemesis timing. The shim's lease is 3 × its RECONCILER_TIMEOUT (see the
@@ -145,7 +149,15 @@ var (
 
 // schedule draws the whole schedule from seed before anything runs, so the
 // same seed gives the same schedule whatever the machine's timing.
-func schedule(seed int64, kinds []string, d time.Duration) []step {
+func schedule(seed int64, kinds []string, d time.Duration, targets []string) []step {
+	instances, joiners := nemInstances, []string{KindRelay, KindBilling, KindShim}
+	if len(targets) > 0 {
+		keep := func(name string) bool {
+			return slices.ContainsFunc(targets, func(t string) bool { return strings.HasPrefix(name, strings.TrimSpace(t)) })
+		}
+		instances = slices.DeleteFunc(slices.Clone(nemInstances), func(n string) bool { return !keep(n) })
+		joiners = slices.DeleteFunc(joiners, func(n string) bool { return !keep(n) })
+	}
 	rng := rand.New(rand.NewPCG(uint64(seed), 0x6f6e6365666c6f77)) // "onceflow"
 	dur := func(lo, hi time.Duration) time.Duration {
 		return lo + time.Duration(rng.Int64N(int64(hi-lo)+1)).Round(100*time.Millisecond)
@@ -158,15 +170,19 @@ func schedule(seed int64, kinds []string, d time.Duration) []step {
 		s := step{At: at, Kind: pick(kinds)}
 		switch s.Kind {
 		case NemPause:
-			s.Target, s.Hold = pick(nemInstances), dur(nemPauseMin, nemPauseMax)
+			s.Target, s.Hold = pick(instances), dur(nemPauseMin, nemPauseMax)
 		case NemKill:
-			s.Target = pick(append(slices.Clone(nemInstances), "orders-api"))
+			if len(targets) == 0 {
+				s.Target = pick(append(slices.Clone(instances), "orders-api"))
+			} else {
+				s.Target = pick(instances)
+			}
 		case NemMember:
 			s.Param = pick([]string{"leave", "join"})
 			if s.Param == "leave" {
-				s.Target = pick(nemInstances)
+				s.Target = pick(instances)
 			} else {
-				s.Target = pick([]string{KindRelay, KindBilling, KindShim})
+				s.Target = pick(joiners)
 			}
 			s.Hold = dur(8*time.Second, 25*time.Second)
 		case NemKafka:

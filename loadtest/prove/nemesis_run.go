@@ -59,8 +59,16 @@ func (h *Harness) nemesis(ctx context.Context, _ bool) Row {
 	if err != nil {
 		return fail(row, err)
 	}
-	steps := schedule(seed, kinds, duration)
-	h.logf("  SEED=%d NEMESIS=%s NEMESIS_DURATION=%s RELAY_MODE=%s: %d steps", seed, strings.Join(kinds, ","), duration, relayMode, len(steps))
+	if len(opts.Targets) > 0 {
+		for _, t := range opts.Targets {
+			if !slices.Contains([]string{KindRelay, KindBilling, KindShim}, strings.TrimSpace(t)) {
+				return fail(row, fmt.Errorf("NEMESIS_TARGETS: no instance kind %q (orders, billing, shim)", t))
+			}
+		}
+	}
+	steps := schedule(seed, kinds, duration, opts.Targets)
+	h.logf("  SEED=%d NEMESIS=%s NEMESIS_TARGETS=%s NEMESIS_DURATION=%s RELAY_MODE=%s: %d steps", seed, strings.Join(kinds, ","),
+		strings.Join(opts.Targets, ","), duration, relayMode, len(steps))
 	for _, s := range steps {
 		h.logf("    %s", s)
 	}
@@ -181,8 +189,12 @@ func (h *Harness) nemesis(ctx context.Context, _ bool) Row {
 	row.Absorbed = p.absorbed()
 	row.RecoverySeconds = max(drained, 0)
 	row.FaultsDesc = fmt.Sprintf("SEED=%d, %s: %s", seed, relayMode, faultCounts(res))
-	row.check(true, "SEED=%d NEMESIS=%s: replay with `make prove P=nemesis SEED=%d RELAY_MODES=%s NEMESIS=%s NEMESIS_DURATION=%s`",
-		seed, strings.Join(kinds, ","), seed, relayMode, strings.Join(kinds, ","), duration)
+	targets := ""
+	if len(opts.Targets) > 0 {
+		targets = " NEMESIS_TARGETS=" + strings.Join(opts.Targets, ",")
+	}
+	row.check(true, "SEED=%d NEMESIS=%s: replay with `make prove P=nemesis SEED=%d RELAY_MODES=%s NEMESIS=%s%s NEMESIS_DURATION=%s`",
+		seed, strings.Join(kinds, ","), seed, relayMode, strings.Join(kinds, ","), targets, duration)
 	row.check(res.Placed[check.OK] > 0, "the load placed orders (%d acknowledged, %d refused, %d unknown)",
 		res.Placed[check.OK], res.Placed[check.Refused], res.Placed[check.Unknown])
 	for _, k := range check.Kinds {
