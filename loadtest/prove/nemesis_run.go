@@ -99,6 +99,10 @@ func (h *Harness) nemesis(ctx context.Context, _ bool) Row {
 	hist.add(check.Record{Kind: check.KindRun, Seed: seed, Mode: relayMode, Bound: nemDrainBound.Seconds(),
 		Detail: "NEMESIS=" + strings.Join(kinds, ",") + " NEMESIS_DURATION=" + duration.String()})
 	n := &nemesisRun{h: h, p: p, hist: hist, busy: map[string]bool{}}
+	// However the run ends, no fault outlives it: the stack is shared with
+	// the proofs that come after (a toxic left on a proxy, a server left
+	// stopped, a process left frozen would fail them for nothing).
+	defer func() { n.wg.Wait(); n.clearAll(context.WithoutCancel(ctx)) }()
 
 	client := &nemClient{url: p.API.URL(), prefix: p.Name, hist: hist, http: http.Client{Timeout: 3 * time.Second}}
 	lctx, stopLoad := context.WithCancel(ctx)

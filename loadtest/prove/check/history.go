@@ -27,7 +27,9 @@ const (
 	KindPlace = "place"
 	// KindCancel is a client's cancellation of Order, with Outcome.
 	KindCancel = "cancel"
-	// KindOrder is a row of the orders database: Order, Status.
+	// KindOrder is a row of the orders database: Order, Status, and Key,
+	// the Idempotency-Key that created it (which links a placement whose
+	// answer never came to the order it made, if any).
 	KindOrder = "order"
 	// KindOutbox is an outbox row: Service (orders, billing), Event, Type,
 	// Order, Version, Status (pending, published, dead).
