@@ -244,7 +244,7 @@ func faultCounts(r check.Result) string {
 	for _, k := range slices.Sorted(maps.Keys(r.Faults)) {
 		parts = append(parts, fmt.Sprintf("%s %d", k, r.Faults[k]))
 	}
-	return strings.Join(parts, ", ") + fmt.Sprintf(", operator actions %d", r.Operator)
+	return strings.Join(parts, ", ") + fmt.Sprintf(", end-of-run requeues %d", r.Operator)
 }
 
 func writeHistory(path string, recs []check.Record) error {

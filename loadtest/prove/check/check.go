@@ -276,6 +276,14 @@ func (v *orderView) check(keyBooked map[string]int) []Finding {
 		add(lossKind, "the committed order's OrderPlaced never reached the orders topic, and billing never charged it; %s (%s)", rows, why)
 	case v.charge == nil:
 		add(lossKind, "the OrderPlaced is on the orders topic, and billing never charged the order (%s)", why)
+	case captures == 0 && countType(billingMsgs, paymentCaptured) == 0:
+		rows := "no outbox row of it is left either"
+		for _, r := range v.records {
+			if r.Kind == KindOutbox && r.Service == "billing" && r.Type == paymentCaptured {
+				rows = "its outbox row is " + r.Status
+			}
+		}
+		add(lossKind, "billing charged the order, its PaymentCaptured never reached billing's topic, and the third party never booked it; %s (%s)", rows, why)
 	case captures == 0:
 		add(lossKind, "billing charged the order, and the third party never booked its capture (%s)", why)
 	}
@@ -457,7 +465,7 @@ func faultSummary(r Result) string {
 		parts = append(parts, fmt.Sprintf("%s %d", k, r.Faults[k]))
 	}
 	if r.Operator > 0 {
-		parts = append(parts, fmt.Sprintf("operator %d", r.Operator))
+		parts = append(parts, fmt.Sprintf("end-of-run requeues %d", r.Operator))
 	}
 	if len(parts) == 0 {
 		return "none"
