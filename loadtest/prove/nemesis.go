@@ -192,11 +192,14 @@ func schedule(seed int64, kinds []string, d time.Duration, targets []string) []s
 			}
 		case NemPostgres:
 			s.Param = pick([]string{"stop", "restart"})
+			// Up to 45 s: past the groups' rebalance grace (half the 30 s
+			// rebalance timeout), so that a rebalance can drop a generation
+			// whose worker is still waiting the outage out.
 			if s.Param == "stop" {
-				s.Hold = dur(3*time.Second, 12*time.Second)
+				s.Hold = dur(3*time.Second, 45*time.Second)
 			}
 		case NemNet:
-			s.Target, s.Param, s.Hold = pick([]string{"kafka", "postgres"}), pick(nemToxics), dur(2*time.Second, 15*time.Second)
+			s.Target, s.Param, s.Hold = pick([]string{"kafka", "postgres"}), pick(nemToxics), dur(2*time.Second, 45*time.Second)
 			if s.Param == "latency" {
 				s.N = 100 + rng.IntN(700)
 			}
