@@ -192,7 +192,7 @@ func schedule(seed int64, kinds []string, d time.Duration, targets []string) []s
 			}
 		case NemPostgres:
 			s.Param = pick([]string{"stop", "restart"})
-			// Up to 45 s: past the groups' rebalance grace (half the 30 s
+			// Up to 45 s: well past the groups' rebalance grace (half the 10 s
 			// rebalance timeout), so that a rebalance can drop a generation
 			// whose worker is still waiting the outage out.
 			if s.Param == "stop" {
