@@ -43,6 +43,9 @@ type Profile struct {
 	Outage OutageProfile
 	// Busy is the busy-relay proof's size.
 	Busy BusyProfile
+	// NemesisDuration is how long the nemesis's faults run under load
+	// (NEMESIS_DURATION overrides it).
+	NemesisDuration time.Duration
 }
 
 // ScaleProfile sizes the scale-out proof.
@@ -76,14 +79,16 @@ type BusyProfile struct {
 var Profiles = map[string]Profile{
 	"quick": {Name: "quick", Orders: 30, Crashes: 3, Redeliveries: 10, HotEvents: 1000, Others: 50, OtherEvents: 4,
 		Poison: 2, ShimCrashes: 1, Stable: 8 * time.Second,
-		Scale:  ScaleProfile{Changes: 8, Every: 3 * time.Second, Rate: 20},
-		Outage: OutageProfile{Kafka: 20 * time.Second, Postgres: 10 * time.Second, Restarts: 1, RestartEvery: 20 * time.Second, Rate: 10},
-		Busy:   BusyProfile{Age: 10, Within: 60 * time.Second, Rate: 40, KBps: 3}},
+		Scale:           ScaleProfile{Changes: 8, Every: 3 * time.Second, Rate: 20},
+		Outage:          OutageProfile{Kafka: 20 * time.Second, Postgres: 10 * time.Second, Restarts: 1, RestartEvery: 20 * time.Second, Rate: 10},
+		Busy:            BusyProfile{Age: 10, Within: 60 * time.Second, Rate: 40, KBps: 3},
+		NemesisDuration: 45 * time.Second},
 	"full": {Name: "full", Orders: 300, Crashes: 20, Redeliveries: 10, HotEvents: 1000, Others: 300, OtherEvents: 5,
 		Poison: 10, ShimCrashes: 3, Stable: 20 * time.Second,
-		Scale:  ScaleProfile{Changes: 24, Every: 8 * time.Second, Rate: 30},
-		Outage: OutageProfile{Kafka: 3 * time.Minute, Postgres: time.Minute, Restarts: 3, RestartEvery: 20 * time.Second, Rate: 20},
-		Busy:   BusyProfile{Age: 20, Within: 60 * time.Second, Rate: 45, KBps: 3}},
+		Scale:           ScaleProfile{Changes: 24, Every: 8 * time.Second, Rate: 30},
+		Outage:          OutageProfile{Kafka: 3 * time.Minute, Postgres: time.Minute, Restarts: 3, RestartEvery: 20 * time.Second, Rate: 20},
+		Busy:            BusyProfile{Age: 20, Within: 60 * time.Second, Rate: 45, KBps: 3},
+		NemesisDuration: 10 * time.Minute},
 }
 
 // Proof is one named proof; naive says whether it also runs in a naive mode.
@@ -110,11 +115,12 @@ var Proofs = []Proof{
 	{"scale-out", "", (*Harness).scaleOut, true},
 	{"kafka-outage", "", (*Harness).kafkaOutage, true},
 	{"busy-relay", "", (*Harness).busyRelay, true},
+	{"nemesis", "", (*Harness).nemesis, true},
 }
 
 // RelayModeProofs are the proofs that run once per Options.RelayModes:
 // the ones whose faults are about the producing side.
-var RelayModeProofs = map[string]bool{"atomicity": true, "relay-crash": true, "ordering": true, "chaos": true}
+var RelayModeProofs = map[string]bool{"atomicity": true, "relay-crash": true, "ordering": true, "chaos": true, "nemesis": true}
 
 // Options configure Run.
 type Options struct {
@@ -136,6 +142,8 @@ type Options struct {
 	// own, one at a time on each. Default 1: everything one after the other
 	// on one stack.
 	Parallel int
+	// Nemesis configures the nemesis proof (seed, duration, fault kinds).
+	Nemesis NemesisOptions
 	// Out receives progress.
 	Out io.Writer
 }

@@ -21,6 +21,15 @@ type Faults struct {
 	// HangFor is how long a hung settlement holds its answer, in Go duration
 	// notation ("5s"). Required when HangNext > 0.
 	HangFor string `json:"hangFor"`
+	// SlowNext is how many of the next settlements wait SlowFor before
+	// they are booked and answered: a third party that is slow but sound.
+	// A caller that gives up during the wait leaves nothing booked, so a
+	// slow third party alone never justifies a second booking; it only
+	// stretches every call towards the caller's timeout and its lease.
+	SlowNext int `json:"slowNext"`
+	// SlowFor is how long a slow settlement waits ("600ms"). Required when
+	// SlowNext > 0.
+	SlowFor string `json:"slowFor"`
 }
 
 // The bounds of a fault setting: a stand-in told to fail a billion calls, or
@@ -40,6 +49,7 @@ const (
 	noFault fault = iota
 	failFault
 	hangFault
+	slowFault
 )
 
 // faultState is the live setting, counted down by each settlement it hits.
@@ -48,13 +58,17 @@ type faultState struct {
 	failNext int
 	hangNext int
 	hangFor  time.Duration
+	slowNext int
+	slowFor  time.Duration
 }
 
 // set replaces the whole setting, so a test states what it wants rather than
 // depending on what an earlier test left behind.
 func (f *faultState) set(in Faults) error {
-	if in.FailNext < 0 || in.HangNext < 0 || in.FailNext > MaxFaultCount || in.HangNext > MaxFaultCount {
-		return apperr.Errorf(apperr.Invalid, "failNext and hangNext must be from 0 to %d", MaxFaultCount)
+	for _, n := range []int{in.FailNext, in.HangNext, in.SlowNext} {
+		if n < 0 || n > MaxFaultCount {
+			return apperr.Errorf(apperr.Invalid, "failNext, hangNext and slowNext must be from 0 to %d", MaxFaultCount)
+		}
 	}
 	var hangFor time.Duration
 	if in.HangFor != "" {
@@ -67,16 +81,29 @@ func (f *faultState) set(in Faults) error {
 	if in.HangNext > 0 && hangFor == 0 {
 		return apperr.Errorf(apperr.Invalid, "hangFor is required when hangNext > 0")
 	}
+	var slowFor time.Duration
+	if in.SlowFor != "" {
+		d, err := time.ParseDuration(in.SlowFor)
+		if err != nil || d < 0 || d > MaxHangFor {
+			return apperr.Errorf(apperr.Invalid, "slowFor %s is not a duration from 0 to %s, such as \"600ms\"", apperr.Quote(in.SlowFor), MaxHangFor)
+		}
+		slowFor = d
+	}
+	if in.SlowNext > 0 && slowFor == 0 {
+		return apperr.Errorf(apperr.Invalid, "slowFor is required when slowNext > 0")
+	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.failNext, f.hangNext, f.hangFor = in.FailNext, in.HangNext, hangFor
+	f.slowNext, f.slowFor = in.SlowNext, slowFor
 	return nil
 }
 
 func (f *faultState) get() Faults {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	return Faults{FailNext: f.failNext, HangNext: f.hangNext, HangFor: f.hangFor.String()}
+	return Faults{FailNext: f.failNext, HangNext: f.hangNext, HangFor: f.hangFor.String(),
+		SlowNext: f.slowNext, SlowFor: f.slowFor.String()}
 }
 
 // take consumes one fault for the settlement at hand; failures go first,
@@ -91,6 +118,9 @@ func (f *faultState) take() (fault, time.Duration) {
 	case f.hangNext > 0:
 		f.hangNext--
 		return hangFault, f.hangFor
+	case f.slowNext > 0:
+		f.slowNext--
+		return slowFault, f.slowFor
 	}
 	return noFault, 0
 }

@@ -113,6 +113,18 @@ func (s *server) settle(c echo.Context) error {
 		body.Error.Code, body.Error.Message = "injected_fault", "injected failure (failNext): nothing was booked"
 		return c.JSON(http.StatusInternalServerError, body)
 	}
+	if f == slowFault {
+		t := time.NewTimer(hangFor)
+		defer t.Stop()
+		select {
+		case <-t.C:
+		case <-ctx.Done():
+			// The caller gave up before anything was booked: a sound third
+			// party drops an unfinished request.
+			s.logger.InfoContext(ctx, "injected slowness, caller gave up, settlement not booked", slog.String("idempotency_key", key))
+			return ctx.Err()
+		}
+	}
 
 	stored, n, err := s.ledger.append(Settlement{
 		IdempotencyKey: key,

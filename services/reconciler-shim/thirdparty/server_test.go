@@ -331,6 +331,54 @@ func TestHangNextAnswersAfterTheDelay(t *testing.T) {
 	}
 }
 
+func TestSlowNextBooksOnlyWhatTheCallerWaitedFor(t *testing.T) {
+	a := newAPI(t)
+	ctx := t.Context()
+	const slow = 300 * time.Millisecond
+	if err := a.client.SetFaults(ctx, thirdparty.Faults{SlowNext: 2, SlowFor: slow.String()}); err != nil {
+		t.Fatal(err)
+	}
+	// A caller that gives up during the wait leaves nothing booked: the
+	// fault makes the third party slow, never the cause of a duplicate.
+	impatient := thirdparty.NewClient(a.url, &http.Client{Timeout: 50 * time.Millisecond})
+	if _, err := impatient.Settle(ctx, "k1", capture("p1")); err == nil {
+		t.Fatal("Settle with a 50ms timeout against a 300ms third party succeeded")
+	}
+	start := time.Now()
+	if _, err := a.client.Settle(ctx, "k2", capture("p2")); err != nil {
+		t.Fatalf("Settle: %v", err)
+	}
+	if d := time.Since(start); d < slow {
+		t.Fatalf("Settle answered after %v, want at least %v", d, slow)
+	}
+	// The handler of the abandoned call may still be finishing: wait for
+	// the ledger to settle on its answer rather than read it once.
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		found, err := a.client.Lookup(ctx, "k1")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if found {
+			t.Fatal("the settlement whose caller gave up during the wait was booked")
+		}
+		if time.Now().After(deadline) {
+			break
+		}
+		select {
+		case <-ctx.Done():
+			t.Fatal(ctx.Err())
+		case <-time.After(slow):
+		}
+		if time.Since(start) > 2*slow {
+			break
+		}
+	}
+	if found, err := a.client.Lookup(ctx, "k2"); err != nil || !found {
+		t.Fatalf("Lookup(k2) = %v, %v; want the waited-for settlement booked", found, err)
+	}
+}
+
 func TestSetFaultsValidates(t *testing.T) {
 	tests := []struct {
 		name string
@@ -342,6 +390,8 @@ func TestSetFaultsValidates(t *testing.T) {
 		{"negative duration", thirdparty.Faults{HangNext: 1, HangFor: "-1s"}},
 		{"hang too long", thirdparty.Faults{HangNext: 1, HangFor: "24h"}},
 		{"too many failures", thirdparty.Faults{FailNext: thirdparty.MaxFaultCount + 1}},
+		{"slowNext without slowFor", thirdparty.Faults{SlowNext: 1}},
+		{"slow too long", thirdparty.Faults{SlowNext: 1, SlowFor: "24h"}},
 	}
 	a := newAPI(t)
 	for _, tt := range tests {

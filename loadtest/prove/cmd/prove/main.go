@@ -3,6 +3,7 @@
 // failed or a naive mode survived its fault (the proof did not bite).
 //
 //	go run ./loadtest/prove/cmd/prove [-profile full|quick] [-only atomicity,chaos] [-relay-modes poll,cdc,wal]
+//	go run ./loadtest/prove/cmd/prove -only nemesis [-seed N] [-nemesis pause,thirdparty] [-nemesis-duration 3m]
 package main
 
 import (
@@ -40,6 +41,10 @@ func run(ctx context.Context, args []string) error {
 	relayModes := fs.String("relay-modes", "poll,cdc,wal",
 		"comma-separated RELAY_MODEs the producing-side proofs ("+strings.Join(relayModeProofs(), ", ")+") run in")
 	dir := fs.String("dir", "", "where the harness keeps its stack, binaries, logs and reports (default <repo>/.prove)")
+	seed := fs.Int64("seed", 0, "the nemesis's seed (SEED=): the same seed replays the same fault schedule; 0 picks one and prints it")
+	nemesis := fs.String("nemesis", "", "the nemesis's fault kinds (NEMESIS=), e.g. pause,thirdparty or -kafka,-postgres; default all: "+strings.Join(prove.NemesisKinds, ","))
+	nemesisTargets := fs.String("nemesis-targets", "", "narrow the nemesis's faults on instances (pause, kill, member) to these kinds (NEMESIS_TARGETS=): orders,billing,shim")
+	nemesisDuration := fs.Duration("nemesis-duration", 0, "how long the nemesis's faults run (NEMESIS_DURATION=); default the profile's (full 10m)")
 	parallel := fs.Int("parallel", 1, "how many of the proofs that leave the shared stack alone run at once, each on its own platform")
 	if err := fs.Parse(args[1:]); err != nil {
 		return err
@@ -53,7 +58,13 @@ func run(ctx context.Context, args []string) error {
 		return fmt.Errorf("run from the onceflow repository: %w", err)
 	}
 	opts := prove.Options{Root: root, Dir: *dir, Profile: prof, Out: os.Stdout, RelayModes: strings.Split(*relayModes, ","),
-		Parallel: *parallel}
+		Parallel: *parallel, Nemesis: prove.NemesisOptions{Seed: *seed, Duration: *nemesisDuration}}
+	if *nemesis != "" {
+		opts.Nemesis.Kinds = strings.Split(*nemesis, ",")
+	}
+	if *nemesisTargets != "" {
+		opts.Nemesis.Targets = strings.Split(*nemesisTargets, ",")
+	}
 	if *only != "" {
 		opts.Only = strings.Split(*only, ",")
 	}
