@@ -5,8 +5,10 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"strings"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/segmentio/kafka-go"
 
 	"github.com/onceflow/onceflow/pkg/event"
@@ -26,6 +28,15 @@ type lane struct {
 	in    chan cdcEvent
 	acked chan<- laneAck
 	kafka *outage
+
+	// deadAhead holds, per aggregate (type and id), the event id of its
+	// first dead outbox row: in table mode a dead event holds back its
+	// aggregate's later events, as in the polling relay, so they are
+	// marked dead behind it instead of published ahead of it. Its requeued
+	// copy (the same event id, a new row) lifts the hold; the next dead row
+	// of the aggregate, if any, takes its place. Loaded from the table when
+	// the lane starts (nil until then), so a restart keeps the holds.
+	deadAhead map[string]string
 }
 
 func (r *CDCRelay) newLane(topic string, acked chan<- laneAck) *lane {
@@ -90,13 +101,19 @@ func (l *lane) run(ctx context.Context) {
 // MaxAttempts times is skipped as dead.
 func (l *lane) publish(ctx context.Context, todo []cdcEvent) (bool, error) {
 	r := l.r
-	attempts := make(map[int]int) // index into todo -> message-error attempts
-	idx := make([]int, len(todo))
-	for i := range idx {
-		idx[i] = i
+	if !l.loadDeadAhead(ctx) {
+		return false, nil
 	}
+	idx, ok := l.dropSettled(ctx, todo)
+	if !ok {
+		return false, nil
+	}
+	attempts := make(map[int]int) // index into todo -> message-error attempts
 	kafkaStreak := 0
 	for len(idx) > 0 {
+		if idx = l.holdBehindDead(ctx, todo, idx); len(idx) == 0 {
+			break
+		}
 		batch := make([]claimed, len(idx))
 		for j, i := range idx {
 			batch[j] = todo[i].claimed
@@ -137,6 +154,11 @@ func (l *lane) publish(ctx context.Context, todo []cdcEvent) (bool, error) {
 				r.cfg.Metrics.failures.Inc()
 				if attempts[i] >= r.cfg.MaxAttempts {
 					r.dead(ctx, todo[i], err)
+					if todo[i].rowID != 0 {
+						if _, held := l.deadAhead[todo[i].aggregate]; !held {
+							l.deadAhead[todo[i].aggregate] = header(todo[i].msg, event.HeaderEventID)
+						}
+					}
 					continue
 				}
 				retryIdx = append(retryIdx, i)
@@ -178,6 +200,136 @@ func (l *lane) publish(ctx context.Context, todo []cdcEvent) (bool, error) {
 	return true, nil
 }
 
+const (
+	// firstDeadRows is, per aggregate with a dead row, the event id of its
+	// first (lowest id) one.
+	firstDeadRows = `
+SELECT DISTINCT ON (aggregate_type, aggregate_id) aggregate_type, aggregate_id, event_id::text
+FROM outbox_events WHERE state = 'dead' ORDER BY aggregate_type, aggregate_id, id`
+	// firstDeadRowOf is the same for one aggregate.
+	firstDeadRowOf = `
+SELECT event_id::text FROM outbox_events
+WHERE state = 'dead' AND aggregate_type = $1 AND aggregate_id = $2 ORDER BY id LIMIT 1`
+)
+
+// loadDeadAhead reads the aggregates held by a dead row, once per lane,
+// waiting out the database being unreachable; false if ctx ended first.
+func (l *lane) loadDeadAhead(ctx context.Context) bool {
+	for attempt := 1; l.deadAhead == nil; attempt++ {
+		rows, err := l.r.pool.Query(ctx, firstDeadRows)
+		held := map[string]string{}
+		if err == nil {
+			var typ, agg, id string
+			_, err = pgx.ForEachRow(rows, []any{&typ, &agg, &id}, func() error {
+				held[typ+"\x00"+agg] = id // claimed.aggregate's form
+				return nil
+			})
+		}
+		if err == nil {
+			l.deadAhead = held
+			return true
+		}
+		l.r.cfg.Metrics.dbErrors.WithLabelValues("slot").Inc()
+		l.r.cfg.Logger.WarnContext(ctx, "outbox relay cannot read the dead rows that hold back their aggregates; retrying",
+			slog.String("topic", l.topic), slog.Any("error", err))
+		if !sleep(ctx, retry.Backoff(attempt, l.r.cfg.OutageBackoffMin, l.r.cfg.OutageBackoffMax)) {
+			return false
+		}
+	}
+	return true
+}
+
+// notPending is which of the given outbox ids are not pending rows any more.
+const notPending = `
+SELECT x FROM unnest($1::bigint[]) AS x
+WHERE NOT EXISTS (SELECT 1 FROM outbox_events WHERE id = x AND state = 'pending')`
+
+// dropSettled returns the indexes of todo to publish: all but the table
+// rows that are no longer pending. The stream delivers again whatever the
+// slot had not confirmed when a relay stopped; a row of that stretch that
+// went dead meanwhile stays dead (published now, it would overtake the
+// dead one before it), and one an operator requeued meanwhile (deleted,
+// written again under a new id) goes out as its copy, in its new place. It
+// waits out the database being unreachable; false if ctx ended first.
+func (l *lane) dropSettled(ctx context.Context, todo []cdcEvent) ([]int, bool) {
+	ids := make([]int64, 0, len(todo))
+	for _, e := range todo {
+		if e.rowID != 0 {
+			ids = append(ids, e.rowID)
+		}
+	}
+	settled := map[int64]bool{}
+	for attempt := 1; len(ids) > 0; attempt++ {
+		rows, err := l.r.pool.Query(ctx, notPending, ids)
+		if err == nil {
+			var id int64
+			_, err = pgx.ForEachRow(rows, []any{&id}, func() error { settled[id] = true; return nil })
+		}
+		if err == nil {
+			break
+		}
+		clear(settled)
+		l.r.cfg.Metrics.dbErrors.WithLabelValues("slot").Inc()
+		l.r.cfg.Logger.WarnContext(ctx, "outbox relay cannot read its rows' states before publishing them; retrying",
+			slog.String("topic", l.topic), slog.Any("error", err))
+		if !sleep(ctx, retry.Backoff(attempt, l.r.cfg.OutageBackoffMin, l.r.cfg.OutageBackoffMax)) {
+			return nil, false
+		}
+	}
+	idx := make([]int, 0, len(todo))
+	for i, e := range todo {
+		if !settled[e.rowID] {
+			idx = append(idx, i)
+		}
+	}
+	return idx, true
+}
+
+// holdBehindDead returns idx without the table rows of aggregates that a
+// dead row holds, each marked dead behind it ("held back behind dead event
+// …") instead of published, so that a consumer never sees an aggregate's
+// later event before its earlier, dead one: requeueing the dead row and
+// then those behind it publishes them in order. The requeued copy of the
+// holding row itself goes out, and lifts the hold. An emitted event
+// (WAL-only mode) has no row to hold or requeue: it is never held.
+func (l *lane) holdBehindDead(ctx context.Context, todo []cdcEvent, idx []int) []int {
+	if len(l.deadAhead) == 0 {
+		return idx
+	}
+	kept := idx[:0:0]
+	for _, i := range idx {
+		e := todo[i]
+		first, held := l.deadAhead[e.aggregate]
+		switch {
+		case !held || e.rowID == 0:
+			kept = append(kept, i)
+		case first == header(e.msg, event.HeaderEventID):
+			// The requeued copy of the holding row: it goes, and the
+			// aggregate's next dead row, if any, holds from now on.
+			delete(l.deadAhead, e.aggregate)
+			typ, id, _ := strings.Cut(e.aggregate, "\x00")
+			var next string
+			err := l.r.pool.QueryRow(ctx, firstDeadRowOf, typ, id).Scan(&next)
+			switch {
+			case err == nil && next != first:
+				l.deadAhead[e.aggregate] = next
+			case err != nil && !errors.Is(err, pgx.ErrNoRows):
+				// Unknown: keep holding behind this one's older dead
+				// rows is impossible to tell, so reload everything on the
+				// next batch.
+				l.deadAhead = nil
+			}
+			kept = append(kept, i)
+		default:
+			l.r.dead(ctx, e, fmt.Errorf("held back behind dead event %s of its aggregate: requeue that one first", first))
+		}
+	}
+	if l.deadAhead == nil {
+		l.loadDeadAhead(ctx)
+	}
+	return kept
+}
+
 // topicDown and topicUp keep the relay's view of Kafka: connected while no
 // topic's writes fail for the broker's sake (outbox_kafka_connected,
 // Health), since the first that began failing otherwise.
@@ -210,13 +362,18 @@ type topicOutage struct {
 
 const markDeadCDC = `UPDATE outbox_events SET state = 'dead', last_error = $2, attempts = $3 WHERE id = $1`
 
-// dead skips an event Kafka keeps refusing because of the message: logged
+// dead skips an event Kafka keeps refusing because of the message (or one
+// held back behind such an event, holdBehindDead): logged
 // with its identity, counted in outbox_dead_total, and, for a table row,
 // marked dead (retention keeps dead rows; outbox_dead_events counts them)
 // so an operator can find it.
 func (r *CDCRelay) dead(ctx context.Context, e cdcEvent, cause error) {
 	r.cfg.Metrics.deadTotal.Inc()
-	r.cfg.Logger.ErrorContext(ctx, "outbox event refused by Kafka because of the message; skipped as dead (its aggregate's later events go on)",
+	msg := "outbox event skipped as dead; its aggregate's later events are held back behind it until it is requeued"
+	if e.rowID == 0 {
+		msg = "outbox event skipped as dead; WAL-only: it is in this log only, and its aggregate's later events go on"
+	}
+	r.cfg.Logger.ErrorContext(ctx, msg,
 		slog.String("event_id", header(e.msg, event.HeaderEventID)), slog.String("topic", e.msg.Topic),
 		slog.String("aggregate_id", string(e.msg.Key)), slog.Int64("outbox_id", e.rowID), slog.Any("error", cause))
 	if e.rowID == 0 {

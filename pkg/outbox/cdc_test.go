@@ -428,8 +428,10 @@ func TestCDCLostSlotIsDetectedAndReplaced(t *testing.T) {
 
 // An event Kafka refuses because of the message (larger than the writer
 // takes) is tried MaxAttempts times, then skipped as dead: counted, its row
-// marked dead (and kept by retention), while the events after it, its own
-// aggregate's included, are published and the stream goes on.
+// marked dead (and kept by retention), while the events after it are
+// published and the stream goes on — but for its own aggregate's, which are
+// held back behind it, marked dead too, until it is requeued
+// (TestCDCDeadEventHoldsBackItsAggregate).
 func TestCDCMessageErrorSkipsTheEventAsDead(t *testing.T) {
 	t.Parallel()
 	e := newCDCEnv(t, 1, 10)
@@ -444,19 +446,20 @@ func TestCDCMessageErrorSkipsTheEventAsDead(t *testing.T) {
 	big.Payload = []byte(`{"blob":"` + strings.Repeat("x", 1200<<10) + `"}`) // kafka-go's writer stops at 1 MiB
 	enqueue(t, pool, big, newEvent("fine", 1))
 	enqueue(t, pool, newEvent("big", 2))
-	testenv.WaitFor(t, 30*time.Second, "the events after the refused one", func() (bool, error) { return c.distinct() == 2, nil })
-	// fine/1 may go out before its last attempt (all three can share a
-	// batch, and only the refused one is tried again); big/2 waits for it to
-	// be published or dead.
-	testenv.WaitFor(t, 20*time.Second, "the refused event to be skipped as dead", func() (bool, error) {
-		return testenv.MetricValue(t, reg, "outbox_dead_total") == 1, nil
+	enqueue(t, pool, newEvent("after", 1))
+	testenv.WaitFor(t, 30*time.Second, "the events of other aggregates", func() (bool, error) { return c.distinct() == 2, nil })
+	testenv.WaitFor(t, 20*time.Second, "the refused event and the one behind it to be skipped as dead", func() (bool, error) {
+		return testenv.MetricValue(t, reg, "outbox_dead_total") == 2, nil
 	})
 	if v := testenv.MetricValue(t, reg, "outbox_publish_failures_total"); v != 2 {
 		t.Errorf("outbox_publish_failures_total = %v, want MaxAttempts = 2", v)
 	}
-	testenv.WaitFor(t, 20*time.Second, "retention to keep only the dead row", func() (bool, error) {
-		return countRows(t, pool, "true") == 1 && countRows(t, pool, "state = 'dead' AND last_error <> ''") == 1, nil
+	testenv.WaitFor(t, 20*time.Second, "retention to keep only the dead rows", func() (bool, error) {
+		return countRows(t, pool, "true") == 2 && countRows(t, pool, "state = 'dead' AND last_error <> ''") == 2, nil
 	})
+	if n := c.distinct(); n != 2 {
+		t.Errorf("%d distinct events on the topic, want fine/1 and after/1 only: big/2 must wait behind the dead big/1", n)
+	}
 }
 
 // A migrating role without CREATE on the database (pgroles' owner) leaves

@@ -128,7 +128,9 @@
 // transaction's events go to Kafka in chunks as they are decoded, so memory
 // stays bounded (MaxInFlight) whatever the transaction's size. A message
 // Kafka keeps refusing is skipped as dead (logged, counted, its row marked
-// dead) rather than holding the whole stream, and so is a message under
+// dead) rather than holding the whole stream; in table mode its aggregate's
+// later events are held back behind it (marked dead too) until it is
+// requeued, so no consumer sees them first. So is a message under
 // EmitPrefix that is not a valid envelope. A lost or invalidated slot is
 // detected and replaced; in table mode the relay republishes the window
 // from the table before it streams, in WAL-only mode (CDCConfig.Mode) the
