@@ -37,6 +37,7 @@ type lane struct {
 	// of the aggregate, if any, takes its place. Loaded from the table when
 	// the lane starts (nil until then), so a restart keeps the holds.
 	deadAhead map[string]string
+	reload    bool // read deadAhead again before the next batch
 }
 
 func (r *CDCRelay) newLane(topic string, acked chan<- laneAck) *lane {
@@ -101,8 +102,15 @@ func (l *lane) run(ctx context.Context) {
 // MaxAttempts times is skipped as dead.
 func (l *lane) publish(ctx context.Context, todo []cdcEvent) (bool, error) {
 	r := l.r
+	if l.reload {
+		l.deadAhead, l.reload = nil, false
+	}
 	if !l.loadDeadAhead(ctx) {
 		return false, nil
+	}
+	if l.deadAhead == nil {
+		// Unread: nothing is held in this batch; read again on the next.
+		l.deadAhead, l.reload = map[string]string{}, true
 	}
 	idx, ok := l.dropSettled(ctx, todo)
 	if !ok {
@@ -212,8 +220,19 @@ SELECT event_id::text FROM outbox_events
 WHERE state = 'dead' AND aggregate_type = $1 AND aggregate_id = $2 ORDER BY id LIMIT 1`
 )
 
-// loadDeadAhead reads the aggregates held by a dead row, once per lane,
-// waiting out the database being unreachable; false if ctx ended first.
+// laneCheckAttempts bounds how often a lane tries a database read it
+// makes before publishing (loadDeadAhead, dropSettled): it must never wait
+// the database out. A shutting-down Postgres waits for its walsenders to
+// have every WAL record sent and confirmed, and a lane stuck on the
+// database would stop the stream being read and confirmed: each would wait
+// for the other for good. Past these attempts the lane publishes without
+// the read, which can only put a held or already-settled row on the topic
+// again (a duplicate, or an order consumers see broken), and logs it.
+const laneCheckAttempts = 3
+
+// loadDeadAhead reads the aggregates held by a dead row, once per lane
+// (retried on the next batch when the database could not answer); false
+// if ctx ended first.
 func (l *lane) loadDeadAhead(ctx context.Context) bool {
 	for attempt := 1; l.deadAhead == nil; attempt++ {
 		rows, err := l.r.pool.Query(ctx, firstDeadRows)
@@ -229,9 +248,15 @@ func (l *lane) loadDeadAhead(ctx context.Context) bool {
 			l.deadAhead = held
 			return true
 		}
+		if ctx.Err() != nil {
+			return false
+		}
 		l.r.cfg.Metrics.dbErrors.WithLabelValues("slot").Inc()
-		l.r.cfg.Logger.WarnContext(ctx, "outbox relay cannot read the dead rows that hold back their aggregates; retrying",
-			slog.String("topic", l.topic), slog.Any("error", err))
+		if attempt >= laneCheckAttempts {
+			l.r.cfg.Logger.ErrorContext(ctx, "outbox relay could not read the dead rows that hold back their aggregates; publishing this batch without holding them",
+				slog.String("topic", l.topic), slog.Any("error", err))
+			return true
+		}
 		if !sleep(ctx, retry.Backoff(attempt, l.r.cfg.OutageBackoffMin, l.r.cfg.OutageBackoffMax)) {
 			return false
 		}
@@ -249,8 +274,8 @@ WHERE NOT EXISTS (SELECT 1 FROM outbox_events WHERE id = x AND state = 'pending'
 // slot had not confirmed when a relay stopped; a row of that stretch that
 // went dead meanwhile stays dead (published now, it would overtake the
 // dead one before it), and one an operator requeued meanwhile (deleted,
-// written again under a new id) goes out as its copy, in its new place. It
-// waits out the database being unreachable; false if ctx ended first.
+// written again under a new id) goes out as its copy, in its new place.
+// It tries the read laneCheckAttempts times; false if ctx ended first.
 func (l *lane) dropSettled(ctx context.Context, todo []cdcEvent) ([]int, bool) {
 	ids := make([]int64, 0, len(todo))
 	for _, e := range todo {
@@ -269,9 +294,15 @@ func (l *lane) dropSettled(ctx context.Context, todo []cdcEvent) ([]int, bool) {
 			break
 		}
 		clear(settled)
+		if ctx.Err() != nil {
+			return nil, false
+		}
 		l.r.cfg.Metrics.dbErrors.WithLabelValues("slot").Inc()
-		l.r.cfg.Logger.WarnContext(ctx, "outbox relay cannot read its rows' states before publishing them; retrying",
-			slog.String("topic", l.topic), slog.Any("error", err))
+		if attempt >= laneCheckAttempts {
+			l.r.cfg.Logger.ErrorContext(ctx, "outbox relay could not read its rows' states before publishing them; publishing them all",
+				slog.String("topic", l.topic), slog.Any("error", err))
+			break
+		}
 		if !sleep(ctx, retry.Backoff(attempt, l.r.cfg.OutageBackoffMin, l.r.cfg.OutageBackoffMax)) {
 			return nil, false
 		}
@@ -314,18 +345,13 @@ func (l *lane) holdBehindDead(ctx context.Context, todo []cdcEvent, idx []int) [
 			case err == nil && next != first:
 				l.deadAhead[e.aggregate] = next
 			case err != nil && !errors.Is(err, pgx.ErrNoRows):
-				// Unknown: keep holding behind this one's older dead
-				// rows is impossible to tell, so reload everything on the
-				// next batch.
-				l.deadAhead = nil
+				// Unknown: read every hold again on the next batch.
+				l.reload = true
 			}
 			kept = append(kept, i)
 		default:
 			l.r.dead(ctx, e, fmt.Errorf("held back behind dead event %s of its aggregate: requeue that one first", first))
 		}
-	}
-	if l.deadAhead == nil {
-		l.loadDeadAhead(ctx)
 	}
 	return kept
 }
