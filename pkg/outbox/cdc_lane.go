@@ -264,28 +264,37 @@ func (l *lane) loadDeadAhead(ctx context.Context) bool {
 	return true
 }
 
-// notPending is which of the given outbox ids are not pending rows any more.
-const notPending = `
-SELECT x FROM unnest($1::bigint[]) AS x
-WHERE NOT EXISTS (SELECT 1 FROM outbox_events WHERE id = x AND state = 'pending')`
+// settledRows is which of the given rows (outbox id, event id) are settled
+// already: marked dead, or requeued (deleted and written again, in the same
+// statement, under a new id with the same event id). A row that is not
+// there at all is not settled: the stream can deliver a commit a moment
+// before other sessions see it, and a row retention deleted was published
+// (publishing it again is a duplicate consumers absorb, never a loss).
+const settledRows = `
+SELECT x.id FROM unnest($1::bigint[], $2::uuid[]) AS x(id, event_id)
+WHERE EXISTS (SELECT 1 FROM outbox_events o WHERE o.id = x.id AND o.state = 'dead')
+   OR EXISTS (SELECT 1 FROM outbox_events o WHERE o.event_id = x.event_id AND o.id <> x.id)`
 
 // dropSettled returns the indexes of todo to publish: all but the table
-// rows that are no longer pending. The stream delivers again whatever the
-// slot had not confirmed when a relay stopped; a row of that stretch that
+// rows that are settled already (settledRows). The stream delivers again
+// whatever the slot had not confirmed when a relay stopped; a row of that
+// stretch that
 // went dead meanwhile stays dead (published now, it would overtake the
 // dead one before it), and one an operator requeued meanwhile (deleted,
 // written again under a new id) goes out as its copy, in its new place.
 // It tries the read laneCheckAttempts times; false if ctx ended first.
 func (l *lane) dropSettled(ctx context.Context, todo []cdcEvent) ([]int, bool) {
 	ids := make([]int64, 0, len(todo))
+	eventIDs := make([]string, 0, len(todo))
 	for _, e := range todo {
 		if e.rowID != 0 {
 			ids = append(ids, e.rowID)
+			eventIDs = append(eventIDs, header(e.msg, event.HeaderEventID))
 		}
 	}
 	settled := map[int64]bool{}
 	for attempt := 1; len(ids) > 0; attempt++ {
-		rows, err := l.r.pool.Query(ctx, notPending, ids)
+		rows, err := l.r.pool.Query(ctx, settledRows, ids, eventIDs)
 		if err == nil {
 			var id int64
 			_, err = pgx.ForEachRow(rows, []any{&id}, func() error { settled[id] = true; return nil })
