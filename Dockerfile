@@ -21,10 +21,9 @@ WORKDIR /src
 # missing here makes the workspace fail to load.
 COPY go.work go.work.sum ./
 COPY e2e/go.mod e2e/go.sum ./e2e/
-COPY pkg/event/go.mod pkg/event/go.sum ./pkg/event/
-COPY pkg/inbox/go.mod pkg/inbox/go.sum ./pkg/inbox/
-COPY pkg/outbox/go.mod pkg/outbox/go.sum ./pkg/outbox/
-COPY pkg/platform/go.mod pkg/platform/go.sum ./pkg/platform/
+COPY examples/minimal/go.mod examples/minimal/go.sum ./examples/minimal/
+COPY pkg/go.mod pkg/go.sum ./pkg/
+COPY platform/go.mod platform/go.sum ./platform/
 COPY services/billing/go.mod services/billing/go.sum ./services/billing/
 COPY services/orders/go.mod services/orders/go.sum ./services/orders/
 COPY services/reconciler-shim/go.mod services/reconciler-shim/go.sum ./services/reconciler-shim/

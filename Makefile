@@ -111,9 +111,9 @@ FUZZMINIMIZETIME ?= 5s
 FUZZ_TARGETS = \
 	./pkg/event:FuzzFromKafka \
 	./services/orders:FuzzDecodePlaceRequest \
-	./pkg/outbox/outboxhttp:FuzzDecodeRequeue \
-	./pkg/outbox/outboxhttp:FuzzDecodeReplay \
-	./pkg/inbox/inboxhttp:FuzzDecodeRequeue
+	./platform/outboxhttp:FuzzDecodeRequeue \
+	./platform/outboxhttp:FuzzDecodeReplay \
+	./platform/inboxhttp:FuzzDecodeRequeue
 
 .PHONY: fuzz
 fuzz: ## Fuzz every decoder for FUZZTIME each (default 30s); a failure leaves its input in the package's testdata/fuzz/
@@ -159,7 +159,7 @@ bench: up k6 ## Run every benchmark and k6 scenario in one go: ratios table, BEN
 # dependencies by its go.mod. Rebuilt only when the extension changes.
 K6_VERSION = v1.8.1
 K6_EXT = github.com/onceflow/onceflow/loadtest/xk6-onceflow
-K6_EXT_SRC = $(wildcard loadtest/xk6-onceflow/*.go loadtest/xk6-onceflow/go.*) $(wildcard pkg/event/*.go pkg/event/go.*)
+K6_EXT_SRC = $(wildcard loadtest/xk6-onceflow/*.go loadtest/xk6-onceflow/go.*) $(wildcard pkg/event/*.go pkg/go.*)
 
 .PHONY: k6
 k6: bin/k6 ## Build k6 with the project's extension k6/x/onceflow into bin/k6 (xk6; skipped when up to date)
@@ -170,5 +170,5 @@ bin/xk6: loadtest/xk6/go.mod loadtest/xk6/go.sum
 bin/k6: bin/xk6 $(K6_EXT_SRC)
 	GOWORK=off bin/xk6 build $(K6_VERSION) --output $(CURDIR)/bin/k6.tmp \
 	  --with $(K6_EXT)=$(CURDIR)/loadtest/xk6-onceflow \
-	  --replace github.com/onceflow/onceflow/pkg/event=$(CURDIR)/pkg/event
+	  --replace github.com/onceflow/onceflow/pkg=$(CURDIR)/pkg
 	mv -f bin/k6.tmp bin/k6

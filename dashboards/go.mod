@@ -8,7 +8,7 @@ require (
 )
 
 require (
-	github.com/onceflow/onceflow/pkg/platform v0.0.0
+	github.com/onceflow/onceflow/platform v0.0.0
 	github.com/segmentio/kafka-go v0.4.49
 )
 
@@ -34,4 +34,4 @@ require (
 	google.golang.org/protobuf v1.36.8 // indirect
 )
 
-replace github.com/onceflow/onceflow/pkg/platform => ../pkg/platform
+replace github.com/onceflow/onceflow/platform => ../platform

@@ -14,7 +14,7 @@ import (
 	"time"
 
 	"github.com/onceflow/onceflow/dashboards"
-	"github.com/onceflow/onceflow/pkg/platform/testinfra"
+	"github.com/onceflow/onceflow/platform/testinfra"
 )
 
 // TestEveryQueryReturnsDataFromTheRunningPlatform runs the real platform

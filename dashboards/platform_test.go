@@ -16,13 +16,13 @@ import (
 
 	"github.com/segmentio/kafka-go"
 
-	"github.com/onceflow/onceflow/pkg/platform/harness"
-	"github.com/onceflow/onceflow/pkg/platform/kafkautil"
-	"github.com/onceflow/onceflow/pkg/platform/testinfra"
+	"github.com/onceflow/onceflow/platform/harness"
+	"github.com/onceflow/onceflow/platform/kafkautil"
+	"github.com/onceflow/onceflow/platform/testinfra"
 )
 
 // The platform as the tests run it: the four real programs, built from this
-// repository and started as processes on port 0 (pkg/platform/harness),
+// repository and started as processes on port 0 (platform/harness),
 // each with a database and topics of its own, and a real Prometheus
 // scraping them with the committed alert rules.
 

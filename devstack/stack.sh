@@ -442,7 +442,7 @@ kafka_pid() {
 # the workspace cannot stop the stack from starting.
 build_kafkactl() {
   local src="$ROOT/tools"
-  if [[ -x $KAFKACTL ]] && [[ -z $(find "$src/cmd/kafkactl" "$src/go.mod" "$src/go.sum" "$ROOT/pkg/platform/kafkautil" "$ROOT/pkg/platform/go.mod" -newer "$KAFKACTL" 2>/dev/null) ]]; then
+  if [[ -x $KAFKACTL ]] && [[ -z $(find "$src/cmd/kafkactl" "$src/go.mod" "$src/go.sum" "$ROOT/platform/kafkautil" "$ROOT/platform/go.mod" -newer "$KAFKACTL" 2>/dev/null) ]]; then
     return
   fi
   command -v go >/dev/null || die "go is not installed; it is needed to build tools/cmd/kafkactl"

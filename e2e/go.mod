@@ -3,7 +3,7 @@ module github.com/onceflow/onceflow/e2e
 go 1.26
 
 require (
-	github.com/onceflow/onceflow/pkg/platform v0.0.0
+	github.com/onceflow/onceflow/platform v0.0.0
 	github.com/segmentio/kafka-go v0.4.49
 	go.opentelemetry.io/proto/otlp v1.7.1
 )
@@ -25,7 +25,6 @@ require (
 	github.com/jackc/puddle/v2 v2.2.2 // indirect
 	github.com/klauspost/compress v1.18.0 // indirect
 	github.com/munnerz/goautoneg v0.0.0-20191010083416-a7dc8b61c822 // indirect
-	github.com/onceflow/onceflow/pkg/event v0.0.0 // indirect
 	github.com/pierrec/lz4/v4 v4.1.16 // indirect
 	github.com/prometheus/client_golang v1.23.2 // indirect
 	github.com/prometheus/client_model v0.6.2 // indirect
@@ -51,11 +50,8 @@ require (
 	google.golang.org/protobuf v1.36.8 // indirect
 )
 
-replace github.com/onceflow/onceflow/pkg/platform => ../pkg/platform
+replace github.com/onceflow/onceflow/platform => ../platform
 
-require github.com/onceflow/onceflow/pkg/outbox v0.0.0
+require github.com/onceflow/onceflow/pkg v0.0.0
 
-replace (
-	github.com/onceflow/onceflow/pkg/event => ../pkg/event
-	github.com/onceflow/onceflow/pkg/outbox => ../pkg/outbox
-)
+replace github.com/onceflow/onceflow/pkg => ../pkg

@@ -51,17 +51,14 @@ require (
 	google.golang.org/protobuf v1.36.8 // indirect
 )
 
-require github.com/onceflow/onceflow/pkg/platform v0.0.0
+require github.com/onceflow/onceflow/platform v0.0.0
 
-replace github.com/onceflow/onceflow/pkg/platform => ../pkg/platform
+replace github.com/onceflow/onceflow/platform => ../platform
 
 require (
 	github.com/google/uuid v1.6.0
 	github.com/jackc/pgx/v5 v5.7.5
 	github.com/labstack/echo/v4 v4.13.4
-	github.com/onceflow/onceflow/pkg/event v0.0.0
-	github.com/onceflow/onceflow/pkg/inbox v0.0.0
-	github.com/onceflow/onceflow/pkg/outbox v0.0.0
 	github.com/onceflow/onceflow/services/billing v0.0.0
 	github.com/onceflow/onceflow/services/orders v0.0.0
 	github.com/onceflow/onceflow/services/reconciler-shim v0.0.0
@@ -71,10 +68,11 @@ require (
 )
 
 replace (
-	github.com/onceflow/onceflow/pkg/event => ../pkg/event
-	github.com/onceflow/onceflow/pkg/inbox => ../pkg/inbox
-	github.com/onceflow/onceflow/pkg/outbox => ../pkg/outbox
 	github.com/onceflow/onceflow/services/billing => ../services/billing
 	github.com/onceflow/onceflow/services/orders => ../services/orders
 	github.com/onceflow/onceflow/services/reconciler-shim => ../services/reconciler-shim
 )
+
+require github.com/onceflow/onceflow/pkg v0.0.0
+
+replace github.com/onceflow/onceflow/pkg => ../pkg

@@ -2,11 +2,11 @@ module github.com/onceflow/onceflow/loadtest/bench
 
 go 1.26
 
-replace github.com/onceflow/onceflow/pkg/platform => ../../pkg/platform
+replace github.com/onceflow/onceflow/platform => ../../platform
 
 require (
 	github.com/jackc/pgx/v5 v5.7.5
-	github.com/onceflow/onceflow/pkg/platform v0.0.0
+	github.com/onceflow/onceflow/platform v0.0.0
 	github.com/segmentio/kafka-go v0.4.49
 )
 

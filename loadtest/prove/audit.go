@@ -8,7 +8,7 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 
-	"github.com/onceflow/onceflow/pkg/platform/harness"
+	"github.com/onceflow/onceflow/platform/harness"
 )
 
 // Audit is what the three databases and the third party's ledger say after

@@ -21,7 +21,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/onceflow/onceflow/loadtest/prove/check"
-	"github.com/onceflow/onceflow/pkg/platform/pgroles"
+	"github.com/onceflow/onceflow/platform/pgroles"
 )
 
 // nemesisReader is the read-only role the read-back uses: what the

@@ -11,7 +11,7 @@ import (
 	"time"
 
 	"github.com/onceflow/onceflow/loadtest/prove"
-	"github.com/onceflow/onceflow/pkg/platform/harness"
+	"github.com/onceflow/onceflow/platform/harness"
 )
 
 // TestQuickNemesis is the nemesis's quick form in `make test`: the platform

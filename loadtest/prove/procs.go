@@ -15,7 +15,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/onceflow/onceflow/pkg/platform/harness"
+	"github.com/onceflow/onceflow/platform/harness"
 )
 
 // build compiles the four programs (harness.Build) into dir/bin, and

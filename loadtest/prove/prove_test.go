@@ -13,7 +13,7 @@ import (
 	"time"
 
 	"github.com/onceflow/onceflow/loadtest/prove"
-	"github.com/onceflow/onceflow/pkg/platform/harness"
+	"github.com/onceflow/onceflow/platform/harness"
 )
 
 // TestQuickProofs runs every proof in the quick profile, the version `make

@@ -15,7 +15,7 @@ import (
 	toxiproxy "github.com/Shopify/toxiproxy/v2/client"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/onceflow/onceflow/pkg/platform/harness"
+	"github.com/onceflow/onceflow/platform/harness"
 )
 
 // Stack is the harness's own PostgreSQL and Kafka, started by

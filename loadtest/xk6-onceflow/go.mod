@@ -2,12 +2,9 @@ module github.com/onceflow/onceflow/loadtest/xk6-onceflow
 
 go 1.26
 
-replace github.com/onceflow/onceflow/pkg/event => ../../pkg/event
-
 require (
 	github.com/google/uuid v1.6.0
 	github.com/jackc/pgx/v5 v5.7.5
-	github.com/onceflow/onceflow/pkg/event v0.0.0
 	github.com/segmentio/kafka-go v0.4.49
 	go.k6.io/k6 v1.8.1
 )
@@ -35,7 +32,7 @@ require (
 	github.com/mstoykov/atlas v0.0.0-20220811071828-388f114305dd // indirect
 	github.com/onsi/ginkgo v1.16.5 // indirect
 	github.com/onsi/gomega v1.33.0 // indirect
-	github.com/pierrec/lz4/v4 v4.1.15 // indirect
+	github.com/pierrec/lz4/v4 v4.1.16 // indirect
 	github.com/serenize/snaker v0.0.0-20201027110005-a7ad2135616e // indirect
 	github.com/sirupsen/logrus v1.9.3 // indirect
 	github.com/spf13/afero v1.1.2 // indirect
@@ -60,3 +57,7 @@ require (
 	google.golang.org/protobuf v1.36.11 // indirect
 	gopkg.in/guregu/null.v3 v3.3.0 // indirect
 )
+
+require github.com/onceflow/onceflow/pkg v0.0.0
+
+replace github.com/onceflow/onceflow/pkg => ../../pkg

@@ -11,9 +11,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/onceflow/onceflow/pkg/event"
-	"github.com/onceflow/onceflow/pkg/platform/kafkautil"
-	"github.com/onceflow/onceflow/pkg/platform/pgutil"
-	"github.com/onceflow/onceflow/pkg/platform/testinfra"
+	"github.com/onceflow/onceflow/pkg/testenv"
 )
 
 // A batch holds v1 and v2 of one key (and v1 of another). v1 fails, and
@@ -24,11 +22,11 @@ import (
 // The other key's message is not held back.
 func TestAbandoningAMessageAbandonsTheLaterMessagesOfItsKeyInTheBatch(t *testing.T) {
 	t.Parallel()
-	brokers := testinfra.KafkaBrokers(t)
-	pool := testinfra.NewPool(t, testinfra.NewMigratedDatabase(t, pgutil.Migration{FS: Migrations, Table: MigrationsTable}))
-	w := kafkautil.NewWriter(brokers, 10)
+	brokers := testenv.KafkaBrokers(t)
+	pool := testenv.NewPool(t, testenv.NewMigratedDatabase(t, testenv.Migration{FS: Migrations, Table: MigrationsTable}))
+	w := testenv.NewWriter(brokers, 10)
 	t.Cleanup(func() { w.Close() })
-	topic := testinfra.Name("abandon")
+	topic := testenv.Name("abandon")
 
 	ev := func(key string, v int64) event.Envelope {
 		return event.Envelope{EventID: uuid.New(), EventType: "ThingHappened", EventVersion: 1,

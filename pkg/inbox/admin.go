@@ -5,7 +5,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"log/slog"
 	"slices"
 	"strconv"
 	"strings"
@@ -17,7 +16,6 @@ import (
 	"github.com/segmentio/kafka-go"
 
 	"github.com/onceflow/onceflow/pkg/event"
-	"github.com/onceflow/onceflow/pkg/event/periodic"
 )
 
 // The operator side of the inbox: prune the rows of handled events once no
@@ -35,171 +33,6 @@ import (
 // caller's transaction instead of one by one.
 type DB interface {
 	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
-}
-
-// PruneConfig configures Prune. Zero fields take the documented defaults.
-type PruneConfig struct {
-	// Retention is how long the row of a handled event is kept after
-	// processed_at. Default 30 days.
-	//
-	// The row is what makes a redelivery a no-op: once it is pruned, the
-	// same event delivered again runs the handler again. So Retention must
-	// be longer than any window in which the event can come back: the
-	// retention of the topic in Kafka (a consumer group reset to the
-	// earliest offset rereads all of it), plus the producer's replay window
-	// (outbox.PruneConfig.Retention, since outbox.Replay republishes under
-	// the original event ids), plus the time a dead letter may wait before
-	// it is requeued.
-	Retention time.Duration
-	// BatchSize is the most rows removed per statement (and transaction), so
-	// pruning a large backlog never holds many locks or a long transaction.
-	// Default 1000.
-	BatchSize int
-}
-
-// WithDefaults returns c with every zero field set to its documented
-// default; negative values are kept for Validate to refuse.
-func (c PruneConfig) WithDefaults() PruneConfig {
-	if c.Retention == 0 {
-		c.Retention = 30 * 24 * time.Hour
-	}
-	if c.BatchSize == 0 {
-		c.BatchSize = 1000
-	}
-	return c
-}
-
-// Validate refuses a negative Retention or BatchSize: a negative retention
-// would prune rows the moment they are processed.
-func (c PruneConfig) Validate() error {
-	if c.Retention < 0 {
-		return fmt.Errorf("inbox: PruneConfig.Retention is negative (%v); leave it zero for the default", c.Retention)
-	}
-	if c.BatchSize < 0 {
-		return fmt.Errorf("inbox: PruneConfig.BatchSize is negative (%d); leave it zero for the default", c.BatchSize)
-	}
-	return nil
-}
-
-// pruneProcessed picks the oldest prunable rows once (MATERIALIZED: as a
-// subquery in the WHERE clause, a LIMIT … FOR UPDATE may be re-run and
-// remove more than the batch) and skips rows another pruner holds, so
-// several pruners share the work. It reads the partial index on
-// processed_at of migration 0003.
-const pruneProcessed = `
-WITH doomed AS MATERIALIZED (
-    SELECT consumer, message_id FROM inbox_messages
-    WHERE status IN ('processed', 'stale') AND processed_at < now() - $1::bigint * interval '1 microsecond'
-    ORDER BY processed_at
-    LIMIT $2
-    FOR UPDATE SKIP LOCKED)
-DELETE FROM inbox_messages m
-USING doomed d
-WHERE m.consumer = d.consumer AND m.message_id = d.message_id`
-
-// Prune removes processed and stale rows (stale: skipped by the version
-// guard) whose processed_at is older than
-// cfg.Retention and returns how many it removed. Dead-lettered rows are
-// never touched, however old: they are the audit of what went to a
-// dead-letter topic, and RequeueDeadLetters removes them when it sends the
-// message back. It works oldest first in batches of cfg.BatchSize, each its
-// own statement and short transaction, until a batch comes up short, so an
-// interrupted Prune keeps what it removed and the next one resumes.
-//
-// On error the count is what the batches before the failure removed.
-func Prune(ctx context.Context, db DB, cfg PruneConfig) (int, error) {
-	if err := cfg.Validate(); err != nil {
-		return 0, err
-	}
-	cfg = cfg.WithDefaults()
-	total := 0
-	for {
-		tag, err := db.Exec(ctx, pruneProcessed, cfg.Retention.Microseconds(), cfg.BatchSize)
-		if err != nil {
-			return total, fmt.Errorf("inbox: pruning processed messages: %w", err)
-		}
-		n := int(tag.RowsAffected())
-		total += n
-		if n < cfg.BatchSize {
-			return total, nil
-		}
-	}
-}
-
-// PrunerConfig configures a Pruner. Zero fields take the documented defaults.
-type PrunerConfig struct {
-	// PruneConfig is what each run prunes; see its fields' defaults.
-	PruneConfig
-	// Interval is the time between runs. Default 1h.
-	Interval time.Duration
-	// Logger receives each run's outcome. Default: slog.Default().
-	Logger *slog.Logger
-}
-
-// WithDefaults returns c with every zero field set to its documented
-// default; negative values are kept for Validate to refuse.
-func (c PrunerConfig) WithDefaults() PrunerConfig {
-	c.PruneConfig = c.PruneConfig.WithDefaults()
-	if c.Interval == 0 {
-		c.Interval = time.Hour
-	}
-	if c.Logger == nil {
-		c.Logger = slog.Default()
-	}
-	return c
-}
-
-// Validate refuses what PruneConfig.Validate refuses, and a negative
-// Interval.
-func (c PrunerConfig) Validate() error {
-	if err := c.PruneConfig.Validate(); err != nil {
-		return err
-	}
-	if c.Interval < 0 {
-		return fmt.Errorf("inbox: PrunerConfig.Interval is negative (%v); leave it zero for the default", c.Interval)
-	}
-	return nil
-}
-
-// Pruner runs Prune in the background, once at start and then every
-// Interval. Several instances may run at once: batches skip rows another
-// holds, so they share the work rather than collide.
-type Pruner struct {
-	db  DB
-	cfg PrunerConfig
-}
-
-// NewPruner returns a pruner of the inbox in db.
-func NewPruner(db DB, cfg PrunerConfig) (*Pruner, error) {
-	if db == nil {
-		return nil, errors.New("inbox: NewPruner needs a database")
-	}
-	if err := cfg.Validate(); err != nil {
-		return nil, err
-	}
-	return &Pruner{db: db, cfg: cfg.WithDefaults()}, nil
-}
-
-// Run prunes until ctx ends, then returns nil. A failed run is logged and
-// retried at the next interval; it does not stop the pruner.
-func (p *Pruner) Run(ctx context.Context) error {
-	periodic.Run(ctx, p.cfg.Interval, p.pruneOnce)
-	return nil
-}
-
-func (p *Pruner) pruneOnce(ctx context.Context) {
-	n, err := Prune(ctx, p.db, p.cfg.PruneConfig)
-	log := p.cfg.Logger.With(slog.Int("rows_removed", n), slog.Duration("retention", p.cfg.Retention))
-	switch {
-	case err != nil && ctx.Err() != nil:
-		// Shutting down: the interrupted batch rolled back, nothing to report.
-	case err != nil:
-		log.ErrorContext(ctx, "inbox prune failed; retrying at the next interval", slog.Any("error", err))
-	case n > 0:
-		log.InfoContext(ctx, "inbox pruned processed messages")
-	default:
-		log.DebugContext(ctx, "inbox prune found nothing to remove")
-	}
 }
 
 // DeadLetter describes one message of a dead-letter topic, from the headers
@@ -524,8 +357,8 @@ type RequeueDB interface {
 //     their inbox rows are within PruneConfig.Retention).
 //   - Dead letters stay in dltTopic (see ListDeadLetters); a sweep tells the
 //     pending ones by their inbox rows.
-//   - The message lands where w's balancer puts it: with kafkautil.NewWriter
-//     (hashing the key) on its original partition, if the partition count did
+//   - The message lands where w's balancer puts it: with a writer
+//     hashing the key, on its original partition, if the partition count did
 //     not change, but after any later events of its aggregate. Those later
 //     events were parked by the consumer that dead-lettered it (Config.
 //     DeadKeys), and stay parked until the requeued event is applied; then
@@ -744,7 +577,7 @@ type AdminOption func(*adminOptions)
 type adminOptions struct{ dialer *kafka.Dialer }
 
 // WithDialer makes ListDeadLetters and RequeueDeadLetters connect with d:
-// pass kafkautil.Security.Dialer() so a cluster that wants TLS or SASL is
+// pass a dialer with the TLS and SASL settings so a cluster that wants TLS or SASL is
 // read the way the service's consumers read it. A nil d keeps the default.
 func WithDialer(d *kafka.Dialer) AdminOption {
 	return func(o *adminOptions) { o.dialer = d }

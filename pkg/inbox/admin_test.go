@@ -20,15 +20,13 @@ import (
 
 	"github.com/onceflow/onceflow/pkg/event"
 	"github.com/onceflow/onceflow/pkg/inbox"
-	"github.com/onceflow/onceflow/pkg/platform/kafkautil"
-	"github.com/onceflow/onceflow/pkg/platform/pgutil"
-	"github.com/onceflow/onceflow/pkg/platform/testinfra"
+	"github.com/onceflow/onceflow/pkg/testenv"
 )
 
 // adminInboxDB returns a pool on a fresh database with the inbox schema.
 func adminInboxDB(t *testing.T) *pgxpool.Pool {
 	t.Helper()
-	return testinfra.NewPool(t, testinfra.NewMigratedDatabase(t, pgutil.Migration{FS: inbox.Migrations, Table: inbox.MigrationsTable}))
+	return testenv.NewPool(t, testenv.NewMigratedDatabase(t, testenv.Migration{FS: inbox.Migrations, Table: inbox.MigrationsTable}))
 }
 
 // inboxRow is one inbox row of a scenario, as the consumer would have left it.
@@ -207,7 +205,7 @@ func TestPrunerPrunesAtStartAndEveryInterval(t *testing.T) {
 		inboxRow{"billing", first, "processed", 31 * adminDay},
 		inboxRow{"billing", kept, "dead_lettered", 31 * adminDay},
 	)
-	logs := &testinfra.LogBuffer{}
+	logs := &testenv.LogBuffer{}
 	pruner, err := inbox.NewPruner(pool, inbox.PrunerConfig{
 		Interval: 50 * time.Millisecond,
 		Logger:   slog.New(slog.NewJSONHandler(logs, nil)),
@@ -222,7 +220,7 @@ func TestPrunerPrunesAtStartAndEveryInterval(t *testing.T) {
 
 	// The row is gone once the delete commits, a moment before the pruner
 	// logs it: wait for both, or a slow machine reads the log too early.
-	testinfra.WaitFor(t, 10*time.Second, "the first run to prune the old processed row and log it", func() (bool, error) {
+	testenv.WaitFor(t, 10*time.Second, "the first run to prune the old processed row and log it", func() (bool, error) {
 		_, logged := logs.Record("inbox pruned processed messages")
 		return logged && len(inboxRows(t, pool)) == 1, nil
 	})
@@ -231,14 +229,14 @@ func TestPrunerPrunesAtStartAndEveryInterval(t *testing.T) {
 		t.Fatalf("first run's log record = %v, want rows_removed 1\n%s", rec, logs.String())
 	}
 	seedInbox(t, pool, inboxRow{"billing", second, "processed", 60 * adminDay})
-	testinfra.WaitFor(t, 10*time.Second, "a later run to prune a row added since", func() (bool, error) {
+	testenv.WaitFor(t, 10*time.Second, "a later run to prune a row added since", func() (bool, error) {
 		return len(inboxRows(t, pool)) == 1, nil
 	})
 	equalStrings(t, "left", inboxRows(t, pool), []string{rowKey("billing", "dead_lettered", kept)})
 
 	stop()
 	var runErr error
-	testinfra.WaitFor(t, 10*time.Second, "Run to return once its context ended", func() (bool, error) {
+	testenv.WaitFor(t, 10*time.Second, "Run to return once its context ended", func() (bool, error) {
 		select {
 		case runErr = <-done:
 			return true, nil
@@ -268,7 +266,7 @@ type dltScenario struct {
 	pool                 *pgxpool.Pool
 	brokers              []string
 	original, dlt        string
-	writer               *kafkautil.Writer
+	writer               *testenv.Writer
 	a, b                 event.Envelope
 	originalA            kafka.Message // a as the consumer read it
 	originalB            kafka.Message
@@ -277,11 +275,11 @@ type dltScenario struct {
 
 func newDLTScenario(t *testing.T) *dltScenario {
 	t.Helper()
-	s := &dltScenario{pool: adminInboxDB(t), brokers: testinfra.KafkaBrokers(t)}
-	s.original = testinfra.NewTopic(t, s.brokers, 1)
+	s := &dltScenario{pool: adminInboxDB(t), brokers: testenv.KafkaBrokers(t)}
+	s.original = testenv.NewTopic(t, s.brokers, 1)
 	s.dlt = s.original + ".dlt"
-	testinfra.NewTopicNamed(t, s.brokers, s.dlt, 1)
-	s.writer = kafkautil.NewWriter(s.brokers, 10)
+	testenv.NewTopicNamed(t, s.brokers, s.dlt, 1)
+	s.writer = testenv.NewWriter(s.brokers, 10)
 	t.Cleanup(func() { s.writer.Close() })
 
 	s.a, s.b = sampleEvent("order-a"), sampleEvent("order-b")
@@ -337,7 +335,7 @@ func asDeadLetter(dlt string, m kafka.Message, consumer, reason string, offset i
 func readAll(t *testing.T, brokers []string, topic string, want int) []kafka.Message {
 	t.Helper()
 	var last int64
-	testinfra.WaitFor(t, 20*time.Second, fmt.Sprintf("%d messages in %s", want, topic), func() (bool, error) {
+	testenv.WaitFor(t, 20*time.Second, fmt.Sprintf("%d messages in %s", want, topic), func() (bool, error) {
 		conn, err := kafka.DialLeader(context.Background(), "tcp", brokers[0], topic, 0)
 		if err != nil {
 			return false, err
@@ -439,8 +437,8 @@ func TestListDeadLettersShowsWhyAndWhereOldestFirst(t *testing.T) {
 
 func TestListDeadLettersMergesPartitionsByAppendTime(t *testing.T) {
 	t.Parallel()
-	brokers := testinfra.KafkaBrokers(t)
-	dlt := testinfra.NewTopic(t, brokers, 2)
+	brokers := testenv.KafkaBrokers(t)
+	dlt := testenv.NewTopic(t, brokers, 2)
 	// A writer that puts each message on the partition it names, with the
 	// timestamp it names.
 	w := &kafka.Writer{
@@ -492,15 +490,15 @@ func TestListDeadLettersMergesPartitionsByAppendTime(t *testing.T) {
 
 func TestListDeadLettersOfAnEmptyOrMissingTopic(t *testing.T) {
 	t.Parallel()
-	brokers := testinfra.KafkaBrokers(t)
-	empty := testinfra.NewTopic(t, brokers, 3)
+	brokers := testenv.KafkaBrokers(t)
+	empty := testenv.NewTopic(t, brokers, 3)
 	dls, err := inbox.ListDeadLetters(context.Background(), brokers, empty, 10)
 	if err != nil || len(dls) != 0 {
 		t.Fatalf("empty topic listed %v, %v; want nothing and no error", dls, err)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	_, err = inbox.ListDeadLetters(ctx, brokers, testinfra.Name("missing"), 10)
+	_, err = inbox.ListDeadLetters(ctx, brokers, testenv.Name("missing"), 10)
 	if !errors.Is(err, kafka.UnknownTopicOrPartition) {
 		t.Fatalf("missing topic: error %v, want one wrapping kafka.UnknownTopicOrPartition", err)
 	}
@@ -586,11 +584,11 @@ func TestRequeueSweepIsBoundedAndFollowsTheCursor(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	pool := adminInboxDB(t)
-	brokers := testinfra.KafkaBrokers(t)
-	original := testinfra.NewTopic(t, brokers, 1)
+	brokers := testenv.KafkaBrokers(t)
+	original := testenv.NewTopic(t, brokers, 1)
 	dlt := original + ".dlt"
-	testinfra.NewTopicNamed(t, brokers, dlt, 2)
-	w := kafkautil.NewWriter(brokers, 500)
+	testenv.NewTopicNamed(t, brokers, dlt, 2)
+	w := testenv.NewWriter(brokers, 500)
 	t.Cleanup(func() { w.Close() })
 
 	const total = 2500
@@ -777,18 +775,18 @@ func TestRequeueRefusesAnUnsafeCall(t *testing.T) {
 // every client they open, while the default still reads the topic.
 func TestDeadLetterAdminUsesTheGivenDialer(t *testing.T) {
 	t.Parallel()
-	brokers := testinfra.KafkaBrokers(t)
-	dlt := testinfra.NewTopic(t, brokers, 2)
+	brokers := testenv.KafkaBrokers(t)
+	dlt := testenv.NewTopic(t, brokers, 2)
 	if _, err := inbox.ListDeadLetters(context.Background(), brokers, dlt, 10); err != nil {
 		t.Fatalf("listing with the default dialer: %v", err)
 	}
-	tlsDialer := kafkautil.Security{TLS: &tls.Config{InsecureSkipVerify: true}}.Dialer() //nolint:gosec // never verified: the handshake must fail first
+	tlsDialer := &kafka.Dialer{Timeout: 3 * time.Second, TLS: &tls.Config{InsecureSkipVerify: true}} //nolint:gosec // never verified: the handshake must fail first
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
 	if _, err := inbox.ListDeadLetters(ctx, brokers, dlt, 10, inbox.WithDialer(tlsDialer)); err == nil {
 		t.Fatal("ListDeadLetters over TLS to a PLAINTEXT broker succeeded: the given dialer was not used")
 	}
-	w := kafkautil.NewWriter(brokers, 10)
+	w := testenv.NewWriter(brokers, 10)
 	defer w.Close()
 	_, err := inbox.RequeueDeadLetters(ctx, adminInboxDB(t), w, brokers, dlt, inbox.RequeueFilter{All: true}, inbox.WithDialer(tlsDialer))
 	if err == nil {

@@ -13,8 +13,8 @@ import (
 
 	"github.com/onceflow/onceflow/pkg/inbox"
 	"github.com/onceflow/onceflow/pkg/inbox/inboxtest"
-	"github.com/onceflow/onceflow/pkg/platform/pgutil"
-	"github.com/onceflow/onceflow/pkg/platform/testinfra"
+	"github.com/onceflow/onceflow/pkg/internal/pgerr"
+	"github.com/onceflow/onceflow/pkg/testenv"
 )
 
 // Backlog counts each status's rows old enough (an expired lease by its
@@ -24,7 +24,7 @@ func TestBacklogCountsLeasesUncertainAndDeadLetters(t *testing.T) {
 	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	pool := testinfra.NewPool(t, testinfra.NewMigratedDatabase(t, pgutil.Migration{FS: inbox.Migrations, Table: inbox.MigrationsTable}))
+	pool := testenv.NewPool(t, testenv.NewMigratedDatabase(t, testenv.Migration{FS: inbox.Migrations, Table: inbox.MigrationsTable}))
 
 	oldLease := inboxtest.Seed(t, pool, inboxtest.Row{Consumer: "a", Status: "leased", Age: time.Hour, LeaseExpiredAgo: 10 * time.Minute})
 	inboxtest.Seed(t, pool, inboxtest.Row{Consumer: "a", Status: "leased", Age: time.Hour, LeaseExpiredAgo: time.Second})
@@ -65,7 +65,7 @@ func TestBacklogCountsLeasesUncertainAndDeadLetters(t *testing.T) {
 
 // A negative age is refused before any read; a database without the inbox
 // schema is an error carrying SQLSTATE 42P01, never an empty backlog; an
-// unreachable one is an outage (pgutil.IsUnavailable).
+// unreachable one is an outage (pgerr.IsUnavailable).
 func TestBacklogErrors(t *testing.T) {
 	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
@@ -76,15 +76,15 @@ func TestBacklogErrors(t *testing.T) {
 		}
 	}
 
-	_, err := inbox.Backlog(ctx, testinfra.NewPool(t, testinfra.NewDatabase(t)), inbox.BacklogConfig{})
+	_, err := inbox.Backlog(ctx, testenv.NewPool(t, testenv.NewDatabase(t)), inbox.BacklogConfig{})
 	var pgErr *pgconn.PgError
 	if !errors.As(err, &pgErr) || pgErr.Code != "42P01" {
 		t.Errorf("an empty database: %v, want SQLSTATE 42P01", err)
 	}
 
-	closed := testinfra.NewPool(t, testinfra.NewDatabase(t))
+	closed := testenv.NewPool(t, testenv.NewDatabase(t))
 	closed.Close()
-	if _, err := inbox.Backlog(ctx, closed, inbox.BacklogConfig{}); !pgutil.IsUnavailable(err) {
+	if _, err := inbox.Backlog(ctx, closed, inbox.BacklogConfig{}); !pgerr.IsUnavailable(err) {
 		t.Errorf("a closed pool: %v, want an outage", err)
 	}
 }

@@ -14,7 +14,7 @@ import (
 
 	"github.com/onceflow/onceflow/pkg/event"
 	"github.com/onceflow/onceflow/pkg/inbox"
-	"github.com/onceflow/onceflow/pkg/platform/testinfra"
+	"github.com/onceflow/onceflow/pkg/testenv"
 )
 
 // inSavepoint reports whether the handler was given a savepoint (the
@@ -75,12 +75,12 @@ func TestABatchSettlesDuplicatesStaleGapsAndAFailureLikeOneByOne(t *testing.T) {
 
 	settled := func(n int) func() (bool, error) {
 		return func() (bool, error) {
-			return testinfra.MetricValue(t, f.registry, "inbox_processed_total")+
-				testinfra.MetricValue(t, f.registry, "inbox_duplicates_total")+
-				testinfra.MetricValue(t, f.registry, "inbox_stale_total") == float64(n), nil
+			return testenv.MetricValue(t, f.registry, "inbox_processed_total")+
+				testenv.MetricValue(t, f.registry, "inbox_duplicates_total")+
+				testenv.MetricValue(t, f.registry, "inbox_stale_total") == float64(n), nil
 		}
 	}
-	testinfra.WaitFor(t, 30*time.Second, fmt.Sprintf("phase one's %d messages to settle", len(phase1)), settled(len(phase1)))
+	testenv.WaitFor(t, 30*time.Second, fmt.Sprintf("phase one's %d messages to settle", len(phase1)), settled(len(phase1)))
 	mu.Lock()
 	// A batch of one message takes the per-message path directly; a
 	// fallback shows as the same message handled on both paths.
@@ -91,14 +91,14 @@ func TestABatchSettlesDuplicatesStaleGapsAndAFailureLikeOneByOne(t *testing.T) {
 	}
 	mu.Unlock()
 	f.produce(t, phase2...)
-	testinfra.WaitFor(t, 30*time.Second, "phase two to settle", settled(len(phase1)+len(phase2)))
+	testenv.WaitFor(t, 30*time.Second, "phase two to settle", settled(len(phase1)+len(phase2)))
 	for metric, want := range map[string]float64{
 		"inbox_processed_total":    float64(len(clean)) + 7, // a1 a2 b1 d1 d3, then c1 e1
 		"inbox_duplicates_total":   2,
 		"inbox_stale_total":        1,
 		"inbox_version_gaps_total": 1, // d: 1 then 3
 	} {
-		if got := testinfra.MetricValue(t, f.registry, metric); got != want {
+		if got := testenv.MetricValue(t, f.registry, metric); got != want {
 			t.Errorf("%s = %v, want %v", metric, got, want)
 		}
 	}
@@ -115,7 +115,7 @@ func TestABatchSettlesDuplicatesStaleGapsAndAFailureLikeOneByOne(t *testing.T) {
 	}
 	mu.Lock()
 	defer mu.Unlock()
-	if got, want := testinfra.MetricValue(t, f.registry, "inbox_failures_total"), float64(cFailures-fastFailures); got != want {
+	if got, want := testenv.MetricValue(t, f.registry, "inbox_failures_total"), float64(cFailures-fastFailures); got != want {
 		t.Errorf("inbox_failures_total = %v, want %v (c's failures on the per-message path)", got, want)
 	}
 	if fastCalls == 0 {

@@ -13,7 +13,7 @@ import (
 	"github.com/segmentio/kafka-go"
 
 	"github.com/onceflow/onceflow/pkg/event"
-	"github.com/onceflow/onceflow/pkg/platform/pgutil"
+	"github.com/onceflow/onceflow/pkg/internal/pgerr"
 )
 
 // Handler applies one event's side effects using tx, the transaction the
@@ -265,20 +265,20 @@ func (c *Consumer) committed(_ context.Context, msgs []delivery) error {
 // statements.
 var (
 	// errDBUnavailable: the database could not be reached or could not
-	// serve (pgutil.IsUnavailable). Waited out, never the message's fault.
+	// serve (pgerr.IsUnavailable). Waited out, never the message's fault.
 	errDBUnavailable = errors.New("inbox database unavailable")
-	// errDBRefused: Postgres refused the data itself (pgutil.IsPermanent:
+	// errDBRefused: Postgres refused the data itself (pgerr.IsPermanent:
 	// SQLSTATE class 22 or 54). No retry can help: the message is
 	// dead-lettered.
 	errDBRefused = errors.New("inbox database refused the data")
 
-	dbErrors = pgutil.StoreErrors{Unavailable: errDBUnavailable, Invalid: errDBRefused}
+	dbErrors = pgerr.StoreErrors{Unavailable: errDBUnavailable, Invalid: errDBRefused}
 )
 
 // isOutage reports whether err is the database being unreachable rather
 // than anything about the message: it is waited out, never counted as an
 // attempt, and never dead-letters the message.
-func isOutage(err error) bool { return errors.Is(err, errDBUnavailable) || pgutil.IsUnavailable(err) }
+func isOutage(err error) bool { return errors.Is(err, errDBUnavailable) || pgerr.IsUnavailable(err) }
 
 // wait sleeps for d, or returns errAbandoned when ctx ends (the shutdown
 // grace is over) or the message's generation is dropped first.
@@ -298,9 +298,9 @@ func wait(ctx context.Context, gen *generation, d time.Duration) error {
 
 // isPermanent reports whether no retry can make err go away: the handler
 // said so (Permanent), the event broke its contract (event.ErrInvalid), or
-// Postgres refused the data itself (pgutil.IsPermanent: SQLSTATE class 22,
+// Postgres refused the data itself (pgerr.IsPermanent: SQLSTATE class 22,
 // a NUL byte in a text column, say, or class 54).
 func isPermanent(err error) bool {
 	return errors.Is(err, ErrPermanent) || errors.Is(err, event.ErrInvalid) ||
-		errors.Is(err, errDBRefused) || pgutil.IsPermanent(err)
+		errors.Is(err, errDBRefused) || pgerr.IsPermanent(err)
 }

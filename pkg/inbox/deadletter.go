@@ -11,9 +11,9 @@ import (
 	"github.com/segmentio/kafka-go"
 
 	"github.com/onceflow/onceflow/pkg/event"
-	"github.com/onceflow/onceflow/pkg/event/retry"
-	"github.com/onceflow/onceflow/pkg/platform/kafkautil"
-	"github.com/onceflow/onceflow/pkg/platform/pgutil"
+	"github.com/onceflow/onceflow/pkg/internal/kafkaerr"
+	"github.com/onceflow/onceflow/pkg/internal/pgerr"
+	"github.com/onceflow/onceflow/pkg/internal/retry"
 )
 
 const insertDeadLettered = `
@@ -41,7 +41,7 @@ func reasonClass(ev *event.Envelope, reason error) string {
 		return ReasonUndecodable
 	case errors.Is(reason, event.ErrInvalid):
 		return ReasonInvalid
-	case errors.Is(reason, ErrPermanent), errors.Is(reason, errDBRefused), pgutil.IsPermanent(reason):
+	case errors.Is(reason, ErrPermanent), errors.Is(reason, errDBRefused), pgerr.IsPermanent(reason):
 		return ReasonPermanent
 	default:
 		return ReasonExhausted
@@ -86,7 +86,7 @@ func (c *Consumer) publishDeadLetter(ctx context.Context, m kafka.Message, ev *e
 			c.kafka.ok(ctx, "dead_letter")
 			break
 		}
-		if kafkautil.IsMessageError(err) && !truncated {
+		if kafkaerr.IsMessageError(err) && !truncated {
 			// Too large (or otherwise refused) as it is: keep the
 			// coordinates, the reason and the start of the body.
 			truncated = true
@@ -96,7 +96,7 @@ func (c *Consumer) publishDeadLetter(ctx context.Context, m kafka.Message, ev *e
 				slog.Int64("offset", m.Offset), slog.Int("bytes", len(m.Value)), slog.Any("error", err))
 			continue
 		}
-		if kafkautil.IsMessageError(err) {
+		if kafkaerr.IsMessageError(err) {
 			// Even the truncated record is refused: nothing more can be
 			// kept in Kafka; the log line and the counter are the record.
 			c.cfg.Logger.ErrorContext(ctx, "inbox could not dead-letter a message even truncated; moving on",

@@ -14,14 +14,13 @@ import (
 
 	"github.com/onceflow/onceflow/pkg/event"
 	"github.com/onceflow/onceflow/pkg/inbox"
-	"github.com/onceflow/onceflow/pkg/platform/kafkautil"
-	"github.com/onceflow/onceflow/pkg/platform/testinfra"
+	"github.com/onceflow/onceflow/pkg/testenv"
 )
 
 // switchWriter forwards to whichever writer is current, so a test can take
 // the dead-letter topic's Kafka away from a consumer and give it back.
 type switchWriter struct {
-	current atomic.Pointer[kafkautil.Writer]
+	current atomic.Pointer[testenv.Writer]
 }
 
 func (s *switchWriter) WriteMessages(ctx context.Context, msgs ...kafka.Message) error {
@@ -50,8 +49,8 @@ func testDeadLetterWaitingForKafka(t *testing.T, mode string) {
 		INSERT INTO counters VALUES (1, 0)`); err != nil {
 		t.Fatal(err)
 	}
-	dlt := testinfra.NewTopic(t, f.brokers, 1)
-	down := kafkautil.NewWriter([]string{testinfra.ClosedAddr(t)}, 10)
+	dlt := testenv.NewTopic(t, f.brokers, 1)
+	down := testenv.NewWriter([]string{testenv.ClosedAddr(t)}, 10)
 	t.Cleanup(func() { down.Close() })
 	dlq := &switchWriter{}
 	dlq.current.Store(down)
@@ -72,7 +71,7 @@ func testDeadLetterWaitingForKafka(t *testing.T, mode string) {
 		}
 		return insertEffect(ctx, exec, ev)
 	}
-	src := f.source(testinfra.Name("group"))
+	src := f.source(testenv.Name("group"))
 	var c *inbox.Consumer
 	var err error
 	if mode == "transactional" {
@@ -90,8 +89,8 @@ func testDeadLetterWaitingForKafka(t *testing.T, mode string) {
 	}
 	running := runUntilCleanup(t, c)
 
-	testinfra.WaitFor(t, 30*time.Second, "the dead letter to fail against the missing Kafka", func() (bool, error) {
-		return testinfra.LabeledMetricValue(t, f.registry, "inbox_kafka_errors_total", map[string]string{"op": "dead_letter"}) >= 2, running()
+	testenv.WaitFor(t, 30*time.Second, "the dead letter to fail against the missing Kafka", func() (bool, error) {
+		return testenv.LabeledMetricValue(t, f.registry, "inbox_kafka_errors_total", map[string]string{"op": "dead_letter"}) >= 2, running()
 	})
 	// Another writer of the counter must not wait for the outage.
 	err = pgx.BeginFunc(ctx, f.pool, func(tx pgx.Tx) error {
@@ -119,7 +118,7 @@ func testDeadLetterWaitingForKafka(t *testing.T, mode string) {
 	// Kafka is back: the dead letter goes out once and the partition moves on.
 	dlq.current.Store(f.writer)
 	f.produce(t, event.ToKafka(f.topic, after))
-	testinfra.WaitFor(t, 30*time.Second, "the event after the dead letter to be handled", func() (bool, error) {
+	testenv.WaitFor(t, 30*time.Second, "the event after the dead letter to be handled", func() (bool, error) {
 		return f.count(t, "SELECT count(*) FROM effects WHERE event_id = $1", after.EventID) == 1, running()
 	})
 	if n := f.count(t, "SELECT count(*) FROM inbox_messages WHERE status = 'dead_lettered' AND message_id = $1", bad.EventID); n != 1 {
@@ -154,13 +153,13 @@ func deadLettersOn(t *testing.T, brokers []string, topic string) int64 {
 func TestADeadLetterPendingAtShutdownIsPublishedAfterRestart(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t)
-	dlt := testinfra.NewTopic(t, f.brokers, 1)
-	down := kafkautil.NewWriter([]string{testinfra.ClosedAddr(t)}, 10)
+	dlt := testenv.NewTopic(t, f.brokers, 1)
+	down := testenv.NewWriter([]string{testenv.ClosedAddr(t)}, 10)
 	t.Cleanup(func() { down.Close() })
 
 	good, bad := newEvent("a", 1), newEvent("b", 1)
 	f.produce(t, event.ToKafka(f.topic, good), event.ToKafka(f.topic, bad))
-	group := testinfra.Name("group")
+	group := testenv.Name("group")
 	consumer := func(dlq inbox.Writer, reg *prometheus.Registry) *inbox.Consumer {
 		c, err := inbox.NewConsumer(f.pool, f.source(group), dlq, func(ctx context.Context, tx pgx.Tx, ev event.Envelope) error {
 			if ev.EventID == bad.EventID {
@@ -180,8 +179,8 @@ func TestADeadLetterPendingAtShutdownIsPublishedAfterRestart(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- first.Run(ctx) }()
-	testinfra.WaitFor(t, 30*time.Second, "the dead letter to fail against the missing Kafka", func() (bool, error) {
-		return testinfra.LabeledMetricValue(t, reg, "inbox_kafka_errors_total", map[string]string{"op": "dead_letter"}) >= 2, nil
+	testenv.WaitFor(t, 30*time.Second, "the dead letter to fail against the missing Kafka", func() (bool, error) {
+		return testenv.LabeledMetricValue(t, reg, "inbox_kafka_errors_total", map[string]string{"op": "dead_letter"}) >= 2, nil
 	})
 	cancel()
 	if err := <-done; err != nil {
@@ -192,7 +191,7 @@ func TestADeadLetterPendingAtShutdownIsPublishedAfterRestart(t *testing.T) {
 	}
 
 	runUntilCleanup(t, consumer(f.writer, prometheus.NewRegistry()))
-	testinfra.WaitFor(t, 30*time.Second, "the restarted consumer to dead-letter the event", func() (bool, error) {
+	testenv.WaitFor(t, 30*time.Second, "the restarted consumer to dead-letter the event", func() (bool, error) {
 		return f.count(t, "SELECT count(*) FROM inbox_messages WHERE status = 'dead_lettered' AND message_id = $1", bad.EventID) == 1, nil
 	})
 	if got := deadLettersOn(t, f.brokers, dlt); got != 1 {

@@ -82,7 +82,7 @@
 //   - Outages: Kafka unreachable or not ready (dial errors, connection
 //     resets, NotLeaderForPartition, LeaderNotAvailable, RequestTimedOut,
 //     NotEnoughReplicas, a group coordinator moving); the database
-//     unreachable (pgutil.IsUnavailable: SQLSTATE class 08, 57P01-57P03,
+//     unreachable (internal/pgerr.IsUnavailable: SQLSTATE class 08, 57P01-57P03,
 //     class 53, a broken connection, a pool acquire timeout). Retried with
 //     capped backoff and jitter for as long as they last, never counted as
 //     an attempt of a message, never a dead letter. They are counted
@@ -92,13 +92,13 @@
 //   - Permanent message errors: undecodable or invalid envelopes
 //     (event.ErrInvalid, which includes NUL bytes, invalid UTF-8, over-long
 //     fields and absurd versions), errors wrapping ErrPermanent, and data
-//     Postgres refuses (pgutil.IsPermanent: SQLSTATE class 22, such as 22021
+//     Postgres refuses (internal/pgerr.IsPermanent: SQLSTATE class 22, such as 22021
 //     for a NUL in a text column, and class 54). Dead-lettered at once.
 //   - Other handler or commit errors: retried with backoff up to
 //     MaxAttempts, then dead-lettered.
 //
-// A dead letter the dead-letter topic refuses as it is (kafkautil.
-// IsMessageError: too large, a policy) is written truncated: coordinates,
+// A dead letter the dead-letter topic refuses as it is (an error about the
+// message: too large, a policy) is written truncated: coordinates,
 // reason and the first DeadLetterBodyLimit bytes, with HeaderDLTTruncated.
 // A dead letter is published with no transaction open: the batch-mates
 // before it commit first, then it is published (waiting out a Kafka outage

@@ -12,7 +12,7 @@ import (
 
 	"github.com/onceflow/onceflow/pkg/event"
 	"github.com/onceflow/onceflow/pkg/inbox"
-	"github.com/onceflow/onceflow/pkg/platform/kafkautil"
+	"github.com/onceflow/onceflow/pkg/testenv"
 )
 
 func exampleEvent(orderID string) event.Envelope {
@@ -47,7 +47,7 @@ func ExampleNewLeaseConsumer() {
 			return nil
 		},
 	}
-	w := kafkautil.NewWriter(brokers, 10)
+	w := testenv.NewWriter(brokers, 10)
 	defer w.Close()
 	src := inbox.GroupConfig{Brokers: brokers, Topic: topic, Group: topic + "-group"}
 	c, err := inbox.NewLeaseConsumer(pool, src, w, eff, inbox.Config{Name: "shim", LeaseTTL: 10 * time.Second})
@@ -76,7 +76,7 @@ func ExampleConsumer_Handle() {
 		_, err := tx.Exec(ctx, `INSERT INTO charges (order_id) VALUES ($1)`, ev.AggregateID)
 		return err
 	}
-	w := kafkautil.NewWriter(brokers, 10)
+	w := testenv.NewWriter(brokers, 10)
 	defer w.Close()
 	src := inbox.GroupConfig{Brokers: brokers, Topic: topic, Group: topic + "-group"}
 	c, err := inbox.NewConsumer(pool, src, w, charge, inbox.Config{Name: "billing"})
@@ -101,7 +101,7 @@ func ExamplePrune() {
 	ctx := context.Background()
 	pool, brokers, topic, cleanup := exampleSetup(ctx)
 	defer cleanup()
-	w := kafkautil.NewWriter(brokers, 10)
+	w := testenv.NewWriter(brokers, 10)
 	defer w.Close()
 	src := inbox.GroupConfig{Brokers: brokers, Topic: topic, Group: topic + "-group"}
 	nothing := func(context.Context, pgx.Tx, event.Envelope) error { return nil }
@@ -131,7 +131,7 @@ func ExampleRequeueDeadLetters() {
 	ctx := context.Background()
 	pool, brokers, topic, cleanup := exampleSetup(ctx)
 	defer cleanup()
-	w := kafkautil.NewWriter(brokers, 10)
+	w := testenv.NewWriter(brokers, 10)
 	defer w.Close()
 	src := inbox.GroupConfig{Brokers: brokers, Topic: topic, Group: topic + "-group"}
 	refuse := func(context.Context, pgx.Tx, event.Envelope) error {

@@ -16,8 +16,7 @@ import (
 
 	"github.com/onceflow/onceflow/pkg/event"
 	"github.com/onceflow/onceflow/pkg/inbox"
-	"github.com/onceflow/onceflow/pkg/platform/kafkautil"
-	"github.com/onceflow/onceflow/pkg/platform/pgutil"
+	"github.com/onceflow/onceflow/pkg/testenv"
 )
 
 // Kafka delivers an event three times; the handler's side effect happens once
@@ -31,7 +30,7 @@ func ExampleNewConsumer() {
 		EventID: uuid.New(), EventType: "OrderPlaced", EventVersion: 1, AggregateType: "order",
 		AggregateID: "order-1", AggregateVersion: 1, OccurredAt: time.Now(), Payload: []byte(`{"amountCents":500}`),
 	}
-	w := kafkautil.NewWriter(brokers, 10)
+	w := testenv.NewWriter(brokers, 10)
 	defer w.Close()
 	for range 3 {
 		_ = w.WriteMessages(ctx, event.ToKafka(topic, ev))
@@ -112,8 +111,8 @@ func exampleSetup(ctx context.Context) (*pgxpool.Pool, []string, string, func())
 	must(err)
 	_, err = pool.Exec(ctx, `CREATE TABLE charges (order_id text PRIMARY KEY)`)
 	must(err)
-	must(pgutil.Migrate(pool, pgutil.Migration{FS: inbox.Migrations, Table: inbox.MigrationsTable}))
-	ctrl, err := kafkautil.Controller(ctx, brokers)
+	must(testenv.Migrate(pool, testenv.Migration{FS: inbox.Migrations, Table: inbox.MigrationsTable}))
+	ctrl, err := testenv.Controller(ctx, brokers)
 	must(err)
 	for _, topic := range []string{name, name + ".dlt"} {
 		must(ctrl.CreateTopics(kafka.TopicConfig{Topic: topic, NumPartitions: 1, ReplicationFactor: 1}))

@@ -10,7 +10,7 @@ import (
 
 	"github.com/segmentio/kafka-go"
 
-	"github.com/onceflow/onceflow/pkg/event/retry"
+	"github.com/onceflow/onceflow/pkg/internal/retry"
 )
 
 // GroupConfig names the topic a Consumer reads and the Kafka consumer group
@@ -63,7 +63,7 @@ type GroupConfig struct {
 	// own, 100ms and 1s, slow down recovery after a leader change).
 	ReadBackoffMin, ReadBackoffMax time.Duration
 	// Dialer connects to the brokers, with TLS and SASL when it has them
-	// (kafkautil.Security.Dialer). Default: plain TCP, 3s dial timeout.
+	// (a dialer with the cluster's TLS and SASL). Default: plain TCP, 3s dial timeout.
 	Dialer *kafka.Dialer
 }
 

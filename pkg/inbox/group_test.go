@@ -14,7 +14,7 @@ import (
 
 	"github.com/onceflow/onceflow/pkg/event"
 	"github.com/onceflow/onceflow/pkg/inbox"
-	"github.com/onceflow/onceflow/pkg/platform/testinfra"
+	"github.com/onceflow/onceflow/pkg/testenv"
 )
 
 // member is one consumer of the group, as one instance of a service.
@@ -40,12 +40,12 @@ const groupPartitions = 6
 func newGroupRig(t *testing.T) *groupRig {
 	t.Helper()
 	f := newFixture(t)
-	f.topic = testinfra.NewTopic(t, f.brokers, groupPartitions)
+	f.topic = testenv.NewTopic(t, f.brokers, groupPartitions)
 	if _, err := f.pool.Exec(context.Background(), `CREATE TABLE applied (
 		seq bigserial PRIMARY KEY, event_id uuid NOT NULL, aggregate_id text NOT NULL, version bigint NOT NULL)`); err != nil {
 		t.Fatal(err)
 	}
-	return &groupRig{f: f, group: testinfra.Name("group"), stopped: make(chan struct{})}
+	return &groupRig{f: f, group: testenv.Name("group"), stopped: make(chan struct{})}
 }
 
 // start joins a new member. Its ShutdownGrace is a millisecond: cancelling
@@ -141,7 +141,7 @@ func (r *groupRig) applied(t *testing.T) int {
 func (r *groupRig) progress(t *testing.T, after string) {
 	t.Helper()
 	from := r.applied(t)
-	testinfra.WaitFor(t, 45*time.Second, "progress after "+after, func() (bool, error) {
+	testenv.WaitFor(t, 45*time.Second, "progress after "+after, func() (bool, error) {
 		return r.applied(t) >= from+60, nil
 	})
 }
@@ -152,7 +152,7 @@ func (r *groupRig) progress(t *testing.T, after string) {
 func (r *groupRig) check(t *testing.T, live *member) {
 	t.Helper()
 	sent := int(r.sent.Load())
-	testinfra.WaitFor(t, 60*time.Second, fmt.Sprintf("all %d events to be applied", sent), func() (bool, error) {
+	testenv.WaitFor(t, 60*time.Second, fmt.Sprintf("all %d events to be applied", sent), func() (bool, error) {
 		return r.applied(t) == sent, nil
 	})
 	if n := r.f.count(t, `SELECT count(*) FROM (SELECT event_id FROM applied GROUP BY event_id HAVING count(*) > 1) d`); n != 0 {
@@ -165,7 +165,7 @@ func (r *groupRig) check(t *testing.T, live *member) {
 	}
 	client := &kafka.Client{Addr: kafka.TCP(r.f.brokers...), Timeout: 5 * time.Second}
 	var lastSeen string
-	testinfra.WaitFor(t, 30*time.Second, "every partition's committed offset to reach its end", func() (bool, error) {
+	testenv.WaitFor(t, 30*time.Second, "every partition's committed offset to reach its end", func() (bool, error) {
 		ends, committed := endAndCommitted(t, client, r.f.topic, r.group, groupPartitions)
 		lastSeen = fmt.Sprintf("end %v, committed %v", ends, committed)
 		for p, end := range ends {
@@ -176,9 +176,9 @@ func (r *groupRig) check(t *testing.T, live *member) {
 		return true, nil
 	})
 	t.Logf("offsets: %s", lastSeen)
-	testinfra.WaitFor(t, 10*time.Second, "consumer_lag_messages to be 0 on every partition", func() (bool, error) {
-		return testinfra.MetricValue(t, live.reg, "consumer_lag_messages") == 0 &&
-			testinfra.LabeledMetricValue(t, live.reg, "consumer_lag_messages", map[string]string{"partition": "0"}) == 0, nil
+	testenv.WaitFor(t, 10*time.Second, "consumer_lag_messages to be 0 on every partition", func() (bool, error) {
+		return testenv.MetricValue(t, live.reg, "consumer_lag_messages") == 0 &&
+			testenv.LabeledMetricValue(t, live.reg, "consumer_lag_messages", map[string]string{"partition": "0"}) == 0, nil
 	})
 }
 

@@ -14,7 +14,7 @@ import (
 
 	"github.com/onceflow/onceflow/pkg/event"
 	"github.com/onceflow/onceflow/pkg/inbox"
-	"github.com/onceflow/onceflow/pkg/platform/testinfra"
+	"github.com/onceflow/onceflow/pkg/testenv"
 )
 
 func TestOneKeyInVersionOrderAcrossWorkersAndStaleSkipped(t *testing.T) {
@@ -42,9 +42,9 @@ func TestOneKeyInVersionOrderAcrossWorkersAndStaleSkipped(t *testing.T) {
 		return f.recordEffect(ctx, tx, ev)
 	}, inbox.Config{Workers: 4, BatchSize: 50})
 
-	testinfra.WaitFor(t, 60*time.Second, "all 2001 messages", func() (bool, error) {
-		return testinfra.MetricValue(t, f.registry, "inbox_processed_total")+
-			testinfra.MetricValue(t, f.registry, "inbox_stale_total") == 2001, nil
+	testenv.WaitFor(t, 60*time.Second, "all 2001 messages", func() (bool, error) {
+		return testenv.MetricValue(t, f.registry, "inbox_processed_total")+
+			testenv.MetricValue(t, f.registry, "inbox_stale_total") == 2001, nil
 	})
 	mu.Lock()
 	defer mu.Unlock()
@@ -56,7 +56,7 @@ func TestOneKeyInVersionOrderAcrossWorkersAndStaleSkipped(t *testing.T) {
 			t.Fatalf("hot aggregate: handling %d was version %d, want %d", i, v, i+1)
 		}
 	}
-	if got := testinfra.MetricValue(t, f.registry, "inbox_stale_total"); got != 1 {
+	if got := testenv.MetricValue(t, f.registry, "inbox_stale_total"); got != 1 {
 		t.Fatalf("inbox_stale_total = %v, want 1", got)
 	}
 	if n := f.count(t, "SELECT count(*) FROM inbox_messages WHERE status = 'stale' AND message_id = $1", replayed.EventID); n != 1 {
@@ -73,7 +73,7 @@ func TestKilledAfterCommitBeforeOffsetCommitRedeliveryIsANoOp(t *testing.T) {
 		msgs = append(msgs, event.ToKafka(f.topic, ev))
 	}
 	f.produce(t, msgs...)
-	group := testinfra.Name("group")
+	group := testenv.Name("group")
 
 	// First life: dies right after its first database commit.
 	killed := errors.New("killed")
@@ -109,8 +109,8 @@ func TestKilledAfterCommitBeforeOffsetCommitRedeliveryIsANoOp(t *testing.T) {
 	done := make(chan error, 1)
 	go func() { done <- c2.Run(ctx) }()
 	defer func() { cancel(); <-done }()
-	testinfra.WaitFor(t, 30*time.Second, "the redeliveries", func() (bool, error) {
-		return testinfra.MetricValue(t, reg, "inbox_duplicates_total") == float64(firstLife) &&
+	testenv.WaitFor(t, 30*time.Second, "the redeliveries", func() (bool, error) {
+		return testenv.MetricValue(t, reg, "inbox_duplicates_total") == float64(firstLife) &&
 			f.count(t, "SELECT count(*) FROM effects") == len(evs), nil
 	})
 }
@@ -145,7 +145,7 @@ func TestUpcastersChainOldVersionsToTheCurrentOne(t *testing.T) {
 			return json.Marshal(v2)
 		}},
 	}})
-	testinfra.WaitFor(t, 30*time.Second, "the upcast event", func() (bool, error) {
+	testenv.WaitFor(t, 30*time.Second, "the upcast event", func() (bool, error) {
 		return f.count(t, "SELECT count(*) FROM effects") == 1, nil
 	})
 	mu.Lock()
@@ -160,18 +160,18 @@ func TestVersionGapsAreReportedOrWaitedFor(t *testing.T) {
 	f := newFixture(t)
 	f.produce(t, event.ToKafka(f.topic, newEvent("g", 1)), event.ToKafka(f.topic, newEvent("g", 3)))
 	f.run(t, f.recordEffect, inbox.Config{Gaps: inbox.GapAccept})
-	testinfra.WaitFor(t, 30*time.Second, "both events, the gap reported", func() (bool, error) {
+	testenv.WaitFor(t, 30*time.Second, "both events, the gap reported", func() (bool, error) {
 		return f.count(t, "SELECT count(*) FROM effects") == 2 &&
-			testinfra.MetricValue(t, f.registry, "inbox_version_gaps_total") == 1, nil
+			testenv.MetricValue(t, f.registry, "inbox_version_gaps_total") == 1, nil
 	})
 
 	g := newFixture(t)
-	dlt := testinfra.NewTopic(t, g.brokers, 1)
+	dlt := testenv.NewTopic(t, g.brokers, 1)
 	g.produce(t, event.ToKafka(g.topic, newEvent("g", 1)), event.ToKafka(g.topic, newEvent("g", 3)))
 	g.run(t, g.recordEffect, inbox.Config{Gaps: inbox.GapRetry, MaxAttempts: 3, BackoffMin: time.Millisecond,
 		BackoffMax: 2 * time.Millisecond, DeadLetterTopic: dlt})
-	testinfra.WaitFor(t, 30*time.Second, "the gapped event to be retried, then dead-lettered", func() (bool, error) {
-		return testinfra.MetricValue(t, g.registry, "inbox_dead_lettered_total") == 1, nil
+	testenv.WaitFor(t, 30*time.Second, "the gapped event to be retried, then dead-lettered", func() (bool, error) {
+		return testenv.MetricValue(t, g.registry, "inbox_dead_lettered_total") == 1, nil
 	})
 	if n := g.count(t, "SELECT count(*) FROM effects"); n != 1 {
 		t.Fatalf("%d effects, want only version 1's", n)

@@ -11,7 +11,7 @@ import (
 
 	"github.com/onceflow/onceflow/pkg/event"
 	"github.com/onceflow/onceflow/pkg/inbox"
-	"github.com/onceflow/onceflow/pkg/platform/testinfra"
+	"github.com/onceflow/onceflow/pkg/testenv"
 )
 
 // TestHopsAtALowRateAreMeasured sends one event at a time, 100 a second,
@@ -24,7 +24,7 @@ func TestHopsAtALowRateAreMeasured(t *testing.T) {
 	f := newFixture(t)
 	reg := prometheus.NewRegistry()
 	starts := make(chan time.Time, 1)
-	c, err := inbox.NewConsumer(f.pool, f.source(testinfra.Name("group")), f.writer,
+	c, err := inbox.NewConsumer(f.pool, f.source(testenv.Name("group")), f.writer,
 		func(context.Context, pgx.Tx, event.Envelope) error {
 			starts <- time.Now()
 			return nil
@@ -62,7 +62,7 @@ func TestHopsAtALowRateAreMeasured(t *testing.T) {
 	t.Logf("hop (occurredAt → handler start), one event at a time at <= 100/s: first %v (includes joining the group); then p50 %v, p90 %v, p99 %v, max %v",
 		first.Round(time.Microsecond), hops[n/2].Round(time.Microsecond), hops[n*9/10].Round(time.Microsecond),
 		hops[n*99/100].Round(time.Microsecond), hops[n-1].Round(time.Microsecond))
-	if got := testinfra.MetricValue(t, reg, "inbox_hop_seconds"); got != n+1 {
+	if got := testenv.MetricValue(t, reg, "inbox_hop_seconds"); got != n+1 {
 		t.Fatalf("inbox_hop_seconds has %v observations, want %d", got, n+1)
 	}
 }

@@ -14,7 +14,7 @@ import (
 
 	"github.com/onceflow/onceflow/pkg/event"
 	"github.com/onceflow/onceflow/pkg/inbox"
-	"github.com/onceflow/onceflow/pkg/platform/testinfra"
+	"github.com/onceflow/onceflow/pkg/testenv"
 )
 
 // bigMessage is larger than a dead-letter writer's BatchBytes (kafka-go's
@@ -26,8 +26,8 @@ const bigMessage = 3 << 19 // 1.5 MiB
 // bigMessage (the dev stack's broker keeps Kafka's default of about 1 MiB).
 func newTopicTakingBigMessages(t *testing.T, brokers []string) string {
 	t.Helper()
-	name := testinfra.Name("big")
-	testinfra.NewTopicNamed(t, brokers, name, 1, kafka.ConfigEntry{ConfigName: "max.message.bytes", ConfigValue: fmt.Sprint(4 << 20)})
+	name := testenv.Name("big")
+	testenv.NewTopicNamed(t, brokers, name, 1, kafka.ConfigEntry{ConfigName: "max.message.bytes", ConfigValue: fmt.Sprint(4 << 20)})
 	return name
 }
 
@@ -77,7 +77,7 @@ func TestHostileMessagesNeverStopAPartition(t *testing.T) {
 			t.Parallel()
 			f := newFixture(t)
 			f.topic = newTopicTakingBigMessages(t, f.brokers)
-			dlt := testinfra.NewTopic(t, f.brokers, 1)
+			dlt := testenv.NewTopic(t, f.brokers, 1)
 			hs := hostileMessages(f.topic)
 			good := newEvent("order-5", 1)
 			// A transport of its own: the default one caches topic metadata
@@ -96,7 +96,7 @@ func TestHostileMessagesNeverStopAPartition(t *testing.T) {
 			msgs = append(msgs, event.ToKafka(f.topic, good))
 			for len(msgs) > 0 {
 				var err error
-				testinfra.WaitFor(t, 90*time.Second, "the new topic to take messages", func() (bool, error) {
+				testenv.WaitFor(t, 90*time.Second, "the new topic to take messages", func() (bool, error) {
 					err = big.WriteMessages(context.Background(), msgs[0])
 					return !errors.Is(err, kafka.UnknownTopicOrPartition), nil
 				})
@@ -106,12 +106,12 @@ func TestHostileMessagesNeverStopAPartition(t *testing.T) {
 				msgs = msgs[1:]
 			}
 
-			group := testinfra.Name("group")
+			group := testenv.Name("group")
 			cfg := inbox.Config{Name: "hostile-" + mode, DeadLetterTopic: dlt, Metrics: inbox.NewMetrics(f.registry),
 				BackoffMin: time.Millisecond, BackoffMax: 10 * time.Millisecond}
 			running := runUntilCleanup(t, f.modeConsumer(t, mode, f.pool, group, applyNote, cfg))
 
-			testinfra.WaitFor(t, 30*time.Second, "the good event behind the hostile ones", func() (bool, error) {
+			testenv.WaitFor(t, 30*time.Second, "the good event behind the hostile ones", func() (bool, error) {
 				return f.count(t, "SELECT count(*) FROM effects WHERE event_id = $1", good.EventID) == 1, running()
 			})
 
@@ -161,12 +161,12 @@ func TestHostileMessagesNeverStopAPartition(t *testing.T) {
 				}
 			}
 			client := &kafka.Client{Addr: kafka.TCP(f.brokers...), Timeout: 5 * time.Second}
-			testinfra.WaitFor(t, 10*time.Second, "the group's offset to pass every message", func() (bool, error) {
+			testenv.WaitFor(t, 10*time.Second, "the group's offset to pass every message", func() (bool, error) {
 				ends, committed := endAndCommitted(t, client, f.topic, group, 1)
 				return committed[0] == ends[0] && ends[0] == int64(len(hs)+1), nil
 			})
 			// Each one once: no dead letter is published again on a retry.
-			ends, _ := endAndCommitted(t, client, dlt, testinfra.Name("none"), 1)
+			ends, _ := endAndCommitted(t, client, dlt, testenv.Name("none"), 1)
 			if ends[0] != int64(len(hs)) {
 				t.Errorf("%d dead letters, want %d", ends[0], len(hs))
 			}

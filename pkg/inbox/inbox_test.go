@@ -18,9 +18,7 @@ import (
 
 	"github.com/onceflow/onceflow/pkg/event"
 	"github.com/onceflow/onceflow/pkg/inbox"
-	"github.com/onceflow/onceflow/pkg/platform/kafkautil"
-	"github.com/onceflow/onceflow/pkg/platform/pgutil"
-	"github.com/onceflow/onceflow/pkg/platform/testinfra"
+	"github.com/onceflow/onceflow/pkg/testenv"
 )
 
 // fixture is a fresh database with the inbox schema and an effects table,
@@ -29,21 +27,21 @@ type fixture struct {
 	pool     *pgxpool.Pool
 	brokers  []string
 	topic    string
-	writer   *kafkautil.Writer
+	writer   *testenv.Writer
 	registry *prometheus.Registry
 	calls    atomic.Int32
 }
 
 func newFixture(t *testing.T) *fixture {
 	t.Helper()
-	f := &fixture{brokers: testinfra.KafkaBrokers(t), registry: prometheus.NewRegistry()}
-	f.pool = testinfra.NewPool(t, testinfra.NewMigratedDatabase(t, pgutil.Migration{FS: inbox.Migrations, Table: inbox.MigrationsTable}))
+	f := &fixture{brokers: testenv.KafkaBrokers(t), registry: prometheus.NewRegistry()}
+	f.pool = testenv.NewPool(t, testenv.NewMigratedDatabase(t, testenv.Migration{FS: inbox.Migrations, Table: inbox.MigrationsTable}))
 	if _, err := f.pool.Exec(context.Background(),
 		`CREATE TABLE effects (event_id uuid PRIMARY KEY, aggregate_id text NOT NULL, seq bigserial)`); err != nil {
 		t.Fatal(err)
 	}
-	f.topic = testinfra.NewTopic(t, f.brokers, 1)
-	f.writer = kafkautil.NewWriter(f.brokers, 10)
+	f.topic = testenv.NewTopic(t, f.brokers, 1)
+	f.writer = testenv.NewWriter(f.brokers, 10)
 	t.Cleanup(func() { f.writer.Close() })
 	return f
 }
@@ -53,7 +51,7 @@ func (f *fixture) run(t *testing.T, h inbox.Handler, cfg inbox.Config) {
 	t.Helper()
 	cfg.Name = "test-consumer"
 	cfg.Metrics = inbox.NewMetrics(f.registry)
-	c, err := inbox.NewConsumer(f.pool, f.source(testinfra.Name("group")), f.writer, h, cfg)
+	c, err := inbox.NewConsumer(f.pool, f.source(testenv.Name("group")), f.writer, h, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -175,9 +173,9 @@ func TestSameEventTenTimesHasOneEffect(t *testing.T) {
 	f.produce(t, msgs...)
 	f.run(t, f.recordEffect, inbox.Config{})
 
-	testinfra.WaitFor(t, 30*time.Second, "10 deliveries to be handled", func() (bool, error) {
-		return testinfra.MetricValue(t, f.registry, "inbox_processed_total")+
-			testinfra.MetricValue(t, f.registry, "inbox_duplicates_total") == 10, nil
+	testenv.WaitFor(t, 30*time.Second, "10 deliveries to be handled", func() (bool, error) {
+		return testenv.MetricValue(t, f.registry, "inbox_processed_total")+
+			testenv.MetricValue(t, f.registry, "inbox_duplicates_total") == 10, nil
 	})
 	if n := f.count(t, "SELECT count(*) FROM effects"); n != 1 {
 		t.Fatalf("%d effects, want 1", n)
@@ -185,7 +183,7 @@ func TestSameEventTenTimesHasOneEffect(t *testing.T) {
 	if n := f.count(t, "SELECT count(*) FROM inbox_messages WHERE status = 'processed'"); n != 1 {
 		t.Fatalf("%d inbox rows, want 1", n)
 	}
-	if got := testinfra.MetricValue(t, f.registry, "inbox_duplicates_total"); got != 9 {
+	if got := testenv.MetricValue(t, f.registry, "inbox_duplicates_total"); got != 9 {
 		t.Fatalf("inbox_duplicates_total = %v, want 9", got)
 	}
 	if got := f.calls.Load(); got != 1 {
@@ -196,7 +194,7 @@ func TestSameEventTenTimesHasOneEffect(t *testing.T) {
 func TestPoisonMessagesAreDeadLetteredAndThePartitionMovesOn(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t)
-	dlt := testinfra.NewTopic(t, f.brokers, 1)
+	dlt := testenv.NewTopic(t, f.brokers, 1)
 	// The good event is of another aggregate: a later event of the bad
 	// one's aggregate would be parked behind it (park_test.go).
 	good := newEvent("other", 1)
@@ -214,7 +212,7 @@ func TestPoisonMessagesAreDeadLetteredAndThePartitionMovesOn(t *testing.T) {
 		return f.recordEffect(ctx, tx, ev)
 	}, inbox.Config{DeadLetterTopic: dlt})
 
-	testinfra.WaitFor(t, 30*time.Second, "the good event behind two poison messages", func() (bool, error) {
+	testenv.WaitFor(t, 30*time.Second, "the good event behind two poison messages", func() (bool, error) {
 		return f.count(t, "SELECT count(*) FROM effects WHERE event_id = $1", good.EventID) == 1, nil
 	})
 
@@ -242,15 +240,15 @@ func TestPoisonMessagesAreDeadLetteredAndThePartitionMovesOn(t *testing.T) {
 	// The dead letter is published first, its row recorded after, in a
 	// transaction of its own (deadLetterAlone): reading the topic does not
 	// mean the row is there yet, nor the count.
-	testinfra.WaitFor(t, 10*time.Second, "the unknown version's dead_lettered inbox row and both dead letters counted", func() (bool, error) {
+	testenv.WaitFor(t, 10*time.Second, "the unknown version's dead_lettered inbox row and both dead letters counted", func() (bool, error) {
 		n := f.count(t, "SELECT count(*) FROM inbox_messages WHERE status = 'dead_lettered' AND message_id = $1", badVersion.EventID)
 		if n > 1 {
 			return false, fmt.Errorf("%d dead_lettered inbox rows for the unknown version, want 1", n)
 		}
-		return n == 1 && testinfra.MetricValue(t, f.registry, "inbox_dead_lettered_total") == 2, nil
+		return n == 1 && testenv.MetricValue(t, f.registry, "inbox_dead_lettered_total") == 2, nil
 	})
 	for reason, want := range map[string]float64{inbox.ReasonUndecodable: 1, inbox.ReasonPermanent: 1, inbox.ReasonExhausted: 0} {
-		if got := testinfra.LabeledMetricValue(t, f.registry, "inbox_dead_lettered_total", map[string]string{"reason": reason}); got != want {
+		if got := testenv.LabeledMetricValue(t, f.registry, "inbox_dead_lettered_total", map[string]string{"reason": reason}); got != want {
 			t.Errorf("inbox_dead_lettered_total{reason=%q} = %v, want %v", reason, got, want)
 		}
 	}
@@ -259,7 +257,7 @@ func TestPoisonMessagesAreDeadLetteredAndThePartitionMovesOn(t *testing.T) {
 func TestTransientFailuresRetryThenSucceedOrDeadLetter(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t)
-	dlt := testinfra.NewTopic(t, f.brokers, 1)
+	dlt := testenv.NewTopic(t, f.brokers, 1)
 	flaky, hopeless := newEvent("a", 1), newEvent("b", 1)
 	f.produce(t, event.ToKafka(f.topic, flaky), event.ToKafka(f.topic, hopeless))
 	var flakyTries atomic.Int32
@@ -274,13 +272,13 @@ func TestTransientFailuresRetryThenSucceedOrDeadLetter(t *testing.T) {
 	}, inbox.Config{DeadLetterTopic: dlt, MaxAttempts: 4, BackoffMin: time.Millisecond, BackoffMax: 5 * time.Millisecond,
 		LagInterval: 50 * time.Millisecond})
 
-	testinfra.WaitFor(t, 30*time.Second, "the hopeless event to be dead-lettered", func() (bool, error) {
-		return testinfra.LabeledMetricValue(t, f.registry, "inbox_dead_lettered_total",
+	testenv.WaitFor(t, 30*time.Second, "the hopeless event to be dead-lettered", func() (bool, error) {
+		return testenv.LabeledMetricValue(t, f.registry, "inbox_dead_lettered_total",
 			map[string]string{"reason": inbox.ReasonExhausted}) == 1, nil
 	})
 	// The dead-letter backlog: the hopeless event's row, until a requeue.
-	testinfra.WaitFor(t, 10*time.Second, "inbox_dead_letters to count the dead-lettered row", func() (bool, error) {
-		return testinfra.MetricValue(t, f.registry, "inbox_dead_letters") == 1, nil
+	testenv.WaitFor(t, 10*time.Second, "inbox_dead_letters to count the dead-lettered row", func() (bool, error) {
+		return testenv.MetricValue(t, f.registry, "inbox_dead_letters") == 1, nil
 	})
 	if n := f.count(t, "SELECT count(*) FROM effects WHERE event_id = $1", flaky.EventID); n != 1 {
 		t.Fatalf("flaky event: %d effects, want 1 after retries", n)
@@ -297,7 +295,7 @@ func TestTransientFailuresRetryThenSucceedOrDeadLetter(t *testing.T) {
 		t.Fatalf("last_error = %q", lastErr)
 	}
 	// 2 failures of the flaky event + 4 of the hopeless one.
-	if got := testinfra.MetricValue(t, f.registry, "inbox_failures_total"); got != 6 {
+	if got := testenv.MetricValue(t, f.registry, "inbox_failures_total"); got != 6 {
 		t.Fatalf("inbox_failures_total = %v, want 6", got)
 	}
 }

@@ -10,7 +10,7 @@ import (
 	"github.com/onceflow/onceflow/pkg/event"
 	"github.com/onceflow/onceflow/pkg/inbox"
 	"github.com/onceflow/onceflow/pkg/inbox/inboxtest"
-	"github.com/onceflow/onceflow/pkg/platform/testinfra"
+	"github.com/onceflow/onceflow/pkg/testenv"
 )
 
 // secondMember runs a second member of the lease-mode consumer (the same
@@ -23,7 +23,7 @@ import (
 // where the bugs live, at the leases.
 func (f *fixture) secondMember(t *testing.T, eff inbox.Effect, cfg inbox.Config) {
 	t.Helper()
-	runUntilCleanup(t, f.leaseConsumer(t, testinfra.Name("second"), eff, cfg))
+	runUntilCleanup(t, f.leaseConsumer(t, testenv.Name("second"), eff, cfg))
 }
 
 // requireBookedOnce waits until the third party has nothing in flight and
@@ -31,7 +31,7 @@ func (f *fixture) secondMember(t *testing.T, eff inbox.Effect, cfg inbox.Config)
 // other than once.
 func requireBookedOnce(t *testing.T, f *fixture, tp *inboxtest.ThirdParty, evs []event.Envelope) {
 	t.Helper()
-	testinfra.WaitFor(t, 60*time.Second, "every event marked done, and no call left in flight", func() (bool, error) {
+	testenv.WaitFor(t, 60*time.Second, "every event marked done, and no call left in flight", func() (bool, error) {
 		return f.count(t, "SELECT count(*) FROM inbox_messages WHERE status = 'processed'") == len(evs) && tp.InFlight() == 0, nil
 	})
 	for _, ev := range evs {
@@ -58,8 +58,8 @@ func TestLeaseTakeoverWhileTheHolderWaitsForACallSlotBooksEachKeyOnce(t *testing
 		CallTimeout: 750 * time.Millisecond, LeaseMargin: 200 * time.Millisecond,
 		BackoffMin: 20 * time.Millisecond, BackoffMax: 200 * time.Millisecond}
 
-	runUntilCleanup(t, f.leaseConsumer(t, testinfra.Name("group"), tp.Effect(), cfg))
-	testinfra.WaitFor(t, 30*time.Second, "the first member's first call", func() (bool, error) {
+	runUntilCleanup(t, f.leaseConsumer(t, testenv.Name("group"), tp.Effect(), cfg))
+	testenv.WaitFor(t, 30*time.Second, "the first member's first call", func() (bool, error) {
 		return tp.Received() >= 1, nil
 	})
 	f.secondMember(t, tp.Effect(), cfg)
@@ -81,16 +81,16 @@ func TestLeaseHolderFrozenPastItsLeaseDoesNotCallAfterTheTakeover(t *testing.T) 
 
 	frozen := inboxtest.NewPausable(tp.Effect())
 	frozen.Pause()
-	runUntilCleanup(t, f.leaseConsumer(t, testinfra.Name("group"), frozen.Effect(), cfg))
-	testinfra.WaitFor(t, 30*time.Second, "the first member to freeze on its call", func() (bool, error) {
+	runUntilCleanup(t, f.leaseConsumer(t, testenv.Name("group"), frozen.Effect(), cfg))
+	testenv.WaitFor(t, 30*time.Second, "the first member to freeze on its call", func() (bool, error) {
 		return frozen.Waiting() == 1, nil
 	})
 	f.secondMember(t, tp.Effect(), cfg)
-	testinfra.WaitFor(t, 30*time.Second, "the second member to take the messages over and book them", func() (bool, error) {
+	testenv.WaitFor(t, 30*time.Second, "the second member to take the messages over and book them", func() (bool, error) {
 		return f.count(t, "SELECT count(*) FROM inbox_messages WHERE status = 'processed'") == len(evs), nil
 	})
 	frozen.Resume()
-	testinfra.WaitFor(t, 30*time.Second, "the first member's call to return", func() (bool, error) {
+	testenv.WaitFor(t, 30*time.Second, "the first member's call to return", func() (bool, error) {
 		return frozen.Released() >= 1, nil
 	})
 	requireBookedOnce(t, f, tp, evs)
@@ -130,19 +130,19 @@ func TestLeaseModeWaitsOutAThirdPartyOutageLongerThanTheRetryBudget(t *testing.T
 	tp.SetDown(fmt.Errorf("%w: dial tcp: connection refused", inbox.ErrUnavailable))
 	cfg := inbox.Config{Workers: 1, MaxAttempts: 2, LeaseTTL: time.Second,
 		BackoffMin: 5 * time.Millisecond, BackoffMax: 20 * time.Millisecond, Metrics: inbox.NewMetrics(f.registry)}
-	c := f.leaseConsumer(t, testinfra.Name("group"), tp.Effect(), cfg)
+	c := f.leaseConsumer(t, testenv.Name("group"), tp.Effect(), cfg)
 	running := runUntilCleanup(t, c)
 
-	testinfra.WaitFor(t, 30*time.Second, "ten times the retry budget of failed calls and checks", func() (bool, error) {
-		return testinfra.MetricValue(t, f.registry, "inbox_effect_errors_total") >= float64(10*cfg.MaxAttempts*len(evs)), running()
+	testenv.WaitFor(t, 30*time.Second, "ten times the retry budget of failed calls and checks", func() (bool, error) {
+		return testenv.MetricValue(t, f.registry, "inbox_effect_errors_total") >= float64(10*cfg.MaxAttempts*len(evs)), running()
 	})
 	if n := f.count(t, "SELECT count(*) FROM inbox_messages WHERE status = 'dead_lettered'"); n != 0 {
 		t.Fatalf("%d messages dead-lettered by an outage of the third party", n)
 	}
-	if got := testinfra.MetricValue(t, f.registry, "inbox_failures_total"); got != 0 {
+	if got := testenv.MetricValue(t, f.registry, "inbox_failures_total"); got != 0 {
 		t.Errorf("inbox_failures_total = %v: the outage was charged to the messages", got)
 	}
-	if got := testinfra.MetricValue(t, f.registry, "inbox_effect_connected"); got != 0 {
+	if got := testenv.MetricValue(t, f.registry, "inbox_effect_connected"); got != 0 {
 		t.Errorf("inbox_effect_connected = %v during the outage, want 0", got)
 	}
 	if err := c.Healthy(); err == nil || !strings.Contains(err.Error(), "third party") {
@@ -152,7 +152,7 @@ func TestLeaseModeWaitsOutAThirdPartyOutageLongerThanTheRetryBudget(t *testing.T
 	tp.SetDown(nil)
 	requireBookedOnce(t, f, tp, evs)
 	requireBookedInOrder(t, tp, evs)
-	testinfra.WaitFor(t, 10*time.Second, "Healthy and inbox_effect_connected to recover", func() (bool, error) {
-		return c.Healthy() == nil && testinfra.MetricValue(t, f.registry, "inbox_effect_connected") == 1, nil
+	testenv.WaitFor(t, 10*time.Second, "Healthy and inbox_effect_connected to recover", func() (bool, error) {
+		return c.Healthy() == nil && testenv.MetricValue(t, f.registry, "inbox_effect_connected") == 1, nil
 	})
 }

@@ -15,7 +15,7 @@ import (
 
 	"github.com/onceflow/onceflow/pkg/event"
 	"github.com/onceflow/onceflow/pkg/inbox"
-	"github.com/onceflow/onceflow/pkg/platform/testinfra"
+	"github.com/onceflow/onceflow/pkg/testenv"
 )
 
 // booker is a third party that cannot dedupe: every Call books, and Check
@@ -118,9 +118,9 @@ func TestALeaseBatchCallsDistinctKeysConcurrentlyAndEachKeyInOrder(t *testing.T)
 	b := newBooker(20 * time.Millisecond)
 	// One worker: whatever runs at once runs because the batch called
 	// distinct keys side by side.
-	runUntilCleanup(t, f.leaseConsumer(t, testinfra.Name("group"), b.effect(), inbox.Config{Workers: 1, MaxInFlight: limit}))
+	runUntilCleanup(t, f.leaseConsumer(t, testenv.Name("group"), b.effect(), inbox.Config{Workers: 1, MaxInFlight: limit}))
 
-	testinfra.WaitFor(t, 60*time.Second, "every event marked done", func() (bool, error) {
+	testenv.WaitFor(t, 60*time.Second, "every event marked done", func() (bool, error) {
 		return f.count(t, "SELECT count(*) FROM inbox_messages WHERE status = 'processed'") == len(evs), nil
 	})
 	for _, ev := range evs {
@@ -150,7 +150,7 @@ func TestAfterACrashBetweenCallsAndDoneTheTakeoverChecksAndBooksNothingTwice(t *
 	f := newFixture(t)
 	evs := f.leaseEvents(t, 6, 3)
 	b := newBooker(5 * time.Millisecond)
-	group := testinfra.Name("group")
+	group := testenv.Name("group")
 
 	// First life: dies at the fifth side effect, before its batch is marked done.
 	killed := errors.New("killed")
@@ -183,7 +183,7 @@ func TestAfterACrashBetweenCallsAndDoneTheTakeoverChecksAndBooksNothingTwice(t *
 
 	second := f.leaseConsumer(t, group, b.effect(), inbox.Config{Workers: 1, LeaseTTL: time.Second})
 	runUntilCleanup(t, second)
-	testinfra.WaitFor(t, 60*time.Second, "every event marked done", func() (bool, error) {
+	testenv.WaitFor(t, 60*time.Second, "every event marked done", func() (bool, error) {
 		return f.count(t, "SELECT count(*) FROM inbox_messages WHERE status = 'processed'") == len(evs), nil
 	})
 	for _, ev := range evs {
@@ -214,7 +214,7 @@ func TestATakeoverThatCannotCheckIsRecordedUncertainAndNotCalled(t *testing.T) {
 	f := newFixture(t)
 	evs := f.leaseEvents(t, 3, 1)
 	b := newBooker(5 * time.Millisecond)
-	group := testinfra.Name("group")
+	group := testenv.Name("group")
 
 	killed := errors.New("killed")
 	first := f.leaseConsumer(t, group, b.effect(), inbox.Config{
@@ -237,7 +237,7 @@ func TestATakeoverThatCannotCheckIsRecordedUncertainAndNotCalled(t *testing.T) {
 	eff.Check = func(context.Context, string) (bool, error) { return false, inbox.ErrUnknowable }
 	cfg := inbox.Config{Workers: 1, LeaseTTL: 500 * time.Millisecond, Metrics: inbox.NewMetrics(f.registry)}
 	runUntilCleanup(t, f.leaseConsumer(t, group, eff, cfg))
-	testinfra.WaitFor(t, 60*time.Second, "every event settled", func() (bool, error) {
+	testenv.WaitFor(t, 60*time.Second, "every event settled", func() (bool, error) {
 		return f.count(t, "SELECT count(*) FROM inbox_messages WHERE status IN ('processed', 'uncertain')") == len(evs), nil
 	})
 	uncertain := f.count(t, "SELECT count(*) FROM inbox_messages WHERE status = 'uncertain'")
@@ -249,7 +249,7 @@ func TestATakeoverThatCannotCheckIsRecordedUncertainAndNotCalled(t *testing.T) {
 			t.Errorf("event %s booked %d times", ev.EventID, n)
 		}
 	}
-	if got := testinfra.MetricValue(t, f.registry, "inbox_uncertain_total"); got != float64(uncertain) {
+	if got := testenv.MetricValue(t, f.registry, "inbox_uncertain_total"); got != float64(uncertain) {
 		t.Fatalf("inbox_uncertain_total = %v, want %d", got, uncertain)
 	}
 }

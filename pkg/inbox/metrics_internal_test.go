@@ -6,7 +6,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/onceflow/onceflow/pkg/platform/testinfra"
+	"github.com/onceflow/onceflow/pkg/testenv"
 )
 
 // A batch's time is one observation of inbox_batch_seconds, not n made-up
@@ -18,17 +18,17 @@ func TestProcessingTimeIsRecordedPerBatchHonestly(t *testing.T) {
 	m := NewMetrics(reg)
 	m.init("c")
 	m.record("c", [numOutcomes]int{processed: 5}, 5, 50*time.Millisecond)
-	if got := testinfra.MetricValue(t, reg, "inbox_batch_seconds"); got != 1 {
+	if got := testenv.MetricValue(t, reg, "inbox_batch_seconds"); got != 1 {
 		t.Fatalf("inbox_batch_seconds has %v observations after one batch, want 1", got)
 	}
-	if got := testinfra.MetricValue(t, reg, "inbox_processing_seconds"); got != 0 {
+	if got := testenv.MetricValue(t, reg, "inbox_processing_seconds"); got != 0 {
 		t.Fatalf("inbox_processing_seconds has %v observations after one batch of 5, want 0", got)
 	}
 	m.record("c", [numOutcomes]int{processed: 1}, 1, 10*time.Millisecond)
-	if got := testinfra.MetricValue(t, reg, "inbox_processing_seconds"); got != 1 {
+	if got := testenv.MetricValue(t, reg, "inbox_processing_seconds"); got != 1 {
 		t.Fatalf("inbox_processing_seconds has %v observations after a message alone, want 1", got)
 	}
-	if got := testinfra.MetricValue(t, reg, "inbox_processed_total"); got != 6 {
+	if got := testenv.MetricValue(t, reg, "inbox_processed_total"); got != 6 {
 		t.Fatalf("inbox_processed_total = %v, want 6", got)
 	}
 }

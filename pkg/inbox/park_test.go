@@ -16,8 +16,7 @@ import (
 
 	"github.com/onceflow/onceflow/pkg/event"
 	"github.com/onceflow/onceflow/pkg/inbox"
-	"github.com/onceflow/onceflow/pkg/platform/pgroles/pgrolestest"
-	"github.com/onceflow/onceflow/pkg/platform/testinfra"
+	"github.com/onceflow/onceflow/pkg/testenv"
 )
 
 // requeue sends the dead letters of ids in dlt back to their topic, as an
@@ -65,7 +64,7 @@ func (f *fixture) effectOrder(t *testing.T, evs map[uuid.UUID]event.Envelope) []
 func TestLeaseModeARequeuedDeadLetterRunsItsEffectOnce(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t)
-	dlt := testinfra.NewTopic(t, f.brokers, 1)
+	dlt := testenv.NewTopic(t, f.brokers, 1)
 	evs := f.leaseEvents(t, 1, 1)
 	v1 := evs[0]
 	b := newBooker(0)
@@ -79,14 +78,14 @@ func TestLeaseModeARequeuedDeadLetterRunsItsEffectOnce(t *testing.T) {
 		}
 		return call(ctx, ev, key)
 	}
-	runUntilCleanup(t, f.leaseConsumer(t, testinfra.Name("group"), eff, inbox.Config{DeadLetterTopic: dlt}))
+	runUntilCleanup(t, f.leaseConsumer(t, testenv.Name("group"), eff, inbox.Config{DeadLetterTopic: dlt}))
 
-	testinfra.WaitFor(t, 30*time.Second, "v1 dead-lettered", func() (bool, error) {
+	testenv.WaitFor(t, 30*time.Second, "v1 dead-lettered", func() (bool, error) {
 		return f.count(t, "SELECT count(*) FROM inbox_messages WHERE message_id = $1 AND status = 'dead_lettered'", v1.EventID) == 1, nil
 	})
 	broken.Store(false) // the cause is fixed
 	f.requeue(t, dlt, 1, v1.EventID)
-	testinfra.WaitFor(t, 30*time.Second, "the requeued v1 settled", func() (bool, error) {
+	testenv.WaitFor(t, 30*time.Second, "the requeued v1 settled", func() (bool, error) {
 		return f.count(t, "SELECT count(*) FROM inbox_messages WHERE message_id = $1 AND status IN ('processed', 'stale')", v1.EventID) == 1, nil
 	})
 	if n := b.bookings(v1.EventID.String()); n != 1 {
@@ -105,7 +104,7 @@ func TestAKeyWhoseEarlierVersionIsDeadIsParkedUntilItsRequeue(t *testing.T) {
 		t.Run(mode, func(t *testing.T) {
 			t.Parallel()
 			f := newFixture(t)
-			dlt := testinfra.NewTopic(t, f.brokers, 1)
+			dlt := testenv.NewTopic(t, f.brokers, 1)
 			a1, a2, a3, b1, b2 := newEvent("a", 1), newEvent("a", 2), newEvent("a", 3), newEvent("b", 1), newEvent("b", 2)
 			all := map[uuid.UUID]event.Envelope{}
 			var msgs []kafka.Message
@@ -123,13 +122,13 @@ func TestAKeyWhoseEarlierVersionIsDeadIsParkedUntilItsRequeue(t *testing.T) {
 			}
 			cfg := inbox.Config{Name: "park-" + mode, DeadLetterTopic: dlt, Metrics: inbox.NewMetrics(f.registry),
 				LagInterval: 50 * time.Millisecond}
-			runUntilCleanup(t, f.modeConsumer(t, mode, f.pool, testinfra.Name("group"), apply, cfg))
+			runUntilCleanup(t, f.modeConsumer(t, mode, f.pool, testenv.Name("group"), apply, cfg))
 			f.produce(t, msgs...)
 
-			testinfra.WaitFor(t, 30*time.Second, "key b applied past key a's dead v1", func() (bool, error) {
+			testenv.WaitFor(t, 30*time.Second, "key b applied past key a's dead v1", func() (bool, error) {
 				return f.count(t, "SELECT count(*) FROM effects WHERE aggregate_id = 'b'") == 2, nil
 			})
-			testinfra.WaitFor(t, 30*time.Second, "a2 and a3 parked", func() (bool, error) {
+			testenv.WaitFor(t, 30*time.Second, "a2 and a3 parked", func() (bool, error) {
 				rep, err := inbox.Backlog(context.Background(), f.pool, inbox.BacklogConfig{Samples: 10})
 				return rep.Parked.Count == 2, err
 			})
@@ -150,13 +149,13 @@ func TestAKeyWhoseEarlierVersionIsDeadIsParkedUntilItsRequeue(t *testing.T) {
 			if len(parked) != 2 || parked[0].BlockedBy != a1.EventID || parked[0].AggregateVersion != 2 || parked[1].AggregateVersion != 3 {
 				t.Fatalf("ListParked = %+v, want a2 and a3 behind a1", parked)
 			}
-			testinfra.WaitFor(t, 10*time.Second, "inbox_parked_messages to count them", func() (bool, error) {
-				return testinfra.MetricValue(t, f.registry, "inbox_parked_messages") == 2, nil
+			testenv.WaitFor(t, 10*time.Second, "inbox_parked_messages to count them", func() (bool, error) {
+				return testenv.MetricValue(t, f.registry, "inbox_parked_messages") == 2, nil
 			})
 
 			broken.Store(false)
 			f.requeue(t, dlt, 1, a1.EventID)
-			testinfra.WaitFor(t, 30*time.Second, "a1, then a2 and a3, applied", func() (bool, error) {
+			testenv.WaitFor(t, 30*time.Second, "a1, then a2 and a3, applied", func() (bool, error) {
 				return f.count(t, "SELECT count(*) FROM effects") == 5, nil
 			})
 			got := f.effectOrder(t, all)
@@ -166,8 +165,8 @@ func TestAKeyWhoseEarlierVersionIsDeadIsParkedUntilItsRequeue(t *testing.T) {
 			if rep, err := inbox.Backlog(context.Background(), f.pool, inbox.BacklogConfig{}); err != nil || rep.Parked.Count != 0 {
 				t.Fatalf("after the requeue %d messages are still parked (%v)", rep.Parked.Count, err)
 			}
-			testinfra.WaitFor(t, 10*time.Second, "inbox_parked_messages back to 0", func() (bool, error) {
-				return testinfra.MetricValue(t, f.registry, "inbox_parked_messages") == 0, nil
+			testenv.WaitFor(t, 10*time.Second, "inbox_parked_messages back to 0", func() (bool, error) {
+				return testenv.MetricValue(t, f.registry, "inbox_parked_messages") == 0, nil
 			})
 		})
 	}
@@ -183,7 +182,7 @@ func TestASkipAheadConsumerAppliesSuccessorsAndTheRequeuedEventOnce(t *testing.T
 		t.Run(mode, func(t *testing.T) {
 			t.Parallel()
 			f := newFixture(t)
-			dlt := testinfra.NewTopic(t, f.brokers, 1)
+			dlt := testenv.NewTopic(t, f.brokers, 1)
 			a1, a2 := newEvent("a", 1), newEvent("a", 2)
 			all := map[uuid.UUID]event.Envelope{a1.EventID: a1, a2.EventID: a2}
 			var broken atomic.Bool
@@ -195,10 +194,10 @@ func TestASkipAheadConsumerAppliesSuccessorsAndTheRequeuedEventOnce(t *testing.T
 				return insertEffect(ctx, exec, ev)
 			}
 			cfg := inbox.Config{Name: "skip-" + mode, DeadLetterTopic: dlt, DeadKeys: inbox.DeadKeySkipAhead}
-			runUntilCleanup(t, f.modeConsumer(t, mode, f.pool, testinfra.Name("group"), apply, cfg))
+			runUntilCleanup(t, f.modeConsumer(t, mode, f.pool, testenv.Name("group"), apply, cfg))
 			f.produce(t, event.ToKafka(f.topic, a1), event.ToKafka(f.topic, a2))
 
-			testinfra.WaitFor(t, 30*time.Second, "a2 applied past the dead a1", func() (bool, error) {
+			testenv.WaitFor(t, 30*time.Second, "a2 applied past the dead a1", func() (bool, error) {
 				return f.count(t, "SELECT count(*) FROM effects WHERE event_id = $1", a2.EventID) == 1, nil
 			})
 			if rep, err := inbox.Backlog(context.Background(), f.pool, inbox.BacklogConfig{}); err != nil || rep.Parked.Count != 0 || rep.DeadLettered.Count != 1 {
@@ -206,7 +205,7 @@ func TestASkipAheadConsumerAppliesSuccessorsAndTheRequeuedEventOnce(t *testing.T
 			}
 			broken.Store(false)
 			f.requeue(t, dlt, 1, a1.EventID)
-			testinfra.WaitFor(t, 30*time.Second, "the requeued a1 applied", func() (bool, error) {
+			testenv.WaitFor(t, 30*time.Second, "the requeued a1 applied", func() (bool, error) {
 				return f.count(t, "SELECT count(*) FROM inbox_messages WHERE message_id = $1 AND status IN ('processed', 'stale')", a1.EventID) == 1, nil
 			})
 			if got := f.effectOrder(t, all); fmt.Sprint(got) != "[a2 a1]" {
@@ -231,16 +230,16 @@ func TestParkingWithinABatchAndAcrossBatches(t *testing.T) {
 	}
 }
 
-// The service's runtime role (pgroles) parks, releases and requeues: the
-// parking tables are granted to it like the inbox's others.
+// A runtime role (DML on the inbox's tables, no DDL, as docs/adopt.md and the
+// platform's pgroles grant it) parks, releases and requeues: parking needs no
+// more than the inbox's other paths.
 func TestTheRuntimeRoleParksAndReleases(t *testing.T) {
 	t.Parallel()
 	for _, mode := range []string{"transactional", "lease"} {
 		t.Run(mode, func(t *testing.T) {
 			t.Parallel()
 			f := newFixture(t)
-			roles := pgrolestest.Ensure(t, f.pool.Config().ConnString(), "inbox")
-			parkingThroughHandle(t, f, mode, testinfra.NewPool(t, roles.AppURL))
+			parkingThroughHandle(t, f, mode, testenv.NewPool(t, testenv.RuntimeRole(t, f.pool.Config().ConnString())))
 		})
 	}
 }
@@ -249,7 +248,7 @@ func TestTheRuntimeRoleParksAndReleases(t *testing.T) {
 // consumer's inbox reached through pool.
 func parkingThroughHandle(t *testing.T, f *fixture, mode string, pool *pgxpool.Pool) {
 	t.Helper()
-	dlt := testinfra.NewTopic(t, f.brokers, 1)
+	dlt := testenv.NewTopic(t, f.brokers, 1)
 	a1, a2, a3, b1 := newEvent("a", 1), newEvent("a", 2), newEvent("a", 3), newEvent("b", 1)
 	all := map[uuid.UUID]event.Envelope{a1.EventID: a1, a2.EventID: a2, a3.EventID: a3, b1.EventID: b1}
 	var broken atomic.Bool
@@ -260,7 +259,7 @@ func parkingThroughHandle(t *testing.T, f *fixture, mode string, pool *pgxpool.P
 		}
 		return insertEffect(ctx, exec, ev)
 	}
-	c := f.modeConsumer(t, mode, pool, testinfra.Name("group"), apply, inbox.Config{Name: "handle-" + mode, DeadLetterTopic: dlt})
+	c := f.modeConsumer(t, mode, pool, testenv.Name("group"), apply, inbox.Config{Name: "handle-" + mode, DeadLetterTopic: dlt})
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	msg := func(ev event.Envelope, offset int64) kafka.Message {
@@ -344,8 +343,8 @@ func TestParkedEventsLeftWithNothingDeadAheadAreReleasedByTheNextOwner(t *testin
 					t.Fatal(err)
 				}
 			}
-			runUntilCleanup(t, f.modeConsumer(t, mode, f.pool, testinfra.Name("group"), insertEffect, inbox.Config{Name: name}))
-			testinfra.WaitFor(t, 30*time.Second, "the parked events released", func() (bool, error) {
+			runUntilCleanup(t, f.modeConsumer(t, mode, f.pool, testenv.Name("group"), insertEffect, inbox.Config{Name: name}))
+			testenv.WaitFor(t, 30*time.Second, "the parked events released", func() (bool, error) {
 				return f.count(t, "SELECT count(*) FROM inbox_parked_messages") == 0 &&
 					f.count(t, "SELECT count(*) FROM effects") == 2, nil
 			})

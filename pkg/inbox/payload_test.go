@@ -12,18 +12,17 @@ import (
 	"github.com/onceflow/onceflow/pkg/event"
 	"github.com/onceflow/onceflow/pkg/inbox"
 	"github.com/onceflow/onceflow/pkg/inbox/inboxtest"
-	"github.com/onceflow/onceflow/pkg/platform/pgutil"
-	"github.com/onceflow/onceflow/pkg/platform/testinfra"
+	"github.com/onceflow/onceflow/pkg/testenv"
 )
 
 // A redelivered event id with another payload is a producer bug: still a
 // no-op, but counted, in a batch and alone, in plain and lease mode.
 func TestADuplicateWithAnotherPayloadIsCounted(t *testing.T) {
 	t.Parallel()
-	pool := testinfra.NewPool(t, testinfra.NewMigratedDatabase(t, pgutil.Migration{FS: inbox.Migrations, Table: inbox.MigrationsTable}))
+	pool := testenv.NewPool(t, testenv.NewMigratedDatabase(t, testenv.Migration{FS: inbox.Migrations, Table: inbox.MigrationsTable}))
 	reg := prometheus.NewRegistry()
 	metrics := inbox.NewMetrics(reg)
-	mismatches := func() float64 { return testinfra.MetricValue(t, reg, "inbox_payload_mismatches_total") }
+	mismatches := func() float64 { return testenv.MetricValue(t, reg, "inbox_payload_mismatches_total") }
 	var handled int
 	h := func(context.Context, pgx.Tx, event.Envelope) error { handled++; return nil }
 	first := event.Envelope{

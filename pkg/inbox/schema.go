@@ -1,8 +1,13 @@
 package inbox
 
 import (
+	"context"
 	"embed"
 	"io/fs"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/onceflow/onceflow/pkg/internal/pgmigrate"
 )
 
 //go:embed migrations/*.sql
@@ -15,3 +20,12 @@ var Migrations, _ = fs.Sub(migrationFiles, "migrations")
 
 // MigrationsTable is the golang-migrate table the inbox schema is tracked in.
 const MigrationsTable = "inbox_schema_migrations"
+
+// Migrate applies the inbox schema's pending migrations in pool's database,
+// tracked in MigrationsTable. Run it as a role that may create tables (the
+// schema's owner); the service's runtime role then needs only to read and
+// write them (docs/adopt.md). Teams with a migration tool of their own apply
+// Migrations with it instead.
+func Migrate(ctx context.Context, pool *pgxpool.Pool) error {
+	return pgmigrate.Up(ctx, pool, Migrations, MigrationsTable)
+}

@@ -15,8 +15,7 @@ import (
 
 	"github.com/onceflow/onceflow/pkg/event"
 	"github.com/onceflow/onceflow/pkg/inbox"
-	"github.com/onceflow/onceflow/pkg/platform/kafkautil"
-	"github.com/onceflow/onceflow/pkg/platform/testinfra"
+	"github.com/onceflow/onceflow/pkg/testenv"
 )
 
 // A consumer whose transactions never commit (a deferred foreign key that
@@ -41,11 +40,11 @@ func TestRunEndsWithinTheGraceWhenCommitAndDeadLetterAlwaysFail(t *testing.T) {
 				t.Fatal(err)
 			}
 			f.produce(t, event.ToKafka(f.topic, newEvent("orphan", 1)))
-			unreachable := kafkautil.NewWriter([]string{"127.0.0.1:1"}, 10)
+			unreachable := testenv.NewWriter([]string{"127.0.0.1:1"}, 10)
 			defer unreachable.Close()
 			const grace = 500 * time.Millisecond
 			metrics := inbox.NewMetrics(f.registry)
-			c, err := inbox.NewConsumer(f.pool, f.source(testinfra.Name("group")), unreachable,
+			c, err := inbox.NewConsumer(f.pool, f.source(testenv.Name("group")), unreachable,
 				func(ctx context.Context, tx pgx.Tx, ev event.Envelope) error {
 					_, err := tx.Exec(ctx, `INSERT INTO children VALUES ($1)`, ev.AggregateID)
 					return err // fine now; the commit fails
@@ -58,8 +57,8 @@ func TestRunEndsWithinTheGraceWhenCommitAndDeadLetterAlwaysFail(t *testing.T) {
 			defer cancel()
 			done := make(chan error, 1)
 			go func() { done <- c.Run(ctx) }()
-			testinfra.WaitFor(t, 30*time.Second, "the consumer to be stuck ("+tt.waitFor+")", func() (bool, error) {
-				return testinfra.MetricValue(t, f.registry, tt.waitFor) >= 3, nil
+			testenv.WaitFor(t, 30*time.Second, "the consumer to be stuck ("+tt.waitFor+")", func() (bool, error) {
+				return testenv.MetricValue(t, f.registry, tt.waitFor) >= 3, nil
 			})
 			if tt.waitFor == "inbox_kafka_errors_total" {
 				if err := c.Healthy(); err == nil || !strings.Contains(err.Error(), "kafka") {
@@ -125,7 +124,7 @@ func TestADatabaseOutageDoesNotSpendTheRetryBudget(t *testing.T) {
 			var c *inbox.Consumer
 			var err error
 			if mode == "transactional" {
-				c, err = inbox.NewConsumer(f.pool, f.source(testinfra.Name("group")), f.writer,
+				c, err = inbox.NewConsumer(f.pool, f.source(testenv.Name("group")), f.writer,
 					func(ctx context.Context, tx pgx.Tx, ev event.Envelope) error {
 						if err := killOwnConnection(ctx, tx.Exec); err != nil {
 							return err
@@ -135,7 +134,7 @@ func TestADatabaseOutageDoesNotSpendTheRetryBudget(t *testing.T) {
 			} else {
 				// In lease mode the outage hits the lease transaction; the
 				// side effect is the call that follows.
-				c, err = inbox.NewLeaseConsumer(f.pool, f.source(testinfra.Name("group")), f.writer, inbox.Effect{
+				c, err = inbox.NewLeaseConsumer(f.pool, f.source(testenv.Name("group")), f.writer, inbox.Effect{
 					Check: func(context.Context, string) (bool, error) { return false, nil },
 					Call: func(ctx context.Context, ev event.Envelope, _ string) error {
 						_, err := f.pool.Exec(ctx, "INSERT INTO effects (event_id, aggregate_id) VALUES ($1, $2)", ev.EventID, ev.AggregateID)
@@ -150,7 +149,7 @@ func TestADatabaseOutageDoesNotSpendTheRetryBudget(t *testing.T) {
 				t.Fatal(err)
 			}
 			runUntilCleanup(t, c)
-			testinfra.WaitFor(t, 30*time.Second, "the event to be handled after the outages", func() (bool, error) {
+			testenv.WaitFor(t, 30*time.Second, "the event to be handled after the outages", func() (bool, error) {
 				return f.count(t, "SELECT count(*) FROM inbox_messages WHERE message_id = $1 AND status = 'processed'", ev.EventID) == 1, nil
 			})
 			if got := kills.Load(); got <= outages {
@@ -159,10 +158,10 @@ func TestADatabaseOutageDoesNotSpendTheRetryBudget(t *testing.T) {
 			if n := f.count(t, "SELECT count(*) FROM effects WHERE event_id = $1", ev.EventID); n != 1 {
 				t.Fatalf("%d effects, want 1", n)
 			}
-			if got := testinfra.MetricValue(t, f.registry, "inbox_dead_lettered_total"); got != 0 {
+			if got := testenv.MetricValue(t, f.registry, "inbox_dead_lettered_total"); got != 0 {
 				t.Fatalf("inbox_dead_lettered_total = %v: the outage was charged to the message", got)
 			}
-			if got := testinfra.MetricValue(t, f.registry, "inbox_database_errors_total"); got < 1 {
+			if got := testenv.MetricValue(t, f.registry, "inbox_database_errors_total"); got < 1 {
 				t.Fatalf("inbox_database_errors_total = %v, want the outage counted", got)
 			}
 		})
@@ -182,20 +181,20 @@ func TestAPostgresOutageIsWaitedOut(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			proxy := testinfra.NewProxy(t, u.Host)
+			proxy := testenv.NewProxy(t, u.Host)
 			u.Host = proxy.Addr()
 			q := u.Query()
 			q.Set("connect_timeout", "1")
 			u.RawQuery = q.Encode()
-			pool := testinfra.NewPool(t, u.String())
+			pool := testenv.NewPool(t, u.String())
 
 			cfg := inbox.Config{Name: "outage-" + mode, MaxAttempts: 2, BackoffMin: 10 * time.Millisecond,
 				BackoffMax: 200 * time.Millisecond, LagInterval: 100 * time.Millisecond, Metrics: inbox.NewMetrics(f.registry)}
-			c := f.modeConsumer(t, mode, pool, testinfra.Name("group"), insertEffect, cfg)
+			c := f.modeConsumer(t, mode, pool, testenv.Name("group"), insertEffect, cfg)
 			running := runUntilCleanup(t, c)
 
 			f.produce(t, event.ToKafka(f.topic, newEvent("before", 1)))
-			testinfra.WaitFor(t, 30*time.Second, "the first event", func() (bool, error) {
+			testenv.WaitFor(t, 30*time.Second, "the first event", func() (bool, error) {
 				return f.count(t, "SELECT count(*) FROM effects") == 1, running()
 			})
 			proxy.Cut()
@@ -205,24 +204,24 @@ func TestAPostgresOutageIsWaitedOut(t *testing.T) {
 				during = append(during, ev)
 				f.produce(t, event.ToKafka(f.topic, ev))
 			}
-			testinfra.WaitFor(t, 30*time.Second, "the outage to show in Healthy and the gauge", func() (bool, error) {
+			testenv.WaitFor(t, 30*time.Second, "the outage to show in Healthy and the gauge", func() (bool, error) {
 				err := c.Healthy()
 				return err != nil && strings.Contains(err.Error(), "database") &&
-					testinfra.MetricValue(t, f.registry, "inbox_database_connected") == 0, running()
+					testenv.MetricValue(t, f.registry, "inbox_database_connected") == 0, running()
 			})
 			// Long enough for several retries of every message.
 			deadline := time.Now().Add(2 * time.Second)
-			testinfra.WaitFor(t, 10*time.Second, "the outage to last two seconds", func() (bool, error) {
+			testenv.WaitFor(t, 10*time.Second, "the outage to last two seconds", func() (bool, error) {
 				return time.Now().After(deadline), running()
 			})
 			proxy.Heal()
-			testinfra.WaitFor(t, 30*time.Second, "the events of the outage to be handled", func() (bool, error) {
+			testenv.WaitFor(t, 30*time.Second, "the events of the outage to be handled", func() (bool, error) {
 				return f.count(t, "SELECT count(*) FROM effects") == 1+len(during), running()
 			})
-			testinfra.WaitFor(t, 10*time.Second, "Healthy to clear", func() (bool, error) {
-				return c.Healthy() == nil && testinfra.MetricValue(t, f.registry, "inbox_database_connected") == 1, nil
+			testenv.WaitFor(t, 10*time.Second, "Healthy to clear", func() (bool, error) {
+				return c.Healthy() == nil && testenv.MetricValue(t, f.registry, "inbox_database_connected") == 1, nil
 			})
-			if got := testinfra.MetricValue(t, f.registry, "inbox_dead_lettered_total"); got != 0 {
+			if got := testenv.MetricValue(t, f.registry, "inbox_dead_lettered_total"); got != 0 {
 				t.Fatalf("inbox_dead_lettered_total = %v: the outage was charged to the messages", got)
 			}
 		})

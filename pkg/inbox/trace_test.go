@@ -16,20 +16,20 @@ import (
 
 	"github.com/onceflow/onceflow/pkg/event"
 	"github.com/onceflow/onceflow/pkg/inbox"
-	"github.com/onceflow/onceflow/pkg/platform/testinfra"
-	"github.com/onceflow/onceflow/pkg/platform/tracing/tracectx"
+	"github.com/onceflow/onceflow/pkg/internal/tracectx"
+	"github.com/onceflow/onceflow/pkg/testenv"
 )
 
 // The producer's context, as the message's traceparent header carries it.
 const (
-	producerTraceID = testinfra.CallerTraceID
-	producerSpanID  = testinfra.CallerSpanID
+	producerTraceID = testenv.CallerTraceID
+	producerSpanID  = testenv.CallerSpanID
 )
 
 // tracedEvent is an event whose Kafka header carries a producer's context.
 func tracedEvent() event.Envelope {
 	ev := newEvent("agg", 1)
-	ev.Traceparent = testinfra.CallerTraceparent
+	ev.Traceparent = testenv.CallerTraceparent
 	return ev
 }
 
@@ -84,7 +84,7 @@ func checkConsumerSpans(t *testing.T, rec *tracetest.SpanRecorder, topic string,
 }
 
 func TestTheHandlerRunsInAConsumerSpanContinuingTheProducer(t *testing.T) {
-	rec := testinfra.RecordSpans(t)
+	rec := testenv.RecordSpans(t)
 	f := newFixture(t)
 	ev := tracedEvent()
 	var under runUnder
@@ -95,12 +95,12 @@ func TestTheHandlerRunsInAConsumerSpanContinuingTheProducer(t *testing.T) {
 	}, inbox.Config{})
 
 	var saw string
-	testinfra.WaitFor(t, 30*time.Second, "the event to be handled", func() (bool, error) {
+	testenv.WaitFor(t, 30*time.Second, "the event to be handled", func() (bool, error) {
 		var ok bool
 		saw, ok = under.of(ev)
 		return ok && f.count(t, "SELECT count(*) FROM effects") == 1, nil
 	})
-	testinfra.WaitFor(t, 10*time.Second, "the consumer span to end", func() (bool, error) {
+	testenv.WaitFor(t, 10*time.Second, "the consumer span to end", func() (bool, error) {
 		return len(rec.Ended()) > 0, nil
 	})
 	if spans := checkConsumerSpans(t, rec, f.topic, ev, saw); len(spans) != 1 {
@@ -112,7 +112,7 @@ func TestTheHandlerRunsInAConsumerSpanContinuingTheProducer(t *testing.T) {
 // it has its own consumer span in the producer's trace, the failed one
 // marked as an error.
 func TestEachRunOfAFailingHandlerHasItsOwnSpan(t *testing.T) {
-	rec := testinfra.RecordSpans(t)
+	rec := testenv.RecordSpans(t)
 	f := newFixture(t)
 	ev := tracedEvent()
 	var under runUnder
@@ -127,13 +127,13 @@ func TestEachRunOfAFailingHandlerHasItsOwnSpan(t *testing.T) {
 	}, inbox.Config{BackoffMin: time.Millisecond, BackoffMax: time.Millisecond})
 
 	var saw string
-	testinfra.WaitFor(t, 30*time.Second, "the event to be handled", func() (bool, error) {
+	testenv.WaitFor(t, 30*time.Second, "the event to be handled", func() (bool, error) {
 		var ok bool
 		saw, ok = under.of(ev)
 		return ok && f.count(t, "SELECT count(*) FROM effects") == 1, nil
 	})
 	var spans []sdktrace.ReadOnlySpan
-	testinfra.WaitFor(t, 10*time.Second, "the consumer spans to end", func() (bool, error) {
+	testenv.WaitFor(t, 10*time.Second, "the consumer spans to end", func() (bool, error) {
 		spans = checkConsumerSpans(t, rec, f.topic, ev, saw)
 		return len(spans) >= 2, nil
 	})
@@ -149,12 +149,12 @@ func TestEachRunOfAFailingHandlerHasItsOwnSpan(t *testing.T) {
 }
 
 func TestALeasedSideEffectRunsInAConsumerSpanContinuingTheProducer(t *testing.T) {
-	rec := testinfra.RecordSpans(t)
+	rec := testenv.RecordSpans(t)
 	f := newFixture(t)
 	ev := tracedEvent()
 	var under runUnder
 	f.produce(t, event.ToKafka(f.topic, ev))
-	c, err := inbox.NewLeaseConsumer(f.pool, f.source(testinfra.Name("group")), f.writer, inbox.Effect{
+	c, err := inbox.NewLeaseConsumer(f.pool, f.source(testenv.Name("group")), f.writer, inbox.Effect{
 		Check: func(context.Context, string) (bool, error) { return false, nil },
 		Call: func(ctx context.Context, ev event.Envelope, _ string) error {
 			under.add(ctx, ev)
@@ -167,12 +167,12 @@ func TestALeasedSideEffectRunsInAConsumerSpanContinuingTheProducer(t *testing.T)
 	runUntilCleanup(t, c)
 
 	var saw string
-	testinfra.WaitFor(t, 30*time.Second, "the side effect to run and be marked done", func() (bool, error) {
+	testenv.WaitFor(t, 30*time.Second, "the side effect to run and be marked done", func() (bool, error) {
 		var ok bool
 		saw, ok = under.of(ev)
 		return ok && f.count(t, "SELECT count(*) FROM inbox_messages WHERE status = 'processed'") == 1, nil
 	})
-	testinfra.WaitFor(t, 10*time.Second, "the consumer span to end", func() (bool, error) {
+	testenv.WaitFor(t, 10*time.Second, "the consumer span to end", func() (bool, error) {
 		return len(rec.Ended()) > 0, nil
 	})
 	if spans := checkConsumerSpans(t, rec, f.topic, ev, saw); len(spans) != 1 {

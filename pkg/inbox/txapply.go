@@ -13,8 +13,8 @@ import (
 	"github.com/segmentio/kafka-go"
 
 	"github.com/onceflow/onceflow/pkg/event"
-	"github.com/onceflow/onceflow/pkg/event/retry"
-	"github.com/onceflow/onceflow/pkg/platform/pgutil"
+	"github.com/onceflow/onceflow/pkg/internal/pgerr"
+	"github.com/onceflow/onceflow/pkg/internal/retry"
 )
 
 // processBatch handles batch in as few transactions as it can: one, unless
@@ -124,7 +124,7 @@ func (c *Consumer) tryBatch(ctx context.Context, batch []delivery) (n int, due *
 		n++
 	}
 	if err := tx.Commit(ctx); err != nil {
-		if pgutil.IsUnavailable(err) {
+		if pgerr.IsUnavailable(err) {
 			c.db.fail(ctx, "commit", err)
 		} else if ctx.Err() == nil {
 			c.cfg.Logger.WarnContext(ctx, "inbox batch commit failed; retrying its messages one by one",

@@ -5,7 +5,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"log/slog"
 	"slices"
 	"strconv"
 	"strings"
@@ -14,8 +13,6 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
-
-	"github.com/onceflow/onceflow/pkg/event/periodic"
 )
 
 // The operator side of the outbox: see what is dead and requeue it, prune
@@ -226,187 +223,6 @@ func requeueDeadPoll(ctx context.Context, db DB, f DeadFilter) (int, error) {
 		return 0, storeErr("requeuing dead events", err)
 	}
 	return wake(ctx, db, int(tag.RowsAffected())), nil
-}
-
-// PruneConfig configures Prune. Zero fields take the documented defaults.
-type PruneConfig struct {
-	// Retention is how long a published row is kept after publication, the
-	// window in which it can still be replayed. Default 7 days.
-	Retention time.Duration
-	// BatchSize is the most rows removed per statement (and transaction), so
-	// pruning a large backlog never holds many locks or a long transaction.
-	// Default 1000.
-	BatchSize int
-	// Archive moves pruned rows to outbox_events_archive, with their ids, in
-	// the same statement that deletes them. Default false: delete them.
-	Archive bool
-}
-
-// WithDefaults returns c with every zero field set to its documented
-// default; negative values are kept for Validate to refuse.
-func (c PruneConfig) WithDefaults() PruneConfig {
-	if c.Retention == 0 {
-		c.Retention = 7 * 24 * time.Hour
-	}
-	if c.BatchSize == 0 {
-		c.BatchSize = 1000
-	}
-	return c
-}
-
-// Validate refuses a negative Retention or BatchSize: a negative retention
-// would prune rows the moment they are published.
-func (c PruneConfig) Validate() error {
-	if c.Retention < 0 {
-		return fmt.Errorf("outbox: PruneConfig.Retention is negative (%v); leave it zero for the default", c.Retention)
-	}
-	if c.BatchSize < 0 {
-		return fmt.Errorf("outbox: PruneConfig.BatchSize is negative (%d); leave it zero for the default", c.BatchSize)
-	}
-	return nil
-}
-
-// pruneBatch selects the oldest prunable rows, once (MATERIALIZED: see
-// requeueDead). SKIP LOCKED: a row someone is replaying right now is left for
-// the next run instead of being waited for.
-const pruneBatch = `
-WITH doomed AS MATERIALIZED (
-    SELECT id FROM outbox_events
-    WHERE state = 'published' AND published_at < now() - $1::bigint * interval '1 microsecond'
-    ORDER BY published_at, id
-    LIMIT $2
-    FOR UPDATE SKIP LOCKED)`
-
-const pruneDelete = pruneBatch + `
-DELETE FROM outbox_events WHERE id IN (SELECT id FROM doomed)`
-
-// pruneArchive deletes and archives in one statement, so a row is never in
-// both tables nor in neither. The column lists are explicit so that columns
-// added to outbox_events later do not break it.
-const pruneArchive = pruneBatch + `,
-moved AS (
-    DELETE FROM outbox_events WHERE id IN (SELECT id FROM doomed)
-    RETURNING id, event_id, aggregate_type, aggregate_id, aggregate_version,
-              event_type, event_version, payload, headers, occurred_at, created_at,
-              partition, state, attempts, next_attempt_at, last_error, published_at,
-              correlation_id, causation_id, traceparent)
-INSERT INTO outbox_events_archive (
-    id, event_id, aggregate_type, aggregate_id, aggregate_version,
-    event_type, event_version, payload, headers, occurred_at, created_at,
-    partition, state, attempts, next_attempt_at, last_error, published_at,
-    correlation_id, causation_id, traceparent)
-SELECT id, event_id, aggregate_type, aggregate_id, aggregate_version,
-       event_type, event_version, payload, headers, occurred_at, created_at,
-       partition, state, attempts, next_attempt_at, last_error, published_at,
-       correlation_id, causation_id, traceparent
-FROM moved`
-
-// Prune removes published rows older than cfg.Retention (by published_at),
-// deleting or archiving them per cfg.Archive, and returns how many it
-// removed. Pending and dead rows are never touched, however old: they are
-// work not yet done. It works oldest first in batches of cfg.BatchSize, each
-// its own statement and short transaction, until a batch comes up short, so
-// an interrupted Prune keeps what it removed and the next one resumes.
-//
-// On error the count is what the batches before the failure removed.
-func Prune(ctx context.Context, db DB, cfg PruneConfig) (int, error) {
-	if err := cfg.Validate(); err != nil {
-		return 0, err
-	}
-	cfg = cfg.WithDefaults()
-	stmt := pruneDelete
-	if cfg.Archive {
-		stmt = pruneArchive
-	}
-	total := 0
-	for {
-		tag, err := db.Exec(ctx, stmt, cfg.Retention.Microseconds(), cfg.BatchSize)
-		if err != nil {
-			return total, storeErr("pruning published events", err)
-		}
-		n := int(tag.RowsAffected())
-		total += n
-		if n < cfg.BatchSize {
-			return total, nil
-		}
-	}
-}
-
-// PrunerConfig configures a Pruner. Zero fields take the documented defaults.
-type PrunerConfig struct {
-	// PruneConfig is what each run prunes; see its fields' defaults.
-	PruneConfig
-	// Interval is the time between runs. Default 1h.
-	Interval time.Duration
-	// Logger receives each run's outcome. Default: slog.Default().
-	Logger *slog.Logger
-}
-
-// WithDefaults returns c with every zero field set to its documented
-// default; negative values are kept for Validate to refuse.
-func (c PrunerConfig) WithDefaults() PrunerConfig {
-	c.PruneConfig = c.PruneConfig.WithDefaults()
-	if c.Interval == 0 {
-		c.Interval = time.Hour
-	}
-	if c.Logger == nil {
-		c.Logger = slog.Default()
-	}
-	return c
-}
-
-// Validate refuses what PruneConfig.Validate refuses, and a negative
-// Interval.
-func (c PrunerConfig) Validate() error {
-	if err := c.PruneConfig.Validate(); err != nil {
-		return err
-	}
-	if c.Interval < 0 {
-		return fmt.Errorf("outbox: PrunerConfig.Interval is negative (%v); leave it zero for the default", c.Interval)
-	}
-	return nil
-}
-
-// Pruner runs Prune in the background, once at start and then every
-// Interval. Several instances may run at once: batches skip rows another
-// holds, so they share the work rather than collide.
-type Pruner struct {
-	db  DB
-	cfg PrunerConfig
-}
-
-// NewPruner returns a pruner of the outbox in db.
-func NewPruner(db DB, cfg PrunerConfig) (*Pruner, error) {
-	if db == nil {
-		return nil, errors.New("outbox: NewPruner needs a database")
-	}
-	if err := cfg.Validate(); err != nil {
-		return nil, err
-	}
-	return &Pruner{db: db, cfg: cfg.WithDefaults()}, nil
-}
-
-// Run prunes until ctx ends, then returns nil. A failed run is logged and
-// retried at the next interval; it does not stop the pruner.
-func (p *Pruner) Run(ctx context.Context) error {
-	periodic.Run(ctx, p.cfg.Interval, p.pruneOnce)
-	return nil
-}
-
-func (p *Pruner) pruneOnce(ctx context.Context) {
-	n, err := Prune(ctx, p.db, p.cfg.PruneConfig)
-	log := p.cfg.Logger.With(slog.Int("rows_removed", n), slog.Bool("archive", p.cfg.Archive),
-		slog.Duration("retention", p.cfg.Retention))
-	switch {
-	case err != nil && ctx.Err() != nil:
-		// Shutting down: the interrupted batch rolled back, nothing to report.
-	case err != nil:
-		log.ErrorContext(ctx, "outbox prune failed; retrying at the next interval", slog.Any("error", err))
-	case n > 0:
-		log.InfoContext(ctx, "outbox pruned published events")
-	default:
-		log.DebugContext(ctx, "outbox prune found nothing to remove")
-	}
 }
 
 // ReplayFilter scopes a Replay to the published events of one aggregate type

@@ -17,7 +17,7 @@ import (
 
 	"github.com/onceflow/onceflow/pkg/event"
 	"github.com/onceflow/onceflow/pkg/outbox"
-	"github.com/onceflow/onceflow/pkg/platform/testinfra"
+	"github.com/onceflow/onceflow/pkg/testenv"
 )
 
 // adminDB returns a pool on a fresh database with the outbox schema.
@@ -257,7 +257,7 @@ func TestPrunerPrunesAtStartAndEveryInterval(t *testing.T) {
 		row{"thing", "a", 2, "published", 9 * day, time.Time{}},
 		row{"thing", "b", 1, "pending", 0, time.Time{}},
 	)
-	logs := &testinfra.LogBuffer{}
+	logs := &testenv.LogBuffer{}
 	pruner, err := outbox.NewPruner(pool, outbox.PrunerConfig{
 		PruneConfig: outbox.PruneConfig{Archive: true},
 		Interval:    50 * time.Millisecond,
@@ -272,7 +272,7 @@ func TestPrunerPrunesAtStartAndEveryInterval(t *testing.T) {
 	go func() { done <- pruner.Run(ctx) }()
 
 	// The pruner logs after its transaction commits: wait for both.
-	testinfra.WaitFor(t, 10*time.Second, "the first run to archive the two old rows and log it", func() (bool, error) {
+	testenv.WaitFor(t, 10*time.Second, "the first run to archive the two old rows and log it", func() (bool, error) {
 		_, logged := logs.Record("outbox pruned published events")
 		return logged && len(tableIDs(t, pool, "outbox_events_archive", "true")) == 2, nil
 	})
@@ -282,7 +282,7 @@ func TestPrunerPrunesAtStartAndEveryInterval(t *testing.T) {
 	}
 
 	later := seedRows(t, pool, row{"thing", "c", 1, "published", 10 * day, time.Time{}})
-	testinfra.WaitFor(t, 10*time.Second, "a later run to archive a row published since and log it", func() (bool, error) {
+	testenv.WaitFor(t, 10*time.Second, "a later run to archive a row published since and log it", func() (bool, error) {
 		return strings.Contains(logs.String(), `"rows_removed":1`) && len(tableIDs(t, pool, "outbox_events_archive", "true")) == 3, nil
 	})
 	if !strings.Contains(logs.String(), `"rows_removed":1`) {
@@ -293,7 +293,7 @@ func TestPrunerPrunesAtStartAndEveryInterval(t *testing.T) {
 
 	stop()
 	var runErr error
-	testinfra.WaitFor(t, 10*time.Second, "Run to return once its context ended", func() (bool, error) {
+	testenv.WaitFor(t, 10*time.Second, "Run to return once its context ended", func() (bool, error) {
 		select {
 		case runErr = <-done:
 			return true, nil

@@ -13,7 +13,7 @@ import (
 
 	"github.com/onceflow/onceflow/pkg/outbox"
 	"github.com/onceflow/onceflow/pkg/outbox/outboxtest"
-	"github.com/onceflow/onceflow/pkg/platform/testinfra"
+	"github.com/onceflow/onceflow/pkg/testenv"
 )
 
 // Backlog counts the rows of each state old enough, reports the oldest and
@@ -22,7 +22,7 @@ func TestBacklogCountsOldPendingAndDeadRows(t *testing.T) {
 	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	pool := testinfra.NewPool(t, newOutboxDBURL(t))
+	pool := testenv.NewPool(t, newOutboxDBURL(t))
 
 	_, oldPending := outboxtest.Seed(t, pool, outboxtest.Row{State: "pending", Age: 2 * time.Hour})
 	_, midPending := outboxtest.Seed(t, pool, outboxtest.Row{State: "pending", Age: time.Hour})
@@ -73,13 +73,13 @@ func TestBacklogErrors(t *testing.T) {
 		}
 	}
 
-	_, err := outbox.Backlog(ctx, testinfra.NewPool(t, testinfra.NewDatabase(t)), outbox.BacklogConfig{})
+	_, err := outbox.Backlog(ctx, testenv.NewPool(t, testenv.NewDatabase(t)), outbox.BacklogConfig{})
 	var pgErr *pgconn.PgError
 	if !errors.As(err, &pgErr) || pgErr.Code != "42P01" {
 		t.Errorf("an empty database: %v, want SQLSTATE 42P01", err)
 	}
 
-	closed := testinfra.NewPool(t, newOutboxDBURL(t))
+	closed := testenv.NewPool(t, newOutboxDBURL(t))
 	closed.Close()
 	if _, err := outbox.Backlog(ctx, closed, outbox.BacklogConfig{}); !errors.Is(err, outbox.ErrUnavailable) {
 		t.Errorf("a closed pool: %v, want ErrUnavailable", err)

@@ -14,8 +14,7 @@ import (
 
 	"github.com/onceflow/onceflow/pkg/event"
 	"github.com/onceflow/onceflow/pkg/outbox"
-	"github.com/onceflow/onceflow/pkg/platform/kafkautil"
-	"github.com/onceflow/onceflow/pkg/platform/testinfra"
+	"github.com/onceflow/onceflow/pkg/testenv"
 )
 
 // ---------------------------------------------------------------------------
@@ -45,7 +44,7 @@ func BenchmarkCDCWriteOverhead(b *testing.B) {
 func benchCDCWriteOverhead(b *testing.B, write outbox.WriteFunc) {
 	const workers = 8
 	ctx := context.Background()
-	pool := benchPool(b, testinfra.NewDatabase(b), workers+1, "on", nil)
+	pool := benchPool(b, testenv.NewDatabase(b), workers+1, "on", nil)
 	benchMigrate(b, pool)
 	if _, err := pool.Exec(ctx, createBenchOrders); err != nil {
 		b.Fatalf("creating bench_orders: %v", err)
@@ -126,13 +125,13 @@ func benchWALSince(b *testing.B, pool *pgxpool.Pool, lsn string) int64 {
 // -bench run gives the three modes' drains side by side.
 func BenchmarkCDCDrain(b *testing.B) {
 	b.Run("mode=poll", func(b *testing.B) {
-		brokers := testinfra.KafkaBrokers(b)
-		dbURL := testinfra.NewDatabase(b)
+		brokers := testenv.KafkaBrokers(b)
+		dbURL := testenv.NewDatabase(b)
 		pool := benchPool(b, dbURL, 4, "on", nil)
 		benchMigrate(b, pool)
 		phases := newBenchPhases()
 		relayPool := benchPool(b, dbURL, 4, "on", phases)
-		benchRelayDrain(b, brokers, pool, relayPool, phases, 1000, func() *kafkautil.Writer { return kafkautil.NewWriter(brokers, 1000) })
+		benchRelayDrain(b, brokers, pool, relayPool, phases, 1000, func() *testenv.Writer { return testenv.NewWriter(brokers, 1000) })
 	})
 	for _, mode := range []string{"table", "wal"} {
 		b.Run("mode="+mode, func(b *testing.B) { benchCDCDrain(b, mode) })
@@ -179,14 +178,14 @@ END $$`
 
 func benchCDCDrain(b *testing.B, mode string) {
 	ctx := context.Background()
-	brokers := testinfra.KafkaBrokers(b)
-	pool := benchPool(b, testinfra.NewDatabase(b), 4, "on", nil)
+	brokers := testenv.KafkaBrokers(b)
+	pool := benchPool(b, testenv.NewDatabase(b), 4, "on", nil)
 	benchMigrate(b, pool)
 	var raw, relayed benchRate
 	for range b.N {
-		rawTopic := testinfra.NewTopic(b, brokers, 6)
-		relayTopic := testinfra.NewTopic(b, brokers, 6)
-		slot := testinfra.Name("bench")
+		rawTopic := testenv.NewTopic(b, brokers, 6)
+		relayTopic := testenv.NewTopic(b, brokers, 6)
+		slot := testenv.Name("bench")
 		for _, q := range []string{"TRUNCATE outbox_events", "DROP TABLE IF EXISTS bench_backlog"} {
 			if _, err := pool.Exec(ctx, q); err != nil {
 				b.Fatal(err)
@@ -219,7 +218,7 @@ func benchCDCDrain(b *testing.B, mode string) {
 			}
 		}
 
-		w := kafkautil.NewWriter(brokers, 1000)
+		w := testenv.NewWriter(brokers, 1000)
 		start := time.Now()
 		for i := 0; i < len(msgs); i += 1000 {
 			if err := w.WriteMessages(ctx, msgs[i:min(i+1000, len(msgs))]...); err != nil {
@@ -229,7 +228,7 @@ func benchCDCDrain(b *testing.B, mode string) {
 		raw.add(len(msgs), time.Since(start))
 		benchCloseWriter(w)
 
-		w = kafkautil.NewWriter(brokers, 1000)
+		w = testenv.NewWriter(brokers, 1000)
 		counted := &benchCountingWriter{w: w, done: make(chan struct{}), want: int64(len(msgs))}
 		relay, err := outbox.NewCDCRelay(pool, counted, outbox.CDCConfig{Slot: slot, BatchSize: 1000,
 			Topic: func(string) string { return relayTopic }, Logger: benchLogger, RetentionInterval: time.Hour})
@@ -298,17 +297,17 @@ func BenchmarkCDCPublishLag(b *testing.B) {
 
 func benchCDCPublishLag(b *testing.B, write outbox.WriteFunc, rate int) {
 	ctx := context.Background()
-	brokers := testinfra.KafkaBrokers(b)
-	topic := testinfra.NewTopic(b, brokers, 6)
-	pool := benchPool(b, testinfra.NewDatabase(b), lagProducers+2, "on", nil)
+	brokers := testenv.KafkaBrokers(b)
+	topic := testenv.NewTopic(b, brokers, 6)
+	pool := benchPool(b, testenv.NewDatabase(b), lagProducers+2, "on", nil)
 	benchMigrate(b, pool)
-	slot := testinfra.Name("bench")
+	slot := testenv.Name("bench")
 	b.Cleanup(func() {
 		_, _ = pool.Exec(context.Background(), `SELECT pg_drop_replication_slot($1)`, slot)
 	})
 
 	acked := newBenchClock()
-	w := kafkautil.NewWriter(brokers, 500)
+	w := testenv.NewWriter(brokers, 500)
 	defer benchCloseWriter(w)
 	aw := &benchAckWriter{benchTimedWriter: benchTimedWriter{w: w, phases: newBenchPhases()}, acked: acked}
 	relay, err := outbox.NewCDCRelay(pool, aw, outbox.CDCConfig{Slot: slot,
@@ -329,7 +328,7 @@ func benchCDCPublishLag(b *testing.B, write outbox.WriteFunc, rate int) {
 		// Warm up: the relay takes its slot (events committed before it
 		// exists are never streamed), the writer its metadata, the
 		// consumers their first fetch.
-		testinfra.WaitFor(b, 60*time.Second, "the relay's slot to be streamed", func() (bool, error) {
+		testenv.WaitFor(b, 60*time.Second, "the relay's slot to be streamed", func() (bool, error) {
 			var active bool
 			err := pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_replication_slots WHERE slot_name = $1 AND active)`, slot).Scan(&active)
 			return active, err
@@ -338,7 +337,7 @@ func benchCDCPublishLag(b *testing.B, write outbox.WriteFunc, rate int) {
 		if err != nil {
 			b.Fatal(err)
 		}
-		testinfra.WaitFor(b, 30*time.Second, "the warm-up events to be acked and consumed", func() (bool, error) {
+		testenv.WaitFor(b, 30*time.Second, "the warm-up events to be acked and consumed", func() (bool, error) {
 			return acked.hasAll(warm) && arrived.hasAll(warm), nil
 		})
 
@@ -351,7 +350,7 @@ func benchCDCPublishLag(b *testing.B, write outbox.WriteFunc, rate int) {
 		}
 		events.add(len(ids), time.Since(start))
 		walBytes += benchWALSince(b, pool, before)
-		testinfra.WaitFor(b, 30*time.Second, "every event to be acked and consumed", func() (bool, error) {
+		testenv.WaitFor(b, 30*time.Second, "every event to be acked and consumed", func() (bool, error) {
 			return acked.hasAll(ids) && arrived.hasAll(ids), nil
 		})
 		ackLag = append(ackLag, committed.lagsUntil(acked, ids)...)

@@ -14,8 +14,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/onceflow/onceflow/pkg/outbox"
-	"github.com/onceflow/onceflow/pkg/platform/kafkautil"
-	"github.com/onceflow/onceflow/pkg/platform/testinfra"
+	"github.com/onceflow/onceflow/pkg/testenv"
 )
 
 // BenchmarkRelayRoundTrips measures what the polling relay costs Postgres
@@ -66,16 +65,16 @@ const (
 
 func benchRelayRoundTrips(b *testing.B, rate int, linger time.Duration) {
 	ctx := context.Background()
-	brokers := testinfra.KafkaBrokers(b)
-	topic := testinfra.NewTopic(b, brokers, 6)
-	dbURL := testinfra.NewDatabase(b)
+	brokers := testenv.KafkaBrokers(b)
+	topic := testenv.NewTopic(b, brokers, 6)
+	dbURL := testenv.NewDatabase(b)
 	pool := benchPool(b, dbURL, lagProducers+1, "on", nil)
 	benchMigrate(b, pool)
 	counts := &benchWireCounts{}
 	relayPool := benchCountingPool(b, dbURL, 4, counts)
 
 	acked := newBenchClock()
-	w := kafkautil.NewWriter(brokers, 500)
+	w := testenv.NewWriter(brokers, 500)
 	defer benchCloseWriter(w)
 	reg := prometheus.NewRegistry()
 	aw := &benchAckWriter{benchTimedWriter: benchTimedWriter{w: w, phases: newBenchPhases()}, acked: acked}
@@ -103,7 +102,7 @@ func benchRelayRoundTrips(b *testing.B, rate int, linger time.Duration) {
 			b.Fatal(err)
 		}
 		waitPublished := func(ids []string) {
-			testinfra.WaitFor(b, 30*time.Second, "every event to be acked and marked published", func() (bool, error) {
+			testenv.WaitFor(b, 30*time.Second, "every event to be acked and marked published", func() (bool, error) {
 				var unpublished int
 				err := pool.QueryRow(ctx, `SELECT count(*) FROM outbox_events WHERE state <> 'published'`).Scan(&unpublished)
 				return acked.hasAll(ids) && unpublished == 0, err

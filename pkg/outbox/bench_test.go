@@ -38,9 +38,7 @@ import (
 
 	"github.com/onceflow/onceflow/pkg/event"
 	"github.com/onceflow/onceflow/pkg/outbox"
-	"github.com/onceflow/onceflow/pkg/platform/kafkautil"
-	"github.com/onceflow/onceflow/pkg/platform/pgutil"
-	"github.com/onceflow/onceflow/pkg/platform/testinfra"
+	"github.com/onceflow/onceflow/pkg/testenv"
 )
 
 // ---------------------------------------------------------------------------
@@ -96,7 +94,7 @@ CREATE TABLE bench_orders (
 
 func benchEnqueueOverhead(b *testing.B, workers int, syncCommit, relay string) {
 	ctx := context.Background()
-	pool := benchPool(b, testinfra.NewDatabase(b), int32(workers)+1, syncCommit, nil) // +1: the wait sampler
+	pool := benchPool(b, testenv.NewDatabase(b), int32(workers)+1, syncCommit, nil) // +1: the wait sampler
 	benchMigrate(b, pool)
 	switch relay {
 	case "trigger-off":
@@ -274,15 +272,15 @@ func benchSampleWaits(ctx context.Context, pool *pgxpool.Pool, deadline time.Tim
 // others change the kafka-go writer (its BatchSize, its BatchTimeout) or the
 // relay connections' synchronous_commit at BatchSize 1000.
 func BenchmarkRelayDrain(b *testing.B) {
-	brokers := testinfra.KafkaBrokers(b)
-	dbURL := testinfra.NewDatabase(b)
+	brokers := testenv.KafkaBrokers(b)
+	dbURL := testenv.NewDatabase(b)
 	pool := benchPool(b, dbURL, 4, "on", nil)
 	benchMigrate(b, pool)
 	for _, c := range []struct {
 		name          string
 		batch         int
 		writerBatch   int           // kafka-go Writer.BatchSize; default: batch
-		writerTimeout time.Duration // kafka-go Writer.BatchTimeout; default: kafkautil's
+		writerTimeout time.Duration // kafka-go Writer.BatchTimeout; default: the writer's
 		syncCommit    string
 	}{
 		{name: "batch=500", batch: 500},
@@ -293,8 +291,8 @@ func BenchmarkRelayDrain(b *testing.B) {
 		{name: "batch=1000/synchronous_commit=off", batch: 1000, syncCommit: "off"},
 	} {
 		b.Run(c.name, func(b *testing.B) {
-			newWriter := func() *kafkautil.Writer {
-				w := kafkautil.NewWriter(brokers, cmp.Or(c.writerBatch, c.batch))
+			newWriter := func() *testenv.Writer {
+				w := testenv.NewWriter(brokers, cmp.Or(c.writerBatch, c.batch))
 				if c.writerTimeout > 0 {
 					w.BatchTimeout = c.writerTimeout
 				}
@@ -336,15 +334,15 @@ FROM generate_series(0, $1 - 1) AS g,
      LATERAL (SELECT 'order-' || g % 10000 AS id) AS a`
 
 func benchRelayDrain(b *testing.B, brokers []string, pool, relayPool *pgxpool.Pool, phases *benchPhases,
-	batch int, newWriter func() *kafkautil.Writer) {
+	batch int, newWriter func() *testenv.Writer) {
 	ctx := context.Background()
 	var (
 		raw, relayed benchRate
 		spent        = map[string][]time.Duration{}
 	)
 	for range b.N {
-		rawTopic := testinfra.NewTopic(b, brokers, 6)
-		relayTopic := testinfra.NewTopic(b, brokers, 6)
+		rawTopic := testenv.NewTopic(b, brokers, 6)
+		relayTopic := testenv.NewTopic(b, brokers, 6)
 
 		fillStart := time.Now()
 		if _, err := pool.Exec(ctx, "TRUNCATE outbox_events"); err != nil {
@@ -423,10 +421,10 @@ func benchRelayDrain(b *testing.B, brokers []string, pool, relayPool *pgxpool.Po
 	}
 }
 
-// benchCloseWriter closes w, and with it its transport (kafkautil.Writer),
+// benchCloseWriter closes w, and with it its transport (testenv.Writer),
 // so that a benchmark that made many writers does not measure their idle
 // metadata refreshes as the relay's work.
-func benchCloseWriter(w *kafkautil.Writer) { _ = w.Close() }
+func benchCloseWriter(w *testenv.Writer) { _ = w.Close() }
 
 // benchTimedWriter times the relay's writes to the broker as the phase "kafka".
 type benchTimedWriter struct {
@@ -646,16 +644,16 @@ const (
 
 func benchPublishLag(b *testing.B, rate int, writerTimeout time.Duration, relaySyncCommit string) {
 	ctx := context.Background()
-	brokers := testinfra.KafkaBrokers(b)
-	topic := testinfra.NewTopic(b, brokers, 6)
-	dbURL := testinfra.NewDatabase(b)
+	brokers := testenv.KafkaBrokers(b)
+	topic := testenv.NewTopic(b, brokers, 6)
+	dbURL := testenv.NewDatabase(b)
 	pool := benchPool(b, dbURL, lagProducers+1, "on", nil)
 	benchMigrate(b, pool)
 	phases := newBenchPhases()
 	relayPool := benchPool(b, dbURL, 4, relaySyncCommit, phases)
 
 	acked := newBenchClock()
-	w := kafkautil.NewWriter(brokers, 500)
+	w := testenv.NewWriter(brokers, 500)
 	if writerTimeout > 0 {
 		w.BatchTimeout = writerTimeout
 	}
@@ -696,7 +694,7 @@ func benchPublishLag(b *testing.B, rate int, writerTimeout time.Duration, relayS
 		if err != nil {
 			b.Fatal(err)
 		}
-		testinfra.WaitFor(b, 30*time.Second, "the warm-up events to be acked and consumed", func() (bool, error) {
+		testenv.WaitFor(b, 30*time.Second, "the warm-up events to be acked and consumed", func() (bool, error) {
 			return acked.hasAll(warm) && arrived.hasAll(warm), nil
 		})
 
@@ -710,7 +708,7 @@ func benchPublishLag(b *testing.B, rate int, writerTimeout time.Duration, relayS
 			b.Fatal(err)
 		}
 		events.add(len(ids), time.Since(start))
-		testinfra.WaitFor(b, 30*time.Second, "every event to be acked and consumed", func() (bool, error) {
+		testenv.WaitFor(b, 30*time.Second, "every event to be acked and consumed", func() (bool, error) {
 			return acked.hasAll(ids) && arrived.hasAll(ids), nil
 		})
 		for kind, ds := range phases.since(phasesBefore) {
@@ -728,7 +726,7 @@ func benchPublishLag(b *testing.B, rate int, writerTimeout time.Duration, relayS
 		// Return the heap to the OS now, or the runtime's background
 		// scavenger does it during the window and is counted as idle CPU.
 		debug.FreeOSMemory()
-		testinfra.WaitFor(b, 30*time.Second, "the last batch to be marked published", func() (bool, error) {
+		testenv.WaitFor(b, 30*time.Second, "the last batch to be marked published", func() (bool, error) {
 			var unpublished int
 			err := pool.QueryRow(ctx, `SELECT count(*) FROM outbox_events WHERE state <> 'published'`).Scan(&unpublished)
 			return unpublished == 0, err
@@ -1076,7 +1074,7 @@ func benchPool(b *testing.B, url string, maxConns int32, syncCommit string, trac
 
 func benchMigrate(b *testing.B, pool *pgxpool.Pool) {
 	b.Helper()
-	if err := pgutil.Migrate(pool, pgutil.Migration{FS: outbox.Migrations, Table: outbox.MigrationsTable}); err != nil {
+	if err := testenv.Migrate(pool, testenv.Migration{FS: outbox.Migrations, Table: outbox.MigrationsTable}); err != nil {
 		b.Fatalf("migrating: %v", err)
 	}
 }

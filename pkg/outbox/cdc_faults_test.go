@@ -12,8 +12,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/onceflow/onceflow/pkg/outbox"
-	"github.com/onceflow/onceflow/pkg/platform/kafkautil"
-	"github.com/onceflow/onceflow/pkg/platform/testinfra"
+	"github.com/onceflow/onceflow/pkg/testenv"
 )
 
 // Issue 19, item 6: a slot lost while the relay was away (here dropped;
@@ -31,10 +30,10 @@ func TestCDCLostSlotGapIsRepublishedFromTheTable(t *testing.T) {
 	cfg.RetentionInterval, cfg.Retain = 20*time.Millisecond, time.Nanosecond
 	stop := runStreaming(t, newCDC(t, pool, e.w, cfg))
 	enqueue(t, pool, newEvent("a", 1))
-	testinfra.WaitFor(t, 20*time.Second, "the first event", func() (bool, error) { return c.distinct() == 1, nil })
+	testenv.WaitFor(t, 20*time.Second, "the first event", func() (bool, error) { return c.distinct() == 1, nil })
 	stop()
 
-	testinfra.WaitFor(t, 20*time.Second, "the slot to be dropped", func() (bool, error) {
+	testenv.WaitFor(t, 20*time.Second, "the slot to be dropped", func() (bool, error) {
 		_, err := pool.Exec(context.Background(), `SELECT pg_drop_replication_slot($1)`, slot)
 		return err == nil, nil
 	})
@@ -44,16 +43,16 @@ func TestCDCLostSlotGapIsRepublishedFromTheTable(t *testing.T) {
 
 	relay := newCDC(t, pool, e.w, cfg)
 	runCDC(t, relay)
-	testinfra.WaitFor(t, 30*time.Second, "the new slot to stream", func() (bool, error) { return relay.Active(), nil })
+	testenv.WaitFor(t, 30*time.Second, "the new slot to stream", func() (bool, error) { return relay.Active(), nil })
 	// A newer event, whose acknowledgement raises the confirmed id past the
 	// whole gap.
 	enqueue(t, pool, newEvent("b", 1))
-	testinfra.WaitFor(t, 30*time.Second, "every event, the gap's included, to reach Kafka", func() (bool, error) {
+	testenv.WaitFor(t, 30*time.Second, "every event, the gap's included, to reach Kafka", func() (bool, error) {
 		return c.distinct() == 5, nil
 	})
 	c.checkOrder(t, map[string]int64{"a": 3, "gap": 1, "b": 1})
 	// Retention still works once the gap is published.
-	testinfra.WaitFor(t, 20*time.Second, "retention to delete the published rows", func() (bool, error) {
+	testenv.WaitFor(t, 20*time.Second, "retention to delete the published rows", func() (bool, error) {
 		return countRows(t, pool, "true") == 0, nil
 	})
 }
@@ -66,7 +65,7 @@ func TestCDCOneFailingTopicDoesNotStopTheOthers(t *testing.T) {
 	t.Parallel()
 	e := newCDCEnv(t, 1, 50)
 	pool, c := e.pool, e.c
-	missing := testinfra.Name("missing")
+	missing := testenv.Name("missing")
 	cfg := e.config()
 	cfg.OutageBackoffMax = 200 * time.Millisecond
 	cfg.Topic = func(aggType string) string {
@@ -83,7 +82,7 @@ func TestCDCOneFailingTopicDoesNotStopTheOthers(t *testing.T) {
 	for v := int64(1); v <= 3; v++ {
 		enqueue(t, pool, newEvent("fine", v))
 	}
-	testinfra.WaitFor(t, 30*time.Second, "the healthy topic's events while the other topic fails", func() (bool, error) {
+	testenv.WaitFor(t, 30*time.Second, "the healthy topic's events while the other topic fails", func() (bool, error) {
 		return c.distinct() == 3, nil
 	})
 	c.checkOrder(t, map[string]int64{"fine": 3})
@@ -92,12 +91,12 @@ func TestCDCOneFailingTopicDoesNotStopTheOthers(t *testing.T) {
 	if got := confirmedLSN(t, pool, e.slot); got >= committed {
 		t.Fatalf("slot confirmed %s, past the unpublished event of the failing topic (before %s)", got, committed)
 	}
-	testinfra.NewTopicNamed(t, e.brokers, missing, 1)
+	testenv.NewTopicNamed(t, e.brokers, missing, 1)
 	late := collect(t, e.brokers, missing)
-	testinfra.WaitFor(t, 60*time.Second, "the failing topic's event once the topic exists", func() (bool, error) {
+	testenv.WaitFor(t, 60*time.Second, "the failing topic's event once the topic exists", func() (bool, error) {
 		return late.distinct() == 1, nil
 	})
-	testinfra.WaitFor(t, 20*time.Second, "the slot to confirm past every event", func() (bool, error) {
+	testenv.WaitFor(t, 20*time.Second, "the slot to confirm past every event", func() (bool, error) {
 		return confirmedLSN(t, pool, e.slot) >= committed, nil
 	})
 }
@@ -113,7 +112,7 @@ func TestCDCInvalidEmittedMessageGoesDead(t *testing.T) {
 	reg := prometheus.NewRegistry()
 	cfg := e.config()
 	cfg.Metrics = outbox.NewMetrics(reg)
-	logs := &testinfra.LogBuffer{}
+	logs := &testenv.LogBuffer{}
 	cfg.Logger = slog.New(slog.NewJSONHandler(logs, nil))
 	runStreaming(t, newCDC(t, pool, e.w, cfg))
 
@@ -127,12 +126,12 @@ func TestCDCInvalidEmittedMessageGoesDead(t *testing.T) {
 	// JSON, but no event id, no aggregate: a PaymentCaptured nobody wrote.
 	forge(`{"eventType":"PaymentCaptured","eventVersion":1,"payload":{"amount":100}}`)
 	emit(t, pool, newEvent("a", 1))
-	testinfra.WaitFor(t, 30*time.Second, "the valid event after the invalid ones", func() (bool, error) { return c.distinct() == 1, nil })
-	testinfra.WaitFor(t, 10*time.Second, "both invalid messages counted dead", func() (bool, error) {
-		return testinfra.MetricValue(t, reg, "outbox_dead_total") == 2, nil
+	testenv.WaitFor(t, 30*time.Second, "the valid event after the invalid ones", func() (bool, error) { return c.distinct() == 1, nil })
+	testenv.WaitFor(t, 10*time.Second, "both invalid messages counted dead", func() (bool, error) {
+		return testenv.MetricValue(t, reg, "outbox_dead_total") == 2, nil
 	})
 	for _, reason := range []string{"undecodable", "invalid"} {
-		if v := testinfra.LabeledMetricValue(t, reg, "outbox_emitted_refused_total", map[string]string{"reason": reason}); v != 1 {
+		if v := testenv.LabeledMetricValue(t, reg, "outbox_emitted_refused_total", map[string]string{"reason": reason}); v != 1 {
 			t.Errorf("outbox_emitted_refused_total{reason=%q} = %v, want 1", reason, v)
 		}
 	}
@@ -158,11 +157,11 @@ func TestCDCRelayRefreshesTheDeadGauge(t *testing.T) {
 	big := newEvent("big", 1)
 	big.Payload = []byte(`{"blob":"` + strings.Repeat("x", 1200<<10) + `"}`) // kafka-go's writer stops at 1 MiB
 	enqueue(t, e.pool, big)
-	testinfra.WaitFor(t, 30*time.Second, "the row to be marked dead", func() (bool, error) {
+	testenv.WaitFor(t, 30*time.Second, "the row to be marked dead", func() (bool, error) {
 		return countRows(t, e.pool, "state = 'dead'") == 1, nil
 	})
-	testinfra.WaitFor(t, 20*time.Second, "outbox_dead_events to show the dead row", func() (bool, error) {
-		return testinfra.MetricValue(t, reg, "outbox_dead_events") == 1, nil
+	testenv.WaitFor(t, 20*time.Second, "outbox_dead_events to show the dead row", func() (bool, error) {
+		return testenv.MetricValue(t, reg, "outbox_dead_events") == 1, nil
 	})
 }
 
@@ -175,15 +174,15 @@ func TestCDCLostSlotInWALModeIsLoud(t *testing.T) {
 	e := newCDCEnv(t, 1, 50)
 	pool, slot, c := e.pool, e.slot, e.c
 	reg := prometheus.NewRegistry()
-	logs := &testinfra.LogBuffer{}
+	logs := &testenv.LogBuffer{}
 	cfg := e.config()
 	cfg.Mode, cfg.Metrics, cfg.Logger = outbox.ModeWAL, outbox.NewMetrics(reg), slog.New(slog.NewJSONHandler(logs, nil))
 	stop := runStreaming(t, newCDC(t, pool, e.w, cfg))
 	emit(t, pool, newEvent("a", 1))
-	testinfra.WaitFor(t, 20*time.Second, "the first event", func() (bool, error) { return c.distinct() == 1, nil })
+	testenv.WaitFor(t, 20*time.Second, "the first event", func() (bool, error) { return c.distinct() == 1, nil })
 	stop()
 
-	testinfra.WaitFor(t, 20*time.Second, "the slot to be dropped", func() (bool, error) {
+	testenv.WaitFor(t, 20*time.Second, "the slot to be dropped", func() (bool, error) {
 		_, err := pool.Exec(context.Background(), `SELECT pg_drop_replication_slot($1)`, slot)
 		return err == nil, nil
 	})
@@ -192,8 +191,8 @@ func TestCDCLostSlotInWALModeIsLoud(t *testing.T) {
 
 	relay := newCDC(t, pool, e.w, cfg)
 	runCDC(t, relay)
-	testinfra.WaitFor(t, 30*time.Second, "the unrecoverable loss to be counted", func() (bool, error) {
-		return testinfra.MetricValue(t, reg, "outbox_slot_lost_unrecoverable_total") == 1, nil
+	testenv.WaitFor(t, 30*time.Second, "the unrecoverable loss to be counted", func() (bool, error) {
+		return testenv.MetricValue(t, reg, "outbox_slot_lost_unrecoverable_total") == 1, nil
 	})
 	rec, ok := logs.Record("REPLICATION SLOT LOST, WAL-ONLY EVENTS LOST: replaced it with a new one; every event Emit wrote " +
 		"between last_confirmed_lsn and new_slot_lsn that Kafka had not acknowledged is lost and cannot be republished: " +
@@ -212,9 +211,9 @@ func TestCDCLostSlotInWALModeIsLoud(t *testing.T) {
 	if !(from < lostAt && lostAt <= to) {
 		t.Errorf("logged range %s..%s does not hold the lost event's commit (%s)", from, to, lostAt)
 	}
-	testinfra.WaitFor(t, 20*time.Second, "the new slot to stream", func() (bool, error) { return relay.Active(), nil })
+	testenv.WaitFor(t, 20*time.Second, "the new slot to stream", func() (bool, error) { return relay.Active(), nil })
 	emit(t, pool, newEvent("b", 1))
-	testinfra.WaitFor(t, 20*time.Second, "events after the new slot", func() (bool, error) { return c.distinct() == 2, nil })
+	testenv.WaitFor(t, 20*time.Second, "events after the new slot", func() (bool, error) { return c.distinct() == 2, nil })
 }
 
 // Issue 19, item 6: the relay exports the WAL its slot retains and the
@@ -235,9 +234,9 @@ func TestCDCSlotGaugesShowRetainedWALAgainstTheKeepSize(t *testing.T) {
 		t.Fatalf("max_slot_wal_keep_size is unlimited on this server; the dev stack sets 2GB (devstack/stack.sh): start it with `make up`")
 	}
 	runStreaming(t, newCDC(t, e.pool, e.w, cfg))
-	testinfra.WaitFor(t, 20*time.Second, "the slot gauges", func() (bool, error) {
-		return testinfra.MetricValue(t, reg, "outbox_slot_wal_keep_size_bytes") == float64(keepMB<<20) &&
-			testinfra.MetricValue(t, reg, "outbox_slot_retained_wal_bytes") > 0, nil
+	testenv.WaitFor(t, 20*time.Second, "the slot gauges", func() (bool, error) {
+		return testenv.MetricValue(t, reg, "outbox_slot_wal_keep_size_bytes") == float64(keepMB<<20) &&
+			testenv.MetricValue(t, reg, "outbox_slot_retained_wal_bytes") > 0, nil
 	})
 }
 
@@ -251,7 +250,7 @@ func TestCDCSlotLostDuringAKafkaOutageLosesNothing(t *testing.T) {
 	t.Parallel()
 	e := newCDCEnv(t, 1, 50)
 	pool, slot, c := e.pool, e.slot, e.c
-	down := kafkautil.NewWriter([]string{testinfra.ClosedAddr(t)}, 100)
+	down := testenv.NewWriter([]string{testenv.ClosedAddr(t)}, 100)
 	t.Cleanup(func() { down.Close() })
 	sw := &switchWriter{}
 	sw.current.Store(down)
@@ -264,8 +263,8 @@ func TestCDCSlotLostDuringAKafkaOutageLosesNothing(t *testing.T) {
 	runStreaming(t, newCDC(t, pool, sw, cfg))
 
 	enqueue(t, pool, newEvent("a", 1), newEvent("a", 2))
-	testinfra.WaitFor(t, 20*time.Second, "writes to fail a few times", func() (bool, error) { return sw.writes.Load() >= 3, nil })
-	testinfra.WaitFor(t, 20*time.Second, "the slot to be dropped under the relay", func() (bool, error) {
+	testenv.WaitFor(t, 20*time.Second, "writes to fail a few times", func() (bool, error) { return sw.writes.Load() >= 3, nil })
+	testenv.WaitFor(t, 20*time.Second, "the slot to be dropped under the relay", func() (bool, error) {
 		_, err := pool.Exec(context.Background(), `
 SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots WHERE slot_name = $1 AND active_pid IS NOT NULL`, slot)
 		if err != nil {
@@ -274,8 +273,8 @@ SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots WHERE slot_nam
 		_, err = pool.Exec(context.Background(), `SELECT pg_drop_replication_slot($1)`, slot)
 		return err == nil, nil // 55006 while the walsender is still going away
 	})
-	testinfra.WaitFor(t, 30*time.Second, "the relay to replace the lost slot", func() (bool, error) {
-		return testinfra.MetricValue(t, reg, "outbox_slot_lost_total") == 1, nil
+	testenv.WaitFor(t, 30*time.Second, "the relay to replace the lost slot", func() (bool, error) {
+		return testenv.MetricValue(t, reg, "outbox_slot_lost_total") == 1, nil
 	})
 	enqueue(t, pool, newEvent("a", 3))
 	time.Sleep(200 * time.Millisecond) // ten retention passes: a wrongly deleted row would be gone now
@@ -284,9 +283,9 @@ SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots WHERE slot_nam
 	}
 
 	sw.current.Store(e.w)
-	testinfra.WaitFor(t, 60*time.Second, "every event once Kafka is back", func() (bool, error) { return c.distinct() == 3, nil })
+	testenv.WaitFor(t, 60*time.Second, "every event once Kafka is back", func() (bool, error) { return c.distinct() == 3, nil })
 	c.checkOrder(t, map[string]int64{"a": 3})
-	testinfra.WaitFor(t, 20*time.Second, "retention to delete the published rows", func() (bool, error) {
+	testenv.WaitFor(t, 20*time.Second, "retention to delete the published rows", func() (bool, error) {
 		return countRows(t, pool, "true") == 0, nil
 	})
 }

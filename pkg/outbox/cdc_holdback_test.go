@@ -9,8 +9,7 @@ import (
 	"time"
 
 	"github.com/onceflow/onceflow/pkg/outbox"
-	"github.com/onceflow/onceflow/pkg/platform/kafkautil"
-	"github.com/onceflow/onceflow/pkg/platform/testinfra"
+	"github.com/onceflow/onceflow/pkg/testenv"
 )
 
 // In table mode a dead event holds back its aggregate's later events, as in
@@ -24,11 +23,11 @@ import (
 func TestCDCDeadEventHoldsBackItsAggregate(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	brokers := testinfra.KafkaBrokers(t)
+	brokers := testenv.KafkaBrokers(t)
 	topic := newTopicWithConfig(t, brokers, map[string]string{"max.message.bytes": fmt.Sprint(100 << 10)})
 	pool := newOutboxDB(t)
 	slot := newSlot(t, pool)
-	w := kafkautil.NewWriter(brokers, 10)
+	w := testenv.NewWriter(brokers, 10)
 	defer w.Close()
 	cfg := outbox.CDCConfig{Slot: slot, Topic: func(string) string { return topic },
 		MaxAttempts: 2, BackoffMin: 20 * time.Millisecond, BackoffMax: 50 * time.Millisecond}
@@ -37,7 +36,7 @@ func TestCDCDeadEventHoldsBackItsAggregate(t *testing.T) {
 	big1, big2 := newEvent("big", 1), newEvent("big", 2)
 	big1.Payload = []byte(`{"blob":"` + strings.Repeat("x", 200<<10) + `"}`)
 	enqueue(t, pool, big1, big2, newEvent("fine", 1))
-	testinfra.WaitFor(t, 30*time.Second, "big/1 dead and fine/1 published", func() (bool, error) {
+	testenv.WaitFor(t, 30*time.Second, "big/1 dead and fine/1 published", func() (bool, error) {
 		return countRows(t, pool, fmt.Sprintf("state = 'dead' AND event_id = '%s'", big1.EventID)) == 1 &&
 			slices.Contains(onTopic(t, brokers, topic), "fine/1"), nil
 	})
@@ -46,7 +45,7 @@ func TestCDCDeadEventHoldsBackItsAggregate(t *testing.T) {
 	stop = runStreaming(t, newCDC(t, pool, w, cfg))
 	big3 := newEvent("big", 3)
 	enqueue(t, pool, big3, newEvent("fine", 2))
-	testinfra.WaitFor(t, 30*time.Second, "fine/2 published", func() (bool, error) {
+	testenv.WaitFor(t, 30*time.Second, "fine/2 published", func() (bool, error) {
 		return slices.Contains(onTopic(t, brokers, topic), "fine/2"), nil
 	})
 	// (fine's may come twice: a restarted relay streams again what the slot
@@ -59,7 +58,7 @@ func TestCDCDeadEventHoldsBackItsAggregate(t *testing.T) {
 	}
 
 	setTopicConfig(t, brokers, topic, "max.message.bytes", fmt.Sprint(4<<20))
-	big1w := kafkautil.NewWriter(brokers, 10)
+	big1w := testenv.NewWriter(brokers, 10)
 	big1w.BatchBytes = 4 << 20
 	defer big1w.Close()
 	stop()
@@ -74,7 +73,7 @@ func TestCDCDeadEventHoldsBackItsAggregate(t *testing.T) {
 	bigs := func() []string {
 		return slices.DeleteFunc(onTopic(t, brokers, topic), func(s string) bool { return !strings.HasPrefix(s, "big/") })
 	}
-	testinfra.WaitFor(t, 30*time.Second, "the requeued events", func() (bool, error) {
+	testenv.WaitFor(t, 30*time.Second, "the requeued events", func() (bool, error) {
 		return len(bigs()) >= len(want), nil
 	})
 	if got := bigs(); !slices.Equal(got, want) {

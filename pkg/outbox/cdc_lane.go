@@ -12,8 +12,8 @@ import (
 	"github.com/segmentio/kafka-go"
 
 	"github.com/onceflow/onceflow/pkg/event"
-	"github.com/onceflow/onceflow/pkg/event/retry"
-	"github.com/onceflow/onceflow/pkg/platform/kafkautil"
+	"github.com/onceflow/onceflow/pkg/internal/kafkaerr"
+	"github.com/onceflow/onceflow/pkg/internal/retry"
 )
 
 // lane publishes the events of one topic, in the order they were decoded,
@@ -156,7 +156,7 @@ func (l *lane) publish(ctx context.Context, todo []cdcEvent) (bool, error) {
 				// Not written: an earlier event of its aggregate failed. It
 				// goes again with that one, uncharged, and after it.
 				retryIdx = append(retryIdx, i)
-			case kafkautil.IsMessageError(err):
+			case kafkaerr.IsMessageError(err):
 				judged++
 				attempts[i]++
 				r.cfg.Metrics.failures.Inc()

@@ -14,8 +14,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/onceflow/onceflow/pkg/outbox"
-	"github.com/onceflow/onceflow/pkg/platform/kafkautil"
-	"github.com/onceflow/onceflow/pkg/platform/testinfra"
+	"github.com/onceflow/onceflow/pkg/testenv"
 )
 
 // bigTxEvents is how many events TestCDCLargeTransactionMemoryIsBounded
@@ -60,11 +59,11 @@ FROM generate_series(0, $1 - 1) AS i`
 // tests' allocations would blur.
 func TestCDCLargeTransactionMemoryIsBounded(t *testing.T) {
 	n := bigTxEvents(t)
-	brokers := testinfra.KafkaBrokers(t)
-	topic := testinfra.NewTopic(t, brokers, 3)
+	brokers := testenv.KafkaBrokers(t)
+	topic := testenv.NewTopic(t, brokers, 3)
 	pool := newOutboxDB(t)
 	slot := newSlot(t, pool)
-	w := kafkautil.NewWriter(brokers, 500)
+	w := testenv.NewWriter(brokers, 500)
 	t.Cleanup(func() { w.Close() })
 	reg := prometheus.NewRegistry()
 	cfg := outbox.CDCConfig{Slot: slot, Topic: func(string) string { return topic }, Metrics: outbox.NewMetrics(reg)}
@@ -107,11 +106,11 @@ func TestCDCLargeTransactionMemoryIsBounded(t *testing.T) {
 
 	start = time.Now()
 	runCDC(t, newCDC(t, pool, w, cfg))
-	testinfra.WaitFor(t, time.Minute+time.Duration(n)*time.Millisecond, fmt.Sprintf("the slot to confirm past the %d-event transaction", n),
+	testenv.WaitFor(t, time.Minute+time.Duration(n)*time.Millisecond, fmt.Sprintf("the slot to confirm past the %d-event transaction", n),
 		func() (bool, error) { return confirmedLSN(t, pool, slot) >= committed, nil })
 	stopSampling()
 	<-sampled
-	if got := testinfra.MetricValue(t, reg, "outbox_published_total"); got < float64(n) {
+	if got := testenv.MetricValue(t, reg, "outbox_published_total"); got < float64(n) {
 		t.Errorf("outbox_published_total = %v, want at least %d", got, n)
 	}
 	grew := int64(peak.Load()) - int64(base)
@@ -151,8 +150,8 @@ func TestCDCCrashInsideABigTransactionRepublishesAllOfIt(t *testing.T) {
 		t.Fatal(err)
 	}
 	committed := currentLSN(t, e.pool)
-	testinfra.WaitFor(t, 60*time.Second, "every event of the transaction", func() (bool, error) { return e.c.distinct() == n, nil })
-	testinfra.WaitFor(t, 20*time.Second, "the slot to confirm past the transaction", func() (bool, error) {
+	testenv.WaitFor(t, 60*time.Second, "every event of the transaction", func() (bool, error) { return e.c.distinct() == n, nil })
+	testenv.WaitFor(t, 20*time.Second, "the slot to confirm past the transaction", func() (bool, error) {
 		return confirmedLSN(t, e.pool, e.slot) >= committed, nil
 	})
 	if acks.Load() < n/100 {

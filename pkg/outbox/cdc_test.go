@@ -17,8 +17,7 @@ import (
 
 	"github.com/onceflow/onceflow/pkg/event"
 	"github.com/onceflow/onceflow/pkg/outbox"
-	"github.com/onceflow/onceflow/pkg/platform/kafkautil"
-	"github.com/onceflow/onceflow/pkg/platform/testinfra"
+	"github.com/onceflow/onceflow/pkg/testenv"
 )
 
 // newSlot names a replication slot for this test (slot names are global to
@@ -27,9 +26,9 @@ import (
 // them): a database with a slot cannot be dropped.
 func newSlot(t *testing.T, pool *pgxpool.Pool) string {
 	t.Helper()
-	slot := testinfra.Name("slot")
+	slot := testenv.Name("slot")
 	t.Cleanup(func() {
-		testinfra.WaitFor(t, 20*time.Second, "the slot to be dropped", func() (bool, error) {
+		testenv.WaitFor(t, 20*time.Second, "the slot to be dropped", func() (bool, error) {
 			_, err := pool.Exec(context.Background(),
 				`SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_name = $1`, slot)
 			return err == nil, nil // 55006 while the walsender is still going away
@@ -97,7 +96,7 @@ func (e *cdcEnv) config() outbox.CDCConfig {
 func runStreaming(t *testing.T, relay *outbox.CDCRelay) (stop func()) {
 	t.Helper()
 	stop = runCDC(t, relay)
-	testinfra.WaitFor(t, 20*time.Second, "the relay to stream", func() (bool, error) { return relay.Active(), nil })
+	testenv.WaitFor(t, 20*time.Second, "the relay to stream", func() (bool, error) { return relay.Active(), nil })
 	return stop
 }
 
@@ -106,7 +105,7 @@ func readAll(t *testing.T, brokers []string, topic string, n int) []kafka.Messag
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	r := kafkautil.NewGroupReader(brokers, topic, testinfra.Name("reader"))
+	r := testenv.NewGroupReader(brokers, topic, testenv.Name("reader"))
 	defer r.Close()
 	var out []kafka.Message
 	for len(out) < n {
@@ -125,7 +124,7 @@ func readAll(t *testing.T, brokers []string, topic string, n int) []kafka.Messag
 // leaves no row behind once retention ran.
 func TestCDCRelayPublishesLikeThePollingRelay(t *testing.T) {
 	t.Parallel()
-	brokers := testinfra.KafkaBrokers(t)
+	brokers := testenv.KafkaBrokers(t)
 	var evs []event.Envelope
 	for v := int64(1); v <= 4; v++ {
 		for _, agg := range []string{"a", "b"} {
@@ -139,8 +138,8 @@ func TestCDCRelayPublishesLikeThePollingRelay(t *testing.T) {
 	published := map[string][]kafka.Message{}
 	for _, mode := range []string{"poll", "cdc", "wal"} {
 		pool := newOutboxDB(t)
-		topic := testinfra.NewTopic(t, brokers, 3)
-		w := kafkautil.NewWriter(brokers, 100)
+		topic := testenv.NewTopic(t, brokers, 3)
+		w := testenv.NewWriter(brokers, 100)
 		t.Cleanup(func() { w.Close() })
 		write := func() {
 			for i := 0; i < len(evs); i += 2 { // two events per transaction
@@ -169,7 +168,7 @@ func TestCDCRelayPublishesLikeThePollingRelay(t *testing.T) {
 		}
 		published[mode] = readAll(t, brokers, topic, len(evs))
 		if mode == "cdc" {
-			testinfra.WaitFor(t, 20*time.Second, "retention to delete the published rows", func() (bool, error) {
+			testenv.WaitFor(t, 20*time.Second, "retention to delete the published rows", func() (bool, error) {
 				return countRows(t, pool, "true") == 0, nil
 			})
 		}
@@ -267,12 +266,12 @@ func currentLSN(t *testing.T, pool *pgxpool.Pool) pglogrepl.LSN {
 // back, publishes the events, and the position moves past them.
 func TestCDCSlotDoesNotAdvancePastUnacknowledgedEvents(t *testing.T) {
 	t.Parallel()
-	brokers := testinfra.KafkaBrokers(t)
-	topic := testinfra.NewTopic(t, brokers, 1)
+	brokers := testenv.KafkaBrokers(t)
+	topic := testenv.NewTopic(t, brokers, 1)
 	pool := newOutboxDB(t)
 	slot := newSlot(t, pool)
-	down := kafkautil.NewWriter([]string{testinfra.ClosedAddr(t)}, 100)
-	up := kafkautil.NewWriter(brokers, 100)
+	down := testenv.NewWriter([]string{testenv.ClosedAddr(t)}, 100)
+	up := testenv.NewWriter(brokers, 100)
 	t.Cleanup(func() { down.Close(); up.Close() })
 	sw := &switchWriter{}
 	sw.current.Store(down)
@@ -291,15 +290,15 @@ func TestCDCSlotDoesNotAdvancePastUnacknowledgedEvents(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	testinfra.WaitFor(t, 20*time.Second, "writes to fail a few times", func() (bool, error) { return sw.writes.Load() >= 5, nil })
+	testenv.WaitFor(t, 20*time.Second, "writes to fail a few times", func() (bool, error) { return sw.writes.Load() >= 5, nil })
 	time.Sleep(500 * time.Millisecond) // five status intervals: a wrongly confirmed position would show now
 	if got := confirmedLSN(t, pool, slot); got >= committed {
 		t.Fatalf("slot confirmed %s, at or past the unacknowledged events' commit (before %s)", got, committed)
 	}
-	testinfra.WaitFor(t, 10*time.Second, "outbox_slot_lag_bytes to show retained WAL", func() (bool, error) {
-		return testinfra.MetricValue(t, reg, "outbox_slot_lag_bytes") > 0, nil
+	testenv.WaitFor(t, 10*time.Second, "outbox_slot_lag_bytes to show retained WAL", func() (bool, error) {
+		return testenv.MetricValue(t, reg, "outbox_slot_lag_bytes") > 0, nil
 	})
-	if v := testinfra.MetricValue(t, reg, "outbox_kafka_connected"); v != 0 {
+	if v := testenv.MetricValue(t, reg, "outbox_kafka_connected"); v != 0 {
 		t.Errorf("outbox_kafka_connected = %v during the outage, want 0", v)
 	}
 
@@ -314,7 +313,7 @@ func TestCDCSlotDoesNotAdvancePastUnacknowledgedEvents(t *testing.T) {
 			t.Errorf("message %d is version %s, want %d", i, v, i+1)
 		}
 	}
-	testinfra.WaitFor(t, 20*time.Second, "the slot to confirm past the events", func() (bool, error) {
+	testenv.WaitFor(t, 20*time.Second, "the slot to confirm past the events", func() (bool, error) {
 		return confirmedLSN(t, pool, slot) >= committed, nil
 	})
 }
@@ -332,7 +331,7 @@ func TestCDCStandbyTakesOverAndLosesNothing(t *testing.T) {
 	cfg.BatchSize, cfg.OutageBackoffMax = 20, 200*time.Millisecond
 	first := newCDC(t, pool, w, cfg)
 	stopFirst := runCDC(t, first)
-	testinfra.WaitFor(t, 20*time.Second, "the first relay to stream", func() (bool, error) { return first.Active(), nil })
+	testenv.WaitFor(t, 20*time.Second, "the first relay to stream", func() (bool, error) { return first.Active(), nil })
 	second := newCDC(t, pool, w, cfg)
 	runCDC(t, second)
 
@@ -358,14 +357,14 @@ func TestCDCStandbyTakesOverAndLosesNothing(t *testing.T) {
 	for a := range aggregates {
 		want[fmt.Sprintf("agg-%d", a)] = versions
 	}
-	testinfra.WaitFor(t, 30*time.Second, "some events to be published", func() (bool, error) { return c.distinct() >= 50, nil })
+	testenv.WaitFor(t, 30*time.Second, "some events to be published", func() (bool, error) { return c.distinct() >= 50, nil })
 	if second.Active() {
 		t.Fatal("the standby streams while the first relay still holds the slot")
 	}
 	stopFirst()
-	testinfra.WaitFor(t, 30*time.Second, "the standby to take over", func() (bool, error) { return second.Active(), nil })
+	testenv.WaitFor(t, 30*time.Second, "the standby to take over", func() (bool, error) { return second.Active(), nil })
 	<-done
-	testinfra.WaitFor(t, 60*time.Second, "every event to arrive", func() (bool, error) {
+	testenv.WaitFor(t, 60*time.Second, "every event to arrive", func() (bool, error) {
 		return c.distinct() == aggregates*versions, nil
 	})
 	c.checkOrder(t, want)
@@ -387,12 +386,12 @@ func TestCDCLostSlotIsDetectedAndReplaced(t *testing.T) {
 	relay := newCDC(t, pool, w, cfg)
 	stop := runStreaming(t, relay)
 	enqueue(t, pool, newEvent("a", 1))
-	testinfra.WaitFor(t, 20*time.Second, "the first event", func() (bool, error) { return c.distinct() == 1, nil })
+	testenv.WaitFor(t, 20*time.Second, "the first event", func() (bool, error) { return c.distinct() == 1, nil })
 	stop()
 
 	// The slot goes (an operator's mistake, or max_slot_wal_keep_size), and
 	// events commit while there is none.
-	testinfra.WaitFor(t, 20*time.Second, "the slot to be dropped", func() (bool, error) {
+	testenv.WaitFor(t, 20*time.Second, "the slot to be dropped", func() (bool, error) {
 		_, err := pool.Exec(context.Background(), `SELECT pg_drop_replication_slot($1)`, slot)
 		return err == nil, nil
 	})
@@ -410,19 +409,19 @@ func TestCDCLostSlotIsDetectedAndReplaced(t *testing.T) {
 	if l.Slot != slot || l.Invalidated || !l.LastConfirmedAt.Before(before) || l.CreatedAt.Before(before) {
 		t.Errorf("lost slot = %+v, want %s missing, window around %s", l, slot, before)
 	}
-	if v := testinfra.MetricValue(t, reg, "outbox_slot_lost_total"); v != 1 {
+	if v := testenv.MetricValue(t, reg, "outbox_slot_lost_total"); v != 1 {
 		t.Errorf("outbox_slot_lost_total = %v, want 1", v)
 	}
-	testinfra.WaitFor(t, 20*time.Second, "the new slot to stream", func() (bool, error) { return relay.Active(), nil })
+	testenv.WaitFor(t, 20*time.Second, "the new slot to stream", func() (bool, error) { return relay.Active(), nil })
 	enqueue(t, pool, newEvent("b", 1))
 	// The window's events are not in the new slot's stream; the relay
 	// republished what the table holds before it streamed (issue 19 item
 	// 6; TestCDCLostSlotGapIsRepublishedFromTheTable), with no operator.
-	testinfra.WaitFor(t, 20*time.Second, "the window and the event after the new slot", func() (bool, error) { return c.distinct() == 4, nil })
+	testenv.WaitFor(t, 20*time.Second, "the window and the event after the new slot", func() (bool, error) { return c.distinct() == 4, nil })
 	c.checkOrder(t, map[string]int64{"a": 3, "b": 1})
 	// a1 too: published before the loss, but still in the table (Retain),
 	// and the relay cannot tell which retained rows the old slot published.
-	if v := testinfra.MetricValue(t, reg, "outbox_slot_gap_republished_total"); v != 3 {
+	if v := testenv.MetricValue(t, reg, "outbox_slot_gap_republished_total"); v != 3 {
 		t.Errorf("outbox_slot_gap_republished_total = %v, want the window's 2 rows and the retained one", v)
 	}
 }
@@ -448,14 +447,14 @@ func TestCDCMessageErrorSkipsTheEventAsDead(t *testing.T) {
 	enqueue(t, pool, big, newEvent("fine", 1))
 	enqueue(t, pool, newEvent("big", 2))
 	enqueue(t, pool, newEvent("after", 1))
-	testinfra.WaitFor(t, 30*time.Second, "the events of other aggregates", func() (bool, error) { return c.distinct() == 2, nil })
-	testinfra.WaitFor(t, 20*time.Second, "the refused event and the one behind it to be skipped as dead", func() (bool, error) {
-		return testinfra.MetricValue(t, reg, "outbox_dead_total") == 2, nil
+	testenv.WaitFor(t, 30*time.Second, "the events of other aggregates", func() (bool, error) { return c.distinct() == 2, nil })
+	testenv.WaitFor(t, 20*time.Second, "the refused event and the one behind it to be skipped as dead", func() (bool, error) {
+		return testenv.MetricValue(t, reg, "outbox_dead_total") == 2, nil
 	})
-	if v := testinfra.MetricValue(t, reg, "outbox_publish_failures_total"); v != 2 {
+	if v := testenv.MetricValue(t, reg, "outbox_publish_failures_total"); v != 2 {
 		t.Errorf("outbox_publish_failures_total = %v, want MaxAttempts = 2", v)
 	}
-	testinfra.WaitFor(t, 20*time.Second, "retention to keep only the dead rows", func() (bool, error) {
+	testenv.WaitFor(t, 20*time.Second, "retention to keep only the dead rows", func() (bool, error) {
 		return countRows(t, pool, "true") == 2 && countRows(t, pool, "state = 'dead' AND last_error <> ''") == 2, nil
 	})
 	if n := c.distinct(); n != 2 {
@@ -474,5 +473,5 @@ func TestCDCRelayCreatesAMissingPublication(t *testing.T) {
 	}
 	runStreaming(t, newCDC(t, e.pool, e.w, e.config()))
 	enqueue(t, e.pool, newEvent("a", 1))
-	testinfra.WaitFor(t, 20*time.Second, "the event", func() (bool, error) { return e.c.distinct() == 1, nil })
+	testenv.WaitFor(t, 20*time.Second, "the event", func() (bool, error) { return e.c.distinct() == 1, nil })
 }

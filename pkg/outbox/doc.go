@@ -49,7 +49,7 @@
 // file (errors.go); outboxhttp maps the named errors to HTTP through
 // apperr.WriteHTTP.
 //
-// Failures are classified (kafkautil.IsMessageError):
+// Failures are classified (internal/kafkaerr.IsMessageError):
 //   - About the message: too large for the writer (kafka.MessageTooLargeError)
 //     or the broker (MessageSizeTooLarge, RecordListTooLarge), corrupt or
 //     invalid (InvalidMessage, InvalidRecord, InvalidTimestamp), refused by

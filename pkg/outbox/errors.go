@@ -7,7 +7,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgproto3"
 
-	"github.com/onceflow/onceflow/pkg/platform/pgutil"
+	"github.com/onceflow/onceflow/pkg/internal/pgerr"
 )
 
 // The errors this package's functions wrap, so that callers decide with
@@ -18,7 +18,7 @@ var (
 	// about outbox rows that do not exist (Requeue of unknown ids).
 	ErrNotFound = errors.New("outbox: no such event")
 	// ErrUnavailable is wrapped by the error of an operator function that
-	// could not reach Postgres (pgutil.IsUnavailable): worth retrying, and
+	// could not reach Postgres (pgerr.IsUnavailable): worth retrying, and
 	// nobody's fault in the request.
 	ErrUnavailable = errors.New("outbox: database unavailable")
 	// ErrNotInThisMode is wrapped by the error of an operator action the
@@ -34,7 +34,7 @@ var (
 )
 
 // storeErrors are the names storeErr gives the driver's errors.
-var storeErrors = pgutil.StoreErrors{NotFound: ErrNotFound, Unavailable: ErrUnavailable}
+var storeErrors = pgerr.StoreErrors{NotFound: ErrNotFound, Unavailable: ErrUnavailable}
 
 // storeErr wraps err, an error from Postgres while doing what, translating
 // what the driver says into this package's named errors; the driver's error

@@ -13,7 +13,7 @@ import (
 
 	"github.com/onceflow/onceflow/pkg/event"
 	"github.com/onceflow/onceflow/pkg/outbox"
-	"github.com/onceflow/onceflow/pkg/platform/kafkautil"
+	"github.com/onceflow/onceflow/pkg/testenv"
 )
 
 // The log-based relay publishes from the replication stream: here an event
@@ -28,7 +28,7 @@ func ExampleCDCRelay() {
 	suffix := make([]byte, 6)
 	_, _ = rand.Read(suffix)
 	slot := "example_" + hex.EncodeToString(suffix)
-	w := kafkautil.NewWriter(brokers, 500)
+	w := testenv.NewWriter(brokers, 500)
 	defer w.Close()
 	relay, err := outbox.NewCDCRelay(pool, w, outbox.CDCConfig{Slot: slot, Topic: func(string) string { return topic }})
 	if err != nil {

@@ -16,8 +16,7 @@ import (
 
 	"github.com/onceflow/onceflow/pkg/event"
 	"github.com/onceflow/onceflow/pkg/outbox"
-	"github.com/onceflow/onceflow/pkg/platform/kafkautil"
-	"github.com/onceflow/onceflow/pkg/platform/pgutil"
+	"github.com/onceflow/onceflow/pkg/testenv"
 )
 
 // A domain change and its event commit in one transaction; the relay then
@@ -51,7 +50,7 @@ func Example() {
 	}
 
 	// The relay: in a service, relay.Run(ctx) runs for the process's life.
-	w := kafkautil.NewWriter(brokers, 500)
+	w := testenv.NewWriter(brokers, 500)
 	defer w.Close()
 	relay, err := outbox.NewRelay(pool, w, outbox.RelayConfig{Topic: func(string) string { return topic }})
 	if err != nil {
@@ -134,8 +133,8 @@ func exampleSetup(ctx context.Context) (*pgxpool.Pool, []string, string, func())
 	must(err)
 	_, err = pool.Exec(ctx, `CREATE TABLE orders (id uuid PRIMARY KEY, amount_cents bigint NOT NULL)`)
 	must(err)
-	must(pgutil.Migrate(pool, pgutil.Migration{FS: outbox.Migrations, Table: outbox.MigrationsTable}))
-	ctrl, err := kafkautil.Controller(ctx, brokers)
+	must(testenv.Migrate(pool, testenv.Migration{FS: outbox.Migrations, Table: outbox.MigrationsTable}))
+	ctrl, err := testenv.Controller(ctx, brokers)
 	must(err)
 	must(ctrl.CreateTopics(kafka.TopicConfig{Topic: name, NumPartitions: 1, ReplicationFactor: 1}))
 	for deadline := time.Now().Add(20 * time.Second); ; <-time.After(20 * time.Millisecond) {

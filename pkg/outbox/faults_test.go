@@ -15,14 +15,13 @@ import (
 
 	"github.com/onceflow/onceflow/pkg/event"
 	"github.com/onceflow/onceflow/pkg/outbox"
-	"github.com/onceflow/onceflow/pkg/platform/kafkautil"
-	"github.com/onceflow/onceflow/pkg/platform/testinfra"
+	"github.com/onceflow/onceflow/pkg/testenv"
 )
 
 // switchWriter forwards to whichever writer is current and counts the writes,
 // so a test can take Kafka away from a relay and give it back.
 type switchWriter struct {
-	current atomic.Pointer[kafkautil.Writer]
+	current atomic.Pointer[testenv.Writer]
 	writes  atomic.Int64
 }
 
@@ -43,8 +42,8 @@ func runRelay(t *testing.T, relay *outbox.Relay) {
 // in its metrics and a bounded number of log lines, and publishes everything,
 // in order, once the broker is back.
 func TestAKafkaOutageIsWaitedOutNotChargedToRows(t *testing.T) {
-	brokers := testinfra.KafkaBrokers(t)
-	topic := testinfra.NewTopic(t, brokers, 3)
+	brokers := testenv.KafkaBrokers(t)
+	topic := testenv.NewTopic(t, brokers, 3)
 	pool := newOutboxDB(t)
 	want := map[string]int64{}
 	var evs []event.Envelope
@@ -57,14 +56,14 @@ func TestAKafkaOutageIsWaitedOutNotChargedToRows(t *testing.T) {
 	}
 	enqueue(t, pool, evs...)
 
-	down := kafkautil.NewWriter([]string{testinfra.ClosedAddr(t)}, 100)
+	down := testenv.NewWriter([]string{testenv.ClosedAddr(t)}, 100)
 	t.Cleanup(func() { down.Close() })
-	up := kafkautil.NewWriter(brokers, 100)
+	up := testenv.NewWriter(brokers, 100)
 	t.Cleanup(func() { up.Close() })
 	w := &switchWriter{}
 	w.current.Store(down)
 	reg := prometheus.NewRegistry()
-	logs := &testinfra.LogBuffer{}
+	logs := &testenv.LogBuffer{}
 	relay, err := outbox.NewRelay(pool, w, outbox.RelayConfig{
 		Topic: func(string) string { return topic },
 		// Before the fix, rows went dead after 3 attempts within a second.
@@ -78,7 +77,7 @@ func TestAKafkaOutageIsWaitedOutNotChargedToRows(t *testing.T) {
 	}
 	runRelay(t, relay)
 
-	testinfra.WaitFor(t, 30*time.Second, "six failed writes, twice MaxAttempts (or a dead row)", func() (bool, error) {
+	testenv.WaitFor(t, 30*time.Second, "six failed writes, twice MaxAttempts (or a dead row)", func() (bool, error) {
 		return w.writes.Load() >= 6 || countRows(t, pool, "state = 'dead'") > 0, nil
 	})
 	if n := countRows(t, pool, "state = 'dead'"); n != 0 {
@@ -87,13 +86,13 @@ func TestAKafkaOutageIsWaitedOutNotChargedToRows(t *testing.T) {
 	if n := countRows(t, pool, "state = 'pending' AND attempts = 0"); n != len(evs) {
 		t.Fatalf("%d rows pending with no attempt charged, want %d", n, len(evs))
 	}
-	if got := testinfra.MetricValue(t, reg, "outbox_kafka_errors_total"); got < float64(len(evs)) {
+	if got := testenv.MetricValue(t, reg, "outbox_kafka_errors_total"); got < float64(len(evs)) {
 		t.Errorf("outbox_kafka_errors_total = %v, want >= %d", got, len(evs))
 	}
-	if got := testinfra.MetricValue(t, reg, "outbox_publish_failures_total"); got != 0 {
+	if got := testenv.MetricValue(t, reg, "outbox_publish_failures_total"); got != 0 {
 		t.Errorf("outbox_publish_failures_total = %v during an outage, want 0 (no message failed)", got)
 	}
-	if got := testinfra.MetricValue(t, reg, "outbox_kafka_connected"); got != 0 {
+	if got := testenv.MetricValue(t, reg, "outbox_kafka_connected"); got != 0 {
 		t.Errorf("outbox_kafka_connected = %v during the outage, want 0", got)
 	}
 	if n := strings.Count(logs.String(), "publishing to Kafka failed"); n != 1 {
@@ -102,11 +101,11 @@ func TestAKafkaOutageIsWaitedOutNotChargedToRows(t *testing.T) {
 
 	c := collect(t, brokers, topic)
 	w.current.Store(up) // Kafka is back
-	testinfra.WaitFor(t, 30*time.Second, "every event to be published after the outage", func() (bool, error) {
+	testenv.WaitFor(t, 30*time.Second, "every event to be published after the outage", func() (bool, error) {
 		return c.distinct() == len(evs) && countRows(t, pool, "state = 'published'") == len(evs), nil
 	})
 	c.checkOrder(t, want)
-	if got := testinfra.MetricValue(t, reg, "outbox_kafka_connected"); got != 1 {
+	if got := testenv.MetricValue(t, reg, "outbox_kafka_connected"); got != 1 {
 		t.Errorf("outbox_kafka_connected = %v after recovery, want 1", got)
 	}
 	if _, ok := logs.Record("outbox relay: publishing to Kafka works again"); !ok {
@@ -120,9 +119,9 @@ func TestAKafkaOutageIsWaitedOutNotChargedToRows(t *testing.T) {
 // topics flow, and go out once the topic exists, without a requeue.
 func TestAMissingTopicIsWaitedOutWhileOtherTopicsFlow(t *testing.T) {
 	t.Parallel()
-	brokers := testinfra.KafkaBrokers(t)
-	good := testinfra.NewTopic(t, brokers, 1)
-	missing := testinfra.Name("missing")
+	brokers := testenv.KafkaBrokers(t)
+	good := testenv.NewTopic(t, brokers, 1)
+	missing := testenv.Name("missing")
 	pool := newOutboxDB(t)
 	route := func(aggregateType string) string {
 		if aggregateType == "ghost" {
@@ -134,9 +133,9 @@ func TestAMissingTopicIsWaitedOutWhileOtherTopicsFlow(t *testing.T) {
 	ghost1.AggregateType, ghost2.AggregateType = "ghost", "ghost"
 	enqueue(t, pool, ghost1, ghost2, newEvent("fine", 1))
 
-	w := kafkautil.NewWriter(brokers, 10)
+	w := testenv.NewWriter(brokers, 10)
 	t.Cleanup(func() { w.Close() })
-	logs := &testinfra.LogBuffer{}
+	logs := &testenv.LogBuffer{}
 	relay, err := outbox.NewRelay(pool, w, outbox.RelayConfig{
 		Topic: route, MaxAttempts: 2, BackoffMin: 10 * time.Millisecond, BackoffMax: 20 * time.Millisecond,
 		OutageBackoffMax: 500 * time.Millisecond, PollInterval: 50 * time.Millisecond,
@@ -146,16 +145,16 @@ func TestAMissingTopicIsWaitedOutWhileOtherTopicsFlow(t *testing.T) {
 		t.Fatal(err)
 	}
 	runRelay(t, relay)
-	testinfra.WaitFor(t, 30*time.Second, "the other topic's event to be published", func() (bool, error) {
+	testenv.WaitFor(t, 30*time.Second, "the other topic's event to be published", func() (bool, error) {
 		return countRows(t, pool, "state = 'published' AND aggregate_id = 'fine'") == 1, nil
 	})
-	testinfra.WaitFor(t, 30*time.Second, "the missing topic's first event to be deferred", func() (bool, error) {
+	testenv.WaitFor(t, 30*time.Second, "the missing topic's first event to be deferred", func() (bool, error) {
 		return countRows(t, pool, "last_error LIKE '%Unknown Topic Or Partition%'") >= 1, nil
 	})
 	// The other topic keeps flowing while the missing one is retried.
 	for v := int64(2); v <= 6; v++ {
 		enqueue(t, pool, newEvent("fine", v))
-		testinfra.WaitFor(t, 30*time.Second, fmt.Sprintf("fine v%d to be published", v), func() (bool, error) {
+		testenv.WaitFor(t, 30*time.Second, fmt.Sprintf("fine v%d to be published", v), func() (bool, error) {
 			return countRows(t, pool, "state = 'published' AND aggregate_id = 'fine'") == int(v), nil
 		})
 	}
@@ -168,9 +167,9 @@ func TestAMissingTopicIsWaitedOutWhileOtherTopicsFlow(t *testing.T) {
 		t.Errorf("%d lines about Kafka failing, want at most 1 (bounded-rate logging):\n%s", n, logs.String())
 	}
 
-	testinfra.NewTopicNamed(t, brokers, missing, 1)
+	testenv.NewTopicNamed(t, brokers, missing, 1)
 	c := collect(t, brokers, missing)
-	testinfra.WaitFor(t, 30*time.Second, "the waiting events to go out once the topic exists", func() (bool, error) {
+	testenv.WaitFor(t, 30*time.Second, "the waiting events to go out once the topic exists", func() (bool, error) {
 		return c.distinct() == 2, nil
 	})
 	c.checkOrder(t, map[string]int64{"g": 2})
@@ -199,8 +198,8 @@ func (s slowWriter) WriteMessages(ctx context.Context, msgs ...kafka.Message) er
 // across the handover.
 func TestABusyRelayHeartbeatsReportsItsBacklogAndShares(t *testing.T) {
 	ctx := context.Background()
-	brokers := testinfra.KafkaBrokers(t)
-	topic := testinfra.NewTopic(t, brokers, 6)
+	brokers := testenv.KafkaBrokers(t)
+	topic := testenv.NewTopic(t, brokers, 6)
 	pool := newOutboxDB(t)
 	want := map[string]int64{}
 	var evs []event.Envelope
@@ -214,7 +213,7 @@ func TestABusyRelayHeartbeatsReportsItsBacklogAndShares(t *testing.T) {
 	enqueue(t, pool, evs...)
 	c := collect(t, brokers, topic)
 
-	kw := kafkautil.NewWriter(brokers, 10)
+	kw := testenv.NewWriter(brokers, 10)
 	t.Cleanup(func() { kw.Close() })
 	slow := slowWriter{w: kw, delay: 200 * time.Millisecond}
 	// 480 rows, 10 a batch, 200ms a batch: one relay alone is busy ~10s,
@@ -233,8 +232,8 @@ func TestABusyRelayHeartbeatsReportsItsBacklogAndShares(t *testing.T) {
 	reg1, reg2 := prometheus.NewRegistry(), prometheus.NewRegistry()
 	runRelay(t, newRelay("busy-1", reg1))
 
-	testinfra.WaitFor(t, 20*time.Second, "the first relay to be busy", func() (bool, error) {
-		return testinfra.MetricValue(t, reg1, "outbox_published_total") > 0, nil
+	testenv.WaitFor(t, 20*time.Second, "the first relay to be busy", func() (bool, error) {
+		return testenv.MetricValue(t, reg1, "outbox_published_total") > 0, nil
 	})
 	heartbeat := func() (time.Time, error) {
 		var at time.Time
@@ -245,12 +244,12 @@ func TestABusyRelayHeartbeatsReportsItsBacklogAndShares(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	firstAge := testinfra.MetricValue(t, reg1, "outbox_oldest_pending_age_seconds")
-	testinfra.WaitFor(t, 10*time.Second, "the busy relay's heartbeat to advance past twice its TTL", func() (bool, error) {
+	firstAge := testenv.MetricValue(t, reg1, "outbox_oldest_pending_age_seconds")
+	testenv.WaitFor(t, 10*time.Second, "the busy relay's heartbeat to advance past twice its TTL", func() (bool, error) {
 		at, err := heartbeat()
 		return at.Sub(first) > time.Second, err
 	})
-	if got := testinfra.MetricValue(t, reg1, "outbox_oldest_pending_age_seconds"); got < firstAge+0.5 {
+	if got := testenv.MetricValue(t, reg1, "outbox_oldest_pending_age_seconds"); got < firstAge+0.5 {
 		t.Fatalf("outbox_oldest_pending_age_seconds went from %v to %v over more than a second of backlog: frozen while busy", firstAge, got)
 	}
 	if n := countRows(t, pool, "state = 'pending'"); n < 100 {
@@ -258,17 +257,17 @@ func TestABusyRelayHeartbeatsReportsItsBacklogAndShares(t *testing.T) {
 	}
 
 	runRelay(t, newRelay("busy-2", reg2))
-	testinfra.WaitFor(t, 20*time.Second, "both relays to own partitions and publish", func() (bool, error) {
-		return testinfra.MetricValue(t, reg1, "outbox_owned_partitions") > 0 &&
-			testinfra.MetricValue(t, reg2, "outbox_owned_partitions") > 0 &&
-			testinfra.MetricValue(t, reg2, "outbox_published_total") > 0, nil
+	testenv.WaitFor(t, 20*time.Second, "both relays to own partitions and publish", func() (bool, error) {
+		return testenv.MetricValue(t, reg1, "outbox_owned_partitions") > 0 &&
+			testenv.MetricValue(t, reg2, "outbox_owned_partitions") > 0 &&
+			testenv.MetricValue(t, reg2, "outbox_published_total") > 0, nil
 	})
-	testinfra.WaitFor(t, 60*time.Second, fmt.Sprintf("all %d events to arrive", len(evs)), func() (bool, error) {
+	testenv.WaitFor(t, 60*time.Second, fmt.Sprintf("all %d events to arrive", len(evs)), func() (bool, error) {
 		return c.distinct() == len(evs), nil
 	})
 	c.checkOrder(t, want)
 	t.Logf("published: busy-1 %v, busy-2 %v; redeliveries %d",
-		testinfra.MetricValue(t, reg1, "outbox_published_total"), testinfra.MetricValue(t, reg2, "outbox_published_total"), c.dups())
+		testenv.MetricValue(t, reg1, "outbox_published_total"), testenv.MetricValue(t, reg2, "outbox_published_total"), c.dups())
 }
 
 // A Postgres outage does not end Run: the relay's claim loop, heartbeat,
@@ -276,23 +275,23 @@ func TestABusyRelayHeartbeatsReportsItsBacklogAndShares(t *testing.T) {
 // once per retry), and the relay publishes what was committed meanwhile once
 // the database is back.
 func TestAPostgresOutageIsWaitedOut(t *testing.T) {
-	brokers := testinfra.KafkaBrokers(t)
-	topic := testinfra.NewTopic(t, brokers, 1)
+	brokers := testenv.KafkaBrokers(t)
+	topic := testenv.NewTopic(t, brokers, 1)
 	dbURL := newOutboxDBURL(t)
-	direct := testinfra.NewPool(t, dbURL)
+	direct := testenv.NewPool(t, dbURL)
 	u, err := url.Parse(dbURL)
 	if err != nil {
 		t.Fatal(err)
 	}
-	proxy := testinfra.NewProxy(t, u.Host)
+	proxy := testenv.NewProxy(t, u.Host)
 	u.Host = proxy.Addr()
 	c := collect(t, brokers, topic)
 
-	w := kafkautil.NewWriter(brokers, 10)
+	w := testenv.NewWriter(brokers, 10)
 	t.Cleanup(func() { w.Close() })
 	reg := prometheus.NewRegistry()
-	logs := &testinfra.LogBuffer{}
-	relay, err := outbox.NewRelay(testinfra.NewPool(t, u.String()), w, outbox.RelayConfig{
+	logs := &testenv.LogBuffer{}
+	relay, err := outbox.NewRelay(testenv.NewPool(t, u.String()), w, outbox.RelayConfig{
 		Topic: func(string) string { return topic }, PollInterval: 50 * time.Millisecond,
 		RebalanceInterval: 100 * time.Millisecond, OutageBackoffMax: 300 * time.Millisecond,
 		Metrics: outbox.NewMetrics(reg), Logger: slog.New(slog.NewJSONHandler(logs, nil)),
@@ -310,15 +309,15 @@ func TestAPostgresOutageIsWaitedOut(t *testing.T) {
 		}
 	}()
 	enqueue(t, direct, newEvent("a", 1), newEvent("a", 2))
-	testinfra.WaitFor(t, 20*time.Second, "the first events to be published", func() (bool, error) {
+	testenv.WaitFor(t, 20*time.Second, "the first events to be published", func() (bool, error) {
 		return c.distinct() == 2, nil
 	})
 
 	proxy.Cut()
 	enqueue(t, direct, newEvent("a", 3), newEvent("a", 4)) // committed while the relay cannot see the database
-	testinfra.WaitFor(t, 20*time.Second, "the relay to fail heartbeats and gauges for a while", func() (bool, error) {
-		return testinfra.LabeledMetricValue(t, reg, "outbox_db_errors_total", map[string]string{"op": "heartbeat"}) >= 5 &&
-			testinfra.LabeledMetricValue(t, reg, "outbox_db_errors_total", map[string]string{"op": "gauges"}) >= 3, nil
+	testenv.WaitFor(t, 20*time.Second, "the relay to fail heartbeats and gauges for a while", func() (bool, error) {
+		return testenv.LabeledMetricValue(t, reg, "outbox_db_errors_total", map[string]string{"op": "heartbeat"}) >= 5 &&
+			testenv.LabeledMetricValue(t, reg, "outbox_db_errors_total", map[string]string{"op": "gauges"}) >= 3, nil
 	})
 	select {
 	case err := <-done:
@@ -330,7 +329,7 @@ func TestAPostgresOutageIsWaitedOut(t *testing.T) {
 	}
 
 	proxy.Heal()
-	testinfra.WaitFor(t, 30*time.Second, "the events committed during the outage to be published", func() (bool, error) {
+	testenv.WaitFor(t, 30*time.Second, "the events committed during the outage to be published", func() (bool, error) {
 		return c.distinct() == 4, nil
 	})
 	c.checkOrder(t, map[string]int64{"a": 4})
@@ -339,7 +338,7 @@ func TestAPostgresOutageIsWaitedOut(t *testing.T) {
 			t.Errorf("%q: %d lines about the outage's start, want 1 (bounded-rate logging)", what, n)
 		}
 	}
-	testinfra.WaitFor(t, 10*time.Second, "the recovery to be logged and reported", func() (bool, error) {
+	testenv.WaitFor(t, 10*time.Second, "the recovery to be logged and reported", func() (bool, error) {
 		_, ok := logs.Record("outbox relay: heartbeating in Postgres works again")
 		return ok && relay.Health().PostgresConnected, nil
 	})

@@ -7,8 +7,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/onceflow/onceflow/pkg/platform/kafkautil"
-	"github.com/onceflow/onceflow/pkg/platform/testinfra"
+	"github.com/onceflow/onceflow/pkg/testenv"
 )
 
 // relayEnv is what most relay tests start from: a fresh outbox database, a
@@ -18,18 +17,18 @@ type relayEnv struct {
 	topic   string
 	pool    *pgxpool.Pool
 	c       *collector
-	w       *kafkautil.Writer
+	w       *testenv.Writer
 }
 
 // newRelayEnv makes a relayEnv with a topic of the given partitions and a
 // writer of the given batch size, closed when the test ends.
 func newRelayEnv(t *testing.T, partitions, batchSize int) *relayEnv {
 	t.Helper()
-	e := &relayEnv{brokers: testinfra.KafkaBrokers(t)}
-	e.topic = testinfra.NewTopic(t, e.brokers, partitions)
+	e := &relayEnv{brokers: testenv.KafkaBrokers(t)}
+	e.topic = testenv.NewTopic(t, e.brokers, partitions)
 	e.pool = newOutboxDB(t)
 	e.c = collect(t, e.brokers, e.topic)
-	e.w = kafkautil.NewWriter(e.brokers, batchSize)
+	e.w = testenv.NewWriter(e.brokers, batchSize)
 	t.Cleanup(func() { e.w.Close() })
 	return e
 }

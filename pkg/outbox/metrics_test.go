@@ -10,7 +10,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/onceflow/onceflow/pkg/outbox"
-	"github.com/onceflow/onceflow/pkg/platform/testinfra"
+	"github.com/onceflow/onceflow/pkg/testenv"
 )
 
 // Without a relay, WatchBacklog alone keeps the backlog visible: the gauges
@@ -35,16 +35,16 @@ func TestWatchBacklogReportsABacklogNoRelayDrains(t *testing.T) {
 	}); err != nil {
 		t.Fatal(err)
 	}
-	testinfra.WaitFor(t, 10*time.Second, "3 pending events with a growing oldest age", func() (bool, error) {
-		return testinfra.MetricValue(t, reg, "outbox_pending_events") == 3 &&
-			testinfra.MetricValue(t, reg, "outbox_oldest_pending_age_seconds") > 0, nil
+	testenv.WaitFor(t, 10*time.Second, "3 pending events with a growing oldest age", func() (bool, error) {
+		return testenv.MetricValue(t, reg, "outbox_pending_events") == 3 &&
+			testenv.MetricValue(t, reg, "outbox_oldest_pending_age_seconds") > 0, nil
 	})
 
 	if _, err := pool.Exec(ctx, `UPDATE outbox_events SET state = 'published', published_at = now()`); err != nil {
 		t.Fatal(err)
 	}
-	testinfra.WaitFor(t, 10*time.Second, "the backlog to read empty", func() (bool, error) {
-		return testinfra.MetricValue(t, reg, "outbox_pending_events") == 0 &&
-			testinfra.MetricValue(t, reg, "outbox_oldest_pending_age_seconds") == 0, nil
+	testenv.WaitFor(t, 10*time.Second, "the backlog to read empty", func() (bool, error) {
+		return testenv.MetricValue(t, reg, "outbox_pending_events") == 0 &&
+			testenv.MetricValue(t, reg, "outbox_oldest_pending_age_seconds") == 0, nil
 	})
 }

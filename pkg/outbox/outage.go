@@ -5,7 +5,7 @@ import (
 	"log/slog"
 	"time"
 
-	"github.com/onceflow/onceflow/pkg/event/retry"
+	"github.com/onceflow/onceflow/pkg/internal/retry"
 )
 
 // outage logs, in the relay's words, what retry.Outage reports about one

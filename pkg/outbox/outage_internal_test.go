@@ -9,7 +9,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/onceflow/onceflow/pkg/event/retry"
+	"github.com/onceflow/onceflow/pkg/internal/retry"
 )
 
 // The relay's outage logs what retry.Outage reports (its rate and flapping

@@ -13,21 +13,19 @@ import (
 
 	"github.com/onceflow/onceflow/pkg/event"
 	"github.com/onceflow/onceflow/pkg/outbox"
-	"github.com/onceflow/onceflow/pkg/platform/kafkautil"
-	"github.com/onceflow/onceflow/pkg/platform/pgutil"
-	"github.com/onceflow/onceflow/pkg/platform/testinfra"
+	"github.com/onceflow/onceflow/pkg/testenv"
 )
 
 // newOutboxDB returns a pool on a fresh database with the outbox schema.
 func newOutboxDB(t *testing.T) *pgxpool.Pool {
 	t.Helper()
-	return testinfra.NewPool(t, newOutboxDBURL(t))
+	return testenv.NewPool(t, newOutboxDBURL(t))
 }
 
 // newOutboxDBURL returns the URL of a fresh database with the outbox schema.
 func newOutboxDBURL(t *testing.T) string {
 	t.Helper()
-	return testinfra.NewMigratedDatabase(t, pgutil.Migration{FS: outbox.Migrations, Table: outbox.MigrationsTable})
+	return testenv.NewMigratedDatabase(t, testenv.Migration{FS: outbox.Migrations, Table: outbox.MigrationsTable})
 }
 
 func newEvent(aggregateID string, version int64) event.Envelope {
@@ -105,8 +103,8 @@ func TestRelayPublishesThroughTheBrokerThenMarks(t *testing.T) {
 	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	brokers := testinfra.KafkaBrokers(t)
-	topic := testinfra.NewTopic(t, brokers, 3)
+	brokers := testenv.KafkaBrokers(t)
+	topic := testenv.NewTopic(t, brokers, 3)
 	pool := newOutboxDB(t)
 
 	var want []event.Envelope
@@ -125,7 +123,7 @@ func TestRelayPublishesThroughTheBrokerThenMarks(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	w := kafkautil.NewWriter(brokers, 100)
+	w := testenv.NewWriter(brokers, 100)
 	defer w.Close()
 	relay, err := outbox.NewRelay(pool, w, outbox.RelayConfig{Topic: func(string) string { return topic }})
 	if err != nil {
@@ -133,7 +131,7 @@ func TestRelayPublishesThroughTheBrokerThenMarks(t *testing.T) {
 	}
 	runInBackground(t, "Run", relay.Run)
 
-	r := kafka.NewReader(kafka.ReaderConfig{Brokers: brokers, Topic: topic, GroupID: testinfra.Name("g"), MaxWait: 100 * time.Millisecond})
+	r := kafka.NewReader(kafka.ReaderConfig{Brokers: brokers, Topic: topic, GroupID: testenv.Name("g"), MaxWait: 100 * time.Millisecond})
 	defer r.Close()
 	for i, w := range want {
 		m, err := r.FetchMessage(ctx)
@@ -148,7 +146,7 @@ func TestRelayPublishesThroughTheBrokerThenMarks(t *testing.T) {
 			t.Fatalf("event %d = %s v%d, want %s v%d in order", i, got.EventID, got.AggregateVersion, w.EventID, w.AggregateVersion)
 		}
 	}
-	testinfra.WaitFor(t, 10*time.Second, "all rows marked published", func() (bool, error) {
+	testenv.WaitFor(t, 10*time.Second, "all rows marked published", func() (bool, error) {
 		return countRows(t, pool, "state = 'published' AND published_at IS NOT NULL") == len(want), nil
 	})
 }

@@ -21,13 +21,13 @@ import (
 	"github.com/segmentio/kafka-go"
 
 	"github.com/onceflow/onceflow/pkg/event"
-	"github.com/onceflow/onceflow/pkg/event/retry"
-	"github.com/onceflow/onceflow/pkg/platform/kafkautil"
+	"github.com/onceflow/onceflow/pkg/internal/kafkaerr"
+	"github.com/onceflow/onceflow/pkg/internal/retry"
 )
 
 // Writer is the part of *kafka.Writer the relay needs. It must return only
 // after the broker acknowledged (RequiredAcks = RequireAll). A *kafka.Writer
-// or *kafkautil.Writer is given no more in one call than fits one record
+// or a wrapper with KafkaWriter() *kafka.Writer is given no more in one call than fits one record
 // batch per partition, so that the broker judges an aggregate's events of
 // the call together (see writeTopic); a Writer of another type that splits
 // calls must keep each key's messages of one call together itself.
@@ -863,7 +863,7 @@ func (r *Relay) relayBatch(ctx context.Context, ops wakeOps) (res batchResult, e
 		if c.undecodable != nil {
 			err = c.undecodable
 		}
-		if sent && err != nil && !kafkautil.IsMessageError(err) && !errors.Is(err, errHeldBack) {
+		if sent && err != nil && !kafkaerr.IsMessageError(err) && !errors.Is(err, errHeldBack) {
 			r.cfg.Metrics.kafkaErrors.Inc()
 		}
 		switch {
@@ -879,7 +879,7 @@ func (r *Relay) relayBatch(ctx context.Context, ops wakeOps) (res batchResult, e
 			if c.attempts > 0 {
 				r.cfg.Metrics.retries.Inc()
 			}
-		case c.undecodable != nil || kafkautil.IsMessageError(err):
+		case c.undecodable != nil || kafkaerr.IsMessageError(err):
 			held[c.aggregate] = true
 			res.judged++
 			if c.undecodable == nil {
@@ -1054,15 +1054,17 @@ type batchLimits struct {
 }
 
 // writerLimits reads w's batch limits when w is kafka-go's writer (as
-// kafkautil.NewWriter's is); another Writer gets the zero limits, and the
+// a wrapper's KafkaWriter() returns); another Writer gets the zero limits, and the
 // relay gives it each topic's messages in one call, as it is.
 func writerLimits(w Writer) batchLimits {
 	var kw *kafka.Writer
 	switch w := w.(type) {
 	case *kafka.Writer:
 		kw = w
-	case *kafkautil.Writer:
-		kw = w.Writer
+	case interface{ KafkaWriter() *kafka.Writer }:
+		// A wrapper that owns more than the writer (platform/kafkautil's
+		// closes its transport too) hands over the writer it wraps.
+		kw = w.KafkaWriter()
 	}
 	if kw == nil {
 		return batchLimits{}
@@ -1184,7 +1186,7 @@ func writeCall(ctx context.Context, w Writer, msgs []kafka.Message, aggs []strin
 		judged := map[int]bool{}
 		for j, e := range perMessage(err, len(todo)) {
 			errs[todo[j]] = e
-			if kafkautil.IsMessageError(e) {
+			if kafkaerr.IsMessageError(e) {
 				judged[todo[j]] = true
 			}
 		}

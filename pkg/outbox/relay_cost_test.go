@@ -10,8 +10,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/onceflow/onceflow/pkg/outbox"
-	"github.com/onceflow/onceflow/pkg/platform/kafkautil"
-	"github.com/onceflow/onceflow/pkg/platform/testinfra"
+	"github.com/onceflow/onceflow/pkg/testenv"
 )
 
 // At a low rate, one event per transaction costs the relay one claim and
@@ -23,14 +22,14 @@ import (
 func TestAnArmedRelayPaysOneClaimAndTwoRoundTripsPerCommit(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	brokers := testinfra.KafkaBrokers(t)
-	topic := testinfra.NewTopic(t, brokers, 1)
+	brokers := testenv.KafkaBrokers(t)
+	topic := testenv.NewTopic(t, brokers, 1)
 	url := newOutboxDBURL(t)
-	pool := testinfra.NewPool(t, url)
+	pool := testenv.NewPool(t, url)
 	counts := &benchWireCounts{}
 	relayPool := benchCountingPool(t, url, 4, counts)
 	c := collect(t, brokers, topic)
-	w := kafkautil.NewWriter(brokers, 50)
+	w := testenv.NewWriter(brokers, 50)
 	defer w.Close()
 	reg := prometheus.NewRegistry()
 	relay, err := outbox.NewRelay(relayPool, w, outbox.RelayConfig{
@@ -43,7 +42,7 @@ func TestAnArmedRelayPaysOneClaimAndTwoRoundTripsPerCommit(t *testing.T) {
 		t.Fatal(err)
 	}
 	runRelay(t, relay)
-	testinfra.WaitFor(t, 10*time.Second, "the idle relay to arm its wake-up", func() (bool, error) {
+	testenv.WaitFor(t, 10*time.Second, "the idle relay to arm its wake-up", func() (bool, error) {
 		var waiting bool
 		err := pool.QueryRow(ctx, `SELECT coalesce(bool_or(waiting), false) FROM outbox_relays WHERE id = 'frugal'`).Scan(&waiting)
 		return waiting, err
@@ -51,23 +50,23 @@ func TestAnArmedRelayPaysOneClaimAndTwoRoundTripsPerCommit(t *testing.T) {
 	// The first commit prepares the relay's statements on its connection;
 	// count from the second.
 	enqueue(t, pool, newEvent("warm-up", 1))
-	testinfra.WaitFor(t, 10*time.Second, "the warm-up event to be published", func() (bool, error) {
+	testenv.WaitFor(t, 10*time.Second, "the warm-up event to be published", func() (bool, error) {
 		return countRows(t, pool, "state = 'published'") == 1, nil
 	})
 
 	before := counts.snapshot()
-	claimsBefore := testinfra.MetricValue(t, reg, "outbox_relay_claims_total")
-	rtBefore := testinfra.MetricValue(t, reg, "outbox_relay_db_roundtrips_total")
+	claimsBefore := testenv.MetricValue(t, reg, "outbox_relay_claims_total")
+	rtBefore := testenv.MetricValue(t, reg, "outbox_relay_db_roundtrips_total")
 	const commits = 20
 	for i := range commits {
 		enqueue(t, pool, newEvent(fmt.Sprintf("agg-%d", i), 1))
-		testinfra.WaitFor(t, 10*time.Second, fmt.Sprintf("commit %d to be published and marked", i+1), func() (bool, error) {
+		testenv.WaitFor(t, 10*time.Second, fmt.Sprintf("commit %d to be published and marked", i+1), func() (bool, error) {
 			return countRows(t, pool, "state = 'published'") == i+2, nil
 		})
 	}
 	d := counts.snapshot().minus(before)
-	claims := testinfra.MetricValue(t, reg, "outbox_relay_claims_total") - claimsBefore
-	roundTrips := testinfra.MetricValue(t, reg, "outbox_relay_db_roundtrips_total") - rtBefore
+	claims := testenv.MetricValue(t, reg, "outbox_relay_claims_total") - claimsBefore
+	roundTrips := testenv.MetricValue(t, reg, "outbox_relay_db_roundtrips_total") - rtBefore
 	t.Logf("%d commits: %d claims, %d round trips, %d statements on the wire; the relay counted %.0f claims, %.0f round trips",
 		commits, d.claims, d.roundTrips, d.statements, claims, roundTrips)
 	// A notification that arrives while the relay finishes a batch costs
@@ -98,8 +97,8 @@ func TestAnUndecodableRowIsChargedThenDeadAndHoldsBackItsAggregate(t *testing.T)
 	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	brokers := testinfra.KafkaBrokers(t)
-	topic := testinfra.NewTopic(t, brokers, 1)
+	brokers := testenv.KafkaBrokers(t)
+	topic := testenv.NewTopic(t, brokers, 1)
 	pool := newOutboxDB(t)
 	c := collect(t, brokers, topic)
 
@@ -109,7 +108,7 @@ func TestAnUndecodableRowIsChargedThenDeadAndHoldsBackItsAggregate(t *testing.T)
 	}
 	enqueue(t, pool, newEvent("bad", 2), newEvent("good", 1))
 
-	w := kafkautil.NewWriter(brokers, 50)
+	w := testenv.NewWriter(brokers, 50)
 	defer w.Close()
 	const maxAttempts = 3
 	relay, err := outbox.NewRelay(pool, w, outbox.RelayConfig{
@@ -120,7 +119,7 @@ func TestAnUndecodableRowIsChargedThenDeadAndHoldsBackItsAggregate(t *testing.T)
 		t.Fatal(err)
 	}
 	defer relay.Close()
-	testinfra.WaitFor(t, 20*time.Second, "the undecodable row to go dead", func() (bool, error) {
+	testenv.WaitFor(t, 20*time.Second, "the undecodable row to go dead", func() (bool, error) {
 		if _, err := relay.RelayBatch(ctx); err != nil {
 			return false, fmt.Errorf("a batch failed instead of charging the row: %w", err)
 		}
@@ -142,7 +141,7 @@ func TestAnUndecodableRowIsChargedThenDeadAndHoldsBackItsAggregate(t *testing.T)
 	if n := countRows(t, pool, "aggregate_id = 'good' AND state = 'published'"); n != 1 {
 		t.Error("another aggregate's event was held back by the undecodable row")
 	}
-	testinfra.WaitFor(t, 10*time.Second, "the good event on the topic", func() (bool, error) { return c.distinct() >= 1, nil })
+	testenv.WaitFor(t, 10*time.Second, "the good event on the topic", func() (bool, error) { return c.distinct() >= 1, nil })
 	c.checkOrder(t, map[string]int64{"good": 1, "bad": 0})
 }
 
@@ -167,13 +166,13 @@ func TestARelayReArmsWhenItsRegistrationIsRecreated(t *testing.T) {
 		err := pool.QueryRow(ctx, `SELECT coalesce(bool_or(waiting), false) FROM outbox_relays WHERE id = 'phoenix'`).Scan(&waiting)
 		return waiting, err
 	}
-	testinfra.WaitFor(t, 10*time.Second, "the idle relay to arm its wake-up", armed)
+	testenv.WaitFor(t, 10*time.Second, "the idle relay to arm its wake-up", armed)
 	if _, err := pool.Exec(ctx, `DELETE FROM outbox_relays WHERE id = 'phoenix'`); err != nil {
 		t.Fatal(err)
 	}
-	testinfra.WaitFor(t, 10*time.Second, "the relay to register and arm again (an hourly poll would be too late)", armed)
+	testenv.WaitFor(t, 10*time.Second, "the relay to register and arm again (an hourly poll would be too late)", armed)
 	enqueue(t, pool, newEvent("after", 1))
-	testinfra.WaitFor(t, 5*time.Second, "the commit after re-registration to be published", func() (bool, error) {
+	testenv.WaitFor(t, 5*time.Second, "the commit after re-registration to be published", func() (bool, error) {
 		return c.distinct() == 1, nil
 	})
 }

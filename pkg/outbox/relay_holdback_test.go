@@ -12,8 +12,7 @@ import (
 
 	"github.com/onceflow/onceflow/pkg/event"
 	"github.com/onceflow/onceflow/pkg/outbox"
-	"github.com/onceflow/onceflow/pkg/platform/kafkautil"
-	"github.com/onceflow/onceflow/pkg/platform/testinfra"
+	"github.com/onceflow/onceflow/pkg/testenv"
 )
 
 // A row refused because of the message holds back the later rows of its
@@ -31,14 +30,14 @@ func TestAFailedRowHoldsBackItsAggregateInsideItsBatch(t *testing.T) {
 		topicMax        int
 		big1, big2      int // payload sizes
 		refusedBy       string
-		makePublishable func(t *testing.T, brokers []string, topic string) *kafkautil.Writer
+		makePublishable func(t *testing.T, brokers []string, topic string) *testenv.Writer
 	}{{
 		// kafka-go refuses the whole write before sending anything, naming
 		// the message; the relay writes the rest again without it.
 		name: "refused by the writer", topicMax: 4 << 20, big1: 1200 << 10, big2: 10,
 		refusedBy: "Message Size Too Large",
-		makePublishable: func(t *testing.T, brokers []string, topic string) *kafkautil.Writer {
-			w := kafkautil.NewWriter(brokers, 10)
+		makePublishable: func(t *testing.T, brokers []string, topic string) *testenv.Writer {
+			w := testenv.NewWriter(brokers, 10)
 			w.BatchBytes = 4 << 20
 			return w
 		},
@@ -47,9 +46,9 @@ func TestAFailedRowHoldsBackItsAggregateInsideItsBatch(t *testing.T) {
 		// then writes each refused message on its own to find the culprit.
 		name: "refused by the broker", topicMax: 100 << 10, big1: 200 << 10, big2: 10,
 		refusedBy: "Message Size Too Large",
-		makePublishable: func(t *testing.T, brokers []string, topic string) *kafkautil.Writer {
+		makePublishable: func(t *testing.T, brokers []string, topic string) *testenv.Writer {
 			setTopicConfig(t, brokers, topic, "max.message.bytes", fmt.Sprint(4<<20))
-			return kafkautil.NewWriter(brokers, 10)
+			return testenv.NewWriter(brokers, 10)
 		},
 	}, {
 		// big/1 and big/2 do not fit one of kafka-go's batches (BatchBytes),
@@ -58,15 +57,15 @@ func TestAFailedRowHoldsBackItsAggregateInsideItsBatch(t *testing.T) {
 		// the first and takes the second.
 		name: "refused by the broker, across the writer's batches", topicMax: 600 << 10, big1: 700 << 10, big2: 400 << 10,
 		refusedBy: "Message Size Too Large",
-		makePublishable: func(t *testing.T, brokers []string, topic string) *kafkautil.Writer {
+		makePublishable: func(t *testing.T, brokers []string, topic string) *testenv.Writer {
 			setTopicConfig(t, brokers, topic, "max.message.bytes", fmt.Sprint(4<<20))
-			return kafkautil.NewWriter(brokers, 10)
+			return testenv.NewWriter(brokers, 10)
 		},
 	}} {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
 			ctx := context.Background()
-			brokers := testinfra.KafkaBrokers(t)
+			brokers := testenv.KafkaBrokers(t)
 			topic := newTopicWithConfig(t, brokers, map[string]string{"max.message.bytes": fmt.Sprint(tt.topicMax)})
 			pool := newOutboxDB(t)
 			big1, big2 := newEvent("big", 1), newEvent("big", 2)
@@ -74,7 +73,7 @@ func TestAFailedRowHoldsBackItsAggregateInsideItsBatch(t *testing.T) {
 			big2.Payload = []byte(`{"blob":"` + strings.Repeat("y", tt.big2) + `"}`)
 			enqueue(t, pool, big1, big2, newEvent("fine", 1))
 
-			w := kafkautil.NewWriter(brokers, 10)
+			w := testenv.NewWriter(brokers, 10)
 			defer w.Close()
 			cfg := outbox.RelayConfig{
 				Topic:       func(string) string { return topic },
@@ -105,7 +104,7 @@ func TestAFailedRowHoldsBackItsAggregateInsideItsBatch(t *testing.T) {
 			}
 
 			// big/1 goes dead, and big/2 keeps waiting behind it, untried.
-			testinfra.WaitFor(t, 30*time.Second, "big/1 to go dead", func() (bool, error) {
+			testenv.WaitFor(t, 30*time.Second, "big/1 to go dead", func() (bool, error) {
 				if _, err := relay.RelayBatch(ctx); err != nil {
 					return false, err
 				}
@@ -131,7 +130,7 @@ func TestAFailedRowHoldsBackItsAggregateInsideItsBatch(t *testing.T) {
 			if n, err := outbox.Requeue(ctx, pool, deadIDs(t, pool)...); err != nil || n != 1 {
 				t.Fatalf("requeue: n=%d err=%v", n, err)
 			}
-			testinfra.WaitFor(t, 30*time.Second, "big/1 and big/2 to publish", func() (bool, error) {
+			testenv.WaitFor(t, 30*time.Second, "big/1 and big/2 to publish", func() (bool, error) {
 				if _, err := relay.RelayBatch(ctx); err != nil {
 					return false, err
 				}
@@ -149,14 +148,14 @@ func TestAFailedRowHoldsBackItsAggregateInsideItsBatch(t *testing.T) {
 func TestAFailedRowReleasesItsAggregateOnceItIsPublished(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	brokers := testinfra.KafkaBrokers(t)
+	brokers := testenv.KafkaBrokers(t)
 	topic := newTopicWithConfig(t, brokers, map[string]string{"max.message.bytes": fmt.Sprint(100 << 10)})
 	pool := newOutboxDB(t)
 	big1 := newEvent("big", 1)
 	big1.Payload = []byte(`{"blob":"` + strings.Repeat("x", 200<<10) + `"}`)
 	enqueue(t, pool, big1, newEvent("big", 2), newEvent("big", 3), newEvent("fine", 1))
 
-	w := kafkautil.NewWriter(brokers, 10)
+	w := testenv.NewWriter(brokers, 10)
 	defer w.Close()
 	relay, err := outbox.NewRelay(pool, w, outbox.RelayConfig{
 		Topic:       func(string) string { return topic },
@@ -173,7 +172,7 @@ func TestAFailedRowReleasesItsAggregateOnceItIsPublished(t *testing.T) {
 		t.Fatalf("after the batch the topic holds %v, want [fine/1]", got)
 	}
 	setTopicConfig(t, brokers, topic, "max.message.bytes", fmt.Sprint(4<<20))
-	testinfra.WaitFor(t, 30*time.Second, "big/1..3 to publish", func() (bool, error) {
+	testenv.WaitFor(t, 30*time.Second, "big/1..3 to publish", func() (bool, error) {
 		if _, err := relay.RelayBatch(ctx); err != nil {
 			return false, err
 		}
@@ -231,7 +230,7 @@ func setTopicConfig(t *testing.T, brokers []string, topic, name, value string) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	ctrl, err := kafkautil.Controller(ctx, brokers)
+	ctrl, err := testenv.Controller(ctx, brokers)
 	if err != nil {
 		t.Fatal(err)
 	}

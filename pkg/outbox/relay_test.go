@@ -22,8 +22,7 @@ import (
 
 	"github.com/onceflow/onceflow/pkg/event"
 	"github.com/onceflow/onceflow/pkg/outbox"
-	"github.com/onceflow/onceflow/pkg/platform/kafkautil"
-	"github.com/onceflow/onceflow/pkg/platform/testinfra"
+	"github.com/onceflow/onceflow/pkg/testenv"
 )
 
 // enqueue commits events in one transaction.
@@ -49,7 +48,7 @@ type collector struct {
 func collect(t *testing.T, brokers []string, topic string) *collector {
 	t.Helper()
 	c := &collector{seen: map[uuid.UUID]bool{}, order: map[string][]int64{}}
-	r := kafkautil.NewGroupReader(brokers, topic, testinfra.Name("collector"))
+	r := testenv.NewGroupReader(brokers, topic, testenv.Name("collector"))
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() {
@@ -113,13 +112,13 @@ func (c *collector) checkOrder(t *testing.T, want map[string]int64) {
 func TestACrashBetweenAckAndMarkRepublishes(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	brokers := testinfra.KafkaBrokers(t)
-	topic := testinfra.NewTopic(t, brokers, 1)
+	brokers := testenv.KafkaBrokers(t)
+	topic := testenv.NewTopic(t, brokers, 1)
 	pool := newOutboxDB(t)
 	enqueue(t, pool, newEvent("a", 1), newEvent("a", 2))
 	c := collect(t, brokers, topic)
 
-	w := kafkautil.NewWriter(brokers, 10)
+	w := testenv.NewWriter(brokers, 10)
 	defer w.Close()
 	crashed := errors.New("killed after the ack")
 	armed := true
@@ -139,7 +138,7 @@ func TestACrashBetweenAckAndMarkRepublishes(t *testing.T) {
 	if _, err := relay.RelayBatch(ctx); !errors.Is(err, crashed) {
 		t.Fatalf("err = %v, want the crash", err)
 	}
-	testinfra.WaitFor(t, 20*time.Second, "the broker to have the events", func() (bool, error) { return c.distinct() == 2, nil })
+	testenv.WaitFor(t, 20*time.Second, "the broker to have the events", func() (bool, error) { return c.distinct() == 2, nil })
 	if n := countRows(t, pool, "state = 'pending'"); n != 2 {
 		t.Fatalf("%d rows pending after the crash, want 2: nothing may be marked before the ack is recorded", n)
 	}
@@ -148,7 +147,7 @@ func TestACrashBetweenAckAndMarkRepublishes(t *testing.T) {
 	if n, err := relay.RelayBatch(ctx); err != nil || n != 2 {
 		t.Fatalf("after restart: n=%d err=%v", n, err)
 	}
-	testinfra.WaitFor(t, 20*time.Second, "the republished duplicates", func() (bool, error) { return c.dups() == 2, nil })
+	testenv.WaitFor(t, 20*time.Second, "the republished duplicates", func() (bool, error) { return c.dups() == 2, nil })
 	if n := countRows(t, pool, "state = 'published'"); n != 2 {
 		t.Fatalf("%d rows published, want 2", n)
 	}
@@ -163,7 +162,7 @@ func TestACrashBetweenAckAndMarkRepublishes(t *testing.T) {
 func TestATooLargeMessageBacksOffThenDeadThenRequeue(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	brokers := testinfra.KafkaBrokers(t)
+	brokers := testenv.KafkaBrokers(t)
 	// The topic takes 2 MiB; kafka-go's writer stops at 1 MiB (BatchBytes).
 	topic := newTopicWithConfig(t, brokers, map[string]string{"max.message.bytes": "2097152"})
 	pool := newOutboxDB(t)
@@ -171,10 +170,10 @@ func TestATooLargeMessageBacksOffThenDeadThenRequeue(t *testing.T) {
 	big1.Payload = []byte(`{"blob":"` + strings.Repeat("x", 1200<<10) + `"}`)
 	enqueue(t, pool, big1, newEvent("fine", 1))
 
-	w := kafkautil.NewWriter(brokers, 10)
+	w := testenv.NewWriter(brokers, 10)
 	defer w.Close()
 	reg := prometheus.NewRegistry()
-	logs := &testinfra.LogBuffer{}
+	logs := &testenv.LogBuffer{}
 	relay, err := outbox.NewRelay(pool, w, outbox.RelayConfig{
 		Topic: func(string) string { return topic }, MaxAttempts: 3, BackoffMin: 50 * time.Millisecond, BackoffMax: time.Second,
 		Metrics: outbox.NewMetrics(reg), Logger: slog.New(slog.NewJSONHandler(logs, nil)),
@@ -184,7 +183,7 @@ func TestATooLargeMessageBacksOffThenDeadThenRequeue(t *testing.T) {
 	}
 
 	var pendingAttempts int
-	testinfra.WaitFor(t, 60*time.Second, "the too-large event to go dead", func() (bool, error) {
+	testenv.WaitFor(t, 60*time.Second, "the too-large event to go dead", func() (bool, error) {
 		if _, err := relay.RelayBatch(ctx); err != nil {
 			return false, err
 		}
@@ -226,10 +225,10 @@ func TestATooLargeMessageBacksOffThenDeadThenRequeue(t *testing.T) {
 	if n := countRows(t, pool, fmt.Sprintf("state = 'pending' AND attempts = 0 AND event_id = '%s'", big2.EventID)); n != 1 {
 		t.Fatal("the dead event's successor did not wait behind it")
 	}
-	if got := testinfra.MetricValue(t, reg, "outbox_publish_failures_total"); got != 3 {
+	if got := testenv.MetricValue(t, reg, "outbox_publish_failures_total"); got != 3 {
 		t.Fatalf("outbox_publish_failures_total = %v, want 3", got)
 	}
-	if got := testinfra.MetricValue(t, reg, "outbox_kafka_errors_total"); got != 0 {
+	if got := testenv.MetricValue(t, reg, "outbox_kafka_errors_total"); got != 0 {
 		t.Fatalf("outbox_kafka_errors_total = %v, want 0: the broker was fine", got)
 	}
 
@@ -237,7 +236,7 @@ func TestATooLargeMessageBacksOffThenDeadThenRequeue(t *testing.T) {
 	// setting) and requeues.
 	c := collect(t, brokers, topic)
 	relay.Close()
-	w2 := kafkautil.NewWriter(brokers, 10)
+	w2 := testenv.NewWriter(brokers, 10)
 	w2.BatchBytes = 4 << 20
 	defer w2.Close()
 	relay, err = outbox.NewRelay(pool, w2, outbox.RelayConfig{Topic: func(string) string { return topic }})
@@ -248,7 +247,7 @@ func TestATooLargeMessageBacksOffThenDeadThenRequeue(t *testing.T) {
 	if n, err := outbox.Requeue(ctx, pool, deadIDs(t, pool)...); err != nil || n != 1 {
 		t.Fatalf("requeue: n=%d err=%v", n, err)
 	}
-	testinfra.WaitFor(t, 30*time.Second, "the requeued event and its successor to publish", func() (bool, error) {
+	testenv.WaitFor(t, 30*time.Second, "the requeued event and its successor to publish", func() (bool, error) {
 		if _, err := relay.RelayBatch(ctx); err != nil {
 			return false, err
 		}
@@ -263,12 +262,12 @@ func newTopicWithConfig(t *testing.T, brokers []string, config map[string]string
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	ctrl, err := kafkautil.Controller(ctx, brokers)
+	ctrl, err := testenv.Controller(ctx, brokers)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer ctrl.Close()
-	name := testinfra.Name("test")
+	name := testenv.Name("test")
 	tc := kafka.TopicConfig{Topic: name, NumPartitions: 1, ReplicationFactor: 1}
 	for k, v := range config {
 		tc.ConfigEntries = append(tc.ConfigEntries, kafka.ConfigEntry{ConfigName: k, ConfigValue: v})
@@ -279,12 +278,12 @@ func newTopicWithConfig(t *testing.T, brokers []string, config map[string]string
 	t.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
-		if ctrl, err := kafkautil.Controller(ctx, brokers); err == nil {
+		if ctrl, err := testenv.Controller(ctx, brokers); err == nil {
 			_ = ctrl.DeleteTopics(name)
 			ctrl.Close()
 		}
 	})
-	testinfra.WaitFor(t, 20*time.Second, "topic "+name+" to have a leader", func() (bool, error) {
+	testenv.WaitFor(t, 20*time.Second, "topic "+name+" to have a leader", func() (bool, error) {
 		parts, err := ctrl.ReadPartitions(name)
 		return err == nil && len(parts) == 1 && parts[0].Leader.Host != "", nil
 	})
@@ -315,7 +314,7 @@ func TestRelayProcess(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	w := kafkautil.NewWriter(brokers, 100)
+	w := testenv.NewWriter(brokers, 100)
 	relay, err := outbox.NewRelay(pool, w, outbox.RelayConfig{
 		Topic: func(string) string { return topic }, BatchSize: 100,
 		RebalanceInterval: 200 * time.Millisecond, RelayTTL: time.Second,
@@ -343,10 +342,10 @@ func signalContext() (context.Context, context.CancelFunc) {
 }
 
 func TestThreeRelaysKeepOrderWhenOneIsKilled(t *testing.T) {
-	brokers := testinfra.KafkaBrokers(t)
-	topic := testinfra.NewTopic(t, brokers, 6)
+	brokers := testenv.KafkaBrokers(t)
+	topic := testenv.NewTopic(t, brokers, 6)
 	dbURL := newOutboxDBURL(t)
-	pool := testinfra.NewPool(t, dbURL)
+	pool := testenv.NewPool(t, dbURL)
 	c := collect(t, brokers, topic)
 
 	relays := make([]*exec.Cmd, 3)
@@ -374,7 +373,7 @@ func TestThreeRelaysKeepOrderWhenOneIsKilled(t *testing.T) {
 			}
 		})
 	}
-	testinfra.WaitFor(t, 30*time.Second, "three relays to share the partitions", func() (bool, error) {
+	testenv.WaitFor(t, 30*time.Second, "three relays to share the partitions", func() (bool, error) {
 		return ownersAndLocks(t, pool) == [2]int{3, outbox.Partitions}, nil
 	})
 
@@ -393,7 +392,7 @@ func TestThreeRelaysKeepOrderWhenOneIsKilled(t *testing.T) {
 		enqueue(t, pool, evs...)
 		total += len(evs)
 		if step == 400 {
-			testinfra.WaitFor(t, 30*time.Second, "some events to arrive before the kill", func() (bool, error) {
+			testenv.WaitFor(t, 30*time.Second, "some events to arrive before the kill", func() (bool, error) {
 				return c.distinct() > 200, nil
 			})
 			if err := relays[0].Process.Signal(syscall.SIGKILL); err != nil {
@@ -401,11 +400,11 @@ func TestThreeRelaysKeepOrderWhenOneIsKilled(t *testing.T) {
 			}
 		}
 	}
-	testinfra.WaitFor(t, 90*time.Second, fmt.Sprintf("all %d events to arrive", total), func() (bool, error) {
+	testenv.WaitFor(t, 90*time.Second, fmt.Sprintf("all %d events to arrive", total), func() (bool, error) {
 		return c.distinct() == total, nil
 	})
 	c.checkOrder(t, want)
-	testinfra.WaitFor(t, 30*time.Second, "the two survivors to own every partition", func() (bool, error) {
+	testenv.WaitFor(t, 30*time.Second, "the two survivors to own every partition", func() (bool, error) {
 		return ownersAndLocks(t, pool) == [2]int{2, outbox.Partitions}, nil
 	})
 	t.Logf("%d events in order across 51 aggregates; %d redeliveries after the kill", total, c.dups())
@@ -428,8 +427,8 @@ func ownersAndLocks(t *testing.T, pool *pgxpool.Pool) [2]int {
 func TestARequeueWakesASleepingRelay(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	brokers := testinfra.KafkaBrokers(t)
-	topic := testinfra.NewTopic(t, brokers, 1)
+	brokers := testenv.KafkaBrokers(t)
+	topic := testenv.NewTopic(t, brokers, 1)
 	pool := newOutboxDB(t)
 	ev := newEvent("w", 1)
 	enqueue(t, pool, ev)
@@ -437,7 +436,7 @@ func TestARequeueWakesASleepingRelay(t *testing.T) {
 		t.Fatal(err)
 	}
 	c := collect(t, brokers, topic)
-	w := kafkautil.NewWriter(brokers, 10)
+	w := testenv.NewWriter(brokers, 10)
 	defer w.Close()
 	// Polling once an hour: only a wake-up can make it publish in time.
 	relay, err := outbox.NewRelay(pool, w, outbox.RelayConfig{Topic: func(string) string { return topic }, PollInterval: time.Hour})
@@ -445,13 +444,13 @@ func TestARequeueWakesASleepingRelay(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer runInBackground(t, "Run", relay.Run)()
-	testinfra.WaitFor(t, 10*time.Second, "the relay to own its partitions", func() (bool, error) {
+	testenv.WaitFor(t, 10*time.Second, "the relay to own its partitions", func() (bool, error) {
 		return ownersAndLocks(t, pool)[1] == outbox.Partitions, nil
 	})
 	if n, err := outbox.Requeue(ctx, pool, deadIDs(t, pool)...); err != nil || n != 1 {
 		t.Fatalf("requeue: n=%d err=%v", n, err)
 	}
-	testinfra.WaitFor(t, 10*time.Second, "the requeued event to be published", func() (bool, error) {
+	testenv.WaitFor(t, 10*time.Second, "the requeued event to be published", func() (bool, error) {
 		return c.distinct() == 1, nil
 	})
 }

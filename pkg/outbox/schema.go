@@ -1,8 +1,13 @@
 package outbox
 
 import (
+	"context"
 	"embed"
 	"io/fs"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/onceflow/onceflow/pkg/internal/pgmigrate"
 )
 
 //go:embed migrations/*.sql
@@ -18,3 +23,12 @@ const MigrationsTable = "outbox_schema_migrations"
 
 // Partitions is the number of logical partitions aggregates hash into.
 const Partitions = 64
+
+// Migrate applies the outbox schema's pending migrations in pool's database,
+// tracked in MigrationsTable. Run it as a role that may create tables (the
+// schema's owner); the service's runtime role then needs only to read and
+// write them (docs/adopt.md). Teams with a migration tool of their own apply
+// Migrations with it instead.
+func Migrate(ctx context.Context, pool *pgxpool.Pool) error {
+	return pgmigrate.Up(ctx, pool, Migrations, MigrationsTable)
+}

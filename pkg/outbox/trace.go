@@ -9,7 +9,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/onceflow/onceflow/pkg/event"
-	"github.com/onceflow/onceflow/pkg/platform/tracing/tracectx"
+	"github.com/onceflow/onceflow/pkg/internal/tracectx"
 )
 
 // tracerScope names the relay's spans (the instrumentation scope).

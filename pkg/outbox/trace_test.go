@@ -10,8 +10,7 @@ import (
 
 	"github.com/onceflow/onceflow/pkg/event"
 	"github.com/onceflow/onceflow/pkg/outbox"
-	"github.com/onceflow/onceflow/pkg/platform/kafkautil"
-	"github.com/onceflow/onceflow/pkg/platform/testinfra"
+	"github.com/onceflow/onceflow/pkg/testenv"
 )
 
 // The relay publishes each event in a producer span that continues the
@@ -19,19 +18,19 @@ import (
 // producer span's traceparent, so a consumer continues the producer. An
 // event stored without a traceparent starts a trace of its own.
 func TestRelayContinuesTheStoredTraceInAProducerSpan(t *testing.T) {
-	rec := testinfra.RecordSpans(t)
+	rec := testenv.RecordSpans(t)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	brokers := testinfra.KafkaBrokers(t)
-	topic := testinfra.NewTopic(t, brokers, 1)
+	brokers := testenv.KafkaBrokers(t)
+	topic := testenv.NewTopic(t, brokers, 1)
 	pool := newOutboxDB(t)
 
-	const traceID, spanID = testinfra.CallerTraceID, testinfra.CallerSpanID
+	const traceID, spanID = testenv.CallerTraceID, testenv.CallerSpanID
 	traced, untraced := newEvent("a", 1), newEvent("a", 2)
-	traced.Traceparent = testinfra.CallerTraceparent
+	traced.Traceparent = testenv.CallerTraceparent
 	enqueue(t, pool, traced, untraced)
 
-	w := kafkautil.NewWriter(brokers, 10)
+	w := testenv.NewWriter(brokers, 10)
 	defer w.Close()
 	relay, err := outbox.NewRelay(pool, w, outbox.RelayConfig{Topic: func(string) string { return topic }})
 	if err != nil {
@@ -64,7 +63,7 @@ func TestRelayContinuesTheStoredTraceInAProducerSpan(t *testing.T) {
 		t.Fatalf("the untraced event's producer span (%v, parent %v) should start a trace of its own", s, p)
 	}
 
-	r := kafka.NewReader(kafka.ReaderConfig{Brokers: brokers, Topic: topic, GroupID: testinfra.Name("g"), MaxWait: 100 * time.Millisecond})
+	r := kafka.NewReader(kafka.ReaderConfig{Brokers: brokers, Topic: topic, GroupID: testenv.Name("g"), MaxWait: 100 * time.Millisecond})
 	defer r.Close()
 	for range 2 {
 		m, err := r.FetchMessage(ctx)

@@ -12,7 +12,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/onceflow/onceflow/pkg/outbox"
-	"github.com/onceflow/onceflow/pkg/platform/testinfra"
+	"github.com/onceflow/onceflow/pkg/testenv"
 )
 
 // notified reports whether conn (which LISTENs) receives a notification within d.
@@ -103,7 +103,7 @@ func TestASleepingRelayIsWokenByEveryCommit(t *testing.T) {
 		err := pool.QueryRow(ctx, `SELECT coalesce(bool_or(waiting), false) FROM outbox_relays WHERE id = 'sleeper'`).Scan(&waiting)
 		return waiting, err
 	}
-	testinfra.WaitFor(t, 10*time.Second, "the idle relay to arm its wake-up", armed)
+	testenv.WaitFor(t, 10*time.Second, "the idle relay to arm its wake-up", armed)
 
 	// Rounds of one or more concurrent commits at random moments, so some
 	// land while the relay is arming; each round must be published without
@@ -123,8 +123,8 @@ func TestASleepingRelayIsWokenByEveryCommit(t *testing.T) {
 		}
 		wg.Wait()
 		want += writers
-		testinfra.WaitFor(t, 5*time.Second, fmt.Sprintf("round %d's %d commits to be published (a missed wake-up waits for the hourly poll)", round, writers),
+		testenv.WaitFor(t, 5*time.Second, fmt.Sprintf("round %d's %d commits to be published (a missed wake-up waits for the hourly poll)", round, writers),
 			func() (bool, error) { return c.distinct() == want, nil })
 	}
-	testinfra.WaitFor(t, 10*time.Second, "the relay to re-arm once idle", armed)
+	testenv.WaitFor(t, 10*time.Second, "the relay to re-arm once idle", armed)
 }

@@ -15,7 +15,7 @@ import (
 	"github.com/onceflow/onceflow/pkg/event"
 	"github.com/onceflow/onceflow/pkg/inbox"
 	"github.com/onceflow/onceflow/pkg/outbox"
-	"github.com/onceflow/onceflow/pkg/platform/tracing/tracectx"
+	"github.com/onceflow/onceflow/platform/tracing/tracectx"
 )
 
 // The order events billing understands (published by the orders service).

@@ -11,7 +11,6 @@ import (
 	"github.com/segmentio/kafka-go"
 
 	"github.com/onceflow/onceflow/pkg/event"
-	"github.com/onceflow/onceflow/pkg/event/retry"
 	"github.com/onceflow/onceflow/pkg/inbox"
 )
 
@@ -66,7 +65,7 @@ func (c *NaiveConsumer) Run(ctx context.Context) error {
 			select {
 			case <-ctx.Done():
 				return nil
-			case <-time.After(retry.Backoff(failures, naiveBackoffMin, naiveBackoffMax)):
+			case <-time.After(naiveBackoff(failures)):
 			}
 			continue
 		}
@@ -96,4 +95,15 @@ func (c *NaiveConsumer) Run(ctx context.Context) error {
 				slog.Any("error", err))
 		}
 	}
+}
+
+// naiveBackoff doubles from naiveBackoffMin up to naiveBackoffMax. The naive
+// consumer keeps its own: the libraries' backoff is internal to them, and
+// this consumer exists only to show what the inbox prevents.
+func naiveBackoff(failures int) time.Duration {
+	d := naiveBackoffMin
+	for i := 1; i < failures && d < naiveBackoffMax; i++ {
+		d *= 2
+	}
+	return min(d, naiveBackoffMax)
 }

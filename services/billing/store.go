@@ -9,8 +9,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/onceflow/onceflow/pkg/platform/apperr"
-	"github.com/onceflow/onceflow/pkg/platform/pgutil"
+	"github.com/onceflow/onceflow/platform/apperr"
+	"github.com/onceflow/onceflow/platform/pgutil"
 )
 
 // The store's named errors. The code above the store matches these with

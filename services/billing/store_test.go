@@ -18,10 +18,10 @@ import (
 
 	"github.com/onceflow/onceflow/pkg/inbox"
 	"github.com/onceflow/onceflow/pkg/outbox"
-	"github.com/onceflow/onceflow/pkg/platform/apperr"
-	"github.com/onceflow/onceflow/pkg/platform/httpserver"
-	"github.com/onceflow/onceflow/pkg/platform/pgutil"
-	"github.com/onceflow/onceflow/pkg/platform/testinfra"
+	"github.com/onceflow/onceflow/platform/apperr"
+	"github.com/onceflow/onceflow/platform/httpserver"
+	"github.com/onceflow/onceflow/platform/pgutil"
+	"github.com/onceflow/onceflow/platform/testinfra"
 	"github.com/onceflow/onceflow/services/billing"
 )
 

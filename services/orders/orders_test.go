@@ -13,9 +13,9 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/onceflow/onceflow/pkg/outbox/outboxtest"
-	"github.com/onceflow/onceflow/pkg/platform/httpserver"
-	"github.com/onceflow/onceflow/pkg/platform/logging"
-	"github.com/onceflow/onceflow/pkg/platform/testinfra"
+	"github.com/onceflow/onceflow/platform/httpserver"
+	"github.com/onceflow/onceflow/platform/logging"
+	"github.com/onceflow/onceflow/platform/testinfra"
 	"github.com/onceflow/onceflow/services/orders"
 )
 

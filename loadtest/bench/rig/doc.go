@@ -11,7 +11,7 @@
 // part of `make test`) use it. It needs the dev stack (`make up`) and, for
 // k6, the project's own build (`make k6`).
 //
-// The programs run through pkg/platform/harness: each binds port 0 and the
+// The programs run through platform/harness: each binds port 0 and the
 // rig reads the addresses it logs, so no port is picked and then taken by
 // another process first; binaries of an older revision, which do not log
 // them, get ports picked in advance (Config.PrePickPorts).

@@ -18,8 +18,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/segmentio/kafka-go"
 
-	"github.com/onceflow/onceflow/pkg/platform/harness"
-	"github.com/onceflow/onceflow/pkg/platform/kafkautil"
+	"github.com/onceflow/onceflow/platform/harness"
+	"github.com/onceflow/onceflow/platform/kafkautil"
 )
 
 // Build compiles the four programs from the repository at root into dir

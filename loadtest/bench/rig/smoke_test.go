@@ -12,8 +12,8 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/onceflow/onceflow/loadtest/bench/rig"
-	"github.com/onceflow/onceflow/pkg/platform/harness"
-	"github.com/onceflow/onceflow/pkg/platform/testinfra"
+	"github.com/onceflow/onceflow/platform/harness"
+	"github.com/onceflow/onceflow/platform/testinfra"
 )
 
 // TestK6Smoke runs loadtest/k6/smoke.js with the project's k6 against the

@@ -10,8 +10,7 @@ import (
 	"github.com/onceflow/onceflow/pkg/event"
 	"github.com/onceflow/onceflow/pkg/inbox"
 	"github.com/onceflow/onceflow/pkg/inbox/inboxtest"
-	"github.com/onceflow/onceflow/pkg/platform/pgutil"
-	"github.com/onceflow/onceflow/pkg/platform/testinfra"
+	"github.com/onceflow/onceflow/pkg/testenv"
 )
 
 // A handler's test runs it through the consumer's real transaction path,
@@ -21,7 +20,7 @@ func ExampleDeliver() {
 	t := newExampleT()
 	defer t.cleanup()
 	ctx := context.Background()
-	pool := testinfra.NewPool(t, testinfra.NewMigratedDatabase(t, pgutil.Migration{FS: inbox.Migrations, Table: inbox.MigrationsTable}))
+	pool := testenv.NewPool(t, testenv.NewMigratedDatabase(t, testenv.Migration{FS: inbox.Migrations, Table: inbox.MigrationsTable}))
 	if _, err := pool.Exec(ctx, `CREATE TABLE charges (order_id text PRIMARY KEY)`); err != nil {
 		fmt.Println(err)
 		return

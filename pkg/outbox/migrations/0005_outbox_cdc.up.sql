@@ -5,7 +5,7 @@
 -- the polling relay's deployments can carry it unused.
 --
 -- CREATE PUBLICATION needs CREATE on the database. A least-privilege owner
--- role (pkg/platform/pgroles) may not have it: then the migration leaves
+-- role (platform/pgroles) may not have it: then the migration leaves
 -- the publication out, and a CDCRelay creates it at start over its
 -- replication connection (a superuser, or a role that owns the table), or
 -- says what to grant. The polling relay needs none of it.

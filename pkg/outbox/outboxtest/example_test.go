@@ -12,8 +12,7 @@ import (
 	"github.com/onceflow/onceflow/pkg/event"
 	"github.com/onceflow/onceflow/pkg/outbox"
 	"github.com/onceflow/onceflow/pkg/outbox/outboxtest"
-	"github.com/onceflow/onceflow/pkg/platform/pgutil"
-	"github.com/onceflow/onceflow/pkg/platform/testinfra"
+	"github.com/onceflow/onceflow/pkg/testenv"
 )
 
 // A test of code that enqueues asserts what it enqueued — here inside the
@@ -22,7 +21,7 @@ func ExampleRequireEnqueued() {
 	t := newExampleT()
 	defer t.cleanup()
 	ctx := context.Background()
-	pool := testinfra.NewPool(t, testinfra.NewMigratedDatabase(t, pgutil.Migration{FS: outbox.Migrations, Table: outbox.MigrationsTable}))
+	pool := testenv.NewPool(t, testenv.NewMigratedDatabase(t, testenv.Migration{FS: outbox.Migrations, Table: outbox.MigrationsTable}))
 
 	err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
 		if err := outbox.Enqueue(ctx, tx, orderPlaced("order-1")); err != nil {
@@ -44,7 +43,7 @@ func ExampleWriter() {
 	t := newExampleT()
 	defer t.cleanup()
 	ctx := context.Background()
-	pool := testinfra.NewPool(t, testinfra.NewMigratedDatabase(t, pgutil.Migration{FS: outbox.Migrations, Table: outbox.MigrationsTable}))
+	pool := testenv.NewPool(t, testenv.NewMigratedDatabase(t, testenv.Migration{FS: outbox.Migrations, Table: outbox.MigrationsTable}))
 	if err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error { return outbox.Enqueue(ctx, tx, orderPlaced("order-1")) }); err != nil {
 		fmt.Println(err)
 		return
@@ -60,7 +59,7 @@ func ExampleWriter() {
 	defer stop()
 	done := make(chan error, 1)
 	go func() { done <- relay.Run(runCtx) }()
-	testinfra.WaitFor(t, 20*time.Second, "the relay to publish", func() (bool, error) {
+	testenv.WaitFor(t, 20*time.Second, "the relay to publish", func() (bool, error) {
 		return len(outboxtest.Enqueued(t, pool, outboxtest.Match{State: "published"})) == 1, nil
 	})
 	stop()

@@ -12,9 +12,9 @@ import (
 	"strings"
 	"time"
 
-	"github.com/onceflow/onceflow/pkg/platform/apperr"
-	"github.com/onceflow/onceflow/pkg/platform/httpserver"
-	"github.com/onceflow/onceflow/pkg/platform/tracing/tracectx"
+	"github.com/onceflow/onceflow/platform/apperr"
+	"github.com/onceflow/onceflow/platform/httpserver"
+	"github.com/onceflow/onceflow/platform/tracing/tracectx"
 )
 
 // ErrRejected is wrapped by errors for answers that retrying the same request

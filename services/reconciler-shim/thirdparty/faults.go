@@ -4,7 +4,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/onceflow/onceflow/pkg/platform/apperr"
+	"github.com/onceflow/onceflow/platform/apperr"
 )
 
 // Faults is the fault-injection setting: the body of POST /admin/faults, and

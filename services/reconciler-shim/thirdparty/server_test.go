@@ -15,8 +15,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
-	"github.com/onceflow/onceflow/pkg/platform/httpserver"
-	"github.com/onceflow/onceflow/pkg/platform/testinfra"
+	"github.com/onceflow/onceflow/platform/httpserver"
+	"github.com/onceflow/onceflow/platform/testinfra"
 	"github.com/onceflow/onceflow/services/reconciler-shim/thirdparty"
 )
 

@@ -8,6 +8,6 @@
 // works against `docker compose up`.
 package main
 
-import "github.com/onceflow/onceflow/pkg/platform/lifecycle"
+import "github.com/onceflow/onceflow/platform/lifecycle"
 
 func main() { lifecycle.Main("demo", run) }

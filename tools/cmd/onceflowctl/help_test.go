@@ -5,7 +5,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/onceflow/onceflow/pkg/platform/lifecycle"
+	"github.com/onceflow/onceflow/platform/lifecycle"
 )
 
 // -h on the tool and on every command and subcommand prints its usage to

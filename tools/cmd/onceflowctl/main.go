@@ -18,6 +18,6 @@
 // flags. See docs/operations.md.
 package main
 
-import "github.com/onceflow/onceflow/pkg/platform/lifecycle"
+import "github.com/onceflow/onceflow/platform/lifecycle"
 
 func main() { lifecycle.Main("onceflowctl", run) }

@@ -12,7 +12,7 @@ import (
 	"text/tabwriter"
 	"time"
 
-	"github.com/onceflow/onceflow/pkg/platform/lifecycle"
+	"github.com/onceflow/onceflow/platform/lifecycle"
 	"github.com/onceflow/onceflow/tools/reconcile"
 )
 

@@ -15,7 +15,7 @@
 // to override.
 package main
 
-import "github.com/onceflow/onceflow/pkg/platform/lifecycle"
+import "github.com/onceflow/onceflow/platform/lifecycle"
 
 //go:generate sh -c "go run . -script > ../../../devstack/compose/initdb-roles.sql"
 

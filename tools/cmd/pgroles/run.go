@@ -8,7 +8,7 @@ import (
 	"slices"
 	"strings"
 
-	"github.com/onceflow/onceflow/pkg/platform/pgroles"
+	"github.com/onceflow/onceflow/platform/pgroles"
 )
 
 // Services are the platform's databases, each named after its roles' prefix.

@@ -15,7 +15,7 @@ import (
 	"flag"
 	"io"
 
-	"github.com/onceflow/onceflow/pkg/platform/lifecycle"
+	"github.com/onceflow/onceflow/platform/lifecycle"
 	"github.com/onceflow/onceflow/tools/reconcile"
 )
 

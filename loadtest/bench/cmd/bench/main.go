@@ -18,6 +18,6 @@
 // See loadtest/README.md for every flag and what each number means.
 package main
 
-import "github.com/onceflow/onceflow/pkg/platform/lifecycle"
+import "github.com/onceflow/onceflow/platform/lifecycle"
 
 func main() { lifecycle.Main("bench", run) }

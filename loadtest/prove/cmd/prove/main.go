@@ -17,7 +17,7 @@ import (
 	"syscall"
 
 	"github.com/onceflow/onceflow/loadtest/prove"
-	"github.com/onceflow/onceflow/pkg/platform/harness"
+	"github.com/onceflow/onceflow/platform/harness"
 )
 
 func main() {

@@ -3,6 +3,6 @@
 // Configuration is read from the environment; see Config in run.go.
 package main
 
-import "github.com/onceflow/onceflow/pkg/platform/lifecycle"
+import "github.com/onceflow/onceflow/platform/lifecycle"
 
 func main() { lifecycle.Main("billing", run) }

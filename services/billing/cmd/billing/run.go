@@ -7,16 +7,16 @@ import (
 	"time"
 
 	"github.com/onceflow/onceflow/pkg/inbox"
-	"github.com/onceflow/onceflow/pkg/inbox/inboxhttp"
+	"github.com/onceflow/onceflow/platform/inboxhttp"
 
 	"github.com/onceflow/onceflow/pkg/outbox"
-	"github.com/onceflow/onceflow/pkg/outbox/outboxhttp"
-	"github.com/onceflow/onceflow/pkg/platform/config"
-	"github.com/onceflow/onceflow/pkg/platform/crash"
-	"github.com/onceflow/onceflow/pkg/platform/kafkautil"
-	"github.com/onceflow/onceflow/pkg/platform/lifecycle"
-	"github.com/onceflow/onceflow/pkg/platform/pgutil"
-	"github.com/onceflow/onceflow/pkg/platform/service"
+	"github.com/onceflow/onceflow/platform/config"
+	"github.com/onceflow/onceflow/platform/crash"
+	"github.com/onceflow/onceflow/platform/kafkautil"
+	"github.com/onceflow/onceflow/platform/lifecycle"
+	"github.com/onceflow/onceflow/platform/outboxhttp"
+	"github.com/onceflow/onceflow/platform/pgutil"
+	"github.com/onceflow/onceflow/platform/service"
 	"github.com/onceflow/onceflow/services/billing"
 )
 

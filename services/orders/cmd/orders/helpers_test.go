@@ -4,7 +4,7 @@ import (
 	"net/http"
 	"testing"
 
-	"github.com/onceflow/onceflow/pkg/platform/testinfra"
+	"github.com/onceflow/onceflow/platform/testinfra"
 )
 
 // placeOrder places one order through the public listener at addr and fails

@@ -10,9 +10,9 @@ import (
 
 	"github.com/onceflow/onceflow/pkg/event"
 	"github.com/onceflow/onceflow/pkg/outbox/outboxtest"
-	"github.com/onceflow/onceflow/pkg/platform/kafkautil"
-	"github.com/onceflow/onceflow/pkg/platform/pgroles/pgrolestest"
-	"github.com/onceflow/onceflow/pkg/platform/testinfra"
+	"github.com/onceflow/onceflow/platform/kafkautil"
+	"github.com/onceflow/onceflow/platform/pgroles/pgrolestest"
+	"github.com/onceflow/onceflow/platform/testinfra"
 )
 
 // RELAY_MODE=cdc and wal publish an order's event through the log-based

@@ -9,8 +9,8 @@ import (
 	"time"
 
 	"github.com/onceflow/onceflow/pkg/outbox/outboxtest"
-	"github.com/onceflow/onceflow/pkg/platform/pgroles/pgrolestest"
-	"github.com/onceflow/onceflow/pkg/platform/testinfra"
+	"github.com/onceflow/onceflow/platform/pgroles/pgrolestest"
+	"github.com/onceflow/onceflow/platform/testinfra"
 )
 
 // With RELAY_ENABLED=false orders still takes orders and reports the backlog

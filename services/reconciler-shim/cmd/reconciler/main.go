@@ -6,6 +6,6 @@
 // Configuration is read from the environment; run `reconciler -h` to list it.
 package main
 
-import "github.com/onceflow/onceflow/pkg/platform/lifecycle"
+import "github.com/onceflow/onceflow/platform/lifecycle"
 
 func main() { lifecycle.Main("reconciler", run) }

@@ -13,12 +13,12 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 
-	"github.com/onceflow/onceflow/pkg/platform/config"
-	"github.com/onceflow/onceflow/pkg/platform/httpserver"
-	"github.com/onceflow/onceflow/pkg/platform/lifecycle"
-	"github.com/onceflow/onceflow/pkg/platform/logging"
-	"github.com/onceflow/onceflow/pkg/platform/service"
-	"github.com/onceflow/onceflow/pkg/platform/tracing"
+	"github.com/onceflow/onceflow/platform/config"
+	"github.com/onceflow/onceflow/platform/httpserver"
+	"github.com/onceflow/onceflow/platform/lifecycle"
+	"github.com/onceflow/onceflow/platform/logging"
+	"github.com/onceflow/onceflow/platform/service"
+	"github.com/onceflow/onceflow/platform/tracing"
 	"github.com/onceflow/onceflow/services/reconciler-shim/thirdparty"
 )
 

@@ -3,7 +3,7 @@ package main
 import (
 	"testing"
 
-	"github.com/onceflow/onceflow/pkg/platform/composecheck"
+	"github.com/onceflow/onceflow/platform/composecheck"
 )
 
 // The compose file must set every variable this program reads (the defaults

@@ -1,0 +1,154 @@
+package inbox
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/onceflow/onceflow/pkg/internal/prune"
+)
+
+// PruneConfig configures Prune. Zero fields take the documented defaults.
+type PruneConfig struct {
+	// Retention is how long the row of a handled event is kept after
+	// processed_at. Default 30 days.
+	//
+	// The row is what makes a redelivery a no-op: once it is pruned, the
+	// same event delivered again runs the handler again. So Retention must
+	// be longer than any window in which the event can come back: the
+	// retention of the topic in Kafka (a consumer group reset to the
+	// earliest offset rereads all of it), plus the producer's replay window
+	// (outbox.PruneConfig.Retention, since outbox.Replay republishes under
+	// the original event ids), plus the time a dead letter may wait before
+	// it is requeued.
+	Retention time.Duration
+	// BatchSize is the most rows removed per statement (and transaction), so
+	// pruning a large backlog never holds many locks or a long transaction.
+	// Default 1000.
+	BatchSize int
+}
+
+// WithDefaults returns c with every zero field set to its documented
+// default; negative values are kept for Validate to refuse.
+func (c PruneConfig) WithDefaults() PruneConfig {
+	if c.Retention == 0 {
+		c.Retention = 30 * 24 * time.Hour
+	}
+	if c.BatchSize == 0 {
+		c.BatchSize = 1000
+	}
+	return c
+}
+
+// Validate refuses a negative Retention or BatchSize: a negative retention
+// would prune rows the moment they are processed.
+func (c PruneConfig) Validate() error {
+	if c.Retention < 0 {
+		return fmt.Errorf("inbox: PruneConfig.Retention is negative (%v); leave it zero for the default", c.Retention)
+	}
+	if c.BatchSize < 0 {
+		return fmt.Errorf("inbox: PruneConfig.BatchSize is negative (%d); leave it zero for the default", c.BatchSize)
+	}
+	return nil
+}
+
+// pruneProcessed picks the oldest prunable rows once (MATERIALIZED: as a
+// subquery in the WHERE clause, a LIMIT … FOR UPDATE may be re-run and
+// remove more than the batch) and skips rows another pruner holds, so
+// several pruners share the work. It reads the partial index on
+// processed_at of migration 0003.
+const pruneProcessed = `
+WITH doomed AS MATERIALIZED (
+    SELECT consumer, message_id FROM inbox_messages
+    WHERE status IN ('processed', 'stale') AND processed_at < now() - $1::bigint * interval '1 microsecond'
+    ORDER BY processed_at
+    LIMIT $2
+    FOR UPDATE SKIP LOCKED)
+DELETE FROM inbox_messages m
+USING doomed d
+WHERE m.consumer = d.consumer AND m.message_id = d.message_id`
+
+// Prune removes processed and stale rows (stale: skipped by the version
+// guard) whose processed_at is older than
+// cfg.Retention and returns how many it removed. Dead-lettered rows are
+// never touched, however old: they are the audit of what went to a
+// dead-letter topic, and RequeueDeadLetters removes them when it sends the
+// message back. It works oldest first in batches of cfg.BatchSize, each its
+// own statement and short transaction, until a batch comes up short, so an
+// interrupted Prune keeps what it removed and the next one resumes.
+//
+// On error the count is what the batches before the failure removed.
+func Prune(ctx context.Context, db DB, cfg PruneConfig) (int, error) {
+	if err := cfg.Validate(); err != nil {
+		return 0, err
+	}
+	cfg = cfg.WithDefaults()
+	total := 0
+	for {
+		tag, err := db.Exec(ctx, pruneProcessed, cfg.Retention.Microseconds(), cfg.BatchSize)
+		if err != nil {
+			return total, fmt.Errorf("inbox: pruning processed messages: %w", err)
+		}
+		n := int(tag.RowsAffected())
+		total += n
+		if n < cfg.BatchSize {
+			return total, nil
+		}
+	}
+}
+
+// PrunerConfig configures a Pruner. Zero fields take the documented defaults.
+type PrunerConfig struct {
+	// PruneConfig is what each run prunes; see its fields' defaults.
+	PruneConfig
+	// Interval is the time between runs. Default 1h.
+	Interval time.Duration
+	// Logger receives each run's outcome. Default: slog.Default().
+	Logger *slog.Logger
+}
+
+// WithDefaults returns c with every zero field set to its documented
+// default; negative values are kept for Validate to refuse.
+func (c PrunerConfig) WithDefaults() PrunerConfig {
+	c.PruneConfig = c.PruneConfig.WithDefaults()
+	c.Interval, c.Logger = prune.Defaults(c.Interval, c.Logger)
+	return c
+}
+
+// Validate refuses what PruneConfig.Validate refuses, and a negative
+// Interval.
+func (c PrunerConfig) Validate() error {
+	if err := c.PruneConfig.Validate(); err != nil {
+		return err
+	}
+	return prune.ValidateInterval("inbox", c.Interval)
+}
+
+// Pruner runs Prune in the background, once at start and then every
+// Interval. Several instances may run at once: batches skip rows another
+// holds, so they share the work rather than collide.
+type Pruner struct {
+	loop prune.Loop
+}
+
+// NewPruner returns a pruner of the inbox in db.
+func NewPruner(db DB, cfg PrunerConfig) (*Pruner, error) {
+	if db == nil {
+		return nil, errors.New("inbox: NewPruner needs a database")
+	}
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	cfg = cfg.WithDefaults()
+	return &Pruner{loop: prune.Loop{
+		Lib: "inbox", What: "processed messages", Interval: cfg.Interval, Logger: cfg.Logger,
+		Attrs: []slog.Attr{slog.Duration("retention", cfg.Retention)},
+		Once:  func(ctx context.Context) (int, error) { return Prune(ctx, db, cfg.PruneConfig) },
+	}}, nil
+}
+
+// Run prunes until ctx ends, then returns nil. A failed run is logged and
+// retried at the next interval; it does not stop the pruner.
+func (p *Pruner) Run(ctx context.Context) error { return p.loop.Run(ctx) }

@@ -1,0 +1,169 @@
+package outbox
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/onceflow/onceflow/pkg/internal/prune"
+)
+
+// PruneConfig configures Prune. Zero fields take the documented defaults.
+type PruneConfig struct {
+	// Retention is how long a published row is kept after publication, the
+	// window in which it can still be replayed. Default 7 days.
+	Retention time.Duration
+	// BatchSize is the most rows removed per statement (and transaction), so
+	// pruning a large backlog never holds many locks or a long transaction.
+	// Default 1000.
+	BatchSize int
+	// Archive moves pruned rows to outbox_events_archive, with their ids, in
+	// the same statement that deletes them. Default false: delete them.
+	Archive bool
+}
+
+// WithDefaults returns c with every zero field set to its documented
+// default; negative values are kept for Validate to refuse.
+func (c PruneConfig) WithDefaults() PruneConfig {
+	if c.Retention == 0 {
+		c.Retention = 7 * 24 * time.Hour
+	}
+	if c.BatchSize == 0 {
+		c.BatchSize = 1000
+	}
+	return c
+}
+
+// Validate refuses a negative Retention or BatchSize: a negative retention
+// would prune rows the moment they are published.
+func (c PruneConfig) Validate() error {
+	if c.Retention < 0 {
+		return fmt.Errorf("outbox: PruneConfig.Retention is negative (%v); leave it zero for the default", c.Retention)
+	}
+	if c.BatchSize < 0 {
+		return fmt.Errorf("outbox: PruneConfig.BatchSize is negative (%d); leave it zero for the default", c.BatchSize)
+	}
+	return nil
+}
+
+// pruneBatch selects the oldest prunable rows, once (MATERIALIZED: see
+// requeueDead). SKIP LOCKED: a row someone is replaying right now is left for
+// the next run instead of being waited for.
+const pruneBatch = `
+WITH doomed AS MATERIALIZED (
+    SELECT id FROM outbox_events
+    WHERE state = 'published' AND published_at < now() - $1::bigint * interval '1 microsecond'
+    ORDER BY published_at, id
+    LIMIT $2
+    FOR UPDATE SKIP LOCKED)`
+
+const pruneDelete = pruneBatch + `
+DELETE FROM outbox_events WHERE id IN (SELECT id FROM doomed)`
+
+// pruneArchive deletes and archives in one statement, so a row is never in
+// both tables nor in neither. The column lists are explicit so that columns
+// added to outbox_events later do not break it.
+const pruneArchive = pruneBatch + `,
+moved AS (
+    DELETE FROM outbox_events WHERE id IN (SELECT id FROM doomed)
+    RETURNING id, event_id, aggregate_type, aggregate_id, aggregate_version,
+              event_type, event_version, payload, headers, occurred_at, created_at,
+              partition, state, attempts, next_attempt_at, last_error, published_at,
+              correlation_id, causation_id, traceparent)
+INSERT INTO outbox_events_archive (
+    id, event_id, aggregate_type, aggregate_id, aggregate_version,
+    event_type, event_version, payload, headers, occurred_at, created_at,
+    partition, state, attempts, next_attempt_at, last_error, published_at,
+    correlation_id, causation_id, traceparent)
+SELECT id, event_id, aggregate_type, aggregate_id, aggregate_version,
+       event_type, event_version, payload, headers, occurred_at, created_at,
+       partition, state, attempts, next_attempt_at, last_error, published_at,
+       correlation_id, causation_id, traceparent
+FROM moved`
+
+// Prune removes published rows older than cfg.Retention (by published_at),
+// deleting or archiving them per cfg.Archive, and returns how many it
+// removed. Pending and dead rows are never touched, however old: they are
+// work not yet done. It works oldest first in batches of cfg.BatchSize, each
+// its own statement and short transaction, until a batch comes up short, so
+// an interrupted Prune keeps what it removed and the next one resumes.
+//
+// On error the count is what the batches before the failure removed.
+func Prune(ctx context.Context, db DB, cfg PruneConfig) (int, error) {
+	if err := cfg.Validate(); err != nil {
+		return 0, err
+	}
+	cfg = cfg.WithDefaults()
+	stmt := pruneDelete
+	if cfg.Archive {
+		stmt = pruneArchive
+	}
+	total := 0
+	for {
+		tag, err := db.Exec(ctx, stmt, cfg.Retention.Microseconds(), cfg.BatchSize)
+		if err != nil {
+			return total, storeErr("pruning published events", err)
+		}
+		n := int(tag.RowsAffected())
+		total += n
+		if n < cfg.BatchSize {
+			return total, nil
+		}
+	}
+}
+
+// PrunerConfig configures a Pruner. Zero fields take the documented defaults.
+type PrunerConfig struct {
+	// PruneConfig is what each run prunes; see its fields' defaults.
+	PruneConfig
+	// Interval is the time between runs. Default 1h.
+	Interval time.Duration
+	// Logger receives each run's outcome. Default: slog.Default().
+	Logger *slog.Logger
+}
+
+// WithDefaults returns c with every zero field set to its documented
+// default; negative values are kept for Validate to refuse.
+func (c PrunerConfig) WithDefaults() PrunerConfig {
+	c.PruneConfig = c.PruneConfig.WithDefaults()
+	c.Interval, c.Logger = prune.Defaults(c.Interval, c.Logger)
+	return c
+}
+
+// Validate refuses what PruneConfig.Validate refuses, and a negative
+// Interval.
+func (c PrunerConfig) Validate() error {
+	if err := c.PruneConfig.Validate(); err != nil {
+		return err
+	}
+	return prune.ValidateInterval("outbox", c.Interval)
+}
+
+// Pruner runs Prune in the background, once at start and then every
+// Interval. Several instances may run at once: batches skip rows another
+// holds, so they share the work rather than collide.
+type Pruner struct {
+	loop prune.Loop
+}
+
+// NewPruner returns a pruner of the outbox in db.
+func NewPruner(db DB, cfg PrunerConfig) (*Pruner, error) {
+	if db == nil {
+		return nil, errors.New("outbox: NewPruner needs a database")
+	}
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	cfg = cfg.WithDefaults()
+	return &Pruner{loop: prune.Loop{
+		Lib: "outbox", What: "published events", Interval: cfg.Interval, Logger: cfg.Logger,
+		Attrs: []slog.Attr{slog.Bool("archive", cfg.Archive), slog.Duration("retention", cfg.Retention)},
+		Once:  func(ctx context.Context) (int, error) { return Prune(ctx, db, cfg.PruneConfig) },
+	}}, nil
+}
+
+// Run prunes until ctx ends, then returns nil. A failed run is logged and
+// retried at the next interval; it does not stop the pruner.
+func (p *Pruner) Run(ctx context.Context) error { return p.loop.Run(ctx) }

@@ -1,0 +1,113 @@
+package testenv
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"time"
+
+	"github.com/segmentio/kafka-go"
+)
+
+// Ping reports whether a broker answers a metadata request within the
+// deadline of ctx (or 3 seconds).
+func Ping(ctx context.Context, brokers []string) error {
+	if _, ok := ctx.Deadline(); !ok {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, 3*time.Second)
+		defer cancel()
+	}
+	var lastErr error
+	for _, b := range brokers {
+		conn, err := kafka.DialContext(ctx, "tcp", b)
+		if err != nil {
+			lastErr = err
+			continue
+		}
+		_, err = conn.Brokers()
+		conn.Close()
+		if err == nil {
+			return nil
+		}
+		lastErr = err
+	}
+	return fmt.Errorf("no Kafka broker of %v answered: %w", brokers, lastErr)
+}
+
+// Controller dials the cluster's controller, which topic admin requests must
+// go to.
+func Controller(ctx context.Context, brokers []string) (*kafka.Conn, error) {
+	conn, err := kafka.DialContext(ctx, "tcp", brokers[0])
+	if err != nil {
+		return nil, fmt.Errorf("dialing %s: %w", brokers[0], err)
+	}
+	defer conn.Close()
+	c, err := conn.Controller()
+	if err != nil {
+		return nil, fmt.Errorf("finding the controller: %w", err)
+	}
+	return kafka.DialContext(ctx, "tcp", net.JoinHostPort(c.Host, fmt.Sprint(c.Port)))
+}
+
+// Writer is a *kafka.Writer whose Close also closes its transport's
+// connections and metadata refresh, so tests that make many writers leave
+// nothing running.
+type Writer struct {
+	*kafka.Writer
+	transport *kafka.Transport
+}
+
+// KafkaWriter returns the writer w wraps (outbox.Writer reads its batch
+// limits through it).
+func (w *Writer) KafkaWriter() *kafka.Writer { return w.Writer }
+
+// Close flushes and closes the writer, then its transport.
+func (w *Writer) Close() error {
+	err := w.Writer.Close()
+	w.transport.CloseIdleConnections()
+	return err
+}
+
+// NewWriter returns the writer the libraries expect (batchSize at least the
+// messages written at once): every in-sync replica acks (a Writer{} literal acks nothing), a
+// batch is flushed at once instead of after kafka-go's second, keys hash to
+// partitions, and the caller retries (the relay keeps a row pending).
+func NewWriter(brokers []string, batchSize int) *Writer {
+	if batchSize < 1 {
+		batchSize = 100
+	}
+	// A transport of its own: the shared default caches topic metadata, so
+	// a topic created after another writer looked would stay unknown.
+	transport := &kafka.Transport{DialTimeout: 3 * time.Second, MetadataTTL: 2 * time.Second}
+	return &Writer{transport: transport, Writer: &kafka.Writer{
+		Addr:            kafka.TCP(brokers...),
+		Balancer:        &kafka.Murmur2Balancer{}, // as Kafka's Java producer, and platform/kafkautil
+		RequiredAcks:    kafka.RequireAll,
+		BatchSize:       batchSize,
+		BatchTimeout:    200 * time.Microsecond,
+		MaxAttempts:     3,
+		WriteBackoffMin: 10 * time.Millisecond,
+		WriteBackoffMax: 200 * time.Millisecond,
+		Transport:       transport,
+	}}
+}
+
+// NewGroupReader returns a consumer-group reader that starts a new group at
+// the oldest message and commits in the background every 100ms.
+func NewGroupReader(brokers []string, topic, group string) *kafka.Reader {
+	return kafka.NewReader(kafka.ReaderConfig{
+		Brokers:           brokers,
+		Topic:             topic,
+		GroupID:           group,
+		StartOffset:       kafka.FirstOffset,
+		MinBytes:          1,
+		MaxBytes:          10 << 20,
+		MaxWait:           50 * time.Millisecond,
+		ReadBackoffMin:    10 * time.Millisecond,
+		ReadBackoffMax:    100 * time.Millisecond,
+		CommitInterval:    100 * time.Millisecond,
+		HeartbeatInterval: time.Second,
+		SessionTimeout:    10 * time.Second,
+		RebalanceTimeout:  10 * time.Second,
+	})
+}
