@@ -119,6 +119,12 @@ func TestWriterPartitionsLikeJavaOnTheBroker(t *testing.T) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
+	// A new topic's partitions take a moment to get their leaders, and the
+	// writer does not retry (the relays do): wait for them first, as the
+	// harness does (make test failed once with Not Leader For Partition).
+	if err := kafkautil.WaitTopicsReady(ctx, brokers, topic); err != nil {
+		t.Fatalf("waiting for %s: %v", topic, err)
+	}
 	w := kafkautil.NewWriter(brokers, len(msgs))
 	defer w.Close()
 	if err := w.WriteMessages(ctx, msgs...); err != nil {
