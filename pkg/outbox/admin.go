@@ -14,7 +14,7 @@ import (
 // them talks to Kafka. Requeue, RequeueDead and Replay are the polling
 // relay's (ModePoll): rows they set back to pending are picked up on its
 // next poll (RelayConfig.PollInterval). A service running a log-based relay
-// calls the same actions as methods of its RelayMode (admin_modes.go),
+// calls the same actions as methods of its RelayMode (dead.go, replay.go),
 // because those relays never read a row that was updated.
 //
 // Time comparisons (retention, a replay window left open at the end) use the

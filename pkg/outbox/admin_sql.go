@@ -1,5 +1,9 @@
 package outbox
 
+// Every statement of the operator functions, in one place: listing and
+// requeuing dead events (dead.go) and replaying published ones
+// (replay.go), in each relay mode, and pruning (prune.go).
+
 const listDead = `
 SELECT id, event_id, event_type, aggregate_type, aggregate_id, aggregate_version,
        attempts, coalesce(last_error, ''), created_at

@@ -1,5 +1,10 @@
 package outbox
 
+// Every statement the log-based relay runs, in one place: the slot and the
+// publication (cdc_slot.go), the stream's start (cdc_stream.go), the gap of
+// a lost slot (cdc_gap.go), the lanes' checks and dead marks (cdc_lane.go),
+// and the gauges and retention beside the stream (cdc_upkeep.go).
+
 // cdcGauges reads the slot's position against the server's (0 while there
 // is no slot yet), the WAL the slot keeps from being recycled (from its
 // restart_lsn, which may be older than its confirmed position), the

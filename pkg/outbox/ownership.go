@@ -33,7 +33,7 @@ const advisoryLockClass = 0x6f627831 // "obx1"
 // on the relay's heartbeat goroutine, beside the claim loop, so a partition
 // may be released (or lost with the lock connection) while a batch of it is
 // in flight. Order is kept by the claim transaction instead: it takes a
-// per-partition fence lock before reading (fencePartitions in relay.go), so
+// per-partition fence lock before reading (fencePartitions in relay_sql.go), so
 // a relay that takes over waits for the previous owner's batch to commit and
 // then sees everything it wrote, and it claims rows in id order skipping
 // none (FOR UPDATE without SKIP LOCKED).

@@ -13,6 +13,11 @@ import (
 	"github.com/onceflow/onceflow/pkg/internal/kafkaerr"
 )
 
+// Publishing, shared by both relays: the polling relay's claimed batches
+// and the log-based relay's lanes go to Kafka through publishBatch, which
+// keeps each aggregate's events in order and charges a refusal to the
+// message it is about.
+
 // Writer is the part of *kafka.Writer the relay needs. It must return only
 // after the broker acknowledged (RequiredAcks = RequireAll). A *kafka.Writer
 // or a wrapper with KafkaWriter() *kafka.Writer is given no more in one call than fits one record

@@ -1,5 +1,9 @@
 package outbox
 
+// Every statement the polling relay runs, in one place: its wake-up
+// (LISTEN/NOTIFY and arming, relay_wake.go), its claim and marks
+// (relay_batch.go) and its partition ownership (ownership.go).
+
 // notifyChannel is where the insert trigger (migrations 0001 and 0004) and
 // the operator functions wake the relays.
 const notifyChannel = "outbox_events"
