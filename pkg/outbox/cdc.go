@@ -31,7 +31,7 @@ type CDCRelay struct {
 
 	mu         sync.Mutex
 	active     bool
-	downTopics map[string]topicOutage // topics whose writes fail for the broker's sake
+	downTopics map[string]bool // topics whose writes fail for the broker's sake
 }
 
 // NewCDCRelay returns a log-based relay for the outbox in pool, writing to w.
@@ -59,7 +59,7 @@ func NewCDCRelay(pool *pgxpool.Pool, w Writer, cfg CDCConfig) (*CDCRelay, error)
 	health := func(what string) *outage { return newOutage(what, cfg.Logger, cfg.LogInterval) }
 	return &CDCRelay{
 		pool: pool, writer: w, cfg: cfg, replConf: rc, types: pgtype.NewMap(),
-		downTopics: map[string]topicOutage{},
+		downTopics: map[string]bool{},
 		stream:     health("streaming from the replication slot"),
 		retention:  health("deleting confirmed outbox rows"),
 		lag:        health("reading the slot gauges"),
@@ -115,22 +115,6 @@ func (r *CDCRelay) Run(ctx context.Context) error {
 // errStreamed marks a failure after the stream had started, so the next
 // try does not inherit the backoff of earlier failures.
 var errStreamed = errors.New("stream interrupted")
-
-// Health reports what the relay knows about Kafka and Postgres now.
-func (r *CDCRelay) Health() RelayHealth {
-	h := RelayHealth{KafkaConnected: true, PostgresConnected: true}
-	r.mu.Lock()
-	for _, d := range r.downTopics {
-		if h.KafkaConnected || d.since.Before(h.KafkaDownSince) {
-			h.KafkaConnected, h.KafkaDownSince, h.LastError = false, d.since, d.err.Error()
-		}
-	}
-	r.mu.Unlock()
-	if down, since, err := r.stream.state(); down {
-		h.PostgresConnected, h.PostgresDownSince, h.LastError = false, since, err.Error()
-	}
-	return h
-}
 
 // Active reports whether this relay streams from the slot now (false: it
 // stands by, or reconnects).

@@ -182,7 +182,7 @@ func (l *lane) publish(ctx context.Context, todo []cdcEvent) (bool, error) {
 		if brokerErr != nil && ack == 0 && judged == 0 {
 			kafkaStreak++
 			l.kafka.fail(ctx, brokerErr)
-			r.topicDown(l.topic, brokerErr)
+			r.topicDown(l.topic)
 		} else {
 			kafkaStreak = 0
 			l.kafka.ok(ctx)
@@ -342,18 +342,13 @@ func (l *lane) holdBehindDead(ctx context.Context, todo []cdcEvent, idx []int) [
 	return kept
 }
 
-// topicDown and topicUp keep the relay's view of Kafka: connected while no
-// topic's writes fail for the broker's sake (outbox_kafka_connected,
-// Health), since the first that began failing otherwise.
-func (r *CDCRelay) topicDown(topic string, err error) {
+// topicDown and topicUp keep the relay's view of Kafka: connected
+// (outbox_kafka_connected) while no topic's writes fail for the broker's
+// sake.
+func (r *CDCRelay) topicDown(topic string) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if d, ok := r.downTopics[topic]; ok {
-		d.err = err
-		r.downTopics[topic] = d
-	} else {
-		r.downTopics[topic] = topicOutage{since: time.Now(), err: err}
-	}
+	r.downTopics[topic] = true
 	r.cfg.Metrics.kafkaConnected.Set(0)
 }
 
@@ -364,12 +359,6 @@ func (r *CDCRelay) topicUp(topic string) {
 	if len(r.downTopics) == 0 {
 		r.cfg.Metrics.kafkaConnected.Set(1)
 	}
-}
-
-// topicOutage is one topic whose writes fail because of the broker.
-type topicOutage struct {
-	since time.Time
-	err   error
 }
 
 // dead skips an event Kafka keeps refusing because of the message (or one

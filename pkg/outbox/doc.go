@@ -73,9 +73,9 @@
 //     by each loop with the same capped backoff.
 //
 // Outages show in metrics (outbox_kafka_connected, outbox_kafka_errors_total,
-// outbox_db_errors_total, and the backlog gauges, which keep moving) and in
-// Relay.Health, and are logged at a bounded rate: the first failure, at most
-// one line per LogInterval with a count, and the recovery.
+// outbox_db_errors_total, and the backlog gauges, which keep moving), and
+// are logged at a bounded rate: the first failure, at most one line per
+// LogInterval with a count, and the recovery.
 //
 // Maintenance runs beside the work: the relay's heartbeat and rebalance,
 // and the backlog gauges, run on goroutines of their own next to the claim

@@ -21,7 +21,7 @@ type Relay struct {
 	cfg    RelayConfig
 	owner  *owner
 
-	// Followed for bounded-rate logs and for Health.
+	// Followed for bounded-rate logs and for health.
 	kafka, claims, heartbeat, gauges, listening *outage
 
 	// Used only by the claim loop (or relayOneBatch's caller): how many batches
@@ -125,10 +125,11 @@ func (r *Relay) Run(ctx context.Context) error {
 // relayOneBatch (this package's tests); Run does this itself when it returns.
 func (r *Relay) close() { r.owner.leave() }
 
-// RelayHealth is what a relay knows about its dependencies, for dashboards
-// and admin pages. It is not meant for readiness: the relay rides out both
-// outages, and the service it runs in can take writes meanwhile.
-type RelayHealth struct {
+// relayHealth is what a relay knows about its dependencies. It is not meant
+// for readiness: the relay rides out both outages, and the service it runs
+// in can take writes meanwhile. Nothing outside this package's tests reads
+// it (export_test.go); the metrics and the logs are what operators see.
+type relayHealth struct {
 	// KafkaConnected is false while publishing fails because of the broker.
 	KafkaConnected bool
 	// KafkaDownSince is when the current Kafka outage began (zero if none).
@@ -143,10 +144,10 @@ type RelayHealth struct {
 	OwnedPartitions int
 }
 
-// Health reports the relay's view of Kafka and Postgres now. It is safe to
+// health reports the relay's view of Kafka and Postgres now. It is safe to
 // call while Run runs.
-func (r *Relay) Health() RelayHealth {
-	h := RelayHealth{KafkaConnected: true, PostgresConnected: true, OwnedPartitions: len(r.owner.partitions())}
+func (r *Relay) health() relayHealth {
+	h := relayHealth{KafkaConnected: true, PostgresConnected: true, OwnedPartitions: len(r.owner.partitions())}
 	if down, since, err := r.kafka.state(); down {
 		h.KafkaConnected, h.KafkaDownSince, h.LastError = false, since, err.Error()
 	}
