@@ -39,11 +39,14 @@ func NewCDCRelay(pool *pgxpool.Pool, w Writer, cfg CDCConfig) (*CDCRelay, error)
 	if pool == nil || w == nil {
 		return nil, errors.New("outbox: NewCDCRelay needs a pool and a writer")
 	}
-	cfg, err := cfg.withDefaults()
-	if err != nil {
+	cfg = cfg.WithDefaults()
+	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	var rc *pgconn.Config
+	var (
+		rc  *pgconn.Config
+		err error
+	)
 	if cfg.ReplicationURL != "" {
 		if rc, err = pgconn.ParseConfig(cfg.ReplicationURL); err != nil {
 			return nil, fmt.Errorf("outbox: parsing the replication URL: %w", err)

@@ -108,10 +108,12 @@
 // process-wide tracer provider (package tracing); without one they cost next
 // to nothing and hand the stored context on unchanged.
 //
-// Knobs and their defaults are documented on RelayConfig (WithDefaults fills
-// them, Validate refuses negatives and impossible combinations, NewRelay
-// calls both); metrics on NewMetrics. The relay's crash points (CrashAfterAck) let a fault-injection
-// harness kill it at the worst moment.
+// Knobs and their defaults are documented on RelayConfig and CDCConfig, one
+// convention for both: a zero field takes its default (a Default…
+// constant), WithDefaults fills them, Validate refuses negatives and
+// impossible combinations, the constructors call both. Metrics are
+// documented on NewMetrics. The relay's crash points (CrashAfterAck) let a
+// fault-injection harness kill it at the worst moment.
 //
 // The log-based relay: CDCRelay publishes from Postgres's logical
 // replication stream instead of polling, through one pgoutput slot, from

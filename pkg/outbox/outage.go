@@ -48,9 +48,6 @@ func (o *outage) state() (down bool, since time.Time, lastErr error) {
 	return o.t.State()
 }
 
-// defaultLogInterval is RelayConfig.LogInterval's default, and WatchBacklog's.
-const defaultLogInterval = 30 * time.Second
-
 // sleep waits d or until ctx ends, and reports whether ctx is still live.
 func sleep(ctx context.Context, d time.Duration) bool {
 	t := time.NewTimer(d)
