@@ -139,6 +139,13 @@
 // window's events are reported lost (LostSlot, a metric, a log record with
 // the LSN range). docs/runbook-cdc.md is the operator's side.
 //
+// Choosing the mode: both relays are Publishers, and NewPublisher builds
+// the one of a RelayMode (RELAY_MODE in the services) from one
+// PublisherConfig, so a service runs whichever it gets; RelayMode.Write is
+// the matching write (Emit in ModeWAL, Enqueue otherwise), and the
+// operator functions are methods of the mode too (RelayMode.Requeue,
+// RelayMode.Replay).
+//
 // The schema ships as golang-migrate files in Migrations; apply them with
 // the service's own migrations, tracked in MigrationsTable.
 //
