@@ -64,6 +64,14 @@ WHERE state = 'published'` + replayWindow
 
 const replayItems = `id, event_id, event_type, aggregate_id, aggregate_version, created_at`
 
+// replayCount counts a mode's replay scope (a WHERE clause over
+// replayWindow's parameters), and replayList lists it, in the order the
+// relay will publish it (a dry run).
+func replayCount(scope string) string { return `SELECT count(*) FROM outbox_events` + scope }
+func replayList(scope string) string {
+	return `SELECT ` + replayItems + ` FROM outbox_events` + scope + ` ORDER BY id`
+}
+
 // replayApply makes the relay publish the rows again. The event ids are
 // kept: that is what lets every consumer's inbox recognise the replayed
 // events as duplicates, so only consumers that never saw them act on them.

@@ -134,7 +134,7 @@ func replay(ctx context.Context, db DB, f ReplayFilter, dryRun bool, scope, appl
 	defer tx.Rollback(context.Background()) //nolint:errcheck // no-op after commit
 
 	var n int
-	if err := tx.QueryRow(ctx, `SELECT count(*) FROM outbox_events`+scope, args...).Scan(&n); err != nil {
+	if err := tx.QueryRow(ctx, replayCount(scope), args...).Scan(&n); err != nil {
 		return nil, storeErr("counting replay scope", err)
 	}
 	if n > f.limit() {
@@ -142,7 +142,7 @@ func replay(ctx context.Context, db DB, f ReplayFilter, dryRun bool, scope, appl
 	}
 	stmt := apply
 	if dryRun {
-		stmt = `SELECT ` + replayItems + ` FROM outbox_events` + scope + ` ORDER BY id`
+		stmt = replayList(scope)
 	}
 	rows, err := tx.Query(ctx, stmt, args...)
 	if err != nil {
