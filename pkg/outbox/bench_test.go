@@ -533,7 +533,7 @@ type benchBatchTrace struct {
 	kinds []string
 }
 
-// benchSQLKind names the relay's statements by their text (relay.go); one
+// benchSQLKind names the relay's statements by their text (relay_sql.go); one
 // that changes shape shows up as "other" and its phase reads 0.
 func benchSQLKind(sql string) string {
 	switch {

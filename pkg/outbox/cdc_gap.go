@@ -10,21 +10,6 @@ import (
 	"github.com/onceflow/onceflow/pkg/event"
 )
 
-const gapPending = `SELECT gap_pending FROM outbox_cdc_slots WHERE slot_name = $1`
-
-// gapRows reads the table's pending rows in id order, a page at a time
-// (keyset on id, so each page is one index range scan of the pending index).
-const gapRows = `
-SELECT id, event_id, aggregate_type, aggregate_id, aggregate_version, event_type, event_version,
-       payload, headers, occurred_at, created_at
-FROM outbox_events WHERE state = 'pending' AND id > $1 ORDER BY id LIMIT $2`
-
-// gapReplayed ends the replay: retention may delete again, and the rows it
-// republished count as confirmed.
-const gapReplayed = `
-UPDATE outbox_cdc_slots SET gap_pending = false, confirmed_id = greatest(confirmed_id, $2)
-WHERE slot_name = $1`
-
 // replayGap republishes, before the new slot's stream starts, every row of
 // the table still pending: a new slot streams from its creation only, so
 // the rows of a lost slot's window would otherwise never be published, and

@@ -182,7 +182,7 @@ func (l *lane) publish(ctx context.Context, todo []cdcEvent) (bool, error) {
 		if brokerErr != nil && ack == 0 && judged == 0 {
 			kafkaStreak++
 			l.kafka.fail(ctx, brokerErr)
-			r.topicDown(l.topic, brokerErr)
+			r.topicDown(l.topic)
 		} else {
 			kafkaStreak = 0
 			l.kafka.ok(ctx)
@@ -207,18 +207,6 @@ func (l *lane) publish(ctx context.Context, todo []cdcEvent) (bool, error) {
 	}
 	return true, nil
 }
-
-const (
-	// firstDeadRows is, per aggregate with a dead row, the event id of its
-	// first (lowest id) one.
-	firstDeadRows = `
-SELECT DISTINCT ON (aggregate_type, aggregate_id) aggregate_type, aggregate_id, event_id::text
-FROM outbox_events WHERE state = 'dead' ORDER BY aggregate_type, aggregate_id, id`
-	// firstDeadRowOf is the same for one aggregate.
-	firstDeadRowOf = `
-SELECT event_id::text FROM outbox_events
-WHERE state = 'dead' AND aggregate_type = $1 AND aggregate_id = $2 ORDER BY id LIMIT 1`
-)
 
 // laneCheckAttempts bounds how often a lane tries a database read it
 // makes before publishing (loadDeadAhead, dropSettled): it must never wait
@@ -263,17 +251,6 @@ func (l *lane) loadDeadAhead(ctx context.Context) bool {
 	}
 	return true
 }
-
-// settledRows is which of the given rows (outbox id, event id) are settled
-// already: marked dead, or requeued (deleted and written again, in the same
-// statement, under a new id with the same event id). A row that is not
-// there at all is not settled: the stream can deliver a commit a moment
-// before other sessions see it, and a row retention deleted was published
-// (publishing it again is a duplicate consumers absorb, never a loss).
-const settledRows = `
-SELECT x.id FROM unnest($1::bigint[], $2::uuid[]) AS x(id, event_id)
-WHERE EXISTS (SELECT 1 FROM outbox_events o WHERE o.id = x.id AND o.state = 'dead')
-   OR EXISTS (SELECT 1 FROM outbox_events o WHERE o.event_id = x.event_id AND o.id <> x.id)`
 
 // dropSettled returns the indexes of todo to publish: all but the table
 // rows that are settled already (settledRows). The stream delivers again
@@ -365,18 +342,13 @@ func (l *lane) holdBehindDead(ctx context.Context, todo []cdcEvent, idx []int) [
 	return kept
 }
 
-// topicDown and topicUp keep the relay's view of Kafka: connected while no
-// topic's writes fail for the broker's sake (outbox_kafka_connected,
-// Health), since the first that began failing otherwise.
-func (r *CDCRelay) topicDown(topic string, err error) {
+// topicDown and topicUp keep the relay's view of Kafka: connected
+// (outbox_kafka_connected) while no topic's writes fail for the broker's
+// sake.
+func (r *CDCRelay) topicDown(topic string) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if d, ok := r.downTopics[topic]; ok {
-		d.err = err
-		r.downTopics[topic] = d
-	} else {
-		r.downTopics[topic] = topicOutage{since: time.Now(), err: err}
-	}
+	r.downTopics[topic] = true
 	r.cfg.Metrics.kafkaConnected.Set(0)
 }
 
@@ -388,14 +360,6 @@ func (r *CDCRelay) topicUp(topic string) {
 		r.cfg.Metrics.kafkaConnected.Set(1)
 	}
 }
-
-// topicOutage is one topic whose writes fail because of the broker.
-type topicOutage struct {
-	since time.Time
-	err   error
-}
-
-const markDeadCDC = `UPDATE outbox_events SET state = 'dead', last_error = $2, attempts = $3 WHERE id = $1`
 
 // dead skips an event Kafka keeps refusing because of the message (or one
 // held back behind such an event, holdBehindDead): logged

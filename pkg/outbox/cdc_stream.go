@@ -85,9 +85,6 @@ func (s *streamer) close() {
 	s.laneWG.Wait()
 }
 
-// slotConfirmed is where the slot's stream resumes.
-const slotConfirmed = `SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = $1`
-
 func (r *CDCRelay) streamOnce(ctx context.Context) error {
 	conn, err := pgconn.ConnectConfig(ctx, r.replConf)
 	if err != nil {

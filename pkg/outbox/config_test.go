@@ -49,6 +49,69 @@ func TestRelayConfigWithDefaultsKeepsNegatives(t *testing.T) {
 	}
 }
 
+func TestCDCConfigValidate(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		name string
+		cfg  outbox.CDCConfig
+		want string // "" for valid; else a substring of the error
+	}{
+		{"zero takes the defaults", outbox.CDCConfig{}, ""},
+		{"WAL-only", outbox.CDCConfig{Mode: outbox.ModeWAL, Slot: "orders_outbox"}, ""},
+		{"negative batch size", outbox.CDCConfig{BatchSize: -1}, "CDCConfig.BatchSize is negative"},
+		{"negative retain", outbox.CDCConfig{Retain: -time.Minute}, "CDCConfig.Retain is negative (-1m0s)"},
+		{"negative max attempts", outbox.CDCConfig{MaxAttempts: -3}, "CDCConfig.MaxAttempts is negative"},
+		{"negative status interval", outbox.CDCConfig{StatusInterval: -time.Second}, "StatusInterval is negative"},
+		{"slot name Postgres refuses", outbox.CDCConfig{Slot: "Orders-Outbox"}, `slot name "Orders-Outbox"`},
+		{"a mode that is not log-based", outbox.CDCConfig{Mode: outbox.ModePoll}, "CDCConfig.Mode must be cdc or wal"},
+		{"backoff bounds crossed", outbox.CDCConfig{BackoffMin: 3 * time.Second}, "CDCConfig.BackoffMin (3s) exceeds BackoffMax (2s)"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			checkValidate(t, tt.cfg.Validate(), tt.want)
+			_, err := outbox.NewCDCRelay(lazyPool(t), nopWriter{}, tt.cfg)
+			checkValidate(t, err, tt.want)
+		})
+	}
+}
+
+// The documented defaults are the Default constants, in both relays.
+func TestConfigDefaultsAreTheConstants(t *testing.T) {
+	t.Parallel()
+	r := outbox.RelayConfig{}.WithDefaults()
+	c := outbox.CDCConfig{}.WithDefaults()
+	for _, d := range []struct {
+		name      string
+		got, want any
+	}{
+		{"Relay.BatchSize", r.BatchSize, outbox.DefaultBatchSize},
+		{"Relay.PollInterval", r.PollInterval, outbox.DefaultPollInterval},
+		{"Relay.RelayTTL", r.RelayTTL, 3 * outbox.DefaultRebalanceInterval},
+		{"Relay.MaxAttempts", r.MaxAttempts, outbox.DefaultMaxAttempts},
+		{"Relay.BackoffMax", r.BackoffMax, outbox.DefaultBackoffMax},
+		{"Relay.OutageBackoffMax", r.OutageBackoffMax, outbox.DefaultOutageBackoffMax},
+		{"Relay.LogInterval", r.LogInterval, outbox.DefaultLogInterval},
+		{"CDC.Slot", c.Slot, outbox.DefaultSlot},
+		{"CDC.Mode", c.Mode, outbox.ModeCDC},
+		{"CDC.BatchSize", c.BatchSize, outbox.DefaultBatchSize},
+		{"CDC.MaxInFlight", c.MaxInFlight, 4 * outbox.DefaultBatchSize},
+		{"CDC.MaxAttempts", c.MaxAttempts, outbox.DefaultCDCMaxAttempts},
+		{"CDC.BackoffMin", c.BackoffMin, outbox.DefaultBackoffMin},
+		{"CDC.BackoffMax", c.BackoffMax, outbox.DefaultCDCBackoffMax},
+		{"CDC.OutageBackoffMax", c.OutageBackoffMax, outbox.DefaultCDCOutageBackoffMax},
+		{"CDC.Retain", c.Retain, outbox.DefaultRetain},
+		{"CDC.LogInterval", c.LogInterval, outbox.DefaultLogInterval},
+	} {
+		if d.got != d.want {
+			t.Errorf("%s = %v, want %v", d.name, d.got, d.want)
+		}
+	}
+	if d := (outbox.CDCConfig{Retain: -1}).WithDefaults(); d.Retain != -1 {
+		t.Errorf("CDCConfig.WithDefaults changed a negative Retain to %v; Validate must see it", d.Retain)
+	}
+}
+
 func TestPrunerConfigValidate(t *testing.T) {
 	t.Parallel()
 	tests := []struct {

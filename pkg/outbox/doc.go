@@ -73,9 +73,9 @@
 //     by each loop with the same capped backoff.
 //
 // Outages show in metrics (outbox_kafka_connected, outbox_kafka_errors_total,
-// outbox_db_errors_total, and the backlog gauges, which keep moving) and in
-// Relay.Health, and are logged at a bounded rate: the first failure, at most
-// one line per LogInterval with a count, and the recovery.
+// outbox_db_errors_total, and the backlog gauges, which keep moving), and
+// are logged at a bounded rate: the first failure, at most one line per
+// LogInterval with a count, and the recovery.
 //
 // Maintenance runs beside the work: the relay's heartbeat and rebalance,
 // and the backlog gauges, run on goroutines of their own next to the claim
@@ -108,10 +108,12 @@
 // process-wide tracer provider (package tracing); without one they cost next
 // to nothing and hand the stored context on unchanged.
 //
-// Knobs and their defaults are documented on RelayConfig (WithDefaults fills
-// them, Validate refuses negatives and impossible combinations, NewRelay
-// calls both); metrics on NewMetrics. The relay's crash points (CrashAfterAck) let a fault-injection
-// harness kill it at the worst moment.
+// Knobs and their defaults are documented on RelayConfig and CDCConfig, one
+// convention for both: a zero field takes its default (a Default…
+// constant), WithDefaults fills them, Validate refuses negatives and
+// impossible combinations, the constructors call both. Metrics are
+// documented on NewMetrics. The relay's crash points (CrashAfterAck) let a
+// fault-injection harness kill it at the worst moment.
 //
 // The log-based relay: CDCRelay publishes from Postgres's logical
 // replication stream instead of polling, through one pgoutput slot, from
@@ -136,6 +138,13 @@
 // from the table before it streams, in WAL-only mode (CDCConfig.Mode) the
 // window's events are reported lost (LostSlot, a metric, a log record with
 // the LSN range). docs/runbook-cdc.md is the operator's side.
+//
+// Choosing the mode: both relays are Publishers, and NewPublisher builds
+// the one of a RelayMode (RELAY_MODE in the services) from one
+// PublisherConfig, so a service runs whichever it gets; RelayMode.Write is
+// the matching write (Emit in ModeWAL, Enqueue otherwise), and the
+// operator functions are methods of the mode too (RelayMode.Requeue,
+// RelayMode.Replay).
 //
 // The schema ships as golang-migrate files in Migrations; apply them with
 // the service's own migrations, tracked in MigrationsTable.

@@ -9,3 +9,10 @@ func (r *Relay) RelayBatch(ctx context.Context) (int, error) { return r.relayOne
 
 // Close releases the partitions a RelayBatch caller took.
 func (r *Relay) Close() { r.close() }
+
+// RelayHealth and Health let the fault tests read the relay's view of its
+// dependencies; outside them the metrics and the logs show it.
+type RelayHealth = relayHealth
+
+// Health is the relay's health, for the fault tests.
+func (r *Relay) Health() RelayHealth { return r.health() }

@@ -133,7 +133,7 @@ func (m *Metrics) refresh(ctx context.Context, pool *pgxpool.Pool) error {
 // another deployment), so that a backlog nobody drains still shows, and
 // still alerts.
 func (m *Metrics) WatchBacklog(ctx context.Context, pool *pgxpool.Pool, interval time.Duration, logger *slog.Logger) error {
-	m.watchBacklog(ctx, pool, interval, newOutage("refreshing the backlog gauges", logger, defaultLogInterval), nil)
+	m.watchBacklog(ctx, pool, interval, newOutage("refreshing the backlog gauges", logger, DefaultLogInterval), nil)
 	return nil
 }
 

@@ -33,7 +33,7 @@ const advisoryLockClass = 0x6f627831 // "obx1"
 // on the relay's heartbeat goroutine, beside the claim loop, so a partition
 // may be released (or lost with the lock connection) while a batch of it is
 // in flight. Order is kept by the claim transaction instead: it takes a
-// per-partition fence lock before reading (fencePartitions in relay.go), so
+// per-partition fence lock before reading (fencePartitions in relay_sql.go), so
 // a relay that takes over waits for the previous owner's batch to commit and
 // then sees everything it wrote, and it claims rows in id order skipping
 // none (FOR UPDATE without SKIP LOCKED).
@@ -134,33 +134,6 @@ func (o *owner) rebalance(ctx context.Context, roundTrips prometheus.Counter) er
 	}
 	return nil
 }
-
-// heartbeat registers the relay or refreshes its registration, forgets
-// relays whose heartbeat is older than the TTL, and counts the live ones. It
-// also says whether it created the registration (xmax is 0 on a row the
-// INSERT wrote, and the conflicting row's xid after an ON CONFLICT update).
-const heartbeat = `
-WITH beat AS (
-    INSERT INTO outbox_relays (id) VALUES ($1)
-    ON CONFLICT (id) DO UPDATE SET heartbeat_at = now()
-    RETURNING xmax = 0 AS created
-), gone AS (
-    DELETE FROM outbox_relays WHERE heartbeat_at < now() - $2 * interval '1 microsecond' AND id <> $1
-)
-SELECT (SELECT count(*) + 1 FROM outbox_relays WHERE id <> $1 AND heartbeat_at >= now() - $2 * interval '1 microsecond'),
-       (SELECT created FROM beat)`
-
-const releasePartitions = `SELECT pg_advisory_unlock($1, p) FROM unnest($2::int[]) AS p`
-
-// takePartitions tries the candidates in the given (shuffled) order.
-// pg_try_advisory_lock is evaluated row by row until LIMIT is met, so this
-// takes at most the missing share in one round trip.
-const takePartitions = `
-SELECT p FROM unnest($2::int[]) AS p
-WHERE pg_try_advisory_lock($1, p)
-LIMIT $3`
-
-const deregister = `DELETE FROM outbox_relays WHERE id = $1`
 
 // drop closes the lock connection, releasing every partition at once.
 func (o *owner) drop() {

@@ -48,41 +48,6 @@ func (c PruneConfig) Validate() error {
 	return nil
 }
 
-// pruneBatch selects the oldest prunable rows, once (MATERIALIZED: see
-// requeueDead). SKIP LOCKED: a row someone is replaying right now is left for
-// the next run instead of being waited for.
-const pruneBatch = `
-WITH doomed AS MATERIALIZED (
-    SELECT id FROM outbox_events
-    WHERE state = 'published' AND published_at < now() - $1::bigint * interval '1 microsecond'
-    ORDER BY published_at, id
-    LIMIT $2
-    FOR UPDATE SKIP LOCKED)`
-
-const pruneDelete = pruneBatch + `
-DELETE FROM outbox_events WHERE id IN (SELECT id FROM doomed)`
-
-// pruneArchive deletes and archives in one statement, so a row is never in
-// both tables nor in neither. The column lists are explicit so that columns
-// added to outbox_events later do not break it.
-const pruneArchive = pruneBatch + `,
-moved AS (
-    DELETE FROM outbox_events WHERE id IN (SELECT id FROM doomed)
-    RETURNING id, event_id, aggregate_type, aggregate_id, aggregate_version,
-              event_type, event_version, payload, headers, occurred_at, created_at,
-              partition, state, attempts, next_attempt_at, last_error, published_at,
-              correlation_id, causation_id, traceparent)
-INSERT INTO outbox_events_archive (
-    id, event_id, aggregate_type, aggregate_id, aggregate_version,
-    event_type, event_version, payload, headers, occurred_at, created_at,
-    partition, state, attempts, next_attempt_at, last_error, published_at,
-    correlation_id, causation_id, traceparent)
-SELECT id, event_id, aggregate_type, aggregate_id, aggregate_version,
-       event_type, event_version, payload, headers, occurred_at, created_at,
-       partition, state, attempts, next_attempt_at, last_error, published_at,
-       correlation_id, causation_id, traceparent
-FROM moved`
-
 // Prune removes published rows older than cfg.Retention (by published_at),
 // deleting or archiving them per cfg.Archive, and returns how many it
 // removed. Pending and dead rows are never touched, however old: they are

@@ -110,44 +110,39 @@ func startRelay(t *testing.T, pool *pgxpool.Pool, brokers []string, topic string
 	w := kafkautil.NewWriter(brokers, 100)
 	t.Cleanup(func() { w.Close() })
 	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
-	topicFn := func(string) string { return topic }
-	var run func(context.Context) error
-	if mode == outbox.ModePoll {
-		relay, err := outbox.NewRelay(pool, w, outbox.RelayConfig{Topic: topicFn, Logger: quiet, PollInterval: 100 * time.Millisecond})
-		if err != nil {
-			t.Fatal(err)
-		}
-		run = relay.Run
-	} else {
-		slot := testinfra.Name("slot")
+	cfg := outbox.PublisherConfig{
+		Mode: mode, Topic: func(string) string { return topic }, Logger: quiet,
+		Poll: outbox.RelayConfig{PollInterval: 100 * time.Millisecond},
+		CDC:  outbox.CDCConfig{StatusInterval: 100 * time.Millisecond, RetentionInterval: 100 * time.Millisecond},
+	}
+	if mode != outbox.ModePoll {
+		cfg.CDC.Slot = testinfra.Name("slot")
 		// Registered before the relay's stop, so it runs after it: a
 		// database with a slot cannot be dropped.
 		t.Cleanup(func() {
 			testinfra.WaitFor(t, 20*time.Second, "the slot to be dropped", func() (bool, error) {
 				_, err := pool.Exec(context.Background(),
-					`SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_name = $1`, slot)
+					`SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_name = $1`, cfg.CDC.Slot)
 				return err == nil, nil // 55006 while the walsender is still going away
 			})
 		})
-		relay, err := outbox.NewCDCRelay(pool, w, outbox.CDCConfig{
-			Slot: slot, Topic: topicFn, Logger: quiet, StatusInterval: 100 * time.Millisecond,
-			RetentionInterval: 100 * time.Millisecond,
-		})
-		if err != nil {
-			t.Fatal(err)
-		}
-		run = relay.Run
-		defer testinfra.WaitFor(t, 20*time.Second, "the relay to stream", func() (bool, error) { return relay.Active(), nil })
+	}
+	relay, err := outbox.NewPublisher(pool, w, cfg)
+	if err != nil {
+		t.Fatal(err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
-	go func() { done <- run(ctx) }()
+	go func() { done <- relay.Run(ctx) }()
 	t.Cleanup(func() {
 		cancel()
 		if err := <-done; err != nil {
 			t.Errorf("relay: %v", err)
 		}
 	})
+	if cdc, ok := relay.(*outbox.CDCRelay); ok {
+		testinfra.WaitFor(t, 20*time.Second, "the relay to stream", func() (bool, error) { return cdc.Active(), nil })
+	}
 }
 
 func thing(id string, version int64) event.Envelope {

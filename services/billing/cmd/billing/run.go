@@ -109,25 +109,13 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout 
 	if err != nil {
 		return err
 	}
-	topic := func(string) string { return cfg.BillingTopic }
-	var relayRun func(context.Context) error
-	if relayMode == outbox.ModePoll {
-		relay, err := outbox.NewRelay(svc.Pool, writer, outbox.RelayConfig{
-			Topic: topic, Logger: svc.Logger, Metrics: outbox.NewMetrics(svc.Registry), CrashPoint: crashPoint,
-		})
-		if err != nil {
-			return err
-		}
-		relayRun = relay.Run
-	} else {
-		relay, err := outbox.NewCDCRelay(svc.Pool, writer, outbox.CDCConfig{
-			Slot: cfg.OutboxSlot, ReplicationURL: cfg.ReplicationDatabaseURL, Mode: relayMode,
-			Topic: topic, Logger: svc.Logger, Metrics: outbox.NewMetrics(svc.Registry), CrashPoint: crashPoint,
-		})
-		if err != nil {
-			return err
-		}
-		relayRun = relay.Run
+	relay, err := outbox.NewPublisher(svc.Pool, writer, outbox.PublisherConfig{
+		Mode: relayMode, Topic: func(string) string { return cfg.BillingTopic },
+		Logger: svc.Logger, Metrics: outbox.NewMetrics(svc.Registry), CrashPoint: crashPoint,
+		CDC: outbox.CDCConfig{Slot: cfg.OutboxSlot, ReplicationURL: cfg.ReplicationDatabaseURL},
+	})
+	if err != nil {
+		return err
 	}
 	pruner, err := outbox.NewPruner(svc.Pool, outbox.PrunerConfig{
 		PruneConfig: outbox.PruneConfig{Retention: cfg.OutboxRetention, Archive: cfg.OutboxArchive},
@@ -177,7 +165,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout 
 	return svc.Run(ctx,
 		lifecycle.Stage{Name: "orders consumer", Run: consume},
 		lifecycle.Stage{Name: "inbox pruner", Run: inboxPruner.Run},
-		lifecycle.Stage{Name: "outbox relay (" + string(relayMode) + ")", Run: relayRun},
+		lifecycle.Stage{Name: "outbox relay (" + string(relayMode) + ")", Run: relay.Run},
 		lifecycle.Stage{Name: "outbox pruner", Run: pruner.Run},
 	)
 }

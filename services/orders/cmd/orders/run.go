@@ -119,25 +119,15 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout 
 	if cfg.RelayEnabled {
 		writer := kafkautil.NewWriter(cfg.KafkaBrokers, 500, kafkautil.WithSecurity(kafkaSecurity))
 		defer writer.Close()
-		topic := func(string) string { return cfg.OrdersTopic }
-		if relayMode == outbox.ModePoll {
-			relay, err := outbox.NewRelay(svc.Pool, writer, outbox.RelayConfig{
-				Topic: topic, Logger: svc.Logger, Metrics: metrics, CrashPoint: crashPoint,
-			})
-			if err != nil {
-				return err
-			}
-			relayStage = lifecycle.Stage{Name: "outbox relay", Run: relay.Run}
-		} else {
-			relay, err := outbox.NewCDCRelay(svc.Pool, writer, outbox.CDCConfig{
-				Slot: cfg.OutboxSlot, ReplicationURL: cfg.ReplicationDatabaseURL, Mode: relayMode,
-				Topic: topic, Logger: svc.Logger, Metrics: metrics, CrashPoint: crashPoint,
-			})
-			if err != nil {
-				return err
-			}
-			relayStage = lifecycle.Stage{Name: "outbox relay (" + string(relayMode) + ")", Run: relay.Run}
+		relay, err := outbox.NewPublisher(svc.Pool, writer, outbox.PublisherConfig{
+			Mode: relayMode, Topic: func(string) string { return cfg.OrdersTopic },
+			Logger: svc.Logger, Metrics: metrics, CrashPoint: crashPoint,
+			CDC: outbox.CDCConfig{Slot: cfg.OutboxSlot, ReplicationURL: cfg.ReplicationDatabaseURL},
+		})
+		if err != nil {
+			return err
 		}
+		relayStage = lifecycle.Stage{Name: "outbox relay (" + string(relayMode) + ")", Run: relay.Run}
 	} else {
 		svc.Logger.WarnContext(ctx, "the outbox relay is disabled (RELAY_ENABLED=false): orders are taken but not published")
 	}

@@ -1,0 +1,206 @@
+package outbox
+
+// Every statement of the operator functions, in one place: listing and
+// requeuing dead events (dead.go) and replaying published ones
+// (replay.go), in each relay mode, and pruning (prune.go).
+
+const listDead = `
+SELECT id, event_id, event_type, aggregate_type, aggregate_id, aggregate_version,
+       attempts, coalesce(last_error, ''), created_at
+FROM outbox_events
+WHERE state = 'dead'
+ORDER BY id
+LIMIT $1`
+
+// requeueSet gives a dead row a fresh budget of attempts, due at once. The
+// cause of death stays in last_error, prefixed with "requeued: ", so a
+// pending row with attempts = 0 and a last_error reads as a requeued one;
+// the relay overwrites it on the next failure and clears it on success.
+const requeueSet = `
+UPDATE outbox_events
+SET state = 'pending', attempts = 0, next_attempt_at = '-infinity',
+    last_error = 'requeued: ' || coalesce(last_error, '')`
+
+// requeueIDs requeues the dead rows among the ids, unless an id names no
+// row at all: then it changes nothing and returns the unknown ids, so that
+// a mistyped id is reported rather than quietly skipped. Rows that exist
+// but are not dead are skipped, so a requeue can be repeated safely.
+const requeueIDs = `
+WITH wanted AS (SELECT DISTINCT unnest($1::bigint[]) AS id),
+unknown AS (
+    SELECT w.id FROM wanted w WHERE NOT EXISTS (SELECT 1 FROM outbox_events o WHERE o.id = w.id)),
+requeued AS (` + requeueSet + `
+    WHERE id IN (SELECT id FROM wanted) AND state = 'dead' AND NOT EXISTS (SELECT 1 FROM unknown)
+    RETURNING id)
+SELECT (SELECT count(*) FROM requeued), coalesce((SELECT array_agg(id ORDER BY id) FROM unknown), '{}')`
+
+// requeueDead picks the rows in a MATERIALIZED CTE, run exactly once: as a
+// subquery in the WHERE clause, a LIMIT … FOR UPDATE may be re-run for each
+// row the UPDATE visits, skip the rows this statement already updated, and
+// so requeue more than the limit.
+const requeueDead = `
+WITH chosen AS MATERIALIZED (
+    SELECT id FROM outbox_events
+    WHERE state = 'dead'
+      AND ($1 = '' OR aggregate_type = $1)
+      AND ($2 = '' OR aggregate_id = $2)
+    ORDER BY id
+    LIMIT $3 -- NULL: no limit
+    FOR UPDATE)` + requeueSet + `
+WHERE id IN (SELECT id FROM chosen)`
+
+// replayWindow is shared by every mode's count, dry run and replay, so that
+// they can never disagree about which rows are in scope; each mode's scope
+// adds which states count as published.
+const replayWindow = `
+  AND aggregate_type = $1
+  AND ($2 = '' OR aggregate_id = $2)
+  AND created_at >= coalesce($3::timestamptz, '-infinity')
+  AND created_at < coalesce($4::timestamptz, now())`
+
+// replayScope is the polling relay's: it marks what it published.
+const replayScope = `
+WHERE state = 'published'` + replayWindow
+
+const replayItems = `id, event_id, event_type, aggregate_id, aggregate_version, created_at`
+
+// replayCount counts a mode's replay scope (a WHERE clause over
+// replayWindow's parameters), and replayList lists it, in the order the
+// relay will publish it (a dry run).
+func replayCount(scope string) string { return `SELECT count(*) FROM outbox_events` + scope }
+func replayList(scope string) string {
+	return `SELECT ` + replayItems + ` FROM outbox_events` + scope + ` ORDER BY id`
+}
+
+// replayApply makes the relay publish the rows again. The event ids are
+// kept: that is what lets every consumer's inbox recognise the replayed
+// events as duplicates, so only consumers that never saw them act on them.
+const replayApply = `
+UPDATE outbox_events
+SET state = 'pending', attempts = 0, next_attempt_at = '-infinity', published_at = NULL` +
+	replayScope + `
+RETURNING ` + replayItems
+
+// copyColumns are the columns a row written again keeps; the rest (id,
+// state, attempts, next_attempt_at, last_error, published_at) start over.
+// created_at is kept so that the event stays in the replay windows and
+// retention of its first write.
+const copyColumns = `event_id, aggregate_type, aggregate_id, aggregate_version, event_type, event_version,
+    payload, headers, correlation_id, causation_id, traceparent, occurred_at, created_at, partition`
+
+// copyAsPending inserts the rows of the CTE "moved" again as pending, in
+// their old order (identity values are drawn in the order the rows come),
+// with lastError as their last_error.
+func copyAsPending(lastError string) string {
+	return `
+INSERT INTO outbox_events (` + copyColumns + `, state, attempts, next_attempt_at, last_error)
+SELECT ` + copyColumns + `, 'pending', 0, '-infinity', ` + lastError + `
+FROM moved ORDER BY id`
+}
+
+// requeuedError is requeueSet's last_error: the cause of death, prefixed.
+const requeuedError = `'requeued: ' || coalesce(last_error, '')`
+
+// requeueCopyIDsSQL is requeueIDs for ModeCDC: the same refusal of unknown
+// ids, then each dead row deleted and inserted again.
+var requeueCopyIDsSQL = `
+WITH wanted AS (SELECT DISTINCT unnest($1::bigint[]) AS id),
+unknown AS (
+    SELECT w.id FROM wanted w WHERE NOT EXISTS (SELECT 1 FROM outbox_events o WHERE o.id = w.id)),
+moved AS (
+    DELETE FROM outbox_events
+    WHERE id IN (SELECT id FROM wanted) AND state = 'dead' AND NOT EXISTS (SELECT 1 FROM unknown)
+    RETURNING *),
+copied AS (` + copyAsPending(requeuedError) + `
+    RETURNING id)
+SELECT (SELECT count(*) FROM copied), coalesce((SELECT array_agg(id ORDER BY id) FROM unknown), '{}')`
+
+// requeueCopyDead is requeueDead for ModeCDC.
+var requeueCopyDead = `
+WITH chosen AS MATERIALIZED (
+    SELECT id FROM outbox_events
+    WHERE state = 'dead'
+      AND ($1 = '' OR aggregate_type = $1)
+      AND ($2 = '' OR aggregate_id = $2)
+    ORDER BY id
+    LIMIT $3 -- NULL: no limit
+    FOR UPDATE),
+moved AS (
+    DELETE FROM outbox_events WHERE id IN (SELECT id FROM chosen)
+    RETURNING *)` + copyAsPending(requeuedError)
+
+// replayScopeCDC: a log-based relay never marks a row published; what it
+// published is what its slot confirmed (outbox_cdc_slots.confirmed_id, the
+// highest id Kafka acknowledged). Rows marked published are those of a
+// polling relay this outbox ran before.
+const replayScopeCDC = `
+WHERE (state = 'published'
+       OR (state = 'pending' AND id <= (SELECT coalesce(max(confirmed_id), 0) FROM outbox_cdc_slots)))` + replayWindow
+
+// replayApplyCDC writes every row in scope again, as requeueCopyDead does.
+var replayApplyCDC = `
+WITH moved AS (
+    DELETE FROM outbox_events` + replayScopeCDC + `
+    RETURNING *)` + copyAsPending("NULL") + `
+RETURNING ` + replayItems
+
+// emitColumns are what Emit needs of a row.
+const emitColumns = `id, event_id, event_type, event_version, aggregate_type, aggregate_id, aggregate_version,
+       payload, headers, occurred_at`
+
+const selectDeadIDs = `
+SELECT ` + emitColumns + ` FROM outbox_events
+WHERE id = ANY($1::bigint[]) AND state = 'dead'
+ORDER BY id
+FOR UPDATE`
+
+const selectDeadFiltered = `
+SELECT ` + emitColumns + ` FROM outbox_events
+WHERE state = 'dead'
+  AND ($1 = '' OR aggregate_type = $1)
+  AND ($2 = '' OR aggregate_id = $2)
+ORDER BY id
+LIMIT $3 -- NULL: no limit
+FOR UPDATE`
+
+const unknownIDs = `
+SELECT coalesce(array_agg(w.id ORDER BY w.id), '{}')
+FROM (SELECT DISTINCT unnest($1::bigint[]) AS id) w
+WHERE NOT EXISTS (SELECT 1 FROM outbox_events o WHERE o.id = w.id)`
+
+const deleteIDs = `DELETE FROM outbox_events WHERE id = ANY($1::bigint[])`
+
+// pruneBatch selects the oldest prunable rows, once (MATERIALIZED: see
+// requeueDead). SKIP LOCKED: a row someone is replaying right now is left for
+// the next run instead of being waited for.
+const pruneBatch = `
+WITH doomed AS MATERIALIZED (
+    SELECT id FROM outbox_events
+    WHERE state = 'published' AND published_at < now() - $1::bigint * interval '1 microsecond'
+    ORDER BY published_at, id
+    LIMIT $2
+    FOR UPDATE SKIP LOCKED)`
+
+const pruneDelete = pruneBatch + `
+DELETE FROM outbox_events WHERE id IN (SELECT id FROM doomed)`
+
+// pruneArchive deletes and archives in one statement, so a row is never in
+// both tables nor in neither. The column lists are explicit so that columns
+// added to outbox_events later do not break it.
+const pruneArchive = pruneBatch + `,
+moved AS (
+    DELETE FROM outbox_events WHERE id IN (SELECT id FROM doomed)
+    RETURNING id, event_id, aggregate_type, aggregate_id, aggregate_version,
+              event_type, event_version, payload, headers, occurred_at, created_at,
+              partition, state, attempts, next_attempt_at, last_error, published_at,
+              correlation_id, causation_id, traceparent)
+INSERT INTO outbox_events_archive (
+    id, event_id, aggregate_type, aggregate_id, aggregate_version,
+    event_type, event_version, payload, headers, occurred_at, created_at,
+    partition, state, attempts, next_attempt_at, last_error, published_at,
+    correlation_id, causation_id, traceparent)
+SELECT id, event_id, aggregate_type, aggregate_id, aggregate_version,
+       event_type, event_version, payload, headers, occurred_at, created_at,
+       partition, state, attempts, next_attempt_at, last_error, published_at,
+       correlation_id, causation_id, traceparent
+FROM moved`

@@ -1,0 +1,209 @@
+package outbox
+
+import (
+	"fmt"
+	"log/slog"
+	"regexp"
+	"time"
+)
+
+// The log-based relay's own defaults, what a zero CDCConfig field means;
+// those both relays share are in config.go (DefaultBatchSize,
+// DefaultPublishTimeout, DefaultBackoffMin, DefaultOutageBackoffMin,
+// DefaultLogInterval).
+const (
+	// DefaultSlot is the replication slot's name.
+	DefaultSlot = "onceflow_outbox"
+	// DefaultFlushDelay is how long committed events wait for more to join
+	// their batch.
+	DefaultFlushDelay = 2 * time.Millisecond
+	// DefaultStatusInterval is how often the relay reports its confirmed
+	// position to the server.
+	DefaultStatusInterval = time.Second
+	// DefaultLagInterval is how often the slot's gauges are refreshed.
+	DefaultLagInterval = 2 * time.Second
+	// DefaultRetentionInterval is how often confirmed rows are deleted.
+	DefaultRetentionInterval = 5 * time.Second
+	// DefaultRetentionBatch is the most rows one retention DELETE removes.
+	DefaultRetentionBatch = 1000
+	// DefaultRetain is how long confirmed rows stay after their insert.
+	DefaultRetain = time.Minute
+	// DefaultCDCMaxAttempts is how many writes that failed because of the
+	// message an event gets before it is skipped as dead. Fewer than the
+	// polling relay's DefaultMaxAttempts, with a shorter backoff
+	// (DefaultCDCBackoffMax): a stream cannot set one event aside and go on
+	// with the other aggregates, so every attempt holds up its topic.
+	DefaultCDCMaxAttempts = 3
+	// DefaultCDCBackoffMax caps the delay between those attempts.
+	DefaultCDCBackoffMax = 2 * time.Second
+	// DefaultCDCOutageBackoffMax caps the delay while Kafka or Postgres is
+	// unreachable, and between a standby's tries to take the slot.
+	DefaultCDCOutageBackoffMax = 5 * time.Second
+)
+
+// maxInFlightPerBatch is MaxInFlight's default in batches.
+const maxInFlightPerBatch = 4
+
+// CDCConfig configures a CDCRelay. Zero fields take the documented defaults;
+// negative sizes and durations are refused (config.go).
+type CDCConfig struct {
+	// Slot is the logical replication slot (pgoutput) the relay reads and
+	// creates if it is missing. Slot names are global to the Postgres
+	// cluster: give each service's outbox its own. Only lower-case letters,
+	// digits and underscores. Default DefaultSlot ("onceflow_outbox").
+	Slot string
+	// ReplicationURL is the connection string of a role with the
+	// REPLICATION attribute (the walsender connection). Default: the pool's
+	// own connection settings.
+	ReplicationURL string
+	// Topic maps an aggregate type to its Kafka topic.
+	// Default: aggregateType + ".events".
+	Topic func(aggregateType string) string
+	// Mode is what the service writes: ModeCDC (Enqueue: rows, the
+	// default) or ModeWAL (Emit: the WAL only). It decides what a lost slot
+	// costs: in ModeCDC the relay republishes the gap from the table; in
+	// ModeWAL the gap's events exist nowhere else, and the relay reports
+	// them lost (outbox_slot_lost_unrecoverable_total).
+	Mode RelayMode
+	// BatchSize is the most events written to Kafka at once.
+	// Default DefaultBatchSize (500).
+	BatchSize int
+	// MaxInFlight is the most events of one topic decoded and not yet
+	// acknowledged by Kafka; with BatchSize it bounds the relay's memory
+	// whatever a transaction's size. A topic that cannot be written holds
+	// back its own events, and the others flow until its MaxInFlight are
+	// waiting; then the stream waits for it. Default 4 × BatchSize.
+	MaxInFlight int
+	// FlushDelay is how long committed events wait for more to join their
+	// batch before they are written. Default DefaultFlushDelay (2ms): the stream usually has
+	// the next commit already buffered, and a long delay is pure latency.
+	FlushDelay time.Duration
+	// StatusInterval is how often the relay reports its confirmed position
+	// to the server (and asks for a keepalive while idle, so an idle slot's
+	// position follows the server's WAL). It must be well under the server's
+	// wal_sender_timeout (default 60s). Default DefaultStatusInterval (1s).
+	StatusInterval time.Duration
+	// LagInterval is how often the slot's gauges (outbox_slot_lag_bytes,
+	// outbox_slot_retained_wal_bytes, outbox_slot_wal_keep_size_bytes) and
+	// outbox_dead_events are refreshed. Default DefaultLagInterval (2s).
+	LagInterval time.Duration
+	// RetentionInterval is how often rows of outbox_events that Kafka
+	// acknowledged and the slot confirmed are deleted, in batches of
+	// RetentionBatch. Default DefaultRetentionInterval (5s).
+	RetentionInterval time.Duration
+	// RetentionBatch is the most rows one retention DELETE removes.
+	// Default DefaultRetentionBatch (1000).
+	RetentionBatch int
+	// Retain keeps confirmed rows this long after their insert, for the
+	// replay after a lost slot (the relay republishes every pending row the
+	// table still holds; see the runbook) and for a transaction that
+	// inserted a lower id but committed later (it is in the WAL, so the
+	// relay publishes it either way; only the table copy would go early).
+	// Default DefaultRetain (1m).
+	Retain time.Duration
+	// PublishTimeout bounds one write to Kafka; running out of it counts as
+	// a broker failure. Default DefaultPublishTimeout (30s).
+	PublishTimeout time.Duration
+	// MaxAttempts is how many writes that failed because of the message (too
+	// large, refused by a topic policy, …) an event gets before it is
+	// skipped as dead: a stream cannot set one event aside and go on with
+	// its aggregate later, as the polling relay does.
+	// Default DefaultCDCMaxAttempts (3).
+	MaxAttempts int
+	// BackoffMin and BackoffMax bound the delay between those attempts.
+	// Defaults DefaultBackoffMin (100ms) and DefaultCDCBackoffMax (2s).
+	BackoffMin, BackoffMax time.Duration
+	// OutageBackoffMin and OutageBackoffMax bound the capped, jittered delay
+	// while Kafka or Postgres is unreachable, and between a standby's tries
+	// to take the slot. Defaults DefaultOutageBackoffMin (100ms) and
+	// DefaultCDCOutageBackoffMax (5s).
+	OutageBackoffMin, OutageBackoffMax time.Duration
+	// LogInterval is the most often an ongoing failure is logged.
+	// Default DefaultLogInterval (30s).
+	LogInterval time.Duration
+	// OnSlotLost, if set, is called after the relay replaced a lost slot,
+	// with the window no slot streamed, before the relay republishes it
+	// (table mode) or after it counted it lost (WAL-only mode).
+	OnSlotLost func(LostSlot)
+	// CrashPoint, when set, is called at CrashAfterAck (Kafka acknowledged a
+	// batch, the slot is not yet confirmed); a non-nil error drops the
+	// connection there, as a crash would. For fault-injection harnesses.
+	CrashPoint func(name string) error
+	// Logger receives failures, takeovers and lost slots. Default: slog.Default().
+	Logger *slog.Logger
+	// Metrics receives the relay's metrics. Default: none.
+	Metrics *Metrics
+}
+
+var slotName = regexp.MustCompile(`^[a-z0-9_]{1,63}$`)
+
+// WithDefaults returns c with every zero field set to its documented
+// default. Negative values are kept, for Validate to refuse (config.go).
+func (c CDCConfig) WithDefaults() CDCConfig {
+	orDefault(&c.Slot, DefaultSlot)
+	if c.Topic == nil {
+		c.Topic = defaultTopic
+	}
+	orDefault(&c.Mode, ModeCDC)
+	orDefault(&c.BatchSize, DefaultBatchSize)
+	orDefault(&c.MaxInFlight, maxInFlightPerBatch*c.BatchSize)
+	orDefault(&c.RetentionBatch, DefaultRetentionBatch)
+	orDefault(&c.MaxAttempts, DefaultCDCMaxAttempts)
+	orDefault(&c.FlushDelay, DefaultFlushDelay)
+	orDefault(&c.StatusInterval, DefaultStatusInterval)
+	orDefault(&c.LagInterval, DefaultLagInterval)
+	orDefault(&c.RetentionInterval, DefaultRetentionInterval)
+	orDefault(&c.Retain, DefaultRetain)
+	orDefault(&c.PublishTimeout, DefaultPublishTimeout)
+	orDefault(&c.BackoffMin, DefaultBackoffMin)
+	orDefault(&c.BackoffMax, DefaultCDCBackoffMax)
+	orDefault(&c.OutageBackoffMin, DefaultOutageBackoffMin)
+	orDefault(&c.OutageBackoffMax, DefaultCDCOutageBackoffMax)
+	orDefault(&c.LogInterval, DefaultLogInterval)
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
+	if c.Metrics == nil {
+		c.Metrics = NewMetrics(nil)
+	}
+	return c
+}
+
+// Validate reports the first field of c that no log-based relay can run
+// with: a negative size or duration, a slot name Postgres refuses, a mode
+// that is not log-based, or crossed backoff bounds. It checks c as
+// NewCDCRelay would use it, after WithDefaults.
+func (c CDCConfig) Validate() error {
+	const name = "CDCConfig"
+	err := refuseNegative(name,
+		signed("BatchSize", c.BatchSize),
+		signed("MaxInFlight", c.MaxInFlight),
+		signed("FlushDelay", c.FlushDelay),
+		signed("StatusInterval", c.StatusInterval),
+		signed("LagInterval", c.LagInterval),
+		signed("RetentionInterval", c.RetentionInterval),
+		signed("RetentionBatch", c.RetentionBatch),
+		signed("Retain", c.Retain),
+		signed("PublishTimeout", c.PublishTimeout),
+		signed("MaxAttempts", c.MaxAttempts),
+		signed("BackoffMin", c.BackoffMin),
+		signed("BackoffMax", c.BackoffMax),
+		signed("OutageBackoffMin", c.OutageBackoffMin),
+		signed("OutageBackoffMax", c.OutageBackoffMax),
+		signed("LogInterval", c.LogInterval),
+	)
+	if err != nil {
+		return err
+	}
+	d := c.WithDefaults()
+	if !slotName.MatchString(d.Slot) {
+		return fmt.Errorf("outbox: slot name %q: only a-z, 0-9 and _, at most 63", d.Slot)
+	}
+	if d.Mode != ModeCDC && d.Mode != ModeWAL {
+		return fmt.Errorf("outbox: CDCConfig.Mode must be %s or %s, got %q", ModeCDC, ModeWAL, d.Mode)
+	}
+	if err := refuseCrossed(name, "BackoffMin", d.BackoffMin, "BackoffMax", d.BackoffMax); err != nil {
+		return err
+	}
+	return refuseCrossed(name, "OutageBackoffMin", d.OutageBackoffMin, "OutageBackoffMax", d.OutageBackoffMax)
+}

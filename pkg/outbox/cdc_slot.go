@@ -1,0 +1,135 @@
+package outbox
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/jackc/pglogrepl"
+	"github.com/jackc/pgx/v5/pgconn"
+)
+
+// Publication is the publication migration 0005 creates on outbox_events
+// inserts; CDCRelay streams it.
+const Publication = "outbox_events_pub"
+
+// LostSlot describes a replication slot the relay found dropped or
+// invalidated and replaced. Events committed between LastConfirmedAt and
+// CreatedAt (LastConfirmedLSN and the new slot's position) were in no
+// slot's stream: in table mode (ModeCDC) the relay republishes them from
+// the table before it streams; in WAL-only mode (ModeWAL) they are lost.
+type LostSlot struct {
+	Slot string
+	// Invalidated is true when the slot existed with wal_status 'lost'
+	// (max_slot_wal_keep_size exceeded), false when it was missing.
+	Invalidated bool
+	// LastConfirmedAt is when the lost slot last confirmed a position.
+	LastConfirmedAt time.Time
+	// LastConfirmedLSN is that position.
+	LastConfirmedLSN string
+	// CreatedAt is when the new slot was created; it streams from there.
+	CreatedAt time.Time
+}
+
+// errSlotBusy: another relay streams from the slot (SQLSTATE 55006).
+var errSlotBusy = errors.New("the replication slot is active in another relay")
+
+// ensurePublication creates the publication over the replication
+// connection if migration 0005 could not (its role had no CREATE on the
+// database); a walsender in database mode runs plain SQL too.
+func (r *CDCRelay) ensurePublication(ctx context.Context, conn *pgconn.PgConn) error {
+	var exists bool
+	if err := r.pool.QueryRow(ctx, publicationExists, Publication).Scan(&exists); err != nil {
+		return fmt.Errorf("looking for the publication: %w", err)
+	}
+	if exists {
+		return nil
+	}
+	_, err := conn.Exec(ctx, createPublication).ReadAll()
+	if isDuplicateObject(err) {
+		return nil // another relay just created it
+	}
+	if err != nil {
+		return fmt.Errorf("creating publication %s (migration 0005 could not: grant CREATE on the database to the migrating role, "+
+			"or let REPLICATION_DATABASE_URL's role own outbox_events or be a superuser): %w", Publication, err)
+	}
+	r.cfg.Logger.InfoContext(ctx, "created the publication the migration could not", slog.String("publication", Publication))
+	return nil
+}
+
+// ensureSlot makes sure the slot exists and is usable, creating it on the
+// first start and replacing it, loudly, when it was lost.
+func (r *CDCRelay) ensureSlot(ctx context.Context, conn *pgconn.PgConn) error {
+	var (
+		walStatus, lastLSN *string
+		lastAt             *time.Time
+	)
+	if err := r.pool.QueryRow(ctx, slotState, r.cfg.Slot).Scan(&walStatus, &lastLSN, &lastAt); err != nil {
+		return fmt.Errorf("reading the slot's state: %w", err)
+	}
+	if walStatus != nil && *walStatus != "lost" {
+		if lastLSN == nil {
+			// A slot made by hand: record it, so that losing it later is
+			// noticed.
+			if _, err := r.pool.Exec(ctx, recordHandMadeSlot, r.cfg.Slot); err != nil {
+				return fmt.Errorf("recording the slot: %w", err)
+			}
+		}
+		return nil
+	}
+	invalidated := walStatus != nil
+	if invalidated {
+		if err := pglogrepl.DropReplicationSlot(ctx, conn, r.cfg.Slot, pglogrepl.DropReplicationSlotOptions{}); err != nil {
+			return slotErr("dropping the invalidated slot", err)
+		}
+	}
+	res, err := pglogrepl.CreateReplicationSlot(ctx, conn, r.cfg.Slot, "pgoutput",
+		pglogrepl.CreateReplicationSlotOptions{Mode: pglogrepl.LogicalReplication, SnapshotAction: "NOEXPORT_SNAPSHOT"})
+	if err != nil {
+		return slotErr("creating the replication slot", err)
+	}
+	if _, err := r.pool.Exec(ctx, recordSlot, r.cfg.Slot, res.ConsistentPoint); err != nil {
+		return fmt.Errorf("recording the new slot: %w", err)
+	}
+	if lastLSN == nil {
+		r.cfg.Logger.InfoContext(ctx, "created the replication slot", slog.String("slot", r.cfg.Slot),
+			slog.String("lsn", res.ConsistentPoint))
+		return nil
+	}
+	lost := LostSlot{Slot: r.cfg.Slot, Invalidated: invalidated, LastConfirmedLSN: *lastLSN, CreatedAt: time.Now()}
+	if lastAt != nil {
+		lost.LastConfirmedAt = *lastAt
+	}
+	r.cfg.Metrics.slotLost.Inc()
+	attrs := []any{slog.String("slot", r.cfg.Slot), slog.Bool("invalidated", invalidated),
+		slog.Time("window_from", lost.LastConfirmedAt), slog.Time("window_to", lost.CreatedAt),
+		slog.String("last_confirmed_lsn", lost.LastConfirmedLSN), slog.String("new_slot_lsn", res.ConsistentPoint),
+		slog.String("mode", string(r.cfg.Mode))}
+	if r.cfg.Mode == ModeWAL {
+		// The price of writing no row: nothing but the WAL held these
+		// events, and no slot decoded that range.
+		r.cfg.Metrics.cdc.lostUnrecoverable.Inc()
+		r.cfg.Logger.ErrorContext(ctx, "REPLICATION SLOT LOST, WAL-ONLY EVENTS LOST: replaced it with a new one; every event Emit wrote "+
+			"between last_confirmed_lsn and new_slot_lsn that Kafka had not acknowledged is lost and cannot be republished: "+
+			"reconcile from the domain tables (see the runbook)", attrs...)
+	} else {
+		r.cfg.Logger.ErrorContext(ctx, "REPLICATION SLOT LOST: replaced it with a new one; republishing the window's events from the "+
+			"outbox table before streaming (retention waits until that is done)", attrs...)
+	}
+	if r.cfg.OnSlotLost != nil {
+		r.cfg.OnSlotLost(lost)
+	}
+	return nil
+}
+
+// slotErr turns "the slot is active elsewhere" (55006) and "someone else
+// just created it" (42710) into errSlotBusy, which a standby retries
+// quietly.
+func slotErr(what string, err error) error {
+	if isObjectInUse(err) || isDuplicateObject(err) {
+		return fmt.Errorf("%s: %w (%w)", what, errSlotBusy, err)
+	}
+	return fmt.Errorf("%s: %w", what, err)
+}

@@ -1,0 +1,108 @@
+package outbox
+
+// Every statement the log-based relay runs, in one place: the slot and the
+// publication (cdc_slot.go), the stream's start (cdc_stream.go), the gap of
+// a lost slot (cdc_gap.go), the lanes' checks and dead marks (cdc_lane.go),
+// and the gauges and retention beside the stream (cdc_upkeep.go).
+
+// cdcGauges reads the slot's position against the server's (0 while there
+// is no slot yet), the WAL the slot keeps from being recycled (from its
+// restart_lsn, which may be older than its confirmed position), the
+// server's max_slot_wal_keep_size (in MB, -1: unlimited), and the dead rows, which the polling relay's backlog gauges
+// count in poll mode and nothing else counts in the log-based modes.
+const cdcGauges = `
+SELECT coalesce((SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), confirmed_flush_lsn)
+                 FROM pg_replication_slots WHERE slot_name = $1), 0)::bigint,
+       coalesce((SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), restart_lsn)
+                 FROM pg_replication_slots WHERE slot_name = $1), 0)::bigint,
+       (SELECT setting::bigint FROM pg_settings WHERE name = 'max_slot_wal_keep_size'),
+       (SELECT count(*) FROM outbox_events WHERE state = 'dead')`
+
+// deleteConfirmedBatch removes rows Kafka acknowledged and the slot
+// confirmed. Only state 'pending': a row marked dead (its event was
+// skipped) stays for the operator. Nothing while a new slot's gap has not
+// been republished from the table: the gap's rows are still pending, and
+// the new slot's confirmed id already passes them.
+const deleteConfirmedBatch = `
+DELETE FROM outbox_events WHERE id IN (
+    SELECT id FROM outbox_events
+    WHERE id <= (SELECT confirmed_id FROM outbox_cdc_slots WHERE slot_name = $1 AND NOT gap_pending)
+      AND state = 'pending' AND created_at < now() - $2 * interval '1 microsecond'
+    ORDER BY id LIMIT $3)`
+
+const publicationExists = `SELECT EXISTS (SELECT 1 FROM pg_publication WHERE pubname = $1)`
+
+// createPublication is migration 0005's publication, for when the
+// migrating role could not create it.
+const createPublication = `CREATE PUBLICATION ` + Publication + ` FOR TABLE outbox_events WITH (publish = 'insert')`
+
+// slotState is the slot's row in pg_replication_slots and the relay's own
+// record of it (outbox_cdc_slots).
+const slotState = `
+SELECT (SELECT wal_status FROM pg_replication_slots WHERE slot_name = $1 AND database = current_database()),
+       (SELECT confirmed_lsn::text FROM outbox_cdc_slots WHERE slot_name = $1),
+       (SELECT confirmed_at FROM outbox_cdc_slots WHERE slot_name = $1)`
+
+// recordSlot records a new slot. Its stream starts at its creation, so the
+// rows committed before it that were never published (a lost slot's gap,
+// or rows left by the polling relay) are in no stream: gap_pending makes
+// the relay republish the table's pending rows before it streams, and
+// keeps retention off until it did (migration 0006).
+const recordSlot = `
+INSERT INTO outbox_cdc_slots (slot_name, created_at, confirmed_lsn, confirmed_at, confirmed_id, gap_pending)
+VALUES ($1, now(), $2::pg_lsn, now(), 0, true)
+ON CONFLICT (slot_name) DO UPDATE SET created_at = now(), confirmed_lsn = $2::pg_lsn, confirmed_at = now(), gap_pending = true`
+
+// recordHandMadeSlot records a slot the relay did not create; what was
+// committed before it is unknown, so its gap is replayed too.
+const recordHandMadeSlot = `
+INSERT INTO outbox_cdc_slots (slot_name, confirmed_lsn, gap_pending)
+SELECT slot_name, confirmed_flush_lsn, true FROM pg_replication_slots WHERE slot_name = $1
+ON CONFLICT DO NOTHING`
+
+const recordConfirmed = `
+UPDATE outbox_cdc_slots SET confirmed_lsn = $2::pg_lsn, confirmed_at = now(), confirmed_id = greatest(confirmed_id, $3)
+WHERE slot_name = $1`
+
+// slotConfirmed is where the slot's stream resumes.
+const slotConfirmed = `SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = $1`
+
+const gapPending = `SELECT gap_pending FROM outbox_cdc_slots WHERE slot_name = $1`
+
+// gapRows reads the table's pending rows in id order, a page at a time
+// (keyset on id, so each page is one index range scan of the pending index).
+const gapRows = `
+SELECT id, event_id, aggregate_type, aggregate_id, aggregate_version, event_type, event_version,
+       payload, headers, occurred_at, created_at
+FROM outbox_events WHERE state = 'pending' AND id > $1 ORDER BY id LIMIT $2`
+
+// gapReplayed ends the replay: retention may delete again, and the rows it
+// republished count as confirmed.
+const gapReplayed = `
+UPDATE outbox_cdc_slots SET gap_pending = false, confirmed_id = greatest(confirmed_id, $2)
+WHERE slot_name = $1`
+
+const (
+	// firstDeadRows is, per aggregate with a dead row, the event id of its
+	// first (lowest id) one.
+	firstDeadRows = `
+SELECT DISTINCT ON (aggregate_type, aggregate_id) aggregate_type, aggregate_id, event_id::text
+FROM outbox_events WHERE state = 'dead' ORDER BY aggregate_type, aggregate_id, id`
+	// firstDeadRowOf is the same for one aggregate.
+	firstDeadRowOf = `
+SELECT event_id::text FROM outbox_events
+WHERE state = 'dead' AND aggregate_type = $1 AND aggregate_id = $2 ORDER BY id LIMIT 1`
+)
+
+// settledRows is which of the given rows (outbox id, event id) are settled
+// already: marked dead, or requeued (deleted and written again, in the same
+// statement, under a new id with the same event id). A row that is not
+// there at all is not settled: the stream can deliver a commit a moment
+// before other sessions see it, and a row retention deleted was published
+// (publishing it again is a duplicate consumers absorb, never a loss).
+const settledRows = `
+SELECT x.id FROM unnest($1::bigint[], $2::uuid[]) AS x(id, event_id)
+WHERE EXISTS (SELECT 1 FROM outbox_events o WHERE o.id = x.id AND o.state = 'dead')
+   OR EXISTS (SELECT 1 FROM outbox_events o WHERE o.event_id = x.event_id AND o.id <> x.id)`
+
+const markDeadCDC = `UPDATE outbox_events SET state = 'dead', last_error = $2, attempts = $3 WHERE id = $1`

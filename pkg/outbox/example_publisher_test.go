@@ -1,0 +1,46 @@
+package outbox_test
+
+import (
+	"context"
+	"log/slog"
+	"os"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/segmentio/kafka-go"
+
+	"github.com/onceflow/onceflow/pkg/outbox"
+)
+
+// A service reads its relay mode from its configuration and runs whatever
+// relay NewPublisher gives it; business code writes with the mode's
+// WriteFunc (Emit in wal mode, Enqueue otherwise), so neither repeats the
+// switch. Slot and ReplicationURL matter only in the log-based modes.
+func ExampleNewPublisher() {
+	ctx := context.Background()
+	pool, err := pgxpool.New(ctx, os.Getenv("DATABASE_URL"))
+	if err != nil {
+		return
+	}
+	defer pool.Close()
+	w := &kafka.Writer{Addr: kafka.TCP("127.0.0.1:9092"), RequiredAcks: kafka.RequireAll, BatchTimeout: time.Millisecond}
+	defer w.Close()
+
+	mode, err := outbox.ParseRelayMode(os.Getenv("RELAY_MODE")) // poll, cdc or wal
+	if err != nil {
+		return
+	}
+	relay, err := outbox.NewPublisher(pool, w, outbox.PublisherConfig{
+		Mode:    mode,
+		Topic:   func(string) string { return "orders.events" },
+		Logger:  slog.Default(),
+		Metrics: outbox.NewMetrics(prometheus.DefaultRegisterer),
+		CDC:     outbox.CDCConfig{Slot: "orders_outbox", ReplicationURL: os.Getenv("REPLICATION_DATABASE_URL")},
+	})
+	if err != nil {
+		return
+	}
+	// Business transactions call mode.Write() for each event.
+	_ = relay.Run(ctx) // until ctx ends; outages are waited out
+}

@@ -1,0 +1,108 @@
+package outbox
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+// Publisher is what a service runs to get its outbox's events to Kafka,
+// whatever the relay mode. Run publishes until ctx ends and returns nil
+// then; an unreachable Kafka or Postgres is waited out, never returned.
+// *Relay (ModePoll) and *CDCRelay (ModeCDC, ModeWAL) are Publishers, and
+// NewPublisher picks one by mode, so that a service does not repeat the
+// switch.
+type Publisher interface {
+	Run(ctx context.Context) error
+}
+
+var (
+	_ Publisher = (*Relay)(nil)
+	_ Publisher = (*CDCRelay)(nil)
+)
+
+// PublisherConfig configures NewPublisher: the mode, what the relay of any
+// mode takes, and each relay's own knobs. Zero fields take the documented
+// defaults.
+type PublisherConfig struct {
+	// Mode picks the relay: ModePoll a Relay, ModeCDC and ModeWAL a
+	// CDCRelay that streams in that mode. Default ModePoll.
+	Mode RelayMode
+	// Topic, Logger, Metrics and CrashPoint go to the relay of any mode,
+	// unless Poll or CDC below sets its own; see RelayConfig for each one's
+	// meaning and default.
+	Topic      func(aggregateType string) string
+	Logger     *slog.Logger
+	Metrics    *Metrics
+	CrashPoint func(name string) error
+	// Poll tunes the polling relay; it is ignored in the other modes.
+	Poll RelayConfig
+	// CDC tunes the log-based relay; it is ignored in ModePoll. A service
+	// sets at least its Slot and ReplicationURL. Its Mode is Mode's: a CDC
+	// whose Mode says otherwise is refused.
+	CDC CDCConfig
+}
+
+// NewPublisher returns the relay of cfg.Mode for the outbox in pool,
+// writing to w: what NewRelay returns in ModePoll, what NewCDCRelay returns
+// in ModeCDC and ModeWAL. It refuses what they refuse, and a mode it does
+// not know; it never returns a nil Publisher without an error.
+//
+// A mode in which no relay of this process publishes (another program
+// reads the outbox, say; none of the three above) is to return idle{}, a
+// Publisher whose Run only waits for ctx to end, and never a nil one, so
+// that a service runs whatever it gets as one stage among its others.
+func NewPublisher(pool *pgxpool.Pool, w Writer, cfg PublisherConfig) (Publisher, error) {
+	orDefault(&cfg.Mode, ModePoll)
+	switch cfg.Mode {
+	case ModePoll:
+		c := cfg.Poll
+		cfg.share(&c.Topic, &c.Logger, &c.Metrics, &c.CrashPoint)
+		r, err := NewRelay(pool, w, c)
+		if err != nil {
+			return nil, err
+		}
+		return r, nil
+	case ModeCDC, ModeWAL:
+		c := cfg.CDC
+		if c.Mode != "" && c.Mode != cfg.Mode {
+			return nil, fmt.Errorf("outbox: PublisherConfig.CDC.Mode is %q, but Mode is %q: leave CDC.Mode empty", c.Mode, cfg.Mode)
+		}
+		c.Mode = cfg.Mode
+		cfg.share(&c.Topic, &c.Logger, &c.Metrics, &c.CrashPoint)
+		r, err := NewCDCRelay(pool, w, c)
+		if err != nil {
+			return nil, err
+		}
+		return r, nil
+	}
+	return nil, errUnknownMode(cfg.Mode)
+}
+
+// share fills a relay config's fields that both relays take, where that
+// config leaves them zero, from cfg.
+func (cfg PublisherConfig) share(topic *func(string) string, logger **slog.Logger, metrics **Metrics, crash *func(string) error) {
+	if *topic == nil {
+		*topic = cfg.Topic
+	}
+	if *logger == nil {
+		*logger = cfg.Logger
+	}
+	if *metrics == nil {
+		*metrics = cfg.Metrics
+	}
+	if *crash == nil {
+		*crash = cfg.CrashPoint
+	}
+}
+
+// idle is the Publisher of a mode in which no relay of this process
+// publishes: its Run waits for ctx to end.
+type idle struct{}
+
+func (idle) Run(ctx context.Context) error {
+	<-ctx.Done()
+	return nil
+}

@@ -1,0 +1,355 @@
+package outbox
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/onceflow/onceflow/pkg/event"
+	"github.com/onceflow/onceflow/pkg/internal/kafkaerr"
+	"github.com/onceflow/onceflow/pkg/internal/retry"
+)
+
+// batchResult is what one batch did.
+type batchResult struct {
+	claimed   int
+	published int
+	judged    int   // rows refused because of the message (by the broker, or undecodable)
+	brokerErr error // the first error about the broker; nil if none
+	// armed and disarmed say that the batch's round trips changed the
+	// relay's wake-up (wakeOps).
+	armed, disarmed bool
+}
+
+// relayOneBatch claims, publishes and marks one batch of the owned
+// partitions, returning how many rows it claimed. Run works in the same
+// steps; this package's tests and benchmarks drive the relay through it one
+// batch at a time (export_test.go). Called outside Run it first takes this
+// relay's share of the partitions. It must not be called concurrently with
+// Run.
+// Rows Kafka could not take because of the broker stay pending, deferred
+// for the relay's outage backoff without an attempt charged; they count as
+// claimed.
+func (r *Relay) relayOneBatch(ctx context.Context) (int, error) {
+	if r.owner.conn == nil {
+		r.rebalance(ctx)
+	}
+	res, err := r.relayBatch(ctx, wakeOps{})
+	if err == nil {
+		r.noteKafka(ctx, res)
+	}
+	return res.claimed, err
+}
+
+// relayBatch claims, publishes and marks one batch in two round trips to
+// Postgres, each a pipeline of statements (pgx.Batch): the first begins the
+// transaction, sets it up, takes the partition fences and claims (arming
+// first, in a transaction of its own, when ops.arm); the second records the
+// outcome of every row and commits (disarming on the way, per ops). A claim
+// that finds nothing costs the same two.
+func (r *Relay) relayBatch(ctx context.Context, ops wakeOps) (res batchResult, err error) {
+	owned := r.owner.partitions()
+	if len(owned) == 0 {
+		return batchResult{}, nil
+	}
+	conn, err := r.pool.Acquire(ctx)
+	if err != nil {
+		return batchResult{}, fmt.Errorf("acquiring a connection to claim: %w", err)
+	}
+	inTx := false
+	defer func() {
+		if inTx {
+			// A failed statement or a crash point left the transaction
+			// open: end it, so that the connection goes back to the pool
+			// clean (the pool would destroy it otherwise).
+			rctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			r.cfg.Metrics.roundTrips.WithLabelValues("rollback").Inc()
+			_, _ = conn.Exec(rctx, "rollback")
+			cancel()
+		}
+		conn.Release()
+	}()
+
+	undefer := r.undefer
+	claim := &pgx.Batch{}
+	if ops.arm {
+		claim.Queue("begin")
+		claim.Queue(arm, r.cfg.ID, advisoryLockClass, wakeFenceKey)
+		claim.Queue("commit")
+	}
+	// owned is sorted (owner.set), so concurrent fences take their locks in
+	// one order and cannot deadlock.
+	claim.Queue("begin")
+	claim.Queue(claimSettings, strconv.FormatInt(r.cfg.LockTimeout.Milliseconds(), 10))
+	claim.Queue(fencePartitions, fenceLockClass, owned)
+	if len(undefer) > 0 {
+		claim.Queue(undeferOutage, owned, undefer)
+	}
+	claim.Queue(claimBatch, r.cfg.BatchSize, owned)
+	r.cfg.Metrics.roundTrips.WithLabelValues("claim").Inc()
+	r.cfg.Metrics.claims.Inc()
+	inTx = true
+	batch, armed, err := r.readClaim(claim, conn.SendBatch(ctx, claim), ops.arm)
+	res.armed = armed
+	if err != nil {
+		return res, err
+	}
+	rate := r.noteRate(len(batch), time.Now())
+	if len(batch) == 0 {
+		r.cfg.Metrics.emptyClaims.Inc()
+		r.cfg.Metrics.roundTrips.WithLabelValues("commit").Inc()
+		inTx = false
+		if _, err := conn.Exec(ctx, "commit"); err != nil {
+			return res, fmt.Errorf("ending an empty claim: %w", err)
+		}
+		if len(undefer) > 0 {
+			r.undefer = nil
+		}
+		return res, nil
+	}
+	r.cfg.Metrics.batchSize.Observe(float64(len(batch)))
+
+	// Publish only what can be published in order: an undecodable row, and
+	// the later rows of its aggregate, stay behind it.
+	held := map[string]bool{} // aggregates with an earlier row of this batch not published
+	var publish []claimed
+	for _, c := range batch {
+		switch {
+		case c.undecodable != nil:
+			held[c.aggregate] = true
+		case !held[c.aggregate]:
+			publish = append(publish, c)
+		}
+	}
+	endSends := startSends(ctx, publish)
+	publishCtx, cancel := context.WithTimeout(ctx, r.cfg.PublishTimeout)
+	errs := publishBatch(publishCtx, r.writer, publish)
+	cancel()
+	endSends(errs)
+	if ctx.Err() != nil {
+		return res, ctx.Err() // leave the rows pending; the next run republishes them
+	}
+	if r.cfg.CrashPoint != nil {
+		if err := r.cfg.CrashPoint(CrashAfterAck); err != nil {
+			return res, fmt.Errorf("crash point %s: %w", CrashAfterAck, err)
+		}
+	}
+	cause := make(map[int64]error, len(publish))
+	for i, c := range publish {
+		cause[c.id] = errs[i]
+	}
+
+	res.claimed = len(batch)
+	var (
+		published             []int64
+		failed                []claimed
+		failedCauses          []error
+		deferIDs, deferDelays []int64
+		deferErrs             []string
+		brokerTopics          = map[string]bool{}
+		okTopics              = map[string]bool{}
+	)
+	clear(held)
+	now := time.Now()
+	for _, c := range batch {
+		err, sent := cause[c.id]
+		if c.undecodable != nil {
+			err = c.undecodable
+		}
+		if sent && err != nil && !kafkaerr.IsMessageError(err) && !errors.Is(err, errHeldBack) {
+			r.cfg.Metrics.kafkaErrors.Inc()
+		}
+		switch {
+		case held[c.aggregate] || errors.Is(err, errHeldBack):
+			// An earlier event of this aggregate failed: leave this one
+			// pending and untouched, so that it is retried after that event
+			// and keeps order. writeTopic did not give it to the broker; the
+			// failed row now holds the aggregate back (claimBatch).
+		case err == nil:
+			published = append(published, c.id)
+			okTopics[c.msg.Topic] = true
+			r.cfg.Metrics.publishLag.Observe(now.Sub(c.createdAt).Seconds())
+			if c.attempts > 0 {
+				r.cfg.Metrics.retries.Inc()
+			}
+		case c.undecodable != nil || kafkaerr.IsMessageError(err):
+			held[c.aggregate] = true
+			res.judged++
+			if c.undecodable == nil {
+				okTopics[c.msg.Topic] = true
+			}
+			failed, failedCauses = append(failed, c), append(failedCauses, err)
+		default:
+			held[c.aggregate] = true
+			brokerTopics[c.msg.Topic] = true
+			if res.brokerErr == nil {
+				res.brokerErr = err
+			}
+			// Deferred by how long this topic has been failing, so a topic
+			// that stays unavailable is retried ever less often while the
+			// other topics flow.
+			delay := retry.Backoff(r.topicStreak[c.msg.Topic]+1, r.cfg.OutageBackoffMin, r.cfg.OutageBackoffMax)
+			deferIDs, deferErrs, deferDelays = append(deferIDs, c.id), append(deferErrs, err.Error()), append(deferDelays, delay.Microseconds())
+			if r.deferredTypes[c.msg.Topic] == nil {
+				r.deferredTypes[c.msg.Topic] = map[string]bool{}
+			}
+			r.deferredTypes[c.msg.Topic][c.aggType] = true
+		}
+	}
+
+	finish := &pgx.Batch{}
+	delays := make([]time.Duration, len(failed))
+	for i, c := range failed {
+		r.cfg.Metrics.failures.Inc()
+		delays[i] = retry.Backoff(c.attempts+1, r.cfg.BackoffMin, r.cfg.BackoffMax)
+		finish.Queue(markFailed, c.id, failedCauses[i].Error(), delays[i].Microseconds(), r.cfg.MaxAttempts)
+	}
+	if len(published) > 0 {
+		finish.Queue(markPublished, published)
+	}
+	if len(deferIDs) > 0 {
+		finish.Queue(markDeferred, deferIDs, deferErrs, deferDelays)
+	}
+	disarming := ops.disarmIfBusy && (len(batch) >= r.cfg.BatchSize || rate > busyRate)
+	if disarming {
+		finish.Queue(disarm, r.cfg.ID)
+	}
+	finish.Queue("commit")
+	r.cfg.Metrics.roundTrips.WithLabelValues("commit").Inc()
+	states, err := readFinish(conn.SendBatch(ctx, finish), len(failed))
+	if err != nil {
+		return res, err
+	}
+	inTx = false
+	res.disarmed = disarming
+	for i, c := range failed {
+		r.logFailed(ctx, c, failedCauses[i], delays[i], states[i])
+	}
+	if len(undefer) > 0 {
+		r.undefer = nil
+	}
+	for topic := range brokerTopics {
+		r.topicStreak[topic]++
+	}
+	for topic := range okTopics {
+		if brokerTopics[topic] {
+			continue
+		}
+		// The topic works again: what its outage deferred may go now.
+		delete(r.topicStreak, topic)
+		for t := range r.deferredTypes[topic] {
+			if !slices.Contains(r.undefer, t) {
+				r.undefer = append(r.undefer, t)
+			}
+		}
+		delete(r.deferredTypes, topic)
+	}
+	res.published = len(published)
+	r.cfg.Metrics.published.Add(float64(len(published)))
+	return res, nil
+}
+
+// readClaim reads the results of the claim's pipeline, in the order
+// relayBatch queued them, and reports whether arming took.
+func (r *Relay) readClaim(b *pgx.Batch, br pgx.BatchResults, arming bool) (batch []claimed, armed bool, err error) {
+	defer func() {
+		if cerr := br.Close(); err == nil && cerr != nil {
+			err = fmt.Errorf("claiming batch: %w", cerr)
+		}
+	}()
+	n := len(b.QueuedQueries)
+	for i := 0; i < n-1; i++ {
+		tag, err := br.Exec()
+		if err != nil {
+			return nil, armed, fmt.Errorf("setting up the claim (%s): %w", firstWord(b.QueuedQueries[i].SQL), err)
+		}
+		if arming && i == 1 {
+			armed = tag.RowsAffected() == 1
+		}
+	}
+	rows, err := br.Query()
+	if err != nil {
+		return nil, armed, fmt.Errorf("claiming batch: %w", err)
+	}
+	batch, err = pgx.CollectRows(rows, r.scanClaimed)
+	if err != nil {
+		return nil, armed, fmt.Errorf("reading claimed rows: %w", err)
+	}
+	return batch, armed, nil
+}
+
+// firstWord names a statement in an error without quoting all of it.
+func firstWord(sql string) string {
+	sql = strings.TrimSpace(sql)
+	if i := strings.IndexAny(sql, " \n"); i > 0 {
+		return sql[:i]
+	}
+	return sql
+}
+
+// readFinish reads the results of the finishing pipeline: the state each
+// failed row was left in, then the marks and the commit.
+func readFinish(br pgx.BatchResults, failed int) (states []string, err error) {
+	defer func() {
+		if cerr := br.Close(); err == nil && cerr != nil {
+			err = fmt.Errorf("committing batch: %w", cerr)
+		}
+	}()
+	states = make([]string, failed)
+	for i := range states {
+		if err := br.QueryRow().Scan(&states[i]); err != nil {
+			return nil, fmt.Errorf("recording failed publish: %w", err)
+		}
+	}
+	return states, nil
+}
+
+// scanClaimed reads one claimed row. A row whose headers cannot be decoded
+// is returned with undecodable set rather than failing the claim: the claim
+// would fail the same way on every try, and nothing else would ever move.
+func (r *Relay) scanClaimed(row pgx.CollectableRow) (claimed, error) {
+	var (
+		c       claimed
+		ev      event.Envelope
+		headers []byte
+	)
+	// *[16]byte, not *uuid.UUID: pgx decodes it natively instead of
+	// through sql.Scanner and text, a tenth of the claim's CPU.
+	err := row.Scan(&c.id, (*[16]byte)(&ev.EventID), &ev.AggregateType, &ev.AggregateID, &ev.AggregateVersion,
+		&ev.EventType, &ev.EventVersion, &ev.Payload, &headers, &ev.OccurredAt, &c.createdAt, &c.attempts)
+	if err != nil {
+		return c, err
+	}
+	c.aggType = ev.AggregateType
+	c.aggregate = ev.AggregateType + "\x00" + ev.AggregateID
+	var h envelopeHeaders
+	if err := json.Unmarshal(headers, &h); err != nil {
+		c.msg.Topic = r.cfg.Topic(ev.AggregateType)
+		c.undecodable = fmt.Errorf("%w: event %s: decoding the headers column: %w", ErrUndecodable, ev.EventID, err)
+		return c, nil
+	}
+	ev.CorrelationID, ev.CausationID, ev.Traceparent = h.CorrelationID, h.CausationID, h.Traceparent
+	c.msg = event.ToKafka(r.cfg.Topic(ev.AggregateType), ev)
+	return c, nil
+}
+
+// logFailed logs a row whose publish failed because of the message, now
+// that its new state is committed.
+func (r *Relay) logFailed(ctx context.Context, c claimed, cause error, delay time.Duration, state string) {
+	log := r.cfg.Logger.With(slog.Int64("outbox_id", c.id), slog.String("topic", c.msg.Topic),
+		slog.Int("attempt", c.attempts+1), slog.Any("error", cause))
+	if state == "dead" {
+		r.cfg.Metrics.deadTotal.Inc()
+		log.ErrorContext(ctx, "outbox event is dead after its last attempt; its aggregate's later events wait until it is requeued")
+		return
+	}
+	log.WarnContext(ctx, "outbox publish failed because of the message; will retry", slog.Duration("retry_in", delay))
+}

@@ -1,0 +1,180 @@
+package outbox
+
+import (
+	"fmt"
+	"log/slog"
+	"os"
+	"time"
+
+	"github.com/google/uuid"
+)
+
+// The polling relay's own defaults, what a zero RelayConfig field means;
+// those both relays share are in config.go (DefaultBatchSize,
+// DefaultPublishTimeout, DefaultBackoffMin, DefaultOutageBackoffMin,
+// DefaultLogInterval).
+const (
+	// DefaultPollInterval is how often an idle relay claims without a
+	// commit notification.
+	DefaultPollInterval = time.Second
+	// DefaultLinger is how long a busy relay lets a batch gather.
+	DefaultLinger = time.Millisecond
+	// DefaultRebalanceInterval is how often a relay heartbeats, rebalances
+	// and refreshes the backlog gauges.
+	DefaultRebalanceInterval = 2 * time.Second
+	// DefaultLockTimeout bounds a claim's wait for rows another relay holds.
+	DefaultLockTimeout = 10 * time.Second
+	// DefaultMaxAttempts is how many publishes that failed because of the
+	// message make a row dead. The log-based relay gives an event fewer
+	// (DefaultCDCMaxAttempts): the polling relay sets a failing row aside
+	// and goes on with the other aggregates, a stream waits for it.
+	DefaultMaxAttempts = 10
+	// DefaultBackoffMax caps the delay before such a row is tried again.
+	DefaultBackoffMax = time.Minute
+	// DefaultOutageBackoffMax caps the delay with which the relay retries
+	// an unreachable Kafka or Postgres; publishing resumes about this long
+	// after Kafka is back.
+	DefaultOutageBackoffMax = 10 * time.Second
+)
+
+// relayTTLPerRebalance is RelayTTL's default in heartbeats: a relay counts
+// as live until it missed this many.
+const relayTTLPerRebalance = 3
+
+// RelayConfig configures a Relay. Zero fields take the documented defaults;
+// negative sizes and durations are refused (config.go).
+type RelayConfig struct {
+	// ID names this relay instance among those sharing the outbox.
+	// Default: hostname-pid-random.
+	ID string
+	// Topic maps an aggregate type to its Kafka topic.
+	// Default: aggregateType + ".events".
+	Topic func(aggregateType string) string
+	// BatchSize is the most rows claimed and published at once.
+	// Default DefaultBatchSize (500).
+	BatchSize int
+	// PollInterval is how often the relay looks for work when no commit
+	// notification arrives (the fallback if NOTIFY is lost).
+	// Default DefaultPollInterval (1s).
+	PollInterval time.Duration
+	// Linger is how long a busy relay waits before a claim when it has no
+	// backlog: after a commit notification wakes it, and between batches
+	// that did not fill BatchSize. Commits that arrive meanwhile ride the
+	// same batch, so a steady rate of hundreds a second costs fewer claims
+	// and round trips; each event waits up to Linger longer. The relay
+	// lingers only while its recent rate says more commits are coming
+	// within Linger (at least one per 4 × Linger), so at low rates it adds
+	// nothing. Default DefaultLinger (1ms).
+	Linger time.Duration
+	// RebalanceInterval is how often the relay heartbeats and rebalances its
+	// share of the partitions, and refreshes the backlog gauges, each on a
+	// goroutine of its own beside the claim loop.
+	// Default DefaultRebalanceInterval (2s).
+	RebalanceInterval time.Duration
+	// RelayTTL is how long a relay that stopped heartbeating still counts as
+	// live. Default 3 × RebalanceInterval. (A relay that dies releases its
+	// partitions at once; the TTL only delays the others' larger share.)
+	RelayTTL time.Duration
+	// LockTimeout bounds how long a claim waits for rows another relay still
+	// holds during a handover. Default DefaultLockTimeout (10s).
+	LockTimeout time.Duration
+	// PublishTimeout bounds one batch's writes to Kafka; a batch that runs
+	// out of it is treated as a broker failure (its rows stay pending,
+	// uncharged), so a stalled broker cannot hold a claim open for long.
+	// Default DefaultPublishTimeout (30s).
+	PublishTimeout time.Duration
+	// MaxAttempts is how many publishes failed because of the message (see
+	// the package documentation for which errors those are) make a row dead.
+	// Default DefaultMaxAttempts (10).
+	MaxAttempts int
+	// BackoffMin and BackoffMax bound the exponential, jittered delay before
+	// a row whose publish failed because of the message is retried.
+	// Defaults DefaultBackoffMin (100ms) and DefaultBackoffMax (1m).
+	BackoffMin, BackoffMax time.Duration
+	// OutageBackoffMin and OutageBackoffMax bound the exponential, jittered
+	// delay with which the relay as a whole retries while Kafka or Postgres
+	// is unreachable; such failures are never charged to a row. The maximum
+	// is also about how long publishing resumes after Kafka is back.
+	// Defaults DefaultOutageBackoffMin (100ms) and DefaultOutageBackoffMax (10s).
+	OutageBackoffMin, OutageBackoffMax time.Duration
+	// LogInterval is the most often the relay logs that a failure goes on
+	// (the first failure and the recovery are always logged).
+	// Default DefaultLogInterval (30s).
+	LogInterval time.Duration
+	// CrashPoint, when set, is called at each named crash point (see
+	// CrashAfterAck); a non-nil error aborts the batch right there, as a
+	// crash would. Fault-injection harnesses use it; leave it nil otherwise.
+	CrashPoint func(name string) error
+	// Logger receives failures, dead rows and rebalances. Default: slog.Default().
+	Logger *slog.Logger
+	// Metrics receives the relay's metrics. Default: none.
+	Metrics *Metrics
+}
+
+// WithDefaults returns c with every zero field set to its documented
+// default. Negative values are kept, for Validate to refuse (config.go).
+func (c RelayConfig) WithDefaults() RelayConfig {
+	if c.ID == "" {
+		host, _ := os.Hostname()
+		c.ID = fmt.Sprintf("%s-%d-%s", host, os.Getpid(), uuid.NewString()[:8])
+	}
+	if c.Topic == nil {
+		c.Topic = defaultTopic
+	}
+	orDefault(&c.BatchSize, DefaultBatchSize)
+	orDefault(&c.PollInterval, DefaultPollInterval)
+	orDefault(&c.RebalanceInterval, DefaultRebalanceInterval)
+	orDefault(&c.RelayTTL, relayTTLPerRebalance*c.RebalanceInterval)
+	orDefault(&c.LockTimeout, DefaultLockTimeout)
+	orDefault(&c.PublishTimeout, DefaultPublishTimeout)
+	orDefault(&c.MaxAttempts, DefaultMaxAttempts)
+	orDefault(&c.BackoffMin, DefaultBackoffMin)
+	orDefault(&c.BackoffMax, DefaultBackoffMax)
+	orDefault(&c.OutageBackoffMin, DefaultOutageBackoffMin)
+	orDefault(&c.OutageBackoffMax, DefaultOutageBackoffMax)
+	orDefault(&c.LogInterval, DefaultLogInterval)
+	orDefault(&c.Linger, DefaultLinger)
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
+	if c.Metrics == nil {
+		c.Metrics = NewMetrics(nil)
+	}
+	return c
+}
+
+// Validate reports the first field of c that no relay can run with: a
+// negative size or duration, or a combination that defeats its purpose. It
+// checks c as NewRelay would use it, after WithDefaults.
+func (c RelayConfig) Validate() error {
+	const name = "RelayConfig"
+	err := refuseNegative(name,
+		signed("BatchSize", c.BatchSize),
+		signed("PollInterval", c.PollInterval),
+		signed("RebalanceInterval", c.RebalanceInterval),
+		signed("RelayTTL", c.RelayTTL),
+		signed("LockTimeout", c.LockTimeout),
+		signed("PublishTimeout", c.PublishTimeout),
+		signed("MaxAttempts", c.MaxAttempts),
+		signed("BackoffMin", c.BackoffMin),
+		signed("BackoffMax", c.BackoffMax),
+		signed("OutageBackoffMin", c.OutageBackoffMin),
+		signed("OutageBackoffMax", c.OutageBackoffMax),
+		signed("LogInterval", c.LogInterval),
+		signed("Linger", c.Linger),
+	)
+	if err != nil {
+		return err
+	}
+	d := c.WithDefaults()
+	if d.RelayTTL <= d.RebalanceInterval {
+		// A relay heartbeats every RebalanceInterval; a TTL no longer than
+		// that declares live relays dead between two heartbeats, and the
+		// partitions flap between them.
+		return fmt.Errorf("outbox: RelayConfig.RelayTTL (%v) must exceed RebalanceInterval (%v)", d.RelayTTL, d.RebalanceInterval)
+	}
+	if err := refuseCrossed(name, "BackoffMin", d.BackoffMin, "BackoffMax", d.BackoffMax); err != nil {
+		return err
+	}
+	return refuseCrossed(name, "OutageBackoffMin", d.OutageBackoffMin, "OutageBackoffMax", d.OutageBackoffMax)
+}
