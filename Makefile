@@ -80,7 +80,7 @@ up-prometheus: ## Start a Prometheus on 127.0.0.1:59090 scraping the services, w
 down-prometheus: ## Stop that Prometheus
 	devstack/stack.sh prometheus down
 
-up-debezium: ## Start Kafka Connect with Debezium publishing orders' outbox (docs/debezium; run orders with RELAY_ENABLED=false)
+up-debezium: ## Start Kafka Connect with Debezium publishing orders' outbox (docs/debezium; run orders with RELAY_MODE=debezium)
 	devstack/connect.sh up
 
 down-debezium: ## Stop that Kafka Connect

@@ -30,6 +30,12 @@ import (
 //     deleted, in one transaction. The WAL-only relay itself keeps no copy
 //     of what it publishes or skips: a replay has nothing to replay from,
 //     and a requeue that finds no dead row says so, with ErrNotInThisMode.
+//   - ModeDebezium: as ModeCDC, since Debezium too streams the inserts of
+//     outbox_events_pub. But Debezium marks no row dead (a record Kafka
+//     refuses fails the connector's task, which Connect reports), so a
+//     requeue that finds no dead row says so, with ErrNotInThisMode; and it
+//     marks no row published, so a replay's scope is every row of the
+//     window that is not dead (see RelayMode.Replay).
 
 // Requeue is what the package-level Requeue does, for a service whose relay
 // runs in mode m. In ModeCDC and ModeWAL a requeued row leaves under its id
@@ -40,7 +46,7 @@ func (m RelayMode) Requeue(ctx context.Context, db DB, ids ...int64) (int, error
 	switch m {
 	case ModePoll:
 		return requeuePoll(ctx, db, ids)
-	case ModeCDC:
+	case ModeCDC, ModeDebezium:
 		return requeueCopyIDs(ctx, db, ids)
 	case ModeWAL:
 		return requeueEmitIDs(ctx, db, ids)
@@ -59,12 +65,18 @@ func (m RelayMode) RequeueDead(ctx context.Context, db DB, f DeadFilter) (int, e
 	switch m {
 	case ModePoll:
 		return requeueDeadPoll(ctx, db, f)
-	case ModeCDC:
+	case ModeCDC, ModeDebezium:
 		tag, err := db.Exec(ctx, requeueCopyDead, f.AggregateType, f.AggregateID, limit)
 		if err != nil {
 			return 0, storeErr("requeuing dead events", err)
 		}
-		return int(tag.RowsAffected()), nil
+		if n := int(tag.RowsAffected()); n > 0 || m == ModeCDC {
+			return n, nil
+		}
+		return 0, fmt.Errorf("%w: RELAY_MODE=debezium keeps no dead events: Debezium never marks an outbox row dead "+
+			"(a record Kafka refuses fails the connector's task: see the task's status and trace in Kafka Connect, "+
+			"GET /connectors/<name>/status), so there is nothing to requeue; dead rows here only come from a time this "+
+			"outbox ran another relay mode", ErrNotInThisMode)
 	case ModeWAL:
 		return requeueEmitDead(ctx, db, f.AggregateType, f.AggregateID, limit)
 	}
@@ -75,14 +87,21 @@ func (m RelayMode) RequeueDead(ctx context.Context, db DB, f DeadFilter) (int, e
 // runs in mode m. In ModeCDC the scope is the rows still in the table whose
 // position the relay confirmed (CDCConfig.Retain keeps them, one minute by
 // default: set it to the window you may need to replay), each written
-// again as a new row; the items returned name the new rows. In ModeWAL it
-// is refused with ErrNotInThisMode.
+// again as a new row; the items returned name the new rows. In
+// ModeDebezium the table cannot tell what Debezium has published, so the
+// scope is every row of the window that is not dead (PruneConfig.
+// PendingRetention keeps them), each written again as a new row: one that
+// Debezium had not published yet is then published twice, which the
+// consumers' inboxes absorb. That is also how to republish the window of a
+// slot that was lost. In ModeWAL it is refused with ErrNotInThisMode.
 func (m RelayMode) Replay(ctx context.Context, db DB, f ReplayFilter, dryRun bool) ([]ReplayItem, error) {
 	switch m {
 	case ModePoll:
 		return replay(ctx, db, f, dryRun, replayScope, replayApply)
 	case ModeCDC:
 		return replay(ctx, db, f, dryRun, replayScopeCDC, replayApplyCDC)
+	case ModeDebezium:
+		return replay(ctx, db, f, dryRun, replayScopeExternal, replayApplyExternal)
 	case ModeWAL:
 		if err := f.validate(); err != nil {
 			return nil, err
@@ -94,7 +113,7 @@ func (m RelayMode) Replay(ctx context.Context, db DB, f ReplayFilter, dryRun boo
 }
 
 func errUnknownMode(m RelayMode) error {
-	return fmt.Errorf("outbox: unknown relay mode %q (poll, cdc or wal)", m)
+	return fmt.Errorf("outbox: unknown relay mode %q (poll, cdc, wal or debezium)", m)
 }
 
 // copyColumns are the columns a row written again keeps; the rest (id,
@@ -179,6 +198,18 @@ WHERE (state = 'published'
 var replayApplyCDC = `
 WITH moved AS (
     DELETE FROM outbox_events` + replayScopeCDC + `
+    RETURNING *)` + copyAsPending("NULL") + `
+RETURNING ` + replayItems
+
+// replayScopeExternal: an external publisher (ModeDebezium) marks no row
+// published, so every row of the window that is not dead is in scope.
+const replayScopeExternal = `
+WHERE state IN ('pending', 'published')` + replayWindow
+
+// replayApplyExternal writes every row in scope again, as replayApplyCDC.
+var replayApplyExternal = `
+WITH moved AS (
+    DELETE FROM outbox_events` + replayScopeExternal + `
     RETURNING *)` + copyAsPending("NULL") + `
 RETURNING ` + replayItems
 

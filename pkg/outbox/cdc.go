@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"math"
 	"regexp"
 	"sync"
 	"time"
@@ -343,35 +342,14 @@ func (r *CDCRelay) every(ctx context.Context, interval time.Duration, o *outage,
 	}
 }
 
-// cdcGauges reads the slot's position against the server's (0 while there
-// is no slot yet), the WAL the slot keeps from being recycled (from its
-// restart_lsn, which may be older than its confirmed position), the
-// server's max_slot_wal_keep_size (in MB, -1: unlimited), and the dead rows, which the polling relay's backlog gauges
-// count in poll mode and nothing else counts in the log-based modes.
-const cdcGauges = `
-SELECT coalesce((SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), confirmed_flush_lsn)
-                 FROM pg_replication_slots WHERE slot_name = $1), 0)::bigint,
-       coalesce((SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), restart_lsn)
-                 FROM pg_replication_slots WHERE slot_name = $1), 0)::bigint,
-       (SELECT setting::bigint FROM pg_settings WHERE name = 'max_slot_wal_keep_size'),
-       (SELECT count(*) FROM outbox_events WHERE state = 'dead')`
-
+// refreshGauges reads the slot's gauges (readSlot, shared with
+// Metrics.WatchSlot) and sets them.
 func (r *CDCRelay) refreshGauges(ctx context.Context) error {
-	var lag, retained, keepMB, dead int64
-	if err := r.pool.QueryRow(ctx, cdcGauges, r.cfg.Slot).Scan(&lag, &retained, &keepMB, &dead); err != nil {
-		return fmt.Errorf("reading the slot's gauges: %w", err)
+	s, err := readSlot(ctx, r.pool, r.cfg.Slot)
+	if err != nil {
+		return err
 	}
-	// Unlimited is +Inf, so retained / keep size, what the alert
-	// OutboxSlotNearInvalidation divides, is 0 and not +Inf.
-	keep := math.Inf(1)
-	if keepMB >= 0 {
-		keep = float64(keepMB << 20)
-	}
-	m := r.cfg.Metrics
-	m.slotLag.Set(float64(lag))
-	m.cdc.retainedWAL.Set(float64(retained))
-	m.cdc.walKeepSize.Set(keep)
-	m.dead.Set(float64(dead))
+	r.cfg.Metrics.setSlot(s)
 	return nil
 }
 
