@@ -3,7 +3,7 @@
 # the Debezium relay of docs/debezium, registered from the file the docs ship,
 # as it is.
 #
-# Usage: devstack/connect.sh up | down | kill | status | logs [lines] | reset | fetch
+# Usage: devstack/connect.sh up | down | kill | status | logs [lines] | reset | fetch | check
 #
 #   up      fetch the jars (first run), start a standalone Connect worker and
 #           the connector of $ONCEFLOW_CONNECT_CONNECTOR; return once its task
@@ -15,8 +15,9 @@
 #   logs    the tail of the worker's log (default 40 lines).
 #   reset   with the worker stopped, drop the connector's replication slot and
 #           its offsets, so the next `up` starts from now.
-#   fetch   only fetch the jars (what `up` does on its first run); the Go
-#           tests that start Connect ask for this when the jars are missing.
+#   fetch   only fetch the jars (what `up` does on its first run).
+#   check   exit 1, saying what to do, unless java and the jars are here
+#           (the Go tests that start Connect run it first).
 #
 # Settings (environment, with defaults):
 #   ONCEFLOW_CONNECT_DIR        $ROOT/.devstack/connect  its config, offsets, log and pid
@@ -113,6 +114,14 @@ fetch() {
   mv "$CACHE/tmp/plugins" "$PLUGINS"
   rmdir "$CACHE/tmp"
   printf '%s\n' "$want" >"$marker"
+}
+
+check() {
+  command -v java >/dev/null || die "needs java 17 or later on PATH (devstack/stack.sh up installs it on Debian)"
+  local marker="$CACHE/.complete"
+  [[ -f $marker && $(cat "$marker") == "$(sha256sum "$POM" | cut -d' ' -f1)" ]] \
+    || die "the Kafka Connect and Debezium jars are not in $CACHE: run 'devstack/connect.sh fetch' (or 'make debezium-jars'; needs mvn, which 'make up' installs)"
+  say "connect: java and the jars are here ($CACHE)"
 }
 
 configure() {
@@ -252,7 +261,8 @@ main() {
     logs) tail -n "${1:-40}" "$LOG" ;;
     reset) reset ;;
     fetch) fetch; say "connect: jars in $CACHE" ;;
-    *) sed -n '2,19s/^# \{0,1\}//p' "${BASH_SOURCE[0]}" >&2; exit 2 ;;
+    check) check ;;
+    *) sed -n '2,21s/^# \{0,1\}//p' "${BASH_SOURCE[0]}" >&2; exit 2 ;;
   esac
 }
 
