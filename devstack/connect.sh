@@ -165,10 +165,14 @@ EOF
 }
 
 pid() { [[ -f $PID ]] && cat "$PID" || true; }
-running() {
+# alive: the pid file's process exists (right after the start it may not
+# have exec'd java yet, so its command line is still this script's).
+alive() {
   local p; p=$(pid)
-  [[ -n $p ]] && kill -0 "$p" 2>/dev/null && grep -q ConnectStandalone "/proc/$p/cmdline" 2>/dev/null
+  [[ -n $p ]] && kill -0 "$p" 2>/dev/null
 }
+# running: it is a Connect worker (a stale pid file may name anything).
+running() { alive && grep -q ConnectStandalone "/proc/$(pid)/cmdline" 2>/dev/null; }
 
 # task_state prints the connector's first task state (RUNNING, FAILED, …) or nothing.
 task_state() {
@@ -190,6 +194,7 @@ up() {
   if ! running; then
     configure
     say "connect: starting a standalone worker on 127.0.0.1:$PORT with $(basename "$CONNECTOR") …"
+    [[ -f $LOG ]] && mv -f "$LOG" "$LOG.1" # the last lifetime's, e.g. one that was killed
     # setsid: the worker outlives this script and is stopped by pid.
     KAFKA_HEAP_OPTS="" setsid java -Xms64m -Xmx"$HEAP" -XX:+UseSerialGC -XX:TieredStopAtLevel=1 \
       -Dlog4j.configuration="file:$LOG4J" \
@@ -199,7 +204,7 @@ up() {
   fi
   local deadline=$((SECONDS + TIMEOUT)) state=""
   while (( SECONDS < deadline )); do
-    running || { show_log; die "the Connect worker exited"; }
+    alive || { show_log; die "the Connect worker exited"; }
     state=$(task_state)
     case "$state" in
       RUNNING) say "connect: $(connector_name) running (pid $(pid), REST http://127.0.0.1:$PORT)"; return ;;
