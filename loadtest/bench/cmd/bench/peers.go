@@ -389,7 +389,7 @@ func peerEvent(n int) event.Envelope {
 }
 
 // drain commits drainEvents events in one transaction and returns the
-// seconds from its commit to the broker's append of the last of them.
+// seconds from its COMMIT to the broker's append of the last of them.
 func (e peerEnv) drain(ctx context.Context, pool *pgxpool.Pool, mode outbox.RelayMode, topic string, ends func() (map[int]int64, error)) (float64, error) {
 	before, err := ends()
 	if err != nil {
@@ -419,10 +419,10 @@ func (e peerEnv) drain(ctx context.Context, pool *pgxpool.Pool, mode outbox.Rela
 			}
 		}
 	}
+	committed := time.Now() // COMMIT sent (see commitOne)
 	if err := tx.Commit(ctx); err != nil {
 		return 0, err
 	}
-	committed := time.Now()
 	var after map[int]int64
 	deadline := committed.Add(10 * time.Minute)
 	for {
@@ -490,8 +490,7 @@ func (e peerEnv) paced(ctx context.Context, pool *pgxpool.Pool, write outbox.Wri
 				}
 				next = next.Add(interval)
 				ev := peerEvent(i)
-				err := pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error { return write(ctx, tx, ev) })
-				at := time.Now()
+				at, err := commitOne(ctx, conn, write, ev)
 				mu.Lock()
 				if err != nil {
 					firstErr = cmpErr(firstErr, err)
@@ -544,6 +543,23 @@ func (e peerEnv) paced(ctx context.Context, pool *pgxpool.Pool, write outbox.Wri
 	slices.Sort(lat)
 	p.P50, p.P99, p.Max = quantile(lat, 0.5), quantile(lat, 0.99), quantile(lat, 1)
 	return p, nil
+}
+
+// commitOne writes ev in a transaction of its own and returns when its
+// COMMIT was sent: a log-based relay may see the commit before the client
+// hears of it (the walsender reads the flushed WAL while the server still
+// answers), so the time after COMMIT returns made some latencies negative.
+func commitOne(ctx context.Context, conn *pgxpool.Conn, write outbox.WriteFunc, ev event.Envelope) (time.Time, error) {
+	tx, err := conn.Begin(ctx)
+	if err != nil {
+		return time.Time{}, err
+	}
+	defer tx.Rollback(context.Background()) //nolint:errcheck // no-op after commit
+	if err := write(ctx, tx, ev); err != nil {
+		return time.Time{}, err
+	}
+	at := time.Now()
+	return at, tx.Commit(ctx)
 }
 
 func cmpErr(first, err error) error {
