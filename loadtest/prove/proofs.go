@@ -93,6 +93,9 @@ func (h *Harness) atomicity(ctx context.Context, naive bool) Row {
 // the rows published, again and again: everything arrives, and the
 // republished duplicates are absorbed (naive consumer: applied twice).
 func (h *Harness) relayCrash(ctx context.Context, naive bool) Row {
+	if h.relayMode == "debezium" && !naive {
+		return h.relayCrashDebezium(ctx)
+	}
 	var row Row
 	mode, name := "inbox", "relay-crash"
 	if naive {

@@ -50,10 +50,10 @@ type PublisherConfig struct {
 // in ModeCDC and ModeWAL. It refuses what they refuse, and a mode it does
 // not know; it never returns a nil Publisher without an error.
 //
-// A mode in which no relay of this process publishes (another program
-// reads the outbox, say; none of the three above) is to return idle{}, a
-// Publisher whose Run only waits for ctx to end, and never a nil one, so
-// that a service runs whatever it gets as one stage among its others.
+// In ModeDebezium no relay of this process publishes (Debezium streams the
+// outbox from its own slot): NewPublisher returns a Publisher whose Run only
+// waits for ctx to end, never a nil one, so that a service runs whatever it
+// gets as one stage among its others.
 func NewPublisher(pool *pgxpool.Pool, w Writer, cfg PublisherConfig) (Publisher, error) {
 	orDefault(&cfg.Mode, ModePoll)
 	switch cfg.Mode {
@@ -77,6 +77,8 @@ func NewPublisher(pool *pgxpool.Pool, w Writer, cfg PublisherConfig) (Publisher,
 			return nil, err
 		}
 		return r, nil
+	case ModeDebezium:
+		return idle{}, nil
 	}
 	return nil, errUnknownMode(cfg.Mode)
 }

@@ -207,7 +207,7 @@ func (d *deliveries) waitFor(t *testing.T, id uuid.UUID, n int, what string) {
 // could not know whether a requeue will happen.
 func TestHandlerNeedsAKnownRelayMode(t *testing.T) {
 	t.Parallel()
-	for _, mode := range []outbox.RelayMode{"", "POLL", "debezium"} {
+	for _, mode := range []outbox.RelayMode{"", "POLL", "kafka-connect"} {
 		func() {
 			defer func() {
 				if recover() == nil {

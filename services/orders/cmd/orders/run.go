@@ -35,7 +35,11 @@ type Config struct {
 	// OrdersTopic receives every order event.
 	OrdersTopic string `env:"ORDERS_TOPIC" envDefault:"orders.events"`
 	// OutboxRetention is how long published outbox rows are kept before the
-	// pruner removes them.
+	// pruner removes them. In RELAY_MODE=debezium, where Debezium marks no
+	// row published, it is how long any row is kept after its insert: the
+	// window an operator can replay, and the one from which a lost slot's
+	// events can be written again (docs/debezium). Keep it well above
+	// Debezium's worst lag.
 	OutboxRetention time.Duration `env:"OUTBOX_RETENTION" envDefault:"168h"`
 	// OutboxArchive moves pruned rows to outbox_events_archive instead of
 	// deleting them (for audit trails that outlive the retention window).
@@ -47,9 +51,15 @@ type Config struct {
 	RelayEnabled bool `env:"RELAY_ENABLED" envDefault:"true"`
 	// RelayMode is poll (outbox rows, the polling relay), cdc (outbox rows,
 	// the log-based relay reading the replication stream; rows are deleted
-	// once confirmed) or wal (events written only to the WAL with
-	// outbox.Emit, the log-based relay). See docs/runbook-cdc.md.
+	// once confirmed), wal (events written only to the WAL with
+	// outbox.Emit, the log-based relay), or debezium (outbox rows that
+	// Debezium publishes from its own slot: no relay runs here; see
+	// docs/debezium). See docs/runbook-cdc.md.
 	RelayMode string `env:"RELAY_MODE" envDefault:"poll"`
+	// DebeziumSlot is, in RELAY_MODE=debezium, the connector's slot.name:
+	// its lag and retained WAL are the backlog the service reports, since
+	// the outbox table cannot tell what Debezium published.
+	DebeziumSlot string `env:"DEBEZIUM_SLOT" envDefault:"debezium_orders_outbox"`
 	// ReplicationDatabaseURL is the log-based relay's walsender connection:
 	// a role with the REPLICATION attribute. Empty: DATABASE_URL.
 	ReplicationDatabaseURL string `env:"REPLICATION_DATABASE_URL"`
@@ -116,7 +126,18 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout 
 	relayStage := lifecycle.Stage{Name: "outbox backlog gauges", Run: func(ctx context.Context) error {
 		return metrics.WatchBacklog(ctx, svc.Pool, 2*time.Second, svc.Logger)
 	}}
-	if cfg.RelayEnabled {
+	pruneCfg := outbox.PruneConfig{Retention: cfg.OutboxRetention, Archive: cfg.OutboxArchive}
+	switch {
+	case relayMode.External():
+		// Debezium publishes: the table's pending rows are no backlog (they
+		// all stay pending), the slot's position is.
+		svc.Logger.InfoContext(ctx, "RELAY_MODE=debezium: no relay runs here; Debezium publishes the outbox from its own slot, "+
+			"which the backlog gauges read", "slot", cfg.DebeziumSlot, "retention", cfg.OutboxRetention)
+		relayStage = lifecycle.Stage{Name: "debezium slot gauges", Run: func(ctx context.Context) error {
+			return metrics.WatchSlot(ctx, svc.Pool, cfg.DebeziumSlot, 2*time.Second, svc.Logger)
+		}}
+		pruneCfg.PendingRetention = cfg.OutboxRetention
+	case cfg.RelayEnabled:
 		writer := kafkautil.NewWriter(cfg.KafkaBrokers, 500, kafkautil.WithSecurity(kafkaSecurity))
 		defer writer.Close()
 		relay, err := outbox.NewPublisher(svc.Pool, writer, outbox.PublisherConfig{
@@ -128,13 +149,10 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout 
 			return err
 		}
 		relayStage = lifecycle.Stage{Name: "outbox relay (" + string(relayMode) + ")", Run: relay.Run}
-	} else {
+	default:
 		svc.Logger.WarnContext(ctx, "the outbox relay is disabled (RELAY_ENABLED=false): orders are taken but not published")
 	}
-	pruner, err := outbox.NewPruner(svc.Pool, outbox.PrunerConfig{
-		PruneConfig: outbox.PruneConfig{Retention: cfg.OutboxRetention, Archive: cfg.OutboxArchive},
-		Logger:      svc.Logger,
-	})
+	pruner, err := outbox.NewPruner(svc.Pool, outbox.PrunerConfig{PruneConfig: pruneCfg, Logger: svc.Logger})
 	if err != nil {
 		return err
 	}
