@@ -7,8 +7,15 @@ import (
 	"log/slog"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgconn"
+
 	"github.com/onceflow/onceflow/pkg/internal/prune"
 )
+
+// Pruning removes the rows of handled events once no redelivery can reach
+// them. Retention compares against the database's now(): processed_at was
+// stamped by that clock, so the comparison is immune to skew between
+// application hosts.
 
 // PruneConfig configures Prune. Zero fields take the documented defaults.
 type PruneConfig struct {
@@ -52,6 +59,13 @@ func (c PruneConfig) Validate() error {
 		return fmt.Errorf("inbox: PruneConfig.BatchSize is negative (%d); leave it zero for the default", c.BatchSize)
 	}
 	return nil
+}
+
+// DB is what Prune needs from the caller's database handle. *pgxpool.Pool
+// and *pgx.Conn satisfy it. Given a pgx.Tx, Prune's batches commit with the
+// caller's transaction instead of one by one.
+type DB interface {
+	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
 }
 
 // pruneProcessed picks the oldest prunable rows once (MATERIALIZED: as a
