@@ -8,30 +8,9 @@ import (
 	"sync"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/segmentio/kafka-go"
-
-	"github.com/onceflow/onceflow/pkg/event"
-	"github.com/onceflow/onceflow/pkg/internal/pgerr"
 )
-
-// Handler applies one event's side effects using tx, the transaction the
-// inbox row is written in. It must not commit or roll back tx. An error
-// wrapping ErrPermanent or event.ErrInvalid dead-letters the event at once;
-// any other error is retried.
-type Handler func(ctx context.Context, tx pgx.Tx, ev event.Envelope) error
-
-// ErrPermanent marks a handler error that no retry can fix.
-var ErrPermanent = errors.New("permanent failure")
-
-// Permanent wraps err so the consumer dead-letters instead of retrying.
-func Permanent(err error) error { return fmt.Errorf("%w: %w", ErrPermanent, err) }
-
-// Writer publishes dead letters; *kafka.Writer satisfies it.
-type Writer interface {
-	WriteMessages(ctx context.Context, msgs ...kafka.Message) error
-}
 
 // Consumer handles the messages of one topic, in one consumer group,
 // through the inbox.
@@ -79,18 +58,6 @@ func NewConsumer(pool *pgxpool.Pool, src GroupConfig, dlq Writer, h Handler, cfg
 	}
 	return c, nil
 }
-
-// errAbandoned ends the handling of a message this member no longer owns
-// (its generation was dropped) or may no longer work on (the shutdown grace
-// is over); the message is fetched again by whoever owns its partition.
-var errAbandoned = errors.New("message abandoned")
-
-// crashError is a crash point firing: the one error that stops Run.
-type crashError struct{ err error }
-
-func (e *crashError) Error() string { return e.err.Error() }
-
-func (e *crashError) Unwrap() error { return e.err }
 
 // Run consumes until ctx ends. Broker and database outages are waited out
 // (see doc.go for how errors are classified); Run returns only after ctx
@@ -225,82 +192,12 @@ func (c *Consumer) worker(ctx context.Context, q <-chan delivery) error {
 	return nil
 }
 
-// outcome is what became of one message.
-type outcome int
-
-const (
-	processed outcome = iota
-	duplicate
-	stale
-	deadLettered
-	parked // held behind a dead message of its aggregate (park.go)
-
-	numOutcomes = iota
-)
-
-// committed is called once msgs' database work committed: it passes the
-// crash point, then lets their offsets be committed.
-func (c *Consumer) committed(_ context.Context, msgs []delivery) error {
-	if len(msgs) == 0 {
-		return nil
-	}
-	if c.cfg.CrashPoint != nil {
-		if err := c.cfg.CrashPoint(CrashAfterCommit); err != nil {
-			for _, d := range msgs {
-				d.gen.finish(d.m, false)
-			}
-			return &crashError{fmt.Errorf("crash point %s: %w", CrashAfterCommit, err)}
-		}
-	}
-	for _, d := range msgs {
-		d.gen.finish(d.m, true)
-	}
-	return nil
-}
-
-// The database errors the dispatcher and the appliers decide on. Each
-// applier translates the driver's errors (pgx, SQLSTATE) of the SQL it runs
-// into these names (dbErrors.Translate), beside that SQL; isOutage and
-// isPermanent also classify what has no name yet, such as a handler's own
-// statements.
-var (
-	// errDBUnavailable: the database could not be reached or could not
-	// serve (pgerr.IsUnavailable). Waited out, never the message's fault.
-	errDBUnavailable = errors.New("inbox database unavailable")
-	// errDBRefused: Postgres refused the data itself (pgerr.IsPermanent:
-	// SQLSTATE class 22 or 54). No retry can help: the message is
-	// dead-lettered.
-	errDBRefused = errors.New("inbox database refused the data")
-
-	dbErrors = pgerr.StoreErrors{Unavailable: errDBUnavailable, Invalid: errDBRefused}
-)
-
-// isOutage reports whether err is the database being unreachable rather
-// than anything about the message: it is waited out, never counted as an
-// attempt, and never dead-letters the message.
-func isOutage(err error) bool { return errors.Is(err, errDBUnavailable) || pgerr.IsUnavailable(err) }
-
-// wait sleeps for d, or returns errAbandoned when ctx ends (the shutdown
-// grace is over) or the message's generation is dropped first.
-func wait(ctx context.Context, gen *generation, d time.Duration) error {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return errAbandoned
-	case <-t.C:
-	}
-	if gen != nil && gen.isDropped() {
-		return errAbandoned
-	}
-	return nil
-}
-
-// isPermanent reports whether no retry can make err go away: the handler
-// said so (Permanent), the event broke its contract (event.ErrInvalid), or
-// Postgres refused the data itself (pgerr.IsPermanent: SQLSTATE class 22,
-// a NUL byte in a text column, say, or class 54).
-func isPermanent(err error) bool {
-	return errors.Is(err, ErrPermanent) || errors.Is(err, event.ErrInvalid) ||
-		errors.Is(err, errDBRefused) || pgerr.IsPermanent(err)
+// Healthy reports what keeps the consumer from working right now: Kafka or
+// the database unreachable, or in lease mode the Effect's other side (the
+// last error says why), or nil. The consumer
+// waits outages out by itself; a service's /readyz reports this so the
+// broken part is visible, and its metrics (inbox_kafka_connected,
+// inbox_database_connected) show it over time.
+func (c *Consumer) Healthy() error {
+	return errors.Join(c.kafka.err(), c.db.err(), c.effectHealth())
 }

@@ -16,6 +16,11 @@ import (
 	"github.com/onceflow/onceflow/pkg/internal/retry"
 )
 
+// Writer publishes dead letters; *kafka.Writer satisfies it.
+type Writer interface {
+	WriteMessages(ctx context.Context, msgs ...kafka.Message) error
+}
+
 const insertDeadLettered = `
 INSERT INTO inbox_messages (consumer, message_id, event_type, aggregate_id, aggregate_version,
                             topic, kafka_partition, kafka_offset, status, last_error, payload_hash)

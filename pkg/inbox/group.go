@@ -159,12 +159,6 @@ func (g GroupConfig) Validate() error {
 	return nil
 }
 
-// delivery is a fetched message and the generation it was fetched in.
-type delivery struct {
-	m   kafka.Message
-	gen *generation
-}
-
 // consume takes part in the consumer group until ctx ends, handing every
 // fetched message to dispatch. Each generation gets one fetching goroutine
 // per assigned partition and one committing goroutine, all started through

@@ -4,7 +4,6 @@ import (
 	"context"
 	"strconv"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/segmentio/kafka-go"
 	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/attribute"
@@ -34,12 +33,4 @@ func (c *Consumer) startProcess(ctx context.Context, m kafka.Message, ev event.E
 			semconv.MessagingKafkaMessageKey(string(m.Key)), semconv.MessagingKafkaOffset(int(m.Offset)),
 			semconv.MessagingDestinationPartitionID(strconv.Itoa(m.Partition)),
 			attribute.String("onceflow.event_type", ev.EventType)))
-}
-
-// handleTraced runs the handler inside the message's consumer span.
-func (c *Consumer) handleTraced(ctx context.Context, tx pgx.Tx, m kafka.Message, ev event.Envelope) error {
-	ctx, span := c.startProcess(ctx, m, ev)
-	err := c.handle(ctx, tx, ev)
-	tracectx.End(span, err)
-	return err
 }
