@@ -3,7 +3,6 @@ package inbox
 import (
 	"context"
 	"errors"
-	"fmt"
 	"hash/fnv"
 	"sync"
 	"time"
@@ -13,19 +12,30 @@ import (
 )
 
 // Consumer handles the messages of one topic, in one consumer group,
-// through the inbox.
+// through the inbox. It is the dispatcher: it takes part in the group
+// (group.go), tracks what may be committed (offsets.go), hands each
+// message to the worker its key hashes to and each worker's batches to its
+// applier, the engine NewConsumer or NewLeaseConsumer picked.
 type Consumer struct {
-	pool      *pgxpool.Pool
-	group     GroupConfig
-	dlq       Writer
-	handle    Handler
-	cfg       Config
-	upcasters map[string]map[int]Upcaster
-	effect    *Effect       // lease mode, when set
-	calls     chan struct{} // lease mode: a slot per side-effect call in flight (MaxInFlight)
-	released  releases      // aggregates whose parked messages may be released (park.go)
-	kafka, db *fault
-	other     *fault // lease mode: the Effect's other side (a third party)
+	group   GroupConfig
+	cfg     Config
+	shared  *shared // the pool, the outages, the parked aggregates to release
+	applier applier
+}
+
+// applier is an engine that settles the batches of the dispatcher's
+// workers: txApplier (txapply.go) or leaseApplier (lease.go). It gets what
+// it needs from the dispatcher when it is built (shared) and with each
+// message (delivery), and never calls back into the dispatcher.
+type applier interface {
+	// process settles batch, a worker's messages in the order they were
+	// fetched; every message is finished (done or abandoned) when it
+	// returns. It returns an error when ctx ended first (the shutdown
+	// grace) or a crash point fired (a *crashError).
+	process(ctx context.Context, batch []delivery) error
+	// health describes an outage of what the applier calls besides the
+	// database (the lease applier's third party), nil when there is none.
+	health() error
 }
 
 // NewConsumer returns a consumer that reads src's topic as a member of its
@@ -35,28 +45,50 @@ func NewConsumer(pool *pgxpool.Pool, src GroupConfig, dlq Writer, h Handler, cfg
 	if pool == nil || dlq == nil || h == nil {
 		return nil, errors.New("inbox: NewConsumer needs a pool, a dead-letter writer and a handler")
 	}
-	if err := src.Validate(); err != nil {
+	c, s, err := newConsumer(pool, src, dlq, cfg)
+	if err != nil {
 		return nil, err
+	}
+	c.applier = &txApplier{shared: s, handle: h}
+	return c, nil
+}
+
+// NewLeaseConsumer returns a consumer that runs eff for each event in lease
+// mode (see Effect). Dedupe, the version guard, upcasters, dead letters,
+// workers and offsets work as in NewConsumer. Each worker leases a batch of
+// messages in one transaction, calls out for them — distinct keys
+// concurrently, up to Config.MaxInFlight calls at once, each key's messages
+// in order — and marks them done in one transaction.
+func NewLeaseConsumer(pool *pgxpool.Pool, src GroupConfig, dlq Writer, eff Effect, cfg Config) (*Consumer, error) {
+	if eff.Check == nil || eff.Call == nil {
+		return nil, errors.New("inbox: an Effect needs Check and Call")
+	}
+	if pool == nil || dlq == nil {
+		return nil, errors.New("inbox: NewLeaseConsumer needs a pool and a dead-letter writer")
+	}
+	c, s, err := newConsumer(pool, src, dlq, cfg)
+	if err != nil {
+		return nil, err
+	}
+	c.applier = newLeaseApplier(s, eff)
+	return c, nil
+}
+
+// newConsumer is the dispatcher of both constructors, and what it shares
+// with their appliers, with the configurations checked and defaulted.
+func newConsumer(pool *pgxpool.Pool, src GroupConfig, dlq Writer, cfg Config) (*Consumer, *shared, error) {
+	if err := src.Validate(); err != nil {
+		return nil, nil, err
 	}
 	if err := cfg.Validate(); err != nil {
-		return nil, err
+		return nil, nil, err
 	}
-	c := &Consumer{pool: pool, group: src.WithDefaults(), dlq: dlq, handle: h, cfg: cfg.WithDefaults(),
-		upcasters: map[string]map[int]Upcaster{}}
-	c.cfg.Metrics.init(cfg.Name)
-	m := c.cfg.Metrics
-	c.kafka = newFault("kafka", cfg.Name, c.cfg.Logger, c.cfg.ErrorLogInterval, m.kafkaErrors, m.kafkaConnected)
-	c.db = newFault("database", cfg.Name, c.cfg.Logger, c.cfg.ErrorLogInterval, m.dbErrors, m.dbConnected)
-	for _, u := range cfg.Upcasters {
-		if u.EventType == "" || u.From < 1 || u.Convert == nil {
-			return nil, fmt.Errorf("inbox: upcaster %+v needs an event type, a version >= 1 and a Convert", u)
-		}
-		if c.upcasters[u.EventType] == nil {
-			c.upcasters[u.EventType] = map[int]Upcaster{}
-		}
-		c.upcasters[u.EventType][u.From] = u
+	cfg = cfg.WithDefaults()
+	s, err := newShared(pool, dlq, cfg)
+	if err != nil {
+		return nil, nil, err
 	}
-	return c, nil
+	return &Consumer{group: src.WithDefaults(), cfg: cfg, shared: s}, s, nil
 }
 
 // Run consumes until ctx ends. Broker and database outages are waited out
@@ -131,14 +163,10 @@ func (c *Consumer) Handle(ctx context.Context, msgs ...kafka.Message) error {
 	for i, m := range msgs {
 		batch[i] = delivery{m: m}
 	}
-	process := c.processBatch
-	if c.effect != nil {
-		process = c.processLeasedBatch
-	}
-	if err := process(ctx, batch); err != nil {
+	if err := c.applier.process(ctx, batch); err != nil {
 		return err
 	}
-	if err := c.releaseParked(ctx, batch, process); err != nil {
+	if err := c.releaseParked(ctx, batch); err != nil {
 		return err
 	}
 	return ctx.Err()
@@ -173,16 +201,12 @@ func (c *Consumer) worker(ctx context.Context, q <-chan delivery) error {
 				break fill
 			}
 		}
-		process := c.processBatch // the transactional applier (txapply.go)
-		if c.effect != nil {
-			process = c.processLeasedBatch // the lease applier (lease.go)
-		}
-		err := process(ctx, batch)
+		err := c.applier.process(ctx, batch)
 		if err == nil {
 			// A requeued dead message applied in the batch lets its
 			// aggregate's parked messages go, in this worker, which
 			// handles every message of the aggregate's key.
-			err = c.releaseParked(ctx, batch, process)
+			err = c.releaseParked(ctx, batch)
 		}
 		var crash *crashError
 		if errors.As(err, &crash) {
@@ -199,5 +223,5 @@ func (c *Consumer) worker(ctx context.Context, q <-chan delivery) error {
 // broken part is visible, and its metrics (inbox_kafka_connected,
 // inbox_database_connected) show it over time.
 func (c *Consumer) Healthy() error {
-	return errors.Join(c.kafka.err(), c.db.err(), c.effectHealth())
+	return errors.Join(c.shared.kafka.err(), c.shared.db.err(), c.applier.health())
 }

@@ -2,7 +2,6 @@ package inbox
 
 import (
 	"context"
-	"fmt"
 	"time"
 
 	"github.com/segmentio/kafka-go"
@@ -26,26 +25,6 @@ const (
 
 	numOutcomes = iota
 )
-
-// committed is called once msgs' database work committed: it passes the
-// crash point, then lets their offsets be committed.
-func (c *Consumer) committed(_ context.Context, msgs []delivery) error {
-	if len(msgs) == 0 {
-		return nil
-	}
-	if c.cfg.CrashPoint != nil {
-		if err := c.cfg.CrashPoint(CrashAfterCommit); err != nil {
-			for _, d := range msgs {
-				d.gen.finish(d.m, false)
-			}
-			return &crashError{fmt.Errorf("crash point %s: %w", CrashAfterCommit, err)}
-		}
-	}
-	for _, d := range msgs {
-		d.gen.finish(d.m, true)
-	}
-	return nil
-}
 
 // wait sleeps for d, or returns errAbandoned when ctx ends (the shutdown
 // grace is over) or the message's generation is dropped first.

@@ -199,11 +199,11 @@ func (c *Consumer) consume(ctx context.Context, dispatch func(context.Context, d
 			// kafka-go backs off between attempts to join; a rebalance in
 			// progress is the group working, not the broker failing.
 			if !errors.Is(err, kafka.RebalanceInProgress) {
-				c.kafka.fail(ctx, "join", err)
+				c.shared.kafka.fail(ctx, "join", err)
 			}
 			continue
 		}
-		c.kafka.ok(ctx, "join")
+		c.shared.kafka.ok(ctx, "join")
 		assigned := map[partitionKey]int64{}
 		for topic, parts := range gen.Assignments {
 			for _, p := range parts {
@@ -277,7 +277,7 @@ func (c *Consumer) fetch(ctx context.Context, g *generation, k partitionKey, off
 			}
 			attempt = 1
 			next = m.Offset + 1
-			c.kafka.ok(ctx, "fetch")
+			c.shared.kafka.ok(ctx, "fetch")
 			if !g.add(m) {
 				continue
 			}
@@ -289,7 +289,7 @@ func (c *Consumer) fetch(ctx context.Context, g *generation, k partitionKey, off
 		if ctx.Err() != nil {
 			return
 		}
-		c.kafka.fail(ctx, "fetch", fmt.Errorf("fetching %s/%d at %d: %w", k.topic, k.partition, next, err))
+		c.shared.kafka.fail(ctx, "fetch", fmt.Errorf("fetching %s/%d at %d: %w", k.topic, k.partition, next, err))
 		select {
 		case <-ctx.Done():
 			return
@@ -345,12 +345,12 @@ func (c *Consumer) commit(ctx context.Context, gen *kafka.Generation, g *generat
 	switch {
 	case err == nil:
 		g.committed(offs)
-		c.kafka.ok(ctx, "commit")
+		c.shared.kafka.ok(ctx, "commit")
 	case errors.Is(err, kafka.RebalanceInProgress), errors.Is(err, kafka.IllegalGeneration),
 		errors.Is(err, kafka.UnknownMemberId), errors.Is(err, kafka.FencedInstanceID):
 		// The generation is over; the heartbeat ends it and the next owner
 		// starts from the last offset committed.
 	default:
-		c.kafka.fail(ctx, "commit", err)
+		c.shared.kafka.fail(ctx, "commit", err)
 	}
 }

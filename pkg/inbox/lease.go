@@ -1,42 +1,36 @@
 package inbox
 
 import (
-	"context"
 	"errors"
-
-	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
-
-	"github.com/onceflow/onceflow/pkg/event"
 )
 
 // CrashAfterEffect is the crash point between a leased message's side effect
 // and marking it done.
 const CrashAfterEffect = "inbox.after-effect"
 
-// NewLeaseConsumer returns a consumer that runs eff for each event in lease
-// mode (see Effect). Dedupe, the version guard, upcasters, dead letters,
-// workers and offsets work as in NewConsumer. Each worker leases a batch of
-// messages in one transaction, calls out for them — distinct keys
-// concurrently, up to Config.MaxInFlight calls at once, each key's messages
-// in order — and marks them done in one transaction.
-func NewLeaseConsumer(pool *pgxpool.Pool, src GroupConfig, dlq Writer, eff Effect, cfg Config) (*Consumer, error) {
-	if eff.Check == nil || eff.Call == nil {
-		return nil, errors.New("inbox: an Effect needs Check and Call")
-	}
-	noHandler := func(context.Context, pgx.Tx, event.Envelope) error { return nil }
-	c, err := NewConsumer(pool, src, dlq, noHandler, cfg)
-	if err != nil {
-		return nil, err
-	}
-	c.effect = &eff
-	c.calls = make(chan struct{}, c.cfg.MaxInFlight)
-	m := c.cfg.Metrics
-	c.other = newFault("the third party", c.cfg.Name, c.cfg.Logger, c.cfg.ErrorLogInterval, m.effectErrors, m.effectConnected)
+// leaseApplier is the lease applier, NewLeaseConsumer's, for side effects
+// outside the database (see Effect): a batch's messages are leased in one
+// transaction (lease_claim.go), their effects run under the leases, each
+// key's in order and distinct keys side by side (lease_batch.go,
+// lease_call.go), and the called ones are marked done in one transaction; a
+// message the batch cannot lease is settled alone (lease_alone.go).
+type leaseApplier struct {
+	*shared
+	effect Effect
+	calls  chan struct{} // a slot per side-effect call in flight (MaxInFlight)
+	other  *fault        // the Effect's other side (a third party)
+}
+
+// newLeaseApplier returns the lease applier of eff, on s.
+func newLeaseApplier(s *shared, eff Effect) *leaseApplier {
+	s.reservesVersions = true
+	m := s.cfg.Metrics
+	a := &leaseApplier{shared: s, effect: eff, calls: make(chan struct{}, s.cfg.MaxInFlight),
+		other: newFault("the third party", s.cfg.Name, s.cfg.Logger, s.cfg.ErrorLogInterval, m.effectErrors, m.effectConnected)}
 	for _, op := range []string{opCheck, opCall} {
-		m.effectErrors.WithLabelValues(c.cfg.Name, op)
+		m.effectErrors.WithLabelValues(s.cfg.Name, op)
 	}
-	return c, nil
+	return a
 }
 
 // The SQL of the lease applier. Each statement names the fencing token it

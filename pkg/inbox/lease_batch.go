@@ -59,7 +59,7 @@ const (
 	leaseAbandoned                    // unfinished; redelivered later
 )
 
-// processLeasedBatch settles a batch in lease mode:
+// process settles a batch in lease mode:
 //
 //  1. one transaction leases every message it can (claimLeases), skips
 //     duplicates and stale events, and advances the version guard;
@@ -74,7 +74,7 @@ const (
 // batching. Every message is finished (done or abandoned) when it returns;
 // a crash point firing returns a *crashError and abandons what is not
 // marked done.
-func (c *Consumer) processLeasedBatch(ctx context.Context, batch []delivery) error {
+func (a *leaseApplier) process(ctx context.Context, batch []delivery) error {
 	start := time.Now()
 	items := make([]*leaseItem, len(batch))
 	for i, d := range batch {
@@ -84,7 +84,7 @@ func (c *Consumer) processLeasedBatch(ctx context.Context, batch []delivery) err
 		}
 		items[i] = it
 	}
-	c.leaseBatch(ctx, items)
+	a.leaseBatch(ctx, items)
 
 	// Each key's turn, keys side by side. A crash stops every turn.
 	turnCtx, stopTurns := context.WithCancel(ctx)
@@ -108,7 +108,7 @@ func (c *Consumer) processLeasedBatch(ctx context.Context, batch []delivery) err
 			for i, it := range turns[k] {
 				if mayBeHeld && it.plan == planLeased {
 					// Leased with the batch, before the dead one died.
-					switch parkedNow, err := c.parkLeasedIfHeld(turnCtx, it); {
+					switch parkedNow, err := a.parkLeasedIfHeld(turnCtx, it); {
 					case err != nil:
 						for _, rest := range turns[k][i:] {
 							rest.result = leaseAbandoned
@@ -119,7 +119,7 @@ func (c *Consumer) processLeasedBatch(ctx context.Context, batch []delivery) err
 						continue
 					}
 				}
-				err := c.runLeased(turnCtx, it)
+				err := a.runLeased(turnCtx, it)
 				if it.result == leaseSettled && (it.plan == planAlone || it.plan == planLeased) {
 					mayBeHeld = true
 				}
@@ -148,7 +148,7 @@ func (c *Consumer) processLeasedBatch(ctx context.Context, batch []delivery) err
 				called = append(called, it)
 			}
 		}
-		if err := c.markBatchDone(ctx, called); err != nil {
+		if err := a.markBatchDone(ctx, called); err != nil {
 			for _, it := range called {
 				it.result = leaseAbandoned
 			}
@@ -178,8 +178,8 @@ func (c *Consumer) processLeasedBatch(ctx context.Context, batch []delivery) err
 	if ce := crash.Load(); ce != nil {
 		return ce
 	}
-	c.cfg.Metrics.record(c.cfg.Name, counts, batched, time.Since(start))
-	return c.committed(ctx, done)
+	a.cfg.Metrics.record(a.cfg.Name, counts, batched, time.Since(start))
+	return a.committed(ctx, done)
 }
 
 // runLeased is one message's turn: settle it alone, or run its side effect
@@ -187,9 +187,9 @@ func (c *Consumer) processLeasedBatch(ctx context.Context, batch []delivery) err
 // (its result says whether it still needs marking done), errAbandoned or
 // errLeaseLost (the key's later messages are then abandoned with it), or a
 // *crashError.
-func (c *Consumer) runLeased(ctx context.Context, it *leaseItem) error {
+func (a *leaseApplier) runLeased(ctx context.Context, it *leaseItem) error {
 	if it.plan == planAlone {
-		if err := c.processLeased(ctx, it.d); err != nil {
+		if err := a.processLeased(ctx, it.d); err != nil {
 			it.result = leaseAbandoned
 			return err
 		}
@@ -198,7 +198,7 @@ func (c *Consumer) runLeased(ctx context.Context, it *leaseItem) error {
 	}
 	// Every delivery has its consumer span, a duplicate's too: in lease mode
 	// the trace shows each time the third party's payment was considered.
-	ctx, span := c.startProcess(ctx, it.d.m, it.ev)
+	ctx, span := a.startProcess(ctx, it.d.m, it.ev)
 	it.span = span
 	switch it.plan {
 	case planSettled:
@@ -206,21 +206,21 @@ func (c *Consumer) runLeased(ctx context.Context, it *leaseItem) error {
 		return nil
 	case planRepeat:
 		if it.mismatch {
-			c.payloadMismatch(ctx, it.ev.EventID)
+			a.payloadMismatch(ctx, it.ev.EventID)
 		}
 		it.result = leaseSettled
 		return nil
 	}
-	if err := c.upcast(&it.ev); err != nil {
+	if err := a.upcast(&it.ev); err != nil {
 		it.counts[deadLettered]++
 		it.result = leaseSettled
-		if err := c.deadLetterLeased(ctx, it.d, &it.ev, err); err != nil {
+		if err := a.deadLetterLeased(ctx, it.d, &it.ev, err); err != nil {
 			it.result = leaseAbandoned
 			return err
 		}
 		return nil
 	}
-	outcome, settled, err := c.underLease(ctx, it.d, it.ev, it.token, it.taken, &it.counts)
+	outcome, settled, err := a.underLease(ctx, it.d, it.ev, it.token, it.taken, &it.counts)
 	switch {
 	case err != nil:
 		it.result = leaseAbandoned
@@ -238,7 +238,7 @@ func (c *Consumer) runLeased(ctx context.Context, it *leaseItem) error {
 // transaction fails each message is marked alone, which waits out an
 // outage; it returns an error only when the messages must be abandoned
 // (ctx ended).
-func (c *Consumer) markBatchDone(ctx context.Context, called []*leaseItem) error {
+func (a *leaseApplier) markBatchDone(ctx context.Context, called []*leaseItem) error {
 	if len(called) == 0 {
 		return nil
 	}
@@ -246,8 +246,8 @@ func (c *Consumer) markBatchDone(ctx context.Context, called []*leaseItem) error
 	for i, it := range called {
 		ids[i], tokens[i] = it.ev.EventID, it.token
 	}
-	err := pgx.BeginFunc(ctx, c.pool, func(tx pgx.Tx) error {
-		rows, err := tx.Query(ctx, markLeasesDone, c.cfg.Name, ids, tokens)
+	err := pgx.BeginFunc(ctx, a.pool, func(tx pgx.Tx) error {
+		rows, err := tx.Query(ctx, markLeasesDone, a.cfg.Name, ids, tokens)
 		if err != nil {
 			return dbErrors.Translate("marking leases done", err)
 		}
@@ -261,11 +261,11 @@ func (c *Consumer) markBatchDone(ctx context.Context, called []*leaseItem) error
 		}
 		for _, it := range called {
 			if !ours[it.ev.EventID] {
-				c.leaseTakenOver(ctx, it.ev)
+				a.leaseTakenOver(ctx, it.ev)
 				continue
 			}
-			if c.effect.Done != nil {
-				if err := c.effect.Done(ctx, tx, it.ev, it.outcome); err != nil {
+			if a.effect.Done != nil {
+				if err := a.effect.Done(ctx, tx, it.ev, it.outcome); err != nil {
 					return err
 				}
 			}
@@ -273,38 +273,38 @@ func (c *Consumer) markBatchDone(ctx context.Context, called []*leaseItem) error
 		return nil
 	})
 	if err == nil {
-		c.db.ok(ctx, "")
+		a.db.ok(ctx, "")
 		return nil
 	}
 	if isOutage(err) {
-		c.db.fail(ctx, "mark_done", err)
+		a.db.fail(ctx, "mark_done", err)
 	}
 	for _, it := range called {
-		if err := c.settleLeased(ctx, it.d, "marking done", func() error { return c.markDone(ctx, it.ev, it.token, it.outcome) }); err != nil {
+		if err := a.settleLeased(ctx, it.d, "marking done", func() error { return a.markDone(ctx, it.ev, it.token, it.outcome) }); err != nil {
 			return err
 		}
 	}
 	return nil
 }
 
-func (c *Consumer) leaseTakenOver(ctx context.Context, ev event.Envelope) {
-	c.cfg.Logger.WarnContext(ctx, "inbox lease was taken over; leaving the row to the new holder",
-		slog.String("consumer", c.cfg.Name), slog.String("event_id", ev.EventID.String()))
+func (a *leaseApplier) leaseTakenOver(ctx context.Context, ev event.Envelope) {
+	a.cfg.Logger.WarnContext(ctx, "inbox lease was taken over; leaving the row to the new holder",
+		slog.String("consumer", a.cfg.Name), slog.String("event_id", ev.EventID.String()))
 }
 
 // parkLeasedIfHeld parks a message the batch leased when an earlier
 // message of its aggregate died after the batch's lease transaction (its
 // call failed for good): the lease is given up and the message parked.
 // It reports whether it parked it; an error abandons it.
-func (c *Consumer) parkLeasedIfHeld(ctx context.Context, it *leaseItem) (bool, error) {
+func (a *leaseApplier) parkLeasedIfHeld(ctx context.Context, it *leaseItem) (bool, error) {
 	var parkedNow bool
-	err := pgx.BeginFunc(ctx, c.pool, func(tx pgx.Tx) error {
+	err := pgx.BeginFunc(ctx, a.pool, func(tx pgx.Tx) error {
 		parkedNow = false
-		pd, err := c.parkCheck(ctx, tx, &it.ev)
+		pd, err := a.parkCheck(ctx, tx, &it.ev)
 		if err != nil || pd.verdict != parkIt {
 			return err
 		}
-		tag, err := tx.Exec(ctx, deleteLease, c.cfg.Name, it.ev.EventID, it.token)
+		tag, err := tx.Exec(ctx, deleteLease, a.cfg.Name, it.ev.EventID, it.token)
 		if err != nil {
 			return dbErrors.Translate("parking a leased message", err)
 		}
@@ -312,11 +312,11 @@ func (c *Consumer) parkLeasedIfHeld(ctx context.Context, it *leaseItem) (bool, e
 			return nil // taken over: its new holder decides
 		}
 		parkedNow = true
-		return c.park(ctx, tx, it.d.m, &it.ev, pd.blockedBy)
+		return a.park(ctx, tx, it.d.m, &it.ev, pd.blockedBy)
 	})
 	if err != nil {
 		if isOutage(err) {
-			c.db.fail(ctx, "park", err)
+			a.db.fail(ctx, "park", err)
 		}
 		return false, err
 	}

@@ -14,8 +14,8 @@ import (
 )
 
 // renew extends the lease of id if token still holds it.
-func (c *Consumer) renew(ctx context.Context, id uuid.UUID, token int64) error {
-	tag, err := c.pool.Exec(ctx, renewLease, c.cfg.Name, id, token, c.cfg.LeaseTTL.Microseconds())
+func (a *leaseApplier) renew(ctx context.Context, id uuid.UUID, token int64) error {
+	tag, err := a.pool.Exec(ctx, renewLease, a.cfg.Name, id, token, a.cfg.LeaseTTL.Microseconds())
 	switch {
 	case err != nil:
 		return dbErrors.Translate("renewing a lease", err)
@@ -39,36 +39,36 @@ const (
 // It returns the outcome to mark done with; settled when the message needs
 // no marking done (marked uncertain, or dead-lettered); errLeaseLost when
 // another worker took the message over, errAbandoned, or a *crashError.
-func (c *Consumer) underLease(ctx context.Context, d delivery, ev event.Envelope, token int64, taken bool, counts *[numOutcomes]int) (Outcome, bool, error) {
+func (a *leaseApplier) underLease(ctx context.Context, d delivery, ev event.Envelope, token int64, taken bool, counts *[numOutcomes]int) (Outcome, bool, error) {
 	key := ev.EventID.String()
 	mayHaveCalled := taken
 	var failedAt time.Time // when this worker's last failed call returned
-	c.cfg.Metrics.observeHop(c.cfg.Name, ev.OccurredAt)
+	a.cfg.Metrics.observeHop(a.cfg.Name, ev.OccurredAt)
 	for attempt, outages := 1, 0; ; {
 		if !failedAt.IsZero() {
 			// That call may still land up to LeaseMargin after it returned;
 			// a check any sooner could miss it and call again.
-			if err := wait(ctx, d.gen, time.Until(failedAt.Add(c.cfg.LeaseMargin))); err != nil {
+			if err := wait(ctx, d.gen, time.Until(failedAt.Add(a.cfg.LeaseMargin))); err != nil {
 				return "", false, err
 			}
 		}
-		outcome, op, err := c.runEffect(ctx, d.gen, ev, token, key, mayHaveCalled)
+		outcome, op, err := a.runEffect(ctx, d.gen, ev, token, key, mayHaveCalled)
 		if op == opCall && err != nil {
 			mayHaveCalled, failedAt = true, time.Now()
 		}
 		switch {
 		case errors.Is(err, errLeaseLost):
-			c.leaseTakenOver(ctx, ev)
+			a.leaseTakenOver(ctx, ev)
 			return "", false, err
 		case errors.Is(err, errAbandoned):
 			return "", false, err
 		case errors.Is(err, ErrUnknowable):
-			c.other.ok(ctx, "")
-			return "", true, c.settleLeased(ctx, d, "marking uncertain", func() error { return c.markUncertain(ctx, ev, token, err) })
+			a.other.ok(ctx, "")
+			return "", true, a.settleLeased(ctx, d, "marking uncertain", func() error { return a.markUncertain(ctx, ev, token, err) })
 		case err == nil:
-			c.other.ok(ctx, "")
-			if c.cfg.CrashPoint != nil {
-				if err := c.cfg.CrashPoint(CrashAfterEffect); err != nil {
+			a.other.ok(ctx, "")
+			if a.cfg.CrashPoint != nil {
+				if err := a.cfg.CrashPoint(CrashAfterEffect); err != nil {
 					return "", false, &crashError{fmt.Errorf("crash point %s: %w", CrashAfterEffect, err)}
 				}
 			}
@@ -77,25 +77,25 @@ func (c *Consumer) underLease(ctx context.Context, d delivery, ev event.Envelope
 		case ctx.Err() != nil:
 			return "", false, errAbandoned
 		case errors.Is(err, ErrUnavailable):
-			c.other.fail(ctx, op, err)
+			a.other.fail(ctx, op, err)
 			outages++
-			if err := wait(ctx, d.gen, retry.Backoff(outages, c.cfg.BackoffMin, c.cfg.BackoffMax)); err != nil {
+			if err := wait(ctx, d.gen, retry.Backoff(outages, a.cfg.BackoffMin, a.cfg.BackoffMax)); err != nil {
 				return "", false, err
 			}
 			continue
 		}
-		c.other.ok(ctx, op) // it answered: reachable, and the failure is the message's
-		c.cfg.Metrics.failures.WithLabelValues(c.cfg.Name).Inc()
+		a.other.ok(ctx, op) // it answered: reachable, and the failure is the message's
+		a.cfg.Metrics.failures.WithLabelValues(a.cfg.Name).Inc()
 		permanent := isPermanent(err)
-		if permanent || attempt >= c.cfg.MaxAttempts {
+		if permanent || attempt >= a.cfg.MaxAttempts {
 			if !permanent {
 				err = fmt.Errorf("gave up after %d attempts: %w", attempt, err)
 			}
 			counts[deadLettered]++
-			return "", true, c.deadLetterLeased(ctx, d, &ev, err)
+			return "", true, a.deadLetterLeased(ctx, d, &ev, err)
 		}
-		delay := retry.Backoff(attempt, c.cfg.BackoffMin, c.cfg.BackoffMax)
-		c.cfg.Logger.WarnContext(ctx, "inbox side effect failed; retrying", slog.String("consumer", c.cfg.Name),
+		delay := retry.Backoff(attempt, a.cfg.BackoffMin, a.cfg.BackoffMax)
+		a.cfg.Logger.WarnContext(ctx, "inbox side effect failed; retrying", slog.String("consumer", a.cfg.Name),
 			slog.String("event_id", key), slog.Int("attempt", attempt), slog.Duration("retry_in", delay), slog.Any("error", err))
 		if err := wait(ctx, d.gen, delay); err != nil {
 			return "", false, err
@@ -107,23 +107,23 @@ func (c *Consumer) underLease(ctx context.Context, d delivery, ev event.Envelope
 // runEffect checks first when an earlier attempt may have called, then
 // calls, each under the lease (callUnderLease). op says which of the two
 // the error came from.
-func (c *Consumer) runEffect(ctx context.Context, gen *generation, ev event.Envelope, token int64, key string, mayHaveCalled bool) (Outcome, string, error) {
+func (a *leaseApplier) runEffect(ctx context.Context, gen *generation, ev event.Envelope, token int64, key string, mayHaveCalled bool) (Outcome, string, error) {
 	if mayHaveCalled {
 		var has bool
-		err := c.callUnderLease(ctx, gen, ev.EventID, token, func(ctx context.Context) (err error) {
-			has, err = c.effect.Check(ctx, key)
+		err := a.callUnderLease(ctx, gen, ev.EventID, token, func(ctx context.Context) (err error) {
+			has, err = a.effect.Check(ctx, key)
 			return err
 		})
 		if err != nil {
 			return "", opCheck, err
 		}
 		if has {
-			c.cfg.Logger.WarnContext(ctx, "the side effect already happened; marking it done without repeating it",
-				slog.String("consumer", c.cfg.Name), slog.String("event_id", key))
+			a.cfg.Logger.WarnContext(ctx, "the side effect already happened; marking it done without repeating it",
+				slog.String("consumer", a.cfg.Name), slog.String("event_id", key))
 			return AlreadyPresent, "", nil
 		}
 	}
-	err := c.callUnderLease(ctx, gen, ev.EventID, token, func(ctx context.Context) error { return c.effect.Call(ctx, ev, key) })
+	err := a.callUnderLease(ctx, gen, ev.EventID, token, func(ctx context.Context) error { return a.effect.Call(ctx, ev, key) })
 	return Sent, opCall, err
 }
 
@@ -138,23 +138,23 @@ func (c *Consumer) runEffect(ctx context.Context, gen *generation, ev event.Enve
 // took the message over meanwhile. It returns errLeaseLost when somebody
 // did, errAbandoned when ctx ends or gen is dropped, and an error wrapping
 // ErrUnavailable when f outlived CallTimeout.
-func (c *Consumer) callUnderLease(ctx context.Context, gen *generation, id uuid.UUID, token int64, f func(context.Context) error) error {
+func (a *leaseApplier) callUnderLease(ctx context.Context, gen *generation, id uuid.UUID, token int64, f func(context.Context) error) error {
 	select {
-	case c.calls <- struct{}{}:
+	case a.calls <- struct{}{}:
 	case <-ctx.Done():
 		return errAbandoned
 	}
-	defer func() { <-c.calls }()
+	defer func() { <-a.calls }()
 	var renewed time.Time
 	for outages := 1; ; outages++ {
 		if gen != nil && gen.isDropped() {
 			return errAbandoned
 		}
 		renewed = time.Now() // before the renewal: the lease runs from no earlier
-		err := c.renew(ctx, id, token)
+		err := a.renew(ctx, id, token)
 		if err == nil {
 			if outages > 1 {
-				c.db.ok(ctx, "renew_lease")
+				a.db.ok(ctx, "renew_lease")
 			}
 			break
 		}
@@ -164,25 +164,20 @@ func (c *Consumer) callUnderLease(ctx context.Context, gen *generation, id uuid.
 		case ctx.Err() != nil:
 			return errAbandoned
 		}
-		c.db.fail(ctx, "renew_lease", err)
-		if err := wait(ctx, gen, retry.Backoff(outages, c.cfg.BackoffMin, c.cfg.BackoffMax)); err != nil {
+		a.db.fail(ctx, "renew_lease", err)
+		if err := wait(ctx, gen, retry.Backoff(outages, a.cfg.BackoffMin, a.cfg.BackoffMax)); err != nil {
 			return err
 		}
 	}
-	callCtx, cancel := context.WithDeadline(ctx, renewed.Add(c.cfg.CallTimeout))
+	callCtx, cancel := context.WithDeadline(ctx, renewed.Add(a.cfg.CallTimeout))
 	defer cancel()
 	err := f(callCtx)
 	if err != nil && ctx.Err() == nil && errors.Is(callCtx.Err(), context.DeadlineExceeded) && !errors.Is(err, ErrUnavailable) {
-		err = fmt.Errorf("%w: no answer within CallTimeout (%v): %w", ErrUnavailable, c.cfg.CallTimeout, err)
+		err = fmt.Errorf("%w: no answer within CallTimeout (%v): %w", ErrUnavailable, a.cfg.CallTimeout, err)
 	}
 	return err
 }
 
-// effectHealth describes an outage of the Effect's other side, nil when
-// there is none or the consumer is not in lease mode.
-func (c *Consumer) effectHealth() error {
-	if c.other == nil {
-		return nil
-	}
-	return c.other.err()
-}
+// health describes an outage of the Effect's other side, nil when there is
+// none.
+func (a *leaseApplier) health() error { return a.other.err() }

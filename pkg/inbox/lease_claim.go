@@ -15,7 +15,7 @@ import (
 // leaseBatch runs the batch's lease transaction and sets each item's plan.
 // When the transaction fails, every item is left to planAlone, which waits
 // out an outage and charges failures to the message that caused them.
-func (c *Consumer) leaseBatch(ctx context.Context, items []*leaseItem) {
+func (a *leaseApplier) leaseBatch(ctx context.Context, items []*leaseItem) {
 	seen := map[uuid.UUID]*leaseItem{}
 	var fresh []*leaseItem // decoded, first of their event id in the batch
 	for _, it := range items {
@@ -37,11 +37,11 @@ func (c *Consumer) leaseBatch(ctx context.Context, items []*leaseItem) {
 	}
 	var notes []func()
 	plans := make(map[uuid.UUID]*leaseItem, len(fresh))
-	err := pgx.BeginFunc(ctx, c.pool, func(tx pgx.Tx) error {
+	err := pgx.BeginFunc(ctx, a.pool, func(tx pgx.Tx) error {
 		clear(plans)
 		// A held aggregate's messages are left to planAlone, where each is
 		// parked or released on its own (park.go).
-		fresh, err := c.unheld(ctx, tx, fresh)
+		fresh, err := a.unheld(ctx, tx, fresh)
 		if err != nil || len(fresh) == 0 {
 			return err
 		}
@@ -53,8 +53,8 @@ func (c *Consumer) leaseBatch(ctx context.Context, items []*leaseItem) {
 			ids[i], types[i], aggs[i], versions[i] = ev.EventID, ev.EventType, ev.AggregateID, ev.AggregateVersion
 			topics[i], partitions[i], offsets[i], payloads[i] = m.Topic, int32(m.Partition), m.Offset, []byte(ev.Payload)
 		}
-		rows, err := tx.Query(ctx, claimLeases, c.cfg.Name, ids, types, aggs, versions, topics, partitions, offsets, payloads,
-			c.cfg.LeaseOwner, c.cfg.LeaseTTL.Microseconds())
+		rows, err := tx.Query(ctx, claimLeases, a.cfg.Name, ids, types, aggs, versions, topics, partitions, offsets, payloads,
+			a.cfg.LeaseOwner, a.cfg.LeaseTTL.Microseconds())
 		if err != nil {
 			return dbErrors.Translate("leasing a batch", err)
 		}
@@ -89,7 +89,7 @@ func (c *Consumer) leaseBatch(ctx context.Context, items []*leaseItem) {
 		// worker (its own turn waits for that lease).
 		var dups []event.Envelope
 		if len(unclaimed) > 0 {
-			rows, err := tx.Query(ctx, leaseStates, c.cfg.Name, unclaimed)
+			rows, err := tx.Query(ctx, leaseStates, a.cfg.Name, unclaimed)
 			if err != nil {
 				return dbErrors.Translate("reading leases", err)
 			}
@@ -113,7 +113,7 @@ func (c *Consumer) leaseBatch(ctx context.Context, items []*leaseItem) {
 				return dbErrors.Translate("reading leases", err)
 			}
 		}
-		if err := c.checkPayloads(ctx, tx, dups...); err != nil {
+		if err := a.checkPayloads(ctx, tx, dups...); err != nil {
 			return err
 		}
 		// The version guard, for the messages leased for the first time.
@@ -133,8 +133,8 @@ func (c *Consumer) leaseBatch(ctx context.Context, items []*leaseItem) {
 			}
 			evs, outs = append(evs, it.ev), append(outs, out)
 		}
-		if !c.cfg.DisableVersionGuard {
-			if notes, err = c.guardBatch(ctx, tx, evs, outs); err != nil {
+		if !a.cfg.DisableVersionGuard {
+			if notes, err = a.guardBatch(ctx, tx, evs, outs); err != nil {
 				return dbErrors.Translate("checking aggregate versions", err)
 			}
 			for i, out := range outs {
@@ -149,14 +149,14 @@ func (c *Consumer) leaseBatch(ctx context.Context, items []*leaseItem) {
 	})
 	if err != nil {
 		if isOutage(err) {
-			c.db.fail(ctx, "lease", err)
+			a.db.fail(ctx, "lease", err)
 		} else if ctx.Err() == nil {
-			c.cfg.Logger.DebugContext(ctx, "inbox lease batch falls back to one lease per message",
-				slog.String("consumer", c.cfg.Name), slog.Any("error", err))
+			a.cfg.Logger.DebugContext(ctx, "inbox lease batch falls back to one lease per message",
+				slog.String("consumer", a.cfg.Name), slog.Any("error", err))
 		}
 		return
 	}
-	c.db.ok(ctx, "")
+	a.db.ok(ctx, "")
 	for _, note := range notes {
 		note()
 	}
@@ -168,12 +168,12 @@ func (c *Consumer) leaseBatch(ctx context.Context, items []*leaseItem) {
 }
 
 // unheld returns the items of fresh whose aggregates are not held.
-func (c *Consumer) unheld(ctx context.Context, tx pgx.Tx, fresh []*leaseItem) ([]*leaseItem, error) {
+func (a *leaseApplier) unheld(ctx context.Context, tx pgx.Tx, fresh []*leaseItem) ([]*leaseItem, error) {
 	evs := make([]event.Envelope, len(fresh))
 	for i, it := range fresh {
 		evs[i] = it.ev
 	}
-	held, err := c.heldKeys(ctx, tx, evs)
+	held, err := a.heldKeys(ctx, tx, evs)
 	if err != nil || len(held) == 0 {
 		return fresh, err
 	}

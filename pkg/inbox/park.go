@@ -139,21 +139,21 @@ type parkDecision struct {
 
 // parkCheck decides ev's fate in tx. A consumer that skips ahead only
 // recognizes a requeued dead message.
-func (c *Consumer) parkCheck(ctx context.Context, tx pgx.Tx, ev *event.Envelope) (parkDecision, error) {
+func (s *shared) parkCheck(ctx context.Context, tx pgx.Tx, ev *event.Envelope) (parkDecision, error) {
 	var (
 		own         *string
 		otherDead   bool
 		firstParked *uuid.UUID
 		deadOne     *uuid.UUID
 	)
-	if err := tx.QueryRow(ctx, parkState, c.cfg.Name, ev.AggregateType, ev.AggregateID, ev.EventID).
+	if err := tx.QueryRow(ctx, parkState, s.cfg.Name, ev.AggregateType, ev.AggregateID, ev.EventID).
 		Scan(&own, &otherDead, &firstParked, &deadOne); err != nil {
 		return parkDecision{}, dbErrors.Translate("reading the aggregate's parking", err)
 	}
 	switch {
 	case own != nil:
 		return parkDecision{verdict: proceedRequeued, release: firstParked != nil}, nil
-	case c.cfg.DeadKeys == DeadKeySkipAhead:
+	case s.cfg.DeadKeys == DeadKeySkipAhead:
 		return parkDecision{verdict: proceed}, nil
 	case otherDead:
 		return parkDecision{verdict: parkIt, blockedBy: deadOne}, nil
@@ -166,7 +166,7 @@ func (c *Consumer) parkCheck(ctx context.Context, tx pgx.Tx, ev *event.Envelope)
 	// it goes after them, and they may be released now.
 	var parked bool
 	if err := tx.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM inbox_parked_messages WHERE consumer = $1 AND message_id = $2)`,
-		c.cfg.Name, ev.EventID).Scan(&parked); err != nil {
+		s.cfg.Name, ev.EventID).Scan(&parked); err != nil {
 		return parkDecision{}, dbErrors.Translate("reading the aggregate's parking", err)
 	}
 	if parked {
@@ -184,7 +184,7 @@ type storedHeader struct {
 }
 
 // park stores m, whole, in inbox_parked_messages.
-func (c *Consumer) park(ctx context.Context, tx pgx.Tx, m kafka.Message, ev *event.Envelope, blockedBy *uuid.UUID) error {
+func (s *shared) park(ctx context.Context, tx pgx.Tx, m kafka.Message, ev *event.Envelope, blockedBy *uuid.UUID) error {
 	hs := make([]storedHeader, len(m.Headers))
 	for i, h := range m.Headers {
 		hs[i] = storedHeader{Key: []byte(h.Key), Value: h.Value}
@@ -193,12 +193,12 @@ func (c *Consumer) park(ctx context.Context, tx pgx.Tx, m kafka.Message, ev *eve
 	if err != nil {
 		return err
 	}
-	if _, err := tx.Exec(ctx, insertParked, c.cfg.Name, ev.EventID, ev.AggregateType, ev.AggregateID, ev.AggregateVersion,
+	if _, err := tx.Exec(ctx, insertParked, s.cfg.Name, ev.EventID, ev.AggregateType, ev.AggregateID, ev.AggregateVersion,
 		ev.EventType, blockedBy, m.Topic, m.Partition, m.Offset, m.Key, m.Value, headers); err != nil {
 		return dbErrors.Translate("parking a message", err)
 	}
-	c.cfg.Logger.WarnContext(ctx, "inbox parked a message behind a dead one of its aggregate",
-		slog.String("consumer", c.cfg.Name), slog.String("event_id", ev.EventID.String()),
+	s.cfg.Logger.WarnContext(ctx, "inbox parked a message behind a dead one of its aggregate",
+		slog.String("consumer", s.cfg.Name), slog.String("event_id", ev.EventID.String()),
 		slog.String("aggregate_id", ev.AggregateID), slog.Int64("version", ev.AggregateVersion))
 	return nil
 }
@@ -217,15 +217,16 @@ func decodeHeaders(raw []byte) ([]kafka.Header, error) {
 }
 
 // holdDeadKey records, in the dead letter's transaction, that ev is dead.
-// In lease mode, when parking, it also moves the version guard back below
-// it: the guard advanced when ev was leased. (The transactional applier's
-// guard advanced in ev's savepoint, rolled back with its failure.)
-func (c *Consumer) holdDeadKey(ctx context.Context, tx pgx.Tx, ev *event.Envelope) error {
-	if _, err := tx.Exec(ctx, insertDeadKey, c.cfg.Name, ev.EventID, ev.AggregateType, ev.AggregateID, ev.AggregateVersion); err != nil {
+// When parking, and the applier reserves versions (the lease applier: the
+// guard advanced when ev was leased), it also moves the version guard back
+// below it. (The transactional applier's guard advanced in ev's savepoint,
+// rolled back with its failure.)
+func (s *shared) holdDeadKey(ctx context.Context, tx pgx.Tx, ev *event.Envelope) error {
+	if _, err := tx.Exec(ctx, insertDeadKey, s.cfg.Name, ev.EventID, ev.AggregateType, ev.AggregateID, ev.AggregateVersion); err != nil {
 		return err
 	}
-	if c.cfg.DeadKeys == DeadKeyPark && !c.cfg.DisableVersionGuard && c.effect != nil {
-		if _, err := tx.Exec(ctx, unreserveVersion, c.cfg.Name, ev.AggregateType, ev.AggregateID, ev.AggregateVersion); err != nil {
+	if s.cfg.DeadKeys == DeadKeyPark && !s.cfg.DisableVersionGuard && s.reservesVersions {
+		if _, err := tx.Exec(ctx, unreserveVersion, s.cfg.Name, ev.AggregateType, ev.AggregateID, ev.AggregateVersion); err != nil {
 			return err
 		}
 	}
@@ -235,7 +236,7 @@ func (c *Consumer) holdDeadKey(ctx context.Context, tx pgx.Tx, ev *event.Envelop
 // heldKeys returns the aggregates of evs that are held (a dead message or
 // parked messages): the batch appliers leave their messages to the
 // one-by-one path, which decides each with parkCheck.
-func (c *Consumer) heldKeys(ctx context.Context, q interface {
+func (s *shared) heldKeys(ctx context.Context, q interface {
 	Query(context.Context, string, ...any) (pgx.Rows, error)
 }, evs []event.Envelope) (map[aggregateKey]bool, error) {
 	typs, ids := make([]string, 0, len(evs)), make([]string, 0, len(evs))
@@ -247,7 +248,7 @@ func (c *Consumer) heldKeys(ctx context.Context, q interface {
 			typs, ids = append(typs, k.typ), append(ids, k.id)
 		}
 	}
-	rows, err := q.Query(ctx, keysHeld, c.cfg.Name, typs, ids)
+	rows, err := q.Query(ctx, keysHeld, s.cfg.Name, typs, ids)
 	if err != nil {
 		return nil, dbErrors.Translate("reading held aggregates", err)
 	}

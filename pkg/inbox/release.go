@@ -15,12 +15,12 @@ import (
 
 // releaseParked runs, after batch is settled, the parked messages of the
 // batch's aggregates that may go now, one at a time in the order they were
-// parked, through process (the applier), under the generation of the
+// parked, through the applier, under the generation of the
 // aggregate's last message in the batch. A released message that is
 // settled (applied, stale, dead-lettered, uncertain) leaves the parking; one
 // that is not (its generation was dropped, the shutdown grace ended) stays
 // parked first, and the aggregate's next message releases it.
-func (c *Consumer) releaseParked(ctx context.Context, batch []delivery, process func(context.Context, []delivery) error) error {
+func (c *Consumer) releaseParked(ctx context.Context, batch []delivery) error {
 	type target struct {
 		k   aggregateKey
 		gen *generation
@@ -41,14 +41,14 @@ func (c *Consumer) releaseParked(ctx context.Context, batch []delivery, process 
 		targets = append(targets, target{k, d.gen})
 	}
 	for _, tg := range targets {
-		if !c.released.take(tg.k) {
+		if !c.shared.released.take(tg.k) {
 			continue
 		}
 		for ctx.Err() == nil && (tg.gen == nil || !tg.gen.isDropped()) {
 			m, settled, ok, err := c.nextParked(ctx, tg.k)
 			if err != nil {
 				if isOutage(err) {
-					c.db.fail(ctx, "release_parked", err)
+					c.shared.db.fail(ctx, "release_parked", err)
 				}
 				c.cfg.Logger.WarnContext(ctx, "inbox could not read its parked messages; the aggregate's next message releases them",
 					slog.String("consumer", c.cfg.Name), slog.String("aggregate_id", tg.k.id), slog.Any("error", err))
@@ -58,14 +58,14 @@ func (c *Consumer) releaseParked(ctx context.Context, batch []delivery, process 
 				break
 			}
 			if !settled {
-				if err := process(ctx, []delivery{{m: m, gen: tg.gen.released()}}); err != nil {
+				if err := c.applier.process(ctx, []delivery{{m: m, gen: tg.gen.released()}}); err != nil {
 					return err
 				}
 				if settled, err = c.inboxSettled(ctx, m); err != nil || !settled {
 					break // abandoned: it stays first in the parking
 				}
 			}
-			if _, err := c.pool.Exec(ctx, deleteParked, c.cfg.Name, parkedID(m)); err != nil {
+			if _, err := c.shared.pool.Exec(ctx, deleteParked, c.cfg.Name, parkedID(m)); err != nil {
 				break
 			}
 			c.cfg.Metrics.released.WithLabelValues(c.cfg.Name).Inc()
@@ -81,7 +81,7 @@ func (c *Consumer) nextParked(ctx context.Context, k aggregateKey) (m kafka.Mess
 		id      uuid.UUID
 		headers []byte
 	)
-	err = c.pool.QueryRow(ctx, nextParked, c.cfg.Name, k.typ, k.id).
+	err = c.shared.pool.QueryRow(ctx, nextParked, c.cfg.Name, k.typ, k.id).
 		Scan(&id, &m.Topic, &m.Partition, &m.Offset, &m.Key, &m.Value, &headers, &settled)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return m, false, false, nil
@@ -98,7 +98,7 @@ func (c *Consumer) nextParked(ctx context.Context, k aggregateKey) (m kafka.Mess
 // inboxSettled reports whether the inbox settled m for good.
 func (c *Consumer) inboxSettled(ctx context.Context, m kafka.Message) (bool, error) {
 	var settled bool
-	err := c.pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM inbox_messages WHERE consumer = $1 AND message_id = $2
+	err := c.shared.pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM inbox_messages WHERE consumer = $1 AND message_id = $2
 		AND status IN ('processed', 'stale', 'dead_lettered', 'uncertain'))`, c.cfg.Name, parkedID(m)).Scan(&settled)
 	return settled, err
 }
@@ -139,7 +139,7 @@ func (c *Consumer) resumeReleases(ctx context.Context, g *generation, assigned m
 	if len(parts) == 0 {
 		return
 	}
-	rows, err := c.pool.Query(ctx, firstParkedOfFreeKeys, c.cfg.Name, c.group.Topic, parts)
+	rows, err := c.shared.pool.Query(ctx, firstParkedOfFreeKeys, c.cfg.Name, c.group.Topic, parts)
 	if err != nil {
 		if ctx.Err() == nil {
 			c.cfg.Logger.WarnContext(ctx, "inbox could not look for parked messages to release",

@@ -21,7 +21,7 @@ import (
 // caller takes the savepoint path, which settles each message on its own
 // (retry, dead letter). Handlers run in a transaction that may roll back, as
 // they always may.
-func (c *Consumer) fastBatch(ctx context.Context, batch []kafka.Message) bool {
+func (a *txApplier) fastBatch(ctx context.Context, batch []kafka.Message) bool {
 	start := time.Now()
 	evs := make([]event.Envelope, len(batch))
 	for i, m := range batch {
@@ -31,7 +31,7 @@ func (c *Consumer) fastBatch(ctx context.Context, batch []kafka.Message) bool {
 		}
 		evs[i] = ev
 	}
-	tx, err := c.pool.Begin(ctx)
+	tx, err := a.pool.Begin(ctx)
 	if err != nil {
 		return false
 	}
@@ -39,12 +39,12 @@ func (c *Consumer) fastBatch(ctx context.Context, batch []kafka.Message) bool {
 
 	// A held aggregate (a dead message, parked messages) is decided message
 	// by message, on the savepoint path.
-	if held, err := c.heldKeys(ctx, tx, evs); err != nil || len(held) > 0 {
+	if held, err := a.heldKeys(ctx, tx, evs); err != nil || len(held) > 0 {
 		return false
 	}
-	fresh, err := c.insertBatch(ctx, tx, batch, evs)
+	fresh, err := a.insertBatch(ctx, tx, batch, evs)
 	if err != nil {
-		c.fastPathFailed(ctx, "recording in inbox", err)
+		a.fastPathFailed(ctx, "recording in inbox", err)
 		return false
 	}
 	outs := make([]outcome, len(batch))
@@ -57,14 +57,14 @@ func (c *Consumer) fastBatch(ctx context.Context, batch []kafka.Message) bool {
 		}
 		seen[ev.EventID] = true
 	}
-	if err := c.checkPayloads(ctx, tx, dups...); err != nil {
-		c.fastPathFailed(ctx, "comparing duplicates' payloads", err)
+	if err := a.checkPayloads(ctx, tx, dups...); err != nil {
+		a.fastPathFailed(ctx, "comparing duplicates' payloads", err)
 		return false
 	}
 	var notes []func()
-	if !c.cfg.DisableVersionGuard {
-		if notes, err = c.guardBatch(ctx, tx, evs, outs); err != nil {
-			c.fastPathFailed(ctx, "checking aggregate versions", err)
+	if !a.cfg.DisableVersionGuard {
+		if notes, err = a.guardBatch(ctx, tx, evs, outs); err != nil {
+			a.fastPathFailed(ctx, "checking aggregate versions", err)
 			return false
 		}
 	}
@@ -74,29 +74,29 @@ func (c *Consumer) fastBatch(ctx context.Context, batch []kafka.Message) bool {
 		if outs[i] != processed {
 			continue
 		}
-		c.cfg.Metrics.observeHop(c.cfg.Name, evs[i].OccurredAt)
-		if err := c.invoke(ctx, tx, batch[i], &evs[i]); err != nil {
-			c.fastPathFailed(ctx, "handling "+evs[i].EventID.String(), err)
+		a.cfg.Metrics.observeHop(a.cfg.Name, evs[i].OccurredAt)
+		if err := a.invoke(ctx, tx, batch[i], &evs[i]); err != nil {
+			a.fastPathFailed(ctx, "handling "+evs[i].EventID.String(), err)
 			return false
 		}
 	}
 	if err := tx.Commit(ctx); err != nil {
-		c.fastPathFailed(ctx, "committing", err)
+		a.fastPathFailed(ctx, "committing", err)
 		return false
 	}
 	for _, note := range notes {
 		note()
 	}
 	if counts[duplicate] > 0 {
-		c.cfg.Logger.DebugContext(ctx, "inbox duplicates", slog.String("consumer", c.cfg.Name), slog.Int("count", counts[duplicate]))
+		a.cfg.Logger.DebugContext(ctx, "inbox duplicates", slog.String("consumer", a.cfg.Name), slog.Int("count", counts[duplicate]))
 	}
-	c.cfg.Metrics.record(c.cfg.Name, counts, len(batch), time.Since(start))
+	a.cfg.Metrics.record(a.cfg.Name, counts, len(batch), time.Since(start))
 	return true
 }
 
-func (c *Consumer) fastPathFailed(ctx context.Context, step string, err error) {
-	c.cfg.Logger.DebugContext(ctx, "inbox batch falls back to one savepoint per message",
-		slog.String("consumer", c.cfg.Name), slog.String("step", step), slog.Any("error", err))
+func (a *txApplier) fastPathFailed(ctx context.Context, step string, err error) {
+	a.cfg.Logger.DebugContext(ctx, "inbox batch falls back to one savepoint per message",
+		slog.String("consumer", a.cfg.Name), slog.String("step", step), slog.Any("error", err))
 }
 
 const insertProcessedBatch = `
@@ -112,7 +112,7 @@ RETURNING message_id`
 // insertBatch records every message in the inbox in one statement and
 // returns the ids that were new (a redelivered id finds its row and is not
 // returned; within the batch, the first occurrence is the one inserted).
-func (c *Consumer) insertBatch(ctx context.Context, tx pgx.Tx, batch []kafka.Message, evs []event.Envelope) (map[uuid.UUID]bool, error) {
+func (a *txApplier) insertBatch(ctx context.Context, tx pgx.Tx, batch []kafka.Message, evs []event.Envelope) (map[uuid.UUID]bool, error) {
 	n := len(batch)
 	// [16]byte, not uuid.UUID: pgx encodes and decodes it natively instead of
 	// through driver.Valuer, sql.Scanner and text.
@@ -123,7 +123,7 @@ func (c *Consumer) insertBatch(ctx context.Context, tx pgx.Tx, batch []kafka.Mes
 		ids[i], types[i], aggs[i], versions[i] = ev.EventID, ev.EventType, ev.AggregateID, ev.AggregateVersion
 		topics[i], partitions[i], offsets[i], payloads[i] = m.Topic, int32(m.Partition), m.Offset, []byte(ev.Payload)
 	}
-	rows, err := tx.Query(ctx, insertProcessedBatch, c.cfg.Name, ids, types, aggs, versions, topics, partitions, offsets, payloads)
+	rows, err := tx.Query(ctx, insertProcessedBatch, a.cfg.Name, ids, types, aggs, versions, topics, partitions, offsets, payloads)
 	if err != nil {
 		return nil, err
 	}
