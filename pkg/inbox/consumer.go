@@ -106,11 +106,11 @@ func (c *Consumer) Run(ctx context.Context) error {
 	ctx, stop := context.WithCancel(ctx)
 	defer stop()
 
-	queues := make([]chan delivery, c.cfg.Workers)
+	queues := make([]chan fetched, c.cfg.Workers)
 	crashed := make(chan error, c.cfg.Workers)
 	var workers, side sync.WaitGroup
 	for i := range queues {
-		queues[i] = make(chan delivery, c.cfg.BatchSize)
+		queues[i] = make(chan fetched, c.cfg.BatchSize)
 		workers.Add(1)
 		go func() {
 			defer workers.Done()
@@ -125,7 +125,7 @@ func (c *Consumer) Run(ctx context.Context) error {
 	go func() { defer side.Done(); c.reportDeadLetters(ctx) }()
 	go func() { defer side.Done(); c.reportLag(ctx) }()
 
-	c.consume(ctx, func(ctx context.Context, d delivery) bool {
+	c.consume(ctx, func(ctx context.Context, d fetched) bool {
 		select {
 		case queues[workerFor(d.m.Key, len(queues))] <- d:
 			return true
@@ -159,11 +159,11 @@ func (c *Consumer) Run(ctx context.Context) error {
 // duplicate or stale, or dead-lettered), or an error when ctx ended first
 // or a crash point fired.
 func (c *Consumer) Handle(ctx context.Context, msgs ...kafka.Message) error {
-	batch := make([]delivery, len(msgs))
+	batch := make([]fetched, len(msgs))
 	for i, m := range msgs {
-		batch[i] = delivery{m: m}
+		batch[i] = fetched{m: m}
 	}
-	if err := c.applier.process(ctx, batch); err != nil {
+	if err := c.applier.process(ctx, deliveries(batch)); err != nil {
 		return err
 	}
 	if err := c.releaseParked(ctx, batch); err != nil {
@@ -171,6 +171,35 @@ func (c *Consumer) Handle(ctx context.Context, msgs ...kafka.Message) error {
 	}
 	return ctx.Err()
 }
+
+// fetched is a message on its way to a worker, with the generation it was
+// fetched in (or released under, see generation.released); nil when it came
+// through Handle.
+type fetched struct {
+	m   kafka.Message
+	gen *generation
+}
+
+// deliveries hands batch to the applier: each message with its generation,
+// or with nothing to track when it came through Handle.
+func deliveries(batch []fetched) []delivery {
+	out := make([]delivery, len(batch))
+	for i, f := range batch {
+		out[i] = delivery{m: f.m, gen: untracked{}}
+		if f.gen != nil {
+			out[i].gen = f.gen
+		}
+	}
+	return out
+}
+
+// untracked is the generation of a message handed in through Handle: it
+// commits no offset and is never dropped.
+type untracked struct{}
+
+func (untracked) finish(kafka.Message, bool) {}
+
+func (untracked) isDropped() bool { return false }
 
 func workerFor(key []byte, n int) int {
 	h := fnv.New32a()
@@ -181,12 +210,12 @@ func workerFor(key []byte, n int) int {
 // worker handles its queue in batches until the queue closes. Messages of a
 // generation that ended are skipped: their partition's next owner fetches
 // them again from the committed offset. It returns only a crash.
-func (c *Consumer) worker(ctx context.Context, q <-chan delivery) error {
+func (c *Consumer) worker(ctx context.Context, q <-chan fetched) error {
 	for d := range q {
 		if ctx.Err() != nil || !d.gen.begin() {
 			continue
 		}
-		batch := []delivery{d}
+		batch := []fetched{d}
 	fill:
 		for len(batch) < c.cfg.BatchSize {
 			select {
@@ -201,7 +230,7 @@ func (c *Consumer) worker(ctx context.Context, q <-chan delivery) error {
 				break fill
 			}
 		}
-		err := c.applier.process(ctx, batch)
+		err := c.applier.process(ctx, deliveries(batch))
 		if err == nil {
 			// A requeued dead message applied in the batch lets its
 			// aggregate's parked messages go, in this worker, which

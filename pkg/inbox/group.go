@@ -163,7 +163,7 @@ func (g GroupConfig) Validate() error {
 // fetched message to dispatch. Each generation gets one fetching goroutine
 // per assigned partition and one committing goroutine, all started through
 // the generation so kafka-go waits for them before joining the next one.
-func (c *Consumer) consume(ctx context.Context, dispatch func(context.Context, delivery) bool) {
+func (c *Consumer) consume(ctx context.Context, dispatch func(context.Context, fetched) bool) {
 	gc := c.group
 	group, err := kafka.NewConsumerGroup(kafka.ConsumerGroupConfig{
 		ID:                gc.Group,
@@ -249,7 +249,7 @@ func (c *Consumer) closeGroup(group *kafka.ConsumerGroup) {
 // fetch reads one assigned partition from its assigned offset until ctx
 // (the run's or the generation's) ends. A fetch error is the broker's: the
 // reader is replaced, after a backoff, at the next offset.
-func (c *Consumer) fetch(ctx context.Context, g *generation, k partitionKey, offset int64, dispatch func(context.Context, delivery) bool) {
+func (c *Consumer) fetch(ctx context.Context, g *generation, k partitionKey, offset int64, dispatch func(context.Context, fetched) bool) {
 	next := offset
 	if next < 0 {
 		next = c.group.StartOffset
@@ -281,7 +281,7 @@ func (c *Consumer) fetch(ctx context.Context, g *generation, k partitionKey, off
 			if !g.add(m) {
 				continue
 			}
-			if !dispatch(ctx, delivery{m: m, gen: g}) {
+			if !dispatch(ctx, fetched{m: m, gen: g}) {
 				err = ctx.Err()
 			}
 		}

@@ -107,7 +107,7 @@ func (a *leaseApplier) underLease(ctx context.Context, d delivery, ev event.Enve
 // runEffect checks first when an earlier attempt may have called, then
 // calls, each under the lease (callUnderLease). op says which of the two
 // the error came from.
-func (a *leaseApplier) runEffect(ctx context.Context, gen *generation, ev event.Envelope, token int64, key string, mayHaveCalled bool) (Outcome, string, error) {
+func (a *leaseApplier) runEffect(ctx context.Context, gen tracker, ev event.Envelope, token int64, key string, mayHaveCalled bool) (Outcome, string, error) {
 	if mayHaveCalled {
 		var has bool
 		err := a.callUnderLease(ctx, gen, ev.EventID, token, func(ctx context.Context) (err error) {
@@ -138,7 +138,7 @@ func (a *leaseApplier) runEffect(ctx context.Context, gen *generation, ev event.
 // took the message over meanwhile. It returns errLeaseLost when somebody
 // did, errAbandoned when ctx ends or gen is dropped, and an error wrapping
 // ErrUnavailable when f outlived CallTimeout.
-func (a *leaseApplier) callUnderLease(ctx context.Context, gen *generation, id uuid.UUID, token int64, f func(context.Context) error) error {
+func (a *leaseApplier) callUnderLease(ctx context.Context, gen tracker, id uuid.UUID, token int64, f func(context.Context) error) error {
 	select {
 	case a.calls <- struct{}{}:
 	case <-ctx.Done():

@@ -20,7 +20,7 @@ import (
 // settled (applied, stale, dead-lettered, uncertain) leaves the parking; one
 // that is not (its generation was dropped, the shutdown grace ended) stays
 // parked first, and the aggregate's next message releases it.
-func (c *Consumer) releaseParked(ctx context.Context, batch []delivery) error {
+func (c *Consumer) releaseParked(ctx context.Context, batch []fetched) error {
 	type target struct {
 		k   aggregateKey
 		gen *generation
@@ -58,7 +58,7 @@ func (c *Consumer) releaseParked(ctx context.Context, batch []delivery) error {
 				break
 			}
 			if !settled {
-				if err := c.applier.process(ctx, []delivery{{m: m, gen: tg.gen.released()}}); err != nil {
+				if err := c.applier.process(ctx, deliveries([]fetched{{m: m, gen: tg.gen.released()}})); err != nil {
 					return err
 				}
 				if settled, err = c.inboxSettled(ctx, m); err != nil || !settled {
@@ -129,7 +129,7 @@ ORDER BY p.aggregate_type, p.aggregate_id, p.seq`
 // releases the rest); a failure to read them is logged, and the next
 // generation, or the aggregate's next message, tries again.
 func (c *Consumer) resumeReleases(ctx context.Context, g *generation, assigned map[partitionKey]int64,
-	dispatch func(context.Context, delivery) bool) {
+	dispatch func(context.Context, fetched) bool) {
 	var parts []int32
 	for k := range assigned {
 		if k.topic == c.group.Topic {
@@ -168,7 +168,7 @@ func (c *Consumer) resumeReleases(ctx context.Context, g *generation, assigned m
 			slog.String("consumer", c.cfg.Name), slog.Any("error", err))
 	}
 	for _, m := range ms {
-		if !dispatch(ctx, delivery{m: m, gen: g.released()}) {
+		if !dispatch(ctx, fetched{m: m, gen: g.released()}) {
 			return
 		}
 	}
