@@ -45,7 +45,13 @@ func NewConsumer(pool *pgxpool.Pool, src GroupConfig, dlq Writer, h Handler, cfg
 	if pool == nil || dlq == nil || h == nil {
 		return nil, errors.New("inbox: NewConsumer needs a pool, a dead-letter writer and a handler")
 	}
-	c, s, err := newConsumer(pool, src, dlq, cfg)
+	if err := src.Validate(); err != nil {
+		return nil, err
+	}
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	c, s, err := newConsumer(pool, src.WithDefaults(), dlq, cfg.WithDefaults())
 	if err != nil {
 		return nil, err
 	}
@@ -57,38 +63,38 @@ func NewConsumer(pool *pgxpool.Pool, src GroupConfig, dlq Writer, h Handler, cfg
 // mode (see Effect). Dedupe, the version guard, upcasters, dead letters,
 // workers and offsets work as in NewConsumer. Each worker leases a batch of
 // messages in one transaction, calls out for them — distinct keys
-// concurrently, up to Config.MaxInFlight calls at once, each key's messages
-// in order — and marks them done in one transaction.
-func NewLeaseConsumer(pool *pgxpool.Pool, src GroupConfig, dlq Writer, eff Effect, cfg Config) (*Consumer, error) {
+// concurrently, up to LeaseConfig.MaxInFlight calls at once, each key's
+// messages in order — and marks them done in one transaction.
+func NewLeaseConsumer(pool *pgxpool.Pool, src GroupConfig, dlq Writer, eff Effect, cfg LeaseConfig) (*Consumer, error) {
 	if eff.Check == nil || eff.Call == nil {
 		return nil, errors.New("inbox: an Effect needs Check and Call")
 	}
 	if pool == nil || dlq == nil {
 		return nil, errors.New("inbox: NewLeaseConsumer needs a pool and a dead-letter writer")
 	}
-	c, s, err := newConsumer(pool, src, dlq, cfg)
+	if err := src.Validate(); err != nil {
+		return nil, err
+	}
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	cfg = cfg.WithDefaults()
+	c, s, err := newConsumer(pool, src.WithDefaults(), dlq, cfg.Config)
 	if err != nil {
 		return nil, err
 	}
-	c.applier = newLeaseApplier(s, eff)
+	c.applier = newLeaseApplier(s, eff, cfg)
 	return c, nil
 }
 
 // newConsumer is the dispatcher of both constructors, and what it shares
-// with their appliers, with the configurations checked and defaulted.
+// with their appliers; src and cfg are checked and have their defaults.
 func newConsumer(pool *pgxpool.Pool, src GroupConfig, dlq Writer, cfg Config) (*Consumer, *shared, error) {
-	if err := src.Validate(); err != nil {
-		return nil, nil, err
-	}
-	if err := cfg.Validate(); err != nil {
-		return nil, nil, err
-	}
-	cfg = cfg.WithDefaults()
 	s, err := newShared(pool, dlq, cfg)
 	if err != nil {
 		return nil, nil, err
 	}
-	return &Consumer{group: src.WithDefaults(), cfg: cfg, shared: s}, s, nil
+	return &Consumer{group: src, cfg: cfg, shared: s}, s, nil
 }
 
 // Run consumes until ctx ends. Broker and database outages are waited out

@@ -82,7 +82,7 @@ func testDeadLetterWaitingForKafka(t *testing.T, mode string) {
 		c, err = inbox.NewLeaseConsumer(f.pool, src, dlq, inbox.Effect{
 			Check: func(context.Context, string) (bool, error) { return false, nil },
 			Call:  func(ctx context.Context, ev event.Envelope, _ string) error { return effect(ctx, f.pool.Exec, ev) },
-		}, cfg)
+		}, inbox.LeaseConfig{Config: cfg})
 	}
 	if err != nil {
 		t.Fatal(err)

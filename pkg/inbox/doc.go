@@ -14,7 +14,7 @@
 //     side (Effect.Check) whether it has the key; when it cannot tell, the
 //     message is marked 'uncertain' for reconciliation instead of repeated.
 //     A worker leases a batch of messages in one transaction, calls out for
-//     distinct keys concurrently (Config.MaxInFlight calls at most across
+//     distinct keys concurrently (LeaseConfig.MaxInFlight calls at most across
 //     the consumer) while each key's messages go one after the other, and
 //     marks the called ones done in one transaction.
 //

@@ -21,7 +21,7 @@ var ErrUnknowable = errors.New("cannot tell whether the side effect happened")
 // (inbox_effect_errors_total), shown (inbox_effect_connected,
 // Consumer.Healthy), never charged as an attempt and never a dead letter by
 // itself. A Call that failed so may still have landed: the next try checks
-// first. A call cut off by Config.CallTimeout counts as one.
+// first. A call cut off by LeaseConfig.CallTimeout counts as one.
 var ErrUnavailable = errors.New("the other side of the side effect is unavailable")
 
 // Outcome is how a leased message's side effect was settled.

@@ -16,16 +16,18 @@ const CrashAfterEffect = "inbox.after-effect"
 // message the batch cannot lease is settled alone (lease_alone.go).
 type leaseApplier struct {
 	*shared
-	effect Effect
-	calls  chan struct{} // a slot per side-effect call in flight (MaxInFlight)
-	other  *fault        // the Effect's other side (a third party)
+	leaseCfg LeaseConfig // its Config is shared.cfg
+	effect   Effect
+	calls    chan struct{} // a slot per side-effect call in flight (MaxInFlight)
+	other    *fault        // the Effect's other side (a third party)
 }
 
-// newLeaseApplier returns the lease applier of eff, on s.
-func newLeaseApplier(s *shared, eff Effect) *leaseApplier {
+// newLeaseApplier returns the lease applier of eff, on s, with cfg (with its
+// defaults; its Config is s.cfg).
+func newLeaseApplier(s *shared, eff Effect, cfg LeaseConfig) *leaseApplier {
 	s.reservesVersions = true
 	m := s.cfg.Metrics
-	a := &leaseApplier{shared: s, effect: eff, calls: make(chan struct{}, s.cfg.MaxInFlight),
+	a := &leaseApplier{shared: s, leaseCfg: cfg, effect: eff, calls: make(chan struct{}, cfg.MaxInFlight),
 		other: newFault("the third party", s.cfg.Name, s.cfg.Logger, s.cfg.ErrorLogInterval, m.effectErrors, m.effectConnected)}
 	for _, op := range []string{opCheck, opCall} {
 		m.effectErrors.WithLabelValues(s.cfg.Name, op)

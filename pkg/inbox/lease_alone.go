@@ -132,7 +132,7 @@ func (a *leaseApplier) deadLetterLeased(ctx context.Context, d delivery, ev *eve
 func (a *leaseApplier) lease(ctx context.Context, m kafka.Message, ev *event.Envelope) (token int64, out *outcome, taken bool, err error) {
 	err = pgx.BeginFunc(ctx, a.pool, func(tx pgx.Tx) error {
 		err := tx.QueryRow(ctx, claimLease, a.cfg.Name, ev.EventID, ev.EventType, ev.AggregateID, ev.AggregateVersion,
-			m.Topic, m.Partition, m.Offset, []byte(ev.Payload), a.cfg.LeaseOwner, a.cfg.LeaseTTL.Microseconds()).Scan(&token, &taken)
+			m.Topic, m.Partition, m.Offset, []byte(ev.Payload), a.leaseCfg.LeaseOwner, a.leaseCfg.LeaseTTL.Microseconds()).Scan(&token, &taken)
 		if errors.Is(err, pgx.ErrNoRows) {
 			var status string
 			var until *time.Time

@@ -15,7 +15,7 @@ import (
 
 // renew extends the lease of id if token still holds it.
 func (a *leaseApplier) renew(ctx context.Context, id uuid.UUID, token int64) error {
-	tag, err := a.pool.Exec(ctx, renewLease, a.cfg.Name, id, token, a.cfg.LeaseTTL.Microseconds())
+	tag, err := a.pool.Exec(ctx, renewLease, a.cfg.Name, id, token, a.leaseCfg.LeaseTTL.Microseconds())
 	switch {
 	case err != nil:
 		return dbErrors.Translate("renewing a lease", err)
@@ -48,7 +48,7 @@ func (a *leaseApplier) underLease(ctx context.Context, d delivery, ev event.Enve
 		if !failedAt.IsZero() {
 			// That call may still land up to LeaseMargin after it returned;
 			// a check any sooner could miss it and call again.
-			if err := wait(ctx, d.gen, time.Until(failedAt.Add(a.cfg.LeaseMargin))); err != nil {
+			if err := wait(ctx, d.gen, time.Until(failedAt.Add(a.leaseCfg.LeaseMargin))); err != nil {
 				return "", false, err
 			}
 		}
@@ -169,11 +169,11 @@ func (a *leaseApplier) callUnderLease(ctx context.Context, gen tracker, id uuid.
 			return err
 		}
 	}
-	callCtx, cancel := context.WithDeadline(ctx, renewed.Add(a.cfg.CallTimeout))
+	callCtx, cancel := context.WithDeadline(ctx, renewed.Add(a.leaseCfg.CallTimeout))
 	defer cancel()
 	err := f(callCtx)
 	if err != nil && ctx.Err() == nil && errors.Is(callCtx.Err(), context.DeadlineExceeded) && !errors.Is(err, ErrUnavailable) {
-		err = fmt.Errorf("%w: no answer within CallTimeout (%v): %w", ErrUnavailable, a.cfg.CallTimeout, err)
+		err = fmt.Errorf("%w: no answer within CallTimeout (%v): %w", ErrUnavailable, a.leaseCfg.CallTimeout, err)
 	}
 	return err
 }

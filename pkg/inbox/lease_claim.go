@@ -54,7 +54,7 @@ func (a *leaseApplier) leaseBatch(ctx context.Context, items []*leaseItem) {
 			topics[i], partitions[i], offsets[i], payloads[i] = m.Topic, int32(m.Partition), m.Offset, []byte(ev.Payload)
 		}
 		rows, err := tx.Query(ctx, claimLeases, a.cfg.Name, ids, types, aggs, versions, topics, partitions, offsets, payloads,
-			a.cfg.LeaseOwner, a.cfg.LeaseTTL.Microseconds())
+			a.leaseCfg.LeaseOwner, a.leaseCfg.LeaseTTL.Microseconds())
 		if err != nil {
 			return dbErrors.Translate("leasing a batch", err)
 		}
