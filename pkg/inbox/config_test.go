@@ -61,6 +61,14 @@ func TestWithDefaultsUsesTheDefaultConstantsAndKeepsNegatives(t *testing.T) {
 		d.MaxInFlight != inbox.DefaultMaxInFlight || !strings.HasPrefix(d.LeaseOwner, "c-") {
 		t.Fatalf("lease defaults: %v %v %v %d %q", d.LeaseTTL, d.CallTimeout, d.LeaseMargin, d.MaxInFlight, d.LeaseOwner)
 	}
+	g := inbox.GroupConfig{CommitInterval: -1}.WithDefaults()
+	if g.CommitInterval != -1 || g.SessionTimeout != inbox.DefaultSessionTimeout || g.MaxWait != inbox.DefaultMaxWait {
+		t.Fatalf("GroupConfig defaults: CommitInterval %v, SessionTimeout %v, MaxWait %v", g.CommitInterval, g.SessionTimeout, g.MaxWait)
+	}
+	p := inbox.PrunerConfig{}.WithDefaults()
+	if p.Retention != inbox.DefaultRetention || p.BatchSize != inbox.DefaultPruneBatchSize || p.Interval != inbox.DefaultPruneInterval {
+		t.Fatalf("PrunerConfig defaults: %v %d %v", p.Retention, p.BatchSize, p.Interval)
+	}
 }
 
 func TestGroupConfigValidate(t *testing.T) {
@@ -102,6 +110,19 @@ func TestPrunerConfigValidate(t *testing.T) {
 			checkValidate(t, err, tt.want)
 		})
 	}
+}
+
+// The listings take zero for their default limit and refuse a negative
+// one, as the configurations do, before they touch Kafka or the database.
+func TestListingsRefuseANegativeLimit(t *testing.T) {
+	t.Parallel()
+	_, err := inbox.ListDeadLetters(context.Background(), []string{"127.0.0.1:1"}, "t.dlt", -1)
+	checkValidate(t, err, "limit is negative (-1)")
+	checkValidate(t, inbox.ParkedFilter{Limit: -1}.Validate(), "limit must be from 1 to 1000")
+	checkValidate(t, inbox.ParkedFilter{Limit: inbox.MaxParkedLimit + 1}.Validate(), "limit must be from 1 to 1000")
+	checkValidate(t, inbox.ParkedFilter{}.Validate(), "")
+	_, err = inbox.ListParked(context.Background(), lazyPool(t), inbox.ParkedFilter{Limit: -1})
+	checkValidate(t, err, "limit must be from 1 to 1000")
 }
 
 // NewConsumer refuses what Validate refuses, before it touches Kafka or

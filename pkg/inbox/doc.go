@@ -165,9 +165,20 @@
 // Spans go to the process-wide tracer provider (package tracing); without one
 // they cost next to nothing and hand the header's context on unchanged.
 //
-// Knobs and their defaults are documented on Config and GroupConfig
-// (WithDefaults fills them, Validate refuses negatives and impossible
-// combinations, the constructors call both); metrics on NewMetrics.
+// Configuration follows one convention across the package. A zero field
+// takes its documented default, an exported constant (DefaultWorkers,
+// DefaultLeaseTTL, DefaultSessionTimeout, DefaultRetention, DefaultListLimit,
+// …), or a fraction of another field where the doc says so (CallTimeout is
+// LeaseTTL/3); a negative one is an error, never quietly the default.
+// Validate reports it, and combinations no consumer can run with (a
+// LeaseTTL that does not outlast CallTimeout + LeaseMargin); WithDefaults
+// fills the zeros and keeps the negatives for Validate; the constructors and
+// functions call both. Config holds the knobs of every consumer,
+// LeaseConfig adds those only lease mode has, GroupConfig those of the
+// consumer group, PruneConfig and PrunerConfig those of pruning; the limits
+// of ListDeadLetters, ListParked (ParkedFilter) and RequeueDeadLetters
+// (RequeueFilter) and BacklogConfig's ages follow the same rule. Metrics are
+// documented on NewMetrics.
 // The crash points CrashAfterCommit and CrashAfterEffect let a
 // fault-injection harness kill a consumer at the worst moments.
 //

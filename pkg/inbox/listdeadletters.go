@@ -2,6 +2,7 @@ package inbox
 
 import (
 	"context"
+	"fmt"
 	"strconv"
 	"time"
 
@@ -79,9 +80,13 @@ func deadLetterOf(m kafka.Message) DeadLetter {
 	return dl
 }
 
+// DefaultListLimit is how many dead letters (ListDeadLetters) or parked
+// messages (ListParked) a listing returns when its limit is zero.
+const DefaultListLimit = 100
+
 // ListDeadLetters returns up to limit dead letters of dltTopic, oldest
 // first (by the time each was appended; the order within a partition is
-// kept). A limit <= 0 means 100.
+// kept). A zero limit means DefaultListLimit; a negative one is refused.
 //
 // It reads every partition from its first offset up to its high-water mark
 // at the time of the call, with plain partition readers: no consumer group,
@@ -92,8 +97,11 @@ func deadLetterOf(m kafka.Message) DeadLetter {
 //
 // WithDialer connects with a TLS/SASL dialer; the default is plain TCP.
 func ListDeadLetters(ctx context.Context, brokers []string, dltTopic string, limit int, opts ...AdminOption) ([]DeadLetter, error) {
-	if limit <= 0 {
-		limit = 100
+	if limit < 0 {
+		return nil, fmt.Errorf("inbox: ListDeadLetters: the limit is negative (%d); leave it zero for the default", limit)
+	}
+	if limit == 0 {
+		limit = DefaultListLimit
 	}
 	dialer := adminDialer(opts)
 	var perPartition [][]DeadLetter

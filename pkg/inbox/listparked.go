@@ -28,15 +28,27 @@ type Parked struct {
 	ParkedAt  time.Time
 }
 
+// MaxParkedLimit is the most parked messages one ListParked call lists.
+const MaxParkedLimit = 1000
+
 // ParkedFilter selects what ListParked lists. The zero value lists the
-// oldest 100 parked messages of every consumer.
+// oldest DefaultListLimit parked messages of every consumer.
 type ParkedFilter struct {
 	// Consumer restricts the list to one consumer (Config.Name).
 	Consumer string
 	// AggregateID restricts it to one aggregate.
 	AggregateID string
-	// Limit is the most messages listed, from 1 to 1000; 0 means 100.
+	// Limit is the most messages listed, from 1 to MaxParkedLimit; 0 means
+	// DefaultListLimit.
 	Limit int
+}
+
+// Validate refuses a negative Limit, or one above MaxParkedLimit.
+func (f ParkedFilter) Validate() error {
+	if f.Limit < 0 || f.Limit > MaxParkedLimit {
+		return fmt.Errorf("inbox: ListParked: the limit must be from 1 to %d (0: %d), not %d", MaxParkedLimit, DefaultListLimit, f.Limit)
+	}
+	return nil
 }
 
 const listParked = `
@@ -52,11 +64,11 @@ LIMIT $3`
 // parking when the dead message of their aggregate is requeued (see
 // RequeueDeadLetters) and applied.
 func ListParked(ctx context.Context, db BacklogDB, f ParkedFilter) ([]Parked, error) {
-	if f.Limit < 0 || f.Limit > 1000 {
-		return nil, fmt.Errorf("inbox: ListParked: the limit must be from 1 to 1000 (0: 100), not %d", f.Limit)
+	if err := f.Validate(); err != nil {
+		return nil, err
 	}
 	if f.Limit == 0 {
-		f.Limit = 100
+		f.Limit = DefaultListLimit
 	}
 	rows, err := db.Query(ctx, listParked, f.Consumer, f.AggregateID, f.Limit)
 	if err != nil {

@@ -17,10 +17,19 @@ import (
 // stamped by that clock, so the comparison is immune to skew between
 // application hosts.
 
-// PruneConfig configures Prune. Zero fields take the documented defaults.
+// The defaults of PruneConfig's and PrunerConfig's fields, which a zero
+// field takes.
+const (
+	DefaultRetention      = 30 * 24 * time.Hour
+	DefaultPruneBatchSize = 1000
+	DefaultPruneInterval  = prune.DefaultInterval
+)
+
+// PruneConfig configures Prune. Zero fields take the documented defaults;
+// negative ones are refused by Validate.
 type PruneConfig struct {
 	// Retention is how long the row of a handled event is kept after
-	// processed_at. Default 30 days.
+	// processed_at. Default DefaultRetention (30 days).
 	//
 	// The row is what makes a redelivery a no-op: once it is pruned, the
 	// same event delivered again runs the handler again. So Retention must
@@ -33,7 +42,7 @@ type PruneConfig struct {
 	Retention time.Duration
 	// BatchSize is the most rows removed per statement (and transaction), so
 	// pruning a large backlog never holds many locks or a long transaction.
-	// Default 1000.
+	// Default DefaultPruneBatchSize.
 	BatchSize int
 }
 
@@ -41,10 +50,10 @@ type PruneConfig struct {
 // default; negative values are kept for Validate to refuse.
 func (c PruneConfig) WithDefaults() PruneConfig {
 	if c.Retention == 0 {
-		c.Retention = 30 * 24 * time.Hour
+		c.Retention = DefaultRetention
 	}
 	if c.BatchSize == 0 {
-		c.BatchSize = 1000
+		c.BatchSize = DefaultPruneBatchSize
 	}
 	return c
 }
@@ -113,11 +122,12 @@ func Prune(ctx context.Context, db DB, cfg PruneConfig) (int, error) {
 	}
 }
 
-// PrunerConfig configures a Pruner. Zero fields take the documented defaults.
+// PrunerConfig configures a Pruner. Zero fields take the documented
+// defaults; negative ones are refused by Validate.
 type PrunerConfig struct {
 	// PruneConfig is what each run prunes; see its fields' defaults.
 	PruneConfig
-	// Interval is the time between runs. Default 1h.
+	// Interval is the time between runs. Default DefaultPruneInterval (1h).
 	Interval time.Duration
 	// Logger receives each run's outcome. Default: slog.Default().
 	Logger *slog.Logger
