@@ -70,8 +70,9 @@
 // (a whole batch set-based, the first try); the lease applier, leaseApplier,
 // is lease.go (the type, its SQL), lease_claim.go (leasing a batch),
 // lease_batch.go (each key's turn, marking done), lease_call.go (a call
-// under the lease) and lease_alone.go (one message in transactions of its
-// own, when a batch cannot lease it), for the contract in effect.go. Both
+// under the lease), lease_settle.go (closing a lease on its own) and
+// lease_alone.go (one message in transactions of its own, when a batch
+// cannot lease it), for the contract in effect.go. Both
 // use guard.go (version guard, upcasters, payload checks), park.go (per-key
 // parking behind a dead event), deadletter.go, trace.go, errors.go (the
 // error classes), health.go (outages) and metrics.go. The operator's side

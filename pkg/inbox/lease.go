@@ -1,7 +1,11 @@
 package inbox
 
 import (
+	"context"
 	"errors"
+	"log/slog"
+
+	"github.com/onceflow/onceflow/pkg/event"
 )
 
 // CrashAfterEffect is the crash point between a leased message's side effect
@@ -13,7 +17,8 @@ const CrashAfterEffect = "inbox.after-effect"
 // transaction (lease_claim.go), their effects run under the leases, each
 // key's in order and distinct keys side by side (lease_batch.go,
 // lease_call.go), and the called ones are marked done in one transaction; a
-// message the batch cannot lease is settled alone (lease_alone.go).
+// message the batch cannot lease is settled alone (lease_alone.go), and a
+// lease that cannot close with its batch closes on its own (lease_settle.go).
 type leaseApplier struct {
 	*shared
 	leaseCfg LeaseConfig // its Config is shared.cfg
@@ -109,3 +114,9 @@ const deleteLease = `DELETE FROM inbox_messages WHERE consumer = $1 AND message_
 // errLeaseLost says a lease this worker took was taken over (it expired and
 // another worker leased the message): the new holder settles the message.
 var errLeaseLost = errors.New("the lease was taken over")
+
+// leaseTakenOver logs that a lease of this worker went to another one.
+func (a *leaseApplier) leaseTakenOver(ctx context.Context, ev event.Envelope) {
+	a.cfg.Logger.WarnContext(ctx, "inbox lease was taken over; leaving the row to the new holder",
+		slog.String("consumer", a.cfg.Name), slog.String("event_id", ev.EventID.String()))
+}

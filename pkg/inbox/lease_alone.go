@@ -87,45 +87,6 @@ func (a *leaseApplier) processLeased(ctx context.Context, d delivery) error {
 	return a.settleLeased(ctx, d, "marking done", func() error { return a.markDone(ctx, ev, token, outcome) })
 }
 
-// settleLeased runs one of the transactions that close a lease (markDone,
-// markUncertain). The side effect is behind it, so it is retried while the
-// database is unreachable; other failures are retried MaxAttempts times,
-// then logged, and the row stays leased for the reconciliation report.
-func (a *leaseApplier) settleLeased(ctx context.Context, d delivery, step string, f func() error) error {
-	for attempt, outages := 1, 0; ; {
-		err := f()
-		switch {
-		case err == nil:
-			a.db.ok(ctx, "")
-			return nil
-		case ctx.Err() != nil:
-			return errAbandoned
-		case isOutage(err):
-			a.db.fail(ctx, step, err)
-			outages++
-			if err := wait(ctx, d.gen, retry.Backoff(outages, a.cfg.BackoffMin, a.cfg.BackoffMax)); err != nil {
-				return err
-			}
-		case attempt >= a.cfg.MaxAttempts || isPermanent(err):
-			a.cfg.Logger.ErrorContext(ctx, "inbox could not settle a lease; its row stays leased for reconciliation",
-				slog.String("consumer", a.cfg.Name), slog.String("step", step), slog.Any("error", err))
-			return nil
-		default:
-			if err := wait(ctx, d.gen, retry.Backoff(attempt, a.cfg.BackoffMin, a.cfg.BackoffMax)); err != nil {
-				return err
-			}
-			attempt++
-		}
-	}
-}
-
-// deadLetterLeased dead-letters outside any transaction (deadLetterAlone),
-// waiting out the database being unreachable without publishing again.
-func (a *leaseApplier) deadLetterLeased(ctx context.Context, d delivery, ev *event.Envelope, reason error) error {
-	published := false
-	return a.settleLeased(ctx, d, "dead_letter", func() error { return a.deadLetterAlone(ctx, d.m, ev, reason, &published) })
-}
-
 // lease claims the message. A non-nil outcome means it needs no side effect
 // (duplicate or stale); an error means another worker holds a live lease or
 // the database failed, and the caller retries.
@@ -206,34 +167,4 @@ type leaseHeldError struct {
 
 func (e *leaseHeldError) Error() string {
 	return fmt.Sprintf("event %s is leased to another worker until %s", e.eventID, e.until.Format(time.RFC3339Nano))
-}
-
-// markDone marks the leased row processed, if the lease is still ours, and
-// records the outcome with Done in the same transaction.
-func (a *leaseApplier) markDone(ctx context.Context, ev event.Envelope, token int64, outcome Outcome) error {
-	return pgx.BeginFunc(ctx, a.pool, func(tx pgx.Tx) error {
-		tag, err := tx.Exec(ctx, markLeaseDone, a.cfg.Name, ev.EventID, token)
-		if err != nil {
-			return dbErrors.Translate("marking a lease done", err)
-		}
-		if tag.RowsAffected() == 0 {
-			// Our lease expired and another worker took over; it settles the row.
-			a.leaseTakenOver(ctx, ev)
-			return nil
-		}
-		if a.effect.Done != nil {
-			return a.effect.Done(ctx, tx, ev, outcome)
-		}
-		return nil
-	})
-}
-
-func (a *leaseApplier) markUncertain(ctx context.Context, ev event.Envelope, token int64, cause error) error {
-	a.cfg.Metrics.uncertain.WithLabelValues(a.cfg.Name).Inc()
-	a.cfg.Logger.ErrorContext(ctx, "inbox cannot tell whether the side effect happened; marked uncertain for reconciliation",
-		slog.String("consumer", a.cfg.Name), slog.String("event_id", ev.EventID.String()), slog.Any("error", cause))
-	if _, err := a.pool.Exec(ctx, markLeaseUncertain, a.cfg.Name, ev.EventID, token, cause.Error()); err != nil {
-		return dbErrors.Translate("marking a lease uncertain", err)
-	}
-	return nil
 }

@@ -3,7 +3,6 @@ package inbox
 import (
 	"context"
 	"errors"
-	"log/slog"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -285,11 +284,6 @@ func (a *leaseApplier) markBatchDone(ctx context.Context, called []*leaseItem) e
 		}
 	}
 	return nil
-}
-
-func (a *leaseApplier) leaseTakenOver(ctx context.Context, ev event.Envelope) {
-	a.cfg.Logger.WarnContext(ctx, "inbox lease was taken over; leaving the row to the new holder",
-		slog.String("consumer", a.cfg.Name), slog.String("event_id", ev.EventID.String()))
 }
 
 // parkLeasedIfHeld parks a message the batch leased when an earlier
