@@ -110,7 +110,7 @@ func (f *fixture) modeConsumer(t *testing.T, mode string, pool *pgxpool.Pool, gr
 			Call: func(ctx context.Context, ev event.Envelope, _ string) error {
 				return apply(ctx, f.pool.Exec, ev)
 			},
-		}, cfg)
+		}, inbox.LeaseConfig{Config: cfg})
 	}
 	if err != nil {
 		t.Fatal(err)

@@ -78,7 +78,7 @@ func TestLeaseModeARequeuedDeadLetterRunsItsEffectOnce(t *testing.T) {
 		}
 		return call(ctx, ev, key)
 	}
-	runUntilCleanup(t, f.leaseConsumer(t, testenv.Name("group"), eff, inbox.Config{DeadLetterTopic: dlt}))
+	runUntilCleanup(t, f.leaseConsumer(t, testenv.Name("group"), eff, inbox.LeaseConfig{Config: inbox.Config{DeadLetterTopic: dlt}}))
 
 	testenv.WaitFor(t, 30*time.Second, "v1 dead-lettered", func() (bool, error) {
 		return f.count(t, "SELECT count(*) FROM inbox_messages WHERE message_id = $1 AND status = 'dead_lettered'", v1.EventID) == 1, nil

@@ -143,7 +143,7 @@ func TestADatabaseOutageDoesNotSpendTheRetryBudget(t *testing.T) {
 					Done: func(ctx context.Context, tx pgx.Tx, _ event.Envelope, _ inbox.Outcome) error {
 						return killOwnConnection(ctx, tx.Exec)
 					},
-				}, cfg)
+				}, inbox.LeaseConfig{Config: cfg})
 			}
 			if err != nil {
 				t.Fatal(err)

@@ -160,7 +160,7 @@ func TestALeasedSideEffectRunsInAConsumerSpanContinuingTheProducer(t *testing.T)
 			under.add(ctx, ev)
 			return nil
 		},
-	}, inbox.Config{Name: "lease-test", Metrics: inbox.NewMetrics(f.registry)})
+	}, inbox.LeaseConfig{Config: inbox.Config{Name: "lease-test", Metrics: inbox.NewMetrics(f.registry)}})
 	if err != nil {
 		t.Fatal(err)
 	}

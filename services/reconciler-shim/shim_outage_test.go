@@ -51,10 +51,9 @@ func TestAThirdPartyDownLongerThanTheRetryBudgetDeadLettersNothingAndDeliversAll
 	r.publish(t, evs...)
 	reg := prometheus.NewRegistry()
 	// A retry budget of well under a second: 3 attempts, 10-50ms apart.
-	c, closeC := r.consumer(t, testinfra.Name("shim"), 300*time.Millisecond, inbox.Config{
-		MaxAttempts: 3, BackoffMin: 10 * time.Millisecond, BackoffMax: 50 * time.Millisecond,
-		LeaseTTL: 2 * time.Second, Metrics: inbox.NewMetrics(reg),
-	})
+	c, closeC := r.consumer(t, testinfra.Name("shim"), 300*time.Millisecond, inbox.LeaseConfig{LeaseTTL: 2 * time.Second, Config: inbox.Config{
+		MaxAttempts: 3, BackoffMin: 10 * time.Millisecond, BackoffMax: 50 * time.Millisecond, Metrics: inbox.NewMetrics(reg),
+	}})
 	defer closeC()
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
@@ -107,23 +106,22 @@ func TestATakeoverThatCannotDecideRecordsThePaymentUncertain(t *testing.T) {
 	group := testinfra.Name("shim")
 
 	killed := errors.New("killed")
-	first, closeFirst := r.consumer(t, group, 5*time.Second, inbox.Config{
-		LeaseTTL: 500 * time.Millisecond,
+	first, closeFirst := r.consumer(t, group, 5*time.Second, inbox.LeaseConfig{LeaseTTL: 500 * time.Millisecond, Config: inbox.Config{
 		CrashPoint: func(name string) error {
 			if name == inbox.CrashAfterEffect {
 				return killed
 			}
 			return nil
 		},
-	})
+	}})
 	if err := first.Run(context.Background()); !errors.Is(err, killed) {
 		t.Fatalf("first life ended with %v, want the crash", err)
 	}
 	closeFirst()
 
 	r.mode.Store(apiLookupLost)
-	second, closeSecond := r.consumer(t, group, 5*time.Second, inbox.Config{LeaseTTL: 500 * time.Millisecond,
-		MaxAttempts: 2, BackoffMin: 10 * time.Millisecond, BackoffMax: 50 * time.Millisecond})
+	second, closeSecond := r.consumer(t, group, 5*time.Second, inbox.LeaseConfig{LeaseTTL: 500 * time.Millisecond, Config: inbox.Config{
+		MaxAttempts: 2, BackoffMin: 10 * time.Millisecond, BackoffMax: 50 * time.Millisecond}})
 	defer closeSecond()
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)

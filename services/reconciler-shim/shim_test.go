@@ -104,7 +104,7 @@ func (r *rig) publish(t *testing.T, evs ...event.Envelope) {
 
 // consumer builds the shim's lease-mode consumer on a group, with a client
 // whose calls time out after callTimeout.
-func (r *rig) consumer(t *testing.T, group string, callTimeout time.Duration, cfg inbox.Config) (*inbox.Consumer, func()) {
+func (r *rig) consumer(t *testing.T, group string, callTimeout time.Duration, cfg inbox.LeaseConfig) (*inbox.Consumer, func()) {
 	t.Helper()
 	w := kafkautil.NewWriter(r.brokers, 10)
 	tp := thirdparty.NewClient(r.url, &http.Client{Timeout: callTimeout})
@@ -148,15 +148,14 @@ func TestKilledBetweenTheCallAndDoneTheThirdPartyHoldsOneSettlement(t *testing.T
 
 	// First life: calls the third party, then dies before marking done.
 	killed := errors.New("killed")
-	first, closeFirst := r.consumer(t, group, 5*time.Second, inbox.Config{
-		LeaseTTL: 500 * time.Millisecond,
+	first, closeFirst := r.consumer(t, group, 5*time.Second, inbox.LeaseConfig{LeaseTTL: 500 * time.Millisecond, Config: inbox.Config{
 		CrashPoint: func(name string) error {
 			if name == inbox.CrashAfterEffect {
 				return killed
 			}
 			return nil
 		},
-	})
+	}})
 	if err := first.Run(context.Background()); !errors.Is(err, killed) {
 		t.Fatalf("first life ended with %v, want the crash", err)
 	}
@@ -167,7 +166,7 @@ func TestKilledBetweenTheCallAndDoneTheThirdPartyHoldsOneSettlement(t *testing.T
 
 	// Second life: the redelivery waits out the dead worker's lease, asks the
 	// third party, and records the forward without calling again.
-	second, closeSecond := r.consumer(t, group, 5*time.Second, inbox.Config{LeaseTTL: 500 * time.Millisecond})
+	second, closeSecond := r.consumer(t, group, 5*time.Second, inbox.LeaseConfig{LeaseTTL: 500 * time.Millisecond})
 	defer closeSecond()
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
@@ -197,10 +196,9 @@ func TestAFailingOrHangingThirdPartyIsRetriedWithoutDuplicates(t *testing.T) {
 	}
 	r.publish(t, first, second)
 	reg := prometheus.NewRegistry()
-	c, closeC := r.consumer(t, testinfra.Name("shim"), 300*time.Millisecond, inbox.Config{
-		Workers: 1, BackoffMin: 20 * time.Millisecond, BackoffMax: 100 * time.Millisecond,
-		LeaseTTL: 2 * time.Second, Metrics: inbox.NewMetrics(reg),
-	})
+	c, closeC := r.consumer(t, testinfra.Name("shim"), 300*time.Millisecond, inbox.LeaseConfig{LeaseTTL: 2 * time.Second, Config: inbox.Config{
+		Workers: 1, BackoffMin: 20 * time.Millisecond, BackoffMax: 100 * time.Millisecond, Metrics: inbox.NewMetrics(reg),
+	}})
 	defer closeC()
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
@@ -266,7 +264,7 @@ func TestManyPaymentsThroughFailuresHangsAndACrashAreEachBookedOnce(t *testing.T
 	}
 	r.publish(t, evs...)
 	group := testinfra.Name("shim")
-	backoff := inbox.Config{BackoffMin: 20 * time.Millisecond, BackoffMax: 100 * time.Millisecond, LeaseTTL: time.Second, MaxInFlight: 4}
+	backoff := inbox.LeaseConfig{Config: inbox.Config{BackoffMin: 20 * time.Millisecond, BackoffMax: 100 * time.Millisecond}, LeaseTTL: time.Second, MaxInFlight: 4}
 
 	killed := errors.New("killed")
 	var passes atomic.Int32

@@ -44,7 +44,7 @@ type Config struct {
 	// is retried, and the retry first asks whether the call landed.
 	ReconcilerTimeout time.Duration `env:"RECONCILER_TIMEOUT" envDefault:"5s"`
 	// ReconcilerMaxInFlight bounds the calls to the reconciler in flight at
-	// once (inbox.Config.MaxInFlight): payments of distinct orders are
+	// once (inbox.LeaseConfig.MaxInFlight): payments of distinct orders are
 	// forwarded concurrently up to it, each order's in order. It also sizes
 	// the client's pool of kept-alive connections, so concurrent calls do
 	// not open and close a connection each.
@@ -94,19 +94,21 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout 
 	defer dlq.Close()
 	src := inbox.GroupConfig{Brokers: cfg.KafkaBrokers, Topic: cfg.BillingTopic, Group: cfg.ConsumerGroup,
 		Dialer: kafkaSecurity.Dialer()}
-	consumer, err := inbox.NewLeaseConsumer(svc.Pool, src, dlq, shim.New(tp, svc.Logger).WithMetrics(shim.NewMetrics(svc.Registry)).Effect(), inbox.Config{
-		Name: cfg.ConsumerGroup,
+	consumer, err := inbox.NewLeaseConsumer(svc.Pool, src, dlq, shim.New(tp, svc.Logger).WithMetrics(shim.NewMetrics(svc.Registry)).Effect(), inbox.LeaseConfig{
+		Config: inbox.Config{
+			Name:          cfg.ConsumerGroup,
+			ShutdownGrace: cfg.ShutdownGrace,
+			Logger:        svc.Logger,
+			Metrics:       inbox.NewMetrics(svc.Registry),
+			CrashPoint:    crashPoint,
+		},
 		// Each call to the reconciler starts right after its lease was
 		// renewed and ends within ReconcilerTimeout; the lease outlives it by
 		// twice that, which leaves the default LeaseMargin (LeaseTTL/10) for
 		// a call to land after the shim stopped waiting for it.
-		LeaseTTL:      3 * cfg.ReconcilerTimeout,
-		CallTimeout:   cfg.ReconcilerTimeout,
-		MaxInFlight:   cfg.ReconcilerMaxInFlight,
-		ShutdownGrace: cfg.ShutdownGrace,
-		Logger:        svc.Logger,
-		Metrics:       inbox.NewMetrics(svc.Registry),
-		CrashPoint:    crashPoint,
+		LeaseTTL:    3 * cfg.ReconcilerTimeout,
+		CallTimeout: cfg.ReconcilerTimeout,
+		MaxInFlight: cfg.ReconcilerMaxInFlight,
 	})
 	if err != nil {
 		return err
