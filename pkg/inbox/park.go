@@ -62,24 +62,43 @@ ON CONFLICT (consumer, message_id) DO UPDATE SET status = 'dead', dead_at = now(
 	// unreserveVersion moves the version guard back below a dead message
 	// (park mode): the lease applier advances it when it leases, before the
 	// effect, and the later versions it leased with it are parked, so none
-	// of them is applied.
+	// of them is applied. It goes back to the highest version below the dead
+	// one that the inbox records as applied (or being applied, or maybe
+	// applied: uncertain), 0 when there is none — not to "dead − 1": an
+	// earlier version that never arrived (dead in its producer's outbox and
+	// requeued there later, say) would then be skipped as stale. The inbox
+	// keeps those rows for Config.Retention (30 days by default); a message
+	// redelivered after its row was pruned, while a later version of its
+	// aggregate is dead, would pass the guard.
 	unreserveVersion = `
-UPDATE inbox_aggregate_versions SET version = $4 - 1, updated_at = now()
+UPDATE inbox_aggregate_versions SET updated_at = now(), version = coalesce((
+    SELECT max(aggregate_version) FROM inbox_messages
+    WHERE consumer = $1 AND aggregate_id = $3 AND aggregate_version < $4
+      AND status IN ('processed', 'leased', 'uncertain')), 0)
 WHERE consumer = $1 AND aggregate_type = $2 AND aggregate_id = $3 AND version >= $4`
 
 	// parkState reads what decides a message's fate: its own hold's status
 	// (a requeued dead message), whether another message holds its
 	// aggregate, the first parked message of its aggregate, and whether it
-	// is parked itself.
+	// is parked itself. Only what comes before a message holds it: a dead
+	// message or a parked one of a lower version, or of an unknown one (0).
+	// An earlier version arriving after a later one died (the later one was
+	// refused because it needs the earlier one, say) is applied, or the two
+	// would wait for each other.
 	parkState = `
 SELECT (SELECT status FROM inbox_dead_keys WHERE consumer = $1 AND message_id = $4),
        EXISTS (SELECT 1 FROM inbox_dead_keys
-               WHERE consumer = $1 AND aggregate_type = $2 AND aggregate_id = $3 AND message_id <> $4),
+               WHERE consumer = $1 AND aggregate_type = $2 AND aggregate_id = $3 AND message_id <> $4
+                 AND NOT ($5 > 0 AND aggregate_version > $5)),
        (SELECT message_id FROM inbox_parked_messages
-        WHERE consumer = $1 AND aggregate_type = $2 AND aggregate_id = $3 ORDER BY seq LIMIT 1),
+        WHERE consumer = $1 AND aggregate_type = $2 AND aggregate_id = $3
+          AND NOT ($5 > 0 AND aggregate_version > $5)
+        ORDER BY seq LIMIT 1),
        (SELECT message_id FROM inbox_dead_keys
         WHERE consumer = $1 AND aggregate_type = $2 AND aggregate_id = $3 AND message_id <> $4
-        ORDER BY aggregate_version, dead_at LIMIT 1)`
+          AND NOT ($5 > 0 AND aggregate_version > $5)
+        ORDER BY aggregate_version, dead_at LIMIT 1),
+       EXISTS (SELECT 1 FROM inbox_parked_messages WHERE consumer = $1 AND aggregate_type = $2 AND aggregate_id = $3)`
 
 	// keysHeld returns which of the given aggregates have a dead message or
 	// parked messages: a batch that meets one settles message by message.
@@ -145,14 +164,15 @@ func (s *shared) parkCheck(ctx context.Context, tx pgx.Tx, ev *event.Envelope) (
 		otherDead   bool
 		firstParked *uuid.UUID
 		deadOne     *uuid.UUID
+		anyParked   bool
 	)
-	if err := tx.QueryRow(ctx, parkState, s.cfg.Name, ev.AggregateType, ev.AggregateID, ev.EventID).
-		Scan(&own, &otherDead, &firstParked, &deadOne); err != nil {
+	if err := tx.QueryRow(ctx, parkState, s.cfg.Name, ev.AggregateType, ev.AggregateID, ev.EventID, ev.AggregateVersion).
+		Scan(&own, &otherDead, &firstParked, &deadOne, &anyParked); err != nil {
 		return parkDecision{}, dbErrors.Translate("reading the aggregate's parking", err)
 	}
 	switch {
 	case own != nil:
-		return parkDecision{verdict: proceedRequeued, release: firstParked != nil}, nil
+		return parkDecision{verdict: proceedRequeued, release: anyParked}, nil
 	case s.cfg.DeadKeys == DeadKeySkipAhead:
 		return parkDecision{verdict: proceed}, nil
 	case otherDead:

@@ -354,3 +354,60 @@ func TestParkedEventsLeftWithNothingDeadAheadAreReleasedByTheNextOwner(t *testin
 		})
 	}
 }
+
+// A later version died first: v2 reached the consumer before v1 (v1 was
+// dead in the producer's outbox and requeued there later, say) and was
+// refused, since it needs v1's effect. When v1 then arrives it must be
+// applied — it is below the dead message, so nothing holds it — and the
+// requeue of v2 then applies v2: a1, then a2. Parking v1 behind v2 would
+// leave both waiting for each other (and in lease mode a guard moved back
+// to "v2 − 1" would call v1 stale). In both modes.
+func TestAnEarlierVersionArrivingAfterALaterDeadOneIsApplied(t *testing.T) {
+	t.Parallel()
+	for _, mode := range []string{"transactional", "lease"} {
+		t.Run(mode, func(t *testing.T) {
+			t.Parallel()
+			f := newFixture(t)
+			dlt := testenv.NewTopic(t, f.brokers, 1)
+			a1, a2 := newEvent("a", 1), newEvent("a", 2)
+			all := map[uuid.UUID]event.Envelope{a1.EventID: a1, a2.EventID: a2}
+			var a1Applied atomic.Bool
+			apply := func(ctx context.Context, exec func(context.Context, string, ...any) (pgconn.CommandTag, error), ev event.Envelope) error {
+				if ev.EventID == a2.EventID && !a1Applied.Load() {
+					return inbox.Permanent(errors.New("a refund before its capture"))
+				}
+				if err := insertEffect(ctx, exec, ev); err != nil {
+					return err
+				}
+				if ev.EventID == a1.EventID {
+					a1Applied.Store(true)
+				}
+				return nil
+			}
+			cfg := inbox.Config{Name: "late-" + mode, DeadLetterTopic: dlt, Metrics: inbox.NewMetrics(f.registry)}
+			runUntilCleanup(t, f.modeConsumer(t, mode, f.pool, testenv.Name("group"), apply, cfg))
+
+			f.produce(t, event.ToKafka(f.topic, a2))
+			testenv.WaitFor(t, 30*time.Second, "a2 dead-lettered", func() (bool, error) {
+				return f.count(t, "SELECT count(*) FROM inbox_messages WHERE message_id = $1 AND status = 'dead_lettered'", a2.EventID) == 1, nil
+			})
+			f.produce(t, event.ToKafka(f.topic, a1))
+			testenv.WaitFor(t, 30*time.Second, "a1 settled", func() (bool, error) {
+				return f.count(t, "SELECT count(*) FROM inbox_messages WHERE message_id = $1", a1.EventID)+
+					f.count(t, "SELECT count(*) FROM inbox_parked_messages WHERE message_id = $1", a1.EventID) > 0, nil
+			})
+			var status string
+			_ = f.pool.QueryRow(context.Background(), "SELECT coalesce((SELECT status FROM inbox_messages WHERE message_id = $1), 'parked')", a1.EventID).Scan(&status)
+			if !a1Applied.Load() {
+				t.Fatalf("a1, below the dead a2, was not applied (it is %s)", status)
+			}
+			f.requeue(t, dlt, 1, a2.EventID)
+			testenv.WaitFor(t, 30*time.Second, "a1 and a2 applied", func() (bool, error) {
+				return f.count(t, "SELECT count(*) FROM effects") == 2, nil
+			})
+			if got := fmt.Sprint(f.effectOrder(t, all)); got != "[a1 a2]" {
+				t.Fatalf("effects %s, want [a1 a2]", got)
+			}
+		})
+	}
+}
