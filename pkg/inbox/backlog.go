@@ -114,7 +114,7 @@ const (
 // Backlog counts the inbox's expired leases, uncertain rows, dead letters
 // and parked messages older than cfg says, with the oldest one's time and the ids of
 // the oldest few. Its errors are named like the consumer's (a database that
-// cannot be reached satisfies internal/pgerr.IsUnavailable); a missing table (an
+// cannot be reached satisfies pgerr.IsUnavailable); a missing table (an
 // unmigrated database) stays a *pgconn.PgError in the chain (SQLSTATE
 // 42P01), never an empty report.
 func Backlog(ctx context.Context, db BacklogDB, cfg BacklogConfig) (BacklogReport, error) {

@@ -101,7 +101,7 @@
 //   - Outages: Kafka unreachable or not ready (dial errors, connection
 //     resets, NotLeaderForPartition, LeaderNotAvailable, RequestTimedOut,
 //     NotEnoughReplicas, a group coordinator moving); the database
-//     unreachable (internal/pgerr.IsUnavailable: SQLSTATE class 08, 57P01-57P03,
+//     unreachable (pgerr.IsUnavailable: SQLSTATE class 08, 57P01-57P03,
 //     class 53, a broken connection, a pool acquire timeout). Retried with
 //     capped backoff and jitter for as long as they last, never counted as
 //     an attempt of a message, never a dead letter. They are counted
@@ -111,7 +111,7 @@
 //   - Permanent message errors: undecodable or invalid envelopes
 //     (event.ErrInvalid, which includes NUL bytes, invalid UTF-8, over-long
 //     fields and absurd versions), errors wrapping ErrPermanent, and data
-//     Postgres refuses (internal/pgerr.IsPermanent: SQLSTATE class 22, such as 22021
+//     Postgres refuses (pgerr.IsPermanent: SQLSTATE class 22, such as 22021
 //     for a NUL in a text column, and class 54). Dead-lettered at once.
 //   - Other handler or commit errors: retried with backoff up to
 //     MaxAttempts, then dead-lettered.

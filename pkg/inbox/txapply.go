@@ -12,9 +12,9 @@ import (
 	"github.com/segmentio/kafka-go"
 
 	"github.com/onceflow/onceflow/pkg/event"
-	"github.com/onceflow/onceflow/pkg/internal/pgerr"
 	"github.com/onceflow/onceflow/pkg/internal/retry"
 	"github.com/onceflow/onceflow/pkg/internal/tracectx"
+	"github.com/onceflow/onceflow/pkg/pgerr"
 )
 
 // Handler applies one event's side effects using tx, the transaction the

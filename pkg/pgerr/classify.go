@@ -1,8 +1,3 @@
-// Package pgerr classifies Postgres errors for the libraries: an outage to
-// wait out (IsUnavailable), data Postgres refuses for good (IsPermanent), and
-// the translation of driver errors into a store's named errors (StoreErrors).
-// The platform's services keep their own copy in platform/pgutil: a library
-// a team copies imports nothing of the platform.
 package pgerr
 
 import (
