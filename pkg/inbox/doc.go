@@ -180,7 +180,8 @@
 // mode the span covers the side effect and marking it done) that
 // continues the trace context of the message's traceparent header, and its
 // ctx carries the span: an event the handler enqueues stores it
-// (tracectx.Traceparent), an HTTP call made with tracectx.Transport sends it.
+// (event.TraceparentFromContext), an HTTP call whose transport injects it
+// (the platform's tracing.Transport, or otelhttp) sends it.
 // Spans go to the process-wide tracer provider (package tracing); without one
 // they cost next to nothing and hand the header's context on unchanged.
 //

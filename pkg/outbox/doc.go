@@ -101,7 +101,7 @@
 // the relay's claims and round trips per event.
 //
 // Tracing: Enqueue stores the envelope's Traceparent with the row (set it
-// from the producing request's span with tracectx.Traceparent). The relay
+// from the producing request's span with event.TraceparentFromContext). The relay
 // publishes each event in an OpenTelemetry producer span that continues that
 // stored context, and the Kafka message carries the producer span's
 // traceparent, so the consumer's span is its child. Spans go to the
