@@ -7,6 +7,8 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+
+	"github.com/onceflow/onceflow/pkg/internal/backlog"
 )
 
 // Backlog is the inbox's read of "rows in status S older than T", for
@@ -144,26 +146,7 @@ func Backlog(ctx context.Context, db BacklogDB, cfg BacklogConfig) (BacklogRepor
 }
 
 func backlogState(ctx context.Context, db BacklogDB, what, count, sample string, olderThan time.Duration, cfg BacklogConfig) (BacklogState, error) {
-	var (
-		s      BacklogState
-		oldest *time.Time
-	)
-	if err := db.QueryRow(ctx, count, olderThan.Microseconds(), cfg.Consumer).Scan(&s.Count, &oldest); err != nil {
-		return s, dbErrors.Translate("inbox: counting "+what, err)
-	}
-	if s.Count == 0 {
-		return s, nil
-	}
-	s.Oldest = *oldest
-	if cfg.Samples == 0 {
-		return s, nil
-	}
-	rows, err := db.Query(ctx, sample, olderThan.Microseconds(), cfg.Consumer, cfg.Samples)
-	if err != nil {
-		return s, dbErrors.Translate("inbox: sampling "+what, err)
-	}
-	if s.Samples, err = pgx.CollectRows(rows, pgx.RowTo[uuid.UUID]); err != nil {
-		return s, dbErrors.Translate("inbox: sampling "+what, err)
-	}
-	return s, nil
+	s, err := backlog.Read(ctx, db, count, sample, []any{olderThan.Microseconds(), cfg.Consumer}, cfg.Samples,
+		func(doing string, err error) error { return dbErrors.Translate("inbox: "+doing+" "+what, err) })
+	return BacklogState(s), err
 }

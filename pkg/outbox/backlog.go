@@ -7,6 +7,8 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+
+	"github.com/onceflow/onceflow/pkg/internal/backlog"
 )
 
 // Backlog is the outbox's read of "rows in state S older than T", for
@@ -110,27 +112,7 @@ const (
 )
 
 func backlogState(ctx context.Context, db BacklogDB, state string, olderThan time.Duration, samples int) (BacklogState, error) {
-	var (
-		s      BacklogState
-		oldest *time.Time
-	)
-	err := db.QueryRow(ctx, sqlBacklogCount, state, olderThan.Microseconds()).Scan(&s.Count, &oldest)
-	if err != nil {
-		return s, storeErr("counting "+state+" rows", err)
-	}
-	if s.Count == 0 {
-		return s, nil
-	}
-	s.Oldest = *oldest
-	if samples == 0 {
-		return s, nil
-	}
-	rows, err := db.Query(ctx, sqlBacklogSamples, state, olderThan.Microseconds(), samples)
-	if err != nil {
-		return s, storeErr("sampling "+state+" rows", err)
-	}
-	if s.Samples, err = pgx.CollectRows(rows, pgx.RowTo[uuid.UUID]); err != nil {
-		return s, storeErr("sampling "+state+" rows", err)
-	}
-	return s, nil
+	s, err := backlog.Read(ctx, db, sqlBacklogCount, sqlBacklogSamples, []any{state, olderThan.Microseconds()}, samples,
+		func(doing string, err error) error { return storeErr(doing+" "+state+" rows", err) })
+	return BacklogState(s), err
 }
