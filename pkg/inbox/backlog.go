@@ -2,11 +2,9 @@ package inbox
 
 import (
 	"context"
-	"fmt"
 	"time"
 
 	"github.com/google/uuid"
-	"github.com/jackc/pgx/v5"
 
 	"github.com/onceflow/onceflow/pkg/internal/backlog"
 )
@@ -17,11 +15,9 @@ import (
 // SELECTs: a read-only role (pgroles' readers, e.g. reconcile_ro) may run it.
 
 // BacklogDB is what Backlog reads through: a *pgxpool.Pool, a *pgx.Conn or
-// a pgx.Tx. Reads only: a read-only role's handle is enough.
-type BacklogDB interface {
-	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
-	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
-}
+// a pgx.Tx (Query and QueryRow). Reads only: a read-only role's handle is
+// enough.
+type BacklogDB = backlog.DB
 
 // BacklogConfig says which rows Backlog counts. The zero value counts every
 // consumer's expired leases, uncertain and dead-lettered rows, of any age,
@@ -52,19 +48,11 @@ type BacklogConfig struct {
 // Validate refuses negative fields: a negative age would count rows from
 // the future (none) and read as a clean inbox.
 func (c BacklogConfig) Validate() error {
-	switch {
-	case c.LeaseExpiredFor < 0:
-		return fmt.Errorf("inbox: backlog: LeaseExpiredFor %v is negative", c.LeaseExpiredFor)
-	case c.UncertainOlderThan < 0:
-		return fmt.Errorf("inbox: backlog: UncertainOlderThan %v is negative", c.UncertainOlderThan)
-	case c.DeadLetteredOlderThan < 0:
-		return fmt.Errorf("inbox: backlog: DeadLetteredOlderThan %v is negative", c.DeadLetteredOlderThan)
-	case c.ParkedOlderThan < 0:
-		return fmt.Errorf("inbox: backlog: ParkedOlderThan %v is negative", c.ParkedOlderThan)
-	case c.Samples < 0:
-		return fmt.Errorf("inbox: backlog: Samples %d is negative", c.Samples)
-	}
-	return nil
+	return backlog.Validate("inbox", c.Samples,
+		backlog.Age{Field: "LeaseExpiredFor", Value: c.LeaseExpiredFor},
+		backlog.Age{Field: "UncertainOlderThan", Value: c.UncertainOlderThan},
+		backlog.Age{Field: "DeadLetteredOlderThan", Value: c.DeadLetteredOlderThan},
+		backlog.Age{Field: "ParkedOlderThan", Value: c.ParkedOlderThan})
 }
 
 // BacklogState is what Backlog found in one status.

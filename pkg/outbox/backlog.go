@@ -2,11 +2,9 @@ package outbox
 
 import (
 	"context"
-	"fmt"
 	"time"
 
 	"github.com/google/uuid"
-	"github.com/jackc/pgx/v5"
 
 	"github.com/onceflow/onceflow/pkg/internal/backlog"
 )
@@ -17,11 +15,9 @@ import (
 // a read-only role (pgroles' readers, e.g. reconcile_ro) may run it.
 
 // BacklogDB is what Backlog reads through: a *pgxpool.Pool, a *pgx.Conn or
-// a pgx.Tx. Reads only: a read-only role's handle is enough.
-type BacklogDB interface {
-	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
-	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
-}
+// a pgx.Tx (Query and QueryRow). Reads only: a read-only role's handle is
+// enough.
+type BacklogDB = backlog.DB
 
 // BacklogConfig says which rows Backlog counts. The zero value counts every
 // pending and every dead row and lists no samples.
@@ -41,15 +37,9 @@ type BacklogConfig struct {
 // Validate refuses negative fields: a negative age would count rows from
 // the future (none) and read as a clean outbox.
 func (c BacklogConfig) Validate() error {
-	switch {
-	case c.PendingOlderThan < 0:
-		return fmt.Errorf("outbox: backlog: PendingOlderThan %v is negative", c.PendingOlderThan)
-	case c.DeadOlderThan < 0:
-		return fmt.Errorf("outbox: backlog: DeadOlderThan %v is negative", c.DeadOlderThan)
-	case c.Samples < 0:
-		return fmt.Errorf("outbox: backlog: Samples %d is negative", c.Samples)
-	}
-	return nil
+	return backlog.Validate("outbox", c.Samples,
+		backlog.Age{Field: "PendingOlderThan", Value: c.PendingOlderThan},
+		backlog.Age{Field: "DeadOlderThan", Value: c.DeadOlderThan})
 }
 
 // BacklogState is what Backlog found in one state.

@@ -6,6 +6,7 @@ package backlog
 
 import (
 	"context"
+	"fmt"
 	"time"
 
 	"github.com/google/uuid"
@@ -17,6 +18,27 @@ import (
 type DB interface {
 	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
 	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+}
+
+// Age is one age field of a library's BacklogConfig, by name.
+type Age struct {
+	Field string
+	Value time.Duration
+}
+
+// Validate refuses a negative age or a negative number of samples, naming
+// lib and the field: a negative age would count rows from the future (none)
+// and read as a clean backlog.
+func Validate(lib string, samples int, ages ...Age) error {
+	for _, a := range ages {
+		if a.Value < 0 {
+			return fmt.Errorf("%s: backlog: %s %v is negative", lib, a.Field, a.Value)
+		}
+	}
+	if samples < 0 {
+		return fmt.Errorf("%s: backlog: Samples %d is negative", lib, samples)
+	}
+	return nil
 }
 
 // State is what one read found. Each library's BacklogState has the same
