@@ -1,0 +1,63 @@
+package testenv
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/segmentio/kafka-go"
+)
+
+// ForExample is the setup of a runnable Example, which has no *testing.T: a
+// fresh database in which setupSQL has run and sets are applied, and a fresh
+// one-partition topic, plus one beside it for each of topicSuffixes (".dlt").
+// It returns a pool on the database, the brokers and the topic's name, and a
+// cleanup that drops them all. A failure panics, naming the command that
+// starts the dev stack.
+func ForExample(ctx context.Context, setupSQL string, sets []Migration, topicSuffixes ...string) (*pgxpool.Pool, []string, string, func()) {
+	admin, brokers, name := PostgresAdminURL(), kafkaBrokers(), Name("example")
+	must := func(err error) {
+		if err != nil {
+			panic(fmt.Sprintf("example setup (is the dev stack up? `make up`): %v", err))
+		}
+	}
+	adminConn, err := pgx.Connect(ctx, admin)
+	must(err)
+	_, err = adminConn.Exec(ctx, "CREATE DATABASE "+name)
+	must(err)
+	cfg, err := pgxpool.ParseConfig(admin)
+	must(err)
+	cfg.ConnConfig.Database = name
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	must(err)
+	_, err = pool.Exec(ctx, setupSQL)
+	must(err)
+	must(Migrate(pool, sets...))
+	ctrl, err := Controller(ctx, brokers)
+	must(err)
+	topics := []string{name}
+	for _, s := range topicSuffixes {
+		topics = append(topics, name+s)
+	}
+	for _, topic := range topics {
+		must(ctrl.CreateTopics(kafka.TopicConfig{Topic: topic, NumPartitions: 1, ReplicationFactor: 1}))
+	}
+	for deadline := time.Now().Add(20 * time.Second); ; <-time.After(20 * time.Millisecond) {
+		parts, err := ctrl.ReadPartitions(name)
+		if err == nil && len(parts) == 1 && parts[0].Leader.Host != "" {
+			break
+		}
+		if time.Now().After(deadline) {
+			must(fmt.Errorf("topic %s has no leader after 20s", name))
+		}
+	}
+	return pool, brokers, name, func() {
+		pool.Close()
+		_, _ = adminConn.Exec(ctx, "DROP DATABASE "+name+" WITH (FORCE)")
+		adminConn.Close(ctx)
+		_ = ctrl.DeleteTopics(topics...)
+		ctrl.Close()
+	}
+}
