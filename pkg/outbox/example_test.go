@@ -60,11 +60,7 @@ func Example() {
 	go func() { stopped <- relay.Run(runCtx) }()
 
 	// A consumer sees the event, keyed by the aggregate id.
-	r := kafka.NewReader(kafka.ReaderConfig{Brokers: brokers, Topic: topic, Partition: 0, MaxWait: 100 * time.Millisecond})
-	defer r.Close()
-	readCtx, cancel := context.WithTimeout(ctx, 20*time.Second)
-	defer cancel()
-	m, err := r.ReadMessage(readCtx)
+	m, err := firstMessage(ctx, brokers, topic)
 	if err != nil {
 		fmt.Println("reading:", err)
 		return
@@ -98,6 +94,16 @@ func ExampleReplay() {
 	}, true)
 	fmt.Println(len(items), items[0].EventType, items[0].AggregateVersion, err)
 	// Output: 1 OrderPlaced 1 <nil>
+}
+
+// firstMessage reads the first message of the example's one-partition topic,
+// as any Kafka consumer would.
+func firstMessage(ctx context.Context, brokers []string, topic string) (kafka.Message, error) {
+	r := kafka.NewReader(kafka.ReaderConfig{Brokers: brokers, Topic: topic, Partition: 0, MaxWait: 100 * time.Millisecond})
+	defer r.Close()
+	ctx, cancel := context.WithTimeout(ctx, 20*time.Second)
+	defer cancel()
+	return r.ReadMessage(ctx)
 }
 
 // exampleSetup makes a fresh database with an orders table and the outbox
