@@ -3,6 +3,7 @@ package testenv
 import (
 	"context"
 	"fmt"
+	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -59,5 +60,39 @@ func ForExample(ctx context.Context, setupSQL string, sets []Migration, topicSuf
 		adminConn.Close(ctx)
 		_ = ctrl.DeleteTopics(topics...)
 		ctrl.Close()
+	}
+}
+
+// ExampleTB stands in for the *testing.T a runnable Example does not have,
+// so that the kits' helpers (and NewPool, NewMigratedDatabase, WaitFor) work
+// in one: a failure panics, and Done runs the cleanups, the last registered
+// first. Call defer t.Done() right after NewExampleTB.
+type ExampleTB struct {
+	testing.TB // nil: only the methods below are called
+	cleanups   []func()
+}
+
+// NewExampleTB returns an ExampleTB with no cleanups.
+func NewExampleTB() *ExampleTB { return &ExampleTB{} }
+
+// Helper does nothing: an example's failure has no test line to point at.
+func (*ExampleTB) Helper() {}
+
+// Fatalf panics with the message.
+func (*ExampleTB) Fatalf(format string, args ...any) { panic(fmt.Sprintf(format, args...)) }
+
+// Errorf panics with the message.
+func (*ExampleTB) Errorf(format string, args ...any) { panic(fmt.Sprintf(format, args...)) }
+
+// Logf discards the message: an example's output is what it prints.
+func (*ExampleTB) Logf(string, ...any) {}
+
+// Cleanup registers f to run in Done.
+func (t *ExampleTB) Cleanup(f func()) { t.cleanups = append(t.cleanups, f) }
+
+// Done runs the cleanups, the last registered first.
+func (t *ExampleTB) Done() {
+	for i := len(t.cleanups) - 1; i >= 0; i-- {
+		t.cleanups[i]()
 	}
 }
