@@ -443,7 +443,7 @@ func TestARequeueWakesASleepingRelay(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer runInBackground(t, "Run", relay.Run)()
+	defer testenv.RunInBackground(t, "Run", relay.Run)()
 	testenv.WaitFor(t, 10*time.Second, "the relay to own its partitions", func() (bool, error) {
 		return ownersAndLocks(t, pool)[1] == outbox.Partitions, nil
 	})
