@@ -199,8 +199,10 @@
 // of ListDeadLetters, ListParked (ParkedFilter) and RequeueDeadLetters
 // (RequeueFilter) and BacklogConfig's ages follow the same rule. Metrics are
 // documented on NewMetrics.
-// The crash points CrashAfterCommit and CrashAfterEffect let a
-// fault-injection harness kill a consumer at the worst moments.
+// Two crash points (after the database commit, before the offset commit;
+// after a leased side effect, before marking it done) let a fault-injection
+// harness kill a consumer at the worst moments; they are armed only through
+// the test kit (inboxtest.WithCrashPoint), never in a config.
 //
 // The schema ships as golang-migrate files in Migrations; apply them with
 // the service's own migrations, tracked in MigrationsTable.

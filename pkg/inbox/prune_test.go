@@ -169,4 +169,3 @@ func TestPrunerPrunesAtStartAndEveryInterval(t *testing.T) {
 		t.Fatalf("the pruner logged an error:\n%s", logs.String())
 	}
 }
-

@@ -22,6 +22,7 @@ import (
 
 	"github.com/onceflow/onceflow/pkg/event"
 	"github.com/onceflow/onceflow/pkg/outbox"
+	"github.com/onceflow/onceflow/pkg/outbox/outboxtest"
 	"github.com/onceflow/onceflow/pkg/testenv"
 )
 
@@ -121,21 +122,18 @@ func TestACrashBetweenAckAndMarkRepublishes(t *testing.T) {
 	w := testenv.NewWriter(brokers, 10)
 	defer w.Close()
 	crashed := errors.New("killed after the ack")
-	armed := true
-	relay, err := outbox.NewRelay(pool, w, outbox.RelayConfig{
-		Topic: func(string) string { return topic },
-		CrashPoint: func(name string) error {
-			if armed && name == outbox.CrashAfterAck {
-				return crashed
-			}
-			return nil
-		},
-	})
+	relay, err := outbox.NewRelay(pool, w, outbox.RelayConfig{Topic: func(string) string { return topic }})
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer relay.Close()
-	if _, err := relay.RelayBatch(ctx); !errors.Is(err, crashed) {
+	crashAfterAck := outboxtest.WithCrashPoint(ctx, func(name string) error {
+		if name == outboxtest.CrashAfterAck {
+			return crashed
+		}
+		return nil
+	})
+	if _, err := relay.RelayBatch(crashAfterAck); !errors.Is(err, crashed) {
 		t.Fatalf("err = %v, want the crash", err)
 	}
 	testenv.WaitFor(t, 20*time.Second, "the broker to have the events", func() (bool, error) { return c.distinct() == 2, nil })
@@ -143,7 +141,7 @@ func TestACrashBetweenAckAndMarkRepublishes(t *testing.T) {
 		t.Fatalf("%d rows pending after the crash, want 2: nothing may be marked before the ack is recorded", n)
 	}
 
-	armed = false // the restarted relay
+	// The restarted relay, without the crash point.
 	if n, err := relay.RelayBatch(ctx); err != nil || n != 2 {
 		t.Fatalf("after restart: n=%d err=%v", n, err)
 	}

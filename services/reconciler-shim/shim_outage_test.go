@@ -105,19 +105,7 @@ func TestATakeoverThatCannotDecideRecordsThePaymentUncertain(t *testing.T) {
 	r.publish(t, ev)
 	group := testinfra.Name("shim")
 
-	killed := errors.New("killed")
-	first, closeFirst := r.consumer(t, group, 5*time.Second, inbox.LeaseConfig{LeaseTTL: 500 * time.Millisecond, Config: inbox.Config{
-		CrashPoint: func(name string) error {
-			if name == inbox.CrashAfterEffect {
-				return killed
-			}
-			return nil
-		},
-	}})
-	if err := first.Run(context.Background()); !errors.Is(err, killed) {
-		t.Fatalf("first life ended with %v, want the crash", err)
-	}
-	closeFirst()
+	r.diesAfterTheFirstCall(t, group)
 
 	r.mode.Store(apiLookupLost)
 	second, closeSecond := r.consumer(t, group, 5*time.Second, inbox.LeaseConfig{LeaseTTL: 500 * time.Millisecond, Config: inbox.Config{

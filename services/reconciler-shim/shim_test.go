@@ -118,6 +118,24 @@ func (r *rig) consumer(t *testing.T, group string, callTimeout time.Duration, cf
 	return c, func() { w.Close() }
 }
 
+// diesAfterTheFirstCall runs a first life of the shim in group: it calls the
+// third party once, then dies at the crash point before marking it done.
+func (r *rig) diesAfterTheFirstCall(t *testing.T, group string) {
+	t.Helper()
+	first, closeFirst := r.consumer(t, group, 5*time.Second, inbox.LeaseConfig{LeaseTTL: 500 * time.Millisecond})
+	defer closeFirst()
+	killed := errors.New("killed")
+	ctx := inboxtest.WithCrashPoint(context.Background(), func(name string) error {
+		if name == inboxtest.CrashAfterEffect {
+			return killed
+		}
+		return nil
+	})
+	if err := first.Run(ctx); !errors.Is(err, killed) {
+		t.Fatalf("first life ended with %v, want the crash", err)
+	}
+}
+
 func captured(orderID uuid.UUID) event.Envelope {
 	body, _ := json.Marshal(map[string]any{
 		"paymentId": uuid.New(), "orderId": orderID, "customerId": "c", "amountCents": 700, "currency": "EUR", "at": time.Now(),
@@ -147,19 +165,7 @@ func TestKilledBetweenTheCallAndDoneTheThirdPartyHoldsOneSettlement(t *testing.T
 	group := testinfra.Name("shim")
 
 	// First life: calls the third party, then dies before marking done.
-	killed := errors.New("killed")
-	first, closeFirst := r.consumer(t, group, 5*time.Second, inbox.LeaseConfig{LeaseTTL: 500 * time.Millisecond, Config: inbox.Config{
-		CrashPoint: func(name string) error {
-			if name == inbox.CrashAfterEffect {
-				return killed
-			}
-			return nil
-		},
-	}})
-	if err := first.Run(context.Background()); !errors.Is(err, killed) {
-		t.Fatalf("first life ended with %v, want the crash", err)
-	}
-	closeFirst()
+	r.diesAfterTheFirstCall(t, group)
 	if st := r.ledger.Stats(); st.Settlements != 1 {
 		t.Fatalf("after the first life the third party has %d settlements, want 1", st.Settlements)
 	}
@@ -268,17 +274,16 @@ func TestManyPaymentsThroughFailuresHangsAndACrashAreEachBookedOnce(t *testing.T
 
 	killed := errors.New("killed")
 	var passes atomic.Int32
-	firstCfg := backoff
-	firstCfg.CrashPoint = func(name string) error {
-		if name == inbox.CrashAfterEffect && passes.Add(1) == 4 {
+	first, closeFirst := r.consumer(t, group, 300*time.Millisecond, backoff)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	crashAtTheFourth := inboxtest.WithCrashPoint(ctx, func(name string) error {
+		if name == inboxtest.CrashAfterEffect && passes.Add(1) == 4 {
 			return killed
 		}
 		return nil
-	}
-	first, closeFirst := r.consumer(t, group, 300*time.Millisecond, firstCfg)
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-	defer cancel()
-	if err := first.Run(ctx); !errors.Is(err, killed) {
+	})
+	if err := first.Run(crashAtTheFourth); !errors.Is(err, killed) {
 		t.Fatalf("first life ended with %v, want the crash", err)
 	}
 	closeFirst()

@@ -7,9 +7,11 @@ import (
 	"time"
 
 	"github.com/onceflow/onceflow/pkg/inbox"
+	"github.com/onceflow/onceflow/pkg/inbox/inboxtest"
 	"github.com/onceflow/onceflow/platform/inboxhttp"
 
 	"github.com/onceflow/onceflow/pkg/outbox"
+	"github.com/onceflow/onceflow/pkg/outbox/outboxtest"
 	"github.com/onceflow/onceflow/platform/config"
 	"github.com/onceflow/onceflow/platform/crash"
 	"github.com/onceflow/onceflow/platform/kafkautil"
@@ -98,10 +100,11 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout 
 		return err
 	}
 	defer svc.Close()
-	crashPoint, err := crash.Point(cfg.CrashPoint, cfg.CrashAfter, svc.Logger, inbox.CrashAfterCommit, outbox.CrashAfterAck)
+	crashPoint, err := crash.Point(cfg.CrashPoint, cfg.CrashAfter, svc.Logger, inboxtest.CrashAfterCommit, outboxtest.CrashAfterAck)
 	if err != nil {
 		return err
 	}
+	ctx = crash.Arm(ctx, crashPoint)
 
 	writer := kafkautil.NewWriter(cfg.KafkaBrokers, 500, kafkautil.WithSecurity(kafkaSecurity))
 	defer writer.Close()
@@ -111,7 +114,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout 
 	}
 	relay, err := outbox.NewPublisher(svc.Pool, writer, outbox.PublisherConfig{
 		Mode: relayMode, Topic: func(string) string { return cfg.BillingTopic },
-		Logger: svc.Logger, Metrics: outbox.NewMetrics(svc.Registry), CrashPoint: crashPoint,
+		Logger: svc.Logger, Metrics: outbox.NewMetrics(svc.Registry),
 		CDC: outbox.CDCConfig{Slot: cfg.OutboxSlot, ReplicationURL: cfg.ReplicationDatabaseURL},
 	})
 	if err != nil {
@@ -135,7 +138,6 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout 
 		ShutdownGrace: cfg.ShutdownGrace,
 		Logger:        svc.Logger,
 		Metrics:       inbox.NewMetrics(svc.Registry),
-		CrashPoint:    crashPoint,
 	})
 	if err != nil {
 		return err

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/onceflow/onceflow/pkg/outbox"
+	"github.com/onceflow/onceflow/pkg/outbox/outboxtest"
 	"github.com/onceflow/onceflow/platform/config"
 	"github.com/onceflow/onceflow/platform/crash"
 	"github.com/onceflow/onceflow/platform/kafkautil"
@@ -102,10 +103,11 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout 
 		return err
 	}
 	defer svc.Close()
-	crashPoint, err := crash.Point(cfg.CrashPoint, cfg.CrashAfter, svc.Logger, orders.CrashAfterWrite, outbox.CrashAfterAck)
+	crashPoint, err := crash.Point(cfg.CrashPoint, cfg.CrashAfter, svc.Logger, orders.CrashAfterWrite, outboxtest.CrashAfterAck)
 	if err != nil {
 		return err
 	}
+	ctx = crash.Arm(ctx, crashPoint)
 	relayMode, err := outbox.ParseRelayMode(cfg.RelayMode)
 	if err != nil {
 		return err
@@ -142,7 +144,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout 
 		defer writer.Close()
 		relay, err := outbox.NewPublisher(svc.Pool, writer, outbox.PublisherConfig{
 			Mode: relayMode, Topic: func(string) string { return cfg.OrdersTopic },
-			Logger: svc.Logger, Metrics: metrics, CrashPoint: crashPoint,
+			Logger: svc.Logger, Metrics: metrics,
 			CDC: outbox.CDCConfig{Slot: cfg.OutboxSlot, ReplicationURL: cfg.ReplicationDatabaseURL},
 		})
 		if err != nil {

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/onceflow/onceflow/pkg/inbox"
+	"github.com/onceflow/onceflow/pkg/inbox/inboxtest"
 	"github.com/onceflow/onceflow/platform/config"
 	"github.com/onceflow/onceflow/platform/crash"
 	"github.com/onceflow/onceflow/platform/inboxhttp"
@@ -79,10 +80,11 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout 
 		return err
 	}
 	defer svc.Close()
-	crashPoint, err := crash.Point(cfg.CrashPoint, cfg.CrashAfter, svc.Logger, inbox.CrashAfterEffect)
+	crashPoint, err := crash.Point(cfg.CrashPoint, cfg.CrashAfter, svc.Logger, inboxtest.CrashAfterEffect)
 	if err != nil {
 		return err
 	}
+	ctx = crash.Arm(ctx, crashPoint)
 
 	if cfg.ReconcilerMaxInFlight < 1 {
 		return fmt.Errorf("RECONCILER_MAX_IN_FLIGHT must be at least 1, got %d", cfg.ReconcilerMaxInFlight)
@@ -100,7 +102,6 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout 
 			ShutdownGrace: cfg.ShutdownGrace,
 			Logger:        svc.Logger,
 			Metrics:       inbox.NewMetrics(svc.Registry),
-			CrashPoint:    crashPoint,
 		},
 		// Each call to the reconciler starts right after its lease was
 		// renewed and ends within ReconcilerTimeout; the lease outlives it by
