@@ -66,8 +66,9 @@
 // message (delivery.go: the message and its generation, which they may only
 // finish or ask whether it was dropped). The transactional applier,
 // txApplier, is txapply.go (inbox row, version guard and handler in one
-// transaction, with a savepoint per message, retries) and txapply_fast.go
-// (a whole batch set-based, the first try); the lease applier, leaseApplier,
+// transaction, with a savepoint per message, retries), txapply_fast.go
+// (a whole batch set-based, the first try) and txapply_handle.go (the
+// handler in its span, which both call); the lease applier, leaseApplier,
 // is lease.go (the type, its SQL), lease_claim.go (leasing a batch),
 // lease_batch.go (each key's turn, marking done), lease_call.go (a call
 // under the lease), lease_settle.go (closing a lease on its own) and
