@@ -8,7 +8,6 @@ import (
 
 	"github.com/onceflow/onceflow/pkg/inbox"
 	"github.com/onceflow/onceflow/pkg/inbox/inboxtest"
-	"github.com/onceflow/onceflow/platform/inboxhttp"
 
 	"github.com/onceflow/onceflow/pkg/outbox"
 	"github.com/onceflow/onceflow/pkg/outbox/outboxtest"
@@ -16,7 +15,6 @@ import (
 	"github.com/onceflow/onceflow/platform/crash"
 	"github.com/onceflow/onceflow/platform/kafkautil"
 	"github.com/onceflow/onceflow/platform/lifecycle"
-	"github.com/onceflow/onceflow/platform/outboxhttp"
 	"github.com/onceflow/onceflow/platform/pgutil"
 	"github.com/onceflow/onceflow/platform/service"
 	"github.com/onceflow/onceflow/services/billing"
@@ -78,18 +76,15 @@ type Config struct {
 
 func run(ctx context.Context, args []string, getenv func(string) string, stdout io.Writer) error {
 	var cfg Config
-	if err := config.Args(args, stdout,
+	if err := config.Read(args, getenv, stdout,
 		"The billing service: consumes order events through its inbox, charges or refunds, and publishes payment events through its outbox.", &cfg); err != nil {
 		return err
 	}
-	if err := config.Load(getenv, &cfg); err != nil {
-		return err
-	}
-	kafkaSecurity, err := kafkautil.NewSecurity(cfg.Kafka)
+	svcOpts, err := cfg.Options("billing", cfg.HTTPAddr, cfg.AdminAddr, cfg.DatabaseURL)
 	if err != nil {
 		return err
 	}
-	svcOpts := cfg.Options("billing", cfg.HTTPAddr, cfg.AdminAddr, cfg.DatabaseURL, kafkaSecurity)
+	kafkaSecurity := svcOpts.Kafka
 	svcOpts.Migrations = []pgutil.Migration{
 		{FS: billing.Migrations, Table: billing.MigrationsTable},
 		{FS: inbox.Migrations, Table: inbox.MigrationsTable},
@@ -120,15 +115,10 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout 
 	if err != nil {
 		return err
 	}
-	pruner, err := outbox.NewPruner(svc.Pool, outbox.PrunerConfig{
-		PruneConfig: outbox.PruneConfig{Retention: cfg.OutboxRetention, Archive: cfg.OutboxArchive},
-		Logger:      svc.Logger,
-	})
+	outboxPruner, err := svc.OutboxOperations(relayMode, outbox.PruneConfig{Retention: cfg.OutboxRetention, Archive: cfg.OutboxArchive})
 	if err != nil {
 		return err
 	}
-	// Operators list, requeue and replay outbox events here (see outboxhttp).
-	svc.Mount("/admin/outbox", outboxhttp.Handler(svc.Pool, relayMode, svc.Logger))
 
 	b := billing.New(svc.Pool, svc.Logger, nil).WithOutboxWrite(relayMode.Write())
 	src := inbox.GroupConfig{Brokers: cfg.KafkaBrokers, Topic: cfg.OrdersTopic, Group: cfg.ConsumerGroup,
@@ -155,19 +145,15 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout 
 	default:
 		return fmt.Errorf("INBOX_MODE must be inbox or naive, got %q", cfg.InboxMode)
 	}
-	inboxPruner, err := inbox.NewPruner(svc.Pool, inbox.PrunerConfig{Logger: svc.Logger})
+	inboxPruner, err := svc.InboxOperations(writer, cfg.OrdersTopic)
 	if err != nil {
 		return err
 	}
-	// Operators list and requeue dead letters here (see inboxhttp).
-	svc.Mount("/admin/inbox", inboxhttp.Handler(
-		svc.Pool, writer, cfg.KafkaBrokers, map[string]string{cfg.OrdersTopic: cfg.OrdersTopic + ".dlt"}, svc.Logger,
-		inbox.WithDialer(kafkaSecurity.Dialer())))
 	billing.Routes(svc.HTTP, b)
 	return svc.Run(ctx,
 		lifecycle.Stage{Name: "orders consumer", Run: consume},
-		lifecycle.Stage{Name: "inbox pruner", Run: inboxPruner.Run},
+		inboxPruner,
 		lifecycle.Stage{Name: "outbox relay (" + string(relayMode) + ")", Run: relay.Run},
-		lifecycle.Stage{Name: "outbox pruner", Run: pruner.Run},
+		outboxPruner,
 	)
 }
