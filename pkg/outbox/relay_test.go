@@ -49,32 +49,16 @@ type collector struct {
 func collect(t *testing.T, brokers []string, topic string) *collector {
 	t.Helper()
 	c := &collector{seen: map[uuid.UUID]bool{}, order: map[string][]int64{}}
-	r := testenv.NewGroupReader(brokers, topic, testenv.Name("collector"))
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		for {
-			m, err := r.FetchMessage(ctx)
-			if err != nil {
-				return
-			}
-			ev, err := event.FromKafka(m)
-			if err != nil {
-				t.Errorf("undecodable message at offset %d: %v", m.Offset, err)
-				return
-			}
-			c.mu.Lock()
-			if c.seen[ev.EventID] {
-				c.duplicates++
-			} else {
-				c.seen[ev.EventID] = true
-				c.order[ev.AggregateID] = append(c.order[ev.AggregateID], ev.AggregateVersion)
-			}
-			c.mu.Unlock()
+	testenv.ReadEvents(t, brokers, topic, func(ev event.Envelope) {
+		c.mu.Lock()
+		defer c.mu.Unlock()
+		if c.seen[ev.EventID] {
+			c.duplicates++
+			return
 		}
-	}()
-	t.Cleanup(func() { cancel(); <-done; r.Close() })
+		c.seen[ev.EventID] = true
+		c.order[ev.AggregateID] = append(c.order[ev.AggregateID], ev.AggregateVersion)
+	})
 	return c
 }
 
