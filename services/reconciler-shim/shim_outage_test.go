@@ -94,11 +94,7 @@ func TestAThirdPartyDownLongerThanTheRetryBudgetDeadLettersNothingAndDeliversAll
 func TestATakeoverThatCannotDecideRecordsThePaymentUncertain(t *testing.T) {
 	t.Parallel()
 	r := newRig(t)
-	ev := captured(uuid.New())
-	r.publish(t, ev)
-	group := testinfra.Name("shim")
-
-	r.diesAfterTheFirstCall(t, group)
+	ev, group := r.diesAfterTheFirstCall(t)
 
 	r.mode.Store(apiLookupLost)
 	second := r.consumer(t, group, 5*time.Second, inbox.LeaseConfig{LeaseTTL: 500 * time.Millisecond, Config: inbox.Config{

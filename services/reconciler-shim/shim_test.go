@@ -121,10 +121,13 @@ func (r *rig) consumer(t *testing.T, group string, callTimeout time.Duration, cf
 	return c
 }
 
-// diesAfterTheFirstCall runs a first life of the shim in group: it calls the
-// third party once, then dies at the crash point before marking it done.
-func (r *rig) diesAfterTheFirstCall(t *testing.T, group string) {
+// diesAfterTheFirstCall publishes one payment and runs a first life of the
+// shim in a new group: it calls the third party once, then dies at the
+// crash point before marking it done. It returns the payment and the group.
+func (r *rig) diesAfterTheFirstCall(t *testing.T) (ev event.Envelope, group string) {
 	t.Helper()
+	ev, group = captured(uuid.New()), testinfra.Name("shim")
+	r.publish(t, ev)
 	first := r.consumer(t, group, 5*time.Second, inbox.LeaseConfig{LeaseTTL: 500 * time.Millisecond})
 	killed := errors.New("killed")
 	ctx := inboxtest.WithCrashPoint(context.Background(), func(name string) error {
@@ -136,6 +139,7 @@ func (r *rig) diesAfterTheFirstCall(t *testing.T, group string) {
 	if err := first.Run(ctx); !errors.Is(err, killed) {
 		t.Fatalf("first life ended with %v, want the crash", err)
 	}
+	return ev, group
 }
 
 // capturedPayments is n payments of distinct orders.
@@ -171,12 +175,8 @@ func (r *rig) outcome(t *testing.T, ev event.Envelope) (string, string) {
 func TestKilledBetweenTheCallAndDoneTheThirdPartyHoldsOneSettlement(t *testing.T) {
 	t.Parallel()
 	r := newRig(t)
-	ev := captured(uuid.New())
-	r.publish(t, ev)
-	group := testinfra.Name("shim")
-
 	// First life: calls the third party, then dies before marking done.
-	r.diesAfterTheFirstCall(t, group)
+	ev, group := r.diesAfterTheFirstCall(t)
 	if st := r.ledger.Stats(); st.Settlements != 1 {
 		t.Fatalf("after the first life the third party has %d settlements, want 1", st.Settlements)
 	}
