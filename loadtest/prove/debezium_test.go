@@ -193,7 +193,7 @@ func TestDebeziumPublishesWithTheShippedConfiguration(t *testing.T) {
 			return false, nil
 		}
 		defer resp.Body.Close()
-		m, err := parseMetrics(resp.Body)
+		m, err := harness.SumMetrics(resp.Body, nil)
 		return err == nil && m["outbox_external_publisher_streaming"] == 1 && m["outbox_pending_events"] == 0, nil
 	})
 }

@@ -451,22 +451,11 @@ func topicEnds(ctx context.Context, client *kafka.Client, topic string) (map[int
 	if len(md.Topics) != 1 || md.Topics[0].Error != nil {
 		return nil, fmt.Errorf("topic %s: no metadata", topic)
 	}
-	req := &kafka.ListOffsetsRequest{Topics: map[string][]kafka.OffsetRequest{}}
-	for _, p := range md.Topics[0].Partitions {
-		req.Topics[topic] = append(req.Topics[topic], kafka.LastOffsetOf(p.ID))
+	parts := make([]int, len(md.Topics[0].Partitions))
+	for i, p := range md.Topics[0].Partitions {
+		parts[i] = p.ID
 	}
-	resp, err := client.ListOffsets(ctx, req)
-	if err != nil {
-		return nil, err
-	}
-	ends := map[int]int64{}
-	for _, p := range resp.Topics[topic] {
-		if p.Error != nil {
-			return nil, p.Error
-		}
-		ends[p.Partition] = p.LastOffset
-	}
-	return ends, nil
+	return kafkautil.EndOffsets(ctx, client, topic, parts)
 }
 
 // readTopic reads every message of topic up to its current end.
@@ -476,29 +465,7 @@ func readTopic(ctx context.Context, brokers []string, topic string) ([]kafka.Mes
 	if err != nil {
 		return nil, err
 	}
-	var out []kafka.Message
-	for p, end := range ends {
-		if end == 0 {
-			continue
-		}
-		r := kafka.NewReader(kafka.ReaderConfig{Brokers: brokers, Topic: topic, Partition: p, MaxWait: 100 * time.Millisecond})
-		rctx, cancel := context.WithTimeout(ctx, 60*time.Second)
-		for {
-			m, err := r.ReadMessage(rctx)
-			if err != nil {
-				cancel()
-				r.Close()
-				return nil, fmt.Errorf("reading %s/%d: %w", topic, p, err)
-			}
-			out = append(out, m)
-			if m.Offset >= end-1 {
-				break
-			}
-		}
-		cancel()
-		r.Close()
-	}
-	return out, nil
+	return kafkautil.ReadRange(ctx, brokers, topic, nil, ends, 0, 60*time.Second)
 }
 
 // roleURL is base (a URL PGURL made) as role l; base is well formed.

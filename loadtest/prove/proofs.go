@@ -6,16 +6,16 @@ import (
 	"slices"
 	"time"
 
-	"github.com/onceflow/onceflow/pkg/inbox"
-	"github.com/onceflow/onceflow/pkg/outbox"
+	"github.com/onceflow/onceflow/pkg/inbox/inboxtest"
+	"github.com/onceflow/onceflow/pkg/outbox/outboxtest"
 )
 
 // The crash points, as the services name them (CRASH_POINT).
 const (
 	crashAfterWrite  = "orders.after-write"
-	crashAfterAck    = outbox.CrashAfterAck
-	crashAfterCommit = inbox.CrashAfterCommit
-	crashAfterEffect = inbox.CrashAfterEffect
+	crashAfterAck    = outboxtest.CrashAfterAck
+	crashAfterCommit = inboxtest.CrashAfterCommit
+	crashAfterEffect = inboxtest.CrashAfterEffect
 )
 
 // fail records err on row and returns it.

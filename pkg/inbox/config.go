@@ -33,13 +33,6 @@ type Upcaster struct {
 	Convert   func(payload json.RawMessage) (json.RawMessage, error)
 }
 
-// Crash points the consumer passes to Config.CrashPoint.
-const (
-	// CrashAfterCommit is after the database commit and before the offset
-	// commit: a crash here redelivers events the inbox already holds.
-	CrashAfterCommit = "inbox.after-commit"
-)
-
 // The defaults of Config's fields, which a zero field takes.
 const (
 	DefaultWorkers          = 4
@@ -126,12 +119,6 @@ type Config struct {
 	Logger *slog.Logger
 	// Metrics receives the consumer's metrics. Default: none.
 	Metrics *Metrics
-	// CrashPoint, when set, is called at each named crash point (see
-	// CrashAfterCommit); a non-nil error stops the consumer right there, as
-	// a crash would. In lease mode it is called from concurrent side
-	// effects, so it must be safe for concurrent use. Fault-injection
-	// harnesses use it; leave it nil otherwise.
-	CrashPoint func(name string) error
 }
 
 // WithDefaults returns c with every zero field set to its documented

@@ -7,11 +7,11 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/segmentio/kafka-go"
 
 	"github.com/onceflow/onceflow/pkg/event"
 	"github.com/onceflow/onceflow/pkg/inbox"
+	"github.com/onceflow/onceflow/pkg/testenv"
 )
 
 func TestConfigValidate(t *testing.T) {
@@ -90,39 +90,17 @@ func TestGroupConfigValidate(t *testing.T) {
 	checkValidateCases(t, tests)
 }
 
-func TestPrunerConfigValidate(t *testing.T) {
-	t.Parallel()
-	tests := []struct {
-		name string
-		cfg  inbox.PrunerConfig
-		want string
-	}{
-		{"zero takes the defaults", inbox.PrunerConfig{}, ""},
-		{"negative retention", inbox.PrunerConfig{PruneConfig: inbox.PruneConfig{Retention: -time.Hour}}, "Retention is negative (-1h0m0s)"},
-		{"negative batch size", inbox.PrunerConfig{PruneConfig: inbox.PruneConfig{BatchSize: -1}}, "BatchSize is negative"},
-		{"negative interval", inbox.PrunerConfig{Interval: -time.Minute}, "Interval is negative"},
-	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			t.Parallel()
-			checkValidate(t, tt.cfg.Validate(), tt.want)
-			_, err := inbox.NewPruner(lazyPool(t), tt.cfg)
-			checkValidate(t, err, tt.want)
-		})
-	}
-}
-
 // The listings take zero for their default limit and refuse a negative
 // one, as the configurations do, before they touch Kafka or the database.
 func TestListingsRefuseANegativeLimit(t *testing.T) {
 	t.Parallel()
 	_, err := inbox.ListDeadLetters(context.Background(), []string{"127.0.0.1:1"}, "t.dlt", -1)
-	checkValidate(t, err, "limit is negative (-1)")
-	checkValidate(t, inbox.ParkedFilter{Limit: -1}.Validate(), "limit must be from 1 to 1000")
-	checkValidate(t, inbox.ParkedFilter{Limit: inbox.MaxParkedLimit + 1}.Validate(), "limit must be from 1 to 1000")
-	checkValidate(t, inbox.ParkedFilter{}.Validate(), "")
-	_, err = inbox.ListParked(context.Background(), lazyPool(t), inbox.ParkedFilter{Limit: -1})
-	checkValidate(t, err, "limit must be from 1 to 1000")
+	testenv.CheckErr(t, err, "limit is negative (-1)")
+	testenv.CheckErr(t, inbox.ParkedFilter{Limit: -1}.Validate(), "limit must be from 1 to 1000")
+	testenv.CheckErr(t, inbox.ParkedFilter{Limit: inbox.MaxParkedLimit + 1}.Validate(), "limit must be from 1 to 1000")
+	testenv.CheckErr(t, inbox.ParkedFilter{}.Validate(), "")
+	_, err = inbox.ListParked(context.Background(), testenv.LazyPool(t), inbox.ParkedFilter{Limit: -1})
+	testenv.CheckErr(t, err, "limit must be from 1 to 1000")
 }
 
 // NewConsumer refuses what Validate refuses, before it touches Kafka or
@@ -131,27 +109,15 @@ func TestNewConsumerValidates(t *testing.T) {
 	t.Parallel()
 	src := inbox.GroupConfig{Brokers: []string{"127.0.0.1:1"}, Topic: "t", Group: "g"}
 	h := func(context.Context, pgx.Tx, event.Envelope) error { return nil }
-	_, err := inbox.NewConsumer(lazyPool(t), src, &kafka.Writer{}, h, inbox.Config{Name: "c", Workers: -2})
-	checkValidate(t, err, "Workers is negative")
+	_, err := inbox.NewConsumer(testenv.LazyPool(t), src, &kafka.Writer{}, h, inbox.Config{Name: "c", Workers: -2})
+	testenv.CheckErr(t, err, "Workers is negative")
 	eff := inbox.Effect{Check: func(context.Context, string) (bool, error) { return false, nil },
 		Call: func(context.Context, event.Envelope, string) error { return nil }}
-	_, err = inbox.NewLeaseConsumer(lazyPool(t), src, &kafka.Writer{}, eff, inbox.LeaseConfig{Config: inbox.Config{Name: "c"}, MaxInFlight: -1})
-	checkValidate(t, err, "MaxInFlight is negative")
+	_, err = inbox.NewLeaseConsumer(testenv.LazyPool(t), src, &kafka.Writer{}, eff, inbox.LeaseConfig{Config: inbox.Config{Name: "c"}, MaxInFlight: -1})
+	testenv.CheckErr(t, err, "MaxInFlight is negative")
 	src.HeartbeatInterval = time.Minute
-	_, err = inbox.NewConsumer(lazyPool(t), src, &kafka.Writer{}, h, inbox.Config{Name: "c"})
-	checkValidate(t, err, "HeartbeatInterval")
-}
-
-// lazyPool is a pool that never connects unless used: the constructors
-// must refuse a bad config before they use it.
-func lazyPool(t *testing.T) *pgxpool.Pool {
-	t.Helper()
-	pool, err := pgxpool.New(context.Background(), "postgres://nobody@127.0.0.1:1/none")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(pool.Close)
-	return pool
+	_, err = inbox.NewConsumer(testenv.LazyPool(t), src, &kafka.Writer{}, h, inbox.Config{Name: "c"})
+	testenv.CheckErr(t, err, "HeartbeatInterval")
 }
 
 // validateCase is a configuration and what its Validate must say: "" for
@@ -168,19 +134,7 @@ func checkValidateCases(t *testing.T, tests []validateCase) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
-			checkValidate(t, tt.cfg.Validate(), tt.want)
+			testenv.CheckErr(t, tt.cfg.Validate(), tt.want)
 		})
-	}
-}
-
-func checkValidate(t *testing.T, err error, want string) {
-	t.Helper()
-	switch {
-	case want == "" && err != nil:
-		t.Fatalf("want valid, got %v", err)
-	case want != "" && err == nil:
-		t.Fatalf("want an error with %q, got none", want)
-	case want != "" && !strings.Contains(err.Error(), want):
-		t.Fatalf("want an error with %q, got %v", want, err)
 	}
 }

@@ -12,8 +12,8 @@ import (
 
 	"github.com/onceflow/onceflow/pkg/event"
 	"github.com/onceflow/onceflow/pkg/internal/kafkaerr"
-	"github.com/onceflow/onceflow/pkg/internal/pgerr"
 	"github.com/onceflow/onceflow/pkg/internal/retry"
+	"github.com/onceflow/onceflow/pkg/pgerr"
 )
 
 // Writer publishes dead letters; *kafka.Writer satisfies it.

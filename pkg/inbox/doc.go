@@ -66,8 +66,9 @@
 // message (delivery.go: the message and its generation, which they may only
 // finish or ask whether it was dropped). The transactional applier,
 // txApplier, is txapply.go (inbox row, version guard and handler in one
-// transaction, with a savepoint per message, retries) and txapply_fast.go
-// (a whole batch set-based, the first try); the lease applier, leaseApplier,
+// transaction, with a savepoint per message, retries), txapply_fast.go
+// (a whole batch set-based, the first try) and txapply_handle.go (the
+// handler in its span, which both call); the lease applier, leaseApplier,
 // is lease.go (the type, its SQL), lease_claim.go (leasing a batch),
 // lease_batch.go (each key's turn, marking done), lease_call.go (a call
 // under the lease), lease_settle.go (closing a lease on its own) and
@@ -101,7 +102,7 @@
 //   - Outages: Kafka unreachable or not ready (dial errors, connection
 //     resets, NotLeaderForPartition, LeaderNotAvailable, RequestTimedOut,
 //     NotEnoughReplicas, a group coordinator moving); the database
-//     unreachable (internal/pgerr.IsUnavailable: SQLSTATE class 08, 57P01-57P03,
+//     unreachable (pgerr.IsUnavailable: SQLSTATE class 08, 57P01-57P03,
 //     class 53, a broken connection, a pool acquire timeout). Retried with
 //     capped backoff and jitter for as long as they last, never counted as
 //     an attempt of a message, never a dead letter. They are counted
@@ -111,7 +112,7 @@
 //   - Permanent message errors: undecodable or invalid envelopes
 //     (event.ErrInvalid, which includes NUL bytes, invalid UTF-8, over-long
 //     fields and absurd versions), errors wrapping ErrPermanent, and data
-//     Postgres refuses (internal/pgerr.IsPermanent: SQLSTATE class 22, such as 22021
+//     Postgres refuses (pgerr.IsPermanent: SQLSTATE class 22, such as 22021
 //     for a NUL in a text column, and class 54). Dead-lettered at once.
 //   - Other handler or commit errors: retried with backoff up to
 //     MaxAttempts, then dead-lettered.
@@ -180,7 +181,8 @@
 // mode the span covers the side effect and marking it done) that
 // continues the trace context of the message's traceparent header, and its
 // ctx carries the span: an event the handler enqueues stores it
-// (tracectx.Traceparent), an HTTP call made with tracectx.Transport sends it.
+// (event.TraceparentFromContext), an HTTP call whose transport injects it
+// (the platform's tracing.Transport, or otelhttp) sends it.
 // Spans go to the process-wide tracer provider (package tracing); without one
 // they cost next to nothing and hand the header's context on unchanged.
 //
@@ -198,8 +200,10 @@
 // of ListDeadLetters, ListParked (ParkedFilter) and RequeueDeadLetters
 // (RequeueFilter) and BacklogConfig's ages follow the same rule. Metrics are
 // documented on NewMetrics.
-// The crash points CrashAfterCommit and CrashAfterEffect let a
-// fault-injection harness kill a consumer at the worst moments.
+// Two crash points (after the database commit, before the offset commit;
+// after a leased side effect, before marking it done) let a fault-injection
+// harness kill a consumer at the worst moments; they are armed only through
+// the test kit (inboxtest.WithCrashPoint), never in a config.
 //
 // The schema ships as golang-migrate files in Migrations; apply them with
 // the service's own migrations, tracked in MigrationsTable.

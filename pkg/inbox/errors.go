@@ -5,7 +5,7 @@ import (
 	"fmt"
 
 	"github.com/onceflow/onceflow/pkg/event"
-	"github.com/onceflow/onceflow/pkg/internal/pgerr"
+	"github.com/onceflow/onceflow/pkg/pgerr"
 )
 
 // ErrPermanent marks a handler error that no retry can fix.

@@ -8,10 +8,6 @@ import (
 	"github.com/onceflow/onceflow/pkg/event"
 )
 
-// CrashAfterEffect is the crash point between a leased message's side effect
-// and marking it done.
-const CrashAfterEffect = "inbox.after-effect"
-
 // leaseApplier is the lease applier, NewLeaseConsumer's, for side effects
 // outside the database (see Effect): a batch's messages are leased in one
 // transaction (lease_claim.go), their effects run under the leases, each

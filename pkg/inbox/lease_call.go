@@ -10,6 +10,7 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/onceflow/onceflow/pkg/event"
+	"github.com/onceflow/onceflow/pkg/internal/faultpoint"
 	"github.com/onceflow/onceflow/pkg/internal/retry"
 )
 
@@ -67,10 +68,8 @@ func (a *leaseApplier) underLease(ctx context.Context, d delivery, ev event.Enve
 			return "", true, a.settleLeased(ctx, d, "marking uncertain", func() error { return a.markUncertain(ctx, ev, token, err) })
 		case err == nil:
 			a.other.ok(ctx, "")
-			if a.cfg.CrashPoint != nil {
-				if err := a.cfg.CrashPoint(CrashAfterEffect); err != nil {
-					return "", false, &crashError{fmt.Errorf("crash point %s: %w", CrashAfterEffect, err)}
-				}
+			if err := faultpoint.Pass(ctx, faultpoint.InboxAfterEffect); err != nil {
+				return "", false, &crashError{err}
 			}
 			counts[processed]++
 			return outcome, false, nil

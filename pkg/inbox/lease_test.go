@@ -15,6 +15,7 @@ import (
 
 	"github.com/onceflow/onceflow/pkg/event"
 	"github.com/onceflow/onceflow/pkg/inbox"
+	"github.com/onceflow/onceflow/pkg/inbox/inboxtest"
 	"github.com/onceflow/onceflow/pkg/testenv"
 )
 
@@ -155,18 +156,16 @@ func TestAfterACrashBetweenCallsAndDoneTheTakeoverChecksAndBooksNothingTwice(t *
 	// First life: dies at the fifth side effect, before its batch is marked done.
 	killed := errors.New("killed")
 	var passes atomic.Int32
-	first := f.leaseConsumer(t, group, b.effect(), inbox.LeaseConfig{LeaseTTL: time.Second, Config: inbox.Config{
-		Workers: 1,
-		CrashPoint: func(name string) error {
-			if name == inbox.CrashAfterEffect && passes.Add(1) == 5 {
-				return killed
-			}
-			return nil
-		},
-	}})
+	first := f.leaseConsumer(t, group, b.effect(), inbox.LeaseConfig{LeaseTTL: time.Second, Config: inbox.Config{Workers: 1}})
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	if err := first.Run(ctx); !errors.Is(err, killed) {
+	crashAtTheFifth := inboxtest.WithCrashPoint(ctx, func(name string) error {
+		if name == inboxtest.CrashAfterEffect && passes.Add(1) == 5 {
+			return killed
+		}
+		return nil
+	})
+	if err := first.Run(crashAtTheFifth); !errors.Is(err, killed) {
 		t.Fatalf("first life ended with %v, want the crash", err)
 	}
 	// The ones booked and left leased: the takeover must find them booked.
@@ -217,18 +216,16 @@ func TestATakeoverThatCannotCheckIsRecordedUncertainAndNotCalled(t *testing.T) {
 	group := testenv.Name("group")
 
 	killed := errors.New("killed")
-	first := f.leaseConsumer(t, group, b.effect(), inbox.LeaseConfig{LeaseTTL: 500 * time.Millisecond, Config: inbox.Config{
-		Workers: 1,
-		CrashPoint: func(name string) error {
-			if name == inbox.CrashAfterEffect {
-				return killed
-			}
-			return nil
-		},
-	}})
+	first := f.leaseConsumer(t, group, b.effect(), inbox.LeaseConfig{LeaseTTL: 500 * time.Millisecond, Config: inbox.Config{Workers: 1}})
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	if err := first.Run(ctx); !errors.Is(err, killed) {
+	crashAfterEffect := inboxtest.WithCrashPoint(ctx, func(name string) error {
+		if name == inboxtest.CrashAfterEffect {
+			return killed
+		}
+		return nil
+	})
+	if err := first.Run(crashAfterEffect); !errors.Is(err, killed) {
 		t.Fatalf("first life ended with %v, want the crash", err)
 	}
 

@@ -5,6 +5,8 @@ import (
 	"fmt"
 
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/onceflow/onceflow/pkg/internal/faultpoint"
 )
 
 // shared is what the two appliers work with, built once by NewConsumer or
@@ -50,17 +52,15 @@ func newShared(pool *pgxpool.Pool, dlq Writer, cfg Config) (*shared, error) {
 
 // committed is called once msgs' database work committed: it passes the
 // crash point, then lets their offsets be committed.
-func (s *shared) committed(_ context.Context, msgs []delivery) error {
+func (s *shared) committed(ctx context.Context, msgs []delivery) error {
 	if len(msgs) == 0 {
 		return nil
 	}
-	if s.cfg.CrashPoint != nil {
-		if err := s.cfg.CrashPoint(CrashAfterCommit); err != nil {
-			for _, d := range msgs {
-				d.gen.finish(d.m, false)
-			}
-			return &crashError{fmt.Errorf("crash point %s: %w", CrashAfterCommit, err)}
+	if err := faultpoint.Pass(ctx, faultpoint.InboxAfterCommit); err != nil {
+		for _, d := range msgs {
+			d.gen.finish(d.m, false)
 		}
+		return &crashError{err}
 	}
 	for _, d := range msgs {
 		d.gen.finish(d.m, true)

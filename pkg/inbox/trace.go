@@ -11,7 +11,6 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/onceflow/onceflow/pkg/event"
-	"github.com/onceflow/onceflow/pkg/internal/tracectx"
 )
 
 // tracerScope names the consumer's spans (the instrumentation scope).
@@ -25,7 +24,7 @@ const tracerScope = "github.com/onceflow/onceflow/pkg/inbox"
 // provider (tracing.Setup); without one they are no-ops that pass the
 // header's context on unchanged.
 func (s *shared) startProcess(ctx context.Context, m kafka.Message, ev event.Envelope) (context.Context, trace.Span) {
-	return otel.GetTracerProvider().Tracer(tracerScope).Start(tracectx.WithTraceparent(ctx, ev.Traceparent),
+	return otel.GetTracerProvider().Tracer(tracerScope).Start(event.ContextWithTraceparent(ctx, ev.Traceparent),
 		"process "+m.Topic, trace.WithSpanKind(trace.SpanKindConsumer), trace.WithAttributes(
 			semconv.MessagingSystemKafka, semconv.MessagingOperationTypeProcess,
 			semconv.MessagingOperationName("process"), semconv.MessagingDestinationName(m.Topic),

@@ -16,7 +16,6 @@ import (
 
 	"github.com/onceflow/onceflow/pkg/event"
 	"github.com/onceflow/onceflow/pkg/inbox"
-	"github.com/onceflow/onceflow/pkg/internal/tracectx"
 	"github.com/onceflow/onceflow/pkg/testenv"
 )
 
@@ -45,7 +44,7 @@ func (r *runUnder) add(ctx context.Context, ev event.Envelope) {
 	if r.m == nil {
 		r.m = map[string]string{}
 	}
-	r.m[ev.EventID.String()] = tracectx.Traceparent(ctx)
+	r.m[ev.EventID.String()] = event.TraceparentFromContext(ctx)
 }
 
 func (r *runUnder) of(ev event.Envelope) (string, bool) {

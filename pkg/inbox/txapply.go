@@ -12,9 +12,8 @@ import (
 	"github.com/segmentio/kafka-go"
 
 	"github.com/onceflow/onceflow/pkg/event"
-	"github.com/onceflow/onceflow/pkg/internal/pgerr"
 	"github.com/onceflow/onceflow/pkg/internal/retry"
-	"github.com/onceflow/onceflow/pkg/internal/tracectx"
+	"github.com/onceflow/onceflow/pkg/pgerr"
 )
 
 // Handler applies one event's side effects using tx, the transaction the
@@ -26,7 +25,8 @@ type Handler func(ctx context.Context, tx pgx.Tx, ev event.Envelope) error
 // txApplier is the transactional applier, NewConsumer's: each message's
 // inbox row, version guard and handler commit in one transaction, a batch
 // of messages in as few transactions as it can (process), the fast path
-// first (txapply_fast.go).
+// first (txapply_fast.go); both paths run the handler the same way
+// (txapply_handle.go).
 type txApplier struct {
 	*shared
 	handle Handler
@@ -327,20 +327,4 @@ func (a *txApplier) apply(ctx context.Context, tx pgx.Tx, m kafka.Message, ev *e
 		return 0, err
 	}
 	return processed, nil
-}
-
-// invoke upcasts ev and runs the handler in tx, in m's consumer span.
-func (a *txApplier) invoke(ctx context.Context, tx pgx.Tx, m kafka.Message, ev *event.Envelope) error {
-	if err := a.upcast(ev); err != nil {
-		return err
-	}
-	return a.handleTraced(ctx, tx, m, *ev)
-}
-
-// handleTraced runs the handler inside the message's consumer span.
-func (a *txApplier) handleTraced(ctx context.Context, tx pgx.Tx, m kafka.Message, ev event.Envelope) error {
-	ctx, span := a.startProcess(ctx, m, ev)
-	err := a.handle(ctx, tx, ev)
-	tracectx.End(span, err)
-	return err
 }

@@ -56,7 +56,7 @@ func emit(t *testing.T, pool *pgxpool.Pool, evs ...event.Envelope) {
 // runCDC runs relay until the returned stop is called or the test ends.
 func runCDC(t *testing.T, relay *outbox.CDCRelay) (stop func()) {
 	t.Helper()
-	return runInBackground(t, "Run", relay.Run)
+	return testenv.RunInBackground(t, "Run", relay.Run)
 }
 
 func newCDC(t *testing.T, pool *pgxpool.Pool, w outbox.Writer, cfg outbox.CDCConfig) *outbox.CDCRelay {

@@ -9,7 +9,6 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
-	"github.com/segmentio/kafka-go"
 
 	"github.com/onceflow/onceflow/pkg/event"
 	"github.com/onceflow/onceflow/pkg/outbox"
@@ -69,11 +68,7 @@ func ExampleCDCRelay() {
 		return
 	}
 
-	r := kafka.NewReader(kafka.ReaderConfig{Brokers: brokers, Topic: topic, Partition: 0, MaxWait: 100 * time.Millisecond})
-	defer r.Close()
-	readCtx, cancel := context.WithTimeout(ctx, 20*time.Second)
-	defer cancel()
-	m, err := r.ReadMessage(readCtx)
+	m, err := firstMessage(ctx, brokers, topic)
 	if err != nil {
 		fmt.Println("reading:", err)
 		return

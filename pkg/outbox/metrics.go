@@ -106,9 +106,9 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	return m
 }
 
-// backlog reads the backlog gauges; each subquery reads one partial index,
+// sqlBacklogGauges reads the backlog gauges; each subquery reads one partial index,
 // so the cost does not grow with the published rows.
-const backlog = `
+const sqlBacklogGauges = `
 SELECT (SELECT count(*) FROM outbox_events WHERE state = 'pending'),
        (SELECT created_at FROM outbox_events WHERE state = 'pending' ORDER BY id LIMIT 1),
        (SELECT count(*) FROM outbox_events WHERE state = 'dead')`
@@ -119,7 +119,7 @@ func (m *Metrics) refresh(ctx context.Context, pool *pgxpool.Pool) error {
 		pending, dead int64
 		oldest        *time.Time
 	)
-	err := pool.QueryRow(ctx, backlog).Scan(&pending, &oldest, &dead)
+	err := pool.QueryRow(ctx, sqlBacklogGauges).Scan(&pending, &oldest, &dead)
 	if err != nil {
 		return fmt.Errorf("reading the backlog: %w", err)
 	}

@@ -82,7 +82,7 @@ func TestWatchSlotReportsAnExternalPublishersSlot(t *testing.T) {
 	if value("outbox_external_publisher_streaming") != 1 {
 		t.Fatal("outbox_external_publisher_streaming is not 1 before WatchSlot: a service with a relay of its own would page for Debezium")
 	}
-	runInBackground(t, "WatchSlot", func(ctx context.Context) error {
+	testenv.RunInBackground(t, "WatchSlot", func(ctx context.Context) error {
 		return m.WatchSlot(ctx, e.pool, e.slot, 20*time.Millisecond, slog.Default())
 	})
 

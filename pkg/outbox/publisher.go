@@ -30,13 +30,12 @@ type PublisherConfig struct {
 	// Mode picks the relay: ModePoll a Relay, ModeCDC and ModeWAL a
 	// CDCRelay that streams in that mode. Default ModePoll.
 	Mode RelayMode
-	// Topic, Logger, Metrics and CrashPoint go to the relay of any mode,
+	// Topic, Logger and Metrics go to the relay of any mode,
 	// unless Poll or CDC below sets its own; see RelayConfig for each one's
 	// meaning and default.
-	Topic      func(aggregateType string) string
-	Logger     *slog.Logger
-	Metrics    *Metrics
-	CrashPoint func(name string) error
+	Topic   func(aggregateType string) string
+	Logger  *slog.Logger
+	Metrics *Metrics
 	// Poll tunes the polling relay; it is ignored in the other modes.
 	Poll RelayConfig
 	// CDC tunes the log-based relay; it is ignored in ModePoll. A service
@@ -59,7 +58,7 @@ func NewPublisher(pool *pgxpool.Pool, w Writer, cfg PublisherConfig) (Publisher,
 	switch cfg.Mode {
 	case ModePoll:
 		c := cfg.Poll
-		cfg.share(&c.Topic, &c.Logger, &c.Metrics, &c.CrashPoint)
+		cfg.share(&c.Topic, &c.Logger, &c.Metrics)
 		r, err := NewRelay(pool, w, c)
 		if err != nil {
 			return nil, err
@@ -71,7 +70,7 @@ func NewPublisher(pool *pgxpool.Pool, w Writer, cfg PublisherConfig) (Publisher,
 			return nil, fmt.Errorf("outbox: PublisherConfig.CDC.Mode is %q, but Mode is %q: leave CDC.Mode empty", c.Mode, cfg.Mode)
 		}
 		c.Mode = cfg.Mode
-		cfg.share(&c.Topic, &c.Logger, &c.Metrics, &c.CrashPoint)
+		cfg.share(&c.Topic, &c.Logger, &c.Metrics)
 		r, err := NewCDCRelay(pool, w, c)
 		if err != nil {
 			return nil, err
@@ -85,7 +84,7 @@ func NewPublisher(pool *pgxpool.Pool, w Writer, cfg PublisherConfig) (Publisher,
 
 // share fills a relay config's fields that both relays take, where that
 // config leaves them zero, from cfg.
-func (cfg PublisherConfig) share(topic *func(string) string, logger **slog.Logger, metrics **Metrics, crash *func(string) error) {
+func (cfg PublisherConfig) share(topic *func(string) string, logger **slog.Logger, metrics **Metrics) {
 	if *topic == nil {
 		*topic = cfg.Topic
 	}
@@ -94,9 +93,6 @@ func (cfg PublisherConfig) share(topic *func(string) string, logger **slog.Logge
 	}
 	if *metrics == nil {
 		*metrics = cfg.Metrics
-	}
-	if *crash == nil {
-		*crash = cfg.CrashPoint
 	}
 }
 

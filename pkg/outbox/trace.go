@@ -28,12 +28,12 @@ func startSends(ctx context.Context, batch []claimed) (end func(errs []error)) {
 	spans := make([]trace.Span, len(batch))
 	for i := range batch {
 		m := &batch[i].msg
-		parent := tracectx.WithTraceparent(ctx, header(*m, event.HeaderTraceparent))
+		parent := event.ContextWithTraceparent(ctx, header(*m, event.HeaderTraceparent))
 		sendCtx, span := tracer.Start(parent, "send "+m.Topic, trace.WithSpanKind(trace.SpanKindProducer),
 			trace.WithAttributes(semconv.MessagingSystemKafka, semconv.MessagingOperationTypeSend,
 				semconv.MessagingOperationName("send"), semconv.MessagingDestinationName(m.Topic),
 				semconv.MessagingMessageID(header(*m, event.HeaderEventID)), semconv.MessagingKafkaMessageKey(string(m.Key))))
-		if tp := tracectx.Traceparent(sendCtx); tp != "" {
+		if tp := event.TraceparentFromContext(sendCtx); tp != "" {
 			setHeader(m, event.HeaderTraceparent, tp)
 		}
 		spans[i] = span

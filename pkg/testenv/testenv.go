@@ -40,16 +40,21 @@ func PostgresAdminURL() string {
 // KafkaBrokers returns the test brokers after checking one answers.
 func KafkaBrokers(t testing.TB) []string {
 	t.Helper()
-	brokers := []string{"127.0.0.1:59092"}
-	if b := os.Getenv("ONCEFLOW_TEST_KAFKA_BROKERS"); b != "" {
-		brokers = strings.Split(b, ",")
-	}
+	brokers := kafkaBrokers()
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	if err := Ping(ctx, brokers); err != nil {
 		t.Fatalf("this test needs Apache Kafka: %v\n%s with ONCEFLOW_TEST_KAFKA_BROKERS", err, startHint)
 	}
 	return brokers
+}
+
+// kafkaBrokers reads ONCEFLOW_TEST_KAFKA_BROKERS, a comma-separated list.
+func kafkaBrokers() []string {
+	if b := os.Getenv("ONCEFLOW_TEST_KAFKA_BROKERS"); b != "" {
+		return strings.Split(b, ",")
+	}
+	return []string{"127.0.0.1:59092"}
 }
 
 // Name returns a unique lower-case name with prefix, for databases and topics.

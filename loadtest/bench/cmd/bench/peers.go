@@ -581,22 +581,11 @@ func totalOf(m map[int]int64) int64 {
 // topicEnds is each partition's end offset.
 func topicEnds(ctx context.Context, brokers []string, topic string) (map[int]int64, error) {
 	client := &kafka.Client{Addr: kafka.TCP(brokers...), Timeout: 5 * time.Second}
-	req := &kafka.ListOffsetsRequest{Topics: map[string][]kafka.OffsetRequest{}}
-	for p := range peerPartitions {
-		req.Topics[topic] = append(req.Topics[topic], kafka.LastOffsetOf(p))
+	parts := make([]int, peerPartitions)
+	for p := range parts {
+		parts[p] = p
 	}
-	resp, err := client.ListOffsets(ctx, req)
-	if err != nil {
-		return nil, err
-	}
-	ends := map[int]int64{}
-	for _, p := range resp.Topics[topic] {
-		if p.Error != nil {
-			return nil, p.Error
-		}
-		ends[p.Partition] = p.LastOffset
-	}
-	return ends, nil
+	return kafkautil.EndOffsets(ctx, client, topic, parts)
 }
 
 // lastAppend is the latest append time among the records each partition
@@ -622,34 +611,7 @@ func lastAppend(ctx context.Context, brokers []string, topic string, before, aft
 
 // readRange reads each partition's records from from[p] up to to[p].
 func readRange(ctx context.Context, brokers []string, topic string, from, to map[int]int64) ([]kafka.Message, error) {
-	var out []kafka.Message
-	for p, end := range to {
-		start := from[p]
-		if end <= start {
-			continue
-		}
-		r := kafka.NewReader(kafka.ReaderConfig{Brokers: brokers, Topic: topic, Partition: p, MaxWait: 100 * time.Millisecond, MaxBytes: 16 << 20})
-		if err := r.SetOffset(start); err != nil {
-			r.Close()
-			return nil, err
-		}
-		rctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
-		for {
-			m, err := r.ReadMessage(rctx)
-			if err != nil {
-				cancel()
-				r.Close()
-				return nil, fmt.Errorf("reading %s/%d at %d: %w", topic, p, start, err)
-			}
-			out = append(out, m)
-			if m.Offset >= end-1 {
-				break
-			}
-		}
-		cancel()
-		r.Close()
-	}
-	return out, nil
+	return kafkautil.ReadRange(ctx, brokers, topic, from, to, 16<<20, 2*time.Minute)
 }
 
 // peakRSS is the process's VmHWM in bytes (0 when unreadable).

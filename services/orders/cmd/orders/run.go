@@ -7,11 +7,11 @@ import (
 	"time"
 
 	"github.com/onceflow/onceflow/pkg/outbox"
+	"github.com/onceflow/onceflow/pkg/outbox/outboxtest"
 	"github.com/onceflow/onceflow/platform/config"
 	"github.com/onceflow/onceflow/platform/crash"
 	"github.com/onceflow/onceflow/platform/kafkautil"
 	"github.com/onceflow/onceflow/platform/lifecycle"
-	"github.com/onceflow/onceflow/platform/outboxhttp"
 	"github.com/onceflow/onceflow/platform/pgutil"
 	"github.com/onceflow/onceflow/platform/service"
 	"github.com/onceflow/onceflow/services/orders"
@@ -79,18 +79,15 @@ type Config struct {
 
 func run(ctx context.Context, args []string, getenv func(string) string, stdout io.Writer) error {
 	var cfg Config
-	if err := config.Args(args, stdout,
+	if err := config.Read(args, getenv, stdout,
 		"The orders service: its HTTP API takes orders (POST /orders, GET /orders/:id, POST /orders/:id/cancel) and its outbox relay publishes their events to Kafka.", &cfg); err != nil {
 		return err
 	}
-	if err := config.Load(getenv, &cfg); err != nil {
-		return err
-	}
-	kafkaSecurity, err := kafkautil.NewSecurity(cfg.Kafka)
+	svcOpts, err := cfg.Options("orders", cfg.HTTPAddr, cfg.AdminAddr, cfg.DatabaseURL)
 	if err != nil {
 		return err
 	}
-	svcOpts := cfg.Options("orders", cfg.HTTPAddr, cfg.AdminAddr, cfg.DatabaseURL, kafkaSecurity)
+	kafkaSecurity := svcOpts.Kafka
 	// Orders are taken while Kafka is down; the relay catches up after.
 	svcOpts.ReadyWithoutKafka = true
 	svcOpts.Migrations = []pgutil.Migration{
@@ -102,10 +99,11 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout 
 		return err
 	}
 	defer svc.Close()
-	crashPoint, err := crash.Point(cfg.CrashPoint, cfg.CrashAfter, svc.Logger, orders.CrashAfterWrite, outbox.CrashAfterAck)
+	crashPoint, err := crash.Point(cfg.CrashPoint, cfg.CrashAfter, svc.Logger, orders.CrashAfterWrite, outboxtest.CrashAfterAck)
 	if err != nil {
 		return err
 	}
+	ctx = crash.Arm(ctx, crashPoint)
 	relayMode, err := outbox.ParseRelayMode(cfg.RelayMode)
 	if err != nil {
 		return err
@@ -142,7 +140,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout 
 		defer writer.Close()
 		relay, err := outbox.NewPublisher(svc.Pool, writer, outbox.PublisherConfig{
 			Mode: relayMode, Topic: func(string) string { return cfg.OrdersTopic },
-			Logger: svc.Logger, Metrics: metrics, CrashPoint: crashPoint,
+			Logger: svc.Logger, Metrics: metrics,
 			CDC: outbox.CDCConfig{Slot: cfg.OutboxSlot, ReplicationURL: cfg.ReplicationDatabaseURL},
 		})
 		if err != nil {
@@ -152,15 +150,13 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout 
 	default:
 		svc.Logger.WarnContext(ctx, "the outbox relay is disabled (RELAY_ENABLED=false): orders are taken but not published")
 	}
-	pruner, err := outbox.NewPruner(svc.Pool, outbox.PrunerConfig{PruneConfig: pruneCfg, Logger: svc.Logger})
+	pruner, err := svc.OutboxOperations(relayMode, pruneCfg)
 	if err != nil {
 		return err
 	}
-	// Operators list, requeue and replay outbox events here (see outboxhttp).
-	svc.Mount("/admin/outbox", outboxhttp.Handler(svc.Pool, relayMode, svc.Logger))
 	orders.Routes(svc.HTTP, orders.New(svc.Pool, opts).WithMetrics(orders.NewMetrics(svc.Registry)))
 	return svc.Run(ctx,
 		relayStage,
-		lifecycle.Stage{Name: "outbox pruner", Run: pruner.Run},
+		pruner,
 	)
 }

@@ -8,9 +8,9 @@ import (
 	"time"
 
 	"github.com/onceflow/onceflow/pkg/inbox"
+	"github.com/onceflow/onceflow/pkg/inbox/inboxtest"
 	"github.com/onceflow/onceflow/platform/config"
 	"github.com/onceflow/onceflow/platform/crash"
-	"github.com/onceflow/onceflow/platform/inboxhttp"
 	"github.com/onceflow/onceflow/platform/kafkautil"
 	"github.com/onceflow/onceflow/platform/lifecycle"
 	"github.com/onceflow/onceflow/platform/pgutil"
@@ -58,18 +58,15 @@ type Config struct {
 
 func run(ctx context.Context, args []string, getenv func(string) string, stdout io.Writer) error {
 	var cfg Config
-	if err := config.Args(args, stdout,
+	if err := config.Read(args, getenv, stdout,
 		"The reconciler shim: consumes payment events through its inbox and forwards each, once, to the third-party reconciler.", &cfg); err != nil {
 		return err
 	}
-	if err := config.Load(getenv, &cfg); err != nil {
-		return err
-	}
-	kafkaSecurity, err := kafkautil.NewSecurity(cfg.Kafka)
+	svcOpts, err := cfg.Options("reconciler-shim", cfg.HTTPAddr, cfg.AdminAddr, cfg.DatabaseURL)
 	if err != nil {
 		return err
 	}
-	svcOpts := cfg.Options("reconciler-shim", cfg.HTTPAddr, cfg.AdminAddr, cfg.DatabaseURL, kafkaSecurity)
+	kafkaSecurity := svcOpts.Kafka
 	svcOpts.Migrations = []pgutil.Migration{
 		{FS: shim.Migrations, Table: shim.MigrationsTable},
 		{FS: inbox.Migrations, Table: inbox.MigrationsTable},
@@ -79,10 +76,11 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout 
 		return err
 	}
 	defer svc.Close()
-	crashPoint, err := crash.Point(cfg.CrashPoint, cfg.CrashAfter, svc.Logger, inbox.CrashAfterEffect)
+	crashPoint, err := crash.Point(cfg.CrashPoint, cfg.CrashAfter, svc.Logger, inboxtest.CrashAfterEffect)
 	if err != nil {
 		return err
 	}
+	ctx = crash.Arm(ctx, crashPoint)
 
 	if cfg.ReconcilerMaxInFlight < 1 {
 		return fmt.Errorf("RECONCILER_MAX_IN_FLIGHT must be at least 1, got %d", cfg.ReconcilerMaxInFlight)
@@ -100,7 +98,6 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout 
 			ShutdownGrace: cfg.ShutdownGrace,
 			Logger:        svc.Logger,
 			Metrics:       inbox.NewMetrics(svc.Registry),
-			CrashPoint:    crashPoint,
 		},
 		// Each call to the reconciler starts right after its lease was
 		// renewed and ends within ReconcilerTimeout; the lease outlives it by
@@ -114,16 +111,12 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout 
 		return err
 	}
 	svc.AddCheck("billing_consumer", func(context.Context) error { return consumer.Healthy() })
-	inboxPruner, err := inbox.NewPruner(svc.Pool, inbox.PrunerConfig{Logger: svc.Logger})
+	inboxPruner, err := svc.InboxOperations(dlq, cfg.BillingTopic)
 	if err != nil {
 		return err
 	}
-	// Operators list and requeue dead letters here (see inboxhttp).
-	svc.Mount("/admin/inbox", inboxhttp.Handler(
-		svc.Pool, dlq, cfg.KafkaBrokers, map[string]string{cfg.BillingTopic: cfg.BillingTopic + ".dlt"}, svc.Logger,
-		inbox.WithDialer(kafkaSecurity.Dialer())))
 	return svc.Run(ctx,
 		lifecycle.Stage{Name: "billing consumer", Run: consumer.Run},
-		lifecycle.Stage{Name: "inbox pruner", Run: inboxPruner.Run},
+		inboxPruner,
 	)
 }
