@@ -42,16 +42,12 @@ func ExampleCDCRelay() {
 		<-done
 		// A slot pins WAL until it is dropped (and keeps its database from
 		// being dropped): a service keeps it; an example cleans up.
-		for range 50 {
-			if _, err := pool.Exec(ctx, `SELECT pg_drop_replication_slot($1)`, slot); err == nil {
-				return
-			}
-			time.Sleep(100 * time.Millisecond) // the walsender is still going away
-		}
+		testenv.Eventually(5*time.Second, func() bool { // the walsender may still be going away
+			_, err := pool.Exec(ctx, `SELECT pg_drop_replication_slot($1)`, slot)
+			return err == nil
+		})
 	}()
-	for deadline := time.Now().Add(20 * time.Second); !relay.Active() && time.Now().Before(deadline); {
-		time.Sleep(20 * time.Millisecond)
-	}
+	testenv.Eventually(20*time.Second, relay.Active)
 
 	orderID := uuid.New()
 	err = pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {

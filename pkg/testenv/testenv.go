@@ -202,6 +202,41 @@ func WaitFor(t testing.TB, timeout time.Duration, what string, cond func() (bool
 	}
 }
 
+// HoldsFor checks cond throughout d, polling it, and fails the test the
+// first time it is false or errs: the test of something that must not
+// happen while a fault lasts (a position confirmed, a row deleted), which
+// no event announces — so it is watched for a while, not slept through.
+func HoldsFor(t testing.TB, d time.Duration, what string, cond func() (bool, error)) {
+	t.Helper()
+	end := time.Now().Add(d)
+	for {
+		ok, err := cond()
+		if err != nil {
+			t.Fatalf("checking that %s: %v", what, err)
+		}
+		if !ok {
+			t.Fatalf("%s: no longer true after %v of %v", what, d-time.Until(end), d)
+		}
+		if time.Now().After(end) {
+			return
+		}
+		<-time.After(10 * time.Millisecond)
+	}
+}
+
+// Eventually polls cond every 20ms until it is true (it returns true) or
+// timeout passes (false): WaitFor for examples, which have no testing.T.
+func Eventually(timeout time.Duration, cond func() bool) bool {
+	for deadline := time.Now().Add(timeout); ; <-time.After(20 * time.Millisecond) {
+		if cond() {
+			return true
+		}
+		if time.Now().After(deadline) {
+			return false
+		}
+	}
+}
+
 // MetricValue sums the samples of the counter or gauge called name in g
 // (0 when absent), so tests can assert on what a component counted.
 func MetricValue(t testing.TB, g prometheus.Gatherer, name string) float64 {
