@@ -199,8 +199,6 @@ func (e peerEnv) run(ctx context.Context, relay string, round int) (PeerRun, err
 	if err != nil {
 		return r, err
 	}
-	r.StartSeconds = time.Since(began).Seconds()
-	pid := rel.pid()
 	// What the service writes in that mode: rows (Debezium, cdc) or WAL
 	// messages only (wal).
 	mode := outbox.ModeCDC
@@ -208,6 +206,11 @@ func (e peerEnv) run(ctx context.Context, relay string, round int) (PeerRun, err
 		mode = outbox.ModeWAL
 	}
 	ends := func() (map[int]int64, error) { return topicEnds(ctx, e.brokers, topic) }
+	if err := e.waitFlowing(ctx, pool, mode, ends); err != nil {
+		return r, err
+	}
+	r.StartSeconds = time.Since(began).Seconds()
+	pid := rel.pid()
 
 	cpu := func() (relayCPU, walCPU time.Duration) {
 		if s, err := rig.ReadProcStat(pid); err == nil {
@@ -378,6 +381,41 @@ func (e peerEnv) waitStreaming(ctx context.Context, slot string) (int, error) {
 		}
 	}
 	return 0, fmt.Errorf("nothing streamed from slot %s within 2 minutes", slot)
+}
+
+// waitFlowing writes a probe event every second until one reaches the
+// topic. A slot is active while it is being created, before its consistent
+// point: what commits then is in no stream (the platform's table mode
+// republishes it from the table, WAL-only loses it by design), so a drain
+// committed as soon as the slot is active measured the gap's replay in cdc
+// mode and found nothing in wal mode. Once a probe is on the topic, the
+// relay streams what commits next.
+func (e peerEnv) waitFlowing(ctx context.Context, pool *pgxpool.Pool, mode outbox.RelayMode, ends func() (map[int]int64, error)) error {
+	before, err := ends()
+	if err != nil {
+		return err
+	}
+	write := mode.Write()
+	for deadline := time.Now().Add(2 * time.Minute); time.Now().Before(deadline); {
+		if err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error { return write(ctx, tx, peerEvent(-1)) }); err != nil {
+			return err
+		}
+		for wait := time.Now().Add(time.Second); time.Now().Before(wait); {
+			after, err := ends()
+			if err != nil {
+				return err
+			}
+			if totalOf(after) > totalOf(before) {
+				return nil
+			}
+			select {
+			case <-ctx.Done():
+				return ctx.Err()
+			case <-time.After(20 * time.Millisecond):
+			}
+		}
+	}
+	return errors.New("no probe event reached the topic within 2 minutes of the relay's slot becoming active")
 }
 
 // peerEvent is one event of the workload: an order placed.
