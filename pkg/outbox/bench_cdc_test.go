@@ -140,18 +140,15 @@ func BenchmarkCDCDrain(b *testing.B) {
 
 // emitFromTable re-emits the rows of outbox_events as Emit's messages, 100
 // rows per transaction, in id order.
-const emitFromTable = `
+var emitFromTable = `
 DO $$
 DECLARE lo bigint; hi bigint;
 BEGIN
   SELECT min(id), max(id) INTO lo, hi FROM outbox_events;
   WHILE lo <= hi LOOP
-    PERFORM pg_logical_emit_message(true, '` + outbox.EmitPrefix + `', convert_to(jsonb_build_object(
-        'eventId', event_id, 'eventType', event_type, 'eventVersion', event_version,
-        'aggregateType', aggregate_type, 'aggregateId', aggregate_id, 'aggregateVersion', aggregate_version,
-        'occurredAt', to_char(occurred_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"'),
-        'correlationId', headers->>'correlationId', 'causationId', '', 'traceparent', headers->>'traceparent',
-        'payload', payload, 'emittedAt', clock_timestamp())::text, 'UTF8'))
+    PERFORM pg_logical_emit_message(true, '` + outbox.EmitPrefix + `', ` + emittedSQL("event_id", "event_type",
+	"event_version", "aggregate_type", "aggregate_id", "aggregate_version", "occurred_at", "headers->>'correlationId'",
+	"''", "headers->>'traceparent'", "payload") + `)
     FROM outbox_events WHERE id >= lo AND id < lo + 100 ORDER BY id;
     COMMIT;
     lo := lo + 100;

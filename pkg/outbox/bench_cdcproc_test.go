@@ -50,7 +50,8 @@ import (
 //   - idle: three seconds with nothing to publish.
 //
 // ONCEFLOW_BENCH_CDC_CPUPROFILE=prefix writes the child's CPU profile of each
-// run to prefix-<phase>-<mode>.prof (go tool pprof takes the test binary).
+// run to prefix-<phase>-<mode>.prof (go tool pprof takes the test binary),
+// ONCEFLOW_BENCH_CDC_MEMPROFILE=prefix its allocations to …mprof.
 func BenchmarkCDCRelayProcess(b *testing.B) {
 	for _, mode := range []outbox.RelayMode{outbox.ModeCDC, outbox.ModeWAL} {
 		name := "mode=wal"
@@ -122,6 +123,7 @@ type cdcChildConfig struct {
 	Want       int64    `json:"want"`
 	SampleHeap bool     `json:"sample_heap"` // costs the child some CPU: only where the peak heap is reported
 	CPUProfile string   `json:"cpuprofile"`
+	MemProfile string   `json:"memprofile"`
 }
 
 func startCDCProc(b *testing.B, cfg cdcChildConfig) *cdcProc {
@@ -240,6 +242,9 @@ func (e *cdcProcEnv) start(b *testing.B, phase string) *cdcProc {
 	if prefix := os.Getenv("ONCEFLOW_BENCH_CDC_CPUPROFILE"); prefix != "" {
 		cfg.CPUProfile = fmt.Sprintf("%s-%s-%s.prof", prefix, phase, cfg.Mode)
 	}
+	if prefix := os.Getenv("ONCEFLOW_BENCH_CDC_MEMPROFILE"); prefix != "" {
+		cfg.MemProfile = fmt.Sprintf("%s-%s-%s.mprof", prefix, phase, cfg.Mode)
+	}
 	p := startCDCProc(b, cfg)
 	// Streaming, not only holding the slot: a slot is active while it is
 	// being created too, and what commits before its consistent point is in
@@ -270,8 +275,10 @@ func benchCDCProcTx(b *testing.B, mode outbox.RelayMode) {
 		}
 		committed := time.Now()
 		after := p.waitAcked(b, int64(n), 10*time.Minute)
-		drain.add(n, time.Unix(0, after.DrainedAt).Sub(committed))
-		b.Logf("%d events committed in one transaction in %v", n, committed.Sub(start).Round(time.Millisecond))
+		drained := time.Unix(0, after.DrainedAt).Sub(committed)
+		drain.add(n, drained)
+		b.Logf("%d events committed in one transaction in %v, drained in %v", n,
+			committed.Sub(start).Round(time.Millisecond), drained.Round(time.Millisecond))
 		sum.add(before, after)
 		p.stop(b)
 	}
@@ -466,6 +473,12 @@ func relayChild(conf string) int {
 	}
 	cancel()
 	wg.Wait()
+	if cfg.MemProfile != "" {
+		if f, err := os.Create(cfg.MemProfile); err == nil {
+			_ = pprof.Lookup("allocs").WriteTo(f, 0)
+			f.Close()
+		}
+	}
 	return 0
 }
 

@@ -255,22 +255,26 @@ func (l *lane) loadDeadAhead(ctx context.Context) bool {
 // dropSettled returns the indexes of todo to publish: all but the table
 // rows that are settled already (settledRows). The stream delivers again
 // whatever the slot had not confirmed when a relay stopped; a row of that
-// stretch that
-// went dead meanwhile stays dead (published now, it would overtake the
-// dead one before it), and one an operator requeued meanwhile (deleted,
-// written again under a new id) goes out as its copy, in its new place.
-// It tries the read laneCheckAttempts times; false if ctx ended first.
+// stretch that went dead meanwhile stays dead (published now, it would
+// overtake the dead one before it), and one an operator requeued meanwhile
+// (deleted, written again under a new id) goes out as its copy, in its new
+// place. Only rows that may be of that stretch are read (cdcEvent.recheck):
+// a stream past it costs no statement. It tries the read
+// laneCheckAttempts times; false if ctx ended first.
 func (l *lane) dropSettled(ctx context.Context, todo []cdcEvent) ([]int, bool) {
-	ids := make([]int64, 0, len(todo))
-	eventIDs := make([]string, 0, len(todo))
+	var (
+		ids      []int64
+		eventIDs []string
+	)
 	for _, e := range todo {
-		if e.rowID != 0 {
+		if e.rowID != 0 && e.recheck {
 			ids = append(ids, e.rowID)
 			eventIDs = append(eventIDs, header(e.msg, event.HeaderEventID))
 		}
 	}
-	settled := map[int64]bool{}
+	var settled map[int64]bool
 	for attempt := 1; len(ids) > 0; attempt++ {
+		settled = map[int64]bool{}
 		rows, err := l.r.pool.Query(ctx, settledRows, ids, eventIDs)
 		if err == nil {
 			var id int64
