@@ -9,7 +9,6 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/segmentio/kafka-go"
 
 	"github.com/onceflow/onceflow/pkg/event"
 	"github.com/onceflow/onceflow/pkg/internal/kafkaerr"
@@ -122,12 +121,11 @@ func (l *lane) publish(ctx context.Context, todo []cdcEvent) (bool, error) {
 		if idx = l.holdBehindDead(ctx, todo, idx); len(idx) == 0 {
 			break
 		}
+		// startSends replaces a message's headers rather than write to
+		// them, so a retry starts from the stored traceparent again.
 		batch := make([]claimed, len(idx))
 		for j, i := range idx {
 			batch[j] = todo[i].claimed
-			// startSends rewrites the traceparent header: a retry starts
-			// from the stored one again.
-			batch[j].msg.Headers = append([]kafka.Header(nil), todo[i].msg.Headers...)
 		}
 		r.cfg.Metrics.batchSize.Observe(float64(len(batch)))
 		endSends := startSends(ctx, batch)
