@@ -2,6 +2,25 @@ package outbox_test
 
 import "strings"
 
+// One big transaction of the benchmarks' rows, in either mode, built by
+// Postgres in one statement (BenchmarkCDCRelayProcess,
+// TestCDCRelayProcessMemoryIsBounded).
+
+// bigTxTable commits $1 outbox rows in one statement, the rows of
+// fillBacklog (bench_test.go).
+const bigTxTable = `
+INSERT INTO outbox_events (
+    event_id, aggregate_type, aggregate_id, aggregate_version,
+    event_type, event_version, payload, headers, occurred_at, partition)
+SELECT gen_random_uuid(), 'order', a.id, g / 10000 + 1, 'OrderPlaced', 1,
+       jsonb_build_object('orderId', a.id, 'customerId', 'customer-' || g % 977,
+                          'amountCents', 1000 + g % 5000, 'currency', 'EUR'),
+       jsonb_build_object('correlationId', gen_random_uuid()::text,
+                          'traceparent', '00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01'),
+       now(), mod(hashtext(a.id)::bigint + 2147483648, 256)
+FROM generate_series(0, $1 - 1) AS g,
+     LATERAL (SELECT 'order-' || g % 10000 AS id) AS a`
+
 // emittedSQL is the content Emit writes (its binary encoding, emit.go), as
 // an SQL expression over the envelope's fields, so that a benchmark emits
 // many events in one statement. Each argument is an SQL expression.
@@ -17,9 +36,9 @@ func emittedSQL(eventID, eventType, eventVersion, aggType, aggID, aggVersion, oc
 	}, " || ")
 }
 
-// benchBigTxEmitted commits $1 events in one statement as Emit writes them
+// bigTxEmitted commits $1 events in one statement as Emit writes them
 // under prefix $2 (WAL only), the rows of bigTxTable.
-var benchBigTxEmitted = `
+var bigTxEmitted = `
 SELECT count(pg_logical_emit_message(true, $2::text, ` + emittedSQL("gen_random_uuid()", "'OrderPlaced'", "1",
 	"'order'", "a.id", "g / 10000 + 1", "now()", "gen_random_uuid()::text", "''",
 	"'00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01'",
