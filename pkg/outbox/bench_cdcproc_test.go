@@ -136,7 +136,7 @@ func benchCDCProcIdle(b *testing.B) {
 type cdcProcDelta struct {
 	cpu, gc             float64
 	bytes, objs, cycles uint64
-	sql                 int64
+	sql, writes         int64
 	peakHeap, peakRSS   uint64
 }
 
@@ -147,6 +147,7 @@ func (d *cdcProcDelta) add(before, after cdcProcStats) {
 	d.objs += after.AllocObjs - before.AllocObjs
 	d.cycles += after.GCCycles - before.GCCycles
 	d.sql += after.SQL - before.SQL
+	d.writes += after.Writes - before.Writes
 	d.peakHeap = max(d.peakHeap, after.PeakHeap)
 	d.peakRSS = max(d.peakRSS, after.PeakRSS)
 }
@@ -158,6 +159,7 @@ func (d *cdcProcDelta) report(b *testing.B, events int) {
 	b.ReportMetric(per(float64(d.bytes)), "B/event")
 	b.ReportMetric(per(float64(d.objs)), "allocs/event")
 	b.ReportMetric(per(float64(d.sql)), "sql/event")
+	b.ReportMetric(per(float64(d.writes)), "writes/event") // Kafka writes: at a low rate, most of the CPU
 	b.ReportMetric(float64(d.cycles), "gc-cycles")
 	if d.peakHeap > 0 {
 		b.ReportMetric(float64(d.peakHeap)/(1<<20), "peak-heap-MiB")

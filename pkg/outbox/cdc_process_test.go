@@ -48,6 +48,7 @@ type cdcProc struct {
 type cdcProcStats struct {
 	Active     bool    `json:"active"`
 	Acked      int64   `json:"acked"`
+	Writes     int64   `json:"writes"` // calls of the writer
 	CPUSeconds float64 `json:"cpu_s"`
 	GCSeconds  float64 `json:"gc_cpu_s"`
 	AllocBytes uint64  `json:"alloc_bytes"`
@@ -308,6 +309,7 @@ func relayChild(conf string) int {
 		s := cdcProcStats{
 			Active:     relay.Active(),
 			Acked:      acked.n.Load(),
+			Writes:     acked.calls.Load(),
 			CPUSeconds: time.Duration(ru.Utime.Nano() + ru.Stime.Nano()).Seconds(),
 			AllocBytes: stats[0].Value.Uint64(), AllocObjs: stats[1].Value.Uint64(), GCCycles: stats[2].Value.Uint64(),
 			GCSeconds: stats[3].Value.Float64(),
@@ -366,12 +368,13 @@ func (countingTracer) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEn
 // reached want.
 type childAckWriter struct {
 	w         outbox.Writer
-	n         atomic.Int64
+	n, calls  atomic.Int64
 	want      int64
 	drainedAt atomic.Int64
 }
 
 func (c *childAckWriter) WriteMessages(ctx context.Context, msgs ...kafka.Message) error {
+	c.calls.Add(1)
 	if err := c.w.WriteMessages(ctx, msgs...); err != nil {
 		return err
 	}
