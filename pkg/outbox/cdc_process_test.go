@@ -181,14 +181,7 @@ func newCDCProcEnv(tb testing.TB, mode outbox.RelayMode, want int) *cdcProcEnv {
 	brokers := testenv.KafkaBrokers(tb)
 	url := testenv.NewMigratedDatabase(tb, testenv.Migration{FS: outbox.Migrations, Table: outbox.MigrationsTable})
 	pool := testenv.NewPool(tb, url)
-	slot := testenv.Name("bench")
-	tb.Cleanup(func() {
-		testenv.WaitFor(tb, 20*time.Second, "the slot to be dropped", func() (bool, error) {
-			_, err := pool.Exec(context.Background(),
-				`SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_name = $1`, slot)
-			return err == nil, nil
-		})
-	})
+	slot := newSlot(tb, pool)
 	return &cdcProcEnv{pool: pool, brokers: brokers, cfg: cdcChildConfig{
 		DB: url, Brokers: brokers, Slot: slot, Topic: testenv.NewTopic(tb, brokers, 6),
 		Mode: string(mode), Want: int64(want),
