@@ -82,7 +82,12 @@ type streamer struct {
 	recordedID  int64
 	nextRecord  time.Time // the earliest time to write it again
 	nextStatus  time.Time
+	lastStatus  time.Time
 }
+
+// confirmEvery is the most often the stream confirms acknowledged events to
+// the server while they flow; idle, it reports every StatusInterval.
+const confirmEvery = 10 * time.Millisecond
 
 func newStreamer(ctx context.Context, r *CDCRelay, start pglogrepl.LSN) *streamer {
 	s := &streamer{r: r, relations: map[uint32]*rowColumns{}, lanes: map[string]*lane{},
@@ -186,7 +191,12 @@ func (s *streamer) noteAcked(a laneAck) error {
 			s.done(tx)
 		}
 	}
-	s.nextStatus = time.Time{} // confirm now
+	// Confirm soon, not with every acknowledgement: at a thousand events a
+	// second that was a status message (a write on both sides) for every
+	// few events.
+	if soon := s.lastStatus.Add(confirmEvery); soon.Before(s.nextStatus) {
+		s.nextStatus = soon
+	}
 	return nil
 }
 
@@ -463,7 +473,8 @@ func (s *streamer) sendStatus(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("sending the standby status: %w", err)
 	}
-	s.nextStatus = time.Now().Add(s.r.cfg.StatusInterval)
+	s.lastStatus = time.Now()
+	s.nextStatus = s.lastStatus.Add(s.r.cfg.StatusInterval)
 	if !time.Now().Before(s.nextRecord) {
 		s.record(ctx)
 	}
