@@ -8,10 +8,10 @@ MODULES = $(shell go list -m -f '{{.Path}}/...')
 # Arguments for the demo driver, e.g. `make demo DEMO_ARGS="-orders 1000 -cancel 0.2"`.
 DEMO_ARGS ?=
 # The proof `make prove` runs, e.g. `make prove P=chaos` (default: all of them; docs/proofs.md).
-# RELAY_MODES: the relay modes atomicity, relay-crash and ordering run in (default poll,cdc,wal).
+# RELAY_MODES: the relay modes atomicity, relay-crash and ordering run in (default poll,cdc,wal; also debezium: Kafka Connect as the relay).
 P ?=
 
-.PHONY: help up down status logs services stop demo test vet fmt build prometheus-tools up-prometheus down-prometheus up-debezium down-debezium alert-drill dashboards reconcile
+.PHONY: help up down status logs services stop demo test vet fmt build prometheus-tools up-prometheus down-prometheus debezium-jars up-debezium down-debezium alert-drill dashboards reconcile
 
 help: ## List the targets
 	@grep -E '^[a-zA-Z0-9_.-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*## "} {printf "  %-12s %s\n", $$1, $$2}'
@@ -68,7 +68,8 @@ demo: services ## Run the platform end to end: place orders, wait until all are 
 
 # -timeout: the quick proofs (loadtest/prove) run real crashes and restarts for several minutes.
 # k6: the k6 smoke scenario (loadtest/bench/rig) runs the project's k6 build.
-test: up prometheus-tools k6 ## Run every module's tests (with -race) against the real PostgreSQL and Kafka
+# debezium-jars: the quick Debezium test (loadtest/prove) runs Kafka Connect.
+test: up prometheus-tools k6 debezium-jars ## Run every module's tests (with -race) against the real PostgreSQL and Kafka
 	go test -race -count=1 -timeout 30m $(MODULES)
 
 prometheus-tools: ## Install prometheus and promtool (Debian's package) when missing: the dashboard and alert tests run them
@@ -80,7 +81,10 @@ up-prometheus: ## Start a Prometheus on 127.0.0.1:59090 scraping the services, w
 down-prometheus: ## Stop that Prometheus
 	devstack/stack.sh prometheus down
 
-up-debezium: ## Start Kafka Connect with Debezium publishing orders' outbox (docs/debezium; run orders with RELAY_ENABLED=false)
+debezium-jars: ## Fetch Kafka Connect and Debezium from Maven Central when missing (devstack/connect.sh fetch; the Debezium tests and proofs run them)
+	devstack/connect.sh fetch
+
+up-debezium: ## Start Kafka Connect with Debezium publishing orders' outbox (docs/debezium; run orders with RELAY_MODE=debezium)
 	devstack/connect.sh up
 
 down-debezium: ## Stop that Kafka Connect

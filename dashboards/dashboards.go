@@ -98,7 +98,7 @@ var overview = board{
 					q("third-party errors", `sum(rate(shim_thirdparty_errors_total{%s}[$__rate_interval]))`, sel),
 				}},
 			{title: "Oldest unpublished event", unit: units.Seconds, stat: true, width: 4, thresholds: []float64{10, 60},
-				description: "Age of the oldest pending outbox row, across the producing services. Healthy: 0 or under a second. Over 60 s pages (OutboxBacklogAgeOverSLO).",
+				description: "Age of the oldest pending outbox row, across the producing services. Healthy: 0 or under a second. Over 60 s pages (OutboxBacklogAgeOverSLO). The outbox table's signal: a service in RELAY_MODE=debezium reports 0 (Debezium marks no row); its backlog is its slot (Outbox dashboard, Replication slot row).",
 				queries:     []query{q("", `max(outbox_oldest_pending_age_seconds{%s})`, sel)}},
 			{title: "Dead letters waiting", unit: units.Short, stat: true, width: 4, thresholds: []float64{1, 100},
 				description: "Dead-lettered events not requeued yet, plus dead outbox rows. Healthy: 0. Anything else needs an operator: see the dead-letters dashboard.",
@@ -128,10 +128,10 @@ var outboxBoard = board{
 	rows: []row{
 		{"Backlog", []panel{
 			{title: "Pending events", unit: units.Short,
-				description: "Outbox rows committed but not yet acknowledged by the broker. Healthy: near 0, with short spikes under load that drain within seconds.",
+				description: "Outbox rows committed but not yet acknowledged by the broker. Healthy: near 0, with short spikes under load that drain within seconds. The outbox table's signal, for the service's own relays: 0 in RELAY_MODE=debezium, where Debezium marks no row and the backlog is the slot's lag (Replication slot row).",
 				queries:     []query{q("{{service}}", `sum by (service) (outbox_pending_events{%s})`, sel)}},
 			{title: "Oldest pending age", unit: units.Seconds, thresholds: []float64{10, 60},
-				description: "Age of the oldest pending row: how stale the newest news downstream can be. Healthy: under a second. The SLO is 60 s (OutboxBacklogAgeOverSLO); a line that climbs steadily means nothing is publishing.",
+				description: "Age of the oldest pending row: how stale the newest news downstream can be. Healthy: under a second. The SLO is 60 s (OutboxBacklogAgeOverSLO); a line that climbs steadily means nothing is publishing. The outbox table's signal: 0 in RELAY_MODE=debezium (see the Replication slot row).",
 				queries:     []query{q("{{service}}", `max by (service) (outbox_oldest_pending_age_seconds{%s})`, sel)}},
 			{title: "Dead rows", unit: units.Short, thresholds: []float64{1},
 				description: "Rows that exhausted their publish attempts and wait for `POST /admin/outbox/requeue`. Healthy: 0; they hold back the later events of their aggregate.",
@@ -171,6 +171,20 @@ var outboxBoard = board{
 				queries: []query{
 					q("kafka {{service}}", `sum by (service) (rate(outbox_kafka_errors_total{%s}[$__rate_interval]))`, sel),
 					q("postgres {{op}} {{service}}", `sum by (service, op) (rate(outbox_db_errors_total{%s}[$__rate_interval]))`, sel),
+				}},
+		}},
+		{"Replication slot (cdc, wal, debezium)", []panel{
+			{title: "Slot lag", unit: units.BytesIEC, thresholds: []float64{256 << 20, 1 << 30},
+				description: "WAL written since the position the slot's reader confirmed: the service's own log-based relay (RELAY_MODE=cdc, wal) or Debezium (RELAY_MODE=debezium, DEBEZIUM_SLOT), where it is the backlog signal. Healthy: near 0 while events flow (a quiet outbox in a busy cluster holds WAL too). Over 1 GiB for 5 minutes pages (OutboxSlotRetainingWAL). 0 in poll mode.",
+				queries:     []query{q("{{service}}", `max by (service) (outbox_slot_lag_bytes{%s})`, sel)}},
+			{title: "WAL retained of max_slot_wal_keep_size", unit: units.PercentUnit, thresholds: []float64{0.25, 0.5},
+				description: "WAL the slot keeps from being recycled, as a share of max_slot_wal_keep_size (0 when unlimited). Healthy: a few percent. Past 100% Postgres invalidates the slot; over 50% pages (OutboxSlotNearInvalidation).",
+				queries:     []query{q("{{service}}", `max by (service) (outbox_slot_retained_wal_bytes{%s} / outbox_slot_wal_keep_size_bytes{%s})`, sel, sel)}},
+			{title: "Streaming from the slot", unit: units.Short,
+				description: "Who reads the slot. relay: 1 on the instance whose log-based relay streams (the others stand by). debezium: 1 while a connection streams from Debezium's slot, read by the service from pg_replication_slots (always 1 in the other modes). Healthy: 1 on one relay instance in cdc and wal, 1 for debezium; debezium 0 for 5 minutes pages (OutboxExternalPublisherDown).",
+				queries: []query{
+					q("relay {{service}} {{instance}}", `max by (service, instance) (outbox_slot_active{%s})`, sel),
+					q("debezium {{service}}", `min by (service) (outbox_external_publisher_streaming{%s})`, sel),
 				}},
 		}},
 	},

@@ -177,6 +177,19 @@ var alertCases = []alertCase{
 			{at: "9m", fires: []firing{{map[string]string{"service": "orders"},
 				"orders: the outbox replication slot retains 4.5GiB of WAL"}}},
 		}},
+	{"OutboxExternalPublisherDown",
+		[]series{
+			// orders runs RELAY_MODE=debezium and its connector stopped at 1m; billing
+			// runs its own relay (always 1); shipping's connector restarted within the for.
+			{`outbox_external_publisher_streaming{service="orders",instance="orders:8081"}`, "1 0 0 0 0 0 0 0 0"},
+			{`outbox_external_publisher_streaming{service="billing",instance="billing:8082"}`, "1x8"},
+			{`outbox_external_publisher_streaming{service="shipping",instance="shipping:8083"}`, "1 0 0 1 1 1 1 1 1"},
+		},
+		[]check{
+			{at: "4m"}, // not streaming since 1m: pending
+			{at: "7m", fires: []firing{{map[string]string{"service": "orders"},
+				"orders: nobody streams from Debezium's replication slot: its outbox events are not published"}}},
+		}},
 	{"OutboxSlotLost",
 		[]series{
 			{`outbox_slot_lost_total{service="billing",instance="billing:8082"}`, "0 0 0 1 1 1"},

@@ -3,7 +3,7 @@
 # the Debezium relay of docs/debezium, registered from the file the docs ship,
 # as it is.
 #
-# Usage: devstack/connect.sh up | down | kill | status | logs [lines] | reset
+# Usage: devstack/connect.sh up | down | kill | status | logs [lines] | reset | fetch | check
 #
 #   up      fetch the jars (first run), start a standalone Connect worker and
 #           the connector of $ONCEFLOW_CONNECT_CONNECTOR; return once its task
@@ -15,6 +15,9 @@
 #   logs    the tail of the worker's log (default 40 lines).
 #   reset   with the worker stopped, drop the connector's replication slot and
 #           its offsets, so the next `up` starts from now.
+#   fetch   only fetch the jars (what `up` does on its first run).
+#   check   exit 1, saying what to do, unless java and the jars are here
+#           (the Go tests that start Connect run it first).
 #
 # Settings (environment, with defaults):
 #   ONCEFLOW_CONNECT_DIR        $ROOT/.devstack/connect  its config, offsets, log and pid
@@ -24,10 +27,13 @@
 #   ONCEFLOW_CONNECT_BROKERS    127.0.0.1:59092  the Kafka it publishes to
 #   ONCEFLOW_CONNECT_CONNECTOR  docs/debezium/orders-outbox-connector.json
 #   ONCEFLOW_CONNECT_TIMEOUT    90     seconds the task gets to start running
-#   ONCEFLOW_DEBEZIUM_DB_HOST      127.0.0.1  \
-#   ONCEFLOW_DEBEZIUM_DB_PORT      55432       | what the file's ${env:…} placeholders
-#   ONCEFLOW_DEBEZIUM_DB_USER      orders_repl | read (Connect's EnvVarConfigProvider):
-#   ONCEFLOW_DEBEZIUM_DB_PASSWORD  orders_repl/  the dev stack's replication role
+#   ONCEFLOW_DEBEZIUM_DB_HOST      127.0.0.1               \
+#   ONCEFLOW_DEBEZIUM_DB_PORT      55432                    | what the file's ${env:…}
+#   ONCEFLOW_DEBEZIUM_DB_USER      orders_repl              | placeholders read (Connect's
+#   ONCEFLOW_DEBEZIUM_DB_PASSWORD  orders_repl              | EnvVarConfigProvider): the dev
+#   ONCEFLOW_DEBEZIUM_DB_NAME      orders                   | stack's orders database, its
+#   ONCEFLOW_DEBEZIUM_SLOT         debezium_orders_outbox   | replication role, the slot and
+#   ONCEFLOW_DEBEZIUM_TOPIC        orders.events           /  the topic (docs/debezium)
 #
 # The jars (Kafka Connect 3.9.1, the broker's version, and Debezium 3.1.3.Final,
 # as devstack/connect-pom.xml lists them) are a download cache in
@@ -47,6 +53,9 @@ export ONCEFLOW_DEBEZIUM_DB_HOST="${ONCEFLOW_DEBEZIUM_DB_HOST:-127.0.0.1}"
 export ONCEFLOW_DEBEZIUM_DB_PORT="${ONCEFLOW_DEBEZIUM_DB_PORT:-55432}"
 export ONCEFLOW_DEBEZIUM_DB_USER="${ONCEFLOW_DEBEZIUM_DB_USER:-orders_repl}"
 export ONCEFLOW_DEBEZIUM_DB_PASSWORD="${ONCEFLOW_DEBEZIUM_DB_PASSWORD:-orders_repl}"
+export ONCEFLOW_DEBEZIUM_DB_NAME="${ONCEFLOW_DEBEZIUM_DB_NAME:-orders}"
+export ONCEFLOW_DEBEZIUM_SLOT="${ONCEFLOW_DEBEZIUM_SLOT:-debezium_orders_outbox}"
+export ONCEFLOW_DEBEZIUM_TOPIC="${ONCEFLOW_DEBEZIUM_TOPIC:-orders.events}"
 
 LIBS="$CACHE/libs"
 PLUGINS="$CACHE/plugins"
@@ -62,7 +71,14 @@ die() { printf 'connect.sh: %s\n' "$*" >&2; exit 1; }
 
 # The connector's name, from the file itself.
 connector_name() { sed -n 's/^ *"name": *"\([^"]*\)".*/\1/p' "$CONNECTOR" | head -n 1; }
-connector_setting() { sed -n "s/^ *\"$1\": *\"\\([^\"]*\\)\".*/\\1/p" "$CONNECTOR" | head -n 1; }
+# connector_setting prints a setting of the file as Connect resolves it: a
+# ${env:NAME} placeholder becomes the value of NAME here.
+connector_setting() {
+  local v
+  v=$(sed -n "s/^ *\"$1\": *\"\\([^\"]*\\)\".*/\\1/p" "$CONNECTOR" | head -n 1)
+  if [[ $v =~ ^\$\{env:([A-Za-z0-9_]+)\}$ ]]; then v=${!BASH_REMATCH[1]:-}; fi
+  printf '%s\n' "$v"
+}
 
 validate() {
   [[ $PORT =~ ^[0-9]+$ && $TIMEOUT =~ ^[0-9]+$ ]] || die "ONCEFLOW_CONNECT_PORT and _TIMEOUT must be numbers"
@@ -100,6 +116,14 @@ fetch() {
   printf '%s\n' "$want" >"$marker"
 }
 
+check() {
+  command -v java >/dev/null || die "needs java 17 or later on PATH (devstack/stack.sh up installs it on Debian)"
+  local marker="$CACHE/.complete"
+  [[ -f $marker && $(cat "$marker") == "$(sha256sum "$POM" | cut -d' ' -f1)" ]] \
+    || die "the Kafka Connect and Debezium jars are not in $CACHE: run 'devstack/connect.sh fetch' (or 'make debezium-jars'; needs mvn, which 'make up' installs)"
+  say "connect: java and the jars are here ($CACHE)"
+}
+
 configure() {
   mkdir -p "$DIR"
   cat >"$PROPS" <<EOF
@@ -116,6 +140,12 @@ value.converter=org.apache.kafka.connect.storage.StringConverter
 # from the last flushed LSN, and the inbox absorbs the duplicates.
 offset.storage.file.filename=$OFFSETS
 offset.flush.interval.ms=1000
+# The source task's producer, tuned for latency as Debezium's docs advise
+# (the connector file sets the poll interval and the batch and queue sizes):
+# a few ms of linger instead of Connect's default, and the idempotent
+# producer, so a retried batch is not written twice.
+producer.linger.ms=5
+producer.enable.idempotence=true
 # The connector file's \${env:ONCEFLOW_DEBEZIUM_DB_*} placeholders: hosts,
 # ports and credentials come from this script's environment, so the shipped
 # file is registered as it is.
@@ -135,10 +165,14 @@ EOF
 }
 
 pid() { [[ -f $PID ]] && cat "$PID" || true; }
-running() {
+# alive: the pid file's process exists (right after the start it may not
+# have exec'd java yet, so its command line is still this script's).
+alive() {
   local p; p=$(pid)
-  [[ -n $p ]] && kill -0 "$p" 2>/dev/null && grep -q ConnectStandalone "/proc/$p/cmdline" 2>/dev/null
+  [[ -n $p ]] && kill -0 "$p" 2>/dev/null
 }
+# running: it is a Connect worker (a stale pid file may name anything).
+running() { alive && grep -q ConnectStandalone "/proc/$(pid)/cmdline" 2>/dev/null; }
 
 # task_state prints the connector's first task state (RUNNING, FAILED, …) or nothing.
 task_state() {
@@ -160,6 +194,7 @@ up() {
   if ! running; then
     configure
     say "connect: starting a standalone worker on 127.0.0.1:$PORT with $(basename "$CONNECTOR") …"
+    [[ -f $LOG ]] && mv -f "$LOG" "$LOG.1" # the last lifetime's, e.g. one that was killed
     # setsid: the worker outlives this script and is stopped by pid.
     KAFKA_HEAP_OPTS="" setsid java -Xms64m -Xmx"$HEAP" -XX:+UseSerialGC -XX:TieredStopAtLevel=1 \
       -Dlog4j.configuration="file:$LOG4J" \
@@ -169,7 +204,7 @@ up() {
   fi
   local deadline=$((SECONDS + TIMEOUT)) state=""
   while (( SECONDS < deadline )); do
-    running || { show_log; die "the Connect worker exited"; }
+    alive || { show_log; die "the Connect worker exited"; }
     state=$(task_state)
     case "$state" in
       RUNNING) say "connect: $(connector_name) running (pid $(pid), REST http://127.0.0.1:$PORT)"; return ;;
@@ -230,7 +265,9 @@ main() {
     status) status ;;
     logs) tail -n "${1:-40}" "$LOG" ;;
     reset) reset ;;
-    *) sed -n '2,17s/^# \{0,1\}//p' "${BASH_SOURCE[0]}" >&2; exit 2 ;;
+    fetch) fetch; say "connect: jars in $CACHE" ;;
+    check) check ;;
+    *) sed -n '2,21s/^# \{0,1\}//p' "${BASH_SOURCE[0]}" >&2; exit 2 ;;
   esac
 }
 

@@ -118,6 +118,15 @@ repl_url() {
   esac
 }
 
+# relay_mode_of is a program's RELAY_MODE, the caller's: RELAY_MODE=debezium
+# is orders' alone (Debezium publishes orders' outbox, docs/debezium; start it
+# with `make up-debezium`), so billing then keeps its polling relay.
+relay_mode_of() {
+  local mode=${RELAY_MODE:-poll}
+  [[ $1 == billing && $mode == debezium ]] && mode=poll
+  printf '%s' "$mode"
+}
+
 # args_of is a program's command line: only the reconcile job takes flags.
 args_of() {
   case $1 in
@@ -159,7 +168,7 @@ cmd_start() {
     # schema owner migrates (devstack/stack.sh made both, tools/cmd/pgroles).
     HTTP_ADDR="$addr" ADMIN_ADDR="$admin" ADMIN_TOKEN="$token" LEDGER_PATH="$STATE/reconciler/ledger.jsonl" \
       MIGRATE_DATABASE_URL="$(migrate_url "$name")" \
-      REPLICATION_DATABASE_URL="$(repl_url "$name")" \
+      REPLICATION_DATABASE_URL="$(repl_url "$name")" RELAY_MODE="$(relay_mode_of "$name")" \
       setsid "$BIN/$name" $(args_of "$name" "$addr") >"$LOGS/$name.log" 2>&1 </dev/null &
     echo $! >"$RUN/$name.pid"
     wait_ready "$name" "$addr"

@@ -6,7 +6,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
-	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -191,13 +190,13 @@ func startPlatform(t *testing.T, exporter, endpoint string) *platform {
 		}
 		return env
 	}
-	p.reconciler = start(t, harness.Reconciler, env("reconciler", "LEDGER_PATH", filepath.Join(t.TempDir(), "ledger.jsonl")))
+	p.reconciler = harness.StartT(t, bins, harness.Reconciler, env("reconciler", "LEDGER_PATH", filepath.Join(t.TempDir(), "ledger.jsonl")))
 	p.reconcilerURL = p.reconciler.URL()
-	p.orders = start(t, harness.Orders, env("orders", "DATABASE_URL", ordersRoles.AppURL, "MIGRATE_DATABASE_URL", ordersRoles.OwnerURL, "ORDERS_TOPIC", p.ordersTopic))
-	p.billing = start(t, harness.Billing, env("billing",
+	p.orders = harness.StartT(t, bins, harness.Orders, env("orders", "DATABASE_URL", ordersRoles.AppURL, "MIGRATE_DATABASE_URL", ordersRoles.OwnerURL, "ORDERS_TOPIC", p.ordersTopic))
+	p.billing = harness.StartT(t, bins, harness.Billing, env("billing",
 		"DATABASE_URL", billingRoles.AppURL, "MIGRATE_DATABASE_URL", billingRoles.OwnerURL, "ORDERS_TOPIC", p.ordersTopic, "BILLING_TOPIC", p.billingTopic,
 		"CONSUMER_GROUP", testinfra.Name("billing")))
-	p.shim = start(t, harness.Shim, env("reconciler-shim",
+	p.shim = harness.StartT(t, bins, harness.Shim, env("reconciler-shim",
 		"DATABASE_URL", shimRoles.AppURL, "MIGRATE_DATABASE_URL", shimRoles.OwnerURL, "BILLING_TOPIC", p.billingTopic, "CONSUMER_GROUP", testinfra.Name("shim"),
 		"RECONCILER_URL", p.reconcilerURL, "RECONCILER_TIMEOUT", "5s"))
 	p.ordersURL = p.orders.URL()
@@ -255,7 +254,7 @@ func (p *platform) crossings(ctx context.Context, t *testing.T) (ordersRow, orde
 func (p *platform) stop(t *testing.T) {
 	t.Helper()
 	for _, prog := range []*harness.Proc{p.orders, p.billing, p.shim, p.reconciler} {
-		stop(t, prog)
+		harness.StopT(t, prog)
 	}
 }
 
@@ -263,49 +262,7 @@ func (p *platform) stop(t *testing.T) {
 var bins map[string]string
 
 // TestMain builds the four programs from this checkout once for all tests.
-func TestMain(m *testing.M) {
-	dir, err := os.MkdirTemp("", "onceflow-e2e-")
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.Exit(1)
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
-	bins, err = harness.BuildTree(ctx, dir)
-	cancel()
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.RemoveAll(dir)
-		os.Exit(1)
-	}
-	code := m.Run()
-	os.RemoveAll(dir)
-	os.Exit(code)
-}
-
-// start runs a program on port 0 with env until stop or the end of the
-// test, and returns once it logged its addresses.
-func start(t *testing.T, spec harness.Spec, env map[string]string) *harness.Proc {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
-	defer cancel()
-	p, err := harness.Start(ctx, harness.Config{Spec: spec, Bin: bins[spec.Name], Env: env,
-		LogPath: filepath.Join(t.TempDir(), spec.Name+".log")})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { stop(t, p) })
-	return p
-}
-
-// stop sends SIGTERM and waits for a clean exit, as an orchestrator would;
-// a program that exits badly, or still runs 30 s after SIGTERM (it is then
-// killed), fails the test.
-func stop(t *testing.T, p *harness.Proc) {
-	t.Helper()
-	if err := p.Stop(30 * time.Second); err != nil {
-		t.Errorf("%v\n%s", err, p.Tail(40))
-	}
-}
+func TestMain(m *testing.M) { harness.TestMain(m, &bins) }
 
 // storedTraceparent returns the traceparent of the one outbox row in db.
 func storedTraceparent(t *testing.T, db string) string {

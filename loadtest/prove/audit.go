@@ -111,8 +111,9 @@ func (p *Platform) audit(ctx context.Context, accepted map[uuid.UUID]time.Time) 
 	}
 	// The log-based modes keep no row to check against: wal writes none, cdc
 	// deletes rows once confirmed. Their lost events show end to end
-	// (OrdersWithoutCharge), and orphans as ChargesWithoutOrder.
-	if p.relayMode() == "poll" && (len(events) > 0 || p.publishMode() == "outbox") {
+	// (OrdersWithoutCharge), and orphans as ChargesWithoutOrder. Under
+	// Debezium the rows stay (until OUTBOX_RETENTION).
+	if (p.relayMode() == "poll" || p.relayMode() == "debezium") && (len(events) > 0 || p.publishMode() == "outbox") {
 		for id := range orders {
 			if events[id] == 0 {
 				a.EventlessOrders++
@@ -124,7 +125,7 @@ func (p *Platform) audit(ctx context.Context, accepted map[uuid.UUID]time.Time) 
 			}
 		}
 	}
-	if err := p.ordersPool.QueryRow(ctx, p.pendingQuery()).Scan(&a.OrdersPending); err != nil {
+	if err := p.ordersPool.QueryRow(ctx, pendingQuery(p.relayMode())).Scan(&a.OrdersPending); err != nil {
 		return a, err
 	}
 	if p.Billing == nil {
@@ -145,7 +146,7 @@ func (p *Platform) audit(ctx context.Context, accepted map[uuid.UUID]time.Time) 
 			a.ChargesWithoutOrder++
 		}
 	}
-	if err := p.billingPool.QueryRow(ctx, p.pendingQuery()).Scan(&a.BillingPending); err != nil {
+	if err := p.billingPool.QueryRow(ctx, pendingQuery(p.billingRelayMode())).Scan(&a.BillingPending); err != nil {
 		return a, err
 	}
 	if err := p.billingPool.QueryRow(ctx, `SELECT count(*) FROM inbox_messages`).Scan(&a.BillingInboxRows); err != nil {
@@ -233,12 +234,27 @@ func (p *Platform) publishMode() string { return p.API.env("PUBLISH_MODE") }
 
 func (p *Platform) relayMode() string { return p.API.env("RELAY_MODE") }
 
-// pendingQuery counts an outbox's events not yet published. The log-based
-// relay leaves rows pending for good: what it has not published is what
-// lies past the slot's confirmed id (cdc), and dead rows; wal has no rows.
-func (p *Platform) pendingQuery() string {
-	if p.relayMode() == "poll" {
+// billingRelayMode is billing's RELAY_MODE: orders' but for debezium, whose
+// connector publishes orders' outbox only.
+func (p *Platform) billingRelayMode() string {
+	if p.Billing == nil {
+		return p.relayMode()
+	}
+	return p.Billing.env("RELAY_MODE")
+}
+
+// pendingQuery counts the events of an outbox in relay mode mode not yet
+// published. The log-based relay leaves rows pending for good: what it has
+// not published is what lies past the slot's confirmed id (cdc), and dead
+// rows; wal has no rows. Under Debezium every row stays pending and what it
+// has not published is in the WAL, where no query sees it: only dead rows
+// count (a run is complete when every order is charged, see waitQuiet).
+func pendingQuery(mode string) string {
+	switch mode {
+	case "poll":
 		return `SELECT count(*) FROM outbox_events WHERE state <> 'published'`
+	case "debezium":
+		return `SELECT count(*) FROM outbox_events WHERE state = 'dead'`
 	}
 	return `SELECT count(*) FROM outbox_events
 		WHERE state = 'dead' OR id > coalesce((SELECT max(confirmed_id) FROM outbox_cdc_slots), 0)`
@@ -303,7 +319,7 @@ func (p *Platform) progress(ctx context.Context) (progress, error) {
 	// Pending as the audit counts it (pendingQuery): under the log-based
 	// relay rows stay 'pending' after they are published, and counting them
 	// kept a cdc run "in flight" until waitQuiet gave up after 10×stable.
-	if err := p.ordersPool.QueryRow(ctx, `SELECT (SELECT count(*) FROM orders), (`+p.pendingQuery()+`),
+	if err := p.ordersPool.QueryRow(ctx, `SELECT (SELECT count(*) FROM orders), (`+pendingQuery(p.relayMode())+`),
 		(SELECT count(*) FROM outbox_events WHERE state = 'dead')`).
 		Scan(&g.orders, &g.pending, &g.dead); err != nil {
 		return g, err
@@ -311,7 +327,7 @@ func (p *Platform) progress(ctx context.Context) (progress, error) {
 	if p.Billing == nil {
 		return g, nil
 	}
-	if err := p.billingPool.QueryRow(ctx, `SELECT (SELECT count(*) FROM charges), (`+p.pendingQuery()+`),
+	if err := p.billingPool.QueryRow(ctx, `SELECT (SELECT count(*) FROM charges), (`+pendingQuery(p.billingRelayMode())+`),
 		(SELECT count(*) FROM charges WHERE status = 'refunded'), (SELECT count(*) FROM outbox_events WHERE state = 'dead')`).
 		Scan(&g.charges, &g.billingPending, &g.refunded, &g.billingDead); err != nil {
 		return g, err

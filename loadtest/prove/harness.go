@@ -22,6 +22,10 @@ type Profile struct {
 	Orders int
 	// Crashes is the least number of SIGKILLs each crash proof injects.
 	Crashes int
+	// ConnectKills is how many times relay-crash SIGKILLs Kafka Connect in
+	// RELAY_MODE=debezium (each kill is followed by a JVM start, seconds
+	// where the platform's relays restart in milliseconds).
+	ConnectKills int
 	// Redeliveries is how often redelivery re-produces each event.
 	Redeliveries int
 	// HotEvents go to the one aggregate of the ordering proof; Others
@@ -77,13 +81,13 @@ type BusyProfile struct {
 
 // Profiles: quick runs in `make test`, full in `make prove`.
 var Profiles = map[string]Profile{
-	"quick": {Name: "quick", Orders: 30, Crashes: 3, Redeliveries: 10, HotEvents: 1000, Others: 50, OtherEvents: 4,
+	"quick": {Name: "quick", Orders: 30, Crashes: 3, ConnectKills: 2, Redeliveries: 10, HotEvents: 1000, Others: 50, OtherEvents: 4,
 		Poison: 2, ShimCrashes: 1, Stable: 8 * time.Second,
 		Scale:           ScaleProfile{Changes: 8, Every: 3 * time.Second, Rate: 20},
 		Outage:          OutageProfile{Kafka: 20 * time.Second, Postgres: 10 * time.Second, Restarts: 1, RestartEvery: 20 * time.Second, Rate: 10},
 		Busy:            BusyProfile{Age: 10, Within: 60 * time.Second, Rate: 40, KBps: 3},
 		NemesisDuration: 45 * time.Second},
-	"full": {Name: "full", Orders: 300, Crashes: 20, Redeliveries: 10, HotEvents: 1000, Others: 300, OtherEvents: 5,
+	"full": {Name: "full", Orders: 300, Crashes: 20, ConnectKills: 5, Redeliveries: 10, HotEvents: 1000, Others: 300, OtherEvents: 5,
 		Poison: 10, ShimCrashes: 3, Stable: 20 * time.Second,
 		Scale:           ScaleProfile{Changes: 24, Every: 8 * time.Second, Rate: 30},
 		Outage:          OutageProfile{Kafka: 3 * time.Minute, Postgres: time.Minute, Restarts: 3, RestartEvery: 20 * time.Second, Rate: 20},
@@ -119,7 +123,8 @@ var Proofs = []Proof{
 }
 
 // RelayModeProofs are the proofs that run once per Options.RelayModes:
-// the ones whose faults are about the producing side.
+// the ones whose faults are about the producing side. In RELAY_MODE=debezium
+// only those of DebeziumProofs run.
 var RelayModeProofs = map[string]bool{"atomicity": true, "relay-crash": true, "ordering": true, "chaos": true, "nemesis": true}
 
 // Options configure Run.
@@ -131,9 +136,11 @@ type Options struct {
 	Profile Profile
 	// Only runs the named proofs. Empty: all.
 	Only []string
-	// RelayModes are the relay modes (RELAY_MODE: poll, cdc, wal) that the
-	// proofs about publishing (RelayModeProofs) run in, one row each; the
-	// other proofs and the naive modes run with poll. Default: poll.
+	// RelayModes are the relay modes (RELAY_MODE: poll, cdc, wal, debezium)
+	// that the proofs about publishing (RelayModeProofs; in debezium, those
+	// of DebeziumProofs) run in, one row each; the other proofs and the
+	// naive modes run with poll, and so does a relay-mode proof none of
+	// RelayModes runs. Default: poll.
 	RelayModes []string
 	// Parallel is how many runs of the proofs that leave the shared stack
 	// alone (not Exclusive) go at once, each on its own platform (its own
@@ -212,6 +219,7 @@ func Run(ctx context.Context, opts Options) (*Report, error) {
 		return nil, err
 	}
 	defer h.stack.Close()
+	stopLeftConnects(ctx, opts.Root, opts.Dir)
 	h.stack.dropOldDatabases(ctx)
 	var jobs []job
 	for _, p := range Proofs {
@@ -219,8 +227,17 @@ func Run(ctx context.Context, opts Options) (*Report, error) {
 			continue
 		}
 		if RelayModeProofs[p.Name] {
+			n := len(jobs)
 			for _, m := range opts.RelayModes {
+				if m == string(outbox.ModeDebezium) && !DebeziumProofs[p.Name] {
+					h.logf("%s does not run in RELAY_MODE=debezium (its faults target the platform's own relays, not Kafka Connect)", p.Name)
+					continue
+				}
 				jobs = append(jobs, job{p, false, m})
+			}
+			if len(jobs) == n {
+				h.logf("%s runs in RELAY_MODE=poll instead", p.Name)
+				jobs = append(jobs, job{p, false, "poll"})
 			}
 		} else {
 			jobs = append(jobs, job{p, false, "poll"})

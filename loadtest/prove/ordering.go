@@ -28,7 +28,11 @@ import (
 // Every aggregate's versions must arrive as 1, 2, 3, … with nothing missing.
 func (h *Harness) ordering(ctx context.Context, _ bool) Row {
 	var row Row
-	p, err := h.newPlatform(ctx, "ordering", Setup{Relays: 3, NoDownstream: true})
+	relays := 3
+	if h.relayMode == "debezium" {
+		relays = 1 // orders runs no relay there: Kafka Connect is the one killed
+	}
+	p, err := h.newPlatform(ctx, "ordering", Setup{Relays: relays, NoDownstream: true})
 	if err != nil {
 		return fail(row, err)
 	}
@@ -82,7 +86,10 @@ func (h *Harness) ordering(ctx context.Context, _ bool) Row {
 	total := len(pending)
 	h.logf("  writing %d events (%d on aggregate %s) in transactions of 10, three relays publishing …", total, h.prof.HotEvents, hot)
 	write := outbox.RelayMode(p.relayMode()).Write() // Emit in wal mode
-	var killed *Proc
+	var (
+		killed    *Proc
+		restarted chan error // Kafka Connect's start after its kill (debezium)
+	)
 	for i := 0; i < total; i += 10 {
 		batch := pending[i:min(i+10, total)]
 		err := pgx.BeginFunc(ctx, p.ordersPool, func(tx pgx.Tx) error {
@@ -100,7 +107,15 @@ func (h *Harness) ordering(ctx context.Context, _ bool) Row {
 		if err != nil {
 			return fail(row, fmt.Errorf("writing events: %w", err))
 		}
-		if killed == nil && i >= total*2/5 {
+		if p.Connect != nil && restarted == nil && i >= total*2/5 {
+			h.logf("  kill -9 Kafka Connect (Debezium) mid-run, then start it again")
+			if err := p.Connect.Kill(ctx); err != nil {
+				return fail(row, err)
+			}
+			restarted = make(chan error, 1)
+			go func() { restarted <- p.Connect.Restart(ctx) }()
+		}
+		if p.Connect == nil && killed == nil && i >= total*2/5 {
 			victim := p.Orders[1]
 			if p.relayMode() != "poll" {
 				victim = p.streamingRelay() // one relay streams, the others stand by: kill the one that matters
@@ -117,6 +132,11 @@ func (h *Harness) ordering(ctx context.Context, _ bool) Row {
 			}
 		}
 	}
+	if restarted != nil {
+		if err := <-restarted; err != nil {
+			return fail(row, fmt.Errorf("starting Kafka Connect again: %w", err))
+		}
+	}
 	var got int
 	err = waitUntil(ctx, 5*time.Minute, func() bool {
 		return pool.QueryRow(ctx, `SELECT count(*) FROM arrivals`).Scan(&got) == nil && got >= total
@@ -130,10 +150,14 @@ func (h *Harness) ordering(ctx context.Context, _ bool) Row {
 		return fail(row, err)
 	}
 	row.Faults = 0
-	if killed != nil {
+	row.FaultsDesc = fmt.Sprintf("kill -9 of 1 of 3 relays after %d of %d events were written", total*2/5, total)
+	switch {
+	case p.Connect != nil:
+		row.Faults = p.Connect.Kills()
+		row.FaultsDesc = fmt.Sprintf("kill -9 of Kafka Connect (Debezium) after %d of %d events were written", total*2/5, total)
+	case killed != nil:
 		row.Faults = killed.Crashes()
 	}
-	row.FaultsDesc = fmt.Sprintf("kill -9 of 1 of 3 relays after %d of %d events were written", total*2/5, total)
 	row.Orders, row.OutOfOrder, row.Lost = total, outOfOrder, lost
 	row.Absorbed = int(counterValue(reg, "inbox_duplicates_total"))
 	row.check(row.Faults == 1, "one relay was killed mid-run (%d)", row.Faults)

@@ -71,6 +71,10 @@ type Platform struct {
 	// BillingGroup and ShimGroup are the consumer groups, the platform's
 	// own: proofs that run at the same time must not share a group.
 	BillingGroup, ShimGroup string
+	// Connect publishes orders' outbox in RELAY_MODE=debezium (nil in the
+	// other modes): Kafka Connect with Debezium and the shipped connector
+	// file, on this platform's database, slot and topic (debezium.go).
+	Connect *Debezium
 }
 
 func (h *Harness) newPlatform(ctx context.Context, name string, s Setup) (*Platform, error) {
@@ -158,6 +162,9 @@ func (h *Harness) newPlatform(ctx context.Context, name string, s Setup) (*Platf
 		KindRelay: func() (*Proc, error) {
 			env := common(p.OrdersDB)
 			env["ORDERS_TOPIC"], env["PUBLISH_MODE"] = p.OrdersTopic, s.PublishMode
+			if relayMode == "debezium" {
+				env["DEBEZIUM_SLOT"] = debeziumSlot(p.OrdersDB)
+			}
 			pr, err := newProc(fmt.Sprintf("orders-%d", len(p.Orders)+1), harness.Orders, env, s.OrdersArm, "outbox_published_total")
 			if err == nil {
 				p.Orders = append(p.Orders, pr)
@@ -171,6 +178,9 @@ func (h *Harness) newPlatform(ctx context.Context, name string, s Setup) (*Platf
 			env := common(p.BillingDB)
 			env["ORDERS_TOPIC"], env["BILLING_TOPIC"], env["CONSUMER_GROUP"], env["INBOX_NAME"], env["INBOX_MODE"] =
 				p.OrdersTopic, p.BillingTop, p.BillingGroup, "billing", s.InboxMode
+			if relayMode == "debezium" { // the connector is orders'; billing keeps its own relay
+				env["RELAY_MODE"] = "poll"
+			}
 			pr, err := newProc(instanceName("billing", len(p.Billings)), harness.Billing, env, s.BillingArm,
 				"inbox_duplicates_total", "inbox_processed_total", "inbox_dead_lettered_total", "outbox_published_total")
 			if err == nil {
@@ -260,6 +270,14 @@ func (h *Harness) newPlatform(ctx context.Context, name string, s Setup) (*Platf
 			return nil, err
 		}
 	}
+	if relayMode == "debezium" {
+		// After orders migrated (the publication is its migration's), before
+		// any order: Debezium streams only what commits after its slot.
+		if p.Connect, err = p.startDebezium(ctx, roles[p.OrdersDB].Replication); err != nil {
+			p.Close()
+			return nil, err
+		}
+	}
 	return p, nil
 }
 
@@ -316,6 +334,9 @@ func (p *Platform) Hangs() int {
 // slots of its databases (log-based relay modes), which would otherwise pin
 // WAL and keep the databases from being dropped.
 func (p *Platform) Close() {
+	if p.Connect != nil {
+		p.Connect.Stop()
+	}
 	for _, pr := range p.all {
 		pr.Stop()
 	}
@@ -430,22 +451,11 @@ func topicEnds(ctx context.Context, client *kafka.Client, topic string) (map[int
 	if len(md.Topics) != 1 || md.Topics[0].Error != nil {
 		return nil, fmt.Errorf("topic %s: no metadata", topic)
 	}
-	req := &kafka.ListOffsetsRequest{Topics: map[string][]kafka.OffsetRequest{}}
-	for _, p := range md.Topics[0].Partitions {
-		req.Topics[topic] = append(req.Topics[topic], kafka.LastOffsetOf(p.ID))
+	parts := make([]int, len(md.Topics[0].Partitions))
+	for i, p := range md.Topics[0].Partitions {
+		parts[i] = p.ID
 	}
-	resp, err := client.ListOffsets(ctx, req)
-	if err != nil {
-		return nil, err
-	}
-	ends := map[int]int64{}
-	for _, p := range resp.Topics[topic] {
-		if p.Error != nil {
-			return nil, p.Error
-		}
-		ends[p.Partition] = p.LastOffset
-	}
-	return ends, nil
+	return kafkautil.EndOffsets(ctx, client, topic, parts)
 }
 
 // readTopic reads every message of topic up to its current end.
@@ -455,29 +465,7 @@ func readTopic(ctx context.Context, brokers []string, topic string) ([]kafka.Mes
 	if err != nil {
 		return nil, err
 	}
-	var out []kafka.Message
-	for p, end := range ends {
-		if end == 0 {
-			continue
-		}
-		r := kafka.NewReader(kafka.ReaderConfig{Brokers: brokers, Topic: topic, Partition: p, MaxWait: 100 * time.Millisecond})
-		rctx, cancel := context.WithTimeout(ctx, 60*time.Second)
-		for {
-			m, err := r.ReadMessage(rctx)
-			if err != nil {
-				cancel()
-				r.Close()
-				return nil, fmt.Errorf("reading %s/%d: %w", topic, p, err)
-			}
-			out = append(out, m)
-			if m.Offset >= end-1 {
-				break
-			}
-		}
-		cancel()
-		r.Close()
-	}
-	return out, nil
+	return kafkautil.ReadRange(ctx, brokers, topic, nil, ends, 0, 60*time.Second)
 }
 
 // roleURL is base (a URL PGURL made) as role l; base is well formed.

@@ -6,16 +6,16 @@ import (
 	"slices"
 	"time"
 
-	"github.com/onceflow/onceflow/pkg/inbox"
-	"github.com/onceflow/onceflow/pkg/outbox"
+	"github.com/onceflow/onceflow/pkg/inbox/inboxtest"
+	"github.com/onceflow/onceflow/pkg/outbox/outboxtest"
 )
 
 // The crash points, as the services name them (CRASH_POINT).
 const (
 	crashAfterWrite  = "orders.after-write"
-	crashAfterAck    = outbox.CrashAfterAck
-	crashAfterCommit = inbox.CrashAfterCommit
-	crashAfterEffect = inbox.CrashAfterEffect
+	crashAfterAck    = outboxtest.CrashAfterAck
+	crashAfterCommit = inboxtest.CrashAfterCommit
+	crashAfterEffect = inboxtest.CrashAfterEffect
 )
 
 // fail records err on row and returns it.
@@ -93,6 +93,9 @@ func (h *Harness) atomicity(ctx context.Context, naive bool) Row {
 // the rows published, again and again: everything arrives, and the
 // republished duplicates are absorbed (naive consumer: applied twice).
 func (h *Harness) relayCrash(ctx context.Context, naive bool) Row {
+	if h.relayMode == "debezium" && !naive {
+		return h.relayCrashDebezium(ctx)
+	}
 	var row Row
 	mode, name := "inbox", "relay-crash"
 	if naive {

@@ -63,8 +63,8 @@ func TestAbandoningAMessageAbandonsTheLaterMessagesOfItsKeyInTheBatch(t *testing
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := c.processBatch(context.Background(), batch); err != nil {
-		t.Fatalf("processBatch: %v", err)
+	if err := c.applier.process(context.Background(), batch); err != nil {
+		t.Fatalf("process: %v", err)
 	}
 
 	mu.Lock()

@@ -2,11 +2,11 @@ package inbox
 
 import (
 	"context"
-	"fmt"
 	"time"
 
 	"github.com/google/uuid"
-	"github.com/jackc/pgx/v5"
+
+	"github.com/onceflow/onceflow/pkg/internal/backlog"
 )
 
 // Backlog is the inbox's read of "rows in status S older than T", for
@@ -15,11 +15,9 @@ import (
 // SELECTs: a read-only role (pgroles' readers, e.g. reconcile_ro) may run it.
 
 // BacklogDB is what Backlog reads through: a *pgxpool.Pool, a *pgx.Conn or
-// a pgx.Tx. Reads only: a read-only role's handle is enough.
-type BacklogDB interface {
-	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
-	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
-}
+// a pgx.Tx (Query and QueryRow). Reads only: a read-only role's handle is
+// enough.
+type BacklogDB = backlog.DB
 
 // BacklogConfig says which rows Backlog counts. The zero value counts every
 // consumer's expired leases, uncertain and dead-lettered rows, of any age,
@@ -50,19 +48,11 @@ type BacklogConfig struct {
 // Validate refuses negative fields: a negative age would count rows from
 // the future (none) and read as a clean inbox.
 func (c BacklogConfig) Validate() error {
-	switch {
-	case c.LeaseExpiredFor < 0:
-		return fmt.Errorf("inbox: backlog: LeaseExpiredFor %v is negative", c.LeaseExpiredFor)
-	case c.UncertainOlderThan < 0:
-		return fmt.Errorf("inbox: backlog: UncertainOlderThan %v is negative", c.UncertainOlderThan)
-	case c.DeadLetteredOlderThan < 0:
-		return fmt.Errorf("inbox: backlog: DeadLetteredOlderThan %v is negative", c.DeadLetteredOlderThan)
-	case c.ParkedOlderThan < 0:
-		return fmt.Errorf("inbox: backlog: ParkedOlderThan %v is negative", c.ParkedOlderThan)
-	case c.Samples < 0:
-		return fmt.Errorf("inbox: backlog: Samples %d is negative", c.Samples)
-	}
-	return nil
+	return backlog.Validate("inbox", c.Samples,
+		backlog.Age{Field: "LeaseExpiredFor", Value: c.LeaseExpiredFor},
+		backlog.Age{Field: "UncertainOlderThan", Value: c.UncertainOlderThan},
+		backlog.Age{Field: "DeadLetteredOlderThan", Value: c.DeadLetteredOlderThan},
+		backlog.Age{Field: "ParkedOlderThan", Value: c.ParkedOlderThan})
 }
 
 // BacklogState is what Backlog found in one status.
@@ -114,7 +104,7 @@ const (
 // Backlog counts the inbox's expired leases, uncertain rows, dead letters
 // and parked messages older than cfg says, with the oldest one's time and the ids of
 // the oldest few. Its errors are named like the consumer's (a database that
-// cannot be reached satisfies internal/pgerr.IsUnavailable); a missing table (an
+// cannot be reached satisfies pgerr.IsUnavailable); a missing table (an
 // unmigrated database) stays a *pgconn.PgError in the chain (SQLSTATE
 // 42P01), never an empty report.
 func Backlog(ctx context.Context, db BacklogDB, cfg BacklogConfig) (BacklogReport, error) {
@@ -144,26 +134,7 @@ func Backlog(ctx context.Context, db BacklogDB, cfg BacklogConfig) (BacklogRepor
 }
 
 func backlogState(ctx context.Context, db BacklogDB, what, count, sample string, olderThan time.Duration, cfg BacklogConfig) (BacklogState, error) {
-	var (
-		s      BacklogState
-		oldest *time.Time
-	)
-	if err := db.QueryRow(ctx, count, olderThan.Microseconds(), cfg.Consumer).Scan(&s.Count, &oldest); err != nil {
-		return s, dbErrors.Translate("inbox: counting "+what, err)
-	}
-	if s.Count == 0 {
-		return s, nil
-	}
-	s.Oldest = *oldest
-	if cfg.Samples == 0 {
-		return s, nil
-	}
-	rows, err := db.Query(ctx, sample, olderThan.Microseconds(), cfg.Consumer, cfg.Samples)
-	if err != nil {
-		return s, dbErrors.Translate("inbox: sampling "+what, err)
-	}
-	if s.Samples, err = pgx.CollectRows(rows, pgx.RowTo[uuid.UUID]); err != nil {
-		return s, dbErrors.Translate("inbox: sampling "+what, err)
-	}
-	return s, nil
+	s, err := backlog.Read(ctx, db, count, sample, []any{olderThan.Microseconds(), cfg.Consumer}, cfg.Samples,
+		func(doing string, err error) error { return dbErrors.Translate("inbox: "+doing+" "+what, err) })
+	return BacklogState(s), err
 }

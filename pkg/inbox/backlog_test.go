@@ -13,7 +13,7 @@ import (
 
 	"github.com/onceflow/onceflow/pkg/inbox"
 	"github.com/onceflow/onceflow/pkg/inbox/inboxtest"
-	"github.com/onceflow/onceflow/pkg/internal/pgerr"
+	"github.com/onceflow/onceflow/pkg/pgerr"
 	"github.com/onceflow/onceflow/pkg/testenv"
 )
 

@@ -33,34 +33,59 @@ type Upcaster struct {
 	Convert   func(payload json.RawMessage) (json.RawMessage, error)
 }
 
-// Crash points the consumer passes to Config.CrashPoint.
+// The defaults of Config's fields, which a zero field takes.
 const (
-	// CrashAfterCommit is after the database commit and before the offset
-	// commit: a crash here redelivers events the inbox already holds.
-	CrashAfterCommit = "inbox.after-commit"
+	DefaultWorkers          = 4
+	DefaultBatchSize        = 100
+	DefaultMaxAttempts      = 5
+	DefaultBackoffMin       = 50 * time.Millisecond
+	DefaultBackoffMax       = 5 * time.Second
+	DefaultLagInterval      = 5 * time.Second
+	DefaultShutdownGrace    = 10 * time.Second
+	DefaultErrorLogInterval = 30 * time.Second
 )
 
-// Config configures a Consumer. Zero fields take the documented defaults.
+// The defaults of LeaseConfig's fields, which a zero field takes; CallTimeout
+// and LeaseMargin default to fractions of LeaseTTL.
+const (
+	DefaultLeaseTTL    = 30 * time.Second
+	DefaultMaxInFlight = 16
+)
+
+// Config configures a Consumer, in either mode (a lease-mode consumer's own
+// knobs are in LeaseConfig). Zero fields take the documented defaults;
+// negative ones are refused by Validate.
 type Config struct {
 	// Name identifies the consumer; dedupe is per (Name, event id). Required.
 	Name string
+
+	// Dispatching: how fetched messages reach the applier.
+
 	// Workers handle messages in parallel, each message going to the worker
 	// its key hashes to, so one key (one aggregate) is handled in order.
-	// Default 4.
+	// Default DefaultWorkers.
 	Workers int
-	// BatchSize is the most messages a worker handles in one database
-	// transaction (a savepoint each, so one failure does not undo the
-	// others). It is also each worker's queue capacity. Default 100.
+	// BatchSize is the most messages a worker hands its applier at once
+	// (the transactional applier handles them in one database transaction,
+	// with a savepoint each when one fails, so one failure does not undo
+	// the others; the lease applier leases and marks them done in one
+	// transaction each). It is also each worker's queue capacity. Default
+	// DefaultBatchSize.
 	BatchSize int
+
+	// Applying, in both modes: retries, dead letters, the version guard,
+	// parking, upcasting.
+
+	// MaxAttempts bounds how often a failing handler (or side effect) runs
+	// for one message before it is dead-lettered. Default DefaultMaxAttempts.
+	MaxAttempts int
+	// BackoffMin and BackoffMax bound the jittered exponential delay between
+	// attempts, and between retries through an outage. Defaults
+	// DefaultBackoffMin and DefaultBackoffMax.
+	BackoffMin, BackoffMax time.Duration
 	// DeadLetterTopic receives messages that cannot be handled.
 	// Default: the message's topic + ".dlt".
 	DeadLetterTopic string
-	// MaxAttempts bounds how often a failing handler runs for one message
-	// before it is dead-lettered. Default 5.
-	MaxAttempts int
-	// BackoffMin and BackoffMax bound the jittered exponential delay between
-	// attempts. Defaults 50ms and 5s.
-	BackoffMin, BackoffMax time.Duration
 	// DisableVersionGuard turns off the aggregate-version check, for topics
 	// whose events carry no meaningful per-aggregate sequence.
 	DisableVersionGuard bool
@@ -75,53 +100,20 @@ type Config struct {
 	DeadKeys DeadKeyPolicy
 	// Upcasters convert older event versions to the current one.
 	Upcasters []Upcaster
-	// CrashPoint, when set, is called at each named crash point (see
-	// CrashAfterCommit); a non-nil error stops the consumer right there, as
-	// a crash would. In lease mode it is called from concurrent side
-	// effects, so it must be safe for concurrent use. Fault-injection
-	// harnesses use it; leave it nil otherwise.
-	CrashPoint func(name string) error
-	// LeaseTTL is how long a leased message (NewLeaseConsumer) stays with
-	// its worker. Every Effect.Check and Effect.Call starts only right after
-	// its worker renewed the lease under its fencing token, so a lease must
-	// outlast CallTimeout + LeaseMargin (Validate refuses it otherwise).
-	// Default 30s.
-	LeaseTTL time.Duration
-	// CallTimeout bounds each Effect.Check and Effect.Call of a lease-mode
-	// consumer: its ctx ends CallTimeout after the renewal that preceded it,
-	// so before the lease does. A call cut off by it counts as the other
-	// side being unavailable (an outage: waited out, never an attempt), and
-	// the next try checks first. Effect.Check and Effect.Call must honour
-	// their ctx. Default LeaseTTL/3.
-	CallTimeout time.Duration
-	// LeaseMargin is how long after a call's ctx ended the call may still
-	// take effect on the other side: a request already on the wire, the
-	// other side finishing what it received. Leases outlast every call by at
-	// least this much, so a worker that takes over an expired lease checks
-	// only after the previous holder's last possible call has landed; and a
-	// worker whose own call failed checks, before trying again, no sooner
-	// than this after it. Default LeaseTTL/10.
-	LeaseMargin time.Duration
-	// MaxInFlight bounds the side-effect calls (Effect.Check and
-	// Effect.Call) a lease-mode consumer makes at once, across its workers:
-	// the most load it puts on the other side. The messages of one key are
-	// called one after the other, in order; distinct keys of a batch are
-	// called concurrently up to this limit. 1 makes one call at a time.
-	// Default 16.
-	MaxInFlight int
-	// LeaseOwner names this process in lease rows. Default: Name + a random suffix.
-	LeaseOwner string
+
+	// Running: shutdown, outages, observability, fault injection.
+
 	// LagInterval is how often consumer_lag_messages and
-	// inbox_dead_letters are refreshed. Default 5s.
+	// inbox_dead_letters are refreshed. Default DefaultLagInterval.
 	LagInterval time.Duration
 	// ShutdownGrace is how long the work in hand may go on after Run's ctx
 	// ended (a SIGTERM): a batch being handled, a retry, a dead letter being
 	// published. After it, unfinished messages are abandoned uncommitted and
-	// redelivered later. Default 10s.
+	// redelivered later. Default DefaultShutdownGrace.
 	ShutdownGrace time.Duration
 	// ErrorLogInterval bounds how often an outage is logged: its first
 	// failure, then one line per interval with a count, then its end.
-	// Default 30s.
+	// Default DefaultErrorLogInterval.
 	ErrorLogInterval time.Duration
 	// Logger receives failures and dead letters. Default: slog.Default().
 	Logger *slog.Logger
@@ -134,43 +126,28 @@ type Config struct {
 // must not quietly become the default.
 func (c Config) WithDefaults() Config {
 	if c.Workers == 0 {
-		c.Workers = 4
+		c.Workers = DefaultWorkers
 	}
 	if c.BatchSize == 0 {
-		c.BatchSize = 100
+		c.BatchSize = DefaultBatchSize
 	}
 	if c.MaxAttempts == 0 {
-		c.MaxAttempts = 5
+		c.MaxAttempts = DefaultMaxAttempts
 	}
 	if c.BackoffMin == 0 {
-		c.BackoffMin = 50 * time.Millisecond
+		c.BackoffMin = DefaultBackoffMin
 	}
 	if c.BackoffMax == 0 {
-		c.BackoffMax = 5 * time.Second
-	}
-	if c.LeaseTTL == 0 {
-		c.LeaseTTL = 30 * time.Second
-	}
-	if c.CallTimeout == 0 {
-		c.CallTimeout = c.LeaseTTL / 3
-	}
-	if c.LeaseMargin == 0 {
-		c.LeaseMargin = c.LeaseTTL / 10
-	}
-	if c.MaxInFlight == 0 {
-		c.MaxInFlight = 16
-	}
-	if c.LeaseOwner == "" {
-		c.LeaseOwner = c.Name + "-" + uuid.NewString()[:8]
+		c.BackoffMax = DefaultBackoffMax
 	}
 	if c.LagInterval == 0 {
-		c.LagInterval = 5 * time.Second
+		c.LagInterval = DefaultLagInterval
 	}
 	if c.ShutdownGrace == 0 {
-		c.ShutdownGrace = 10 * time.Second
+		c.ShutdownGrace = DefaultShutdownGrace
 	}
 	if c.ErrorLogInterval == 0 {
-		c.ErrorLogInterval = 30 * time.Second
+		c.ErrorLogInterval = DefaultErrorLogInterval
 	}
 	if c.Logger == nil {
 		c.Logger = slog.Default()
@@ -182,10 +159,9 @@ func (c Config) WithDefaults() Config {
 }
 
 // Validate reports the first field of c that no consumer can run with: a
-// missing Name, a negative count or duration, an unknown gap policy,
-// backoff bounds the wrong way round, or a LeaseTTL that does not outlast
-// CallTimeout + LeaseMargin. It checks c as NewConsumer would use
-// it, after WithDefaults.
+// missing Name, a negative count or duration, an unknown gap or dead-key
+// policy, or backoff bounds the wrong way round. It checks c as
+// NewConsumer would use it, after WithDefaults.
 func (c Config) Validate() error {
 	if c.Name == "" {
 		return errors.New("inbox: Config.Name is required")
@@ -200,10 +176,6 @@ func (c Config) Validate() error {
 		{"MaxAttempts", c.MaxAttempts, c.MaxAttempts < 0},
 		{"BackoffMin", c.BackoffMin, c.BackoffMin < 0},
 		{"BackoffMax", c.BackoffMax, c.BackoffMax < 0},
-		{"LeaseTTL", c.LeaseTTL, c.LeaseTTL < 0},
-		{"CallTimeout", c.CallTimeout, c.CallTimeout < 0},
-		{"LeaseMargin", c.LeaseMargin, c.LeaseMargin < 0},
-		{"MaxInFlight", c.MaxInFlight, c.MaxInFlight < 0},
 		{"LagInterval", c.LagInterval, c.LagInterval < 0},
 		{"ShutdownGrace", c.ShutdownGrace, c.ShutdownGrace < 0},
 		{"ErrorLogInterval", c.ErrorLogInterval, c.ErrorLogInterval < 0},
@@ -222,10 +194,96 @@ func (c Config) Validate() error {
 	if d.BackoffMin > d.BackoffMax {
 		return fmt.Errorf("inbox: Config.BackoffMin (%v) exceeds BackoffMax (%v)", d.BackoffMin, d.BackoffMax)
 	}
+	return nil
+}
+
+// LeaseConfig configures a lease-mode Consumer (NewLeaseConsumer): the
+// Config of every consumer, and the knobs of leases and side-effect calls,
+// which only lease mode has. Zero fields take the documented defaults;
+// negative ones are refused by Validate.
+type LeaseConfig struct {
+	Config
+	// LeaseTTL is how long a leased message stays with its worker. Every
+	// Effect.Check and Effect.Call starts only right after its worker
+	// renewed the lease under its fencing token, so a lease must outlast
+	// CallTimeout + LeaseMargin (Validate refuses it otherwise). Default
+	// DefaultLeaseTTL.
+	LeaseTTL time.Duration
+	// CallTimeout bounds each Effect.Check and Effect.Call: its ctx ends
+	// CallTimeout after the renewal that preceded it, so before the lease
+	// does. A call cut off by it counts as the other side being unavailable
+	// (an outage: waited out, never an attempt), and the next try checks
+	// first. Effect.Check and Effect.Call must honour their ctx. Default
+	// LeaseTTL/3.
+	CallTimeout time.Duration
+	// LeaseMargin is how long after a call's ctx ended the call may still
+	// take effect on the other side: a request already on the wire, the
+	// other side finishing what it received. Leases outlast every call by at
+	// least this much, so a worker that takes over an expired lease checks
+	// only after the previous holder's last possible call has landed; and a
+	// worker whose own call failed checks, before trying again, no sooner
+	// than this after it. Default LeaseTTL/10.
+	LeaseMargin time.Duration
+	// MaxInFlight bounds the side-effect calls (Effect.Check and
+	// Effect.Call) the consumer makes at once, across its workers: the most
+	// load it puts on the other side. The messages of one key are called
+	// one after the other, in order; distinct keys of a batch are called
+	// concurrently up to this limit. 1 makes one call at a time. Default
+	// DefaultMaxInFlight.
+	MaxInFlight int
+	// LeaseOwner names this process in lease rows. Default: Name + a random
+	// suffix.
+	LeaseOwner string
+}
+
+// WithDefaults returns c with every zero field, its Config's too, set to
+// its documented default; negative values are kept for Validate to refuse.
+func (c LeaseConfig) WithDefaults() LeaseConfig {
+	c.Config = c.Config.WithDefaults()
+	if c.LeaseTTL == 0 {
+		c.LeaseTTL = DefaultLeaseTTL
+	}
+	if c.CallTimeout == 0 {
+		c.CallTimeout = c.LeaseTTL / 3
+	}
+	if c.LeaseMargin == 0 {
+		c.LeaseMargin = c.LeaseTTL / 10
+	}
+	if c.MaxInFlight == 0 {
+		c.MaxInFlight = DefaultMaxInFlight
+	}
+	if c.LeaseOwner == "" {
+		c.LeaseOwner = c.Name + "-" + uuid.NewString()[:8]
+	}
+	return c
+}
+
+// Validate reports what Config.Validate reports, a negative lease knob, or
+// a LeaseTTL that does not outlast CallTimeout + LeaseMargin. It checks c as
+// NewLeaseConsumer would use it, after WithDefaults.
+func (c LeaseConfig) Validate() error {
+	if err := c.Config.Validate(); err != nil {
+		return err
+	}
+	for _, f := range []struct {
+		name string
+		v    any
+		neg  bool
+	}{
+		{"LeaseTTL", c.LeaseTTL, c.LeaseTTL < 0},
+		{"CallTimeout", c.CallTimeout, c.CallTimeout < 0},
+		{"LeaseMargin", c.LeaseMargin, c.LeaseMargin < 0},
+		{"MaxInFlight", c.MaxInFlight, c.MaxInFlight < 0},
+	} {
+		if f.neg {
+			return fmt.Errorf("inbox: LeaseConfig.%s is negative (%v); leave it zero for the default", f.name, f.v)
+		}
+	}
+	d := c.WithDefaults()
 	if d.CallTimeout+d.LeaseMargin >= d.LeaseTTL {
 		// A call could then still be running, or landing, when its lease
 		// expires and another worker takes the message over.
-		return fmt.Errorf("inbox: Config.LeaseTTL (%v) must exceed CallTimeout (%v) + LeaseMargin (%v): "+
+		return fmt.Errorf("inbox: LeaseConfig.LeaseTTL (%v) must exceed CallTimeout (%v) + LeaseMargin (%v): "+
 			"a side-effect call must end, and land, before its lease can be taken over", d.LeaseTTL, d.CallTimeout, d.LeaseMargin)
 	}
 	return nil

@@ -7,11 +7,11 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/segmentio/kafka-go"
 
 	"github.com/onceflow/onceflow/pkg/event"
 	"github.com/onceflow/onceflow/pkg/inbox"
+	"github.com/onceflow/onceflow/pkg/testenv"
 )
 
 func TestConfigValidate(t *testing.T) {
@@ -21,21 +21,54 @@ func TestConfigValidate(t *testing.T) {
 		{"no name", inbox.Config{}, "Name is required"},
 		{"negative workers", inbox.Config{Name: "c", Workers: -1}, "Workers is negative"},
 		{"negative batch size", inbox.Config{Name: "c", BatchSize: -1}, "BatchSize is negative"},
-		{"negative lease", inbox.Config{Name: "c", LeaseTTL: -time.Second}, "LeaseTTL is negative (-1s)"},
-		{"negative calls in flight", inbox.Config{Name: "c", MaxInFlight: -1}, "MaxInFlight is negative"},
 		{"negative shutdown grace", inbox.Config{Name: "c", ShutdownGrace: -time.Second}, "ShutdownGrace is negative"},
 		{"unknown gap policy", inbox.Config{Name: "c", Gaps: 7}, "neither GapAccept nor GapRetry"},
 		{"backoff bounds crossed", inbox.Config{Name: "c", BackoffMin: time.Minute}, "BackoffMin (1m0s) exceeds BackoffMax (5s)"},
-		{"negative call timeout", inbox.Config{Name: "c", CallTimeout: -time.Second}, "CallTimeout is negative"},
-		{"negative lease margin", inbox.Config{Name: "c", LeaseMargin: -time.Second}, "LeaseMargin is negative"},
-		{"call timeout as long as the lease", inbox.Config{Name: "c", LeaseTTL: time.Second, CallTimeout: time.Second},
-			"LeaseTTL (1s) must exceed CallTimeout (1s) + LeaseMargin (100ms)"},
-		{"call and margin fill the lease", inbox.Config{Name: "c", LeaseTTL: time.Second, CallTimeout: 800 * time.Millisecond, LeaseMargin: 200 * time.Millisecond},
-			"LeaseTTL (1s) must exceed CallTimeout (800ms) + LeaseMargin (200ms)"},
-		{"a long call timeout against the default lease", inbox.Config{Name: "c", CallTimeout: 30 * time.Second}, "LeaseTTL (30s) must exceed"},
-		{"call timeout and margin inside the lease", inbox.Config{Name: "c", LeaseTTL: time.Second, CallTimeout: 750 * time.Millisecond, LeaseMargin: 200 * time.Millisecond}, ""},
 	}
 	checkValidateCases(t, tests)
+}
+
+func TestLeaseConfigValidate(t *testing.T) {
+	t.Parallel()
+	named := inbox.Config{Name: "c"}
+	tests := []validateCase{
+		{"name only takes the defaults", inbox.LeaseConfig{Config: named}, ""},
+		{"its Config is checked", inbox.LeaseConfig{Config: inbox.Config{Name: "c", Workers: -1}}, "Config.Workers is negative"},
+		{"negative lease", inbox.LeaseConfig{Config: named, LeaseTTL: -time.Second}, "LeaseTTL is negative (-1s)"},
+		{"negative calls in flight", inbox.LeaseConfig{Config: named, MaxInFlight: -1}, "MaxInFlight is negative"},
+		{"negative call timeout", inbox.LeaseConfig{Config: named, CallTimeout: -time.Second}, "CallTimeout is negative"},
+		{"negative lease margin", inbox.LeaseConfig{Config: named, LeaseMargin: -time.Second}, "LeaseMargin is negative"},
+		{"call timeout as long as the lease", inbox.LeaseConfig{Config: named, LeaseTTL: time.Second, CallTimeout: time.Second},
+			"LeaseTTL (1s) must exceed CallTimeout (1s) + LeaseMargin (100ms)"},
+		{"call and margin fill the lease", inbox.LeaseConfig{Config: named, LeaseTTL: time.Second, CallTimeout: 800 * time.Millisecond, LeaseMargin: 200 * time.Millisecond},
+			"LeaseTTL (1s) must exceed CallTimeout (800ms) + LeaseMargin (200ms)"},
+		{"a long call timeout against the default lease", inbox.LeaseConfig{Config: named, CallTimeout: 30 * time.Second}, "LeaseTTL (30s) must exceed"},
+		{"call timeout and margin inside the lease", inbox.LeaseConfig{Config: named, LeaseTTL: time.Second, CallTimeout: 750 * time.Millisecond, LeaseMargin: 200 * time.Millisecond}, ""},
+	}
+	checkValidateCases(t, tests)
+}
+
+// WithDefaults fills zeros with the exported defaults and keeps negatives
+// for Validate to refuse.
+func TestWithDefaultsUsesTheDefaultConstantsAndKeepsNegatives(t *testing.T) {
+	t.Parallel()
+	d := inbox.LeaseConfig{Config: inbox.Config{Name: "c", Workers: -1}}.WithDefaults()
+	if d.Workers != -1 || d.BatchSize != inbox.DefaultBatchSize || d.MaxAttempts != inbox.DefaultMaxAttempts ||
+		d.ShutdownGrace != inbox.DefaultShutdownGrace {
+		t.Fatalf("Config defaults: Workers %d, BatchSize %d, MaxAttempts %d, ShutdownGrace %v", d.Workers, d.BatchSize, d.MaxAttempts, d.ShutdownGrace)
+	}
+	if d.LeaseTTL != inbox.DefaultLeaseTTL || d.CallTimeout != inbox.DefaultLeaseTTL/3 || d.LeaseMargin != inbox.DefaultLeaseTTL/10 ||
+		d.MaxInFlight != inbox.DefaultMaxInFlight || !strings.HasPrefix(d.LeaseOwner, "c-") {
+		t.Fatalf("lease defaults: %v %v %v %d %q", d.LeaseTTL, d.CallTimeout, d.LeaseMargin, d.MaxInFlight, d.LeaseOwner)
+	}
+	g := inbox.GroupConfig{CommitInterval: -1}.WithDefaults()
+	if g.CommitInterval != -1 || g.SessionTimeout != inbox.DefaultSessionTimeout || g.MaxWait != inbox.DefaultMaxWait {
+		t.Fatalf("GroupConfig defaults: CommitInterval %v, SessionTimeout %v, MaxWait %v", g.CommitInterval, g.SessionTimeout, g.MaxWait)
+	}
+	p := inbox.PrunerConfig{}.WithDefaults()
+	if p.Retention != inbox.DefaultRetention || p.BatchSize != inbox.DefaultPruneBatchSize || p.Interval != inbox.DefaultPruneInterval {
+		t.Fatalf("PrunerConfig defaults: %v %d %v", p.Retention, p.BatchSize, p.Interval)
+	}
 }
 
 func TestGroupConfigValidate(t *testing.T) {
@@ -57,26 +90,17 @@ func TestGroupConfigValidate(t *testing.T) {
 	checkValidateCases(t, tests)
 }
 
-func TestPrunerConfigValidate(t *testing.T) {
+// The listings take zero for their default limit and refuse a negative
+// one, as the configurations do, before they touch Kafka or the database.
+func TestListingsRefuseANegativeLimit(t *testing.T) {
 	t.Parallel()
-	tests := []struct {
-		name string
-		cfg  inbox.PrunerConfig
-		want string
-	}{
-		{"zero takes the defaults", inbox.PrunerConfig{}, ""},
-		{"negative retention", inbox.PrunerConfig{PruneConfig: inbox.PruneConfig{Retention: -time.Hour}}, "Retention is negative (-1h0m0s)"},
-		{"negative batch size", inbox.PrunerConfig{PruneConfig: inbox.PruneConfig{BatchSize: -1}}, "BatchSize is negative"},
-		{"negative interval", inbox.PrunerConfig{Interval: -time.Minute}, "Interval is negative"},
-	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			t.Parallel()
-			checkValidate(t, tt.cfg.Validate(), tt.want)
-			_, err := inbox.NewPruner(lazyPool(t), tt.cfg)
-			checkValidate(t, err, tt.want)
-		})
-	}
+	_, err := inbox.ListDeadLetters(context.Background(), []string{"127.0.0.1:1"}, "t.dlt", -1)
+	testenv.CheckErr(t, err, "limit is negative (-1)")
+	testenv.CheckErr(t, inbox.ParkedFilter{Limit: -1}.Validate(), "limit must be from 1 to 1000")
+	testenv.CheckErr(t, inbox.ParkedFilter{Limit: inbox.MaxParkedLimit + 1}.Validate(), "limit must be from 1 to 1000")
+	testenv.CheckErr(t, inbox.ParkedFilter{}.Validate(), "")
+	_, err = inbox.ListParked(context.Background(), testenv.LazyPool(t), inbox.ParkedFilter{Limit: -1})
+	testenv.CheckErr(t, err, "limit must be from 1 to 1000")
 }
 
 // NewConsumer refuses what Validate refuses, before it touches Kafka or
@@ -85,23 +109,15 @@ func TestNewConsumerValidates(t *testing.T) {
 	t.Parallel()
 	src := inbox.GroupConfig{Brokers: []string{"127.0.0.1:1"}, Topic: "t", Group: "g"}
 	h := func(context.Context, pgx.Tx, event.Envelope) error { return nil }
-	_, err := inbox.NewConsumer(lazyPool(t), src, &kafka.Writer{}, h, inbox.Config{Name: "c", Workers: -2})
-	checkValidate(t, err, "Workers is negative")
+	_, err := inbox.NewConsumer(testenv.LazyPool(t), src, &kafka.Writer{}, h, inbox.Config{Name: "c", Workers: -2})
+	testenv.CheckErr(t, err, "Workers is negative")
+	eff := inbox.Effect{Check: func(context.Context, string) (bool, error) { return false, nil },
+		Call: func(context.Context, event.Envelope, string) error { return nil }}
+	_, err = inbox.NewLeaseConsumer(testenv.LazyPool(t), src, &kafka.Writer{}, eff, inbox.LeaseConfig{Config: inbox.Config{Name: "c"}, MaxInFlight: -1})
+	testenv.CheckErr(t, err, "MaxInFlight is negative")
 	src.HeartbeatInterval = time.Minute
-	_, err = inbox.NewConsumer(lazyPool(t), src, &kafka.Writer{}, h, inbox.Config{Name: "c"})
-	checkValidate(t, err, "HeartbeatInterval")
-}
-
-// lazyPool is a pool that never connects unless used: the constructors
-// must refuse a bad config before they use it.
-func lazyPool(t *testing.T) *pgxpool.Pool {
-	t.Helper()
-	pool, err := pgxpool.New(context.Background(), "postgres://nobody@127.0.0.1:1/none")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(pool.Close)
-	return pool
+	_, err = inbox.NewConsumer(testenv.LazyPool(t), src, &kafka.Writer{}, h, inbox.Config{Name: "c"})
+	testenv.CheckErr(t, err, "HeartbeatInterval")
 }
 
 // validateCase is a configuration and what its Validate must say: "" for
@@ -118,19 +134,7 @@ func checkValidateCases(t *testing.T, tests []validateCase) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
-			checkValidate(t, tt.cfg.Validate(), tt.want)
+			testenv.CheckErr(t, tt.cfg.Validate(), tt.want)
 		})
-	}
-}
-
-func checkValidate(t *testing.T, err error, want string) {
-	t.Helper()
-	switch {
-	case want == "" && err != nil:
-		t.Fatalf("want valid, got %v", err)
-	case want != "" && err == nil:
-		t.Fatalf("want an error with %q, got none", want)
-	case want != "" && !strings.Contains(err.Error(), want):
-		t.Fatalf("want an error with %q, got %v", want, err)
 	}
 }

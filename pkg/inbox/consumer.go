@@ -3,50 +3,39 @@ package inbox
 import (
 	"context"
 	"errors"
-	"fmt"
 	"hash/fnv"
 	"sync"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/segmentio/kafka-go"
-
-	"github.com/onceflow/onceflow/pkg/event"
-	"github.com/onceflow/onceflow/pkg/internal/pgerr"
 )
 
-// Handler applies one event's side effects using tx, the transaction the
-// inbox row is written in. It must not commit or roll back tx. An error
-// wrapping ErrPermanent or event.ErrInvalid dead-letters the event at once;
-// any other error is retried.
-type Handler func(ctx context.Context, tx pgx.Tx, ev event.Envelope) error
-
-// ErrPermanent marks a handler error that no retry can fix.
-var ErrPermanent = errors.New("permanent failure")
-
-// Permanent wraps err so the consumer dead-letters instead of retrying.
-func Permanent(err error) error { return fmt.Errorf("%w: %w", ErrPermanent, err) }
-
-// Writer publishes dead letters; *kafka.Writer satisfies it.
-type Writer interface {
-	WriteMessages(ctx context.Context, msgs ...kafka.Message) error
+// Consumer handles the messages of one topic, in one consumer group,
+// through the inbox. It is the dispatcher: it takes part in the group
+// (group.go), tracks what may be committed (offsets.go), hands each
+// message to the worker its key hashes to and each worker's batches to its
+// applier, the engine NewConsumer or NewLeaseConsumer picked.
+type Consumer struct {
+	group   GroupConfig
+	cfg     Config
+	shared  *shared // the pool, the outages, the parked aggregates to release
+	applier applier
 }
 
-// Consumer handles the messages of one topic, in one consumer group,
-// through the inbox.
-type Consumer struct {
-	pool      *pgxpool.Pool
-	group     GroupConfig
-	dlq       Writer
-	handle    Handler
-	cfg       Config
-	upcasters map[string]map[int]Upcaster
-	effect    *Effect       // lease mode, when set
-	calls     chan struct{} // lease mode: a slot per side-effect call in flight (MaxInFlight)
-	released  releases      // aggregates whose parked messages may be released (park.go)
-	kafka, db *fault
-	other     *fault // lease mode: the Effect's other side (a third party)
+// applier is an engine that settles the batches of the dispatcher's
+// workers: txApplier (txapply.go) or leaseApplier (lease.go). It gets what
+// it needs from the dispatcher when it is built (shared) and with each
+// message (delivery), and never calls back into the dispatcher.
+type applier interface {
+	// process settles batch, a worker's messages in the order they were
+	// fetched; every message is finished (done or abandoned) when it
+	// returns. It returns an error when ctx ended first (the shutdown
+	// grace) or a crash point fired (a *crashError).
+	process(ctx context.Context, batch []delivery) error
+	// health describes an outage of what the applier calls besides the
+	// database (the lease applier's third party), nil when there is none.
+	health() error
 }
 
 // NewConsumer returns a consumer that reads src's topic as a member of its
@@ -62,35 +51,51 @@ func NewConsumer(pool *pgxpool.Pool, src GroupConfig, dlq Writer, h Handler, cfg
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	c := &Consumer{pool: pool, group: src.WithDefaults(), dlq: dlq, handle: h, cfg: cfg.WithDefaults(),
-		upcasters: map[string]map[int]Upcaster{}}
-	c.cfg.Metrics.init(cfg.Name)
-	m := c.cfg.Metrics
-	c.kafka = newFault("kafka", cfg.Name, c.cfg.Logger, c.cfg.ErrorLogInterval, m.kafkaErrors, m.kafkaConnected)
-	c.db = newFault("database", cfg.Name, c.cfg.Logger, c.cfg.ErrorLogInterval, m.dbErrors, m.dbConnected)
-	for _, u := range cfg.Upcasters {
-		if u.EventType == "" || u.From < 1 || u.Convert == nil {
-			return nil, fmt.Errorf("inbox: upcaster %+v needs an event type, a version >= 1 and a Convert", u)
-		}
-		if c.upcasters[u.EventType] == nil {
-			c.upcasters[u.EventType] = map[int]Upcaster{}
-		}
-		c.upcasters[u.EventType][u.From] = u
+	c, s, err := newConsumer(pool, src.WithDefaults(), dlq, cfg.WithDefaults())
+	if err != nil {
+		return nil, err
 	}
+	c.applier = &txApplier{shared: s, handle: h}
 	return c, nil
 }
 
-// errAbandoned ends the handling of a message this member no longer owns
-// (its generation was dropped) or may no longer work on (the shutdown grace
-// is over); the message is fetched again by whoever owns its partition.
-var errAbandoned = errors.New("message abandoned")
+// NewLeaseConsumer returns a consumer that runs eff for each event in lease
+// mode (see Effect). Dedupe, the version guard, upcasters, dead letters,
+// workers and offsets work as in NewConsumer. Each worker leases a batch of
+// messages in one transaction, calls out for them — distinct keys
+// concurrently, up to LeaseConfig.MaxInFlight calls at once, each key's
+// messages in order — and marks them done in one transaction.
+func NewLeaseConsumer(pool *pgxpool.Pool, src GroupConfig, dlq Writer, eff Effect, cfg LeaseConfig) (*Consumer, error) {
+	if eff.Check == nil || eff.Call == nil {
+		return nil, errors.New("inbox: an Effect needs Check and Call")
+	}
+	if pool == nil || dlq == nil {
+		return nil, errors.New("inbox: NewLeaseConsumer needs a pool and a dead-letter writer")
+	}
+	if err := src.Validate(); err != nil {
+		return nil, err
+	}
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	cfg = cfg.WithDefaults()
+	c, s, err := newConsumer(pool, src.WithDefaults(), dlq, cfg.Config)
+	if err != nil {
+		return nil, err
+	}
+	c.applier = newLeaseApplier(s, eff, cfg)
+	return c, nil
+}
 
-// crashError is a crash point firing: the one error that stops Run.
-type crashError struct{ err error }
-
-func (e *crashError) Error() string { return e.err.Error() }
-
-func (e *crashError) Unwrap() error { return e.err }
+// newConsumer is the dispatcher of both constructors, and what it shares
+// with their appliers; src and cfg are checked and have their defaults.
+func newConsumer(pool *pgxpool.Pool, src GroupConfig, dlq Writer, cfg Config) (*Consumer, *shared, error) {
+	s, err := newShared(pool, dlq, cfg)
+	if err != nil {
+		return nil, nil, err
+	}
+	return &Consumer{group: src, cfg: cfg, shared: s}, s, nil
+}
 
 // Run consumes until ctx ends. Broker and database outages are waited out
 // (see doc.go for how errors are classified); Run returns only after ctx
@@ -107,11 +112,11 @@ func (c *Consumer) Run(ctx context.Context) error {
 	ctx, stop := context.WithCancel(ctx)
 	defer stop()
 
-	queues := make([]chan delivery, c.cfg.Workers)
+	queues := make([]chan fetched, c.cfg.Workers)
 	crashed := make(chan error, c.cfg.Workers)
 	var workers, side sync.WaitGroup
 	for i := range queues {
-		queues[i] = make(chan delivery, c.cfg.BatchSize)
+		queues[i] = make(chan fetched, c.cfg.BatchSize)
 		workers.Add(1)
 		go func() {
 			defer workers.Done()
@@ -126,7 +131,7 @@ func (c *Consumer) Run(ctx context.Context) error {
 	go func() { defer side.Done(); c.reportDeadLetters(ctx) }()
 	go func() { defer side.Done(); c.reportLag(ctx) }()
 
-	c.consume(ctx, func(ctx context.Context, d delivery) bool {
+	c.consume(ctx, func(ctx context.Context, d fetched) bool {
 		select {
 		case queues[workerFor(d.m.Key, len(queues))] <- d:
 			return true
@@ -160,22 +165,47 @@ func (c *Consumer) Run(ctx context.Context) error {
 // duplicate or stale, or dead-lettered), or an error when ctx ended first
 // or a crash point fired.
 func (c *Consumer) Handle(ctx context.Context, msgs ...kafka.Message) error {
-	batch := make([]delivery, len(msgs))
+	batch := make([]fetched, len(msgs))
 	for i, m := range msgs {
-		batch[i] = delivery{m: m}
+		batch[i] = fetched{m: m}
 	}
-	process := c.processBatch
-	if c.effect != nil {
-		process = c.processLeasedBatch
-	}
-	if err := process(ctx, batch); err != nil {
+	if err := c.applier.process(ctx, deliveries(batch)); err != nil {
 		return err
 	}
-	if err := c.releaseParked(ctx, batch, process); err != nil {
+	if err := c.releaseParked(ctx, batch); err != nil {
 		return err
 	}
 	return ctx.Err()
 }
+
+// fetched is a message on its way to a worker, with the generation it was
+// fetched in (or released under, see generation.released); nil when it came
+// through Handle.
+type fetched struct {
+	m   kafka.Message
+	gen *generation
+}
+
+// deliveries hands batch to the applier: each message with its generation,
+// or with nothing to track when it came through Handle.
+func deliveries(batch []fetched) []delivery {
+	out := make([]delivery, len(batch))
+	for i, f := range batch {
+		out[i] = delivery{m: f.m, gen: untracked{}}
+		if f.gen != nil {
+			out[i].gen = f.gen
+		}
+	}
+	return out
+}
+
+// untracked is the generation of a message handed in through Handle: it
+// commits no offset and is never dropped.
+type untracked struct{}
+
+func (untracked) finish(kafka.Message, bool) {}
+
+func (untracked) isDropped() bool { return false }
 
 func workerFor(key []byte, n int) int {
 	h := fnv.New32a()
@@ -186,12 +216,12 @@ func workerFor(key []byte, n int) int {
 // worker handles its queue in batches until the queue closes. Messages of a
 // generation that ended are skipped: their partition's next owner fetches
 // them again from the committed offset. It returns only a crash.
-func (c *Consumer) worker(ctx context.Context, q <-chan delivery) error {
+func (c *Consumer) worker(ctx context.Context, q <-chan fetched) error {
 	for d := range q {
 		if ctx.Err() != nil || !d.gen.begin() {
 			continue
 		}
-		batch := []delivery{d}
+		batch := []fetched{d}
 	fill:
 		for len(batch) < c.cfg.BatchSize {
 			select {
@@ -206,16 +236,12 @@ func (c *Consumer) worker(ctx context.Context, q <-chan delivery) error {
 				break fill
 			}
 		}
-		process := c.processBatch // the transactional applier (txapply.go)
-		if c.effect != nil {
-			process = c.processLeasedBatch // the lease applier (lease.go)
-		}
-		err := process(ctx, batch)
+		err := c.applier.process(ctx, deliveries(batch))
 		if err == nil {
 			// A requeued dead message applied in the batch lets its
 			// aggregate's parked messages go, in this worker, which
 			// handles every message of the aggregate's key.
-			err = c.releaseParked(ctx, batch, process)
+			err = c.releaseParked(ctx, batch)
 		}
 		var crash *crashError
 		if errors.As(err, &crash) {
@@ -225,82 +251,12 @@ func (c *Consumer) worker(ctx context.Context, q <-chan delivery) error {
 	return nil
 }
 
-// outcome is what became of one message.
-type outcome int
-
-const (
-	processed outcome = iota
-	duplicate
-	stale
-	deadLettered
-	parked // held behind a dead message of its aggregate (park.go)
-
-	numOutcomes = iota
-)
-
-// committed is called once msgs' database work committed: it passes the
-// crash point, then lets their offsets be committed.
-func (c *Consumer) committed(_ context.Context, msgs []delivery) error {
-	if len(msgs) == 0 {
-		return nil
-	}
-	if c.cfg.CrashPoint != nil {
-		if err := c.cfg.CrashPoint(CrashAfterCommit); err != nil {
-			for _, d := range msgs {
-				d.gen.finish(d.m, false)
-			}
-			return &crashError{fmt.Errorf("crash point %s: %w", CrashAfterCommit, err)}
-		}
-	}
-	for _, d := range msgs {
-		d.gen.finish(d.m, true)
-	}
-	return nil
-}
-
-// The database errors the dispatcher and the appliers decide on. Each
-// applier translates the driver's errors (pgx, SQLSTATE) of the SQL it runs
-// into these names (dbErrors.Translate), beside that SQL; isOutage and
-// isPermanent also classify what has no name yet, such as a handler's own
-// statements.
-var (
-	// errDBUnavailable: the database could not be reached or could not
-	// serve (pgerr.IsUnavailable). Waited out, never the message's fault.
-	errDBUnavailable = errors.New("inbox database unavailable")
-	// errDBRefused: Postgres refused the data itself (pgerr.IsPermanent:
-	// SQLSTATE class 22 or 54). No retry can help: the message is
-	// dead-lettered.
-	errDBRefused = errors.New("inbox database refused the data")
-
-	dbErrors = pgerr.StoreErrors{Unavailable: errDBUnavailable, Invalid: errDBRefused}
-)
-
-// isOutage reports whether err is the database being unreachable rather
-// than anything about the message: it is waited out, never counted as an
-// attempt, and never dead-letters the message.
-func isOutage(err error) bool { return errors.Is(err, errDBUnavailable) || pgerr.IsUnavailable(err) }
-
-// wait sleeps for d, or returns errAbandoned when ctx ends (the shutdown
-// grace is over) or the message's generation is dropped first.
-func wait(ctx context.Context, gen *generation, d time.Duration) error {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return errAbandoned
-	case <-t.C:
-	}
-	if gen != nil && gen.isDropped() {
-		return errAbandoned
-	}
-	return nil
-}
-
-// isPermanent reports whether no retry can make err go away: the handler
-// said so (Permanent), the event broke its contract (event.ErrInvalid), or
-// Postgres refused the data itself (pgerr.IsPermanent: SQLSTATE class 22,
-// a NUL byte in a text column, say, or class 54).
-func isPermanent(err error) bool {
-	return errors.Is(err, ErrPermanent) || errors.Is(err, event.ErrInvalid) ||
-		errors.Is(err, errDBRefused) || pgerr.IsPermanent(err)
+// Healthy reports what keeps the consumer from working right now: Kafka or
+// the database unreachable, or in lease mode the Effect's other side (the
+// last error says why), or nil. The consumer
+// waits outages out by itself; a service's /readyz reports this so the
+// broken part is visible, and its metrics (inbox_kafka_connected,
+// inbox_database_connected) show it over time.
+func (c *Consumer) Healthy() error {
+	return errors.Join(c.shared.kafka.err(), c.shared.db.err(), c.applier.health())
 }

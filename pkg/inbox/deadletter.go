@@ -12,9 +12,14 @@ import (
 
 	"github.com/onceflow/onceflow/pkg/event"
 	"github.com/onceflow/onceflow/pkg/internal/kafkaerr"
-	"github.com/onceflow/onceflow/pkg/internal/pgerr"
 	"github.com/onceflow/onceflow/pkg/internal/retry"
+	"github.com/onceflow/onceflow/pkg/pgerr"
 )
+
+// Writer publishes dead letters; *kafka.Writer satisfies it.
+type Writer interface {
+	WriteMessages(ctx context.Context, msgs ...kafka.Message) error
+}
 
 const insertDeadLettered = `
 INSERT INTO inbox_messages (consumer, message_id, event_type, aggregate_id, aggregate_version,
@@ -64,14 +69,14 @@ const HeaderDLTTruncated = "dlt-truncated-from"
 // (then it returns an error, the offset is not committed, and the message
 // is redelivered later); a message the topic refuses as it is goes there
 // truncated. It runs outside any transaction (see dueDeadLetter).
-func (c *Consumer) publishDeadLetter(ctx context.Context, m kafka.Message, ev *event.Envelope, reason error) error {
-	topic := c.cfg.DeadLetterTopic
+func (s *shared) publishDeadLetter(ctx context.Context, m kafka.Message, ev *event.Envelope, reason error) error {
+	topic := s.cfg.DeadLetterTopic
 	if topic == "" {
 		topic = m.Topic + ".dlt"
 	}
 	dlt := []kafka.Header{
 		{Key: HeaderDLTReason, Value: []byte(truncate(reason.Error(), 4<<10))},
-		{Key: HeaderDLTConsumer, Value: []byte(c.cfg.Name)},
+		{Key: HeaderDLTConsumer, Value: []byte(s.cfg.Name)},
 		{Key: HeaderDLTTopic, Value: []byte(m.Topic)},
 		{Key: HeaderDLTPartition, Value: []byte(fmt.Sprint(m.Partition))},
 		{Key: HeaderDLTOffset, Value: []byte(fmt.Sprint(m.Offset))},
@@ -81,9 +86,9 @@ func (c *Consumer) publishDeadLetter(ctx context.Context, m kafka.Message, ev *e
 		Headers: append(append([]kafka.Header{}, m.Headers...), dlt...)}
 	truncated := false
 	for attempt := 1; ; attempt++ {
-		err := c.dlq.WriteMessages(ctx, dl)
+		err := s.dlq.WriteMessages(ctx, dl)
 		if err == nil {
-			c.kafka.ok(ctx, "dead_letter")
+			s.kafka.ok(ctx, "dead_letter")
 			break
 		}
 		if kafkaerr.IsMessageError(err) && !truncated {
@@ -91,31 +96,31 @@ func (c *Consumer) publishDeadLetter(ctx context.Context, m kafka.Message, ev *e
 			// coordinates, the reason and the start of the body.
 			truncated = true
 			dl = truncatedDeadLetter(dl, m, dlt)
-			c.cfg.Logger.WarnContext(ctx, "inbox dead-letters a message truncated; the topic refused it whole",
-				slog.String("consumer", c.cfg.Name), slog.String("topic", m.Topic), slog.Int("partition", m.Partition),
+			s.cfg.Logger.WarnContext(ctx, "inbox dead-letters a message truncated; the topic refused it whole",
+				slog.String("consumer", s.cfg.Name), slog.String("topic", m.Topic), slog.Int("partition", m.Partition),
 				slog.Int64("offset", m.Offset), slog.Int("bytes", len(m.Value)), slog.Any("error", err))
 			continue
 		}
 		if kafkaerr.IsMessageError(err) {
 			// Even the truncated record is refused: nothing more can be
 			// kept in Kafka; the log line and the counter are the record.
-			c.cfg.Logger.ErrorContext(ctx, "inbox could not dead-letter a message even truncated; moving on",
-				slog.String("consumer", c.cfg.Name), slog.String("topic", m.Topic), slog.Int("partition", m.Partition),
+			s.cfg.Logger.ErrorContext(ctx, "inbox could not dead-letter a message even truncated; moving on",
+				slog.String("consumer", s.cfg.Name), slog.String("topic", m.Topic), slog.Int("partition", m.Partition),
 				slog.Int64("offset", m.Offset), slog.Any("reason", reason), slog.Any("error", err))
 			break
 		}
 		if ctx.Err() != nil {
-			return fmt.Errorf("inbox %s: dead-lettering %s/%d/%d: %w", c.cfg.Name, m.Topic, m.Partition, m.Offset, err)
+			return fmt.Errorf("inbox %s: dead-lettering %s/%d/%d: %w", s.cfg.Name, m.Topic, m.Partition, m.Offset, err)
 		}
-		c.kafka.fail(ctx, "dead_letter", err)
+		s.kafka.fail(ctx, "dead_letter", err)
 		select {
 		case <-ctx.Done():
-			return fmt.Errorf("inbox %s: dead-lettering %s/%d/%d: %w", c.cfg.Name, m.Topic, m.Partition, m.Offset, err)
-		case <-time.After(retry.Backoff(attempt, c.cfg.BackoffMin, c.cfg.BackoffMax)):
+			return fmt.Errorf("inbox %s: dead-lettering %s/%d/%d: %w", s.cfg.Name, m.Topic, m.Partition, m.Offset, err)
+		case <-time.After(retry.Backoff(attempt, s.cfg.BackoffMin, s.cfg.BackoffMax)):
 		}
 	}
-	c.cfg.Metrics.deadLettered.WithLabelValues(c.cfg.Name, reasonClass(ev, reason)).Inc()
-	log := c.cfg.Logger.With(slog.String("consumer", c.cfg.Name), slog.String("topic", m.Topic),
+	s.cfg.Metrics.deadLettered.WithLabelValues(s.cfg.Name, reasonClass(ev, reason)).Inc()
+	log := s.cfg.Logger.With(slog.String("consumer", s.cfg.Name), slog.String("topic", m.Topic),
 		slog.Int("partition", m.Partition), slog.Int64("offset", m.Offset), slog.String("dead_letter_topic", topic),
 		slog.Any("error", reason))
 	if ev == nil {
@@ -129,7 +134,7 @@ func (c *Consumer) publishDeadLetter(ctx context.Context, m kafka.Message, ev *e
 
 // recordDeadLetter records the dead_lettered inbox row of a decoded event
 // whose dead letter is published, in tx.
-func (c *Consumer) recordDeadLetter(ctx context.Context, tx pgx.Tx, m kafka.Message, ev *event.Envelope, reason error) error {
+func (s *shared) recordDeadLetter(ctx context.Context, tx pgx.Tx, m kafka.Message, ev *event.Envelope, reason error) error {
 	// In a savepoint: a row Postgres refuses (its fields are what the
 	// decoder let through) must not fail the transaction; the message is in
 	// the dead-letter topic either way.
@@ -137,19 +142,19 @@ func (c *Consumer) recordDeadLetter(ctx context.Context, tx pgx.Tx, m kafka.Mess
 	if err != nil {
 		return fmt.Errorf("recording a dead letter: %w", err)
 	}
-	_, err = sp.Exec(ctx, insertDeadLettered, c.cfg.Name, ev.EventID, ev.EventType, ev.AggregateID,
+	_, err = sp.Exec(ctx, insertDeadLettered, s.cfg.Name, ev.EventID, ev.EventType, ev.AggregateID,
 		ev.AggregateVersion, m.Topic, m.Partition, m.Offset, reason.Error(), []byte(ev.Payload))
 	if err == nil {
 		// Its aggregate's later messages are parked until it is requeued.
-		err = c.holdDeadKey(ctx, sp, ev)
+		err = s.holdDeadKey(ctx, sp, ev)
 	}
 	if err != nil {
 		_ = sp.Rollback(ctx)
 		if isOutage(err) || ctx.Err() != nil {
 			return fmt.Errorf("recording a dead letter: %w", err)
 		}
-		c.cfg.Logger.ErrorContext(ctx, "inbox could not record a dead letter's inbox row; it is in the dead-letter topic only",
-			slog.String("consumer", c.cfg.Name), slog.String("topic", m.Topic), slog.Int("partition", m.Partition),
+		s.cfg.Logger.ErrorContext(ctx, "inbox could not record a dead letter's inbox row; it is in the dead-letter topic only",
+			slog.String("consumer", s.cfg.Name), slog.String("topic", m.Topic), slog.Int("partition", m.Partition),
 			slog.Int64("offset", m.Offset), slog.String("event_id", ev.EventID.String()), slog.Any("row_error", err))
 		return nil
 	}
@@ -176,9 +181,9 @@ func (e *dueDeadLetter) Error() string { return "to be dead-lettered: " + e.reas
 // an earlier call for this dead letter published it already, and is set
 // once this one did: a caller retrying after the database failed does not
 // publish it again.
-func (c *Consumer) deadLetterAlone(ctx context.Context, m kafka.Message, ev *event.Envelope, reason error, published *bool) error {
+func (s *shared) deadLetterAlone(ctx context.Context, m kafka.Message, ev *event.Envelope, reason error, published *bool) error {
 	if !*published {
-		if err := c.publishDeadLetter(ctx, m, ev, reason); err != nil {
+		if err := s.publishDeadLetter(ctx, m, ev, reason); err != nil {
 			return err
 		}
 		*published = true
@@ -186,37 +191,37 @@ func (c *Consumer) deadLetterAlone(ctx context.Context, m kafka.Message, ev *eve
 	if ev == nil {
 		return nil
 	}
-	return pgx.BeginFunc(ctx, c.pool, func(tx pgx.Tx) error { return c.recordDeadLetter(ctx, tx, m, ev, reason) })
+	return pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error { return s.recordDeadLetter(ctx, tx, m, ev, reason) })
 }
 
 // deadLetterSettled dead-letters d (deadLetterAlone), waiting out the
 // database being unreachable, and counts it. It returns errAbandoned when
 // ctx ends or d's generation is dropped first.
-func (c *Consumer) deadLetterSettled(ctx context.Context, d delivery, due *dueDeadLetter) error {
+func (s *shared) deadLetterSettled(ctx context.Context, d delivery, due *dueDeadLetter) error {
 	start := time.Now()
 	published := false
 	for outages := 0; ; {
-		err := c.deadLetterAlone(ctx, d.m, due.ev, due.reason, &published)
+		err := s.deadLetterAlone(ctx, d.m, due.ev, due.reason, &published)
 		switch {
 		case err == nil:
-			c.db.ok(ctx, "")
+			s.db.ok(ctx, "")
 			var counts [numOutcomes]int
 			counts[deadLettered]++
-			c.cfg.Metrics.record(c.cfg.Name, counts, 1, time.Since(start))
+			s.cfg.Metrics.record(s.cfg.Name, counts, 1, time.Since(start))
 			return nil
 		case ctx.Err() != nil:
 			return errAbandoned
 		case isOutage(err):
-			c.db.fail(ctx, "dead_letter", err)
+			s.db.fail(ctx, "dead_letter", err)
 			outages++
-			if err := wait(ctx, d.gen, retry.Backoff(outages, c.cfg.BackoffMin, c.cfg.BackoffMax)); err != nil {
+			if err := wait(ctx, d.gen, retry.Backoff(outages, s.cfg.BackoffMin, s.cfg.BackoffMax)); err != nil {
 				return err
 			}
 		default:
 			// The dead letter is published; only its transaction failed.
 			// Moving on is all that is left to do.
-			c.cfg.Logger.ErrorContext(ctx, "inbox dead-lettered a message but could not commit afterwards; moving on",
-				slog.String("consumer", c.cfg.Name), slog.Any("error", err))
+			s.cfg.Logger.ErrorContext(ctx, "inbox dead-lettered a message but could not commit afterwards; moving on",
+				slog.String("consumer", s.cfg.Name), slog.Any("error", err))
 			return nil
 		}
 	}

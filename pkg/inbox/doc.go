@@ -14,21 +14,22 @@
 //     side (Effect.Check) whether it has the key; when it cannot tell, the
 //     message is marked 'uncertain' for reconciliation instead of repeated.
 //     A worker leases a batch of messages in one transaction, calls out for
-//     distinct keys concurrently (Config.MaxInFlight calls at most across
+//     distinct keys concurrently (LeaseConfig.MaxInFlight calls at most across
 //     the consumer) while each key's messages go one after the other, and
 //     marks the called ones done in one transaction.
 //
 // Lease mode acts only under a lease it holds. Each Effect.Check and
 // Effect.Call takes a call slot, then renews its lease under the fencing
 // token, and only then starts, with a ctx that ends CallTimeout after that
-// renewal began; the lease runs LeaseTTL from no earlier, and Validate
-// insists on LeaseTTL > CallTimeout + LeaseMargin. So every call's ctx ends
-// at least LeaseMargin before its lease can expire, and a worker that takes
-// over an expired lease (which the claim's SQL allows only once the lease
-// has expired, by the database's clock) checks the other side only after
-// the previous holder's last possible call has ended and had LeaseMargin
-// to land. A renewal that finds the token changed means another worker
-// took the message over: this worker drops the message at once, and the
+// renewal began; the lease runs LeaseTTL from no earlier, and
+// LeaseConfig.Validate insists on LeaseTTL > CallTimeout + LeaseMargin. So
+// every call's ctx ends at least LeaseMargin before its lease can expire,
+// and a worker that takes over an expired lease (which the claim's SQL
+// allows only once the lease has expired, by the database's clock) checks
+// the other side only after the previous holder's last possible call has
+// ended and had LeaseMargin to land. A renewal that finds the token changed
+// means another worker took the message over: this worker drops the
+// message at once, and the
 // later messages of its key in its hands with it (they are redelivered,
 // after it). A call that failed may still land: the worker checks, before
 // calling again, no sooner than LeaseMargin after it. The other side being
@@ -53,14 +54,33 @@
 // above their sum by the longest freeze worth surviving; the reconciliation
 // report (the other side's records against the inbox) finds what is left.
 //
-// The files follow that split: consumer.go is the dispatcher (Run, the
-// key → worker routing, batching, Handle) over group.go (the consumer group,
-// partition readers, offset commits) and offsets.go (what may be
-// committed); txapply.go is the transactional applier (inbox row, version
-// guard and handler in one transaction, batches, retries) and lease.go the
-// lease applier (its batches; lease_alone.go settles one message in
-// transactions of its own, when a batch cannot lease it); guard.go (version guard, upcasters, payload checks) and
-// deadletter.go and park.go (per-key parking behind a dead event) serve both. Each applier keeps its SQL beside it.
+// The files follow that split, one job each. The Consumer is the dispatcher:
+// consumer.go (Run, the key → worker routing, batching, Handle, and the
+// applier interface it hands each batch to) over group.go (the consumer
+// group, partition readers, offset commits), offsets.go (what may be
+// committed), release.go (releasing parked messages through the applier)
+// and lag.go (the backlog gauges). NewConsumer or NewLeaseConsumer picks
+// the applier once, and the appliers never call back into the dispatcher:
+// what they need is built once and handed to them (shared.go: the pool, the
+// settings, the outages, the dead-letter writer) and comes with each
+// message (delivery.go: the message and its generation, which they may only
+// finish or ask whether it was dropped). The transactional applier,
+// txApplier, is txapply.go (inbox row, version guard and handler in one
+// transaction, with a savepoint per message, retries), txapply_fast.go
+// (a whole batch set-based, the first try) and txapply_handle.go (the
+// handler in its span, which both call); the lease applier, leaseApplier,
+// is lease.go (the type, its SQL), lease_claim.go (leasing a batch),
+// lease_batch.go (each key's turn, marking done), lease_call.go (a call
+// under the lease), lease_settle.go (closing a lease on its own) and
+// lease_alone.go (one message in transactions of its own, when a batch
+// cannot lease it), for the contract in effect.go. Both
+// use guard.go (version guard, upcasters, payload checks), park.go (per-key
+// parking behind a dead event), deadletter.go, trace.go, errors.go (the
+// error classes), health.go (outages) and metrics.go. The operator's side
+// is listdeadletters.go, requeue.go (with dltread.go, their reader of a
+// dead-letter topic), prune.go, backlog.go, lookup.go and listparked.go.
+// The SQL sits with the job it serves (parking's in park.go, the lease
+// applier's in lease.go).
 //
 // Consumer groups: a Consumer is one member of the Kafka consumer group in
 // its GroupConfig (kafka-go's consumer-group API). For every generation the
@@ -82,7 +102,7 @@
 //   - Outages: Kafka unreachable or not ready (dial errors, connection
 //     resets, NotLeaderForPartition, LeaderNotAvailable, RequestTimedOut,
 //     NotEnoughReplicas, a group coordinator moving); the database
-//     unreachable (internal/pgerr.IsUnavailable: SQLSTATE class 08, 57P01-57P03,
+//     unreachable (pgerr.IsUnavailable: SQLSTATE class 08, 57P01-57P03,
 //     class 53, a broken connection, a pool acquire timeout). Retried with
 //     capped backoff and jitter for as long as they last, never counted as
 //     an attempt of a message, never a dead letter. They are counted
@@ -92,7 +112,7 @@
 //   - Permanent message errors: undecodable or invalid envelopes
 //     (event.ErrInvalid, which includes NUL bytes, invalid UTF-8, over-long
 //     fields and absurd versions), errors wrapping ErrPermanent, and data
-//     Postgres refuses (internal/pgerr.IsPermanent: SQLSTATE class 22, such as 22021
+//     Postgres refuses (pgerr.IsPermanent: SQLSTATE class 22, such as 22021
 //     for a NUL in a text column, and class 54). Dead-lettered at once.
 //   - Other handler or commit errors: retried with backoff up to
 //     MaxAttempts, then dead-lettered.
@@ -161,15 +181,29 @@
 // mode the span covers the side effect and marking it done) that
 // continues the trace context of the message's traceparent header, and its
 // ctx carries the span: an event the handler enqueues stores it
-// (tracectx.Traceparent), an HTTP call made with tracectx.Transport sends it.
+// (event.TraceparentFromContext), an HTTP call whose transport injects it
+// (the platform's tracing.Transport, or otelhttp) sends it.
 // Spans go to the process-wide tracer provider (package tracing); without one
 // they cost next to nothing and hand the header's context on unchanged.
 //
-// Knobs and their defaults are documented on Config and GroupConfig
-// (WithDefaults fills them, Validate refuses negatives and impossible
-// combinations, the constructors call both); metrics on NewMetrics.
-// The crash points CrashAfterCommit and CrashAfterEffect let a
-// fault-injection harness kill a consumer at the worst moments.
+// Configuration follows one convention across the package. A zero field
+// takes its documented default, an exported constant (DefaultWorkers,
+// DefaultLeaseTTL, DefaultSessionTimeout, DefaultRetention, DefaultListLimit,
+// …), or a fraction of another field where the doc says so (CallTimeout is
+// LeaseTTL/3); a negative one is an error, never quietly the default.
+// Validate reports it, and combinations no consumer can run with (a
+// LeaseTTL that does not outlast CallTimeout + LeaseMargin); WithDefaults
+// fills the zeros and keeps the negatives for Validate; the constructors and
+// functions call both. Config holds the knobs of every consumer,
+// LeaseConfig adds those only lease mode has, GroupConfig those of the
+// consumer group, PruneConfig and PrunerConfig those of pruning; the limits
+// of ListDeadLetters, ListParked (ParkedFilter) and RequeueDeadLetters
+// (RequeueFilter) and BacklogConfig's ages follow the same rule. Metrics are
+// documented on NewMetrics.
+// Two crash points (after the database commit, before the offset commit;
+// after a leased side effect, before marking it done) let a fault-injection
+// harness kill a consumer at the worst moments; they are armed only through
+// the test kit (inboxtest.WithCrashPoint), never in a config.
 //
 // The schema ships as golang-migrate files in Migrations; apply them with
 // the service's own migrations, tracked in MigrationsTable.

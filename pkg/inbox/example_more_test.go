@@ -50,7 +50,7 @@ func ExampleNewLeaseConsumer() {
 	w := testenv.NewWriter(brokers, 10)
 	defer w.Close()
 	src := inbox.GroupConfig{Brokers: brokers, Topic: topic, Group: topic + "-group"}
-	c, err := inbox.NewLeaseConsumer(pool, src, w, eff, inbox.Config{Name: "shim", LeaseTTL: 10 * time.Second})
+	c, err := inbox.NewLeaseConsumer(pool, src, w, eff, inbox.LeaseConfig{Config: inbox.Config{Name: "shim"}, LeaseTTL: 10 * time.Second})
 	if err != nil {
 		fmt.Println(err)
 		return

@@ -2,17 +2,13 @@ package inbox_test
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"fmt"
-	"os"
 	"time"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
-	"github.com/segmentio/kafka-go"
 
 	"github.com/onceflow/onceflow/pkg/event"
 	"github.com/onceflow/onceflow/pkg/inbox"
@@ -84,53 +80,6 @@ func counter(reg prometheus.Gatherer, name string) float64 {
 // exampleSetup makes a fresh database with a charges table and the inbox
 // schema, and a fresh topic with its dead-letter topic, on the dev stack.
 func exampleSetup(ctx context.Context) (*pgxpool.Pool, []string, string, func()) {
-	admin := os.Getenv("ONCEFLOW_TEST_PG_URL")
-	if admin == "" {
-		admin = "postgres://postgres:postgres@127.0.0.1:55432/postgres?sslmode=disable"
-	}
-	brokers := []string{"127.0.0.1:59092"}
-	if b := os.Getenv("ONCEFLOW_TEST_KAFKA_BROKERS"); b != "" {
-		brokers = []string{b}
-	}
-	suffix := make([]byte, 6)
-	_, _ = rand.Read(suffix)
-	name := "example_" + hex.EncodeToString(suffix)
-	must := func(err error) {
-		if err != nil {
-			panic(fmt.Sprintf("example setup (is the dev stack up? `make up`): %v", err))
-		}
-	}
-	adminConn, err := pgx.Connect(ctx, admin)
-	must(err)
-	_, err = adminConn.Exec(ctx, "CREATE DATABASE "+name)
-	must(err)
-	cfg, err := pgxpool.ParseConfig(admin)
-	must(err)
-	cfg.ConnConfig.Database = name
-	pool, err := pgxpool.NewWithConfig(ctx, cfg)
-	must(err)
-	_, err = pool.Exec(ctx, `CREATE TABLE charges (order_id text PRIMARY KEY)`)
-	must(err)
-	must(testenv.Migrate(pool, testenv.Migration{FS: inbox.Migrations, Table: inbox.MigrationsTable}))
-	ctrl, err := testenv.Controller(ctx, brokers)
-	must(err)
-	for _, topic := range []string{name, name + ".dlt"} {
-		must(ctrl.CreateTopics(kafka.TopicConfig{Topic: topic, NumPartitions: 1, ReplicationFactor: 1}))
-	}
-	for deadline := time.Now().Add(20 * time.Second); ; <-time.After(20 * time.Millisecond) {
-		parts, err := ctrl.ReadPartitions(name)
-		if err == nil && len(parts) == 1 && parts[0].Leader.Host != "" {
-			break
-		}
-		if time.Now().After(deadline) {
-			must(fmt.Errorf("topic %s has no leader after 20s", name))
-		}
-	}
-	return pool, brokers, name, func() {
-		pool.Close()
-		_, _ = adminConn.Exec(ctx, "DROP DATABASE "+name+" WITH (FORCE)")
-		adminConn.Close(ctx)
-		_ = ctrl.DeleteTopics(name, name+".dlt")
-		ctrl.Close()
-	}
+	return testenv.ForExample(ctx, `CREATE TABLE charges (order_id text PRIMARY KEY)`,
+		[]testenv.Migration{{FS: inbox.Migrations, Table: inbox.MigrationsTable}}, ".dlt")
 }

@@ -13,8 +13,26 @@ import (
 	"github.com/onceflow/onceflow/pkg/internal/retry"
 )
 
+// The defaults of GroupConfig's fields, which a zero field takes.
+const (
+	DefaultStartOffset       = kafka.FirstOffset
+	DefaultSessionTimeout    = 10 * time.Second
+	DefaultHeartbeatInterval = time.Second
+	DefaultRebalanceTimeout  = 10 * time.Second
+	DefaultCommitInterval    = 100 * time.Millisecond
+	DefaultMaxWait           = 500 * time.Millisecond
+	DefaultMinBytes          = 1
+	DefaultMaxBytes          = 10 << 20
+	DefaultQueueCapacity     = 100
+	DefaultReadBackoffMin    = 10 * time.Millisecond
+	DefaultReadBackoffMax    = 100 * time.Millisecond
+	// DefaultDialTimeout is the dial timeout of the default Dialer.
+	DefaultDialTimeout = 3 * time.Second
+)
+
 // GroupConfig names the topic a Consumer reads and the Kafka consumer group
-// it reads it in. Zero durations take the documented defaults.
+// it reads it in. Zero fields take the documented defaults; negative ones
+// are refused by Validate.
 type GroupConfig struct {
 	// Brokers are the bootstrap brokers. Required.
 	Brokers []string
@@ -24,87 +42,91 @@ type GroupConfig struct {
 	// same one and the group spreads the partitions among them. Required.
 	Group string
 	// StartOffset is where a partition the group never committed starts:
-	// kafka.FirstOffset (the default) or kafka.LastOffset.
+	// kafka.FirstOffset (DefaultStartOffset) or kafka.LastOffset.
 	StartOffset int64
 	// SessionTimeout is how long the coordinator waits for a heartbeat
-	// before it gives the member's partitions to others. Default 10s.
+	// before it gives the member's partitions to others. Default
+	// DefaultSessionTimeout.
 	SessionTimeout time.Duration
-	// HeartbeatInterval is how often the member heartbeats. Default 1s.
+	// HeartbeatInterval is how often the member heartbeats. Default
+	// DefaultHeartbeatInterval.
 	HeartbeatInterval time.Duration
 	// RebalanceTimeout is how long the coordinator waits for every member
 	// to rejoin in a rebalance. A member finishes the work in hand (up to
-	// half of it) before it rejoins. Default 10s.
+	// half of it) before it rejoins. Default DefaultRebalanceTimeout.
 	RebalanceTimeout time.Duration
 	// CommitInterval is how often finished offsets are committed. A crash
 	// loses at most this much of offset commits, which are redelivered and
-	// absorbed by the inbox. Default 100ms.
+	// absorbed by the inbox. Default DefaultCommitInterval.
 	CommitInterval time.Duration
 	// MaxWait is the longest a partition's fetch waits at the broker for
 	// MinBytes to arrive. A fetch returns as soon as MinBytes are there, so
 	// with MinBytes 1 MaxWait costs a new message no latency: it only sets
 	// how often an idle partition asks again — one fetch request per
-	// partition per MaxWait, on the broker and here. Default 500ms (50ms
-	// cost ~4× the idle CPU, for nothing).
+	// partition per MaxWait, on the broker and here. Default
+	// DefaultMaxWait, 500ms (50ms cost ~4× the idle CPU, for nothing).
 	MaxWait time.Duration
 	// MinBytes is how much a fetch waits for (up to MaxWait) before it
-	// answers. Default 1: a message is handed over the moment it is
+	// answers. Default DefaultMinBytes, 1: a message is handed over the moment it is
 	// committed to the log. More batches fetches at high rates at the price
 	// of up to MaxWait of latency at low ones.
 	MinBytes int
 	// MaxBytes bounds one fetch's answer per partition; a larger message
-	// still comes through, alone. Default 10 MiB.
+	// still comes through, alone. Default DefaultMaxBytes (10 MiB).
 	MaxBytes int
 	// QueueCapacity is how many fetched messages each partition's reader
-	// holds ahead of the dispatcher. Default 100.
+	// holds ahead of the dispatcher. Default DefaultQueueCapacity.
 	QueueCapacity int
 	// ReadBackoffMin and ReadBackoffMax bound the wait between fetches
 	// that failed in a row (a broker error); a fetch that worked, empty or
-	// not, is followed by the next at once. Defaults 10ms and 100ms (kafka-go's
-	// own, 100ms and 1s, slow down recovery after a leader change).
+	// not, is followed by the next at once. Defaults DefaultReadBackoffMin
+	// and DefaultReadBackoffMax, 10ms and 100ms (kafka-go's own, 100ms and
+	// 1s, slow down recovery after a leader change).
 	ReadBackoffMin, ReadBackoffMax time.Duration
 	// Dialer connects to the brokers, with TLS and SASL when it has them
-	// (a dialer with the cluster's TLS and SASL). Default: plain TCP, 3s dial timeout.
+	// (a dialer with the cluster's TLS and SASL). Default: plain TCP,
+	// DefaultDialTimeout.
 	Dialer *kafka.Dialer
 }
 
 // WithDefaults returns g with every zero field set to its documented
-// default; negative durations are kept for Validate to refuse.
+// default; negative values are kept for Validate to refuse.
 func (g GroupConfig) WithDefaults() GroupConfig {
 	if g.StartOffset == 0 {
-		g.StartOffset = kafka.FirstOffset
+		g.StartOffset = DefaultStartOffset
 	}
 	if g.SessionTimeout == 0 {
-		g.SessionTimeout = 10 * time.Second
+		g.SessionTimeout = DefaultSessionTimeout
 	}
 	if g.HeartbeatInterval == 0 {
-		g.HeartbeatInterval = time.Second
+		g.HeartbeatInterval = DefaultHeartbeatInterval
 	}
 	if g.RebalanceTimeout == 0 {
-		g.RebalanceTimeout = 10 * time.Second
+		g.RebalanceTimeout = DefaultRebalanceTimeout
 	}
 	if g.CommitInterval == 0 {
-		g.CommitInterval = 100 * time.Millisecond
+		g.CommitInterval = DefaultCommitInterval
 	}
 	if g.MaxWait == 0 {
-		g.MaxWait = 500 * time.Millisecond
+		g.MaxWait = DefaultMaxWait
 	}
 	if g.MinBytes == 0 {
-		g.MinBytes = 1
+		g.MinBytes = DefaultMinBytes
 	}
 	if g.MaxBytes == 0 {
-		g.MaxBytes = 10 << 20
+		g.MaxBytes = DefaultMaxBytes
 	}
 	if g.QueueCapacity == 0 {
-		g.QueueCapacity = 100
+		g.QueueCapacity = DefaultQueueCapacity
 	}
 	if g.ReadBackoffMin == 0 {
-		g.ReadBackoffMin = 10 * time.Millisecond
+		g.ReadBackoffMin = DefaultReadBackoffMin
 	}
 	if g.ReadBackoffMax == 0 {
-		g.ReadBackoffMax = 100 * time.Millisecond
+		g.ReadBackoffMax = DefaultReadBackoffMax
 	}
 	if g.Dialer == nil {
-		g.Dialer = &kafka.Dialer{Timeout: 3 * time.Second}
+		g.Dialer = &kafka.Dialer{Timeout: DefaultDialTimeout}
 	}
 	return g
 }
@@ -159,17 +181,11 @@ func (g GroupConfig) Validate() error {
 	return nil
 }
 
-// delivery is a fetched message and the generation it was fetched in.
-type delivery struct {
-	m   kafka.Message
-	gen *generation
-}
-
 // consume takes part in the consumer group until ctx ends, handing every
 // fetched message to dispatch. Each generation gets one fetching goroutine
 // per assigned partition and one committing goroutine, all started through
 // the generation so kafka-go waits for them before joining the next one.
-func (c *Consumer) consume(ctx context.Context, dispatch func(context.Context, delivery) bool) {
+func (c *Consumer) consume(ctx context.Context, dispatch func(context.Context, fetched) bool) {
 	gc := c.group
 	group, err := kafka.NewConsumerGroup(kafka.ConsumerGroupConfig{
 		ID:                gc.Group,
@@ -205,11 +221,11 @@ func (c *Consumer) consume(ctx context.Context, dispatch func(context.Context, d
 			// kafka-go backs off between attempts to join; a rebalance in
 			// progress is the group working, not the broker failing.
 			if !errors.Is(err, kafka.RebalanceInProgress) {
-				c.kafka.fail(ctx, "join", err)
+				c.shared.kafka.fail(ctx, "join", err)
 			}
 			continue
 		}
-		c.kafka.ok(ctx, "join")
+		c.shared.kafka.ok(ctx, "join")
 		assigned := map[partitionKey]int64{}
 		for topic, parts := range gen.Assignments {
 			for _, p := range parts {
@@ -255,7 +271,7 @@ func (c *Consumer) closeGroup(group *kafka.ConsumerGroup) {
 // fetch reads one assigned partition from its assigned offset until ctx
 // (the run's or the generation's) ends. A fetch error is the broker's: the
 // reader is replaced, after a backoff, at the next offset.
-func (c *Consumer) fetch(ctx context.Context, g *generation, k partitionKey, offset int64, dispatch func(context.Context, delivery) bool) {
+func (c *Consumer) fetch(ctx context.Context, g *generation, k partitionKey, offset int64, dispatch func(context.Context, fetched) bool) {
 	next := offset
 	if next < 0 {
 		next = c.group.StartOffset
@@ -283,11 +299,11 @@ func (c *Consumer) fetch(ctx context.Context, g *generation, k partitionKey, off
 			}
 			attempt = 1
 			next = m.Offset + 1
-			c.kafka.ok(ctx, "fetch")
+			c.shared.kafka.ok(ctx, "fetch")
 			if !g.add(m) {
 				continue
 			}
-			if !dispatch(ctx, delivery{m: m, gen: g}) {
+			if !dispatch(ctx, fetched{m: m, gen: g}) {
 				err = ctx.Err()
 			}
 		}
@@ -295,7 +311,7 @@ func (c *Consumer) fetch(ctx context.Context, g *generation, k partitionKey, off
 		if ctx.Err() != nil {
 			return
 		}
-		c.kafka.fail(ctx, "fetch", fmt.Errorf("fetching %s/%d at %d: %w", k.topic, k.partition, next, err))
+		c.shared.kafka.fail(ctx, "fetch", fmt.Errorf("fetching %s/%d at %d: %w", k.topic, k.partition, next, err))
 		select {
 		case <-ctx.Done():
 			return
@@ -351,12 +367,12 @@ func (c *Consumer) commit(ctx context.Context, gen *kafka.Generation, g *generat
 	switch {
 	case err == nil:
 		g.committed(offs)
-		c.kafka.ok(ctx, "commit")
+		c.shared.kafka.ok(ctx, "commit")
 	case errors.Is(err, kafka.RebalanceInProgress), errors.Is(err, kafka.IllegalGeneration),
 		errors.Is(err, kafka.UnknownMemberId), errors.Is(err, kafka.FencedInstanceID):
 		// The generation is over; the heartbeat ends it and the next owner
 		// starts from the last offset committed.
 	default:
-		c.kafka.fail(ctx, "commit", err)
+		c.shared.kafka.fail(ctx, "commit", err)
 	}
 }

@@ -33,7 +33,7 @@ WHERE inbox_aggregate_versions.version < EXCLUDED.version`
 // (and in the inbox), advances each aggregate's version once, and returns
 // the log lines and gap counts to emit once the transaction commits. A gap
 // under GapRetry is an error: the savepoint path retries that message.
-func (c *Consumer) guardBatch(ctx context.Context, tx pgx.Tx, evs []event.Envelope, outs []outcome) ([]func(), error) {
+func (s *shared) guardBatch(ctx context.Context, tx pgx.Tx, evs []event.Envelope, outs []outcome) ([]func(), error) {
 	var keys []aggregateKey
 	want := map[aggregateKey]bool{}
 	for i, ev := range evs {
@@ -50,7 +50,7 @@ func (c *Consumer) guardBatch(ctx context.Context, tx pgx.Tx, evs []event.Envelo
 	for i, k := range keys {
 		typs[i], ids[i] = k.typ, k.id
 	}
-	rows, err := tx.Query(ctx, lockVersions, c.cfg.Name, typs, ids)
+	rows, err := tx.Query(ctx, lockVersions, s.cfg.Name, typs, ids)
 	if err != nil {
 		return nil, err
 	}
@@ -75,18 +75,18 @@ func (c *Consumer) guardBatch(ctx context.Context, tx pgx.Tx, evs []event.Envelo
 			outs[i] = stale
 			staleIDs = append(staleIDs, ev.EventID)
 			notes = append(notes, func() {
-				c.cfg.Logger.InfoContext(ctx, "inbox skipped a stale event", slog.String("consumer", c.cfg.Name),
+				s.cfg.Logger.InfoContext(ctx, "inbox skipped a stale event", slog.String("consumer", s.cfg.Name),
 					slog.String("event_id", ev.EventID.String()), slog.String("aggregate_id", ev.AggregateID),
 					slog.Int64("version", ev.AggregateVersion), slog.Int64("applied_version", prev))
 			})
 			continue
 		default: // a gap
-			if c.cfg.Gaps == GapRetry {
+			if s.cfg.Gaps == GapRetry {
 				return nil, fmt.Errorf("aggregate %s: version %d follows %d", ev.AggregateID, ev.AggregateVersion, prev)
 			}
 			notes = append(notes, func() {
-				c.cfg.Metrics.gaps.WithLabelValues(c.cfg.Name).Inc()
-				c.cfg.Logger.WarnContext(ctx, "inbox sees a version gap", slog.String("consumer", c.cfg.Name),
+				s.cfg.Metrics.gaps.WithLabelValues(s.cfg.Name).Inc()
+				s.cfg.Logger.WarnContext(ctx, "inbox sees a version gap", slog.String("consumer", s.cfg.Name),
 					slog.String("event_id", ev.EventID.String()), slog.String("aggregate_id", ev.AggregateID),
 					slog.Int64("version", ev.AggregateVersion), slog.Int64("applied_version", prev))
 			})
@@ -100,12 +100,12 @@ func (c *Consumer) guardBatch(ctx context.Context, tx pgx.Tx, evs []event.Envelo
 	for i, k := range keys {
 		versions[i] = applied[k]
 	}
-	if _, err := tx.Exec(ctx, advanceVersions, c.cfg.Name, typs, ids, versions); err != nil {
+	if _, err := tx.Exec(ctx, advanceVersions, s.cfg.Name, typs, ids, versions); err != nil {
 		return nil, err
 	}
 	if len(staleIDs) > 0 {
 		if _, err := tx.Exec(ctx, `UPDATE inbox_messages SET status = 'stale' WHERE consumer = $1 AND message_id = ANY($2)`,
-			c.cfg.Name, staleIDs); err != nil {
+			s.cfg.Name, staleIDs); err != nil {
 			return nil, err
 		}
 	}
@@ -127,7 +127,7 @@ WHERE i.payload_hash <> sha256(m.payload)`
 // (the first body was applied), but it is logged and counted in
 // inbox_payload_mismatches_total. It costs a query only when there are
 // duplicates.
-func (c *Consumer) checkPayloads(ctx context.Context, tx pgx.Tx, dups ...event.Envelope) error {
+func (s *shared) checkPayloads(ctx context.Context, tx pgx.Tx, dups ...event.Envelope) error {
 	if len(dups) == 0 {
 		return nil
 	}
@@ -135,7 +135,7 @@ func (c *Consumer) checkPayloads(ctx context.Context, tx pgx.Tx, dups ...event.E
 	for i, ev := range dups {
 		ids[i], payloads[i] = ev.EventID, []byte(ev.Payload)
 	}
-	rows, err := tx.Query(ctx, payloadMismatches, c.cfg.Name, ids, payloads)
+	rows, err := tx.Query(ctx, payloadMismatches, s.cfg.Name, ids, payloads)
 	if err != nil {
 		return dbErrors.Translate("comparing payloads of duplicates", err)
 	}
@@ -144,16 +144,16 @@ func (c *Consumer) checkPayloads(ctx context.Context, tx pgx.Tx, dups ...event.E
 		return dbErrors.Translate("comparing payloads of duplicates", err)
 	}
 	for _, id := range bad {
-		c.payloadMismatch(ctx, id)
+		s.payloadMismatch(ctx, id)
 	}
 	return nil
 }
 
 // payloadMismatch counts and logs a duplicate of id with another payload.
-func (c *Consumer) payloadMismatch(ctx context.Context, id uuid.UUID) {
-	c.cfg.Metrics.payloadMismatches.WithLabelValues(c.cfg.Name).Inc()
-	c.cfg.Logger.WarnContext(ctx, "inbox duplicate with another payload: the producer reused an event id; the first payload was applied, this one ignored",
-		slog.String("consumer", c.cfg.Name), slog.String("event_id", id.String()))
+func (s *shared) payloadMismatch(ctx context.Context, id uuid.UUID) {
+	s.cfg.Metrics.payloadMismatches.WithLabelValues(s.cfg.Name).Inc()
+	s.cfg.Logger.WarnContext(ctx, "inbox duplicate with another payload: the producer reused an event id; the first payload was applied, this one ignored",
+		slog.String("consumer", s.cfg.Name), slog.String("event_id", id.String()))
 }
 
 // advanceVersion moves the consumer's high-water version of the aggregate
@@ -176,34 +176,34 @@ SELECT (SELECT version FROM prev)`
 // consumer applied last for its aggregate) and reports gaps. A requeued
 // dead message is never stale: an operator sent it back to be applied (a
 // consumer that skips ahead applied its successors meanwhile).
-func (c *Consumer) guardVersion(ctx context.Context, tx pgx.Tx, ev *event.Envelope, requeued bool) (bool, error) {
+func (s *shared) guardVersion(ctx context.Context, tx pgx.Tx, ev *event.Envelope, requeued bool) (bool, error) {
 	var prev *int64
-	if err := tx.QueryRow(ctx, advanceVersion, c.cfg.Name, ev.AggregateType, ev.AggregateID, ev.AggregateVersion).Scan(&prev); err != nil {
+	if err := tx.QueryRow(ctx, advanceVersion, s.cfg.Name, ev.AggregateType, ev.AggregateID, ev.AggregateVersion).Scan(&prev); err != nil {
 		return false, dbErrors.Translate("checking the aggregate version", err)
 	}
 	switch {
 	case prev == nil:
 		return false, nil
 	case ev.AggregateVersion <= *prev && requeued:
-		c.cfg.Logger.InfoContext(ctx, "inbox applies a requeued event below the applied version", slog.String("consumer", c.cfg.Name),
+		s.cfg.Logger.InfoContext(ctx, "inbox applies a requeued event below the applied version", slog.String("consumer", s.cfg.Name),
 			slog.String("event_id", ev.EventID.String()), slog.String("aggregate_id", ev.AggregateID),
 			slog.Int64("version", ev.AggregateVersion), slog.Int64("applied_version", *prev))
 		return false, nil
 	case ev.AggregateVersion <= *prev:
 		if _, err := tx.Exec(ctx, `UPDATE inbox_messages SET status = 'stale' WHERE consumer = $1 AND message_id = $2`,
-			c.cfg.Name, ev.EventID); err != nil {
+			s.cfg.Name, ev.EventID); err != nil {
 			return false, err
 		}
-		c.cfg.Logger.InfoContext(ctx, "inbox skipped a stale event", slog.String("consumer", c.cfg.Name),
+		s.cfg.Logger.InfoContext(ctx, "inbox skipped a stale event", slog.String("consumer", s.cfg.Name),
 			slog.String("event_id", ev.EventID.String()), slog.String("aggregate_id", ev.AggregateID),
 			slog.Int64("version", ev.AggregateVersion), slog.Int64("applied_version", *prev))
 		return true, nil
 	case ev.AggregateVersion > *prev+1:
-		c.cfg.Metrics.gaps.WithLabelValues(c.cfg.Name).Inc()
-		c.cfg.Logger.WarnContext(ctx, "inbox sees a version gap", slog.String("consumer", c.cfg.Name),
+		s.cfg.Metrics.gaps.WithLabelValues(s.cfg.Name).Inc()
+		s.cfg.Logger.WarnContext(ctx, "inbox sees a version gap", slog.String("consumer", s.cfg.Name),
 			slog.String("event_id", ev.EventID.String()), slog.String("aggregate_id", ev.AggregateID),
 			slog.Int64("version", ev.AggregateVersion), slog.Int64("applied_version", *prev))
-		if c.cfg.Gaps == GapRetry {
+		if s.cfg.Gaps == GapRetry {
 			return false, fmt.Errorf("aggregate %s: version %d follows %d; waiting for the missing ones",
 				ev.AggregateID, ev.AggregateVersion, *prev)
 		}
@@ -212,9 +212,9 @@ func (c *Consumer) guardVersion(ctx context.Context, tx pgx.Tx, ev *event.Envelo
 }
 
 // upcast converts ev's payload to the newest version it has upcasters for.
-func (c *Consumer) upcast(ev *event.Envelope) error {
+func (s *shared) upcast(ev *event.Envelope) error {
 	for {
-		u, ok := c.upcasters[ev.EventType][ev.EventVersion]
+		u, ok := s.upcasters[ev.EventType][ev.EventVersion]
 		if !ok {
 			return nil
 		}

@@ -14,6 +14,7 @@ import (
 
 	"github.com/onceflow/onceflow/pkg/event"
 	"github.com/onceflow/onceflow/pkg/inbox"
+	"github.com/onceflow/onceflow/pkg/inbox/inboxtest"
 	"github.com/onceflow/onceflow/pkg/testenv"
 )
 
@@ -79,17 +80,17 @@ func TestKilledAfterCommitBeforeOffsetCommitRedeliveryIsANoOp(t *testing.T) {
 	killed := errors.New("killed")
 	c1, err := inbox.NewConsumer(f.pool, f.source(group), f.writer, f.recordEffect, inbox.Config{
 		Name: "crashy", Workers: 1, BatchSize: 10,
-		CrashPoint: func(name string) error {
-			if name == inbox.CrashAfterCommit {
-				return killed
-			}
-			return nil
-		},
 	})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := c1.Run(context.Background()); !errors.Is(err, killed) {
+	crashAfterCommit := inboxtest.WithCrashPoint(context.Background(), func(name string) error {
+		if name == inboxtest.CrashAfterCommit {
+			return killed
+		}
+		return nil
+	})
+	if err := c1.Run(crashAfterCommit); !errors.Is(err, killed) {
 		t.Fatalf("first life ended with %v, want the crash", err)
 	}
 	firstLife := f.count(t, "SELECT count(*) FROM effects")

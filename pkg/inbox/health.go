@@ -99,13 +99,3 @@ func (f *fault) err() error {
 	}
 	return errors.Join(errs...)
 }
-
-// Healthy reports what keeps the consumer from working right now: Kafka or
-// the database unreachable, or in lease mode the Effect's other side (the
-// last error says why), or nil. The consumer
-// waits outages out by itself; a service's /readyz reports this so the
-// broken part is visible, and its metrics (inbox_kafka_connected,
-// inbox_database_connected) show it over time.
-func (c *Consumer) Healthy() error {
-	return errors.Join(c.kafka.err(), c.db.err(), c.effectHealth())
-}

@@ -72,104 +72,100 @@ func applyNote(ctx context.Context, exec func(ctx context.Context, sql string, a
 // modes.
 func TestHostileMessagesNeverStopAPartition(t *testing.T) {
 	t.Parallel()
-	for _, mode := range []string{"transactional", "lease"} {
-		t.Run(mode, func(t *testing.T) {
-			t.Parallel()
-			f := newFixture(t)
-			f.topic = newTopicTakingBigMessages(t, f.brokers)
-			dlt := testenv.NewTopic(t, f.brokers, 1)
-			hs := hostileMessages(f.topic)
-			good := newEvent("order-5", 1)
-			// A transport of its own: the default one caches topic metadata
-			// from before this topic existed. Timeouts of 30s rather than
-			// kafka-go's 10s: a 1.5 MiB acks=all write on a loaded 2-core
-			// machine took longer once ("i/o timeout"), and retrying a write
-			// that may have landed would produce a hostile message twice.
-			big := kafka.Writer{Addr: kafka.TCP(f.brokers...), RequiredAcks: kafka.RequireAll, BatchBytes: 4 << 20,
-				BatchTimeout: time.Millisecond, WriteTimeout: 30 * time.Second, ReadTimeout: 30 * time.Second,
-				Transport: &kafka.Transport{MetadataTTL: 200 * time.Millisecond}}
-			defer big.Close()
-			msgs := []kafka.Message{}
-			for _, h := range hs {
-				msgs = append(msgs, h.msg)
-			}
-			msgs = append(msgs, event.ToKafka(f.topic, good))
-			for len(msgs) > 0 {
-				var err error
-				testenv.WaitFor(t, 90*time.Second, "the new topic to take messages", func() (bool, error) {
-					err = big.WriteMessages(context.Background(), msgs[0])
-					return !errors.Is(err, kafka.UnknownTopicOrPartition), nil
-				})
-				if err != nil {
-					t.Fatalf("producing: %v", err)
-				}
-				msgs = msgs[1:]
-			}
-
-			group := testenv.Name("group")
-			cfg := inbox.Config{Name: "hostile-" + mode, DeadLetterTopic: dlt, Metrics: inbox.NewMetrics(f.registry),
-				BackoffMin: time.Millisecond, BackoffMax: 10 * time.Millisecond}
-			running := runUntilCleanup(t, f.modeConsumer(t, mode, f.pool, group, applyNote, cfg))
-
-			testenv.WaitFor(t, 30*time.Second, "the good event behind the hostile ones", func() (bool, error) {
-				return f.count(t, "SELECT count(*) FROM effects WHERE event_id = $1", good.EventID) == 1, running()
+	inBothModes(t, func(t *testing.T, f *fixture, mode string) {
+		f.topic = newTopicTakingBigMessages(t, f.brokers)
+		dlt := testenv.NewTopic(t, f.brokers, 1)
+		hs := hostileMessages(f.topic)
+		good := newEvent("order-5", 1)
+		// A transport of its own: the default one caches topic metadata
+		// from before this topic existed. Timeouts of 30s rather than
+		// kafka-go's 10s: a 1.5 MiB acks=all write on a loaded 2-core
+		// machine took longer once ("i/o timeout"), and retrying a write
+		// that may have landed would produce a hostile message twice.
+		big := kafka.Writer{Addr: kafka.TCP(f.brokers...), RequiredAcks: kafka.RequireAll, BatchBytes: 4 << 20,
+			BatchTimeout: time.Millisecond, WriteTimeout: 30 * time.Second, ReadTimeout: 30 * time.Second,
+			Transport: &kafka.Transport{MetadataTTL: 200 * time.Millisecond}}
+		defer big.Close()
+		msgs := []kafka.Message{}
+		for _, h := range hs {
+			msgs = append(msgs, h.msg)
+		}
+		msgs = append(msgs, event.ToKafka(f.topic, good))
+		for len(msgs) > 0 {
+			var err error
+			testenv.WaitFor(t, 90*time.Second, "the new topic to take messages", func() (bool, error) {
+				err = big.WriteMessages(context.Background(), msgs[0])
+				return !errors.Is(err, kafka.UnknownTopicOrPartition), nil
 			})
+			if err != nil {
+				t.Fatalf("producing: %v", err)
+			}
+			msgs = msgs[1:]
+		}
 
-			r := kafka.NewReader(kafka.ReaderConfig{Brokers: f.brokers, Topic: dlt, Partition: 0, MaxWait: 100 * time.Millisecond})
-			defer r.Close()
-			rctx, rcancel := context.WithTimeout(context.Background(), 20*time.Second)
-			defer rcancel()
-			// Different keys go to different workers, so dead letters
-			// arrive in any order; each names its original offset.
-			byOffset := map[string]kafka.Message{}
-			for range hs {
-				m, err := r.ReadMessage(rctx)
-				if err != nil {
-					t.Fatalf("reading dead letters (%d of %d read): %v", len(byOffset), len(hs), err)
-				}
-				for _, kv := range m.Headers {
-					if kv.Key == inbox.HeaderDLTOffset {
-						byOffset[string(kv.Value)] = m
-					}
-				}
-			}
-			for i, h := range hs {
-				m, ok := byOffset[fmt.Sprint(i)]
-				if !ok {
-					t.Errorf("%s: no dead letter names offset %d", h.name, i)
-					continue
-				}
-				hdr := map[string]string{}
-				for _, kv := range m.Headers {
-					hdr[kv.Key] = string(kv.Value)
-				}
-				if !strings.Contains(hdr[inbox.HeaderDLTReason], h.reason) {
-					t.Errorf("%s: dlt-reason %q, want it to mention %q", h.name, hdr[inbox.HeaderDLTReason], h.reason)
-				}
-				if strings.Contains(hdr[inbox.HeaderDLTReason], "gave up after") {
-					t.Errorf("%s: retried as if transient (%q); want it dead-lettered at once", h.name, hdr[inbox.HeaderDLTReason])
-				}
-				if hdr[inbox.HeaderDLTTopic] != f.topic || hdr[inbox.HeaderDLTPartition] != "0" {
-					t.Errorf("%s: dead letter names %s/%s, want %s/0", h.name, hdr[inbox.HeaderDLTTopic], hdr[inbox.HeaderDLTPartition], f.topic)
-				}
-				if len(h.msg.Value) == bigMessage {
-					if hdr[inbox.HeaderDLTTruncated] != fmt.Sprint(bigMessage) || len(m.Value) != inbox.DeadLetterBodyLimit ||
-						!bytes.Equal(m.Value, h.msg.Value[:inbox.DeadLetterBodyLimit]) {
-						t.Errorf("%s: dead letter of %d bytes with %s=%q, want the first %d bytes and the original size",
-							h.name, len(m.Value), inbox.HeaderDLTTruncated, hdr[inbox.HeaderDLTTruncated], inbox.DeadLetterBodyLimit)
-					}
-				}
-			}
-			client := &kafka.Client{Addr: kafka.TCP(f.brokers...), Timeout: 5 * time.Second}
-			testenv.WaitFor(t, 10*time.Second, "the group's offset to pass every message", func() (bool, error) {
-				ends, committed := endAndCommitted(t, client, f.topic, group, 1)
-				return committed[0] == ends[0] && ends[0] == int64(len(hs)+1), nil
-			})
-			// Each one once: no dead letter is published again on a retry.
-			ends, _ := endAndCommitted(t, client, dlt, testenv.Name("none"), 1)
-			if ends[0] != int64(len(hs)) {
-				t.Errorf("%d dead letters, want %d", ends[0], len(hs))
-			}
+		group := testenv.Name("group")
+		cfg := inbox.Config{Name: "hostile-" + mode, DeadLetterTopic: dlt, Metrics: inbox.NewMetrics(f.registry),
+			BackoffMin: time.Millisecond, BackoffMax: 10 * time.Millisecond}
+		running := runUntilCleanup(t, f.modeConsumer(t, mode, f.pool, group, applyNote, cfg))
+
+		testenv.WaitFor(t, 30*time.Second, "the good event behind the hostile ones", func() (bool, error) {
+			return f.count(t, "SELECT count(*) FROM effects WHERE event_id = $1", good.EventID) == 1, running()
 		})
-	}
+
+		r := kafka.NewReader(kafka.ReaderConfig{Brokers: f.brokers, Topic: dlt, Partition: 0, MaxWait: 100 * time.Millisecond})
+		defer r.Close()
+		rctx, rcancel := context.WithTimeout(context.Background(), 20*time.Second)
+		defer rcancel()
+		// Different keys go to different workers, so dead letters
+		// arrive in any order; each names its original offset.
+		byOffset := map[string]kafka.Message{}
+		for range hs {
+			m, err := r.ReadMessage(rctx)
+			if err != nil {
+				t.Fatalf("reading dead letters (%d of %d read): %v", len(byOffset), len(hs), err)
+			}
+			for _, kv := range m.Headers {
+				if kv.Key == inbox.HeaderDLTOffset {
+					byOffset[string(kv.Value)] = m
+				}
+			}
+		}
+		for i, h := range hs {
+			m, ok := byOffset[fmt.Sprint(i)]
+			if !ok {
+				t.Errorf("%s: no dead letter names offset %d", h.name, i)
+				continue
+			}
+			hdr := map[string]string{}
+			for _, kv := range m.Headers {
+				hdr[kv.Key] = string(kv.Value)
+			}
+			if !strings.Contains(hdr[inbox.HeaderDLTReason], h.reason) {
+				t.Errorf("%s: dlt-reason %q, want it to mention %q", h.name, hdr[inbox.HeaderDLTReason], h.reason)
+			}
+			if strings.Contains(hdr[inbox.HeaderDLTReason], "gave up after") {
+				t.Errorf("%s: retried as if transient (%q); want it dead-lettered at once", h.name, hdr[inbox.HeaderDLTReason])
+			}
+			if hdr[inbox.HeaderDLTTopic] != f.topic || hdr[inbox.HeaderDLTPartition] != "0" {
+				t.Errorf("%s: dead letter names %s/%s, want %s/0", h.name, hdr[inbox.HeaderDLTTopic], hdr[inbox.HeaderDLTPartition], f.topic)
+			}
+			if len(h.msg.Value) == bigMessage {
+				if hdr[inbox.HeaderDLTTruncated] != fmt.Sprint(bigMessage) || len(m.Value) != inbox.DeadLetterBodyLimit ||
+					!bytes.Equal(m.Value, h.msg.Value[:inbox.DeadLetterBodyLimit]) {
+					t.Errorf("%s: dead letter of %d bytes with %s=%q, want the first %d bytes and the original size",
+						h.name, len(m.Value), inbox.HeaderDLTTruncated, hdr[inbox.HeaderDLTTruncated], inbox.DeadLetterBodyLimit)
+				}
+			}
+		}
+		client := &kafka.Client{Addr: kafka.TCP(f.brokers...), Timeout: 5 * time.Second}
+		testenv.WaitFor(t, 10*time.Second, "the group's offset to pass every message", func() (bool, error) {
+			ends, committed := endAndCommitted(t, client, f.topic, group, 1)
+			return committed[0] == ends[0] && ends[0] == int64(len(hs)+1), nil
+		})
+		// Each one once: no dead letter is published again on a retry.
+		ends, _ := endAndCommitted(t, client, dlt, testenv.Name("none"), 1)
+		if ends[0] != int64(len(hs)) {
+			t.Errorf("%d dead letters, want %d", ends[0], len(hs))
+		}
+	})
 }

@@ -92,6 +92,18 @@ func runUntilCleanup(t *testing.T, c *inbox.Consumer) (running func() error) {
 	}
 }
 
+// inBothModes runs test as two parallel subtests, "transactional" and
+// "lease", each with a fixture of its own.
+func inBothModes(t *testing.T, test func(t *testing.T, f *fixture, mode string)) {
+	t.Helper()
+	for _, mode := range []string{"transactional", "lease"} {
+		t.Run(mode, func(t *testing.T) {
+			t.Parallel()
+			test(t, newFixture(t), mode)
+		})
+	}
+}
+
 // modeConsumer is a consumer of the fixture's topic, read through pool in
 // group, in mode "transactional" (apply runs in the inbox transaction) or
 // "lease" (apply runs on f.pool beside it, the effect's Check finding
@@ -110,7 +122,7 @@ func (f *fixture) modeConsumer(t *testing.T, mode string, pool *pgxpool.Pool, gr
 			Call: func(ctx context.Context, ev event.Envelope, _ string) error {
 				return apply(ctx, f.pool.Exec, ev)
 			},
-		}, cfg)
+		}, inbox.LeaseConfig{Config: cfg})
 	}
 	if err != nil {
 		t.Fatal(err)

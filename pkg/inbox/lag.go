@@ -78,20 +78,20 @@ func (c *Consumer) reportDeadLetters(ctx context.Context) {
 	defer tick.Stop()
 	for {
 		var n int64
-		err := c.pool.QueryRow(ctx, `SELECT count(*) FROM inbox_messages WHERE consumer = $1 AND status = 'dead_lettered'`,
+		err := c.shared.pool.QueryRow(ctx, `SELECT count(*) FROM inbox_messages WHERE consumer = $1 AND status = 'dead_lettered'`,
 			c.cfg.Name).Scan(&n)
 		var p int64
 		if err == nil {
 			// Parked events wait for a dead letter's requeue: the same
 			// operator backlog, seen from the other side.
-			err = c.pool.QueryRow(ctx, countParked, c.cfg.Name).Scan(&p)
+			err = c.shared.pool.QueryRow(ctx, countParked, c.cfg.Name).Scan(&p)
 		}
 		if err == nil {
-			c.db.ok(ctx, "") // the idle consumer's sign that an outage ended
+			c.shared.db.ok(ctx, "") // the idle consumer's sign that an outage ended
 			c.cfg.Metrics.deadLetters.WithLabelValues(c.cfg.Name).Set(float64(n))
 			c.cfg.Metrics.parkedNow.WithLabelValues(c.cfg.Name).Set(float64(p))
 		} else if ctx.Err() == nil && isOutage(err) {
-			c.db.fail(ctx, "count_dead_letters", err)
+			c.shared.db.fail(ctx, "count_dead_letters", err)
 		} else if ctx.Err() == nil {
 			c.cfg.Logger.DebugContext(ctx, "inbox could not count its dead letters", slog.Any("error", err))
 		}

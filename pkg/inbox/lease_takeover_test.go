@@ -21,7 +21,7 @@ import (
 // It reads the topic in a group of its own, so that it has them at once
 // whatever the group's assignment says: the two members then meet only
 // where the bugs live, at the leases.
-func (f *fixture) secondMember(t *testing.T, eff inbox.Effect, cfg inbox.Config) {
+func (f *fixture) secondMember(t *testing.T, eff inbox.Effect, cfg inbox.LeaseConfig) {
 	t.Helper()
 	runUntilCleanup(t, f.leaseConsumer(t, testenv.Name("second"), eff, cfg))
 }
@@ -54,9 +54,9 @@ func TestLeaseTakeoverWhileTheHolderWaitsForACallSlotBooksEachKeyOnce(t *testing
 	tp.SetDelay(700 * time.Millisecond)
 	// Calls of 700ms fit in the call timeout; the lease outlasts call and
 	// margin.
-	cfg := inbox.Config{Workers: 1, MaxInFlight: 1, LeaseTTL: time.Second,
+	cfg := inbox.LeaseConfig{MaxInFlight: 1, LeaseTTL: time.Second,
 		CallTimeout: 750 * time.Millisecond, LeaseMargin: 200 * time.Millisecond,
-		BackoffMin: 20 * time.Millisecond, BackoffMax: 200 * time.Millisecond}
+		Config: inbox.Config{Workers: 1, BackoffMin: 20 * time.Millisecond, BackoffMax: 200 * time.Millisecond}}
 
 	runUntilCleanup(t, f.leaseConsumer(t, testenv.Name("group"), tp.Effect(), cfg))
 	testenv.WaitFor(t, 30*time.Second, "the first member's first call", func() (bool, error) {
@@ -76,8 +76,8 @@ func TestLeaseHolderFrozenPastItsLeaseDoesNotCallAfterTheTakeover(t *testing.T) 
 	f := newFixture(t)
 	evs := f.leaseEvents(t, 1, 2)
 	tp := inboxtest.NewThirdParty()
-	cfg := inbox.Config{Workers: 1, LeaseTTL: time.Second,
-		BackoffMin: 20 * time.Millisecond, BackoffMax: 200 * time.Millisecond}
+	cfg := inbox.LeaseConfig{LeaseTTL: time.Second,
+		Config: inbox.Config{Workers: 1, BackoffMin: 20 * time.Millisecond, BackoffMax: 200 * time.Millisecond}}
 
 	frozen := inboxtest.NewPausable(tp.Effect())
 	frozen.Pause()
@@ -128,8 +128,8 @@ func TestLeaseModeWaitsOutAThirdPartyOutageLongerThanTheRetryBudget(t *testing.T
 	evs := f.leaseEvents(t, 3, 2)
 	tp := inboxtest.NewThirdParty()
 	tp.SetDown(fmt.Errorf("%w: dial tcp: connection refused", inbox.ErrUnavailable))
-	cfg := inbox.Config{Workers: 1, MaxAttempts: 2, LeaseTTL: time.Second,
-		BackoffMin: 5 * time.Millisecond, BackoffMax: 20 * time.Millisecond, Metrics: inbox.NewMetrics(f.registry)}
+	cfg := inbox.LeaseConfig{LeaseTTL: time.Second, Config: inbox.Config{Workers: 1, MaxAttempts: 2,
+		BackoffMin: 5 * time.Millisecond, BackoffMax: 20 * time.Millisecond, Metrics: inbox.NewMetrics(f.registry)}}
 	c := f.leaseConsumer(t, testenv.Name("group"), tp.Effect(), cfg)
 	running := runUntilCleanup(t, c)
 

@@ -15,6 +15,7 @@ import (
 
 	"github.com/onceflow/onceflow/pkg/event"
 	"github.com/onceflow/onceflow/pkg/inbox"
+	"github.com/onceflow/onceflow/pkg/inbox/inboxtest"
 	"github.com/onceflow/onceflow/pkg/testenv"
 )
 
@@ -100,7 +101,7 @@ func (f *fixture) leaseEvents(t *testing.T, keys, perKey int) []event.Envelope {
 	return evs
 }
 
-func (f *fixture) leaseConsumer(t *testing.T, group string, eff inbox.Effect, cfg inbox.Config) *inbox.Consumer {
+func (f *fixture) leaseConsumer(t *testing.T, group string, eff inbox.Effect, cfg inbox.LeaseConfig) *inbox.Consumer {
 	t.Helper()
 	cfg.Name = "lease-test"
 	c, err := inbox.NewLeaseConsumer(f.pool, f.source(group), f.writer, eff, cfg)
@@ -118,7 +119,7 @@ func TestALeaseBatchCallsDistinctKeysConcurrentlyAndEachKeyInOrder(t *testing.T)
 	b := newBooker(20 * time.Millisecond)
 	// One worker: whatever runs at once runs because the batch called
 	// distinct keys side by side.
-	runUntilCleanup(t, f.leaseConsumer(t, testenv.Name("group"), b.effect(), inbox.Config{Workers: 1, MaxInFlight: limit}))
+	runUntilCleanup(t, f.leaseConsumer(t, testenv.Name("group"), b.effect(), inbox.LeaseConfig{Config: inbox.Config{Workers: 1}, MaxInFlight: limit}))
 
 	testenv.WaitFor(t, 60*time.Second, "every event marked done", func() (bool, error) {
 		return f.count(t, "SELECT count(*) FROM inbox_messages WHERE status = 'processed'") == len(evs), nil
@@ -155,18 +156,16 @@ func TestAfterACrashBetweenCallsAndDoneTheTakeoverChecksAndBooksNothingTwice(t *
 	// First life: dies at the fifth side effect, before its batch is marked done.
 	killed := errors.New("killed")
 	var passes atomic.Int32
-	first := f.leaseConsumer(t, group, b.effect(), inbox.Config{
-		Workers: 1, LeaseTTL: time.Second,
-		CrashPoint: func(name string) error {
-			if name == inbox.CrashAfterEffect && passes.Add(1) == 5 {
-				return killed
-			}
-			return nil
-		},
-	})
+	first := f.leaseConsumer(t, group, b.effect(), inbox.LeaseConfig{LeaseTTL: time.Second, Config: inbox.Config{Workers: 1}})
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	if err := first.Run(ctx); !errors.Is(err, killed) {
+	crashAtTheFifth := inboxtest.WithCrashPoint(ctx, func(name string) error {
+		if name == inboxtest.CrashAfterEffect && passes.Add(1) == 5 {
+			return killed
+		}
+		return nil
+	})
+	if err := first.Run(crashAtTheFifth); !errors.Is(err, killed) {
 		t.Fatalf("first life ended with %v, want the crash", err)
 	}
 	// The ones booked and left leased: the takeover must find them booked.
@@ -181,7 +180,7 @@ func TestAfterACrashBetweenCallsAndDoneTheTakeoverChecksAndBooksNothingTwice(t *
 		t.Fatal("the crash left no booked message leased; the test proves nothing")
 	}
 
-	second := f.leaseConsumer(t, group, b.effect(), inbox.Config{Workers: 1, LeaseTTL: time.Second})
+	second := f.leaseConsumer(t, group, b.effect(), inbox.LeaseConfig{Config: inbox.Config{Workers: 1}, LeaseTTL: time.Second})
 	runUntilCleanup(t, second)
 	testenv.WaitFor(t, 60*time.Second, "every event marked done", func() (bool, error) {
 		return f.count(t, "SELECT count(*) FROM inbox_messages WHERE status = 'processed'") == len(evs), nil
@@ -217,25 +216,23 @@ func TestATakeoverThatCannotCheckIsRecordedUncertainAndNotCalled(t *testing.T) {
 	group := testenv.Name("group")
 
 	killed := errors.New("killed")
-	first := f.leaseConsumer(t, group, b.effect(), inbox.Config{
-		Workers: 1, LeaseTTL: 500 * time.Millisecond,
-		CrashPoint: func(name string) error {
-			if name == inbox.CrashAfterEffect {
-				return killed
-			}
-			return nil
-		},
-	})
+	first := f.leaseConsumer(t, group, b.effect(), inbox.LeaseConfig{LeaseTTL: 500 * time.Millisecond, Config: inbox.Config{Workers: 1}})
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	if err := first.Run(ctx); !errors.Is(err, killed) {
+	crashAfterEffect := inboxtest.WithCrashPoint(ctx, func(name string) error {
+		if name == inboxtest.CrashAfterEffect {
+			return killed
+		}
+		return nil
+	})
+	if err := first.Run(crashAfterEffect); !errors.Is(err, killed) {
 		t.Fatalf("first life ended with %v, want the crash", err)
 	}
 
 	// Second life: the third party cannot say whether it has the key.
 	eff := b.effect()
 	eff.Check = func(context.Context, string) (bool, error) { return false, inbox.ErrUnknowable }
-	cfg := inbox.Config{Workers: 1, LeaseTTL: 500 * time.Millisecond, Metrics: inbox.NewMetrics(f.registry)}
+	cfg := inbox.LeaseConfig{Config: inbox.Config{Workers: 1, Metrics: inbox.NewMetrics(f.registry)}, LeaseTTL: 500 * time.Millisecond}
 	runUntilCleanup(t, f.leaseConsumer(t, group, eff, cfg))
 	testenv.WaitFor(t, 60*time.Second, "every event settled", func() (bool, error) {
 		return f.count(t, "SELECT count(*) FROM inbox_messages WHERE status IN ('processed', 'uncertain')") == len(evs), nil

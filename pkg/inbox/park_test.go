@@ -78,7 +78,7 @@ func TestLeaseModeARequeuedDeadLetterRunsItsEffectOnce(t *testing.T) {
 		}
 		return call(ctx, ev, key)
 	}
-	runUntilCleanup(t, f.leaseConsumer(t, testenv.Name("group"), eff, inbox.Config{DeadLetterTopic: dlt}))
+	runUntilCleanup(t, f.leaseConsumer(t, testenv.Name("group"), eff, inbox.LeaseConfig{Config: inbox.Config{DeadLetterTopic: dlt}}))
 
 	testenv.WaitFor(t, 30*time.Second, "v1 dead-lettered", func() (bool, error) {
 		return f.count(t, "SELECT count(*) FROM inbox_messages WHERE message_id = $1 AND status = 'dead_lettered'", v1.EventID) == 1, nil
@@ -95,81 +95,84 @@ func TestLeaseModeARequeuedDeadLetterRunsItsEffectOnce(t *testing.T) {
 	}
 }
 
+// refusedUntilRepaired applies every event as insertEffect does, except
+// dead, which it refuses as permanent until repair is called: the handler
+// bug that an operator fixes before requeueing dead's dead letter.
+func refusedUntilRepaired(dead event.Envelope) (apply execApply, repair func()) {
+	var broken atomic.Bool
+	broken.Store(true)
+	return func(ctx context.Context, exec func(context.Context, string, ...any) (pgconn.CommandTag, error), ev event.Envelope) error {
+		if ev.EventID == dead.EventID && broken.Load() {
+			return inbox.Permanent(errors.New("refused for now"))
+		}
+		return insertEffect(ctx, exec, ev)
+	}, func() { broken.Store(false) }
+}
+
 // While v1 of key a is dead, a's later versions are parked, not applied,
 // and key b moves on; the parked messages are counted and listed; the
 // requeue of v1 applies v1, then the parked ones in order. In both modes.
 func TestAKeyWhoseEarlierVersionIsDeadIsParkedUntilItsRequeue(t *testing.T) {
 	t.Parallel()
-	for _, mode := range []string{"transactional", "lease"} {
-		t.Run(mode, func(t *testing.T) {
-			t.Parallel()
-			f := newFixture(t)
-			dlt := testenv.NewTopic(t, f.brokers, 1)
-			a1, a2, a3, b1, b2 := newEvent("a", 1), newEvent("a", 2), newEvent("a", 3), newEvent("b", 1), newEvent("b", 2)
-			all := map[uuid.UUID]event.Envelope{}
-			var msgs []kafka.Message
-			for _, ev := range []event.Envelope{a1, a2, b1, a3, b2} {
-				all[ev.EventID] = ev
-				msgs = append(msgs, event.ToKafka(f.topic, ev))
-			}
-			var broken atomic.Bool
-			broken.Store(true)
-			apply := func(ctx context.Context, exec func(context.Context, string, ...any) (pgconn.CommandTag, error), ev event.Envelope) error {
-				if ev.EventID == a1.EventID && broken.Load() {
-					return inbox.Permanent(errors.New("refused for now"))
-				}
-				return insertEffect(ctx, exec, ev)
-			}
-			cfg := inbox.Config{Name: "park-" + mode, DeadLetterTopic: dlt, Metrics: inbox.NewMetrics(f.registry),
-				LagInterval: 50 * time.Millisecond}
-			runUntilCleanup(t, f.modeConsumer(t, mode, f.pool, testenv.Name("group"), apply, cfg))
-			f.produce(t, msgs...)
+	inBothModes(t, func(t *testing.T, f *fixture, mode string) {
+		dlt := testenv.NewTopic(t, f.brokers, 1)
+		a1, a2, a3, b1, b2 := newEvent("a", 1), newEvent("a", 2), newEvent("a", 3), newEvent("b", 1), newEvent("b", 2)
+		all := map[uuid.UUID]event.Envelope{}
+		var msgs []kafka.Message
+		for _, ev := range []event.Envelope{a1, a2, b1, a3, b2} {
+			all[ev.EventID] = ev
+			msgs = append(msgs, event.ToKafka(f.topic, ev))
+		}
+		apply, repair := refusedUntilRepaired(a1)
+		cfg := inbox.Config{Name: "park-" + mode, DeadLetterTopic: dlt, Metrics: inbox.NewMetrics(f.registry),
+			LagInterval: 50 * time.Millisecond}
+		runUntilCleanup(t, f.modeConsumer(t, mode, f.pool, testenv.Name("group"), apply, cfg))
+		f.produce(t, msgs...)
 
-			testenv.WaitFor(t, 30*time.Second, "key b applied past key a's dead v1", func() (bool, error) {
-				return f.count(t, "SELECT count(*) FROM effects WHERE aggregate_id = 'b'") == 2, nil
-			})
-			testenv.WaitFor(t, 30*time.Second, "a2 and a3 parked", func() (bool, error) {
-				rep, err := inbox.Backlog(context.Background(), f.pool, inbox.BacklogConfig{Samples: 10})
-				return rep.Parked.Count == 2, err
-			})
-			if got := f.effectOrder(t, all); len(got) != 2 {
-				t.Fatalf("effects %v while a1 is dead, want only b's: a's later versions must be parked", got)
-			}
-			rep, err := inbox.Backlog(context.Background(), f.pool, inbox.BacklogConfig{Samples: 10})
-			if err != nil {
-				t.Fatal(err)
-			}
-			if len(rep.Parked.Samples) != 2 || rep.Parked.Samples[0] != a2.EventID || rep.Parked.Samples[1] != a3.EventID {
-				t.Fatalf("parked samples %v, want a2 %v then a3 %v", rep.Parked.Samples, a2.EventID, a3.EventID)
-			}
-			parked, err := inbox.ListParked(context.Background(), f.pool, inbox.ParkedFilter{Consumer: cfg.Name})
-			if err != nil {
-				t.Fatal(err)
-			}
-			if len(parked) != 2 || parked[0].BlockedBy != a1.EventID || parked[0].AggregateVersion != 2 || parked[1].AggregateVersion != 3 {
-				t.Fatalf("ListParked = %+v, want a2 and a3 behind a1", parked)
-			}
-			testenv.WaitFor(t, 10*time.Second, "inbox_parked_messages to count them", func() (bool, error) {
-				return testenv.MetricValue(t, f.registry, "inbox_parked_messages") == 2, nil
-			})
-
-			broken.Store(false)
-			f.requeue(t, dlt, 1, a1.EventID)
-			testenv.WaitFor(t, 30*time.Second, "a1, then a2 and a3, applied", func() (bool, error) {
-				return f.count(t, "SELECT count(*) FROM effects") == 5, nil
-			})
-			got := f.effectOrder(t, all)
-			if fmt.Sprint(got[2:]) != "[a1 a2 a3]" {
-				t.Fatalf("effects in order %v, want a1 a2 a3 after b's", got)
-			}
-			if rep, err := inbox.Backlog(context.Background(), f.pool, inbox.BacklogConfig{}); err != nil || rep.Parked.Count != 0 {
-				t.Fatalf("after the requeue %d messages are still parked (%v)", rep.Parked.Count, err)
-			}
-			testenv.WaitFor(t, 10*time.Second, "inbox_parked_messages back to 0", func() (bool, error) {
-				return testenv.MetricValue(t, f.registry, "inbox_parked_messages") == 0, nil
-			})
+		testenv.WaitFor(t, 30*time.Second, "key b applied past key a's dead v1", func() (bool, error) {
+			return f.count(t, "SELECT count(*) FROM effects WHERE aggregate_id = 'b'") == 2, nil
 		})
-	}
+		testenv.WaitFor(t, 30*time.Second, "a2 and a3 parked", func() (bool, error) {
+			rep, err := inbox.Backlog(context.Background(), f.pool, inbox.BacklogConfig{Samples: 10})
+			return rep.Parked.Count == 2, err
+		})
+		if got := f.effectOrder(t, all); len(got) != 2 {
+			t.Fatalf("effects %v while a1 is dead, want only b's: a's later versions must be parked", got)
+		}
+		rep, err := inbox.Backlog(context.Background(), f.pool, inbox.BacklogConfig{Samples: 10})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(rep.Parked.Samples) != 2 || rep.Parked.Samples[0] != a2.EventID || rep.Parked.Samples[1] != a3.EventID {
+			t.Fatalf("parked samples %v, want a2 %v then a3 %v", rep.Parked.Samples, a2.EventID, a3.EventID)
+		}
+		parked, err := inbox.ListParked(context.Background(), f.pool, inbox.ParkedFilter{Consumer: cfg.Name})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(parked) != 2 || parked[0].BlockedBy != a1.EventID || parked[0].AggregateVersion != 2 || parked[1].AggregateVersion != 3 {
+			t.Fatalf("ListParked = %+v, want a2 and a3 behind a1", parked)
+		}
+		testenv.WaitFor(t, 10*time.Second, "inbox_parked_messages to count them", func() (bool, error) {
+			return testenv.MetricValue(t, f.registry, "inbox_parked_messages") == 2, nil
+		})
+
+		repair()
+		f.requeue(t, dlt, 1, a1.EventID)
+		testenv.WaitFor(t, 30*time.Second, "a1, then a2 and a3, applied", func() (bool, error) {
+			return f.count(t, "SELECT count(*) FROM effects") == 5, nil
+		})
+		got := f.effectOrder(t, all)
+		if fmt.Sprint(got[2:]) != "[a1 a2 a3]" {
+			t.Fatalf("effects in order %v, want a1 a2 a3 after b's", got)
+		}
+		if rep, err := inbox.Backlog(context.Background(), f.pool, inbox.BacklogConfig{}); err != nil || rep.Parked.Count != 0 {
+			t.Fatalf("after the requeue %d messages are still parked (%v)", rep.Parked.Count, err)
+		}
+		testenv.WaitFor(t, 10*time.Second, "inbox_parked_messages back to 0", func() (bool, error) {
+			return testenv.MetricValue(t, f.registry, "inbox_parked_messages") == 0, nil
+		})
+	})
 }
 
 // A consumer that skips ahead (Config.DeadKeys = DeadKeySkipAhead) applies
@@ -178,41 +181,30 @@ func TestAKeyWhoseEarlierVersionIsDeadIsParkedUntilItsRequeue(t *testing.T) {
 // moved past it. In both modes.
 func TestASkipAheadConsumerAppliesSuccessorsAndTheRequeuedEventOnce(t *testing.T) {
 	t.Parallel()
-	for _, mode := range []string{"transactional", "lease"} {
-		t.Run(mode, func(t *testing.T) {
-			t.Parallel()
-			f := newFixture(t)
-			dlt := testenv.NewTopic(t, f.brokers, 1)
-			a1, a2 := newEvent("a", 1), newEvent("a", 2)
-			all := map[uuid.UUID]event.Envelope{a1.EventID: a1, a2.EventID: a2}
-			var broken atomic.Bool
-			broken.Store(true)
-			apply := func(ctx context.Context, exec func(context.Context, string, ...any) (pgconn.CommandTag, error), ev event.Envelope) error {
-				if ev.EventID == a1.EventID && broken.Load() {
-					return inbox.Permanent(errors.New("refused for now"))
-				}
-				return insertEffect(ctx, exec, ev)
-			}
-			cfg := inbox.Config{Name: "skip-" + mode, DeadLetterTopic: dlt, DeadKeys: inbox.DeadKeySkipAhead}
-			runUntilCleanup(t, f.modeConsumer(t, mode, f.pool, testenv.Name("group"), apply, cfg))
-			f.produce(t, event.ToKafka(f.topic, a1), event.ToKafka(f.topic, a2))
+	inBothModes(t, func(t *testing.T, f *fixture, mode string) {
+		dlt := testenv.NewTopic(t, f.brokers, 1)
+		a1, a2 := newEvent("a", 1), newEvent("a", 2)
+		all := map[uuid.UUID]event.Envelope{a1.EventID: a1, a2.EventID: a2}
+		apply, repair := refusedUntilRepaired(a1)
+		cfg := inbox.Config{Name: "skip-" + mode, DeadLetterTopic: dlt, DeadKeys: inbox.DeadKeySkipAhead}
+		runUntilCleanup(t, f.modeConsumer(t, mode, f.pool, testenv.Name("group"), apply, cfg))
+		f.produce(t, event.ToKafka(f.topic, a1), event.ToKafka(f.topic, a2))
 
-			testenv.WaitFor(t, 30*time.Second, "a2 applied past the dead a1", func() (bool, error) {
-				return f.count(t, "SELECT count(*) FROM effects WHERE event_id = $1", a2.EventID) == 1, nil
-			})
-			if rep, err := inbox.Backlog(context.Background(), f.pool, inbox.BacklogConfig{}); err != nil || rep.Parked.Count != 0 || rep.DeadLettered.Count != 1 {
-				t.Fatalf("backlog %+v (%v), want a1 dead and nothing parked", rep, err)
-			}
-			broken.Store(false)
-			f.requeue(t, dlt, 1, a1.EventID)
-			testenv.WaitFor(t, 30*time.Second, "the requeued a1 applied", func() (bool, error) {
-				return f.count(t, "SELECT count(*) FROM inbox_messages WHERE message_id = $1 AND status IN ('processed', 'stale')", a1.EventID) == 1, nil
-			})
-			if got := f.effectOrder(t, all); fmt.Sprint(got) != "[a2 a1]" {
-				t.Fatalf("effects %v, want a2 then the requeued a1, once each", got)
-			}
+		testenv.WaitFor(t, 30*time.Second, "a2 applied past the dead a1", func() (bool, error) {
+			return f.count(t, "SELECT count(*) FROM effects WHERE event_id = $1", a2.EventID) == 1, nil
 		})
-	}
+		if rep, err := inbox.Backlog(context.Background(), f.pool, inbox.BacklogConfig{}); err != nil || rep.Parked.Count != 0 || rep.DeadLettered.Count != 1 {
+			t.Fatalf("backlog %+v (%v), want a1 dead and nothing parked", rep, err)
+		}
+		repair()
+		f.requeue(t, dlt, 1, a1.EventID)
+		testenv.WaitFor(t, 30*time.Second, "the requeued a1 applied", func() (bool, error) {
+			return f.count(t, "SELECT count(*) FROM inbox_messages WHERE message_id = $1 AND status IN ('processed', 'stale')", a1.EventID) == 1, nil
+		})
+		if got := f.effectOrder(t, all); fmt.Sprint(got) != "[a2 a1]" {
+			t.Fatalf("effects %v, want a2 then the requeued a1, once each", got)
+		}
+	})
 }
 
 // The same schedule through Consumer.Handle, so that which messages share a
@@ -221,13 +213,9 @@ func TestASkipAheadConsumerAppliesSuccessorsAndTheRequeuedEventOnce(t *testing.T
 // requeued a1 arrives, alone. In both modes.
 func TestParkingWithinABatchAndAcrossBatches(t *testing.T) {
 	t.Parallel()
-	for _, mode := range []string{"transactional", "lease"} {
-		t.Run(mode, func(t *testing.T) {
-			t.Parallel()
-			f := newFixture(t)
-			parkingThroughHandle(t, f, mode, f.pool)
-		})
-	}
+	inBothModes(t, func(t *testing.T, f *fixture, mode string) {
+		parkingThroughHandle(t, f, mode, f.pool)
+	})
 }
 
 // A runtime role (DML on the inbox's tables, no DDL, as docs/adopt.md and the
@@ -235,13 +223,9 @@ func TestParkingWithinABatchAndAcrossBatches(t *testing.T) {
 // more than the inbox's other paths.
 func TestTheRuntimeRoleParksAndReleases(t *testing.T) {
 	t.Parallel()
-	for _, mode := range []string{"transactional", "lease"} {
-		t.Run(mode, func(t *testing.T) {
-			t.Parallel()
-			f := newFixture(t)
-			parkingThroughHandle(t, f, mode, testenv.NewPool(t, testenv.RuntimeRole(t, f.pool.Config().ConnString())))
-		})
-	}
+	inBothModes(t, func(t *testing.T, f *fixture, mode string) {
+		parkingThroughHandle(t, f, mode, testenv.NewPool(t, testenv.RuntimeRole(t, f.pool.Config().ConnString())))
+	})
 }
 
 // parkingThroughHandle runs the parking schedule through Handle, with the
@@ -251,14 +235,7 @@ func parkingThroughHandle(t *testing.T, f *fixture, mode string, pool *pgxpool.P
 	dlt := testenv.NewTopic(t, f.brokers, 1)
 	a1, a2, a3, b1 := newEvent("a", 1), newEvent("a", 2), newEvent("a", 3), newEvent("b", 1)
 	all := map[uuid.UUID]event.Envelope{a1.EventID: a1, a2.EventID: a2, a3.EventID: a3, b1.EventID: b1}
-	var broken atomic.Bool
-	broken.Store(true)
-	apply := func(ctx context.Context, exec func(context.Context, string, ...any) (pgconn.CommandTag, error), ev event.Envelope) error {
-		if ev.EventID == a1.EventID && broken.Load() {
-			return inbox.Permanent(errors.New("refused for now"))
-		}
-		return insertEffect(ctx, exec, ev)
-	}
+	apply, repair := refusedUntilRepaired(a1)
 	c := f.modeConsumer(t, mode, pool, testenv.Name("group"), apply, inbox.Config{Name: "handle-" + mode, DeadLetterTopic: dlt})
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
@@ -291,7 +268,7 @@ func parkingThroughHandle(t *testing.T, f *fixture, mode string, pool *pgxpool.P
 		t.Fatalf("effects %v after a parked message came again, want [b1]", got)
 	}
 
-	broken.Store(false)
+	repair()
 	if res, err := inbox.RequeueDeadLetters(ctx, pool, f.writer, f.brokers, dlt, inbox.RequeueFilter{EventIDs: []uuid.UUID{a1.EventID}}); err != nil || res.Requeued != 1 {
 		t.Fatalf("requeue = %+v, %v; want 1 requeued", res, err)
 	}
@@ -315,41 +292,94 @@ func parkingThroughHandle(t *testing.T, f *fixture, mode string, pool *pgxpool.P
 // without waiting for another event of the aggregate. In both modes.
 func TestParkedEventsLeftWithNothingDeadAheadAreReleasedByTheNextOwner(t *testing.T) {
 	t.Parallel()
+	inBothModes(t, func(t *testing.T, f *fixture, mode string) {
+		name := "orphans-" + mode
+		a2, a3 := newEvent("a", 2), newEvent("a", 3)
+		all := map[uuid.UUID]event.Envelope{a2.EventID: a2, a3.EventID: a3}
+		for i, ev := range []event.Envelope{a2, a3} {
+			m := event.ToKafka(f.topic, ev)
+			type header struct {
+				Key   []byte `json:"key"`
+				Value []byte `json:"value"`
+			}
+			var hs []header
+			for _, h := range m.Headers {
+				hs = append(hs, header{[]byte(h.Key), h.Value})
+			}
+			headers, err := json.Marshal(hs)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if _, err := f.pool.Exec(context.Background(), `INSERT INTO inbox_parked_messages (consumer, message_id,
+				aggregate_type, aggregate_id, aggregate_version, event_type, topic, kafka_partition, kafka_offset,
+				msg_key, msg_value, msg_headers) VALUES ($1, $2, 'thing', 'a', $3, 'ThingHappened', $4, 0, $5, $6, $7, $8)`,
+				name, ev.EventID, ev.AggregateVersion, f.topic, i, m.Key, m.Value, headers); err != nil {
+				t.Fatal(err)
+			}
+		}
+		runUntilCleanup(t, f.modeConsumer(t, mode, f.pool, testenv.Name("group"), insertEffect, inbox.Config{Name: name}))
+		testenv.WaitFor(t, 30*time.Second, "the parked events released", func() (bool, error) {
+			return f.count(t, "SELECT count(*) FROM inbox_parked_messages") == 0 &&
+				f.count(t, "SELECT count(*) FROM effects") == 2, nil
+		})
+		if got := f.effectOrder(t, all); fmt.Sprint(got) != "[a2 a3]" {
+			t.Fatalf("effects %v, want [a2 a3]", got)
+		}
+	})
+}
+
+// A later version died first: v2 reached the consumer before v1 (v1 was
+// dead in the producer's outbox and requeued there later, say) and was
+// refused, since it needs v1's effect. When v1 then arrives it must be
+// applied — it is below the dead message, so nothing holds it — and the
+// requeue of v2 then applies v2: a1, then a2. Parking v1 behind v2 would
+// leave both waiting for each other (and in lease mode a guard moved back
+// to "v2 − 1" would call v1 stale). In both modes.
+func TestAnEarlierVersionArrivingAfterALaterDeadOneIsApplied(t *testing.T) {
+	t.Parallel()
 	for _, mode := range []string{"transactional", "lease"} {
 		t.Run(mode, func(t *testing.T) {
 			t.Parallel()
 			f := newFixture(t)
-			name := "orphans-" + mode
-			a2, a3 := newEvent("a", 2), newEvent("a", 3)
-			all := map[uuid.UUID]event.Envelope{a2.EventID: a2, a3.EventID: a3}
-			for i, ev := range []event.Envelope{a2, a3} {
-				m := event.ToKafka(f.topic, ev)
-				type header struct {
-					Key   []byte `json:"key"`
-					Value []byte `json:"value"`
+			dlt := testenv.NewTopic(t, f.brokers, 1)
+			a1, a2 := newEvent("a", 1), newEvent("a", 2)
+			all := map[uuid.UUID]event.Envelope{a1.EventID: a1, a2.EventID: a2}
+			var a1Applied atomic.Bool
+			apply := func(ctx context.Context, exec func(context.Context, string, ...any) (pgconn.CommandTag, error), ev event.Envelope) error {
+				if ev.EventID == a2.EventID && !a1Applied.Load() {
+					return inbox.Permanent(errors.New("a refund before its capture"))
 				}
-				var hs []header
-				for _, h := range m.Headers {
-					hs = append(hs, header{[]byte(h.Key), h.Value})
+				if err := insertEffect(ctx, exec, ev); err != nil {
+					return err
 				}
-				headers, err := json.Marshal(hs)
-				if err != nil {
-					t.Fatal(err)
+				if ev.EventID == a1.EventID {
+					a1Applied.Store(true)
 				}
-				if _, err := f.pool.Exec(context.Background(), `INSERT INTO inbox_parked_messages (consumer, message_id,
-					aggregate_type, aggregate_id, aggregate_version, event_type, topic, kafka_partition, kafka_offset,
-					msg_key, msg_value, msg_headers) VALUES ($1, $2, 'thing', 'a', $3, 'ThingHappened', $4, 0, $5, $6, $7, $8)`,
-					name, ev.EventID, ev.AggregateVersion, f.topic, i, m.Key, m.Value, headers); err != nil {
-					t.Fatal(err)
-				}
+				return nil
 			}
-			runUntilCleanup(t, f.modeConsumer(t, mode, f.pool, testenv.Name("group"), insertEffect, inbox.Config{Name: name}))
-			testenv.WaitFor(t, 30*time.Second, "the parked events released", func() (bool, error) {
-				return f.count(t, "SELECT count(*) FROM inbox_parked_messages") == 0 &&
-					f.count(t, "SELECT count(*) FROM effects") == 2, nil
+			cfg := inbox.Config{Name: "late-" + mode, DeadLetterTopic: dlt, Metrics: inbox.NewMetrics(f.registry)}
+			runUntilCleanup(t, f.modeConsumer(t, mode, f.pool, testenv.Name("group"), apply, cfg))
+
+			f.produce(t, event.ToKafka(f.topic, a2))
+			testenv.WaitFor(t, 30*time.Second, "a2 dead-lettered", func() (bool, error) {
+				return f.count(t, "SELECT count(*) FROM inbox_messages WHERE message_id = $1 AND status = 'dead_lettered'", a2.EventID) == 1, nil
 			})
-			if got := f.effectOrder(t, all); fmt.Sprint(got) != "[a2 a3]" {
-				t.Fatalf("effects %v, want [a2 a3]", got)
+			f.produce(t, event.ToKafka(f.topic, a1))
+			testenv.WaitFor(t, 30*time.Second, "a1 settled", func() (bool, error) {
+				return f.count(t, "SELECT count(*) FROM inbox_messages WHERE message_id = $1", a1.EventID)+
+					f.count(t, "SELECT count(*) FROM inbox_parked_messages WHERE message_id = $1", a1.EventID) > 0, nil
+			})
+			var status string
+			_ = f.pool.QueryRow(context.Background(), "SELECT coalesce((SELECT status FROM inbox_messages WHERE message_id = $1), 'parked')", a1.EventID).Scan(&status)
+			if !a1Applied.Load() {
+				t.Fatalf("a1, below the dead a2, was not applied (it is %s)", status)
+			}
+			f.requeue(t, dlt, 1, a2.EventID)
+			testenv.WaitFor(t, 30*time.Second, "a1 and a2 applied", func() (bool, error) {
+				return f.count(t, "SELECT count(*) FROM effects") == 2, nil
+			})
+			if got := fmt.Sprint(f.effectOrder(t, all)); got != "[a1 a2]" {
+				t.Fatalf("effects %s, want [a1 a2]", got)
 			}
 		})
 	}

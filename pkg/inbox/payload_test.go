@@ -47,7 +47,7 @@ func TestADuplicateWithAnotherPayloadIsCounted(t *testing.T) {
 	}
 	inboxtest.RequireProcessed(t, pool, "c", first.EventID)
 
-	leased := inbox.Config{Name: "l", Metrics: metrics}
+	leased := inbox.LeaseConfig{Config: inbox.Config{Name: "l", Metrics: metrics}}
 	eff := inbox.Effect{
 		Check: func(context.Context, string) (bool, error) { return false, nil },
 		Call:  func(context.Context, event.Envelope, string) error { return nil },

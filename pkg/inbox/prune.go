@@ -7,13 +7,29 @@ import (
 	"log/slog"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgconn"
+
 	"github.com/onceflow/onceflow/pkg/internal/prune"
 )
 
-// PruneConfig configures Prune. Zero fields take the documented defaults.
+// Pruning removes the rows of handled events once no redelivery can reach
+// them. Retention compares against the database's now(): processed_at was
+// stamped by that clock, so the comparison is immune to skew between
+// application hosts.
+
+// The defaults of PruneConfig's and PrunerConfig's fields, which a zero
+// field takes.
+const (
+	DefaultRetention      = 30 * 24 * time.Hour
+	DefaultPruneBatchSize = 1000
+	DefaultPruneInterval  = prune.DefaultInterval
+)
+
+// PruneConfig configures Prune. Zero fields take the documented defaults;
+// negative ones are refused by Validate.
 type PruneConfig struct {
 	// Retention is how long the row of a handled event is kept after
-	// processed_at. Default 30 days.
+	// processed_at. Default DefaultRetention (30 days).
 	//
 	// The row is what makes a redelivery a no-op: once it is pruned, the
 	// same event delivered again runs the handler again. So Retention must
@@ -26,7 +42,7 @@ type PruneConfig struct {
 	Retention time.Duration
 	// BatchSize is the most rows removed per statement (and transaction), so
 	// pruning a large backlog never holds many locks or a long transaction.
-	// Default 1000.
+	// Default DefaultPruneBatchSize.
 	BatchSize int
 }
 
@@ -34,10 +50,10 @@ type PruneConfig struct {
 // default; negative values are kept for Validate to refuse.
 func (c PruneConfig) WithDefaults() PruneConfig {
 	if c.Retention == 0 {
-		c.Retention = 30 * 24 * time.Hour
+		c.Retention = DefaultRetention
 	}
 	if c.BatchSize == 0 {
-		c.BatchSize = 1000
+		c.BatchSize = DefaultPruneBatchSize
 	}
 	return c
 }
@@ -52,6 +68,13 @@ func (c PruneConfig) Validate() error {
 		return fmt.Errorf("inbox: PruneConfig.BatchSize is negative (%d); leave it zero for the default", c.BatchSize)
 	}
 	return nil
+}
+
+// DB is what Prune needs from the caller's database handle. *pgxpool.Pool
+// and *pgx.Conn satisfy it. Given a pgx.Tx, Prune's batches commit with the
+// caller's transaction instead of one by one.
+type DB interface {
+	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
 }
 
 // pruneProcessed picks the oldest prunable rows once (MATERIALIZED: as a
@@ -99,11 +122,12 @@ func Prune(ctx context.Context, db DB, cfg PruneConfig) (int, error) {
 	}
 }
 
-// PrunerConfig configures a Pruner. Zero fields take the documented defaults.
+// PrunerConfig configures a Pruner. Zero fields take the documented
+// defaults; negative ones are refused by Validate.
 type PrunerConfig struct {
 	// PruneConfig is what each run prunes; see its fields' defaults.
 	PruneConfig
-	// Interval is the time between runs. Default 1h.
+	// Interval is the time between runs. Default DefaultPruneInterval (1h).
 	Interval time.Duration
 	// Logger receives each run's outcome. Default: slog.Default().
 	Logger *slog.Logger

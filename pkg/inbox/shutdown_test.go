@@ -94,78 +94,74 @@ func TestRunEndsWithinTheGraceWhenCommitAndDeadLetterAlwaysFail(t *testing.T) {
 // message's fault: it is waited out however often it happens, never spends
 // the message's MaxAttempts, and never dead-letters it.
 func TestADatabaseOutageDoesNotSpendTheRetryBudget(t *testing.T) {
-	for _, mode := range []string{"transactional", "lease"} {
-		t.Run(mode, func(t *testing.T) {
-			t.Parallel()
-			f := newFixture(t)
-			ev := newEvent("survivor", 1)
-			f.produce(t, event.ToKafka(f.topic, ev))
-			var kills atomic.Int32
-			const outages = 6 // more than MaxAttempts
-			// killOwnConnection ends the session it runs in from the server
-			// side, or has the server refuse a statement as during a shutdown.
-			killOwnConnection := func(ctx context.Context, exec func(context.Context, string, ...any) (pgconn.CommandTag, error)) error {
-				n := kills.Add(1)
-				if n > outages {
-					return nil
-				}
-				kill := `SELECT pg_terminate_backend(pg_backend_pid())`
-				if n%2 == 0 {
-					kill = `DO $$ BEGIN RAISE EXCEPTION 'terminating connection due to administrator command' USING ERRCODE = '57P01'; END $$`
-				}
-				_, err := exec(ctx, kill)
-				if err == nil {
-					err = errors.New("the backend survived pg_terminate_backend")
-				}
-				return err
+	inBothModes(t, func(t *testing.T, f *fixture, mode string) {
+		ev := newEvent("survivor", 1)
+		f.produce(t, event.ToKafka(f.topic, ev))
+		var kills atomic.Int32
+		const outages = 6 // more than MaxAttempts
+		// killOwnConnection ends the session it runs in from the server
+		// side, or has the server refuse a statement as during a shutdown.
+		killOwnConnection := func(ctx context.Context, exec func(context.Context, string, ...any) (pgconn.CommandTag, error)) error {
+			n := kills.Add(1)
+			if n > outages {
+				return nil
 			}
-			cfg := inbox.Config{Name: "outage-" + mode, MaxAttempts: 2, BackoffMin: time.Millisecond,
-				BackoffMax: 20 * time.Millisecond, Metrics: inbox.NewMetrics(f.registry)}
-			var c *inbox.Consumer
-			var err error
-			if mode == "transactional" {
-				c, err = inbox.NewConsumer(f.pool, f.source(testenv.Name("group")), f.writer,
-					func(ctx context.Context, tx pgx.Tx, ev event.Envelope) error {
-						if err := killOwnConnection(ctx, tx.Exec); err != nil {
-							return err
-						}
-						return f.recordEffect(ctx, tx, ev)
-					}, cfg)
-			} else {
-				// In lease mode the outage hits the lease transaction; the
-				// side effect is the call that follows.
-				c, err = inbox.NewLeaseConsumer(f.pool, f.source(testenv.Name("group")), f.writer, inbox.Effect{
-					Check: func(context.Context, string) (bool, error) { return false, nil },
-					Call: func(ctx context.Context, ev event.Envelope, _ string) error {
-						_, err := f.pool.Exec(ctx, "INSERT INTO effects (event_id, aggregate_id) VALUES ($1, $2)", ev.EventID, ev.AggregateID)
+			kill := `SELECT pg_terminate_backend(pg_backend_pid())`
+			if n%2 == 0 {
+				kill = `DO $$ BEGIN RAISE EXCEPTION 'terminating connection due to administrator command' USING ERRCODE = '57P01'; END $$`
+			}
+			_, err := exec(ctx, kill)
+			if err == nil {
+				err = errors.New("the backend survived pg_terminate_backend")
+			}
+			return err
+		}
+		cfg := inbox.Config{Name: "outage-" + mode, MaxAttempts: 2, BackoffMin: time.Millisecond,
+			BackoffMax: 20 * time.Millisecond, Metrics: inbox.NewMetrics(f.registry)}
+		var c *inbox.Consumer
+		var err error
+		if mode == "transactional" {
+			c, err = inbox.NewConsumer(f.pool, f.source(testenv.Name("group")), f.writer,
+				func(ctx context.Context, tx pgx.Tx, ev event.Envelope) error {
+					if err := killOwnConnection(ctx, tx.Exec); err != nil {
 						return err
-					},
-					Done: func(ctx context.Context, tx pgx.Tx, _ event.Envelope, _ inbox.Outcome) error {
-						return killOwnConnection(ctx, tx.Exec)
-					},
+					}
+					return f.recordEffect(ctx, tx, ev)
 				}, cfg)
-			}
-			if err != nil {
-				t.Fatal(err)
-			}
-			runUntilCleanup(t, c)
-			testenv.WaitFor(t, 30*time.Second, "the event to be handled after the outages", func() (bool, error) {
-				return f.count(t, "SELECT count(*) FROM inbox_messages WHERE message_id = $1 AND status = 'processed'", ev.EventID) == 1, nil
-			})
-			if got := kills.Load(); got <= outages {
-				t.Fatalf("the connection was killed %d times, want %d before the success", got, outages)
-			}
-			if n := f.count(t, "SELECT count(*) FROM effects WHERE event_id = $1", ev.EventID); n != 1 {
-				t.Fatalf("%d effects, want 1", n)
-			}
-			if got := testenv.MetricValue(t, f.registry, "inbox_dead_lettered_total"); got != 0 {
-				t.Fatalf("inbox_dead_lettered_total = %v: the outage was charged to the message", got)
-			}
-			if got := testenv.MetricValue(t, f.registry, "inbox_database_errors_total"); got < 1 {
-				t.Fatalf("inbox_database_errors_total = %v, want the outage counted", got)
-			}
+		} else {
+			// In lease mode the outage hits the lease transaction; the
+			// side effect is the call that follows.
+			c, err = inbox.NewLeaseConsumer(f.pool, f.source(testenv.Name("group")), f.writer, inbox.Effect{
+				Check: func(context.Context, string) (bool, error) { return false, nil },
+				Call: func(ctx context.Context, ev event.Envelope, _ string) error {
+					_, err := f.pool.Exec(ctx, "INSERT INTO effects (event_id, aggregate_id) VALUES ($1, $2)", ev.EventID, ev.AggregateID)
+					return err
+				},
+				Done: func(ctx context.Context, tx pgx.Tx, _ event.Envelope, _ inbox.Outcome) error {
+					return killOwnConnection(ctx, tx.Exec)
+				},
+			}, inbox.LeaseConfig{Config: cfg})
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		runUntilCleanup(t, c)
+		testenv.WaitFor(t, 30*time.Second, "the event to be handled after the outages", func() (bool, error) {
+			return f.count(t, "SELECT count(*) FROM inbox_messages WHERE message_id = $1 AND status = 'processed'", ev.EventID) == 1, nil
 		})
-	}
+		if got := kills.Load(); got <= outages {
+			t.Fatalf("the connection was killed %d times, want %d before the success", got, outages)
+		}
+		if n := f.count(t, "SELECT count(*) FROM effects WHERE event_id = $1", ev.EventID); n != 1 {
+			t.Fatalf("%d effects, want 1", n)
+		}
+		if got := testenv.MetricValue(t, f.registry, "inbox_dead_lettered_total"); got != 0 {
+			t.Fatalf("inbox_dead_lettered_total = %v: the outage was charged to the message", got)
+		}
+		if got := testenv.MetricValue(t, f.registry, "inbox_database_errors_total"); got < 1 {
+			t.Fatalf("inbox_database_errors_total = %v, want the outage counted", got)
+		}
+	})
 }
 
 // The database going away for a while (the consumer's connections broken,
@@ -173,57 +169,53 @@ func TestADatabaseOutageDoesNotSpendTheRetryBudget(t *testing.T) {
 // it (Healthy, inbox_database_connected), waits it out, and handles what
 // arrived meanwhile once the database is back, dead-lettering nothing.
 func TestAPostgresOutageIsWaitedOut(t *testing.T) {
-	for _, mode := range []string{"transactional", "lease"} {
-		t.Run(mode, func(t *testing.T) {
-			t.Parallel()
-			f := newFixture(t)
-			u, err := url.Parse(f.pool.Config().ConnString())
-			if err != nil {
-				t.Fatal(err)
-			}
-			proxy := testenv.NewProxy(t, u.Host)
-			u.Host = proxy.Addr()
-			q := u.Query()
-			q.Set("connect_timeout", "1")
-			u.RawQuery = q.Encode()
-			pool := testenv.NewPool(t, u.String())
+	inBothModes(t, func(t *testing.T, f *fixture, mode string) {
+		u, err := url.Parse(f.pool.Config().ConnString())
+		if err != nil {
+			t.Fatal(err)
+		}
+		proxy := testenv.NewProxy(t, u.Host)
+		u.Host = proxy.Addr()
+		q := u.Query()
+		q.Set("connect_timeout", "1")
+		u.RawQuery = q.Encode()
+		pool := testenv.NewPool(t, u.String())
 
-			cfg := inbox.Config{Name: "outage-" + mode, MaxAttempts: 2, BackoffMin: 10 * time.Millisecond,
-				BackoffMax: 200 * time.Millisecond, LagInterval: 100 * time.Millisecond, Metrics: inbox.NewMetrics(f.registry)}
-			c := f.modeConsumer(t, mode, pool, testenv.Name("group"), insertEffect, cfg)
-			running := runUntilCleanup(t, c)
+		cfg := inbox.Config{Name: "outage-" + mode, MaxAttempts: 2, BackoffMin: 10 * time.Millisecond,
+			BackoffMax: 200 * time.Millisecond, LagInterval: 100 * time.Millisecond, Metrics: inbox.NewMetrics(f.registry)}
+		c := f.modeConsumer(t, mode, pool, testenv.Name("group"), insertEffect, cfg)
+		running := runUntilCleanup(t, c)
 
-			f.produce(t, event.ToKafka(f.topic, newEvent("before", 1)))
-			testenv.WaitFor(t, 30*time.Second, "the first event", func() (bool, error) {
-				return f.count(t, "SELECT count(*) FROM effects") == 1, running()
-			})
-			proxy.Cut()
-			var during []event.Envelope
-			for i := range 5 {
-				ev := newEvent(fmt.Sprintf("during-%d", i), 1)
-				during = append(during, ev)
-				f.produce(t, event.ToKafka(f.topic, ev))
-			}
-			testenv.WaitFor(t, 30*time.Second, "the outage to show in Healthy and the gauge", func() (bool, error) {
-				err := c.Healthy()
-				return err != nil && strings.Contains(err.Error(), "database") &&
-					testenv.MetricValue(t, f.registry, "inbox_database_connected") == 0, running()
-			})
-			// Long enough for several retries of every message.
-			deadline := time.Now().Add(2 * time.Second)
-			testenv.WaitFor(t, 10*time.Second, "the outage to last two seconds", func() (bool, error) {
-				return time.Now().After(deadline), running()
-			})
-			proxy.Heal()
-			testenv.WaitFor(t, 30*time.Second, "the events of the outage to be handled", func() (bool, error) {
-				return f.count(t, "SELECT count(*) FROM effects") == 1+len(during), running()
-			})
-			testenv.WaitFor(t, 10*time.Second, "Healthy to clear", func() (bool, error) {
-				return c.Healthy() == nil && testenv.MetricValue(t, f.registry, "inbox_database_connected") == 1, nil
-			})
-			if got := testenv.MetricValue(t, f.registry, "inbox_dead_lettered_total"); got != 0 {
-				t.Fatalf("inbox_dead_lettered_total = %v: the outage was charged to the messages", got)
-			}
+		f.produce(t, event.ToKafka(f.topic, newEvent("before", 1)))
+		testenv.WaitFor(t, 30*time.Second, "the first event", func() (bool, error) {
+			return f.count(t, "SELECT count(*) FROM effects") == 1, running()
 		})
-	}
+		proxy.Cut()
+		var during []event.Envelope
+		for i := range 5 {
+			ev := newEvent(fmt.Sprintf("during-%d", i), 1)
+			during = append(during, ev)
+			f.produce(t, event.ToKafka(f.topic, ev))
+		}
+		testenv.WaitFor(t, 30*time.Second, "the outage to show in Healthy and the gauge", func() (bool, error) {
+			err := c.Healthy()
+			return err != nil && strings.Contains(err.Error(), "database") &&
+				testenv.MetricValue(t, f.registry, "inbox_database_connected") == 0, running()
+		})
+		// Long enough for several retries of every message.
+		deadline := time.Now().Add(2 * time.Second)
+		testenv.WaitFor(t, 10*time.Second, "the outage to last two seconds", func() (bool, error) {
+			return time.Now().After(deadline), running()
+		})
+		proxy.Heal()
+		testenv.WaitFor(t, 30*time.Second, "the events of the outage to be handled", func() (bool, error) {
+			return f.count(t, "SELECT count(*) FROM effects") == 1+len(during), running()
+		})
+		testenv.WaitFor(t, 10*time.Second, "Healthy to clear", func() (bool, error) {
+			return c.Healthy() == nil && testenv.MetricValue(t, f.registry, "inbox_database_connected") == 1, nil
+		})
+		if got := testenv.MetricValue(t, f.registry, "inbox_dead_lettered_total"); got != 0 {
+			t.Fatalf("inbox_dead_lettered_total = %v: the outage was charged to the messages", got)
+		}
+	})
 }

@@ -4,7 +4,6 @@ import (
 	"context"
 	"strconv"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/segmentio/kafka-go"
 	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/attribute"
@@ -12,7 +11,6 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/onceflow/onceflow/pkg/event"
-	"github.com/onceflow/onceflow/pkg/internal/tracectx"
 )
 
 // tracerScope names the consumer's spans (the instrumentation scope).
@@ -25,21 +23,13 @@ const tracerScope = "github.com/onceflow/onceflow/pkg/inbox"
 // it makes continue the trace. Spans come from the process-wide tracer
 // provider (tracing.Setup); without one they are no-ops that pass the
 // header's context on unchanged.
-func (c *Consumer) startProcess(ctx context.Context, m kafka.Message, ev event.Envelope) (context.Context, trace.Span) {
-	return otel.GetTracerProvider().Tracer(tracerScope).Start(tracectx.WithTraceparent(ctx, ev.Traceparent),
+func (s *shared) startProcess(ctx context.Context, m kafka.Message, ev event.Envelope) (context.Context, trace.Span) {
+	return otel.GetTracerProvider().Tracer(tracerScope).Start(event.ContextWithTraceparent(ctx, ev.Traceparent),
 		"process "+m.Topic, trace.WithSpanKind(trace.SpanKindConsumer), trace.WithAttributes(
 			semconv.MessagingSystemKafka, semconv.MessagingOperationTypeProcess,
 			semconv.MessagingOperationName("process"), semconv.MessagingDestinationName(m.Topic),
-			semconv.MessagingConsumerGroupName(c.cfg.Name), semconv.MessagingMessageID(ev.EventID.String()),
+			semconv.MessagingConsumerGroupName(s.cfg.Name), semconv.MessagingMessageID(ev.EventID.String()),
 			semconv.MessagingKafkaMessageKey(string(m.Key)), semconv.MessagingKafkaOffset(int(m.Offset)),
 			semconv.MessagingDestinationPartitionID(strconv.Itoa(m.Partition)),
 			attribute.String("onceflow.event_type", ev.EventType)))
-}
-
-// handleTraced runs the handler inside the message's consumer span.
-func (c *Consumer) handleTraced(ctx context.Context, tx pgx.Tx, m kafka.Message, ev event.Envelope) error {
-	ctx, span := c.startProcess(ctx, m, ev)
-	err := c.handle(ctx, tx, ev)
-	tracectx.End(span, err)
-	return err
 }

@@ -16,7 +16,6 @@ import (
 
 	"github.com/onceflow/onceflow/pkg/event"
 	"github.com/onceflow/onceflow/pkg/inbox"
-	"github.com/onceflow/onceflow/pkg/internal/tracectx"
 	"github.com/onceflow/onceflow/pkg/testenv"
 )
 
@@ -45,7 +44,7 @@ func (r *runUnder) add(ctx context.Context, ev event.Envelope) {
 	if r.m == nil {
 		r.m = map[string]string{}
 	}
-	r.m[ev.EventID.String()] = tracectx.Traceparent(ctx)
+	r.m[ev.EventID.String()] = event.TraceparentFromContext(ctx)
 }
 
 func (r *runUnder) of(ev event.Envelope) (string, bool) {
@@ -160,7 +159,7 @@ func TestALeasedSideEffectRunsInAConsumerSpanContinuingTheProducer(t *testing.T)
 			under.add(ctx, ev)
 			return nil
 		},
-	}, inbox.Config{Name: "lease-test", Metrics: inbox.NewMetrics(f.registry)})
+	}, inbox.LeaseConfig{Config: inbox.Config{Name: "lease-test", Metrics: inbox.NewMetrics(f.registry)}})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -51,7 +51,13 @@ type DB interface {
 //     deleted, in one transaction. The WAL-only relay itself keeps no copy
 //     of what it publishes or skips: a replay has nothing to replay from,
 //     and a requeue that finds no dead row says so, with ErrNotInThisMode.
+//   - ModeDebezium: as ModeCDC, since Debezium too streams the inserts of
+//     outbox_events_pub. But Debezium marks no row dead (a record Kafka
+//     refuses fails the connector's task, which Connect reports), so a
+//     requeue that finds no dead row says so, with ErrNotInThisMode; and it
+//     marks no row published, so a replay's scope is every row of the
+//     window that is not dead (see RelayMode.Replay).
 
 func errUnknownMode(m RelayMode) error {
-	return fmt.Errorf("outbox: unknown relay mode %q (poll, cdc or wal)", m)
+	return fmt.Errorf("outbox: unknown relay mode %q (poll, cdc, wal or debezium)", m)
 }

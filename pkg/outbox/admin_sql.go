@@ -144,6 +144,18 @@ WITH moved AS (
     RETURNING *)` + copyAsPending("NULL") + `
 RETURNING ` + replayItems
 
+// replayScopeExternal: an external publisher (ModeDebezium) marks no row
+// published, so every row of the window that is not dead is in scope.
+const replayScopeExternal = `
+WHERE state IN ('pending', 'published')` + replayWindow
+
+// replayApplyExternal writes every row in scope again, as replayApplyCDC.
+var replayApplyExternal = `
+WITH moved AS (
+    DELETE FROM outbox_events` + replayScopeExternal + `
+    RETURNING *)` + copyAsPending("NULL") + `
+RETURNING ` + replayItems
+
 // emitColumns are what Emit needs of a row.
 const emitColumns = `id, event_id, event_type, event_version, aggregate_type, aggregate_id, aggregate_version,
        payload, headers, occurred_at`
@@ -170,24 +182,23 @@ WHERE NOT EXISTS (SELECT 1 FROM outbox_events o WHERE o.id = w.id)`
 
 const deleteIDs = `DELETE FROM outbox_events WHERE id = ANY($1::bigint[])`
 
-// pruneBatch selects the oldest prunable rows, once (MATERIALIZED: see
-// requeueDead). SKIP LOCKED: a row someone is replaying right now is left for
-// the next run instead of being waited for.
-const pruneBatch = `
-WITH doomed AS MATERIALIZED (
-    SELECT id FROM outbox_events
-    WHERE state = 'published' AND published_at < now() - $1::bigint * interval '1 microsecond'
-    ORDER BY published_at, id
-    LIMIT $2
+// pruneStatement deletes (or, with archive, archives) one batch of the
+// oldest rows matching doomed, a SELECT of ids whose $1 is the retention in
+// microseconds and $2 the batch size. The rows are selected once
+// (MATERIALIZED: see requeueDead); SKIP LOCKED: a row someone is replaying
+// right now is left for the next run instead of being waited for.
+func pruneStatement(doomed string, archive bool) string {
+	batch := `
+WITH doomed AS MATERIALIZED (` + doomed + `
     FOR UPDATE SKIP LOCKED)`
-
-const pruneDelete = pruneBatch + `
+	if !archive {
+		return batch + `
 DELETE FROM outbox_events WHERE id IN (SELECT id FROM doomed)`
-
-// pruneArchive deletes and archives in one statement, so a row is never in
-// both tables nor in neither. The column lists are explicit so that columns
-// added to outbox_events later do not break it.
-const pruneArchive = pruneBatch + `,
+	}
+	// Deleted and archived in one statement, so a row is never in both
+	// tables nor in neither. The column lists are explicit so that columns
+	// added to outbox_events later do not break it.
+	return batch + `,
 moved AS (
     DELETE FROM outbox_events WHERE id IN (SELECT id FROM doomed)
     RETURNING id, event_id, aggregate_type, aggregate_id, aggregate_version,
@@ -204,3 +215,20 @@ SELECT id, event_id, aggregate_type, aggregate_id, aggregate_version,
        partition, state, attempts, next_attempt_at, last_error, published_at,
        correlation_id, causation_id, traceparent
 FROM moved`
+}
+
+// publishedDoomed are the published rows past retention, oldest publication
+// first.
+const publishedDoomed = `
+    SELECT id FROM outbox_events
+    WHERE state = 'published' AND published_at < now() - $1::bigint * interval '1 microsecond'
+    ORDER BY published_at, id
+    LIMIT $2`
+
+// pendingDoomed are the pending rows created before PendingRetention, in id
+// order (the pending index's), which is creation order.
+const pendingDoomed = `
+    SELECT id FROM outbox_events
+    WHERE state = 'pending' AND created_at < now() - $1::bigint * interval '1 microsecond'
+    ORDER BY id
+    LIMIT $2`

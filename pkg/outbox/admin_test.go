@@ -266,10 +266,7 @@ func TestPrunerPrunesAtStartAndEveryInterval(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx, stop := context.WithCancel(context.Background())
-	defer stop()
-	done := make(chan error, 1)
-	go func() { done <- pruner.Run(ctx) }()
+	stop := testenv.RunInBackground(t, "the pruner", pruner.Run)
 
 	// The pruner logs after its transaction commits: wait for both.
 	testenv.WaitFor(t, 10*time.Second, "the first run to archive the two old rows and log it", func() (bool, error) {
@@ -292,27 +289,8 @@ func TestPrunerPrunesAtStartAndEveryInterval(t *testing.T) {
 	equalIDs(t, "left in outbox_events", tableIDs(t, pool, "outbox_events", "true"), idsOf(s, 2))
 
 	stop()
-	var runErr error
-	testenv.WaitFor(t, 10*time.Second, "Run to return once its context ended", func() (bool, error) {
-		select {
-		case runErr = <-done:
-			return true, nil
-		default:
-			return false, nil
-		}
-	})
-	if runErr != nil {
-		t.Fatalf("Run returned %v, want nil", runErr)
-	}
 	if strings.Contains(logs.String(), `"level":"ERROR"`) {
 		t.Fatalf("the pruner logged an error:\n%s", logs.String())
-	}
-}
-
-func TestNewPrunerNeedsADatabase(t *testing.T) {
-	t.Parallel()
-	if _, err := outbox.NewPruner(nil, outbox.PrunerConfig{}); err == nil {
-		t.Fatal("NewPruner(nil) returned no error")
 	}
 }
 

@@ -2,11 +2,11 @@ package outbox
 
 import (
 	"context"
-	"fmt"
 	"time"
 
 	"github.com/google/uuid"
-	"github.com/jackc/pgx/v5"
+
+	"github.com/onceflow/onceflow/pkg/internal/backlog"
 )
 
 // Backlog is the outbox's read of "rows in state S older than T", for
@@ -15,11 +15,9 @@ import (
 // a read-only role (pgroles' readers, e.g. reconcile_ro) may run it.
 
 // BacklogDB is what Backlog reads through: a *pgxpool.Pool, a *pgx.Conn or
-// a pgx.Tx. Reads only: a read-only role's handle is enough.
-type BacklogDB interface {
-	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
-	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
-}
+// a pgx.Tx (Query and QueryRow). Reads only: a read-only role's handle is
+// enough.
+type BacklogDB = backlog.DB
 
 // BacklogConfig says which rows Backlog counts. The zero value counts every
 // pending and every dead row and lists no samples.
@@ -39,15 +37,9 @@ type BacklogConfig struct {
 // Validate refuses negative fields: a negative age would count rows from
 // the future (none) and read as a clean outbox.
 func (c BacklogConfig) Validate() error {
-	switch {
-	case c.PendingOlderThan < 0:
-		return fmt.Errorf("outbox: backlog: PendingOlderThan %v is negative", c.PendingOlderThan)
-	case c.DeadOlderThan < 0:
-		return fmt.Errorf("outbox: backlog: DeadOlderThan %v is negative", c.DeadOlderThan)
-	case c.Samples < 0:
-		return fmt.Errorf("outbox: backlog: Samples %d is negative", c.Samples)
-	}
-	return nil
+	return backlog.Validate("outbox", c.Samples,
+		backlog.Age{Field: "PendingOlderThan", Value: c.PendingOlderThan},
+		backlog.Age{Field: "DeadOlderThan", Value: c.DeadOlderThan})
 }
 
 // BacklogState is what Backlog found in one state.
@@ -110,27 +102,7 @@ const (
 )
 
 func backlogState(ctx context.Context, db BacklogDB, state string, olderThan time.Duration, samples int) (BacklogState, error) {
-	var (
-		s      BacklogState
-		oldest *time.Time
-	)
-	err := db.QueryRow(ctx, sqlBacklogCount, state, olderThan.Microseconds()).Scan(&s.Count, &oldest)
-	if err != nil {
-		return s, storeErr("counting "+state+" rows", err)
-	}
-	if s.Count == 0 {
-		return s, nil
-	}
-	s.Oldest = *oldest
-	if samples == 0 {
-		return s, nil
-	}
-	rows, err := db.Query(ctx, sqlBacklogSamples, state, olderThan.Microseconds(), samples)
-	if err != nil {
-		return s, storeErr("sampling "+state+" rows", err)
-	}
-	if s.Samples, err = pgx.CollectRows(rows, pgx.RowTo[uuid.UUID]); err != nil {
-		return s, storeErr("sampling "+state+" rows", err)
-	}
-	return s, nil
+	s, err := backlog.Read(ctx, db, sqlBacklogCount, sqlBacklogSamples, []any{state, olderThan.Microseconds()}, samples,
+		func(doing string, err error) error { return storeErr(doing+" "+state+" rows", err) })
+	return BacklogState(s), err
 }

@@ -313,7 +313,7 @@ func benchCDCPublishLag(b *testing.B, write outbox.WriteFunc, rate int) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	defer runInBackground(b, "relay.Run", relay.Run)()
+	defer testenv.RunInBackground(b, "relay.Run", relay.Run)()
 
 	var (
 		ackLag, consumeLag []time.Duration

@@ -87,7 +87,7 @@ func benchRelayRoundTrips(b *testing.B, rate int, linger time.Duration) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	defer runInBackground(b, "relay.Run", relay.Run)()
+	defer testenv.RunInBackground(b, "relay.Run", relay.Run)()
 
 	var (
 		events, claims, wire, stmts   float64

@@ -673,7 +673,7 @@ func benchPublishLag(b *testing.B, rate int, writerTimeout time.Duration, relayS
 	debug.FreeOSMemory()
 	baseCPU, baseDBCPU := benchIdleCPU(b, pool, lagIdle)
 
-	defer runInBackground(b, "relay.Run", relay.Run)()
+	defer testenv.RunInBackground(b, "relay.Run", relay.Run)()
 
 	var (
 		ackLag, consumeLag       []time.Duration

@@ -127,10 +127,6 @@ type CDCConfig struct {
 	// with the window no slot streamed, before the relay republishes it
 	// (table mode) or after it counted it lost (WAL-only mode).
 	OnSlotLost func(LostSlot)
-	// CrashPoint, when set, is called at CrashAfterAck (Kafka acknowledged a
-	// batch, the slot is not yet confirmed); a non-nil error drops the
-	// connection there, as a crash would. For fault-injection harnesses.
-	CrashPoint func(name string) error
 	// Logger receives failures, takeovers and lost slots. Default: slog.Default().
 	Logger *slog.Logger
 	// Metrics receives the relay's metrics. Default: none.

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/onceflow/onceflow/pkg/outbox"
+	"github.com/onceflow/onceflow/pkg/outbox/outboxtest"
 	"github.com/onceflow/onceflow/pkg/testenv"
 )
 
@@ -102,14 +103,17 @@ func TestCDCRedeliveredRowRequeuedMeanwhileGoesOutOnce(t *testing.T) {
 		OutageBackoffMin: 20 * time.Millisecond, OutageBackoffMax: 100 * time.Millisecond}
 	// The first relay never confirms anything: it stops after every batch,
 	// as a crash would, before the slot moves.
-	crashing := cfg
-	crashing.CrashPoint = func(name string) error {
-		if name == outbox.CrashAfterAck {
+	crash := func(name string) error {
+		if name == outboxtest.CrashAfterAck {
 			return errors.New("injected crash after the ack")
 		}
 		return nil
 	}
-	stop := runStreaming(t, newCDC(t, pool, w, crashing))
+	crashing := newCDC(t, pool, w, cfg)
+	stop := testenv.RunInBackground(t, "Run", func(ctx context.Context) error {
+		return crashing.Run(outboxtest.WithCrashPoint(ctx, crash))
+	})
+	testenv.WaitFor(t, 20*time.Second, "the relay to stream", func() (bool, error) { return crashing.Active(), nil })
 	big := newEvent("big", 1)
 	big.Payload = []byte(`{"blob":"` + strings.Repeat("x", 200<<10) + `"}`)
 	enqueue(t, pool, big)

@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/onceflow/onceflow/pkg/event"
+	"github.com/onceflow/onceflow/pkg/internal/faultpoint"
 	"github.com/onceflow/onceflow/pkg/internal/kafkaerr"
 	"github.com/onceflow/onceflow/pkg/internal/retry"
 )
@@ -198,10 +199,8 @@ func (l *lane) publish(ctx context.Context, todo []cdcEvent) (bool, error) {
 			return false, nil
 		}
 	}
-	if r.cfg.CrashPoint != nil {
-		if err := r.cfg.CrashPoint(CrashAfterAck); err != nil {
-			return false, fmt.Errorf("crash point %s: %w", CrashAfterAck, err)
-		}
+	if err := faultpoint.Pass(ctx, faultpoint.OutboxAfterAck); err != nil {
+		return false, err
 	}
 	return true, nil
 }

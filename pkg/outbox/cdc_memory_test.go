@@ -14,6 +14,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/onceflow/onceflow/pkg/outbox"
+	"github.com/onceflow/onceflow/pkg/outbox/outboxtest"
 	"github.com/onceflow/onceflow/pkg/testenv"
 )
 
@@ -139,15 +140,19 @@ func TestCDCCrashInsideABigTransactionRepublishesAllOfIt(t *testing.T) {
 	// it waits a few status intervals first, so a relay that confirmed the
 	// commit too early would have told the server by then.
 	var acks atomic.Int64
-	cfg.CrashPoint = func(name string) error {
-		if name == outbox.CrashAfterAck && acks.Add(1) == n/100-1 {
+	crash := func(name string) error {
+		if name == outboxtest.CrashAfterAck && acks.Add(1) == n/100-1 {
 			time.Sleep(3 * 100 * time.Millisecond) // three StatusIntervals (newCDC's 100ms)
 			return errors.New("injected crash after the next-to-last acknowledged chunk")
 		}
 		return nil
 	}
-	stop := runStreaming(t, newCDC(t, e.pool, e.w, cfg))
+	relay := newCDC(t, e.pool, e.w, cfg)
+	stop := testenv.RunInBackground(t, "Run", func(ctx context.Context) error {
+		return relay.Run(outboxtest.WithCrashPoint(ctx, crash))
+	})
 	defer stop()
+	testenv.WaitFor(t, 20*time.Second, "the relay to stream", func() (bool, error) { return relay.Active(), nil })
 	if _, err := e.pool.Exec(context.Background(), insertBigTx, n); err != nil {
 		t.Fatal(err)
 	}

@@ -5,19 +5,6 @@ package outbox
 // a lost slot (cdc_gap.go), the lanes' checks and dead marks (cdc_lane.go),
 // and the gauges and retention beside the stream (cdc_upkeep.go).
 
-// cdcGauges reads the slot's position against the server's (0 while there
-// is no slot yet), the WAL the slot keeps from being recycled (from its
-// restart_lsn, which may be older than its confirmed position), the
-// server's max_slot_wal_keep_size (in MB, -1: unlimited), and the dead rows, which the polling relay's backlog gauges
-// count in poll mode and nothing else counts in the log-based modes.
-const cdcGauges = `
-SELECT coalesce((SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), confirmed_flush_lsn)
-                 FROM pg_replication_slots WHERE slot_name = $1), 0)::bigint,
-       coalesce((SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), restart_lsn)
-                 FROM pg_replication_slots WHERE slot_name = $1), 0)::bigint,
-       (SELECT setting::bigint FROM pg_settings WHERE name = 'max_slot_wal_keep_size'),
-       (SELECT count(*) FROM outbox_events WHERE state = 'dead')`
-
 // deleteConfirmedBatch removes rows Kafka acknowledged and the slot
 // confirmed. Only state 'pending': a row marked dead (its event was
 // skipped) stays for the operator. Nothing while a new slot's gap has not

@@ -56,7 +56,7 @@ func emit(t *testing.T, pool *pgxpool.Pool, evs ...event.Envelope) {
 // runCDC runs relay until the returned stop is called or the test ends.
 func runCDC(t *testing.T, relay *outbox.CDCRelay) (stop func()) {
 	t.Helper()
-	return runInBackground(t, "Run", relay.Run)
+	return testenv.RunInBackground(t, "Run", relay.Run)
 }
 
 func newCDC(t *testing.T, pool *pgxpool.Pool, w outbox.Writer, cfg outbox.CDCConfig) *outbox.CDCRelay {
@@ -291,10 +291,10 @@ func TestCDCSlotDoesNotAdvancePastUnacknowledgedEvents(t *testing.T) {
 		}
 	}
 	testenv.WaitFor(t, 20*time.Second, "writes to fail a few times", func() (bool, error) { return sw.writes.Load() >= 5, nil })
-	time.Sleep(500 * time.Millisecond) // five status intervals: a wrongly confirmed position would show now
-	if got := confirmedLSN(t, pool, slot); got >= committed {
-		t.Fatalf("slot confirmed %s, at or past the unacknowledged events' commit (before %s)", got, committed)
-	}
+	// Five status intervals: a wrongly confirmed position would show.
+	testenv.HoldsFor(t, 500*time.Millisecond, "the slot confirms nothing at or past the unacknowledged events' commit", func() (bool, error) {
+		return confirmedLSN(t, pool, slot) < committed, nil
+	})
 	testenv.WaitFor(t, 10*time.Second, "outbox_slot_lag_bytes to show retained WAL", func() (bool, error) {
 		return testenv.MetricValue(t, reg, "outbox_slot_lag_bytes") > 0, nil
 	})

@@ -3,7 +3,6 @@ package outbox
 import (
 	"context"
 	"fmt"
-	"math"
 	"time"
 )
 
@@ -29,22 +28,14 @@ func (r *CDCRelay) every(ctx context.Context, interval time.Duration, o *outage,
 	}
 }
 
+// refreshGauges reads the slot's gauges (readSlot, shared with
+// Metrics.WatchSlot) and sets them.
 func (r *CDCRelay) refreshGauges(ctx context.Context) error {
-	var lag, retained, keepMB, dead int64
-	if err := r.pool.QueryRow(ctx, cdcGauges, r.cfg.Slot).Scan(&lag, &retained, &keepMB, &dead); err != nil {
-		return fmt.Errorf("reading the slot's gauges: %w", err)
+	s, err := readSlot(ctx, r.pool, r.cfg.Slot)
+	if err != nil {
+		return err
 	}
-	// Unlimited is +Inf, so retained / keep size, what the alert
-	// OutboxSlotNearInvalidation divides, is 0 and not +Inf.
-	keep := math.Inf(1)
-	if keepMB >= 0 {
-		keep = float64(keepMB << 20)
-	}
-	m := r.cfg.Metrics
-	m.slotLag.Set(float64(lag))
-	m.cdc.retainedWAL.Set(float64(retained))
-	m.cdc.walKeepSize.Set(keep)
-	m.dead.Set(float64(dead))
+	r.cfg.Metrics.setSlot(s)
 	return nil
 }
 

@@ -3,14 +3,13 @@ package outbox_test
 import (
 	"context"
 	"fmt"
-	"strings"
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/segmentio/kafka-go"
 
 	"github.com/onceflow/onceflow/pkg/outbox"
+	"github.com/onceflow/onceflow/pkg/testenv"
 )
 
 func TestRelayConfigValidate(t *testing.T) {
@@ -36,7 +35,7 @@ func TestRelayConfigValidate(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
 			err := tt.cfg.Validate()
-			checkValidate(t, err, tt.want)
+			testenv.CheckErr(t, err, tt.want)
 		})
 	}
 }
@@ -69,9 +68,9 @@ func TestCDCConfigValidate(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
-			checkValidate(t, tt.cfg.Validate(), tt.want)
-			_, err := outbox.NewCDCRelay(lazyPool(t), nopWriter{}, tt.cfg)
-			checkValidate(t, err, tt.want)
+			testenv.CheckErr(t, tt.cfg.Validate(), tt.want)
+			_, err := outbox.NewCDCRelay(testenv.LazyPool(t), nopWriter{}, tt.cfg)
+			testenv.CheckErr(t, err, tt.want)
 		})
 	}
 }
@@ -112,62 +111,16 @@ func TestConfigDefaultsAreTheConstants(t *testing.T) {
 	}
 }
 
-func TestPrunerConfigValidate(t *testing.T) {
-	t.Parallel()
-	tests := []struct {
-		name string
-		cfg  outbox.PrunerConfig
-		want string
-	}{
-		{"zero takes the defaults", outbox.PrunerConfig{}, ""},
-		{"negative retention", outbox.PrunerConfig{PruneConfig: outbox.PruneConfig{Retention: -time.Hour}}, "Retention is negative (-1h0m0s)"},
-		{"negative batch size", outbox.PrunerConfig{PruneConfig: outbox.PruneConfig{BatchSize: -1}}, "BatchSize is negative"},
-		{"negative interval", outbox.PrunerConfig{Interval: -time.Minute}, "Interval is negative"},
-	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			t.Parallel()
-			checkValidate(t, tt.cfg.Validate(), tt.want)
-			_, err := outbox.NewPruner(lazyPool(t), tt.cfg)
-			checkValidate(t, err, tt.want)
-		})
-	}
-}
-
 // NewRelay refuses what Validate refuses, before it touches the database.
 func TestNewRelayValidates(t *testing.T) {
 	t.Parallel()
-	_, err := outbox.NewRelay(lazyPool(t), nopWriter{}, outbox.RelayConfig{RelayTTL: time.Millisecond})
-	checkValidate(t, err, "RelayTTL")
-}
-
-// lazyPool is a pool that never connects unless used: the constructors
-// must refuse a bad config before they use it.
-func lazyPool(t *testing.T) *pgxpool.Pool {
-	t.Helper()
-	pool, err := pgxpool.New(context.Background(), "postgres://nobody@127.0.0.1:1/none")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(pool.Close)
-	return pool
+	_, err := outbox.NewRelay(testenv.LazyPool(t), nopWriter{}, outbox.RelayConfig{RelayTTL: time.Millisecond})
+	testenv.CheckErr(t, err, "RelayTTL")
 }
 
 type nopWriter struct{}
 
 func (nopWriter) WriteMessages(context.Context, ...kafka.Message) error { return nil }
-
-func checkValidate(t *testing.T, err error, want string) {
-	t.Helper()
-	switch {
-	case want == "" && err != nil:
-		t.Fatalf("want valid, got %v", err)
-	case want != "" && err == nil:
-		t.Fatalf("want an error with %q, got none", want)
-	case want != "" && !strings.Contains(err.Error(), want):
-		t.Fatalf("want an error with %q, got %v", want, err)
-	}
-}
 
 // Constructors refuse a configuration no relay can run with; Validate says
 // why before anything starts.

@@ -96,7 +96,7 @@ func (m RelayMode) Requeue(ctx context.Context, db DB, ids ...int64) (int, error
 	switch m {
 	case ModePoll:
 		return requeuePoll(ctx, db, ids)
-	case ModeCDC:
+	case ModeCDC, ModeDebezium:
 		return requeueCopyIDs(ctx, db, ids)
 	case ModeWAL:
 		return requeueEmitIDs(ctx, db, ids)
@@ -115,12 +115,18 @@ func (m RelayMode) RequeueDead(ctx context.Context, db DB, f DeadFilter) (int, e
 	switch m {
 	case ModePoll:
 		return requeueDeadPoll(ctx, db, f)
-	case ModeCDC:
+	case ModeCDC, ModeDebezium:
 		tag, err := db.Exec(ctx, requeueCopyDead, f.AggregateType, f.AggregateID, limit)
 		if err != nil {
 			return 0, storeErr("requeuing dead events", err)
 		}
-		return int(tag.RowsAffected()), nil
+		if n := int(tag.RowsAffected()); n > 0 || m == ModeCDC {
+			return n, nil
+		}
+		return 0, fmt.Errorf("%w: RELAY_MODE=debezium keeps no dead events: Debezium never marks an outbox row dead "+
+			"(a record Kafka refuses fails the connector's task: see the task's status and trace in Kafka Connect, "+
+			"GET /connectors/<name>/status), so there is nothing to requeue; dead rows here only come from a time this "+
+			"outbox ran another relay mode", ErrNotInThisMode)
 	case ModeWAL:
 		return requeueEmitDead(ctx, db, f.AggregateType, f.AggregateID, limit)
 	}

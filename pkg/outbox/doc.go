@@ -101,7 +101,7 @@
 // the relay's claims and round trips per event.
 //
 // Tracing: Enqueue stores the envelope's Traceparent with the row (set it
-// from the producing request's span with tracectx.Traceparent). The relay
+// from the producing request's span with event.TraceparentFromContext). The relay
 // publishes each event in an OpenTelemetry producer span that continues that
 // stored context, and the Kafka message carries the producer span's
 // traceparent, so the consumer's span is its child. Spans go to the
@@ -112,8 +112,11 @@
 // convention for both: a zero field takes its default (a Default…
 // constant), WithDefaults fills them, Validate refuses negatives and
 // impossible combinations, the constructors call both. Metrics are
-// documented on NewMetrics. The relay's crash points (CrashAfterAck) let a
-// fault-injection harness kill it at the worst moment.
+// documented on NewMetrics. The relay's crash point (after the broker's
+// acknowledgement, before marking the rows published or confirming the
+// slot) lets a fault-injection harness kill it at the worst moment; it is
+// armed only through the test kit (outboxtest.WithCrashPoint), never in a
+// config.
 //
 // The log-based relay: CDCRelay publishes from Postgres's logical
 // replication stream instead of polling, through one pgoutput slot, from

@@ -7,7 +7,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgproto3"
 
-	"github.com/onceflow/onceflow/pkg/internal/pgerr"
+	"github.com/onceflow/onceflow/pkg/pgerr"
 )
 
 // The errors this package's functions wrap, so that callers decide with

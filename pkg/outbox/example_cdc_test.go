@@ -9,7 +9,6 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
-	"github.com/segmentio/kafka-go"
 
 	"github.com/onceflow/onceflow/pkg/event"
 	"github.com/onceflow/onceflow/pkg/outbox"
@@ -43,16 +42,12 @@ func ExampleCDCRelay() {
 		<-done
 		// A slot pins WAL until it is dropped (and keeps its database from
 		// being dropped): a service keeps it; an example cleans up.
-		for range 50 {
-			if _, err := pool.Exec(ctx, `SELECT pg_drop_replication_slot($1)`, slot); err == nil {
-				return
-			}
-			time.Sleep(100 * time.Millisecond) // the walsender is still going away
-		}
+		testenv.Eventually(5*time.Second, func() bool { // the walsender may still be going away
+			_, err := pool.Exec(ctx, `SELECT pg_drop_replication_slot($1)`, slot)
+			return err == nil
+		})
 	}()
-	for deadline := time.Now().Add(20 * time.Second); !relay.Active() && time.Now().Before(deadline); {
-		time.Sleep(20 * time.Millisecond)
-	}
+	testenv.Eventually(20*time.Second, relay.Active)
 
 	orderID := uuid.New()
 	err = pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
@@ -69,11 +64,7 @@ func ExampleCDCRelay() {
 		return
 	}
 
-	r := kafka.NewReader(kafka.ReaderConfig{Brokers: brokers, Topic: topic, Partition: 0, MaxWait: 100 * time.Millisecond})
-	defer r.Close()
-	readCtx, cancel := context.WithTimeout(ctx, 20*time.Second)
-	defer cancel()
-	m, err := r.ReadMessage(readCtx)
+	m, err := firstMessage(ctx, brokers, topic)
 	if err != nil {
 		fmt.Println("reading:", err)
 		return

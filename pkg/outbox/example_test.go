@@ -2,11 +2,8 @@ package outbox_test
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"encoding/json"
 	"fmt"
-	"os"
 	"time"
 
 	"github.com/google/uuid"
@@ -63,11 +60,7 @@ func Example() {
 	go func() { stopped <- relay.Run(runCtx) }()
 
 	// A consumer sees the event, keyed by the aggregate id.
-	r := kafka.NewReader(kafka.ReaderConfig{Brokers: brokers, Topic: topic, Partition: 0, MaxWait: 100 * time.Millisecond})
-	defer r.Close()
-	readCtx, cancel := context.WithTimeout(ctx, 20*time.Second)
-	defer cancel()
-	m, err := r.ReadMessage(readCtx)
+	m, err := firstMessage(ctx, brokers, topic)
 	if err != nil {
 		fmt.Println("reading:", err)
 		return
@@ -103,54 +96,19 @@ func ExampleReplay() {
 	// Output: 1 OrderPlaced 1 <nil>
 }
 
+// firstMessage reads the first message of the example's one-partition topic,
+// as any Kafka consumer would.
+func firstMessage(ctx context.Context, brokers []string, topic string) (kafka.Message, error) {
+	r := kafka.NewReader(kafka.ReaderConfig{Brokers: brokers, Topic: topic, Partition: 0, MaxWait: 100 * time.Millisecond})
+	defer r.Close()
+	ctx, cancel := context.WithTimeout(ctx, 20*time.Second)
+	defer cancel()
+	return r.ReadMessage(ctx)
+}
+
 // exampleSetup makes a fresh database with an orders table and the outbox
 // schema, and a fresh one-partition topic, on the dev stack (`make up`).
 func exampleSetup(ctx context.Context) (*pgxpool.Pool, []string, string, func()) {
-	admin := os.Getenv("ONCEFLOW_TEST_PG_URL")
-	if admin == "" {
-		admin = "postgres://postgres:postgres@127.0.0.1:55432/postgres?sslmode=disable"
-	}
-	brokers := []string{"127.0.0.1:59092"}
-	if b := os.Getenv("ONCEFLOW_TEST_KAFKA_BROKERS"); b != "" {
-		brokers = []string{b}
-	}
-	suffix := make([]byte, 6)
-	_, _ = rand.Read(suffix)
-	name := "example_" + hex.EncodeToString(suffix)
-	must := func(err error) {
-		if err != nil {
-			panic(fmt.Sprintf("example setup (is the dev stack up? `make up`): %v", err))
-		}
-	}
-	adminConn, err := pgx.Connect(ctx, admin)
-	must(err)
-	_, err = adminConn.Exec(ctx, "CREATE DATABASE "+name)
-	must(err)
-	cfg, err := pgxpool.ParseConfig(admin)
-	must(err)
-	cfg.ConnConfig.Database = name
-	pool, err := pgxpool.NewWithConfig(ctx, cfg)
-	must(err)
-	_, err = pool.Exec(ctx, `CREATE TABLE orders (id uuid PRIMARY KEY, amount_cents bigint NOT NULL)`)
-	must(err)
-	must(testenv.Migrate(pool, testenv.Migration{FS: outbox.Migrations, Table: outbox.MigrationsTable}))
-	ctrl, err := testenv.Controller(ctx, brokers)
-	must(err)
-	must(ctrl.CreateTopics(kafka.TopicConfig{Topic: name, NumPartitions: 1, ReplicationFactor: 1}))
-	for deadline := time.Now().Add(20 * time.Second); ; <-time.After(20 * time.Millisecond) {
-		parts, err := ctrl.ReadPartitions(name)
-		if err == nil && len(parts) == 1 && parts[0].Leader.Host != "" {
-			break
-		}
-		if time.Now().After(deadline) {
-			must(fmt.Errorf("topic %s has no leader after 20s", name))
-		}
-	}
-	return pool, brokers, name, func() {
-		pool.Close()
-		_, _ = adminConn.Exec(ctx, "DROP DATABASE "+name+" WITH (FORCE)")
-		adminConn.Close(ctx)
-		_ = ctrl.DeleteTopics(name)
-		ctrl.Close()
-	}
+	return testenv.ForExample(ctx, `CREATE TABLE orders (id uuid PRIMARY KEY, amount_cents bigint NOT NULL)`,
+		[]testenv.Migration{{FS: outbox.Migrations, Table: outbox.MigrationsTable}})
 }

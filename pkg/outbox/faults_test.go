@@ -34,7 +34,7 @@ func (s *switchWriter) WriteMessages(ctx context.Context, msgs ...kafka.Message)
 // or with an error.
 func runRelay(t *testing.T, relay *outbox.Relay) {
 	t.Helper()
-	runInBackground(t, "Run", relay.Run)
+	testenv.RunInBackground(t, "Run", relay.Run)
 }
 
 // A Kafka outage many times longer than MaxAttempts × BackoffMax sends no row

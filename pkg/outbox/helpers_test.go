@@ -1,8 +1,6 @@
 package outbox_test
 
 import (
-	"context"
-	"sync"
 	"testing"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -35,27 +33,3 @@ func newRelayEnv(t *testing.T, partitions, batchSize int) *relayEnv {
 
 // topicFn routes every event to the env's topic (RelayConfig.Topic).
 func (e *relayEnv) topicFn(string) string { return e.topic }
-
-// runInBackground runs run (a relay's, a pruner's or a watcher's Run) on its
-// own goroutine until the returned stop is called or the test or benchmark
-// ends, whichever comes first. stop cancels run's context, waits for run to
-// return and reports an error it returned under name: Run returns nil when
-// its context ends, so anything else is a failure. stop may be called more
-// than once; only the first call stops.
-func runInBackground(tb testing.TB, name string, run func(ctx context.Context) error) (stop func()) {
-	tb.Helper()
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- run(ctx) }()
-	var once sync.Once
-	stop = func() {
-		once.Do(func() {
-			cancel()
-			if err := <-done; err != nil {
-				tb.Errorf("%s: %v", name, err)
-			}
-		})
-	}
-	tb.Cleanup(stop)
-	return stop
-}

@@ -4,8 +4,10 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"math"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 )
@@ -16,6 +18,7 @@ type Metrics struct {
 	pending, oldestAge, dead, ownedPartitions prometheus.Gauge
 	kafkaConnected                            prometheus.Gauge
 	slotLag, slotActive                       prometheus.Gauge
+	externalStreaming                         prometheus.Gauge
 	slotLost                                  prometheus.Counter
 	published, failures, retries, deadTotal   prometheus.Counter
 	kafkaErrors                               prometheus.Counter
@@ -64,6 +67,9 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			"WAL the log-based relay's replication slot retains: pg_current_wal_lsn() - confirmed_flush_lsn (0 without a CDC relay)."),
 		slotActive: gauge("outbox_slot_active",
 			"1 while this process's log-based relay streams from its slot, 0 while it stands by (another relay holds the slot) or reconnects."),
+		externalStreaming: gauge("outbox_external_publisher_streaming",
+			"RELAY_MODE=debezium: 1 while a connection streams from the external publisher's replication slot (Debezium's task runs), "+
+				"0 while the slot is missing or nobody reads it (nothing is published). Always 1 in the other modes, which have no external publisher."),
 		slotLost: counter("outbox_slot_lost_total",
 			"Replication slots the log-based relay found dropped or invalidated and replaced; each leaves a window of events that may need a replay (see the runbook)."),
 		retries:   counter("outbox_publish_retries_total", "Events published on a retry, after at least one failed attempt."),
@@ -82,12 +88,15 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	if reg != nil {
 		reg.MustRegister(m.pending, m.oldestAge, m.dead, m.ownedPartitions, m.published, m.failures,
 			m.retries, m.deadTotal, m.publishLag, m.batchSize, m.kafkaErrors, m.kafkaConnected, m.dbErrors,
-			m.slotLag, m.slotActive, m.slotLost, m.claims, m.emptyClaims, m.roundTrips)
+			m.slotLag, m.slotActive, m.externalStreaming, m.slotLost, m.claims, m.emptyClaims, m.roundTrips)
 	}
 	m.cdc = newCDCMetrics(reg)
 	// Connected until a publish says otherwise: a relay that has not published
 	// yet has no evidence of an outage, and the alert on 0 must not fire for it.
 	m.kafkaConnected.Set(1)
+	// Likewise for the external publisher, which only WatchSlot reads: a
+	// service with a relay of its own must not page for Debezium.
+	m.externalStreaming.Set(1)
 	for _, op := range []string{"claim", "heartbeat", "gauges", "listen", "replication", "retention", "slot"} {
 		m.dbErrors.WithLabelValues(op) // export zeros, so rate() works from the start
 	}
@@ -97,9 +106,9 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	return m
 }
 
-// backlog reads the backlog gauges; each subquery reads one partial index,
+// sqlBacklogGauges reads the backlog gauges; each subquery reads one partial index,
 // so the cost does not grow with the published rows.
-const backlog = `
+const sqlBacklogGauges = `
 SELECT (SELECT count(*) FROM outbox_events WHERE state = 'pending'),
        (SELECT created_at FROM outbox_events WHERE state = 'pending' ORDER BY id LIMIT 1),
        (SELECT count(*) FROM outbox_events WHERE state = 'dead')`
@@ -110,7 +119,7 @@ func (m *Metrics) refresh(ctx context.Context, pool *pgxpool.Pool) error {
 		pending, dead int64
 		oldest        *time.Time
 	)
-	err := pool.QueryRow(ctx, backlog).Scan(&pending, &oldest, &dead)
+	err := pool.QueryRow(ctx, sqlBacklogGauges).Scan(&pending, &oldest, &dead)
 	if err != nil {
 		return fmt.Errorf("reading the backlog: %w", err)
 	}
@@ -140,6 +149,46 @@ func (m *Metrics) WatchBacklog(ctx context.Context, pool *pgxpool.Pool, interval
 // watchBacklog is WatchBacklog's loop; a relay passes roundTrips (nil:
 // not counted) to count its refreshes among its round trips.
 func (m *Metrics) watchBacklog(ctx context.Context, pool *pgxpool.Pool, interval time.Duration, health *outage, roundTrips prometheus.Counter) {
+	m.every(ctx, interval, health, roundTrips, func(ctx context.Context) error { return m.refresh(ctx, pool) })
+}
+
+// WatchSlot refreshes, from pool every interval until ctx ends (then it
+// returns nil), the gauges of a replication slot that a publisher outside
+// this process streams the outbox from (ModeDebezium: Debezium's slot,
+// its slot.name): outbox_slot_lag_bytes (the WAL written since the
+// position the publisher confirmed: how far behind it is),
+// outbox_slot_retained_wal_bytes and outbox_slot_wal_keep_size_bytes (how
+// close the slot is to being invalidated), outbox_external_publisher_streaming
+// (whether anyone streams from the slot at all) and outbox_dead_events.
+// These are the backlog signals of that mode: the table's pending rows say
+// nothing there, since nobody marks them published, so run WatchSlot
+// instead of WatchBacklog. The slot is only read: it is the publisher's,
+// created and dropped by it.
+//
+// While Postgres is away it keeps trying every interval, logs at a bounded
+// rate and leaves the gauges at their last values.
+func (m *Metrics) WatchSlot(ctx context.Context, pool *pgxpool.Pool, slot string, interval time.Duration, logger *slog.Logger) error {
+	health := newOutage("refreshing the replication slot's gauges", logger, DefaultLogInterval)
+	m.every(ctx, interval, health, nil, func(ctx context.Context) error {
+		s, err := readSlot(ctx, pool, slot)
+		if err != nil {
+			return err
+		}
+		m.setSlot(s)
+		streaming := 0.0
+		if s.active {
+			streaming = 1
+		}
+		m.externalStreaming.Set(streaming)
+		return nil
+	})
+	return nil
+}
+
+// every runs refresh now and then every interval until ctx ends, counting
+// each run in roundTrips (nil: not counted) and each failure in
+// outbox_db_errors_total{op="gauges"}.
+func (m *Metrics) every(ctx context.Context, interval time.Duration, health *outage, roundTrips prometheus.Counter, refresh func(context.Context) error) {
 	tick := time.NewTicker(interval)
 	defer tick.Stop()
 	for {
@@ -148,7 +197,7 @@ func (m *Metrics) watchBacklog(ctx context.Context, pool *pgxpool.Pool, interval
 		}
 		// Bounded, so a hung connection cannot freeze the gauges for longer.
 		refreshCtx, cancel := context.WithTimeout(ctx, max(interval, time.Second))
-		err := m.refresh(refreshCtx, pool)
+		err := refresh(refreshCtx)
 		cancel()
 		switch {
 		case err == nil:
@@ -163,4 +212,52 @@ func (m *Metrics) watchBacklog(ctx context.Context, pool *pgxpool.Pool, interval
 		case <-tick.C:
 		}
 	}
+}
+
+// slotGauges reads a slot's position against the server's (0 while there is
+// no slot yet), the WAL the slot keeps from being recycled (from its
+// restart_lsn, which may be older than its confirmed position), the
+// server's max_slot_wal_keep_size (in MB, -1: unlimited), the dead rows
+// (which the polling relay's backlog gauges count in poll mode and nothing
+// else counts in the other modes), and whether a walsender streams from
+// the slot.
+const slotGauges = `
+SELECT coalesce((SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), confirmed_flush_lsn)
+                 FROM pg_replication_slots WHERE slot_name = $1), 0)::bigint,
+       coalesce((SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), restart_lsn)
+                 FROM pg_replication_slots WHERE slot_name = $1), 0)::bigint,
+       (SELECT setting::bigint FROM pg_settings WHERE name = 'max_slot_wal_keep_size'),
+       (SELECT count(*) FROM outbox_events WHERE state = 'dead'),
+       coalesce((SELECT active FROM pg_replication_slots WHERE slot_name = $1), false)`
+
+// slotGaugeValues is what slotGauges read.
+type slotGaugeValues struct {
+	lag, retained, keepMB, dead int64
+	active                      bool
+}
+
+// readSlot reads slot's gauges; the log-based relay reads its own slot so,
+// and WatchSlot an external publisher's.
+func readSlot(ctx context.Context, q interface {
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+}, slot string) (slotGaugeValues, error) {
+	var s slotGaugeValues
+	if err := q.QueryRow(ctx, slotGauges, slot).Scan(&s.lag, &s.retained, &s.keepMB, &s.dead, &s.active); err != nil {
+		return s, fmt.Errorf("reading the slot's gauges: %w", err)
+	}
+	return s, nil
+}
+
+// setSlot sets the slot's gauges and the dead rows from s.
+func (m *Metrics) setSlot(s slotGaugeValues) {
+	// Unlimited is +Inf, so retained / keep size, what the alert
+	// OutboxSlotNearInvalidation divides, is 0 and not +Inf.
+	keep := math.Inf(1)
+	if s.keepMB >= 0 {
+		keep = float64(s.keepMB << 20)
+	}
+	m.slotLag.Set(float64(s.lag))
+	m.cdc.retainedWAL.Set(float64(s.retained))
+	m.cdc.walKeepSize.Set(keep)
+	m.dead.Set(float64(s.dead))
 }

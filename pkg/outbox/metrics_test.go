@@ -21,7 +21,7 @@ func TestWatchBacklogReportsABacklogNoRelayDrains(t *testing.T) {
 	pool := newOutboxDB(t)
 	reg := prometheus.NewRegistry()
 	m := outbox.NewMetrics(reg)
-	runInBackground(t, "WatchBacklog", func(ctx context.Context) error {
+	testenv.RunInBackground(t, "WatchBacklog", func(ctx context.Context) error {
 		return m.WatchBacklog(ctx, pool, 20*time.Millisecond, slog.Default())
 	})
 

@@ -24,16 +24,28 @@ const (
 	// ModeWAL: Emit writes the event into the WAL only, a CDCRelay
 	// publishes it. No row, no index.
 	ModeWAL RelayMode = "wal"
+	// ModeDebezium: Enqueue writes a row, and a publisher outside the
+	// service streams it from a replication slot of its own: Debezium's
+	// PostgreSQL connector with the outbox EventRouter (docs/debezium). The
+	// service runs no relay. Nothing marks the rows published, so they stay
+	// pending until retention deletes them by age
+	// (PruneConfig.PendingRetention), and the backlog is read from the
+	// publisher's slot (Metrics.WatchSlot), not from the table.
+	ModeDebezium RelayMode = "debezium"
 )
 
-// ParseRelayMode accepts poll, cdc or wal.
+// ParseRelayMode accepts poll, cdc, wal or debezium.
 func ParseRelayMode(s string) (RelayMode, error) {
 	switch m := RelayMode(s); m {
-	case ModePoll, ModeCDC, ModeWAL:
+	case ModePoll, ModeCDC, ModeWAL, ModeDebezium:
 		return m, nil
 	}
-	return "", fmt.Errorf("outbox: relay mode must be poll, cdc or wal, got %q", s)
+	return "", fmt.Errorf("outbox: relay mode must be poll, cdc, wal or debezium, got %q", s)
 }
+
+// External reports whether events of mode m are published by a process
+// other than the service (ModeDebezium): the service then runs no relay.
+func (m RelayMode) External() bool { return m == ModeDebezium }
 
 // WriteFunc writes one event inside the caller's transaction.
 type WriteFunc func(ctx context.Context, tx pgx.Tx, ev event.Envelope) error

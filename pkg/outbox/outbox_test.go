@@ -129,7 +129,7 @@ func TestRelayPublishesThroughTheBrokerThenMarks(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	runInBackground(t, "Run", relay.Run)
+	testenv.RunInBackground(t, "Run", relay.Run)
 
 	r := kafka.NewReader(kafka.ReaderConfig{Brokers: brokers, Topic: topic, GroupID: testenv.Name("g"), MaxWait: 100 * time.Millisecond})
 	defer r.Close()

@@ -22,6 +22,24 @@ type PruneConfig struct {
 	// Archive moves pruned rows to outbox_events_archive, with their ids, in
 	// the same statement that deletes them. Default false: delete them.
 	Archive bool
+	// PendingRetention, when set, also removes pending rows created longer
+	// ago than this (by created_at). Default 0: pending rows are never
+	// touched, which is right for every relay of this package: the polling
+	// relay has yet to publish them, and the log-based relay deletes what it
+	// confirmed itself (CDCConfig.Retain).
+	//
+	// It is for an outbox that a publisher outside the service streams from
+	// the WAL and never marks (ModeDebezium), where every row stays pending.
+	// Deleting a row does not take its event from that publisher: it reads
+	// the row's insert from its replication slot, and the publication
+	// streams no deletes. What the row still serves is the way back when
+	// the stream failed: a replay (RelayMode.Replay), and republishing the
+	// window of a slot that was dropped or invalidated, which only the
+	// table still holds. So set it well above the publisher's worst lag
+	// plus the time to notice and repair a lost slot — days, not minutes:
+	// a row pruned before its event was published cannot be republished if
+	// the slot is lost.
+	PendingRetention time.Duration
 }
 
 // WithDefaults returns c with every zero field set to its documented
@@ -36,11 +54,14 @@ func (c PruneConfig) WithDefaults() PruneConfig {
 	return c
 }
 
-// Validate refuses a negative Retention or BatchSize: a negative retention
-// would prune rows the moment they are published.
+// Validate refuses a negative Retention, PendingRetention or BatchSize: a
+// negative retention would prune rows the moment they are published.
 func (c PruneConfig) Validate() error {
 	if c.Retention < 0 {
 		return fmt.Errorf("outbox: PruneConfig.Retention is negative (%v); leave it zero for the default", c.Retention)
+	}
+	if c.PendingRetention < 0 {
+		return fmt.Errorf("outbox: PruneConfig.PendingRetention is negative (%v); leave it zero to keep pending rows", c.PendingRetention)
 	}
 	if c.BatchSize < 0 {
 		return fmt.Errorf("outbox: PruneConfig.BatchSize is negative (%d); leave it zero for the default", c.BatchSize)
@@ -49,11 +70,13 @@ func (c PruneConfig) Validate() error {
 }
 
 // Prune removes published rows older than cfg.Retention (by published_at),
-// deleting or archiving them per cfg.Archive, and returns how many it
-// removed. Pending and dead rows are never touched, however old: they are
-// work not yet done. It works oldest first in batches of cfg.BatchSize, each
-// its own statement and short transaction, until a batch comes up short, so
-// an interrupted Prune keeps what it removed and the next one resumes.
+// and with cfg.PendingRetention set pending rows older than that (by
+// created_at), deleting or archiving them per cfg.Archive, and returns how
+// many it removed. Dead rows are never touched, however old, and pending
+// ones only as PendingRetention says: they are work not yet done. It works
+// oldest first in batches of cfg.BatchSize, each its own statement and short
+// transaction, until a batch comes up short, so an interrupted Prune keeps
+// what it removed and the next one resumes.
 //
 // On error the count is what the batches before the failure removed.
 func Prune(ctx context.Context, db DB, cfg PruneConfig) (int, error) {
@@ -61,19 +84,25 @@ func Prune(ctx context.Context, db DB, cfg PruneConfig) (int, error) {
 		return 0, err
 	}
 	cfg = cfg.WithDefaults()
-	stmt := pruneDelete
-	if cfg.Archive {
-		stmt = pruneArchive
+	total, err := pruneBatches(ctx, db, pruneStatement(publishedDoomed, cfg.Archive), cfg.Retention, cfg.BatchSize, "published")
+	if err != nil || cfg.PendingRetention == 0 {
+		return total, err
 	}
+	n, err := pruneBatches(ctx, db, pruneStatement(pendingDoomed, cfg.Archive), cfg.PendingRetention, cfg.BatchSize, "pending")
+	return total + n, err
+}
+
+// pruneBatches runs stmt until a batch comes up short.
+func pruneBatches(ctx context.Context, db DB, stmt string, retention time.Duration, batchSize int, state string) (int, error) {
 	total := 0
 	for {
-		tag, err := db.Exec(ctx, stmt, cfg.Retention.Microseconds(), cfg.BatchSize)
+		tag, err := db.Exec(ctx, stmt, retention.Microseconds(), batchSize)
 		if err != nil {
-			return total, storeErr("pruning published events", err)
+			return total, storeErr("pruning "+state+" events", err)
 		}
 		n := int(tag.RowsAffected())
 		total += n
-		if n < cfg.BatchSize {
+		if n < batchSize {
 			return total, nil
 		}
 	}
@@ -122,10 +151,15 @@ func NewPruner(db DB, cfg PrunerConfig) (*Pruner, error) {
 		return nil, err
 	}
 	cfg = cfg.WithDefaults()
+	what := "published events"
+	if cfg.PendingRetention > 0 {
+		what = "published and expired pending events"
+	}
 	return &Pruner{loop: prune.Loop{
-		Lib: "outbox", What: "published events", Interval: cfg.Interval, Logger: cfg.Logger,
-		Attrs: []slog.Attr{slog.Bool("archive", cfg.Archive), slog.Duration("retention", cfg.Retention)},
-		Once:  func(ctx context.Context) (int, error) { return Prune(ctx, db, cfg.PruneConfig) },
+		Lib: "outbox", What: what, Interval: cfg.Interval, Logger: cfg.Logger,
+		Attrs: []slog.Attr{slog.Bool("archive", cfg.Archive), slog.Duration("retention", cfg.Retention),
+			slog.Duration("pending_retention", cfg.PendingRetention)},
+		Once: func(ctx context.Context) (int, error) { return Prune(ctx, db, cfg.PruneConfig) },
 	}}, nil
 }
 

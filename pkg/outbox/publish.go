@@ -28,13 +28,6 @@ type Writer interface {
 	WriteMessages(ctx context.Context, msgs ...kafka.Message) error
 }
 
-// Crash points the relay passes to RelayConfig.CrashPoint.
-const (
-	// CrashAfterAck is between the broker's acknowledgement and marking the
-	// rows published: a crash here republishes the batch after restart.
-	CrashAfterAck = "outbox.after-ack"
-)
-
 type claimed struct {
 	id        int64
 	attempts  int

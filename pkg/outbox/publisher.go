@@ -30,13 +30,12 @@ type PublisherConfig struct {
 	// Mode picks the relay: ModePoll a Relay, ModeCDC and ModeWAL a
 	// CDCRelay that streams in that mode. Default ModePoll.
 	Mode RelayMode
-	// Topic, Logger, Metrics and CrashPoint go to the relay of any mode,
+	// Topic, Logger and Metrics go to the relay of any mode,
 	// unless Poll or CDC below sets its own; see RelayConfig for each one's
 	// meaning and default.
-	Topic      func(aggregateType string) string
-	Logger     *slog.Logger
-	Metrics    *Metrics
-	CrashPoint func(name string) error
+	Topic   func(aggregateType string) string
+	Logger  *slog.Logger
+	Metrics *Metrics
 	// Poll tunes the polling relay; it is ignored in the other modes.
 	Poll RelayConfig
 	// CDC tunes the log-based relay; it is ignored in ModePoll. A service
@@ -50,16 +49,16 @@ type PublisherConfig struct {
 // in ModeCDC and ModeWAL. It refuses what they refuse, and a mode it does
 // not know; it never returns a nil Publisher without an error.
 //
-// A mode in which no relay of this process publishes (another program
-// reads the outbox, say; none of the three above) is to return idle{}, a
-// Publisher whose Run only waits for ctx to end, and never a nil one, so
-// that a service runs whatever it gets as one stage among its others.
+// In ModeDebezium no relay of this process publishes (Debezium streams the
+// outbox from its own slot): NewPublisher returns a Publisher whose Run only
+// waits for ctx to end, never a nil one, so that a service runs whatever it
+// gets as one stage among its others.
 func NewPublisher(pool *pgxpool.Pool, w Writer, cfg PublisherConfig) (Publisher, error) {
 	orDefault(&cfg.Mode, ModePoll)
 	switch cfg.Mode {
 	case ModePoll:
 		c := cfg.Poll
-		cfg.share(&c.Topic, &c.Logger, &c.Metrics, &c.CrashPoint)
+		cfg.share(&c.Topic, &c.Logger, &c.Metrics)
 		r, err := NewRelay(pool, w, c)
 		if err != nil {
 			return nil, err
@@ -71,19 +70,21 @@ func NewPublisher(pool *pgxpool.Pool, w Writer, cfg PublisherConfig) (Publisher,
 			return nil, fmt.Errorf("outbox: PublisherConfig.CDC.Mode is %q, but Mode is %q: leave CDC.Mode empty", c.Mode, cfg.Mode)
 		}
 		c.Mode = cfg.Mode
-		cfg.share(&c.Topic, &c.Logger, &c.Metrics, &c.CrashPoint)
+		cfg.share(&c.Topic, &c.Logger, &c.Metrics)
 		r, err := NewCDCRelay(pool, w, c)
 		if err != nil {
 			return nil, err
 		}
 		return r, nil
+	case ModeDebezium:
+		return idle{}, nil
 	}
 	return nil, errUnknownMode(cfg.Mode)
 }
 
 // share fills a relay config's fields that both relays take, where that
 // config leaves them zero, from cfg.
-func (cfg PublisherConfig) share(topic *func(string) string, logger **slog.Logger, metrics **Metrics, crash *func(string) error) {
+func (cfg PublisherConfig) share(topic *func(string) string, logger **slog.Logger, metrics **Metrics) {
 	if *topic == nil {
 		*topic = cfg.Topic
 	}
@@ -92,9 +93,6 @@ func (cfg PublisherConfig) share(topic *func(string) string, logger **slog.Logge
 	}
 	if *metrics == nil {
 		*metrics = cfg.Metrics
-	}
-	if *crash == nil {
-		*crash = cfg.CrashPoint
 	}
 }
 

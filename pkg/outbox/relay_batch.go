@@ -14,6 +14,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/onceflow/onceflow/pkg/event"
+	"github.com/onceflow/onceflow/pkg/internal/faultpoint"
 	"github.com/onceflow/onceflow/pkg/internal/kafkaerr"
 	"github.com/onceflow/onceflow/pkg/internal/retry"
 )
@@ -137,10 +138,8 @@ func (r *Relay) relayBatch(ctx context.Context, ops wakeOps) (res batchResult, e
 	if ctx.Err() != nil {
 		return res, ctx.Err() // leave the rows pending; the next run republishes them
 	}
-	if r.cfg.CrashPoint != nil {
-		if err := r.cfg.CrashPoint(CrashAfterAck); err != nil {
-			return res, fmt.Errorf("crash point %s: %w", CrashAfterAck, err)
-		}
+	if err := faultpoint.Pass(ctx, faultpoint.OutboxAfterAck); err != nil {
+		return res, err
 	}
 	cause := make(map[int64]error, len(publish))
 	for i, c := range publish {

@@ -101,10 +101,6 @@ type RelayConfig struct {
 	// (the first failure and the recovery are always logged).
 	// Default DefaultLogInterval (30s).
 	LogInterval time.Duration
-	// CrashPoint, when set, is called at each named crash point (see
-	// CrashAfterAck); a non-nil error aborts the batch right there, as a
-	// crash would. Fault-injection harnesses use it; leave it nil otherwise.
-	CrashPoint func(name string) error
 	// Logger receives failures, dead rows and rebalances. Default: slog.Default().
 	Logger *slog.Logger
 	// Metrics receives the relay's metrics. Default: none.

@@ -22,6 +22,7 @@ import (
 
 	"github.com/onceflow/onceflow/pkg/event"
 	"github.com/onceflow/onceflow/pkg/outbox"
+	"github.com/onceflow/onceflow/pkg/outbox/outboxtest"
 	"github.com/onceflow/onceflow/pkg/testenv"
 )
 
@@ -48,32 +49,16 @@ type collector struct {
 func collect(t *testing.T, brokers []string, topic string) *collector {
 	t.Helper()
 	c := &collector{seen: map[uuid.UUID]bool{}, order: map[string][]int64{}}
-	r := testenv.NewGroupReader(brokers, topic, testenv.Name("collector"))
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		for {
-			m, err := r.FetchMessage(ctx)
-			if err != nil {
-				return
-			}
-			ev, err := event.FromKafka(m)
-			if err != nil {
-				t.Errorf("undecodable message at offset %d: %v", m.Offset, err)
-				return
-			}
-			c.mu.Lock()
-			if c.seen[ev.EventID] {
-				c.duplicates++
-			} else {
-				c.seen[ev.EventID] = true
-				c.order[ev.AggregateID] = append(c.order[ev.AggregateID], ev.AggregateVersion)
-			}
-			c.mu.Unlock()
+	testenv.ReadEvents(t, brokers, topic, func(ev event.Envelope) {
+		c.mu.Lock()
+		defer c.mu.Unlock()
+		if c.seen[ev.EventID] {
+			c.duplicates++
+			return
 		}
-	}()
-	t.Cleanup(func() { cancel(); <-done; r.Close() })
+		c.seen[ev.EventID] = true
+		c.order[ev.AggregateID] = append(c.order[ev.AggregateID], ev.AggregateVersion)
+	})
 	return c
 }
 
@@ -121,21 +106,18 @@ func TestACrashBetweenAckAndMarkRepublishes(t *testing.T) {
 	w := testenv.NewWriter(brokers, 10)
 	defer w.Close()
 	crashed := errors.New("killed after the ack")
-	armed := true
-	relay, err := outbox.NewRelay(pool, w, outbox.RelayConfig{
-		Topic: func(string) string { return topic },
-		CrashPoint: func(name string) error {
-			if armed && name == outbox.CrashAfterAck {
-				return crashed
-			}
-			return nil
-		},
-	})
+	relay, err := outbox.NewRelay(pool, w, outbox.RelayConfig{Topic: func(string) string { return topic }})
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer relay.Close()
-	if _, err := relay.RelayBatch(ctx); !errors.Is(err, crashed) {
+	crashAfterAck := outboxtest.WithCrashPoint(ctx, func(name string) error {
+		if name == outboxtest.CrashAfterAck {
+			return crashed
+		}
+		return nil
+	})
+	if _, err := relay.RelayBatch(crashAfterAck); !errors.Is(err, crashed) {
 		t.Fatalf("err = %v, want the crash", err)
 	}
 	testenv.WaitFor(t, 20*time.Second, "the broker to have the events", func() (bool, error) { return c.distinct() == 2, nil })
@@ -143,7 +125,7 @@ func TestACrashBetweenAckAndMarkRepublishes(t *testing.T) {
 		t.Fatalf("%d rows pending after the crash, want 2: nothing may be marked before the ack is recorded", n)
 	}
 
-	armed = false // the restarted relay
+	// The restarted relay, without the crash point.
 	if n, err := relay.RelayBatch(ctx); err != nil || n != 2 {
 		t.Fatalf("after restart: n=%d err=%v", n, err)
 	}
@@ -443,7 +425,7 @@ func TestARequeueWakesASleepingRelay(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer runInBackground(t, "Run", relay.Run)()
+	defer testenv.RunInBackground(t, "Run", relay.Run)()
 	testenv.WaitFor(t, 10*time.Second, "the relay to own its partitions", func() (bool, error) {
 		return ownersAndLocks(t, pool)[1] == outbox.Partitions, nil
 	})

@@ -101,14 +101,21 @@ func Replay(ctx context.Context, db DB, f ReplayFilter, dryRun bool) ([]ReplayIt
 // runs in mode m. In ModeCDC the scope is the rows still in the table whose
 // position the relay confirmed (CDCConfig.Retain keeps them, one minute by
 // default: set it to the window you may need to replay), each written
-// again as a new row; the items returned name the new rows. In ModeWAL it
-// is refused with ErrNotInThisMode.
+// again as a new row; the items returned name the new rows. In
+// ModeDebezium the table cannot tell what Debezium has published, so the
+// scope is every row of the window that is not dead (PruneConfig.
+// PendingRetention keeps them), each written again as a new row: one that
+// Debezium had not published yet is then published twice, which the
+// consumers' inboxes absorb. That is also how to republish the window of a
+// slot that was lost. In ModeWAL it is refused with ErrNotInThisMode.
 func (m RelayMode) Replay(ctx context.Context, db DB, f ReplayFilter, dryRun bool) ([]ReplayItem, error) {
 	switch m {
 	case ModePoll:
 		return replay(ctx, db, f, dryRun, replayScope, replayApply)
 	case ModeCDC:
 		return replay(ctx, db, f, dryRun, replayScopeCDC, replayApplyCDC)
+	case ModeDebezium:
+		return replay(ctx, db, f, dryRun, replayScopeExternal, replayApplyExternal)
 	case ModeWAL:
 		if err := f.validate(); err != nil {
 			return nil, err

@@ -36,7 +36,7 @@ func startSends(ctx context.Context, batch []claimed) (end func(errs []error)) {
 		if name == "" || m.Topic != nameTopic {
 			name, nameTopic = "send "+m.Topic, m.Topic
 		}
-		parent := tracectx.WithTraceparent(ctx, header(*m, event.HeaderTraceparent))
+		parent := event.ContextWithTraceparent(ctx, header(*m, event.HeaderTraceparent))
 		sendCtx, span := tracer.Start(parent, name, producerSpan)
 		if span.IsRecording() {
 			span.SetAttributes(semconv.MessagingSystemKafka, semconv.MessagingOperationTypeSend,
@@ -44,7 +44,7 @@ func startSends(ctx context.Context, batch []claimed) (end func(errs []error)) {
 				semconv.MessagingMessageID(header(*m, event.HeaderEventID)), semconv.MessagingKafkaMessageKey(string(m.Key)))
 		}
 		if sc := span.SpanContext(); sc.IsValid() && !sc.Equal(trace.SpanContextFromContext(parent)) {
-			if tp := tracectx.Traceparent(sendCtx); tp != "" {
+			if tp := event.TraceparentFromContext(sendCtx); tp != "" {
 				setHeader(m, event.HeaderTraceparent, tp)
 			}
 		}

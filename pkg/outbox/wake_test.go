@@ -97,7 +97,7 @@ func TestASleepingRelayIsWokenByEveryCommit(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer runInBackground(t, "Run", relay.Run)()
+	defer testenv.RunInBackground(t, "Run", relay.Run)()
 	armed := func() (bool, error) {
 		var waiting bool
 		err := pool.QueryRow(ctx, `SELECT coalesce(bool_or(waiting), false) FROM outbox_relays WHERE id = 'sleeper'`).Scan(&waiting)

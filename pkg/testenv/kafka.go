@@ -4,9 +4,12 @@ import (
 	"context"
 	"fmt"
 	"net"
+	"testing"
 	"time"
 
 	"github.com/segmentio/kafka-go"
+
+	"github.com/onceflow/onceflow/pkg/event"
 )
 
 // Ping reports whether a broker answers a metadata request within the
@@ -110,4 +113,31 @@ func NewGroupReader(brokers []string, topic, group string) *kafka.Reader {
 		SessionTimeout:    10 * time.Second,
 		RebalanceTimeout:  10 * time.Second,
 	})
+}
+
+// ReadEvents reads topic from its start, in a consumer group of its own, on
+// a goroutine until the test ends, and calls handle with each message's
+// event, in order within each partition. An undecodable message fails the
+// test and stops the reading.
+func ReadEvents(t testing.TB, brokers []string, topic string, handle func(event.Envelope)) {
+	t.Helper()
+	r := NewGroupReader(brokers, topic, Name("reader"))
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for {
+			m, err := r.FetchMessage(ctx)
+			if err != nil {
+				return
+			}
+			ev, err := event.FromKafka(m)
+			if err != nil {
+				t.Errorf("undecodable message at offset %d of %s: %v", m.Offset, topic, err)
+				return
+			}
+			handle(ev)
+		}
+	}()
+	t.Cleanup(func() { cancel(); <-done; r.Close() })
 }

@@ -40,16 +40,21 @@ func PostgresAdminURL() string {
 // KafkaBrokers returns the test brokers after checking one answers.
 func KafkaBrokers(t testing.TB) []string {
 	t.Helper()
-	brokers := []string{"127.0.0.1:59092"}
-	if b := os.Getenv("ONCEFLOW_TEST_KAFKA_BROKERS"); b != "" {
-		brokers = strings.Split(b, ",")
-	}
+	brokers := kafkaBrokers()
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	if err := Ping(ctx, brokers); err != nil {
 		t.Fatalf("this test needs Apache Kafka: %v\n%s with ONCEFLOW_TEST_KAFKA_BROKERS", err, startHint)
 	}
 	return brokers
+}
+
+// kafkaBrokers reads ONCEFLOW_TEST_KAFKA_BROKERS, a comma-separated list.
+func kafkaBrokers() []string {
+	if b := os.Getenv("ONCEFLOW_TEST_KAFKA_BROKERS"); b != "" {
+		return strings.Split(b, ",")
+	}
+	return []string{"127.0.0.1:59092"}
 }
 
 // Name returns a unique lower-case name with prefix, for databases and topics.
@@ -193,6 +198,41 @@ func WaitFor(t testing.TB, timeout time.Duration, what string, cond func() (bool
 		<-time.After(tick)
 		if tick < 200*time.Millisecond {
 			tick *= 2
+		}
+	}
+}
+
+// HoldsFor checks cond throughout d, polling it, and fails the test the
+// first time it is false or errs: the test of something that must not
+// happen while a fault lasts (a position confirmed, a row deleted), which
+// no event announces — so it is watched for a while, not slept through.
+func HoldsFor(t testing.TB, d time.Duration, what string, cond func() (bool, error)) {
+	t.Helper()
+	end := time.Now().Add(d)
+	for {
+		ok, err := cond()
+		if err != nil {
+			t.Fatalf("checking that %s: %v", what, err)
+		}
+		if !ok {
+			t.Fatalf("%s: no longer true after %v of %v", what, d-time.Until(end), d)
+		}
+		if time.Now().After(end) {
+			return
+		}
+		<-time.After(10 * time.Millisecond)
+	}
+}
+
+// Eventually polls cond every 20ms until it is true (it returns true) or
+// timeout passes (false): WaitFor for examples, which have no testing.T.
+func Eventually(timeout time.Duration, cond func() bool) bool {
+	for deadline := time.Now().Add(timeout); ; <-time.After(20 * time.Millisecond) {
+		if cond() {
+			return true
+		}
+		if time.Now().After(deadline) {
+			return false
 		}
 	}
 }

@@ -68,6 +68,15 @@ func KafkaSecurity(getenv func(string) string) (kafkautil.Security, error) {
 	return kafkautil.NewSecurity(c)
 }
 
+// Read is how a program configured only by its environment starts: Args
+// checks its command line (and answers -h), then Load fills cfg from getenv.
+func Read(args []string, getenv func(string) string, stdout io.Writer, about string, cfg any) error {
+	if err := Args(args, stdout, about, cfg); err != nil {
+		return err
+	}
+	return Load(getenv, cfg)
+}
+
 // Args checks the command line of a program configured only by its
 // environment (cfg, as Load reads it): -h, -help or --help prints the usage
 // (about, then every variable with its default) to stdout and returns

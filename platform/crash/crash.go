@@ -3,15 +3,19 @@
 // kills itself with SIGKILL, as an OOM kill or a pulled plug would, so no
 // deferred function, rollback or offset commit runs.
 //
-// The libraries name their crash points (outbox.CrashAfterAck,
-// inbox.CrashAfterCommit, inbox.CrashAfterEffect, orders.CrashAfterWrite) and
-// call a CrashPoint func there when one is configured. A service's run turns
-// its CRASH_POINT and CRASH_AFTER variables into that func with Point. Unset
-// (or "none"), Point returns nil, and the libraries skip a nil CrashPoint:
-// production pays one nil check.
+// A service's run turns its CRASH_POINT and CRASH_AFTER variables into a
+// hook with Point, and arms it with Arm. The libraries' crash points
+// (outboxtest.CrashAfterAck, inboxtest.CrashAfterCommit,
+// inboxtest.CrashAfterEffect) are in no config: they are reached only
+// through the libraries' test kits, in the context the relay's and the
+// consumer's Run get, which is what Arm sets. A service's own points
+// (orders.CrashAfterWrite) take the hook as the service likes. Unset (or
+// "none"), Point returns nil and Arm arms nothing: production pays one
+// context lookup per point.
 package crash
 
 import (
+	"context"
 	"fmt"
 	"log/slog"
 	"os"
@@ -19,13 +23,23 @@ import (
 	"strings"
 	"sync/atomic"
 	"syscall"
+
+	"github.com/onceflow/onceflow/pkg/inbox/inboxtest"
 )
 
 // Disabled is the CRASH_POINT value that arms nothing (Compose files must set
 // every variable, and an empty one counts as unset).
 const Disabled = "none"
 
-// Point returns the CrashPoint func for a library config: the process kills
+// Arm returns ctx with hook (from Point; nil arms nothing) armed at the
+// libraries' crash points, for every stage a service runs under ctx. The two
+// kits share one hook, so arming it through the inbox's kit arms the
+// outbox's point too; hook tells them apart by name.
+func Arm(ctx context.Context, hook func(name string) error) context.Context {
+	return inboxtest.WithCrashPoint(ctx, hook)
+}
+
+// Point returns the crash point hook CRASH_POINT names: the process kills
 // itself with SIGKILL the after-th time (1 = the first) it passes the point
 // called name; other points pass. known lists the points the service has, so a
 // misspelt name fails at start instead of never firing. For "" or Disabled it

@@ -55,7 +55,7 @@ var (
 	grace       = Var{Name: "SHUTDOWN_GRACE", Meaning: "how long SIGTERM waits for in-flight work"}
 	crashPoint  = Var{Name: "CRASH_POINT", Meaning: "a named crash point to SIGKILL itself at (fault injection)"}
 	crashAfter  = Var{Name: "CRASH_AFTER", Meaning: "the pass of CRASH_POINT that crashes"}
-	relayMode   = Var{Name: "RELAY_MODE", Meaning: "poll, cdc or wal"}
+	relayMode   = Var{Name: "RELAY_MODE", Meaning: "poll, cdc or wal (orders also debezium: no relay, Debezium publishes)"}
 	replication = Var{Name: "REPLICATION_DATABASE_URL", Meaning: "the log-based relay's walsender connection"}
 	outboxSlot  = Var{Name: "OUTBOX_SLOT", Meaning: "the log-based relay's replication slot (cluster-wide name)"}
 )
@@ -68,6 +68,7 @@ var (
 		Var{Name: "ORDERS_TOPIC", Required: true, Meaning: "the topic of its events"},
 		Var{Name: "PUBLISH_MODE", Meaning: "outbox, or naive (dual write, for the proofs)"},
 		Var{Name: "RELAY_ENABLED", Meaning: "false runs the API only"},
+		Var{Name: "DEBEZIUM_SLOT", Meaning: "RELAY_MODE=debezium: the connector's replication slot, whose lag is the backlog"},
 	)}
 	// Billing consumes orders' events through its inbox and relays its own.
 	Billing = Spec{Name: "billing", Package: "./services/billing/cmd/billing", Compose: "billing", Env: append(slices.Clone(common),

@@ -15,7 +15,8 @@ import (
 const tracerScope = "github.com/onceflow/onceflow/platform/httpserver"
 
 // w3c reads the caller's trace context from the request's traceparent
-// header; see package tracectx for why it is not the process-wide propagator.
+// header whatever the process-wide propagator is, as the envelope's
+// traceparent is (event.TraceparentFromContext).
 var w3c propagation.TraceContext
 
 // TracingMiddleware returns echo middleware that makes each request a

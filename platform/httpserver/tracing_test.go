@@ -12,9 +12,10 @@ import (
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/onceflow/onceflow/pkg/event"
 	"github.com/onceflow/onceflow/platform/httpserver"
 	"github.com/onceflow/onceflow/platform/testinfra"
-	"github.com/onceflow/onceflow/platform/tracing/tracectx"
+	"github.com/onceflow/onceflow/platform/tracing"
 )
 
 // The server middleware continues the caller's trace and hands its span to
@@ -26,15 +27,15 @@ func TestMiddlewareAndTransport(t *testing.T) {
 	e.Use(httpserver.TracingMiddleware(func(c echo.Context) bool { return c.Path() == "/healthz" }))
 	var seen string
 	e.POST("/things/:id", func(c echo.Context) error {
-		seen = tracectx.Traceparent(c.Request().Context())
+		seen = event.TraceparentFromContext(c.Request().Context())
 		return echo.NewHTTPError(http.StatusServiceUnavailable, "down")
 	})
 	e.GET("/healthz", func(c echo.Context) error { return c.NoContent(http.StatusOK) })
 	srv := httptest.NewServer(e)
 	defer srv.Close()
 
-	client := &http.Client{Transport: tracectx.Transport(nil)}
-	ctx := tracectx.WithTraceparent(context.Background(), testinfra.CallerTraceparent)
+	client := &http.Client{Transport: tracing.Transport(nil)}
+	ctx := event.ContextWithTraceparent(context.Background(), testinfra.CallerTraceparent)
 	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, srv.URL+"/things/7", nil)
 	resp, err := client.Do(req)
 	if err != nil {

@@ -169,27 +169,11 @@ type deliveries struct {
 func countDeliveries(t *testing.T, brokers []string, topic string) *deliveries {
 	t.Helper()
 	d := &deliveries{n: map[uuid.UUID]int{}}
-	r := kafkautil.NewGroupReader(brokers, topic, testinfra.Name("counter"))
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		for {
-			m, err := r.FetchMessage(ctx)
-			if err != nil {
-				return
-			}
-			ev, err := event.FromKafka(m)
-			if err != nil {
-				t.Errorf("undecodable message at offset %d: %v", m.Offset, err)
-				return
-			}
-			d.mu.Lock()
-			d.n[ev.EventID]++
-			d.mu.Unlock()
-		}
-	}()
-	t.Cleanup(func() { cancel(); <-done; r.Close() })
+	testinfra.ReadEvents(t, brokers, topic, func(ev event.Envelope) {
+		d.mu.Lock()
+		defer d.mu.Unlock()
+		d.n[ev.EventID]++
+	})
 	return d
 }
 
@@ -207,7 +191,7 @@ func (d *deliveries) waitFor(t *testing.T, id uuid.UUID, n int, what string) {
 // could not know whether a requeue will happen.
 func TestHandlerNeedsAKnownRelayMode(t *testing.T) {
 	t.Parallel()
-	for _, mode := range []outbox.RelayMode{"", "POLL", "debezium"} {
+	for _, mode := range []outbox.RelayMode{"", "POLL", "kafka-connect"} {
 		func() {
 			defer func() {
 				if recover() == nil {

@@ -39,12 +39,18 @@ type Env struct {
 
 // Options returns the Options these variables give the service name,
 // listening on httpAddr and adminAddr, on its database databaseURL, reaching
-// Kafka through kafka (built from e.Kafka); the caller adds what is its own
-// (Migrations, ReadyWithoutKafka).
-func (e Env) Options(name, httpAddr, adminAddr, databaseURL string, kafka kafkautil.Security) Options {
+// Kafka through the security e.Kafka describes (Options.Kafka, for the
+// service's own Kafka clients too); the caller adds what is its own
+// (Migrations, ReadyWithoutKafka). It refuses a Kafka security it cannot
+// build.
+func (e Env) Options(name, httpAddr, adminAddr, databaseURL string) (Options, error) {
+	kafka, err := kafkautil.NewSecurity(e.Kafka)
+	if err != nil {
+		return Options{}, err
+	}
 	return Options{
 		Name: name, HTTPAddr: httpAddr, DatabaseURL: databaseURL, MigrateDatabaseURL: e.MigrateDatabaseURL, KafkaBrokers: e.KafkaBrokers,
 		AdminAddr: adminAddr, HTTP: e.HTTP, Kafka: kafka,
 		LogLevel: e.LogLevel, ShutdownGrace: e.ShutdownGrace, Tracing: e.Tracing,
-	}
+	}, nil
 }

@@ -42,7 +42,8 @@ type Options struct {
 	HTTP         HTTPConfig
 	DatabaseURL  string
 	KafkaBrokers []string
-	// Kafka is how /readyz's broker check connects (TLS, SASL).
+	// Kafka is how /readyz's broker check, and the service's own Kafka
+	// clients, connect (TLS, SASL).
 	Kafka         kafkautil.Security
 	LogLevel      string
 	ShutdownGrace time.Duration

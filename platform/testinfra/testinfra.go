@@ -42,6 +42,8 @@ var (
 	NewProxy           = testenv.NewProxy
 	ProxyDatabase      = testenv.ProxyDatabase
 	RecordSpans        = testenv.RecordSpans
+	ReadEvents         = testenv.ReadEvents
+	RunInBackground    = testenv.RunInBackground
 )
 
 // NewMigratedDatabase is testenv.NewMigratedDatabase for the services'

@@ -16,7 +16,8 @@
 // The spans themselves are started where the work happens: the echo server's
 // middleware (httpserver), the outbox relay (one producer span per event),
 // the inbox consumer (one consumer span per event) and the HTTP client
-// transport (tracectx.Transport). Package tracectx converts between a
+// transport (Transport). The library's package event converts between a
 // context and the W3C traceparent string ("00-<trace id>-<span id>-<flags>")
-// that the event envelope keeps in the outbox row and the Kafka header.
+// that the envelope keeps in the outbox row and the Kafka header
+// (event.TraceparentFromContext, event.ContextWithTraceparent).
 package tracing

@@ -11,9 +11,9 @@ import (
 	"go.opentelemetry.io/otel/trace/noop"
 	tracepb "go.opentelemetry.io/proto/otlp/trace/v1"
 
+	"github.com/onceflow/onceflow/pkg/event"
 	"github.com/onceflow/onceflow/platform/testinfra"
 	"github.com/onceflow/onceflow/platform/tracing"
-	"github.com/onceflow/onceflow/platform/tracing/tracectx"
 )
 
 func TestSetupRejectsBadConfig(t *testing.T) {
@@ -40,7 +40,7 @@ func TestSetupExportsOverOTLP(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	_, span := otel.Tracer("test").Start(tracectx.WithTraceparent(context.Background(), testinfra.CallerTraceparent), "exported",
+	_, span := otel.Tracer("test").Start(event.ContextWithTraceparent(context.Background(), testinfra.CallerTraceparent), "exported",
 		trace.WithSpanKind(trace.SpanKindConsumer))
 	span.End()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)

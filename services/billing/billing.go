@@ -15,7 +15,6 @@ import (
 	"github.com/onceflow/onceflow/pkg/event"
 	"github.com/onceflow/onceflow/pkg/inbox"
 	"github.com/onceflow/onceflow/pkg/outbox"
-	"github.com/onceflow/onceflow/platform/tracing/tracectx"
 )
 
 // The order events billing understands (published by the orders service).
@@ -215,7 +214,7 @@ func (b *Billing) emit(ctx context.Context, tx pgx.Tx, cause event.Envelope, eve
 	}
 	// The inbox runs Handle in the cause's consumer span: the payment event
 	// continues the order's trace from there.
-	traceparent := tracectx.Traceparent(ctx)
+	traceparent := event.TraceparentFromContext(ctx)
 	if traceparent == "" {
 		traceparent = cause.Traceparent
 	}

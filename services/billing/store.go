@@ -9,14 +9,14 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/onceflow/onceflow/pkg/pgerr"
 	"github.com/onceflow/onceflow/platform/apperr"
-	"github.com/onceflow/onceflow/platform/pgutil"
 )
 
 // The store's named errors. The code above the store matches these with
 // errors.Is and never sees pgx's errors or a SQLSTATE; the driver's error
 // stays in the chain behind the name, for the log and for the inbox, whose
-// outage and poison checks (pgutil.IsUnavailable, pgutil.IsPermanent) read
+// outage and poison checks (pgerr.IsUnavailable, pgerr.IsPermanent) read
 // it.
 var (
 	// ErrNotFound: the order has no charge (or none in the state asked for).
@@ -26,17 +26,17 @@ var (
 	// order_id key absorbs it (InsertCharge reports inserted=false).
 	ErrDuplicate = errors.New("payment id already recorded")
 	// ErrUnavailable: the database cannot be reached or cannot serve now
-	// (pgutil.IsUnavailable). It is an apperr.Unavailable, so the API
+	// (pgerr.IsUnavailable). It is an apperr.Unavailable, so the API
 	// answers 503 with this message and the cause goes to the log only; the
 	// inbox waits the outage out.
 	ErrUnavailable = apperr.Errorf(apperr.Unavailable, "the billing database is unavailable; retry later")
-	// ErrInvalidData: Postgres refused a value (pgutil.IsPermanent: SQLSTATE
+	// ErrInvalidData: Postgres refused a value (pgerr.IsPermanent: SQLSTATE
 	// class 22 or 54); the same event can never be applied, and the inbox
 	// dead-letters it.
 	ErrInvalidData = errors.New("the database refused a value")
 )
 
-var storeErrors = pgutil.StoreErrors{NotFound: ErrNotFound, Duplicate: ErrDuplicate, Unavailable: ErrUnavailable, Invalid: ErrInvalidData}
+var storeErrors = pgerr.StoreErrors{NotFound: ErrNotFound, Duplicate: ErrDuplicate, Unavailable: ErrUnavailable, Invalid: ErrInvalidData}
 
 // The SQL billing runs. The column list of a charge is the field order of
 // Charge, which pgx.RowToStructByPos relies on.

@@ -18,6 +18,7 @@ import (
 
 	"github.com/onceflow/onceflow/pkg/inbox"
 	"github.com/onceflow/onceflow/pkg/outbox"
+	"github.com/onceflow/onceflow/pkg/pgerr"
 	"github.com/onceflow/onceflow/platform/apperr"
 	"github.com/onceflow/onceflow/platform/httpserver"
 	"github.com/onceflow/onceflow/platform/pgutil"
@@ -81,7 +82,7 @@ func TestStoreNamesDriverErrors(t *testing.T) {
 	}
 	bad := captured(uuid.New())
 	bad.Currency = "EURO" // char(3): 22001, string data right truncation
-	if _, err := insert(bad); !errors.Is(err, billing.ErrInvalidData) || !pgutil.IsPermanent(err) {
+	if _, err := insert(bad); !errors.Is(err, billing.ErrInvalidData) || !pgerr.IsPermanent(err) {
 		t.Fatalf("a value Postgres refuses: %v, want ErrInvalidData with the cause the inbox dead-letters on", err)
 	}
 
@@ -144,7 +145,7 @@ func TestOutageAndMissingChargeOverHTTP(t *testing.T) {
 	}
 
 	proxy.Cut()
-	if _, err := billing.NewStore(pool).Charge(ctx, uuid.New()); !errors.Is(err, billing.ErrUnavailable) || !pgutil.IsUnavailable(err) {
+	if _, err := billing.NewStore(pool).Charge(ctx, uuid.New()); !errors.Is(err, billing.ErrUnavailable) || !pgerr.IsUnavailable(err) {
 		t.Fatalf("a read in an outage: %v, want ErrUnavailable with the cause the inbox waits out", err)
 	}
 	rec, body := get("/charges/" + missing)

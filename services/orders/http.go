@@ -7,9 +7,9 @@ import (
 	"github.com/google/uuid"
 	"github.com/labstack/echo/v4"
 
+	"github.com/onceflow/onceflow/pkg/event"
 	"github.com/onceflow/onceflow/platform/apperr"
 	"github.com/onceflow/onceflow/platform/httpserver"
-	"github.com/onceflow/onceflow/platform/tracing/tracectx"
 )
 
 // Routes registers the orders API on e.
@@ -119,5 +119,5 @@ func meta(c echo.Context, idempotencyKey string) Meta {
 	if cause == "" {
 		cause = reqID
 	}
-	return Meta{CorrelationID: reqID, CausationID: cause, Traceparent: tracectx.Traceparent(r.Context())}
+	return Meta{CorrelationID: reqID, CausationID: cause, Traceparent: event.TraceparentFromContext(r.Context())}
 }

@@ -9,8 +9,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/onceflow/onceflow/pkg/pgerr"
 	"github.com/onceflow/onceflow/platform/apperr"
-	"github.com/onceflow/onceflow/platform/pgutil"
 )
 
 // The store's named errors. The code above the store matches these with
@@ -23,10 +23,10 @@ var (
 	// on its primary key), by an earlier request or one committing now.
 	ErrDuplicate = errors.New("already recorded")
 	// ErrUnavailable: the database cannot be reached or cannot serve now
-	// (pgutil.IsUnavailable). It is an apperr.Unavailable, so the API
+	// (pgerr.IsUnavailable). It is an apperr.Unavailable, so the API
 	// answers 503 with this message and the cause goes to the log only.
 	ErrUnavailable = apperr.Errorf(apperr.Unavailable, "the orders database is unavailable; retry later")
-	// ErrInvalidData: Postgres refused a value (pgutil.IsPermanent: SQLSTATE
+	// ErrInvalidData: Postgres refused a value (pgerr.IsPermanent: SQLSTATE
 	// class 22 or 54); the same request can never succeed.
 	ErrInvalidData = errors.New("the database refused a value")
 )
@@ -35,8 +35,8 @@ var (
 // ErrDuplicate out, so that a unique violation from outside the store (the
 // outbox's own insert) is never read as a seen idempotency key.
 var (
-	storeErrors = pgutil.StoreErrors{NotFound: ErrNotFound, Duplicate: ErrDuplicate, Unavailable: ErrUnavailable, Invalid: ErrInvalidData}
-	txErrors    = pgutil.StoreErrors{Unavailable: ErrUnavailable, Invalid: ErrInvalidData}
+	storeErrors = pgerr.StoreErrors{NotFound: ErrNotFound, Duplicate: ErrDuplicate, Unavailable: ErrUnavailable, Invalid: ErrInvalidData}
+	txErrors    = pgerr.StoreErrors{Unavailable: ErrUnavailable, Invalid: ErrInvalidData}
 )
 
 // The SQL the service runs. The column list of an order is the field order

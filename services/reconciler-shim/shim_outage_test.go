@@ -11,7 +11,6 @@ import (
 	"github.com/google/uuid"
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/onceflow/onceflow/pkg/event"
 	"github.com/onceflow/onceflow/pkg/inbox"
 	"github.com/onceflow/onceflow/pkg/inbox/inboxtest"
 	"github.com/onceflow/onceflow/platform/testinfra"
@@ -43,23 +42,16 @@ func TestAThirdPartyDownLongerThanTheRetryBudgetDeadLettersNothingAndDeliversAll
 	t.Parallel()
 	r := newRig(t)
 	const payments = 6
-	evs := make([]event.Envelope, payments)
-	for i := range evs {
-		evs[i] = captured(uuid.New())
-	}
+	evs := capturedPayments(payments)
 	r.mode.Store(apiDown)
 	r.publish(t, evs...)
 	reg := prometheus.NewRegistry()
 	// A retry budget of well under a second: 3 attempts, 10-50ms apart.
-	c, closeC := r.consumer(t, testinfra.Name("shim"), 300*time.Millisecond, inbox.Config{
-		MaxAttempts: 3, BackoffMin: 10 * time.Millisecond, BackoffMax: 50 * time.Millisecond,
-		LeaseTTL: 2 * time.Second, Metrics: inbox.NewMetrics(reg),
-	})
-	defer closeC()
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- c.Run(ctx) }()
-	defer func() { cancel(); <-done }()
+	c := r.consumer(t, testinfra.Name("shim"), 300*time.Millisecond, inbox.LeaseConfig{LeaseTTL: 2 * time.Second, Config: inbox.Config{
+		MaxAttempts: 3, BackoffMin: 10 * time.Millisecond, BackoffMax: 50 * time.Millisecond, Metrics: inbox.NewMetrics(reg),
+	}})
+	ctx := context.Background()
+	testinfra.RunInBackground(t, "the shim", c.Run)
 
 	// Far more failed calls than the budget allows every payment, or the
 	// first dead letter.
@@ -102,33 +94,12 @@ func TestAThirdPartyDownLongerThanTheRetryBudgetDeadLettersNothingAndDeliversAll
 func TestATakeoverThatCannotDecideRecordsThePaymentUncertain(t *testing.T) {
 	t.Parallel()
 	r := newRig(t)
-	ev := captured(uuid.New())
-	r.publish(t, ev)
-	group := testinfra.Name("shim")
-
-	killed := errors.New("killed")
-	first, closeFirst := r.consumer(t, group, 5*time.Second, inbox.Config{
-		LeaseTTL: 500 * time.Millisecond,
-		CrashPoint: func(name string) error {
-			if name == inbox.CrashAfterEffect {
-				return killed
-			}
-			return nil
-		},
-	})
-	if err := first.Run(context.Background()); !errors.Is(err, killed) {
-		t.Fatalf("first life ended with %v, want the crash", err)
-	}
-	closeFirst()
+	ev, group := r.diesAfterTheFirstCall(t)
 
 	r.mode.Store(apiLookupLost)
-	second, closeSecond := r.consumer(t, group, 5*time.Second, inbox.Config{LeaseTTL: 500 * time.Millisecond,
-		MaxAttempts: 2, BackoffMin: 10 * time.Millisecond, BackoffMax: 50 * time.Millisecond})
-	defer closeSecond()
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- second.Run(ctx) }()
-	defer func() { cancel(); <-done }()
+	second := r.consumer(t, group, 5*time.Second, inbox.LeaseConfig{LeaseTTL: 500 * time.Millisecond, Config: inbox.Config{
+		MaxAttempts: 2, BackoffMin: 10 * time.Millisecond, BackoffMax: 50 * time.Millisecond}})
+	testinfra.RunInBackground(t, "the shim", second.Run)
 	var status string
 	testinfra.WaitFor(t, 30*time.Second, "the payment to be settled one way or another", func() (bool, error) {
 		status = inboxtest.Status(t, r.pool, "shim", ev.EventID)

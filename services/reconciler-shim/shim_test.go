@@ -104,7 +104,7 @@ func (r *rig) publish(t *testing.T, evs ...event.Envelope) {
 
 // consumer builds the shim's lease-mode consumer on a group, with a client
 // whose calls time out after callTimeout.
-func (r *rig) consumer(t *testing.T, group string, callTimeout time.Duration, cfg inbox.Config) (*inbox.Consumer, func()) {
+func (r *rig) consumer(t *testing.T, group string, callTimeout time.Duration, cfg inbox.LeaseConfig) *inbox.Consumer {
 	t.Helper()
 	w := kafkautil.NewWriter(r.brokers, 10)
 	tp := thirdparty.NewClient(r.url, &http.Client{Timeout: callTimeout})
@@ -115,7 +115,40 @@ func (r *rig) consumer(t *testing.T, group string, callTimeout time.Duration, cf
 	if err != nil {
 		t.Fatal(err)
 	}
-	return c, func() { w.Close() }
+	// Registered before the test runs the consumer, so it runs after the
+	// consumer stopped: cleanups run last first.
+	t.Cleanup(func() { w.Close() })
+	return c
+}
+
+// diesAfterTheFirstCall publishes one payment and runs a first life of the
+// shim in a new group: it calls the third party once, then dies at the
+// crash point before marking it done. It returns the payment and the group.
+func (r *rig) diesAfterTheFirstCall(t *testing.T) (ev event.Envelope, group string) {
+	t.Helper()
+	ev, group = captured(uuid.New()), testinfra.Name("shim")
+	r.publish(t, ev)
+	first := r.consumer(t, group, 5*time.Second, inbox.LeaseConfig{LeaseTTL: 500 * time.Millisecond})
+	killed := errors.New("killed")
+	ctx := inboxtest.WithCrashPoint(context.Background(), func(name string) error {
+		if name == inboxtest.CrashAfterEffect {
+			return killed
+		}
+		return nil
+	})
+	if err := first.Run(ctx); !errors.Is(err, killed) {
+		t.Fatalf("first life ended with %v, want the crash", err)
+	}
+	return ev, group
+}
+
+// capturedPayments is n payments of distinct orders.
+func capturedPayments(n int) []event.Envelope {
+	evs := make([]event.Envelope, n)
+	for i := range evs {
+		evs[i] = captured(uuid.New())
+	}
+	return evs
 }
 
 func captured(orderID uuid.UUID) event.Envelope {
@@ -142,37 +175,17 @@ func (r *rig) outcome(t *testing.T, ev event.Envelope) (string, string) {
 func TestKilledBetweenTheCallAndDoneTheThirdPartyHoldsOneSettlement(t *testing.T) {
 	t.Parallel()
 	r := newRig(t)
-	ev := captured(uuid.New())
-	r.publish(t, ev)
-	group := testinfra.Name("shim")
-
 	// First life: calls the third party, then dies before marking done.
-	killed := errors.New("killed")
-	first, closeFirst := r.consumer(t, group, 5*time.Second, inbox.Config{
-		LeaseTTL: 500 * time.Millisecond,
-		CrashPoint: func(name string) error {
-			if name == inbox.CrashAfterEffect {
-				return killed
-			}
-			return nil
-		},
-	})
-	if err := first.Run(context.Background()); !errors.Is(err, killed) {
-		t.Fatalf("first life ended with %v, want the crash", err)
-	}
-	closeFirst()
+	ev, group := r.diesAfterTheFirstCall(t)
 	if st := r.ledger.Stats(); st.Settlements != 1 {
 		t.Fatalf("after the first life the third party has %d settlements, want 1", st.Settlements)
 	}
 
 	// Second life: the redelivery waits out the dead worker's lease, asks the
 	// third party, and records the forward without calling again.
-	second, closeSecond := r.consumer(t, group, 5*time.Second, inbox.Config{LeaseTTL: 500 * time.Millisecond})
-	defer closeSecond()
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- second.Run(ctx) }()
-	defer func() { cancel(); <-done }()
+	second := r.consumer(t, group, 5*time.Second, inbox.LeaseConfig{LeaseTTL: 500 * time.Millisecond})
+	ctx := context.Background()
+	testinfra.RunInBackground(t, "the shim", second.Run)
 	testinfra.WaitFor(t, 30*time.Second, "the forward to be recorded", func() (bool, error) {
 		n, err := shim.CountForwards(ctx, r.pool)
 		return n == 1, err
@@ -197,15 +210,11 @@ func TestAFailingOrHangingThirdPartyIsRetriedWithoutDuplicates(t *testing.T) {
 	}
 	r.publish(t, first, second)
 	reg := prometheus.NewRegistry()
-	c, closeC := r.consumer(t, testinfra.Name("shim"), 300*time.Millisecond, inbox.Config{
-		Workers: 1, BackoffMin: 20 * time.Millisecond, BackoffMax: 100 * time.Millisecond,
-		LeaseTTL: 2 * time.Second, Metrics: inbox.NewMetrics(reg),
-	})
-	defer closeC()
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- c.Run(ctx) }()
-	defer func() { cancel(); <-done }()
+	c := r.consumer(t, testinfra.Name("shim"), 300*time.Millisecond, inbox.LeaseConfig{LeaseTTL: 2 * time.Second, Config: inbox.Config{
+		Workers: 1, BackoffMin: 20 * time.Millisecond, BackoffMax: 100 * time.Millisecond, Metrics: inbox.NewMetrics(reg),
+	}})
+	ctx := context.Background()
+	testinfra.RunInBackground(t, "the shim", c.Run)
 	testinfra.WaitFor(t, 30*time.Second, "both forwards recorded", func() (bool, error) {
 		n, err := shim.CountForwards(ctx, r.pool)
 		return n == 2, err
@@ -254,10 +263,7 @@ func TestManyPaymentsThroughFailuresHangsAndACrashAreEachBookedOnce(t *testing.T
 	t.Parallel()
 	r := newRig(t)
 	const payments = 12
-	evs := make([]event.Envelope, payments)
-	for i := range evs {
-		evs[i] = captured(uuid.New())
-	}
+	evs := capturedPayments(payments)
 	client := thirdparty.NewClient(r.url, nil).WithAdmin(r.adminURL, "test-token")
 	// Calls in flight meet 500s and calls that are booked but answered after
 	// the shim's client gave up; then the shim dies between calls and done.
@@ -266,31 +272,25 @@ func TestManyPaymentsThroughFailuresHangsAndACrashAreEachBookedOnce(t *testing.T
 	}
 	r.publish(t, evs...)
 	group := testinfra.Name("shim")
-	backoff := inbox.Config{BackoffMin: 20 * time.Millisecond, BackoffMax: 100 * time.Millisecond, LeaseTTL: time.Second, MaxInFlight: 4}
+	backoff := inbox.LeaseConfig{Config: inbox.Config{BackoffMin: 20 * time.Millisecond, BackoffMax: 100 * time.Millisecond}, LeaseTTL: time.Second, MaxInFlight: 4}
 
 	killed := errors.New("killed")
 	var passes atomic.Int32
-	firstCfg := backoff
-	firstCfg.CrashPoint = func(name string) error {
-		if name == inbox.CrashAfterEffect && passes.Add(1) == 4 {
+	first := r.consumer(t, group, 300*time.Millisecond, backoff)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	crashAtTheFourth := inboxtest.WithCrashPoint(ctx, func(name string) error {
+		if name == inboxtest.CrashAfterEffect && passes.Add(1) == 4 {
 			return killed
 		}
 		return nil
-	}
-	first, closeFirst := r.consumer(t, group, 300*time.Millisecond, firstCfg)
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-	defer cancel()
-	if err := first.Run(ctx); !errors.Is(err, killed) {
+	})
+	if err := first.Run(crashAtTheFourth); !errors.Is(err, killed) {
 		t.Fatalf("first life ended with %v, want the crash", err)
 	}
-	closeFirst()
 
-	second, closeSecond := r.consumer(t, group, 300*time.Millisecond, backoff)
-	defer closeSecond()
-	runCtx, stop := context.WithCancel(ctx)
-	done := make(chan error, 1)
-	go func() { done <- second.Run(runCtx) }()
-	defer func() { stop(); <-done }()
+	second := r.consumer(t, group, 300*time.Millisecond, backoff)
+	testinfra.RunInBackground(t, "the shim", second.Run)
 	testinfra.WaitFor(t, 60*time.Second, "every forward recorded", func() (bool, error) {
 		n, err := shim.CountForwards(ctx, r.pool)
 		return n == payments, err

@@ -8,13 +8,13 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 
-	"github.com/onceflow/onceflow/platform/pgutil"
+	"github.com/onceflow/onceflow/pkg/pgerr"
 )
 
 // The store's named errors. The code above the store matches these with
 // errors.Is and never sees pgx's errors or a SQLSTATE; the driver's error
 // stays in the chain behind the name, for the log and for the inbox, whose
-// outage and poison checks (pgutil.IsUnavailable, pgutil.IsPermanent) read
+// outage and poison checks (pgerr.IsUnavailable, pgerr.IsPermanent) read
 // it. The shim has no API of its own, so none of them is an apperr.
 var (
 	// ErrNotFound: no forward is recorded for that event.
@@ -23,14 +23,14 @@ var (
 	// 23505 on event_id): another delivery of it committed first.
 	ErrDuplicate = errors.New("forward already recorded")
 	// ErrUnavailable: the database cannot be reached or cannot serve now
-	// (pgutil.IsUnavailable); the inbox waits the outage out.
+	// (pgerr.IsUnavailable); the inbox waits the outage out.
 	ErrUnavailable = errors.New("the shim database is unavailable")
-	// ErrInvalidData: Postgres refused a value (pgutil.IsPermanent); the
+	// ErrInvalidData: Postgres refused a value (pgerr.IsPermanent); the
 	// inbox dead-letters the event.
 	ErrInvalidData = errors.New("the database refused a value")
 )
 
-var storeErrors = pgutil.StoreErrors{NotFound: ErrNotFound, Duplicate: ErrDuplicate, Unavailable: ErrUnavailable, Invalid: ErrInvalidData}
+var storeErrors = pgerr.StoreErrors{NotFound: ErrNotFound, Duplicate: ErrDuplicate, Unavailable: ErrUnavailable, Invalid: ErrInvalidData}
 
 // The SQL the shim runs on its own table; the inbox's tables are the
 // inbox's business.

@@ -9,6 +9,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/onceflow/onceflow/pkg/inbox"
+	"github.com/onceflow/onceflow/pkg/pgerr"
 	"github.com/onceflow/onceflow/platform/pgutil"
 	"github.com/onceflow/onceflow/platform/testinfra"
 	shim "github.com/onceflow/onceflow/services/reconciler-shim"
@@ -57,7 +58,7 @@ func TestStoreNamesDriverErrors(t *testing.T) {
 	}
 	bad := forward()
 	bad.EventType = "Payment\x00Captured" // 22021: Postgres refuses NUL in text
-	if err := insert(bad); !errors.Is(err, shim.ErrInvalidData) || !pgutil.IsPermanent(err) {
+	if err := insert(bad); !errors.Is(err, shim.ErrInvalidData) || !pgerr.IsPermanent(err) {
 		t.Fatalf("a value Postgres refuses: %v, want ErrInvalidData with its cause", err)
 	}
 	if n, err := shim.CountForwards(ctx, pool); n != 1 || err != nil {
@@ -65,7 +66,7 @@ func TestStoreNamesDriverErrors(t *testing.T) {
 	}
 
 	proxy.Cut()
-	if _, err := shim.CountForwards(ctx, pool); !errors.Is(err, shim.ErrUnavailable) || !pgutil.IsUnavailable(err) {
+	if _, err := shim.CountForwards(ctx, pool); !errors.Is(err, shim.ErrUnavailable) || !pgerr.IsUnavailable(err) {
 		t.Fatalf("in an outage: %v, want ErrUnavailable with its cause", err)
 	}
 	pool.Close()

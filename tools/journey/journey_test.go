@@ -6,7 +6,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
-	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -24,24 +23,7 @@ var bins map[string]string
 
 // TestMain builds the four programs from this checkout once: the journey is
 // followed through the real services, not through rows a test wrote.
-func TestMain(m *testing.M) {
-	dir, err := os.MkdirTemp("", "onceflow-journey-")
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.Exit(1)
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
-	bins, err = harness.BuildTree(ctx, dir)
-	cancel()
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.RemoveAll(dir)
-		os.Exit(1)
-	}
-	code := m.Run()
-	os.RemoveAll(dir)
-	os.Exit(code)
-}
+func TestMain(m *testing.M) { harness.TestMain(m, &bins) }
 
 // TestJourneyOfACancelledOrderThroughTheRealPlatform places an order on the
 // four real programs, cancels it once its payment is booked, and follows it
@@ -70,11 +52,11 @@ func TestJourneyOfACancelledOrderThroughTheRealPlatform(t *testing.T) {
 		}
 		return env
 	}
-	reconciler := start(t, harness.Reconciler, env("LEDGER_PATH", filepath.Join(t.TempDir(), "ledger.jsonl")))
-	orders := start(t, harness.Orders, env("DATABASE_URL", ordersRoles.AppURL, "MIGRATE_DATABASE_URL", ordersRoles.OwnerURL))
-	start(t, harness.Billing, env("DATABASE_URL", billingRoles.AppURL, "MIGRATE_DATABASE_URL", billingRoles.OwnerURL,
+	reconciler := harness.StartT(t, bins, harness.Reconciler, env("LEDGER_PATH", filepath.Join(t.TempDir(), "ledger.jsonl")))
+	orders := harness.StartT(t, bins, harness.Orders, env("DATABASE_URL", ordersRoles.AppURL, "MIGRATE_DATABASE_URL", ordersRoles.OwnerURL))
+	harness.StartT(t, bins, harness.Billing, env("DATABASE_URL", billingRoles.AppURL, "MIGRATE_DATABASE_URL", billingRoles.OwnerURL,
 		"CONSUMER_GROUP", testinfra.Name("billing")))
-	start(t, harness.Shim, env("DATABASE_URL", shimRoles.AppURL, "MIGRATE_DATABASE_URL", shimRoles.OwnerURL,
+	harness.StartT(t, bins, harness.Shim, env("DATABASE_URL", shimRoles.AppURL, "MIGRATE_DATABASE_URL", shimRoles.OwnerURL,
 		"CONSUMER_GROUP", testinfra.Name("shim"), "RECONCILER_URL", reconciler.URL(), "RECONCILER_TIMEOUT", "5s"))
 
 	var order struct {
@@ -189,23 +171,6 @@ func TestJourneyOfACancelledOrderThroughTheRealPlatform(t *testing.T) {
 	if len(j.Problems) != 1 || !strings.Contains(j.Problems[0], "booked idempotency key "+key+" 2 times") {
 		t.Fatalf("problems after a second booking = %q, want the duplicate named", j.Problems)
 	}
-}
-
-func start(t *testing.T, spec harness.Spec, env map[string]string) *harness.Proc {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
-	defer cancel()
-	p, err := harness.Start(ctx, harness.Config{Spec: spec, Bin: bins[spec.Name], Env: env,
-		LogPath: filepath.Join(t.TempDir(), spec.Name+".log")})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if err := p.Stop(30 * time.Second); err != nil {
-			t.Errorf("%v\n%s", err, p.Tail(40))
-		}
-	})
-	return p
 }
 
 func post(t *testing.T, url, body string, out any) {

@@ -10,7 +10,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
-	"github.com/onceflow/onceflow/platform/pgutil"
+	"github.com/onceflow/onceflow/pkg/pgerr"
 )
 
 // The store's named errors: Run's callers match these with errors.Is and
@@ -22,11 +22,11 @@ var (
 	// would report a clean platform.
 	ErrNotMigrated = errors.New("a table is missing (is the service's database migrated, and is the URL the right database?)")
 	// ErrUnavailable: a database cannot be reached or cannot serve now
-	// (pgutil.IsUnavailable); the next run tries again.
+	// (pgerr.IsUnavailable); the next run tries again.
 	ErrUnavailable = errors.New("a database is unavailable")
 )
 
-var storeErrors = pgutil.StoreErrors{Unavailable: ErrUnavailable}
+var storeErrors = pgerr.StoreErrors{Unavailable: ErrUnavailable}
 
 // undefinedTable is SQLSTATE 42P01.
 const undefinedTable = "42P01"

@@ -3,7 +3,6 @@ package inboxtest_test
 import (
 	"context"
 	"fmt"
-	"testing"
 
 	"github.com/jackc/pgx/v5"
 
@@ -17,8 +16,8 @@ import (
 // without Kafka, and asserts what the inbox recorded: here that a
 // redelivered event is handled once.
 func ExampleDeliver() {
-	t := newExampleT()
-	defer t.cleanup()
+	t := testenv.NewExampleTB()
+	defer t.Done()
 	ctx := context.Background()
 	pool := testenv.NewPool(t, testenv.NewMigratedDatabase(t, testenv.Migration{FS: inbox.Migrations, Table: inbox.MigrationsTable}))
 	if _, err := pool.Exec(ctx, `CREATE TABLE charges (order_id text PRIMARY KEY)`); err != nil {
@@ -37,23 +36,4 @@ func ExampleDeliver() {
 	_ = pool.QueryRow(ctx, `SELECT count(*) FROM charges`).Scan(&charges)
 	fmt.Println("charges:", charges, "dead letters:", len(deadLetters))
 	// Output: charges: 1 dead letters: 0
-}
-
-// exampleT stands in for the *testing.T an example does not have: a
-// failure panics, cleanups run at the end of the example.
-type exampleT struct {
-	testing.TB // nil: only the methods below are called
-	cleanups   []func()
-}
-
-func newExampleT() *exampleT                        { return &exampleT{} }
-func (*exampleT) Helper()                           {}
-func (*exampleT) Fatalf(format string, args ...any) { panic(fmt.Sprintf(format, args...)) }
-func (*exampleT) Errorf(format string, args ...any) { panic(fmt.Sprintf(format, args...)) }
-func (*exampleT) Logf(string, ...any)               {}
-func (t *exampleT) Cleanup(f func())                { t.cleanups = append(t.cleanups, f) }
-func (t *exampleT) cleanup() {
-	for i := len(t.cleanups) - 1; i >= 0; i-- {
-		t.cleanups[i]()
-	}
 }

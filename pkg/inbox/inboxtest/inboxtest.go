@@ -37,9 +37,7 @@ const Topic = "inboxtest.events"
 // as a consumer fed by Kafka would (inbox.Consumer.Handle), and returns the
 // dead letters it wrote. The same event delivered twice, in one call or two,
 // is a duplicate the second time, as it would be from Kafka. Retry backoffs
-// default to 1ms–10ms here, so a failing handler is dead-lettered quickly,
-// and in lease mode LeaseMargin to 10ms (there is no wire for a failed call
-// to land late on, unless the effect makes one).
+// default to 1ms–10ms here, so a failing handler is dead-lettered quickly.
 // pool must hold the inbox schema. Deliver fails the test if the consumer
 // could not settle every event within 30s.
 func Deliver(t testing.TB, pool *pgxpool.Pool, cfg inbox.Config, h inbox.Handler, evs ...event.Envelope) []kafka.Message {
@@ -54,11 +52,16 @@ func Deliver(t testing.TB, pool *pgxpool.Pool, cfg inbox.Config, h inbox.Handler
 }
 
 // DeliverLeased is Deliver for a lease-mode consumer (inbox.NewLeaseConsumer)
-// running eff.
-func DeliverLeased(t testing.TB, pool *pgxpool.Pool, cfg inbox.Config, eff inbox.Effect, evs ...event.Envelope) []kafka.Message {
+// running eff. LeaseMargin defaults to 10ms here (there is no wire for a
+// failed call to land late on, unless the effect makes one).
+func DeliverLeased(t testing.TB, pool *pgxpool.Pool, cfg inbox.LeaseConfig, eff inbox.Effect, evs ...event.Envelope) []kafka.Message {
 	t.Helper()
 	var dlq deadLetters
-	c, err := inbox.NewLeaseConsumer(pool, source(), &dlq, eff, fast(cfg))
+	cfg.Config = fast(cfg.Config)
+	if cfg.LeaseMargin == 0 {
+		cfg.LeaseMargin = 10 * time.Millisecond
+	}
+	c, err := inbox.NewLeaseConsumer(pool, source(), &dlq, eff, cfg)
 	if err != nil {
 		t.Fatalf("inboxtest: %v", err)
 	}
@@ -74,9 +77,6 @@ func source() inbox.GroupConfig {
 func fast(cfg inbox.Config) inbox.Config {
 	if cfg.BackoffMin == 0 && cfg.BackoffMax == 0 {
 		cfg.BackoffMin, cfg.BackoffMax = time.Millisecond, 10*time.Millisecond
-	}
-	if cfg.LeaseMargin == 0 {
-		cfg.LeaseMargin = 10 * time.Millisecond
 	}
 	return cfg
 }

@@ -1,7 +1,7 @@
 // Package kafkaerr tells an error about a Kafka message (too large, corrupt,
 // refused by a policy: the same message gets the same answer) from one about
-// the broker (an outage, waited out). The platform keeps its own copy in
-// platform/kafkautil.
+// the broker (an outage, waited out). Only the libraries need it: the
+// platform's own Kafka clients never decide a message's fate.
 package kafkaerr
 
 import (

@@ -3,7 +3,6 @@ package outboxtest_test
 import (
 	"context"
 	"fmt"
-	"testing"
 	"time"
 
 	"github.com/google/uuid"
@@ -18,8 +17,8 @@ import (
 // A test of code that enqueues asserts what it enqueued — here inside the
 // transaction, before it commits — without SQL against the outbox table.
 func ExampleRequireEnqueued() {
-	t := newExampleT()
-	defer t.cleanup()
+	t := testenv.NewExampleTB()
+	defer t.Done()
 	ctx := context.Background()
 	pool := testenv.NewPool(t, testenv.NewMigratedDatabase(t, testenv.Migration{FS: outbox.Migrations, Table: outbox.MigrationsTable}))
 
@@ -40,8 +39,8 @@ func ExampleRequireEnqueued() {
 
 // A relay under test publishes to an in-memory Writer instead of Kafka.
 func ExampleWriter() {
-	t := newExampleT()
-	defer t.cleanup()
+	t := testenv.NewExampleTB()
+	defer t.Done()
 	ctx := context.Background()
 	pool := testenv.NewPool(t, testenv.NewMigratedDatabase(t, testenv.Migration{FS: outbox.Migrations, Table: outbox.MigrationsTable}))
 	if err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error { return outbox.Enqueue(ctx, tx, orderPlaced("order-1")) }); err != nil {
@@ -76,24 +75,5 @@ func orderPlaced(id string) event.Envelope {
 	return event.Envelope{
 		EventID: uuid.New(), EventType: "OrderPlaced", EventVersion: 1, AggregateType: "order",
 		AggregateID: id, AggregateVersion: 1, OccurredAt: time.Now(), CorrelationID: "req-1", Payload: []byte(`{}`),
-	}
-}
-
-// exampleT stands in for the *testing.T an example does not have: a
-// failure panics, cleanups run at the end of the example.
-type exampleT struct {
-	testing.TB // nil: only the methods below are called
-	cleanups   []func()
-}
-
-func newExampleT() *exampleT                        { return &exampleT{} }
-func (*exampleT) Helper()                           {}
-func (*exampleT) Fatalf(format string, args ...any) { panic(fmt.Sprintf(format, args...)) }
-func (*exampleT) Errorf(format string, args ...any) { panic(fmt.Sprintf(format, args...)) }
-func (*exampleT) Logf(string, ...any)               {}
-func (t *exampleT) Cleanup(f func())                { t.cleanups = append(t.cleanups, f) }
-func (t *exampleT) cleanup() {
-	for i := len(t.cleanups) - 1; i >= 0; i-- {
-		t.cleanups[i]()
 	}
 }

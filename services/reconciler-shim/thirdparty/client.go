@@ -14,7 +14,7 @@ import (
 
 	"github.com/onceflow/onceflow/platform/apperr"
 	"github.com/onceflow/onceflow/platform/httpserver"
-	"github.com/onceflow/onceflow/platform/tracing/tracectx"
+	"github.com/onceflow/onceflow/platform/tracing"
 )
 
 // ErrRejected is wrapped by errors for answers that retrying the same request
@@ -79,7 +79,7 @@ func NewClient(baseURL string, httpClient *http.Client) *Client {
 		httpClient = &http.Client{Timeout: 10 * time.Second}
 	}
 	traced := *httpClient // the caller's client stays as it was
-	traced.Transport = tracectx.Transport(httpClient.Transport)
+	traced.Transport = tracing.Transport(httpClient.Transport)
 	return &Client{baseURL: strings.TrimRight(baseURL, "/"), hc: &traced}
 }
 

@@ -5,6 +5,7 @@ import (
 	"os"
 	"path/filepath"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 )
@@ -12,14 +13,23 @@ import (
 func TestConcurrentBookingsShareFsyncsAndEachIsDurableWhenAnswered(t *testing.T) {
 	const bookings = 64
 	path := filepath.Join(t.TempDir(), "ledger.jsonl")
-	// The fsync takes a while, as on a real disk, and records what it made
-	// durable: the file's content at the moment it returned.
+	// The first fsync waits until every booking has been sent (as a slow
+	// disk would keep them queued), and each records what it made durable:
+	// the file's content at the moment it returned.
 	var (
-		mu      sync.Mutex
-		durable []byte
+		mu        sync.Mutex
+		durable   []byte
+		sent      atomic.Int32
+		allSent   = make(chan struct{})
+		firstSync sync.Once
 	)
 	slowSync := func(f *os.File) error {
-		time.Sleep(5 * time.Millisecond)
+		firstSync.Do(func() {
+			select {
+			case <-allSent:
+			case <-time.After(10 * time.Second):
+			}
+		})
 		if err := f.Sync(); err != nil {
 			return err
 		}
@@ -43,6 +53,9 @@ func TestConcurrentBookingsShareFsyncsAndEachIsDurableWhenAnswered(t *testing.T)
 	notDurable := make(chan string, bookings)
 	for i := range bookings {
 		wg.Go(func() {
+			if sent.Add(1) == bookings {
+				close(allSent)
+			}
 			// Two bookings per key: the stand-in stays NOT idempotent.
 			s, err := l.Append(Settlement{IdempotencyKey: string(rune('a' + i%(bookings/2))), PaymentID: "p", OrderID: "o",
 				Kind: KindCapture, AmountCents: 100, Currency: "EUR"})

@@ -38,13 +38,9 @@ func (a *app) deadLettersList(ctx context.Context, args []string) error {
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
-	services := a.services
-	if *only != "" {
-		s, err := a.service(*only)
-		if err != nil {
-			return err
-		}
-		services = []service{s}
+	services, err := a.selected(*only)
+	if err != nil {
+		return err
 	}
 	var all []DeadLetter
 	for _, s := range services {

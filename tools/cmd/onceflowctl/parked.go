@@ -34,13 +34,9 @@ func (a *app) parked(ctx context.Context, args []string) error {
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
-	services := a.services
-	if *only != "" {
-		s, err := a.service(*only)
-		if err != nil {
-			return err
-		}
-		services = []service{s}
+	services, err := a.selected(*only)
+	if err != nil {
+		return err
 	}
 	all := []ParkedEvent{}
 	for _, s := range services {

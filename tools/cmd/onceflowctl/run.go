@@ -157,6 +157,18 @@ func (a *app) service(name string) (service, error) {
 	return service{}, fmt.Errorf("-service must be one of %s, got %q", strings.Join(names, ", "), name)
 }
 
+// selected is the service -service names, or every service when it is "".
+func (a *app) selected(name string) ([]service, error) {
+	if name == "" {
+		return a.services, nil
+	}
+	s, err := a.service(name)
+	if err != nil {
+		return nil, err
+	}
+	return []service{s}, nil
+}
+
 // APIError is a non-2xx answer of an operator endpoint.
 type APIError struct {
 	Status  int

@@ -17,6 +17,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/onceflow/onceflow/loadtest/bench/rig"
+	"github.com/onceflow/onceflow/platform/harness"
 )
 
 // This file measures what issue 12 asks of one k6 run, beside k6's own
@@ -79,7 +80,8 @@ func (s *sampler) take() {
 	smp := sample{at: time.Now(), cpu: s.p.CPUGroups(s.srv, extra), counters: map[string]float64{}}
 	for name, url := range map[string]string{"orders": s.p.OrdersAdminURL, "billing": s.p.BillingAdminURL, "shim": s.p.ShimAdminURL} {
 		text := scrapeMetrics(url)
-		for fam, v := range parseCounters(strings.NewReader(text), relayFamily) {
+		counters, _ := harness.SumMetrics(strings.NewReader(text), relayFamily) // a partial scrape counts what it read
+		for fam, v := range counters {
 			smp.counters[name+":"+fam] = v
 		}
 		for le, v := range parseBuckets(strings.NewReader(text), hopHistogram) {
@@ -212,43 +214,6 @@ func histogramHop(samples []sample, service string, from, to time.Time) (HopStat
 		return prevLe * 1000
 	}
 	return HopStat{Events: int(math.Round(total)), P50Ms: q(0.5), P99Ms: q(0.99)}, true
-}
-
-// parseCounters sums each metric family of Prometheus text that keep
-// accepts over its labels (a histogram's _count and _sum are families of
-// their own here).
-func parseCounters(r io.Reader, keep func(string) bool) map[string]float64 {
-	out := map[string]float64{}
-	sc := bufio.NewScanner(r)
-	sc.Buffer(make([]byte, 64<<10), 1<<20)
-	for sc.Scan() {
-		line := sc.Text()
-		if line == "" || line[0] == '#' {
-			continue
-		}
-		name := line
-		if i := strings.IndexAny(line, "{ "); i >= 0 {
-			name = line[:i]
-		}
-		if !keep(name) {
-			continue
-		}
-		rest := line[len(name):]
-		if strings.HasPrefix(rest, "{") {
-			// Label values may hold spaces; the value follows the last '}'.
-			rest = rest[strings.LastIndexByte(rest, '}')+1:]
-		}
-		f := strings.Fields(rest)
-		if len(f) == 0 {
-			continue
-		}
-		v, err := strconv.ParseFloat(f[0], 64)
-		if err != nil {
-			continue
-		}
-		out[name] += v
-	}
-	return out
 }
 
 // valueAt interpolates a value of the samples at t linearly between the two

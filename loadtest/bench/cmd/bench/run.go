@@ -39,12 +39,14 @@ type options struct {
 	base       string
 	abRounds   int
 	profileDir string
+	peers      peerOptions
 }
 
-var parts = []string{"write", "drain", "consume", "cdc", "modes", "ramp", "spike", "soak", "knobs"}
+var parts = []string{"write", "drain", "consume", "cdc", "modes", "ramp", "spike", "soak", "knobs", "peers"}
 
 // defaultParts are what `make bench` runs; knobs (platform settings varied
-// one at a time, ~4 min) is asked for by name.
+// one at a time, ~4 min) and peers (Debezium against the platform's
+// log-based relay, peers.go; needs java) are asked for by name.
 var defaultParts = parts[:8]
 
 func parseFlags(args []string, stdout io.Writer) (options, error) {
@@ -69,8 +71,22 @@ func parseFlags(args []string, stdout io.Writer) (options, error) {
 	fs.StringVar(&o.base, "base", "", "a git revision (commit, tag, branch) whose programs run every k6 scenario too, alternated with the working tree's, each figure then with the base's value and the ratio (make bench BASE=rev)")
 	fs.IntVar(&o.abRounds, "ab-rounds", 1, "with -base: rounds of each scenario per side, alternated A B, B A, … (figures are the rounds' mean)")
 	fs.StringVar(&o.profileDir, "profile-dir", "", "save a CPU profile of every program over the middle half of the steady and soak runs here (empty: none); read with go tool pprof -top FILE")
+	fs.IntVar(&o.peers.rounds, "peers-rounds", 2, "peers: rounds, each running every relay once (the first relay changes from round to round)")
+	peerRates := fs.String("peers-rates", "200,1000", "peers: the paced phases' rates, events/s from 8 connections")
+	fs.DurationVar(&o.peers.paced, "peers-paced", 20*time.Second, "peers: how long each paced phase commits events")
+	fs.DurationVar(&o.peers.idle, "peers-idle", 10*time.Second, "peers: the idle window whose CPU each relay is charged")
 	if err := fs.Parse(args[1:]); err != nil {
 		return o, err
+	}
+	for _, r := range strings.Split(*peerRates, ",") {
+		n, err := strconv.Atoi(strings.TrimSpace(r))
+		if err != nil || n < 1 {
+			return o, fmt.Errorf("-peers-rates: %q is not a positive rate", r)
+		}
+		o.peers.rates = append(o.peers.rates, n)
+	}
+	if o.peers.rounds < 1 || o.peers.paced <= 0 || o.peers.idle <= 0 {
+		return o, fmt.Errorf("-peers-rounds, -peers-paced and -peers-idle must be positive")
 	}
 	if o.drainEvents < 1 {
 		return o, fmt.Errorf("-drain-events: %d, want at least 1", o.drainEvents)
@@ -108,6 +124,8 @@ type Results struct {
 	K6      map[string]rig.Report `json:"k6,omitempty"`
 	Lag     []LagPoint            `json:"steadyLagSeries,omitempty"`
 	Knobs   []Knob                `json:"knobs,omitempty"`
+	// Peers are the peers part's runs, every relay in every round.
+	Peers []PeerRun `json:"peers,omitempty"`
 	// Base is the -base revision the k6 scenarios also ran against.
 	Base string `json:"base,omitempty"`
 	// Runs are every k6 run with the figures measured around it (both
@@ -188,6 +206,12 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout 
 			say("platform runs: %v", err)
 		}
 	}
+	if o.only["peers"] {
+		if err := runPeers(ctx, o, &res, getenv, say); err != nil {
+			res.Problems = append(res.Problems, err.Error())
+			say("peers: %v", err)
+		}
+	}
 	res.Seconds = time.Since(start).Seconds()
 
 	mainRan := false
@@ -242,6 +266,24 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout 
 				return err
 			}
 			say("rewrote the knobs section of %s", o.out)
+		}
+	}
+	if len(res.Peers) > 0 {
+		table := peersTable(res.Peers)
+		fmt.Fprintln(stdout)
+		fmt.Fprintln(stdout, table)
+		if o.jsonOut != "" {
+			path := strings.TrimSuffix(at(root, o.jsonOut), ".json") + "-peers.json"
+			if err := writeJSON(path, res); err != nil {
+				return err
+			}
+			say("wrote %s", path)
+		}
+		if o.out != "" {
+			if err := writeMarkdown(at(root, o.out), peersMarkdown(res, o, table), peersBeginMarker, peersEndMarker); err != nil {
+				return err
+			}
+			say("rewrote the peers section of %s", o.out)
 		}
 	}
 	if len(res.Problems) > 0 {

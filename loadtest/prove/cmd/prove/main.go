@@ -2,7 +2,7 @@
 // their report; `make prove` runs it. It exits 1 when an outbox/inbox proof
 // failed or a naive mode survived its fault (the proof did not bite).
 //
-//	go run ./loadtest/prove/cmd/prove [-profile full|quick] [-only atomicity,chaos] [-relay-modes poll,cdc,wal]
+//	go run ./loadtest/prove/cmd/prove [-profile full|quick] [-only atomicity,chaos] [-relay-modes poll,cdc,wal,debezium]
 //	go run ./loadtest/prove/cmd/prove -only nemesis [-seed N] [-nemesis pause,thirdparty] [-nemesis-duration 3m]
 package main
 
@@ -39,7 +39,8 @@ func run(ctx context.Context, args []string) error {
 	profile := fs.String("profile", "full", "full (make prove) or quick (the make test version)")
 	only := fs.String("only", "", "comma-separated proofs to run (default all): "+names())
 	relayModes := fs.String("relay-modes", "poll,cdc,wal",
-		"comma-separated RELAY_MODEs the producing-side proofs ("+strings.Join(relayModeProofs(), ", ")+") run in")
+		"comma-separated RELAY_MODEs the producing-side proofs ("+strings.Join(relayModeProofs(), ", ")+") run in; "+
+			"debezium (Kafka Connect with docs/debezium's file as the relay) runs atomicity, relay-crash and ordering")
 	dir := fs.String("dir", "", "where the harness keeps its stack, binaries, logs and reports (default <repo>/.prove)")
 	seed := fs.Int64("seed", 0, "the nemesis's seed (SEED=): the same seed replays the same fault schedule; 0 picks one and prints it")
 	nemesis := fs.String("nemesis", "", "the nemesis's fault kinds (NEMESIS=), e.g. pause,thirdparty or -kafka,-postgres; default all: "+strings.Join(prove.NemesisKinds, ","))

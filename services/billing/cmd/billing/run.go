@@ -7,14 +7,14 @@ import (
 	"time"
 
 	"github.com/onceflow/onceflow/pkg/inbox"
-	"github.com/onceflow/onceflow/platform/inboxhttp"
+	"github.com/onceflow/onceflow/pkg/inbox/inboxtest"
 
 	"github.com/onceflow/onceflow/pkg/outbox"
+	"github.com/onceflow/onceflow/pkg/outbox/outboxtest"
 	"github.com/onceflow/onceflow/platform/config"
 	"github.com/onceflow/onceflow/platform/crash"
 	"github.com/onceflow/onceflow/platform/kafkautil"
 	"github.com/onceflow/onceflow/platform/lifecycle"
-	"github.com/onceflow/onceflow/platform/outboxhttp"
 	"github.com/onceflow/onceflow/platform/pgutil"
 	"github.com/onceflow/onceflow/platform/service"
 	"github.com/onceflow/onceflow/services/billing"
@@ -76,18 +76,15 @@ type Config struct {
 
 func run(ctx context.Context, args []string, getenv func(string) string, stdout io.Writer) error {
 	var cfg Config
-	if err := config.Args(args, stdout,
+	if err := config.Read(args, getenv, stdout,
 		"The billing service: consumes order events through its inbox, charges or refunds, and publishes payment events through its outbox.", &cfg); err != nil {
 		return err
 	}
-	if err := config.Load(getenv, &cfg); err != nil {
-		return err
-	}
-	kafkaSecurity, err := kafkautil.NewSecurity(cfg.Kafka)
+	svcOpts, err := cfg.Options("billing", cfg.HTTPAddr, cfg.AdminAddr, cfg.DatabaseURL)
 	if err != nil {
 		return err
 	}
-	svcOpts := cfg.Options("billing", cfg.HTTPAddr, cfg.AdminAddr, cfg.DatabaseURL, kafkaSecurity)
+	kafkaSecurity := svcOpts.Kafka
 	svcOpts.Migrations = []pgutil.Migration{
 		{FS: billing.Migrations, Table: billing.MigrationsTable},
 		{FS: inbox.Migrations, Table: inbox.MigrationsTable},
@@ -98,10 +95,11 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout 
 		return err
 	}
 	defer svc.Close()
-	crashPoint, err := crash.Point(cfg.CrashPoint, cfg.CrashAfter, svc.Logger, inbox.CrashAfterCommit, outbox.CrashAfterAck)
+	crashPoint, err := crash.Point(cfg.CrashPoint, cfg.CrashAfter, svc.Logger, inboxtest.CrashAfterCommit, outboxtest.CrashAfterAck)
 	if err != nil {
 		return err
 	}
+	ctx = crash.Arm(ctx, crashPoint)
 
 	writer := kafkautil.NewWriter(cfg.KafkaBrokers, 500, kafkautil.WithSecurity(kafkaSecurity))
 	defer writer.Close()
@@ -111,21 +109,16 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout 
 	}
 	relay, err := outbox.NewPublisher(svc.Pool, writer, outbox.PublisherConfig{
 		Mode: relayMode, Topic: func(string) string { return cfg.BillingTopic },
-		Logger: svc.Logger, Metrics: outbox.NewMetrics(svc.Registry), CrashPoint: crashPoint,
+		Logger: svc.Logger, Metrics: outbox.NewMetrics(svc.Registry),
 		CDC: outbox.CDCConfig{Slot: cfg.OutboxSlot, ReplicationURL: cfg.ReplicationDatabaseURL},
 	})
 	if err != nil {
 		return err
 	}
-	pruner, err := outbox.NewPruner(svc.Pool, outbox.PrunerConfig{
-		PruneConfig: outbox.PruneConfig{Retention: cfg.OutboxRetention, Archive: cfg.OutboxArchive},
-		Logger:      svc.Logger,
-	})
+	outboxPruner, err := svc.OutboxOperations(relayMode, outbox.PruneConfig{Retention: cfg.OutboxRetention, Archive: cfg.OutboxArchive})
 	if err != nil {
 		return err
 	}
-	// Operators list, requeue and replay outbox events here (see outboxhttp).
-	svc.Mount("/admin/outbox", outboxhttp.Handler(svc.Pool, relayMode, svc.Logger))
 
 	b := billing.New(svc.Pool, svc.Logger, nil).WithOutboxWrite(relayMode.Write())
 	src := inbox.GroupConfig{Brokers: cfg.KafkaBrokers, Topic: cfg.OrdersTopic, Group: cfg.ConsumerGroup,
@@ -135,7 +128,6 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout 
 		ShutdownGrace: cfg.ShutdownGrace,
 		Logger:        svc.Logger,
 		Metrics:       inbox.NewMetrics(svc.Registry),
-		CrashPoint:    crashPoint,
 	})
 	if err != nil {
 		return err
@@ -153,19 +145,15 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout 
 	default:
 		return fmt.Errorf("INBOX_MODE must be inbox or naive, got %q", cfg.InboxMode)
 	}
-	inboxPruner, err := inbox.NewPruner(svc.Pool, inbox.PrunerConfig{Logger: svc.Logger})
+	inboxPruner, err := svc.InboxOperations(writer, cfg.OrdersTopic)
 	if err != nil {
 		return err
 	}
-	// Operators list and requeue dead letters here (see inboxhttp).
-	svc.Mount("/admin/inbox", inboxhttp.Handler(
-		svc.Pool, writer, cfg.KafkaBrokers, map[string]string{cfg.OrdersTopic: cfg.OrdersTopic + ".dlt"}, svc.Logger,
-		inbox.WithDialer(kafkaSecurity.Dialer())))
 	billing.Routes(svc.HTTP, b)
 	return svc.Run(ctx,
 		lifecycle.Stage{Name: "orders consumer", Run: consume},
-		lifecycle.Stage{Name: "inbox pruner", Run: inboxPruner.Run},
+		inboxPruner,
 		lifecycle.Stage{Name: "outbox relay (" + string(relayMode) + ")", Run: relay.Run},
-		lifecycle.Stage{Name: "outbox pruner", Run: pruner.Run},
+		outboxPruner,
 	)
 }

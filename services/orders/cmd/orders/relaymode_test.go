@@ -2,6 +2,8 @@ package main
 
 import (
 	"context"
+	"io"
+	"net/http"
 	"strings"
 	"testing"
 	"time"
@@ -71,5 +73,80 @@ func TestRelayModesPublishThroughTheReplicationSlot(t *testing.T) {
 				return got["outbox_slot_active"] == "1" && got["outbox_published_total"] == "1", nil
 			})
 		})
+	}
+}
+
+// RELAY_MODE=debezium runs no relay: Debezium publishes from a slot of its
+// own. The rows stay pending without showing as a backlog (the table cannot
+// tell what Debezium published); the slot's gauges are the backlog, and an
+// operator action the mode cannot carry out is refused with 409.
+func TestDebeziumModeRunsNoRelayAndReadsTheConnectorsSlot(t *testing.T) {
+	brokers := testinfra.KafkaBrokers(t)
+	db := testinfra.NewDatabase(t)
+	pool := testinfra.NewPool(t, db)
+	roles := pgrolestest.Ensure(t, db, "orders")
+	slot := testinfra.Name("debezium_slot")
+	t.Cleanup(func() {
+		testinfra.WaitFor(t, 20*time.Second, "the slot to be dropped", func() (bool, error) {
+			_, err := pool.Exec(context.Background(),
+				`SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_name = $1`, slot)
+			return err == nil, nil
+		})
+	})
+	const token = "debezium-mode-token"
+	svc := testinfra.Start(t, run, map[string]string{
+		"HTTP_ADDR":            "127.0.0.1:0",
+		"ADMIN_ADDR":           "127.0.0.1:0",
+		"ADMIN_TOKEN":          token,
+		"DATABASE_URL":         roles.AppURL,
+		"MIGRATE_DATABASE_URL": roles.OwnerURL,
+		"KAFKA_BROKERS":        strings.Join(brokers, ","),
+		"ORDERS_TOPIC":         testinfra.NewTopic(t, brokers, 1),
+		"RELAY_MODE":           "debezium",
+		"DEBEZIUM_SLOT":        slot,
+		"OUTBOX_RETENTION":     "72h",
+		"LOG_LEVEL":            "debug", // the pruner's first run, which finds nothing, logs at debug
+	})
+	started := svc.WaitRecord(t, 60*time.Second, "orders started")
+	addr, adminAddr := testinfra.Addr(t, started, "http_addr"), testinfra.Addr(t, started, "admin_addr")
+	svc.WaitRecord(t, 10*time.Second, "RELAY_MODE=debezium: no relay runs here; Debezium publishes the outbox from its own slot, which the backlog gauges read")
+	pruned := svc.WaitRecord(t, 10*time.Second, "outbox prune found nothing to remove")
+	if pruned["pending_retention"] != float64(72*time.Hour) {
+		t.Errorf("the pruner's pending retention is %v, want OUTBOX_RETENTION (72h)", pruned["pending_retention"])
+	}
+
+	placeOrder(t, addr)
+	metrics := func() map[string]string { return scrape(t, "http://"+adminAddr+"/metrics") }
+	testinfra.WaitFor(t, 20*time.Second, "/metrics to show the order, no backlog and no publisher on the missing slot", func() (bool, error) {
+		m := metrics()
+		return m["orders_placed_total"] == "1" && m["outbox_external_publisher_streaming"] == "0", nil
+	})
+	if m := metrics(); m["outbox_pending_events"] != "0" || m["outbox_oldest_pending_age_seconds"] != "0" || m["outbox_published_total"] != "0" {
+		t.Errorf("pending %s, oldest age %s, published %s: want 0, 0, 0 (no relay here, and pending rows are no backlog in this mode)",
+			m["outbox_pending_events"], m["outbox_oldest_pending_age_seconds"], m["outbox_published_total"])
+	}
+	outboxtest.RequireEnqueued(t, pool, outboxtest.Match{State: "pending"})
+
+	// The connector's slot, created as Debezium creates it; nobody streams.
+	if _, err := pool.Exec(context.Background(), `SELECT pg_create_logical_replication_slot($1, 'pgoutput')`, slot); err != nil {
+		t.Fatal(err)
+	}
+	placeOrder(t, addr)
+	testinfra.WaitFor(t, 20*time.Second, "/metrics to show the slot's lag", func() (bool, error) {
+		m := metrics()
+		return m["outbox_slot_lag_bytes"] != "0" && m["outbox_slot_retained_wal_bytes"] != "0" && m["outbox_external_publisher_streaming"] == "0", nil
+	})
+
+	req, _ := http.NewRequest(http.MethodPost, "http://"+adminAddr+"/admin/outbox/requeue", strings.NewReader(`{"all":true}`))
+	req.Header.Set("Authorization", "Bearer "+token)
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusConflict || !strings.Contains(string(body), "RELAY_MODE=debezium keeps no dead events") {
+		t.Errorf("requeue of every dead event = %d %s; want 409 saying Debezium keeps no dead events", resp.StatusCode, body)
 	}
 }

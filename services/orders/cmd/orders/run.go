@@ -7,11 +7,11 @@ import (
 	"time"
 
 	"github.com/onceflow/onceflow/pkg/outbox"
+	"github.com/onceflow/onceflow/pkg/outbox/outboxtest"
 	"github.com/onceflow/onceflow/platform/config"
 	"github.com/onceflow/onceflow/platform/crash"
 	"github.com/onceflow/onceflow/platform/kafkautil"
 	"github.com/onceflow/onceflow/platform/lifecycle"
-	"github.com/onceflow/onceflow/platform/outboxhttp"
 	"github.com/onceflow/onceflow/platform/pgutil"
 	"github.com/onceflow/onceflow/platform/service"
 	"github.com/onceflow/onceflow/services/orders"
@@ -35,7 +35,11 @@ type Config struct {
 	// OrdersTopic receives every order event.
 	OrdersTopic string `env:"ORDERS_TOPIC" envDefault:"orders.events"`
 	// OutboxRetention is how long published outbox rows are kept before the
-	// pruner removes them.
+	// pruner removes them. In RELAY_MODE=debezium, where Debezium marks no
+	// row published, it is how long any row is kept after its insert: the
+	// window an operator can replay, and the one from which a lost slot's
+	// events can be written again (docs/debezium). Keep it well above
+	// Debezium's worst lag.
 	OutboxRetention time.Duration `env:"OUTBOX_RETENTION" envDefault:"168h"`
 	// OutboxArchive moves pruned rows to outbox_events_archive instead of
 	// deleting them (for audit trails that outlive the retention window).
@@ -47,9 +51,15 @@ type Config struct {
 	RelayEnabled bool `env:"RELAY_ENABLED" envDefault:"true"`
 	// RelayMode is poll (outbox rows, the polling relay), cdc (outbox rows,
 	// the log-based relay reading the replication stream; rows are deleted
-	// once confirmed) or wal (events written only to the WAL with
-	// outbox.Emit, the log-based relay). See docs/runbook-cdc.md.
+	// once confirmed), wal (events written only to the WAL with
+	// outbox.Emit, the log-based relay), or debezium (outbox rows that
+	// Debezium publishes from its own slot: no relay runs here; see
+	// docs/debezium). See docs/runbook-cdc.md.
 	RelayMode string `env:"RELAY_MODE" envDefault:"poll"`
+	// DebeziumSlot is, in RELAY_MODE=debezium, the connector's slot.name:
+	// its lag and retained WAL are the backlog the service reports, since
+	// the outbox table cannot tell what Debezium published.
+	DebeziumSlot string `env:"DEBEZIUM_SLOT" envDefault:"debezium_orders_outbox"`
 	// ReplicationDatabaseURL is the log-based relay's walsender connection:
 	// a role with the REPLICATION attribute. Empty: DATABASE_URL.
 	ReplicationDatabaseURL string `env:"REPLICATION_DATABASE_URL"`
@@ -69,18 +79,15 @@ type Config struct {
 
 func run(ctx context.Context, args []string, getenv func(string) string, stdout io.Writer) error {
 	var cfg Config
-	if err := config.Args(args, stdout,
+	if err := config.Read(args, getenv, stdout,
 		"The orders service: its HTTP API takes orders (POST /orders, GET /orders/:id, POST /orders/:id/cancel) and its outbox relay publishes their events to Kafka.", &cfg); err != nil {
 		return err
 	}
-	if err := config.Load(getenv, &cfg); err != nil {
-		return err
-	}
-	kafkaSecurity, err := kafkautil.NewSecurity(cfg.Kafka)
+	svcOpts, err := cfg.Options("orders", cfg.HTTPAddr, cfg.AdminAddr, cfg.DatabaseURL)
 	if err != nil {
 		return err
 	}
-	svcOpts := cfg.Options("orders", cfg.HTTPAddr, cfg.AdminAddr, cfg.DatabaseURL, kafkaSecurity)
+	kafkaSecurity := svcOpts.Kafka
 	// Orders are taken while Kafka is down; the relay catches up after.
 	svcOpts.ReadyWithoutKafka = true
 	svcOpts.Migrations = []pgutil.Migration{
@@ -92,10 +99,11 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout 
 		return err
 	}
 	defer svc.Close()
-	crashPoint, err := crash.Point(cfg.CrashPoint, cfg.CrashAfter, svc.Logger, orders.CrashAfterWrite, outbox.CrashAfterAck)
+	crashPoint, err := crash.Point(cfg.CrashPoint, cfg.CrashAfter, svc.Logger, orders.CrashAfterWrite, outboxtest.CrashAfterAck)
 	if err != nil {
 		return err
 	}
+	ctx = crash.Arm(ctx, crashPoint)
 	relayMode, err := outbox.ParseRelayMode(cfg.RelayMode)
 	if err != nil {
 		return err
@@ -116,33 +124,39 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout 
 	relayStage := lifecycle.Stage{Name: "outbox backlog gauges", Run: func(ctx context.Context) error {
 		return metrics.WatchBacklog(ctx, svc.Pool, 2*time.Second, svc.Logger)
 	}}
-	if cfg.RelayEnabled {
+	pruneCfg := outbox.PruneConfig{Retention: cfg.OutboxRetention, Archive: cfg.OutboxArchive}
+	switch {
+	case relayMode.External():
+		// Debezium publishes: the table's pending rows are no backlog (they
+		// all stay pending), the slot's position is.
+		svc.Logger.InfoContext(ctx, "RELAY_MODE=debezium: no relay runs here; Debezium publishes the outbox from its own slot, "+
+			"which the backlog gauges read", "slot", cfg.DebeziumSlot, "retention", cfg.OutboxRetention)
+		relayStage = lifecycle.Stage{Name: "debezium slot gauges", Run: func(ctx context.Context) error {
+			return metrics.WatchSlot(ctx, svc.Pool, cfg.DebeziumSlot, 2*time.Second, svc.Logger)
+		}}
+		pruneCfg.PendingRetention = cfg.OutboxRetention
+	case cfg.RelayEnabled:
 		writer := kafkautil.NewWriter(cfg.KafkaBrokers, 500, kafkautil.WithSecurity(kafkaSecurity))
 		defer writer.Close()
 		relay, err := outbox.NewPublisher(svc.Pool, writer, outbox.PublisherConfig{
 			Mode: relayMode, Topic: func(string) string { return cfg.OrdersTopic },
-			Logger: svc.Logger, Metrics: metrics, CrashPoint: crashPoint,
+			Logger: svc.Logger, Metrics: metrics,
 			CDC: outbox.CDCConfig{Slot: cfg.OutboxSlot, ReplicationURL: cfg.ReplicationDatabaseURL},
 		})
 		if err != nil {
 			return err
 		}
 		relayStage = lifecycle.Stage{Name: "outbox relay (" + string(relayMode) + ")", Run: relay.Run}
-	} else {
+	default:
 		svc.Logger.WarnContext(ctx, "the outbox relay is disabled (RELAY_ENABLED=false): orders are taken but not published")
 	}
-	pruner, err := outbox.NewPruner(svc.Pool, outbox.PrunerConfig{
-		PruneConfig: outbox.PruneConfig{Retention: cfg.OutboxRetention, Archive: cfg.OutboxArchive},
-		Logger:      svc.Logger,
-	})
+	pruner, err := svc.OutboxOperations(relayMode, pruneCfg)
 	if err != nil {
 		return err
 	}
-	// Operators list, requeue and replay outbox events here (see outboxhttp).
-	svc.Mount("/admin/outbox", outboxhttp.Handler(svc.Pool, relayMode, svc.Logger))
 	orders.Routes(svc.HTTP, orders.New(svc.Pool, opts).WithMetrics(orders.NewMetrics(svc.Registry)))
 	return svc.Run(ctx,
 		relayStage,
-		lifecycle.Stage{Name: "outbox pruner", Run: pruner.Run},
+		pruner,
 	)
 }

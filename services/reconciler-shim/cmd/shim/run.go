@@ -8,9 +8,9 @@ import (
 	"time"
 
 	"github.com/onceflow/onceflow/pkg/inbox"
+	"github.com/onceflow/onceflow/pkg/inbox/inboxtest"
 	"github.com/onceflow/onceflow/platform/config"
 	"github.com/onceflow/onceflow/platform/crash"
-	"github.com/onceflow/onceflow/platform/inboxhttp"
 	"github.com/onceflow/onceflow/platform/kafkautil"
 	"github.com/onceflow/onceflow/platform/lifecycle"
 	"github.com/onceflow/onceflow/platform/pgutil"
@@ -44,7 +44,7 @@ type Config struct {
 	// is retried, and the retry first asks whether the call landed.
 	ReconcilerTimeout time.Duration `env:"RECONCILER_TIMEOUT" envDefault:"5s"`
 	// ReconcilerMaxInFlight bounds the calls to the reconciler in flight at
-	// once (inbox.Config.MaxInFlight): payments of distinct orders are
+	// once (inbox.LeaseConfig.MaxInFlight): payments of distinct orders are
 	// forwarded concurrently up to it, each order's in order. It also sizes
 	// the client's pool of kept-alive connections, so concurrent calls do
 	// not open and close a connection each.
@@ -58,18 +58,15 @@ type Config struct {
 
 func run(ctx context.Context, args []string, getenv func(string) string, stdout io.Writer) error {
 	var cfg Config
-	if err := config.Args(args, stdout,
+	if err := config.Read(args, getenv, stdout,
 		"The reconciler shim: consumes payment events through its inbox and forwards each, once, to the third-party reconciler.", &cfg); err != nil {
 		return err
 	}
-	if err := config.Load(getenv, &cfg); err != nil {
-		return err
-	}
-	kafkaSecurity, err := kafkautil.NewSecurity(cfg.Kafka)
+	svcOpts, err := cfg.Options("reconciler-shim", cfg.HTTPAddr, cfg.AdminAddr, cfg.DatabaseURL)
 	if err != nil {
 		return err
 	}
-	svcOpts := cfg.Options("reconciler-shim", cfg.HTTPAddr, cfg.AdminAddr, cfg.DatabaseURL, kafkaSecurity)
+	kafkaSecurity := svcOpts.Kafka
 	svcOpts.Migrations = []pgutil.Migration{
 		{FS: shim.Migrations, Table: shim.MigrationsTable},
 		{FS: inbox.Migrations, Table: inbox.MigrationsTable},
@@ -79,10 +76,11 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout 
 		return err
 	}
 	defer svc.Close()
-	crashPoint, err := crash.Point(cfg.CrashPoint, cfg.CrashAfter, svc.Logger, inbox.CrashAfterEffect)
+	crashPoint, err := crash.Point(cfg.CrashPoint, cfg.CrashAfter, svc.Logger, inboxtest.CrashAfterEffect)
 	if err != nil {
 		return err
 	}
+	ctx = crash.Arm(ctx, crashPoint)
 
 	if cfg.ReconcilerMaxInFlight < 1 {
 		return fmt.Errorf("RECONCILER_MAX_IN_FLIGHT must be at least 1, got %d", cfg.ReconcilerMaxInFlight)
@@ -94,34 +92,31 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout 
 	defer dlq.Close()
 	src := inbox.GroupConfig{Brokers: cfg.KafkaBrokers, Topic: cfg.BillingTopic, Group: cfg.ConsumerGroup,
 		Dialer: kafkaSecurity.Dialer()}
-	consumer, err := inbox.NewLeaseConsumer(svc.Pool, src, dlq, shim.New(tp, svc.Logger).WithMetrics(shim.NewMetrics(svc.Registry)).Effect(), inbox.Config{
-		Name: cfg.ConsumerGroup,
+	consumer, err := inbox.NewLeaseConsumer(svc.Pool, src, dlq, shim.New(tp, svc.Logger).WithMetrics(shim.NewMetrics(svc.Registry)).Effect(), inbox.LeaseConfig{
+		Config: inbox.Config{
+			Name:          cfg.ConsumerGroup,
+			ShutdownGrace: cfg.ShutdownGrace,
+			Logger:        svc.Logger,
+			Metrics:       inbox.NewMetrics(svc.Registry),
+		},
 		// Each call to the reconciler starts right after its lease was
 		// renewed and ends within ReconcilerTimeout; the lease outlives it by
 		// twice that, which leaves the default LeaseMargin (LeaseTTL/10) for
 		// a call to land after the shim stopped waiting for it.
-		LeaseTTL:      3 * cfg.ReconcilerTimeout,
-		CallTimeout:   cfg.ReconcilerTimeout,
-		MaxInFlight:   cfg.ReconcilerMaxInFlight,
-		ShutdownGrace: cfg.ShutdownGrace,
-		Logger:        svc.Logger,
-		Metrics:       inbox.NewMetrics(svc.Registry),
-		CrashPoint:    crashPoint,
+		LeaseTTL:    3 * cfg.ReconcilerTimeout,
+		CallTimeout: cfg.ReconcilerTimeout,
+		MaxInFlight: cfg.ReconcilerMaxInFlight,
 	})
 	if err != nil {
 		return err
 	}
 	svc.AddCheck("billing_consumer", func(context.Context) error { return consumer.Healthy() })
-	inboxPruner, err := inbox.NewPruner(svc.Pool, inbox.PrunerConfig{Logger: svc.Logger})
+	inboxPruner, err := svc.InboxOperations(dlq, cfg.BillingTopic)
 	if err != nil {
 		return err
 	}
-	// Operators list and requeue dead letters here (see inboxhttp).
-	svc.Mount("/admin/inbox", inboxhttp.Handler(
-		svc.Pool, dlq, cfg.KafkaBrokers, map[string]string{cfg.BillingTopic: cfg.BillingTopic + ".dlt"}, svc.Logger,
-		inbox.WithDialer(kafkaSecurity.Dialer())))
 	return svc.Run(ctx,
 		lifecycle.Stage{Name: "billing consumer", Run: consumer.Run},
-		lifecycle.Stage{Name: "inbox pruner", Run: inboxPruner.Run},
+		inboxPruner,
 	)
 }

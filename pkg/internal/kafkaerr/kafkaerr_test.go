@@ -1,4 +1,4 @@
-package kafkautil_test
+package kafkaerr_test
 
 import (
 	"context"
@@ -11,7 +11,7 @@ import (
 
 	"github.com/segmentio/kafka-go"
 
-	"github.com/onceflow/onceflow/platform/kafkautil"
+	"github.com/onceflow/onceflow/pkg/internal/kafkaerr"
 )
 
 func TestIsMessageError(t *testing.T) {
@@ -46,7 +46,7 @@ func TestIsMessageError(t *testing.T) {
 		{"other", errors.New("something"), false},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
-			if got := kafkautil.IsMessageError(tt.err); got != tt.want {
+			if got := kafkaerr.IsMessageError(tt.err); got != tt.want {
 				t.Errorf("IsMessageError(%v) = %v, want %v", tt.err, got, tt.want)
 			}
 		})

@@ -1,4 +1,4 @@
-package pgutil_test
+package pgerr_test
 
 import (
 	"context"
@@ -13,7 +13,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
-	"github.com/onceflow/onceflow/platform/pgutil"
+	"github.com/onceflow/onceflow/pkg/pgerr"
 )
 
 func TestErrorClasses(t *testing.T) {
@@ -49,10 +49,10 @@ func TestErrorClasses(t *testing.T) {
 		{"handler error", errors.New("no such customer"), false, false},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
-			if got := pgutil.IsPermanent(tt.err); got != tt.permanent {
+			if got := pgerr.IsPermanent(tt.err); got != tt.permanent {
 				t.Errorf("IsPermanent(%v) = %v, want %v", tt.err, got, tt.permanent)
 			}
-			if got := pgutil.IsUnavailable(tt.err); got != tt.unavailable {
+			if got := pgerr.IsUnavailable(tt.err); got != tt.unavailable {
 				t.Errorf("IsUnavailable(%v) = %v, want %v", tt.err, got, tt.unavailable)
 			}
 		})
@@ -67,7 +67,7 @@ func TestStoreErrorsTranslate(t *testing.T) {
 		errUnavailable = errors.New("unavailable")
 		errInvalid     = errors.New("invalid")
 	)
-	names := pgutil.StoreErrors{NotFound: errNotFound, Duplicate: errDuplicate, Unavailable: errUnavailable, Invalid: errInvalid}
+	names := pgerr.StoreErrors{NotFound: errNotFound, Duplicate: errDuplicate, Unavailable: errUnavailable, Invalid: errInvalid}
 	pg := func(code string) error { return &pgconn.PgError{Code: code} }
 	for _, tt := range []struct {
 		name     string
@@ -102,7 +102,7 @@ func TestStoreErrorsTranslate(t *testing.T) {
 			}
 		})
 	}
-	if (pgutil.StoreErrors{}).Translate("x", nil) != nil {
+	if (pgerr.StoreErrors{}).Translate("x", nil) != nil {
 		t.Error("Translate(nil) is not nil")
 	}
 }

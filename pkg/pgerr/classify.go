@@ -1,4 +1,4 @@
-package pgutil
+package pgerr
 
 import (
 	"context"

@@ -1,4 +1,4 @@
-package tracectx
+package tracing
 
 import (
 	"fmt"
@@ -11,8 +11,14 @@ import (
 	"go.opentelemetry.io/otel/trace"
 )
 
-// scope names this package's spans (the instrumentation scope).
-const scope = "github.com/onceflow/onceflow/platform/tracing/tracectx"
+// transportScope names the client spans Transport makes (the
+// instrumentation scope).
+const transportScope = "github.com/onceflow/onceflow/platform/tracing"
+
+// w3c is used directly rather than the process-wide propagator, as the
+// envelope's traceparent is (event.TraceparentFromContext): a request carries
+// a W3C traceparent whether or not Setup ran.
+var w3c propagation.TraceContext
 
 // Transport returns an http.RoundTripper that makes each request a client
 // span, a child of the request context's span, and sends that span's trace
@@ -28,7 +34,7 @@ func Transport(base http.RoundTripper) http.RoundTripper {
 type transport struct{ base http.RoundTripper }
 
 func (t transport) RoundTrip(r *http.Request) (*http.Response, error) {
-	ctx, span := otel.GetTracerProvider().Tracer(scope).Start(r.Context(), r.Method,
+	ctx, span := otel.GetTracerProvider().Tracer(transportScope).Start(r.Context(), r.Method,
 		trace.WithSpanKind(trace.SpanKindClient),
 		trace.WithAttributes(semconv.HTTPRequestMethodKey.String(r.Method), semconv.URLFull(r.URL.Redacted()),
 			semconv.ServerAddress(r.URL.Hostname())))
@@ -36,7 +42,9 @@ func (t transport) RoundTrip(r *http.Request) (*http.Response, error) {
 	w3c.Inject(ctx, propagation.HeaderCarrier(r.Header))
 	resp, err := t.base.RoundTrip(r)
 	if err != nil {
-		End(span, err)
+		span.RecordError(err)
+		span.SetStatus(codes.Error, err.Error())
+		span.End()
 		return nil, err
 	}
 	span.SetAttributes(semconv.HTTPResponseStatusCode(resp.StatusCode))

@@ -1,0 +1,182 @@
+package inbox
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/google/uuid"
+
+	"github.com/onceflow/onceflow/pkg/event"
+	"github.com/onceflow/onceflow/pkg/internal/faultpoint"
+	"github.com/onceflow/onceflow/pkg/internal/retry"
+)
+
+// renew extends the lease of id if token still holds it.
+func (a *leaseApplier) renew(ctx context.Context, id uuid.UUID, token int64) error {
+	tag, err := a.pool.Exec(ctx, renewLease, a.cfg.Name, id, token, a.leaseCfg.LeaseTTL.Microseconds())
+	switch {
+	case err != nil:
+		return dbErrors.Translate("renewing a lease", err)
+	case tag.RowsAffected() == 0:
+		return errLeaseLost
+	}
+	return nil
+}
+
+// The op label of inbox_effect_errors_total.
+const (
+	opCheck = "check"
+	opCall  = "call"
+)
+
+// underLease runs ev's side effect under the lease token, retrying with
+// backoff, checking first whenever an earlier attempt may have called
+// (taken: an expired lease was taken over; or a call of this worker
+// failed, since a failed call may still have landed). The other side being
+// unavailable (ErrUnavailable) is waited out without counting an attempt.
+// It returns the outcome to mark done with; settled when the message needs
+// no marking done (marked uncertain, or dead-lettered); errLeaseLost when
+// another worker took the message over, errAbandoned, or a *crashError.
+func (a *leaseApplier) underLease(ctx context.Context, d delivery, ev event.Envelope, token int64, taken bool, counts *[numOutcomes]int) (Outcome, bool, error) {
+	key := ev.EventID.String()
+	mayHaveCalled := taken
+	var failedAt time.Time // when this worker's last failed call returned
+	a.cfg.Metrics.observeHop(a.cfg.Name, ev.OccurredAt)
+	for attempt, outages := 1, 0; ; {
+		if !failedAt.IsZero() {
+			// That call may still land up to LeaseMargin after it returned;
+			// a check any sooner could miss it and call again.
+			if err := wait(ctx, d.gen, time.Until(failedAt.Add(a.leaseCfg.LeaseMargin))); err != nil {
+				return "", false, err
+			}
+		}
+		outcome, op, err := a.runEffect(ctx, d.gen, ev, token, key, mayHaveCalled)
+		if op == opCall && err != nil {
+			mayHaveCalled, failedAt = true, time.Now()
+		}
+		switch {
+		case errors.Is(err, errLeaseLost):
+			a.leaseTakenOver(ctx, ev)
+			return "", false, err
+		case errors.Is(err, errAbandoned):
+			return "", false, err
+		case errors.Is(err, ErrUnknowable):
+			a.other.ok(ctx, "")
+			return "", true, a.settleLeased(ctx, d, "marking uncertain", func() error { return a.markUncertain(ctx, ev, token, err) })
+		case err == nil:
+			a.other.ok(ctx, "")
+			if err := faultpoint.Pass(ctx, faultpoint.InboxAfterEffect); err != nil {
+				return "", false, &crashError{err}
+			}
+			counts[processed]++
+			return outcome, false, nil
+		case ctx.Err() != nil:
+			return "", false, errAbandoned
+		case errors.Is(err, ErrUnavailable):
+			a.other.fail(ctx, op, err)
+			outages++
+			if err := wait(ctx, d.gen, retry.Backoff(outages, a.cfg.BackoffMin, a.cfg.BackoffMax)); err != nil {
+				return "", false, err
+			}
+			continue
+		}
+		a.other.ok(ctx, op) // it answered: reachable, and the failure is the message's
+		a.cfg.Metrics.failures.WithLabelValues(a.cfg.Name).Inc()
+		permanent := isPermanent(err)
+		if permanent || attempt >= a.cfg.MaxAttempts {
+			if !permanent {
+				err = fmt.Errorf("gave up after %d attempts: %w", attempt, err)
+			}
+			counts[deadLettered]++
+			return "", true, a.deadLetterLeased(ctx, d, &ev, err)
+		}
+		delay := retry.Backoff(attempt, a.cfg.BackoffMin, a.cfg.BackoffMax)
+		a.cfg.Logger.WarnContext(ctx, "inbox side effect failed; retrying", slog.String("consumer", a.cfg.Name),
+			slog.String("event_id", key), slog.Int("attempt", attempt), slog.Duration("retry_in", delay), slog.Any("error", err))
+		if err := wait(ctx, d.gen, delay); err != nil {
+			return "", false, err
+		}
+		attempt++
+	}
+}
+
+// runEffect checks first when an earlier attempt may have called, then
+// calls, each under the lease (callUnderLease). op says which of the two
+// the error came from.
+func (a *leaseApplier) runEffect(ctx context.Context, gen tracker, ev event.Envelope, token int64, key string, mayHaveCalled bool) (Outcome, string, error) {
+	if mayHaveCalled {
+		var has bool
+		err := a.callUnderLease(ctx, gen, ev.EventID, token, func(ctx context.Context) (err error) {
+			has, err = a.effect.Check(ctx, key)
+			return err
+		})
+		if err != nil {
+			return "", opCheck, err
+		}
+		if has {
+			a.cfg.Logger.WarnContext(ctx, "the side effect already happened; marking it done without repeating it",
+				slog.String("consumer", a.cfg.Name), slog.String("event_id", key))
+			return AlreadyPresent, "", nil
+		}
+	}
+	err := a.callUnderLease(ctx, gen, ev.EventID, token, func(ctx context.Context) error { return a.effect.Call(ctx, ev, key) })
+	return Sent, opCall, err
+}
+
+// callUnderLease runs f, a call to the other side, only while this worker
+// holds the lease of id: it takes one of the MaxInFlight call slots (a wait
+// of any length, during which the lease may lapse), renews the lease under
+// token, waiting out the database being unreachable, and then runs f with a
+// ctx that ends CallTimeout after the renewal began — so before the lease,
+// renewed for LeaseTTL, can expire, by LeaseTTL - CallTimeout (at least
+// LeaseMargin, which Validate enforces). The renewal is the check: a
+// renewal that succeeds late is still safe, since the token proves nobody
+// took the message over meanwhile. It returns errLeaseLost when somebody
+// did, errAbandoned when ctx ends or gen is dropped, and an error wrapping
+// ErrUnavailable when f outlived CallTimeout.
+func (a *leaseApplier) callUnderLease(ctx context.Context, gen tracker, id uuid.UUID, token int64, f func(context.Context) error) error {
+	select {
+	case a.calls <- struct{}{}:
+	case <-ctx.Done():
+		return errAbandoned
+	}
+	defer func() { <-a.calls }()
+	var renewed time.Time
+	for outages := 1; ; outages++ {
+		if gen != nil && gen.isDropped() {
+			return errAbandoned
+		}
+		renewed = time.Now() // before the renewal: the lease runs from no earlier
+		err := a.renew(ctx, id, token)
+		if err == nil {
+			if outages > 1 {
+				a.db.ok(ctx, "renew_lease")
+			}
+			break
+		}
+		switch {
+		case errors.Is(err, errLeaseLost):
+			return err
+		case ctx.Err() != nil:
+			return errAbandoned
+		}
+		a.db.fail(ctx, "renew_lease", err)
+		if err := wait(ctx, gen, retry.Backoff(outages, a.cfg.BackoffMin, a.cfg.BackoffMax)); err != nil {
+			return err
+		}
+	}
+	callCtx, cancel := context.WithDeadline(ctx, renewed.Add(a.leaseCfg.CallTimeout))
+	defer cancel()
+	err := f(callCtx)
+	if err != nil && ctx.Err() == nil && errors.Is(callCtx.Err(), context.DeadlineExceeded) && !errors.Is(err, ErrUnavailable) {
+		err = fmt.Errorf("%w: no answer within CallTimeout (%v): %w", ErrUnavailable, a.leaseCfg.CallTimeout, err)
+	}
+	return err
+}
+
+// health describes an outage of the Effect's other side, nil when there is
+// none.
+func (a *leaseApplier) health() error { return a.other.err() }

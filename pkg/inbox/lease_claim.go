@@ -1,0 +1,187 @@
+package inbox
+
+import (
+	"bytes"
+	"context"
+	"log/slog"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+
+	"github.com/onceflow/onceflow/pkg/event"
+)
+
+// leaseBatch runs the batch's lease transaction and sets each item's plan.
+// When the transaction fails, every item is left to planAlone, which waits
+// out an outage and charges failures to the message that caused them.
+func (a *leaseApplier) leaseBatch(ctx context.Context, items []*leaseItem) {
+	seen := map[uuid.UUID]*leaseItem{}
+	var fresh []*leaseItem // decoded, first of their event id in the batch
+	for _, it := range items {
+		switch first := seen[it.ev.EventID]; {
+		case !it.decoded:
+		case first != nil:
+			it.plan = planRepeat
+			it.counts[duplicate]++
+			if !bytes.Equal(first.ev.Payload, it.ev.Payload) {
+				it.mismatch = true
+			}
+		default:
+			seen[it.ev.EventID] = it
+			fresh = append(fresh, it)
+		}
+	}
+	if len(fresh) == 0 {
+		return
+	}
+	var notes []func()
+	plans := make(map[uuid.UUID]*leaseItem, len(fresh))
+	err := pgx.BeginFunc(ctx, a.pool, func(tx pgx.Tx) error {
+		clear(plans)
+		// A held aggregate's messages are left to planAlone, where each is
+		// parked or released on its own (park.go).
+		fresh, err := a.unheld(ctx, tx, fresh)
+		if err != nil || len(fresh) == 0 {
+			return err
+		}
+		n := len(fresh)
+		ids, types, aggs, versions := make([][16]byte, n), make([]string, n), make([]string, n), make([]int64, n)
+		topics, partitions, offsets, payloads := make([]string, n), make([]int32, n), make([]int64, n), make([][]byte, n)
+		for i, it := range fresh {
+			ev, m := it.ev, it.d.m
+			ids[i], types[i], aggs[i], versions[i] = ev.EventID, ev.EventType, ev.AggregateID, ev.AggregateVersion
+			topics[i], partitions[i], offsets[i], payloads[i] = m.Topic, int32(m.Partition), m.Offset, []byte(ev.Payload)
+		}
+		rows, err := tx.Query(ctx, claimLeases, a.cfg.Name, ids, types, aggs, versions, topics, partitions, offsets, payloads,
+			a.leaseCfg.LeaseOwner, a.leaseCfg.LeaseTTL.Microseconds())
+		if err != nil {
+			return dbErrors.Translate("leasing a batch", err)
+		}
+		type claim struct {
+			id    [16]byte
+			token int64
+			taken bool
+		}
+		claims, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (claim, error) {
+			var cl claim
+			return cl, r.Scan(&cl.id, &cl.token, &cl.taken)
+		})
+		if err != nil {
+			return dbErrors.Translate("leasing a batch", err)
+		}
+		byID := make(map[uuid.UUID]*leaseItem, n)
+		for _, it := range fresh {
+			byID[it.ev.EventID] = it
+		}
+		var leased, unclaimed []uuid.UUID
+		tokens := map[uuid.UUID]claim{}
+		for _, cl := range claims {
+			tokens[cl.id] = cl
+			leased = append(leased, cl.id)
+		}
+		for _, it := range fresh {
+			if _, ok := tokens[it.ev.EventID]; !ok {
+				unclaimed = append(unclaimed, it.ev.EventID)
+			}
+		}
+		// Unclaimed: settled already (a duplicate), or leased to a live
+		// worker (its own turn waits for that lease).
+		var dups []event.Envelope
+		if len(unclaimed) > 0 {
+			rows, err := tx.Query(ctx, leaseStates, a.cfg.Name, unclaimed)
+			if err != nil {
+				return dbErrors.Translate("reading leases", err)
+			}
+			var (
+				id     [16]byte
+				status string
+				until  *time.Time
+			)
+			if _, err := pgx.ForEachRow(rows, []any{&id, &status, &until}, func() error {
+				it := byID[id]
+				if status == "leased" && until != nil {
+					return nil // planAlone
+				}
+				dups = append(dups, it.ev)
+				d := *it
+				d.plan = planSettled
+				d.counts[duplicate]++
+				plans[id] = &d
+				return nil
+			}); err != nil {
+				return dbErrors.Translate("reading leases", err)
+			}
+		}
+		if err := a.checkPayloads(ctx, tx, dups...); err != nil {
+			return err
+		}
+		// The version guard, for the messages leased for the first time.
+		evs := make([]event.Envelope, 0, len(leased))
+		outs := make([]outcome, 0, len(leased))
+		for _, it := range fresh {
+			cl, ok := tokens[it.ev.EventID]
+			if !ok {
+				continue
+			}
+			d := *it
+			d.plan, d.token, d.taken = planLeased, cl.token, cl.taken
+			plans[it.ev.EventID] = &d
+			out := duplicate // taken over: guarded when it was first leased
+			if !cl.taken {
+				out = processed
+			}
+			evs, outs = append(evs, it.ev), append(outs, out)
+		}
+		if !a.cfg.DisableVersionGuard {
+			if notes, err = a.guardBatch(ctx, tx, evs, outs); err != nil {
+				return dbErrors.Translate("checking aggregate versions", err)
+			}
+			for i, out := range outs {
+				if out == stale {
+					p := plans[evs[i].EventID]
+					p.plan = planSettled
+					p.counts[stale]++
+				}
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		if isOutage(err) {
+			a.db.fail(ctx, "lease", err)
+		} else if ctx.Err() == nil {
+			a.cfg.Logger.DebugContext(ctx, "inbox lease batch falls back to one lease per message",
+				slog.String("consumer", a.cfg.Name), slog.Any("error", err))
+		}
+		return
+	}
+	a.db.ok(ctx, "")
+	for _, note := range notes {
+		note()
+	}
+	for _, it := range fresh {
+		if p := plans[it.ev.EventID]; p != nil {
+			it.plan, it.token, it.taken, it.counts = p.plan, p.token, p.taken, p.counts
+		}
+	}
+}
+
+// unheld returns the items of fresh whose aggregates are not held.
+func (a *leaseApplier) unheld(ctx context.Context, tx pgx.Tx, fresh []*leaseItem) ([]*leaseItem, error) {
+	evs := make([]event.Envelope, len(fresh))
+	for i, it := range fresh {
+		evs[i] = it.ev
+	}
+	held, err := a.heldKeys(ctx, tx, evs)
+	if err != nil || len(held) == 0 {
+		return fresh, err
+	}
+	out := make([]*leaseItem, 0, len(fresh))
+	for _, it := range fresh {
+		if !held[aggregateKey{it.ev.AggregateType, it.ev.AggregateID}] {
+			out = append(out, it)
+		}
+	}
+	return out, nil
+}

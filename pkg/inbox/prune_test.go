@@ -1,0 +1,171 @@
+package inbox_test
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/onceflow/onceflow/pkg/inbox"
+	"github.com/onceflow/onceflow/pkg/testenv"
+)
+
+const adminDay = 24 * time.Hour
+
+func TestPruneRemovesOnlyProcessedRowsPastRetention(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := adminInboxDB(t)
+	ids := make([]uuid.UUID, 8)
+	for i := range ids {
+		ids[i] = uuid.New()
+	}
+	seedInbox(t, pool,
+		inboxRow{"billing", ids[6], "stale", 31 * adminDay}, // skipped by the version guard, past retention
+		inboxRow{"billing", ids[7], "stale", time.Hour},
+		inboxRow{"billing", ids[0], "processed", 31 * adminDay},      // past the default 30 days
+		inboxRow{"shim", ids[1], "processed", 400 * adminDay},        // long past, another consumer
+		inboxRow{"billing", ids[2], "processed", time.Hour},          // recent
+		inboxRow{"billing", ids[3], "processed", 29 * adminDay},      // just inside
+		inboxRow{"billing", ids[4], "dead_lettered", 400 * adminDay}, // old, but the audit of a dead letter
+		inboxRow{"shim", ids[5], "dead_lettered", time.Hour},
+	)
+
+	n, err := inbox.Prune(ctx, pool, inbox.PruneConfig{}) // default retention: 30 days
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n != 3 {
+		t.Fatalf("Prune removed %d rows, want 3", n)
+	}
+	equalStrings(t, "left in inbox_messages", inboxRows(t, pool), sortedKeys(
+		rowKey("billing", "processed", ids[2]),
+		rowKey("billing", "processed", ids[3]),
+		rowKey("billing", "dead_lettered", ids[4]),
+		rowKey("shim", "dead_lettered", ids[5]),
+		rowKey("billing", "stale", ids[7]),
+	))
+
+	if n, err := inbox.Prune(ctx, pool, inbox.PruneConfig{Retention: 2 * time.Hour}); err != nil || n != 1 {
+		t.Fatalf("Prune with a 2h retention = %d, %v; want the 29-day-old row only", n, err)
+	}
+	equalStrings(t, "left after a 2h retention", inboxRows(t, pool), sortedKeys(
+		rowKey("billing", "processed", ids[2]),
+		rowKey("billing", "dead_lettered", ids[4]),
+		rowKey("shim", "dead_lettered", ids[5]),
+		rowKey("billing", "stale", ids[7]),
+	))
+}
+
+// batchRecorder is the real pool, recording what each of Prune's statements
+// removed and which rows were left after it.
+type batchRecorder struct {
+	*pgxpool.Pool
+	t       *testing.T
+	removed []int64
+	left    [][]string
+}
+
+func (b *batchRecorder) Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error) {
+	tag, err := b.Pool.Exec(ctx, sql, args...)
+	if err == nil {
+		b.removed = append(b.removed, tag.RowsAffected())
+		b.left = append(b.left, inboxRows(b.t, b.Pool))
+	}
+	return tag, err
+}
+
+func TestPruneWorksInBatchesOldestFirst(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := adminInboxDB(t)
+	old := make([]uuid.UUID, 5)
+	var rows []inboxRow
+	for i := range old {
+		old[i] = uuid.New()
+		// Later rows are older, so oldest first is not insertion order.
+		rows = append(rows, inboxRow{"billing", old[i], "processed", 40*adminDay + time.Duration(i)*time.Hour})
+	}
+	recent, dead := uuid.New(), uuid.New()
+	rows = append(rows,
+		inboxRow{"billing", recent, "processed", time.Minute},
+		inboxRow{"billing", dead, "dead_lettered", 50 * adminDay},
+	)
+	seedInbox(t, pool, rows...)
+
+	rec := &batchRecorder{Pool: pool, t: t}
+	n, err := inbox.Prune(ctx, rec, inbox.PruneConfig{BatchSize: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n != 5 {
+		t.Fatalf("Prune removed %d rows, want 5", n)
+	}
+	if fmt.Sprint(rec.removed) != "[2 2 1]" {
+		t.Fatalf("rows removed per statement = %v, want [2 2 1]", rec.removed)
+	}
+	keep := []string{rowKey("billing", "processed", recent), rowKey("billing", "dead_lettered", dead)}
+	want := [][]string{
+		sortedKeys(append(slices.Clone(keep), rowKey("billing", "processed", old[0]), rowKey("billing", "processed", old[1]), rowKey("billing", "processed", old[2]))...),
+		sortedKeys(append(slices.Clone(keep), rowKey("billing", "processed", old[0]))...),
+		sortedKeys(slices.Clone(keep)...),
+	}
+	for i := range want {
+		equalStrings(t, fmt.Sprintf("left after batch %d", i+1), rec.left[i], want[i])
+	}
+
+	rec.removed = nil
+	if n, err := inbox.Prune(ctx, rec, inbox.PruneConfig{BatchSize: 2}); err != nil || n != 0 {
+		t.Fatalf("second Prune = %d, %v; want 0, nil", n, err)
+	}
+	if fmt.Sprint(rec.removed) != "[0]" {
+		t.Fatalf("second Prune ran statements removing %v, want one removing nothing", rec.removed)
+	}
+}
+
+func TestPrunerPrunesAtStartAndEveryInterval(t *testing.T) {
+	t.Parallel()
+	pool := adminInboxDB(t)
+	first, second, kept := uuid.New(), uuid.New(), uuid.New()
+	seedInbox(t, pool,
+		inboxRow{"billing", first, "processed", 31 * adminDay},
+		inboxRow{"billing", kept, "dead_lettered", 31 * adminDay},
+	)
+	logs := &testenv.LogBuffer{}
+	pruner, err := inbox.NewPruner(pool, inbox.PrunerConfig{
+		Interval: 50 * time.Millisecond,
+		Logger:   slog.New(slog.NewJSONHandler(logs, nil)),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	stop := testenv.RunInBackground(t, "the pruner", pruner.Run)
+
+	// The row is gone once the delete commits, a moment before the pruner
+	// logs it: wait for both, or a slow machine reads the log too early.
+	testenv.WaitFor(t, 10*time.Second, "the first run to prune the old processed row and log it", func() (bool, error) {
+		_, logged := logs.Record("inbox pruned processed messages")
+		return logged && len(inboxRows(t, pool)) == 1, nil
+	})
+	rec, ok := logs.Record("inbox pruned processed messages")
+	if !ok || rec["rows_removed"] != float64(1) {
+		t.Fatalf("first run's log record = %v, want rows_removed 1\n%s", rec, logs.String())
+	}
+	seedInbox(t, pool, inboxRow{"billing", second, "processed", 60 * adminDay})
+	testenv.WaitFor(t, 10*time.Second, "a later run to prune a row added since", func() (bool, error) {
+		return len(inboxRows(t, pool)) == 1, nil
+	})
+	equalStrings(t, "left", inboxRows(t, pool), []string{rowKey("billing", "dead_lettered", kept)})
+
+	stop()
+	if strings.Contains(logs.String(), `"level":"ERROR"`) {
+		t.Fatalf("the pruner logged an error:\n%s", logs.String())
+	}
+}

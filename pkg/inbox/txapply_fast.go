@@ -1,0 +1,139 @@
+package inbox
+
+import (
+	"context"
+	"log/slog"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/segmentio/kafka-go"
+
+	"github.com/onceflow/onceflow/pkg/event"
+)
+
+// fastBatch settles a whole batch in one transaction with set-based inbox
+// work: one INSERT for every message's inbox row, one locked read and one
+// upsert for the version guard, then the handlers one after another without
+// savepoints. It is all or nothing: if any message is undecodable, needs an
+// upcaster that fails, finds a version gap under GapRetry, or its handler
+// fails, the transaction is rolled back and fastBatch returns false, and the
+// caller takes the savepoint path, which settles each message on its own
+// (retry, dead letter). Handlers run in a transaction that may roll back, as
+// they always may.
+func (a *txApplier) fastBatch(ctx context.Context, batch []kafka.Message) bool {
+	start := time.Now()
+	evs := make([]event.Envelope, len(batch))
+	for i, m := range batch {
+		ev, err := event.FromKafka(m)
+		if err != nil {
+			return false
+		}
+		evs[i] = ev
+	}
+	tx, err := a.pool.Begin(ctx)
+	if err != nil {
+		return false
+	}
+	defer tx.Rollback(context.Background()) //nolint:errcheck // no-op after commit
+
+	// A held aggregate (a dead message, parked messages) is decided message
+	// by message, on the savepoint path.
+	if held, err := a.heldKeys(ctx, tx, evs); err != nil || len(held) > 0 {
+		return false
+	}
+	fresh, err := a.insertBatch(ctx, tx, batch, evs)
+	if err != nil {
+		a.fastPathFailed(ctx, "recording in inbox", err)
+		return false
+	}
+	outs := make([]outcome, len(batch))
+	seen := make(map[uuid.UUID]bool, len(batch))
+	var dups []event.Envelope
+	for i, ev := range evs {
+		if !fresh[ev.EventID] || seen[ev.EventID] {
+			outs[i] = duplicate
+			dups = append(dups, ev)
+		}
+		seen[ev.EventID] = true
+	}
+	if err := a.checkPayloads(ctx, tx, dups...); err != nil {
+		a.fastPathFailed(ctx, "comparing duplicates' payloads", err)
+		return false
+	}
+	var notes []func()
+	if !a.cfg.DisableVersionGuard {
+		if notes, err = a.guardBatch(ctx, tx, evs, outs); err != nil {
+			a.fastPathFailed(ctx, "checking aggregate versions", err)
+			return false
+		}
+	}
+	var counts [numOutcomes]int
+	for i := range evs {
+		counts[outs[i]]++
+		if outs[i] != processed {
+			continue
+		}
+		a.cfg.Metrics.observeHop(a.cfg.Name, evs[i].OccurredAt)
+		if err := a.invoke(ctx, tx, batch[i], &evs[i]); err != nil {
+			a.fastPathFailed(ctx, "handling "+evs[i].EventID.String(), err)
+			return false
+		}
+	}
+	if err := tx.Commit(ctx); err != nil {
+		a.fastPathFailed(ctx, "committing", err)
+		return false
+	}
+	for _, note := range notes {
+		note()
+	}
+	if counts[duplicate] > 0 {
+		a.cfg.Logger.DebugContext(ctx, "inbox duplicates", slog.String("consumer", a.cfg.Name), slog.Int("count", counts[duplicate]))
+	}
+	a.cfg.Metrics.record(a.cfg.Name, counts, len(batch), time.Since(start))
+	return true
+}
+
+func (a *txApplier) fastPathFailed(ctx context.Context, step string, err error) {
+	a.cfg.Logger.DebugContext(ctx, "inbox batch falls back to one savepoint per message",
+		slog.String("consumer", a.cfg.Name), slog.String("step", step), slog.Any("error", err))
+}
+
+const insertProcessedBatch = `
+INSERT INTO inbox_messages (consumer, message_id, event_type, aggregate_id, aggregate_version,
+                            topic, kafka_partition, kafka_offset, status, payload_hash, processed_at)
+SELECT $1, m.id, m.event_type, m.aggregate_id, m.aggregate_version, m.topic, m.kafka_partition,
+       m.kafka_offset, 'processed', sha256(m.payload), now()
+FROM unnest($2::uuid[], $3::text[], $4::text[], $5::bigint[], $6::text[], $7::int[], $8::bigint[], $9::bytea[])
+     AS m(id, event_type, aggregate_id, aggregate_version, topic, kafka_partition, kafka_offset, payload)
+ON CONFLICT (consumer, message_id) DO NOTHING
+RETURNING message_id`
+
+// insertBatch records every message in the inbox in one statement and
+// returns the ids that were new (a redelivered id finds its row and is not
+// returned; within the batch, the first occurrence is the one inserted).
+func (a *txApplier) insertBatch(ctx context.Context, tx pgx.Tx, batch []kafka.Message, evs []event.Envelope) (map[uuid.UUID]bool, error) {
+	n := len(batch)
+	// [16]byte, not uuid.UUID: pgx encodes and decodes it natively instead of
+	// through driver.Valuer, sql.Scanner and text.
+	ids, types, aggs, versions := make([][16]byte, n), make([]string, n), make([]string, n), make([]int64, n)
+	topics, partitions, offsets, payloads := make([]string, n), make([]int32, n), make([]int64, n), make([][]byte, n)
+	for i, m := range batch {
+		ev := evs[i]
+		ids[i], types[i], aggs[i], versions[i] = ev.EventID, ev.EventType, ev.AggregateID, ev.AggregateVersion
+		topics[i], partitions[i], offsets[i], payloads[i] = m.Topic, int32(m.Partition), m.Offset, []byte(ev.Payload)
+	}
+	rows, err := tx.Query(ctx, insertProcessedBatch, a.cfg.Name, ids, types, aggs, versions, topics, partitions, offsets, payloads)
+	if err != nil {
+		return nil, err
+	}
+	inserted, err := pgx.CollectRows(rows, pgx.RowTo[[16]byte])
+	if err != nil {
+		return nil, err
+	}
+	fresh := make(map[uuid.UUID]bool, len(inserted))
+	for _, id := range inserted {
+		fresh[uuid.UUID(id)] = true
+	}
+	return fresh, nil
+}

@@ -1,0 +1,58 @@
+// Package faultpoint holds the libraries' crash points: named places where
+// a fault-injection run (the proofs in loadtest/prove, the libraries' own
+// tests) may stop a worker as a kill -9 would, to show that what the
+// invariants promise survives a crash right there.
+//
+// A hook travels in the context that a relay's or a consumer's Run is given,
+// never in their configuration: the points are no part of the libraries'
+// API. Programs reach them only through the test kits
+// (outboxtest.WithCrashPoint, inboxtest.WithCrashPoint), which name the
+// points their library has. Without a hook a point costs one context lookup.
+package faultpoint
+
+import (
+	"context"
+	"fmt"
+)
+
+// The crash points, by the names CRASH_POINT takes.
+const (
+	// OutboxAfterAck is between the broker's acknowledgement of a batch and
+	// marking its rows published (or confirming the slot's position): a
+	// crash there republishes the batch, and the consumers dedupe it.
+	OutboxAfterAck = "outbox.after-ack"
+	// InboxAfterCommit is after the database commit of a batch of messages
+	// and before their offsets are committed: a crash there redelivers
+	// them, and the inbox rows make that a no-op.
+	InboxAfterCommit = "inbox.after-commit"
+	// InboxAfterEffect is between a leased message's side effect and marking
+	// it done: a crash there leaves the lease to expire, and the next holder
+	// asks the third party whether the call landed before calling again.
+	InboxAfterEffect = "inbox.after-effect"
+)
+
+type hookKey struct{}
+
+// With returns ctx with hook armed: every point reached under ctx calls
+// hook with the point's name, and a non-nil error aborts the work right
+// there. A nil hook returns ctx as it is.
+func With(ctx context.Context, hook func(name string) error) context.Context {
+	if hook == nil {
+		return ctx
+	}
+	return context.WithValue(ctx, hookKey{}, hook)
+}
+
+// Pass is called at the point name: it returns nil when ctx has no hook or
+// the hook lets the point pass, and otherwise the hook's error, naming the
+// point.
+func Pass(ctx context.Context, name string) error {
+	hook, _ := ctx.Value(hookKey{}).(func(string) error)
+	if hook == nil {
+		return nil
+	}
+	if err := hook(name); err != nil {
+		return fmt.Errorf("crash point %s: %w", name, err)
+	}
+	return nil
+}

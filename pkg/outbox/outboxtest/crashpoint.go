@@ -1,0 +1,24 @@
+package outboxtest
+
+import (
+	"context"
+
+	"github.com/onceflow/onceflow/pkg/internal/faultpoint"
+)
+
+// CrashAfterAck is the relay's crash point, in every mode: between the
+// broker's acknowledgement of a batch and marking its rows published (or
+// confirming the slot's position). A crash there republishes the batch
+// after the restart; the consumers dedupe it.
+const CrashAfterAck = faultpoint.OutboxAfterAck
+
+// WithCrashPoint returns ctx with hook armed at the relay's crash point: a
+// relay whose Run gets ctx calls hook(CrashAfterAck) there, and a non-nil
+// error aborts the batch right there, as a crash would (the platform's
+// fault injection kills the process inside hook). The point is in no
+// config: a fault-injection harness or a test reaches it only here. The
+// hook is shared with the inbox's points (inboxtest.WithCrashPoint arms the
+// same one), so it must tell the points apart by name.
+func WithCrashPoint(ctx context.Context, hook func(name string) error) context.Context {
+	return faultpoint.With(ctx, hook)
+}
