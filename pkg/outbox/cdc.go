@@ -8,7 +8,6 @@ import (
 	"sync"
 
 	"github.com/jackc/pgx/v5/pgconn"
-	"github.com/jackc/pgx/v5/pgtype"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/onceflow/onceflow/pkg/internal/retry"
@@ -25,7 +24,6 @@ type CDCRelay struct {
 	writer   Writer
 	cfg      CDCConfig
 	replConf *pgconn.Config
-	types    *pgtype.Map
 
 	stream, retention, lag *outage
 
@@ -57,11 +55,15 @@ func NewCDCRelay(pool *pgxpool.Pool, w Writer, cfg CDCConfig) (*CDCRelay, error)
 	if rc.RuntimeParams == nil {
 		rc.RuntimeParams = map[string]string{}
 	}
-	// A walsender for logical replication, bound to this database.
+	// A walsender for logical replication, bound to this database. The
+	// relay reads timestamps in the ISO style (parseTimestamptz), in UTC
+	// because it publishes them in UTC.
 	rc.RuntimeParams["replication"] = "database"
+	rc.RuntimeParams["DateStyle"] = "ISO"
+	rc.RuntimeParams["TimeZone"] = "UTC"
 	health := func(what string) *outage { return newOutage(what, cfg.Logger, cfg.LogInterval) }
 	return &CDCRelay{
-		pool: pool, writer: w, cfg: cfg, replConf: rc, types: pgtype.NewMap(),
+		pool: pool, writer: w, cfg: cfg, replConf: rc,
 		downTopics: map[string]bool{},
 		stream:     health("streaming from the replication slot"),
 		retention:  health("deleting confirmed outbox rows"),

@@ -89,7 +89,9 @@ type CDCConfig struct {
 	LagInterval time.Duration
 	// RetentionInterval is how often rows of outbox_events that Kafka
 	// acknowledged and the slot confirmed are deleted, in batches of
-	// RetentionBatch. Default DefaultRetentionInterval (5s).
+	// RetentionBatch, and the most often the relay records its confirmed
+	// position in outbox_cdc_slots, which retention reads. Default
+	// DefaultRetentionInterval (5s).
 	RetentionInterval time.Duration
 	// RetentionBatch is the most rows one retention DELETE removes.
 	// Default DefaultRetentionBatch (1000).

@@ -2,6 +2,7 @@ package outbox_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"strings"
@@ -9,6 +10,7 @@ import (
 	"time"
 
 	"github.com/onceflow/onceflow/pkg/outbox"
+	"github.com/onceflow/onceflow/pkg/outbox/outboxtest"
 	"github.com/onceflow/onceflow/pkg/testenv"
 )
 
@@ -78,5 +80,61 @@ func TestCDCDeadEventHoldsBackItsAggregate(t *testing.T) {
 	})
 	if got := bigs(); !slices.Equal(got, want) {
 		t.Fatalf("after the requeue the topic holds big's events %v, want %v (all: %v)", got, want, onTopic(t, brokers, topic))
+	}
+}
+
+// The stream delivers again what the slot had not confirmed when a relay
+// stopped. A row of that stretch that an operator requeued meanwhile
+// (deleted, written again under a new id with the same event id) goes out
+// once, as its copy: the relay checks the rows of the stretch before it
+// publishes them, and only those (a stream past it costs no statement,
+// TestCDCRelayRunsNoStatementPerCommit).
+func TestCDCRedeliveredRowRequeuedMeanwhileGoesOutOnce(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	brokers := testenv.KafkaBrokers(t)
+	topic := newTopicWithConfig(t, brokers, map[string]string{"max.message.bytes": fmt.Sprint(100 << 10)})
+	pool := newOutboxDB(t)
+	slot := newSlot(t, pool)
+	w := testenv.NewWriter(brokers, 10)
+	defer w.Close()
+	cfg := outbox.CDCConfig{Slot: slot, Topic: func(string) string { return topic },
+		MaxAttempts: 1, BackoffMin: 20 * time.Millisecond, BackoffMax: 50 * time.Millisecond,
+		OutageBackoffMin: 20 * time.Millisecond, OutageBackoffMax: 100 * time.Millisecond}
+	// The first relay never confirms anything: it stops after every batch,
+	// as a crash would, before the slot moves.
+	crash := func(name string) error {
+		if name == outboxtest.CrashAfterAck {
+			return errors.New("injected crash after the ack")
+		}
+		return nil
+	}
+	crashing := newCDC(t, pool, w, cfg)
+	stop := testenv.RunInBackground(t, "Run", func(ctx context.Context) error {
+		return crashing.Run(outboxtest.WithCrashPoint(ctx, crash))
+	})
+	testenv.WaitFor(t, 20*time.Second, "the relay to stream", func() (bool, error) { return crashing.Active(), nil })
+	big := newEvent("big", 1)
+	big.Payload = []byte(`{"blob":"` + strings.Repeat("x", 200<<10) + `"}`)
+	enqueue(t, pool, big)
+	testenv.WaitFor(t, 30*time.Second, "big/1 dead", func() (bool, error) {
+		return countRows(t, pool, "state = 'dead'") == 1, nil
+	})
+	stop()
+
+	setTopicConfig(t, brokers, topic, "max.message.bytes", fmt.Sprint(4<<20))
+	wide := testenv.NewWriter(brokers, 10)
+	wide.BatchBytes = 4 << 20
+	defer wide.Close()
+	if n, err := outbox.ModeCDC.RequeueDead(ctx, pool, outbox.DeadFilter{}); err != nil || n != 1 {
+		t.Fatalf("RequeueDead = %d, %v; want 1", n, err)
+	}
+	requeued := currentLSN(t, pool)
+	runStreaming(t, newCDC(t, pool, wide, cfg))
+	testenv.WaitFor(t, 30*time.Second, "the slot to confirm past the requeue", func() (bool, error) {
+		return confirmedLSN(t, pool, slot) >= requeued, nil
+	})
+	if got := onTopic(t, brokers, topic); !slices.Equal(got, []string{"big/1"}) {
+		t.Fatalf("the topic holds %v, want big/1 once: the requeued row's original went out from the redelivered stretch too", got)
 	}
 }

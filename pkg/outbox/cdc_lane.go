@@ -9,7 +9,6 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/segmentio/kafka-go"
 
 	"github.com/onceflow/onceflow/pkg/event"
 	"github.com/onceflow/onceflow/pkg/internal/faultpoint"
@@ -123,12 +122,11 @@ func (l *lane) publish(ctx context.Context, todo []cdcEvent) (bool, error) {
 		if idx = l.holdBehindDead(ctx, todo, idx); len(idx) == 0 {
 			break
 		}
+		// startSends replaces a message's headers rather than write to
+		// them, so a retry starts from the stored traceparent again.
 		batch := make([]claimed, len(idx))
 		for j, i := range idx {
 			batch[j] = todo[i].claimed
-			// startSends rewrites the traceparent header: a retry starts
-			// from the stored one again.
-			batch[j].msg.Headers = append([]kafka.Header(nil), todo[i].msg.Headers...)
 		}
 		r.cfg.Metrics.batchSize.Observe(float64(len(batch)))
 		endSends := startSends(ctx, batch)
@@ -254,22 +252,26 @@ func (l *lane) loadDeadAhead(ctx context.Context) bool {
 // dropSettled returns the indexes of todo to publish: all but the table
 // rows that are settled already (settledRows). The stream delivers again
 // whatever the slot had not confirmed when a relay stopped; a row of that
-// stretch that
-// went dead meanwhile stays dead (published now, it would overtake the
-// dead one before it), and one an operator requeued meanwhile (deleted,
-// written again under a new id) goes out as its copy, in its new place.
-// It tries the read laneCheckAttempts times; false if ctx ended first.
+// stretch that went dead meanwhile stays dead (published now, it would
+// overtake the dead one before it), and one an operator requeued meanwhile
+// (deleted, written again under a new id) goes out as its copy, in its new
+// place. Only rows that may be of that stretch are read (cdcEvent.recheck):
+// a stream past it costs no statement. It tries the read
+// laneCheckAttempts times; false if ctx ended first.
 func (l *lane) dropSettled(ctx context.Context, todo []cdcEvent) ([]int, bool) {
-	ids := make([]int64, 0, len(todo))
-	eventIDs := make([]string, 0, len(todo))
+	var (
+		ids      []int64
+		eventIDs []string
+	)
 	for _, e := range todo {
-		if e.rowID != 0 {
+		if e.rowID != 0 && e.recheck {
 			ids = append(ids, e.rowID)
 			eventIDs = append(eventIDs, header(e.msg, event.HeaderEventID))
 		}
 	}
-	settled := map[int64]bool{}
+	var settled map[int64]bool
 	for attempt := 1; len(ids) > 0; attempt++ {
+		settled = map[int64]bool{}
 		rows, err := l.r.pool.Query(ctx, settledRows, ids, eventIDs)
 		if err == nil {
 			var id int64

@@ -13,8 +13,8 @@ type cdcMetrics struct {
 // Reasons an emitted message under EmitPrefix is refused
 // (outbox_emitted_refused_total's reason label).
 const (
-	refusedUndecodable      = "undecodable"       // not the JSON Emit writes
-	refusedInvalid          = "invalid"           // JSON, but not a complete envelope
+	refusedUndecodable      = "undecodable"       // in neither of the encodings Emit writes
+	refusedInvalid          = "invalid"           // decoded, but not a complete envelope
 	refusedNonTransactional = "non_transactional" // Emit writes transactional messages only
 )
 

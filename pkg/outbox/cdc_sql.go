@@ -93,3 +93,6 @@ WHERE EXISTS (SELECT 1 FROM outbox_events o WHERE o.id = x.id AND o.state = 'dea
    OR EXISTS (SELECT 1 FROM outbox_events o WHERE o.event_id = x.event_id AND o.id <> x.id)`
 
 const markDeadCDC = `UPDATE outbox_events SET state = 'dead', last_error = $2, attempts = $3 WHERE id = $1`
+
+// currentWAL is the server's current WAL position.
+const currentWAL = `SELECT pg_current_wal_lsn()::text`

@@ -3,19 +3,17 @@ package outbox
 import (
 	"container/list"
 	"context"
-	"encoding/json"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"log/slog"
-	"strconv"
+	"math"
 	"sync"
 	"time"
 
-	"github.com/google/uuid"
 	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgproto3"
-	"github.com/jackc/pgx/v5/pgtype"
 
 	"github.com/onceflow/onceflow/pkg/event"
 )
@@ -26,6 +24,12 @@ type cdcEvent struct {
 	claimed
 	rowID int64 // outbox_events id; 0 for an emitted event
 	tx    *txn  // the transaction it belongs to, for the slot's confirmation
+	// recheck: the row may have been published, and then settled (marked
+	// dead, requeued), before this stream, which delivers again what the
+	// slot had not confirmed; the lane checks (dropSettled). Rows of
+	// transactions that committed after this stream took the slot, most of
+	// them, were never delivered to anyone before, and go unchecked.
+	recheck bool
 }
 
 // txn is a decoded transaction whose events are not all acknowledged yet.
@@ -35,6 +39,7 @@ type cdcEvent struct {
 // decoded, in chunks, whatever the transaction's size.
 type txn struct {
 	end     pglogrepl.LSN // commit end; set when the commit is decoded
+	recheck bool          // it committed before the stream took the slot (cdcEvent.recheck)
 	sealed  bool          // its commit was decoded: no more events will join
 	pending int           // events handed to a lane and not yet acknowledged
 	maxID   int64         // highest outbox id among its events
@@ -48,8 +53,15 @@ type streamer struct {
 	r    *CDCRelay
 	conn *pgconn.PgConn // nil while the gap of a lost slot is replayed
 
-	relations map[uint32]*pglogrepl.RelationMessage
+	relations map[uint32]*rowColumns // nil for relations other than outbox_events
 	open      *txn
+	// fresh is a WAL position read once the stream held the slot: a
+	// transaction that commits past it was never delivered before.
+	fresh pglogrepl.LSN
+
+	build *msgBuilder
+	cols  [][]byte    // the columns of the row being decoded
+	raw   rawEnvelope // the event being decoded
 
 	// txs holds, oldest first, the transactions with events not yet
 	// acknowledged (and the open one). A transaction whose events are all
@@ -67,22 +79,36 @@ type streamer struct {
 	confirmed   pglogrepl.LSN // acknowledged by Kafka (or holding no events)
 	confirmedID int64
 	recorded    pglogrepl.LSN // last confirmed position written to outbox_cdc_slots
+	recordedID  int64
+	nextRecord  time.Time // the earliest time to write it again
 	nextStatus  time.Time
+	lastStatus  time.Time
 }
 
+// confirmEvery is the most often the stream confirms acknowledged events to
+// the server while they flow; idle, it reports every StatusInterval.
+const confirmEvery = 10 * time.Millisecond
+
 func newStreamer(ctx context.Context, r *CDCRelay, start pglogrepl.LSN) *streamer {
-	s := &streamer{r: r, relations: map[uint32]*pglogrepl.RelationMessage{}, lanes: map[string]*lane{},
-		acked: make(chan laneAck, 16), confirmed: start, recorded: start}
+	s := &streamer{r: r, relations: map[uint32]*rowColumns{}, lanes: map[string]*lane{},
+		acked: make(chan laneAck, 16), confirmed: start, recorded: start,
+		fresh: pglogrepl.LSN(math.MaxUint64), build: newMsgBuilder(r.cfg.Topic)}
 	s.txs.Init()
 	s.laneCtx, s.stopLanes = context.WithCancel(ctx)
 	return s
 }
 
 // close stops the lanes: what they hold and did not report acknowledged is
-// not confirmed, so the next stream starts before it.
+// not confirmed, so the next stream starts before it. It records the
+// confirmed position in outbox_cdc_slots if it moved since the last record.
 func (s *streamer) close() {
 	s.stopLanes()
 	s.laneWG.Wait()
+	if s.conn != nil {
+		ctx, cancel := context.WithTimeout(context.Background(), s.r.cfg.StatusInterval)
+		defer cancel()
+		s.record(ctx)
+	}
 }
 
 func (r *CDCRelay) streamOnce(ctx context.Context) error {
@@ -127,6 +153,15 @@ func (r *CDCRelay) streamOnce(ctx context.Context) error {
 		return slotErr("starting replication", err)
 	}
 	s.conn = conn
+	// Now that the slot is this stream's, a transaction committed past the
+	// server's current position cannot have been delivered to any relay
+	// before. Unknown (the read failed): every row is checked.
+	var fresh string
+	if err := r.pool.QueryRow(ctx, currentWAL).Scan(&fresh); err == nil {
+		if lsn, err := pglogrepl.ParseLSN(fresh); err == nil {
+			s.fresh = lsn
+		}
+	}
 	r.setActive(true)
 	r.stream.ok(ctx)
 	r.cfg.Logger.InfoContext(ctx, "streaming the outbox from the replication slot", slog.String("slot", r.cfg.Slot),
@@ -156,7 +191,12 @@ func (s *streamer) noteAcked(a laneAck) error {
 			s.done(tx)
 		}
 	}
-	s.nextStatus = time.Time{} // confirm now
+	// Confirm soon, not with every acknowledgement: at a thousand events a
+	// second that was a status message (a write on both sides) for every
+	// few events.
+	if soon := s.lastStatus.Add(confirmEvery); soon.Before(s.nextStatus) {
+		s.nextStatus = soon
+	}
 	return nil
 }
 
@@ -239,6 +279,14 @@ func (s *streamer) seal(tx *txn, end pglogrepl.LSN) {
 }
 
 func (s *streamer) run(ctx context.Context) error {
+	// The wait for the next message ends at the next status update, by the
+	// socket's read deadline rather than a context's: pgconn watches a
+	// context with a goroutine of its own for every message, which at a
+	// few messages per event cost more than decoding them. ctx's end moves
+	// the deadline into the past.
+	sock := s.conn.Conn()
+	stop := context.AfterFunc(ctx, func() { _ = sock.SetReadDeadline(time.Unix(1, 0)) })
+	defer stop()
 	for ctx.Err() == nil {
 		for drained := false; !drained; {
 			select {
@@ -255,9 +303,13 @@ func (s *streamer) run(ctx context.Context) error {
 				return err
 			}
 		}
-		recvCtx, cancel := context.WithDeadline(ctx, s.nextStatus)
-		raw, err := s.conn.ReceiveMessage(recvCtx)
-		cancel()
+		if err := sock.SetReadDeadline(s.nextStatus); err != nil {
+			return fmt.Errorf("receiving: %w", err)
+		}
+		if ctx.Err() != nil { // ended before the deadline was set: AfterFunc ran already
+			return nil
+		}
+		raw, err := s.conn.ReceiveMessage(context.Background())
 		if err != nil {
 			if pgconn.Timeout(err) && ctx.Err() == nil {
 				continue
@@ -313,113 +365,92 @@ func (s *streamer) handle(ctx context.Context, data []byte) error {
 }
 
 func (s *streamer) decode(ctx context.Context, x pglogrepl.XLogData) error {
-	msg, err := pglogrepl.Parse(x.WALData)
-	if err != nil {
-		return fmt.Errorf("parsing a pgoutput message: %w", err)
+	data := x.WALData
+	if len(data) == 0 {
+		return nil
 	}
-	switch m := msg.(type) {
-	case *pglogrepl.BeginMessage:
+	body := data[1:]
+	switch data[0] {
+	case pgoBegin:
+		final, err := beginFinal(body)
+		if err != nil {
+			return fmt.Errorf("parsing a begin message: %w", err)
+		}
 		s.open = s.begin()
-	case *pglogrepl.RelationMessage:
-		s.relations[m.RelationID] = m
-	case *pglogrepl.InsertMessage:
-		rel := s.relations[m.RelationID]
-		if rel == nil || rel.RelationName != "outbox_events" || s.open == nil {
+		s.open.recheck = final < s.fresh
+	case pgoRelation:
+		msg, err := pglogrepl.Parse(data)
+		if err != nil {
+			return fmt.Errorf("parsing a relation message: %w", err)
+		}
+		if rel, ok := msg.(*pglogrepl.RelationMessage); ok {
+			s.relations[rel.RelationID] = newRowColumns(rel)
+		}
+	case pgoInsert:
+		if len(body) < 4 || s.open == nil {
 			return nil
 		}
-		ev, err := s.r.decodeRow(rel, m.Tuple)
-		if err != nil {
+		cols := s.relations[binary.BigEndian.Uint32(body)]
+		if cols == nil {
+			return nil // another table's insert
+		}
+		var err error
+		if _, s.cols, err = parseInsert(body, cols.n, s.cols); err != nil {
 			// A row Postgres accepted but the relay cannot read is a bug or
 			// a schema the relay does not know; skipping it would lose it.
 			return fmt.Errorf("decoding an outbox row: %w", err)
 		}
-		ev.tx = s.open
+		rowID, createdAt, err := cols.decodeRow(s.cols, &s.raw)
+		if err != nil {
+			return fmt.Errorf("decoding an outbox row: %w", err)
+		}
+		ev := cdcEvent{claimed: s.build.build(&s.raw), rowID: rowID, tx: s.open, recheck: s.open.recheck}
+		ev.id, ev.createdAt = rowID, createdAt
 		return s.add(ctx, ev)
-	case *pglogrepl.LogicalDecodingMessage:
-		if m.Prefix != EmitPrefix {
+	case pgoMessage:
+		m, err := parseLogicalMessage(body)
+		if err != nil {
+			return fmt.Errorf("parsing a logical decoding message: %w", err)
+		}
+		if string(m.prefix) != EmitPrefix {
 			return nil
 		}
-		if !m.Transactional || s.open == nil {
+		if !m.transactional || s.open == nil {
 			// Emit writes transactional messages only; anything else under
 			// its prefix was written by hand and is not an outbox event.
-			s.r.refuseEmitted(ctx, refusedNonTransactional, errors.New("not transactional"), m.LSN, m.Content)
+			s.r.refuseEmitted(ctx, refusedNonTransactional, errors.New("not transactional"), m.lsn, m.content)
 			return nil
 		}
-		env, emitted, reason, err := decodeEmitted(m.Content)
+		emittedAt, reason, err := decodeEmitted(m.content, &s.raw)
 		if err != nil {
 			// Never a stall: the stream goes on past a message it refuses.
-			s.r.refuseEmitted(ctx, reason, err, m.LSN, m.Content)
+			s.r.refuseEmitted(ctx, reason, err, m.lsn, m.content)
 			return nil
 		}
-		ev := s.r.newEvent(env, emitted, 0)
-		ev.tx = s.open
+		ev := cdcEvent{claimed: s.build.build(&s.raw), tx: s.open}
+		ev.createdAt = emittedAt
 		return s.add(ctx, ev)
-	case *pglogrepl.CommitMessage:
+	case pgoCommit:
+		end, err := commitEnd(body)
+		if err != nil {
+			return fmt.Errorf("parsing a commit message: %w", err)
+		}
 		if s.open != nil {
-			s.seal(s.open, m.TransactionEndLSN)
+			s.seal(s.open, end)
 			s.open = nil
 		}
 	}
 	return nil
 }
 
+// newEvent makes a message of an envelope read from the table (a lost
+// slot's gap); the stream's events go through msgBuilder instead.
 func (r *CDCRelay) newEvent(ev event.Envelope, createdAt time.Time, rowID int64) cdcEvent {
-	return cdcEvent{rowID: rowID, claimed: claimed{
+	return cdcEvent{rowID: rowID, recheck: true, claimed: claimed{
 		id: rowID, createdAt: createdAt, aggType: ev.AggregateType,
 		aggregate: ev.AggregateType + "\x00" + ev.AggregateID,
 		msg:       event.ToKafka(r.cfg.Topic(ev.AggregateType), ev),
 	}}
-}
-
-// decodeRow reads an outbox_events insert (pgoutput's text format) into
-// the same envelope the polling relay reads from the table.
-func (r *CDCRelay) decodeRow(rel *pglogrepl.RelationMessage, tuple *pglogrepl.TupleData) (cdcEvent, error) {
-	if tuple == nil || len(tuple.Columns) != len(rel.Columns) {
-		return cdcEvent{}, errors.New("tuple does not match its relation")
-	}
-	var (
-		ev        event.Envelope
-		rowID     int64
-		headers   envelopeHeaders
-		createdAt time.Time
-		err       error
-	)
-	for i, col := range rel.Columns {
-		data := tuple.Columns[i].Data
-		if tuple.Columns[i].DataType != pglogrepl.TupleDataTypeText {
-			continue // null: only optional columns (last_error, published_at)
-		}
-		text := string(data)
-		switch col.Name {
-		case "id":
-			rowID, err = strconv.ParseInt(text, 10, 64)
-		case "event_id":
-			ev.EventID, err = uuid.Parse(text)
-		case "aggregate_type":
-			ev.AggregateType = text
-		case "aggregate_id":
-			ev.AggregateID = text
-		case "aggregate_version":
-			ev.AggregateVersion, err = strconv.ParseInt(text, 10, 64)
-		case "event_type":
-			ev.EventType = text
-		case "event_version":
-			ev.EventVersion, err = strconv.Atoi(text)
-		case "payload":
-			ev.Payload = json.RawMessage(text)
-		case "headers":
-			err = json.Unmarshal(data, &headers)
-		case "occurred_at":
-			err = r.types.Scan(pgtype.TimestamptzOID, pgtype.TextFormatCode, data, &ev.OccurredAt)
-		case "created_at":
-			err = r.types.Scan(pgtype.TimestamptzOID, pgtype.TextFormatCode, data, &createdAt)
-		}
-		if err != nil {
-			return cdcEvent{}, fmt.Errorf("column %s: %w", col.Name, err)
-		}
-	}
-	ev.CorrelationID, ev.CausationID, ev.Traceparent = headers.CorrelationID, headers.CausationID, headers.Traceparent
-	return r.newEvent(ev, createdAt, rowID), nil
 }
 
 // idle reports that nothing decoded is waiting for Kafka: no open
@@ -442,20 +473,34 @@ func (s *streamer) sendStatus(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("sending the standby status: %w", err)
 	}
-	s.nextStatus = time.Now().Add(s.r.cfg.StatusInterval)
-	if s.confirmed != s.recorded {
-		// Best effort: the record only dates a lost slot's window and
-		// bounds retention; the slot itself is the source of truth.
-		recCtx, cancel := context.WithTimeout(ctx, s.r.cfg.StatusInterval)
-		_, err := s.r.pool.Exec(recCtx, recordConfirmed, s.r.cfg.Slot, s.confirmed.String(), s.confirmedID)
-		cancel()
-		if err != nil {
-			if ctx.Err() == nil {
-				s.r.cfg.Metrics.dbErrors.WithLabelValues("slot").Inc()
-			}
-		} else {
-			s.recorded = s.confirmed
-		}
+	s.lastStatus = time.Now()
+	s.nextStatus = s.lastStatus.Add(s.r.cfg.StatusInterval)
+	if !time.Now().Before(s.nextRecord) {
+		s.record(ctx)
 	}
 	return nil
+}
+
+// record writes the confirmed position to outbox_cdc_slots if it moved,
+// and then not again for RetentionInterval. Best effort, and not with
+// every status update: the slot itself is the source of truth, and the
+// record only bounds retention, which reads it every RetentionInterval, and
+// dates a lost slot's window, which a record a few seconds old widens by
+// as much (more events republished in table mode, an earlier start
+// reported in WAL-only mode), never narrows.
+func (s *streamer) record(ctx context.Context) {
+	if s.confirmed == s.recorded && s.confirmedID == s.recordedID {
+		return
+	}
+	recCtx, cancel := context.WithTimeout(ctx, s.r.cfg.StatusInterval)
+	_, err := s.r.pool.Exec(recCtx, recordConfirmed, s.r.cfg.Slot, s.confirmed.String(), s.confirmedID)
+	cancel()
+	if err != nil {
+		if ctx.Err() == nil {
+			s.r.cfg.Metrics.dbErrors.WithLabelValues("slot").Inc()
+		}
+		return
+	}
+	s.recorded, s.recordedID = s.confirmed, s.confirmedID
+	s.nextRecord = time.Now().Add(s.r.cfg.RetentionInterval)
 }

@@ -24,7 +24,7 @@ import (
 // the cluster) and drops it when the test ends, after the relays using it
 // stopped (cleanups run last-registered first, so call it before starting
 // them): a database with a slot cannot be dropped.
-func newSlot(t *testing.T, pool *pgxpool.Pool) string {
+func newSlot(t testing.TB, pool *pgxpool.Pool) string {
 	t.Helper()
 	slot := testenv.Name("slot")
 	t.Cleanup(func() {

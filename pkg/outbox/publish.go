@@ -52,18 +52,25 @@ func publishBatch(ctx context.Context, w Writer, batch []claimed) []error {
 	}
 	limits := writerLimits(w)
 	errs := make([]error, len(batch))
+	write := func(idx []int) {
+		msgs := make([]kafka.Message, len(idx))
+		aggs := make([]string, len(idx))
+		for j, i := range idx {
+			msgs[j], aggs[j] = batch[i].msg, batch[i].aggregate
+		}
+		for j, err := range writeTopic(ctx, w, limits, msgs, aggs) {
+			errs[idx[j]] = err
+		}
+	}
+	if len(byTopic) == 1 { // the log-based relay's lanes: no goroutine to wait for
+		for _, idx := range byTopic {
+			write(idx)
+		}
+		return errs
+	}
 	var wg sync.WaitGroup
 	for _, idx := range byTopic {
-		wg.Go(func() {
-			msgs := make([]kafka.Message, len(idx))
-			aggs := make([]string, len(idx))
-			for j, i := range idx {
-				msgs[j], aggs[j] = batch[i].msg, batch[i].aggregate
-			}
-			for j, err := range writeTopic(ctx, w, limits, msgs, aggs) {
-				errs[idx[j]] = err
-			}
-		})
+		wg.Go(func() { write(idx) })
 	}
 	wg.Wait()
 	return errs

@@ -22,19 +22,31 @@ const tracerScope = "github.com/onceflow/onceflow/pkg/outbox"
 // runs request -> send -> process. The returned function ends the spans with
 // each row's publish error. Spans come from the process-wide tracer
 // provider (tracing.Setup); without one they are no-ops that pass the stored
-// traceparent on unchanged.
+// traceparent on unchanged, and cost little: the attributes are made only
+// for a span that records (samplers decide without them), and the header
+// is rewritten only when the span is a new one. The message's headers are
+// replaced, never written to (setHeader), so a retry starts from the stored
+// ones.
 func startSends(ctx context.Context, batch []claimed) (end func(errs []error)) {
 	tracer := otel.GetTracerProvider().Tracer(tracerScope)
 	spans := make([]trace.Span, len(batch))
+	var name, nameTopic string
 	for i := range batch {
 		m := &batch[i].msg
+		if name == "" || m.Topic != nameTopic {
+			name, nameTopic = "send "+m.Topic, m.Topic
+		}
 		parent := event.ContextWithTraceparent(ctx, header(*m, event.HeaderTraceparent))
-		sendCtx, span := tracer.Start(parent, "send "+m.Topic, trace.WithSpanKind(trace.SpanKindProducer),
-			trace.WithAttributes(semconv.MessagingSystemKafka, semconv.MessagingOperationTypeSend,
+		sendCtx, span := tracer.Start(parent, name, producerSpan)
+		if span.IsRecording() {
+			span.SetAttributes(semconv.MessagingSystemKafka, semconv.MessagingOperationTypeSend,
 				semconv.MessagingOperationName("send"), semconv.MessagingDestinationName(m.Topic),
-				semconv.MessagingMessageID(header(*m, event.HeaderEventID)), semconv.MessagingKafkaMessageKey(string(m.Key))))
-		if tp := event.TraceparentFromContext(sendCtx); tp != "" {
-			setHeader(m, event.HeaderTraceparent, tp)
+				semconv.MessagingMessageID(header(*m, event.HeaderEventID)), semconv.MessagingKafkaMessageKey(string(m.Key)))
+		}
+		if sc := span.SpanContext(); sc.IsValid() && !sc.Equal(trace.SpanContextFromContext(parent)) {
+			if tp := event.TraceparentFromContext(sendCtx); tp != "" {
+				setHeader(m, event.HeaderTraceparent, tp)
+			}
 		}
 		spans[i] = span
 	}
@@ -45,6 +57,8 @@ func startSends(ctx context.Context, batch []claimed) (end func(errs []error)) {
 	}
 }
 
+var producerSpan = trace.WithSpanKind(trace.SpanKindProducer)
+
 func header(m kafka.Message, key string) string {
 	for _, h := range m.Headers {
 		if h.Key == key {
@@ -54,14 +68,20 @@ func header(m kafka.Message, key string) string {
 	return ""
 }
 
-// setHeader replaces or adds a header; event.ToKafka built the slice for this
-// message alone, so it is changed in place.
+// setHeader replaces or adds a header in a copy of m's headers: the slice
+// may be shared (the log-based relay's lanes keep the stored headers for a
+// retry, and cut them from blocks shared by many events).
 func setHeader(m *kafka.Message, key, value string) {
-	for i, h := range m.Headers {
-		if h.Key == key {
-			m.Headers[i].Value = []byte(value)
-			return
+	h := make([]kafka.Header, 0, len(m.Headers)+1)
+	set := false
+	for _, x := range m.Headers {
+		if x.Key == key {
+			x.Value, set = []byte(value), true
 		}
+		h = append(h, x)
 	}
-	m.Headers = append(m.Headers, kafka.Header{Key: key, Value: []byte(value)})
+	if !set {
+		h = append(h, kafka.Header{Key: key, Value: []byte(value)})
+	}
+	m.Headers = h
 }
