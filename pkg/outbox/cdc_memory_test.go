@@ -142,7 +142,19 @@ func TestCDCCrashInsideABigTransactionRepublishesAllOfIt(t *testing.T) {
 	var acks atomic.Int64
 	crash := func(name string) error {
 		if name == outboxtest.CrashAfterAck && acks.Add(1) == n/100-1 {
-			time.Sleep(3 * 100 * time.Millisecond) // three StatusIntervals (newCDC's 100ms)
+			// Until the walsender has heard two standby status updates
+			// since (newCDC's StatusInterval is 100ms).
+			replies := map[time.Time]bool{}
+			testenv.Eventually(10*time.Second, func() bool {
+				var at *time.Time
+				_ = e.pool.QueryRow(context.Background(), `
+SELECT reply_time FROM pg_stat_replication
+WHERE pid = (SELECT active_pid FROM pg_replication_slots WHERE slot_name = $1)`, cfg.Slot).Scan(&at)
+				if at != nil {
+					replies[*at] = true
+				}
+				return len(replies) >= 3
+			})
 			return errors.New("injected crash after the next-to-last acknowledged chunk")
 		}
 		return nil

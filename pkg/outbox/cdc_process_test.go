@@ -142,17 +142,12 @@ func (p *cdcProc) ask(tb testing.TB, what string) cdcProcStats {
 // waitAcked peeks until the child acked at least n events.
 func (p *cdcProc) waitAcked(tb testing.TB, n int64, timeout time.Duration) cdcProcStats {
 	tb.Helper()
-	deadline := time.Now().Add(timeout)
-	for {
-		s := p.peek(tb)
-		if s.Acked >= n {
-			return s
-		}
-		if time.Now().After(deadline) {
-			tb.Fatalf("the relay acked %d of %d events in %v", s.Acked, n, timeout)
-		}
-		time.Sleep(20 * time.Millisecond) //nolint:forbidigo // polling a child process's counter
-	}
+	var s cdcProcStats
+	testenv.WaitFor(tb, timeout, fmt.Sprintf("the relay to ack %d events", n), func() (bool, error) {
+		s = p.peek(tb)
+		return s.Acked >= n, nil
+	})
+	return s
 }
 
 func (p *cdcProc) stop(tb testing.TB) {
