@@ -98,6 +98,7 @@ type Service struct {
 	// Admin is the operator listener: mount operator routes with Mount.
 	Admin  *echo.Echo
 	opts   Options
+	pools  []*pgxpool.Pool             // OwnPool's, closed by Close
 	debug  *Debug                      // nil when DEBUG_ADDR is empty
 	checks map[string]httpserver.Check // /readyz's, by name
 	flush  tracing.Shutdown            // flushes and stops the tracer provider
@@ -162,6 +163,28 @@ func New(ctx context.Context, stdout io.Writer, opts Options) (*Service, error) 
 		checks: checks, debug: debug}, nil
 }
 
+// RelayPoolConns sizes the outbox relay's own pool (OwnPool): the claim
+// loop's connection, the LISTEN connection (taken out of the pool, so the
+// pool may open another), the backlog gauges' and, for the log-based relay,
+// its occasional queries beside the stream.
+const RelayPoolConns = 4
+
+// OwnPool opens a pool of at most maxConns connections on the service's
+// database, for a worker that must not queue behind the API's requests and
+// the other workers for a connection. The outbox relay is the one that
+// needs it: it holds a connection through each batch, and in the shared
+// pool under load every claim would first wait for one of the connections
+// the requests hold, and every event with it (BENCHMARKS.md, issue 23).
+// Close closes it.
+func (s *Service) OwnPool(ctx context.Context, maxConns int32) (*pgxpool.Pool, error) {
+	pool, err := pgutil.Connect(ctx, s.opts.DatabaseURL, maxConns)
+	if err != nil {
+		return nil, err
+	}
+	s.pools = append(s.pools, pool)
+	return pool, nil
+}
+
 // AddCheck adds a readiness check to /readyz, for a worker that can say
 // which of its dependencies is broken (inbox.Consumer.Healthy). Call it
 // before Run.
@@ -218,6 +241,9 @@ func (s *Service) Run(ctx context.Context, workers ...lifecycle.Stage) error {
 // Close releases the pool and flushes the spans not exported yet, waiting
 // at most ShutdownGrace for the collector.
 func (s *Service) Close() {
+	for _, p := range s.pools {
+		p.Close()
+	}
 	s.Pool.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), max(s.opts.ShutdownGrace, time.Second))
 	defer cancel()

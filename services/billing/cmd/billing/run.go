@@ -109,7 +109,14 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout 
 	if err != nil {
 		return err
 	}
-	relay, err := outbox.NewPublisher(svc.Pool, writer, outbox.PublisherConfig{
+	// A pool of its own: behind the consumer's transactions and the API's
+	// requests, each claim would wait for a connection first
+	// (service.OwnPool).
+	relayPool, err := svc.OwnPool(ctx, service.RelayPoolConns)
+	if err != nil {
+		return err
+	}
+	relay, err := outbox.NewPublisher(relayPool, writer, outbox.PublisherConfig{
 		Mode: relayMode, Topic: func(string) string { return cfg.BillingTopic },
 		Logger: svc.Logger, Metrics: outbox.NewMetrics(svc.Registry), CrashPoint: crashPoint,
 		CDC: outbox.CDCConfig{Slot: cfg.OutboxSlot, ReplicationURL: cfg.ReplicationDatabaseURL},

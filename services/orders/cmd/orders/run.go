@@ -110,7 +110,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout 
 	if err != nil {
 		return err
 	}
-	opts := orders.Options{CrashPoint: crashPoint, WriteEvent: relayMode.Write()}
+	opts := orders.Options{CrashPoint: crashPoint, WriteEvent: relayMode.Write(), QueueEvent: relayMode.Queue()}
 	switch cfg.PublishMode {
 	case "outbox":
 	case "naive":
@@ -140,7 +140,13 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout 
 	case cfg.RelayEnabled:
 		writer := kafkautil.NewWriter(cfg.KafkaBrokers, 500, kafkautil.WithSecurity(kafkaSecurity))
 		defer writer.Close()
-		relay, err := outbox.NewPublisher(svc.Pool, writer, outbox.PublisherConfig{
+		// A pool of its own: behind the API's requests, each claim would
+		// wait for a connection first (service.OwnPool).
+		relayPool, err := svc.OwnPool(ctx, service.RelayPoolConns)
+		if err != nil {
+			return err
+		}
+		relay, err := outbox.NewPublisher(relayPool, writer, outbox.PublisherConfig{
 			Mode: relayMode, Topic: func(string) string { return cfg.OrdersTopic },
 			Logger: svc.Logger, Metrics: metrics, CrashPoint: crashPoint,
 			CDC: outbox.CDCConfig{Slot: cfg.OutboxSlot, ReplicationURL: cfg.ReplicationDatabaseURL},
