@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
@@ -78,6 +79,81 @@ func NewStore(pool *pgxpool.Pool) *Store { return &Store{pool: pool} }
 // commit or a statement outside the store (the outbox write) is named too.
 func (s *Store) InTx(ctx context.Context, fn func(tx pgx.Tx) error) error {
 	return txErrors.Translate("orders transaction", pgx.BeginFunc(ctx, s.pool, fn))
+}
+
+// PlaceInPipeline writes o, its idempotency key (when key is not empty) and
+// what queue adds to the pipeline (the order's event) in one transaction of
+// two round trips: BEGIN and every insert in one pipeline (a pgx.Batch),
+// then COMMIT. A key already recorded rolls it back with ErrDuplicate.
+// beforeCommit runs between the two round trips, with everything written
+// and nothing committed (the service's crash point); its error rolls back.
+// It is the write path of POST /orders: five round trips of a transaction
+// run statement by statement cost the API and Postgres about twice the CPU
+// of these two, and hold a pool connection as many times longer.
+func (s *Store) PlaceInPipeline(ctx context.Context, o Order, key string, hash []byte,
+	queue func(*pgx.Batch) error, beforeCommit func() error) error {
+	b := &pgx.Batch{}
+	b.Queue("begin")
+	b.Queue(sqlInsertOrder, [16]byte(o.ID), o.CustomerID, o.AmountCents, o.Currency, o.Status, o.Version, o.CreatedAt, o.UpdatedAt)
+	if key != "" {
+		b.Queue(sqlInsertIdempotencyKey, key, hash, [16]byte(o.ID))
+	}
+	if err := queue(b); err != nil {
+		return err
+	}
+	conn, err := s.pool.Acquire(ctx)
+	if err != nil {
+		return txErrors.Translate("orders transaction", err)
+	}
+	defer conn.Release()
+	if err := readPlace(conn.SendBatch(ctx, b), key); err != nil {
+		rollback(conn)
+		return err
+	}
+	if err := beforeCommit(); err != nil {
+		rollback(conn)
+		return err
+	}
+	if _, err := conn.Exec(ctx, "commit"); err != nil {
+		return txErrors.Translate("committing order", err)
+	}
+	return nil
+}
+
+// readPlace reads PlaceInPipeline's results in the order it queued them:
+// BEGIN, the order, the key when there is one, then the event's statements.
+func readPlace(br pgx.BatchResults, key string) (err error) {
+	defer func() {
+		if cerr := br.Close(); err == nil && cerr != nil {
+			err = txErrors.Translate("orders transaction", cerr)
+		}
+	}()
+	if _, err := br.Exec(); err != nil {
+		return txErrors.Translate("beginning order", err)
+	}
+	if _, err := br.Exec(); err != nil {
+		return storeErrors.Translate("inserting order", err)
+	}
+	if key != "" {
+		tag, err := br.Exec()
+		if err != nil {
+			return storeErrors.Translate("recording idempotency key", err)
+		}
+		if tag.RowsAffected() == 0 {
+			return fmt.Errorf("recording idempotency key %q: %w", key, ErrDuplicate)
+		}
+	}
+	return nil // Close reads the rest: an error of the event's insert
+}
+
+// rollback ends a pipelined transaction that will not commit. A connection
+// it cannot roll back is closed, which rolls back too, and the pool drops it.
+func rollback(conn *pgxpool.Conn) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if _, err := conn.Exec(ctx, "rollback"); err != nil {
+		_ = conn.Conn().Close(ctx)
+	}
 }
 
 // InsertOrder writes a new order in tx.
