@@ -21,7 +21,9 @@
 // Lease mode acts only under a lease it holds. Each Effect.Check and
 // Effect.Call takes a call slot, then renews its lease under the fencing
 // token, and only then starts, with a ctx that ends CallTimeout after that
-// renewal began; the lease runs LeaseTTL from no earlier, and
+// renewal began (a call that starts within a tenth of CallTimeout of the
+// batch's lease transaction counts that transaction as its renewal, and
+// runs without another); the lease runs LeaseTTL from no earlier, and
 // LeaseConfig.Validate insists on LeaseTTL > CallTimeout + LeaseMargin. So
 // every call's ctx ends at least LeaseMargin before its lease can expire,
 // and a worker that takes over an expired lease (which the claim's SQL

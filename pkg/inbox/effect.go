@@ -58,9 +58,11 @@ const (
 //
 // A worker acts only under a lease it holds. Each Check and each Call takes
 // one of the MaxInFlight call slots, then renews the lease under its
-// fencing token, and only then starts, with a ctx that ends CallTimeout
-// after that renewal: at least LeaseTTL - CallTimeout before the lease can
-// expire, which leaves LeaseMargin for a call to land after its ctx ended.
+// fencing token (unless the batch took the lease less than a tenth of
+// CallTimeout ago: that was the renewal), and only then starts, with a ctx
+// that ends CallTimeout after that renewal: at least LeaseTTL - CallTimeout
+// before the lease can expire, which leaves LeaseMargin for a call to land
+// after its ctx ended.
 // A renewal that finds the token changed (another worker took the message
 // over) ends the message's work in this worker at once, and the later
 // messages of its key in this worker's hands are abandoned with it (they are

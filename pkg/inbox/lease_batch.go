@@ -40,7 +40,8 @@ type leaseItem struct {
 	decoded  bool
 	plan     leasePlan
 	token    int64
-	taken    bool // an expired lease was taken over: check before calling
+	taken    bool      // an expired lease was taken over: check before calling
+	leasedAt time.Time // when the batch's lease transaction began (planLeased)
 	counts   [numOutcomes]int
 	mismatch bool // planRepeat: its payload differs from the first's
 
@@ -219,7 +220,7 @@ func (a *leaseApplier) runLeased(ctx context.Context, it *leaseItem) error {
 		}
 		return nil
 	}
-	outcome, settled, err := a.underLease(ctx, it.d, it.ev, it.token, it.taken, &it.counts)
+	outcome, settled, err := a.underLease(ctx, it.d, it.ev, it.token, it.taken, it.leasedAt, &it.counts)
 	switch {
 	case err != nil:
 		it.result = leaseAbandoned
