@@ -69,6 +69,9 @@ func NewLeaseConsumer(pool *pgxpool.Pool, src GroupConfig, dlq Writer, eff Effec
 	if eff.Check == nil || eff.Call == nil {
 		return nil, errors.New("inbox: an Effect needs Check and Call")
 	}
+	if eff.Done != nil && eff.DoneBatch != nil {
+		return nil, errors.New("inbox: an Effect has Done or DoneBatch, not both")
+	}
 	if pool == nil || dlq == nil {
 		return nil, errors.New("inbox: NewLeaseConsumer needs a pool and a dead-letter writer")
 	}

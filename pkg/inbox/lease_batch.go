@@ -67,7 +67,7 @@ const (
 //     other, while distinct keys run concurrently (MaxInFlight bounds the
 //     calls in flight across the consumer);
 //  3. one transaction marks every called message done (markLeasesDone) and
-//     runs Effect.Done for each.
+//     records them (Effect.Done for each, or DoneBatch once).
 //
 // A message the batch cannot lease (another worker holds it, or the lease
 // transaction failed) is settled alone, in its key's turn, as before
@@ -233,11 +233,11 @@ func (a *leaseApplier) runLeased(ctx context.Context, it *leaseItem) error {
 	return nil
 }
 
-// markBatchDone marks every called message done, and runs Effect.Done for
-// each, in one transaction. The side effects are behind it, so when that
-// transaction fails each message is marked alone, which waits out an
-// outage; it returns an error only when the messages must be abandoned
-// (ctx ended).
+// markBatchDone marks every called message done, and records them with the
+// Effect (Done for each, or DoneBatch once), in one transaction. The side
+// effects are behind it, so when that transaction fails each message is
+// marked alone, which waits out an outage; it returns an error only when
+// the messages must be abandoned (ctx ended).
 func (a *leaseApplier) markBatchDone(ctx context.Context, called []*leaseItem) error {
 	if len(called) == 0 {
 		return nil
@@ -259,18 +259,15 @@ func (a *leaseApplier) markBatchDone(ctx context.Context, called []*leaseItem) e
 		for _, id := range marked {
 			ours[id] = true
 		}
+		done := make([]DoneEvent, 0, len(marked))
 		for _, it := range called {
 			if !ours[it.ev.EventID] {
 				a.leaseTakenOver(ctx, it.ev)
 				continue
 			}
-			if a.effect.Done != nil {
-				if err := a.effect.Done(ctx, tx, it.ev, it.outcome); err != nil {
-					return err
-				}
-			}
+			done = append(done, DoneEvent{Event: it.ev, Outcome: it.outcome})
 		}
-		return nil
+		return a.recordDone(ctx, tx, done)
 	})
 	if err == nil {
 		a.db.ok(ctx, "")
