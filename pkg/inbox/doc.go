@@ -7,6 +7,9 @@
 //   - NewConsumer, for side effects in the consumer's own database: the
 //     Handler runs inside the transaction that records the event id in the
 //     inbox table, so the effect and the dedupe record commit together.
+//     NewBatchConsumer is the same with a BatchHandler, which also applies
+//     a batch's new events at once (a statement for all of them instead of
+//     one per event).
 //   - NewLeaseConsumer, for side effects outside it (an HTTP call to a third
 //     party that cannot dedupe): the message is leased to one worker with a
 //     fencing token, the call carries the event id as its idempotency key,

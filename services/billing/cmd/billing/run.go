@@ -134,10 +134,10 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout 
 	// Operators list, requeue and replay outbox events here (see outboxhttp).
 	svc.Mount("/admin/outbox", outboxhttp.Handler(svc.Pool, relayMode, svc.Logger))
 
-	b := billing.New(svc.Pool, svc.Logger, nil).WithOutboxWrite(relayMode.Write())
+	b := billing.New(svc.Pool, svc.Logger, nil).WithRelayMode(relayMode)
 	src := inbox.GroupConfig{Brokers: cfg.KafkaBrokers, Topic: cfg.OrdersTopic, Group: cfg.ConsumerGroup,
 		Dialer: kafkaSecurity.Dialer()}
-	consumer, err := inbox.NewConsumer(svc.Pool, src, writer, b.Handle, inbox.Config{
+	consumer, err := inbox.NewBatchConsumer(svc.Pool, src, writer, b, inbox.Config{
 		Name:          cfg.InboxName,
 		ShutdownGrace: cfg.ShutdownGrace,
 		Logger:        svc.Logger,
