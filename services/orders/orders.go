@@ -171,20 +171,25 @@ func (s *Service) Place(ctx context.Context, req PlaceRequest, idempotencyKey st
 		return Order{}, false, err
 	}
 	reqHash := requestHash(req)
-	now := s.now().UTC()
-	o = Order{ID: event.NewID(), CustomerID: req.CustomerID, AmountCents: req.AmountCents, Currency: req.Currency,
-		Status: StatusPlaced, Version: 1, CreatedAt: now, UpdatedAt: now}
-	placed := OrderPlaced{OrderID: o.ID, CustomerID: o.CustomerID, AmountCents: o.AmountCents, Currency: o.Currency, PlacedAt: now}
+	// The order and its event, as of now: called once the transaction is
+	// about to run.
+	newOrder := func() (Order, OrderPlaced) {
+		now := s.now().UTC()
+		o := Order{ID: event.NewID(), CustomerID: req.CustomerID, AmountCents: req.AmountCents, Currency: req.Currency,
+			Status: StatusPlaced, Version: 1, CreatedAt: now, UpdatedAt: now}
+		return o, OrderPlaced{OrderID: o.ID, CustomerID: o.CustomerID, AmountCents: o.AmountCents, Currency: o.Currency, PlacedAt: now}
+	}
 	if queue := s.queue(); queue != nil {
-		var ev event.Envelope
-		ev, err = s.envelope(o, EventOrderPlaced, placed, meta)
-		if err == nil {
-			err = s.store.PlaceInPipeline(ctx, o, idempotencyKey, reqHash,
-				func(b *pgx.Batch) error { return queue(b, ev) }, s.crashPoint)
-		}
+		o, err = s.store.PlaceInPipeline(ctx, idempotencyKey, reqHash, func() (Order, func(*pgx.Batch) error, error) {
+			o, placed := newOrder()
+			ev, err := s.envelope(o, EventOrderPlaced, placed, meta)
+			return o, func(b *pgx.Batch) error { return queue(b, ev) }, err
+		}, s.crashPoint)
 	} else {
 		var naive []event.Envelope
 		err = s.inTx(ctx, &naive, func(tx pgx.Tx) error {
+			var placed OrderPlaced
+			o, placed = newOrder()
 			if err := s.store.InsertOrder(ctx, tx, o); err != nil {
 				return err
 			}

@@ -209,8 +209,13 @@ func TestPlaceInPipelineCommitsAllOrNothing(t *testing.T) {
 			OccurredAt: o.CreatedAt, Payload: []byte(`{}`)}
 	}
 	place := func(o orders.Order, key string, evs []event.Envelope, beforeCommit func() error) error {
-		return store.PlaceInPipeline(ctx, o, key, []byte("hash"),
-			func(b *pgx.Batch) error { return outbox.Queue(b, evs...) }, beforeCommit)
+		got, err := store.PlaceInPipeline(ctx, key, []byte("hash"), func() (orders.Order, func(*pgx.Batch) error, error) {
+			return o, func(b *pgx.Batch) error { return outbox.Queue(b, evs...) }, nil
+		}, beforeCommit)
+		if err == nil && got.ID != o.ID {
+			t.Fatalf("PlaceInPipeline returned order %v, want %v", got.ID, o.ID)
+		}
+		return err
 	}
 	none := func() error { return nil }
 
