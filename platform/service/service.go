@@ -16,6 +16,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -38,9 +39,16 @@ type Options struct {
 	HTTPAddr string
 	// AdminAddr is the operator listener's address. New refuses a
 	// non-loopback one without HTTP.AdminToken.
-	AdminAddr    string
-	HTTP         HTTPConfig
-	DatabaseURL  string
+	AdminAddr   string
+	HTTP        HTTPConfig
+	DatabaseURL string
+	// PoolConns sizes Pool when DatabaseURL does not (pool_max_conns);
+	// zero is pgxpool's default, max(4, cores). A service whose requests
+	// each commit needs about as many connections as commits in flight:
+	// each waits for its WAL flush, and Postgres flushes the commits that
+	// wait together at once (group commit), so more connections cost
+	// little, while too few cap the requests at PoolConns per flush time.
+	PoolConns    int32
 	KafkaBrokers []string
 	// Kafka is how /readyz's broker check connects (TLS, SASL).
 	Kafka         kafkautil.Security
@@ -131,7 +139,11 @@ func New(ctx context.Context, stdout io.Writer, opts Options) (*Service, error) 
 	if err != nil {
 		return nil, err
 	}
-	pool, err := pgutil.Connect(ctx, opts.DatabaseURL, 0)
+	poolConns := opts.PoolConns
+	if strings.Contains(opts.DatabaseURL, "pool_max_conns") {
+		poolConns = 0 // the URL's
+	}
+	pool, err := pgutil.Connect(ctx, opts.DatabaseURL, poolConns)
 	if err != nil {
 		_ = shutdownTracing(ctx)
 		return nil, err

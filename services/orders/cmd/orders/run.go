@@ -77,6 +77,9 @@ type Config struct {
 	CrashPoint string `env:"CRASH_POINT" envDefault:"none"`
 }
 
+// apiPoolConns sizes the API's pool (service.Options.PoolConns).
+const apiPoolConns = 16
+
 func run(ctx context.Context, args []string, getenv func(string) string, stdout io.Writer) error {
 	var cfg Config
 	if err := config.Args(args, stdout,
@@ -93,6 +96,12 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout 
 	svcOpts := cfg.Options("orders", cfg.HTTPAddr, cfg.AdminAddr, cfg.DatabaseURL, kafkaSecurity)
 	// Orders are taken while Kafka is down; the relay catches up after.
 	svcOpts.ReadyWithoutKafka = true
+	// Every POST /orders commits, and waits for its WAL flush with a pool
+	// connection held: 4 connections (pgxpool's default here) capped the
+	// API at 4 orders per flush time (issue 23: about 220 orders/s on a busy
+	// machine, the requests queued for a connection). DATABASE_URL's
+	// pool_max_conns overrides it.
+	svcOpts.PoolConns = apiPoolConns
 	svcOpts.Migrations = []pgutil.Migration{
 		{FS: orders.Migrations, Table: orders.MigrationsTable},
 		{FS: outbox.Migrations, Table: outbox.MigrationsTable},
