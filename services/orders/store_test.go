@@ -185,8 +185,8 @@ func requireErrorBody(t *testing.T, what string, status int, raw string, wantSta
 	return body
 }
 
-// PlaceInPipeline commits the order, its key and its event together, in two
-// round trips, or none of them: a key already recorded (ErrDuplicate), a
+// PlaceInPipeline commits the order, its key and its event together, in one
+// or two round trips, or none of them: a key already recorded (ErrDuplicate), a
 // refusal before the commit, a failing event insert and a value Postgres
 // refuses each leave nothing behind, and the connection goes back to the
 // pool clean (a pool of one connection serves every step).
@@ -244,6 +244,10 @@ func TestPlaceInPipelineCommitsAllOrNothing(t *testing.T) {
 		{"a failing event insert", newOrder(), "key-3", func(orders.Order) []event.Envelope { return []event.Envelope{firstEvent} }, none, nil},
 		{"a value Postgres refuses", func() orders.Order { o := newOrder(); o.Currency = "EURO"; return o }(), "",
 			func(o orders.Order) []event.Envelope { return []event.Envelope{eventOf(o)} }, none, orders.ErrInvalidData},
+		// Without a key, one round trip: the same outcomes.
+		{"refused before the commit, no key", newOrder(), "", func(o orders.Order) []event.Envelope { return []event.Envelope{eventOf(o)} },
+			func() error { return errCrash }, errCrash},
+		{"a failing event insert, no key", newOrder(), "", func(orders.Order) []event.Envelope { return []event.Envelope{firstEvent} }, none, nil},
 	}
 	for _, s := range steps {
 		err := place(s.o, s.key, s.evs(s.o), s.beforeCommit)
@@ -259,6 +263,12 @@ func TestPlaceInPipelineCommitsAllOrNothing(t *testing.T) {
 	if o, k, e := count(`SELECT count(*) FROM orders`), count(`SELECT count(*) FROM idempotency_keys`),
 		count(`SELECT count(*) FROM outbox_events`); o != 1 || k != 1 || e != 1 {
 		t.Fatalf("after the failed steps: %d orders, %d keys, %d events; want only the first of each", o, k, e)
+	}
+	if err := place(newOrder(), "", nil, none); err != nil {
+		t.Fatalf("an order without a key or an event, after the failures: %v", err)
+	}
+	if n := count(`SELECT count(*) FROM orders`); n != 2 {
+		t.Fatalf("%d orders, want 2", n)
 	}
 }
 
