@@ -103,7 +103,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout 
 		return err
 	}
 
-	writer := kafkautil.NewWriter(cfg.KafkaBrokers, 500, kafkautil.WithSecurity(kafkaSecurity))
+	writer := kafkautil.NewWriter(cfg.KafkaBrokers, kafkautil.RelayBatchSize, kafkautil.WithSecurity(kafkaSecurity))
 	defer writer.Close()
 	relayMode, err := outbox.ParseRelayMode(cfg.RelayMode)
 	if err != nil {

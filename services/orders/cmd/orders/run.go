@@ -147,7 +147,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout 
 		}}
 		pruneCfg.PendingRetention = cfg.OutboxRetention
 	case cfg.RelayEnabled:
-		writer := kafkautil.NewWriter(cfg.KafkaBrokers, 500, kafkautil.WithSecurity(kafkaSecurity))
+		writer := kafkautil.NewWriter(cfg.KafkaBrokers, kafkautil.RelayBatchSize, kafkautil.WithSecurity(kafkaSecurity))
 		defer writer.Close()
 		// A pool of its own: behind the API's requests, each claim would
 		// wait for a connection first (service.OwnPool).
