@@ -205,7 +205,8 @@ type LeaseConfig struct {
 	Config
 	// LeaseTTL is how long a leased message stays with its worker. Every
 	// Effect.Check and Effect.Call starts only right after its worker
-	// renewed the lease under its fencing token, so a lease must outlast
+	// renewed the lease under its fencing token (or took it, a tenth of
+	// CallTimeout ago at most), so a lease must outlast
 	// CallTimeout + LeaseMargin (Validate refuses it otherwise). Default
 	// DefaultLeaseTTL.
 	LeaseTTL time.Duration

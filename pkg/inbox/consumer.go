@@ -42,8 +42,29 @@ type applier interface {
 // consumer group, handles each event with h in a transaction on pool, and
 // dead-letters through dlq.
 func NewConsumer(pool *pgxpool.Pool, src GroupConfig, dlq Writer, h Handler, cfg Config) (*Consumer, error) {
-	if pool == nil || dlq == nil || h == nil {
+	if h == nil {
 		return nil, errors.New("inbox: NewConsumer needs a pool, a dead-letter writer and a handler")
+	}
+	return newTxConsumer(pool, src, dlq, &txApplier{handle: h}, cfg)
+}
+
+// NewBatchConsumer is NewConsumer with a handler that also applies the new
+// events of a batch at once (BatchHandler.HandleBatch), in the batch's
+// transaction, so that what it writes for them takes a statement or two
+// instead of a few per event. Messages settled on their own (a batch that
+// failed, a retry) go through its Handle.
+func NewBatchConsumer(pool *pgxpool.Pool, src GroupConfig, dlq Writer, h BatchHandler, cfg Config) (*Consumer, error) {
+	if h == nil {
+		return nil, errors.New("inbox: NewBatchConsumer needs a pool, a dead-letter writer and a handler")
+	}
+	return newTxConsumer(pool, src, dlq, &txApplier{handle: h.Handle, handleBatch: h.HandleBatch}, cfg)
+}
+
+// newTxConsumer is NewConsumer and NewBatchConsumer with the applier they
+// built, short of what the consumer shares with it.
+func newTxConsumer(pool *pgxpool.Pool, src GroupConfig, dlq Writer, a *txApplier, cfg Config) (*Consumer, error) {
+	if pool == nil || dlq == nil {
+		return nil, errors.New("inbox: a consumer needs a pool, a dead-letter writer and a handler")
 	}
 	if err := src.Validate(); err != nil {
 		return nil, err
@@ -55,7 +76,8 @@ func NewConsumer(pool *pgxpool.Pool, src GroupConfig, dlq Writer, h Handler, cfg
 	if err != nil {
 		return nil, err
 	}
-	c.applier = &txApplier{shared: s, handle: h}
+	a.shared = s
+	c.applier = a
 	return c, nil
 }
 
@@ -68,6 +90,9 @@ func NewConsumer(pool *pgxpool.Pool, src GroupConfig, dlq Writer, h Handler, cfg
 func NewLeaseConsumer(pool *pgxpool.Pool, src GroupConfig, dlq Writer, eff Effect, cfg LeaseConfig) (*Consumer, error) {
 	if eff.Check == nil || eff.Call == nil {
 		return nil, errors.New("inbox: an Effect needs Check and Call")
+	}
+	if eff.Done != nil && eff.DoneBatch != nil {
+		return nil, errors.New("inbox: an Effect has Done or DoneBatch, not both")
 	}
 	if pool == nil || dlq == nil {
 		return nil, errors.New("inbox: NewLeaseConsumer needs a pool and a dead-letter writer")

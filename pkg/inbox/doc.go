@@ -7,6 +7,9 @@
 //   - NewConsumer, for side effects in the consumer's own database: the
 //     Handler runs inside the transaction that records the event id in the
 //     inbox table, so the effect and the dedupe record commit together.
+//     NewBatchConsumer is the same with a BatchHandler, which also applies
+//     a batch's new events at once (a statement for all of them instead of
+//     one per event).
 //   - NewLeaseConsumer, for side effects outside it (an HTTP call to a third
 //     party that cannot dedupe): the message is leased to one worker with a
 //     fencing token, the call carries the event id as its idempotency key,
@@ -21,7 +24,9 @@
 // Lease mode acts only under a lease it holds. Each Effect.Check and
 // Effect.Call takes a call slot, then renews its lease under the fencing
 // token, and only then starts, with a ctx that ends CallTimeout after that
-// renewal began; the lease runs LeaseTTL from no earlier, and
+// renewal began (a call that starts within a tenth of CallTimeout of the
+// batch's lease transaction counts that transaction as its renewal, and
+// runs without another); the lease runs LeaseTTL from no earlier, and
 // LeaseConfig.Validate insists on LeaseTTL > CallTimeout + LeaseMargin. So
 // every call's ctx ends at least LeaseMargin before its lease can expire,
 // and a worker that takes over an expired lease (which the claim's SQL

@@ -27,7 +27,7 @@ var ErrUnavailable = errors.New("the other side of the side effect is unavailabl
 // Outcome is how a leased message's side effect was settled.
 type Outcome string
 
-// The outcomes Effect.Done is told about.
+// The outcomes Effect.Done and DoneBatch are told about.
 const (
 	// Sent: this delivery performed the side effect.
 	Sent Outcome = "sent"
@@ -58,9 +58,11 @@ const (
 //
 // A worker acts only under a lease it holds. Each Check and each Call takes
 // one of the MaxInFlight call slots, then renews the lease under its
-// fencing token, and only then starts, with a ctx that ends CallTimeout
-// after that renewal: at least LeaseTTL - CallTimeout before the lease can
-// expire, which leaves LeaseMargin for a call to land after its ctx ended.
+// fencing token (unless the batch took the lease less than a tenth of
+// CallTimeout ago: that was the renewal), and only then starts, with a ctx
+// that ends CallTimeout after that renewal: at least LeaseTTL - CallTimeout
+// before the lease can expire, which leaves LeaseMargin for a call to land
+// after its ctx ended.
 // A renewal that finds the token changed (another worker took the message
 // over) ends the message's work in this worker at once, and the later
 // messages of its key in this worker's hands are abandoned with it (they are
@@ -84,4 +86,16 @@ type Effect struct {
 	// messages of a batch, so an error rolls back the batch's marking, and
 	// each message is then marked done in a transaction of its own. Optional.
 	Done func(ctx context.Context, tx pgx.Tx, ev event.Envelope, outcome Outcome) error
+	// DoneBatch is Done for all the messages a transaction marks done at
+	// once (a batch's; one for a message settled alone), so that a consumer
+	// recording outcomes in a table writes them in one statement instead of
+	// one per message. Set Done or DoneBatch, not both. Optional.
+	DoneBatch func(ctx context.Context, tx pgx.Tx, done []DoneEvent) error
+}
+
+// DoneEvent is one message DoneBatch records: its event and how its side
+// effect was settled.
+type DoneEvent struct {
+	Event   event.Envelope
+	Outcome Outcome
 }

@@ -80,7 +80,7 @@ func (a *leaseApplier) processLeased(ctx context.Context, d delivery) error {
 		}
 		break
 	}
-	outcome, settled, err := a.underLease(ctx, d, ev, token, taken, &counts)
+	outcome, settled, err := a.underLease(ctx, d, ev, token, taken, time.Time{}, &counts)
 	if err != nil || settled {
 		return err
 	}

@@ -40,7 +40,8 @@ type leaseItem struct {
 	decoded  bool
 	plan     leasePlan
 	token    int64
-	taken    bool // an expired lease was taken over: check before calling
+	taken    bool      // an expired lease was taken over: check before calling
+	leasedAt time.Time // when the batch's lease transaction began (planLeased)
 	counts   [numOutcomes]int
 	mismatch bool // planRepeat: its payload differs from the first's
 
@@ -66,7 +67,7 @@ const (
 //     other, while distinct keys run concurrently (MaxInFlight bounds the
 //     calls in flight across the consumer);
 //  3. one transaction marks every called message done (markLeasesDone) and
-//     runs Effect.Done for each.
+//     records them (Effect.Done for each, or DoneBatch once).
 //
 // A message the batch cannot lease (another worker holds it, or the lease
 // transaction failed) is settled alone, in its key's turn, as before
@@ -219,7 +220,7 @@ func (a *leaseApplier) runLeased(ctx context.Context, it *leaseItem) error {
 		}
 		return nil
 	}
-	outcome, settled, err := a.underLease(ctx, it.d, it.ev, it.token, it.taken, &it.counts)
+	outcome, settled, err := a.underLease(ctx, it.d, it.ev, it.token, it.taken, it.leasedAt, &it.counts)
 	switch {
 	case err != nil:
 		it.result = leaseAbandoned
@@ -232,11 +233,11 @@ func (a *leaseApplier) runLeased(ctx context.Context, it *leaseItem) error {
 	return nil
 }
 
-// markBatchDone marks every called message done, and runs Effect.Done for
-// each, in one transaction. The side effects are behind it, so when that
-// transaction fails each message is marked alone, which waits out an
-// outage; it returns an error only when the messages must be abandoned
-// (ctx ended).
+// markBatchDone marks every called message done, and records them with the
+// Effect (Done for each, or DoneBatch once), in one transaction. The side
+// effects are behind it, so when that transaction fails each message is
+// marked alone, which waits out an outage; it returns an error only when
+// the messages must be abandoned (ctx ended).
 func (a *leaseApplier) markBatchDone(ctx context.Context, called []*leaseItem) error {
 	if len(called) == 0 {
 		return nil
@@ -258,18 +259,15 @@ func (a *leaseApplier) markBatchDone(ctx context.Context, called []*leaseItem) e
 		for _, id := range marked {
 			ours[id] = true
 		}
+		done := make([]DoneEvent, 0, len(marked))
 		for _, it := range called {
 			if !ours[it.ev.EventID] {
 				a.leaseTakenOver(ctx, it.ev)
 				continue
 			}
-			if a.effect.Done != nil {
-				if err := a.effect.Done(ctx, tx, it.ev, it.outcome); err != nil {
-					return err
-				}
-			}
+			done = append(done, DoneEvent{Event: it.ev, Outcome: it.outcome})
 		}
-		return nil
+		return a.recordDone(ctx, tx, done)
 	})
 	if err == nil {
 		a.db.ok(ctx, "")

@@ -40,7 +40,10 @@ const (
 // It returns the outcome to mark done with; settled when the message needs
 // no marking done (marked uncertain, or dead-lettered); errLeaseLost when
 // another worker took the message over, errAbandoned, or a *crashError.
-func (a *leaseApplier) underLease(ctx context.Context, d delivery, ev event.Envelope, token int64, taken bool, counts *[numOutcomes]int) (Outcome, bool, error) {
+//
+// leasedAt is when the transaction that took the lease began (zero: not
+// known); see callUnderLease.
+func (a *leaseApplier) underLease(ctx context.Context, d delivery, ev event.Envelope, token int64, taken bool, leasedAt time.Time, counts *[numOutcomes]int) (Outcome, bool, error) {
 	key := ev.EventID.String()
 	mayHaveCalled := taken
 	var failedAt time.Time // when this worker's last failed call returned
@@ -53,7 +56,7 @@ func (a *leaseApplier) underLease(ctx context.Context, d delivery, ev event.Enve
 				return "", false, err
 			}
 		}
-		outcome, op, err := a.runEffect(ctx, d.gen, ev, token, key, mayHaveCalled)
+		outcome, op, err := a.runEffect(ctx, d.gen, ev, token, leasedAt, key, mayHaveCalled)
 		if op == opCall && err != nil {
 			mayHaveCalled, failedAt = true, time.Now()
 		}
@@ -106,10 +109,10 @@ func (a *leaseApplier) underLease(ctx context.Context, d delivery, ev event.Enve
 // runEffect checks first when an earlier attempt may have called, then
 // calls, each under the lease (callUnderLease). op says which of the two
 // the error came from.
-func (a *leaseApplier) runEffect(ctx context.Context, gen tracker, ev event.Envelope, token int64, key string, mayHaveCalled bool) (Outcome, string, error) {
+func (a *leaseApplier) runEffect(ctx context.Context, gen tracker, ev event.Envelope, token int64, leasedAt time.Time, key string, mayHaveCalled bool) (Outcome, string, error) {
 	if mayHaveCalled {
 		var has bool
-		err := a.callUnderLease(ctx, gen, ev.EventID, token, func(ctx context.Context) (err error) {
+		err := a.callUnderLease(ctx, gen, ev.EventID, token, leasedAt, func(ctx context.Context) (err error) {
 			has, err = a.effect.Check(ctx, key)
 			return err
 		})
@@ -122,9 +125,14 @@ func (a *leaseApplier) runEffect(ctx context.Context, gen tracker, ev event.Enve
 			return AlreadyPresent, "", nil
 		}
 	}
-	err := a.callUnderLease(ctx, gen, ev.EventID, token, func(ctx context.Context) error { return a.effect.Call(ctx, ev, key) })
+	err := a.callUnderLease(ctx, gen, ev.EventID, token, leasedAt, func(ctx context.Context) error { return a.effect.Call(ctx, ev, key) })
 	return Sent, opCall, err
 }
+
+// freshLeaseShare: a call that starts within CallTimeout/freshLeaseShare of
+// the transaction that took its lease runs under that lease as it is (see
+// callUnderLease).
+const freshLeaseShare = 10
 
 // callUnderLease runs f, a call to the other side, only while this worker
 // holds the lease of id: it takes one of the MaxInFlight call slots (a wait
@@ -137,36 +145,29 @@ func (a *leaseApplier) runEffect(ctx context.Context, gen tracker, ev event.Enve
 // took the message over meanwhile. It returns errLeaseLost when somebody
 // did, errAbandoned when ctx ends or gen is dropped, and an error wrapping
 // ErrUnavailable when f outlived CallTimeout.
-func (a *leaseApplier) callUnderLease(ctx context.Context, gen tracker, id uuid.UUID, token int64, f func(context.Context) error) error {
+//
+// A lease taken less than CallTimeout/freshLeaseShare ago (leasedAt, when
+// its transaction began) needs no renewal: taking it was one, under the same
+// token, and nobody can have taken it over before it expires. f then runs
+// with a ctx that ends CallTimeout after leasedAt, as it would after a
+// renewal begun then. So the first call of each message of a batch costs no
+// round trip and no commit of its own (BENCHMARKS.md, issue 23: at 300
+// payments a second the shim's renewals queued for its pool's connections).
+func (a *leaseApplier) callUnderLease(ctx context.Context, gen tracker, id uuid.UUID, token int64, leasedAt time.Time, f func(context.Context) error) error {
 	select {
 	case a.calls <- struct{}{}:
 	case <-ctx.Done():
 		return errAbandoned
 	}
 	defer func() { <-a.calls }()
-	var renewed time.Time
-	for outages := 1; ; outages++ {
-		if gen != nil && gen.isDropped() {
-			return errAbandoned
-		}
-		renewed = time.Now() // before the renewal: the lease runs from no earlier
-		err := a.renew(ctx, id, token)
-		if err == nil {
-			if outages > 1 {
-				a.db.ok(ctx, "renew_lease")
-			}
-			break
-		}
-		switch {
-		case errors.Is(err, errLeaseLost):
-			return err
-		case ctx.Err() != nil:
-			return errAbandoned
-		}
-		a.db.fail(ctx, "renew_lease", err)
-		if err := wait(ctx, gen, retry.Backoff(outages, a.cfg.BackoffMin, a.cfg.BackoffMax)); err != nil {
+	renewed := leasedAt
+	if leasedAt.IsZero() || time.Since(leasedAt) >= a.leaseCfg.CallTimeout/freshLeaseShare {
+		var err error
+		if renewed, err = a.renewForCall(ctx, gen, id, token); err != nil {
 			return err
 		}
+	} else if gen != nil && gen.isDropped() {
+		return errAbandoned
 	}
 	callCtx, cancel := context.WithDeadline(ctx, renewed.Add(a.leaseCfg.CallTimeout))
 	defer cancel()
@@ -175,6 +176,34 @@ func (a *leaseApplier) callUnderLease(ctx context.Context, gen tracker, id uuid.
 		err = fmt.Errorf("%w: no answer within CallTimeout (%v): %w", ErrUnavailable, a.leaseCfg.CallTimeout, err)
 	}
 	return err
+}
+
+// renewForCall renews the lease of id under token before a call, waiting
+// out the database being unreachable, and returns when the renewal began.
+func (a *leaseApplier) renewForCall(ctx context.Context, gen tracker, id uuid.UUID, token int64) (time.Time, error) {
+	for outages := 1; ; outages++ {
+		if gen != nil && gen.isDropped() {
+			return time.Time{}, errAbandoned
+		}
+		renewed := time.Now() // before the renewal: the lease runs from no earlier
+		err := a.renew(ctx, id, token)
+		if err == nil {
+			if outages > 1 {
+				a.db.ok(ctx, "renew_lease")
+			}
+			return renewed, nil
+		}
+		switch {
+		case errors.Is(err, errLeaseLost):
+			return time.Time{}, err
+		case ctx.Err() != nil:
+			return time.Time{}, errAbandoned
+		}
+		a.db.fail(ctx, "renew_lease", err)
+		if err := wait(ctx, gen, retry.Backoff(outages, a.cfg.BackoffMin, a.cfg.BackoffMax)); err != nil {
+			return time.Time{}, err
+		}
+	}
 }
 
 // health describes an outage of the Effect's other side, nil when there is

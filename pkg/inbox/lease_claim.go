@@ -37,6 +37,7 @@ func (a *leaseApplier) leaseBatch(ctx context.Context, items []*leaseItem) {
 	}
 	var notes []func()
 	plans := make(map[uuid.UUID]*leaseItem, len(fresh))
+	leasedAt := time.Now() // before the transaction: its leases run from no earlier
 	err := pgx.BeginFunc(ctx, a.pool, func(tx pgx.Tx) error {
 		clear(plans)
 		// A held aggregate's messages are left to planAlone, where each is
@@ -125,7 +126,7 @@ func (a *leaseApplier) leaseBatch(ctx context.Context, items []*leaseItem) {
 				continue
 			}
 			d := *it
-			d.plan, d.token, d.taken = planLeased, cl.token, cl.taken
+			d.plan, d.token, d.taken, d.leasedAt = planLeased, cl.token, cl.taken, leasedAt
 			plans[it.ev.EventID] = &d
 			out := duplicate // taken over: guarded when it was first leased
 			if !cl.taken {
@@ -162,7 +163,7 @@ func (a *leaseApplier) leaseBatch(ctx context.Context, items []*leaseItem) {
 	}
 	for _, it := range fresh {
 		if p := plans[it.ev.EventID]; p != nil {
-			it.plan, it.token, it.taken, it.counts = p.plan, p.token, p.taken, p.counts
+			it.plan, it.token, it.taken, it.leasedAt, it.counts = p.plan, p.token, p.taken, p.leasedAt, p.counts
 		}
 	}
 }

@@ -66,11 +66,27 @@ func (a *leaseApplier) markDone(ctx context.Context, ev event.Envelope, token in
 			a.leaseTakenOver(ctx, ev)
 			return nil
 		}
-		if a.effect.Done != nil {
-			return a.effect.Done(ctx, tx, ev, outcome)
-		}
-		return nil
+		return a.recordDone(ctx, tx, []DoneEvent{{Event: ev, Outcome: outcome}})
 	})
+}
+
+// recordDone runs the Effect's Done for each of done, or its DoneBatch
+// once, in tx.
+func (a *leaseApplier) recordDone(ctx context.Context, tx pgx.Tx, done []DoneEvent) error {
+	if a.effect.DoneBatch != nil {
+		if len(done) == 0 {
+			return nil
+		}
+		return a.effect.DoneBatch(ctx, tx, done)
+	}
+	if a.effect.Done != nil {
+		for _, d := range done {
+			if err := a.effect.Done(ctx, tx, d.Event, d.Outcome); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
 }
 
 func (a *leaseApplier) markUncertain(ctx context.Context, ev event.Envelope, token int64, cause error) error {

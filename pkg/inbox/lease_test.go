@@ -250,3 +250,51 @@ func TestATakeoverThatCannotCheckIsRecordedUncertainAndNotCalled(t *testing.T) {
 		t.Fatalf("inbox_uncertain_total = %v, want %d", got, uncertain)
 	}
 }
+
+// An Effect with DoneBatch records a batch's outcomes in one call, in the
+// transaction that marks them done; an Effect with Done and DoneBatch is
+// refused.
+func TestDoneBatchRecordsABatchsOutcomesInOneCall(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	evs := f.leaseEvents(t, 8, 1)
+	b := newBooker(0)
+	eff := b.effect()
+	if _, err := inbox.NewLeaseConsumer(f.pool, f.source(testenv.Name("group")), f.writer, eff,
+		inbox.LeaseConfig{Config: inbox.Config{Name: "both"}}); err != nil {
+		t.Fatal(err)
+	}
+	eff.DoneBatch = func(ctx context.Context, tx pgx.Tx, done []inbox.DoneEvent) error { return nil }
+	if _, err := inbox.NewLeaseConsumer(f.pool, f.source(testenv.Name("group")), f.writer, eff,
+		inbox.LeaseConfig{Config: inbox.Config{Name: "both"}}); err == nil {
+		t.Fatal("an Effect with Done and DoneBatch was accepted")
+	}
+	var (
+		mu    sync.Mutex
+		sizes []int
+	)
+	eff.Done = nil
+	eff.DoneBatch = func(ctx context.Context, tx pgx.Tx, done []inbox.DoneEvent) error {
+		ids, outcomes := make([][16]byte, len(done)), make([]string, len(done))
+		for i, d := range done {
+			ids[i], outcomes[i] = d.Event.EventID, string(d.Outcome)
+		}
+		mu.Lock()
+		sizes = append(sizes, len(done))
+		mu.Unlock()
+		_, err := tx.Exec(ctx, `INSERT INTO lease_outcomes SELECT * FROM unnest($1::uuid[], $2::text[])`, ids, outcomes)
+		return err
+	}
+	runUntilCleanup(t, f.leaseConsumer(t, testenv.Name("group"), eff, inbox.LeaseConfig{Config: inbox.Config{Workers: 1}}))
+	testenv.WaitFor(t, 60*time.Second, "every outcome recorded", func() (bool, error) {
+		return f.count(t, "SELECT count(*) FROM lease_outcomes WHERE outcome = 'sent'") == len(evs), nil
+	})
+	if n := f.count(t, "SELECT count(*) FROM inbox_messages WHERE status = 'processed'"); n != len(evs) {
+		t.Fatalf("%d messages marked done, want %d", n, len(evs))
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if slices.Max(sizes) < 2 {
+		t.Fatalf("DoneBatch was called with %v events at a time: never a batch", sizes)
+	}
+}

@@ -22,6 +22,30 @@ import (
 // any other error is retried.
 type Handler func(ctx context.Context, tx pgx.Tx, ev event.Envelope) error
 
+// BatchHandler is a handler that can also apply the new events of a batch
+// at once, so that what it writes for them takes a statement or two instead
+// of a few per event (NewBatchConsumer).
+type BatchHandler interface {
+	// Handle applies one event, as a Handler does; the consumer calls it
+	// for each message it settles on its own (a batch that failed, a
+	// retry, a dead letter's replay).
+	Handle(ctx context.Context, tx pgx.Tx, ev event.Envelope) error
+	// HandleBatch applies evs, new events of one batch in the order they
+	// were fetched, in tx: exactly what Handle would do for each, one after
+	// the other. Each comes with the context of its consumer span, the
+	// trace its effects continue. It must not commit or roll back tx. An
+	// error rolls the batch back, and the consumer then settles its
+	// messages one by one with Handle.
+	HandleBatch(ctx context.Context, tx pgx.Tx, evs []Applying) error
+}
+
+// Applying is one event a BatchHandler applies, with the context of its
+// consumer span (a context per event, which is why it travels in a struct).
+type Applying struct {
+	Ctx   context.Context
+	Event event.Envelope
+}
+
 // txApplier is the transactional applier, NewConsumer's: each message's
 // inbox row, version guard and handler commit in one transaction, a batch
 // of messages in as few transactions as it can (process), the fast path
@@ -30,6 +54,9 @@ type Handler func(ctx context.Context, tx pgx.Tx, ev event.Envelope) error
 type txApplier struct {
 	*shared
 	handle Handler
+	// handleBatch applies a batch's new events at once on the fast path
+	// (NewBatchConsumer); nil: handle, one by one.
+	handleBatch func(ctx context.Context, tx pgx.Tx, evs []Applying) error
 }
 
 // process handles batch in as few transactions as it can: one, unless

@@ -8,8 +8,10 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/segmentio/kafka-go"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/onceflow/onceflow/pkg/event"
+	"github.com/onceflow/onceflow/pkg/internal/tracectx"
 )
 
 // fastBatch settles a whole batch in one transaction with set-based inbox
@@ -71,12 +73,18 @@ func (a *txApplier) fastBatch(ctx context.Context, batch []kafka.Message) bool {
 	var counts [numOutcomes]int
 	for i := range evs {
 		counts[outs[i]]++
-		if outs[i] != processed {
+		if outs[i] != processed || a.handleBatch != nil {
 			continue
 		}
 		a.cfg.Metrics.observeHop(a.cfg.Name, evs[i].OccurredAt)
 		if err := a.invoke(ctx, tx, batch[i], &evs[i]); err != nil {
 			a.fastPathFailed(ctx, "handling "+evs[i].EventID.String(), err)
+			return false
+		}
+	}
+	if a.handleBatch != nil {
+		if err := a.invokeBatch(ctx, tx, batch, evs, outs); err != nil {
+			a.fastPathFailed(ctx, "handling the batch", err)
 			return false
 		}
 	}
@@ -92,6 +100,34 @@ func (a *txApplier) fastBatch(ctx context.Context, batch []kafka.Message) bool {
 	}
 	a.cfg.Metrics.record(a.cfg.Name, counts, len(batch), time.Since(start))
 	return true
+}
+
+// invokeBatch runs handleBatch once for the batch's processed events, each
+// upcast and in its consumer span, as invoke runs the handler for one.
+func (a *txApplier) invokeBatch(ctx context.Context, tx pgx.Tx, batch []kafka.Message, evs []event.Envelope, outs []outcome) (err error) {
+	var applying []Applying
+	var spans []trace.Span
+	defer func() {
+		for _, span := range spans {
+			tracectx.End(span, err)
+		}
+	}()
+	for i := range evs {
+		if outs[i] != processed {
+			continue
+		}
+		a.cfg.Metrics.observeHop(a.cfg.Name, evs[i].OccurredAt)
+		if err := a.upcast(&evs[i]); err != nil {
+			return err
+		}
+		spanCtx, span := a.startProcess(ctx, batch[i], evs[i])
+		spans = append(spans, span)
+		applying = append(applying, Applying{Ctx: spanCtx, Event: evs[i]})
+	}
+	if len(applying) == 0 {
+		return nil
+	}
+	return a.handleBatch(ctx, tx, applying)
 }
 
 func (a *txApplier) fastPathFailed(ctx context.Context, step string, err error) {

@@ -38,6 +38,25 @@ func Enqueue(ctx context.Context, tx pgx.Tx, ev event.Envelope) error {
 // EnqueueBatch writes several events in one round trip, in order.
 func EnqueueBatch(ctx context.Context, tx pgx.Tx, evs ...event.Envelope) error {
 	var b pgx.Batch
+	if err := Queue(&b, evs...); err != nil {
+		return err
+	}
+	if err := tx.SendBatch(ctx, &b).Close(); err != nil {
+		return fmt.Errorf("outbox: inserting events: %w", err)
+	}
+	return nil
+}
+
+// Queue queues the writes of evs onto b, in order, for a caller that sends
+// its own statements and the events' in one round trip (a pgx.Batch: a
+// pipeline). b must run in one transaction — it begins with BEGIN, or the
+// caller sends it without one and pgx runs it as a single implicit
+// transaction — so that the events commit if and only if the caller's
+// statements do. The result of each queued statement is a command tag
+// (BatchResults.Exec); an error there is the outbox insert's. An event
+// missing a required envelope field is rejected here, before anything is
+// sent, with an error wrapping event.ErrInvalid.
+func Queue(b *pgx.Batch, evs ...event.Envelope) error {
 	for _, ev := range evs {
 		if err := ev.Validate(); err != nil {
 			return fmt.Errorf("outbox: %s %s: %w", ev.EventType, ev.EventID, err)
@@ -55,9 +74,6 @@ func EnqueueBatch(ctx context.Context, tx pgx.Tx, evs ...event.Envelope) error {
 		b.Queue(insertEvent, [16]byte(ev.EventID), ev.AggregateType, ev.AggregateID, ev.AggregateVersion,
 			ev.EventType, ev.EventVersion, []byte(ev.Payload), headers, ev.OccurredAt, Partitions,
 			ev.CorrelationID, ev.CausationID, ev.Traceparent)
-	}
-	if err := tx.SendBatch(ctx, &b).Close(); err != nil {
-		return fmt.Errorf("outbox: inserting events: %w", err)
 	}
 	return nil
 }

@@ -58,3 +58,17 @@ func (m RelayMode) Write() WriteFunc {
 	}
 	return Enqueue
 }
+
+// QueueFunc queues the write of events onto the caller's pipeline (see
+// Queue), so that a business transaction and its events take one round
+// trip.
+type QueueFunc func(b *pgx.Batch, evs ...event.Envelope) error
+
+// Queue is the queued write of mode m: Queue, or nil for wal, whose events
+// are written with Emit (Write) in the caller's transaction.
+func (m RelayMode) Queue() QueueFunc {
+	if m == ModeWAL {
+		return nil
+	}
+	return Queue
+}

@@ -16,6 +16,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -38,9 +39,16 @@ type Options struct {
 	HTTPAddr string
 	// AdminAddr is the operator listener's address. New refuses a
 	// non-loopback one without HTTP.AdminToken.
-	AdminAddr    string
-	HTTP         HTTPConfig
-	DatabaseURL  string
+	AdminAddr   string
+	HTTP        HTTPConfig
+	DatabaseURL string
+	// PoolConns sizes Pool when DatabaseURL does not (pool_max_conns);
+	// zero is pgxpool's default, max(4, cores). A service whose requests
+	// each commit needs about as many connections as commits in flight:
+	// each waits for its WAL flush, and Postgres flushes the commits that
+	// wait together at once (group commit), so more connections cost
+	// little, while too few cap the requests at PoolConns per flush time.
+	PoolConns    int32
 	KafkaBrokers []string
 	// Kafka is how /readyz's broker check, and the service's own Kafka
 	// clients, connect (TLS, SASL).
@@ -99,6 +107,7 @@ type Service struct {
 	// Admin is the operator listener: mount operator routes with Mount.
 	Admin  *echo.Echo
 	opts   Options
+	pools  []*pgxpool.Pool             // OwnPool's, closed by Close
 	debug  *Debug                      // nil when DEBUG_ADDR is empty
 	checks map[string]httpserver.Check // /readyz's, by name
 	flush  tracing.Shutdown            // flushes and stops the tracer provider
@@ -131,7 +140,11 @@ func New(ctx context.Context, stdout io.Writer, opts Options) (*Service, error) 
 	if err != nil {
 		return nil, err
 	}
-	pool, err := pgutil.Connect(ctx, opts.DatabaseURL, 0)
+	poolConns := opts.PoolConns
+	if strings.Contains(opts.DatabaseURL, "pool_max_conns") {
+		poolConns = 0 // the URL's
+	}
+	pool, err := pgutil.Connect(ctx, opts.DatabaseURL, poolConns)
 	if err != nil {
 		_ = shutdownTracing(ctx)
 		return nil, err
@@ -161,6 +174,28 @@ func New(ctx context.Context, stdout io.Writer, opts Options) (*Service, error) 
 	started = true
 	return &Service{Logger: logger, Pool: pool, Registry: registry, HTTP: e, Admin: admin, opts: opts, flush: shutdownTracing,
 		checks: checks, debug: debug}, nil
+}
+
+// RelayPoolConns sizes the outbox relay's own pool (OwnPool): the claim
+// loop's connection, the LISTEN connection (taken out of the pool, so the
+// pool may open another), the backlog gauges' and, for the log-based relay,
+// its occasional queries beside the stream.
+const RelayPoolConns = 4
+
+// OwnPool opens a pool of at most maxConns connections on the service's
+// database, for a worker that must not queue behind the API's requests and
+// the other workers for a connection. The outbox relay is the one that
+// needs it: it holds a connection through each batch, and in the shared
+// pool under load every claim would first wait for one of the connections
+// the requests hold, and every event with it (BENCHMARKS.md, issue 23).
+// Close closes it.
+func (s *Service) OwnPool(ctx context.Context, maxConns int32) (*pgxpool.Pool, error) {
+	pool, err := pgutil.Connect(ctx, s.opts.DatabaseURL, maxConns)
+	if err != nil {
+		return nil, err
+	}
+	s.pools = append(s.pools, pool)
+	return pool, nil
 }
 
 // AddCheck adds a readiness check to /readyz, for a worker that can say
@@ -219,6 +254,9 @@ func (s *Service) Run(ctx context.Context, workers ...lifecycle.Stage) error {
 // Close releases the pool and flushes the spans not exported yet, waiting
 // at most ShutdownGrace for the collector.
 func (s *Service) Close() {
+	for _, p := range s.pools {
+		p.Close()
+	}
 	s.Pool.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), max(s.opts.ShutdownGrace, time.Second))
 	defer cancel()

@@ -248,11 +248,11 @@ func consumeRun(b *testing.B, brokers []string, s consumeSetup) consumeResult {
 	benchProduce(b, brokers, msgs)
 
 	reg := prometheus.NewRegistry()
-	reader := &benchFirstFetch{handle: billing.New(pool, benchLogger, nil).Handle}
+	reader := &benchFirstFetch{billing: billing.New(pool, benchLogger, nil)}
 	dlq := kafkautil.NewWriter(brokers, 100)
 	defer dlq.Close()
 	src := inbox.GroupConfig{Brokers: brokers, Topic: topic, Group: testinfra.Name("billing")}
-	consumer, err := inbox.NewConsumer(pool, src, dlq, reader.Handle, inbox.Config{
+	consumer, err := inbox.NewBatchConsumer(pool, src, dlq, reader, inbox.Config{
 		Name:      "billing",
 		Workers:   s.workers,
 		BatchSize: s.batchSize,
@@ -347,22 +347,32 @@ func benchProduce(b *testing.B, brokers []string, msgs []kafka.Message) {
 	}
 }
 
-// benchFirstFetch wraps the consumer's handler, noting when the first
-// message arrived: the end of the consumer group's join.
+// benchFirstFetch wraps billing's handler, as the service runs it
+// (inbox.NewBatchConsumer), noting when the first message arrived: the end
+// of the consumer group's join.
 type benchFirstFetch struct {
-	handle inbox.Handler
-	once   sync.Once
-	mu     sync.Mutex
-	at     time.Time
+	billing *billing.Billing
+	once    sync.Once
+	mu      sync.Mutex
+	at      time.Time
 }
 
-func (r *benchFirstFetch) Handle(ctx context.Context, tx pgx.Tx, ev event.Envelope) error {
+func (r *benchFirstFetch) arrived() {
 	r.once.Do(func() {
 		r.mu.Lock()
 		defer r.mu.Unlock()
 		r.at = time.Now()
 	})
-	return r.handle(ctx, tx, ev)
+}
+
+func (r *benchFirstFetch) Handle(ctx context.Context, tx pgx.Tx, ev event.Envelope) error {
+	r.arrived()
+	return r.billing.Handle(ctx, tx, ev)
+}
+
+func (r *benchFirstFetch) HandleBatch(ctx context.Context, tx pgx.Tx, evs []inbox.Applying) error {
+	r.arrived()
+	return r.billing.HandleBatch(ctx, tx, evs)
 }
 
 func (r *benchFirstFetch) first() time.Time {

@@ -83,6 +83,7 @@ type Billing struct {
 	logger *slog.Logger
 	now    func() time.Time
 	write  outbox.WriteFunc
+	queue  outbox.QueueFunc // nil: a batch's events are written one by one
 }
 
 // New returns billing on pool; now is the clock (time.Now if nil).
@@ -90,13 +91,14 @@ func New(pool *pgxpool.Pool, logger *slog.Logger, now func() time.Time) *Billing
 	if now == nil {
 		now = time.Now
 	}
-	return &Billing{store: NewStore(pool), logger: logger, now: now, write: outbox.Enqueue}
+	return &Billing{store: NewStore(pool), logger: logger, now: now, write: outbox.Enqueue, queue: outbox.Queue}
 }
 
-// WithOutboxWrite makes billing write its events with w: outbox.Emit under
-// RELAY_MODE=wal (outbox.RelayMode.Write), outbox.Enqueue otherwise.
-func (b *Billing) WithOutboxWrite(w outbox.WriteFunc) *Billing {
-	b.write = w
+// WithRelayMode makes billing write its events as mode m's relay reads
+// them: outbox.Emit under RELAY_MODE=wal (outbox.RelayMode.Write), into the
+// outbox table otherwise.
+func (b *Billing) WithRelayMode(m outbox.RelayMode) *Billing {
+	b.write, b.queue = m.Write(), m.Queue()
 	return b
 }
 
@@ -133,15 +135,9 @@ func (b *Billing) HandleNaive(ctx context.Context, tx pgx.Tx, ev event.Envelope)
 func (b *Billing) Handle(ctx context.Context, tx pgx.Tx, ev event.Envelope) error {
 	switch ev.EventType {
 	case EventOrderPlaced:
-		if ev.EventVersion != 1 {
-			return unknownVersion(ev)
-		}
-		var p orderPlaced
-		if err := ev.DecodePayload(&p); err != nil {
+		p, err := decodePlaced(ev)
+		if err != nil {
 			return err
-		}
-		if p.OrderID == uuid.Nil || p.CustomerID == "" || p.AmountCents <= 0 || len(p.Currency) != 3 {
-			return inbox.Permanent(fmt.Errorf("OrderPlaced %s: payload misses orderId, customerId, a positive amountCents or currency", ev.EventID))
 		}
 		return b.capture(ctx, tx, ev, p)
 	case EventOrderCancelled:
@@ -163,6 +159,110 @@ func (b *Billing) Handle(ctx context.Context, tx pgx.Tx, ev event.Envelope) erro
 			slog.String("event_id", ev.EventID.String()))
 		return nil
 	}
+}
+
+// HandleBatch is Handle for the new events of an inbox batch
+// (inbox.BatchHandler): a run of OrderPlaced events is charged in one
+// statement and their payment events written in one round trip; any other
+// event goes through Handle, in its turn. An event Handle would refuse
+// fails the batch, which the inbox then settles event by event with Handle.
+func (b *Billing) HandleBatch(ctx context.Context, tx pgx.Tx, evs []inbox.Applying) error {
+	for start := 0; start < len(evs); {
+		end := start
+		for end < len(evs) && evs[end].Event.EventType == EventOrderPlaced {
+			end++
+		}
+		if end == start {
+			if err := b.Handle(evs[start].Ctx, tx, evs[start].Event); err != nil {
+				return err
+			}
+			end++
+		} else if err := b.captureAll(ctx, tx, evs[start:end]); err != nil {
+			return err
+		}
+		start = end
+	}
+	return nil
+}
+
+// captureAll is capture for a run of OrderPlaced events, in two statements:
+// the charges, then the payment events of those that were new.
+func (b *Billing) captureAll(ctx context.Context, tx pgx.Tx, evs []inbox.Applying) error {
+	now := b.now().UTC()
+	charges := make([]Charge, 0, len(evs))
+	causes := make([]inbox.Applying, 0, len(evs))
+	orders := make(map[uuid.UUID]bool, len(evs))
+	for _, a := range evs {
+		p, err := decodePlaced(a.Event)
+		if err != nil {
+			return err
+		}
+		if orders[p.OrderID] {
+			continue // the same order placed again: its first event charges it, or nothing does
+		}
+		orders[p.OrderID] = true
+		charges = append(charges, Charge{OrderID: p.OrderID, PaymentID: event.NewID(), CustomerID: p.CustomerID,
+			AmountCents: p.AmountCents, Currency: p.Currency, Status: StatusCaptured, Version: 1, CapturedAt: now})
+		causes = append(causes, a)
+	}
+	inserted, err := b.store.InsertCharges(ctx, tx, charges)
+	if err != nil {
+		return err
+	}
+	var payments []event.Envelope
+	for i, c := range charges {
+		if !inserted[c.OrderID] {
+			continue // already charged: the business constraint absorbed a re-emitted OrderPlaced
+		}
+		ev, err := b.payment(causes[i].Ctx, causes[i].Event, EventPaymentCaptured, 1, Payment{
+			PaymentID: c.PaymentID, OrderID: c.OrderID, CustomerID: c.CustomerID,
+			AmountCents: c.AmountCents, Currency: c.Currency, At: now, OrderEventAt: causes[i].Event.OccurredAt.UTC(),
+		})
+		if err != nil {
+			return err
+		}
+		payments = append(payments, ev)
+	}
+	return b.writeAll(ctx, tx, payments)
+}
+
+// writeAll writes evs in one round trip when the relay mode's write can be
+// queued, one by one otherwise.
+func (b *Billing) writeAll(ctx context.Context, tx pgx.Tx, evs []event.Envelope) error {
+	if len(evs) == 0 {
+		return nil
+	}
+	if b.queue == nil {
+		for _, ev := range evs {
+			if err := b.write(ctx, tx, ev); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+	var batch pgx.Batch
+	if err := b.queue(&batch, evs...); err != nil {
+		return err
+	}
+	if err := tx.SendBatch(ctx, &batch).Close(); err != nil {
+		return fmt.Errorf("outbox: inserting events: %w", err)
+	}
+	return nil
+}
+
+// decodePlaced reads and checks an OrderPlaced event as Handle does.
+func decodePlaced(ev event.Envelope) (orderPlaced, error) {
+	var p orderPlaced
+	if ev.EventVersion != 1 {
+		return p, unknownVersion(ev)
+	}
+	if err := ev.DecodePayload(&p); err != nil {
+		return p, err
+	}
+	if p.OrderID == uuid.Nil || p.CustomerID == "" || p.AmountCents <= 0 || len(p.Currency) != 3 {
+		return p, inbox.Permanent(fmt.Errorf("OrderPlaced %s: payload misses orderId, customerId, a positive amountCents or currency", ev.EventID))
+	}
+	return p, nil
 }
 
 func unknownVersion(ev event.Envelope) error {
@@ -208,9 +308,19 @@ func (b *Billing) refund(ctx context.Context, tx pgx.Tx, cause event.Envelope, o
 }
 
 func (b *Billing) emit(ctx context.Context, tx pgx.Tx, cause event.Envelope, eventType string, version int64, p Payment) error {
+	ev, err := b.payment(ctx, cause, eventType, version, p)
+	if err != nil {
+		return err
+	}
+	return b.write(ctx, tx, ev)
+}
+
+// payment is the event of p, caused by cause; ctx is the cause's consumer
+// span.
+func (b *Billing) payment(ctx context.Context, cause event.Envelope, eventType string, version int64, p Payment) (event.Envelope, error) {
 	body, err := json.Marshal(p)
 	if err != nil {
-		return fmt.Errorf("encoding %s: %w", eventType, err)
+		return event.Envelope{}, fmt.Errorf("encoding %s: %w", eventType, err)
 	}
 	// The inbox runs Handle in the cause's consumer span: the payment event
 	// continues the order's trace from there.
@@ -218,7 +328,7 @@ func (b *Billing) emit(ctx context.Context, tx pgx.Tx, cause event.Envelope, eve
 	if traceparent == "" {
 		traceparent = cause.Traceparent
 	}
-	return b.write(ctx, tx, event.Envelope{
+	return event.Envelope{
 		EventID:          event.NewID(),
 		EventType:        eventType,
 		EventVersion:     1,
@@ -230,7 +340,7 @@ func (b *Billing) emit(ctx context.Context, tx pgx.Tx, cause event.Envelope, eve
 		CausationID:      cause.EventID.String(),
 		Traceparent:      traceparent,
 		Payload:          body,
-	})
+	}, nil
 }
 
 // Charge returns the charge of an order, or ErrNotFound.

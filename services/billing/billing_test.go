@@ -6,6 +6,7 @@ import (
 	"errors"
 	"io"
 	"log/slog"
+	"slices"
 	"testing"
 	"time"
 
@@ -181,4 +182,113 @@ func TestThroughTheInboxARedeliveryIsANoOpAndAPoisonIsDeadLettered(t *testing.T)
 	}
 	inboxtest.RequireStatus(t, pool, "billing", poison.EventID, "dead_lettered")
 	outboxtest.RequireNotEnqueued(t, pool, outboxtest.Match{EventType: billing.EventPaymentRefunded})
+}
+
+// batchSpy counts the batches billing handled at once.
+type batchSpy struct {
+	*billing.Billing
+	batches, events int
+}
+
+func (s *batchSpy) HandleBatch(ctx context.Context, tx pgx.Tx, evs []inbox.Applying) error {
+	s.batches++
+	s.events += len(evs)
+	return s.Billing.HandleBatch(ctx, tx, evs)
+}
+
+type chargeRow struct {
+	Order   uuid.UUID
+	Status  string
+	Version int64
+}
+
+type paymentRow struct {
+	EventType, Aggregate, Causation string
+	Version                         int64
+}
+
+// written is what billing wrote, in the order the payment events were.
+func written(t *testing.T, pool *pgxpool.Pool) ([]chargeRow, []paymentRow) {
+	t.Helper()
+	rows, err := pool.Query(context.Background(), `SELECT order_id, status, version FROM charges ORDER BY order_id`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	charges, err := pgx.CollectRows(rows, pgx.RowToStructByPos[chargeRow])
+	if err != nil {
+		t.Fatal(err)
+	}
+	var payments []paymentRow
+	for _, e := range outboxtest.Enqueued(t, pool, outboxtest.Match{}) {
+		payments = append(payments, paymentRow{e.EventType, e.AggregateID, e.CausationID, e.AggregateVersion})
+	}
+	return charges, payments
+}
+
+// HandleBatch writes what Handle writes one event at a time, in the same
+// order: new charges and their payments, a re-emitted OrderPlaced absorbed,
+// a refund after its capture, an unknown event type ignored; a poison in
+// the batch fails it, and the inbox settles it event by event (the poison
+// dead-lettered, the rest applied).
+func TestHandleBatchWritesWhatHandleWritesOneByOne(t *testing.T) {
+	t.Parallel()
+	o1, o2, o3 := uuid.New(), uuid.New(), uuid.New()
+	first := []event.Envelope{placed(o1), placed(o2), placed(o1), cancelled(o1),
+		orderEvent("OrderShipped", o2, 3, `{}`), placed(o3)}
+	poisoned := []event.Envelope{placed(uuid.New()), cancelled(uuid.New()), placed(o2)}
+	cfg := inbox.Config{Name: "billing"}
+
+	one, onePool := newBilling(t)
+	var oneDead int
+	for _, evs := range [][]event.Envelope{first, poisoned} {
+		for _, ev := range evs {
+			oneDead += len(inboxtest.Deliver(t, onePool, cfg, one.Handle, ev))
+		}
+	}
+	b, batchPool := newBilling(t)
+	spy := &batchSpy{Billing: b}
+	if dl := inboxtest.DeliverBatched(t, batchPool, cfg, spy, first...); len(dl) != 0 {
+		t.Fatalf("%d dead letters from a batch without poison", len(dl))
+	}
+	// The version guard skips the re-emitted OrderPlaced (version 1 again)
+	// before any handler sees it.
+	if spy.batches != 1 || spy.events != len(first)-1 {
+		t.Fatalf("HandleBatch saw %d batches of %d events in all, want 1 of %d", spy.batches, spy.events, len(first)-1)
+	}
+	batchDead := len(inboxtest.DeliverBatched(t, batchPool, cfg, spy, poisoned...))
+	if oneDead != 1 || batchDead != 1 {
+		t.Fatalf("dead letters: %d one by one, %d batched; want 1 each (the refund without a charge)", oneDead, batchDead)
+	}
+
+	wantCharges, wantPayments := written(t, onePool)
+	gotCharges, gotPayments := written(t, batchPool)
+	if !slices.Equal(gotCharges, wantCharges) {
+		t.Errorf("charges batched %+v, one by one %+v", gotCharges, wantCharges)
+	}
+	if !slices.Equal(gotPayments, wantPayments) {
+		t.Errorf("payment events batched %+v, one by one %+v", gotPayments, wantPayments)
+	}
+	if len(wantPayments) != 5 {
+		t.Fatalf("%d payment events one by one, want 5 (four captures, one refund)", len(wantPayments))
+	}
+}
+
+// An order placed twice in one batch (two event ids, a consumer without the
+// version guard) is charged once, by the first.
+func TestHandleBatchChargesAnOrderPlacedTwiceOnce(t *testing.T) {
+	t.Parallel()
+	b, pool := newBilling(t)
+	orderID := uuid.New()
+	firstEv, again := placed(orderID), placed(orderID)
+	err := pgx.BeginFunc(context.Background(), pool, func(tx pgx.Tx) error {
+		return b.HandleBatch(context.Background(), tx, []inbox.Applying{
+			{Ctx: context.Background(), Event: firstEv}, {Ctx: context.Background(), Event: again}})
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	charges, payments := written(t, pool)
+	if len(charges) != 1 || len(payments) != 1 || payments[0].Causation != firstEv.EventID.String() {
+		t.Fatalf("charges %+v, payments %+v; want one of each, caused by the first event", charges, payments)
+	}
 }

@@ -47,6 +47,13 @@ const (
 		INSERT INTO charges (order_id, payment_id, customer_id, amount_cents, currency, status, version, captured_at)
 		VALUES ($1, $2, $3, $4, $5, $6, $7, $8)
 		ON CONFLICT (order_id) DO NOTHING`
+	// sqlInsertCharges is sqlInsertCharge for many charges at once; it
+	// returns the orders it charged.
+	sqlInsertCharges = `
+		INSERT INTO charges (order_id, payment_id, customer_id, amount_cents, currency, status, version, captured_at)
+		SELECT * FROM unnest($1::uuid[], $2::uuid[], $3::text[], $4::bigint[], $5::text[], $6::text[], $7::bigint[], $8::timestamptz[])
+		ON CONFLICT (order_id) DO NOTHING
+		RETURNING order_id`
 	// The naive mode's capture: every delivery charges again.
 	sqlRecaptureCharge = `
 		INSERT INTO charges (order_id, payment_id, customer_id, amount_cents, currency, status, version, captured_at)
@@ -85,6 +92,34 @@ func (s *Store) InsertCharge(ctx context.Context, tx pgx.Tx, c Charge) (inserted
 		return false, storeErrors.Translate("recording charge", err)
 	}
 	return tag.RowsAffected() == 1, nil
+}
+
+// InsertCharges records cs as captured in tx, in one statement, and returns
+// the orders it charged: an order missing from it already had a charge (the
+// business constraint absorbed a re-emitted OrderPlaced). cs must not hold
+// an order twice.
+func (s *Store) InsertCharges(ctx context.Context, tx pgx.Tx, cs []Charge) (inserted map[uuid.UUID]bool, err error) {
+	n := len(cs)
+	// [16]byte: pgx encodes it natively (uuid.UUID goes through text).
+	orders, payments, customers, amounts := make([][16]byte, n), make([][16]byte, n), make([]string, n), make([]int64, n)
+	currencies, statuses, versions, at := make([]string, n), make([]string, n), make([]int64, n), make([]time.Time, n)
+	for i, c := range cs {
+		orders[i], payments[i], customers[i], amounts[i] = c.OrderID, c.PaymentID, c.CustomerID, c.AmountCents
+		currencies[i], statuses[i], versions[i], at[i] = c.Currency, c.Status, c.Version, c.CapturedAt
+	}
+	rows, err := tx.Query(ctx, sqlInsertCharges, orders, payments, customers, amounts, currencies, statuses, versions, at)
+	if err != nil {
+		return nil, storeErrors.Translate("recording charges", err)
+	}
+	ids, err := pgx.CollectRows(rows, pgx.RowTo[[16]byte])
+	if err != nil {
+		return nil, storeErrors.Translate("recording charges", err)
+	}
+	inserted = make(map[uuid.UUID]bool, len(ids))
+	for _, id := range ids {
+		inserted[id] = true
+	}
+	return inserted, nil
 }
 
 // RecaptureCharge is the naive mode's capture: it records c, or charges the

@@ -133,6 +133,12 @@ type Options struct {
 	// (the default; RELAY_MODE poll and cdc) or outbox.Emit (wal), as
 	// outbox.RelayMode.Write picks.
 	WriteEvent outbox.WriteFunc
+	// QueueEvent queues a new order's event onto the pipeline that writes
+	// the order (Store.PlaceInPipeline), as outbox.RelayMode.Queue picks:
+	// outbox.Queue, the default when WriteEvent is nil too. When it is nil
+	// and WriteEvent is not (wal), orders are placed statement by statement
+	// with WriteEvent.
+	QueueEvent outbox.QueueFunc
 }
 
 // Service places, reads and cancels orders; its Store runs the SQL.
@@ -165,23 +171,36 @@ func (s *Service) Place(ctx context.Context, req PlaceRequest, idempotencyKey st
 		return Order{}, false, err
 	}
 	reqHash := requestHash(req)
-	var naive []event.Envelope
-	err = s.inTx(ctx, &naive, func(tx pgx.Tx) error {
+	// The order and its event, as of now: called once the transaction is
+	// about to run.
+	newOrder := func() (Order, OrderPlaced) {
 		now := s.now().UTC()
-		o = Order{ID: event.NewID(), CustomerID: req.CustomerID, AmountCents: req.AmountCents, Currency: req.Currency,
+		o := Order{ID: event.NewID(), CustomerID: req.CustomerID, AmountCents: req.AmountCents, Currency: req.Currency,
 			Status: StatusPlaced, Version: 1, CreatedAt: now, UpdatedAt: now}
-		if err := s.store.InsertOrder(ctx, tx, o); err != nil {
-			return err
-		}
-		if idempotencyKey != "" {
-			if err := s.store.InsertIdempotencyKey(ctx, tx, idempotencyKey, reqHash, o.ID); err != nil {
+		return o, OrderPlaced{OrderID: o.ID, CustomerID: o.CustomerID, AmountCents: o.AmountCents, Currency: o.Currency, PlacedAt: now}
+	}
+	if queue := s.queue(); queue != nil {
+		o, err = s.store.PlaceInPipeline(ctx, idempotencyKey, reqHash, func() (Order, func(*pgx.Batch) error, error) {
+			o, placed := newOrder()
+			ev, err := s.envelope(o, EventOrderPlaced, placed, meta)
+			return o, func(b *pgx.Batch) error { return queue(b, ev) }, err
+		}, s.crashPoint)
+	} else {
+		var naive []event.Envelope
+		err = s.inTx(ctx, &naive, func(tx pgx.Tx) error {
+			var placed OrderPlaced
+			o, placed = newOrder()
+			if err := s.store.InsertOrder(ctx, tx, o); err != nil {
 				return err
 			}
-		}
-		return s.emit(ctx, tx, &naive, o, EventOrderPlaced, OrderPlaced{
-			OrderID: o.ID, CustomerID: o.CustomerID, AmountCents: o.AmountCents, Currency: o.Currency, PlacedAt: now,
-		}, meta)
-	})
+			if idempotencyKey != "" {
+				if err := s.store.InsertIdempotencyKey(ctx, tx, idempotencyKey, reqHash, o.ID); err != nil {
+					return err
+				}
+			}
+			return s.emit(ctx, tx, &naive, o, EventOrderPlaced, placed, meta)
+		})
+	}
 	switch {
 	case errors.Is(err, ErrDuplicate):
 		// The key was used before: the transaction rolled back, and the
@@ -299,14 +318,28 @@ func (s *Service) crashPoint() error {
 	return nil
 }
 
-// emit writes the event for o's current version to the outbox in tx (or,
-// in the naive mode, to *naive for inTx to produce after the commit).
-func (s *Service) emit(ctx context.Context, tx pgx.Tx, naive *[]event.Envelope, o Order, eventType string, payload any, meta Meta) error {
+// queue is how Place writes an order's event in its pipeline, or nil when
+// it runs its transaction statement by statement (the naive mode, and an
+// event write that cannot be queued: see Options.QueueEvent).
+func (s *Service) queue() outbox.QueueFunc {
+	switch {
+	case s.opts.NaivePublisher != nil:
+		return nil
+	case s.opts.QueueEvent != nil:
+		return s.opts.QueueEvent
+	case s.opts.WriteEvent == nil:
+		return outbox.Queue
+	}
+	return nil
+}
+
+// envelope is the event for o's current version.
+func (s *Service) envelope(o Order, eventType string, payload any, meta Meta) (event.Envelope, error) {
 	body, err := json.Marshal(payload)
 	if err != nil {
-		return fmt.Errorf("encoding %s: %w", eventType, err)
+		return event.Envelope{}, fmt.Errorf("encoding %s: %w", eventType, err)
 	}
-	ev := event.Envelope{
+	return event.Envelope{
 		EventID:          event.NewID(),
 		EventType:        eventType,
 		EventVersion:     1,
@@ -318,6 +351,15 @@ func (s *Service) emit(ctx context.Context, tx pgx.Tx, naive *[]event.Envelope, 
 		CausationID:      meta.CausationID,
 		Traceparent:      meta.Traceparent,
 		Payload:          body,
+	}, nil
+}
+
+// emit writes the event for o's current version to the outbox in tx (or,
+// in the naive mode, to *naive for inTx to produce after the commit).
+func (s *Service) emit(ctx context.Context, tx pgx.Tx, naive *[]event.Envelope, o Order, eventType string, payload any, meta Meta) error {
+	ev, err := s.envelope(o, eventType, payload, meta)
+	if err != nil {
+		return err
 	}
 	if s.opts.NaivePublisher != nil {
 		*naive = append(*naive, ev)

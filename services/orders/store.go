@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
@@ -78,6 +79,113 @@ func NewStore(pool *pgxpool.Pool) *Store { return &Store{pool: pool} }
 // commit or a statement outside the store (the outbox write) is named too.
 func (s *Store) InTx(ctx context.Context, fn func(tx pgx.Tx) error) error {
 	return txErrors.Translate("orders transaction", pgx.BeginFunc(ctx, s.pool, fn))
+}
+
+// PlaceInPipeline writes a new order, its idempotency key (when key is not
+// empty) and what else commits with it (its event) in one transaction, sent
+// as one pipeline (a pgx.Batch): BEGIN, every insert and COMMIT in one round
+// trip. With a key, the COMMIT waits for a second round trip, since the
+// key's insert decides it: a key already recorded rolls the transaction
+// back with ErrDuplicate.
+//
+// build returns the order and queues the rest onto the pipeline; it runs
+// once a connection is held, so that the order's times are its
+// transaction's, not those of a wait for a connection. beforeCommit runs
+// with everything written and nothing committed (the service's crash
+// point): between the round trips with a key; without one, before the
+// pipeline is sent, which is the same as far as the database can tell. Its
+// error rolls back.
+//
+// It is the write path of POST /orders: a transaction run statement by
+// statement took five round trips, which cost the API and Postgres about
+// twice the CPU of one or two and held a pool connection that much longer.
+func (s *Store) PlaceInPipeline(ctx context.Context, key string, hash []byte,
+	build func() (Order, func(*pgx.Batch) error, error), beforeCommit func() error) (Order, error) {
+	conn, err := s.pool.Acquire(ctx)
+	if err != nil {
+		return Order{}, txErrors.Translate("orders transaction", err)
+	}
+	defer conn.Release()
+	o, queue, err := build()
+	if err != nil {
+		return Order{}, err
+	}
+	b := &pgx.Batch{}
+	b.Queue("begin")
+	b.Queue(sqlInsertOrder, [16]byte(o.ID), o.CustomerID, o.AmountCents, o.Currency, o.Status, o.Version, o.CreatedAt, o.UpdatedAt)
+	if key != "" {
+		b.Queue(sqlInsertIdempotencyKey, key, hash, [16]byte(o.ID))
+	}
+	if err := queue(b); err != nil {
+		return Order{}, err
+	}
+	if key == "" {
+		// Nothing to decide between the inserts and the COMMIT: one trip.
+		b.Queue("commit")
+		if err := beforeCommit(); err != nil {
+			return Order{}, err
+		}
+		if err := readPlace(conn.SendBatch(ctx, b), key); err != nil {
+			// A failed insert made Postgres skip the rest of the pipeline,
+			// COMMIT included: the transaction is open, and failed.
+			rollback(conn)
+			return Order{}, err
+		}
+		return o, nil
+	}
+	if err := readPlace(conn.SendBatch(ctx, b), key); err != nil {
+		rollback(conn)
+		return Order{}, err
+	}
+	if err := beforeCommit(); err != nil {
+		rollback(conn)
+		return Order{}, err
+	}
+	if _, err := conn.Exec(ctx, "commit"); err != nil {
+		return Order{}, txErrors.Translate("committing order", err)
+	}
+	return o, nil
+}
+
+// readPlace reads PlaceInPipeline's results in the order it queued them:
+// BEGIN, the order, the key when there is one, then the event's statements
+// (and the COMMIT, without a key).
+func readPlace(br pgx.BatchResults, key string) (err error) {
+	defer func() {
+		if cerr := br.Close(); err == nil && cerr != nil {
+			err = txErrors.Translate("orders transaction", cerr)
+		}
+	}()
+	if _, err := br.Exec(); err != nil {
+		return txErrors.Translate("beginning order", err)
+	}
+	if _, err := br.Exec(); err != nil {
+		return storeErrors.Translate("inserting order", err)
+	}
+	if key != "" {
+		tag, err := br.Exec()
+		if err != nil {
+			return storeErrors.Translate("recording idempotency key", err)
+		}
+		if tag.RowsAffected() == 0 {
+			return fmt.Errorf("recording idempotency key %q: %w", key, ErrDuplicate)
+		}
+	}
+	return nil // Close reads the rest: an error of the event's insert
+}
+
+// rollback ends a pipelined transaction that will not commit, if it is
+// still open. A connection it cannot roll back is closed, which rolls back
+// too, and the pool drops it.
+func rollback(conn *pgxpool.Conn) {
+	if conn.Conn().PgConn().TxStatus() == 'I' {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if _, err := conn.Exec(ctx, "rollback"); err != nil {
+		_ = conn.Conn().Close(ctx)
+	}
 }
 
 // InsertOrder writes a new order in tx.

@@ -13,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/onceflow/onceflow/pkg/event"
 	"github.com/onceflow/onceflow/pkg/outbox"
 	"github.com/onceflow/onceflow/platform/apperr"
 	"github.com/onceflow/onceflow/platform/httpserver"
@@ -183,3 +184,92 @@ func requireErrorBody(t *testing.T, what string, status int, raw string, wantSta
 	}
 	return body
 }
+
+// PlaceInPipeline commits the order, its key and its event together, in one
+// or two round trips, or none of them: a key already recorded (ErrDuplicate), a
+// refusal before the commit, a failing event insert and a value Postgres
+// refuses each leave nothing behind, and the connection goes back to the
+// pool clean (a pool of one connection serves every step).
+func TestPlaceInPipelineCommitsAllOrNothing(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := testinfra.NewPool(t, migratedDatabase(t)+"&pool_max_conns=1")
+	store := orders.NewStore(pool)
+	count := func(query string) int {
+		t.Helper()
+		var n int
+		if err := pool.QueryRow(ctx, query).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	eventOf := func(o orders.Order) event.Envelope {
+		return event.Envelope{EventID: event.NewID(), EventType: orders.EventOrderPlaced, EventVersion: 1,
+			AggregateType: orders.AggregateType, AggregateID: o.ID.String(), AggregateVersion: 1,
+			OccurredAt: o.CreatedAt, Payload: []byte(`{}`)}
+	}
+	place := func(o orders.Order, key string, evs []event.Envelope, beforeCommit func() error) error {
+		got, err := store.PlaceInPipeline(ctx, key, []byte("hash"), func() (orders.Order, func(*pgx.Batch) error, error) {
+			return o, func(b *pgx.Batch) error { return outbox.Queue(b, evs...) }, nil
+		}, beforeCommit)
+		if err == nil && got.ID != o.ID {
+			t.Fatalf("PlaceInPipeline returned order %v, want %v", got.ID, o.ID)
+		}
+		return err
+	}
+	none := func() error { return nil }
+
+	first := newOrder()
+	firstEvent := eventOf(first)
+	if err := place(first, "key-1", []event.Envelope{firstEvent}, none); err != nil {
+		t.Fatal(err)
+	}
+	if _, id, err := store.IdempotencyKey(ctx, "key-1"); err != nil || id != first.ID {
+		t.Fatalf("the key records %v, %v; want %v", id, err, first.ID)
+	}
+
+	steps := []struct {
+		name         string
+		o            orders.Order
+		key          string
+		evs          func(orders.Order) []event.Envelope
+		beforeCommit func() error
+		want         error
+	}{
+		{"the same key again", newOrder(), "key-1", func(o orders.Order) []event.Envelope { return []event.Envelope{eventOf(o)} }, none, orders.ErrDuplicate},
+		{"refused before the commit", newOrder(), "key-2", func(o orders.Order) []event.Envelope { return []event.Envelope{eventOf(o)} },
+			func() error { return errCrash }, errCrash},
+		// The event id is taken: a unique violation of the outbox's, which
+		// must not read as a seen idempotency key.
+		{"a failing event insert", newOrder(), "key-3", func(orders.Order) []event.Envelope { return []event.Envelope{firstEvent} }, none, nil},
+		{"a value Postgres refuses", func() orders.Order { o := newOrder(); o.Currency = "EURO"; return o }(), "",
+			func(o orders.Order) []event.Envelope { return []event.Envelope{eventOf(o)} }, none, orders.ErrInvalidData},
+		// Without a key, one round trip: the same outcomes.
+		{"refused before the commit, no key", newOrder(), "", func(o orders.Order) []event.Envelope { return []event.Envelope{eventOf(o)} },
+			func() error { return errCrash }, errCrash},
+		{"a failing event insert, no key", newOrder(), "", func(orders.Order) []event.Envelope { return []event.Envelope{firstEvent} }, none, nil},
+	}
+	for _, s := range steps {
+		err := place(s.o, s.key, s.evs(s.o), s.beforeCommit)
+		switch {
+		case err == nil:
+			t.Fatalf("%s: committed", s.name)
+		case s.want != nil && !errors.Is(err, s.want):
+			t.Fatalf("%s: %v, want %v", s.name, err, s.want)
+		case s.want == nil && errors.Is(err, orders.ErrDuplicate):
+			t.Fatalf("%s: %v reads as a seen idempotency key", s.name, err)
+		}
+	}
+	if o, k, e := count(`SELECT count(*) FROM orders`), count(`SELECT count(*) FROM idempotency_keys`),
+		count(`SELECT count(*) FROM outbox_events`); o != 1 || k != 1 || e != 1 {
+		t.Fatalf("after the failed steps: %d orders, %d keys, %d events; want only the first of each", o, k, e)
+	}
+	if err := place(newOrder(), "", nil, none); err != nil {
+		t.Fatalf("an order without a key or an event, after the failures: %v", err)
+	}
+	if n := count(`SELECT count(*) FROM orders`); n != 2 {
+		t.Fatalf("%d orders, want 2", n)
+	}
+}
+
+var errCrash = errors.New("crash point")

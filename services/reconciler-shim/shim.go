@@ -66,9 +66,10 @@ func (s *Shim) WithMetrics(m *Metrics) *Shim {
 // Effect is the shim's side effect for the inbox's lease mode
 // (inbox.NewLeaseConsumer): the event id is the idempotency key, Check asks
 // the reconciler whether it has that key, Call forwards the payment, and
-// Done records the forward in the inbox's transaction.
+// DoneBatch records a batch's forwards in the inbox's transaction, in one
+// statement.
 func (s *Shim) Effect() inbox.Effect {
-	return inbox.Effect{Check: s.lookup, Call: s.forward, Done: s.record}
+	return inbox.Effect{Check: s.lookup, Call: s.forward, DoneBatch: s.record}
 }
 
 // lookup asks the third party whether it booked key. The inbox decides on
@@ -152,19 +153,33 @@ func (s *Shim) forward(ctx context.Context, ev event.Envelope, key string) error
 // it): the moment the payment is settled, as far as the platform can tell.
 // The counters are bumped before the commit, so a commit that fails and is
 // retried counts the forward twice; that is rare, and only ever over-counts.
-func (s *Shim) record(ctx context.Context, tx pgx.Tx, ev event.Envelope, outcome inbox.Outcome) error {
-	req, p, ok, err := request(ev)
-	if err != nil || !ok {
+func (s *Shim) record(ctx context.Context, tx pgx.Tx, done []inbox.DoneEvent) error {
+	fs := make([]Forward, 0, len(done))
+	ps := make([]payment, 0, len(done))
+	for _, d := range done {
+		req, p, ok, err := request(d.Event)
+		if err != nil {
+			return err
+		}
+		if !ok {
+			continue
+		}
+		fs = append(fs, Forward{EventID: d.Event.EventID, EventType: d.Event.EventType, OrderID: p.OrderID,
+			Kind: req.Kind, Outcome: string(d.Outcome)})
+		ps = append(ps, p)
+	}
+	if len(fs) == 0 {
+		return nil
+	}
+	if err := InsertForwards(ctx, tx, fs); err != nil {
 		return err
 	}
-	err = InsertForward(ctx, tx, Forward{EventID: ev.EventID, EventType: ev.EventType, OrderID: p.OrderID,
-		Kind: req.Kind, Outcome: string(outcome)})
-	if err != nil {
-		return err
-	}
-	s.metrics.forwards.WithLabelValues(req.Kind, string(outcome)).Inc()
-	if !p.OrderEventAt.IsZero() {
-		s.metrics.lag.WithLabelValues(req.Kind).Observe(s.now().Sub(p.OrderEventAt).Seconds())
+	now := s.now()
+	for i, f := range fs {
+		s.metrics.forwards.WithLabelValues(f.Kind, f.Outcome).Inc()
+		if !ps[i].OrderEventAt.IsZero() {
+			s.metrics.lag.WithLabelValues(f.Kind).Observe(now.Sub(ps[i].OrderEventAt).Seconds())
+		}
 	}
 	return nil
 }

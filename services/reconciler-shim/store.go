@@ -35,9 +35,9 @@ var storeErrors = pgerr.StoreErrors{NotFound: ErrNotFound, Duplicate: ErrDuplica
 // The SQL the shim runs on its own table; the inbox's tables are the
 // inbox's business.
 const (
-	sqlInsertForward = `
+	sqlInsertForwards = `
 		INSERT INTO forwards (event_id, event_type, order_id, kind, outcome)
-		VALUES ($1, $2, $3, $4, $5)`
+		SELECT * FROM unnest($1::uuid[], $2::text[], $3::uuid[], $4::text[], $5::text[])`
 	sqlSelectForward = `
 		SELECT event_id, event_type, order_id, kind, outcome, forwarded_at
 		FROM forwards WHERE event_id = $1`
@@ -65,11 +65,18 @@ type DB interface {
 	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
 }
 
-// InsertForward records f in tx, the inbox's transaction that marks the
-// message done. ErrDuplicate: f's event is recorded already.
-func InsertForward(ctx context.Context, tx pgx.Tx, f Forward) error {
-	_, err := tx.Exec(ctx, sqlInsertForward, f.EventID, f.EventType, f.OrderID, f.Kind, f.Outcome)
-	return storeErrors.Translate("recording forward", err)
+// InsertForwards records fs in tx, the inbox's transaction that marks their
+// messages done, in one statement. ErrDuplicate: one of them is recorded
+// already (another delivery of it committed first).
+func InsertForwards(ctx context.Context, tx pgx.Tx, fs []Forward) error {
+	n := len(fs)
+	// [16]byte, not uuid.UUID: pgx encodes it natively instead of through text.
+	ids, types, orders, kinds, outcomes := make([][16]byte, n), make([]string, n), make([][16]byte, n), make([]string, n), make([]string, n)
+	for i, f := range fs {
+		ids[i], types[i], orders[i], kinds[i], outcomes[i] = f.EventID, f.EventType, f.OrderID, f.Kind, f.Outcome
+	}
+	_, err := tx.Exec(ctx, sqlInsertForwards, ids, types, orders, kinds, outcomes)
+	return storeErrors.Translate("recording forwards", err)
 }
 
 // ReadForward returns the forward of eventID, or ErrNotFound.

@@ -37,8 +37,8 @@ func TestStoreNamesDriverErrors(t *testing.T) {
 	ctx := context.Background()
 	url, proxy := testinfra.ProxyDatabase(t, shimDatabase(t))
 	pool := testinfra.NewPool(t, url)
-	insert := func(f shim.Forward) error {
-		return pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error { return shim.InsertForward(ctx, tx, f) })
+	insert := func(fs ...shim.Forward) error {
+		return pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error { return shim.InsertForwards(ctx, tx, fs) })
 	}
 
 	_, err := shim.ReadForward(ctx, pool, uuid.New())
@@ -53,16 +53,25 @@ func TestStoreNamesDriverErrors(t *testing.T) {
 	if err != nil || got.OrderID != f.OrderID || got.Kind != f.Kind || got.Outcome != f.Outcome || got.ForwardedAt.IsZero() {
 		t.Fatalf("ReadForward = %+v, %v; want %+v", got, err, f)
 	}
-	if err := insert(f); !errors.Is(err, shim.ErrDuplicate) {
-		t.Fatalf("the same event again: %v, want ErrDuplicate", err)
+	if err := insert(forward(), f); !errors.Is(err, shim.ErrDuplicate) {
+		t.Fatalf("the same event again, beside a new one: %v, want ErrDuplicate", err)
+	}
+	two := []shim.Forward{forward(), forward()}
+	if err := insert(two...); err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range two {
+		if got, err := shim.ReadForward(ctx, pool, f.EventID); err != nil || got.OrderID != f.OrderID || got.Outcome != f.Outcome {
+			t.Fatalf("ReadForward of one of two = %+v, %v; want %+v", got, err, f)
+		}
 	}
 	bad := forward()
 	bad.EventType = "Payment\x00Captured" // 22021: Postgres refuses NUL in text
 	if err := insert(bad); !errors.Is(err, shim.ErrInvalidData) || !pgerr.IsPermanent(err) {
 		t.Fatalf("a value Postgres refuses: %v, want ErrInvalidData with its cause", err)
 	}
-	if n, err := shim.CountForwards(ctx, pool); n != 1 || err != nil {
-		t.Fatalf("CountForwards = %d, %v; want 1", n, err)
+	if n, err := shim.CountForwards(ctx, pool); n != 3 || err != nil {
+		t.Fatalf("CountForwards = %d, %v; want 3", n, err)
 	}
 
 	proxy.Cut()

@@ -51,6 +51,20 @@ func Deliver(t testing.TB, pool *pgxpool.Pool, cfg inbox.Config, h inbox.Handler
 	return dlq.messages()
 }
 
+// DeliverBatched is Deliver for a consumer whose handler also applies
+// batches at once (inbox.NewBatchConsumer): evs go through h.HandleBatch
+// in one batch, and through h.Handle one by one when the batch fails.
+func DeliverBatched(t testing.TB, pool *pgxpool.Pool, cfg inbox.Config, h inbox.BatchHandler, evs ...event.Envelope) []kafka.Message {
+	t.Helper()
+	var dlq deadLetters
+	c, err := inbox.NewBatchConsumer(pool, source(), &dlq, h, fast(cfg))
+	if err != nil {
+		t.Fatalf("inboxtest: %v", err)
+	}
+	handle(t, c, evs)
+	return dlq.messages()
+}
+
 // DeliverLeased is Deliver for a lease-mode consumer (inbox.NewLeaseConsumer)
 // running eff. LeaseMargin defaults to 10ms here (there is no wire for a
 // failed call to land late on, unless the effect makes one).

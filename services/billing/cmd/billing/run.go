@@ -101,13 +101,20 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout 
 	}
 	ctx = crash.Arm(ctx, crashPoint)
 
-	writer := kafkautil.NewWriter(cfg.KafkaBrokers, 500, kafkautil.WithSecurity(kafkaSecurity))
+	writer := kafkautil.NewWriter(cfg.KafkaBrokers, kafkautil.RelayBatchSize, kafkautil.WithSecurity(kafkaSecurity))
 	defer writer.Close()
 	relayMode, err := outbox.ParseRelayMode(cfg.RelayMode)
 	if err != nil {
 		return err
 	}
-	relay, err := outbox.NewPublisher(svc.Pool, writer, outbox.PublisherConfig{
+	// A pool of its own: behind the consumer's transactions and the API's
+	// requests, each claim would wait for a connection first
+	// (service.OwnPool).
+	relayPool, err := svc.OwnPool(ctx, service.RelayPoolConns)
+	if err != nil {
+		return err
+	}
+	relay, err := outbox.NewPublisher(relayPool, writer, outbox.PublisherConfig{
 		Mode: relayMode, Topic: func(string) string { return cfg.BillingTopic },
 		Logger: svc.Logger, Metrics: outbox.NewMetrics(svc.Registry),
 		CDC: outbox.CDCConfig{Slot: cfg.OutboxSlot, ReplicationURL: cfg.ReplicationDatabaseURL},
@@ -120,10 +127,10 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout 
 		return err
 	}
 
-	b := billing.New(svc.Pool, svc.Logger, nil).WithOutboxWrite(relayMode.Write())
+	b := billing.New(svc.Pool, svc.Logger, nil).WithRelayMode(relayMode)
 	src := inbox.GroupConfig{Brokers: cfg.KafkaBrokers, Topic: cfg.OrdersTopic, Group: cfg.ConsumerGroup,
 		Dialer: kafkaSecurity.Dialer()}
-	consumer, err := inbox.NewConsumer(svc.Pool, src, writer, b.Handle, inbox.Config{
+	consumer, err := inbox.NewBatchConsumer(svc.Pool, src, writer, b, inbox.Config{
 		Name:          cfg.InboxName,
 		ShutdownGrace: cfg.ShutdownGrace,
 		Logger:        svc.Logger,

@@ -77,6 +77,9 @@ type Config struct {
 	CrashPoint string `env:"CRASH_POINT" envDefault:"none"`
 }
 
+// apiPoolConns sizes the API's pool (service.Options.PoolConns).
+const apiPoolConns = 16
+
 func run(ctx context.Context, args []string, getenv func(string) string, stdout io.Writer) error {
 	var cfg Config
 	if err := config.Read(args, getenv, stdout,
@@ -90,6 +93,12 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout 
 	kafkaSecurity := svcOpts.Kafka
 	// Orders are taken while Kafka is down; the relay catches up after.
 	svcOpts.ReadyWithoutKafka = true
+	// Every POST /orders commits, and waits for its WAL flush with a pool
+	// connection held: 4 connections (pgxpool's default here) capped the
+	// API at 4 orders per flush time (issue 23: about 220 orders/s on a busy
+	// machine, the requests queued for a connection). DATABASE_URL's
+	// pool_max_conns overrides it.
+	svcOpts.PoolConns = apiPoolConns
 	svcOpts.Migrations = []pgutil.Migration{
 		{FS: orders.Migrations, Table: orders.MigrationsTable},
 		{FS: outbox.Migrations, Table: outbox.MigrationsTable},
@@ -108,7 +117,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout 
 	if err != nil {
 		return err
 	}
-	opts := orders.Options{CrashPoint: crashPoint, WriteEvent: relayMode.Write()}
+	opts := orders.Options{CrashPoint: crashPoint, WriteEvent: relayMode.Write(), QueueEvent: relayMode.Queue()}
 	switch cfg.PublishMode {
 	case "outbox":
 	case "naive":
@@ -136,9 +145,15 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout 
 		}}
 		pruneCfg.PendingRetention = cfg.OutboxRetention
 	case cfg.RelayEnabled:
-		writer := kafkautil.NewWriter(cfg.KafkaBrokers, 500, kafkautil.WithSecurity(kafkaSecurity))
+		writer := kafkautil.NewWriter(cfg.KafkaBrokers, kafkautil.RelayBatchSize, kafkautil.WithSecurity(kafkaSecurity))
 		defer writer.Close()
-		relay, err := outbox.NewPublisher(svc.Pool, writer, outbox.PublisherConfig{
+		// A pool of its own: behind the API's requests, each claim would
+		// wait for a connection first (service.OwnPool).
+		relayPool, err := svc.OwnPool(ctx, service.RelayPoolConns)
+		if err != nil {
+			return err
+		}
+		relay, err := outbox.NewPublisher(relayPool, writer, outbox.PublisherConfig{
 			Mode: relayMode, Topic: func(string) string { return cfg.OrdersTopic },
 			Logger: svc.Logger, Metrics: metrics,
 			CDC: outbox.CDCConfig{Slot: cfg.OutboxSlot, ReplicationURL: cfg.ReplicationDatabaseURL},
