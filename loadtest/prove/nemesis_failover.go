@@ -1,0 +1,113 @@
+package prove
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// The failover fault: billing's database fails over in the middle of a
+// migration and a rolling restart of billing. Each part is an everyday
+// event; together, and in this order, they reach what random combinations
+// of the other kinds almost never do: a consumer generation dropped while
+// its worker holds a batch that has several messages of one key, then that
+// batch failing, and the database taking connections again a moment later.
+// That is when a worker abandons a message (issue 19 item 4): it must
+// abandon the later messages of the key in its batch with it, or they are
+// applied ahead of it and it goes stale when it comes back.
+//
+//  1. A migration locks billing's charges table (LOCK ... IN EXCLUSIVE
+//     MODE, as an ALTER TABLE does) for Hold: billing's writes wait, and
+//     its workers' queues fill, with an order's OrderPlaced and its
+//     OrderCancelled side by side.
+//  2. Its next statement locks the table again at once: the batches the
+//     workers took from the full queues wait behind it.
+//  3. One billing instance (Target) is restarted, as a rolling deploy does:
+//     it leaves the group, the survivor's generation ends and, its batches
+//     held by the lock, is dropped undrained RebalanceTimeout/2 later.
+//  4. The failover: connections to billing's database are refused, every
+//     session on it is cut (the migration's too, so the lock goes), and
+//     connections are taken again N ms later.
+//
+// The instance that left starts again afterwards.
+
+// failoverDropWait is how long step 3 waits after the instance left before
+// the failover: a heartbeat (1 s) for the survivor to see the rebalance,
+// RebalanceTimeout/2 (5 s) for it to give its generation up, and a margin.
+const failoverDropWait = 8 * time.Second
+
+// failover runs the failover fault (see above).
+func (n *nemesisRun) failover(ctx context.Context, s step) (string, error) {
+	db := n.p.BillingDB
+	cctx := context.WithoutCancel(ctx)
+	admin := n.h.stack.Admin
+	conn, err := pgx.Connect(ctx, n.h.stack.PGURL(db, false))
+	if err != nil {
+		return "", err
+	}
+	defer conn.Close(cctx)
+	lock := func() (pgx.Tx, error) {
+		tx, err := conn.Begin(ctx)
+		if err != nil {
+			return nil, err
+		}
+		if _, err := tx.Exec(ctx, "LOCK TABLE charges IN EXCLUSIVE MODE"); err != nil {
+			_ = tx.Rollback(cctx)
+			return nil, err
+		}
+		return tx, nil
+	}
+	tx, err := lock()
+	if err != nil {
+		return "locking charges failed", err
+	}
+	hold(ctx, s.Hold)
+	if err := tx.Commit(ctx); err != nil {
+		return "", err
+	}
+	if tx, err = lock(); err != nil {
+		return "locking charges again failed", err
+	}
+	defer tx.Rollback(cctx) //nolint:errcheck // the failover cut it already, or it ends here
+
+	left := "nobody left (not running)"
+	pr := n.proc(s.Target)
+	if pr != nil && pr.Running() {
+		pr.Stop()
+		left = s.Target + " left (SIGTERM)"
+		defer func() { _ = startPatiently(cctx, pr, false) }()
+	}
+	hold(ctx, failoverDropWait)
+
+	// Whatever happens from here, billing's database takes connections
+	// again before this returns.
+	quoted := pgx.Identifier{db}.Sanitize()
+	if _, err := admin.Exec(cctx, "ALTER DATABASE "+quoted+" CONNECTION LIMIT 0"); err != nil {
+		return left, fmt.Errorf("refusing connections to %s: %w", db, err)
+	}
+	defer func() { _, _ = admin.Exec(cctx, "ALTER DATABASE "+quoted+" CONNECTION LIMIT -1") }()
+	var cut int
+	err = admin.QueryRow(cctx, `SELECT count(*) FILTER (WHERE pg_terminate_backend(pid)) FROM pg_stat_activity
+		WHERE datname = $1 AND pid <> $2 AND usename <> current_user`, db, conn.PgConn().PID()).Scan(&cut)
+	if err != nil {
+		return left, fmt.Errorf("cutting the sessions of %s: %w", db, err)
+	}
+	// The lock goes once the sessions waiting on it are gone: released any
+	// sooner, a session still on its way out could take it and commit.
+	_ = waitUntil(cctx, 2*time.Second, func() bool {
+		var alive int
+		err := admin.QueryRow(cctx, `SELECT count(*) FROM pg_stat_activity WHERE datname = $1 AND pid <> $2 AND usename <> current_user`,
+			db, conn.PgConn().PID()).Scan(&alive)
+		return err == nil && alive == 0
+	})
+	_ = tx.Rollback(cctx)
+	refused := time.Duration(s.N) * time.Millisecond
+	hold(ctx, refused)
+	if _, err := admin.Exec(cctx, "ALTER DATABASE "+quoted+" CONNECTION LIMIT -1"); err != nil {
+		return left, fmt.Errorf("taking connections to %s again: %w", db, err)
+	}
+	return fmt.Sprintf("charges locked %.1fs, then again while %s; %d billing sessions cut and connections refused for %s",
+		s.Hold.Seconds(), left, cut, refused), nil
+}
