@@ -31,7 +31,9 @@ import (
 //     session on it is cut (the migration's too, so the lock goes), and
 //     connections are taken again N ms later.
 //
-// The instance that left starts again afterwards.
+// The instance that left starts again afterwards. The second lock is
+// queued before the first is released: asked for after, it would race
+// the batches the release lets go.
 
 // failoverDropWait is how long step 3 waits after the instance left before
 // the failover: a heartbeat (1 s) for the survivor to see the rebalance,
@@ -43,35 +45,48 @@ func (n *nemesisRun) failover(ctx context.Context, s step) (string, error) {
 	db := n.p.BillingDB
 	cctx := context.WithoutCancel(ctx)
 	admin := n.h.stack.Admin
-	conn, err := pgx.Connect(ctx, n.h.stack.PGURL(db, false))
+	// Two sessions, as a migration tool's: the second lock is asked for
+	// while the first is still held, so that it waits in the lock's queue
+	// ahead of every batch that comes after the first one's release.
+	var conns [2]*pgx.Conn
+	for i := range conns {
+		c, err := pgx.Connect(ctx, n.h.stack.PGURL(db, false))
+		if err != nil {
+			return "", err
+		}
+		defer c.Close(cctx)
+		conns[i] = c
+	}
+	const lockCharges = "LOCK TABLE charges IN EXCLUSIVE MODE"
+	first, err := conns[0].Begin(ctx)
 	if err != nil {
 		return "", err
 	}
-	defer conn.Close(cctx)
-	lock := func() (pgx.Tx, error) {
-		tx, err := conn.Begin(ctx)
-		if err != nil {
-			return nil, err
-		}
-		if _, err := tx.Exec(ctx, "LOCK TABLE charges IN EXCLUSIVE MODE"); err != nil {
-			_ = tx.Rollback(cctx)
-			return nil, err
-		}
-		return tx, nil
-	}
-	tx, err := lock()
-	if err != nil {
+	defer first.Rollback(cctx) //nolint:errcheck // committed below, or given up
+	if _, err := first.Exec(ctx, lockCharges); err != nil {
 		return "locking charges failed", err
 	}
 	hold(ctx, s.Hold)
-	if err := tx.Commit(ctx); err != nil {
+	second, err := conns[1].Begin(ctx)
+	if err != nil {
 		return "", err
 	}
-	if tx, err = lock(); err != nil {
+	defer second.Rollback(cctx) //nolint:errcheck // the failover cut it already, or it ends here
+	locked := make(chan error, 1)
+	go func() { _, err := second.Exec(ctx, lockCharges); locked <- err }()
+	// Released only once the second lock waits in the queue.
+	_ = waitUntil(ctx, 5*time.Second, func() bool {
+		var waiting bool
+		err := admin.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_locks WHERE pid = $1 AND NOT granted)`, conns[1].PgConn().PID()).Scan(&waiting)
+		return err == nil && waiting
+	})
+	if err := first.Commit(ctx); err != nil {
+		return "", err
+	}
+	if err := <-locked; err != nil {
 		return "locking charges again failed", err
 	}
-	defer tx.Rollback(cctx) //nolint:errcheck // the failover cut it already, or it ends here
-
+	conn, tx := conns[1], second
 	left := "nobody left (not running)"
 	pr := n.proc(s.Target)
 	if pr != nil && pr.Running() {
