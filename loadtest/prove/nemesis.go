@@ -36,7 +36,7 @@ const (
 	NemSlot       = "slot"       // the replication slot dropped (log-based modes only)
 	NemOperator   = "operator"   // dead-letter requeue-all, outbox requeue, replay dryRun:false, make reconcile
 	NemLimit      = "limit"      // the orders topic's max.message.bytes lowered between the sizes of OrderCancelled and OrderPlaced
-	NemFailover   = "failover"   // billing's database fails over during a migration's lock and a rolling restart of billing (nemesis_failover.go)
+	NemFailover   = "failover"   // billing's database fails over during a migration's lock and a scale-up of billing (nemesis_failover.go)
 )
 
 // NemesisKinds are every fault kind, in the order the schedule weighs them.
@@ -225,9 +225,8 @@ func schedule(seed int64, kinds []string, d time.Duration, targets []string) []s
 		case NemLimit:
 			s.Hold = dur(3*time.Second, 15*time.Second)
 		case NemFailover:
-			// Target: the billing instance the rolling restart takes down;
 			// Hold: the migration's first lock; N: ms connections are refused.
-			s.Target = pick([]string{"billing", "billing-2"})
+			s.Target = "billing"
 			s.Hold, s.N = dur(5*time.Second, 10*time.Second), 50+rng.IntN(200)
 		}
 		out = append(out, s)
@@ -338,7 +337,7 @@ func (n *nemesisRun) apply(ctx context.Context, s step) {
 	}
 	keys := []string{busyKey}
 	if s.Kind == NemFailover {
-		keys = []string{NemFailover, s.Target} // billing's database, and the instance it restarts
+		keys = []string{NemFailover, "join/" + KindBilling} // billing's database, and a billing instance joining
 	}
 	if !n.take(keys...) {
 		n.h.logf("    skip %s: its target is held by another fault", s)

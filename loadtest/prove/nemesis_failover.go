@@ -24,20 +24,21 @@ import (
 //     OrderCancelled side by side.
 //  2. Its next statement locks the table again at once: the batches the
 //     workers took from the full queues wait behind it.
-//  3. One billing instance (Target) is restarted, as a rolling deploy does:
-//     it leaves the group, the survivor's generation ends and, its batches
-//     held by the lock, is dropped undrained RebalanceTimeout/2 later.
+//  3. One more billing instance starts (a scale-up) and joins the group:
+//     the members' generations end and, their batches held by the lock, are
+//     dropped undrained RebalanceTimeout/2 later.
 //  4. The failover: connections to billing's database are refused, every
 //     session on it is cut (the migration's too, so the lock goes), and
 //     connections are taken again N ms later.
 //
-// The instance that left starts again afterwards. The second lock is
+// The instance that joined leaves again afterwards. The second lock is
 // queued before the first is released: asked for after, it would race
 // the batches the release lets go.
 
-// failoverDropWait is how long step 3 waits after the instance left before
-// the failover: a heartbeat (1 s) for the survivor to see the rebalance,
-// RebalanceTimeout/2 (5 s) for it to give its generation up, and a margin.
+// failoverDropWait is how long step 3 waits after the instance started
+// before the failover: a heartbeat (1 s) for the members to see the
+// rebalance, RebalanceTimeout/2 (5 s) for them to give their generations
+// up, and a margin.
 const failoverDropWait = 8 * time.Second
 
 // failover runs the failover fault (see above).
@@ -87,27 +88,32 @@ func (n *nemesisRun) failover(ctx context.Context, s step) (string, error) {
 		return "locking charges again failed", err
 	}
 	conn, tx := conns[1], second
-	left := "nobody left (not running)"
-	pr := n.proc(s.Target)
-	if pr != nil && pr.Running() {
-		pr.Stop()
-		left = s.Target + " left (SIGTERM)"
-		defer func() { _ = startPatiently(cctx, pr, false) }()
+	// A scale-up: one more billing instance joins the group.
+	n.procMu.Lock()
+	pr, err := n.p.newInstance[KindBilling]()
+	n.procMu.Unlock()
+	if err != nil {
+		return "no instance to join", err
 	}
+	if err := startPatiently(ctx, pr, true); err != nil {
+		return pr.Name + " could not join", err
+	}
+	defer pr.Stop() // it leaves again once the failover is over
+	joined := pr.Name + " joined"
 	hold(ctx, failoverDropWait)
 
 	// Whatever happens from here, billing's database takes connections
 	// again before this returns.
 	quoted := pgx.Identifier{db}.Sanitize()
 	if _, err := admin.Exec(cctx, "ALTER DATABASE "+quoted+" CONNECTION LIMIT 0"); err != nil {
-		return left, fmt.Errorf("refusing connections to %s: %w", db, err)
+		return joined, fmt.Errorf("refusing connections to %s: %w", db, err)
 	}
 	defer func() { _, _ = admin.Exec(cctx, "ALTER DATABASE "+quoted+" CONNECTION LIMIT -1") }()
-	var cut int
-	err = admin.QueryRow(cctx, `SELECT count(*) FILTER (WHERE pg_terminate_backend(pid)) FROM pg_stat_activity
-		WHERE datname = $1 AND pid <> $2 AND usename <> current_user`, db, conn.PgConn().PID()).Scan(&cut)
+	var cut, waiting int
+	err = admin.QueryRow(cctx, `SELECT count(*) FILTER (WHERE pg_terminate_backend(pid)), count(*) FILTER (WHERE wait_event_type = 'Lock')
+		FROM pg_stat_activity WHERE datname = $1 AND pid <> $2 AND usename <> current_user`, db, conn.PgConn().PID()).Scan(&cut, &waiting)
 	if err != nil {
-		return left, fmt.Errorf("cutting the sessions of %s: %w", db, err)
+		return joined, fmt.Errorf("cutting the sessions of %s: %w", db, err)
 	}
 	// The lock goes once the sessions waiting on it are gone: released any
 	// sooner, a session still on its way out could take it and commit.
@@ -121,8 +127,8 @@ func (n *nemesisRun) failover(ctx context.Context, s step) (string, error) {
 	refused := time.Duration(s.N) * time.Millisecond
 	hold(ctx, refused)
 	if _, err := admin.Exec(cctx, "ALTER DATABASE "+quoted+" CONNECTION LIMIT -1"); err != nil {
-		return left, fmt.Errorf("taking connections to %s again: %w", db, err)
+		return joined, fmt.Errorf("taking connections to %s again: %w", db, err)
 	}
-	return fmt.Sprintf("charges locked %.1fs, then again while %s; %d billing sessions cut and connections refused for %s",
-		s.Hold.Seconds(), left, cut, refused), nil
+	return fmt.Sprintf("charges locked %.1fs, then again while %s; %d billing sessions cut (%d waiting on the lock) and connections refused for %s, then %s left",
+		s.Hold.Seconds(), joined, cut, waiting, refused, pr.Name), nil
 }
