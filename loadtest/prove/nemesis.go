@@ -227,7 +227,10 @@ func schedule(seed int64, kinds []string, d time.Duration, targets []string) []s
 		case NemFailover:
 			// Hold: the migration's first lock; N: ms connections are refused.
 			s.Target = "billing"
-			s.Hold, s.N = dur(5*time.Second, 10*time.Second), 50+rng.IntN(200)
+			// A short refusal: a worker abandons a message per ~40 ms of
+			// it (a failed begin, a backoff of 25–50 ms), and the bug is in
+			// what it does with the rest of its batch once it can go on.
+			s.Hold, s.N = dur(8*time.Second, 15*time.Second), 20+rng.IntN(100)
 		}
 		out = append(out, s)
 	}

@@ -115,14 +115,8 @@ func (n *nemesisRun) failover(ctx context.Context, s step) (string, error) {
 	if err != nil {
 		return joined, fmt.Errorf("cutting the sessions of %s: %w", db, err)
 	}
-	// The lock goes once the sessions waiting on it are gone: released any
-	// sooner, a session still on its way out could take it and commit.
-	_ = waitUntil(cctx, 2*time.Second, func() bool {
-		var alive int
-		err := admin.QueryRow(cctx, `SELECT count(*) FROM pg_stat_activity WHERE datname = $1 AND pid <> $2 AND usename <> current_user`,
-			db, conn.PgConn().PID()).Scan(&alive)
-		return err == nil && alive == 0
-	})
+	// The lock goes with the sessions: one that was cut while it waited
+	// and is given the lock before it is gone dies before it can commit.
 	_ = tx.Rollback(cctx)
 	refused := time.Duration(s.N) * time.Millisecond
 	hold(ctx, refused)

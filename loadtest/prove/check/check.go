@@ -91,9 +91,9 @@ const (
 )
 
 // states that say "this did not happen, visibly": a dead outbox row, a dead
-// letter, an uncertain forward.
+// letter, an uncertain forward, a message parked behind a dead one.
 func visiblyStuck(status string) bool {
-	return status == "dead" || status == "dead_lettered" || status == "uncertain"
+	return status == "dead" || status == "dead_lettered" || status == "uncertain" || status == "parked"
 }
 
 // orderView gathers one order's records.

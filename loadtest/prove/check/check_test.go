@@ -111,6 +111,13 @@ func TestCheck(t *testing.T) {
 		{name: "capture dead-lettered and never requeued: unresolved", history: run(without(life("a", false), check.KindBooking, ""),
 			[]check.Record{{Kind: check.KindInbox, Service: "shim", Order: "a", Event: "a-p1", Type: "PaymentCaptured", Version: 1, Status: "dead_lettered"}}),
 			want: map[string]int{check.Unresolved: 1}, story: "shim inbox: PaymentCaptured v1 dead_lettered"},
+		{name: "an order's OrderPlaced parked behind its dead OrderCancelled: unresolved", history: run(
+			without(without(without(without(life("b", true), check.KindCharge, ""), check.KindBooking, ""), check.KindMessage, "PaymentCaptured"), check.KindMessage, "PaymentRefunded"),
+			[]check.Record{
+				{Kind: check.KindInbox, Service: "billing", Order: "b", Event: "b-e1", Type: "OrderPlaced", Version: 1, Status: "parked"},
+				{Kind: check.KindInbox, Service: "billing", Order: "b", Event: "b-e2", Type: "OrderCancelled", Version: 2, Status: "dead_lettered"},
+			}),
+			want: map[string]int{check.Unresolved: 1}, story: "billing inbox: OrderPlaced v1 parked"},
 		{name: "an uncertain forward left: unresolved", history: run(without(life("a", false), check.KindBooking, ""),
 			[]check.Record{{Kind: check.KindInbox, Service: "shim", Order: "a", Type: "PaymentCaptured", Version: 1, Status: "uncertain"}}),
 			want: map[string]int{check.Unresolved: 1}},

@@ -41,7 +41,9 @@ const (
 	// KindMessage.
 	KindDeadLetter = "dead_letter"
 	// KindInbox is an inbox row: Service (billing, shim), Event, Type,
-	// Order, Version, Status (processed, dead_lettered, uncertain, …).
+	// Order, Version, Status (processed, dead_lettered, uncertain, …, and
+	// parked for a message held behind a dead one of its aggregate, which
+	// has no inbox row).
 	KindInbox = "inbox"
 	// KindCharge is a row of billing's charges: Order, Status, Version.
 	KindCharge = "charge"
