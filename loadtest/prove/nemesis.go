@@ -225,11 +225,11 @@ func schedule(seed int64, kinds []string, d time.Duration, targets []string) []s
 		case NemLimit:
 			s.Hold = dur(3*time.Second, 15*time.Second)
 		case NemFailover:
-			// Hold: the migration's first lock; N: ms connections are refused.
+			// Hold: the migration's first lock. N: the ms connections are
+			// refused, few: a worker abandons about one message per 40 ms of
+			// it (a failed begin, a 25–50 ms backoff), and what it does with
+			// the rest of its batch once it can go on is what is tested.
 			s.Target = "billing"
-			// A short refusal: a worker abandons a message per ~40 ms of
-			// it (a failed begin, a backoff of 25–50 ms), and the bug is in
-			// what it does with the rest of its batch once it can go on.
 			s.Hold, s.N = dur(8*time.Second, 15*time.Second), 20+rng.IntN(100)
 		}
 		out = append(out, s)
