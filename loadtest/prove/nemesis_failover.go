@@ -9,14 +9,15 @@ import (
 )
 
 // The failover fault: billing's database fails over in the middle of a
-// migration and a rolling restart of billing. Each part is an everyday
+// migration and a scale-up of billing. Each part is an everyday
 // event; together, and in this order, they reach what random combinations
 // of the other kinds almost never do: a consumer generation dropped while
 // its worker holds a batch that has several messages of one key, then that
 // batch failing, and the database taking connections again a moment later.
 // That is when a worker abandons a message (issue 19 item 4): it must
 // abandon the later messages of the key in its batch with it, or they are
-// applied ahead of it and it goes stale when it comes back.
+// applied ahead of it, and it comes back to find its successor applied
+// (stale, or parked behind the successor's dead letter).
 //
 //  1. A migration locks billing's charges table (LOCK ... IN EXCLUSIVE
 //     MODE, as an ALTER TABLE does) for Hold: billing's writes wait, and
