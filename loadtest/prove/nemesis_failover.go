@@ -105,11 +105,10 @@ func (n *nemesisRun) failover(ctx context.Context, s step) (string, error) {
 
 	// Whatever happens from here, billing's database takes connections
 	// again before this returns.
-	quoted := pgx.Identifier{db}.Sanitize()
-	if _, err := admin.Exec(cctx, "ALTER DATABASE "+quoted+" CONNECTION LIMIT 0"); err != nil {
+	if _, err := admin.Exec(cctx, "ALTER DATABASE "+pgx.Identifier{db}.Sanitize()+" CONNECTION LIMIT 0"); err != nil {
 		return joined, fmt.Errorf("refusing connections to %s: %w", db, err)
 	}
-	defer func() { _, _ = admin.Exec(cctx, "ALTER DATABASE "+quoted+" CONNECTION LIMIT -1") }()
+	defer func() { _ = n.allowBillingConnections(cctx) }()
 	var cut, waiting int
 	err = admin.QueryRow(cctx, `SELECT count(*) FILTER (WHERE pg_terminate_backend(pid)), count(*) FILTER (WHERE wait_event_type = 'Lock')
 		FROM pg_stat_activity WHERE datname = $1 AND pid <> $2 AND usename <> current_user`, db, conn.PgConn().PID()).Scan(&cut, &waiting)
@@ -121,9 +120,30 @@ func (n *nemesisRun) failover(ctx context.Context, s step) (string, error) {
 	_ = tx.Rollback(cctx)
 	refused := time.Duration(s.N) * time.Millisecond
 	hold(ctx, refused)
-	if _, err := admin.Exec(cctx, "ALTER DATABASE "+quoted+" CONNECTION LIMIT -1"); err != nil {
-		return joined, fmt.Errorf("taking connections to %s again: %w", db, err)
+	if err := n.allowBillingConnections(cctx); err != nil {
+		return joined, err
 	}
 	return fmt.Sprintf("charges locked %.1fs, then again while %s; %d billing sessions cut (%d waiting on the lock) and connections refused for %s, then %s left",
 		s.Hold.Seconds(), joined, cut, waiting, refused, pr.Name), nil
+}
+
+// failoverRestoreFor bounds how long billing's database is told to take
+// connections again: another step may have PostgreSQL stopped meanwhile.
+const failoverRestoreFor = 3 * time.Minute
+
+// allowBillingConnections lifts the failover's connection limit on
+// billing's database, retrying while PostgreSQL does not answer.
+func (n *nemesisRun) allowBillingConnections(ctx context.Context) error {
+	stmt := "ALTER DATABASE " + pgx.Identifier{n.p.BillingDB}.Sanitize() + " CONNECTION LIMIT -1"
+	deadline := time.Now().Add(failoverRestoreFor)
+	for {
+		_, err := n.h.stack.Admin.Exec(ctx, stmt)
+		if err == nil {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("taking connections to %s again: %w", n.p.BillingDB, err)
+		}
+		hold(ctx, time.Second)
+	}
 }

@@ -37,7 +37,9 @@ func TestSchedule(t *testing.T) {
 		wantErr bool
 	}{
 		{"", "poll", []string{NemPause, NemKill, NemMember, NemKafka, NemPostgres, NemNet, NemThirdParty, NemOperator, NemLimit, NemFailover}, false},
-		{"", "wal", NemesisKinds, false},
+		{"", "wal", []string{NemPause, NemKill, NemMember, NemKafka, NemPostgres, NemNet, NemThirdParty, NemOperator, NemFailover}, false},
+		{"slot,limit", "wal", []string{NemSlot, NemLimit}, false},
+		{"", "cdc", NemesisKinds, false},
 		{"pause,thirdparty", "cdc", []string{NemPause, NemThirdParty}, false},
 		{"-kafka,-postgres,-slot,-limit", "cdc", []string{NemPause, NemKill, NemMember, NemNet, NemThirdParty, NemOperator, NemFailover}, false},
 		{"slot", "poll", nil, true},
