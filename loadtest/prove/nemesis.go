@@ -5,14 +5,13 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"slices"
-	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
 	toxiproxy "github.com/Shopify/toxiproxy/v2/client"
-	"github.com/segmentio/kafka-go"
 
 	"github.com/onceflow/onceflow/loadtest/prove/check"
 )
@@ -32,14 +31,15 @@ const (
 	NemKafka      = "kafka"      // Kafka stopped for a while, or restarted
 	NemPostgres   = "postgres"   // PostgreSQL restarted, or stopped for a while
 	NemNet        = "net"        // toxiproxy: latency, connections timing out, resets, cuts
-	NemThirdParty = "thirdparty" // the third party slow, answering 500s, booking then hanging
+	NemThirdParty = "thirdparty" // the third party slow, answering 500s, booking then hanging, rejecting (422)
 	NemSlot       = "slot"       // the replication slot dropped (log-based modes only)
-	NemOperator   = "operator"   // dead-letter requeue-all, outbox requeue, replay dryRun:false
+	NemOperator   = "operator"   // dead-letter requeue-all, outbox requeue, replay dryRun:false, make reconcile
 	NemLimit      = "limit"      // the orders topic's max.message.bytes lowered between the sizes of OrderCancelled and OrderPlaced
+	NemFailover   = "failover"   // billing's database fails over during a migration's lock and a scale-up of billing (nemesis_failover.go)
 )
 
 // NemesisKinds are every fault kind, in the order the schedule weighs them.
-var NemesisKinds = []string{NemPause, NemKill, NemMember, NemKafka, NemPostgres, NemNet, NemThirdParty, NemSlot, NemOperator, NemLimit}
+var NemesisKinds = []string{NemPause, NemKill, NemMember, NemKafka, NemPostgres, NemNet, NemThirdParty, NemSlot, NemOperator, NemLimit, NemFailover}
 
 // NemesisOptions configure the nemesis proof.
 type NemesisOptions struct {
@@ -102,6 +102,14 @@ func chosenKinds(sel []string, relayMode string) ([]string, error) {
 		if k == NemSlot && relayMode == "poll" {
 			continue // nothing to drop: the polling relay has no slot
 		}
+		if (k == NemSlot || k == NemLimit) && relayMode == "wal" && !slices.Contains(include, k) {
+			// WAL-only mode has no row to republish a lost slot's window
+			// from, nor to hold a refused event's aggregate back with: the
+			// loss and the gap are its documented price (runbook-cdc.md),
+			// which is all these faults could show there. Named in
+			// NEMESIS=, they run, to show it.
+			continue
+		}
 		out = append(out, k)
 	}
 	if len(out) == 0 {
@@ -143,8 +151,8 @@ func (s step) String() string {
 var (
 	nemInstances = []string{"orders-1", "orders-2", "billing", "billing-2", "shim", "shim-2"}
 	nemToxics    = []string{"latency", "timeout", "reset_peer", "cut"}
-	nemTPFaults  = []string{"slow", "fail", "hang"}
-	nemOperator  = []string{"dlq-requeue-all", "outbox-requeue", "replay"}
+	nemTPFaults  = []string{"slow", "fail", "hang", "reject"}
+	nemOperator  = []string{"dlq-requeue-all", "outbox-requeue", "replay", "reconcile"}
 )
 
 // schedule draws the whole schedule from seed before anything runs, so the
@@ -214,6 +222,8 @@ func schedule(seed int64, kinds []string, d time.Duration, targets []string) []s
 				s.N, s.Hold = 5+rng.IntN(40), dur(3*time.Second, 10*time.Second)
 			case "hang": // booked, answered after 2s, past the 700ms timeout
 				s.N, s.Hold = 1+rng.IntN(4), dur(4*time.Second, 10*time.Second)
+			case "reject": // the next N answered 422, not booked: dead-lettered by the shim
+				s.N, s.Hold = 1+rng.IntN(5), dur(3*time.Second, 10*time.Second)
 			}
 		case NemSlot:
 			s.Target = pick([]string{"orders", "billing"})
@@ -221,6 +231,13 @@ func schedule(seed int64, kinds []string, d time.Duration, targets []string) []s
 			s.Param = pick(nemOperator)
 		case NemLimit:
 			s.Hold = dur(3*time.Second, 15*time.Second)
+		case NemFailover:
+			// Hold: the migration's first lock. N: the ms connections are
+			// refused, few: a worker abandons about one message per 40 ms of
+			// it (a failed begin, a 25–50 ms backoff), and what it does with
+			// the rest of its batch once it can go on is what is tested.
+			s.Target = "billing"
+			s.Hold, s.N = dur(8*time.Second, 15*time.Second), 20+rng.IntN(100)
 		}
 		out = append(out, s)
 	}
@@ -262,22 +279,34 @@ type nemesisRun struct {
 	// procMu guards the platform's instance lists, which a join grows
 	// while other steps look targets up.
 	procMu sync.RWMutex
+	// limited: the orders topic's max.message.bytes was lowered and is not
+	// confirmed back on its default yet (nemesis_limit.go).
+	limited atomic.Bool
+	// reconcileBin is tools/cmd/reconcile, built for the run.
+	reconcileBin string
 }
 
-func (n *nemesisRun) take(target string) bool {
+// take marks targets busy, all of them or none.
+func (n *nemesisRun) take(targets ...string) bool {
 	n.mu.Lock()
 	defer n.mu.Unlock()
-	if n.busy[target] {
-		return false
+	for _, t := range targets {
+		if n.busy[t] {
+			return false
+		}
 	}
-	n.busy[target] = true
+	for _, t := range targets {
+		n.busy[t] = true
+	}
 	return true
 }
 
-func (n *nemesisRun) release(target string) {
+func (n *nemesisRun) release(targets ...string) {
 	n.mu.Lock()
 	defer n.mu.Unlock()
-	delete(n.busy, target)
+	for _, t := range targets {
+		delete(n.busy, t)
+	}
 }
 
 // proc finds a running instance by name.
@@ -316,14 +345,18 @@ func (n *nemesisRun) apply(ctx context.Context, s step) {
 			busyKey = "join/" + s.Target
 		}
 	}
-	if !n.take(busyKey) {
+	keys := []string{busyKey}
+	if s.Kind == NemFailover {
+		keys = []string{NemFailover, "join/" + KindBilling} // billing's database, and a billing instance joining
+	}
+	if !n.take(keys...) {
 		n.h.logf("    skip %s: its target is held by another fault", s)
 		return
 	}
 	n.wg.Add(1)
 	go func() {
 		defer n.wg.Done()
-		defer n.release(busyKey)
+		defer n.release(keys...)
 		rec := check.Record{Kind: check.KindFault, Fault: s.Kind, Target: s.Target, At: time.Now(), Detail: s.Param}
 		detail, err := n.run(ctx, s)
 		if detail != "" {
@@ -449,6 +482,8 @@ func (n *nemesisRun) run(ctx context.Context, s step) (string, error) {
 			body = fmt.Sprintf(`{"failNext":%d}`, s.N)
 		case "hang":
 			body = fmt.Sprintf(`{"hangNext":%d,"hangFor":"2s"}`, s.N)
+		case "reject":
+			body = fmt.Sprintf(`{"rejectNext":%d}`, s.N)
 		}
 		if err := postJSON(ctx, p.Recon.AdminURL()+"/admin/faults", []byte(body), nil); err != nil {
 			return "", err
@@ -462,6 +497,8 @@ func (n *nemesisRun) run(ctx context.Context, s step) (string, error) {
 		return n.operator(ctx, s.Param)
 	case NemLimit:
 		return n.limit(ctx, s.Hold)
+	case NemFailover:
+		return n.failover(ctx, s)
 	}
 	return "", fmt.Errorf("no fault kind %q", s.Kind)
 }
@@ -545,6 +582,8 @@ func (n *nemesisRun) operator(ctx context.Context, action string) (string, error
 		}
 		err := postJSON(ctx, p.API.AdminURL()+"/admin/outbox/replay", []byte(body), &out)
 		return fmt.Sprintf("replay dryRun:false of the last 30s: %d events", len(out.Events)), err
+	case "reconcile":
+		return n.reconcileMidRun(ctx)
 	}
 	return "", fmt.Errorf("no operator action %q", action)
 }
@@ -626,6 +665,14 @@ func (n *nemesisRun) clearAll(ctx context.Context) {
 	}
 	_ = postJSON(ctx, n.p.Recon.AdminURL()+"/admin/faults", []byte(`{}`), nil)
 	_ = n.h.stack.StartServers(ctx)
+	if err := n.allowBillingConnections(ctx); err != nil {
+		n.h.logf("    %v", err)
+	}
+	if n.limited.Load() {
+		if _, err := n.restoreLimit(ctx); err != nil {
+			n.h.logf("    %v", err)
+		}
+	}
 	n.procMu.RLock()
 	defer n.procMu.RUnlock()
 	for _, pr := range n.p.all {
@@ -633,76 +680,4 @@ func (n *nemesisRun) clearAll(ctx context.Context) {
 			_ = syscall.Kill(pid, syscall.SIGCONT)
 		}
 	}
-}
-
-// limit lowers the orders topic's max.message.bytes, for hold, to between
-// the record-batch sizes of OrderCancelled and OrderPlaced as the topic
-// holds them now: an operator's misconfiguration that the broker answers
-// with MESSAGE_TOO_LARGE, a message error, for every OrderPlaced written
-// alone, while an OrderCancelled alone still passes. A batch holding both
-// of one order is refused whole, and the relay then writes each alone.
-func (n *nemesisRun) limit(ctx context.Context, d time.Duration) (string, error) {
-	p := n.p
-	msgs, err := readTopic(ctx, n.h.stack.Brokers(), p.OrdersTopic)
-	if err != nil {
-		return "", err
-	}
-	minPlaced, maxCancelled := 0, 0
-	for _, m := range msgs {
-		size := recordBatchSize(m)
-		switch headerValue(m, "event-type") {
-		case "OrderPlaced":
-			if minPlaced == 0 || size < minPlaced {
-				minPlaced = size
-			}
-		case "OrderCancelled":
-			maxCancelled = max(maxCancelled, size)
-		}
-	}
-	if minPlaced == 0 || maxCancelled == 0 || minPlaced <= maxCancelled+1 {
-		return fmt.Sprintf("skipped: cannot put a limit between OrderCancelled (%d bytes) and OrderPlaced (%d bytes)", maxCancelled, minPlaced), nil
-	}
-	limit := maxCancelled + (minPlaced-maxCancelled)/2
-	client := &kafka.Client{Addr: kafka.TCP(n.h.stack.Brokers()...), Timeout: 10 * time.Second}
-	set := func(configs []kafka.AlterConfigRequestConfig) error {
-		resp, err := client.AlterConfigs(ctx, &kafka.AlterConfigsRequest{Resources: []kafka.AlterConfigRequestResource{{
-			ResourceType: kafka.ResourceTypeTopic, ResourceName: p.OrdersTopic, Configs: configs}}})
-		if err != nil {
-			return err
-		}
-		for _, e := range resp.Errors {
-			if e != nil {
-				return e
-			}
-		}
-		return nil
-	}
-	if err := set([]kafka.AlterConfigRequestConfig{{Name: "max.message.bytes", Value: strconv.Itoa(limit)}}); err != nil {
-		return "", fmt.Errorf("lowering max.message.bytes: %w", err)
-	}
-	hold(ctx, d)
-	// No configs: every dynamic setting of the topic back to the default.
-	err = set(nil)
-	return fmt.Sprintf("max.message.bytes=%d for %.1fs (OrderCancelled up to %d bytes, OrderPlaced from %d)", limit, d.Seconds(), maxCancelled, minPlaced), err
-}
-
-// recordBatchSize is the size of a v2 record batch holding m alone, as the
-// broker compares it with max.message.bytes: the 61-byte batch header and
-// the record, whose lengths are zigzag varints.
-func recordBatchSize(m kafka.Message) int {
-	vlen := func(n int) int {
-		u := uint64((int64(n) << 1) ^ (int64(n) >> 63))
-		l := 1
-		for u >= 0x80 {
-			u >>= 7
-			l++
-		}
-		return l
-	}
-	body := 1 + vlen(0) + vlen(0) // attributes, timestamp delta, offset delta
-	body += vlen(len(m.Key)) + len(m.Key) + vlen(len(m.Value)) + len(m.Value) + vlen(len(m.Headers))
-	for _, h := range m.Headers {
-		body += vlen(len(h.Key)) + len(h.Key) + vlen(len(h.Value)) + len(h.Value)
-	}
-	return 61 + vlen(body) + body
 }

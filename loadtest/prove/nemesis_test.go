@@ -42,13 +42,6 @@ func TestQuickNemesis(t *testing.T) {
 	opts := prove.Options{Root: root, Dir: filepath.Join(root, ".prove", "test-nemesis"), Profile: prove.Profiles["quick"],
 		Out: &lineLogger{t: t}, Only: []string{"nemesis"}, RelayModes: []string{mode},
 		Nemesis: prove.NemesisOptions{Seed: seed}}
-	// The quick form leaves the limit fault out unless asked for: in one of
-	// seven make test runs (SEED=585555, poll, beside Kafka restarts) the
-	// end-of-run requeues left 774 OrderPlaced dead, refused again as too
-	// large, so the orders topic's lowered max.message.bytes had outlived
-	// the schedule. Why its restore did not hold is not found yet; until it
-	// is, make prove P=nemesis keeps the fault and make test does not.
-	opts.Nemesis.Kinds = []string{"-limit"}
 	if v := os.Getenv("ONCEFLOW_NEMESIS"); v != "" {
 		opts.Nemesis.Kinds = strings.Split(v, ",")
 	}

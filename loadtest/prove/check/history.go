@@ -41,7 +41,9 @@ const (
 	// KindMessage.
 	KindDeadLetter = "dead_letter"
 	// KindInbox is an inbox row: Service (billing, shim), Event, Type,
-	// Order, Version, Status (processed, dead_lettered, uncertain, …).
+	// Order, Version, Status (processed, dead_lettered, uncertain, …, and
+	// parked for a message held behind a dead one of its aggregate, which
+	// has no inbox row).
 	KindInbox = "inbox"
 	// KindCharge is a row of billing's charges: Order, Status, Version.
 	KindCharge = "charge"
@@ -53,6 +55,17 @@ const (
 	// Seconds (how long until every consumer's lag was 0 and both outboxes
 	// drained; -1 if never within the wait), Bound, Detail.
 	KindDrain = "drain"
+	// KindReconcile is the platform's reconciliation report (make
+	// reconcile) taken after the end-of-run operator actions: At, Outcome
+	// (Clean or Findings) and Detail (each kind it reports, with its count
+	// and sample ids). Mid-run reports are operator faults, not this.
+	KindReconcile = "reconcile"
+)
+
+// Outcomes of the end-of-run reconciliation report.
+const (
+	Clean    = "clean"    // it found nothing
+	Findings = "findings" // it found inconsistencies, listed in Detail
 )
 
 // Outcomes of a client's call.

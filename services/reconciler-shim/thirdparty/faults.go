@@ -13,6 +13,12 @@ type Faults struct {
 	// FailNext is how many of the next settlements are answered 500 without
 	// being booked: a third party that is down.
 	FailNext int `json:"failNext"`
+	// RejectNext is how many of the next settlements are answered 422
+	// without being booked: a third party that refuses payments it should
+	// take (a setting on its side, put right later). No retry gets past a
+	// 4xx, so the caller dead-letters the payment, and an operator requeues
+	// it once the third party takes it again.
+	RejectNext int `json:"rejectNext"`
 	// HangNext is how many of the next settlements are booked and then
 	// answered only after HangFor: a third party that processed the request
 	// but whose answer arrives too late, which is exactly the case a caller
@@ -48,26 +54,28 @@ type fault int
 const (
 	noFault fault = iota
 	failFault
+	rejectFault
 	hangFault
 	slowFault
 )
 
 // faultState is the live setting, counted down by each settlement it hits.
 type faultState struct {
-	mu       sync.Mutex
-	failNext int
-	hangNext int
-	hangFor  time.Duration
-	slowNext int
-	slowFor  time.Duration
+	mu         sync.Mutex
+	failNext   int
+	rejectNext int
+	hangNext   int
+	hangFor    time.Duration
+	slowNext   int
+	slowFor    time.Duration
 }
 
 // set replaces the whole setting, so a test states what it wants rather than
 // depending on what an earlier test left behind.
 func (f *faultState) set(in Faults) error {
-	for _, n := range []int{in.FailNext, in.HangNext, in.SlowNext} {
+	for _, n := range []int{in.FailNext, in.RejectNext, in.HangNext, in.SlowNext} {
 		if n < 0 || n > MaxFaultCount {
-			return apperr.Errorf(apperr.Invalid, "failNext, hangNext and slowNext must be from 0 to %d", MaxFaultCount)
+			return apperr.Errorf(apperr.Invalid, "failNext, rejectNext, hangNext and slowNext must be from 0 to %d", MaxFaultCount)
 		}
 	}
 	var hangFor time.Duration
@@ -94,7 +102,7 @@ func (f *faultState) set(in Faults) error {
 	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	f.failNext, f.hangNext, f.hangFor = in.FailNext, in.HangNext, hangFor
+	f.failNext, f.rejectNext, f.hangNext, f.hangFor = in.FailNext, in.RejectNext, in.HangNext, hangFor
 	f.slowNext, f.slowFor = in.SlowNext, slowFor
 	return nil
 }
@@ -102,12 +110,13 @@ func (f *faultState) set(in Faults) error {
 func (f *faultState) get() Faults {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	return Faults{FailNext: f.failNext, HangNext: f.hangNext, HangFor: f.hangFor.String(),
+	return Faults{FailNext: f.failNext, RejectNext: f.rejectNext, HangNext: f.hangNext, HangFor: f.hangFor.String(),
 		SlowNext: f.slowNext, SlowFor: f.slowFor.String()}
 }
 
 // take consumes one fault for the settlement at hand; failures go first,
-// because a third party that is down cannot also be slow.
+// because a third party that is down cannot also be slow, then rejections,
+// which answer at once too.
 func (f *faultState) take() (fault, time.Duration) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
@@ -115,6 +124,9 @@ func (f *faultState) take() (fault, time.Duration) {
 	case f.failNext > 0:
 		f.failNext--
 		return failFault, 0
+	case f.rejectNext > 0:
+		f.rejectNext--
+		return rejectFault, 0
 	case f.hangNext > 0:
 		f.hangNext--
 		return hangFault, f.hangFor

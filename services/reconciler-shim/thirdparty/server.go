@@ -113,6 +113,12 @@ func (s *server) settle(c echo.Context) error {
 		body.Error.Code, body.Error.Message = "injected_fault", "injected failure (failNext): nothing was booked"
 		return c.JSON(http.StatusInternalServerError, body)
 	}
+	if f == rejectFault {
+		s.logger.InfoContext(ctx, "injected rejection, settlement not booked", slog.String("idempotency_key", key))
+		var body httpserver.ErrorBody
+		body.Error.Code, body.Error.Message = "injected_rejection", "injected rejection (rejectNext): nothing was booked"
+		return c.JSON(http.StatusUnprocessableEntity, body)
+	}
 	if f == slowFault {
 		t := time.NewTimer(hangFor)
 		defer t.Stop()
@@ -206,7 +212,7 @@ func (s *server) setFaults(c echo.Context) error {
 		return err
 	}
 	s.logger.InfoContext(c.Request().Context(), "fault injection set by an operator",
-		slog.Int("fail_next", in.FailNext), slog.Int("hang_next", in.HangNext), slog.String("hang_for", in.HangFor),
+		slog.Int("fail_next", in.FailNext), slog.Int("reject_next", in.RejectNext), slog.Int("hang_next", in.HangNext), slog.String("hang_for", in.HangFor),
 		slog.String("remote_addr", c.Request().RemoteAddr))
 	return c.JSON(http.StatusOK, s.faults.get())
 }

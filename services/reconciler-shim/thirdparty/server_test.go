@@ -287,6 +287,30 @@ func TestFailNextFailsWithoutBooking(t *testing.T) {
 	}
 }
 
+// A rejection is a 4xx the caller cannot retry past (ErrRejected, which the
+// shim dead-letters), and nothing is booked; the next settlement goes through.
+func TestRejectNextRejectsWithoutBooking(t *testing.T) {
+	a := newAPI(t)
+	ctx := t.Context()
+	if err := a.client.SetFaults(ctx, thirdparty.Faults{RejectNext: 1}); err != nil {
+		t.Fatal(err)
+	}
+	_, err := a.client.Settle(ctx, "k1", capture("p1"))
+	var se *thirdparty.StatusError
+	if !errors.As(err, &se) || se.StatusCode != http.StatusUnprocessableEntity || !errors.Is(err, thirdparty.ErrRejected) {
+		t.Fatalf("Settle with rejectNext=1 = %v, want a 422 that is ErrRejected", err)
+	}
+	if found, err := a.client.Lookup(ctx, "k1"); err != nil || found {
+		t.Fatalf("Lookup(k1) after an injected rejection = %v, %v; want false, nil", found, err)
+	}
+	if _, err := a.client.Settle(ctx, "k1", capture("p1")); err != nil {
+		t.Fatalf("Settle after the rejection is used up: %v", err)
+	}
+	if got := a.ledger.Stats().Settlements; got != 1 {
+		t.Fatalf("%d settlements booked, want 1: the rejected one is not", got)
+	}
+}
+
 func TestHangNextBooksThenAnswersLate(t *testing.T) {
 	a := newAPI(t)
 	ctx := t.Context()
@@ -385,6 +409,7 @@ func TestSetFaultsValidates(t *testing.T) {
 		in   thirdparty.Faults
 	}{
 		{"negative failNext", thirdparty.Faults{FailNext: -1}},
+		{"negative rejectNext", thirdparty.Faults{RejectNext: -1}},
 		{"hangNext without hangFor", thirdparty.Faults{HangNext: 1}},
 		{"bad duration", thirdparty.Faults{HangNext: 1, HangFor: "soon"}},
 		{"negative duration", thirdparty.Faults{HangNext: 1, HangFor: "-1s"}},
