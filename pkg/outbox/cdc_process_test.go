@@ -376,13 +376,16 @@ func (c *childAckWriter) WriteMessages(ctx context.Context, msgs ...kafka.Messag
 // services' writer.
 func (c *childAckWriter) KafkaWriter() *kafka.Writer { return c.w.(*testenv.Writer).Writer }
 
-// relayRSSBound is issue 23's bound on the log-based relay's resident set
-// while it drains one big transaction, whatever its size: the Go runtime,
-// the relay's connections and what is in flight to Kafka
-// (CDCConfig.MaxInFlight events per topic, kafka-go's batches), never the
-// transaction. The relay alone stays near half of it; one that held a
-// 100,000-event transaction would not.
-const relayRSSBound = 64 << 20
+// relayRSSBound bounds the log-based relay's resident set while it drains
+// one big transaction, whatever its size: the Go runtime, the relay's
+// connections and what is in flight to Kafka (CDCConfig.MaxInFlight events
+// per topic, kafka-go's batches), never the transaction. Alone on a quiet
+// machine the relay peaks near 35 MiB (issue 23's goal is 64); under make
+// test, beside every other package's tests on two cores, its garbage
+// collector falls behind and the resident set reached 79-81 MiB with a
+// peak heap of 11 MiB. A relay that held the transaction reaches 171-184
+// MiB: the bound sits between, so that this fails on that and not on load.
+const relayRSSBound = 128 << 20
 
 // The relay's memory does not grow with a transaction's size: a relay alone
 // in its process drains a transaction of bigTxEvents (100,000 by default
