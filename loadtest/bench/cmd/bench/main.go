@@ -13,7 +13,7 @@
 // Usage (from the repository root, after `make up` and `make k6`):
 //
 //	go run ./loadtest/bench/cmd/bench [-only write,drain,consume,cdc,modes,ramp,spike,soak] [-drain-events 100000]
-//	go run ./loadtest/bench/cmd/bench -only peers [-peers-rounds 2 -peers-rates 200,1000 -peers-paced 20s -peers-idle 10s]
+//	go run ./loadtest/bench/cmd/bench -only peers [-peers-rounds 2 -peers-rates 200,1000 -peers-paced 20s -peers-idle 10s -peers-big 0]
 //	    [-base REV [-ab-rounds N]] [-profile-dir DIR]
 //
 // See loadtest/README.md for every flag and what each number means.

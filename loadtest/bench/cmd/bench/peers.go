@@ -46,7 +46,11 @@ import (
 // from 8 connections, one event per transaction, commit → each record's
 // append time (p50, p99, max); the relay process's CPU per event (and its
 // walsender's, Postgres's decoding of the slot), its peak RSS, and its CPU
-// while idle.
+// while idle. Before each relay, PostgreSQL's pg_recvlogical drains the same
+// two transactions alone on a database and slot of its own: the walsender's
+// limit, which each drain is divided by (peers_recv.go). With -peers-big N,
+// after the rounds, each relay drains one N-event transaction as a fresh
+// process (peers_big.go).
 
 // peerRelays are the relays the part compares, in the first round's order.
 var peerRelays = []string{"debezium", "cdc", "wal"}
@@ -66,6 +70,11 @@ type PeerRun struct {
 	DrainCold   float64 `json:"drainColdSeconds"`
 	DrainWarm   float64 `json:"drainWarmSeconds"`
 	DrainEvents int     `json:"drainEvents"`
+	// RecvCold and RecvWarm are pg_recvlogical's drains of the same
+	// transactions (rows, or WAL messages for wal): seconds from the COMMIT
+	// to its reading the transaction's COMMIT message.
+	RecvCold float64 `json:"recvColdSeconds"`
+	RecvWarm float64 `json:"recvWarmSeconds"`
 	// Paced are the paced phases, by rate.
 	Paced []PeerPaced `json:"paced"`
 	// RelayCPUDrain and WalsenderCPUDrain are CPU microseconds per event
@@ -98,12 +107,17 @@ type peerOptions struct {
 	rates  []int
 	paced  time.Duration
 	idle   time.Duration
+	big    int // events of the one transaction each fresh relay drains (0: none)
 }
 
 // runPeers runs the peers part and adds its runs to res.
 func runPeers(ctx context.Context, o options, res *Results, getenv func(string) string, say func(string, ...any)) error {
 	if err := harness.CheckConnect(ctx, o.root); err != nil {
 		return fmt.Errorf("peers: %w (make debezium-jars fetches the jars)", err)
+	}
+	recvBin, err := findRecvLogical(ctx)
+	if err != nil {
+		return fmt.Errorf("peers: %w", err)
 	}
 	binDir := filepath.Join(o.root, "bin", "bench")
 	say("peers: building the platform's programs into %s …", binDir)
@@ -117,7 +131,7 @@ func runPeers(ctx context.Context, o options, res *Results, getenv func(string) 
 	}
 	defer admin.Close()
 	env := peerEnv{o: o, admin: admin, adminURL: adminURL(getenv), brokers: brokers(getenv), ordersBin: bins[harness.Orders.Name],
-		work: filepath.Join(o.root, "bin", "bench", "work", "peers"), say: say}
+		recvBin: recvBin, work: filepath.Join(o.root, "bin", "bench", "work", "peers"), say: say}
 	for round := range o.peers.rounds {
 		order := slices.Clone(peerRelays)
 		// Each round starts with the next relay, so that none always runs
@@ -129,10 +143,22 @@ func runPeers(ctx context.Context, o options, res *Results, getenv func(string) 
 			if err != nil {
 				return fmt.Errorf("peers: %s, round %d: %w", relay, round+1, err)
 			}
-			say("peers: %s: drain cold %.2fs, warm %.2fs; %s; cpu %.0f µs/event (drain), peak RSS %s, idle %.1f%% of a core",
-				relay, run.DrainCold, run.DrainWarm, pacedSummary(run.Paced), run.RelayCPUDrain, mib(run.PeakRSS), run.IdleCPU)
+			say("peers: %s: drain cold %.2fs, warm %.2fs (pg_recvlogical %.2fs, %.2fs); %s; cpu %.0f µs/event (drain), peak RSS %s, idle %.1f%% of a core",
+				relay, run.DrainCold, run.DrainWarm, run.RecvCold, run.RecvWarm, pacedSummary(run.Paced), run.RelayCPUDrain, mib(run.PeakRSS), run.IdleCPU)
 			res.Peers = append(res.Peers, run)
 		}
+	}
+	if o.peers.big == 0 {
+		return nil
+	}
+	for _, relay := range peerRelays {
+		say("peers: one %d-event transaction, %s as a fresh process …", o.peers.big, relay)
+		b, err := env.big(ctx, relay, o.peers.big)
+		if err != nil {
+			return fmt.Errorf("peers: %s, %d-event transaction: %w", relay, o.peers.big, err)
+		}
+		say("peers: %s: %.2fs (%.0f events/s), peak RSS %s", relay, b.Seconds, b.rate(), mib(b.PeakRSS))
+		res.PeersBig = append(res.PeersBig, b)
 	}
 	return nil
 }
@@ -154,6 +180,7 @@ type peerEnv struct {
 	adminURL  string
 	brokers   []string
 	ordersBin string
+	recvBin   string // pg_recvlogical
 	work      string
 	say       func(string, ...any)
 }
@@ -164,70 +191,120 @@ type peerRelay struct {
 	stop func()
 }
 
-// run measures relay once, on a database, slot and topic of its own.
+// peerSession is a relay streaming from a database, slot and topic of its
+// own: what run and big measure.
+type peerSession struct {
+	pool      *pgxpool.Pool
+	mode      outbox.RelayMode // what the service writes (see writesOf)
+	topic     string
+	ends      func() (map[int]int64, error)
+	pid       int     // the relay's process
+	walsender int     // the slot's walsender
+	started   float64 // seconds from starting the relay to its first probe on the topic
+	close     func()  // stops the relay, then drops the topic and the database
+}
+
+// writesOf is what the service writes for relay: rows (Debezium, cdc) or
+// WAL messages only (wal).
+func writesOf(relay string) outbox.RelayMode {
+	if relay == "wal" {
+		return outbox.ModeWAL
+	}
+	return outbox.ModeCDC
+}
+
+// open creates the database and topic called name, starts relay on them
+// and returns once a probe event reached the topic.
+func (e peerEnv) open(ctx context.Context, relay, name string) (s peerSession, err error) {
+	var undo []func()
+	s.close = func() {
+		for i := len(undo) - 1; i >= 0; i-- {
+			undo[i]()
+		}
+	}
+	defer func() {
+		if err != nil {
+			s.close()
+		}
+	}()
+	dbURL, dropDB, err := e.database(ctx, name)
+	if err != nil {
+		return s, err
+	}
+	undo = append(undo, dropDB)
+	s.topic = strings.ReplaceAll(name, "_", ".")
+	if err := e.topic(ctx, s.topic); err != nil {
+		return s, err
+	}
+	undo = append(undo, func() { e.deleteTopic(s.topic) })
+	if s.pool, err = openPool(ctx, dbURL); err != nil {
+		return s, err
+	}
+	undo = append(undo, s.pool.Close)
+
+	began := time.Now()
+	rel, err := e.start(ctx, relay, name, dbURL, s.topic)
+	if err != nil {
+		return s, err
+	}
+	undo = append(undo, rel.stop)
+	if s.walsender, err = e.waitStreaming(ctx, name); err != nil {
+		return s, err
+	}
+	s.mode = writesOf(relay)
+	s.ends = func() (map[int]int64, error) { return topicEnds(ctx, e.brokers, s.topic) }
+	if err := e.waitFlowing(ctx, s.pool, s.mode, s.ends); err != nil {
+		return s, err
+	}
+	s.started = time.Since(began).Seconds()
+	s.pid = rel.pid()
+	return s, nil
+}
+
+// openPool connects to dbURL with a connection for each paced writer and
+// two to spare.
+func openPool(ctx context.Context, dbURL string) (*pgxpool.Pool, error) {
+	pcfg, err := pgxpool.ParseConfig(dbURL)
+	if err != nil {
+		return nil, err
+	}
+	pcfg.MaxConns = peerWriters + 2
+	return pgxpool.NewWithConfig(ctx, pcfg)
+}
+
+// run measures relay once, on a database, slot and topic of its own, after
+// pg_recvlogical drained the same transactions on a database and slot of
+// its own (recvDrains).
 func (e peerEnv) run(ctx context.Context, relay string, round int) (PeerRun, error) {
 	r := PeerRun{Relay: relay, Round: round, DrainEvents: e.o.drainEvents}
 	name := fmt.Sprintf("bench_peers_%s_%d_%d", relay, round, os.Getpid())
-	dbURL, dropDB, err := e.database(ctx, name)
+	var err error
+	if r.RecvCold, r.RecvWarm, err = e.recvDrains(ctx, name+"_recv", writesOf(relay), e.o.drainEvents); err != nil {
+		return r, fmt.Errorf("pg_recvlogical: %w", err)
+	}
+	s, err := e.open(ctx, relay, name)
 	if err != nil {
 		return r, err
 	}
-	defer dropDB()
-	topic := strings.ReplaceAll(name, "_", ".")
-	if err := e.topic(ctx, topic); err != nil {
-		return r, err
-	}
-	defer e.deleteTopic(topic)
-	pcfg, err := pgxpool.ParseConfig(dbURL)
-	if err != nil {
-		return r, err
-	}
-	pcfg.MaxConns = peerWriters + 2
-	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
-	if err != nil {
-		return r, err
-	}
-	defer pool.Close()
-
-	began := time.Now()
-	rel, err := e.start(ctx, relay, name, dbURL, topic)
-	if err != nil {
-		return r, err
-	}
-	defer rel.stop()
-	walsender, err := e.waitStreaming(ctx, name)
-	if err != nil {
-		return r, err
-	}
-	// What the service writes in that mode: rows (Debezium, cdc) or WAL
-	// messages only (wal).
-	mode := outbox.ModeCDC
-	if relay == "wal" {
-		mode = outbox.ModeWAL
-	}
-	ends := func() (map[int]int64, error) { return topicEnds(ctx, e.brokers, topic) }
-	if err := e.waitFlowing(ctx, pool, mode, ends); err != nil {
-		return r, err
-	}
-	r.StartSeconds = time.Since(began).Seconds()
-	pid := rel.pid()
+	defer s.close()
+	r.StartSeconds = s.started
 
 	cpu := func() (relayCPU, walCPU time.Duration) {
-		if s, err := rig.ReadProcStat(pid); err == nil {
-			relayCPU = s.CPU
+		if st, err := rig.ReadProcStat(s.pid); err == nil {
+			relayCPU = st.CPU
 		}
-		if s, err := rig.ReadProcStat(walsender); err == nil {
-			walCPU = s.CPU
+		if st, err := rig.ReadProcStat(s.walsender); err == nil {
+			walCPU = st.CPU
 		}
 		return relayCPU, walCPU
 	}
 	perEvent := func(d time.Duration, n int) float64 { return float64(d.Microseconds()) / float64(max(n, 1)) }
 
 	rc0, wc0 := cpu()
-	if r.DrainCold, err = e.drain(ctx, pool, mode, topic, ends); err != nil {
+	if r.DrainCold, err = e.drain(ctx, s.pool, s.mode, s.topic, e.o.drainEvents, s.ends); err != nil {
 		return r, fmt.Errorf("cold drain: %w", err)
 	}
-	if r.DrainWarm, err = e.drain(ctx, pool, mode, topic, ends); err != nil {
+	if r.DrainWarm, err = e.drain(ctx, s.pool, s.mode, s.topic, e.o.drainEvents, s.ends); err != nil {
 		return r, fmt.Errorf("warm drain: %w", err)
 	}
 	rc1, wc1 := cpu()
@@ -235,7 +312,7 @@ func (e peerEnv) run(ctx context.Context, relay string, round int) (PeerRun, err
 
 	paced := 0
 	for _, rate := range e.o.peers.rates {
-		p, err := e.paced(ctx, pool, mode.Write(), topic, rate)
+		p, err := e.paced(ctx, s.pool, s.mode.Write(), s.topic, rate)
 		if err != nil {
 			return r, fmt.Errorf("paced %d/s: %w", rate, err)
 		}
@@ -260,7 +337,7 @@ func (e peerEnv) run(ctx context.Context, relay string, round int) (PeerRun, err
 	}
 	idle1, _ := cpu()
 	r.IdleCPU = 100 * (idle1 - idle0).Seconds() / time.Since(idleBegan).Seconds()
-	r.PeakRSS = peakRSS(pid)
+	r.PeakRSS = peakRSS(s.pid)
 	return r, nil
 }
 
@@ -426,44 +503,20 @@ func peerEvent(n int) event.Envelope {
 		Payload: json.RawMessage(fmt.Sprintf(`{"orderId":%q,"customerId":"c-%d","amountCents":%d,"currency":"EUR"}`, id, n%100, 100+n%900))}
 }
 
-// drain commits drainEvents events in one transaction and returns the
-// seconds from its COMMIT to the broker's append of the last of them.
-func (e peerEnv) drain(ctx context.Context, pool *pgxpool.Pool, mode outbox.RelayMode, topic string, ends func() (map[int]int64, error)) (float64, error) {
+// drain commits n events in one transaction and returns the seconds from
+// its COMMIT to the broker's append of the last of them.
+func (e peerEnv) drain(ctx context.Context, pool *pgxpool.Pool, mode outbox.RelayMode, topic string, n int, ends func() (map[int]int64, error)) (float64, error) {
 	before, err := ends()
 	if err != nil {
 		return 0, err
 	}
-	n := e.o.drainEvents
-	tx, err := pool.Begin(ctx)
+	committed, err := commitEvents(ctx, pool, mode, n)
 	if err != nil {
 		return 0, err
 	}
-	defer tx.Rollback(context.Background()) //nolint:errcheck // no-op after commit
-	if mode != outbox.ModeWAL {
-		// Rows in batches of 1,000 (one round trip each); Emit has no batch.
-		for i := 0; i < n; i += 1000 {
-			evs := make([]event.Envelope, 0, 1000)
-			for j := i; j < min(i+1000, n); j++ {
-				evs = append(evs, peerEvent(j))
-			}
-			if err := outbox.EnqueueBatch(ctx, tx, evs...); err != nil {
-				return 0, err
-			}
-		}
-	} else {
-		for i := range n {
-			if err := outbox.Emit(ctx, tx, peerEvent(i)); err != nil {
-				return 0, err
-			}
-		}
-	}
-	committed := time.Now() // COMMIT sent (see commitOne)
-	if err := tx.Commit(ctx); err != nil {
-		return 0, err
-	}
 	var after map[int]int64
-	deadline := committed.Add(10 * time.Minute)
-	for {
+	limit := drainLimit(n)
+	for deadline := committed.Add(limit); ; {
 		if after, err = ends(); err != nil {
 			return 0, err
 		}
@@ -471,7 +524,7 @@ func (e peerEnv) drain(ctx context.Context, pool *pgxpool.Pool, mode outbox.Rela
 			break
 		}
 		if time.Now().After(deadline) {
-			return 0, fmt.Errorf("%d of %d events on the topic after 10 minutes", totalOf(after)-totalOf(before), n)
+			return 0, fmt.Errorf("%d of %d events on the topic after %s", totalOf(after)-totalOf(before), n, limit)
 		}
 		select {
 		case <-ctx.Done():
@@ -484,6 +537,42 @@ func (e peerEnv) drain(ctx context.Context, pool *pgxpool.Pool, mode outbox.Rela
 		return 0, err
 	}
 	return last.Sub(committed).Seconds(), nil
+}
+
+// drainLimit is how long a drain of n events may take: 10 minutes per
+// 100,000 events, at least 10 minutes.
+func drainLimit(n int) time.Duration {
+	return 10 * time.Minute * time.Duration(max(1, (n+99_999)/100_000))
+}
+
+// commitEvents writes n events of mode in one transaction, commits it and
+// returns when its COMMIT was sent (see commitOne).
+func commitEvents(ctx context.Context, pool *pgxpool.Pool, mode outbox.RelayMode, n int) (time.Time, error) {
+	tx, err := pool.Begin(ctx)
+	if err != nil {
+		return time.Time{}, err
+	}
+	defer tx.Rollback(context.Background()) //nolint:errcheck // no-op after commit
+	if mode != outbox.ModeWAL {
+		// Rows in batches of 1,000 (one round trip each); Emit has no batch.
+		for i := 0; i < n; i += 1000 {
+			evs := make([]event.Envelope, 0, 1000)
+			for j := i; j < min(i+1000, n); j++ {
+				evs = append(evs, peerEvent(j))
+			}
+			if err := outbox.EnqueueBatch(ctx, tx, evs...); err != nil {
+				return time.Time{}, err
+			}
+		}
+	} else {
+		for i := range n {
+			if err := outbox.Emit(ctx, tx, peerEvent(i)); err != nil {
+				return time.Time{}, err
+			}
+		}
+	}
+	committed := time.Now()
+	return committed, tx.Commit(ctx)
 }
 
 // paced commits events at rate per second for the paced duration from

@@ -19,8 +19,9 @@ var peerColumns = []struct{ relay, title string }{
 }
 
 // peersTable is the peers part's figures, one column per relay, each the
-// mean over the rounds, with the rounds' range when there are several.
-func peersTable(runs []PeerRun) string {
+// mean over the rounds, with the rounds' range when there are several; then
+// the big transaction's, when it ran.
+func peersTable(runs []PeerRun, big []PeerBig) string {
 	by := map[string][]PeerRun{}
 	for _, r := range runs {
 		by[r.Relay] = append(by[r.Relay], r)
@@ -50,6 +51,11 @@ func peersTable(runs []PeerRun) string {
 	row(fmt.Sprintf("drain of a %s-event transaction, cold (commit → last record appended)", f0(float64(drain))),
 		func(r PeerRun) float64 { return r.DrainCold }, seconds)
 	row("the same, warm (a second one, same process)", func(r PeerRun) float64 { return r.DrainWarm }, seconds)
+	row("pg_recvlogical alone on a slot of its own, the same two transactions, cold (commit → its COMMIT read)",
+		func(r PeerRun) float64 { return r.RecvCold }, seconds)
+	row("… warm", func(r PeerRun) float64 { return r.RecvWarm }, seconds)
+	row("drain rate ÷ pg_recvlogical's, cold (goal ≥ 0.8)", func(r PeerRun) float64 { return ratio(r.RecvCold, r.DrainCold) }, f2)
+	row("… warm (goal ≥ 0.8)", func(r PeerRun) float64 { return ratio(r.RecvWarm, r.DrainWarm) }, f2)
 	for i, p := range pacedRates(runs) {
 		i := i
 		pick := func(get func(PeerPaced) float64) func(PeerRun) float64 {
@@ -74,7 +80,41 @@ func peersTable(runs []PeerRun) string {
 	row("idle CPU of the relay's process (% of one core)", func(r PeerRun) float64 { return r.IdleCPU },
 		func(v float64) string { return fmt.Sprintf("%.1f %%", v) })
 	row("start → streaming from its slot", func(r PeerRun) float64 { return r.StartSeconds }, seconds)
+	if len(big) > 0 {
+		bigRows(&b, big)
+	}
 	return b.String()
+}
+
+// bigRows are the big transaction's rows: each relay's one drain, its
+// rate over Debezium's and its process's peak RSS.
+func bigRows(b *bytes.Buffer, big []PeerBig) {
+	by := map[string]PeerBig{}
+	for _, r := range big {
+		by[r.Relay] = r
+	}
+	row := func(name string, cell func(r PeerBig) string) {
+		fmt.Fprintf(b, "| %s |", name)
+		for _, c := range peerColumns {
+			r, ok := by[c.relay]
+			if !ok {
+				b.WriteString(" – |")
+				continue
+			}
+			fmt.Fprintf(b, " %s |", cell(r))
+		}
+		b.WriteString("\n")
+	}
+	row(fmt.Sprintf("one %s-event transaction, a fresh process (Debezium: a cold JVM): drain rate (commit → last record appended)", f0(float64(big[0].Events))),
+		func(r PeerBig) string { return fmt.Sprintf("%s events/s (%.2f s)", f0(r.rate()), r.Seconds) })
+	deb, ok := by["debezium"]
+	row("… ÷ Debezium's (goal ≥ 2×, the platform's)", func(r PeerBig) string {
+		if !ok || r.Relay == "debezium" {
+			return "–"
+		}
+		return fmt.Sprintf("%.2f×", ratio(r.rate(), deb.rate()))
+	})
+	row("… peak RSS of the relay's process (goal ≤ 64 MiB, the platform's)", func(r PeerBig) string { return mib(r.PeakRSS) })
 }
 
 // pacedRates are the paced phases' rates, as the first run has them.
@@ -113,9 +153,23 @@ func peersMarkdown(res Results, o options, table string) string {
 	fmt.Fprintf(&b, "Run on %s, load %s when it started; %d round(s), each running every relay once as its own process, "+
 		"the first relay changing from round to round; each cell is the mean of the rounds (their range in brackets). "+
 		"Paced phases of %s each, idle window %s. Latencies are the broker's append time (LogAppendTime: milliseconds, "+
-		"truncated) minus the moment the writer sent COMMIT; the drains' from the COMMIT to the last record's append.\n\n",
-		res.Machine.Date, res.Machine.Load, o.peers.rounds, o.peers.paced, o.peers.idle)
+		"truncated) minus the moment the writer sent COMMIT; the drains' from the COMMIT to the last record's append. "+
+		"Before each relay, PostgreSQL's `pg_recvlogical` drains the same two transactions alone (rows; WAL messages for wal) on a "+
+		"database and slot of its own, reading pgoutput with the platform relay's options (proto_version 1, the outbox's publication, "+
+		"messages), timed from the COMMIT to the bench's reading of the transaction's COMMIT message from its output: the walsender's "+
+		"limit; each drain's rate divided by its rate is the relay's share of that limit.%s\n\n",
+		res.Machine.Date, res.Machine.Load, o.peers.rounds, o.peers.paced, o.peers.idle, bigNote(o))
 	b.WriteString(table)
 	fmt.Fprintf(&b, "\n%s\n", peersEndMarker)
 	return b.String()
+}
+
+// bigNote says how the big transaction's rows were measured, when they were.
+func bigNote(o options) string {
+	if o.peers.big == 0 {
+		return ""
+	}
+	return fmt.Sprintf(" The last rows: after the rounds, each relay started afresh (Debezium: a new Kafka Connect, a cold JVM) "+
+		"on a fresh database, slot and topic drained one %s-event transaction (`-peers-big`), and its process's peak RSS "+
+		"(`VmHWM`) was read right after.", f0(float64(o.peers.big)))
 }

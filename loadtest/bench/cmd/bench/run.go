@@ -75,6 +75,7 @@ func parseFlags(args []string, stdout io.Writer) (options, error) {
 	peerRates := fs.String("peers-rates", "200,1000", "peers: the paced phases' rates, events/s from 8 connections")
 	fs.DurationVar(&o.peers.paced, "peers-paced", 20*time.Second, "peers: how long each paced phase commits events")
 	fs.DurationVar(&o.peers.idle, "peers-idle", 10*time.Second, "peers: the idle window whose CPU each relay is charged")
+	fs.IntVar(&o.peers.big, "peers-big", 0, "peers: after the rounds, each relay as a fresh process drains one transaction of this many events, for its drain rate and peak RSS (issue 23: 1000000; 0: not run)")
 	if err := fs.Parse(args[1:]); err != nil {
 		return o, err
 	}
@@ -87,6 +88,9 @@ func parseFlags(args []string, stdout io.Writer) (options, error) {
 	}
 	if o.peers.rounds < 1 || o.peers.paced <= 0 || o.peers.idle <= 0 {
 		return o, fmt.Errorf("-peers-rounds, -peers-paced and -peers-idle must be positive")
+	}
+	if o.peers.big < 0 {
+		return o, fmt.Errorf("-peers-big: %d, want 0 (not run) or more", o.peers.big)
 	}
 	if o.drainEvents < 1 {
 		return o, fmt.Errorf("-drain-events: %d, want at least 1", o.drainEvents)
@@ -126,6 +130,8 @@ type Results struct {
 	Knobs   []Knob                `json:"knobs,omitempty"`
 	// Peers are the peers part's runs, every relay in every round.
 	Peers []PeerRun `json:"peers,omitempty"`
+	// PeersBig are the peers part's drains of one -peers-big transaction.
+	PeersBig []PeerBig `json:"peersBig,omitempty"`
 	// Base is the -base revision the k6 scenarios also ran against.
 	Base string `json:"base,omitempty"`
 	// Runs are every k6 run with the figures measured around it (both
@@ -269,7 +275,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout 
 		}
 	}
 	if len(res.Peers) > 0 {
-		table := peersTable(res.Peers)
+		table := peersTable(res.Peers, res.PeersBig)
 		fmt.Fprintln(stdout)
 		fmt.Fprintln(stdout, table)
 		if o.jsonOut != "" {
