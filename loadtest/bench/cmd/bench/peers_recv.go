@@ -12,7 +12,6 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -32,10 +31,11 @@ import (
 
 // recvCommit is a transaction pg_recvlogical received whole: when the bench
 // read its COMMIT message and how many changes (inserts and transactional
-// logical messages) it carried.
+// logical messages) it carried; or err, when its output could not be read.
 type recvCommit struct {
 	at      time.Time
 	changes int
+	err     error
 }
 
 // recvDrains times pg_recvlogical's drains of two n-event transactions
@@ -93,7 +93,6 @@ func (e peerEnv) recvDrains(ctx context.Context, name string, mode outbox.RelayM
 
 // recvProc is a running pg_recvlogical.
 type recvProc struct {
-	cmd     *exec.Cmd
 	cancel  context.CancelFunc
 	commits chan recvCommit
 	exited  chan struct{} // closed when it exited; err then says why
@@ -115,21 +114,21 @@ func startRecv(ctx context.Context, bin, dbURL, slot, stderr string) (*recvProc,
 	r := &recvProc{cancel: cancel, commits: make(chan recvCommit, 16), exited: make(chan struct{}), stderr: stderr}
 	// --fsync-interval 0: no fsync (a pipe has none anyway); --no-loop:
 	// a lost connection ends it instead of retrying.
-	r.cmd = exec.CommandContext(rctx, bin, "--start", "--slot", slot, "--dbname", dbURL, "--file", "-",
+	cmd := exec.CommandContext(rctx, bin, "--start", "--slot", slot, "--dbname", dbURL, "--file", "-",
 		"--no-loop", "--fsync-interval", "0",
 		"--option", "proto_version=1", "--option", "publication_names="+outbox.Publication, "--option", "messages=true")
 	// Stopped with SIGINT, it tells the server where it got to and exits.
-	r.cmd.Cancel = func() error { return r.cmd.Process.Signal(os.Interrupt) }
-	r.cmd.WaitDelay = 10 * time.Second
-	r.cmd.Stdout = &recvOutput{commits: r.commits}
-	r.cmd.Stderr = errFile
-	if err := r.cmd.Start(); err != nil {
+	cmd.Cancel = func() error { return cmd.Process.Signal(os.Interrupt) }
+	cmd.WaitDelay = 10 * time.Second
+	cmd.Stdout = &recvOutput{commits: r.commits}
+	cmd.Stderr = errFile
+	if err := cmd.Start(); err != nil {
 		cancel()
 		errFile.Close()
 		return nil, fmt.Errorf("starting %s: %w", bin, err)
 	}
 	go func() {
-		r.err = r.cmd.Wait()
+		r.err = cmd.Wait()
 		errFile.Close()
 		close(r.exited)
 	}()
@@ -143,6 +142,9 @@ func (r *recvProc) next(ctx context.Context, changes int, limit time.Duration) (
 	case <-ctx.Done():
 		return recvCommit{}, ctx.Err()
 	case c := <-r.commits:
+		if c.err != nil {
+			return c, c.err
+		}
 		if c.changes != changes {
 			return c, fmt.Errorf("pg_recvlogical received a transaction of %d changes, want %d", c.changes, changes)
 		}
@@ -163,9 +165,9 @@ func (r *recvProc) stop() {
 }
 
 // recvOutput is pg_recvlogical's stdout: it hands each transaction to
-// commits as soon as the bench read its COMMIT message.
+// commits as soon as the bench read its COMMIT message. Only exec's copy
+// from the pipe writes to it, one write at a time.
 type recvOutput struct {
-	mu      sync.Mutex
 	scan    pgoutputScanner
 	commits chan<- recvCommit
 	err     error
@@ -173,23 +175,30 @@ type recvOutput struct {
 
 func (o *recvOutput) Write(p []byte) (int, error) {
 	at := time.Now()
-	o.mu.Lock()
-	defer o.mu.Unlock()
 	if o.err != nil {
 		return 0, o.err
 	}
 	counts, err := o.scan.feed(p)
+	found := make([]recvCommit, 0, len(counts)+1)
 	for _, c := range counts {
-		select {
-		case o.commits <- recvCommit{at: at, changes: c}:
-		default:
-			// Nobody waits for it: the bench commits one transaction at
-			// a time, so this is not one of its own.
-		}
+		found = append(found, recvCommit{at: at, changes: c})
 	}
 	if err != nil {
-		o.err = err
-		return 0, err
+		// Returned, it ends the copy: pg_recvlogical then exits on its
+		// closed stdout.
+		o.err = fmt.Errorf("reading pg_recvlogical's output: %w", err)
+		found = append(found, recvCommit{err: o.err})
+	}
+	for _, c := range found {
+		select {
+		case o.commits <- c:
+		default:
+			// The buffer is full: the bench waits for one transaction at
+			// a time, so nobody would read this one.
+		}
+	}
+	if o.err != nil {
+		return 0, o.err
 	}
 	return len(p), nil
 }
