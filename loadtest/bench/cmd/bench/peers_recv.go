@@ -117,7 +117,9 @@ func startRecv(ctx context.Context, bin, dbURL, slot, stderr string) (*recvProc,
 	cmd := exec.CommandContext(rctx, bin, "--start", "--slot", slot, "--dbname", dbURL, "--file", "-",
 		"--no-loop", "--fsync-interval", "0",
 		"--option", "proto_version=1", "--option", "publication_names="+outbox.Publication, "--option", "messages=true")
-	// Stopped with SIGINT, it tells the server where it got to and exits.
+	// Stopped with SIGINT, it tells the server where it got to and exits
+	// (Postgres 15's then logs "unexpected termination of replication
+	// stream" to its stderr file: that is the stop, not a failure).
 	cmd.Cancel = func() error { return cmd.Process.Signal(os.Interrupt) }
 	cmd.WaitDelay = 10 * time.Second
 	cmd.Stdout = &recvOutput{commits: r.commits}
