@@ -67,17 +67,12 @@ func TestOrderEventThroughTheBrokerIsChargedOnce(t *testing.T) {
 
 	// Billing, wired exactly as in production.
 	roles := pgrolestest.Ensure(t, billingDB, "billing")
-	env := map[string]string{
-		"HTTP_ADDR":            "127.0.0.1:0",
-		"ADMIN_ADDR":           "127.0.0.1:0",
-		"DATABASE_URL":         roles.AppURL,
-		"MIGRATE_DATABASE_URL": roles.OwnerURL,
-		"KAFKA_BROKERS":        strings.Join(brokers, ","),
-		"ORDERS_TOPIC":         ordersTopic,
-		"BILLING_TOPIC":        billingTopic,
-		"CONSUMER_GROUP":       testinfra.Name("billing"),
-		"LOG_LEVEL":            "debug",
-	}
+	env := roles.ServiceEnv(brokers, map[string]string{
+		"ORDERS_TOPIC":   ordersTopic,
+		"BILLING_TOPIC":  billingTopic,
+		"CONSUMER_GROUP": testinfra.Name("billing"),
+		"LOG_LEVEL":      "debug",
+	})
 	svc := testinfra.Start(t, run, env)
 
 	// PaymentCaptured comes out the other side, through billing's outbox and relay.
