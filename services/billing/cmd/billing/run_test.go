@@ -18,7 +18,6 @@ import (
 	"github.com/onceflow/onceflow/pkg/outbox/outboxtest"
 	"github.com/onceflow/onceflow/platform/kafkautil"
 	"github.com/onceflow/onceflow/platform/pgroles/pgrolestest"
-	"github.com/onceflow/onceflow/platform/pgutil"
 	"github.com/onceflow/onceflow/platform/testinfra"
 	"github.com/onceflow/onceflow/services/billing"
 )
@@ -40,7 +39,7 @@ func TestOrderEventThroughTheBrokerIsChargedOnce(t *testing.T) {
 	billingDB := testinfra.NewDatabase(t)
 
 	// The orders side: an outbox and its relay in a database of their own.
-	ordersPool := testinfra.NewPool(t, testinfra.NewMigratedDatabase(t, pgutil.Migration{FS: outbox.Migrations, Table: outbox.MigrationsTable}))
+	ordersPool := outboxtest.NewDatabase(t)
 	orderID := uuid.New()
 	placed := event.Envelope{
 		EventID: uuid.New(), EventType: billing.EventOrderPlaced, EventVersion: 1,
