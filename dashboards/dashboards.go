@@ -56,6 +56,19 @@ func q(legend, format string, args ...any) query {
 	return query{expr: fmt.Sprintf(format, args...), legend: legend}
 }
 
+// quantiles are the median and the 99th percentile of the histogram whose
+// buckets are the metric bucket, by the labels by ("" for none), each
+// legend prefixed with "p50" or "p99".
+func quantiles(legend, bucket, by string) []query {
+	var out []query
+	for _, p := range []struct{ name, phi string }{{"p50", "0.5"}, {"p99", "0.99"}} {
+		out = append(out, q(strings.TrimSpace(p.name+" "+legend),
+			`histogram_quantile(%s, sum by (%s) (rate(%s{%s}[$__rate_interval])))`,
+			p.phi, strings.TrimPrefix(by+", le", ", "), bucket, sel))
+	}
+	return out
+}
+
 // boards are all of onceflow's dashboards.
 var boards = []board{overview, outboxBoard, inboxBoard, deadLettersBoard, shimBoard, runtimeBoard}
 
@@ -80,10 +93,7 @@ var overview = board{
 		{"Latency", []panel{
 			{title: "Commit to settlement", unit: units.Seconds, width: 12, thresholds: []float64{10, 60},
 				description: "From the orders commit (the order event's occurredAt) to the settlement recorded at the third party: the whole path, through two outboxes, Kafka twice and two inboxes. Healthy: p50 well under a second, p99 a few seconds. A rising p99 with flat throughput points at a backlog: see the outbox and consumer dashboards.",
-				queries: []query{
-					q("p50", `histogram_quantile(0.5, sum by (le) (rate(shim_settlement_lag_seconds_bucket{%s}[$__rate_interval])))`, sel),
-					q("p99", `histogram_quantile(0.99, sum by (le) (rate(shim_settlement_lag_seconds_bucket{%s}[$__rate_interval])))`, sel),
-				}},
+				queries:     quantiles("", "shim_settlement_lag_seconds_bucket", "")},
 			{title: "Outbox publish lag p99", unit: units.Seconds, width: 12, thresholds: []float64{1, 60},
 				description: "From the business commit to the broker's acknowledgement, per producing service. Healthy: tens of milliseconds; seconds mean the relay is retrying or starved.",
 				queries:     []query{q("{{service}}", `histogram_quantile(0.99, sum by (service, le) (rate(outbox_publish_lag_seconds_bucket{%s}[$__rate_interval])))`, sel)}},
@@ -143,10 +153,7 @@ var outboxBoard = board{
 				queries:     []query{q("{{service}}", `sum by (service) (rate(outbox_published_total{%s}[$__rate_interval]))`, sel)}},
 			{title: "Publish lag", unit: units.Seconds, thresholds: []float64{1, 60},
 				description: "Commit to broker acknowledgement. Healthy: p50 a few milliseconds, p99 under 100 ms (the relay wakes on commit). Seconds mean retries or a slow broker.",
-				queries: []query{
-					q("p50 {{service}}", `histogram_quantile(0.5, sum by (service, le) (rate(outbox_publish_lag_seconds_bucket{%s}[$__rate_interval])))`, sel),
-					q("p99 {{service}}", `histogram_quantile(0.99, sum by (service, le) (rate(outbox_publish_lag_seconds_bucket{%s}[$__rate_interval])))`, sel),
-				}},
+				queries:     quantiles("{{service}}", "outbox_publish_lag_seconds_bucket", "service")},
 			{title: "Failures, retries and rows gone dead", unit: units.OpsPerSecond,
 				description: "Publish attempts that failed because of the message (too large, refused by a topic policy; each row counts, MaxAttempts make it dead), events published on a retry, and rows that went dead. Healthy: all zero. A broker outage does not show here (see Kafka errors): it is waited out without charging rows.",
 				queries: []query{
@@ -156,10 +163,7 @@ var outboxBoard = board{
 				}},
 			{title: "Batch size", unit: units.Short, width: 12,
 				description: "Rows per relay batch. Healthy: 1 to a few at low load (the relay wakes on each commit); growing towards the batch size (500) means the relay is falling behind.",
-				queries: []query{
-					q("p50 {{service}}", `histogram_quantile(0.5, sum by (service, le) (rate(outbox_batch_size_bucket{%s}[$__rate_interval])))`, sel),
-					q("p99 {{service}}", `histogram_quantile(0.99, sum by (service, le) (rate(outbox_batch_size_bucket{%s}[$__rate_interval])))`, sel),
-				}},
+				queries:     quantiles("{{service}}", "outbox_batch_size_bucket", "service")},
 			{title: "Owned partitions per relay", unit: units.Short, width: 12,
 				description: "Logical outbox partitions (64 per service) each relay instance owns. Healthy: the 64 split evenly across a service's instances; a service whose instances own fewer than 64 in total is rebalancing or has lost a relay.",
 				queries:     []query{q("{{service}} {{instance}}", `sum by (service, instance) (outbox_owned_partitions{%s})`, sel)}},
@@ -203,10 +207,7 @@ var inboxBoard = board{
 				queries:     []query{q("{{service}} {{consumer}}", `sum by (service, consumer) (rate(inbox_duplicates_total{%[1]s}[$__rate_interval])) / clamp_min(sum by (service, consumer) (rate(inbox_processed_total{%[1]s}[$__rate_interval]) + rate(inbox_duplicates_total{%[1]s}[$__rate_interval]) + rate(inbox_stale_total{%[1]s}[$__rate_interval])), 1e-9)`, sel)}},
 			{title: "Processing time", unit: units.Seconds, thresholds: []float64{0.5, 5},
 				description: "Time to handle one message, its share of the batch transaction included. Healthy: p99 in milliseconds for billing; the shim's includes the third party's answer.",
-				queries: []query{
-					q("p50 {{service}}", `histogram_quantile(0.5, sum by (service, le) (rate(inbox_processing_seconds_bucket{%s}[$__rate_interval])))`, sel),
-					q("p99 {{service}}", `histogram_quantile(0.99, sum by (service, le) (rate(inbox_processing_seconds_bucket{%s}[$__rate_interval])))`, sel),
-				}},
+				queries:     quantiles("{{service}}", "inbox_processing_seconds_bucket", "service")},
 		}},
 		{"Trouble", []panel{
 			{title: "Handler failures per second", unit: units.OpsPerSecond,
@@ -280,10 +281,7 @@ var shimBoard = board{
 				queries:     []query{q("{{kind}} {{outcome}}", `sum by (kind, outcome) (rate(shim_forwards_total{%s}[$__rate_interval]))`, sel)}},
 			{title: "Commit to settlement", unit: units.Seconds, thresholds: []float64{10, 60},
 				description: "From the orders commit to the settlement recorded, by kind. Healthy: p99 a few seconds.",
-				queries: []query{
-					q("p50 {{kind}}", `histogram_quantile(0.5, sum by (kind, le) (rate(shim_settlement_lag_seconds_bucket{%s}[$__rate_interval])))`, sel),
-					q("p99 {{kind}}", `histogram_quantile(0.99, sum by (kind, le) (rate(shim_settlement_lag_seconds_bucket{%s}[$__rate_interval])))`, sel),
-				}},
+				queries:     quantiles("{{kind}}", "shim_settlement_lag_seconds_bucket", "kind")},
 			{title: "Uncertain forwards", unit: units.Short, thresholds: []float64{1},
 				description: "Payments the shim could not tell were settled or not, in the last hour: reconcile each against the third party's ledger. Healthy: 0.",
 				queries:     []query{q("{{consumer}}", `sum by (consumer) (increase(inbox_uncertain_total{%s, service="reconciler-shim"}[1h]))`, sel)}},

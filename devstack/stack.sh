@@ -512,18 +512,24 @@ stop_pid() {
   kill -KILL "$pid"
 }
 
-kafka_down() {
-  local pid
-  if ! pid=$(kafka_pid); then
-    rm -f "$KAFKA_PID"
-    say "kafka: not running"
+# stop_server stops the server name whose pid the function pidof prints
+# (stop_pid) and removes its pid file.
+stop_server() {
+  local name=$1 pidof=$2 pidfile=$3 pid
+  if ! pid=$("$pidof"); then
+    rm -f "$pidfile"
+    say "$name: not running"
     return
   fi
+  stop_pid "$name" "$pid"
+  rm -f "$pidfile"
+  say "$name: stopped (was pid $pid)"
+}
+
+kafka_down() {
   # SIGTERM lets the broker flush and close its logs cleanly, so the next start
   # skips log recovery; SIGKILL only if it hangs.
-  stop_pid kafka "$pid"
-  rm -f "$KAFKA_PID"
-  say "kafka: stopped (was pid $pid)"
+  stop_server kafka kafka_pid "$KAFKA_PID"
 }
 
 kafka_status() {
@@ -606,17 +612,7 @@ prom_up() {
   say "prometheus: ready on http://127.0.0.1:$PROM_PORT (targets: $PROM_TARGETS; alerts: /alerts)"
 }
 
-prom_down() {
-  local pid
-  if ! pid=$(prom_pid); then
-    rm -f "$PROM_PID"
-    say "prometheus: not running"
-    return
-  fi
-  stop_pid prometheus "$pid"
-  rm -f "$PROM_PID"
-  say "prometheus: stopped (was pid $pid)"
-}
+prom_down() { stop_server prometheus prom_pid "$PROM_PID"; }
 
 prom_status() {
   local pid

@@ -100,6 +100,31 @@ export function constantRate(rate, duration) {
   };
 }
 
+// rampingRate is the orders scenario of a changing load: from startRate
+// through k6's stages ({ duration, target } in orders/s).
+export function rampingRate(startRate, stages) {
+  return {
+    executor: 'ramping-arrival-rate',
+    startRate,
+    timeUnit: '1s',
+    stages,
+    preAllocatedVUs: 20,
+    maxVUs,
+    exec: 'order',
+  };
+}
+
+// taggedProbe is the probe scenario's function of a script that tags each
+// lag sample by when its order was placed: tagOf(ms since the load started).
+//   export const probeLoop = taggedProbe((sinceStartMs) => ({ step: stepOf(sinceStartMs) }));
+export function taggedProbe(tagOf) {
+  let start = 0;
+  return function probeLoop() {
+    start = start || exec.scenario.startTime;
+    probe((placedMs) => tagOf(placedMs - start));
+  };
+}
+
 // The lifecycle of a scenario without tags; scripts re-export what fits:
 //   export { setup, order, probeLoop, teardown } from './lib.js';
 export function setup() {

@@ -10,7 +10,7 @@
 // the current step's orders are unsettled, iterations skip placing orders
 // (they count as not achieved), which keeps the run's length bounded.
 import exec from 'k6/execution';
-import { audit, maxVUs, placeOrder, platform, probe, probeScenario, report, seconds, setupRun, summarize, withDefaults } from './lib.js';
+import { audit, placeOrder, platform, probeScenario, rampingRate, report, seconds, setupRun, summarize, taggedProbe, withDefaults } from './lib.js';
 
 const steps = (__ENV.STEPS || '100,200,300,400,500,600,800,1000,1500,2000').split(',').map(Number);
 const stepDuration = __ENV.STEP_DURATION || '10s';
@@ -44,15 +44,7 @@ for (const rate of steps) {
 
 export const options = withDefaults({
   scenarios: {
-    orders: {
-      executor: 'ramping-arrival-rate',
-      startRate: steps[0],
-      timeUnit: '1s',
-      stages,
-      preAllocatedVUs: 20,
-      maxVUs,
-      exec: 'order',
-    },
+    orders: rampingRate(steps[0], stages),
     probe: probeScenario(`${total}s`),
   },
   thresholds,
@@ -71,12 +63,7 @@ export function order() {
   placeOrder({ step });
 }
 
-let start = 0;
-
-export function probeLoop() {
-  start = start || exec.scenario.startTime;
-  probe((placedMs) => ({ step: stepOf(placedMs - start) }));
-}
+export const probeLoop = taggedProbe((sinceStartMs) => ({ step: stepOf(sinceStartMs) }));
 
 export function teardown(data) {
   // teardown has no scenario; the orders' start is the test's start, within

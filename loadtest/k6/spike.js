@@ -6,7 +6,7 @@
 //
 //   bin/k6 run -e SPIKE_RATE=1500 loadtest/k6/spike.js
 import exec from 'k6/execution';
-import { audit, maxVUs, placeOrder, probe, probeScenario, report, seconds, setupRun, summarize, withDefaults } from './lib.js';
+import { audit, placeOrder, probeScenario, rampingRate, report, seconds, setupRun, summarize, taggedProbe, withDefaults } from './lib.js';
 
 const base = Number(__ENV.BASE_RATE || 100);
 const spike = Number(__ENV.SPIKE_RATE || 1000);
@@ -31,21 +31,13 @@ for (const phase of ['before', 'spike', 'after']) {
 
 export const options = withDefaults({
   scenarios: {
-    orders: {
-      executor: 'ramping-arrival-rate',
-      startRate: base,
-      timeUnit: '1s',
-      stages: [
-        { duration: `${before}s`, target: base },
-        { duration: '0s', target: spike },
-        { duration: spikeDuration, target: spike },
-        { duration: '0s', target: base },
-        { duration: `${after}s`, target: base },
-      ],
-      preAllocatedVUs: 20,
-      maxVUs,
-      exec: 'order',
-    },
+    orders: rampingRate(base, [
+      { duration: `${before}s`, target: base },
+      { duration: '0s', target: spike },
+      { duration: spikeDuration, target: spike },
+      { duration: '0s', target: base },
+      { duration: `${after}s`, target: base },
+    ]),
     probe: probeScenario(`${total}s`),
   },
   thresholds,
@@ -59,12 +51,7 @@ export function order() {
   placeOrder({ phase: phaseOf(Date.now() - exec.scenario.startTime) });
 }
 
-let start = 0;
-
-export function probeLoop() {
-  start = start || exec.scenario.startTime;
-  probe((placedMs) => ({ phase: phaseOf(placedMs - start) }));
-}
+export const probeLoop = taggedProbe((sinceStartMs) => ({ phase: phaseOf(sinceStartMs) }));
 
 export function teardown(data) {
   audit(data, (placedMs) => ({ phase: phaseOf(placedMs - data.startedAt) }));

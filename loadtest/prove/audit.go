@@ -114,16 +114,7 @@ func (p *Platform) audit(ctx context.Context, accepted map[uuid.UUID]time.Time) 
 	// (OrdersWithoutCharge), and orphans as ChargesWithoutOrder. Under
 	// Debezium the rows stay (until OUTBOX_RETENTION).
 	if (p.relayMode() == "poll" || p.relayMode() == "debezium") && (len(events) > 0 || p.publishMode() == "outbox") {
-		for id := range orders {
-			if events[id] == 0 {
-				a.EventlessOrders++
-			}
-		}
-		for id := range events {
-			if !orders[id] {
-				a.OrphanEvents++
-			}
-		}
+		a.EventlessOrders, a.OrphanEvents = notIn(orders, events), notIn(events, orders)
 	}
 	if err := p.ordersPool.QueryRow(ctx, pendingQuery(p.relayMode())).Scan(&a.OrdersPending); err != nil {
 		return a, err
@@ -136,16 +127,7 @@ func (p *Platform) audit(ctx context.Context, accepted map[uuid.UUID]time.Time) 
 		return a, err
 	}
 	a.Charges = len(charges)
-	for id := range orders {
-		if !charges[id] {
-			a.OrdersWithoutCharge++
-		}
-	}
-	for id := range charges {
-		if !orders[id] {
-			a.ChargesWithoutOrder++
-		}
-	}
+	a.OrdersWithoutCharge, a.ChargesWithoutOrder = notIn(orders, charges), notIn(charges, orders)
 	if err := p.billingPool.QueryRow(ctx, pendingQuery(p.billingRelayMode())).Scan(&a.BillingPending); err != nil {
 		return a, err
 	}
@@ -181,11 +163,7 @@ func (p *Platform) audit(ctx context.Context, accepted map[uuid.UUID]time.Time) 
 		a.LedgerDuplicateKeys += n - 1
 	}
 	a.SettledOrders = len(booked)
-	for id := range charges {
-		if booked[id] == 0 {
-			a.ChargesWithoutSettlement++
-		}
-	}
+	a.ChargesWithoutSettlement = notIn(charges, booked)
 	for id := range charges {
 		a.DuplicateEffects += max(0, captured[id]-1, booked[id]-1)
 	}
@@ -212,11 +190,7 @@ func (p *Platform) auditCancellations(ctx context.Context, a *Audit, refundsBook
 			a.CancelledNotRefunded++
 		}
 	}
-	for id := range refunded {
-		if refundsBooked[id] == 0 {
-			a.RefundsWithoutSettlement++
-		}
-	}
+	a.RefundsWithoutSettlement = notIn(refunded, refundsBooked)
 	refundEvents, err := countBy(ctx, p.billingPool, `SELECT aggregate_id FROM outbox_events WHERE event_type = 'PaymentRefunded'`)
 	if err != nil {
 		return err
@@ -260,23 +234,22 @@ func pendingQuery(mode string) string {
 		WHERE state = 'dead' OR id > coalesce((SELECT max(confirmed_id) FROM outbox_cdc_slots), 0)`
 }
 
+// idSet is the set of ids sql returns.
 func idSet(ctx context.Context, db interface {
 	Query(context.Context, string, ...any) (pgx.Rows, error)
 }, sql string) (map[string]bool, error) {
-	rows, err := db.Query(ctx, sql)
+	counts, err := countBy(ctx, db, sql)
 	if err != nil {
 		return nil, err
 	}
-	ids, err := pgx.CollectRows(rows, pgx.RowTo[string])
-	if err != nil {
-		return nil, err
-	}
-	out := make(map[string]bool, len(ids))
-	for _, id := range ids {
+	out := make(map[string]bool, len(counts))
+	for id := range counts {
 		out[id] = true
 	}
 	return out, nil
 }
+
+// countBy counts how many times sql returns each id.
 
 func countBy(ctx context.Context, db interface {
 	Query(context.Context, string, ...any) (pgx.Rows, error)
@@ -294,6 +267,18 @@ func countBy(ctx context.Context, db interface {
 		out[id]++
 	}
 	return out, nil
+}
+
+// notIn counts the ids of from that in does not hold. Both maps hold only
+// the ids seen (idSet, countBy), so holding an id is having seen it.
+func notIn[A, B any](from map[string]A, in map[string]B) int {
+	n := 0
+	for id := range from {
+		if _, ok := in[id]; !ok {
+			n++
+		}
+	}
+	return n
 }
 
 // progress is the cheap view waitQuiet watches.

@@ -19,6 +19,40 @@ type fault struct {
 	clear  func(ctx context.Context) error
 }
 
+// recoveries are what a proof says of the faults it injected one after
+// the other: each fault with how long a probe order placed after it took to
+// be booked by the third party (Harness.probe), and the worst of those.
+type recoveries struct {
+	notes []string
+	worst float64
+}
+
+// recovered logs and notes that the probe order placed after fault was
+// booked took later.
+func (r *recoveries) recovered(h *Harness, fault string, took time.Duration) {
+	h.logf("    recovered: a probe order placed after the fault was booked by the third party %.1fs later", took.Seconds())
+	r.notes = append(r.notes, fmt.Sprintf("%s (recovered in %.1fs)", fault, took.Seconds()))
+	r.worst = max(r.worst, took.Seconds())
+}
+
+// apply injects f, lets it last its hold (under the proof's load) and
+// clears it.
+func (h *Harness) apply(ctx context.Context, f fault) error {
+	h.logf("  fault: %s", f.name)
+	if err := f.inject(ctx); err != nil {
+		return fmt.Errorf("injecting %q: %w", f.name, err)
+	}
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-time.After(f.hold):
+	}
+	if err := f.clear(ctx); err != nil {
+		return fmt.Errorf("clearing %q: %w", f.name, err)
+	}
+	return nil
+}
+
 // chaos: under steady load, Kafka and Postgres are restarted, the network
 // between the services and them turns slow, resets connections and stalls,
 // the third party answers 500s and hangs, and the shim is killed after its
@@ -89,28 +123,16 @@ func (h *Harness) chaos(ctx context.Context, _ bool) Row {
 	go func() { d.Drive(lctx, 3, 10, 0, 1<<30, nil); close(loadDone) }()
 	defer func() { stopLoad(); <-loadDone }()
 
-	var notes []string
-	worst := 0.0
+	var rec recoveries
 	for _, f := range faults {
-		h.logf("  fault: %s", f.name)
-		if err := f.inject(ctx); err != nil {
-			return fail(row, fmt.Errorf("injecting %q: %w", f.name, err))
-		}
-		select {
-		case <-ctx.Done():
-			return fail(row, ctx.Err())
-		case <-time.After(f.hold): // the fault lasts this long, under load
-		}
-		if err := f.clear(ctx); err != nil {
-			return fail(row, fmt.Errorf("clearing %q: %w", f.name, err))
+		if err := h.apply(ctx, f); err != nil {
+			return fail(row, err)
 		}
 		took, err := h.probe(ctx, p, d)
 		if err != nil {
 			return fail(row, fmt.Errorf("after %q: %w", f.name, err))
 		}
-		h.logf("    recovered: a probe order placed after the fault was booked by the third party %.1fs later", took.Seconds())
-		notes = append(notes, fmt.Sprintf("%s (recovered in %.1fs)", f.name, took.Seconds()))
-		worst = max(worst, took.Seconds())
+		rec.recovered(h, f.name, took)
 	}
 	// The shim's crash points fire as its budget allows; keep the load on
 	// until they did.
@@ -162,10 +184,10 @@ func (h *Harness) chaos(ctx context.Context, _ bool) Row {
 		return fail(row, err)
 	}
 	row.Faults = len(faults) + p.Shim.Crashes()
-	row.FaultsDesc = strings.Join(notes, "; ") + fmt.Sprintf("; %d SIGKILLs of the shim at %s", p.Shim.Crashes(), crashAfterEffect)
+	row.FaultsDesc = strings.Join(rec.notes, "; ") + fmt.Sprintf("; %d SIGKILLs of the shim at %s", p.Shim.Crashes(), crashAfterEffect)
 	row.Absorbed = p.absorbed()
-	row.RecoverySeconds = worst
-	for _, n := range notes {
+	row.RecoverySeconds = rec.worst
+	for _, n := range rec.notes {
 		row.check(true, "injected: %s", n)
 	}
 	row.check(true, "outbox events that went dead during the outages and an operator requeued (POST /admin/outbox/requeue): %d", requeued)

@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"sync"
 	"time"
 
 	"github.com/onceflow/onceflow/platform/harness"
@@ -31,10 +30,7 @@ type Debezium struct {
 	c     *harness.Connect
 	slot  string
 	admin func(ctx context.Context, slot string) (bool, error)
-
-	mu       sync.Mutex
-	kills    int
-	lastKill time.Time
+	kills kills
 }
 
 // debeziumSlot is the connector's slot for a platform whose orders database
@@ -91,10 +87,7 @@ func (d *Debezium) Kill(ctx context.Context) error {
 	if err := d.c.Kill(ctx); err != nil {
 		return err
 	}
-	d.mu.Lock()
-	d.kills++
-	d.lastKill = time.Now()
-	d.mu.Unlock()
+	d.kills.add()
 	return nil
 }
 
@@ -102,18 +95,10 @@ func (d *Debezium) Kill(ctx context.Context) error {
 func (d *Debezium) Restart(ctx context.Context) error { return d.up(ctx) }
 
 // Kills is how many times the worker was SIGKILLed.
-func (d *Debezium) Kills() int {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	return d.kills
-}
+func (d *Debezium) Kills() int { return d.kills.count() }
 
 // LastKill is when the worker was last SIGKILLed.
-func (d *Debezium) LastKill() time.Time {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	return d.lastKill
-}
+func (d *Debezium) LastKill() time.Time { return d.kills.lastAt() }
 
 // Stop stops the worker (SIGTERM), if it runs.
 func (d *Debezium) Stop() { _ = d.c.Down(context.Background()) }

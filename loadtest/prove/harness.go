@@ -351,10 +351,8 @@ func (h *Harness) runJob(ctx context.Context, stack *Stack, j job) Row {
 	hj.logf("%s (%s): %s in %.0fs — faults %d, orders %d, lost %d, duplicated %d, out of order %d, absorbed %d, recovery %s%s",
 		j.proof.Name, mode, row.Status, row.Seconds, row.Faults, row.Orders, row.Lost, row.Duplicated, row.OutOfOrder, row.Absorbed,
 		recovery(row.RecoverySeconds), errSuffix(row.Error))
-	for _, c := range row.Checks {
-		if !c.OK {
-			hj.logf("   broken: %s", c.What)
-		}
+	for _, what := range row.Broken() {
+		hj.logf("   broken: %s", what)
 	}
 	return row
 }

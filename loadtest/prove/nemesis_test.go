@@ -1,11 +1,9 @@
 package prove_test
 
 import (
-	"bytes"
 	"context"
 	"os"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -30,13 +28,7 @@ func TestQuickNemesis(t *testing.T) {
 	root := harness.Root(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)
 	defer cancel()
-	seed := time.Now().UnixNano() % 1_000_000
-	if v := os.Getenv("ONCEFLOW_NEMESIS_SEED"); v != "" {
-		var err error
-		if seed, err = strconv.ParseInt(v, 10, 64); err != nil {
-			t.Fatalf("ONCEFLOW_NEMESIS_SEED=%q: %v", v, err)
-		}
-	}
+	seed := envInt(t, "ONCEFLOW_NEMESIS_SEED", time.Now().UnixNano()%1_000_000)
 	modes := []string{"poll", "cdc", "wal"}
 	mode := modes[seed%int64(len(modes))]
 	opts := prove.Options{Root: root, Dir: filepath.Join(root, ".prove", "test-nemesis"), Profile: prove.Profiles["quick"],
@@ -46,14 +38,7 @@ func TestQuickNemesis(t *testing.T) {
 		opts.Nemesis.Kinds = strings.Split(v, ",")
 	}
 	t.Logf("SEED=%d RELAY_MODE=%s (replay: ONCEFLOW_NEMESIS_SEED=%d go test -run TestQuickNemesis ./loadtest/prove/)", seed, mode, seed)
-	rep, err := prove.Run(ctx, opts)
-	if err != nil {
-		t.Fatalf("the harness could not run (not a finding): %v\n(it starts PostgreSQL and Kafka with devstack/stack.sh: "+
-			"run `make up` once to see what is missing, and see docs/proofs.md)", err)
-	}
-	var table bytes.Buffer
-	rep.Table(&table)
-	t.Logf("\n%s", table.String())
+	rep := runQuick(t, ctx, opts)
 	if len(rep.Rows) != 1 {
 		t.Fatalf("want one report row for the nemesis, got %d", len(rep.Rows))
 	}
@@ -64,13 +49,7 @@ func TestQuickNemesis(t *testing.T) {
 	if r.Faults == 0 {
 		t.Fatalf("the nemesis applied no fault (SEED=%d)", seed)
 	}
-	var findings []string
-	for _, c := range r.Checks {
-		if !c.OK {
-			findings = append(findings, c.What)
-		}
-	}
-	if len(findings) > 0 {
+	if findings := r.Broken(); len(findings) > 0 {
 		t.Errorf("the nemesis found violations (SEED=%d RELAY_MODE=%s; each finding's story is in the log above, "+
 			"the history beside the run's logs):\n  %s", seed, mode, strings.Join(findings, "\n  "))
 	}

@@ -32,6 +32,34 @@ func build(ctx context.Context, root, dir string, logf func(string, ...any)) (ma
 	return out, nil
 }
 
+// kills counts the SIGKILLs a process took and remembers when the last one
+// landed: a proof's fault count and the start of its recovery time. Proc and
+// Debezium each keep one.
+type kills struct {
+	mu   sync.Mutex
+	n    int
+	last time.Time
+}
+
+func (k *kills) add() {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	k.n++
+	k.last = time.Now()
+}
+
+func (k *kills) count() int {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	return k.n
+}
+
+func (k *kills) lastAt() time.Time {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	return k.last
+}
+
 // stopGrace is how long a graceful stop waits after SIGTERM before it
 // kills and counts a hang.
 const stopGrace = 20 * time.Second
@@ -52,8 +80,7 @@ type Proc struct {
 	mu       sync.Mutex
 	stopping bool
 	done     chan struct{} // closed when the supervisor returns
-	crashes  int
-	lastKill time.Time
+	crashes  kills
 	// exits counts the lifetimes that ended neither by SIGKILL (the
 	// harness's or an armed crash point's) nor by Stop: the process gave up
 	// by itself, which a production-shaped proof counts as a failure.
@@ -113,8 +140,7 @@ func (p *Proc) supervise(done chan struct{}) {
 		p.gen++
 		killed := harness.Killed(err)
 		if killed {
-			p.crashes++
-			p.lastKill = time.Now()
+			p.crashes.add()
 		}
 		if !killed && !p.stopping {
 			p.exits++
@@ -188,18 +214,10 @@ func (p *Proc) Counter(name string) float64 {
 }
 
 // Crashes is how many times the process died of SIGKILL.
-func (p *Proc) Crashes() int {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	return p.crashes
-}
+func (p *Proc) Crashes() int { return p.crashes.count() }
 
 // LastKill is when the process last died of SIGKILL.
-func (p *Proc) LastKill() time.Time {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	return p.lastKill
-}
+func (p *Proc) LastKill() time.Time { return p.crashes.lastAt() }
 
 // Exits is how many times the process ended by itself: not by SIGKILL, not
 // by Stop. A service must ride out a broker or database outage in the

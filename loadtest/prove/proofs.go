@@ -45,6 +45,17 @@ func endToEnd(row *Row, a Audit) {
 	row.check(a.OrdersPending == 0 && a.BillingPending == 0, "both outboxes drained (%d and %d pending)", a.OrdersPending, a.BillingPending)
 }
 
+// placeAndSettle places the profile's orders on p, four at a time and
+// unpaced, and waits until p is quiet: the calm start of a proof whose fault
+// comes afterwards. The driver knows the orders the API accepted.
+func (h *Harness) placeAndSettle(ctx context.Context, p *Platform) (*Driver, error) {
+	d := newDriver(p.API.URL(), p.Name)
+	h.logf("  placing %d orders …", h.prof.Orders)
+	d.Drive(ctx, 4, 0, h.prof.Orders, h.prof.Orders, nil)
+	_, err := p.waitQuiet(ctx, h.prof.Stable)
+	return d, err
+}
+
 // settleAndAudit waits until p is quiet and audits it.
 func (h *Harness) settleAndAudit(ctx context.Context, p *Platform, d *Driver) (Audit, time.Time, error) {
 	accepted, gaveUp, retries := d.Stats()

@@ -36,10 +36,8 @@ func (h *Harness) redelivery(ctx context.Context, naive bool) Row {
 		return fail(row, err)
 	}
 	defer p.Close()
-	d := newDriver(p.API.URL(), p.Name)
-	h.logf("  placing %d orders …", h.prof.Orders)
-	d.Drive(ctx, 4, 0, h.prof.Orders, h.prof.Orders, nil)
-	if _, err := p.waitQuiet(ctx, h.prof.Stable); err != nil {
+	d, err := h.placeAndSettle(ctx, p)
+	if err != nil {
 		return fail(row, err)
 	}
 	brokers := h.stack.Brokers()

@@ -308,31 +308,21 @@ func (h *Harness) kafkaOutage(ctx context.Context, _ bool) Row {
 			func(context.Context) error { return nil }},
 		{fmt.Sprintf("PostgreSQL stopped for %s", prof.Postgres), s.StopPostgres, prof.Postgres, s.StartServers},
 	}
-	var notes []string
-	worst := 0.0
+	var rec recoveries
 	for _, f := range faults {
-		h.logf("  fault: %s", f.name)
-		if err := f.inject(ctx); err != nil {
-			return fail(row, fmt.Errorf("injecting %q: %w", f.name, err))
-		}
-		if err := hold(f.hold); err != nil {
+		if err := h.apply(ctx, f); err != nil {
 			return fail(row, err)
-		}
-		if err := f.clear(ctx); err != nil {
-			return fail(row, fmt.Errorf("clearing %q: %w", f.name, err))
 		}
 		took, err := h.probe(ctx, p, d)
 		if err != nil {
 			// Keep going: the later faults and the audit say more than a stop here.
 			h.logf("    NOT recovered: %v", err)
 			row.check(false, "after %s a probe order was booked by the third party (%v)", f.name, err)
-			notes = append(notes, f.name+" (not recovered within 3 minutes)")
+			rec.notes = append(rec.notes, f.name+" (not recovered within 3 minutes)")
 			continue
 		}
-		h.logf("    recovered: a probe order placed after the fault was booked by the third party %.1fs later", took.Seconds())
+		rec.recovered(h, f.name, took)
 		row.check(true, "after %s a probe order was booked by the third party %.1fs later", f.name, took.Seconds())
-		notes = append(notes, fmt.Sprintf("%s (recovered in %.1fs)", f.name, took.Seconds()))
-		worst = max(worst, took.Seconds())
 	}
 	stopLoad()
 	a, _, err := h.settleAndAudit(ctx, p, d)
@@ -342,9 +332,9 @@ func (h *Harness) kafkaOutage(ctx context.Context, _ bool) Row {
 	p.offsetsAtEnd(ctx, &row)
 	deadOrders, deadBilling := countDead(ctx, p.ordersPool), countDead(ctx, p.billingPool)
 	row.Faults = len(faults) - 1 + prof.Restarts
-	row.FaultsDesc = strings.Join(notes, "; ")
+	row.FaultsDesc = strings.Join(rec.notes, "; ")
 	row.Absorbed = p.absorbed()
-	row.RecoverySeconds = worst
+	row.RecoverySeconds = rec.worst
 	row.check(deadOrders == 0 && deadBilling == 0, "0 dead outbox rows: an outage is not an event's fault (orders %d, billing %d)", deadOrders, deadBilling)
 	prodChecks(&row, p, a, d)
 	return row

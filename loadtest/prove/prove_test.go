@@ -41,23 +41,9 @@ func TestQuickProofs(t *testing.T) {
 			}
 		}
 	}
-	parallel := 3
-	if v := os.Getenv("ONCEFLOW_PROVE_PARALLEL"); v != "" {
-		var err error
-		if parallel, err = strconv.Atoi(v); err != nil {
-			t.Fatalf("ONCEFLOW_PROVE_PARALLEL=%q: %v", v, err)
-		}
-	}
-	out := &lineLogger{t: t}
-	rep, err := prove.Run(ctx, prove.Options{Root: root, Dir: filepath.Join(root, ".prove", "test"),
-		Profile: prove.Profiles["quick"], Out: out, Only: only, Parallel: parallel})
-	if err != nil {
-		t.Fatalf("the harness could not run: %v\n(it starts PostgreSQL and Kafka with devstack/stack.sh: "+
-			"run `make up` once to see what is missing, and see docs/proofs.md)", err)
-	}
-	var table bytes.Buffer
-	rep.Table(&table)
-	t.Logf("\n%s", table.String())
+	parallel := int(envInt(t, "ONCEFLOW_PROVE_PARALLEL", 3))
+	rep := runQuick(t, ctx, prove.Options{Root: root, Dir: filepath.Join(root, ".prove", "test"),
+		Profile: prove.Profiles["quick"], Out: &lineLogger{t: t}, Only: only, Parallel: parallel})
 
 	want := map[string]bool{}
 	for _, p := range prove.Proofs {
@@ -80,13 +66,7 @@ func TestQuickProofs(t *testing.T) {
 			t.Errorf("%s (%s): %s; a naive mode must lose or duplicate under the fault (lost %d, duplicated %d)",
 				r.Proof, r.Mode, r.Status, r.Lost, r.Duplicated)
 		case !r.Naive && r.Status != prove.Pass:
-			var broken []string
-			for _, c := range r.Checks {
-				if !c.OK {
-					broken = append(broken, c.What)
-				}
-			}
-			t.Errorf("%s (%s): %s %s; broken: %s", r.Proof, r.Mode, r.Status, r.Error, strings.Join(broken, "; "))
+			t.Errorf("%s (%s): %s %s; broken: %s", r.Proof, r.Mode, r.Status, r.Error, strings.Join(r.Broken(), "; "))
 		}
 		if r.Faults == 0 {
 			t.Errorf("%s (%s) injected no fault", r.Proof, r.Mode)
@@ -95,6 +75,36 @@ func TestQuickProofs(t *testing.T) {
 	for missing := range want {
 		t.Errorf("no report row for %s", missing)
 	}
+}
+
+// runQuick runs the proofs opts names and logs the report's table. A
+// harness that could not run is no finding: t fails saying where to look.
+func runQuick(t *testing.T, ctx context.Context, opts prove.Options) *prove.Report {
+	t.Helper()
+	rep, err := prove.Run(ctx, opts)
+	if err != nil {
+		t.Fatalf("the harness could not run (not a finding): %v\n(it starts PostgreSQL and Kafka with devstack/stack.sh: "+
+			"run `make up` once to see what is missing, and see docs/proofs.md)", err)
+	}
+	var table bytes.Buffer
+	rep.Table(&table)
+	t.Logf("\n%s", table.String())
+	return rep
+}
+
+// envInt is the integer the environment variable name holds, or def when it
+// is unset; anything else fails t.
+func envInt(t *testing.T, name string, def int64) int64 {
+	t.Helper()
+	v := os.Getenv(name)
+	if v == "" {
+		return def
+	}
+	n, err := strconv.ParseInt(v, 10, 64)
+	if err != nil {
+		t.Fatalf("%s=%q: %v", name, v, err)
+	}
+	return n
 }
 
 // lineLogger sends the harness's progress to t.Log, a line at a time.

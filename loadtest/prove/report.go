@@ -48,6 +48,17 @@ type Check struct {
 	OK   bool   `json:"ok"`
 }
 
+// Broken lists what the checks that did not hold say.
+func (r Row) Broken() []string {
+	var broken []string
+	for _, c := range r.Checks {
+		if !c.OK {
+			broken = append(broken, c.What)
+		}
+	}
+	return broken
+}
+
 func (r *Row) check(ok bool, format string, args ...any) {
 	r.Checks = append(r.Checks, Check{What: fmt.Sprintf(format, args...), OK: ok})
 }

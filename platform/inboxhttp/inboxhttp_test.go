@@ -16,9 +16,9 @@ import (
 
 	"github.com/onceflow/onceflow/pkg/event"
 	"github.com/onceflow/onceflow/pkg/inbox"
+	"github.com/onceflow/onceflow/pkg/inbox/inboxtest"
 	"github.com/onceflow/onceflow/platform/inboxhttp"
 	"github.com/onceflow/onceflow/platform/kafkautil"
-	"github.com/onceflow/onceflow/platform/pgutil"
 	"github.com/onceflow/onceflow/platform/testinfra"
 )
 
@@ -26,7 +26,7 @@ func TestHandlerDeadLetterEndpoints(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	brokers := testinfra.KafkaBrokers(t)
-	pool := testinfra.NewPool(t, testinfra.NewMigratedDatabase(t, pgutil.Migration{FS: inbox.Migrations, Table: inbox.MigrationsTable}))
+	pool := inboxtest.NewDatabase(t)
 	original := testinfra.NewTopic(t, brokers, 1)
 	dlt := original + ".dlt"
 	testinfra.NewTopicNamed(t, brokers, dlt, 1)
@@ -190,7 +190,7 @@ func TestHandlerListsParkedEvents(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	brokers := testinfra.KafkaBrokers(t)
-	pool := testinfra.NewPool(t, testinfra.NewMigratedDatabase(t, pgutil.Migration{FS: inbox.Migrations, Table: inbox.MigrationsTable}))
+	pool := inboxtest.NewDatabase(t)
 	w := kafkautil.NewWriter(brokers, 10)
 	defer w.Close()
 	dead, later := uuid.New(), uuid.New()

@@ -17,9 +17,9 @@ import (
 
 	"github.com/onceflow/onceflow/pkg/event"
 	"github.com/onceflow/onceflow/pkg/outbox"
+	"github.com/onceflow/onceflow/pkg/outbox/outboxtest"
 	"github.com/onceflow/onceflow/platform/kafkautil"
 	"github.com/onceflow/onceflow/platform/outboxhttp"
-	"github.com/onceflow/onceflow/platform/pgutil"
 	"github.com/onceflow/onceflow/platform/testinfra"
 )
 
@@ -41,7 +41,7 @@ func TestOperatorActionsInEveryRelayMode(t *testing.T) {
 			start := time.Now().Add(-time.Minute)
 			brokers := testinfra.KafkaBrokers(t)
 			topic := testinfra.NewTopic(t, brokers, 1)
-			pool := testinfra.NewPool(t, testinfra.NewMigratedDatabase(t, pgutil.Migration{FS: outbox.Migrations, Table: outbox.MigrationsTable}))
+			pool := outboxtest.NewDatabase(t)
 			seen := countDeliveries(t, brokers, topic)
 
 			dead := thing("d-1", 1)

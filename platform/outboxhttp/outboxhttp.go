@@ -165,12 +165,7 @@ func Handler(db outbox.DB, mode outbox.RelayMode, logger *slog.Logger) http.Hand
 		apperr.WriteJSON(w, http.StatusOK, map[string]any{"dead": out})
 	})
 	mux.HandleFunc("POST /requeue", func(w http.ResponseWriter, r *http.Request) {
-		body, err := read(w, r)
-		if err != nil {
-			fail(w, r, err)
-			return
-		}
-		req, err := DecodeRequeue(body)
+		req, err := decode(w, r, DecodeRequeue)
 		if err != nil {
 			fail(w, r, err)
 			return
@@ -198,12 +193,7 @@ func Handler(db outbox.DB, mode outbox.RelayMode, logger *slog.Logger) http.Hand
 		apperr.WriteJSON(w, http.StatusOK, map[string]int{"requeued": n})
 	})
 	mux.HandleFunc("POST /replay", func(w http.ResponseWriter, r *http.Request) {
-		body, err := read(w, r)
-		if err != nil {
-			fail(w, r, err)
-			return
-		}
-		req, err := DecodeReplay(body)
+		req, err := decode(w, r, DecodeReplay)
 		if err != nil {
 			fail(w, r, err)
 			return
@@ -258,18 +248,19 @@ func appError(err error) error {
 	return err
 }
 
-// read reads a bounded request body; an oversized one is an
-// *http.MaxBytesError, which apperr.WriteHTTP answers with 413.
-func read(w http.ResponseWriter, r *http.Request) ([]byte, error) {
+// decode reads a bounded request body and parses it; an oversized one is
+// an *http.MaxBytesError, which apperr.WriteHTTP answers with 413.
+func decode[T any](w http.ResponseWriter, r *http.Request, parse func([]byte) (T, error)) (T, error) {
 	b, err := io.ReadAll(http.MaxBytesReader(w, r.Body, maxBody))
 	if err != nil {
+		var zero T
 		var mbe *http.MaxBytesError
 		if errors.As(err, &mbe) {
-			return nil, err
+			return zero, err
 		}
-		return nil, apperr.Errorf(apperr.Malformed, "reading the request body failed")
+		return zero, apperr.Errorf(apperr.Malformed, "reading the request body failed")
 	}
-	return b, nil
+	return parse(b)
 }
 
 type deadEvent struct {

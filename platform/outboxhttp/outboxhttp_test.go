@@ -19,15 +19,15 @@ import (
 
 	"github.com/onceflow/onceflow/pkg/event"
 	"github.com/onceflow/onceflow/pkg/outbox"
+	"github.com/onceflow/onceflow/pkg/outbox/outboxtest"
 	"github.com/onceflow/onceflow/platform/outboxhttp"
-	"github.com/onceflow/onceflow/platform/pgutil"
 	"github.com/onceflow/onceflow/platform/testinfra"
 )
 
 func TestOperatorEndpoints(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	pool := testinfra.NewPool(t, testinfra.NewMigratedDatabase(t, pgutil.Migration{FS: outbox.Migrations, Table: outbox.MigrationsTable}))
+	pool := outboxtest.NewDatabase(t)
 	ev := event.Envelope{
 		EventID: uuid.New(), EventType: "OrderPlaced", EventVersion: 1, AggregateType: "order",
 		AggregateID: "o-1", AggregateVersion: 1, OccurredAt: time.Now(), Payload: []byte(`{}`),

@@ -9,8 +9,8 @@ import (
 	"time"
 
 	"github.com/onceflow/onceflow/pkg/outbox"
+	"github.com/onceflow/onceflow/pkg/outbox/outboxtest"
 	"github.com/onceflow/onceflow/platform/outboxhttp"
-	"github.com/onceflow/onceflow/platform/pgutil"
 	"github.com/onceflow/onceflow/platform/testinfra"
 )
 
@@ -21,7 +21,7 @@ import (
 func TestReplayNeedsAWindowAndIsCapped(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	pool := testinfra.NewPool(t, testinfra.NewMigratedDatabase(t, pgutil.Migration{FS: outbox.Migrations, Table: outbox.MigrationsTable}))
+	pool := outboxtest.NewDatabase(t)
 	const limit = outboxhttp.MaxReplay
 	// limit+1 published events of one aggregate type, in one statement.
 	if _, err := pool.Exec(ctx, `

@@ -1,12 +1,34 @@
 package service
 
 import (
+	"context"
+
 	"github.com/onceflow/onceflow/pkg/inbox"
 	"github.com/onceflow/onceflow/pkg/outbox"
 	"github.com/onceflow/onceflow/platform/inboxhttp"
 	"github.com/onceflow/onceflow/platform/lifecycle"
 	"github.com/onceflow/onceflow/platform/outboxhttp"
 )
+
+// OutboxRelay builds the outbox relay every service with an outbox runs: a
+// publisher as cfg says (its Logger defaults to the service's), writing to
+// w, on a pool of its own (OwnPool, RelayPoolConns): in the pool the API's
+// requests and a consumer's transactions share, each claim would wait for
+// a connection first. It returns the relay's stage for Run.
+func (s *Service) OutboxRelay(ctx context.Context, w outbox.Writer, cfg outbox.PublisherConfig) (lifecycle.Stage, error) {
+	pool, err := s.OwnPool(ctx, RelayPoolConns)
+	if err != nil {
+		return lifecycle.Stage{}, err
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = s.Logger
+	}
+	relay, err := outbox.NewPublisher(pool, w, cfg)
+	if err != nil {
+		return lifecycle.Stage{}, err
+	}
+	return lifecycle.Stage{Name: "outbox relay (" + string(cfg.Mode) + ")", Run: relay.Run}, nil
+}
 
 // OutboxOperations is what every service with an outbox runs beside its
 // relay: the operator routes under /admin/outbox (list, requeue, replay;

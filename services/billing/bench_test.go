@@ -30,7 +30,6 @@ import (
 
 	"github.com/onceflow/onceflow/pkg/event"
 	"github.com/onceflow/onceflow/pkg/inbox"
-	"github.com/onceflow/onceflow/pkg/outbox"
 	"github.com/onceflow/onceflow/pkg/outbox/outboxtest"
 	"github.com/onceflow/onceflow/platform/kafkautil"
 	"github.com/onceflow/onceflow/platform/pgutil"
@@ -235,11 +234,7 @@ func consumeRun(b *testing.B, brokers []string, s consumeSetup) consumeResult {
 	statements := &benchStatements{}
 	pool := benchPool(b, testinfra.NewDatabase(b), s.maxConns, s.syncCommitOff, statements)
 	defer pool.Close() // closed before the statistics are read, and on the way out of a failed run
-	if err := pgutil.Migrate(pool,
-		pgutil.Migration{FS: billing.Migrations, Table: billing.MigrationsTable},
-		pgutil.Migration{FS: inbox.Migrations, Table: inbox.MigrationsTable},
-		pgutil.Migration{FS: outbox.Migrations, Table: outbox.MigrationsTable},
-	); err != nil {
+	if err := pgutil.Migrate(pool, billing.Schema...); err != nil {
 		b.Fatalf("migrating: %v", err)
 	}
 	topic := testinfra.NewTopic(b, brokers, 6)

@@ -3,6 +3,10 @@ package billing
 import (
 	"embed"
 	"io/fs"
+
+	"github.com/onceflow/onceflow/pkg/inbox"
+	"github.com/onceflow/onceflow/pkg/outbox"
+	"github.com/onceflow/onceflow/platform/pgutil"
 )
 
 //go:embed migrations/*.sql
@@ -13,3 +17,12 @@ var Migrations, _ = fs.Sub(migrationFiles, "migrations")
 
 // MigrationsTable tracks Migrations; the outbox's schema has its own table.
 const MigrationsTable = "billing_schema_migrations"
+
+// Schema is every migration the service's database takes, in the order the
+// service applies them at start-up: its own tables, then the inbox's and the
+// outbox's. Tests migrate their databases with it too.
+var Schema = []pgutil.Migration{
+	{FS: Migrations, Table: MigrationsTable},
+	{FS: inbox.Migrations, Table: inbox.MigrationsTable},
+	{FS: outbox.Migrations, Table: outbox.MigrationsTable},
+}

@@ -16,23 +16,16 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/onceflow/onceflow/pkg/inbox"
-	"github.com/onceflow/onceflow/pkg/outbox"
 	"github.com/onceflow/onceflow/pkg/pgerr"
 	"github.com/onceflow/onceflow/platform/apperr"
 	"github.com/onceflow/onceflow/platform/httpserver"
-	"github.com/onceflow/onceflow/platform/pgutil"
 	"github.com/onceflow/onceflow/platform/testinfra"
 	"github.com/onceflow/onceflow/services/billing"
 )
 
 func billingDatabase(t *testing.T) string {
 	t.Helper()
-	return testinfra.NewMigratedDatabase(t,
-		pgutil.Migration{FS: billing.Migrations, Table: billing.MigrationsTable},
-		pgutil.Migration{FS: outbox.Migrations, Table: outbox.MigrationsTable},
-		pgutil.Migration{FS: inbox.Migrations, Table: inbox.MigrationsTable},
-	)
+	return testinfra.NewMigratedDatabase(t, billing.Schema...)
 }
 
 func captured(orderID uuid.UUID) billing.Charge {

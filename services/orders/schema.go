@@ -3,6 +3,9 @@ package orders
 import (
 	"embed"
 	"io/fs"
+
+	"github.com/onceflow/onceflow/pkg/outbox"
+	"github.com/onceflow/onceflow/platform/pgutil"
 )
 
 //go:embed migrations/*.sql
@@ -13,3 +16,11 @@ var Migrations, _ = fs.Sub(migrationFiles, "migrations")
 
 // MigrationsTable tracks Migrations; the outbox's schema has its own table.
 const MigrationsTable = "orders_schema_migrations"
+
+// Schema is every migration the service's database takes, in the order the
+// service applies them at start-up: its own tables, then the outbox's. Tests
+// migrate their databases with it too.
+var Schema = []pgutil.Migration{
+	{FS: Migrations, Table: MigrationsTable},
+	{FS: outbox.Migrations, Table: outbox.MigrationsTable},
+}

@@ -18,17 +18,13 @@ import (
 	"github.com/onceflow/onceflow/platform/apperr"
 	"github.com/onceflow/onceflow/platform/httpserver"
 	"github.com/onceflow/onceflow/platform/logging"
-	"github.com/onceflow/onceflow/platform/pgutil"
 	"github.com/onceflow/onceflow/platform/testinfra"
 	"github.com/onceflow/onceflow/services/orders"
 )
 
 func migratedDatabase(t *testing.T) string {
 	t.Helper()
-	return testinfra.NewMigratedDatabase(t,
-		pgutil.Migration{FS: orders.Migrations, Table: orders.MigrationsTable},
-		pgutil.Migration{FS: outbox.Migrations, Table: outbox.MigrationsTable},
-	)
+	return testinfra.NewMigratedDatabase(t, orders.Schema...)
 }
 
 func newOrder() orders.Order {

@@ -10,7 +10,6 @@ import (
 
 	"github.com/onceflow/onceflow/pkg/inbox"
 	"github.com/onceflow/onceflow/pkg/pgerr"
-	"github.com/onceflow/onceflow/platform/pgutil"
 	"github.com/onceflow/onceflow/platform/testinfra"
 	shim "github.com/onceflow/onceflow/services/reconciler-shim"
 	"github.com/onceflow/onceflow/services/reconciler-shim/thirdparty"
@@ -18,10 +17,7 @@ import (
 
 func shimDatabase(t *testing.T) string {
 	t.Helper()
-	return testinfra.NewMigratedDatabase(t,
-		pgutil.Migration{FS: shim.Migrations, Table: shim.MigrationsTable},
-		pgutil.Migration{FS: inbox.Migrations, Table: inbox.MigrationsTable},
-	)
+	return testinfra.NewMigratedDatabase(t, shim.Schema...)
 }
 
 func forward() shim.Forward {

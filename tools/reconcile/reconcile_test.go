@@ -18,9 +18,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
-	"github.com/onceflow/onceflow/pkg/inbox"
 	"github.com/onceflow/onceflow/pkg/inbox/inboxtest"
-	"github.com/onceflow/onceflow/pkg/outbox"
 	"github.com/onceflow/onceflow/pkg/outbox/outboxtest"
 	"github.com/onceflow/onceflow/platform/pgroles/pgrolestest"
 	"github.com/onceflow/onceflow/platform/pgutil"
@@ -57,16 +55,9 @@ func newPlatform(t *testing.T) *platform {
 		return testinfra.NewPool(t, db), testinfra.NewPool(t, roles.ReaderURLs[0])
 	}
 	var roOrders, roBilling, roShim *pgxpool.Pool
-	p.orders, roOrders = migrate("orders",
-		pgutil.Migration{FS: orders.Migrations, Table: orders.MigrationsTable},
-		pgutil.Migration{FS: outbox.Migrations, Table: outbox.MigrationsTable})
-	p.billing, roBilling = migrate("billing",
-		pgutil.Migration{FS: billing.Migrations, Table: billing.MigrationsTable},
-		pgutil.Migration{FS: inbox.Migrations, Table: inbox.MigrationsTable},
-		pgutil.Migration{FS: outbox.Migrations, Table: outbox.MigrationsTable})
-	p.shim, roShim = migrate("shim",
-		pgutil.Migration{FS: shim.Migrations, Table: shim.MigrationsTable},
-		pgutil.Migration{FS: inbox.Migrations, Table: inbox.MigrationsTable})
+	p.orders, roOrders = migrate("orders", orders.Schema...)
+	p.billing, roBilling = migrate("billing", billing.Schema...)
+	p.shim, roShim = migrate("shim", shim.Schema...)
 
 	ledger, err := thirdparty.OpenLedger(filepath.Join(t.TempDir(), "ledger.jsonl"))
 	if err != nil {
@@ -297,9 +288,7 @@ func TestNamedErrorsOfTheSources(t *testing.T) {
 		t.Fatalf("an empty database as billing: %v, want ErrNotMigrated", err)
 	}
 
-	url, proxy := testinfra.ProxyDatabase(t, testinfra.NewMigratedDatabase(t,
-		pgutil.Migration{FS: shim.Migrations, Table: shim.MigrationsTable},
-		pgutil.Migration{FS: inbox.Migrations, Table: inbox.MigrationsTable}))
+	url, proxy := testinfra.ProxyDatabase(t, testinfra.NewMigratedDatabase(t, shim.Schema...))
 	away := p.src
 	away.Shim = testinfra.NewPool(t, url)
 	proxy.Cut()

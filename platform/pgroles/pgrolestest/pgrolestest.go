@@ -5,6 +5,7 @@ package pgrolestest
 
 import (
 	"context"
+	"maps"
 	"net/url"
 	"strings"
 	"testing"
@@ -67,6 +68,23 @@ func Ensure(t testing.TB, dbURL, service string, readers ...string) Roles {
 	}
 	r.ReplicationURL = mustURL(t, dbURL, spec.Replication, database)
 	return r
+}
+
+// ServiceEnv is the environment a service's run starts with in a test, as
+// in production with least privilege: both listeners on free loopback
+// ports, the runtime role as DATABASE_URL, the owner migrating
+// (MIGRATE_DATABASE_URL), and Kafka at brokers. more adds the service's own
+// variables.
+func (r Roles) ServiceEnv(brokers []string, more map[string]string) map[string]string {
+	env := map[string]string{
+		"HTTP_ADDR":            "127.0.0.1:0",
+		"ADMIN_ADDR":           "127.0.0.1:0",
+		"DATABASE_URL":         r.AppURL,
+		"MIGRATE_DATABASE_URL": r.OwnerURL,
+		"KAFKA_BROKERS":        strings.Join(brokers, ","),
+	}
+	maps.Copy(env, more)
+	return env
 }
 
 func mustURL(t testing.TB, base string, l pgroles.Login, database string) string {

@@ -24,7 +24,6 @@ import (
 	"github.com/onceflow/onceflow/pkg/outbox/outboxtest"
 	"github.com/onceflow/onceflow/platform/httpserver"
 	"github.com/onceflow/onceflow/platform/outboxhttp"
-	"github.com/onceflow/onceflow/platform/pgutil"
 	"github.com/onceflow/onceflow/platform/testinfra"
 )
 
@@ -35,7 +34,7 @@ const token = "s3cret"
 // handler over a real, migrated database, and the real outbox backlog gauges.
 func ordersAdmin(t *testing.T) (*httptest.Server, *pgxpool.Pool) {
 	t.Helper()
-	pool := testinfra.NewPool(t, testinfra.NewMigratedDatabase(t, pgutil.Migration{FS: outbox.Migrations, Table: outbox.MigrationsTable}))
+	pool := outboxtest.NewDatabase(t)
 	reg := prometheus.NewRegistry()
 	m := outbox.NewMetrics(reg)
 	ctx, cancel := context.WithCancel(context.Background())

@@ -107,16 +107,9 @@ func newRunbookPlatform(t *testing.T) *runbookPlatform {
 		p.env["ONCEFLOW_RECONCILE_"+strings.ToUpper(service)+"_URL"] = roles.ReaderURLs[0]
 		return testinfra.NewPool(t, db)
 	}
-	p.orders = migrate("orders",
-		pgutil.Migration{FS: orders.Migrations, Table: orders.MigrationsTable},
-		pgutil.Migration{FS: outbox.Migrations, Table: outbox.MigrationsTable})
-	p.billing = migrate("billing",
-		pgutil.Migration{FS: billing.Migrations, Table: billing.MigrationsTable},
-		pgutil.Migration{FS: inbox.Migrations, Table: inbox.MigrationsTable},
-		pgutil.Migration{FS: outbox.Migrations, Table: outbox.MigrationsTable})
-	migrate("shim",
-		pgutil.Migration{FS: shim.Migrations, Table: shim.MigrationsTable},
-		pgutil.Migration{FS: inbox.Migrations, Table: inbox.MigrationsTable})
+	p.orders = migrate("orders", orders.Schema...)
+	p.billing = migrate("billing", billing.Schema...)
+	migrate("shim", shim.Schema...)
 
 	brokers := testinfra.KafkaBrokers(t)
 	input := testinfra.Name("runbook")

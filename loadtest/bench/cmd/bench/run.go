@@ -257,39 +257,36 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout 
 			say("rewrote the results section of %s", o.out)
 		}
 	}
-	if len(res.Knobs) > 0 {
+	// A part with a section of its own (knobs, peers) prints its table and
+	// writes its results beside the main ones: -json's file with -<part>
+	// before .json, and its section of -out.
+	writePart := func(part, table, md, begin, end string) error {
 		fmt.Fprintln(stdout)
-		fmt.Fprintln(stdout, knobTable(res.Knobs))
+		fmt.Fprintln(stdout, table)
 		if o.jsonOut != "" {
-			path := strings.TrimSuffix(at(root, o.jsonOut), ".json") + "-knobs.json"
+			path := strings.TrimSuffix(at(root, o.jsonOut), ".json") + "-" + part + ".json"
 			if err := writeJSON(path, res); err != nil {
 				return err
 			}
 			say("wrote %s", path)
 		}
 		if o.out != "" {
-			if err := writeMarkdown(at(root, o.out), knobsMarkdown(res, o), knobsBeginMarker, knobsEndMarker); err != nil {
+			if err := writeMarkdown(at(root, o.out), md, begin, end); err != nil {
 				return err
 			}
-			say("rewrote the knobs section of %s", o.out)
+			say("rewrote the %s section of %s", part, o.out)
+		}
+		return nil
+	}
+	if len(res.Knobs) > 0 {
+		if err := writePart("knobs", knobTable(res.Knobs), knobsMarkdown(res, o), knobsBeginMarker, knobsEndMarker); err != nil {
+			return err
 		}
 	}
 	if len(res.Peers) > 0 {
 		table := peersTable(res.Peers, res.PeersBig)
-		fmt.Fprintln(stdout)
-		fmt.Fprintln(stdout, table)
-		if o.jsonOut != "" {
-			path := strings.TrimSuffix(at(root, o.jsonOut), ".json") + "-peers.json"
-			if err := writeJSON(path, res); err != nil {
-				return err
-			}
-			say("wrote %s", path)
-		}
-		if o.out != "" {
-			if err := writeMarkdown(at(root, o.out), peersMarkdown(res, o, table), peersBeginMarker, peersEndMarker); err != nil {
-				return err
-			}
-			say("rewrote the peers section of %s", o.out)
+		if err := writePart("peers", table, peersMarkdown(res, o, table), peersBeginMarker, peersEndMarker); err != nil {
+			return err
 		}
 	}
 	if len(res.Problems) > 0 {

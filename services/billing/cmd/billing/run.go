@@ -15,7 +15,6 @@ import (
 	"github.com/onceflow/onceflow/platform/crash"
 	"github.com/onceflow/onceflow/platform/kafkautil"
 	"github.com/onceflow/onceflow/platform/lifecycle"
-	"github.com/onceflow/onceflow/platform/pgutil"
 	"github.com/onceflow/onceflow/platform/service"
 	"github.com/onceflow/onceflow/services/billing"
 )
@@ -85,11 +84,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout 
 		return err
 	}
 	kafkaSecurity := svcOpts.Kafka
-	svcOpts.Migrations = []pgutil.Migration{
-		{FS: billing.Migrations, Table: billing.MigrationsTable},
-		{FS: inbox.Migrations, Table: inbox.MigrationsTable},
-		{FS: outbox.Migrations, Table: outbox.MigrationsTable},
-	}
+	svcOpts.Migrations = billing.Schema
 	svc, err := service.New(ctx, stdout, svcOpts)
 	if err != nil {
 		return err
@@ -107,16 +102,8 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout 
 	if err != nil {
 		return err
 	}
-	// A pool of its own: behind the consumer's transactions and the API's
-	// requests, each claim would wait for a connection first
-	// (service.OwnPool).
-	relayPool, err := svc.OwnPool(ctx, service.RelayPoolConns)
-	if err != nil {
-		return err
-	}
-	relay, err := outbox.NewPublisher(relayPool, writer, outbox.PublisherConfig{
-		Mode: relayMode, Topic: func(string) string { return cfg.BillingTopic },
-		Logger: svc.Logger, Metrics: outbox.NewMetrics(svc.Registry),
+	relay, err := svc.OutboxRelay(ctx, writer, outbox.PublisherConfig{
+		Mode: relayMode, Topic: func(string) string { return cfg.BillingTopic }, Metrics: outbox.NewMetrics(svc.Registry),
 		CDC: outbox.CDCConfig{Slot: cfg.OutboxSlot, ReplicationURL: cfg.ReplicationDatabaseURL},
 	})
 	if err != nil {
@@ -160,7 +147,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout 
 	return svc.Run(ctx,
 		lifecycle.Stage{Name: "orders consumer", Run: consume},
 		inboxPruner,
-		lifecycle.Stage{Name: "outbox relay (" + string(relayMode) + ")", Run: relay.Run},
+		relay,
 		outboxPruner,
 	)
 }

@@ -18,7 +18,6 @@ import (
 	"github.com/onceflow/onceflow/pkg/outbox/outboxtest"
 	"github.com/onceflow/onceflow/platform/kafkautil"
 	"github.com/onceflow/onceflow/platform/pgroles/pgrolestest"
-	"github.com/onceflow/onceflow/platform/pgutil"
 	"github.com/onceflow/onceflow/platform/testinfra"
 	"github.com/onceflow/onceflow/services/billing"
 )
@@ -40,7 +39,7 @@ func TestOrderEventThroughTheBrokerIsChargedOnce(t *testing.T) {
 	billingDB := testinfra.NewDatabase(t)
 
 	// The orders side: an outbox and its relay in a database of their own.
-	ordersPool := testinfra.NewPool(t, testinfra.NewMigratedDatabase(t, pgutil.Migration{FS: outbox.Migrations, Table: outbox.MigrationsTable}))
+	ordersPool := outboxtest.NewDatabase(t)
 	orderID := uuid.New()
 	placed := event.Envelope{
 		EventID: uuid.New(), EventType: billing.EventOrderPlaced, EventVersion: 1,
@@ -67,17 +66,12 @@ func TestOrderEventThroughTheBrokerIsChargedOnce(t *testing.T) {
 
 	// Billing, wired exactly as in production.
 	roles := pgrolestest.Ensure(t, billingDB, "billing")
-	env := map[string]string{
-		"HTTP_ADDR":            "127.0.0.1:0",
-		"ADMIN_ADDR":           "127.0.0.1:0",
-		"DATABASE_URL":         roles.AppURL,
-		"MIGRATE_DATABASE_URL": roles.OwnerURL,
-		"KAFKA_BROKERS":        strings.Join(brokers, ","),
-		"ORDERS_TOPIC":         ordersTopic,
-		"BILLING_TOPIC":        billingTopic,
-		"CONSUMER_GROUP":       testinfra.Name("billing"),
-		"LOG_LEVEL":            "debug",
-	}
+	env := roles.ServiceEnv(brokers, map[string]string{
+		"ORDERS_TOPIC":   ordersTopic,
+		"BILLING_TOPIC":  billingTopic,
+		"CONSUMER_GROUP": testinfra.Name("billing"),
+		"LOG_LEVEL":      "debug",
+	})
 	svc := testinfra.Start(t, run, env)
 
 	// PaymentCaptured comes out the other side, through billing's outbox and relay.

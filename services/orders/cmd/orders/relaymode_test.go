@@ -38,17 +38,12 @@ func TestRelayModesPublishThroughTheReplicationSlot(t *testing.T) {
 				})
 			})
 			topic := testinfra.NewTopic(t, brokers, 1)
-			svc := testinfra.Start(t, run, map[string]string{
-				"HTTP_ADDR":                "127.0.0.1:0",
-				"ADMIN_ADDR":               "127.0.0.1:0",
-				"DATABASE_URL":             roles.AppURL,
-				"MIGRATE_DATABASE_URL":     roles.OwnerURL,
+			svc := testinfra.Start(t, run, roles.ServiceEnv(brokers, map[string]string{
 				"REPLICATION_DATABASE_URL": roles.ReplicationURL,
-				"KAFKA_BROKERS":            strings.Join(brokers, ","),
 				"ORDERS_TOPIC":             topic,
 				"RELAY_MODE":               mode,
 				"OUTBOX_SLOT":              slot,
-			})
+			}))
 			started := svc.WaitRecord(t, 60*time.Second, "orders started")
 			svc.WaitRecord(t, 60*time.Second, "streaming the outbox from the replication slot")
 			addr, adminAddr := testinfra.Addr(t, started, "http_addr"), testinfra.Addr(t, started, "admin_addr")
@@ -94,19 +89,14 @@ func TestDebeziumModeRunsNoRelayAndReadsTheConnectorsSlot(t *testing.T) {
 		})
 	})
 	const token = "debezium-mode-token"
-	svc := testinfra.Start(t, run, map[string]string{
-		"HTTP_ADDR":            "127.0.0.1:0",
-		"ADMIN_ADDR":           "127.0.0.1:0",
-		"ADMIN_TOKEN":          token,
-		"DATABASE_URL":         roles.AppURL,
-		"MIGRATE_DATABASE_URL": roles.OwnerURL,
-		"KAFKA_BROKERS":        strings.Join(brokers, ","),
-		"ORDERS_TOPIC":         testinfra.NewTopic(t, brokers, 1),
-		"RELAY_MODE":           "debezium",
-		"DEBEZIUM_SLOT":        slot,
-		"OUTBOX_RETENTION":     "72h",
-		"LOG_LEVEL":            "debug", // the pruner's first run, which finds nothing, logs at debug
-	})
+	svc := testinfra.Start(t, run, roles.ServiceEnv(brokers, map[string]string{
+		"ADMIN_TOKEN":      token,
+		"ORDERS_TOPIC":     testinfra.NewTopic(t, brokers, 1),
+		"RELAY_MODE":       "debezium",
+		"DEBEZIUM_SLOT":    slot,
+		"OUTBOX_RETENTION": "72h",
+		"LOG_LEVEL":        "debug", // the pruner's first run, which finds nothing, logs at debug
+	}))
 	started := svc.WaitRecord(t, 60*time.Second, "orders started")
 	addr, adminAddr := testinfra.Addr(t, started, "http_addr"), testinfra.Addr(t, started, "admin_addr")
 	svc.WaitRecord(t, 10*time.Second, "RELAY_MODE=debezium: no relay runs here; Debezium publishes the outbox from its own slot, which the backlog gauges read")

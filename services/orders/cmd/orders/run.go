@@ -12,7 +12,6 @@ import (
 	"github.com/onceflow/onceflow/platform/crash"
 	"github.com/onceflow/onceflow/platform/kafkautil"
 	"github.com/onceflow/onceflow/platform/lifecycle"
-	"github.com/onceflow/onceflow/platform/pgutil"
 	"github.com/onceflow/onceflow/platform/service"
 	"github.com/onceflow/onceflow/services/orders"
 )
@@ -99,10 +98,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout 
 	// machine, the requests queued for a connection). DATABASE_URL's
 	// pool_max_conns overrides it.
 	svcOpts.PoolConns = apiPoolConns
-	svcOpts.Migrations = []pgutil.Migration{
-		{FS: orders.Migrations, Table: orders.MigrationsTable},
-		{FS: outbox.Migrations, Table: outbox.MigrationsTable},
-	}
+	svcOpts.Migrations = orders.Schema
 	svc, err := service.New(ctx, stdout, svcOpts)
 	if err != nil {
 		return err
@@ -147,21 +143,13 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout 
 	case cfg.RelayEnabled:
 		writer := kafkautil.NewWriter(cfg.KafkaBrokers, kafkautil.RelayBatchSize, kafkautil.WithSecurity(kafkaSecurity))
 		defer writer.Close()
-		// A pool of its own: behind the API's requests, each claim would
-		// wait for a connection first (service.OwnPool).
-		relayPool, err := svc.OwnPool(ctx, service.RelayPoolConns)
-		if err != nil {
-			return err
-		}
-		relay, err := outbox.NewPublisher(relayPool, writer, outbox.PublisherConfig{
-			Mode: relayMode, Topic: func(string) string { return cfg.OrdersTopic },
-			Logger: svc.Logger, Metrics: metrics,
+		relayStage, err = svc.OutboxRelay(ctx, writer, outbox.PublisherConfig{
+			Mode: relayMode, Topic: func(string) string { return cfg.OrdersTopic }, Metrics: metrics,
 			CDC: outbox.CDCConfig{Slot: cfg.OutboxSlot, ReplicationURL: cfg.ReplicationDatabaseURL},
 		})
 		if err != nil {
 			return err
 		}
-		relayStage = lifecycle.Stage{Name: "outbox relay (" + string(relayMode) + ")", Run: relay.Run}
 	default:
 		svc.Logger.WarnContext(ctx, "the outbox relay is disabled (RELAY_ENABLED=false): orders are taken but not published")
 	}

@@ -21,15 +21,10 @@ func TestWithoutTheRelayOrdersAreTakenAndTheBacklogShows(t *testing.T) {
 	db := testinfra.NewDatabase(t)
 	// As its runtime role, migrated by its owner: the API needs no more.
 	roles := pgrolestest.Ensure(t, db, "orders")
-	svc := testinfra.Start(t, run, map[string]string{
-		"HTTP_ADDR":            "127.0.0.1:0",
-		"ADMIN_ADDR":           "127.0.0.1:0",
-		"DATABASE_URL":         roles.AppURL,
-		"MIGRATE_DATABASE_URL": roles.OwnerURL,
-		"KAFKA_BROKERS":        strings.Join(brokers, ","),
-		"ORDERS_TOPIC":         testinfra.NewTopic(t, brokers, 1),
-		"RELAY_ENABLED":        "false",
-	})
+	svc := testinfra.Start(t, run, roles.ServiceEnv(brokers, map[string]string{
+		"ORDERS_TOPIC":  testinfra.NewTopic(t, brokers, 1),
+		"RELAY_ENABLED": "false",
+	}))
 	started := svc.WaitRecord(t, 60*time.Second, "orders started")
 	addr, adminAddr := testinfra.Addr(t, started, "http_addr"), testinfra.Addr(t, started, "admin_addr")
 	if _, ok := svc.Logs.Record("the outbox relay is disabled (RELAY_ENABLED=false): orders are taken but not published"); !ok {

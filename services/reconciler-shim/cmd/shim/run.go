@@ -13,7 +13,6 @@ import (
 	"github.com/onceflow/onceflow/platform/crash"
 	"github.com/onceflow/onceflow/platform/kafkautil"
 	"github.com/onceflow/onceflow/platform/lifecycle"
-	"github.com/onceflow/onceflow/platform/pgutil"
 	"github.com/onceflow/onceflow/platform/service"
 	shim "github.com/onceflow/onceflow/services/reconciler-shim"
 	"github.com/onceflow/onceflow/services/reconciler-shim/thirdparty"
@@ -67,10 +66,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout 
 		return err
 	}
 	kafkaSecurity := svcOpts.Kafka
-	svcOpts.Migrations = []pgutil.Migration{
-		{FS: shim.Migrations, Table: shim.MigrationsTable},
-		{FS: inbox.Migrations, Table: inbox.MigrationsTable},
-	}
+	svcOpts.Migrations = shim.Schema
 	svc, err := service.New(ctx, stdout, svcOpts)
 	if err != nil {
 		return err

@@ -81,17 +81,12 @@ func TestEachPaymentReachesTheThirdPartyOnce(t *testing.T) {
 	// The shim runs with least privilege, as in production: its lease-mode
 	// inbox and forwards need only its runtime role.
 	roles := pgrolestest.Ensure(t, db, "shim")
-	env := map[string]string{
-		"HTTP_ADDR":            "127.0.0.1:0",
-		"ADMIN_ADDR":           "127.0.0.1:0",
-		"DATABASE_URL":         roles.AppURL,
-		"MIGRATE_DATABASE_URL": roles.OwnerURL,
-		"KAFKA_BROKERS":        strings.Join(brokers, ","),
-		"BILLING_TOPIC":        topic,
-		"CONSUMER_GROUP":       testinfra.Name("shim"),
-		"RECONCILER_URL":       reconciler.URL,
-		"LOG_LEVEL":            "debug",
-	}
+	env := roles.ServiceEnv(brokers, map[string]string{
+		"BILLING_TOPIC":  topic,
+		"CONSUMER_GROUP": testinfra.Name("shim"),
+		"RECONCILER_URL": reconciler.URL,
+		"LOG_LEVEL":      "debug",
+	})
 	svc := testinfra.Start(t, run, env)
 
 	pool := testinfra.NewPool(t, db)
