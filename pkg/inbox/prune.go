@@ -8,6 +8,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgconn"
 
+	"github.com/onceflow/onceflow/pkg/internal/knob"
 	"github.com/onceflow/onceflow/pkg/internal/prune"
 )
 
@@ -48,25 +49,15 @@ type PruneConfig struct {
 // WithDefaults returns c with every zero field set to its documented
 // default; negative values are kept for Validate to refuse.
 func (c PruneConfig) WithDefaults() PruneConfig {
-	if c.Retention == 0 {
-		c.Retention = DefaultRetention
-	}
-	if c.BatchSize == 0 {
-		c.BatchSize = DefaultPruneBatchSize
-	}
+	knob.Default(&c.Retention, DefaultRetention)
+	knob.Default(&c.BatchSize, DefaultPruneBatchSize)
 	return c
 }
 
 // Validate refuses a negative Retention or BatchSize: a negative retention
 // would prune rows the moment they are processed.
 func (c PruneConfig) Validate() error {
-	if c.Retention < 0 {
-		return fmt.Errorf("inbox: PruneConfig.Retention is negative (%v); leave it zero for the default", c.Retention)
-	}
-	if c.BatchSize < 0 {
-		return fmt.Errorf("inbox: PruneConfig.BatchSize is negative (%d); leave it zero for the default", c.BatchSize)
-	}
-	return nil
+	return knob.RefuseNegative("inbox: PruneConfig", knob.Signed("Retention", c.Retention), knob.Signed("BatchSize", c.BatchSize))
 }
 
 // DB is what Prune needs from the caller's database handle. *pgxpool.Pool

@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"time"
 
+	"github.com/onceflow/onceflow/pkg/internal/knob"
 	"github.com/onceflow/onceflow/pkg/internal/prune"
 )
 
@@ -44,26 +45,20 @@ type PruneConfig struct {
 // WithDefaults returns c with every zero field set to its documented
 // default; negative values are kept for Validate to refuse.
 func (c PruneConfig) WithDefaults() PruneConfig {
-	if c.Retention == 0 {
-		c.Retention = 7 * 24 * time.Hour
-	}
-	if c.BatchSize == 0 {
-		c.BatchSize = 1000
-	}
+	knob.Default(&c.Retention, 7*24*time.Hour)
+	knob.Default(&c.BatchSize, 1000)
 	return c
 }
 
-// Validate refuses a negative Retention, PendingRetention or BatchSize: a
+// Validate refuses a negative Retention, BatchSize or PendingRetention: a
 // negative retention would prune rows the moment they are published.
 func (c PruneConfig) Validate() error {
-	if c.Retention < 0 {
-		return fmt.Errorf("outbox: PruneConfig.Retention is negative (%v); leave it zero for the default", c.Retention)
+	err := knob.RefuseNegative("outbox: PruneConfig", knob.Signed("Retention", c.Retention), knob.Signed("BatchSize", c.BatchSize))
+	if err != nil {
+		return err
 	}
 	if c.PendingRetention < 0 {
 		return fmt.Errorf("outbox: PruneConfig.PendingRetention is negative (%v); leave it zero to keep pending rows", c.PendingRetention)
-	}
-	if c.BatchSize < 0 {
-		return fmt.Errorf("outbox: PruneConfig.BatchSize is negative (%d); leave it zero for the default", c.BatchSize)
 	}
 	return nil
 }
