@@ -42,13 +42,9 @@ const Topic = "inboxtest.events"
 // could not settle every event within 30s.
 func Deliver(t testing.TB, pool *pgxpool.Pool, cfg inbox.Config, h inbox.Handler, evs ...event.Envelope) []kafka.Message {
 	t.Helper()
-	var dlq deadLetters
-	c, err := inbox.NewConsumer(pool, source(), &dlq, h, fast(cfg))
-	if err != nil {
-		t.Fatalf("inboxtest: %v", err)
-	}
-	handle(t, c, evs)
-	return dlq.messages()
+	return deliver(t, evs, func(dlq *deadLetters) (*inbox.Consumer, error) {
+		return inbox.NewConsumer(pool, source(), dlq, h, fast(cfg))
+	})
 }
 
 // DeliverBatched is Deliver for a consumer whose handler also applies
@@ -56,13 +52,9 @@ func Deliver(t testing.TB, pool *pgxpool.Pool, cfg inbox.Config, h inbox.Handler
 // in one batch, and through h.Handle one by one when the batch fails.
 func DeliverBatched(t testing.TB, pool *pgxpool.Pool, cfg inbox.Config, h inbox.BatchHandler, evs ...event.Envelope) []kafka.Message {
 	t.Helper()
-	var dlq deadLetters
-	c, err := inbox.NewBatchConsumer(pool, source(), &dlq, h, fast(cfg))
-	if err != nil {
-		t.Fatalf("inboxtest: %v", err)
-	}
-	handle(t, c, evs)
-	return dlq.messages()
+	return deliver(t, evs, func(dlq *deadLetters) (*inbox.Consumer, error) {
+		return inbox.NewBatchConsumer(pool, source(), dlq, h, fast(cfg))
+	})
 }
 
 // DeliverLeased is Deliver for a lease-mode consumer (inbox.NewLeaseConsumer)
@@ -70,17 +62,13 @@ func DeliverBatched(t testing.TB, pool *pgxpool.Pool, cfg inbox.Config, h inbox.
 // failed call to land late on, unless the effect makes one).
 func DeliverLeased(t testing.TB, pool *pgxpool.Pool, cfg inbox.LeaseConfig, eff inbox.Effect, evs ...event.Envelope) []kafka.Message {
 	t.Helper()
-	var dlq deadLetters
 	cfg.Config = fast(cfg.Config)
 	if cfg.LeaseMargin == 0 {
 		cfg.LeaseMargin = 10 * time.Millisecond
 	}
-	c, err := inbox.NewLeaseConsumer(pool, source(), &dlq, eff, cfg)
-	if err != nil {
-		t.Fatalf("inboxtest: %v", err)
-	}
-	handle(t, c, evs)
-	return dlq.messages()
+	return deliver(t, evs, func(dlq *deadLetters) (*inbox.Consumer, error) {
+		return inbox.NewLeaseConsumer(pool, source(), dlq, eff, cfg)
+	})
 }
 
 func source() inbox.GroupConfig {
@@ -101,8 +89,15 @@ var offsets struct {
 	next int64
 }
 
-func handle(t testing.TB, c *inbox.Consumer, evs []event.Envelope) {
+// deliver hands evs to the consumer newConsumer makes, which writes its dead
+// letters to dlq, and returns those dead letters.
+func deliver(t testing.TB, evs []event.Envelope, newConsumer func(dlq *deadLetters) (*inbox.Consumer, error)) []kafka.Message {
 	t.Helper()
+	var dlq deadLetters
+	c, err := newConsumer(&dlq)
+	if err != nil {
+		t.Fatalf("inboxtest: %v", err)
+	}
 	msgs := make([]kafka.Message, len(evs))
 	offsets.Lock()
 	for i, ev := range evs {
@@ -116,6 +111,7 @@ func handle(t testing.TB, c *inbox.Consumer, evs []event.Envelope) {
 	if err := c.Handle(ctx, msgs...); err != nil {
 		t.Fatalf("inboxtest: delivering %d events: %v", len(evs), err)
 	}
+	return dlq.messages()
 }
 
 // deadLetters records the dead letters of one Deliver.
