@@ -142,32 +142,18 @@ func newRowColumns(rel *pglogrepl.RelationMessage) *rowColumns {
 	if rel.RelationName != "outbox_events" {
 		return nil
 	}
-	c := &rowColumns{n: len(rel.Columns), id: -1, eventID: -1, aggType: -1, aggID: -1, aggVersion: -1,
-		eventType: -1, eventVersion: -1, payload: -1, headers: -1, occurredAt: -1, createdAt: -1}
+	c := &rowColumns{n: len(rel.Columns)}
+	positions := map[string]*int{
+		"id": &c.id, "event_id": &c.eventID, "aggregate_type": &c.aggType, "aggregate_id": &c.aggID,
+		"aggregate_version": &c.aggVersion, "event_type": &c.eventType, "event_version": &c.eventVersion,
+		"payload": &c.payload, "headers": &c.headers, "occurred_at": &c.occurredAt, "created_at": &c.createdAt,
+	}
+	for _, p := range positions {
+		*p = -1
+	}
 	for i, col := range rel.Columns {
-		switch col.Name {
-		case "id":
-			c.id = i
-		case "event_id":
-			c.eventID = i
-		case "aggregate_type":
-			c.aggType = i
-		case "aggregate_id":
-			c.aggID = i
-		case "aggregate_version":
-			c.aggVersion = i
-		case "event_type":
-			c.eventType = i
-		case "event_version":
-			c.eventVersion = i
-		case "payload":
-			c.payload = i
-		case "headers":
-			c.headers = i
-		case "occurred_at":
-			c.occurredAt = i
-		case "created_at":
-			c.createdAt = i
+		if p, ok := positions[col.Name]; ok {
+			*p = i
 		}
 	}
 	return c
