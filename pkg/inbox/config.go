@@ -153,16 +153,7 @@ func (c Config) Validate() error {
 		return errors.New("inbox: Config.Name is required")
 	}
 	const name = "inbox: Config"
-	if err := knob.RefuseNegative(name,
-		knob.Signed("Workers", c.Workers),
-		knob.Signed("BatchSize", c.BatchSize),
-		knob.Signed("MaxAttempts", c.MaxAttempts),
-		knob.Signed("BackoffMin", c.BackoffMin),
-		knob.Signed("BackoffMax", c.BackoffMax),
-		knob.Signed("LagInterval", c.LagInterval),
-		knob.Signed("ShutdownGrace", c.ShutdownGrace),
-		knob.Signed("ErrorLogInterval", c.ErrorLogInterval),
-	); err != nil {
+	if err := knob.RefuseNegative(name, c); err != nil {
 		return err
 	}
 	if c.Gaps != GapAccept && c.Gaps != GapRetry {
@@ -236,12 +227,7 @@ func (c LeaseConfig) Validate() error {
 	if err := c.Config.Validate(); err != nil {
 		return err
 	}
-	if err := knob.RefuseNegative("inbox: LeaseConfig",
-		knob.Signed("LeaseTTL", c.LeaseTTL),
-		knob.Signed("CallTimeout", c.CallTimeout),
-		knob.Signed("LeaseMargin", c.LeaseMargin),
-		knob.Signed("MaxInFlight", c.MaxInFlight),
-	); err != nil {
+	if err := knob.RefuseNegative("inbox: LeaseConfig", c); err != nil {
 		return err
 	}
 	d := c.WithDefaults()

@@ -120,19 +120,7 @@ func (g GroupConfig) Validate() error {
 		return errors.New("inbox: GroupConfig needs Brokers, Topic and Group")
 	}
 	const name = "inbox: GroupConfig"
-	err := knob.RefuseNegative(name,
-		knob.Signed("SessionTimeout", g.SessionTimeout),
-		knob.Signed("HeartbeatInterval", g.HeartbeatInterval),
-		knob.Signed("RebalanceTimeout", g.RebalanceTimeout),
-		knob.Signed("CommitInterval", g.CommitInterval),
-		knob.Signed("MaxWait", g.MaxWait),
-		knob.Signed("ReadBackoffMin", g.ReadBackoffMin),
-		knob.Signed("ReadBackoffMax", g.ReadBackoffMax),
-		knob.Signed("MinBytes", g.MinBytes),
-		knob.Signed("MaxBytes", g.MaxBytes),
-		knob.Signed("QueueCapacity", g.QueueCapacity),
-	)
-	if err != nil {
+	if err := knob.RefuseNegative(name, g); err != nil {
 		return err
 	}
 	if g.StartOffset != 0 && g.StartOffset != kafka.FirstOffset && g.StartOffset != kafka.LastOffset {

@@ -57,7 +57,7 @@ func (c PruneConfig) WithDefaults() PruneConfig {
 // Validate refuses a negative Retention or BatchSize: a negative retention
 // would prune rows the moment they are processed.
 func (c PruneConfig) Validate() error {
-	return knob.RefuseNegative("inbox: PruneConfig", knob.Signed("Retention", c.Retention), knob.Signed("BatchSize", c.BatchSize))
+	return knob.RefuseNegative("inbox: PruneConfig", c)
 }
 
 // DB is what Prune needs from the caller's database handle. *pgxpool.Pool

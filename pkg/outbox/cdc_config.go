@@ -175,24 +175,7 @@ func (c CDCConfig) WithDefaults() CDCConfig {
 // NewCDCRelay would use it, after WithDefaults.
 func (c CDCConfig) Validate() error {
 	const name = "outbox: CDCConfig"
-	err := knob.RefuseNegative(name,
-		knob.Signed("BatchSize", c.BatchSize),
-		knob.Signed("MaxInFlight", c.MaxInFlight),
-		knob.Signed("FlushDelay", c.FlushDelay),
-		knob.Signed("StatusInterval", c.StatusInterval),
-		knob.Signed("LagInterval", c.LagInterval),
-		knob.Signed("RetentionInterval", c.RetentionInterval),
-		knob.Signed("RetentionBatch", c.RetentionBatch),
-		knob.Signed("Retain", c.Retain),
-		knob.Signed("PublishTimeout", c.PublishTimeout),
-		knob.Signed("MaxAttempts", c.MaxAttempts),
-		knob.Signed("BackoffMin", c.BackoffMin),
-		knob.Signed("BackoffMax", c.BackoffMax),
-		knob.Signed("OutageBackoffMin", c.OutageBackoffMin),
-		knob.Signed("OutageBackoffMax", c.OutageBackoffMax),
-		knob.Signed("LogInterval", c.LogInterval),
-	)
-	if err != nil {
+	if err := knob.RefuseNegative(name, c); err != nil {
 		return err
 	}
 	d := c.WithDefaults()

@@ -50,17 +50,13 @@ func (c PruneConfig) WithDefaults() PruneConfig {
 	return c
 }
 
-// Validate refuses a negative Retention, BatchSize or PendingRetention: a
+// Validate refuses a negative Retention, PendingRetention or BatchSize: a
 // negative retention would prune rows the moment they are published.
 func (c PruneConfig) Validate() error {
-	err := knob.RefuseNegative("outbox: PruneConfig", knob.Signed("Retention", c.Retention), knob.Signed("BatchSize", c.BatchSize))
-	if err != nil {
-		return err
-	}
 	if c.PendingRetention < 0 {
 		return fmt.Errorf("outbox: PruneConfig.PendingRetention is negative (%v); leave it zero to keep pending rows", c.PendingRetention)
 	}
-	return nil
+	return knob.RefuseNegative("outbox: PruneConfig", c)
 }
 
 // Prune removes published rows older than cfg.Retention (by published_at),

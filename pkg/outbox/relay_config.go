@@ -146,22 +146,7 @@ func (c RelayConfig) WithDefaults() RelayConfig {
 // checks c as NewRelay would use it, after WithDefaults.
 func (c RelayConfig) Validate() error {
 	const name = "outbox: RelayConfig"
-	err := knob.RefuseNegative(name,
-		knob.Signed("BatchSize", c.BatchSize),
-		knob.Signed("PollInterval", c.PollInterval),
-		knob.Signed("RebalanceInterval", c.RebalanceInterval),
-		knob.Signed("RelayTTL", c.RelayTTL),
-		knob.Signed("LockTimeout", c.LockTimeout),
-		knob.Signed("PublishTimeout", c.PublishTimeout),
-		knob.Signed("MaxAttempts", c.MaxAttempts),
-		knob.Signed("BackoffMin", c.BackoffMin),
-		knob.Signed("BackoffMax", c.BackoffMax),
-		knob.Signed("OutageBackoffMin", c.OutageBackoffMin),
-		knob.Signed("OutageBackoffMax", c.OutageBackoffMax),
-		knob.Signed("LogInterval", c.LogInterval),
-		knob.Signed("Linger", c.Linger),
-	)
-	if err != nil {
+	if err := knob.RefuseNegative(name, c); err != nil {
 		return err
 	}
 	d := c.WithDefaults()

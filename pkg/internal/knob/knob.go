@@ -9,6 +9,7 @@ package knob
 
 import (
 	"fmt"
+	"reflect"
 	"time"
 )
 
@@ -20,27 +21,31 @@ func Default[T comparable](v *T, def T) {
 	}
 }
 
-// Knob is one size or duration of a config, for RefuseNegative.
-type Knob struct {
-	name string
-	v    any // as the error shows it
-	neg  bool
-}
-
-// Signed is the knob of a config field named name whose value is v.
-func Signed[T int | int64 | time.Duration](name string, v T) Knob { return Knob{name, v, v < 0} }
-
-// RefuseNegative reports the first of knobs that is negative, naming the
-// field after config, which names the library and the config type
-// ("outbox: RelayConfig").
-func RefuseNegative(config string, knobs ...Knob) error {
-	for _, k := range knobs {
-		if k.neg {
-			return fmt.Errorf("%s.%s is negative (%v); leave it zero for the default", config, k.name, k.v)
+// RefuseNegative reports the first field of config, a config struct, that
+// is a size or a duration (of type int or time.Duration) and negative,
+// naming it after name, the library and the config type ("outbox:
+// RelayConfig"). It reads every such field, so a knob added to a config is
+// checked without being listed; a field whose negative values mean
+// something (kafka-go's StartOffset, an int64) has another type, and its
+// config checks it itself, as it checks embedded configs (not looked at).
+func RefuseNegative(name string, config any) error {
+	v := reflect.ValueOf(config)
+	for i := range v.NumField() {
+		f := v.Type().Field(i)
+		if !f.IsExported() || (f.Type != sizeType && f.Type != durationType) {
+			continue
+		}
+		if n := v.Field(i); n.Int() < 0 {
+			return fmt.Errorf("%s.%s is negative (%v); leave it zero for the default", name, f.Name, n.Interface())
 		}
 	}
 	return nil
 }
+
+var (
+	sizeType     = reflect.TypeFor[int]()
+	durationType = reflect.TypeFor[time.Duration]()
+)
 
 // RefuseCrossed reports a lower bound above its upper one, naming both
 // fields after config, as RefuseNegative does.
