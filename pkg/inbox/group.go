@@ -271,10 +271,8 @@ func (c *Consumer) fetch(ctx context.Context, g *generation, k partitionKey, off
 			return
 		}
 		c.shared.kafka.fail(ctx, "fetch", fmt.Errorf("fetching %s/%d at %d: %w", k.topic, k.partition, next, err))
-		select {
-		case <-ctx.Done():
+		if !retry.Sleep(ctx, retry.Backoff(attempt, c.cfg.BackoffMin, c.cfg.BackoffMax)) {
 			return
-		case <-time.After(retry.Backoff(attempt, c.cfg.BackoffMin, c.cfg.BackoffMax)):
 		}
 	}
 }
