@@ -26,6 +26,7 @@ import (
 
 	"github.com/onceflow/onceflow/pkg/event"
 	"github.com/onceflow/onceflow/pkg/inbox"
+	"github.com/onceflow/onceflow/pkg/testenv"
 )
 
 // Topic is the topic Deliver pretends its events were read from; their dead
@@ -42,7 +43,7 @@ const Topic = "inboxtest.events"
 // could not settle every event within 30s.
 func Deliver(t testing.TB, pool *pgxpool.Pool, cfg inbox.Config, h inbox.Handler, evs ...event.Envelope) []kafka.Message {
 	t.Helper()
-	return deliver(t, evs, func(dlq *deadLetters) (*inbox.Consumer, error) {
+	return deliver(t, evs, func(dlq *testenv.Recorder) (*inbox.Consumer, error) {
 		return inbox.NewConsumer(pool, source(), dlq, h, fast(cfg))
 	})
 }
@@ -52,7 +53,7 @@ func Deliver(t testing.TB, pool *pgxpool.Pool, cfg inbox.Config, h inbox.Handler
 // in one batch, and through h.Handle one by one when the batch fails.
 func DeliverBatched(t testing.TB, pool *pgxpool.Pool, cfg inbox.Config, h inbox.BatchHandler, evs ...event.Envelope) []kafka.Message {
 	t.Helper()
-	return deliver(t, evs, func(dlq *deadLetters) (*inbox.Consumer, error) {
+	return deliver(t, evs, func(dlq *testenv.Recorder) (*inbox.Consumer, error) {
 		return inbox.NewBatchConsumer(pool, source(), dlq, h, fast(cfg))
 	})
 }
@@ -66,7 +67,7 @@ func DeliverLeased(t testing.TB, pool *pgxpool.Pool, cfg inbox.LeaseConfig, eff 
 	if cfg.LeaseMargin == 0 {
 		cfg.LeaseMargin = 10 * time.Millisecond
 	}
-	return deliver(t, evs, func(dlq *deadLetters) (*inbox.Consumer, error) {
+	return deliver(t, evs, func(dlq *testenv.Recorder) (*inbox.Consumer, error) {
 		return inbox.NewLeaseConsumer(pool, source(), dlq, eff, cfg)
 	})
 }
@@ -91,9 +92,9 @@ var offsets struct {
 
 // deliver hands evs to the consumer newConsumer makes, which writes its dead
 // letters to dlq, and returns those dead letters.
-func deliver(t testing.TB, evs []event.Envelope, newConsumer func(dlq *deadLetters) (*inbox.Consumer, error)) []kafka.Message {
+func deliver(t testing.TB, evs []event.Envelope, newConsumer func(dlq *testenv.Recorder) (*inbox.Consumer, error)) []kafka.Message {
 	t.Helper()
-	var dlq deadLetters
+	var dlq testenv.Recorder
 	c, err := newConsumer(&dlq)
 	if err != nil {
 		t.Fatalf("inboxtest: %v", err)
@@ -111,26 +112,7 @@ func deliver(t testing.TB, evs []event.Envelope, newConsumer func(dlq *deadLette
 	if err := c.Handle(ctx, msgs...); err != nil {
 		t.Fatalf("inboxtest: delivering %d events: %v", len(evs), err)
 	}
-	return dlq.messages()
-}
-
-// deadLetters records the dead letters of one Deliver.
-type deadLetters struct {
-	mu   sync.Mutex
-	msgs []kafka.Message
-}
-
-func (d *deadLetters) WriteMessages(_ context.Context, msgs ...kafka.Message) error {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	d.msgs = append(d.msgs, msgs...)
-	return nil
-}
-
-func (d *deadLetters) messages() []kafka.Message {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	return append([]kafka.Message(nil), d.msgs...)
+	return dlq.Messages()
 }
 
 // DB is what the Require helpers read through: a pgx.Tx, a *pgxpool.Pool
