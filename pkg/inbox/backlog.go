@@ -4,8 +4,6 @@ import (
 	"context"
 	"time"
 
-	"github.com/google/uuid"
-
 	"github.com/onceflow/onceflow/pkg/internal/backlog"
 )
 
@@ -55,17 +53,12 @@ func (c BacklogConfig) Validate() error {
 		backlog.Age{Field: "ParkedOlderThan", Value: c.ParkedOlderThan})
 }
 
-// BacklogState is what Backlog found in one status.
-type BacklogState struct {
-	// Count is how many rows are in the status and old enough.
-	Count int
-	// Oldest is when the oldest of them began: its lease_until for an
-	// expired lease, its received_at otherwise; zero when Count is 0.
-	Oldest time.Time
-	// Samples are the message (event) ids of the oldest of them, oldest
-	// first, at most BacklogConfig.Samples.
-	Samples []uuid.UUID
-}
+// BacklogState is what Backlog found in one status: Count rows old enough,
+// Oldest when the oldest of them began (its lease_until for an expired
+// lease, its received_at otherwise; zero when Count is 0), and Samples, the
+// message (event) ids of the oldest of them, oldest first, at most
+// BacklogConfig.Samples.
+type BacklogState = backlog.State
 
 // BacklogReport is Backlog's result, one BacklogState per status that needs
 // attention.
@@ -134,7 +127,6 @@ func Backlog(ctx context.Context, db BacklogDB, cfg BacklogConfig) (BacklogRepor
 }
 
 func backlogState(ctx context.Context, db BacklogDB, what, count, sample string, olderThan time.Duration, cfg BacklogConfig) (BacklogState, error) {
-	s, err := backlog.Read(ctx, db, count, sample, []any{olderThan.Microseconds(), cfg.Consumer}, cfg.Samples,
+	return backlog.Read(ctx, db, count, sample, []any{olderThan.Microseconds(), cfg.Consumer}, cfg.Samples,
 		func(doing string, err error) error { return dbErrors.Translate("inbox: "+doing+" "+what, err) })
-	return BacklogState(s), err
 }

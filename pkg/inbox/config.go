@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+
+	"github.com/onceflow/onceflow/pkg/internal/knob"
 )
 
 // GapPolicy says what to do with an event whose aggregate version is more
@@ -125,30 +127,14 @@ type Config struct {
 // default. Negative values are kept, for Validate to refuse: a typo'd sign
 // must not quietly become the default.
 func (c Config) WithDefaults() Config {
-	if c.Workers == 0 {
-		c.Workers = DefaultWorkers
-	}
-	if c.BatchSize == 0 {
-		c.BatchSize = DefaultBatchSize
-	}
-	if c.MaxAttempts == 0 {
-		c.MaxAttempts = DefaultMaxAttempts
-	}
-	if c.BackoffMin == 0 {
-		c.BackoffMin = DefaultBackoffMin
-	}
-	if c.BackoffMax == 0 {
-		c.BackoffMax = DefaultBackoffMax
-	}
-	if c.LagInterval == 0 {
-		c.LagInterval = DefaultLagInterval
-	}
-	if c.ShutdownGrace == 0 {
-		c.ShutdownGrace = DefaultShutdownGrace
-	}
-	if c.ErrorLogInterval == 0 {
-		c.ErrorLogInterval = DefaultErrorLogInterval
-	}
+	knob.Default(&c.Workers, DefaultWorkers)
+	knob.Default(&c.BatchSize, DefaultBatchSize)
+	knob.Default(&c.MaxAttempts, DefaultMaxAttempts)
+	knob.Default(&c.BackoffMin, DefaultBackoffMin)
+	knob.Default(&c.BackoffMax, DefaultBackoffMax)
+	knob.Default(&c.LagInterval, DefaultLagInterval)
+	knob.Default(&c.ShutdownGrace, DefaultShutdownGrace)
+	knob.Default(&c.ErrorLogInterval, DefaultErrorLogInterval)
 	if c.Logger == nil {
 		c.Logger = slog.Default()
 	}
@@ -166,23 +152,9 @@ func (c Config) Validate() error {
 	if c.Name == "" {
 		return errors.New("inbox: Config.Name is required")
 	}
-	for _, f := range []struct {
-		name string
-		v    any
-		neg  bool
-	}{
-		{"Workers", c.Workers, c.Workers < 0},
-		{"BatchSize", c.BatchSize, c.BatchSize < 0},
-		{"MaxAttempts", c.MaxAttempts, c.MaxAttempts < 0},
-		{"BackoffMin", c.BackoffMin, c.BackoffMin < 0},
-		{"BackoffMax", c.BackoffMax, c.BackoffMax < 0},
-		{"LagInterval", c.LagInterval, c.LagInterval < 0},
-		{"ShutdownGrace", c.ShutdownGrace, c.ShutdownGrace < 0},
-		{"ErrorLogInterval", c.ErrorLogInterval, c.ErrorLogInterval < 0},
-	} {
-		if f.neg {
-			return fmt.Errorf("inbox: Config.%s is negative (%v); leave it zero for the default", f.name, f.v)
-		}
+	const name = "inbox: Config"
+	if err := knob.RefuseNegative(name, c); err != nil {
+		return err
 	}
 	if c.Gaps != GapAccept && c.Gaps != GapRetry {
 		return fmt.Errorf("inbox: Config.Gaps is %d, neither GapAccept nor GapRetry", c.Gaps)
@@ -191,10 +163,7 @@ func (c Config) Validate() error {
 		return fmt.Errorf("inbox: Config.DeadKeys is %d, neither DeadKeyPark nor DeadKeySkipAhead", c.DeadKeys)
 	}
 	d := c.WithDefaults()
-	if d.BackoffMin > d.BackoffMax {
-		return fmt.Errorf("inbox: Config.BackoffMin (%v) exceeds BackoffMax (%v)", d.BackoffMin, d.BackoffMax)
-	}
-	return nil
+	return knob.RefuseCrossed(name, "BackoffMin", d.BackoffMin, "BackoffMax", d.BackoffMax)
 }
 
 // LeaseConfig configures a lease-mode Consumer (NewLeaseConsumer): the
@@ -241,18 +210,10 @@ type LeaseConfig struct {
 // its documented default; negative values are kept for Validate to refuse.
 func (c LeaseConfig) WithDefaults() LeaseConfig {
 	c.Config = c.Config.WithDefaults()
-	if c.LeaseTTL == 0 {
-		c.LeaseTTL = DefaultLeaseTTL
-	}
-	if c.CallTimeout == 0 {
-		c.CallTimeout = c.LeaseTTL / 3
-	}
-	if c.LeaseMargin == 0 {
-		c.LeaseMargin = c.LeaseTTL / 10
-	}
-	if c.MaxInFlight == 0 {
-		c.MaxInFlight = DefaultMaxInFlight
-	}
+	knob.Default(&c.LeaseTTL, DefaultLeaseTTL)
+	knob.Default(&c.CallTimeout, c.LeaseTTL/3)
+	knob.Default(&c.LeaseMargin, c.LeaseTTL/10)
+	knob.Default(&c.MaxInFlight, DefaultMaxInFlight)
 	if c.LeaseOwner == "" {
 		c.LeaseOwner = c.Name + "-" + uuid.NewString()[:8]
 	}
@@ -266,19 +227,8 @@ func (c LeaseConfig) Validate() error {
 	if err := c.Config.Validate(); err != nil {
 		return err
 	}
-	for _, f := range []struct {
-		name string
-		v    any
-		neg  bool
-	}{
-		{"LeaseTTL", c.LeaseTTL, c.LeaseTTL < 0},
-		{"CallTimeout", c.CallTimeout, c.CallTimeout < 0},
-		{"LeaseMargin", c.LeaseMargin, c.LeaseMargin < 0},
-		{"MaxInFlight", c.MaxInFlight, c.MaxInFlight < 0},
-	} {
-		if f.neg {
-			return fmt.Errorf("inbox: LeaseConfig.%s is negative (%v); leave it zero for the default", f.name, f.v)
-		}
+	if err := knob.RefuseNegative("inbox: LeaseConfig", c); err != nil {
+		return err
 	}
 	d := c.WithDefaults()
 	if d.CallTimeout+d.LeaseMargin >= d.LeaseTTL {

@@ -66,8 +66,8 @@ func TestWithDefaultsUsesTheDefaultConstantsAndKeepsNegatives(t *testing.T) {
 		t.Fatalf("GroupConfig defaults: CommitInterval %v, SessionTimeout %v, MaxWait %v", g.CommitInterval, g.SessionTimeout, g.MaxWait)
 	}
 	p := inbox.PrunerConfig{}.WithDefaults()
-	if p.Retention != inbox.DefaultRetention || p.BatchSize != inbox.DefaultPruneBatchSize || p.Interval != inbox.DefaultPruneInterval {
-		t.Fatalf("PrunerConfig defaults: %v %d %v", p.Retention, p.BatchSize, p.Interval)
+	if p.PruneConfig.Retention != inbox.DefaultRetention || p.PruneConfig.BatchSize != inbox.DefaultPruneBatchSize || p.Interval != inbox.DefaultPruneInterval {
+		t.Fatalf("PrunerConfig defaults: %v %d %v", p.PruneConfig.Retention, p.PruneConfig.BatchSize, p.Interval)
 	}
 }
 

@@ -113,10 +113,8 @@ func (s *shared) publishDeadLetter(ctx context.Context, m kafka.Message, ev *eve
 			return fmt.Errorf("inbox %s: dead-lettering %s/%d/%d: %w", s.cfg.Name, m.Topic, m.Partition, m.Offset, err)
 		}
 		s.kafka.fail(ctx, "dead_letter", err)
-		select {
-		case <-ctx.Done():
+		if !retry.Sleep(ctx, retry.Backoff(attempt, s.cfg.BackoffMin, s.cfg.BackoffMax)) {
 			return fmt.Errorf("inbox %s: dead-lettering %s/%d/%d: %w", s.cfg.Name, m.Topic, m.Partition, m.Offset, err)
-		case <-time.After(retry.Backoff(attempt, s.cfg.BackoffMin, s.cfg.BackoffMax)):
 		}
 	}
 	s.cfg.Metrics.deadLettered.WithLabelValues(s.cfg.Name, reasonClass(ev, reason)).Inc()

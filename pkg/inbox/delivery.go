@@ -5,6 +5,8 @@ import (
 	"time"
 
 	"github.com/segmentio/kafka-go"
+
+	"github.com/onceflow/onceflow/pkg/internal/retry"
 )
 
 // delivery is one message in an applier's hands, with the generation it was
@@ -44,14 +46,7 @@ const (
 // wait sleeps for d, or returns errAbandoned when ctx ends (the shutdown
 // grace is over) or the message's generation is dropped first.
 func wait(ctx context.Context, gen tracker, d time.Duration) error {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return errAbandoned
-	case <-t.C:
-	}
-	if gen != nil && gen.isDropped() {
+	if !retry.Sleep(ctx, d) || (gen != nil && gen.isDropped()) {
 		return errAbandoned
 	}
 	return nil

@@ -9,6 +9,8 @@ import (
 	"time"
 
 	"github.com/segmentio/kafka-go"
+
+	"github.com/onceflow/onceflow/pkg/internal/retry"
 )
 
 // Reading a dead-letter topic, for ListDeadLetters and RequeueDeadLetters:
@@ -118,10 +120,8 @@ func partitionOffsets(ctx context.Context, dialer *kafka.Dialer, brokers []strin
 		if err == nil || attempt == attempts || !errors.As(err, &kerr) || !kerr.Temporary() {
 			break
 		}
-		select {
-		case <-ctx.Done():
+		if !retry.Sleep(ctx, time.Duration(attempt)*100*time.Millisecond) {
 			return 0, 0, fmt.Errorf("inbox: reading the offsets of %s/%d: %w", p.Topic, p.ID, ctx.Err())
-		case <-time.After(time.Duration(attempt) * 100 * time.Millisecond):
 		}
 		partitions, perr := topicPartitions(ctx, dialer, brokers, p.Topic)
 		if perr == nil && p.ID < len(partitions) {

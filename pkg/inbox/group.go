@@ -10,6 +10,7 @@ import (
 
 	"github.com/segmentio/kafka-go"
 
+	"github.com/onceflow/onceflow/pkg/internal/knob"
 	"github.com/onceflow/onceflow/pkg/internal/retry"
 )
 
@@ -92,39 +93,17 @@ type GroupConfig struct {
 // WithDefaults returns g with every zero field set to its documented
 // default; negative values are kept for Validate to refuse.
 func (g GroupConfig) WithDefaults() GroupConfig {
-	if g.StartOffset == 0 {
-		g.StartOffset = DefaultStartOffset
-	}
-	if g.SessionTimeout == 0 {
-		g.SessionTimeout = DefaultSessionTimeout
-	}
-	if g.HeartbeatInterval == 0 {
-		g.HeartbeatInterval = DefaultHeartbeatInterval
-	}
-	if g.RebalanceTimeout == 0 {
-		g.RebalanceTimeout = DefaultRebalanceTimeout
-	}
-	if g.CommitInterval == 0 {
-		g.CommitInterval = DefaultCommitInterval
-	}
-	if g.MaxWait == 0 {
-		g.MaxWait = DefaultMaxWait
-	}
-	if g.MinBytes == 0 {
-		g.MinBytes = DefaultMinBytes
-	}
-	if g.MaxBytes == 0 {
-		g.MaxBytes = DefaultMaxBytes
-	}
-	if g.QueueCapacity == 0 {
-		g.QueueCapacity = DefaultQueueCapacity
-	}
-	if g.ReadBackoffMin == 0 {
-		g.ReadBackoffMin = DefaultReadBackoffMin
-	}
-	if g.ReadBackoffMax == 0 {
-		g.ReadBackoffMax = DefaultReadBackoffMax
-	}
+	knob.Default(&g.StartOffset, DefaultStartOffset)
+	knob.Default(&g.SessionTimeout, DefaultSessionTimeout)
+	knob.Default(&g.HeartbeatInterval, DefaultHeartbeatInterval)
+	knob.Default(&g.RebalanceTimeout, DefaultRebalanceTimeout)
+	knob.Default(&g.CommitInterval, DefaultCommitInterval)
+	knob.Default(&g.MaxWait, DefaultMaxWait)
+	knob.Default(&g.MinBytes, DefaultMinBytes)
+	knob.Default(&g.MaxBytes, DefaultMaxBytes)
+	knob.Default(&g.QueueCapacity, DefaultQueueCapacity)
+	knob.Default(&g.ReadBackoffMin, DefaultReadBackoffMin)
+	knob.Default(&g.ReadBackoffMax, DefaultReadBackoffMax)
 	if g.Dialer == nil {
 		g.Dialer = &kafka.Dialer{Timeout: DefaultDialTimeout}
 	}
@@ -140,40 +119,20 @@ func (g GroupConfig) Validate() error {
 	if len(g.Brokers) == 0 || g.Topic == "" || g.Group == "" {
 		return errors.New("inbox: GroupConfig needs Brokers, Topic and Group")
 	}
-	for _, f := range []struct {
-		name string
-		v    time.Duration
-	}{
-		{"SessionTimeout", g.SessionTimeout},
-		{"HeartbeatInterval", g.HeartbeatInterval},
-		{"RebalanceTimeout", g.RebalanceTimeout},
-		{"CommitInterval", g.CommitInterval},
-		{"MaxWait", g.MaxWait},
-		{"ReadBackoffMin", g.ReadBackoffMin},
-		{"ReadBackoffMax", g.ReadBackoffMax},
-	} {
-		if f.v < 0 {
-			return fmt.Errorf("inbox: GroupConfig.%s is negative (%v); leave it zero for the default", f.name, f.v)
-		}
-	}
-	for _, f := range []struct {
-		name string
-		v    int
-	}{{"MinBytes", g.MinBytes}, {"MaxBytes", g.MaxBytes}, {"QueueCapacity", g.QueueCapacity}} {
-		if f.v < 0 {
-			return fmt.Errorf("inbox: GroupConfig.%s is negative (%d); leave it zero for the default", f.name, f.v)
-		}
+	const name = "inbox: GroupConfig"
+	if err := knob.RefuseNegative(name, g); err != nil {
+		return err
 	}
 	if g.StartOffset != 0 && g.StartOffset != kafka.FirstOffset && g.StartOffset != kafka.LastOffset {
 		return fmt.Errorf("inbox: GroupConfig.StartOffset is %d, neither kafka.FirstOffset nor kafka.LastOffset", g.StartOffset)
 	}
 	d := g.WithDefaults()
-	if d.MinBytes > d.MaxBytes {
-		return fmt.Errorf("inbox: GroupConfig.MinBytes (%d) exceeds MaxBytes (%d)", d.MinBytes, d.MaxBytes)
+	if err := knob.RefuseCrossed(name, "MinBytes", d.MinBytes, "MaxBytes", d.MaxBytes); err != nil {
+		return err
 	}
-	if d.ReadBackoffMin > d.ReadBackoffMax {
-		// kafka-go would panic on it.
-		return fmt.Errorf("inbox: GroupConfig.ReadBackoffMin (%v) exceeds ReadBackoffMax (%v)", d.ReadBackoffMin, d.ReadBackoffMax)
+	// kafka-go would panic on crossed read backoffs.
+	if err := knob.RefuseCrossed(name, "ReadBackoffMin", d.ReadBackoffMin, "ReadBackoffMax", d.ReadBackoffMax); err != nil {
+		return err
 	}
 	if d.HeartbeatInterval >= d.SessionTimeout {
 		return fmt.Errorf("inbox: GroupConfig.HeartbeatInterval (%v) must be shorter than SessionTimeout (%v)", d.HeartbeatInterval, d.SessionTimeout)
@@ -312,10 +271,8 @@ func (c *Consumer) fetch(ctx context.Context, g *generation, k partitionKey, off
 			return
 		}
 		c.shared.kafka.fail(ctx, "fetch", fmt.Errorf("fetching %s/%d at %d: %w", k.topic, k.partition, next, err))
-		select {
-		case <-ctx.Done():
+		if !retry.Sleep(ctx, retry.Backoff(attempt, c.cfg.BackoffMin, c.cfg.BackoffMax)) {
 			return
-		case <-time.After(retry.Backoff(attempt, c.cfg.BackoffMin, c.cfg.BackoffMax)):
 		}
 	}
 }

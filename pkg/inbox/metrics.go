@@ -40,8 +40,15 @@ var deadLetterReasons = []string{ReasonUndecodable, ReasonInvalid, ReasonPermane
 // NewMetrics creates the consumer metrics and registers them on reg (nil:
 // not registered, for tests and tools).
 func NewMetrics(reg prometheus.Registerer) *Metrics {
-	counter := func(name, help string) *prometheus.CounterVec {
-		return prometheus.NewCounterVec(prometheus.CounterOpts{Name: name, Help: help}, []string{"consumer"})
+	// Every series is labelled by consumer, then by labels.
+	counter := func(name, help string, labels ...string) *prometheus.CounterVec {
+		return prometheus.NewCounterVec(prometheus.CounterOpts{Name: name, Help: help}, append([]string{"consumer"}, labels...))
+	}
+	gauge := func(name, help string, labels ...string) *prometheus.GaugeVec {
+		return prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: name, Help: help}, append([]string{"consumer"}, labels...))
+	}
+	histogram := func(name, help string, buckets []float64) *prometheus.HistogramVec {
+		return prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: name, Help: help, Buckets: buckets}, []string{"consumer"})
 	}
 	m := &Metrics{
 		processed:  counter("inbox_processed_total", "Events handled and committed with their inbox row."),
@@ -53,64 +60,38 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		parked: counter("inbox_parked_total",
 			"Events parked, not applied, because an earlier event of their aggregate is dead (dead-lettered and not yet requeued and applied)."),
 		released: counter("inbox_released_total", "Parked events released from the parking once the dead event ahead of them was requeued and applied."),
-		deadLettered: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "inbox_dead_lettered_total",
-			Help: "Messages sent to the dead-letter topic, by reason (undecodable, invalid, permanent, exhausted).",
-		}, []string{"consumer", "reason"}),
+		deadLettered: counter("inbox_dead_lettered_total",
+			"Messages sent to the dead-letter topic, by reason (undecodable, invalid, permanent, exhausted).", "reason"),
 		gaps:      counter("inbox_version_gaps_total", "Events whose aggregate version skipped one or more versions."),
 		uncertain: counter("inbox_uncertain_total", "Leased messages whose side effect may or may not have happened; see the reconciliation report."),
-		seconds: prometheus.NewHistogramVec(prometheus.HistogramOpts{
-			Name:    "inbox_processing_seconds",
-			Help:    "Time to handle one message in a transaction of its own (a retry, lease mode, a batch of one), commit included.",
-			Buckets: prometheus.ExponentialBuckets(0.0001, 2, 16),
-		}, []string{"consumer"}),
-		batchSeconds: prometheus.NewHistogramVec(prometheus.HistogramOpts{
-			Name:    "inbox_batch_seconds",
-			Help:    "Time to handle one batch of messages in one transaction, commit included; observed once per batch, whatever its size.",
-			Buckets: prometheus.ExponentialBuckets(0.0001, 2, 18),
-		}, []string{"consumer"}),
-		hop: prometheus.NewHistogramVec(prometheus.HistogramOpts{
-			Name: "inbox_hop_seconds",
-			Help: "From the event's occurredAt (its producer's commit) to the start of its handler (lease mode: its side effect): the hop through the outbox relay, Kafka and the consumer. Observed once per first run of the handler.",
+		seconds: histogram("inbox_processing_seconds",
+			"Time to handle one message in a transaction of its own (a retry, lease mode, a batch of one), commit included.",
+			prometheus.ExponentialBuckets(0.0001, 2, 16)),
+		batchSeconds: histogram("inbox_batch_seconds",
+			"Time to handle one batch of messages in one transaction, commit included; observed once per batch, whatever its size.",
+			prometheus.ExponentialBuckets(0.0001, 2, 18)),
+		hop: histogram("inbox_hop_seconds",
+			"From the event's occurredAt (its producer's commit) to the start of its handler (lease mode: its side effect): the hop through the outbox relay, Kafka and the consumer. Observed once per first run of the handler.",
 			// 0.5 ms to ~13 s, steps of 1.5x: fine enough to tell 5 ms from 10 ms.
-			Buckets: prometheus.ExponentialBuckets(0.0005, 1.5, 26),
-		}, []string{"consumer"}),
-		lag: prometheus.NewGaugeVec(prometheus.GaugeOpts{
-			Name: "consumer_lag_messages",
-			Help: "Messages in the partition after the consumer group's committed offset.",
-		}, []string{"consumer", "topic", "partition"}),
-		deadLetters: prometheus.NewGaugeVec(prometheus.GaugeOpts{
-			Name: "inbox_dead_letters",
-			Help: "Dead-lettered events not requeued yet: the dead-letter backlog an operator has to resolve (refreshed every LagInterval).",
-		}, []string{"consumer"}),
-		parkedNow: prometheus.NewGaugeVec(prometheus.GaugeOpts{
-			Name: "inbox_parked_messages",
-			Help: "Events parked behind a dead event of their aggregate, waiting for its requeue (refreshed every LagInterval).",
-		}, []string{"consumer"}),
-		kafkaErrors: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "inbox_kafka_errors_total",
-			Help: "Failed Kafka operations of the consumer, by op (join, fetch, commit, dead_letter); retried, never charged to a message.",
-		}, []string{"consumer", "op"}),
-		dbErrors: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "inbox_database_errors_total",
-			Help: "Database operations that failed because the database was unreachable, by op; waited out, never charged to a message.",
-		}, []string{"consumer", "op"}),
-		kafkaConnected: prometheus.NewGaugeVec(prometheus.GaugeOpts{
-			Name: "inbox_kafka_connected",
-			Help: "1 while the consumer reaches Kafka, 0 during an outage it is waiting out.",
-		}, []string{"consumer"}),
-		dbConnected: prometheus.NewGaugeVec(prometheus.GaugeOpts{
-			Name: "inbox_database_connected",
-			Help: "1 while the consumer reaches its database, 0 during an outage it is waiting out.",
-		}, []string{"consumer"}),
-		effectErrors: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "inbox_effect_errors_total",
-			Help: "Lease mode: Effect calls that found the other side (a third party) unavailable, by op (check, call); waited out, never charged to a message.",
-		}, []string{"consumer", "op"}),
-		effectConnected: prometheus.NewGaugeVec(prometheus.GaugeOpts{
-			Name: "inbox_effect_connected",
-			Help: "Lease mode: 1 while the other side of the Effect (a third party) answers, 0 during an outage the consumer is waiting out.",
-		}, []string{"consumer"}),
+			prometheus.ExponentialBuckets(0.0005, 1.5, 26)),
+		lag: gauge("consumer_lag_messages",
+			"Messages in the partition after the consumer group's committed offset.", "topic", "partition"),
+		deadLetters: gauge("inbox_dead_letters",
+			"Dead-lettered events not requeued yet: the dead-letter backlog an operator has to resolve (refreshed every LagInterval)."),
+		parkedNow: gauge("inbox_parked_messages",
+			"Events parked behind a dead event of their aggregate, waiting for its requeue (refreshed every LagInterval)."),
+		kafkaErrors: counter("inbox_kafka_errors_total",
+			"Failed Kafka operations of the consumer, by op (join, fetch, commit, dead_letter); retried, never charged to a message.", "op"),
+		dbErrors: counter("inbox_database_errors_total",
+			"Database operations that failed because the database was unreachable, by op; waited out, never charged to a message.", "op"),
+		kafkaConnected: gauge("inbox_kafka_connected",
+			"1 while the consumer reaches Kafka, 0 during an outage it is waiting out."),
+		dbConnected: gauge("inbox_database_connected",
+			"1 while the consumer reaches its database, 0 during an outage it is waiting out."),
+		effectErrors: counter("inbox_effect_errors_total",
+			"Lease mode: Effect calls that found the other side (a third party) unavailable, by op (check, call); waited out, never charged to a message.", "op"),
+		effectConnected: gauge("inbox_effect_connected",
+			"Lease mode: 1 while the other side of the Effect (a third party) answers, 0 during an outage the consumer is waiting out."),
 	}
 	if reg != nil {
 		reg.MustRegister(m.effectErrors, m.effectConnected)

@@ -2,13 +2,13 @@ package inbox
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"log/slog"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgconn"
 
+	"github.com/onceflow/onceflow/pkg/internal/knob"
 	"github.com/onceflow/onceflow/pkg/internal/prune"
 )
 
@@ -49,25 +49,15 @@ type PruneConfig struct {
 // WithDefaults returns c with every zero field set to its documented
 // default; negative values are kept for Validate to refuse.
 func (c PruneConfig) WithDefaults() PruneConfig {
-	if c.Retention == 0 {
-		c.Retention = DefaultRetention
-	}
-	if c.BatchSize == 0 {
-		c.BatchSize = DefaultPruneBatchSize
-	}
+	knob.Default(&c.Retention, DefaultRetention)
+	knob.Default(&c.BatchSize, DefaultPruneBatchSize)
 	return c
 }
 
 // Validate refuses a negative Retention or BatchSize: a negative retention
 // would prune rows the moment they are processed.
 func (c PruneConfig) Validate() error {
-	if c.Retention < 0 {
-		return fmt.Errorf("inbox: PruneConfig.Retention is negative (%v); leave it zero for the default", c.Retention)
-	}
-	if c.BatchSize < 0 {
-		return fmt.Errorf("inbox: PruneConfig.BatchSize is negative (%d); leave it zero for the default", c.BatchSize)
-	}
-	return nil
+	return knob.RefuseNegative("inbox: PruneConfig", c)
 }
 
 // DB is what Prune needs from the caller's database handle. *pgxpool.Pool
@@ -108,71 +98,33 @@ func Prune(ctx context.Context, db DB, cfg PruneConfig) (int, error) {
 		return 0, err
 	}
 	cfg = cfg.WithDefaults()
-	total := 0
-	for {
-		tag, err := db.Exec(ctx, pruneProcessed, cfg.Retention.Microseconds(), cfg.BatchSize)
-		if err != nil {
-			return total, fmt.Errorf("inbox: pruning processed messages: %w", err)
-		}
-		n := int(tag.RowsAffected())
-		total += n
-		if n < cfg.BatchSize {
-			return total, nil
-		}
+	total, err := prune.Batches(ctx, db, pruneProcessed, cfg.Retention, cfg.BatchSize)
+	if err != nil {
+		return total, fmt.Errorf("inbox: pruning processed messages: %w", err)
 	}
+	return total, nil
 }
 
-// PrunerConfig configures a Pruner. Zero fields take the documented
-// defaults; negative ones are refused by Validate.
-type PrunerConfig struct {
-	// PruneConfig is what each run prunes; see its fields' defaults.
-	PruneConfig
-	// Interval is the time between runs. Default DefaultPruneInterval (1h).
-	Interval time.Duration
-	// Logger receives each run's outcome. Default: slog.Default().
-	Logger *slog.Logger
-}
-
-// WithDefaults returns c with every zero field set to its documented
-// default; negative values are kept for Validate to refuse.
-func (c PrunerConfig) WithDefaults() PrunerConfig {
-	c.PruneConfig = c.PruneConfig.WithDefaults()
-	c.Interval, c.Logger = prune.Defaults(c.Interval, c.Logger)
-	return c
-}
-
-// Validate refuses what PruneConfig.Validate refuses, and a negative
-// Interval.
-func (c PrunerConfig) Validate() error {
-	if err := c.PruneConfig.Validate(); err != nil {
-		return err
-	}
-	return prune.ValidateInterval("inbox", c.Interval)
-}
+// PrunerConfig configures a Pruner: PruneConfig is what each run prunes
+// (see its fields' defaults), Interval the time between runs (default
+// DefaultPruneInterval, 1h), Logger receives each run's outcome (default
+// slog.Default()). Zero fields take the defaults; negative ones are refused
+// by Validate. Both libraries' pruners share it (pkg/internal/prune).
+type PrunerConfig = prune.Config[PruneConfig]
 
 // Pruner runs Prune in the background, once at start and then every
-// Interval. Several instances may run at once: batches skip rows another
-// holds, so they share the work rather than collide.
-type Pruner struct {
-	loop prune.Loop
-}
+// Interval, until the ctx of its Run(ctx) ends. Several instances may run
+// at once: batches skip rows another holds, so they share the work rather
+// than collide.
+type Pruner = prune.Pruner
 
 // NewPruner returns a pruner of the inbox in db.
 func NewPruner(db DB, cfg PrunerConfig) (*Pruner, error) {
-	if db == nil {
-		return nil, errors.New("inbox: NewPruner needs a database")
-	}
-	if err := cfg.Validate(); err != nil {
-		return nil, err
-	}
-	cfg = cfg.WithDefaults()
-	return &Pruner{loop: prune.Loop{
-		Lib: "inbox", What: "processed messages", Interval: cfg.Interval, Logger: cfg.Logger,
-		Attrs: []slog.Attr{slog.Duration("retention", cfg.Retention)},
-		Once:  func(ctx context.Context) (int, error) { return Prune(ctx, db, cfg.PruneConfig) },
-	}}, nil
+	return prune.New(db, cfg, func(c PruneConfig) prune.Run {
+		return prune.Run{
+			What:  "processed messages",
+			Attrs: []slog.Attr{slog.Duration("retention", c.Retention)},
+			Once:  func(ctx context.Context) (int, error) { return Prune(ctx, db, c) },
+		}
+	})
 }
-
-// Run prunes until ctx ends, then returns nil. A failed run is logged and
-// retried at the next interval; it does not stop the pruner.
-func (p *Pruner) Run(ctx context.Context) error { return p.loop.Run(ctx) }

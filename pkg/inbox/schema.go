@@ -3,7 +3,6 @@ package inbox
 import (
 	"context"
 	"embed"
-	"io/fs"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
@@ -16,7 +15,7 @@ var migrationFiles embed.FS
 // Migrations is the inbox schema as golang-migrate files (NNNN_name.up.sql
 // and .down.sql at the root). Apply them in the consuming service's database,
 // tracked in MigrationsTable so they version independently of its own.
-var Migrations, _ = fs.Sub(migrationFiles, "migrations")
+var Migrations = pgmigrate.Dir(migrationFiles)
 
 // MigrationsTable is the golang-migrate table the inbox schema is tracked in.
 const MigrationsTable = "inbox_schema_migrations"

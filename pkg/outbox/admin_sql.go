@@ -19,26 +19,39 @@ LIMIT $1`
 const requeueSet = `
 UPDATE outbox_events
 SET state = 'pending', attempts = 0, next_attempt_at = '-infinity',
-    last_error = 'requeued: ' || coalesce(last_error, '')`
+    last_error = ` + requeuedError
 
-// requeueIDs requeues the dead rows among the ids, unless an id names no
-// row at all: then it changes nothing and returns the unknown ids, so that
-// a mistyped id is reported rather than quietly skipped. Rows that exist
-// but are not dead are skipped, so a requeue can be repeated safely.
-const requeueIDs = `
+// requeueWanted opens the statements that requeue dead rows by id ($1):
+// wanted is the ids asked for, unknown those that name no row at all. The
+// statement then changes nothing (deadWanted) and reports the unknown ids
+// (requeueReport), so that a mistyped id is reported rather than quietly
+// skipped. Rows that exist but are not dead are skipped, so a requeue can
+// be repeated safely.
+const requeueWanted = `
 WITH wanted AS (SELECT DISTINCT unnest($1::bigint[]) AS id),
 unknown AS (
-    SELECT w.id FROM wanted w WHERE NOT EXISTS (SELECT 1 FROM outbox_events o WHERE o.id = w.id)),
-requeued AS (` + requeueSet + `
-    WHERE id IN (SELECT id FROM wanted) AND state = 'dead' AND NOT EXISTS (SELECT 1 FROM unknown)
-    RETURNING id)
+    SELECT w.id FROM wanted w WHERE NOT EXISTS (SELECT 1 FROM outbox_events o WHERE o.id = w.id)),`
+
+// deadWanted picks the dead rows among wanted, none if an id is unknown.
+const deadWanted = `
+    WHERE id IN (SELECT id FROM wanted) AND state = 'dead' AND NOT EXISTS (SELECT 1 FROM unknown)`
+
+// requeueReport is what a requeue by id returns: how many rows the CTE
+// requeued holds, and the unknown ids.
+const requeueReport = `
 SELECT (SELECT count(*) FROM requeued), coalesce((SELECT array_agg(id ORDER BY id) FROM unknown), '{}')`
 
-// requeueDead picks the rows in a MATERIALIZED CTE, run exactly once: as a
-// subquery in the WHERE clause, a LIMIT … FOR UPDATE may be re-run for each
-// row the UPDATE visits, skip the rows this statement already updated, and
-// so requeue more than the limit.
-const requeueDead = `
+// requeueIDs requeues the dead rows among the ids (requeueWanted).
+const requeueIDs = requeueWanted + `
+requeued AS (` + requeueSet + deadWanted + `
+    RETURNING id)` + requeueReport
+
+// chosenDead picks the dead rows a requeue by filter moves ($1 aggregate
+// type, $2 aggregate id, ” for any; $3 the limit, NULL for none) in a
+// MATERIALIZED CTE, run exactly once: as a subquery in the WHERE clause, a
+// LIMIT … FOR UPDATE may be re-run for each row the UPDATE visits, skip the
+// rows this statement already updated, and so requeue more than the limit.
+const chosenDead = `
 WITH chosen AS MATERIALIZED (
     SELECT id FROM outbox_events
     WHERE state = 'dead'
@@ -46,7 +59,10 @@ WITH chosen AS MATERIALIZED (
       AND ($2 = '' OR aggregate_id = $2)
     ORDER BY id
     LIMIT $3 -- NULL: no limit
-    FOR UPDATE)` + requeueSet + `
+    FOR UPDATE)`
+
+// requeueDead requeues the dead rows chosenDead picks.
+const requeueDead = chosenDead + requeueSet + `
 WHERE id IN (SELECT id FROM chosen)`
 
 // replayWindow is shared by every mode's count, dry run and replay, so that
@@ -103,28 +119,15 @@ const requeuedError = `'requeued: ' || coalesce(last_error, '')`
 
 // requeueCopyIDsSQL is requeueIDs for ModeCDC: the same refusal of unknown
 // ids, then each dead row deleted and inserted again.
-var requeueCopyIDsSQL = `
-WITH wanted AS (SELECT DISTINCT unnest($1::bigint[]) AS id),
-unknown AS (
-    SELECT w.id FROM wanted w WHERE NOT EXISTS (SELECT 1 FROM outbox_events o WHERE o.id = w.id)),
+var requeueCopyIDsSQL = requeueWanted + `
 moved AS (
-    DELETE FROM outbox_events
-    WHERE id IN (SELECT id FROM wanted) AND state = 'dead' AND NOT EXISTS (SELECT 1 FROM unknown)
+    DELETE FROM outbox_events` + deadWanted + `
     RETURNING *),
-copied AS (` + copyAsPending(requeuedError) + `
-    RETURNING id)
-SELECT (SELECT count(*) FROM copied), coalesce((SELECT array_agg(id ORDER BY id) FROM unknown), '{}')`
+requeued AS (` + copyAsPending(requeuedError) + `
+    RETURNING id)` + requeueReport
 
 // requeueCopyDead is requeueDead for ModeCDC.
-var requeueCopyDead = `
-WITH chosen AS MATERIALIZED (
-    SELECT id FROM outbox_events
-    WHERE state = 'dead'
-      AND ($1 = '' OR aggregate_type = $1)
-      AND ($2 = '' OR aggregate_id = $2)
-    ORDER BY id
-    LIMIT $3 -- NULL: no limit
-    FOR UPDATE),
+var requeueCopyDead = chosenDead + `,
 moved AS (
     DELETE FROM outbox_events WHERE id IN (SELECT id FROM chosen)
     RETURNING *)` + copyAsPending(requeuedError)

@@ -4,8 +4,6 @@ import (
 	"context"
 	"time"
 
-	"github.com/google/uuid"
-
 	"github.com/onceflow/onceflow/pkg/internal/backlog"
 )
 
@@ -42,16 +40,11 @@ func (c BacklogConfig) Validate() error {
 		backlog.Age{Field: "DeadOlderThan", Value: c.DeadOlderThan})
 }
 
-// BacklogState is what Backlog found in one state.
-type BacklogState struct {
-	// Count is how many rows are in the state and old enough.
-	Count int
-	// Oldest is the created_at of the oldest of them; zero when Count is 0.
-	Oldest time.Time
-	// Samples are the event ids of the oldest of them, oldest first, at
-	// most BacklogConfig.Samples.
-	Samples []uuid.UUID
-}
+// BacklogState is what Backlog found in one state: Count rows old enough,
+// Oldest the created_at of the oldest of them (zero when Count is 0), and
+// Samples, the event ids of the oldest of them, oldest first, at most
+// BacklogConfig.Samples.
+type BacklogState = backlog.State
 
 // BacklogReport is Backlog's result: the old pending rows (the relay is
 // behind or stopped) and the dead ones (the broker refused them for good).
@@ -102,7 +95,6 @@ const (
 )
 
 func backlogState(ctx context.Context, db BacklogDB, state string, olderThan time.Duration, samples int) (BacklogState, error) {
-	s, err := backlog.Read(ctx, db, sqlBacklogCount, sqlBacklogSamples, []any{state, olderThan.Microseconds()}, samples,
+	return backlog.Read(ctx, db, sqlBacklogCount, sqlBacklogSamples, []any{state, olderThan.Microseconds()}, samples,
 		func(doing string, err error) error { return storeErr(doing+" "+state+" rows", err) })
-	return BacklogState(s), err
 }

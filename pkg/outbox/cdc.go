@@ -107,7 +107,7 @@ func (r *CDCRelay) Run(ctx context.Context) error {
 			r.cfg.Metrics.dbErrors.WithLabelValues("replication").Inc()
 			r.stream.fail(ctx, err)
 		}
-		if !sleep(ctx, retry.Backoff(streak, r.cfg.OutageBackoffMin, r.cfg.OutageBackoffMax)) {
+		if !retry.Sleep(ctx, retry.Backoff(streak, r.cfg.OutageBackoffMin, r.cfg.OutageBackoffMax)) {
 			return nil
 		}
 		if errors.Is(err, errStreamed) {

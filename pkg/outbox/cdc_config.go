@@ -5,6 +5,8 @@ import (
 	"log/slog"
 	"regexp"
 	"time"
+
+	"github.com/onceflow/onceflow/pkg/internal/knob"
 )
 
 // The log-based relay's own defaults, what a zero CDCConfig field means;
@@ -138,26 +140,26 @@ var slotName = regexp.MustCompile(`^[a-z0-9_]{1,63}$`)
 // WithDefaults returns c with every zero field set to its documented
 // default. Negative values are kept, for Validate to refuse (config.go).
 func (c CDCConfig) WithDefaults() CDCConfig {
-	orDefault(&c.Slot, DefaultSlot)
+	knob.Default(&c.Slot, DefaultSlot)
 	if c.Topic == nil {
 		c.Topic = defaultTopic
 	}
-	orDefault(&c.Mode, ModeCDC)
-	orDefault(&c.BatchSize, DefaultBatchSize)
-	orDefault(&c.MaxInFlight, maxInFlightPerBatch*c.BatchSize)
-	orDefault(&c.RetentionBatch, DefaultRetentionBatch)
-	orDefault(&c.MaxAttempts, DefaultCDCMaxAttempts)
-	orDefault(&c.FlushDelay, DefaultFlushDelay)
-	orDefault(&c.StatusInterval, DefaultStatusInterval)
-	orDefault(&c.LagInterval, DefaultLagInterval)
-	orDefault(&c.RetentionInterval, DefaultRetentionInterval)
-	orDefault(&c.Retain, DefaultRetain)
-	orDefault(&c.PublishTimeout, DefaultPublishTimeout)
-	orDefault(&c.BackoffMin, DefaultBackoffMin)
-	orDefault(&c.BackoffMax, DefaultCDCBackoffMax)
-	orDefault(&c.OutageBackoffMin, DefaultOutageBackoffMin)
-	orDefault(&c.OutageBackoffMax, DefaultCDCOutageBackoffMax)
-	orDefault(&c.LogInterval, DefaultLogInterval)
+	knob.Default(&c.Mode, ModeCDC)
+	knob.Default(&c.BatchSize, DefaultBatchSize)
+	knob.Default(&c.MaxInFlight, maxInFlightPerBatch*c.BatchSize)
+	knob.Default(&c.RetentionBatch, DefaultRetentionBatch)
+	knob.Default(&c.MaxAttempts, DefaultCDCMaxAttempts)
+	knob.Default(&c.FlushDelay, DefaultFlushDelay)
+	knob.Default(&c.StatusInterval, DefaultStatusInterval)
+	knob.Default(&c.LagInterval, DefaultLagInterval)
+	knob.Default(&c.RetentionInterval, DefaultRetentionInterval)
+	knob.Default(&c.Retain, DefaultRetain)
+	knob.Default(&c.PublishTimeout, DefaultPublishTimeout)
+	knob.Default(&c.BackoffMin, DefaultBackoffMin)
+	knob.Default(&c.BackoffMax, DefaultCDCBackoffMax)
+	knob.Default(&c.OutageBackoffMin, DefaultOutageBackoffMin)
+	knob.Default(&c.OutageBackoffMax, DefaultCDCOutageBackoffMax)
+	knob.Default(&c.LogInterval, DefaultLogInterval)
 	if c.Logger == nil {
 		c.Logger = slog.Default()
 	}
@@ -172,25 +174,8 @@ func (c CDCConfig) WithDefaults() CDCConfig {
 // that is not log-based, or crossed backoff bounds. It checks c as
 // NewCDCRelay would use it, after WithDefaults.
 func (c CDCConfig) Validate() error {
-	const name = "CDCConfig"
-	err := refuseNegative(name,
-		signed("BatchSize", c.BatchSize),
-		signed("MaxInFlight", c.MaxInFlight),
-		signed("FlushDelay", c.FlushDelay),
-		signed("StatusInterval", c.StatusInterval),
-		signed("LagInterval", c.LagInterval),
-		signed("RetentionInterval", c.RetentionInterval),
-		signed("RetentionBatch", c.RetentionBatch),
-		signed("Retain", c.Retain),
-		signed("PublishTimeout", c.PublishTimeout),
-		signed("MaxAttempts", c.MaxAttempts),
-		signed("BackoffMin", c.BackoffMin),
-		signed("BackoffMax", c.BackoffMax),
-		signed("OutageBackoffMin", c.OutageBackoffMin),
-		signed("OutageBackoffMax", c.OutageBackoffMax),
-		signed("LogInterval", c.LogInterval),
-	)
-	if err != nil {
+	const name = "outbox: CDCConfig"
+	if err := knob.RefuseNegative(name, c); err != nil {
 		return err
 	}
 	d := c.WithDefaults()
@@ -200,8 +185,8 @@ func (c CDCConfig) Validate() error {
 	if d.Mode != ModeCDC && d.Mode != ModeWAL {
 		return fmt.Errorf("outbox: CDCConfig.Mode must be %s or %s, got %q", ModeCDC, ModeWAL, d.Mode)
 	}
-	if err := refuseCrossed(name, "BackoffMin", d.BackoffMin, "BackoffMax", d.BackoffMax); err != nil {
+	if err := knob.RefuseCrossed(name, "BackoffMin", d.BackoffMin, "BackoffMax", d.BackoffMax); err != nil {
 		return err
 	}
-	return refuseCrossed(name, "OutageBackoffMin", d.OutageBackoffMin, "OutageBackoffMax", d.OutageBackoffMax)
+	return knob.RefuseCrossed(name, "OutageBackoffMin", d.OutageBackoffMin, "OutageBackoffMax", d.OutageBackoffMax)
 }

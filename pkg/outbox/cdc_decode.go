@@ -142,32 +142,18 @@ func newRowColumns(rel *pglogrepl.RelationMessage) *rowColumns {
 	if rel.RelationName != "outbox_events" {
 		return nil
 	}
-	c := &rowColumns{n: len(rel.Columns), id: -1, eventID: -1, aggType: -1, aggID: -1, aggVersion: -1,
-		eventType: -1, eventVersion: -1, payload: -1, headers: -1, occurredAt: -1, createdAt: -1}
+	c := &rowColumns{n: len(rel.Columns)}
+	positions := map[string]*int{
+		"id": &c.id, "event_id": &c.eventID, "aggregate_type": &c.aggType, "aggregate_id": &c.aggID,
+		"aggregate_version": &c.aggVersion, "event_type": &c.eventType, "event_version": &c.eventVersion,
+		"payload": &c.payload, "headers": &c.headers, "occurred_at": &c.occurredAt, "created_at": &c.createdAt,
+	}
+	for _, p := range positions {
+		*p = -1
+	}
 	for i, col := range rel.Columns {
-		switch col.Name {
-		case "id":
-			c.id = i
-		case "event_id":
-			c.eventID = i
-		case "aggregate_type":
-			c.aggType = i
-		case "aggregate_id":
-			c.aggID = i
-		case "aggregate_version":
-			c.aggVersion = i
-		case "event_type":
-			c.eventType = i
-		case "event_version":
-			c.eventVersion = i
-		case "payload":
-			c.payload = i
-		case "headers":
-			c.headers = i
-		case "occurred_at":
-			c.occurredAt = i
-		case "created_at":
-			c.createdAt = i
+		if p, ok := positions[col.Name]; ok {
+			*p = i
 		}
 	}
 	return c
@@ -189,57 +175,52 @@ type rawEnvelope struct {
 // envelope the polling relay reads from the table, and the row's id and
 // insert time.
 func (c *rowColumns) decodeRow(cols [][]byte, ev *rawEnvelope) (rowID int64, createdAt time.Time, err error) {
-	col := func(i int, name string) ([]byte, error) {
-		if i < 0 || cols[i] == nil {
-			return nil, fmt.Errorf("column %s is missing or null", name)
-		}
-		return cols[i], nil
+	r := tupleReader{cols: cols}
+	rowID = readColumn(&r, c.id, "id", parseDecimal)
+	ev.eventID = readColumn(&r, c.eventID, "event_id", uuid.ParseBytes)
+	ev.aggType = r.text(c.aggType, "aggregate_type")
+	ev.aggID = r.text(c.aggID, "aggregate_id")
+	ev.aggVersion = readColumn(&r, c.aggVersion, "aggregate_version", parseDecimal)
+	ev.eventType = r.text(c.eventType, "event_type")
+	ev.eventVersion = readColumn(&r, c.eventVersion, "event_version", parseDecimal)
+	ev.payload = r.text(c.payload, "payload")
+	if b := r.text(c.headers, "headers"); r.err == nil {
+		r.err = ev.readHeaders(b)
 	}
-	var b []byte
-	if b, err = col(c.id, "id"); err == nil {
-		rowID, err = parseDecimal(b)
+	ev.occurredAt = readColumn(&r, c.occurredAt, "occurred_at", parseTimestamptz)
+	if r.err == nil && c.createdAt >= 0 && cols[c.createdAt] != nil {
+		createdAt, r.err = parseTimestamptz(cols[c.createdAt])
 	}
-	if err == nil {
-		if b, err = col(c.eventID, "event_id"); err == nil {
-			ev.eventID, err = uuid.ParseBytes(b)
-		}
+	return rowID, createdAt, r.err
+}
+
+// tupleReader reads the columns of one tuple and keeps the first error:
+// after it, every read returns a zero value, and decodeRow reports it.
+type tupleReader struct {
+	cols [][]byte
+	err  error
+}
+
+// text is column i's text, named name in the error if it is missing (i < 0)
+// or null.
+func (r *tupleReader) text(i int, name string) []byte {
+	if r.err != nil {
+		return nil
 	}
-	if err == nil {
-		ev.aggType, err = col(c.aggType, "aggregate_type")
+	if i < 0 || r.cols[i] == nil {
+		r.err = fmt.Errorf("column %s is missing or null", name)
+		return nil
 	}
-	if err == nil {
-		ev.aggID, err = col(c.aggID, "aggregate_id")
+	return r.cols[i]
+}
+
+// readColumn is column i's text read by parse.
+func readColumn[T any](r *tupleReader, i int, name string, parse func([]byte) (T, error)) T {
+	var v T
+	if b := r.text(i, name); r.err == nil {
+		v, r.err = parse(b)
 	}
-	if err == nil {
-		if b, err = col(c.aggVersion, "aggregate_version"); err == nil {
-			ev.aggVersion, err = parseDecimal(b)
-		}
-	}
-	if err == nil {
-		ev.eventType, err = col(c.eventType, "event_type")
-	}
-	if err == nil {
-		if b, err = col(c.eventVersion, "event_version"); err == nil {
-			ev.eventVersion, err = parseDecimal(b)
-		}
-	}
-	if err == nil {
-		ev.payload, err = col(c.payload, "payload")
-	}
-	if err == nil {
-		if b, err = col(c.headers, "headers"); err == nil {
-			err = ev.readHeaders(b)
-		}
-	}
-	if err == nil {
-		if b, err = col(c.occurredAt, "occurred_at"); err == nil {
-			ev.occurredAt, err = parseTimestamptz(b)
-		}
-	}
-	if err == nil && c.createdAt >= 0 && cols[c.createdAt] != nil {
-		createdAt, err = parseTimestamptz(cols[c.createdAt])
-	}
-	return rowID, createdAt, err
+	return v
 }
 
 // readHeaders reads the headers column (envelopeHeaders as jsonb). jsonb's

@@ -195,7 +195,7 @@ func (l *lane) publish(ctx context.Context, todo []cdcEvent) (bool, error) {
 		if brokerErr == nil {
 			delay = retry.Backoff(attempts[idx[0]], r.cfg.BackoffMin, r.cfg.BackoffMax)
 		}
-		if !sleep(ctx, delay) {
+		if !retry.Sleep(ctx, delay) {
 			return false, nil
 		}
 	}
@@ -242,7 +242,7 @@ func (l *lane) loadDeadAhead(ctx context.Context) bool {
 				slog.String("topic", l.topic), slog.Any("error", err))
 			return true
 		}
-		if !sleep(ctx, retry.Backoff(attempt, l.r.cfg.OutageBackoffMin, l.r.cfg.OutageBackoffMax)) {
+		if !retry.Sleep(ctx, retry.Backoff(attempt, l.r.cfg.OutageBackoffMin, l.r.cfg.OutageBackoffMax)) {
 			return false
 		}
 	}
@@ -290,7 +290,7 @@ func (l *lane) dropSettled(ctx context.Context, todo []cdcEvent) ([]int, bool) {
 				slog.String("topic", l.topic), slog.Any("error", err))
 			break
 		}
-		if !sleep(ctx, retry.Backoff(attempt, l.r.cfg.OutageBackoffMin, l.r.cfg.OutageBackoffMax)) {
+		if !retry.Sleep(ctx, retry.Backoff(attempt, l.r.cfg.OutageBackoffMin, l.r.cfg.OutageBackoffMax)) {
 			return nil, false
 		}
 	}

@@ -114,7 +114,7 @@ func (m RelayMode) RequeueDead(ctx context.Context, db DB, f DeadFilter) (int, e
 	}
 	switch m {
 	case ModePoll:
-		return requeueDeadPoll(ctx, db, f)
+		return requeueDeadPoll(ctx, db, f.AggregateType, f.AggregateID, limit)
 	case ModeCDC, ModeDebezium:
 		tag, err := db.Exec(ctx, requeueCopyDead, f.AggregateType, f.AggregateID, limit)
 		if err != nil {
@@ -134,32 +134,15 @@ func (m RelayMode) RequeueDead(ctx context.Context, db DB, f DeadFilter) (int, e
 }
 
 func requeuePoll(ctx context.Context, db DB, ids []int64) (int, error) {
-	if len(ids) == 0 {
-		return 0, nil
-	}
-	var (
-		n       int
-		unknown []int64
-	)
-	rows, err := db.Query(ctx, requeueIDs, ids)
-	if err == nil {
-		_, err = pgx.ForEachRow(rows, []any{&n, &unknown}, func() error { return nil })
-	}
+	n, err := requeueByID(ctx, db, requeueIDs, ids, "pruned rows are gone")
 	if err != nil {
-		return 0, storeErr(fmt.Sprintf("requeuing %d ids", len(ids)), err)
-	}
-	if len(unknown) > 0 {
-		return 0, fmt.Errorf("%w: no outbox row has id %s (nothing was requeued; pruned rows are gone)", ErrNotFound, listIDs(unknown))
+		return 0, err
 	}
 	return wake(ctx, db, n), nil
 }
 
-func requeueDeadPoll(ctx context.Context, db DB, f DeadFilter) (int, error) {
-	var limit any // nil: LIMIT NULL, no limit
-	if f.Limit > 0 {
-		limit = f.Limit
-	}
-	tag, err := db.Exec(ctx, requeueDead, f.AggregateType, f.AggregateID, limit)
+func requeueDeadPoll(ctx context.Context, db DB, aggType, aggID string, limit any) (int, error) {
+	tag, err := db.Exec(ctx, requeueDead, aggType, aggID, limit)
 	if err != nil {
 		return 0, storeErr("requeuing dead events", err)
 	}
@@ -167,6 +150,14 @@ func requeueDeadPoll(ctx context.Context, db DB, f DeadFilter) (int, error) {
 }
 
 func requeueCopyIDs(ctx context.Context, db DB, ids []int64) (int, error) {
+	return requeueByID(ctx, db, requeueCopyIDsSQL, ids,
+		"a requeued or replayed row was written again under a new id, and pruned rows are gone")
+}
+
+// requeueByID runs stmt, a requeue of the dead rows among ids that reports
+// how many it requeued and which ids name no row (requeueReport), and
+// refuses those ids; gone says where such a row may have gone.
+func requeueByID(ctx context.Context, db DB, stmt string, ids []int64, gone string) (int, error) {
 	if len(ids) == 0 {
 		return 0, nil
 	}
@@ -174,7 +165,7 @@ func requeueCopyIDs(ctx context.Context, db DB, ids []int64) (int, error) {
 		n       int
 		unknown []int64
 	)
-	rows, err := db.Query(ctx, requeueCopyIDsSQL, ids)
+	rows, err := db.Query(ctx, stmt, ids)
 	if err == nil {
 		_, err = pgx.ForEachRow(rows, []any{&n, &unknown}, func() error { return nil })
 	}
@@ -182,8 +173,7 @@ func requeueCopyIDs(ctx context.Context, db DB, ids []int64) (int, error) {
 		return 0, storeErr(fmt.Sprintf("requeuing %d ids", len(ids)), err)
 	}
 	if len(unknown) > 0 {
-		return 0, fmt.Errorf("%w: no outbox row has id %s (nothing was requeued; a requeued or replayed row "+
-			"was written again under a new id, and pruned rows are gone)", ErrNotFound, listIDs(unknown))
+		return 0, fmt.Errorf("%w: no outbox row has id %s (nothing was requeued; %s)", ErrNotFound, listIDs(unknown), gone)
 	}
 	return n, nil
 }

@@ -47,15 +47,3 @@ func (o *outage) ok(ctx context.Context) {
 func (o *outage) state() (down bool, since time.Time, lastErr error) {
 	return o.t.State()
 }
-
-// sleep waits d or until ctx ends, and reports whether ctx is still live.
-func sleep(ctx context.Context, d time.Duration) bool {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return false
-	case <-t.C:
-		return true
-	}
-}

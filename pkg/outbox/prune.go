@@ -2,11 +2,11 @@ package outbox
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"log/slog"
 	"time"
 
+	"github.com/onceflow/onceflow/pkg/internal/knob"
 	"github.com/onceflow/onceflow/pkg/internal/prune"
 )
 
@@ -45,28 +45,18 @@ type PruneConfig struct {
 // WithDefaults returns c with every zero field set to its documented
 // default; negative values are kept for Validate to refuse.
 func (c PruneConfig) WithDefaults() PruneConfig {
-	if c.Retention == 0 {
-		c.Retention = 7 * 24 * time.Hour
-	}
-	if c.BatchSize == 0 {
-		c.BatchSize = 1000
-	}
+	knob.Default(&c.Retention, 7*24*time.Hour)
+	knob.Default(&c.BatchSize, 1000)
 	return c
 }
 
 // Validate refuses a negative Retention, PendingRetention or BatchSize: a
 // negative retention would prune rows the moment they are published.
 func (c PruneConfig) Validate() error {
-	if c.Retention < 0 {
-		return fmt.Errorf("outbox: PruneConfig.Retention is negative (%v); leave it zero for the default", c.Retention)
-	}
 	if c.PendingRetention < 0 {
 		return fmt.Errorf("outbox: PruneConfig.PendingRetention is negative (%v); leave it zero to keep pending rows", c.PendingRetention)
 	}
-	if c.BatchSize < 0 {
-		return fmt.Errorf("outbox: PruneConfig.BatchSize is negative (%d); leave it zero for the default", c.BatchSize)
-	}
-	return nil
+	return knob.RefuseNegative("outbox: PruneConfig", c)
 }
 
 // Prune removes published rows older than cfg.Retention (by published_at),
@@ -84,85 +74,45 @@ func Prune(ctx context.Context, db DB, cfg PruneConfig) (int, error) {
 		return 0, err
 	}
 	cfg = cfg.WithDefaults()
-	total, err := pruneBatches(ctx, db, pruneStatement(publishedDoomed, cfg.Archive), cfg.Retention, cfg.BatchSize, "published")
-	if err != nil || cfg.PendingRetention == 0 {
-		return total, err
+	total, err := prune.Batches(ctx, db, pruneStatement(publishedDoomed, cfg.Archive), cfg.Retention, cfg.BatchSize)
+	if err != nil {
+		return total, storeErr("pruning published events", err)
 	}
-	n, err := pruneBatches(ctx, db, pruneStatement(pendingDoomed, cfg.Archive), cfg.PendingRetention, cfg.BatchSize, "pending")
+	if cfg.PendingRetention == 0 {
+		return total, nil
+	}
+	n, err := prune.Batches(ctx, db, pruneStatement(pendingDoomed, cfg.Archive), cfg.PendingRetention, cfg.BatchSize)
+	if err != nil {
+		err = storeErr("pruning pending events", err)
+	}
 	return total + n, err
 }
 
-// pruneBatches runs stmt until a batch comes up short.
-func pruneBatches(ctx context.Context, db DB, stmt string, retention time.Duration, batchSize int, state string) (int, error) {
-	total := 0
-	for {
-		tag, err := db.Exec(ctx, stmt, retention.Microseconds(), batchSize)
-		if err != nil {
-			return total, storeErr("pruning "+state+" events", err)
-		}
-		n := int(tag.RowsAffected())
-		total += n
-		if n < batchSize {
-			return total, nil
-		}
-	}
-}
-
-// PrunerConfig configures a Pruner. Zero fields take the documented defaults.
-type PrunerConfig struct {
-	// PruneConfig is what each run prunes; see its fields' defaults.
-	PruneConfig
-	// Interval is the time between runs. Default 1h.
-	Interval time.Duration
-	// Logger receives each run's outcome. Default: slog.Default().
-	Logger *slog.Logger
-}
-
-// WithDefaults returns c with every zero field set to its documented
-// default; negative values are kept for Validate to refuse.
-func (c PrunerConfig) WithDefaults() PrunerConfig {
-	c.PruneConfig = c.PruneConfig.WithDefaults()
-	c.Interval, c.Logger = prune.Defaults(c.Interval, c.Logger)
-	return c
-}
-
-// Validate refuses what PruneConfig.Validate refuses, and a negative
-// Interval.
-func (c PrunerConfig) Validate() error {
-	if err := c.PruneConfig.Validate(); err != nil {
-		return err
-	}
-	return prune.ValidateInterval("outbox", c.Interval)
-}
+// PrunerConfig configures a Pruner: PruneConfig is what each run prunes
+// (see its fields' defaults), Interval the time between runs (default 1h),
+// Logger receives each run's outcome (default slog.Default()). Zero fields
+// take the defaults; negative ones are refused by Validate. Both libraries'
+// pruners share it (pkg/internal/prune).
+type PrunerConfig = prune.Config[PruneConfig]
 
 // Pruner runs Prune in the background, once at start and then every
-// Interval. Several instances may run at once: batches skip rows another
-// holds, so they share the work rather than collide.
-type Pruner struct {
-	loop prune.Loop
-}
+// Interval, until the ctx of its Run(ctx) ends. Several instances may run
+// at once: batches skip rows another holds, so they share the work rather
+// than collide.
+type Pruner = prune.Pruner
 
 // NewPruner returns a pruner of the outbox in db.
 func NewPruner(db DB, cfg PrunerConfig) (*Pruner, error) {
-	if db == nil {
-		return nil, errors.New("outbox: NewPruner needs a database")
-	}
-	if err := cfg.Validate(); err != nil {
-		return nil, err
-	}
-	cfg = cfg.WithDefaults()
-	what := "published events"
-	if cfg.PendingRetention > 0 {
-		what = "published and expired pending events"
-	}
-	return &Pruner{loop: prune.Loop{
-		Lib: "outbox", What: what, Interval: cfg.Interval, Logger: cfg.Logger,
-		Attrs: []slog.Attr{slog.Bool("archive", cfg.Archive), slog.Duration("retention", cfg.Retention),
-			slog.Duration("pending_retention", cfg.PendingRetention)},
-		Once: func(ctx context.Context) (int, error) { return Prune(ctx, db, cfg.PruneConfig) },
-	}}, nil
+	return prune.New(db, cfg, func(c PruneConfig) prune.Run {
+		what := "published events"
+		if c.PendingRetention > 0 {
+			what = "published and expired pending events"
+		}
+		return prune.Run{
+			What: what,
+			Attrs: []slog.Attr{slog.Bool("archive", c.Archive), slog.Duration("retention", c.Retention),
+				slog.Duration("pending_retention", c.PendingRetention)},
+			Once: func(ctx context.Context) (int, error) { return Prune(ctx, db, c) },
+		}
+	})
 }
-
-// Run prunes until ctx ends, then returns nil. A failed run is logged and
-// retried at the next interval; it does not stop the pruner.
-func (p *Pruner) Run(ctx context.Context) error { return p.loop.Run(ctx) }

@@ -6,6 +6,8 @@ import (
 	"log/slog"
 
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/onceflow/onceflow/pkg/internal/knob"
 )
 
 // Publisher is what a service runs to get its outbox's events to Kafka,
@@ -54,7 +56,7 @@ type PublisherConfig struct {
 // waits for ctx to end, never a nil one, so that a service runs whatever it
 // gets as one stage among its others.
 func NewPublisher(pool *pgxpool.Pool, w Writer, cfg PublisherConfig) (Publisher, error) {
-	orDefault(&cfg.Mode, ModePoll)
+	knob.Default(&cfg.Mode, ModePoll)
 	switch cfg.Mode {
 	case ModePoll:
 		c := cfg.Poll

@@ -106,7 +106,7 @@ func (r *Relay) Run(ctx context.Context) error {
 		case <-ctx.Done():
 			return nil
 		case <-wake:
-			if r.lingers() && !sleep(ctx, r.cfg.Linger) {
+			if r.lingers() && !retry.Sleep(ctx, r.cfg.Linger) {
 				return nil
 			}
 		case <-poll.C:
@@ -197,7 +197,7 @@ func (r *Relay) drain(ctx context.Context, armed bool, wake chan struct{}) bool 
 			dbStreak++
 			r.cfg.Metrics.dbErrors.WithLabelValues("claim").Inc()
 			r.claims.fail(ctx, err)
-			if !sleep(ctx, retry.Backoff(dbStreak, r.cfg.OutageBackoffMin, r.cfg.OutageBackoffMax)) {
+			if !retry.Sleep(ctx, retry.Backoff(dbStreak, r.cfg.OutageBackoffMin, r.cfg.OutageBackoffMax)) {
 				return armed
 			}
 			continue
@@ -211,7 +211,7 @@ func (r *Relay) drain(ctx context.Context, armed bool, wake chan struct{}) bool 
 		}
 		armFirst = false
 		if r.noteKafka(ctx, res) {
-			if !sleep(ctx, retry.Backoff(r.kafkaStreak, r.cfg.OutageBackoffMin, r.cfg.OutageBackoffMax)) {
+			if !retry.Sleep(ctx, retry.Backoff(r.kafkaStreak, r.cfg.OutageBackoffMin, r.cfg.OutageBackoffMax)) {
 				return armed
 			}
 			continue
@@ -231,7 +231,7 @@ func (r *Relay) drain(ctx context.Context, armed bool, wake chan struct{}) bool 
 			armFirst = true
 			continue
 		}
-		if n < r.cfg.BatchSize && r.lingers() && !sleep(ctx, r.cfg.Linger) {
+		if n < r.cfg.BatchSize && r.lingers() && !retry.Sleep(ctx, r.cfg.Linger) {
 			// Busy, but not behind: the sleep lets the next batch gather.
 			return armed
 		}

@@ -7,6 +7,8 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+
+	"github.com/onceflow/onceflow/pkg/internal/knob"
 )
 
 // The polling relay's own defaults, what a zero RelayConfig field means;
@@ -117,19 +119,19 @@ func (c RelayConfig) WithDefaults() RelayConfig {
 	if c.Topic == nil {
 		c.Topic = defaultTopic
 	}
-	orDefault(&c.BatchSize, DefaultBatchSize)
-	orDefault(&c.PollInterval, DefaultPollInterval)
-	orDefault(&c.RebalanceInterval, DefaultRebalanceInterval)
-	orDefault(&c.RelayTTL, relayTTLPerRebalance*c.RebalanceInterval)
-	orDefault(&c.LockTimeout, DefaultLockTimeout)
-	orDefault(&c.PublishTimeout, DefaultPublishTimeout)
-	orDefault(&c.MaxAttempts, DefaultMaxAttempts)
-	orDefault(&c.BackoffMin, DefaultBackoffMin)
-	orDefault(&c.BackoffMax, DefaultBackoffMax)
-	orDefault(&c.OutageBackoffMin, DefaultOutageBackoffMin)
-	orDefault(&c.OutageBackoffMax, DefaultOutageBackoffMax)
-	orDefault(&c.LogInterval, DefaultLogInterval)
-	orDefault(&c.Linger, DefaultLinger)
+	knob.Default(&c.BatchSize, DefaultBatchSize)
+	knob.Default(&c.PollInterval, DefaultPollInterval)
+	knob.Default(&c.RebalanceInterval, DefaultRebalanceInterval)
+	knob.Default(&c.RelayTTL, relayTTLPerRebalance*c.RebalanceInterval)
+	knob.Default(&c.LockTimeout, DefaultLockTimeout)
+	knob.Default(&c.PublishTimeout, DefaultPublishTimeout)
+	knob.Default(&c.MaxAttempts, DefaultMaxAttempts)
+	knob.Default(&c.BackoffMin, DefaultBackoffMin)
+	knob.Default(&c.BackoffMax, DefaultBackoffMax)
+	knob.Default(&c.OutageBackoffMin, DefaultOutageBackoffMin)
+	knob.Default(&c.OutageBackoffMax, DefaultOutageBackoffMax)
+	knob.Default(&c.LogInterval, DefaultLogInterval)
+	knob.Default(&c.Linger, DefaultLinger)
 	if c.Logger == nil {
 		c.Logger = slog.Default()
 	}
@@ -143,23 +145,8 @@ func (c RelayConfig) WithDefaults() RelayConfig {
 // negative size or duration, or a combination that defeats its purpose. It
 // checks c as NewRelay would use it, after WithDefaults.
 func (c RelayConfig) Validate() error {
-	const name = "RelayConfig"
-	err := refuseNegative(name,
-		signed("BatchSize", c.BatchSize),
-		signed("PollInterval", c.PollInterval),
-		signed("RebalanceInterval", c.RebalanceInterval),
-		signed("RelayTTL", c.RelayTTL),
-		signed("LockTimeout", c.LockTimeout),
-		signed("PublishTimeout", c.PublishTimeout),
-		signed("MaxAttempts", c.MaxAttempts),
-		signed("BackoffMin", c.BackoffMin),
-		signed("BackoffMax", c.BackoffMax),
-		signed("OutageBackoffMin", c.OutageBackoffMin),
-		signed("OutageBackoffMax", c.OutageBackoffMax),
-		signed("LogInterval", c.LogInterval),
-		signed("Linger", c.Linger),
-	)
-	if err != nil {
+	const name = "outbox: RelayConfig"
+	if err := knob.RefuseNegative(name, c); err != nil {
 		return err
 	}
 	d := c.WithDefaults()
@@ -169,8 +156,8 @@ func (c RelayConfig) Validate() error {
 		// partitions flap between them.
 		return fmt.Errorf("outbox: RelayConfig.RelayTTL (%v) must exceed RebalanceInterval (%v)", d.RelayTTL, d.RebalanceInterval)
 	}
-	if err := refuseCrossed(name, "BackoffMin", d.BackoffMin, "BackoffMax", d.BackoffMax); err != nil {
+	if err := knob.RefuseCrossed(name, "BackoffMin", d.BackoffMin, "BackoffMax", d.BackoffMax); err != nil {
 		return err
 	}
-	return refuseCrossed(name, "OutageBackoffMin", d.OutageBackoffMin, "OutageBackoffMax", d.OutageBackoffMax)
+	return knob.RefuseCrossed(name, "OutageBackoffMin", d.OutageBackoffMin, "OutageBackoffMax", d.OutageBackoffMax)
 }

@@ -56,7 +56,7 @@ func (r *Relay) listen(ctx context.Context, wake chan<- struct{}) {
 		}
 		r.cfg.Metrics.dbErrors.WithLabelValues("listen").Inc()
 		r.listening.fail(ctx, err)
-		if !sleep(ctx, retry.Backoff(max(streak, 1), r.cfg.OutageBackoffMin, r.cfg.OutageBackoffMax)) {
+		if !retry.Sleep(ctx, retry.Backoff(max(streak, 1), r.cfg.OutageBackoffMin, r.cfg.OutageBackoffMax)) {
 			return
 		}
 	}

@@ -3,7 +3,6 @@ package outbox
 import (
 	"context"
 	"embed"
-	"io/fs"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
@@ -16,7 +15,7 @@ var migrationFiles embed.FS
 // Migrations is the outbox schema as golang-migrate files (NNNN_name.up.sql
 // and .down.sql at the root). Apply them in the service's database, tracked
 // in MigrationsTable so they version independently of the service's own.
-var Migrations, _ = fs.Sub(migrationFiles, "migrations")
+var Migrations = pgmigrate.Dir(migrationFiles)
 
 // MigrationsTable is the golang-migrate table the outbox schema is tracked in.
 const MigrationsTable = "outbox_schema_migrations"

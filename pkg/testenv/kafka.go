@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"net"
+	"sync"
 	"testing"
 	"time"
 
@@ -140,4 +141,28 @@ func ReadEvents(t testing.TB, brokers []string, topic string, handle func(event.
 		}
 	}()
 	t.Cleanup(func() { cancel(); <-done; r.Close() })
+}
+
+// Recorder is an in-memory Kafka writer that records every message written
+// to it, in order: the test kits' stand-in for a topic (outboxtest.Writer,
+// inboxtest's dead letters). The zero value is ready to use and safe for
+// concurrent use.
+type Recorder struct {
+	mu   sync.Mutex
+	msgs []kafka.Message
+}
+
+// WriteMessages records msgs.
+func (r *Recorder) WriteMessages(_ context.Context, msgs ...kafka.Message) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.msgs = append(r.msgs, msgs...)
+	return nil
+}
+
+// Messages returns a copy of what was written so far, in order.
+func (r *Recorder) Messages() []kafka.Message {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return append([]kafka.Message(nil), r.msgs...)
 }

@@ -26,6 +26,7 @@ import (
 
 	"github.com/onceflow/onceflow/pkg/event"
 	"github.com/onceflow/onceflow/pkg/inbox"
+	"github.com/onceflow/onceflow/pkg/testenv"
 )
 
 // Topic is the topic Deliver pretends its events were read from; their dead
@@ -42,13 +43,9 @@ const Topic = "inboxtest.events"
 // could not settle every event within 30s.
 func Deliver(t testing.TB, pool *pgxpool.Pool, cfg inbox.Config, h inbox.Handler, evs ...event.Envelope) []kafka.Message {
 	t.Helper()
-	var dlq deadLetters
-	c, err := inbox.NewConsumer(pool, source(), &dlq, h, fast(cfg))
-	if err != nil {
-		t.Fatalf("inboxtest: %v", err)
-	}
-	handle(t, c, evs)
-	return dlq.messages()
+	return deliver(t, evs, func(dlq *testenv.Recorder) (*inbox.Consumer, error) {
+		return inbox.NewConsumer(pool, source(), dlq, h, fast(cfg))
+	})
 }
 
 // DeliverBatched is Deliver for a consumer whose handler also applies
@@ -56,13 +53,9 @@ func Deliver(t testing.TB, pool *pgxpool.Pool, cfg inbox.Config, h inbox.Handler
 // in one batch, and through h.Handle one by one when the batch fails.
 func DeliverBatched(t testing.TB, pool *pgxpool.Pool, cfg inbox.Config, h inbox.BatchHandler, evs ...event.Envelope) []kafka.Message {
 	t.Helper()
-	var dlq deadLetters
-	c, err := inbox.NewBatchConsumer(pool, source(), &dlq, h, fast(cfg))
-	if err != nil {
-		t.Fatalf("inboxtest: %v", err)
-	}
-	handle(t, c, evs)
-	return dlq.messages()
+	return deliver(t, evs, func(dlq *testenv.Recorder) (*inbox.Consumer, error) {
+		return inbox.NewBatchConsumer(pool, source(), dlq, h, fast(cfg))
+	})
 }
 
 // DeliverLeased is Deliver for a lease-mode consumer (inbox.NewLeaseConsumer)
@@ -70,17 +63,13 @@ func DeliverBatched(t testing.TB, pool *pgxpool.Pool, cfg inbox.Config, h inbox.
 // failed call to land late on, unless the effect makes one).
 func DeliverLeased(t testing.TB, pool *pgxpool.Pool, cfg inbox.LeaseConfig, eff inbox.Effect, evs ...event.Envelope) []kafka.Message {
 	t.Helper()
-	var dlq deadLetters
 	cfg.Config = fast(cfg.Config)
 	if cfg.LeaseMargin == 0 {
 		cfg.LeaseMargin = 10 * time.Millisecond
 	}
-	c, err := inbox.NewLeaseConsumer(pool, source(), &dlq, eff, cfg)
-	if err != nil {
-		t.Fatalf("inboxtest: %v", err)
-	}
-	handle(t, c, evs)
-	return dlq.messages()
+	return deliver(t, evs, func(dlq *testenv.Recorder) (*inbox.Consumer, error) {
+		return inbox.NewLeaseConsumer(pool, source(), dlq, eff, cfg)
+	})
 }
 
 func source() inbox.GroupConfig {
@@ -101,8 +90,15 @@ var offsets struct {
 	next int64
 }
 
-func handle(t testing.TB, c *inbox.Consumer, evs []event.Envelope) {
+// deliver hands evs to the consumer newConsumer makes, which writes its dead
+// letters to dlq, and returns those dead letters.
+func deliver(t testing.TB, evs []event.Envelope, newConsumer func(dlq *testenv.Recorder) (*inbox.Consumer, error)) []kafka.Message {
 	t.Helper()
+	var dlq testenv.Recorder
+	c, err := newConsumer(&dlq)
+	if err != nil {
+		t.Fatalf("inboxtest: %v", err)
+	}
 	msgs := make([]kafka.Message, len(evs))
 	offsets.Lock()
 	for i, ev := range evs {
@@ -116,25 +112,7 @@ func handle(t testing.TB, c *inbox.Consumer, evs []event.Envelope) {
 	if err := c.Handle(ctx, msgs...); err != nil {
 		t.Fatalf("inboxtest: delivering %d events: %v", len(evs), err)
 	}
-}
-
-// deadLetters records the dead letters of one Deliver.
-type deadLetters struct {
-	mu   sync.Mutex
-	msgs []kafka.Message
-}
-
-func (d *deadLetters) WriteMessages(_ context.Context, msgs ...kafka.Message) error {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	d.msgs = append(d.msgs, msgs...)
-	return nil
-}
-
-func (d *deadLetters) messages() []kafka.Message {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	return append([]kafka.Message(nil), d.msgs...)
+	return dlq.Messages()
 }
 
 // DB is what the Require helpers read through: a pgx.Tx, a *pgxpool.Pool

@@ -41,11 +41,15 @@ func Validate(lib string, samples int, ages ...Age) error {
 	return nil
 }
 
-// State is what one read found. Each library's BacklogState has the same
-// fields, documented for its table, and converts from it.
+// State is what one read found; each library's BacklogState is this type,
+// documented for its table.
 type State struct {
-	Count   int
-	Oldest  time.Time
+	// Count is how many rows are in the status and old enough.
+	Count int
+	// Oldest is when the oldest of them began; zero when Count is 0.
+	Oldest time.Time
+	// Samples are the event ids of the oldest of them, oldest first, at
+	// most the samples asked for.
 	Samples []uuid.UUID
 }
 

@@ -5,6 +5,7 @@ package pgmigrate
 
 import (
 	"context"
+	"embed"
 	"errors"
 	"fmt"
 	"io/fs"
@@ -15,6 +16,16 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/jackc/pgx/v5/stdlib"
 )
+
+// Dir is the migrations directory of a library's embedded files, where
+// golang-migrate wants its files: at the root.
+func Dir(files embed.FS) fs.FS {
+	dir, err := fs.Sub(files, "migrations")
+	if err != nil {
+		panic(err) // "migrations" is a valid path: fs.Sub cannot refuse it
+	}
+	return dir
+}
 
 // Up applies every pending up migration of files (NNNN_name.up.sql at its
 // root), recording them in table. golang-migrate holds an advisory lock

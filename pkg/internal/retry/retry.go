@@ -4,6 +4,7 @@
 package retry
 
 import (
+	"context"
 	"math/rand/v2"
 	"time"
 )
@@ -20,4 +21,16 @@ func Backoff(attempt int, min, max time.Duration) time.Duration {
 		d = max
 	}
 	return d/2 + rand.N(d/2+1)
+}
+
+// Sleep waits d or until ctx ends, and reports whether ctx is still live.
+func Sleep(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-t.C:
+		return true
+	}
 }

@@ -12,7 +12,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -21,6 +20,7 @@ import (
 	"github.com/segmentio/kafka-go"
 
 	"github.com/onceflow/onceflow/pkg/event"
+	"github.com/onceflow/onceflow/pkg/testenv"
 )
 
 // DB is what the helpers read the outbox through: a pgx.Tx, a
@@ -172,29 +172,21 @@ type Writer struct {
 	// write as Kafka would and nothing of it is recorded.
 	Fail func(msgs []kafka.Message) error
 
-	mu   sync.Mutex
-	msgs []kafka.Message
+	rec testenv.Recorder
 }
 
 // WriteMessages records msgs, or returns what Fail says.
-func (w *Writer) WriteMessages(_ context.Context, msgs ...kafka.Message) error {
+func (w *Writer) WriteMessages(ctx context.Context, msgs ...kafka.Message) error {
 	if w.Fail != nil {
 		if err := w.Fail(msgs); err != nil {
 			return err
 		}
 	}
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	w.msgs = append(w.msgs, msgs...)
-	return nil
+	return w.rec.WriteMessages(ctx, msgs...)
 }
 
 // Messages returns a copy of what was written so far, in order.
-func (w *Writer) Messages() []kafka.Message {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	return append([]kafka.Message(nil), w.msgs...)
-}
+func (w *Writer) Messages() []kafka.Message { return w.rec.Messages() }
 
 // Events decodes what was written so far, failing the test on a message
 // that is not an event.
