@@ -377,10 +377,7 @@ func TestReplayFlipsExactlyTheScopedRowsToPendingKeepingEventIDs(t *testing.T) {
 	for _, tt := range replayScopes {
 		t.Run(tt.name, func(t *testing.T) {
 			ctx := context.Background()
-			pool := adminDB(t)
-			s := seedReplayScenario(t, pool)
-			want := idsOf(s, tt.want...)
-			untouched := watchRows(t, pool, "id <> ALL($1)", want)
+			pool, s, want, untouched := seedScope(t, seedReplayScenario, tt.want...)
 
 			items, err := outbox.Replay(ctx, pool, tt.filter, false)
 			if err != nil {
@@ -516,11 +513,30 @@ func (w rowsWatch) unchanged(t *testing.T, what string) {
 	}
 }
 
-// checkRequeued fails unless exactly the rows want were requeued (due now,
-// a fresh budget, the cause kept) and the rows untouched watches did not
-// change.
-func checkRequeued(t *testing.T, pool *pgxpool.Pool, want []int64, untouched rowsWatch) {
+// seedScope seeds a fresh database with scenario and returns, beside the
+// pool and the seeded rows, the ids of the rows at the indexes in scope
+// (what the operation under test must change) and a watch on all the
+// others (which it must not).
+func seedScope(t *testing.T, scenario func(*testing.T, *pgxpool.Pool) []seeded, scope ...int) (*pgxpool.Pool, []seeded, []int64, rowsWatch) {
 	t.Helper()
+	pool := adminDB(t)
+	s := scenario(t, pool)
+	want := idsOf(s, scope...)
+	return pool, s, want, watchRows(t, pool, "id <> ALL($1)", want)
+}
+
+// checkRequeued fails unless the requeue (the function named what, which
+// returned n and err) requeued exactly the rows want (due now, a fresh
+// budget, the cause kept), said so, and left the rows untouched watches as
+// they were.
+func checkRequeued(t *testing.T, pool *pgxpool.Pool, what string, n int, err error, want []int64, untouched rowsWatch) {
+	t.Helper()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n != len(want) {
+		t.Fatalf("%s returned %d, want %d", what, n, len(want))
+	}
 	got := tableIDs(t, pool, "outbox_events", `state = 'pending' AND attempts = 0 AND next_attempt_at = '-infinity'
 		AND last_error = 'requeued: broker said no'`)
 	equalIDs(t, "requeued rows", got, want)
@@ -544,19 +560,10 @@ func TestRequeueMovesOnlyDeadRowsBackToPending(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			ctx := context.Background()
-			pool := adminDB(t)
-			s := seedDeadScenario(t, pool)
-			want := idsOf(s, tt.want...)
-			untouched := watchRows(t, pool, "id <> ALL($1)", want)
+			pool, s, want, untouched := seedScope(t, seedDeadScenario, tt.want...)
 
 			n, err := outbox.Requeue(ctx, pool, tt.ids(s)...)
-			if err != nil {
-				t.Fatal(err)
-			}
-			if n != len(want) {
-				t.Fatalf("Requeue returned %d, want %d", n, len(want))
-			}
-			checkRequeued(t, pool, want, untouched)
+			checkRequeued(t, pool, "Requeue", n, err, want, untouched)
 			if n, err := outbox.Requeue(ctx, pool, tt.ids(s)...); err != nil || n != 0 {
 				t.Fatalf("requeuing again: n=%d err=%v, want 0: the rows are no longer dead", n, err)
 			}
@@ -602,19 +609,10 @@ func TestRequeueDeadByFilter(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			ctx := context.Background()
-			pool := adminDB(t)
-			s := seedDeadScenario(t, pool)
-			want := idsOf(s, tt.want...)
-			untouched := watchRows(t, pool, "id <> ALL($1)", want)
+			pool, _, want, untouched := seedScope(t, seedDeadScenario, tt.want...)
 
 			n, err := outbox.RequeueDead(ctx, pool, tt.filter)
-			if err != nil {
-				t.Fatal(err)
-			}
-			if n != len(want) {
-				t.Fatalf("RequeueDead returned %d, want %d", n, len(want))
-			}
-			checkRequeued(t, pool, want, untouched)
+			checkRequeued(t, pool, "RequeueDead", n, err, want, untouched)
 		})
 	}
 }
