@@ -128,28 +128,7 @@ func benchEnqueueOverhead(b *testing.B, workers int, syncCommit, relay string) {
 		})
 	}
 
-	// Warm both up: connections open, statements prepared, caches hot.
-	for _, v := range []benchTxFunc{bare, withOutbox} {
-		if _, err := benchRound(ctx, pool, workers, enqueueWarmUp, v); err != nil {
-			b.Fatal(err)
-		}
-	}
-
-	var bareRes, outboxRes benchRoundResult
-	variants := []struct {
-		tx  benchTxFunc
-		res *benchRoundResult
-	}{{bare, &bareRes}, {withOutbox, &outboxRes}}
-	for i := range enqueuePairs * b.N {
-		for j := range variants {
-			v := variants[(i+j)%2] // A B, then B A, …
-			r, err := benchRound(ctx, pool, workers, enqueueRound, v.tx)
-			if err != nil {
-				b.Fatal(err)
-			}
-			v.res.add(r)
-		}
-	}
+	bareRes, outboxRes := benchAB(b, pool, workers, false, bare, withOutbox)
 	b.ReportMetric(0, "ns/op")
 	b.ReportMetric(bareRes.rate(), "bare-tx/s")
 	b.ReportMetric(outboxRes.rate(), "outbox-tx/s")
@@ -159,6 +138,48 @@ func benchEnqueueOverhead(b *testing.B, workers int, syncCommit, relay string) {
 	b.ReportMetric(benchMillis(benchPercentile(outboxRes.latencies, 0.50)), "outbox-p50-ms")
 	b.ReportMetric(benchMillis(benchPercentile(outboxRes.latencies, 0.99)), "outbox-p99-ms")
 	b.ReportMetric(float64(outboxRes.notifyWaits)/float64(max(1, outboxRes.active)), "outbox-notify-wait")
+}
+
+// benchABResult is what one variant's rounds in benchAB did.
+type benchABResult struct {
+	benchRoundResult
+	walBytes int64 // the WAL written during its rounds, when measured
+}
+
+// benchAB warms up the two variants a and b (connections open, statements
+// prepared, caches hot), then runs enqueuePairs×b.N pairs of enqueueRound
+// rounds of each on workers goroutines, alternating the order (A B, then
+// B A, …) so that drift in the machine's speed falls on both alike. With
+// measureWAL it also sums the WAL each variant's rounds wrote.
+func benchAB(tb *testing.B, pool *pgxpool.Pool, workers int, measureWAL bool, a, b benchTxFunc) (aRes, bRes benchABResult) {
+	ctx := context.Background()
+	for _, v := range []benchTxFunc{a, b} {
+		if _, err := benchRound(ctx, pool, workers, enqueueWarmUp, v); err != nil {
+			tb.Fatal(err)
+		}
+	}
+	variants := []struct {
+		tx  benchTxFunc
+		res *benchABResult
+	}{{a, &aRes}, {b, &bRes}}
+	for i := range enqueuePairs * tb.N {
+		for j := range variants {
+			v := variants[(i+j)%2]
+			var before string
+			if measureWAL {
+				before = benchWALPosition(tb, pool)
+			}
+			r, err := benchRound(ctx, pool, workers, enqueueRound, v.tx)
+			if err != nil {
+				tb.Fatal(err)
+			}
+			if measureWAL {
+				v.res.walBytes += benchWALSince(tb, pool, before)
+			}
+			v.res.add(r)
+		}
+	}
+	return aRes, bRes
 }
 
 // benchTxFunc runs one whole transaction; n numbers it within its worker.
