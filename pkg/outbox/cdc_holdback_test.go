@@ -26,7 +26,7 @@ func TestCDCDeadEventHoldsBackItsAggregate(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	brokers := testenv.KafkaBrokers(t)
-	topic := newTopicWithConfig(t, brokers, map[string]string{"max.message.bytes": fmt.Sprint(100 << 10)})
+	topic := newSmallTopic(t, brokers)
 	pool := newOutboxDB(t)
 	slot := newSlot(t, pool)
 	w := testenv.NewWriter(brokers, 10)
@@ -36,7 +36,7 @@ func TestCDCDeadEventHoldsBackItsAggregate(t *testing.T) {
 	stop := runStreaming(t, newCDC(t, pool, w, cfg))
 
 	big1, big2 := newEvent("big", 1), newEvent("big", 2)
-	big1.Payload = []byte(`{"blob":"` + strings.Repeat("x", 200<<10) + `"}`)
+	big1.Payload = blob("x", bigBlob)
 	enqueue(t, pool, big1, big2, newEvent("fine", 1))
 	testenv.WaitFor(t, 30*time.Second, "big/1 dead and fine/1 published", func() (bool, error) {
 		return countRows(t, pool, fmt.Sprintf("state = 'dead' AND event_id = '%s'", big1.EventID)) == 1 &&
@@ -59,9 +59,8 @@ func TestCDCDeadEventHoldsBackItsAggregate(t *testing.T) {
 		t.Fatalf("%d dead rows, want 3: big/1, and big/2 and big/3 held back behind it", n)
 	}
 
-	setTopicConfig(t, brokers, topic, "max.message.bytes", fmt.Sprint(4<<20))
-	big1w := testenv.NewWriter(brokers, 10)
-	big1w.BatchBytes = 4 << 20
+	raiseTopicMax(t, brokers, topic)
+	big1w := newWideWriter(brokers)
 	defer big1w.Close()
 	stop()
 	runStreaming(t, newCDC(t, pool, big1w, cfg))
@@ -93,7 +92,7 @@ func TestCDCRedeliveredRowRequeuedMeanwhileGoesOutOnce(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	brokers := testenv.KafkaBrokers(t)
-	topic := newTopicWithConfig(t, brokers, map[string]string{"max.message.bytes": fmt.Sprint(100 << 10)})
+	topic := newSmallTopic(t, brokers)
 	pool := newOutboxDB(t)
 	slot := newSlot(t, pool)
 	w := testenv.NewWriter(brokers, 10)
@@ -115,16 +114,15 @@ func TestCDCRedeliveredRowRequeuedMeanwhileGoesOutOnce(t *testing.T) {
 	})
 	testenv.WaitFor(t, 20*time.Second, "the relay to stream", func() (bool, error) { return crashing.Active(), nil })
 	big := newEvent("big", 1)
-	big.Payload = []byte(`{"blob":"` + strings.Repeat("x", 200<<10) + `"}`)
+	big.Payload = blob("x", bigBlob)
 	enqueue(t, pool, big)
 	testenv.WaitFor(t, 30*time.Second, "big/1 dead", func() (bool, error) {
 		return countRows(t, pool, "state = 'dead'") == 1, nil
 	})
 	stop()
 
-	setTopicConfig(t, brokers, topic, "max.message.bytes", fmt.Sprint(4<<20))
-	wide := testenv.NewWriter(brokers, 10)
-	wide.BatchBytes = 4 << 20
+	raiseTopicMax(t, brokers, topic)
+	wide := newWideWriter(brokers)
 	defer wide.Close()
 	if n, err := outbox.ModeCDC.RequeueDead(ctx, pool, outbox.DeadFilter{}); err != nil || n != 1 {
 		t.Fatalf("RequeueDead = %d, %v; want 1", n, err)

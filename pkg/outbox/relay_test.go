@@ -149,7 +149,7 @@ func TestATooLargeMessageBacksOffThenDeadThenRequeue(t *testing.T) {
 	topic := newTopicWithConfig(t, brokers, map[string]string{"max.message.bytes": "2097152"})
 	pool := newOutboxDB(t)
 	big1, big2 := newEvent("big", 1), newEvent("big", 2)
-	big1.Payload = []byte(`{"blob":"` + strings.Repeat("x", 1200<<10) + `"}`)
+	big1.Payload = blob("x", 1200<<10)
 	enqueue(t, pool, big1, newEvent("fine", 1))
 
 	w := testenv.NewWriter(brokers, 10)
@@ -165,10 +165,7 @@ func TestATooLargeMessageBacksOffThenDeadThenRequeue(t *testing.T) {
 	}
 
 	var pendingAttempts int
-	testenv.WaitFor(t, 60*time.Second, "the too-large event to go dead", func() (bool, error) {
-		if _, err := relay.RelayBatch(ctx); err != nil {
-			return false, err
-		}
+	relayUntil(t, relay, 60*time.Second, "the too-large event to go dead", func() (bool, error) {
 		var state, lastErr string
 		var attempts int
 		err := pool.QueryRow(ctx, `SELECT state, attempts, coalesce(last_error, '')
@@ -218,21 +215,15 @@ func TestATooLargeMessageBacksOffThenDeadThenRequeue(t *testing.T) {
 	// setting) and requeues.
 	c := collect(t, brokers, topic)
 	relay.Close()
-	w2 := testenv.NewWriter(brokers, 10)
-	w2.BatchBytes = 4 << 20
+	w2 := newWideWriter(brokers)
 	defer w2.Close()
 	relay, err = outbox.NewRelay(pool, w2, outbox.RelayConfig{Topic: func(string) string { return topic }})
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer relay.Close()
-	if n, err := outbox.Requeue(ctx, pool, deadIDs(t, pool)...); err != nil || n != 1 {
-		t.Fatalf("requeue: n=%d err=%v", n, err)
-	}
-	testenv.WaitFor(t, 30*time.Second, "the requeued event and its successor to publish", func() (bool, error) {
-		if _, err := relay.RelayBatch(ctx); err != nil {
-			return false, err
-		}
+	requeueDeadRows(t, pool, 1)
+	relayUntil(t, relay, 30*time.Second, "the requeued event and its successor to publish", func() (bool, error) {
 		return c.distinct() == 3, nil
 	})
 	c.checkOrder(t, map[string]int64{"big": 2, "fine": 1})
@@ -429,9 +420,7 @@ func TestARequeueWakesASleepingRelay(t *testing.T) {
 	testenv.WaitFor(t, 10*time.Second, "the relay to own its partitions", func() (bool, error) {
 		return ownersAndLocks(t, pool)[1] == outbox.Partitions, nil
 	})
-	if n, err := outbox.Requeue(ctx, pool, deadIDs(t, pool)...); err != nil || n != 1 {
-		t.Fatalf("requeue: n=%d err=%v", n, err)
-	}
+	requeueDeadRows(t, pool, 1)
 	testenv.WaitFor(t, 10*time.Second, "the requeued event to be published", func() (bool, error) {
 		return c.distinct() == 1, nil
 	})
