@@ -97,16 +97,12 @@ func (c *collector) checkOrder(t *testing.T, want map[string]int64) {
 func TestACrashBetweenAckAndMarkRepublishes(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	brokers := testenv.KafkaBrokers(t)
-	topic := testenv.NewTopic(t, brokers, 1)
-	pool := newOutboxDB(t)
+	e := newRelayEnv(t, 1, 10)
+	pool, c := e.pool, e.c
 	enqueue(t, pool, newEvent("a", 1), newEvent("a", 2))
-	c := collect(t, brokers, topic)
 
-	w := testenv.NewWriter(brokers, 10)
-	defer w.Close()
 	crashed := errors.New("killed after the ack")
-	relay, err := outbox.NewRelay(pool, w, outbox.RelayConfig{Topic: func(string) string { return topic }})
+	relay, err := outbox.NewRelay(pool, e.w, outbox.RelayConfig{Topic: e.topicFn})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -400,19 +396,15 @@ func ownersAndLocks(t *testing.T, pool *pgxpool.Pool) [2]int {
 func TestARequeueWakesASleepingRelay(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	brokers := testenv.KafkaBrokers(t)
-	topic := testenv.NewTopic(t, brokers, 1)
-	pool := newOutboxDB(t)
+	e := newRelayEnv(t, 1, 10)
+	pool, c := e.pool, e.c
 	ev := newEvent("w", 1)
 	enqueue(t, pool, ev)
 	if _, err := pool.Exec(ctx, `UPDATE outbox_events SET state = 'dead', attempts = 10`); err != nil {
 		t.Fatal(err)
 	}
-	c := collect(t, brokers, topic)
-	w := testenv.NewWriter(brokers, 10)
-	defer w.Close()
 	// Polling once an hour: only a wake-up can make it publish in time.
-	relay, err := outbox.NewRelay(pool, w, outbox.RelayConfig{Topic: func(string) string { return topic }, PollInterval: time.Hour})
+	relay, err := outbox.NewRelay(pool, e.w, outbox.RelayConfig{Topic: e.topicFn, PollInterval: time.Hour})
 	if err != nil {
 		t.Fatal(err)
 	}
