@@ -192,13 +192,7 @@ func benchCDCDrain(b *testing.B, mode string) {
 		}
 
 		w := testenv.NewWriter(brokers, 1000)
-		start := time.Now()
-		for i := 0; i < len(msgs); i += 1000 {
-			if err := w.WriteMessages(ctx, msgs[i:min(i+1000, len(msgs))]...); err != nil {
-				b.Fatalf("raw produce: %v", err)
-			}
-		}
-		raw.add(len(msgs), time.Since(start))
+		benchProduceRaw(b, w, msgs, 1000, &raw)
 		benchCloseWriter(w)
 
 		w = testenv.NewWriter(brokers, 1000)
@@ -210,7 +204,7 @@ func benchCDCDrain(b *testing.B, mode string) {
 		}
 		runCtx, stop := context.WithCancel(ctx)
 		ran := make(chan error, 1)
-		start = time.Now()
+		start := time.Now()
 		go func() { ran <- relay.Run(runCtx) }()
 		select {
 		case <-counted.done:
@@ -225,11 +219,7 @@ func benchCDCDrain(b *testing.B, mode string) {
 			b.Fatalf("the relay's topic holds %d messages, want %d", got, drainBacklog)
 		}
 	}
-	b.ReportMetric(0, "ns/op")
-	b.ReportMetric(relayed.perSecond(), "relay-events/s")
-	b.ReportMetric(raw.perSecond(), "raw-events/s")
-	b.ReportMetric(relayed.perSecond()/raw.perSecond(), "ratio")
-	b.ReportMetric(float64(drainBacklog), "events")
+	benchReportDrain(b, relayed, raw)
 }
 
 // benchCountingWriter closes done once want messages were acknowledged.

@@ -395,13 +395,7 @@ func benchRelayDrain(b *testing.B, brokers []string, pool, relayPool *pgxpool.Po
 			msgs := benchBacklogMessages(b, pool, rawTopic)
 			w := newWriter()
 			defer benchCloseWriter(w)
-			start := time.Now()
-			for i := 0; i < len(msgs); i += batch {
-				if err := w.WriteMessages(ctx, msgs[i:min(i+batch, len(msgs))]...); err != nil {
-					b.Fatalf("raw produce: %v", err)
-				}
-			}
-			raw.add(len(msgs), time.Since(start))
+			benchProduceRaw(b, w, msgs, batch, &raw)
 		}
 
 		produce()
@@ -443,11 +437,7 @@ func benchRelayDrain(b *testing.B, brokers []string, pool, relayPool *pgxpool.Po
 			b.Fatalf("the relay's topic holds %d messages, want %d", got, drainBacklog)
 		}
 	}
-	b.ReportMetric(0, "ns/op")
-	b.ReportMetric(relayed.perSecond(), "relay-events/s")
-	b.ReportMetric(raw.perSecond(), "raw-events/s")
-	b.ReportMetric(relayed.perSecond()/raw.perSecond(), "ratio")
-	b.ReportMetric(float64(drainBacklog), "events")
+	benchReportDrain(b, relayed, raw)
 	batches := math.Ceil(float64(relayed.events) / float64(batch))
 	b.ReportMetric(benchMillis(relayed.elapsed)/batches, "ms/batch")
 	for _, kind := range benchPhaseKinds {
@@ -628,6 +618,29 @@ type benchRate struct {
 
 func (r *benchRate) add(n int, d time.Duration) { r.events += n; r.elapsed += d }
 func (r *benchRate) perSecond() float64         { return float64(r.events) / r.elapsed.Seconds() }
+
+// benchProduceRaw writes msgs with w, batch messages a call, as a producer
+// writing straight to Kafka would, and adds the time it took to raw: the
+// baseline of the drain benchmarks.
+func benchProduceRaw(b *testing.B, w *testenv.Writer, msgs []kafka.Message, batch int, raw *benchRate) {
+	start := time.Now()
+	for i := 0; i < len(msgs); i += batch {
+		if err := w.WriteMessages(context.Background(), msgs[i:min(i+batch, len(msgs))]...); err != nil {
+			b.Fatalf("raw produce: %v", err)
+		}
+	}
+	raw.add(len(msgs), time.Since(start))
+}
+
+// benchReportDrain reports a drain benchmark's rates against the raw
+// baseline's, and the backlog's size.
+func benchReportDrain(b *testing.B, relayed, raw benchRate) {
+	b.ReportMetric(0, "ns/op")
+	b.ReportMetric(relayed.perSecond(), "relay-events/s")
+	b.ReportMetric(raw.perSecond(), "raw-events/s")
+	b.ReportMetric(relayed.perSecond()/raw.perSecond(), "ratio")
+	b.ReportMetric(float64(drainBacklog), "events")
+}
 
 // ---------------------------------------------------------------------------
 // 3. Commit-to-ack lag under a steady trickle.
