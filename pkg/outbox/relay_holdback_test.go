@@ -184,11 +184,13 @@ func newSmallTopic(t *testing.T, brokers []string) string {
 	return newTopicWithMax(t, brokers, 100<<10)
 }
 
-// newTopicWithMax creates a one-partition topic that refuses messages over
-// max bytes.
+// newTopicWithMax creates a one-partition topic for this test that refuses
+// messages over max bytes, and deletes it when the test ends.
 func newTopicWithMax(t *testing.T, brokers []string, max int) string {
 	t.Helper()
-	return newTopicWithConfig(t, brokers, map[string]string{"max.message.bytes": fmt.Sprint(max)})
+	name := testenv.Name("test")
+	testenv.NewTopicNamed(t, brokers, name, 1, kafka.ConfigEntry{ConfigName: "max.message.bytes", ConfigValue: fmt.Sprint(max)})
+	return name
 }
 
 // raiseTopicMax lets topic take messages up to 4 MiB, as an operator would.

@@ -18,7 +18,6 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
-	"github.com/segmentio/kafka-go"
 
 	"github.com/onceflow/onceflow/pkg/event"
 	"github.com/onceflow/onceflow/pkg/outbox"
@@ -142,7 +141,7 @@ func TestATooLargeMessageBacksOffThenDeadThenRequeue(t *testing.T) {
 	ctx := context.Background()
 	brokers := testenv.KafkaBrokers(t)
 	// The topic takes 2 MiB; kafka-go's writer stops at 1 MiB (BatchBytes).
-	topic := newTopicWithConfig(t, brokers, map[string]string{"max.message.bytes": "2097152"})
+	topic := newTopicWithMax(t, brokers, 2<<20)
 	pool := newOutboxDB(t)
 	big1, big2 := newEvent("big", 1), newEvent("big", 2)
 	big1.Payload = blob("x", 1200<<10)
@@ -223,40 +222,6 @@ func TestATooLargeMessageBacksOffThenDeadThenRequeue(t *testing.T) {
 		return c.distinct() == 3, nil
 	})
 	c.checkOrder(t, map[string]int64{"big": 2, "fine": 1})
-}
-
-// newTopicWithConfig creates a one-partition topic with the given topic
-// configuration for this test and deletes it when the test ends.
-func newTopicWithConfig(t *testing.T, brokers []string, config map[string]string) string {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	ctrl, err := testenv.Controller(ctx, brokers)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ctrl.Close()
-	name := testenv.Name("test")
-	tc := kafka.TopicConfig{Topic: name, NumPartitions: 1, ReplicationFactor: 1}
-	for k, v := range config {
-		tc.ConfigEntries = append(tc.ConfigEntries, kafka.ConfigEntry{ConfigName: k, ConfigValue: v})
-	}
-	if err := ctrl.CreateTopics(tc); err != nil {
-		t.Fatalf("creating topic %s: %v", name, err)
-	}
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		if ctrl, err := testenv.Controller(ctx, brokers); err == nil {
-			_ = ctrl.DeleteTopics(name)
-			ctrl.Close()
-		}
-	})
-	testenv.WaitFor(t, 20*time.Second, "topic "+name+" to have a leader", func() (bool, error) {
-		parts, err := ctrl.ReadPartitions(name)
-		return err == nil && len(parts) == 1 && parts[0].Leader.Host != "", nil
-	})
-	return name
 }
 
 func deadIDs(t *testing.T, pool *pgxpool.Pool) []int64 {
