@@ -316,12 +316,6 @@ func benchCDCPublishLag(b *testing.B, write outbox.WriteFunc, rate int) {
 		consumeLag = append(consumeLag, committed.lagsUntil(arrived, ids)...)
 		stopConsumers()
 	}
-	b.ReportMetric(0, "ns/op")
-	b.ReportMetric(events.perSecond(), "events/s")
-	b.ReportMetric(benchMillis(benchPercentile(ackLag, 0.50)), "ack-p50-ms")
-	b.ReportMetric(benchMillis(benchPercentile(ackLag, 0.99)), "ack-p99-ms")
-	b.ReportMetric(benchMillis(benchPercentile(ackLag, 1)), "ack-max-ms")
-	b.ReportMetric(benchMillis(benchPercentile(consumeLag, 0.50)), "consume-p50-ms")
-	b.ReportMetric(benchMillis(benchPercentile(consumeLag, 0.99)), "consume-p99-ms")
+	benchReportLag(b, events, ackLag, consumeLag)
 	b.ReportMetric(float64(walBytes)/float64(events.events), "wal-bytes/event")
 }

@@ -610,6 +610,18 @@ func benchBacklogMessages(b *testing.B, pool *pgxpool.Pool, topic string) []kafk
 	return msgs
 }
 
+// benchReportLag reports a lag benchmark's rate and its commit-to-ack and
+// commit-to-consumer lags.
+func benchReportLag(b *testing.B, events benchRate, ackLag, consumeLag []time.Duration) {
+	b.ReportMetric(0, "ns/op")
+	b.ReportMetric(events.perSecond(), "events/s")
+	b.ReportMetric(benchMillis(benchPercentile(ackLag, 0.50)), "ack-p50-ms")
+	b.ReportMetric(benchMillis(benchPercentile(ackLag, 0.99)), "ack-p99-ms")
+	b.ReportMetric(benchMillis(benchPercentile(ackLag, 1)), "ack-max-ms")
+	b.ReportMetric(benchMillis(benchPercentile(consumeLag, 0.50)), "consume-p50-ms")
+	b.ReportMetric(benchMillis(benchPercentile(consumeLag, 0.99)), "consume-p99-ms")
+}
+
 // benchRate accumulates events over time.
 type benchRate struct {
 	events  int
@@ -784,13 +796,7 @@ func benchPublishLag(b *testing.B, rate int, writerTimeout time.Duration, relayS
 		idleBatches += benchHistogram(b, reg, "outbox_batch_size").minus(batchesBefore).count
 		idleClaims += float64(len(phases.since(phasesBefore)["claim"]))
 	}
-	b.ReportMetric(0, "ns/op")
-	b.ReportMetric(events.perSecond(), "events/s")
-	b.ReportMetric(benchMillis(benchPercentile(ackLag, 0.50)), "ack-p50-ms")
-	b.ReportMetric(benchMillis(benchPercentile(ackLag, 0.99)), "ack-p99-ms")
-	b.ReportMetric(benchMillis(benchPercentile(ackLag, 1)), "ack-max-ms")
-	b.ReportMetric(benchMillis(benchPercentile(consumeLag, 0.50)), "consume-p50-ms")
-	b.ReportMetric(benchMillis(benchPercentile(consumeLag, 0.99)), "consume-p99-ms")
+	benchReportLag(b, events, ackLag, consumeLag)
 	b.ReportMetric(lagHist.quantile(0.99)*1000, "hist-p99-ms")
 	b.ReportMetric(batches.sum/batches.count, "events/batch")
 	b.ReportMetric(float64(len(spent["claim"]))/batches.count, "claims/batch")
