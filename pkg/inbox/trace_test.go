@@ -54,6 +54,31 @@ func (r *runUnder) of(ev event.Envelope) (string, bool) {
 	return tp, ok
 }
 
+// wait waits up to 30 seconds for ev to have run and for done, named what,
+// and returns the traceparent ev ran under.
+func (r *runUnder) wait(t *testing.T, ev event.Envelope, what string, done func() bool) string {
+	t.Helper()
+	var saw string
+	testenv.WaitFor(t, 30*time.Second, what, func() (bool, error) {
+		var ok bool
+		saw, ok = r.of(ev)
+		return ok && done(), nil
+	})
+	return saw
+}
+
+// checkOneConsumerSpan waits for a span to end, then checks as
+// checkConsumerSpans does and that ev, run once, had one consumer span.
+func checkOneConsumerSpan(t *testing.T, rec *tracetest.SpanRecorder, topic string, ev event.Envelope, handlerSaw string) {
+	t.Helper()
+	testenv.WaitFor(t, 10*time.Second, "the consumer span to end", func() (bool, error) {
+		return len(rec.Ended()) > 0, nil
+	})
+	if spans := checkConsumerSpans(t, rec, topic, ev, handlerSaw); len(spans) != 1 {
+		t.Fatalf("%d consumer spans, want 1", len(spans))
+	}
+}
+
 // checkConsumerSpans checks that every consumer span of ev continues the
 // producer's context from the header, that the handler's last run was under
 // one of them, and returns them (one per run of the handler).
@@ -93,18 +118,8 @@ func TestTheHandlerRunsInAConsumerSpanContinuingTheProducer(t *testing.T) {
 		return f.recordEffect(ctx, tx, ev)
 	}, inbox.Config{})
 
-	var saw string
-	testenv.WaitFor(t, 30*time.Second, "the event to be handled", func() (bool, error) {
-		var ok bool
-		saw, ok = under.of(ev)
-		return ok && f.count(t, "SELECT count(*) FROM effects") == 1, nil
-	})
-	testenv.WaitFor(t, 10*time.Second, "the consumer span to end", func() (bool, error) {
-		return len(rec.Ended()) > 0, nil
-	})
-	if spans := checkConsumerSpans(t, rec, f.topic, ev, saw); len(spans) != 1 {
-		t.Fatalf("%d consumer spans, want 1", len(spans))
-	}
+	saw := under.wait(t, ev, "the event to be handled", func() bool { return f.count(t, "SELECT count(*) FROM effects") == 1 })
+	checkOneConsumerSpan(t, rec, f.topic, ev, saw)
 }
 
 // A handler that fails once takes the batch off the fast path; each run of
@@ -125,12 +140,7 @@ func TestEachRunOfAFailingHandlerHasItsOwnSpan(t *testing.T) {
 		return f.recordEffect(ctx, tx, ev)
 	}, inbox.Config{BackoffMin: time.Millisecond, BackoffMax: time.Millisecond})
 
-	var saw string
-	testenv.WaitFor(t, 30*time.Second, "the event to be handled", func() (bool, error) {
-		var ok bool
-		saw, ok = under.of(ev)
-		return ok && f.count(t, "SELECT count(*) FROM effects") == 1, nil
-	})
+	saw := under.wait(t, ev, "the event to be handled", func() bool { return f.count(t, "SELECT count(*) FROM effects") == 1 })
 	var spans []sdktrace.ReadOnlySpan
 	testenv.WaitFor(t, 10*time.Second, "the consumer spans to end", func() (bool, error) {
 		spans = checkConsumerSpans(t, rec, f.topic, ev, saw)
@@ -165,16 +175,8 @@ func TestALeasedSideEffectRunsInAConsumerSpanContinuingTheProducer(t *testing.T)
 	}
 	runUntilCleanup(t, c)
 
-	var saw string
-	testenv.WaitFor(t, 30*time.Second, "the side effect to run and be marked done", func() (bool, error) {
-		var ok bool
-		saw, ok = under.of(ev)
-		return ok && f.count(t, "SELECT count(*) FROM inbox_messages WHERE status = 'processed'") == 1, nil
+	saw := under.wait(t, ev, "the side effect to run and be marked done", func() bool {
+		return f.count(t, "SELECT count(*) FROM inbox_messages WHERE status = 'processed'") == 1
 	})
-	testenv.WaitFor(t, 10*time.Second, "the consumer span to end", func() (bool, error) {
-		return len(rec.Ended()) > 0, nil
-	})
-	if spans := checkConsumerSpans(t, rec, f.topic, ev, saw); len(spans) != 1 {
-		t.Fatalf("%d consumer spans, want 1", len(spans))
-	}
+	checkOneConsumerSpan(t, rec, f.topic, ev, saw)
 }
