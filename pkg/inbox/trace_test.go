@@ -32,6 +32,18 @@ func tracedEvent() event.Envelope {
 	return ev
 }
 
+// startTraced starts a trace test: spans recorded, a fixture, a traced
+// event produced to its topic, and a runUnder for the handler to record
+// what it ran under.
+func startTraced(t *testing.T) (*tracetest.SpanRecorder, *fixture, event.Envelope, *runUnder) {
+	t.Helper()
+	rec := testenv.RecordSpans(t)
+	f := newFixture(t)
+	ev := tracedEvent()
+	f.produce(t, event.ToKafka(f.topic, ev))
+	return rec, f, ev, &runUnder{}
+}
+
 // runUnder records the traceparent each event's handler or side effect ran under.
 type runUnder struct {
 	mu sync.Mutex
@@ -108,11 +120,7 @@ func checkConsumerSpans(t *testing.T, rec *tracetest.SpanRecorder, topic string,
 }
 
 func TestTheHandlerRunsInAConsumerSpanContinuingTheProducer(t *testing.T) {
-	rec := testenv.RecordSpans(t)
-	f := newFixture(t)
-	ev := tracedEvent()
-	var under runUnder
-	f.produce(t, event.ToKafka(f.topic, ev))
+	rec, f, ev, under := startTraced(t)
 	f.run(t, func(ctx context.Context, tx pgx.Tx, ev event.Envelope) error {
 		under.add(ctx, ev)
 		return f.recordEffect(ctx, tx, ev)
@@ -126,12 +134,8 @@ func TestTheHandlerRunsInAConsumerSpanContinuingTheProducer(t *testing.T) {
 // it has its own consumer span in the producer's trace, the failed one
 // marked as an error.
 func TestEachRunOfAFailingHandlerHasItsOwnSpan(t *testing.T) {
-	rec := testenv.RecordSpans(t)
-	f := newFixture(t)
-	ev := tracedEvent()
-	var under runUnder
+	rec, f, ev, under := startTraced(t)
 	var failed atomic.Bool
-	f.produce(t, event.ToKafka(f.topic, ev))
 	f.run(t, func(ctx context.Context, tx pgx.Tx, ev event.Envelope) error {
 		under.add(ctx, ev)
 		if !failed.Swap(true) {
@@ -158,11 +162,7 @@ func TestEachRunOfAFailingHandlerHasItsOwnSpan(t *testing.T) {
 }
 
 func TestALeasedSideEffectRunsInAConsumerSpanContinuingTheProducer(t *testing.T) {
-	rec := testenv.RecordSpans(t)
-	f := newFixture(t)
-	ev := tracedEvent()
-	var under runUnder
-	f.produce(t, event.ToKafka(f.topic, ev))
+	rec, f, ev, under := startTraced(t)
 	c, err := inbox.NewLeaseConsumer(f.pool, f.source(testenv.Name("group")), f.writer, inbox.Effect{
 		Check: func(context.Context, string) (bool, error) { return false, nil },
 		Call: func(ctx context.Context, ev event.Envelope, _ string) error {
