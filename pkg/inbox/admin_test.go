@@ -9,7 +9,6 @@ import (
 	"time"
 
 	"github.com/google/uuid"
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/segmentio/kafka-go"
 
@@ -54,16 +53,7 @@ func seedInbox(t *testing.T, pool *pgxpool.Pool, rows ...inboxRow) {
 // inboxRows lists every inbox row as "consumer status message_id", sorted.
 func inboxRows(t *testing.T, pool *pgxpool.Pool) []string {
 	t.Helper()
-	rows, err := pool.Query(context.Background(),
-		`SELECT consumer || ' ' || status || ' ' || message_id FROM inbox_messages ORDER BY 1`)
-	if err != nil {
-		t.Fatal(err)
-	}
-	got, err := pgx.CollectRows(rows, pgx.RowTo[string])
-	if err != nil {
-		t.Fatal(err)
-	}
-	return append([]string{}, got...)
+	return testenv.QueryColumn[string](t, pool, `SELECT consumer || ' ' || status || ' ' || message_id FROM inbox_messages ORDER BY 1`)
 }
 
 func rowKey(consumer, status string, id uuid.UUID) string {

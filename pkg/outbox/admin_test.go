@@ -94,15 +94,7 @@ func idsOf(s []seeded, idx ...int) []int64 {
 // tableIDs returns the ids of table's rows matching where, in order.
 func tableIDs(t *testing.T, pool *pgxpool.Pool, table, where string, args ...any) []int64 {
 	t.Helper()
-	rows, err := pool.Query(context.Background(), "SELECT id FROM "+table+" WHERE "+where+" ORDER BY id", args...)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ids, err := pgx.CollectRows(rows, pgx.RowTo[int64])
-	if err != nil {
-		t.Fatal(err)
-	}
-	return append([]int64{}, ids...)
+	return testenv.QueryColumn[int64](t, pool, "SELECT id FROM "+table+" WHERE "+where+" ORDER BY id", args...)
 }
 
 // snapshot renders table's rows matching where, every column, as JSON, so

@@ -226,12 +226,7 @@ func TestATooLargeMessageBacksOffThenDeadThenRequeue(t *testing.T) {
 
 func deadIDs(t *testing.T, pool *pgxpool.Pool) []int64 {
 	t.Helper()
-	rows, _ := pool.Query(context.Background(), "SELECT id FROM outbox_events WHERE state = 'dead'")
-	ids, err := pgx.CollectRows(rows, pgx.RowTo[int64])
-	if err != nil {
-		t.Fatal(err)
-	}
-	return ids
+	return testenv.QueryColumn[int64](t, pool, "SELECT id FROM outbox_events WHERE state = 'dead'")
 }
 
 // TestRelayProcess is not a test of its own: TestThreeRelaysKeepOrderWhenOneIsKilled
