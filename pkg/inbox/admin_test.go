@@ -14,13 +14,14 @@ import (
 
 	"github.com/onceflow/onceflow/pkg/event"
 	"github.com/onceflow/onceflow/pkg/inbox"
+	"github.com/onceflow/onceflow/pkg/inbox/inboxtest"
 	"github.com/onceflow/onceflow/pkg/testenv"
 )
 
 // adminInboxDB returns a pool on a fresh database with the inbox schema.
 func adminInboxDB(t *testing.T) *pgxpool.Pool {
 	t.Helper()
-	return testenv.NewPool(t, testenv.NewMigratedDatabase(t, testenv.Migration{FS: inbox.Migrations, Table: inbox.MigrationsTable}))
+	return inboxtest.NewDatabase(t)
 }
 
 // inboxRow is one inbox row of a scenario, as the consumer would have left it.
