@@ -335,9 +335,7 @@ func itemIDs(items []outbox.ReplayItem) []int64 {
 func TestReplayDryRunListsTheScopeAndChangesNothing(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	pool := adminDB(t)
-	s := seedReplayScenario(t, pool)
-	before := watchRows(t, pool, "true")
+	pool, s, _, before := seedScope(t, seedReplayScenario) // no scope: every row watched
 	for _, tt := range replayScopes {
 		t.Run(tt.name, func(t *testing.T) {
 			items, err := outbox.Replay(ctx, pool, tt.filter, true)
@@ -398,9 +396,7 @@ func TestReplayFlipsExactlyTheScopedRowsToPendingKeepingEventIDs(t *testing.T) {
 func TestReplayRefusesAnInvalidFilter(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	pool := adminDB(t)
-	seedReplayScenario(t, pool)
-	before := watchRows(t, pool, "true")
+	pool, _, _, before := seedScope(t, seedReplayScenario)
 	tests := []struct {
 		name   string
 		filter outbox.ReplayFilter
@@ -508,7 +504,7 @@ func (w rowsWatch) unchanged(t *testing.T, what string) {
 // seedScope seeds a fresh database with scenario and returns, beside the
 // pool and the seeded rows, the ids of the rows at the indexes in scope
 // (what the operation under test must change) and a watch on all the
-// others (which it must not).
+// others (which it must not): with no scope, on every row.
 func seedScope(t *testing.T, scenario func(*testing.T, *pgxpool.Pool) []seeded, scope ...int) (*pgxpool.Pool, []seeded, []int64, rowsWatch) {
 	t.Helper()
 	pool := adminDB(t)
@@ -570,9 +566,7 @@ func TestRequeueMovesOnlyDeadRowsBackToPending(t *testing.T) {
 func TestRequeueOfAnUnknownIDIsNotFoundAndRequeuesNothing(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	pool := adminDB(t)
-	s := seedDeadScenario(t, pool)
-	untouched := watchRows(t, pool, "true")
+	pool, s, _, untouched := seedScope(t, seedDeadScenario)
 	n, err := outbox.Requeue(ctx, pool, append(idsOf(s, 0, 1), 999_999, 999_998)...)
 	if !errors.Is(err, outbox.ErrNotFound) || n != 0 {
 		t.Fatalf("Requeue with unknown ids: n=%d err=%v, want 0 and ErrNotFound", n, err)
