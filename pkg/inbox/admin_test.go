@@ -9,19 +9,19 @@ import (
 	"time"
 
 	"github.com/google/uuid"
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/segmentio/kafka-go"
 
 	"github.com/onceflow/onceflow/pkg/event"
 	"github.com/onceflow/onceflow/pkg/inbox"
+	"github.com/onceflow/onceflow/pkg/inbox/inboxtest"
 	"github.com/onceflow/onceflow/pkg/testenv"
 )
 
 // adminInboxDB returns a pool on a fresh database with the inbox schema.
 func adminInboxDB(t *testing.T) *pgxpool.Pool {
 	t.Helper()
-	return testenv.NewPool(t, testenv.NewMigratedDatabase(t, testenv.Migration{FS: inbox.Migrations, Table: inbox.MigrationsTable}))
+	return inboxtest.NewDatabase(t)
 }
 
 // inboxRow is one inbox row of a scenario, as the consumer would have left it.
@@ -54,16 +54,7 @@ func seedInbox(t *testing.T, pool *pgxpool.Pool, rows ...inboxRow) {
 // inboxRows lists every inbox row as "consumer status message_id", sorted.
 func inboxRows(t *testing.T, pool *pgxpool.Pool) []string {
 	t.Helper()
-	rows, err := pool.Query(context.Background(),
-		`SELECT consumer || ' ' || status || ' ' || message_id FROM inbox_messages ORDER BY 1`)
-	if err != nil {
-		t.Fatal(err)
-	}
-	got, err := pgx.CollectRows(rows, pgx.RowTo[string])
-	if err != nil {
-		t.Fatal(err)
-	}
-	return append([]string{}, got...)
+	return testenv.QueryColumn[string](t, pool, `SELECT consumer || ' ' || status || ' ' || message_id FROM inbox_messages ORDER BY 1`)
 }
 
 func rowKey(consumer, status string, id uuid.UUID) string {

@@ -9,6 +9,7 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/onceflow/onceflow/pkg/event"
 	"github.com/onceflow/onceflow/pkg/inbox"
@@ -20,6 +21,14 @@ func exampleEvent(orderID string) event.Envelope {
 		EventID: uuid.New(), EventType: "PaymentCaptured", EventVersion: 1, AggregateType: "payment",
 		AggregateID: orderID, AggregateVersion: 1, OccurredAt: time.Now(), Payload: []byte(`{}`),
 	}
+}
+
+// billingConsumer is the consumer the operators' examples act on: billing,
+// in the group of the example's topic, handling with h, dead-lettering
+// with w; built as ExampleNewConsumer shows.
+func billingConsumer(pool *pgxpool.Pool, w *testenv.Writer, brokers []string, topic string, h inbox.Handler) (*inbox.Consumer, error) {
+	src := inbox.GroupConfig{Brokers: brokers, Topic: topic, Group: topic + "-group"}
+	return inbox.NewConsumer(pool, src, w, h, inbox.Config{Name: "billing"})
 }
 
 // Lease mode, for a side effect outside the database that cannot be made
@@ -103,9 +112,8 @@ func ExamplePrune() {
 	defer cleanup()
 	w := testenv.NewWriter(brokers, 10)
 	defer w.Close()
-	src := inbox.GroupConfig{Brokers: brokers, Topic: topic, Group: topic + "-group"}
 	nothing := func(context.Context, pgx.Tx, event.Envelope) error { return nil }
-	c, err := inbox.NewConsumer(pool, src, w, nothing, inbox.Config{Name: "billing"})
+	c, err := billingConsumer(pool, w, brokers, topic, nothing)
 	if err != nil {
 		fmt.Println(err)
 		return
@@ -133,11 +141,10 @@ func ExampleRequeueDeadLetters() {
 	defer cleanup()
 	w := testenv.NewWriter(brokers, 10)
 	defer w.Close()
-	src := inbox.GroupConfig{Brokers: brokers, Topic: topic, Group: topic + "-group"}
 	refuse := func(context.Context, pgx.Tx, event.Envelope) error {
 		return inbox.Permanent(errors.New("unknown customer"))
 	}
-	c, err := inbox.NewConsumer(pool, src, w, refuse, inbox.Config{Name: "billing"})
+	c, err := billingConsumer(pool, w, brokers, topic, refuse)
 	if err != nil {
 		fmt.Println(err)
 		return

@@ -18,6 +18,7 @@ import (
 
 	"github.com/onceflow/onceflow/pkg/event"
 	"github.com/onceflow/onceflow/pkg/inbox"
+	"github.com/onceflow/onceflow/pkg/inbox/inboxtest"
 	"github.com/onceflow/onceflow/pkg/testenv"
 )
 
@@ -35,7 +36,7 @@ type fixture struct {
 func newFixture(t *testing.T) *fixture {
 	t.Helper()
 	f := &fixture{brokers: testenv.KafkaBrokers(t), registry: prometheus.NewRegistry()}
-	f.pool = testenv.NewPool(t, testenv.NewMigratedDatabase(t, testenv.Migration{FS: inbox.Migrations, Table: inbox.MigrationsTable}))
+	f.pool = inboxtest.NewDatabase(t)
 	if _, err := f.pool.Exec(context.Background(),
 		`CREATE TABLE effects (event_id uuid PRIMARY KEY, aggregate_id text NOT NULL, seq bigserial)`); err != nil {
 		t.Fatal(err)

@@ -111,6 +111,28 @@ func (f *fixture) leaseConsumer(t *testing.T, group string, eff inbox.Effect, cf
 	return c
 }
 
+// runUntilKilledAfterEffect runs c until a side effect returns after which
+// kill (given how many have returned so far, this one included) says to
+// die, and kills c there, before the call is marked done, as a killed
+// process would die; it fails the test unless Run ended with that death,
+// within a minute.
+func runUntilKilledAfterEffect(t *testing.T, c *inbox.Consumer, kill func(calls int32) bool) {
+	t.Helper()
+	killed := errors.New("killed")
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	var calls atomic.Int32
+	crashPoint := inboxtest.WithCrashPoint(ctx, func(name string) error {
+		if name == inboxtest.CrashAfterEffect && kill(calls.Add(1)) {
+			return killed
+		}
+		return nil
+	})
+	if err := c.Run(crashPoint); !errors.Is(err, killed) {
+		t.Fatalf("first life ended with %v, want the crash", err)
+	}
+}
+
 func TestALeaseBatchCallsDistinctKeysConcurrentlyAndEachKeyInOrder(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t)
@@ -154,20 +176,8 @@ func TestAfterACrashBetweenCallsAndDoneTheTakeoverChecksAndBooksNothingTwice(t *
 	group := testenv.Name("group")
 
 	// First life: dies at the fifth side effect, before its batch is marked done.
-	killed := errors.New("killed")
-	var passes atomic.Int32
 	first := f.leaseConsumer(t, group, b.effect(), inbox.LeaseConfig{LeaseTTL: time.Second, Config: inbox.Config{Workers: 1}})
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-	defer cancel()
-	crashAtTheFifth := inboxtest.WithCrashPoint(ctx, func(name string) error {
-		if name == inboxtest.CrashAfterEffect && passes.Add(1) == 5 {
-			return killed
-		}
-		return nil
-	})
-	if err := first.Run(crashAtTheFifth); !errors.Is(err, killed) {
-		t.Fatalf("first life ended with %v, want the crash", err)
-	}
+	runUntilKilledAfterEffect(t, first, func(calls int32) bool { return calls == 5 })
 	// The ones booked and left leased: the takeover must find them booked.
 	var orphans []event.Envelope
 	for _, ev := range evs {
@@ -192,7 +202,7 @@ func TestAfterACrashBetweenCallsAndDoneTheTakeoverChecksAndBooksNothingTwice(t *
 	}
 	for _, ev := range orphans {
 		var outcome string
-		if err := f.pool.QueryRow(ctx, "SELECT outcome FROM lease_outcomes WHERE event_id = $1", ev.EventID).Scan(&outcome); err != nil {
+		if err := f.pool.QueryRow(context.Background(), "SELECT outcome FROM lease_outcomes WHERE event_id = $1", ev.EventID).Scan(&outcome); err != nil {
 			t.Fatal(err)
 		}
 		if outcome != string(inbox.AlreadyPresent) {
@@ -215,19 +225,8 @@ func TestATakeoverThatCannotCheckIsRecordedUncertainAndNotCalled(t *testing.T) {
 	b := newBooker(5 * time.Millisecond)
 	group := testenv.Name("group")
 
-	killed := errors.New("killed")
 	first := f.leaseConsumer(t, group, b.effect(), inbox.LeaseConfig{LeaseTTL: 500 * time.Millisecond, Config: inbox.Config{Workers: 1}})
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-	defer cancel()
-	crashAfterEffect := inboxtest.WithCrashPoint(ctx, func(name string) error {
-		if name == inboxtest.CrashAfterEffect {
-			return killed
-		}
-		return nil
-	})
-	if err := first.Run(crashAfterEffect); !errors.Is(err, killed) {
-		t.Fatalf("first life ended with %v, want the crash", err)
-	}
+	runUntilKilledAfterEffect(t, first, func(int32) bool { return true })
 
 	// Second life: the third party cannot say whether it has the key.
 	eff := b.effect()

@@ -19,7 +19,7 @@ import (
 // no-op, but counted, in a batch and alone, in plain and lease mode.
 func TestADuplicateWithAnotherPayloadIsCounted(t *testing.T) {
 	t.Parallel()
-	pool := testenv.NewPool(t, testenv.NewMigratedDatabase(t, testenv.Migration{FS: inbox.Migrations, Table: inbox.MigrationsTable}))
+	pool := inboxtest.NewDatabase(t)
 	reg := prometheus.NewRegistry()
 	metrics := inbox.NewMetrics(reg)
 	mismatches := func() float64 { return testenv.MetricValue(t, reg, "inbox_payload_mismatches_total") }

@@ -32,6 +32,18 @@ func tracedEvent() event.Envelope {
 	return ev
 }
 
+// startTraced starts a trace test: spans recorded, a fixture, a traced
+// event produced to its topic, and a runUnder for the handler to record
+// what it ran under.
+func startTraced(t *testing.T) (*tracetest.SpanRecorder, *fixture, event.Envelope, *runUnder) {
+	t.Helper()
+	rec := testenv.RecordSpans(t)
+	f := newFixture(t)
+	ev := tracedEvent()
+	f.produce(t, event.ToKafka(f.topic, ev))
+	return rec, f, ev, &runUnder{}
+}
+
 // runUnder records the traceparent each event's handler or side effect ran under.
 type runUnder struct {
 	mu sync.Mutex
@@ -52,6 +64,31 @@ func (r *runUnder) of(ev event.Envelope) (string, bool) {
 	defer r.mu.Unlock()
 	tp, ok := r.m[ev.EventID.String()]
 	return tp, ok
+}
+
+// wait waits up to 30 seconds for ev to have run and for done, named what,
+// and returns the traceparent ev ran under.
+func (r *runUnder) wait(t *testing.T, ev event.Envelope, what string, done func() bool) string {
+	t.Helper()
+	var saw string
+	testenv.WaitFor(t, 30*time.Second, what, func() (bool, error) {
+		var ok bool
+		saw, ok = r.of(ev)
+		return ok && done(), nil
+	})
+	return saw
+}
+
+// checkOneConsumerSpan waits for a span to end, then checks as
+// checkConsumerSpans does and that ev, run once, had one consumer span.
+func checkOneConsumerSpan(t *testing.T, rec *tracetest.SpanRecorder, topic string, ev event.Envelope, handlerSaw string) {
+	t.Helper()
+	testenv.WaitFor(t, 10*time.Second, "the consumer span to end", func() (bool, error) {
+		return len(rec.Ended()) > 0, nil
+	})
+	if spans := checkConsumerSpans(t, rec, topic, ev, handlerSaw); len(spans) != 1 {
+		t.Fatalf("%d consumer spans, want 1", len(spans))
+	}
 }
 
 // checkConsumerSpans checks that every consumer span of ev continues the
@@ -83,40 +120,22 @@ func checkConsumerSpans(t *testing.T, rec *tracetest.SpanRecorder, topic string,
 }
 
 func TestTheHandlerRunsInAConsumerSpanContinuingTheProducer(t *testing.T) {
-	rec := testenv.RecordSpans(t)
-	f := newFixture(t)
-	ev := tracedEvent()
-	var under runUnder
-	f.produce(t, event.ToKafka(f.topic, ev))
+	rec, f, ev, under := startTraced(t)
 	f.run(t, func(ctx context.Context, tx pgx.Tx, ev event.Envelope) error {
 		under.add(ctx, ev)
 		return f.recordEffect(ctx, tx, ev)
 	}, inbox.Config{})
 
-	var saw string
-	testenv.WaitFor(t, 30*time.Second, "the event to be handled", func() (bool, error) {
-		var ok bool
-		saw, ok = under.of(ev)
-		return ok && f.count(t, "SELECT count(*) FROM effects") == 1, nil
-	})
-	testenv.WaitFor(t, 10*time.Second, "the consumer span to end", func() (bool, error) {
-		return len(rec.Ended()) > 0, nil
-	})
-	if spans := checkConsumerSpans(t, rec, f.topic, ev, saw); len(spans) != 1 {
-		t.Fatalf("%d consumer spans, want 1", len(spans))
-	}
+	saw := under.wait(t, ev, "the event to be handled", func() bool { return f.count(t, "SELECT count(*) FROM effects") == 1 })
+	checkOneConsumerSpan(t, rec, f.topic, ev, saw)
 }
 
 // A handler that fails once takes the batch off the fast path; each run of
 // it has its own consumer span in the producer's trace, the failed one
 // marked as an error.
 func TestEachRunOfAFailingHandlerHasItsOwnSpan(t *testing.T) {
-	rec := testenv.RecordSpans(t)
-	f := newFixture(t)
-	ev := tracedEvent()
-	var under runUnder
+	rec, f, ev, under := startTraced(t)
 	var failed atomic.Bool
-	f.produce(t, event.ToKafka(f.topic, ev))
 	f.run(t, func(ctx context.Context, tx pgx.Tx, ev event.Envelope) error {
 		under.add(ctx, ev)
 		if !failed.Swap(true) {
@@ -125,12 +144,7 @@ func TestEachRunOfAFailingHandlerHasItsOwnSpan(t *testing.T) {
 		return f.recordEffect(ctx, tx, ev)
 	}, inbox.Config{BackoffMin: time.Millisecond, BackoffMax: time.Millisecond})
 
-	var saw string
-	testenv.WaitFor(t, 30*time.Second, "the event to be handled", func() (bool, error) {
-		var ok bool
-		saw, ok = under.of(ev)
-		return ok && f.count(t, "SELECT count(*) FROM effects") == 1, nil
-	})
+	saw := under.wait(t, ev, "the event to be handled", func() bool { return f.count(t, "SELECT count(*) FROM effects") == 1 })
 	var spans []sdktrace.ReadOnlySpan
 	testenv.WaitFor(t, 10*time.Second, "the consumer spans to end", func() (bool, error) {
 		spans = checkConsumerSpans(t, rec, f.topic, ev, saw)
@@ -148,11 +162,7 @@ func TestEachRunOfAFailingHandlerHasItsOwnSpan(t *testing.T) {
 }
 
 func TestALeasedSideEffectRunsInAConsumerSpanContinuingTheProducer(t *testing.T) {
-	rec := testenv.RecordSpans(t)
-	f := newFixture(t)
-	ev := tracedEvent()
-	var under runUnder
-	f.produce(t, event.ToKafka(f.topic, ev))
+	rec, f, ev, under := startTraced(t)
 	c, err := inbox.NewLeaseConsumer(f.pool, f.source(testenv.Name("group")), f.writer, inbox.Effect{
 		Check: func(context.Context, string) (bool, error) { return false, nil },
 		Call: func(ctx context.Context, ev event.Envelope, _ string) error {
@@ -165,16 +175,8 @@ func TestALeasedSideEffectRunsInAConsumerSpanContinuingTheProducer(t *testing.T)
 	}
 	runUntilCleanup(t, c)
 
-	var saw string
-	testenv.WaitFor(t, 30*time.Second, "the side effect to run and be marked done", func() (bool, error) {
-		var ok bool
-		saw, ok = under.of(ev)
-		return ok && f.count(t, "SELECT count(*) FROM inbox_messages WHERE status = 'processed'") == 1, nil
+	saw := under.wait(t, ev, "the side effect to run and be marked done", func() bool {
+		return f.count(t, "SELECT count(*) FROM inbox_messages WHERE status = 'processed'") == 1
 	})
-	testenv.WaitFor(t, 10*time.Second, "the consumer span to end", func() (bool, error) {
-		return len(rec.Ended()) > 0, nil
-	})
-	if spans := checkConsumerSpans(t, rec, f.topic, ev, saw); len(spans) != 1 {
-		t.Fatalf("%d consumer spans, want 1", len(spans))
-	}
+	checkOneConsumerSpan(t, rec, f.topic, ev, saw)
 }

@@ -94,15 +94,7 @@ func idsOf(s []seeded, idx ...int) []int64 {
 // tableIDs returns the ids of table's rows matching where, in order.
 func tableIDs(t *testing.T, pool *pgxpool.Pool, table, where string, args ...any) []int64 {
 	t.Helper()
-	rows, err := pool.Query(context.Background(), "SELECT id FROM "+table+" WHERE "+where+" ORDER BY id", args...)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ids, err := pgx.CollectRows(rows, pgx.RowTo[int64])
-	if err != nil {
-		t.Fatal(err)
-	}
-	return append([]int64{}, ids...)
+	return testenv.QueryColumn[int64](t, pool, "SELECT id FROM "+table+" WHERE "+where+" ORDER BY id", args...)
 }
 
 // snapshot renders table's rows matching where, every column, as JSON, so
@@ -343,9 +335,7 @@ func itemIDs(items []outbox.ReplayItem) []int64 {
 func TestReplayDryRunListsTheScopeAndChangesNothing(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	pool := adminDB(t)
-	s := seedReplayScenario(t, pool)
-	before := watchRows(t, pool, "true")
+	pool, s, _, before := seedScope(t, seedReplayScenario) // no scope: every row watched
 	for _, tt := range replayScopes {
 		t.Run(tt.name, func(t *testing.T) {
 			items, err := outbox.Replay(ctx, pool, tt.filter, true)
@@ -377,10 +367,7 @@ func TestReplayFlipsExactlyTheScopedRowsToPendingKeepingEventIDs(t *testing.T) {
 	for _, tt := range replayScopes {
 		t.Run(tt.name, func(t *testing.T) {
 			ctx := context.Background()
-			pool := adminDB(t)
-			s := seedReplayScenario(t, pool)
-			want := idsOf(s, tt.want...)
-			untouched := watchRows(t, pool, "id <> ALL($1)", want)
+			pool, s, want, untouched := seedScope(t, seedReplayScenario, tt.want...)
 
 			items, err := outbox.Replay(ctx, pool, tt.filter, false)
 			if err != nil {
@@ -409,9 +396,7 @@ func TestReplayFlipsExactlyTheScopedRowsToPendingKeepingEventIDs(t *testing.T) {
 func TestReplayRefusesAnInvalidFilter(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	pool := adminDB(t)
-	seedReplayScenario(t, pool)
-	before := watchRows(t, pool, "true")
+	pool, _, _, before := seedScope(t, seedReplayScenario)
 	tests := []struct {
 		name   string
 		filter outbox.ReplayFilter
@@ -516,11 +501,30 @@ func (w rowsWatch) unchanged(t *testing.T, what string) {
 	}
 }
 
-// checkRequeued fails unless exactly the rows want were requeued (due now,
-// a fresh budget, the cause kept) and the rows untouched watches did not
-// change.
-func checkRequeued(t *testing.T, pool *pgxpool.Pool, want []int64, untouched rowsWatch) {
+// seedScope seeds a fresh database with scenario and returns, beside the
+// pool and the seeded rows, the ids of the rows at the indexes in scope
+// (what the operation under test must change) and a watch on all the
+// others (which it must not): with no scope, on every row.
+func seedScope(t *testing.T, scenario func(*testing.T, *pgxpool.Pool) []seeded, scope ...int) (*pgxpool.Pool, []seeded, []int64, rowsWatch) {
 	t.Helper()
+	pool := adminDB(t)
+	s := scenario(t, pool)
+	want := idsOf(s, scope...)
+	return pool, s, want, watchRows(t, pool, "id <> ALL($1)", want)
+}
+
+// checkRequeued fails unless the requeue (the function named what, which
+// returned n and err) requeued exactly the rows want (due now, a fresh
+// budget, the cause kept), said so, and left the rows untouched watches as
+// they were.
+func checkRequeued(t *testing.T, pool *pgxpool.Pool, what string, n int, err error, want []int64, untouched rowsWatch) {
+	t.Helper()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n != len(want) {
+		t.Fatalf("%s returned %d, want %d", what, n, len(want))
+	}
 	got := tableIDs(t, pool, "outbox_events", `state = 'pending' AND attempts = 0 AND next_attempt_at = '-infinity'
 		AND last_error = 'requeued: broker said no'`)
 	equalIDs(t, "requeued rows", got, want)
@@ -544,19 +548,10 @@ func TestRequeueMovesOnlyDeadRowsBackToPending(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			ctx := context.Background()
-			pool := adminDB(t)
-			s := seedDeadScenario(t, pool)
-			want := idsOf(s, tt.want...)
-			untouched := watchRows(t, pool, "id <> ALL($1)", want)
+			pool, s, want, untouched := seedScope(t, seedDeadScenario, tt.want...)
 
 			n, err := outbox.Requeue(ctx, pool, tt.ids(s)...)
-			if err != nil {
-				t.Fatal(err)
-			}
-			if n != len(want) {
-				t.Fatalf("Requeue returned %d, want %d", n, len(want))
-			}
-			checkRequeued(t, pool, want, untouched)
+			checkRequeued(t, pool, "Requeue", n, err, want, untouched)
 			if n, err := outbox.Requeue(ctx, pool, tt.ids(s)...); err != nil || n != 0 {
 				t.Fatalf("requeuing again: n=%d err=%v, want 0: the rows are no longer dead", n, err)
 			}
@@ -571,9 +566,7 @@ func TestRequeueMovesOnlyDeadRowsBackToPending(t *testing.T) {
 func TestRequeueOfAnUnknownIDIsNotFoundAndRequeuesNothing(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	pool := adminDB(t)
-	s := seedDeadScenario(t, pool)
-	untouched := watchRows(t, pool, "true")
+	pool, s, _, untouched := seedScope(t, seedDeadScenario)
 	n, err := outbox.Requeue(ctx, pool, append(idsOf(s, 0, 1), 999_999, 999_998)...)
 	if !errors.Is(err, outbox.ErrNotFound) || n != 0 {
 		t.Fatalf("Requeue with unknown ids: n=%d err=%v, want 0 and ErrNotFound", n, err)
@@ -602,19 +595,10 @@ func TestRequeueDeadByFilter(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			ctx := context.Background()
-			pool := adminDB(t)
-			s := seedDeadScenario(t, pool)
-			want := idsOf(s, tt.want...)
-			untouched := watchRows(t, pool, "id <> ALL($1)", want)
+			pool, _, want, untouched := seedScope(t, seedDeadScenario, tt.want...)
 
 			n, err := outbox.RequeueDead(ctx, pool, tt.filter)
-			if err != nil {
-				t.Fatal(err)
-			}
-			if n != len(want) {
-				t.Fatalf("RequeueDead returned %d, want %d", n, len(want))
-			}
-			checkRequeued(t, pool, want, untouched)
+			checkRequeued(t, pool, "RequeueDead", n, err, want, untouched)
 		})
 	}
 }

@@ -64,38 +64,13 @@ func benchCDCWriteOverhead(b *testing.B, write outbox.WriteFunc) {
 			return write(ctx, tx, benchOrderPlaced(id.String(), 1, n))
 		})
 	}
-	for _, v := range []benchTxFunc{bare, withEvent} {
-		if _, err := benchRound(ctx, pool, workers, enqueueWarmUp, v); err != nil {
-			b.Fatal(err)
-		}
-	}
-	var (
-		bareRes, eventRes benchRoundResult
-		bareWAL, eventWAL int64
-	)
-	variants := []struct {
-		tx  benchTxFunc
-		res *benchRoundResult
-		wal *int64
-	}{{bare, &bareRes, &bareWAL}, {withEvent, &eventRes, &eventWAL}}
-	for i := range enqueuePairs * b.N {
-		for j := range variants {
-			v := variants[(i+j)%2]
-			before := benchWALPosition(b, pool)
-			r, err := benchRound(ctx, pool, workers, enqueueRound, v.tx)
-			if err != nil {
-				b.Fatal(err)
-			}
-			*v.wal += benchWALSince(b, pool, before)
-			v.res.add(r)
-		}
-	}
+	bareRes, eventRes := benchAB(b, pool, workers, true, bare, withEvent)
 	b.ReportMetric(0, "ns/op")
 	b.ReportMetric(bareRes.rate(), "bare-tx/s")
 	b.ReportMetric(eventRes.rate(), "event-tx/s")
 	b.ReportMetric(eventRes.rate()/bareRes.rate(), "ratio")
 	b.ReportMetric(benchMillis(benchPercentile(eventRes.latencies, 0.99)), "event-p99-ms")
-	b.ReportMetric(float64(eventWAL)/float64(eventRes.count)-float64(bareWAL)/float64(bareRes.count), "wal-bytes/event")
+	b.ReportMetric(float64(eventRes.walBytes)/float64(eventRes.count)-float64(bareRes.walBytes)/float64(bareRes.count), "wal-bytes/event")
 }
 
 func benchWALPosition(b *testing.B, pool *pgxpool.Pool) string {
@@ -138,40 +113,37 @@ func BenchmarkCDCDrain(b *testing.B) {
 	}
 }
 
-// emitFromTable re-emits the rows of outbox_events as Emit's messages, 100
-// rows per transaction, in id order.
-var emitFromTable = `
+// inChunksOf100 is a DO block that runs stmt, which reads the rows of
+// table with lo <= id < lo + 100, once per 100 ids in id order, committing
+// after each, so the slot sees many commits, as in life.
+func inChunksOf100(table, stmt string) string {
+	return `
 DO $$
 DECLARE lo bigint; hi bigint;
 BEGIN
-  SELECT min(id), max(id) INTO lo, hi FROM outbox_events;
+  SELECT min(id), max(id) INTO lo, hi FROM ` + table + `;
   WHILE lo <= hi LOOP
-    PERFORM pg_logical_emit_message(true, '` + outbox.EmitPrefix + `', ` + emittedSQL("event_id", "event_type",
-	"event_version", "aggregate_type", "aggregate_id", "aggregate_version", "occurred_at", "headers->>'correlationId'",
-	"''", "headers->>'traceparent'", "payload") + `)
-    FROM outbox_events WHERE id >= lo AND id < lo + 100 ORDER BY id;
+    ` + stmt + `;
     COMMIT;
     lo := lo + 100;
   END LOOP;
 END $$`
+}
+
+// emitFromTable re-emits the rows of outbox_events as Emit's messages, 100
+// rows per transaction, in id order.
+var emitFromTable = inChunksOf100("outbox_events", `PERFORM pg_logical_emit_message(true, '`+outbox.EmitPrefix+`', `+emittedSQL("event_id", "event_type",
+	"event_version", "aggregate_type", "aggregate_id", "aggregate_version", "occurred_at", "headers->>'correlationId'",
+	"''", "headers->>'traceparent'", "payload")+`)
+    FROM outbox_events WHERE id >= lo AND id < lo + 100 ORDER BY id`)
 
 // copyInChunks re-inserts a filled backlog (moved aside to bench_backlog)
-// 100 rows per transaction, so the slot sees many commits, as in life.
-const copyInChunks = `
-DO $$
-DECLARE lo bigint; hi bigint;
-BEGIN
-  SELECT min(id), max(id) INTO lo, hi FROM bench_backlog;
-  WHILE lo <= hi LOOP
-    INSERT INTO outbox_events (event_id, aggregate_type, aggregate_id, aggregate_version, event_type,
+// 100 rows per transaction.
+var copyInChunks = inChunksOf100("bench_backlog", `INSERT INTO outbox_events (event_id, aggregate_type, aggregate_id, aggregate_version, event_type,
         event_version, payload, headers, occurred_at, partition)
     SELECT event_id, aggregate_type, aggregate_id, aggregate_version, event_type, event_version,
            payload, headers, occurred_at, partition
-    FROM bench_backlog WHERE id >= lo AND id < lo + 100 ORDER BY id;
-    COMMIT;
-    lo := lo + 100;
-  END LOOP;
-END $$`
+    FROM bench_backlog WHERE id >= lo AND id < lo + 100 ORDER BY id`)
 
 func benchCDCDrain(b *testing.B, mode string) {
 	ctx := context.Background()
@@ -220,13 +192,7 @@ func benchCDCDrain(b *testing.B, mode string) {
 		}
 
 		w := testenv.NewWriter(brokers, 1000)
-		start := time.Now()
-		for i := 0; i < len(msgs); i += 1000 {
-			if err := w.WriteMessages(ctx, msgs[i:min(i+1000, len(msgs))]...); err != nil {
-				b.Fatalf("raw produce: %v", err)
-			}
-		}
-		raw.add(len(msgs), time.Since(start))
+		benchProduceRaw(b, w, msgs, 1000, &raw)
 		benchCloseWriter(w)
 
 		w = testenv.NewWriter(brokers, 1000)
@@ -238,7 +204,7 @@ func benchCDCDrain(b *testing.B, mode string) {
 		}
 		runCtx, stop := context.WithCancel(ctx)
 		ran := make(chan error, 1)
-		start = time.Now()
+		start := time.Now()
 		go func() { ran <- relay.Run(runCtx) }()
 		select {
 		case <-counted.done:
@@ -253,11 +219,7 @@ func benchCDCDrain(b *testing.B, mode string) {
 			b.Fatalf("the relay's topic holds %d messages, want %d", got, drainBacklog)
 		}
 	}
-	b.ReportMetric(0, "ns/op")
-	b.ReportMetric(relayed.perSecond(), "relay-events/s")
-	b.ReportMetric(raw.perSecond(), "raw-events/s")
-	b.ReportMetric(relayed.perSecond()/raw.perSecond(), "ratio")
-	b.ReportMetric(float64(drainBacklog), "events")
+	benchReportDrain(b, relayed, raw)
 }
 
 // benchCountingWriter closes done once want messages were acknowledged.
@@ -354,12 +316,6 @@ func benchCDCPublishLag(b *testing.B, write outbox.WriteFunc, rate int) {
 		consumeLag = append(consumeLag, committed.lagsUntil(arrived, ids)...)
 		stopConsumers()
 	}
-	b.ReportMetric(0, "ns/op")
-	b.ReportMetric(events.perSecond(), "events/s")
-	b.ReportMetric(benchMillis(benchPercentile(ackLag, 0.50)), "ack-p50-ms")
-	b.ReportMetric(benchMillis(benchPercentile(ackLag, 0.99)), "ack-p99-ms")
-	b.ReportMetric(benchMillis(benchPercentile(ackLag, 1)), "ack-max-ms")
-	b.ReportMetric(benchMillis(benchPercentile(consumeLag, 0.50)), "consume-p50-ms")
-	b.ReportMetric(benchMillis(benchPercentile(consumeLag, 0.99)), "consume-p99-ms")
+	benchReportLag(b, events, ackLag, consumeLag)
 	b.ReportMetric(float64(walBytes)/float64(events.events), "wal-bytes/event")
 }

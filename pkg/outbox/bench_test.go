@@ -128,28 +128,7 @@ func benchEnqueueOverhead(b *testing.B, workers int, syncCommit, relay string) {
 		})
 	}
 
-	// Warm both up: connections open, statements prepared, caches hot.
-	for _, v := range []benchTxFunc{bare, withOutbox} {
-		if _, err := benchRound(ctx, pool, workers, enqueueWarmUp, v); err != nil {
-			b.Fatal(err)
-		}
-	}
-
-	var bareRes, outboxRes benchRoundResult
-	variants := []struct {
-		tx  benchTxFunc
-		res *benchRoundResult
-	}{{bare, &bareRes}, {withOutbox, &outboxRes}}
-	for i := range enqueuePairs * b.N {
-		for j := range variants {
-			v := variants[(i+j)%2] // A B, then B A, …
-			r, err := benchRound(ctx, pool, workers, enqueueRound, v.tx)
-			if err != nil {
-				b.Fatal(err)
-			}
-			v.res.add(r)
-		}
-	}
+	bareRes, outboxRes := benchAB(b, pool, workers, false, bare, withOutbox)
 	b.ReportMetric(0, "ns/op")
 	b.ReportMetric(bareRes.rate(), "bare-tx/s")
 	b.ReportMetric(outboxRes.rate(), "outbox-tx/s")
@@ -159,6 +138,48 @@ func benchEnqueueOverhead(b *testing.B, workers int, syncCommit, relay string) {
 	b.ReportMetric(benchMillis(benchPercentile(outboxRes.latencies, 0.50)), "outbox-p50-ms")
 	b.ReportMetric(benchMillis(benchPercentile(outboxRes.latencies, 0.99)), "outbox-p99-ms")
 	b.ReportMetric(float64(outboxRes.notifyWaits)/float64(max(1, outboxRes.active)), "outbox-notify-wait")
+}
+
+// benchABResult is what one variant's rounds in benchAB did.
+type benchABResult struct {
+	benchRoundResult
+	walBytes int64 // the WAL written during its rounds, when measured
+}
+
+// benchAB warms up the two variants a and b (connections open, statements
+// prepared, caches hot), then runs enqueuePairs×b.N pairs of enqueueRound
+// rounds of each on workers goroutines, alternating the order (A B, then
+// B A, …) so that drift in the machine's speed falls on both alike. With
+// measureWAL it also sums the WAL each variant's rounds wrote.
+func benchAB(tb *testing.B, pool *pgxpool.Pool, workers int, measureWAL bool, a, b benchTxFunc) (aRes, bRes benchABResult) {
+	ctx := context.Background()
+	for _, v := range []benchTxFunc{a, b} {
+		if _, err := benchRound(ctx, pool, workers, enqueueWarmUp, v); err != nil {
+			tb.Fatal(err)
+		}
+	}
+	variants := []struct {
+		tx  benchTxFunc
+		res *benchABResult
+	}{{a, &aRes}, {b, &bRes}}
+	for i := range enqueuePairs * tb.N {
+		for j := range variants {
+			v := variants[(i+j)%2]
+			var before string
+			if measureWAL {
+				before = benchWALPosition(tb, pool)
+			}
+			r, err := benchRound(ctx, pool, workers, enqueueRound, v.tx)
+			if err != nil {
+				tb.Fatal(err)
+			}
+			if measureWAL {
+				v.res.walBytes += benchWALSince(tb, pool, before)
+			}
+			v.res.add(r)
+		}
+	}
+	return aRes, bRes
 }
 
 // benchTxFunc runs one whole transaction; n numbers it within its worker.
@@ -374,13 +395,7 @@ func benchRelayDrain(b *testing.B, brokers []string, pool, relayPool *pgxpool.Po
 			msgs := benchBacklogMessages(b, pool, rawTopic)
 			w := newWriter()
 			defer benchCloseWriter(w)
-			start := time.Now()
-			for i := 0; i < len(msgs); i += batch {
-				if err := w.WriteMessages(ctx, msgs[i:min(i+batch, len(msgs))]...); err != nil {
-					b.Fatalf("raw produce: %v", err)
-				}
-			}
-			raw.add(len(msgs), time.Since(start))
+			benchProduceRaw(b, w, msgs, batch, &raw)
 		}
 
 		produce()
@@ -422,11 +437,7 @@ func benchRelayDrain(b *testing.B, brokers []string, pool, relayPool *pgxpool.Po
 			b.Fatalf("the relay's topic holds %d messages, want %d", got, drainBacklog)
 		}
 	}
-	b.ReportMetric(0, "ns/op")
-	b.ReportMetric(relayed.perSecond(), "relay-events/s")
-	b.ReportMetric(raw.perSecond(), "raw-events/s")
-	b.ReportMetric(relayed.perSecond()/raw.perSecond(), "ratio")
-	b.ReportMetric(float64(drainBacklog), "events")
+	benchReportDrain(b, relayed, raw)
 	batches := math.Ceil(float64(relayed.events) / float64(batch))
 	b.ReportMetric(benchMillis(relayed.elapsed)/batches, "ms/batch")
 	for _, kind := range benchPhaseKinds {
@@ -599,6 +610,18 @@ func benchBacklogMessages(b *testing.B, pool *pgxpool.Pool, topic string) []kafk
 	return msgs
 }
 
+// benchReportLag reports a lag benchmark's rate and its commit-to-ack and
+// commit-to-consumer lags.
+func benchReportLag(b *testing.B, events benchRate, ackLag, consumeLag []time.Duration) {
+	b.ReportMetric(0, "ns/op")
+	b.ReportMetric(events.perSecond(), "events/s")
+	b.ReportMetric(benchMillis(benchPercentile(ackLag, 0.50)), "ack-p50-ms")
+	b.ReportMetric(benchMillis(benchPercentile(ackLag, 0.99)), "ack-p99-ms")
+	b.ReportMetric(benchMillis(benchPercentile(ackLag, 1)), "ack-max-ms")
+	b.ReportMetric(benchMillis(benchPercentile(consumeLag, 0.50)), "consume-p50-ms")
+	b.ReportMetric(benchMillis(benchPercentile(consumeLag, 0.99)), "consume-p99-ms")
+}
+
 // benchRate accumulates events over time.
 type benchRate struct {
 	events  int
@@ -607,6 +630,29 @@ type benchRate struct {
 
 func (r *benchRate) add(n int, d time.Duration) { r.events += n; r.elapsed += d }
 func (r *benchRate) perSecond() float64         { return float64(r.events) / r.elapsed.Seconds() }
+
+// benchProduceRaw writes msgs with w, batch messages a call, as a producer
+// writing straight to Kafka would, and adds the time it took to raw: the
+// baseline of the drain benchmarks.
+func benchProduceRaw(b *testing.B, w *testenv.Writer, msgs []kafka.Message, batch int, raw *benchRate) {
+	start := time.Now()
+	for i := 0; i < len(msgs); i += batch {
+		if err := w.WriteMessages(context.Background(), msgs[i:min(i+batch, len(msgs))]...); err != nil {
+			b.Fatalf("raw produce: %v", err)
+		}
+	}
+	raw.add(len(msgs), time.Since(start))
+}
+
+// benchReportDrain reports a drain benchmark's rates against the raw
+// baseline's, and the backlog's size.
+func benchReportDrain(b *testing.B, relayed, raw benchRate) {
+	b.ReportMetric(0, "ns/op")
+	b.ReportMetric(relayed.perSecond(), "relay-events/s")
+	b.ReportMetric(raw.perSecond(), "raw-events/s")
+	b.ReportMetric(relayed.perSecond()/raw.perSecond(), "ratio")
+	b.ReportMetric(float64(drainBacklog), "events")
+}
 
 // ---------------------------------------------------------------------------
 // 3. Commit-to-ack lag under a steady trickle.
@@ -750,13 +796,7 @@ func benchPublishLag(b *testing.B, rate int, writerTimeout time.Duration, relayS
 		idleBatches += benchHistogram(b, reg, "outbox_batch_size").minus(batchesBefore).count
 		idleClaims += float64(len(phases.since(phasesBefore)["claim"]))
 	}
-	b.ReportMetric(0, "ns/op")
-	b.ReportMetric(events.perSecond(), "events/s")
-	b.ReportMetric(benchMillis(benchPercentile(ackLag, 0.50)), "ack-p50-ms")
-	b.ReportMetric(benchMillis(benchPercentile(ackLag, 0.99)), "ack-p99-ms")
-	b.ReportMetric(benchMillis(benchPercentile(ackLag, 1)), "ack-max-ms")
-	b.ReportMetric(benchMillis(benchPercentile(consumeLag, 0.50)), "consume-p50-ms")
-	b.ReportMetric(benchMillis(benchPercentile(consumeLag, 0.99)), "consume-p99-ms")
+	benchReportLag(b, events, ackLag, consumeLag)
 	b.ReportMetric(lagHist.quantile(0.99)*1000, "hist-p99-ms")
 	b.ReportMetric(batches.sum/batches.count, "events/batch")
 	b.ReportMetric(float64(len(spent["claim"]))/batches.count, "claims/batch")

@@ -19,20 +19,14 @@ import (
 // for it.
 func TestCDCRelayRunsNoStatementPerCommit(t *testing.T) {
 	t.Parallel()
-	brokers := testenv.KafkaBrokers(t)
-	topic := testenv.NewTopic(t, brokers, 1)
-	url := newOutboxDBURL(t)
-	pool := testenv.NewPool(t, url)
-	counts := &benchWireCounts{}
-	relayPool := benchCountingPool(t, url, 4, counts)
-	slot := newSlot(t, pool)
-	c := collect(t, brokers, topic)
-	w := testenv.NewWriter(brokers, 50)
-	defer w.Close()
+	e := newCDCEnv(t, 1, 50)
+	pool, c := e.pool, e.c
+	relayPool, counts := e.countingPool(t)
 	// No gauge refresh during the test; retention and the record keep
 	// their defaults.
-	runStreaming(t, newCDC(t, relayPool, w, outbox.CDCConfig{Slot: slot, Topic: func(string) string { return topic },
-		LagInterval: time.Hour}))
+	cfg := e.config()
+	cfg.LagInterval = time.Hour
+	runStreaming(t, newCDC(t, relayPool, e.w, cfg))
 	// The first event starts the topic's lane, which reads the dead rows
 	// once; count from the second.
 	enqueue(t, pool, newEvent("warm-up", 1))

@@ -23,20 +23,12 @@ import (
 func TestCDCLostSlotGapIsRepublishedFromTheTable(t *testing.T) {
 	t.Parallel()
 	e := newCDCEnv(t, 1, 50)
-	pool, slot, c := e.pool, e.slot, e.c
+	pool, c := e.pool, e.c
 	cfg := e.config()
 	// Retention as eager as it can be: the gap's rows are old enough to go
 	// at once if the relay's confirmed id passes them.
 	cfg.RetentionInterval, cfg.Retain = 20*time.Millisecond, time.Nanosecond
-	stop := runStreaming(t, newCDC(t, pool, e.w, cfg))
-	enqueue(t, pool, newEvent("a", 1))
-	testenv.WaitFor(t, 20*time.Second, "the first event", func() (bool, error) { return c.distinct() == 1, nil })
-	stop()
-
-	testenv.WaitFor(t, 20*time.Second, "the slot to be dropped", func() (bool, error) {
-		_, err := pool.Exec(context.Background(), `SELECT pg_drop_replication_slot($1)`, slot)
-		return err == nil, nil
-	})
+	e.loseSlot(t, cfg, enqueue)
 	// The gap: committed while no slot exists.
 	enqueue(t, pool, newEvent("a", 2), newEvent("a", 3))
 	enqueue(t, pool, newEvent("gap", 1))
@@ -172,20 +164,12 @@ func TestCDCRelayRefreshesTheDeadGauge(t *testing.T) {
 func TestCDCLostSlotInWALModeIsLoud(t *testing.T) {
 	t.Parallel()
 	e := newCDCEnv(t, 1, 50)
-	pool, slot, c := e.pool, e.slot, e.c
+	pool, c := e.pool, e.c
 	reg := prometheus.NewRegistry()
 	logs := &testenv.LogBuffer{}
 	cfg := e.config()
 	cfg.Mode, cfg.Metrics, cfg.Logger = outbox.ModeWAL, outbox.NewMetrics(reg), slog.New(slog.NewJSONHandler(logs, nil))
-	stop := runStreaming(t, newCDC(t, pool, e.w, cfg))
-	emit(t, pool, newEvent("a", 1))
-	testenv.WaitFor(t, 20*time.Second, "the first event", func() (bool, error) { return c.distinct() == 1, nil })
-	stop()
-
-	testenv.WaitFor(t, 20*time.Second, "the slot to be dropped", func() (bool, error) {
-		_, err := pool.Exec(context.Background(), `SELECT pg_drop_replication_slot($1)`, slot)
-		return err == nil, nil
-	})
+	e.loseSlot(t, cfg, emit)
 	emit(t, pool, newEvent("a", 2)) // in the WAL only, and in no slot's stream
 	lostAt := currentLSN(t, pool)
 

@@ -14,6 +14,23 @@ import (
 	"github.com/onceflow/onceflow/pkg/testenv"
 )
 
+// newHoldbackCDCEnv is where the CDC holdback tests start: a cdcEnv whose
+// topic is a small one (newSmallTopic), read with onTopic rather than a
+// collector, and a config on it that gives up on a message after
+// maxAttempts quick tries.
+func newHoldbackCDCEnv(t *testing.T, maxAttempts int) (*cdcEnv, outbox.CDCConfig) {
+	t.Helper()
+	e := &cdcEnv{relayEnv: &relayEnv{brokers: testenv.KafkaBrokers(t)}}
+	e.topic = newSmallTopic(t, e.brokers)
+	e.pool = newOutboxDB(t)
+	e.slot = newSlot(t, e.pool)
+	e.w = testenv.NewWriter(e.brokers, 10)
+	t.Cleanup(func() { e.w.Close() })
+	cfg := e.config()
+	cfg.MaxAttempts, cfg.BackoffMin, cfg.BackoffMax = maxAttempts, 20*time.Millisecond, 50*time.Millisecond
+	return e, cfg
+}
+
 // In table mode a dead event holds back its aggregate's later events, as in
 // the polling relay: the broker refuses big/1 (too large for the topic)
 // until it goes dead; big/2, small enough, must not reach the topic ahead of
@@ -25,18 +42,12 @@ import (
 func TestCDCDeadEventHoldsBackItsAggregate(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	brokers := testenv.KafkaBrokers(t)
-	topic := newTopicWithConfig(t, brokers, map[string]string{"max.message.bytes": fmt.Sprint(100 << 10)})
-	pool := newOutboxDB(t)
-	slot := newSlot(t, pool)
-	w := testenv.NewWriter(brokers, 10)
-	defer w.Close()
-	cfg := outbox.CDCConfig{Slot: slot, Topic: func(string) string { return topic },
-		MaxAttempts: 2, BackoffMin: 20 * time.Millisecond, BackoffMax: 50 * time.Millisecond}
+	e, cfg := newHoldbackCDCEnv(t, 2)
+	brokers, topic, pool, w := e.brokers, e.topic, e.pool, e.w
 	stop := runStreaming(t, newCDC(t, pool, w, cfg))
 
 	big1, big2 := newEvent("big", 1), newEvent("big", 2)
-	big1.Payload = []byte(`{"blob":"` + strings.Repeat("x", 200<<10) + `"}`)
+	big1.Payload = blob("x", bigBlob)
 	enqueue(t, pool, big1, big2, newEvent("fine", 1))
 	testenv.WaitFor(t, 30*time.Second, "big/1 dead and fine/1 published", func() (bool, error) {
 		return countRows(t, pool, fmt.Sprintf("state = 'dead' AND event_id = '%s'", big1.EventID)) == 1 &&
@@ -59,9 +70,8 @@ func TestCDCDeadEventHoldsBackItsAggregate(t *testing.T) {
 		t.Fatalf("%d dead rows, want 3: big/1, and big/2 and big/3 held back behind it", n)
 	}
 
-	setTopicConfig(t, brokers, topic, "max.message.bytes", fmt.Sprint(4<<20))
-	big1w := testenv.NewWriter(brokers, 10)
-	big1w.BatchBytes = 4 << 20
+	raiseTopicMax(t, brokers, topic)
+	big1w := newWideWriter(brokers)
 	defer big1w.Close()
 	stop()
 	runStreaming(t, newCDC(t, pool, big1w, cfg))
@@ -92,15 +102,9 @@ func TestCDCDeadEventHoldsBackItsAggregate(t *testing.T) {
 func TestCDCRedeliveredRowRequeuedMeanwhileGoesOutOnce(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	brokers := testenv.KafkaBrokers(t)
-	topic := newTopicWithConfig(t, brokers, map[string]string{"max.message.bytes": fmt.Sprint(100 << 10)})
-	pool := newOutboxDB(t)
-	slot := newSlot(t, pool)
-	w := testenv.NewWriter(brokers, 10)
-	defer w.Close()
-	cfg := outbox.CDCConfig{Slot: slot, Topic: func(string) string { return topic },
-		MaxAttempts: 1, BackoffMin: 20 * time.Millisecond, BackoffMax: 50 * time.Millisecond,
-		OutageBackoffMin: 20 * time.Millisecond, OutageBackoffMax: 100 * time.Millisecond}
+	e, cfg := newHoldbackCDCEnv(t, 1)
+	brokers, topic, pool, slot, w := e.brokers, e.topic, e.pool, e.slot, e.w
+	cfg.OutageBackoffMin, cfg.OutageBackoffMax = 20*time.Millisecond, 100*time.Millisecond
 	// The first relay never confirms anything: it stops after every batch,
 	// as a crash would, before the slot moves.
 	crash := func(name string) error {
@@ -115,16 +119,15 @@ func TestCDCRedeliveredRowRequeuedMeanwhileGoesOutOnce(t *testing.T) {
 	})
 	testenv.WaitFor(t, 20*time.Second, "the relay to stream", func() (bool, error) { return crashing.Active(), nil })
 	big := newEvent("big", 1)
-	big.Payload = []byte(`{"blob":"` + strings.Repeat("x", 200<<10) + `"}`)
+	big.Payload = blob("x", bigBlob)
 	enqueue(t, pool, big)
 	testenv.WaitFor(t, 30*time.Second, "big/1 dead", func() (bool, error) {
 		return countRows(t, pool, "state = 'dead'") == 1, nil
 	})
 	stop()
 
-	setTopicConfig(t, brokers, topic, "max.message.bytes", fmt.Sprint(4<<20))
-	wide := testenv.NewWriter(brokers, 10)
-	wide.BatchBytes = 4 << 20
+	raiseTopicMax(t, brokers, topic)
+	wide := newWideWriter(brokers)
 	defer wide.Close()
 	if n, err := outbox.ModeCDC.RequeueDead(ctx, pool, outbox.DeadFilter{}); err != nil || n != 1 {
 		t.Fatalf("RequeueDead = %d, %v; want 1", n, err)

@@ -92,6 +92,22 @@ func (e *cdcEnv) config() outbox.CDCConfig {
 	return outbox.CDCConfig{Slot: e.slot, Topic: e.topicFn}
 }
 
+// loseSlot runs a relay on cfg until a/1, committed by write (enqueue or
+// emit), reaches Kafka, stops it, and drops its slot, as an operator's
+// mistake or max_slot_wal_keep_size would: what commits next is in no
+// slot's stream.
+func (e *cdcEnv) loseSlot(t *testing.T, cfg outbox.CDCConfig, write func(*testing.T, *pgxpool.Pool, ...event.Envelope)) {
+	t.Helper()
+	stop := runStreaming(t, newCDC(t, e.pool, e.w, cfg))
+	write(t, e.pool, newEvent("a", 1))
+	testenv.WaitFor(t, 20*time.Second, "the first event", func() (bool, error) { return e.c.distinct() == 1, nil })
+	stop()
+	testenv.WaitFor(t, 20*time.Second, "the slot to be dropped", func() (bool, error) {
+		_, err := e.pool.Exec(context.Background(), `SELECT pg_drop_replication_slot($1)`, e.slot)
+		return err == nil, nil // 55006 while the walsender is still going away
+	})
+}
+
 // runStreaming runs relay as runCDC does and waits until it streams.
 func runStreaming(t *testing.T, relay *outbox.CDCRelay) (stop func()) {
 	t.Helper()
@@ -383,22 +399,12 @@ func TestCDCLostSlotIsDetectedAndReplaced(t *testing.T) {
 	lost := make(chan outbox.LostSlot, 1)
 	cfg := e.config()
 	cfg.Metrics, cfg.OnSlotLost = outbox.NewMetrics(reg), func(l outbox.LostSlot) { lost <- l }
-	relay := newCDC(t, pool, w, cfg)
-	stop := runStreaming(t, relay)
-	enqueue(t, pool, newEvent("a", 1))
-	testenv.WaitFor(t, 20*time.Second, "the first event", func() (bool, error) { return c.distinct() == 1, nil })
-	stop()
-
-	// The slot goes (an operator's mistake, or max_slot_wal_keep_size), and
-	// events commit while there is none.
-	testenv.WaitFor(t, 20*time.Second, "the slot to be dropped", func() (bool, error) {
-		_, err := pool.Exec(context.Background(), `SELECT pg_drop_replication_slot($1)`, slot)
-		return err == nil, nil
-	})
+	// The slot goes, and events commit while there is none.
+	e.loseSlot(t, cfg, enqueue)
 	before := time.Now()
 	enqueue(t, pool, newEvent("a", 2), newEvent("a", 3))
 
-	relay = newCDC(t, pool, w, cfg)
+	relay := newCDC(t, pool, w, cfg)
 	runCDC(t, relay)
 	var l outbox.LostSlot
 	select {

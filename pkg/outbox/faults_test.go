@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/segmentio/kafka-go"
 
@@ -37,6 +38,26 @@ func runRelay(t *testing.T, relay *outbox.Relay) {
 	testenv.RunInBackground(t, "Run", relay.Run)
 }
 
+// enqueueInterleaved commits versions 1 to versions of aggregates
+// aggregates, named by idFormat from their number, in one transaction:
+// every aggregate's version 1, then every one's version 2, and so on. It
+// returns each aggregate's last version, as checkOrder wants, and the
+// events it committed.
+func enqueueInterleaved(t *testing.T, pool *pgxpool.Pool, aggregates int, versions int64, idFormat string) (map[string]int64, []event.Envelope) {
+	t.Helper()
+	last := map[string]int64{}
+	var evs []event.Envelope
+	for v := int64(1); v <= versions; v++ {
+		for a := range aggregates {
+			id := fmt.Sprintf(idFormat, a)
+			last[id] = v
+			evs = append(evs, newEvent(id, v))
+		}
+	}
+	enqueue(t, pool, evs...)
+	return last, evs
+}
+
 // A Kafka outage many times longer than MaxAttempts × BackoffMax sends no row
 // dead and charges none an attempt: the relay backs off as a whole, says so
 // in its metrics and a bounded number of log lines, and publishes everything,
@@ -45,16 +66,7 @@ func TestAKafkaOutageIsWaitedOutNotChargedToRows(t *testing.T) {
 	brokers := testenv.KafkaBrokers(t)
 	topic := testenv.NewTopic(t, brokers, 3)
 	pool := newOutboxDB(t)
-	want := map[string]int64{}
-	var evs []event.Envelope
-	for v := int64(1); v <= 5; v++ {
-		for a := range 4 {
-			id := fmt.Sprintf("agg-%d", a)
-			want[id] = v
-			evs = append(evs, newEvent(id, v))
-		}
-	}
-	enqueue(t, pool, evs...)
+	want, evs := enqueueInterleaved(t, pool, 4, 5, "agg-%d")
 
 	down := testenv.NewWriter([]string{testenv.ClosedAddr(t)}, 100)
 	t.Cleanup(func() { down.Close() })
@@ -201,16 +213,7 @@ func TestABusyRelayHeartbeatsReportsItsBacklogAndShares(t *testing.T) {
 	brokers := testenv.KafkaBrokers(t)
 	topic := testenv.NewTopic(t, brokers, 6)
 	pool := newOutboxDB(t)
-	want := map[string]int64{}
-	var evs []event.Envelope
-	for v := int64(1); v <= 8; v++ {
-		for a := range 60 {
-			id := fmt.Sprintf("agg-%02d", a)
-			want[id] = v
-			evs = append(evs, newEvent(id, v))
-		}
-	}
-	enqueue(t, pool, evs...)
+	want, evs := enqueueInterleaved(t, pool, 60, 8, "agg-%02d")
 	c := collect(t, brokers, topic)
 
 	kw := testenv.NewWriter(brokers, 10)

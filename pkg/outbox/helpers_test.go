@@ -13,6 +13,7 @@ import (
 type relayEnv struct {
 	brokers []string
 	topic   string
+	url     string // the database's
 	pool    *pgxpool.Pool
 	c       *collector
 	w       *testenv.Writer
@@ -24,7 +25,8 @@ func newRelayEnv(t *testing.T, partitions, batchSize int) *relayEnv {
 	t.Helper()
 	e := &relayEnv{brokers: testenv.KafkaBrokers(t)}
 	e.topic = testenv.NewTopic(t, e.brokers, partitions)
-	e.pool = newOutboxDB(t)
+	e.url = newOutboxDBURL(t)
+	e.pool = testenv.NewPool(t, e.url)
 	e.c = collect(t, e.brokers, e.topic)
 	e.w = testenv.NewWriter(e.brokers, batchSize)
 	t.Cleanup(func() { e.w.Close() })
@@ -33,3 +35,12 @@ func newRelayEnv(t *testing.T, partitions, batchSize int) *relayEnv {
 
 // topicFn routes every event to the env's topic (RelayConfig.Topic).
 func (e *relayEnv) topicFn(string) string { return e.topic }
+
+// countingPool opens a second pool on the env's database whose connections
+// count their claims, statements and round trips, for the relay under test:
+// a test of what the relay costs Postgres need not take its word for it.
+func (e *relayEnv) countingPool(t *testing.T) (*pgxpool.Pool, *benchWireCounts) {
+	t.Helper()
+	counts := &benchWireCounts{}
+	return benchCountingPool(t, e.url, 4, counts), counts
+}

@@ -9,8 +9,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/segmentio/kafka-go"
+
+	"github.com/onceflow/onceflow/pkg/testenv"
 )
 
 // NewPublisher builds the relay of its mode, hands it the shared fields
@@ -19,7 +20,7 @@ import (
 // does.
 func TestNewPublisherPicksTheRelayOfItsMode(t *testing.T) {
 	t.Parallel()
-	pool := unreachablePool(t)
+	pool := testenv.LazyPool(t)
 	shared := PublisherConfig{
 		Topic:   func(string) string { return "shared.topic" },
 		Logger:  slog.New(slog.NewTextHandler(io.Discard, nil)),
@@ -76,7 +77,7 @@ func TestNewPublisherPicksTheRelayOfItsMode(t *testing.T) {
 
 func TestNewPublisherRefuses(t *testing.T) {
 	t.Parallel()
-	pool := unreachablePool(t)
+	pool := testenv.LazyPool(t)
 	for _, tc := range []struct {
 		name string
 		cfg  PublisherConfig
@@ -116,16 +117,6 @@ func TestIdlePublisherRunsUntilItsContextEnds(t *testing.T) {
 	if err := <-done; err != nil {
 		t.Fatalf("Run = %v after its context ended, want nil", err)
 	}
-}
-
-func unreachablePool(t *testing.T) *pgxpool.Pool {
-	t.Helper()
-	pool, err := pgxpool.New(context.Background(), "postgres://nobody@127.0.0.1:1/none")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(pool.Close)
-	return pool
 }
 
 type nopWriter struct{}

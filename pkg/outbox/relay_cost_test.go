@@ -22,18 +22,12 @@ import (
 func TestAnArmedRelayPaysOneClaimAndTwoRoundTripsPerCommit(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	brokers := testenv.KafkaBrokers(t)
-	topic := testenv.NewTopic(t, brokers, 1)
-	url := newOutboxDBURL(t)
-	pool := testenv.NewPool(t, url)
-	counts := &benchWireCounts{}
-	relayPool := benchCountingPool(t, url, 4, counts)
-	c := collect(t, brokers, topic)
-	w := testenv.NewWriter(brokers, 50)
-	defer w.Close()
+	e := newRelayEnv(t, 1, 50)
+	pool, c := e.pool, e.c
+	relayPool, counts := e.countingPool(t)
 	reg := prometheus.NewRegistry()
-	relay, err := outbox.NewRelay(relayPool, w, outbox.RelayConfig{
-		ID: "frugal", Topic: func(string) string { return topic }, Metrics: outbox.NewMetrics(reg),
+	relay, err := outbox.NewRelay(relayPool, e.w, outbox.RelayConfig{
+		ID: "frugal", Topic: e.topicFn, Metrics: outbox.NewMetrics(reg),
 		// No poll, heartbeat or gauge refresh during the test: only commits
 		// make the relay talk to Postgres.
 		PollInterval: time.Hour, RebalanceInterval: time.Hour,
@@ -97,10 +91,8 @@ func TestAnUndecodableRowIsChargedThenDeadAndHoldsBackItsAggregate(t *testing.T)
 	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	brokers := testenv.KafkaBrokers(t)
-	topic := testenv.NewTopic(t, brokers, 1)
-	pool := newOutboxDB(t)
-	c := collect(t, brokers, topic)
+	e := newRelayEnv(t, 1, 50)
+	pool, c := e.pool, e.c
 
 	enqueue(t, pool, newEvent("bad", 1))
 	if _, err := pool.Exec(ctx, `UPDATE outbox_events SET headers = '"not an object"' WHERE aggregate_id = 'bad'`); err != nil {
@@ -108,11 +100,9 @@ func TestAnUndecodableRowIsChargedThenDeadAndHoldsBackItsAggregate(t *testing.T)
 	}
 	enqueue(t, pool, newEvent("bad", 2), newEvent("good", 1))
 
-	w := testenv.NewWriter(brokers, 50)
-	defer w.Close()
 	const maxAttempts = 3
-	relay, err := outbox.NewRelay(pool, w, outbox.RelayConfig{
-		Topic: func(string) string { return topic }, MaxAttempts: maxAttempts,
+	relay, err := outbox.NewRelay(pool, e.w, outbox.RelayConfig{
+		Topic: e.topicFn, MaxAttempts: maxAttempts,
 		BackoffMin: time.Millisecond, BackoffMax: time.Millisecond,
 	})
 	if err != nil {

@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/segmentio/kafka-go"
 
 	"github.com/onceflow/onceflow/pkg/event"
@@ -37,9 +38,7 @@ func TestAFailedRowHoldsBackItsAggregateInsideItsBatch(t *testing.T) {
 		name: "refused by the writer", topicMax: 4 << 20, big1: 1200 << 10, big2: 10,
 		refusedBy: "Message Size Too Large",
 		makePublishable: func(t *testing.T, brokers []string, topic string) *testenv.Writer {
-			w := testenv.NewWriter(brokers, 10)
-			w.BatchBytes = 4 << 20
-			return w
+			return newWideWriter(brokers)
 		},
 	}, {
 		// The broker refuses the partition's whole record batch; the relay
@@ -47,7 +46,7 @@ func TestAFailedRowHoldsBackItsAggregateInsideItsBatch(t *testing.T) {
 		name: "refused by the broker", topicMax: 100 << 10, big1: 200 << 10, big2: 10,
 		refusedBy: "Message Size Too Large",
 		makePublishable: func(t *testing.T, brokers []string, topic string) *testenv.Writer {
-			setTopicConfig(t, brokers, topic, "max.message.bytes", fmt.Sprint(4<<20))
+			raiseTopicMax(t, brokers, topic)
 			return testenv.NewWriter(brokers, 10)
 		},
 	}, {
@@ -58,7 +57,7 @@ func TestAFailedRowHoldsBackItsAggregateInsideItsBatch(t *testing.T) {
 		name: "refused by the broker, across the writer's batches", topicMax: 600 << 10, big1: 700 << 10, big2: 400 << 10,
 		refusedBy: "Message Size Too Large",
 		makePublishable: func(t *testing.T, brokers []string, topic string) *testenv.Writer {
-			setTopicConfig(t, brokers, topic, "max.message.bytes", fmt.Sprint(4<<20))
+			raiseTopicMax(t, brokers, topic)
 			return testenv.NewWriter(brokers, 10)
 		},
 	}} {
@@ -66,11 +65,10 @@ func TestAFailedRowHoldsBackItsAggregateInsideItsBatch(t *testing.T) {
 			t.Parallel()
 			ctx := context.Background()
 			brokers := testenv.KafkaBrokers(t)
-			topic := newTopicWithConfig(t, brokers, map[string]string{"max.message.bytes": fmt.Sprint(tt.topicMax)})
+			topic := newTopicWithMax(t, brokers, tt.topicMax)
 			pool := newOutboxDB(t)
 			big1, big2 := newEvent("big", 1), newEvent("big", 2)
-			big1.Payload = []byte(`{"blob":"` + strings.Repeat("x", tt.big1) + `"}`)
-			big2.Payload = []byte(`{"blob":"` + strings.Repeat("y", tt.big2) + `"}`)
+			big1.Payload, big2.Payload = blob("x", tt.big1), blob("y", tt.big2)
 			enqueue(t, pool, big1, big2, newEvent("fine", 1))
 
 			w := testenv.NewWriter(brokers, 10)
@@ -104,10 +102,7 @@ func TestAFailedRowHoldsBackItsAggregateInsideItsBatch(t *testing.T) {
 			}
 
 			// big/1 goes dead, and big/2 keeps waiting behind it, untried.
-			testenv.WaitFor(t, 30*time.Second, "big/1 to go dead", func() (bool, error) {
-				if _, err := relay.RelayBatch(ctx); err != nil {
-					return false, err
-				}
+			relayUntil(t, relay, 30*time.Second, "big/1 to go dead", func() (bool, error) {
 				return countRows(t, pool, "state = 'dead'") == 1, nil
 			})
 			if got := onTopic(t, brokers, topic); !slices.Equal(got, []string{"fine/1"}) {
@@ -127,13 +122,8 @@ func TestAFailedRowHoldsBackItsAggregateInsideItsBatch(t *testing.T) {
 				t.Fatal(err)
 			}
 			defer relay.Close()
-			if n, err := outbox.Requeue(ctx, pool, deadIDs(t, pool)...); err != nil || n != 1 {
-				t.Fatalf("requeue: n=%d err=%v", n, err)
-			}
-			testenv.WaitFor(t, 30*time.Second, "big/1 and big/2 to publish", func() (bool, error) {
-				if _, err := relay.RelayBatch(ctx); err != nil {
-					return false, err
-				}
+			requeueDeadRows(t, pool, 1)
+			relayUntil(t, relay, 30*time.Second, "big/1 and big/2 to publish", func() (bool, error) {
 				return countRows(t, pool, "state = 'published'") == 3, nil
 			})
 			if got := onTopic(t, brokers, topic); !slices.Equal(got, []string{"fine/1", "big/1", "big/2"}) {
@@ -149,10 +139,10 @@ func TestAFailedRowReleasesItsAggregateOnceItIsPublished(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	brokers := testenv.KafkaBrokers(t)
-	topic := newTopicWithConfig(t, brokers, map[string]string{"max.message.bytes": fmt.Sprint(100 << 10)})
+	topic := newSmallTopic(t, brokers)
 	pool := newOutboxDB(t)
 	big1 := newEvent("big", 1)
-	big1.Payload = []byte(`{"blob":"` + strings.Repeat("x", 200<<10) + `"}`)
+	big1.Payload = blob("x", bigBlob)
 	enqueue(t, pool, big1, newEvent("big", 2), newEvent("big", 3), newEvent("fine", 1))
 
 	w := testenv.NewWriter(brokers, 10)
@@ -171,15 +161,76 @@ func TestAFailedRowReleasesItsAggregateOnceItIsPublished(t *testing.T) {
 	if got := onTopic(t, brokers, topic); !slices.Equal(got, []string{"fine/1"}) {
 		t.Fatalf("after the batch the topic holds %v, want [fine/1]", got)
 	}
-	setTopicConfig(t, brokers, topic, "max.message.bytes", fmt.Sprint(4<<20))
-	testenv.WaitFor(t, 30*time.Second, "big/1..3 to publish", func() (bool, error) {
-		if _, err := relay.RelayBatch(ctx); err != nil {
-			return false, err
-		}
+	raiseTopicMax(t, brokers, topic)
+	relayUntil(t, relay, 30*time.Second, "big/1..3 to publish", func() (bool, error) {
 		return countRows(t, pool, "state = 'published'") == 4, nil
 	})
 	if got := onTopic(t, brokers, topic); !slices.Equal(got, []string{"fine/1", "big/1", "big/2", "big/3"}) {
 		t.Fatalf("the topic holds %v, want [fine/1 big/1 big/2 big/3]", got)
+	}
+}
+
+// The holdback tests make the broker or the writer refuse a message for its
+// size, then let it through as an operator would: a topic of newSmallTopic
+// refuses an event whose payload is blob(…, bigBlob) until raiseTopicMax;
+// kafka-go's writer refuses a message over its BatchBytes (1 MiB by default,
+// 4 MiB in newWideWriter).
+const bigBlob = 200 << 10
+
+// newSmallTopic creates a one-partition topic that refuses messages over
+// 100 KiB (max.message.bytes).
+func newSmallTopic(t *testing.T, brokers []string) string {
+	t.Helper()
+	return newTopicWithMax(t, brokers, 100<<10)
+}
+
+// newTopicWithMax creates a one-partition topic for this test that refuses
+// messages over max bytes, and deletes it when the test ends.
+func newTopicWithMax(t *testing.T, brokers []string, max int) string {
+	t.Helper()
+	name := testenv.Name("test")
+	testenv.NewTopicNamed(t, brokers, name, 1, kafka.ConfigEntry{ConfigName: "max.message.bytes", ConfigValue: fmt.Sprint(max)})
+	return name
+}
+
+// raiseTopicMax lets topic take messages up to 4 MiB, as an operator would.
+func raiseTopicMax(t *testing.T, brokers []string, topic string) {
+	t.Helper()
+	setTopicConfig(t, brokers, topic, "max.message.bytes", fmt.Sprint(4<<20))
+}
+
+// newWideWriter returns a writer that takes messages up to 4 MiB; the
+// caller closes it.
+func newWideWriter(brokers []string) *testenv.Writer {
+	w := testenv.NewWriter(brokers, 10)
+	w.BatchBytes = 4 << 20
+	return w
+}
+
+// blob returns a JSON payload holding n bytes of c.
+func blob(c string, n int) []byte {
+	return []byte(`{"blob":"` + strings.Repeat(c, n) + `"}`)
+}
+
+// relayUntil runs relay's batches one after the other until done says so,
+// failing the test if a batch fails or done has not come within timeout;
+// what names the wait.
+func relayUntil(t *testing.T, relay *outbox.Relay, timeout time.Duration, what string, done func() (bool, error)) {
+	t.Helper()
+	testenv.WaitFor(t, timeout, what, func() (bool, error) {
+		if _, err := relay.RelayBatch(context.Background()); err != nil {
+			return false, err
+		}
+		return done()
+	})
+}
+
+// requeueDeadRows requeues every dead row, as an operator would, and fails
+// unless there were want.
+func requeueDeadRows(t *testing.T, pool *pgxpool.Pool, want int) {
+	t.Helper()
+	if n, err := outbox.Requeue(context.Background(), pool, deadIDs(t, pool)...); err != nil || n != want {
+		t.Fatalf("requeue: n=%d err=%v, want %d", n, err, want)
 	}
 }
 

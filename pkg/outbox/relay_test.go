@@ -18,7 +18,6 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
-	"github.com/segmentio/kafka-go"
 
 	"github.com/onceflow/onceflow/pkg/event"
 	"github.com/onceflow/onceflow/pkg/outbox"
@@ -97,16 +96,12 @@ func (c *collector) checkOrder(t *testing.T, want map[string]int64) {
 func TestACrashBetweenAckAndMarkRepublishes(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	brokers := testenv.KafkaBrokers(t)
-	topic := testenv.NewTopic(t, brokers, 1)
-	pool := newOutboxDB(t)
+	e := newRelayEnv(t, 1, 10)
+	pool, c := e.pool, e.c
 	enqueue(t, pool, newEvent("a", 1), newEvent("a", 2))
-	c := collect(t, brokers, topic)
 
-	w := testenv.NewWriter(brokers, 10)
-	defer w.Close()
 	crashed := errors.New("killed after the ack")
-	relay, err := outbox.NewRelay(pool, w, outbox.RelayConfig{Topic: func(string) string { return topic }})
+	relay, err := outbox.NewRelay(pool, e.w, outbox.RelayConfig{Topic: e.topicFn})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -146,10 +141,10 @@ func TestATooLargeMessageBacksOffThenDeadThenRequeue(t *testing.T) {
 	ctx := context.Background()
 	brokers := testenv.KafkaBrokers(t)
 	// The topic takes 2 MiB; kafka-go's writer stops at 1 MiB (BatchBytes).
-	topic := newTopicWithConfig(t, brokers, map[string]string{"max.message.bytes": "2097152"})
+	topic := newTopicWithMax(t, brokers, 2<<20)
 	pool := newOutboxDB(t)
 	big1, big2 := newEvent("big", 1), newEvent("big", 2)
-	big1.Payload = []byte(`{"blob":"` + strings.Repeat("x", 1200<<10) + `"}`)
+	big1.Payload = blob("x", 1200<<10)
 	enqueue(t, pool, big1, newEvent("fine", 1))
 
 	w := testenv.NewWriter(brokers, 10)
@@ -165,10 +160,7 @@ func TestATooLargeMessageBacksOffThenDeadThenRequeue(t *testing.T) {
 	}
 
 	var pendingAttempts int
-	testenv.WaitFor(t, 60*time.Second, "the too-large event to go dead", func() (bool, error) {
-		if _, err := relay.RelayBatch(ctx); err != nil {
-			return false, err
-		}
+	relayUntil(t, relay, 60*time.Second, "the too-large event to go dead", func() (bool, error) {
 		var state, lastErr string
 		var attempts int
 		err := pool.QueryRow(ctx, `SELECT state, attempts, coalesce(last_error, '')
@@ -218,68 +210,23 @@ func TestATooLargeMessageBacksOffThenDeadThenRequeue(t *testing.T) {
 	// setting) and requeues.
 	c := collect(t, brokers, topic)
 	relay.Close()
-	w2 := testenv.NewWriter(brokers, 10)
-	w2.BatchBytes = 4 << 20
+	w2 := newWideWriter(brokers)
 	defer w2.Close()
 	relay, err = outbox.NewRelay(pool, w2, outbox.RelayConfig{Topic: func(string) string { return topic }})
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer relay.Close()
-	if n, err := outbox.Requeue(ctx, pool, deadIDs(t, pool)...); err != nil || n != 1 {
-		t.Fatalf("requeue: n=%d err=%v", n, err)
-	}
-	testenv.WaitFor(t, 30*time.Second, "the requeued event and its successor to publish", func() (bool, error) {
-		if _, err := relay.RelayBatch(ctx); err != nil {
-			return false, err
-		}
+	requeueDeadRows(t, pool, 1)
+	relayUntil(t, relay, 30*time.Second, "the requeued event and its successor to publish", func() (bool, error) {
 		return c.distinct() == 3, nil
 	})
 	c.checkOrder(t, map[string]int64{"big": 2, "fine": 1})
 }
 
-// newTopicWithConfig creates a one-partition topic with the given topic
-// configuration for this test and deletes it when the test ends.
-func newTopicWithConfig(t *testing.T, brokers []string, config map[string]string) string {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	ctrl, err := testenv.Controller(ctx, brokers)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ctrl.Close()
-	name := testenv.Name("test")
-	tc := kafka.TopicConfig{Topic: name, NumPartitions: 1, ReplicationFactor: 1}
-	for k, v := range config {
-		tc.ConfigEntries = append(tc.ConfigEntries, kafka.ConfigEntry{ConfigName: k, ConfigValue: v})
-	}
-	if err := ctrl.CreateTopics(tc); err != nil {
-		t.Fatalf("creating topic %s: %v", name, err)
-	}
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		if ctrl, err := testenv.Controller(ctx, brokers); err == nil {
-			_ = ctrl.DeleteTopics(name)
-			ctrl.Close()
-		}
-	})
-	testenv.WaitFor(t, 20*time.Second, "topic "+name+" to have a leader", func() (bool, error) {
-		parts, err := ctrl.ReadPartitions(name)
-		return err == nil && len(parts) == 1 && parts[0].Leader.Host != "", nil
-	})
-	return name
-}
-
 func deadIDs(t *testing.T, pool *pgxpool.Pool) []int64 {
 	t.Helper()
-	rows, _ := pool.Query(context.Background(), "SELECT id FROM outbox_events WHERE state = 'dead'")
-	ids, err := pgx.CollectRows(rows, pgx.RowTo[int64])
-	if err != nil {
-		t.Fatal(err)
-	}
-	return ids
+	return testenv.QueryColumn[int64](t, pool, "SELECT id FROM outbox_events WHERE state = 'dead'")
 }
 
 // TestRelayProcess is not a test of its own: TestThreeRelaysKeepOrderWhenOneIsKilled
@@ -409,19 +356,15 @@ func ownersAndLocks(t *testing.T, pool *pgxpool.Pool) [2]int {
 func TestARequeueWakesASleepingRelay(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	brokers := testenv.KafkaBrokers(t)
-	topic := testenv.NewTopic(t, brokers, 1)
-	pool := newOutboxDB(t)
+	e := newRelayEnv(t, 1, 10)
+	pool, c := e.pool, e.c
 	ev := newEvent("w", 1)
 	enqueue(t, pool, ev)
 	if _, err := pool.Exec(ctx, `UPDATE outbox_events SET state = 'dead', attempts = 10`); err != nil {
 		t.Fatal(err)
 	}
-	c := collect(t, brokers, topic)
-	w := testenv.NewWriter(brokers, 10)
-	defer w.Close()
 	// Polling once an hour: only a wake-up can make it publish in time.
-	relay, err := outbox.NewRelay(pool, w, outbox.RelayConfig{Topic: func(string) string { return topic }, PollInterval: time.Hour})
+	relay, err := outbox.NewRelay(pool, e.w, outbox.RelayConfig{Topic: e.topicFn, PollInterval: time.Hour})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -429,9 +372,7 @@ func TestARequeueWakesASleepingRelay(t *testing.T) {
 	testenv.WaitFor(t, 10*time.Second, "the relay to own its partitions", func() (bool, error) {
 		return ownersAndLocks(t, pool)[1] == outbox.Partitions, nil
 	})
-	if n, err := outbox.Requeue(ctx, pool, deadIDs(t, pool)...); err != nil || n != 1 {
-		t.Fatalf("requeue: n=%d err=%v", n, err)
-	}
+	requeueDeadRows(t, pool, 1)
 	testenv.WaitFor(t, 10*time.Second, "the requeued event to be published", func() (bool, error) {
 		return c.distinct() == 1, nil
 	})

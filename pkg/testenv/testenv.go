@@ -124,6 +124,21 @@ func NewPool(t testing.TB, url string) *pgxpool.Pool {
 	return pool
 }
 
+// QueryColumn returns the values of query's one column (with args), in the
+// rows' order, as T. It is never nil, so no rows equals an empty slice.
+func QueryColumn[T any](t testing.TB, pool *pgxpool.Pool, query string, args ...any) []T {
+	t.Helper()
+	rows, err := pool.Query(context.Background(), query, args...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := pgx.CollectRows(rows, pgx.RowTo[T])
+	if err != nil {
+		t.Fatal(err)
+	}
+	return append([]T{}, got...)
+}
+
 // NewTopic creates a topic with the given partitions for this test and
 // deletes it when the test ends.
 func NewTopic(t testing.TB, brokers []string, partitions int) string {

@@ -19,7 +19,7 @@ func ExampleDeliver() {
 	t := testenv.NewExampleTB()
 	defer t.Done()
 	ctx := context.Background()
-	pool := testenv.NewPool(t, testenv.NewMigratedDatabase(t, testenv.Migration{FS: inbox.Migrations, Table: inbox.MigrationsTable}))
+	pool := inboxtest.NewDatabase(t)
 	if _, err := pool.Exec(ctx, `CREATE TABLE charges (order_id text PRIMARY KEY)`); err != nil {
 		fmt.Println(err)
 		return

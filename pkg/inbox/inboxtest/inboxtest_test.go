@@ -13,12 +13,11 @@ import (
 	"github.com/onceflow/onceflow/pkg/event"
 	"github.com/onceflow/onceflow/pkg/inbox"
 	"github.com/onceflow/onceflow/pkg/inbox/inboxtest"
-	"github.com/onceflow/onceflow/pkg/testenv"
 )
 
 func newInboxDB(t *testing.T) *pgxpool.Pool {
 	t.Helper()
-	pool := testenv.NewPool(t, testenv.NewMigratedDatabase(t, testenv.Migration{FS: inbox.Migrations, Table: inbox.MigrationsTable}))
+	pool := inboxtest.NewDatabase(t)
 	if _, err := pool.Exec(context.Background(), `CREATE TABLE effects (event_id uuid PRIMARY KEY)`); err != nil {
 		t.Fatal(err)
 	}

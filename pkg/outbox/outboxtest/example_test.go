@@ -20,7 +20,7 @@ func ExampleRequireEnqueued() {
 	t := testenv.NewExampleTB()
 	defer t.Done()
 	ctx := context.Background()
-	pool := testenv.NewPool(t, testenv.NewMigratedDatabase(t, testenv.Migration{FS: outbox.Migrations, Table: outbox.MigrationsTable}))
+	pool := outboxtest.NewDatabase(t)
 
 	err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
 		if err := outbox.Enqueue(ctx, tx, orderPlaced("order-1")); err != nil {
@@ -42,7 +42,7 @@ func ExampleWriter() {
 	t := testenv.NewExampleTB()
 	defer t.Done()
 	ctx := context.Background()
-	pool := testenv.NewPool(t, testenv.NewMigratedDatabase(t, testenv.Migration{FS: outbox.Migrations, Table: outbox.MigrationsTable}))
+	pool := outboxtest.NewDatabase(t)
 	if err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error { return outbox.Enqueue(ctx, tx, orderPlaced("order-1")) }); err != nil {
 		fmt.Println(err)
 		return
