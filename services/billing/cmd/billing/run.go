@@ -79,6 +79,15 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout 
 		"The billing service: consumes order events through its inbox, charges or refunds, and publishes payment events through its outbox.", &cfg); err != nil {
 		return err
 	}
+	relayMode, err := outbox.ParseRelayMode(cfg.RelayMode)
+	if err != nil {
+		return err
+	}
+	if relayMode == outbox.ModeDebezium {
+		// The shipped connector publishes orders' outbox only; billing's
+		// payments need a relay of their own (docs/debezium).
+		return fmt.Errorf("RELAY_MODE=debezium is for orders; billing runs poll, cdc or wal")
+	}
 	svcOpts, err := cfg.Options("billing", cfg.HTTPAddr, cfg.AdminAddr, cfg.DatabaseURL)
 	if err != nil {
 		return err
@@ -98,10 +107,6 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout 
 
 	writer := kafkautil.NewWriter(cfg.KafkaBrokers, kafkautil.RelayBatchSize, kafkautil.WithSecurity(kafkaSecurity))
 	defer writer.Close()
-	relayMode, err := outbox.ParseRelayMode(cfg.RelayMode)
-	if err != nil {
-		return err
-	}
 	relay, err := svc.OutboxRelay(ctx, writer, outbox.PublisherConfig{
 		Mode: relayMode, Topic: func(string) string { return cfg.BillingTopic }, Metrics: outbox.NewMetrics(svc.Registry),
 		CDC: outbox.CDCConfig{Slot: cfg.OutboxSlot, ReplicationURL: cfg.ReplicationDatabaseURL},
