@@ -117,6 +117,42 @@ func (r *CDCRelay) Run(ctx context.Context) error {
 	return nil
 }
 
+// Prepare makes sure the publication and the slot exist, creating them on
+// the first start, so that everything committed from now on is decoded. A
+// service in ModeWAL calls it before it takes writes (Publisher.Prepare):
+// until the slot exists nothing keeps what Emit writes, and events emitted
+// before Run's first connection would be lost. In ModeCDC the table keeps
+// them, and Run republishes them from it. A slot that exists, held by
+// another relay or not, is left as it is. Failures are retried with Run's
+// backoff until ctx ends.
+func (r *CDCRelay) Prepare(ctx context.Context) error {
+	for streak := 1; ; streak++ {
+		err := r.prepareOnce(ctx)
+		if err == nil || errors.Is(err, errSlotBusy) { // busy: another relay just created it
+			return nil
+		}
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		r.stream.fail(ctx, err)
+		if !retry.Sleep(ctx, retry.Backoff(streak, r.cfg.OutageBackoffMin, r.cfg.OutageBackoffMax)) {
+			return ctx.Err()
+		}
+	}
+}
+
+func (r *CDCRelay) prepareOnce(ctx context.Context) error {
+	conn, err := pgconn.ConnectConfig(ctx, r.replConf)
+	if err != nil {
+		return fmt.Errorf("connecting for replication: %w", err)
+	}
+	defer conn.Close(context.Background()) //nolint:errcheck // the connection is done either way
+	if err := r.ensurePublication(ctx, conn); err != nil {
+		return err
+	}
+	return r.ensureSlot(ctx, conn)
+}
+
 // errStreamed marks a failure after the stream had started, so the next
 // try does not inherit the backoff of earlier failures.
 var errStreamed = errors.New("stream interrupted")

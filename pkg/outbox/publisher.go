@@ -17,6 +17,13 @@ import (
 // NewPublisher picks one by mode, so that a service does not repeat the
 // switch.
 type Publisher interface {
+	// Prepare readies, before the service takes writes, what its events
+	// need to be kept until Run publishes them. In ModeWAL that is the
+	// replication slot: nothing but a slot holds what Emit writes, so an
+	// event emitted before the slot first exists is lost. In the other
+	// modes it does nothing. It retries an unreachable Postgres until ctx
+	// ends, as Run does.
+	Prepare(ctx context.Context) error
 	Run(ctx context.Context) error
 }
 
@@ -101,6 +108,8 @@ func (cfg PublisherConfig) share(topic *func(string) string, logger **slog.Logge
 // idle is the Publisher of a mode in which no relay of this process
 // publishes: its Run waits for ctx to end.
 type idle struct{}
+
+func (idle) Prepare(context.Context) error { return nil }
 
 func (idle) Run(ctx context.Context) error {
 	<-ctx.Done()

@@ -14,7 +14,9 @@ import (
 // publisher as cfg says (its Logger defaults to the service's), writing to
 // w, on a pool of its own (OwnPool, RelayPoolConns): in the pool the API's
 // requests and a consumer's transactions share, each claim would wait for
-// a connection first. It returns the relay's stage for Run.
+// a connection first. It prepares the relay (Publisher.Prepare: in
+// RELAY_MODE=wal, the slot exists before anything is emitted) and returns
+// its stage for Run.
 func (s *Service) OutboxRelay(ctx context.Context, w outbox.Writer, cfg outbox.PublisherConfig) (lifecycle.Stage, error) {
 	pool, err := s.OwnPool(ctx, RelayPoolConns)
 	if err != nil {
@@ -25,6 +27,11 @@ func (s *Service) OutboxRelay(ctx context.Context, w outbox.Writer, cfg outbox.P
 	}
 	relay, err := outbox.NewPublisher(pool, w, cfg)
 	if err != nil {
+		return lifecycle.Stage{}, err
+	}
+	// Before the service takes writes: in RELAY_MODE=wal an event emitted
+	// before the relay's slot exists would be kept by nothing.
+	if err := relay.Prepare(ctx); err != nil {
 		return lifecycle.Stage{}, err
 	}
 	return lifecycle.Stage{Name: "outbox relay (" + string(cfg.Mode) + ")", Run: relay.Run}, nil
