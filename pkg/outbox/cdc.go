@@ -142,15 +142,11 @@ func (r *CDCRelay) Prepare(ctx context.Context) error {
 }
 
 func (r *CDCRelay) prepareOnce(ctx context.Context) error {
-	conn, err := pgconn.ConnectConfig(ctx, r.replConf)
+	conn, err := r.connectToSlot(ctx)
 	if err != nil {
-		return fmt.Errorf("connecting for replication: %w", err)
-	}
-	defer conn.Close(context.Background()) //nolint:errcheck // the connection is done either way
-	if err := r.ensurePublication(ctx, conn); err != nil {
 		return err
 	}
-	return r.ensureSlot(ctx, conn)
+	return conn.Close(ctx)
 }
 
 // errStreamed marks a failure after the stream had started, so the next

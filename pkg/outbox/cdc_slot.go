@@ -59,6 +59,24 @@ func (r *CDCRelay) ensurePublication(ctx context.Context, conn *pgconn.PgConn) e
 	return nil
 }
 
+// connectToSlot opens a walsender connection and makes sure the
+// publication and the slot exist on it; the caller closes it.
+func (r *CDCRelay) connectToSlot(ctx context.Context) (*pgconn.PgConn, error) {
+	conn, err := pgconn.ConnectConfig(ctx, r.replConf)
+	if err != nil {
+		return nil, fmt.Errorf("connecting for replication: %w", err)
+	}
+	if err := r.ensurePublication(ctx, conn); err != nil {
+		conn.Close(context.Background()) //nolint:errcheck // the error that matters is err
+		return nil, err
+	}
+	if err := r.ensureSlot(ctx, conn); err != nil {
+		conn.Close(context.Background()) //nolint:errcheck // the error that matters is err
+		return nil, err
+	}
+	return conn, nil
+}
+
 // ensureSlot makes sure the slot exists and is usable, creating it on the
 // first start and replacing it, loudly, when it was lost.
 func (r *CDCRelay) ensureSlot(ctx context.Context, conn *pgconn.PgConn) error {

@@ -112,19 +112,13 @@ func (s *streamer) close() {
 }
 
 func (r *CDCRelay) streamOnce(ctx context.Context) error {
-	conn, err := pgconn.ConnectConfig(ctx, r.replConf)
+	conn, err := r.connectToSlot(ctx)
 	if err != nil {
-		return fmt.Errorf("connecting for replication: %w", err)
+		return err
 	}
 	// Closing without a last status update is what a crash does: the slot
 	// keeps the last confirmed position, and the next relay starts there.
 	defer conn.Close(context.Background()) //nolint:errcheck // the connection is done either way
-	if err := r.ensurePublication(ctx, conn); err != nil {
-		return err
-	}
-	if err := r.ensureSlot(ctx, conn); err != nil {
-		return err
-	}
 	var start pglogrepl.LSN
 	var lsnText string
 	if err := r.pool.QueryRow(ctx, slotConfirmed, r.cfg.Slot).Scan(&lsnText); err != nil {
