@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"log/slog"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -12,6 +13,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/onceflow/onceflow/pkg/outbox"
+	"github.com/onceflow/onceflow/pkg/outbox/outboxtest"
 	"github.com/onceflow/onceflow/pkg/testenv"
 )
 
@@ -47,6 +49,57 @@ func TestCDCLostSlotGapIsRepublishedFromTheTable(t *testing.T) {
 	testenv.WaitFor(t, 20*time.Second, "retention to delete the published rows", func() (bool, error) {
 		return countRows(t, pool, "true") == 0, nil
 	})
+}
+
+// Issue 20's nemesis (cdc mode, SEED=170108): with several relays on one
+// slot, the one that replaces a lost slot may freeze right after creating
+// it, and another relay takes the new slot meanwhile. The rows committed
+// while no slot existed (the gap) must still reach Kafka before the new
+// slot's stream: whoever streams the new slot republishes the gap first.
+// Before the fix the other relay streamed a/3 at once and the frozen
+// creator, once thawed, republished a/2 after it.
+func TestCDCLostSlotCreatorFrozenBeforeItStreamsKeepsTheGapFirst(t *testing.T) {
+	t.Parallel()
+	e := newCDCEnv(t, 1, 50)
+	pool, c := e.pool, e.c
+	cfg := e.config()
+	cfg.OutageBackoffMin, cfg.OutageBackoffMax = 20*time.Millisecond, 200*time.Millisecond
+	e.loseSlot(t, cfg, enqueue)
+	enqueue(t, pool, newEvent("a", 2)) // the gap: no slot exists
+
+	frozen, thaw := make(chan struct{}), make(chan struct{})
+	var once sync.Once
+	freeze := func(name string) error {
+		if name == outboxtest.CrashAfterSlotCreated {
+			once.Do(func() { close(frozen); <-thaw })
+		}
+		return nil
+	}
+	creator := newCDC(t, pool, e.w, cfg)
+	testenv.RunInBackground(t, "the creator's Run", func(ctx context.Context) error {
+		return creator.Run(outboxtest.WithCrashPoint(ctx, freeze))
+	})
+	select {
+	case <-frozen:
+	case <-time.After(30 * time.Second):
+		t.Fatal("the creator did not create the new slot within 30s")
+	}
+	thawed := false
+	defer func() {
+		if !thawed {
+			close(thaw)
+		}
+	}()
+	enqueue(t, pool, newEvent("a", 3)) // in the new slot's stream
+
+	other := newCDC(t, pool, e.w, cfg)
+	runCDC(t, other)
+	testenv.WaitFor(t, 30*time.Second, "the other relay to take the new slot", func() (bool, error) { return other.Active(), nil })
+	testenv.WaitFor(t, 30*time.Second, "a/3 to reach Kafka", func() (bool, error) { return c.distinct() >= 2, nil })
+	close(thaw)
+	thawed = true
+	testenv.WaitFor(t, 30*time.Second, "every event to reach Kafka", func() (bool, error) { return c.distinct() == 3, nil })
+	c.checkOrder(t, map[string]int64{"a": 3})
 }
 
 // Issue 19, item 9: a topic whose writes fail (here it does not exist and

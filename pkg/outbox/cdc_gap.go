@@ -3,6 +3,7 @@ package outbox
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"log/slog"
 	"time"
@@ -10,22 +11,35 @@ import (
 	"github.com/onceflow/onceflow/pkg/event"
 )
 
-// replayGap republishes, before the new slot's stream starts, every row of
-// the table still pending: a new slot streams from its creation only, so
-// the rows of a lost slot's window would otherwise never be published, and
-// the new slot's first acknowledgement would let retention delete them.
-// Rows are read in id order, which is each aggregate's order, and go out
-// before any event of the stream, so each aggregate stays in order. Rows
-// the old slot did publish (those within Retain) go out again; consumers
-// dedupe them by event id. Rows committed after the slot's creation are
-// both here and in the stream: published twice, in order both times.
+// errGapMarkedAgain: the slot was lost and marked again while its gap was
+// replayed; the next connection replays the new gap.
+var errGapMarkedAgain = errors.New("the replication slot was replaced while its gap was republished")
+
+// replayGap republishes, once the stream holds the slot and before it
+// publishes the slot's first event, every row of the table still pending:
+// a new slot streams from its creation only, so the rows of a lost slot's
+// window would otherwise never be published, and the new slot's first
+// acknowledgement would let retention delete them. Rows are read in id
+// order, which is each aggregate's order, and go out before any event of
+// the stream, so each aggregate stays in order. Rows the old slot did
+// publish (those within Retain) go out again; consumers dedupe them by
+// event id. Rows committed after the slot's creation are both here and in
+// the stream: published twice, in order both times.
+//
+// Only the slot's holder replays, and it replays whatever mark it finds:
+// the relay that created the slot may be frozen or dead, and the gap is
+// the slot's, not its creator's. The stream waits meanwhile, unread; the
+// status updates go on, so the walsender does not time out.
 //
 // In WAL-only mode the table is empty and this finds nothing: the window's
 // events were in the WAL alone (ensureSlot reported them lost).
 func (s *streamer) replayGap(ctx context.Context) error {
 	r := s.r
-	var pending bool
-	err := r.pool.QueryRow(ctx, gapPending, r.cfg.Slot).Scan(&pending)
+	var (
+		pending bool
+		mark    time.Time
+	)
+	err := r.pool.QueryRow(ctx, gapPending, r.cfg.Slot).Scan(&pending, &mark)
 	if err != nil && !isNoRows(err) {
 		return fmt.Errorf("reading the slot's record: %w", err)
 	}
@@ -50,28 +64,48 @@ func (s *streamer) replayGap(ctx context.Context) error {
 				return err
 			}
 		}
-		s.seal(tx, 0) // no commit position: the stream has not started
-		for tx.pending > 0 {
-			select {
-			case a := <-s.acked:
-				if err := s.noteAcked(a); err != nil {
-					return err
-				}
-			case <-ctx.Done():
-				return ctx.Err()
-			}
+		s.seal(tx, 0) // no commit position: the rows are older than the slot
+		if err := s.waitAcked(ctx, tx); err != nil {
+			return err
 		}
 		after = evs[len(evs)-1].rowID
 		total += int64(len(evs))
 		r.cfg.Metrics.cdc.gapRepublished.Add(float64(len(evs)))
 	}
-	if _, err := r.pool.Exec(ctx, gapReplayed, r.cfg.Slot, after); err != nil {
+	tag, err := r.pool.Exec(ctx, gapReplayed, r.cfg.Slot, after, mark)
+	if err != nil {
 		return fmt.Errorf("recording the replayed gap: %w", err)
+	}
+	if tag.RowsAffected() == 0 {
+		return errGapMarkedAgain
 	}
 	if total > 0 {
 		r.cfg.Logger.WarnContext(ctx, "republished the outbox rows a new replication slot does not stream, from the table",
 			slog.String("slot", r.cfg.Slot), slog.Int64("rows", total), slog.Int64("up_to_outbox_id", after),
 			slog.Duration("took", time.Since(started).Round(time.Millisecond)))
+	}
+	return nil
+}
+
+// waitAcked waits until every event of tx is acknowledged, answering the
+// server with status updates meanwhile.
+func (s *streamer) waitAcked(ctx context.Context, tx *txn) error {
+	for tx.pending > 0 {
+		wait := time.NewTimer(max(time.Until(s.nextStatus), 0))
+		select {
+		case a := <-s.acked:
+			wait.Stop()
+			if err := s.noteAcked(a); err != nil {
+				return err
+			}
+		case <-wait.C:
+			if err := s.sendStatus(ctx); err != nil {
+				return err
+			}
+		case <-ctx.Done():
+			wait.Stop()
+			return ctx.Err()
+		}
 	}
 	return nil
 }

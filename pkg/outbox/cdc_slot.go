@@ -9,6 +9,8 @@ import (
 
 	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/onceflow/onceflow/pkg/internal/faultpoint"
 )
 
 // Publication is the publication migration 0005 creates on outbox_events
@@ -98,6 +100,10 @@ func (r *CDCRelay) ensureSlot(ctx context.Context, conn *pgconn.PgConn) error {
 		return nil
 	}
 	invalidated := walStatus != nil
+	// Before the slot exists: whoever streams it first republishes the gap.
+	if _, err := r.pool.Exec(ctx, markGap, r.cfg.Slot); err != nil {
+		return fmt.Errorf("marking the new slot's gap: %w", err)
+	}
 	if invalidated {
 		if err := pglogrepl.DropReplicationSlot(ctx, conn, r.cfg.Slot, pglogrepl.DropReplicationSlotOptions{}); err != nil {
 			return slotErr("dropping the invalidated slot", err)
@@ -108,8 +114,11 @@ func (r *CDCRelay) ensureSlot(ctx context.Context, conn *pgconn.PgConn) error {
 	if err != nil {
 		return slotErr("creating the replication slot", err)
 	}
+	if err := faultpoint.Pass(ctx, faultpoint.OutboxAfterSlotCreated); err != nil {
+		return err
+	}
 	if _, err := r.pool.Exec(ctx, recordSlot, r.cfg.Slot, res.ConsistentPoint); err != nil {
-		return fmt.Errorf("recording the new slot: %w", err)
+		return fmt.Errorf("recording the new slot's position: %w", err)
 	}
 	if lastLSN == nil {
 		r.cfg.Logger.InfoContext(ctx, "created the replication slot", slog.String("slot", r.cfg.Slot),

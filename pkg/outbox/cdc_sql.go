@@ -24,21 +24,34 @@ const publicationExists = `SELECT EXISTS (SELECT 1 FROM pg_publication WHERE pub
 const createPublication = `CREATE PUBLICATION ` + Publication + ` FOR TABLE outbox_events WITH (publish = 'insert')`
 
 // slotState is the slot's row in pg_replication_slots and the relay's own
-// record of it (outbox_cdc_slots).
+// record of it (outbox_cdc_slots). A record whose position is 0/0 was
+// marked (markGap) for a slot that was never created: a first start.
 const slotState = `
 SELECT (SELECT wal_status FROM pg_replication_slots WHERE slot_name = $1 AND database = current_database()),
-       (SELECT confirmed_lsn::text FROM outbox_cdc_slots WHERE slot_name = $1),
+       (SELECT nullif(confirmed_lsn, '0/0')::text FROM outbox_cdc_slots WHERE slot_name = $1),
        (SELECT confirmed_at FROM outbox_cdc_slots WHERE slot_name = $1)`
 
-// recordSlot records a new slot. Its stream starts at its creation, so the
-// rows committed before it that were never published (a lost slot's gap,
-// or rows left by the polling relay) are in no stream: gap_pending makes
-// the relay republish the table's pending rows before it streams, and
-// keeps retention off until it did (migration 0006).
-const recordSlot = `
+// markGap is written before a slot is created (or an invalidated one
+// dropped): a new slot streams from its creation only, so the rows
+// committed before it and never published (a lost slot's gap, or rows left
+// by the polling relay) are in no stream. gap_pending makes whichever relay
+// streams the new slot republish the table's pending rows first, and keeps
+// retention off until it did (migration 0006). It must be there before the
+// slot exists: another relay may take the slot the moment it is created,
+// while its creator is still frozen between two lines. created_at tells one
+// mark from the next (gapReplayed). A first mark's position is 0/0: no slot
+// confirmed anything yet.
+const markGap = `
 INSERT INTO outbox_cdc_slots (slot_name, created_at, confirmed_lsn, confirmed_at, confirmed_id, gap_pending)
-VALUES ($1, now(), $2::pg_lsn, now(), 0, true)
-ON CONFLICT (slot_name) DO UPDATE SET created_at = now(), confirmed_lsn = $2::pg_lsn, confirmed_at = now(), gap_pending = true`
+VALUES ($1, clock_timestamp(), '0/0', now(), 0, true)
+ON CONFLICT (slot_name) DO UPDATE SET created_at = clock_timestamp(), gap_pending = true`
+
+// recordSlot records where a new slot starts, once it exists, so that
+// losing it is noticed even before a relay confirmed anything on it. The
+// slot's holder may have recorded a later position already.
+const recordSlot = `
+UPDATE outbox_cdc_slots SET confirmed_lsn = greatest(confirmed_lsn, $2::pg_lsn), confirmed_at = now()
+WHERE slot_name = $1`
 
 // recordHandMadeSlot records a slot the relay did not create; what was
 // committed before it is unknown, so its gap is replayed too.
@@ -51,10 +64,13 @@ const recordConfirmed = `
 UPDATE outbox_cdc_slots SET confirmed_lsn = $2::pg_lsn, confirmed_at = now(), confirmed_id = greatest(confirmed_id, $3)
 WHERE slot_name = $1`
 
-// slotConfirmed is where the slot's stream resumes.
+// slotConfirmed is where the slot's stream resumes; read while this relay
+// holds the slot, so nobody moves it meanwhile.
 const slotConfirmed = `SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = $1`
 
-const gapPending = `SELECT gap_pending FROM outbox_cdc_slots WHERE slot_name = $1`
+// gapPending is whether the slot's gap is still to be republished, and the
+// mark that said so.
+const gapPending = `SELECT gap_pending, created_at FROM outbox_cdc_slots WHERE slot_name = $1`
 
 // gapRows reads the table's pending rows in id order, a page at a time
 // (keyset on id, so each page is one index range scan of the pending index).
@@ -64,10 +80,12 @@ SELECT id, event_id, aggregate_type, aggregate_id, aggregate_version, event_type
 FROM outbox_events WHERE state = 'pending' AND id > $1 ORDER BY id LIMIT $2`
 
 // gapReplayed ends the replay: retention may delete again, and the rows it
-// republished count as confirmed.
+// republished count as confirmed. Only if the mark it replayed for is still
+// the last one ($3, its created_at): a slot lost and marked again during the
+// replay has a gap of its own, which the replay may have read too early.
 const gapReplayed = `
 UPDATE outbox_cdc_slots SET gap_pending = false, confirmed_id = greatest(confirmed_id, $2)
-WHERE slot_name = $1`
+WHERE slot_name = $1 AND gap_pending AND created_at = $3`
 
 const (
 	// firstDeadRows is, per aggregate with a dead row, the event id of its

@@ -51,7 +51,7 @@ type txn struct {
 // publish, one per topic, and report back on acked.
 type streamer struct {
 	r    *CDCRelay
-	conn *pgconn.PgConn // nil while the gap of a lost slot is replayed
+	conn *pgconn.PgConn
 
 	relations map[uint32]*rowColumns // nil for relations other than outbox_events
 	open      *txn
@@ -104,11 +104,9 @@ func newStreamer(ctx context.Context, r *CDCRelay, start pglogrepl.LSN) *streame
 func (s *streamer) close() {
 	s.stopLanes()
 	s.laneWG.Wait()
-	if s.conn != nil {
-		ctx, cancel := context.WithTimeout(context.Background(), s.r.cfg.StatusInterval)
-		defer cancel()
-		s.record(ctx)
-	}
+	ctx, cancel := context.WithTimeout(context.Background(), s.r.cfg.StatusInterval)
+	defer cancel()
+	s.record(ctx)
 }
 
 func (r *CDCRelay) streamOnce(ctx context.Context) error {
@@ -119,6 +117,21 @@ func (r *CDCRelay) streamOnce(ctx context.Context) error {
 	// Closing without a last status update is what a crash does: the slot
 	// keeps the last confirmed position, and the next relay starts there.
 	defer conn.Close(context.Background()) //nolint:errcheck // the connection is done either way
+	// proto_version 1 suffices: pgoutput sends logical decoding messages
+	// with messages 'true' since Postgres 14. With version 1 a transaction
+	// is sent only once it committed (decoding waits for the commit record),
+	// so its events may be published while the rest of it is still being
+	// decoded; the slot is confirmed past it only once all are acknowledged.
+	// Position 0 resumes at the slot's confirmed position.
+	err = pglogrepl.StartReplication(ctx, conn, r.cfg.Slot, 0, pglogrepl.StartReplicationOptions{
+		Mode:       pglogrepl.LogicalReplication,
+		PluginArgs: []string{"proto_version '1'", "publication_names '" + Publication + "'", "messages 'true'"},
+	})
+	if err != nil {
+		return slotErr("starting replication", err)
+	}
+	// The slot is this stream's now (another relay's START_REPLICATION
+	// fails with 55006): nobody else moves its position or replays its gap.
 	var start pglogrepl.LSN
 	var lsnText string
 	if err := r.pool.QueryRow(ctx, slotConfirmed, r.cfg.Slot).Scan(&lsnText); err != nil {
@@ -128,33 +141,23 @@ func (r *CDCRelay) streamOnce(ctx context.Context) error {
 		return fmt.Errorf("parsing the slot's confirmed position: %w", err)
 	}
 	s := newStreamer(ctx, r, start)
-	defer s.close()
-	// Before the slot's first event: the rows a new slot's stream does not
-	// carry go first, so each aggregate stays in order.
-	if err := s.replayGap(ctx); err != nil {
-		return err
-	}
-	// proto_version 1 suffices: pgoutput sends logical decoding messages
-	// with messages 'true' since Postgres 14. With version 1 a transaction
-	// is sent only once it committed (decoding waits for the commit record),
-	// so its events may be published while the rest of it is still being
-	// decoded; the slot is confirmed past it only once all are acknowledged.
-	err = pglogrepl.StartReplication(ctx, conn, r.cfg.Slot, 0, pglogrepl.StartReplicationOptions{
-		Mode:       pglogrepl.LogicalReplication,
-		PluginArgs: []string{"proto_version '1'", "publication_names '" + Publication + "'", "messages 'true'"},
-	})
-	if err != nil {
-		return slotErr("starting replication", err)
-	}
 	s.conn = conn
-	// Now that the slot is this stream's, a transaction committed past the
-	// server's current position cannot have been delivered to any relay
-	// before. Unknown (the read failed): every row is checked.
+	defer s.close()
+	// A transaction committed past the server's current position cannot
+	// have been delivered to any relay before. Unknown (the read failed):
+	// every row is checked.
 	var fresh string
 	if err := r.pool.QueryRow(ctx, currentWAL).Scan(&fresh); err == nil {
 		if lsn, err := pglogrepl.ParseLSN(fresh); err == nil {
 			s.fresh = lsn
 		}
+	}
+	// Before the slot's first event, and only by the relay that holds the
+	// slot: the rows a new slot's stream does not carry go first, so each
+	// aggregate stays in order. A relay that replayed before it held the
+	// slot could publish the gap after another relay streamed past it.
+	if err := s.replayGap(ctx); err != nil {
+		return err
 	}
 	r.setActive(true)
 	r.stream.ok(ctx)
@@ -456,11 +459,6 @@ func (s *streamer) idle() bool { return s.open == nil && s.txs.Len() == 0 }
 // While idle it asks for a keepalive, whose position the next status
 // confirms.
 func (s *streamer) sendStatus(ctx context.Context) error {
-	if s.conn == nil {
-		// Replaying a gap before the stream starts: nothing to confirm yet.
-		s.nextStatus = time.Now().Add(s.r.cfg.StatusInterval)
-		return nil
-	}
 	err := pglogrepl.SendStandbyStatusUpdate(ctx, s.conn, pglogrepl.StandbyStatusUpdate{
 		WALWritePosition: s.confirmed, ReplyRequested: s.idle(),
 	})

@@ -21,6 +21,12 @@ const (
 	// marking its rows published (or confirming the slot's position): a
 	// crash there republishes the batch, and the consumers dedupe it.
 	OutboxAfterAck = "outbox.after-ack"
+	// OutboxAfterSlotCreated is between the log-based relay's creation of
+	// a replication slot (a first start, or the replacement of a lost one)
+	// and its streaming from it: a relay frozen or killed there has made a
+	// slot that another relay may take, and the rows no slot streamed must
+	// still go out before that slot's stream.
+	OutboxAfterSlotCreated = "outbox.after-slot-created"
 	// InboxAfterCommit is after the database commit of a batch of messages
 	// and before their offsets are committed: a crash there redelivers
 	// them, and the inbox rows make that a no-op.

@@ -12,6 +12,12 @@ import (
 // after the restart; the consumers dedupe it.
 const CrashAfterAck = faultpoint.OutboxAfterAck
 
+// CrashAfterSlotCreated is the log-based relay's point right after it
+// created a replication slot, before it streams from it: a relay that
+// freezes or dies there leaves a new slot to the others, and the rows that
+// no slot streamed (a lost slot's gap) must still go out first.
+const CrashAfterSlotCreated = faultpoint.OutboxAfterSlotCreated
+
 // WithCrashPoint returns ctx with hook armed at the relay's crash point: a
 // relay whose Run gets ctx calls hook(CrashAfterAck) there, and a non-nil
 // error aborts the batch right there, as a crash would (the platform's
