@@ -130,13 +130,21 @@ func postJSON(ctx context.Context, url string, body []byte, out any) error {
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {
-		return fmt.Errorf("POST %s: %s", url, resp.Status)
+		return &statusError{url: url, code: resp.StatusCode, status: resp.Status}
 	}
 	if out == nil {
 		return nil
 	}
 	return json.NewDecoder(resp.Body).Decode(out)
 }
+
+// statusError is an answer other than 200 OK from an admin endpoint.
+type statusError struct {
+	url, status string
+	code        int
+}
+
+func (e *statusError) Error() string { return fmt.Sprintf("POST %s: %s", e.url, e.status) }
 
 // alertAge is the backlog alert's threshold on outbox_oldest_pending_age_seconds.
 const alertAge = 10.0

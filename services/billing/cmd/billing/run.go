@@ -67,9 +67,9 @@ type Config struct {
 	// the fault-injection harness can show it duplicating; never run it
 	// otherwise.
 	InboxMode string `env:"INBOX_MODE" envDefault:"inbox"`
-	// CrashPoint arms a crash point for fault injection (inbox.after-commit
-	// or outbox.after-ack): the process SIGKILLs itself the CrashAfter-th
-	// time it gets there. "none" arms nothing.
+	// CrashPoint arms a crash point for fault injection (inbox.after-commit,
+	// outbox.after-ack or outbox.after-slot-created): the process SIGKILLs
+	// itself the CrashAfter-th time it gets there. "none" arms nothing.
 	CrashPoint string `env:"CRASH_POINT" envDefault:"none"`
 }
 
@@ -99,7 +99,8 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout 
 		return err
 	}
 	defer svc.Close()
-	crashPoint, err := crash.Point(cfg.CrashPoint, cfg.CrashAfter, svc.Logger, inboxtest.CrashAfterCommit, outboxtest.CrashAfterAck)
+	crashPoint, err := crash.Point(cfg.CrashPoint, cfg.CrashAfter, svc.Logger, inboxtest.CrashAfterCommit, outboxtest.CrashAfterAck,
+		outboxtest.CrashAfterSlotCreated)
 	if err != nil {
 		return err
 	}

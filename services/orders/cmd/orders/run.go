@@ -70,9 +70,9 @@ type Config struct {
 	// write). naive exists only so the fault-injection harness can show it
 	// losing events; never run it otherwise.
 	PublishMode string `env:"PUBLISH_MODE" envDefault:"outbox"`
-	// CrashPoint arms a crash point for fault injection (orders.after-write
-	// or outbox.after-ack): the process SIGKILLs itself the CrashAfter-th
-	// time it gets there. "none" arms nothing.
+	// CrashPoint arms a crash point for fault injection (orders.after-write,
+	// outbox.after-ack or outbox.after-slot-created): the process SIGKILLs
+	// itself the CrashAfter-th time it gets there. "none" arms nothing.
 	CrashPoint string `env:"CRASH_POINT" envDefault:"none"`
 }
 
@@ -104,7 +104,8 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout 
 		return err
 	}
 	defer svc.Close()
-	crashPoint, err := crash.Point(cfg.CrashPoint, cfg.CrashAfter, svc.Logger, orders.CrashAfterWrite, outboxtest.CrashAfterAck)
+	crashPoint, err := crash.Point(cfg.CrashPoint, cfg.CrashAfter, svc.Logger, orders.CrashAfterWrite, outboxtest.CrashAfterAck,
+		outboxtest.CrashAfterSlotCreated)
 	if err != nil {
 		return err
 	}
