@@ -91,20 +91,8 @@ func (s *streamer) replayGap(ctx context.Context) error {
 // server with status updates meanwhile.
 func (s *streamer) waitAcked(ctx context.Context, tx *txn) error {
 	for tx.pending > 0 {
-		wait := time.NewTimer(max(time.Until(s.nextStatus), 0))
-		select {
-		case a := <-s.acked:
-			wait.Stop()
-			if err := s.noteAcked(a); err != nil {
-				return err
-			}
-		case <-wait.C:
-			if err := s.sendStatus(ctx); err != nil {
-				return err
-			}
-		case <-ctx.Done():
-			wait.Stop()
-			return ctx.Err()
+		if _, err := s.wait(ctx, nil, cdcEvent{}); err != nil {
+			return err
 		}
 	}
 	return nil

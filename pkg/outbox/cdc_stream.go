@@ -224,24 +224,27 @@ func (s *streamer) handOver(ctx context.Context, l *lane, ev cdcEvent) error {
 	default:
 	}
 	for {
-		wait := time.NewTimer(max(time.Until(s.nextStatus), 0))
-		select {
-		case l.in <- ev:
-			wait.Stop()
-			return nil
-		case a := <-s.acked:
-			wait.Stop()
-			if err := s.noteAcked(a); err != nil {
-				return err
-			}
-		case <-wait.C:
-			if err := s.sendStatus(ctx); err != nil {
-				return err
-			}
-		case <-ctx.Done():
-			wait.Stop()
-			return ctx.Err()
+		if taken, err := s.wait(ctx, l.in, ev); taken || err != nil {
+			return err
 		}
+	}
+}
+
+// wait waits for one thing: in taking ev (a nil in never does), an
+// acknowledgement, the next status update to send, or ctx's end. It reports
+// whether ev was taken.
+func (s *streamer) wait(ctx context.Context, in chan<- cdcEvent, ev cdcEvent) (taken bool, err error) {
+	timer := time.NewTimer(max(time.Until(s.nextStatus), 0))
+	defer timer.Stop()
+	select {
+	case in <- ev:
+		return true, nil
+	case a := <-s.acked:
+		return false, s.noteAcked(a)
+	case <-timer.C:
+		return false, s.sendStatus(ctx)
+	case <-ctx.Done():
+		return false, ctx.Err()
 	}
 }
 
