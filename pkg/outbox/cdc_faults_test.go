@@ -68,36 +68,31 @@ func TestCDCLostSlotCreatorFrozenBeforeItStreamsKeepsTheGapFirst(t *testing.T) {
 	enqueue(t, pool, newEvent("a", 2)) // the gap: no slot exists
 
 	frozen, thaw := make(chan struct{}), make(chan struct{})
-	var once sync.Once
+	var freezeOnce, thawOnce sync.Once
 	freeze := func(name string) error {
 		if name == outboxtest.CrashAfterSlotCreated {
-			once.Do(func() { close(frozen); <-thaw })
+			freezeOnce.Do(func() { close(frozen); <-thaw })
 		}
 		return nil
 	}
+	thawCreator := func() { thawOnce.Do(func() { close(thaw) }) }
 	creator := newCDC(t, pool, e.w, cfg)
 	testenv.RunInBackground(t, "the creator's Run", func(ctx context.Context) error {
 		return creator.Run(outboxtest.WithCrashPoint(ctx, freeze))
 	})
+	t.Cleanup(thawCreator) // before the creator's Run is stopped (cleanups run last first)
 	select {
 	case <-frozen:
 	case <-time.After(30 * time.Second):
 		t.Fatal("the creator did not create the new slot within 30s")
 	}
-	thawed := false
-	defer func() {
-		if !thawed {
-			close(thaw)
-		}
-	}()
 	enqueue(t, pool, newEvent("a", 3)) // in the new slot's stream
 
 	other := newCDC(t, pool, e.w, cfg)
 	runCDC(t, other)
 	testenv.WaitFor(t, 30*time.Second, "the other relay to take the new slot", func() (bool, error) { return other.Active(), nil })
 	testenv.WaitFor(t, 30*time.Second, "a/3 to reach Kafka", func() (bool, error) { return c.distinct() >= 2, nil })
-	close(thaw)
-	thawed = true
+	thawCreator()
 	testenv.WaitFor(t, 30*time.Second, "every event to reach Kafka", func() (bool, error) { return c.distinct() == 3, nil })
 	c.checkOrder(t, map[string]int64{"a": 3})
 }

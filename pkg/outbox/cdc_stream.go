@@ -89,8 +89,8 @@ type streamer struct {
 // the server while they flow; idle, it reports every StatusInterval.
 const confirmEvery = 10 * time.Millisecond
 
-func newStreamer(ctx context.Context, r *CDCRelay, start pglogrepl.LSN) *streamer {
-	s := &streamer{r: r, relations: map[uint32]*rowColumns{}, lanes: map[string]*lane{},
+func newStreamer(ctx context.Context, r *CDCRelay, conn *pgconn.PgConn, start pglogrepl.LSN) *streamer {
+	s := &streamer{r: r, conn: conn, relations: map[uint32]*rowColumns{}, lanes: map[string]*lane{},
 		acked: make(chan laneAck, 16), confirmed: start, recorded: start,
 		fresh: pglogrepl.LSN(math.MaxUint64), build: newMsgBuilder(r.cfg.Topic)}
 	s.txs.Init()
@@ -140,8 +140,7 @@ func (r *CDCRelay) streamOnce(ctx context.Context) error {
 	if start, err = pglogrepl.ParseLSN(lsnText); err != nil {
 		return fmt.Errorf("parsing the slot's confirmed position: %w", err)
 	}
-	s := newStreamer(ctx, r, start)
-	s.conn = conn
+	s := newStreamer(ctx, r, conn, start)
 	defer s.close()
 	// A transaction committed past the server's current position cannot
 	// have been delivered to any relay before. Unknown (the read failed):
