@@ -337,6 +337,24 @@ func (v *orderView) check(keyBooked map[string]int) []Finding {
 	} else if first[orderCancelled] >= 0 && first[orderPlaced] < 0 && placedOnTopic == 0 {
 		add(Order, "the orders topic holds OrderCancelled and no OrderPlaced")
 	}
+	// At billing: OrderCancelled dead-lettered before billing published
+	// the order's PaymentCaptured, while OrderPlaced came first on the
+	// topic, means billing handled v2 before v1 (a worker that abandoned
+	// v1 and went on with the later messages of its key: issue 19 item 4).
+	// The runbook's requeue may repair the order's end state, so only the
+	// dead letter's time shows it.
+	if first := firstOffsets(v.messages["orders"]); first[orderPlaced] >= 0 && first[orderCancelled] > first[orderPlaced] {
+		captured := firstAt(v.messages["billing"], paymentCaptured)
+		for _, d := range v.stuck {
+			if d.Kind == KindDeadLetter && d.Service == "orders" && d.Type == orderCancelled && !d.At.IsZero() &&
+				(captured.IsZero() || d.At.Before(captured)) {
+				add(Order, "billing dead-lettered OrderCancelled (%s) before it published the order's PaymentCaptured, "+
+					"though OrderPlaced came first on the topic (offset %d, then %d): billing handled v2 before v1",
+					d.Detail, first[orderPlaced], first[orderCancelled])
+				break
+			}
+		}
+	}
 	if first := firstOffsets(v.messages["billing"]); first[paymentRefunded] >= 0 &&
 		(first[paymentCaptured] < 0 || first[paymentRefunded] < first[paymentCaptured]) {
 		add(Order, "billing's topic holds PaymentRefunded (offset %d) before its PaymentCaptured (offset %d)",
@@ -428,6 +446,18 @@ func countType(msgs []Record, typ string) int {
 // firstOffsets is, per event type, the lowest offset a message of it has on
 // its topic (-1: none). One key lives on one partition, so offsets order
 // the key's messages.
+// firstAt is when the first message of type typ was written (zero: none,
+// or none with a time).
+func firstAt(msgs []Record, typ string) time.Time {
+	var first time.Time
+	for _, m := range msgs {
+		if m.Type == typ && !m.At.IsZero() && (first.IsZero() || m.At.Before(first)) {
+			first = m.At
+		}
+	}
+	return first
+}
+
 func firstOffsets(msgs []Record) map[string]int64 {
 	out := map[string]int64{orderPlaced: -1, orderCancelled: -1, paymentCaptured: -1, paymentRefunded: -1}
 	for _, m := range msgs {

@@ -136,6 +136,15 @@ func TestCheck(t *testing.T) {
 			want: map[string]int{check.Order: 1}, story: "third party: booking #8 refund"},
 		{name: "relay published v2 before v1: order", history: run(edit(life("b", true), check.KindMessage, "OrderCancelled", func(r *check.Record) { r.Offset = 5 })),
 			want: map[string]int{check.Order: 1}},
+		{name: "billing dead-lettered OrderCancelled before it captured, OrderPlaced first on the topic: order", history: run(
+			edit(life("b", true), check.KindMessage, "PaymentCaptured", func(r *check.Record) { r.At = t0.Add(2 * time.Second) }),
+			[]check.Record{{Kind: check.KindDeadLetter, At: t0.Add(time.Second), Service: "orders", Order: "b", Event: "b-e2",
+				Type: "OrderCancelled", Version: 2, Detail: "permanent failure: no charge to refund"}}),
+			want: map[string]int{check.Order: 1}, story: "no charge to refund"},
+		{name: "an OrderCancelled dead-lettered after the capture is not an order finding", history: run(
+			edit(life("b", true), check.KindMessage, "PaymentCaptured", func(r *check.Record) { r.At = t0.Add(time.Second) }),
+			[]check.Record{{Kind: check.KindDeadLetter, At: t0.Add(2 * time.Second), Service: "orders", Order: "b", Event: "b-e2",
+				Type: "OrderCancelled", Version: 2, Detail: "requeued later"}})},
 		{name: "billing refunded before it captured: order", history: run(edit(life("b", true), check.KindMessage, "PaymentRefunded", func(r *check.Record) { r.Offset = 1 })),
 			want: map[string]int{check.Order: 1}},
 		{name: "cancelled order whose charge stands: order", history: run(edit(without(without(life("b", true), check.KindBooking, "refund"), check.KindMessage, "PaymentRefunded"),
