@@ -108,6 +108,40 @@ func (e *cdcEnv) loseSlot(t *testing.T, cfg outbox.CDCConfig, write func(*testin
 	})
 }
 
+// logRetentionState logs, if t failed, what retention reads: the slot's
+// record and the rows left, so that a timed-out wait says why.
+func (e *cdcEnv) logRetentionState(t *testing.T) {
+	if !t.Failed() {
+		return
+	}
+	ctx := context.Background()
+	var (
+		gap         bool
+		confirmedID int64
+		lsn         string
+	)
+	err := e.pool.QueryRow(ctx, `SELECT gap_pending, confirmed_id, confirmed_lsn::text FROM outbox_cdc_slots WHERE slot_name = $1`, e.slot).
+		Scan(&gap, &confirmedID, &lsn)
+	t.Logf("outbox_cdc_slots: gap_pending %v, confirmed_id %d, confirmed_lsn %s (err %v)", gap, confirmedID, lsn, err)
+	rows, err := e.pool.Query(ctx, `SELECT id, state, coalesce(last_error, '') <> '', now() - created_at FROM outbox_events ORDER BY id`)
+	if err != nil {
+		t.Logf("reading the rows: %v", err)
+		return
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var (
+			id    int64
+			state string
+			why   bool
+			age   time.Duration
+		)
+		if err := rows.Scan(&id, &state, &why, &age); err == nil {
+			t.Logf("row %d: %s, last_error set %v, age %v", id, state, why, age)
+		}
+	}
+}
+
 // runStreaming runs relay as runCDC does and waits until it streams.
 func runStreaming(t *testing.T, relay *outbox.CDCRelay) (stop func()) {
 	t.Helper()
@@ -460,6 +494,7 @@ func TestCDCMessageErrorSkipsTheEventAsDead(t *testing.T) {
 	if v := testenv.MetricValue(t, reg, "outbox_publish_failures_total"); v != 2 {
 		t.Errorf("outbox_publish_failures_total = %v, want MaxAttempts = 2", v)
 	}
+	defer e.logRetentionState(t) // failed once under a loaded make test (28 Nov 2026), cause not found
 	testenv.WaitFor(t, 20*time.Second, "retention to keep only the dead rows", func() (bool, error) {
 		return countRows(t, pool, "true") == 2 && countRows(t, pool, "state = 'dead' AND last_error <> ''") == 2, nil
 	})
