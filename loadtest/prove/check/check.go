@@ -446,6 +446,16 @@ func countType(msgs []Record, typ string) int {
 // firstOffsets is, per event type, the lowest offset a message of it has on
 // its topic (-1: none). One key lives on one partition, so offsets order
 // the key's messages.
+func firstOffsets(msgs []Record) map[string]int64 {
+	out := map[string]int64{orderPlaced: -1, orderCancelled: -1, paymentCaptured: -1, paymentRefunded: -1}
+	for _, m := range msgs {
+		if cur, ok := out[m.Type]; !ok || cur < 0 || m.Offset < cur {
+			out[m.Type] = m.Offset
+		}
+	}
+	return out
+}
+
 // firstAt is when the first message of type typ was written (zero: none,
 // or none with a time).
 func firstAt(msgs []Record, typ string) time.Time {
@@ -456,16 +466,6 @@ func firstAt(msgs []Record, typ string) time.Time {
 		}
 	}
 	return first
-}
-
-func firstOffsets(msgs []Record) map[string]int64 {
-	out := map[string]int64{orderPlaced: -1, orderCancelled: -1, paymentCaptured: -1, paymentRefunded: -1}
-	for _, m := range msgs {
-		if cur, ok := out[m.Type]; !ok || cur < 0 || m.Offset < cur {
-			out[m.Type] = m.Offset
-		}
-	}
-	return out
 }
 
 func describe(recs []Record) string {
