@@ -104,7 +104,9 @@ func debeziumHeader(t *testing.T, typ string, v any) []byte {
 //   - an event enqueued with every envelope field, placed into headers as
 //     Debezium renders its columns, decodes with event.FromKafka to the same
 //     envelope, with the same headers as the platform's relays write
-//     (correlation id, causation id and traceparent included);
+//     (correlation id, causation id and traceparent included), and the
+//     CloudEvents headers with the relays' values (InsertHeader literals
+//     for the constant ones);
 //   - the publication it reads exists after the owner's migration, on
 //     outbox_events only, inserts only.
 func TestDebeziumConfigMatchesTheSchema(t *testing.T) {
@@ -194,6 +196,15 @@ func TestDebeziumConfigMatchesTheSchema(t *testing.T) {
 		}
 		msg.Headers = append(msg.Headers, kafka.Header{Key: p.header, Value: debeziumHeader(t, typ, v)})
 	}
+	// Headers of a constant value (ce_specversion, ce_source) come from
+	// Kafka Connect's InsertHeader transforms, as literals.
+	for _, name := range strings.Split(cfg["transforms"], ",") {
+		prefix := "transforms." + name + "."
+		if cfg[prefix+"type"] != "org.apache.kafka.connect.transforms.InsertHeader" {
+			continue
+		}
+		msg.Headers = append(msg.Headers, kafka.Header{Key: cfg[prefix+"header"], Value: []byte(cfg[prefix+"value.literal"])})
+	}
 	got, err := event.FromKafka(msg)
 	if err != nil {
 		t.Fatalf("the event as Debezium would publish it does not decode: %v", err)
@@ -217,6 +228,18 @@ func TestDebeziumConfigMatchesTheSchema(t *testing.T) {
 	slices.Sort(placed)
 	if !slices.Equal(relayHeaders, placed) {
 		t.Errorf("headers placed %v, the relays write %v", placed, relayHeaders)
+	}
+	// The CloudEvents headers carry what the relays' carry: the InsertHeader
+	// literals are the relays' constants for the one aggregate type this
+	// connector routes ("order").
+	relay := map[string]string{}
+	for _, h := range event.ToKafka("t", want).Headers {
+		relay[h.Key] = string(h.Value)
+	}
+	for _, h := range msg.Headers {
+		if strings.HasPrefix(h.Key, "ce_") && string(h.Value) != relay[h.Key] {
+			t.Errorf("Debezium's %s would be %q, the relays write %q", h.Key, h.Value, relay[h.Key])
+		}
 	}
 
 	var pubTables []string
