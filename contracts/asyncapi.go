@@ -179,7 +179,8 @@ func (ch *Channel) Check(m kafka.Message, partitions int) (string, error) {
 
 func (msg *Message) check(m kafka.Message, headers map[string]any) error {
 	if err := msg.headers.Validate(headers); err != nil {
-		return fmt.Errorf("headers: %w", err)
+		got, _ := json.Marshal(headers)
+		return fmt.Errorf("headers %s: %w", got, err)
 	}
 	for k, from := range msg.SameAs {
 		var got string

@@ -105,8 +105,8 @@ func debeziumHeader(t *testing.T, typ string, v any) []byte {
 //     Debezium renders its columns, decodes with event.FromKafka to the same
 //     envelope, with the same headers as the platform's relays write
 //     (correlation id, causation id and traceparent included), and the
-//     CloudEvents headers with the relays' values (InsertHeader literals
-//     for the constant ones);
+//     CloudEvents headers with the relays' values (InsertField and
+//     HeaderFrom for the constant ones);
 //   - the publication it reads exists after the owner's migration, on
 //     outbox_events only, inserts only.
 func TestDebeziumConfigMatchesTheSchema(t *testing.T) {
@@ -197,13 +197,29 @@ func TestDebeziumConfigMatchesTheSchema(t *testing.T) {
 		msg.Headers = append(msg.Headers, kafka.Header{Key: p.header, Value: debeziumHeader(t, typ, v)})
 	}
 	// Headers of a constant value (ce_specversion, ce_source) come from
-	// Kafka Connect's InsertHeader transforms, as literals.
+	// Kafka Connect's transforms, run before the EventRouter: InsertField
+	// adds each as a string field of the change event, HeaderFrom moves it
+	// into a header. (InsertHeader cannot: it parses its literal, and
+	// "1.0" becomes the number 1, written as "1".)
+	static := map[string]string{}
 	for _, name := range strings.Split(cfg["transforms"], ",") {
 		prefix := "transforms." + name + "."
-		if cfg[prefix+"type"] != "org.apache.kafka.connect.transforms.InsertHeader" {
-			continue
+		switch cfg[prefix+"type"] {
+		case "org.apache.kafka.connect.transforms.InsertField$Value":
+			static[cfg[prefix+"static.field"]] = cfg[prefix+"static.value"]
+		case "org.apache.kafka.connect.transforms.HeaderFrom$Value":
+			fields, headers := strings.Split(cfg[prefix+"fields"], ","), strings.Split(cfg[prefix+"headers"], ",")
+			if len(fields) != len(headers) || cfg[prefix+"operation"] != "move" {
+				t.Fatalf("%s: want as many fields as headers, moved", name)
+			}
+			for i, f := range fields {
+				v, ok := static[f]
+				if !ok {
+					t.Fatalf("%s moves field %s, which no InsertField before it adds", name, f)
+				}
+				msg.Headers = append(msg.Headers, kafka.Header{Key: headers[i], Value: []byte(v)})
+			}
 		}
-		msg.Headers = append(msg.Headers, kafka.Header{Key: cfg[prefix+"header"], Value: []byte(cfg[prefix+"value.literal"])})
 	}
 	got, err := event.FromKafka(msg)
 	if err != nil {
@@ -229,9 +245,9 @@ func TestDebeziumConfigMatchesTheSchema(t *testing.T) {
 	if !slices.Equal(relayHeaders, placed) {
 		t.Errorf("headers placed %v, the relays write %v", placed, relayHeaders)
 	}
-	// The CloudEvents headers carry what the relays' carry: the InsertHeader
-	// literals are the relays' constants for the one aggregate type this
-	// connector routes ("order").
+	// The CloudEvents headers carry what the relays' carry: the constants
+	// are the relays' for the one aggregate type this connector routes
+	// ("order").
 	relay := map[string]string{}
 	for _, h := range event.ToKafka("t", want).Headers {
 		relay[h.Key] = string(h.Value)
