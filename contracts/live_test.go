@@ -41,13 +41,9 @@ const (
 //     operator listener, validates against docs/openapi-*.yaml.
 func TestRealServicesMatchTheContracts(t *testing.T) {
 	t.Parallel()
-	root := harness.Root(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 8*time.Minute)
 	defer cancel()
-	bins, err := harness.Build(ctx, root, filepath.Join(t.TempDir(), "bin"), harness.Orders, harness.Billing, harness.Shim, harness.Reconciler)
-	if err != nil {
-		t.Fatal(err)
-	}
+	bins := buildPrograms(t)
 	spec := loadAsyncAPI(t)
 	public, err := contracts.LoadOpenAPI("../docs/openapi-orders.yaml")
 	if err != nil {
