@@ -269,3 +269,31 @@ func TestARecordOffTheContractIsNamed(t *testing.T) {
 		})
 	}
 }
+
+// TestTheCloudEventsSDKReadsARecord: the SDK's Kafka binding reads a record
+// as the relays publish it as a valid binary-mode event whose id, type,
+// subject and data are the envelope's; without ce_specversion it is no
+// CloudEvent at all, and with a ce_time that is not RFC 3339 no valid one.
+func TestTheCloudEventsSDKReadsARecord(t *testing.T) {
+	m := kafkaMessage{event.ToKafka("orders.events", envelopeOf(t, goEvents()[0]))}
+	if err := contracts.CheckCloudEvent(m.Message); err != nil {
+		t.Fatalf("the relays' record: %v", err)
+	}
+	for _, c := range []struct {
+		name, want string
+		edit       func(m *kafkaMessage)
+	}{
+		{"without ce_specversion", "binary", func(m *kafkaMessage) { m.dropHeader(event.HeaderCESpecVersion) }},
+		{"with a ce_time that is not RFC 3339", "time", func(m *kafkaMessage) { m.setHeader(event.HeaderCETime, "yesterday") }},
+		{"without ce_source", "source", func(m *kafkaMessage) { m.dropHeader(event.HeaderCESource) }},
+	} {
+		e := kafkaMessage{event.ToKafka("orders.events", envelopeOf(t, goEvents()[0]))}
+		c.edit(&e)
+		err := contracts.CheckCloudEvent(e.Message)
+		if err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%s: CheckCloudEvent = %v, want an error about %s", c.name, err, c.want)
+			continue
+		}
+		t.Logf("%s: %v", c.name, err)
+	}
+}
