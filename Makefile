@@ -11,7 +11,7 @@ DEMO_ARGS ?=
 # RELAY_MODES: the relay modes atomicity, relay-crash and ordering run in (default poll,cdc,wal; also debezium: Kafka Connect as the relay).
 P ?=
 
-.PHONY: help up down status logs services stop demo test vet fmt build prometheus-tools up-prometheus down-prometheus debezium-jars up-debezium down-debezium alert-drill dashboards reconcile
+.PHONY: help up down status logs services stop demo test vet fmt build prometheus-tools up-prometheus down-prometheus debezium-jars up-debezium down-debezium alert-drill dashboards reconcile contracts-check
 
 help: ## List the targets
 	@grep -E '^[a-zA-Z0-9_.-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*## "} {printf "  %-12s %s\n", $$1, $$2}'
@@ -45,6 +45,9 @@ stop: ## Stop the services (PostgreSQL and Kafka keep running)
 reconcile: ## Print the reconciliation report of the dev stack: stuck, dead, uncertain and missing, with what to do (docs/reconciliation.md; ARGS=-o json)
 	go run ./tools/cmd/reconcile $(ARGS)
 
+contracts-check: ## Validate every record in Kafka (after make demo) against docs/asyncapi.yaml, each read by the CloudEvents SDK (docs/contracts.md)
+	go run ./contracts/cmd/contractcheck $(ARGS)
+
 demo: services ## Run the platform end to end: place orders, wait until all are settled, print a summary and one order's journey
 	go run ./tools/cmd/demo -journey-file .devstack/demo-journey-order $(DEMO_ARGS)
 	@echo
@@ -58,6 +61,7 @@ demo: services ## Run the platform end to end: place orders, wait until all are 
 	@echo "  metrics     http://127.0.0.1:9081/metrics  :9082/metrics  :9083/metrics  :9084/metrics  (the operator listeners)"
 	@echo "  journey     go run ./tools/cmd/onceflowctl journey <order-id>   (any order: every hop, its latency, what is odd)"
 	@echo "  records     go run ./tools/cmd/kafkactl tail orders.events       (with their headers)"
+	@echo "  contracts   make contracts-check   (every record against docs/asyncapi.yaml, read by the CloudEvents SDK)"
 	@echo "  operator    curl -H \"Authorization: Bearer \$$(devstack/services.sh token)\" http://127.0.0.1:9081/admin/outbox/dead"
 	@if devstack/stack.sh prometheus status | grep -q running; then \
 	  echo "  prometheus  http://127.0.0.1:$${ONCEFLOW_PROM_PORT:-59090}  (alerts: /alerts, rules from dashboards/alerts/)"; \

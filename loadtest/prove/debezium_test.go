@@ -14,6 +14,7 @@ import (
 
 	"github.com/segmentio/kafka-go"
 
+	"github.com/onceflow/onceflow/contracts"
 	"github.com/onceflow/onceflow/pkg/event"
 	"github.com/onceflow/onceflow/platform/harness"
 	"github.com/onceflow/onceflow/platform/kafkautil"
@@ -30,6 +31,7 @@ import (
 // replication role and nothing more, billing consuming. Every order placed
 // must be charged exactly once, each record must decode to the envelope
 // with its trace context, on the partition the platform's own relays pick,
+// as docs/asyncapi.yaml describes it (CloudEvents headers included),
 // and orders must see Debezium stream from its slot.
 //
 // It needs java and the Connect and Debezium jars, which `make test` fetches
@@ -170,7 +172,16 @@ func TestDebeziumPublishesWithTheShippedConfiguration(t *testing.T) {
 	for i := range all {
 		all[i] = i
 	}
+	// And as docs/asyncapi.yaml describes them, CloudEvents headers included,
+	// read by the CloudEvents SDK (package contracts).
+	spec, err := contracts.LoadAsyncAPI(filepath.Join(root, "docs", "asyncapi.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
 	for _, m := range msgs {
+		if _, err := spec.Channels["ordersEvents"].Check(m, partitions); err != nil {
+			t.Errorf("Debezium's record is off the AsyncAPI contract: %v", err)
+		}
 		ev, err := event.FromKafka(m)
 		if err != nil {
 			t.Errorf("record at %d/%d does not decode: %v", m.Partition, m.Offset, err)

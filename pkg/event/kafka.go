@@ -23,17 +23,22 @@ const (
 	HeaderTraceparent      = "traceparent"
 )
 
-// ToKafka builds the Kafka message for e on topic. It does not validate e.
+// ToKafka builds the Kafka message for e on topic: key, payload, the
+// envelope's headers and the CloudEvents headers (AppendCloudEvents). It does
+// not validate e.
 func ToKafka(topic string, e Envelope) kafka.Message {
-	h := []kafka.Header{
-		{Key: HeaderEventID, Value: []byte(e.EventID.String())},
-		{Key: HeaderEventType, Value: []byte(e.EventType)},
-		{Key: HeaderEventVersion, Value: []byte(strconv.Itoa(e.EventVersion))},
-		{Key: HeaderAggregateType, Value: []byte(e.AggregateType)},
-		{Key: HeaderAggregateID, Value: []byte(e.AggregateID)},
-		{Key: HeaderAggregateVersion, Value: []byte(strconv.FormatInt(e.AggregateVersion, 10))},
-		{Key: HeaderOccurredAt, Value: []byte(e.OccurredAt.UTC().Format(time.RFC3339Nano))},
-	}
+	id, typ, aggID := []byte(e.EventID.String()), []byte(e.EventType), []byte(e.AggregateID)
+	occurredAt := []byte(e.OccurredAt.UTC().Format(time.RFC3339Nano))
+	h := make([]kafka.Header, 0, 10+CloudEventsHeaders)
+	h = append(h,
+		kafka.Header{Key: HeaderEventID, Value: id},
+		kafka.Header{Key: HeaderEventType, Value: typ},
+		kafka.Header{Key: HeaderEventVersion, Value: []byte(strconv.Itoa(e.EventVersion))},
+		kafka.Header{Key: HeaderAggregateType, Value: []byte(e.AggregateType)},
+		kafka.Header{Key: HeaderAggregateID, Value: aggID},
+		kafka.Header{Key: HeaderAggregateVersion, Value: []byte(strconv.FormatInt(e.AggregateVersion, 10))},
+		kafka.Header{Key: HeaderOccurredAt, Value: occurredAt},
+	)
 	// Optional fields travel only when set, so consumers can tell "absent" from "empty".
 	for _, kv := range [...]struct{ k, v string }{
 		{HeaderCorrelationID, e.CorrelationID},
@@ -44,6 +49,7 @@ func ToKafka(topic string, e Envelope) kafka.Message {
 			h = append(h, kafka.Header{Key: kv.k, Value: []byte(kv.v)})
 		}
 	}
+	h = AppendCloudEvents(h, []byte(CloudEventsSource(e.AggregateType)), id, typ, aggID, occurredAt)
 	return kafka.Message{
 		Topic:   topic,
 		Key:     []byte(e.AggregateID),

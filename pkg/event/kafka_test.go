@@ -162,3 +162,34 @@ func TestNewIDsSortInCreationOrder(t *testing.T) {
 		prev = id
 	}
 }
+
+// The CloudEvents headers repeat the envelope, so a CloudEvents consumer and
+// FromKafka read the same event; FromKafka ignores them.
+func TestToKafkaAddsTheCloudEventsHeaders(t *testing.T) {
+	e := event.Envelope{
+		EventID: uuid.New(), EventType: "OrderPlaced", EventVersion: 1, AggregateType: "order line",
+		AggregateID: "o-1", AggregateVersion: 2, OccurredAt: time.Date(2026, 6, 8, 11, 14, 32, 118123000, time.FixedZone("CEST", 2*3600)),
+		Payload: []byte(`{}`),
+	}
+	m := event.ToKafka("t", e)
+	got := map[string]string{}
+	for _, h := range m.Headers {
+		got[h.Key] = string(h.Value)
+	}
+	for k, want := range map[string]string{
+		event.HeaderCESpecVersion: "1.0",
+		event.HeaderCEID:          e.EventID.String(),
+		event.HeaderCESource:      "/onceflow/order%20line",
+		event.HeaderCEType:        "OrderPlaced",
+		event.HeaderCESubject:     "o-1",
+		event.HeaderCETime:        "2026-06-08T09:14:32.118123Z",
+	} {
+		if got[k] != want {
+			t.Errorf("%s = %q, want %q", k, got[k], want)
+		}
+	}
+	back, err := event.FromKafka(m)
+	if err != nil || back.EventID != e.EventID {
+		t.Fatalf("FromKafka = %+v, %v", back, err)
+	}
+}

@@ -26,8 +26,12 @@ type msgBuilder struct {
 	hdrs   []kafka.Header
 }
 
-// aggTopic is an aggregate type and its topic, as strings made once.
-type aggTopic struct{ aggType, topic string }
+// aggTopic is an aggregate type, its topic and its CloudEvents source,
+// made once.
+type aggTopic struct {
+	aggType, topic string
+	source         []byte
+}
 
 const (
 	// builderBlock is the size of the blocks an event's bytes are cut
@@ -50,7 +54,7 @@ func (b *msgBuilder) build(ev *rawEnvelope) claimed {
 	at, ok := b.topics[string(ev.aggType)]
 	if !ok {
 		aggType := string(ev.aggType)
-		at = aggTopic{aggType: aggType, topic: b.topic(aggType)}
+		at = aggTopic{aggType: aggType, topic: b.topic(aggType), source: []byte(event.CloudEventsSource(aggType))}
 		if len(b.topics) < builderTopics {
 			b.topics[aggType] = at
 		}
@@ -63,7 +67,7 @@ func (b *msgBuilder) build(ev *rawEnvelope) claimed {
 		{event.HeaderCausationID, ev.causationID},
 		{event.HeaderTraceparent, ev.traceparent},
 	}
-	nh := 7
+	nh := 7 + event.CloudEventsHeaders
 	size := uuidText + len(ev.eventType) + maxInt64Text + len(ev.aggType) + len(ev.aggID) + maxInt64Text +
 		len(time.RFC3339Nano) + len(ev.payload)
 	for _, h := range optional {
@@ -75,19 +79,23 @@ func (b *msgBuilder) build(ev *rawEnvelope) claimed {
 	f := fieldBuf(b.take(size))
 	hdrs := b.headers(nh)
 	add := func(key string, value []byte) { hdrs = append(hdrs, kafka.Header{Key: key, Value: value}) }
-	add(event.HeaderEventID, f.put(appendUUID(f, ev.eventID)))
-	add(event.HeaderEventType, f.put(append(f, ev.eventType...)))
+	id := f.put(appendUUID(f, ev.eventID))
+	add(event.HeaderEventID, id)
+	typ := f.put(append(f, ev.eventType...))
+	add(event.HeaderEventType, typ)
 	add(event.HeaderEventVersion, f.put(strconv.AppendInt(f, ev.eventVersion, 10)))
 	add(event.HeaderAggregateType, f.put(append(f, ev.aggType...)))
 	key := f.put(append(f, ev.aggID...))
 	add(event.HeaderAggregateID, key) // the key's bytes: neither is ever written to
 	add(event.HeaderAggregateVersion, f.put(strconv.AppendInt(f, ev.aggVersion, 10)))
-	add(event.HeaderOccurredAt, f.put(ev.occurredAt.UTC().AppendFormat(f, time.RFC3339Nano)))
+	occurredAt := f.put(ev.occurredAt.UTC().AppendFormat(f, time.RFC3339Nano))
+	add(event.HeaderOccurredAt, occurredAt)
 	for _, h := range optional {
 		if len(h.value) > 0 {
 			add(h.key, f.put(append(f, h.value...)))
 		}
 	}
+	hdrs = event.AppendCloudEvents(hdrs, at.source, id, typ, key, occurredAt)
 	value := f.put(append(f, ev.payload...))
 	return claimed{
 		aggType:   at.aggType,

@@ -104,7 +104,9 @@ func debeziumHeader(t *testing.T, typ string, v any) []byte {
 //   - an event enqueued with every envelope field, placed into headers as
 //     Debezium renders its columns, decodes with event.FromKafka to the same
 //     envelope, with the same headers as the platform's relays write
-//     (correlation id, causation id and traceparent included);
+//     (correlation id, causation id and traceparent included), and the
+//     CloudEvents headers with the relays' values (InsertField and
+//     HeaderFrom for the constant ones);
 //   - the publication it reads exists after the owner's migration, on
 //     outbox_events only, inserts only.
 func TestDebeziumConfigMatchesTheSchema(t *testing.T) {
@@ -194,6 +196,31 @@ func TestDebeziumConfigMatchesTheSchema(t *testing.T) {
 		}
 		msg.Headers = append(msg.Headers, kafka.Header{Key: p.header, Value: debeziumHeader(t, typ, v)})
 	}
+	// Headers of a constant value (ce_specversion, ce_source) come from
+	// Kafka Connect's transforms, run before the EventRouter: InsertField
+	// adds each as a string field of the change event, HeaderFrom moves it
+	// into a header. (InsertHeader cannot: it parses its literal, and
+	// "1.0" becomes the number 1, written as "1".)
+	static := map[string]string{}
+	for _, name := range strings.Split(cfg["transforms"], ",") {
+		prefix := "transforms." + name + "."
+		switch cfg[prefix+"type"] {
+		case "org.apache.kafka.connect.transforms.InsertField$Value":
+			static[cfg[prefix+"static.field"]] = cfg[prefix+"static.value"]
+		case "org.apache.kafka.connect.transforms.HeaderFrom$Value":
+			fields, headers := strings.Split(cfg[prefix+"fields"], ","), strings.Split(cfg[prefix+"headers"], ",")
+			if len(fields) != len(headers) || cfg[prefix+"operation"] != "move" {
+				t.Fatalf("%s: want as many fields as headers, moved", name)
+			}
+			for i, f := range fields {
+				v, ok := static[f]
+				if !ok {
+					t.Fatalf("%s moves field %s, which no InsertField before it adds", name, f)
+				}
+				msg.Headers = append(msg.Headers, kafka.Header{Key: headers[i], Value: []byte(v)})
+			}
+		}
+	}
 	got, err := event.FromKafka(msg)
 	if err != nil {
 		t.Fatalf("the event as Debezium would publish it does not decode: %v", err)
@@ -217,6 +244,18 @@ func TestDebeziumConfigMatchesTheSchema(t *testing.T) {
 	slices.Sort(placed)
 	if !slices.Equal(relayHeaders, placed) {
 		t.Errorf("headers placed %v, the relays write %v", placed, relayHeaders)
+	}
+	// The CloudEvents headers carry what the relays' carry: the constants
+	// are the relays' for the one aggregate type this connector routes
+	// ("order").
+	relay := map[string]string{}
+	for _, h := range event.ToKafka("t", want).Headers {
+		relay[h.Key] = string(h.Value)
+	}
+	for _, h := range msg.Headers {
+		if strings.HasPrefix(h.Key, "ce_") && string(h.Value) != relay[h.Key] {
+			t.Errorf("Debezium's %s would be %q, the relays write %q", h.Key, h.Value, relay[h.Key])
+		}
 	}
 
 	var pubTables []string
