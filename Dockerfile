@@ -20,8 +20,12 @@ WORKDIR /src
 # dependency change rebuilds. Keep this list in step with go.work: a module
 # missing here makes the workspace fail to load.
 COPY go.work go.work.sum ./
+COPY contracts/go.mod contracts/go.sum ./contracts/
+COPY dashboards/go.mod dashboards/go.sum ./dashboards/
 COPY e2e/go.mod e2e/go.sum ./e2e/
 COPY examples/minimal/go.mod examples/minimal/go.sum ./examples/minimal/
+COPY loadtest/bench/go.mod loadtest/bench/go.sum ./loadtest/bench/
+COPY loadtest/prove/go.mod loadtest/prove/go.sum ./loadtest/prove/
 COPY pkg/go.mod pkg/go.sum ./pkg/
 COPY platform/go.mod platform/go.sum ./platform/
 COPY services/billing/go.mod services/billing/go.sum ./services/billing/
