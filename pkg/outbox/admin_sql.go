@@ -57,7 +57,7 @@ WITH chosen AS MATERIALIZED (
     WHERE state = 'dead'
       AND ($1 = '' OR aggregate_type = $1)
       AND ($2 = '' OR aggregate_id = $2)
-    ORDER BY id
+    ORDER BY created_at, aggregate_version, id
     LIMIT $3 -- NULL: no limit
     FOR UPDATE)`
 
@@ -104,14 +104,16 @@ RETURNING ` + replayItems
 const copyColumns = `event_id, aggregate_type, aggregate_id, aggregate_version, event_type, event_version,
     payload, headers, correlation_id, causation_id, traceparent, occurred_at, created_at, partition`
 
-// copyAsPending inserts the rows of the CTE "moved" again as pending, in
-// their old order (identity values are drawn in the order the rows come),
-// with lastError as their last_error.
+// copyAsPending inserts the rows of the CTE "moved" again as pending, each
+// aggregate's in version order (identity values are drawn in the order the
+// rows come, and the stream publishes in that order), with lastError as
+// their last_error. Not in their old id order: a copy requeued before has a
+// higher id than the successors it must precede.
 func copyAsPending(lastError string) string {
 	return `
 INSERT INTO outbox_events (` + copyColumns + `, state, attempts, next_attempt_at, last_error)
 SELECT ` + copyColumns + `, 'pending', 0, '-infinity', ` + lastError + `
-FROM moved ORDER BY id`
+FROM moved ORDER BY aggregate_version, id`
 }
 
 // requeuedError is requeueSet's last_error: the cause of death, prefixed.
@@ -166,7 +168,7 @@ const emitColumns = `id, event_id, event_type, event_version, aggregate_type, ag
 const selectDeadIDs = `
 SELECT ` + emitColumns + ` FROM outbox_events
 WHERE id = ANY($1::bigint[]) AND state = 'dead'
-ORDER BY id
+ORDER BY aggregate_version, id
 FOR UPDATE`
 
 const selectDeadFiltered = `
@@ -174,7 +176,7 @@ SELECT ` + emitColumns + ` FROM outbox_events
 WHERE state = 'dead'
   AND ($1 = '' OR aggregate_type = $1)
   AND ($2 = '' OR aggregate_id = $2)
-ORDER BY id
+ORDER BY created_at, aggregate_version, id
 LIMIT $3 -- NULL: no limit
 FOR UPDATE`
 

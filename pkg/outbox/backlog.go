@@ -88,12 +88,6 @@ func Backlog(ctx context.Context, db BacklogDB, cfg BacklogConfig) (BacklogRepor
 	return rep, nil
 }
 
-// The states Backlog reads (the CHECK on outbox_events.state).
-const (
-	statePending = "pending"
-	stateDead    = "dead"
-)
-
 func backlogState(ctx context.Context, db BacklogDB, state string, olderThan time.Duration, samples int) (BacklogState, error) {
 	return backlog.Read(ctx, db, sqlBacklogCount, sqlBacklogSamples, []any{state, olderThan.Microseconds()}, samples,
 		func(doing string, err error) error { return storeErr(doing+" "+state+" rows", err) })

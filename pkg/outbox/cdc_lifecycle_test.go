@@ -79,7 +79,8 @@ func TestCDCFailedDeadMarkIsNotConfirmedPast(t *testing.T) {
 	// Either the relay confirms past big/1 (the bug), or it gives big/1 to
 	// a stream again, which refuses and tries to mark it again.
 	testenv.WaitFor(t, 30*time.Second, "big/1 skipped (its mark failing), then confirmed or tried again", func() (bool, error) {
-		return confirmedLSN(t, e.pool, e.slot) >= afterBig1 || testenv.MetricValue(t, reg, "outbox_dead_total") >= 2, nil
+		return confirmedLSN(t, e.pool, e.slot) >= afterBig1 ||
+			testenv.LabeledMetricValue(t, reg, "outbox_db_errors_total", map[string]string{"op": "slot"}) >= 2, nil
 	})
 	stop()
 	heal()

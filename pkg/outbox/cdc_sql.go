@@ -88,15 +88,16 @@ UPDATE outbox_cdc_slots SET gap_pending = false, confirmed_id = greatest(confirm
 WHERE slot_name = $1 AND gap_pending AND created_at = $3`
 
 const (
-	// firstDeadRows is, per aggregate with a dead row, the event id of its
-	// first (lowest id) one.
+	// firstDeadRows is, per aggregate with a dead row, the event id and
+	// version of its dead row of the lowest aggregate version: the hold
+	// (lane.deadAhead). By version, not id: a requeued copy has a new id.
 	firstDeadRows = `
-SELECT DISTINCT ON (aggregate_type, aggregate_id) aggregate_type, aggregate_id, event_id::text
-FROM outbox_events WHERE state = 'dead' ORDER BY aggregate_type, aggregate_id, id`
+SELECT DISTINCT ON (aggregate_type, aggregate_id) aggregate_type, aggregate_id, event_id::text, aggregate_version
+FROM outbox_events WHERE state = 'dead' ORDER BY aggregate_type, aggregate_id, aggregate_version, id`
 	// firstDeadRowOf is the same for one aggregate.
 	firstDeadRowOf = `
-SELECT event_id::text FROM outbox_events
-WHERE state = 'dead' AND aggregate_type = $1 AND aggregate_id = $2 ORDER BY id LIMIT 1`
+SELECT event_id::text, aggregate_version FROM outbox_events
+WHERE state = 'dead' AND aggregate_type = $1 AND aggregate_id = $2 ORDER BY aggregate_version, id LIMIT 1`
 )
 
 // settledRows is which of the given rows (outbox id, event id) are settled
@@ -110,7 +111,10 @@ SELECT x.id FROM unnest($1::bigint[], $2::uuid[]) AS x(id, event_id)
 WHERE EXISTS (SELECT 1 FROM outbox_events o WHERE o.id = x.id AND o.state = 'dead')
    OR EXISTS (SELECT 1 FROM outbox_events o WHERE o.event_id = x.event_id AND o.id <> x.id)`
 
-const markDeadCDC = `UPDATE outbox_events SET state = 'dead', last_error = $2, attempts = $3 WHERE id = $1`
+// markDeadCDC is the log-based relay's pending → dead (lifecycle.go): a row
+// no longer pending (dead already, or requeued and so deleted) is left as
+// it is.
+const markDeadCDC = `UPDATE outbox_events SET state = 'dead', last_error = $2, attempts = $3 WHERE id = $1 AND state = 'pending'`
 
 // currentWAL is the server's current WAL position.
 const currentWAL = `SELECT pg_current_wal_lsn()::text`

@@ -22,7 +22,8 @@ import (
 // read from the table).
 type cdcEvent struct {
 	claimed
-	rowID int64 // outbox_events id; 0 for an emitted event
+	rowID   int64 // outbox_events id; 0 for an emitted event
+	version int64 // aggregate version, which orders the holds (lane.deadAhead)
 	tx    *txn  // the transaction it belongs to, for the slot's confirmation
 	// recheck: the row may have been published, and then settled (marked
 	// dead, requeued), before this stream, which delivers again what the
@@ -71,6 +72,7 @@ type streamer struct {
 	txs list.List
 
 	lanes     map[string]*lane
+	holds     map[string]map[string]hold // per topic, loaded before the first event (loadHolds)
 	acked     chan laneAck
 	laneCtx   context.Context //nolint:containedctx // the lanes' lifetime: this connection's
 	stopLanes context.CancelFunc
@@ -150,6 +152,11 @@ func (r *CDCRelay) streamOnce(ctx context.Context) error {
 		if lsn, err := pglogrepl.ParseLSN(fresh); err == nil {
 			s.fresh = lsn
 		}
+	}
+	// The holds, before anything is delivered: an event decoded before its
+	// aggregate's hold was read could be published ahead of it.
+	if s.holds, err = r.loadHolds(ctx); err != nil {
+		return err
 	}
 	// Before the slot's first event, and only by the relay that holds the
 	// slot: the rows a new slot's stream does not carry go first, so each
@@ -252,7 +259,7 @@ func (s *streamer) wait(ctx context.Context, in chan<- cdcEvent, ev cdcEvent) (t
 func (s *streamer) add(ctx context.Context, ev cdcEvent) error {
 	l := s.lanes[ev.msg.Topic]
 	if l == nil {
-		l = s.r.newLane(ev.msg.Topic, s.acked)
+		l = s.r.newLane(ev.msg.Topic, s.acked, s.holds[ev.msg.Topic])
 		s.lanes[ev.msg.Topic] = l
 		s.laneWG.Go(func() { l.run(s.laneCtx) })
 	}
@@ -403,7 +410,7 @@ func (s *streamer) decode(ctx context.Context, x pglogrepl.XLogData) error {
 		if err != nil {
 			return fmt.Errorf("decoding an outbox row: %w", err)
 		}
-		ev := cdcEvent{claimed: s.build.build(&s.raw), rowID: rowID, tx: s.open, recheck: s.open.recheck}
+		ev := cdcEvent{claimed: s.build.build(&s.raw), rowID: rowID, version: s.raw.aggVersion, tx: s.open, recheck: s.open.recheck}
 		ev.id, ev.createdAt = rowID, createdAt
 		return s.add(ctx, ev)
 	case pgoMessage:
@@ -445,7 +452,7 @@ func (s *streamer) decode(ctx context.Context, x pglogrepl.XLogData) error {
 // newEvent makes a message of an envelope read from the table (a lost
 // slot's gap); the stream's events go through msgBuilder instead.
 func (r *CDCRelay) newEvent(ev event.Envelope, createdAt time.Time, rowID int64) cdcEvent {
-	return cdcEvent{rowID: rowID, recheck: true, claimed: claimed{
+	return cdcEvent{rowID: rowID, version: ev.AggregateVersion, recheck: true, claimed: claimed{
 		id: rowID, createdAt: createdAt, aggType: ev.AggregateType,
 		aggregate: ev.AggregateType + "\x00" + ev.AggregateID,
 		msg:       event.ToKafka(r.cfg.Topic(ev.AggregateType), ev),
