@@ -24,7 +24,7 @@ type cdcEvent struct {
 	claimed
 	rowID   int64 // outbox_events id; 0 for an emitted event
 	version int64 // aggregate version, which orders the holds (lane.deadAhead)
-	tx    *txn  // the transaction it belongs to, for the slot's confirmation
+	tx      *txn  // the transaction it belongs to, for the slot's confirmation
 	// recheck: the row may have been published, and then settled (marked
 	// dead, requeued), before this stream, which delivers again what the
 	// slot had not confirmed; the lane checks (dropSettled). Rows of
