@@ -123,19 +123,49 @@ func (r *CDCRelay) Run(ctx context.Context) error {
 // until the slot exists nothing keeps what Emit writes, and events emitted
 // before Run's first connection would be lost. In ModeCDC the table keeps
 // them, and Run republishes them from it. A slot that exists, held by
-// another relay or not, is left as it is. Failures are retried with Run's
-// backoff until ctx ends.
+// another relay or not, is left as it is. It returns only once the slot is
+// consistent, whoever created it: a logical slot decodes only what commits
+// after every transaction running at its creation has ended, so an event
+// emitted while another instance is still creating it (42710) would be
+// decoded by no one. Failures are retried with Run's backoff until ctx
+// ends.
 func (r *CDCRelay) Prepare(ctx context.Context) error {
 	for streak := 1; ; streak++ {
 		err := r.prepareOnce(ctx)
-		if err == nil || errors.Is(err, errSlotBusy) { // busy: another relay just created it
-			return nil
+		if err == nil {
+			return nil // created here (CREATE_REPLICATION_SLOT returns once consistent), or found consistent
+		}
+		if errors.Is(err, errSlotBusy) {
+			// Another instance is creating it, or streams from it.
+			return r.waitConsistent(ctx)
 		}
 		if ctx.Err() != nil {
 			return ctx.Err()
 		}
 		r.stream.fail(ctx, err)
 		if !retry.Sleep(ctx, retry.Backoff(streak, r.cfg.OutageBackoffMin, r.cfg.OutageBackoffMax)) {
+			return ctx.Err()
+		}
+	}
+}
+
+// waitConsistent waits until the slot exists with a confirmed position:
+// Postgres sets confirmed_flush_lsn only once the slot is consistent, and
+// shows NULL while its creator still waits for the transactions that were
+// running. A slot dropped meanwhile (its creator died) is created here.
+func (r *CDCRelay) waitConsistent(ctx context.Context) error {
+	for streak := 1; ; streak++ {
+		var exists, consistent bool
+		err := r.pool.QueryRow(ctx, slotConsistent, r.cfg.Slot).Scan(&exists, &consistent)
+		switch {
+		case err == nil && consistent:
+			return nil
+		case err == nil && !exists:
+			return r.Prepare(ctx)
+		case err != nil && ctx.Err() == nil:
+			r.stream.fail(ctx, fmt.Errorf("reading whether the slot is consistent: %w", err))
+		}
+		if !retry.Sleep(ctx, retry.Backoff(min(streak, 4), r.cfg.OutageBackoffMin, r.cfg.OutageBackoffMax)) {
 			return ctx.Err()
 		}
 	}

@@ -23,11 +23,13 @@ const publicationExists = `SELECT EXISTS (SELECT 1 FROM pg_publication WHERE pub
 // migrating role could not create it.
 const createPublication = `CREATE PUBLICATION ` + Publication + ` FOR TABLE outbox_events WITH (publish = 'insert')`
 
-// slotState is the slot's row in pg_replication_slots and the relay's own
-// record of it (outbox_cdc_slots). A record whose position is 0/0 was
+// slotState is the slot's row in pg_replication_slots (its wal_status, and
+// whether it is still being created: no confirmed position yet) and the
+// relay's own record of it (outbox_cdc_slots). A record whose position is 0/0 was
 // marked (markGap) for a slot that was never created: a first start.
 const slotState = `
 SELECT (SELECT wal_status FROM pg_replication_slots WHERE slot_name = $1 AND database = current_database()),
+       (SELECT confirmed_flush_lsn IS NULL FROM pg_replication_slots WHERE slot_name = $1 AND database = current_database()),
        (SELECT nullif(confirmed_lsn, '0/0')::text FROM outbox_cdc_slots WHERE slot_name = $1),
        (SELECT confirmed_at FROM outbox_cdc_slots WHERE slot_name = $1)`
 
@@ -63,6 +65,13 @@ ON CONFLICT DO NOTHING`
 const recordConfirmed = `
 UPDATE outbox_cdc_slots SET confirmed_lsn = $2::pg_lsn, confirmed_at = now(), confirmed_id = greatest(confirmed_id, $3)
 WHERE slot_name = $1`
+
+// slotConsistent is whether the slot exists, and whether it is consistent
+// (its creator has its confirmed position: NULL until every transaction
+// running at its creation ended).
+const slotConsistent = `
+SELECT count(*) > 0, coalesce(bool_and(confirmed_flush_lsn IS NOT NULL), false)
+FROM pg_replication_slots WHERE slot_name = $1 AND database = current_database()`
 
 // slotConfirmed is where the slot's stream resumes; read while this relay
 // holds the slot, so nobody moves it meanwhile.
