@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"log/slog"
 	"math"
+	"strings"
 	"sync"
 	"time"
 
@@ -212,6 +213,9 @@ func (s *streamer) done(tx *txn) {
 		p := prev.Value.(*txn)
 		p.end, p.maxID = max(p.end, tx.end), max(p.maxID, tx.maxID)
 	} else {
+		if tx.end > s.confirmed {
+			s.r.progressed()
+		}
 		s.confirmed = max(s.confirmed, tx.end)
 		s.confirmedID = max(s.confirmedID, tx.maxID)
 	}
@@ -327,6 +331,9 @@ func (s *streamer) run(ctx context.Context) error {
 		}
 		switch m := raw.(type) {
 		case *pgproto3.ErrorResponse:
+			if m.Code == sqlstateUndefinedObject && strings.Contains(m.Message, "publication") {
+				return fmt.Errorf("replication stream: %w: %w", errPublicationMissing, serverError(m))
+			}
 			return fmt.Errorf("replication stream: %w", serverError(m))
 		case *pgproto3.CopyData:
 			if err := s.handle(ctx, m.Data); err != nil {
@@ -356,6 +363,7 @@ func (s *streamer) handle(ctx context.Context, data []byte) error {
 		// pin WAL.
 		if s.idle() && k.ServerWALEnd > s.confirmed {
 			s.confirmed = k.ServerWALEnd
+			s.r.progressed()
 		}
 		if k.ReplyRequested {
 			s.nextStatus = time.Time{}
