@@ -135,12 +135,13 @@ moved AS (
     RETURNING *)` + copyAsPending(requeuedError)
 
 // replayScopeCDC: a log-based relay never marks a row published; what it
-// published is what its slot confirmed (outbox_cdc_slots.confirmed_id, the
-// highest id Kafka acknowledged). Rows marked published are those of a
-// polling relay this outbox ran before.
-const replayScopeCDC = `
+// published is what its slot confirmed, commit-ordered (publishedCDC, the
+// test retention and Backlog use: never the highest confirmed id, which a
+// row committed late lies below before anyone published it). Rows marked
+// published are those of a polling relay this outbox ran before.
+var replayScopeCDC = `
 WHERE (state = 'published'
-       OR (state = 'pending' AND id <= (SELECT coalesce(max(confirmed_id), 0) FROM outbox_cdc_slots)))` + replayWindow
+       OR (state = 'pending' AND ` + publishedCDC("outbox_events") + `))` + replayWindow
 
 // replayApplyCDC writes every row in scope again, as requeueCopyDead does.
 var replayApplyCDC = `

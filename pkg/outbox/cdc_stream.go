@@ -79,6 +79,9 @@ type streamer struct {
 	stopLanes context.CancelFunc
 	laneWG    sync.WaitGroup
 
+	// generation is the slot record's created_at when this stream took the
+	// slot: it records positions for that slot only (recordConfirmed).
+	generation  time.Time
 	confirmed   pglogrepl.LSN // acknowledged by Kafka (or holding no events)
 	confirmedID int64
 	recorded    pglogrepl.LSN // last confirmed position written to outbox_cdc_slots
@@ -163,7 +166,15 @@ func (r *CDCRelay) streamOnce(ctx context.Context) error {
 	// slot: the rows a new slot's stream does not carry go first, so each
 	// aggregate stays in order. A relay that replayed before it held the
 	// slot could publish the gap after another relay streamed past it.
-	if err := s.replayGap(ctx); err != nil {
+	var (
+		gapPendingNow bool
+		generation    time.Time
+	)
+	if err := r.pool.QueryRow(ctx, gapPending, r.cfg.Slot).Scan(&gapPendingNow, &generation); err != nil && !isNoRows(err) {
+		return fmt.Errorf("reading the slot's record: %w", err)
+	}
+	s.generation = generation
+	if err := s.replayGap(ctx, gapPendingNow, generation); err != nil {
 		return err
 	}
 	r.setActive(true)
@@ -502,13 +513,18 @@ func (s *streamer) record(ctx context.Context) {
 		return
 	}
 	recCtx, cancel := context.WithTimeout(ctx, s.r.cfg.StatusInterval)
-	_, err := s.r.pool.Exec(recCtx, recordConfirmed, s.r.cfg.Slot, s.confirmed.String(), s.confirmedID)
+	tag, err := s.r.pool.Exec(recCtx, recordConfirmed, s.r.cfg.Slot, s.confirmed.String(), s.confirmedID, s.generation)
 	cancel()
 	if err != nil {
 		if ctx.Err() == nil {
 			s.r.cfg.Metrics.dbErrors.WithLabelValues("slot").Inc()
 		}
 		return
+	}
+	if tag.RowsAffected() == 0 {
+		s.r.cfg.Metrics.refuse(ctx, s.r.cfg.Logger, transitionRecordPosition,
+			"the slot record is of another generation: the slot was lost and replaced since this stream took it",
+			slog.String("slot", s.r.cfg.Slot), slog.String("lsn", s.confirmed.String()))
 	}
 	s.recorded, s.recordedID = s.confirmed, s.confirmedID
 	s.nextRecord = time.Now().Add(s.r.cfg.RetentionInterval)

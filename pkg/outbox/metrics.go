@@ -115,10 +115,11 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 }
 
 // sqlBacklogGauges reads the backlog gauges; each subquery reads one partial index,
-// so the cost does not grow with the published rows.
-const sqlBacklogGauges = `
-SELECT (SELECT count(*) FROM outbox_events WHERE state = 'pending'),
-       (SELECT created_at FROM outbox_events WHERE state = 'pending' ORDER BY id LIMIT 1),
+// so the cost does not grow with the published rows. Pending is Backlog's:
+// not yet published, whatever the relay mode (backlogPending).
+var sqlBacklogGauges = `
+SELECT (SELECT count(*) FROM outbox_events WHERE ` + backlogPending + `),
+       (SELECT created_at FROM outbox_events WHERE ` + backlogPending + ` ORDER BY id LIMIT 1),
        (SELECT count(*) FROM outbox_events WHERE state = 'dead')`
 
 // refresh reads the backlog gauges from the table.
