@@ -367,3 +367,45 @@ func TestCDCRecreatedPublicationIsNamedAndTheRunbookRecovers(t *testing.T) {
 		return e.c.has(p2.EventID) && e.c.has(p3.EventID), nil
 	})
 }
+
+// Backlog's pending means not yet published, in table mode too: the
+// log-based relay never marks a row, and a row it published stays
+// 'pending' until retention deletes it (after Retain). Before, Backlog (and
+// so make reconcile, "outbox_stuck") counted every such row, so a longer
+// Retain read as a stuck relay.
+func TestBacklogLeavesOutRowsTheLogBasedRelayPublished(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	e := newCDCEnv(t, 1, 10)
+	cfg := e.config()
+	cfg.RetentionInterval, cfg.Retain = 50*time.Millisecond, time.Hour
+	stop := runStreaming(t, newCDC(t, e.pool, e.w, cfg))
+	published := []uuid.UUID{}
+	for v := int64(1); v <= 3; v++ {
+		ev := newEvent("k", v)
+		enqueue(t, e.pool, ev)
+		published = append(published, ev.EventID)
+	}
+	testenv.WaitFor(t, 20*time.Second, "k/1..3 published", func() (bool, error) { return e.c.distinct() == 3, nil })
+	// What the relay published is known once its slot confirmed it (within
+	// a RetentionInterval or two): then Backlog counts none of it.
+	var rep outbox.BacklogReport
+	testenv.WaitFor(t, 30*time.Second, "Backlog to count nothing pending", func() (bool, error) {
+		var err error
+		rep, err = outbox.Backlog(ctx, e.pool, outbox.BacklogConfig{Samples: 10})
+		return err == nil && rep.Pending.Count == 0, err
+	})
+	stop()
+	late := newEvent("k", 4)
+	enqueue(t, e.pool, late)
+	rep, err := outbox.Backlog(ctx, e.pool, outbox.BacklogConfig{Samples: 10})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := countRows(t, e.pool, "state = 'pending'"); n != 4 {
+		t.Fatalf("%d rows pending, want 4: retention must keep the published ones for Retain", n)
+	}
+	if rep.Pending.Count != 1 || !slices.Equal(rep.Pending.Samples, []uuid.UUID{late.EventID}) {
+		t.Fatalf("Backlog pending %+v, want k/4 (%s) alone: k/1..3 %v were published, their rows kept only by Retain", rep.Pending, late.EventID, published)
+	}
+}
