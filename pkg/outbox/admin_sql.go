@@ -63,7 +63,7 @@ WITH chosen AS MATERIALIZED (
 
 // requeueDead requeues the dead rows chosenDead picks.
 const requeueDead = chosenDead + requeueSet + `
-WHERE id IN (SELECT id FROM chosen)`
+WHERE id IN (SELECT id FROM chosen) AND state = 'dead'`
 
 // replayWindow is shared by every mode's count, dry run and replay, so that
 // they can never disagree about which rows are in scope; each mode's scope
@@ -131,7 +131,7 @@ requeued AS (` + copyAsPending(requeuedError) + `
 // requeueCopyDead is requeueDead for ModeCDC.
 var requeueCopyDead = chosenDead + `,
 moved AS (
-    DELETE FROM outbox_events WHERE id IN (SELECT id FROM chosen)
+    DELETE FROM outbox_events WHERE id IN (SELECT id FROM chosen) AND state = 'dead'
     RETURNING *)` + copyAsPending(requeuedError)
 
 // replayScopeCDC: a log-based relay never marks a row published; what it

@@ -80,6 +80,8 @@ const (
 // The transitions a writer may be refused, by the label of
 // outbox_transitions_refused_total.
 const (
+	transitionMarkPublished  = "mark_published"  // polling relay: claimed → published
+	transitionMarkFailed     = "mark_failed"     // polling relay: claimed → pending (attempt charged) or dead
 	transitionMarkDead       = "mark_dead"       // log-based relay: pending → dead
 	transitionRecordPosition = "record_position" // slot holder: confirmed position, its generation only
 	transitionGapReplayed    = "gap_replayed"    // slot holder: replaying → streaming

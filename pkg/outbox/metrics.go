@@ -105,7 +105,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	for _, op := range []string{"claim", "heartbeat", "gauges", "listen", "replication", "retention", "slot"} {
 		m.dbErrors.WithLabelValues(op) // export zeros, so rate() works from the start
 	}
-	for _, tr := range []string{transitionMarkDead, transitionRecordPosition, transitionGapReplayed} {
+	for _, tr := range []string{transitionMarkPublished, transitionMarkFailed, transitionMarkDead, transitionRecordPosition, transitionGapReplayed} {
 		m.refused.WithLabelValues(tr)
 	}
 	for _, op := range []string{"claim", "commit", "rollback", "heartbeat", "gauges", "listen"} {
