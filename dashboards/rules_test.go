@@ -200,6 +200,18 @@ var alertCases = []alertCase{
 			{at: "4m", fires: []firing{{map[string]string{"service": "billing"},
 				"billing: the outbox replication slot was lost and replaced"}}},
 		}},
+	{"OutboxPublicationMissing",
+		[]series{
+			// orders' stream fails on a change committed while the publication was dropped, on
+			// every reconnect from 2m; billing's streams.
+			{`outbox_slot_publication_missing_total{service="orders",instance="orders:8081"}`, "0 0 1 3 5 7"},
+			{`outbox_slot_publication_missing_total{service="billing",instance="billing:8082"}`, "0x5"},
+		},
+		[]check{
+			{at: "1m"},
+			{at: "3m", fires: []firing{{map[string]string{"service": "orders"},
+				"orders: the outbox stream is stalled on a change committed while its publication was missing"}}},
+		}},
 	{"OutboxSlotNearInvalidation",
 		[]series{
 			// orders' slot retains 1 GiB more a minute against a 10 GiB keep size; billing's

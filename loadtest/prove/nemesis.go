@@ -87,8 +87,9 @@ func chosenKinds(sel []string, relayMode string) ([]string, error) {
 			continue
 		}
 		name := strings.TrimPrefix(k, "-")
-		if !slices.Contains(NemesisKinds, name) {
-			return nil, fmt.Errorf("NEMESIS: no fault kind %q (there are %s)", name, strings.Join(NemesisKinds, ", "))
+		if !slices.Contains(NemesisKinds, name) && !slices.Contains(NemesisOptInKinds, name) {
+			return nil, fmt.Errorf("NEMESIS: no fault kind %q (there are %s, and named only: %s)", name,
+				strings.Join(NemesisKinds, ", "), strings.Join(NemesisOptInKinds, ", "))
 		}
 		if strings.HasPrefix(k, "-") {
 			exclude = append(exclude, name)
@@ -114,6 +115,7 @@ func chosenKinds(sel []string, relayMode string) ([]string, error) {
 		}
 		out = append(out, k)
 	}
+	out = append(out, optInKinds(include, relayMode)...) // nemesis_outbox.go
 	if len(out) == 0 {
 		return nil, fmt.Errorf("NEMESIS=%s leaves no fault kind for RELAY_MODE=%s", strings.Join(sel, ","), relayMode)
 	}
@@ -240,6 +242,8 @@ func schedule(seed int64, kinds []string, d time.Duration, targets []string) []s
 			// the rest of its batch once it can go on is what is tested.
 			s.Target = "billing"
 			s.Hold, s.N = dur(8*time.Second, 15*time.Second), 20+rng.IntN(100)
+		default:
+			planOptIn(&s, dur, pick) // nemesis_outbox.go
 		}
 		out = append(out, s)
 	}
@@ -501,6 +505,9 @@ func (n *nemesisRun) run(ctx context.Context, s step) (string, error) {
 		return n.limit(ctx, s.Hold)
 	case NemFailover:
 		return n.failover(ctx, s)
+	}
+	if detail, ok, err := n.runOptIn(ctx, s); ok { // nemesis_outbox.go
+		return detail, err
 	}
 	return "", fmt.Errorf("no fault kind %q", s.Kind)
 }

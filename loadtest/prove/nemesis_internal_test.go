@@ -42,6 +42,8 @@ func TestSchedule(t *testing.T) {
 		{"", "cdc", NemesisKinds, false},
 		{"pause,thirdparty", "cdc", []string{NemPause, NemThirdParty}, false},
 		{"-kafka,-postgres,-slot,-limit", "cdc", []string{NemPause, NemKill, NemMember, NemNet, NemThirdParty, NemOperator, NemFailover}, false},
+		{"longtx,publication", "cdc", []string{NemLongTx, NemPublication}, false},
+		{"pause,longtx,publication", "wal", []string{NemPause, NemLongTx}, false},
 		{"slot", "poll", nil, true},
 		{"nosuch", "poll", nil, true},
 	}

@@ -57,13 +57,13 @@ WITH chosen AS MATERIALIZED (
     WHERE state = 'dead'
       AND ($1 = '' OR aggregate_type = $1)
       AND ($2 = '' OR aggregate_id = $2)
-    ORDER BY id
+    ORDER BY created_at, aggregate_version, id
     LIMIT $3 -- NULL: no limit
     FOR UPDATE)`
 
 // requeueDead requeues the dead rows chosenDead picks.
 const requeueDead = chosenDead + requeueSet + `
-WHERE id IN (SELECT id FROM chosen)`
+WHERE id IN (SELECT id FROM chosen) AND state = 'dead'`
 
 // replayWindow is shared by every mode's count, dry run and replay, so that
 // they can never disagree about which rows are in scope; each mode's scope
@@ -104,14 +104,16 @@ RETURNING ` + replayItems
 const copyColumns = `event_id, aggregate_type, aggregate_id, aggregate_version, event_type, event_version,
     payload, headers, correlation_id, causation_id, traceparent, occurred_at, created_at, partition`
 
-// copyAsPending inserts the rows of the CTE "moved" again as pending, in
-// their old order (identity values are drawn in the order the rows come),
-// with lastError as their last_error.
+// copyAsPending inserts the rows of the CTE "moved" again as pending, each
+// aggregate's in version order (identity values are drawn in the order the
+// rows come, and the stream publishes in that order), with lastError as
+// their last_error. Not in their old id order: a copy requeued before has a
+// higher id than the successors it must precede.
 func copyAsPending(lastError string) string {
 	return `
 INSERT INTO outbox_events (` + copyColumns + `, state, attempts, next_attempt_at, last_error)
 SELECT ` + copyColumns + `, 'pending', 0, '-infinity', ` + lastError + `
-FROM moved ORDER BY id`
+FROM moved ORDER BY aggregate_version, id`
 }
 
 // requeuedError is requeueSet's last_error: the cause of death, prefixed.
@@ -129,16 +131,17 @@ requeued AS (` + copyAsPending(requeuedError) + `
 // requeueCopyDead is requeueDead for ModeCDC.
 var requeueCopyDead = chosenDead + `,
 moved AS (
-    DELETE FROM outbox_events WHERE id IN (SELECT id FROM chosen)
+    DELETE FROM outbox_events WHERE id IN (SELECT id FROM chosen) AND state = 'dead'
     RETURNING *)` + copyAsPending(requeuedError)
 
 // replayScopeCDC: a log-based relay never marks a row published; what it
-// published is what its slot confirmed (outbox_cdc_slots.confirmed_id, the
-// highest id Kafka acknowledged). Rows marked published are those of a
-// polling relay this outbox ran before.
-const replayScopeCDC = `
+// published is what its slot confirmed, commit-ordered (publishedCDC, the
+// test retention and Backlog use: never the highest confirmed id, which a
+// row committed late lies below before anyone published it). Rows marked
+// published are those of a polling relay this outbox ran before.
+var replayScopeCDC = `
 WHERE (state = 'published'
-       OR (state = 'pending' AND id <= (SELECT coalesce(max(confirmed_id), 0) FROM outbox_cdc_slots)))` + replayWindow
+       OR (state = 'pending' AND ` + publishedCDC("outbox_events") + `))` + replayWindow
 
 // replayApplyCDC writes every row in scope again, as requeueCopyDead does.
 var replayApplyCDC = `
@@ -166,7 +169,7 @@ const emitColumns = `id, event_id, event_type, event_version, aggregate_type, ag
 const selectDeadIDs = `
 SELECT ` + emitColumns + ` FROM outbox_events
 WHERE id = ANY($1::bigint[]) AND state = 'dead'
-ORDER BY id
+ORDER BY aggregate_version, id
 FOR UPDATE`
 
 const selectDeadFiltered = `
@@ -174,7 +177,7 @@ SELECT ` + emitColumns + ` FROM outbox_events
 WHERE state = 'dead'
   AND ($1 = '' OR aggregate_type = $1)
   AND ($2 = '' OR aggregate_id = $2)
-ORDER BY id
+ORDER BY created_at, aggregate_version, id
 LIMIT $3 -- NULL: no limit
 FOR UPDATE`
 

@@ -7,7 +7,8 @@ import (
 	"github.com/onceflow/onceflow/pkg/internal/backlog"
 )
 
-// Backlog is the outbox's read of "rows in state S older than T", for
+// Backlog is the outbox's read of "rows not yet published, or dead, older
+// than T", for
 // operators' checks (tools/reconcile) and dashboards, so that nothing outside
 // this package has to know the table's name or its states. It only SELECTs:
 // a read-only role (pgroles' readers, e.g. reconcile_ro) may run it.
@@ -53,24 +54,38 @@ type BacklogReport struct {
 	Dead    BacklogState
 }
 
-// The backlog's statements. $1 is the state, $2 the age in microseconds
+// The backlog's statements, per state: $1 is the age in microseconds
 // (now() is the database's clock, which stamped created_at, so application
-// hosts' skew does not matter), $3 the number of samples.
-const (
-	sqlBacklogCount = `
-		SELECT count(*), min(created_at) FROM outbox_events
-		 WHERE state = $1 AND created_at <= now() - $2::bigint * interval '1 microsecond'`
-	sqlBacklogSamples = `
-		SELECT event_id FROM outbox_events
-		 WHERE state = $1 AND created_at <= now() - $2::bigint * interval '1 microsecond'
-		 ORDER BY created_at, id LIMIT $3`
+// hosts' skew does not matter), $2 the number of samples. Pending means not
+// yet published, in every relay mode: a row the polling relay published is
+// marked so, and one the log-based relay published (publishedCDC: its
+// commit confirmed by the slot) stays 'pending' until retention deletes it,
+// so it is left out here; counting it made a longer CDCConfig.Retain read
+// as a stuck relay. Under Debezium the table cannot tell what was
+// published: every row stays pending (see docs/outbox.md).
+var (
+	backlogPending = `state = 'pending' AND NOT ` + publishedCDC("outbox_events")
+	backlogDead    = `state = 'dead'`
 )
 
-// Backlog counts the outbox's pending and dead rows older than cfg says,
-// with the oldest one's age and the ids of the oldest few. Its errors wrap
-// ErrUnavailable when Postgres cannot be reached; a missing table (an
-// unmigrated database) stays a *pgconn.PgError in the chain (SQLSTATE
-// 42P01), never an empty report.
+func backlogCount(where string) string {
+	return `
+		SELECT count(*), min(created_at) FROM outbox_events
+		 WHERE ` + where + ` AND created_at <= now() - $1::bigint * interval '1 microsecond'`
+}
+
+func backlogSamples(where string) string {
+	return `
+		SELECT event_id FROM outbox_events
+		 WHERE ` + where + ` AND created_at <= now() - $1::bigint * interval '1 microsecond'
+		 ORDER BY created_at, id LIMIT $2`
+}
+
+// Backlog counts the outbox's pending (not yet published) and dead rows
+// older than cfg says, with the oldest one's age and the ids of the oldest
+// few. Its errors wrap ErrUnavailable when Postgres cannot be reached; a
+// missing table (an unmigrated database) stays a *pgconn.PgError in the
+// chain (SQLSTATE 42P01), never an empty report.
 func Backlog(ctx context.Context, db BacklogDB, cfg BacklogConfig) (BacklogReport, error) {
 	if err := cfg.Validate(); err != nil {
 		return BacklogReport{}, err
@@ -79,22 +94,16 @@ func Backlog(ctx context.Context, db BacklogDB, cfg BacklogConfig) (BacklogRepor
 		rep BacklogReport
 		err error
 	)
-	if rep.Pending, err = backlogState(ctx, db, statePending, cfg.PendingOlderThan, cfg.Samples); err != nil {
+	if rep.Pending, err = backlogState(ctx, db, statePending, backlogPending, cfg.PendingOlderThan, cfg.Samples); err != nil {
 		return BacklogReport{}, err
 	}
-	if rep.Dead, err = backlogState(ctx, db, stateDead, cfg.DeadOlderThan, cfg.Samples); err != nil {
+	if rep.Dead, err = backlogState(ctx, db, stateDead, backlogDead, cfg.DeadOlderThan, cfg.Samples); err != nil {
 		return BacklogReport{}, err
 	}
 	return rep, nil
 }
 
-// The states Backlog reads (the CHECK on outbox_events.state).
-const (
-	statePending = "pending"
-	stateDead    = "dead"
-)
-
-func backlogState(ctx context.Context, db BacklogDB, state string, olderThan time.Duration, samples int) (BacklogState, error) {
-	return backlog.Read(ctx, db, sqlBacklogCount, sqlBacklogSamples, []any{state, olderThan.Microseconds()}, samples,
+func backlogState(ctx context.Context, db BacklogDB, state, where string, olderThan time.Duration, samples int) (BacklogState, error) {
+	return backlog.Read(ctx, db, backlogCount(where), backlogSamples(where), []any{olderThan.Microseconds()}, samples,
 		func(doing string, err error) error { return storeErr(doing+" "+state+" rows", err) })
 }

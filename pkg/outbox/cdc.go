@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"sync"
+	"sync/atomic"
 
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -26,6 +27,11 @@ type CDCRelay struct {
 	replConf *pgconn.Config
 
 	stream, retention, lag *outage
+
+	// stalled: the last stream failed on a change committed while the
+	// publication was missing (publicationMissing); until a stream moves
+	// past it, the relay does not call itself active.
+	stalled atomic.Bool
 
 	mu         sync.Mutex
 	active     bool
@@ -105,6 +111,9 @@ func (r *CDCRelay) Run(ctx context.Context) error {
 		} else {
 			standing = false
 			r.cfg.Metrics.dbErrors.WithLabelValues("replication").Inc()
+			if errors.Is(err, errPublicationMissing) {
+				r.publicationMissing(ctx, err)
+			}
 			r.stream.fail(ctx, err)
 		}
 		if !retry.Sleep(ctx, retry.Backoff(streak, r.cfg.OutageBackoffMin, r.cfg.OutageBackoffMax)) {
@@ -123,19 +132,49 @@ func (r *CDCRelay) Run(ctx context.Context) error {
 // until the slot exists nothing keeps what Emit writes, and events emitted
 // before Run's first connection would be lost. In ModeCDC the table keeps
 // them, and Run republishes them from it. A slot that exists, held by
-// another relay or not, is left as it is. Failures are retried with Run's
-// backoff until ctx ends.
+// another relay or not, is left as it is. It returns only once the slot is
+// consistent, whoever created it: a logical slot decodes only what commits
+// after every transaction running at its creation has ended, so an event
+// emitted while another instance is still creating it (42710) would be
+// decoded by no one. Failures are retried with Run's backoff until ctx
+// ends.
 func (r *CDCRelay) Prepare(ctx context.Context) error {
 	for streak := 1; ; streak++ {
 		err := r.prepareOnce(ctx)
-		if err == nil || errors.Is(err, errSlotBusy) { // busy: another relay just created it
-			return nil
+		if err == nil {
+			return nil // created here (CREATE_REPLICATION_SLOT returns once consistent), or found consistent
+		}
+		if errors.Is(err, errSlotBusy) {
+			// Another instance is creating it, or streams from it.
+			return r.waitConsistent(ctx)
 		}
 		if ctx.Err() != nil {
 			return ctx.Err()
 		}
 		r.stream.fail(ctx, err)
 		if !retry.Sleep(ctx, retry.Backoff(streak, r.cfg.OutageBackoffMin, r.cfg.OutageBackoffMax)) {
+			return ctx.Err()
+		}
+	}
+}
+
+// waitConsistent waits until the slot exists with a confirmed position:
+// Postgres sets confirmed_flush_lsn only once the slot is consistent, and
+// shows NULL while its creator still waits for the transactions that were
+// running. A slot dropped meanwhile (its creator died) is created here.
+func (r *CDCRelay) waitConsistent(ctx context.Context) error {
+	for streak := 1; ; streak++ {
+		var exists, consistent bool
+		err := r.pool.QueryRow(ctx, slotConsistent, r.cfg.Slot).Scan(&exists, &consistent)
+		switch {
+		case err == nil && consistent:
+			return nil
+		case err == nil && !exists:
+			return r.Prepare(ctx)
+		case err != nil && ctx.Err() == nil:
+			r.stream.fail(ctx, fmt.Errorf("reading whether the slot is consistent: %w", err))
+		}
+		if !retry.Sleep(ctx, retry.Backoff(min(streak, 4), r.cfg.OutageBackoffMin, r.cfg.OutageBackoffMax)) {
 			return ctx.Err()
 		}
 	}
@@ -154,11 +193,51 @@ func (r *CDCRelay) prepareOnce(ctx context.Context) error {
 var errStreamed = errors.New("stream interrupted")
 
 // Active reports whether this relay streams from the slot now (false: it
-// stands by, or reconnects).
+// stands by, reconnects, or every stream fails at a change it cannot
+// decode: errPublicationMissing).
 func (r *CDCRelay) Active() bool {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	return r.active
+	return r.active && !r.stalled.Load()
+}
+
+// errPublicationMissing: pgoutput resolves the publication in each change's
+// historic snapshot, so a change committed while the publication was
+// dropped fails every stream with 42704 at that change, even after the
+// publication was created again. The slot cannot move past it: the relay
+// says so (outbox_slot_publication_missing_total, alert
+// OutboxPublicationMissing), and the runbook drops the slot, which makes
+// the relay replace it and republish the window from the table
+// (docs/runbook-cdc.md, "A publication dropped and recreated").
+var errPublicationMissing = errors.New("the publication " + Publication + " was missing when a change the slot must still decode was committed")
+
+// sqlstateUndefinedObject is what pgoutput fails with when a publication
+// it looks up does not exist.
+const sqlstateUndefinedObject = "42704"
+
+// publicationMissing counts and logs a stream that failed on a change
+// committed while the publication was missing, and keeps the relay from
+// calling itself active until a stream moves past it.
+func (r *CDCRelay) publicationMissing(ctx context.Context, err error) {
+	r.cfg.Metrics.cdc.publicationMissing.Inc()
+	if !r.stalled.Swap(true) {
+		mode := "table mode: drop the slot (SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_name = '" +
+			r.cfg.Slot + "' AND NOT active, repeated until it returns a row); the relay replaces it and republishes the window from the table"
+		if r.cfg.Mode == ModeWAL {
+			mode = "WAL-only mode: the events committed since the publication was dropped cannot be decoded; dropping the slot loses them " +
+				"(reconcile from the domain tables, see the runbook)"
+		}
+		r.cfg.Logger.ErrorContext(ctx, "REPLICATION STREAM STALLED: a change the slot must decode was committed while the publication "+
+			Publication+" was missing; the slot cannot move past it, whatever exists now. "+mode,
+			slog.String("slot", r.cfg.Slot), slog.Any("error", err))
+	}
+}
+
+// progressed clears the stall once a stream moved past a position.
+func (r *CDCRelay) progressed() {
+	if r.stalled.Load() {
+		r.stalled.Store(false)
+	}
 }
 
 func (r *CDCRelay) setActive(on bool) {

@@ -98,12 +98,13 @@ type CDCConfig struct {
 	// RetentionBatch is the most rows one retention DELETE removes.
 	// Default DefaultRetentionBatch (1000).
 	RetentionBatch int
-	// Retain keeps confirmed rows this long after their insert, for the
-	// replay after a lost slot (the relay republishes every pending row the
-	// table still holds; see the runbook) and for a transaction that
-	// inserted a lower id but committed later (it is in the WAL, so the
-	// relay publishes it either way; only the table copy would go early).
-	// Default DefaultRetain (1m).
+	// Retain keeps published rows this long after their insert, for an
+	// operator's replay (RelayMode.Replay) and the replay after a lost slot
+	// (the relay republishes every pending row the table still holds; see
+	// the runbook). Rows the slot has not confirmed are never deleted,
+	// however old: "published" is commit-ordered (lifecycle.go), so a
+	// transaction that inserted a lower id and committed later keeps its
+	// row until its own commit is confirmed. Default DefaultRetain (1m).
 	Retain time.Duration
 	// PublishTimeout bounds one write to Kafka; running out of it counts as
 	// a broker failure. Default DefaultPublishTimeout (30s).

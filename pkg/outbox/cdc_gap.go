@@ -33,18 +33,16 @@ var errGapMarkedAgain = errors.New("the replication slot was replaced while its 
 //
 // In WAL-only mode the table is empty and this finds nothing: the window's
 // events were in the WAL alone (ensureSlot reported them lost).
-func (s *streamer) replayGap(ctx context.Context) error {
+func (s *streamer) replayGap(ctx context.Context, pending bool, mark time.Time) error {
 	r := s.r
-	var (
-		pending bool
-		mark    time.Time
-	)
-	err := r.pool.QueryRow(ctx, gapPending, r.cfg.Slot).Scan(&pending, &mark)
-	if err != nil && !isNoRows(err) {
-		return fmt.Errorf("reading the slot's record: %w", err)
-	}
 	if !pending {
 		return nil
+	}
+	// Taken before the first page: every transaction older than it had
+	// committed, so its rows are read by one page or another.
+	var xmin string
+	if err := r.pool.QueryRow(ctx, snapshotXmin).Scan(&xmin); err != nil {
+		return fmt.Errorf("reading the replay's snapshot: %w", err)
 	}
 	var after, total int64
 	started := time.Now()
@@ -72,11 +70,13 @@ func (s *streamer) replayGap(ctx context.Context) error {
 		total += int64(len(evs))
 		r.cfg.Metrics.cdc.gapRepublished.Add(float64(len(evs)))
 	}
-	tag, err := r.pool.Exec(ctx, gapReplayed, r.cfg.Slot, after, mark)
+	tag, err := r.pool.Exec(ctx, gapReplayed, r.cfg.Slot, after, mark, xmin)
 	if err != nil {
 		return fmt.Errorf("recording the replayed gap: %w", err)
 	}
 	if tag.RowsAffected() == 0 {
+		r.cfg.Metrics.refuse(ctx, r.cfg.Logger, transitionGapReplayed, "the slot was marked again (a newer generation) while its gap was replayed",
+			slog.String("slot", r.cfg.Slot))
 		return errGapMarkedAgain
 	}
 	if total > 0 {

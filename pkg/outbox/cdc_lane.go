@@ -29,19 +29,30 @@ type lane struct {
 	acked chan<- laneAck
 	kafka *outage
 
-	// deadAhead holds, per aggregate (type and id), the event id of its
-	// first dead outbox row: in table mode a dead event holds back its
-	// aggregate's later events, as in the polling relay, so they are
-	// marked dead behind it instead of published ahead of it. Its requeued
-	// copy (the same event id, a new row) lifts the hold; the next dead row
-	// of the aggregate, if any, takes its place. Loaded from the table when
-	// the lane starts (nil until then), so a restart keeps the holds.
-	deadAhead map[string]string
-	reload    bool // read deadAhead again before the next batch
+	// deadAhead holds, per aggregate (type and id), its dead outbox row of
+	// the lowest aggregate version: in table mode a dead event holds back
+	// its aggregate's later events, as in the polling relay, so they are
+	// marked dead behind it instead of published ahead of it. By version,
+	// not by id: a requeue writes a copy under a new, higher id, and that
+	// copy, refused again, is still its aggregate's head. Its requeued copy
+	// (the same event id, a new row) lifts the hold; the aggregate's next
+	// dead row, if any, takes its place. Loaded by the stream before it
+	// delivers anything (loadHolds), so a restart keeps the holds and a
+	// copy requeued meanwhile finds its place.
+	deadAhead map[string]hold
 }
 
-func (r *CDCRelay) newLane(topic string, acked chan<- laneAck) *lane {
-	return &lane{r: r, topic: topic, in: make(chan cdcEvent, r.cfg.MaxInFlight), acked: acked,
+// hold is the dead event an aggregate's later events wait behind.
+type hold struct {
+	eventID string
+	version int64
+}
+
+func (r *CDCRelay) newLane(topic string, acked chan<- laneAck, holds map[string]hold) *lane {
+	if holds == nil {
+		holds = map[string]hold{}
+	}
+	return &lane{r: r, topic: topic, in: make(chan cdcEvent, r.cfg.MaxInFlight), acked: acked, deadAhead: holds,
 		kafka: newOutage("publishing to Kafka topic "+topic, r.cfg.Logger, r.cfg.LogInterval)}
 }
 
@@ -102,16 +113,6 @@ func (l *lane) run(ctx context.Context) {
 // MaxAttempts times is skipped as dead.
 func (l *lane) publish(ctx context.Context, todo []cdcEvent) (bool, error) {
 	r := l.r
-	if l.reload {
-		l.deadAhead, l.reload = nil, false
-	}
-	if !l.loadDeadAhead(ctx) {
-		return false, nil
-	}
-	if l.deadAhead == nil {
-		// Unread: nothing is held in this batch; read again on the next.
-		l.deadAhead, l.reload = map[string]string{}, true
-	}
 	idx, ok := l.dropSettled(ctx, todo)
 	if !ok {
 		return false, nil
@@ -119,7 +120,10 @@ func (l *lane) publish(ctx context.Context, todo []cdcEvent) (bool, error) {
 	attempts := make(map[int]int) // index into todo -> message-error attempts
 	kafkaStreak := 0
 	for len(idx) > 0 {
-		if idx = l.holdBehindDead(ctx, todo, idx); len(idx) == 0 {
+		var err error
+		if idx, err = l.holdBehindDead(ctx, todo, idx); err != nil {
+			return false, err
+		} else if len(idx) == 0 {
 			break
 		}
 		// startSends replaces a message's headers rather than write to
@@ -160,12 +164,13 @@ func (l *lane) publish(ctx context.Context, todo []cdcEvent) (bool, error) {
 				attempts[i]++
 				r.cfg.Metrics.failures.Inc()
 				if attempts[i] >= r.cfg.MaxAttempts {
-					r.dead(ctx, todo[i], err)
-					if todo[i].rowID != 0 {
-						if _, held := l.deadAhead[todo[i].aggregate]; !held {
-							l.deadAhead[todo[i].aggregate] = header(todo[i].msg, event.HeaderEventID)
-						}
+					// Acknowledged (and so confirmed past) only once its
+					// dead mark is durable: otherwise the stream ends
+					// here, and the next one delivers it again.
+					if err := r.dead(ctx, todo[i], err); err != nil {
+						return false, err
 					}
+					l.holdFrom(todo[i])
 					continue
 				}
 				retryIdx = append(retryIdx, i)
@@ -205,49 +210,17 @@ func (l *lane) publish(ctx context.Context, todo []cdcEvent) (bool, error) {
 	return true, nil
 }
 
-// laneCheckAttempts bounds how often a lane tries a database read it
-// makes before publishing (loadDeadAhead, dropSettled): it must never wait
-// the database out. A shutting-down Postgres waits for its walsenders to
-// have every WAL record sent and confirmed, and a lane stuck on the
-// database would stop the stream being read and confirmed: each would wait
-// for the other for good. Past these attempts the lane publishes without
-// the read, which can only put a held or already-settled row on the topic
-// again (a duplicate, or an order consumers see broken), and logs it.
+// laneCheckAttempts bounds how often a lane tries the read it makes
+// before publishing (dropSettled): it must never wait the database out. A
+// shutting-down Postgres waits for its walsenders to have every WAL record
+// sent and confirmed, and a lane stuck on the database would stop the
+// stream being read and confirmed: each would wait for the other for good.
+// Past these attempts the lane publishes without the read, which can only
+// put an already-settled row on the topic again (a duplicate, or an order
+// consumers see broken), and logs it. The writes a lane needs before it
+// may acknowledge (a dead mark) do not go on without the database: they
+// end the stream instead, which closes the connection as well.
 const laneCheckAttempts = 3
-
-// loadDeadAhead reads the aggregates held by a dead row, once per lane
-// (retried on the next batch when the database could not answer); false
-// if ctx ended first.
-func (l *lane) loadDeadAhead(ctx context.Context) bool {
-	for attempt := 1; l.deadAhead == nil; attempt++ {
-		rows, err := l.r.pool.Query(ctx, firstDeadRows)
-		held := map[string]string{}
-		if err == nil {
-			var typ, agg, id string
-			_, err = pgx.ForEachRow(rows, []any{&typ, &agg, &id}, func() error {
-				held[typ+"\x00"+agg] = id // claimed.aggregate's form
-				return nil
-			})
-		}
-		if err == nil {
-			l.deadAhead = held
-			return true
-		}
-		if ctx.Err() != nil {
-			return false
-		}
-		l.r.cfg.Metrics.dbErrors.WithLabelValues("slot").Inc()
-		if attempt >= laneCheckAttempts {
-			l.r.cfg.Logger.ErrorContext(ctx, "outbox relay could not read the dead rows that hold back their aggregates; publishing this batch without holding them",
-				slog.String("topic", l.topic), slog.Any("error", err))
-			return true
-		}
-		if !retry.Sleep(ctx, retry.Backoff(attempt, l.r.cfg.OutageBackoffMin, l.r.cfg.OutageBackoffMax)) {
-			return false
-		}
-	}
-	return true
-}
 
 // dropSettled returns the indexes of todo to publish: all but the table
 // rows that are settled already (settledRows). The stream delivers again
@@ -308,39 +281,83 @@ func (l *lane) dropSettled(ctx context.Context, todo []cdcEvent) ([]int, bool) {
 // …") instead of published, so that a consumer never sees an aggregate's
 // later event before its earlier, dead one: requeueing the dead row and
 // then those behind it publishes them in order. The requeued copy of the
-// holding row itself goes out, and lifts the hold. An emitted event
-// (WAL-only mode) has no row to hold or requeue: it is never held.
-func (l *lane) holdBehindDead(ctx context.Context, todo []cdcEvent, idx []int) []int {
+// holding row itself goes out, and lifts the hold; so does an event of a
+// lower version than the hold, which comes before it in its aggregate. An
+// emitted event (WAL-only mode) has no row to hold or requeue: it is never
+// held. An error (a mark or a read that failed) ends the stream: nothing
+// of the batch is acknowledged.
+func (l *lane) holdBehindDead(ctx context.Context, todo []cdcEvent, idx []int) ([]int, error) {
 	if len(l.deadAhead) == 0 {
-		return idx
+		return idx, nil
 	}
 	kept := idx[:0:0]
 	for _, i := range idx {
 		e := todo[i]
-		first, held := l.deadAhead[e.aggregate]
+		h, held := l.deadAhead[e.aggregate]
 		switch {
-		case !held || e.rowID == 0:
+		case !held || e.rowID == 0 || e.version < h.version:
 			kept = append(kept, i)
-		case first == header(e.msg, event.HeaderEventID):
+		case h.eventID == header(e.msg, event.HeaderEventID):
 			// The requeued copy of the holding row: it goes, and the
 			// aggregate's next dead row, if any, holds from now on.
 			delete(l.deadAhead, e.aggregate)
 			typ, id, _ := strings.Cut(e.aggregate, "\x00")
-			var next string
-			err := l.r.pool.QueryRow(ctx, firstDeadRowOf, typ, id).Scan(&next)
+			var next hold
+			err := l.r.pool.QueryRow(ctx, firstDeadRowOf, typ, id).Scan(&next.eventID, &next.version)
 			switch {
-			case err == nil && next != first:
+			case err == nil && next.eventID != h.eventID:
 				l.deadAhead[e.aggregate] = next
 			case err != nil && !errors.Is(err, pgx.ErrNoRows):
-				// Unknown: read every hold again on the next batch.
-				l.reload = true
+				l.r.cfg.Metrics.dbErrors.WithLabelValues("slot").Inc()
+				return nil, fmt.Errorf("reading the next dead event of aggregate %s/%s: %w", typ, id, err)
 			}
 			kept = append(kept, i)
 		default:
-			l.r.dead(ctx, e, fmt.Errorf("held back behind dead event %s of its aggregate: requeue that one first", first))
+			if err := l.r.dead(ctx, e, fmt.Errorf("held back behind dead event %s of its aggregate: requeue that one first", h.eventID)); err != nil {
+				return nil, err
+			}
 		}
 	}
-	return kept
+	return kept, nil
+}
+
+// holdFrom makes e, just marked dead, its aggregate's hold unless an
+// earlier version holds it already.
+func (l *lane) holdFrom(e cdcEvent) {
+	if e.rowID == 0 {
+		return
+	}
+	if h, held := l.deadAhead[e.aggregate]; !held || e.version < h.version {
+		l.deadAhead[e.aggregate] = hold{eventID: header(e.msg, event.HeaderEventID), version: e.version}
+	}
+}
+
+// loadHolds reads, per topic, the aggregates a dead row holds (their dead
+// row of the lowest version): the stream loads them before it delivers
+// anything, so that a restarted relay keeps them and an event can never
+// be published ahead of a hold it has not read yet.
+func (r *CDCRelay) loadHolds(ctx context.Context) (map[string]map[string]hold, error) {
+	rows, err := r.pool.Query(ctx, firstDeadRows)
+	if err != nil {
+		return nil, fmt.Errorf("reading the dead rows that hold back their aggregates: %w", err)
+	}
+	holds := map[string]map[string]hold{}
+	var (
+		typ, agg string
+		h        hold
+	)
+	_, err = pgx.ForEachRow(rows, []any{&typ, &agg, &h.eventID, &h.version}, func() error {
+		topic := r.cfg.Topic(typ)
+		if holds[topic] == nil {
+			holds[topic] = map[string]hold{}
+		}
+		holds[topic][typ+"\x00"+agg] = h // claimed.aggregate's form
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("reading the dead rows that hold back their aggregates: %w", err)
+	}
+	return holds, nil
 }
 
 // topicDown and topicUp keep the relay's view of Kafka: connected
@@ -363,11 +380,30 @@ func (r *CDCRelay) topicUp(topic string) {
 }
 
 // dead skips an event Kafka keeps refusing because of the message (or one
-// held back behind such an event, holdBehindDead): logged
-// with its identity, counted in outbox_dead_total, and, for a table row,
-// marked dead (retention keeps dead rows; outbox_dead_events counts them)
-// so an operator can find it.
-func (r *CDCRelay) dead(ctx context.Context, e cdcEvent, cause error) {
+// held back behind such an event, holdBehindDead): for a table row it
+// marks the row dead (retention keeps dead rows; outbox_dead_events counts
+// them) so an operator can find it, and only then is the event logged with
+// its identity and counted in outbox_dead_total. An error means the mark
+// is not durable: the caller must not acknowledge the event (the slot
+// would be confirmed past a row that stays pending, and the event would be
+// lost). A mark refused because the row is no longer pending (dead
+// already, or requeued: its copy carries the event) is counted and logged,
+// and the event is settled.
+func (r *CDCRelay) dead(ctx context.Context, e cdcEvent, cause error) error {
+	if e.rowID != 0 {
+		tag, err := r.pool.Exec(ctx, markDeadCDC, e.rowID, cause.Error(), r.cfg.MaxAttempts)
+		if err != nil {
+			if ctx.Err() == nil {
+				r.cfg.Metrics.dbErrors.WithLabelValues("slot").Inc()
+			}
+			return fmt.Errorf("marking outbox row %d dead (not acknowledged: the next stream delivers it again): %w", e.rowID, err)
+		}
+		if tag.RowsAffected() == 0 {
+			r.cfg.Metrics.refuse(ctx, r.cfg.Logger, transitionMarkDead, "the row is not pending: dead already, or requeued (its copy carries the event)",
+				slog.Int64("outbox_id", e.rowID), slog.String("event_id", header(e.msg, event.HeaderEventID)))
+			return nil
+		}
+	}
 	r.cfg.Metrics.deadTotal.Inc()
 	msg := "outbox event skipped as dead; its aggregate's later events are held back behind it until it is requeued"
 	if e.rowID == 0 {
@@ -376,11 +412,5 @@ func (r *CDCRelay) dead(ctx context.Context, e cdcEvent, cause error) {
 	r.cfg.Logger.ErrorContext(ctx, msg,
 		slog.String("event_id", header(e.msg, event.HeaderEventID)), slog.String("topic", e.msg.Topic),
 		slog.String("aggregate_id", string(e.msg.Key)), slog.Int64("outbox_id", e.rowID), slog.Any("error", cause))
-	if e.rowID == 0 {
-		return
-	}
-	if _, err := r.pool.Exec(ctx, markDeadCDC, e.rowID, cause.Error(), r.cfg.MaxAttempts); err != nil && ctx.Err() == nil {
-		r.cfg.Metrics.dbErrors.WithLabelValues("slot").Inc()
-		r.cfg.Logger.ErrorContext(ctx, "could not mark the skipped outbox row dead", slog.Int64("outbox_id", e.rowID), slog.Any("error", err))
-	}
+	return nil
 }

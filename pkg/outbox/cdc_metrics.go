@@ -7,6 +7,7 @@ type cdcMetrics struct {
 	retainedWAL, walKeepSize prometheus.Gauge
 	lostUnrecoverable        prometheus.Counter
 	gapRepublished           prometheus.Counter
+	publicationMissing       prometheus.Counter
 	emittedRefused           *prometheus.CounterVec
 }
 
@@ -29,6 +30,9 @@ func newCDCMetrics(reg prometheus.Registerer) *cdcMetrics {
 			Help: "Lost replication slots in WAL-only mode (RELAY_MODE=wal): the events Emit wrote in the window were never published and exist nowhere else."}),
 		gapRepublished: prometheus.NewCounter(prometheus.CounterOpts{Name: "outbox_slot_gap_republished_total",
 			Help: "Pending outbox rows the log-based relay republished from the table because a new slot's stream could not carry them (a lost slot's window)."}),
+		publicationMissing: prometheus.NewCounter(prometheus.CounterOpts{Name: "outbox_slot_publication_missing_total",
+			Help: "Streams of the log-based relay that failed on a change committed while the publication outbox_events_pub was missing (42704): " +
+				"the slot cannot move past it until an operator drops the slot (docs/runbook-cdc.md)."}),
 		emittedRefused: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "outbox_emitted_refused_total",
 			Help: "Messages under the outbox's prefix in the WAL that are not valid envelopes, by reason (undecodable, invalid, non_transactional): " +
 				"never published, counted dead in outbox_dead_total. Only Emit should write there; anything else was written by hand."},
@@ -38,7 +42,7 @@ func newCDCMetrics(reg prometheus.Registerer) *cdcMetrics {
 		m.emittedRefused.WithLabelValues(reason) // export zeros, so increase() works from the start
 	}
 	if reg != nil {
-		reg.MustRegister(m.retainedWAL, m.walKeepSize, m.lostUnrecoverable, m.gapRepublished, m.emittedRefused)
+		reg.MustRegister(m.retainedWAL, m.walKeepSize, m.lostUnrecoverable, m.gapRepublished, m.publicationMissing, m.emittedRefused)
 	}
 	return m
 }

@@ -84,10 +84,15 @@ func (r *CDCRelay) connectToSlot(ctx context.Context) (*pgconn.PgConn, error) {
 func (r *CDCRelay) ensureSlot(ctx context.Context, conn *pgconn.PgConn) error {
 	var (
 		walStatus, lastLSN *string
+		creating           *bool
 		lastAt             *time.Time
 	)
-	if err := r.pool.QueryRow(ctx, slotState, r.cfg.Slot).Scan(&walStatus, &lastLSN, &lastAt); err != nil {
+	if err := r.pool.QueryRow(ctx, slotState, r.cfg.Slot).Scan(&walStatus, &creating, &lastLSN, &lastAt); err != nil {
 		return fmt.Errorf("reading the slot's state: %w", err)
+	}
+	if creating != nil && *creating {
+		// Another instance is creating it and it is not consistent yet.
+		return fmt.Errorf("the replication slot is being created by another instance: %w", errSlotBusy)
 	}
 	if walStatus != nil && *walStatus != "lost" {
 		if lastLSN == nil {

@@ -5,17 +5,47 @@ package outbox
 // a lost slot (cdc_gap.go), the lanes' checks and dead marks (cdc_lane.go),
 // and the gauges and retention beside the stream (cdc_upkeep.go).
 
+// publishedCDC is the one test of "published" for a pending row of the
+// log-based relay, which never marks a row (lifecycle.go, migration 0008):
+// its inserting transaction is older than a slot record's published_xmin,
+// whose commits the slot confirmed. row names outbox_events in the
+// statement. id <= confirmed_id is only an upper bound that keeps the scan
+// short (no published row lies above it); it is never the test itself:
+// ids are drawn at INSERT, not at commit. Retention, the cdc replay's scope
+// and Backlog share it.
+func publishedCDC(row string) string {
+	return `EXISTS (SELECT 1 FROM outbox_cdc_slots s
+    WHERE ` + row + `.id <= s.confirmed_id AND age(` + row + `.xmin) > age(s.published_xmin))`
+}
+
 // deleteConfirmedBatch removes rows Kafka acknowledged and the slot
-// confirmed. Only state 'pending': a row marked dead (its event was
-// skipped) stays for the operator. Nothing while a new slot's gap has not
-// been republished from the table: the gap's rows are still pending, and
-// the new slot's confirmed id already passes them.
-const deleteConfirmedBatch = `
+// confirmed (publishedCDC). Only state 'pending': a row marked dead (its
+// event was skipped) stays for the operator. Nothing while a new slot's gap
+// has not been republished from the table.
+var deleteConfirmedBatch = `
 DELETE FROM outbox_events WHERE id IN (
-    SELECT id FROM outbox_events
-    WHERE id <= (SELECT confirmed_id FROM outbox_cdc_slots WHERE slot_name = $1 AND NOT gap_pending)
-      AND state = 'pending' AND created_at < now() - $2 * interval '1 microsecond'
-    ORDER BY id LIMIT $3)`
+    SELECT o.id FROM outbox_events o JOIN outbox_cdc_slots s ON s.slot_name = $1 AND NOT s.gap_pending
+    WHERE o.state = 'pending' AND o.id <= s.confirmed_id AND age(o.xmin) > age(s.published_xmin)
+      AND o.created_at < now() - $2 * interval '1 microsecond'
+    ORDER BY o.id LIMIT $3)`
+
+// advanceHorizon is retention's first step (lifecycle.go, "horizon,
+// published"): a pending horizon the slot's recorded position passed
+// becomes published_xmin, and a new horizon is taken: the statement's
+// snapshot's xmin, and the WAL insert position read after that snapshot
+// (expressions run after the statement took its snapshot), so every
+// transaction older than the xmin committed below it. A horizon not passed
+// yet stays, so that a busy outbox still promotes one. Not while a new
+// slot's gap is pending: the new slot's positions say nothing about what
+// the old one published.
+const advanceHorizon = `
+UPDATE outbox_cdc_slots SET
+    published_xmin = CASE WHEN horizon_lsn <= confirmed_lsn THEN horizon_xmin ELSE published_xmin END,
+    horizon_xmin   = CASE WHEN horizon_lsn IS NULL OR horizon_lsn <= confirmed_lsn
+                          THEN pg_snapshot_xmin(pg_current_snapshot())::xid ELSE horizon_xmin END,
+    horizon_lsn    = CASE WHEN horizon_lsn IS NULL OR horizon_lsn <= confirmed_lsn
+                          THEN pg_current_wal_insert_lsn() ELSE horizon_lsn END
+WHERE slot_name = $1 AND NOT gap_pending`
 
 const publicationExists = `SELECT EXISTS (SELECT 1 FROM pg_publication WHERE pubname = $1)`
 
@@ -23,11 +53,13 @@ const publicationExists = `SELECT EXISTS (SELECT 1 FROM pg_publication WHERE pub
 // migrating role could not create it.
 const createPublication = `CREATE PUBLICATION ` + Publication + ` FOR TABLE outbox_events WITH (publish = 'insert')`
 
-// slotState is the slot's row in pg_replication_slots and the relay's own
-// record of it (outbox_cdc_slots). A record whose position is 0/0 was
+// slotState is the slot's row in pg_replication_slots (its wal_status, and
+// whether it is still being created: no confirmed position yet) and the
+// relay's own record of it (outbox_cdc_slots). A record whose position is 0/0 was
 // marked (markGap) for a slot that was never created: a first start.
 const slotState = `
 SELECT (SELECT wal_status FROM pg_replication_slots WHERE slot_name = $1 AND database = current_database()),
+       (SELECT confirmed_flush_lsn IS NULL FROM pg_replication_slots WHERE slot_name = $1 AND database = current_database()),
        (SELECT nullif(confirmed_lsn, '0/0')::text FROM outbox_cdc_slots WHERE slot_name = $1),
        (SELECT confirmed_at FROM outbox_cdc_slots WHERE slot_name = $1)`
 
@@ -41,10 +73,18 @@ SELECT (SELECT wal_status FROM pg_replication_slots WHERE slot_name = $1 AND dat
 // while its creator is still frozen between two lines. created_at tells one
 // mark from the next (gapReplayed). A first mark's position is 0/0: no slot
 // confirmed anything yet.
+//
+// It overwrites whatever state the record is in, on purpose: its expected
+// state is the slot's (missing or lost in pg_replication_slots), and a late
+// mark (a creator frozen since it read that) only makes the slot's holder
+// replay the gap once more (gapReplayed refuses the older generation): a
+// duplicate, never a loss. The pending horizon goes: it was taken against
+// the old slot's positions.
 const markGap = `
 INSERT INTO outbox_cdc_slots (slot_name, created_at, confirmed_lsn, confirmed_at, confirmed_id, gap_pending)
 VALUES ($1, clock_timestamp(), '0/0', now(), 0, true)
-ON CONFLICT (slot_name) DO UPDATE SET created_at = clock_timestamp(), gap_pending = true`
+ON CONFLICT (slot_name) DO UPDATE SET created_at = clock_timestamp(), gap_pending = true,
+    horizon_xmin = NULL, horizon_lsn = NULL`
 
 // recordSlot records where a new slot starts, once it exists, so that
 // losing it is noticed even before a relay confirmed anything on it. The
@@ -60,9 +100,21 @@ INSERT INTO outbox_cdc_slots (slot_name, confirmed_lsn, gap_pending)
 SELECT slot_name, confirmed_flush_lsn, true FROM pg_replication_slots WHERE slot_name = $1
 ON CONFLICT DO NOTHING`
 
+// recordConfirmed records the stream's confirmed position (lifecycle.go),
+// for the slot generation the stream started on ($4, the record's
+// created_at then): a stream of a slot since lost and replaced must not
+// move the new one's record (it would promote a horizon the new slot has
+// not confirmed).
 const recordConfirmed = `
 UPDATE outbox_cdc_slots SET confirmed_lsn = $2::pg_lsn, confirmed_at = now(), confirmed_id = greatest(confirmed_id, $3)
-WHERE slot_name = $1`
+WHERE slot_name = $1 AND created_at = $4`
+
+// slotConsistent is whether the slot exists, and whether it is consistent
+// (its creator has its confirmed position: NULL until every transaction
+// running at its creation ended).
+const slotConsistent = `
+SELECT count(*) > 0, coalesce(bool_and(confirmed_flush_lsn IS NOT NULL), false)
+FROM pg_replication_slots WHERE slot_name = $1 AND database = current_database()`
 
 // slotConfirmed is where the slot's stream resumes; read while this relay
 // holds the slot, so nobody moves it meanwhile.
@@ -83,20 +135,29 @@ FROM outbox_events WHERE state = 'pending' AND id > $1 ORDER BY id LIMIT $2`
 // republished count as confirmed. Only if the mark it replayed for is still
 // the last one ($3, its created_at): a slot lost and marked again during the
 // replay has a gap of its own, which the replay may have read too early.
+//
+// Every row of a transaction older than the replay's first snapshot ($4,
+// its xmin) committed before the replay read the table, so the replay
+// published it (or it is dead): that is the new published_xmin.
 const gapReplayed = `
-UPDATE outbox_cdc_slots SET gap_pending = false, confirmed_id = greatest(confirmed_id, $2)
+UPDATE outbox_cdc_slots SET gap_pending = false, confirmed_id = greatest(confirmed_id, $2),
+    published_xmin = $4::text::xid, horizon_xmin = NULL, horizon_lsn = NULL
 WHERE slot_name = $1 AND gap_pending AND created_at = $3`
 
+// snapshotXmin is the xmin of the statement's snapshot, as text (an xid).
+const snapshotXmin = `SELECT pg_snapshot_xmin(pg_current_snapshot())::xid::text`
+
 const (
-	// firstDeadRows is, per aggregate with a dead row, the event id of its
-	// first (lowest id) one.
+	// firstDeadRows is, per aggregate with a dead row, the event id and
+	// version of its dead row of the lowest aggregate version: the hold
+	// (lane.deadAhead). By version, not id: a requeued copy has a new id.
 	firstDeadRows = `
-SELECT DISTINCT ON (aggregate_type, aggregate_id) aggregate_type, aggregate_id, event_id::text
-FROM outbox_events WHERE state = 'dead' ORDER BY aggregate_type, aggregate_id, id`
+SELECT DISTINCT ON (aggregate_type, aggregate_id) aggregate_type, aggregate_id, event_id::text, aggregate_version
+FROM outbox_events WHERE state = 'dead' ORDER BY aggregate_type, aggregate_id, aggregate_version, id`
 	// firstDeadRowOf is the same for one aggregate.
 	firstDeadRowOf = `
-SELECT event_id::text FROM outbox_events
-WHERE state = 'dead' AND aggregate_type = $1 AND aggregate_id = $2 ORDER BY id LIMIT 1`
+SELECT event_id::text, aggregate_version FROM outbox_events
+WHERE state = 'dead' AND aggregate_type = $1 AND aggregate_id = $2 ORDER BY aggregate_version, id LIMIT 1`
 )
 
 // settledRows is which of the given rows (outbox id, event id) are settled
@@ -110,7 +171,10 @@ SELECT x.id FROM unnest($1::bigint[], $2::uuid[]) AS x(id, event_id)
 WHERE EXISTS (SELECT 1 FROM outbox_events o WHERE o.id = x.id AND o.state = 'dead')
    OR EXISTS (SELECT 1 FROM outbox_events o WHERE o.event_id = x.event_id AND o.id <> x.id)`
 
-const markDeadCDC = `UPDATE outbox_events SET state = 'dead', last_error = $2, attempts = $3 WHERE id = $1`
+// markDeadCDC is the log-based relay's pending → dead (lifecycle.go): a row
+// no longer pending (dead already, or requeued and so deleted) is left as
+// it is.
+const markDeadCDC = `UPDATE outbox_events SET state = 'dead', last_error = $2, attempts = $3 WHERE id = $1 AND state = 'pending'`
 
 // currentWAL is the server's current WAL position.
 const currentWAL = `SELECT pg_current_wal_lsn()::text`

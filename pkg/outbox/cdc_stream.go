@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"log/slog"
 	"math"
+	"strings"
 	"sync"
 	"time"
 
@@ -22,8 +23,9 @@ import (
 // read from the table).
 type cdcEvent struct {
 	claimed
-	rowID int64 // outbox_events id; 0 for an emitted event
-	tx    *txn  // the transaction it belongs to, for the slot's confirmation
+	rowID   int64 // outbox_events id; 0 for an emitted event
+	version int64 // aggregate version, which orders the holds (lane.deadAhead)
+	tx      *txn  // the transaction it belongs to, for the slot's confirmation
 	// recheck: the row may have been published, and then settled (marked
 	// dead, requeued), before this stream, which delivers again what the
 	// slot had not confirmed; the lane checks (dropSettled). Rows of
@@ -71,11 +73,15 @@ type streamer struct {
 	txs list.List
 
 	lanes     map[string]*lane
+	holds     map[string]map[string]hold // per topic, loaded before the first event (loadHolds)
 	acked     chan laneAck
 	laneCtx   context.Context //nolint:containedctx // the lanes' lifetime: this connection's
 	stopLanes context.CancelFunc
 	laneWG    sync.WaitGroup
 
+	// generation is the slot record's created_at when this stream took the
+	// slot: it records positions for that slot only (recordConfirmed).
+	generation  time.Time
 	confirmed   pglogrepl.LSN // acknowledged by Kafka (or holding no events)
 	confirmedID int64
 	recorded    pglogrepl.LSN // last confirmed position written to outbox_cdc_slots
@@ -151,11 +157,24 @@ func (r *CDCRelay) streamOnce(ctx context.Context) error {
 			s.fresh = lsn
 		}
 	}
+	// The holds, before anything is delivered: an event decoded before its
+	// aggregate's hold was read could be published ahead of it.
+	if s.holds, err = r.loadHolds(ctx); err != nil {
+		return err
+	}
 	// Before the slot's first event, and only by the relay that holds the
 	// slot: the rows a new slot's stream does not carry go first, so each
 	// aggregate stays in order. A relay that replayed before it held the
 	// slot could publish the gap after another relay streamed past it.
-	if err := s.replayGap(ctx); err != nil {
+	var (
+		gapPendingNow bool
+		generation    time.Time
+	)
+	if err := r.pool.QueryRow(ctx, gapPending, r.cfg.Slot).Scan(&gapPendingNow, &generation); err != nil && !isNoRows(err) {
+		return fmt.Errorf("reading the slot's record: %w", err)
+	}
+	s.generation = generation
+	if err := s.replayGap(ctx, gapPendingNow, generation); err != nil {
 		return err
 	}
 	r.setActive(true)
@@ -205,6 +224,9 @@ func (s *streamer) done(tx *txn) {
 		p := prev.Value.(*txn)
 		p.end, p.maxID = max(p.end, tx.end), max(p.maxID, tx.maxID)
 	} else {
+		if tx.end > s.confirmed {
+			s.r.progressed()
+		}
 		s.confirmed = max(s.confirmed, tx.end)
 		s.confirmedID = max(s.confirmedID, tx.maxID)
 	}
@@ -252,7 +274,7 @@ func (s *streamer) wait(ctx context.Context, in chan<- cdcEvent, ev cdcEvent) (t
 func (s *streamer) add(ctx context.Context, ev cdcEvent) error {
 	l := s.lanes[ev.msg.Topic]
 	if l == nil {
-		l = s.r.newLane(ev.msg.Topic, s.acked)
+		l = s.r.newLane(ev.msg.Topic, s.acked, s.holds[ev.msg.Topic])
 		s.lanes[ev.msg.Topic] = l
 		s.laneWG.Go(func() { l.run(s.laneCtx) })
 	}
@@ -320,6 +342,9 @@ func (s *streamer) run(ctx context.Context) error {
 		}
 		switch m := raw.(type) {
 		case *pgproto3.ErrorResponse:
+			if m.Code == sqlstateUndefinedObject && strings.Contains(m.Message, "publication") {
+				return fmt.Errorf("replication stream: %w: %w", errPublicationMissing, serverError(m))
+			}
 			return fmt.Errorf("replication stream: %w", serverError(m))
 		case *pgproto3.CopyData:
 			if err := s.handle(ctx, m.Data); err != nil {
@@ -349,6 +374,7 @@ func (s *streamer) handle(ctx context.Context, data []byte) error {
 		// pin WAL.
 		if s.idle() && k.ServerWALEnd > s.confirmed {
 			s.confirmed = k.ServerWALEnd
+			s.r.progressed()
 		}
 		if k.ReplyRequested {
 			s.nextStatus = time.Time{}
@@ -403,7 +429,7 @@ func (s *streamer) decode(ctx context.Context, x pglogrepl.XLogData) error {
 		if err != nil {
 			return fmt.Errorf("decoding an outbox row: %w", err)
 		}
-		ev := cdcEvent{claimed: s.build.build(&s.raw), rowID: rowID, tx: s.open, recheck: s.open.recheck}
+		ev := cdcEvent{claimed: s.build.build(&s.raw), rowID: rowID, version: s.raw.aggVersion, tx: s.open, recheck: s.open.recheck}
 		ev.id, ev.createdAt = rowID, createdAt
 		return s.add(ctx, ev)
 	case pgoMessage:
@@ -445,7 +471,7 @@ func (s *streamer) decode(ctx context.Context, x pglogrepl.XLogData) error {
 // newEvent makes a message of an envelope read from the table (a lost
 // slot's gap); the stream's events go through msgBuilder instead.
 func (r *CDCRelay) newEvent(ev event.Envelope, createdAt time.Time, rowID int64) cdcEvent {
-	return cdcEvent{rowID: rowID, recheck: true, claimed: claimed{
+	return cdcEvent{rowID: rowID, version: ev.AggregateVersion, recheck: true, claimed: claimed{
 		id: rowID, createdAt: createdAt, aggType: ev.AggregateType,
 		aggregate: ev.AggregateType + "\x00" + ev.AggregateID,
 		msg:       event.ToKafka(r.cfg.Topic(ev.AggregateType), ev),
@@ -487,13 +513,18 @@ func (s *streamer) record(ctx context.Context) {
 		return
 	}
 	recCtx, cancel := context.WithTimeout(ctx, s.r.cfg.StatusInterval)
-	_, err := s.r.pool.Exec(recCtx, recordConfirmed, s.r.cfg.Slot, s.confirmed.String(), s.confirmedID)
+	tag, err := s.r.pool.Exec(recCtx, recordConfirmed, s.r.cfg.Slot, s.confirmed.String(), s.confirmedID, s.generation)
 	cancel()
 	if err != nil {
 		if ctx.Err() == nil {
 			s.r.cfg.Metrics.dbErrors.WithLabelValues("slot").Inc()
 		}
 		return
+	}
+	if tag.RowsAffected() == 0 {
+		s.r.cfg.Metrics.refuse(ctx, s.r.cfg.Logger, transitionRecordPosition,
+			"the slot record is of another generation: the slot was lost and replaced since this stream took it",
+			slog.String("slot", s.r.cfg.Slot), slog.String("lsn", s.confirmed.String()))
 	}
 	s.recorded, s.recordedID = s.confirmed, s.confirmedID
 	s.nextRecord = time.Now().Add(s.r.cfg.RetentionInterval)

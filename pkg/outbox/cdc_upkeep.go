@@ -39,7 +39,13 @@ func (r *CDCRelay) refreshGauges(ctx context.Context) error {
 	return nil
 }
 
+// deleteConfirmed moves the slot record's horizon (advanceHorizon), then
+// deletes what is published (publishedCDC) and older than Retain, in
+// batches.
 func (r *CDCRelay) deleteConfirmed(ctx context.Context) error {
+	if _, err := r.pool.Exec(ctx, advanceHorizon, r.cfg.Slot); err != nil {
+		return fmt.Errorf("moving the slot's published horizon: %w", err)
+	}
 	for ctx.Err() == nil {
 		tag, err := r.pool.Exec(ctx, deleteConfirmedBatch, r.cfg.Slot, r.cfg.Retain.Microseconds(), r.cfg.RetentionBatch)
 		if err != nil {

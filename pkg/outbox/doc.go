@@ -121,7 +121,9 @@
 // The log-based relay: CDCRelay publishes from Postgres's logical
 // replication stream instead of polling, through one pgoutput slot, from
 // two sources: the inserts into outbox_events (rows written by Enqueue,
-// never updated by the relay, deleted by its retention once confirmed), and
+// never updated by the relay, deleted by its retention once the slot
+// confirmed their commit: lifecycle.go writes down every row's states and
+// transitions, and what "published" means in each mode), and
 // events written by Emit into the WAL only (pg_logical_emit_message: no
 // row, no index). The slot's confirmed position moves only after Kafka
 // acknowledged every event before it, so a relay that dies loses nothing

@@ -25,6 +25,7 @@ type Metrics struct {
 	dbErrors                                  *prometheus.CounterVec
 	claims, emptyClaims                       prometheus.Counter
 	roundTrips                                *prometheus.CounterVec
+	refused                                   *prometheus.CounterVec
 	publishLag, batchSize                     prometheus.Histogram
 	cdc                                       *cdcMetrics
 }
@@ -72,6 +73,10 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 				"0 while the slot is missing or nobody reads it (nothing is published). Always 1 in the other modes, which have no external publisher."),
 		slotLost: counter("outbox_slot_lost_total",
 			"Replication slots the log-based relay found dropped or invalidated and replaced; each leaves a window of events that may need a replay (see the runbook)."),
+		refused: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "outbox_transitions_refused_total",
+			Help: "Writes of an outbox lifecycle (lifecycle.go) that found the row in another state than they expected and changed nothing, by transition: a late or stale writer, seen.",
+		}, []string{"transition"}),
 		retries:   counter("outbox_publish_retries_total", "Events published on a retry, after at least one failed attempt."),
 		deadTotal: counter("outbox_dead_total", "Outbox rows that went dead."),
 		publishLag: prometheus.NewHistogram(prometheus.HistogramOpts{
@@ -88,7 +93,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	if reg != nil {
 		reg.MustRegister(m.pending, m.oldestAge, m.dead, m.ownedPartitions, m.published, m.failures,
 			m.retries, m.deadTotal, m.publishLag, m.batchSize, m.kafkaErrors, m.kafkaConnected, m.dbErrors,
-			m.slotLag, m.slotActive, m.externalStreaming, m.slotLost, m.claims, m.emptyClaims, m.roundTrips)
+			m.slotLag, m.slotActive, m.externalStreaming, m.slotLost, m.claims, m.emptyClaims, m.roundTrips, m.refused)
 	}
 	m.cdc = newCDCMetrics(reg)
 	// Connected until a publish says otherwise: a relay that has not published
@@ -100,6 +105,9 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	for _, op := range []string{"claim", "heartbeat", "gauges", "listen", "replication", "retention", "slot"} {
 		m.dbErrors.WithLabelValues(op) // export zeros, so rate() works from the start
 	}
+	for _, tr := range []string{transitionMarkPublished, transitionMarkFailed, transitionMarkDead, transitionRecordPosition, transitionGapReplayed} {
+		m.refused.WithLabelValues(tr)
+	}
 	for _, op := range []string{"claim", "commit", "rollback", "heartbeat", "gauges", "listen"} {
 		m.roundTrips.WithLabelValues(op)
 	}
@@ -107,10 +115,11 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 }
 
 // sqlBacklogGauges reads the backlog gauges; each subquery reads one partial index,
-// so the cost does not grow with the published rows.
-const sqlBacklogGauges = `
-SELECT (SELECT count(*) FROM outbox_events WHERE state = 'pending'),
-       (SELECT created_at FROM outbox_events WHERE state = 'pending' ORDER BY id LIMIT 1),
+// so the cost does not grow with the published rows. Pending is Backlog's:
+// not yet published, whatever the relay mode (backlogPending).
+var sqlBacklogGauges = `
+SELECT (SELECT count(*) FROM outbox_events WHERE ` + backlogPending + `),
+       (SELECT created_at FROM outbox_events WHERE ` + backlogPending + ` ORDER BY id LIMIT 1),
        (SELECT count(*) FROM outbox_events WHERE state = 'dead')`
 
 // refresh reads the backlog gauges from the table.

@@ -223,13 +223,23 @@ func (r *Relay) relayBatch(ctx context.Context, ops wakeOps) (res batchResult, e
 	}
 	finish.Queue("commit")
 	r.cfg.Metrics.roundTrips.WithLabelValues("commit").Inc()
-	states, err := readFinish(conn.SendBatch(ctx, finish), len(failed))
+	states, marked, err := readFinish(conn.SendBatch(ctx, finish), len(failed), len(published) > 0)
 	if err != nil {
 		return res, err
 	}
 	inTx = false
 	res.disarmed = disarming
+	if marked != int64(len(published)) {
+		// The claim holds the rows locked, so this is a bug, not a race: seen.
+		r.cfg.Metrics.refuse(ctx, r.cfg.Logger, transitionMarkPublished, "claimed rows were not pending when marked published",
+			slog.Int("published", len(published)), slog.Int64("marked", marked))
+	}
 	for i, c := range failed {
+		if states[i] == "" {
+			r.cfg.Metrics.refuse(ctx, r.cfg.Logger, transitionMarkFailed, "a claimed row was not pending when its failure was recorded",
+				slog.Int64("outbox_id", c.id))
+			continue
+		}
 		r.logFailed(ctx, c, failedCauses[i], delays[i], states[i])
 	}
 	if len(undefer) > 0 {
@@ -296,7 +306,7 @@ func firstWord(sql string) string {
 
 // readFinish reads the results of the finishing pipeline: the state each
 // failed row was left in, then the marks and the commit.
-func readFinish(br pgx.BatchResults, failed int) (states []string, err error) {
+func readFinish(br pgx.BatchResults, failed int, published bool) (states []string, marked int64, err error) {
 	defer func() {
 		if cerr := br.Close(); err == nil && cerr != nil {
 			err = fmt.Errorf("committing batch: %w", cerr)
@@ -304,11 +314,20 @@ func readFinish(br pgx.BatchResults, failed int) (states []string, err error) {
 	}()
 	states = make([]string, failed)
 	for i := range states {
-		if err := br.QueryRow().Scan(&states[i]); err != nil {
-			return nil, fmt.Errorf("recording failed publish: %w", err)
+		// No row: it was not pending (markFailed names the state it
+		// expects); states[i] stays "" and the caller counts it refused.
+		if err := br.QueryRow().Scan(&states[i]); err != nil && !errors.Is(err, pgx.ErrNoRows) {
+			return nil, 0, fmt.Errorf("recording failed publish: %w", err)
 		}
 	}
-	return states, nil
+	if published {
+		tag, err := br.Exec()
+		if err != nil {
+			return nil, 0, fmt.Errorf("marking published: %w", err)
+		}
+		marked = tag.RowsAffected()
+	}
+	return states, marked, nil
 }
 
 // scanClaimed reads one claimed row. A row whose headers cannot be decoded

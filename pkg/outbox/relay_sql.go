@@ -93,18 +93,21 @@ ORDER BY o.id
 LIMIT $1
 FOR UPDATE OF o`
 
+// markPublished is the polling relay's claimed → published (lifecycle.go);
+// the caller checks that every row it names was pending.
 const markPublished = `
 UPDATE outbox_events
 SET state = 'published', published_at = now(), attempts = attempts + 1, last_error = NULL
-WHERE id = ANY($1)`
+WHERE id = ANY($1) AND state = 'pending'`
 
+// markFailed is claimed → pending (an attempt charged) or → dead.
 const markFailed = `
 UPDATE outbox_events
 SET attempts = attempts + 1,
     last_error = $2,
     next_attempt_at = now() + $3 * interval '1 microsecond',
     state = CASE WHEN attempts + 1 >= $4 THEN 'dead' ELSE 'pending' END
-WHERE id = $1
+WHERE id = $1 AND state = 'pending'
 RETURNING state`
 
 // markDeferred puts off rows the broker could not take, without charging
@@ -114,7 +117,7 @@ const markDeferred = `
 UPDATE outbox_events o
 SET last_error = d.last_error, next_attempt_at = now() + d.delay_us * interval '1 microsecond'
 FROM unnest($1::bigint[], $2::text[], $3::bigint[]) AS d(id, last_error, delay_us)
-WHERE o.id = d.id`
+WHERE o.id = d.id AND o.state = 'pending'`
 
 // heartbeat registers the relay or refreshes its registration, forgets
 // relays whose heartbeat is older than the TTL, and counts the live ones. It
