@@ -288,7 +288,12 @@ pg_primary_node() {
 pg_running_node() {
   local data; data=$(node_data "$1")
   [[ -n $PG_BIN && -f $data/PG_VERSION ]] || return 1
-  as_pg "$PG_BIN/pg_ctl" status -D "$data" >/dev/null 2>&1
+  as_pg "$PG_BIN/pg_ctl" status -D "$data" >/dev/null 2>&1 || return 1
+  # A postmaster killed (a crash, the harness's failover) stays a zombie
+  # until init reaps it, which pg_ctl counts as running.
+  local pid state; pid=$(pg_pid_node "$1")
+  state=$(awk '{print $3}' "/proc/$pid/stat" 2>/dev/null || true)
+  [[ -n $state && $state != Z ]]
 }
 pg_pid_node() { head -n 1 "$(node_data "$1")/postmaster.pid" 2>/dev/null || true; }
 pg_running() { pg_running_node "$(pg_primary_node)"; }

@@ -63,10 +63,6 @@ func (n *nemesisRun) pgFailover(ctx context.Context, s step) (string, error) {
 		return "skipped: the stack has no standby (PG_REPLICATION=async or sync)", nil
 	}
 	cctx := context.WithoutCancel(ctx)
-	before, err := n.resumeMarks(cctx)
-	if err != nil {
-		return "reading the marks before the failover failed", err
-	}
 	n.stackMu.Lock()
 	rep, err := stack.Failover(cctx, s.Hold)
 	n.stackMu.Unlock()
@@ -74,10 +70,17 @@ func (n *nemesisRun) pgFailover(ctx context.Context, s step) (string, error) {
 		return "failover failed", err
 	}
 	n.pgKilled.Store(s.At, rep.KilledAt)
+	// Marks taken once the standby is promoted: what moves after them was
+	// done against the new primary (a log-based relay may have published,
+	// while the standby lagged, what the old one decoded).
+	before, err := n.resumeMarks(cctx)
+	if err != nil {
+		return "reading the marks after the promotion failed", err
+	}
 	resumed := n.waitResumed(cctx, before, rep.KilledAt)
-	detail := fmt.Sprintf("%s replication: the standby received nothing for %.1fs (%d bytes behind), then the primary was killed; "+
-		"promoted %.1fs after the kill (logical slots on it: %s); resumed after the kill: %s",
-		stack.HA, rep.LaggedFor.Seconds(), rep.LagBytes, rep.PromotedAt.Sub(rep.KilledAt).Seconds(), rep.Slots, resumed)
+	detail := fmt.Sprintf("%s replication: (%.1fs waiting for the slots to be synchronized) the standby received nothing for %.1fs (%d bytes behind), "+
+		"then the primary was killed; promoted %.1fs after the kill (logical slots on it: %s); resumed after the kill: %s",
+		stack.HA, rep.SyncWait.Seconds(), rep.LaggedFor.Seconds(), rep.LagBytes, rep.PromotedAt.Sub(rep.KilledAt).Seconds(), rep.Slots, resumed)
 	n.h.logf("    pgfailover: %s", detail)
 	// A standby again, for the next failover: the old primary seeded anew.
 	n.stackMu.Lock()

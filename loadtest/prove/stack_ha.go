@@ -94,6 +94,46 @@ type FailoverReport struct {
 	KilledAt, PromotedAt time.Time
 	// Slots is what the promoted standby said of its logical slots.
 	Slots string
+	// SyncWait is how long the failover waited for the standby to hold a
+	// synchronized copy of every failover slot (PostgreSQL 17), as a
+	// failover manager waits before it calls a standby a candidate.
+	SyncWait time.Duration
+}
+
+// slotSyncBound bounds waitSlotsSynced: the slot sync worker sleeps up to
+// 30s between rounds when nothing changes.
+const slotSyncBound = 35 * time.Second
+
+// waitSlotsSynced waits, on PostgreSQL 17 and later, until the standby
+// holds a synchronized copy of each of the primary's failover slots, at
+// most slotSyncBound; it returns how long it waited.
+func (s *Stack) waitSlotsSynced(ctx context.Context, primary *pgx.Conn) time.Duration {
+	var num int
+	if err := primary.QueryRow(ctx, `SELECT current_setting('server_version_num')::int`).Scan(&num); err != nil || num < 170000 {
+		return 0
+	}
+	_, standbyPort := s.primaryPort()
+	standby, err := pgx.Connect(ctx, fmt.Sprintf("postgres://postgres@127.0.0.1:%d/postgres?sslmode=disable", standbyPort))
+	if err != nil {
+		return 0
+	}
+	defer standby.Close(context.WithoutCancel(ctx))
+	began := time.Now()
+	_ = waitUntil(ctx, slotSyncBound, func() bool {
+		var want []string
+		rows, err := primary.Query(ctx, `SELECT slot_name FROM pg_replication_slots WHERE slot_type = 'logical' AND failover`)
+		if err != nil {
+			return false
+		}
+		if want, err = pgx.CollectRows(rows, pgx.RowTo[string]); err != nil {
+			return false
+		}
+		var have int
+		err = standby.QueryRow(ctx, `SELECT count(*) FROM pg_replication_slots WHERE synced AND slot_name = ANY($1)
+			AND NOT temporary AND confirmed_flush_lsn IS NOT NULL`, want).Scan(&have)
+		return err == nil && have == len(want)
+	})
+	return time.Since(began)
 }
 
 // Failover fails Postgres over as a machine loss does: the primary's
@@ -114,8 +154,8 @@ func (s *Stack) Failover(ctx context.Context, lag time.Duration) (FailoverReport
 	}
 	defer conn.Close(context.WithoutCancel(ctx))
 	var sender, postmaster int
-	if err := conn.QueryRow(ctx, `SELECT coalesce((SELECT pid FROM pg_stat_replication WHERE application_name = 'onceflow_standby' LIMIT 1), 0),
-		(SELECT pid FROM pg_stat_activity WHERE pid = pg_backend_pid())`).Scan(&sender, new(int)); err != nil {
+	if err := conn.QueryRow(ctx, `SELECT coalesce((SELECT pid FROM pg_stat_replication
+		WHERE application_name = 'onceflow_standby' LIMIT 1), 0)`).Scan(&sender); err != nil {
 		return rep, err
 	}
 	if b, err := os.ReadFile(filepath.Join(s.pgDataDir(), nodeDir(s, port), "postmaster.pid")); err == nil {
@@ -124,6 +164,7 @@ func (s *Stack) Failover(ctx context.Context, lag time.Duration) (FailoverReport
 	if postmaster <= 0 {
 		return rep, fmt.Errorf("no postmaster.pid for the primary on %d", port)
 	}
+	rep.SyncWait = s.waitSlotsSynced(ctx, conn)
 	if sender > 0 && lag > 0 {
 		if err := syscall.Kill(sender, syscall.SIGSTOP); err != nil {
 			return rep, err
@@ -146,7 +187,7 @@ func (s *Stack) Failover(ctx context.Context, lag time.Duration) (FailoverReport
 		_ = syscall.Kill(pid, syscall.SIGKILL)
 	}
 	rep.KilledAt = time.Now()
-	_ = waitUntil(ctx, 10*time.Second, func() bool { return syscall.Kill(postmaster, 0) != nil })
+	_ = waitUntil(ctx, 10*time.Second, func() bool { return !alive(postmaster) })
 	out, err := s.scriptOut(ctx, "failover")
 	rep.PromotedAt = time.Now()
 	if i := strings.Index(out, "logical slots it has: "); i >= 0 {
@@ -185,4 +226,15 @@ func childrenOf(pid int) []int {
 		}
 	}
 	return out
+}
+
+// alive reports whether pid runs: not gone, and not a zombie waiting for
+// its parent (the postmaster's is init, which may reap it late).
+func alive(pid int) bool {
+	b, err := os.ReadFile(filepath.Join("/proc", strconv.Itoa(pid), "stat"))
+	if err != nil {
+		return false
+	}
+	f := strings.Fields(string(b[strings.LastIndexByte(string(b), ')')+1:]))
+	return len(f) > 0 && f[0] != "Z"
 }
