@@ -386,8 +386,8 @@ func (n *nemesisRun) apply(ctx context.Context, s step) {
 		if s.Hold > 0 || s.Kind == NemKafka || s.Kind == NemPostgres {
 			rec.Until = time.Now()
 		}
-		if s.Kind == NemPGFailover {
-			rec.Seconds = n.pgKilledSeconds(s, rec.At)
+		if from, secs, ok := n.pgWindow(s); ok && s.Kind == NemPGFailover {
+			rec.At, rec.Seconds = from, secs
 		}
 		n.hist.add(rec)
 	}()

@@ -69,7 +69,7 @@ func (n *nemesisRun) pgFailover(ctx context.Context, s step) (string, error) {
 	if err != nil {
 		return "failover failed", err
 	}
-	n.pgKilled.Store(s.At, rep.KilledAt)
+	n.pgKilled.Store(s.At, [2]time.Time{rep.KilledAt.Add(-rep.LaggedFor), rep.KilledAt})
 	// Marks taken once the standby is promoted: what moves after them was
 	// done against the new primary (a log-based relay may have published,
 	// while the standby lagged, what the old one decoded).
@@ -179,15 +179,16 @@ func httpOK(ctx context.Context, url string) bool {
 	return resp.StatusCode == http.StatusOK
 }
 
-// pgKilledSeconds is how long after the fault's record began (rec.At) the
-// primary of step s died: the end of what an asynchronous failover may
-// take back (check/failover.go).
-func (n *nemesisRun) pgKilledSeconds(s step, began time.Time) float64 {
+// pgWindow is when step s's standby stopped receiving and when its
+// primary died: what an asynchronous failover may take back
+// (check/failover.go); ok is false if the failover did not happen.
+func (n *nemesisRun) pgWindow(s step) (from time.Time, seconds float64, ok bool) {
 	v, ok := n.pgKilled.Load(s.At)
 	if !ok {
-		return 0
+		return time.Time{}, 0, false
 	}
-	return v.(time.Time).Sub(began).Seconds()
+	w := v.([2]time.Time)
+	return w[0], w[1].Sub(w[0]).Seconds(), true
 }
 
 // isPGHAKind reports whether k is one of pgHAKinds.
