@@ -118,9 +118,15 @@ func StartStackHA(ctx context.Context, root, dir, toxiBin string, logf func(stri
 	s := &Stack{root: root, dir: dir, logf: logf, HA: ha}
 	_ = s.script(ctx, "down") // a run that was killed leaves its servers behind
 	// A failover of an earlier run made node b the primary, on a port of
-	// that run: node a, on PGPort, is the primary again (stack.sh seeds b
-	// anew from it when this run has a standby).
-	_ = os.Remove(filepath.Join(s.pgDataDir(), "primary"))
+	// that run, and node a its standby or a dead old primary: start from
+	// nothing, with node a the primary on PGPort again.
+	b, _ := os.ReadFile(filepath.Join(s.pgDataDir(), "primary"))
+	_, standbyA := os.Stat(filepath.Join(s.pgDataDir(), "data", "standby.signal"))
+	if strings.TrimSpace(string(b)) == "b" || standbyA == nil {
+		if err := os.RemoveAll(s.pgDataDir()); err != nil {
+			return nil, err
+		}
+	}
 	if err := os.RemoveAll(filepath.Join(dir, "kafka", "data")); err != nil {
 		return nil, err
 	}
