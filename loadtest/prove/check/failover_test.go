@@ -24,12 +24,13 @@ func TestFailoverRules(t *testing.T) {
 		return check.Record{Kind: check.KindFault, Fault: check.FaultPGFailover, Mode: mode, At: at,
 			Seconds: 3, Until: at.Add(20 * time.Second)}
 	}
-	tests := []struct {
+	type test struct {
 		name      string
 		history   []check.Record
 		want      map[string]int
 		takenBack int
-	}{
+	}
+	tests := []test{
 		{"sync: an acknowledged order must survive", run([]check.Record{failover("sync", t0.Add(-time.Second))}, vanished),
 			map[string]int{check.Atomicity: 1}, 0},
 		{"async: an acknowledged order in the window may be taken back", run([]check.Record{failover("async", t0.Add(-time.Second))}, vanished),
@@ -41,6 +42,20 @@ func TestFailoverRules(t *testing.T) {
 		{"async: a redone charge is never a second payment", run([]check.Record{failover("async", t0.Add(-time.Second))}, twice),
 			map[string]int{check.Duplicate: 1}, 0},
 	}
+	// Billing's charge of a taken-back order lost with its commit: the
+	// end-of-run reconciliation names it, and that is the platform saying
+	// so, not a finding; a reconciliation naming another order is one.
+	charged := without(life("c", false), check.KindCharge, "")
+	charged = without(charged, check.KindBooking, "")
+	charged = without(without(charged, check.KindMessage, "PaymentCaptured"), check.KindInbox, "")
+	reconcile := func(ids string) check.Record {
+		return check.Record{Kind: check.KindReconcile, Outcome: check.Findings, Detail: "order_without_charge in billing: 1 (" + ids + ")"}
+	}
+	tests = append(tests,
+		test{"async: reconciliation of a taken-back charge", run([]check.Record{failover("async", t0.Add(-time.Second)), reconcile("c")}, charged), nil, 1},
+		test{"async: reconciliation of another order", run([]check.Record{failover("async", t0.Add(-time.Second)), reconcile("x")}, charged),
+			map[string]int{check.Unresolved: 1}, 1},
+	)
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			res := check.Check(tt.history)
