@@ -11,6 +11,7 @@ DEMO_ARGS ?=
 # RELAY_MODES: the relay modes atomicity, relay-crash and ordering run in (default poll,cdc,wal; also debezium: Kafka Connect as the relay).
 P ?=
 
+.PHONY: failover
 .PHONY: help up down status logs services stop demo test vet fmt build prometheus-tools up-prometheus down-prometheus debezium-jars up-debezium down-debezium alert-drill dashboards reconcile contracts-check
 
 help: ## List the targets
@@ -18,6 +19,11 @@ help: ## List the targets
 
 up: ## Start PostgreSQL and Kafka on loopback (idempotent; see devstack/stack.sh)
 	devstack/stack.sh up
+
+# Postgres high availability (devstack/stack.sh): ONCEFLOW_PG_STANDBY=1 make up starts a streaming
+# standby (ONCEFLOW_PG_SYNC=1: synchronous), ONCEFLOW_PG_VERSION=17 PostgreSQL 17 with failover slots.
+failover: ## Fail Postgres over: stop the primary as a crash does, promote the standby (ONCEFLOW_PG_STANDBY=1 make up started it)
+	devstack/stack.sh failover
 
 down: stop ## Stop the services, then Kafka Connect, Prometheus, PostgreSQL and Kafka (data is kept in .devstack/)
 	devstack/connect.sh down
@@ -134,7 +140,8 @@ fuzz: ## Fuzz every decoder for FUZZTIME each (default 30s); a failure leaves it
 .PHONY: prove
 prove: ## Kill, restart and poison the real processes, audit every database and the ledger (P=<proof> for one; docs/proofs.md)
 	go run ./loadtest/prove/cmd/prove -profile full $(if $(P),-only $(P)) $(if $(RELAY_MODES),-relay-modes $(RELAY_MODES)) \
-	  $(if $(SEED),-seed $(SEED)) $(if $(NEMESIS),-nemesis $(NEMESIS)) $(if $(NEMESIS_TARGETS),-nemesis-targets $(NEMESIS_TARGETS)) $(if $(NEMESIS_DURATION),-nemesis-duration $(NEMESIS_DURATION))
+	  $(if $(SEED),-seed $(SEED)) $(if $(NEMESIS),-nemesis $(NEMESIS)) $(if $(NEMESIS_TARGETS),-nemesis-targets $(NEMESIS_TARGETS)) $(if $(NEMESIS_DURATION),-nemesis-duration $(NEMESIS_DURATION)) \
+	  $(if $(PG_REPLICATION),-pg-replication $(PG_REPLICATION))
 
 .PHONY: bench-outbox
 bench-outbox: up ## Run the outbox benchmarks: ratios against same-run baselines (BENCHMARKS.md; BENCH=regex)

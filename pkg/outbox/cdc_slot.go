@@ -95,6 +95,9 @@ func (r *CDCRelay) ensureSlot(ctx context.Context, conn *pgconn.PgConn) error {
 		return fmt.Errorf("the replication slot is being created by another instance: %w", errSlotBusy)
 	}
 	if walStatus != nil && *walStatus != "lost" {
+		if err := r.ensureFailover(ctx, conn); err != nil {
+			return err
+		}
 		if lastLSN == nil {
 			// A slot made by hand: record it, so that losing it later is
 			// noticed.
@@ -114,8 +117,7 @@ func (r *CDCRelay) ensureSlot(ctx context.Context, conn *pgconn.PgConn) error {
 			return slotErr("dropping the invalidated slot", err)
 		}
 	}
-	res, err := pglogrepl.CreateReplicationSlot(ctx, conn, r.cfg.Slot, "pgoutput",
-		pglogrepl.CreateReplicationSlotOptions{Mode: pglogrepl.LogicalReplication, SnapshotAction: "NOEXPORT_SNAPSHOT"})
+	res, err := r.createSlot(ctx, conn)
 	if err != nil {
 		return slotErr("creating the replication slot", err)
 	}

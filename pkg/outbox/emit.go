@@ -60,10 +60,13 @@ const (
 // does, so a consumer gets the same bytes from either relay mode.
 // Transactional (true): the message is decoded at the transaction's commit,
 // in commit order with the transaction's other changes, and never if it
-// rolls back.
+// rolls back. It emits nothing, and returns no row, unless the server holds
+// a slot that decodes it (slotHeld, cdc_failover.go): after a failover to a
+// server without the relay's slot, the write is refused, not lost.
 const emitEvent = `
 SELECT pg_logical_emit_message(true, $1::text,
-    $2::bytea || int8send((extract(epoch FROM clock_timestamp()) * 1000000)::bigint) || convert_to($3::jsonb::text, 'UTF8'))`
+    $2::bytea || int8send((extract(epoch FROM clock_timestamp()) * 1000000)::bigint) || convert_to($3::jsonb::text, 'UTF8'))
+WHERE ` + slotHeldExpr
 
 // walEnvelope is the JSON shape of an emitted event (emitJSON).
 type walEnvelope struct {
@@ -92,9 +95,14 @@ func Emit(ctx context.Context, tx pgx.Tx, ev event.Envelope) error {
 	if err := ev.Validate(); err != nil {
 		return fmt.Errorf("outbox: %s %s: %w", ev.EventType, ev.EventID, err)
 	}
-	_, err := tx.Exec(ctx, emitEvent, EmitPrefix, emitHeader(ev), []byte(ev.Payload))
+	tag, err := tx.Exec(ctx, emitEvent, EmitPrefix, emitHeader(ev), []byte(ev.Payload))
 	if err != nil {
 		return fmt.Errorf("outbox: emitting %s %s: %w", ev.EventType, ev.EventID, err)
+	}
+	if tag.RowsAffected() == 0 {
+		// No slot on this server (a failover the relay has not caught up
+		// with): nothing would keep the message (cdc_failover.go).
+		return noSlotErr(fmt.Sprintf("emitting %s %s", ev.EventType, ev.EventID))
 	}
 	return nil
 }

@@ -20,12 +20,21 @@ import (
 // Connect opens a pool on url and pings it, so a wrong URL or a stopped
 // server is reported at start-up rather than on the first request.
 func Connect(ctx context.Context, url string, maxConns int32) (*pgxpool.Pool, error) {
+	return ConnectWatched(ctx, url, maxConns, nil)
+}
+
+// ConnectWatched is Connect with watch (nil: none) noting the server each
+// new connection reaches.
+func ConnectWatched(ctx context.Context, url string, maxConns int32, watch *ServerWatch) (*pgxpool.Pool, error) {
 	cfg, err := pgxpool.ParseConfig(url)
 	if err != nil {
 		return nil, fmt.Errorf("parsing database URL: %w", err)
 	}
 	if maxConns > 0 {
 		cfg.MaxConns = maxConns
+	}
+	if watch != nil {
+		cfg.AfterConnect = watch.afterConnect
 	}
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {

@@ -34,6 +34,12 @@ func (s *Service) OutboxRelay(ctx context.Context, w outbox.Writer, cfg outbox.P
 	if err := relay.Prepare(ctx); err != nil {
 		return lifecycle.Stage{}, err
 	}
+	// And after a failover, until the relay holds a slot on the promoted
+	// server again (Emit refuses meanwhile): not ready, so that a load
+	// balancer sends the writes elsewhere or waits.
+	if cdc, ok := relay.(*outbox.CDCRelay); ok && cfg.Mode == outbox.ModeWAL {
+		s.AddCheck("replication slot", cdc.SlotReady)
+	}
 	return lifecycle.Stage{Name: "outbox relay (" + string(cfg.Mode) + ")", Run: relay.Run}, nil
 }
 

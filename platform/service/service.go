@@ -144,7 +144,9 @@ func New(ctx context.Context, stdout io.Writer, opts Options) (*Service, error) 
 	if strings.Contains(opts.DatabaseURL, "pool_max_conns") {
 		poolConns = 0 // the URL's
 	}
-	pool, err := pgutil.Connect(ctx, opts.DatabaseURL, poolConns)
+	// Which server the pool reaches: after a failover, the promoted standby.
+	watch := pgutil.NewServerWatch(logger)
+	pool, err := pgutil.ConnectWatched(ctx, opts.DatabaseURL, poolConns, watch)
 	if err != nil {
 		_ = shutdownTracing(ctx)
 		return nil, err
@@ -156,6 +158,7 @@ func New(ctx context.Context, stdout io.Writer, opts Options) (*Service, error) 
 	}
 	registry := prometheus.NewRegistry()
 	registry.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	registry.MustRegister(watch.Collectors()...)
 	checks := map[string]httpserver.Check{
 		"postgres": pool.Ping,
 		"kafka":    func(ctx context.Context) error { return kafkautil.PingWith(ctx, opts.Kafka, opts.KafkaBrokers) },

@@ -123,7 +123,9 @@ func (b *Billing) HandleNaive(ctx context.Context, tx pgx.Tx, ev event.Envelope)
 	if err != nil {
 		return err
 	}
-	return b.emit(ctx, tx, ev, EventPaymentCaptured, version, Payment{
+	// A fresh event id too: what the naive mode shows is a redelivery
+	// becoming a second, different payment downstream.
+	return b.emitAs(ctx, tx, ev, event.NewID(), EventPaymentCaptured, version, Payment{
 		PaymentID: paymentID, OrderID: p.OrderID, CustomerID: p.CustomerID,
 		AmountCents: p.AmountCents, Currency: p.Currency, At: now,
 	})
@@ -201,7 +203,7 @@ func (b *Billing) captureAll(ctx context.Context, tx pgx.Tx, evs []inbox.Applyin
 			continue // the same order placed again: its first event charges it, or nothing does
 		}
 		orders[p.OrderID] = true
-		charges = append(charges, Charge{OrderID: p.OrderID, PaymentID: event.NewID(), CustomerID: p.CustomerID,
+		charges = append(charges, Charge{OrderID: p.OrderID, PaymentID: paymentIDOf(a.Event), CustomerID: p.CustomerID,
 			AmountCents: p.AmountCents, Currency: p.Currency, Status: StatusCaptured, Version: 1, CapturedAt: now})
 		causes = append(causes, a)
 	}
@@ -214,7 +216,7 @@ func (b *Billing) captureAll(ctx context.Context, tx pgx.Tx, evs []inbox.Applyin
 		if !inserted[c.OrderID] {
 			continue // already charged: the business constraint absorbed a re-emitted OrderPlaced
 		}
-		ev, err := b.payment(causes[i].Ctx, causes[i].Event, EventPaymentCaptured, 1, Payment{
+		ev, err := b.payment(causes[i].Ctx, causes[i].Event, derivedEventID(causes[i].Event, EventPaymentCaptured), EventPaymentCaptured, 1, Payment{
 			PaymentID: c.PaymentID, OrderID: c.OrderID, CustomerID: c.CustomerID,
 			AmountCents: c.AmountCents, Currency: c.Currency, At: now, OrderEventAt: causes[i].Event.OccurredAt.UTC(),
 		})
@@ -271,7 +273,7 @@ func unknownVersion(ev event.Envelope) error {
 
 func (b *Billing) capture(ctx context.Context, tx pgx.Tx, cause event.Envelope, p orderPlaced) error {
 	now := b.now().UTC()
-	paymentID := event.NewID()
+	paymentID := paymentIDOf(cause)
 	inserted, err := b.store.InsertCharge(ctx, tx, Charge{OrderID: p.OrderID, PaymentID: paymentID, CustomerID: p.CustomerID,
 		AmountCents: p.AmountCents, Currency: p.Currency, Status: StatusCaptured, Version: 1, CapturedAt: now})
 	if err != nil {
@@ -307,17 +309,34 @@ func (b *Billing) refund(ctx context.Context, tx pgx.Tx, cause event.Envelope, o
 	})
 }
 
+// paymentIDOf is the payment id of the charge an OrderPlaced causes: derived
+// from the event (event.DerivedID), so a charge redone after billing lost its
+// record of the first one (a failover that took back its last commits, with
+// the OrderPlaced delivered again) is the same payment, not a second one.
+func paymentIDOf(placed event.Envelope) uuid.UUID { return event.DerivedID(placed.EventID, "payment") }
+
+// derivedEventID is the id of the eventType event cause leads to: the same
+// on every redo, so the shim's inbox, and the Idempotency-Key it sends the
+// third party, recognise a redone payment event as the one already seen.
+func derivedEventID(cause event.Envelope, eventType string) uuid.UUID {
+	return event.DerivedID(cause.EventID, eventType)
+}
+
 func (b *Billing) emit(ctx context.Context, tx pgx.Tx, cause event.Envelope, eventType string, version int64, p Payment) error {
-	ev, err := b.payment(ctx, cause, eventType, version, p)
+	return b.emitAs(ctx, tx, cause, derivedEventID(cause, eventType), eventType, version, p)
+}
+
+func (b *Billing) emitAs(ctx context.Context, tx pgx.Tx, cause event.Envelope, id uuid.UUID, eventType string, version int64, p Payment) error {
+	ev, err := b.payment(ctx, cause, id, eventType, version, p)
 	if err != nil {
 		return err
 	}
 	return b.write(ctx, tx, ev)
 }
 
-// payment is the event of p, caused by cause; ctx is the cause's consumer
-// span.
-func (b *Billing) payment(ctx context.Context, cause event.Envelope, eventType string, version int64, p Payment) (event.Envelope, error) {
+// payment is the event id of p, caused by cause; ctx is the cause's
+// consumer span.
+func (b *Billing) payment(ctx context.Context, cause event.Envelope, id uuid.UUID, eventType string, version int64, p Payment) (event.Envelope, error) {
 	body, err := json.Marshal(p)
 	if err != nil {
 		return event.Envelope{}, fmt.Errorf("encoding %s: %w", eventType, err)
@@ -329,7 +348,7 @@ func (b *Billing) payment(ctx context.Context, cause event.Envelope, eventType s
 		traceparent = cause.Traceparent
 	}
 	return event.Envelope{
-		EventID:          event.NewID(),
+		EventID:          id,
 		EventType:        eventType,
 		EventVersion:     1,
 		AggregateType:    AggregateType,

@@ -292,3 +292,44 @@ func TestHandleBatchChargesAnOrderPlacedTwiceOnce(t *testing.T) {
 		t.Fatalf("charges %+v, payments %+v; want one of each, caused by the first event", charges, payments)
 	}
 }
+
+// Issue 32: a charge redone after billing lost its record of the first one
+// (an asynchronous Postgres failover took back billing's last commits, and
+// orders.events delivered the OrderPlaced again) is the same payment: the
+// same payment id and the same PaymentCaptured event id, which the shim
+// sends as the Idempotency-Key. A fresh id each time made it a second
+// capture of the order under another key, which the third party booked.
+// Each database here is one of the two lives of billing's; one by one and
+// batched alike.
+func TestARedoneChargeIsTheSamePaymentUnderTheSameKey(t *testing.T) {
+	t.Parallel()
+	place := placed(uuid.New())
+	orderID := uuid.MustParse(place.AggregateID)
+	type payment struct{ paymentID, eventID uuid.UUID }
+	var lives []payment
+	for i := range 4 {
+		b, pool := newBilling(t)
+		if i%2 == 0 {
+			if err := handle(t, b, pool, place); err != nil {
+				t.Fatal(err)
+			}
+		} else if dl := inboxtest.DeliverBatched(t, pool, inbox.Config{Name: "billing"}, b, place); len(dl) != 0 {
+			t.Fatalf("dead letters: %+v", dl)
+		}
+		c, err := b.Charge(context.Background(), orderID)
+		if err != nil {
+			t.Fatal(err)
+		}
+		evs := outboxtest.Enqueued(t, pool, outboxtest.Match{})
+		if len(evs) != 1 {
+			t.Fatalf("%d payment events, want 1", len(evs))
+		}
+		lives = append(lives, payment{c.PaymentID, evs[0].EventID})
+	}
+	for i, l := range lives[1:] {
+		if l != lives[0] {
+			t.Fatalf("redo %d: payment id %s, event id %s; the first time: %s, %s (a second capture under another key)",
+				i+1, l.paymentID, l.eventID, lives[0].paymentID, lives[0].eventID)
+		}
+	}
+}

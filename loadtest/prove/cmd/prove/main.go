@@ -46,6 +46,8 @@ func run(ctx context.Context, args []string) error {
 	nemesis := fs.String("nemesis", "", "the nemesis's fault kinds (NEMESIS=), e.g. pause,thirdparty or -kafka,-postgres; default all: "+strings.Join(prove.NemesisKinds, ","))
 	nemesisTargets := fs.String("nemesis-targets", "", "narrow the nemesis's faults on instances (pause, kill, member) to these kinds (NEMESIS_TARGETS=): orders,billing,shim")
 	nemesisDuration := fs.Duration("nemesis-duration", 0, "how long the nemesis's faults run (NEMESIS_DURATION=); default the profile's (full 10m)")
+	pgReplication := fs.String("pg-replication", "", "a streaming Postgres standby for the harness's stack (PG_REPLICATION=): async or sync; "+
+		"the nemesis's pgfailover fault promotes it (ONCEFLOW_PG_VERSION=17 for PostgreSQL 17 and failover slots)")
 	parallel := fs.Int("parallel", 1, "how many of the proofs that leave the shared stack alone run at once, each on its own platform")
 	if err := fs.Parse(args[1:]); err != nil {
 		return err
@@ -60,6 +62,9 @@ func run(ctx context.Context, args []string) error {
 	}
 	opts := prove.Options{Root: root, Dir: *dir, Profile: prof, Out: os.Stdout, RelayModes: strings.Split(*relayModes, ","),
 		Parallel: *parallel, Nemesis: prove.NemesisOptions{Seed: *seed, Duration: *nemesisDuration}}
+	if opts.PGReplication, err = prove.ParsePGReplication(*pgReplication); err != nil {
+		return err
+	}
 	if *nemesis != "" {
 		opts.Nemesis.Kinds = strings.Split(*nemesis, ",")
 	}
