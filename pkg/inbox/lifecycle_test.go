@@ -1,0 +1,331 @@
+package inbox_test
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/segmentio/kafka-go"
+
+	"github.com/onceflow/onceflow/pkg/event"
+	"github.com/onceflow/onceflow/pkg/inbox"
+	"github.com/onceflow/onceflow/pkg/testenv"
+)
+
+// The lifecycle bugs of issue 29, each forced deterministically through
+// Consumer.Handle (the consumer's real path, without a group), against the
+// real Postgres and Kafka. The interleaving checker (interleave_test.go)
+// finds each of them too when it is put back.
+
+// bookingParty is a third party that cannot dedupe, for these tests: Call
+// books, then fails with failWith while it is set (a 502 after the booking
+// landed); Check says whether the key was booked.
+type bookingParty struct {
+	mu       sync.Mutex
+	booked   map[string]int
+	failWith error
+	refuse   map[string]error // event id -> the error Call returns instead of booking
+}
+
+func newBookingParty() *bookingParty {
+	return &bookingParty{booked: map[string]int{}, refuse: map[string]error{}}
+}
+
+func (p *bookingParty) effect() inbox.Effect {
+	return inbox.Effect{
+		Check: func(_ context.Context, key string) (bool, error) {
+			p.mu.Lock()
+			defer p.mu.Unlock()
+			return p.booked[key] > 0, nil
+		},
+		Call: func(_ context.Context, _ event.Envelope, key string) error {
+			p.mu.Lock()
+			defer p.mu.Unlock()
+			if err := p.refuse[key]; err != nil {
+				return err
+			}
+			p.booked[key]++
+			return p.failWith
+		},
+	}
+}
+
+func (p *bookingParty) set(failWith error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.failWith = failWith
+}
+
+func (p *bookingParty) bookings(key string) int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.booked[key]
+}
+
+// gateWriter is a dead-letter topic that is slow: its first write waits
+// until the test opens the gate (entered says it is waiting), then goes to
+// the real topic.
+type gateWriter struct {
+	inbox.Writer
+	once    sync.Once
+	entered chan struct{}
+	open    chan struct{}
+}
+
+func newGateWriter(w inbox.Writer) *gateWriter {
+	return &gateWriter{Writer: w, entered: make(chan struct{}), open: make(chan struct{})}
+}
+
+func (g *gateWriter) WriteMessages(ctx context.Context, msgs ...kafka.Message) error {
+	first := false
+	g.once.Do(func() { first = true })
+	if first {
+		close(g.entered)
+		select {
+		case <-g.open:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+	return g.Writer.WriteMessages(ctx, msgs...)
+}
+
+// handle runs msgs through c, failing the test on an error.
+func handle(t *testing.T, c *inbox.Consumer, msgs ...kafka.Message) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	if err := c.Handle(ctx, msgs...); err != nil {
+		t.Fatalf("Handle: %v", err)
+	}
+}
+
+// lastMessage reads the last message of partition 0 of topic: what a
+// requeue just produced.
+func lastMessage(t *testing.T, brokers []string, topic string) kafka.Message {
+	t.Helper()
+	conn, err := kafka.DialLeader(context.Background(), "tcp", brokers[0], topic, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, last, err := conn.ReadOffsets()
+	conn.Close()
+	if err != nil || last == 0 {
+		t.Fatalf("%s: end offset %d, %v; want a message", topic, last, err)
+	}
+	r := kafka.NewReader(kafka.ReaderConfig{Brokers: brokers, Topic: topic, Partition: 0, MaxWait: 100 * time.Millisecond,
+		MaxBytes: 4 << 20})
+	defer r.Close()
+	if err := r.SetOffset(last - 1); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	m, err := r.ReadMessage(ctx)
+	if err != nil {
+		t.Fatalf("reading the last message of %s: %v", topic, err)
+	}
+	return m
+}
+
+func (f *fixture) status(t *testing.T, consumer string, ev event.Envelope) string {
+	t.Helper()
+	var s string
+	err := f.pool.QueryRow(context.Background(), `SELECT status FROM inbox_messages WHERE consumer = $1 AND message_id = $2`,
+		consumer, ev.EventID).Scan(&s)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return "(no row)"
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+func fastRetries(name, dlt string) inbox.Config {
+	return inbox.Config{Name: name, DeadLetterTopic: dlt, BackoffMin: time.Millisecond, BackoffMax: 5 * time.Millisecond}
+}
+
+// Bug 1: a call that fails with a plain error on its last allowed attempt
+// may have landed. Its dead letter, requeued, must be checked before it is
+// called again: the requeue must not forget "may have called".
+func TestARequeuedLeaseDeadLetterWhoseCallMayHaveLandedIsCheckedFirst(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	dlt := testenv.NewTopic(t, f.brokers, 1)
+	party := newBookingParty()
+	party.set(errors.New("502 Bad Gateway (the booking landed)"))
+	cfg := inbox.LeaseConfig{Config: fastRetries("requeue-check", dlt), LeaseTTL: 600 * time.Millisecond}
+	cfg.MaxAttempts = 1
+	c, err := inbox.NewLeaseConsumer(f.pool, f.source(testenv.Name("group")), f.writer, party.effect(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ev := newEvent("order-1", 1)
+	m := event.ToKafka(f.topic, ev)
+	handle(t, c, m)
+	if s := f.status(t, cfg.Name, ev); s != "dead_lettered" || party.bookings(ev.EventID.String()) != 1 {
+		t.Fatalf("after the failed last call: row %s, %d bookings; want dead_lettered and 1", s, party.bookings(ev.EventID.String()))
+	}
+
+	party.set(nil) // the third party answers again
+	f.requeue(t, dlt, 1, ev.EventID)
+	handle(t, c, lastMessage(t, f.brokers, f.topic))
+	if n := party.bookings(ev.EventID.String()); n != 1 {
+		t.Fatalf("the requeued letter was booked %d times in all (row %s), want once: its redelivery must check first",
+			n, f.status(t, cfg.Name, ev))
+	}
+	if s := f.status(t, cfg.Name, ev); s != "processed" {
+		t.Fatalf("the requeued letter's row is %s, want processed", s)
+	}
+}
+
+// Bug 2: member A waits on a slow dead-letter topic while member B (a
+// second group with the same inbox name, or the partition's next owner)
+// applies the same event. A's late dead-letter write must change nothing:
+// the processed row stays processed and the key's next version is applied,
+// not parked behind an event that was applied. In lease mode A's lease was
+// taken over meanwhile (the suspected fourth: a dead-letter write over a
+// new holder's row).
+func TestALateDeadLetterWriteLeavesAProcessedRowAlone(t *testing.T) {
+	t.Parallel()
+	inBothModes(t, func(t *testing.T, f *fixture, mode string) {
+		dlt := testenv.NewTopic(t, f.brokers, 1)
+		name := "shared-" + mode
+		v1, v2 := newEvent("order-2", 1), newEvent("order-2", 2)
+		gate := newGateWriter(f.writer)
+		var a, b *inbox.Consumer
+		var err error
+		cfg := fastRetries(name, dlt)
+		if mode == "transactional" {
+			a, err = inbox.NewConsumer(f.pool, f.source(testenv.Name("a")), gate, func(context.Context, pgx.Tx, event.Envelope) error {
+				return inbox.Permanent(errors.New("member A's handler refuses it"))
+			}, cfg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			b, err = inbox.NewConsumer(f.pool, f.source(testenv.Name("b")), f.writer, f.recordEffect, cfg)
+		} else {
+			refusing := newBookingParty()
+			refusing.refuse[v1.EventID.String()] = inbox.Permanent(errors.New("member A's third party refuses it"))
+			lcfg := inbox.LeaseConfig{Config: cfg, LeaseTTL: 300 * time.Millisecond}
+			a, err = inbox.NewLeaseConsumer(f.pool, f.source(testenv.Name("a")), gate, refusing.effect(), lcfg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			b, err = inbox.NewLeaseConsumer(f.pool, f.source(testenv.Name("b")), f.writer, newBookingParty().effect(), lcfg)
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		aDone := make(chan error, 1)
+		go func() { aDone <- a.Handle(context.Background(), event.ToKafka(f.topic, v1)) }()
+		<-gate.entered // A's dead letter waits on the slow topic
+		if mode == "lease" {
+			// A's lease expires while it waits: B takes it over.
+			testenv.WaitFor(t, 10*time.Second, "A's lease to expire", func() (bool, error) {
+				return f.count(t, `SELECT count(*) FROM inbox_messages WHERE message_id = $1 AND lease_until < now()`, v1.EventID) == 1, nil
+			})
+		}
+		handle(t, b, event.ToKafka(f.topic, v1))
+		if s := f.status(t, name, v1); s != "processed" {
+			t.Fatalf("B left v1 %s, want processed", s)
+		}
+		close(gate.open)
+		if err := <-aDone; err != nil {
+			t.Fatalf("A: %v", err)
+		}
+		if s := f.status(t, name, v1); s != "processed" {
+			t.Fatalf("A's late dead-letter write turned B's processed v1 into %s", s)
+		}
+		if n := f.count(t, `SELECT count(*) FROM inbox_dead_keys WHERE message_id = $1`, v1.EventID); n != 0 {
+			t.Fatalf("A's late dead-letter write holds v1's aggregate (%d inbox_dead_keys rows) though v1 was applied", n)
+		}
+		handle(t, b, event.ToKafka(f.topic, v2))
+		if s := f.status(t, name, v2); s != "processed" {
+			t.Fatalf("v2 is %s, want processed: it was parked behind an event that was applied", s)
+		}
+	})
+}
+
+// Bug 3: two aggregate types share an id (order and payment both use the
+// order id). When the payment's v2 dies in lease mode, the payment's
+// version guard goes back below v2; it must go back to what the payment
+// applied (nothing), not to the order's v1, or the payment's v1, arriving
+// late, is skipped as stale and never applied.
+func TestADeadLeasedEventMovesBackOnlyItsOwnAggregateTypesGuard(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	dlt := testenv.NewTopic(t, f.brokers, 1)
+	party := newBookingParty()
+	order1, order2 := newEvent("order-3", 1), newEvent("order-3", 2)
+	order1.AggregateType, order2.AggregateType = "order", "order"
+	pay1, pay2 := newEvent("order-3", 1), newEvent("order-3", 2)
+	pay1.AggregateType, pay2.AggregateType = "payment", "payment"
+	party.refuse[pay2.EventID.String()] = inbox.Permanent(errors.New("refused"))
+	c, err := inbox.NewLeaseConsumer(f.pool, f.source(testenv.Name("group")), f.writer, party.effect(),
+		inbox.LeaseConfig{Config: fastRetries("two-types", dlt)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, ev := range []event.Envelope{order1, order2, pay2, pay1} {
+		handle(t, c, event.ToKafka(f.topic, ev))
+	}
+	if s := f.status(t, "two-types", pay2); s != "dead_lettered" {
+		t.Fatalf("payment v2 is %s, want dead_lettered", s)
+	}
+	if n := party.bookings(pay1.EventID.String()); n != 1 {
+		t.Fatalf("payment v1 booked %d times (row %s), want once: the payment's guard was moved back to the order's version",
+			n, f.status(t, "two-types", pay1))
+	}
+}
+
+// Bug 4: a dead letter too large for the dead-letter topic is stored there
+// truncated. Its requeue must send the whole original (kept by the inbox),
+// never the truncated copy, which does not decode: the event is applied,
+// and its aggregate's parked successor after it.
+func TestARequeuedTruncatedDeadLetterIsSentWholeAndReleasesItsAggregate(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	dlt := testenv.Name("small-dlt")
+	testenv.NewTopicNamed(t, f.brokers, dlt, 1, kafka.ConfigEntry{ConfigName: "max.message.bytes", ConfigValue: "100000"})
+	big := newEvent("order-4", 1)
+	big.Payload = []byte(`{"pad":"` + strings.Repeat("x", 300_000) + `"}`)
+	next := newEvent("order-4", 2)
+	apply, repair := refusedUntilRepaired(big)
+	c, err := inbox.NewConsumer(f.pool, f.source(testenv.Name("group")), f.writer, func(ctx context.Context, tx pgx.Tx, ev event.Envelope) error {
+		return apply(ctx, tx.Exec, ev)
+	}, fastRetries("truncated", dlt))
+	if err != nil {
+		t.Fatal(err)
+	}
+	handle(t, c, event.ToKafka(f.topic, big))
+	handle(t, c, event.ToKafka(f.topic, next))
+	dl := lastMessage(t, f.brokers, dlt)
+	if len(dl.Value) >= len(big.Payload) {
+		t.Fatalf("the dead letter holds %d bytes; want it truncated (the test's premise)", len(dl.Value))
+	}
+	if n := f.count(t, `SELECT count(*) FROM inbox_parked_messages WHERE message_id = $1`, next.EventID); n != 1 {
+		t.Fatalf("v2 is not parked behind the dead v1 (%d parked rows)", n)
+	}
+
+	repair()
+	f.requeue(t, dlt, 1, big.EventID)
+	requeued := lastMessage(t, f.brokers, f.topic)
+	if !bytes.Equal(requeued.Value, big.Payload) {
+		t.Errorf("the requeue sent %d bytes, want the whole original's %d", len(requeued.Value), len(big.Payload))
+	}
+	handle(t, c, requeued)
+	got := f.effectOrder(t, map[uuid.UUID]event.Envelope{big.EventID: big, next.EventID: next})
+	if fmt.Sprint(got) != "[order-41 order-42]" {
+		t.Fatalf("effects %v after the requeue, want v1 then v2 (big v1 is %s, v2 parked: %d)", got,
+			f.status(t, "truncated", big), f.count(t, `SELECT count(*) FROM inbox_parked_messages WHERE message_id = $1`, next.EventID))
+	}
+}
