@@ -329,3 +329,32 @@ func TestARequeuedTruncatedDeadLetterIsSentWholeAndReleasesItsAggregate(t *testi
 			f.status(t, "truncated", big), f.count(t, `SELECT count(*) FROM inbox_parked_messages WHERE message_id = $1`, next.EventID))
 	}
 }
+
+// Suspected third: when marking a called message done keeps failing (here
+// Effect.Done refuses its record), the lease used to be given up with "row
+// stays leased" while the offset moved on: the message ended neither
+// processed nor dead, and no redelivery would come. The side effect
+// happened: the row must end visible, uncertain, for reconciliation.
+func TestALeaseThatCannotBeMarkedDoneEndsUncertainNotLeased(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	dlt := testenv.NewTopic(t, f.brokers, 1)
+	party := newBookingParty()
+	eff := party.effect()
+	eff.Done = func(context.Context, pgx.Tx, event.Envelope, inbox.Outcome) error {
+		return errors.New("the outcomes table refuses the record")
+	}
+	c, err := inbox.NewLeaseConsumer(f.pool, f.source(testenv.Name("group")), f.writer, eff,
+		inbox.LeaseConfig{Config: fastRetries("done-fails", dlt)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ev := newEvent("order-5", 1)
+	handle(t, c, event.ToKafka(f.topic, ev))
+	if s := f.status(t, "done-fails", ev); s != "uncertain" {
+		t.Fatalf("the message whose effect happened but could not be marked done is %s, want uncertain", s)
+	}
+	if n := party.bookings(ev.EventID.String()); n != 1 {
+		t.Fatalf("booked %d times, want once", n)
+	}
+}

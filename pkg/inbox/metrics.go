@@ -12,6 +12,7 @@ type Metrics struct {
 	processed, duplicates, stale, failures, gaps, uncertain *prometheus.CounterVec
 	parked, released                                        *prometheus.CounterVec
 	payloadMismatches                                       *prometheus.CounterVec
+	refused                                                 *prometheus.CounterVec // consumer, transition
 	deadLettered                                            *prometheus.CounterVec // consumer, reason
 	seconds, batchSeconds, hop                              *prometheus.HistogramVec
 	lag, deadLetters, parkedNow                             *prometheus.GaugeVec
@@ -62,6 +63,8 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		released: counter("inbox_released_total", "Parked events released from the parking once the dead event ahead of them was requeued and applied."),
 		deadLettered: counter("inbox_dead_lettered_total",
 			"Messages sent to the dead-letter topic, by reason (undecodable, invalid, permanent, exhausted).", "reason"),
+		refused: counter("inbox_transitions_refused_total",
+			"Lifecycle transitions a writer tried after losing its right (the row had moved on: settled by another member, a lease taken over); each changed nothing (state.go).", "transition"),
 		gaps:      counter("inbox_version_gaps_total", "Events whose aggregate version skipped one or more versions."),
 		uncertain: counter("inbox_uncertain_total", "Leased messages whose side effect may or may not have happened; see the reconciliation report."),
 		seconds: histogram("inbox_processing_seconds",
@@ -96,7 +99,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	if reg != nil {
 		reg.MustRegister(m.effectErrors, m.effectConnected)
 		reg.MustRegister(m.processed, m.duplicates, m.stale, m.failures, m.deadLettered, m.gaps, m.uncertain, m.payloadMismatches, m.seconds, m.batchSeconds, m.hop, m.lag, m.deadLetters,
-			m.parked, m.released, m.parkedNow,
+			m.parked, m.released, m.parkedNow, m.refused,
 			m.kafkaErrors, m.dbErrors, m.kafkaConnected, m.dbConnected)
 	}
 	return m
@@ -145,6 +148,11 @@ func (m *Metrics) KafkaErrors(consumer, op string) prometheus.Counter {
 func (m *Metrics) init(consumer string) {
 	for _, c := range []*prometheus.CounterVec{m.processed, m.duplicates, m.stale, m.failures, m.gaps, m.uncertain, m.payloadMismatches, m.parked, m.released} {
 		c.WithLabelValues(consumer)
+	}
+	for _, tr := range lifecycle {
+		if tr.by == byWorker || tr.by == byHolder {
+			m.refused.WithLabelValues(consumer, tr.name)
+		}
 	}
 	for _, r := range deadLetterReasons {
 		m.deadLettered.WithLabelValues(consumer, r)

@@ -65,7 +65,7 @@ func (c *Consumer) releaseParked(ctx context.Context, batch []fetched) error {
 					break // abandoned: it stays first in the parking
 				}
 			}
-			if _, err := c.shared.pool.Exec(ctx, deleteParked, c.cfg.Name, parkedID(m)); err != nil {
+			if _, err := take(ctx, c.shared.pool, &tUnpark, c.cfg.Name, parkedID(m)); err != nil {
 				break
 			}
 			c.cfg.Metrics.released.WithLabelValues(c.cfg.Name).Inc()

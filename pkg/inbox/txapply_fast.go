@@ -135,16 +135,6 @@ func (a *txApplier) fastPathFailed(ctx context.Context, step string, err error) 
 		slog.String("consumer", a.cfg.Name), slog.String("step", step), slog.Any("error", err))
 }
 
-const insertProcessedBatch = `
-INSERT INTO inbox_messages (consumer, message_id, event_type, aggregate_id, aggregate_version,
-                            topic, kafka_partition, kafka_offset, status, payload_hash, processed_at)
-SELECT $1, m.id, m.event_type, m.aggregate_id, m.aggregate_version, m.topic, m.kafka_partition,
-       m.kafka_offset, 'processed', sha256(m.payload), now()
-FROM unnest($2::uuid[], $3::text[], $4::text[], $5::bigint[], $6::text[], $7::int[], $8::bigint[], $9::bytea[])
-     AS m(id, event_type, aggregate_id, aggregate_version, topic, kafka_partition, kafka_offset, payload)
-ON CONFLICT (consumer, message_id) DO NOTHING
-RETURNING message_id`
-
 // insertBatch records every message in the inbox in one statement and
 // returns the ids that were new (a redelivered id finds its row and is not
 // returned; within the batch, the first occurrence is the one inserted).
@@ -152,14 +142,14 @@ func (a *txApplier) insertBatch(ctx context.Context, tx pgx.Tx, batch []kafka.Me
 	n := len(batch)
 	// [16]byte, not uuid.UUID: pgx encodes and decodes it natively instead of
 	// through driver.Valuer, sql.Scanner and text.
-	ids, types, aggs, versions := make([][16]byte, n), make([]string, n), make([]string, n), make([]int64, n)
+	ids, types, aggTypes, aggs, versions := make([][16]byte, n), make([]string, n), make([]string, n), make([]string, n), make([]int64, n)
 	topics, partitions, offsets, payloads := make([]string, n), make([]int32, n), make([]int64, n), make([][]byte, n)
 	for i, m := range batch {
 		ev := evs[i]
-		ids[i], types[i], aggs[i], versions[i] = ev.EventID, ev.EventType, ev.AggregateID, ev.AggregateVersion
+		ids[i], types[i], aggTypes[i], aggs[i], versions[i] = ev.EventID, ev.EventType, ev.AggregateType, ev.AggregateID, ev.AggregateVersion
 		topics[i], partitions[i], offsets[i], payloads[i] = m.Topic, int32(m.Partition), m.Offset, []byte(ev.Payload)
 	}
-	rows, err := tx.Query(ctx, insertProcessedBatch, a.cfg.Name, ids, types, aggs, versions, topics, partitions, offsets, payloads)
+	rows, err := takeQuery(ctx, tx, &tRecordBatch, a.cfg.Name, ids, types, aggTypes, aggs, versions, topics, partitions, offsets, payloads)
 	if err != nil {
 		return nil, err
 	}
