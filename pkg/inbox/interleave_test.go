@@ -148,11 +148,12 @@ type world struct {
 	pruner   bool        // a pruner may remove processed rows
 	copies   tee         // what the world's requeues sent
 	drainers []*Consumer // deliver the requeued copies at the end
-	seen     map[uuid.UUID]bool
+	seen     map[uuid.UUID]bool // rows seen processed
+	stale    map[uuid.UUID]bool // rows seen stale (the pruner may remove them after)
 }
 
 func (l *lab) newWorld(evs ...event.Envelope) *world {
-	w := &world{l: l, name: testenv.Name("w"), events: evs, seen: map[uuid.UUID]bool{}}
+	w := &world{l: l, name: testenv.Name("w"), events: evs, seen: map[uuid.UUID]bool{}, stale: map[uuid.UUID]bool{}}
 	w.copies.Writer = l.w
 	return w
 }
@@ -230,8 +231,11 @@ func (w *world) check(ctx context.Context) error {
 		}
 	}
 	for id, s := range st {
-		if s == stateProcessed {
+		switch s {
+		case stateProcessed:
 			w.seen[id] = true
+		case stateStale:
+			w.stale[id] = true
 		}
 	}
 	for _, ev := range w.events {
@@ -296,10 +300,10 @@ func (w *world) final(ctx context.Context) error {
 		case parked[ev.EventID] && len(holds) > 0:
 		case parked[ev.EventID]:
 			return fmt.Errorf("stranded: %s is parked with nothing dead ahead of it", w.label(ev.EventID))
+		case w.stale[ev.EventID] || s == stateStale:
+			return fmt.Errorf("%s was skipped as stale by the version guard: never applied", w.label(ev.EventID))
 		case !ok && w.seen[ev.EventID]: // pruned after it was processed
 		case s == stateProcessed, s == stateDead, s == stateUncertain, s == stateSkipped:
-		case s == stateStale:
-			return fmt.Errorf("%s ended stale: skipped by the version guard, never applied", w.label(ev.EventID))
 		default:
 			return fmt.Errorf("stranded: %s ended %q", w.label(ev.EventID), orNone(s))
 		}
