@@ -358,3 +358,96 @@ func TestALeaseThatCannotBeMarkedDoneEndsUncertainNotLeased(t *testing.T) {
 		t.Fatalf("booked %d times, want once", n)
 	}
 }
+
+// The suspected first: a dead letter that left the dead-letter topic (its
+// retention) before anyone requeued it. The requeue finds nothing, and the
+// aggregate's later events stay parked: an operator must still have a way
+// out. ReleaseHeld applies them (the consumer picks them up by itself),
+// with the reason recorded; the dead event stays dead and visible.
+func TestAHeldAggregateWhoseDeadLetterIsGoneIsReleasedByAnOperator(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	gone := testenv.NewTopic(t, f.brokers, 1) // the dead letters went here, then retention took them
+	v1, v2 := newEvent("order-6", 1), newEvent("order-6", 2)
+	apply, _ := refusedUntilRepaired(v1)
+	cfg := fastRetries("released", testenv.NewTopic(t, f.brokers, 1))
+	cfg.LagInterval = 50 * time.Millisecond
+	cfg.Metrics = inbox.NewMetrics(f.registry)
+	c, err := inbox.NewConsumer(f.pool, f.source(testenv.Name("group")), f.writer, func(ctx context.Context, tx pgx.Tx, ev event.Envelope) error {
+		return apply(ctx, tx.Exec, ev)
+	}, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.produce(t, event.ToKafka(f.topic, v1), event.ToKafka(f.topic, v2))
+	running := runUntilCleanup(t, c)
+	testenv.WaitFor(t, 30*time.Second, "v1 dead and v2 parked", func() (bool, error) {
+		return f.status(t, "released", v1) == "dead_lettered" &&
+			f.count(t, `SELECT count(*) FROM inbox_parked_messages WHERE message_id = $1`, v2.EventID) == 1, running()
+	})
+	ctx := context.Background()
+	res, err := inbox.RequeueDeadLetters(ctx, f.pool, f.writer, f.brokers, gone, inbox.RequeueFilter{EventIDs: []uuid.UUID{v1.EventID}})
+	if err != nil || res.Requeued != 0 {
+		t.Fatalf("requeue of a letter retention took = %+v, %v; want nothing sent", res, err)
+	}
+	if _, err := inbox.ReleaseHeld(ctx, f.pool, inbox.HeldAction{Consumer: "released", AggregateType: "thing", AggregateID: "order-6"}); !errors.Is(err, inbox.ErrInvalidHeldAction) {
+		t.Fatalf("a release without a reason = %v, want ErrInvalidHeldAction", err)
+	}
+	held, err := inbox.ReleaseHeld(ctx, f.pool, inbox.HeldAction{Consumer: "released", AggregateType: "thing", AggregateID: "order-6",
+		Reason: "the dead letter left the DLT before anyone requeued it; v1 was settled by hand", Operator: "alice"})
+	if err != nil || len(held.Dead) != 1 || held.Dead[0] != v1.EventID || held.Parked != 1 {
+		t.Fatalf("ReleaseHeld = %+v, %v; want v1's hold and one parked event", held, err)
+	}
+	testenv.WaitFor(t, 30*time.Second, "the consumer to apply the released v2 by itself", func() (bool, error) {
+		return f.status(t, "released", v2) == "processed", running()
+	})
+	if s := f.status(t, "released", v1); s != "dead_lettered" {
+		t.Fatalf("v1 is %s after the release, want still dead_lettered (visible)", s)
+	}
+	if _, err := inbox.ReleaseHeld(ctx, f.pool, inbox.HeldAction{Consumer: "released", AggregateType: "thing", AggregateID: "order-6", Reason: "again"}); !errors.Is(err, inbox.ErrNotHeld) {
+		t.Fatalf("a second release = %v, want ErrNotHeld", err)
+	}
+	if n := f.count(t, `SELECT count(*) FROM inbox_operator_actions WHERE consumer = 'released' AND action = 'release' AND operator = 'alice'`); n != 1 {
+		t.Fatalf("%d recorded releases, want 1", n)
+	}
+	testenv.WaitFor(t, 10*time.Second, "inbox_operator_actions{action=release} to count it", func() (bool, error) {
+		return testenv.LabeledMetricValue(t, f.registry, "inbox_operator_actions", map[string]string{"action": "release"}) == 1, nil
+	})
+}
+
+// SkipHeld gives up on the dead event and its parked successors: each is
+// recorded skipped with the reason, none is applied (a redelivery is a
+// duplicate), and the aggregate's next event is applied at once.
+func TestSkipHeldRecordsTheDeadAndParkedEventsSkipped(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	dlt := testenv.NewTopic(t, f.brokers, 1)
+	v1, v2, v3 := newEvent("order-7", 1), newEvent("order-7", 2), newEvent("order-7", 3)
+	apply, _ := refusedUntilRepaired(v1)
+	c, err := inbox.NewConsumer(f.pool, f.source(testenv.Name("group")), f.writer, func(ctx context.Context, tx pgx.Tx, ev event.Envelope) error {
+		return apply(ctx, tx.Exec, ev)
+	}, fastRetries("skipped", dlt))
+	if err != nil {
+		t.Fatal(err)
+	}
+	handle(t, c, event.ToKafka(f.topic, v1))
+	handle(t, c, event.ToKafka(f.topic, v2))
+	held, err := inbox.SkipHeld(context.Background(), f.pool, inbox.HeldAction{Consumer: "skipped", AggregateType: "thing",
+		AggregateID: "order-7", Reason: "order-7 was cancelled upstream; its events no longer apply"})
+	if err != nil || len(held.Dead) != 1 || held.Parked != 1 {
+		t.Fatalf("SkipHeld = %+v, %v; want one dead and one parked event", held, err)
+	}
+	for _, ev := range []event.Envelope{v1, v2} {
+		if s := f.status(t, "skipped", ev); s != "skipped" {
+			t.Fatalf("v%d is %s, want skipped", ev.AggregateVersion, s)
+		}
+	}
+	handle(t, c, event.ToKafka(f.topic, v2), event.ToKafka(f.topic, v3))
+	if got := f.effectOrder(t, map[uuid.UUID]event.Envelope{v1.EventID: v1, v2.EventID: v2, v3.EventID: v3}); fmt.Sprint(got) != "[order-73]" {
+		t.Fatalf("effects %v, want only v3: the skipped events are never applied", got)
+	}
+	if n := f.count(t, `SELECT count(*) FROM inbox_parked_messages WHERE consumer = 'skipped'`) +
+		f.count(t, `SELECT count(*) FROM inbox_dead_keys WHERE consumer = 'skipped'`); n != 0 {
+		t.Fatalf("%d parked messages and holds left, want none", n)
+	}
+}

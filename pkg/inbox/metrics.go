@@ -16,6 +16,8 @@ type Metrics struct {
 	deadLettered                                            *prometheus.CounterVec // consumer, reason
 	seconds, batchSeconds, hop                              *prometheus.HistogramVec
 	lag, deadLetters, parkedNow                             *prometheus.GaugeVec
+	strandedHolds, oldestHold                               *prometheus.GaugeVec
+	operatorActions                                         *prometheus.GaugeVec // consumer, action
 	kafkaErrors, dbErrors                                   *prometheus.CounterVec // consumer, op
 	kafkaConnected, dbConnected                             *prometheus.GaugeVec
 	effectErrors                                            *prometheus.CounterVec // consumer, op (lease mode)
@@ -83,6 +85,12 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			"Dead-lettered events not requeued yet: the dead-letter backlog an operator has to resolve (refreshed every LagInterval)."),
 		parkedNow: gauge("inbox_parked_messages",
 			"Events parked behind a dead event of their aggregate, waiting for its requeue (refreshed every LagInterval)."),
+		strandedHolds: gauge("inbox_stranded_holds",
+			"Held aggregates with no requeueable dead letter behind them: the dead event's row is neither dead_lettered nor freshly requeued (its requeued copy never applied within 5 minutes). Needs ReleaseHeld or SkipHeld (refreshed every LagInterval)."),
+		oldestHold: gauge("inbox_oldest_hold_age_seconds",
+			"Age of the oldest hold of an aggregate behind a dead event; past the dead-letter topic's retention its letter is gone and only ReleaseHeld or SkipHeld can free it (refreshed every LagInterval)."),
+		operatorActions: gauge("inbox_operator_actions",
+			"Operator releases and skips of held aggregates recorded in inbox_operator_actions, by action (refreshed every LagInterval).", "action"),
 		kafkaErrors: counter("inbox_kafka_errors_total",
 			"Failed Kafka operations of the consumer, by op (join, fetch, commit, dead_letter); retried, never charged to a message.", "op"),
 		dbErrors: counter("inbox_database_errors_total",
@@ -99,7 +107,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	if reg != nil {
 		reg.MustRegister(m.effectErrors, m.effectConnected)
 		reg.MustRegister(m.processed, m.duplicates, m.stale, m.failures, m.deadLettered, m.gaps, m.uncertain, m.payloadMismatches, m.seconds, m.batchSeconds, m.hop, m.lag, m.deadLetters,
-			m.parked, m.released, m.parkedNow, m.refused,
+			m.parked, m.released, m.parkedNow, m.refused, m.strandedHolds, m.oldestHold, m.operatorActions,
 			m.kafkaErrors, m.dbErrors, m.kafkaConnected, m.dbConnected)
 	}
 	return m
@@ -162,6 +170,11 @@ func (m *Metrics) init(consumer string) {
 	m.hop.WithLabelValues(consumer)
 	m.deadLetters.WithLabelValues(consumer)
 	m.parkedNow.WithLabelValues(consumer)
+	m.strandedHolds.WithLabelValues(consumer)
+	m.oldestHold.WithLabelValues(consumer)
+	for _, a := range []string{ActionRelease, ActionSkip} {
+		m.operatorActions.WithLabelValues(consumer, a)
+	}
 	// The ops every consumer runs, so that rate() of the error counters has
 	// a series before the first outage; rarer ops appear when they fail.
 	for _, op := range []string{"join", "fetch", "commit", "dead_letter"} {

@@ -87,7 +87,7 @@ WHERE EXISTS (SELECT 1 FROM inbox_dead_keys d WHERE d.consumer = $1 AND d.aggreg
 	nextParked = `
 SELECT p.message_id, p.topic, p.kafka_partition, p.kafka_offset, p.msg_key, p.msg_value, p.msg_headers,
        EXISTS (SELECT 1 FROM inbox_messages i WHERE i.consumer = p.consumer AND i.message_id = p.message_id
-               AND i.status IN ('processed', 'stale', 'dead_lettered', 'uncertain'))
+               AND i.status IN ('processed', 'stale', 'dead_lettered', 'uncertain', 'skipped'))
 FROM inbox_parked_messages p
 WHERE p.consumer = $1 AND p.aggregate_type = $2 AND p.aggregate_id = $3
   AND NOT EXISTS (SELECT 1 FROM inbox_dead_keys d WHERE d.consumer = $1 AND d.aggregate_type = $2 AND d.aggregate_id = $3)

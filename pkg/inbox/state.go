@@ -42,6 +42,7 @@ import (
 //	processed|leased ─unrecord──► (none), parked       worker, in the transaction that recorded it
 //	dead_lettered ─requeue──────► requeued             operator (RequeueDeadLetters)
 //	dead_lettered|requeued ─skip► skipped              operator (SkipHeld), with a reason
+//	(none) ─skip────────────────► skipped              operator (SkipHeld): a parked message
 //	requeued ─release───────────► dead_lettered        operator (ReleaseHeld): the copy never came
 //	processed|stale ─prune──────► (none)               pruner, after Retention
 //
@@ -227,14 +228,22 @@ UPDATE inbox_messages SET status = 'requeued'
 WHERE status = 'dead_lettered' AND (consumer, message_id) IN (SELECT * FROM unnest($1::text[], $2::uuid[]))
 RETURNING consumer, message_id`}
 
-	// tSkip records an operator's skip of a held aggregate's dead and parked
-	// messages: they are never applied, and say why.
-	tSkip = transition{name: "skip", from: []string{stateDead, stateRequeued, ""}, to: stateSkipped, by: byOperator, sql: `
+	// tSkip records an operator's skip of a held aggregate's dead messages:
+	// they are never applied, and say why ($3).
+	tSkip = transition{name: "skip", from: []string{stateDead, stateRequeued}, to: stateSkipped, by: byOperator, sql: `
+UPDATE inbox_messages SET status = 'skipped', last_error = $3, processed_at = now()
+WHERE consumer = $1 AND message_id = ANY($2) AND status IN ('dead_lettered', 'requeued')`}
+
+	// tSkipParkedRow records a parked message an operator skipped (it has
+	// no row: parked messages are recorded when applied), so that its
+	// redelivery is a duplicate. A row already there was settled: kept.
+	tSkipParkedRow = transition{name: "skip", from: []string{""}, to: stateSkipped, by: byOperator, sql: `
 INSERT INTO inbox_messages (consumer, message_id, event_type, aggregate_type, aggregate_id, aggregate_version,
                             topic, kafka_partition, kafka_offset, status, last_error, payload_hash, processed_at)
-VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, 'skipped', $10, '\x', now())
-ON CONFLICT (consumer, message_id) DO UPDATE SET status = 'skipped', last_error = EXCLUDED.last_error, processed_at = now()
-WHERE inbox_messages.status IN ('dead_lettered', 'requeued')`}
+SELECT $1, p.id, p.event_type, $2, $3, p.version, p.topic, p.kafka_partition, p.kafka_offset, 'skipped', $4, '\x', now()
+FROM unnest($5::uuid[], $6::text[], $7::bigint[], $8::text[], $9::int[], $10::bigint[])
+     AS p(id, event_type, version, topic, kafka_partition, kafka_offset)
+ON CONFLICT (consumer, message_id) DO NOTHING`}
 
 	// tUnrequeue sets a requeued row back to dead_lettered when an operator
 	// releases its aggregate: the requeued copy never came (a truncated
@@ -310,6 +319,12 @@ DELETE FROM inbox_parked_messages
 WHERE consumer = $1 AND aggregate_type = $2 AND aggregate_id = $3
 RETURNING message_id, event_type, aggregate_version, topic, kafka_partition, kafka_offset`}
 
+	// tRecordAction records an operator's release or skip, with its
+	// reason: the audit of what was let go or never applied.
+	tRecordAction = transition{name: "record_action", from: []string{""}, to: "recorded", by: byOperator, sql: `
+INSERT INTO inbox_operator_actions (consumer, aggregate_type, aggregate_id, action, reason, operator, dead_messages, parked)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8)`}
+
 	// tKeepOriginal keeps the whole message of a dead letter the topic
 	// took only truncated, in the dead letter's transaction.
 	tKeepOriginal = transition{name: "keep_original", from: []string{""}, to: "kept", by: byWorker, sql: `
@@ -375,8 +390,8 @@ WHERE consumer = $1 AND aggregate_type = $2 AND aggregate_id = $3 AND version >=
 // labels.
 var lifecycle = []*transition{
 	&tRecord, &tRecordBatch, &tLease, &tLeaseBatch, &tReclaim, &tRenew, &tDone, &tDoneBatch, &tUncertain,
-	&tDeadLetterLeased, &tDeadLetter, &tStale, &tUnrecord, &tUnlease, &tRequeue, &tSkip, &tUnrequeue, &tPrune,
-	&tHold, &tRequeueHold, &tDropHold, &tReleaseHolds, &tPark, &tUnpark, &tSkipParked, &tKeepOriginal,
+	&tDeadLetterLeased, &tDeadLetter, &tStale, &tUnrecord, &tUnlease, &tRequeue, &tSkip, &tSkipParkedRow, &tUnrequeue, &tPrune,
+	&tHold, &tRequeueHold, &tDropHold, &tReleaseHolds, &tPark, &tUnpark, &tSkipParked, &tRecordAction, &tKeepOriginal,
 	&tPruneOriginals, &tAdvance, &tAdvanceOne, &tUnreserve,
 }
 
