@@ -39,6 +39,8 @@ func reasonClass(ev *event.Envelope, reason error) string {
 		return ReasonUndecodable
 	case errors.Is(reason, event.ErrInvalid):
 		return ReasonInvalid
+	case isStale(reason):
+		return ReasonStale
 	case errors.Is(reason, ErrPermanent), errors.Is(reason, errDBRefused), pgerr.IsPermanent(reason):
 		return ReasonPermanent
 	default:
@@ -166,8 +168,9 @@ func (s *shared) recordDeadLetter(ctx context.Context, tx pgx.Tx, m kafka.Messag
 		s.refused(ctx, tr, ev.EventID, "the message was settled (or leased) by another worker while its dead letter was published")
 		return nil
 	}
-	if err == nil {
-		// Its aggregate's later messages are parked until it is requeued.
+	if err == nil && !isStale(reason) {
+		// Its aggregate's later messages are parked until it is requeued
+		// (not behind a stale one: they come after what was applied).
 		err = s.holdDeadKey(ctx, sp, ev)
 	}
 	if err == nil && truncated {

@@ -2,6 +2,7 @@ package inbox
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 
@@ -24,7 +25,8 @@ FOR UPDATE OF v`
 // guardBatch is guardVersion for a batch: it marks stale messages in outs
 // (and in the inbox), advances each aggregate's version once, and returns
 // the log lines and gap counts to emit once the transaction commits. A gap
-// under GapRetry is an error: the savepoint path retries that message.
+// under GapWait, and a stale event under StaleDeadLetter, is an error: the
+// message-by-message path settles it (a retry, a dead letter).
 func (s *shared) guardBatch(ctx context.Context, tx pgx.Tx, evs []event.Envelope, outs []outcome) ([]func(), error) {
 	var keys []aggregateKey
 	want := map[aggregateKey]bool{}
@@ -63,6 +65,8 @@ func (s *shared) guardBatch(ctx context.Context, tx pgx.Tx, evs []event.Envelope
 		prev, known := applied[k]
 		switch {
 		case !known || ev.AggregateVersion == prev+1:
+		case ev.AggregateVersion <= prev && s.cfg.Stale == StaleDeadLetter:
+			return nil, &staleError{version: ev.AggregateVersion, applied: prev}
 		case ev.AggregateVersion <= prev:
 			outs[i] = stale
 			staleIDs = append(staleIDs, ev.EventID)
@@ -73,7 +77,7 @@ func (s *shared) guardBatch(ctx context.Context, tx pgx.Tx, evs []event.Envelope
 			})
 			continue
 		default: // a gap
-			if s.cfg.Gaps == GapRetry {
+			if s.cfg.Gaps == GapWait {
 				return nil, fmt.Errorf("aggregate %s: version %d follows %d", ev.AggregateID, ev.AggregateVersion, prev)
 			}
 			notes = append(notes, func() {
@@ -164,6 +168,11 @@ func (s *shared) guardVersion(ctx context.Context, tx pgx.Tx, ev *event.Envelope
 			slog.String("event_id", ev.EventID.String()), slog.String("aggregate_id", ev.AggregateID),
 			slog.Int64("version", ev.AggregateVersion), slog.Int64("applied_version", *prev))
 		return false, nil
+	case ev.AggregateVersion <= *prev && s.cfg.Stale == StaleDeadLetter:
+		s.cfg.Logger.WarnContext(ctx, "inbox dead-letters a stale event: an older version arrived after a newer one was applied",
+			slog.String("consumer", s.cfg.Name), slog.String("event_id", ev.EventID.String()), slog.String("aggregate_id", ev.AggregateID),
+			slog.Int64("version", ev.AggregateVersion), slog.Int64("applied_version", *prev))
+		return false, &staleError{version: ev.AggregateVersion, applied: *prev}
 	case ev.AggregateVersion <= *prev:
 		if _, err := take(ctx, tx, &tStale, s.cfg.Name, []uuid.UUID{ev.EventID}, s.recordedState()); err != nil {
 			return false, err
@@ -177,7 +186,7 @@ func (s *shared) guardVersion(ctx context.Context, tx pgx.Tx, ev *event.Envelope
 		s.cfg.Logger.WarnContext(ctx, "inbox sees a version gap", slog.String("consumer", s.cfg.Name),
 			slog.String("event_id", ev.EventID.String()), slog.String("aggregate_id", ev.AggregateID),
 			slog.Int64("version", ev.AggregateVersion), slog.Int64("applied_version", *prev))
-		if s.cfg.Gaps == GapRetry {
+		if s.cfg.Gaps == GapWait {
 			return false, fmt.Errorf("aggregate %s: version %d follows %d; waiting for the missing ones",
 				ev.AggregateID, ev.AggregateVersion, *prev)
 		}
@@ -193,6 +202,24 @@ func (s *shared) recordedState() string {
 		return stateLeased
 	}
 	return stateProcessed
+}
+
+// staleError is the dead-letter reason of an event at or below the
+// version its aggregate already applied (StaleDeadLetter). It is permanent
+// (no retry makes it newer), and it holds nothing back: the dead letter of
+// an older event must not park the newer ones (recordDeadLetter).
+type staleError struct{ version, applied int64 }
+
+func (e *staleError) Error() string {
+	return fmt.Sprintf("stale: version %d arrived after version %d was applied", e.version, e.applied)
+}
+
+func (e *staleError) Unwrap() error { return ErrPermanent }
+
+// isStale reports whether a dead letter's reason is a staleError.
+func isStale(reason error) bool {
+	var se *staleError
+	return errors.As(reason, &se)
 }
 
 // upcast converts ev's payload to the newest version it has upcasters for.

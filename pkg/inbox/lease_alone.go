@@ -154,7 +154,7 @@ func (a *leaseApplier) lease(ctx context.Context, m kafka.Message, ev *event.Env
 			}
 		}
 		if !a.cfg.DisableVersionGuard {
-			isStale, err := a.guardVersion(ctx, tx, ev, pd.verdict == proceedRequeued)
+			isStale, err := a.guardVersion(ctx, tx, ev, pd.verdict == proceedRequeued || requeued)
 			if err != nil {
 				return err
 			}

@@ -451,3 +451,57 @@ func TestSkipHeldRecordsTheDeadAndParkedEventsSkipped(t *testing.T) {
 		t.Fatalf("%d parked messages and holds left, want none", n)
 	}
 }
+
+// Nothing vanishes or jumps ahead by default (DESIGN.md invariant 12).
+// A later version over a missing earlier one waits a bounded time, then is
+// dead-lettered, and its successors park behind it; the missing one, when
+// it comes, is applied, and the requeued one after it. An older event that
+// arrives after a newer one was applied is dead-lettered with its reason,
+// holding nothing back; its requeue applies it.
+func TestByDefaultAGapWaitsThenParksAndAStaleEventIsDeadLettered(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	dlt := testenv.NewTopic(t, f.brokers, 1)
+	cfg := fastRetries("defaults", dlt)
+	cfg.MaxAttempts = 3
+	c, err := inbox.NewConsumer(f.pool, f.source(testenv.Name("group")), f.writer, f.recordEffect, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	a1, a2, a3, a4 := newEvent("gap", 1), newEvent("gap", 2), newEvent("gap", 3), newEvent("gap", 4)
+	handle(t, c, event.ToKafka(f.topic, a1))
+	handle(t, c, event.ToKafka(f.topic, a3)) // v2 is missing
+	if s := f.status(t, "defaults", a3); s != "dead_lettered" {
+		t.Fatalf("v3 over a missing v2 is %s, want dead_lettered after a bounded wait (it was applied over the gap)", s)
+	}
+	handle(t, c, event.ToKafka(f.topic, a4))
+	if n := f.count(t, `SELECT count(*) FROM inbox_parked_messages WHERE message_id = $1`, a4.EventID); n != 1 {
+		t.Fatalf("v4 is not parked behind the dead v3 (%s)", f.status(t, "defaults", a4))
+	}
+	handle(t, c, event.ToKafka(f.topic, a2)) // the missing one comes after all
+	f.requeue(t, dlt, 1, a3.EventID)
+	handle(t, c, lastMessage(t, f.brokers, f.topic))
+	all := map[uuid.UUID]event.Envelope{a1.EventID: a1, a2.EventID: a2, a3.EventID: a3, a4.EventID: a4}
+	if got := fmt.Sprint(f.effectOrder(t, all)); got != "[gap1 gap2 gap3 gap4]" {
+		t.Fatalf("effects %s, want gap1 gap2 gap3 gap4", got)
+	}
+
+	b1, b2, b3 := newEvent("old", 1), newEvent("old", 2), newEvent("old", 3)
+	late := newEvent("old", 1) // another event of version 1, after version 2 was applied
+	handle(t, c, event.ToKafka(f.topic, b1), event.ToKafka(f.topic, b2))
+	handle(t, c, event.ToKafka(f.topic, late))
+	var reason string
+	if err := f.pool.QueryRow(context.Background(), `SELECT status || ': ' || coalesce(last_error, '') FROM inbox_messages WHERE message_id = $1`,
+		late.EventID).Scan(&reason); err != nil || !strings.Contains(reason, "dead_lettered: stale: version 1 arrived after version 2 was applied") {
+		t.Fatalf("the late older event is %q (%v), want dead_lettered with its reason", reason, err)
+	}
+	handle(t, c, event.ToKafka(f.topic, b3))
+	if s := f.status(t, "defaults", b3); s != "processed" {
+		t.Fatalf("v3 after a stale dead letter is %s, want processed: a stale one holds nothing back", s)
+	}
+	f.requeue(t, dlt, 1, late.EventID)
+	handle(t, c, lastMessage(t, f.brokers, f.topic))
+	if s := f.status(t, "defaults", late); s != "processed" {
+		t.Fatalf("the requeued stale event is %s, want processed: the operator asked for it", s)
+	}
+}

@@ -34,11 +34,15 @@ const (
 	ReasonInvalid = "invalid"
 	// ReasonPermanent: the handler said retrying cannot help (Permanent).
 	ReasonPermanent = "permanent"
-	// ReasonExhausted: a transient failure outlasted MaxAttempts.
+	// ReasonExhausted: a transient failure outlasted MaxAttempts (a version
+	// gap that was never filled among them, under GapWait).
 	ReasonExhausted = "exhausted"
+	// ReasonStale: an older event arrived after a newer one of its
+	// aggregate was applied (StaleDeadLetter).
+	ReasonStale = "stale"
 )
 
-var deadLetterReasons = []string{ReasonUndecodable, ReasonInvalid, ReasonPermanent, ReasonExhausted}
+var deadLetterReasons = []string{ReasonUndecodable, ReasonInvalid, ReasonPermanent, ReasonExhausted, ReasonStale}
 
 // NewMetrics creates the consumer metrics and registers them on reg (nil:
 // not registered, for tests and tools).
@@ -64,7 +68,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			"Events parked, not applied, because an earlier event of their aggregate is dead (dead-lettered and not yet requeued and applied)."),
 		released: counter("inbox_released_total", "Parked events released from the parking once the dead event ahead of them was requeued and applied."),
 		deadLettered: counter("inbox_dead_lettered_total",
-			"Messages sent to the dead-letter topic, by reason (undecodable, invalid, permanent, exhausted).", "reason"),
+			"Messages sent to the dead-letter topic, by reason (undecodable, invalid, permanent, exhausted, stale).", "reason"),
 		refused: counter("inbox_transitions_refused_total",
 			"Lifecycle transitions a writer tried after losing its right (the row had moved on: settled by another member, a lease taken over); each changed nothing (state.go).", "transition"),
 		gaps:      counter("inbox_version_gaps_total", "Events whose aggregate version skipped one or more versions."),

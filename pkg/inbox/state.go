@@ -86,8 +86,10 @@ type transition struct {
 // Transitions of inbox_messages. $1 is always the consumer, $2 the message.
 var (
 	// tRecord inserts a message's row as processed, in the transaction of
-	// its handler; a requeued row becomes processed (reapply). Any other
-	// row makes it a duplicate (no row affected, not a refusal).
+	// its handler; a requeued row becomes processed (reapply), which it
+	// returns (xmax is set on the row an upsert updated): the requeued
+	// event is applied whatever the version guard says. Any other row makes
+	// it a duplicate (no row returned, not a refusal).
 	tRecord = transition{name: "record", from: []string{"", stateRequeued}, to: stateProcessed, by: byWorker, sql: `
 INSERT INTO inbox_messages (consumer, message_id, event_type, aggregate_type, aggregate_id, aggregate_version,
                             topic, kafka_partition, kafka_offset, status, payload_hash, processed_at)
@@ -95,7 +97,8 @@ VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, 'processed', sha256($10), now())
 ON CONFLICT (consumer, message_id) DO UPDATE
 SET status = 'processed', processed_at = now(), last_error = NULL, attempts = inbox_messages.attempts + 1,
     topic = EXCLUDED.topic, kafka_partition = EXCLUDED.kafka_partition, kafka_offset = EXCLUDED.kafka_offset
-WHERE inbox_messages.status = 'requeued'`}
+WHERE inbox_messages.status = 'requeued'
+RETURNING xmax <> 0`}
 
 	// tRecordBatch is tRecord for a batch on the fast path, which only
 	// meets aggregates nothing holds: a requeued row always has its hold

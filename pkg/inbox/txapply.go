@@ -300,8 +300,13 @@ func (a *txApplier) settle(ctx context.Context, tx pgx.Tx, m kafka.Message, atte
 // apply is the inbox insert, the version guard, the upcasters and the
 // handler, all in tx; the first attempt records the hop (inbox_hop_seconds).
 func (a *txApplier) apply(ctx context.Context, tx pgx.Tx, m kafka.Message, ev *event.Envelope, attempt int) (outcome, error) {
-	recorded, err := take(ctx, tx, &tRecord, a.cfg.Name, ev.EventID, ev.EventType, ev.AggregateType, ev.AggregateID,
-		ev.AggregateVersion, m.Topic, m.Partition, m.Offset, []byte(ev.Payload))
+	var reapplied bool // a requeued row: the operator sent it back
+	err := tx.QueryRow(ctx, tRecord.sql, a.cfg.Name, ev.EventID, ev.EventType, ev.AggregateType, ev.AggregateID,
+		ev.AggregateVersion, m.Topic, m.Partition, m.Offset, []byte(ev.Payload)).Scan(&reapplied)
+	recorded := err == nil
+	if errors.Is(err, pgx.ErrNoRows) {
+		err = nil
+	}
 	if err != nil {
 		return 0, dbErrors.Translate("recording in inbox", err)
 	}
@@ -336,7 +341,7 @@ func (a *txApplier) apply(ctx context.Context, tx pgx.Tx, m kafka.Message, ev *e
 		}
 	}
 	if !a.cfg.DisableVersionGuard {
-		isStale, err := a.guardVersion(ctx, tx, ev, pd.verdict == proceedRequeued)
+		isStale, err := a.guardVersion(ctx, tx, ev, pd.verdict == proceedRequeued || reapplied)
 		if err != nil || isStale {
 			return stale, err
 		}
