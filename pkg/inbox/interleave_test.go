@@ -144,10 +144,10 @@ type world struct {
 	l        *lab
 	name     string
 	events   []event.Envelope
-	ledger   *ledger     // lease worlds
-	pruner   bool        // a pruner may remove processed rows
-	copies   tee         // what the world's requeues sent
-	drainers []*Consumer // deliver the requeued copies at the end
+	ledger   *ledger            // lease worlds
+	pruner   bool               // a pruner may remove processed rows
+	copies   tee                // what the world's requeues sent
+	drainers []*Consumer        // deliver the requeued copies at the end
 	seen     map[uuid.UUID]bool // rows seen processed
 	stale    map[uuid.UUID]bool // rows seen stale (the pruner may remove them after)
 }

@@ -17,7 +17,7 @@ type Metrics struct {
 	seconds, batchSeconds, hop                              *prometheus.HistogramVec
 	lag, deadLetters, parkedNow                             *prometheus.GaugeVec
 	strandedHolds, oldestHold                               *prometheus.GaugeVec
-	operatorActions                                         *prometheus.GaugeVec // consumer, action
+	operatorActions                                         *prometheus.GaugeVec   // consumer, action
 	kafkaErrors, dbErrors                                   *prometheus.CounterVec // consumer, op
 	kafkaConnected, dbConnected                             *prometheus.GaugeVec
 	effectErrors                                            *prometheus.CounterVec // consumer, op (lease mode)
