@@ -270,6 +270,23 @@ func (w *world) final(ctx context.Context) error {
 			}
 		}
 	}
+	// Parked events nothing holds any more go to the consumer, as its
+	// periodic resumeReleases hands them over (after an operator's release).
+	free, err := w.ids(ctx, `SELECT p.message_id FROM inbox_parked_messages p WHERE p.consumer = $1
+		AND NOT EXISTS (SELECT 1 FROM inbox_dead_keys d WHERE d.consumer = p.consumer
+		                AND d.aggregate_type = p.aggregate_type AND d.aggregate_id = p.aggregate_id)`)
+	if err != nil {
+		return err
+	}
+	for _, id := range free {
+		for _, ev := range w.events {
+			if ev.EventID == id && len(w.drainers) > 0 {
+				if err := w.drainers[0].Handle(ctx, w.msg(ev)); err != nil {
+					return fmt.Errorf("releasing a parked event: %w", err)
+				}
+			}
+		}
+	}
 	if err := w.check(ctx); err != nil {
 		return err
 	}
@@ -592,7 +609,8 @@ func TestInterleavingsOfTwoAggregateTypesSharingAnID(t *testing.T) {
 
 // v1 is too large for the dead-letter topic and is dead-lettered (stored
 // there truncated); v2 parks behind it. The operator fixes the cause and
-// requeues v1. Nothing may stay stranded (issue 29, bug 4).
+// requeues v1; a second operator releases the aggregate. Nothing may stay
+// stranded (issue 29, bug 4), nothing be applied twice.
 func TestInterleavingsOfATruncatedDeadLetterAndItsRequeue(t *testing.T) {
 	t.Parallel()
 	l := newLab(t, kafka.ConfigEntry{ConfigName: "max.message.bytes", ConfigValue: "100000"})
@@ -619,6 +637,16 @@ func TestInterleavingsOfATruncatedDeadLetterAndItsRequeue(t *testing.T) {
 					broken = false // the cause is fixed first
 					mu.Unlock()
 					return w.requeue(ctx, v1.EventID)
+				}),
+			}},
+			interleave.Actor{Name: "Op2", Steps: []interleave.Step{
+				step("release", func(ctx context.Context) error {
+					_, err := ReleaseHeld(ctx, l.pool, HeldAction{Consumer: w.name, AggregateType: "order", AggregateID: "o5",
+						Reason: "the interleaving checker's second operator", Operator: "op2"})
+					if errors.Is(err, ErrNotHeld) {
+						return nil // the requeue got there first, or nothing died yet
+					}
+					return err
 				}),
 			}},
 		)
