@@ -67,12 +67,13 @@ type DB interface {
 	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
 }
 
-// Prune removes processed and stale rows (stale: skipped by the version
-// guard) whose processed_at is older than
-// cfg.Retention and returns how many it removed. Dead-lettered rows are
-// never touched, however old: they are the audit of what went to a
-// dead-letter topic, and RequeueDeadLetters removes them when it sends the
-// message back. It works oldest first in batches of cfg.BatchSize, each its
+// Prune removes processed, stale (skipped by the version guard, under
+// StaleSkip) and skipped (by an operator) rows whose processed_at is older
+// than cfg.Retention, and the originals kept for truncated dead letters
+// that are no longer dead, and returns how many rows it removed.
+// Dead-lettered, requeued, leased and uncertain rows are never touched,
+// however old: they are what an operator or a redelivery still has to
+// settle (the transition prune of state.go names the states it removes). It works oldest first in batches of cfg.BatchSize, each its
 // own statement and short transaction, until a batch comes up short, so an
 // interrupted Prune keeps what it removed and the next one resumes.
 //
