@@ -652,3 +652,103 @@ func TestInterleavingsOfATruncatedDeadLetterAndItsRequeue(t *testing.T) {
 		)
 	}, exploreOpts)
 }
+
+// All of them on one key in lease mode: member A leases v1 and calls (the
+// call books, then fails: it may have landed), then dead-letters it,
+// publishing first and writing its row after; member B, a second group with
+// the same inbox name, delivers v1 (taking A's lease over once it expired)
+// and v2; an operator requeues v1; a pruner runs. More orderings than the
+// exhaustive bound: seeded random ones (INTERLEAVE_SEED replays a run).
+func TestInterleavingsOfEveryActorOnOneLeasedKey(t *testing.T) {
+	t.Parallel()
+	l := newLab(t)
+	opts := exploreOpts
+	opts.Random = 12
+	interleave.Explore(t, func(tb testing.TB) interleave.World {
+		v1, v2 := anEvent("order", "o6", 1), anEvent("order", "o6", 2)
+		w := l.newWorld(v1, v2)
+		w.ledger = newLedger()
+		w.ledger.failAfter[v1.EventID.String()] = true
+		w.pruner = true
+		_, a := w.leaseConsumer(tb, w.ledger.effect())
+		b, _ := w.leaseConsumer(tb, w.ledger.effect())
+		w.drainers = []*Consumer{b}
+		m := w.msg(v1)
+		var (
+			token         int64
+			taken, skip   bool
+			mayHaveCalled bool
+			reason        error
+			truncated     bool
+		)
+		ev := v1
+		return w.interleaveWorld(
+			interleave.Actor{Name: "A", Steps: []interleave.Step{
+				step("lease", func(ctx context.Context) error {
+					var out *outcome
+					var err error
+					token, out, taken, err = a.lease(ctx, m, &ev)
+					var held *leaseHeldError
+					if errors.As(err, &held) || (err == nil && out != nil) {
+						skip = true
+						return nil
+					}
+					return err
+				}),
+				step("call", func(ctx context.Context) error {
+					if skip {
+						return nil
+					}
+					outcome, op, err := a.runEffect(ctx, untracked{}, ev, token, time.Time{}, ev.EventID.String(), taken)
+					switch {
+					case errors.Is(err, errLeaseLost):
+						skip = true
+						return nil
+					case err == nil:
+						// It was booked already (a check said so), or it
+						// booked now: A marks it done.
+						skip = true
+						return a.settleDone(ctx, delivery{m: m, gen: untracked{}}, ev, token, outcome)
+					}
+					mayHaveCalled = taken || op == opCall
+					reason = fmt.Errorf("gave up after 1 attempts: %w", err)
+					return nil
+				}),
+				step("publish", func(ctx context.Context) error {
+					if skip {
+						return nil
+					}
+					var err error
+					truncated, err = a.publishDeadLetter(ctx, m, &ev, reason)
+					return err
+				}),
+				step("record", func(ctx context.Context) error {
+					if skip {
+						return nil
+					}
+					return pgx.BeginFunc(ctx, a.pool, func(tx pgx.Tx) error {
+						return a.recordDeadLetter(ctx, tx, m, &ev, reason, leaseRef{token: token, mayHaveCalled: mayHaveCalled}, truncated)
+					})
+				}),
+			}},
+			interleave.Actor{Name: "B", Steps: []interleave.Step{
+				step("v1", func(ctx context.Context) error { return b.Handle(ctx, m) }),
+				step("v2", func(ctx context.Context) error { return b.Handle(ctx, w.msg(v2)) }),
+			}},
+			interleave.Actor{Name: "Op", Steps: []interleave.Step{
+				step("requeue", func(ctx context.Context) error {
+					w.ledger.mu.Lock()
+					delete(w.ledger.failAfter, v1.EventID.String())
+					w.ledger.mu.Unlock()
+					return w.requeue(ctx, v1.EventID)
+				}),
+			}},
+			interleave.Actor{Name: "Pruner", Steps: []interleave.Step{
+				step("prune", func(ctx context.Context) error {
+					_, err := Prune(ctx, l.pool, PruneConfig{}) // the default retention: nothing of this world's is old enough
+					return err
+				}),
+			}},
+		)
+	}, opts)
+}
