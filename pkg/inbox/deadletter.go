@@ -66,11 +66,9 @@ const HeaderDLTTruncated = "dlt-truncated-from"
 // truncated, which it reports (the inbox then keeps the original whole, so
 // that a requeue sends it back whole). It runs outside any transaction (see
 // dueDeadLetter).
-func (s *shared) publishDeadLetter(ctx context.Context, m kafka.Message, ev *event.Envelope, reason error) (truncated bool, err error) {
-	topic := s.cfg.DeadLetterTopic
-	if topic == "" {
-		topic = m.Topic + ".dlt"
-	}
+func (s *shared) publishDeadLetter(ctx context.Context, m kafka.Message, ev *event.Envelope, reason error) (stored dlStored, err error) {
+	truncated := false
+	topic := s.deadLetterTopic(m)
 	dlt := []kafka.Header{
 		{Key: HeaderDLTReason, Value: []byte(truncate(reason.Error(), 4<<10))},
 		{Key: HeaderDLTConsumer, Value: []byte(s.cfg.Name)},
@@ -85,6 +83,10 @@ func (s *shared) publishDeadLetter(ctx context.Context, m kafka.Message, ev *eve
 		err := s.dlq.WriteMessages(ctx, dl)
 		if err == nil {
 			s.kafka.ok(ctx, "dead_letter")
+			stored = dlWhole
+			if truncated {
+				stored = dlTruncated
+			}
 			break
 		}
 		if kafkaerr.IsMessageError(err) && !truncated {
@@ -100,17 +102,18 @@ func (s *shared) publishDeadLetter(ctx context.Context, m kafka.Message, ev *eve
 		if kafkaerr.IsMessageError(err) {
 			// Even the truncated record is refused: nothing more can be
 			// kept in Kafka; the log line and the counter are the record.
-			s.cfg.Logger.ErrorContext(ctx, "inbox could not dead-letter a message even truncated; moving on",
+			s.cfg.Logger.ErrorContext(ctx, "inbox could not dead-letter a message even truncated; its inbox row and the kept original are the record",
 				slog.String("consumer", s.cfg.Name), slog.String("topic", m.Topic), slog.Int("partition", m.Partition),
 				slog.Int64("offset", m.Offset), slog.Any("reason", reason), slog.Any("error", err))
+			stored = dlNotStored
 			break
 		}
 		if ctx.Err() != nil {
-			return false, fmt.Errorf("inbox %s: dead-lettering %s/%d/%d: %w", s.cfg.Name, m.Topic, m.Partition, m.Offset, err)
+			return 0, fmt.Errorf("inbox %s: dead-lettering %s/%d/%d: %w", s.cfg.Name, m.Topic, m.Partition, m.Offset, err)
 		}
 		s.kafka.fail(ctx, "dead_letter", err)
 		if !retry.Sleep(ctx, retry.Backoff(attempt, s.cfg.BackoffMin, s.cfg.BackoffMax)) {
-			return false, fmt.Errorf("inbox %s: dead-lettering %s/%d/%d: %w", s.cfg.Name, m.Topic, m.Partition, m.Offset, err)
+			return 0, fmt.Errorf("inbox %s: dead-lettering %s/%d/%d: %w", s.cfg.Name, m.Topic, m.Partition, m.Offset, err)
 		}
 	}
 	s.cfg.Metrics.deadLettered.WithLabelValues(s.cfg.Name, reasonClass(ev, reason)).Inc()
@@ -119,12 +122,29 @@ func (s *shared) publishDeadLetter(ctx context.Context, m kafka.Message, ev *eve
 		slog.Any("error", reason))
 	if ev == nil {
 		log.ErrorContext(ctx, "inbox dead-lettered a message it keeps no inbox row for")
-		return truncated, nil
+		return stored, nil
 	}
 	log.ErrorContext(ctx, "inbox dead-lettered an event", slog.String("event_id", ev.EventID.String()),
 		slog.String("event_type", ev.EventType))
-	return truncated, nil
+	return stored, nil
 }
+
+// deadLetterTopic is where m's dead letter goes.
+func (s *shared) deadLetterTopic(m kafka.Message) string {
+	if s.cfg.DeadLetterTopic != "" {
+		return s.cfg.DeadLetterTopic
+	}
+	return m.Topic + ".dlt"
+}
+
+// dlStored is what the dead-letter topic holds of a dead letter.
+type dlStored int
+
+const (
+	dlWhole     dlStored = iota + 1 // the message, whole
+	dlTruncated                     // its first DeadLetterBodyLimit bytes (HeaderDLTTruncated)
+	dlNotStored                     // nothing: it refused even the truncated record
+)
 
 // leaseRef is the lease a dead letter is written under: its fencing token
 // (0: none, the message was not leased) and whether a call may have landed.
@@ -134,9 +154,12 @@ type leaseRef struct {
 }
 
 // dlProgress is how far a dead letter got: published (not to publish again
-// when only its row failed) and truncated (the topic took it only so: the
-// inbox keeps the original).
-type dlProgress struct{ published, truncated bool }
+// when only its row failed), and what the topic holds of it (anything but
+// the whole message: the inbox keeps the original).
+type dlProgress struct {
+	published bool
+	stored    dlStored
+}
 
 // recordDeadLetter records the dead_lettered inbox row of a decoded event
 // whose dead letter is published, in tx: under lease (its token) in lease
@@ -144,7 +167,7 @@ type dlProgress struct{ published, truncated bool }
 // moved on meanwhile — another member applied the event while this one
 // waited on the dead-letter topic, or took the lease over — is left alone:
 // the write is refused (counted, logged), and nothing holds the aggregate.
-func (s *shared) recordDeadLetter(ctx context.Context, tx pgx.Tx, m kafka.Message, ev *event.Envelope, reason error, lease leaseRef, truncated bool) error {
+func (s *shared) recordDeadLetter(ctx context.Context, tx pgx.Tx, m kafka.Message, ev *event.Envelope, reason error, lease leaseRef, stored dlStored) error {
 	// In a savepoint: a row Postgres refuses (its fields are what the
 	// decoder let through) must not fail the transaction; the message is in
 	// the dead-letter topic either way.
@@ -173,8 +196,8 @@ func (s *shared) recordDeadLetter(ctx context.Context, tx pgx.Tx, m kafka.Messag
 		// (not behind a stale one: they come after what was applied).
 		err = s.holdDeadKey(ctx, sp, ev)
 	}
-	if err == nil && truncated {
-		err = s.keepOriginal(ctx, sp, m, ev)
+	if err == nil && stored != dlWhole {
+		err = s.keepOriginal(ctx, sp, m, ev, stored == dlTruncated)
 	}
 	if err != nil {
 		_ = sp.Rollback(ctx)
@@ -210,28 +233,29 @@ func (e *dueDeadLetter) Error() string { return "to be dead-lettered: " + e.reas
 // caller retrying after the database failed does not publish it again.
 func (s *shared) deadLetterAlone(ctx context.Context, m kafka.Message, ev *event.Envelope, reason error, lease leaseRef, progress *dlProgress) error {
 	if !progress.published {
-		truncated, err := s.publishDeadLetter(ctx, m, ev, reason)
+		stored, err := s.publishDeadLetter(ctx, m, ev, reason)
 		if err != nil {
 			return err
 		}
-		progress.published, progress.truncated = true, truncated
+		progress.published, progress.stored = true, stored
 	}
 	if ev == nil {
 		return nil
 	}
 	return pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
-		return s.recordDeadLetter(ctx, tx, m, ev, reason, lease, progress.truncated)
+		return s.recordDeadLetter(ctx, tx, m, ev, reason, lease, progress.stored)
 	})
 }
 
 // keepOriginal keeps m whole, in tx, for the requeue of its dead letter,
-// which the dead-letter topic took only truncated.
-func (s *shared) keepOriginal(ctx context.Context, tx pgx.Tx, m kafka.Message, ev *event.Envelope) error {
+// which the dead-letter topic took only truncated (inTopic) or not at all.
+func (s *shared) keepOriginal(ctx context.Context, tx pgx.Tx, m kafka.Message, ev *event.Envelope, inTopic bool) error {
 	headers, err := encodeHeaders(m.Headers)
 	if err != nil {
 		return err
 	}
-	_, err = take(ctx, tx, &tKeepOriginal, s.cfg.Name, ev.EventID, m.Topic, m.Partition, m.Offset, m.Key, m.Value, headers)
+	_, err = take(ctx, tx, &tKeepOriginal, s.cfg.Name, ev.EventID, m.Topic, m.Partition, m.Offset, m.Key, m.Value, headers, inTopic,
+		s.deadLetterTopic(m))
 	return err
 }
 

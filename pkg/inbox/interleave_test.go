@@ -462,8 +462,8 @@ func TestInterleavingsOfALateDeadLetterWriteAndASecondMember(t *testing.T) {
 			w.drainers = []*Consumer{b}
 			m := w.msg(v1)
 			var (
-				due       *dueDeadLetter
-				truncated bool
+				due    *dueDeadLetter
+				stored dlStored
 			)
 			return w.interleaveWorld(
 				interleave.Actor{Name: "A", Steps: []interleave.Step{
@@ -485,7 +485,7 @@ func TestInterleavingsOfALateDeadLetterWriteAndASecondMember(t *testing.T) {
 							return nil
 						}
 						var err error
-						truncated, err = a.publishDeadLetter(ctx, m, due.ev, due.reason)
+						stored, err = a.publishDeadLetter(ctx, m, due.ev, due.reason)
 						return err
 					}),
 					step("record", func(ctx context.Context) error {
@@ -493,7 +493,7 @@ func TestInterleavingsOfALateDeadLetterWriteAndASecondMember(t *testing.T) {
 							return nil
 						}
 						return pgx.BeginFunc(ctx, a.pool, func(tx pgx.Tx) error {
-							return a.recordDeadLetter(ctx, tx, m, due.ev, due.reason, leaseRef{}, truncated)
+							return a.recordDeadLetter(ctx, tx, m, due.ev, due.reason, leaseRef{}, stored)
 						})
 					}),
 				}},
@@ -518,11 +518,11 @@ func TestInterleavingsOfALateDeadLetterWriteAndASecondMember(t *testing.T) {
 			w.drainers = []*Consumer{b}
 			m := w.msg(v1)
 			var (
-				token     int64
-				taken     bool
-				skip      bool
-				reason    error
-				truncated bool
+				token  int64
+				taken  bool
+				skip   bool
+				reason error
+				stored dlStored
 			)
 			ev := v1
 			return w.interleaveWorld(
@@ -558,7 +558,7 @@ func TestInterleavingsOfALateDeadLetterWriteAndASecondMember(t *testing.T) {
 							return nil
 						}
 						var err error
-						truncated, err = a.publishDeadLetter(ctx, m, &ev, reason)
+						stored, err = a.publishDeadLetter(ctx, m, &ev, reason)
 						return err
 					}),
 					step("record", func(ctx context.Context) error {
@@ -566,7 +566,7 @@ func TestInterleavingsOfALateDeadLetterWriteAndASecondMember(t *testing.T) {
 							return nil
 						}
 						return pgx.BeginFunc(ctx, a.pool, func(tx pgx.Tx) error {
-							return a.recordDeadLetter(ctx, tx, m, &ev, reason, leaseRef{token: token, mayHaveCalled: true}, truncated)
+							return a.recordDeadLetter(ctx, tx, m, &ev, reason, leaseRef{token: token, mayHaveCalled: true}, stored)
 						})
 					}),
 				}},
@@ -679,7 +679,7 @@ func TestInterleavingsOfEveryActorOnOneLeasedKey(t *testing.T) {
 			taken, skip   bool
 			mayHaveCalled bool
 			reason        error
-			truncated     bool
+			stored        dlStored
 		)
 		ev := v1
 		return w.interleaveWorld(
@@ -719,7 +719,7 @@ func TestInterleavingsOfEveryActorOnOneLeasedKey(t *testing.T) {
 						return nil
 					}
 					var err error
-					truncated, err = a.publishDeadLetter(ctx, m, &ev, reason)
+					stored, err = a.publishDeadLetter(ctx, m, &ev, reason)
 					return err
 				}),
 				step("record", func(ctx context.Context) error {
@@ -727,7 +727,7 @@ func TestInterleavingsOfEveryActorOnOneLeasedKey(t *testing.T) {
 						return nil
 					}
 					return pgx.BeginFunc(ctx, a.pool, func(tx pgx.Tx) error {
-						return a.recordDeadLetter(ctx, tx, m, &ev, reason, leaseRef{token: token, mayHaveCalled: mayHaveCalled}, truncated)
+						return a.recordDeadLetter(ctx, tx, m, &ev, reason, leaseRef{token: token, mayHaveCalled: mayHaveCalled}, stored)
 					})
 				}),
 			}},

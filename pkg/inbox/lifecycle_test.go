@@ -505,3 +505,38 @@ func TestByDefaultAGapWaitsThenParksAndAStaleEventIsDeadLettered(t *testing.T) {
 		t.Fatalf("the requeued stale event is %s, want processed: the operator asked for it", s)
 	}
 }
+
+// A dead-letter topic that refuses even the truncated record (its
+// max.message.bytes below the event): the dead letter is in no topic, its
+// inbox row and the original the inbox kept are the record, and a requeue
+// by event id sends that original whole.
+func TestADeadLetterTheTopicRefusedEvenTruncatedIsRequeuedFromTheInbox(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	dlt := testenv.Name("tiny-dlt")
+	testenv.NewTopicNamed(t, f.brokers, dlt, 1, kafka.ConfigEntry{ConfigName: "max.message.bytes", ConfigValue: "1000"})
+	v1, v2 := newEvent("order-8", 1), newEvent("order-8", 2)
+	v1.Payload = []byte(`{"pad":"` + strings.Repeat("y", 5000) + `"}`)
+	apply, repair := refusedUntilRepaired(v1)
+	c, err := inbox.NewConsumer(f.pool, f.source(testenv.Name("group")), f.writer, func(ctx context.Context, tx pgx.Tx, ev event.Envelope) error {
+		return apply(ctx, tx.Exec, ev)
+	}, fastRetries("refused-dlt", dlt))
+	if err != nil {
+		t.Fatal(err)
+	}
+	handle(t, c, event.ToKafka(f.topic, v1))
+	handle(t, c, event.ToKafka(f.topic, v2))
+	if s := f.status(t, "refused-dlt", v1); s != "dead_lettered" {
+		t.Fatalf("v1 is %s, want dead_lettered", s)
+	}
+	repair()
+	f.requeue(t, dlt, 1, v1.EventID)
+	requeued := lastMessage(t, f.brokers, f.topic)
+	if !bytes.Equal(requeued.Value, v1.Payload) {
+		t.Fatalf("the requeue sent %d bytes, want the original's %d", len(requeued.Value), len(v1.Payload))
+	}
+	handle(t, c, requeued)
+	if got := fmt.Sprint(f.effectOrder(t, map[uuid.UUID]event.Envelope{v1.EventID: v1, v2.EventID: v2})); got != "[order-81 order-82]" {
+		t.Fatalf("effects %s after the requeue, want v1 then v2", got)
+	}
+}

@@ -310,7 +310,63 @@ func RequeueDeadLetters(ctx context.Context, db RequeueDB, w Writer, brokers []s
 			return RequeueResult{Requeued: rq.total, Next: rest.String(), Refused: rq.refused}, nil
 		}
 	}
+	// The pass read the whole topic: what is left are the letters the
+	// topic refused even truncated, whose originals the inbox kept.
+	if err := rq.fromDatabase(ctx, limit); err != nil {
+		return RequeueResult{Requeued: rq.total, Refused: rq.refused}, err
+	}
 	return RequeueResult{Requeued: rq.total, Refused: rq.refused}, nil
+}
+
+// notInTopic reads the kept originals of dead letters dltTopic refused even
+// truncated, whose rows are still dead_lettered, as the filter selects them.
+const notInTopic = `
+SELECT o.consumer, o.message_id, o.topic, o.msg_key, o.msg_value, o.msg_headers
+FROM inbox_dead_letter_originals o
+JOIN inbox_messages i ON i.consumer = o.consumer AND i.message_id = o.message_id AND i.status = 'dead_lettered'
+WHERE NOT o.in_topic AND o.dead_letter_topic = $1 AND ($2 = '' OR o.consumer = $2)
+  AND (cardinality($3::uuid[]) = 0 OR o.message_id = ANY($3))
+ORDER BY o.stored_at
+LIMIT $4`
+
+// fromDatabase requeues, once a pass has read the whole topic, the dead
+// letters the topic never held (it refused even the truncated record):
+// their originals, kept by the inbox, sent as a chunk like any other.
+func (rq *requeuer) fromDatabase(ctx context.Context, limit int) error {
+	if rq.total >= limit {
+		return nil
+	}
+	tx, err := rq.db.Begin(ctx)
+	if err != nil {
+		return fmt.Errorf("inbox: beginning a requeue: %w", err)
+	}
+	rows, err := tx.Query(ctx, notInTopic, rq.dltTopic, rq.filter.Consumer, rq.filter.EventIDs, limit-rq.total)
+	if err != nil {
+		_ = tx.Rollback(ctx)
+		return fmt.Errorf("inbox: reading the dead letters the topic refused: %w", err)
+	}
+	var (
+		k       deadLetterKey
+		m       kafka.Message
+		headers []byte
+	)
+	_, err = pgx.ForEachRow(rows, []any{&k.consumer, &k.id, &m.Topic, &m.Key, &m.Value, &headers}, func() error {
+		hs, err := decodeHeaders(headers)
+		if err != nil {
+			return err
+		}
+		rq.keys = append(rq.keys, k)
+		rq.msgs = append(rq.msgs, kafka.Message{Topic: m.Topic, Key: m.Key, Value: m.Value, Headers: hs})
+		rq.letters = append(rq.letters, DeadLetter{Consumer: k.consumer, EventID: k.id, OriginalTopic: m.Topic,
+			OriginalPartition: -1, OriginalOffset: -1})
+		rq.truncated = append(rq.truncated, false)
+		return nil
+	})
+	_ = tx.Rollback(ctx)
+	if err != nil {
+		return fmt.Errorf("inbox: reading the dead letters the topic refused: %w", err)
+	}
+	return rq.flush(ctx)
 }
 
 // deadLetterKey is the inbox row of a dead letter: its consumer and event.

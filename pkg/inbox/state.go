@@ -329,11 +329,16 @@ INSERT INTO inbox_operator_actions (consumer, aggregate_type, aggregate_id, acti
 VALUES ($1, $2, $3, $4, $5, $6, $7, $8)`}
 
 	// tKeepOriginal keeps the whole message of a dead letter the topic
-	// took only truncated, in the dead letter's transaction.
-	tKeepOriginal = transition{name: "keep_original", from: []string{""}, to: "kept", by: byWorker, sql: `
-INSERT INTO inbox_dead_letter_originals (consumer, message_id, topic, kafka_partition, kafka_offset, msg_key, msg_value, msg_headers)
-VALUES ($1, $2, $3, $4, $5, $6, $7, $8)
-ON CONFLICT (consumer, message_id) DO NOTHING`}
+	// took only truncated ($9: in the topic) or refused even so, in the
+	// dead letter's transaction. A later dead-lettering of the same message
+	// keeps the first original (the same message) and says where the
+	// latest letter is.
+	tKeepOriginal = transition{name: "keep_original", from: []string{"", "kept"}, to: "kept", by: byWorker, sql: `
+INSERT INTO inbox_dead_letter_originals (consumer, message_id, topic, kafka_partition, kafka_offset, msg_key, msg_value, msg_headers,
+                                         in_topic, dead_letter_topic)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)
+ON CONFLICT (consumer, message_id) DO UPDATE SET in_topic = EXCLUDED.in_topic
+WHERE inbox_dead_letter_originals.in_topic <> EXCLUDED.in_topic`}
 
 	// tPruneOriginals removes the kept originals of messages that are no
 	// longer dead (applied, skipped, or pruned).

@@ -17,8 +17,9 @@ ALTER TABLE inbox_messages ADD COLUMN may_have_called boolean NOT NULL DEFAULT f
 -- uncertain, skipped (an operator skipped it, with a reason).
 
 -- inbox_dead_letter_originals: the whole message of a dead letter that the
--- dead-letter topic took only truncated, so that a requeue sends the
--- original, never a copy that does not decode.
+-- dead-letter topic took only truncated (in_topic), or refused even so (not
+-- in_topic: a requeue by event id sends it from here), so that a requeue
+-- sends the original, never a copy that does not decode.
 CREATE TABLE inbox_dead_letter_originals (
     consumer        text        NOT NULL,
     message_id      uuid        NOT NULL,
@@ -29,6 +30,9 @@ CREATE TABLE inbox_dead_letter_originals (
     msg_value       bytea       NOT NULL,
     -- The Kafka headers as [{"key": …, "value": base64}], in order.
     msg_headers     jsonb       NOT NULL DEFAULT '[]',
+    in_topic        boolean     NOT NULL DEFAULT true,
+    -- The dead-letter topic the letter went to (or was refused by).
+    dead_letter_topic text      NOT NULL,
     stored_at       timestamptz NOT NULL DEFAULT now(),
     PRIMARY KEY (consumer, message_id)
 );
