@@ -113,11 +113,16 @@ func (l *ledger) bookings(key string) int {
 }
 
 // tee writes through to the real topic and keeps what it wrote: the
-// requeued copies the final drain delivers.
+// requeued copies the final drain delivers. With hold set, a write that
+// went through then waits for hold to close (having said so on sent): the
+// requeue's transaction stays open after its send, as between its two
+// real steps.
 type tee struct {
 	Writer
 	mu   sync.Mutex
 	msgs []kafka.Message
+	hold chan struct{}
+	sent chan struct{}
 }
 
 func (t *tee) WriteMessages(ctx context.Context, msgs ...kafka.Message) error {
@@ -125,8 +130,12 @@ func (t *tee) WriteMessages(ctx context.Context, msgs ...kafka.Message) error {
 		return err
 	}
 	t.mu.Lock()
-	defer t.mu.Unlock()
 	t.msgs = append(t.msgs, msgs...)
+	t.mu.Unlock()
+	if t.hold != nil {
+		close(t.sent)
+		<-t.hold
+	}
 	return nil
 }
 
@@ -388,9 +397,10 @@ func TestInterleavingsOfARequeueAfterACallThatMayHaveLanded(t *testing.T) {
 		w.drainers = []*Consumer{c2}
 		m := w.msg(v1)
 		var (
-			token int64
-			taken bool
-			out   *outcome
+			token    int64
+			taken    bool
+			out      *outcome
+			requeued = make(chan error, 1)
 		)
 		return w.interleaveWorld(
 			interleave.Actor{Name: "W1", Steps: []interleave.Step{
@@ -423,12 +433,27 @@ func TestInterleavingsOfARequeueAfterACallThatMayHaveLanded(t *testing.T) {
 					return a.settleDone(ctx, d, v1, token, outcome)
 				}),
 			}},
+			// The requeue's two steps: it sends the copy, then commits the
+			// row's requeued state (a redelivery may come in between, and
+			// wait on the row's lock: the explorer runs it blocked).
 			interleave.Actor{Name: "Op", Steps: []interleave.Step{
-				step("requeue", func(ctx context.Context) error {
+				step("send", func(ctx context.Context) error {
 					w.ledger.mu.Lock()
 					delete(w.ledger.failAfter, v1.EventID.String()) // the third party answers again
 					w.ledger.mu.Unlock()
-					return w.requeue(ctx, v1.EventID)
+					w.copies.hold, w.copies.sent = make(chan struct{}), make(chan struct{})
+					go func() { requeued <- w.requeue(ctx, v1.EventID) }()
+					select {
+					case <-w.copies.sent:
+						return nil
+					case err := <-requeued:
+						requeued <- err // nothing to send (no dead letter yet): commit has nothing to wait for
+						return nil
+					}
+				}),
+				step("commit", func(context.Context) error {
+					close(w.copies.hold)
+					return <-requeued
 				}),
 			}},
 			interleave.Actor{Name: "W2", Steps: []interleave.Step{

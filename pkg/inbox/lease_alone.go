@@ -96,14 +96,7 @@ func (a *leaseApplier) processLeased(ctx context.Context, d delivery) error {
 func (a *leaseApplier) lease(ctx context.Context, m kafka.Message, ev *event.Envelope) (token int64, out *outcome, taken bool, err error) {
 	err = pgx.BeginFunc(ctx, a.pool, func(tx pgx.Tx) error {
 		out, taken = nil, false
-		requeued := true
-		err := tx.QueryRow(ctx, tReclaim.sql, a.cfg.Name, ev.EventID, a.leaseCfg.LeaseOwner, a.leaseCfg.LeaseTTL.Microseconds()).
-			Scan(&token, &taken)
-		if errors.Is(err, pgx.ErrNoRows) {
-			requeued = false
-			err = tx.QueryRow(ctx, tLease.sql, a.cfg.Name, ev.EventID, ev.EventType, ev.AggregateType, ev.AggregateID, ev.AggregateVersion,
-				m.Topic, m.Partition, m.Offset, []byte(ev.Payload), a.leaseCfg.LeaseOwner, a.leaseCfg.LeaseTTL.Microseconds()).Scan(&token, &taken)
-		}
+		requeued, err := a.claim(ctx, tx, m, ev, &token, &taken)
 		if errors.Is(err, pgx.ErrNoRows) {
 			var status string
 			var until *time.Time
@@ -167,6 +160,35 @@ func (a *leaseApplier) lease(ctx context.Context, m kafka.Message, ev *event.Env
 		return a.upcast(ev)
 	})
 	return token, out, taken, err
+}
+
+// claim takes the message's row in tx: a requeued letter (reclaim, which
+// reports requeued), else a new row or an expired lease (lease). It returns
+// pgx.ErrNoRows when neither applies (settled, or leased to a live worker).
+//
+// A requeue sends the letter before it commits the row's requeued state, so
+// the redelivery can come first: the reclaim, reading the row as it was,
+// finds nothing, and the lease's INSERT waits on the requeue's row lock,
+// then finds the row requeued, which it does not take. The reclaim then
+// runs again, and takes it (found by the interleaving checker:
+// TestInterleavingsOfARequeueAfterACallThatMayHaveLanded).
+func (a *leaseApplier) claim(ctx context.Context, tx pgx.Tx, m kafka.Message, ev *event.Envelope, token *int64, taken *bool) (requeued bool, err error) {
+	reclaim := func() error {
+		return tx.QueryRow(ctx, tReclaim.sql, a.cfg.Name, ev.EventID, a.leaseCfg.LeaseOwner, a.leaseCfg.LeaseTTL.Microseconds()).
+			Scan(token, taken)
+	}
+	if err := reclaim(); !errors.Is(err, pgx.ErrNoRows) {
+		return err == nil, err
+	}
+	err = tx.QueryRow(ctx, tLease.sql, a.cfg.Name, ev.EventID, ev.EventType, ev.AggregateType, ev.AggregateID, ev.AggregateVersion,
+		m.Topic, m.Partition, m.Offset, []byte(ev.Payload), a.leaseCfg.LeaseOwner, a.leaseCfg.LeaseTTL.Microseconds()).Scan(token, taken)
+	if !errors.Is(err, pgx.ErrNoRows) {
+		return false, err
+	}
+	if err := reclaim(); !errors.Is(err, pgx.ErrNoRows) {
+		return err == nil, err
+	}
+	return false, pgx.ErrNoRows
 }
 
 // leaseHeldError says another worker holds the message's lease until until.

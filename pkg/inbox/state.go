@@ -101,18 +101,21 @@ WHERE inbox_messages.status = 'requeued'
 RETURNING xmax <> 0`}
 
 	// tRecordBatch is tRecord for a batch on the fast path, which only
-	// meets aggregates nothing holds: a requeued row always has its hold
-	// (the requeue marks both in one transaction), so it never reaches
-	// here, and any existing row is a duplicate.
-	tRecordBatch = transition{name: "record", from: []string{""}, to: stateProcessed, by: byWorker, sql: `
+	// meets aggregates nothing holds. A requeued row it meets all the same
+	// (a stale dead letter holds nothing) comes back with reapplied set,
+	// and the fast path gives the batch up to the message-by-message path,
+	// which applies it whatever the guard says.
+	tRecordBatch = transition{name: "record", from: []string{"", stateRequeued}, to: stateProcessed, by: byWorker, sql: `
 INSERT INTO inbox_messages (consumer, message_id, event_type, aggregate_type, aggregate_id, aggregate_version,
                             topic, kafka_partition, kafka_offset, status, payload_hash, processed_at)
 SELECT $1, m.id, m.event_type, m.aggregate_type, m.aggregate_id, m.aggregate_version, m.topic, m.kafka_partition,
        m.kafka_offset, 'processed', sha256(m.payload), now()
 FROM unnest($2::uuid[], $3::text[], $4::text[], $5::text[], $6::bigint[], $7::text[], $8::int[], $9::bigint[], $10::bytea[])
      AS m(id, event_type, aggregate_type, aggregate_id, aggregate_version, topic, kafka_partition, kafka_offset, payload)
-ON CONFLICT (consumer, message_id) DO NOTHING
-RETURNING message_id`}
+ON CONFLICT (consumer, message_id) DO UPDATE
+SET status = 'processed', processed_at = now(), last_error = NULL, attempts = inbox_messages.attempts + 1
+WHERE inbox_messages.status = 'requeued'
+RETURNING message_id, xmax <> 0`}
 
 	// tLease takes a new row, or an expired lease of a worker that died
 	// (takeover: the previous holder may have called). It returns the

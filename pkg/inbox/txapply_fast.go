@@ -2,6 +2,7 @@ package inbox
 
 import (
 	"context"
+	"errors"
 	"log/slog"
 	"time"
 
@@ -153,13 +154,23 @@ func (a *txApplier) insertBatch(ctx context.Context, tx pgx.Tx, batch []kafka.Me
 	if err != nil {
 		return nil, err
 	}
-	inserted, err := pgx.CollectRows(rows, pgx.RowTo[[16]byte])
-	if err != nil {
+	fresh := make(map[uuid.UUID]bool, n)
+	var (
+		id        [16]byte
+		reapplied bool
+		requeued  bool
+	)
+	if _, err := pgx.ForEachRow(rows, []any{&id, &reapplied}, func() error {
+		fresh[uuid.UUID(id)] = true
+		requeued = requeued || reapplied
+		return nil
+	}); err != nil {
 		return nil, err
 	}
-	fresh := make(map[uuid.UUID]bool, len(inserted))
-	for _, id := range inserted {
-		fresh[uuid.UUID(id)] = true
+	if requeued {
+		// A requeued message is applied whatever the guard says: the
+		// message-by-message path knows how (this transaction rolls back).
+		return nil, errors.New("the batch holds a requeued message")
 	}
 	return fresh, nil
 }
