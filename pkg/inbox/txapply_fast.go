@@ -143,12 +143,22 @@ func (a *txApplier) insertBatch(ctx context.Context, tx pgx.Tx, batch []kafka.Me
 	n := len(batch)
 	// [16]byte, not uuid.UUID: pgx encodes and decodes it natively instead of
 	// through driver.Valuer, sql.Scanner and text.
-	ids, types, aggTypes, aggs, versions := make([][16]byte, n), make([]string, n), make([]string, n), make([]string, n), make([]int64, n)
-	topics, partitions, offsets, payloads := make([]string, n), make([]int32, n), make([]int64, n), make([][]byte, n)
+	ids, types, aggTypes, aggs, versions := make([][16]byte, 0, n), make([]string, 0, n), make([]string, 0, n), make([]string, 0, n), make([]int64, 0, n)
+	topics, partitions, offsets, payloads := make([]string, 0, n), make([]int32, 0, n), make([]int64, 0, n), make([][]byte, 0, n)
+	// Each id once: an upsert may not touch a row twice in one statement,
+	// and the first occurrence is the one recorded (the rest are
+	// duplicates).
+	first := make(map[uuid.UUID]bool, n)
 	for i, m := range batch {
 		ev := evs[i]
-		ids[i], types[i], aggTypes[i], aggs[i], versions[i] = ev.EventID, ev.EventType, ev.AggregateType, ev.AggregateID, ev.AggregateVersion
-		topics[i], partitions[i], offsets[i], payloads[i] = m.Topic, int32(m.Partition), m.Offset, []byte(ev.Payload)
+		if first[ev.EventID] {
+			continue
+		}
+		first[ev.EventID] = true
+		ids, types, aggTypes = append(ids, ev.EventID), append(types, ev.EventType), append(aggTypes, ev.AggregateType)
+		aggs, versions = append(aggs, ev.AggregateID), append(versions, ev.AggregateVersion)
+		topics, partitions = append(topics, m.Topic), append(partitions, int32(m.Partition))
+		offsets, payloads = append(offsets, m.Offset), append(payloads, []byte(ev.Payload))
 	}
 	rows, err := takeQuery(ctx, tx, &tRecordBatch, a.cfg.Name, ids, types, aggTypes, aggs, versions, topics, partitions, offsets, payloads)
 	if err != nil {
