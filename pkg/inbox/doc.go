@@ -83,9 +83,11 @@
 // parking behind a dead event), deadletter.go, trace.go, errors.go (the
 // error classes), health.go (outages) and metrics.go. The operator's side
 // is listdeadletters.go, requeue.go (with dltread.go, their reader of a
-// dead-letter topic), prune.go, backlog.go, lookup.go and listparked.go.
-// The SQL sits with the job it serves (parking's in park.go, the lease
-// applier's in lease.go).
+// dead-letter topic), held.go (releasing or skipping a held aggregate),
+// prune.go, backlog.go, lookup.go and listparked.go. Every write of the
+// inbox's lifecycle tables is a transition of state.go, the machine written
+// down once (docs/inbox.md draws it); the reads sit with the job they serve
+// (parking's in park.go, the lease applier's in lease.go).
 //
 // Consumer groups: a Consumer is one member of the Kafka consumer group in
 // its GroupConfig (kafka-go's consumer-group API). For every generation the
