@@ -325,7 +325,7 @@ SELECT o.consumer, o.message_id, o.topic, o.msg_key, o.msg_value, o.msg_headers
 FROM inbox_dead_letter_originals o
 JOIN inbox_messages i ON i.consumer = o.consumer AND i.message_id = o.message_id AND i.status = 'dead_lettered'
 WHERE NOT o.in_topic AND o.dead_letter_topic = $1 AND ($2 = '' OR o.consumer = $2)
-  AND (cardinality($3::uuid[]) = 0 OR o.message_id = ANY($3))
+  AND (coalesce(cardinality($3::uuid[]), 0) = 0 OR o.message_id = ANY($3))
 ORDER BY o.stored_at
 LIMIT $4`
 
