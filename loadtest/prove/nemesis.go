@@ -38,11 +38,10 @@ const (
 	NemOperator   = "operator"   // dead-letter requeue-all, outbox requeue, replay dryRun:false, make reconcile
 	NemLimit      = "limit"      // the orders topic's max.message.bytes lowered between the sizes of OrderCancelled and OrderPlaced
 	NemFailover   = "failover"   // billing's database fails over during a migration's lock and a scale-up of billing (nemesis_failover.go)
-	NemDLT        = "dlt"        // the shim's dead-letter topic refuses every record while the third party rejects calls (nemesis_dlt.go)
 )
 
 // NemesisKinds are every fault kind, in the order the schedule weighs them.
-var NemesisKinds = []string{NemPause, NemKill, NemMember, NemKafka, NemPostgres, NemNet, NemThirdParty, NemSlot, NemOperator, NemLimit, NemFailover, NemDLT}
+var NemesisKinds = []string{NemPause, NemKill, NemMember, NemKafka, NemPostgres, NemNet, NemThirdParty, NemSlot, NemOperator, NemLimit, NemFailover}
 
 // NemesisOptions configure the nemesis proof.
 type NemesisOptions struct {
@@ -241,8 +240,6 @@ func schedule(seed int64, kinds []string, d time.Duration, targets []string) []s
 			// the rest of its batch once it can go on is what is tested.
 			s.Target = "billing"
 			s.Hold, s.N = dur(8*time.Second, 15*time.Second), 20+rng.IntN(100)
-		case NemDLT:
-			s.N, s.Hold = 1+rng.IntN(5), dur(3*time.Second, 10*time.Second)
 		}
 		out = append(out, s)
 	}
@@ -287,9 +284,6 @@ type nemesisRun struct {
 	// limited: the orders topic's max.message.bytes was lowered and is not
 	// confirmed back on its default yet (nemesis_limit.go).
 	limited atomic.Bool
-	// dltLimited: the shim's dead-letter topic refuses records and is not
-	// confirmed back on its default yet (nemesis_dlt.go).
-	dltLimited atomic.Bool
 	// reconcileBin is tools/cmd/reconcile, built for the run.
 	reconcileBin string
 }
@@ -344,8 +338,6 @@ func (n *nemesisRun) apply(ctx context.Context, s step) {
 	switch s.Kind {
 	case NemKafka, NemPostgres, NemThirdParty, NemSlot, NemLimit:
 		busyKey = s.Kind + "/" + s.Target
-	case NemDLT:
-		busyKey = NemThirdParty + "/" + s.Target // it sets the third party's faults too
 	case NemNet:
 		busyKey = "net/" + s.Target
 	case NemOperator:
@@ -509,8 +501,6 @@ func (n *nemesisRun) run(ctx context.Context, s step) (string, error) {
 		return n.limit(ctx, s.Hold)
 	case NemFailover:
 		return n.failover(ctx, s)
-	case NemDLT:
-		return n.dlt(ctx, s)
 	}
 	return "", fmt.Errorf("no fault kind %q", s.Kind)
 }
@@ -708,11 +698,6 @@ func (n *nemesisRun) clearAll(ctx context.Context) {
 	}
 	if n.limited.Load() {
 		if _, err := n.restoreLimit(ctx); err != nil {
-			n.h.logf("    %v", err)
-		}
-	}
-	if n.dltLimited.Load() {
-		if _, err := n.restoreDLT(ctx); err != nil {
 			n.h.logf("    %v", err)
 		}
 	}

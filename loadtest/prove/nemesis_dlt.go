@@ -4,28 +4,45 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strconv"
 	"time"
 
 	"github.com/segmentio/kafka-go"
 )
 
-// The dlt fault: the shim's dead-letter topic refuses every record for a
-// while (its max.message.bytes lowered below any dead letter, even a
-// truncated one), while the third party rejects the next calls (422: the
-// shim dead-letters them). Those dead letters are in no topic: the shim's
-// inbox keeps each one's row and its original whole, and the end-of-run
-// requeue-all must send them from there (pkg/inbox, issue 29), each booked
-// once, nothing lost.
+// The dlt fault (issue 29, opt-in: it runs only when NEMESIS= names it, so
+// the default schedule of every seed stays what it was): the shim's
+// dead-letter topic refuses every record for a while (its
+// max.message.bytes lowered below any dead letter, even a truncated one),
+// while the third party rejects the next calls (422: the shim dead-letters
+// them). Those dead letters are in no topic: the shim's inbox keeps each
+// one's row and its original whole, and the end-of-run requeue-all must
+// send them from there, each booked once, nothing lost.
+//
+// It plugs into the nemesis as main's opt-in kinds do (nemesis_outbox.go):
+// NemDLT in NemesisOptInKinds, planDLT from planOptIn, runDLT from
+// runOptIn. The fault puts the topic's setting back itself, retried for up
+// to limitRestoreFor.
+const NemDLT = "dlt"
+
+// planDLT fills in a dlt step: N calls rejected, for Hold. Its target is
+// the busy key of the thirdparty kind ("thirdparty/"), since it sets the
+// third party's faults too: the two never overlap.
+func planDLT(s *step, dur func(lo, hi time.Duration) time.Duration, pick func([]string) string) {
+	s.Target = "thirdparty/"
+	s.N, _ = strconv.Atoi(pick([]string{"1", "2", "3", "4", "5"}))
+	s.Hold = dur(3*time.Second, 10*time.Second)
+}
 
 // dltRefusingBytes is below the size of any dead letter: the dead-letter
 // headers alone are larger.
 const dltRefusingBytes = 100
 
-// dlt runs the fault for d, then puts the topic's setting back (retried as
-// the limit fault retries it, since another step may have Kafka down).
-func (n *nemesisRun) dlt(ctx context.Context, s step) (string, error) {
+// runDLT runs the fault for s.Hold, then puts the topic's setting back
+// (retried as the limit fault retries it, since another step may have
+// Kafka down).
+func (n *nemesisRun) runDLT(ctx context.Context, s step) (string, error) {
 	topic := n.p.BillingTop + ".dlt"
-	n.dltLimited.Store(true)
 	lowerErr := alterTopicMaxMessageBytes(ctx, n.h.stack.Brokers(), topic, kafka.ConfigOperationSet, fmt.Sprint(dltRefusingBytes))
 	body := fmt.Sprintf(`{"rejectNext":%d}`, s.N)
 	var tpErr error
@@ -54,7 +71,6 @@ func (n *nemesisRun) restoreDLT(ctx context.Context) (time.Duration, error) {
 	for try := 1; ; try++ {
 		err := alterTopicMaxMessageBytes(ctx, n.h.stack.Brokers(), topic, kafka.ConfigOperationDelete, "")
 		if err == nil {
-			n.dltLimited.Store(false)
 			return time.Since(start), nil
 		}
 		if time.Now().After(deadline) {

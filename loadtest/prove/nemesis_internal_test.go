@@ -36,12 +36,12 @@ func TestSchedule(t *testing.T) {
 		want    []string
 		wantErr bool
 	}{
-		{"", "poll", []string{NemPause, NemKill, NemMember, NemKafka, NemPostgres, NemNet, NemThirdParty, NemOperator, NemLimit, NemFailover, NemDLT}, false},
-		{"", "wal", []string{NemPause, NemKill, NemMember, NemKafka, NemPostgres, NemNet, NemThirdParty, NemOperator, NemFailover, NemDLT}, false},
+		{"", "poll", []string{NemPause, NemKill, NemMember, NemKafka, NemPostgres, NemNet, NemThirdParty, NemOperator, NemLimit, NemFailover}, false},
+		{"", "wal", []string{NemPause, NemKill, NemMember, NemKafka, NemPostgres, NemNet, NemThirdParty, NemOperator, NemFailover}, false},
 		{"slot,limit", "wal", []string{NemSlot, NemLimit}, false},
 		{"", "cdc", NemesisKinds, false},
 		{"pause,thirdparty", "cdc", []string{NemPause, NemThirdParty}, false},
-		{"-kafka,-postgres,-slot,-limit", "cdc", []string{NemPause, NemKill, NemMember, NemNet, NemThirdParty, NemOperator, NemFailover, NemDLT}, false},
+		{"-kafka,-postgres,-slot,-limit", "cdc", []string{NemPause, NemKill, NemMember, NemNet, NemThirdParty, NemOperator, NemFailover}, false},
 		{"slot", "poll", nil, true},
 		{"nosuch", "poll", nil, true},
 	}
