@@ -274,6 +274,23 @@ var alertCases = []alertCase{
 			{at: "65m", fires: []firing{{map[string]string{"service": "reconciler-shim", "consumer": "reconciler-shim"},
 				"reconciler-shim/reconciler-shim: 3 dead letters have waited over an hour"}}},
 		}},
+	{"InboxHoldWithoutDeadLetter",
+		[]series{{`inbox_stranded_holds{service="billing",consumer="billing"}`, "0 0 1x20"}},
+		[]check{
+			{at: "5m"},
+			{at: "15m", fires: []firing{{map[string]string{"service": "billing", "consumer": "billing"},
+				"billing/billing: 1 held aggregates have no requeueable dead letter behind them"}}},
+		}},
+	{"InboxTransitionsRefused",
+		[]series{
+			{`inbox_transitions_refused_total{service="billing",consumer="billing",transition="dead_letter"}`, "0+5x20"},
+			{`inbox_transitions_refused_total{service="billing",consumer="billing",transition="renew"}`, "0 1 1 1 1 1 1 1 1 1 1 1 1 1 1 1 1 1 1 1 1"},
+		},
+		[]check{
+			{at: "1m"},
+			{at: "12m", fires: []firing{{map[string]string{"service": "billing", "consumer": "billing", "transition": "dead_letter"},
+				"billing/billing: 50 refused dead_letter transitions in 10 minutes"}}},
+		}},
 	{"InboxFailures",
 		[]series{
 			{`inbox_failures_total{service="billing",consumer="billing"}`, "0+30x20"},

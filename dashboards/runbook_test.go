@@ -72,8 +72,8 @@ func TestRunbookURLsResolveToADocsHeading(t *testing.T) {
 // never SQL typed by hand.
 func TestAlertDescriptionsNameCommandsThatExist(t *testing.T) {
 	commands := map[string]bool{"status": true, "dead-letters list": true, "dead-letters requeue": true,
-		"replay": true, "journey": true, "reconcile": true}
-	ctl := regexp.MustCompile(`onceflowctl ([a-z-]+)(?: (list|requeue)\b)?`)
+		"replay": true, "journey": true, "reconcile": true, "parked": true, "parked release": true, "parked skip": true}
+	ctl := regexp.MustCompile(`onceflowctl ([a-z-]+)(?: (list|requeue|release|skip)\b)?`)
 	sql := regexp.MustCompile(`(?i)\b(SELECT|UPDATE|INSERT|DELETE)\b.*\b(FROM|SET|INTO|WHERE)\b`)
 	for _, r := range loadRules(t) {
 		d := r.Annotations["description"]

@@ -71,7 +71,8 @@ func TestABatchSettlesDuplicatesStaleGapsAndAFailureLikeOneByOne(t *testing.T) {
 			return errors.New("c is not ready yet")
 		}
 		return f.recordEffect(ctx, tx, ev)
-	}, inbox.Config{Workers: 1, BatchSize: 100, BackoffMin: time.Millisecond, BackoffMax: 5 * time.Millisecond})
+	}, inbox.Config{Workers: 1, BatchSize: 100, BackoffMin: time.Millisecond, BackoffMax: 5 * time.Millisecond,
+		Gaps: inbox.GapAccept, Stale: inbox.StaleSkip}) // the opt-ins, whose outcomes the fast path must match
 
 	settled := func(n int) func() (bool, error) {
 		return func() (bool, error) {

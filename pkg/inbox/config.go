@@ -13,17 +13,48 @@ import (
 )
 
 // GapPolicy says what to do with an event whose aggregate version is more
-// than one above the last one this consumer applied.
+// than one above the last one this consumer applied: a later version over
+// a missing earlier one.
 type GapPolicy int
 
 const (
-	// GapAccept handles the event and reports the gap (metric and log).
-	// Right when events may be missing for good (topic retention, a
-	// consumer that starts late) and handlers do not depend on every step.
-	GapAccept GapPolicy = iota
-	// GapRetry treats the gap as transient: the event is retried, waiting
-	// for the missing versions, and dead-lettered after MaxAttempts.
-	GapRetry
+	// GapWait, the default, waits for the missing versions a bounded time:
+	// the event is retried with backoff (MaxAttempts, BackoffMin,
+	// BackoffMax), and then dead-lettered, visibly, with the gap as its
+	// reason; its aggregate's later events park behind it (DeadKeys) until
+	// an operator requeues it (it is then applied whatever the guard says)
+	// or releases the aggregate. A missing earlier version that arrives
+	// meanwhile is applied (it comes before the dead one). Nothing jumps
+	// ahead: a refund is never forwarded over a capture that never came.
+	GapWait GapPolicy = iota
+	// GapAccept handles the event at once and reports the gap (metric and
+	// log): an explicit opt-in, right when events may be missing for good
+	// (topic retention, a consumer that starts late) and handlers do not
+	// depend on every step.
+	GapAccept
+)
+
+// GapRetry is GapWait's former name.
+//
+// Deprecated: use GapWait, the default.
+const GapRetry = GapWait
+
+// StalePolicy says what to do with an event at or below the aggregate
+// version this consumer already applied that is not a redelivery (another
+// event id): an older event arriving after a newer one was applied.
+type StalePolicy int
+
+const (
+	// StaleDeadLetter, the default, dead-letters it with its reason
+	// ("version N arrived after version M was applied", reason label
+	// stale), without holding its aggregate back: nothing vanishes
+	// silently, and an operator who requeues it has it applied whatever
+	// the guard says.
+	StaleDeadLetter StalePolicy = iota
+	// StaleSkip skips it, marked stale in the inbox and counted
+	// (inbox_stale_total): an explicit opt-in, for consumers that keep
+	// only the latest state of an aggregate and lose nothing by it.
+	StaleSkip
 )
 
 // Upcaster converts the payload of EventType from version From to From+1.
@@ -91,8 +122,12 @@ type Config struct {
 	// DisableVersionGuard turns off the aggregate-version check, for topics
 	// whose events carry no meaningful per-aggregate sequence.
 	DisableVersionGuard bool
-	// Gaps is the version-gap policy. Default GapAccept.
+	// Gaps is the version-gap policy. Default GapWait: a bounded wait, then
+	// a dead letter its aggregate parks behind.
 	Gaps GapPolicy
+	// Stale is what happens to an older event that arrives after a newer
+	// one of its aggregate was applied. Default StaleDeadLetter.
+	Stale StalePolicy
 	// DeadKeys says what happens to the later events of an aggregate whose
 	// earlier event is dead (dead-lettered, not yet requeued and applied).
 	// Default DeadKeyPark: they are parked, and applied in order once the
@@ -156,8 +191,11 @@ func (c Config) Validate() error {
 	if err := knob.RefuseNegative(name, c); err != nil {
 		return err
 	}
-	if c.Gaps != GapAccept && c.Gaps != GapRetry {
-		return fmt.Errorf("inbox: Config.Gaps is %d, neither GapAccept nor GapRetry", c.Gaps)
+	if c.Gaps != GapWait && c.Gaps != GapAccept {
+		return fmt.Errorf("inbox: Config.Gaps is %d, neither GapWait nor GapAccept", c.Gaps)
+	}
+	if c.Stale != StaleDeadLetter && c.Stale != StaleSkip {
+		return fmt.Errorf("inbox: Config.Stale is %d, neither StaleDeadLetter nor StaleSkip", c.Stale)
 	}
 	if c.DeadKeys != DeadKeyPark && c.DeadKeys != DeadKeySkipAhead {
 		return fmt.Errorf("inbox: Config.DeadKeys is %d, neither DeadKeyPark nor DeadKeySkipAhead", c.DeadKeys)

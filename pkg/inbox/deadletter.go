@@ -21,13 +21,6 @@ type Writer interface {
 	WriteMessages(ctx context.Context, msgs ...kafka.Message) error
 }
 
-const insertDeadLettered = `
-INSERT INTO inbox_messages (consumer, message_id, event_type, aggregate_id, aggregate_version,
-                            topic, kafka_partition, kafka_offset, status, last_error, payload_hash)
-VALUES ($1, $2, $3, $4, $5, $6, $7, $8, 'dead_lettered', $9, sha256($10))
-ON CONFLICT (consumer, message_id) DO UPDATE
-SET status = 'dead_lettered', last_error = EXCLUDED.last_error, attempts = inbox_messages.attempts + 1`
-
 // Dead-letter headers added to the original message's headers.
 const (
 	HeaderDLTReason    = "dlt-reason"
@@ -46,6 +39,8 @@ func reasonClass(ev *event.Envelope, reason error) string {
 		return ReasonUndecodable
 	case errors.Is(reason, event.ErrInvalid):
 		return ReasonInvalid
+	case isStale(reason):
+		return ReasonStale
 	case errors.Is(reason, ErrPermanent), errors.Is(reason, errDBRefused), pgerr.IsPermanent(reason):
 		return ReasonPermanent
 	default:
@@ -68,12 +63,12 @@ const HeaderDLTTruncated = "dlt-truncated-from"
 // retries while the broker is unreachable, until it succeeds or ctx ends
 // (then it returns an error, the offset is not committed, and the message
 // is redelivered later); a message the topic refuses as it is goes there
-// truncated. It runs outside any transaction (see dueDeadLetter).
-func (s *shared) publishDeadLetter(ctx context.Context, m kafka.Message, ev *event.Envelope, reason error) error {
-	topic := s.cfg.DeadLetterTopic
-	if topic == "" {
-		topic = m.Topic + ".dlt"
-	}
+// truncated, which it reports (the inbox then keeps the original whole, so
+// that a requeue sends it back whole). It runs outside any transaction (see
+// dueDeadLetter).
+func (s *shared) publishDeadLetter(ctx context.Context, m kafka.Message, ev *event.Envelope, reason error) (stored dlStored, err error) {
+	truncated := false
+	topic := s.deadLetterTopic(m)
 	dlt := []kafka.Header{
 		{Key: HeaderDLTReason, Value: []byte(truncate(reason.Error(), 4<<10))},
 		{Key: HeaderDLTConsumer, Value: []byte(s.cfg.Name)},
@@ -84,11 +79,14 @@ func (s *shared) publishDeadLetter(ctx context.Context, m kafka.Message, ev *eve
 	}
 	dl := kafka.Message{Topic: topic, Key: m.Key, Value: m.Value,
 		Headers: append(append([]kafka.Header{}, m.Headers...), dlt...)}
-	truncated := false
 	for attempt := 1; ; attempt++ {
 		err := s.dlq.WriteMessages(ctx, dl)
 		if err == nil {
 			s.kafka.ok(ctx, "dead_letter")
+			stored = dlWhole
+			if truncated {
+				stored = dlTruncated
+			}
 			break
 		}
 		if kafkaerr.IsMessageError(err) && !truncated {
@@ -104,17 +102,18 @@ func (s *shared) publishDeadLetter(ctx context.Context, m kafka.Message, ev *eve
 		if kafkaerr.IsMessageError(err) {
 			// Even the truncated record is refused: nothing more can be
 			// kept in Kafka; the log line and the counter are the record.
-			s.cfg.Logger.ErrorContext(ctx, "inbox could not dead-letter a message even truncated; moving on",
+			s.cfg.Logger.ErrorContext(ctx, "inbox could not dead-letter a message even truncated; its inbox row and the kept original are the record",
 				slog.String("consumer", s.cfg.Name), slog.String("topic", m.Topic), slog.Int("partition", m.Partition),
 				slog.Int64("offset", m.Offset), slog.Any("reason", reason), slog.Any("error", err))
+			stored = dlNotStored
 			break
 		}
 		if ctx.Err() != nil {
-			return fmt.Errorf("inbox %s: dead-lettering %s/%d/%d: %w", s.cfg.Name, m.Topic, m.Partition, m.Offset, err)
+			return 0, fmt.Errorf("inbox %s: dead-lettering %s/%d/%d: %w", s.cfg.Name, m.Topic, m.Partition, m.Offset, err)
 		}
 		s.kafka.fail(ctx, "dead_letter", err)
 		if !retry.Sleep(ctx, retry.Backoff(attempt, s.cfg.BackoffMin, s.cfg.BackoffMax)) {
-			return fmt.Errorf("inbox %s: dead-lettering %s/%d/%d: %w", s.cfg.Name, m.Topic, m.Partition, m.Offset, err)
+			return 0, fmt.Errorf("inbox %s: dead-lettering %s/%d/%d: %w", s.cfg.Name, m.Topic, m.Partition, m.Offset, err)
 		}
 	}
 	s.cfg.Metrics.deadLettered.WithLabelValues(s.cfg.Name, reasonClass(ev, reason)).Inc()
@@ -123,16 +122,52 @@ func (s *shared) publishDeadLetter(ctx context.Context, m kafka.Message, ev *eve
 		slog.Any("error", reason))
 	if ev == nil {
 		log.ErrorContext(ctx, "inbox dead-lettered a message it keeps no inbox row for")
-		return nil
+		return stored, nil
 	}
 	log.ErrorContext(ctx, "inbox dead-lettered an event", slog.String("event_id", ev.EventID.String()),
 		slog.String("event_type", ev.EventType))
-	return nil
+	return stored, nil
+}
+
+// deadLetterTopic is where m's dead letter goes.
+func (s *shared) deadLetterTopic(m kafka.Message) string {
+	if s.cfg.DeadLetterTopic != "" {
+		return s.cfg.DeadLetterTopic
+	}
+	return m.Topic + ".dlt"
+}
+
+// dlStored is what the dead-letter topic holds of a dead letter.
+type dlStored int
+
+const (
+	dlWhole     dlStored = iota + 1 // the message, whole
+	dlTruncated                     // its first DeadLetterBodyLimit bytes (HeaderDLTTruncated)
+	dlNotStored                     // nothing: it refused even the truncated record
+)
+
+// leaseRef is the lease a dead letter is written under: its fencing token
+// (0: none, the message was not leased) and whether a call may have landed.
+type leaseRef struct {
+	token         int64
+	mayHaveCalled bool
+}
+
+// dlProgress is how far a dead letter got: published (not to publish again
+// when only its row failed), and what the topic holds of it (anything but
+// the whole message: the inbox keeps the original).
+type dlProgress struct {
+	published bool
+	stored    dlStored
 }
 
 // recordDeadLetter records the dead_lettered inbox row of a decoded event
-// whose dead letter is published, in tx.
-func (s *shared) recordDeadLetter(ctx context.Context, tx pgx.Tx, m kafka.Message, ev *event.Envelope, reason error) error {
+// whose dead letter is published, in tx: under lease (its token) in lease
+// mode, or as a new row (or a requeued one that died again). A row that
+// moved on meanwhile — another member applied the event while this one
+// waited on the dead-letter topic, or took the lease over — is left alone:
+// the write is refused (counted, logged), and nothing holds the aggregate.
+func (s *shared) recordDeadLetter(ctx context.Context, tx pgx.Tx, m kafka.Message, ev *event.Envelope, reason error, lease leaseRef, stored dlStored) error {
 	// In a savepoint: a row Postgres refuses (its fields are what the
 	// decoder let through) must not fail the transaction; the message is in
 	// the dead-letter topic either way.
@@ -140,11 +175,29 @@ func (s *shared) recordDeadLetter(ctx context.Context, tx pgx.Tx, m kafka.Messag
 	if err != nil {
 		return fmt.Errorf("recording a dead letter: %w", err)
 	}
-	_, err = sp.Exec(ctx, insertDeadLettered, s.cfg.Name, ev.EventID, ev.EventType, ev.AggregateID,
-		ev.AggregateVersion, m.Topic, m.Partition, m.Offset, reason.Error(), []byte(ev.Payload))
-	if err == nil {
-		// Its aggregate's later messages are parked until it is requeued.
+	var (
+		tr      = &tDeadLetter
+		changed bool
+	)
+	if lease.token > 0 {
+		tr = &tDeadLetterLeased
+		changed, err = take(ctx, sp, tr, s.cfg.Name, ev.EventID, lease.token, reason.Error(), lease.mayHaveCalled, ev.AggregateType)
+	} else {
+		changed, err = take(ctx, sp, tr, s.cfg.Name, ev.EventID, ev.EventType, ev.AggregateType, ev.AggregateID,
+			ev.AggregateVersion, m.Topic, m.Partition, m.Offset, reason.Error(), []byte(ev.Payload), lease.mayHaveCalled)
+	}
+	if err == nil && !changed {
+		_ = sp.Rollback(ctx)
+		s.refused(ctx, tr, ev.EventID, "the message was settled (or leased) by another worker while its dead letter was published")
+		return nil
+	}
+	if err == nil && !isStale(reason) {
+		// Its aggregate's later messages are parked until it is requeued
+		// (not behind a stale one: they come after what was applied).
 		err = s.holdDeadKey(ctx, sp, ev)
+	}
+	if err == nil && stored != dlWhole {
+		err = s.keepOriginal(ctx, sp, m, ev, stored == dlTruncated)
 	}
 	if err != nil {
 		_ = sp.Rollback(ctx)
@@ -175,21 +228,35 @@ type dueDeadLetter struct {
 func (e *dueDeadLetter) Error() string { return "to be dead-lettered: " + e.reason.Error() }
 
 // deadLetterAlone publishes m's dead letter outside any transaction, then
-// records its inbox row in a transaction of its own. *published says that
-// an earlier call for this dead letter published it already, and is set
-// once this one did: a caller retrying after the database failed does not
-// publish it again.
-func (s *shared) deadLetterAlone(ctx context.Context, m kafka.Message, ev *event.Envelope, reason error, published *bool) error {
-	if !*published {
-		if err := s.publishDeadLetter(ctx, m, ev, reason); err != nil {
+// records its inbox row in a transaction of its own, under lease. progress
+// says how far an earlier call for this dead letter got, and is updated: a
+// caller retrying after the database failed does not publish it again.
+func (s *shared) deadLetterAlone(ctx context.Context, m kafka.Message, ev *event.Envelope, reason error, lease leaseRef, progress *dlProgress) error {
+	if !progress.published {
+		stored, err := s.publishDeadLetter(ctx, m, ev, reason)
+		if err != nil {
 			return err
 		}
-		*published = true
+		progress.published, progress.stored = true, stored
 	}
 	if ev == nil {
 		return nil
 	}
-	return pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error { return s.recordDeadLetter(ctx, tx, m, ev, reason) })
+	return pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+		return s.recordDeadLetter(ctx, tx, m, ev, reason, lease, progress.stored)
+	})
+}
+
+// keepOriginal keeps m whole, in tx, for the requeue of its dead letter,
+// which the dead-letter topic took only truncated (inTopic) or not at all.
+func (s *shared) keepOriginal(ctx context.Context, tx pgx.Tx, m kafka.Message, ev *event.Envelope, inTopic bool) error {
+	headers, err := encodeHeaders(m.Headers)
+	if err != nil {
+		return err
+	}
+	_, err = take(ctx, tx, &tKeepOriginal, s.cfg.Name, ev.EventID, m.Topic, m.Partition, m.Offset, m.Key, m.Value, headers, inTopic,
+		s.deadLetterTopic(m))
+	return err
 }
 
 // deadLetterSettled dead-letters d (deadLetterAlone), waiting out the
@@ -197,9 +264,9 @@ func (s *shared) deadLetterAlone(ctx context.Context, m kafka.Message, ev *event
 // ctx ends or d's generation is dropped first.
 func (s *shared) deadLetterSettled(ctx context.Context, d delivery, due *dueDeadLetter) error {
 	start := time.Now()
-	published := false
+	var progress dlProgress
 	for outages := 0; ; {
-		err := s.deadLetterAlone(ctx, d.m, due.ev, due.reason, &published)
+		err := s.deadLetterAlone(ctx, d.m, due.ev, due.reason, leaseRef{}, &progress)
 		switch {
 		case err == nil:
 			s.db.ok(ctx, "")

@@ -83,9 +83,11 @@
 // parking behind a dead event), deadletter.go, trace.go, errors.go (the
 // error classes), health.go (outages) and metrics.go. The operator's side
 // is listdeadletters.go, requeue.go (with dltread.go, their reader of a
-// dead-letter topic), prune.go, backlog.go, lookup.go and listparked.go.
-// The SQL sits with the job it serves (parking's in park.go, the lease
-// applier's in lease.go).
+// dead-letter topic), held.go (releasing or skipping a held aggregate),
+// prune.go, backlog.go, lookup.go and listparked.go. Every write of the
+// inbox's lifecycle tables is a transition of state.go, the machine written
+// down once (docs/inbox.md draws it); the reads sit with the job they serve
+// (parking's in park.go, the lease applier's in lease.go).
 //
 // Consumer groups: a Consumer is one member of the Kafka consumer group in
 // its GroupConfig (kafka-go's consumer-group API). For every generation the
@@ -144,9 +146,13 @@
 //   - Events of one key (one aggregate) are handled in order: Workers run in
 //     parallel, but each key always goes to the same worker. With the version
 //     guard on (the default), an event at or below the aggregate version this
-//     consumer already applied is skipped as stale and counted; a jump of
-//     more than one is a gap, reported, and handled or waited for as the
-//     GapPolicy says.
+//     consumer already applied (another event id) is dead-lettered with its
+//     reason, holding nothing back (Config.Stale; StaleSkip skips it,
+//     counted, as an opt-in); a jump of more than one is a gap: by default
+//     (GapWait) the event waits a bounded time (MaxAttempts retries), then
+//     is dead-lettered and its successors park behind it; GapAccept
+//     applies it at once, reported, as an opt-in. The lifecycle of every
+//     inbox row, with who may move it, is state.go (docs/inbox.md draws it).
 //   - Throughput: a worker handles up to BatchSize messages in one
 //     transaction. It first tries the whole batch with set-based inbox work
 //     (one INSERT for every message's inbox row, one read and one upsert for

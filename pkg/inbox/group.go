@@ -208,8 +208,20 @@ func (c *Consumer) consume(ctx context.Context, dispatch func(context.Context, f
 		fetchers.Add(1) // it dispatches too
 		gen.Start(func(gctx context.Context) {
 			defer fetchers.Done()
+			// At the start, and every LagInterval after it: an operator's
+			// ReleaseHeld frees an aggregate without a message of it to
+			// trigger the release.
 			c.resumeReleases(gctx, g, assigned, dispatch)
-			<-gctx.Done() // a function of the generation that returns ends it
+			tick := time.NewTicker(c.cfg.LagInterval)
+			defer tick.Stop()
+			for {
+				select {
+				case <-gctx.Done(): // a function of the generation that returns ends it
+					return
+				case <-tick.C:
+					c.resumeReleases(gctx, g, assigned, dispatch)
+				}
+			}
 		})
 	}
 }

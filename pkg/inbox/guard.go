@@ -2,6 +2,7 @@ package inbox
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 
@@ -21,18 +22,11 @@ JOIN unnest($2::text[], $3::text[]) AS a(aggregate_type, aggregate_id)
 WHERE v.consumer = $1
 FOR UPDATE OF v`
 
-const advanceVersions = `
-INSERT INTO inbox_aggregate_versions (consumer, aggregate_type, aggregate_id, version)
-SELECT $1, a.aggregate_type, a.aggregate_id, a.version
-FROM unnest($2::text[], $3::text[], $4::bigint[]) AS a(aggregate_type, aggregate_id, version)
-ON CONFLICT (consumer, aggregate_type, aggregate_id) DO UPDATE
-SET version = EXCLUDED.version, updated_at = now()
-WHERE inbox_aggregate_versions.version < EXCLUDED.version`
-
 // guardBatch is guardVersion for a batch: it marks stale messages in outs
 // (and in the inbox), advances each aggregate's version once, and returns
 // the log lines and gap counts to emit once the transaction commits. A gap
-// under GapRetry is an error: the savepoint path retries that message.
+// under GapWait, and a stale event under StaleDeadLetter, is an error: the
+// message-by-message path settles it (a retry, a dead letter).
 func (s *shared) guardBatch(ctx context.Context, tx pgx.Tx, evs []event.Envelope, outs []outcome) ([]func(), error) {
 	var keys []aggregateKey
 	want := map[aggregateKey]bool{}
@@ -71,6 +65,8 @@ func (s *shared) guardBatch(ctx context.Context, tx pgx.Tx, evs []event.Envelope
 		prev, known := applied[k]
 		switch {
 		case !known || ev.AggregateVersion == prev+1:
+		case ev.AggregateVersion <= prev && s.cfg.Stale == StaleDeadLetter:
+			return nil, &staleError{version: ev.AggregateVersion, applied: prev}
 		case ev.AggregateVersion <= prev:
 			outs[i] = stale
 			staleIDs = append(staleIDs, ev.EventID)
@@ -81,7 +77,7 @@ func (s *shared) guardBatch(ctx context.Context, tx pgx.Tx, evs []event.Envelope
 			})
 			continue
 		default: // a gap
-			if s.cfg.Gaps == GapRetry {
+			if s.cfg.Gaps == GapWait {
 				return nil, fmt.Errorf("aggregate %s: version %d follows %d", ev.AggregateID, ev.AggregateVersion, prev)
 			}
 			notes = append(notes, func() {
@@ -100,12 +96,11 @@ func (s *shared) guardBatch(ctx context.Context, tx pgx.Tx, evs []event.Envelope
 	for i, k := range keys {
 		versions[i] = applied[k]
 	}
-	if _, err := tx.Exec(ctx, advanceVersions, s.cfg.Name, typs, ids, versions); err != nil {
+	if _, err := take(ctx, tx, &tAdvance, s.cfg.Name, typs, ids, versions); err != nil {
 		return nil, err
 	}
 	if len(staleIDs) > 0 {
-		if _, err := tx.Exec(ctx, `UPDATE inbox_messages SET status = 'stale' WHERE consumer = $1 AND message_id = ANY($2)`,
-			s.cfg.Name, staleIDs); err != nil {
+		if _, err := take(ctx, tx, &tStale, s.cfg.Name, staleIDs, s.recordedState()); err != nil {
 			return nil, err
 		}
 	}
@@ -156,29 +151,13 @@ func (s *shared) payloadMismatch(ctx context.Context, id uuid.UUID) {
 		slog.String("consumer", s.cfg.Name), slog.String("event_id", id.String()))
 }
 
-// advanceVersion moves the consumer's high-water version of the aggregate
-// forward (never back) and returns the previous one (NULL when unseen).
-const advanceVersion = `
-WITH prev AS (
-    SELECT version FROM inbox_aggregate_versions
-    WHERE consumer = $1 AND aggregate_type = $2 AND aggregate_id = $3
-    FOR UPDATE
-), up AS (
-    INSERT INTO inbox_aggregate_versions (consumer, aggregate_type, aggregate_id, version)
-    VALUES ($1, $2, $3, $4)
-    ON CONFLICT (consumer, aggregate_type, aggregate_id) DO UPDATE
-    SET version = EXCLUDED.version, updated_at = now()
-    WHERE inbox_aggregate_versions.version < EXCLUDED.version
-)
-SELECT (SELECT version FROM prev)`
-
 // guardVersion reports whether ev is stale (at or below the version this
 // consumer applied last for its aggregate) and reports gaps. A requeued
 // dead message is never stale: an operator sent it back to be applied (a
 // consumer that skips ahead applied its successors meanwhile).
 func (s *shared) guardVersion(ctx context.Context, tx pgx.Tx, ev *event.Envelope, requeued bool) (bool, error) {
 	var prev *int64
-	if err := tx.QueryRow(ctx, advanceVersion, s.cfg.Name, ev.AggregateType, ev.AggregateID, ev.AggregateVersion).Scan(&prev); err != nil {
+	if err := tx.QueryRow(ctx, tAdvanceOne.sql, s.cfg.Name, ev.AggregateType, ev.AggregateID, ev.AggregateVersion).Scan(&prev); err != nil {
 		return false, dbErrors.Translate("checking the aggregate version", err)
 	}
 	switch {
@@ -189,9 +168,13 @@ func (s *shared) guardVersion(ctx context.Context, tx pgx.Tx, ev *event.Envelope
 			slog.String("event_id", ev.EventID.String()), slog.String("aggregate_id", ev.AggregateID),
 			slog.Int64("version", ev.AggregateVersion), slog.Int64("applied_version", *prev))
 		return false, nil
+	case ev.AggregateVersion <= *prev && s.cfg.Stale == StaleDeadLetter:
+		s.cfg.Logger.WarnContext(ctx, "inbox dead-letters a stale event: an older version arrived after a newer one was applied",
+			slog.String("consumer", s.cfg.Name), slog.String("event_id", ev.EventID.String()), slog.String("aggregate_id", ev.AggregateID),
+			slog.Int64("version", ev.AggregateVersion), slog.Int64("applied_version", *prev))
+		return false, &staleError{version: ev.AggregateVersion, applied: *prev}
 	case ev.AggregateVersion <= *prev:
-		if _, err := tx.Exec(ctx, `UPDATE inbox_messages SET status = 'stale' WHERE consumer = $1 AND message_id = $2`,
-			s.cfg.Name, ev.EventID); err != nil {
+		if _, err := take(ctx, tx, &tStale, s.cfg.Name, []uuid.UUID{ev.EventID}, s.recordedState()); err != nil {
 			return false, err
 		}
 		s.cfg.Logger.InfoContext(ctx, "inbox skipped a stale event", slog.String("consumer", s.cfg.Name),
@@ -203,12 +186,40 @@ func (s *shared) guardVersion(ctx context.Context, tx pgx.Tx, ev *event.Envelope
 		s.cfg.Logger.WarnContext(ctx, "inbox sees a version gap", slog.String("consumer", s.cfg.Name),
 			slog.String("event_id", ev.EventID.String()), slog.String("aggregate_id", ev.AggregateID),
 			slog.Int64("version", ev.AggregateVersion), slog.Int64("applied_version", *prev))
-		if s.cfg.Gaps == GapRetry {
+		if s.cfg.Gaps == GapWait {
 			return false, fmt.Errorf("aggregate %s: version %d follows %d; waiting for the missing ones",
 				ev.AggregateID, ev.AggregateVersion, *prev)
 		}
 	}
 	return false, nil
+}
+
+// recordedState is the state the applier's transaction gives a message's
+// row before the version guard looks at it: leased by the lease applier,
+// processed by the transactional one.
+func (s *shared) recordedState() string {
+	if s.reservesVersions {
+		return stateLeased
+	}
+	return stateProcessed
+}
+
+// staleError is the dead-letter reason of an event at or below the
+// version its aggregate already applied (StaleDeadLetter). It is permanent
+// (no retry makes it newer), and it holds nothing back: the dead letter of
+// an older event must not park the newer ones (recordDeadLetter).
+type staleError struct{ version, applied int64 }
+
+func (e *staleError) Error() string {
+	return fmt.Sprintf("stale: version %d arrived after version %d was applied", e.version, e.applied)
+}
+
+func (e *staleError) Unwrap() error { return ErrPermanent }
+
+// isStale reports whether a dead letter's reason is a staleError.
+func isStale(reason error) bool {
+	var se *staleError
+	return errors.As(reason, &se)
 }
 
 // upcast converts ev's payload to the newest version it has upcasters for.

@@ -41,7 +41,7 @@ func TestOneKeyInVersionOrderAcrossWorkersAndStaleSkipped(t *testing.T) {
 			mu.Unlock()
 		}
 		return f.recordEffect(ctx, tx, ev)
-	}, inbox.Config{Workers: 4, BatchSize: 50})
+	}, inbox.Config{Workers: 4, BatchSize: 50, Stale: inbox.StaleSkip}) // the opt-in: skipped, counted
 
 	testenv.WaitFor(t, 60*time.Second, "all 2001 messages", func() (bool, error) {
 		return testenv.MetricValue(t, f.registry, "inbox_processed_total")+

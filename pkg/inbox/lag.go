@@ -6,6 +6,7 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/segmentio/kafka-go"
 )
 
@@ -68,10 +69,10 @@ func (c *Consumer) measureLag(ctx context.Context, client *kafka.Client) error {
 	return nil
 }
 
-// reportDeadLetters refreshes inbox_dead_letters and inbox_parked_messages
-// every LagInterval: the
-// consumer's dead_lettered rows, which a requeue deletes, so the gauge is
-// what is still waiting for an operator. Undecodable messages have no row
+// reportDeadLetters refreshes inbox_dead_letters, inbox_parked_messages and
+// the holds' gauges (reportHolds) every LagInterval: the consumer's
+// dead_lettered rows, which a requeue marks requeued, so the gauge is what
+// is still waiting for an operator. Undecodable messages have no row
 // and are only in the dead-letter topic and inbox_dead_lettered_total.
 func (c *Consumer) reportDeadLetters(ctx context.Context) {
 	tick := time.NewTicker(c.cfg.LagInterval)
@@ -85,6 +86,9 @@ func (c *Consumer) reportDeadLetters(ctx context.Context) {
 			// Parked events wait for a dead letter's requeue: the same
 			// operator backlog, seen from the other side.
 			err = c.shared.pool.QueryRow(ctx, countParked, c.cfg.Name).Scan(&p)
+		}
+		if err == nil {
+			err = c.reportHolds(ctx)
 		}
 		if err == nil {
 			c.shared.db.ok(ctx, "") // the idle consumer's sign that an outage ended
@@ -101,4 +105,45 @@ func (c *Consumer) reportDeadLetters(ctx context.Context) {
 		case <-tick.C:
 		}
 	}
+}
+
+// holdsState counts the consumer's holds that no requeueable dead letter
+// backs (the dead event's row is neither dead_lettered nor requeued in the
+// last 5 minutes), and the age of the oldest hold.
+const holdsState = `
+SELECT count(*) FILTER (WHERE NOT EXISTS (
+           SELECT 1 FROM inbox_messages i WHERE i.consumer = d.consumer AND i.message_id = d.message_id
+             AND (i.status = 'dead_lettered' OR (i.status = 'requeued' AND d.requeued_at > now() - interval '5 minutes')))),
+       coalesce(extract(epoch FROM now() - min(d.dead_at)), 0)::float8
+FROM inbox_dead_keys d WHERE d.consumer = $1`
+
+const operatorActionCounts = `SELECT action, count(*) FROM inbox_operator_actions WHERE consumer = $1 GROUP BY action`
+
+// reportHolds refreshes inbox_stranded_holds, inbox_oldest_hold_age_seconds
+// and inbox_operator_actions.
+func (c *Consumer) reportHolds(ctx context.Context) error {
+	var stranded int64
+	var oldest float64
+	if err := c.shared.pool.QueryRow(ctx, holdsState, c.cfg.Name).Scan(&stranded, &oldest); err != nil {
+		return err
+	}
+	rows, err := c.shared.pool.Query(ctx, operatorActionCounts, c.cfg.Name)
+	if err != nil {
+		return err
+	}
+	var (
+		action string
+		n      int64
+	)
+	counts := map[string]int64{}
+	if _, err := pgx.ForEachRow(rows, []any{&action, &n}, func() error { counts[action] = n; return nil }); err != nil {
+		return err
+	}
+	m := c.cfg.Metrics
+	m.strandedHolds.WithLabelValues(c.cfg.Name).Set(float64(stranded))
+	m.oldestHold.WithLabelValues(c.cfg.Name).Set(oldest)
+	for a, n := range counts {
+		m.operatorActions.WithLabelValues(c.cfg.Name, a).Set(float64(n))
+	}
+	return nil
 }

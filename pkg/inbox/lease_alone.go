@@ -30,7 +30,7 @@ func (a *leaseApplier) processLeased(ctx context.Context, d delivery) error {
 	ev, err := event.FromKafka(m)
 	if err != nil {
 		counts[deadLettered]++
-		return a.deadLetterLeased(ctx, d, nil, err)
+		return a.deadLetterLeased(ctx, d, nil, err, leaseRef{})
 	}
 	ctx, span := a.startProcess(ctx, m, ev) // covers the lease, the side effect and marking it done
 	defer span.End()
@@ -70,7 +70,7 @@ func (a *leaseApplier) processLeased(ctx context.Context, d delivery) error {
 			continue
 		case attempt >= a.cfg.MaxAttempts || isPermanent(err):
 			counts[deadLettered]++
-			return a.deadLetterLeased(ctx, d, &ev, err)
+			return a.deadLetterLeased(ctx, d, &ev, err, leaseRef{}) // no lease taken: a new row, or the requeued one
 		default:
 			if err := wait(ctx, d.gen, retry.Backoff(attempt, a.cfg.BackoffMin, a.cfg.BackoffMax)); err != nil {
 				return err
@@ -84,16 +84,19 @@ func (a *leaseApplier) processLeased(ctx context.Context, d delivery) error {
 	if err != nil || settled {
 		return err
 	}
-	return a.settleLeased(ctx, d, "marking done", func() error { return a.markDone(ctx, ev, token, outcome) })
+	return a.settleDone(ctx, d, ev, token, outcome)
 }
 
-// lease claims the message. A non-nil outcome means it needs no side effect
+// lease claims the message: a requeued letter (reclaim), a new row or an
+// expired lease (lease). taken says an earlier call may have landed (a
+// takeover, or a requeued letter whose last call failed), so the effect
+// checks before calling. A non-nil outcome means it needs no side effect
 // (duplicate or stale); an error means another worker holds a live lease or
 // the database failed, and the caller retries.
 func (a *leaseApplier) lease(ctx context.Context, m kafka.Message, ev *event.Envelope) (token int64, out *outcome, taken bool, err error) {
 	err = pgx.BeginFunc(ctx, a.pool, func(tx pgx.Tx) error {
-		err := tx.QueryRow(ctx, claimLease, a.cfg.Name, ev.EventID, ev.EventType, ev.AggregateID, ev.AggregateVersion,
-			m.Topic, m.Partition, m.Offset, []byte(ev.Payload), a.leaseCfg.LeaseOwner, a.leaseCfg.LeaseTTL.Microseconds()).Scan(&token, &taken)
+		out, taken = nil, false
+		requeued, err := a.claim(ctx, tx, m, ev, &token, &taken)
 		if errors.Is(err, pgx.ErrNoRows) {
 			var status string
 			var until *time.Time
@@ -113,7 +116,7 @@ func (a *leaseApplier) lease(ctx context.Context, m kafka.Message, ev *event.Env
 		if err != nil {
 			return dbErrors.Translate("leasing", err)
 		}
-		if taken {
+		if taken && !requeued {
 			return a.upcast(ev) // parked and guarded when it was first leased
 		}
 		pd, err := a.parkCheck(ctx, tx, ev)
@@ -126,7 +129,7 @@ func (a *leaseApplier) lease(ctx context.Context, m kafka.Message, ev *event.Env
 		switch pd.verdict {
 		case parkIt, alreadyParked:
 			// Not leased after all: no inbox row, so that its release leases it.
-			if _, err := tx.Exec(ctx, deleteInboxRow, a.cfg.Name, ev.EventID); err != nil {
+			if _, err := take(ctx, tx, &tUnlease, a.cfg.Name, ev.EventID, token); err != nil {
 				return dbErrors.Translate("parking a message", err)
 			}
 			o := duplicate
@@ -139,12 +142,12 @@ func (a *leaseApplier) lease(ctx context.Context, m kafka.Message, ev *event.Env
 			out = &o
 			return nil
 		case proceedRequeued:
-			if _, err := tx.Exec(ctx, dropDeadKey, a.cfg.Name, ev.EventID); err != nil {
+			if _, err := take(ctx, tx, &tDropHold, a.cfg.Name, ev.EventID); err != nil {
 				return dbErrors.Translate("releasing a requeued message's aggregate", err)
 			}
 		}
 		if !a.cfg.DisableVersionGuard {
-			isStale, err := a.guardVersion(ctx, tx, ev, pd.verdict == proceedRequeued)
+			isStale, err := a.guardVersion(ctx, tx, ev, pd.verdict == proceedRequeued || requeued)
 			if err != nil {
 				return err
 			}
@@ -157,6 +160,35 @@ func (a *leaseApplier) lease(ctx context.Context, m kafka.Message, ev *event.Env
 		return a.upcast(ev)
 	})
 	return token, out, taken, err
+}
+
+// claim takes the message's row in tx: a requeued letter (reclaim, which
+// reports requeued), else a new row or an expired lease (lease). It returns
+// pgx.ErrNoRows when neither applies (settled, or leased to a live worker).
+//
+// A requeue sends the letter before it commits the row's requeued state, so
+// the redelivery can come first: the reclaim, reading the row as it was,
+// finds nothing, and the lease's INSERT waits on the requeue's row lock,
+// then finds the row requeued, which it does not take. The reclaim then
+// runs again, and takes it (found by the interleaving checker:
+// TestInterleavingsOfARequeueAfterACallThatMayHaveLanded).
+func (a *leaseApplier) claim(ctx context.Context, tx pgx.Tx, m kafka.Message, ev *event.Envelope, token *int64, taken *bool) (requeued bool, err error) {
+	reclaim := func() error {
+		return tx.QueryRow(ctx, tReclaim.sql, a.cfg.Name, ev.EventID, a.leaseCfg.LeaseOwner, a.leaseCfg.LeaseTTL.Microseconds()).
+			Scan(token, taken)
+	}
+	if err := reclaim(); !errors.Is(err, pgx.ErrNoRows) {
+		return err == nil, err
+	}
+	err = tx.QueryRow(ctx, tLease.sql, a.cfg.Name, ev.EventID, ev.EventType, ev.AggregateType, ev.AggregateID, ev.AggregateVersion,
+		m.Topic, m.Partition, m.Offset, []byte(ev.Payload), a.leaseCfg.LeaseOwner, a.leaseCfg.LeaseTTL.Microseconds()).Scan(token, taken)
+	if !errors.Is(err, pgx.ErrNoRows) {
+		return false, err
+	}
+	if err := reclaim(); !errors.Is(err, pgx.ErrNoRows) {
+		return err == nil, err
+	}
+	return false, pgx.ErrNoRows
 }
 
 // leaseHeldError says another worker holds the message's lease until until.

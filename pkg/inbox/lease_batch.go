@@ -214,7 +214,7 @@ func (a *leaseApplier) runLeased(ctx context.Context, it *leaseItem) error {
 	if err := a.upcast(&it.ev); err != nil {
 		it.counts[deadLettered]++
 		it.result = leaseSettled
-		if err := a.deadLetterLeased(ctx, it.d, &it.ev, err); err != nil {
+		if err := a.deadLetterLeased(ctx, it.d, &it.ev, err, leaseRef{token: it.token, mayHaveCalled: it.taken}); err != nil {
 			it.result = leaseAbandoned
 			return err
 		}
@@ -247,7 +247,7 @@ func (a *leaseApplier) markBatchDone(ctx context.Context, called []*leaseItem) e
 		ids[i], tokens[i] = it.ev.EventID, it.token
 	}
 	err := pgx.BeginFunc(ctx, a.pool, func(tx pgx.Tx) error {
-		rows, err := tx.Query(ctx, markLeasesDone, a.cfg.Name, ids, tokens)
+		rows, err := takeQuery(ctx, tx, &tDoneBatch, a.cfg.Name, ids, tokens)
 		if err != nil {
 			return dbErrors.Translate("marking leases done", err)
 		}
@@ -262,6 +262,7 @@ func (a *leaseApplier) markBatchDone(ctx context.Context, called []*leaseItem) e
 		done := make([]DoneEvent, 0, len(marked))
 		for _, it := range called {
 			if !ours[it.ev.EventID] {
+				a.refused(ctx, &tDoneBatch, it.ev.EventID, "the lease was taken over")
 				a.leaseTakenOver(ctx, it.ev)
 				continue
 			}
@@ -277,7 +278,7 @@ func (a *leaseApplier) markBatchDone(ctx context.Context, called []*leaseItem) e
 		a.db.fail(ctx, "mark_done", err)
 	}
 	for _, it := range called {
-		if err := a.settleLeased(ctx, it.d, "marking done", func() error { return a.markDone(ctx, it.ev, it.token, it.outcome) }); err != nil {
+		if err := a.settleDone(ctx, it.d, it.ev, it.token, it.outcome); err != nil {
 			return err
 		}
 	}
@@ -296,11 +297,12 @@ func (a *leaseApplier) parkLeasedIfHeld(ctx context.Context, it *leaseItem) (boo
 		if err != nil || pd.verdict != parkIt {
 			return err
 		}
-		tag, err := tx.Exec(ctx, deleteLease, a.cfg.Name, it.ev.EventID, it.token)
+		unleased, err := take(ctx, tx, &tUnlease, a.cfg.Name, it.ev.EventID, it.token)
 		if err != nil {
 			return dbErrors.Translate("parking a leased message", err)
 		}
-		if tag.RowsAffected() == 0 {
+		if !unleased {
+			a.refused(ctx, &tUnlease, it.ev.EventID, "the lease was taken over")
 			return nil // taken over: its new holder decides
 		}
 		parkedNow = true

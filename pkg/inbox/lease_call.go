@@ -16,11 +16,12 @@ import (
 
 // renew extends the lease of id if token still holds it.
 func (a *leaseApplier) renew(ctx context.Context, id uuid.UUID, token int64) error {
-	tag, err := a.pool.Exec(ctx, renewLease, a.cfg.Name, id, token, a.leaseCfg.LeaseTTL.Microseconds())
+	renewed, err := take(ctx, a.pool, &tRenew, a.cfg.Name, id, token, a.leaseCfg.LeaseTTL.Microseconds())
 	switch {
 	case err != nil:
 		return dbErrors.Translate("renewing a lease", err)
-	case tag.RowsAffected() == 0:
+	case !renewed:
+		a.refused(ctx, &tRenew, id, "the lease was taken over")
 		return errLeaseLost
 	}
 	return nil
@@ -68,7 +69,7 @@ func (a *leaseApplier) underLease(ctx context.Context, d delivery, ev event.Enve
 			return "", false, err
 		case errors.Is(err, ErrUnknowable):
 			a.other.ok(ctx, "")
-			return "", true, a.settleLeased(ctx, d, "marking uncertain", func() error { return a.markUncertain(ctx, ev, token, err) })
+			return "", true, gaveUp(a.settleLeased(ctx, d, "marking uncertain", func() error { return a.markUncertain(ctx, ev, token, err) }))
 		case err == nil:
 			a.other.ok(ctx, "")
 			if err := faultpoint.Pass(ctx, faultpoint.InboxAfterEffect); err != nil {
@@ -94,7 +95,7 @@ func (a *leaseApplier) underLease(ctx context.Context, d delivery, ev event.Enve
 				err = fmt.Errorf("gave up after %d attempts: %w", attempt, err)
 			}
 			counts[deadLettered]++
-			return "", true, a.deadLetterLeased(ctx, d, &ev, err)
+			return "", true, a.deadLetterLeased(ctx, d, &ev, err, leaseRef{token: token, mayHaveCalled: mayHaveCalled})
 		}
 		delay := retry.Backoff(attempt, a.cfg.BackoffMin, a.cfg.BackoffMax)
 		a.cfg.Logger.WarnContext(ctx, "inbox side effect failed; retrying", slog.String("consumer", a.cfg.Name),

@@ -47,14 +47,14 @@ func (a *leaseApplier) leaseBatch(ctx context.Context, items []*leaseItem) {
 			return err
 		}
 		n := len(fresh)
-		ids, types, aggs, versions := make([][16]byte, n), make([]string, n), make([]string, n), make([]int64, n)
+		ids, types, aggTypes, aggs, versions := make([][16]byte, n), make([]string, n), make([]string, n), make([]string, n), make([]int64, n)
 		topics, partitions, offsets, payloads := make([]string, n), make([]int32, n), make([]int64, n), make([][]byte, n)
 		for i, it := range fresh {
 			ev, m := it.ev, it.d.m
-			ids[i], types[i], aggs[i], versions[i] = ev.EventID, ev.EventType, ev.AggregateID, ev.AggregateVersion
+			ids[i], types[i], aggTypes[i], aggs[i], versions[i] = ev.EventID, ev.EventType, ev.AggregateType, ev.AggregateID, ev.AggregateVersion
 			topics[i], partitions[i], offsets[i], payloads[i] = m.Topic, int32(m.Partition), m.Offset, []byte(ev.Payload)
 		}
-		rows, err := tx.Query(ctx, claimLeases, a.cfg.Name, ids, types, aggs, versions, topics, partitions, offsets, payloads,
+		rows, err := takeQuery(ctx, tx, &tLeaseBatch, a.cfg.Name, ids, types, aggTypes, aggs, versions, topics, partitions, offsets, payloads,
 			a.leaseCfg.LeaseOwner, a.leaseCfg.LeaseTTL.Microseconds())
 		if err != nil {
 			return dbErrors.Translate("leasing a batch", err)
@@ -101,8 +101,8 @@ func (a *leaseApplier) leaseBatch(ctx context.Context, items []*leaseItem) {
 			)
 			if _, err := pgx.ForEachRow(rows, []any{&id, &status, &until}, func() error {
 				it := byID[id]
-				if status == "leased" && until != nil {
-					return nil // planAlone
+				if (status == stateLeased && until != nil) || status == stateRequeued {
+					return nil // planAlone: it waits for that lease, or applies the requeued letter
 				}
 				dups = append(dups, it.ev)
 				d := *it

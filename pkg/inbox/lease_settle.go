@@ -2,6 +2,8 @@ package inbox
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"log/slog"
 
 	"github.com/jackc/pgx/v5"
@@ -14,10 +16,17 @@ import (
 // it, each in a transaction of its own that outlasts database outages,
 // since the side effect is behind it.
 
+// errGaveUp says settleLeased stopped retrying a closing transaction that
+// kept failing for a reason other than an outage.
+var errGaveUp = errors.New("gave up settling a lease")
+
 // settleLeased runs one of the transactions that close a lease (markDone,
-// markUncertain). The side effect is behind it, so it is retried while the
-// database is unreachable; other failures are retried MaxAttempts times,
-// then logged, and the row stays leased for the reconciliation report.
+// markUncertain, a dead letter's row). The side effect is behind it, so it
+// is retried while the database is unreachable; other failures are retried
+// MaxAttempts times, then it returns errGaveUp, and the caller decides
+// what the row becomes (settleDone: uncertain; otherwise the message is
+// abandoned, not committed, and redelivered: a row must never stay leased
+// behind an offset that moved on).
 func (a *leaseApplier) settleLeased(ctx context.Context, d delivery, step string, f func() error) error {
 	for attempt, outages := 1, 0; ; {
 		err := f()
@@ -34,9 +43,9 @@ func (a *leaseApplier) settleLeased(ctx context.Context, d delivery, step string
 				return err
 			}
 		case attempt >= a.cfg.MaxAttempts || isPermanent(err):
-			a.cfg.Logger.ErrorContext(ctx, "inbox could not settle a lease; its row stays leased for reconciliation",
+			a.cfg.Logger.ErrorContext(ctx, "inbox could not settle a lease",
 				slog.String("consumer", a.cfg.Name), slog.String("step", step), slog.Any("error", err))
-			return nil
+			return fmt.Errorf("%w: %s: %w", errGaveUp, step, err)
 		default:
 			if err := wait(ctx, d.gen, retry.Backoff(attempt, a.cfg.BackoffMin, a.cfg.BackoffMax)); err != nil {
 				return err
@@ -46,23 +55,49 @@ func (a *leaseApplier) settleLeased(ctx context.Context, d delivery, step string
 	}
 }
 
+// gaveUp turns settleLeased's errGaveUp into errAbandoned: the message is
+// not committed, its lease expires, and its redelivery takes it over and
+// checks before anything else.
+func gaveUp(err error) error {
+	if errors.Is(err, errGaveUp) {
+		return errAbandoned
+	}
+	return err
+}
+
+// settleDone marks a called message done (markDone). When that keeps
+// failing (Effect.Done refusing its record, say), the side effect still
+// happened: the row is marked uncertain, with why, for the reconciliation
+// report, rather than left leased behind an offset that moves on; if even
+// that fails, the message is abandoned and redelivered.
+func (a *leaseApplier) settleDone(ctx context.Context, d delivery, ev event.Envelope, token int64, outcome Outcome) error {
+	err := a.settleLeased(ctx, d, "marking done", func() error { return a.markDone(ctx, ev, token, outcome) })
+	if !errors.Is(err, errGaveUp) {
+		return err
+	}
+	cause := fmt.Errorf("the side effect happened (%s) but marking it done failed: %w", outcome, err)
+	return gaveUp(a.settleLeased(ctx, d, "marking uncertain", func() error { return a.markUncertain(ctx, ev, token, cause) }))
+}
+
 // deadLetterLeased dead-letters outside any transaction (deadLetterAlone),
-// waiting out the database being unreachable without publishing again.
-func (a *leaseApplier) deadLetterLeased(ctx context.Context, d delivery, ev *event.Envelope, reason error) error {
-	published := false
-	return a.settleLeased(ctx, d, "dead_letter", func() error { return a.deadLetterAlone(ctx, d.m, ev, reason, &published) })
+// under lease, waiting out the database being unreachable without
+// publishing again.
+func (a *leaseApplier) deadLetterLeased(ctx context.Context, d delivery, ev *event.Envelope, reason error, lease leaseRef) error {
+	var progress dlProgress
+	return gaveUp(a.settleLeased(ctx, d, "dead_letter", func() error { return a.deadLetterAlone(ctx, d.m, ev, reason, lease, &progress) }))
 }
 
 // markDone marks the leased row processed, if the lease is still ours, and
 // records the outcome with Done in the same transaction.
 func (a *leaseApplier) markDone(ctx context.Context, ev event.Envelope, token int64, outcome Outcome) error {
 	return pgx.BeginFunc(ctx, a.pool, func(tx pgx.Tx) error {
-		tag, err := tx.Exec(ctx, markLeaseDone, a.cfg.Name, ev.EventID, token)
+		done, err := take(ctx, tx, &tDone, a.cfg.Name, ev.EventID, token)
 		if err != nil {
 			return dbErrors.Translate("marking a lease done", err)
 		}
-		if tag.RowsAffected() == 0 {
+		if !done {
 			// Our lease expired and another worker took over; it settles the row.
+			a.refused(ctx, &tDone, ev.EventID, "the lease was taken over")
 			a.leaseTakenOver(ctx, ev)
 			return nil
 		}
@@ -93,8 +128,12 @@ func (a *leaseApplier) markUncertain(ctx context.Context, ev event.Envelope, tok
 	a.cfg.Metrics.uncertain.WithLabelValues(a.cfg.Name).Inc()
 	a.cfg.Logger.ErrorContext(ctx, "inbox cannot tell whether the side effect happened; marked uncertain for reconciliation",
 		slog.String("consumer", a.cfg.Name), slog.String("event_id", ev.EventID.String()), slog.Any("error", cause))
-	if _, err := a.pool.Exec(ctx, markLeaseUncertain, a.cfg.Name, ev.EventID, token, cause.Error()); err != nil {
+	marked, err := take(ctx, a.pool, &tUncertain, a.cfg.Name, ev.EventID, token, cause.Error())
+	if err != nil {
 		return dbErrors.Translate("marking a lease uncertain", err)
+	}
+	if !marked {
+		a.refused(ctx, &tUncertain, ev.EventID, "the lease was taken over")
 	}
 	return nil
 }

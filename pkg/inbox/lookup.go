@@ -26,7 +26,8 @@ type MessageRecord struct {
 	Partition int
 	Offset    int64
 	// Status is the row's status: processed, leased, uncertain, stale,
-	// dead_lettered, or one a later version of the library adds.
+	// dead_lettered, requeued, skipped (state.go), or one a later version
+	// of the library adds.
 	Status    string
 	Attempts  int
 	LastError string

@@ -12,9 +12,12 @@ type Metrics struct {
 	processed, duplicates, stale, failures, gaps, uncertain *prometheus.CounterVec
 	parked, released                                        *prometheus.CounterVec
 	payloadMismatches                                       *prometheus.CounterVec
+	refused                                                 *prometheus.CounterVec // consumer, transition
 	deadLettered                                            *prometheus.CounterVec // consumer, reason
 	seconds, batchSeconds, hop                              *prometheus.HistogramVec
 	lag, deadLetters, parkedNow                             *prometheus.GaugeVec
+	strandedHolds, oldestHold                               *prometheus.GaugeVec
+	operatorActions                                         *prometheus.GaugeVec   // consumer, action
 	kafkaErrors, dbErrors                                   *prometheus.CounterVec // consumer, op
 	kafkaConnected, dbConnected                             *prometheus.GaugeVec
 	effectErrors                                            *prometheus.CounterVec // consumer, op (lease mode)
@@ -31,11 +34,15 @@ const (
 	ReasonInvalid = "invalid"
 	// ReasonPermanent: the handler said retrying cannot help (Permanent).
 	ReasonPermanent = "permanent"
-	// ReasonExhausted: a transient failure outlasted MaxAttempts.
+	// ReasonExhausted: a transient failure outlasted MaxAttempts (a version
+	// gap that was never filled among them, under GapWait).
 	ReasonExhausted = "exhausted"
+	// ReasonStale: an older event arrived after a newer one of its
+	// aggregate was applied (StaleDeadLetter).
+	ReasonStale = "stale"
 )
 
-var deadLetterReasons = []string{ReasonUndecodable, ReasonInvalid, ReasonPermanent, ReasonExhausted}
+var deadLetterReasons = []string{ReasonUndecodable, ReasonInvalid, ReasonPermanent, ReasonExhausted, ReasonStale}
 
 // NewMetrics creates the consumer metrics and registers them on reg (nil:
 // not registered, for tests and tools).
@@ -61,7 +68,9 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			"Events parked, not applied, because an earlier event of their aggregate is dead (dead-lettered and not yet requeued and applied)."),
 		released: counter("inbox_released_total", "Parked events released from the parking once the dead event ahead of them was requeued and applied."),
 		deadLettered: counter("inbox_dead_lettered_total",
-			"Messages sent to the dead-letter topic, by reason (undecodable, invalid, permanent, exhausted).", "reason"),
+			"Messages sent to the dead-letter topic, by reason (undecodable, invalid, permanent, exhausted, stale).", "reason"),
+		refused: counter("inbox_transitions_refused_total",
+			"Lifecycle transitions a writer tried after losing its right (the row had moved on: settled by another member, a lease taken over); each changed nothing (state.go).", "transition"),
 		gaps:      counter("inbox_version_gaps_total", "Events whose aggregate version skipped one or more versions."),
 		uncertain: counter("inbox_uncertain_total", "Leased messages whose side effect may or may not have happened; see the reconciliation report."),
 		seconds: histogram("inbox_processing_seconds",
@@ -80,6 +89,12 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			"Dead-lettered events not requeued yet: the dead-letter backlog an operator has to resolve (refreshed every LagInterval)."),
 		parkedNow: gauge("inbox_parked_messages",
 			"Events parked behind a dead event of their aggregate, waiting for its requeue (refreshed every LagInterval)."),
+		strandedHolds: gauge("inbox_stranded_holds",
+			"Held aggregates with no requeueable dead letter behind them: the dead event's row is neither dead_lettered nor freshly requeued (its requeued copy never applied within 5 minutes). Needs ReleaseHeld or SkipHeld (refreshed every LagInterval)."),
+		oldestHold: gauge("inbox_oldest_hold_age_seconds",
+			"Age of the oldest hold of an aggregate behind a dead event; past the dead-letter topic's retention its letter is gone and only ReleaseHeld or SkipHeld can free it (refreshed every LagInterval)."),
+		operatorActions: gauge("inbox_operator_actions",
+			"Operator releases and skips of held aggregates recorded in inbox_operator_actions, by action (refreshed every LagInterval).", "action"),
 		kafkaErrors: counter("inbox_kafka_errors_total",
 			"Failed Kafka operations of the consumer, by op (join, fetch, commit, dead_letter); retried, never charged to a message.", "op"),
 		dbErrors: counter("inbox_database_errors_total",
@@ -96,7 +111,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	if reg != nil {
 		reg.MustRegister(m.effectErrors, m.effectConnected)
 		reg.MustRegister(m.processed, m.duplicates, m.stale, m.failures, m.deadLettered, m.gaps, m.uncertain, m.payloadMismatches, m.seconds, m.batchSeconds, m.hop, m.lag, m.deadLetters,
-			m.parked, m.released, m.parkedNow,
+			m.parked, m.released, m.parkedNow, m.refused, m.strandedHolds, m.oldestHold, m.operatorActions,
 			m.kafkaErrors, m.dbErrors, m.kafkaConnected, m.dbConnected)
 	}
 	return m
@@ -146,6 +161,11 @@ func (m *Metrics) init(consumer string) {
 	for _, c := range []*prometheus.CounterVec{m.processed, m.duplicates, m.stale, m.failures, m.gaps, m.uncertain, m.payloadMismatches, m.parked, m.released} {
 		c.WithLabelValues(consumer)
 	}
+	for _, tr := range lifecycle {
+		if tr.by == byWorker || tr.by == byHolder {
+			m.refused.WithLabelValues(consumer, tr.name)
+		}
+	}
 	for _, r := range deadLetterReasons {
 		m.deadLettered.WithLabelValues(consumer, r)
 	}
@@ -154,6 +174,11 @@ func (m *Metrics) init(consumer string) {
 	m.hop.WithLabelValues(consumer)
 	m.deadLetters.WithLabelValues(consumer)
 	m.parkedNow.WithLabelValues(consumer)
+	m.strandedHolds.WithLabelValues(consumer)
+	m.oldestHold.WithLabelValues(consumer)
+	for _, a := range []string{ActionRelease, ActionSkip} {
+		m.operatorActions.WithLabelValues(consumer, a)
+	}
 	// The ops every consumer runs, so that rate() of the error counters has
 	// a series before the first outage; rarer ops appear when they fail.
 	for _, op := range []string{"join", "fetch", "commit", "dead_letter"} {

@@ -51,32 +51,6 @@ const (
 
 // The SQL of parking. $1 is always the consumer.
 const (
-	// insertDeadKey holds the dead message's aggregate (in the dead letter's
-	// transaction). A message dead-lettered again after a requeue is dead
-	// again.
-	insertDeadKey = `
-INSERT INTO inbox_dead_keys (consumer, message_id, aggregate_type, aggregate_id, aggregate_version)
-VALUES ($1, $2, $3, $4, $5)
-ON CONFLICT (consumer, message_id) DO UPDATE SET status = 'dead', dead_at = now(), requeued_at = NULL`
-
-	// unreserveVersion moves the version guard back below a dead message
-	// (park mode): the lease applier advances it when it leases, before the
-	// effect, and the later versions it leased with it are parked, so none
-	// of them is applied. It goes back to the highest version below the dead
-	// one that the inbox records as applied (or being applied, or maybe
-	// applied: uncertain), 0 when there is none — not to "dead − 1": an
-	// earlier version that never arrived (dead in its producer's outbox and
-	// requeued there later, say) would then be skipped as stale. The inbox
-	// keeps those rows for Config.Retention (30 days by default); a message
-	// redelivered after its row was pruned, while a later version of its
-	// aggregate is dead, would pass the guard.
-	unreserveVersion = `
-UPDATE inbox_aggregate_versions SET updated_at = now(), version = coalesce((
-    SELECT max(aggregate_version) FROM inbox_messages
-    WHERE consumer = $1 AND aggregate_id = $3 AND aggregate_version < $4
-      AND status IN ('processed', 'leased', 'uncertain')), 0)
-WHERE consumer = $1 AND aggregate_type = $2 AND aggregate_id = $3 AND version >= $4`
-
 	// parkState reads what decides a message's fate: its own hold's status
 	// (a requeued dead message), whether another message holds its
 	// aggregate, the first parked message of its aggregate, and whether it
@@ -107,36 +81,20 @@ SELECT k.t, k.i FROM unnest($2::text[], $3::text[]) AS k(t, i)
 WHERE EXISTS (SELECT 1 FROM inbox_dead_keys d WHERE d.consumer = $1 AND d.aggregate_type = k.t AND d.aggregate_id = k.i)
    OR EXISTS (SELECT 1 FROM inbox_parked_messages p WHERE p.consumer = $1 AND p.aggregate_type = k.t AND p.aggregate_id = k.i)`
 
-	// dropDeadKey releases the aggregate of a requeued message once it is
-	// applied.
-	dropDeadKey = `DELETE FROM inbox_dead_keys WHERE consumer = $1 AND message_id = $2`
-
-	insertParked = `
-INSERT INTO inbox_parked_messages (consumer, message_id, aggregate_type, aggregate_id, aggregate_version, event_type,
-                                   blocked_by, topic, kafka_partition, kafka_offset, msg_key, msg_value, msg_headers)
-VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13)
-ON CONFLICT (consumer, message_id) DO NOTHING`
-
 	// nextParked is the first parked message of an aggregate, unless a
 	// dead message holds the aggregate (again); with whether this
 	// consumer's inbox has settled it already.
 	nextParked = `
 SELECT p.message_id, p.topic, p.kafka_partition, p.kafka_offset, p.msg_key, p.msg_value, p.msg_headers,
        EXISTS (SELECT 1 FROM inbox_messages i WHERE i.consumer = p.consumer AND i.message_id = p.message_id
-               AND i.status IN ('processed', 'stale', 'dead_lettered', 'uncertain'))
+               AND i.status IN ('processed', 'stale', 'dead_lettered', 'uncertain', 'skipped'))
 FROM inbox_parked_messages p
 WHERE p.consumer = $1 AND p.aggregate_type = $2 AND p.aggregate_id = $3
   AND NOT EXISTS (SELECT 1 FROM inbox_dead_keys d WHERE d.consumer = $1 AND d.aggregate_type = $2 AND d.aggregate_id = $3)
 ORDER BY p.seq LIMIT 1`
 
-	deleteParked = `DELETE FROM inbox_parked_messages WHERE consumer = $1 AND message_id = $2`
-
 	countParked = `SELECT count(*) FROM inbox_parked_messages WHERE consumer = $1`
 )
-
-// deleteInboxRow removes the inbox row of a message that is parked instead
-// of applied, so that its release applies it.
-const deleteInboxRow = `DELETE FROM inbox_messages WHERE consumer = $1 AND message_id = $2`
 
 // verdict is what parking decided for a message that has no inbox row yet.
 type verdict int
@@ -205,15 +163,11 @@ type storedHeader struct {
 
 // park stores m, whole, in inbox_parked_messages.
 func (s *shared) park(ctx context.Context, tx pgx.Tx, m kafka.Message, ev *event.Envelope, blockedBy *uuid.UUID) error {
-	hs := make([]storedHeader, len(m.Headers))
-	for i, h := range m.Headers {
-		hs[i] = storedHeader{Key: []byte(h.Key), Value: h.Value}
-	}
-	headers, err := json.Marshal(hs)
+	headers, err := encodeHeaders(m.Headers)
 	if err != nil {
 		return err
 	}
-	if _, err := tx.Exec(ctx, insertParked, s.cfg.Name, ev.EventID, ev.AggregateType, ev.AggregateID, ev.AggregateVersion,
+	if _, err := take(ctx, tx, &tPark, s.cfg.Name, ev.EventID, ev.AggregateType, ev.AggregateID, ev.AggregateVersion,
 		ev.EventType, blockedBy, m.Topic, m.Partition, m.Offset, m.Key, m.Value, headers); err != nil {
 		return dbErrors.Translate("parking a message", err)
 	}
@@ -221,6 +175,15 @@ func (s *shared) park(ctx context.Context, tx pgx.Tx, m kafka.Message, ev *event
 		slog.String("consumer", s.cfg.Name), slog.String("event_id", ev.EventID.String()),
 		slog.String("aggregate_id", ev.AggregateID), slog.Int64("version", ev.AggregateVersion))
 	return nil
+}
+
+// encodeHeaders is how park and keepOriginal store a message's headers.
+func encodeHeaders(headers []kafka.Header) ([]byte, error) {
+	hs := make([]storedHeader, len(headers))
+	for i, h := range headers {
+		hs[i] = storedHeader{Key: []byte(h.Key), Value: h.Value}
+	}
+	return json.Marshal(hs)
 }
 
 // decodeHeaders reads back the headers park stored.
@@ -242,11 +205,11 @@ func decodeHeaders(raw []byte) ([]kafka.Header, error) {
 // below it. (The transactional applier's guard advanced in ev's savepoint,
 // rolled back with its failure.)
 func (s *shared) holdDeadKey(ctx context.Context, tx pgx.Tx, ev *event.Envelope) error {
-	if _, err := tx.Exec(ctx, insertDeadKey, s.cfg.Name, ev.EventID, ev.AggregateType, ev.AggregateID, ev.AggregateVersion); err != nil {
+	if _, err := take(ctx, tx, &tHold, s.cfg.Name, ev.EventID, ev.AggregateType, ev.AggregateID, ev.AggregateVersion); err != nil {
 		return err
 	}
 	if s.cfg.DeadKeys == DeadKeyPark && !s.cfg.DisableVersionGuard && s.reservesVersions {
-		if _, err := tx.Exec(ctx, unreserveVersion, s.cfg.Name, ev.AggregateType, ev.AggregateID, ev.AggregateVersion); err != nil {
+		if _, err := take(ctx, tx, &tUnreserve, s.cfg.Name, ev.AggregateType, ev.AggregateID, ev.AggregateVersion); err != nil {
 			return err
 		}
 	}

@@ -67,28 +67,13 @@ type DB interface {
 	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
 }
 
-// pruneProcessed picks the oldest prunable rows once (MATERIALIZED: as a
-// subquery in the WHERE clause, a LIMIT … FOR UPDATE may be re-run and
-// remove more than the batch) and skips rows another pruner holds, so
-// several pruners share the work. It reads the partial index on
-// processed_at of migration 0003.
-const pruneProcessed = `
-WITH doomed AS MATERIALIZED (
-    SELECT consumer, message_id FROM inbox_messages
-    WHERE status IN ('processed', 'stale') AND processed_at < now() - $1::bigint * interval '1 microsecond'
-    ORDER BY processed_at
-    LIMIT $2
-    FOR UPDATE SKIP LOCKED)
-DELETE FROM inbox_messages m
-USING doomed d
-WHERE m.consumer = d.consumer AND m.message_id = d.message_id`
-
-// Prune removes processed and stale rows (stale: skipped by the version
-// guard) whose processed_at is older than
-// cfg.Retention and returns how many it removed. Dead-lettered rows are
-// never touched, however old: they are the audit of what went to a
-// dead-letter topic, and RequeueDeadLetters removes them when it sends the
-// message back. It works oldest first in batches of cfg.BatchSize, each its
+// Prune removes processed, stale (skipped by the version guard, under
+// StaleSkip) and skipped (by an operator) rows whose processed_at is older
+// than cfg.Retention, and the originals kept for truncated dead letters
+// that are no longer dead, and returns how many rows it removed.
+// Dead-lettered, requeued, leased and uncertain rows are never touched,
+// however old: they are what an operator or a redelivery still has to
+// settle (the transition prune of state.go names the states it removes). It works oldest first in batches of cfg.BatchSize, each its
 // own statement and short transaction, until a batch comes up short, so an
 // interrupted Prune keeps what it removed and the next one resumes.
 //
@@ -98,9 +83,14 @@ func Prune(ctx context.Context, db DB, cfg PruneConfig) (int, error) {
 		return 0, err
 	}
 	cfg = cfg.WithDefaults()
-	total, err := prune.Batches(ctx, db, pruneProcessed, cfg.Retention, cfg.BatchSize)
+	total, err := prune.Batches(ctx, db, tPrune.sql, cfg.Retention, cfg.BatchSize)
 	if err != nil {
 		return total, fmt.Errorf("inbox: pruning processed messages: %w", err)
+	}
+	// The originals kept for truncated dead letters go once their letter
+	// is no longer dead (applied, skipped, pruned), after Retention.
+	if _, err := take(ctx, db, &tPruneOriginals, cfg.Retention.Microseconds()); err != nil {
+		return total, fmt.Errorf("inbox: pruning the originals of truncated dead letters: %w", err)
 	}
 	return total, nil
 }

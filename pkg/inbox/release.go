@@ -65,7 +65,7 @@ func (c *Consumer) releaseParked(ctx context.Context, batch []fetched) error {
 					break // abandoned: it stays first in the parking
 				}
 			}
-			if _, err := c.shared.pool.Exec(ctx, deleteParked, c.cfg.Name, parkedID(m)); err != nil {
+			if _, err := take(ctx, c.shared.pool, &tUnpark, c.cfg.Name, parkedID(m)); err != nil {
 				break
 			}
 			c.cfg.Metrics.released.WithLabelValues(c.cfg.Name).Inc()
@@ -99,7 +99,7 @@ func (c *Consumer) nextParked(ctx context.Context, k aggregateKey) (m kafka.Mess
 func (c *Consumer) inboxSettled(ctx context.Context, m kafka.Message) (bool, error) {
 	var settled bool
 	err := c.shared.pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM inbox_messages WHERE consumer = $1 AND message_id = $2
-		AND status IN ('processed', 'stale', 'dead_lettered', 'uncertain'))`, c.cfg.Name, parkedID(m)).Scan(&settled)
+		AND status IN ('processed', 'stale', 'dead_lettered', 'uncertain', 'skipped'))`, c.cfg.Name, parkedID(m)).Scan(&settled)
 	return settled, err
 }
 
@@ -114,17 +114,21 @@ func parkedID(m kafka.Message) uuid.UUID {
 // topic with no dead message ahead, its first parked message.
 const firstParkedOfFreeKeys = `
 SELECT DISTINCT ON (p.aggregate_type, p.aggregate_id)
-       p.message_id, p.topic, p.kafka_partition, p.kafka_offset, p.msg_key, p.msg_value, p.msg_headers
+       p.message_id, p.topic, p.kafka_partition, p.kafka_offset, p.msg_key, p.msg_value, p.msg_headers,
+       EXISTS (SELECT 1 FROM inbox_messages i WHERE i.consumer = p.consumer AND i.message_id = p.message_id
+               AND i.status IN ('processed', 'stale', 'dead_lettered', 'uncertain', 'skipped'))
 FROM inbox_parked_messages p
 WHERE p.consumer = $1 AND p.topic = $2 AND p.kafka_partition = ANY($3)
   AND NOT EXISTS (SELECT 1 FROM inbox_dead_keys d
                   WHERE d.consumer = p.consumer AND d.aggregate_type = p.aggregate_type AND d.aggregate_id = p.aggregate_id)
 ORDER BY p.aggregate_type, p.aggregate_id, p.seq`
 
-// resumeReleases hands the workers, when a generation starts, the first
-// parked message of every aggregate of its partitions that nothing dead
-// holds any more: a consumer that stopped after applying a requeued
-// message, before releasing what was parked behind it, left them so. Each
+// resumeReleases hands the workers, when a generation starts and every
+// LagInterval after, the first parked message of every aggregate of its
+// partitions that nothing dead holds any more: a consumer that stopped
+// after applying a requeued message, before releasing what was parked
+// behind it, left them so, and an operator's ReleaseHeld leaves them so.
+// One the inbox settled already leaves the parking at once. Each
 // is handled as a released message (its key's worker applies it, then
 // releases the rest); a failure to read them is logged, and the next
 // generation, or the aggregate's next message, tries again.
@@ -147,15 +151,25 @@ func (c *Consumer) resumeReleases(ctx context.Context, g *generation, assigned m
 		}
 		return
 	}
-	var ms []kafka.Message
+	var (
+		ms   []kafka.Message
+		done []uuid.UUID
+	)
 	for rows.Next() {
 		var (
 			m       kafka.Message
 			id      uuid.UUID
 			headers []byte
+			settled bool
 		)
-		if err := rows.Scan(&id, &m.Topic, &m.Partition, &m.Offset, &m.Key, &m.Value, &headers); err != nil {
+		if err := rows.Scan(&id, &m.Topic, &m.Partition, &m.Offset, &m.Key, &m.Value, &headers, &settled); err != nil {
 			break
+		}
+		if settled {
+			// Released and settled before a crash: it only leaves the
+			// parking (the next look dispatches the one after it).
+			done = append(done, id)
+			continue
 		}
 		if m.Headers, err = decodeHeaders(headers); err != nil {
 			continue
@@ -166,6 +180,11 @@ func (c *Consumer) resumeReleases(ctx context.Context, g *generation, assigned m
 	if err := rows.Err(); err != nil && ctx.Err() == nil {
 		c.cfg.Logger.WarnContext(ctx, "inbox could not look for parked messages to release",
 			slog.String("consumer", c.cfg.Name), slog.Any("error", err))
+	}
+	for _, id := range done {
+		if _, err := take(ctx, c.shared.pool, &tUnpark, c.cfg.Name, id); err == nil {
+			c.cfg.Metrics.released.WithLabelValues(c.cfg.Name).Inc()
+		}
 	}
 	for _, m := range ms {
 		if !dispatch(ctx, fetched{m: m, gen: g.released()}) {

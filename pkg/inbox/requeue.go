@@ -12,6 +12,8 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/segmentio/kafka-go"
+
+	"github.com/onceflow/onceflow/pkg/event"
 )
 
 // ErrInvalidFilter is wrapped by the error of a RequeueDeadLetters whose
@@ -34,9 +36,10 @@ const requeueScanLimit = 10 * MaxRequeueLimit
 //
 // A filter without EventIDs (All, or Consumer alone) is a sweep: it sends
 // back only the dead letters that are still pending, those whose consumer
-// still holds the dead_lettered inbox row of their event. Requeuing deletes
-// that row, so a sweep sends each dead-lettering back once, a second sweep
-// finds nothing left, and two sweeps at once never send the same one twice.
+// still holds the dead_lettered inbox row of their event. Requeuing marks
+// that row requeued, so a sweep sends each dead-lettering back once, a
+// second sweep finds nothing left, and two sweeps at once never send the
+// same one twice.
 // A dead letter with no such row (a message that was not an event, or whose
 // row Postgres refused) is passed over by a sweep: name its event id to send
 // it back.
@@ -110,6 +113,20 @@ type RequeueResult struct {
 	// that stops at its Limit, or after reading requeueScanLimit letters,
 	// returns a Next even when it requeued nothing.
 	Next string
+	// Refused lists the matching dead letters the call did not send, and
+	// why; it changed nothing for them. A requeue sends an event whole or
+	// not at all: a letter the dead-letter topic holds only truncated
+	// (HeaderDLTTruncated) is sent from the original the inbox kept, and
+	// refused when there is none; a message that does not decode as an
+	// event is refused, since its consumer could only dead-letter it again.
+	// Their aggregates stay held: ReleaseHeld or SkipHeld is the way out.
+	Refused []RefusedLetter
+}
+
+// RefusedLetter is a dead letter RequeueDeadLetters did not send.
+type RefusedLetter struct {
+	DeadLetter
+	Reason string
 }
 
 // partitionRange is the part of one partition of a dead-letter topic that a
@@ -168,24 +185,6 @@ func parseRequeueCursor(s string) (requeueCursor, error) {
 // memory.
 const requeueChunk = 100
 
-// deleteDeadLettered removes the rows that would make the requeued messages
-// look like duplicates, and returns the ones it removed: a sweep sends back
-// only those. Only dead_lettered rows: a processed row means the event was
-// handled since (by an earlier requeue), and must stay so that this
-// redelivery is absorbed.
-const deleteDeadLettered = `
-DELETE FROM inbox_messages
-WHERE status = 'dead_lettered'
-  AND (consumer, message_id) IN (SELECT * FROM unnest($1::text[], $2::uuid[]))
-RETURNING consumer, message_id`
-
-// markDeadKeysRequeued marks the holds of requeued messages: the consumer
-// applies a requeued message whatever its version guard says, then releases
-// its aggregate's parked messages.
-const markDeadKeysRequeued = `
-UPDATE inbox_dead_keys SET status = 'requeued', requeued_at = now()
-WHERE (consumer, message_id) IN (SELECT * FROM unnest($1::text[], $2::uuid[]))`
-
 // RequeueDB is what RequeueDeadLetters needs from the caller's database
 // handle: *pgxpool.Pool and *pgx.Conn satisfy it.
 type RequeueDB interface {
@@ -206,12 +205,15 @@ type RequeueDB interface {
 //		}
 //	}
 //
-// For each dead letter it deletes the dead-lettering consumer's
-// dead_lettered inbox row for the event (without that, the consumer would
-// take the redelivery for a duplicate and skip it) and produces the original
-// message through w: its key, value and headers, minus the dlt-* headers.
-// The deletes of a chunk commit only after w took the chunk's messages, so a
-// failed write leaves the rows, and the letters pending for the next sweep.
+// For each dead letter it marks the dead-lettering consumer's dead_lettered
+// inbox row requeued (the transition requeue of state.go; the consumer
+// applies the redelivery of a requeued row instead of taking it for a
+// duplicate, and in lease mode checks first when its last call may have
+// landed) and produces the original message through w: its key, value and
+// headers, minus the dlt-* headers — from the original the inbox kept when
+// the dead-letter topic took the letter only truncated. The marks of a chunk
+// commit only after w took the chunk's messages, so a failed write leaves
+// the rows, and the letters pending for the next sweep.
 // Fix the cause of the failures before requeuing, or the messages come
 // straight back (as new dead letters, for the next pass).
 //
@@ -278,7 +280,7 @@ func RequeueDeadLetters(ctx context.Context, db RequeueDB, w Writer, brokers []s
 		p := partitions[idx]
 		first, last, err := partitionOffsets(ctx, dialer, brokers, p)
 		if err != nil {
-			return RequeueResult{Requeued: rq.total}, err
+			return RequeueResult{Requeued: rq.total, Refused: rq.refused}, err
 		}
 		// Retention may have removed letters since the cursor was made, and
 		// a recreated topic may hold fewer.
@@ -298,17 +300,73 @@ func RequeueDeadLetters(ctx context.Context, db RequeueDB, w Writer, brokers []s
 			err = rq.flush(ctx)
 		}
 		if err != nil {
-			return RequeueResult{Requeued: rq.total}, err
+			return RequeueResult{Requeued: rq.total, Refused: rq.refused}, err
 		}
 		if rq.total >= limit || rq.scanned >= requeueScanLimit {
 			rest := cursor[i+1:]
 			if next < end {
 				rest = append(requeueCursor{{partition: pr.partition, next: next, end: end}}, rest...)
 			}
-			return RequeueResult{Requeued: rq.total, Next: rest.String()}, nil
+			return RequeueResult{Requeued: rq.total, Next: rest.String(), Refused: rq.refused}, nil
 		}
 	}
-	return RequeueResult{Requeued: rq.total}, nil
+	// The pass read the whole topic: what is left are the letters the
+	// topic refused even truncated, whose originals the inbox kept.
+	if err := rq.fromDatabase(ctx, limit); err != nil {
+		return RequeueResult{Requeued: rq.total, Refused: rq.refused}, err
+	}
+	return RequeueResult{Requeued: rq.total, Refused: rq.refused}, nil
+}
+
+// notInTopic reads the kept originals of dead letters dltTopic refused even
+// truncated, whose rows are still dead_lettered, as the filter selects them.
+const notInTopic = `
+SELECT o.consumer, o.message_id, o.topic, o.msg_key, o.msg_value, o.msg_headers
+FROM inbox_dead_letter_originals o
+JOIN inbox_messages i ON i.consumer = o.consumer AND i.message_id = o.message_id AND i.status = 'dead_lettered'
+WHERE NOT o.in_topic AND o.dead_letter_topic = $1 AND ($2 = '' OR o.consumer = $2)
+  AND (coalesce(cardinality($3::uuid[]), 0) = 0 OR o.message_id = ANY($3))
+ORDER BY o.stored_at
+LIMIT $4`
+
+// fromDatabase requeues, once a pass has read the whole topic, the dead
+// letters the topic never held (it refused even the truncated record):
+// their originals, kept by the inbox, sent as a chunk like any other.
+func (rq *requeuer) fromDatabase(ctx context.Context, limit int) error {
+	if rq.total >= limit {
+		return nil
+	}
+	tx, err := rq.db.Begin(ctx)
+	if err != nil {
+		return fmt.Errorf("inbox: beginning a requeue: %w", err)
+	}
+	rows, err := tx.Query(ctx, notInTopic, rq.dltTopic, rq.filter.Consumer, rq.filter.EventIDs, limit-rq.total)
+	if err != nil {
+		_ = tx.Rollback(ctx)
+		return fmt.Errorf("inbox: reading the dead letters the topic refused: %w", err)
+	}
+	var (
+		k       deadLetterKey
+		m       kafka.Message
+		headers []byte
+	)
+	_, err = pgx.ForEachRow(rows, []any{&k.consumer, &k.id, &m.Topic, &m.Key, &m.Value, &headers}, func() error {
+		hs, err := decodeHeaders(headers)
+		if err != nil {
+			return err
+		}
+		rq.keys = append(rq.keys, k)
+		rq.msgs = append(rq.msgs, kafka.Message{Topic: m.Topic, Key: m.Key, Value: m.Value, Headers: hs})
+		rq.letters = append(rq.letters, DeadLetter{Consumer: k.consumer, EventID: k.id, OriginalTopic: m.Topic,
+			OriginalPartition: -1, OriginalOffset: -1})
+		rq.truncated = append(rq.truncated, false)
+		return nil
+	})
+	_ = tx.Rollback(ctx)
+	if err != nil {
+		return fmt.Errorf("inbox: reading the dead letters the topic refused: %w", err)
+	}
+	return rq.flush(ctx)
 }
 
 // deadLetterKey is the inbox row of a dead letter: its consumer and event.
@@ -328,6 +386,9 @@ type requeuer struct {
 	scanned, total int
 	keys           []deadLetterKey // parallel to msgs; zero for a letter with no row
 	msgs           []kafka.Message
+	letters        []DeadLetter // parallel to msgs
+	truncated      []bool       // parallel to msgs: the topic holds it truncated
+	refused        []RefusedLetter
 }
 
 // visit adds m to the chunk if it matches, and sends the chunk once it is
@@ -350,18 +411,33 @@ func (rq *requeuer) visit(ctx context.Context, m kafka.Message, limit int) error
 	}
 	rq.keys = append(rq.keys, key)
 	rq.msgs = append(rq.msgs, originalMessage(dl.OriginalTopic, m))
+	rq.letters = append(rq.letters, dl)
+	rq.truncated = append(rq.truncated, hasHeader(m, HeaderDLTTruncated))
 	if len(rq.msgs) >= min(requeueChunk, limit-rq.total) {
 		return rq.flush(ctx)
 	}
 	return nil
 }
 
-// flush deletes the chunk's dead_lettered rows and writes its messages in
-// one transaction that commits after the write: a sweep writes only the
-// letters whose row it deleted.
+// flush marks the chunk's dead_lettered rows requeued and writes its
+// messages in one transaction that commits after the write: a sweep writes
+// only the letters whose row it marked. A letter held truncated is sent
+// from its kept original; one it cannot send whole, or that does not
+// decode, is refused and changes nothing.
 func (rq *requeuer) flush(ctx context.Context) error {
 	if len(rq.msgs) == 0 {
 		return nil
+	}
+	tx, err := rq.db.Begin(ctx)
+	if err != nil {
+		return fmt.Errorf("inbox: beginning a requeue: %w", err)
+	}
+	defer tx.Rollback(ctx) //nolint:errcheck // a no-op after Commit
+	if err := rq.wholeOrRefused(ctx, tx); err != nil {
+		return err
+	}
+	if len(rq.msgs) == 0 {
+		return nil // every letter of the chunk was refused
 	}
 	var (
 		consumers []string
@@ -372,27 +448,23 @@ func (rq *requeuer) flush(ctx context.Context) error {
 			consumers, ids = append(consumers, k.consumer), append(ids, k.id)
 		}
 	}
-	tx, err := rq.db.Begin(ctx)
-	if err != nil {
-		return fmt.Errorf("inbox: beginning a requeue: %w", err)
-	}
-	defer tx.Rollback(ctx) //nolint:errcheck // a no-op after Commit
 	deleted := map[deadLetterKey]bool{}
 	if len(ids) > 0 {
-		rows, err := tx.Query(ctx, deleteDeadLettered, consumers, ids)
+		rows, err := takeQuery(ctx, tx, &tRequeue, consumers, ids)
 		if err != nil {
-			return fmt.Errorf("inbox: deleting dead_lettered rows before requeuing: %w", err)
+			return fmt.Errorf("inbox: marking dead_lettered rows requeued: %w", err)
 		}
 		var k deadLetterKey
 		if _, err := pgx.ForEachRow(rows, []any{&k.consumer, &k.id}, func() error { deleted[k] = true; return nil }); err != nil {
-			return fmt.Errorf("inbox: deleting dead_lettered rows before requeuing: %w", err)
+			return fmt.Errorf("inbox: marking dead_lettered rows requeued: %w", err)
 		}
 		// The aggregates stay held until the requeued messages are applied;
 		// then their parked messages are released (park.go).
-		if _, err := tx.Exec(ctx, markDeadKeysRequeued, consumers, ids); err != nil {
+		if _, err := take(ctx, tx, &tRequeueHold, consumers, ids); err != nil {
 			return fmt.Errorf("inbox: marking dead aggregates requeued: %w", err)
 		}
 	}
+
 	send := rq.msgs
 	if rq.filter.sweep() {
 		send = nil
@@ -416,8 +488,83 @@ func (rq *requeuer) flush(ctx context.Context) error {
 	}
 	rq.total += len(send)
 	// Fresh slices: w may keep the ones it was given.
-	rq.keys, rq.msgs = nil, nil
+	rq.keys, rq.msgs, rq.letters, rq.truncated = nil, nil, nil, nil
 	return nil
+}
+
+// keptOriginals reads the originals the inbox kept of letters the
+// dead-letter topic took only truncated.
+const keptOriginals = `
+SELECT consumer, message_id, msg_key, msg_value, msg_headers
+FROM inbox_dead_letter_originals
+WHERE (consumer, message_id) IN (SELECT * FROM unnest($1::text[], $2::uuid[]))`
+
+// wholeOrRefused replaces each truncated letter of the chunk by its kept
+// original, and takes out of the chunk (into refused) the letters it cannot
+// send whole and those that do not decode as events.
+func (rq *requeuer) wholeOrRefused(ctx context.Context, tx pgx.Tx) error {
+	var consumers []string
+	var ids []uuid.UUID
+	for i, k := range rq.keys {
+		if rq.truncated[i] && k.id != uuid.Nil {
+			consumers, ids = append(consumers, k.consumer), append(ids, k.id)
+		}
+	}
+	kept := map[deadLetterKey]kafka.Message{}
+	if len(ids) > 0 {
+		rows, err := tx.Query(ctx, keptOriginals, consumers, ids)
+		if err != nil {
+			return fmt.Errorf("inbox: reading the originals of truncated dead letters: %w", err)
+		}
+		var (
+			k       deadLetterKey
+			m       kafka.Message
+			headers []byte
+		)
+		if _, err := pgx.ForEachRow(rows, []any{&k.consumer, &k.id, &m.Key, &m.Value, &headers}, func() error {
+			hs, err := decodeHeaders(headers)
+			if err != nil {
+				return err
+			}
+			kept[k] = kafka.Message{Key: m.Key, Value: m.Value, Headers: hs}
+			return nil
+		}); err != nil {
+			return fmt.Errorf("inbox: reading the originals of truncated dead letters: %w", err)
+		}
+	}
+	n := 0
+	for i := range rq.msgs {
+		m, reason := rq.msgs[i], ""
+		if rq.truncated[i] {
+			if orig, ok := kept[rq.keys[i]]; ok {
+				m = kafka.Message{Topic: m.Topic, Key: orig.Key, Value: orig.Value, Headers: orig.Headers}
+			} else {
+				reason = "the dead-letter topic holds it truncated and the inbox kept no original"
+			}
+		}
+		if reason == "" {
+			if _, err := event.FromKafka(m); err != nil {
+				reason = "it does not decode as an event: " + err.Error()
+			}
+		}
+		if reason != "" {
+			rq.refused = append(rq.refused, RefusedLetter{DeadLetter: rq.letters[i], Reason: reason})
+			continue
+		}
+		rq.msgs[n], rq.keys[n], rq.letters[n], rq.truncated[n] = m, rq.keys[i], rq.letters[i], false
+		n++
+	}
+	rq.msgs, rq.keys, rq.letters, rq.truncated = rq.msgs[:n], rq.keys[:n], rq.letters[:n], rq.truncated[:n]
+	return nil
+}
+
+func hasHeader(m kafka.Message, key string) bool {
+	for _, h := range m.Headers {
+		if h.Key == key {
+			return true
+		}
+	}
+	return false
 }
 
 // dltHeaderPrefix marks the headers a dead-lettering adds; a requeue strips

@@ -254,12 +254,6 @@ func (a *txApplier) processAlone(ctx context.Context, d delivery) error {
 	}
 }
 
-const insertProcessed = `
-INSERT INTO inbox_messages (consumer, message_id, event_type, aggregate_id, aggregate_version,
-                            topic, kafka_partition, kafka_offset, status, payload_hash, processed_at)
-VALUES ($1, $2, $3, $4, $5, $6, $7, $8, 'processed', sha256($9), now())
-ON CONFLICT (consumer, message_id) DO NOTHING`
-
 // settle decides one message inside tx: handled, duplicate, stale, or to be
 // dead-lettered (a *dueDeadLetter error, which the caller publishes after
 // ending tx). Any other error is a transient failure (the savepoint is
@@ -306,12 +300,17 @@ func (a *txApplier) settle(ctx context.Context, tx pgx.Tx, m kafka.Message, atte
 // apply is the inbox insert, the version guard, the upcasters and the
 // handler, all in tx; the first attempt records the hop (inbox_hop_seconds).
 func (a *txApplier) apply(ctx context.Context, tx pgx.Tx, m kafka.Message, ev *event.Envelope, attempt int) (outcome, error) {
-	tag, err := tx.Exec(ctx, insertProcessed, a.cfg.Name, ev.EventID, ev.EventType, ev.AggregateID,
-		ev.AggregateVersion, m.Topic, m.Partition, m.Offset, []byte(ev.Payload))
+	var reapplied bool // a requeued row: the operator sent it back
+	err := tx.QueryRow(ctx, tRecord.sql, a.cfg.Name, ev.EventID, ev.EventType, ev.AggregateType, ev.AggregateID,
+		ev.AggregateVersion, m.Topic, m.Partition, m.Offset, []byte(ev.Payload)).Scan(&reapplied)
+	recorded := err == nil
+	if errors.Is(err, pgx.ErrNoRows) {
+		err = nil
+	}
 	if err != nil {
 		return 0, dbErrors.Translate("recording in inbox", err)
 	}
-	if tag.RowsAffected() == 0 {
+	if !recorded {
 		a.cfg.Logger.DebugContext(ctx, "inbox duplicate", slog.String("consumer", a.cfg.Name),
 			slog.String("event_id", ev.EventID.String()), slog.String("event_type", ev.EventType))
 		if err := a.checkPayloads(ctx, tx, *ev); err != nil {
@@ -329,7 +328,7 @@ func (a *txApplier) apply(ctx context.Context, tx pgx.Tx, m kafka.Message, ev *e
 	switch pd.verdict {
 	case parkIt, alreadyParked:
 		// Not applied: no inbox row either, so that its release applies it.
-		if _, err := tx.Exec(ctx, deleteInboxRow, a.cfg.Name, ev.EventID); err != nil {
+		if _, err := take(ctx, tx, &tUnrecord, a.cfg.Name, ev.EventID); err != nil {
 			return 0, dbErrors.Translate("parking a message", err)
 		}
 		if pd.verdict == alreadyParked {
@@ -337,12 +336,12 @@ func (a *txApplier) apply(ctx context.Context, tx pgx.Tx, m kafka.Message, ev *e
 		}
 		return parked, a.park(ctx, tx, m, ev, pd.blockedBy)
 	case proceedRequeued:
-		if _, err := tx.Exec(ctx, dropDeadKey, a.cfg.Name, ev.EventID); err != nil {
+		if _, err := take(ctx, tx, &tDropHold, a.cfg.Name, ev.EventID); err != nil {
 			return 0, dbErrors.Translate("releasing a requeued message's aggregate", err)
 		}
 	}
 	if !a.cfg.DisableVersionGuard {
-		isStale, err := a.guardVersion(ctx, tx, ev, pd.verdict == proceedRequeued)
+		isStale, err := a.guardVersion(ctx, tx, ev, pd.verdict == proceedRequeued || reapplied)
 		if err != nil || isStale {
 			return stale, err
 		}

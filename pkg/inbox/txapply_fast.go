@@ -2,6 +2,7 @@ package inbox
 
 import (
 	"context"
+	"errors"
 	"log/slog"
 	"time"
 
@@ -135,16 +136,6 @@ func (a *txApplier) fastPathFailed(ctx context.Context, step string, err error) 
 		slog.String("consumer", a.cfg.Name), slog.String("step", step), slog.Any("error", err))
 }
 
-const insertProcessedBatch = `
-INSERT INTO inbox_messages (consumer, message_id, event_type, aggregate_id, aggregate_version,
-                            topic, kafka_partition, kafka_offset, status, payload_hash, processed_at)
-SELECT $1, m.id, m.event_type, m.aggregate_id, m.aggregate_version, m.topic, m.kafka_partition,
-       m.kafka_offset, 'processed', sha256(m.payload), now()
-FROM unnest($2::uuid[], $3::text[], $4::text[], $5::bigint[], $6::text[], $7::int[], $8::bigint[], $9::bytea[])
-     AS m(id, event_type, aggregate_id, aggregate_version, topic, kafka_partition, kafka_offset, payload)
-ON CONFLICT (consumer, message_id) DO NOTHING
-RETURNING message_id`
-
 // insertBatch records every message in the inbox in one statement and
 // returns the ids that were new (a redelivered id finds its row and is not
 // returned; within the batch, the first occurrence is the one inserted).
@@ -152,24 +143,44 @@ func (a *txApplier) insertBatch(ctx context.Context, tx pgx.Tx, batch []kafka.Me
 	n := len(batch)
 	// [16]byte, not uuid.UUID: pgx encodes and decodes it natively instead of
 	// through driver.Valuer, sql.Scanner and text.
-	ids, types, aggs, versions := make([][16]byte, n), make([]string, n), make([]string, n), make([]int64, n)
-	topics, partitions, offsets, payloads := make([]string, n), make([]int32, n), make([]int64, n), make([][]byte, n)
+	ids, types, aggTypes, aggs, versions := make([][16]byte, 0, n), make([]string, 0, n), make([]string, 0, n), make([]string, 0, n), make([]int64, 0, n)
+	topics, partitions, offsets, payloads := make([]string, 0, n), make([]int32, 0, n), make([]int64, 0, n), make([][]byte, 0, n)
+	// Each id once: an upsert may not touch a row twice in one statement,
+	// and the first occurrence is the one recorded (the rest are
+	// duplicates).
+	first := make(map[uuid.UUID]bool, n)
 	for i, m := range batch {
 		ev := evs[i]
-		ids[i], types[i], aggs[i], versions[i] = ev.EventID, ev.EventType, ev.AggregateID, ev.AggregateVersion
-		topics[i], partitions[i], offsets[i], payloads[i] = m.Topic, int32(m.Partition), m.Offset, []byte(ev.Payload)
+		if first[ev.EventID] {
+			continue
+		}
+		first[ev.EventID] = true
+		ids, types, aggTypes = append(ids, ev.EventID), append(types, ev.EventType), append(aggTypes, ev.AggregateType)
+		aggs, versions = append(aggs, ev.AggregateID), append(versions, ev.AggregateVersion)
+		topics, partitions = append(topics, m.Topic), append(partitions, int32(m.Partition))
+		offsets, payloads = append(offsets, m.Offset), append(payloads, []byte(ev.Payload))
 	}
-	rows, err := tx.Query(ctx, insertProcessedBatch, a.cfg.Name, ids, types, aggs, versions, topics, partitions, offsets, payloads)
+	rows, err := takeQuery(ctx, tx, &tRecordBatch, a.cfg.Name, ids, types, aggTypes, aggs, versions, topics, partitions, offsets, payloads)
 	if err != nil {
 		return nil, err
 	}
-	inserted, err := pgx.CollectRows(rows, pgx.RowTo[[16]byte])
-	if err != nil {
-		return nil, err
-	}
-	fresh := make(map[uuid.UUID]bool, len(inserted))
-	for _, id := range inserted {
+	fresh := make(map[uuid.UUID]bool, n)
+	var (
+		id        [16]byte
+		reapplied bool
+		requeued  bool
+	)
+	if _, err := pgx.ForEachRow(rows, []any{&id, &reapplied}, func() error {
 		fresh[uuid.UUID(id)] = true
+		requeued = requeued || reapplied
+		return nil
+	}); err != nil {
+		return nil, err
+	}
+	if requeued {
+		// A requeued message is applied whatever the guard says: the
+		// message-by-message path knows how (this transaction rolls back).
+		return nil, errors.New("the batch holds a requeued message")
 	}
 	return fresh, nil
 }

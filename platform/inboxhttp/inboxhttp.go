@@ -4,14 +4,28 @@
 //	GET  /dead-letters?topic=NAME&limit=N   the dead letters (ListDeadLetters), oldest first
 //	POST /dead-letters/requeue              {"topic":NAME,"eventIds":[…]} or {"topic":NAME,"all":true},
 //	                                        either optionally with "consumer", "limit" and "after";
-//	                                        answers {"requeued":N,"next":CURSOR}
+//	                                        answers {"requeued":N,"next":CURSOR}, with
+//	                                        "refused":[{eventId, reason}] for letters it would not
+//	                                        send (stored truncated with no original kept, or not
+//	                                        decodable: a requeue sends an event whole or not at all)
 //	GET  /parked?consumer=C&aggregateId=A&limit=N
 //	                                        the events parked behind a dead event of their
 //	                                        aggregate (inbox.ListParked), each aggregate's in
 //	                                        the order they will be released; all filters optional
+//	POST /parked/release                    {"consumer":C,"aggregateType":T,"aggregateId":A,
+//	                                        "reason":WHY,"operator":WHO}: inbox.ReleaseHeld, the
+//	                                        parked events are applied without the dead one
+//	POST /parked/skip                       the same body: inbox.SkipHeld, the dead and parked
+//	                                        events are recorded skipped, never applied
 //
 // A parked event leaves the parking by itself once the dead event of its
-// aggregate is requeued (POST /dead-letters/requeue) and applied.
+// aggregate is requeued (POST /dead-letters/requeue) and applied. When that
+// cannot happen (the dead letter left the topic through its retention, it
+// cannot be sent whole, or the event is wrong for good), release or skip
+// the aggregate, with a reason: both answer {"dead":[event ids],"parked":N},
+// 404 not_found when the aggregate is not held (another operator acted, or
+// the requeue got there first), and are recorded with the reason in
+// inbox_operator_actions and logged.
 //
 // NAME is one of the names the service gave its dead-letter topics, never a
 // topic itself, so the endpoints cannot be pointed at arbitrary topics.
@@ -201,7 +215,7 @@ func Handler(db inbox.RequeueDB, w inbox.Writer, brokers []string, dltTopics map
 			apperr.WriteHTTP(rw, r, logger, fmt.Errorf("%w (requeued before the failure: %d)", err, res.Requeued))
 			return
 		}
-		if len(req.EventIDs) > 0 && req.After == "" && res.Next == "" && res.Requeued == 0 {
+		if len(req.EventIDs) > 0 && req.After == "" && res.Next == "" && res.Requeued == 0 && len(res.Refused) == 0 {
 			// A whole pass in one call found none of the named events: the
 			// outbox requeue's answer to unknown ids (404, nothing
 			// requeued), so that a client tells "no such dead letter" from
@@ -215,7 +229,14 @@ func Handler(db inbox.RequeueDB, w inbox.Writer, brokers []string, dltTopics map
 			slog.Int("event_ids", len(req.EventIDs)), slog.Any("event_id_list", req.EventIDs), slog.Bool("all", req.All),
 			slog.Int("limit", req.Limit), slog.String("after", req.After), slog.String("next", res.Next),
 			slog.String("remote_addr", r.RemoteAddr), slog.String("request_id", apperr.RequestID(rw, r)))
-		apperr.WriteJSON(rw, http.StatusOK, requeueResponse{Requeued: res.Requeued, Next: res.Next})
+		out := requeueResponse{Requeued: res.Requeued, Next: res.Next}
+		for _, rf := range res.Refused {
+			out.Refused = append(out.Refused, refusedLetter{EventID: rf.EventID.String(), Partition: rf.Partition, Offset: rf.Offset, Reason: rf.Reason})
+			logger.WarnContext(r.Context(), "a dead letter was not requeued: it cannot be sent whole",
+				slog.String("dead_letter_topic", topic), slog.String("event_id", rf.EventID.String()), slog.String("reason", rf.Reason),
+				slog.String("request_id", apperr.RequestID(rw, r)))
+		}
+		apperr.WriteJSON(rw, http.StatusOK, out)
 	})
 	mux.HandleFunc("GET /parked", func(rw http.ResponseWriter, r *http.Request) {
 		q := r.URL.Query()
@@ -251,7 +272,68 @@ func Handler(db inbox.RequeueDB, w inbox.Writer, brokers []string, dltTopics map
 		}
 		apperr.WriteJSON(rw, http.StatusOK, map[string]any{"count": len(out), "parked": out})
 	})
+	for _, action := range []string{inbox.ActionRelease, inbox.ActionSkip} {
+		mux.HandleFunc("POST /parked/"+action, func(rw http.ResponseWriter, r *http.Request) {
+			body, err := io.ReadAll(http.MaxBytesReader(rw, r.Body, 64<<10))
+			if err != nil {
+				apperr.WriteHTTP(rw, r, logger, apperr.Errorf(apperr.Malformed, "reading the request body failed"))
+				return
+			}
+			var req HeldRequest
+			if err := strictjson.Unmarshal(body, &req); err != nil {
+				apperr.WriteHTTP(rw, r, logger, err)
+				return
+			}
+			a := inbox.HeldAction{Consumer: req.Consumer, AggregateType: req.AggregateType, AggregateID: req.AggregateID,
+				Reason: req.Reason, Operator: req.Operator}
+			if err := a.Validate(); err != nil {
+				writeError(rw, r, http.StatusBadRequest, strings.TrimPrefix(err.Error(), inbox.ErrInvalidHeldAction.Error()+": "))
+				return
+			}
+			act := inbox.ReleaseHeld
+			if action == inbox.ActionSkip {
+				act = inbox.SkipHeld
+			}
+			res, err := act(r.Context(), db, a)
+			switch {
+			case errors.Is(err, inbox.ErrNotHeld):
+				writeError(rw, r, http.StatusNotFound, fmt.Sprintf("%s %s of consumer %s is not held; nothing was changed",
+					apperr.Quote(req.AggregateType), apperr.Quote(req.AggregateID), apperr.Quote(req.Consumer)))
+				return
+			case err != nil:
+				apperr.WriteHTTP(rw, r, logger, err)
+				return
+			}
+			logger.WarnContext(r.Context(), "a held aggregate was "+action+"d by an operator",
+				slog.String("consumer", a.Consumer), slog.String("aggregate_type", a.AggregateType), slog.String("aggregate_id", a.AggregateID),
+				slog.String("reason", a.Reason), slog.String("operator", a.Operator), slog.Any("dead", res.Dead), slog.Int("parked", res.Parked),
+				slog.String("remote_addr", r.RemoteAddr), slog.String("request_id", apperr.RequestID(rw, r)))
+			dead := make([]string, len(res.Dead))
+			for i, id := range res.Dead {
+				dead[i] = id.String()
+			}
+			apperr.WriteJSON(rw, http.StatusOK, map[string]any{"action": action, "dead": dead, "parked": res.Parked})
+		})
+	}
 	return mux
+}
+
+// HeldRequest is the body of POST /parked/release and /parked/skip.
+type HeldRequest struct {
+	Consumer      string `json:"consumer"`
+	AggregateType string `json:"aggregateType"`
+	AggregateID   string `json:"aggregateId"`
+	// Reason is required: it is recorded with the action.
+	Reason   string `json:"reason"`
+	Operator string `json:"operator"`
+}
+
+// refusedLetter is a dead letter a requeue would not send, and why.
+type refusedLetter struct {
+	EventID   string `json:"eventId"`
+	Partition int    `json:"partition"`
+	Offset    int64  `json:"offset"`
+	Reason    string `json:"reason"`
 }
 
 type parked struct {
@@ -284,8 +366,9 @@ func listEventIDs(ids []uuid.UUID) string {
 // requeueResponse is the answer of POST /dead-letters/requeue; Next is
 // always present, empty once the pass is done.
 type requeueResponse struct {
-	Requeued int    `json:"requeued"`
-	Next     string `json:"next"`
+	Requeued int             `json:"requeued"`
+	Next     string          `json:"next"`
+	Refused  []refusedLetter `json:"refused,omitempty"`
 }
 
 type deadLetter struct {

@@ -74,9 +74,11 @@ func TestHandlerDeadLetterEndpoints(t *testing.T) {
 		}
 		return fmt.Sprint(e["code"])
 	}
+	// remaining lists the dead letters still pending: a requeue marks the
+	// row requeued (its redelivery applies it).
 	remaining := func() []string {
 		t.Helper()
-		rows, err := pool.Query(ctx, `SELECT message_id::text FROM inbox_messages ORDER BY 1`)
+		rows, err := pool.Query(ctx, `SELECT message_id::text FROM inbox_messages WHERE status = 'dead_lettered' ORDER BY 1`)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -215,4 +217,55 @@ func TestHandlerListsParkedEvents(t *testing.T) {
 		t.Fatalf("another consumer's parked events = %v, want none", out)
 	}
 	testinfra.CallJSON(t, http.MethodGet, srv.URL+"/parked?limit=0", "", http.StatusBadRequest)
+}
+
+// A held aggregate is released or skipped with a reason; a second action
+// finds nothing held (404), a missing reason is refused (400).
+func TestHandlerReleasesAndSkipsHeldAggregates(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	brokers := testinfra.KafkaBrokers(t)
+	pool := inboxtest.NewDatabase(t)
+	w := kafkautil.NewWriter(brokers, 10)
+	defer w.Close()
+	hold := func(aggregate string) (dead, later uuid.UUID) {
+		dead, later = uuid.New(), uuid.New()
+		if _, err := pool.Exec(ctx, `INSERT INTO inbox_messages (consumer, message_id, event_type, aggregate_type, aggregate_id,
+			aggregate_version, topic, kafka_partition, kafka_offset, status, payload_hash)
+			VALUES ('billing', $1, 'PaymentCaptured', 'order', $2, 1, 'orders.events', 0, 6, 'dead_lettered', '\x00')`, dead, aggregate); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := pool.Exec(ctx, `INSERT INTO inbox_dead_keys (consumer, message_id, aggregate_type, aggregate_id, aggregate_version)
+			VALUES ('billing', $1, 'order', $2, 1)`, dead, aggregate); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := pool.Exec(ctx, `INSERT INTO inbox_parked_messages (consumer, message_id, aggregate_type, aggregate_id,
+			aggregate_version, event_type, blocked_by, topic, kafka_partition, kafka_offset, msg_key, msg_value)
+			VALUES ('billing', $1, 'order', $2, 2, 'PaymentRefunded', $3, 'orders.events', 0, 7, $4, '{}')`, later, aggregate, dead, []byte(aggregate)); err != nil {
+			t.Fatal(err)
+		}
+		return dead, later
+	}
+	srv := httptest.NewServer(inboxhttp.Handler(pool, w, brokers, map[string]string{"orders": "orders.events.dlt"}, slog.New(slog.NewTextHandler(io.Discard, nil))))
+	defer srv.Close()
+
+	dead, _ := hold("o-1")
+	testinfra.CallJSON(t, http.MethodPost, srv.URL+"/parked/release", `{"consumer":"billing","aggregateType":"order","aggregateId":"o-1"}`, http.StatusBadRequest)
+	body := `{"consumer":"billing","aggregateType":"order","aggregateId":"o-1","reason":"its dead letter expired","operator":"alice"}`
+	out := testinfra.CallJSON(t, http.MethodPost, srv.URL+"/parked/release", body, http.StatusOK)
+	if d, _ := out["dead"].([]any); len(d) != 1 || d[0] != dead.String() || out["parked"] != float64(1) {
+		t.Fatalf("POST /parked/release = %v, want the dead event and one parked", out)
+	}
+	testinfra.CallJSON(t, http.MethodPost, srv.URL+"/parked/release", body, http.StatusNotFound)
+
+	_, later := hold("o-2")
+	out = testinfra.CallJSON(t, http.MethodPost, srv.URL+"/parked/skip",
+		`{"consumer":"billing","aggregateType":"order","aggregateId":"o-2","reason":"cancelled upstream"}`, http.StatusOK)
+	if out["parked"] != float64(1) {
+		t.Fatalf("POST /parked/skip = %v, want one parked event skipped", out)
+	}
+	var status string
+	if err := pool.QueryRow(ctx, `SELECT status FROM inbox_messages WHERE message_id = $1`, later).Scan(&status); err != nil || status != "skipped" {
+		t.Fatalf("the skipped parked event's row is %q (%v), want skipped", status, err)
+	}
 }

@@ -240,6 +240,10 @@ func (r *reader) check() {
 			case "parked":
 				r.problem("%s v%d parked in %s behind an earlier dead version of this order: requeue that one "+
 					"(onceflowctl dead-letters list -service %s)", m.EventType, m.AggregateVersion, m.Consumer, in.service)
+			case "requeued":
+				r.problem("%s v%d requeued for %s, its redelivery not applied yet: onceflowctl status shows the consumer lag; "+
+					"if it never comes, onceflowctl parked release or skip (docs/reconciliation.md#inbox_parked)",
+					m.EventType, m.AggregateVersion, m.Consumer)
 			}
 		}
 	}

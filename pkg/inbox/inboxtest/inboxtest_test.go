@@ -62,10 +62,17 @@ func TestDeliverRunsTheRealInboxPath(t *testing.T) {
 	inboxtest.RequireProcessed(t, pool, "billing", first.EventID)
 	inboxtest.RequireProcessed(t, pool, "billing", second.EventID)
 
-	// The version guard: an older version than the last applied is stale.
+	// The version guard: an older version than the last applied (another
+	// event id) is dead-lettered, visibly, with its reason (the default,
+	// StaleDeadLetter), or skipped as stale when the consumer opts in.
 	old := ev("a", 1)
-	inboxtest.Deliver(t, pool, cfg, record, old)
-	inboxtest.RequireStatus(t, pool, "billing", old.EventID, "stale")
+	if dl := inboxtest.Deliver(t, pool, cfg, record, old); len(dl) != 1 {
+		t.Fatalf("an older version gave %d dead letters, want 1", len(dl))
+	}
+	inboxtest.RequireStatus(t, pool, "billing", old.EventID, "dead_lettered")
+	older := ev("a", 1)
+	inboxtest.Deliver(t, pool, inbox.Config{Name: "billing", Stale: inbox.StaleSkip}, record, older)
+	inboxtest.RequireStatus(t, pool, "billing", older.EventID, "stale")
 
 	// A permanent failure is dead-lettered, and the handler's work undone.
 	poison := ev("b", 1)
@@ -83,7 +90,7 @@ func TestDeliverRunsTheRealInboxPath(t *testing.T) {
 		t.Fatalf("%d effects after the poison, want still 2", n)
 	}
 	inboxtest.RequireNotReceived(t, pool, "other", first.EventID)
-	if n := inboxtest.Count(t, pool, "billing"); n != 4 {
-		t.Fatalf("inbox of billing holds %d events, want 4", n)
+	if n := inboxtest.Count(t, pool, "billing"); n != 5 {
+		t.Fatalf("inbox of billing holds %d events, want 5", n)
 	}
 }

@@ -15,7 +15,7 @@ func TestHelpEverywhereExitsZero(t *testing.T) {
 	t.Parallel()
 	for _, args := range [][]string{
 		{"-h"}, {"status", "-h"}, {"dead-letters", "-h"}, {"dead-letters", "list", "-h"},
-		{"dead-letters", "requeue", "-h"}, {"replay", "-h"}, {"journey", "-h"}, {"reconcile", "-h"},
+		{"dead-letters", "requeue", "-h"}, {"parked", "release", "-h"}, {"parked", "skip", "-h"}, {"replay", "-h"}, {"journey", "-h"}, {"reconcile", "-h"},
 	} {
 		out, err := ctl(t, nil, args...)
 		if code := lifecycle.ExitCode("onceflowctl", err, io.Discard); code != 0 || !strings.Contains(strings.ToLower(out), "usage") {

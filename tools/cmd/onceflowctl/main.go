@@ -7,6 +7,7 @@
 //	onceflowctl dead-letters list [-service S]      dead outbox rows and inbox dead letters
 //	onceflowctl dead-letters requeue -service S (-ids … | -event-ids … | -all)
 //	onceflowctl parked [-service S] [-consumer C] [-aggregate A]   inbox events parked behind a dead one
+//	onceflowctl parked release|skip -service S -consumer C -aggregate-type T -aggregate A -reason WHY
 //	onceflowctl replay -service S -from T -to T [-aggregate-type … -aggregate-id …] [-apply]
 //	onceflowctl reconcile                           the reconciliation report (make reconcile)
 //

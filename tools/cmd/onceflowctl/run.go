@@ -51,6 +51,9 @@ commands:
   dead-letters requeue       put dead rows or dead letters back (-service, and -ids, -event-ids or -all)
   parked                     inbox events parked behind a dead event of their aggregate
                              (released once that one is requeued and applied)
+  parked release | skip      the way out when the dead event cannot be requeued: release lets the
+                             parked events be applied without it, skip records the dead and parked
+                             events skipped (-service, -consumer, -aggregate-type, -aggregate, -reason)
   replay                     republish a window of outbox events (dry run unless -apply)
   journey <order-id>         every step of one order across the databases, the topics and the
                              third party's ledger, with each hop's latency and what is odd
@@ -122,6 +125,9 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout 
 		}
 		return fmt.Errorf("dead-letters: unknown subcommand %q (list or requeue)", cmdArgs[0])
 	case "parked":
+		if len(cmdArgs) > 0 && (cmdArgs[0] == "release" || cmdArgs[0] == "skip") {
+			return a.parkedAct(ctx, cmdArgs[0], cmdArgs[1:])
+		}
 		return a.parked(ctx, cmdArgs)
 	case "replay":
 		return a.replay(ctx, cmdArgs)

@@ -205,6 +205,8 @@ func TestRequestsFollowTheOperatorContract(t *testing.T) {
 			_, _ = io.WriteString(w, `{"requeued": 2, "next": ""}`)
 		case strings.HasSuffix(r.URL.Path, "/requeue"):
 			_, _ = io.WriteString(w, `{"requeued": 3}`)
+		case strings.Contains(r.URL.Path, "/parked/"):
+			_, _ = io.WriteString(w, `{"action": "release", "dead": ["6f1c8a4e-1d2b-4c3d-9e8f-0a1b2c3d4e5f"], "parked": 2}`)
 		case strings.HasSuffix(r.URL.Path, "/replay"):
 			_, _ = io.WriteString(w, `{"dryRun": true, "count": 0, "events": []}`)
 		default:
@@ -221,6 +223,8 @@ func TestRequestsFollowTheOperatorContract(t *testing.T) {
 		{"dead-letters", "list", "-service", "shim", "-limit", "5"},
 		{"parked", "-service", "shim", "-consumer", "reconciler-shim", "-limit", "7"},
 		{"replay", "-service", "billing", "-aggregate-type", "order", "-from", "2026-01-01T00:00:00Z", "-to", "2026-01-02T00:00:00Z"},
+		{"parked", "release", "-service", "shim", "-consumer", "reconciler-shim", "-aggregate-type", "payment", "-aggregate", "o-1",
+			"-reason", "its dead letter expired", "-operator", "alice"},
 	} {
 		out, err := ctl(t, env, args...)
 		if err != nil {
@@ -243,6 +247,8 @@ func TestRequestsFollowTheOperatorContract(t *testing.T) {
 		{"GET", "/admin/inbox/parked", "consumer=reconciler-shim&limit=7", "Bearer " + token, nil},
 		{"POST", "/admin/outbox/replay", "", "Bearer " + token, map[string]any{"aggregateType": "order",
 			"from": "2026-01-01T00:00:00Z", "to": "2026-01-02T00:00:00Z", "dryRun": true}},
+		{"POST", "/admin/inbox/parked/release", "", "Bearer " + token, map[string]any{"aggregateId": "o-1", "aggregateType": "payment",
+			"consumer": "reconciler-shim", "operator": "alice", "reason": "its dead letter expired"}},
 	}
 	if len(reqs) != len(want) {
 		t.Fatalf("%d requests, want %d: %+v", len(reqs), len(want), reqs)
