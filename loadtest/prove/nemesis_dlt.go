@@ -19,9 +19,7 @@ import (
 // one's row and its original whole, and the end-of-run requeue-all must
 // send them from there, each booked once, nothing lost.
 //
-// It plugs into the nemesis as main's opt-in kinds do (nemesis_outbox.go):
-// NemDLT in NemesisOptInKinds, planDLT from planOptIn, runDLT from
-// runOptIn. The fault puts the topic's setting back itself, retried for up
+// It is one of the opt-in kinds (NemesisOptInKinds, nemesis_outbox.go). The fault puts the topic's setting back itself, retried for up
 // to limitRestoreFor.
 const NemDLT = "dlt"
 

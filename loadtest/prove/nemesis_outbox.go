@@ -29,7 +29,7 @@ const (
 )
 
 // NemesisOptInKinds are the fault kinds that run only when named.
-var NemesisOptInKinds = []string{NemLongTx, NemPublication}
+var NemesisOptInKinds = []string{NemLongTx, NemPublication, NemDLT}
 
 // optInKinds returns the opt-in kinds sel names that relayMode can run.
 func optInKinds(sel []string, relayMode string) []string {
@@ -51,6 +51,8 @@ func planOptIn(s *step, dur func(lo, hi time.Duration) time.Duration, pick func(
 		s.Target, s.Hold = "postgres", dur(5*time.Second, 40*time.Second)
 	case NemPublication:
 		s.Target, s.Hold = pick([]string{"orders", "billing"}), dur(time.Second, 5*time.Second)
+	case NemDLT:
+		planDLT(s, dur, pick) // nemesis_dlt.go
 	}
 }
 
@@ -62,6 +64,9 @@ func (n *nemesisRun) runOptIn(ctx context.Context, s step) (detail string, ok bo
 		return detail, true, err
 	case NemPublication:
 		detail, err = n.publication(ctx, s.Target, s.Hold)
+		return detail, true, err
+	case NemDLT:
+		detail, err = n.runDLT(ctx, s)
 		return detail, true, err
 	}
 	return "", false, nil

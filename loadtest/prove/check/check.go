@@ -94,9 +94,12 @@ const (
 )
 
 // states that say "this did not happen, visibly": a dead outbox row, a dead
-// letter, an uncertain forward, a message parked behind a dead one.
+// letter, an uncertain forward, a message parked behind a dead one, or one
+// an operator skipped with a reason (inbox_operator_actions). A requeued
+// inbox row is not among them: it waits for its redelivery, and one still
+// requeued at the end of a run is unresolved.
 func visiblyStuck(status string) bool {
-	return status == "dead" || status == "dead_lettered" || status == "uncertain" || status == "parked"
+	return status == "dead" || status == "dead_lettered" || status == "uncertain" || status == "parked" || status == "skipped"
 }
 
 // orderView gathers one order's records.
