@@ -32,11 +32,20 @@ func TestNewTopicIsReplicatedAsTheClusterAllows(t *testing.T) {
 	named := testenv.Name("test")
 	testenv.NewTopicNamed(t, brokers, named, 1, kafka.ConfigEntry{ConfigName: "min.insync.replicas", ConfigValue: "1"})
 
-	md, err = client.Metadata(ctx, &kafka.MetadataRequest{Topics: []string{topic, named}})
+	// A transport of its own again: kafka-go's answers metadata from the
+	// cluster state it cached, which has neither topic.
+	fresh := &kafka.Client{Addr: kafka.TCP(brokers...), Timeout: 10 * time.Second, Transport: &kafka.Transport{}}
+	md, err = fresh.Metadata(ctx, &kafka.MetadataRequest{Topics: []string{topic, named}})
 	if err != nil {
 		t.Fatal(err)
 	}
+	if len(md.Topics) != 2 {
+		t.Fatalf("metadata of %s and %s: %+v", topic, named, md.Topics)
+	}
 	for _, tp := range md.Topics {
+		if len(tp.Partitions) == 0 {
+			t.Errorf("metadata of %s has no partitions: %v", tp.Name, tp.Error)
+		}
 		for _, p := range tp.Partitions {
 			if len(p.Replicas) != factor {
 				t.Errorf("%s/%d has %d replicas on %d brokers, want %d", tp.Name, p.ID, len(p.Replicas), len(md.Brokers), factor)
