@@ -178,3 +178,23 @@ func EnsureTopics(ctx context.Context, s Security, bootstrap []string, spec Topi
 	}
 	return states, errors.Join(errs...)
 }
+
+// Unlisted compares a bootstrap list (KAFKA_BROKERS) with the cluster:
+// short reports that it names fewer brokers than the cluster has, and
+// unlisted the live brokers' advertised addresses it does not name.
+//
+// kafka-go learns the cluster's metadata only through the addresses it was
+// given, so a service whose list names one broker of three loses the whole
+// cluster while that one is down, though the other two could serve it.
+func (c Cluster) Unlisted(listed []string) (unlisted []string, short bool) {
+	named := map[string]bool{}
+	for _, a := range listed {
+		named[a] = true
+	}
+	for _, a := range c.Addrs() {
+		if !named[a] {
+			unlisted = append(unlisted, a)
+		}
+	}
+	return unlisted, len(named) < c.Size
+}

@@ -159,3 +159,29 @@ func describeMinISR(ctx context.Context, client *kafka.Client, topic string) (*k
 	}
 	return cfg, nil
 }
+
+func TestClusterUnlisted(t *testing.T) {
+	t.Parallel()
+	three := kafkautil.Cluster{Size: 3, Brokers: []kafka.Broker{
+		{ID: 1, Host: "10.0.0.1", Port: 9092}, {ID: 2, Host: "10.0.0.2", Port: 9092}, {ID: 3, Host: "10.0.0.3", Port: 9092}}}
+	down := kafkautil.Cluster{Size: 3, Brokers: three.Brokers[:2]} // broker 3 down, holding replicas
+	for _, tc := range []struct {
+		name         string
+		c            kafkautil.Cluster
+		listed       []string
+		wantUnlisted int
+		wantShort    bool
+	}{
+		{"every broker", three, []string{"10.0.0.1:9092", "10.0.0.2:9092", "10.0.0.3:9092"}, 0, false},
+		{"one of three", three, []string{"10.0.0.1:9092"}, 2, true},
+		{"one named twice", three, []string{"10.0.0.1:9092", "10.0.0.1:9092"}, 2, true},
+		{"two of three, the third down", down, []string{"10.0.0.1:9092", "10.0.0.2:9092"}, 0, true},
+		{"every broker, one down", down, []string{"10.0.0.1:9092", "10.0.0.2:9092", "10.0.0.3:9092"}, 0, false},
+		{"an alias for three", three, []string{"kafka.internal:9092"}, 3, true},
+	} {
+		unlisted, short := tc.c.Unlisted(tc.listed)
+		if len(unlisted) != tc.wantUnlisted || short != tc.wantShort {
+			t.Errorf("%s: Unlisted(%v) = %v, %v; want %d unlisted, short %v", tc.name, tc.listed, unlisted, short, tc.wantUnlisted, tc.wantShort)
+		}
+	}
+}
