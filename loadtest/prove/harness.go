@@ -215,7 +215,11 @@ func Run(ctx context.Context, opts Options) (*Report, error) {
 	if h.bins, err = build(ctx, opts.Root, opts.Dir, h.logf); err != nil {
 		return nil, err
 	}
-	if h.stack, err = StartStack(ctx, opts.Root, filepath.Join(opts.Dir, "stack"), h.bins["toxiproxy"], h.logf); err != nil {
+	brokers, err := ParseTopology(opts.Nemesis.Topology)
+	if err != nil {
+		return nil, err
+	}
+	if h.stack, err = StartStackCluster(ctx, opts.Root, filepath.Join(opts.Dir, "stack"), h.bins["toxiproxy"], h.logf, brokers); err != nil {
 		return nil, err
 	}
 	defer h.stack.Close()
@@ -274,7 +278,7 @@ func Run(ctx context.Context, opts Options) (*Report, error) {
 			others.Add(1)
 			go func() {
 				defer others.Done()
-				stack, err := StartStack(ctx, opts.Root, filepath.Join(opts.Dir, fmt.Sprintf("stack-exclusive-%d", n+1)), h.bins["toxiproxy"], h.logf)
+				stack, err := StartStackCluster(ctx, opts.Root, filepath.Join(opts.Dir, fmt.Sprintf("stack-exclusive-%d", n+1)), h.bins["toxiproxy"], h.logf, brokers)
 				if err != nil {
 					for i := range exclusive {
 						rows[i] = Row{Proof: jobs[i].proof.Name, Mode: "outbox+inbox", Error: fmt.Sprintf("starting a stack for it: %v", err)}

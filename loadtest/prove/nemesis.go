@@ -57,6 +57,11 @@ type NemesisOptions struct {
 	// kinds of instance named: orders, billing, shim (NEMESIS_TARGETS=).
 	// Empty: every instance.
 	Targets []string
+	// Topology is the Kafka the harness's stack runs (NEMESIS_TOPOLOGY=):
+	// "" one broker, "ha" a cluster of three with the cluster fault kinds
+	// (nemesis_cluster.go). It is the whole run's stack, so every proof of
+	// the run uses it.
+	Topology string
 }
 
 // nemesis timing. The shim's lease is 3 × its RECONCILER_TIMEOUT (see the
@@ -87,8 +92,9 @@ func chosenKinds(sel []string, relayMode string) ([]string, error) {
 			continue
 		}
 		name := strings.TrimPrefix(k, "-")
-		if !slices.Contains(NemesisKinds, name) {
-			return nil, fmt.Errorf("NEMESIS: no fault kind %q (there are %s)", name, strings.Join(NemesisKinds, ", "))
+		if !slices.Contains(NemesisKinds, name) && !slices.Contains(NemClusterKinds, name) {
+			return nil, fmt.Errorf("NEMESIS: no fault kind %q (there are %s, and with NEMESIS_TOPOLOGY=ha %s)", name,
+				strings.Join(NemesisKinds, ", "), strings.Join(NemClusterKinds, ", "))
 		}
 		if strings.HasPrefix(k, "-") {
 			exclude = append(exclude, name)
@@ -97,9 +103,12 @@ func chosenKinds(sel []string, relayMode string) ([]string, error) {
 		}
 	}
 	var out []string
-	for _, k := range NemesisKinds {
+	for _, k := range append(slices.Clone(NemesisKinds), NemClusterKinds...) {
 		if (len(include) > 0 && !slices.Contains(include, k)) || slices.Contains(exclude, k) {
 			continue
+		}
+		if slices.Contains(NemClusterKinds, k) && !slices.Contains(include, k) {
+			continue // named, or added by NEMESIS_TOPOLOGY=ha (withTopology)
 		}
 		if k == NemSlot && relayMode == "poll" {
 			continue // nothing to drop: the polling relay has no slot
@@ -233,6 +242,8 @@ func schedule(seed int64, kinds []string, d time.Duration, targets []string) []s
 			s.Param = pick(nemOperator)
 		case NemLimit:
 			s.Hold = dur(3*time.Second, 15*time.Second)
+		case NemLeaderKill, NemBrokerPause, NemMinority, NemMajority:
+			scheduleCluster(&s, dur, rng.IntN)
 		case NemFailover:
 			// Hold: the migration's first lock. N: the ms connections are
 			// refused, few: a worker abandons about one message per 40 ms of
@@ -286,6 +297,8 @@ type nemesisRun struct {
 	limited atomic.Bool
 	// reconcileBin is tools/cmd/reconcile, built for the run.
 	reconcileBin string
+	// probeTopic times the cluster faults' recovery (nemesis_cluster.go).
+	probeTopic string
 }
 
 // take marks targets busy, all of them or none.
@@ -350,6 +363,9 @@ func (n *nemesisRun) apply(ctx context.Context, s step) {
 	keys := []string{busyKey}
 	if s.Kind == NemFailover {
 		keys = []string{NemFailover, "join/" + KindBilling} // billing's database, and a billing instance joining
+	}
+	if slices.Contains(NemClusterKinds, s.Kind) {
+		keys = clusterKeys()
 	}
 	if !n.take(keys...) {
 		n.h.logf("    skip %s: its target is held by another fault", s)
@@ -501,6 +517,8 @@ func (n *nemesisRun) run(ctx context.Context, s step) (string, error) {
 		return n.limit(ctx, s.Hold)
 	case NemFailover:
 		return n.failover(ctx, s)
+	case NemLeaderKill, NemBrokerPause, NemMinority, NemMajority:
+		return n.cluster(ctx, s)
 	}
 	return "", fmt.Errorf("no fault kind %q", s.Kind)
 }

@@ -32,6 +32,8 @@ type Stack struct {
 	KafkaPort, KafkaCtrlPort, KafkaProxy int
 	toxiPort                             int
 	toxi                                 *exec.Cmd
+	// kafkaNodes are brokers 2.. of a cluster (stack_cluster.go).
+	kafkaNodes []kafkaNode
 	// Toxi controls the proxies: "postgres" and "kafka".
 	Toxi *toxiproxy.Client
 	// Admin is a pool on the postgres database, direct (not proxied).
@@ -105,9 +107,13 @@ func ephemeralLow() int {
 // StartStack stops whatever an earlier run left in dir, starts toxiproxy,
 // then PostgreSQL and a Kafka with empty storage behind it.
 func StartStack(ctx context.Context, root, dir, toxiBin string, logf func(string, ...any)) (*Stack, error) {
+	return startStack(ctx, root, dir, toxiBin, logf, 1)
+}
+
+func startStack(ctx context.Context, root, dir, toxiBin string, logf func(string, ...any), brokers int) (*Stack, error) {
 	s := &Stack{root: root, dir: dir, logf: logf}
 	_ = s.script(ctx, "down") // a run that was killed leaves its servers behind
-	if err := os.RemoveAll(filepath.Join(dir, "kafka", "data")); err != nil {
+	if err := s.clearKafkaData(); err != nil {
 		return nil, err
 	}
 	ports, err := freePorts(6)
@@ -140,6 +146,10 @@ func StartStack(ctx context.Context, root, dir, toxiBin string, logf func(string
 			return nil, fmt.Errorf("creating the %s proxy: %w", name, err)
 		}
 	}
+	if err := s.addKafkaNodes(brokers); err != nil {
+		s.Close()
+		return nil, err
+	}
 	logf("stack: starting PostgreSQL :%d and Kafka :%d (through toxiproxy :%d and :%d) in %s",
 		s.PGPort, s.KafkaPort, s.PGProxyPort, s.KafkaProxy, dir)
 	if err := s.script(ctx, "up"); err != nil {
@@ -169,6 +179,7 @@ func (s *Stack) script(ctx context.Context, args ...string) error {
 	if s.PGPort == 0 { // "down" before the ports are chosen: only the pid files matter
 		cmd.Env = append(os.Environ(), "ONCEFLOW_STACK_DIR="+s.dir)
 	}
+	cmd.Env = append(cmd.Env, s.clusterEnv()...)
 	began := time.Now()
 	out, err := cmd.CombinedOutput()
 	if err != nil {
@@ -188,8 +199,11 @@ func (s *Stack) PGURL(db string, proxied bool) string {
 	return fmt.Sprintf("postgres://postgres:postgres@127.0.0.1:%d/%s?sslmode=disable", port, db)
 }
 
-// Brokers is the Kafka bootstrap list (the proxy, which the broker advertises).
-func (s *Stack) Brokers() []string { return []string{fmt.Sprintf("127.0.0.1:%d", s.KafkaProxy)} }
+// Brokers is the Kafka bootstrap list (the proxies, which the brokers
+// advertise): every broker of a cluster, as production's KAFKA_BROKERS.
+func (s *Stack) Brokers() []string {
+	return append([]string{fmt.Sprintf("127.0.0.1:%d", s.KafkaProxy)}, s.clusterBrokers()...)
+}
 
 // RestartKafka stops the broker (SIGTERM, as an operator's restart does)
 // and starts it again; it returns once the broker answers.

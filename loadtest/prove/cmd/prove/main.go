@@ -46,6 +46,8 @@ func run(ctx context.Context, args []string) error {
 	nemesis := fs.String("nemesis", "", "the nemesis's fault kinds (NEMESIS=), e.g. pause,thirdparty or -kafka,-postgres; default all: "+strings.Join(prove.NemesisKinds, ","))
 	nemesisTargets := fs.String("nemesis-targets", "", "narrow the nemesis's faults on instances (pause, kill, member) to these kinds (NEMESIS_TARGETS=): orders,billing,shim")
 	nemesisDuration := fs.Duration("nemesis-duration", 0, "how long the nemesis's faults run (NEMESIS_DURATION=); default the profile's (full 10m)")
+	nemesisTopology := fs.String("nemesis-topology", "", "the harness's Kafka (NEMESIS_TOPOLOGY=): empty for one broker, ha for a cluster of three "+
+		"(replication factor 3, min.insync.replicas 2) and the cluster fault kinds "+strings.Join(prove.NemClusterKinds, ","))
 	parallel := fs.Int("parallel", 1, "how many of the proofs that leave the shared stack alone run at once, each on its own platform")
 	if err := fs.Parse(args[1:]); err != nil {
 		return err
@@ -59,7 +61,7 @@ func run(ctx context.Context, args []string) error {
 		return fmt.Errorf("run from the onceflow repository: %w", err)
 	}
 	opts := prove.Options{Root: root, Dir: *dir, Profile: prof, Out: os.Stdout, RelayModes: strings.Split(*relayModes, ","),
-		Parallel: *parallel, Nemesis: prove.NemesisOptions{Seed: *seed, Duration: *nemesisDuration}}
+		Parallel: *parallel, Nemesis: prove.NemesisOptions{Seed: *seed, Duration: *nemesisDuration, Topology: *nemesisTopology}}
 	if *nemesis != "" {
 		opts.Nemesis.Kinds = strings.Split(*nemesis, ",")
 	}
