@@ -677,13 +677,7 @@ kafka_up() {
       if err=$("$KAFKACTL" wait -brokers "127.0.0.1:$KAFKA_PORT" -expect-brokers "$KAFKA_BROKERS_COUNT" -timeout 2s 2>&1); then
         break
       fi
-      if ! kafka_pid >/dev/null; then
-        sleep 0.5 # the pid file is written by the child; give it a moment once
-        if ! kafka_pid >/dev/null; then
-          show_log_tail "$(kafka_name)" "$KAFKA_LOG"
-          die "$(kafka_name) exited during startup (see the log above)"
-        fi
-      fi
+      kafka_all_alive "$n"
       if (( SECONDS >= deadline )); then
         show_log_tail "$(kafka_name)" "$KAFKA_LOG"
         die "$(kafka_name) did not answer on 127.0.0.1:$KAFKA_PORT within ${TIMEOUT}s: $err"
@@ -701,10 +695,33 @@ kafka_up() {
   fi
 }
 
+# kafka_all_alive dies with the log of a broker that exited during startup
+# (port taken, bad config): any of them, not only the one waited for, since
+# a cluster's node waits for all the others. It selects node $1 again.
+kafka_all_alive() {
+  local keep=$1 m
+  for m in $(kafka_nodes); do
+    kafka_node "$m"
+    if ! kafka_pid >/dev/null; then
+      sleep 0.5 # the pid file is written by the child; give it a moment once
+      if ! kafka_pid >/dev/null; then
+        show_log_tail "$(kafka_name)" "$KAFKA_LOG"
+        die "$(kafka_name) exited during startup (see the log above)"
+      fi
+    fi
+  done
+  kafka_node "$keep"
+}
+
 # stop_pid stops a server: SIGTERM, then SIGKILL if it still runs after 30 s.
 stop_pid() {
+  kill -TERM "$2"
+  wait_stopped "$1" "$2"
+}
+
+# wait_stopped waits up to 30 s for a signalled server to exit, then kills it.
+wait_stopped() {
   local name=$1 pid=$2 i
-  kill -TERM "$pid"
   for (( i = 0; i < 60; i++ )); do
     kill -0 "$pid" 2>/dev/null || return 0
     sleep 0.5
@@ -730,15 +747,28 @@ stop_server() {
 # kafka_down stops every broker, or only node $1 (`down kafka-2`). SIGTERM
 # lets a broker flush and close its logs cleanly, so the next start skips
 # log recovery (and, in a cluster, hands its leaderships over first);
-# SIGKILL only if it hangs. The brokers stop one after another: a cluster
-# that loses its controller majority mid-shutdown makes the last ones wait
-# out their controlled-shutdown timeout, which is still bounded by stop_pid.
+# SIGKILL only if it hangs. A whole cluster gets its SIGTERMs at once: one
+# after another, the last brokers would find no controller majority left
+# to hand over to, and wait for one until stop_pid's 30 s ran out.
 kafka_down() {
-  local only=${1:-} n
-  for n in $(kafka_nodes | sort -rn); do
+  local only=${1:-} n pid
+  local -a names=() pids=() files=()
+  for n in $(kafka_nodes); do
     [[ -n $only && $only != "$n" ]] && continue
     kafka_node "$n"
-    stop_server "$(kafka_name)" kafka_pid "$KAFKA_PID"
+    if ! pid=$(kafka_pid); then
+      rm -f "$KAFKA_PID"
+      say "$(kafka_name): not running"
+      continue
+    fi
+    kill -TERM "$pid"
+    names+=("$(kafka_name)") pids+=("$pid") files+=("$KAFKA_PID")
+  done
+  local i
+  for i in "${!pids[@]}"; do
+    wait_stopped "${names[i]}" "${pids[i]}"
+    rm -f "${files[i]}"
+    say "${names[i]}: stopped (was pid ${pids[i]})"
   done
 }
 
