@@ -29,6 +29,7 @@
 #                                          e.g. a fault-injecting proxy's in front of it (which must then be up)
 #   ONCEFLOW_TOPIC_PARTITIONS       6      partitions for the topics `up` creates
 #   ONCEFLOW_KAFKA_BROKERS_COUNT    1      brokers: 1, or a KRaft cluster of that many on loopback
+#                                          (unset: the count the stack was formatted for)
 #                                          (3 is the production shape), each broker and controller,
 #                                          node n ≥ 2 in $STATE/kafka-n on the ports below + 2(n-1)
 #                                          (59094/59095, 59096/59097); the count is fixed when the
@@ -79,7 +80,9 @@ KAFKA_ADVERTISED_PORT="${ONCEFLOW_KAFKA_ADVERTISED_PORT:-$KAFKA_PORT}"
 TOPIC_PARTITIONS="${ONCEFLOW_TOPIC_PARTITIONS:-6}"
 # The Kafka cluster's shape (see the Kafka section): the per-broker values
 # above are node 1's, kafka_node selects another's.
-KAFKA_BROKERS_COUNT="${ONCEFLOW_KAFKA_BROKERS_COUNT:-1}"
+# Unset, the count the stack's storage was formatted for (so `make status` and
+# `make down` find every broker of a cluster without being told again), else 1.
+KAFKA_BROKERS_COUNT="${ONCEFLOW_KAFKA_BROKERS_COUNT:-$(cat "$STATE/kafka/brokers-count" 2>/dev/null || echo 1)}"
 KAFKA_PORT_BASE=$KAFKA_PORT
 KAFKA_CONTROLLER_PORT_BASE=$KAFKA_CONTROLLER_PORT
 KAFKA_ADVERTISED_PORT_1=$KAFKA_ADVERTISED_PORT
