@@ -29,11 +29,11 @@
 #                                          e.g. a fault-injecting proxy's in front of it (which must then be up)
 #   ONCEFLOW_TOPIC_PARTITIONS       6      partitions for the topics `up` creates
 #   ONCEFLOW_KAFKA_BROKERS_COUNT    1      brokers: 1, or a KRaft cluster of that many on loopback
-#                                          (unset: the count the stack was formatted for)
 #                                          (3 is the production shape), each broker and controller,
 #                                          node n ≥ 2 in $STATE/kafka-n on the ports below + 2(n-1)
 #                                          (59094/59095, 59096/59097); the count is fixed when the
-#                                          storage is formatted (another count needs another stack dir)
+#                                          storage is formatted (another count needs another stack
+#                                          dir); unset, the count the stack was formatted for
 #   ONCEFLOW_KAFKA_PORTS            -      client ports, one per broker, comma-separated (instead of
 #   ONCEFLOW_KAFKA_CONTROLLER_PORTS -      the +2 steps); likewise controller and advertised ports
 #   ONCEFLOW_KAFKA_ADVERTISED_PORTS -      (the harness puts a proxy in front of each broker)
