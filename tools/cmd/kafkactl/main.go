@@ -249,31 +249,32 @@ func listTopics(ctx context.Context, brokers []string, stdout io.Writer) error {
 		return err
 	}
 	defer conn.Close()
-	counts, err := partitionCounts(conn)
+	ps, err := conn.ReadPartitions()
 	if err != nil {
-		return err
+		return fmt.Errorf("reading topics: %w", err)
 	}
-	names := make([]string, 0, len(counts))
-	for t := range counts {
+	// Per topic: partitions, and the fewest replicas and in-sync replicas
+	// of any of them (what a broker's death costs that topic).
+	type row struct{ partitions, replicas, isr int }
+	rows := map[string]*row{}
+	for _, p := range ps {
+		r := rows[p.Topic]
+		if r == nil {
+			r = &row{replicas: len(p.Replicas), isr: len(p.Isr)}
+			rows[p.Topic] = r
+		}
+		r.partitions++
+		r.replicas, r.isr = min(r.replicas, len(p.Replicas)), min(r.isr, len(p.Isr))
+	}
+	names := make([]string, 0, len(rows))
+	for t := range rows {
 		names = append(names, t)
 	}
 	slices.Sort(names)
-	fmt.Fprintf(stdout, "%-40s %s\n", "TOPIC", "PARTITIONS")
+	fmt.Fprintf(stdout, "%-40s %-10s %-8s %s\n", "TOPIC", "PARTITIONS", "REPLICAS", "IN-SYNC (fewest)")
 	for _, t := range names {
-		fmt.Fprintf(stdout, "%-40s %d\n", t, counts[t])
+		r := rows[t]
+		fmt.Fprintf(stdout, "%-40s %-10d %-8d %d\n", t, r.partitions, r.replicas, r.isr)
 	}
 	return nil
-}
-
-// partitionCounts reads every topic in the cluster with its partition count.
-func partitionCounts(conn *kafka.Conn) (map[string]int, error) {
-	ps, err := conn.ReadPartitions()
-	if err != nil {
-		return nil, fmt.Errorf("reading topics: %w", err)
-	}
-	counts := make(map[string]int)
-	for _, p := range ps {
-		counts[p.Topic]++
-	}
-	return counts, nil
 }
