@@ -9,6 +9,8 @@ MODULES = $(shell go list -m -f '{{.Path}}/...')
 DEMO_ARGS ?=
 # The proof `make prove` runs, e.g. `make prove P=chaos` (default: all of them; docs/proofs.md).
 # RELAY_MODES: the relay modes atomicity, relay-crash and ordering run in (default poll,cdc,wal; also debezium: Kafka Connect as the relay).
+# NEMESIS_TOPOLOGY=ha: the proofs' Kafka is a cluster of three brokers, and the nemesis adds its faults.
+# ONCEFLOW_KAFKA_BROKERS_COUNT=3 make up: the dev stack's Kafka as a cluster of three (devstack/stack.sh).
 P ?=
 
 .PHONY: help up down status logs services stop demo test vet fmt build prometheus-tools up-prometheus down-prometheus debezium-jars up-debezium down-debezium alert-drill dashboards reconcile
