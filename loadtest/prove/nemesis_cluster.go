@@ -31,6 +31,9 @@ const (
 // NEMESIS= names).
 var NemClusterKinds = []string{NemLeaderKill, NemBrokerPause, NemMinority, NemMajority}
 
+// probePartitions is the probe topic's partition count (createTopics').
+const probePartitions = 6
+
 // nemProbeTimeout bounds how long a fault waits for every partition to take
 // writes again before it reports that they did not.
 const nemProbeTimeout = 2 * time.Minute
@@ -107,9 +110,10 @@ func (n *nemesisRun) cluster(ctx context.Context, s step) (string, error) {
 		began = time.Now()
 		resumed, perr := n.probeWrites(ctx, began)
 		hold(ctx, time.Until(began.Add(s.Hold)))
+		down := time.Since(began)
 		serr := n.startServers(cctx)
 		return fmt.Sprintf("SIGKILL broker %d, leader of %s/%d; every partition took acks=all writes again after %s; started again after %.1fs",
-			leader, s.Target, partition, resumed, s.Hold.Seconds()), errors.Join(perr, serr)
+			leader, s.Target, partition, resumed, down.Seconds()), errors.Join(perr, serr)
 	case NemBrokerPause:
 		pid, err := stack.BrokerPid(s.N)
 		if err != nil {
@@ -122,16 +126,17 @@ func (n *nemesisRun) cluster(ctx context.Context, s step) (string, error) {
 		hold(ctx, time.Until(began.Add(s.Hold)))
 		_ = syscall.Kill(pid, syscall.SIGCONT)
 		return fmt.Sprintf("SIGSTOP broker %d (pid %d) for %.1fs, then SIGCONT; every partition took acks=all writes again after %s",
-			s.N, pid, s.Hold.Seconds(), resumed), perr
+			s.N, pid, time.Since(began).Seconds(), resumed), perr
 	case NemMinority:
 		if err := n.stopBrokers(cctx, s.N); err != nil {
 			return "", err
 		}
 		resumed, perr := n.probeWrites(ctx, began)
 		hold(ctx, time.Until(began.Add(s.Hold)))
+		down := time.Since(began)
 		serr := n.startServers(cctx)
 		return fmt.Sprintf("broker %d stopped (SIGTERM) for %.1fs; every partition took acks=all writes again after %s",
-			s.N, s.Hold.Seconds(), resumed), errors.Join(perr, serr)
+			s.N, down.Seconds(), resumed), errors.Join(perr, serr)
 	case NemMajority:
 		second := s.N%haBrokers + 1
 		if err := n.stopBrokers(cctx, s.N, second); err != nil {
@@ -140,13 +145,13 @@ func (n *nemesisRun) cluster(ctx context.Context, s step) (string, error) {
 		// With two of three down no partition has the two in-sync copies
 		// min.insync.replicas asks for: an acks=all write must be refused,
 		// never acknowledged with one copy.
-		refused := writesRefused(ctx, stack.Brokers(), n.probeTopic)
+		refused := writesRefused(ctx, stack.Brokers(), n.probeTopic, began.Add(s.Hold))
 		hold(ctx, time.Until(began.Add(s.Hold)))
 		restart := time.Now()
 		serr := n.startServers(cctx)
 		resumed, perr := n.probeWrites(ctx, restart)
 		detail := fmt.Sprintf("brokers %d and %d stopped (SIGTERM) for %.1fs; %s; every partition took acks=all writes again %s after the restart began",
-			s.N, second, s.Hold.Seconds(), refused, resumed)
+			s.N, second, restart.Sub(began).Seconds(), refused, resumed)
 		if strings.HasPrefix(refused, "acknowledged") {
 			perr = errors.Join(perr, errors.New("an acks=all write was acknowledged with two of three brokers down"))
 		}
@@ -222,17 +227,20 @@ func (n *nemesisRun) probeWrites(ctx context.Context, since time.Time) (string, 
 	return "never (within " + nemProbeTimeout.String() + ")", fmt.Errorf("the cluster did not take writes on every partition again: %v", last)
 }
 
-// writesRefused tries rounds of the probe for a few seconds and says what
-// became of them: refused is what a majority down must give.
-func writesRefused(ctx context.Context, brokers []string, topic string) string {
+// writesRefused tries up to five rounds of the probe, a second apart and
+// none starting after until (the fault's end), and says what became of
+// them: refused is what a majority down must give.
+func writesRefused(ctx context.Context, brokers []string, topic string, until time.Time) string {
 	var last error
-	for range 5 {
+	rounds := 0
+	for rounds < 5 && (rounds == 0 || time.Now().Before(until)) {
+		rounds++
 		if last = probeRound(ctx, brokers, topic); last == nil {
 			return "acknowledged: an acks=all write went through"
 		}
 		hold(ctx, time.Second)
 	}
-	return "acks=all writes refused meanwhile (" + firstLine(last) + ")"
+	return fmt.Sprintf("acks=all writes refused meanwhile, %d rounds of %d (%s)", rounds, probePartitions, firstLine(last))
 }
 
 // probeRound writes one record to every partition of topic, through a
@@ -247,7 +255,7 @@ func probeRound(ctx context.Context, brokers []string, topic string) error {
 		WriteTimeout: 5 * time.Second, ReadTimeout: 5 * time.Second,
 	}
 	defer w.Close()
-	msgs := make([]kafka.Message, 6)
+	msgs := make([]kafka.Message, probePartitions)
 	for i := range msgs {
 		msgs[i] = kafka.Message{Partition: i, Value: []byte("probe")}
 	}
