@@ -9,6 +9,8 @@ MODULES = $(shell go list -m -f '{{.Path}}/...')
 DEMO_ARGS ?=
 # The proof `make prove` runs, e.g. `make prove P=chaos` (default: all of them; docs/proofs.md).
 # RELAY_MODES: the relay modes atomicity, relay-crash and ordering run in (default poll,cdc,wal; also debezium: Kafka Connect as the relay).
+# NEMESIS_TOPOLOGY=ha: the proofs' Kafka is a cluster of three brokers, and the nemesis adds its faults.
+# ONCEFLOW_KAFKA_BROKERS_COUNT=3 make up: the dev stack's Kafka as a cluster of three (devstack/stack.sh).
 P ?=
 
 .PHONY: failover
@@ -141,7 +143,8 @@ fuzz: ## Fuzz every decoder for FUZZTIME each (default 30s); a failure leaves it
 prove: ## Kill, restart and poison the real processes, audit every database and the ledger (P=<proof> for one; docs/proofs.md)
 	go run ./loadtest/prove/cmd/prove -profile full $(if $(P),-only $(P)) $(if $(RELAY_MODES),-relay-modes $(RELAY_MODES)) \
 	  $(if $(SEED),-seed $(SEED)) $(if $(NEMESIS),-nemesis $(NEMESIS)) $(if $(NEMESIS_TARGETS),-nemesis-targets $(NEMESIS_TARGETS)) $(if $(NEMESIS_DURATION),-nemesis-duration $(NEMESIS_DURATION)) \
-	  $(if $(PG_REPLICATION),-pg-replication $(PG_REPLICATION))
+	  $(if $(PG_REPLICATION),-pg-replication $(PG_REPLICATION)) \
+	  $(if $(NEMESIS_TOPOLOGY),-nemesis-topology $(NEMESIS_TOPOLOGY))
 
 .PHONY: bench-outbox
 bench-outbox: up ## Run the outbox benchmarks: ratios against same-run baselines (BENCHMARKS.md; BENCH=regex)

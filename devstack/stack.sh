@@ -2,12 +2,14 @@
 # The local dev stack: real PostgreSQL and real Apache Kafka (KRaft) on loopback,
 # without Docker. `make up` / `make down` call this script.
 #
-# Usage: devstack/stack.sh up [postgres] | down [postgres|kafka] | status | logs [lines] | psql [db] [psql args...]
+# Usage: devstack/stack.sh up [postgres] | down [postgres|kafka|kafka-N] | status | logs [lines] | psql [db] [psql args...]
 #        devstack/stack.sh failover | prometheus-install | prometheus up|down|status
 #
 #   up      start both servers (idempotent: when they already run it only re-checks
 #           them), create the databases and topics, return once both answer.
-#   down    stop both servers (or just the one named); data stays for the next `up`.
+#   down    stop both servers (or just the one named: kafka is every broker, kafka-N
+#           broker N of a cluster); data stays for the next `up`, which starts
+#           whatever is down.
 #   status  one line per server.
 #   logs    the tail of both servers' logs (default 40 lines).
 #   psql    open psql on a database (default: postgres), e.g. `stack.sh psql orders`.
@@ -38,8 +40,22 @@
 #   ONCEFLOW_KAFKA_ADVERTISED_PORT  (the client port)  the port the broker tells clients to use,
 #                                          e.g. a fault-injecting proxy's in front of it (which must then be up)
 #   ONCEFLOW_TOPIC_PARTITIONS       6      partitions for the topics `up` creates
+#   ONCEFLOW_KAFKA_BROKERS_COUNT    1      brokers: 1, or a KRaft cluster of that many on loopback
+#                                          (3 is the production shape), each broker and controller,
+#                                          node n ≥ 2 in $STATE/kafka-n on the ports below + 2(n-1)
+#                                          (59094/59095, 59096/59097); the count is fixed when the
+#                                          storage is formatted (another count needs another stack
+#                                          dir); unset, the count the stack was formatted for
+#   ONCEFLOW_KAFKA_PORTS            -      client ports, one per broker, comma-separated (instead of
+#   ONCEFLOW_KAFKA_CONTROLLER_PORTS -      the +2 steps); likewise controller and advertised ports
+#   ONCEFLOW_KAFKA_ADVERTISED_PORTS -      (the harness puts a proxy in front of each broker)
+#   ONCEFLOW_KAFKA_REPLICATION_FACTOR min(3, brokers)  of the topics `up` creates, of topics created
+#                                          without one, and of the offsets and transaction topics
+#   ONCEFLOW_KAFKA_MIN_ISR          min(2, RF)  min.insync.replicas of the same: with acks=all a write
+#                                          is acknowledged once that many replicas have it
 #   ONCEFLOW_KAFKA_HEAP             768m   broker max heap (-Xmx), at most 1g: the machine has 2 cores
-#                                          and the services, tests and load tests share it
+#                                          and the services, tests and load tests share it; 448m
+#                                          each when there are several brokers
 #   ONCEFLOW_STACK_TIMEOUT          60     seconds each server gets to become ready
 #   ONCEFLOW_PROM_PORT              59090  Prometheus port on 127.0.0.1 (`prometheus up`)
 #   ONCEFLOW_PROM_TARGETS           "orders=127.0.0.1:9081 billing=127.0.0.1:9082
@@ -54,12 +70,14 @@
 #   pg/standby  pg/standby.log  pg/primary (a or b: which node is the primary)  pg-hosts
 #   pgbin/17.5.0   (the PostgreSQL 17 binaries, unpacked from Maven Central)
 #   kafka/libs  kafka/data  kafka/server.properties  kafka/log4j.properties  kafka/kafka.log  kafka/kafka.pid
+#   kafka-2/ kafka-3/ …  the other brokers of a cluster (data, properties, log, pid)
 #   bin/kafkactl   (built from tools/cmd/kafkactl)
 # Delete that folder to start from nothing.
 #
 # Connection strings:
 #   postgres://postgres:postgres@127.0.0.1:55432/<orders|billing|shim>?sslmode=disable
-#   Kafka bootstrap: 127.0.0.1:59092
+#   Kafka bootstrap: 127.0.0.1:59092 (a cluster: 127.0.0.1:59092,127.0.0.1:59094,127.0.0.1:59096;
+#   name every broker in KAFKA_BROKERS, so clients find the cluster while any one is down)
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -74,7 +92,35 @@ KAFKA_PORT="${ONCEFLOW_KAFKA_PORT:-59092}"
 KAFKA_CONTROLLER_PORT="${ONCEFLOW_KAFKA_CONTROLLER_PORT:-59093}"
 KAFKA_ADVERTISED_PORT="${ONCEFLOW_KAFKA_ADVERTISED_PORT:-$KAFKA_PORT}"
 TOPIC_PARTITIONS="${ONCEFLOW_TOPIC_PARTITIONS:-6}"
-KAFKA_HEAP="${ONCEFLOW_KAFKA_HEAP:-768m}"
+# The Kafka cluster's shape (see the Kafka section): the per-broker values
+# above are node 1's, kafka_node selects another's.
+# Unset, the count the stack's storage was formatted for (so `make status` and
+# `make down` find every broker of a cluster without being told again), else 1.
+KAFKA_BROKERS_COUNT="${ONCEFLOW_KAFKA_BROKERS_COUNT:-$(cat "$STATE/kafka/brokers-count" 2>/dev/null || echo 1)}"
+KAFKA_PORT_BASE=$KAFKA_PORT
+KAFKA_CONTROLLER_PORT_BASE=$KAFKA_CONTROLLER_PORT
+KAFKA_ADVERTISED_PORT_1=$KAFKA_ADVERTISED_PORT
+KAFKA_PORTS_LIST="${ONCEFLOW_KAFKA_PORTS:-}"
+KAFKA_CONTROLLER_PORTS_LIST="${ONCEFLOW_KAFKA_CONTROLLER_PORTS:-}"
+KAFKA_ADVERTISED_PORTS_LIST="${ONCEFLOW_KAFKA_ADVERTISED_PORTS:-}"
+KAFKA_NODE=1
+if [[ $KAFKA_BROKERS_COUNT =~ ^[0-9]+$ ]] && (( KAFKA_BROKERS_COUNT > 0 )); then
+  KAFKA_RF="${ONCEFLOW_KAFKA_REPLICATION_FACTOR:-$(( KAFKA_BROKERS_COUNT < 3 ? KAFKA_BROKERS_COUNT : 3 ))}"
+else
+  KAFKA_RF="${ONCEFLOW_KAFKA_REPLICATION_FACTOR:-1}" # validate_settings refuses the count
+fi
+if [[ $KAFKA_RF =~ ^[0-9]+$ ]]; then
+  KAFKA_MIN_ISR="${ONCEFLOW_KAFKA_MIN_ISR:-$(( KAFKA_RF < 2 ? KAFKA_RF : 2 ))}"
+else
+  KAFKA_MIN_ISR="${ONCEFLOW_KAFKA_MIN_ISR:-1}"
+fi
+# One broker gets what it always had; each broker of a cluster less, so three
+# fit beside the services on the 2-core, shared machine.
+if [[ $KAFKA_BROKERS_COUNT == 1 ]]; then
+  KAFKA_HEAP="${ONCEFLOW_KAFKA_HEAP:-768m}"
+else
+  KAFKA_HEAP="${ONCEFLOW_KAFKA_HEAP:-448m}"
+fi
 TIMEOUT="${ONCEFLOW_STACK_TIMEOUT:-60}"
 
 # PostgreSQL: Debian's (15, the default) or 17 from Maven Central, each
@@ -100,6 +146,7 @@ PG_DATABASES=(orders billing shim)
 # Idempotent: creates outbox_events_pub where outbox_events exists without it.
 OUTBOX_PUBLICATION_FIXUP="DO \$\$ BEGIN IF to_regclass('public.outbox_events') IS NOT NULL AND NOT EXISTS (SELECT 1 FROM pg_publication WHERE pubname = 'outbox_events_pub') THEN CREATE PUBLICATION outbox_events_pub FOR TABLE outbox_events WITH (publish = 'insert'); END IF; END \$\$"
 
+# Node 1's paths; kafka_node points them at another broker of a cluster.
 KAFKA_DIR="$STATE/kafka"
 # The jars are a download cache, shared by every stack of this checkout.
 KAFKA_LIBS="$ROOT/.devstack/kafka/libs"
@@ -110,7 +157,9 @@ KAFKA_LOG="$KAFKA_DIR/kafka.log"
 KAFKA_PID="$KAFKA_DIR/kafka.pid"
 KAFKA_TOPICS=(orders.events billing.events orders.events.dlt billing.events.dlt)
 
-KAFKACTL="$ROOT/.devstack/bin/kafkactl"
+# ONCEFLOW_KAFKACTL: another binary (a checkout whose kafkactl differs from the
+# shared .devstack's, e.g. a worktree trying a new flag).
+KAFKACTL="${ONCEFLOW_KAFKACTL:-$ROOT/.devstack/bin/kafkactl}"
 
 PROM_PORT="${ONCEFLOW_PROM_PORT:-59090}"
 PROM_TARGETS="${ONCEFLOW_PROM_TARGETS:-orders=127.0.0.1:9081 billing=127.0.0.1:9082 reconciler-shim=127.0.0.1:9083 reconciler=127.0.0.1:9084 reconcile=127.0.0.1:9085}"
@@ -164,6 +213,7 @@ validate_settings() {
   [[ $PG_STANDBY == [01] && $PG_SYNC == [01] ]] || die "ONCEFLOW_PG_STANDBY and ONCEFLOW_PG_SYNC must be 0 or 1"
   (( PG_STANDBY || ! PG_SYNC )) || die "ONCEFLOW_PG_SYNC=1 needs a standby to wait for: set ONCEFLOW_PG_STANDBY=1 too"
   [[ $PG_STANDBY_PORT != "$PG_PORT" ]] || die "ONCEFLOW_PG_STANDBY_PORT must differ from ONCEFLOW_PG_PORT"
+  validate_kafka_cluster
   # A bigger broker heap only starves the services and the load generator on a 2-core box.
   local mb
   case "$KAFKA_HEAP" in
@@ -174,6 +224,30 @@ validate_settings() {
   esac
   [[ $mb =~ ^[0-9]+$ ]] || die "ONCEFLOW_KAFKA_HEAP must look like 768m or 1g, got '$KAFKA_HEAP'"
   (( mb >= 256 && mb <= 1024 )) || die "ONCEFLOW_KAFKA_HEAP must be between 256m and 1g, got '$KAFKA_HEAP'"
+}
+
+# validate_kafka_cluster checks the cluster's settings: a broker count, a
+# replication factor the brokers can hold, a min ISR it can meet, and one
+# port of each kind per broker when ports are listed.
+validate_kafka_cluster() {
+  local v list
+  for v in KAFKA_BROKERS_COUNT KAFKA_RF KAFKA_MIN_ISR; do
+    [[ ${!v} =~ ^[0-9]+$ ]] || die "$v must be a number, got '${!v}'"
+  done
+  (( KAFKA_BROKERS_COUNT >= 1 && KAFKA_BROKERS_COUNT <= 5 )) \
+    || die "ONCEFLOW_KAFKA_BROKERS_COUNT must be 1 to 5 (three is the cluster form), got $KAFKA_BROKERS_COUNT"
+  (( KAFKA_RF >= 1 && KAFKA_RF <= KAFKA_BROKERS_COUNT )) \
+    || die "ONCEFLOW_KAFKA_REPLICATION_FACTOR must be 1 to the broker count ($KAFKA_BROKERS_COUNT), got $KAFKA_RF"
+  (( KAFKA_MIN_ISR >= 1 && KAFKA_MIN_ISR <= KAFKA_RF )) \
+    || die "ONCEFLOW_KAFKA_MIN_ISR must be 1 to the replication factor ($KAFKA_RF), got $KAFKA_MIN_ISR"
+  for v in KAFKA_PORTS_LIST KAFKA_CONTROLLER_PORTS_LIST KAFKA_ADVERTISED_PORTS_LIST; do
+    list=${!v}
+    [[ -z $list ]] && continue
+    [[ $list =~ ^[0-9]+(,[0-9]+)*$ ]] || die "${v%_LIST} must be comma-separated port numbers, got '$list'"
+    local -a xs
+    IFS=, read -r -a xs <<<"$list"
+    (( ${#xs[@]} == KAFKA_BROKERS_COUNT )) || die "ONCEFLOW_${v%_LIST} names ${#xs[@]} ports for $KAFKA_BROKERS_COUNT brokers"
+  done
 }
 
 # ---------------------------------------------------------------------------
@@ -623,7 +697,12 @@ pg_status() {
 }
 
 # ---------------------------------------------------------------------------
-# Kafka
+# Kafka: one broker, or a KRaft cluster of ONCEFLOW_KAFKA_BROKERS_COUNT on
+# loopback. Node 1 lives in $STATE/kafka on the settings' ports (the single
+# broker's place, so a one-broker stack is what it always was); node n ≥ 2
+# lives in $STATE/kafka-n. Every node is both broker and controller, so a
+# majority of them is the controller quorum as well as what min.insync.replicas
+# needs: a minority down keeps the cluster writable, a majority down does not.
 # ---------------------------------------------------------------------------
 
 ensure_java_maven() {
@@ -654,11 +733,90 @@ kafka_fetch_jars() {
   printf '%s\n' "$want" >"$marker"
 }
 
+# kafka_nth prints the n-th (1-based) entry of a comma-separated list, or
+# base + 2(n-1) when the list is empty: the default cluster sits on
+# 59092/59093, 59094/59095, 59096/59097.
+kafka_nth() {
+  local list=$1 base=$2 n=$3
+  if [[ -n $list ]]; then
+    local -a xs
+    IFS=, read -r -a xs <<<"$list"
+    (( n <= ${#xs[@]} )) || die "the port list '$list' has no entry for broker $n of $KAFKA_BROKERS_COUNT"
+    printf '%s\n' "${xs[n-1]}"
+  else
+    printf '%s\n' $(( base + 2 * (n - 1) ))
+  fi
+}
+
+# kafka_node points the KAFKA_* paths and ports at broker n; every function
+# below works on the broker selected last.
+kafka_node() {
+  KAFKA_NODE=$1
+  if (( KAFKA_NODE == 1 )); then KAFKA_DIR="$STATE/kafka"; else KAFKA_DIR="$STATE/kafka-$KAFKA_NODE"; fi
+  KAFKA_DATA="$KAFKA_DIR/data"
+  KAFKA_PROPS="$KAFKA_DIR/server.properties"
+  KAFKA_LOG4J="$KAFKA_DIR/log4j.properties"
+  KAFKA_LOG="$KAFKA_DIR/kafka.log"
+  KAFKA_PID="$KAFKA_DIR/kafka.pid"
+  KAFKA_PORT=$(kafka_nth "$KAFKA_PORTS_LIST" "$KAFKA_PORT_BASE" "$KAFKA_NODE")
+  KAFKA_CONTROLLER_PORT=$(kafka_nth "$KAFKA_CONTROLLER_PORTS_LIST" "$KAFKA_CONTROLLER_PORT_BASE" "$KAFKA_NODE")
+  if [[ -n $KAFKA_ADVERTISED_PORTS_LIST ]]; then
+    KAFKA_ADVERTISED_PORT=$(kafka_nth "$KAFKA_ADVERTISED_PORTS_LIST" 0 "$KAFKA_NODE")
+  elif (( KAFKA_NODE == 1 )); then
+    KAFKA_ADVERTISED_PORT=$KAFKA_ADVERTISED_PORT_1
+  else
+    KAFKA_ADVERTISED_PORT=$KAFKA_PORT
+  fi
+}
+
+# kafka_nodes prints the node ids of the cluster, 1..count.
+kafka_nodes() { seq 1 "$KAFKA_BROKERS_COUNT"; }
+
+# kafka_name prints the selected broker's name in messages: kafka-n in a
+# cluster, kafka for the single broker.
+kafka_name() {
+  if (( KAFKA_BROKERS_COUNT == 1 )); then say kafka; else say "kafka-$KAFKA_NODE"; fi
+}
+
+# kafka_bootstrap prints every broker's client address, comma-separated: the
+# list KAFKA_BROKERS should name (each broker, so that a client still finds
+# the cluster while any of them is down).
+kafka_bootstrap() {
+  local n out=()
+  for n in $(kafka_nodes); do
+    kafka_node "$n"
+    out+=("127.0.0.1:$KAFKA_PORT")
+  done
+  (IFS=,; printf '%s\n' "${out[*]}")
+}
+
+# kafka_voters prints controller.quorum.voters: every node, at its controller port.
+kafka_voters() {
+  local n out=() keep=$KAFKA_NODE
+  for n in $(kafka_nodes); do
+    kafka_node "$n"
+    out+=("$n@127.0.0.1:$KAFKA_CONTROLLER_PORT")
+  done
+  kafka_node "$keep"
+  (IFS=,; printf '%s\n' "${out[*]}")
+}
+
+# kafka_check_shape refuses to start a stack whose storage was formatted for
+# another broker count: KRaft's quorum is part of the formatted metadata, so
+# node 1 of a single-broker stack cannot become one of three. The count is
+# recorded beside node 1's data when it is formatted.
+kafka_check_shape() {
+  local marker="$STATE/kafka/brokers-count" had=1
+  [[ -f $STATE/kafka/data/meta.properties ]] || { mkdir -p "$STATE/kafka"; printf '%s\n' "$KAFKA_BROKERS_COUNT" >"$marker"; return; }
+  [[ -f $marker ]] && had=$(cat "$marker")
+  [[ $had == "$KAFKA_BROKERS_COUNT" ]] || die "kafka: the storage in $STATE/kafka was formatted for $had broker(s), not ONCEFLOW_KAFKA_BROKERS_COUNT=$KAFKA_BROKERS_COUNT; use another ONCEFLOW_STACK_DIR, or stop the stack and delete $STATE/kafka*"
+}
+
 kafka_configure() {
   mkdir -p "$KAFKA_DATA"
   cat >"$KAFKA_LOG4J" <<'EOF'
 # Written by devstack/stack.sh on every `up`. The broker logs to stdout, which
-# the script sends to .devstack/kafka/kafka.log.
+# the script sends to kafka.log beside this file.
 log4j.rootLogger=INFO, stdout
 log4j.appender.stdout=org.apache.log4j.ConsoleAppender
 log4j.appender.stdout.layout=org.apache.log4j.PatternLayout
@@ -673,10 +831,10 @@ log4j.logger.org.apache.kafka.clients=WARN
 EOF
   cat >"$KAFKA_PROPS" <<EOF
 # Written by devstack/stack.sh on every \`up\`; edit the script, not this file.
-# One node that is both broker and KRaft controller: no ZooKeeper.
+# Node $KAFKA_NODE of $KAFKA_BROKERS_COUNT, both broker and KRaft controller: no ZooKeeper.
 process.roles=broker,controller
-node.id=1
-controller.quorum.voters=1@127.0.0.1:$KAFKA_CONTROLLER_PORT
+node.id=$KAFKA_NODE
+controller.quorum.voters=$(kafka_voters)
 listeners=PLAINTEXT://127.0.0.1:$KAFKA_PORT,CONTROLLER://127.0.0.1:$KAFKA_CONTROLLER_PORT
 advertised.listeners=PLAINTEXT://127.0.0.1:$KAFKA_ADVERTISED_PORT
 controller.listener.names=CONTROLLER
@@ -687,11 +845,20 @@ num.partitions=$TOPIC_PARTITIONS
 # Topics are created on purpose (stack.sh, tests), never by a typo in a producer.
 auto.create.topics.enable=false
 delete.topic.enable=true
-# A single broker cannot hold more than one replica of anything.
-offsets.topic.replication.factor=1
+# Replication: ONCEFLOW_KAFKA_REPLICATION_FACTOR and ONCEFLOW_KAFKA_MIN_ISR
+# (min(3, brokers) and min(2, that) unless set), for the topics a client
+# creates without saying, and for the brokers' own offsets and transaction
+# topics. With acks=all, min.insync.replicas is how many copies a write has
+# before it is acknowledged; 1 (a single broker's only choice) means the
+# leader alone. A replica that fell out of sync never becomes leader, which
+# would drop what only the old leader had: unclean election stays off.
+default.replication.factor=$KAFKA_RF
+min.insync.replicas=$KAFKA_MIN_ISR
+unclean.leader.election.enable=false
+offsets.topic.replication.factor=$KAFKA_RF
 offsets.topic.num.partitions=10
-transaction.state.log.replication.factor=1
-transaction.state.log.min.isr=1
+transaction.state.log.replication.factor=$KAFKA_RF
+transaction.state.log.min.isr=$KAFKA_MIN_ISR
 # Consumers in tests join at once instead of waiting 3 s for more members.
 group.initial.rebalance.delay.ms=0
 EOF
@@ -701,20 +868,32 @@ kafka_java() {
   java -Dlog4j.configuration="file:$KAFKA_LOG4J" -cp "$KAFKA_LIBS/*" "$@"
 }
 
+# kafka_cluster_id prints the id every node of this stack is formatted with,
+# made once and kept beside node 1.
+kafka_cluster_id() {
+  local file="$STATE/kafka/cluster-id" id
+  if [[ ! -s $file ]]; then
+    id=$(kafka_java kafka.tools.StorageTool random-uuid 2>/dev/null | tail -n 1)
+    [[ -n $id ]] || die "kafka: could not generate a cluster id"
+    mkdir -p "$STATE/kafka"
+    printf '%s\n' "$id" >"$file"
+  fi
+  cat "$file"
+}
+
 # kafka_format writes the KRaft metadata once; formatting again would refuse (or,
 # forced, throw away every topic), so existing data is always reused.
 kafka_format() {
   [[ -f $KAFKA_DATA/meta.properties ]] && return
   local id
-  id=$(kafka_java kafka.tools.StorageTool random-uuid 2>/dev/null | tail -n 1)
-  [[ -n $id ]] || die "kafka: could not generate a cluster id"
-  say "kafka: formatting storage (cluster id $id, first run only) …"
+  id=$(kafka_cluster_id)
+  say "$(kafka_name): formatting storage (cluster id $id, first run only) …"
   kafka_java kafka.tools.StorageTool format -t "$id" -c "$KAFKA_PROPS" >"$KAFKA_DIR/format.log" 2>&1 \
-    || { show_log_tail kafka-format "$KAFKA_DIR/format.log"; die "kafka: formatting storage failed"; }
+    || { show_log_tail kafka-format "$KAFKA_DIR/format.log"; die "$(kafka_name): formatting storage failed"; }
 }
 
-# kafka_pid prints the broker's pid if the pid file names a live broker of this
-# stack (checked through its command line, because pids get reused).
+# kafka_pid prints the selected broker's pid if its pid file names a live
+# broker (checked through its command line, because pids get reused).
 kafka_pid() {
   local pid
   pid=$(cat "$KAFKA_PID" 2>/dev/null || true)
@@ -741,59 +920,101 @@ build_kafkactl() {
   (cd "$src" && GOWORK=off go build -o "$KAFKACTL" ./cmd/kafkactl) || die "building kafkactl failed"
 }
 
+# kafka_start starts the selected broker unless it runs.
+kafka_start() {
+  local pid name
+  name=$(kafka_name)
+  if pid=$(kafka_pid); then
+    say "$name: already running on 127.0.0.1:$KAFKA_PORT (pid $pid)"
+    return
+  fi
+  mkdir -p "$KAFKA_DIR"
+  kafka_configure
+  kafka_format
+  say "$name: starting on 127.0.0.1:$KAFKA_PORT (controller 127.0.0.1:$KAFKA_CONTROLLER_PORT, heap $KAFKA_HEAP) …"
+  # Keep the previous run's log next to the new one for post-mortems.
+  [[ -f $KAFKA_LOG ]] && mv -f "$KAFKA_LOG" "$KAFKA_LOG.1"
+  # setsid + nohup detach the broker from this script and its terminal; the
+  # inner shell writes its own pid and then becomes java, so the pid file is exact.
+  # shellcheck disable=SC2016 # $$ and $@ belong to the inner shell
+  KAFKA_PID_FILE="$KAFKA_PID" setsid nohup bash -c 'echo $$ >"$KAFKA_PID_FILE"; exec "$@"' kafka \
+    java -Xms256m -Xmx"$KAFKA_HEAP" -XX:+UseG1GC -Djava.awt.headless=true \
+    -Dlog4j.configuration="file:$KAFKA_LOG4J" -cp "$KAFKA_LIBS/*" \
+    kafka.Kafka "$KAFKA_PROPS" </dev/null >>"$KAFKA_LOG" 2>&1 &
+  disown
+}
+
 kafka_up() {
   build_kafkactl
-  local pid
-  if pid=$(kafka_pid); then
-    say "kafka: already running on 127.0.0.1:$KAFKA_PORT (pid $pid)"
-  else
-    ensure_java_maven
-    mkdir -p "$KAFKA_DIR"
-    kafka_fetch_jars
-    kafka_configure
-    kafka_format
-    say "kafka: starting on 127.0.0.1:$KAFKA_PORT (controller 127.0.0.1:$KAFKA_CONTROLLER_PORT, heap $KAFKA_HEAP) …"
-    # Keep the previous run's log next to the new one for post-mortems.
-    [[ -f $KAFKA_LOG ]] && mv -f "$KAFKA_LOG" "$KAFKA_LOG.1"
-    # setsid + nohup detach the broker from this script and its terminal; the
-    # inner shell writes its own pid and then becomes java, so the pid file is exact.
-    # shellcheck disable=SC2016 # $$ and $@ belong to the inner shell
-    KAFKA_PID_FILE="$KAFKA_PID" setsid nohup bash -c 'echo $$ >"$KAFKA_PID_FILE"; exec "$@"' kafka \
-      java -Xms256m -Xmx"$KAFKA_HEAP" -XX:+UseG1GC -Djava.awt.headless=true \
-      -Dlog4j.configuration="file:$KAFKA_LOG4J" -cp "$KAFKA_LIBS/*" \
-      kafka.Kafka "$KAFKA_PROPS" </dev/null >>"$KAFKA_LOG" 2>&1 &
-    disown
-  fi
+  ensure_java_maven
+  mkdir -p "$STATE/kafka"
+  kafka_node 1
+  kafka_fetch_jars
+  kafka_check_shape
+  local n
+  # Every node first, then the waits: a cluster's nodes elect their
+  # controller together, so none of them is ready before a majority runs.
+  for n in $(kafka_nodes); do
+    kafka_node "$n"
+    kafka_start
+  done
 
   # Poll in short rounds so a broker that dies on startup (port taken, bad
-  # config) is reported at once instead of after the whole timeout.
-  local deadline=$(( SECONDS + TIMEOUT )) err=""
-  for (( ;; )); do
-    if err=$("$KAFKACTL" wait -brokers "127.0.0.1:$KAFKA_PORT" -timeout 2s 2>&1); then
-      break
-    fi
+  # config) is reported at once instead of after the whole timeout. Ready
+  # means every node answers and the metadata lists all of them.
+  local deadline=$(( SECONDS + TIMEOUT )) err="" bootstrap
+  bootstrap=$(kafka_bootstrap)
+  for n in $(kafka_nodes); do
+    kafka_node "$n"
+    for (( ;; )); do
+      if err=$("$KAFKACTL" wait -brokers "127.0.0.1:$KAFKA_PORT" -expect-brokers "$KAFKA_BROKERS_COUNT" -timeout 2s 2>&1); then
+        break
+      fi
+      kafka_all_alive "$n"
+      if (( SECONDS >= deadline )); then
+        show_log_tail "$(kafka_name)" "$KAFKA_LOG"
+        die "$(kafka_name) did not answer on 127.0.0.1:$KAFKA_PORT within ${TIMEOUT}s: $err"
+      fi
+    done
+  done
+
+  "$KAFKACTL" ensure-topics -brokers "$bootstrap" -partitions "$TOPIC_PARTITIONS" \
+    -replication-factor "$KAFKA_RF" -min-insync-replicas "$KAFKA_MIN_ISR" "${KAFKA_TOPICS[@]}" \
+    | sed 's/^/kafka: /'
+  if (( KAFKA_BROKERS_COUNT > 1 )); then
+    say "kafka: ready, $KAFKA_BROKERS_COUNT brokers (replication factor $KAFKA_RF, min.insync.replicas $KAFKA_MIN_ISR)"
+  else
+    say "kafka: ready"
+  fi
+}
+
+# kafka_all_alive dies with the log of a broker that exited during startup
+# (port taken, bad config): any of them, not only the one waited for, since
+# a cluster's node waits for all the others. It selects node $1 again.
+kafka_all_alive() {
+  local keep=$1 m
+  for m in $(kafka_nodes); do
+    kafka_node "$m"
     if ! kafka_pid >/dev/null; then
       sleep 0.5 # the pid file is written by the child; give it a moment once
       if ! kafka_pid >/dev/null; then
-        show_log_tail kafka "$KAFKA_LOG"
-        die "kafka exited during startup (see the log above)"
+        show_log_tail "$(kafka_name)" "$KAFKA_LOG"
+        die "$(kafka_name) exited during startup (see the log above)"
       fi
     fi
-    if (( SECONDS >= deadline )); then
-      show_log_tail kafka "$KAFKA_LOG"
-      die "kafka did not answer on 127.0.0.1:$KAFKA_PORT within ${TIMEOUT}s: $err"
-    fi
   done
-
-  "$KAFKACTL" ensure-topics -brokers "127.0.0.1:$KAFKA_PORT" -partitions "$TOPIC_PARTITIONS" "${KAFKA_TOPICS[@]}" \
-    | sed 's/^/kafka: /'
-  say "kafka: ready"
+  kafka_node "$keep"
 }
 
 # stop_pid stops a server: SIGTERM, then SIGKILL if it still runs after 30 s.
 stop_pid() {
+  kill -TERM "$2"
+  wait_stopped "$1" "$2"
+}
+
+# wait_stopped waits up to 30 s for a signalled server to exit, then kills it.
+wait_stopped() {
   local name=$1 pid=$2 i
-  kill -TERM "$pid"
   for (( i = 0; i < 60; i++ )); do
     kill -0 "$pid" 2>/dev/null || return 0
     sleep 0.5
@@ -816,18 +1037,47 @@ stop_server() {
   say "$name: stopped (was pid $pid)"
 }
 
+# kafka_down stops every broker, or only node $1 (`down kafka-2`). SIGTERM
+# lets a broker flush and close its logs cleanly, so the next start skips
+# log recovery (and, in a cluster, hands its leaderships over first);
+# SIGKILL only if it hangs. A whole cluster gets its SIGTERMs at once: one
+# after another, the last brokers would find no controller majority left
+# to hand over to, and wait for one until stop_pid's 30 s ran out.
 kafka_down() {
-  # SIGTERM lets the broker flush and close its logs cleanly, so the next start
-  # skips log recovery; SIGKILL only if it hangs.
-  stop_server kafka kafka_pid "$KAFKA_PID"
+  local only=${1:-} n pid
+  local -a names=() pids=() files=()
+  for n in $(kafka_nodes); do
+    [[ -n $only && $only != "$n" ]] && continue
+    kafka_node "$n"
+    if ! pid=$(kafka_pid); then
+      rm -f "$KAFKA_PID"
+      say "$(kafka_name): not running"
+      continue
+    fi
+    kill -TERM "$pid"
+    names+=("$(kafka_name)") pids+=("$pid") files+=("$KAFKA_PID")
+  done
+  local i
+  for i in "${!pids[@]}"; do
+    wait_stopped "${names[i]}" "${pids[i]}"
+    rm -f "${files[i]}"
+    say "${names[i]}: stopped (was pid ${pids[i]})"
+  done
 }
 
 kafka_status() {
-  local pid
-  if pid=$(kafka_pid); then
-    say "kafka     running  127.0.0.1:$KAFKA_PORT  pid $pid  data $KAFKA_DATA"
-  else
-    say "kafka     stopped  127.0.0.1:$KAFKA_PORT  -  data $KAFKA_DATA"
+  local pid n name
+  for n in $(kafka_nodes); do
+    kafka_node "$n"
+    name=$(kafka_name)
+    if pid=$(kafka_pid); then
+      printf '%-9s running  127.0.0.1:%s  pid %s  data %s\n' "$name" "$KAFKA_PORT" "$pid" "$KAFKA_DATA"
+    else
+      printf '%-9s stopped  127.0.0.1:%s  -  data %s\n' "$name" "$KAFKA_PORT" "$KAFKA_DATA"
+    fi
+  done
+  if (( KAFKA_BROKERS_COUNT > 1 )); then
+    say "kafka     cluster of $KAFKA_BROKERS_COUNT: replication factor $KAFKA_RF, min.insync.replicas $KAFKA_MIN_ISR; KAFKA_BROKERS=$(kafka_bootstrap)"
   fi
 }
 
@@ -927,7 +1177,7 @@ cmd_up() {
   else
     say "  postgres://postgres:postgres@127.0.0.1:$PG_PRIMARY_PORT/{$(IFS=,; echo "${PG_DATABASES[*]}")}?sslmode=disable"
   fi
-  say "  kafka bootstrap 127.0.0.1:$KAFKA_PORT"
+  say "  kafka bootstrap $(kafka_bootstrap)"
 }
 
 cmd_logs() {
@@ -938,8 +1188,12 @@ cmd_logs() {
     printf '==> %s <==\n' "$f"
     tail -n "$n" "$f" 2>/dev/null || say "(no log yet)"
   done
-  printf '\n==> %s <==\n' "$KAFKA_LOG"
-  tail -n "$n" "$KAFKA_LOG" 2>/dev/null || say "(no log yet)"
+  local node
+  for node in $(kafka_nodes); do
+    kafka_node "$node"
+    printf '\n==> %s <==\n' "$KAFKA_LOG"
+    tail -n "$n" "$KAFKA_LOG" 2>/dev/null || say "(no log yet)"
+  done
 }
 
 cmd_psql() {
@@ -965,7 +1219,11 @@ main() {
         "") kafka_down; pg_down ;;
         postgres) pg_down ;;
         kafka) kafka_down ;;
-        *) die "down takes postgres, kafka or nothing (both), got '$1'" ;;
+        kafka-[0-9]*)
+          [[ ${1#kafka-} =~ ^[0-9]+$ ]] && (( ${1#kafka-} >= 1 && ${1#kafka-} <= KAFKA_BROKERS_COUNT )) \
+            || die "there is no broker $1 (ONCEFLOW_KAFKA_BROKERS_COUNT=$KAFKA_BROKERS_COUNT)"
+          kafka_down "${1#kafka-}" ;;
+        *) die "down takes postgres, kafka, kafka-N (one broker of a cluster) or nothing (both), got '$1'" ;;
       esac ;;
     status) pg_status; kafka_status ;;
     logs) cmd_logs "$@" ;;
@@ -979,7 +1237,7 @@ main() {
         status) prom_status ;;
         *) die "usage: stack.sh prometheus up | down | status" ;;
       esac ;;
-    *) sed -n '2,19s/^# \{0,1\}//p' "${BASH_SOURCE[0]}" >&2; exit 2 ;;
+    *) sed -n '2,21s/^# \{0,1\}//p' "${BASH_SOURCE[0]}" >&2; exit 2 ;;
   esac
 }
 

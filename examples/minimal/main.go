@@ -17,6 +17,7 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -165,8 +166,18 @@ func createTopics(ctx context.Context, brokers []string, topics ...string) error
 		return err
 	}
 	defer cc.Close()
+	// As many copies as the cluster allows, up to 3, and a write acknowledged
+	// only once 2 of them have it (min.insync.replicas): a broker can then
+	// die without losing what the relay was told is published. One broker
+	// (the dev stack's default) can hold one copy, and 1 and 1 is all it gets.
+	bs, err := cc.Brokers()
+	if err != nil {
+		return err
+	}
+	rf := min(3, len(bs))
+	minISR := kafka.ConfigEntry{ConfigName: "min.insync.replicas", ConfigValue: strconv.Itoa(min(2, rf))}
 	for _, t := range topics {
-		err := cc.CreateTopics(kafka.TopicConfig{Topic: t, NumPartitions: 3, ReplicationFactor: 1})
+		err := cc.CreateTopics(kafka.TopicConfig{Topic: t, NumPartitions: 3, ReplicationFactor: rf, ConfigEntries: []kafka.ConfigEntry{minISR}})
 		if err != nil && !errors.Is(err, kafka.TopicAlreadyExists) {
 			return fmt.Errorf("creating topic %s: %w", t, err)
 		}

@@ -219,7 +219,12 @@ func Run(ctx context.Context, opts Options) (*Report, error) {
 	if h.bins, err = build(ctx, opts.Root, opts.Dir, h.logf); err != nil {
 		return nil, err
 	}
-	if h.stack, err = StartStackHA(ctx, opts.Root, filepath.Join(opts.Dir, "stack"), h.bins["toxiproxy"], h.logf, opts.PGReplication); err != nil {
+	brokers, err := ParseTopology(opts.Nemesis.Topology)
+	if err != nil {
+		return nil, err
+	}
+	if h.stack, err = StartStackWith(ctx, opts.Root, filepath.Join(opts.Dir, "stack"), h.bins["toxiproxy"], h.logf,
+		StackOptions{PGReplication: opts.PGReplication, KafkaBrokers: brokers}); err != nil {
 		return nil, err
 	}
 	defer h.stack.Close()
@@ -278,7 +283,8 @@ func Run(ctx context.Context, opts Options) (*Report, error) {
 			others.Add(1)
 			go func() {
 				defer others.Done()
-				stack, err := StartStack(ctx, opts.Root, filepath.Join(opts.Dir, fmt.Sprintf("stack-exclusive-%d", n+1)), h.bins["toxiproxy"], h.logf)
+				stack, err := StartStackWith(ctx, opts.Root, filepath.Join(opts.Dir, fmt.Sprintf("stack-exclusive-%d", n+1)), h.bins["toxiproxy"], h.logf,
+					StackOptions{KafkaBrokers: brokers})
 				if err != nil {
 					for i := range exclusive {
 						rows[i] = Row{Proof: jobs[i].proof.Name, Mode: "outbox+inbox", Error: fmt.Sprintf("starting a stack for it: %v", err)}

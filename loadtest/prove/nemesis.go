@@ -57,6 +57,11 @@ type NemesisOptions struct {
 	// kinds of instance named: orders, billing, shim (NEMESIS_TARGETS=).
 	// Empty: every instance.
 	Targets []string
+	// Topology is the Kafka the harness's stack runs (NEMESIS_TOPOLOGY=):
+	// "" one broker, "ha" a cluster of three with the cluster fault kinds
+	// (nemesis_cluster.go). It is the whole run's stack, so every proof of
+	// the run uses it.
+	Topology string
 }
 
 // nemesis timing. The shim's lease is 3 × its RECONCILER_TIMEOUT (see the
@@ -87,9 +92,9 @@ func chosenKinds(sel []string, relayMode string) ([]string, error) {
 			continue
 		}
 		name := strings.TrimPrefix(k, "-")
-		if !slices.Contains(NemesisKinds, name) && !slices.Contains(NemesisOptInKinds, name) && !isPGHAKind(name) {
-			return nil, fmt.Errorf("NEMESIS: no fault kind %q (there are %s; named only: %s; with PG_REPLICATION: %s)", name,
-				strings.Join(NemesisKinds, ", "), strings.Join(NemesisOptInKinds, ", "), strings.Join(pgHAKinds, ", "))
+		if !slices.Contains(NemesisKinds, name) && !slices.Contains(NemesisOptInKinds, name) && !isPGHAKind(name) && !slices.Contains(NemClusterKinds, name) {
+			return nil, fmt.Errorf("NEMESIS: no fault kind %q (there are %s; named only: %s; with PG_REPLICATION: %s; with NEMESIS_TOPOLOGY=ha: %s)", name,
+				strings.Join(NemesisKinds, ", "), strings.Join(NemesisOptInKinds, ", "), strings.Join(pgHAKinds, ", "), strings.Join(NemClusterKinds, ", "))
 		}
 		if strings.HasPrefix(k, "-") {
 			exclude = append(exclude, name)
@@ -98,12 +103,15 @@ func chosenKinds(sel []string, relayMode string) ([]string, error) {
 		}
 	}
 	var out []string
-	for _, k := range append(slices.Clone(NemesisKinds), pgHAKinds...) {
+	for _, k := range slices.Concat(NemesisKinds, pgHAKinds, NemClusterKinds) {
 		if (len(include) > 0 && !slices.Contains(include, k)) || slices.Contains(exclude, k) {
 			continue
 		}
 		if isPGHAKind(k) && !slices.Contains(include, k) {
 			continue // only named: it needs a stack with a standby
+		}
+		if slices.Contains(NemClusterKinds, k) && !slices.Contains(include, k) {
+			continue // named, or added by NEMESIS_TOPOLOGY=ha (withTopology)
 		}
 		if k == NemSlot && relayMode == "poll" {
 			continue // nothing to drop: the polling relay has no slot
@@ -240,6 +248,8 @@ func schedule(seed int64, kinds []string, d time.Duration, targets []string) []s
 			s.Hold = dur(3*time.Second, 15*time.Second)
 		case NemPGFailover:
 			schedulePGFailover(&s, dur)
+		case NemLeaderKill, NemBrokerPause, NemMinority, NemMajority:
+			scheduleCluster(&s, dur, rng.IntN)
 		case NemFailover:
 			// Hold: the migration's first lock. N: the ms connections are
 			// refused, few: a worker abandons about one message per 40 ms of
@@ -298,6 +308,8 @@ type nemesisRun struct {
 	// pgKilled: when each pgfailover step's primary died, by step.At
 	// (nemesis_pgfailover.go).
 	pgKilled sync.Map
+	// probeTopic times the cluster faults' recovery (nemesis_cluster.go).
+	probeTopic string
 }
 
 // take marks targets busy, all of them or none.
@@ -365,6 +377,9 @@ func (n *nemesisRun) apply(ctx context.Context, s step) {
 	}
 	if s.Kind == NemFailover {
 		keys = []string{NemFailover, "join/" + KindBilling} // billing's database, and a billing instance joining
+	}
+	if slices.Contains(NemClusterKinds, s.Kind) {
+		keys = clusterKeys()
 	}
 	if !n.take(keys...) {
 		n.h.logf("    skip %s: its target is held by another fault", s)
@@ -524,6 +539,8 @@ func (n *nemesisRun) run(ctx context.Context, s step) (string, error) {
 		return n.failover(ctx, s)
 	case NemPGFailover:
 		return n.pgFailover(ctx, s)
+	case NemLeaderKill, NemBrokerPause, NemMinority, NemMajority:
+		return n.cluster(ctx, s)
 	}
 	if detail, ok, err := n.runOptIn(ctx, s); ok { // nemesis_outbox.go
 		return detail, err

@@ -75,6 +75,9 @@ func (h *Harness) nemesis(ctx context.Context, _ bool) Row {
 	if err != nil {
 		return fail(row, err)
 	}
+	if kinds, err = withTopology(kinds, opts.Kinds, opts.Topology); err != nil {
+		return fail(row, err)
+	}
 	if len(opts.Targets) > 0 {
 		for _, t := range opts.Targets {
 			if !slices.Contains([]string{KindRelay, KindBilling, KindShim}, strings.TrimSpace(t)) {
@@ -83,8 +86,8 @@ func (h *Harness) nemesis(ctx context.Context, _ bool) Row {
 		}
 	}
 	steps := schedule(seed, kinds, duration, opts.Targets)
-	h.logf("  SEED=%d NEMESIS=%s NEMESIS_TARGETS=%s NEMESIS_DURATION=%s RELAY_MODE=%s: %d steps", seed, strings.Join(kinds, ","),
-		strings.Join(opts.Targets, ","), duration, relayMode, len(steps))
+	h.logf("  SEED=%d NEMESIS=%s NEMESIS_TARGETS=%s NEMESIS_DURATION=%s NEMESIS_TOPOLOGY=%s RELAY_MODE=%s: %d steps", seed, strings.Join(kinds, ","),
+		strings.Join(opts.Targets, ","), duration, opts.Topology, relayMode, len(steps))
 	for _, s := range steps {
 		h.logf("    %s", s)
 	}
@@ -103,8 +106,13 @@ func (h *Harness) nemesis(ctx context.Context, _ bool) Row {
 	defer p.Close()
 	hist := &history{}
 	hist.add(check.Record{Kind: check.KindRun, Seed: seed, Mode: relayMode, Bound: nemDrainBound.Seconds(),
-		Detail: "NEMESIS=" + strings.Join(kinds, ",") + " NEMESIS_DURATION=" + duration.String()})
+		Detail: "NEMESIS=" + strings.Join(kinds, ",") + " NEMESIS_DURATION=" + duration.String() + topologyNote(opts.Topology)})
 	n := &nemesisRun{h: h, p: p, hist: hist, busy: map[string]bool{}, reconcileBin: reconcileBin}
+	if opts.Topology == TopologyHA {
+		if err := n.ensureProbeTopic(ctx); err != nil {
+			return fail(row, err)
+		}
+	}
 	// However the run ends, no fault outlives it: the stack is shared with
 	// the proofs that come after (a toxic left on a proxy, a server left
 	// stopped, a process left frozen would fail them for nothing).
@@ -231,6 +239,9 @@ func (h *Harness) nemesis(ctx context.Context, _ bool) Row {
 	targets := ""
 	if len(opts.Targets) > 0 {
 		targets = " NEMESIS_TARGETS=" + strings.Join(opts.Targets, ",")
+	}
+	if opts.Topology != "" {
+		targets += " NEMESIS_TOPOLOGY=" + opts.Topology
 	}
 	row.check(true, "SEED=%d NEMESIS=%s: replay with `make prove P=nemesis SEED=%d RELAY_MODES=%s NEMESIS=%s%s NEMESIS_DURATION=%s`",
 		seed, strings.Join(kinds, ","), seed, relayMode, strings.Join(kinds, ","), targets, duration)

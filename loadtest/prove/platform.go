@@ -357,19 +357,13 @@ func (p *Platform) Close() {
 	}
 }
 
-// createTopics creates topics of 6 partitions and waits until they are usable.
+// createTopics creates topics of 6 partitions, replicated as the stack's
+// cluster allows (kafkautil.ReplicationFor: 3 copies and min ISR 2 on the
+// three brokers of NEMESIS_TOPOLOGY=ha, 1 and 1 on one), and waits until
+// they are usable.
 func createTopics(ctx context.Context, brokers []string, topics ...string) error {
-	conn, err := kafkautil.Controller(ctx, brokers)
-	if err != nil {
+	if _, err := kafkautil.EnsureTopics(ctx, kafkautil.Security{}, brokers, kafkautil.TopicSpec{Partitions: 6}, topics...); err != nil {
 		return err
-	}
-	defer conn.Close()
-	cfgs := make([]kafka.TopicConfig, 0, len(topics))
-	for _, t := range topics {
-		cfgs = append(cfgs, kafka.TopicConfig{Topic: t, NumPartitions: 6, ReplicationFactor: 1})
-	}
-	if err := conn.CreateTopics(cfgs...); err != nil {
-		return fmt.Errorf("creating topics: %w", err)
 	}
 	// The services start right after: wait until every partition's leader
 	// serves it, or their first fetch gets Not Leader For Partition.

@@ -36,6 +36,8 @@ type Stack struct {
 	// PGStandbyPort and PGStandbyProxy are the standby's, 0 without one.
 	HA                            PGReplication
 	PGStandbyPort, PGStandbyProxy int
+	// kafkaNodes are brokers 2.. of a cluster (stack_cluster.go).
+	kafkaNodes []kafkaNode
 	// Toxi controls the proxies: "postgres" and "kafka".
 	Toxi *toxiproxy.Client
 	// Admin is a pool on the postgres database, direct (not proxied).
@@ -106,15 +108,23 @@ func ephemeralLow() int {
 	return low
 }
 
+// StackOptions is the shape of the harness's stack: Postgres with or
+// without a streaming standby (stack_ha.go), Kafka as one broker or a
+// cluster (stack_cluster.go).
+type StackOptions struct {
+	PGReplication PGReplication // "" (none), "async" or "sync"
+	KafkaBrokers  int           // 0 or 1: one broker
+}
+
 // StartStack stops whatever an earlier run left in dir, starts toxiproxy,
 // then PostgreSQL and a Kafka with empty storage behind it.
 func StartStack(ctx context.Context, root, dir, toxiBin string, logf func(string, ...any)) (*Stack, error) {
-	return StartStackHA(ctx, root, dir, toxiBin, logf, "")
+	return StartStackWith(ctx, root, dir, toxiBin, logf, StackOptions{})
 }
 
-// StartStackHA is StartStack with Postgres replicated as ha says: with a
-// streaming standby ("async" or "sync"), or none ("").
-func StartStackHA(ctx context.Context, root, dir, toxiBin string, logf func(string, ...any), ha PGReplication) (*Stack, error) {
+// StartStackWith is StartStack in the shape o says.
+func StartStackWith(ctx context.Context, root, dir, toxiBin string, logf func(string, ...any), o StackOptions) (*Stack, error) {
+	ha := o.PGReplication
 	s := &Stack{root: root, dir: dir, logf: logf, HA: ha}
 	_ = s.script(ctx, "down") // a run that was killed leaves its servers behind
 	// A failover of an earlier run made node b the primary, on a port of
@@ -127,7 +137,7 @@ func StartStackHA(ctx context.Context, root, dir, toxiBin string, logf func(stri
 			return nil, err
 		}
 	}
-	if err := os.RemoveAll(filepath.Join(dir, "kafka", "data")); err != nil {
+	if err := s.clearKafkaData(); err != nil {
 		return nil, err
 	}
 	ports, err := freePorts(8)
@@ -167,6 +177,10 @@ func StartStackHA(ctx context.Context, root, dir, toxiBin string, logf func(stri
 			return nil, fmt.Errorf("creating the %s proxy: %w", name, err)
 		}
 	}
+	if err := s.addKafkaNodes(o.KafkaBrokers); err != nil {
+		s.Close()
+		return nil, err
+	}
 	logf("stack: starting PostgreSQL :%d and Kafka :%d (through toxiproxy :%d and :%d) in %s",
 		s.PGPort, s.KafkaPort, s.PGProxyPort, s.KafkaProxy, dir)
 	if err := s.script(ctx, "up"); err != nil {
@@ -203,6 +217,7 @@ func (s *Stack) scriptOut(ctx context.Context, args ...string) (string, error) {
 	if s.PGPort == 0 { // "down" before the ports are chosen: only the pid files matter
 		cmd.Env = append(os.Environ(), "ONCEFLOW_STACK_DIR="+s.dir)
 	}
+	cmd.Env = append(cmd.Env, s.clusterEnv()...)
 	began := time.Now()
 	out, err := cmd.CombinedOutput()
 	if err != nil {
@@ -228,8 +243,11 @@ func (s *Stack) PGURL(db string, proxied bool) string {
 	return fmt.Sprintf("postgres://postgres:postgres@127.0.0.1:%d/%s?sslmode=disable", port, db)
 }
 
-// Brokers is the Kafka bootstrap list (the proxy, which the broker advertises).
-func (s *Stack) Brokers() []string { return []string{fmt.Sprintf("127.0.0.1:%d", s.KafkaProxy)} }
+// Brokers is the Kafka bootstrap list (the proxies, which the brokers
+// advertise): every broker of a cluster, as production's KAFKA_BROKERS.
+func (s *Stack) Brokers() []string {
+	return append([]string{fmt.Sprintf("127.0.0.1:%d", s.KafkaProxy)}, s.clusterBrokers()...)
+}
 
 // RestartKafka stops the broker (SIGTERM, as an operator's restart does)
 // and starts it again; it returns once the broker answers.

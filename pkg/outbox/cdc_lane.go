@@ -189,7 +189,14 @@ func (l *lane) publish(ctx context.Context, todo []cdcEvent) (bool, error) {
 			r.topicDown(l.topic)
 		} else {
 			kafkaStreak = 0
-			l.kafka.ok(ctx)
+			// Some partitions took writes while others refused: not a
+			// recovery yet; the lane retries exactly the refused events, and
+			// Kafka works again once a round has none.
+			if brokerErr != nil {
+				l.kafka.fail(ctx, brokerErr)
+			} else {
+				l.kafka.ok(ctx)
+			}
 			r.topicUp(l.topic)
 		}
 		idx = retryIdx

@@ -33,6 +33,8 @@ type Relay struct {
 	topicStreak   map[string]int
 	deferredTypes map[string]map[string]bool
 	undefer       []string
+	// refused: the aggregates whose last write Kafka refused (outage_refused.go).
+	refused *refused
 	// The claim loop's estimate of its rate (noteRate).
 	rate   float64
 	rateAt time.Time
@@ -66,6 +68,7 @@ func NewRelay(pool *pgxpool.Pool, w Writer, cfg RelayConfig) (*Relay, error) {
 		listening:     health("listening for commits"),
 		topicStreak:   map[string]int{},
 		deferredTypes: map[string]map[string]bool{},
+		refused:       newRefused(3 * cfg.OutageBackoffMax),
 	}, nil
 }
 
@@ -256,7 +259,16 @@ func (r *Relay) noteKafka(ctx context.Context, res batchResult) bool {
 	case res.published > 0 || res.judged > 0:
 		r.kafkaStreak = 0
 		r.cfg.Metrics.kafkaConnected.Set(1)
-		r.kafka.ok(ctx)
+		// Some partitions took writes; Kafka works again only once every
+		// event it refused has gone out (outage_refused.go).
+		if res.brokerErr != nil {
+			r.kafka.fail(ctx, res.brokerErr)
+		} else if r.refused.waiting(time.Now()) {
+			_, _, last := r.kafka.state()
+			r.kafka.fail(ctx, last)
+		} else {
+			r.kafka.ok(ctx)
+		}
 	}
 	return false
 }

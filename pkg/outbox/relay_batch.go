@@ -175,6 +175,7 @@ func (r *Relay) relayBatch(ctx context.Context, ops wakeOps) (res batchResult, e
 		case err == nil:
 			published = append(published, c.id)
 			okTopics[c.msg.Topic] = true
+			r.refused.take(c.msg.Topic, c.aggregate)
 			r.cfg.Metrics.publishLag.Observe(now.Sub(c.createdAt).Seconds())
 			if c.attempts > 0 {
 				r.cfg.Metrics.retries.Inc()
@@ -189,6 +190,7 @@ func (r *Relay) relayBatch(ctx context.Context, ops wakeOps) (res batchResult, e
 		default:
 			held[c.aggregate] = true
 			brokerTopics[c.msg.Topic] = true
+			r.refused.refuse(c.msg.Topic, c.aggregate, now)
 			if res.brokerErr == nil {
 				res.brokerErr = err
 			}

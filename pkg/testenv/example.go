@@ -8,7 +8,6 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
-	"github.com/segmentio/kafka-go"
 )
 
 // ForExample is the setup of a runnable Example, which has no *testing.T: a
@@ -43,7 +42,9 @@ func ForExample(ctx context.Context, setupSQL string, sets []Migration, topicSuf
 		topics = append(topics, name+s)
 	}
 	for _, topic := range topics {
-		must(ctrl.CreateTopics(kafka.TopicConfig{Topic: topic, NumPartitions: 1, ReplicationFactor: 1}))
+		cfg, err := TopicConfig(ctrl, topic, 1)
+		must(err)
+		must(ctrl.CreateTopics(cfg))
 	}
 	for deadline := time.Now().Add(20 * time.Second); ; <-time.After(20 * time.Millisecond) {
 		parts, err := ctrl.ReadPartitions(name)

@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"net"
+	"slices"
+	"strconv"
 	"sync"
 	"testing"
 	"time"
@@ -51,6 +53,27 @@ func Controller(ctx context.Context, brokers []string) (*kafka.Conn, error) {
 		return nil, fmt.Errorf("finding the controller: %w", err)
 	}
 	return kafka.DialContext(ctx, "tcp", net.JoinHostPort(c.Host, fmt.Sprint(c.Port)))
+}
+
+// TopicConfig is how the test kits create a topic on the cluster ctrl
+// belongs to: replicated min(3, brokers) times with min.insync.replicas
+// min(2, that), so a test against a cluster (ONCEFLOW_TEST_KAFKA_BROKERS
+// naming its brokers) writes with acks=all as production does, and a test
+// against one broker gets the 1 and 1 it can hold. It is
+// platform/kafkautil.ReplicationFor's rule, kept here because the libraries'
+// kits import nothing of the platform. configs are further topic settings;
+// one naming min.insync.replicas replaces the default.
+func TopicConfig(ctrl *kafka.Conn, name string, partitions int, configs ...kafka.ConfigEntry) (kafka.TopicConfig, error) {
+	brokers, err := ctrl.Brokers()
+	if err != nil {
+		return kafka.TopicConfig{}, fmt.Errorf("reading the cluster's brokers: %w", err)
+	}
+	factor := min(3, max(len(brokers), 1))
+	entries := slices.Clone(configs)
+	if !slices.ContainsFunc(configs, func(c kafka.ConfigEntry) bool { return c.ConfigName == "min.insync.replicas" }) {
+		entries = append(entries, kafka.ConfigEntry{ConfigName: "min.insync.replicas", ConfigValue: strconv.Itoa(min(2, factor))})
+	}
+	return kafka.TopicConfig{Topic: name, NumPartitions: partitions, ReplicationFactor: factor, ConfigEntries: entries}, nil
 }
 
 // Writer is a *kafka.Writer whose Close also closes its transport's

@@ -148,8 +148,8 @@ func NewTopic(t testing.TB, brokers []string, partitions int) string {
 	return name
 }
 
-// NewTopicNamed creates the topic name for this test and deletes it when the
-// test ends; use it for names derived from another topic (a ".dlt"). configs
+// NewTopicNamed creates the topic name for this test (replicated as
+// TopicConfig says) and deletes it when the test ends; use it for names derived from another topic (a ".dlt"). configs
 // are topic settings beside the broker's defaults (max.message.bytes for a
 // test of oversized messages).
 func NewTopicNamed(t testing.TB, brokers []string, name string, partitions int, configs ...kafka.ConfigEntry) {
@@ -161,8 +161,11 @@ func NewTopicNamed(t testing.TB, brokers []string, name string, partitions int, 
 		t.Fatalf("creating topic: %v", err)
 	}
 	defer ctrl.Close()
-	if err := ctrl.CreateTopics(kafka.TopicConfig{Topic: name, NumPartitions: partitions, ReplicationFactor: 1,
-		ConfigEntries: configs}); err != nil {
+	cfg, err := TopicConfig(ctrl, name, partitions, configs...)
+	if err != nil {
+		t.Fatalf("creating topic %s: %v", name, err)
+	}
+	if err := ctrl.CreateTopics(cfg); err != nil {
 		t.Fatalf("creating topic %s: %v", name, err)
 	}
 	// A new topic's partitions get leaders asynchronously; wait until all have one.

@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
+	"strconv"
 	"time"
 
 	"github.com/segmentio/kafka-go"
@@ -18,7 +20,9 @@ import (
 // gets "Not Leader For Partition" or "Unknown Topic Or Partition": a
 // transient error, yet one that a rig starting services right after creating
 // its topics sees on a fresh cluster. Waiting here, once, keeps that race out
-// of every test that builds a platform. Give ctx a deadline: without one,
+// of every test that builds a platform. In a cluster every live broker must
+// also know the topics (each learns them from the controller on its own
+// time). Give ctx a deadline: without one,
 // a topic that never gets a leader is waited for until ctx is cancelled.
 // It connects over PLAINTEXT; WaitTopicsReadyWith adds TLS and SASL.
 func WaitTopicsReady(ctx context.Context, brokers []string, topics ...string) error {
@@ -36,7 +40,7 @@ func WaitTopicsReadyWith(ctx context.Context, s Security, brokers []string, topi
 	t := time.NewTicker(100 * time.Millisecond)
 	defer t.Stop()
 	for {
-		err := topicsReady(ctx, client, topics)
+		err := topicsReady(ctx, client, s.Dialer(), topics)
 		if err == nil {
 			return nil
 		}
@@ -50,7 +54,7 @@ func WaitTopicsReadyWith(ctx context.Context, s Security, brokers []string, topi
 
 // topicsReady returns nil when every partition of topics has a leader that
 // answers ListOffsets, or the first reason it does not.
-func topicsReady(ctx context.Context, client *kafka.Client, topics []string) error {
+func topicsReady(ctx context.Context, client *kafka.Client, d *kafka.Dialer, topics []string) error {
 	md, err := client.Metadata(ctx, &kafka.MetadataRequest{Topics: topics})
 	if err != nil {
 		return fmt.Errorf("metadata: %w", err)
@@ -80,6 +84,17 @@ func topicsReady(ctx context.Context, client *kafka.Client, topics []string) err
 			return fmt.Errorf("topic %s is not in the metadata yet", name)
 		}
 	}
+	// In a cluster each broker learns of a new topic from the controller on
+	// its own time, and a client asks whichever broker it likes: until every
+	// live broker knows the topics, a consumer or a test reading metadata
+	// right after can still be told they do not exist.
+	if len(md.Brokers) > 1 {
+		for _, b := range md.Brokers {
+			if err := brokerKnows(ctx, d, b, topics); err != nil {
+				return err
+			}
+		}
+	}
 	// The client sends each partition's request to the leader the metadata
 	// names: an answer without error means that leader serves the partition.
 	resp, err := client.ListOffsets(ctx, req)
@@ -100,4 +115,30 @@ func topicsReady(ctx context.Context, client *kafka.Client, topics []string) err
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// brokerKnows asks broker b itself, over a connection of its own (a
+// client's transport may answer metadata from its cache, or from any
+// broker), whether it knows every partition of topics with a leader.
+func brokerKnows(ctx context.Context, d *kafka.Dialer, b kafka.Broker, topics []string) error {
+	conn, err := d.DialContext(ctx, "tcp", net.JoinHostPort(b.Host, strconv.Itoa(b.Port)))
+	if err != nil {
+		return fmt.Errorf("dialing broker %d: %w", b.ID, err)
+	}
+	defer conn.Close()
+	if dl, ok := ctx.Deadline(); ok {
+		_ = conn.SetDeadline(dl)
+	} else {
+		_ = conn.SetDeadline(time.Now().Add(5 * time.Second))
+	}
+	parts, err := conn.ReadPartitions(topics...)
+	if err != nil {
+		return fmt.Errorf("broker %d does not know %v yet: %w", b.ID, topics, err)
+	}
+	for _, p := range parts {
+		if p.Leader.Host == "" {
+			return fmt.Errorf("broker %d knows no leader of %s/%d yet", b.ID, p.Topic, p.ID)
+		}
+	}
+	return nil
 }

@@ -245,6 +245,9 @@ func (s *Service) Run(ctx context.Context, workers ...lifecycle.Stage) error {
 		return httpserver.Serve(ctx, s.Admin, adminLn, s.opts.ShutdownGrace, timeouts)
 	}})
 	stages = append(stages, s.debug.Stages(s.opts.ShutdownGrace)...)
+	bctx, stopBrokerCheck := context.WithCancel(ctx)
+	defer stopBrokerCheck()
+	go watchBrokerList(bctx, s.Logger, s.opts.Kafka, s.opts.KafkaBrokers)
 	err = lifecycle.Run(ctx, stages...)
 	if err != nil {
 		s.Logger.Error(s.opts.Name+" stopped", slog.Any("error", err))

@@ -16,7 +16,6 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/segmentio/kafka-go"
 
 	"github.com/onceflow/onceflow/platform/harness"
 	"github.com/onceflow/onceflow/platform/kafkautil"
@@ -312,17 +311,10 @@ func (p *Platform) createDatabase(ctx context.Context, name string) (string, err
 func (p *Platform) createTopics(ctx context.Context, names ...string) error {
 	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
-	ctrl, err := kafkautil.Controller(ctx, p.cfg.Brokers)
-	if err != nil {
-		return fmt.Errorf("connecting to Kafka (start it with `make up`): %w", err)
-	}
-	defer ctrl.Close()
-	var cfgs []kafka.TopicConfig
-	for _, n := range names {
-		cfgs = append(cfgs, kafka.TopicConfig{Topic: n, NumPartitions: p.cfg.Partitions, ReplicationFactor: 1})
-	}
-	if err := ctrl.CreateTopics(cfgs...); err != nil {
-		return fmt.Errorf("creating topics: %w", err)
+	// Replicated as the cluster allows (kafkautil.ReplicationFor), so a
+	// benchmark against a cluster pays for acks=all as production does.
+	if _, err := kafkautil.EnsureTopics(ctx, kafkautil.Security{}, p.cfg.Brokers, kafkautil.TopicSpec{Partitions: p.cfg.Partitions}, names...); err != nil {
+		return fmt.Errorf("creating topics (is Kafka up? `make up`): %w", err)
 	}
 	p.topics = append(p.topics, names...)
 	// A new topic's partitions get leaders asynchronously, and a consumer

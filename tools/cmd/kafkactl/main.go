@@ -8,8 +8,8 @@
 //
 // Usage:
 //
-//	kafkactl wait          -brokers 127.0.0.1:59092 -timeout 60s
-//	kafkactl ensure-topics -brokers 127.0.0.1:59092 -partitions 6 orders.events billing.events
+//	kafkactl wait          -brokers 127.0.0.1:59092 -timeout 60s [-expect-brokers 3]
+//	kafkactl ensure-topics -brokers 127.0.0.1:59092 -partitions 6 [-replication-factor 3 -min-insync-replicas 2] orders.events billing.events
 //	kafkactl topics        -brokers 127.0.0.1:59092
 //	kafkactl tail          -brokers 127.0.0.1:59092 -n 10 orders.events
 package main
@@ -20,9 +20,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"net"
 	"slices"
-	"strconv"
 	"strings"
 	"time"
 
@@ -35,8 +33,11 @@ import (
 func main() { lifecycle.Main("kafkactl", run) }
 
 const usage = `usage:
-  kafkactl wait          [-brokers host:port,...] [-timeout 60s]
-  kafkactl ensure-topics [-brokers host:port,...] [-partitions 6] [-timeout 30s] topic...
+  kafkactl wait          [-brokers host:port,...] [-timeout 60s] [-expect-brokers N]
+                         until the metadata lists a controller and at least N brokers (default 1)
+  kafkactl ensure-topics [-brokers host:port,...] [-partitions 6] [-replication-factor N] [-min-insync-replicas N] [-timeout 30s] topic...
+                         creates the missing topics; replication factor and min.insync.replicas
+                         default to min(3, brokers) and min(2, factor)
   kafkactl topics        [-brokers host:port,...]
   kafkactl tail          [-brokers host:port,...] [-n 10] [-key K] [-since 10m] [-values] [-o text|json] topic
                          the last records of a topic (all partitions, oldest first) with their headers`
@@ -61,12 +62,15 @@ func run(ctx context.Context, args []string, _ func(string) string, stdout io.Wr
 	switch cmd {
 	case "wait":
 		timeout := fs.Duration("timeout", 60*time.Second, "give up after this long")
+		expect := fs.Int("expect-brokers", 1, "wait until the metadata lists at least this many brokers (a cluster's every node)")
 		if err := fs.Parse(args); err != nil {
 			return err
 		}
-		return waitReady(ctx, splitBrokers(*brokers), *timeout, stdout)
+		return waitReady(ctx, splitBrokers(*brokers), *timeout, *expect, stdout)
 	case "ensure-topics":
 		partitions := fs.Int("partitions", 6, "partition count for topics that are created")
+		rf := fs.Int("replication-factor", 0, "replication factor for topics that are created (0: min(3, brokers))")
+		minISR := fs.Int("min-insync-replicas", 0, "min.insync.replicas for topics that are created (0: min(2, replication factor))")
 		timeout := fs.Duration("timeout", 30*time.Second, "give up after this long")
 		if err := fs.Parse(args); err != nil {
 			return err
@@ -77,9 +81,16 @@ func run(ctx context.Context, args []string, _ func(string) string, stdout io.Wr
 		if *partitions < 1 {
 			return fmt.Errorf("ensure-topics: -partitions must be at least 1, got %d", *partitions)
 		}
+		if *rf < 0 || *minISR < 0 || (*rf == 0 && *minISR != 0) {
+			return errors.New("ensure-topics: -min-insync-replicas needs -replication-factor, and neither may be negative")
+		}
+		repl := kafkautil.Replication{Factor: *rf, MinISR: *minISR}
+		if *rf > 0 && *minISR == 0 {
+			repl.MinISR = kafkautil.ReplicationFor(*rf).MinISR
+		}
 		ctx, cancel := context.WithTimeout(ctx, *timeout)
 		defer cancel()
-		return ensureTopics(ctx, splitBrokers(*brokers), fs.Args(), *partitions, stdout)
+		return ensureTopics(ctx, splitBrokers(*brokers), fs.Args(), kafkautil.TopicSpec{Partitions: *partitions, Replication: repl}, stdout)
 	case "topics":
 		if err := fs.Parse(args); err != nil {
 			return err
@@ -151,15 +162,16 @@ func dial(ctx context.Context, brokers []string) (*kafka.Conn, error) {
 	return nil, errors.Join(errs...)
 }
 
-// waitReady retries a metadata request until the cluster reports a broker and
-// a controller. Only then can topics be created, so that is what "ready" means.
-func waitReady(ctx context.Context, brokers []string, timeout time.Duration, stdout io.Writer) error {
+// waitReady retries a metadata request until the cluster reports expect
+// brokers and a controller. Only then can topics be created with the
+// cluster's replication factor, so that is what "ready" means.
+func waitReady(ctx context.Context, brokers []string, timeout time.Duration, expect int, stdout io.Writer) error {
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 
 	var lastErr error
 	for {
-		lastErr = probe(ctx, brokers)
+		lastErr = probe(ctx, brokers, expect)
 		if lastErr == nil {
 			fmt.Fprintf(stdout, "kafka at %s is ready\n", strings.Join(brokers, ","))
 			return nil
@@ -172,7 +184,7 @@ func waitReady(ctx context.Context, brokers []string, timeout time.Duration, std
 	}
 }
 
-func probe(ctx context.Context, brokers []string) error {
+func probe(ctx context.Context, brokers []string, expect int) error {
 	conn, err := dial(ctx, brokers)
 	if err != nil {
 		return err
@@ -186,6 +198,9 @@ func probe(ctx context.Context, brokers []string) error {
 	if len(bs) == 0 {
 		return errors.New("metadata lists no brokers yet")
 	}
+	if len(bs) < expect {
+		return fmt.Errorf("metadata lists %d of %d brokers yet", len(bs), expect)
+	}
 	controller, err := conn.Controller()
 	if err != nil {
 		return fmt.Errorf("reading controller: %w", err)
@@ -196,63 +211,36 @@ func probe(ctx context.Context, brokers []string) error {
 	return nil
 }
 
-// ensureTopics creates the topics that do not exist yet and waits until every
-// partition of every named topic has a leader that serves it
+// ensureTopics creates the topics that do not exist yet (kafkautil.EnsureTopics:
+// spec's partitions and replication, by default the cluster's) and waits until
+// every partition of every named topic has a leader that serves it
 // (kafkautil.WaitTopicsReady), so a consumer or producer started right after
-// does not race the broker. Existing topics are left alone, even with another partition
-// count: repartitioning would break per-key ordering, which is a decision for
-// a person, not for a setup script.
-func ensureTopics(ctx context.Context, brokers, topics []string, partitions int, stdout io.Writer) (err error) {
-	conn, err := dial(ctx, brokers)
+// does not race the broker. Existing topics are left alone, even with another
+// partition count or replication factor, and the difference is reported:
+// repartitioning would break per-key ordering and raising the factor moves
+// data, decisions for a person, not for a setup script.
+func ensureTopics(ctx context.Context, brokers, topics []string, spec kafkautil.TopicSpec, stdout io.Writer) error {
+	states, err := kafkautil.EnsureTopics(ctx, kafkautil.Security{}, brokers, spec, topics...)
 	if err != nil {
 		return err
 	}
-	defer conn.Close()
-
-	existing, err := partitionCounts(conn)
-	if err != nil {
-		return err
-	}
-	var missing []kafka.TopicConfig
-	for _, t := range topics {
-		if n, ok := existing[t]; ok {
-			if n != partitions {
-				fmt.Fprintf(stdout, "topic %s exists with %d partitions (not %d); left as it is\n", t, n, partitions)
-			}
-			continue
+	for _, st := range states {
+		switch {
+		case st.Created:
+			fmt.Fprintf(stdout, "created topic %s (%d partitions, replication factor %d, min.insync.replicas %d)\n",
+				st.Name, st.Partitions, st.Replication.Factor, st.Replication.MinISR)
+		case st.Partitions != spec.Partitions:
+			fmt.Fprintf(stdout, "topic %s exists with %d partitions (not %d); left as it is\n", st.Name, st.Partitions, spec.Partitions)
 		}
-		missing = append(missing, kafka.TopicConfig{Topic: t, NumPartitions: partitions, ReplicationFactor: 1})
+		if !st.Created && spec.Replication.Factor > 0 && st.Replication.Factor != spec.Replication.Factor {
+			fmt.Fprintf(stdout, "topic %s exists with replication factor %d (not %d); left as it is\n",
+				st.Name, st.Replication.Factor, spec.Replication.Factor)
+		}
 	}
 	// Every named topic, existing or new, must be served before this returns:
 	// `make up` starts consumers right after, and a broker that has just
 	// restarted re-elects the leaders of existing topics too.
-	defer func() {
-		if err == nil {
-			err = kafkautil.WaitTopicsReady(ctx, brokers, topics...)
-		}
-	}()
-	if len(missing) == 0 {
-		return nil
-	}
-
-	// CreateTopics must be sent to the controller; any broker can say which one it is.
-	controller, err := conn.Controller()
-	if err != nil {
-		return fmt.Errorf("finding controller: %w", err)
-	}
-	cconn, err := dial(ctx, []string{net.JoinHostPort(controller.Host, strconv.Itoa(controller.Port))})
-	if err != nil {
-		return fmt.Errorf("connecting to controller: %w", err)
-	}
-	defer cconn.Close()
-	if err := cconn.CreateTopics(missing...); err != nil {
-		return fmt.Errorf("creating topics: %w", err)
-	}
-
-	for _, m := range missing {
-		fmt.Fprintf(stdout, "created topic %s (%d partitions, replication factor 1)\n", m.Topic, partitions)
-	}
-	return nil
+	return kafkautil.WaitTopicsReady(ctx, brokers, topics...)
 }
 
 func listTopics(ctx context.Context, brokers []string, stdout io.Writer) error {
@@ -261,31 +249,32 @@ func listTopics(ctx context.Context, brokers []string, stdout io.Writer) error {
 		return err
 	}
 	defer conn.Close()
-	counts, err := partitionCounts(conn)
+	ps, err := conn.ReadPartitions()
 	if err != nil {
-		return err
+		return fmt.Errorf("reading topics: %w", err)
 	}
-	names := make([]string, 0, len(counts))
-	for t := range counts {
+	// Per topic: partitions, and the fewest replicas and in-sync replicas
+	// of any of them (what a broker's death costs that topic).
+	type row struct{ partitions, replicas, isr int }
+	rows := map[string]*row{}
+	for _, p := range ps {
+		r := rows[p.Topic]
+		if r == nil {
+			r = &row{replicas: len(p.Replicas), isr: len(p.Isr)}
+			rows[p.Topic] = r
+		}
+		r.partitions++
+		r.replicas, r.isr = min(r.replicas, len(p.Replicas)), min(r.isr, len(p.Isr))
+	}
+	names := make([]string, 0, len(rows))
+	for t := range rows {
 		names = append(names, t)
 	}
 	slices.Sort(names)
-	fmt.Fprintf(stdout, "%-40s %s\n", "TOPIC", "PARTITIONS")
+	fmt.Fprintf(stdout, "%-40s %-10s %-8s %s\n", "TOPIC", "PARTITIONS", "REPLICAS", "IN-SYNC (fewest)")
 	for _, t := range names {
-		fmt.Fprintf(stdout, "%-40s %d\n", t, counts[t])
+		r := rows[t]
+		fmt.Fprintf(stdout, "%-40s %-10d %-8d %d\n", t, r.partitions, r.replicas, r.isr)
 	}
 	return nil
-}
-
-// partitionCounts reads every topic in the cluster with its partition count.
-func partitionCounts(conn *kafka.Conn) (map[string]int, error) {
-	ps, err := conn.ReadPartitions()
-	if err != nil {
-		return nil, fmt.Errorf("reading topics: %w", err)
-	}
-	counts := make(map[string]int)
-	for _, p := range ps {
-		counts[p.Topic]++
-	}
-	return counts, nil
 }

@@ -384,13 +384,8 @@ func (e peerEnv) database(ctx context.Context, name string) (string, func(), err
 
 // topic creates a topic whose records carry the broker's append time.
 func (e peerEnv) topic(ctx context.Context, name string) error {
-	conn, err := kafkautil.Controller(ctx, e.brokers)
-	if err != nil {
-		return err
-	}
-	defer conn.Close()
-	if err := conn.CreateTopics(kafka.TopicConfig{Topic: name, NumPartitions: peerPartitions, ReplicationFactor: 1,
-		ConfigEntries: []kafka.ConfigEntry{{ConfigName: "message.timestamp.type", ConfigValue: "LogAppendTime"}}}); err != nil {
+	if _, err := kafkautil.EnsureTopics(ctx, kafkautil.Security{}, e.brokers, kafkautil.TopicSpec{Partitions: peerPartitions,
+		Configs: []kafka.ConfigEntry{{ConfigName: "message.timestamp.type", ConfigValue: "LogAppendTime"}}}, name); err != nil {
 		return fmt.Errorf("creating topic %s: %w", name, err)
 	}
 	wctx, cancel := context.WithTimeout(ctx, 30*time.Second)
