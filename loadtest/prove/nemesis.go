@@ -355,6 +355,9 @@ func (n *nemesisRun) apply(ctx context.Context, s step) {
 	if s.Kind == NemFailover {
 		keys = []string{NemFailover, "join/" + KindBilling} // billing's database, and a billing instance joining
 	}
+	if s.Kind == NemWALStart {
+		keys = n.walStartKeys() // nemesis_walstart.go
+	}
 	if !n.take(keys...) {
 		n.h.logf("    skip %s: its target is held by another fault", s)
 		return

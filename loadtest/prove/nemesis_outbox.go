@@ -26,17 +26,24 @@ const (
 	// publication dropped and recreated"): it drops the slot, and the relay
 	// republishes the window from the table.
 	NemPublication = "publication"
+	// NemWALStart starts every billing instance together on a slot that
+	// does not exist yet, as a WAL-only service's first deploy does
+	// (RELAY_MODE=wal only; nemesis_walstart.go): one creates the slot,
+	// the others find it being created, and a transaction held open meanwhile
+	// keeps it from being consistent for a while. An instance that emitted
+	// before the slot was consistent would lose those events silently.
+	NemWALStart = "walstart"
 )
 
 // NemesisOptInKinds are the fault kinds that run only when named.
-var NemesisOptInKinds = []string{NemLongTx, NemPublication}
+var NemesisOptInKinds = []string{NemLongTx, NemPublication, NemWALStart}
 
 // optInKinds returns the opt-in kinds sel names that relayMode can run.
 func optInKinds(sel []string, relayMode string) []string {
 	var out []string
 	for _, k := range NemesisOptInKinds {
 		named := slices.ContainsFunc(sel, func(s string) bool { return strings.TrimSpace(s) == k })
-		if !named || (k == NemPublication && relayMode != "cdc") {
+		if !named || (k == NemPublication && relayMode != "cdc") || (k == NemWALStart && relayMode != "wal") {
 			continue
 		}
 		out = append(out, k)
@@ -51,6 +58,8 @@ func planOptIn(s *step, dur func(lo, hi time.Duration) time.Duration, pick func(
 		s.Target, s.Hold = "postgres", dur(5*time.Second, 40*time.Second)
 	case NemPublication:
 		s.Target, s.Hold = pick([]string{"orders", "billing"}), dur(time.Second, 5*time.Second)
+	case NemWALStart:
+		s.Target, s.Hold = KindBilling, dur(2*time.Second, 10*time.Second)
 	}
 }
 
@@ -62,6 +71,9 @@ func (n *nemesisRun) runOptIn(ctx context.Context, s step) (detail string, ok bo
 		return detail, true, err
 	case NemPublication:
 		detail, err = n.publication(ctx, s.Target, s.Hold)
+		return detail, true, err
+	case NemWALStart:
+		detail, err = n.walStart(ctx, s.Hold)
 		return detail, true, err
 	}
 	return "", false, nil
