@@ -3,6 +3,7 @@ package prove
 import (
 	"context"
 	"fmt"
+	"strings"
 	"sync"
 	"time"
 )
@@ -48,11 +49,20 @@ func (n *nemesisRun) walStart(ctx context.Context, d time.Duration) (string, err
 	}
 	cctx := context.WithoutCancel(ctx)
 	slot, pool := n.p.BillingDB, n.p.billingPool
-	var unconfirmed int
-	err := pool.QueryRow(cctx, `
-		SELECT count(*) FROM pg_logical_slot_peek_binary_changes($1, NULL, NULL,
-		    'proto_version', '1', 'publication_names', 'outbox_events_pub', 'messages', 'true')
-		WHERE get_byte(data, 0) IN (ascii('M'), ascii('I'))`, slot).Scan(&unconfirmed)
+	var (
+		unconfirmed int
+		err         error
+	)
+	// 55006 while a stopped instance's walsender is still going away.
+	for try := 0; try == 0 || (err != nil && strings.Contains(err.Error(), "55006") && try < 50); try++ {
+		if try > 0 {
+			hold(cctx, 100*time.Millisecond)
+		}
+		err = pool.QueryRow(cctx, `
+			SELECT count(*) FROM pg_logical_slot_peek_binary_changes($1, NULL, NULL,
+			    'proto_version', '1', 'publication_names', 'outbox_events_pub', 'messages', 'true')
+			WHERE get_byte(data, 0) IN (ascii('M'), ascii('I'))`, slot).Scan(&unconfirmed)
+	}
 	dropped := "the slot kept"
 	switch {
 	case err != nil:
