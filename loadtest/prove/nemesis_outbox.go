@@ -14,10 +14,12 @@ import (
 // NEMESIS= names them, so the default schedule of every seed stays what
 // it was.
 const (
-	// NemLongTx holds a transaction id open for a while, anywhere in the
-	// cluster: a logical slot created meanwhile is consistent only once it
-	// ends, and the log-based relay's published horizon (so its retention,
-	// and what Backlog calls published) waits for it.
+	// NemLongTx holds a transaction id open for a while, in orders'
+	// database: a logical slot created meanwhile (in any database of the
+	// cluster) is consistent only once it ends, and orders' log-based
+	// relay's published horizon (so its retention, and what Backlog calls
+	// published), which counts its own database's transactions only, waits
+	// for it.
 	NemLongTx = "longtx"
 	// NemPublication drops a service's outbox publication and creates it
 	// again around the load's commits (RELAY_MODE=cdc only): a change
@@ -79,9 +81,9 @@ func (n *nemesisRun) runOptIn(ctx context.Context, s step) (detail string, ok bo
 	return "", false, nil
 }
 
-// longTx holds a transaction id for d.
+// longTx holds a transaction id for d, in orders' database.
 func (n *nemesisRun) longTx(ctx context.Context, d time.Duration) (string, error) {
-	tx, err := n.h.stack.Admin.Begin(ctx)
+	tx, err := n.p.ordersPool.Begin(ctx)
 	if err != nil {
 		return "", err
 	}
@@ -91,7 +93,7 @@ func (n *nemesisRun) longTx(ctx context.Context, d time.Duration) (string, error
 		return "", err
 	}
 	hold(ctx, d)
-	return fmt.Sprintf("transaction %s open for %.1fs", xid, d.Seconds()), tx.Commit(context.WithoutCancel(ctx))
+	return fmt.Sprintf("transaction %s open in orders' database for %.1fs", xid, d.Seconds()), tx.Commit(context.WithoutCancel(ctx))
 }
 
 // publication drops service's publication for d while the load commits,
