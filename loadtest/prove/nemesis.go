@@ -381,6 +381,9 @@ func (n *nemesisRun) apply(ctx context.Context, s step) {
 	if slices.Contains(NemClusterKinds, s.Kind) {
 		keys = clusterKeys()
 	}
+	if s.Kind == NemWALStart {
+		keys = n.walStartKeys() // nemesis_walstart.go
+	}
 	if !n.take(keys...) {
 		n.h.logf("    skip %s: its target is held by another fault", s)
 		return

@@ -44,6 +44,8 @@ func TestSchedule(t *testing.T) {
 		{"-kafka,-postgres,-slot,-limit", "cdc", []string{NemPause, NemKill, NemMember, NemNet, NemThirdParty, NemOperator, NemFailover}, false},
 		{"longtx,publication", "cdc", []string{NemLongTx, NemPublication}, false},
 		{"pause,longtx,publication", "wal", []string{NemPause, NemLongTx}, false},
+		{"walstart", "wal", []string{NemWALStart}, false},
+		{"walstart,longtx", "cdc", []string{NemLongTx}, false},
 		{"slot", "poll", nil, true},
 		{"nosuch", "poll", nil, true},
 	}

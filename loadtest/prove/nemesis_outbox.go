@@ -14,10 +14,12 @@ import (
 // NEMESIS= names them, so the default schedule of every seed stays what
 // it was.
 const (
-	// NemLongTx holds a transaction id open for a while, anywhere in the
-	// cluster: a logical slot created meanwhile is consistent only once it
-	// ends, and the log-based relay's published horizon (so its retention,
-	// and what Backlog calls published) waits for it.
+	// NemLongTx holds a transaction id open for a while, in orders'
+	// database: a logical slot created meanwhile (in any database of the
+	// cluster) is consistent only once it ends, and orders' log-based
+	// relay's published horizon (so its retention, and what Backlog calls
+	// published), which counts its own database's transactions only, waits
+	// for it.
 	NemLongTx = "longtx"
 	// NemPublication drops a service's outbox publication and creates it
 	// again around the load's commits (RELAY_MODE=cdc only): a change
@@ -26,17 +28,24 @@ const (
 	// publication dropped and recreated"): it drops the slot, and the relay
 	// republishes the window from the table.
 	NemPublication = "publication"
+	// NemWALStart starts every billing instance together on a slot that
+	// does not exist yet, as a WAL-only service's first deploy does
+	// (RELAY_MODE=wal only; nemesis_walstart.go): one creates the slot,
+	// the others find it being created, and a transaction held open meanwhile
+	// keeps it from being consistent for a while. An instance that emitted
+	// before the slot was consistent would lose those events silently.
+	NemWALStart = "walstart"
 )
 
 // NemesisOptInKinds are the fault kinds that run only when named.
-var NemesisOptInKinds = []string{NemLongTx, NemPublication, NemDLT}
+var NemesisOptInKinds = []string{NemLongTx, NemPublication, NemWALStart, NemDLT}
 
 // optInKinds returns the opt-in kinds sel names that relayMode can run.
 func optInKinds(sel []string, relayMode string) []string {
 	var out []string
 	for _, k := range NemesisOptInKinds {
 		named := slices.ContainsFunc(sel, func(s string) bool { return strings.TrimSpace(s) == k })
-		if !named || (k == NemPublication && relayMode != "cdc") {
+		if !named || (k == NemPublication && relayMode != "cdc") || (k == NemWALStart && relayMode != "wal") {
 			continue
 		}
 		out = append(out, k)
@@ -53,6 +62,8 @@ func planOptIn(s *step, dur func(lo, hi time.Duration) time.Duration, pick func(
 		s.Target, s.Hold = pick([]string{"orders", "billing"}), dur(time.Second, 5*time.Second)
 	case NemDLT:
 		planDLT(s, dur, pick) // nemesis_dlt.go
+	case NemWALStart:
+		s.Target, s.Hold = KindBilling, dur(2*time.Second, 10*time.Second)
 	}
 }
 
@@ -68,13 +79,16 @@ func (n *nemesisRun) runOptIn(ctx context.Context, s step) (detail string, ok bo
 	case NemDLT:
 		detail, err = n.runDLT(ctx, s)
 		return detail, true, err
+	case NemWALStart:
+		detail, err = n.walStart(ctx, s.Hold)
+		return detail, true, err
 	}
 	return "", false, nil
 }
 
-// longTx holds a transaction id for d.
+// longTx holds a transaction id for d, in orders' database.
 func (n *nemesisRun) longTx(ctx context.Context, d time.Duration) (string, error) {
-	tx, err := n.h.stack.Admin.Begin(ctx)
+	tx, err := n.p.ordersPool.Begin(ctx)
 	if err != nil {
 		return "", err
 	}
@@ -84,7 +98,7 @@ func (n *nemesisRun) longTx(ctx context.Context, d time.Duration) (string, error
 		return "", err
 	}
 	hold(ctx, d)
-	return fmt.Sprintf("transaction %s open for %.1fs", xid, d.Seconds()), tx.Commit(context.WithoutCancel(ctx))
+	return fmt.Sprintf("transaction %s open in orders' database for %.1fs", xid, d.Seconds()), tx.Commit(context.WithoutCancel(ctx))
 }
 
 // publication drops service's publication for d while the load commits,

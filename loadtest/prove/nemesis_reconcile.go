@@ -133,22 +133,18 @@ func (n *nemesisRun) reconcileMidRun(ctx context.Context) (string, error) {
 
 // endOfRunThresholds make the last report judge everything: with the
 // faults gone and the platform quiet, every order is charged, forwarded and
-// booked, and no row is pending, however young. Except, in cdc mode, the
-// outbox: the log-based relay leaves a published row pending until
-// retention deletes it (CDCConfig.Retain, 1 min), so there a pending row
-// is stuck only past the report's default, 5 min, as an operator runs it.
-func endOfRunThresholds(relayMode string) []string {
-	args := []string{"-lease-grace", "1ms", "-charge-after", "1ms", "-settle-after", "1ms"}
-	if relayMode != "cdc" {
-		args = append(args, "-outbox-stuck-after", "1ms")
-	}
-	return args
+// booked, and no row is pending, however young. In every relay mode: the
+// outbox's Backlog counts what is not yet published, and in cdc mode that
+// is commit-ordered (published_xmin), like the audit's pendingQuery, which
+// waitQuiet waits on, so a quiet run has no published row left pending.
+func endOfRunThresholds() []string {
+	return []string{"-lease-grace", "1ms", "-charge-after", "1ms", "-settle-after", "1ms", "-outbox-stuck-after", "1ms"}
 }
 
 // reconcileEnd runs the report after the end-of-run requeues and records it
 // for the checker.
 func (n *nemesisRun) reconcileEnd(ctx context.Context) error {
-	problems, err := n.reconcile(ctx, endOfRunThresholds(n.p.relayMode())...)
+	problems, err := n.reconcile(ctx, endOfRunThresholds()...)
 	if err != nil {
 		return fmt.Errorf("the end-of-run reconciliation: %w", err)
 	}

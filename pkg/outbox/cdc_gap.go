@@ -38,10 +38,10 @@ func (s *streamer) replayGap(ctx context.Context, pending bool, mark time.Time) 
 	if !pending {
 		return nil
 	}
-	// Taken before the first page: every transaction older than it had
-	// committed, so its rows are read by one page or another.
+	// Taken before the first page: every transaction of this database
+	// older than it had ended, so its rows are read by one page or another.
 	var xmin string
-	if err := r.pool.QueryRow(ctx, snapshotXmin).Scan(&xmin); err != nil {
+	if err := r.pool.QueryRow(ctx, horizonXid).Scan(&xmin); err != nil {
 		return fmt.Errorf("reading the replay's snapshot: %w", err)
 	}
 	var after, total int64

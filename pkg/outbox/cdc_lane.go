@@ -113,9 +113,9 @@ func (l *lane) run(ctx context.Context) {
 // MaxAttempts times is skipped as dead.
 func (l *lane) publish(ctx context.Context, todo []cdcEvent) (bool, error) {
 	r := l.r
-	idx, ok := l.dropSettled(ctx, todo)
-	if !ok {
-		return false, nil
+	idx, ok, err := l.dropSettled(ctx, todo)
+	if err != nil || !ok {
+		return false, err
 	}
 	attempts := make(map[int]int) // index into todo -> message-error attempts
 	kafkaStreak := 0
@@ -222,11 +222,13 @@ func (l *lane) publish(ctx context.Context, todo []cdcEvent) (bool, error) {
 // shutting-down Postgres waits for its walsenders to have every WAL record
 // sent and confirmed, and a lane stuck on the database would stop the
 // stream being read and confirmed: each would wait for the other for good.
-// Past these attempts the lane publishes without the read, which can only
-// put an already-settled row on the topic again (a duplicate, or an order
-// consumers see broken), and logs it. The writes a lane needs before it
-// may acknowledge (a dead mark) do not go on without the database: they
-// end the stream instead, which closes the connection as well.
+// Past these attempts the lane ends the stream, unacknowledged, as a failed
+// dead mark does: closing the replication connection releases such a
+// shutdown, and the next stream delivers the rows again and reads again.
+// Publishing them without the read instead would put a row already settled
+// (dead, or requeued under a new id) on the topic again: a dead event
+// reaching consumers, and its requeued copy later coming after its
+// aggregate's next events (invariant 4).
 const laneCheckAttempts = 3
 
 // dropSettled returns the indexes of todo to publish: all but the table
@@ -237,8 +239,9 @@ const laneCheckAttempts = 3
 // (deleted, written again under a new id) goes out as its copy, in its new
 // place. Only rows that may be of that stretch are read (cdcEvent.recheck):
 // a stream past it costs no statement. It tries the read
-// laneCheckAttempts times; false if ctx ended first.
-func (l *lane) dropSettled(ctx context.Context, todo []cdcEvent) ([]int, bool) {
+// laneCheckAttempts times, then returns the error (the stream ends); false
+// if ctx ended first.
+func (l *lane) dropSettled(ctx context.Context, todo []cdcEvent) ([]int, bool, error) {
 	var (
 		ids      []int64
 		eventIDs []string
@@ -260,18 +263,16 @@ func (l *lane) dropSettled(ctx context.Context, todo []cdcEvent) ([]int, bool) {
 		if err == nil {
 			break
 		}
-		clear(settled)
 		if ctx.Err() != nil {
-			return nil, false
+			return nil, false, nil
 		}
 		l.r.cfg.Metrics.dbErrors.WithLabelValues("slot").Inc()
 		if attempt >= laneCheckAttempts {
-			l.r.cfg.Logger.ErrorContext(ctx, "outbox relay could not read its rows' states before publishing them; publishing them all",
-				slog.String("topic", l.topic), slog.Any("error", err))
-			break
+			return nil, false, fmt.Errorf("reading the states of %d redelivered outbox rows before publishing them (not acknowledged: the next stream delivers them again): %w",
+				len(ids), err)
 		}
 		if !retry.Sleep(ctx, retry.Backoff(attempt, l.r.cfg.OutageBackoffMin, l.r.cfg.OutageBackoffMax)) {
-			return nil, false
+			return nil, false, nil
 		}
 	}
 	idx := make([]int, 0, len(todo))
@@ -280,7 +281,7 @@ func (l *lane) dropSettled(ctx context.Context, todo []cdcEvent) ([]int, bool) {
 			idx = append(idx, i)
 		}
 	}
-	return idx, true
+	return idx, true, nil
 }
 
 // holdBehindDead returns idx without the table rows of aggregates that a

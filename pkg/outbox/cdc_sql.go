@@ -31,18 +31,17 @@ DELETE FROM outbox_events WHERE id IN (
 
 // advanceHorizon is retention's first step (lifecycle.go, "horizon,
 // published"): a pending horizon the slot's recorded position passed
-// becomes published_xmin, and a new horizon is taken: the statement's
-// snapshot's xmin, and the WAL insert position read after that snapshot
-// (expressions run after the statement took its snapshot), so every
-// transaction older than the xmin committed below it. A horizon not passed
-// yet stays, so that a busy outbox still promotes one. Not while a new
-// slot's gap is pending: the new slot's positions say nothing about what
-// the old one published.
+// becomes published_xmin, and a new horizon is taken: $2, read just before
+// by horizonXid, and the WAL insert position now, in a later statement, so
+// every transaction of this database older than $2 committed below it. A
+// horizon not passed yet stays, so that a busy outbox still promotes one.
+// Not while a new slot's gap is pending: the new slot's positions say
+// nothing about what the old one published.
 const advanceHorizon = `
 UPDATE outbox_cdc_slots SET
     published_xmin = CASE WHEN horizon_lsn <= confirmed_lsn THEN horizon_xmin ELSE published_xmin END,
     horizon_xmin   = CASE WHEN horizon_lsn IS NULL OR horizon_lsn <= confirmed_lsn
-                          THEN pg_snapshot_xmin(pg_current_snapshot())::xid ELSE horizon_xmin END,
+                          THEN $2::text::xid ELSE horizon_xmin END,
     horizon_lsn    = CASE WHEN horizon_lsn IS NULL OR horizon_lsn <= confirmed_lsn
                           THEN pg_current_wal_insert_lsn() ELSE horizon_lsn END
 WHERE slot_name = $1 AND NOT gap_pending`
@@ -136,16 +135,39 @@ FROM outbox_events WHERE state = 'pending' AND id > $1 ORDER BY id LIMIT $2`
 // the last one ($3, its created_at): a slot lost and marked again during the
 // replay has a gap of its own, which the replay may have read too early.
 //
-// Every row of a transaction older than the replay's first snapshot ($4,
-// its xmin) committed before the replay read the table, so the replay
-// published it (or it is dead): that is the new published_xmin.
+// Every row of a transaction older than the horizon read before the
+// replay's first page ($4, horizonXid) committed before the replay read
+// the table, so the replay published it (or it is dead): that is the new
+// published_xmin.
 const gapReplayed = `
 UPDATE outbox_cdc_slots SET gap_pending = false, confirmed_id = greatest(confirmed_id, $2),
     published_xmin = $4::text::xid, horizon_xmin = NULL, horizon_lsn = NULL
 WHERE slot_name = $1 AND gap_pending AND created_at = $3`
 
-// snapshotXmin is the xmin of the statement's snapshot, as text (an xid).
-const snapshotXmin = `SELECT pg_snapshot_xmin(pg_current_snapshot())::xid::text`
+// horizonXid is an xid every transaction of this database older than it
+// has ended by the time the statement returns: the oldest of the
+// transactions running in this database (pg_stat_activity, which shows
+// every role's backend_xid, and the prepared ones) and the statement
+// snapshot's xmax. Not the snapshot's xmin, which is the oldest running
+// anywhere in the cluster: a transaction open in another service's or
+// test's database (they share one Postgres) held retention, Backlog and the
+// gap replay's published_xmin back in every other. Only this database's
+// transactions can insert into its outbox_events; their subtransactions'
+// xids are younger than their own.
+//
+// Why it holds: a transaction older than the snapshot's xmax had its xid
+// when the statement's snapshot was taken (before anything here runs), so
+// when pg_stat_activity is read it has either ended or is listed, and then
+// the answer is not younger than it. Read as its own statement (a
+// transaction of its own: pg_stat_activity is read once per transaction),
+// and the WAL position that goes with it after it (advanceHorizon). age()
+// orders xids across wraparound.
+const horizonXid = `
+SELECT x::text FROM (
+    SELECT pg_snapshot_xmax(pg_current_snapshot())::xid AS x
+    UNION ALL SELECT backend_xid FROM pg_stat_activity WHERE datname = current_database() AND backend_xid IS NOT NULL
+    UNION ALL SELECT transaction FROM pg_prepared_xacts WHERE database = current_database()
+) r ORDER BY age(x) DESC LIMIT 1`
 
 const (
 	// firstDeadRows is, per aggregate with a dead row, the event id and

@@ -39,11 +39,15 @@ func (r *CDCRelay) refreshGauges(ctx context.Context) error {
 	return nil
 }
 
-// deleteConfirmed moves the slot record's horizon (advanceHorizon), then
-// deletes what is published (publishedCDC) and older than Retain, in
-// batches.
+// deleteConfirmed moves the slot record's horizon (horizonXid, then
+// advanceHorizon), then deletes what is published (publishedCDC) and older
+// than Retain, in batches.
 func (r *CDCRelay) deleteConfirmed(ctx context.Context) error {
-	if _, err := r.pool.Exec(ctx, advanceHorizon, r.cfg.Slot); err != nil {
+	var xid string
+	if err := r.pool.QueryRow(ctx, horizonXid).Scan(&xid); err != nil {
+		return fmt.Errorf("reading this database's horizon: %w", err)
+	}
+	if _, err := r.pool.Exec(ctx, advanceHorizon, r.cfg.Slot, xid); err != nil {
 		return fmt.Errorf("moving the slot's published horizon: %w", err)
 	}
 	for ctx.Err() == nil {

@@ -50,9 +50,11 @@ import (
 //	confirmed position   the slot's holder              recordConfirmed … AND created_at = <its generation>
 //	horizon, published   the retention beside a stream  advanceHorizon … AND NOT gap_pending
 //
-// The horizon is a snapshot's xmin and the WAL insert position read just
-// after that snapshot (horizon_xmin, horizon_lsn): every transaction older
-// than the snapshot's xmin had committed before it, so its commit record
+// The horizon is an xid and the WAL insert position read just after it
+// (horizon_xmin, horizon_lsn): every transaction of this database older
+// than the xid had ended when it was read (horizonXid: the oldest running
+// in this database, not the cluster-wide snapshot xmin, which let another
+// database's open transaction hold this one's back), so its commit record
 // is below horizon_lsn. Once the slot's recorded confirmed position passes
 // horizon_lsn, every such transaction was decoded and acknowledged by
 // Kafka, and horizon_xmin becomes published_xmin. A new slot (markGap)
