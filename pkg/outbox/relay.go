@@ -36,6 +36,8 @@ type Relay struct {
 	// The claim loop's estimate of its rate (noteRate).
 	rate   float64
 	rateAt time.Time
+	// standby is nil unless cfg.Standby.PublishReplicated.
+	standby *standbyGate
 }
 
 // NewRelay returns a relay reading the outbox in pool and writing to w.
@@ -66,6 +68,7 @@ func NewRelay(pool *pgxpool.Pool, w Writer, cfg RelayConfig) (*Relay, error) {
 		listening:     health("listening for commits"),
 		topicStreak:   map[string]int{},
 		deferredTypes: map[string]map[string]bool{},
+		standby:       newStandbyGate(cfg.Standby, cfg.Metrics, cfg.Logger, cfg.LogInterval),
 	}, nil
 }
 
