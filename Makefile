@@ -141,7 +141,7 @@ fuzz: ## Fuzz every decoder for FUZZTIME each (default 30s); a failure leaves it
 prove: ## Kill, restart and poison the real processes, audit every database and the ledger (P=<proof> for one; docs/proofs.md)
 	go run ./loadtest/prove/cmd/prove -profile full $(if $(P),-only $(P)) $(if $(RELAY_MODES),-relay-modes $(RELAY_MODES)) \
 	  $(if $(SEED),-seed $(SEED)) $(if $(NEMESIS),-nemesis $(NEMESIS)) $(if $(NEMESIS_TARGETS),-nemesis-targets $(NEMESIS_TARGETS)) $(if $(NEMESIS_DURATION),-nemesis-duration $(NEMESIS_DURATION)) \
-	  $(if $(PG_REPLICATION),-pg-replication $(PG_REPLICATION))
+	  $(if $(PG_REPLICATION),-pg-replication $(PG_REPLICATION)) $(if $(filter 1,$(PUBLISH_REPLICATED)),-publish-replicated)
 
 .PHONY: bench-outbox
 bench-outbox: up ## Run the outbox benchmarks: ratios against same-run baselines (BENCHMARKS.md; BENCH=regex)

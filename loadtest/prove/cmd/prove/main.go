@@ -48,6 +48,8 @@ func run(ctx context.Context, args []string) error {
 	nemesisDuration := fs.Duration("nemesis-duration", 0, "how long the nemesis's faults run (NEMESIS_DURATION=); default the profile's (full 10m)")
 	pgReplication := fs.String("pg-replication", "", "a streaming Postgres standby for the harness's stack (PG_REPLICATION=): async or sync; "+
 		"the nemesis's pgfailover fault promotes it (ONCEFLOW_PG_VERSION=17 for PostgreSQL 17 and failover slots)")
+	publishReplicated := fs.Bool("publish-replicated", false, "the services' relays publish only what the standby flushed "+
+		"(PUBLISH_REPLICATED=1: OUTBOX_PUBLISH_REPLICATED; with PG_REPLICATION)")
 	parallel := fs.Int("parallel", 1, "how many of the proofs that leave the shared stack alone run at once, each on its own platform")
 	if err := fs.Parse(args[1:]); err != nil {
 		return err
@@ -61,7 +63,7 @@ func run(ctx context.Context, args []string) error {
 		return fmt.Errorf("run from the onceflow repository: %w", err)
 	}
 	opts := prove.Options{Root: root, Dir: *dir, Profile: prof, Out: os.Stdout, RelayModes: strings.Split(*relayModes, ","),
-		Parallel: *parallel, Nemesis: prove.NemesisOptions{Seed: *seed, Duration: *nemesisDuration}}
+		Parallel: *parallel, PublishReplicated: *publishReplicated, Nemesis: prove.NemesisOptions{Seed: *seed, Duration: *nemesisDuration}}
 	if opts.PGReplication, err = prove.ParsePGReplication(*pgReplication); err != nil {
 		return err
 	}
