@@ -82,8 +82,12 @@ func (n *nemesisRun) pgFailover(ctx context.Context, s step) (string, error) {
 		// Relays that publish only what a standby has publish nothing
 		// until the promoted server has one: seed it first, and the
 		// resumption includes the seeding, as it would in production.
+		// The old primary's postmaster may still be a zombie that init has
+		// not reaped, and Postgres refuses to start over its lock file
+		// while that pid exists: try again for a while.
 		n.stackMu.Lock()
-		err := stack.StartServers(cctx)
+		var err error
+		_ = waitUntil(cctx, 20*time.Second, func() bool { err = stack.StartServers(cctx); return err == nil })
 		n.stackMu.Unlock()
 		if err != nil {
 			return "seeding a new standby failed", fmt.Errorf("seeding a new standby: %w", err)
