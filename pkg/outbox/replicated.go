@@ -52,7 +52,9 @@ type Standby struct {
 	// commit before it is published. Default: every physical slot on the
 	// primary.
 	StandbySlots []string
-	// ReplicatedWait bounds one wait. Default DefaultReplicatedWait (5s).
+	// ReplicatedWait bounds one wait. The log-based relay sends the server
+	// no status update while it waits, so keep it well under the server's
+	// wal_sender_timeout (60s by default). Default DefaultReplicatedWait (5s).
 	ReplicatedWait time.Duration
 }
 
