@@ -78,6 +78,17 @@ demo: services ## Run the platform end to end: place orders, wait until all are 
 	fi
 	@echo "  grafana     under 'docker compose up' (secrets in .env, see .env.example): http://127.0.0.1:3000 (dashboards in the onceflow folder; Prometheus at http://127.0.0.1:9090)"
 
+# The tests that need a Postgres standby (build tag standby: the relays' Standby.PublishReplicated):
+# a primary and a standby of their own (STANDBY_PG_PORT, its +1; data in .standby-stack, kept for the
+# next run; `ONCEFLOW_STACK_DIR=.standby-stack devstack/stack.sh down postgres` stops them), Kafka
+# from the dev stack. Not part of `make test`, whose stack has one server.
+STANDBY_PG_PORT ?= 56532
+.PHONY: test-standby
+test-standby: up ## Run the tests that need a Postgres standby (Standby.PublishReplicated) on a primary+standby of their own
+	ONCEFLOW_STACK_DIR=$(CURDIR)/.standby-stack ONCEFLOW_PG_PORT=$(STANDBY_PG_PORT) ONCEFLOW_PG_STANDBY=1 devstack/stack.sh up postgres
+	ONCEFLOW_TEST_PG_URL='postgres://postgres:postgres@127.0.0.1:$(STANDBY_PG_PORT)/postgres?sslmode=disable' \
+	  go test -tags standby -race -count=1 -run Standby ./pkg/outbox/
+
 # -timeout: the quick proofs (loadtest/prove) run real crashes and restarts for several minutes.
 # k6: the k6 smoke scenario (loadtest/bench/rig) runs the project's k6 build.
 # debezium-jars: the quick Debezium test (loadtest/prove) runs Kafka Connect.
@@ -143,7 +154,7 @@ fuzz: ## Fuzz every decoder for FUZZTIME each (default 30s); a failure leaves it
 prove: ## Kill, restart and poison the real processes, audit every database and the ledger (P=<proof> for one; docs/proofs.md)
 	go run ./loadtest/prove/cmd/prove -profile full $(if $(P),-only $(P)) $(if $(RELAY_MODES),-relay-modes $(RELAY_MODES)) \
 	  $(if $(SEED),-seed $(SEED)) $(if $(NEMESIS),-nemesis $(NEMESIS)) $(if $(NEMESIS_TARGETS),-nemesis-targets $(NEMESIS_TARGETS)) $(if $(NEMESIS_DURATION),-nemesis-duration $(NEMESIS_DURATION)) \
-	  $(if $(PG_REPLICATION),-pg-replication $(PG_REPLICATION)) \
+	  $(if $(PG_REPLICATION),-pg-replication $(PG_REPLICATION)) $(if $(filter 1,$(PUBLISH_REPLICATED)),-publish-replicated) \
 	  $(if $(NEMESIS_TOPOLOGY),-nemesis-topology $(NEMESIS_TOPOLOGY))
 
 .PHONY: bench-outbox

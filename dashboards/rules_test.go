@@ -409,6 +409,29 @@ var alertCases = []alertCase{
 				"reconciler: the third party booked 1 payment(s) twice in the last hour"}}},
 			{at: "85m"}, // an hour without a new one
 		}},
+	{"PostgresServerSwitched",
+		[]series{
+			// orders followed a failover at 5m; billing's connections stayed.
+			{`service_postgres_server_switches_total{service="orders",instance="orders:8081"}`, "0x4 1x30"},
+			{`service_postgres_server_switches_total{service="billing",instance="billing:8082"}`, "0x34"},
+		},
+		[]check{
+			{at: "4m"},
+			{at: "6m", fires: []firing{{map[string]string{"service": "orders"},
+				"orders: its Postgres connections switched server (a failover) in the last 10 minutes"}}},
+			{at: "20m"}, // a failover long past
+		}},
+	{"OutboxStandbyBehind",
+		[]series{
+			// orders' relay waits for a standby from 2m; billing's had a blip shorter than the for.
+			{`outbox_standby_behind{service="orders",instance="orders:8081"}`, "0 0 1 1 1 1 1"},
+			{`outbox_standby_behind{service="billing",instance="billing:8082"}`, "0 1 0 0 0 0 0"},
+		},
+		[]check{
+			{at: "3m"},
+			{at: "5m", fires: []firing{{map[string]string{"service": "orders"},
+				"orders: the outbox relay has published nothing for 2 minutes, waiting for a standby"}}},
+		}},
 	{"ServiceDown",
 		[]series{
 			{`up{job="onceflow",service="billing",instance="billing:8082"}`, "1 1 0 0 0 0 0"},

@@ -77,11 +77,31 @@ func (n *nemesisRun) pgFailover(ctx context.Context, s step) (string, error) {
 	if err != nil {
 		return "reading the marks after the promotion failed", err
 	}
+	seeded := false
+	if n.h.opts.PublishReplicated {
+		// Relays that publish only what a standby has publish nothing
+		// until the promoted server has one: seed it first, and the
+		// resumption includes the seeding, as it would in production.
+		// The old primary's postmaster may still be a zombie that init has
+		// not reaped, and Postgres refuses to start over its lock file
+		// while that pid exists: try again for a while.
+		n.stackMu.Lock()
+		var err error
+		_ = waitUntil(cctx, 20*time.Second, func() bool { err = stack.StartServers(cctx); return err == nil })
+		n.stackMu.Unlock()
+		if err != nil {
+			return "seeding a new standby failed", fmt.Errorf("seeding a new standby: %w", err)
+		}
+		seeded = true
+	}
 	resumed := n.waitResumed(cctx, before, rep.KilledAt)
 	detail := fmt.Sprintf("%s replication: (%.1fs waiting for the slots to be synchronized) the standby received nothing for %.1fs (%d bytes behind), "+
 		"then the primary was killed; promoted %.1fs after the kill (logical slots on it: %s); resumed after the kill: %s",
 		stack.HA, rep.SyncWait.Seconds(), rep.LaggedFor.Seconds(), rep.LagBytes, rep.PromotedAt.Sub(rep.KilledAt).Seconds(), rep.Slots, resumed)
 	n.h.logf("    pgfailover: %s", detail)
+	if seeded {
+		return detail, nil
+	}
 	// A standby again, for the next failover: the old primary seeded anew.
 	n.stackMu.Lock()
 	defer n.stackMu.Unlock()

@@ -138,6 +138,9 @@ func (h *Harness) newPlatform(ctx context.Context, name string, s Setup) (*Platf
 			// Slot names are global to the cluster: one per database.
 			"RELAY_MODE": relayMode, "OUTBOX_SLOT": db,
 		}
+		if h.opts.PublishReplicated {
+			env["OUTBOX_PUBLISH_REPLICATED"] = "true"
+		}
 		// The walsender needs REPLICATION, which the app role has not: the
 		// producer's replication role, which has nothing else.
 		if r := roles[db].Replication; r.Name != "" {

@@ -36,6 +36,8 @@ type CDCRelay struct {
 	mu         sync.Mutex
 	active     bool
 	downTopics map[string]bool // topics whose writes fail for the broker's sake
+
+	standby *standbyGate // nil unless cfg.Standby.PublishReplicated
 }
 
 // NewCDCRelay returns a log-based relay for the outbox in pool, writing to w.
@@ -74,6 +76,7 @@ func NewCDCRelay(pool *pgxpool.Pool, w Writer, cfg CDCConfig) (*CDCRelay, error)
 		stream:     health("streaming from the replication slot"),
 		retention:  health("deleting confirmed outbox rows"),
 		lag:        health("reading the slot gauges"),
+		standby:    newStandbyGate(cfg.Standby, cfg.Metrics, cfg.Logger, cfg.LogInterval),
 	}, nil
 }
 

@@ -134,6 +134,11 @@ type CDCConfig struct {
 	Logger *slog.Logger
 	// Metrics receives the relay's metrics. Default: none.
 	Metrics *Metrics
+	// Standby makes the relay publish a transaction only once the standbys
+	// have flushed its commit (replicated.go); on PostgreSQL 17,
+	// synchronized_standby_slots on the primary does the same for every
+	// logical walsender. Default: off.
+	Standby Standby
 }
 
 var slotName = regexp.MustCompile(`^[a-z0-9_]{1,63}$`)
@@ -177,6 +182,9 @@ func (c CDCConfig) WithDefaults() CDCConfig {
 func (c CDCConfig) Validate() error {
 	const name = "outbox: CDCConfig"
 	if err := knob.RefuseNegative(name, c); err != nil {
+		return err
+	}
+	if err := c.Standby.validate(name); err != nil {
 		return err
 	}
 	d := c.WithDefaults()

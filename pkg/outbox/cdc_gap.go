@@ -54,6 +54,11 @@ func (s *streamer) replayGap(ctx context.Context, pending bool, mark time.Time) 
 		if len(evs) == 0 {
 			break
 		}
+		// Rows read from the table are as visible as a stream's commits
+		// before the standbys have them: the same wait (replicated.go).
+		if err := r.standby.await(ctx, r.pool); err != nil {
+			return fmt.Errorf("waiting for the standbys: %w", err)
+		}
 		// One page at a time: memory stays bounded however long the gap.
 		tx := s.begin()
 		for _, ev := range evs {

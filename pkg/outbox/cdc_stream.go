@@ -401,6 +401,14 @@ func (s *streamer) decode(ctx context.Context, x pglogrepl.XLogData) error {
 		if err != nil {
 			return fmt.Errorf("parsing a begin message: %w", err)
 		}
+		// The walsender decoded this transaction's commit: the primary
+		// flushed it. With Standby.PublishReplicated nothing of it goes to
+		// a lane before the standbys flushed it too (replicated.go); a
+		// wait that runs out ends the stream, and the next one delivers
+		// the transaction again, the slot not having moved past it.
+		if err := s.r.standby.await(ctx, s.r.pool); err != nil {
+			return fmt.Errorf("waiting for the standbys: %w", err)
+		}
 		s.open = s.begin()
 		s.open.recheck = final < s.fresh
 	case pgoRelation:

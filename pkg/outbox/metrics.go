@@ -28,6 +28,7 @@ type Metrics struct {
 	refused                                   *prometheus.CounterVec
 	publishLag, batchSize                     prometheus.Histogram
 	cdc                                       *cdcMetrics
+	standby                                   *standbyMetrics
 }
 
 // NewMetrics creates the relay metrics and registers them on reg (nil: not
@@ -96,6 +97,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			m.slotLag, m.slotActive, m.externalStreaming, m.slotLost, m.claims, m.emptyClaims, m.roundTrips, m.refused)
 	}
 	m.cdc = newCDCMetrics(reg)
+	m.standby = newStandbyMetrics(reg)
 	// Connected until a publish says otherwise: a relay that has not published
 	// yet has no evidence of an outage, and the alert on 0 must not fire for it.
 	m.kafkaConnected.Set(1)

@@ -38,6 +38,8 @@ type Relay struct {
 	// The claim loop's estimate of its rate (noteRate).
 	rate   float64
 	rateAt time.Time
+	// standby is nil unless cfg.Standby.PublishReplicated.
+	standby *standbyGate
 }
 
 // NewRelay returns a relay reading the outbox in pool and writing to w.
@@ -69,6 +71,7 @@ func NewRelay(pool *pgxpool.Pool, w Writer, cfg RelayConfig) (*Relay, error) {
 		topicStreak:   map[string]int{},
 		deferredTypes: map[string]map[string]bool{},
 		refused:       newRefused(3 * cfg.OutageBackoffMax),
+		standby:       newStandbyGate(cfg.Standby, cfg.Metrics, cfg.Logger, cfg.LogInterval),
 	}, nil
 }
 

@@ -117,6 +117,11 @@ func (r *Relay) relayBatch(ctx context.Context, ops wakeOps) (res batchResult, e
 		return res, nil
 	}
 	r.cfg.Metrics.batchSize.Observe(float64(len(batch)))
+	if err := r.standby.await(ctx, conn); err != nil {
+		// The rows stay pending, uncharged: the rollback releases them,
+		// and the relay backs off as from any Postgres outage.
+		return res, err
+	}
 
 	// Publish only what can be published in order: an undecodable row, and
 	// the later rows of its aggregate, stay behind it.

@@ -107,6 +107,9 @@ type RelayConfig struct {
 	Logger *slog.Logger
 	// Metrics receives the relay's metrics. Default: none.
 	Metrics *Metrics
+	// Standby makes the relay publish only what the standbys have flushed
+	// (replicated.go). Default: off, publish what the primary committed.
+	Standby Standby
 }
 
 // WithDefaults returns c with every zero field set to its documented
@@ -147,6 +150,9 @@ func (c RelayConfig) WithDefaults() RelayConfig {
 func (c RelayConfig) Validate() error {
 	const name = "outbox: RelayConfig"
 	if err := knob.RefuseNegative(name, c); err != nil {
+		return err
+	}
+	if err := c.Standby.validate(name); err != nil {
 		return err
 	}
 	d := c.WithDefaults()

@@ -50,6 +50,8 @@ func run(ctx context.Context, args []string) error {
 		"the nemesis's pgfailover fault promotes it (ONCEFLOW_PG_VERSION=17 for PostgreSQL 17 and failover slots)")
 	nemesisTopology := fs.String("nemesis-topology", "", "the harness's Kafka (NEMESIS_TOPOLOGY=): empty for one broker, ha for a cluster of three "+
 		"(replication factor 3, min.insync.replicas 2) and the cluster fault kinds "+strings.Join(prove.NemClusterKinds, ","))
+	publishReplicated := fs.Bool("publish-replicated", false, "the services' relays publish only what the standby flushed "+
+		"(PUBLISH_REPLICATED=1: OUTBOX_PUBLISH_REPLICATED; with PG_REPLICATION)")
 	parallel := fs.Int("parallel", 1, "how many of the proofs that leave the shared stack alone run at once, each on its own platform")
 	if err := fs.Parse(args[1:]); err != nil {
 		return err
@@ -63,7 +65,7 @@ func run(ctx context.Context, args []string) error {
 		return fmt.Errorf("run from the onceflow repository: %w", err)
 	}
 	opts := prove.Options{Root: root, Dir: *dir, Profile: prof, Out: os.Stdout, RelayModes: strings.Split(*relayModes, ","),
-		Parallel: *parallel, Nemesis: prove.NemesisOptions{Seed: *seed, Duration: *nemesisDuration, Topology: *nemesisTopology}}
+		Parallel: *parallel, PublishReplicated: *publishReplicated, Nemesis: prove.NemesisOptions{Seed: *seed, Duration: *nemesisDuration, Topology: *nemesisTopology}}
 	if opts.PGReplication, err = prove.ParsePGReplication(*pgReplication); err != nil {
 		return err
 	}

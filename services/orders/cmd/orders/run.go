@@ -65,6 +65,12 @@ type Config struct {
 	// OutboxSlot is the log-based relay's replication slot; slot names are
 	// global to the Postgres cluster, so each service has its own.
 	OutboxSlot string `env:"OUTBOX_SLOT" envDefault:"orders_outbox"`
+	// OutboxPublishReplicated makes the relay (every mode) publish an event
+	// only once every standby streaming through a physical slot has flushed
+	// its commit (outbox.Standby): a failover then takes back nothing that
+	// was published. A standby down or behind stops publishing, reported as
+	// outbox_standby_behind. See docs/operations.md.
+	OutboxPublishReplicated bool `env:"OUTBOX_PUBLISH_REPLICATED" envDefault:"false"`
 	// PublishMode is outbox (the order and its event commit together, the
 	// relay publishes) or naive (commit, then produce directly: the dual
 	// write). naive exists only so the fault-injection harness can show it
@@ -146,7 +152,9 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout 
 		defer writer.Close()
 		relayStage, err = svc.OutboxRelay(ctx, writer, outbox.PublisherConfig{
 			Mode: relayMode, Topic: func(string) string { return cfg.OrdersTopic }, Metrics: metrics,
-			CDC: outbox.CDCConfig{Slot: cfg.OutboxSlot, ReplicationURL: cfg.ReplicationDatabaseURL},
+			Poll: outbox.RelayConfig{Standby: outbox.Standby{PublishReplicated: cfg.OutboxPublishReplicated}},
+			CDC: outbox.CDCConfig{Slot: cfg.OutboxSlot, ReplicationURL: cfg.ReplicationDatabaseURL,
+				Standby: outbox.Standby{PublishReplicated: cfg.OutboxPublishReplicated}},
 		})
 		if err != nil {
 			return err

@@ -1,0 +1,229 @@
+package outbox
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/jackc/pglogrepl"
+	"github.com/jackc/pgx/v5"
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// Publishing only what the standby has (issue 32): a commit is visible on
+// the primary, and decoded by a logical walsender, before a standby holds
+// it — with asynchronous replication always, with synchronous replication
+// while the commit waits for the standby (a waiting commit whose client
+// gives up becomes visible at once). A relay that publishes it then
+// publishes an event a failover to that standby takes back: the order is
+// gone, its charge at the third party is not. Standby.PublishReplicated
+// makes a relay wait until every standby the failover could promote has
+// flushed the commits it is about to publish. PostgreSQL 17's
+// synchronized_standby_slots does the same for logical decoding (the
+// walsender waits); this works on 15 too, and for the polling relay.
+
+// DefaultReplicatedWait bounds one wait for the standbys: past it the batch
+// (polling relay) or the stream (log-based relay) is abandoned and retried,
+// and the relay reports a standby outage. Nothing is charged to a row.
+const DefaultReplicatedWait = 5 * time.Second
+
+// Standby says whether a relay publishes only what the standbys have.
+// The zero value publishes what the primary committed, as before.
+type Standby struct {
+	// PublishReplicated makes the relay publish an event only once every
+	// standby named by StandbySlots has flushed its commit. The standbys
+	// are followed through their physical replication slots
+	// (pg_replication_slots.restart_lsn is the flush position a standby
+	// reported, readable by any role), so they must stream through slots,
+	// as the dev stack's does and as Patroni and CloudNativePG make them.
+	// While no such slot exists, or a standby is down or behind, nothing is
+	// published: the relay waits, at most ReplicatedWait at a time, and
+	// reports the outage (outbox_standby_waits_total{outcome="timeout"},
+	// outbox_standby_behind, a WARN log line); it never marks a row dead
+	// for it. The price is the standby's round trip on every batch
+	// (polling) or transaction (log-based). Writers must commit with
+	// synchronous_commit on (the default): a commit made with it off is
+	// visible before the primary itself flushed it, and the polling relay
+	// compares with the primary's flush position. Default false.
+	PublishReplicated bool
+	// StandbySlots names the physical slots whose standbys must have a
+	// commit before it is published. Default: every physical slot on the
+	// primary.
+	StandbySlots []string
+	// ReplicatedWait bounds one wait. The log-based relay sends the server
+	// no status update while it waits, so keep it well under the server's
+	// wal_sender_timeout (60s by default). Default DefaultReplicatedWait (5s).
+	ReplicatedWait time.Duration
+}
+
+// errStandbyBehind is what a wait that ran out of ReplicatedWait returns:
+// an outage the relay waits out, never the message's fault.
+var errStandbyBehind = errors.New("outbox: the standbys have not flushed the commits to publish")
+
+// standbyFlushed reads the primary's flush position and the lowest flush
+// position among the standbys' slots (NULL when there is none, or a slot
+// was never used). pg_current_wal_flush_lsn() bounds every commit a query
+// on the primary can see, and every commit a logical walsender decoded:
+// a commit made with synchronous_commit on is flushed before it is visible,
+// and a walsender decodes only flushed WAL.
+const standbyFlushed = `
+SELECT pg_current_wal_flush_lsn()::text,
+       (SELECT CASE WHEN count(*) = 0 OR bool_or(restart_lsn IS NULL) THEN NULL
+                    ELSE min(restart_lsn)::text END
+          FROM pg_replication_slots
+         WHERE slot_type = 'physical' AND (cardinality($1::text[]) = 0 OR slot_name = ANY ($1::text[]))),
+       (SELECT count(*) FROM pg_replication_slots
+         WHERE slot_type = 'physical' AND (cardinality($1::text[]) = 0 OR slot_name = ANY ($1::text[])))`
+
+// standbyFlush reads only the standbys' lowest flush position.
+const standbyFlush = `
+SELECT CASE WHEN count(*) = 0 OR bool_or(restart_lsn IS NULL) THEN NULL ELSE min(restart_lsn)::text END
+  FROM pg_replication_slots
+ WHERE slot_type = 'physical' AND (cardinality($1::text[]) = 0 OR slot_name = ANY ($1::text[]))`
+
+// querier is what the waits query: a pooled connection, a transaction or
+// the pool itself.
+type querier interface {
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+}
+
+// standbyMetrics are the metrics of the waits for the standbys.
+type standbyMetrics struct {
+	waits  *prometheus.CounterVec
+	waited prometheus.Histogram
+	behind prometheus.Gauge
+}
+
+func newStandbyMetrics(reg prometheus.Registerer) *standbyMetrics {
+	m := &standbyMetrics{
+		waits: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "outbox_standby_waits_total",
+			Help: "Waits of a relay with PublishReplicated for the standbys to flush what it is about to publish, by outcome: " +
+				"at_once (they had it), waited, timeout (ReplicatedWait ran out: nothing published, retried; a standby outage)."},
+			[]string{"outcome"}),
+		waited: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "outbox_standby_wait_seconds",
+			Help:    "How long a relay with PublishReplicated waited for the standbys before publishing (0 when they had it).",
+			Buckets: prometheus.ExponentialBuckets(0.0005, 2, 16)}),
+		behind: prometheus.NewGauge(prometheus.GaugeOpts{Name: "outbox_standby_behind",
+			Help: "1 while a relay with PublishReplicated publishes nothing because its last wait for the standbys ran out " +
+				"(a standby down, behind, or no standby slot), 0 otherwise."}),
+	}
+	for _, o := range []string{"at_once", "waited", "timeout"} {
+		m.waits.WithLabelValues(o)
+	}
+	if reg != nil {
+		reg.MustRegister(m.waits, m.waited, m.behind)
+	}
+	return m
+}
+
+// standbyGate waits for the standbys on behalf of one relay.
+type standbyGate struct {
+	cfg     Standby
+	metrics *standbyMetrics
+	health  *outage
+	logger  *slog.Logger
+}
+
+func newStandbyGate(cfg Standby, m *Metrics, logger *slog.Logger, logInterval time.Duration) *standbyGate {
+	if !cfg.PublishReplicated {
+		return nil
+	}
+	if cfg.ReplicatedWait == 0 {
+		cfg.ReplicatedWait = DefaultReplicatedWait
+	}
+	if cfg.StandbySlots == nil {
+		cfg.StandbySlots = []string{}
+	}
+	return &standbyGate{cfg: cfg, metrics: m.standby, logger: logger,
+		health: newOutage("waiting for the standbys to flush what is to be published", logger, logInterval)}
+}
+
+// await waits until the standbys flushed everything the primary had
+// flushed when it was called, reading both through q, at most
+// ReplicatedWait. The polling relay calls it after its claim, in the claim's
+// transaction: every row it claimed committed below that position. The
+// log-based relay calls it when a transaction's begin arrives: the
+// walsender decoded its commit, so the commit is below it too.
+func (g *standbyGate) await(ctx context.Context, q querier) error {
+	if g == nil {
+		return nil
+	}
+	began := time.Now()
+	var (
+		primaryText string
+		standbyText *string
+		slots       int
+	)
+	if err := q.QueryRow(ctx, standbyFlushed, g.cfg.StandbySlots).Scan(&primaryText, &standbyText, &slots); err != nil {
+		return fmt.Errorf("reading the standbys' flush position: %w", err)
+	}
+	target, err := pglogrepl.ParseLSN(primaryText)
+	if err != nil {
+		return fmt.Errorf("reading the primary's flush position %q: %w", primaryText, err)
+	}
+	reached := func(s *string) bool {
+		if s == nil {
+			return false
+		}
+		lsn, err := pglogrepl.ParseLSN(*s)
+		return err == nil && lsn >= target
+	}
+	if reached(standbyText) {
+		g.passed(ctx, "at_once", began)
+		return nil
+	}
+	deadline := began.Add(g.cfg.ReplicatedWait)
+	pause := 500 * time.Microsecond
+	for {
+		if time.Now().After(deadline) {
+			return g.timedOut(ctx, target, standbyText, slots)
+		}
+		t := time.NewTimer(pause)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return ctx.Err()
+		case <-t.C:
+		}
+		pause = min(2*pause, 50*time.Millisecond)
+		standbyText = nil
+		if err := q.QueryRow(ctx, standbyFlush, g.cfg.StandbySlots).Scan(&standbyText); err != nil {
+			return fmt.Errorf("reading the standbys' flush position: %w", err)
+		}
+		if reached(standbyText) {
+			g.passed(ctx, "waited", began)
+			return nil
+		}
+	}
+}
+
+func (g *standbyGate) passed(ctx context.Context, outcome string, began time.Time) {
+	g.metrics.waits.WithLabelValues(outcome).Inc()
+	g.metrics.waited.Observe(time.Since(began).Seconds())
+	g.metrics.behind.Set(0)
+	g.health.ok(ctx)
+}
+
+func (g *standbyGate) timedOut(ctx context.Context, target pglogrepl.LSN, standby *string, slots int) error {
+	g.metrics.waits.WithLabelValues("timeout").Inc()
+	g.metrics.behind.Set(1)
+	at := "no position"
+	if standby != nil {
+		at = *standby
+	}
+	err := fmt.Errorf("%w within %v: want %s, the standbys' slots (%d) are at %s",
+		errStandbyBehind, g.cfg.ReplicatedWait, target, slots, at)
+	g.health.fail(ctx, err)
+	return err
+}
+
+// validate refuses a negative ReplicatedWait, which RefuseNegative does not
+// see inside the nested struct.
+func (s Standby) validate(config string) error {
+	if s.ReplicatedWait < 0 {
+		return fmt.Errorf("%s.Standby.ReplicatedWait is negative (%v); leave it zero for the default", config, s.ReplicatedWait)
+	}
+	return nil
+}
