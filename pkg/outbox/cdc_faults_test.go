@@ -331,3 +331,45 @@ SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots WHERE slot_nam
 		return countRows(t, pool, "true") == 0, nil
 	})
 }
+
+// Issue 32: a lost slot (here dropped; a PostgreSQL 15 failover loses it
+// the same way) used to be replayed from the whole table, every row that
+// retention had not deleted yet: all the retained, long-published rows went
+// to Kafka a second time. The replay republishes the gap, the rows no slot
+// confirmed (publishedCDC, commit-ordered), and nothing the old slot had
+// already confirmed.
+func TestCDCLostSlotReplaysOnlyTheGapNotWhatWasPublished(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	e := newCDCEnv(t, 1, 50)
+	pool, c := e.pool, e.c
+	cfg := e.config()
+	// Retention runs often but keeps every row: the published rows are in
+	// the table when the slot is lost, as with a production Retain.
+	cfg.RetentionInterval, cfg.Retain = 20*time.Millisecond, time.Hour
+	stop := runStreaming(t, newCDC(t, pool, e.w, cfg))
+	enqueue(t, pool, newEvent("p", 1), newEvent("p", 2), newEvent("p", 3))
+	testenv.WaitFor(t, 20*time.Second, "the published events", func() (bool, error) { return c.distinct() == 3, nil })
+	testenv.WaitFor(t, 30*time.Second, "the relay to count them published (its horizon past them)", func() (bool, error) {
+		r, err := outbox.Backlog(ctx, pool, outbox.BacklogConfig{})
+		return r.Pending.Count == 0, err
+	})
+	stop()
+	testenv.WaitFor(t, 20*time.Second, "the slot to be dropped", func() (bool, error) {
+		_, err := pool.Exec(ctx, `SELECT pg_drop_replication_slot($1)`, e.slot)
+		return err == nil, nil // 55006 while the walsender is still going away
+	})
+	enqueue(t, pool, newEvent("gap", 1))
+
+	runStreaming(t, newCDC(t, pool, e.w, cfg))
+	enqueue(t, pool, newEvent("b", 1))
+	testenv.WaitFor(t, 30*time.Second, "the gap and the next event to reach Kafka", func() (bool, error) {
+		return c.distinct() == 5, nil
+	})
+	if n := c.dups(); n != 0 {
+		t.Errorf("the lost slot's replay sent %d event(s) a second time: it replayed rows the old slot had confirmed, not only the gap", n)
+	}
+	if n := countRows(t, pool, "true"); n != 5 {
+		t.Errorf("%d rows in the table, want all 5 (Retain is an hour)", n)
+	}
+}

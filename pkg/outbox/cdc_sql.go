@@ -123,12 +123,19 @@ const slotConfirmed = `SELECT confirmed_flush_lsn::text FROM pg_replication_slot
 // mark that said so.
 const gapPending = `SELECT gap_pending, created_at FROM outbox_cdc_slots WHERE slot_name = $1`
 
-// gapRows reads the table's pending rows in id order, a page at a time
-// (keyset on id, so each page is one index range scan of the pending index).
-const gapRows = `
+// gapRows reads the gap, a page at a time in id order (keyset on id, so
+// each page is one index range scan of the pending index): the pending rows
+// no slot confirmed. A row the old slot confirmed (publishedCDC) is left
+// out: markGap keeps published_xmin and confirmed_id, which only ever say
+// what Kafka acknowledged, so a lost slot (a PostgreSQL 15 failover) costs
+// the gap, not every row retention kept. After an asynchronous failover
+// the record may be older than the old primary's last one: the replay is
+// then larger, never short.
+var gapRows = `
 SELECT id, event_id, aggregate_type, aggregate_id, aggregate_version, event_type, event_version,
        payload, headers, occurred_at, created_at
-FROM outbox_events WHERE state = 'pending' AND id > $1 ORDER BY id LIMIT $2`
+FROM outbox_events WHERE state = 'pending' AND id > $1 AND NOT ` + publishedCDC("outbox_events") + `
+ORDER BY id LIMIT $2`
 
 // gapReplayed ends the replay: retention may delete again, and the rows it
 // republished count as confirmed. Only if the mark it replayed for is still
