@@ -9,6 +9,8 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/segmentio/kafka-go"
+
+	"github.com/onceflow/onceflow/pkg/internal/writercheck"
 )
 
 // Consumer handles the messages of one topic, in one consumer group,
@@ -115,6 +117,11 @@ func NewLeaseConsumer(pool *pgxpool.Pool, src GroupConfig, dlq Writer, eff Effec
 // newConsumer is the dispatcher of both constructors, and what it shares
 // with their appliers; src and cfg are checked and have their defaults.
 func newConsumer(pool *pgxpool.Pool, src GroupConfig, dlq Writer, cfg Config) (*Consumer, *shared, error) {
+	// Dead letters keep their key but need no particular hash: nobody reads
+	// a dead-letter topic in per-key order.
+	if err := writercheck.Check(dlq, false, "inbox: the dead-letter writer"); err != nil {
+		return nil, nil, err
+	}
 	s, err := newShared(pool, dlq, cfg)
 	if err != nil {
 		return nil, nil, err
