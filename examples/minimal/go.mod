@@ -2,6 +2,9 @@ module github.com/onceflow/onceflow/examples/minimal
 
 go 1.26
 
+// pgx and kafka-go are required at the versions pkg/go.mod pins: an
+// adopter's `go mod tidy` keeps a listed version and would otherwise pick the
+// newest, which the libraries were not tested with (selfcontained_test.go).
 require (
 	github.com/jackc/pgx/v5 v5.7.5
 	github.com/onceflow/onceflow/pkg v0.0.0
