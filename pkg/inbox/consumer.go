@@ -131,10 +131,15 @@ func newConsumer(pool *pgxpool.Pool, src GroupConfig, dlq Writer, cfg Config) (*
 
 // Run consumes until ctx ends. Broker and database outages are waited out
 // (see doc.go for how errors are classified); Run returns only after ctx
-// ended, with nil, or when a crash point fires. On the way out, the work in
+// ended, with nil, or when a crash point fires, or at once when the
+// dead-letter topic does not exist (it is refused at start, not found
+// missing at the first message that needs it). On the way out, the work in
 // hand gets ShutdownGrace to finish and have its offsets committed; what is
 // still unfinished then is abandoned and redelivered later.
 func (c *Consumer) Run(ctx context.Context) error {
+	if err := c.requireDeadLetterTopic(ctx); err != nil {
+		return err
+	}
 	// The work in hand outlives ctx by ShutdownGrace at most.
 	work, cancelWork := context.WithCancel(context.WithoutCancel(ctx))
 	defer cancelWork()
