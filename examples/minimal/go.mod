@@ -2,6 +2,9 @@ module github.com/onceflow/onceflow/examples/minimal
 
 go 1.26
 
+// pgx and kafka-go are required at the versions pkg/go.mod pins: an
+// adopter's `go mod tidy` keeps a listed version and would otherwise pick the
+// newest, which the libraries were not tested with (selfcontained_test.go).
 require (
 	github.com/jackc/pgx/v5 v5.7.5
 	github.com/onceflow/onceflow/pkg v0.0.0
@@ -33,6 +36,7 @@ require (
 	go.opentelemetry.io/auto/sdk v1.1.0 // indirect
 	go.opentelemetry.io/otel v1.38.0 // indirect
 	go.opentelemetry.io/otel/metric v1.38.0 // indirect
+	go.opentelemetry.io/otel/sdk v1.38.0 // indirect
 	go.opentelemetry.io/otel/trace v1.38.0 // indirect
 	go.yaml.in/yaml/v2 v2.4.2 // indirect
 	golang.org/x/crypto v0.41.0 // indirect

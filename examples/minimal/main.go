@@ -1,9 +1,13 @@
-// Command minimal is the smallest real use of onceflow's libraries, the
-// program to start from: it writes an order and its OrderPlaced event in one
-// transaction (pkg/outbox), relays the event to Kafka, and consumes it
-// through an inbox (pkg/inbox) that records it exactly once.
+// Command minimal is the smallest real use of onceflow's libraries, wired
+// as the platform's services wire them, the program to start from: it
+// writes an order and its OrderPlaced event in one transaction
+// (pkg/outbox), relays the event to Kafka on a pool of the relay's own, and
+// consumes it through an inbox (pkg/inbox) that records it exactly once;
+// both libraries' pruners run beside them, and `minimal requeue` sends the
+// consumer's dead letters back (the operator's action).
 //
-//	go run ./examples/minimal   # against the dev stack (`make up`)
+//	go run ./examples/minimal           # against the dev stack (`make up`)
+//	go run ./examples/minimal requeue   # requeue every pending dead letter
 //
 // DATABASE_URL and KAFKA_BROKERS point it elsewhere; the role needs to
 // create tables (it applies the migrations itself, see docs/adopt.md).
@@ -17,7 +21,6 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
-	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -28,31 +31,25 @@ import (
 
 	"github.com/onceflow/onceflow/pkg/event"
 	"github.com/onceflow/onceflow/pkg/inbox"
+	"github.com/onceflow/onceflow/pkg/kafkasafe"
 	"github.com/onceflow/onceflow/pkg/outbox"
+	"github.com/onceflow/onceflow/pkg/pgmigrate"
 )
 
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	if err := run(ctx, os.Getenv, os.Stdout); err != nil {
+	if err := run(ctx, os.Args[1:], os.Getenv, os.Stdout); err != nil {
 		fmt.Fprintln(os.Stderr, "minimal:", err)
 		os.Exit(1)
 	}
 }
 
-// The service's own table. The outbox's and inbox's tables come from their
-// migrations (outbox.Migrate, inbox.Migrate).
-const createTables = `
-CREATE TABLE IF NOT EXISTS orders (id uuid PRIMARY KEY, amount_cents bigint NOT NULL);
-CREATE TABLE IF NOT EXISTS shipments (order_id text PRIMARY KEY, created_at timestamptz NOT NULL DEFAULT now());`
+// consumerName is the inbox's dedupe namespace (inbox.Config.Name): keep it
+// when the consumer group changes.
+const consumerName = "minimal"
 
-const (
-	insertOrder    = `INSERT INTO orders (id, amount_cents) VALUES ($1, $2)`
-	insertShipment = `INSERT INTO shipments (order_id) VALUES ($1)`
-	countShipments = `SELECT count(*) FROM shipments WHERE order_id = $1`
-)
-
-func run(ctx context.Context, getenv func(string) string, stdout io.Writer) error {
+func run(ctx context.Context, args []string, getenv func(string) string, stdout io.Writer) error {
 	dbURL := or(getenv("DATABASE_URL"), "postgres://postgres:postgres@127.0.0.1:55432/postgres?sslmode=disable")
 	brokers := strings.Split(or(getenv("KAFKA_BROKERS"), "127.0.0.1:59092"), ",")
 	topic := or(getenv("TOPIC"), "minimal.orders")
@@ -63,25 +60,33 @@ func run(ctx context.Context, getenv func(string) string, stdout io.Writer) erro
 		return err
 	}
 	defer pool.Close()
+	// The schema first, as its owner: the libraries' tables and the
+	// service's own, each tracked in a table of its own.
 	if err := outbox.Migrate(ctx, pool); err != nil {
 		return err
 	}
 	if err := inbox.Migrate(ctx, pool); err != nil {
 		return err
 	}
-	if _, err := pool.Exec(ctx, createTables); err != nil {
-		return fmt.Errorf("creating tables: %w", err)
-	}
-	if err := createTopics(ctx, brokers, topic, topic+".dlt"); err != nil {
+	if err := pgmigrate.Up(ctx, pool, Migrations, MigrationsTable); err != nil {
 		return err
 	}
-
-	// kafka-go's zero Writer acks nothing and waits a second per batch:
-	// wait for every in-sync replica, flush at once, and hash keys as
-	// Kafka's Java client does, so one aggregate stays on one partition.
-	w := &kafka.Writer{Addr: kafka.TCP(brokers...), RequiredAcks: kafka.RequireAll,
-		BatchTimeout: time.Millisecond, Balancer: &kafka.Murmur2Balancer{}}
+	// The topic and its dead-letter topic beside it, replicated as the
+	// cluster allows (3 copies and min.insync.replicas 2 from three brokers
+	// on; 1 and 1 on the dev stack's one).
+	admin := &kafka.Client{Addr: kafka.TCP(brokers...)}
+	if _, err := kafkasafe.EnsureTopics(ctx, admin, kafkasafe.TopicSpec{Partitions: 3, DeadLetters: true}, topic); err != nil {
+		return fmt.Errorf("creating topics (is Kafka up? `make up`): %w", err)
+	}
+	// acks from every in-sync replica, batches flushed at once, keys hashed
+	// as Kafka's Java producer hashes them: the relay refuses a writer
+	// without these (a bare &kafka.Writer{} has none of them).
+	w := kafkasafe.NewWriter(brokers, kafkasafe.WriterConfig{})
 	defer w.Close()
+
+	if len(args) > 0 && args[0] == "requeue" {
+		return requeue(ctx, pool, w, brokers, topic, stdout)
+	}
 
 	// 1. The business change and its event commit together, or not at all.
 	orderID := event.NewID()
@@ -100,30 +105,45 @@ func run(ctx context.Context, getenv func(string) string, stdout io.Writer) erro
 	}
 	fmt.Fprintf(stdout, "placed order %s with its OrderPlaced event in one transaction\n", orderID)
 
-	// 2. The relay publishes committed events; 3. the inbox consumes them.
-	relay, err := outbox.NewRelay(pool, w, outbox.RelayConfig{
+	// 2. The relay publishes committed events, on a pool of its own: in the
+	// pool the requests and the consumer share, each claim would first wait
+	// for a connection.
+	relayPool, err := ownPool(ctx, dbURL, 4)
+	if err != nil {
+		return err
+	}
+	defer relayPool.Close()
+	relay, err := outbox.NewRelay(relayPool, w, outbox.RelayConfig{
 		Topic: func(string) string { return topic }, Logger: logger})
 	if err != nil {
 		return err
 	}
-	handle := func(ctx context.Context, tx pgx.Tx, ev event.Envelope) error {
-		// Runs in the transaction that records the event in the inbox: a
-		// redelivery finds that row and never comes here again.
-		_, err := tx.Exec(ctx, insertShipment, ev.AggregateID)
+	// 3. The inbox consumes them; what it cannot handle goes to topic.dlt.
+	consumer, err := inbox.NewConsumer(pool,
+		inbox.GroupConfig{Brokers: brokers, Topic: topic, Group: consumerName}, w, handle,
+		inbox.Config{Name: consumerName, Logger: logger})
+	if err != nil {
 		return err
 	}
-	consumer, err := inbox.NewConsumer(pool,
-		inbox.GroupConfig{Brokers: brokers, Topic: topic, Group: "minimal"}, w, handle,
-		inbox.Config{Name: "minimal", Logger: logger})
+	// 4. Without pruners both tables grow forever: published outbox rows
+	// and processed inbox rows go after their retention (7 days each by
+	// default; the inbox's must outlast any redelivery).
+	outboxPruner, err := outbox.NewPruner(pool, outbox.PrunerConfig{Logger: logger})
+	if err != nil {
+		return err
+	}
+	inboxPruner, err := inbox.NewPruner(pool, inbox.PrunerConfig{Logger: logger})
 	if err != nil {
 		return err
 	}
 
 	runCtx, stop := context.WithCancel(ctx)
 	defer stop()
-	done := make(chan error, 2)
-	go func() { done <- relay.Run(runCtx) }()
-	go func() { done <- consumer.Run(runCtx) }()
+	stages := []func(context.Context) error{relay.Run, consumer.Run, outboxPruner.Run, inboxPruner.Run}
+	done := make(chan error, len(stages))
+	for _, run := range stages {
+		go func() { done <- run(runCtx) }()
+	}
 
 	// The handler's row is visible once the inbox's transaction committed.
 	var n int
@@ -145,44 +165,71 @@ func run(ctx context.Context, getenv func(string) string, stdout io.Writer) erro
 	}
 	fmt.Fprintf(stdout, "relayed to %s and consumed through the inbox: %d shipment for order %s\n", topic, n, orderID)
 
-	// Shutdown order: consumers, then the relay; Run returns once drained.
+	// Shutdown order: consumers, then the relay; Run returns once drained,
+	// so the relay has marked what the broker acknowledged.
 	stop()
-	return errors.Join(<-done, <-done)
+	var errs []error
+	for range stages {
+		errs = append(errs, <-done)
+	}
+	if err := errors.Join(errs...); err != nil {
+		return err
+	}
+	return printStatus(ctx, pool, orderID.String(), stdout)
 }
 
-// createTopics creates topics that do not exist yet, through the controller.
-func createTopics(ctx context.Context, brokers []string, topics ...string) error {
-	conn, err := kafka.DialContext(ctx, "tcp", brokers[0])
-	if err != nil {
-		return fmt.Errorf("dialing Kafka (is it up? `make up`): %w", err)
-	}
-	defer conn.Close()
-	ctrl, err := conn.Controller()
+// printStatus reads where the order's event is on both sides, as an
+// operator would: its outbox row (pending, published or dead) and its
+// inbox row of each consumer (processed, dead_lettered, …).
+func printStatus(ctx context.Context, pool *pgxpool.Pool, orderID string, stdout io.Writer) error {
+	events, err := outbox.EventsOf(ctx, pool, orderID)
 	if err != nil {
 		return err
 	}
-	cc, err := kafka.DialContext(ctx, "tcp", fmt.Sprintf("%s:%d", ctrl.Host, ctrl.Port))
+	for _, e := range events {
+		fmt.Fprintf(stdout, "outbox: %s %s\n", e.EventType, e.State)
+	}
+	msgs, err := inbox.MessagesOf(ctx, pool, orderID)
 	if err != nil {
 		return err
 	}
-	defer cc.Close()
-	// As many copies as the cluster allows, up to 3, and a write acknowledged
-	// only once 2 of them have it (min.insync.replicas): a broker can then
-	// die without losing what the relay was told is published. One broker
-	// (the dev stack's default) can hold one copy, and 1 and 1 is all it gets.
-	bs, err := cc.Brokers()
-	if err != nil {
-		return err
-	}
-	rf := min(3, len(bs))
-	minISR := kafka.ConfigEntry{ConfigName: "min.insync.replicas", ConfigValue: strconv.Itoa(min(2, rf))}
-	for _, t := range topics {
-		err := cc.CreateTopics(kafka.TopicConfig{Topic: t, NumPartitions: 3, ReplicationFactor: rf, ConfigEntries: []kafka.ConfigEntry{minISR}})
-		if err != nil && !errors.Is(err, kafka.TopicAlreadyExists) {
-			return fmt.Errorf("creating topic %s: %w", t, err)
-		}
+	for _, m := range msgs {
+		fmt.Fprintf(stdout, "inbox %s: %s %s\n", m.Consumer, m.EventType, m.Status)
 	}
 	return nil
+}
+
+// requeue sends every pending dead letter of the consumer back to topic,
+// once its cause is fixed (a handler for a new event type, say), a chunk
+// at a time until the pass has read the whole dead-letter topic.
+func requeue(ctx context.Context, pool *pgxpool.Pool, w inbox.Writer, brokers []string, topic string, stdout io.Writer) error {
+	total, next := 0, ""
+	for {
+		res, err := inbox.RequeueDeadLetters(ctx, pool, w, brokers, topic+kafkasafe.DeadLetterSuffix,
+			inbox.RequeueFilter{Consumer: consumerName, After: next})
+		if err != nil {
+			return fmt.Errorf("requeuing dead letters: %w", err)
+		}
+		total += res.Requeued
+		for _, r := range res.Refused {
+			fmt.Fprintf(stdout, "refused: %+v\n", r)
+		}
+		if next = res.Next; next == "" {
+			break
+		}
+	}
+	fmt.Fprintf(stdout, "requeued %d dead letters to %s\n", total, topic)
+	return nil
+}
+
+// ownPool opens a pool of size connections for one worker.
+func ownPool(ctx context.Context, dbURL string, size int32) (*pgxpool.Pool, error) {
+	cfg, err := pgxpool.ParseConfig(dbURL)
+	if err != nil {
+		return nil, err
+	}
+	cfg.MaxConns = size
+	return pgxpool.NewWithConfig(ctx, cfg)
 }
 
 func or(v, def string) string {

@@ -61,9 +61,19 @@ func TestMinimalRuns(t *testing.T) {
 	}
 	t.Logf("minimal printed:\n%s", out)
 	want := regexp.MustCompile(`(?m)^placed order (\S+) with its OrderPlaced event in one transaction\n` +
-		`relayed to ` + name + ` and consumed through the inbox: 1 shipment for order (\S+)$`)
+		`relayed to ` + name + ` and consumed through the inbox: 1 shipment for order (\S+)\n` +
+		`outbox: OrderPlaced published\n` +
+		`inbox minimal: OrderPlaced processed$`)
 	m := want.FindSubmatch(out)
 	if m == nil || string(m[1]) != string(m[2]) {
-		t.Fatalf("minimal printed\n%s\nwant the order placed, relayed and consumed once", out)
+		t.Fatalf("minimal printed\n%s\nwant the order placed, relayed and consumed once, and both rows' status", out)
+	}
+
+	// The operator's requeue: nothing was dead-lettered, so nothing goes back.
+	cmd = exec.CommandContext(ctx, bin, "requeue")
+	cmd.Env = append(os.Environ(), "DATABASE_URL="+dbURL.String(), "KAFKA_BROKERS="+brokers, "TOPIC="+name)
+	out, err = cmd.CombinedOutput()
+	if err != nil || !regexp.MustCompile(`(?m)^requeued 0 dead letters to `+name+`$`).Match(out) {
+		t.Fatalf("minimal requeue: %v\n%s", err, out)
 	}
 }

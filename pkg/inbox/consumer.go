@@ -9,6 +9,8 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/segmentio/kafka-go"
+
+	"github.com/onceflow/onceflow/pkg/internal/writercheck"
 )
 
 // Consumer handles the messages of one topic, in one consumer group,
@@ -115,6 +117,11 @@ func NewLeaseConsumer(pool *pgxpool.Pool, src GroupConfig, dlq Writer, eff Effec
 // newConsumer is the dispatcher of both constructors, and what it shares
 // with their appliers; src and cfg are checked and have their defaults.
 func newConsumer(pool *pgxpool.Pool, src GroupConfig, dlq Writer, cfg Config) (*Consumer, *shared, error) {
+	// Dead letters keep their key but need no particular hash: nobody reads
+	// a dead-letter topic in per-key order.
+	if err := writercheck.Check(dlq, false, "inbox: the dead-letter writer"); err != nil {
+		return nil, nil, err
+	}
 	s, err := newShared(pool, dlq, cfg)
 	if err != nil {
 		return nil, nil, err
@@ -124,10 +131,15 @@ func newConsumer(pool *pgxpool.Pool, src GroupConfig, dlq Writer, cfg Config) (*
 
 // Run consumes until ctx ends. Broker and database outages are waited out
 // (see doc.go for how errors are classified); Run returns only after ctx
-// ended, with nil, or when a crash point fires. On the way out, the work in
+// ended, with nil, or when a crash point fires, or at once when the
+// dead-letter topic does not exist (it is refused at start, not found
+// missing at the first message that needs it). On the way out, the work in
 // hand gets ShutdownGrace to finish and have its offsets committed; what is
 // still unfinished then is abandoned and redelivered later.
 func (c *Consumer) Run(ctx context.Context) error {
+	if err := c.requireDeadLetterTopic(ctx); err != nil {
+		return err
+	}
 	// The work in hand outlives ctx by ShutdownGrace at most.
 	work, cancelWork := context.WithCancel(context.WithoutCancel(ctx))
 	defer cancelWork()

@@ -41,6 +41,7 @@ func newGroupRig(t *testing.T) *groupRig {
 	t.Helper()
 	f := newFixture(t)
 	f.topic = testenv.NewTopic(t, f.brokers, groupPartitions)
+	testenv.NewTopicNamed(t, f.brokers, f.topic+".dlt", 1) // Run refuses to start without it
 	if _, err := f.pool.Exec(context.Background(), `CREATE TABLE applied (
 		seq bigserial PRIMARY KEY, event_id uuid NOT NULL, aggregate_id text NOT NULL, version bigint NOT NULL)`); err != nil {
 		t.Fatal(err)

@@ -42,6 +42,7 @@ func newFixture(t *testing.T) *fixture {
 		t.Fatal(err)
 	}
 	f.topic = testenv.NewTopic(t, f.brokers, 1)
+	testenv.NewTopicNamed(t, f.brokers, f.topic+".dlt", 1) // Run refuses to start without it
 	f.writer = testenv.NewWriter(f.brokers, 10)
 	t.Cleanup(func() { f.writer.Close() })
 	return f

@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/onceflow/onceflow/pkg/internal/retry"
+	"github.com/onceflow/onceflow/pkg/internal/writercheck"
 )
 
 // CDCRelay publishes the outbox from Postgres's logical replication stream
@@ -47,6 +48,9 @@ func NewCDCRelay(pool *pgxpool.Pool, w Writer, cfg CDCConfig) (*CDCRelay, error)
 	}
 	cfg = cfg.WithDefaults()
 	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	if err := writercheck.Check(w, true, "outbox: NewCDCRelay"); err != nil {
 		return nil, err
 	}
 	var (

@@ -4,12 +4,11 @@ import (
 	"context"
 	"log/slog"
 	"os"
-	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
-	"github.com/segmentio/kafka-go"
 
+	"github.com/onceflow/onceflow/pkg/kafkasafe"
 	"github.com/onceflow/onceflow/pkg/outbox"
 )
 
@@ -24,7 +23,9 @@ func ExampleNewPublisher() {
 		return
 	}
 	defer pool.Close()
-	w := &kafka.Writer{Addr: kafka.TCP("127.0.0.1:9092"), RequiredAcks: kafka.RequireAll, BatchTimeout: time.Millisecond}
+	// The writer the relay needs (acks=all, a short batch timeout, murmur2
+	// keys); NewPublisher refuses a bare &kafka.Writer{}.
+	w := kafkasafe.NewWriter([]string{"127.0.0.1:9092"}, kafkasafe.WriterConfig{})
 	defer w.Close()
 
 	mode, err := outbox.ParseRelayMode(os.Getenv("RELAY_MODE")) // poll, cdc or wal

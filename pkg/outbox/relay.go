@@ -10,6 +10,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/onceflow/onceflow/pkg/internal/retry"
+	"github.com/onceflow/onceflow/pkg/internal/writercheck"
 )
 
 // Relay publishes pending outbox rows to Kafka and marks them published only
@@ -49,6 +50,9 @@ func NewRelay(pool *pgxpool.Pool, w Writer, cfg RelayConfig) (*Relay, error) {
 	}
 	cfg = cfg.WithDefaults()
 	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	if err := writercheck.Check(w, true, "outbox: NewRelay"); err != nil {
 		return nil, err
 	}
 	connConfig := pool.Config().ConnConfig

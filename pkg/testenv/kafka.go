@@ -13,6 +13,7 @@ import (
 	"github.com/segmentio/kafka-go"
 
 	"github.com/onceflow/onceflow/pkg/event"
+	"github.com/onceflow/onceflow/pkg/kafkasafe"
 )
 
 // Ping reports whether a broker answers a metadata request within the
@@ -60,63 +61,31 @@ func Controller(ctx context.Context, brokers []string) (*kafka.Conn, error) {
 // min(2, that), so a test against a cluster (ONCEFLOW_TEST_KAFKA_BROKERS
 // naming its brokers) writes with acks=all as production does, and a test
 // against one broker gets the 1 and 1 it can hold. It is
-// platform/kafkautil.ReplicationFor's rule, kept here because the libraries'
-// kits import nothing of the platform. configs are further topic settings;
+// kafkasafe.ReplicationFor's rule. configs are further topic settings;
 // one naming min.insync.replicas replaces the default.
 func TopicConfig(ctrl *kafka.Conn, name string, partitions int, configs ...kafka.ConfigEntry) (kafka.TopicConfig, error) {
 	brokers, err := ctrl.Brokers()
 	if err != nil {
 		return kafka.TopicConfig{}, fmt.Errorf("reading the cluster's brokers: %w", err)
 	}
-	factor := min(3, max(len(brokers), 1))
+	repl := kafkasafe.ReplicationFor(len(brokers))
 	entries := slices.Clone(configs)
 	if !slices.ContainsFunc(configs, func(c kafka.ConfigEntry) bool { return c.ConfigName == "min.insync.replicas" }) {
-		entries = append(entries, kafka.ConfigEntry{ConfigName: "min.insync.replicas", ConfigValue: strconv.Itoa(min(2, factor))})
+		entries = append(entries, kafka.ConfigEntry{ConfigName: "min.insync.replicas", ConfigValue: strconv.Itoa(repl.MinISR)})
 	}
-	return kafka.TopicConfig{Topic: name, NumPartitions: partitions, ReplicationFactor: factor, ConfigEntries: entries}, nil
+	return kafka.TopicConfig{Topic: name, NumPartitions: partitions, ReplicationFactor: repl.Factor, ConfigEntries: entries}, nil
 }
 
-// Writer is a *kafka.Writer whose Close also closes its transport's
-// connections and metadata refresh, so tests that make many writers leave
-// nothing running.
-type Writer struct {
-	*kafka.Writer
-	transport *kafka.Transport
-}
+// Writer is the libraries' writer (kafkasafe.Writer): its Close also
+// closes its transport, so tests that make many writers leave nothing
+// running.
+type Writer = kafkasafe.Writer
 
-// KafkaWriter returns the writer w wraps (outbox.Writer reads its batch
-// limits through it).
-func (w *Writer) KafkaWriter() *kafka.Writer { return w.Writer }
-
-// Close flushes and closes the writer, then its transport.
-func (w *Writer) Close() error {
-	err := w.Writer.Close()
-	w.transport.CloseIdleConnections()
-	return err
-}
-
-// NewWriter returns the writer the libraries expect (batchSize at least the
-// messages written at once): every in-sync replica acks (a Writer{} literal acks nothing), a
-// batch is flushed at once instead of after kafka-go's second, keys hash to
-// partitions, and the caller retries (the relay keeps a row pending).
+// NewWriter returns the writer the libraries expect, kafkasafe.NewWriter
+// (batchSize at least the messages written at once): the one production
+// uses, so a test cannot pass with a writer production would not have.
 func NewWriter(brokers []string, batchSize int) *Writer {
-	if batchSize < 1 {
-		batchSize = 100
-	}
-	// A transport of its own: the shared default caches topic metadata, so
-	// a topic created after another writer looked would stay unknown.
-	transport := &kafka.Transport{DialTimeout: 3 * time.Second, MetadataTTL: 2 * time.Second}
-	return &Writer{transport: transport, Writer: &kafka.Writer{
-		Addr:            kafka.TCP(brokers...),
-		Balancer:        &kafka.Murmur2Balancer{}, // as Kafka's Java producer, and platform/kafkautil
-		RequiredAcks:    kafka.RequireAll,
-		BatchSize:       batchSize,
-		BatchTimeout:    200 * time.Microsecond,
-		MaxAttempts:     3,
-		WriteBackoffMin: 10 * time.Millisecond,
-		WriteBackoffMax: 200 * time.Millisecond,
-		Transport:       transport,
-	}}
+	return kafkasafe.NewWriter(brokers, kafkasafe.WriterConfig{BatchSize: batchSize})
 }
 
 // NewGroupReader returns a consumer-group reader that starts a new group at

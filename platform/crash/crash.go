@@ -5,10 +5,11 @@
 //
 // A service's run turns its CRASH_POINT and CRASH_AFTER variables into a
 // hook with Point, and arms it with Arm. The libraries' crash points
-// (outboxtest.CrashAfterAck, inboxtest.CrashAfterCommit,
-// inboxtest.CrashAfterEffect) are in no config: they are reached only
-// through the libraries' test kits, in the context the relay's and the
-// consumer's Run get, which is what Arm sets. A service's own points
+// (crashpoint.OutboxAfterAck, crashpoint.InboxAfterCommit,
+// crashpoint.InboxAfterEffect) are in no config: they are reached through
+// pkg/crashpoint, in the context the relay's and the consumer's Run get,
+// which is what Arm sets. Not through the test kits, which would link
+// testing into the services (TestServicesLinkNoTestTooling). A service's own points
 // (orders.CrashAfterWrite) take the hook as the service likes. Unset (or
 // "none"), Point returns nil and Arm arms nothing: production pays one
 // context lookup per point.
@@ -24,7 +25,7 @@ import (
 	"sync/atomic"
 	"syscall"
 
-	"github.com/onceflow/onceflow/pkg/inbox/inboxtest"
+	"github.com/onceflow/onceflow/pkg/crashpoint"
 )
 
 // Disabled is the CRASH_POINT value that arms nothing (Compose files must set
@@ -32,11 +33,10 @@ import (
 const Disabled = "none"
 
 // Arm returns ctx with hook (from Point; nil arms nothing) armed at the
-// libraries' crash points, for every stage a service runs under ctx. The two
-// kits share one hook, so arming it through the inbox's kit arms the
-// outbox's point too; hook tells them apart by name.
+// libraries' crash points, for every stage a service runs under ctx. Both
+// libraries' points share the one hook; hook tells them apart by name.
 func Arm(ctx context.Context, hook func(name string) error) context.Context {
-	return inboxtest.WithCrashPoint(ctx, hook)
+	return crashpoint.With(ctx, hook)
 }
 
 // Point returns the crash point hook CRASH_POINT names: the process kills

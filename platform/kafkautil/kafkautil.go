@@ -9,80 +9,40 @@ import (
 	"time"
 
 	"github.com/segmentio/kafka-go"
+
+	"github.com/onceflow/onceflow/pkg/kafkasafe"
 )
 
-// Writer is a *kafka.Writer whose Close also closes the connections and the
-// metadata refresh of the transport it owns.
-type Writer struct {
-	*kafka.Writer
-	transport *kafka.Transport
-}
-
-// KafkaWriter returns the kafka-go writer w wraps: the outbox relay reads its
-// batch limits to cut its writes (outbox.Writer).
-func (w *Writer) KafkaWriter() *kafka.Writer { return w.Writer }
-
-// Close flushes and closes the writer, then its transport.
-func (w *Writer) Close() error {
-	err := w.Writer.Close()
-	w.transport.CloseIdleConnections()
-	return err
-}
+// Writer is the libraries' writer (kafkasafe.Writer): its Close also
+// closes the connections and the metadata refresh of the transport it owns,
+// and KafkaWriter hands the outbox relay the writer whose batch limits cut
+// its writes (outbox.Writer).
+type Writer = kafkasafe.Writer
 
 // RelayBatchSize is the batchSize of the outbox relays' writers. The relay
 // cuts its writes to fit one record batch per partition (outbox.Writer), so
 // the size only bounds how much of a backlog one write takes; 500, the
 // relay's batch, made kafka-go allocate 76 KB per partition per write, a
 // third of what the services allocated at 1,000 orders/s (issue 23).
-const RelayBatchSize = 100
+const RelayBatchSize = kafkasafe.DefaultBatchSize
 
-// NewWriter returns a writer that waits for every in-sync replica to ack
-// (a Writer{} literal defaults to fire-and-forget), flushes after a fraction
-// of a millisecond instead of kafka-go's default second (callers write whole
-// batches, so a longer wait only adds latency; see BENCHMARKS.md), and picks
-// partitions by hashing the key so each aggregate stays on one partition.
-//
-// The hash is murmur2 with the Java client's semantics
-// (toPositive(murmur2(key)) % partitions over all of the topic's partitions),
-// the partitioner of Kafka's Java producer and so of Kafka Connect, Debezium
-// and Kafka Streams: the same key lands on the same partition whoever
-// publishes it (DESIGN.md invariant 10; testdata/java-partitions.tsv holds
-// the Java client's own answers). kafka-go's default, FNV-1a, agrees with
-// none of them.
+// NewWriter returns the libraries' writer, kafkasafe.NewWriter, which the
+// outbox relay and the inbox accept (acks from every in-sync replica, a
+// fraction of a millisecond's batch timeout, murmur2 keys as Kafka's Java
+// producer: testdata/java-partitions.tsv holds the Java client's own
+// answers), connecting over PLAINTEXT unless WithSecurity adds TLS and SASL.
 //
 // batchSize caps the messages of one partition in one record batch; kafka-go
 // also allocates room for that many messages for each partition of every
 // write, however few it holds, so a caller that writes a few messages per
 // partition at a time (a relay at a steady rate) should keep it small:
-// RelayBatchSize. WithSecurity adds TLS and SASL.
+// RelayBatchSize.
 func NewWriter(brokers []string, batchSize int, opts ...WriterOption) *Writer {
-	if batchSize < 1 {
-		batchSize = 100
-	}
 	var o writerOptions
 	for _, opt := range opts {
 		opt(&o)
 	}
-	// A transport of its own: kafka.DefaultTransport is shared by every
-	// writer in the process and caches topic metadata, so a topic created
-	// after another writer looked would stay unknown for seconds.
-	transport := o.security.Transport()
-	return &Writer{transport: transport, Writer: &kafka.Writer{
-		Addr: kafka.TCP(brokers...),
-		// Not Consistent: a nil key gets any partition, as in Java (our
-		// events always have a key; an empty one is hashed, as in Java).
-		Balancer:     &kafka.Murmur2Balancer{},
-		RequiredAcks: kafka.RequireAll,
-		BatchSize:    batchSize,
-		BatchTimeout: 200 * time.Microsecond,
-		// Writes that fail are retried by the caller (the outbox relay keeps
-		// the row pending), so kafka-go's own retries only add latency.
-		MaxAttempts:            3,
-		WriteBackoffMin:        10 * time.Millisecond,
-		WriteBackoffMax:        200 * time.Millisecond,
-		AllowAutoTopicCreation: false,
-		Transport:              transport,
-	}}
+	return kafkasafe.NewWriter(brokers, kafkasafe.WriterConfig{BatchSize: batchSize, Transport: o.security.Transport()})
 }
 
 // Ping reports whether a broker answers a metadata request within the

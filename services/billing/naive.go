@@ -10,9 +10,9 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/segmentio/kafka-go"
 
+	"github.com/onceflow/onceflow/pkg/crashpoint"
 	"github.com/onceflow/onceflow/pkg/event"
 	"github.com/onceflow/onceflow/pkg/inbox"
-	"github.com/onceflow/onceflow/pkg/inbox/inboxtest"
 )
 
 // Reader is the part of a consumer-group *kafka.Reader the naive consumer
@@ -27,13 +27,13 @@ type Reader interface {
 // commit, commit the offset. Nothing remembers which events were applied, so
 // every redelivery (a crash before the offset commit, a relay republishing
 // after its own crash, a replay) applies the event again. It passes the same
-// crash point as the inbox (inboxtest.CrashAfterCommit), so the harness can kill
+// crash point as the inbox (crashpoint.InboxAfterCommit), so the harness can kill
 // both at the same moment and compare.
 type NaiveConsumer struct {
 	Pool   *pgxpool.Pool
 	Reader Reader
 	Handle inbox.Handler
-	// CrashPoint, when set, is called with inboxtest.CrashAfterCommit after each
+	// CrashPoint, when set, is called with crashpoint.InboxAfterCommit after each
 	// database commit, before the offset commit.
 	CrashPoint func(name string) error
 	Logger     *slog.Logger
@@ -81,8 +81,8 @@ func (c *NaiveConsumer) Run(ctx context.Context) error {
 				slog.Any("error", err))
 		}
 		if c.CrashPoint != nil {
-			if err := c.CrashPoint(inboxtest.CrashAfterCommit); err != nil {
-				return fmt.Errorf("crash point %s: %w", inboxtest.CrashAfterCommit, err)
+			if err := c.CrashPoint(crashpoint.InboxAfterCommit); err != nil {
+				return fmt.Errorf("crash point %s: %w", crashpoint.InboxAfterCommit, err)
 			}
 		}
 		if err := c.Reader.CommitMessages(ctx, m); err != nil {

@@ -23,8 +23,8 @@ const (
 // and a non-nil error stops the consumer right there, as a crash would (the
 // platform's fault injection kills the process inside hook). In lease mode
 // hook is called from concurrent side effects, so it must be safe for
-// concurrent use. The points are in no config: a fault-injection harness or
-// a test reaches them only here. The hook is shared with the relay's point
+// concurrent use. The points are in no config: a test reaches them here, a
+// production binary through pkg/crashpoint (which links no testing). The hook is shared with the relay's point
 // (outboxtest.WithCrashPoint arms the same one), so it must tell the points
 // apart by name.
 func WithCrashPoint(ctx context.Context, hook func(name string) error) context.Context {

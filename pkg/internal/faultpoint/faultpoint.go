@@ -5,9 +5,10 @@
 //
 // A hook travels in the context that a relay's or a consumer's Run is given,
 // never in their configuration: the points are no part of the libraries'
-// API. Programs reach them only through the test kits
-// (outboxtest.WithCrashPoint, inboxtest.WithCrashPoint), which name the
-// points their library has. Without a hook a point costs one context lookup.
+// API. Tests reach them through the test kits (outboxtest.WithCrashPoint,
+// inboxtest.WithCrashPoint), production binaries armed by a harness through
+// pkg/crashpoint, which links no test tooling. Without a hook a point costs
+// one context lookup.
 package faultpoint
 
 import (

@@ -22,7 +22,8 @@ const CrashAfterSlotCreated = faultpoint.OutboxAfterSlotCreated
 // relay whose Run gets ctx calls hook(CrashAfterAck) there, and a non-nil
 // error aborts the batch right there, as a crash would (the platform's
 // fault injection kills the process inside hook). The point is in no
-// config: a fault-injection harness or a test reaches it only here. The
+// config: a test reaches it here, a production binary through
+// pkg/crashpoint (which links no testing). The
 // hook is shared with the inbox's points (inboxtest.WithCrashPoint arms the
 // same one), so it must tell the points apart by name.
 func WithCrashPoint(ctx context.Context, hook func(name string) error) context.Context {

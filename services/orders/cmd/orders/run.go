@@ -6,8 +6,8 @@ import (
 	"io"
 	"time"
 
+	"github.com/onceflow/onceflow/pkg/crashpoint"
 	"github.com/onceflow/onceflow/pkg/outbox"
-	"github.com/onceflow/onceflow/pkg/outbox/outboxtest"
 	"github.com/onceflow/onceflow/platform/config"
 	"github.com/onceflow/onceflow/platform/crash"
 	"github.com/onceflow/onceflow/platform/kafkautil"
@@ -110,8 +110,8 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout 
 		return err
 	}
 	defer svc.Close()
-	crashPoint, err := crash.Point(cfg.CrashPoint, cfg.CrashAfter, svc.Logger, orders.CrashAfterWrite, outboxtest.CrashAfterAck,
-		outboxtest.CrashAfterSlotCreated)
+	crashPoint, err := crash.Point(cfg.CrashPoint, cfg.CrashAfter, svc.Logger, orders.CrashAfterWrite, crashpoint.OutboxAfterAck,
+		crashpoint.OutboxAfterSlotCreated)
 	if err != nil {
 		return err
 	}

@@ -7,8 +7,8 @@ import (
 	"net/http"
 	"time"
 
+	"github.com/onceflow/onceflow/pkg/crashpoint"
 	"github.com/onceflow/onceflow/pkg/inbox"
-	"github.com/onceflow/onceflow/pkg/inbox/inboxtest"
 	"github.com/onceflow/onceflow/platform/config"
 	"github.com/onceflow/onceflow/platform/crash"
 	"github.com/onceflow/onceflow/platform/kafkautil"
@@ -72,7 +72,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout 
 		return err
 	}
 	defer svc.Close()
-	crashPoint, err := crash.Point(cfg.CrashPoint, cfg.CrashAfter, svc.Logger, inboxtest.CrashAfterEffect)
+	crashPoint, err := crash.Point(cfg.CrashPoint, cfg.CrashAfter, svc.Logger, crashpoint.InboxAfterEffect)
 	if err != nil {
 		return err
 	}

@@ -1,0 +1,127 @@
+package kafkasafe_test
+
+import (
+	"context"
+	"encoding/hex"
+	"slices"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/segmentio/kafka-go"
+
+	"github.com/onceflow/onceflow/pkg/kafkasafe"
+	"github.com/onceflow/onceflow/pkg/testenv"
+)
+
+// EnsureTopics with DeadLetters creates each topic and its dead-letter
+// topic beside it, replicated as the cluster allows, with
+// min.insync.replicas set; a second call creates nothing and leaves what
+// exists alone. MissingTopics sees the difference without creating anything.
+func TestEnsureTopicsWithDeadLetters(t *testing.T) {
+	t.Parallel()
+	brokers := testenv.KafkaBrokers(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	client := &kafka.Client{Addr: kafka.TCP(brokers...), Transport: &kafka.Transport{MetadataTTL: time.Second}}
+	name := testenv.Name("safe")
+	dlt := name + kafkasafe.DeadLetterSuffix
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		_, _ = client.DeleteTopics(ctx, &kafka.DeleteTopicsRequest{Topics: []string{name, dlt}})
+	})
+
+	missing, err := kafkasafe.MissingTopics(ctx, client, name, dlt)
+	if err != nil || !slices.Equal(missing, []string{name, dlt}) {
+		t.Fatalf("MissingTopics before = %v, %v; want both", missing, err)
+	}
+	states, err := kafkasafe.EnsureTopics(ctx, client, kafkasafe.TopicSpec{Partitions: 3, DeadLetters: true}, name)
+	if err != nil {
+		t.Fatalf("EnsureTopics: %v", err)
+	}
+	if len(states) != 2 || states[0].Name != name || states[1].Name != dlt || !states[0].Created || !states[1].Created {
+		t.Fatalf("EnsureTopics reported %+v, want %s and %s created", states, name, dlt)
+	}
+	want := states[0].Replication
+	if want.Factor < 1 || want.MinISR < 1 {
+		t.Fatalf("EnsureTopics created with %+v", want)
+	}
+	testenv.WaitFor(t, 20*time.Second, "both topics to be known", func() (bool, error) {
+		missing, err := kafkasafe.MissingTopics(ctx, client, name, dlt)
+		return err == nil && len(missing) == 0, nil
+	})
+	cfg, err := client.DescribeConfigs(ctx, &kafka.DescribeConfigsRequest{Resources: []kafka.DescribeConfigRequestResource{{
+		ResourceType: kafka.ResourceTypeTopic, ResourceName: dlt, ConfigNames: []string{"min.insync.replicas"},
+	}}})
+	if err != nil || len(cfg.Resources) != 1 || len(cfg.Resources[0].ConfigEntries) != 1 {
+		t.Fatalf("describing %s: %+v, %v", dlt, cfg, err)
+	}
+	if got := cfg.Resources[0].ConfigEntries[0].ConfigValue; got != strconv.Itoa(want.MinISR) {
+		t.Errorf("%s has min.insync.replicas %s, want %d", dlt, got, want.MinISR)
+	}
+
+	again, err := kafkasafe.EnsureTopics(ctx, client, kafkasafe.TopicSpec{Partitions: 6, DeadLetters: true}, name)
+	if err != nil || len(again) != 2 || again[0].Created || again[1].Created || again[1].Partitions != 3 {
+		t.Errorf("EnsureTopics again = %+v, %v; want both left as they are (3 partitions)", again, err)
+	}
+}
+
+// NewWriter's writer passes CheckWriter, writes with acks from every
+// in-sync replica, and puts a key on the partition Kafka's Java producer
+// picks (rows of platform/kafkautil/testdata/java-partitions.tsv, produced
+// by kafka-clients 3.9.1 itself): a relay and a Java producer writing one
+// aggregate keep it on one partition. kafka-go's bare writer fails the check
+// on each setting.
+func TestNewWriterIsSafe(t *testing.T) {
+	t.Parallel()
+	brokers := testenv.KafkaBrokers(t)
+	topic := testenv.NewTopic(t, brokers, 6)
+	w := kafkasafe.NewWriter(brokers, kafkasafe.WriterConfig{})
+	defer w.Close()
+	if err := kafkasafe.CheckWriter(w); err != nil {
+		t.Fatalf("CheckWriter(NewWriter) = %v", err)
+	}
+	bare := &kafka.Writer{Addr: kafka.TCP(brokers...)}
+	defer bare.Close()
+	err := kafkasafe.CheckWriter(bare)
+	for _, want := range []string{"RequiredAcks", "BatchTimeout", "Balancer"} {
+		testenv.CheckErr(t, err, want)
+	}
+
+	java := map[string]int{"616263": 3, "61626364": 2, "6162636465": 1, "616263646566": 0, "6f726465722d31": 4}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	var msgs []kafka.Message
+	for k := range java {
+		key, _ := hex.DecodeString(k)
+		msgs = append(msgs, kafka.Message{Topic: topic, Key: key, Value: []byte(k)})
+	}
+	// The new topic's leaders take a moment to be known; a retried write
+	// may duplicate a message, which lands on the same partition.
+	testenv.WaitFor(t, 20*time.Second, "the new topic to take writes", func() (bool, error) {
+		return w.WriteMessages(ctx, msgs...) == nil, nil
+	})
+	start := time.Now()
+	if err := w.WriteMessages(ctx, msgs...); err != nil {
+		t.Fatal(err)
+	}
+	// kafka-go's default BatchTimeout alone would take a second.
+	if took := time.Since(start); took > 900*time.Millisecond {
+		t.Errorf("writing %d messages took %s", len(msgs), took)
+	}
+	for p := range 6 {
+		r := kafka.NewReader(kafka.ReaderConfig{Brokers: brokers, Topic: topic, Partition: p, MaxWait: 100 * time.Millisecond})
+		end, err := r.ReadLag(ctx)
+		for i := int64(0); err == nil && i < end; i++ {
+			var m kafka.Message
+			if m, err = r.ReadMessage(ctx); err == nil && java[string(m.Value)] != p {
+				t.Errorf("key %s landed on partition %d, Kafka's Java producer picks %d", m.Value, p, java[string(m.Value)])
+			}
+		}
+		r.Close()
+		if err != nil {
+			t.Fatalf("reading partition %d: %v", p, err)
+		}
+	}
+}
