@@ -22,6 +22,7 @@ type Metrics struct {
 	kafkaConnected, dbConnected                             *prometheus.GaugeVec
 	effectErrors                                            *prometheus.CounterVec // consumer, op (lease mode)
 	effectConnected                                         *prometheus.GaugeVec   // lease mode
+	serverSwitches                                          *prometheus.CounterVec // lease mode
 }
 
 // The reason label of inbox_dead_lettered_total: why a message went to the
@@ -73,6 +74,8 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			"Lifecycle transitions a writer tried after losing its right (the row had moved on: settled by another member, a lease taken over); each changed nothing (state.go).", "transition"),
 		gaps:      counter("inbox_version_gaps_total", "Events whose aggregate version skipped one or more versions."),
 		uncertain: counter("inbox_uncertain_total", "Leased messages whose side effect may or may not have happened; see the reconciliation report."),
+		serverSwitches: counter("inbox_server_switches_total",
+			"Lease mode: times the consumer found its database on another server than the one it recorded (a failover, a restore); first deliveries of older messages then check before calling (lease_server.go)."),
 		seconds: histogram("inbox_processing_seconds",
 			"Time to handle one message in a transaction of its own (a retry, lease mode, a batch of one), commit included.",
 			prometheus.ExponentialBuckets(0.0001, 2, 16)),
@@ -109,7 +112,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			"Lease mode: 1 while the other side of the Effect (a third party) answers, 0 during an outage the consumer is waiting out."),
 	}
 	if reg != nil {
-		reg.MustRegister(m.effectErrors, m.effectConnected)
+		reg.MustRegister(m.effectErrors, m.effectConnected, m.serverSwitches)
 		reg.MustRegister(m.processed, m.duplicates, m.stale, m.failures, m.deadLettered, m.gaps, m.uncertain, m.payloadMismatches, m.seconds, m.batchSeconds, m.hop, m.lag, m.deadLetters,
 			m.parked, m.released, m.parkedNow, m.refused, m.strandedHolds, m.oldestHold, m.operatorActions,
 			m.kafkaErrors, m.dbErrors, m.kafkaConnected, m.dbConnected)
