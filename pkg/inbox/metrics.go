@@ -16,7 +16,7 @@ type Metrics struct {
 	deadLettered                                            *prometheus.CounterVec // consumer, reason
 	seconds, batchSeconds, hop                              *prometheus.HistogramVec
 	lag, deadLetters, parkedNow                             *prometheus.GaugeVec
-	strandedHolds, oldestHold                               *prometheus.GaugeVec
+	strandedHolds, oldestHold, pastRetention                *prometheus.GaugeVec
 	operatorActions                                         *prometheus.GaugeVec   // consumer, action
 	kafkaErrors, dbErrors                                   *prometheus.CounterVec // consumer, op
 	kafkaConnected, dbConnected                             *prometheus.GaugeVec
@@ -96,6 +96,8 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			"Held aggregates with no requeueable dead letter behind them: the dead event's row is neither dead_lettered nor freshly requeued (its requeued copy never applied within 5 minutes). Needs ReleaseHeld or SkipHeld (refreshed every LagInterval)."),
 		oldestHold: gauge("inbox_oldest_hold_age_seconds",
 			"Age of the oldest hold of an aggregate behind a dead event; past the dead-letter topic's retention its letter is gone and only ReleaseHeld or SkipHeld can free it (refreshed every LagInterval)."),
+		pastRetention: gauge("inbox_holds_past_dead_letter_retention",
+			"Holds whose dead letter is only in the dead-letter topic and older than Config.DeadLetterRetention: the letter is most likely gone, its row still says dead_lettered, and only ReleaseHeld or SkipHeld can free the aggregate (refreshed every LagInterval)."),
 		operatorActions: gauge("inbox_operator_actions",
 			"Operator releases and skips of held aggregates recorded in inbox_operator_actions, by action (refreshed every LagInterval).", "action"),
 		kafkaErrors: counter("inbox_kafka_errors_total",
@@ -114,7 +116,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	if reg != nil {
 		reg.MustRegister(m.effectErrors, m.effectConnected, m.serverSwitches)
 		reg.MustRegister(m.processed, m.duplicates, m.stale, m.failures, m.deadLettered, m.gaps, m.uncertain, m.payloadMismatches, m.seconds, m.batchSeconds, m.hop, m.lag, m.deadLetters,
-			m.parked, m.released, m.parkedNow, m.refused, m.strandedHolds, m.oldestHold, m.operatorActions,
+			m.parked, m.released, m.parkedNow, m.refused, m.strandedHolds, m.oldestHold, m.pastRetention, m.operatorActions,
 			m.kafkaErrors, m.dbErrors, m.kafkaConnected, m.dbConnected)
 	}
 	return m
@@ -179,6 +181,7 @@ func (m *Metrics) init(consumer string) {
 	m.parkedNow.WithLabelValues(consumer)
 	m.strandedHolds.WithLabelValues(consumer)
 	m.oldestHold.WithLabelValues(consumer)
+	m.pastRetention.WithLabelValues(consumer)
 	for _, a := range []string{ActionRelease, ActionSkip} {
 		m.operatorActions.WithLabelValues(consumer, a)
 	}
