@@ -29,7 +29,7 @@ const (
 )
 
 // NemesisOptInKinds are the fault kinds that run only when named.
-var NemesisOptInKinds = []string{NemLongTx, NemPublication, NemDLT}
+var NemesisOptInKinds = []string{NemLongTx, NemPublication, NemDLT, NemBookReject, NemHeld}
 
 // optInKinds returns the opt-in kinds sel names that relayMode can run.
 func optInKinds(sel []string, relayMode string) []string {
@@ -53,6 +53,8 @@ func planOptIn(s *step, dur func(lo, hi time.Duration) time.Duration, pick func(
 		s.Target, s.Hold = pick([]string{"orders", "billing"}), dur(time.Second, 5*time.Second)
 	case NemDLT:
 		planDLT(s, dur, pick) // nemesis_dlt.go
+	case NemBookReject, NemHeld:
+		planInbox(s, dur, pick) // nemesis_inbox.go
 	}
 }
 
@@ -67,6 +69,9 @@ func (n *nemesisRun) runOptIn(ctx context.Context, s step) (detail string, ok bo
 		return detail, true, err
 	case NemDLT:
 		detail, err = n.runDLT(ctx, s)
+		return detail, true, err
+	case NemBookReject, NemHeld:
+		detail, err = n.runInbox(ctx, s)
 		return detail, true, err
 	}
 	return "", false, nil
