@@ -30,10 +30,23 @@ const (
 	// skip records it and its parked successors skipped, which the checker
 	// counts as visibly stuck, never as lost.
 	NemHeld = "held"
+	// NemSecondGroup: a second consumer group with the shim's inbox name
+	// (CONSUMER_GROUP new, INBOX_NAME kept), started mid-run as the replay
+	// runbook starts one: it re-reads the billing topic from the start
+	// while the shim's own group goes on, for Hold, then stops (SIGTERM).
+	// Everything it reads was forwarded already or is being forwarded by
+	// the other group: each must be a duplicate or wait for the other's
+	// lease, never a second booking, and its dead-letter writes never
+	// overwrite what the other group settled.
+	NemSecondGroup = "group2"
 )
 
 // planInbox fills in a step of an inbox kind.
 func planInbox(s *step, dur func(lo, hi time.Duration) time.Duration, pick func([]string) string) {
+	if s.Kind == NemSecondGroup {
+		s.Target, s.Hold = "shim-group2", dur(10*time.Second, 25*time.Second)
+		return
+	}
 	s.Target = "thirdparty/"
 	s.N, _ = strconv.Atoi(pick([]string{"1", "2", "3", "4", "5"}))
 	s.Hold = dur(4*time.Second, 12*time.Second)
@@ -44,6 +57,9 @@ func planInbox(s *step, dur func(lo, hi time.Duration) time.Duration, pick func(
 
 // runInbox performs a step of an inbox kind.
 func (n *nemesisRun) runInbox(ctx context.Context, s step) (string, error) {
+	if s.Kind == NemSecondGroup {
+		return n.secondGroup(ctx, s)
+	}
 	faults := n.p.Recon.AdminURL() + "/admin/faults"
 	if s.Kind == NemBookReject {
 		body := fmt.Sprintf(`{"bookRejectNext":%d}`, s.N)
@@ -111,4 +127,29 @@ SELECT DISTINCT consumer, aggregate_type, aggregate_id FROM inbox_dead_keys WHER
 		return "nothing held", errors.Join(errs...)
 	}
 	return fmt.Sprintf("%d held: %s", len(hs), strings.Join(done, ", ")), errors.Join(errs...)
+}
+
+// secondGroup starts a shim in a fresh consumer group that keeps the
+// shim's inbox name, for s.Hold, then stops it.
+func (n *nemesisRun) secondGroup(ctx context.Context, s step) (string, error) {
+	n.procMu.Lock()
+	pr, err := n.p.newInstance[KindShim]()
+	n.procMu.Unlock()
+	if err != nil {
+		return "no instance to start", err
+	}
+	group := fmt.Sprintf("%s_replay_%d", n.p.ShimGroup, int(s.At.Seconds()))
+	pr.hp.SetEnv(map[string]string{"CONSUMER_GROUP": group, "INBOX_NAME": n.p.ShimGroup})
+	if err := startPatiently(ctx, pr, true); err != nil {
+		return pr.Name + " could not start", err
+	}
+	hold(ctx, s.Hold)
+	lag, lagErr := groupLag(context.WithoutCancel(ctx), n.h.stack.Brokers(), group, n.p.BillingTop)
+	pr.Stop()
+	read := fmt.Sprintf("lag %d", lag)
+	if lagErr != nil {
+		read = fmt.Sprintf("lag unknown (%v)", lagErr)
+	}
+	return fmt.Sprintf("%s in group %s (inbox %s) re-read the billing topic for %.1fs (%s), then left (SIGTERM)",
+		pr.Name, group, n.p.ShimGroup, s.Hold.Seconds(), read), nil
 }

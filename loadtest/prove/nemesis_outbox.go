@@ -29,7 +29,7 @@ const (
 )
 
 // NemesisOptInKinds are the fault kinds that run only when named.
-var NemesisOptInKinds = []string{NemLongTx, NemPublication, NemDLT, NemBookReject, NemHeld}
+var NemesisOptInKinds = []string{NemLongTx, NemPublication, NemDLT, NemBookReject, NemHeld, NemSecondGroup}
 
 // optInKinds returns the opt-in kinds sel names that relayMode can run.
 func optInKinds(sel []string, relayMode string) []string {
@@ -53,7 +53,7 @@ func planOptIn(s *step, dur func(lo, hi time.Duration) time.Duration, pick func(
 		s.Target, s.Hold = pick([]string{"orders", "billing"}), dur(time.Second, 5*time.Second)
 	case NemDLT:
 		planDLT(s, dur, pick) // nemesis_dlt.go
-	case NemBookReject, NemHeld:
+	case NemBookReject, NemHeld, NemSecondGroup:
 		planInbox(s, dur, pick) // nemesis_inbox.go
 	}
 }
@@ -70,7 +70,7 @@ func (n *nemesisRun) runOptIn(ctx context.Context, s step) (detail string, ok bo
 	case NemDLT:
 		detail, err = n.runDLT(ctx, s)
 		return detail, true, err
-	case NemBookReject, NemHeld:
+	case NemBookReject, NemHeld, NemSecondGroup:
 		detail, err = n.runInbox(ctx, s)
 		return detail, true, err
 	}
