@@ -45,8 +45,11 @@ const serverSwitchClockMargin = time.Minute
 // address (a virtual IP, a DNS name, a proxy) and changes on a restart too
 // (a needless switch: a restart loses no commit, and the switch costs
 // checks, not calls). The start time is read as epoch seconds, which no
-// session's TimeZone changes. None of these needs a privilege
-// (pg_control_system's identifier would, and a standby shares it).
+// session's TimeZone changes. None of these needs a privilege. Not used: a
+// standby shares the old primary's system identifier (pg_control_system),
+// and pg_control_checkpoint's timeline changes only with the first
+// checkpoint after a promotion, which may come minutes after the first
+// lease there.
 const serverIdentity = `
 SELECT cur.server, s.server IS NOT DISTINCT FROM cur.server
 FROM (SELECT coalesce(host(inet_server_addr()), 'local') || ':' || coalesce(inet_server_port()::text, '') ||
