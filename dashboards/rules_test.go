@@ -281,6 +281,16 @@ var alertCases = []alertCase{
 			{at: "15m", fires: []firing{{map[string]string{"service": "billing", "consumer": "billing"},
 				"billing/billing: 1 held aggregates have no requeueable dead letter behind them"}}},
 		}},
+	{"InboxDeadLetterPastRetention",
+		[]series{
+			{`inbox_holds_past_dead_letter_retention{service="reconciler-shim",consumer="reconciler-shim"}`, "0 0 2x20"},
+			{`inbox_holds_past_dead_letter_retention{service="billing",consumer="billing"}`, "0x22"},
+		},
+		[]check{
+			{at: "5m"},
+			{at: "15m", fires: []firing{{map[string]string{"service": "reconciler-shim", "consumer": "reconciler-shim"},
+				"reconciler-shim/reconciler-shim: 2 held aggregates wait for dead letters older than the dead-letter topic's retention"}}},
+		}},
 	{"InboxTransitionsRefused",
 		[]series{
 			{`inbox_transitions_refused_total{service="billing",consumer="billing",transition="dead_letter"}`, "0+5x20"},

@@ -38,7 +38,7 @@ const (
 )
 
 // NemesisOptInKinds are the fault kinds that run only when named.
-var NemesisOptInKinds = []string{NemLongTx, NemPublication, NemWALStart, NemDLT}
+var NemesisOptInKinds = []string{NemLongTx, NemPublication, NemWALStart, NemDLT, NemBookReject, NemHeld, NemSecondGroup}
 
 // optInKinds returns the opt-in kinds sel names that relayMode can run.
 func optInKinds(sel []string, relayMode string) []string {
@@ -64,6 +64,8 @@ func planOptIn(s *step, dur func(lo, hi time.Duration) time.Duration, pick func(
 		planDLT(s, dur, pick) // nemesis_dlt.go
 	case NemWALStart:
 		s.Target, s.Hold = KindBilling, dur(2*time.Second, 10*time.Second)
+	case NemBookReject, NemHeld, NemSecondGroup:
+		planInbox(s, dur, pick) // nemesis_inbox.go
 	}
 }
 
@@ -81,6 +83,9 @@ func (n *nemesisRun) runOptIn(ctx context.Context, s step) (detail string, ok bo
 		return detail, true, err
 	case NemWALStart:
 		detail, err = n.walStart(ctx, s.Hold)
+		return detail, true, err
+	case NemBookReject, NemHeld, NemSecondGroup:
+		detail, err = n.runInbox(ctx, s)
 		return detail, true, err
 	}
 	return "", false, nil

@@ -76,6 +76,8 @@ const (
 	DefaultLagInterval      = 5 * time.Second
 	DefaultShutdownGrace    = 10 * time.Second
 	DefaultErrorLogInterval = 30 * time.Second
+	// DefaultDeadLetterRetention is Kafka's default retention.ms (7 days).
+	DefaultDeadLetterRetention = 7 * 24 * time.Hour
 )
 
 // The defaults of LeaseConfig's fields, which a zero field takes; CallTimeout
@@ -152,6 +154,15 @@ type Config struct {
 	// failure, then one line per interval with a count, then its end.
 	// Default DefaultErrorLogInterval.
 	ErrorLogInterval time.Duration
+	// DeadLetterRetention is how long the dead-letter topic keeps a letter
+	// (its retention.ms): set it to the topic's. A hold older than this
+	// whose letter is only in the topic (no kept original) has most likely
+	// lost it: no requeue can bring the event back, yet its row is still
+	// dead_lettered. inbox_holds_past_dead_letter_retention counts those,
+	// for the InboxDeadLetterPastRetention alert; an operator then
+	// releases or skips the aggregate (ReleaseHeld, SkipHeld). Default
+	// DefaultDeadLetterRetention.
+	DeadLetterRetention time.Duration
 	// Logger receives failures and dead letters. Default: slog.Default().
 	Logger *slog.Logger
 	// Metrics receives the consumer's metrics. Default: none.
@@ -170,6 +181,7 @@ func (c Config) WithDefaults() Config {
 	knob.Default(&c.LagInterval, DefaultLagInterval)
 	knob.Default(&c.ShutdownGrace, DefaultShutdownGrace)
 	knob.Default(&c.ErrorLogInterval, DefaultErrorLogInterval)
+	knob.Default(&c.DeadLetterRetention, DefaultDeadLetterRetention)
 	if c.Logger == nil {
 		c.Logger = slog.Default()
 	}

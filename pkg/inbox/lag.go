@@ -109,22 +109,32 @@ func (c *Consumer) reportDeadLetters(ctx context.Context) {
 
 // holdsState counts the consumer's holds that no requeueable dead letter
 // backs (the dead event's row is neither dead_lettered nor requeued in the
-// last 5 minutes), and the age of the oldest hold.
+// last 5 minutes), the age of the oldest hold, and the dead holds older
+// than the dead-letter topic's retention ($2) whose letter is only in the
+// topic (no original kept in inbox_dead_letter_originals): the row still
+// says dead_lettered, so the first count misses them, but the letter has
+// most likely been deleted by the topic's retention.
 const holdsState = `
 SELECT count(*) FILTER (WHERE NOT EXISTS (
            SELECT 1 FROM inbox_messages i WHERE i.consumer = d.consumer AND i.message_id = d.message_id
              AND (i.status = 'dead_lettered' OR (i.status = 'requeued' AND d.requeued_at > now() - interval '5 minutes')))),
-       coalesce(extract(epoch FROM now() - min(d.dead_at)), 0)::float8
+       coalesce(extract(epoch FROM now() - min(d.dead_at)), 0)::float8,
+       count(*) FILTER (WHERE d.status = 'dead' AND d.dead_at < now() - $2::bigint * interval '1 microsecond'
+           AND NOT EXISTS (SELECT 1 FROM inbox_dead_letter_originals o
+                           WHERE o.consumer = d.consumer AND o.message_id = d.message_id)
+           AND EXISTS (SELECT 1 FROM inbox_messages i WHERE i.consumer = d.consumer AND i.message_id = d.message_id
+                       AND i.status = 'dead_lettered'))
 FROM inbox_dead_keys d WHERE d.consumer = $1`
 
 const operatorActionCounts = `SELECT action, count(*) FROM inbox_operator_actions WHERE consumer = $1 GROUP BY action`
 
-// reportHolds refreshes inbox_stranded_holds, inbox_oldest_hold_age_seconds
-// and inbox_operator_actions.
+// reportHolds refreshes inbox_stranded_holds, inbox_oldest_hold_age_seconds,
+// inbox_holds_past_dead_letter_retention and inbox_operator_actions.
 func (c *Consumer) reportHolds(ctx context.Context) error {
-	var stranded int64
+	var stranded, pastRetention int64
 	var oldest float64
-	if err := c.shared.pool.QueryRow(ctx, holdsState, c.cfg.Name).Scan(&stranded, &oldest); err != nil {
+	if err := c.shared.pool.QueryRow(ctx, holdsState, c.cfg.Name, c.cfg.DeadLetterRetention.Microseconds()).
+		Scan(&stranded, &oldest, &pastRetention); err != nil {
 		return err
 	}
 	rows, err := c.shared.pool.Query(ctx, operatorActionCounts, c.cfg.Name)
@@ -142,6 +152,7 @@ func (c *Consumer) reportHolds(ctx context.Context) error {
 	m := c.cfg.Metrics
 	m.strandedHolds.WithLabelValues(c.cfg.Name).Set(float64(stranded))
 	m.oldestHold.WithLabelValues(c.cfg.Name).Set(oldest)
+	m.pastRetention.WithLabelValues(c.cfg.Name).Set(float64(pastRetention))
 	for a, n := range counts {
 		m.operatorActions.WithLabelValues(c.cfg.Name, a).Set(float64(n))
 	}

@@ -89,14 +89,19 @@ func (a *leaseApplier) processLeased(ctx context.Context, d delivery) error {
 
 // lease claims the message: a requeued letter (reclaim), a new row or an
 // expired lease (lease). taken says an earlier call may have landed (a
-// takeover, or a requeued letter whose last call failed), so the effect
+// takeover, a requeued letter whose last call failed, or a message sent
+// before the database server switched, lease_server.go), so the effect
 // checks before calling. A non-nil outcome means it needs no side effect
 // (duplicate or stale); an error means another worker holds a live lease or
 // the database failed, and the caller retries.
 func (a *leaseApplier) lease(ctx context.Context, m kafka.Message, ev *event.Envelope) (token int64, out *outcome, taken bool, err error) {
 	err = pgx.BeginFunc(ctx, a.pool, func(tx pgx.Tx) error {
 		out, taken = nil, false
-		requeued, err := a.claim(ctx, tx, m, ev, &token, &taken)
+		if err := a.watchServer(ctx, tx); err != nil {
+			return err
+		}
+		var takenOver bool // taken says more: or sent before a server switch
+		requeued, err := a.claim(ctx, tx, m, ev, &token, &taken, &takenOver)
 		if errors.Is(err, pgx.ErrNoRows) {
 			var status string
 			var until *time.Time
@@ -116,7 +121,7 @@ func (a *leaseApplier) lease(ctx context.Context, m kafka.Message, ev *event.Env
 		if err != nil {
 			return dbErrors.Translate("leasing", err)
 		}
-		if taken && !requeued {
+		if takenOver {
 			return a.upcast(ev) // parked and guarded when it was first leased
 		}
 		pd, err := a.parkCheck(ctx, tx, ev)
@@ -172,7 +177,10 @@ func (a *leaseApplier) lease(ctx context.Context, m kafka.Message, ev *event.Env
 // then finds the row requeued, which it does not take. The reclaim then
 // runs again, and takes it (found by the interleaving checker:
 // TestInterleavingsOfARequeueAfterACallThatMayHaveLanded).
-func (a *leaseApplier) claim(ctx context.Context, tx pgx.Tx, m kafka.Message, ev *event.Envelope, token *int64, taken *bool) (requeued bool, err error) {
+//
+// taken says a call may have landed; takenOver that this is the takeover of
+// an expired lease (tLease).
+func (a *leaseApplier) claim(ctx context.Context, tx pgx.Tx, m kafka.Message, ev *event.Envelope, token *int64, taken, takenOver *bool) (requeued bool, err error) {
 	reclaim := func() error {
 		return tx.QueryRow(ctx, tReclaim.sql, a.cfg.Name, ev.EventID, a.leaseCfg.LeaseOwner, a.leaseCfg.LeaseTTL.Microseconds()).
 			Scan(token, taken)
@@ -181,7 +189,8 @@ func (a *leaseApplier) claim(ctx context.Context, tx pgx.Tx, m kafka.Message, ev
 		return err == nil, err
 	}
 	err = tx.QueryRow(ctx, tLease.sql, a.cfg.Name, ev.EventID, ev.EventType, ev.AggregateType, ev.AggregateID, ev.AggregateVersion,
-		m.Topic, m.Partition, m.Offset, []byte(ev.Payload), a.leaseCfg.LeaseOwner, a.leaseCfg.LeaseTTL.Microseconds()).Scan(token, taken)
+		m.Topic, m.Partition, m.Offset, []byte(ev.Payload), a.leaseCfg.LeaseOwner, a.leaseCfg.LeaseTTL.Microseconds(), m.Time).
+		Scan(token, takenOver, taken)
 	if !errors.Is(err, pgx.ErrNoRows) {
 		return false, err
 	}

@@ -40,6 +40,9 @@ func (a *leaseApplier) leaseBatch(ctx context.Context, items []*leaseItem) {
 	leasedAt := time.Now() // before the transaction: its leases run from no earlier
 	err := pgx.BeginFunc(ctx, a.pool, func(tx pgx.Tx) error {
 		clear(plans)
+		if err := a.watchServer(ctx, tx); err != nil {
+			return err
+		}
 		// A held aggregate's messages are left to planAlone, where each is
 		// parked or released on its own (park.go).
 		fresh, err := a.unheld(ctx, tx, fresh)
@@ -49,24 +52,26 @@ func (a *leaseApplier) leaseBatch(ctx context.Context, items []*leaseItem) {
 		n := len(fresh)
 		ids, types, aggTypes, aggs, versions := make([][16]byte, n), make([]string, n), make([]string, n), make([]string, n), make([]int64, n)
 		topics, partitions, offsets, payloads := make([]string, n), make([]int32, n), make([]int64, n), make([][]byte, n)
+		sent := make([]time.Time, n)
 		for i, it := range fresh {
 			ev, m := it.ev, it.d.m
 			ids[i], types[i], aggTypes[i], aggs[i], versions[i] = ev.EventID, ev.EventType, ev.AggregateType, ev.AggregateID, ev.AggregateVersion
-			topics[i], partitions[i], offsets[i], payloads[i] = m.Topic, int32(m.Partition), m.Offset, []byte(ev.Payload)
+			topics[i], partitions[i], offsets[i], payloads[i], sent[i] = m.Topic, int32(m.Partition), m.Offset, []byte(ev.Payload), m.Time
 		}
 		rows, err := takeQuery(ctx, tx, &tLeaseBatch, a.cfg.Name, ids, types, aggTypes, aggs, versions, topics, partitions, offsets, payloads,
-			a.leaseCfg.LeaseOwner, a.leaseCfg.LeaseTTL.Microseconds())
+			a.leaseCfg.LeaseOwner, a.leaseCfg.LeaseTTL.Microseconds(), sent)
 		if err != nil {
 			return dbErrors.Translate("leasing a batch", err)
 		}
 		type claim struct {
-			id    [16]byte
-			token int64
-			taken bool
+			id            [16]byte
+			token         int64
+			taken         bool // an expired lease was taken over
+			mayHaveCalled bool // taken, or sent before a server switch (lease_server.go)
 		}
 		claims, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (claim, error) {
 			var cl claim
-			return cl, r.Scan(&cl.id, &cl.token, &cl.taken)
+			return cl, r.Scan(&cl.id, &cl.token, &cl.taken, &cl.mayHaveCalled)
 		})
 		if err != nil {
 			return dbErrors.Translate("leasing a batch", err)
@@ -126,7 +131,7 @@ func (a *leaseApplier) leaseBatch(ctx context.Context, items []*leaseItem) {
 				continue
 			}
 			d := *it
-			d.plan, d.token, d.taken, d.leasedAt = planLeased, cl.token, cl.taken, leasedAt
+			d.plan, d.token, d.taken, d.leasedAt = planLeased, cl.token, cl.taken || cl.mayHaveCalled, leasedAt
 			plans[it.ev.EventID] = &d
 			out := duplicate // taken over: guarded when it was first leased
 			if !cl.taken {

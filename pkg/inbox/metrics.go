@@ -16,12 +16,13 @@ type Metrics struct {
 	deadLettered                                            *prometheus.CounterVec // consumer, reason
 	seconds, batchSeconds, hop                              *prometheus.HistogramVec
 	lag, deadLetters, parkedNow                             *prometheus.GaugeVec
-	strandedHolds, oldestHold                               *prometheus.GaugeVec
+	strandedHolds, oldestHold, pastRetention                *prometheus.GaugeVec
 	operatorActions                                         *prometheus.GaugeVec   // consumer, action
 	kafkaErrors, dbErrors                                   *prometheus.CounterVec // consumer, op
 	kafkaConnected, dbConnected                             *prometheus.GaugeVec
 	effectErrors                                            *prometheus.CounterVec // consumer, op (lease mode)
 	effectConnected                                         *prometheus.GaugeVec   // lease mode
+	serverSwitches                                          *prometheus.CounterVec // lease mode
 }
 
 // The reason label of inbox_dead_lettered_total: why a message went to the
@@ -73,6 +74,8 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			"Lifecycle transitions a writer tried after losing its right (the row had moved on: settled by another member, a lease taken over); each changed nothing (state.go).", "transition"),
 		gaps:      counter("inbox_version_gaps_total", "Events whose aggregate version skipped one or more versions."),
 		uncertain: counter("inbox_uncertain_total", "Leased messages whose side effect may or may not have happened; see the reconciliation report."),
+		serverSwitches: counter("inbox_server_switches_total",
+			"Lease mode: times the consumer found its database on another server than the one it recorded (a failover, a restore); first deliveries of older messages then check before calling (lease_server.go)."),
 		seconds: histogram("inbox_processing_seconds",
 			"Time to handle one message in a transaction of its own (a retry, lease mode, a batch of one), commit included.",
 			prometheus.ExponentialBuckets(0.0001, 2, 16)),
@@ -93,6 +96,8 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			"Held aggregates with no requeueable dead letter behind them: the dead event's row is neither dead_lettered nor freshly requeued (its requeued copy never applied within 5 minutes). Needs ReleaseHeld or SkipHeld (refreshed every LagInterval)."),
 		oldestHold: gauge("inbox_oldest_hold_age_seconds",
 			"Age of the oldest hold of an aggregate behind a dead event; past the dead-letter topic's retention its letter is gone and only ReleaseHeld or SkipHeld can free it (refreshed every LagInterval)."),
+		pastRetention: gauge("inbox_holds_past_dead_letter_retention",
+			"Holds whose dead letter is only in the dead-letter topic and older than Config.DeadLetterRetention: the letter is most likely gone, its row still says dead_lettered, and only ReleaseHeld or SkipHeld can free the aggregate (refreshed every LagInterval)."),
 		operatorActions: gauge("inbox_operator_actions",
 			"Operator releases and skips of held aggregates recorded in inbox_operator_actions, by action (refreshed every LagInterval).", "action"),
 		kafkaErrors: counter("inbox_kafka_errors_total",
@@ -109,9 +114,9 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			"Lease mode: 1 while the other side of the Effect (a third party) answers, 0 during an outage the consumer is waiting out."),
 	}
 	if reg != nil {
-		reg.MustRegister(m.effectErrors, m.effectConnected)
+		reg.MustRegister(m.effectErrors, m.effectConnected, m.serverSwitches)
 		reg.MustRegister(m.processed, m.duplicates, m.stale, m.failures, m.deadLettered, m.gaps, m.uncertain, m.payloadMismatches, m.seconds, m.batchSeconds, m.hop, m.lag, m.deadLetters,
-			m.parked, m.released, m.parkedNow, m.refused, m.strandedHolds, m.oldestHold, m.operatorActions,
+			m.parked, m.released, m.parkedNow, m.refused, m.strandedHolds, m.oldestHold, m.pastRetention, m.operatorActions,
 			m.kafkaErrors, m.dbErrors, m.kafkaConnected, m.dbConnected)
 	}
 	return m
@@ -176,6 +181,7 @@ func (m *Metrics) init(consumer string) {
 	m.parkedNow.WithLabelValues(consumer)
 	m.strandedHolds.WithLabelValues(consumer)
 	m.oldestHold.WithLabelValues(consumer)
+	m.pastRetention.WithLabelValues(consumer)
 	for _, a := range []string{ActionRelease, ActionSkip} {
 		m.operatorActions.WithLabelValues(consumer, a)
 	}

@@ -31,6 +31,7 @@ import (
 //	(none) ─record──────────────► processed            worker (transactional)
 //	(none) ─lease───────────────► leased(token 1)      worker (lease mode)
 //	leased ─takeover────────────► leased(token+1)      worker, once the lease expired; may_have_called
+//	(none) ─lease───────────────► leased, may_have_called   worker, for a message sent before a server switch
 //	requeued ─reclaim───────────► leased(token+1)      worker; keeps may_have_called
 //	requeued ─reapply───────────► processed            worker (transactional)
 //	leased ─renew───────────────► leased               lease holder (token)
@@ -51,7 +52,9 @@ import (
 // requeue, and gone once the requeued message is applied (drop_hold) or an
 // operator released or skipped it; a parked message leaves the parking once
 // it is settled (unpark) or skipped. The version guard only moves forward
-// (advance), except back below a dead leased message (unreserve).
+// (advance), except back below a dead leased message (unreserve). A
+// lease-mode consumer's server record (inbox_servers) is written when it is
+// missing or names another server (server_switch).
 
 // The states of an inbox row.
 const (
@@ -119,17 +122,22 @@ RETURNING message_id, xmax <> 0`}
 
 	// tLease takes a new row, or an expired lease of a worker that died
 	// (takeover: the previous holder may have called). It returns the
-	// fencing token and whether an earlier lease existed.
+	// fencing token, whether an earlier lease existed, and whether a call
+	// may have landed: a takeover, or a new row for a message sent ($13,
+	// its Kafka timestamp) before the consumer's database server switched
+	// (inbox_servers.check_before; lease_server.go): its row may have been
+	// lost with the old server.
 	tLease = transition{name: "lease", from: []string{"", stateLeased}, to: stateLeased, by: byWorker, sql: `
 INSERT INTO inbox_messages (consumer, message_id, event_type, aggregate_type, aggregate_id, aggregate_version,
                             topic, kafka_partition, kafka_offset, status, payload_hash,
-                            lease_owner, lease_until, fencing_token)
-VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, 'leased', sha256($10), $11, now() + $12 * interval '1 microsecond', 1)
+                            lease_owner, lease_until, fencing_token, may_have_called)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, 'leased', sha256($10), $11, now() + $12 * interval '1 microsecond', 1,
+        coalesce($13::timestamptz < (SELECT check_before FROM inbox_servers WHERE consumer = $1), false))
 ON CONFLICT (consumer, message_id) DO UPDATE
 SET lease_owner = EXCLUDED.lease_owner, lease_until = EXCLUDED.lease_until, may_have_called = true,
     fencing_token = inbox_messages.fencing_token + 1, attempts = inbox_messages.attempts + 1
 WHERE inbox_messages.status = 'leased' AND inbox_messages.lease_until < now()
-RETURNING fencing_token, fencing_token > 1`}
+RETURNING fencing_token, fencing_token > 1, may_have_called`}
 
 	// tLeaseBatch is tLease for a batch of distinct event ids, in id order
 	// so two consumers claiming overlapping batches lock rows in the same
@@ -138,17 +146,19 @@ RETURNING fencing_token, fencing_token > 1`}
 	tLeaseBatch = transition{name: "lease", from: []string{"", stateLeased}, to: stateLeased, by: byWorker, sql: `
 INSERT INTO inbox_messages (consumer, message_id, event_type, aggregate_type, aggregate_id, aggregate_version,
                             topic, kafka_partition, kafka_offset, status, payload_hash,
-                            lease_owner, lease_until, fencing_token)
+                            lease_owner, lease_until, fencing_token, may_have_called)
 SELECT $1, m.id, m.event_type, m.aggregate_type, m.aggregate_id, m.aggregate_version, m.topic, m.kafka_partition,
-       m.kafka_offset, 'leased', sha256(m.payload), $11, now() + $12 * interval '1 microsecond', 1
-FROM unnest($2::uuid[], $3::text[], $4::text[], $5::text[], $6::bigint[], $7::text[], $8::int[], $9::bigint[], $10::bytea[])
-     AS m(id, event_type, aggregate_type, aggregate_id, aggregate_version, topic, kafka_partition, kafka_offset, payload)
+       m.kafka_offset, 'leased', sha256(m.payload), $11, now() + $12 * interval '1 microsecond', 1,
+       coalesce(m.sent_at < (SELECT check_before FROM inbox_servers WHERE consumer = $1), false)
+FROM unnest($2::uuid[], $3::text[], $4::text[], $5::text[], $6::bigint[], $7::text[], $8::int[], $9::bigint[], $10::bytea[],
+            $13::timestamptz[])
+     AS m(id, event_type, aggregate_type, aggregate_id, aggregate_version, topic, kafka_partition, kafka_offset, payload, sent_at)
 ORDER BY m.id
 ON CONFLICT (consumer, message_id) DO UPDATE
 SET lease_owner = EXCLUDED.lease_owner, lease_until = EXCLUDED.lease_until, may_have_called = true,
     fencing_token = inbox_messages.fencing_token + 1, attempts = inbox_messages.attempts + 1
 WHERE inbox_messages.status = 'leased' AND inbox_messages.lease_until < now()
-RETURNING message_id, fencing_token, fencing_token > 1`}
+RETURNING message_id, fencing_token, fencing_token > 1, may_have_called`}
 
 	// tReclaim leases a requeued row to the worker its redelivery reached.
 	// It keeps may_have_called: a letter whose last call may have landed is
@@ -159,6 +169,19 @@ SET status = 'leased', lease_owner = $3, lease_until = now() + $4 * interval '1 
     fencing_token = fencing_token + 1, attempts = attempts + 1
 WHERE consumer = $1 AND message_id = $2 AND status = 'requeued'
 RETURNING fencing_token, may_have_called`}
+
+	// tServerSwitch records the database server a lease-mode consumer
+	// writes to ($2), and, when a recorded one differs, the switch: a
+	// message with no row sent before check_before ($3 after now, the
+	// producers' clock margin) may have been called on the old server, and
+	// is leased as may_have_called (lease_server.go). It returns whether it
+	// recorded a switch (no row: another transaction just did).
+	tServerSwitch = transition{name: "server_switch", from: []string{"", "server"}, to: "server", by: byWorker, sql: `
+INSERT INTO inbox_servers (consumer, server) VALUES ($1, $2)
+ON CONFLICT (consumer) DO UPDATE
+SET server = EXCLUDED.server, recorded_at = now(), switched_at = now(), check_before = now() + $3 * interval '1 microsecond'
+WHERE inbox_servers.server <> EXCLUDED.server
+RETURNING xmax <> 0`}
 
 	// tRenew keeps a lease while its holder calls, retries or waits.
 	tRenew = transition{name: "renew", from: []string{stateLeased}, to: stateLeased, by: byHolder, sql: `
@@ -400,7 +423,7 @@ WHERE consumer = $1 AND aggregate_type = $2 AND aggregate_id = $3 AND version >=
 // lifecycle lists every transition, for the docs test and the metric's
 // labels.
 var lifecycle = []*transition{
-	&tRecord, &tRecordBatch, &tLease, &tLeaseBatch, &tReclaim, &tRenew, &tDone, &tDoneBatch, &tUncertain,
+	&tRecord, &tRecordBatch, &tLease, &tLeaseBatch, &tServerSwitch, &tReclaim, &tRenew, &tDone, &tDoneBatch, &tUncertain,
 	&tDeadLetterLeased, &tDeadLetter, &tStale, &tUnrecord, &tUnlease, &tRequeue, &tSkip, &tSkipParkedRow, &tUnrequeue, &tPrune,
 	&tHold, &tRequeueHold, &tDropHold, &tReleaseHolds, &tPark, &tUnpark, &tSkipParked, &tRecordAction, &tKeepOriginal,
 	&tPruneOriginals, &tAdvance, &tAdvanceOne, &tUnreserve,

@@ -27,6 +27,12 @@ type Faults struct {
 	// HangFor is how long a hung settlement holds its answer, in Go duration
 	// notation ("5s"). Required when HangNext > 0.
 	HangFor string `json:"hangFor"`
+	// BookRejectNext is how many of the next settlements are booked and
+	// then answered 422: a third party that books and then errors, on the
+	// caller's last attempt (no retry gets past a 4xx). The caller
+	// dead-letters a payment that was booked; its requeue must ask (GET
+	// /settlements/{key}) before it settles again.
+	BookRejectNext int `json:"bookRejectNext"`
 	// SlowNext is how many of the next settlements wait SlowFor before
 	// they are booked and answered: a third party that is slow but sound.
 	// A caller that gives up during the wait leaves nothing booked, so a
@@ -56,6 +62,7 @@ const (
 	failFault
 	rejectFault
 	hangFault
+	bookRejectFault
 	slowFault
 )
 
@@ -66,6 +73,7 @@ type faultState struct {
 	rejectNext int
 	hangNext   int
 	hangFor    time.Duration
+	bookReject int
 	slowNext   int
 	slowFor    time.Duration
 }
@@ -73,9 +81,9 @@ type faultState struct {
 // set replaces the whole setting, so a test states what it wants rather than
 // depending on what an earlier test left behind.
 func (f *faultState) set(in Faults) error {
-	for _, n := range []int{in.FailNext, in.RejectNext, in.HangNext, in.SlowNext} {
+	for _, n := range []int{in.FailNext, in.RejectNext, in.HangNext, in.SlowNext, in.BookRejectNext} {
 		if n < 0 || n > MaxFaultCount {
-			return apperr.Errorf(apperr.Invalid, "failNext, rejectNext, hangNext and slowNext must be from 0 to %d", MaxFaultCount)
+			return apperr.Errorf(apperr.Invalid, "failNext, rejectNext, hangNext, slowNext and bookRejectNext must be from 0 to %d", MaxFaultCount)
 		}
 	}
 	var hangFor time.Duration
@@ -103,7 +111,7 @@ func (f *faultState) set(in Faults) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.failNext, f.rejectNext, f.hangNext, f.hangFor = in.FailNext, in.RejectNext, in.HangNext, hangFor
-	f.slowNext, f.slowFor = in.SlowNext, slowFor
+	f.slowNext, f.slowFor, f.bookReject = in.SlowNext, slowFor, in.BookRejectNext
 	return nil
 }
 
@@ -111,7 +119,7 @@ func (f *faultState) get() Faults {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	return Faults{FailNext: f.failNext, RejectNext: f.rejectNext, HangNext: f.hangNext, HangFor: f.hangFor.String(),
-		SlowNext: f.slowNext, SlowFor: f.slowFor.String()}
+		SlowNext: f.slowNext, SlowFor: f.slowFor.String(), BookRejectNext: f.bookReject}
 }
 
 // take consumes one fault for the settlement at hand; failures go first,
@@ -130,6 +138,9 @@ func (f *faultState) take() (fault, time.Duration) {
 	case f.hangNext > 0:
 		f.hangNext--
 		return hangFault, f.hangFor
+	case f.bookReject > 0:
+		f.bookReject--
+		return bookRejectFault, 0
 	case f.slowNext > 0:
 		f.slowNext--
 		return slowFault, f.slowFor

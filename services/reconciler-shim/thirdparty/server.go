@@ -149,6 +149,12 @@ func (s *server) settle(c echo.Context) error {
 			slog.String("idempotency_key", key), slog.String("payment_id", req.PaymentID), slog.Int("count", n))
 	}
 
+	if f == bookRejectFault {
+		s.logger.InfoContext(ctx, "injected rejection after booking", slog.String("idempotency_key", key))
+		var body httpserver.ErrorBody
+		body.Error.Code, body.Error.Message = "injected_rejection", "injected rejection (bookRejectNext): the settlement WAS booked"
+		return c.JSON(http.StatusUnprocessableEntity, body)
+	}
 	if f == hangFault {
 		// Booked already: the caller's timeout cannot undo it, which is the point.
 		s.logger.InfoContext(ctx, "injected hang after booking",

@@ -311,6 +311,27 @@ func TestRejectNextRejectsWithoutBooking(t *testing.T) {
 	}
 }
 
+// A booking that then errors: the settlement is booked and answered 422
+// (ErrRejected, which the shim dead-letters), so a caller that asks before
+// settling again finds it.
+func TestBookRejectNextBooksThenRejects(t *testing.T) {
+	a := newAPI(t)
+	ctx := t.Context()
+	if err := a.client.SetFaults(ctx, thirdparty.Faults{BookRejectNext: 1}); err != nil {
+		t.Fatal(err)
+	}
+	_, err := a.client.Settle(ctx, "k1", capture("p1"))
+	if !errors.Is(err, thirdparty.ErrRejected) {
+		t.Fatalf("Settle with bookRejectNext=1 = %v, want a 422 that is ErrRejected", err)
+	}
+	if found, err := a.client.Lookup(ctx, "k1"); err != nil || !found {
+		t.Fatalf("Lookup(k1) after a booking that was rejected = %v, %v; want true, nil", found, err)
+	}
+	if got := a.ledger.Stats().Settlements; got != 1 {
+		t.Fatalf("%d settlements booked, want 1", got)
+	}
+}
+
 func TestHangNextBooksThenAnswersLate(t *testing.T) {
 	a := newAPI(t)
 	ctx := t.Context()
@@ -410,6 +431,7 @@ func TestSetFaultsValidates(t *testing.T) {
 	}{
 		{"negative failNext", thirdparty.Faults{FailNext: -1}},
 		{"negative rejectNext", thirdparty.Faults{RejectNext: -1}},
+		{"negative bookRejectNext", thirdparty.Faults{BookRejectNext: -1}},
 		{"hangNext without hangFor", thirdparty.Faults{HangNext: 1}},
 		{"bad duration", thirdparty.Faults{HangNext: 1, HangFor: "soon"}},
 		{"negative duration", thirdparty.Faults{HangNext: 1, HangFor: "-1s"}},

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"io"
@@ -35,8 +36,13 @@ type Config struct {
 	DatabaseURL string `env:"DATABASE_URL" envDefault:"postgres://shim_app:shim_app@127.0.0.1:55432/shim?sslmode=disable"`
 	// BillingTopic is consumed; its dead letters go to BillingTopic + ".dlt".
 	BillingTopic string `env:"BILLING_TOPIC" envDefault:"billing.events"`
-	// ConsumerGroup is the Kafka consumer group; it is also the inbox's consumer name.
+	// ConsumerGroup is the Kafka consumer group.
 	ConsumerGroup string `env:"CONSUMER_GROUP" envDefault:"reconciler-shim"`
+	// InboxName is the inbox's consumer name, its dedupe namespace; empty
+	// is ConsumerGroup. Keep it when a fresh consumer group re-reads the
+	// topic (the replay runbook), so that what the old group forwarded is a
+	// duplicate, never a second booking.
+	InboxName string `env:"INBOX_NAME"`
 	// ReconcilerURL is the third-party reconciler's base URL.
 	ReconcilerURL string `env:"RECONCILER_URL" envDefault:"http://127.0.0.1:8084"`
 	// ReconcilerTimeout bounds each call to the reconciler; a timed-out call
@@ -90,7 +96,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout 
 		Dialer: kafkaSecurity.Dialer()}
 	consumer, err := inbox.NewLeaseConsumer(svc.Pool, src, dlq, shim.New(tp, svc.Logger).WithMetrics(shim.NewMetrics(svc.Registry)).Effect(), inbox.LeaseConfig{
 		Config: inbox.Config{
-			Name:          cfg.ConsumerGroup,
+			Name:          cmp.Or(cfg.InboxName, cfg.ConsumerGroup),
 			ShutdownGrace: cfg.ShutdownGrace,
 			Logger:        svc.Logger,
 			Metrics:       inbox.NewMetrics(svc.Registry),
