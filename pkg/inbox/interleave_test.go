@@ -320,6 +320,19 @@ func (w *world) final(ctx context.Context) error {
 			return fmt.Errorf("stranded: the aggregate of %s is held, but its row is %q, not a requeueable dead letter", w.label(id), orNone(st[id]))
 		}
 	}
+	// A stale dead letter (StaleDeadLetter) is right only behind a later
+	// version of the same aggregate type that was applied: "dead and
+	// visible" is not enough of an end for an event the guard skipped over
+	// by mistake.
+	staleIDs, err := w.ids(ctx, `SELECT message_id FROM inbox_messages WHERE consumer = $1
+		AND status = 'dead_lettered' AND last_error LIKE '%stale: version%'`)
+	if err != nil {
+		return err
+	}
+	staleLetters := map[uuid.UUID]bool{}
+	for _, id := range staleIDs {
+		staleLetters[id] = true
+	}
 	for _, ev := range w.events {
 		s, ok := st[ev.EventID]
 		switch {
@@ -329,12 +342,27 @@ func (w *world) final(ctx context.Context) error {
 		case w.stale[ev.EventID] || s == stateStale:
 			return fmt.Errorf("%s was skipped as stale by the version guard: never applied", w.label(ev.EventID))
 		case !ok && w.seen[ev.EventID]: // pruned after it was processed
+		case s == stateDead && staleLetters[ev.EventID] && !w.laterApplied(ev):
+			return fmt.Errorf("%s was dead-lettered as stale, but no later version of its %s was applied: "+
+				"the version guard stood above an event never applied", w.label(ev.EventID), ev.AggregateType)
 		case s == stateProcessed, s == stateDead, s == stateUncertain, s == stateSkipped:
 		default:
 			return fmt.Errorf("stranded: %s ended %q", w.label(ev.EventID), orNone(s))
 		}
 	}
 	return nil
+}
+
+// laterApplied reports whether a later version of ev's aggregate (the same
+// type: an order and its payment share the id) was processed.
+func (w *world) laterApplied(ev event.Envelope) bool {
+	for _, o := range w.events {
+		if o.AggregateType == ev.AggregateType && o.AggregateID == ev.AggregateID &&
+			o.AggregateVersion > ev.AggregateVersion && w.seen[o.EventID] {
+			return true
+		}
+	}
+	return false
 }
 
 func (w *world) ids(ctx context.Context, query string) ([]uuid.UUID, error) {
