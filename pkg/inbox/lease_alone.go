@@ -101,7 +101,8 @@ func (a *leaseApplier) lease(ctx context.Context, m kafka.Message, ev *event.Env
 			return err
 		}
 		var takenOver bool // taken says more: or sent before a server switch
-		requeued, err := a.claim(ctx, tx, m, ev, &token, &taken, &takenOver)
+		var was []byte     // a reclaimed row as it was, for tRepark
+		requeued, err := a.claim(ctx, tx, m, ev, &token, &taken, &takenOver, &was)
 		if errors.Is(err, pgx.ErrNoRows) {
 			var status string
 			var until *time.Time
@@ -133,8 +134,15 @@ func (a *leaseApplier) lease(ctx context.Context, m kafka.Message, ev *event.Env
 		}
 		switch pd.verdict {
 		case parkIt, alreadyParked:
-			// Not leased after all: no inbox row, so that its release leases it.
-			if _, err := take(ctx, tx, &tUnlease, a.cfg.Name, ev.EventID, token); err != nil {
+			// Not leased after all: no inbox row, so that its release leases it;
+			// but a reclaimed requeued row (a stale dead letter's requeue,
+			// which holds nothing, behind another dead message) is put back
+			// requeued, never deleted: its release reclaims it.
+			tr, args := &tUnlease, []any{a.cfg.Name, ev.EventID, token}
+			if requeued {
+				tr, args = &tRepark, []any{a.cfg.Name, ev.EventID, was, token}
+			}
+			if _, err := take(ctx, tx, tr, args...); err != nil {
 				return dbErrors.Translate("parking a message", err)
 			}
 			o := duplicate
@@ -179,11 +187,11 @@ func (a *leaseApplier) lease(ctx context.Context, m kafka.Message, ev *event.Env
 // TestInterleavingsOfARequeueAfterACallThatMayHaveLanded).
 //
 // taken says a call may have landed; takenOver that this is the takeover of
-// an expired lease (tLease).
-func (a *leaseApplier) claim(ctx context.Context, tx pgx.Tx, m kafka.Message, ev *event.Envelope, token *int64, taken, takenOver *bool) (requeued bool, err error) {
+// an expired lease (tLease); was the reclaimed row as it was.
+func (a *leaseApplier) claim(ctx context.Context, tx pgx.Tx, m kafka.Message, ev *event.Envelope, token *int64, taken, takenOver *bool, was *[]byte) (requeued bool, err error) {
 	reclaim := func() error {
 		return tx.QueryRow(ctx, tReclaim.sql, a.cfg.Name, ev.EventID, a.leaseCfg.LeaseOwner, a.leaseCfg.LeaseTTL.Microseconds()).
-			Scan(token, taken)
+			Scan(token, taken, was)
 	}
 	if err := reclaim(); !errors.Is(err, pgx.ErrNoRows) {
 		return err == nil, err

@@ -548,3 +548,106 @@ func TestADeadLetterTheTopicRefusedEvenTruncatedIsRequeuedFromTheInbox(t *testin
 		t.Fatalf("effects %s after the requeue, want v1 then v2", got)
 	}
 }
+
+// A stale dead letter holds nothing, so its requeue is known by its row
+// alone (requeued). In lease mode the guard advances when a message is
+// leased: another event of the same version that arrives meanwhile is
+// stale, and dead-lettered; then the leased one dies, holds its aggregate
+// and moves the guard back. The stale one's requeue must be parked behind
+// the dead one as a requeue: its row stays requeued, with its attempts and
+// reason, not deleted and turned into a parked first delivery; and the
+// requeue of the dead one then applies both.
+func TestARequeuedStaleDeadLetterBehindAnotherDeadEventKeepsItsRow(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	dlt := testenv.NewTopic(t, f.brokers, 1)
+	cfg := fastRetries("stale-held", dlt)
+	cfg.MaxAttempts = 1
+	b1, dead := newEvent("held", 1), newEvent("held", 2)
+	late := newEvent("held", 2) // another event of version 2: stale while dead is leased
+	var (
+		mu     sync.Mutex
+		broken = true
+		booked = map[string]int{}
+	)
+	calling, fail := make(chan struct{}), make(chan struct{})
+	var once sync.Once
+	effect := inbox.Effect{
+		Check: func(_ context.Context, key string) (bool, error) {
+			mu.Lock()
+			defer mu.Unlock()
+			return booked[key] > 0, nil
+		},
+		Call: func(ctx context.Context, ev event.Envelope, key string) error {
+			mu.Lock()
+			b := broken
+			mu.Unlock()
+			if ev.EventID == dead.EventID && b {
+				once.Do(func() { close(calling) })
+				select {
+				case <-fail:
+				case <-ctx.Done():
+				}
+				return inbox.Permanent(errors.New("refused for now"))
+			}
+			mu.Lock()
+			defer mu.Unlock()
+			booked[key]++
+			return nil
+		},
+	}
+	c, err := inbox.NewLeaseConsumer(f.pool, f.source(testenv.Name("group")), f.writer, effect, inbox.LeaseConfig{Config: cfg})
+	if err != nil {
+		t.Fatal(err)
+	}
+	handle(t, c, event.ToKafka(f.topic, b1))
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		if err := c.Handle(context.Background(), event.ToKafka(f.topic, dead)); err != nil {
+			t.Error(err)
+		}
+	}()
+	select {
+	case <-calling:
+	case <-time.After(30 * time.Second):
+		t.Fatal("the dead one's call never started")
+	}
+	handle(t, c, event.ToKafka(f.topic, late)) // dead holds the guard at 2: late is stale
+	close(fail)
+	<-done
+	for _, ev := range []event.Envelope{late, dead} {
+		if s := f.status(t, "stale-held", ev); s != "dead_lettered" {
+			t.Fatalf("%v (version %d) is %s, want dead_lettered", ev.EventID, ev.AggregateVersion, s)
+		}
+	}
+	row := `SELECT status, attempts, coalesce(last_error, '') FROM inbox_messages WHERE consumer = 'stale-held' AND message_id = $1`
+	var st, reason string
+	var attempts int
+	if err := f.pool.QueryRow(context.Background(), row, late.EventID).Scan(&st, &attempts, &reason); err != nil {
+		t.Fatal(err)
+	}
+	f.requeue(t, dlt, 1, late.EventID)
+	handle(t, c, lastMessage(t, f.brokers, f.topic))
+	var st2, reason2 string
+	var attempts2 int
+	if err := f.pool.QueryRow(context.Background(), row, late.EventID).Scan(&st2, &attempts2, &reason2); err != nil {
+		t.Fatalf("the requeued stale dead letter's row is gone (%v): the requeue became a parked first delivery", err)
+	}
+	if st2 != "requeued" || attempts2 != attempts || reason2 != reason {
+		t.Fatalf("the requeued stale dead letter's row is %s/%d/%q, want requeued/%d/%q (parked behind the dead one, kept)",
+			st2, attempts2, reason2, attempts, reason)
+	}
+	if n := f.count(t, `SELECT count(*) FROM inbox_parked_messages WHERE message_id = $1`, late.EventID); n != 1 {
+		t.Fatalf("the requeued stale dead letter is not parked behind the dead one")
+	}
+
+	mu.Lock()
+	broken = false
+	mu.Unlock()
+	f.requeue(t, dlt, 1, dead.EventID)
+	handle(t, c, lastMessage(t, f.brokers, f.topic))
+	testenv.WaitFor(t, 30*time.Second, "the dead one, then the parked stale one, done", func() (bool, error) {
+		return f.status(t, "stale-held", dead) == "processed" && f.status(t, "stale-held", late) == "processed", nil
+	})
+}

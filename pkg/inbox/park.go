@@ -96,7 +96,12 @@ ORDER BY p.seq LIMIT 1`
 	countParked = `SELECT count(*) FROM inbox_parked_messages WHERE consumer = $1`
 )
 
-// verdict is what parking decided for a message that has no inbox row yet.
+// verdict is what parking decided for a message whose inbox row its
+// transaction just took: a new row (record, lease), or a requeued one
+// (reapply, reclaim). A requeued row is not always known by its hold: a
+// stale dead letter holds nothing, so its requeue meets parkIt when an
+// earlier dead message holds its aggregate; it is then parked with its row
+// put back requeued (tRepark), never deleted, and its release reapplies it.
 type verdict int
 
 const (
@@ -114,8 +119,11 @@ type parkDecision struct {
 	release   bool       // the aggregate has parked messages to release after the batch
 }
 
-// parkCheck decides ev's fate in tx. A consumer that skips ahead only
-// recognizes a requeued dead message.
+// parkCheck decides ev's fate in tx. It knows a requeued dead message by
+// its hold (proceedRequeued); a stale dead letter's requeue, which holds
+// nothing, gets the verdict of a new message, and the caller, which knows
+// it by its row, keeps that row (tRepark) if it parks it. A consumer that
+// skips ahead only recognizes a requeued dead message.
 func (s *shared) parkCheck(ctx context.Context, tx pgx.Tx, ev *event.Envelope) (parkDecision, error) {
 	var (
 		own         *string

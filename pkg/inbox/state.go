@@ -41,6 +41,7 @@ import (
 //	(none)|requeued ─dead_letter► dead_lettered        worker holding no lease
 //	processed|leased ─stale─────► stale                worker, in the transaction that recorded it
 //	processed|leased ─unrecord──► (none), parked       worker, in the transaction that recorded it
+//	processed|leased ─repark────► requeued, parked     worker, same transaction: a reapplied/reclaimed requeue
 //	dead_lettered ─requeue──────► requeued             operator (RequeueDeadLetters)
 //	dead_lettered|requeued ─skip► skipped              operator (SkipHeld), with a reason
 //	(none) ─skip────────────────► skipped              operator (SkipHeld): a parked message
@@ -92,7 +93,9 @@ var (
 	// its handler; a requeued row becomes processed (reapply), which it
 	// returns (xmax is set on the row an upsert updated): the requeued
 	// event is applied whatever the version guard says. Any other row makes
-	// it a duplicate (no row returned, not a refusal).
+	// it a duplicate (no row returned, not a refusal). A reapply also
+	// returns the requeued row as it was (the subquery reads the
+	// statement's snapshot, before the update), for tRepark.
 	tRecord = transition{name: "record", from: []string{"", stateRequeued}, to: stateProcessed, by: byWorker, sql: `
 INSERT INTO inbox_messages (consumer, message_id, event_type, aggregate_type, aggregate_id, aggregate_version,
                             topic, kafka_partition, kafka_offset, status, payload_hash, processed_at)
@@ -101,7 +104,7 @@ ON CONFLICT (consumer, message_id) DO UPDATE
 SET status = 'processed', processed_at = now(), last_error = NULL, attempts = inbox_messages.attempts + 1,
     topic = EXCLUDED.topic, kafka_partition = EXCLUDED.kafka_partition, kafka_offset = EXCLUDED.kafka_offset
 WHERE inbox_messages.status = 'requeued'
-RETURNING xmax <> 0`}
+RETURNING xmax <> 0, CASE WHEN xmax <> 0 THEN (SELECT to_jsonb(o) FROM inbox_messages o WHERE o.consumer = $1 AND o.message_id = $2) END`}
 
 	// tRecordBatch is tRecord for a batch on the fast path, which only
 	// meets aggregates nothing holds. A requeued row it meets all the same
@@ -162,13 +165,15 @@ RETURNING message_id, fencing_token, fencing_token > 1, may_have_called`}
 
 	// tReclaim leases a requeued row to the worker its redelivery reached.
 	// It keeps may_have_called: a letter whose last call may have landed is
-	// checked before it is called again.
+	// checked before it is called again. It returns the requeued row as it
+	// was (the statement's snapshot), for tRepark.
 	tReclaim = transition{name: "reclaim", from: []string{stateRequeued}, to: stateLeased, by: byWorker, sql: `
 UPDATE inbox_messages
 SET status = 'leased', lease_owner = $3, lease_until = now() + $4 * interval '1 microsecond', last_error = NULL,
     fencing_token = fencing_token + 1, attempts = attempts + 1
 WHERE consumer = $1 AND message_id = $2 AND status = 'requeued'
-RETURNING fencing_token, may_have_called`}
+RETURNING fencing_token, may_have_called,
+          (SELECT to_jsonb(o) FROM inbox_messages o WHERE o.consumer = $1 AND o.message_id = $2)`}
 
 	// tServerSwitch records the database server a lease-mode consumer
 	// writes to ($2), and, when a recorded one differs, the switch: a
@@ -240,6 +245,24 @@ WHERE consumer = $1 AND message_id = ANY($2) AND status = $3`}
 	// it parks instead: its release records it then.
 	tUnrecord = transition{name: "unrecord", from: []string{stateProcessed}, to: "", by: byWorker, sql: `
 DELETE FROM inbox_messages WHERE consumer = $1 AND message_id = $2 AND status = 'processed'`}
+
+	// tRepark puts back the requeued row that tRecord (processed) or
+	// tReclaim (leased, $4 its fencing token) just took, when parkCheck
+	// parks the message instead: its aggregate is held by an earlier dead
+	// message that is not its own (a stale dead letter holds nothing, so
+	// its requeue is known only by this row). The row is never deleted
+	// (tUnrecord, tUnlease): it carries the operator's requeue, attempts,
+	// last_error and may_have_called, and keeps its original from pruning;
+	// its release takes it again as requeued. $3 is the row as it was (nil:
+	// only the status goes back); the fencing token stays advanced.
+	tRepark = transition{name: "repark", from: []string{stateProcessed, stateLeased}, to: stateRequeued, by: byWorker, sql: `
+UPDATE inbox_messages i
+SET (status, processed_at, last_error, attempts, topic, kafka_partition, kafka_offset, lease_owner, lease_until) =
+    (SELECT 'requeued', o.processed_at, o.last_error, o.attempts, o.topic, o.kafka_partition, o.kafka_offset,
+            o.lease_owner, o.lease_until
+     FROM jsonb_populate_record(i, coalesce($3::jsonb, '{}'::jsonb)) AS o)
+WHERE consumer = $1 AND message_id = $2
+  AND (status = 'processed' AND $4::bigint IS NULL OR status = 'leased' AND fencing_token = $4)`}
 
 	// tUnlease gives up a lease to park its message (in the transaction
 	// that took the lease, or later when an earlier message of its key
@@ -424,7 +447,7 @@ WHERE consumer = $1 AND aggregate_type = $2 AND aggregate_id = $3 AND version >=
 // labels.
 var lifecycle = []*transition{
 	&tRecord, &tRecordBatch, &tLease, &tLeaseBatch, &tServerSwitch, &tReclaim, &tRenew, &tDone, &tDoneBatch, &tUncertain,
-	&tDeadLetterLeased, &tDeadLetter, &tStale, &tUnrecord, &tUnlease, &tRequeue, &tSkip, &tSkipParkedRow, &tUnrequeue, &tPrune,
+	&tDeadLetterLeased, &tDeadLetter, &tStale, &tUnrecord, &tRepark, &tUnlease, &tRequeue, &tSkip, &tSkipParkedRow, &tUnrequeue, &tPrune,
 	&tHold, &tRequeueHold, &tDropHold, &tReleaseHolds, &tPark, &tUnpark, &tSkipParked, &tRecordAction, &tKeepOriginal,
 	&tPruneOriginals, &tAdvance, &tAdvanceOne, &tUnreserve,
 }

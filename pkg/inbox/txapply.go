@@ -301,8 +301,9 @@ func (a *txApplier) settle(ctx context.Context, tx pgx.Tx, m kafka.Message, atte
 // handler, all in tx; the first attempt records the hop (inbox_hop_seconds).
 func (a *txApplier) apply(ctx context.Context, tx pgx.Tx, m kafka.Message, ev *event.Envelope, attempt int) (outcome, error) {
 	var reapplied bool // a requeued row: the operator sent it back
+	var was []byte     // and that row as it was, for tRepark
 	err := tx.QueryRow(ctx, tRecord.sql, a.cfg.Name, ev.EventID, ev.EventType, ev.AggregateType, ev.AggregateID,
-		ev.AggregateVersion, m.Topic, m.Partition, m.Offset, []byte(ev.Payload)).Scan(&reapplied)
+		ev.AggregateVersion, m.Topic, m.Partition, m.Offset, []byte(ev.Payload)).Scan(&reapplied, &was)
 	recorded := err == nil
 	if errors.Is(err, pgx.ErrNoRows) {
 		err = nil
@@ -327,8 +328,15 @@ func (a *txApplier) apply(ctx context.Context, tx pgx.Tx, m kafka.Message, ev *e
 	}
 	switch pd.verdict {
 	case parkIt, alreadyParked:
-		// Not applied: no inbox row either, so that its release applies it.
-		if _, err := take(ctx, tx, &tUnrecord, a.cfg.Name, ev.EventID); err != nil {
+		// Not applied: no inbox row either, so that its release applies it;
+		// but a requeued row (a stale dead letter's requeue, which holds
+		// nothing, behind another dead message) is put back requeued, never
+		// deleted: its release reapplies it as the requeue it is.
+		tr, args := &tUnrecord, []any{a.cfg.Name, ev.EventID}
+		if reapplied {
+			tr, args = &tRepark, []any{a.cfg.Name, ev.EventID, was, nil}
+		}
+		if _, err := take(ctx, tx, tr, args...); err != nil {
 			return 0, dbErrors.Translate("parking a message", err)
 		}
 		if pd.verdict == alreadyParked {
