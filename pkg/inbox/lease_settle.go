@@ -124,16 +124,21 @@ func (a *leaseApplier) recordDone(ctx context.Context, tx pgx.Tx, done []DoneEve
 	return nil
 }
 
+// markUncertain marks ev's lease uncertain, under token. It counts and
+// logs the mark only once the guarded write changed the row: a holder whose
+// lease was taken over marked nothing (a refusal), and counting it would
+// report an uncertain message that the new holder may settle.
 func (a *leaseApplier) markUncertain(ctx context.Context, ev event.Envelope, token int64, cause error) error {
-	a.cfg.Metrics.uncertain.WithLabelValues(a.cfg.Name).Inc()
-	a.cfg.Logger.ErrorContext(ctx, "inbox cannot tell whether the side effect happened; marked uncertain for reconciliation",
-		slog.String("consumer", a.cfg.Name), slog.String("event_id", ev.EventID.String()), slog.Any("error", cause))
 	marked, err := take(ctx, a.pool, &tUncertain, a.cfg.Name, ev.EventID, token, cause.Error())
 	if err != nil {
 		return dbErrors.Translate("marking a lease uncertain", err)
 	}
 	if !marked {
 		a.refused(ctx, &tUncertain, ev.EventID, "the lease was taken over")
+		return nil
 	}
+	a.cfg.Metrics.uncertain.WithLabelValues(a.cfg.Name).Inc()
+	a.cfg.Logger.ErrorContext(ctx, "inbox cannot tell whether the side effect happened; marked uncertain for reconciliation",
+		slog.String("consumer", a.cfg.Name), slog.String("event_id", ev.EventID.String()), slog.Any("error", cause))
 	return nil
 }
