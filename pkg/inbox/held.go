@@ -93,6 +93,24 @@ func SkipHeld(ctx context.Context, db RequeueDB, a HeldAction) (HeldResult, erro
 	return actOnHeld(ctx, db, a, ActionSkip)
 }
 
+// lockHeldRows locks, in message_id order, the inbox rows of the dead
+// messages that hold an aggregate, before actOnHeld removes the holds.
+const lockHeldRows = `
+SELECT i.message_id FROM inbox_messages i
+WHERE i.consumer = $1 AND i.message_id IN (
+    SELECT d.message_id FROM inbox_dead_keys d WHERE d.consumer = $1 AND d.aggregate_type = $2 AND d.aggregate_id = $3)
+ORDER BY i.message_id
+FOR UPDATE OF i`
+
+// heldMismatch is actOnHeld's error, its transaction rolled back, when the
+// released holds name rows that are not in the state their hold says (a
+// row that moved on, or is gone): the operator sees it and nothing is
+// half done.
+func heldMismatch(action string, changed, held int) error {
+	return fmt.Errorf("%w: %s changed %d of the %d inbox rows its holds name (the rows moved on); nothing was changed, try again",
+		ErrNotHeld, action, changed, held)
+}
+
 func actOnHeld(ctx context.Context, db RequeueDB, a HeldAction, action string) (HeldResult, error) {
 	if err := a.Validate(); err != nil {
 		return HeldResult{}, err
@@ -103,6 +121,13 @@ func actOnHeld(ctx context.Context, db RequeueDB, a HeldAction, action string) (
 	var res HeldResult
 	err := pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error {
 		res = HeldResult{Dead: []uuid.UUID{}}
+		// The inbox rows first, then the holds: the order of a worker
+		// reapplying a requeued message (tRecord or tReclaim on its row,
+		// then tDropHold), so that the two never wait for each other (a
+		// deadlock, 40P01, the other way round).
+		if _, err := tx.Exec(ctx, lockHeldRows, a.Consumer, a.AggregateType, a.AggregateID); err != nil {
+			return err
+		}
 		rows, err := takeQuery(ctx, tx, &tReleaseHolds, a.Consumer, a.AggregateType, a.AggregateID)
 		if err != nil {
 			return err
@@ -124,15 +149,23 @@ func actOnHeld(ctx context.Context, db RequeueDB, a HeldAction, action string) (
 		}
 		reason := fmt.Sprintf("%s by operator %q: %s", action, a.Operator, a.Reason)
 		if action == ActionSkip {
-			if _, err := take(ctx, tx, &tSkip, a.Consumer, res.Dead, reason); err != nil {
+			n, err := takeCount(ctx, tx, &tSkip, a.Consumer, res.Dead, reason)
+			if err != nil {
 				return err
+			}
+			if n != len(res.Dead) {
+				return heldMismatch(action, n, len(res.Dead))
 			}
 			if res.Parked, err = skipParked(ctx, tx, a, reason); err != nil {
 				return err
 			}
 		} else {
-			if _, err := take(ctx, tx, &tUnrequeue, a.Consumer, requeued); err != nil {
+			n, err := takeCount(ctx, tx, &tUnrequeue, a.Consumer, requeued)
+			if err != nil {
 				return err
+			}
+			if n != len(requeued) {
+				return heldMismatch(action, n, len(requeued))
 			}
 			if err := tx.QueryRow(ctx, `SELECT count(*) FROM inbox_parked_messages WHERE consumer = $1 AND aggregate_type = $2 AND aggregate_id = $3`,
 				a.Consumer, a.AggregateType, a.AggregateID).Scan(&res.Parked); err != nil {

@@ -651,3 +651,59 @@ func TestARequeuedStaleDeadLetterBehindAnotherDeadEventKeepsItsRow(t *testing.T)
 		return f.status(t, "stale-held", dead) == "processed" && f.status(t, "stale-held", late) == "processed", nil
 	})
 }
+
+// A worker reapplying a requeued message locks its inbox row (tRecord),
+// then its hold (tDropHold). SkipHeld, meanwhile, must take the same order:
+// had it locked the holds first, then the rows, the two would deadlock
+// (40P01). The worker's two statements are played here by hand, between
+// which the operator's skip starts and waits.
+func TestSkipHeldWaitsForAWorkerReapplyingAndNeverDeadlocks(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	dlt := testenv.NewTopic(t, f.brokers, 1)
+	v1 := newEvent("order-8", 1)
+	apply, _ := refusedUntilRepaired(v1)
+	c, err := inbox.NewConsumer(f.pool, f.source(testenv.Name("group")), f.writer, func(ctx context.Context, tx pgx.Tx, ev event.Envelope) error {
+		return apply(ctx, tx.Exec, ev)
+	}, fastRetries("lockorder", dlt))
+	if err != nil {
+		t.Fatal(err)
+	}
+	handle(t, c, event.ToKafka(f.topic, v1))
+	f.requeue(t, dlt, 1, v1.EventID)
+	if s := f.status(t, "lockorder", v1); s != "requeued" {
+		t.Fatalf("v1 is %s, want requeued", s)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	worker, err := f.pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = worker.Rollback(context.Background()) }()
+	if _, err := worker.Exec(ctx, `UPDATE inbox_messages SET status = 'processed', processed_at = now()
+WHERE consumer = 'lockorder' AND message_id = $1 AND status = 'requeued'`, v1.EventID); err != nil {
+		t.Fatal(err)
+	}
+	skipped := make(chan error, 1)
+	go func() {
+		_, err := inbox.SkipHeld(ctx, f.pool, inbox.HeldAction{Consumer: "lockorder", AggregateType: "thing",
+			AggregateID: "order-8", Reason: "cancelled upstream"})
+		skipped <- err
+	}()
+	testenv.WaitFor(t, 20*time.Second, "the skip to wait on a lock", func() (bool, error) {
+		return f.count(t, `SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'`) == 1, nil
+	})
+	if _, err := worker.Exec(ctx, `DELETE FROM inbox_dead_keys WHERE consumer = 'lockorder' AND message_id = $1`, v1.EventID); err != nil {
+		t.Fatalf("the worker's tDropHold after the skip started: %v (the skip locks holds before rows)", err)
+	}
+	if err := worker.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-skipped; err != nil && !errors.Is(err, inbox.ErrNotHeld) {
+		t.Fatalf("SkipHeld = %v, want ErrNotHeld: the worker applied the message and released its aggregate first", err)
+	}
+	if s := f.status(t, "lockorder", v1); s != "processed" {
+		t.Fatalf("v1 is %s, want processed (the worker's)", s)
+	}
+}

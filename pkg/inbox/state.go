@@ -469,6 +469,16 @@ func take(ctx context.Context, q execer, tr *transition, args ...any) (bool, err
 	return tag.RowsAffected() > 0, nil
 }
 
+// takeCount runs tr on q and returns how many rows it changed, for a
+// caller that compares them with the rows it expects.
+func takeCount(ctx context.Context, q execer, tr *transition, args ...any) (int, error) {
+	tag, err := q.Exec(ctx, tr.sql, args...)
+	if err != nil {
+		return 0, err
+	}
+	return int(tag.RowsAffected()), nil
+}
+
 // takeQuery runs tr, a transition with RETURNING, on q.
 func takeQuery(ctx context.Context, q interface {
 	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
