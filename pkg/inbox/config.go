@@ -34,11 +34,6 @@ const (
 	GapAccept
 )
 
-// GapRetry is GapWait's former name.
-//
-// Deprecated: use GapWait, the default.
-const GapRetry = GapWait
-
 // StalePolicy says what to do with an event at or below the aggregate
 // version this consumer already applied that is not a redelivery (another
 // event id): an older event arriving after a newer one was applied.

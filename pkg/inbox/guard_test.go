@@ -169,7 +169,7 @@ func TestVersionGapsAreReportedOrWaitedFor(t *testing.T) {
 	g := newFixture(t)
 	dlt := testenv.NewTopic(t, g.brokers, 1)
 	g.produce(t, event.ToKafka(g.topic, newEvent("g", 1)), event.ToKafka(g.topic, newEvent("g", 3)))
-	g.run(t, g.recordEffect, inbox.Config{Gaps: inbox.GapRetry, MaxAttempts: 3, BackoffMin: time.Millisecond,
+	g.run(t, g.recordEffect, inbox.Config{Gaps: inbox.GapWait, MaxAttempts: 3, BackoffMin: time.Millisecond,
 		BackoffMax: 2 * time.Millisecond, DeadLetterTopic: dlt})
 	testenv.WaitFor(t, 30*time.Second, "the gapped event to be retried, then dead-lettered", func() (bool, error) {
 		return testenv.MetricValue(t, g.registry, "inbox_dead_lettered_total") == 1, nil

@@ -46,7 +46,7 @@ import (
 //	dead_lettered|requeued ─skip► skipped              operator (SkipHeld), with a reason
 //	(none) ─skip────────────────► skipped              operator (SkipHeld): a parked message
 //	requeued ─release───────────► dead_lettered        operator (ReleaseHeld): the copy never came
-//	processed|stale ─prune──────► (none)               pruner, after Retention
+//	processed|stale|skipped ─prune► (none)             pruner, after Retention
 //
 // The rows that hold an aggregate follow the dead message: a hold
 // (inbox_dead_keys) is 'dead' with its dead letter, 'requeued' with its
@@ -110,7 +110,10 @@ RETURNING xmax <> 0, CASE WHEN xmax <> 0 THEN (SELECT to_jsonb(o) FROM inbox_mes
 	// meets aggregates nothing holds. A requeued row it meets all the same
 	// (a stale dead letter holds nothing) comes back with reapplied set,
 	// and the fast path gives the batch up to the message-by-message path,
-	// which applies it whatever the guard says.
+	// which applies it whatever the guard says. Its DO UPDATE is detection
+	// only: a batch that meets a requeued row is always rolled back, so the
+	// row is never left processed by it (tRecord, in the message-by-message
+	// path, is the reapply that sticks, with its own SET list).
 	tRecordBatch = transition{name: "record", from: []string{"", stateRequeued}, to: stateProcessed, by: byWorker, sql: `
 INSERT INTO inbox_messages (consumer, message_id, event_type, aggregate_type, aggregate_id, aggregate_version,
                             topic, kafka_partition, kafka_offset, status, payload_hash, processed_at)
