@@ -409,7 +409,7 @@ func (s *streamer) decode(ctx context.Context, x pglogrepl.XLogData) error {
 		// a lane before the standbys flushed it too (replicated.go); a
 		// wait that runs out ends the stream, and the next one delivers
 		// the transaction again, the slot not having moved past it.
-		if err := s.r.standby.awaitCommit(ctx, s.r.pool, final, &s.standbyAt); err != nil {
+		if err := s.r.standby.awaitCommit(ctx, s.r.pool, pglogrepl.LSN(x.ServerWALEnd), &s.standbyAt); err != nil {
 			return fmt.Errorf("waiting for the standbys: %w", err)
 		}
 		s.open = s.begin()

@@ -169,20 +169,28 @@ func (g *standbyGate) await(ctx context.Context, q querier) error {
 }
 
 // awaitCommit is await for the log-based relay, called when a
-// transaction's begin arrives: it waits until the standbys flushed past
-// commit, the start of the transaction's commit record (the begin
-// message's final LSN), not for everything the primary flushed since.
-// *seen is the standbys' position the caller last read: a commit below it
-// passes without a query, so a stream reads the standbys about once per
-// batch of transactions the walsender sent together rather than once per
-// transaction. The caller keeps *seen for one stream only: a standby
-// replaced meanwhile (its slot recreated) may be behind it.
-func (g *standbyGate) awaitCommit(ctx context.Context, q querier, commit pglogrepl.LSN, seen *pglogrepl.LSN) error {
+// transaction's begin arrives: it waits until the standbys flushed up to
+// walEnd, the server's WAL end the walsender sent with the begin (its
+// XLogData's ServerWALEnd), not for everything the primary flushed since a
+// query of its own. The walsender sent the begin only once it had decoded
+// the transaction's commit, so the whole commit record lies below walEnd.
+// The begin message's final LSN would be nearer, but it is where the
+// commit record starts: a standby whose flush stopped inside that record
+// (a record split across WAL pages) would not have the commit, and a
+// failover to it would take back an event consumers saw.
+//
+// *seen is the standbys' position the caller last read: a transaction
+// whose walEnd is below it passes without a query, so a stream that is not
+// far ahead of its standbys reads them about once per batch of
+// transactions rather than once per transaction. The caller keeps *seen
+// for one stream only: a standby replaced meanwhile (its slot recreated)
+// may be behind it.
+func (g *standbyGate) awaitCommit(ctx context.Context, q querier, walEnd pglogrepl.LSN, seen *pglogrepl.LSN) error {
 	if g == nil {
 		return nil
 	}
 	began := time.Now()
-	target := commit + 1
+	target := walEnd
 	if *seen >= target {
 		g.passed(ctx, "at_once", began)
 		return nil
