@@ -16,15 +16,19 @@ import (
 var errGapMarkedAgain = errors.New("the replication slot was replaced while its gap was republished")
 
 // replayGap republishes, once the stream holds the slot and before it
-// publishes the slot's first event, every row of the table still pending:
-// a new slot streams from its creation only, so the rows of a lost slot's
-// window would otherwise never be published, and the new slot's first
-// acknowledgement would let retention delete them. Rows are read in id
-// order, which is each aggregate's order, and go out before any event of
-// the stream, so each aggregate stays in order. Rows the old slot did
-// publish (those within Retain) go out again; consumers dedupe them by
-// event id. Rows committed after the slot's creation are both here and in
-// the stream: published twice, in order both times.
+// publishes the slot's first event, the lost slot's gap: the rows still
+// pending that no slot confirmed (gapRows leaves out what publishedCDC says
+// the old slot published). A new slot streams from its creation only, so
+// the rows of a lost slot's window would otherwise never be published, and
+// the new slot's first acknowledgement would let retention delete them.
+// Rows are read in id order, which is each aggregate's order, and go out
+// before any event of the stream, so each aggregate stays in order. A row
+// the old slot published but whose confirmation its record had not caught
+// (an asynchronous failover can leave the record older than the old
+// primary's last one) goes out again; consumers dedupe it by event id: the
+// replay may be larger than the gap, never short. Rows committed after the
+// slot's creation are both here and in the stream: published twice, in
+// order both times.
 //
 // Only the slot's holder replays, and it replays whatever mark it finds:
 // the relay that created the slot may be frozen or dead, and the gap is

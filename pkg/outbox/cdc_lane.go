@@ -170,6 +170,12 @@ func (l *lane) publish(ctx context.Context, todo []cdcEvent) (bool, error) {
 					if err := r.dead(ctx, todo[i], err); err != nil {
 						return false, err
 					}
+					// Even when the mark was refused: the row was dead
+					// already, or requeued, and then its copy comes later
+					// in the stream than the aggregate's events committed
+					// before the requeue, which must wait behind it; the
+					// copy lifts the hold when it arrives
+					// (TestCDCRefusedDeadMarkOfARequeuedRowHoldsUntilTheCopy).
 					l.holdFrom(todo[i])
 					continue
 				}

@@ -60,6 +60,9 @@ type streamer struct {
 	// fresh is a WAL position read once the stream held the slot: a
 	// transaction that commits past it was never delivered before.
 	fresh pglogrepl.LSN
+	// standbyAt is the standbys' flush position this stream last read
+	// (Standby.PublishReplicated): commits below it need no query.
+	standbyAt pglogrepl.LSN
 
 	build *msgBuilder
 	cols  [][]byte    // the columns of the row being decoded
@@ -406,7 +409,7 @@ func (s *streamer) decode(ctx context.Context, x pglogrepl.XLogData) error {
 		// a lane before the standbys flushed it too (replicated.go); a
 		// wait that runs out ends the stream, and the next one delivers
 		// the transaction again, the slot not having moved past it.
-		if err := s.r.standby.await(ctx, s.r.pool); err != nil {
+		if err := s.r.standby.awaitCommit(ctx, s.r.pool, pglogrepl.LSN(x.ServerWALEnd), &s.standbyAt); err != nil {
 			return fmt.Errorf("waiting for the standbys: %w", err)
 		}
 		s.open = s.begin()

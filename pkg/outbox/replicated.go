@@ -42,8 +42,10 @@ type Standby struct {
 	// published: the relay waits, at most ReplicatedWait at a time, and
 	// reports the outage (outbox_standby_waits_total{outcome="timeout"},
 	// outbox_standby_behind, a WARN log line); it never marks a row dead
-	// for it. The price is the standby's round trip on every batch
-	// (polling) or transaction (log-based). Writers must commit with
+	// for it. The price is a query of the standbys' position on every
+	// batch (polling), or whenever a transaction commits past the last
+	// position read (log-based: about once per batch of transactions the
+	// walsender sends together). Writers must commit with
 	// synchronous_commit on (the default): a commit made with it off is
 	// visible before the primary itself flushed it, and the polling relay
 	// compares with the primary's flush position. Default false.
@@ -77,9 +79,10 @@ SELECT pg_current_wal_flush_lsn()::text,
        (SELECT count(*) FROM pg_replication_slots
          WHERE slot_type = 'physical' AND (cardinality($1::text[]) = 0 OR slot_name = ANY ($1::text[])))`
 
-// standbyFlush reads only the standbys' lowest flush position.
+// standbyFlush reads only the standbys' lowest flush position, and how
+// many slots it is the lowest of.
 const standbyFlush = `
-SELECT CASE WHEN count(*) = 0 OR bool_or(restart_lsn IS NULL) THEN NULL ELSE min(restart_lsn)::text END
+SELECT CASE WHEN count(*) = 0 OR bool_or(restart_lsn IS NULL) THEN NULL ELSE min(restart_lsn)::text END, count(*)
   FROM pg_replication_slots
  WHERE slot_type = 'physical' AND (cardinality($1::text[]) = 0 OR slot_name = ANY ($1::text[]))`
 
@@ -143,9 +146,7 @@ func newStandbyGate(cfg Standby, m *Metrics, logger *slog.Logger, logInterval ti
 // await waits until the standbys flushed everything the primary had
 // flushed when it was called, reading both through q, at most
 // ReplicatedWait. The polling relay calls it after its claim, in the claim's
-// transaction: every row it claimed committed below that position. The
-// log-based relay calls it when a transaction's begin arrives: the
-// walsender decoded its commit, so the commit is below it too.
+// transaction: every row it claimed committed below that position.
 func (g *standbyGate) await(ctx context.Context, q querier) error {
 	if g == nil {
 		return nil
@@ -163,38 +164,88 @@ func (g *standbyGate) await(ctx context.Context, q querier) error {
 	if err != nil {
 		return fmt.Errorf("reading the primary's flush position %q: %w", primaryText, err)
 	}
-	reached := func(s *string) bool {
-		if s == nil {
-			return false
-		}
-		lsn, err := pglogrepl.ParseLSN(*s)
-		return err == nil && lsn >= target
+	_, err = g.wait(ctx, q, target, began, standbyText, slots)
+	return err
+}
+
+// awaitCommit is await for the log-based relay, called when a
+// transaction's begin arrives: it waits until the standbys flushed up to
+// walEnd, the server's WAL end the walsender sent with the begin (its
+// XLogData's ServerWALEnd), not for everything the primary flushed since a
+// query of its own. The walsender sent the begin only once it had decoded
+// the transaction's commit, so the whole commit record lies below walEnd.
+// The begin message's final LSN would be nearer, but it is where the
+// commit record starts: a standby whose flush stopped inside that record
+// (a record split across WAL pages) would not have the commit, and a
+// failover to it would take back an event consumers saw.
+//
+// *seen is the standbys' position the caller last read: a transaction
+// whose walEnd is below it passes without a query, so a stream that is not
+// far ahead of its standbys reads them about once per batch of
+// transactions rather than once per transaction. The caller keeps *seen
+// for one stream only: a standby replaced meanwhile (its slot recreated)
+// may be behind it.
+func (g *standbyGate) awaitCommit(ctx context.Context, q querier, walEnd pglogrepl.LSN, seen *pglogrepl.LSN) error {
+	if g == nil {
+		return nil
 	}
-	if reached(standbyText) {
+	began := time.Now()
+	target := walEnd
+	if *seen >= target {
 		g.passed(ctx, "at_once", began)
 		return nil
+	}
+	var (
+		standbyText *string
+		slots       int
+	)
+	if err := q.QueryRow(ctx, standbyFlush, g.cfg.StandbySlots).Scan(&standbyText, &slots); err != nil {
+		return fmt.Errorf("reading the standbys' flush position: %w", err)
+	}
+	at, err := g.wait(ctx, q, target, began, standbyText, slots)
+	*seen = max(*seen, at)
+	return err
+}
+
+// wait polls the standbys' flush position, first read as standbyText of
+// slots, until it reaches target or ReplicatedWait from began runs out. It
+// returns the last position read (0 for none).
+func (g *standbyGate) wait(ctx context.Context, q querier, target pglogrepl.LSN, began time.Time, standbyText *string, slots int) (pglogrepl.LSN, error) {
+	position := func(s *string) pglogrepl.LSN {
+		if s == nil {
+			return 0
+		}
+		lsn, err := pglogrepl.ParseLSN(*s)
+		if err != nil {
+			return 0
+		}
+		return lsn
+	}
+	if at := position(standbyText); at >= target {
+		g.passed(ctx, "at_once", began)
+		return at, nil
 	}
 	deadline := began.Add(g.cfg.ReplicatedWait)
 	pause := 500 * time.Microsecond
 	for {
 		if time.Now().After(deadline) {
-			return g.timedOut(ctx, target, standbyText, slots)
+			return position(standbyText), g.timedOut(ctx, target, standbyText, slots)
 		}
 		t := time.NewTimer(pause)
 		select {
 		case <-ctx.Done():
 			t.Stop()
-			return ctx.Err()
+			return position(standbyText), ctx.Err()
 		case <-t.C:
 		}
 		pause = min(2*pause, 50*time.Millisecond)
 		standbyText = nil
-		if err := q.QueryRow(ctx, standbyFlush, g.cfg.StandbySlots).Scan(&standbyText); err != nil {
-			return fmt.Errorf("reading the standbys' flush position: %w", err)
+		if err := q.QueryRow(ctx, standbyFlush, g.cfg.StandbySlots).Scan(&standbyText, &slots); err != nil {
+			return 0, fmt.Errorf("reading the standbys' flush position: %w", err)
 		}
-		if reached(standbyText) {
+		if at := position(standbyText); at >= target {
 			g.passed(ctx, "waited", began)
-			return nil
+			return at, nil
 		}
 	}
 }
