@@ -10,7 +10,9 @@ import (
 	"time"
 
 	"github.com/jackc/pglogrepl"
+	"github.com/jackc/pgx/v5"
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/segmentio/kafka-go"
 
 	"github.com/onceflow/onceflow/pkg/outbox"
 	"github.com/onceflow/onceflow/pkg/outbox/outboxtest"
@@ -372,4 +374,71 @@ func TestCDCLostSlotReplaysOnlyTheGapNotWhatWasPublished(t *testing.T) {
 	if n := countRows(t, pool, "true"); n != 5 {
 		t.Errorf("%d rows in the table, want all 5 (Retain is an hour)", n)
 	}
+}
+
+// pageGate is a Writer that, on its first call, runs between once before
+// it publishes: the gap replay's first page is then read and the second not
+// yet.
+type pageGate struct {
+	outbox.Writer
+	once    sync.Once
+	between func()
+}
+
+func (g *pageGate) WriteMessages(ctx context.Context, msgs ...kafka.Message) error {
+	g.once.Do(g.between)
+	return g.Writer.WriteMessages(ctx, msgs...)
+}
+
+// The make prove nemesis (cdc, SEED=515398) found billing's PaymentRefunded
+// v2 on the topic before its PaymentCaptured v1: a lost slot's replay read
+// the table a page at a time, each page its own snapshot. Ids are drawn at
+// INSERT, not at commit: v1's row had an id the replay's first page had
+// already passed while its transaction was still open, and v2, committed
+// after it with a higher id, was on a later page. The replay published v2;
+// v1 came only with the stream, after it. One snapshot for the whole
+// replay sees v1 whenever it sees v2.
+func TestCDCGapReplaySeesAnAggregateCommittedDuringItWhole(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	e := newCDCEnv(t, 1, 50)
+	pool, c := e.pool, e.c
+	cfg := e.config()
+	cfg.MaxInFlight = 2 // pages of two rows
+	e.loseSlot(t, cfg, enqueue)
+
+	var txX pgx.Tx
+	x1, x2 := newEvent("x", 1), newEvent("x", 2)
+	// Once the new slot exists (a transaction open across its creation
+	// would hold that up), x/1 takes an id and stays uncommitted while
+	// higher ids commit: the replay's first page passes x/1's id unseen.
+	opened := func(name string) error {
+		if name != outboxtest.CrashAfterSlotCreated || txX != nil {
+			return nil
+		}
+		var err error
+		if txX, err = pool.Begin(ctx); err != nil {
+			return err
+		}
+		if err := outbox.Enqueue(ctx, txX, x1); err != nil {
+			return err
+		}
+		enqueue(t, pool, newEvent("f", 1), newEvent("f", 2), newEvent("f", 3))
+		return nil
+	}
+	gate := &pageGate{Writer: e.w, between: func() {
+		// x/1 commits, then x/2 after it: both before the second page.
+		if err := txX.Commit(ctx); err != nil {
+			t.Error(err)
+		}
+		enqueue(t, pool, x2)
+	}}
+	relay := newCDC(t, pool, gate, cfg)
+	testenv.RunInBackground(t, "Run", func(ctx context.Context) error {
+		return relay.Run(outboxtest.WithCrashPoint(ctx, opened))
+	})
+	testenv.WaitFor(t, 30*time.Second, "x/1 and x/2 to reach Kafka", func() (bool, error) {
+		return c.has(x1.EventID) && c.has(x2.EventID), nil
+	})
+	c.checkOrder(t, map[string]int64{"x": 2, "f": 3})
 }

@@ -8,6 +8,8 @@ import (
 	"log/slog"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+
 	"github.com/onceflow/onceflow/pkg/event"
 )
 
@@ -26,9 +28,11 @@ var errGapMarkedAgain = errors.New("the replication slot was replaced while its 
 // the old slot published but whose confirmation its record had not caught
 // (an asynchronous failover can leave the record older than the old
 // primary's last one) goes out again; consumers dedupe it by event id: the
-// replay may be larger than the gap, never short. Rows committed after the
-// slot's creation are both here and in the stream: published twice, in
-// order both times.
+// replay may be larger than the gap, never short. The pages are read in
+// one snapshot, taken once the stream holds the slot: rows committed after
+// the slot's creation and before that snapshot are both here and in the
+// stream (published twice, in order both times), and what the snapshot
+// does not see the stream delivers.
 //
 // Only the slot's holder replays, and it replays whatever mark it finds:
 // the relay that created the slot may be frozen or dead, and the gap is
@@ -48,10 +52,23 @@ func (s *streamer) replayGap(ctx context.Context, pending bool, mark time.Time) 
 	if err := r.pool.QueryRow(ctx, horizonXid).Scan(&xmin); err != nil {
 		return fmt.Errorf("reading the replay's snapshot: %w", err)
 	}
+	// Every page from one snapshot: a page is read while transactions
+	// commit, and ids are drawn at INSERT, not at commit, so a page read
+	// on its own may pass the id of a transaction still open whose
+	// aggregate's next version, committed after it with a higher id, a
+	// later page finds. That version would go out here and its predecessor
+	// only with the stream, after it. In one snapshot an aggregate's rows
+	// are there together or not at all (its versions commit one after
+	// another), and what the snapshot does not see the stream delivers.
+	snap, err := r.pool.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly})
+	if err != nil {
+		return fmt.Errorf("reading the gap's rows: %w", err)
+	}
+	defer snap.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck // read-only
 	var after, total int64
 	started := time.Now()
 	for {
-		evs, err := r.readGapPage(ctx, after)
+		evs, err := r.readGapPage(ctx, snap, after)
 		if err != nil {
 			return err
 		}
@@ -107,9 +124,10 @@ func (s *streamer) waitAcked(ctx context.Context, tx *txn) error {
 	return nil
 }
 
-// readGapPage reads up to MaxInFlight pending rows after id after.
-func (r *CDCRelay) readGapPage(ctx context.Context, after int64) ([]cdcEvent, error) {
-	rows, err := r.pool.Query(ctx, gapRows, after, r.cfg.MaxInFlight)
+// readGapPage reads up to MaxInFlight pending rows after id after, in the
+// replay's snapshot.
+func (r *CDCRelay) readGapPage(ctx context.Context, snap pgx.Tx, after int64) ([]cdcEvent, error) {
+	rows, err := snap.Query(ctx, gapRows, after, r.cfg.MaxInFlight)
 	if err != nil {
 		return nil, fmt.Errorf("reading the gap's rows: %w", err)
 	}
