@@ -174,7 +174,11 @@ wait_ready() {
       say "services: $name ready on http://$addr"
       return 0
     fi
-    pid_of "$name" >/dev/null || break
+    # Alive, not pid_of: until the background shell has worked out the
+    # program's environment and exec'd it, the pid's command line is the
+    # shell's, not the program's (the reconcile job's three URLs take long
+    # enough for a first check to land there).
+    kill -0 "$(cat "$RUN/$name.pid" 2>/dev/null)" 2>/dev/null || break
     sleep 0.1
   done
   say "services: $name did not become ready; last lines of $LOGS/$name.log:"
