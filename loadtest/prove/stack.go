@@ -3,8 +3,6 @@ package prove
 import (
 	"context"
 	"fmt"
-	"math/rand/v2"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -44,70 +42,6 @@ type Stack struct {
 	Admin *pgxpool.Pool
 }
 
-// freePorts picks n ports nobody listens on now, for the servers, which
-// take their ports as settings (stack.sh, toxiproxy's flags) and cannot
-// report a port 0 they bound. The ports come from below the kernel's
-// ephemeral range (ip_local_port_range), not from a port-0 listen: a port
-// the kernel hands out as ephemeral can be taken in the seconds before
-// Kafka binds it, by any client socket or port-0 listener of the proofs
-// running beside this stack (it happened: "Address already in use" for the
-// second stack's Kafka). Below that range only another picker like this
-// one can collide, and each pick is checked by binding it.
-func freePorts(n int) ([]int, error) {
-	low := ephemeralLow()
-	const floor = 10000
-	if low-floor < 100*n {
-		// An unusual range leaves no room below it: ask the kernel.
-		addrs, err := harness.FreeAddrs(n)
-		if err != nil {
-			return nil, err
-		}
-		ports := make([]int, n)
-		for i, a := range addrs {
-			_, port, _ := net.SplitHostPort(a)
-			ports[i], _ = strconv.Atoi(port)
-		}
-		return ports, nil
-	}
-	var ports []int
-	seen := map[int]bool{}
-	for tries := 0; len(ports) < n; tries++ {
-		if tries > 1000 {
-			return nil, fmt.Errorf("no %d free ports between %d and %d", n, floor, low)
-		}
-		p := floor + rand.IntN(low-floor)
-		if seen[p] {
-			continue
-		}
-		seen[p] = true
-		ln, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", p))
-		if err != nil {
-			continue // taken
-		}
-		ln.Close()
-		ports = append(ports, p)
-	}
-	return ports, nil
-}
-
-// ephemeralLow is the first port of the kernel's ephemeral range (32768
-// when it cannot be read).
-func ephemeralLow() int {
-	b, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range")
-	if err != nil {
-		return 32768
-	}
-	f := strings.Fields(string(b))
-	if len(f) == 0 {
-		return 32768
-	}
-	low, err := strconv.Atoi(f[0])
-	if err != nil {
-		return 32768
-	}
-	return low
-}
-
 // StackOptions is the shape of the harness's stack: Postgres with or
 // without a streaming standby (stack_ha.go), Kafka as one broker or a
 // cluster (stack_cluster.go).
@@ -140,7 +74,7 @@ func StartStackWith(ctx context.Context, root, dir, toxiBin string, logf func(st
 	if err := s.clearKafkaData(); err != nil {
 		return nil, err
 	}
-	ports, err := freePorts(8)
+	ports, err := harness.FreePorts(8) // below the ephemeral range: see there
 	if err != nil {
 		return nil, err
 	}

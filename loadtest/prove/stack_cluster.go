@@ -8,6 +8,8 @@ import (
 	"strconv"
 	"strings"
 	"syscall"
+
+	"github.com/onceflow/onceflow/platform/harness"
 )
 
 // A Kafka cluster in the harness's stack (NEMESIS_TOPOLOGY=ha): devstack/
@@ -64,7 +66,7 @@ func (s *Stack) addKafkaNodes(brokers int) error {
 	if brokers <= 1 {
 		return nil
 	}
-	ports, err := freePorts(3 * (brokers - 1))
+	ports, err := harness.FreePorts(3 * (brokers - 1))
 	if err != nil {
 		return err
 	}

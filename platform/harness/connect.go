@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -62,13 +61,11 @@ func NewConnect(cfg ConnectConfig) (*Connect, error) {
 	if cfg.Logf == nil {
 		cfg.Logf = func(string, ...any) {}
 	}
-	addrs, err := FreeAddrs(1)
+	ports, err := FreePorts(1)
 	if err != nil {
 		return nil, err
 	}
-	_, port, _ := net.SplitHostPort(addrs[0])
-	c := &Connect{cfg: cfg}
-	c.port, _ = strconv.Atoi(port)
+	c := &Connect{cfg: cfg, port: ports[0]}
 	return c, os.MkdirAll(cfg.Dir, 0o755)
 }
 

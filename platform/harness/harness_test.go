@@ -3,8 +3,10 @@ package harness_test
 import (
 	"context"
 	"errors"
+	"net"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -49,6 +51,13 @@ func TestStartReadsTheBoundAddressesAndRestartKeepsThem(t *testing.T) {
 	p := startReconciler(ctx, t, "warn", false)
 	if strings.HasSuffix(p.HTTPAddr(), ":0") || strings.HasSuffix(p.AdminAddr(), ":0") || p.HTTPAddr() == p.AdminAddr() {
 		t.Fatalf("addresses %q and %q: want the two bound ports", p.HTTPAddr(), p.AdminAddr())
+	}
+	// Ports a restart must find free again: not ephemeral ones, which any
+	// client socket may take while the program is down.
+	for _, a := range []string{p.HTTPAddr(), p.AdminAddr()} {
+		if port := portOf(t, a); port >= ephemeralLow(t) {
+			t.Fatalf("address %s is in the kernel's ephemeral range (from %d): a client socket may take it before a restart", a, ephemeralLow(t))
+		}
 	}
 	if err := p.WaitReady(ctx, "/readyz", 30*time.Second); err != nil {
 		t.Fatal(err)
@@ -149,4 +158,47 @@ func TestStartKillsAProgramThatNeverListens(t *testing.T) {
 		_ = p.Stop(time.Second)
 		t.Fatal("Start failed and left the program running")
 	}
+}
+
+func TestFreePortsAreBelowTheEphemeralRange(t *testing.T) {
+	t.Parallel()
+	ports, err := harness.FreePorts(20)
+	if err != nil {
+		t.Fatal(err)
+	}
+	seen := map[int]bool{}
+	for _, p := range ports {
+		if p >= ephemeralLow(t) || seen[p] {
+			t.Fatalf("ports %v: want 20 different ones below %d", ports, ephemeralLow(t))
+		}
+		seen[p] = true
+	}
+}
+
+// ephemeralLow is the first port the kernel hands out to port-0 binds and
+// client sockets.
+func ephemeralLow(t *testing.T) int {
+	t.Helper()
+	b, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range")
+	if err != nil {
+		t.Fatal(err)
+	}
+	low, err := strconv.Atoi(strings.Fields(string(b))[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	return low
+}
+
+func portOf(t *testing.T, addr string) int {
+	t.Helper()
+	_, p, err := net.SplitHostPort(addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	port, err := strconv.Atoi(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return port
 }

@@ -50,11 +50,13 @@ type Config struct {
 	// LogPath receives the program's stdout and stderr, appended to, with
 	// a line marking each start. Required.
 	LogPath string
-	// PrePickPorts picks the two ports (HTTP_ADDR, ADMIN_ADDR) in advance,
-	// closes them and hands them to the program, for binaries of older
-	// revisions that do not log ListeningMsg. This is racy: another process
-	// may take a port between the pick and the program's bind. Never use it
-	// for binaries built from this tree.
+	// PrePickPorts is for binaries of older revisions that do not log
+	// ListeningMsg: Start does not wait for it and takes the ports it
+	// picked for granted (racy: a port another picker took between the
+	// pick and the bind shows only as an exit). Never use it for binaries
+	// built from this tree. Either way, unless Env gives HTTP_ADDR or
+	// ADMIN_ADDR, Proc picks both ports (FreePorts) and keeps them for
+	// every lifetime.
 	PrePickPorts bool
 	// NoAddrs is for a program that has neither HTTP_ADDR nor ADMIN_ADDR
 	// (a tool, Prometheus): Start only spawns it.
@@ -76,6 +78,7 @@ type Proc struct {
 	env       map[string]string
 	httpAddr  string
 	adminAddr string
+	picked    bool // HTTP_ADDR and ADMIN_ADDR are Proc's picks
 	cmd       *exec.Cmd
 	done      chan struct{} // closed when the current lifetime ended
 	exitErr   error
@@ -98,14 +101,15 @@ func New(cfg Config) (*Proc, error) {
 	if p.env == nil {
 		p.env = map[string]string{}
 	}
-	if !cfg.NoAddrs {
-		if cfg.PrePickPorts {
-			addrs, err := FreeAddrs(2)
-			if err != nil {
-				return nil, err
-			}
-			p.env["HTTP_ADDR"], p.env["ADMIN_ADDR"] = addrs[0], addrs[1]
+	if !cfg.NoAddrs && p.env["HTTP_ADDR"] == "" && p.env["ADMIN_ADDR"] == "" {
+		// Ports that stay the program's across restarts (a port-0 bind
+		// would get an ephemeral one, which a client socket may take
+		// while the program is down): see FreePorts.
+		if err := p.pickAddrs(); err != nil {
+			return nil, err
 		}
+	}
+	if !cfg.NoAddrs {
 		for _, k := range []string{"HTTP_ADDR", "ADMIN_ADDR"} {
 			if p.env[k] == "" {
 				p.env[k] = "127.0.0.1:0"
@@ -127,11 +131,42 @@ func Start(ctx context.Context, cfg Config) (*Proc, error) {
 	return p, p.Start(ctx)
 }
 
-// Start begins a lifetime and, on the first one with port-0 listeners,
-// returns once the program logged the addresses it bound. It does not
-// wait for readiness (WaitReady). A lifetime that is still running is an
-// error.
+// pickAddrs gives the program two ports of its own (HTTP_ADDR, ADMIN_ADDR).
+func (p *Proc) pickAddrs() error {
+	addrs, err := freeStableAddrs(2)
+	if err != nil {
+		return err
+	}
+	p.picked = true
+	p.env["HTTP_ADDR"], p.env["ADMIN_ADDR"] = addrs[0], addrs[1]
+	return nil
+}
+
+// errPortTaken is a first lifetime that could not bind a port Proc picked
+// for it (another picker took it between the pick and the bind).
+var errPortTaken = errors.New("a picked port was taken")
+
+// Start begins a lifetime and, on the first one, returns once the program
+// logged the addresses it bound (but for PrePickPorts, whose binaries do
+// not log them); if it could not bind the ports Proc picked, it picks
+// others and starts again, up to three times. It does not wait for
+// readiness (WaitReady). A lifetime that is still running is an error.
 func (p *Proc) Start(ctx context.Context) error {
+	for attempt := 1; ; attempt++ {
+		err := p.start(ctx)
+		if !errors.Is(err, errPortTaken) || attempt == 3 {
+			return err
+		}
+		p.mu.Lock()
+		err = p.pickAddrs()
+		p.mu.Unlock()
+		if err != nil {
+			return err
+		}
+	}
+}
+
+func (p *Proc) start(ctx context.Context) error {
 	p.mu.Lock()
 	if p.done != nil && !p.exited() {
 		p.mu.Unlock()
@@ -182,8 +217,8 @@ func (p *Proc) Start(ctx context.Context) error {
 	if !needAddrs {
 		return nil
 	}
-	if addr, err := net.ResolveTCPAddr("tcp", env["HTTP_ADDR"]); err == nil && addr.Port != 0 {
-		p.mu.Lock() // ports given (PrePickPorts, or the caller's): nothing to read
+	if addr, err := net.ResolveTCPAddr("tcp", env["HTTP_ADDR"]); err == nil && addr.Port != 0 && (p.cfg.PrePickPorts || !p.picked) {
+		p.mu.Lock() // the caller's ports, or an older binary's: nothing to read
 		p.httpAddr, p.adminAddr = env["HTTP_ADDR"], env["ADMIN_ADDR"]
 		p.mu.Unlock()
 		return nil
@@ -192,6 +227,9 @@ func (p *Proc) Start(ctx context.Context) error {
 		// Nobody can reach or stop a program whose addresses are unknown.
 		_ = cmd.Process.Kill()
 		<-done
+		if p.picked && strings.Contains(p.Tail(20), "address already in use") {
+			return fmt.Errorf("%w: %w", errPortTaken, err)
+		}
 		return err
 	}
 	return nil
@@ -439,8 +477,8 @@ func Tail(path string, n int) string {
 
 // FreeAddrs returns n loopback addresses whose ports nobody listens on now,
 // all different. Racy by nature (the port is free when asked, not when
-// used): only for programs that cannot bind port 0 and report it, such as
-// older binaries (Config.PrePickPorts), Prometheus or a tool's flag.
+// used), and ephemeral: a port that must stay the same across a restart
+// comes from FreePorts instead.
 func FreeAddrs(n int) ([]string, error) {
 	var ls []net.Listener
 	defer func() {

@@ -36,8 +36,8 @@ type Spec struct {
 // Vars that every program reads, which Start sets itself (the addresses)
 // or which a caller may set.
 var common = []Var{
-	{Name: "HTTP_ADDR", Required: true, Meaning: "the public listener (API, /healthz, /readyz); Start sets 127.0.0.1:0"},
-	{Name: "ADMIN_ADDR", Required: true, Meaning: "the operator listener (/metrics, /admin/…); Start sets 127.0.0.1:0"},
+	{Name: "HTTP_ADDR", Required: true, Meaning: "the public listener (API, /healthz, /readyz); Proc picks a port it keeps across restarts"},
+	{Name: "ADMIN_ADDR", Required: true, Meaning: "the operator listener (/metrics, /admin/…); Proc picks a port it keeps across restarts"},
 	{Name: "ADMIN_TOKEN", Meaning: "the bearer token of /admin/…; without it those answer 401"},
 	{Name: "PPROF", Meaning: "true serves /debug/pprof/ on the operator listener"},
 	{Name: "DEBUG_ADDR", Meaning: "an opt-in pprof listener (empty: off); the bench rig sets one per program"},
