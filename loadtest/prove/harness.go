@@ -155,9 +155,10 @@ type Options struct {
 	// asynchronous or synchronous (PG_REPLICATION=async|sync), which the
 	// nemesis's pgfailover fault promotes. Default none.
 	PGReplication PGReplication
-	// PublishReplicated runs the services' relays with
-	// OUTBOX_PUBLISH_REPLICATED (PUBLISH_REPLICATED=1): they publish only
-	// what the standby flushed. Default off.
+	// PublishReplicated runs the services with OUTBOX_PUBLISH_REPLICATED
+	// and INBOX_COMMIT_REPLICATED (PUBLISH_REPLICATED=1): their relays
+	// publish only what the standby flushed, and their consumers commit
+	// offsets only for work the standby flushed. Default off.
 	PublishReplicated bool
 	// Out receives progress.
 	Out io.Writer

@@ -140,6 +140,7 @@ func (h *Harness) newPlatform(ctx context.Context, name string, s Setup) (*Platf
 		}
 		if h.opts.PublishReplicated {
 			env["OUTBOX_PUBLISH_REPLICATED"] = "true"
+			env["INBOX_COMMIT_REPLICATED"] = "true"
 		}
 		// The walsender needs REPLICATION, which the app role has not: the
 		// producer's replication role, which has nothing else.

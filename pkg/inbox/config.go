@@ -135,6 +135,26 @@ type Config struct {
 	// Upcasters convert older event versions to the current one.
 	Upcasters []Upcaster
 
+	// CommitReplicated makes the consumer commit its Kafka offsets only
+	// for messages whose database work every standby has flushed
+	// (PostgreSQL streaming replication, followed through the standbys'
+	// physical slots, as the outbox's Standby.PublishReplicated does). With
+	// an asynchronous standby a failover loses the primary's last commits;
+	// without this, the offsets of the messages they applied survive in
+	// Kafka and those messages are never delivered again (a charge lost
+	// for good); with it, they are redelivered and applied on the promoted
+	// server. Each commit of offsets then reads the standbys' position
+	// once (every GroupConfig.CommitInterval) and waits for them up to
+	// CommitInterval; while they are behind or down, offsets stay where
+	// they are (the messages are handled meanwhile, and redelivered after
+	// a rebalance, which the inbox absorbs) and the outage is reported
+	// (inbox_standby_connected 0, inbox_standby_errors_total, a WARN log
+	// line). Default false.
+	CommitReplicated bool
+	// StandbySlots names the physical slots whose standbys count for
+	// CommitReplicated. Default: every physical slot on the primary.
+	StandbySlots []string
+
 	// Running: shutdown, outages, observability, fault injection.
 
 	// LagInterval is how often consumer_lag_messages and

@@ -12,6 +12,7 @@ import (
 
 	"github.com/onceflow/onceflow/pkg/internal/knob"
 	"github.com/onceflow/onceflow/pkg/internal/retry"
+	"github.com/onceflow/onceflow/pkg/internal/standby"
 )
 
 // The defaults of GroupConfig's fields, which a zero field takes.
@@ -332,6 +333,9 @@ func (c *Consumer) commit(ctx context.Context, gen *kafka.Generation, g *generat
 	if len(offs) == 0 {
 		return
 	}
+	if !c.replicated(ctx) {
+		return // the offsets stay; the next tick tries again
+	}
 	err := gen.CommitOffsets(offs)
 	switch {
 	case err == nil:
@@ -344,4 +348,25 @@ func (c *Consumer) commit(ctx context.Context, gen *kafka.Generation, g *generat
 	default:
 		c.shared.kafka.fail(ctx, "commit", err)
 	}
+}
+
+// replicated reports whether offsets may be committed now: always, unless
+// Config.CommitReplicated, in which case only once the standbys flushed
+// everything the primary had flushed after the offsets were read, which
+// covers the commits of every message they count (each committed, with
+// synchronous_commit on, before it was finished). A wait bounded by
+// CommitInterval that runs out, or a read that fails, is reported as the
+// standbys' outage and the commit is left to a later tick.
+func (c *Consumer) replicated(ctx context.Context) bool {
+	if c.shared.standby == nil {
+		return true
+	}
+	if _, err := standby.Await(ctx, c.shared.pool, c.cfg.StandbySlots, c.group.CommitInterval); err != nil {
+		if ctx.Err() == nil {
+			c.shared.standby.fail(ctx, "commit", err)
+		}
+		return false
+	}
+	c.shared.standby.ok(ctx, "commit")
+	return true
 }

@@ -18,8 +18,8 @@ type Metrics struct {
 	lag, deadLetters, parkedNow                             *prometheus.GaugeVec
 	strandedHolds, oldestHold, pastRetention                *prometheus.GaugeVec
 	operatorActions                                         *prometheus.GaugeVec   // consumer, action
-	kafkaErrors, dbErrors                                   *prometheus.CounterVec // consumer, op
-	kafkaConnected, dbConnected                             *prometheus.GaugeVec
+	kafkaErrors, dbErrors, standbyErrors                    *prometheus.CounterVec // consumer, op
+	kafkaConnected, dbConnected, standbyConnected           *prometheus.GaugeVec
 	effectErrors                                            *prometheus.CounterVec // consumer, op (lease mode)
 	effectConnected                                         *prometheus.GaugeVec   // lease mode
 	serverSwitches                                          *prometheus.CounterVec // lease mode
@@ -108,6 +108,10 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			"1 while the consumer reaches Kafka, 0 during an outage it is waiting out."),
 		dbConnected: gauge("inbox_database_connected",
 			"1 while the consumer reaches its database, 0 during an outage it is waiting out."),
+		standbyErrors: counter("inbox_standby_errors_total",
+			"Config.CommitReplicated: offset commits held back because the standbys had not flushed the consumer's work within CommitInterval, or their position could not be read, by op (commit); the offsets are committed once they have.", "op"),
+		standbyConnected: gauge("inbox_standby_connected",
+			"Config.CommitReplicated: 1 while the standbys keep up with the consumer's work, 0 while its offset commits wait for them."),
 		effectErrors: counter("inbox_effect_errors_total",
 			"Lease mode: Effect calls that found the other side (a third party) unavailable, by op (check, call); waited out, never charged to a message.", "op"),
 		effectConnected: gauge("inbox_effect_connected",
@@ -117,7 +121,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		reg.MustRegister(m.effectErrors, m.effectConnected, m.serverSwitches)
 		reg.MustRegister(m.processed, m.duplicates, m.stale, m.failures, m.deadLettered, m.gaps, m.uncertain, m.payloadMismatches, m.seconds, m.batchSeconds, m.hop, m.lag, m.deadLetters,
 			m.parked, m.released, m.parkedNow, m.refused, m.strandedHolds, m.oldestHold, m.pastRetention, m.operatorActions,
-			m.kafkaErrors, m.dbErrors, m.kafkaConnected, m.dbConnected)
+			m.kafkaErrors, m.dbErrors, m.kafkaConnected, m.dbConnected, m.standbyErrors, m.standbyConnected)
 	}
 	return m
 }

@@ -23,6 +23,7 @@ type shared struct {
 	dlq       Writer
 	upcasters map[string]map[int]Upcaster
 	kafka, db *fault
+	standby   *fault // nil unless Config.CommitReplicated
 	released  releases // aggregates whose parked messages may be released (park.go)
 	// reservesVersions says the applier advances the version guard before
 	// a message's effect (the lease applier does, when it leases it), so a
@@ -38,6 +39,9 @@ func newShared(pool *pgxpool.Pool, dlq Writer, cfg Config) (*shared, error) {
 	m := cfg.Metrics
 	s.kafka = newFault("kafka", cfg.Name, cfg.Logger, cfg.ErrorLogInterval, m.kafkaErrors, m.kafkaConnected)
 	s.db = newFault("database", cfg.Name, cfg.Logger, cfg.ErrorLogInterval, m.dbErrors, m.dbConnected)
+	if cfg.CommitReplicated {
+		s.standby = newFault("standbys that have its work", cfg.Name, cfg.Logger, cfg.ErrorLogInterval, m.standbyErrors, m.standbyConnected)
+	}
 	for _, u := range cfg.Upcasters {
 		if u.EventType == "" || u.From < 1 || u.Convert == nil {
 			return nil, fmt.Errorf("inbox: upcaster %+v needs an event type, a version >= 1 and a Convert", u)

@@ -57,6 +57,14 @@ type Config struct {
 	// was published. A standby down or behind stops publishing, reported as
 	// outbox_standby_behind. See docs/operations.md.
 	OutboxPublishReplicated bool `env:"OUTBOX_PUBLISH_REPLICATED" envDefault:"false"`
+	// InboxCommitReplicated makes the consumer commit its Kafka offsets only
+	// for work every standby streaming through a physical slot has flushed
+	// (inbox.Config.CommitReplicated): after a failover to an asynchronous
+	// standby, the messages whose effects died with the old primary are
+	// delivered again instead of skipped. A standby down or behind holds
+	// the offsets back, reported as inbox_standby_connected 0. See
+	// docs/operations.md.
+	InboxCommitReplicated bool `env:"INBOX_COMMIT_REPLICATED" envDefault:"false"`
 	// OutboxRetention is how long published outbox rows are kept before the
 	// pruner removes them.
 	OutboxRetention time.Duration `env:"OUTBOX_RETENTION" envDefault:"168h"`
@@ -131,10 +139,11 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout 
 	src := inbox.GroupConfig{Brokers: cfg.KafkaBrokers, Topic: cfg.OrdersTopic, Group: cfg.ConsumerGroup,
 		Dialer: kafkaSecurity.Dialer()}
 	consumer, err := inbox.NewBatchConsumer(svc.Pool, src, writer, b, inbox.Config{
-		Name:          cfg.InboxName,
-		ShutdownGrace: cfg.ShutdownGrace,
-		Logger:        svc.Logger,
-		Metrics:       inbox.NewMetrics(svc.Registry),
+		Name:             cfg.InboxName,
+		CommitReplicated: cfg.InboxCommitReplicated,
+		ShutdownGrace:    cfg.ShutdownGrace,
+		Logger:           svc.Logger,
+		Metrics:          inbox.NewMetrics(svc.Registry),
 	})
 	if err != nil {
 		return err

@@ -43,6 +43,14 @@ type Config struct {
 	// topic (the replay runbook), so that what the old group forwarded is a
 	// duplicate, never a second booking.
 	InboxName string `env:"INBOX_NAME"`
+	// InboxCommitReplicated makes the consumer commit its Kafka offsets only
+	// for work every standby streaming through a physical slot has flushed
+	// (inbox.Config.CommitReplicated): after a failover to an asynchronous
+	// standby, the messages whose effects died with the old primary are
+	// delivered again instead of skipped. A standby down or behind holds
+	// the offsets back, reported as inbox_standby_connected 0. See
+	// docs/operations.md.
+	InboxCommitReplicated bool `env:"INBOX_COMMIT_REPLICATED" envDefault:"false"`
 	// ReconcilerURL is the third-party reconciler's base URL.
 	ReconcilerURL string `env:"RECONCILER_URL" envDefault:"http://127.0.0.1:8084"`
 	// ReconcilerTimeout bounds each call to the reconciler; a timed-out call
@@ -96,10 +104,11 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout 
 		Dialer: kafkaSecurity.Dialer()}
 	consumer, err := inbox.NewLeaseConsumer(svc.Pool, src, dlq, shim.New(tp, svc.Logger).WithMetrics(shim.NewMetrics(svc.Registry)).Effect(), inbox.LeaseConfig{
 		Config: inbox.Config{
-			Name:          cmp.Or(cfg.InboxName, cfg.ConsumerGroup),
-			ShutdownGrace: cfg.ShutdownGrace,
-			Logger:        svc.Logger,
-			Metrics:       inbox.NewMetrics(svc.Registry),
+			Name:             cmp.Or(cfg.InboxName, cfg.ConsumerGroup),
+			CommitReplicated: cfg.InboxCommitReplicated,
+			ShutdownGrace:    cfg.ShutdownGrace,
+			Logger:           svc.Logger,
+			Metrics:          inbox.NewMetrics(svc.Registry),
 		},
 		// Each call to the reconciler starts right after its lease was
 		// renewed and ends within ReconcilerTimeout; the lease outlives it by

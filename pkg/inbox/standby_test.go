@@ -1,0 +1,117 @@
+//go:build standby
+
+// These tests need a primary with a streaming standby, which `make test`'s
+// single-server stack does not have; they run with the build tag standby
+// (`make test-standby` starts such a server of its own and runs them).
+
+package inbox_test
+
+import (
+	"context"
+	"fmt"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/segmentio/kafka-go"
+
+	"github.com/onceflow/onceflow/pkg/event"
+	"github.com/onceflow/onceflow/pkg/inbox"
+	"github.com/onceflow/onceflow/pkg/testenv"
+)
+
+const standbyHint = `these tests need ONCEFLOW_TEST_PG_URL to name a primary with a streaming standby (through a physical slot) on this machine:
+  ONCEFLOW_STACK_DIR=/tmp/standby-stack ONCEFLOW_PG_PORT=56532 ONCEFLOW_PG_STANDBY=1 devstack/stack.sh up postgres
+  ONCEFLOW_TEST_PG_URL=postgres://postgres:postgres@127.0.0.1:56532/postgres?sslmode=disable go test -tags standby -run Standby ./pkg/inbox/
+(or make test-standby, which does both)`
+
+// freezeStandby stops the primary's walsender to the standby (SIGSTOP), as
+// a standby that falls behind or a cut network does; it goes on when the
+// returned thaw is called or the test ends.
+func freezeStandby(t *testing.T, pool *pgxpool.Pool) (thaw func()) {
+	t.Helper()
+	var pid int
+	err := pool.QueryRow(context.Background(), `SELECT coalesce(min(active_pid), 0) FROM pg_replication_slots
+		WHERE slot_type = 'physical' AND active`).Scan(&pid)
+	if err != nil || pid == 0 {
+		t.Fatalf("no standby streams from this server through a physical slot (%v)\n%s", err, standbyHint)
+	}
+	if err := syscall.Kill(pid, syscall.SIGSTOP); err != nil {
+		t.Fatalf("freezing the walsender %d (the server must run on this machine, as this user): %v\n%s", pid, err, standbyHint)
+	}
+	thawed := false
+	thaw = func() {
+		if !thawed {
+			thawed = true
+			_ = syscall.Kill(pid, syscall.SIGCONT)
+		}
+	}
+	t.Cleanup(thaw)
+	return thaw
+}
+
+// Issue 32 (15/async/wal with the relays publishing only what the standby
+// has: 33 orders without a charge): billing applied events, committed its
+// Kafka offsets, then the asynchronous primary died before the standby had
+// the charges. The promoted server lacked them, Kafka's offsets said they
+// were done, and they were never delivered again. With CommitReplicated the
+// offsets wait for the standby: while it is frozen the committed offset
+// stays behind the handled message, and it moves once the standby has the
+// work.
+func TestStandbyConsumerCommitsOffsetsOnlyForWhatTheStandbyHas(t *testing.T) {
+	for _, on := range []bool{false, true} {
+		t.Run(fmt.Sprintf("CommitReplicated=%v", on), func(t *testing.T) {
+			f := newFixture(t)
+			group := testenv.Name("group")
+			cfg := inbox.Config{Name: "test-consumer", CommitReplicated: on, Metrics: inbox.NewMetrics(f.registry)}
+			c, err := inbox.NewConsumer(f.pool, f.source(group), f.writer, f.recordEffect, cfg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			client := &kafka.Client{Addr: kafka.TCP(f.brokers...)}
+			committed := func() int64 {
+				_, offs := endAndCommitted(t, client, f.topic, group, 1)
+				return offs[0]
+			}
+			running := runUntilCleanup(t, c)
+			// One message handled and committed first: the group has an
+			// offset, so what follows is a move of it, not its first.
+			f.produce(t, event.ToKafka(f.topic, newEvent("a", 1)))
+			testenv.WaitFor(t, 30*time.Second, "the first offset to be committed", func() (bool, error) {
+				return committed() == 1, running()
+			})
+
+			thaw := freezeStandby(t, f.pool)
+			f.produce(t, event.ToKafka(f.topic, newEvent("a", 2)))
+			testenv.WaitFor(t, 30*time.Second, "the second event to be applied", func() (bool, error) {
+				return f.count(t, "SELECT count(*) FROM effects") == 2, running()
+			})
+			// Several commit intervals (1 s) with the standby frozen.
+			deadline := time.Now().Add(3 * time.Second)
+			for time.Now().Before(deadline) {
+				if got := committed(); got != 1 {
+					if on {
+						t.Fatalf("offset %d committed while the standby had not flushed the work it counts: a failover to it would skip that message for good", got)
+					}
+					t.Logf("without CommitReplicated the offset moved to %d with the standby frozen (what the setting prevents)", got)
+					return
+				}
+				time.Sleep(100 * time.Millisecond)
+			}
+			if !on {
+				t.Fatal("without CommitReplicated the offset did not move in 3 s either: this test cannot tell the setting's effect")
+			}
+			if v := testenv.MetricValue(t, f.registry, "inbox_standby_connected"); v != 0 {
+				t.Errorf("inbox_standby_connected = %v while the standby is frozen, want 0", v)
+			}
+			thaw()
+			testenv.WaitFor(t, 30*time.Second, "the offset to move once the standby has the work", func() (bool, error) {
+				return committed() == 2, running()
+			})
+			testenv.WaitFor(t, 10*time.Second, "inbox_standby_connected to be 1 again", func() (bool, error) {
+				return testenv.MetricValue(t, f.registry, "inbox_standby_connected") == 1, running()
+			})
+		})
+	}
+}
