@@ -23,7 +23,7 @@ type shared struct {
 	dlq       Writer
 	upcasters map[string]map[int]Upcaster
 	kafka, db *fault
-	standby   *fault // nil unless Config.CommitReplicated
+	standby   *fault   // nil unless Config.CommitReplicated
 	released  releases // aggregates whose parked messages may be released (park.go)
 	// reservesVersions says the applier advances the version guard before
 	// a message's effect (the lease applier does, when it leases it), so a
