@@ -106,9 +106,13 @@ type Result struct {
 	Exhaustive bool // every ordering ran
 	Total      *big.Int
 	Seed       uint64 // the seed of the random orderings, when not exhaustive
+	Failed     bool   // a schedule failed: the exploration stopped there
 }
 
 func (r Result) String() string {
+	if r.Failed {
+		return fmt.Sprintf("stopped at the first failing schedule, %d run of %s", r.Schedules, r.Total)
+	}
 	if r.Exhaustive {
 		return fmt.Sprintf("%d schedules (every interleaving)", r.Schedules)
 	}
@@ -156,14 +160,15 @@ func Explore(t testing.TB, newWorld func(t testing.TB) World, opts Options) Resu
 		res.Exhaustive = true
 		Orderings(counts, func(order []int) bool {
 			res.Schedules++
-			return runOne(t, newWorld, order, opts)
+			res.Failed = !runOne(t, newWorld, order, opts)
+			return !res.Failed
 		})
 	} else {
 		res.Seed = opts.Seed
 		rng := rand.New(rand.NewPCG(opts.Seed, opts.Seed^0x9e3779b97f4a7c15))
 		for i := 0; i < opts.Random; i++ {
 			res.Schedules++
-			if !runOne(t, newWorld, RandomOrdering(counts, rng), opts) {
+			if res.Failed = !runOne(t, newWorld, RandomOrdering(counts, rng), opts); res.Failed {
 				break
 			}
 		}

@@ -122,9 +122,13 @@ func lostUpdate(guarded bool) func(testing.TB) interleave.World {
 func TestExploreFindsALostUpdateAndPrintsItsSchedule(t *testing.T) {
 	t.Parallel()
 	r := &recorder{TB: t}
-	interleave.Explore(r, lostUpdate(false), interleave.Options{})
+	res := interleave.Explore(r, lostUpdate(false), interleave.Options{})
 	if len(r.errors) != 1 {
 		t.Fatalf("Explore reported %d failures, want the first one: %q", len(r.errors), r.errors)
+	}
+	// It stopped there, and its summary must not claim it ran them all.
+	if !res.Failed || strings.Contains(res.String(), "every interleaving") {
+		t.Errorf("summary %q (failed %v): want it to say it stopped at the failing schedule", res, res.Failed)
 	}
 	msg := r.errors[0]
 	for _, want := range []string{"counter = 1", "A.read → B.read", "INTERLEAVE_SCHEDULE='A.read B.read"} {
