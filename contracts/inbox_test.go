@@ -3,7 +3,6 @@ package contracts_test
 import (
 	"context"
 	"strings"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -37,12 +36,10 @@ func TestValidatingDeadLettersAnEventOffTheContract(t *testing.T) {
 	if err := w.WriteMessages(ctx, event.ToKafka(topic, good), event.ToKafka(topic, bad)); err != nil {
 		t.Fatal(err)
 	}
-	var handled atomic.Int32
 	handler := func(ctx context.Context, tx pgx.Tx, ev event.Envelope) error {
 		if ev.EventID != good.EventID {
 			t.Errorf("the handler ran for event %s, off the contract", ev.EventID)
 		}
-		handled.Add(1)
 		return nil
 	}
 	c, err := inbox.NewConsumer(pool, inbox.GroupConfig{Brokers: brokers, Topic: topic, Group: topic + "-g"}, w,
@@ -59,5 +56,12 @@ func TestValidatingDeadLettersAnEventOffTheContract(t *testing.T) {
 		t.Fatalf("dead letter of %q with reason %q; want the eur event's, with the schema error on /currency", dl.Key, reason)
 	}
 	t.Logf("dlt-reason: %s", reason)
-	testenv.WaitFor(t, 30*time.Second, "the good event handled", func() (bool, error) { return handled.Load() == 1, nil })
+	// Judged by the good event's inbox row, not by counting handler calls:
+	// when both arrive in one batch, the bad one's failure rolls the batch
+	// back and the good one's handler runs again in a transaction of its
+	// own (a call count of 2 failed this test in a loaded make test).
+	testenv.WaitFor(t, 30*time.Second, "the good event processed", func() (bool, error) {
+		rows, err := inbox.MessagesOf(ctx, pool, good.AggregateID)
+		return len(rows) == 1 && rows[0].MessageID == good.EventID && rows[0].Status == "processed", err
+	})
 }
