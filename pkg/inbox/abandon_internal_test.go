@@ -34,14 +34,14 @@ func TestAbandoningAMessageAbandonsTheLaterMessagesOfItsKeyInTheBatch(t *testing
 	}
 	v1, v2, other := ev("a", 1), ev("a", 2), ev("b", 1)
 	gen := newGeneration(1, map[partitionKey]int64{{topic, 0}: 0})
-	var batch []delivery
+	var batch []Delivery
 	for i, e := range []event.Envelope{v1, v2, other} {
 		m := event.ToKafka(topic, e)
 		m.Topic, m.Partition, m.Offset = topic, 0, int64(i)
 		if !gen.add(m) || !gen.begin() {
 			t.Fatal("the generation refused a message")
 		}
-		batch = append(batch, delivery{m: m, gen: gen})
+		batch = append(batch, Delivery{Msg: m, Gen: gen})
 	}
 
 	var (
@@ -63,7 +63,7 @@ func TestAbandoningAMessageAbandonsTheLaterMessagesOfItsKeyInTheBatch(t *testing
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := c.applier.process(context.Background(), batch); err != nil {
+	if err := c.applier.Process(context.Background(), batch); err != nil {
 		t.Fatalf("process: %v", err)
 	}
 

@@ -128,5 +128,5 @@ func Backlog(ctx context.Context, db BacklogDB, cfg BacklogConfig) (BacklogRepor
 
 func backlogState(ctx context.Context, db BacklogDB, what, count, sample string, olderThan time.Duration, cfg BacklogConfig) (BacklogState, error) {
 	return backlog.Read(ctx, db, count, sample, []any{olderThan.Microseconds(), cfg.Consumer}, cfg.Samples,
-		func(doing string, err error) error { return dbErrors.Translate("inbox: "+doing+" "+what, err) })
+		func(doing string, err error) error { return DBErrors.Translate("inbox: "+doing+" "+what, err) })
 }

@@ -21,23 +21,23 @@ import (
 type Consumer struct {
 	group   GroupConfig
 	cfg     Config
-	shared  *shared // the pool, the outages, the parked aggregates to release
-	applier applier
+	shared  *Shared // the pool, the outages, the parked aggregates to release
+	applier Applier
 }
 
 // applier is an engine that settles the batches of the dispatcher's
 // workers: txApplier (txapply.go) or leaseApplier (lease.go). It gets what
 // it needs from the dispatcher when it is built (shared) and with each
 // message (delivery), and never calls back into the dispatcher.
-type applier interface {
+type Applier interface {
 	// process settles batch, a worker's messages in the order they were
 	// fetched; every message is finished (done or abandoned) when it
 	// returns. It returns an error when ctx ended first (the shutdown
 	// grace) or a crash point fired (a *crashError).
-	process(ctx context.Context, batch []delivery) error
+	Process(ctx context.Context, batch []Delivery) error
 	// health describes an outage of what the applier calls besides the
 	// database (the lease applier's third party), nil when there is none.
-	health() error
+	Health() error
 }
 
 // NewConsumer returns a consumer that reads src's topic as a member of its
@@ -47,7 +47,7 @@ func NewConsumer(pool *pgxpool.Pool, src GroupConfig, dlq Writer, h Handler, cfg
 	if h == nil {
 		return nil, errors.New("inbox: NewConsumer needs a pool, a dead-letter writer and a handler")
 	}
-	return newTxConsumer(pool, src, dlq, &txApplier{handle: h}, cfg)
+	return newTxConsumer(pool, src, dlq, &TxApplier{handle: h}, cfg)
 }
 
 // NewBatchConsumer is NewConsumer with a handler that also applies the new
@@ -59,12 +59,12 @@ func NewBatchConsumer(pool *pgxpool.Pool, src GroupConfig, dlq Writer, h BatchHa
 	if h == nil {
 		return nil, errors.New("inbox: NewBatchConsumer needs a pool, a dead-letter writer and a handler")
 	}
-	return newTxConsumer(pool, src, dlq, &txApplier{handle: h.Handle, handleBatch: h.HandleBatch}, cfg)
+	return newTxConsumer(pool, src, dlq, &TxApplier{handle: h.Handle, handleBatch: h.HandleBatch}, cfg)
 }
 
 // newTxConsumer is NewConsumer and NewBatchConsumer with the applier they
 // built, short of what the consumer shares with it.
-func newTxConsumer(pool *pgxpool.Pool, src GroupConfig, dlq Writer, a *txApplier, cfg Config) (*Consumer, error) {
+func newTxConsumer(pool *pgxpool.Pool, src GroupConfig, dlq Writer, a *TxApplier, cfg Config) (*Consumer, error) {
 	if pool == nil || dlq == nil {
 		return nil, errors.New("inbox: a consumer needs a pool, a dead-letter writer and a handler")
 	}
@@ -78,7 +78,7 @@ func newTxConsumer(pool *pgxpool.Pool, src GroupConfig, dlq Writer, a *txApplier
 	if err != nil {
 		return nil, err
 	}
-	a.shared = s
+	a.Shared = s
 	c.applier = a
 	return c, nil
 }
@@ -116,7 +116,7 @@ func NewLeaseConsumer(pool *pgxpool.Pool, src GroupConfig, dlq Writer, eff Effec
 
 // newConsumer is the dispatcher of both constructors, and what it shares
 // with their appliers; src and cfg are checked and have their defaults.
-func newConsumer(pool *pgxpool.Pool, src GroupConfig, dlq Writer, cfg Config) (*Consumer, *shared, error) {
+func newConsumer(pool *pgxpool.Pool, src GroupConfig, dlq Writer, cfg Config) (*Consumer, *Shared, error) {
 	// Dead letters keep their key but need no particular hash: nobody reads
 	// a dead-letter topic in per-key order.
 	if err := writercheck.Check(dlq, false, "inbox: the dead-letter writer"); err != nil {
@@ -206,7 +206,7 @@ func (c *Consumer) Handle(ctx context.Context, msgs ...kafka.Message) error {
 	for i, m := range msgs {
 		batch[i] = fetched{m: m}
 	}
-	if err := c.applier.process(ctx, deliveries(batch)); err != nil {
+	if err := c.applier.Process(ctx, deliveries(batch)); err != nil {
 		return err
 	}
 	if err := c.releaseParked(ctx, batch); err != nil {
@@ -225,12 +225,12 @@ type fetched struct {
 
 // deliveries hands batch to the applier: each message with its generation,
 // or with nothing to track when it came through Handle.
-func deliveries(batch []fetched) []delivery {
-	out := make([]delivery, len(batch))
+func deliveries(batch []fetched) []Delivery {
+	out := make([]Delivery, len(batch))
 	for i, f := range batch {
-		out[i] = delivery{m: f.m, gen: untracked{}}
+		out[i] = Delivery{Msg: f.m, Gen: Untracked{}}
 		if f.gen != nil {
-			out[i].gen = f.gen
+			out[i].Gen = f.gen
 		}
 	}
 	return out
@@ -238,11 +238,11 @@ func deliveries(batch []fetched) []delivery {
 
 // untracked is the generation of a message handed in through Handle: it
 // commits no offset and is never dropped.
-type untracked struct{}
+type Untracked struct{}
 
-func (untracked) finish(kafka.Message, bool) {}
+func (Untracked) Finish(kafka.Message, bool) {}
 
-func (untracked) isDropped() bool { return false }
+func (Untracked) IsDropped() bool { return false }
 
 func workerFor(key []byte, n int) int {
 	h := fnv.New32a()
@@ -273,14 +273,14 @@ func (c *Consumer) worker(ctx context.Context, q <-chan fetched) error {
 				break fill
 			}
 		}
-		err := c.applier.process(ctx, deliveries(batch))
+		err := c.applier.Process(ctx, deliveries(batch))
 		if err == nil {
 			// A requeued dead message applied in the batch lets its
 			// aggregate's parked messages go, in this worker, which
 			// handles every message of the aggregate's key.
 			err = c.releaseParked(ctx, batch)
 		}
-		var crash *crashError
+		var crash *CrashError
 		if errors.As(err, &crash) {
 			return err
 		}
@@ -295,5 +295,5 @@ func (c *Consumer) worker(ctx context.Context, q <-chan fetched) error {
 // broken part is visible, and its metrics (inbox_kafka_connected,
 // inbox_database_connected) show it over time.
 func (c *Consumer) Healthy() error {
-	return errors.Join(c.shared.kafka.err(), c.shared.db.err(), c.applier.health())
+	return errors.Join(c.shared.kafka.Err(), c.shared.DB.Err(), c.applier.Health())
 }

@@ -66,12 +66,12 @@ const HeaderDLTTruncated = "dlt-truncated-from"
 // truncated, which it reports (the inbox then keeps the original whole, so
 // that a requeue sends it back whole). It runs outside any transaction (see
 // dueDeadLetter).
-func (s *shared) publishDeadLetter(ctx context.Context, m kafka.Message, ev *event.Envelope, reason error) (stored dlStored, err error) {
+func (s *Shared) PublishDeadLetter(ctx context.Context, m kafka.Message, ev *event.Envelope, reason error) (stored DLStored, err error) {
 	truncated := false
 	topic := s.deadLetterTopic(m)
 	dlt := []kafka.Header{
 		{Key: HeaderDLTReason, Value: []byte(truncate(reason.Error(), 4<<10))},
-		{Key: HeaderDLTConsumer, Value: []byte(s.cfg.Name)},
+		{Key: HeaderDLTConsumer, Value: []byte(s.Config.Name)},
 		{Key: HeaderDLTTopic, Value: []byte(m.Topic)},
 		{Key: HeaderDLTPartition, Value: []byte(fmt.Sprint(m.Partition))},
 		{Key: HeaderDLTOffset, Value: []byte(fmt.Sprint(m.Offset))},
@@ -82,7 +82,7 @@ func (s *shared) publishDeadLetter(ctx context.Context, m kafka.Message, ev *eve
 	for attempt := 1; ; attempt++ {
 		err := s.dlq.WriteMessages(ctx, dl)
 		if err == nil {
-			s.kafka.ok(ctx, "dead_letter")
+			s.kafka.OK(ctx, "dead_letter")
 			stored = dlWhole
 			if truncated {
 				stored = dlTruncated
@@ -94,30 +94,30 @@ func (s *shared) publishDeadLetter(ctx context.Context, m kafka.Message, ev *eve
 			// coordinates, the reason and the start of the body.
 			truncated = true
 			dl = truncatedDeadLetter(dl, m, dlt)
-			s.cfg.Logger.WarnContext(ctx, "inbox dead-letters a message truncated; the topic refused it whole",
-				slog.String("consumer", s.cfg.Name), slog.String("topic", m.Topic), slog.Int("partition", m.Partition),
+			s.Config.Logger.WarnContext(ctx, "inbox dead-letters a message truncated; the topic refused it whole",
+				slog.String("consumer", s.Config.Name), slog.String("topic", m.Topic), slog.Int("partition", m.Partition),
 				slog.Int64("offset", m.Offset), slog.Int("bytes", len(m.Value)), slog.Any("error", err))
 			continue
 		}
 		if kafkaerr.IsMessageError(err) {
 			// Even the truncated record is refused: nothing more can be
 			// kept in Kafka; the log line and the counter are the record.
-			s.cfg.Logger.ErrorContext(ctx, "inbox could not dead-letter a message even truncated; its inbox row and the kept original are the record",
-				slog.String("consumer", s.cfg.Name), slog.String("topic", m.Topic), slog.Int("partition", m.Partition),
+			s.Config.Logger.ErrorContext(ctx, "inbox could not dead-letter a message even truncated; its inbox row and the kept original are the record",
+				slog.String("consumer", s.Config.Name), slog.String("topic", m.Topic), slog.Int("partition", m.Partition),
 				slog.Int64("offset", m.Offset), slog.Any("reason", reason), slog.Any("error", err))
 			stored = dlNotStored
 			break
 		}
 		if ctx.Err() != nil {
-			return 0, fmt.Errorf("inbox %s: dead-lettering %s/%d/%d: %w", s.cfg.Name, m.Topic, m.Partition, m.Offset, err)
+			return 0, fmt.Errorf("inbox %s: dead-lettering %s/%d/%d: %w", s.Config.Name, m.Topic, m.Partition, m.Offset, err)
 		}
-		s.kafka.fail(ctx, "dead_letter", err)
-		if !retry.Sleep(ctx, retry.Backoff(attempt, s.cfg.BackoffMin, s.cfg.BackoffMax)) {
-			return 0, fmt.Errorf("inbox %s: dead-lettering %s/%d/%d: %w", s.cfg.Name, m.Topic, m.Partition, m.Offset, err)
+		s.kafka.Fail(ctx, "dead_letter", err)
+		if !retry.Sleep(ctx, retry.Backoff(attempt, s.Config.BackoffMin, s.Config.BackoffMax)) {
+			return 0, fmt.Errorf("inbox %s: dead-lettering %s/%d/%d: %w", s.Config.Name, m.Topic, m.Partition, m.Offset, err)
 		}
 	}
-	s.cfg.Metrics.deadLettered.WithLabelValues(s.cfg.Name, reasonClass(ev, reason)).Inc()
-	log := s.cfg.Logger.With(slog.String("consumer", s.cfg.Name), slog.String("topic", m.Topic),
+	s.Config.Metrics.deadLettered.WithLabelValues(s.Config.Name, reasonClass(ev, reason)).Inc()
+	log := s.Config.Logger.With(slog.String("consumer", s.Config.Name), slog.String("topic", m.Topic),
 		slog.Int("partition", m.Partition), slog.Int64("offset", m.Offset), slog.String("dead_letter_topic", topic),
 		slog.Any("error", reason))
 	if ev == nil {
@@ -130,35 +130,35 @@ func (s *shared) publishDeadLetter(ctx context.Context, m kafka.Message, ev *eve
 }
 
 // deadLetterTopic is where m's dead letter goes.
-func (s *shared) deadLetterTopic(m kafka.Message) string {
-	if s.cfg.DeadLetterTopic != "" {
-		return s.cfg.DeadLetterTopic
+func (s *Shared) deadLetterTopic(m kafka.Message) string {
+	if s.Config.DeadLetterTopic != "" {
+		return s.Config.DeadLetterTopic
 	}
 	return m.Topic + ".dlt"
 }
 
 // dlStored is what the dead-letter topic holds of a dead letter.
-type dlStored int
+type DLStored int
 
 const (
-	dlWhole     dlStored = iota + 1 // the message, whole
+	dlWhole     DLStored = iota + 1 // the message, whole
 	dlTruncated                     // its first DeadLetterBodyLimit bytes (HeaderDLTTruncated)
 	dlNotStored                     // nothing: it refused even the truncated record
 )
 
 // leaseRef is the lease a dead letter is written under: its fencing token
 // (0: none, the message was not leased) and whether a call may have landed.
-type leaseRef struct {
-	token         int64
-	mayHaveCalled bool
+type LeaseRef struct {
+	Token         int64
+	MayHaveCalled bool
 }
 
 // dlProgress is how far a dead letter got: published (not to publish again
 // when only its row failed), and what the topic holds of it (anything but
 // the whole message: the inbox keeps the original).
-type dlProgress struct {
+type DLProgress struct {
 	published bool
-	stored    dlStored
+	stored    DLStored
 }
 
 // recordDeadLetter records the dead_lettered inbox row of a decoded event
@@ -167,7 +167,7 @@ type dlProgress struct {
 // moved on meanwhile — another member applied the event while this one
 // waited on the dead-letter topic, or took the lease over — is left alone:
 // the write is refused (counted, logged), and nothing holds the aggregate.
-func (s *shared) recordDeadLetter(ctx context.Context, tx pgx.Tx, m kafka.Message, ev *event.Envelope, reason error, lease leaseRef, stored dlStored) error {
+func (s *Shared) RecordDeadLetter(ctx context.Context, tx pgx.Tx, m kafka.Message, ev *event.Envelope, reason error, lease LeaseRef, stored DLStored) error {
 	// In a savepoint: a row Postgres refuses (its fields are what the
 	// decoder let through) must not fail the transaction; the message is in
 	// the dead-letter topic either way.
@@ -179,16 +179,16 @@ func (s *shared) recordDeadLetter(ctx context.Context, tx pgx.Tx, m kafka.Messag
 		tr      = &tDeadLetter
 		changed bool
 	)
-	if lease.token > 0 {
+	if lease.Token > 0 {
 		tr = &tDeadLetterLeased
-		changed, err = take(ctx, sp, tr, s.cfg.Name, ev.EventID, lease.token, reason.Error(), lease.mayHaveCalled, ev.AggregateType)
+		changed, err = Take(ctx, sp, tr, s.Config.Name, ev.EventID, lease.Token, reason.Error(), lease.MayHaveCalled, ev.AggregateType)
 	} else {
-		changed, err = take(ctx, sp, tr, s.cfg.Name, ev.EventID, ev.EventType, ev.AggregateType, ev.AggregateID,
-			ev.AggregateVersion, m.Topic, m.Partition, m.Offset, reason.Error(), []byte(ev.Payload), lease.mayHaveCalled)
+		changed, err = Take(ctx, sp, tr, s.Config.Name, ev.EventID, ev.EventType, ev.AggregateType, ev.AggregateID,
+			ev.AggregateVersion, m.Topic, m.Partition, m.Offset, reason.Error(), []byte(ev.Payload), lease.MayHaveCalled)
 	}
 	if err == nil && !changed {
 		_ = sp.Rollback(ctx)
-		s.refused(ctx, tr, ev.EventID, "the message was settled (or leased) by another worker while its dead letter was published")
+		s.Refused(ctx, tr, ev.EventID, "the message was settled (or leased) by another worker while its dead letter was published")
 		return nil
 	}
 	if err == nil && !isStale(reason) {
@@ -201,11 +201,11 @@ func (s *shared) recordDeadLetter(ctx context.Context, tx pgx.Tx, m kafka.Messag
 	}
 	if err != nil {
 		_ = sp.Rollback(ctx)
-		if isOutage(err) || ctx.Err() != nil {
+		if IsOutage(err) || ctx.Err() != nil {
 			return fmt.Errorf("recording a dead letter: %w", err)
 		}
-		s.cfg.Logger.ErrorContext(ctx, "inbox could not record a dead letter's inbox row; it is in the dead-letter topic only",
-			slog.String("consumer", s.cfg.Name), slog.String("topic", m.Topic), slog.Int("partition", m.Partition),
+		s.Config.Logger.ErrorContext(ctx, "inbox could not record a dead letter's inbox row; it is in the dead-letter topic only",
+			slog.String("consumer", s.Config.Name), slog.String("topic", m.Topic), slog.Int("partition", m.Partition),
 			slog.Int64("offset", m.Offset), slog.String("event_id", ev.EventID.String()), slog.Any("row_error", err))
 		return nil
 	}
@@ -220,20 +220,20 @@ func (s *shared) recordDeadLetter(ctx context.Context, tx pgx.Tx, m kafka.Messag
 // lost in between: the message's offset is committed only after its dead
 // letter is published and recorded, so a crash before then redelivers it
 // and dead-letters it again (a duplicate dead letter, never a missing one).
-type dueDeadLetter struct {
-	ev     *event.Envelope // nil: the message did not decode
-	reason error
+type DueDeadLetter struct {
+	Ev     *event.Envelope // nil: the message did not decode
+	Reason error
 }
 
-func (e *dueDeadLetter) Error() string { return "to be dead-lettered: " + e.reason.Error() }
+func (e *DueDeadLetter) Error() string { return "to be dead-lettered: " + e.Reason.Error() }
 
 // deadLetterAlone publishes m's dead letter outside any transaction, then
 // records its inbox row in a transaction of its own, under lease. progress
 // says how far an earlier call for this dead letter got, and is updated: a
 // caller retrying after the database failed does not publish it again.
-func (s *shared) deadLetterAlone(ctx context.Context, m kafka.Message, ev *event.Envelope, reason error, lease leaseRef, progress *dlProgress) error {
+func (s *Shared) DeadLetterAlone(ctx context.Context, m kafka.Message, ev *event.Envelope, reason error, lease LeaseRef, progress *DLProgress) error {
 	if !progress.published {
-		stored, err := s.publishDeadLetter(ctx, m, ev, reason)
+		stored, err := s.PublishDeadLetter(ctx, m, ev, reason)
 		if err != nil {
 			return err
 		}
@@ -242,19 +242,19 @@ func (s *shared) deadLetterAlone(ctx context.Context, m kafka.Message, ev *event
 	if ev == nil {
 		return nil
 	}
-	return pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
-		return s.recordDeadLetter(ctx, tx, m, ev, reason, lease, progress.stored)
+	return pgx.BeginFunc(ctx, s.Pool, func(tx pgx.Tx) error {
+		return s.RecordDeadLetter(ctx, tx, m, ev, reason, lease, progress.stored)
 	})
 }
 
 // keepOriginal keeps m whole, in tx, for the requeue of its dead letter,
 // which the dead-letter topic took only truncated (inTopic) or not at all.
-func (s *shared) keepOriginal(ctx context.Context, tx pgx.Tx, m kafka.Message, ev *event.Envelope, inTopic bool) error {
+func (s *Shared) keepOriginal(ctx context.Context, tx pgx.Tx, m kafka.Message, ev *event.Envelope, inTopic bool) error {
 	headers, err := encodeHeaders(m.Headers)
 	if err != nil {
 		return err
 	}
-	_, err = take(ctx, tx, &tKeepOriginal, s.cfg.Name, ev.EventID, m.Topic, m.Partition, m.Offset, m.Key, m.Value, headers, inTopic,
+	_, err = Take(ctx, tx, &tKeepOriginal, s.Config.Name, ev.EventID, m.Topic, m.Partition, m.Offset, m.Key, m.Value, headers, inTopic,
 		s.deadLetterTopic(m))
 	return err
 }
@@ -262,31 +262,31 @@ func (s *shared) keepOriginal(ctx context.Context, tx pgx.Tx, m kafka.Message, e
 // deadLetterSettled dead-letters d (deadLetterAlone), waiting out the
 // database being unreachable, and counts it. It returns errAbandoned when
 // ctx ends or d's generation is dropped first.
-func (s *shared) deadLetterSettled(ctx context.Context, d delivery, due *dueDeadLetter) error {
+func (s *Shared) deadLetterSettled(ctx context.Context, d Delivery, due *DueDeadLetter) error {
 	start := time.Now()
-	var progress dlProgress
+	var progress DLProgress
 	for outages := 0; ; {
-		err := s.deadLetterAlone(ctx, d.m, due.ev, due.reason, leaseRef{}, &progress)
+		err := s.DeadLetterAlone(ctx, d.Msg, due.Ev, due.Reason, LeaseRef{}, &progress)
 		switch {
 		case err == nil:
-			s.db.ok(ctx, "")
-			var counts [numOutcomes]int
-			counts[deadLettered]++
-			s.cfg.Metrics.record(s.cfg.Name, counts, 1, time.Since(start))
+			s.DB.OK(ctx, "")
+			var counts [NumOutcomes]int
+			counts[DeadLettered]++
+			s.Config.Metrics.record(s.Config.Name, counts, 1, time.Since(start))
 			return nil
 		case ctx.Err() != nil:
-			return errAbandoned
-		case isOutage(err):
-			s.db.fail(ctx, "dead_letter", err)
+			return ErrAbandoned
+		case IsOutage(err):
+			s.DB.Fail(ctx, "dead_letter", err)
 			outages++
-			if err := wait(ctx, d.gen, retry.Backoff(outages, s.cfg.BackoffMin, s.cfg.BackoffMax)); err != nil {
+			if err := Wait(ctx, d.Gen, retry.Backoff(outages, s.Config.BackoffMin, s.Config.BackoffMax)); err != nil {
 				return err
 			}
 		default:
 			// The dead letter is published; only its transaction failed.
 			// Moving on is all that is left to do.
-			s.cfg.Logger.ErrorContext(ctx, "inbox dead-lettered a message but could not commit afterwards; moving on",
-				slog.String("consumer", s.cfg.Name), slog.Any("error", err))
+			s.Config.Logger.ErrorContext(ctx, "inbox dead-lettered a message but could not commit afterwards; moving on",
+				slog.String("consumer", s.Config.Name), slog.Any("error", err))
 			return nil
 		}
 	}

@@ -17,14 +17,14 @@ func Permanent(err error) error { return fmt.Errorf("%w: %w", ErrPermanent, err)
 // errAbandoned ends the handling of a message this member no longer owns
 // (its generation was dropped) or may no longer work on (the shutdown grace
 // is over); the message is fetched again by whoever owns its partition.
-var errAbandoned = errors.New("message abandoned")
+var ErrAbandoned = errors.New("message abandoned")
 
 // crashError is a crash point firing: the one error that stops Run.
-type crashError struct{ err error }
+type CrashError struct{ err error }
 
-func (e *crashError) Error() string { return e.err.Error() }
+func (e *CrashError) Error() string { return e.err.Error() }
 
-func (e *crashError) Unwrap() error { return e.err }
+func (e *CrashError) Unwrap() error { return e.err }
 
 // The database errors the dispatcher and the appliers decide on. Each
 // applier translates the driver's errors (pgx, SQLSTATE) of the SQL it runs
@@ -40,19 +40,19 @@ var (
 	// dead-lettered.
 	errDBRefused = errors.New("inbox database refused the data")
 
-	dbErrors = pgerr.StoreErrors{Unavailable: errDBUnavailable, Invalid: errDBRefused}
+	DBErrors = pgerr.StoreErrors{Unavailable: errDBUnavailable, Invalid: errDBRefused}
 )
 
 // isOutage reports whether err is the database being unreachable rather
 // than anything about the message: it is waited out, never counted as an
 // attempt, and never dead-letters the message.
-func isOutage(err error) bool { return errors.Is(err, errDBUnavailable) || pgerr.IsUnavailable(err) }
+func IsOutage(err error) bool { return errors.Is(err, errDBUnavailable) || pgerr.IsUnavailable(err) }
 
 // isPermanent reports whether no retry can make err go away: the handler
 // said so (Permanent), the event broke its contract (event.ErrInvalid), or
 // Postgres refused the data itself (pgerr.IsPermanent: SQLSTATE class 22,
 // a NUL byte in a text column, say, or class 54).
-func isPermanent(err error) bool {
+func IsPermanent(err error) bool {
 	return errors.Is(err, ErrPermanent) || errors.Is(err, event.ErrInvalid) ||
 		errors.Is(err, errDBRefused) || pgerr.IsPermanent(err)
 }

@@ -180,11 +180,11 @@ func (c *Consumer) consume(ctx context.Context, dispatch func(context.Context, f
 			// kafka-go backs off between attempts to join; a rebalance in
 			// progress is the group working, not the broker failing.
 			if !errors.Is(err, kafka.RebalanceInProgress) {
-				c.shared.kafka.fail(ctx, "join", err)
+				c.shared.kafka.Fail(ctx, "join", err)
 			}
 			continue
 		}
-		c.shared.kafka.ok(ctx, "join")
+		c.shared.kafka.OK(ctx, "join")
 		assigned := map[partitionKey]int64{}
 		for topic, parts := range gen.Assignments {
 			for _, p := range parts {
@@ -270,7 +270,7 @@ func (c *Consumer) fetch(ctx context.Context, g *generation, k partitionKey, off
 			}
 			attempt = 1
 			next = m.Offset + 1
-			c.shared.kafka.ok(ctx, "fetch")
+			c.shared.kafka.OK(ctx, "fetch")
 			if !g.add(m) {
 				continue
 			}
@@ -282,7 +282,7 @@ func (c *Consumer) fetch(ctx context.Context, g *generation, k partitionKey, off
 		if ctx.Err() != nil {
 			return
 		}
-		c.shared.kafka.fail(ctx, "fetch", fmt.Errorf("fetching %s/%d at %d: %w", k.topic, k.partition, next, err))
+		c.shared.kafka.Fail(ctx, "fetch", fmt.Errorf("fetching %s/%d at %d: %w", k.topic, k.partition, next, err))
 		if !retry.Sleep(ctx, retry.Backoff(attempt, c.cfg.BackoffMin, c.cfg.BackoffMax)) {
 			return
 		}
@@ -336,12 +336,12 @@ func (c *Consumer) commit(ctx context.Context, gen *kafka.Generation, g *generat
 	switch {
 	case err == nil:
 		g.committed(offs)
-		c.shared.kafka.ok(ctx, "commit")
+		c.shared.kafka.OK(ctx, "commit")
 	case errors.Is(err, kafka.RebalanceInProgress), errors.Is(err, kafka.IllegalGeneration),
 		errors.Is(err, kafka.UnknownMemberId), errors.Is(err, kafka.FencedInstanceID):
 		// The generation is over; the heartbeat ends it and the next owner
 		// starts from the last offset committed.
 	default:
-		c.shared.kafka.fail(ctx, "commit", err)
+		c.shared.kafka.Fail(ctx, "commit", err)
 	}
 }

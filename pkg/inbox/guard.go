@@ -12,7 +12,7 @@ import (
 	"github.com/onceflow/onceflow/pkg/event"
 )
 
-type aggregateKey struct{ typ, id string }
+type AggregateKey struct{ Type, ID string }
 
 const lockVersions = `
 SELECT v.aggregate_type, v.aggregate_id, v.version
@@ -27,12 +27,12 @@ FOR UPDATE OF v`
 // the log lines and gap counts to emit once the transaction commits. A gap
 // under GapWait, and a stale event under StaleDeadLetter, is an error: the
 // message-by-message path settles it (a retry, a dead letter).
-func (s *shared) guardBatch(ctx context.Context, tx pgx.Tx, evs []event.Envelope, outs []outcome) ([]func(), error) {
-	var keys []aggregateKey
-	want := map[aggregateKey]bool{}
+func (s *Shared) GuardBatch(ctx context.Context, tx pgx.Tx, evs []event.Envelope, outs []OutcomeZZ) ([]func(), error) {
+	var keys []AggregateKey
+	want := map[AggregateKey]bool{}
 	for i, ev := range evs {
-		k := aggregateKey{ev.AggregateType, ev.AggregateID}
-		if outs[i] == processed && !want[k] {
+		k := AggregateKey{ev.AggregateType, ev.AggregateID}
+		if outs[i] == Processed && !want[k] {
 			want[k] = true
 			keys = append(keys, k)
 		}
@@ -42,47 +42,47 @@ func (s *shared) guardBatch(ctx context.Context, tx pgx.Tx, evs []event.Envelope
 	}
 	typs, ids := make([]string, len(keys)), make([]string, len(keys))
 	for i, k := range keys {
-		typs[i], ids[i] = k.typ, k.id
+		typs[i], ids[i] = k.Type, k.ID
 	}
-	rows, err := tx.Query(ctx, lockVersions, s.cfg.Name, typs, ids)
+	rows, err := tx.Query(ctx, lockVersions, s.Config.Name, typs, ids)
 	if err != nil {
 		return nil, err
 	}
-	applied := map[aggregateKey]int64{}
-	var k aggregateKey
+	applied := map[AggregateKey]int64{}
+	var k AggregateKey
 	var v int64
-	if _, err := pgx.ForEachRow(rows, []any{&k.typ, &k.id, &v}, func() error { applied[k] = v; return nil }); err != nil {
+	if _, err := pgx.ForEachRow(rows, []any{&k.Type, &k.ID, &v}, func() error { applied[k] = v; return nil }); err != nil {
 		return nil, err
 	}
 
 	var notes []func()
 	var staleIDs []uuid.UUID
 	for i, ev := range evs {
-		if outs[i] != processed {
+		if outs[i] != Processed {
 			continue
 		}
-		k := aggregateKey{ev.AggregateType, ev.AggregateID}
+		k := AggregateKey{ev.AggregateType, ev.AggregateID}
 		prev, known := applied[k]
 		switch {
 		case !known || ev.AggregateVersion == prev+1:
-		case ev.AggregateVersion <= prev && s.cfg.Stale == StaleDeadLetter:
+		case ev.AggregateVersion <= prev && s.Config.Stale == StaleDeadLetter:
 			return nil, &staleError{version: ev.AggregateVersion, applied: prev}
 		case ev.AggregateVersion <= prev:
-			outs[i] = stale
+			outs[i] = Stale
 			staleIDs = append(staleIDs, ev.EventID)
 			notes = append(notes, func() {
-				s.cfg.Logger.InfoContext(ctx, "inbox skipped a stale event", slog.String("consumer", s.cfg.Name),
+				s.Config.Logger.InfoContext(ctx, "inbox skipped a stale event", slog.String("consumer", s.Config.Name),
 					slog.String("event_id", ev.EventID.String()), slog.String("aggregate_id", ev.AggregateID),
 					slog.Int64("version", ev.AggregateVersion), slog.Int64("applied_version", prev))
 			})
 			continue
 		default: // a gap
-			if s.cfg.Gaps == GapWait {
+			if s.Config.Gaps == GapWait {
 				return nil, fmt.Errorf("aggregate %s: version %d follows %d", ev.AggregateID, ev.AggregateVersion, prev)
 			}
 			notes = append(notes, func() {
-				s.cfg.Metrics.gaps.WithLabelValues(s.cfg.Name).Inc()
-				s.cfg.Logger.WarnContext(ctx, "inbox sees a version gap", slog.String("consumer", s.cfg.Name),
+				s.Config.Metrics.gaps.WithLabelValues(s.Config.Name).Inc()
+				s.Config.Logger.WarnContext(ctx, "inbox sees a version gap", slog.String("consumer", s.Config.Name),
 					slog.String("event_id", ev.EventID.String()), slog.String("aggregate_id", ev.AggregateID),
 					slog.Int64("version", ev.AggregateVersion), slog.Int64("applied_version", prev))
 			})
@@ -90,17 +90,17 @@ func (s *shared) guardBatch(ctx context.Context, tx pgx.Tx, evs []event.Envelope
 		applied[k] = ev.AggregateVersion
 	}
 	for i, k := range keys {
-		typs[i], ids[i] = k.typ, k.id
+		typs[i], ids[i] = k.Type, k.ID
 	}
 	versions := make([]int64, len(keys))
 	for i, k := range keys {
 		versions[i] = applied[k]
 	}
-	if _, err := take(ctx, tx, &tAdvance, s.cfg.Name, typs, ids, versions); err != nil {
+	if _, err := Take(ctx, tx, &tAdvance, s.Config.Name, typs, ids, versions); err != nil {
 		return nil, err
 	}
 	if len(staleIDs) > 0 {
-		if _, err := take(ctx, tx, &tStale, s.cfg.Name, staleIDs, s.recordedState()); err != nil {
+		if _, err := Take(ctx, tx, &tStale, s.Config.Name, staleIDs, s.recordedState()); err != nil {
 			return nil, err
 		}
 	}
@@ -122,7 +122,7 @@ WHERE i.payload_hash <> sha256(m.payload)`
 // (the first body was applied), but it is logged and counted in
 // inbox_payload_mismatches_total. It costs a query only when there are
 // duplicates.
-func (s *shared) checkPayloads(ctx context.Context, tx pgx.Tx, dups ...event.Envelope) error {
+func (s *Shared) CheckPayloads(ctx context.Context, tx pgx.Tx, dups ...event.Envelope) error {
 	if len(dups) == 0 {
 		return nil
 	}
@@ -130,63 +130,63 @@ func (s *shared) checkPayloads(ctx context.Context, tx pgx.Tx, dups ...event.Env
 	for i, ev := range dups {
 		ids[i], payloads[i] = ev.EventID, []byte(ev.Payload)
 	}
-	rows, err := tx.Query(ctx, payloadMismatches, s.cfg.Name, ids, payloads)
+	rows, err := tx.Query(ctx, payloadMismatches, s.Config.Name, ids, payloads)
 	if err != nil {
-		return dbErrors.Translate("comparing payloads of duplicates", err)
+		return DBErrors.Translate("comparing payloads of duplicates", err)
 	}
 	bad, err := pgx.CollectRows(rows, pgx.RowTo[[16]byte])
 	if err != nil {
-		return dbErrors.Translate("comparing payloads of duplicates", err)
+		return DBErrors.Translate("comparing payloads of duplicates", err)
 	}
 	for _, id := range bad {
-		s.payloadMismatch(ctx, id)
+		s.PayloadMismatch(ctx, id)
 	}
 	return nil
 }
 
 // payloadMismatch counts and logs a duplicate of id with another payload.
-func (s *shared) payloadMismatch(ctx context.Context, id uuid.UUID) {
-	s.cfg.Metrics.payloadMismatches.WithLabelValues(s.cfg.Name).Inc()
-	s.cfg.Logger.WarnContext(ctx, "inbox duplicate with another payload: the producer reused an event id; the first payload was applied, this one ignored",
-		slog.String("consumer", s.cfg.Name), slog.String("event_id", id.String()))
+func (s *Shared) PayloadMismatch(ctx context.Context, id uuid.UUID) {
+	s.Config.Metrics.payloadMismatches.WithLabelValues(s.Config.Name).Inc()
+	s.Config.Logger.WarnContext(ctx, "inbox duplicate with another payload: the producer reused an event id; the first payload was applied, this one ignored",
+		slog.String("consumer", s.Config.Name), slog.String("event_id", id.String()))
 }
 
 // guardVersion reports whether ev is stale (at or below the version this
 // consumer applied last for its aggregate) and reports gaps. A requeued
 // dead message is never stale: an operator sent it back to be applied (a
 // consumer that skips ahead applied its successors meanwhile).
-func (s *shared) guardVersion(ctx context.Context, tx pgx.Tx, ev *event.Envelope, requeued bool) (bool, error) {
+func (s *Shared) GuardVersion(ctx context.Context, tx pgx.Tx, ev *event.Envelope, requeued bool) (bool, error) {
 	var prev *int64
-	if err := tx.QueryRow(ctx, tAdvanceOne.sql, s.cfg.Name, ev.AggregateType, ev.AggregateID, ev.AggregateVersion).Scan(&prev); err != nil {
-		return false, dbErrors.Translate("checking the aggregate version", err)
+	if err := tx.QueryRow(ctx, tAdvanceOne.SQL, s.Config.Name, ev.AggregateType, ev.AggregateID, ev.AggregateVersion).Scan(&prev); err != nil {
+		return false, DBErrors.Translate("checking the aggregate version", err)
 	}
 	switch {
 	case prev == nil:
 		return false, nil
 	case ev.AggregateVersion <= *prev && requeued:
-		s.cfg.Logger.InfoContext(ctx, "inbox applies a requeued event below the applied version", slog.String("consumer", s.cfg.Name),
+		s.Config.Logger.InfoContext(ctx, "inbox applies a requeued event below the applied version", slog.String("consumer", s.Config.Name),
 			slog.String("event_id", ev.EventID.String()), slog.String("aggregate_id", ev.AggregateID),
 			slog.Int64("version", ev.AggregateVersion), slog.Int64("applied_version", *prev))
 		return false, nil
-	case ev.AggregateVersion <= *prev && s.cfg.Stale == StaleDeadLetter:
-		s.cfg.Logger.WarnContext(ctx, "inbox dead-letters a stale event: an older version arrived after a newer one was applied",
-			slog.String("consumer", s.cfg.Name), slog.String("event_id", ev.EventID.String()), slog.String("aggregate_id", ev.AggregateID),
+	case ev.AggregateVersion <= *prev && s.Config.Stale == StaleDeadLetter:
+		s.Config.Logger.WarnContext(ctx, "inbox dead-letters a stale event: an older version arrived after a newer one was applied",
+			slog.String("consumer", s.Config.Name), slog.String("event_id", ev.EventID.String()), slog.String("aggregate_id", ev.AggregateID),
 			slog.Int64("version", ev.AggregateVersion), slog.Int64("applied_version", *prev))
 		return false, &staleError{version: ev.AggregateVersion, applied: *prev}
 	case ev.AggregateVersion <= *prev:
-		if _, err := take(ctx, tx, &tStale, s.cfg.Name, []uuid.UUID{ev.EventID}, s.recordedState()); err != nil {
+		if _, err := Take(ctx, tx, &tStale, s.Config.Name, []uuid.UUID{ev.EventID}, s.recordedState()); err != nil {
 			return false, err
 		}
-		s.cfg.Logger.InfoContext(ctx, "inbox skipped a stale event", slog.String("consumer", s.cfg.Name),
+		s.Config.Logger.InfoContext(ctx, "inbox skipped a stale event", slog.String("consumer", s.Config.Name),
 			slog.String("event_id", ev.EventID.String()), slog.String("aggregate_id", ev.AggregateID),
 			slog.Int64("version", ev.AggregateVersion), slog.Int64("applied_version", *prev))
 		return true, nil
 	case ev.AggregateVersion > *prev+1:
-		s.cfg.Metrics.gaps.WithLabelValues(s.cfg.Name).Inc()
-		s.cfg.Logger.WarnContext(ctx, "inbox sees a version gap", slog.String("consumer", s.cfg.Name),
+		s.Config.Metrics.gaps.WithLabelValues(s.Config.Name).Inc()
+		s.Config.Logger.WarnContext(ctx, "inbox sees a version gap", slog.String("consumer", s.Config.Name),
 			slog.String("event_id", ev.EventID.String()), slog.String("aggregate_id", ev.AggregateID),
 			slog.Int64("version", ev.AggregateVersion), slog.Int64("applied_version", *prev))
-		if s.cfg.Gaps == GapWait {
+		if s.Config.Gaps == GapWait {
 			return false, fmt.Errorf("aggregate %s: version %d follows %d; waiting for the missing ones",
 				ev.AggregateID, ev.AggregateVersion, *prev)
 		}
@@ -197,11 +197,11 @@ func (s *shared) guardVersion(ctx context.Context, tx pgx.Tx, ev *event.Envelope
 // recordedState is the state the applier's transaction gives a message's
 // row before the version guard looks at it: leased by the lease applier,
 // processed by the transactional one.
-func (s *shared) recordedState() string {
-	if s.reservesVersions {
-		return stateLeased
+func (s *Shared) recordedState() string {
+	if s.ReservesVersions {
+		return StateLeased
 	}
-	return stateProcessed
+	return StateProcessed
 }
 
 // staleError is the dead-letter reason of an event at or below the
@@ -223,7 +223,7 @@ func isStale(reason error) bool {
 }
 
 // upcast converts ev's payload to the newest version it has upcasters for.
-func (s *shared) upcast(ev *event.Envelope) error {
+func (s *Shared) Upcast(ev *event.Envelope) error {
 	for {
 		u, ok := s.upcasters[ev.EventType][ev.EventVersion]
 		if !ok {

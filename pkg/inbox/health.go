@@ -24,7 +24,7 @@ import (
 // when it works again, with nothing for an op that flaps within the
 // interval. Per op, so that a dead-letter topic that cannot be reached is
 // not declared recovered by every successful fetch.
-type fault struct {
+type Fault struct {
 	part      string // "kafka" or "database"
 	consumer  string
 	logger    *slog.Logger
@@ -37,15 +37,15 @@ type fault struct {
 	ops map[string]*retry.Outage // every op that has failed; kept after recovery, for the flapping rule
 }
 
-func newFault(part, consumer string, logger *slog.Logger, interval time.Duration, errs *prometheus.CounterVec, connected *prometheus.GaugeVec) *fault {
-	f := &fault{part: part, consumer: consumer, logger: logger, interval: interval, errors: errs,
+func NewFault(part, consumer string, logger *slog.Logger, interval time.Duration, errs *prometheus.CounterVec, connected *prometheus.GaugeVec) *Fault {
+	f := &Fault{part: part, consumer: consumer, logger: logger, interval: interval, errors: errs,
 		connected: connected.WithLabelValues(consumer), ops: map[string]*retry.Outage{}, now: time.Now}
 	f.connected.Set(1)
 	return f
 }
 
 // fail records a failed op.
-func (f *fault) fail(ctx context.Context, op string, err error) {
+func (f *Fault) Fail(ctx context.Context, op string, err error) {
 	f.errors.WithLabelValues(f.consumer, op).Inc()
 	f.mu.Lock()
 	defer f.mu.Unlock()
@@ -68,7 +68,7 @@ func (f *fault) fail(ctx context.Context, op string, err error) {
 
 // ok records that op worked; "" (any success of the database) ends every
 // op's outage.
-func (f *fault) ok(ctx context.Context, op string) {
+func (f *Fault) OK(ctx context.Context, op string) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	down := false
@@ -88,7 +88,7 @@ func (f *fault) ok(ctx context.Context, op string) {
 }
 
 // err describes the outages, nil when there is none.
-func (f *fault) err() error {
+func (f *Fault) Err() error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	var errs []error

@@ -128,7 +128,7 @@ func actOnHeld(ctx context.Context, db RequeueDB, a HeldAction, action string) (
 		if _, err := tx.Exec(ctx, lockHeldRows, a.Consumer, a.AggregateType, a.AggregateID); err != nil {
 			return err
 		}
-		rows, err := takeQuery(ctx, tx, &tReleaseHolds, a.Consumer, a.AggregateType, a.AggregateID)
+		rows, err := TakeQuery(ctx, tx, &tReleaseHolds, a.Consumer, a.AggregateType, a.AggregateID)
 		if err != nil {
 			return err
 		}
@@ -177,7 +177,7 @@ func actOnHeld(ctx context.Context, db RequeueDB, a HeldAction, action string) (
 		if len(res.Dead) == 0 && (action == ActionRelease || res.Parked == 0) {
 			return ErrNotHeld
 		}
-		_, err = take(ctx, tx, &tRecordAction, a.Consumer, a.AggregateType, a.AggregateID, action, a.Reason, a.Operator,
+		_, err = Take(ctx, tx, &tRecordAction, a.Consumer, a.AggregateType, a.AggregateID, action, a.Reason, a.Operator,
 			res.Dead, res.Parked)
 		return err
 	})
@@ -185,7 +185,7 @@ func actOnHeld(ctx context.Context, db RequeueDB, a HeldAction, action string) (
 		if errors.Is(err, ErrNotHeld) {
 			return HeldResult{}, err
 		}
-		return HeldResult{}, dbErrors.Translate("inbox: "+action+" of a held aggregate", err)
+		return HeldResult{}, DBErrors.Translate("inbox: "+action+" of a held aggregate", err)
 	}
 	return res, nil
 }
@@ -193,7 +193,7 @@ func actOnHeld(ctx context.Context, db RequeueDB, a HeldAction, action string) (
 // skipParked empties the aggregate's parking, recording each parked event
 // skipped.
 func skipParked(ctx context.Context, tx pgx.Tx, a HeldAction, reason string) (int, error) {
-	rows, err := takeQuery(ctx, tx, &tSkipParked, a.Consumer, a.AggregateType, a.AggregateID)
+	rows, err := TakeQuery(ctx, tx, &tSkipParked, a.Consumer, a.AggregateType, a.AggregateID)
 	if err != nil {
 		return 0, err
 	}
@@ -217,7 +217,7 @@ func skipParked(ctx context.Context, tx pgx.Tx, a HeldAction, reason string) (in
 	if len(ids) == 0 {
 		return 0, nil
 	}
-	_, err = take(ctx, tx, &tSkipParkedRow, a.Consumer, a.AggregateType, a.AggregateID, reason,
+	_, err = Take(ctx, tx, &tSkipParkedRow, a.Consumer, a.AggregateType, a.AggregateID, reason,
 		ids, types, versions, topics, partitions, offsets)
 	return len(ids), err
 }

@@ -195,7 +195,7 @@ func (w *world) leaseConsumer(t testing.TB, eff Effect) (*Consumer, *leaseApplie
 
 // txConsumer is a transactional member whose handler records the effect,
 // unless refuse says no.
-func (w *world) txConsumer(t testing.TB, refuse func(event.Envelope) bool) (*Consumer, *txApplier) {
+func (w *world) txConsumer(t testing.TB, refuse func(event.Envelope) bool) (*Consumer, *TxApplier) {
 	c, err := NewConsumer(w.l.pool, GroupConfig{Brokers: w.l.brokers, Topic: w.l.topic, Group: testenv.Name("g")}, w.l.w,
 		func(ctx context.Context, tx pgx.Tx, ev event.Envelope) error {
 			if refuse != nil && refuse(ev) {
@@ -207,7 +207,7 @@ func (w *world) txConsumer(t testing.TB, refuse func(event.Envelope) bool) (*Con
 	if err != nil {
 		t.Fatal(err)
 	}
-	return c, c.applier.(*txApplier)
+	return c, c.applier.(*TxApplier)
 }
 
 func (w *world) requeue(ctx context.Context, ids ...uuid.UUID) error {
@@ -235,15 +235,15 @@ func (w *world) check(ctx context.Context) error {
 		return err
 	}
 	for id := range w.seen {
-		if s, ok := st[id]; (ok && s != stateProcessed) || (!ok && !w.pruner) {
+		if s, ok := st[id]; (ok && s != StateProcessed) || (!ok && !w.pruner) {
 			return fmt.Errorf("event %s was processed and is now %q: a processed row changed", w.label(id), orNone(s))
 		}
 	}
 	for id, s := range st {
 		switch s {
-		case stateProcessed:
+		case StateProcessed:
 			w.seen[id] = true
-		case stateStale:
+		case StateStale:
 			w.stale[id] = true
 		}
 	}
@@ -316,7 +316,7 @@ func (w *world) final(ctx context.Context) error {
 		return err
 	}
 	for _, id := range holds {
-		if st[id] != stateDead {
+		if st[id] != StateDead {
 			return fmt.Errorf("stranded: the aggregate of %s is held, but its row is %q, not a requeueable dead letter", w.label(id), orNone(st[id]))
 		}
 	}
@@ -339,13 +339,13 @@ func (w *world) final(ctx context.Context) error {
 		case parked[ev.EventID] && len(holds) > 0:
 		case parked[ev.EventID]:
 			return fmt.Errorf("stranded: %s is parked with nothing dead ahead of it", w.label(ev.EventID))
-		case w.stale[ev.EventID] || s == stateStale:
+		case w.stale[ev.EventID] || s == StateStale:
 			return fmt.Errorf("%s was skipped as stale by the version guard: never applied", w.label(ev.EventID))
 		case !ok && w.seen[ev.EventID]: // pruned after it was processed
-		case s == stateDead && staleLetters[ev.EventID] && !w.laterApplied(ev):
+		case s == StateDead && staleLetters[ev.EventID] && !w.laterApplied(ev):
 			return fmt.Errorf("%s was dead-lettered as stale, but no later version of its %s was applied: "+
 				"the version guard stood above an event never applied", w.label(ev.EventID), ev.AggregateType)
-		case s == stateProcessed, s == stateDead, s == stateUncertain, s == stateSkipped:
+		case s == StateProcessed, s == StateDead, s == StateUncertain, s == StateSkipped:
 		default:
 			return fmt.Errorf("stranded: %s ended %q", w.label(ev.EventID), orNone(s))
 		}
@@ -427,7 +427,7 @@ func TestInterleavingsOfARequeueAfterACallThatMayHaveLanded(t *testing.T) {
 		var (
 			token    int64
 			taken    bool
-			out      *outcome
+			out      *OutcomeZZ
 			requeued = make(chan error, 1)
 		)
 		return w.interleaveWorld(
@@ -438,7 +438,7 @@ func TestInterleavingsOfARequeueAfterACallThatMayHaveLanded(t *testing.T) {
 					token, out, taken, err = a.lease(ctx, m, &ev)
 					var held *leaseHeldError
 					if errors.As(err, &held) {
-						out = new(outcome) // another worker holds it: W1 waits (it is redelivered)
+						out = new(OutcomeZZ) // another worker holds it: W1 waits (it is redelivered)
 						return nil
 					}
 					return err
@@ -449,8 +449,8 @@ func TestInterleavingsOfARequeueAfterACallThatMayHaveLanded(t *testing.T) {
 					}
 					// The rest of processLeased: the call (dead-lettered when
 					// it fails on its last attempt), then marking it done.
-					var counts [numOutcomes]int
-					d := delivery{m: m, gen: untracked{}}
+					var counts [NumOutcomes]int
+					d := Delivery{Msg: m, Gen: Untracked{}}
 					outcome, settled, err := a.underLease(ctx, d, v1, token, taken, time.Time{}, &counts)
 					if errors.Is(err, errLeaseLost) {
 						return nil
@@ -487,7 +487,7 @@ func TestInterleavingsOfARequeueAfterACallThatMayHaveLanded(t *testing.T) {
 			interleave.Actor{Name: "W2", Steps: []interleave.Step{
 				step("redelivery", func(ctx context.Context) error {
 					for _, cp := range w.copies.take() {
-						if err := a2.process(ctx, []delivery{{m: cp, gen: untracked{}}}); err != nil {
+						if err := a2.Process(ctx, []Delivery{{Msg: cp, Gen: Untracked{}}}); err != nil {
 							return err
 						}
 					}
@@ -515,18 +515,18 @@ func TestInterleavingsOfALateDeadLetterWriteAndASecondMember(t *testing.T) {
 			w.drainers = []*Consumer{b}
 			m := w.msg(v1)
 			var (
-				due    *dueDeadLetter
-				stored dlStored
+				due    *DueDeadLetter
+				stored DLStored
 			)
 			return w.interleaveWorld(
 				interleave.Actor{Name: "A", Steps: []interleave.Step{
 					step("handle", func(ctx context.Context) error {
-						tx, err := a.pool.Begin(ctx)
+						tx, err := a.Pool.Begin(ctx)
 						if err != nil {
 							return err
 						}
 						defer tx.Rollback(ctx) //nolint:errcheck
-						_, err = a.settle(ctx, tx, m, 1)
+						_, err = a.Settle(ctx, tx, m, 1)
 						if !errors.As(err, &due) {
 							due = nil // a duplicate: B applied it first
 							return nil
@@ -538,15 +538,15 @@ func TestInterleavingsOfALateDeadLetterWriteAndASecondMember(t *testing.T) {
 							return nil
 						}
 						var err error
-						stored, err = a.publishDeadLetter(ctx, m, due.ev, due.reason)
+						stored, err = a.PublishDeadLetter(ctx, m, due.Ev, due.Reason)
 						return err
 					}),
 					step("record", func(ctx context.Context) error {
 						if due == nil {
 							return nil
 						}
-						return pgx.BeginFunc(ctx, a.pool, func(tx pgx.Tx) error {
-							return a.recordDeadLetter(ctx, tx, m, due.ev, due.reason, leaseRef{}, stored)
+						return pgx.BeginFunc(ctx, a.Pool, func(tx pgx.Tx) error {
+							return a.RecordDeadLetter(ctx, tx, m, due.Ev, due.Reason, LeaseRef{}, stored)
 						})
 					}),
 				}},
@@ -575,13 +575,13 @@ func TestInterleavingsOfALateDeadLetterWriteAndASecondMember(t *testing.T) {
 				taken  bool
 				skip   bool
 				reason error
-				stored dlStored
+				stored DLStored
 			)
 			ev := v1
 			return w.interleaveWorld(
 				interleave.Actor{Name: "A", Steps: []interleave.Step{
 					step("lease", func(ctx context.Context) error {
-						var out *outcome
+						var out *OutcomeZZ
 						var err error
 						token, out, taken, err = a.lease(ctx, m, &ev)
 						var held *leaseHeldError
@@ -595,7 +595,7 @@ func TestInterleavingsOfALateDeadLetterWriteAndASecondMember(t *testing.T) {
 						if skip {
 							return nil
 						}
-						_, _, err := a.runEffect(ctx, untracked{}, ev, token, time.Time{}, ev.EventID.String(), taken)
+						_, _, err := a.runEffect(ctx, Untracked{}, ev, token, time.Time{}, ev.EventID.String(), taken)
 						switch {
 						case errors.Is(err, errLeaseLost):
 							skip = true
@@ -611,15 +611,15 @@ func TestInterleavingsOfALateDeadLetterWriteAndASecondMember(t *testing.T) {
 							return nil
 						}
 						var err error
-						stored, err = a.publishDeadLetter(ctx, m, &ev, reason)
+						stored, err = a.PublishDeadLetter(ctx, m, &ev, reason)
 						return err
 					}),
 					step("record", func(ctx context.Context) error {
 						if skip {
 							return nil
 						}
-						return pgx.BeginFunc(ctx, a.pool, func(tx pgx.Tx) error {
-							return a.recordDeadLetter(ctx, tx, m, &ev, reason, leaseRef{token: token, mayHaveCalled: true}, stored)
+						return pgx.BeginFunc(ctx, a.Pool, func(tx pgx.Tx) error {
+							return a.RecordDeadLetter(ctx, tx, m, &ev, reason, LeaseRef{Token: token, MayHaveCalled: true}, stored)
 						})
 					}),
 				}},
@@ -732,13 +732,13 @@ func TestInterleavingsOfEveryActorOnOneLeasedKey(t *testing.T) {
 			taken, skip   bool
 			mayHaveCalled bool
 			reason        error
-			stored        dlStored
+			stored        DLStored
 		)
 		ev := v1
 		return w.interleaveWorld(
 			interleave.Actor{Name: "A", Steps: []interleave.Step{
 				step("lease", func(ctx context.Context) error {
-					var out *outcome
+					var out *OutcomeZZ
 					var err error
 					token, out, taken, err = a.lease(ctx, m, &ev)
 					var held *leaseHeldError
@@ -752,7 +752,7 @@ func TestInterleavingsOfEveryActorOnOneLeasedKey(t *testing.T) {
 					if skip {
 						return nil
 					}
-					outcome, op, err := a.runEffect(ctx, untracked{}, ev, token, time.Time{}, ev.EventID.String(), taken)
+					outcome, op, err := a.runEffect(ctx, Untracked{}, ev, token, time.Time{}, ev.EventID.String(), taken)
 					switch {
 					case errors.Is(err, errLeaseLost):
 						skip = true
@@ -761,7 +761,7 @@ func TestInterleavingsOfEveryActorOnOneLeasedKey(t *testing.T) {
 						// It was booked already (a check said so), or it
 						// booked now: A marks it done.
 						skip = true
-						return a.settleDone(ctx, delivery{m: m, gen: untracked{}}, ev, token, outcome)
+						return a.settleDone(ctx, Delivery{Msg: m, Gen: Untracked{}}, ev, token, outcome)
 					}
 					mayHaveCalled = taken || op == opCall
 					reason = fmt.Errorf("gave up after 1 attempts: %w", err)
@@ -772,15 +772,15 @@ func TestInterleavingsOfEveryActorOnOneLeasedKey(t *testing.T) {
 						return nil
 					}
 					var err error
-					stored, err = a.publishDeadLetter(ctx, m, &ev, reason)
+					stored, err = a.PublishDeadLetter(ctx, m, &ev, reason)
 					return err
 				}),
 				step("record", func(ctx context.Context) error {
 					if skip {
 						return nil
 					}
-					return pgx.BeginFunc(ctx, a.pool, func(tx pgx.Tx) error {
-						return a.recordDeadLetter(ctx, tx, m, &ev, reason, leaseRef{token: token, mayHaveCalled: mayHaveCalled}, stored)
+					return pgx.BeginFunc(ctx, a.Pool, func(tx pgx.Tx) error {
+						return a.RecordDeadLetter(ctx, tx, m, &ev, reason, LeaseRef{Token: token, MayHaveCalled: mayHaveCalled}, stored)
 					})
 				}),
 			}},

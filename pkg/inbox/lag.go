@@ -79,23 +79,23 @@ func (c *Consumer) reportDeadLetters(ctx context.Context) {
 	defer tick.Stop()
 	for {
 		var n int64
-		err := c.shared.pool.QueryRow(ctx, `SELECT count(*) FROM inbox_messages WHERE consumer = $1 AND status = 'dead_lettered'`,
+		err := c.shared.Pool.QueryRow(ctx, `SELECT count(*) FROM inbox_messages WHERE consumer = $1 AND status = 'dead_lettered'`,
 			c.cfg.Name).Scan(&n)
 		var p int64
 		if err == nil {
 			// Parked events wait for a dead letter's requeue: the same
 			// operator backlog, seen from the other side.
-			err = c.shared.pool.QueryRow(ctx, countParked, c.cfg.Name).Scan(&p)
+			err = c.shared.Pool.QueryRow(ctx, countParked, c.cfg.Name).Scan(&p)
 		}
 		if err == nil {
 			err = c.reportHolds(ctx)
 		}
 		if err == nil {
-			c.shared.db.ok(ctx, "") // the idle consumer's sign that an outage ended
+			c.shared.DB.OK(ctx, "") // the idle consumer's sign that an outage ended
 			c.cfg.Metrics.deadLetters.WithLabelValues(c.cfg.Name).Set(float64(n))
 			c.cfg.Metrics.parkedNow.WithLabelValues(c.cfg.Name).Set(float64(p))
-		} else if ctx.Err() == nil && isOutage(err) {
-			c.shared.db.fail(ctx, "count_dead_letters", err)
+		} else if ctx.Err() == nil && IsOutage(err) {
+			c.shared.DB.Fail(ctx, "count_dead_letters", err)
 		} else if ctx.Err() == nil {
 			c.cfg.Logger.DebugContext(ctx, "inbox could not count its dead letters", slog.Any("error", err))
 		}
@@ -133,11 +133,11 @@ const operatorActionCounts = `SELECT action, count(*) FROM inbox_operator_action
 func (c *Consumer) reportHolds(ctx context.Context) error {
 	var stranded, pastRetention int64
 	var oldest float64
-	if err := c.shared.pool.QueryRow(ctx, holdsState, c.cfg.Name, c.cfg.DeadLetterRetention.Microseconds()).
+	if err := c.shared.Pool.QueryRow(ctx, holdsState, c.cfg.Name, c.cfg.DeadLetterRetention.Microseconds()).
 		Scan(&stranded, &oldest, &pastRetention); err != nil {
 		return err
 	}
-	rows, err := c.shared.pool.Query(ctx, operatorActionCounts, c.cfg.Name)
+	rows, err := c.shared.Pool.Query(ctx, operatorActionCounts, c.cfg.Name)
 	if err != nil {
 		return err
 	}

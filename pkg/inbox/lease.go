@@ -16,22 +16,22 @@ import (
 // message the batch cannot lease is settled alone (lease_alone.go), and a
 // lease that cannot close with its batch closes on its own (lease_settle.go).
 type leaseApplier struct {
-	*shared
+	*Shared
 	leaseCfg LeaseConfig // its Config is shared.cfg
 	effect   Effect
 	calls    chan struct{} // a slot per side-effect call in flight (MaxInFlight)
-	other    *fault        // the Effect's other side (a third party)
+	other    *Fault        // the Effect's other side (a third party)
 }
 
 // newLeaseApplier returns the lease applier of eff, on s, with cfg (with its
 // defaults; its Config is s.cfg).
-func newLeaseApplier(s *shared, eff Effect, cfg LeaseConfig) *leaseApplier {
-	s.reservesVersions = true
-	m := s.cfg.Metrics
-	a := &leaseApplier{shared: s, leaseCfg: cfg, effect: eff, calls: make(chan struct{}, cfg.MaxInFlight),
-		other: newFault("the third party", s.cfg.Name, s.cfg.Logger, s.cfg.ErrorLogInterval, m.effectErrors, m.effectConnected)}
+func newLeaseApplier(s *Shared, eff Effect, cfg LeaseConfig) *leaseApplier {
+	s.ReservesVersions = true
+	m := s.Config.Metrics
+	a := &leaseApplier{Shared: s, leaseCfg: cfg, effect: eff, calls: make(chan struct{}, cfg.MaxInFlight),
+		other: NewFault("the third party", s.Config.Name, s.Config.Logger, s.Config.ErrorLogInterval, m.effectErrors, m.effectConnected)}
 	for _, op := range []string{opCheck, opCall} {
-		m.effectErrors.WithLabelValues(s.cfg.Name, op)
+		m.effectErrors.WithLabelValues(s.Config.Name, op)
 	}
 	return a
 }
@@ -54,6 +54,6 @@ var errLeaseLost = errors.New("the lease was taken over")
 
 // leaseTakenOver logs that a lease of this worker went to another one.
 func (a *leaseApplier) leaseTakenOver(ctx context.Context, ev event.Envelope) {
-	a.cfg.Logger.WarnContext(ctx, "inbox lease was taken over; leaving the row to the new holder",
-		slog.String("consumer", a.cfg.Name), slog.String("event_id", ev.EventID.String()))
+	a.Config.Logger.WarnContext(ctx, "inbox lease was taken over; leaving the row to the new holder",
+		slog.String("consumer", a.Config.Name), slog.String("event_id", ev.EventID.String()))
 }

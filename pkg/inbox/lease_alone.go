@@ -21,18 +21,18 @@ import (
 // being unreachable, and returns errAbandoned when ctx (the shutdown grace)
 // ends or the message's generation is dropped, errLeaseLost when another
 // worker took its lease over; a crash point firing is a *crashError.
-func (a *leaseApplier) processLeased(ctx context.Context, d delivery) error {
-	m := d.m
+func (a *leaseApplier) processLeased(ctx context.Context, d Delivery) error {
+	m := d.Msg
 	start := time.Now()
-	var counts [numOutcomes]int
-	defer func() { a.cfg.Metrics.record(a.cfg.Name, counts, 1, time.Since(start)) }()
+	var counts [NumOutcomes]int
+	defer func() { a.Config.Metrics.record(a.Config.Name, counts, 1, time.Since(start)) }()
 
 	ev, err := event.FromKafka(m)
 	if err != nil {
-		counts[deadLettered]++
-		return a.deadLetterLeased(ctx, d, nil, err, leaseRef{})
+		counts[DeadLettered]++
+		return a.deadLetterLeased(ctx, d, nil, err, LeaseRef{})
 	}
-	ctx, span := a.startProcess(ctx, m, ev) // covers the lease, the side effect and marking it done
+	ctx, span := a.StartProcess(ctx, m, ev) // covers the lease, the side effect and marking it done
 	defer span.End()
 	key := ev.EventID.String()
 
@@ -42,37 +42,37 @@ func (a *leaseApplier) processLeased(ctx context.Context, d delivery) error {
 		taken bool
 	)
 	for attempt, outages := 1, 0; ; {
-		var out *outcome
+		var out *OutcomeZZ
 		token, out, taken, err = a.lease(ctx, m, &ev)
 		var held *leaseHeldError
 		switch {
 		case errors.As(err, &held):
-			a.cfg.Logger.InfoContext(ctx, "inbox waits for another worker's lease", slog.String("consumer", a.cfg.Name),
+			a.Config.Logger.InfoContext(ctx, "inbox waits for another worker's lease", slog.String("consumer", a.Config.Name),
 				slog.String("event_id", key), slog.Time("lease_until", held.until))
-			if err := wait(ctx, d.gen, time.Until(held.until)+10*time.Millisecond); err != nil {
+			if err := Wait(ctx, d.Gen, time.Until(held.until)+10*time.Millisecond); err != nil {
 				return err
 			}
 			continue // waiting is not failing
 		case err == nil && out != nil:
-			a.db.ok(ctx, "")
+			a.DB.OK(ctx, "")
 			counts[*out]++ // a duplicate or a stale event: settled without a side effect
 			return nil
 		case err == nil:
-			a.db.ok(ctx, "")
+			a.DB.OK(ctx, "")
 		case ctx.Err() != nil:
-			return errAbandoned
-		case isOutage(err):
-			a.db.fail(ctx, "lease", err)
+			return ErrAbandoned
+		case IsOutage(err):
+			a.DB.Fail(ctx, "lease", err)
 			outages++
-			if err := wait(ctx, d.gen, retry.Backoff(outages, a.cfg.BackoffMin, a.cfg.BackoffMax)); err != nil {
+			if err := Wait(ctx, d.Gen, retry.Backoff(outages, a.Config.BackoffMin, a.Config.BackoffMax)); err != nil {
 				return err
 			}
 			continue
-		case attempt >= a.cfg.MaxAttempts || isPermanent(err):
-			counts[deadLettered]++
-			return a.deadLetterLeased(ctx, d, &ev, err, leaseRef{}) // no lease taken: a new row, or the requeued one
+		case attempt >= a.Config.MaxAttempts || IsPermanent(err):
+			counts[DeadLettered]++
+			return a.deadLetterLeased(ctx, d, &ev, err, LeaseRef{}) // no lease taken: a new row, or the requeued one
 		default:
-			if err := wait(ctx, d.gen, retry.Backoff(attempt, a.cfg.BackoffMin, a.cfg.BackoffMax)); err != nil {
+			if err := Wait(ctx, d.Gen, retry.Backoff(attempt, a.Config.BackoffMin, a.Config.BackoffMax)); err != nil {
 				return err
 			}
 			attempt++
@@ -94,8 +94,8 @@ func (a *leaseApplier) processLeased(ctx context.Context, d delivery) error {
 // checks before calling. A non-nil outcome means it needs no side effect
 // (duplicate or stale); an error means another worker holds a live lease or
 // the database failed, and the caller retries.
-func (a *leaseApplier) lease(ctx context.Context, m kafka.Message, ev *event.Envelope) (token int64, out *outcome, taken bool, err error) {
-	err = pgx.BeginFunc(ctx, a.pool, func(tx pgx.Tx) error {
+func (a *leaseApplier) lease(ctx context.Context, m kafka.Message, ev *event.Envelope) (token int64, out *OutcomeZZ, taken bool, err error) {
+	err = pgx.BeginFunc(ctx, a.Pool, func(tx pgx.Tx) error {
 		out, taken = nil, false
 		if err := a.watchServer(ctx, tx); err != nil {
 			return err
@@ -106,71 +106,71 @@ func (a *leaseApplier) lease(ctx context.Context, m kafka.Message, ev *event.Env
 		if errors.Is(err, pgx.ErrNoRows) {
 			var status string
 			var until *time.Time
-			if err := tx.QueryRow(ctx, leaseState, a.cfg.Name, ev.EventID).Scan(&status, &until); err != nil {
-				return dbErrors.Translate("reading a lease", err)
+			if err := tx.QueryRow(ctx, leaseState, a.Config.Name, ev.EventID).Scan(&status, &until); err != nil {
+				return DBErrors.Translate("reading a lease", err)
 			}
 			if status == "leased" && until != nil {
 				return &leaseHeldError{eventID: ev.EventID.String(), until: *until}
 			}
-			if err := a.checkPayloads(ctx, tx, *ev); err != nil {
+			if err := a.CheckPayloads(ctx, tx, *ev); err != nil {
 				return err
 			}
-			d := duplicate
+			d := Duplicate
 			out = &d
 			return nil
 		}
 		if err != nil {
-			return dbErrors.Translate("leasing", err)
+			return DBErrors.Translate("leasing", err)
 		}
 		if takenOver {
-			return a.upcast(ev) // parked and guarded when it was first leased
+			return a.Upcast(ev) // parked and guarded when it was first leased
 		}
-		pd, err := a.parkCheck(ctx, tx, ev)
+		pd, err := a.ParkCheck(ctx, tx, ev)
 		if err != nil {
 			return err
 		}
-		if pd.release {
-			a.released.add(aggregateKey{ev.AggregateType, ev.AggregateID})
+		if pd.Release {
+			a.Released.Add(AggregateKey{ev.AggregateType, ev.AggregateID})
 		}
-		switch pd.verdict {
-		case parkIt, alreadyParked:
+		switch pd.Verdict {
+		case ParkIt, AlreadyParked:
 			// Not leased after all: no inbox row, so that its release leases it;
 			// but a reclaimed requeued row (a stale dead letter's requeue,
 			// which holds nothing, behind another dead message) is put back
 			// requeued, never deleted: its release reclaims it.
-			tr, args := &tUnlease, []any{a.cfg.Name, ev.EventID, token}
+			tr, args := &TUnlease, []any{a.Config.Name, ev.EventID, token}
 			if requeued {
-				tr, args = &tRepark, []any{a.cfg.Name, ev.EventID, was, token}
+				tr, args = &TRepark, []any{a.Config.Name, ev.EventID, was, token}
 			}
-			if _, err := take(ctx, tx, tr, args...); err != nil {
-				return dbErrors.Translate("parking a message", err)
+			if _, err := Take(ctx, tx, tr, args...); err != nil {
+				return DBErrors.Translate("parking a message", err)
 			}
-			o := duplicate
-			if pd.verdict == parkIt {
-				o = parked
-				if err := a.park(ctx, tx, m, ev, pd.blockedBy); err != nil {
+			o := Duplicate
+			if pd.Verdict == ParkIt {
+				o = ParkedOutcome
+				if err := a.Park(ctx, tx, m, ev, pd.BlockedBy); err != nil {
 					return err
 				}
 			}
 			out = &o
 			return nil
-		case proceedRequeued:
-			if _, err := take(ctx, tx, &tDropHold, a.cfg.Name, ev.EventID); err != nil {
-				return dbErrors.Translate("releasing a requeued message's aggregate", err)
+		case ProceedRequeued:
+			if _, err := Take(ctx, tx, &TDropHold, a.Config.Name, ev.EventID); err != nil {
+				return DBErrors.Translate("releasing a requeued message's aggregate", err)
 			}
 		}
-		if !a.cfg.DisableVersionGuard {
-			isStale, err := a.guardVersion(ctx, tx, ev, pd.verdict == proceedRequeued || requeued)
+		if !a.Config.DisableVersionGuard {
+			isStale, err := a.GuardVersion(ctx, tx, ev, pd.Verdict == ProceedRequeued || requeued)
 			if err != nil {
 				return err
 			}
 			if isStale {
-				s := stale
+				s := Stale
 				out = &s
 				return nil
 			}
 		}
-		return a.upcast(ev)
+		return a.Upcast(ev)
 	})
 	return token, out, taken, err
 }
@@ -190,13 +190,13 @@ func (a *leaseApplier) lease(ctx context.Context, m kafka.Message, ev *event.Env
 // an expired lease (tLease); was the reclaimed row as it was.
 func (a *leaseApplier) claim(ctx context.Context, tx pgx.Tx, m kafka.Message, ev *event.Envelope, token *int64, taken, takenOver *bool, was *[]byte) (requeued bool, err error) {
 	reclaim := func() error {
-		return tx.QueryRow(ctx, tReclaim.sql, a.cfg.Name, ev.EventID, a.leaseCfg.LeaseOwner, a.leaseCfg.LeaseTTL.Microseconds()).
+		return tx.QueryRow(ctx, TReclaim.SQL, a.Config.Name, ev.EventID, a.leaseCfg.LeaseOwner, a.leaseCfg.LeaseTTL.Microseconds()).
 			Scan(token, taken, was)
 	}
 	if err := reclaim(); !errors.Is(err, pgx.ErrNoRows) {
 		return err == nil, err
 	}
-	err = tx.QueryRow(ctx, tLease.sql, a.cfg.Name, ev.EventID, ev.EventType, ev.AggregateType, ev.AggregateID, ev.AggregateVersion,
+	err = tx.QueryRow(ctx, TLease.SQL, a.Config.Name, ev.EventID, ev.EventType, ev.AggregateType, ev.AggregateID, ev.AggregateVersion,
 		m.Topic, m.Partition, m.Offset, []byte(ev.Payload), a.leaseCfg.LeaseOwner, a.leaseCfg.LeaseTTL.Microseconds(), m.Time).
 		Scan(token, takenOver, taken)
 	if !errors.Is(err, pgx.ErrNoRows) {

@@ -35,14 +35,14 @@ const (
 
 // leaseItem is one message of a batch handled in lease mode.
 type leaseItem struct {
-	d        delivery
+	d        Delivery
 	ev       event.Envelope
 	decoded  bool
 	plan     leasePlan
 	token    int64
 	taken    bool      // an expired lease was taken over: check before calling
 	leasedAt time.Time // when the batch's lease transaction began (planLeased)
-	counts   [numOutcomes]int
+	counts   [NumOutcomes]int
 	mismatch bool // planRepeat: its payload differs from the first's
 
 	// After its key's turn:
@@ -74,12 +74,12 @@ const (
 // batching. Every message is finished (done or abandoned) when it returns;
 // a crash point firing returns a *crashError and abandons what is not
 // marked done.
-func (a *leaseApplier) process(ctx context.Context, batch []delivery) error {
+func (a *leaseApplier) Process(ctx context.Context, batch []Delivery) error {
 	start := time.Now()
 	items := make([]*leaseItem, len(batch))
 	for i, d := range batch {
 		it := &leaseItem{d: d}
-		if ev, err := event.FromKafka(d.m); err == nil {
+		if ev, err := event.FromKafka(d.Msg); err == nil {
 			it.ev, it.decoded = ev, true
 		}
 		items[i] = it
@@ -92,11 +92,11 @@ func (a *leaseApplier) process(ctx context.Context, batch []delivery) error {
 	var (
 		order []string
 		turns = map[string][]*leaseItem{}
-		crash atomic.Pointer[crashError]
+		crash atomic.Pointer[CrashError]
 		wg    sync.WaitGroup
 	)
 	for _, it := range items {
-		k := string(it.d.m.Key)
+		k := string(it.d.Msg.Key)
 		if turns[k] == nil {
 			order = append(order, k)
 		}
@@ -123,7 +123,7 @@ func (a *leaseApplier) process(ctx context.Context, batch []delivery) error {
 				if it.result == leaseSettled && (it.plan == planAlone || it.plan == planLeased) {
 					mayBeHeld = true
 				}
-				var ce *crashError
+				var ce *CrashError
 				if errors.As(err, &ce) {
 					crash.CompareAndSwap(nil, ce)
 					stopTurns()
@@ -155,8 +155,8 @@ func (a *leaseApplier) process(ctx context.Context, batch []delivery) error {
 		}
 	}
 	var (
-		counts  [numOutcomes]int
-		done    []delivery
+		counts  [NumOutcomes]int
+		done    []Delivery
 		batched int // settled through the batch, not alone (processLeased records those)
 	)
 	for _, it := range items {
@@ -164,7 +164,7 @@ func (a *leaseApplier) process(ctx context.Context, batch []delivery) error {
 			it.span.End()
 		}
 		if crash.Load() != nil || it.result == leaseAbandoned {
-			it.d.gen.finish(it.d.m, false)
+			it.d.Gen.Finish(it.d.Msg, false)
 			continue
 		}
 		for i, n := range it.counts {
@@ -178,8 +178,8 @@ func (a *leaseApplier) process(ctx context.Context, batch []delivery) error {
 	if ce := crash.Load(); ce != nil {
 		return ce
 	}
-	a.cfg.Metrics.record(a.cfg.Name, counts, batched, time.Since(start))
-	return a.committed(ctx, done)
+	a.Config.Metrics.record(a.Config.Name, counts, batched, time.Since(start))
+	return a.Committed(ctx, done)
 }
 
 // runLeased is one message's turn: settle it alone, or run its side effect
@@ -198,7 +198,7 @@ func (a *leaseApplier) runLeased(ctx context.Context, it *leaseItem) error {
 	}
 	// Every delivery has its consumer span, a duplicate's too: in lease mode
 	// the trace shows each time the third party's payment was considered.
-	ctx, span := a.startProcess(ctx, it.d.m, it.ev)
+	ctx, span := a.StartProcess(ctx, it.d.Msg, it.ev)
 	it.span = span
 	switch it.plan {
 	case planSettled:
@@ -206,15 +206,15 @@ func (a *leaseApplier) runLeased(ctx context.Context, it *leaseItem) error {
 		return nil
 	case planRepeat:
 		if it.mismatch {
-			a.payloadMismatch(ctx, it.ev.EventID)
+			a.PayloadMismatch(ctx, it.ev.EventID)
 		}
 		it.result = leaseSettled
 		return nil
 	}
-	if err := a.upcast(&it.ev); err != nil {
-		it.counts[deadLettered]++
+	if err := a.Upcast(&it.ev); err != nil {
+		it.counts[DeadLettered]++
 		it.result = leaseSettled
-		if err := a.deadLetterLeased(ctx, it.d, &it.ev, err, leaseRef{token: it.token, mayHaveCalled: it.taken}); err != nil {
+		if err := a.deadLetterLeased(ctx, it.d, &it.ev, err, LeaseRef{Token: it.token, MayHaveCalled: it.taken}); err != nil {
 			it.result = leaseAbandoned
 			return err
 		}
@@ -246,14 +246,14 @@ func (a *leaseApplier) markBatchDone(ctx context.Context, called []*leaseItem) e
 	for i, it := range called {
 		ids[i], tokens[i] = it.ev.EventID, it.token
 	}
-	err := pgx.BeginFunc(ctx, a.pool, func(tx pgx.Tx) error {
-		rows, err := takeQuery(ctx, tx, &tDoneBatch, a.cfg.Name, ids, tokens)
+	err := pgx.BeginFunc(ctx, a.Pool, func(tx pgx.Tx) error {
+		rows, err := TakeQuery(ctx, tx, &TDoneBatch, a.Config.Name, ids, tokens)
 		if err != nil {
-			return dbErrors.Translate("marking leases done", err)
+			return DBErrors.Translate("marking leases done", err)
 		}
 		marked, err := pgx.CollectRows(rows, pgx.RowTo[[16]byte])
 		if err != nil {
-			return dbErrors.Translate("marking leases done", err)
+			return DBErrors.Translate("marking leases done", err)
 		}
 		ours := make(map[uuid.UUID]bool, len(marked))
 		for _, id := range marked {
@@ -262,7 +262,7 @@ func (a *leaseApplier) markBatchDone(ctx context.Context, called []*leaseItem) e
 		done := make([]DoneEvent, 0, len(marked))
 		for _, it := range called {
 			if !ours[it.ev.EventID] {
-				a.refused(ctx, &tDoneBatch, it.ev.EventID, "the lease was taken over")
+				a.Refused(ctx, &TDoneBatch, it.ev.EventID, "the lease was taken over")
 				a.leaseTakenOver(ctx, it.ev)
 				continue
 			}
@@ -271,11 +271,11 @@ func (a *leaseApplier) markBatchDone(ctx context.Context, called []*leaseItem) e
 		return a.recordDone(ctx, tx, done)
 	})
 	if err == nil {
-		a.db.ok(ctx, "")
+		a.DB.OK(ctx, "")
 		return nil
 	}
-	if isOutage(err) {
-		a.db.fail(ctx, "mark_done", err)
+	if IsOutage(err) {
+		a.DB.Fail(ctx, "mark_done", err)
 	}
 	for _, it := range called {
 		if err := a.settleDone(ctx, it.d, it.ev, it.token, it.outcome); err != nil {
@@ -291,31 +291,31 @@ func (a *leaseApplier) markBatchDone(ctx context.Context, called []*leaseItem) e
 // It reports whether it parked it; an error abandons it.
 func (a *leaseApplier) parkLeasedIfHeld(ctx context.Context, it *leaseItem) (bool, error) {
 	var parkedNow bool
-	err := pgx.BeginFunc(ctx, a.pool, func(tx pgx.Tx) error {
+	err := pgx.BeginFunc(ctx, a.Pool, func(tx pgx.Tx) error {
 		parkedNow = false
-		pd, err := a.parkCheck(ctx, tx, &it.ev)
-		if err != nil || pd.verdict != parkIt {
+		pd, err := a.ParkCheck(ctx, tx, &it.ev)
+		if err != nil || pd.Verdict != ParkIt {
 			return err
 		}
-		unleased, err := take(ctx, tx, &tUnlease, a.cfg.Name, it.ev.EventID, it.token)
+		unleased, err := Take(ctx, tx, &TUnlease, a.Config.Name, it.ev.EventID, it.token)
 		if err != nil {
-			return dbErrors.Translate("parking a leased message", err)
+			return DBErrors.Translate("parking a leased message", err)
 		}
 		if !unleased {
-			a.refused(ctx, &tUnlease, it.ev.EventID, "the lease was taken over")
+			a.Refused(ctx, &TUnlease, it.ev.EventID, "the lease was taken over")
 			return nil // taken over: its new holder decides
 		}
 		parkedNow = true
-		return a.park(ctx, tx, it.d.m, &it.ev, pd.blockedBy)
+		return a.Park(ctx, tx, it.d.Msg, &it.ev, pd.BlockedBy)
 	})
 	if err != nil {
-		if isOutage(err) {
-			a.db.fail(ctx, "park", err)
+		if IsOutage(err) {
+			a.DB.Fail(ctx, "park", err)
 		}
 		return false, err
 	}
 	if parkedNow {
-		it.counts[parked]++
+		it.counts[ParkedOutcome]++
 	}
 	return parkedNow, nil
 }

@@ -16,12 +16,12 @@ import (
 
 // renew extends the lease of id if token still holds it.
 func (a *leaseApplier) renew(ctx context.Context, id uuid.UUID, token int64) error {
-	renewed, err := take(ctx, a.pool, &tRenew, a.cfg.Name, id, token, a.leaseCfg.LeaseTTL.Microseconds())
+	renewed, err := Take(ctx, a.Pool, &TRenew, a.Config.Name, id, token, a.leaseCfg.LeaseTTL.Microseconds())
 	switch {
 	case err != nil:
-		return dbErrors.Translate("renewing a lease", err)
+		return DBErrors.Translate("renewing a lease", err)
 	case !renewed:
-		a.refused(ctx, &tRenew, id, "the lease was taken over")
+		a.Refused(ctx, &TRenew, id, "the lease was taken over")
 		return errLeaseLost
 	}
 	return nil
@@ -44,20 +44,20 @@ const (
 //
 // leasedAt is when the transaction that took the lease began (zero: not
 // known); see callUnderLease.
-func (a *leaseApplier) underLease(ctx context.Context, d delivery, ev event.Envelope, token int64, taken bool, leasedAt time.Time, counts *[numOutcomes]int) (Outcome, bool, error) {
+func (a *leaseApplier) underLease(ctx context.Context, d Delivery, ev event.Envelope, token int64, taken bool, leasedAt time.Time, counts *[NumOutcomes]int) (Outcome, bool, error) {
 	key := ev.EventID.String()
 	mayHaveCalled := taken
 	var failedAt time.Time // when this worker's last failed call returned
-	a.cfg.Metrics.observeHop(a.cfg.Name, ev.OccurredAt)
+	a.Config.Metrics.observeHop(a.Config.Name, ev.OccurredAt)
 	for attempt, outages := 1, 0; ; {
 		if !failedAt.IsZero() {
 			// That call may still land up to LeaseMargin after it returned;
 			// a check any sooner could miss it and call again.
-			if err := wait(ctx, d.gen, time.Until(failedAt.Add(a.leaseCfg.LeaseMargin))); err != nil {
+			if err := Wait(ctx, d.Gen, time.Until(failedAt.Add(a.leaseCfg.LeaseMargin))); err != nil {
 				return "", false, err
 			}
 		}
-		outcome, op, err := a.runEffect(ctx, d.gen, ev, token, leasedAt, key, mayHaveCalled)
+		outcome, op, err := a.runEffect(ctx, d.Gen, ev, token, leasedAt, key, mayHaveCalled)
 		if op == opCall && err != nil {
 			mayHaveCalled, failedAt = true, time.Now()
 		}
@@ -65,42 +65,42 @@ func (a *leaseApplier) underLease(ctx context.Context, d delivery, ev event.Enve
 		case errors.Is(err, errLeaseLost):
 			a.leaseTakenOver(ctx, ev)
 			return "", false, err
-		case errors.Is(err, errAbandoned):
+		case errors.Is(err, ErrAbandoned):
 			return "", false, err
 		case errors.Is(err, ErrUnknowable):
-			a.other.ok(ctx, "")
+			a.other.OK(ctx, "")
 			return "", true, gaveUp(a.settleLeased(ctx, d, "marking uncertain", func() error { return a.markUncertain(ctx, ev, token, err) }))
 		case err == nil:
-			a.other.ok(ctx, "")
+			a.other.OK(ctx, "")
 			if err := faultpoint.Pass(ctx, faultpoint.InboxAfterEffect); err != nil {
-				return "", false, &crashError{err}
+				return "", false, &CrashError{err}
 			}
-			counts[processed]++
+			counts[Processed]++
 			return outcome, false, nil
 		case ctx.Err() != nil:
-			return "", false, errAbandoned
+			return "", false, ErrAbandoned
 		case errors.Is(err, ErrUnavailable):
-			a.other.fail(ctx, op, err)
+			a.other.Fail(ctx, op, err)
 			outages++
-			if err := wait(ctx, d.gen, retry.Backoff(outages, a.cfg.BackoffMin, a.cfg.BackoffMax)); err != nil {
+			if err := Wait(ctx, d.Gen, retry.Backoff(outages, a.Config.BackoffMin, a.Config.BackoffMax)); err != nil {
 				return "", false, err
 			}
 			continue
 		}
-		a.other.ok(ctx, op) // it answered: reachable, and the failure is the message's
-		a.cfg.Metrics.failures.WithLabelValues(a.cfg.Name).Inc()
-		permanent := isPermanent(err)
-		if permanent || attempt >= a.cfg.MaxAttempts {
+		a.other.OK(ctx, op) // it answered: reachable, and the failure is the message's
+		a.Config.Metrics.failures.WithLabelValues(a.Config.Name).Inc()
+		permanent := IsPermanent(err)
+		if permanent || attempt >= a.Config.MaxAttempts {
 			if !permanent {
 				err = fmt.Errorf("gave up after %d attempts: %w", attempt, err)
 			}
-			counts[deadLettered]++
-			return "", true, a.deadLetterLeased(ctx, d, &ev, err, leaseRef{token: token, mayHaveCalled: mayHaveCalled})
+			counts[DeadLettered]++
+			return "", true, a.deadLetterLeased(ctx, d, &ev, err, LeaseRef{Token: token, MayHaveCalled: mayHaveCalled})
 		}
-		delay := retry.Backoff(attempt, a.cfg.BackoffMin, a.cfg.BackoffMax)
-		a.cfg.Logger.WarnContext(ctx, "inbox side effect failed; retrying", slog.String("consumer", a.cfg.Name),
+		delay := retry.Backoff(attempt, a.Config.BackoffMin, a.Config.BackoffMax)
+		a.Config.Logger.WarnContext(ctx, "inbox side effect failed; retrying", slog.String("consumer", a.Config.Name),
 			slog.String("event_id", key), slog.Int("attempt", attempt), slog.Duration("retry_in", delay), slog.Any("error", err))
-		if err := wait(ctx, d.gen, delay); err != nil {
+		if err := Wait(ctx, d.Gen, delay); err != nil {
 			return "", false, err
 		}
 		attempt++
@@ -110,7 +110,7 @@ func (a *leaseApplier) underLease(ctx context.Context, d delivery, ev event.Enve
 // runEffect checks first when an earlier attempt may have called, then
 // calls, each under the lease (callUnderLease). op says which of the two
 // the error came from.
-func (a *leaseApplier) runEffect(ctx context.Context, gen tracker, ev event.Envelope, token int64, leasedAt time.Time, key string, mayHaveCalled bool) (Outcome, string, error) {
+func (a *leaseApplier) runEffect(ctx context.Context, gen Tracker, ev event.Envelope, token int64, leasedAt time.Time, key string, mayHaveCalled bool) (Outcome, string, error) {
 	if mayHaveCalled {
 		var has bool
 		err := a.callUnderLease(ctx, gen, ev.EventID, token, leasedAt, func(ctx context.Context) (err error) {
@@ -121,8 +121,8 @@ func (a *leaseApplier) runEffect(ctx context.Context, gen tracker, ev event.Enve
 			return "", opCheck, err
 		}
 		if has {
-			a.cfg.Logger.WarnContext(ctx, "the side effect already happened; marking it done without repeating it",
-				slog.String("consumer", a.cfg.Name), slog.String("event_id", key))
+			a.Config.Logger.WarnContext(ctx, "the side effect already happened; marking it done without repeating it",
+				slog.String("consumer", a.Config.Name), slog.String("event_id", key))
 			return AlreadyPresent, "", nil
 		}
 	}
@@ -154,11 +154,11 @@ const freshLeaseShare = 10
 // renewal begun then. So the first call of each message of a batch costs no
 // round trip and no commit of its own (BENCHMARKS.md, issue 23: at 300
 // payments a second the shim's renewals queued for its pool's connections).
-func (a *leaseApplier) callUnderLease(ctx context.Context, gen tracker, id uuid.UUID, token int64, leasedAt time.Time, f func(context.Context) error) error {
+func (a *leaseApplier) callUnderLease(ctx context.Context, gen Tracker, id uuid.UUID, token int64, leasedAt time.Time, f func(context.Context) error) error {
 	select {
 	case a.calls <- struct{}{}:
 	case <-ctx.Done():
-		return errAbandoned
+		return ErrAbandoned
 	}
 	defer func() { <-a.calls }()
 	renewed := leasedAt
@@ -167,8 +167,8 @@ func (a *leaseApplier) callUnderLease(ctx context.Context, gen tracker, id uuid.
 		if renewed, err = a.renewForCall(ctx, gen, id, token); err != nil {
 			return err
 		}
-	} else if gen != nil && gen.isDropped() {
-		return errAbandoned
+	} else if gen != nil && gen.IsDropped() {
+		return ErrAbandoned
 	}
 	callCtx, cancel := context.WithDeadline(ctx, renewed.Add(a.leaseCfg.CallTimeout))
 	defer cancel()
@@ -181,16 +181,16 @@ func (a *leaseApplier) callUnderLease(ctx context.Context, gen tracker, id uuid.
 
 // renewForCall renews the lease of id under token before a call, waiting
 // out the database being unreachable, and returns when the renewal began.
-func (a *leaseApplier) renewForCall(ctx context.Context, gen tracker, id uuid.UUID, token int64) (time.Time, error) {
+func (a *leaseApplier) renewForCall(ctx context.Context, gen Tracker, id uuid.UUID, token int64) (time.Time, error) {
 	for outages := 1; ; outages++ {
-		if gen != nil && gen.isDropped() {
-			return time.Time{}, errAbandoned
+		if gen != nil && gen.IsDropped() {
+			return time.Time{}, ErrAbandoned
 		}
 		renewed := time.Now() // before the renewal: the lease runs from no earlier
 		err := a.renew(ctx, id, token)
 		if err == nil {
 			if outages > 1 {
-				a.db.ok(ctx, "renew_lease")
+				a.DB.OK(ctx, "renew_lease")
 			}
 			return renewed, nil
 		}
@@ -198,10 +198,10 @@ func (a *leaseApplier) renewForCall(ctx context.Context, gen tracker, id uuid.UU
 		case errors.Is(err, errLeaseLost):
 			return time.Time{}, err
 		case ctx.Err() != nil:
-			return time.Time{}, errAbandoned
+			return time.Time{}, ErrAbandoned
 		}
-		a.db.fail(ctx, "renew_lease", err)
-		if err := wait(ctx, gen, retry.Backoff(outages, a.cfg.BackoffMin, a.cfg.BackoffMax)); err != nil {
+		a.DB.Fail(ctx, "renew_lease", err)
+		if err := Wait(ctx, gen, retry.Backoff(outages, a.Config.BackoffMin, a.Config.BackoffMax)); err != nil {
 			return time.Time{}, err
 		}
 	}
@@ -209,4 +209,4 @@ func (a *leaseApplier) renewForCall(ctx context.Context, gen tracker, id uuid.UU
 
 // health describes an outage of the Effect's other side, nil when there is
 // none.
-func (a *leaseApplier) health() error { return a.other.err() }
+func (a *leaseApplier) Health() error { return a.other.Err() }

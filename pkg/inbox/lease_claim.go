@@ -23,7 +23,7 @@ func (a *leaseApplier) leaseBatch(ctx context.Context, items []*leaseItem) {
 		case !it.decoded:
 		case first != nil:
 			it.plan = planRepeat
-			it.counts[duplicate]++
+			it.counts[Duplicate]++
 			if !bytes.Equal(first.ev.Payload, it.ev.Payload) {
 				it.mismatch = true
 			}
@@ -38,7 +38,7 @@ func (a *leaseApplier) leaseBatch(ctx context.Context, items []*leaseItem) {
 	var notes []func()
 	plans := make(map[uuid.UUID]*leaseItem, len(fresh))
 	leasedAt := time.Now() // before the transaction: its leases run from no earlier
-	err := pgx.BeginFunc(ctx, a.pool, func(tx pgx.Tx) error {
+	err := pgx.BeginFunc(ctx, a.Pool, func(tx pgx.Tx) error {
 		clear(plans)
 		if err := a.watchServer(ctx, tx); err != nil {
 			return err
@@ -54,14 +54,14 @@ func (a *leaseApplier) leaseBatch(ctx context.Context, items []*leaseItem) {
 		topics, partitions, offsets, payloads := make([]string, n), make([]int32, n), make([]int64, n), make([][]byte, n)
 		sent := make([]time.Time, n)
 		for i, it := range fresh {
-			ev, m := it.ev, it.d.m
+			ev, m := it.ev, it.d.Msg
 			ids[i], types[i], aggTypes[i], aggs[i], versions[i] = ev.EventID, ev.EventType, ev.AggregateType, ev.AggregateID, ev.AggregateVersion
 			topics[i], partitions[i], offsets[i], payloads[i], sent[i] = m.Topic, int32(m.Partition), m.Offset, []byte(ev.Payload), m.Time
 		}
-		rows, err := takeQuery(ctx, tx, &tLeaseBatch, a.cfg.Name, ids, types, aggTypes, aggs, versions, topics, partitions, offsets, payloads,
+		rows, err := TakeQuery(ctx, tx, &TLeaseBatch, a.Config.Name, ids, types, aggTypes, aggs, versions, topics, partitions, offsets, payloads,
 			a.leaseCfg.LeaseOwner, a.leaseCfg.LeaseTTL.Microseconds(), sent)
 		if err != nil {
-			return dbErrors.Translate("leasing a batch", err)
+			return DBErrors.Translate("leasing a batch", err)
 		}
 		type claim struct {
 			id            [16]byte
@@ -74,7 +74,7 @@ func (a *leaseApplier) leaseBatch(ctx context.Context, items []*leaseItem) {
 			return cl, r.Scan(&cl.id, &cl.token, &cl.taken, &cl.mayHaveCalled)
 		})
 		if err != nil {
-			return dbErrors.Translate("leasing a batch", err)
+			return DBErrors.Translate("leasing a batch", err)
 		}
 		byID := make(map[uuid.UUID]*leaseItem, n)
 		for _, it := range fresh {
@@ -95,9 +95,9 @@ func (a *leaseApplier) leaseBatch(ctx context.Context, items []*leaseItem) {
 		// worker (its own turn waits for that lease).
 		var dups []event.Envelope
 		if len(unclaimed) > 0 {
-			rows, err := tx.Query(ctx, leaseStates, a.cfg.Name, unclaimed)
+			rows, err := tx.Query(ctx, leaseStates, a.Config.Name, unclaimed)
 			if err != nil {
-				return dbErrors.Translate("reading leases", err)
+				return DBErrors.Translate("reading leases", err)
 			}
 			var (
 				id     [16]byte
@@ -106,25 +106,25 @@ func (a *leaseApplier) leaseBatch(ctx context.Context, items []*leaseItem) {
 			)
 			if _, err := pgx.ForEachRow(rows, []any{&id, &status, &until}, func() error {
 				it := byID[id]
-				if (status == stateLeased && until != nil) || status == stateRequeued {
+				if (status == StateLeased && until != nil) || status == StateRequeued {
 					return nil // planAlone: it waits for that lease, or applies the requeued letter
 				}
 				dups = append(dups, it.ev)
 				d := *it
 				d.plan = planSettled
-				d.counts[duplicate]++
+				d.counts[Duplicate]++
 				plans[id] = &d
 				return nil
 			}); err != nil {
-				return dbErrors.Translate("reading leases", err)
+				return DBErrors.Translate("reading leases", err)
 			}
 		}
-		if err := a.checkPayloads(ctx, tx, dups...); err != nil {
+		if err := a.CheckPayloads(ctx, tx, dups...); err != nil {
 			return err
 		}
 		// The version guard, for the messages leased for the first time.
 		evs := make([]event.Envelope, 0, len(leased))
-		outs := make([]outcome, 0, len(leased))
+		outs := make([]OutcomeZZ, 0, len(leased))
 		for _, it := range fresh {
 			cl, ok := tokens[it.ev.EventID]
 			if !ok {
@@ -133,36 +133,36 @@ func (a *leaseApplier) leaseBatch(ctx context.Context, items []*leaseItem) {
 			d := *it
 			d.plan, d.token, d.taken, d.leasedAt = planLeased, cl.token, cl.taken || cl.mayHaveCalled, leasedAt
 			plans[it.ev.EventID] = &d
-			out := duplicate // taken over: guarded when it was first leased
+			out := Duplicate // taken over: guarded when it was first leased
 			if !cl.taken {
-				out = processed
+				out = Processed
 			}
 			evs, outs = append(evs, it.ev), append(outs, out)
 		}
-		if !a.cfg.DisableVersionGuard {
-			if notes, err = a.guardBatch(ctx, tx, evs, outs); err != nil {
-				return dbErrors.Translate("checking aggregate versions", err)
+		if !a.Config.DisableVersionGuard {
+			if notes, err = a.GuardBatch(ctx, tx, evs, outs); err != nil {
+				return DBErrors.Translate("checking aggregate versions", err)
 			}
 			for i, out := range outs {
-				if out == stale {
+				if out == Stale {
 					p := plans[evs[i].EventID]
 					p.plan = planSettled
-					p.counts[stale]++
+					p.counts[Stale]++
 				}
 			}
 		}
 		return nil
 	})
 	if err != nil {
-		if isOutage(err) {
-			a.db.fail(ctx, "lease", err)
+		if IsOutage(err) {
+			a.DB.Fail(ctx, "lease", err)
 		} else if ctx.Err() == nil {
-			a.cfg.Logger.DebugContext(ctx, "inbox lease batch falls back to one lease per message",
-				slog.String("consumer", a.cfg.Name), slog.Any("error", err))
+			a.Config.Logger.DebugContext(ctx, "inbox lease batch falls back to one lease per message",
+				slog.String("consumer", a.Config.Name), slog.Any("error", err))
 		}
 		return
 	}
-	a.db.ok(ctx, "")
+	a.DB.OK(ctx, "")
 	for _, note := range notes {
 		note()
 	}
@@ -179,13 +179,13 @@ func (a *leaseApplier) unheld(ctx context.Context, tx pgx.Tx, fresh []*leaseItem
 	for i, it := range fresh {
 		evs[i] = it.ev
 	}
-	held, err := a.heldKeys(ctx, tx, evs)
+	held, err := a.HeldKeys(ctx, tx, evs)
 	if err != nil || len(held) == 0 {
 		return fresh, err
 	}
 	out := make([]*leaseItem, 0, len(fresh))
 	for _, it := range fresh {
-		if !held[aggregateKey{it.ev.AggregateType, it.ev.AggregateID}] {
+		if !held[AggregateKey{it.ev.AggregateType, it.ev.AggregateID}] {
 			out = append(out, it)
 		}
 	}

@@ -64,24 +64,24 @@ LEFT JOIN inbox_servers s ON s.consumer = $1`
 func (a *leaseApplier) watchServer(ctx context.Context, tx pgx.Tx) error {
 	var server string
 	var same bool
-	if err := tx.QueryRow(ctx, serverIdentity, a.cfg.Name).Scan(&server, &same); err != nil {
-		return dbErrors.Translate("reading the database server", err)
+	if err := tx.QueryRow(ctx, serverIdentity, a.Config.Name).Scan(&server, &same); err != nil {
+		return DBErrors.Translate("reading the database server", err)
 	}
 	if same {
 		return nil
 	}
 	var switched bool
-	err := tx.QueryRow(ctx, tServerSwitch.sql, a.cfg.Name, server, serverSwitchClockMargin.Microseconds()).Scan(&switched)
+	err := tx.QueryRow(ctx, TServerSwitch.SQL, a.Config.Name, server, serverSwitchClockMargin.Microseconds()).Scan(&switched)
 	switch {
 	case errors.Is(err, pgx.ErrNoRows): // another transaction recorded it first
 		return nil
 	case err != nil:
-		return dbErrors.Translate("recording the database server", err)
+		return DBErrors.Translate("recording the database server", err)
 	case switched:
-		a.cfg.Metrics.serverSwitches.WithLabelValues(a.cfg.Name).Inc()
-		a.cfg.Logger.WarnContext(ctx, "inbox database server switched (a failover?): messages sent before now that have no row "+
+		a.Config.Metrics.serverSwitches.WithLabelValues(a.Config.Name).Inc()
+		a.Config.Logger.WarnContext(ctx, "inbox database server switched (a failover?): messages sent before now that have no row "+
 			"are checked with the other side before their first call, in case their row was lost with the old server",
-			slog.String("consumer", a.cfg.Name), slog.String("server", server))
+			slog.String("consumer", a.Config.Name), slog.String("server", server))
 	}
 	return nil
 }

@@ -27,27 +27,27 @@ var errGaveUp = errors.New("gave up settling a lease")
 // what the row becomes (settleDone: uncertain; otherwise the message is
 // abandoned, not committed, and redelivered: a row must never stay leased
 // behind an offset that moved on).
-func (a *leaseApplier) settleLeased(ctx context.Context, d delivery, step string, f func() error) error {
+func (a *leaseApplier) settleLeased(ctx context.Context, d Delivery, step string, f func() error) error {
 	for attempt, outages := 1, 0; ; {
 		err := f()
 		switch {
 		case err == nil:
-			a.db.ok(ctx, "")
+			a.DB.OK(ctx, "")
 			return nil
 		case ctx.Err() != nil:
-			return errAbandoned
-		case isOutage(err):
-			a.db.fail(ctx, step, err)
+			return ErrAbandoned
+		case IsOutage(err):
+			a.DB.Fail(ctx, step, err)
 			outages++
-			if err := wait(ctx, d.gen, retry.Backoff(outages, a.cfg.BackoffMin, a.cfg.BackoffMax)); err != nil {
+			if err := Wait(ctx, d.Gen, retry.Backoff(outages, a.Config.BackoffMin, a.Config.BackoffMax)); err != nil {
 				return err
 			}
-		case attempt >= a.cfg.MaxAttempts || isPermanent(err):
-			a.cfg.Logger.ErrorContext(ctx, "inbox could not settle a lease",
-				slog.String("consumer", a.cfg.Name), slog.String("step", step), slog.Any("error", err))
+		case attempt >= a.Config.MaxAttempts || IsPermanent(err):
+			a.Config.Logger.ErrorContext(ctx, "inbox could not settle a lease",
+				slog.String("consumer", a.Config.Name), slog.String("step", step), slog.Any("error", err))
 			return fmt.Errorf("%w: %s: %w", errGaveUp, step, err)
 		default:
-			if err := wait(ctx, d.gen, retry.Backoff(attempt, a.cfg.BackoffMin, a.cfg.BackoffMax)); err != nil {
+			if err := Wait(ctx, d.Gen, retry.Backoff(attempt, a.Config.BackoffMin, a.Config.BackoffMax)); err != nil {
 				return err
 			}
 			attempt++
@@ -60,7 +60,7 @@ func (a *leaseApplier) settleLeased(ctx context.Context, d delivery, step string
 // checks before anything else.
 func gaveUp(err error) error {
 	if errors.Is(err, errGaveUp) {
-		return errAbandoned
+		return ErrAbandoned
 	}
 	return err
 }
@@ -70,7 +70,7 @@ func gaveUp(err error) error {
 // happened: the row is marked uncertain, with why, for the reconciliation
 // report, rather than left leased behind an offset that moves on; if even
 // that fails, the message is abandoned and redelivered.
-func (a *leaseApplier) settleDone(ctx context.Context, d delivery, ev event.Envelope, token int64, outcome Outcome) error {
+func (a *leaseApplier) settleDone(ctx context.Context, d Delivery, ev event.Envelope, token int64, outcome Outcome) error {
 	err := a.settleLeased(ctx, d, "marking done", func() error { return a.markDone(ctx, ev, token, outcome) })
 	if !errors.Is(err, errGaveUp) {
 		return err
@@ -82,22 +82,22 @@ func (a *leaseApplier) settleDone(ctx context.Context, d delivery, ev event.Enve
 // deadLetterLeased dead-letters outside any transaction (deadLetterAlone),
 // under lease, waiting out the database being unreachable without
 // publishing again.
-func (a *leaseApplier) deadLetterLeased(ctx context.Context, d delivery, ev *event.Envelope, reason error, lease leaseRef) error {
-	var progress dlProgress
-	return gaveUp(a.settleLeased(ctx, d, "dead_letter", func() error { return a.deadLetterAlone(ctx, d.m, ev, reason, lease, &progress) }))
+func (a *leaseApplier) deadLetterLeased(ctx context.Context, d Delivery, ev *event.Envelope, reason error, lease LeaseRef) error {
+	var progress DLProgress
+	return gaveUp(a.settleLeased(ctx, d, "dead_letter", func() error { return a.DeadLetterAlone(ctx, d.Msg, ev, reason, lease, &progress) }))
 }
 
 // markDone marks the leased row processed, if the lease is still ours, and
 // records the outcome with Done in the same transaction.
 func (a *leaseApplier) markDone(ctx context.Context, ev event.Envelope, token int64, outcome Outcome) error {
-	return pgx.BeginFunc(ctx, a.pool, func(tx pgx.Tx) error {
-		done, err := take(ctx, tx, &tDone, a.cfg.Name, ev.EventID, token)
+	return pgx.BeginFunc(ctx, a.Pool, func(tx pgx.Tx) error {
+		done, err := Take(ctx, tx, &TDone, a.Config.Name, ev.EventID, token)
 		if err != nil {
-			return dbErrors.Translate("marking a lease done", err)
+			return DBErrors.Translate("marking a lease done", err)
 		}
 		if !done {
 			// Our lease expired and another worker took over; it settles the row.
-			a.refused(ctx, &tDone, ev.EventID, "the lease was taken over")
+			a.Refused(ctx, &TDone, ev.EventID, "the lease was taken over")
 			a.leaseTakenOver(ctx, ev)
 			return nil
 		}
@@ -129,16 +129,16 @@ func (a *leaseApplier) recordDone(ctx context.Context, tx pgx.Tx, done []DoneEve
 // lease was taken over marked nothing (a refusal), and counting it would
 // report an uncertain message that the new holder may settle.
 func (a *leaseApplier) markUncertain(ctx context.Context, ev event.Envelope, token int64, cause error) error {
-	marked, err := take(ctx, a.pool, &tUncertain, a.cfg.Name, ev.EventID, token, cause.Error())
+	marked, err := Take(ctx, a.Pool, &TUncertain, a.Config.Name, ev.EventID, token, cause.Error())
 	if err != nil {
-		return dbErrors.Translate("marking a lease uncertain", err)
+		return DBErrors.Translate("marking a lease uncertain", err)
 	}
 	if !marked {
-		a.refused(ctx, &tUncertain, ev.EventID, "the lease was taken over")
+		a.Refused(ctx, &TUncertain, ev.EventID, "the lease was taken over")
 		return nil
 	}
-	a.cfg.Metrics.uncertain.WithLabelValues(a.cfg.Name).Inc()
-	a.cfg.Logger.ErrorContext(ctx, "inbox cannot tell whether the side effect happened; marked uncertain for reconciliation",
-		slog.String("consumer", a.cfg.Name), slog.String("event_id", ev.EventID.String()), slog.Any("error", cause))
+	a.Config.Metrics.uncertain.WithLabelValues(a.Config.Name).Inc()
+	a.Config.Logger.ErrorContext(ctx, "inbox cannot tell whether the side effect happened; marked uncertain for reconciliation",
+		slog.String("consumer", a.Config.Name), slog.String("event_id", ev.EventID.String()), slog.Any("error", cause))
 	return nil
 }

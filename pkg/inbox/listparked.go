@@ -72,7 +72,7 @@ func ListParked(ctx context.Context, db BacklogDB, f ParkedFilter) ([]Parked, er
 	}
 	rows, err := db.Query(ctx, listParked, f.Consumer, f.AggregateID, f.Limit)
 	if err != nil {
-		return nil, dbErrors.Translate("inbox: listing parked messages", err)
+		return nil, DBErrors.Translate("inbox: listing parked messages", err)
 	}
 	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (Parked, error) {
 		var p Parked
@@ -81,7 +81,7 @@ func ListParked(ctx context.Context, db BacklogDB, f ParkedFilter) ([]Parked, er
 		return p, err
 	})
 	if err != nil {
-		return nil, dbErrors.Translate("inbox: listing parked messages", err)
+		return nil, DBErrors.Translate("inbox: listing parked messages", err)
 	}
 	return out, nil
 }

@@ -53,7 +53,7 @@ const sqlMessagesOf = `
 func MessagesOf(ctx context.Context, db BacklogDB, aggregateID string) ([]MessageRecord, error) {
 	rows, err := db.Query(ctx, sqlMessagesOf, aggregateID)
 	if err != nil {
-		return nil, dbErrors.Translate("inbox: reading an aggregate's messages", err)
+		return nil, DBErrors.Translate("inbox: reading an aggregate's messages", err)
 	}
 	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (MessageRecord, error) {
 		var m MessageRecord
@@ -63,7 +63,7 @@ func MessagesOf(ctx context.Context, db BacklogDB, aggregateID string) ([]Messag
 		return m, err
 	})
 	if err != nil {
-		return nil, dbErrors.Translate("inbox: reading an aggregate's messages", err)
+		return nil, DBErrors.Translate("inbox: reading an aggregate's messages", err)
 	}
 	return out, nil
 }

@@ -128,11 +128,11 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 // batch's time evenly among its messages would invent durations no message
 // had, and weigh big batches n times. Dead letters are counted by deadLetter
 // itself, with their reason, when the dead-letter topic has them.
-func (m *Metrics) record(consumer string, counts [numOutcomes]int, n int, took time.Duration) {
-	m.processed.WithLabelValues(consumer).Add(float64(counts[processed]))
-	m.duplicates.WithLabelValues(consumer).Add(float64(counts[duplicate]))
-	m.stale.WithLabelValues(consumer).Add(float64(counts[stale]))
-	m.parked.WithLabelValues(consumer).Add(float64(counts[parked]))
+func (m *Metrics) record(consumer string, counts [NumOutcomes]int, n int, took time.Duration) {
+	m.processed.WithLabelValues(consumer).Add(float64(counts[Processed]))
+	m.duplicates.WithLabelValues(consumer).Add(float64(counts[Duplicate]))
+	m.stale.WithLabelValues(consumer).Add(float64(counts[Stale]))
+	m.parked.WithLabelValues(consumer).Add(float64(counts[ParkedOutcome]))
 	if n > 0 {
 		m.batchSeconds.WithLabelValues(consumer).Observe(took.Seconds())
 	}

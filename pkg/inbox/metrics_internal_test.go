@@ -17,14 +17,14 @@ func TestProcessingTimeIsRecordedPerBatchHonestly(t *testing.T) {
 	reg := prometheus.NewRegistry()
 	m := NewMetrics(reg)
 	m.init("c")
-	m.record("c", [numOutcomes]int{processed: 5}, 5, 50*time.Millisecond)
+	m.record("c", [NumOutcomes]int{Processed: 5}, 5, 50*time.Millisecond)
 	if got := testenv.MetricValue(t, reg, "inbox_batch_seconds"); got != 1 {
 		t.Fatalf("inbox_batch_seconds has %v observations after one batch, want 1", got)
 	}
 	if got := testenv.MetricValue(t, reg, "inbox_processing_seconds"); got != 0 {
 		t.Fatalf("inbox_processing_seconds has %v observations after one batch of 5, want 0", got)
 	}
-	m.record("c", [numOutcomes]int{processed: 1}, 1, 10*time.Millisecond)
+	m.record("c", [NumOutcomes]int{Processed: 1}, 1, 10*time.Millisecond)
 	if got := testenv.MetricValue(t, reg, "inbox_processing_seconds"); got != 1 {
 		t.Fatalf("inbox_processing_seconds has %v observations after a message alone, want 1", got)
 	}

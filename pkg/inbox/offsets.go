@@ -105,7 +105,7 @@ func (g *generation) begin() bool {
 // settled without work); only then may the offset pass it. A message
 // abandoned (ok false) holds its partition's offset back, and it is fetched
 // again in a later generation.
-func (g *generation) finish(m kafka.Message, ok bool) {
+func (g *generation) Finish(m kafka.Message, ok bool) {
 	if g == nil {
 		return
 	}
@@ -195,9 +195,9 @@ func (g *generation) drop() {
 }
 
 // isDropped reports whether drop was called (on its parent, for released).
-func (g *generation) isDropped() bool {
+func (g *generation) IsDropped() bool {
 	if g.parent != nil {
-		return g.parent.isDropped()
+		return g.parent.IsDropped()
 	}
 	g.mu.Lock()
 	defer g.mu.Unlock()

@@ -17,7 +17,7 @@ func handle(t *testing.T, g *generation, m kafka.Message) {
 	if !g.begin() {
 		t.Fatalf("generation %d refused to begin offset %d", g.id, m.Offset)
 	}
-	g.finish(m, true)
+	g.Finish(m, true)
 }
 
 func wantPending(t *testing.T, g *generation, want map[int]int64) {
@@ -88,7 +88,7 @@ func TestOffsetsAReFetchAfterARebalanceDoesNotStallCommits(t *testing.T) {
 
 	// The old generation's work finishing late commits nothing, and changes nothing in the new one.
 	g1.drop()
-	g1.finish(msgAt(0, 5), true)
+	g1.Finish(msgAt(0, 5), true)
 	wantPending(t, g1, nil)
 	g2.add(msgAt(0, 8))
 	handle(t, g2, msgAt(0, 8))

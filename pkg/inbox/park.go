@@ -106,17 +106,17 @@ type verdict int
 
 const (
 	proceed         verdict = iota // nothing held: apply it as usual
-	proceedRequeued                // the requeued dead message: apply it, whatever the guard says, and drop its hold
+	ProceedRequeued                // the requeued dead message: apply it, whatever the guard says, and drop its hold
 	proceedReleased                // the first parked message of its aggregate: apply it
-	parkIt                         // park it behind its aggregate's dead or parked messages
-	alreadyParked                  // a redelivery of a message parked already: nothing to do
+	ParkIt                         // park it behind its aggregate's dead or parked messages
+	AlreadyParked                  // a redelivery of a message parked already: nothing to do
 )
 
 // parkDecision is parkCheck's answer.
 type parkDecision struct {
-	verdict   verdict
-	blockedBy *uuid.UUID // parkIt: the dead message it waits for, if any
-	release   bool       // the aggregate has parked messages to release after the batch
+	Verdict   verdict
+	BlockedBy *uuid.UUID // parkIt: the dead message it waits for, if any
+	Release   bool       // the aggregate has parked messages to release after the batch
 }
 
 // parkCheck decides ev's fate in tx. It knows a requeued dead message by
@@ -124,7 +124,7 @@ type parkDecision struct {
 // nothing, gets the verdict of a new message, and the caller, which knows
 // it by its row, keeps that row (tRepark) if it parks it. A consumer that
 // skips ahead only recognizes a requeued dead message.
-func (s *shared) parkCheck(ctx context.Context, tx pgx.Tx, ev *event.Envelope) (parkDecision, error) {
+func (s *Shared) ParkCheck(ctx context.Context, tx pgx.Tx, ev *event.Envelope) (parkDecision, error) {
 	var (
 		own         *string
 		otherDead   bool
@@ -132,33 +132,33 @@ func (s *shared) parkCheck(ctx context.Context, tx pgx.Tx, ev *event.Envelope) (
 		deadOne     *uuid.UUID
 		anyParked   bool
 	)
-	if err := tx.QueryRow(ctx, parkState, s.cfg.Name, ev.AggregateType, ev.AggregateID, ev.EventID, ev.AggregateVersion).
+	if err := tx.QueryRow(ctx, parkState, s.Config.Name, ev.AggregateType, ev.AggregateID, ev.EventID, ev.AggregateVersion).
 		Scan(&own, &otherDead, &firstParked, &deadOne, &anyParked); err != nil {
-		return parkDecision{}, dbErrors.Translate("reading the aggregate's parking", err)
+		return parkDecision{}, DBErrors.Translate("reading the aggregate's parking", err)
 	}
 	switch {
 	case own != nil:
-		return parkDecision{verdict: proceedRequeued, release: anyParked}, nil
-	case s.cfg.DeadKeys == DeadKeySkipAhead:
-		return parkDecision{verdict: proceed}, nil
+		return parkDecision{Verdict: ProceedRequeued, Release: anyParked}, nil
+	case s.Config.DeadKeys == DeadKeySkipAhead:
+		return parkDecision{Verdict: proceed}, nil
 	case otherDead:
-		return parkDecision{verdict: parkIt, blockedBy: deadOne}, nil
+		return parkDecision{Verdict: ParkIt, BlockedBy: deadOne}, nil
 	case firstParked == nil:
-		return parkDecision{verdict: proceed}, nil
+		return parkDecision{Verdict: proceed}, nil
 	case *firstParked == ev.EventID:
-		return parkDecision{verdict: proceedReleased, release: true}, nil
+		return parkDecision{Verdict: proceedReleased, Release: true}, nil
 	}
 	// Parked messages wait ahead of it: whether it is one of them or not,
 	// it goes after them, and they may be released now.
 	var parked bool
 	if err := tx.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM inbox_parked_messages WHERE consumer = $1 AND message_id = $2)`,
-		s.cfg.Name, ev.EventID).Scan(&parked); err != nil {
-		return parkDecision{}, dbErrors.Translate("reading the aggregate's parking", err)
+		s.Config.Name, ev.EventID).Scan(&parked); err != nil {
+		return parkDecision{}, DBErrors.Translate("reading the aggregate's parking", err)
 	}
 	if parked {
-		return parkDecision{verdict: alreadyParked, release: true}, nil
+		return parkDecision{Verdict: AlreadyParked, Release: true}, nil
 	}
-	return parkDecision{verdict: parkIt, release: true}, nil
+	return parkDecision{Verdict: ParkIt, Release: true}, nil
 }
 
 // storedHeader is one Kafka header of a parked message, as msg_headers
@@ -170,17 +170,17 @@ type storedHeader struct {
 }
 
 // park stores m, whole, in inbox_parked_messages.
-func (s *shared) park(ctx context.Context, tx pgx.Tx, m kafka.Message, ev *event.Envelope, blockedBy *uuid.UUID) error {
+func (s *Shared) Park(ctx context.Context, tx pgx.Tx, m kafka.Message, ev *event.Envelope, blockedBy *uuid.UUID) error {
 	headers, err := encodeHeaders(m.Headers)
 	if err != nil {
 		return err
 	}
-	if _, err := take(ctx, tx, &tPark, s.cfg.Name, ev.EventID, ev.AggregateType, ev.AggregateID, ev.AggregateVersion,
+	if _, err := Take(ctx, tx, &tPark, s.Config.Name, ev.EventID, ev.AggregateType, ev.AggregateID, ev.AggregateVersion,
 		ev.EventType, blockedBy, m.Topic, m.Partition, m.Offset, m.Key, m.Value, headers); err != nil {
-		return dbErrors.Translate("parking a message", err)
+		return DBErrors.Translate("parking a message", err)
 	}
-	s.cfg.Logger.WarnContext(ctx, "inbox parked a message behind a dead one of its aggregate",
-		slog.String("consumer", s.cfg.Name), slog.String("event_id", ev.EventID.String()),
+	s.Config.Logger.WarnContext(ctx, "inbox parked a message behind a dead one of its aggregate",
+		slog.String("consumer", s.Config.Name), slog.String("event_id", ev.EventID.String()),
 		slog.String("aggregate_id", ev.AggregateID), slog.Int64("version", ev.AggregateVersion))
 	return nil
 }
@@ -212,12 +212,12 @@ func decodeHeaders(raw []byte) ([]kafka.Header, error) {
 // guard advanced when ev was leased), it also moves the version guard back
 // below it. (The transactional applier's guard advanced in ev's savepoint,
 // rolled back with its failure.)
-func (s *shared) holdDeadKey(ctx context.Context, tx pgx.Tx, ev *event.Envelope) error {
-	if _, err := take(ctx, tx, &tHold, s.cfg.Name, ev.EventID, ev.AggregateType, ev.AggregateID, ev.AggregateVersion); err != nil {
+func (s *Shared) holdDeadKey(ctx context.Context, tx pgx.Tx, ev *event.Envelope) error {
+	if _, err := Take(ctx, tx, &tHold, s.Config.Name, ev.EventID, ev.AggregateType, ev.AggregateID, ev.AggregateVersion); err != nil {
 		return err
 	}
-	if s.cfg.DeadKeys == DeadKeyPark && !s.cfg.DisableVersionGuard && s.reservesVersions {
-		if _, err := take(ctx, tx, &tUnreserve, s.cfg.Name, ev.AggregateType, ev.AggregateID, ev.AggregateVersion); err != nil {
+	if s.Config.DeadKeys == DeadKeyPark && !s.Config.DisableVersionGuard && s.ReservesVersions {
+		if _, err := Take(ctx, tx, &tUnreserve, s.Config.Name, ev.AggregateType, ev.AggregateID, ev.AggregateVersion); err != nil {
 			return err
 		}
 	}
@@ -227,26 +227,26 @@ func (s *shared) holdDeadKey(ctx context.Context, tx pgx.Tx, ev *event.Envelope)
 // heldKeys returns the aggregates of evs that are held (a dead message or
 // parked messages): the batch appliers leave their messages to the
 // one-by-one path, which decides each with parkCheck.
-func (s *shared) heldKeys(ctx context.Context, q interface {
+func (s *Shared) HeldKeys(ctx context.Context, q interface {
 	Query(context.Context, string, ...any) (pgx.Rows, error)
-}, evs []event.Envelope) (map[aggregateKey]bool, error) {
+}, evs []event.Envelope) (map[AggregateKey]bool, error) {
 	typs, ids := make([]string, 0, len(evs)), make([]string, 0, len(evs))
-	seen := map[aggregateKey]bool{}
+	seen := map[AggregateKey]bool{}
 	for _, ev := range evs {
-		k := aggregateKey{ev.AggregateType, ev.AggregateID}
+		k := AggregateKey{ev.AggregateType, ev.AggregateID}
 		if !seen[k] {
 			seen[k] = true
-			typs, ids = append(typs, k.typ), append(ids, k.id)
+			typs, ids = append(typs, k.Type), append(ids, k.ID)
 		}
 	}
-	rows, err := q.Query(ctx, keysHeld, s.cfg.Name, typs, ids)
+	rows, err := q.Query(ctx, keysHeld, s.Config.Name, typs, ids)
 	if err != nil {
-		return nil, dbErrors.Translate("reading held aggregates", err)
+		return nil, DBErrors.Translate("reading held aggregates", err)
 	}
-	held := map[aggregateKey]bool{}
-	var k aggregateKey
-	if _, err := pgx.ForEachRow(rows, []any{&k.typ, &k.id}, func() error { held[k] = true; return nil }); err != nil {
-		return nil, dbErrors.Translate("reading held aggregates", err)
+	held := map[AggregateKey]bool{}
+	var k AggregateKey
+	if _, err := pgx.ForEachRow(rows, []any{&k.Type, &k.ID}, func() error { held[k] = true; return nil }); err != nil {
+		return nil, DBErrors.Translate("reading held aggregates", err)
 	}
 	return held, nil
 }
@@ -256,20 +256,20 @@ func (s *shared) heldKeys(ctx context.Context, q interface {
 // batch releases them (releaseParked).
 type releases struct {
 	mu   sync.Mutex
-	keys map[aggregateKey]bool
+	keys map[AggregateKey]bool
 }
 
-func (r *releases) add(k aggregateKey) {
+func (r *releases) Add(k AggregateKey) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if r.keys == nil {
-		r.keys = map[aggregateKey]bool{}
+		r.keys = map[AggregateKey]bool{}
 	}
 	r.keys[k] = true
 }
 
 // take removes k and reports whether it was there.
-func (r *releases) take(k aggregateKey) bool {
+func (r *releases) take(k AggregateKey) bool {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if !r.keys[k] {

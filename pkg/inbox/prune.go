@@ -83,13 +83,13 @@ func Prune(ctx context.Context, db DB, cfg PruneConfig) (int, error) {
 		return 0, err
 	}
 	cfg = cfg.WithDefaults()
-	total, err := prune.Batches(ctx, db, tPrune.sql, cfg.Retention, cfg.BatchSize)
+	total, err := prune.Batches(ctx, db, tPrune.SQL, cfg.Retention, cfg.BatchSize)
 	if err != nil {
 		return total, fmt.Errorf("inbox: pruning processed messages: %w", err)
 	}
 	// The originals kept for truncated dead letters go once their letter
 	// is no longer dead (applied, skipped, pruned), after Retention.
-	if _, err := take(ctx, db, &tPruneOriginals, cfg.Retention.Microseconds()); err != nil {
+	if _, err := Take(ctx, db, &tPruneOriginals, cfg.Retention.Microseconds()); err != nil {
 		return total, fmt.Errorf("inbox: pruning the originals of truncated dead letters: %w", err)
 	}
 	return total, nil

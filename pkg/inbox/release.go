@@ -22,17 +22,17 @@ import (
 // parked first, and the aggregate's next message releases it.
 func (c *Consumer) releaseParked(ctx context.Context, batch []fetched) error {
 	type target struct {
-		k   aggregateKey
+		k   AggregateKey
 		gen *generation
 	}
 	var targets []target
-	idx := map[aggregateKey]int{}
+	idx := map[AggregateKey]int{}
 	for _, d := range batch {
 		ev, err := event.FromKafka(d.m)
 		if err != nil {
 			continue
 		}
-		k := aggregateKey{ev.AggregateType, ev.AggregateID}
+		k := AggregateKey{ev.AggregateType, ev.AggregateID}
 		if i, ok := idx[k]; ok {
 			targets[i].gen = d.gen
 			continue
@@ -41,31 +41,31 @@ func (c *Consumer) releaseParked(ctx context.Context, batch []fetched) error {
 		targets = append(targets, target{k, d.gen})
 	}
 	for _, tg := range targets {
-		if !c.shared.released.take(tg.k) {
+		if !c.shared.Released.take(tg.k) {
 			continue
 		}
-		for ctx.Err() == nil && (tg.gen == nil || !tg.gen.isDropped()) {
+		for ctx.Err() == nil && (tg.gen == nil || !tg.gen.IsDropped()) {
 			m, settled, ok, err := c.nextParked(ctx, tg.k)
 			if err != nil {
-				if isOutage(err) {
-					c.shared.db.fail(ctx, "release_parked", err)
+				if IsOutage(err) {
+					c.shared.DB.Fail(ctx, "release_parked", err)
 				}
 				c.cfg.Logger.WarnContext(ctx, "inbox could not read its parked messages; the aggregate's next message releases them",
-					slog.String("consumer", c.cfg.Name), slog.String("aggregate_id", tg.k.id), slog.Any("error", err))
+					slog.String("consumer", c.cfg.Name), slog.String("aggregate_id", tg.k.ID), slog.Any("error", err))
 				break
 			}
 			if !ok {
 				break
 			}
 			if !settled {
-				if err := c.applier.process(ctx, deliveries([]fetched{{m: m, gen: tg.gen.released()}})); err != nil {
+				if err := c.applier.Process(ctx, deliveries([]fetched{{m: m, gen: tg.gen.released()}})); err != nil {
 					return err
 				}
 				if settled, err = c.inboxSettled(ctx, m); err != nil || !settled {
 					break // abandoned: it stays first in the parking
 				}
 			}
-			if _, err := take(ctx, c.shared.pool, &tUnpark, c.cfg.Name, parkedID(m)); err != nil {
+			if _, err := Take(ctx, c.shared.Pool, &tUnpark, c.cfg.Name, parkedID(m)); err != nil {
 				break
 			}
 			c.cfg.Metrics.released.WithLabelValues(c.cfg.Name).Inc()
@@ -76,18 +76,18 @@ func (c *Consumer) releaseParked(ctx context.Context, batch []fetched) error {
 
 // nextParked reads the first parked message of k, as it was fetched;
 // settled when the inbox already settled it (released before a crash).
-func (c *Consumer) nextParked(ctx context.Context, k aggregateKey) (m kafka.Message, settled, ok bool, err error) {
+func (c *Consumer) nextParked(ctx context.Context, k AggregateKey) (m kafka.Message, settled, ok bool, err error) {
 	var (
 		id      uuid.UUID
 		headers []byte
 	)
-	err = c.shared.pool.QueryRow(ctx, nextParked, c.cfg.Name, k.typ, k.id).
+	err = c.shared.Pool.QueryRow(ctx, nextParked, c.cfg.Name, k.Type, k.ID).
 		Scan(&id, &m.Topic, &m.Partition, &m.Offset, &m.Key, &m.Value, &headers, &settled)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return m, false, false, nil
 	}
 	if err != nil {
-		return m, false, false, dbErrors.Translate("reading a parked message", err)
+		return m, false, false, DBErrors.Translate("reading a parked message", err)
 	}
 	if m.Headers, err = decodeHeaders(headers); err != nil {
 		return m, false, false, fmt.Errorf("parked message %s: its headers: %w", id, err)
@@ -98,7 +98,7 @@ func (c *Consumer) nextParked(ctx context.Context, k aggregateKey) (m kafka.Mess
 // inboxSettled reports whether the inbox settled m for good.
 func (c *Consumer) inboxSettled(ctx context.Context, m kafka.Message) (bool, error) {
 	var settled bool
-	err := c.shared.pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM inbox_messages WHERE consumer = $1 AND message_id = $2
+	err := c.shared.Pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM inbox_messages WHERE consumer = $1 AND message_id = $2
 		AND status IN ('processed', 'stale', 'dead_lettered', 'uncertain', 'skipped'))`, c.cfg.Name, parkedID(m)).Scan(&settled)
 	return settled, err
 }
@@ -143,7 +143,7 @@ func (c *Consumer) resumeReleases(ctx context.Context, g *generation, assigned m
 	if len(parts) == 0 {
 		return
 	}
-	rows, err := c.shared.pool.Query(ctx, firstParkedOfFreeKeys, c.cfg.Name, c.group.Topic, parts)
+	rows, err := c.shared.Pool.Query(ctx, firstParkedOfFreeKeys, c.cfg.Name, c.group.Topic, parts)
 	if err != nil {
 		if ctx.Err() == nil {
 			c.cfg.Logger.WarnContext(ctx, "inbox could not look for parked messages to release",
@@ -182,7 +182,7 @@ func (c *Consumer) resumeReleases(ctx context.Context, g *generation, assigned m
 			slog.String("consumer", c.cfg.Name), slog.Any("error", err))
 	}
 	for _, id := range done {
-		if _, err := take(ctx, c.shared.pool, &tUnpark, c.cfg.Name, id); err == nil {
+		if _, err := Take(ctx, c.shared.Pool, &tUnpark, c.cfg.Name, id); err == nil {
 			c.cfg.Metrics.released.WithLabelValues(c.cfg.Name).Inc()
 		}
 	}

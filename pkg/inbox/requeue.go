@@ -450,7 +450,7 @@ func (rq *requeuer) flush(ctx context.Context) error {
 	}
 	deleted := map[deadLetterKey]bool{}
 	if len(ids) > 0 {
-		rows, err := takeQuery(ctx, tx, &tRequeue, consumers, ids)
+		rows, err := TakeQuery(ctx, tx, &tRequeue, consumers, ids)
 		if err != nil {
 			return fmt.Errorf("inbox: marking dead_lettered rows requeued: %w", err)
 		}
@@ -460,7 +460,7 @@ func (rq *requeuer) flush(ctx context.Context) error {
 		}
 		// The aggregates stay held until the requeued messages are applied;
 		// then their parked messages are released (park.go).
-		if _, err := take(ctx, tx, &tRequeueHold, consumers, ids); err != nil {
+		if _, err := Take(ctx, tx, &tRequeueHold, consumers, ids); err != nil {
 			return fmt.Errorf("inbox: marking dead aggregates requeued: %w", err)
 		}
 	}

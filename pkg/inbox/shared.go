@@ -17,27 +17,27 @@ import (
 // helpers both appliers call (guard.go, park.go, deadletter.go, trace.go,
 // delivery.go); the dispatcher (consumer.go) reads it too, and the appliers
 // never call back into the dispatcher.
-type shared struct {
-	pool      *pgxpool.Pool
-	cfg       Config
+type Shared struct {
+	Pool      *pgxpool.Pool
+	Config    Config
 	dlq       Writer
 	upcasters map[string]map[int]Upcaster
-	kafka, db *fault
-	released  releases // aggregates whose parked messages may be released (park.go)
+	kafka, DB *Fault
+	Released  releases // aggregates whose parked messages may be released (park.go)
 	// reservesVersions says the applier advances the version guard before
 	// a message's effect (the lease applier does, when it leases it), so a
 	// dead letter moves the guard back below the dead message (holdDeadKey).
-	reservesVersions bool
+	ReservesVersions bool
 }
 
 // newShared checks the upcasters and sets up the metrics and the outage
 // trackers of a consumer whose cfg has its defaults.
-func newShared(pool *pgxpool.Pool, dlq Writer, cfg Config) (*shared, error) {
-	s := &shared{pool: pool, cfg: cfg, dlq: dlq, upcasters: map[string]map[int]Upcaster{}}
+func newShared(pool *pgxpool.Pool, dlq Writer, cfg Config) (*Shared, error) {
+	s := &Shared{Pool: pool, Config: cfg, dlq: dlq, upcasters: map[string]map[int]Upcaster{}}
 	cfg.Metrics.init(cfg.Name)
 	m := cfg.Metrics
-	s.kafka = newFault("kafka", cfg.Name, cfg.Logger, cfg.ErrorLogInterval, m.kafkaErrors, m.kafkaConnected)
-	s.db = newFault("database", cfg.Name, cfg.Logger, cfg.ErrorLogInterval, m.dbErrors, m.dbConnected)
+	s.kafka = NewFault("kafka", cfg.Name, cfg.Logger, cfg.ErrorLogInterval, m.kafkaErrors, m.kafkaConnected)
+	s.DB = NewFault("database", cfg.Name, cfg.Logger, cfg.ErrorLogInterval, m.dbErrors, m.dbConnected)
 	for _, u := range cfg.Upcasters {
 		if u.EventType == "" || u.From < 1 || u.Convert == nil {
 			return nil, fmt.Errorf("inbox: upcaster %+v needs an event type, a version >= 1 and a Convert", u)
@@ -52,18 +52,18 @@ func newShared(pool *pgxpool.Pool, dlq Writer, cfg Config) (*shared, error) {
 
 // committed is called once msgs' database work committed: it passes the
 // crash point, then lets their offsets be committed.
-func (s *shared) committed(ctx context.Context, msgs []delivery) error {
+func (s *Shared) Committed(ctx context.Context, msgs []Delivery) error {
 	if len(msgs) == 0 {
 		return nil
 	}
 	if err := faultpoint.Pass(ctx, faultpoint.InboxAfterCommit); err != nil {
 		for _, d := range msgs {
-			d.gen.finish(d.m, false)
+			d.Gen.Finish(d.Msg, false)
 		}
-		return &crashError{err}
+		return &CrashError{err}
 	}
 	for _, d := range msgs {
-		d.gen.finish(d.m, true)
+		d.Gen.Finish(d.Msg, true)
 	}
 	return nil
 }

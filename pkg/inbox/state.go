@@ -59,13 +59,13 @@ import (
 
 // The states of an inbox row.
 const (
-	stateLeased    = "leased"
-	stateProcessed = "processed"
-	stateStale     = "stale"
-	stateDead      = "dead_lettered"
-	stateRequeued  = "requeued"
-	stateUncertain = "uncertain"
-	stateSkipped   = "skipped"
+	StateLeased    = "leased"
+	StateProcessed = "processed"
+	StateStale     = "stale"
+	StateDead      = "dead_lettered"
+	StateRequeued  = "requeued"
+	StateUncertain = "uncertain"
+	StateSkipped   = "skipped"
 )
 
 // Who may take a transition.
@@ -79,12 +79,12 @@ const (
 // transition is one edge of the machine: its name (the transition label of
 // inbox_transitions_refused_total), the states it expects, the state it
 // leaves, who may take it, and its statement.
-type transition struct {
+type Transition struct {
 	name string
 	from []string // "" is no row
 	to   string   // "" is no row
 	by   string
-	sql  string
+	SQL  string
 }
 
 // Transitions of inbox_messages. $1 is always the consumer, $2 the message.
@@ -96,7 +96,7 @@ var (
 	// it a duplicate (no row returned, not a refusal). A reapply also
 	// returns the requeued row as it was (the subquery reads the
 	// statement's snapshot, before the update), for tRepark.
-	tRecord = transition{name: "record", from: []string{"", stateRequeued}, to: stateProcessed, by: byWorker, sql: `
+	tRecord = Transition{name: "record", from: []string{"", StateRequeued}, to: StateProcessed, by: byWorker, SQL: `
 INSERT INTO inbox_messages (consumer, message_id, event_type, aggregate_type, aggregate_id, aggregate_version,
                             topic, kafka_partition, kafka_offset, status, payload_hash, processed_at)
 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, 'processed', sha256($10), now())
@@ -114,7 +114,7 @@ RETURNING xmax <> 0, CASE WHEN xmax <> 0 THEN (SELECT to_jsonb(o) FROM inbox_mes
 	// only: a batch that meets a requeued row is always rolled back, so the
 	// row is never left processed by it (tRecord, in the message-by-message
 	// path, is the reapply that sticks, with its own SET list).
-	tRecordBatch = transition{name: "record", from: []string{"", stateRequeued}, to: stateProcessed, by: byWorker, sql: `
+	tRecordBatch = Transition{name: "record", from: []string{"", StateRequeued}, to: StateProcessed, by: byWorker, SQL: `
 INSERT INTO inbox_messages (consumer, message_id, event_type, aggregate_type, aggregate_id, aggregate_version,
                             topic, kafka_partition, kafka_offset, status, payload_hash, processed_at)
 SELECT $1, m.id, m.event_type, m.aggregate_type, m.aggregate_id, m.aggregate_version, m.topic, m.kafka_partition,
@@ -133,7 +133,7 @@ RETURNING message_id, xmax <> 0`}
 	// its Kafka timestamp) before the consumer's database server switched
 	// (inbox_servers.check_before; lease_server.go): its row may have been
 	// lost with the old server.
-	tLease = transition{name: "lease", from: []string{"", stateLeased}, to: stateLeased, by: byWorker, sql: `
+	TLease = Transition{name: "lease", from: []string{"", StateLeased}, to: StateLeased, by: byWorker, SQL: `
 INSERT INTO inbox_messages (consumer, message_id, event_type, aggregate_type, aggregate_id, aggregate_version,
                             topic, kafka_partition, kafka_offset, status, payload_hash,
                             lease_owner, lease_until, fencing_token, may_have_called)
@@ -149,7 +149,7 @@ RETURNING fencing_token, fencing_token > 1, may_have_called`}
 	// so two consumers claiming overlapping batches lock rows in the same
 	// order. Ids it does not return are settled already, leased to a live
 	// worker, or requeued (leaseStates tells which).
-	tLeaseBatch = transition{name: "lease", from: []string{"", stateLeased}, to: stateLeased, by: byWorker, sql: `
+	TLeaseBatch = Transition{name: "lease", from: []string{"", StateLeased}, to: StateLeased, by: byWorker, SQL: `
 INSERT INTO inbox_messages (consumer, message_id, event_type, aggregate_type, aggregate_id, aggregate_version,
                             topic, kafka_partition, kafka_offset, status, payload_hash,
                             lease_owner, lease_until, fencing_token, may_have_called)
@@ -170,7 +170,7 @@ RETURNING message_id, fencing_token, fencing_token > 1, may_have_called`}
 	// It keeps may_have_called: a letter whose last call may have landed is
 	// checked before it is called again. It returns the requeued row as it
 	// was (the statement's snapshot), for tRepark.
-	tReclaim = transition{name: "reclaim", from: []string{stateRequeued}, to: stateLeased, by: byWorker, sql: `
+	TReclaim = Transition{name: "reclaim", from: []string{StateRequeued}, to: StateLeased, by: byWorker, SQL: `
 UPDATE inbox_messages
 SET status = 'leased', lease_owner = $3, lease_until = now() + $4 * interval '1 microsecond', last_error = NULL,
     fencing_token = fencing_token + 1, attempts = attempts + 1
@@ -184,7 +184,7 @@ RETURNING fencing_token, may_have_called,
 	// producers' clock margin) may have been called on the old server, and
 	// is leased as may_have_called (lease_server.go). It returns whether it
 	// recorded a switch (no row: another transaction just did).
-	tServerSwitch = transition{name: "server_switch", from: []string{"", "server"}, to: "server", by: byWorker, sql: `
+	TServerSwitch = Transition{name: "server_switch", from: []string{"", "server"}, to: "server", by: byWorker, SQL: `
 INSERT INTO inbox_servers (consumer, server) VALUES ($1, $2)
 ON CONFLICT (consumer) DO UPDATE
 SET server = EXCLUDED.server, recorded_at = now(), switched_at = now(), check_before = now() + $3 * interval '1 microsecond'
@@ -192,18 +192,18 @@ WHERE inbox_servers.server <> EXCLUDED.server
 RETURNING xmax <> 0`}
 
 	// tRenew keeps a lease while its holder calls, retries or waits.
-	tRenew = transition{name: "renew", from: []string{stateLeased}, to: stateLeased, by: byHolder, sql: `
+	TRenew = Transition{name: "renew", from: []string{StateLeased}, to: StateLeased, by: byHolder, SQL: `
 UPDATE inbox_messages SET lease_until = now() + $4 * interval '1 microsecond'
 WHERE consumer = $1 AND message_id = $2 AND status = 'leased' AND fencing_token = $3`}
 
 	// tDone closes one lease as processed.
-	tDone = transition{name: "done", from: []string{stateLeased}, to: stateProcessed, by: byHolder, sql: `
+	TDone = Transition{name: "done", from: []string{StateLeased}, to: StateProcessed, by: byHolder, SQL: `
 UPDATE inbox_messages SET status = 'processed', processed_at = now(), lease_owner = NULL, lease_until = NULL
 WHERE consumer = $1 AND message_id = $2 AND status = 'leased' AND fencing_token = $3`}
 
 	// tDoneBatch closes a batch of leases as processed and returns the ones
 	// that were still this worker's.
-	tDoneBatch = transition{name: "done", from: []string{stateLeased}, to: stateProcessed, by: byHolder, sql: `
+	TDoneBatch = Transition{name: "done", from: []string{StateLeased}, to: StateProcessed, by: byHolder, SQL: `
 UPDATE inbox_messages i SET status = 'processed', processed_at = now(), lease_owner = NULL, lease_until = NULL
 FROM unnest($2::uuid[], $3::bigint[]) AS m(id, token)
 WHERE i.consumer = $1 AND i.message_id = m.id AND i.status = 'leased' AND i.fencing_token = m.token
@@ -211,13 +211,13 @@ RETURNING i.message_id`}
 
 	// tUncertain records a side effect nobody can vouch for, for the
 	// reconciliation report.
-	tUncertain = transition{name: "uncertain", from: []string{stateLeased}, to: stateUncertain, by: byHolder, sql: `
+	TUncertain = Transition{name: "uncertain", from: []string{StateLeased}, to: StateUncertain, by: byHolder, SQL: `
 UPDATE inbox_messages SET status = 'uncertain', last_error = $4, lease_owner = NULL, lease_until = NULL, may_have_called = true
 WHERE consumer = $1 AND message_id = $2 AND status = 'leased' AND fencing_token = $3`}
 
 	// tDeadLetterLeased records the dead letter of a leased message, if the
 	// lease is still this worker's; $5 says a call may have landed.
-	tDeadLetterLeased = transition{name: "dead_letter_leased", from: []string{stateLeased}, to: stateDead, by: byHolder, sql: `
+	tDeadLetterLeased = Transition{name: "dead_letter_leased", from: []string{StateLeased}, to: StateDead, by: byHolder, SQL: `
 UPDATE inbox_messages
 SET status = 'dead_lettered', last_error = $4, may_have_called = may_have_called OR $5,
     lease_owner = NULL, lease_until = NULL, aggregate_type = coalesce(aggregate_type, $6)
@@ -228,7 +228,7 @@ WHERE consumer = $1 AND message_id = $2 AND status = 'leased' AND fencing_token 
 	// message that could not be leased): a new row, or a requeued one that
 	// died again. A row in any other state was settled by another member
 	// meanwhile (processed, most likely): the late write changes nothing.
-	tDeadLetter = transition{name: "dead_letter", from: []string{"", stateRequeued}, to: stateDead, by: byWorker, sql: `
+	tDeadLetter = Transition{name: "dead_letter", from: []string{"", StateRequeued}, to: StateDead, by: byWorker, SQL: `
 INSERT INTO inbox_messages (consumer, message_id, event_type, aggregate_type, aggregate_id, aggregate_version,
                             topic, kafka_partition, kafka_offset, status, last_error, payload_hash, may_have_called)
 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, 'dead_lettered', $10, sha256($11), $12)
@@ -240,13 +240,13 @@ WHERE inbox_messages.status = 'requeued'`}
 	// tStale marks rows the version guard skipped, in the transaction that
 	// recorded them ($3: processed in the transactional applier, leased in
 	// the lease applier's).
-	tStale = transition{name: "stale", from: []string{stateProcessed, stateLeased}, to: stateStale, by: byWorker, sql: `
+	tStale = Transition{name: "stale", from: []string{StateProcessed, StateLeased}, to: StateStale, by: byWorker, SQL: `
 UPDATE inbox_messages SET status = 'stale', processed_at = coalesce(processed_at, now()), lease_owner = NULL, lease_until = NULL
 WHERE consumer = $1 AND message_id = ANY($2) AND status = $3`}
 
 	// tUnrecord removes the row a transaction just recorded for a message
 	// it parks instead: its release records it then.
-	tUnrecord = transition{name: "unrecord", from: []string{stateProcessed}, to: "", by: byWorker, sql: `
+	tUnrecord = Transition{name: "unrecord", from: []string{StateProcessed}, to: "", by: byWorker, SQL: `
 DELETE FROM inbox_messages WHERE consumer = $1 AND message_id = $2 AND status = 'processed'`}
 
 	// tRepark puts back the requeued row that tRecord (processed) or
@@ -258,7 +258,7 @@ DELETE FROM inbox_messages WHERE consumer = $1 AND message_id = $2 AND status = 
 	// last_error and may_have_called, and keeps its original from pruning;
 	// its release takes it again as requeued. $3 is the row as it was (nil:
 	// only the status goes back); the fencing token stays advanced.
-	tRepark = transition{name: "repark", from: []string{stateProcessed, stateLeased}, to: stateRequeued, by: byWorker, sql: `
+	TRepark = Transition{name: "repark", from: []string{StateProcessed, StateLeased}, to: StateRequeued, by: byWorker, SQL: `
 UPDATE inbox_messages i
 SET (status, processed_at, last_error, attempts, topic, kafka_partition, kafka_offset, lease_owner, lease_until) =
     (SELECT 'requeued', o.processed_at, o.last_error, o.attempts, o.topic, o.kafka_partition, o.kafka_offset,
@@ -270,7 +270,7 @@ WHERE consumer = $1 AND message_id = $2
 	// tUnlease gives up a lease to park its message (in the transaction
 	// that took the lease, or later when an earlier message of its key
 	// died), if it is still this worker's.
-	tUnlease = transition{name: "unlease", from: []string{stateLeased}, to: "", by: byHolder, sql: `
+	TUnlease = Transition{name: "unlease", from: []string{StateLeased}, to: "", by: byHolder, SQL: `
 DELETE FROM inbox_messages WHERE consumer = $1 AND message_id = $2 AND status = 'leased' AND fencing_token = $3`}
 
 	// tRequeue marks dead letters requeued, and returns the ones it marked:
@@ -278,21 +278,21 @@ DELETE FROM inbox_messages WHERE consumer = $1 AND message_id = $2 AND status = 
 	// The row stays (with may_have_called): the redelivery finds it and
 	// applies it (reapply, reclaim), instead of taking it for a first
 	// delivery.
-	tRequeue = transition{name: "requeue", from: []string{stateDead}, to: stateRequeued, by: byOperator, sql: `
+	tRequeue = Transition{name: "requeue", from: []string{StateDead}, to: StateRequeued, by: byOperator, SQL: `
 UPDATE inbox_messages SET status = 'requeued'
 WHERE status = 'dead_lettered' AND (consumer, message_id) IN (SELECT * FROM unnest($1::text[], $2::uuid[]))
 RETURNING consumer, message_id`}
 
 	// tSkip records an operator's skip of a held aggregate's dead messages:
 	// they are never applied, and say why ($3).
-	tSkip = transition{name: "skip", from: []string{stateDead, stateRequeued}, to: stateSkipped, by: byOperator, sql: `
+	tSkip = Transition{name: "skip", from: []string{StateDead, StateRequeued}, to: StateSkipped, by: byOperator, SQL: `
 UPDATE inbox_messages SET status = 'skipped', last_error = $3, processed_at = now()
 WHERE consumer = $1 AND message_id = ANY($2) AND status IN ('dead_lettered', 'requeued')`}
 
 	// tSkipParkedRow records a parked message an operator skipped (it has
 	// no row: parked messages are recorded when applied), so that its
 	// redelivery is a duplicate. A row already there was settled: kept.
-	tSkipParkedRow = transition{name: "skip", from: []string{""}, to: stateSkipped, by: byOperator, sql: `
+	tSkipParkedRow = Transition{name: "skip", from: []string{""}, to: StateSkipped, by: byOperator, SQL: `
 INSERT INTO inbox_messages (consumer, message_id, event_type, aggregate_type, aggregate_id, aggregate_version,
                             topic, kafka_partition, kafka_offset, status, last_error, payload_hash, processed_at)
 SELECT $1, p.id, p.event_type, $2, $3, p.version, p.topic, p.kafka_partition, p.kafka_offset, 'skipped', $4, '\x', now()
@@ -304,7 +304,7 @@ ON CONFLICT (consumer, message_id) DO NOTHING`}
 	// releases its aggregate: the requeued copy never came (a truncated
 	// letter, one lost to retention), and the event stays dead, visible and
 	// requeueable.
-	tUnrequeue = transition{name: "release", from: []string{stateRequeued}, to: stateDead, by: byOperator, sql: `
+	tUnrequeue = Transition{name: "release", from: []string{StateRequeued}, to: StateDead, by: byOperator, SQL: `
 UPDATE inbox_messages SET status = 'dead_lettered'
 WHERE consumer = $1 AND message_id = ANY($2) AND status = 'requeued'`}
 
@@ -314,7 +314,7 @@ WHERE consumer = $1 AND message_id = ANY($2) AND status = 'requeued'`}
 	// rows another pruner holds are skipped, so several pruners share the
 	// work; the DELETE names the states again, so a row that moved on
 	// since it was picked stays.
-	tPrune = transition{name: "prune", from: []string{stateProcessed, stateStale, stateSkipped}, to: "", by: byPruner, sql: `
+	tPrune = Transition{name: "prune", from: []string{StateProcessed, StateStale, StateSkipped}, to: "", by: byPruner, SQL: `
 WITH doomed AS MATERIALIZED (
     SELECT consumer, message_id FROM inbox_messages
     WHERE status IN ('processed', 'stale', 'skipped') AND processed_at < now() - $1::bigint * interval '1 microsecond'
@@ -330,7 +330,7 @@ WHERE m.consumer = d.consumer AND m.message_id = d.message_id AND m.status IN ('
 var (
 	// tHold holds a dead message's aggregate, in its dead letter's
 	// transaction. A requeued hold whose message died again is dead again.
-	tHold = transition{name: "hold", from: []string{"", "requeued"}, to: "dead", by: byWorker, sql: `
+	tHold = Transition{name: "hold", from: []string{"", "requeued"}, to: "dead", by: byWorker, SQL: `
 INSERT INTO inbox_dead_keys (consumer, message_id, aggregate_type, aggregate_id, aggregate_version)
 VALUES ($1, $2, $3, $4, $5)
 ON CONFLICT (consumer, message_id) DO UPDATE SET status = 'dead', dead_at = now(), requeued_at = NULL
@@ -339,24 +339,24 @@ WHERE inbox_dead_keys.status = 'requeued'`}
 	// tRequeueHold marks the holds of requeued messages: the consumer
 	// applies a requeued message whatever its version guard says, then
 	// releases its aggregate's parked messages.
-	tRequeueHold = transition{name: "requeue_hold", from: []string{"dead"}, to: "requeued", by: byOperator, sql: `
+	tRequeueHold = Transition{name: "requeue_hold", from: []string{"dead"}, to: "requeued", by: byOperator, SQL: `
 UPDATE inbox_dead_keys SET status = 'requeued', requeued_at = now()
 WHERE status = 'dead' AND (consumer, message_id) IN (SELECT * FROM unnest($1::text[], $2::uuid[]))`}
 
 	// tDropHold releases the aggregate of a requeued message once it is
 	// applied, in the transaction that applies it.
-	tDropHold = transition{name: "drop_hold", from: []string{"dead", "requeued"}, to: "", by: byWorker, sql: `
+	TDropHold = Transition{name: "drop_hold", from: []string{"dead", "requeued"}, to: "", by: byWorker, SQL: `
 DELETE FROM inbox_dead_keys WHERE consumer = $1 AND message_id = $2 AND status IN ('dead', 'requeued')`}
 
 	// tReleaseHolds removes an aggregate's holds for an operator (release
 	// or skip), returning the dead messages they were and their states.
-	tReleaseHolds = transition{name: "release_hold", from: []string{"dead", "requeued"}, to: "", by: byOperator, sql: `
+	tReleaseHolds = Transition{name: "release_hold", from: []string{"dead", "requeued"}, to: "", by: byOperator, SQL: `
 DELETE FROM inbox_dead_keys
 WHERE consumer = $1 AND aggregate_type = $2 AND aggregate_id = $3 AND status IN ('dead', 'requeued')
 RETURNING message_id, status, aggregate_version`}
 
 	// tPark stores a message behind its aggregate's dead or parked ones.
-	tPark = transition{name: "park", from: []string{""}, to: "parked", by: byWorker, sql: `
+	tPark = Transition{name: "park", from: []string{""}, to: "parked", by: byWorker, SQL: `
 INSERT INTO inbox_parked_messages (consumer, message_id, aggregate_type, aggregate_id, aggregate_version, event_type,
                                    blocked_by, topic, kafka_partition, kafka_offset, msg_key, msg_value, msg_headers)
 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13)
@@ -364,19 +364,19 @@ ON CONFLICT (consumer, message_id) DO NOTHING`}
 
 	// tUnpark removes a released message from the parking once the inbox
 	// settled it.
-	tUnpark = transition{name: "unpark", from: []string{"parked"}, to: "", by: byWorker, sql: `
+	tUnpark = Transition{name: "unpark", from: []string{"parked"}, to: "", by: byWorker, SQL: `
 DELETE FROM inbox_parked_messages WHERE consumer = $1 AND message_id = $2`}
 
 	// tSkipParked removes an aggregate's parked messages for an operator's
 	// skip, returning them so each is recorded skipped.
-	tSkipParked = transition{name: "skip_parked", from: []string{"parked"}, to: "", by: byOperator, sql: `
+	tSkipParked = Transition{name: "skip_parked", from: []string{"parked"}, to: "", by: byOperator, SQL: `
 DELETE FROM inbox_parked_messages
 WHERE consumer = $1 AND aggregate_type = $2 AND aggregate_id = $3
 RETURNING message_id, event_type, aggregate_version, topic, kafka_partition, kafka_offset`}
 
 	// tRecordAction records an operator's release or skip, with its
 	// reason: the audit of what was let go or never applied.
-	tRecordAction = transition{name: "record_action", from: []string{""}, to: "recorded", by: byOperator, sql: `
+	tRecordAction = Transition{name: "record_action", from: []string{""}, to: "recorded", by: byOperator, SQL: `
 INSERT INTO inbox_operator_actions (consumer, aggregate_type, aggregate_id, action, reason, operator, dead_messages, parked)
 VALUES ($1, $2, $3, $4, $5, $6, $7, $8)`}
 
@@ -385,7 +385,7 @@ VALUES ($1, $2, $3, $4, $5, $6, $7, $8)`}
 	// dead letter's transaction. A later dead-lettering of the same message
 	// keeps the first original (the same message) and says where the
 	// latest letter is.
-	tKeepOriginal = transition{name: "keep_original", from: []string{"", "kept"}, to: "kept", by: byWorker, sql: `
+	tKeepOriginal = Transition{name: "keep_original", from: []string{"", "kept"}, to: "kept", by: byWorker, SQL: `
 INSERT INTO inbox_dead_letter_originals (consumer, message_id, topic, kafka_partition, kafka_offset, msg_key, msg_value, msg_headers,
                                          in_topic, dead_letter_topic)
 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)
@@ -394,7 +394,7 @@ WHERE inbox_dead_letter_originals.in_topic <> EXCLUDED.in_topic`}
 
 	// tPruneOriginals removes the kept originals of messages that are no
 	// longer dead (applied, skipped, or pruned).
-	tPruneOriginals = transition{name: "prune_originals", from: []string{"kept"}, to: "", by: byPruner, sql: `
+	tPruneOriginals = Transition{name: "prune_originals", from: []string{"kept"}, to: "", by: byPruner, SQL: `
 DELETE FROM inbox_dead_letter_originals o
 WHERE NOT EXISTS (SELECT 1 FROM inbox_messages i WHERE i.consumer = o.consumer AND i.message_id = o.message_id
                   AND i.status IN ('dead_lettered', 'requeued'))
@@ -402,7 +402,7 @@ WHERE NOT EXISTS (SELECT 1 FROM inbox_messages i WHERE i.consumer = o.consumer A
 
 	// tAdvance moves the version guard of a batch's aggregates forward,
 	// never back.
-	tAdvance = transition{name: "advance", from: []string{"", "version"}, to: "version", by: byWorker, sql: `
+	tAdvance = Transition{name: "advance", from: []string{"", "version"}, to: "version", by: byWorker, SQL: `
 INSERT INTO inbox_aggregate_versions (consumer, aggregate_type, aggregate_id, version)
 SELECT $1, a.aggregate_type, a.aggregate_id, a.version
 FROM unnest($2::text[], $3::text[], $4::bigint[]) AS a(aggregate_type, aggregate_id, version)
@@ -412,7 +412,7 @@ WHERE inbox_aggregate_versions.version < EXCLUDED.version`}
 
 	// tAdvanceOne is tAdvance for one aggregate, returning the version it
 	// found (NULL when unseen).
-	tAdvanceOne = transition{name: "advance", from: []string{"", "version"}, to: "version", by: byWorker, sql: `
+	tAdvanceOne = Transition{name: "advance", from: []string{"", "version"}, to: "version", by: byWorker, SQL: `
 WITH prev AS (
     SELECT version FROM inbox_aggregate_versions
     WHERE consumer = $1 AND aggregate_type = $2 AND aggregate_id = $3
@@ -438,7 +438,7 @@ SELECT (SELECT version FROM prev)`}
 	// rows for Config.Retention; a message redelivered after its row was
 	// pruned, while a later version of its aggregate is dead, would pass
 	// the guard.
-	tUnreserve = transition{name: "unreserve", from: []string{"version"}, to: "version", by: byHolder, sql: `
+	tUnreserve = Transition{name: "unreserve", from: []string{"version"}, to: "version", by: byHolder, SQL: `
 UPDATE inbox_aggregate_versions SET updated_at = now(), version = coalesce((
     SELECT max(aggregate_version) FROM inbox_messages
     WHERE consumer = $1 AND aggregate_type = $2 AND aggregate_id = $3 AND aggregate_version < $4
@@ -448,10 +448,10 @@ WHERE consumer = $1 AND aggregate_type = $2 AND aggregate_id = $3 AND version >=
 
 // lifecycle lists every transition, for the docs test and the metric's
 // labels.
-var lifecycle = []*transition{
-	&tRecord, &tRecordBatch, &tLease, &tLeaseBatch, &tServerSwitch, &tReclaim, &tRenew, &tDone, &tDoneBatch, &tUncertain,
-	&tDeadLetterLeased, &tDeadLetter, &tStale, &tUnrecord, &tRepark, &tUnlease, &tRequeue, &tSkip, &tSkipParkedRow, &tUnrequeue, &tPrune,
-	&tHold, &tRequeueHold, &tDropHold, &tReleaseHolds, &tPark, &tUnpark, &tSkipParked, &tRecordAction, &tKeepOriginal,
+var lifecycle = []*Transition{
+	&tRecord, &tRecordBatch, &TLease, &TLeaseBatch, &TServerSwitch, &TReclaim, &TRenew, &TDone, &TDoneBatch, &TUncertain,
+	&tDeadLetterLeased, &tDeadLetter, &tStale, &tUnrecord, &TRepark, &TUnlease, &tRequeue, &tSkip, &tSkipParkedRow, &tUnrequeue, &tPrune,
+	&tHold, &tRequeueHold, &TDropHold, &tReleaseHolds, &tPark, &tUnpark, &tSkipParked, &tRecordAction, &tKeepOriginal,
 	&tPruneOriginals, &tAdvance, &tAdvanceOne, &tUnreserve,
 }
 
@@ -464,8 +464,8 @@ type execer interface {
 // in a state tr expects (or carries another fencing token) is left alone:
 // take then reports false, and the caller decides whether that is a refusal
 // (refused) or an ordinary answer (a duplicate).
-func take(ctx context.Context, q execer, tr *transition, args ...any) (bool, error) {
-	tag, err := q.Exec(ctx, tr.sql, args...)
+func Take(ctx context.Context, q execer, tr *Transition, args ...any) (bool, error) {
+	tag, err := q.Exec(ctx, tr.SQL, args...)
 	if err != nil {
 		return false, err
 	}
@@ -474,8 +474,8 @@ func take(ctx context.Context, q execer, tr *transition, args ...any) (bool, err
 
 // takeCount runs tr on q and returns how many rows it changed, for a
 // caller that compares them with the rows it expects.
-func takeCount(ctx context.Context, q execer, tr *transition, args ...any) (int, error) {
-	tag, err := q.Exec(ctx, tr.sql, args...)
+func takeCount(ctx context.Context, q execer, tr *Transition, args ...any) (int, error) {
+	tag, err := q.Exec(ctx, tr.SQL, args...)
 	if err != nil {
 		return 0, err
 	}
@@ -483,18 +483,18 @@ func takeCount(ctx context.Context, q execer, tr *transition, args ...any) (int,
 }
 
 // takeQuery runs tr, a transition with RETURNING, on q.
-func takeQuery(ctx context.Context, q interface {
+func TakeQuery(ctx context.Context, q interface {
 	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
-}, tr *transition, args ...any) (pgx.Rows, error) {
-	return q.Query(ctx, tr.sql, args...)
+}, tr *Transition, args ...any) (pgx.Rows, error) {
+	return q.Query(ctx, tr.SQL, args...)
 }
 
 // refused counts and logs a writer that lost its right to tr for id: the
 // row had moved on (settled by another member, taken over), so it changed
 // nothing.
-func (s *shared) refused(ctx context.Context, tr *transition, id uuid.UUID, why string) {
-	s.cfg.Metrics.refused.WithLabelValues(s.cfg.Name, tr.name).Inc()
-	s.cfg.Logger.WarnContext(ctx, "inbox transition refused: the row moved on; this writer changed nothing",
-		slog.String("consumer", s.cfg.Name), slog.String("transition", tr.name), slog.String("by", tr.by),
+func (s *Shared) Refused(ctx context.Context, tr *Transition, id uuid.UUID, why string) {
+	s.Config.Metrics.refused.WithLabelValues(s.Config.Name, tr.name).Inc()
+	s.Config.Logger.WarnContext(ctx, "inbox transition refused: the row moved on; this writer changed nothing",
+		slog.String("consumer", s.Config.Name), slog.String("transition", tr.name), slog.String("by", tr.by),
 		slog.String("event_id", id.String()), slog.String("why", why))
 }

@@ -58,7 +58,7 @@ func TestEveryTransitionIsDrawn(t *testing.T) {
 func TestNoUpsertOverwritesWithoutAState(t *testing.T) {
 	t.Parallel()
 	for _, tr := range lifecycle {
-		sql := strings.ToUpper(tr.sql)
+		sql := strings.ToUpper(tr.SQL)
 		i := strings.Index(sql, "DO UPDATE")
 		if i < 0 {
 			continue

@@ -23,12 +23,12 @@ const tracerScope = "github.com/onceflow/onceflow/pkg/inbox"
 // it makes continue the trace. Spans come from the process-wide tracer
 // provider (tracing.Setup); without one they are no-ops that pass the
 // header's context on unchanged.
-func (s *shared) startProcess(ctx context.Context, m kafka.Message, ev event.Envelope) (context.Context, trace.Span) {
+func (s *Shared) StartProcess(ctx context.Context, m kafka.Message, ev event.Envelope) (context.Context, trace.Span) {
 	return otel.GetTracerProvider().Tracer(tracerScope).Start(event.ContextWithTraceparent(ctx, ev.Traceparent),
 		"process "+m.Topic, trace.WithSpanKind(trace.SpanKindConsumer), trace.WithAttributes(
 			semconv.MessagingSystemKafka, semconv.MessagingOperationTypeProcess,
 			semconv.MessagingOperationName("process"), semconv.MessagingDestinationName(m.Topic),
-			semconv.MessagingConsumerGroupName(s.cfg.Name), semconv.MessagingMessageID(ev.EventID.String()),
+			semconv.MessagingConsumerGroupName(s.Config.Name), semconv.MessagingMessageID(ev.EventID.String()),
 			semconv.MessagingKafkaMessageKey(string(m.Key)), semconv.MessagingKafkaOffset(int(m.Offset)),
 			semconv.MessagingDestinationPartitionID(strconv.Itoa(m.Partition)),
 			attribute.String("onceflow.event_type", ev.EventType)))

@@ -51,8 +51,8 @@ type Applying struct {
 // of messages in as few transactions as it can (process), the fast path
 // first (txapply_fast.go); both paths run the handler the same way
 // (txapply_handle.go).
-type txApplier struct {
-	*shared
+type TxApplier struct {
+	*Shared
 	handle Handler
 	// handleBatch applies a batch's new events at once on the fast path
 	// (NewBatchConsumer); nil: handle, one by one.
@@ -65,15 +65,15 @@ type txApplier struct {
 // no transaction open (dueDeadLetter), and the rest continues in a new
 // transaction.
 // Every message of batch is finished (done or abandoned) when it returns.
-func (a *txApplier) process(ctx context.Context, batch []delivery) (err error) {
+func (a *TxApplier) Process(ctx context.Context, batch []Delivery) (err error) {
 	defer func() {
 		for _, d := range batch {
-			d.gen.finish(d.m, false)
+			d.Gen.Finish(d.Msg, false)
 		}
 	}()
 	for len(batch) > 0 {
 		n, due := a.tryBatch(ctx, batch)
-		if err := a.committed(ctx, batch[:n]); err != nil {
+		if err := a.Committed(ctx, batch[:n]); err != nil {
 			batch = batch[n:]
 			return err
 		}
@@ -97,7 +97,7 @@ func (a *txApplier) process(ctx context.Context, batch []delivery) (err error) {
 			batch = abandonKey(batch)
 			continue
 		}
-		err := a.committed(ctx, batch[:1])
+		err := a.Committed(ctx, batch[:1])
 		batch = batch[1:]
 		if err != nil {
 			return err
@@ -108,17 +108,17 @@ func (a *txApplier) process(ctx context.Context, batch []delivery) (err error) {
 
 // health is nil: the transactional applier calls nothing but the database,
 // whose outages the dispatcher reports.
-func (a *txApplier) health() error { return nil }
+func (a *TxApplier) Health() error { return nil }
 
 // abandonKey finishes batch[0] unfinished, with every later message of its
 // key and generation, and returns the rest of the batch in order.
-func abandonKey(batch []delivery) []delivery {
+func abandonKey(batch []Delivery) []Delivery {
 	first := batch[0]
-	first.gen.finish(first.m, false)
-	rest := make([]delivery, 0, len(batch)-1)
+	first.Gen.Finish(first.Msg, false)
+	rest := make([]Delivery, 0, len(batch)-1)
 	for _, d := range batch[1:] {
-		if d.gen == first.gen && bytes.Equal(d.m.Key, first.m.Key) {
-			d.gen.finish(d.m, false)
+		if d.Gen == first.Gen && bytes.Equal(d.Msg.Key, first.Msg.Key) {
+			d.Gen.Finish(d.Msg, false)
 			continue
 		}
 		rest = append(rest, d)
@@ -126,10 +126,10 @@ func abandonKey(batch []delivery) []delivery {
 	return rest
 }
 
-func messages(batch []delivery) []kafka.Message {
+func messages(batch []Delivery) []kafka.Message {
 	ms := make([]kafka.Message, len(batch))
 	for i, d := range batch {
-		ms[i] = d.m
+		ms[i] = d.Msg
 	}
 	return ms
 }
@@ -142,24 +142,24 @@ func messages(batch []delivery) []kafka.Message {
 // message's dead letter, to publish now that the transaction has ended;
 // nil when it failed transiently. When the database cannot be reached it
 // settles none, and processAlone waits the outage out.
-func (a *txApplier) tryBatch(ctx context.Context, batch []delivery) (n int, due *dueDeadLetter) {
+func (a *TxApplier) tryBatch(ctx context.Context, batch []Delivery) (n int, due *DueDeadLetter) {
 	ms := messages(batch)
 	if len(ms) > 1 && a.fastBatch(ctx, ms) {
-		a.db.ok(ctx, "")
+		a.DB.OK(ctx, "")
 		return len(ms), nil
 	}
 	start := time.Now()
-	tx, err := a.pool.Begin(ctx)
+	tx, err := a.Pool.Begin(ctx)
 	if err != nil {
 		if ctx.Err() == nil {
-			a.db.fail(ctx, "begin", err)
+			a.DB.Fail(ctx, "begin", err)
 		}
 		return 0, nil
 	}
 	defer tx.Rollback(context.Background()) //nolint:errcheck // no-op after commit
-	var counts [numOutcomes]int
+	var counts [NumOutcomes]int
 	for _, m := range ms {
-		out, err := a.settle(ctx, tx, m, 1)
+		out, err := a.Settle(ctx, tx, m, 1)
 		if err != nil {
 			// A dead letter, or a transient failure: commit what came
 			// before, then dead-letter this one, or retry it alone.
@@ -171,15 +171,15 @@ func (a *txApplier) tryBatch(ctx context.Context, batch []delivery) (n int, due 
 	}
 	if err := tx.Commit(ctx); err != nil {
 		if pgerr.IsUnavailable(err) {
-			a.db.fail(ctx, "commit", err)
+			a.DB.Fail(ctx, "commit", err)
 		} else if ctx.Err() == nil {
-			a.cfg.Logger.WarnContext(ctx, "inbox batch commit failed; retrying its messages one by one",
-				slog.String("consumer", a.cfg.Name), slog.Any("error", err))
+			a.Config.Logger.WarnContext(ctx, "inbox batch commit failed; retrying its messages one by one",
+				slog.String("consumer", a.Config.Name), slog.Any("error", err))
 		}
 		return 0, nil
 	}
-	a.db.ok(ctx, "")
-	a.cfg.Metrics.record(a.cfg.Name, counts, n, time.Since(start))
+	a.DB.OK(ctx, "")
+	a.Config.Metrics.record(a.Config.Name, counts, n, time.Since(start))
 	return n, due
 }
 
@@ -188,65 +188,65 @@ func (a *txApplier) tryBatch(ctx context.Context, batch []delivery) (n int, due 
 // MaxAttempts, after which it is dead-lettered; the database being
 // unreachable does not count and is waited out with capped backoff. It
 // returns errAbandoned when ctx ends or the message's generation is dropped.
-func (a *txApplier) processAlone(ctx context.Context, d delivery) error {
+func (a *TxApplier) processAlone(ctx context.Context, d Delivery) error {
 	attempt, outages := 1, 0 // the batch was attempt 1
 	var lastErr error
 	for {
-		delay := retry.Backoff(attempt, a.cfg.BackoffMin, a.cfg.BackoffMax)
+		delay := retry.Backoff(attempt, a.Config.BackoffMin, a.Config.BackoffMax)
 		if outages > 0 {
-			delay = retry.Backoff(outages, a.cfg.BackoffMin, a.cfg.BackoffMax)
+			delay = retry.Backoff(outages, a.Config.BackoffMin, a.Config.BackoffMax)
 		}
-		if err := wait(ctx, d.gen, delay); err != nil {
+		if err := Wait(ctx, d.Gen, delay); err != nil {
 			return err
 		}
-		if attempt >= a.cfg.MaxAttempts && lastErr != nil {
+		if attempt >= a.Config.MaxAttempts && lastErr != nil {
 			// The last allowed attempt failed outside the handler (its
 			// commit): dead-letter without running it again.
-			return a.deadLetterSettled(ctx, d, &dueDeadLetter{reason: fmt.Errorf("gave up after %d attempts: %w", attempt, lastErr)})
+			return a.deadLetterSettled(ctx, d, &DueDeadLetter{Reason: fmt.Errorf("gave up after %d attempts: %w", attempt, lastErr)})
 		}
 		start := time.Now()
-		tx, err := a.pool.Begin(ctx)
+		tx, err := a.Pool.Begin(ctx)
 		if err != nil {
 			if ctx.Err() != nil {
-				return errAbandoned
+				return ErrAbandoned
 			}
-			a.db.fail(ctx, "begin", err)
+			a.DB.Fail(ctx, "begin", err)
 			outages++
 			continue
 		}
-		out, err := a.settle(ctx, tx, d.m, attempt+1)
+		out, err := a.Settle(ctx, tx, d.Msg, attempt+1)
 		op := "handle"
 		if err == nil {
 			op = "commit"
 			err = tx.Commit(ctx)
 		}
 		if err == nil {
-			a.db.ok(ctx, "")
-			var counts [numOutcomes]int
+			a.DB.OK(ctx, "")
+			var counts [NumOutcomes]int
 			counts[out]++
-			a.cfg.Metrics.record(a.cfg.Name, counts, 1, time.Since(start))
+			a.Config.Metrics.record(a.Config.Name, counts, 1, time.Since(start))
 			return nil
 		}
 		_ = tx.Rollback(context.Background())
-		var due *dueDeadLetter
+		var due *DueDeadLetter
 		switch {
 		case errors.As(err, &due):
 			return a.deadLetterSettled(ctx, d, due)
 		case ctx.Err() != nil:
-			return errAbandoned
-		case isOutage(err):
-			a.db.fail(ctx, op, err)
+			return ErrAbandoned
+		case IsOutage(err):
+			a.DB.Fail(ctx, op, err)
 			outages++
 		default:
-			a.db.ok(ctx, "")
+			a.DB.OK(ctx, "")
 			outages = 0
 			attempt++
 			if op == "commit" {
 				lastErr = err
-				a.cfg.Metrics.failures.WithLabelValues(a.cfg.Name).Inc()
-				a.cfg.Logger.WarnContext(ctx, "inbox could not commit a message's transaction; retrying",
-					slog.String("consumer", a.cfg.Name), slog.String("topic", d.m.Topic), slog.Int("partition", d.m.Partition),
-					slog.Int64("offset", d.m.Offset), slog.Int("attempt", attempt), slog.Any("error", err))
+				a.Config.Metrics.failures.WithLabelValues(a.Config.Name).Inc()
+				a.Config.Logger.WarnContext(ctx, "inbox could not commit a message's transaction; retrying",
+					slog.String("consumer", a.Config.Name), slog.String("topic", d.Msg.Topic), slog.Int("partition", d.Msg.Partition),
+					slog.Int64("offset", d.Msg.Offset), slog.Int("attempt", attempt), slog.Any("error", err))
 			} else {
 				lastErr = nil // settle logged and counted the handler's failure
 			}
@@ -261,10 +261,10 @@ func (a *txApplier) processAlone(ctx context.Context, d delivery) error {
 // the last allowed one dead-letters instead. A failure
 // because the database is unreachable is never the message's: it is
 // returned for the caller to wait out, whatever the attempt.
-func (a *txApplier) settle(ctx context.Context, tx pgx.Tx, m kafka.Message, attempt int) (outcome, error) {
+func (a *TxApplier) Settle(ctx context.Context, tx pgx.Tx, m kafka.Message, attempt int) (OutcomeZZ, error) {
 	ev, err := event.FromKafka(m)
 	if err != nil {
-		return deadLettered, &dueDeadLetter{reason: err}
+		return DeadLettered, &DueDeadLetter{Reason: err}
 	}
 	sp, err := tx.Begin(ctx) // a savepoint
 	if err != nil {
@@ -280,85 +280,85 @@ func (a *txApplier) settle(ctx context.Context, tx pgx.Tx, m kafka.Message, atte
 	if rbErr := sp.Rollback(ctx); rbErr != nil {
 		return 0, rbErr
 	}
-	if ctx.Err() != nil || isOutage(err) {
+	if ctx.Err() != nil || IsOutage(err) {
 		return 0, err
 	}
-	a.cfg.Metrics.failures.WithLabelValues(a.cfg.Name).Inc()
-	permanent := isPermanent(err)
-	if !permanent && attempt < a.cfg.MaxAttempts {
-		a.cfg.Logger.WarnContext(ctx, "inbox handler failed; retrying",
-			slog.String("consumer", a.cfg.Name), slog.String("event_id", ev.EventID.String()),
+	a.Config.Metrics.failures.WithLabelValues(a.Config.Name).Inc()
+	permanent := IsPermanent(err)
+	if !permanent && attempt < a.Config.MaxAttempts {
+		a.Config.Logger.WarnContext(ctx, "inbox handler failed; retrying",
+			slog.String("consumer", a.Config.Name), slog.String("event_id", ev.EventID.String()),
 			slog.String("event_type", ev.EventType), slog.Int("attempt", attempt), slog.Any("error", err))
 		return 0, err
 	}
 	if !permanent {
 		err = fmt.Errorf("gave up after %d attempts: %w", attempt, err)
 	}
-	return deadLettered, &dueDeadLetter{ev: &ev, reason: err}
+	return DeadLettered, &DueDeadLetter{Ev: &ev, Reason: err}
 }
 
 // apply is the inbox insert, the version guard, the upcasters and the
 // handler, all in tx; the first attempt records the hop (inbox_hop_seconds).
-func (a *txApplier) apply(ctx context.Context, tx pgx.Tx, m kafka.Message, ev *event.Envelope, attempt int) (outcome, error) {
+func (a *TxApplier) apply(ctx context.Context, tx pgx.Tx, m kafka.Message, ev *event.Envelope, attempt int) (OutcomeZZ, error) {
 	var reapplied bool // a requeued row: the operator sent it back
 	var was []byte     // and that row as it was, for tRepark
-	err := tx.QueryRow(ctx, tRecord.sql, a.cfg.Name, ev.EventID, ev.EventType, ev.AggregateType, ev.AggregateID,
+	err := tx.QueryRow(ctx, tRecord.SQL, a.Config.Name, ev.EventID, ev.EventType, ev.AggregateType, ev.AggregateID,
 		ev.AggregateVersion, m.Topic, m.Partition, m.Offset, []byte(ev.Payload)).Scan(&reapplied, &was)
 	recorded := err == nil
 	if errors.Is(err, pgx.ErrNoRows) {
 		err = nil
 	}
 	if err != nil {
-		return 0, dbErrors.Translate("recording in inbox", err)
+		return 0, DBErrors.Translate("recording in inbox", err)
 	}
 	if !recorded {
-		a.cfg.Logger.DebugContext(ctx, "inbox duplicate", slog.String("consumer", a.cfg.Name),
+		a.Config.Logger.DebugContext(ctx, "inbox duplicate", slog.String("consumer", a.Config.Name),
 			slog.String("event_id", ev.EventID.String()), slog.String("event_type", ev.EventType))
-		if err := a.checkPayloads(ctx, tx, *ev); err != nil {
+		if err := a.CheckPayloads(ctx, tx, *ev); err != nil {
 			return 0, err
 		}
-		return duplicate, nil
+		return Duplicate, nil
 	}
-	pd, err := a.parkCheck(ctx, tx, ev)
+	pd, err := a.ParkCheck(ctx, tx, ev)
 	if err != nil {
 		return 0, err
 	}
-	if pd.release {
-		a.released.add(aggregateKey{ev.AggregateType, ev.AggregateID})
+	if pd.Release {
+		a.Released.Add(AggregateKey{ev.AggregateType, ev.AggregateID})
 	}
-	switch pd.verdict {
-	case parkIt, alreadyParked:
+	switch pd.Verdict {
+	case ParkIt, AlreadyParked:
 		// Not applied: no inbox row either, so that its release applies it;
 		// but a requeued row (a stale dead letter's requeue, which holds
 		// nothing, behind another dead message) is put back requeued, never
 		// deleted: its release reapplies it as the requeue it is.
-		tr, args := &tUnrecord, []any{a.cfg.Name, ev.EventID}
+		tr, args := &tUnrecord, []any{a.Config.Name, ev.EventID}
 		if reapplied {
-			tr, args = &tRepark, []any{a.cfg.Name, ev.EventID, was, nil}
+			tr, args = &TRepark, []any{a.Config.Name, ev.EventID, was, nil}
 		}
-		if _, err := take(ctx, tx, tr, args...); err != nil {
-			return 0, dbErrors.Translate("parking a message", err)
+		if _, err := Take(ctx, tx, tr, args...); err != nil {
+			return 0, DBErrors.Translate("parking a message", err)
 		}
-		if pd.verdict == alreadyParked {
-			return duplicate, nil
+		if pd.Verdict == AlreadyParked {
+			return Duplicate, nil
 		}
-		return parked, a.park(ctx, tx, m, ev, pd.blockedBy)
-	case proceedRequeued:
-		if _, err := take(ctx, tx, &tDropHold, a.cfg.Name, ev.EventID); err != nil {
-			return 0, dbErrors.Translate("releasing a requeued message's aggregate", err)
+		return ParkedOutcome, a.Park(ctx, tx, m, ev, pd.BlockedBy)
+	case ProceedRequeued:
+		if _, err := Take(ctx, tx, &TDropHold, a.Config.Name, ev.EventID); err != nil {
+			return 0, DBErrors.Translate("releasing a requeued message's aggregate", err)
 		}
 	}
-	if !a.cfg.DisableVersionGuard {
-		isStale, err := a.guardVersion(ctx, tx, ev, pd.verdict == proceedRequeued || reapplied)
+	if !a.Config.DisableVersionGuard {
+		isStale, err := a.GuardVersion(ctx, tx, ev, pd.Verdict == ProceedRequeued || reapplied)
 		if err != nil || isStale {
-			return stale, err
+			return Stale, err
 		}
 	}
 	if attempt == 1 {
-		a.cfg.Metrics.observeHop(a.cfg.Name, ev.OccurredAt)
+		a.Config.Metrics.observeHop(a.Config.Name, ev.OccurredAt)
 	}
 	if err := a.invoke(ctx, tx, m, ev); err != nil {
 		return 0, err
 	}
-	return processed, nil
+	return Processed, nil
 }

@@ -24,7 +24,7 @@ import (
 // caller takes the savepoint path, which settles each message on its own
 // (retry, dead letter). Handlers run in a transaction that may roll back, as
 // they always may.
-func (a *txApplier) fastBatch(ctx context.Context, batch []kafka.Message) bool {
+func (a *TxApplier) fastBatch(ctx context.Context, batch []kafka.Message) bool {
 	start := time.Now()
 	evs := make([]event.Envelope, len(batch))
 	for i, m := range batch {
@@ -34,7 +34,7 @@ func (a *txApplier) fastBatch(ctx context.Context, batch []kafka.Message) bool {
 		}
 		evs[i] = ev
 	}
-	tx, err := a.pool.Begin(ctx)
+	tx, err := a.Pool.Begin(ctx)
 	if err != nil {
 		return false
 	}
@@ -42,7 +42,7 @@ func (a *txApplier) fastBatch(ctx context.Context, batch []kafka.Message) bool {
 
 	// A held aggregate (a dead message, parked messages) is decided message
 	// by message, on the savepoint path.
-	if held, err := a.heldKeys(ctx, tx, evs); err != nil || len(held) > 0 {
+	if held, err := a.HeldKeys(ctx, tx, evs); err != nil || len(held) > 0 {
 		return false
 	}
 	fresh, err := a.insertBatch(ctx, tx, batch, evs)
@@ -50,34 +50,34 @@ func (a *txApplier) fastBatch(ctx context.Context, batch []kafka.Message) bool {
 		a.fastPathFailed(ctx, "recording in inbox", err)
 		return false
 	}
-	outs := make([]outcome, len(batch))
+	outs := make([]OutcomeZZ, len(batch))
 	seen := make(map[uuid.UUID]bool, len(batch))
 	var dups []event.Envelope
 	for i, ev := range evs {
 		if !fresh[ev.EventID] || seen[ev.EventID] {
-			outs[i] = duplicate
+			outs[i] = Duplicate
 			dups = append(dups, ev)
 		}
 		seen[ev.EventID] = true
 	}
-	if err := a.checkPayloads(ctx, tx, dups...); err != nil {
+	if err := a.CheckPayloads(ctx, tx, dups...); err != nil {
 		a.fastPathFailed(ctx, "comparing duplicates' payloads", err)
 		return false
 	}
 	var notes []func()
-	if !a.cfg.DisableVersionGuard {
-		if notes, err = a.guardBatch(ctx, tx, evs, outs); err != nil {
+	if !a.Config.DisableVersionGuard {
+		if notes, err = a.GuardBatch(ctx, tx, evs, outs); err != nil {
 			a.fastPathFailed(ctx, "checking aggregate versions", err)
 			return false
 		}
 	}
-	var counts [numOutcomes]int
+	var counts [NumOutcomes]int
 	for i := range evs {
 		counts[outs[i]]++
-		if outs[i] != processed || a.handleBatch != nil {
+		if outs[i] != Processed || a.handleBatch != nil {
 			continue
 		}
-		a.cfg.Metrics.observeHop(a.cfg.Name, evs[i].OccurredAt)
+		a.Config.Metrics.observeHop(a.Config.Name, evs[i].OccurredAt)
 		if err := a.invoke(ctx, tx, batch[i], &evs[i]); err != nil {
 			a.fastPathFailed(ctx, "handling "+evs[i].EventID.String(), err)
 			return false
@@ -96,16 +96,16 @@ func (a *txApplier) fastBatch(ctx context.Context, batch []kafka.Message) bool {
 	for _, note := range notes {
 		note()
 	}
-	if counts[duplicate] > 0 {
-		a.cfg.Logger.DebugContext(ctx, "inbox duplicates", slog.String("consumer", a.cfg.Name), slog.Int("count", counts[duplicate]))
+	if counts[Duplicate] > 0 {
+		a.Config.Logger.DebugContext(ctx, "inbox duplicates", slog.String("consumer", a.Config.Name), slog.Int("count", counts[Duplicate]))
 	}
-	a.cfg.Metrics.record(a.cfg.Name, counts, len(batch), time.Since(start))
+	a.Config.Metrics.record(a.Config.Name, counts, len(batch), time.Since(start))
 	return true
 }
 
 // invokeBatch runs handleBatch once for the batch's processed events, each
 // upcast and in its consumer span, as invoke runs the handler for one.
-func (a *txApplier) invokeBatch(ctx context.Context, tx pgx.Tx, batch []kafka.Message, evs []event.Envelope, outs []outcome) (err error) {
+func (a *TxApplier) invokeBatch(ctx context.Context, tx pgx.Tx, batch []kafka.Message, evs []event.Envelope, outs []OutcomeZZ) (err error) {
 	var applying []Applying
 	var spans []trace.Span
 	defer func() {
@@ -114,14 +114,14 @@ func (a *txApplier) invokeBatch(ctx context.Context, tx pgx.Tx, batch []kafka.Me
 		}
 	}()
 	for i := range evs {
-		if outs[i] != processed {
+		if outs[i] != Processed {
 			continue
 		}
-		a.cfg.Metrics.observeHop(a.cfg.Name, evs[i].OccurredAt)
-		if err := a.upcast(&evs[i]); err != nil {
+		a.Config.Metrics.observeHop(a.Config.Name, evs[i].OccurredAt)
+		if err := a.Upcast(&evs[i]); err != nil {
 			return err
 		}
-		spanCtx, span := a.startProcess(ctx, batch[i], evs[i])
+		spanCtx, span := a.StartProcess(ctx, batch[i], evs[i])
 		spans = append(spans, span)
 		applying = append(applying, Applying{Ctx: spanCtx, Event: evs[i]})
 	}
@@ -131,15 +131,15 @@ func (a *txApplier) invokeBatch(ctx context.Context, tx pgx.Tx, batch []kafka.Me
 	return a.handleBatch(ctx, tx, applying)
 }
 
-func (a *txApplier) fastPathFailed(ctx context.Context, step string, err error) {
-	a.cfg.Logger.DebugContext(ctx, "inbox batch falls back to one savepoint per message",
-		slog.String("consumer", a.cfg.Name), slog.String("step", step), slog.Any("error", err))
+func (a *TxApplier) fastPathFailed(ctx context.Context, step string, err error) {
+	a.Config.Logger.DebugContext(ctx, "inbox batch falls back to one savepoint per message",
+		slog.String("consumer", a.Config.Name), slog.String("step", step), slog.Any("error", err))
 }
 
 // insertBatch records every message in the inbox in one statement and
 // returns the ids that were new (a redelivered id finds its row and is not
 // returned; within the batch, the first occurrence is the one inserted).
-func (a *txApplier) insertBatch(ctx context.Context, tx pgx.Tx, batch []kafka.Message, evs []event.Envelope) (map[uuid.UUID]bool, error) {
+func (a *TxApplier) insertBatch(ctx context.Context, tx pgx.Tx, batch []kafka.Message, evs []event.Envelope) (map[uuid.UUID]bool, error) {
 	n := len(batch)
 	// [16]byte, not uuid.UUID: pgx encodes and decodes it natively instead of
 	// through driver.Valuer, sql.Scanner and text.
@@ -160,7 +160,7 @@ func (a *txApplier) insertBatch(ctx context.Context, tx pgx.Tx, batch []kafka.Me
 		topics, partitions = append(topics, m.Topic), append(partitions, int32(m.Partition))
 		offsets, payloads = append(offsets, m.Offset), append(payloads, []byte(ev.Payload))
 	}
-	rows, err := takeQuery(ctx, tx, &tRecordBatch, a.cfg.Name, ids, types, aggTypes, aggs, versions, topics, partitions, offsets, payloads)
+	rows, err := TakeQuery(ctx, tx, &tRecordBatch, a.Config.Name, ids, types, aggTypes, aggs, versions, topics, partitions, offsets, payloads)
 	if err != nil {
 		return nil, err
 	}
