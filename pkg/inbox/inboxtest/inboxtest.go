@@ -26,6 +26,7 @@ import (
 
 	"github.com/onceflow/onceflow/pkg/event"
 	"github.com/onceflow/onceflow/pkg/inbox"
+	"github.com/onceflow/onceflow/pkg/inbox/lease"
 	"github.com/onceflow/onceflow/pkg/testenv"
 )
 
@@ -58,17 +59,17 @@ func DeliverBatched(t testing.TB, pool *pgxpool.Pool, cfg inbox.Config, h inbox.
 	})
 }
 
-// DeliverLeased is Deliver for a lease-mode consumer (inbox.NewLeaseConsumer)
+// DeliverLeased is Deliver for a lease-mode consumer (lease.NewConsumer)
 // running eff. LeaseMargin defaults to 10ms here (there is no wire for a
 // failed call to land late on, unless the effect makes one).
-func DeliverLeased(t testing.TB, pool *pgxpool.Pool, cfg inbox.LeaseConfig, eff inbox.Effect, evs ...event.Envelope) []kafka.Message {
+func DeliverLeased(t testing.TB, pool *pgxpool.Pool, cfg lease.Config, eff lease.Effect, evs ...event.Envelope) []kafka.Message {
 	t.Helper()
 	cfg.Config = fast(cfg.Config)
 	if cfg.LeaseMargin == 0 {
 		cfg.LeaseMargin = 10 * time.Millisecond
 	}
 	return deliver(t, evs, func(dlq *testenv.Recorder) (*inbox.Consumer, error) {
-		return inbox.NewLeaseConsumer(pool, source(), dlq, eff, cfg)
+		return lease.NewConsumer(pool, source(), dlq, eff, cfg)
 	})
 }
 

@@ -7,11 +7,11 @@ import (
 	"time"
 
 	"github.com/onceflow/onceflow/pkg/event"
-	"github.com/onceflow/onceflow/pkg/inbox"
+	"github.com/onceflow/onceflow/pkg/inbox/lease"
 )
 
 // ThirdParty is a stand-in for the other side of a lease-mode consumer
-// (inbox.NewLeaseConsumer): a third party that cannot dedupe. Every call
+// (lease.NewConsumer): a third party that cannot dedupe. Every call
 // that reaches it books under its idempotency key, even a key it has
 // booked before, and Check tells whether a key was booked. It is as
 // adversarial as a real one on the wire: a call it received is booked when
@@ -48,7 +48,7 @@ func (p *ThirdParty) SetDelay(d time.Duration) {
 
 // SetDown makes every Check and Call fail with err, booking nothing, until
 // SetDown(nil). A lease-mode effect says "unreachable" with an error that
-// wraps inbox.ErrUnavailable.
+// wraps lease.ErrUnavailable.
 func (p *ThirdParty) SetDown(err error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -57,8 +57,8 @@ func (p *ThirdParty) SetDown(err error) {
 
 // Effect returns the lease-mode effect that calls p: Check asks whether the
 // key was booked, Call books. Done is nil; set it on the copy returned.
-func (p *ThirdParty) Effect() inbox.Effect {
-	return inbox.Effect{Check: p.check, Call: p.call}
+func (p *ThirdParty) Effect() lease.Effect {
+	return lease.Effect{Check: p.check, Call: p.call}
 }
 
 func (p *ThirdParty) check(ctx context.Context, key string) (bool, error) {
@@ -161,7 +161,7 @@ func (p *ThirdParty) MaxInFlight() int { return int(p.maxInFlight.Load()) }
 // member holds (its lease, its call slot), and goes on, with the ctx it was
 // given, once resumed. It is safe for concurrent use.
 type Pausable struct {
-	inner inbox.Effect
+	inner lease.Effect
 
 	mu       sync.Mutex
 	gate     chan struct{} // closed by Resume; nil while not paused
@@ -170,12 +170,12 @@ type Pausable struct {
 }
 
 // NewPausable returns eff wrapped, running (not paused).
-func NewPausable(eff inbox.Effect) *Pausable {
+func NewPausable(eff lease.Effect) *Pausable {
 	return &Pausable{inner: eff}
 }
 
-// Effect returns the wrapped effect, to give to inbox.NewLeaseConsumer.
-func (p *Pausable) Effect() inbox.Effect {
+// Effect returns the wrapped effect, to give to lease.NewConsumer.
+func (p *Pausable) Effect() lease.Effect {
 	eff := p.inner
 	eff.Check = func(ctx context.Context, key string) (bool, error) {
 		defer p.hold()()

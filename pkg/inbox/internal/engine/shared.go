@@ -1,0 +1,69 @@
+package engine
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/onceflow/onceflow/pkg/internal/faultpoint"
+)
+
+// shared is what the two appliers work with, built once by NewConsumer or
+// NewLeaseConsumer and handed to the applier it picks: the database and the
+// consumer's settings, the outages of the database and of Kafka, the
+// dead-letter writer, the upcasters, and the aggregates whose parked
+// messages may be released once a batch is settled. Its methods are the
+// helpers both appliers call (guard.go, park.go, deadletter.go, trace.go,
+// delivery.go); the dispatcher (consumer.go) reads it too, and the appliers
+// never call back into the dispatcher.
+type Shared struct {
+	Pool      *pgxpool.Pool
+	Config    Config
+	dlq       Writer
+	upcasters map[string]map[int]Upcaster
+	kafka, DB *Fault
+	Released  releases // aggregates whose parked messages may be released (park.go)
+	// reservesVersions says the applier advances the version guard before
+	// a message's effect (the lease applier does, when it leases it), so a
+	// dead letter moves the guard back below the dead message (holdDeadKey).
+	ReservesVersions bool
+}
+
+// newShared checks the upcasters and sets up the metrics and the outage
+// trackers of a consumer whose cfg has its defaults.
+func newShared(pool *pgxpool.Pool, dlq Writer, cfg Config) (*Shared, error) {
+	s := &Shared{Pool: pool, Config: cfg, dlq: dlq, upcasters: map[string]map[int]Upcaster{}}
+	cfg.Metrics.init(cfg.Name)
+	m := cfg.Metrics
+	s.kafka = NewFault("kafka", cfg.Name, cfg.Logger, cfg.ErrorLogInterval, m.kafkaErrors, m.kafkaConnected)
+	s.DB = NewFault("database", cfg.Name, cfg.Logger, cfg.ErrorLogInterval, m.dbErrors, m.dbConnected)
+	for _, u := range cfg.Upcasters {
+		if u.EventType == "" || u.From < 1 || u.Convert == nil {
+			return nil, fmt.Errorf("inbox: upcaster %+v needs an event type, a version >= 1 and a Convert", u)
+		}
+		if s.upcasters[u.EventType] == nil {
+			s.upcasters[u.EventType] = map[int]Upcaster{}
+		}
+		s.upcasters[u.EventType][u.From] = u
+	}
+	return s, nil
+}
+
+// committed is called once msgs' database work committed: it passes the
+// crash point, then lets their offsets be committed.
+func (s *Shared) Committed(ctx context.Context, msgs []Delivery) error {
+	if len(msgs) == 0 {
+		return nil
+	}
+	if err := faultpoint.Pass(ctx, faultpoint.InboxAfterCommit); err != nil {
+		for _, d := range msgs {
+			d.Gen.Finish(d.Msg, false)
+		}
+		return &CrashError{err}
+	}
+	for _, d := range msgs {
+		d.Gen.Finish(d.Msg, true)
+	}
+	return nil
+}
