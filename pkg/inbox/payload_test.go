@@ -12,6 +12,7 @@ import (
 	"github.com/onceflow/onceflow/pkg/event"
 	"github.com/onceflow/onceflow/pkg/inbox"
 	"github.com/onceflow/onceflow/pkg/inbox/inboxtest"
+	"github.com/onceflow/onceflow/pkg/inbox/lease"
 	"github.com/onceflow/onceflow/pkg/testenv"
 )
 
@@ -47,8 +48,8 @@ func TestADuplicateWithAnotherPayloadIsCounted(t *testing.T) {
 	}
 	inboxtest.RequireProcessed(t, pool, "c", first.EventID)
 
-	leased := inbox.LeaseConfig{Config: inbox.Config{Name: "l", Metrics: metrics}}
-	eff := inbox.Effect{
+	leased := lease.Config{Config: inbox.Config{Name: "l", Metrics: metrics}}
+	eff := lease.Effect{
 		Check: func(context.Context, string) (bool, error) { return false, nil },
 		Call:  func(context.Context, event.Envelope, string) error { return nil },
 	}

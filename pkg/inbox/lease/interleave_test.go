@@ -1,6 +1,9 @@
 package lease
 
 import (
+	"github.com/onceflow/onceflow/pkg/inbox"
+	"github.com/onceflow/onceflow/pkg/inbox/internal/engine"
+
 	"context"
 	"errors"
 	"fmt"
@@ -58,7 +61,7 @@ type lab struct {
 func newLab(t *testing.T, dltConfigs ...kafka.ConfigEntry) *lab {
 	t.Helper()
 	l := &lab{brokers: testenv.KafkaBrokers(t)}
-	l.pool = testenv.NewPool(t, testenv.NewMigratedDatabase(t, testenv.Migration{FS: Migrations, Table: MigrationsTable}))
+	l.pool = testenv.NewPool(t, testenv.NewMigratedDatabase(t, testenv.Migration{FS: inbox.Migrations, Table: inbox.MigrationsTable}))
 	if _, err := l.pool.Exec(context.Background(), `CREATE TABLE effects (consumer text NOT NULL, event_id uuid NOT NULL)`); err != nil {
 		t.Fatal(err)
 	}
@@ -190,7 +193,7 @@ func (w *world) leaseConsumer(t testing.TB, eff Effect) (*engine.Consumer, *appl
 	if err != nil {
 		t.Fatal(err)
 	}
-	return c, c.applier.(*applier)
+	return c, engine.ApplierOf(c).(*applier)
 }
 
 // txConsumer is a transactional member whose handler records the effect,
@@ -207,7 +210,7 @@ func (w *world) txConsumer(t testing.TB, refuse func(event.Envelope) bool) (*eng
 	if err != nil {
 		t.Fatal(err)
 	}
-	return c, c.applier.(*engine.TxApplier)
+	return c, engine.ApplierOf(c).(*engine.TxApplier)
 }
 
 func (w *world) requeue(ctx context.Context, ids ...uuid.UUID) error {
@@ -241,9 +244,9 @@ func (w *world) check(ctx context.Context) error {
 	}
 	for id, s := range st {
 		switch s {
-		case StateProcessed:
+		case engine.StateProcessed:
 			w.seen[id] = true
-		case StateStale:
+		case engine.StateStale:
 			w.stale[id] = true
 		}
 	}
@@ -339,13 +342,13 @@ func (w *world) final(ctx context.Context) error {
 		case parked[ev.EventID] && len(holds) > 0:
 		case parked[ev.EventID]:
 			return fmt.Errorf("stranded: %s is parked with nothing dead ahead of it", w.label(ev.EventID))
-		case w.stale[ev.EventID] || s == StateStale:
+		case w.stale[ev.EventID] || s == engine.StateStale:
 			return fmt.Errorf("%s was skipped as stale by the version guard: never applied", w.label(ev.EventID))
 		case !ok && w.seen[ev.EventID]: // pruned after it was processed
 		case s == engine.StateDead && staleLetters[ev.EventID] && !w.laterApplied(ev):
 			return fmt.Errorf("%s was dead-lettered as stale, but no later version of its %s was applied: "+
 				"the version guard stood above an event never applied", w.label(ev.EventID), ev.AggregateType)
-		case s == engine.StateProcessed, s == engine.StateDead, s == engine.StateUncertain, s == StateSkipped:
+		case s == engine.StateProcessed, s == engine.StateDead, s == engine.StateUncertain, s == engine.StateSkipped:
 		default:
 			return fmt.Errorf("stranded: %s ended %q", w.label(ev.EventID), orNone(s))
 		}

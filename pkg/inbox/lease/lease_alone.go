@@ -132,7 +132,7 @@ func (a *applier) lease(ctx context.Context, m kafka.Message, ev *event.Envelope
 			return err
 		}
 		if pd.Release {
-			a.Released.Add(engine.AggregateKey{ev.AggregateType, ev.AggregateID})
+			a.Released.Add(engine.AggregateKey{Type: ev.AggregateType, ID: ev.AggregateID})
 		}
 		switch pd.Verdict {
 		case engine.ParkIt, engine.AlreadyParked:

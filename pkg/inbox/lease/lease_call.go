@@ -75,7 +75,7 @@ func (a *applier) underLease(ctx context.Context, d engine.Delivery, ev event.En
 		case err == nil:
 			a.other.OK(ctx, "")
 			if err := faultpoint.Pass(ctx, faultpoint.InboxAfterEffect); err != nil {
-				return "", false, &engine.CrashError{err}
+				return "", false, &engine.CrashError{Err: err}
 			}
 			counts[engine.Processed]++
 			return outcome, false, nil

@@ -187,7 +187,7 @@ func (a *applier) unheld(ctx context.Context, tx pgx.Tx, fresh []*leaseItem) ([]
 	}
 	out := make([]*leaseItem, 0, len(fresh))
 	for _, it := range fresh {
-		if !held[engine.AggregateKey{it.ev.AggregateType, it.ev.AggregateID}] {
+		if !held[engine.AggregateKey{Type: it.ev.AggregateType, ID: it.ev.AggregateID}] {
 			out = append(out, it)
 		}
 	}

@@ -14,6 +14,7 @@ import (
 
 	"github.com/onceflow/onceflow/pkg/event"
 	"github.com/onceflow/onceflow/pkg/inbox"
+	"github.com/onceflow/onceflow/pkg/inbox/lease"
 	"github.com/onceflow/onceflow/pkg/testenv"
 )
 
@@ -41,7 +42,7 @@ type callSeen struct {
 
 // watchedEffect records a callSeen for every Check and Call; the first Call
 // fails when failFirst is set (a message error, retried).
-func watchedEffect(t *testing.T, f *fixture, r *renewals, failFirst bool) (inbox.Effect, func() []callSeen) {
+func watchedEffect(t *testing.T, f *fixture, r *renewals, failFirst bool) (lease.Effect, func() []callSeen) {
 	var (
 		mu    sync.Mutex
 		seen  []callSeen
@@ -58,7 +59,7 @@ func watchedEffect(t *testing.T, f *fixture, r *renewals, failFirst bool) (inbox
 		seen = append(seen, s)
 		mu.Unlock()
 	}
-	eff := inbox.Effect{
+	eff := lease.Effect{
 		Check: func(ctx context.Context, key string) (bool, error) {
 			record(ctx, "check", key)
 			return false, nil
@@ -84,7 +85,7 @@ func watchedEffect(t *testing.T, f *fixture, r *renewals, failFirst bool) (inbox
 
 // runTracedLeaseConsumer runs a lease consumer on a pool of its own that
 // counts renewals.
-func runTracedLeaseConsumer(t *testing.T, f *fixture, r *renewals, eff inbox.Effect, cfg inbox.Config) {
+func runTracedLeaseConsumer(t *testing.T, f *fixture, r *renewals, eff lease.Effect, cfg lease.Config) {
 	t.Helper()
 	pc, err := pgxpool.ParseConfig(f.pool.Config().ConnString())
 	if err != nil {
@@ -97,7 +98,7 @@ func runTracedLeaseConsumer(t *testing.T, f *fixture, r *renewals, eff inbox.Eff
 	}
 	t.Cleanup(pool.Close)
 	cfg.Name = "lease-test"
-	c, err := inbox.NewConsumer(pool, f.source(testenv.Name("group")), f.writer, eff, cfg)
+	c, err := lease.NewConsumer(pool, f.source(testenv.Name("group")), f.writer, eff, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -129,7 +130,7 @@ func TestCallsUnderAFreshBatchLeaseNeedNoRenewal(t *testing.T) {
 	eff, seen := watchedEffect(t, f, &r, false)
 	// Calls may start up to CallTimeout/10 (2s) after their lease: a margin
 	// no scheduler on a loaded machine comes near.
-	cfg := inbox.Config{LeaseTTL: time.Minute}
+	cfg := lease.Config{LeaseTTL: time.Minute}
 	runTracedLeaseConsumer(t, f, &r, eff, cfg)
 	testenv.WaitFor(t, 60*time.Second, "every event marked done", func() (bool, error) {
 		return f.count(t, "SELECT count(*) FROM inbox_messages WHERE status = 'processed'") == len(evs), nil
@@ -154,7 +155,7 @@ func TestALateCallUnderABatchLeaseRenewsFirst(t *testing.T) {
 	f.leaseEvents(t, 1, 1)
 	var r renewals
 	eff, seen := watchedEffect(t, f, &r, true)
-	cfg := inbox.Config{LeaseTTL: 2 * time.Second,
+	cfg := lease.Config{LeaseTTL: 2 * time.Second,
 		Config: inbox.Config{BackoffMin: 20 * time.Millisecond, BackoffMax: 50 * time.Millisecond}}
 	runTracedLeaseConsumer(t, f, &r, eff, cfg)
 	testenv.WaitFor(t, 60*time.Second, "the event marked done", func() (bool, error) {

@@ -10,6 +10,7 @@ import (
 	"github.com/onceflow/onceflow/pkg/event"
 	"github.com/onceflow/onceflow/pkg/inbox"
 	"github.com/onceflow/onceflow/pkg/inbox/inboxtest"
+	"github.com/onceflow/onceflow/pkg/inbox/lease"
 	"github.com/onceflow/onceflow/pkg/testenv"
 )
 
@@ -21,7 +22,7 @@ import (
 // It reads the topic in a group of its own, so that it has them at once
 // whatever the group's assignment says: the two members then meet only
 // where the bugs live, at the leases.
-func (f *fixture) secondMember(t *testing.T, eff inbox.Effect, cfg inbox.Config) {
+func (f *fixture) secondMember(t *testing.T, eff lease.Effect, cfg lease.Config) {
 	t.Helper()
 	runUntilCleanup(t, f.leaseConsumer(t, testenv.Name("second"), eff, cfg))
 }
@@ -54,7 +55,7 @@ func TestLeaseTakeoverWhileTheHolderWaitsForACallSlotBooksEachKeyOnce(t *testing
 	tp.SetDelay(700 * time.Millisecond)
 	// Calls of 700ms fit in the call timeout; the lease outlasts call and
 	// margin.
-	cfg := inbox.Config{MaxInFlight: 1, LeaseTTL: time.Second,
+	cfg := lease.Config{MaxInFlight: 1, LeaseTTL: time.Second,
 		CallTimeout: 750 * time.Millisecond, LeaseMargin: 200 * time.Millisecond,
 		Config: inbox.Config{Workers: 1, BackoffMin: 20 * time.Millisecond, BackoffMax: 200 * time.Millisecond}}
 
@@ -76,7 +77,7 @@ func TestLeaseHolderFrozenPastItsLeaseDoesNotCallAfterTheTakeover(t *testing.T) 
 	f := newFixture(t)
 	evs := f.leaseEvents(t, 1, 2)
 	tp := inboxtest.NewThirdParty()
-	cfg := inbox.Config{LeaseTTL: time.Second,
+	cfg := lease.Config{LeaseTTL: time.Second,
 		Config: inbox.Config{Workers: 1, BackoffMin: 20 * time.Millisecond, BackoffMax: 200 * time.Millisecond}}
 
 	frozen := inboxtest.NewPausable(tp.Effect())
@@ -127,8 +128,8 @@ func TestLeaseModeWaitsOutAThirdPartyOutageLongerThanTheRetryBudget(t *testing.T
 	f := newFixture(t)
 	evs := f.leaseEvents(t, 3, 2)
 	tp := inboxtest.NewThirdParty()
-	tp.SetDown(fmt.Errorf("%w: dial tcp: connection refused", inbox.ErrUnavailable))
-	cfg := inbox.Config{LeaseTTL: time.Second, Config: inbox.Config{Workers: 1, MaxAttempts: 2,
+	tp.SetDown(fmt.Errorf("%w: dial tcp: connection refused", lease.ErrUnavailable))
+	cfg := lease.Config{LeaseTTL: time.Second, Config: inbox.Config{Workers: 1, MaxAttempts: 2,
 		BackoffMin: 5 * time.Millisecond, BackoffMax: 20 * time.Millisecond, Metrics: inbox.NewMetrics(f.registry)}}
 	c := f.leaseConsumer(t, testenv.Name("group"), tp.Effect(), cfg)
 	running := runUntilCleanup(t, c)

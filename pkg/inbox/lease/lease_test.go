@@ -16,6 +16,7 @@ import (
 	"github.com/onceflow/onceflow/pkg/event"
 	"github.com/onceflow/onceflow/pkg/inbox"
 	"github.com/onceflow/onceflow/pkg/inbox/inboxtest"
+	"github.com/onceflow/onceflow/pkg/inbox/lease"
 	"github.com/onceflow/onceflow/pkg/testenv"
 )
 
@@ -38,8 +39,8 @@ func newBooker(delay time.Duration) *booker {
 	return &booker{delay: delay, booked: map[string]int{}, versions: map[string][]int64{}}
 }
 
-func (b *booker) effect() inbox.Effect {
-	return inbox.Effect{
+func (b *booker) effect() lease.Effect {
+	return lease.Effect{
 		Check: func(_ context.Context, key string) (bool, error) {
 			b.mu.Lock()
 			defer b.mu.Unlock()
@@ -66,7 +67,7 @@ func (b *booker) effect() inbox.Effect {
 			b.versions[ev.AggregateID] = append(b.versions[ev.AggregateID], ev.AggregateVersion)
 			return nil
 		},
-		Done: func(ctx context.Context, tx pgx.Tx, ev event.Envelope, outcome inbox.Outcome) error {
+		Done: func(ctx context.Context, tx pgx.Tx, ev event.Envelope, outcome lease.Outcome) error {
 			_, err := tx.Exec(ctx, `INSERT INTO lease_outcomes (event_id, outcome) VALUES ($1, $2)`, ev.EventID, string(outcome))
 			return err
 		},
@@ -101,10 +102,10 @@ func (f *fixture) leaseEvents(t *testing.T, keys, perKey int) []event.Envelope {
 	return evs
 }
 
-func (f *fixture) leaseConsumer(t *testing.T, group string, eff inbox.Effect, cfg inbox.Config) *inbox.Consumer {
+func (f *fixture) leaseConsumer(t *testing.T, group string, eff lease.Effect, cfg lease.Config) *inbox.Consumer {
 	t.Helper()
 	cfg.Name = "lease-test"
-	c, err := inbox.NewConsumer(f.pool, f.source(group), f.writer, eff, cfg)
+	c, err := lease.NewConsumer(f.pool, f.source(group), f.writer, eff, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -141,7 +142,7 @@ func TestALeaseBatchCallsDistinctKeysConcurrentlyAndEachKeyInOrder(t *testing.T)
 	b := newBooker(20 * time.Millisecond)
 	// One worker: whatever runs at once runs because the batch called
 	// distinct keys side by side.
-	runUntilCleanup(t, f.leaseConsumer(t, testenv.Name("group"), b.effect(), inbox.Config{Config: inbox.Config{Workers: 1}, MaxInFlight: limit}))
+	runUntilCleanup(t, f.leaseConsumer(t, testenv.Name("group"), b.effect(), lease.Config{Config: inbox.Config{Workers: 1}, MaxInFlight: limit}))
 
 	testenv.WaitFor(t, 60*time.Second, "every event marked done", func() (bool, error) {
 		return f.count(t, "SELECT count(*) FROM inbox_messages WHERE status = 'processed'") == len(evs), nil
@@ -176,7 +177,7 @@ func TestAfterACrashBetweenCallsAndDoneTheTakeoverChecksAndBooksNothingTwice(t *
 	group := testenv.Name("group")
 
 	// First life: dies at the fifth side effect, before its batch is marked done.
-	first := f.leaseConsumer(t, group, b.effect(), inbox.Config{LeaseTTL: time.Second, Config: inbox.Config{Workers: 1}})
+	first := f.leaseConsumer(t, group, b.effect(), lease.Config{LeaseTTL: time.Second, Config: inbox.Config{Workers: 1}})
 	runUntilKilledAfterEffect(t, first, func(calls int32) bool { return calls == 5 })
 	// The ones booked and left leased: the takeover must find them booked.
 	var orphans []event.Envelope
@@ -190,7 +191,7 @@ func TestAfterACrashBetweenCallsAndDoneTheTakeoverChecksAndBooksNothingTwice(t *
 		t.Fatal("the crash left no booked message leased; the test proves nothing")
 	}
 
-	second := f.leaseConsumer(t, group, b.effect(), inbox.Config{Config: inbox.Config{Workers: 1}, LeaseTTL: time.Second})
+	second := f.leaseConsumer(t, group, b.effect(), lease.Config{Config: inbox.Config{Workers: 1}, LeaseTTL: time.Second})
 	runUntilCleanup(t, second)
 	testenv.WaitFor(t, 60*time.Second, "every event marked done", func() (bool, error) {
 		return f.count(t, "SELECT count(*) FROM inbox_messages WHERE status = 'processed'") == len(evs), nil
@@ -205,7 +206,7 @@ func TestAfterACrashBetweenCallsAndDoneTheTakeoverChecksAndBooksNothingTwice(t *
 		if err := f.pool.QueryRow(context.Background(), "SELECT outcome FROM lease_outcomes WHERE event_id = $1", ev.EventID).Scan(&outcome); err != nil {
 			t.Fatal(err)
 		}
-		if outcome != string(inbox.AlreadyPresent) {
+		if outcome != string(lease.AlreadyPresent) {
 			t.Errorf("event %s booked before the crash: outcome %q, want already_present", ev.EventID, outcome)
 		}
 	}
@@ -225,13 +226,13 @@ func TestATakeoverThatCannotCheckIsRecordedUncertainAndNotCalled(t *testing.T) {
 	b := newBooker(5 * time.Millisecond)
 	group := testenv.Name("group")
 
-	first := f.leaseConsumer(t, group, b.effect(), inbox.Config{LeaseTTL: 500 * time.Millisecond, Config: inbox.Config{Workers: 1}})
+	first := f.leaseConsumer(t, group, b.effect(), lease.Config{LeaseTTL: 500 * time.Millisecond, Config: inbox.Config{Workers: 1}})
 	runUntilKilledAfterEffect(t, first, func(int32) bool { return true })
 
 	// Second life: the third party cannot say whether it has the key.
 	eff := b.effect()
-	eff.Check = func(context.Context, string) (bool, error) { return false, inbox.ErrUnknowable }
-	cfg := inbox.Config{Config: inbox.Config{Workers: 1, Metrics: inbox.NewMetrics(f.registry)}, LeaseTTL: 500 * time.Millisecond}
+	eff.Check = func(context.Context, string) (bool, error) { return false, lease.ErrUnknowable }
+	cfg := lease.Config{Config: inbox.Config{Workers: 1, Metrics: inbox.NewMetrics(f.registry)}, LeaseTTL: 500 * time.Millisecond}
 	runUntilCleanup(t, f.leaseConsumer(t, group, eff, cfg))
 	testenv.WaitFor(t, 60*time.Second, "every event settled", func() (bool, error) {
 		return f.count(t, "SELECT count(*) FROM inbox_messages WHERE status IN ('processed', 'uncertain')") == len(evs), nil
@@ -259,13 +260,13 @@ func TestDoneBatchRecordsABatchsOutcomesInOneCall(t *testing.T) {
 	evs := f.leaseEvents(t, 8, 1)
 	b := newBooker(0)
 	eff := b.effect()
-	if _, err := inbox.NewConsumer(f.pool, f.source(testenv.Name("group")), f.writer, eff,
-		inbox.Config{Config: inbox.Config{Name: "both"}}); err != nil {
+	if _, err := lease.NewConsumer(f.pool, f.source(testenv.Name("group")), f.writer, eff,
+		lease.Config{Config: inbox.Config{Name: "both"}}); err != nil {
 		t.Fatal(err)
 	}
-	eff.DoneBatch = func(ctx context.Context, tx pgx.Tx, done []inbox.DoneEvent) error { return nil }
-	if _, err := inbox.NewConsumer(f.pool, f.source(testenv.Name("group")), f.writer, eff,
-		inbox.Config{Config: inbox.Config{Name: "both"}}); err == nil {
+	eff.DoneBatch = func(ctx context.Context, tx pgx.Tx, done []lease.DoneEvent) error { return nil }
+	if _, err := lease.NewConsumer(f.pool, f.source(testenv.Name("group")), f.writer, eff,
+		lease.Config{Config: inbox.Config{Name: "both"}}); err == nil {
 		t.Fatal("an Effect with Done and DoneBatch was accepted")
 	}
 	var (
@@ -273,7 +274,7 @@ func TestDoneBatchRecordsABatchsOutcomesInOneCall(t *testing.T) {
 		sizes []int
 	)
 	eff.Done = nil
-	eff.DoneBatch = func(ctx context.Context, tx pgx.Tx, done []inbox.DoneEvent) error {
+	eff.DoneBatch = func(ctx context.Context, tx pgx.Tx, done []lease.DoneEvent) error {
 		ids, outcomes := make([][16]byte, len(done)), make([]string, len(done))
 		for i, d := range done {
 			ids[i], outcomes[i] = d.Event.EventID, string(d.Outcome)
@@ -284,7 +285,7 @@ func TestDoneBatchRecordsABatchsOutcomesInOneCall(t *testing.T) {
 		_, err := tx.Exec(ctx, `INSERT INTO lease_outcomes SELECT * FROM unnest($1::uuid[], $2::text[])`, ids, outcomes)
 		return err
 	}
-	runUntilCleanup(t, f.leaseConsumer(t, testenv.Name("group"), eff, inbox.Config{Config: inbox.Config{Workers: 1}}))
+	runUntilCleanup(t, f.leaseConsumer(t, testenv.Name("group"), eff, lease.Config{Config: inbox.Config{Workers: 1}}))
 	testenv.WaitFor(t, 60*time.Second, "every outcome recorded", func() (bool, error) {
 		return f.count(t, "SELECT count(*) FROM lease_outcomes WHERE outcome = 'sent'") == len(evs), nil
 	})

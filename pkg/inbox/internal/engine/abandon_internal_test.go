@@ -23,7 +23,7 @@ import (
 func TestAbandoningAMessageAbandonsTheLaterMessagesOfItsKeyInTheBatch(t *testing.T) {
 	t.Parallel()
 	brokers := testenv.KafkaBrokers(t)
-	pool := testenv.NewPool(t, testenv.NewMigratedDatabase(t, testenv.Migration{FS: Migrations, Table: MigrationsTable}))
+	pool := testenv.NewPool(t, testenv.NewMigratedDatabase(t, migrations))
 	w := testenv.NewWriter(brokers, 10)
 	t.Cleanup(func() { w.Close() })
 	topic := testenv.Name("abandon")

@@ -1,4 +1,4 @@
-package inbox_test
+package lease_test
 
 import (
 	"context"
@@ -10,7 +10,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/onceflow/onceflow/pkg/event"
-	"github.com/onceflow/onceflow/pkg/inbox"
+	"github.com/onceflow/onceflow/pkg/inbox/lease"
 	"github.com/onceflow/onceflow/pkg/testenv"
 )
 
@@ -42,16 +42,16 @@ func TestAfterAServerSwitchALostLeaseRowIsCheckedBeforeItsFirstCall(t *testing.T
 			}
 			var mu sync.Mutex
 			present := 0
-			eff.Done = func(_ context.Context, _ pgx.Tx, _ event.Envelope, o inbox.Outcome) error {
+			eff.Done = func(_ context.Context, _ pgx.Tx, _ event.Envelope, o lease.Outcome) error {
 				mu.Lock()
 				defer mu.Unlock()
-				if o == inbox.AlreadyPresent {
+				if o == lease.AlreadyPresent {
 					present++
 				}
 				return nil
 			}
-			cfg := inbox.LeaseConfig{Config: fastRetries("switch-check", testenv.NewTopic(t, f.brokers, 1))}
-			c, err := inbox.NewLeaseConsumer(f.pool, f.source(testenv.Name("group")), f.writer, eff, cfg)
+			cfg := lease.Config{Config: fastRetries("switch-check", testenv.NewTopic(t, f.brokers, 1))}
+			c, err := lease.NewConsumer(f.pool, f.source(testenv.Name("group")), f.writer, eff, cfg)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -113,7 +113,7 @@ func TestAfterAServerSwitchALostLeaseRowIsCheckedBeforeItsFirstCall(t *testing.T
 			}
 			mu.Lock()
 			if present != 1 {
-				t.Errorf("%d outcomes %s, want 1: the redelivery found its key at the other side", present, inbox.AlreadyPresent)
+				t.Errorf("%d outcomes %s, want 1: the redelivery found its key at the other side", present, lease.AlreadyPresent)
 			}
 			mu.Unlock()
 			var server string
