@@ -53,18 +53,6 @@ func newFixture(t *testing.T) *fixture {
 	return f
 }
 
-// run starts a consumer with handler h until the test ends.
-func (f *fixture) run(t *testing.T, h inbox.Handler, cfg inbox.Config) {
-	t.Helper()
-	cfg.Name = "test-consumer"
-	cfg.Metrics = inbox.NewMetrics(f.registry)
-	c, err := inbox.NewConsumer(f.pool, f.source(testenv.Name("group")), f.writer, h, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	runUntilCleanup(t, c)
-}
-
 // source is the fixture's topic, read in group.
 func (f *fixture) source(group string) inbox.GroupConfig {
 	return inbox.GroupConfig{Brokers: f.brokers, Topic: f.topic, Group: group}
@@ -124,34 +112,6 @@ func newEvent(aggregateID string, version int64) event.Envelope {
 		AggregateType: "thing", AggregateID: aggregateID, AggregateVersion: version,
 		OccurredAt: time.Now(), Payload: []byte(`{"n":1}`),
 	}
-}
-
-// gateWriter is a dead-letter topic that is slow: its first write waits
-// until the test opens the gate (entered says it is waiting), then goes to
-// the real topic.
-type gateWriter struct {
-	inbox.Writer
-	once    sync.Once
-	entered chan struct{}
-	open    chan struct{}
-}
-
-func newGateWriter(w inbox.Writer) *gateWriter {
-	return &gateWriter{Writer: w, entered: make(chan struct{}), open: make(chan struct{})}
-}
-
-func (g *gateWriter) WriteMessages(ctx context.Context, msgs ...kafka.Message) error {
-	first := false
-	g.once.Do(func() { first = true })
-	if first {
-		close(g.entered)
-		select {
-		case <-g.open:
-		case <-ctx.Done():
-			return ctx.Err()
-		}
-	}
-	return g.Writer.WriteMessages(ctx, msgs...)
 }
 
 // handle runs msgs through c, failing the test on an error.
