@@ -19,7 +19,7 @@ var ErrUnknowable = errors.New("cannot tell whether the side effect happened")
 // timeout, a 5xx): an outage, not the message's fault. It is waited out
 // with capped backoff (BackoffMin to BackoffMax), counted
 // (inbox_effect_errors_total), shown (inbox_effect_connected,
-// Consumer.Healthy), never charged as an attempt and never a dead letter by
+// inbox.Consumer.Healthy), never charged as an attempt and never a dead letter by
 // itself. A Call that failed so may still have landed: the next try checks
 // first. A call cut off by Config.CallTimeout counts as one.
 var ErrUnavailable = errors.New("the other side of the side effect is unavailable")
@@ -77,7 +77,7 @@ type Effect struct {
 	// It must return once ctx ends. Required.
 	Check func(ctx context.Context, key string) (bool, error)
 	// Call performs the side effect, passing key along. An error wrapping
-	// ErrPermanent dead-letters the message; one wrapping ErrUnavailable is
+	// inbox.ErrPermanent dead-letters the message; one wrapping ErrUnavailable is
 	// an outage, waited out; others are retried up to MaxAttempts. It must
 	// send nothing once ctx has ended. Required.
 	Call func(ctx context.Context, ev event.Envelope, key string) error

@@ -19,14 +19,14 @@ import (
 // lease that cannot close with its batch closes on its own (lease_settle.go).
 type applier struct {
 	*engine.Shared
-	leaseCfg Config // its Config is shared.cfg
+	leaseCfg Config // its inbox.Config is Shared.Config
 	effect   Effect
 	calls    chan struct{} // a slot per side-effect call in flight (MaxInFlight)
 	other    *engine.Fault // the Effect's other side (a third party)
 }
 
 // newApplier returns the lease applier of eff, on s, with cfg (with its
-// defaults; its Config is s.cfg).
+// defaults; its inbox.Config is s.Config).
 func newApplier(s *engine.Shared, eff Effect, cfg Config) *applier {
 	s.ReservesVersions = true
 	m := s.Config.Metrics

@@ -17,7 +17,7 @@ import (
 )
 
 // processLeased settles one message in lease mode, in transactions of its
-// own: the lease, the side effect, marking it done. Like processAlone, it
+// own: the lease, the side effect, marking it done. Like the transactional applier's processAlone, it
 // charges a message only for its own failures (its side effect, data
 // Postgres refuses), waits out the database (and the Effect's other side)
 // being unreachable, and returns errAbandoned when ctx (the shutdown grace)
@@ -103,7 +103,7 @@ func (a *applier) lease(ctx context.Context, m kafka.Message, ev *event.Envelope
 			return err
 		}
 		var takenOver bool // taken says more: or sent before a server switch
-		var was []byte     // a reclaimed row as it was, for tRepark
+		var was []byte     // a reclaimed row as it was, for TRepark
 		requeued, err := a.claim(ctx, tx, m, ev, &token, &taken, &takenOver, &was)
 		if errors.Is(err, pgx.ErrNoRows) {
 			var status string

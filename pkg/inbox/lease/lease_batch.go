@@ -61,7 +61,7 @@ const (
 	leaseAbandoned                    // unfinished; redelivered later
 )
 
-// process settles a batch in lease mode:
+// Process settles a batch in lease mode:
 //
 //  1. one transaction leases every message it can (claimLeases), skips
 //     duplicates and stale events, and advances the version guard;

@@ -209,6 +209,6 @@ func (a *applier) renewForCall(ctx context.Context, gen engine.Tracker, id uuid.
 	}
 }
 
-// health describes an outage of the Effect's other side, nil when there is
+// Health describes an outage of the Effect's other side, nil when there is
 // none.
 func (a *applier) Health() error { return a.other.Err() }

@@ -7,7 +7,6 @@ import (
 	"log/slog"
 	"time"
 
-
 	"github.com/onceflow/onceflow/pkg/internal/knob"
 )
 

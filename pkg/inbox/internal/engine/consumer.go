@@ -26,17 +26,17 @@ type Consumer struct {
 	applier Applier
 }
 
-// applier is an engine that settles the batches of the dispatcher's
+// Applier is an engine that settles the batches of the dispatcher's
 // workers: TxApplier (txapply.go) or pkg/inbox/lease's. It gets what
 // it needs from the dispatcher when it is built (shared) and with each
 // message (delivery), and never calls back into the dispatcher.
 type Applier interface {
-	// process settles batch, a worker's messages in the order they were
+	// Process settles batch, a worker's messages in the order they were
 	// fetched; every message is finished (done or abandoned) when it
 	// returns. It returns an error when ctx ended first (the shutdown
-	// grace) or a crash point fired (a *crashError).
+	// grace) or a crash point fired (a *CrashError).
 	Process(ctx context.Context, batch []Delivery) error
-	// health describes an outage of what the applier calls besides the
+	// Health describes an outage of what the applier calls besides the
 	// database (the lease applier's third party), nil when there is none.
 	Health() error
 }
@@ -222,7 +222,7 @@ func deliveries(batch []fetched) []Delivery {
 	return out
 }
 
-// untracked is the generation of a message handed in through Handle: it
+// Untracked is the generation of a message handed in through Handle: it
 // commits no offset and is never dropped.
 type Untracked struct{}
 

@@ -59,7 +59,7 @@ const DeadLetterBodyLimit = 64 << 10
 // bytes when the value was cut to DeadLetterBodyLimit.
 const HeaderDLTTruncated = "dlt-truncated-from"
 
-// publishDeadLetter publishes m to the dead-letter topic with the reason. It
+// PublishDeadLetter publishes m to the dead-letter topic with the reason. It
 // retries while the broker is unreachable, until it succeeds or ctx ends
 // (then it returns an error, the offset is not committed, and the message
 // is redelivered later); a message the topic refuses as it is goes there
@@ -137,7 +137,7 @@ func (s *Shared) deadLetterTopic(m kafka.Message) string {
 	return m.Topic + ".dlt"
 }
 
-// dlStored is what the dead-letter topic holds of a dead letter.
+// DLStored is what the dead-letter topic holds of a dead letter.
 type DLStored int
 
 const (
@@ -146,14 +146,14 @@ const (
 	dlNotStored                     // nothing: it refused even the truncated record
 )
 
-// leaseRef is the lease a dead letter is written under: its fencing token
+// LeaseRef is the lease a dead letter is written under: its fencing token
 // (0: none, the message was not leased) and whether a call may have landed.
 type LeaseRef struct {
 	Token         int64
 	MayHaveCalled bool
 }
 
-// dlProgress is how far a dead letter got: published (not to publish again
+// DLProgress is how far a dead letter got: published (not to publish again
 // when only its row failed), and what the topic holds of it (anything but
 // the whole message: the inbox keeps the original).
 type DLProgress struct {
@@ -161,7 +161,7 @@ type DLProgress struct {
 	stored    DLStored
 }
 
-// recordDeadLetter records the dead_lettered inbox row of a decoded event
+// RecordDeadLetter records the dead_lettered inbox row of a decoded event
 // whose dead letter is published, in tx: under lease (its token) in lease
 // mode, or as a new row (or a requeued one that died again). A row that
 // moved on meanwhile — another member applied the event while this one
@@ -212,7 +212,7 @@ func (s *Shared) RecordDeadLetter(ctx context.Context, tx pgx.Tx, m kafka.Messag
 	return sp.Commit(ctx)
 }
 
-// dueDeadLetter is what settle returns, as its error, for a message that is
+// DueDeadLetter is what settle returns, as its error, for a message that is
 // to be dead-lettered. The caller ends its transaction first (committing
 // the batch-mates settled before it) and only then dead-letters it
 // (deadLetterSettled): the publish may wait out a whole Kafka outage, and no
@@ -227,7 +227,7 @@ type DueDeadLetter struct {
 
 func (e *DueDeadLetter) Error() string { return "to be dead-lettered: " + e.Reason.Error() }
 
-// deadLetterAlone publishes m's dead letter outside any transaction, then
+// DeadLetterAlone publishes m's dead letter outside any transaction, then
 // records its inbox row in a transaction of its own, under lease. progress
 // says how far an earlier call for this dead letter got, and is updated: a
 // caller retrying after the database failed does not publish it again.

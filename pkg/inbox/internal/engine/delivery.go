@@ -9,28 +9,28 @@ import (
 	"github.com/onceflow/onceflow/pkg/internal/retry"
 )
 
-// delivery is one message in an applier's hands, with the generation it was
+// Delivery is one message in an applier's hands, with the generation it was
 // fetched in, as the applier sees it.
 type Delivery struct {
 	Msg kafka.Message
 	Gen Tracker
 }
 
-// tracker is what an applier may do with the generation a message was
+// Tracker is what an applier may do with the generation a message was
 // fetched in, which the dispatcher keeps (offsets.go): finish the message,
 // once, and ask whether the generation was dropped meanwhile.
 type Tracker interface {
-	// finish says the applier is done with m. ok says m's work committed
+	// Finish says the applier is done with m. ok says m's work committed
 	// (or it was settled without work), so its offset may be committed; a
 	// message finished not ok holds its partition's offset back and is
 	// fetched again in a later generation.
 	Finish(m kafka.Message, ok bool)
-	// isDropped reports whether the generation was dropped (a rebalance gave
+	// IsDropped reports whether the generation was dropped (a rebalance gave
 	// its partitions away): the work in hand is abandoned at its next wait.
 	IsDropped() bool
 }
 
-// outcome is what became of one message.
+// Outcome is what became of one message.
 type Outcome int
 
 const (
@@ -43,7 +43,7 @@ const (
 	NumOutcomes = iota
 )
 
-// wait sleeps for d, or returns errAbandoned when ctx ends (the shutdown
+// Wait sleeps for d, or returns errAbandoned when ctx ends (the shutdown
 // grace is over) or the message's generation is dropped first.
 func Wait(ctx context.Context, gen Tracker, d time.Duration) error {
 	if !retry.Sleep(ctx, d) || (gen != nil && gen.IsDropped()) {

@@ -14,12 +14,12 @@ var ErrPermanent = errors.New("permanent failure")
 // Permanent wraps err so the consumer dead-letters instead of retrying.
 func Permanent(err error) error { return fmt.Errorf("%w: %w", ErrPermanent, err) }
 
-// errAbandoned ends the handling of a message this member no longer owns
+// ErrAbandoned ends the handling of a message this member no longer owns
 // (its generation was dropped) or may no longer work on (the shutdown grace
 // is over); the message is fetched again by whoever owns its partition.
 var ErrAbandoned = errors.New("message abandoned")
 
-// crashError is a crash point firing: the one error that stops Run.
+// CrashError is a crash point firing: the one error that stops Run.
 type CrashError struct{ Err error }
 
 func (e *CrashError) Error() string { return e.Err.Error() }
@@ -43,12 +43,12 @@ var (
 	DBErrors = pgerr.StoreErrors{Unavailable: errDBUnavailable, Invalid: errDBRefused}
 )
 
-// isOutage reports whether err is the database being unreachable rather
+// IsOutage reports whether err is the database being unreachable rather
 // than anything about the message: it is waited out, never counted as an
 // attempt, and never dead-letters the message.
 func IsOutage(err error) bool { return errors.Is(err, errDBUnavailable) || pgerr.IsUnavailable(err) }
 
-// isPermanent reports whether no retry can make err go away: the handler
+// IsPermanent reports whether no retry can make err go away: the handler
 // said so (Permanent), the event broke its contract (event.ErrInvalid), or
 // Postgres refused the data itself (pgerr.IsPermanent: SQLSTATE class 22,
 // a NUL byte in a text column, say, or class 54).

@@ -22,7 +22,7 @@ JOIN unnest($2::text[], $3::text[]) AS a(aggregate_type, aggregate_id)
 WHERE v.consumer = $1
 FOR UPDATE OF v`
 
-// guardBatch is guardVersion for a batch: it marks stale messages in outs
+// GuardBatch is guardVersion for a batch: it marks stale messages in outs
 // (and in the inbox), advances each aggregate's version once, and returns
 // the log lines and gap counts to emit once the transaction commits. A gap
 // under GapWait, and a stale event under StaleDeadLetter, is an error: the
@@ -116,7 +116,7 @@ FROM unnest($2::uuid[], $3::bytea[]) AS m(id, payload)
 JOIN inbox_messages i ON i.consumer = $1 AND i.message_id = m.id
 WHERE i.payload_hash <> sha256(m.payload)`
 
-// checkPayloads compares redelivered events with the payload their inbox row
+// CheckPayloads compares redelivered events with the payload their inbox row
 // recorded. A mismatch is a producer bug — one event id reused for another
 // body — that dedupe would otherwise hide: the redelivery is still a no-op
 // (the first body was applied), but it is logged and counted in
@@ -144,14 +144,14 @@ func (s *Shared) CheckPayloads(ctx context.Context, tx pgx.Tx, dups ...event.Env
 	return nil
 }
 
-// payloadMismatch counts and logs a duplicate of id with another payload.
+// PayloadMismatch counts and logs a duplicate of id with another payload.
 func (s *Shared) PayloadMismatch(ctx context.Context, id uuid.UUID) {
 	s.Config.Metrics.payloadMismatches.WithLabelValues(s.Config.Name).Inc()
 	s.Config.Logger.WarnContext(ctx, "inbox duplicate with another payload: the producer reused an event id; the first payload was applied, this one ignored",
 		slog.String("consumer", s.Config.Name), slog.String("event_id", id.String()))
 }
 
-// guardVersion reports whether ev is stale (at or below the version this
+// GuardVersion reports whether ev is stale (at or below the version this
 // consumer applied last for its aggregate) and reports gaps. A requeued
 // dead message is never stale: an operator sent it back to be applied (a
 // consumer that skips ahead applied its successors meanwhile).
@@ -222,7 +222,7 @@ func isStale(reason error) bool {
 	return errors.As(reason, &se)
 }
 
-// upcast converts ev's payload to the newest version it has upcasters for.
+// Upcast converts ev's payload to the newest version it has upcasters for.
 func (s *Shared) Upcast(ev *event.Envelope) error {
 	for {
 		u, ok := s.upcasters[ev.EventType][ev.EventVersion]

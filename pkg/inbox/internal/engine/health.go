@@ -15,7 +15,7 @@ import (
 	"github.com/onceflow/onceflow/pkg/internal/retry"
 )
 
-// fault follows one dependency of the consumer (Kafka or the database)
+// Fault follows one dependency of the consumer (Kafka or the database)
 // through outages, per op (fetch, commit, dead_letter, begin, …): it counts
 // every error (inbox_<part>_errors_total by op), shows the state
 // (inbox_<part>_connected is 0 while any op is failing), and logs what each
@@ -44,7 +44,7 @@ func NewFault(part, consumer string, logger *slog.Logger, interval time.Duration
 	return f
 }
 
-// fail records a failed op.
+// Fail records a failed op.
 func (f *Fault) Fail(ctx context.Context, op string, err error) {
 	f.errors.WithLabelValues(f.consumer, op).Inc()
 	f.mu.Lock()
@@ -66,7 +66,7 @@ func (f *Fault) Fail(ctx context.Context, op string, err error) {
 	}
 }
 
-// ok records that op worked; "" (any success of the database) ends every
+// OK records that op worked; "" (any success of the database) ends every
 // op's outage.
 func (f *Fault) OK(ctx context.Context, op string) {
 	f.mu.Lock()
@@ -87,7 +87,7 @@ func (f *Fault) OK(ctx context.Context, op string) {
 	}
 }
 
-// err describes the outages, nil when there is none.
+// Err describes the outages, nil when there is none.
 func (f *Fault) Err() error {
 	f.mu.Lock()
 	defer f.mu.Unlock()

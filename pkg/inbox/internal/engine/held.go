@@ -122,8 +122,8 @@ func actOnHeld(ctx context.Context, db RequeueDB, a HeldAction, action string) (
 	err := pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error {
 		res = HeldResult{Dead: []uuid.UUID{}}
 		// The inbox rows first, then the holds: the order of a worker
-		// reapplying a requeued message (tRecord or tReclaim on its row,
-		// then tDropHold), so that the two never wait for each other (a
+		// reapplying a requeued message (tRecord or TReclaim on its row,
+		// then TDropHold), so that the two never wait for each other (a
 		// deadlock, 40P01, the other way round).
 		if _, err := tx.Exec(ctx, lockHeldRows, a.Consumer, a.AggregateType, a.AggregateID); err != nil {
 			return err

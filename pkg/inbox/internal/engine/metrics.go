@@ -206,7 +206,9 @@ func Record(m *Metrics, consumer string, counts [NumOutcomes]int, n int, took ti
 }
 
 // ObserveHop is m.observeHop, for the lease applier.
-func ObserveHop(m *Metrics, consumer string, occurredAt time.Time) { m.observeHop(consumer, occurredAt) }
+func ObserveHop(m *Metrics, consumer string, occurredAt time.Time) {
+	m.observeHop(consumer, occurredAt)
+}
 
 // Failures is inbox_failures_total.
 func Failures(m *Metrics) *prometheus.CounterVec { return m.failures }

@@ -101,7 +101,7 @@ func (g *generation) begin() bool {
 	return true
 }
 
-// finish is called once for every begin. ok says m's work committed (or was
+// Finish is called once for every begin. ok says m's work committed (or was
 // settled without work); only then may the offset pass it. A message
 // abandoned (ok false) holds its partition's offset back, and it is fetched
 // again in a later generation.
@@ -194,7 +194,7 @@ func (g *generation) drop() {
 	g.parts = nil
 }
 
-// isDropped reports whether drop was called (on its parent, for released).
+// IsDropped reports whether drop was called (on its parent, for released).
 func (g *generation) IsDropped() bool {
 	if g.parent != nil {
 		return g.parent.IsDropped()

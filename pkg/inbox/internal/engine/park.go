@@ -115,11 +115,11 @@ const (
 // parkDecision is parkCheck's answer.
 type parkDecision struct {
 	Verdict   verdict
-	BlockedBy *uuid.UUID // parkIt: the dead message it waits for, if any
+	BlockedBy *uuid.UUID // ParkIt: the dead message it waits for, if any
 	Release   bool       // the aggregate has parked messages to release after the batch
 }
 
-// parkCheck decides ev's fate in tx. It knows a requeued dead message by
+// ParkCheck decides ev's fate in tx. It knows a requeued dead message by
 // its hold (proceedRequeued); a stale dead letter's requeue, which holds
 // nothing, gets the verdict of a new message, and the caller, which knows
 // it by its row, keeps that row (tRepark) if it parks it. A consumer that
@@ -169,7 +169,7 @@ type storedHeader struct {
 	Value []byte `json:"value"`
 }
 
-// park stores m, whole, in inbox_parked_messages.
+// Park stores m, whole, in inbox_parked_messages.
 func (s *Shared) Park(ctx context.Context, tx pgx.Tx, m kafka.Message, ev *event.Envelope, blockedBy *uuid.UUID) error {
 	headers, err := encodeHeaders(m.Headers)
 	if err != nil {
@@ -224,7 +224,7 @@ func (s *Shared) holdDeadKey(ctx context.Context, tx pgx.Tx, ev *event.Envelope)
 	return nil
 }
 
-// heldKeys returns the aggregates of evs that are held (a dead message or
+// HeldKeys returns the aggregates of evs that are held (a dead message or
 // parked messages): the batch appliers leave their messages to the
 // one-by-one path, which decides each with parkCheck.
 func (s *Shared) HeldKeys(ctx context.Context, q interface {

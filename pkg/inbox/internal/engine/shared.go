@@ -9,8 +9,8 @@ import (
 	"github.com/onceflow/onceflow/pkg/internal/faultpoint"
 )
 
-// shared is what the two appliers work with, built once by NewConsumer or
-// NewLeaseConsumer and handed to the applier it picks: the database and the
+// Shared is what the two appliers work with, built once by NewConsumer or
+// pkg/inbox/lease's lease.NewConsumer and handed to the applier it picks: the database and the
 // consumer's settings, the outages of the database and of Kafka, the
 // dead-letter writer, the upcasters, and the aggregates whose parked
 // messages may be released once a batch is settled. Its methods are the
@@ -24,7 +24,7 @@ type Shared struct {
 	upcasters map[string]map[int]Upcaster
 	kafka, DB *Fault
 	Released  releases // aggregates whose parked messages may be released (park.go)
-	// reservesVersions says the applier advances the version guard before
+	// ReservesVersions says the applier advances the version guard before
 	// a message's effect (the lease applier does, when it leases it), so a
 	// dead letter moves the guard back below the dead message (holdDeadKey).
 	ReservesVersions bool
@@ -50,7 +50,7 @@ func newShared(pool *pgxpool.Pool, dlq Writer, cfg Config) (*Shared, error) {
 	return s, nil
 }
 
-// committed is called once msgs' database work committed: it passes the
+// Committed is called once msgs' database work committed: it passes the
 // crash point, then lets their offsets be committed.
 func (s *Shared) Committed(ctx context.Context, msgs []Delivery) error {
 	if len(msgs) == 0 {

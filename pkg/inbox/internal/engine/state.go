@@ -76,7 +76,7 @@ const (
 	byPruner   = "pruner"       // Prune
 )
 
-// transition is one edge of the machine: its name (the transition label of
+// Transition is one edge of the machine: its name (the transition label of
 // inbox_transitions_refused_total), the states it expects, the state it
 // leaves, who may take it, and its statement.
 type Transition struct {
@@ -95,7 +95,7 @@ var (
 	// event is applied whatever the version guard says. Any other row makes
 	// it a duplicate (no row returned, not a refusal). A reapply also
 	// returns the requeued row as it was (the subquery reads the
-	// statement's snapshot, before the update), for tRepark.
+	// statement's snapshot, before the update), for TRepark.
 	tRecord = Transition{name: "record", from: []string{"", StateRequeued}, to: StateProcessed, by: byWorker, SQL: `
 INSERT INTO inbox_messages (consumer, message_id, event_type, aggregate_type, aggregate_id, aggregate_version,
                             topic, kafka_partition, kafka_offset, status, payload_hash, processed_at)
@@ -126,12 +126,12 @@ SET status = 'processed', processed_at = now(), last_error = NULL, attempts = in
 WHERE inbox_messages.status = 'requeued'
 RETURNING message_id, xmax <> 0`}
 
-	// tLease takes a new row, or an expired lease of a worker that died
+	// TLease takes a new row, or an expired lease of a worker that died
 	// (takeover: the previous holder may have called). It returns the
 	// fencing token, whether an earlier lease existed, and whether a call
 	// may have landed: a takeover, or a new row for a message sent ($13,
 	// its Kafka timestamp) before the consumer's database server switched
-	// (inbox_servers.check_before; lease_server.go): its row may have been
+	// (inbox_servers.check_before; pkg/inbox/lease/lease_server.go): its row may have been
 	// lost with the old server.
 	TLease = Transition{name: "lease", from: []string{"", StateLeased}, to: StateLeased, by: byWorker, SQL: `
 INSERT INTO inbox_messages (consumer, message_id, event_type, aggregate_type, aggregate_id, aggregate_version,
@@ -145,7 +145,7 @@ SET lease_owner = EXCLUDED.lease_owner, lease_until = EXCLUDED.lease_until, may_
 WHERE inbox_messages.status = 'leased' AND inbox_messages.lease_until < now()
 RETURNING fencing_token, fencing_token > 1, may_have_called`}
 
-	// tLeaseBatch is tLease for a batch of distinct event ids, in id order
+	// TLeaseBatch is TLease for a batch of distinct event ids, in id order
 	// so two consumers claiming overlapping batches lock rows in the same
 	// order. Ids it does not return are settled already, leased to a live
 	// worker, or requeued (leaseStates tells which).
@@ -166,10 +166,10 @@ SET lease_owner = EXCLUDED.lease_owner, lease_until = EXCLUDED.lease_until, may_
 WHERE inbox_messages.status = 'leased' AND inbox_messages.lease_until < now()
 RETURNING message_id, fencing_token, fencing_token > 1, may_have_called`}
 
-	// tReclaim leases a requeued row to the worker its redelivery reached.
+	// TReclaim leases a requeued row to the worker its redelivery reached.
 	// It keeps may_have_called: a letter whose last call may have landed is
 	// checked before it is called again. It returns the requeued row as it
-	// was (the statement's snapshot), for tRepark.
+	// was (the statement's snapshot), for TRepark.
 	TReclaim = Transition{name: "reclaim", from: []string{StateRequeued}, to: StateLeased, by: byWorker, SQL: `
 UPDATE inbox_messages
 SET status = 'leased', lease_owner = $3, lease_until = now() + $4 * interval '1 microsecond', last_error = NULL,
@@ -178,11 +178,11 @@ WHERE consumer = $1 AND message_id = $2 AND status = 'requeued'
 RETURNING fencing_token, may_have_called,
           (SELECT to_jsonb(o) FROM inbox_messages o WHERE o.consumer = $1 AND o.message_id = $2)`}
 
-	// tServerSwitch records the database server a lease-mode consumer
+	// TServerSwitch records the database server a lease-mode consumer
 	// writes to ($2), and, when a recorded one differs, the switch: a
 	// message with no row sent before check_before ($3 after now, the
 	// producers' clock margin) may have been called on the old server, and
-	// is leased as may_have_called (lease_server.go). It returns whether it
+	// is leased as may_have_called (pkg/inbox/lease/lease_server.go). It returns whether it
 	// recorded a switch (no row: another transaction just did).
 	TServerSwitch = Transition{name: "server_switch", from: []string{"", "server"}, to: "server", by: byWorker, SQL: `
 INSERT INTO inbox_servers (consumer, server) VALUES ($1, $2)
@@ -191,17 +191,17 @@ SET server = EXCLUDED.server, recorded_at = now(), switched_at = now(), check_be
 WHERE inbox_servers.server <> EXCLUDED.server
 RETURNING xmax <> 0`}
 
-	// tRenew keeps a lease while its holder calls, retries or waits.
+	// TRenew keeps a lease while its holder calls, retries or waits.
 	TRenew = Transition{name: "renew", from: []string{StateLeased}, to: StateLeased, by: byHolder, SQL: `
 UPDATE inbox_messages SET lease_until = now() + $4 * interval '1 microsecond'
 WHERE consumer = $1 AND message_id = $2 AND status = 'leased' AND fencing_token = $3`}
 
-	// tDone closes one lease as processed.
+	// TDone closes one lease as processed.
 	TDone = Transition{name: "done", from: []string{StateLeased}, to: StateProcessed, by: byHolder, SQL: `
 UPDATE inbox_messages SET status = 'processed', processed_at = now(), lease_owner = NULL, lease_until = NULL
 WHERE consumer = $1 AND message_id = $2 AND status = 'leased' AND fencing_token = $3`}
 
-	// tDoneBatch closes a batch of leases as processed and returns the ones
+	// TDoneBatch closes a batch of leases as processed and returns the ones
 	// that were still this worker's.
 	TDoneBatch = Transition{name: "done", from: []string{StateLeased}, to: StateProcessed, by: byHolder, SQL: `
 UPDATE inbox_messages i SET status = 'processed', processed_at = now(), lease_owner = NULL, lease_until = NULL
@@ -209,7 +209,7 @@ FROM unnest($2::uuid[], $3::bigint[]) AS m(id, token)
 WHERE i.consumer = $1 AND i.message_id = m.id AND i.status = 'leased' AND i.fencing_token = m.token
 RETURNING i.message_id`}
 
-	// tUncertain records a side effect nobody can vouch for, for the
+	// TUncertain records a side effect nobody can vouch for, for the
 	// reconciliation report.
 	TUncertain = Transition{name: "uncertain", from: []string{StateLeased}, to: StateUncertain, by: byHolder, SQL: `
 UPDATE inbox_messages SET status = 'uncertain', last_error = $4, lease_owner = NULL, lease_until = NULL, may_have_called = true
@@ -249,12 +249,12 @@ WHERE consumer = $1 AND message_id = ANY($2) AND status = $3`}
 	tUnrecord = Transition{name: "unrecord", from: []string{StateProcessed}, to: "", by: byWorker, SQL: `
 DELETE FROM inbox_messages WHERE consumer = $1 AND message_id = $2 AND status = 'processed'`}
 
-	// tRepark puts back the requeued row that tRecord (processed) or
-	// tReclaim (leased, $4 its fencing token) just took, when parkCheck
+	// TRepark puts back the requeued row that tRecord (processed) or
+	// TReclaim (leased, $4 its fencing token) just took, when ParkCheck
 	// parks the message instead: its aggregate is held by an earlier dead
 	// message that is not its own (a stale dead letter holds nothing, so
 	// its requeue is known only by this row). The row is never deleted
-	// (tUnrecord, tUnlease): it carries the operator's requeue, attempts,
+	// (tUnrecord, TUnlease): it carries the operator's requeue, attempts,
 	// last_error and may_have_called, and keeps its original from pruning;
 	// its release takes it again as requeued. $3 is the row as it was (nil:
 	// only the status goes back); the fencing token stays advanced.
@@ -267,7 +267,7 @@ SET (status, processed_at, last_error, attempts, topic, kafka_partition, kafka_o
 WHERE consumer = $1 AND message_id = $2
   AND (status = 'processed' AND $4::bigint IS NULL OR status = 'leased' AND fencing_token = $4)`}
 
-	// tUnlease gives up a lease to park its message (in the transaction
+	// TUnlease gives up a lease to park its message (in the transaction
 	// that took the lease, or later when an earlier message of its key
 	// died), if it is still this worker's.
 	TUnlease = Transition{name: "unlease", from: []string{StateLeased}, to: "", by: byHolder, SQL: `
@@ -343,7 +343,7 @@ WHERE inbox_dead_keys.status = 'requeued'`}
 UPDATE inbox_dead_keys SET status = 'requeued', requeued_at = now()
 WHERE status = 'dead' AND (consumer, message_id) IN (SELECT * FROM unnest($1::text[], $2::uuid[]))`}
 
-	// tDropHold releases the aggregate of a requeued message once it is
+	// TDropHold releases the aggregate of a requeued message once it is
 	// applied, in the transaction that applies it.
 	TDropHold = Transition{name: "drop_hold", from: []string{"dead", "requeued"}, to: "", by: byWorker, SQL: `
 DELETE FROM inbox_dead_keys WHERE consumer = $1 AND message_id = $2 AND status IN ('dead', 'requeued')`}
@@ -460,7 +460,7 @@ type execer interface {
 	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
 }
 
-// take runs tr on q and reports whether it changed a row. A row that is not
+// Take runs tr on q and reports whether it changed a row. A row that is not
 // in a state tr expects (or carries another fencing token) is left alone:
 // take then reports false, and the caller decides whether that is a refusal
 // (refused) or an ordinary answer (a duplicate).
@@ -482,14 +482,14 @@ func takeCount(ctx context.Context, q execer, tr *Transition, args ...any) (int,
 	return int(tag.RowsAffected()), nil
 }
 
-// takeQuery runs tr, a transition with RETURNING, on q.
+// TakeQuery runs tr, a transition with RETURNING, on q.
 func TakeQuery(ctx context.Context, q interface {
 	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
 }, tr *Transition, args ...any) (pgx.Rows, error) {
 	return q.Query(ctx, tr.SQL, args...)
 }
 
-// refused counts and logs a writer that lost its right to tr for id: the
+// Refused counts and logs a writer that lost its right to tr for id: the
 // row had moved on (settled by another member, taken over), so it changed
 // nothing.
 func (s *Shared) Refused(ctx context.Context, tr *Transition, id uuid.UUID, why string) {

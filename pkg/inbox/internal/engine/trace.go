@@ -16,7 +16,7 @@ import (
 // tracerScope names the consumer's spans (the instrumentation scope).
 const tracerScope = "github.com/onceflow/onceflow/pkg/inbox"
 
-// startProcess starts the consumer span of one message: a child of the
+// StartProcess starts the consumer span of one message: a child of the
 // trace context in its traceparent header (the producer's span), so the
 // trace goes on from the service that published the event. The handler's
 // ctx carries the span: events it enqueues store its traceparent, and calls

@@ -46,7 +46,7 @@ type Applying struct {
 	Event event.Envelope
 }
 
-// txApplier is the transactional applier, NewConsumer's: each message's
+// TxApplier is the transactional applier, NewConsumer's: each message's
 // inbox row, version guard and handler commit in one transaction, a batch
 // of messages in as few transactions as it can (process), the fast path
 // first (txapply_fast.go); both paths run the handler the same way
@@ -59,7 +59,7 @@ type TxApplier struct {
 	handleBatch func(ctx context.Context, tx pgx.Tx, evs []Applying) error
 }
 
-// process handles batch in as few transactions as it can: one, unless
+// Process handles batch in as few transactions as it can: one, unless
 // a message fails transiently or is to be dead-lettered; then what came
 // before it commits, it is retried alone with backoff or dead-lettered with
 // no transaction open (dueDeadLetter), and the rest continues in a new
@@ -106,7 +106,7 @@ func (a *TxApplier) Process(ctx context.Context, batch []Delivery) (err error) {
 	return nil
 }
 
-// health is nil: the transactional applier calls nothing but the database,
+// Health is nil: the transactional applier calls nothing but the database,
 // whose outages the dispatcher reports.
 func (a *TxApplier) Health() error { return nil }
 
@@ -254,7 +254,7 @@ func (a *TxApplier) processAlone(ctx context.Context, d Delivery) error {
 	}
 }
 
-// settle decides one message inside tx: handled, duplicate, stale, or to be
+// Settle decides one message inside tx: handled, duplicate, stale, or to be
 // dead-lettered (a *dueDeadLetter error, which the caller publishes after
 // ending tx). Any other error is a transient failure (the savepoint is
 // rolled back and the caller retries); attempt counts the tries so far, and
@@ -301,7 +301,7 @@ func (a *TxApplier) Settle(ctx context.Context, tx pgx.Tx, m kafka.Message, atte
 // handler, all in tx; the first attempt records the hop (inbox_hop_seconds).
 func (a *TxApplier) apply(ctx context.Context, tx pgx.Tx, m kafka.Message, ev *event.Envelope, attempt int) (Outcome, error) {
 	var reapplied bool // a requeued row: the operator sent it back
-	var was []byte     // and that row as it was, for tRepark
+	var was []byte     // and that row as it was, for TRepark
 	err := tx.QueryRow(ctx, tRecord.SQL, a.Config.Name, ev.EventID, ev.EventType, ev.AggregateType, ev.AggregateID,
 		ev.AggregateVersion, m.Topic, m.Partition, m.Offset, []byte(ev.Payload)).Scan(&reapplied, &was)
 	recorded := err == nil
