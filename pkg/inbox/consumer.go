@@ -7,11 +7,10 @@ import (
 )
 
 // Consumer handles the messages of one topic, in one consumer group,
-// through the inbox. It is the dispatcher: it takes part in the group
-// (group.go), tracks what may be committed (offsets.go), hands each
-// message to the worker its key hashes to and each worker's batches to its
-// applier, the engine its constructor picked (NewConsumer's TxApplier, or
-// pkg/inbox/lease's, through NewApplied).
+// through the inbox: NewConsumer's and NewBatchConsumer's, and lease mode's
+// (pkg/inbox/lease). Its methods are Run, Handle and Healthy; the
+// dispatcher behind it, and both appliers' shared engine, are
+// pkg/inbox/internal/engine.
 type Consumer = engine.Consumer
 
 // NewConsumer returns a consumer that reads src's topic as a member of its

@@ -5,6 +5,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/onceflow/onceflow/pkg/inbox/lease/leasetest"
+
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/prometheus/client_golang/prometheus"
@@ -53,8 +55,8 @@ func TestADuplicateWithAnotherPayloadIsCounted(t *testing.T) {
 		Check: func(context.Context, string) (bool, error) { return false, nil },
 		Call:  func(context.Context, event.Envelope, string) error { return nil },
 	}
-	inboxtest.DeliverLeased(t, pool, leased, eff, first)
-	inboxtest.DeliverLeased(t, pool, leased, eff, changed)
+	leasetest.Deliver(t, pool, leased, eff, first)
+	leasetest.Deliver(t, pool, leased, eff, changed)
 	if got := mismatches(); got != 3 {
 		t.Fatalf("%v mismatches after the leased one, want 3", got)
 	}

@@ -7,9 +7,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/onceflow/onceflow/pkg/inbox/lease/leasetest"
+
 	"github.com/onceflow/onceflow/pkg/event"
 	"github.com/onceflow/onceflow/pkg/inbox"
-	"github.com/onceflow/onceflow/pkg/inbox/inboxtest"
 	"github.com/onceflow/onceflow/pkg/inbox/lease"
 	"github.com/onceflow/onceflow/pkg/testenv"
 )
@@ -30,7 +31,7 @@ func (f *fixture) secondMember(t *testing.T, eff lease.Effect, cfg lease.Config)
 // requireBookedOnce waits until the third party has nothing in flight and
 // every event is marked done, then fails the test for each event it booked
 // other than once.
-func requireBookedOnce(t *testing.T, f *fixture, tp *inboxtest.ThirdParty, evs []event.Envelope) {
+func requireBookedOnce(t *testing.T, f *fixture, tp *leasetest.ThirdParty, evs []event.Envelope) {
 	t.Helper()
 	testenv.WaitFor(t, 60*time.Second, "every event marked done, and no call left in flight", func() (bool, error) {
 		return f.count(t, "SELECT count(*) FROM inbox_messages WHERE status = 'processed'") == len(evs) && tp.InFlight() == 0, nil
@@ -51,7 +52,7 @@ func TestLeaseTakeoverWhileTheHolderWaitsForACallSlotBooksEachKeyOnce(t *testing
 	t.Parallel()
 	f := newFixture(t)
 	evs := f.leaseEvents(t, 4, 1)
-	tp := inboxtest.NewThirdParty()
+	tp := leasetest.NewThirdParty()
 	tp.SetDelay(700 * time.Millisecond)
 	// Calls of 700ms fit in the call timeout; the lease outlasts call and
 	// margin.
@@ -76,11 +77,11 @@ func TestLeaseHolderFrozenPastItsLeaseDoesNotCallAfterTheTakeover(t *testing.T) 
 	t.Parallel()
 	f := newFixture(t)
 	evs := f.leaseEvents(t, 1, 2)
-	tp := inboxtest.NewThirdParty()
+	tp := leasetest.NewThirdParty()
 	cfg := lease.Config{LeaseTTL: time.Second,
 		Config: inbox.Config{Workers: 1, BackoffMin: 20 * time.Millisecond, BackoffMax: 200 * time.Millisecond}}
 
-	frozen := inboxtest.NewPausable(tp.Effect())
+	frozen := leasetest.NewPausable(tp.Effect())
 	frozen.Pause()
 	runUntilCleanup(t, f.leaseConsumer(t, testenv.Name("group"), frozen.Effect(), cfg))
 	testenv.WaitFor(t, 30*time.Second, "the first member to freeze on its call", func() (bool, error) {
@@ -100,7 +101,7 @@ func TestLeaseHolderFrozenPastItsLeaseDoesNotCallAfterTheTakeover(t *testing.T) 
 
 // requireBookedInOrder fails the test unless the third party booked evs in
 // the order given (each key's versions in order).
-func requireBookedInOrder(t *testing.T, tp *inboxtest.ThirdParty, evs []event.Envelope) {
+func requireBookedInOrder(t *testing.T, tp *leasetest.ThirdParty, evs []event.Envelope) {
 	t.Helper()
 	want := map[string][]string{}
 	of := map[string]string{}
@@ -127,7 +128,7 @@ func TestLeaseModeWaitsOutAThirdPartyOutageLongerThanTheRetryBudget(t *testing.T
 	t.Parallel()
 	f := newFixture(t)
 	evs := f.leaseEvents(t, 3, 2)
-	tp := inboxtest.NewThirdParty()
+	tp := leasetest.NewThirdParty()
 	tp.SetDown(fmt.Errorf("%w: dial tcp: connection refused", lease.ErrUnavailable))
 	cfg := lease.Config{LeaseTTL: time.Second, Config: inbox.Config{Workers: 1, MaxAttempts: 2,
 		BackoffMin: 5 * time.Millisecond, BackoffMax: 20 * time.Millisecond, Metrics: inbox.NewMetrics(f.registry)}}

@@ -1,4 +1,4 @@
-package inboxtest
+package leasetest
 
 import (
 	"context"
