@@ -42,7 +42,7 @@
 // requeue.go (with dltread.go, their reader of a dead-letter topic), held.go
 // (releasing or skipping a held aggregate), prune.go, backlog.go, lookup.go
 // and listparked.go. Every write of the inbox's lifecycle tables, lease
-// mode's included, is a transition of the engine's state.go, the machine
+// mode's included, is a transition of internal/state's state.go, the machine
 // written down once (docs/inbox.md draws it); the reads sit with the job
 // they serve (parking's in park.go, the lease applier's in pkg/inbox/lease).
 //
@@ -109,7 +109,7 @@
 //     (GapWait) the event waits a bounded time (MaxAttempts retries), then
 //     is dead-lettered and its successors park behind it; GapAccept
 //     applies it at once, reported, as an opt-in. The lifecycle of every
-//     inbox row, with who may move it, is state.go (docs/inbox.md draws it).
+//     inbox row, with who may move it, is internal/state's state.go (docs/inbox.md draws it).
 //   - Throughput: a worker handles up to BatchSize messages in one
 //     transaction. It first tries the whole batch with set-based inbox work
 //     (one INSERT for every message's inbox row, one read and one upsert for

@@ -29,7 +29,7 @@ type DB = engine.DB
 // that are no longer dead, and returns how many rows it removed.
 // Dead-lettered, requeued, leased and uncertain rows are never touched,
 // however old: they are what an operator or a redelivery still has to
-// settle (the transition prune of the engine's state.go names the states it removes). It works oldest first in batches of cfg.BatchSize, each its
+// settle (the transition prune of internal/state's state.go names the states it removes). It works oldest first in batches of cfg.BatchSize, each its
 // own statement and short transaction, until a batch comes up short, so an
 // interrupted Prune keeps what it removed and the next one resumes.
 //

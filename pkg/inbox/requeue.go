@@ -59,7 +59,7 @@ type RequeueDB = engine.RequeueDB
 //	}
 //
 // For each dead letter it marks the dead-lettering consumer's dead_lettered
-// inbox row requeued (the transition requeue of the engine's state.go; the consumer
+// inbox row requeued (the transition requeue of internal/state's state.go; the consumer
 // applies the redelivery of a requeued row instead of taking it for a
 // duplicate, and in lease mode checks first when its last call may have
 // landed) and produces the original message through w: its key, value and

@@ -3,6 +3,7 @@ package lease
 import (
 	"github.com/onceflow/onceflow/pkg/inbox"
 	"github.com/onceflow/onceflow/pkg/inbox/internal/engine"
+	"github.com/onceflow/onceflow/pkg/inbox/internal/state"
 
 	"context"
 	"errors"
@@ -238,15 +239,15 @@ func (w *world) check(ctx context.Context) error {
 		return err
 	}
 	for id := range w.seen {
-		if s, ok := st[id]; (ok && s != engine.StateProcessed) || (!ok && !w.pruner) {
+		if s, ok := st[id]; (ok && s != state.StatusProcessed) || (!ok && !w.pruner) {
 			return fmt.Errorf("event %s was processed and is now %q: a processed row changed", w.label(id), orNone(s))
 		}
 	}
 	for id, s := range st {
 		switch s {
-		case engine.StateProcessed:
+		case state.StatusProcessed:
 			w.seen[id] = true
-		case engine.StateStale:
+		case state.StatusStale:
 			w.stale[id] = true
 		}
 	}
@@ -319,7 +320,7 @@ func (w *world) final(ctx context.Context) error {
 		return err
 	}
 	for _, id := range holds {
-		if st[id] != engine.StateDead {
+		if st[id] != state.StatusDead {
 			return fmt.Errorf("stranded: the aggregate of %s is held, but its row is %q, not a requeueable dead letter", w.label(id), orNone(st[id]))
 		}
 	}
@@ -342,13 +343,13 @@ func (w *world) final(ctx context.Context) error {
 		case parked[ev.EventID] && len(holds) > 0:
 		case parked[ev.EventID]:
 			return fmt.Errorf("stranded: %s is parked with nothing dead ahead of it", w.label(ev.EventID))
-		case w.stale[ev.EventID] || s == engine.StateStale:
+		case w.stale[ev.EventID] || s == state.StatusStale:
 			return fmt.Errorf("%s was skipped as stale by the version guard: never applied", w.label(ev.EventID))
 		case !ok && w.seen[ev.EventID]: // pruned after it was processed
-		case s == engine.StateDead && staleLetters[ev.EventID] && !w.laterApplied(ev):
+		case s == state.StatusDead && staleLetters[ev.EventID] && !w.laterApplied(ev):
 			return fmt.Errorf("%s was dead-lettered as stale, but no later version of its %s was applied: "+
 				"the version guard stood above an event never applied", w.label(ev.EventID), ev.AggregateType)
-		case s == engine.StateProcessed, s == engine.StateDead, s == engine.StateUncertain, s == engine.StateSkipped:
+		case s == state.StatusProcessed, s == state.StatusDead, s == state.StatusUncertain, s == state.StatusSkipped:
 		default:
 			return fmt.Errorf("stranded: %s ended %q", w.label(ev.EventID), orNone(s))
 		}

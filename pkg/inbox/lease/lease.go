@@ -38,7 +38,7 @@ func newApplier(s *engine.Shared, eff Effect, cfg Config) *applier {
 	return a
 }
 
-// The reads of the lease applier; its writes are transitions (state.go),
+// The reads of the lease applier; its writes are transitions (pkg/inbox/internal/state),
 // each naming the fencing token it expects, so a worker whose lease was
 // taken over changes nothing.
 const (

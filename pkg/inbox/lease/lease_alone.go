@@ -2,6 +2,7 @@ package lease
 
 import (
 	"github.com/onceflow/onceflow/pkg/inbox/internal/engine"
+	"github.com/onceflow/onceflow/pkg/inbox/internal/state"
 
 	"context"
 	"errors"
@@ -103,7 +104,7 @@ func (a *applier) lease(ctx context.Context, m kafka.Message, ev *event.Envelope
 			return err
 		}
 		var takenOver bool // taken says more: or sent before a server switch
-		var was []byte     // a reclaimed row as it was, for TRepark
+		var was []byte     // a reclaimed row as it was, for state.Repark
 		requeued, err := a.claim(ctx, tx, m, ev, &token, &taken, &takenOver, &was)
 		if errors.Is(err, pgx.ErrNoRows) {
 			var status string
@@ -140,11 +141,11 @@ func (a *applier) lease(ctx context.Context, m kafka.Message, ev *event.Envelope
 			// but a reclaimed requeued row (a stale dead letter's requeue,
 			// which holds nothing, behind another dead message) is put back
 			// requeued, never deleted: its release reclaims it.
-			tr, args := &engine.TUnlease, []any{a.Config.Name, ev.EventID, token}
+			tr, args := &state.Unlease, []any{a.Config.Name, ev.EventID, token}
 			if requeued {
-				tr, args = &engine.TRepark, []any{a.Config.Name, ev.EventID, was, token}
+				tr, args = &state.Repark, []any{a.Config.Name, ev.EventID, was, token}
 			}
-			if _, err := engine.Take(ctx, tx, tr, args...); err != nil {
+			if _, err := state.Take(ctx, tx, tr, args...); err != nil {
 				return engine.DBErrors.Translate("parking a message", err)
 			}
 			o := engine.Duplicate
@@ -157,7 +158,7 @@ func (a *applier) lease(ctx context.Context, m kafka.Message, ev *event.Envelope
 			out = &o
 			return nil
 		case engine.ProceedRequeued:
-			if _, err := engine.Take(ctx, tx, &engine.TDropHold, a.Config.Name, ev.EventID); err != nil {
+			if _, err := state.Take(ctx, tx, &state.DropHold, a.Config.Name, ev.EventID); err != nil {
 				return engine.DBErrors.Translate("releasing a requeued message's aggregate", err)
 			}
 		}
@@ -192,13 +193,13 @@ func (a *applier) lease(ctx context.Context, m kafka.Message, ev *event.Envelope
 // an expired lease (tLease); was the reclaimed row as it was.
 func (a *applier) claim(ctx context.Context, tx pgx.Tx, m kafka.Message, ev *event.Envelope, token *int64, taken, takenOver *bool, was *[]byte) (requeued bool, err error) {
 	reclaim := func() error {
-		return tx.QueryRow(ctx, engine.TReclaim.SQL, a.Config.Name, ev.EventID, a.leaseCfg.LeaseOwner, a.leaseCfg.LeaseTTL.Microseconds()).
+		return tx.QueryRow(ctx, state.Reclaim.SQL, a.Config.Name, ev.EventID, a.leaseCfg.LeaseOwner, a.leaseCfg.LeaseTTL.Microseconds()).
 			Scan(token, taken, was)
 	}
 	if err := reclaim(); !errors.Is(err, pgx.ErrNoRows) {
 		return err == nil, err
 	}
-	err = tx.QueryRow(ctx, engine.TLease.SQL, a.Config.Name, ev.EventID, ev.EventType, ev.AggregateType, ev.AggregateID, ev.AggregateVersion,
+	err = tx.QueryRow(ctx, state.Lease.SQL, a.Config.Name, ev.EventID, ev.EventType, ev.AggregateType, ev.AggregateID, ev.AggregateVersion,
 		m.Topic, m.Partition, m.Offset, []byte(ev.Payload), a.leaseCfg.LeaseOwner, a.leaseCfg.LeaseTTL.Microseconds(), m.Time).
 		Scan(token, takenOver, taken)
 	if !errors.Is(err, pgx.ErrNoRows) {

@@ -2,6 +2,7 @@ package lease
 
 import (
 	"github.com/onceflow/onceflow/pkg/inbox/internal/engine"
+	"github.com/onceflow/onceflow/pkg/inbox/internal/state"
 
 	"context"
 	"errors"
@@ -249,7 +250,7 @@ func (a *applier) markBatchDone(ctx context.Context, called []*leaseItem) error 
 		ids[i], tokens[i] = it.ev.EventID, it.token
 	}
 	err := pgx.BeginFunc(ctx, a.Pool, func(tx pgx.Tx) error {
-		rows, err := engine.TakeQuery(ctx, tx, &engine.TDoneBatch, a.Config.Name, ids, tokens)
+		rows, err := state.TakeQuery(ctx, tx, &state.DoneBatch, a.Config.Name, ids, tokens)
 		if err != nil {
 			return engine.DBErrors.Translate("marking leases done", err)
 		}
@@ -264,7 +265,7 @@ func (a *applier) markBatchDone(ctx context.Context, called []*leaseItem) error 
 		done := make([]DoneEvent, 0, len(marked))
 		for _, it := range called {
 			if !ours[it.ev.EventID] {
-				a.Refused(ctx, &engine.TDoneBatch, it.ev.EventID, "the lease was taken over")
+				a.Refused(ctx, &state.DoneBatch, it.ev.EventID, "the lease was taken over")
 				a.leaseTakenOver(ctx, it.ev)
 				continue
 			}
@@ -299,12 +300,12 @@ func (a *applier) parkLeasedIfHeld(ctx context.Context, it *leaseItem) (bool, er
 		if err != nil || pd.Verdict != engine.ParkIt {
 			return err
 		}
-		unleased, err := engine.Take(ctx, tx, &engine.TUnlease, a.Config.Name, it.ev.EventID, it.token)
+		unleased, err := state.Take(ctx, tx, &state.Unlease, a.Config.Name, it.ev.EventID, it.token)
 		if err != nil {
 			return engine.DBErrors.Translate("parking a leased message", err)
 		}
 		if !unleased {
-			a.Refused(ctx, &engine.TUnlease, it.ev.EventID, "the lease was taken over")
+			a.Refused(ctx, &state.Unlease, it.ev.EventID, "the lease was taken over")
 			return nil // taken over: its new holder decides
 		}
 		parkedNow = true

@@ -2,6 +2,7 @@ package lease
 
 import (
 	"github.com/onceflow/onceflow/pkg/inbox/internal/engine"
+	"github.com/onceflow/onceflow/pkg/inbox/internal/state"
 
 	"context"
 	"errors"
@@ -18,12 +19,12 @@ import (
 
 // renew extends the lease of id if token still holds it.
 func (a *applier) renew(ctx context.Context, id uuid.UUID, token int64) error {
-	renewed, err := engine.Take(ctx, a.Pool, &engine.TRenew, a.Config.Name, id, token, a.leaseCfg.LeaseTTL.Microseconds())
+	renewed, err := state.Take(ctx, a.Pool, &state.Renew, a.Config.Name, id, token, a.leaseCfg.LeaseTTL.Microseconds())
 	switch {
 	case err != nil:
 		return engine.DBErrors.Translate("renewing a lease", err)
 	case !renewed:
-		a.Refused(ctx, &engine.TRenew, id, "the lease was taken over")
+		a.Refused(ctx, &state.Renew, id, "the lease was taken over")
 		return errLeaseLost
 	}
 	return nil

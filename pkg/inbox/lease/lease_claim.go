@@ -2,6 +2,7 @@ package lease
 
 import (
 	"github.com/onceflow/onceflow/pkg/inbox/internal/engine"
+	"github.com/onceflow/onceflow/pkg/inbox/internal/state"
 
 	"bytes"
 	"context"
@@ -60,7 +61,7 @@ func (a *applier) leaseBatch(ctx context.Context, items []*leaseItem) {
 			ids[i], types[i], aggTypes[i], aggs[i], versions[i] = ev.EventID, ev.EventType, ev.AggregateType, ev.AggregateID, ev.AggregateVersion
 			topics[i], partitions[i], offsets[i], payloads[i], sent[i] = m.Topic, int32(m.Partition), m.Offset, []byte(ev.Payload), m.Time
 		}
-		rows, err := engine.TakeQuery(ctx, tx, &engine.TLeaseBatch, a.Config.Name, ids, types, aggTypes, aggs, versions, topics, partitions, offsets, payloads,
+		rows, err := state.TakeQuery(ctx, tx, &state.LeaseBatch, a.Config.Name, ids, types, aggTypes, aggs, versions, topics, partitions, offsets, payloads,
 			a.leaseCfg.LeaseOwner, a.leaseCfg.LeaseTTL.Microseconds(), sent)
 		if err != nil {
 			return engine.DBErrors.Translate("leasing a batch", err)
@@ -108,7 +109,7 @@ func (a *applier) leaseBatch(ctx context.Context, items []*leaseItem) {
 			)
 			if _, err := pgx.ForEachRow(rows, []any{&id, &status, &until}, func() error {
 				it := byID[id]
-				if (status == engine.StateLeased && until != nil) || status == engine.StateRequeued {
+				if (status == state.StatusLeased && until != nil) || status == state.StatusRequeued {
 					return nil // planAlone: it waits for that lease, or applies the requeued letter
 				}
 				dups = append(dups, it.ev)

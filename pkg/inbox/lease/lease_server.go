@@ -2,6 +2,7 @@ package lease
 
 import (
 	"github.com/onceflow/onceflow/pkg/inbox/internal/engine"
+	"github.com/onceflow/onceflow/pkg/inbox/internal/state"
 
 	"context"
 	"errors"
@@ -73,7 +74,7 @@ func (a *applier) watchServer(ctx context.Context, tx pgx.Tx) error {
 		return nil
 	}
 	var switched bool
-	err := tx.QueryRow(ctx, engine.TServerSwitch.SQL, a.Config.Name, server, serverSwitchClockMargin.Microseconds()).Scan(&switched)
+	err := tx.QueryRow(ctx, state.ServerSwitch.SQL, a.Config.Name, server, serverSwitchClockMargin.Microseconds()).Scan(&switched)
 	switch {
 	case errors.Is(err, pgx.ErrNoRows): // another transaction recorded it first
 		return nil

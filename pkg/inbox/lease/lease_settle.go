@@ -2,6 +2,7 @@ package lease
 
 import (
 	"github.com/onceflow/onceflow/pkg/inbox/internal/engine"
+	"github.com/onceflow/onceflow/pkg/inbox/internal/state"
 
 	"context"
 	"errors"
@@ -93,13 +94,13 @@ func (a *applier) deadLetterLeased(ctx context.Context, d engine.Delivery, ev *e
 // records the outcome with Done in the same transaction.
 func (a *applier) markDone(ctx context.Context, ev event.Envelope, token int64, outcome Outcome) error {
 	return pgx.BeginFunc(ctx, a.Pool, func(tx pgx.Tx) error {
-		done, err := engine.Take(ctx, tx, &engine.TDone, a.Config.Name, ev.EventID, token)
+		done, err := state.Take(ctx, tx, &state.Done, a.Config.Name, ev.EventID, token)
 		if err != nil {
 			return engine.DBErrors.Translate("marking a lease done", err)
 		}
 		if !done {
 			// Our lease expired and another worker took over; it settles the row.
-			a.Refused(ctx, &engine.TDone, ev.EventID, "the lease was taken over")
+			a.Refused(ctx, &state.Done, ev.EventID, "the lease was taken over")
 			a.leaseTakenOver(ctx, ev)
 			return nil
 		}
@@ -131,12 +132,12 @@ func (a *applier) recordDone(ctx context.Context, tx pgx.Tx, done []DoneEvent) e
 // lease was taken over marked nothing (a refusal), and counting it would
 // report an uncertain message that the new holder may settle.
 func (a *applier) markUncertain(ctx context.Context, ev event.Envelope, token int64, cause error) error {
-	marked, err := engine.Take(ctx, a.Pool, &engine.TUncertain, a.Config.Name, ev.EventID, token, cause.Error())
+	marked, err := state.Take(ctx, a.Pool, &state.Uncertain, a.Config.Name, ev.EventID, token, cause.Error())
 	if err != nil {
 		return engine.DBErrors.Translate("marking a lease uncertain", err)
 	}
 	if !marked {
-		a.Refused(ctx, &engine.TUncertain, ev.EventID, "the lease was taken over")
+		a.Refused(ctx, &state.Uncertain, ev.EventID, "the lease was taken over")
 		return nil
 	}
 	engine.Uncertain(a.Config.Metrics).WithLabelValues(a.Config.Name).Inc()

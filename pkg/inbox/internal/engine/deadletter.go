@@ -7,6 +7,8 @@ import (
 	"log/slog"
 	"time"
 
+	"github.com/onceflow/onceflow/pkg/inbox/internal/state"
+
 	"github.com/jackc/pgx/v5"
 	"github.com/segmentio/kafka-go"
 
@@ -176,14 +178,14 @@ func (s *Shared) RecordDeadLetter(ctx context.Context, tx pgx.Tx, m kafka.Messag
 		return fmt.Errorf("recording a dead letter: %w", err)
 	}
 	var (
-		tr      = &tDeadLetter
+		tr      = &state.DeadLetter
 		changed bool
 	)
 	if lease.Token > 0 {
-		tr = &tDeadLetterLeased
-		changed, err = Take(ctx, sp, tr, s.Config.Name, ev.EventID, lease.Token, reason.Error(), lease.MayHaveCalled, ev.AggregateType)
+		tr = &state.DeadLetterLeased
+		changed, err = state.Take(ctx, sp, tr, s.Config.Name, ev.EventID, lease.Token, reason.Error(), lease.MayHaveCalled, ev.AggregateType)
 	} else {
-		changed, err = Take(ctx, sp, tr, s.Config.Name, ev.EventID, ev.EventType, ev.AggregateType, ev.AggregateID,
+		changed, err = state.Take(ctx, sp, tr, s.Config.Name, ev.EventID, ev.EventType, ev.AggregateType, ev.AggregateID,
 			ev.AggregateVersion, m.Topic, m.Partition, m.Offset, reason.Error(), []byte(ev.Payload), lease.MayHaveCalled)
 	}
 	if err == nil && !changed {
@@ -254,7 +256,7 @@ func (s *Shared) keepOriginal(ctx context.Context, tx pgx.Tx, m kafka.Message, e
 	if err != nil {
 		return err
 	}
-	_, err = Take(ctx, tx, &tKeepOriginal, s.Config.Name, ev.EventID, m.Topic, m.Partition, m.Offset, m.Key, m.Value, headers, inTopic,
+	_, err = state.Take(ctx, tx, &state.KeepOriginal, s.Config.Name, ev.EventID, m.Topic, m.Partition, m.Offset, m.Key, m.Value, headers, inTopic,
 		s.deadLetterTopic(m))
 	return err
 }

@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"log/slog"
 
+	"github.com/onceflow/onceflow/pkg/inbox/internal/state"
+
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 
@@ -96,11 +98,11 @@ func (s *Shared) GuardBatch(ctx context.Context, tx pgx.Tx, evs []event.Envelope
 	for i, k := range keys {
 		versions[i] = applied[k]
 	}
-	if _, err := Take(ctx, tx, &tAdvance, s.Config.Name, typs, ids, versions); err != nil {
+	if _, err := state.Take(ctx, tx, &state.Advance, s.Config.Name, typs, ids, versions); err != nil {
 		return nil, err
 	}
 	if len(staleIDs) > 0 {
-		if _, err := Take(ctx, tx, &tStale, s.Config.Name, staleIDs, s.recordedState()); err != nil {
+		if _, err := state.Take(ctx, tx, &state.Stale, s.Config.Name, staleIDs, s.recordedState()); err != nil {
 			return nil, err
 		}
 	}
@@ -157,7 +159,7 @@ func (s *Shared) PayloadMismatch(ctx context.Context, id uuid.UUID) {
 // consumer that skips ahead applied its successors meanwhile).
 func (s *Shared) GuardVersion(ctx context.Context, tx pgx.Tx, ev *event.Envelope, requeued bool) (bool, error) {
 	var prev *int64
-	if err := tx.QueryRow(ctx, tAdvanceOne.SQL, s.Config.Name, ev.AggregateType, ev.AggregateID, ev.AggregateVersion).Scan(&prev); err != nil {
+	if err := tx.QueryRow(ctx, state.AdvanceOne.SQL, s.Config.Name, ev.AggregateType, ev.AggregateID, ev.AggregateVersion).Scan(&prev); err != nil {
 		return false, DBErrors.Translate("checking the aggregate version", err)
 	}
 	switch {
@@ -174,7 +176,7 @@ func (s *Shared) GuardVersion(ctx context.Context, tx pgx.Tx, ev *event.Envelope
 			slog.Int64("version", ev.AggregateVersion), slog.Int64("applied_version", *prev))
 		return false, &staleError{version: ev.AggregateVersion, applied: *prev}
 	case ev.AggregateVersion <= *prev:
-		if _, err := Take(ctx, tx, &tStale, s.Config.Name, []uuid.UUID{ev.EventID}, s.recordedState()); err != nil {
+		if _, err := state.Take(ctx, tx, &state.Stale, s.Config.Name, []uuid.UUID{ev.EventID}, s.recordedState()); err != nil {
 			return false, err
 		}
 		s.Config.Logger.InfoContext(ctx, "inbox skipped a stale event", slog.String("consumer", s.Config.Name),
@@ -199,9 +201,9 @@ func (s *Shared) GuardVersion(ctx context.Context, tx pgx.Tx, ev *event.Envelope
 // processed by the transactional one.
 func (s *Shared) recordedState() string {
 	if s.ReservesVersions {
-		return StateLeased
+		return state.StatusLeased
 	}
-	return StateProcessed
+	return state.StatusProcessed
 }
 
 // staleError is the dead-letter reason of an event at or below the

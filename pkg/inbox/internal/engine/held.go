@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"strings"
 
+	"github.com/onceflow/onceflow/pkg/inbox/internal/state"
+
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 )
@@ -122,13 +124,13 @@ func actOnHeld(ctx context.Context, db RequeueDB, a HeldAction, action string) (
 	err := pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error {
 		res = HeldResult{Dead: []uuid.UUID{}}
 		// The inbox rows first, then the holds: the order of a worker
-		// reapplying a requeued message (tRecord or TReclaim on its row,
-		// then TDropHold), so that the two never wait for each other (a
+		// reapplying a requeued message (state.Record or state.Reclaim on its row,
+		// then state.DropHold), so that the two never wait for each other (a
 		// deadlock, 40P01, the other way round).
 		if _, err := tx.Exec(ctx, lockHeldRows, a.Consumer, a.AggregateType, a.AggregateID); err != nil {
 			return err
 		}
-		rows, err := TakeQuery(ctx, tx, &tReleaseHolds, a.Consumer, a.AggregateType, a.AggregateID)
+		rows, err := state.TakeQuery(ctx, tx, &state.ReleaseHolds, a.Consumer, a.AggregateType, a.AggregateID)
 		if err != nil {
 			return err
 		}
@@ -149,7 +151,7 @@ func actOnHeld(ctx context.Context, db RequeueDB, a HeldAction, action string) (
 		}
 		reason := fmt.Sprintf("%s by operator %q: %s", action, a.Operator, a.Reason)
 		if action == ActionSkip {
-			n, err := takeCount(ctx, tx, &tSkip, a.Consumer, res.Dead, reason)
+			n, err := state.TakeCount(ctx, tx, &state.Skip, a.Consumer, res.Dead, reason)
 			if err != nil {
 				return err
 			}
@@ -160,7 +162,7 @@ func actOnHeld(ctx context.Context, db RequeueDB, a HeldAction, action string) (
 				return err
 			}
 		} else {
-			n, err := takeCount(ctx, tx, &tUnrequeue, a.Consumer, requeued)
+			n, err := state.TakeCount(ctx, tx, &state.Unrequeue, a.Consumer, requeued)
 			if err != nil {
 				return err
 			}
@@ -177,7 +179,7 @@ func actOnHeld(ctx context.Context, db RequeueDB, a HeldAction, action string) (
 		if len(res.Dead) == 0 && (action == ActionRelease || res.Parked == 0) {
 			return ErrNotHeld
 		}
-		_, err = Take(ctx, tx, &tRecordAction, a.Consumer, a.AggregateType, a.AggregateID, action, a.Reason, a.Operator,
+		_, err = state.Take(ctx, tx, &state.RecordAction, a.Consumer, a.AggregateType, a.AggregateID, action, a.Reason, a.Operator,
 			res.Dead, res.Parked)
 		return err
 	})
@@ -193,7 +195,7 @@ func actOnHeld(ctx context.Context, db RequeueDB, a HeldAction, action string) (
 // skipParked empties the aggregate's parking, recording each parked event
 // skipped.
 func skipParked(ctx context.Context, tx pgx.Tx, a HeldAction, reason string) (int, error) {
-	rows, err := TakeQuery(ctx, tx, &tSkipParked, a.Consumer, a.AggregateType, a.AggregateID)
+	rows, err := state.TakeQuery(ctx, tx, &state.SkipParked, a.Consumer, a.AggregateType, a.AggregateID)
 	if err != nil {
 		return 0, err
 	}
@@ -217,7 +219,7 @@ func skipParked(ctx context.Context, tx pgx.Tx, a HeldAction, reason string) (in
 	if len(ids) == 0 {
 		return 0, nil
 	}
-	_, err = Take(ctx, tx, &tSkipParkedRow, a.Consumer, a.AggregateType, a.AggregateID, reason,
+	_, err = state.Take(ctx, tx, &state.SkipParkedRow, a.Consumer, a.AggregateType, a.AggregateID, reason,
 		ids, types, versions, topics, partitions, offsets)
 	return len(ids), err
 }

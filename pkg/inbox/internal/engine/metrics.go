@@ -3,6 +3,8 @@ package engine
 import (
 	"time"
 
+	"github.com/onceflow/onceflow/pkg/inbox/internal/state"
+
 	"github.com/prometheus/client_golang/prometheus"
 )
 
@@ -166,9 +168,9 @@ func (m *Metrics) init(consumer string) {
 	for _, c := range []*prometheus.CounterVec{m.processed, m.duplicates, m.stale, m.failures, m.gaps, m.uncertain, m.payloadMismatches, m.parked, m.released} {
 		c.WithLabelValues(consumer)
 	}
-	for _, tr := range lifecycle {
-		if tr.by == byWorker || tr.by == byHolder {
-			m.refused.WithLabelValues(consumer, tr.name)
+	for _, tr := range state.Lifecycle {
+		if tr.By == state.ByWorker || tr.By == state.ByHolder {
+			m.refused.WithLabelValues(consumer, tr.Name)
 		}
 	}
 	for _, r := range deadLetterReasons {

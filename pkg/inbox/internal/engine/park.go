@@ -6,6 +6,8 @@ import (
 	"log/slog"
 	"sync"
 
+	"github.com/onceflow/onceflow/pkg/inbox/internal/state"
+
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/segmentio/kafka-go"
@@ -175,7 +177,7 @@ func (s *Shared) Park(ctx context.Context, tx pgx.Tx, m kafka.Message, ev *event
 	if err != nil {
 		return err
 	}
-	if _, err := Take(ctx, tx, &tPark, s.Config.Name, ev.EventID, ev.AggregateType, ev.AggregateID, ev.AggregateVersion,
+	if _, err := state.Take(ctx, tx, &state.Park, s.Config.Name, ev.EventID, ev.AggregateType, ev.AggregateID, ev.AggregateVersion,
 		ev.EventType, blockedBy, m.Topic, m.Partition, m.Offset, m.Key, m.Value, headers); err != nil {
 		return DBErrors.Translate("parking a message", err)
 	}
@@ -213,11 +215,11 @@ func decodeHeaders(raw []byte) ([]kafka.Header, error) {
 // below it. (The transactional applier's guard advanced in ev's savepoint,
 // rolled back with its failure.)
 func (s *Shared) holdDeadKey(ctx context.Context, tx pgx.Tx, ev *event.Envelope) error {
-	if _, err := Take(ctx, tx, &tHold, s.Config.Name, ev.EventID, ev.AggregateType, ev.AggregateID, ev.AggregateVersion); err != nil {
+	if _, err := state.Take(ctx, tx, &state.Hold, s.Config.Name, ev.EventID, ev.AggregateType, ev.AggregateID, ev.AggregateVersion); err != nil {
 		return err
 	}
 	if s.Config.DeadKeys == DeadKeyPark && !s.Config.DisableVersionGuard && s.ReservesVersions {
-		if _, err := Take(ctx, tx, &tUnreserve, s.Config.Name, ev.AggregateType, ev.AggregateID, ev.AggregateVersion); err != nil {
+		if _, err := state.Take(ctx, tx, &state.Unreserve, s.Config.Name, ev.AggregateType, ev.AggregateID, ev.AggregateVersion); err != nil {
 			return err
 		}
 	}

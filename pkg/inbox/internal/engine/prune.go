@@ -6,6 +6,8 @@ import (
 	"log/slog"
 	"time"
 
+	"github.com/onceflow/onceflow/pkg/inbox/internal/state"
+
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/onceflow/onceflow/pkg/internal/knob"
@@ -83,13 +85,13 @@ func Prune(ctx context.Context, db DB, cfg PruneConfig) (int, error) {
 		return 0, err
 	}
 	cfg = cfg.WithDefaults()
-	total, err := prune.Batches(ctx, db, tPrune.SQL, cfg.Retention, cfg.BatchSize)
+	total, err := prune.Batches(ctx, db, state.Prune.SQL, cfg.Retention, cfg.BatchSize)
 	if err != nil {
 		return total, fmt.Errorf("inbox: pruning processed messages: %w", err)
 	}
 	// The originals kept for truncated dead letters go once their letter
 	// is no longer dead (applied, skipped, pruned), after Retention.
-	if _, err := Take(ctx, db, &tPruneOriginals, cfg.Retention.Microseconds()); err != nil {
+	if _, err := state.Take(ctx, db, &state.PruneOriginals, cfg.Retention.Microseconds()); err != nil {
 		return total, fmt.Errorf("inbox: pruning the originals of truncated dead letters: %w", err)
 	}
 	return total, nil

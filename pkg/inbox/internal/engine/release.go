@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"log/slog"
 
+	"github.com/onceflow/onceflow/pkg/inbox/internal/state"
+
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/segmentio/kafka-go"
@@ -65,7 +67,7 @@ func (c *Consumer) releaseParked(ctx context.Context, batch []fetched) error {
 					break // abandoned: it stays first in the parking
 				}
 			}
-			if _, err := Take(ctx, c.shared.Pool, &tUnpark, c.cfg.Name, parkedID(m)); err != nil {
+			if _, err := state.Take(ctx, c.shared.Pool, &state.Unpark, c.cfg.Name, parkedID(m)); err != nil {
 				break
 			}
 			c.cfg.Metrics.released.WithLabelValues(c.cfg.Name).Inc()
@@ -182,7 +184,7 @@ func (c *Consumer) resumeReleases(ctx context.Context, g *generation, assigned m
 			slog.String("consumer", c.cfg.Name), slog.Any("error", err))
 	}
 	for _, id := range done {
-		if _, err := Take(ctx, c.shared.Pool, &tUnpark, c.cfg.Name, id); err == nil {
+		if _, err := state.Take(ctx, c.shared.Pool, &state.Unpark, c.cfg.Name, id); err == nil {
 			c.cfg.Metrics.released.WithLabelValues(c.cfg.Name).Inc()
 		}
 	}

@@ -9,6 +9,8 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/onceflow/onceflow/pkg/inbox/internal/state"
+
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/segmentio/kafka-go"
@@ -450,7 +452,7 @@ func (rq *requeuer) flush(ctx context.Context) error {
 	}
 	deleted := map[deadLetterKey]bool{}
 	if len(ids) > 0 {
-		rows, err := TakeQuery(ctx, tx, &tRequeue, consumers, ids)
+		rows, err := state.TakeQuery(ctx, tx, &state.Requeue, consumers, ids)
 		if err != nil {
 			return fmt.Errorf("inbox: marking dead_lettered rows requeued: %w", err)
 		}
@@ -460,7 +462,7 @@ func (rq *requeuer) flush(ctx context.Context) error {
 		}
 		// The aggregates stay held until the requeued messages are applied;
 		// then their parked messages are released (park.go).
-		if _, err := Take(ctx, tx, &tRequeueHold, consumers, ids); err != nil {
+		if _, err := state.Take(ctx, tx, &state.RequeueHold, consumers, ids); err != nil {
 			return fmt.Errorf("inbox: marking dead aggregates requeued: %w", err)
 		}
 	}

@@ -3,6 +3,10 @@ package engine
 import (
 	"context"
 	"fmt"
+	"log/slog"
+
+	"github.com/google/uuid"
+	"github.com/onceflow/onceflow/pkg/inbox/internal/state"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
@@ -66,4 +70,14 @@ func (s *Shared) Committed(ctx context.Context, msgs []Delivery) error {
 		d.Gen.Finish(d.Msg, true)
 	}
 	return nil
+}
+
+// Refused counts and logs a writer that lost its right to tr for id: the
+// row had moved on (settled by another member, taken over), so it changed
+// nothing.
+func (s *Shared) Refused(ctx context.Context, tr *state.Transition, id uuid.UUID, why string) {
+	s.Config.Metrics.refused.WithLabelValues(s.Config.Name, tr.Name).Inc()
+	s.Config.Logger.WarnContext(ctx, "inbox transition refused: the row moved on; this writer changed nothing",
+		slog.String("consumer", s.Config.Name), slog.String("transition", tr.Name), slog.String("by", tr.By),
+		slog.String("event_id", id.String()), slog.String("why", why))
 }

@@ -8,6 +8,8 @@ import (
 	"log/slog"
 	"time"
 
+	"github.com/onceflow/onceflow/pkg/inbox/internal/state"
+
 	"github.com/jackc/pgx/v5"
 	"github.com/segmentio/kafka-go"
 
@@ -301,8 +303,8 @@ func (a *TxApplier) Settle(ctx context.Context, tx pgx.Tx, m kafka.Message, atte
 // handler, all in tx; the first attempt records the hop (inbox_hop_seconds).
 func (a *TxApplier) apply(ctx context.Context, tx pgx.Tx, m kafka.Message, ev *event.Envelope, attempt int) (Outcome, error) {
 	var reapplied bool // a requeued row: the operator sent it back
-	var was []byte     // and that row as it was, for TRepark
-	err := tx.QueryRow(ctx, tRecord.SQL, a.Config.Name, ev.EventID, ev.EventType, ev.AggregateType, ev.AggregateID,
+	var was []byte     // and that row as it was, for state.Repark
+	err := tx.QueryRow(ctx, state.Record.SQL, a.Config.Name, ev.EventID, ev.EventType, ev.AggregateType, ev.AggregateID,
 		ev.AggregateVersion, m.Topic, m.Partition, m.Offset, []byte(ev.Payload)).Scan(&reapplied, &was)
 	recorded := err == nil
 	if errors.Is(err, pgx.ErrNoRows) {
@@ -332,11 +334,11 @@ func (a *TxApplier) apply(ctx context.Context, tx pgx.Tx, m kafka.Message, ev *e
 		// but a requeued row (a stale dead letter's requeue, which holds
 		// nothing, behind another dead message) is put back requeued, never
 		// deleted: its release reapplies it as the requeue it is.
-		tr, args := &tUnrecord, []any{a.Config.Name, ev.EventID}
+		tr, args := &state.Unrecord, []any{a.Config.Name, ev.EventID}
 		if reapplied {
-			tr, args = &TRepark, []any{a.Config.Name, ev.EventID, was, nil}
+			tr, args = &state.Repark, []any{a.Config.Name, ev.EventID, was, nil}
 		}
-		if _, err := Take(ctx, tx, tr, args...); err != nil {
+		if _, err := state.Take(ctx, tx, tr, args...); err != nil {
 			return 0, DBErrors.Translate("parking a message", err)
 		}
 		if pd.Verdict == AlreadyParked {
@@ -344,7 +346,7 @@ func (a *TxApplier) apply(ctx context.Context, tx pgx.Tx, m kafka.Message, ev *e
 		}
 		return ParkedOutcome, a.Park(ctx, tx, m, ev, pd.BlockedBy)
 	case ProceedRequeued:
-		if _, err := Take(ctx, tx, &TDropHold, a.Config.Name, ev.EventID); err != nil {
+		if _, err := state.Take(ctx, tx, &state.DropHold, a.Config.Name, ev.EventID); err != nil {
 			return 0, DBErrors.Translate("releasing a requeued message's aggregate", err)
 		}
 	}

@@ -6,6 +6,8 @@ import (
 	"log/slog"
 	"time"
 
+	"github.com/onceflow/onceflow/pkg/inbox/internal/state"
+
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/segmentio/kafka-go"
@@ -160,7 +162,7 @@ func (a *TxApplier) insertBatch(ctx context.Context, tx pgx.Tx, batch []kafka.Me
 		topics, partitions = append(topics, m.Topic), append(partitions, int32(m.Partition))
 		offsets, payloads = append(offsets, m.Offset), append(payloads, []byte(ev.Payload))
 	}
-	rows, err := TakeQuery(ctx, tx, &tRecordBatch, a.Config.Name, ids, types, aggTypes, aggs, versions, topics, partitions, offsets, payloads)
+	rows, err := state.TakeQuery(ctx, tx, &state.RecordBatch, a.Config.Name, ids, types, aggTypes, aggs, versions, topics, partitions, offsets, payloads)
 	if err != nil {
 		return nil, err
 	}

@@ -1,4 +1,4 @@
-package engine
+package state
 
 import (
 	"os"
@@ -9,14 +9,14 @@ import (
 )
 
 // TestOnlyStateGoWritesTheLifecycleTables keeps the machine in one file:
-// no other source file of the inbox — this package, pkg/inbox and
-// pkg/inbox/lease — inserts into, updates or deletes from the inbox's
+// no other source file of the inbox — this package, the engine, pkg/inbox
+// and pkg/inbox/lease — inserts into, updates or deletes from the inbox's
 // lifecycle tables (DESIGN.md invariant 11, STYLE.md 25).
 func TestOnlyStateGoWritesTheLifecycleTables(t *testing.T) {
 	t.Parallel()
 	write := regexp.MustCompile(`(?i)(INSERT\s+INTO|UPDATE|DELETE\s+FROM)\s+inbox_(messages|aggregate_versions|dead_keys|parked_messages|dead_letter_originals|operator_actions|servers)\b`)
 	var files []string
-	for _, dir := range []string{".", filepath.Join("..", ".."), filepath.Join("..", "..", "lease")} {
+	for _, dir := range []string{".", filepath.Join("..", "engine"), filepath.Join("..", ".."), filepath.Join("..", "..", "lease")} {
 		found, err := filepath.Glob(filepath.Join(dir, "*.go"))
 		if err != nil {
 			t.Fatal(err)
@@ -54,9 +54,9 @@ func TestEveryTransitionIsDrawn(t *testing.T) {
 	}
 	diagram := string(doc[i:])
 	diagram = diagram[:strings.Index(diagram, "```")]
-	for _, tr := range lifecycle {
-		if !strings.Contains(diagram, ": "+tr.name) {
-			t.Errorf("transition %s (%s) is not on docs/inbox.md's diagram", tr.name, tr.by)
+	for _, tr := range Lifecycle {
+		if !strings.Contains(diagram, ": "+tr.Name) {
+			t.Errorf("transition %s (%s) is not on docs/inbox.md's diagram", tr.Name, tr.By)
 		}
 	}
 }
@@ -65,14 +65,14 @@ func TestEveryTransitionIsDrawn(t *testing.T) {
 // must say which state it overwrites (STYLE.md 25).
 func TestNoUpsertOverwritesWithoutAState(t *testing.T) {
 	t.Parallel()
-	for _, tr := range lifecycle {
+	for _, tr := range Lifecycle {
 		sql := strings.ToUpper(tr.SQL)
 		i := strings.Index(sql, "DO UPDATE")
 		if i < 0 {
 			continue
 		}
 		if rest := sql[i:]; !strings.Contains(rest, "WHERE") {
-			t.Errorf("transition %s upserts with no WHERE on the state it overwrites", tr.name)
+			t.Errorf("transition %s upserts with no WHERE on the state it overwrites", tr.Name)
 		}
 	}
 }
