@@ -21,6 +21,8 @@ var adoptPackages = map[string]string{
 	"inbox":      "github.com/onceflow/onceflow/pkg/inbox",
 	"outboxtest": "github.com/onceflow/onceflow/pkg/outbox/outboxtest",
 	"inboxtest":  "github.com/onceflow/onceflow/pkg/inbox/inboxtest",
+	"lease":      "github.com/onceflow/onceflow/pkg/inbox/lease",
+	"leasetest":  "github.com/onceflow/onceflow/pkg/inbox/lease/leasetest",
 	"testenv":    "github.com/onceflow/onceflow/pkg/testenv",
 	"kafkasafe":  "github.com/onceflow/onceflow/pkg/kafkasafe",
 	"pgmigrate":  "github.com/onceflow/onceflow/pkg/pgmigrate",

@@ -1,21 +1,13 @@
 package inbox
 
 import (
-	"encoding/json"
-	"errors"
-	"fmt"
-	"log/slog"
-	"time"
-
-	"github.com/google/uuid"
-
-	"github.com/onceflow/onceflow/pkg/internal/knob"
+	"github.com/onceflow/onceflow/pkg/inbox/internal/engine"
 )
 
 // GapPolicy says what to do with an event whose aggregate version is more
 // than one above the last one this consumer applied: a later version over
 // a missing earlier one.
-type GapPolicy int
+type GapPolicy = engine.GapPolicy
 
 const (
 	// GapWait, the default, waits for the missing versions a bounded time:
@@ -26,18 +18,19 @@ const (
 	// or releases the aggregate. A missing earlier version that arrives
 	// meanwhile is applied (it comes before the dead one). Nothing jumps
 	// ahead: a refund is never forwarded over a capture that never came.
-	GapWait GapPolicy = iota
+	GapWait = engine.GapWait
+
 	// GapAccept handles the event at once and reports the gap (metric and
 	// log): an explicit opt-in, right when events may be missing for good
 	// (topic retention, a consumer that starts late) and handlers do not
 	// depend on every step.
-	GapAccept
+	GapAccept = engine.GapAccept
 )
 
 // StalePolicy says what to do with an event at or below the aggregate
 // version this consumer already applied that is not a redelivery (another
 // event id): an older event arriving after a newer one was applied.
-type StalePolicy int
+type StalePolicy = engine.StalePolicy
 
 const (
 	// StaleDeadLetter, the default, dead-letters it with its reason
@@ -45,262 +38,35 @@ const (
 	// stale), without holding its aggregate back: nothing vanishes
 	// silently, and an operator who requeues it has it applied whatever
 	// the guard says.
-	StaleDeadLetter StalePolicy = iota
+	StaleDeadLetter = engine.StaleDeadLetter
+
 	// StaleSkip skips it, marked stale in the inbox and counted
 	// (inbox_stale_total): an explicit opt-in, for consumers that keep
 	// only the latest state of an aggregate and lose nothing by it.
-	StaleSkip
+	StaleSkip = engine.StaleSkip
 )
 
 // Upcaster converts the payload of EventType from version From to From+1.
 // Register one per step; the consumer applies them in a chain, so handlers
 // only ever see the current version.
-type Upcaster struct {
-	EventType string
-	From      int
-	Convert   func(payload json.RawMessage) (json.RawMessage, error)
-}
+type Upcaster = engine.Upcaster
 
 // The defaults of Config's fields, which a zero field takes.
 const (
-	DefaultWorkers          = 4
-	DefaultBatchSize        = 100
-	DefaultMaxAttempts      = 5
-	DefaultBackoffMin       = 50 * time.Millisecond
-	DefaultBackoffMax       = 5 * time.Second
-	DefaultLagInterval      = 5 * time.Second
-	DefaultShutdownGrace    = 10 * time.Second
-	DefaultErrorLogInterval = 30 * time.Second
-	// DefaultDeadLetterRetention is Kafka's default retention.ms (7 days).
-	DefaultDeadLetterRetention = 7 * 24 * time.Hour
-)
+	DefaultWorkers          = engine.DefaultWorkers
+	DefaultBatchSize        = engine.DefaultBatchSize
+	DefaultMaxAttempts      = engine.DefaultMaxAttempts
+	DefaultBackoffMin       = engine.DefaultBackoffMin
+	DefaultBackoffMax       = engine.DefaultBackoffMax
+	DefaultLagInterval      = engine.DefaultLagInterval
+	DefaultShutdownGrace    = engine.DefaultShutdownGrace
+	DefaultErrorLogInterval = engine.DefaultErrorLogInterval
 
-// The defaults of LeaseConfig's fields, which a zero field takes; CallTimeout
-// and LeaseMargin default to fractions of LeaseTTL.
-const (
-	DefaultLeaseTTL    = 30 * time.Second
-	DefaultMaxInFlight = 16
+	// DefaultDeadLetterRetention is Kafka's default retention.ms (7 days).
+	DefaultDeadLetterRetention = engine.DefaultDeadLetterRetention
 )
 
 // Config configures a Consumer, in either mode (a lease-mode consumer's own
-// knobs are in LeaseConfig). Zero fields take the documented defaults;
+// knobs are in pkg/inbox/lease's Config). Zero fields take the documented defaults;
 // negative ones are refused by Validate.
-type Config struct {
-	// Name identifies the consumer; dedupe is per (Name, event id). Required.
-	Name string
-
-	// Dispatching: how fetched messages reach the applier.
-
-	// Workers handle messages in parallel, each message going to the worker
-	// its key hashes to, so one key (one aggregate) is handled in order.
-	// Default DefaultWorkers.
-	Workers int
-	// BatchSize is the most messages a worker hands its applier at once
-	// (the transactional applier handles them in one database transaction,
-	// with a savepoint each when one fails, so one failure does not undo
-	// the others; the lease applier leases and marks them done in one
-	// transaction each). It is also each worker's queue capacity. Default
-	// DefaultBatchSize.
-	BatchSize int
-
-	// Applying, in both modes: retries, dead letters, the version guard,
-	// parking, upcasting.
-
-	// MaxAttempts bounds how often a failing handler (or side effect) runs
-	// for one message before it is dead-lettered. Default DefaultMaxAttempts.
-	MaxAttempts int
-	// BackoffMin and BackoffMax bound the jittered exponential delay between
-	// attempts, and between retries through an outage. Defaults
-	// DefaultBackoffMin and DefaultBackoffMax.
-	BackoffMin, BackoffMax time.Duration
-	// DeadLetterTopic receives messages that cannot be handled.
-	// Default: the message's topic + ".dlt".
-	DeadLetterTopic string
-	// DisableVersionGuard turns off the aggregate-version check, for topics
-	// whose events carry no meaningful per-aggregate sequence.
-	DisableVersionGuard bool
-	// Gaps is the version-gap policy. Default GapWait: a bounded wait, then
-	// a dead letter its aggregate parks behind.
-	Gaps GapPolicy
-	// Stale is what happens to an older event that arrives after a newer
-	// one of its aggregate was applied. Default StaleDeadLetter.
-	Stale StalePolicy
-	// DeadKeys says what happens to the later events of an aggregate whose
-	// earlier event is dead (dead-lettered, not yet requeued and applied).
-	// Default DeadKeyPark: they are parked, and applied in order once the
-	// dead one is requeued and applied. DeadKeySkipAhead applies them at
-	// once; only for consumers whose events of one aggregate do not depend
-	// on each other (see DeadKeySkipAhead).
-	DeadKeys DeadKeyPolicy
-	// Upcasters convert older event versions to the current one.
-	Upcasters []Upcaster
-
-	// CommitReplicated makes the consumer commit its Kafka offsets only
-	// for messages whose database work every standby has flushed
-	// (PostgreSQL streaming replication, followed through the standbys'
-	// physical slots, as the outbox's Standby.PublishReplicated does). With
-	// an asynchronous standby a failover loses the primary's last commits;
-	// without this, the offsets of the messages they applied survive in
-	// Kafka and those messages are never delivered again (a charge lost
-	// for good); with it, they are redelivered and applied on the promoted
-	// server. Each commit of offsets then reads the standbys' position
-	// once (every GroupConfig.CommitInterval) and waits for them up to
-	// CommitInterval; while they are behind or down, offsets stay where
-	// they are (the messages are handled meanwhile, and redelivered after
-	// a rebalance, which the inbox absorbs) and the outage is reported
-	// (inbox_standby_connected 0, inbox_standby_errors_total, a WARN log
-	// line). Default false.
-	CommitReplicated bool
-	// StandbySlots names the physical slots whose standbys count for
-	// CommitReplicated. Default: every physical slot on the primary.
-	StandbySlots []string
-
-	// Running: shutdown, outages, observability, fault injection.
-
-	// LagInterval is how often consumer_lag_messages and
-	// inbox_dead_letters are refreshed. Default DefaultLagInterval.
-	LagInterval time.Duration
-	// ShutdownGrace is how long the work in hand may go on after Run's ctx
-	// ended (a SIGTERM): a batch being handled, a retry, a dead letter being
-	// published. After it, unfinished messages are abandoned uncommitted and
-	// redelivered later. Default DefaultShutdownGrace.
-	ShutdownGrace time.Duration
-	// ErrorLogInterval bounds how often an outage is logged: its first
-	// failure, then one line per interval with a count, then its end.
-	// Default DefaultErrorLogInterval.
-	ErrorLogInterval time.Duration
-	// DeadLetterRetention is how long the dead-letter topic keeps a letter
-	// (its retention.ms): set it to the topic's. A hold older than this
-	// whose letter is only in the topic (no kept original) has most likely
-	// lost it: no requeue can bring the event back, yet its row is still
-	// dead_lettered. inbox_holds_past_dead_letter_retention counts those,
-	// for the InboxDeadLetterPastRetention alert; an operator then
-	// releases or skips the aggregate (ReleaseHeld, SkipHeld). Default
-	// DefaultDeadLetterRetention.
-	DeadLetterRetention time.Duration
-	// Logger receives failures and dead letters. Default: slog.Default().
-	Logger *slog.Logger
-	// Metrics receives the consumer's metrics. Default: none.
-	Metrics *Metrics
-}
-
-// WithDefaults returns c with every zero field set to its documented
-// default. Negative values are kept, for Validate to refuse: a typo'd sign
-// must not quietly become the default.
-func (c Config) WithDefaults() Config {
-	knob.Default(&c.Workers, DefaultWorkers)
-	knob.Default(&c.BatchSize, DefaultBatchSize)
-	knob.Default(&c.MaxAttempts, DefaultMaxAttempts)
-	knob.Default(&c.BackoffMin, DefaultBackoffMin)
-	knob.Default(&c.BackoffMax, DefaultBackoffMax)
-	knob.Default(&c.LagInterval, DefaultLagInterval)
-	knob.Default(&c.ShutdownGrace, DefaultShutdownGrace)
-	knob.Default(&c.ErrorLogInterval, DefaultErrorLogInterval)
-	knob.Default(&c.DeadLetterRetention, DefaultDeadLetterRetention)
-	if c.Logger == nil {
-		c.Logger = slog.Default()
-	}
-	if c.Metrics == nil {
-		c.Metrics = NewMetrics(nil)
-	}
-	return c
-}
-
-// Validate reports the first field of c that no consumer can run with: a
-// missing Name, a negative count or duration, an unknown gap or dead-key
-// policy, or backoff bounds the wrong way round. It checks c as
-// NewConsumer would use it, after WithDefaults.
-func (c Config) Validate() error {
-	if c.Name == "" {
-		return errors.New("inbox: Config.Name is required")
-	}
-	const name = "inbox: Config"
-	if err := knob.RefuseNegative(name, c); err != nil {
-		return err
-	}
-	if c.Gaps != GapWait && c.Gaps != GapAccept {
-		return fmt.Errorf("inbox: Config.Gaps is %d, neither GapWait nor GapAccept", c.Gaps)
-	}
-	if c.Stale != StaleDeadLetter && c.Stale != StaleSkip {
-		return fmt.Errorf("inbox: Config.Stale is %d, neither StaleDeadLetter nor StaleSkip", c.Stale)
-	}
-	if c.DeadKeys != DeadKeyPark && c.DeadKeys != DeadKeySkipAhead {
-		return fmt.Errorf("inbox: Config.DeadKeys is %d, neither DeadKeyPark nor DeadKeySkipAhead", c.DeadKeys)
-	}
-	d := c.WithDefaults()
-	return knob.RefuseCrossed(name, "BackoffMin", d.BackoffMin, "BackoffMax", d.BackoffMax)
-}
-
-// LeaseConfig configures a lease-mode Consumer (NewLeaseConsumer): the
-// Config of every consumer, and the knobs of leases and side-effect calls,
-// which only lease mode has. Zero fields take the documented defaults;
-// negative ones are refused by Validate.
-type LeaseConfig struct {
-	Config
-	// LeaseTTL is how long a leased message stays with its worker. Every
-	// Effect.Check and Effect.Call starts only right after its worker
-	// renewed the lease under its fencing token (or took it, a tenth of
-	// CallTimeout ago at most), so a lease must outlast
-	// CallTimeout + LeaseMargin (Validate refuses it otherwise). Default
-	// DefaultLeaseTTL.
-	LeaseTTL time.Duration
-	// CallTimeout bounds each Effect.Check and Effect.Call: its ctx ends
-	// CallTimeout after the renewal that preceded it, so before the lease
-	// does. A call cut off by it counts as the other side being unavailable
-	// (an outage: waited out, never an attempt), and the next try checks
-	// first. Effect.Check and Effect.Call must honour their ctx. Default
-	// LeaseTTL/3.
-	CallTimeout time.Duration
-	// LeaseMargin is how long after a call's ctx ended the call may still
-	// take effect on the other side: a request already on the wire, the
-	// other side finishing what it received. Leases outlast every call by at
-	// least this much, so a worker that takes over an expired lease checks
-	// only after the previous holder's last possible call has landed; and a
-	// worker whose own call failed checks, before trying again, no sooner
-	// than this after it. Default LeaseTTL/10.
-	LeaseMargin time.Duration
-	// MaxInFlight bounds the side-effect calls (Effect.Check and
-	// Effect.Call) the consumer makes at once, across its workers: the most
-	// load it puts on the other side. The messages of one key are called
-	// one after the other, in order; distinct keys of a batch are called
-	// concurrently up to this limit. 1 makes one call at a time. Default
-	// DefaultMaxInFlight.
-	MaxInFlight int
-	// LeaseOwner names this process in lease rows. Default: Name + a random
-	// suffix.
-	LeaseOwner string
-}
-
-// WithDefaults returns c with every zero field, its Config's too, set to
-// its documented default; negative values are kept for Validate to refuse.
-func (c LeaseConfig) WithDefaults() LeaseConfig {
-	c.Config = c.Config.WithDefaults()
-	knob.Default(&c.LeaseTTL, DefaultLeaseTTL)
-	knob.Default(&c.CallTimeout, c.LeaseTTL/3)
-	knob.Default(&c.LeaseMargin, c.LeaseTTL/10)
-	knob.Default(&c.MaxInFlight, DefaultMaxInFlight)
-	if c.LeaseOwner == "" {
-		c.LeaseOwner = c.Name + "-" + uuid.NewString()[:8]
-	}
-	return c
-}
-
-// Validate reports what Config.Validate reports, a negative lease knob, or
-// a LeaseTTL that does not outlast CallTimeout + LeaseMargin. It checks c as
-// NewLeaseConsumer would use it, after WithDefaults.
-func (c LeaseConfig) Validate() error {
-	if err := c.Config.Validate(); err != nil {
-		return err
-	}
-	if err := knob.RefuseNegative("inbox: LeaseConfig", c); err != nil {
-		return err
-	}
-	d := c.WithDefaults()
-	if d.CallTimeout+d.LeaseMargin >= d.LeaseTTL {
-		// A call could then still be running, or landing, when its lease
-		// expires and another worker takes the message over.
-		return fmt.Errorf("inbox: LeaseConfig.LeaseTTL (%v) must exceed CallTimeout (%v) + LeaseMargin (%v): "+
-			"a side-effect call must end, and land, before its lease can be taken over", d.LeaseTTL, d.CallTimeout, d.LeaseMargin)
-	}
-	return nil
-}
+type Config = engine.Config

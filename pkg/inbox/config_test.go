@@ -11,6 +11,7 @@ import (
 
 	"github.com/onceflow/onceflow/pkg/event"
 	"github.com/onceflow/onceflow/pkg/inbox"
+	"github.com/onceflow/onceflow/pkg/inbox/lease"
 	"github.com/onceflow/onceflow/pkg/testenv"
 )
 
@@ -28,37 +29,17 @@ func TestConfigValidate(t *testing.T) {
 	checkValidateCases(t, tests)
 }
 
-func TestLeaseConfigValidate(t *testing.T) {
-	t.Parallel()
-	named := inbox.Config{Name: "c"}
-	tests := []validateCase{
-		{"name only takes the defaults", inbox.LeaseConfig{Config: named}, ""},
-		{"its Config is checked", inbox.LeaseConfig{Config: inbox.Config{Name: "c", Workers: -1}}, "Config.Workers is negative"},
-		{"negative lease", inbox.LeaseConfig{Config: named, LeaseTTL: -time.Second}, "LeaseTTL is negative (-1s)"},
-		{"negative calls in flight", inbox.LeaseConfig{Config: named, MaxInFlight: -1}, "MaxInFlight is negative"},
-		{"negative call timeout", inbox.LeaseConfig{Config: named, CallTimeout: -time.Second}, "CallTimeout is negative"},
-		{"negative lease margin", inbox.LeaseConfig{Config: named, LeaseMargin: -time.Second}, "LeaseMargin is negative"},
-		{"call timeout as long as the lease", inbox.LeaseConfig{Config: named, LeaseTTL: time.Second, CallTimeout: time.Second},
-			"LeaseTTL (1s) must exceed CallTimeout (1s) + LeaseMargin (100ms)"},
-		{"call and margin fill the lease", inbox.LeaseConfig{Config: named, LeaseTTL: time.Second, CallTimeout: 800 * time.Millisecond, LeaseMargin: 200 * time.Millisecond},
-			"LeaseTTL (1s) must exceed CallTimeout (800ms) + LeaseMargin (200ms)"},
-		{"a long call timeout against the default lease", inbox.LeaseConfig{Config: named, CallTimeout: 30 * time.Second}, "LeaseTTL (30s) must exceed"},
-		{"call timeout and margin inside the lease", inbox.LeaseConfig{Config: named, LeaseTTL: time.Second, CallTimeout: 750 * time.Millisecond, LeaseMargin: 200 * time.Millisecond}, ""},
-	}
-	checkValidateCases(t, tests)
-}
-
 // WithDefaults fills zeros with the exported defaults and keeps negatives
 // for Validate to refuse.
 func TestWithDefaultsUsesTheDefaultConstantsAndKeepsNegatives(t *testing.T) {
 	t.Parallel()
-	d := inbox.LeaseConfig{Config: inbox.Config{Name: "c", Workers: -1}}.WithDefaults()
+	d := lease.Config{Config: inbox.Config{Name: "c", Workers: -1}}.WithDefaults()
 	if d.Workers != -1 || d.BatchSize != inbox.DefaultBatchSize || d.MaxAttempts != inbox.DefaultMaxAttempts ||
 		d.ShutdownGrace != inbox.DefaultShutdownGrace {
 		t.Fatalf("Config defaults: Workers %d, BatchSize %d, MaxAttempts %d, ShutdownGrace %v", d.Workers, d.BatchSize, d.MaxAttempts, d.ShutdownGrace)
 	}
-	if d.LeaseTTL != inbox.DefaultLeaseTTL || d.CallTimeout != inbox.DefaultLeaseTTL/3 || d.LeaseMargin != inbox.DefaultLeaseTTL/10 ||
-		d.MaxInFlight != inbox.DefaultMaxInFlight || !strings.HasPrefix(d.LeaseOwner, "c-") {
+	if d.LeaseTTL != lease.DefaultTTL || d.CallTimeout != lease.DefaultTTL/3 || d.LeaseMargin != lease.DefaultTTL/10 ||
+		d.MaxInFlight != lease.DefaultMaxInFlight || !strings.HasPrefix(d.LeaseOwner, "c-") {
 		t.Fatalf("lease defaults: %v %v %v %d %q", d.LeaseTTL, d.CallTimeout, d.LeaseMargin, d.MaxInFlight, d.LeaseOwner)
 	}
 	g := inbox.GroupConfig{CommitInterval: -1}.WithDefaults()
@@ -111,9 +92,9 @@ func TestNewConsumerValidates(t *testing.T) {
 	h := func(context.Context, pgx.Tx, event.Envelope) error { return nil }
 	_, err := inbox.NewConsumer(testenv.LazyPool(t), src, &kafka.Writer{}, h, inbox.Config{Name: "c", Workers: -2})
 	testenv.CheckErr(t, err, "Workers is negative")
-	eff := inbox.Effect{Check: func(context.Context, string) (bool, error) { return false, nil },
+	eff := lease.Effect{Check: func(context.Context, string) (bool, error) { return false, nil },
 		Call: func(context.Context, event.Envelope, string) error { return nil }}
-	_, err = inbox.NewLeaseConsumer(testenv.LazyPool(t), src, &kafka.Writer{}, eff, inbox.LeaseConfig{Config: inbox.Config{Name: "c"}, MaxInFlight: -1})
+	_, err = lease.NewConsumer(testenv.LazyPool(t), src, &kafka.Writer{}, eff, lease.Config{Config: inbox.Config{Name: "c"}, MaxInFlight: -1})
 	testenv.CheckErr(t, err, "MaxInFlight is negative")
 	src.HeartbeatInterval = time.Minute
 	_, err = inbox.NewConsumer(testenv.LazyPool(t), src, &kafka.Writer{}, h, inbox.Config{Name: "c"})

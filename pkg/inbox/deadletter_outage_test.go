@@ -14,6 +14,7 @@ import (
 
 	"github.com/onceflow/onceflow/pkg/event"
 	"github.com/onceflow/onceflow/pkg/inbox"
+	"github.com/onceflow/onceflow/pkg/inbox/lease"
 	"github.com/onceflow/onceflow/pkg/testenv"
 )
 
@@ -79,10 +80,10 @@ func testDeadLetterWaitingForKafka(t *testing.T, mode string) {
 			return effect(ctx, tx.Exec, ev)
 		}, cfg)
 	} else {
-		c, err = inbox.NewLeaseConsumer(f.pool, src, dlq, inbox.Effect{
+		c, err = lease.NewConsumer(f.pool, src, dlq, lease.Effect{
 			Check: func(context.Context, string) (bool, error) { return false, nil },
 			Call:  func(ctx context.Context, ev event.Envelope, _ string) error { return effect(ctx, f.pool.Exec, ev) },
-		}, inbox.LeaseConfig{Config: cfg})
+		}, lease.Config{Config: cfg})
 	}
 	if err != nil {
 		t.Fatal(err)

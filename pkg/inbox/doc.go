@@ -10,84 +10,41 @@
 //     NewBatchConsumer is the same with a BatchHandler, which also applies
 //     a batch's new events at once (a statement for all of them instead of
 //     one per event).
-//   - NewLeaseConsumer, for side effects outside it (an HTTP call to a third
-//     party that cannot dedupe): the message is leased to one worker with a
-//     fencing token, the call carries the event id as its idempotency key,
-//     and a delivery whose predecessor may have called first asks the other
-//     side (Effect.Check) whether it has the key; when it cannot tell, the
-//     message is marked 'uncertain' for reconciliation instead of repeated.
-//     A worker leases a batch of messages in one transaction, calls out for
-//     distinct keys concurrently (LeaseConfig.MaxInFlight calls at most across
-//     the consumer) while each key's messages go one after the other, and
-//     marks the called ones done in one transaction.
+//   - Lease mode, for side effects outside it (an HTTP call to a third
+//     party that cannot dedupe), is package lease (pkg/inbox/lease):
+//     lease.NewConsumer returns the same Consumer, with the same
+//     dispatcher, dedupe, version guard, dead letters and offsets; only the
+//     applier differs. A program that does not import it compiles none of
+//     it.
 //
-// Lease mode acts only under a lease it holds. Each Effect.Check and
-// Effect.Call takes a call slot, then renews its lease under the fencing
-// token, and only then starts, with a ctx that ends CallTimeout after that
-// renewal began (a call that starts within a tenth of CallTimeout of the
-// batch's lease transaction counts that transaction as its renewal, and
-// runs without another); the lease runs LeaseTTL from no earlier, and
-// LeaseConfig.Validate insists on LeaseTTL > CallTimeout + LeaseMargin. So
-// every call's ctx ends at least LeaseMargin before its lease can expire,
-// and a worker that takes over an expired lease (which the claim's SQL
-// allows only once the lease has expired, by the database's clock) checks
-// the other side only after the previous holder's last possible call has
-// ended and had LeaseMargin to land. A renewal that finds the token changed
-// means another worker took the message over: this worker drops the
-// message at once, and the
-// later messages of its key in its hands with it (they are redelivered,
-// after it). A call that failed may still land: the worker checks, before
-// calling again, no sooner than LeaseMargin after it. The other side being
-// unreachable (an error wrapping ErrUnavailable, or a call cut off by
-// CallTimeout) is an outage like the database's: waited out with capped
-// backoff, counted (inbox_effect_errors_total), shown
-// (inbox_effect_connected, Healthy), never an attempt of the message.
-//
-// The window that remains: a process frozen (SIGSTOP, a VM pause, a very
-// long GC pause) after the last moment its call looks at its ctx and before
-// the call's first byte leaves. Frozen longer than the time left on its
-// lease, it may wake up and send a call that a new holder has already
-// checked for and made. An HTTP client looks at the ctx when it connects
-// and writes, so the window is that of a freeze between those steps and the
-// bytes leaving the process; everything before it (waiting for a slot,
-// renewing, checking) is covered by the fencing token and the deadline. The
-// settings bound it: a freeze shorter than LeaseTTL - CallTimeout (the time
-// left on the lease when the ctx ends), and a call that lands no later than
-// LeaseMargin after its ctx ended, cannot cause a second call. Choose
-// CallTimeout from the other side's real latency, LeaseMargin from how long
-// it may go on processing a request its caller gave up on, and LeaseTTL
-// above their sum by the longest freeze worth surviving; the reconciliation
-// report (the other side's records against the inbox) finds what is left.
-//
-// The files follow that split, one job each. The Consumer is the dispatcher:
-// consumer.go (Run, the key → worker routing, batching, Handle, and the
-// applier interface it hands each batch to) over group.go (the consumer
-// group, partition readers, offset commits), offsets.go (what may be
-// committed), release.go (releasing parked messages through the applier)
-// and lag.go (the backlog gauges). NewConsumer or NewLeaseConsumer picks
-// the applier once, and the appliers never call back into the dispatcher:
-// what they need is built once and handed to them (shared.go: the pool, the
-// settings, the outages, the dead-letter writer) and comes with each
-// message (delivery.go: the message and its generation, which they may only
-// finish or ask whether it was dropped). The transactional applier,
-// txApplier, is txapply.go (inbox row, version guard and handler in one
-// transaction, with a savepoint per message, retries), txapply_fast.go
-// (a whole batch set-based, the first try) and txapply_handle.go (the
-// handler in its span, which both call); the lease applier, leaseApplier,
-// is lease.go (the type, its SQL), lease_claim.go (leasing a batch),
-// lease_batch.go (each key's turn, marking done), lease_call.go (a call
-// under the lease), lease_settle.go (closing a lease on its own) and
-// lease_alone.go (one message in transactions of its own, when a batch
-// cannot lease it), for the contract in effect.go. Both
-// use guard.go (version guard, upcasters, payload checks), park.go (per-key
-// parking behind a dead event), deadletter.go, trace.go, errors.go (the
-// error classes), health.go (outages) and metrics.go. The operator's side
-// is listdeadletters.go, requeue.go (with dltread.go, their reader of a
-// dead-letter topic), held.go (releasing or skipping a held aggregate),
-// prune.go, backlog.go, lookup.go and listparked.go. Every write of the
-// inbox's lifecycle tables is a transition of state.go, the machine written
-// down once (docs/inbox.md draws it); the reads sit with the job they serve
-// (parking's in park.go, the lease applier's in lease.go).
+// This package is the front door: what an adopter calls, and nothing else.
+// The engine behind it is pkg/inbox/internal/engine (most names here are
+// aliases of its types or thin calls of its functions, and their fields and
+// methods are documented there), one job per file. The Consumer is the
+// dispatcher: consumer.go (Run, the key → worker routing, batching, Handle,
+// and the Applier interface it hands each batch to) over group.go (the
+// consumer group, partition readers, offset commits), offsets.go (what may
+// be committed), release.go (releasing parked messages through the applier)
+// and lag.go (the backlog gauges). NewConsumer (or lease.NewConsumer,
+// through the engine's NewApplied) picks the applier once, and the appliers
+// never call back into the dispatcher: what they need is built once and
+// handed to them (shared.go: the pool, the settings, the outages, the
+// dead-letter writer) and comes with each message (delivery.go: the message
+// and its generation, which they may only finish or ask whether it was
+// dropped). The transactional applier, TxApplier, is txapply.go (inbox row,
+// version guard and handler in one transaction, with a savepoint per
+// message, retries), txapply_fast.go (a whole batch set-based, the first
+// try) and txapply_handle.go (the handler in its span, which both call); the
+// lease applier is pkg/inbox/lease's. Both use guard.go (version guard,
+// upcasters, payload checks), park.go (per-key parking behind a dead event),
+// deadletter.go, trace.go, errors.go (the error classes), health.go
+// (outages) and metrics.go. The operator's side is listdeadletters.go,
+// requeue.go (with dltread.go, their reader of a dead-letter topic), held.go
+// (releasing or skipping a held aggregate), prune.go, backlog.go, lookup.go
+// and listparked.go. Every write of the inbox's lifecycle tables, lease
+// mode's included, is a transition of internal/state's state.go, the machine
+// written down once (docs/inbox.md draws it); the reads sit with the job
+// they serve (parking's in park.go, the lease applier's in pkg/inbox/lease).
 //
 // Consumer groups: a Consumer is one member of the Kafka consumer group in
 // its GroupConfig (kafka-go's consumer-group API). For every generation the
@@ -152,7 +109,7 @@
 //     (GapWait) the event waits a bounded time (MaxAttempts retries), then
 //     is dead-lettered and its successors park behind it; GapAccept
 //     applies it at once, reported, as an opt-in. The lifecycle of every
-//     inbox row, with who may move it, is state.go (docs/inbox.md draws it).
+//     inbox row, with who may move it, is internal/state's state.go (docs/inbox.md draws it).
 //   - Throughput: a worker handles up to BatchSize messages in one
 //     transaction. It first tries the whole batch with set-based inbox work
 //     (one INSERT for every message's inbox row, one read and one upsert for
@@ -199,14 +156,14 @@
 //
 // Configuration follows one convention across the package. A zero field
 // takes its documented default, an exported constant (DefaultWorkers,
-// DefaultLeaseTTL, DefaultSessionTimeout, DefaultRetention, DefaultListLimit,
-// …), or a fraction of another field where the doc says so (CallTimeout is
-// LeaseTTL/3); a negative one is an error, never quietly the default.
-// Validate reports it, and combinations no consumer can run with (a
-// LeaseTTL that does not outlast CallTimeout + LeaseMargin); WithDefaults
+// DefaultSessionTimeout, DefaultRetention, DefaultListLimit, lease.DefaultTTL,
+// …), or a fraction of another field where the doc says so (lease mode's
+// CallTimeout is LeaseTTL/3); a negative one is an error, never quietly the
+// default. Validate reports it, and combinations no consumer can run with
+// (a lease whose LeaseTTL does not outlast CallTimeout + LeaseMargin); WithDefaults
 // fills the zeros and keeps the negatives for Validate; the constructors and
 // functions call both. Config holds the knobs of every consumer,
-// LeaseConfig adds those only lease mode has, GroupConfig those of the
+// lease.Config adds those only lease mode has, GroupConfig those of the
 // consumer group, PruneConfig and PrunerConfig those of pruning; the limits
 // of ListDeadLetters, ListParked (ParkedFilter) and RequeueDeadLetters
 // (RequeueFilter) and BacklogConfig's ages follow the same rule. Metrics are

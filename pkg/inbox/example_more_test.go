@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"sync"
 	"time"
 
 	"github.com/google/uuid"
@@ -29,49 +28,6 @@ func exampleEvent(orderID string) event.Envelope {
 func billingConsumer(pool *pgxpool.Pool, w *testenv.Writer, brokers []string, topic string, h inbox.Handler) (*inbox.Consumer, error) {
 	src := inbox.GroupConfig{Brokers: brokers, Topic: topic, Group: topic + "-group"}
 	return inbox.NewConsumer(pool, src, w, h, inbox.Config{Name: "billing"})
-}
-
-// Lease mode, for a side effect outside the database that cannot be made
-// idempotent (a call to a third party): the event id travels as the
-// idempotency key, and a delivery whose predecessor may have called asks the
-// other side first. A redelivery of a settled event is a duplicate and calls
-// nothing. Run(ctx) feeds the consumer from Kafka; Handle feeds it here.
-func ExampleNewLeaseConsumer() {
-	ctx := context.Background()
-	pool, brokers, topic, cleanup := exampleSetup(ctx)
-	defer cleanup()
-
-	var mu sync.Mutex
-	thirdParty := map[string]bool{} // the idempotency keys it has seen
-	eff := inbox.Effect{
-		Check: func(_ context.Context, key string) (bool, error) {
-			mu.Lock()
-			defer mu.Unlock()
-			return thirdParty[key], nil
-		},
-		Call: func(_ context.Context, _ event.Envelope, key string) error {
-			mu.Lock()
-			defer mu.Unlock()
-			thirdParty[key] = true
-			return nil
-		},
-	}
-	w := testenv.NewWriter(brokers, 10)
-	defer w.Close()
-	src := inbox.GroupConfig{Brokers: brokers, Topic: topic, Group: topic + "-group"}
-	c, err := inbox.NewLeaseConsumer(pool, src, w, eff, inbox.LeaseConfig{Config: inbox.Config{Name: "shim"}, LeaseTTL: 10 * time.Second})
-	if err != nil {
-		fmt.Println(err)
-		return
-	}
-	ev := exampleEvent("order-1")
-	fmt.Println(c.Handle(ctx, event.ToKafka(topic, ev)))
-	fmt.Println(c.Handle(ctx, event.ToKafka(topic, ev))) // redelivered
-	fmt.Println("calls:", len(thirdParty))
-	// Output:
-	// <nil>
-	// <nil>
-	// calls: 1
 }
 
 // Handle runs messages a caller fetched itself through the inbox: the same

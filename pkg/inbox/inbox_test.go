@@ -19,6 +19,7 @@ import (
 	"github.com/onceflow/onceflow/pkg/event"
 	"github.com/onceflow/onceflow/pkg/inbox"
 	"github.com/onceflow/onceflow/pkg/inbox/inboxtest"
+	"github.com/onceflow/onceflow/pkg/inbox/lease"
 	"github.com/onceflow/onceflow/pkg/testenv"
 )
 
@@ -119,12 +120,12 @@ func (f *fixture) modeConsumer(t *testing.T, mode string, pool *pgxpool.Pool, gr
 			return apply(ctx, tx.Exec, ev)
 		}, cfg)
 	} else {
-		c, err = inbox.NewLeaseConsumer(pool, f.source(group), f.writer, inbox.Effect{
+		c, err = lease.NewConsumer(pool, f.source(group), f.writer, lease.Effect{
 			Check: func(context.Context, string) (bool, error) { return false, nil },
 			Call: func(ctx context.Context, ev event.Envelope, _ string) error {
 				return apply(ctx, f.pool.Exec, ev)
 			},
-		}, inbox.LeaseConfig{Config: cfg})
+		}, lease.Config{Config: cfg})
 	}
 	if err != nil {
 		t.Fatal(err)

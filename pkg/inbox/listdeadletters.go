@@ -2,87 +2,19 @@ package inbox
 
 import (
 	"context"
-	"fmt"
-	"strconv"
-	"time"
 
-	"github.com/google/uuid"
-	"github.com/segmentio/kafka-go"
-
-	"github.com/onceflow/onceflow/pkg/event"
+	"github.com/onceflow/onceflow/pkg/inbox/internal/engine"
 )
-
-// The operator side of the inbox, one job per file: listing a dead-letter
-// topic (here), requeuing dead letters to their original topic once the
-// cause is fixed (requeue.go, which reads the topic as dltread.go does),
-// pruning the rows of handled events (prune.go), and the reads of
-// backlog.go, lookup.go and listparked.go. They are meant for an admin
-// endpoint (see inboxhttp), a CLI or a background worker.
 
 // DeadLetter describes one message of a dead-letter topic, from the headers
 // the consumer added when it gave up on the message. Fields whose header is
 // missing or unreadable keep their zero value; the Original coordinates are
 // then -1.
-type DeadLetter struct {
-	// Partition and Offset locate the dead letter in the dead-letter topic.
-	Partition int
-	Offset    int64
-	// Time is when the dead letter was appended to the dead-letter topic.
-	Time time.Time
-
-	// Reason is why the consumer gave up: the decode or handler error.
-	Reason string
-	// Consumer is the name (Config.Name) of the consumer that gave up.
-	Consumer string
-	// OriginalTopic, OriginalPartition and OriginalOffset locate the message
-	// where the consumer read it.
-	OriginalTopic     string
-	OriginalPartition int
-	OriginalOffset    int64
-	// FailedAt is when the consumer gave up, by its clock.
-	FailedAt time.Time
-
-	// EventID, EventType and AggregateID come from the event's own headers;
-	// they are empty for a message that is not an event at all.
-	EventID     uuid.UUID
-	EventType   string
-	AggregateID string
-
-	// KeySize and ValueSize are the lengths in bytes of the message's key
-	// and value, which this listing leaves out.
-	KeySize, ValueSize int
-}
-
-func deadLetterOf(m kafka.Message) DeadLetter {
-	h := make(map[string]string, len(m.Headers))
-	for _, kv := range m.Headers {
-		h[kv.Key] = string(kv.Value) // the last one wins: the latest dead-lettering
-	}
-	dl := DeadLetter{
-		Partition: m.Partition, Offset: m.Offset, Time: m.Time,
-		Reason: h[HeaderDLTReason], Consumer: h[HeaderDLTConsumer], OriginalTopic: h[HeaderDLTTopic],
-		OriginalPartition: -1, OriginalOffset: -1,
-		EventType: h[event.HeaderEventType], AggregateID: h[event.HeaderAggregateID],
-		KeySize: len(m.Key), ValueSize: len(m.Value),
-	}
-	if p, err := strconv.Atoi(h[HeaderDLTPartition]); err == nil {
-		dl.OriginalPartition = p
-	}
-	if o, err := strconv.ParseInt(h[HeaderDLTOffset], 10, 64); err == nil {
-		dl.OriginalOffset = o
-	}
-	if t, err := time.Parse(time.RFC3339Nano, h[HeaderDLTFailedAt]); err == nil {
-		dl.FailedAt = t
-	}
-	if id, err := uuid.Parse(h[event.HeaderEventID]); err == nil {
-		dl.EventID = id
-	}
-	return dl
-}
+type DeadLetter = engine.DeadLetter
 
 // DefaultListLimit is how many dead letters (ListDeadLetters) or parked
 // messages (ListParked) a listing returns when its limit is zero.
-const DefaultListLimit = 100
+const DefaultListLimit = engine.DefaultListLimit
 
 // ListDeadLetters returns up to limit dead letters of dltTopic, oldest
 // first (by the time each was appended; the order within a partition is
@@ -97,39 +29,5 @@ const DefaultListLimit = 100
 //
 // WithDialer connects with a TLS/SASL dialer; the default is plain TCP.
 func ListDeadLetters(ctx context.Context, brokers []string, dltTopic string, limit int, opts ...AdminOption) ([]DeadLetter, error) {
-	if limit < 0 {
-		return nil, fmt.Errorf("inbox: ListDeadLetters: the limit is negative (%d); leave it zero for the default", limit)
-	}
-	if limit == 0 {
-		limit = DefaultListLimit
-	}
-	dialer := adminDialer(opts)
-	var perPartition [][]DeadLetter
-	err := readDeadLetterTopic(ctx, dialer, brokers, dltTopic, func(p int, m kafka.Message) (bool, error) {
-		for len(perPartition) <= p {
-			perPartition = append(perPartition, nil)
-		}
-		perPartition[p] = append(perPartition[p], deadLetterOf(m))
-		return len(perPartition[p]) < limit, nil
-	})
-	if err != nil {
-		return nil, err
-	}
-	// Merge the partitions by append time. Each partition contributes at most
-	// limit letters, so the oldest limit overall are among them.
-	out := []DeadLetter{}
-	for len(out) < limit {
-		best := -1
-		for p, dls := range perPartition {
-			if len(dls) > 0 && (best < 0 || dls[0].Time.Before(perPartition[best][0].Time)) {
-				best = p
-			}
-		}
-		if best < 0 {
-			break
-		}
-		out = append(out, perPartition[best][0])
-		perPartition[best] = perPartition[best][1:]
-	}
-	return out, nil
+	return engine.ListDeadLetters(ctx, brokers, dltTopic, limit, opts...)
 }

@@ -5,6 +5,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/onceflow/onceflow/pkg/inbox/lease/leasetest"
+
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/prometheus/client_golang/prometheus"
@@ -12,6 +14,7 @@ import (
 	"github.com/onceflow/onceflow/pkg/event"
 	"github.com/onceflow/onceflow/pkg/inbox"
 	"github.com/onceflow/onceflow/pkg/inbox/inboxtest"
+	"github.com/onceflow/onceflow/pkg/inbox/lease"
 	"github.com/onceflow/onceflow/pkg/testenv"
 )
 
@@ -47,13 +50,13 @@ func TestADuplicateWithAnotherPayloadIsCounted(t *testing.T) {
 	}
 	inboxtest.RequireProcessed(t, pool, "c", first.EventID)
 
-	leased := inbox.LeaseConfig{Config: inbox.Config{Name: "l", Metrics: metrics}}
-	eff := inbox.Effect{
+	leased := lease.Config{Config: inbox.Config{Name: "l", Metrics: metrics}}
+	eff := lease.Effect{
 		Check: func(context.Context, string) (bool, error) { return false, nil },
 		Call:  func(context.Context, event.Envelope, string) error { return nil },
 	}
-	inboxtest.DeliverLeased(t, pool, leased, eff, first)
-	inboxtest.DeliverLeased(t, pool, leased, eff, changed)
+	leasetest.Deliver(t, pool, leased, eff, first)
+	leasetest.Deliver(t, pool, leased, eff, changed)
 	if got := mismatches(); got != 3 {
 		t.Fatalf("%v mismatches after the leased one, want 3", got)
 	}

@@ -10,6 +10,7 @@ import (
 
 	"github.com/onceflow/onceflow/pkg/event"
 	"github.com/onceflow/onceflow/pkg/inbox"
+	"github.com/onceflow/onceflow/pkg/inbox/lease"
 	"github.com/onceflow/onceflow/pkg/kafkasafe"
 	"github.com/onceflow/onceflow/pkg/testenv"
 )
@@ -23,7 +24,7 @@ func TestConsumerRefusesAnUnsafeDeadLetterWriter(t *testing.T) {
 	brokers := testenv.KafkaBrokers(t)
 	src := inbox.GroupConfig{Brokers: brokers, Topic: "t", Group: "g"}
 	h := func(context.Context, pgx.Tx, event.Envelope) error { return nil }
-	eff := inbox.Effect{Check: func(context.Context, string) (bool, error) { return false, nil },
+	eff := lease.Effect{Check: func(context.Context, string) (bool, error) { return false, nil },
 		Call: func(context.Context, event.Envelope, string) error { return nil }}
 	bare := &kafka.Writer{Addr: kafka.TCP(brokers...)}
 	defer bare.Close()
@@ -35,7 +36,7 @@ func TestConsumerRefusesAnUnsafeDeadLetterWriter(t *testing.T) {
 	if strings.Contains(err.Error(), "Balancer") {
 		t.Errorf("the dead-letter writer was asked for a key hash: %v", err)
 	}
-	_, err = inbox.NewLeaseConsumer(testenv.LazyPool(t), src, bare, eff, inbox.LeaseConfig{Config: inbox.Config{Name: "c"}})
+	_, err = lease.NewConsumer(testenv.LazyPool(t), src, bare, eff, lease.Config{Config: inbox.Config{Name: "c"}})
 	testenv.CheckErr(t, err, "RequiredAcks is 0")
 
 	safe := kafkasafe.NewWriter(brokers, kafkasafe.WriterConfig{})

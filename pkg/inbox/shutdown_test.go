@@ -15,6 +15,7 @@ import (
 
 	"github.com/onceflow/onceflow/pkg/event"
 	"github.com/onceflow/onceflow/pkg/inbox"
+	"github.com/onceflow/onceflow/pkg/inbox/lease"
 	"github.com/onceflow/onceflow/pkg/testenv"
 )
 
@@ -131,16 +132,16 @@ func TestADatabaseOutageDoesNotSpendTheRetryBudget(t *testing.T) {
 		} else {
 			// In lease mode the outage hits the lease transaction; the
 			// side effect is the call that follows.
-			c, err = inbox.NewLeaseConsumer(f.pool, f.source(testenv.Name("group")), f.writer, inbox.Effect{
+			c, err = lease.NewConsumer(f.pool, f.source(testenv.Name("group")), f.writer, lease.Effect{
 				Check: func(context.Context, string) (bool, error) { return false, nil },
 				Call: func(ctx context.Context, ev event.Envelope, _ string) error {
 					_, err := f.pool.Exec(ctx, "INSERT INTO effects (event_id, aggregate_id) VALUES ($1, $2)", ev.EventID, ev.AggregateID)
 					return err
 				},
-				Done: func(ctx context.Context, tx pgx.Tx, _ event.Envelope, _ inbox.Outcome) error {
+				Done: func(ctx context.Context, tx pgx.Tx, _ event.Envelope, _ lease.Outcome) error {
 					return killOwnConnection(ctx, tx.Exec)
 				},
-			}, inbox.LeaseConfig{Config: cfg})
+			}, lease.Config{Config: cfg})
 		}
 		if err != nil {
 			t.Fatal(err)

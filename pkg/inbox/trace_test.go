@@ -160,23 +160,3 @@ func TestEachRunOfAFailingHandlerHasItsOwnSpan(t *testing.T) {
 		t.Fatalf("%d of %d runs' spans are errors, want all but the last", errored, len(spans))
 	}
 }
-
-func TestALeasedSideEffectRunsInAConsumerSpanContinuingTheProducer(t *testing.T) {
-	rec, f, ev, under := startTraced(t)
-	c, err := inbox.NewLeaseConsumer(f.pool, f.source(testenv.Name("group")), f.writer, inbox.Effect{
-		Check: func(context.Context, string) (bool, error) { return false, nil },
-		Call: func(ctx context.Context, ev event.Envelope, _ string) error {
-			under.add(ctx, ev)
-			return nil
-		},
-	}, inbox.LeaseConfig{Config: inbox.Config{Name: "lease-test", Metrics: inbox.NewMetrics(f.registry)}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	runUntilCleanup(t, c)
-
-	saw := under.wait(t, ev, "the side effect to run and be marked done", func() bool {
-		return f.count(t, "SELECT count(*) FROM inbox_messages WHERE status = 'processed'") == 1
-	})
-	checkOneConsumerSpan(t, rec, f.topic, ev, saw)
-}

@@ -12,6 +12,7 @@ import (
 
 	"github.com/onceflow/onceflow/pkg/event"
 	"github.com/onceflow/onceflow/pkg/inbox"
+	"github.com/onceflow/onceflow/pkg/inbox/lease"
 	"github.com/onceflow/onceflow/services/reconciler-shim/thirdparty"
 )
 
@@ -64,21 +65,21 @@ func (s *Shim) WithMetrics(m *Metrics) *Shim {
 }
 
 // Effect is the shim's side effect for the inbox's lease mode
-// (inbox.NewLeaseConsumer): the event id is the idempotency key, Check asks
+// (lease.NewConsumer): the event id is the idempotency key, Check asks
 // the reconciler whether it has that key, Call forwards the payment, and
 // DoneBatch records a batch's forwards in the inbox's transaction, in one
 // statement.
-func (s *Shim) Effect() inbox.Effect {
-	return inbox.Effect{Check: s.lookup, Call: s.forward, DoneBatch: s.record}
+func (s *Shim) Effect() lease.Effect {
+	return lease.Effect{Check: s.lookup, Call: s.forward, DoneBatch: s.record}
 }
 
 // lookup asks the third party whether it booked key. The inbox decides on
 // the class of the error, so the lookup says which one it is:
 //   - the third party could not be reached or could not serve (refused,
-//     reset, a timeout, 5xx, 408, 429): inbox.ErrUnavailable, an outage
+//     reset, a timeout, 5xx, 408, 429): lease.ErrUnavailable, an outage
 //     the inbox waits out without charging the payment;
 //   - it answered, but not with "booked" or its own "not found" (another
-//     4xx, such as a proxy's bare 404): inbox.ErrUnknowable, nobody can
+//     4xx, such as a proxy's bare 404): lease.ErrUnknowable, nobody can
 //     tell from it whether an earlier delivery booked the payment, and the
 //     inbox records the payment uncertain for the reconciliation report.
 func (s *Shim) lookup(ctx context.Context, key string) (bool, error) {
@@ -88,7 +89,7 @@ func (s *Shim) lookup(ctx context.Context, key string) (bool, error) {
 	}
 	s.metrics.callError(OpLookup, err)
 	if errors.Is(err, thirdparty.ErrRejected) {
-		return false, fmt.Errorf("%w: %w", inbox.ErrUnknowable, err)
+		return false, fmt.Errorf("%w: %w", lease.ErrUnknowable, err)
 	}
 	return false, unavailable(err)
 }
@@ -96,7 +97,7 @@ func (s *Shim) lookup(ctx context.Context, key string) (bool, error) {
 // unavailable marks err, a failed call that did not reach the third party
 // or that it could not serve, as the third party's outage.
 func unavailable(err error) error {
-	return fmt.Errorf("%w: %w", inbox.ErrUnavailable, err)
+	return fmt.Errorf("%w: %w", lease.ErrUnavailable, err)
 }
 
 // request validates a payment event and builds its settlement. ok is false
@@ -153,7 +154,7 @@ func (s *Shim) forward(ctx context.Context, ev event.Envelope, key string) error
 // it): the moment the payment is settled, as far as the platform can tell.
 // The counters are bumped before the commit, so a commit that fails and is
 // retried counts the forward twice; that is rare, and only ever over-counts.
-func (s *Shim) record(ctx context.Context, tx pgx.Tx, done []inbox.DoneEvent) error {
+func (s *Shim) record(ctx context.Context, tx pgx.Tx, done []lease.DoneEvent) error {
 	fs := make([]Forward, 0, len(done))
 	ps := make([]payment, 0, len(done))
 	for _, d := range done {

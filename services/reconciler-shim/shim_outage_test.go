@@ -13,6 +13,7 @@ import (
 
 	"github.com/onceflow/onceflow/pkg/inbox"
 	"github.com/onceflow/onceflow/pkg/inbox/inboxtest"
+	"github.com/onceflow/onceflow/pkg/inbox/lease"
 	"github.com/onceflow/onceflow/platform/testinfra"
 	shim "github.com/onceflow/onceflow/services/reconciler-shim"
 	"github.com/onceflow/onceflow/services/reconciler-shim/thirdparty"
@@ -47,7 +48,7 @@ func TestAThirdPartyDownLongerThanTheRetryBudgetDeadLettersNothingAndDeliversAll
 	r.publish(t, evs...)
 	reg := prometheus.NewRegistry()
 	// A retry budget of well under a second: 3 attempts, 10-50ms apart.
-	c := r.consumer(t, testinfra.Name("shim"), 300*time.Millisecond, inbox.LeaseConfig{LeaseTTL: 2 * time.Second, Config: inbox.Config{
+	c := r.consumer(t, testinfra.Name("shim"), 300*time.Millisecond, lease.Config{LeaseTTL: 2 * time.Second, Config: inbox.Config{
 		MaxAttempts: 3, BackoffMin: 10 * time.Millisecond, BackoffMax: 50 * time.Millisecond, Metrics: inbox.NewMetrics(reg),
 	}})
 	ctx := context.Background()
@@ -97,7 +98,7 @@ func TestATakeoverThatCannotDecideRecordsThePaymentUncertain(t *testing.T) {
 	ev, group := r.diesAfterTheFirstCall(t)
 
 	r.mode.Store(apiLookupLost)
-	second := r.consumer(t, group, 5*time.Second, inbox.LeaseConfig{LeaseTTL: 500 * time.Millisecond, Config: inbox.Config{
+	second := r.consumer(t, group, 5*time.Second, lease.Config{LeaseTTL: 500 * time.Millisecond, Config: inbox.Config{
 		MaxAttempts: 2, BackoffMin: 10 * time.Millisecond, BackoffMax: 50 * time.Millisecond}})
 	testinfra.RunInBackground(t, "the shim", second.Run)
 	var status string
@@ -120,7 +121,7 @@ func TestTheShimClassifiesTheThirdPartysFailures(t *testing.T) {
 	t.Parallel()
 	r := newRig(t)
 	ev := captured(uuid.New())
-	effect := func(url string) inbox.Effect {
+	effect := func(url string) lease.Effect {
 		return shim.New(thirdparty.NewClient(url, &http.Client{Timeout: 2 * time.Second}), r.quiet).Effect()
 	}
 	refused := effect("http://" + testinfra.ClosedAddr(t))
@@ -130,12 +131,12 @@ func TestTheShimClassifiesTheThirdPartysFailures(t *testing.T) {
 	for _, c := range []struct {
 		name string
 		mode int32
-		eff  inbox.Effect
+		eff  lease.Effect
 		want error
 	}{
-		{"lookup, connection refused", apiUp, refused, inbox.ErrUnavailable},
-		{"lookup, 503", apiDown, effect(r.url), inbox.ErrUnavailable},
-		{"lookup, a bare 404", apiLookupLost, effect(r.url), inbox.ErrUnknowable},
+		{"lookup, connection refused", apiUp, refused, lease.ErrUnavailable},
+		{"lookup, 503", apiDown, effect(r.url), lease.ErrUnavailable},
+		{"lookup, a bare 404", apiLookupLost, effect(r.url), lease.ErrUnknowable},
 		{"lookup, the API's not_found", apiUp, effect(r.url), nil},
 	} {
 		r.mode.Store(c.mode)
@@ -145,17 +146,17 @@ func TestTheShimClassifiesTheThirdPartysFailures(t *testing.T) {
 		}
 	}
 	r.mode.Store(apiUp)
-	if err := refused.Call(ctx, ev, key); !errors.Is(err, inbox.ErrUnavailable) {
+	if err := refused.Call(ctx, ev, key); !errors.Is(err, lease.ErrUnavailable) {
 		t.Errorf("settle, connection refused: %v, want ErrUnavailable", err)
 	}
 	r.mode.Store(apiDown)
-	if err := effect(r.url).Call(ctx, ev, key); !errors.Is(err, inbox.ErrUnavailable) {
+	if err := effect(r.url).Call(ctx, ev, key); !errors.Is(err, lease.ErrUnavailable) {
 		t.Errorf("settle, 503: %v, want ErrUnavailable", err)
 	}
 	r.mode.Store(apiUp)
 	bad := ev
 	bad.Payload = []byte(`{"paymentId":"` + uuid.NewString() + `","orderId":"` + uuid.NewString() + `","amountCents":700,"currency":"EURO"}`)
-	if err := effect(r.url).Call(ctx, bad, key); !errors.Is(err, inbox.ErrPermanent) || errors.Is(err, inbox.ErrUnavailable) {
+	if err := effect(r.url).Call(ctx, bad, key); !errors.Is(err, inbox.ErrPermanent) || errors.Is(err, lease.ErrUnavailable) {
 		t.Errorf("settle, rejected: %v, want ErrPermanent", err)
 	}
 }

@@ -19,6 +19,7 @@ import (
 	"github.com/onceflow/onceflow/pkg/event"
 	"github.com/onceflow/onceflow/pkg/inbox"
 	"github.com/onceflow/onceflow/pkg/inbox/inboxtest"
+	"github.com/onceflow/onceflow/pkg/inbox/lease"
 	"github.com/onceflow/onceflow/platform/kafkautil"
 	"github.com/onceflow/onceflow/platform/testinfra"
 	shim "github.com/onceflow/onceflow/services/reconciler-shim"
@@ -104,14 +105,14 @@ func (r *rig) publish(t *testing.T, evs ...event.Envelope) {
 
 // consumer builds the shim's lease-mode consumer on a group, with a client
 // whose calls time out after callTimeout.
-func (r *rig) consumer(t *testing.T, group string, callTimeout time.Duration, cfg inbox.LeaseConfig) *inbox.Consumer {
+func (r *rig) consumer(t *testing.T, group string, callTimeout time.Duration, cfg lease.Config) *inbox.Consumer {
 	t.Helper()
 	w := kafkautil.NewWriter(r.brokers, 10)
 	tp := thirdparty.NewClient(r.url, &http.Client{Timeout: callTimeout})
 	cfg.Name, cfg.Logger = "shim", r.quiet
 	r.metrics = prometheus.NewRegistry()
 	src := inbox.GroupConfig{Brokers: r.brokers, Topic: r.topic, Group: group}
-	c, err := inbox.NewLeaseConsumer(r.pool, src, w, shim.New(tp, r.quiet).WithMetrics(shim.NewMetrics(r.metrics)).Effect(), cfg)
+	c, err := lease.NewConsumer(r.pool, src, w, shim.New(tp, r.quiet).WithMetrics(shim.NewMetrics(r.metrics)).Effect(), cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -128,7 +129,7 @@ func (r *rig) diesAfterTheFirstCall(t *testing.T) (ev event.Envelope, group stri
 	t.Helper()
 	ev, group = captured(uuid.New()), testinfra.Name("shim")
 	r.publish(t, ev)
-	first := r.consumer(t, group, 5*time.Second, inbox.LeaseConfig{LeaseTTL: 500 * time.Millisecond})
+	first := r.consumer(t, group, 5*time.Second, lease.Config{LeaseTTL: 500 * time.Millisecond})
 	killed := errors.New("killed")
 	ctx := inboxtest.WithCrashPoint(context.Background(), func(name string) error {
 		if name == inboxtest.CrashAfterEffect {
@@ -183,14 +184,14 @@ func TestKilledBetweenTheCallAndDoneTheThirdPartyHoldsOneSettlement(t *testing.T
 
 	// Second life: the redelivery waits out the dead worker's lease, asks the
 	// third party, and records the forward without calling again.
-	second := r.consumer(t, group, 5*time.Second, inbox.LeaseConfig{LeaseTTL: 500 * time.Millisecond})
+	second := r.consumer(t, group, 5*time.Second, lease.Config{LeaseTTL: 500 * time.Millisecond})
 	ctx := context.Background()
 	testinfra.RunInBackground(t, "the shim", second.Run)
 	testinfra.WaitFor(t, 30*time.Second, "the forward to be recorded", func() (bool, error) {
 		n, err := shim.CountForwards(ctx, r.pool)
 		return n == 1, err
 	})
-	if outcome, status := r.outcome(t, ev); outcome != string(inbox.AlreadyPresent) || status != "processed" {
+	if outcome, status := r.outcome(t, ev); outcome != string(lease.AlreadyPresent) || status != "processed" {
 		t.Fatalf("outcome %q, inbox status %q; want already_present and processed", outcome, status)
 	}
 	if st := r.ledger.Stats(); st.Settlements != 1 || st.Duplicates != 0 {
@@ -210,7 +211,7 @@ func TestAFailingOrHangingThirdPartyIsRetriedWithoutDuplicates(t *testing.T) {
 	}
 	r.publish(t, first, second)
 	reg := prometheus.NewRegistry()
-	c := r.consumer(t, testinfra.Name("shim"), 300*time.Millisecond, inbox.LeaseConfig{LeaseTTL: 2 * time.Second, Config: inbox.Config{
+	c := r.consumer(t, testinfra.Name("shim"), 300*time.Millisecond, lease.Config{LeaseTTL: 2 * time.Second, Config: inbox.Config{
 		Workers: 1, BackoffMin: 20 * time.Millisecond, BackoffMax: 100 * time.Millisecond, Metrics: inbox.NewMetrics(reg),
 	}})
 	ctx := context.Background()
@@ -230,7 +231,7 @@ func TestAFailingOrHangingThirdPartyIsRetriedWithoutDuplicates(t *testing.T) {
 		outcome, _ := r.outcome(t, ev)
 		outcomes[outcome]++
 	}
-	if outcomes[string(inbox.AlreadyPresent)] != 1 || outcomes[string(inbox.Sent)] != 1 {
+	if outcomes[string(lease.AlreadyPresent)] != 1 || outcomes[string(lease.Sent)] != 1 {
 		t.Fatalf("outcomes %v, want one already_present (the call that timed out but landed) and one sent", outcomes)
 	}
 	// A 500 and a timeout are the third party's outage, not the payment's
@@ -249,8 +250,8 @@ func TestAFailingOrHangingThirdPartyIsRetriedWithoutDuplicates(t *testing.T) {
 		{"shim_thirdparty_errors_total", map[string]string{"op": shim.OpSettle, "kind": shim.ErrorStatus}, 2},
 		{"shim_thirdparty_errors_total", map[string]string{"op": shim.OpSettle, "kind": shim.ErrorTimeout}, 1},
 		{"shim_thirdparty_errors_total", map[string]string{"op": shim.OpLookup}, 0},
-		{"shim_forwards_total", map[string]string{"kind": thirdparty.KindCapture, "outcome": string(inbox.Sent)}, 1},
-		{"shim_forwards_total", map[string]string{"kind": thirdparty.KindCapture, "outcome": string(inbox.AlreadyPresent)}, 1},
+		{"shim_forwards_total", map[string]string{"kind": thirdparty.KindCapture, "outcome": string(lease.Sent)}, 1},
+		{"shim_forwards_total", map[string]string{"kind": thirdparty.KindCapture, "outcome": string(lease.AlreadyPresent)}, 1},
 		{"shim_settlement_lag_seconds", map[string]string{"kind": thirdparty.KindCapture}, 2},
 	} {
 		if got := testinfra.LabeledMetricValue(t, r.metrics, c.name, c.labels); got != c.want {
@@ -272,7 +273,7 @@ func TestManyPaymentsThroughFailuresHangsAndACrashAreEachBookedOnce(t *testing.T
 	}
 	r.publish(t, evs...)
 	group := testinfra.Name("shim")
-	backoff := inbox.LeaseConfig{Config: inbox.Config{BackoffMin: 20 * time.Millisecond, BackoffMax: 100 * time.Millisecond}, LeaseTTL: time.Second, MaxInFlight: 4}
+	backoff := lease.Config{Config: inbox.Config{BackoffMin: 20 * time.Millisecond, BackoffMax: 100 * time.Millisecond}, LeaseTTL: time.Second, MaxInFlight: 4}
 
 	killed := errors.New("killed")
 	var passes atomic.Int32
@@ -300,7 +301,7 @@ func TestManyPaymentsThroughFailuresHangsAndACrashAreEachBookedOnce(t *testing.T
 	}
 	present := 0
 	for _, ev := range evs {
-		if outcome, _ := r.outcome(t, ev); outcome == string(inbox.AlreadyPresent) {
+		if outcome, _ := r.outcome(t, ev); outcome == string(lease.AlreadyPresent) {
 			present++
 		}
 	}

@@ -52,8 +52,8 @@ type Forward struct {
 	OrderID   uuid.UUID
 	// Kind is thirdparty.KindCapture or thirdparty.KindRefund.
 	Kind string
-	// Outcome is inbox.Sent (this delivery made the call) or
-	// inbox.AlreadyPresent (an earlier one had).
+	// Outcome is lease.Sent (this delivery made the call) or
+	// lease.AlreadyPresent (an earlier one had).
 	Outcome string
 	// ForwardedAt is set by the database when the forward is recorded.
 	ForwardedAt time.Time

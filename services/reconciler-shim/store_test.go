@@ -8,7 +8,7 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 
-	"github.com/onceflow/onceflow/pkg/inbox"
+	"github.com/onceflow/onceflow/pkg/inbox/lease"
 	"github.com/onceflow/onceflow/pkg/pgerr"
 	"github.com/onceflow/onceflow/platform/testinfra"
 	shim "github.com/onceflow/onceflow/services/reconciler-shim"
@@ -22,7 +22,7 @@ func shimDatabase(t *testing.T) string {
 
 func forward() shim.Forward {
 	return shim.Forward{EventID: uuid.New(), EventType: shim.EventPaymentCaptured, OrderID: uuid.New(),
-		Kind: thirdparty.KindCapture, Outcome: string(inbox.Sent)}
+		Kind: thirdparty.KindCapture, Outcome: string(lease.Sent)}
 }
 
 // The store answers with its named errors, never with pgx's: what is

@@ -2,14 +2,8 @@
 // (River's rivertest is the model): Deliver runs a handler through the
 // consumer's real transaction path — inbox row, version guard, handler,
 // retries, dead letters — without Kafka, and the Require helpers assert what
-// the inbox recorded without writing SQL against its tables.
-//
-// For lease mode it has the adversaries the schedules need: ThirdParty, a
-// stand-in for a third party that cannot dedupe, which books every call it
-// receives (also one whose caller gave up) and can be delayed, taken down
-// and brought back; and Pausable, which freezes the member running an
-// effect while it holds a lease, as SIGSTOP would, so that a second member
-// takes the message over before the first one wakes up.
+// the inbox recorded without writing SQL against its tables. Lease mode's
+// kit, with its third-party stand-ins, is pkg/inbox/lease/leasetest.
 package inboxtest
 
 import (
@@ -58,17 +52,14 @@ func DeliverBatched(t testing.TB, pool *pgxpool.Pool, cfg inbox.Config, h inbox.
 	})
 }
 
-// DeliverLeased is Deliver for a lease-mode consumer (inbox.NewLeaseConsumer)
-// running eff. LeaseMargin defaults to 10ms here (there is no wire for a
-// failed call to land late on, unless the effect makes one).
-func DeliverLeased(t testing.TB, pool *pgxpool.Pool, cfg inbox.LeaseConfig, eff inbox.Effect, evs ...event.Envelope) []kafka.Message {
+// DeliverWith is Deliver for a consumer that newConsumer builds, from the
+// group settings Deliver uses (never dialled: Handle does not read from the
+// group) and the dead-letter writer whose letters DeliverWith returns. Lease
+// mode's kit (pkg/inbox/lease/leasetest) delivers through it.
+func DeliverWith(t testing.TB, newConsumer func(src inbox.GroupConfig, dlq inbox.Writer) (*inbox.Consumer, error), evs ...event.Envelope) []kafka.Message {
 	t.Helper()
-	cfg.Config = fast(cfg.Config)
-	if cfg.LeaseMargin == 0 {
-		cfg.LeaseMargin = 10 * time.Millisecond
-	}
 	return deliver(t, evs, func(dlq *testenv.Recorder) (*inbox.Consumer, error) {
-		return inbox.NewLeaseConsumer(pool, source(), dlq, eff, cfg)
+		return newConsumer(source(), dlq)
 	})
 }
 

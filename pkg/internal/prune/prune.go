@@ -12,6 +12,7 @@ import (
 	"log/slog"
 	"path"
 	"reflect"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgconn"
@@ -95,8 +96,16 @@ func (c Config[P]) Validate() error {
 }
 
 // lib is the library whose PruneConfig P is ("inbox", "outbox"), which
-// prefixes its errors and log messages.
-func lib[P any]() string { return path.Base(reflect.TypeFor[P]().PkgPath()) }
+// prefixes its errors and log messages: the package that defines P, or,
+// when that is one of a library's internal packages (pkg/inbox's engine),
+// the library above it.
+func lib[P any]() string {
+	pkg := reflect.TypeFor[P]().PkgPath()
+	if i := strings.Index(pkg, "/internal/"); i >= 0 {
+		pkg = pkg[:i]
+	}
+	return path.Base(pkg)
+}
 
 // Run is one library's prune run, given its PruneConfig with defaults.
 type Run struct {

@@ -10,6 +10,7 @@ import (
 
 	"github.com/onceflow/onceflow/pkg/crashpoint"
 	"github.com/onceflow/onceflow/pkg/inbox"
+	"github.com/onceflow/onceflow/pkg/inbox/lease"
 	"github.com/onceflow/onceflow/platform/config"
 	"github.com/onceflow/onceflow/platform/crash"
 	"github.com/onceflow/onceflow/platform/kafkautil"
@@ -57,7 +58,7 @@ type Config struct {
 	// is retried, and the retry first asks whether the call landed.
 	ReconcilerTimeout time.Duration `env:"RECONCILER_TIMEOUT" envDefault:"5s"`
 	// ReconcilerMaxInFlight bounds the calls to the reconciler in flight at
-	// once (inbox.LeaseConfig.MaxInFlight): payments of distinct orders are
+	// once (lease.Config.MaxInFlight): payments of distinct orders are
 	// forwarded concurrently up to it, each order's in order. It also sizes
 	// the client's pool of kept-alive connections, so concurrent calls do
 	// not open and close a connection each.
@@ -102,7 +103,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout 
 	defer dlq.Close()
 	src := inbox.GroupConfig{Brokers: cfg.KafkaBrokers, Topic: cfg.BillingTopic, Group: cfg.ConsumerGroup,
 		Dialer: kafkaSecurity.Dialer()}
-	consumer, err := inbox.NewLeaseConsumer(svc.Pool, src, dlq, shim.New(tp, svc.Logger).WithMetrics(shim.NewMetrics(svc.Registry)).Effect(), inbox.LeaseConfig{
+	consumer, err := lease.NewConsumer(svc.Pool, src, dlq, shim.New(tp, svc.Logger).WithMetrics(shim.NewMetrics(svc.Registry)).Effect(), lease.Config{
 		Config: inbox.Config{
 			Name:             cmp.Or(cfg.InboxName, cfg.ConsumerGroup),
 			CommitReplicated: cfg.InboxCommitReplicated,

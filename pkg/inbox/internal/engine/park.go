@@ -1,0 +1,282 @@
+package engine
+
+import (
+	"context"
+	"encoding/json"
+	"log/slog"
+	"sync"
+
+	"github.com/onceflow/onceflow/pkg/inbox/internal/state"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/segmentio/kafka-go"
+
+	"github.com/onceflow/onceflow/pkg/event"
+)
+
+// Per-key parking, for both appliers. While a message of an aggregate is
+// dead (dead-lettered, not yet requeued and applied), the later messages of
+// that aggregate are parked in inbox_parked_messages instead of applied: a
+// refund must not reach the third party before its capture. The partition
+// moves on for every other aggregate. Once the dead message is requeued and
+// applied, its aggregate's parked messages are released in the order they
+// arrived, through the same applier as a fetched message (retries, dead
+// letters, the version guard), by the worker that applied it.
+//
+// The dead aggregates are in inbox_dead_keys, one row per dead message,
+// written in the dead letter's transaction. A requeue (RequeueDeadLetters)
+// marks the row 'requeued' instead of deleting it: the aggregate stays held
+// until the requeued message itself is applied, so that a later version
+// still in the partition ahead of the requeued copy is parked, not applied.
+// The requeued message is applied whatever the version guard says: the
+// operator asked for it.
+
+// DeadKeyPolicy says what a consumer does with the later messages of an
+// aggregate whose earlier message is dead.
+type DeadKeyPolicy int
+
+const (
+	// DeadKeyPark parks them until the dead message is requeued and applied,
+	// then applies them in order. The default, and the only safe choice
+	// when a later event depends on an earlier one (a refund on its capture,
+	// a status on the order's creation).
+	DeadKeyPark DeadKeyPolicy = iota
+	// DeadKeySkipAhead applies them at once, as if the dead message were
+	// not there; a requeued dead message is still applied when it comes
+	// back, after its successors. For consumers whose events of one
+	// aggregate are independent of each other or carry the whole state
+	// (a projection that keeps the latest snapshot, notifications, an
+	// audit log).
+	DeadKeySkipAhead
+)
+
+// The SQL of parking. $1 is always the consumer.
+const (
+	// parkState reads what decides a message's fate: its own hold's status
+	// (a requeued dead message), whether another message holds its
+	// aggregate, the first parked message of its aggregate, and whether it
+	// is parked itself. Only what comes before a message holds it: a dead
+	// message or a parked one of a lower version, or of an unknown one (0).
+	// An earlier version arriving after a later one died (the later one was
+	// refused because it needs the earlier one, say) is applied, or the two
+	// would wait for each other.
+	parkState = `
+SELECT (SELECT status FROM inbox_dead_keys WHERE consumer = $1 AND message_id = $4),
+       EXISTS (SELECT 1 FROM inbox_dead_keys
+               WHERE consumer = $1 AND aggregate_type = $2 AND aggregate_id = $3 AND message_id <> $4
+                 AND NOT ($5 > 0 AND aggregate_version > $5)),
+       (SELECT message_id FROM inbox_parked_messages
+        WHERE consumer = $1 AND aggregate_type = $2 AND aggregate_id = $3
+          AND NOT ($5 > 0 AND aggregate_version > $5)
+        ORDER BY seq LIMIT 1),
+       (SELECT message_id FROM inbox_dead_keys
+        WHERE consumer = $1 AND aggregate_type = $2 AND aggregate_id = $3 AND message_id <> $4
+          AND NOT ($5 > 0 AND aggregate_version > $5)
+        ORDER BY aggregate_version, dead_at LIMIT 1),
+       EXISTS (SELECT 1 FROM inbox_parked_messages WHERE consumer = $1 AND aggregate_type = $2 AND aggregate_id = $3)`
+
+	// keysHeld returns which of the given aggregates have a dead message or
+	// parked messages: a batch that meets one settles message by message.
+	keysHeld = `
+SELECT k.t, k.i FROM unnest($2::text[], $3::text[]) AS k(t, i)
+WHERE EXISTS (SELECT 1 FROM inbox_dead_keys d WHERE d.consumer = $1 AND d.aggregate_type = k.t AND d.aggregate_id = k.i)
+   OR EXISTS (SELECT 1 FROM inbox_parked_messages p WHERE p.consumer = $1 AND p.aggregate_type = k.t AND p.aggregate_id = k.i)`
+
+	// nextParked is the first parked message of an aggregate, unless a
+	// dead message holds the aggregate (again); with whether this
+	// consumer's inbox has settled it already.
+	nextParked = `
+SELECT p.message_id, p.topic, p.kafka_partition, p.kafka_offset, p.msg_key, p.msg_value, p.msg_headers,
+       EXISTS (SELECT 1 FROM inbox_messages i WHERE i.consumer = p.consumer AND i.message_id = p.message_id
+               AND i.status IN ('processed', 'stale', 'dead_lettered', 'uncertain', 'skipped'))
+FROM inbox_parked_messages p
+WHERE p.consumer = $1 AND p.aggregate_type = $2 AND p.aggregate_id = $3
+  AND NOT EXISTS (SELECT 1 FROM inbox_dead_keys d WHERE d.consumer = $1 AND d.aggregate_type = $2 AND d.aggregate_id = $3)
+ORDER BY p.seq LIMIT 1`
+
+	countParked = `SELECT count(*) FROM inbox_parked_messages WHERE consumer = $1`
+)
+
+// verdict is what parking decided for a message whose inbox row its
+// transaction just took: a new row (record, lease), or a requeued one
+// (reapply, reclaim). A requeued row is not always known by its hold: a
+// stale dead letter holds nothing, so its requeue meets parkIt when an
+// earlier dead message holds its aggregate; it is then parked with its row
+// put back requeued (tRepark), never deleted, and its release reapplies it.
+type verdict int
+
+const (
+	proceed         verdict = iota // nothing held: apply it as usual
+	ProceedRequeued                // the requeued dead message: apply it, whatever the guard says, and drop its hold
+	proceedReleased                // the first parked message of its aggregate: apply it
+	ParkIt                         // park it behind its aggregate's dead or parked messages
+	AlreadyParked                  // a redelivery of a message parked already: nothing to do
+)
+
+// parkDecision is parkCheck's answer.
+type parkDecision struct {
+	Verdict   verdict
+	BlockedBy *uuid.UUID // ParkIt: the dead message it waits for, if any
+	Release   bool       // the aggregate has parked messages to release after the batch
+}
+
+// ParkCheck decides ev's fate in tx. It knows a requeued dead message by
+// its hold (proceedRequeued); a stale dead letter's requeue, which holds
+// nothing, gets the verdict of a new message, and the caller, which knows
+// it by its row, keeps that row (tRepark) if it parks it. A consumer that
+// skips ahead only recognizes a requeued dead message.
+func (s *Shared) ParkCheck(ctx context.Context, tx pgx.Tx, ev *event.Envelope) (parkDecision, error) {
+	var (
+		own         *string
+		otherDead   bool
+		firstParked *uuid.UUID
+		deadOne     *uuid.UUID
+		anyParked   bool
+	)
+	if err := tx.QueryRow(ctx, parkState, s.Config.Name, ev.AggregateType, ev.AggregateID, ev.EventID, ev.AggregateVersion).
+		Scan(&own, &otherDead, &firstParked, &deadOne, &anyParked); err != nil {
+		return parkDecision{}, DBErrors.Translate("reading the aggregate's parking", err)
+	}
+	switch {
+	case own != nil:
+		return parkDecision{Verdict: ProceedRequeued, Release: anyParked}, nil
+	case s.Config.DeadKeys == DeadKeySkipAhead:
+		return parkDecision{Verdict: proceed}, nil
+	case otherDead:
+		return parkDecision{Verdict: ParkIt, BlockedBy: deadOne}, nil
+	case firstParked == nil:
+		return parkDecision{Verdict: proceed}, nil
+	case *firstParked == ev.EventID:
+		return parkDecision{Verdict: proceedReleased, Release: true}, nil
+	}
+	// Parked messages wait ahead of it: whether it is one of them or not,
+	// it goes after them, and they may be released now.
+	var parked bool
+	if err := tx.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM inbox_parked_messages WHERE consumer = $1 AND message_id = $2)`,
+		s.Config.Name, ev.EventID).Scan(&parked); err != nil {
+		return parkDecision{}, DBErrors.Translate("reading the aggregate's parking", err)
+	}
+	if parked {
+		return parkDecision{Verdict: AlreadyParked, Release: true}, nil
+	}
+	return parkDecision{Verdict: ParkIt, Release: true}, nil
+}
+
+// storedHeader is one Kafka header of a parked message, as msg_headers
+// keeps it: both fields base64 (json's []byte), since neither needs to be
+// valid UTF-8 nor free of NUL bytes, which jsonb refuses.
+type storedHeader struct {
+	Key   []byte `json:"key"`
+	Value []byte `json:"value"`
+}
+
+// Park stores m, whole, in inbox_parked_messages.
+func (s *Shared) Park(ctx context.Context, tx pgx.Tx, m kafka.Message, ev *event.Envelope, blockedBy *uuid.UUID) error {
+	headers, err := encodeHeaders(m.Headers)
+	if err != nil {
+		return err
+	}
+	if _, err := state.Take(ctx, tx, &state.Park, s.Config.Name, ev.EventID, ev.AggregateType, ev.AggregateID, ev.AggregateVersion,
+		ev.EventType, blockedBy, m.Topic, m.Partition, m.Offset, m.Key, m.Value, headers); err != nil {
+		return DBErrors.Translate("parking a message", err)
+	}
+	s.Config.Logger.WarnContext(ctx, "inbox parked a message behind a dead one of its aggregate",
+		slog.String("consumer", s.Config.Name), slog.String("event_id", ev.EventID.String()),
+		slog.String("aggregate_id", ev.AggregateID), slog.Int64("version", ev.AggregateVersion))
+	return nil
+}
+
+// encodeHeaders is how park and keepOriginal store a message's headers.
+func encodeHeaders(headers []kafka.Header) ([]byte, error) {
+	hs := make([]storedHeader, len(headers))
+	for i, h := range headers {
+		hs[i] = storedHeader{Key: []byte(h.Key), Value: h.Value}
+	}
+	return json.Marshal(hs)
+}
+
+// decodeHeaders reads back the headers park stored.
+func decodeHeaders(raw []byte) ([]kafka.Header, error) {
+	var hs []storedHeader
+	if err := json.Unmarshal(raw, &hs); err != nil {
+		return nil, err
+	}
+	out := make([]kafka.Header, len(hs))
+	for i, h := range hs {
+		out[i] = kafka.Header{Key: string(h.Key), Value: h.Value}
+	}
+	return out, nil
+}
+
+// holdDeadKey records, in the dead letter's transaction, that ev is dead.
+// When parking, and the applier reserves versions (the lease applier: the
+// guard advanced when ev was leased), it also moves the version guard back
+// below it. (The transactional applier's guard advanced in ev's savepoint,
+// rolled back with its failure.)
+func (s *Shared) holdDeadKey(ctx context.Context, tx pgx.Tx, ev *event.Envelope) error {
+	if _, err := state.Take(ctx, tx, &state.Hold, s.Config.Name, ev.EventID, ev.AggregateType, ev.AggregateID, ev.AggregateVersion); err != nil {
+		return err
+	}
+	if s.Config.DeadKeys == DeadKeyPark && !s.Config.DisableVersionGuard && s.ReservesVersions {
+		if _, err := state.Take(ctx, tx, &state.Unreserve, s.Config.Name, ev.AggregateType, ev.AggregateID, ev.AggregateVersion); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// HeldKeys returns the aggregates of evs that are held (a dead message or
+// parked messages): the batch appliers leave their messages to the
+// one-by-one path, which decides each with parkCheck.
+func (s *Shared) HeldKeys(ctx context.Context, q interface {
+	Query(context.Context, string, ...any) (pgx.Rows, error)
+}, evs []event.Envelope) (map[AggregateKey]bool, error) {
+	typs, ids := make([]string, 0, len(evs)), make([]string, 0, len(evs))
+	seen := map[AggregateKey]bool{}
+	for _, ev := range evs {
+		k := AggregateKey{ev.AggregateType, ev.AggregateID}
+		if !seen[k] {
+			seen[k] = true
+			typs, ids = append(typs, k.Type), append(ids, k.ID)
+		}
+	}
+	rows, err := q.Query(ctx, keysHeld, s.Config.Name, typs, ids)
+	if err != nil {
+		return nil, DBErrors.Translate("reading held aggregates", err)
+	}
+	held := map[AggregateKey]bool{}
+	var k AggregateKey
+	if _, err := pgx.ForEachRow(rows, []any{&k.Type, &k.ID}, func() error { held[k] = true; return nil }); err != nil {
+		return nil, DBErrors.Translate("reading held aggregates", err)
+	}
+	return held, nil
+}
+
+// releases is the set of aggregates whose parked messages may be released
+// once the batch that found them is settled; the worker that handled the
+// batch releases them (releaseParked).
+type releases struct {
+	mu   sync.Mutex
+	keys map[AggregateKey]bool
+}
+
+func (r *releases) Add(k AggregateKey) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.keys == nil {
+		r.keys = map[AggregateKey]bool{}
+	}
+	r.keys[k] = true
+}
+
+// take removes k and reports whether it was there.
+func (r *releases) take(k AggregateKey) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if !r.keys[k] {
+		return false
+	}
+	delete(r.keys, k)
+	return true
+}

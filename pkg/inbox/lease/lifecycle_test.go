@@ -1,0 +1,259 @@
+package lease_test
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/onceflow/onceflow/pkg/event"
+	"github.com/onceflow/onceflow/pkg/inbox"
+	"github.com/onceflow/onceflow/pkg/inbox/lease"
+	"github.com/onceflow/onceflow/pkg/testenv"
+)
+
+// bookingParty is a third party that cannot dedupe, for these tests: Call
+// books, then fails with failWith while it is set (a 502 after the booking
+// landed); Check says whether the key was booked.
+type bookingParty struct {
+	mu       sync.Mutex
+	booked   map[string]int
+	failWith error
+	refuse   map[string]error // event id -> the error Call returns instead of booking
+}
+
+func newBookingParty() *bookingParty {
+	return &bookingParty{booked: map[string]int{}, refuse: map[string]error{}}
+}
+
+func (p *bookingParty) effect() lease.Effect {
+	return lease.Effect{
+		Check: func(_ context.Context, key string) (bool, error) {
+			p.mu.Lock()
+			defer p.mu.Unlock()
+			return p.booked[key] > 0, nil
+		},
+		Call: func(_ context.Context, _ event.Envelope, key string) error {
+			p.mu.Lock()
+			defer p.mu.Unlock()
+			if err := p.refuse[key]; err != nil {
+				return err
+			}
+			p.booked[key]++
+			return p.failWith
+		},
+	}
+}
+
+func (p *bookingParty) set(failWith error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.failWith = failWith
+}
+
+func (p *bookingParty) bookings(key string) int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.booked[key]
+}
+
+// Bug 1: a call that fails with a plain error on its last allowed attempt
+// may have landed. Its dead letter, requeued, must be checked before it is
+// called again: the requeue must not forget "may have called".
+func TestARequeuedLeaseDeadLetterWhoseCallMayHaveLandedIsCheckedFirst(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	dlt := testenv.NewTopic(t, f.brokers, 1)
+	party := newBookingParty()
+	party.set(errors.New("502 Bad Gateway (the booking landed)"))
+	cfg := lease.Config{Config: fastRetries("requeue-check", dlt), LeaseTTL: 600 * time.Millisecond}
+	cfg.MaxAttempts = 1
+	c, err := lease.NewConsumer(f.pool, f.source(testenv.Name("group")), f.writer, party.effect(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ev := newEvent("order-1", 1)
+	m := event.ToKafka(f.topic, ev)
+	handle(t, c, m)
+	if s := f.status(t, cfg.Name, ev); s != "dead_lettered" || party.bookings(ev.EventID.String()) != 1 {
+		t.Fatalf("after the failed last call: row %s, %d bookings; want dead_lettered and 1", s, party.bookings(ev.EventID.String()))
+	}
+
+	party.set(nil) // the third party answers again
+	f.requeue(t, dlt, 1, ev.EventID)
+	handle(t, c, lastMessage(t, f.brokers, f.topic))
+	if n := party.bookings(ev.EventID.String()); n != 1 {
+		t.Fatalf("the requeued letter was booked %d times in all (row %s), want once: its redelivery must check first",
+			n, f.status(t, cfg.Name, ev))
+	}
+	if s := f.status(t, cfg.Name, ev); s != "processed" {
+		t.Fatalf("the requeued letter's row is %s, want processed", s)
+	}
+}
+
+// Bug 3: two aggregate types share an id (order and payment both use the
+// order id). When the payment's v2 dies in lease mode, the payment's
+// version guard goes back below v2; it must go back to what the payment
+// applied (nothing), not to the order's v1, or the payment's v1, arriving
+// late, is skipped as stale and never applied.
+func TestADeadLeasedEventMovesBackOnlyItsOwnAggregateTypesGuard(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	dlt := testenv.NewTopic(t, f.brokers, 1)
+	party := newBookingParty()
+	order1, order2 := newEvent("order-3", 1), newEvent("order-3", 2)
+	order1.AggregateType, order2.AggregateType = "order", "order"
+	pay1, pay2 := newEvent("order-3", 1), newEvent("order-3", 2)
+	pay1.AggregateType, pay2.AggregateType = "payment", "payment"
+	party.refuse[pay2.EventID.String()] = inbox.Permanent(errors.New("refused"))
+	c, err := lease.NewConsumer(f.pool, f.source(testenv.Name("group")), f.writer, party.effect(),
+		lease.Config{Config: fastRetries("two-types", dlt)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, ev := range []event.Envelope{order1, order2, pay2, pay1} {
+		handle(t, c, event.ToKafka(f.topic, ev))
+	}
+	if s := f.status(t, "two-types", pay2); s != "dead_lettered" {
+		t.Fatalf("payment v2 is %s, want dead_lettered", s)
+	}
+	if n := party.bookings(pay1.EventID.String()); n != 1 {
+		t.Fatalf("payment v1 booked %d times (row %s), want once: the payment's guard was moved back to the order's version",
+			n, f.status(t, "two-types", pay1))
+	}
+}
+
+// Suspected third: when marking a called message done keeps failing (here
+// Effect.Done refuses its record), the lease used to be given up with "row
+// stays leased" while the offset moved on: the message ended neither
+// processed nor dead, and no redelivery would come. The side effect
+// happened: the row must end visible, uncertain, for reconciliation.
+func TestALeaseThatCannotBeMarkedDoneEndsUncertainNotLeased(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	dlt := testenv.NewTopic(t, f.brokers, 1)
+	party := newBookingParty()
+	eff := party.effect()
+	eff.Done = func(context.Context, pgx.Tx, event.Envelope, lease.Outcome) error {
+		return errors.New("the outcomes table refuses the record")
+	}
+	c, err := lease.NewConsumer(f.pool, f.source(testenv.Name("group")), f.writer, eff,
+		lease.Config{Config: fastRetries("done-fails", dlt)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ev := newEvent("order-5", 1)
+	handle(t, c, event.ToKafka(f.topic, ev))
+	if s := f.status(t, "done-fails", ev); s != "uncertain" {
+		t.Fatalf("the message whose effect happened but could not be marked done is %s, want uncertain", s)
+	}
+	if n := party.bookings(ev.EventID.String()); n != 1 {
+		t.Fatalf("booked %d times, want once", n)
+	}
+}
+
+// A stale dead letter holds nothing, so its requeue is known by its row
+// alone (requeued). In lease mode the guard advances when a message is
+// leased: another event of the same version that arrives meanwhile is
+// stale, and dead-lettered; then the leased one dies, holds its aggregate
+// and moves the guard back. The stale one's requeue must be parked behind
+// the dead one as a requeue: its row stays requeued, with its attempts and
+// reason, not deleted and turned into a parked first delivery; and the
+// requeue of the dead one then applies both.
+func TestARequeuedStaleDeadLetterBehindAnotherDeadEventKeepsItsRow(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	dlt := testenv.NewTopic(t, f.brokers, 1)
+	cfg := fastRetries("stale-held", dlt)
+	cfg.MaxAttempts = 1
+	b1, dead := newEvent("held", 1), newEvent("held", 2)
+	late := newEvent("held", 2) // another event of version 2: stale while dead is leased
+	var (
+		mu     sync.Mutex
+		broken = true
+		booked = map[string]int{}
+	)
+	calling, fail := make(chan struct{}), make(chan struct{})
+	var once sync.Once
+	effect := lease.Effect{
+		Check: func(_ context.Context, key string) (bool, error) {
+			mu.Lock()
+			defer mu.Unlock()
+			return booked[key] > 0, nil
+		},
+		Call: func(ctx context.Context, ev event.Envelope, key string) error {
+			mu.Lock()
+			b := broken
+			mu.Unlock()
+			if ev.EventID == dead.EventID && b {
+				once.Do(func() { close(calling) })
+				select {
+				case <-fail:
+				case <-ctx.Done():
+				}
+				return inbox.Permanent(errors.New("refused for now"))
+			}
+			mu.Lock()
+			defer mu.Unlock()
+			booked[key]++
+			return nil
+		},
+	}
+	c, err := lease.NewConsumer(f.pool, f.source(testenv.Name("group")), f.writer, effect, lease.Config{Config: cfg})
+	if err != nil {
+		t.Fatal(err)
+	}
+	handle(t, c, event.ToKafka(f.topic, b1))
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		if err := c.Handle(context.Background(), event.ToKafka(f.topic, dead)); err != nil {
+			t.Error(err)
+		}
+	}()
+	select {
+	case <-calling:
+	case <-time.After(30 * time.Second):
+		t.Fatal("the dead one's call never started")
+	}
+	handle(t, c, event.ToKafka(f.topic, late)) // dead holds the guard at 2: late is stale
+	close(fail)
+	<-done
+	for _, ev := range []event.Envelope{late, dead} {
+		if s := f.status(t, "stale-held", ev); s != "dead_lettered" {
+			t.Fatalf("%v (version %d) is %s, want dead_lettered", ev.EventID, ev.AggregateVersion, s)
+		}
+	}
+	row := `SELECT status, attempts, coalesce(last_error, '') FROM inbox_messages WHERE consumer = 'stale-held' AND message_id = $1`
+	var st, reason string
+	var attempts int
+	if err := f.pool.QueryRow(context.Background(), row, late.EventID).Scan(&st, &attempts, &reason); err != nil {
+		t.Fatal(err)
+	}
+	f.requeue(t, dlt, 1, late.EventID)
+	handle(t, c, lastMessage(t, f.brokers, f.topic))
+	var st2, reason2 string
+	var attempts2 int
+	if err := f.pool.QueryRow(context.Background(), row, late.EventID).Scan(&st2, &attempts2, &reason2); err != nil {
+		t.Fatalf("the requeued stale dead letter's row is gone (%v): the requeue became a parked first delivery", err)
+	}
+	if st2 != "requeued" || attempts2 != attempts || reason2 != reason {
+		t.Fatalf("the requeued stale dead letter's row is %s/%d/%q, want requeued/%d/%q (parked behind the dead one, kept)",
+			st2, attempts2, reason2, attempts, reason)
+	}
+	if n := f.count(t, `SELECT count(*) FROM inbox_parked_messages WHERE message_id = $1`, late.EventID); n != 1 {
+		t.Fatalf("the requeued stale dead letter is not parked behind the dead one")
+	}
+
+	mu.Lock()
+	broken = false
+	mu.Unlock()
+	f.requeue(t, dlt, 1, dead.EventID)
+	handle(t, c, lastMessage(t, f.brokers, f.topic))
+	testenv.WaitFor(t, 30*time.Second, "the dead one, then the parked stale one, done", func() (bool, error) {
+		return f.status(t, "stale-held", dead) == "processed" && f.status(t, "stale-held", late) == "processed", nil
+	})
+}

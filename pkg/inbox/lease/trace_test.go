@@ -1,0 +1,31 @@
+package lease_test
+
+import (
+	"context"
+	"testing"
+
+	"github.com/onceflow/onceflow/pkg/event"
+	"github.com/onceflow/onceflow/pkg/inbox"
+	"github.com/onceflow/onceflow/pkg/inbox/lease"
+	"github.com/onceflow/onceflow/pkg/testenv"
+)
+
+func TestALeasedSideEffectRunsInAConsumerSpanContinuingTheProducer(t *testing.T) {
+	rec, f, ev, under := startTraced(t)
+	c, err := lease.NewConsumer(f.pool, f.source(testenv.Name("group")), f.writer, lease.Effect{
+		Check: func(context.Context, string) (bool, error) { return false, nil },
+		Call: func(ctx context.Context, ev event.Envelope, _ string) error {
+			under.add(ctx, ev)
+			return nil
+		},
+	}, lease.Config{Config: inbox.Config{Name: "lease-test", Metrics: inbox.NewMetrics(f.registry)}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	runUntilCleanup(t, c)
+
+	saw := under.wait(t, ev, "the side effect to run and be marked done", func() bool {
+		return f.count(t, "SELECT count(*) FROM inbox_messages WHERE status = 'processed'") == 1
+	})
+	checkOneConsumerSpan(t, rec, f.topic, ev, saw)
+}
