@@ -5,6 +5,8 @@ import (
 	"time"
 
 	"github.com/onceflow/onceflow/pkg/internal/backlog"
+
+	"github.com/onceflow/onceflow/pkg/outbox/internal/lifecycle"
 )
 
 // Backlog is the outbox's read of "rows not yet published, or dead, older
@@ -64,7 +66,7 @@ type BacklogReport struct {
 // as a stuck relay. Under Debezium the table cannot tell what was
 // published: every row stays pending (see docs/outbox.md).
 var (
-	backlogPending = `state = 'pending' AND NOT ` + publishedCDC("outbox_events")
+	backlogPending = `state = 'pending' AND NOT ` + lifecycle.PublishedCDC("outbox_events")
 	backlogDead    = `state = 'dead'`
 )
 
@@ -94,10 +96,10 @@ func Backlog(ctx context.Context, db BacklogDB, cfg BacklogConfig) (BacklogRepor
 		rep BacklogReport
 		err error
 	)
-	if rep.Pending, err = backlogState(ctx, db, statePending, backlogPending, cfg.PendingOlderThan, cfg.Samples); err != nil {
+	if rep.Pending, err = backlogState(ctx, db, lifecycle.StatePending, backlogPending, cfg.PendingOlderThan, cfg.Samples); err != nil {
 		return BacklogReport{}, err
 	}
-	if rep.Dead, err = backlogState(ctx, db, stateDead, backlogDead, cfg.DeadOlderThan, cfg.Samples); err != nil {
+	if rep.Dead, err = backlogState(ctx, db, lifecycle.StateDead, backlogDead, cfg.DeadOlderThan, cfg.Samples); err != nil {
 		return BacklogReport{}, err
 	}
 	return rep, nil

@@ -9,6 +9,8 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/onceflow/onceflow/pkg/internal/knob"
+
+	"github.com/onceflow/onceflow/pkg/outbox/internal/publish"
 )
 
 // The polling relay's own defaults, what a zero RelayConfig field means;
@@ -120,7 +122,7 @@ func (c RelayConfig) WithDefaults() RelayConfig {
 		c.ID = fmt.Sprintf("%s-%d-%s", host, os.Getpid(), uuid.NewString()[:8])
 	}
 	if c.Topic == nil {
-		c.Topic = defaultTopic
+		c.Topic = publish.DefaultTopic
 	}
 	knob.Default(&c.BatchSize, DefaultBatchSize)
 	knob.Default(&c.PollInterval, DefaultPollInterval)
@@ -152,7 +154,7 @@ func (c RelayConfig) Validate() error {
 	if err := knob.RefuseNegative(name, c); err != nil {
 		return err
 	}
-	if err := c.Standby.validate(name); err != nil {
+	if err := c.Standby.Validate(name); err != nil {
 		return err
 	}
 	d := c.WithDefaults()

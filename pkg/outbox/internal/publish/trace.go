@@ -1,4 +1,4 @@
-package outbox
+package publish
 
 import (
 	"context"
@@ -15,7 +15,7 @@ import (
 // tracerScope names the relay's spans (the instrumentation scope).
 const tracerScope = "github.com/onceflow/onceflow/pkg/outbox"
 
-// startSends starts a producer span per claimed row, each a child of the
+// StartSends starts a producer span per Claimed row, each a child of the
 // trace context the row was enqueued with (its stored traceparent, such as
 // the HTTP request's), and puts that span's own traceparent in the message's
 // header: the consumer's span then continues the producer's, and the trace
@@ -27,25 +27,25 @@ const tracerScope = "github.com/onceflow/onceflow/pkg/outbox"
 // is rewritten only when the span is a new one. The message's headers are
 // replaced, never written to (setHeader), so a retry starts from the stored
 // ones.
-func startSends(ctx context.Context, batch []claimed) (end func(errs []error)) {
+func StartSends(ctx context.Context, batch []Claimed) (end func(errs []error)) {
 	tracer := otel.GetTracerProvider().Tracer(tracerScope)
 	spans := make([]trace.Span, len(batch))
 	var name, nameTopic string
 	for i := range batch {
-		m := &batch[i].msg
+		m := &batch[i].Msg
 		if name == "" || m.Topic != nameTopic {
 			name, nameTopic = "send "+m.Topic, m.Topic
 		}
-		parent := event.ContextWithTraceparent(ctx, header(*m, event.HeaderTraceparent))
+		parent := event.ContextWithTraceparent(ctx, Header(*m, event.HeaderTraceparent))
 		sendCtx, span := tracer.Start(parent, name, producerSpan)
 		if span.IsRecording() {
 			span.SetAttributes(semconv.MessagingSystemKafka, semconv.MessagingOperationTypeSend,
 				semconv.MessagingOperationName("send"), semconv.MessagingDestinationName(m.Topic),
-				semconv.MessagingMessageID(header(*m, event.HeaderEventID)), semconv.MessagingKafkaMessageKey(string(m.Key)))
+				semconv.MessagingMessageID(Header(*m, event.HeaderEventID)), semconv.MessagingKafkaMessageKey(string(m.Key)))
 		}
 		if sc := span.SpanContext(); sc.IsValid() && !sc.Equal(trace.SpanContextFromContext(parent)) {
 			if tp := event.TraceparentFromContext(sendCtx); tp != "" {
-				setHeader(m, event.HeaderTraceparent, tp)
+				SetHeader(m, event.HeaderTraceparent, tp)
 			}
 		}
 		spans[i] = span
@@ -59,7 +59,8 @@ func startSends(ctx context.Context, batch []claimed) (end func(errs []error)) {
 
 var producerSpan = trace.WithSpanKind(trace.SpanKindProducer)
 
-func header(m kafka.Message, key string) string {
+// Header is m's header key, "" if it has none.
+func Header(m kafka.Message, key string) string {
 	for _, h := range m.Headers {
 		if h.Key == key {
 			return string(h.Value)
@@ -68,10 +69,10 @@ func header(m kafka.Message, key string) string {
 	return ""
 }
 
-// setHeader replaces or adds a header in a copy of m's headers: the slice
+// SetHeader replaces or adds a header in a copy of m's headers: the slice
 // may be shared (the log-based relay's lanes keep the stored headers for a
 // retry, and cut them from blocks shared by many events).
-func setHeader(m *kafka.Message, key, value string) {
+func SetHeader(m *kafka.Message, key, value string) {
 	h := make([]kafka.Header, 0, len(m.Headers)+1)
 	set := false
 	for _, x := range m.Headers {

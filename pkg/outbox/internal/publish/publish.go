@@ -1,4 +1,9 @@
-package outbox
+// Package publish takes both relays' rows to Kafka: package outbox's
+// polling relay hands it Claimed batches, package outbox/cdc's log-based
+// relay its lanes' events. It keeps each aggregate's events in order,
+// charges a refusal to the message it is about, and starts the producer
+// spans.
+package publish
 
 import (
 	"bytes"
@@ -13,11 +18,6 @@ import (
 	"github.com/onceflow/onceflow/pkg/internal/kafkaerr"
 )
 
-// Publishing, shared by both relays: the polling relay's claimed batches
-// and the log-based relay's lanes go to Kafka through publishBatch, which
-// keeps each aggregate's events in order and charges a refusal to the
-// message it is about.
-
 // Writer is the part of *kafka.Writer the relay needs. It must return only
 // after the broker acknowledged (RequiredAcks = RequireAll). A *kafka.Writer
 // or a wrapper with KafkaWriter() *kafka.Writer is given no more in one call than fits one record
@@ -28,27 +28,29 @@ type Writer interface {
 	WriteMessages(ctx context.Context, msgs ...kafka.Message) error
 }
 
-type claimed struct {
-	id        int64
-	attempts  int
-	createdAt time.Time
-	aggType   string
-	aggregate string // type + id
-	msg       kafka.Message
-	// undecodable is why the row could not be made into a message; such a
+// Claimed is one row (or, in the log-based relay, one decoded event) on its
+// way to Kafka.
+type Claimed struct {
+	ID        int64
+	Attempts  int
+	CreatedAt time.Time
+	AggType   string
+	Aggregate string // type + id
+	Msg       kafka.Message
+	// Undecodable is why the row could not be made into a message; such a
 	// row is a message error, charged an attempt and never published.
-	undecodable error
+	Undecodable error
 }
 
-// publishBatch writes the batch to w and returns one error per row (nil: acked).
+// Batch writes the batch to w and returns one error per row (nil: acked).
 // Each topic is written separately and concurrently: kafka-go fails a whole
 // write when one of its topics is unknown, and one misrouted aggregate type
 // must not hold up the others. An aggregate's events all go to one topic,
 // so writeTopic alone keeps them in order.
-func publishBatch(ctx context.Context, w Writer, batch []claimed) []error {
+func Batch(ctx context.Context, w Writer, batch []Claimed) []error {
 	byTopic := map[string][]int{}
 	for i, c := range batch {
-		byTopic[c.msg.Topic] = append(byTopic[c.msg.Topic], i)
+		byTopic[c.Msg.Topic] = append(byTopic[c.Msg.Topic], i)
 	}
 	limits := writerLimits(w)
 	errs := make([]error, len(batch))
@@ -56,7 +58,7 @@ func publishBatch(ctx context.Context, w Writer, batch []claimed) []error {
 		msgs := make([]kafka.Message, len(idx))
 		aggs := make([]string, len(idx))
 		for j, i := range idx {
-			msgs[j], aggs[j] = batch[i].msg, batch[i].aggregate
+			msgs[j], aggs[j] = batch[i].Msg, batch[i].Aggregate
 		}
 		for j, err := range writeTopic(ctx, w, limits, msgs, aggs) {
 			errs[idx[j]] = err
@@ -76,10 +78,10 @@ func publishBatch(ctx context.Context, w Writer, batch []claimed) []error {
 	return errs
 }
 
-// errHeldBack is the outcome of a message that was not written because an
+// ErrHeldBack is the outcome of a message that was not written because an
 // earlier message of its aggregate in the same batch failed: the broker must
 // not have an aggregate's event while it lacks an earlier one.
-var errHeldBack = errors.New("outbox: not written: an earlier event of its aggregate in the batch failed")
+var ErrHeldBack = errors.New("outbox: not written: an earlier event of its aggregate in the batch failed")
 
 // batchLimits are how many messages, and how many bytes of them, kafka-go's
 // writer puts into one record batch of a partition (Writer.BatchSize and
@@ -133,7 +135,7 @@ func messageBytes(m kafka.Message) int64 {
 // message; aggs[i] names msgs[i]'s aggregate. Two rules shape it.
 //
 // An aggregate's later messages are never written once one of its messages
-// failed: they get errHeldBack and stay behind it (relayBatch leaves them
+// failed: they get ErrHeldBack and stay behind it (relayBatch leaves them
 // pending). The broker judges a partition's record batch as a whole, but
 // kafka-go cuts one call's messages for a partition into several record
 // batches when they exceed its BatchSize or BatchBytes and sends them one
@@ -169,7 +171,7 @@ func writeTopic(ctx context.Context, w Writer, limits batchLimits, msgs []kafka.
 		var todo []int // indexes into msgs to write in this call
 		for i := start; i < end; i++ {
 			if failed[aggs[i]] {
-				errs[i] = errHeldBack
+				errs[i] = ErrHeldBack
 				continue
 			}
 			todo = append(todo, i)
@@ -210,7 +212,7 @@ func writeCall(ctx context.Context, w Writer, msgs []kafka.Message, aggs []strin
 				rest := todo[:j:j]
 				for _, i := range todo[j+1:] {
 					if aggs[i] == aggs[refused] {
-						errs[i] = errHeldBack
+						errs[i] = ErrHeldBack
 						continue
 					}
 					rest = append(rest, i)
@@ -233,7 +235,7 @@ func writeCall(ctx context.Context, w Writer, msgs []kafka.Message, aggs []strin
 				case errs[i] == nil:
 					// Written by the call above.
 				case bad[aggs[i]]:
-					errs[i] = errHeldBack
+					errs[i] = ErrHeldBack
 				case judged[i]:
 					errs[i] = perMessage(w.WriteMessages(ctx, msgs[i]), 1)[0]
 				}
@@ -271,3 +273,15 @@ func perMessage(err error, n int) []error {
 	}
 	return errs
 }
+
+// Headers is the JSON shape of the outbox table's headers column, the
+// envelope's fields that become Kafka headers besides the ones the row has
+// columns for.
+type Headers struct {
+	CorrelationID string `json:"correlationId,omitempty"`
+	CausationID   string `json:"causationId,omitempty"`
+	Traceparent   string `json:"traceparent,omitempty"`
+}
+
+// DefaultTopic is both relays' default Topic: aggregateType + ".events".
+func DefaultTopic(aggregateType string) string { return aggregateType + ".events" }

@@ -1,25 +1,16 @@
-package outbox
+package cdc
+
+import (
+	"github.com/onceflow/onceflow/pkg/outbox/internal/lifecycle"
+)
 
 // Every statement the log-based relay runs, in one place: the slot and the
-// publication (cdc_slot.go), the stream's start (cdc_stream.go), the gap of
-// a lost slot (cdc_gap.go), the lanes' checks and dead marks (cdc_lane.go),
-// and the gauges and retention beside the stream (cdc_upkeep.go).
-
-// publishedCDC is the one test of "published" for a pending row of the
-// log-based relay, which never marks a row (lifecycle.go, migration 0008):
-// its inserting transaction is older than a slot record's published_xmin,
-// whose commits the slot confirmed. row names outbox_events in the
-// statement. id <= confirmed_id is only an upper bound that keeps the scan
-// short (no published row lies above it); it is never the test itself:
-// ids are drawn at INSERT, not at commit. Retention, the cdc replay's scope
-// and Backlog share it.
-func publishedCDC(row string) string {
-	return `EXISTS (SELECT 1 FROM outbox_cdc_slots s
-    WHERE ` + row + `.id <= s.confirmed_id AND age(` + row + `.xmin) > age(s.published_xmin))`
-}
+// publication (slot.go), the stream's start (stream.go), the gap of
+// a lost slot (gap.go), the lanes' checks and dead marks (lane.go),
+// and the gauges and retention beside the stream (upkeep.go).
 
 // deleteConfirmedBatch removes rows Kafka acknowledged and the slot
-// confirmed (publishedCDC). Only state 'pending': a row marked dead (its
+// confirmed (lifecycle.PublishedCDC). Only state 'pending': a row marked dead (its
 // event was skipped) stays for the operator. Nothing while a new slot's gap
 // has not been republished from the table.
 var deleteConfirmedBatch = `
@@ -29,7 +20,7 @@ DELETE FROM outbox_events WHERE id IN (
       AND o.created_at < now() - $2 * interval '1 microsecond'
     ORDER BY o.id LIMIT $3)`
 
-// advanceHorizon is retention's first step (lifecycle.go, "horizon,
+// advanceHorizon is retention's first step (internal/lifecycle, "horizon,
 // published"): a pending horizon the slot's recorded position passed
 // becomes published_xmin, and a new horizon is taken: $2, read just before
 // by horizonXid, and the WAL insert position now, in a later statement, so
@@ -99,7 +90,7 @@ INSERT INTO outbox_cdc_slots (slot_name, confirmed_lsn, gap_pending)
 SELECT slot_name, confirmed_flush_lsn, true FROM pg_replication_slots WHERE slot_name = $1
 ON CONFLICT DO NOTHING`
 
-// recordConfirmed records the stream's confirmed position (lifecycle.go),
+// recordConfirmed records the stream's confirmed position (internal/lifecycle),
 // for the slot generation the stream started on ($4, the record's
 // created_at then): a stream of a slot since lost and replaced must not
 // move the new one's record (it would promote a horizon the new slot has
@@ -125,7 +116,7 @@ const gapPending = `SELECT gap_pending, created_at FROM outbox_cdc_slots WHERE s
 
 // gapRows reads the gap, a page at a time in id order (keyset on id, so
 // each page is one index range scan of the pending index): the pending rows
-// no slot confirmed. A row the old slot confirmed (publishedCDC) is left
+// no slot confirmed. A row the old slot confirmed (lifecycle.PublishedCDC) is left
 // out: markGap keeps published_xmin and confirmed_id, which only ever say
 // what Kafka acknowledged, so a lost slot (a PostgreSQL 15 failover) costs
 // the gap, not every row retention kept. After an asynchronous failover
@@ -134,7 +125,7 @@ const gapPending = `SELECT gap_pending, created_at FROM outbox_cdc_slots WHERE s
 var gapRows = `
 SELECT id, event_id, aggregate_type, aggregate_id, aggregate_version, event_type, event_version,
        payload, headers, occurred_at, created_at
-FROM outbox_events WHERE state = 'pending' AND id > $1 AND NOT ` + publishedCDC("outbox_events") + `
+FROM outbox_events WHERE state = 'pending' AND id > $1 AND NOT ` + lifecycle.PublishedCDC("outbox_events") + `
 ORDER BY id LIMIT $2`
 
 // gapReplayed ends the replay: retention may delete again, and the rows it
@@ -200,7 +191,7 @@ SELECT x.id FROM unnest($1::bigint[], $2::uuid[]) AS x(id, event_id)
 WHERE EXISTS (SELECT 1 FROM outbox_events o WHERE o.id = x.id AND o.state = 'dead')
    OR EXISTS (SELECT 1 FROM outbox_events o WHERE o.event_id = x.event_id AND o.id <> x.id)`
 
-// markDeadCDC is the log-based relay's pending → dead (lifecycle.go): a row
+// markDeadCDC is the log-based relay's pending → dead (internal/lifecycle): a row
 // no longer pending (dead already, or requeued and so deleted) is left as
 // it is.
 const markDeadCDC = `UPDATE outbox_events SET state = 'dead', last_error = $2, attempts = $3 WHERE id = $1 AND state = 'pending'`

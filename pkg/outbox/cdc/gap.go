@@ -1,4 +1,4 @@
-package outbox
+package cdc
 
 import (
 	"context"
@@ -11,6 +11,9 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/onceflow/onceflow/pkg/event"
+
+	"github.com/onceflow/onceflow/pkg/outbox/internal/lifecycle"
+	"github.com/onceflow/onceflow/pkg/outbox/internal/publish"
 )
 
 // errGapMarkedAgain: the slot was lost and marked again while its gap was
@@ -19,7 +22,7 @@ var errGapMarkedAgain = errors.New("the replication slot was replaced while its 
 
 // replayGap republishes, once the stream holds the slot and before it
 // publishes the slot's first event, the lost slot's gap: the rows still
-// pending that no slot confirmed (gapRows leaves out what publishedCDC says
+// pending that no slot confirmed (gapRows leaves out what lifecycle.PublishedCDC says
 // the old slot published). A new slot streams from its creation only, so
 // the rows of a lost slot's window would otherwise never be published, and
 // the new slot's first acknowledgement would let retention delete them.
@@ -77,7 +80,7 @@ func (s *streamer) replayGap(ctx context.Context, pending bool, mark time.Time) 
 		}
 		// Rows read from the table are as visible as a stream's commits
 		// before the standbys have them: the same wait (replicated.go).
-		if err := r.standby.await(ctx, r.pool); err != nil {
+		if err := r.standby.Await(ctx, r.pool); err != nil {
 			return fmt.Errorf("waiting for the standbys: %w", err)
 		}
 		// One page at a time: memory stays bounded however long the gap.
@@ -94,14 +97,14 @@ func (s *streamer) replayGap(ctx context.Context, pending bool, mark time.Time) 
 		}
 		after = evs[len(evs)-1].rowID
 		total += int64(len(evs))
-		r.cfg.Metrics.cdc.gapRepublished.Add(float64(len(evs)))
+		r.cfg.Metrics.CDC.GapRepublished.Add(float64(len(evs)))
 	}
 	tag, err := r.pool.Exec(ctx, gapReplayed, r.cfg.Slot, after, mark, xmin)
 	if err != nil {
 		return fmt.Errorf("recording the replayed gap: %w", err)
 	}
 	if tag.RowsAffected() == 0 {
-		r.cfg.Metrics.refuse(ctx, r.cfg.Logger, transitionGapReplayed, "the slot was marked again (a newer generation) while its gap was replayed",
+		r.cfg.Metrics.Refuse(ctx, r.cfg.Logger, lifecycle.TransitionGapReplayed, "the slot was marked again (a newer generation) while its gap was replayed",
 			slog.String("slot", r.cfg.Slot))
 		return errGapMarkedAgain
 	}
@@ -126,7 +129,7 @@ func (s *streamer) waitAcked(ctx context.Context, tx *txn) error {
 
 // readGapPage reads up to MaxInFlight pending rows after id after, in the
 // replay's snapshot.
-func (r *CDCRelay) readGapPage(ctx context.Context, snap pgx.Tx, after int64) ([]cdcEvent, error) {
+func (r *Relay) readGapPage(ctx context.Context, snap pgx.Tx, after int64) ([]cdcEvent, error) {
 	rows, err := snap.Query(ctx, gapRows, after, r.cfg.MaxInFlight)
 	if err != nil {
 		return nil, fmt.Errorf("reading the gap's rows: %w", err)
@@ -145,7 +148,7 @@ func (r *CDCRelay) readGapPage(ctx context.Context, snap pgx.Tx, after int64) ([
 			&ev.EventVersion, &payload, &headers, &ev.OccurredAt, &createdAt); err != nil {
 			return nil, fmt.Errorf("reading a gap row: %w", err)
 		}
-		var h envelopeHeaders
+		var h publish.Headers
 		if err := json.Unmarshal(headers, &h); err != nil {
 			return nil, fmt.Errorf("outbox row %d: headers: %w", id, err)
 		}

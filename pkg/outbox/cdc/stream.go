@@ -1,4 +1,4 @@
-package outbox
+package cdc
 
 import (
 	"container/list"
@@ -17,12 +17,19 @@ import (
 	"github.com/jackc/pgx/v5/pgproto3"
 
 	"github.com/onceflow/onceflow/pkg/event"
+
+	"github.com/onceflow/onceflow/pkg/outbox/internal/lifecycle"
+	"github.com/onceflow/onceflow/pkg/outbox/internal/metrics"
+	"github.com/onceflow/onceflow/pkg/outbox/internal/publish"
+	"github.com/onceflow/onceflow/pkg/outbox/internal/wal"
+
+	"github.com/onceflow/onceflow/pkg/outbox/internal/standby"
 )
 
 // cdcEvent is one event decoded from the stream (or, after a lost slot,
 // read from the table).
 type cdcEvent struct {
-	claimed
+	publish.Claimed
 	rowID   int64 // outbox_events id; 0 for an emitted event
 	version int64 // aggregate version, which orders the holds (lane.deadAhead)
 	tx      *txn  // the transaction it belongs to, for the slot's confirmation
@@ -52,7 +59,7 @@ type txn struct {
 // goroutine uses the connection and the transaction list; the lanes
 // publish, one per topic, and report back on acked.
 type streamer struct {
-	r    *CDCRelay
+	r    *Relay
 	conn *pgconn.PgConn
 
 	relations map[uint32]*rowColumns // nil for relations other than outbox_events
@@ -61,8 +68,8 @@ type streamer struct {
 	// transaction that commits past it was never delivered before.
 	fresh pglogrepl.LSN
 	// standbyAt is the standbys' flush position this stream last read
-	// (Standby.PublishReplicated): commits below it need no query.
-	standbyAt pglogrepl.LSN
+	// (outbox.Standby.PublishReplicated): commits below it need no query.
+	standbyAt standby.LSN
 
 	build *msgBuilder
 	cols  [][]byte    // the columns of the row being decoded
@@ -98,7 +105,7 @@ type streamer struct {
 // the server while they flow; idle, it reports every StatusInterval.
 const confirmEvery = 10 * time.Millisecond
 
-func newStreamer(ctx context.Context, r *CDCRelay, conn *pgconn.PgConn, start pglogrepl.LSN) *streamer {
+func newStreamer(ctx context.Context, r *Relay, conn *pgconn.PgConn, start pglogrepl.LSN) *streamer {
 	s := &streamer{r: r, conn: conn, relations: map[uint32]*rowColumns{}, lanes: map[string]*lane{},
 		acked: make(chan laneAck, 16), confirmed: start, recorded: start,
 		fresh: pglogrepl.LSN(math.MaxUint64), build: newMsgBuilder(r.cfg.Topic)}
@@ -118,7 +125,7 @@ func (s *streamer) close() {
 	s.record(ctx)
 }
 
-func (r *CDCRelay) streamOnce(ctx context.Context) error {
+func (r *Relay) streamOnce(ctx context.Context) error {
 	conn, err := r.connectToSlot(ctx)
 	if err != nil {
 		return err
@@ -181,7 +188,7 @@ func (r *CDCRelay) streamOnce(ctx context.Context) error {
 		return err
 	}
 	r.setActive(true)
-	r.stream.ok(ctx)
+	r.stream.OK(ctx)
 	r.cfg.Logger.InfoContext(ctx, "streaming the outbox from the replication slot", slog.String("slot", r.cfg.Slot),
 		slog.String("from_lsn", start.String()))
 	if err := s.run(ctx); err != nil {
@@ -275,10 +282,10 @@ func (s *streamer) wait(ctx context.Context, in chan<- cdcEvent, ev cdcEvent) (t
 // add hands one decoded event to its topic's lane, starting the lane on
 // the topic's first event.
 func (s *streamer) add(ctx context.Context, ev cdcEvent) error {
-	l := s.lanes[ev.msg.Topic]
+	l := s.lanes[ev.Msg.Topic]
 	if l == nil {
-		l = s.r.newLane(ev.msg.Topic, s.acked, s.holds[ev.msg.Topic])
-		s.lanes[ev.msg.Topic] = l
+		l = s.r.newLane(ev.Msg.Topic, s.acked, s.holds[ev.Msg.Topic])
+		s.lanes[ev.Msg.Topic] = l
 		s.laneWG.Go(func() { l.run(s.laneCtx) })
 	}
 	ev.tx.pending++
@@ -405,11 +412,11 @@ func (s *streamer) decode(ctx context.Context, x pglogrepl.XLogData) error {
 			return fmt.Errorf("parsing a begin message: %w", err)
 		}
 		// The walsender decoded this transaction's commit: the primary
-		// flushed it. With Standby.PublishReplicated nothing of it goes to
+		// flushed it. With outbox.Standby.PublishReplicated nothing of it goes to
 		// a lane before the standbys flushed it too (replicated.go); a
 		// wait that runs out ends the stream, and the next one delivers
 		// the transaction again, the slot not having moved past it.
-		if err := s.r.standby.awaitCommit(ctx, s.r.pool, pglogrepl.LSN(x.ServerWALEnd), &s.standbyAt); err != nil {
+		if err := s.r.standby.AwaitCommit(ctx, s.r.pool, standby.LSN(x.ServerWALEnd), &s.standbyAt); err != nil {
 			return fmt.Errorf("waiting for the standbys: %w", err)
 		}
 		s.open = s.begin()
@@ -440,21 +447,21 @@ func (s *streamer) decode(ctx context.Context, x pglogrepl.XLogData) error {
 		if err != nil {
 			return fmt.Errorf("decoding an outbox row: %w", err)
 		}
-		ev := cdcEvent{claimed: s.build.build(&s.raw), rowID: rowID, version: s.raw.aggVersion, tx: s.open, recheck: s.open.recheck}
-		ev.id, ev.createdAt = rowID, createdAt
+		ev := cdcEvent{Claimed: s.build.build(&s.raw), rowID: rowID, version: s.raw.aggVersion, tx: s.open, recheck: s.open.recheck}
+		ev.ID, ev.CreatedAt = rowID, createdAt
 		return s.add(ctx, ev)
 	case pgoMessage:
 		m, err := parseLogicalMessage(body)
 		if err != nil {
 			return fmt.Errorf("parsing a logical decoding message: %w", err)
 		}
-		if string(m.prefix) != EmitPrefix {
+		if string(m.prefix) != wal.Prefix {
 			return nil
 		}
 		if !m.transactional || s.open == nil {
 			// Emit writes transactional messages only; anything else under
 			// its prefix was written by hand and is not an outbox event.
-			s.r.refuseEmitted(ctx, refusedNonTransactional, errors.New("not transactional"), m.lsn, m.content)
+			s.r.refuseEmitted(ctx, metrics.RefusedNonTransactional, errors.New("not transactional"), m.lsn, m.content)
 			return nil
 		}
 		emittedAt, reason, err := decodeEmitted(m.content, &s.raw)
@@ -463,8 +470,8 @@ func (s *streamer) decode(ctx context.Context, x pglogrepl.XLogData) error {
 			s.r.refuseEmitted(ctx, reason, err, m.lsn, m.content)
 			return nil
 		}
-		ev := cdcEvent{claimed: s.build.build(&s.raw), tx: s.open}
-		ev.createdAt = emittedAt
+		ev := cdcEvent{Claimed: s.build.build(&s.raw), tx: s.open}
+		ev.CreatedAt = emittedAt
 		return s.add(ctx, ev)
 	case pgoCommit:
 		end, err := commitEnd(body)
@@ -481,11 +488,11 @@ func (s *streamer) decode(ctx context.Context, x pglogrepl.XLogData) error {
 
 // newEvent makes a message of an envelope read from the table (a lost
 // slot's gap); the stream's events go through msgBuilder instead.
-func (r *CDCRelay) newEvent(ev event.Envelope, createdAt time.Time, rowID int64) cdcEvent {
-	return cdcEvent{rowID: rowID, version: ev.AggregateVersion, recheck: true, claimed: claimed{
-		id: rowID, createdAt: createdAt, aggType: ev.AggregateType,
-		aggregate: ev.AggregateType + "\x00" + ev.AggregateID,
-		msg:       event.ToKafka(r.cfg.Topic(ev.AggregateType), ev),
+func (r *Relay) newEvent(ev event.Envelope, createdAt time.Time, rowID int64) cdcEvent {
+	return cdcEvent{rowID: rowID, version: ev.AggregateVersion, recheck: true, Claimed: publish.Claimed{
+		ID: rowID, CreatedAt: createdAt, AggType: ev.AggregateType,
+		Aggregate: ev.AggregateType + "\x00" + ev.AggregateID,
+		Msg:       event.ToKafka(r.cfg.Topic(ev.AggregateType), ev),
 	}}
 }
 
@@ -528,12 +535,12 @@ func (s *streamer) record(ctx context.Context) {
 	cancel()
 	if err != nil {
 		if ctx.Err() == nil {
-			s.r.cfg.Metrics.dbErrors.WithLabelValues("slot").Inc()
+			s.r.cfg.Metrics.DbErrors.WithLabelValues("slot").Inc()
 		}
 		return
 	}
 	if tag.RowsAffected() == 0 {
-		s.r.cfg.Metrics.refuse(ctx, s.r.cfg.Logger, transitionRecordPosition,
+		s.r.cfg.Metrics.Refuse(ctx, s.r.cfg.Logger, lifecycle.TransitionRecordPosition,
 			"the slot record is of another generation: the slot was lost and replaced since this stream took it",
 			slog.String("slot", s.r.cfg.Slot), slog.String("lsn", s.confirmed.String()))
 	}

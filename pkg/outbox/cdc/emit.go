@@ -1,4 +1,4 @@
-package outbox
+package cdc
 
 import (
 	"bytes"
@@ -17,58 +17,12 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/onceflow/onceflow/pkg/event"
+	"github.com/onceflow/onceflow/pkg/outbox"
+	"github.com/onceflow/onceflow/pkg/outbox/internal/metrics"
+	"github.com/onceflow/onceflow/pkg/outbox/internal/wal"
 )
 
-// EmitPrefix is the logical decoding message prefix Emit writes under and
-// CDCRelay reads; messages under any other prefix are left alone, so other
-// tools may emit their own. The prefix names the stream, and a message's
-// first byte its encoding (emitJSON, emitBinary): the relay reads both, so
-// the events an older Emit left in the WAL are published after an upgrade.
-const EmitPrefix = "onceflow.outbox.v1"
-
-// The encodings of an emitted event, told apart by the message's first
-// byte.
-const (
-	// emitJSON ('{') is the envelope as a JSON object built by Postgres
-	// (walEnvelope), what Emit wrote before emitBinary. The relay parses
-	// all of it, which cost the WAL-only relay a third of its CPU.
-	emitJSON = '{'
-	// emitBinary is Emit's encoding now, read with no JSON parse: a header
-	// Emit builds, the time Postgres emitted it, and the payload as the
-	// outbox table's jsonb column holds it, all big-endian:
-	//
-	//	1 byte   emitBinary (2)
-	//	16       event id
-	//	4        event version (int32)
-	//	8        aggregate version (int64)
-	//	8        occurred at, microseconds since the Unix epoch (int64)
-	//	4+n × 6  event type, aggregate type, aggregate id, correlation id,
-	//	         causation id, traceparent: each a uint32 length, then UTF-8
-	//	8        emitted at (Postgres's clock_timestamp()), microseconds
-	//	         since the Unix epoch (int64)
-	//	rest     payload: jsonb's text of it
-	//
-	// A relay older than this encoding refuses such messages as
-	// undecodable (logged with their content, counted dead): upgrade the
-	// relays before the writers (docs/runbook-cdc.md).
-	emitBinary = 0x02
-)
-
-// emitEvent writes the envelope into the WAL only, in emitBinary's layout:
-// $2 is the header Emit builds; Postgres adds the time and the payload,
-// which goes through jsonb exactly as the outbox table's payload column
-// does, so a consumer gets the same bytes from either relay mode.
-// Transactional (true): the message is decoded at the transaction's commit,
-// in commit order with the transaction's other changes, and never if it
-// rolls back. It emits nothing, and returns no row, unless the server holds
-// a slot that decodes it (slotHeld, cdc_failover.go): after a failover to a
-// server without the relay's slot, the write is refused, not lost.
-const emitEvent = `
-SELECT pg_logical_emit_message(true, $1::text,
-    $2::bytea || int8send((extract(epoch FROM clock_timestamp()) * 1000000)::bigint) || convert_to($3::jsonb::text, 'UTF8'))
-WHERE ` + slotHeldExpr
-
-// walEnvelope is the JSON shape of an emitted event (emitJSON).
+// walEnvelope is the JSON shape of an emitted event (wal.JSON).
 type walEnvelope struct {
 	EventID          uuid.UUID       `json:"eventId"`
 	EventType        string          `json:"eventType"`
@@ -84,64 +38,18 @@ type walEnvelope struct {
 	EmittedAt        time.Time       `json:"emittedAt"`
 }
 
-// Emit writes ev into the WAL alone, inside the caller's transaction, as a
-// logical decoding message (pg_logical_emit_message, transactional): no
-// outbox row, no index, no retention. Only a CDCRelay publishes it, at the
-// transaction's commit, in commit order; the polling relay never sees it, so
-// use Emit only in a service that runs the log-based relay (RELAY_MODE=wal).
-// Like Enqueue, it never commits and never talks to Kafka, and an
-// incomplete envelope is rejected with an error wrapping event.ErrInvalid.
-func Emit(ctx context.Context, tx pgx.Tx, ev event.Envelope) error {
-	if err := ev.Validate(); err != nil {
-		return fmt.Errorf("outbox: %s %s: %w", ev.EventType, ev.EventID, err)
-	}
-	tag, err := tx.Exec(ctx, emitEvent, EmitPrefix, emitHeader(ev), []byte(ev.Payload))
-	if err != nil {
-		return fmt.Errorf("outbox: emitting %s %s: %w", ev.EventType, ev.EventID, err)
-	}
-	if tag.RowsAffected() == 0 {
-		// No slot on this server (a failover the relay has not caught up
-		// with): nothing would keep the message (cdc_failover.go).
-		return noSlotErr(fmt.Sprintf("emitting %s %s", ev.EventType, ev.EventID))
-	}
-	return nil
-}
-
-// emitHeader is emitBinary's layout up to the emitted-at time. The
-// occurred-at time is truncated to the microsecond, as the outbox table's
-// timestamptz stores it, so the occurred-at header is the same in every
-// mode.
-func emitHeader(ev event.Envelope) []byte {
-	texts := [...]string{ev.EventType, ev.AggregateType, ev.AggregateID, ev.CorrelationID, ev.CausationID, ev.Traceparent}
-	n := 1 + 16 + 4 + 8 + 8
-	for _, t := range texts {
-		n += 4 + len(t)
-	}
-	b := make([]byte, 0, n)
-	b = append(b, emitBinary)
-	b = append(b, ev.EventID[:]...)
-	b = binary.BigEndian.AppendUint32(b, uint32(ev.EventVersion))
-	b = binary.BigEndian.AppendUint64(b, uint64(ev.AggregateVersion))
-	b = binary.BigEndian.AppendUint64(b, uint64(ev.OccurredAt.UnixMicro()))
-	for _, t := range texts {
-		b = binary.BigEndian.AppendUint32(b, uint32(len(t)))
-		b = append(b, t...)
-	}
-	return b
-}
-
 // decodeEmitted is the inverse of Emit, for the relay, in either encoding:
 // it fills ev (whose texts then point into content) and returns the time
 // the event was emitted. A message that is not what Emit writes is refused
-// with reason (refusedUndecodable or refusedInvalid) and err:
+// with reason (metrics.RefusedUndecodable or metrics.RefusedInvalid) and err:
 // pg_logical_emit_message is an ordinary function, so anything may be under
 // the prefix, and the relay must neither publish it as genuine nor stop on
 // it.
 func decodeEmitted(content []byte, ev *rawEnvelope) (emittedAt time.Time, reason string, err error) {
 	switch {
-	case len(content) > 0 && content[0] == emitBinary:
+	case len(content) > 0 && content[0] == wal.Binary:
 		emittedAt, err = ev.readBinary(content[1:])
-	case len(content) > 0 && content[0] == emitJSON:
+	case len(content) > 0 && content[0] == wal.JSON:
 		emittedAt, reason, err = ev.readJSON(content)
 		if err != nil {
 			return time.Time{}, reason, err
@@ -150,15 +58,15 @@ func decodeEmitted(content []byte, ev *rawEnvelope) (emittedAt time.Time, reason
 		err = errors.New("neither of the encodings Emit writes")
 	}
 	if err != nil {
-		return time.Time{}, refusedUndecodable, fmt.Errorf("decoding an emitted event: %w", err)
+		return time.Time{}, metrics.RefusedUndecodable, fmt.Errorf("decoding an emitted event: %w", err)
 	}
 	if err := ev.validate(); err != nil {
-		return time.Time{}, refusedInvalid, fmt.Errorf("event %s: %w", ev.eventID, err)
+		return time.Time{}, metrics.RefusedInvalid, fmt.Errorf("event %s: %w", ev.eventID, err)
 	}
 	return emittedAt, "", nil
 }
 
-// readBinary reads emitBinary's layout after its first byte.
+// readBinary reads wal.Binary's layout after its first byte.
 func (ev *rawEnvelope) readBinary(b []byte) (emittedAt time.Time, err error) {
 	const fixed = 16 + 4 + 8 + 8
 	if len(b) < fixed {
@@ -187,16 +95,16 @@ func (ev *rawEnvelope) readBinary(b []byte) (emittedAt time.Time, err error) {
 	return emittedAt, nil
 }
 
-// readJSON reads emitJSON's object.
+// readJSON reads wal.JSON's object.
 func (ev *rawEnvelope) readJSON(content []byte) (emittedAt time.Time, reason string, err error) {
 	var w walEnvelope
 	if err := json.Unmarshal(content, &w); err != nil {
-		return time.Time{}, refusedUndecodable, fmt.Errorf("decoding an emitted event: %w", err)
+		return time.Time{}, metrics.RefusedUndecodable, fmt.Errorf("decoding an emitted event: %w", err)
 	}
 	var occurred time.Time
 	if w.OccurredAt != "" {
 		if occurred, err = time.Parse(time.RFC3339Nano, w.OccurredAt); err != nil {
-			return time.Time{}, refusedInvalid, fmt.Errorf("event %s: decoding occurredAt: %w", w.EventID, err)
+			return time.Time{}, metrics.RefusedInvalid, fmt.Errorf("event %s: decoding occurredAt: %w", w.EventID, err)
 		}
 	}
 	*ev = rawEnvelope{
@@ -289,9 +197,9 @@ const refusedContentShown = 1024
 // (an error log record with its position, reason and content, and
 // outbox_dead_total), counted by reason in outbox_emitted_refused_total. It
 // is never published, and the stream goes on.
-func (r *CDCRelay) refuseEmitted(ctx context.Context, reason string, cause error, lsn pglogrepl.LSN, content []byte) {
-	r.cfg.Metrics.deadTotal.Inc()
-	r.cfg.Metrics.cdc.emittedRefused.WithLabelValues(reason).Inc()
+func (r *Relay) refuseEmitted(ctx context.Context, reason string, cause error, lsn pglogrepl.LSN, content []byte) {
+	r.cfg.Metrics.DeadTotal.Inc()
+	r.cfg.Metrics.CDC.EmittedRefused.WithLabelValues(reason).Inc()
 	shown := content
 	if len(shown) > refusedContentShown {
 		shown = shown[:refusedContentShown]
@@ -300,4 +208,52 @@ func (r *CDCRelay) refuseEmitted(ctx context.Context, reason string, cause error
 		"skipped as dead, never published (only Emit, run by the service's own role, should write there)",
 		slog.String("reason", reason), slog.String("lsn", lsn.String()), slog.Int("content_bytes", len(content)),
 		slog.String("content", string(shown)), slog.Any("error", cause))
+}
+
+// EmitPrefix is the logical decoding message prefix Emit writes under and
+// Relay reads; messages under any other prefix are left alone, so other
+// tools may emit their own. The prefix names the stream, and a message's
+// first byte its encoding: the relay reads both the JSON one an older Emit
+// wrote and the binary one it writes now, so the events an older Emit left
+// in the WAL are published after an upgrade.
+const EmitPrefix = wal.Prefix
+
+// ErrNoSlot is wrapped by Emit's error when the database it writes to has
+// no logical replication slot at a consistent position: after a failover
+// to a standby without synchronized slots (PostgreSQL before 17, or a slot
+// created without FAILOVER), until the relay has made a new one. The error
+// chain also holds a Postgres "cannot connect now" (57P03), so that
+// consumers and HTTP handlers treat it as the outage it is (pgerr.IsUnavailable)
+// and retry, never dead-letter.
+var ErrNoSlot = wal.ErrNoSlot
+
+// Emit writes ev into the WAL alone, inside the caller's transaction, as a
+// logical decoding message (pg_logical_emit_message, transactional): no
+// outbox row, no index, no retention. Only a Relay publishes it, at the
+// transaction's commit, in commit order; the polling relay never sees it, so
+// use Emit only in a service that runs the log-based relay in
+// outbox.ModeWAL. Like outbox.Enqueue, it never commits and never talks to
+// Kafka, and an incomplete envelope is rejected with an error wrapping
+// event.ErrInvalid. While the server holds no slot that would keep the
+// message (a failover the relay has not caught up with), it is refused
+// with an error wrapping ErrNoSlot.
+func Emit(ctx context.Context, tx pgx.Tx, ev event.Envelope) error { return wal.Emit(ctx, tx, ev) }
+
+// Write is the write of mode m: Emit for outbox.ModeWAL, outbox.Enqueue
+// otherwise, so that business code calls one function whatever relay runs.
+func Write(m outbox.RelayMode) outbox.WriteFunc {
+	if m == outbox.ModeWAL {
+		return Emit
+	}
+	return outbox.Enqueue
+}
+
+// Queue is the queued write of mode m: outbox.Queue, or nil for
+// outbox.ModeWAL, whose events are written with Emit (Write) in the
+// caller's transaction.
+func Queue(m outbox.RelayMode) outbox.QueueFunc {
+	if m == outbox.ModeWAL {
+		return nil
+	}
+	return outbox.Queue
 }

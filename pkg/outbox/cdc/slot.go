@@ -1,4 +1,4 @@
-package outbox
+package cdc
 
 import (
 	"context"
@@ -11,17 +11,19 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/onceflow/onceflow/pkg/internal/faultpoint"
+
+	"github.com/onceflow/onceflow/pkg/outbox"
 )
 
 // Publication is the publication migration 0005 creates on outbox_events
-// inserts; CDCRelay streams it.
+// inserts; Relay streams it.
 const Publication = "outbox_events_pub"
 
 // LostSlot describes a replication slot the relay found dropped or
 // invalidated and replaced. Events committed between LastConfirmedAt and
 // CreatedAt (LastConfirmedLSN and the new slot's position) were in no
-// slot's stream: in table mode (ModeCDC) the relay republishes them from
-// the table before it streams; in WAL-only mode (ModeWAL) they are lost.
+// slot's stream: in table mode (outbox.ModeCDC) the relay republishes them from
+// the table before it streams; in WAL-only mode (outbox.ModeWAL) they are lost.
 type LostSlot struct {
 	Slot string
 	// Invalidated is true when the slot existed with wal_status 'lost'
@@ -41,7 +43,7 @@ var errSlotBusy = errors.New("the replication slot is active in another relay")
 // ensurePublication creates the publication over the replication
 // connection if migration 0005 could not (its role had no CREATE on the
 // database); a walsender in database mode runs plain SQL too.
-func (r *CDCRelay) ensurePublication(ctx context.Context, conn *pgconn.PgConn) error {
+func (r *Relay) ensurePublication(ctx context.Context, conn *pgconn.PgConn) error {
 	var exists bool
 	if err := r.pool.QueryRow(ctx, publicationExists, Publication).Scan(&exists); err != nil {
 		return fmt.Errorf("looking for the publication: %w", err)
@@ -63,7 +65,7 @@ func (r *CDCRelay) ensurePublication(ctx context.Context, conn *pgconn.PgConn) e
 
 // connectToSlot opens a walsender connection and makes sure the
 // publication and the slot exist on it; the caller closes it.
-func (r *CDCRelay) connectToSlot(ctx context.Context) (*pgconn.PgConn, error) {
+func (r *Relay) connectToSlot(ctx context.Context) (*pgconn.PgConn, error) {
 	conn, err := pgconn.ConnectConfig(ctx, r.replConf)
 	if err != nil {
 		return nil, fmt.Errorf("connecting for replication: %w", err)
@@ -81,7 +83,7 @@ func (r *CDCRelay) connectToSlot(ctx context.Context) (*pgconn.PgConn, error) {
 
 // ensureSlot makes sure the slot exists and is usable, creating it on the
 // first start and replacing it, loudly, when it was lost.
-func (r *CDCRelay) ensureSlot(ctx context.Context, conn *pgconn.PgConn) error {
+func (r *Relay) ensureSlot(ctx context.Context, conn *pgconn.PgConn) error {
 	var (
 		walStatus, lastLSN *string
 		creating           *bool
@@ -136,15 +138,15 @@ func (r *CDCRelay) ensureSlot(ctx context.Context, conn *pgconn.PgConn) error {
 	if lastAt != nil {
 		lost.LastConfirmedAt = *lastAt
 	}
-	r.cfg.Metrics.slotLost.Inc()
+	r.cfg.Metrics.SlotLost.Inc()
 	attrs := []any{slog.String("slot", r.cfg.Slot), slog.Bool("invalidated", invalidated),
 		slog.Time("window_from", lost.LastConfirmedAt), slog.Time("window_to", lost.CreatedAt),
 		slog.String("last_confirmed_lsn", lost.LastConfirmedLSN), slog.String("new_slot_lsn", res.ConsistentPoint),
 		slog.String("mode", string(r.cfg.Mode))}
-	if r.cfg.Mode == ModeWAL {
+	if r.cfg.Mode == outbox.ModeWAL {
 		// The price of writing no row: nothing but the WAL held these
 		// events, and no slot decoded that range.
-		r.cfg.Metrics.cdc.lostUnrecoverable.Inc()
+		r.cfg.Metrics.CDC.LostUnrecoverable.Inc()
 		r.cfg.Logger.ErrorContext(ctx, "REPLICATION SLOT LOST, WAL-ONLY EVENTS LOST: replaced it with a new one; every event Emit wrote "+
 			"between last_confirmed_lsn and new_slot_lsn that Kafka had not acknowledged is lost and cannot be republished: "+
 			"reconcile from the domain tables (see the runbook)", attrs...)

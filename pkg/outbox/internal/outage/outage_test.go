@@ -1,4 +1,4 @@
-package outbox
+package outage
 
 import (
 	"bytes"
@@ -20,7 +20,7 @@ func TestOutageLogsTheRelaysLines(t *testing.T) {
 	ctx := context.Background()
 	var buf bytes.Buffer
 	now := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
-	o := newOutage("publishing to Kafka", slog.New(slog.NewTextHandler(&buf, nil)), 10*time.Second)
+	o := New("publishing to Kafka", slog.New(slog.NewTextHandler(&buf, nil)), 10*time.Second)
 	o.t = retry.NewOutage(10*time.Second, func() time.Time { return now })
 	boom := errors.New("dial tcp: connection refused")
 
@@ -37,9 +37,9 @@ func TestOutageLogsTheRelaysLines(t *testing.T) {
 		now = now.Add(step.after)
 		buf.Reset()
 		if step.fail {
-			o.fail(ctx, boom)
+			o.Fail(ctx, boom)
 		} else {
-			o.ok(ctx)
+			o.OK(ctx)
 		}
 		got := strings.TrimSpace(buf.String())
 		if step.want == nil && got != "" {
@@ -51,7 +51,7 @@ func TestOutageLogsTheRelaysLines(t *testing.T) {
 			}
 		}
 	}
-	if down, _, _ := o.state(); down {
-		t.Fatal("state() reports an outage after the recovery")
+	if down, _, _ := o.State(); down {
+		t.Fatal("State() reports an outage after the recovery")
 	}
 }

@@ -1,4 +1,4 @@
-package outbox
+package cdc
 
 import (
 	"fmt"
@@ -7,11 +7,14 @@ import (
 	"time"
 
 	"github.com/onceflow/onceflow/pkg/internal/knob"
+
+	"github.com/onceflow/onceflow/pkg/outbox"
+	"github.com/onceflow/onceflow/pkg/outbox/internal/publish"
 )
 
-// The log-based relay's own defaults, what a zero CDCConfig field means;
-// those both relays share are in config.go (DefaultBatchSize,
-// DefaultPublishTimeout, DefaultBackoffMin, DefaultOutageBackoffMin,
+// The log-based relay's own defaults, what a zero Config field means;
+// those both relays share are in config.go (outbox.DefaultBatchSize,
+// DefaultPublishTimeout, outbox.DefaultBackoffMin, outbox.DefaultOutageBackoffMin,
 // DefaultLogInterval).
 const (
 	// DefaultSlot is the replication slot's name.
@@ -30,25 +33,25 @@ const (
 	DefaultRetentionBatch = 1000
 	// DefaultRetain is how long confirmed rows stay after their insert.
 	DefaultRetain = time.Minute
-	// DefaultCDCMaxAttempts is how many writes that failed because of the
+	// DefaultMaxAttempts is how many writes that failed because of the
 	// message an event gets before it is skipped as dead. Fewer than the
 	// polling relay's DefaultMaxAttempts, with a shorter backoff
-	// (DefaultCDCBackoffMax): a stream cannot set one event aside and go on
+	// (DefaultBackoffMax): a stream cannot set one event aside and go on
 	// with the other aggregates, so every attempt holds up its topic.
-	DefaultCDCMaxAttempts = 3
-	// DefaultCDCBackoffMax caps the delay between those attempts.
-	DefaultCDCBackoffMax = 2 * time.Second
-	// DefaultCDCOutageBackoffMax caps the delay while Kafka or Postgres is
+	DefaultMaxAttempts = 3
+	// DefaultBackoffMax caps the delay between those attempts.
+	DefaultBackoffMax = 2 * time.Second
+	// DefaultOutageBackoffMax caps the delay while Kafka or Postgres is
 	// unreachable, and between a standby's tries to take the slot.
-	DefaultCDCOutageBackoffMax = 5 * time.Second
+	DefaultOutageBackoffMax = 5 * time.Second
 )
 
 // maxInFlightPerBatch is MaxInFlight's default in batches.
 const maxInFlightPerBatch = 4
 
-// CDCConfig configures a CDCRelay. Zero fields take the documented defaults;
+// Config configures a Relay. Zero fields take the documented defaults;
 // negative sizes and durations are refused (config.go).
-type CDCConfig struct {
+type Config struct {
 	// Slot is the logical replication slot (pgoutput) the relay reads and
 	// creates if it is missing. Slot names are global to the Postgres
 	// cluster: give each service's outbox its own. Only lower-case letters,
@@ -61,14 +64,14 @@ type CDCConfig struct {
 	// Topic maps an aggregate type to its Kafka topic.
 	// Default: aggregateType + ".events".
 	Topic func(aggregateType string) string
-	// Mode is what the service writes: ModeCDC (Enqueue: rows, the
-	// default) or ModeWAL (Emit: the WAL only). It decides what a lost slot
-	// costs: in ModeCDC the relay republishes the gap from the table; in
+	// Mode is what the service writes: outbox.ModeCDC (Enqueue: rows, the
+	// default) or outbox.ModeWAL (Emit: the WAL only). It decides what a lost slot
+	// costs: in outbox.ModeCDC the relay republishes the gap from the table; in
 	// ModeWAL the gap's events exist nowhere else, and the relay reports
 	// them lost (outbox_slot_lost_unrecoverable_total).
-	Mode RelayMode
+	Mode outbox.RelayMode
 	// BatchSize is the most events written to Kafka at once.
-	// Default DefaultBatchSize (500).
+	// Default outbox.DefaultBatchSize (500).
 	BatchSize int
 	// MaxInFlight is the most events of one topic decoded and not yet
 	// acknowledged by Kafka; with BatchSize it bounds the relay's memory
@@ -99,32 +102,32 @@ type CDCConfig struct {
 	// Default DefaultRetentionBatch (1000).
 	RetentionBatch int
 	// Retain keeps published rows this long after their insert, for an
-	// operator's replay (RelayMode.Replay) and the replay after a lost slot
+	// operator's replay (outbox.RelayMode.Replay) and the replay after a lost slot
 	// (the relay republishes every pending row the table still holds; see
 	// the runbook). Rows the slot has not confirmed are never deleted,
-	// however old: "published" is commit-ordered (lifecycle.go), so a
+	// however old: "published" is commit-ordered (internal/lifecycle), so a
 	// transaction that inserted a lower id and committed later keeps its
 	// row until its own commit is confirmed. Default DefaultRetain (1m).
 	Retain time.Duration
 	// PublishTimeout bounds one write to Kafka; running out of it counts as
-	// a broker failure. Default DefaultPublishTimeout (30s).
+	// a broker failure. Default outbox.DefaultPublishTimeout (30s).
 	PublishTimeout time.Duration
 	// MaxAttempts is how many writes that failed because of the message (too
 	// large, refused by a topic policy, …) an event gets before it is
 	// skipped as dead: a stream cannot set one event aside and go on with
 	// its aggregate later, as the polling relay does.
-	// Default DefaultCDCMaxAttempts (3).
+	// Default DefaultMaxAttempts (3).
 	MaxAttempts int
 	// BackoffMin and BackoffMax bound the delay between those attempts.
-	// Defaults DefaultBackoffMin (100ms) and DefaultCDCBackoffMax (2s).
+	// Defaults outbox.DefaultBackoffMin (100ms) and DefaultBackoffMax (2s).
 	BackoffMin, BackoffMax time.Duration
 	// OutageBackoffMin and OutageBackoffMax bound the capped, jittered delay
 	// while Kafka or Postgres is unreachable, and between a standby's tries
-	// to take the slot. Defaults DefaultOutageBackoffMin (100ms) and
-	// DefaultCDCOutageBackoffMax (5s).
+	// to take the slot. Defaults outbox.DefaultOutageBackoffMin (100ms) and
+	// DefaultOutageBackoffMax (5s).
 	OutageBackoffMin, OutageBackoffMax time.Duration
 	// LogInterval is the most often an ongoing failure is logged.
-	// Default DefaultLogInterval (30s).
+	// Default outbox.DefaultLogInterval (30s).
 	LogInterval time.Duration
 	// OnSlotLost, if set, is called after the relay replaced a lost slot,
 	// with the window no slot streamed, before the relay republishes it
@@ -133,44 +136,44 @@ type CDCConfig struct {
 	// Logger receives failures, takeovers and lost slots. Default: slog.Default().
 	Logger *slog.Logger
 	// Metrics receives the relay's metrics. Default: none.
-	Metrics *Metrics
+	Metrics *outbox.Metrics
 	// Standby makes the relay publish a transaction only once the standbys
 	// have flushed its commit (replicated.go); on PostgreSQL 17,
 	// synchronized_standby_slots on the primary does the same for every
 	// logical walsender. Default: off.
-	Standby Standby
+	Standby outbox.Standby
 }
 
 var slotName = regexp.MustCompile(`^[a-z0-9_]{1,63}$`)
 
 // WithDefaults returns c with every zero field set to its documented
 // default. Negative values are kept, for Validate to refuse (config.go).
-func (c CDCConfig) WithDefaults() CDCConfig {
+func (c Config) WithDefaults() Config {
 	knob.Default(&c.Slot, DefaultSlot)
 	if c.Topic == nil {
-		c.Topic = defaultTopic
+		c.Topic = publish.DefaultTopic
 	}
-	knob.Default(&c.Mode, ModeCDC)
-	knob.Default(&c.BatchSize, DefaultBatchSize)
+	knob.Default(&c.Mode, outbox.ModeCDC)
+	knob.Default(&c.BatchSize, outbox.DefaultBatchSize)
 	knob.Default(&c.MaxInFlight, maxInFlightPerBatch*c.BatchSize)
 	knob.Default(&c.RetentionBatch, DefaultRetentionBatch)
-	knob.Default(&c.MaxAttempts, DefaultCDCMaxAttempts)
+	knob.Default(&c.MaxAttempts, DefaultMaxAttempts)
 	knob.Default(&c.FlushDelay, DefaultFlushDelay)
 	knob.Default(&c.StatusInterval, DefaultStatusInterval)
 	knob.Default(&c.LagInterval, DefaultLagInterval)
 	knob.Default(&c.RetentionInterval, DefaultRetentionInterval)
 	knob.Default(&c.Retain, DefaultRetain)
-	knob.Default(&c.PublishTimeout, DefaultPublishTimeout)
-	knob.Default(&c.BackoffMin, DefaultBackoffMin)
-	knob.Default(&c.BackoffMax, DefaultCDCBackoffMax)
-	knob.Default(&c.OutageBackoffMin, DefaultOutageBackoffMin)
-	knob.Default(&c.OutageBackoffMax, DefaultCDCOutageBackoffMax)
-	knob.Default(&c.LogInterval, DefaultLogInterval)
+	knob.Default(&c.PublishTimeout, outbox.DefaultPublishTimeout)
+	knob.Default(&c.BackoffMin, outbox.DefaultBackoffMin)
+	knob.Default(&c.BackoffMax, DefaultBackoffMax)
+	knob.Default(&c.OutageBackoffMin, outbox.DefaultOutageBackoffMin)
+	knob.Default(&c.OutageBackoffMax, DefaultOutageBackoffMax)
+	knob.Default(&c.LogInterval, outbox.DefaultLogInterval)
 	if c.Logger == nil {
 		c.Logger = slog.Default()
 	}
 	if c.Metrics == nil {
-		c.Metrics = NewMetrics(nil)
+		c.Metrics = outbox.NewMetrics(nil)
 	}
 	return c
 }
@@ -178,21 +181,21 @@ func (c CDCConfig) WithDefaults() CDCConfig {
 // Validate reports the first field of c that no log-based relay can run
 // with: a negative size or duration, a slot name Postgres refuses, a mode
 // that is not log-based, or crossed backoff bounds. It checks c as
-// NewCDCRelay would use it, after WithDefaults.
-func (c CDCConfig) Validate() error {
-	const name = "outbox: CDCConfig"
+// NewRelay would use it, after WithDefaults.
+func (c Config) Validate() error {
+	const name = "outbox: Config"
 	if err := knob.RefuseNegative(name, c); err != nil {
 		return err
 	}
-	if err := c.Standby.validate(name); err != nil {
+	if err := c.Standby.Validate(name); err != nil {
 		return err
 	}
 	d := c.WithDefaults()
 	if !slotName.MatchString(d.Slot) {
 		return fmt.Errorf("outbox: slot name %q: only a-z, 0-9 and _, at most 63", d.Slot)
 	}
-	if d.Mode != ModeCDC && d.Mode != ModeWAL {
-		return fmt.Errorf("outbox: CDCConfig.Mode must be %s or %s, got %q", ModeCDC, ModeWAL, d.Mode)
+	if d.Mode != outbox.ModeCDC && d.Mode != outbox.ModeWAL {
+		return fmt.Errorf("outbox: Config.Mode must be %s or %s, got %q", outbox.ModeCDC, outbox.ModeWAL, d.Mode)
 	}
 	if err := knob.RefuseCrossed(name, "BackoffMin", d.BackoffMin, "BackoffMax", d.BackoffMax); err != nil {
 		return err

@@ -1,4 +1,4 @@
-package outbox
+package cdc
 
 import (
 	"context"
@@ -13,21 +13,25 @@ import (
 
 	"github.com/onceflow/onceflow/pkg/internal/retry"
 	"github.com/onceflow/onceflow/pkg/internal/writercheck"
+
+	"github.com/onceflow/onceflow/pkg/outbox"
+	"github.com/onceflow/onceflow/pkg/outbox/internal/outage"
+	"github.com/onceflow/onceflow/pkg/outbox/internal/standby"
 )
 
-// CDCRelay publishes the outbox from Postgres's logical replication stream
+// Relay publishes the outbox from Postgres's logical replication stream
 // instead of polling the table: the inserts into outbox_events (Enqueue)
 // and the events written only to the WAL (Emit), through one pgoutput slot.
 // It never updates a row. See the package documentation for what it
 // guarantees; any number of CDCRelays may run for one slot, one streams and
 // the others stand by.
-type CDCRelay struct {
+type Relay struct {
 	pool     *pgxpool.Pool
-	writer   Writer
-	cfg      CDCConfig
+	writer   outbox.Writer
+	cfg      Config
 	replConf *pgconn.Config
 
-	stream, retention, lag *outage
+	stream, retention, lag *outage.Outage
 
 	// stalled: the last stream failed on a change committed while the
 	// publication was missing (publicationMissing); until a stream moves
@@ -38,19 +42,19 @@ type CDCRelay struct {
 	active     bool
 	downTopics map[string]bool // topics whose writes fail for the broker's sake
 
-	standby *standbyGate // nil unless cfg.Standby.PublishReplicated
+	standby *standby.Gate // nil unless cfg.Standby.PublishReplicated
 }
 
-// NewCDCRelay returns a log-based relay for the outbox in pool, writing to w.
-func NewCDCRelay(pool *pgxpool.Pool, w Writer, cfg CDCConfig) (*CDCRelay, error) {
+// NewRelay returns a log-based relay for the outbox in pool, writing to w.
+func NewRelay(pool *pgxpool.Pool, w outbox.Writer, cfg Config) (*Relay, error) {
 	if pool == nil || w == nil {
-		return nil, errors.New("outbox: NewCDCRelay needs a pool and a writer")
+		return nil, errors.New("outbox: NewRelay needs a pool and a writer")
 	}
 	cfg = cfg.WithDefaults()
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	if err := writercheck.Check(w, true, "outbox: NewCDCRelay"); err != nil {
+	if err := writercheck.Check(w, true, "outbox: NewRelay"); err != nil {
 		return nil, err
 	}
 	var (
@@ -73,14 +77,14 @@ func NewCDCRelay(pool *pgxpool.Pool, w Writer, cfg CDCConfig) (*CDCRelay, error)
 	rc.RuntimeParams["replication"] = "database"
 	rc.RuntimeParams["DateStyle"] = "ISO"
 	rc.RuntimeParams["TimeZone"] = "UTC"
-	health := func(what string) *outage { return newOutage(what, cfg.Logger, cfg.LogInterval) }
-	return &CDCRelay{
+	health := func(what string) *outage.Outage { return outage.New(what, cfg.Logger, cfg.LogInterval) }
+	return &Relay{
 		pool: pool, writer: w, cfg: cfg, replConf: rc,
 		downTopics: map[string]bool{},
 		stream:     health("streaming from the replication slot"),
 		retention:  health("deleting confirmed outbox rows"),
 		lag:        health("reading the slot gauges"),
-		standby:    newStandbyGate(cfg.Standby, cfg.Metrics, cfg.Logger, cfg.LogInterval),
+		standby:    standby.NewGate(cfg.Standby, cfg.Metrics, cfg.Logger, cfg.LogInterval),
 	}, nil
 }
 
@@ -92,7 +96,7 @@ func NewCDCRelay(pool *pgxpool.Pool, w Writer, cfg CDCConfig) (*CDCRelay, error)
 // streaming resumes from the slot's confirmed position, so what was
 // acknowledged by Kafka but not yet confirmed is published again (consumers
 // dedupe by event id).
-func (r *CDCRelay) Run(ctx context.Context) error {
+func (r *Relay) Run(ctx context.Context) error {
 	var wg sync.WaitGroup
 	defer wg.Wait()
 	wg.Go(func() { r.every(ctx, r.cfg.LagInterval, r.lag, "slot", r.refreshGauges) })
@@ -117,11 +121,11 @@ func (r *CDCRelay) Run(ctx context.Context) error {
 			streak = min(streak, 4) // a standby retries at a steady, short interval
 		} else {
 			standing = false
-			r.cfg.Metrics.dbErrors.WithLabelValues("replication").Inc()
+			r.cfg.Metrics.DbErrors.WithLabelValues("replication").Inc()
 			if errors.Is(err, errPublicationMissing) {
 				r.publicationMissing(ctx, err)
 			}
-			r.stream.fail(ctx, err)
+			r.stream.Fail(ctx, err)
 		}
 		if !retry.Sleep(ctx, retry.Backoff(streak, r.cfg.OutageBackoffMin, r.cfg.OutageBackoffMax)) {
 			return nil
@@ -135,9 +139,9 @@ func (r *CDCRelay) Run(ctx context.Context) error {
 
 // Prepare makes sure the publication and the slot exist, creating them on
 // the first start, so that everything committed from now on is decoded. A
-// service in ModeWAL calls it before it takes writes (Publisher.Prepare):
+// service in outbox.ModeWAL calls it before it takes writes (Publisher.Prepare):
 // until the slot exists nothing keeps what Emit writes, and events emitted
-// before Run's first connection would be lost. In ModeCDC the table keeps
+// before Run's first connection would be lost. In outbox.ModeCDC the table keeps
 // them, and Run republishes them from it. A slot that exists, held by
 // another relay or not, is left as it is. It returns only once the slot is
 // consistent, whoever created it: a logical slot decodes only what commits
@@ -145,7 +149,7 @@ func (r *CDCRelay) Run(ctx context.Context) error {
 // emitted while another instance is still creating it (42710) would be
 // decoded by no one. Failures are retried with Run's backoff until ctx
 // ends.
-func (r *CDCRelay) Prepare(ctx context.Context) error {
+func (r *Relay) Prepare(ctx context.Context) error {
 	for streak := 1; ; streak++ {
 		err := r.prepareOnce(ctx)
 		if err == nil {
@@ -158,7 +162,7 @@ func (r *CDCRelay) Prepare(ctx context.Context) error {
 		if ctx.Err() != nil {
 			return ctx.Err()
 		}
-		r.stream.fail(ctx, err)
+		r.stream.Fail(ctx, err)
 		if !retry.Sleep(ctx, retry.Backoff(streak, r.cfg.OutageBackoffMin, r.cfg.OutageBackoffMax)) {
 			return ctx.Err()
 		}
@@ -169,7 +173,7 @@ func (r *CDCRelay) Prepare(ctx context.Context) error {
 // Postgres sets confirmed_flush_lsn only once the slot is consistent, and
 // shows NULL while its creator still waits for the transactions that were
 // running. A slot dropped meanwhile (its creator died) is created here.
-func (r *CDCRelay) waitConsistent(ctx context.Context) error {
+func (r *Relay) waitConsistent(ctx context.Context) error {
 	for streak := 1; ; streak++ {
 		var exists, consistent bool
 		err := r.pool.QueryRow(ctx, slotConsistent, r.cfg.Slot).Scan(&exists, &consistent)
@@ -179,7 +183,7 @@ func (r *CDCRelay) waitConsistent(ctx context.Context) error {
 		case err == nil && !exists:
 			return r.Prepare(ctx)
 		case err != nil && ctx.Err() == nil:
-			r.stream.fail(ctx, fmt.Errorf("reading whether the slot is consistent: %w", err))
+			r.stream.Fail(ctx, fmt.Errorf("reading whether the slot is consistent: %w", err))
 		}
 		if !retry.Sleep(ctx, retry.Backoff(min(streak, 4), r.cfg.OutageBackoffMin, r.cfg.OutageBackoffMax)) {
 			return ctx.Err()
@@ -187,7 +191,7 @@ func (r *CDCRelay) waitConsistent(ctx context.Context) error {
 	}
 }
 
-func (r *CDCRelay) prepareOnce(ctx context.Context) error {
+func (r *Relay) prepareOnce(ctx context.Context) error {
 	conn, err := r.connectToSlot(ctx)
 	if err != nil {
 		return err
@@ -202,7 +206,7 @@ var errStreamed = errors.New("stream interrupted")
 // Active reports whether this relay streams from the slot now (false: it
 // stands by, reconnects, or every stream fails at a change it cannot
 // decode: errPublicationMissing).
-func (r *CDCRelay) Active() bool {
+func (r *Relay) Active() bool {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	return r.active && !r.stalled.Load()
@@ -225,12 +229,12 @@ const sqlstateUndefinedObject = "42704"
 // publicationMissing counts and logs a stream that failed on a change
 // committed while the publication was missing, and keeps the relay from
 // calling itself active until a stream moves past it.
-func (r *CDCRelay) publicationMissing(ctx context.Context, err error) {
-	r.cfg.Metrics.cdc.publicationMissing.Inc()
+func (r *Relay) publicationMissing(ctx context.Context, err error) {
+	r.cfg.Metrics.CDC.PublicationMissing.Inc()
 	if !r.stalled.Swap(true) {
 		mode := "table mode: drop the slot (SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_name = '" +
 			r.cfg.Slot + "' AND NOT active, repeated until it returns a row); the relay replaces it and republishes the window from the table"
-		if r.cfg.Mode == ModeWAL {
+		if r.cfg.Mode == outbox.ModeWAL {
 			mode = "WAL-only mode: the events committed since the publication was dropped cannot be decoded; dropping the slot loses them " +
 				"(reconcile from the domain tables, see the runbook)"
 		}
@@ -241,19 +245,19 @@ func (r *CDCRelay) publicationMissing(ctx context.Context, err error) {
 }
 
 // progressed clears the stall once a stream moved past a position.
-func (r *CDCRelay) progressed() {
+func (r *Relay) progressed() {
 	if r.stalled.Load() {
 		r.stalled.Store(false)
 	}
 }
 
-func (r *CDCRelay) setActive(on bool) {
+func (r *Relay) setActive(on bool) {
 	r.mu.Lock()
 	r.active = on
 	r.mu.Unlock()
 	if on {
-		r.cfg.Metrics.slotActive.Set(1)
+		r.cfg.Metrics.SlotActive.Set(1)
 	} else {
-		r.cfg.Metrics.slotActive.Set(0)
+		r.cfg.Metrics.SlotActive.Set(0)
 	}
 }

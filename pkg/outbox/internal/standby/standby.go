@@ -1,15 +1,21 @@
-package outbox
+// Package standby makes a relay publish only what the standbys have: both
+// relays (package outbox's polling relay, package outbox/cdc's log-based
+// one) wait at a Gate before they publish.
+package standby
 
 import (
 	"context"
 	"errors"
 	"fmt"
 	"log/slog"
+	"strconv"
+	"strings"
 	"time"
 
-	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5"
-	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/onceflow/onceflow/pkg/outbox/internal/metrics"
+	"github.com/onceflow/onceflow/pkg/outbox/internal/outage"
 )
 
 // Publishing only what the standby has (issue 32): a commit is visible on
@@ -18,20 +24,20 @@ import (
 // while the commit waits for the standby (a waiting commit whose client
 // gives up becomes visible at once). A relay that publishes it then
 // publishes an event a failover to that standby takes back: the order is
-// gone, its charge at the third party is not. Standby.PublishReplicated
+// gone, its charge at the third party is not. Config.PublishReplicated
 // makes a relay wait until every standby the failover could promote has
 // flushed the commits it is about to publish. PostgreSQL 17's
 // synchronized_standby_slots does the same for logical decoding (the
 // walsender waits); this works on 15 too, and for the polling relay.
 
-// DefaultReplicatedWait bounds one wait for the standbys: past it the batch
+// DefaultWait bounds one wait for the standbys: past it the batch
 // (polling relay) or the stream (log-based relay) is abandoned and retried,
 // and the relay reports a standby outage. Nothing is charged to a row.
-const DefaultReplicatedWait = 5 * time.Second
+const DefaultWait = 5 * time.Second
 
-// Standby says whether a relay publishes only what the standbys have.
+// Config (outbox.Standby) says whether a relay publishes only what the standbys have.
 // The zero value publishes what the primary committed, as before.
-type Standby struct {
+type Config struct {
 	// PublishReplicated makes the relay publish an event only once every
 	// standby named by StandbySlots has flushed its commit. The standbys
 	// are followed through their physical replication slots
@@ -56,13 +62,13 @@ type Standby struct {
 	StandbySlots []string
 	// ReplicatedWait bounds one wait. The log-based relay sends the server
 	// no status update while it waits, so keep it well under the server's
-	// wal_sender_timeout (60s by default). Default DefaultReplicatedWait (5s).
+	// wal_sender_timeout (60s by default). Default DefaultWait (5s).
 	ReplicatedWait time.Duration
 }
 
-// errStandbyBehind is what a wait that ran out of ReplicatedWait returns:
+// ErrBehind is what a wait that ran out of ReplicatedWait returns:
 // an outage the relay waits out, never the message's fault.
-var errStandbyBehind = errors.New("outbox: the standbys have not flushed the commits to publish")
+var ErrBehind = errors.New("outbox: the standbys have not flushed the commits to publish")
 
 // standbyFlushed reads the primary's flush position and the lowest flush
 // position among the standbys' slots (NULL when there is none, or a slot
@@ -86,68 +92,41 @@ SELECT CASE WHEN count(*) = 0 OR bool_or(restart_lsn IS NULL) THEN NULL ELSE min
   FROM pg_replication_slots
  WHERE slot_type = 'physical' AND (cardinality($1::text[]) = 0 OR slot_name = ANY ($1::text[]))`
 
-// querier is what the waits query: a pooled connection, a transaction or
+// Querier is what the waits query: a pooled connection, a transaction or
 // the pool itself.
-type querier interface {
+type Querier interface {
 	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
 }
 
-// standbyMetrics are the metrics of the waits for the standbys.
-type standbyMetrics struct {
-	waits  *prometheus.CounterVec
-	waited prometheus.Histogram
-	behind prometheus.Gauge
-}
-
-func newStandbyMetrics(reg prometheus.Registerer) *standbyMetrics {
-	m := &standbyMetrics{
-		waits: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "outbox_standby_waits_total",
-			Help: "Waits of a relay with PublishReplicated for the standbys to flush what it is about to publish, by outcome: " +
-				"at_once (they had it), waited, timeout (ReplicatedWait ran out: nothing published, retried; a standby outage)."},
-			[]string{"outcome"}),
-		waited: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "outbox_standby_wait_seconds",
-			Help:    "How long a relay with PublishReplicated waited for the standbys before publishing (0 when they had it).",
-			Buckets: prometheus.ExponentialBuckets(0.0005, 2, 16)}),
-		behind: prometheus.NewGauge(prometheus.GaugeOpts{Name: "outbox_standby_behind",
-			Help: "1 while a relay with PublishReplicated publishes nothing because its last wait for the standbys ran out " +
-				"(a standby down, behind, or no standby slot), 0 otherwise."}),
-	}
-	for _, o := range []string{"at_once", "waited", "timeout"} {
-		m.waits.WithLabelValues(o)
-	}
-	if reg != nil {
-		reg.MustRegister(m.waits, m.waited, m.behind)
-	}
-	return m
-}
-
-// standbyGate waits for the standbys on behalf of one relay.
-type standbyGate struct {
-	cfg     Standby
-	metrics *standbyMetrics
-	health  *outage
+// Gate waits for the standbys on behalf of one relay.
+type Gate struct {
+	cfg     Config
+	metrics *metrics.Standby
+	health  *outage.Outage
 	logger  *slog.Logger
 }
 
-func newStandbyGate(cfg Standby, m *Metrics, logger *slog.Logger, logInterval time.Duration) *standbyGate {
+// NewGate returns the gate of cfg, nil (a gate that never waits) unless
+// cfg.PublishReplicated.
+func NewGate(cfg Config, m *metrics.Metrics, logger *slog.Logger, logInterval time.Duration) *Gate {
 	if !cfg.PublishReplicated {
 		return nil
 	}
 	if cfg.ReplicatedWait == 0 {
-		cfg.ReplicatedWait = DefaultReplicatedWait
+		cfg.ReplicatedWait = DefaultWait
 	}
 	if cfg.StandbySlots == nil {
 		cfg.StandbySlots = []string{}
 	}
-	return &standbyGate{cfg: cfg, metrics: m.standby, logger: logger,
-		health: newOutage("waiting for the standbys to flush what is to be published", logger, logInterval)}
+	return &Gate{cfg: cfg, metrics: m.Standby, logger: logger,
+		health: outage.New("waiting for the standbys to flush what is to be published", logger, logInterval)}
 }
 
-// await waits until the standbys flushed everything the primary had
+// Await waits until the standbys flushed everything the primary had
 // flushed when it was called, reading both through q, at most
 // ReplicatedWait. The polling relay calls it after its claim, in the claim's
 // transaction: every row it claimed committed below that position.
-func (g *standbyGate) await(ctx context.Context, q querier) error {
+func (g *Gate) Await(ctx context.Context, q Querier) error {
 	if g == nil {
 		return nil
 	}
@@ -160,7 +139,7 @@ func (g *standbyGate) await(ctx context.Context, q querier) error {
 	if err := q.QueryRow(ctx, standbyFlushed, g.cfg.StandbySlots).Scan(&primaryText, &standbyText, &slots); err != nil {
 		return fmt.Errorf("reading the standbys' flush position: %w", err)
 	}
-	target, err := pglogrepl.ParseLSN(primaryText)
+	target, err := ParseLSN(primaryText)
 	if err != nil {
 		return fmt.Errorf("reading the primary's flush position %q: %w", primaryText, err)
 	}
@@ -168,7 +147,7 @@ func (g *standbyGate) await(ctx context.Context, q querier) error {
 	return err
 }
 
-// awaitCommit is await for the log-based relay, called when a
+// AwaitCommit is Await for the log-based relay, called when a
 // transaction's begin arrives: it waits until the standbys flushed up to
 // walEnd, the server's WAL end the walsender sent with the begin (its
 // XLogData's ServerWALEnd), not for everything the primary flushed since a
@@ -185,7 +164,7 @@ func (g *standbyGate) await(ctx context.Context, q querier) error {
 // transactions rather than once per transaction. The caller keeps *seen
 // for one stream only: a standby replaced meanwhile (its slot recreated)
 // may be behind it.
-func (g *standbyGate) awaitCommit(ctx context.Context, q querier, walEnd pglogrepl.LSN, seen *pglogrepl.LSN) error {
+func (g *Gate) AwaitCommit(ctx context.Context, q Querier, walEnd LSN, seen *LSN) error {
 	if g == nil {
 		return nil
 	}
@@ -210,12 +189,12 @@ func (g *standbyGate) awaitCommit(ctx context.Context, q querier, walEnd pglogre
 // wait polls the standbys' flush position, first read as standbyText of
 // slots, until it reaches target or ReplicatedWait from began runs out. It
 // returns the last position read (0 for none).
-func (g *standbyGate) wait(ctx context.Context, q querier, target pglogrepl.LSN, began time.Time, standbyText *string, slots int) (pglogrepl.LSN, error) {
-	position := func(s *string) pglogrepl.LSN {
+func (g *Gate) wait(ctx context.Context, q Querier, target LSN, began time.Time, standbyText *string, slots int) (LSN, error) {
+	position := func(s *string) LSN {
 		if s == nil {
 			return 0
 		}
-		lsn, err := pglogrepl.ParseLSN(*s)
+		lsn, err := ParseLSN(*s)
 		if err != nil {
 			return 0
 		}
@@ -250,31 +229,55 @@ func (g *standbyGate) wait(ctx context.Context, q querier, target pglogrepl.LSN,
 	}
 }
 
-func (g *standbyGate) passed(ctx context.Context, outcome string, began time.Time) {
-	g.metrics.waits.WithLabelValues(outcome).Inc()
-	g.metrics.waited.Observe(time.Since(began).Seconds())
-	g.metrics.behind.Set(0)
-	g.health.ok(ctx)
+func (g *Gate) passed(ctx context.Context, outcome string, began time.Time) {
+	g.metrics.Waits.WithLabelValues(outcome).Inc()
+	g.metrics.Waited.Observe(time.Since(began).Seconds())
+	g.metrics.Behind.Set(0)
+	g.health.OK(ctx)
 }
 
-func (g *standbyGate) timedOut(ctx context.Context, target pglogrepl.LSN, standby *string, slots int) error {
-	g.metrics.waits.WithLabelValues("timeout").Inc()
-	g.metrics.behind.Set(1)
+func (g *Gate) timedOut(ctx context.Context, target LSN, standby *string, slots int) error {
+	g.metrics.Waits.WithLabelValues("timeout").Inc()
+	g.metrics.Behind.Set(1)
 	at := "no position"
 	if standby != nil {
 		at = *standby
 	}
 	err := fmt.Errorf("%w within %v: want %s, the standbys' slots (%d) are at %s",
-		errStandbyBehind, g.cfg.ReplicatedWait, target, slots, at)
-	g.health.fail(ctx, err)
+		ErrBehind, g.cfg.ReplicatedWait, target, slots, at)
+	g.health.Fail(ctx, err)
 	return err
 }
 
-// validate refuses a negative ReplicatedWait, which RefuseNegative does not
+// Validate refuses a negative ReplicatedWait, which RefuseNegative does not
 // see inside the nested struct.
-func (s Standby) validate(config string) error {
+func (s Config) Validate(config string) error {
 	if s.ReplicatedWait < 0 {
 		return fmt.Errorf("%s.Standby.ReplicatedWait is negative (%v); leave it zero for the default", config, s.ReplicatedWait)
 	}
 	return nil
 }
+
+// LSN is a position in the WAL, as pg_lsn spells it ("16/B374D848"): read
+// here as text, so that the polling relay needs no replication client.
+type LSN uint64
+
+// ParseLSN reads pg_lsn's text form.
+func ParseLSN(s string) (LSN, error) {
+	hi, lo, ok := strings.Cut(s, "/")
+	if !ok {
+		return 0, fmt.Errorf("parsing LSN %q: no '/'", s)
+	}
+	h, err := strconv.ParseUint(hi, 16, 32)
+	if err != nil {
+		return 0, fmt.Errorf("parsing LSN %q: %w", s, err)
+	}
+	l, err := strconv.ParseUint(lo, 16, 32)
+	if err != nil {
+		return 0, fmt.Errorf("parsing LSN %q: %w", s, err)
+	}
+	return LSN(h<<32 | l), nil
+}
+
+// String is pg_lsn's text form.
+func (l LSN) String() string { return fmt.Sprintf("%X/%X", uint32(l>>32), uint32(l)) }

@@ -1,16 +1,16 @@
-package outbox
+package cdc
 
 import (
 	"context"
-	"errors"
-	"fmt"
 	"log/slog"
 	"strconv"
 	"strings"
 
 	"github.com/jackc/pglogrepl"
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/onceflow/onceflow/pkg/outbox"
+	"github.com/onceflow/onceflow/pkg/outbox/internal/wal"
 )
 
 // What a Postgres failover asks of the log-based relay (issue 32).
@@ -27,58 +27,18 @@ import (
 //
 // WAL-only mode must also take no write while no slot exists on the server
 // it writes to: such an event is kept by nothing. Emit refuses then
-// (ErrNoSlot, an outage to wait out), and CDCRelay.SlotReady tells /readyz.
-
-// ErrNoSlot is wrapped by Emit's error when the database it writes to has
-// no logical replication slot at a consistent position: after a failover
-// to a standby without synchronized slots (PostgreSQL before 17, or a slot
-// created without FAILOVER), until the relay has made a new one. The error
-// chain also holds a Postgres "cannot connect now" (57P03), so that
-// consumers and HTTP handlers treat it as the outage it is (pgerr.IsUnavailable)
-// and retry, never dead-letter.
-var ErrNoSlot = errors.New("outbox: no replication slot on this server holds what Emit writes yet (a failover; the relay is making one)")
-
-// noSlotErr is ErrNoSlot with the outage SQLSTATE beside it.
-func noSlotErr(what string) error {
-	return fmt.Errorf("outbox: %s: %w: %w", what, ErrNoSlot,
-		&pgconn.PgError{Severity: "ERROR", Code: "57P03", Message: "no logical replication slot holds this database's WAL yet"})
-}
-
-// slotHeld is true when the current database has a pgoutput slot that
-// reached a consistent position (confirmed_flush_lsn is set once it did:
-// a transaction that sees it, and writes after, is decoded) and is not
-// lost. Read in the writer's own transaction, it is about the server that
-// transaction commits on.
-const slotHeld = `SELECT ` + slotHeldExpr
-
-const slotHeldExpr = `EXISTS (SELECT 1 FROM pg_replication_slots
-               WHERE database = current_database() AND slot_type = 'logical' AND plugin = 'pgoutput'
-                 AND confirmed_flush_lsn IS NOT NULL AND wal_status IS DISTINCT FROM 'lost')`
-
-// checkSlotHeld returns noSlotErr unless q's server holds a slot (slotHeld).
-func checkSlotHeld(ctx context.Context, q interface {
-	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
-}, what string) error {
-	var held bool
-	if err := q.QueryRow(ctx, slotHeld).Scan(&held); err != nil {
-		return fmt.Errorf("outbox: %s: looking for the replication slot: %w", what, err)
-	}
-	if !held {
-		return noSlotErr(what)
-	}
-	return nil
-}
+// (ErrNoSlot, an outage to wait out), and Relay.SlotReady tells /readyz.
 
 // SlotReady reports, for /readyz, whether the server the relay's pool
 // reaches now (the primary, through a multi-host URL with
 // target_session_attrs=read-write) holds a slot that keeps what Emit
-// writes. In ModeCDC it is always nil: the table keeps every event. In
+// writes. In outbox.ModeCDC it is always nil: the table keeps every event. In
 // ModeWAL a service is not ready until it is, and Emit refuses meanwhile.
-func (r *CDCRelay) SlotReady(ctx context.Context) error {
-	if r.cfg.Mode != ModeWAL {
+func (r *Relay) SlotReady(ctx context.Context) error {
+	if r.cfg.Mode != outbox.ModeWAL {
 		return nil
 	}
-	return checkSlotHeld(ctx, r.pool, "WAL-only mode")
+	return wal.CheckSlotHeld(ctx, r.pool, "WAL-only mode")
 }
 
 // serverMajor is the major version of the server conn is on (0 if unknown).
@@ -92,7 +52,7 @@ func serverMajor(conn *pgconn.PgConn) int {
 // on PostgreSQL 17 and later with FAILOVER, so that a standby with
 // sync_replication_slots = on keeps a copy the relay resumes from after a
 // promotion; before 17 as an ordinary slot.
-func (r *CDCRelay) createSlot(ctx context.Context, conn *pgconn.PgConn) (pglogrepl.CreateReplicationSlotResult, error) {
+func (r *Relay) createSlot(ctx context.Context, conn *pgconn.PgConn) (pglogrepl.CreateReplicationSlotResult, error) {
 	if serverMajor(conn) < 17 {
 		return pglogrepl.CreateReplicationSlot(ctx, conn, r.cfg.Slot, "pgoutput",
 			pglogrepl.CreateReplicationSlotOptions{Mode: pglogrepl.LogicalReplication, SnapshotAction: "NOEXPORT_SNAPSHOT"})
@@ -106,7 +66,7 @@ func (r *CDCRelay) createSlot(ctx context.Context, conn *pgconn.PgConn) (pglogre
 // ensureFailover turns FAILOVER on for an existing slot on PostgreSQL 17
 // and later that was created without it (by an older relay, or by hand),
 // so that it is synchronized to the standby from now on.
-func (r *CDCRelay) ensureFailover(ctx context.Context, conn *pgconn.PgConn) error {
+func (r *Relay) ensureFailover(ctx context.Context, conn *pgconn.PgConn) error {
 	if serverMajor(conn) < 17 {
 		return nil
 	}

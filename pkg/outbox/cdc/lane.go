@@ -1,4 +1,4 @@
-package outbox
+package cdc
 
 import (
 	"context"
@@ -14,20 +14,24 @@ import (
 	"github.com/onceflow/onceflow/pkg/internal/faultpoint"
 	"github.com/onceflow/onceflow/pkg/internal/kafkaerr"
 	"github.com/onceflow/onceflow/pkg/internal/retry"
+
+	"github.com/onceflow/onceflow/pkg/outbox/internal/lifecycle"
+	"github.com/onceflow/onceflow/pkg/outbox/internal/outage"
+	"github.com/onceflow/onceflow/pkg/outbox/internal/publish"
 )
 
 // lane publishes the events of one topic, in the order they were decoded,
 // as the polling relay writes each topic on its own: a topic whose writes
 // fail (deleted, its leader away, refused by an ACL) holds back its own
 // events only, while the stream goes on for the others until this lane's
-// queue (CDCConfig.MaxInFlight events) is full. The slot stays confirmed
+// queue (Config.MaxInFlight events) is full. The slot stays confirmed
 // before its first unacknowledged event, so nothing is lost either way.
 type lane struct {
-	r     *CDCRelay
+	r     *Relay
 	topic string
 	in    chan cdcEvent
 	acked chan<- laneAck
-	kafka *outage
+	kafka *outage.Outage
 
 	// deadAhead holds, per aggregate (type and id), its dead outbox row of
 	// the lowest aggregate version: in table mode a dead event holds back
@@ -48,12 +52,12 @@ type hold struct {
 	version int64
 }
 
-func (r *CDCRelay) newLane(topic string, acked chan<- laneAck, holds map[string]hold) *lane {
+func (r *Relay) newLane(topic string, acked chan<- laneAck, holds map[string]hold) *lane {
 	if holds == nil {
 		holds = map[string]hold{}
 	}
 	return &lane{r: r, topic: topic, in: make(chan cdcEvent, r.cfg.MaxInFlight), acked: acked, deadAhead: holds,
-		kafka: newOutage("publishing to Kafka topic "+topic, r.cfg.Logger, r.cfg.LogInterval)}
+		kafka: outage.New("publishing to Kafka topic "+topic, r.cfg.Logger, r.cfg.LogInterval)}
 }
 
 // run publishes until ctx ends. A batch is whatever the queue holds, up to
@@ -126,16 +130,16 @@ func (l *lane) publish(ctx context.Context, todo []cdcEvent) (bool, error) {
 		} else if len(idx) == 0 {
 			break
 		}
-		// startSends replaces a message's headers rather than write to
+		// publish.StartSends replaces a message's headers rather than write to
 		// them, so a retry starts from the stored traceparent again.
-		batch := make([]claimed, len(idx))
+		batch := make([]publish.Claimed, len(idx))
 		for j, i := range idx {
-			batch[j] = todo[i].claimed
+			batch[j] = todo[i].Claimed
 		}
-		r.cfg.Metrics.batchSize.Observe(float64(len(batch)))
-		endSends := startSends(ctx, batch)
+		r.cfg.Metrics.BatchSize.Observe(float64(len(batch)))
+		endSends := publish.StartSends(ctx, batch)
 		pubCtx, cancel := context.WithTimeout(ctx, r.cfg.PublishTimeout)
-		errs := publishBatch(pubCtx, r.writer, batch)
+		errs := publish.Batch(pubCtx, r.writer, batch)
 		cancel()
 		endSends(errs)
 		if ctx.Err() != nil {
@@ -151,18 +155,18 @@ func (l *lane) publish(ctx context.Context, todo []cdcEvent) (bool, error) {
 			switch err := errs[j]; {
 			case err == nil:
 				ack++
-				r.cfg.Metrics.publishLag.Observe(now.Sub(todo[i].createdAt).Seconds())
+				r.cfg.Metrics.PublishLag.Observe(now.Sub(todo[i].CreatedAt).Seconds())
 				if attempts[i] > 0 {
-					r.cfg.Metrics.retries.Inc()
+					r.cfg.Metrics.Retries.Inc()
 				}
-			case errors.Is(err, errHeldBack):
+			case errors.Is(err, publish.ErrHeldBack):
 				// Not written: an earlier event of its aggregate failed. It
 				// goes again with that one, uncharged, and after it.
 				retryIdx = append(retryIdx, i)
 			case kafkaerr.IsMessageError(err):
 				judged++
 				attempts[i]++
-				r.cfg.Metrics.failures.Inc()
+				r.cfg.Metrics.Failures.Inc()
 				if attempts[i] >= r.cfg.MaxAttempts {
 					// Acknowledged (and so confirmed past) only once its
 					// dead mark is durable: otherwise the stream ends
@@ -181,17 +185,17 @@ func (l *lane) publish(ctx context.Context, todo []cdcEvent) (bool, error) {
 				}
 				retryIdx = append(retryIdx, i)
 			default:
-				r.cfg.Metrics.kafkaErrors.Inc()
+				r.cfg.Metrics.KafkaErrors.Inc()
 				if brokerErr == nil {
 					brokerErr = err
 				}
 				retryIdx = append(retryIdx, i)
 			}
 		}
-		r.cfg.Metrics.published.Add(float64(ack))
+		r.cfg.Metrics.Published.Add(float64(ack))
 		if brokerErr != nil && ack == 0 && judged == 0 {
 			kafkaStreak++
-			l.kafka.fail(ctx, brokerErr)
+			l.kafka.Fail(ctx, brokerErr)
 			r.topicDown(l.topic)
 		} else {
 			kafkaStreak = 0
@@ -199,9 +203,9 @@ func (l *lane) publish(ctx context.Context, todo []cdcEvent) (bool, error) {
 			// recovery yet; the lane retries exactly the refused events, and
 			// Kafka works again once a round has none.
 			if brokerErr != nil {
-				l.kafka.fail(ctx, brokerErr)
+				l.kafka.Fail(ctx, brokerErr)
 			} else {
-				l.kafka.ok(ctx)
+				l.kafka.OK(ctx)
 			}
 			r.topicUp(l.topic)
 		}
@@ -255,7 +259,7 @@ func (l *lane) dropSettled(ctx context.Context, todo []cdcEvent) ([]int, bool, e
 	for _, e := range todo {
 		if e.rowID != 0 && e.recheck {
 			ids = append(ids, e.rowID)
-			eventIDs = append(eventIDs, header(e.msg, event.HeaderEventID))
+			eventIDs = append(eventIDs, publish.Header(e.Msg, event.HeaderEventID))
 		}
 	}
 	var settled map[int64]bool
@@ -272,7 +276,7 @@ func (l *lane) dropSettled(ctx context.Context, todo []cdcEvent) ([]int, bool, e
 		if ctx.Err() != nil {
 			return nil, false, nil
 		}
-		l.r.cfg.Metrics.dbErrors.WithLabelValues("slot").Inc()
+		l.r.cfg.Metrics.DbErrors.WithLabelValues("slot").Inc()
 		if attempt >= laneCheckAttempts {
 			return nil, false, fmt.Errorf("reading the states of %d redelivered outbox rows before publishing them (not acknowledged: the next stream delivers them again): %w",
 				len(ids), err)
@@ -307,22 +311,22 @@ func (l *lane) holdBehindDead(ctx context.Context, todo []cdcEvent, idx []int) (
 	kept := idx[:0:0]
 	for _, i := range idx {
 		e := todo[i]
-		h, held := l.deadAhead[e.aggregate]
+		h, held := l.deadAhead[e.Aggregate]
 		switch {
 		case !held || e.rowID == 0 || e.version < h.version:
 			kept = append(kept, i)
-		case h.eventID == header(e.msg, event.HeaderEventID):
+		case h.eventID == publish.Header(e.Msg, event.HeaderEventID):
 			// The requeued copy of the holding row: it goes, and the
 			// aggregate's next dead row, if any, holds from now on.
-			delete(l.deadAhead, e.aggregate)
-			typ, id, _ := strings.Cut(e.aggregate, "\x00")
+			delete(l.deadAhead, e.Aggregate)
+			typ, id, _ := strings.Cut(e.Aggregate, "\x00")
 			var next hold
 			err := l.r.pool.QueryRow(ctx, firstDeadRowOf, typ, id).Scan(&next.eventID, &next.version)
 			switch {
 			case err == nil && next.eventID != h.eventID:
-				l.deadAhead[e.aggregate] = next
+				l.deadAhead[e.Aggregate] = next
 			case err != nil && !errors.Is(err, pgx.ErrNoRows):
-				l.r.cfg.Metrics.dbErrors.WithLabelValues("slot").Inc()
+				l.r.cfg.Metrics.DbErrors.WithLabelValues("slot").Inc()
 				return nil, fmt.Errorf("reading the next dead event of aggregate %s/%s: %w", typ, id, err)
 			}
 			kept = append(kept, i)
@@ -341,8 +345,8 @@ func (l *lane) holdFrom(e cdcEvent) {
 	if e.rowID == 0 {
 		return
 	}
-	if h, held := l.deadAhead[e.aggregate]; !held || e.version < h.version {
-		l.deadAhead[e.aggregate] = hold{eventID: header(e.msg, event.HeaderEventID), version: e.version}
+	if h, held := l.deadAhead[e.Aggregate]; !held || e.version < h.version {
+		l.deadAhead[e.Aggregate] = hold{eventID: publish.Header(e.Msg, event.HeaderEventID), version: e.version}
 	}
 }
 
@@ -350,7 +354,7 @@ func (l *lane) holdFrom(e cdcEvent) {
 // row of the lowest version): the stream loads them before it delivers
 // anything, so that a restarted relay keeps them and an event can never
 // be published ahead of a hold it has not read yet.
-func (r *CDCRelay) loadHolds(ctx context.Context) (map[string]map[string]hold, error) {
+func (r *Relay) loadHolds(ctx context.Context) (map[string]map[string]hold, error) {
 	rows, err := r.pool.Query(ctx, firstDeadRows)
 	if err != nil {
 		return nil, fmt.Errorf("reading the dead rows that hold back their aggregates: %w", err)
@@ -377,19 +381,19 @@ func (r *CDCRelay) loadHolds(ctx context.Context) (map[string]map[string]hold, e
 // topicDown and topicUp keep the relay's view of Kafka: connected
 // (outbox_kafka_connected) while no topic's writes fail for the broker's
 // sake.
-func (r *CDCRelay) topicDown(topic string) {
+func (r *Relay) topicDown(topic string) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.downTopics[topic] = true
-	r.cfg.Metrics.kafkaConnected.Set(0)
+	r.cfg.Metrics.KafkaConnected.Set(0)
 }
 
-func (r *CDCRelay) topicUp(topic string) {
+func (r *Relay) topicUp(topic string) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	delete(r.downTopics, topic)
 	if len(r.downTopics) == 0 {
-		r.cfg.Metrics.kafkaConnected.Set(1)
+		r.cfg.Metrics.KafkaConnected.Set(1)
 	}
 }
 
@@ -403,28 +407,28 @@ func (r *CDCRelay) topicUp(topic string) {
 // lost). A mark refused because the row is no longer pending (dead
 // already, or requeued: its copy carries the event) is counted and logged,
 // and the event is settled.
-func (r *CDCRelay) dead(ctx context.Context, e cdcEvent, cause error) error {
+func (r *Relay) dead(ctx context.Context, e cdcEvent, cause error) error {
 	if e.rowID != 0 {
 		tag, err := r.pool.Exec(ctx, markDeadCDC, e.rowID, cause.Error(), r.cfg.MaxAttempts)
 		if err != nil {
 			if ctx.Err() == nil {
-				r.cfg.Metrics.dbErrors.WithLabelValues("slot").Inc()
+				r.cfg.Metrics.DbErrors.WithLabelValues("slot").Inc()
 			}
 			return fmt.Errorf("marking outbox row %d dead (not acknowledged: the next stream delivers it again): %w", e.rowID, err)
 		}
 		if tag.RowsAffected() == 0 {
-			r.cfg.Metrics.refuse(ctx, r.cfg.Logger, transitionMarkDead, "the row is not pending: dead already, or requeued (its copy carries the event)",
-				slog.Int64("outbox_id", e.rowID), slog.String("event_id", header(e.msg, event.HeaderEventID)))
+			r.cfg.Metrics.Refuse(ctx, r.cfg.Logger, lifecycle.TransitionMarkDead, "the row is not pending: dead already, or requeued (its copy carries the event)",
+				slog.Int64("outbox_id", e.rowID), slog.String("event_id", publish.Header(e.Msg, event.HeaderEventID)))
 			return nil
 		}
 	}
-	r.cfg.Metrics.deadTotal.Inc()
+	r.cfg.Metrics.DeadTotal.Inc()
 	msg := "outbox event skipped as dead; its aggregate's later events are held back behind it until it is requeued"
 	if e.rowID == 0 {
 		msg = "outbox event skipped as dead; WAL-only: it is in this log only, and its aggregate's later events go on"
 	}
 	r.cfg.Logger.ErrorContext(ctx, msg,
-		slog.String("event_id", header(e.msg, event.HeaderEventID)), slog.String("topic", e.msg.Topic),
-		slog.String("aggregate_id", string(e.msg.Key)), slog.Int64("outbox_id", e.rowID), slog.Any("error", cause))
+		slog.String("event_id", publish.Header(e.Msg, event.HeaderEventID)), slog.String("topic", e.Msg.Topic),
+		slog.String("aggregate_id", string(e.Msg.Key)), slog.Int64("outbox_id", e.rowID), slog.Any("error", cause))
 	return nil
 }

@@ -1,4 +1,4 @@
-package outbox
+package cdc
 
 import (
 	"bytes"
@@ -11,6 +11,8 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5/pgtype"
+
+	"github.com/onceflow/onceflow/pkg/outbox/internal/publish"
 )
 
 // The log-based relay reads pgoutput's messages (protocol version 1, see
@@ -18,7 +20,7 @@ import (
 // place, out of the replication connection's buffer: a stream of a million
 // events must not cost a million small copies before anything is
 // published. Only what an event keeps is copied, once, by msgBuilder
-// (cdc_build.go); the buffer is reused by the next message.
+// (build.go); the buffer is reused by the next message.
 //
 // Relation messages, a few per stream, go through pglogrepl.Parse.
 
@@ -223,7 +225,7 @@ func readColumn[T any](r *tupleReader, i int, name string, parse func([]byte) (T
 	return v
 }
 
-// readHeaders reads the headers column (envelopeHeaders as jsonb). jsonb's
+// readHeaders reads the headers column (publish.Headers as jsonb). jsonb's
 // text is a flat object of strings with no escapes in the rows Enqueue
 // writes; it is read in place, and anything else (an escaped character,
 // another value type) through encoding/json.
@@ -241,7 +243,7 @@ func (ev *rawEnvelope) readHeaders(b []byte) error {
 	}) {
 		return nil
 	}
-	var h envelopeHeaders
+	var h publish.Headers
 	if err := json.Unmarshal(b, &h); err != nil {
 		return fmt.Errorf("column headers: %w", err)
 	}

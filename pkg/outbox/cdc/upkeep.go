@@ -1,12 +1,15 @@
-package outbox
+package cdc
 
 import (
 	"context"
 	"fmt"
 	"time"
+
+	"github.com/onceflow/onceflow/pkg/outbox/internal/metrics"
+	"github.com/onceflow/onceflow/pkg/outbox/internal/outage"
 )
 
-func (r *CDCRelay) every(ctx context.Context, interval time.Duration, o *outage, op string, f func(context.Context) error) {
+func (r *Relay) every(ctx context.Context, interval time.Duration, o *outage.Outage, op string, f func(context.Context) error) {
 	tick := time.NewTicker(interval)
 	defer tick.Stop()
 	for {
@@ -15,10 +18,10 @@ func (r *CDCRelay) every(ctx context.Context, interval time.Duration, o *outage,
 		cancel()
 		switch {
 		case err == nil:
-			o.ok(ctx)
+			o.OK(ctx)
 		case ctx.Err() == nil:
-			r.cfg.Metrics.dbErrors.WithLabelValues(op).Inc()
-			o.fail(ctx, err)
+			r.cfg.Metrics.DbErrors.WithLabelValues(op).Inc()
+			o.Fail(ctx, err)
 		}
 		select {
 		case <-ctx.Done():
@@ -30,19 +33,19 @@ func (r *CDCRelay) every(ctx context.Context, interval time.Duration, o *outage,
 
 // refreshGauges reads the slot's gauges (readSlot, shared with
 // Metrics.WatchSlot) and sets them.
-func (r *CDCRelay) refreshGauges(ctx context.Context) error {
-	s, err := readSlot(ctx, r.pool, r.cfg.Slot)
+func (r *Relay) refreshGauges(ctx context.Context) error {
+	s, err := metrics.ReadSlot(ctx, r.pool, r.cfg.Slot)
 	if err != nil {
 		return err
 	}
-	r.cfg.Metrics.setSlot(s)
+	r.cfg.Metrics.SetSlot(s)
 	return nil
 }
 
 // deleteConfirmed moves the slot record's horizon (horizonXid, then
-// advanceHorizon), then deletes what is published (publishedCDC) and older
+// advanceHorizon), then deletes what is published (lifecycle.PublishedCDC) and older
 // than Retain, in batches.
-func (r *CDCRelay) deleteConfirmed(ctx context.Context) error {
+func (r *Relay) deleteConfirmed(ctx context.Context) error {
 	var xid string
 	if err := r.pool.QueryRow(ctx, horizonXid).Scan(&xid); err != nil {
 		return fmt.Errorf("reading this database's horizon: %w", err)

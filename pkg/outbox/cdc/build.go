@@ -1,4 +1,4 @@
-package outbox
+package cdc
 
 import (
 	"encoding/hex"
@@ -8,6 +8,8 @@ import (
 	"github.com/segmentio/kafka-go"
 
 	"github.com/onceflow/onceflow/pkg/event"
+
+	"github.com/onceflow/onceflow/pkg/outbox/internal/publish"
 )
 
 // msgBuilder makes the log-based relay's Kafka messages out of decoded
@@ -50,7 +52,7 @@ func newMsgBuilder(topic func(string) string) *msgBuilder {
 
 // build returns ev as the message the relay publishes, with its aggregate
 // (type and id) for ordering.
-func (b *msgBuilder) build(ev *rawEnvelope) claimed {
+func (b *msgBuilder) build(ev *rawEnvelope) publish.Claimed {
 	at, ok := b.topics[string(ev.aggType)]
 	if !ok {
 		aggType := string(ev.aggType)
@@ -97,10 +99,10 @@ func (b *msgBuilder) build(ev *rawEnvelope) claimed {
 	}
 	hdrs = event.AppendCloudEvents(hdrs, at.source, id, typ, key, occurredAt)
 	value := f.put(append(f, ev.payload...))
-	return claimed{
-		aggType:   at.aggType,
-		aggregate: at.aggType + "\x00" + string(ev.aggID),
-		msg:       kafka.Message{Topic: at.topic, Key: key, Value: value, Headers: hdrs},
+	return publish.Claimed{
+		AggType:   at.aggType,
+		Aggregate: at.aggType + "\x00" + string(ev.aggID),
+		Msg:       kafka.Message{Topic: at.topic, Key: key, Value: value, Headers: hdrs},
 	}
 }
 
