@@ -183,7 +183,7 @@ func (c Config) WithDefaults() Config {
 // that is not log-based, or crossed backoff bounds. It checks c as
 // NewRelay would use it, after WithDefaults.
 func (c Config) Validate() error {
-	const name = "outbox: Config"
+	const name = "outbox: cdc.Config"
 	if err := knob.RefuseNegative(name, c); err != nil {
 		return err
 	}
@@ -195,7 +195,7 @@ func (c Config) Validate() error {
 		return fmt.Errorf("outbox: slot name %q: only a-z, 0-9 and _, at most 63", d.Slot)
 	}
 	if d.Mode != outbox.ModeCDC && d.Mode != outbox.ModeWAL {
-		return fmt.Errorf("outbox: Config.Mode must be %s or %s, got %q", outbox.ModeCDC, outbox.ModeWAL, d.Mode)
+		return fmt.Errorf("outbox: cdc.Config.Mode must be %s or %s, got %q", outbox.ModeCDC, outbox.ModeWAL, d.Mode)
 	}
 	if err := knob.RefuseCrossed(name, "BackoffMin", d.BackoffMin, "BackoffMax", d.BackoffMax); err != nil {
 		return err

@@ -48,13 +48,13 @@ type Relay struct {
 // NewRelay returns a log-based relay for the outbox in pool, writing to w.
 func NewRelay(pool *pgxpool.Pool, w outbox.Writer, cfg Config) (*Relay, error) {
 	if pool == nil || w == nil {
-		return nil, errors.New("outbox: NewRelay needs a pool and a writer")
+		return nil, errors.New("outbox: cdc.NewRelay needs a pool and a writer")
 	}
 	cfg = cfg.WithDefaults()
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	if err := writercheck.Check(w, true, "outbox: NewRelay"); err != nil {
+	if err := writercheck.Check(w, true, "outbox: cdc.NewRelay"); err != nil {
 		return nil, err
 	}
 	var (

@@ -206,7 +206,7 @@ func writeCall(ctx context.Context, w Writer, msgs []kafka.Message, aggs []strin
 		err := w.WriteMessages(ctx, batch...)
 		var tooLarge kafka.MessageTooLargeError
 		if errors.As(err, &tooLarge) {
-			if j := slices.IndexFunc(batch, func(m kafka.Message) bool { return sameMessage(m, tooLarge.Message) }); j >= 0 {
+			if j := slices.IndexFunc(batch, func(m kafka.Message) bool { return SameMessage(m, tooLarge.Message) }); j >= 0 {
 				refused := todo[j]
 				errs[refused] = err
 				rest := todo[:j:j]
@@ -248,9 +248,9 @@ func writeCall(ctx context.Context, w Writer, msgs []kafka.Message, aggs []strin
 	}
 }
 
-// sameMessage tells a message by its key, value and headers; the headers
+// SameMessage tells a message by its key, value and headers; the headers
 // carry the event id, so two events never compare equal.
-func sameMessage(a, b kafka.Message) bool {
+func SameMessage(a, b kafka.Message) bool {
 	return bytes.Equal(a.Key, b.Key) && bytes.Equal(a.Value, b.Value) &&
 		slices.EqualFunc(a.Headers, b.Headers, func(x, y kafka.Header) bool {
 			return x.Key == y.Key && bytes.Equal(x.Value, y.Value)

@@ -1,4 +1,4 @@
-package outbox_test
+package cdc_test
 
 import (
 	"context"
@@ -20,6 +20,7 @@ import (
 	"github.com/onceflow/onceflow/pkg/event"
 	"github.com/onceflow/onceflow/pkg/internal/interleave"
 	"github.com/onceflow/onceflow/pkg/outbox"
+	"github.com/onceflow/onceflow/pkg/outbox/cdc"
 	"github.com/onceflow/onceflow/pkg/testenv"
 )
 
@@ -121,7 +122,7 @@ type outboxWorld struct {
 	pool   *pgxpool.Pool
 	slot   string
 	prefix string
-	cfg    outbox.CDCConfig
+	cfg    cdc.Config
 	reg    *prometheus.Registry
 
 	mu        sync.Mutex
@@ -143,7 +144,7 @@ func newOutboxWorld(t testing.TB, env *ilEnv, mode outbox.RelayMode) *outboxWorl
 	}
 	w := &outboxWorld{env: env, pool: pool, slot: testenv.Name("slot"), prefix: testenv.Name("w") + "-",
 		reg: prometheus.NewRegistry()}
-	w.cfg = outbox.CDCConfig{Slot: w.slot, Mode: mode, Topic: func(string) string { return env.topic },
+	w.cfg = cdc.Config{Slot: w.slot, Mode: mode, Topic: func(string) string { return env.topic },
 		StatusInterval: 20 * time.Millisecond, RetentionInterval: 50 * time.Millisecond, Retain: time.Nanosecond,
 		LagInterval: time.Hour, MaxAttempts: 1, BackoffMin: 5 * time.Millisecond, BackoffMax: 10 * time.Millisecond,
 		OutageBackoffMin: 10 * time.Millisecond, OutageBackoffMax: 50 * time.Millisecond, PublishTimeout: 5 * time.Second,
@@ -198,7 +199,7 @@ func (w *outboxWorld) enqueue(ctx context.Context, evs ...event.Envelope) error 
 // at most a second and a half (a relay that cannot confirm: Kafka refusing,
 // a mark failing, a stalled stream), and stops it.
 func (w *outboxWorld) stream(ctx context.Context, wr outbox.Writer) error {
-	relay, err := outbox.NewCDCRelay(w.pool, wr, w.cfg)
+	relay, err := cdc.NewRelay(w.pool, wr, w.cfg)
 	if err != nil {
 		return err
 	}
@@ -229,7 +230,7 @@ func (w *outboxWorld) stream(ctx context.Context, wr outbox.Writer) error {
 
 // retain runs one round of the relay's retention.
 func (w *outboxWorld) retain(ctx context.Context) error {
-	relay, err := outbox.NewCDCRelay(w.pool, testenv.NewWriter(w.env.brokers, 1), w.cfg)
+	relay, err := cdc.NewRelay(w.pool, testenv.NewWriter(w.env.brokers, 1), w.cfg)
 	if err != nil {
 		return err
 	}
@@ -496,7 +497,7 @@ func TestInterleaveTwoRelaysAndAnOperatorRequeue(t *testing.T) {
 // prepare creates the world's slot before the schedule (Prepare), so the
 // steps' streams start at the same place whatever their order.
 func (w *outboxWorld) prepare(ctx context.Context, wr outbox.Writer) error {
-	relay, err := outbox.NewCDCRelay(w.pool, wr, w.cfg)
+	relay, err := cdc.NewRelay(w.pool, wr, w.cfg)
 	if err != nil {
 		return err
 	}
@@ -591,11 +592,11 @@ func TestInterleaveAPublicationDroppedAndRecreated(t *testing.T) {
 			Actors: []interleave.Actor{
 				actor("O",
 					step("drop", func(ctx context.Context) error {
-						_, err := ow.pool.Exec(ctx, `DROP PUBLICATION IF EXISTS `+outbox.Publication)
+						_, err := ow.pool.Exec(ctx, `DROP PUBLICATION IF EXISTS `+cdc.Publication)
 						return err
 					}),
 					step("create", func(ctx context.Context) error {
-						_, err := ow.pool.Exec(ctx, `CREATE PUBLICATION `+outbox.Publication+` FOR TABLE outbox_events WITH (publish = 'insert')`)
+						_, err := ow.pool.Exec(ctx, `CREATE PUBLICATION `+cdc.Publication+` FOR TABLE outbox_events WITH (publish = 'insert')`)
 						if err != nil && strings.Contains(err.Error(), "42710") {
 							err = nil // a relay made it again on its reconnect
 						}
@@ -606,7 +607,7 @@ func TestInterleaveAPublicationDroppedAndRecreated(t *testing.T) {
 			},
 			Check: ow.check,
 			Final: func(ctx context.Context) error {
-				if _, err := ow.pool.Exec(ctx, `CREATE PUBLICATION `+outbox.Publication+` FOR TABLE outbox_events WITH (publish = 'insert')`); err != nil &&
+				if _, err := ow.pool.Exec(ctx, `CREATE PUBLICATION `+cdc.Publication+` FOR TABLE outbox_events WITH (publish = 'insert')`); err != nil &&
 					!strings.Contains(err.Error(), "42710") {
 					return err
 				}
@@ -666,8 +667,8 @@ func TestInterleaveWALInstancesPreparingTogether(t *testing.T) {
 		if _, err := running.Exec(ctx, `SELECT pg_current_xact_id()`); err != nil {
 			t.Fatal(err)
 		}
-		instance := func() outbox.Publisher {
-			p, err := outbox.NewPublisher(ow.pool, w, outbox.PublisherConfig{Mode: outbox.ModeWAL, CDC: ow.cfgWAL()})
+		instance := func() cdc.Publisher {
+			p, err := cdc.NewPublisher(ow.pool, w, cdc.PublisherConfig{Mode: outbox.ModeWAL, CDC: ow.cfgWAL()})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -682,7 +683,7 @@ func TestInterleaveWALInstancesPreparingTogether(t *testing.T) {
 					if err := p2.Prepare(ctx); err != nil {
 						return err
 					}
-					if err := pgx.BeginFunc(ctx, ow.pool, func(tx pgx.Tx) error { return outbox.Emit(ctx, tx, ev) }); err != nil {
+					if err := pgx.BeginFunc(ctx, ow.pool, func(tx pgx.Tx) error { return cdc.Emit(ctx, tx, ev) }); err != nil {
 						return err
 					}
 					ow.commit(ev)
@@ -708,7 +709,7 @@ func TestInterleaveWALInstancesPreparingTogether(t *testing.T) {
 
 // cfgWAL is the world's config for a Publisher in ModeWAL, which sets the
 // mode itself.
-func (w *outboxWorld) cfgWAL() outbox.CDCConfig {
+func (w *outboxWorld) cfgWAL() cdc.Config {
 	c := w.cfg
 	c.Mode = ""
 	return c

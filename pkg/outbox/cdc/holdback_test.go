@@ -1,4 +1,4 @@
-package outbox_test
+package cdc_test
 
 import (
 	"context"
@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/onceflow/onceflow/pkg/outbox"
+	"github.com/onceflow/onceflow/pkg/outbox/cdc"
 	"github.com/onceflow/onceflow/pkg/outbox/outboxtest"
 	"github.com/onceflow/onceflow/pkg/testenv"
 )
@@ -18,7 +19,7 @@ import (
 // topic is a small one (newSmallTopic), read with onTopic rather than a
 // collector, and a config on it that gives up on a message after
 // maxAttempts quick tries.
-func newHoldbackCDCEnv(t *testing.T, maxAttempts int) (*cdcEnv, outbox.CDCConfig) {
+func newHoldbackCDCEnv(t *testing.T, maxAttempts int) (*cdcEnv, cdc.Config) {
 	t.Helper()
 	e := &cdcEnv{relayEnv: &relayEnv{brokers: testenv.KafkaBrokers(t)}}
 	e.topic = newSmallTopic(t, e.brokers)

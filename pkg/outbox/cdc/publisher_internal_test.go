@@ -1,4 +1,4 @@
-package outbox
+package cdc
 
 import (
 	"context"
@@ -11,6 +11,7 @@ import (
 
 	"github.com/segmentio/kafka-go"
 
+	"github.com/onceflow/onceflow/pkg/outbox"
 	"github.com/onceflow/onceflow/pkg/testenv"
 )
 
@@ -24,34 +25,35 @@ func TestNewPublisherPicksTheRelayOfItsMode(t *testing.T) {
 	shared := PublisherConfig{
 		Topic:   func(string) string { return "shared.topic" },
 		Logger:  slog.New(slog.NewTextHandler(io.Discard, nil)),
-		Metrics: NewMetrics(nil),
-		CDC:     CDCConfig{Slot: "orders_outbox"},
+		Metrics: outbox.NewMetrics(nil),
+		CDC:     Config{Slot: "orders_outbox"},
 	}
 
-	for _, mode := range []RelayMode{"", ModePoll} {
+	for _, mode := range []outbox.RelayMode{"", outbox.ModePoll} {
 		cfg := shared
 		cfg.Mode = mode
-		cfg.Poll = RelayConfig{PollInterval: time.Minute}
+		cfg.Poll = outbox.RelayConfig{PollInterval: time.Minute}
 		p, err := NewPublisher(pool, nopWriter{}, cfg)
 		if err != nil {
 			t.Fatalf("mode %q: %v", mode, err)
 		}
-		r, ok := p.(*Relay)
-		if !ok {
-			t.Fatalf("mode %q: got %T, want *Relay", mode, p)
+		if _, ok := p.(*outbox.Relay); !ok {
+			t.Fatalf("mode %q: got %T, want *outbox.Relay", mode, p)
 		}
-		if got := r.cfg.Topic("order"); got != "shared.topic" {
+		// What NewPublisher handed outbox.NewRelay.
+		c := cfg.poll()
+		if got := c.Topic("order"); got != "shared.topic" {
 			t.Errorf("mode %q: topic %q, want the shared one", mode, got)
 		}
-		if r.cfg.Logger != shared.Logger || r.cfg.Metrics != shared.Metrics {
+		if c.Logger != shared.Logger || c.Metrics != shared.Metrics {
 			t.Errorf("mode %q: the relay did not get the shared logger and metrics", mode)
 		}
-		if r.cfg.PollInterval != time.Minute {
-			t.Errorf("mode %q: PollInterval %v, want Poll's 1m", mode, r.cfg.PollInterval)
+		if c.PollInterval != time.Minute {
+			t.Errorf("mode %q: PollInterval %v, want Poll's 1m", mode, c.PollInterval)
 		}
 	}
 
-	for _, mode := range []RelayMode{ModeCDC, ModeWAL} {
+	for _, mode := range []outbox.RelayMode{outbox.ModeCDC, outbox.ModeWAL} {
 		cfg := shared
 		cfg.Mode = mode
 		cfg.CDC.Topic = func(string) string { return "own.topic" }
@@ -59,9 +61,9 @@ func TestNewPublisherPicksTheRelayOfItsMode(t *testing.T) {
 		if err != nil {
 			t.Fatalf("mode %q: %v", mode, err)
 		}
-		r, ok := p.(*CDCRelay)
+		r, ok := p.(*Relay)
 		if !ok {
-			t.Fatalf("mode %q: got %T, want *CDCRelay", mode, p)
+			t.Fatalf("mode %q: got %T, want *Relay", mode, p)
 		}
 		if r.cfg.Mode != mode || r.cfg.Slot != "orders_outbox" {
 			t.Errorf("mode %q: the relay streams in mode %q from slot %q", mode, r.cfg.Mode, r.cfg.Slot)
@@ -84,9 +86,9 @@ func TestNewPublisherRefuses(t *testing.T) {
 		want string
 	}{
 		{"an unknown mode", PublisherConfig{Mode: "kafka-connect"}, `unknown relay mode "kafka-connect"`},
-		{"a CDC mode that disagrees", PublisherConfig{Mode: ModeWAL, CDC: CDCConfig{Mode: ModeCDC}}, "CDC.Mode is \"cdc\", but Mode is \"wal\""},
-		{"what NewRelay refuses", PublisherConfig{Poll: RelayConfig{BatchSize: -1}}, "RelayConfig.BatchSize is negative"},
-		{"what NewCDCRelay refuses", PublisherConfig{Mode: ModeCDC, CDC: CDCConfig{Slot: "Bad-Slot"}}, `slot name "Bad-Slot"`},
+		{"a CDC mode that disagrees", PublisherConfig{Mode: outbox.ModeWAL, CDC: Config{Mode: outbox.ModeCDC}}, "CDC.Mode is \"cdc\", but Mode is \"wal\""},
+		{"what outbox.NewRelay refuses", PublisherConfig{Poll: outbox.RelayConfig{BatchSize: -1}}, "RelayConfig.BatchSize is negative"},
+		{"what NewRelay refuses", PublisherConfig{Mode: outbox.ModeCDC, CDC: Config{Slot: "Bad-Slot"}}, `slot name "Bad-Slot"`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()

@@ -1,4 +1,4 @@
-package outbox_test
+package cdc_test
 
 import (
 	"context"
@@ -10,6 +10,7 @@ import (
 
 	"github.com/onceflow/onceflow/pkg/kafkasafe"
 	"github.com/onceflow/onceflow/pkg/outbox"
+	"github.com/onceflow/onceflow/pkg/outbox/cdc"
 )
 
 // A service reads its relay mode from its configuration and runs whatever
@@ -32,16 +33,16 @@ func ExampleNewPublisher() {
 	if err != nil {
 		return
 	}
-	relay, err := outbox.NewPublisher(pool, w, outbox.PublisherConfig{
+	relay, err := cdc.NewPublisher(pool, w, cdc.PublisherConfig{
 		Mode:    mode,
 		Topic:   func(string) string { return "orders.events" },
 		Logger:  slog.Default(),
 		Metrics: outbox.NewMetrics(prometheus.DefaultRegisterer),
-		CDC:     outbox.CDCConfig{Slot: "orders_outbox", ReplicationURL: os.Getenv("REPLICATION_DATABASE_URL")},
+		CDC:     cdc.Config{Slot: "orders_outbox", ReplicationURL: os.Getenv("REPLICATION_DATABASE_URL")},
 	})
 	if err != nil {
 		return
 	}
-	// Business transactions call mode.Write() for each event.
+	// Business transactions call cdc.Write(mode) for each event.
 	_ = relay.Run(ctx) // until ctx ends; outages are waited out
 }

@@ -1,4 +1,4 @@
-package outbox_test
+package cdc_test
 
 import (
 	"context"
@@ -14,6 +14,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/onceflow/onceflow/pkg/outbox"
+	"github.com/onceflow/onceflow/pkg/outbox/cdc"
 	"github.com/onceflow/onceflow/pkg/outbox/outboxtest"
 	"github.com/onceflow/onceflow/pkg/testenv"
 )
@@ -69,7 +70,7 @@ func TestCDCLargeTransactionMemoryIsBounded(t *testing.T) {
 	w := testenv.NewWriter(brokers, 500)
 	t.Cleanup(func() { w.Close() })
 	reg := prometheus.NewRegistry()
-	cfg := outbox.CDCConfig{Slot: slot, Topic: func(string) string { return topic }, Metrics: outbox.NewMetrics(reg)}
+	cfg := cdc.Config{Slot: slot, Topic: func(string) string { return topic }, Metrics: outbox.NewMetrics(reg)}
 
 	// The slot first, then the transaction, then the relay: it finds the
 	// whole transaction waiting in the slot.

@@ -1,4 +1,4 @@
-package outbox_test
+package cdc_test
 
 import (
 	"context"
@@ -17,6 +17,7 @@ import (
 
 	"github.com/onceflow/onceflow/pkg/event"
 	"github.com/onceflow/onceflow/pkg/outbox"
+	"github.com/onceflow/onceflow/pkg/outbox/cdc"
 	"github.com/onceflow/onceflow/pkg/testenv"
 )
 
@@ -42,7 +43,7 @@ func emit(t *testing.T, pool *pgxpool.Pool, evs ...event.Envelope) {
 	t.Helper()
 	err := pgx.BeginFunc(context.Background(), pool, func(tx pgx.Tx) error {
 		for _, ev := range evs {
-			if err := outbox.Emit(context.Background(), tx, ev); err != nil {
+			if err := cdc.Emit(context.Background(), tx, ev); err != nil {
 				return err
 			}
 		}
@@ -54,17 +55,17 @@ func emit(t *testing.T, pool *pgxpool.Pool, evs ...event.Envelope) {
 }
 
 // runCDC runs relay until the returned stop is called or the test ends.
-func runCDC(t *testing.T, relay *outbox.CDCRelay) (stop func()) {
+func runCDC(t *testing.T, relay *cdc.Relay) (stop func()) {
 	t.Helper()
 	return testenv.RunInBackground(t, "Run", relay.Run)
 }
 
-func newCDC(t *testing.T, pool *pgxpool.Pool, w outbox.Writer, cfg outbox.CDCConfig) *outbox.CDCRelay {
+func newCDC(t *testing.T, pool *pgxpool.Pool, w outbox.Writer, cfg cdc.Config) *cdc.Relay {
 	t.Helper()
 	if cfg.StatusInterval == 0 {
 		cfg.StatusInterval = 100 * time.Millisecond
 	}
-	relay, err := outbox.NewCDCRelay(pool, w, cfg)
+	relay, err := cdc.NewRelay(pool, w, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -88,15 +89,15 @@ func newCDCEnv(t *testing.T, partitions, batchSize int) *cdcEnv {
 }
 
 // config is a CDCConfig on the env's slot that publishes to its topic.
-func (e *cdcEnv) config() outbox.CDCConfig {
-	return outbox.CDCConfig{Slot: e.slot, Topic: e.topicFn}
+func (e *cdcEnv) config() cdc.Config {
+	return cdc.Config{Slot: e.slot, Topic: e.topicFn}
 }
 
 // loseSlot runs a relay on cfg until a/1, committed by write (enqueue or
 // emit), reaches Kafka, stops it, and drops its slot, as an operator's
 // mistake or max_slot_wal_keep_size would: what commits next is in no
 // slot's stream.
-func (e *cdcEnv) loseSlot(t *testing.T, cfg outbox.CDCConfig, write func(*testing.T, *pgxpool.Pool, ...event.Envelope)) {
+func (e *cdcEnv) loseSlot(t *testing.T, cfg cdc.Config, write func(*testing.T, *pgxpool.Pool, ...event.Envelope)) {
 	t.Helper()
 	stop := runStreaming(t, newCDC(t, e.pool, e.w, cfg))
 	write(t, e.pool, newEvent("a", 1))
@@ -143,7 +144,7 @@ func (e *cdcEnv) logRetentionState(t *testing.T) {
 }
 
 // runStreaming runs relay as runCDC does and waits until it streams.
-func runStreaming(t *testing.T, relay *outbox.CDCRelay) (stop func()) {
+func runStreaming(t *testing.T, relay *cdc.Relay) (stop func()) {
 	t.Helper()
 	stop = runCDC(t, relay)
 	testenv.WaitFor(t, 20*time.Second, "the relay to stream", func() (bool, error) { return relay.Active(), nil })
@@ -211,7 +212,7 @@ func TestCDCRelayPublishesLikeThePollingRelay(t *testing.T) {
 		default:
 			// The relay creates the slot on its first start; the stream
 			// begins there.
-			relay := newCDC(t, pool, w, outbox.CDCConfig{Slot: newSlot(t, pool), Topic: func(string) string { return topic },
+			relay := newCDC(t, pool, w, cdc.Config{Slot: newSlot(t, pool), Topic: func(string) string { return topic },
 				RetentionInterval: 50 * time.Millisecond, Retain: time.Nanosecond})
 			runStreaming(t, relay)
 			write()
@@ -326,7 +327,7 @@ func TestCDCSlotDoesNotAdvancePastUnacknowledgedEvents(t *testing.T) {
 	sw := &switchWriter{}
 	sw.current.Store(down)
 	reg := prometheus.NewRegistry()
-	relay := newCDC(t, pool, sw, outbox.CDCConfig{Slot: slot, Topic: func(string) string { return topic },
+	relay := newCDC(t, pool, sw, cdc.Config{Slot: slot, Topic: func(string) string { return topic },
 		LagInterval: 50 * time.Millisecond, OutageBackoffMax: 200 * time.Millisecond, Metrics: outbox.NewMetrics(reg)})
 	stop := runStreaming(t, relay)
 
@@ -355,7 +356,7 @@ func TestCDCSlotDoesNotAdvancePastUnacknowledgedEvents(t *testing.T) {
 	// The relay dies in the outage; the one after it, with Kafka back, must
 	// still find the events in the slot's stream.
 	stop()
-	relay = newCDC(t, pool, up, outbox.CDCConfig{Slot: slot, Topic: func(string) string { return topic }})
+	relay = newCDC(t, pool, up, cdc.Config{Slot: slot, Topic: func(string) string { return topic }})
 	runCDC(t, relay)
 	msgs := readAll(t, brokers, topic, 3)
 	for i, m := range msgs {
@@ -430,9 +431,9 @@ func TestCDCLostSlotIsDetectedAndReplaced(t *testing.T) {
 	e := newCDCEnv(t, 1, 50)
 	pool, slot, w, c := e.pool, e.slot, e.w, e.c
 	reg := prometheus.NewRegistry()
-	lost := make(chan outbox.LostSlot, 1)
+	lost := make(chan cdc.LostSlot, 1)
 	cfg := e.config()
-	cfg.Metrics, cfg.OnSlotLost = outbox.NewMetrics(reg), func(l outbox.LostSlot) { lost <- l }
+	cfg.Metrics, cfg.OnSlotLost = outbox.NewMetrics(reg), func(l cdc.LostSlot) { lost <- l }
 	// The slot goes, and events commit while there is none.
 	e.loseSlot(t, cfg, enqueue)
 	before := time.Now()
@@ -440,7 +441,7 @@ func TestCDCLostSlotIsDetectedAndReplaced(t *testing.T) {
 
 	relay := newCDC(t, pool, w, cfg)
 	runCDC(t, relay)
-	var l outbox.LostSlot
+	var l cdc.LostSlot
 	select {
 	case l = <-lost:
 	case <-time.After(30 * time.Second):
@@ -513,7 +514,7 @@ func TestCDCMessageErrorSkipsTheEventAsDead(t *testing.T) {
 func TestCDCRelayCreatesAMissingPublication(t *testing.T) {
 	t.Parallel()
 	e := newCDCEnv(t, 1, 10)
-	if _, err := e.pool.Exec(context.Background(), "DROP PUBLICATION "+outbox.Publication); err != nil {
+	if _, err := e.pool.Exec(context.Background(), "DROP PUBLICATION "+cdc.Publication); err != nil {
 		t.Fatal(err)
 	}
 	runStreaming(t, newCDC(t, e.pool, e.w, e.config()))

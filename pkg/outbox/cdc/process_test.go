@@ -1,6 +1,6 @@
 //go:build linux
 
-package outbox_test
+package cdc_test
 
 import (
 	"bufio"
@@ -26,6 +26,7 @@ import (
 	"github.com/segmentio/kafka-go"
 
 	"github.com/onceflow/onceflow/pkg/outbox"
+	"github.com/onceflow/onceflow/pkg/outbox/cdc"
 	"github.com/onceflow/onceflow/pkg/testenv"
 )
 
@@ -241,7 +242,7 @@ func relayChild(conf string) int {
 	w := testenv.NewWriter(cfg.Brokers, outbox.DefaultBatchSize)
 	defer w.Close()
 	acked := &childAckWriter{w: w, want: cfg.Want}
-	relay, err := outbox.NewCDCRelay(pool, acked, outbox.CDCConfig{Slot: cfg.Slot, Mode: outbox.RelayMode(cfg.Mode),
+	relay, err := cdc.NewRelay(pool, acked, cdc.Config{Slot: cfg.Slot, Mode: outbox.RelayMode(cfg.Mode),
 		Topic: func(string) string { return cfg.Topic }, Logger: benchLogger})
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "relay child:", err)
@@ -406,7 +407,7 @@ func TestCDCRelayProcessMemoryIsBounded(t *testing.T) {
 			p.mark(t) // from here on
 			fill, args := bigTxTable, []any{n}
 			if mode == outbox.ModeWAL {
-				fill, args = bigTxEmitted, []any{n, outbox.EmitPrefix}
+				fill, args = bigTxEmitted, []any{n, cdc.EmitPrefix}
 			}
 			if _, err := e.pool.Exec(context.Background(), fill, args...); err != nil {
 				t.Fatalf("committing the transaction: %v", err)

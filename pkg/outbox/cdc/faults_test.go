@@ -1,4 +1,4 @@
-package outbox_test
+package cdc_test
 
 import (
 	"context"
@@ -15,6 +15,7 @@ import (
 	"github.com/segmentio/kafka-go"
 
 	"github.com/onceflow/onceflow/pkg/outbox"
+	"github.com/onceflow/onceflow/pkg/outbox/cdc"
 	"github.com/onceflow/onceflow/pkg/outbox/outboxtest"
 	"github.com/onceflow/onceflow/pkg/testenv"
 )
@@ -160,7 +161,7 @@ func TestCDCInvalidEmittedMessageGoesDead(t *testing.T) {
 
 	forge := func(content string) {
 		t.Helper()
-		if _, err := pool.Exec(context.Background(), `SELECT pg_logical_emit_message(true, $1, $2::text)`, outbox.EmitPrefix, content); err != nil {
+		if _, err := pool.Exec(context.Background(), `SELECT pg_logical_emit_message(true, $1, $2::text)`, cdc.EmitPrefix, content); err != nil {
 			t.Fatal(err)
 		}
 	}

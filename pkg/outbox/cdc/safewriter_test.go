@@ -1,4 +1,4 @@
-package outbox_test
+package cdc_test
 
 import (
 	"testing"
@@ -8,6 +8,7 @@ import (
 
 	"github.com/onceflow/onceflow/pkg/kafkasafe"
 	"github.com/onceflow/onceflow/pkg/outbox"
+	"github.com/onceflow/onceflow/pkg/outbox/cdc"
 	"github.com/onceflow/onceflow/pkg/testenv"
 )
 
@@ -27,9 +28,9 @@ func TestRelayRefusesAnUnsafeWriter(t *testing.T) {
 		new  func(outbox.Writer) error
 	}{
 		{"poll", func(w outbox.Writer) error { _, err := outbox.NewRelay(pool, w, outbox.RelayConfig{}); return err }},
-		{"cdc", func(w outbox.Writer) error { _, err := outbox.NewCDCRelay(pool, w, outbox.CDCConfig{}); return err }},
+		{"cdc", func(w outbox.Writer) error { _, err := cdc.NewRelay(pool, w, cdc.Config{}); return err }},
 		{"publisher", func(w outbox.Writer) error {
-			_, err := outbox.NewPublisher(pool, w, outbox.PublisherConfig{Mode: outbox.ModeWAL})
+			_, err := cdc.NewPublisher(pool, w, cdc.PublisherConfig{Mode: outbox.ModeWAL})
 			return err
 		}},
 	} {

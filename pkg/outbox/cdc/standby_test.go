@@ -4,7 +4,7 @@
 // single-server stack does not have; they run with the build tag standby
 // (`make test-standby` starts such a server of its own and runs them).
 
-package outbox_test
+package cdc_test
 
 import (
 	"context"

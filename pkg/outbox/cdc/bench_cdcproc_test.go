@@ -1,6 +1,6 @@
 //go:build linux
 
-package outbox_test
+package cdc_test
 
 import (
 	"context"
@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/onceflow/onceflow/pkg/outbox"
+	"github.com/onceflow/onceflow/pkg/outbox/cdc"
 )
 
 // ---------------------------------------------------------------------------
@@ -68,7 +69,7 @@ func benchCDCProcTx(b *testing.B, mode outbox.RelayMode) {
 		start := time.Now()
 		fill, args := bigTxTable, []any{n}
 		if mode == outbox.ModeWAL {
-			fill, args = bigTxEmitted, []any{n, outbox.EmitPrefix}
+			fill, args = bigTxEmitted, []any{n, cdc.EmitPrefix}
 		}
 		if _, err := e.pool.Exec(ctx, fill, args...); err != nil {
 			b.Fatalf("committing the transaction: %v", err)
@@ -96,12 +97,12 @@ func benchCDCProcRate(b *testing.B, mode outbox.RelayMode, rate int) {
 		n := int(lagLoad.Seconds() * float64(rate))
 		e := newCDCProcEnv(b, mode, warmN+n)
 		p := e.start(b, "rate")
-		if _, err := benchTrickle(ctx, e.pool, mode.Write(), rate, warmN, newBenchClock()); err != nil {
+		if _, err := benchTrickle(ctx, e.pool, cdc.Write(mode), rate, warmN, newBenchClock()); err != nil {
 			b.Fatal(err)
 		}
 		p.waitAcked(b, int64(warmN), time.Minute)
 		before := p.mark(b)
-		if _, err := benchTrickle(ctx, e.pool, mode.Write(), rate, n, newBenchClock()); err != nil {
+		if _, err := benchTrickle(ctx, e.pool, cdc.Write(mode), rate, n, newBenchClock()); err != nil {
 			b.Fatal(err)
 		}
 		after := p.waitAcked(b, int64(warmN+n), time.Minute)

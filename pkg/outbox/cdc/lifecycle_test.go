@@ -1,4 +1,4 @@
-package outbox_test
+package cdc_test
 
 import (
 	"context"
@@ -12,6 +12,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/onceflow/onceflow/pkg/outbox"
+	"github.com/onceflow/onceflow/pkg/outbox/cdc"
 	"github.com/onceflow/onceflow/pkg/testenv"
 )
 
@@ -184,9 +185,9 @@ func TestWALPrepareWaitsForASlotAnotherInstanceIsCreating(t *testing.T) {
 	cfg := e.config()
 	cfg.StatusInterval = 100 * time.Millisecond
 	cfg.OutageBackoffMin, cfg.OutageBackoffMax = 20*time.Millisecond, 100*time.Millisecond
-	newPublisher := func() outbox.Publisher {
+	newPublisher := func() cdc.Publisher {
 		// A pool of its own: the test holds two of e.pool's connections.
-		p, err := outbox.NewPublisher(testenv.NewPool(t, e.url), e.w, outbox.PublisherConfig{Mode: outbox.ModeWAL, CDC: cfg})
+		p, err := cdc.NewPublisher(testenv.NewPool(t, e.url), e.w, cdc.PublisherConfig{Mode: outbox.ModeWAL, CDC: cfg})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -339,13 +340,13 @@ func TestCDCRecreatedPublicationIsNamedAndTheRunbookRecovers(t *testing.T) {
 	enqueue(t, e.pool, p1)
 	testenv.WaitFor(t, 20*time.Second, "p/1 published", func() (bool, error) { return e.c.has(p1.EventID), nil })
 
-	if _, err := e.pool.Exec(ctx, `DROP PUBLICATION `+outbox.Publication); err != nil {
+	if _, err := e.pool.Exec(ctx, `DROP PUBLICATION `+cdc.Publication); err != nil {
 		t.Fatal(err)
 	}
 	p2 := newEvent("p", 2)
 	enqueue(t, e.pool, p2)
 	// The relay may have created it again itself, on a reconnect.
-	if _, err := e.pool.Exec(ctx, `CREATE PUBLICATION `+outbox.Publication+` FOR TABLE outbox_events WITH (publish = 'insert')`); err != nil &&
+	if _, err := e.pool.Exec(ctx, `CREATE PUBLICATION `+cdc.Publication+` FOR TABLE outbox_events WITH (publish = 'insert')`); err != nil &&
 		!strings.Contains(err.Error(), "42710") {
 		t.Fatal(err)
 	}

@@ -1,4 +1,4 @@
-package outbox
+package cdc
 
 import (
 	"bytes"
@@ -10,6 +10,8 @@ import (
 	"github.com/segmentio/kafka-go"
 
 	"github.com/onceflow/onceflow/pkg/event"
+
+	"github.com/onceflow/onceflow/pkg/outbox/internal/publish"
 )
 
 // envelope is ev as an event.Envelope, for comparisons.
@@ -47,20 +49,20 @@ func TestMsgBuilderMatchesToKafka(t *testing.T) {
 			ev.traceparent = []byte("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01")
 		}
 		c := b.build(&ev)
-		if c.aggregate != string(ev.aggType)+"\x00"+string(ev.aggID) || c.aggType != string(ev.aggType) {
-			t.Fatalf("event %d: aggregate %q, type %q", i, c.aggregate, c.aggType)
+		if c.Aggregate != string(ev.aggType)+"\x00"+string(ev.aggID) || c.AggType != string(ev.aggType) {
+			t.Fatalf("event %d: aggregate %q, type %q", i, c.Aggregate, c.AggType)
 		}
 		env := ev.envelope()
 		env.Payload = bytes.Clone(ev.payload)
-		built = append(built, c.msg)
+		built = append(built, c.Msg)
 		want = append(want, event.ToKafka(string(ev.aggType)+".events", env))
 		// The decoder's buffer is reused for the next event.
 		clear(ev.payload)
 	}
-	setHeader(&built[0], event.HeaderTraceparent, "changed")
+	publish.SetHeader(&built[0], event.HeaderTraceparent, "changed")
 	built[0] = want[0]
 	for i := range built {
-		if !sameMessage(built[i], want[i]) || built[i].Topic != want[i].Topic {
+		if !publish.SameMessage(built[i], want[i]) || built[i].Topic != want[i].Topic {
 			t.Fatalf("event %d:\n built %s %q %v\n want  %s %q %v", i, built[i].Topic, built[i].Key, headerText(built[i]),
 				want[i].Topic, want[i].Key, headerText(want[i]))
 		}

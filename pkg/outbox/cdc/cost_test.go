@@ -1,11 +1,11 @@
-package outbox_test
+package cdc_test
 
 import (
 	"fmt"
 	"testing"
 	"time"
 
-	"github.com/onceflow/onceflow/pkg/outbox"
+	"github.com/onceflow/onceflow/pkg/outbox/cdc"
 	"github.com/onceflow/onceflow/pkg/testenv"
 )
 
@@ -44,7 +44,7 @@ func TestCDCRelayRunsNoStatementPerCommit(t *testing.T) {
 	d := counts.snapshot().minus(before)
 	took := time.Since(start)
 	// Retention and the record may each run once per RetentionInterval.
-	allowed := 2 * (1 + int64(took/outbox.DefaultRetentionInterval))
+	allowed := 2 * (1 + int64(took/cdc.DefaultRetentionInterval))
 	t.Logf("%d commits in %v: %d statements on the relay's pool (allowed %d)", commits, took.Round(time.Millisecond), d.statements, allowed)
 	if d.statements > allowed {
 		t.Errorf("%d statements for %d commits in %v, want at most %d: the relay pays a statement per commit",

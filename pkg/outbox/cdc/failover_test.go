@@ -1,4 +1,4 @@
-package outbox_test
+package cdc_test
 
 import (
 	"context"
@@ -10,6 +10,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/onceflow/onceflow/pkg/outbox"
+	"github.com/onceflow/onceflow/pkg/outbox/cdc"
 	"github.com/onceflow/onceflow/pkg/pgerr"
 	"github.com/onceflow/onceflow/pkg/testenv"
 )
@@ -31,13 +32,13 @@ func TestWALModeRefusesWritesUntilTheRelayHoldsASlotAgain(t *testing.T) {
 	e.loseSlot(t, cfg, emit) // "a"/1 published, then the slot is gone
 	ctx := context.Background()
 
-	err := pgx.BeginFunc(ctx, e.pool, func(tx pgx.Tx) error { return outbox.Emit(ctx, tx, newEvent("a", 2)) })
-	if !errors.Is(err, outbox.ErrNoSlot) || !pgerr.IsUnavailable(err) {
-		t.Fatalf("Emit with no slot on the server: got %v, want an outage wrapping outbox.ErrNoSlot "+
+	err := pgx.BeginFunc(ctx, e.pool, func(tx pgx.Tx) error { return cdc.Emit(ctx, tx, newEvent("a", 2)) })
+	if !errors.Is(err, cdc.ErrNoSlot) || !pgerr.IsUnavailable(err) {
+		t.Fatalf("Emit with no slot on the server: got %v, want an outage wrapping cdc.ErrNoSlot "+
 			"(the event would be kept by nothing)", err)
 	}
 	relay := newCDC(t, e.pool, e.w, cfg)
-	if err := relay.SlotReady(ctx); !errors.Is(err, outbox.ErrNoSlot) {
+	if err := relay.SlotReady(ctx); !errors.Is(err, cdc.ErrNoSlot) {
 		t.Fatalf("SlotReady with no slot: %v, want ErrNoSlot", err)
 	}
 	runCDC(t, relay)

@@ -1,4 +1,4 @@
-package outbox_test
+package cdc_test
 
 import (
 	"context"
@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/onceflow/onceflow/pkg/outbox"
+	"github.com/onceflow/onceflow/pkg/outbox/cdc"
 	"github.com/onceflow/onceflow/pkg/testenv"
 )
 
@@ -21,7 +22,7 @@ func TestWALModeEventsEmittedAfterPrepareArePublished(t *testing.T) {
 	e := newCDCEnv(t, 1, 50)
 	cfg := e.config()
 	cfg.StatusInterval = 100 * time.Millisecond
-	p, err := outbox.NewPublisher(e.pool, e.w, outbox.PublisherConfig{Mode: outbox.ModeWAL, CDC: cfg})
+	p, err := cdc.NewPublisher(e.pool, e.w, cdc.PublisherConfig{Mode: outbox.ModeWAL, CDC: cfg})
 	if err != nil {
 		t.Fatal(err)
 	}

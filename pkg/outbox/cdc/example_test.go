@@ -1,4 +1,4 @@
-package outbox_test
+package cdc_test
 
 import (
 	"context"
@@ -11,14 +11,14 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/onceflow/onceflow/pkg/event"
-	"github.com/onceflow/onceflow/pkg/outbox"
+	"github.com/onceflow/onceflow/pkg/outbox/cdc"
 	"github.com/onceflow/onceflow/pkg/testenv"
 )
 
 // The log-based relay publishes from the replication stream: here an event
 // written only to the WAL with Emit (RELAY_MODE=wal); rows written with
 // Enqueue (RELAY_MODE=cdc) go the same way.
-func ExampleCDCRelay() {
+func ExampleRelay() {
 	ctx := context.Background()
 	pool, brokers, topic, cleanup := exampleSetup(ctx)
 	defer cleanup()
@@ -29,7 +29,7 @@ func ExampleCDCRelay() {
 	slot := "example_" + hex.EncodeToString(suffix)
 	w := testenv.NewWriter(brokers, 500)
 	defer w.Close()
-	relay, err := outbox.NewCDCRelay(pool, w, outbox.CDCConfig{Slot: slot, Topic: func(string) string { return topic }})
+	relay, err := cdc.NewRelay(pool, w, cdc.Config{Slot: slot, Topic: func(string) string { return topic }})
 	if err != nil {
 		fmt.Println(err)
 		return
@@ -54,7 +54,7 @@ func ExampleCDCRelay() {
 		if _, err := tx.Exec(ctx, `INSERT INTO orders (id, amount_cents) VALUES ($1, $2)`, orderID, 1999); err != nil {
 			return err
 		}
-		return outbox.Emit(ctx, tx, event.Envelope{
+		return cdc.Emit(ctx, tx, event.Envelope{
 			EventID: uuid.New(), EventType: "OrderPlaced", EventVersion: 1, AggregateType: "order",
 			AggregateID: orderID.String(), AggregateVersion: 1, OccurredAt: time.Now(), Payload: []byte(`{"amountCents": 1999}`),
 		})

@@ -1,4 +1,4 @@
-package outbox
+package cdc
 
 import (
 	"encoding/binary"
@@ -9,12 +9,15 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/onceflow/onceflow/pkg/event"
+
+	"github.com/onceflow/onceflow/pkg/outbox/internal/metrics"
+	"github.com/onceflow/onceflow/pkg/outbox/internal/wal"
 )
 
 // emitted is a message as Emit has Postgres write it: Emit's header, the
 // emitted-at time and the payload.
 func emitted(ev event.Envelope, at time.Time) []byte {
-	b := binary.BigEndian.AppendUint64(emitHeader(ev), uint64(at.UnixMicro()))
+	b := binary.BigEndian.AppendUint64(wal.EncodeHeader(ev), uint64(at.UnixMicro()))
 	return append(b, ev.Payload...)
 }
 
@@ -28,7 +31,7 @@ func validEmitted() event.Envelope {
 	}
 }
 
-// What the log-based relay makes of a message under EmitPrefix: Emit's
+// What the log-based relay makes of a message under wal.Prefix: Emit's
 // encodings, the binary one it writes and the JSON one it wrote before, are
 // accepted; anything else is refused with the reason it is counted under,
 // never published.
@@ -47,24 +50,24 @@ func TestDecodeEmitted(t *testing.T) {
 	}{
 		{"what Emit writes", string(binaryValid), ""},
 		{"what Emit wrote before", valid, ""},
-		{"not JSON", `PaymentCaptured 100`, refusedUndecodable},
-		{"empty", ``, refusedUndecodable},
-		{"a JSON array", `[1,2]`, refusedUndecodable},
-		{"a bad event id", `{"eventId":"nope"}`, refusedUndecodable},
+		{"not JSON", `PaymentCaptured 100`, metrics.RefusedUndecodable},
+		{"empty", ``, metrics.RefusedUndecodable},
+		{"a JSON array", `[1,2]`, metrics.RefusedUndecodable},
+		{"a bad event id", `{"eventId":"nope"}`, metrics.RefusedUndecodable},
 		{"no event id", `{"eventType":"PaymentCaptured","eventVersion":1,"aggregateType":"payment","aggregateId":"p-1",` +
-			`"aggregateVersion":1,"occurredAt":"2026-01-02T03:04:05Z","payload":{}}`, refusedInvalid},
+			`"aggregateVersion":1,"occurredAt":"2026-01-02T03:04:05Z","payload":{}}`, metrics.RefusedInvalid},
 		{"no aggregate", `{"eventId":"6f1c2b4e-8a1d-4c3e-9b7a-2d5e6f708192","eventType":"PaymentCaptured","eventVersion":1,` +
-			`"occurredAt":"2026-01-02T03:04:05Z","payload":{}}`, refusedInvalid},
+			`"occurredAt":"2026-01-02T03:04:05Z","payload":{}}`, metrics.RefusedInvalid},
 		{"a bad occurredAt", `{"eventId":"6f1c2b4e-8a1d-4c3e-9b7a-2d5e6f708192","eventType":"PaymentCaptured","eventVersion":1,` +
-			`"aggregateType":"payment","aggregateId":"p-1","aggregateVersion":1,"occurredAt":"yesterday","payload":{}}`, refusedInvalid},
+			`"aggregateType":"payment","aggregateId":"p-1","aggregateVersion":1,"occurredAt":"yesterday","payload":{}}`, metrics.RefusedInvalid},
 		{"no payload", `{"eventId":"6f1c2b4e-8a1d-4c3e-9b7a-2d5e6f708192","eventType":"PaymentCaptured","eventVersion":1,` +
-			`"aggregateType":"payment","aggregateId":"p-1","aggregateVersion":1,"occurredAt":"2026-01-02T03:04:05Z"}`, refusedInvalid},
-		{"binary, cut short", string(binaryValid[:30]), refusedUndecodable},
-		{"binary, a length past the end", string(append(emitHeader(validEmitted())[:37], 0xff, 0xff, 0xff, 0xff)), refusedUndecodable},
-		{"binary, no payload", string(binaryValid[:len(binaryValid)-len(validEmitted().Payload)]), refusedInvalid},
-		{"binary, a blank aggregate id", string(emitted(noAggregate, at)), refusedInvalid},
-		{"binary, a payload that is not an object", string(emitted(notAnObject, at)), refusedInvalid},
-		{"binary, a payload that is not JSON", string(append(binaryValid[:len(binaryValid)-1:len(binaryValid)-1], ',')), refusedInvalid},
+			`"aggregateType":"payment","aggregateId":"p-1","aggregateVersion":1,"occurredAt":"2026-01-02T03:04:05Z"}`, metrics.RefusedInvalid},
+		{"binary, cut short", string(binaryValid[:30]), metrics.RefusedUndecodable},
+		{"binary, a length past the end", string(append(wal.EncodeHeader(validEmitted())[:37], 0xff, 0xff, 0xff, 0xff)), metrics.RefusedUndecodable},
+		{"binary, no payload", string(binaryValid[:len(binaryValid)-len(validEmitted().Payload)]), metrics.RefusedInvalid},
+		{"binary, a blank aggregate id", string(emitted(noAggregate, at)), metrics.RefusedInvalid},
+		{"binary, a payload that is not an object", string(emitted(notAnObject, at)), metrics.RefusedInvalid},
+		{"binary, a payload that is not JSON", string(append(binaryValid[:len(binaryValid)-1:len(binaryValid)-1], ',')), metrics.RefusedInvalid},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			var ev rawEnvelope
