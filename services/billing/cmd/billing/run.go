@@ -10,6 +10,7 @@ import (
 	"github.com/onceflow/onceflow/pkg/inbox"
 
 	"github.com/onceflow/onceflow/pkg/outbox"
+	"github.com/onceflow/onceflow/pkg/outbox/cdc"
 	"github.com/onceflow/onceflow/platform/config"
 	"github.com/onceflow/onceflow/platform/crash"
 	"github.com/onceflow/onceflow/platform/kafkautil"
@@ -113,10 +114,10 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout 
 
 	writer := kafkautil.NewWriter(cfg.KafkaBrokers, kafkautil.RelayBatchSize, kafkautil.WithSecurity(kafkaSecurity))
 	defer writer.Close()
-	relay, err := svc.OutboxRelay(ctx, writer, outbox.PublisherConfig{
+	relay, err := svc.OutboxRelay(ctx, writer, cdc.PublisherConfig{
 		Mode: relayMode, Topic: func(string) string { return cfg.BillingTopic }, Metrics: outbox.NewMetrics(svc.Registry),
 		Poll: outbox.RelayConfig{Standby: outbox.Standby{PublishReplicated: cfg.OutboxPublishReplicated}},
-		CDC: outbox.CDCConfig{Slot: cfg.OutboxSlot, ReplicationURL: cfg.ReplicationDatabaseURL,
+		CDC: cdc.Config{Slot: cfg.OutboxSlot, ReplicationURL: cfg.ReplicationDatabaseURL,
 			Standby: outbox.Standby{PublishReplicated: cfg.OutboxPublishReplicated}},
 	})
 	if err != nil {
