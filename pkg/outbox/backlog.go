@@ -5,7 +5,6 @@ import (
 	"time"
 
 	"github.com/onceflow/onceflow/pkg/internal/backlog"
-
 	"github.com/onceflow/onceflow/pkg/outbox/internal/lifecycle"
 )
 
@@ -62,7 +61,7 @@ type BacklogReport struct {
 // yet published, in every relay mode: a row the polling relay published is
 // marked so, and one the log-based relay published (publishedCDC: its
 // commit confirmed by the slot) stays 'pending' until retention deletes it,
-// so it is left out here; counting it made a longer CDCConfig.Retain read
+// so it is left out here; counting it made a longer cdc.Config.Retain read
 // as a stuck relay. Under Debezium the table cannot tell what was
 // published: every row stays pending (see docs/outbox.md).
 var (

@@ -20,7 +20,7 @@ import (
 )
 
 // ---------------------------------------------------------------------------
-// The log-based relay (CDCRelay): write cost and drain rate.
+// The log-based relay (cdc.Relay): write cost and drain rate.
 // ---------------------------------------------------------------------------
 
 // BenchmarkCDCWriteOverhead is BenchmarkEnqueueOverhead for the log-based
@@ -77,7 +77,7 @@ func benchCDCWriteOverhead(b *testing.B, write outbox.WriteFunc) {
 
 // BenchmarkCDCDrain is BenchmarkRelayDrain for the log-based relay: a
 // backlog of drainBacklog (100,000) events committed in transactions of 100 while the slot
-// existed and no relay ran, then drained by a CDCRelay, against kafka-go
+// existed and no relay ran, then drained by a cdc.Relay, against kafka-go
 // producing the same messages directly (goal: ratio ≥ 0.50).
 //
 // mode=poll is BenchmarkRelayDrain/batch=1000 (the polling relay), so one
@@ -304,7 +304,7 @@ func benchCDCPublishLag(b *testing.B, write outbox.WriteFunc, rate int) {
 	b.ReportMetric(float64(walBytes)/float64(events.events), "wal-bytes/event")
 }
 
-// emittedSQL is the content Emit writes (its binary encoding, emit.go), as
+// emittedSQL is the content Emit writes (its binary encoding, internal/wal), as
 // an SQL expression over the envelope's fields, so that a benchmark emits
 // many events in one statement. Each argument is an SQL expression.
 func emittedSQL(eventID, eventType, eventVersion, aggType, aggID, aggVersion, occurredAt, corr, cause, trace, payload string) string {

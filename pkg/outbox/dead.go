@@ -12,9 +12,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/onceflow/onceflow/pkg/event"
-
 	"github.com/onceflow/onceflow/pkg/outbox/internal/publish"
-
 	"github.com/onceflow/onceflow/pkg/outbox/internal/wal"
 )
 

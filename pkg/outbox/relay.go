@@ -11,7 +11,6 @@ import (
 
 	"github.com/onceflow/onceflow/pkg/internal/retry"
 	"github.com/onceflow/onceflow/pkg/internal/writercheck"
-
 	"github.com/onceflow/onceflow/pkg/outbox/internal/outage"
 	"github.com/onceflow/onceflow/pkg/outbox/internal/standby"
 )

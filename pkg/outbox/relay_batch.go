@@ -17,7 +17,6 @@ import (
 	"github.com/onceflow/onceflow/pkg/internal/faultpoint"
 	"github.com/onceflow/onceflow/pkg/internal/kafkaerr"
 	"github.com/onceflow/onceflow/pkg/internal/retry"
-
 	"github.com/onceflow/onceflow/pkg/outbox/internal/lifecycle"
 	"github.com/onceflow/onceflow/pkg/outbox/internal/publish"
 )

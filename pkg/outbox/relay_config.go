@@ -9,7 +9,6 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/onceflow/onceflow/pkg/internal/knob"
-
 	"github.com/onceflow/onceflow/pkg/outbox/internal/publish"
 )
 
@@ -30,7 +29,7 @@ const (
 	DefaultLockTimeout = 10 * time.Second
 	// DefaultMaxAttempts is how many publishes that failed because of the
 	// message make a row dead. The log-based relay gives an event fewer
-	// (DefaultCDCMaxAttempts): the polling relay sets a failing row aside
+	// (cdc.DefaultMaxAttempts): the polling relay sets a failing row aside
 	// and goes on with the other aggregates, a stream waits for it.
 	DefaultMaxAttempts = 10
 	// DefaultBackoffMax caps the delay before such a row is tried again.
@@ -110,7 +109,7 @@ type RelayConfig struct {
 	// Metrics receives the relay's metrics. Default: none.
 	Metrics *Metrics
 	// Standby makes the relay publish only what the standbys have flushed
-	// (replicated.go). Default: off, publish what the primary committed.
+	// (internal/standby). Default: off, publish what the primary committed.
 	Standby Standby
 }
 

@@ -17,7 +17,7 @@ import (
 // The log-based relay as a process of its own: what it costs per event.
 // ---------------------------------------------------------------------------
 
-// BenchmarkCDCRelayProcess runs a CDCRelay alone in a child process (this
+// BenchmarkCDCRelayProcess runs a Relay alone in a child process (this
 // test binary, started again with relayChildEnv set) and reads what only a
 // process of its own can tell: its peak resident set (VmHWM) and CPU time,
 // and the Go runtime's allocations, garbage collections and the relay's SQL

@@ -21,7 +21,7 @@ SELECT gen_random_uuid(), 'order', a.id, g / 10000 + 1, 'OrderPlaced', 1,
 FROM generate_series(0, $1 - 1) AS g,
      LATERAL (SELECT 'order-' || g % 10000 AS id) AS a`
 
-// emittedSQL is the content Emit writes (its binary encoding, emit.go), as
+// emittedSQL is the content Emit writes (its binary encoding, internal/wal), as
 // an SQL expression over the envelope's fields, so that a benchmark emits
 // many events in one statement. Each argument is an SQL expression.
 func emittedSQL(eventID, eventType, eventVersion, aggType, aggID, aggVersion, occurredAt, corr, cause, trace, payload string) string {

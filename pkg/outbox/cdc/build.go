@@ -8,7 +8,6 @@ import (
 	"github.com/segmentio/kafka-go"
 
 	"github.com/onceflow/onceflow/pkg/event"
-
 	"github.com/onceflow/onceflow/pkg/outbox/internal/publish"
 )
 

@@ -7,7 +7,6 @@ import (
 	"time"
 
 	"github.com/onceflow/onceflow/pkg/internal/knob"
-
 	"github.com/onceflow/onceflow/pkg/outbox"
 	"github.com/onceflow/onceflow/pkg/outbox/internal/publish"
 )
@@ -138,7 +137,7 @@ type Config struct {
 	// Metrics receives the relay's metrics. Default: none.
 	Metrics *outbox.Metrics
 	// Standby makes the relay publish a transaction only once the standbys
-	// have flushed its commit (replicated.go); on PostgreSQL 17,
+	// have flushed its commit (internal/standby); on PostgreSQL 17,
 	// synchronized_standby_slots on the primary does the same for every
 	// logical walsender. Default: off.
 	Standby outbox.Standby

@@ -9,7 +9,6 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/onceflow/onceflow/pkg/event"
-
 	"github.com/onceflow/onceflow/pkg/outbox/internal/metrics"
 	"github.com/onceflow/onceflow/pkg/outbox/internal/wal"
 )

@@ -11,7 +11,6 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/onceflow/onceflow/pkg/event"
-
 	"github.com/onceflow/onceflow/pkg/outbox/internal/lifecycle"
 	"github.com/onceflow/onceflow/pkg/outbox/internal/publish"
 )
@@ -79,7 +78,7 @@ func (s *streamer) replayGap(ctx context.Context, pending bool, mark time.Time) 
 			break
 		}
 		// Rows read from the table are as visible as a stream's commits
-		// before the standbys have them: the same wait (replicated.go).
+		// before the standbys have them: the same wait (internal/standby).
 		if err := r.standby.Await(ctx, r.pool); err != nil {
 			return fmt.Errorf("waiting for the standbys: %w", err)
 		}

@@ -5,13 +5,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"github.com/google/uuid"
-	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
-	"github.com/onceflow/onceflow/pkg/event"
-	"github.com/onceflow/onceflow/pkg/outbox"
-	"github.com/onceflow/onceflow/pkg/testenv"
-	"github.com/segmentio/kafka-go"
 	"log/slog"
 	"net"
 	"os"
@@ -22,6 +15,15 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/segmentio/kafka-go"
+
+	"github.com/onceflow/onceflow/pkg/event"
+	"github.com/onceflow/onceflow/pkg/outbox"
+	"github.com/onceflow/onceflow/pkg/testenv"
 )
 
 // adminDB returns a pool on a fresh database with the outbox schema.

@@ -39,7 +39,7 @@ func bigTxEvents(t *testing.T) int {
 
 // bigTxHeapBound is the most the relay's heap may grow over its idle size
 // while it publishes a transaction of any size: what is in flight to Kafka
-// (CDCConfig.MaxInFlight events, under a kilobyte each, twice over for the
+// (Config.MaxInFlight events, under a kilobyte each, twice over for the
 // garbage collector's headroom) and kafka-go's buffers, never the
 // transaction. It grows by about 8 MiB; a relay that held the 50,000
 // events would grow by more than 50 (TestCDCRelayProcessMemoryIsBounded

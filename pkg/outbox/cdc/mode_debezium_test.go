@@ -70,7 +70,7 @@ func TestPruneConfigRefusesANegativePendingRetention(t *testing.T) {
 }
 
 // WatchSlot reads a slot this process does not stream from: missing, then
-// created and behind, then streamed by a publisher (a CDCRelay stands in for
+// created and behind, then streamed by a publisher (a Relay stands in for
 // Debezium: any walsender on the slot counts), then left alone again.
 func TestWatchSlotReportsAnExternalPublishersSlot(t *testing.T) {
 	t.Parallel()

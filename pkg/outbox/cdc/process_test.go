@@ -30,7 +30,7 @@ import (
 	"github.com/onceflow/onceflow/pkg/testenv"
 )
 
-// A CDCRelay alone in a process of its own (this test binary, started again
+// A Relay alone in a process of its own (this test binary, started again
 // with relayChildEnv set), for what only a process can tell: its peak
 // resident set, its CPU time, and the Go runtime's allocations and
 // collections without the test's own. BenchmarkCDCRelayProcess and
@@ -379,7 +379,7 @@ func (c *childAckWriter) KafkaWriter() *kafka.Writer { return c.w.(*testenv.Writ
 
 // relayRSSBound bounds the log-based relay's resident set while it drains
 // one big transaction, whatever its size: the Go runtime, the relay's
-// connections and what is in flight to Kafka (CDCConfig.MaxInFlight events
+// connections and what is in flight to Kafka (Config.MaxInFlight events
 // per topic, kafka-go's batches), never the transaction. Alone on a quiet
 // machine the relay peaks near 35 MiB (issue 23's goal is 64); under make
 // test, beside every other package's tests on two cores, its garbage

@@ -13,7 +13,6 @@ import (
 
 	"github.com/onceflow/onceflow/pkg/internal/retry"
 	"github.com/onceflow/onceflow/pkg/internal/writercheck"
-
 	"github.com/onceflow/onceflow/pkg/outbox"
 	"github.com/onceflow/onceflow/pkg/outbox/internal/outage"
 	"github.com/onceflow/onceflow/pkg/outbox/internal/standby"
@@ -23,7 +22,7 @@ import (
 // instead of polling the table: the inserts into outbox_events (Enqueue)
 // and the events written only to the WAL (Emit), through one pgoutput slot.
 // It never updates a row. See the package documentation for what it
-// guarantees; any number of CDCRelays may run for one slot, one streams and
+// guarantees; any number of Relays may run for one slot, one streams and
 // the others stand by.
 type Relay struct {
 	pool     *pgxpool.Pool

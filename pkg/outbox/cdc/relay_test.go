@@ -88,7 +88,7 @@ func newCDCEnv(t *testing.T, partitions, batchSize int) *cdcEnv {
 	return e
 }
 
-// config is a CDCConfig on the env's slot that publishes to its topic.
+// config is a Config on the env's slot that publishes to its topic.
 func (e *cdcEnv) config() cdc.Config {
 	return cdc.Config{Slot: e.slot, Topic: e.topicFn}
 }

@@ -11,7 +11,6 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/onceflow/onceflow/pkg/internal/faultpoint"
-
 	"github.com/onceflow/onceflow/pkg/outbox"
 )
 

@@ -17,13 +17,11 @@ import (
 	"github.com/jackc/pgx/v5/pgproto3"
 
 	"github.com/onceflow/onceflow/pkg/event"
-
 	"github.com/onceflow/onceflow/pkg/outbox/internal/lifecycle"
 	"github.com/onceflow/onceflow/pkg/outbox/internal/metrics"
 	"github.com/onceflow/onceflow/pkg/outbox/internal/publish"
-	"github.com/onceflow/onceflow/pkg/outbox/internal/wal"
-
 	"github.com/onceflow/onceflow/pkg/outbox/internal/standby"
+	"github.com/onceflow/onceflow/pkg/outbox/internal/wal"
 )
 
 // cdcEvent is one event decoded from the stream (or, after a lost slot,
@@ -413,7 +411,7 @@ func (s *streamer) decode(ctx context.Context, x pglogrepl.XLogData) error {
 		}
 		// The walsender decoded this transaction's commit: the primary
 		// flushed it. With outbox.Standby.PublishReplicated nothing of it goes to
-		// a lane before the standbys flushed it too (replicated.go); a
+		// a lane before the standbys flushed it too (internal/standby); a
 		// wait that runs out ends the stream, and the next one delivers
 		// the transaction again, the slot not having moved past it.
 		if err := s.r.standby.AwaitCommit(ctx, s.r.pool, standby.LSN(x.ServerWALEnd), &s.standbyAt); err != nil {

@@ -26,7 +26,7 @@ import (
 // relay's drains commit, and writes what it receives to a pipe the bench
 // reads, so its figure is the walsender's decoding and sending and nothing
 // else. It reads pgoutput with the options the platform's relay passes
-// (pkg/outbox/cdc_stream.go: proto_version 1, the outbox's publication,
+// (pkg/outbox/cdc/stream.go: proto_version 1, the outbox's publication,
 // messages true), which pg_recvlogical passes with -o, so the walsender
 // decodes and sends exactly what it sends that relay.
 

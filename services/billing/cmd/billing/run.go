@@ -8,7 +8,6 @@ import (
 
 	"github.com/onceflow/onceflow/pkg/crashpoint"
 	"github.com/onceflow/onceflow/pkg/inbox"
-
 	"github.com/onceflow/onceflow/pkg/outbox"
 	"github.com/onceflow/onceflow/pkg/outbox/cdc"
 	"github.com/onceflow/onceflow/platform/config"
@@ -44,7 +43,7 @@ type Config struct {
 	// RelayMode is poll (outbox rows, the polling relay), cdc (outbox rows,
 	// the log-based relay reading the replication stream; rows are deleted
 	// once confirmed) or wal (events written only to the WAL with
-	// outbox.Emit, the log-based relay). See docs/runbook-cdc.md.
+	// cdc.Emit, the log-based relay). See docs/runbook-cdc.md.
 	RelayMode string `env:"RELAY_MODE" envDefault:"poll"`
 	// ReplicationDatabaseURL is the log-based relay's walsender connection:
 	// a role with the REPLICATION attribute. Empty: DATABASE_URL.

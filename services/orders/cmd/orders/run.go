@@ -52,7 +52,7 @@ type Config struct {
 	// RelayMode is poll (outbox rows, the polling relay), cdc (outbox rows,
 	// the log-based relay reading the replication stream; rows are deleted
 	// once confirmed), wal (events written only to the WAL with
-	// outbox.Emit, the log-based relay), or debezium (outbox rows that
+	// cdc.Emit, the log-based relay), or debezium (outbox rows that
 	// Debezium publishes from its own slot: no relay runs here; see
 	// docs/debezium). See docs/runbook-cdc.md.
 	RelayMode string `env:"RELAY_MODE" envDefault:"poll"`
