@@ -77,7 +77,7 @@ func NewRelay(pool *pgxpool.Pool, w Writer, cfg RelayConfig) (*Relay, error) {
 		topicStreak:   map[string]int{},
 		deferredTypes: map[string]map[string]bool{},
 		refused:       newRefused(3 * cfg.OutageBackoffMax),
-		standby:       standby.NewGate(cfg.Standby, cfg.Metrics, cfg.Logger, cfg.LogInterval),
+		standby:       standby.NewGate(standby.Config(cfg.Standby), cfg.Metrics.set(), cfg.Logger, cfg.LogInterval),
 	}, nil
 }
 
@@ -111,7 +111,7 @@ func (r *Relay) Run(ctx context.Context) error {
 	wg.Go(func() { r.listen(ctx, wake) })
 	wg.Go(func() { r.heartbeatLoop(ctx, wake) })
 	wg.Go(func() {
-		r.cfg.Metrics.WatchBacklogOf(ctx, r.pool, r.cfg.RebalanceInterval, r.gauges, r.cfg.Metrics.RoundTrips.WithLabelValues("gauges"))
+		r.cfg.Metrics.set().WatchBacklogOf(ctx, r.pool, r.cfg.RebalanceInterval, r.gauges, r.cfg.Metrics.RoundTrips.WithLabelValues("gauges"))
 	})
 
 	poll := time.NewTimer(0)

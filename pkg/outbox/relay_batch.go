@@ -240,12 +240,12 @@ func (r *Relay) relayBatch(ctx context.Context, ops wakeOps) (res batchResult, e
 	res.disarmed = disarming
 	if marked != int64(len(published)) {
 		// The claim holds the rows locked, so this is a bug, not a race: seen.
-		r.cfg.Metrics.Refuse(ctx, r.cfg.Logger, lifecycle.TransitionMarkPublished, "claimed rows were not pending when marked published",
+		r.cfg.Metrics.set().Refuse(ctx, r.cfg.Logger, lifecycle.TransitionMarkPublished, "claimed rows were not pending when marked published",
 			slog.Int("published", len(published)), slog.Int64("marked", marked))
 	}
 	for i, c := range failed {
 		if states[i] == "" {
-			r.cfg.Metrics.Refuse(ctx, r.cfg.Logger, lifecycle.TransitionMarkFailed, "a claimed row was not pending when its failure was recorded",
+			r.cfg.Metrics.set().Refuse(ctx, r.cfg.Logger, lifecycle.TransitionMarkFailed, "a claimed row was not pending when its failure was recorded",
 				slog.Int64("outbox_id", c.ID))
 			continue
 		}

@@ -10,6 +10,7 @@ import (
 
 	"github.com/onceflow/onceflow/pkg/internal/knob"
 	"github.com/onceflow/onceflow/pkg/outbox/internal/publish"
+	"github.com/onceflow/onceflow/pkg/outbox/internal/standby"
 )
 
 // The polling relay's own defaults, what a zero RelayConfig field means;
@@ -153,7 +154,7 @@ func (c RelayConfig) Validate() error {
 	if err := knob.RefuseNegative(name, c); err != nil {
 		return err
 	}
-	if err := c.Standby.Validate(name); err != nil {
+	if err := standby.Config(c.Standby).Validate(name); err != nil {
 		return err
 	}
 	d := c.WithDefaults()

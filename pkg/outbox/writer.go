@@ -1,6 +1,10 @@
 package outbox
 
-import "github.com/onceflow/onceflow/pkg/outbox/internal/publish"
+import (
+	"context"
+
+	"github.com/segmentio/kafka-go"
+)
 
 // Writer is the part of *kafka.Writer the relays need. It must return only
 // after the broker acknowledged (RequiredAcks = RequireAll). A *kafka.Writer
@@ -8,4 +12,6 @@ import "github.com/onceflow/onceflow/pkg/outbox/internal/publish"
 // than fits one record batch per partition, so that the broker judges an
 // aggregate's events of the call together; a Writer of another type that
 // splits calls must keep each key's messages of one call together itself.
-type Writer = publish.Writer
+type Writer interface {
+	WriteMessages(ctx context.Context, msgs ...kafka.Message) error
+}

@@ -9,6 +9,7 @@ import (
 	"github.com/onceflow/onceflow/pkg/internal/knob"
 	"github.com/onceflow/onceflow/pkg/outbox"
 	"github.com/onceflow/onceflow/pkg/outbox/internal/publish"
+	"github.com/onceflow/onceflow/pkg/outbox/internal/standby"
 )
 
 // The log-based relay's own defaults, what a zero Config field means;
@@ -186,7 +187,7 @@ func (c Config) Validate() error {
 	if err := knob.RefuseNegative(name, c); err != nil {
 		return err
 	}
-	if err := c.Standby.Validate(name); err != nil {
+	if err := standby.Config(c.Standby).Validate(name); err != nil {
 		return err
 	}
 	d := c.WithDefaults()

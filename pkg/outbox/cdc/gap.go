@@ -103,7 +103,7 @@ func (s *streamer) replayGap(ctx context.Context, pending bool, mark time.Time) 
 		return fmt.Errorf("recording the replayed gap: %w", err)
 	}
 	if tag.RowsAffected() == 0 {
-		r.cfg.Metrics.Refuse(ctx, r.cfg.Logger, lifecycle.TransitionGapReplayed, "the slot was marked again (a newer generation) while its gap was replayed",
+		set(r.cfg.Metrics).Refuse(ctx, r.cfg.Logger, lifecycle.TransitionGapReplayed, "the slot was marked again (a newer generation) while its gap was replayed",
 			slog.String("slot", r.cfg.Slot))
 		return errGapMarkedAgain
 	}

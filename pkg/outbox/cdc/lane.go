@@ -416,7 +416,7 @@ func (r *Relay) dead(ctx context.Context, e cdcEvent, cause error) error {
 			return fmt.Errorf("marking outbox row %d dead (not acknowledged: the next stream delivers it again): %w", e.rowID, err)
 		}
 		if tag.RowsAffected() == 0 {
-			r.cfg.Metrics.Refuse(ctx, r.cfg.Logger, lifecycle.TransitionMarkDead, "the row is not pending: dead already, or requeued (its copy carries the event)",
+			set(r.cfg.Metrics).Refuse(ctx, r.cfg.Logger, lifecycle.TransitionMarkDead, "the row is not pending: dead already, or requeued (its copy carries the event)",
 				slog.Int64("outbox_id", e.rowID), slog.String("event_id", publish.Header(e.Msg, event.HeaderEventID)))
 			return nil
 		}

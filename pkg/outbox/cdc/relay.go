@@ -83,7 +83,7 @@ func NewRelay(pool *pgxpool.Pool, w outbox.Writer, cfg Config) (*Relay, error) {
 		stream:     health("streaming from the replication slot"),
 		retention:  health("deleting confirmed outbox rows"),
 		lag:        health("reading the slot gauges"),
-		standby:    standby.NewGate(cfg.Standby, cfg.Metrics, cfg.Logger, cfg.LogInterval),
+		standby:    standby.NewGate(standby.Config(cfg.Standby), set(cfg.Metrics), cfg.Logger, cfg.LogInterval),
 	}, nil
 }
 

@@ -538,7 +538,7 @@ func (s *streamer) record(ctx context.Context) {
 		return
 	}
 	if tag.RowsAffected() == 0 {
-		s.r.cfg.Metrics.Refuse(ctx, s.r.cfg.Logger, lifecycle.TransitionRecordPosition,
+		set(s.r.cfg.Metrics).Refuse(ctx, s.r.cfg.Logger, lifecycle.TransitionRecordPosition,
 			"the slot record is of another generation: the slot was lost and replaced since this stream took it",
 			slog.String("slot", s.r.cfg.Slot), slog.String("lsn", s.confirmed.String()))
 	}

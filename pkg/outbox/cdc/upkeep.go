@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/onceflow/onceflow/pkg/outbox"
 	"github.com/onceflow/onceflow/pkg/outbox/internal/metrics"
 	"github.com/onceflow/onceflow/pkg/outbox/internal/outage"
 )
@@ -38,7 +39,7 @@ func (r *Relay) refreshGauges(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	r.cfg.Metrics.SetSlot(s)
+	set(r.cfg.Metrics).SetSlot(s)
 	return nil
 }
 
@@ -64,3 +65,7 @@ func (r *Relay) deleteConfirmed(ctx context.Context) error {
 	}
 	return nil
 }
+
+// set is m as the internal set the relays move (outbox.Metrics is a type of
+// it).
+func set(m *outbox.Metrics) *metrics.Metrics { return (*metrics.Metrics)(m) }

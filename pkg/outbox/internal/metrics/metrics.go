@@ -19,8 +19,8 @@ import (
 	"github.com/onceflow/onceflow/pkg/outbox/internal/outage"
 )
 
-// Metrics are the relay's Prometheus metrics. Create them once per process
-// and share them between the relays of that process.
+// Metrics are the relays' Prometheus metrics (outbox.Metrics, a type of
+// this one whose fields and methods the relays reach by conversion).
 type Metrics struct {
 	Pending, OldestAge, Dead, OwnedPartitions prometheus.Gauge
 	KafkaConnected                            prometheus.Gauge
@@ -150,15 +150,7 @@ func (m *Metrics) Refresh(ctx context.Context, pool *pgxpool.Pool) error {
 	return nil
 }
 
-// WatchBacklog refreshes the backlog gauges (outbox_pending_events,
-// outbox_oldest_pending_age_seconds, outbox_dead_events) from pool every
-// interval until ctx ends, and then returns nil; while Postgres is away it
-// keeps trying every interval and logs at a bounded rate. A Relay runs the
-// same loop on a goroutine of its own, beside its claim loop, so the gauges
-// keep moving while it is busy; run WatchBacklog in a process that writes to
-// the outbox while no relay of its own runs (relaying paused, or done by
-// another deployment), so that a backlog nobody drains still shows, and
-// still alerts.
+// WatchBacklog is outbox.Metrics.WatchBacklog.
 func (m *Metrics) WatchBacklog(ctx context.Context, pool *pgxpool.Pool, interval time.Duration, logger *slog.Logger) error {
 	m.WatchBacklogOf(ctx, pool, interval, outage.New("refreshing the backlog gauges", logger, outage.DefaultLogInterval), nil)
 	return nil
@@ -170,21 +162,7 @@ func (m *Metrics) WatchBacklogOf(ctx context.Context, pool *pgxpool.Pool, interv
 	m.Every(ctx, interval, health, roundTrips, func(ctx context.Context) error { return m.Refresh(ctx, pool) })
 }
 
-// WatchSlot refreshes, from pool every interval until ctx ends (then it
-// returns nil), the gauges of a replication slot that a publisher outside
-// this process streams the outbox from (ModeDebezium: Debezium's slot,
-// its slot.name): outbox_slot_lag_bytes (the WAL written since the
-// position the publisher confirmed: how far behind it is),
-// outbox_slot_retained_wal_bytes and outbox_slot_wal_keep_size_bytes (how
-// close the slot is to being invalidated), outbox_external_publisher_streaming
-// (whether anyone streams from the slot at all) and outbox_dead_events.
-// These are the backlog signals of that mode: the table's pending rows say
-// nothing there, since nobody marks them published, so run WatchSlot
-// instead of WatchBacklog. The slot is only read: it is the publisher's,
-// created and dropped by it.
-//
-// While Postgres is away it keeps trying every interval, logs at a bounded
-// rate and leaves the gauges at their last values.
+// WatchSlot is outbox.Metrics.WatchSlot.
 func (m *Metrics) WatchSlot(ctx context.Context, pool *pgxpool.Pool, slot string, interval time.Duration, logger *slog.Logger) error {
 	health := outage.New("refreshing the replication slot's gauges", logger, outage.DefaultLogInterval)
 	m.Every(ctx, interval, health, nil, func(ctx context.Context) error {

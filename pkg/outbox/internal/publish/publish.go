@@ -18,12 +18,7 @@ import (
 	"github.com/onceflow/onceflow/pkg/internal/kafkaerr"
 )
 
-// Writer is the part of *kafka.Writer the relay needs. It must return only
-// after the broker acknowledged (RequiredAcks = RequireAll). A *kafka.Writer
-// or a wrapper with KafkaWriter() *kafka.Writer is given no more in one call than fits one record
-// batch per partition, so that the broker judges an aggregate's events of
-// the call together (see writeTopic); a Writer of another type that splits
-// calls must keep each key's messages of one call together itself.
+// Writer is outbox.Writer, documented there.
 type Writer interface {
 	WriteMessages(ctx context.Context, msgs ...kafka.Message) error
 }

@@ -35,35 +35,12 @@ import (
 // and the relay reports a standby outage. Nothing is charged to a row.
 const DefaultWait = 5 * time.Second
 
-// Config (outbox.Standby) says whether a relay publishes only what the standbys have.
-// The zero value publishes what the primary committed, as before.
+// Config is outbox.Standby, whose fields are documented there; the relays
+// convert theirs to it.
 type Config struct {
-	// PublishReplicated makes the relay publish an event only once every
-	// standby named by StandbySlots has flushed its commit. The standbys
-	// are followed through their physical replication slots
-	// (pg_replication_slots.restart_lsn is the flush position a standby
-	// reported, readable by any role), so they must stream through slots,
-	// as the dev stack's does and as Patroni and CloudNativePG make them.
-	// While no such slot exists, or a standby is down or behind, nothing is
-	// published: the relay waits, at most ReplicatedWait at a time, and
-	// reports the outage (outbox_standby_waits_total{outcome="timeout"},
-	// outbox_standby_behind, a WARN log line); it never marks a row dead
-	// for it. The price is a query of the standbys' position on every
-	// batch (polling), or whenever a transaction commits past the last
-	// position read (log-based: about once per batch of transactions the
-	// walsender sends together). Writers must commit with
-	// synchronous_commit on (the default): a commit made with it off is
-	// visible before the primary itself flushed it, and the polling relay
-	// compares with the primary's flush position. Default false.
 	PublishReplicated bool
-	// StandbySlots names the physical slots whose standbys must have a
-	// commit before it is published. Default: every physical slot on the
-	// primary.
-	StandbySlots []string
-	// ReplicatedWait bounds one wait. The log-based relay sends the server
-	// no status update while it waits, so keep it well under the server's
-	// wal_sender_timeout (60s by default). Default DefaultWait (5s).
-	ReplicatedWait time.Duration
+	StandbySlots      []string
+	ReplicatedWait    time.Duration
 }
 
 // ErrBehind is what a wait that ran out of ReplicatedWait returns:
