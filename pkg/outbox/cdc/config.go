@@ -13,9 +13,9 @@ import (
 )
 
 // The log-based relay's own defaults, what a zero Config field means;
-// those both relays share are in config.go (outbox.DefaultBatchSize,
-// DefaultPublishTimeout, outbox.DefaultBackoffMin, outbox.DefaultOutageBackoffMin,
-// DefaultLogInterval).
+// those both relays share are package outbox's (outbox.DefaultBatchSize,
+// outbox.DefaultPublishTimeout, outbox.DefaultBackoffMin,
+// outbox.DefaultOutageBackoffMin, outbox.DefaultLogInterval).
 const (
 	// DefaultSlot is the replication slot's name.
 	DefaultSlot = "onceflow_outbox"
@@ -50,7 +50,7 @@ const (
 const maxInFlightPerBatch = 4
 
 // Config configures a Relay. Zero fields take the documented defaults;
-// negative sizes and durations are refused (config.go).
+// negative sizes and durations are refused (package outbox's config.go).
 type Config struct {
 	// Slot is the logical replication slot (pgoutput) the relay reads and
 	// creates if it is missing. Slot names are global to the Postgres
@@ -147,7 +147,7 @@ type Config struct {
 var slotName = regexp.MustCompile(`^[a-z0-9_]{1,63}$`)
 
 // WithDefaults returns c with every zero field set to its documented
-// default. Negative values are kept, for Validate to refuse (config.go).
+// default. Negative values are kept, for Validate to refuse (package outbox's config.go).
 func (c Config) WithDefaults() Config {
 	knob.Default(&c.Slot, DefaultSlot)
 	if c.Topic == nil {

@@ -10,7 +10,7 @@
 // # The event row (outbox_events)
 //
 //	state      who writes it          from            statement
-//	pending    the service (Enqueue)  —               INSERT (enqueue.go)
+//	pending    the service (Enqueue)  —               INSERT (outbox/enqueue.go)
 //	claimed    polling relay          pending, due    claimBatch: FOR UPDATE under the partition fence (a lock, not a column)
 //	published  polling relay          claimed         markPublished … AND state = 'pending'
 //	pending    polling relay          claimed         markFailed / markDeferred … AND state = 'pending' (attempts +1, or deferred)
@@ -58,7 +58,7 @@
 // # The relay's ownership
 //
 // Polling relay: a logical partition is owned by whoever holds its session
-// advisory lock (ownership.go), and each claim first takes the partition's
+// advisory lock (outbox/ownership.go), and each claim first takes the partition's
 // fence (fencePartitions), so a claim sees everything the previous claim
 // of that partition wrote, whoever held it. Log-based relay: the slot is
 // owned by the walsender that runs START_REPLICATION on it (Postgres
