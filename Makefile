@@ -87,7 +87,7 @@ STANDBY_PG_PORT ?= 56532
 test-standby: up ## Run the tests that need a Postgres standby (outbox Standby.PublishReplicated, inbox CommitReplicated) on a primary+standby of their own
 	ONCEFLOW_STACK_DIR=$(CURDIR)/.standby-stack ONCEFLOW_PG_PORT=$(STANDBY_PG_PORT) ONCEFLOW_PG_STANDBY=1 devstack/stack.sh up postgres
 	ONCEFLOW_TEST_PG_URL='postgres://postgres:postgres@127.0.0.1:$(STANDBY_PG_PORT)/postgres?sslmode=disable' \
-	  go test -tags standby -race -count=1 -run Standby ./pkg/outbox/ ./pkg/inbox/
+	  go test -tags standby -race -count=1 -run Standby ./pkg/outbox/cdc/ ./pkg/inbox/
 
 # -timeout: the quick proofs (loadtest/prove) run real crashes and restarts for several minutes.
 # k6: the k6 smoke scenario (loadtest/bench/rig) runs the project's k6 build.

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Runs the pkg/outbox benchmarks against the dev stack (`make bench-outbox`
+# Runs the pkg/outbox and pkg/outbox/cdc benchmarks against the dev stack (`make bench-outbox`
 # starts it first) and prints the machine facts beside the results, since the
 # numbers mean little without them. BENCHMARKS.md explains every number.
 #
@@ -57,6 +57,6 @@ cd "$ROOT"
   # rates and ratios; -run '^$' skips the tests.
   # shellcheck disable=SC2086 # BENCH_ARGS is a list of flags
   go test -run '^$' -bench "${BENCH:-.}" -benchtime 1x -count "${BENCH_COUNT:-1}" -timeout 20m \
-    ${BENCH_ARGS:-} ./pkg/outbox/
+    ${BENCH_ARGS:-} ./pkg/outbox/ ./pkg/outbox/cdc/
 } 2>&1 | tee "$OUT"
 echo "(kept in ${OUT#"$ROOT"/})"

@@ -18,6 +18,7 @@ import (
 var adoptPackages = map[string]string{
 	"event":      "github.com/onceflow/onceflow/pkg/event",
 	"outbox":     "github.com/onceflow/onceflow/pkg/outbox",
+	"cdc":        "github.com/onceflow/onceflow/pkg/outbox/cdc",
 	"inbox":      "github.com/onceflow/onceflow/pkg/inbox",
 	"outboxtest": "github.com/onceflow/onceflow/pkg/outbox/outboxtest",
 	"inboxtest":  "github.com/onceflow/onceflow/pkg/inbox/inboxtest",

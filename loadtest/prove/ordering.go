@@ -17,6 +17,7 @@ import (
 	"github.com/onceflow/onceflow/pkg/event"
 	"github.com/onceflow/onceflow/pkg/inbox"
 	"github.com/onceflow/onceflow/pkg/outbox"
+	"github.com/onceflow/onceflow/pkg/outbox/cdc"
 	"github.com/onceflow/onceflow/platform/kafkautil"
 	"github.com/onceflow/onceflow/platform/pgutil"
 )
@@ -85,7 +86,7 @@ func (h *Harness) ordering(ctx context.Context, _ bool) Row {
 	rand.Shuffle(len(pending), func(i, j int) { pending[i], pending[j] = pending[j], pending[i] })
 	total := len(pending)
 	h.logf("  writing %d events (%d on aggregate %s) in transactions of 10, three relays publishing …", total, h.prof.HotEvents, hot)
-	write := outbox.RelayMode(p.relayMode()).Write() // Emit in wal mode
+	write := cdc.Write(outbox.RelayMode(p.relayMode())) // Emit in wal mode
 	var (
 		killed    *Proc
 		restarted chan error // Kafka Connect's start after its kill (debezium)

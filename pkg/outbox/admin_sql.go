@@ -1,5 +1,9 @@
 package outbox
 
+import (
+	"github.com/onceflow/onceflow/pkg/outbox/internal/lifecycle"
+)
+
 // Every statement of the operator functions, in one place: listing and
 // requeuing dead events (dead.go) and replaying published ones
 // (replay.go), in each relay mode, and pruning (prune.go).
@@ -141,7 +145,7 @@ moved AS (
 // published are those of a polling relay this outbox ran before.
 var replayScopeCDC = `
 WHERE (state = 'published'
-       OR (state = 'pending' AND ` + publishedCDC("outbox_events") + `))` + replayWindow
+       OR (state = 'pending' AND ` + lifecycle.PublishedCDC("outbox_events") + `))` + replayWindow
 
 // replayApplyCDC writes every row in scope again, as requeueCopyDead does.
 var replayApplyCDC = `

@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"github.com/onceflow/onceflow/pkg/internal/backlog"
+	"github.com/onceflow/onceflow/pkg/outbox/internal/lifecycle"
 )
 
 // Backlog is the outbox's read of "rows not yet published, or dead, older
@@ -60,11 +61,11 @@ type BacklogReport struct {
 // yet published, in every relay mode: a row the polling relay published is
 // marked so, and one the log-based relay published (publishedCDC: its
 // commit confirmed by the slot) stays 'pending' until retention deletes it,
-// so it is left out here; counting it made a longer CDCConfig.Retain read
+// so it is left out here; counting it made a longer cdc.Config.Retain read
 // as a stuck relay. Under Debezium the table cannot tell what was
 // published: every row stays pending (see docs/outbox.md).
 var (
-	backlogPending = `state = 'pending' AND NOT ` + publishedCDC("outbox_events")
+	backlogPending = `state = 'pending' AND NOT ` + lifecycle.PublishedCDC("outbox_events")
 	backlogDead    = `state = 'dead'`
 )
 
@@ -94,10 +95,10 @@ func Backlog(ctx context.Context, db BacklogDB, cfg BacklogConfig) (BacklogRepor
 		rep BacklogReport
 		err error
 	)
-	if rep.Pending, err = backlogState(ctx, db, statePending, backlogPending, cfg.PendingOlderThan, cfg.Samples); err != nil {
+	if rep.Pending, err = backlogState(ctx, db, lifecycle.StatePending, backlogPending, cfg.PendingOlderThan, cfg.Samples); err != nil {
 		return BacklogReport{}, err
 	}
-	if rep.Dead, err = backlogState(ctx, db, stateDead, backlogDead, cfg.DeadOlderThan, cfg.Samples); err != nil {
+	if rep.Dead, err = backlogState(ctx, db, lifecycle.StateDead, backlogDead, cfg.DeadOlderThan, cfg.Samples); err != nil {
 		return BacklogReport{}, err
 	}
 	return rep, nil

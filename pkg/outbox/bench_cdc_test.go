@@ -4,6 +4,7 @@ package outbox_test
 
 import (
 	"context"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -14,11 +15,12 @@ import (
 
 	"github.com/onceflow/onceflow/pkg/event"
 	"github.com/onceflow/onceflow/pkg/outbox"
+	"github.com/onceflow/onceflow/pkg/outbox/cdc"
 	"github.com/onceflow/onceflow/pkg/testenv"
 )
 
 // ---------------------------------------------------------------------------
-// The log-based relay (CDCRelay): write cost and drain rate.
+// The log-based relay (cdc.Relay): write cost and drain rate.
 // ---------------------------------------------------------------------------
 
 // BenchmarkCDCWriteOverhead is BenchmarkEnqueueOverhead for the log-based
@@ -37,7 +39,7 @@ func BenchmarkCDCWriteOverhead(b *testing.B) {
 		if mode == outbox.ModeCDC {
 			name = "mode=table"
 		}
-		b.Run(name, func(b *testing.B) { benchCDCWriteOverhead(b, mode.Write()) })
+		b.Run(name, func(b *testing.B) { benchCDCWriteOverhead(b, cdc.Write(mode)) })
 	}
 }
 
@@ -73,27 +75,9 @@ func benchCDCWriteOverhead(b *testing.B, write outbox.WriteFunc) {
 	b.ReportMetric(float64(eventRes.walBytes)/float64(eventRes.count)-float64(bareRes.walBytes)/float64(bareRes.count), "wal-bytes/event")
 }
 
-func benchWALPosition(b *testing.B, pool *pgxpool.Pool) string {
-	b.Helper()
-	var lsn string
-	if err := pool.QueryRow(context.Background(), `SELECT pg_current_wal_lsn()::text`).Scan(&lsn); err != nil {
-		b.Fatal(err)
-	}
-	return lsn
-}
-
-func benchWALSince(b *testing.B, pool *pgxpool.Pool, lsn string) int64 {
-	b.Helper()
-	var n int64
-	if err := pool.QueryRow(context.Background(), `SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), $1::pg_lsn)::bigint`, lsn).Scan(&n); err != nil {
-		b.Fatal(err)
-	}
-	return n
-}
-
 // BenchmarkCDCDrain is BenchmarkRelayDrain for the log-based relay: a
 // backlog of drainBacklog (100,000) events committed in transactions of 100 while the slot
-// existed and no relay ran, then drained by a CDCRelay, against kafka-go
+// existed and no relay ran, then drained by a cdc.Relay, against kafka-go
 // producing the same messages directly (goal: ratio ≥ 0.50).
 //
 // mode=poll is BenchmarkRelayDrain/batch=1000 (the polling relay), so one
@@ -132,7 +116,7 @@ END $$`
 
 // emitFromTable re-emits the rows of outbox_events as Emit's messages, 100
 // rows per transaction, in id order.
-var emitFromTable = inChunksOf100("outbox_events", `PERFORM pg_logical_emit_message(true, '`+outbox.EmitPrefix+`', `+emittedSQL("event_id", "event_type",
+var emitFromTable = inChunksOf100("outbox_events", `PERFORM pg_logical_emit_message(true, '`+cdc.EmitPrefix+`', `+emittedSQL("event_id", "event_type",
 	"event_version", "aggregate_type", "aggregate_id", "aggregate_version", "occurred_at", "headers->>'correlationId'",
 	"''", "headers->>'traceparent'", "payload")+`)
     FROM outbox_events WHERE id >= lo AND id < lo + 100 ORDER BY id`)
@@ -197,7 +181,7 @@ func benchCDCDrain(b *testing.B, mode string) {
 
 		w = testenv.NewWriter(brokers, 1000)
 		counted := &benchCountingWriter{w: w, done: make(chan struct{}), want: int64(len(msgs))}
-		relay, err := outbox.NewCDCRelay(pool, counted, outbox.CDCConfig{Slot: slot, BatchSize: 1000,
+		relay, err := cdc.NewRelay(pool, counted, cdc.Config{Slot: slot, BatchSize: 1000,
 			Topic: func(string) string { return relayTopic }, Logger: benchLogger, RetentionInterval: time.Hour})
 		if err != nil {
 			b.Fatal(err)
@@ -254,7 +238,7 @@ func BenchmarkCDCPublishLag(b *testing.B) {
 		if mode == outbox.ModeWAL {
 			name = "mode=wal"
 		}
-		b.Run(name, func(b *testing.B) { benchCDCPublishLag(b, mode.Write(), 1000) })
+		b.Run(name, func(b *testing.B) { benchCDCPublishLag(b, cdc.Write(mode), 1000) })
 	}
 }
 
@@ -270,7 +254,7 @@ func benchCDCPublishLag(b *testing.B, write outbox.WriteFunc, rate int) {
 	w := testenv.NewWriter(brokers, 500)
 	defer benchCloseWriter(w)
 	aw := &benchAckWriter{benchTimedWriter: benchTimedWriter{w: w, phases: newBenchPhases()}, acked: acked}
-	relay, err := outbox.NewCDCRelay(pool, aw, outbox.CDCConfig{Slot: slot,
+	relay, err := cdc.NewRelay(pool, aw, cdc.Config{Slot: slot,
 		Topic: func(string) string { return topic }, Logger: benchLogger})
 	if err != nil {
 		b.Fatal(err)
@@ -318,4 +302,36 @@ func benchCDCPublishLag(b *testing.B, write outbox.WriteFunc, rate int) {
 	}
 	benchReportLag(b, events, ackLag, consumeLag)
 	b.ReportMetric(float64(walBytes)/float64(events.events), "wal-bytes/event")
+}
+
+// emittedSQL is the content Emit writes (its binary encoding, internal/wal), as
+// an SQL expression over the envelope's fields, so that a benchmark emits
+// many events in one statement. Each argument is an SQL expression.
+func emittedSQL(eventID, eventType, eventVersion, aggType, aggID, aggVersion, occurredAt, corr, cause, trace, payload string) string {
+	text := func(expr string) string {
+		return "int4send(octet_length(coalesce(" + expr + ", ''))) || convert_to(coalesce(" + expr + ", ''), 'UTF8')"
+	}
+	micros := func(expr string) string { return "int8send((extract(epoch FROM " + expr + ") * 1000000)::bigint)" }
+	return strings.Join([]string{
+		`'\x02'::bytea`, "uuid_send(" + eventID + ")", "int4send(" + eventVersion + ")", "int8send(" + aggVersion + ")",
+		micros(occurredAt), text(eventType), text(aggType), text(aggID), text(corr), text(cause), text(trace),
+		micros("clock_timestamp()"), "convert_to((" + payload + ")::jsonb::text, 'UTF8')",
+	}, " || ")
+}
+
+// newSlot names a replication slot for this test (slot names are global to
+// the cluster) and drops it when the test ends, after the relays using it
+// stopped (cleanups run last-registered first, so call it before starting
+// them): a database with a slot cannot be dropped.
+func newSlot(t testing.TB, pool *pgxpool.Pool) string {
+	t.Helper()
+	slot := testenv.Name("slot")
+	t.Cleanup(func() {
+		testenv.WaitFor(t, 20*time.Second, "the slot to be dropped", func() (bool, error) {
+			_, err := pool.Exec(context.Background(),
+				`SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_name = $1`, slot)
+			return err == nil, nil // 55006 while the walsender is still going away
+		})
+	})
+	return slot
 }

@@ -1205,3 +1205,21 @@ func benchPercentile(ds []time.Duration, q float64) time.Duration {
 }
 
 func benchMillis(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
+
+func benchWALPosition(b *testing.B, pool *pgxpool.Pool) string {
+	b.Helper()
+	var lsn string
+	if err := pool.QueryRow(context.Background(), `SELECT pg_current_wal_lsn()::text`).Scan(&lsn); err != nil {
+		b.Fatal(err)
+	}
+	return lsn
+}
+
+func benchWALSince(b *testing.B, pool *pgxpool.Pool, lsn string) int64 {
+	b.Helper()
+	var n int64
+	if err := pool.QueryRow(context.Background(), `SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), $1::pg_lsn)::bigint`, lsn).Scan(&n); err != nil {
+		b.Fatal(err)
+	}
+	return n
+}

@@ -1,8 +1,12 @@
 package outbox
 
-import "time"
+import (
+	"time"
 
-// Both relays' configs (RelayConfig, CDCConfig) follow one convention, as
+	"github.com/onceflow/onceflow/pkg/outbox/internal/outage"
+)
+
+// Both relays' configs (RelayConfig, cdc.Config) follow one convention, as
 // PruneConfig and the inbox's configs do: a zero field means its documented
 // default, a Default… constant; a negative size or duration is an error
 // from Validate, because a typo'd sign must not quietly become the default.
@@ -10,7 +14,7 @@ import "time"
 // Validate to see; the constructors call both (pkg/internal/knob).
 
 // The defaults both relays share. Each relay's own are beside its config
-// (relay_config.go, cdc_config.go).
+// (relay_config.go, package outbox/cdc's config.go).
 const (
 	// DefaultBatchSize is the most events one relay publishes at once.
 	DefaultBatchSize = 500
@@ -24,8 +28,5 @@ const (
 	DefaultOutageBackoffMin = 100 * time.Millisecond
 	// DefaultLogInterval is the most often a relay logs that a failure goes
 	// on; WatchBacklog uses it too.
-	DefaultLogInterval = 30 * time.Second
+	DefaultLogInterval = outage.DefaultLogInterval
 )
-
-// defaultTopic is both relays' default Topic: aggregateType + ".events".
-func defaultTopic(aggregateType string) string { return aggregateType + ".events" }

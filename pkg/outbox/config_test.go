@@ -49,39 +49,11 @@ func TestRelayConfigWithDefaultsKeepsNegatives(t *testing.T) {
 	}
 }
 
-func TestCDCConfigValidate(t *testing.T) {
-	t.Parallel()
-	tests := []struct {
-		name string
-		cfg  outbox.CDCConfig
-		want string // "" for valid; else a substring of the error
-	}{
-		{"zero takes the defaults", outbox.CDCConfig{}, ""},
-		{"WAL-only", outbox.CDCConfig{Mode: outbox.ModeWAL, Slot: "orders_outbox"}, ""},
-		{"negative batch size", outbox.CDCConfig{BatchSize: -1}, "CDCConfig.BatchSize is negative"},
-		{"negative retain", outbox.CDCConfig{Retain: -time.Minute}, "CDCConfig.Retain is negative (-1m0s)"},
-		{"negative max attempts", outbox.CDCConfig{MaxAttempts: -3}, "CDCConfig.MaxAttempts is negative"},
-		{"negative status interval", outbox.CDCConfig{StatusInterval: -time.Second}, "StatusInterval is negative"},
-		{"negative standby wait", outbox.CDCConfig{Standby: outbox.Standby{ReplicatedWait: -time.Second}}, "CDCConfig.Standby.ReplicatedWait is negative (-1s)"},
-		{"slot name Postgres refuses", outbox.CDCConfig{Slot: "Orders-Outbox"}, `slot name "Orders-Outbox"`},
-		{"a mode that is not log-based", outbox.CDCConfig{Mode: outbox.ModePoll}, "CDCConfig.Mode must be cdc or wal"},
-		{"backoff bounds crossed", outbox.CDCConfig{BackoffMin: 3 * time.Second}, "CDCConfig.BackoffMin (3s) exceeds BackoffMax (2s)"},
-	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			t.Parallel()
-			testenv.CheckErr(t, tt.cfg.Validate(), tt.want)
-			_, err := outbox.NewCDCRelay(testenv.LazyPool(t), nopWriter{}, tt.cfg)
-			testenv.CheckErr(t, err, tt.want)
-		})
-	}
-}
-
-// The documented defaults are the Default constants, in both relays.
+// The documented defaults are the Default constants (the log-based
+// relay's are checked in package outbox/cdc).
 func TestConfigDefaultsAreTheConstants(t *testing.T) {
 	t.Parallel()
 	r := outbox.RelayConfig{}.WithDefaults()
-	c := outbox.CDCConfig{}.WithDefaults()
 	for _, d := range []struct {
 		name      string
 		got, want any
@@ -93,23 +65,10 @@ func TestConfigDefaultsAreTheConstants(t *testing.T) {
 		{"Relay.BackoffMax", r.BackoffMax, outbox.DefaultBackoffMax},
 		{"Relay.OutageBackoffMax", r.OutageBackoffMax, outbox.DefaultOutageBackoffMax},
 		{"Relay.LogInterval", r.LogInterval, outbox.DefaultLogInterval},
-		{"CDC.Slot", c.Slot, outbox.DefaultSlot},
-		{"CDC.Mode", c.Mode, outbox.ModeCDC},
-		{"CDC.BatchSize", c.BatchSize, outbox.DefaultBatchSize},
-		{"CDC.MaxInFlight", c.MaxInFlight, 4 * outbox.DefaultBatchSize},
-		{"CDC.MaxAttempts", c.MaxAttempts, outbox.DefaultCDCMaxAttempts},
-		{"CDC.BackoffMin", c.BackoffMin, outbox.DefaultBackoffMin},
-		{"CDC.BackoffMax", c.BackoffMax, outbox.DefaultCDCBackoffMax},
-		{"CDC.OutageBackoffMax", c.OutageBackoffMax, outbox.DefaultCDCOutageBackoffMax},
-		{"CDC.Retain", c.Retain, outbox.DefaultRetain},
-		{"CDC.LogInterval", c.LogInterval, outbox.DefaultLogInterval},
 	} {
 		if d.got != d.want {
 			t.Errorf("%s = %v, want %v", d.name, d.got, d.want)
 		}
-	}
-	if d := (outbox.CDCConfig{Retain: -1}).WithDefaults(); d.Retain != -1 {
-		t.Errorf("CDCConfig.WithDefaults changed a negative Retain to %v; Validate must see it", d.Retain)
 	}
 }
 

@@ -12,6 +12,8 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/onceflow/onceflow/pkg/event"
+	"github.com/onceflow/onceflow/pkg/outbox/internal/publish"
+	"github.com/onceflow/onceflow/pkg/outbox/internal/wal"
 )
 
 // DeadEvent is an outbox row that exhausted its publish attempts.
@@ -255,12 +257,12 @@ func emitDead(ctx context.Context, tx pgx.Tx, query string, args ...any) (int, e
 	}
 	ids := make([]int64, len(dead))
 	for i, d := range dead {
-		var h envelopeHeaders
+		var h publish.Headers
 		if err := json.Unmarshal(d.headers, &h); err != nil {
 			return 0, fmt.Errorf("outbox: requeuing row %d: %w: headers: %w", d.id, ErrUndecodable, err)
 		}
 		d.ev.CorrelationID, d.ev.CausationID, d.ev.Traceparent = h.CorrelationID, h.CausationID, h.Traceparent
-		if err := Emit(ctx, tx, d.ev); err != nil {
+		if err := wal.Emit(ctx, tx, d.ev); err != nil {
 			return 0, storeErr(fmt.Sprintf("emitting row %d", d.id), err)
 		}
 		ids[i] = d.id

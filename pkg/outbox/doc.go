@@ -108,7 +108,7 @@
 // process-wide tracer provider (package tracing); without one they cost next
 // to nothing and hand the stored context on unchanged.
 //
-// Knobs and their defaults are documented on RelayConfig and CDCConfig, one
+// Knobs and their defaults are documented on RelayConfig and cdc.Config, one
 // convention for both: a zero field takes its default (a Default…
 // constant), WithDefaults fills them, Validate refuses negatives and
 // impossible combinations, the constructors call both. Metrics are
@@ -118,38 +118,15 @@
 // armed only through the test kit (outboxtest.WithCrashPoint), never in a
 // config.
 //
-// The log-based relay: CDCRelay publishes from Postgres's logical
-// replication stream instead of polling, through one pgoutput slot, from
-// two sources: the inserts into outbox_events (rows written by Enqueue,
-// never updated by the relay, deleted by its retention once the slot
-// confirmed their commit: lifecycle.go writes down every row's states and
-// transitions, and what "published" means in each mode), and
-// events written by Emit into the WAL only (pg_logical_emit_message: no
-// row, no index). The slot's confirmed position moves only after Kafka
-// acknowledged every event before it, so a relay that dies loses nothing
-// and its successor republishes what was not confirmed; commit order gives
-// each aggregate's order; one relay streams per slot while the others
-// stand by. Messages are built with the polling relay's conversion, so
-// consumers cannot tell the two apart. Each topic is written on its own, so
-// a topic that cannot be written holds back only its own events; a
-// transaction's events go to Kafka in chunks as they are decoded, so memory
-// stays bounded (MaxInFlight) whatever the transaction's size. A message
-// Kafka keeps refusing is skipped as dead (logged, counted, its row marked
-// dead) rather than holding the whole stream; in table mode its aggregate's
-// later events are held back behind it (marked dead too) until it is
-// requeued, so no consumer sees them first. So is a message under
-// EmitPrefix that is not a valid envelope. A lost or invalidated slot is
-// detected and replaced; in table mode the relay republishes the window
-// from the table before it streams, in WAL-only mode (CDCConfig.Mode) the
-// window's events are reported lost (LostSlot, a metric, a log record with
-// the LSN range). docs/runbook-cdc.md is the operator's side.
-//
-// Choosing the mode: both relays are Publishers, and NewPublisher builds
-// the one of a RelayMode (RELAY_MODE in the services) from one
-// PublisherConfig, so a service runs whichever it gets; RelayMode.Write is
-// the matching write (Emit in ModeWAL, Enqueue otherwise), and the
-// operator functions are methods of the mode too (RelayMode.Requeue,
-// RelayMode.Replay).
+// The log-based relay, which publishes from Postgres's logical replication
+// stream instead of polling (RELAY_MODE cdc and wal), is package
+// outbox/cdc, so that a service that only polls never compiles the
+// replication client. The relay modes are named here (RelayMode,
+// ParseRelayMode); the operator functions take the mode as a method
+// (RelayMode.Requeue, RelayMode.RequeueDead, RelayMode.Replay), and the
+// package-level Requeue, RequeueDead and Replay are ModePoll's. cdc.Write
+// and cdc.Queue pick a mode's write (cdc.Emit in ModeWAL, Enqueue
+// otherwise), and cdc.NewPublisher the relay of a mode.
 //
 // The schema ships as golang-migrate files in Migrations; apply them with
 // the service's own migrations, tracked in MigrationsTable.

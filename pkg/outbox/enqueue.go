@@ -8,6 +8,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/onceflow/onceflow/pkg/event"
+	"github.com/onceflow/onceflow/pkg/outbox/internal/publish"
 )
 
 // insertEvent writes one pending event. The logical partition is computed by
@@ -61,7 +62,7 @@ func Queue(b *pgx.Batch, evs ...event.Envelope) error {
 		if err := ev.Validate(); err != nil {
 			return fmt.Errorf("outbox: %s %s: %w", ev.EventType, ev.EventID, err)
 		}
-		headers, err := json.Marshal(envelopeHeaders{
+		headers, err := json.Marshal(publish.Headers{
 			CorrelationID: ev.CorrelationID,
 			CausationID:   ev.CausationID,
 			Traceparent:   ev.Traceparent,
@@ -76,11 +77,4 @@ func Queue(b *pgx.Batch, evs ...event.Envelope) error {
 			ev.CorrelationID, ev.CausationID, ev.Traceparent)
 	}
 	return nil
-}
-
-// envelopeHeaders is the JSON shape of the headers column.
-type envelopeHeaders struct {
-	CorrelationID string `json:"correlationId,omitempty"`
-	CausationID   string `json:"causationId,omitempty"`
-	Traceparent   string `json:"traceparent,omitempty"`
 }

@@ -3,10 +3,6 @@ package outbox
 import (
 	"errors"
 
-	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
-	"github.com/jackc/pgx/v5/pgproto3"
-
 	"github.com/onceflow/onceflow/pkg/pgerr"
 )
 
@@ -40,27 +36,3 @@ var storeErrors = pgerr.StoreErrors{NotFound: ErrNotFound, Unavailable: ErrUnava
 // what the driver says into this package's named errors; the driver's error
 // stays in the chain for logs.
 func storeErr(what string, err error) error { return storeErrors.Translate("outbox: "+what, err) }
-
-// SQLSTATEs the relays act on.
-const (
-	duplicateObject = "42710" // CREATE of a publication or slot that exists
-	objectInUse     = "55006" // a replication slot another connection streams from
-)
-
-func isNoRows(err error) bool { return errors.Is(err, pgx.ErrNoRows) }
-
-func isDuplicateObject(err error) bool { return sqlState(err) == duplicateObject }
-
-func isObjectInUse(err error) bool { return sqlState(err) == objectInUse }
-
-// sqlState is the SQLSTATE of the Postgres error in err's chain, "" if none.
-func sqlState(err error) string {
-	var pgErr *pgconn.PgError
-	if errors.As(err, &pgErr) {
-		return pgErr.Code
-	}
-	return ""
-}
-
-// serverError is the error a replication stream's ErrorResponse reports.
-func serverError(m *pgproto3.ErrorResponse) error { return pgconn.ErrorResponseToPgError(m) }

@@ -16,9 +16,3 @@ type RelayHealth = relayHealth
 
 // Health is the relay's health, for the fault tests.
 func (r *Relay) Health() RelayHealth { return r.health() }
-
-// RetainOnce runs one round of the log-based relay's retention (the horizon
-// moved, then the published rows older than Retain deleted), as its
-// goroutine does every RetentionInterval: the interleaving tests take it as
-// a step of its own.
-func (r *CDCRelay) RetainOnce(ctx context.Context) error { return r.deleteConfirmed(ctx) }

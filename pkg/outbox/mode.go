@@ -18,10 +18,10 @@ const (
 	// ModePoll: Enqueue writes a row, the polling Relay publishes it and
 	// marks it published.
 	ModePoll RelayMode = "poll"
-	// ModeCDC: Enqueue writes a row, a CDCRelay publishes it from the
+	// ModeCDC: Enqueue writes a row, a cdc.Relay publishes it from the
 	// replication stream and never updates it; retention deletes it.
 	ModeCDC RelayMode = "cdc"
-	// ModeWAL: Emit writes the event into the WAL only, a CDCRelay
+	// ModeWAL: cdc.Emit writes the event into the WAL only, a cdc.Relay
 	// publishes it. No row, no index.
 	ModeWAL RelayMode = "wal"
 	// ModeDebezium: Enqueue writes a row, and a publisher outside the
@@ -47,28 +47,11 @@ func ParseRelayMode(s string) (RelayMode, error) {
 // other than the service (ModeDebezium): the service then runs no relay.
 func (m RelayMode) External() bool { return m == ModeDebezium }
 
-// WriteFunc writes one event inside the caller's transaction.
+// WriteFunc writes one event inside the caller's transaction: Enqueue,
+// or cdc.Emit in ModeWAL (cdc.Write picks by mode).
 type WriteFunc func(ctx context.Context, tx pgx.Tx, ev event.Envelope) error
 
-// Write is the write of mode m: Emit for wal, Enqueue otherwise, so that
-// business code calls one function whatever relay runs.
-func (m RelayMode) Write() WriteFunc {
-	if m == ModeWAL {
-		return Emit
-	}
-	return Enqueue
-}
-
 // QueueFunc queues the write of events onto the caller's pipeline (see
-// Queue), so that a business transaction and its events take one round
+// Queue; cdc.Queue picks by mode), so that a business transaction and its events take one round
 // trip.
 type QueueFunc func(b *pgx.Batch, evs ...event.Envelope) error
-
-// Queue is the queued write of mode m: Queue, or nil for wal, whose events
-// are written with Emit (Write) in the caller's transaction.
-func (m RelayMode) Queue() QueueFunc {
-	if m == ModeWAL {
-		return nil
-	}
-	return Queue
-}

@@ -26,7 +26,7 @@ type PruneConfig struct {
 	// ago than this (by created_at). Default 0: pending rows are never
 	// touched, which is right for every relay of this package: the polling
 	// relay has yet to publish them, and the log-based relay deletes what it
-	// confirmed itself (CDCConfig.Retain).
+	// confirmed itself (cdc.Config.Retain).
 	//
 	// It is for an outbox that a publisher outside the service streams from
 	// the WAL and never marks (ModeDebezium), where every row stays pending.

@@ -11,6 +11,8 @@ import (
 
 	"github.com/onceflow/onceflow/pkg/internal/retry"
 	"github.com/onceflow/onceflow/pkg/internal/writercheck"
+	"github.com/onceflow/onceflow/pkg/outbox/internal/outage"
+	"github.com/onceflow/onceflow/pkg/outbox/internal/standby"
 )
 
 // Relay publishes pending outbox rows to Kafka and marks them published only
@@ -23,7 +25,7 @@ type Relay struct {
 	owner  *owner
 
 	// Followed for bounded-rate logs and for health.
-	kafka, claims, heartbeat, gauges, listening *outage
+	kafka, claims, heartbeat, gauges, listening *outage.Outage
 
 	// Used only by the claim loop (or relayOneBatch's caller): how many batches
 	// in a row Kafka refused as a whole; how many writes to each topic in a
@@ -40,7 +42,7 @@ type Relay struct {
 	rate   float64
 	rateAt time.Time
 	// standby is nil unless cfg.Standby.PublishReplicated.
-	standby *standbyGate
+	standby *standby.Gate
 }
 
 // NewRelay returns a relay reading the outbox in pool and writing to w.
@@ -56,7 +58,7 @@ func NewRelay(pool *pgxpool.Pool, w Writer, cfg RelayConfig) (*Relay, error) {
 		return nil, err
 	}
 	connConfig := pool.Config().ConnConfig
-	health := func(what string) *outage { return newOutage(what, cfg.Logger, cfg.LogInterval) }
+	health := func(what string) *outage.Outage { return outage.New(what, cfg.Logger, cfg.LogInterval) }
 	return &Relay{
 		pool:   pool,
 		writer: w,
@@ -75,7 +77,7 @@ func NewRelay(pool *pgxpool.Pool, w Writer, cfg RelayConfig) (*Relay, error) {
 		topicStreak:   map[string]int{},
 		deferredTypes: map[string]map[string]bool{},
 		refused:       newRefused(3 * cfg.OutageBackoffMax),
-		standby:       newStandbyGate(cfg.Standby, cfg.Metrics, cfg.Logger, cfg.LogInterval),
+		standby:       standby.NewGate(standby.Config(cfg.Standby), cfg.Metrics.set(), cfg.Logger, cfg.LogInterval),
 	}, nil
 }
 
@@ -109,7 +111,7 @@ func (r *Relay) Run(ctx context.Context) error {
 	wg.Go(func() { r.listen(ctx, wake) })
 	wg.Go(func() { r.heartbeatLoop(ctx, wake) })
 	wg.Go(func() {
-		r.cfg.Metrics.watchBacklog(ctx, r.pool, r.cfg.RebalanceInterval, r.gauges, r.cfg.Metrics.roundTrips.WithLabelValues("gauges"))
+		r.cfg.Metrics.set().WatchBacklogOf(ctx, r.pool, r.cfg.RebalanceInterval, r.gauges, r.cfg.Metrics.RoundTrips.WithLabelValues("gauges"))
 	})
 
 	poll := time.NewTimer(0)
@@ -162,11 +164,11 @@ type relayHealth struct {
 // call while Run runs.
 func (r *Relay) health() relayHealth {
 	h := relayHealth{KafkaConnected: true, PostgresConnected: true, OwnedPartitions: len(r.owner.partitions())}
-	if down, since, err := r.kafka.state(); down {
+	if down, since, err := r.kafka.State(); down {
 		h.KafkaConnected, h.KafkaDownSince, h.LastError = false, since, err.Error()
 	}
-	for _, o := range []*outage{r.claims, r.heartbeat} {
-		if down, since, err := o.state(); down {
+	for _, o := range []*outage.Outage{r.claims, r.heartbeat} {
+		if down, since, err := o.State(); down {
 			if h.PostgresConnected || since.Before(h.PostgresDownSince) {
 				h.PostgresDownSince = since
 			}
@@ -209,15 +211,15 @@ func (r *Relay) drain(ctx context.Context, armed bool, wake chan struct{}) bool 
 				return armed
 			}
 			dbStreak++
-			r.cfg.Metrics.dbErrors.WithLabelValues("claim").Inc()
-			r.claims.fail(ctx, err)
+			r.cfg.Metrics.DbErrors.WithLabelValues("claim").Inc()
+			r.claims.Fail(ctx, err)
 			if !retry.Sleep(ctx, retry.Backoff(dbStreak, r.cfg.OutageBackoffMin, r.cfg.OutageBackoffMax)) {
 				return armed
 			}
 			continue
 		}
 		dbStreak = 0
-		r.claims.ok(ctx)
+		r.claims.OK(ctx)
 		if ops.arm && !armed {
 			// Not registered (yet, or any more): the poll covers until the
 			// heartbeat registers the relay again.
@@ -260,21 +262,21 @@ func (r *Relay) noteKafka(ctx context.Context, res batchResult) bool {
 	switch {
 	case res.brokerErr != nil && res.published == 0 && res.judged == 0:
 		r.kafkaStreak++
-		r.cfg.Metrics.kafkaConnected.Set(0)
-		r.kafka.fail(ctx, res.brokerErr)
+		r.cfg.Metrics.KafkaConnected.Set(0)
+		r.kafka.Fail(ctx, res.brokerErr)
 		return true
 	case res.published > 0 || res.judged > 0:
 		r.kafkaStreak = 0
-		r.cfg.Metrics.kafkaConnected.Set(1)
+		r.cfg.Metrics.KafkaConnected.Set(1)
 		// Some partitions took writes; Kafka works again only once every
 		// event it refused has gone out (outage_refused.go).
 		if res.brokerErr != nil {
-			r.kafka.fail(ctx, res.brokerErr)
+			r.kafka.Fail(ctx, res.brokerErr)
 		} else if r.refused.waiting(time.Now()) {
-			_, _, last := r.kafka.state()
-			r.kafka.fail(ctx, last)
+			_, _, last := r.kafka.State()
+			r.kafka.Fail(ctx, last)
 		} else {
-			r.kafka.ok(ctx)
+			r.kafka.OK(ctx)
 		}
 	}
 	return false
@@ -310,13 +312,13 @@ func (r *Relay) rebalance(ctx context.Context) {
 	// query must not stop the heartbeats that follow.
 	ctx, cancel := context.WithTimeout(ctx, r.cfg.RelayTTL)
 	defer cancel()
-	err := r.owner.rebalance(ctx, r.cfg.Metrics.roundTrips.WithLabelValues("heartbeat"))
+	err := r.owner.rebalance(ctx, r.cfg.Metrics.RoundTrips.WithLabelValues("heartbeat"))
 	switch {
 	case err == nil:
-		r.heartbeat.ok(ctx)
+		r.heartbeat.OK(ctx)
 	case ctx.Err() == nil || errors.Is(ctx.Err(), context.DeadlineExceeded):
-		r.cfg.Metrics.dbErrors.WithLabelValues("heartbeat").Inc()
-		r.heartbeat.fail(ctx, err)
+		r.cfg.Metrics.DbErrors.WithLabelValues("heartbeat").Inc()
+		r.heartbeat.Fail(ctx, err)
 	}
-	r.cfg.Metrics.ownedPartitions.Set(float64(len(r.owner.partitions())))
+	r.cfg.Metrics.OwnedPartitions.Set(float64(len(r.owner.partitions())))
 }

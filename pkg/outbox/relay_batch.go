@@ -17,6 +17,8 @@ import (
 	"github.com/onceflow/onceflow/pkg/internal/faultpoint"
 	"github.com/onceflow/onceflow/pkg/internal/kafkaerr"
 	"github.com/onceflow/onceflow/pkg/internal/retry"
+	"github.com/onceflow/onceflow/pkg/outbox/internal/lifecycle"
+	"github.com/onceflow/onceflow/pkg/outbox/internal/publish"
 )
 
 // batchResult is what one batch did.
@@ -72,7 +74,7 @@ func (r *Relay) relayBatch(ctx context.Context, ops wakeOps) (res batchResult, e
 			// open: end it, so that the connection goes back to the pool
 			// clean (the pool would destroy it otherwise).
 			rctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-			r.cfg.Metrics.roundTrips.WithLabelValues("rollback").Inc()
+			r.cfg.Metrics.RoundTrips.WithLabelValues("rollback").Inc()
 			_, _ = conn.Exec(rctx, "rollback")
 			cancel()
 		}
@@ -95,8 +97,8 @@ func (r *Relay) relayBatch(ctx context.Context, ops wakeOps) (res batchResult, e
 		claim.Queue(undeferOutage, owned, undefer)
 	}
 	claim.Queue(claimBatch, r.cfg.BatchSize, owned)
-	r.cfg.Metrics.roundTrips.WithLabelValues("claim").Inc()
-	r.cfg.Metrics.claims.Inc()
+	r.cfg.Metrics.RoundTrips.WithLabelValues("claim").Inc()
+	r.cfg.Metrics.Claims.Inc()
 	inTx = true
 	batch, armed, err := r.readClaim(claim, conn.SendBatch(ctx, claim), ops.arm)
 	res.armed = armed
@@ -105,8 +107,8 @@ func (r *Relay) relayBatch(ctx context.Context, ops wakeOps) (res batchResult, e
 	}
 	rate := r.noteRate(len(batch), time.Now())
 	if len(batch) == 0 {
-		r.cfg.Metrics.emptyClaims.Inc()
-		r.cfg.Metrics.roundTrips.WithLabelValues("commit").Inc()
+		r.cfg.Metrics.EmptyClaims.Inc()
+		r.cfg.Metrics.RoundTrips.WithLabelValues("commit").Inc()
 		inTx = false
 		if _, err := conn.Exec(ctx, "commit"); err != nil {
 			return res, fmt.Errorf("ending an empty claim: %w", err)
@@ -116,8 +118,8 @@ func (r *Relay) relayBatch(ctx context.Context, ops wakeOps) (res batchResult, e
 		}
 		return res, nil
 	}
-	r.cfg.Metrics.batchSize.Observe(float64(len(batch)))
-	if err := r.standby.await(ctx, conn); err != nil {
+	r.cfg.Metrics.BatchSize.Observe(float64(len(batch)))
+	if err := r.standby.Await(ctx, conn); err != nil {
 		// The rows stay pending, uncharged: the rollback releases them,
 		// and the relay backs off as from any Postgres outage.
 		return res, err
@@ -126,18 +128,18 @@ func (r *Relay) relayBatch(ctx context.Context, ops wakeOps) (res batchResult, e
 	// Publish only what can be published in order: an undecodable row, and
 	// the later rows of its aggregate, stay behind it.
 	held := map[string]bool{} // aggregates with an earlier row of this batch not published
-	var publish []claimed
+	var sends []publish.Claimed
 	for _, c := range batch {
 		switch {
-		case c.undecodable != nil:
-			held[c.aggregate] = true
-		case !held[c.aggregate]:
-			publish = append(publish, c)
+		case c.Undecodable != nil:
+			held[c.Aggregate] = true
+		case !held[c.Aggregate]:
+			sends = append(sends, c)
 		}
 	}
-	endSends := startSends(ctx, publish)
+	endSends := publish.StartSends(ctx, sends)
 	publishCtx, cancel := context.WithTimeout(ctx, r.cfg.PublishTimeout)
-	errs := publishBatch(publishCtx, r.writer, publish)
+	errs := publish.Batch(publishCtx, r.writer, sends)
 	cancel()
 	endSends(errs)
 	if ctx.Err() != nil {
@@ -146,15 +148,15 @@ func (r *Relay) relayBatch(ctx context.Context, ops wakeOps) (res batchResult, e
 	if err := faultpoint.Pass(ctx, faultpoint.OutboxAfterAck); err != nil {
 		return res, err
 	}
-	cause := make(map[int64]error, len(publish))
-	for i, c := range publish {
-		cause[c.id] = errs[i]
+	cause := make(map[int64]error, len(sends))
+	for i, c := range sends {
+		cause[c.ID] = errs[i]
 	}
 
 	res.claimed = len(batch)
 	var (
 		published             []int64
-		failed                []claimed
+		failed                []publish.Claimed
 		failedCauses          []error
 		deferIDs, deferDelays []int64
 		deferErrs             []string
@@ -164,59 +166,59 @@ func (r *Relay) relayBatch(ctx context.Context, ops wakeOps) (res batchResult, e
 	clear(held)
 	now := time.Now()
 	for _, c := range batch {
-		err, sent := cause[c.id]
-		if c.undecodable != nil {
-			err = c.undecodable
+		err, sent := cause[c.ID]
+		if c.Undecodable != nil {
+			err = c.Undecodable
 		}
-		if sent && err != nil && !kafkaerr.IsMessageError(err) && !errors.Is(err, errHeldBack) {
-			r.cfg.Metrics.kafkaErrors.Inc()
+		if sent && err != nil && !kafkaerr.IsMessageError(err) && !errors.Is(err, publish.ErrHeldBack) {
+			r.cfg.Metrics.KafkaErrors.Inc()
 		}
 		switch {
-		case held[c.aggregate] || errors.Is(err, errHeldBack):
+		case held[c.Aggregate] || errors.Is(err, publish.ErrHeldBack):
 			// An earlier event of this aggregate failed: leave this one
 			// pending and untouched, so that it is retried after that event
 			// and keeps order. writeTopic did not give it to the broker; the
 			// failed row now holds the aggregate back (claimBatch).
 		case err == nil:
-			published = append(published, c.id)
-			okTopics[c.msg.Topic] = true
-			r.refused.take(c.msg.Topic, c.aggregate)
-			r.cfg.Metrics.publishLag.Observe(now.Sub(c.createdAt).Seconds())
-			if c.attempts > 0 {
-				r.cfg.Metrics.retries.Inc()
+			published = append(published, c.ID)
+			okTopics[c.Msg.Topic] = true
+			r.refused.take(c.Msg.Topic, c.Aggregate)
+			r.cfg.Metrics.PublishLag.Observe(now.Sub(c.CreatedAt).Seconds())
+			if c.Attempts > 0 {
+				r.cfg.Metrics.Retries.Inc()
 			}
-		case c.undecodable != nil || kafkaerr.IsMessageError(err):
-			held[c.aggregate] = true
+		case c.Undecodable != nil || kafkaerr.IsMessageError(err):
+			held[c.Aggregate] = true
 			res.judged++
-			if c.undecodable == nil {
-				okTopics[c.msg.Topic] = true
+			if c.Undecodable == nil {
+				okTopics[c.Msg.Topic] = true
 			}
 			failed, failedCauses = append(failed, c), append(failedCauses, err)
 		default:
-			held[c.aggregate] = true
-			brokerTopics[c.msg.Topic] = true
-			r.refused.refuse(c.msg.Topic, c.aggregate, now)
+			held[c.Aggregate] = true
+			brokerTopics[c.Msg.Topic] = true
+			r.refused.refuse(c.Msg.Topic, c.Aggregate, now)
 			if res.brokerErr == nil {
 				res.brokerErr = err
 			}
 			// Deferred by how long this topic has been failing, so a topic
 			// that stays unavailable is retried ever less often while the
 			// other topics flow.
-			delay := retry.Backoff(r.topicStreak[c.msg.Topic]+1, r.cfg.OutageBackoffMin, r.cfg.OutageBackoffMax)
-			deferIDs, deferErrs, deferDelays = append(deferIDs, c.id), append(deferErrs, err.Error()), append(deferDelays, delay.Microseconds())
-			if r.deferredTypes[c.msg.Topic] == nil {
-				r.deferredTypes[c.msg.Topic] = map[string]bool{}
+			delay := retry.Backoff(r.topicStreak[c.Msg.Topic]+1, r.cfg.OutageBackoffMin, r.cfg.OutageBackoffMax)
+			deferIDs, deferErrs, deferDelays = append(deferIDs, c.ID), append(deferErrs, err.Error()), append(deferDelays, delay.Microseconds())
+			if r.deferredTypes[c.Msg.Topic] == nil {
+				r.deferredTypes[c.Msg.Topic] = map[string]bool{}
 			}
-			r.deferredTypes[c.msg.Topic][c.aggType] = true
+			r.deferredTypes[c.Msg.Topic][c.AggType] = true
 		}
 	}
 
 	finish := &pgx.Batch{}
 	delays := make([]time.Duration, len(failed))
 	for i, c := range failed {
-		r.cfg.Metrics.failures.Inc()
-		delays[i] = retry.Backoff(c.attempts+1, r.cfg.BackoffMin, r.cfg.BackoffMax)
-		finish.Queue(markFailed, c.id, failedCauses[i].Error(), delays[i].Microseconds(), r.cfg.MaxAttempts)
+		r.cfg.Metrics.Failures.Inc()
+		delays[i] = retry.Backoff(c.Attempts+1, r.cfg.BackoffMin, r.cfg.BackoffMax)
+		finish.Queue(markFailed, c.ID, failedCauses[i].Error(), delays[i].Microseconds(), r.cfg.MaxAttempts)
 	}
 	if len(published) > 0 {
 		finish.Queue(markPublished, published)
@@ -229,7 +231,7 @@ func (r *Relay) relayBatch(ctx context.Context, ops wakeOps) (res batchResult, e
 		finish.Queue(disarm, r.cfg.ID)
 	}
 	finish.Queue("commit")
-	r.cfg.Metrics.roundTrips.WithLabelValues("commit").Inc()
+	r.cfg.Metrics.RoundTrips.WithLabelValues("commit").Inc()
 	states, marked, err := readFinish(conn.SendBatch(ctx, finish), len(failed), len(published) > 0)
 	if err != nil {
 		return res, err
@@ -238,13 +240,13 @@ func (r *Relay) relayBatch(ctx context.Context, ops wakeOps) (res batchResult, e
 	res.disarmed = disarming
 	if marked != int64(len(published)) {
 		// The claim holds the rows locked, so this is a bug, not a race: seen.
-		r.cfg.Metrics.refuse(ctx, r.cfg.Logger, transitionMarkPublished, "claimed rows were not pending when marked published",
+		r.cfg.Metrics.set().Refuse(ctx, r.cfg.Logger, lifecycle.TransitionMarkPublished, "claimed rows were not pending when marked published",
 			slog.Int("published", len(published)), slog.Int64("marked", marked))
 	}
 	for i, c := range failed {
 		if states[i] == "" {
-			r.cfg.Metrics.refuse(ctx, r.cfg.Logger, transitionMarkFailed, "a claimed row was not pending when its failure was recorded",
-				slog.Int64("outbox_id", c.id))
+			r.cfg.Metrics.set().Refuse(ctx, r.cfg.Logger, lifecycle.TransitionMarkFailed, "a claimed row was not pending when its failure was recorded",
+				slog.Int64("outbox_id", c.ID))
 			continue
 		}
 		r.logFailed(ctx, c, failedCauses[i], delays[i], states[i])
@@ -269,13 +271,13 @@ func (r *Relay) relayBatch(ctx context.Context, ops wakeOps) (res batchResult, e
 		delete(r.deferredTypes, topic)
 	}
 	res.published = len(published)
-	r.cfg.Metrics.published.Add(float64(len(published)))
+	r.cfg.Metrics.Published.Add(float64(len(published)))
 	return res, nil
 }
 
 // readClaim reads the results of the claim's pipeline, in the order
 // relayBatch queued them, and reports whether arming took.
-func (r *Relay) readClaim(b *pgx.Batch, br pgx.BatchResults, arming bool) (batch []claimed, armed bool, err error) {
+func (r *Relay) readClaim(b *pgx.Batch, br pgx.BatchResults, arming bool) (batch []publish.Claimed, armed bool, err error) {
 	defer func() {
 		if cerr := br.Close(); err == nil && cerr != nil {
 			err = fmt.Errorf("claiming batch: %w", cerr)
@@ -340,39 +342,39 @@ func readFinish(br pgx.BatchResults, failed int, published bool) (states []strin
 // scanClaimed reads one claimed row. A row whose headers cannot be decoded
 // is returned with undecodable set rather than failing the claim: the claim
 // would fail the same way on every try, and nothing else would ever move.
-func (r *Relay) scanClaimed(row pgx.CollectableRow) (claimed, error) {
+func (r *Relay) scanClaimed(row pgx.CollectableRow) (publish.Claimed, error) {
 	var (
-		c       claimed
+		c       publish.Claimed
 		ev      event.Envelope
 		headers []byte
 	)
 	// *[16]byte, not *uuid.UUID: pgx decodes it natively instead of
 	// through sql.Scanner and text, a tenth of the claim's CPU.
-	err := row.Scan(&c.id, (*[16]byte)(&ev.EventID), &ev.AggregateType, &ev.AggregateID, &ev.AggregateVersion,
-		&ev.EventType, &ev.EventVersion, &ev.Payload, &headers, &ev.OccurredAt, &c.createdAt, &c.attempts)
+	err := row.Scan(&c.ID, (*[16]byte)(&ev.EventID), &ev.AggregateType, &ev.AggregateID, &ev.AggregateVersion,
+		&ev.EventType, &ev.EventVersion, &ev.Payload, &headers, &ev.OccurredAt, &c.CreatedAt, &c.Attempts)
 	if err != nil {
 		return c, err
 	}
-	c.aggType = ev.AggregateType
-	c.aggregate = ev.AggregateType + "\x00" + ev.AggregateID
-	var h envelopeHeaders
+	c.AggType = ev.AggregateType
+	c.Aggregate = ev.AggregateType + "\x00" + ev.AggregateID
+	var h publish.Headers
 	if err := json.Unmarshal(headers, &h); err != nil {
-		c.msg.Topic = r.cfg.Topic(ev.AggregateType)
-		c.undecodable = fmt.Errorf("%w: event %s: decoding the headers column: %w", ErrUndecodable, ev.EventID, err)
+		c.Msg.Topic = r.cfg.Topic(ev.AggregateType)
+		c.Undecodable = fmt.Errorf("%w: event %s: decoding the headers column: %w", ErrUndecodable, ev.EventID, err)
 		return c, nil
 	}
 	ev.CorrelationID, ev.CausationID, ev.Traceparent = h.CorrelationID, h.CausationID, h.Traceparent
-	c.msg = event.ToKafka(r.cfg.Topic(ev.AggregateType), ev)
+	c.Msg = event.ToKafka(r.cfg.Topic(ev.AggregateType), ev)
 	return c, nil
 }
 
 // logFailed logs a row whose publish failed because of the message, now
 // that its new state is committed.
-func (r *Relay) logFailed(ctx context.Context, c claimed, cause error, delay time.Duration, state string) {
-	log := r.cfg.Logger.With(slog.Int64("outbox_id", c.id), slog.String("topic", c.msg.Topic),
-		slog.Int("attempt", c.attempts+1), slog.Any("error", cause))
+func (r *Relay) logFailed(ctx context.Context, c publish.Claimed, cause error, delay time.Duration, state string) {
+	log := r.cfg.Logger.With(slog.Int64("outbox_id", c.ID), slog.String("topic", c.Msg.Topic),
+		slog.Int("attempt", c.Attempts+1), slog.Any("error", cause))
 	if state == "dead" {
-		r.cfg.Metrics.deadTotal.Inc()
+		r.cfg.Metrics.DeadTotal.Inc()
 		log.ErrorContext(ctx, "outbox event is dead after its last attempt; its aggregate's later events wait until it is requeued")
 		return
 	}

@@ -9,6 +9,8 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/onceflow/onceflow/pkg/internal/knob"
+	"github.com/onceflow/onceflow/pkg/outbox/internal/publish"
+	"github.com/onceflow/onceflow/pkg/outbox/internal/standby"
 )
 
 // The polling relay's own defaults, what a zero RelayConfig field means;
@@ -28,7 +30,7 @@ const (
 	DefaultLockTimeout = 10 * time.Second
 	// DefaultMaxAttempts is how many publishes that failed because of the
 	// message make a row dead. The log-based relay gives an event fewer
-	// (DefaultCDCMaxAttempts): the polling relay sets a failing row aside
+	// (cdc.DefaultMaxAttempts): the polling relay sets a failing row aside
 	// and goes on with the other aggregates, a stream waits for it.
 	DefaultMaxAttempts = 10
 	// DefaultBackoffMax caps the delay before such a row is tried again.
@@ -108,7 +110,7 @@ type RelayConfig struct {
 	// Metrics receives the relay's metrics. Default: none.
 	Metrics *Metrics
 	// Standby makes the relay publish only what the standbys have flushed
-	// (replicated.go). Default: off, publish what the primary committed.
+	// (internal/standby). Default: off, publish what the primary committed.
 	Standby Standby
 }
 
@@ -120,7 +122,7 @@ func (c RelayConfig) WithDefaults() RelayConfig {
 		c.ID = fmt.Sprintf("%s-%d-%s", host, os.Getpid(), uuid.NewString()[:8])
 	}
 	if c.Topic == nil {
-		c.Topic = defaultTopic
+		c.Topic = publish.DefaultTopic
 	}
 	knob.Default(&c.BatchSize, DefaultBatchSize)
 	knob.Default(&c.PollInterval, DefaultPollInterval)
@@ -152,7 +154,7 @@ func (c RelayConfig) Validate() error {
 	if err := knob.RefuseNegative(name, c); err != nil {
 		return err
 	}
-	if err := c.Standby.validate(name); err != nil {
+	if err := standby.Config(c.Standby).Validate(name); err != nil {
 		return err
 	}
 	d := c.WithDefaults()

@@ -93,7 +93,7 @@ ORDER BY o.id
 LIMIT $1
 FOR UPDATE OF o`
 
-// markPublished is the polling relay's claimed → published (lifecycle.go);
+// markPublished is the polling relay's claimed → published (internal/lifecycle);
 // the caller checks that every row it names was pending.
 const markPublished = `
 UPDATE outbox_events

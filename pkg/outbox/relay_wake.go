@@ -50,12 +50,12 @@ type wakeOps struct {
 // failure; the poll covers the time without.
 func (r *Relay) listen(ctx context.Context, wake chan<- struct{}) {
 	for streak := 1; ctx.Err() == nil; streak++ {
-		err := r.listenOnce(ctx, wake, func() { streak = 0; r.listening.ok(ctx) })
+		err := r.listenOnce(ctx, wake, func() { streak = 0; r.listening.OK(ctx) })
 		if ctx.Err() != nil {
 			return
 		}
-		r.cfg.Metrics.dbErrors.WithLabelValues("listen").Inc()
-		r.listening.fail(ctx, err)
+		r.cfg.Metrics.DbErrors.WithLabelValues("listen").Inc()
+		r.listening.Fail(ctx, err)
 		if !retry.Sleep(ctx, retry.Backoff(max(streak, 1), r.cfg.OutageBackoffMin, r.cfg.OutageBackoffMax)) {
 			return
 		}
@@ -72,7 +72,7 @@ func (r *Relay) listenOnce(ctx context.Context, wake chan<- struct{}, listening 
 	// Take the connection out of the pool: its LISTEN must not leak to other users.
 	conn := pooled.Hijack()
 	defer conn.Close(context.Background())
-	r.cfg.Metrics.roundTrips.WithLabelValues("listen").Inc()
+	r.cfg.Metrics.RoundTrips.WithLabelValues("listen").Inc()
 	if _, err := conn.Exec(ctx, "LISTEN "+notifyChannel); err != nil {
 		return err
 	}

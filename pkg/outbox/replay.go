@@ -99,7 +99,7 @@ func Replay(ctx context.Context, db DB, f ReplayFilter, dryRun bool) ([]ReplayIt
 
 // Replay is what the package-level Replay does, for a service whose relay
 // runs in mode m. In ModeCDC the scope is the rows still in the table whose
-// position the relay confirmed (CDCConfig.Retain keeps them, one minute by
+// position the relay confirmed (cdc.Config.Retain keeps them, one minute by
 // default: set it to the window you may need to replay), each written
 // again as a new row; the items returned name the new rows. In
 // ModeDebezium the table cannot tell what Debezium has published, so the

@@ -17,6 +17,7 @@ import (
 
 	"github.com/onceflow/onceflow/pkg/event"
 	"github.com/onceflow/onceflow/pkg/outbox"
+	"github.com/onceflow/onceflow/pkg/outbox/cdc"
 	"github.com/onceflow/onceflow/pkg/outbox/outboxtest"
 	"github.com/onceflow/onceflow/platform/kafkautil"
 	"github.com/onceflow/onceflow/platform/outboxhttp"
@@ -54,7 +55,7 @@ func TestOperatorActionsInEveryRelayMode(t *testing.T) {
 
 			startRelay(t, pool, brokers, topic, mode)
 			live := thing("a-1", 1)
-			write(t, pool, mode.Write(), live)
+			write(t, pool, cdc.Write(mode), live)
 			seen.waitFor(t, live.EventID, 1, "the relay to publish a fresh event")
 
 			srv := httptest.NewServer(modeHandler(pool, mode))
@@ -110,10 +111,10 @@ func startRelay(t *testing.T, pool *pgxpool.Pool, brokers []string, topic string
 	w := kafkautil.NewWriter(brokers, 100)
 	t.Cleanup(func() { w.Close() })
 	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
-	cfg := outbox.PublisherConfig{
+	cfg := cdc.PublisherConfig{
 		Mode: mode, Topic: func(string) string { return topic }, Logger: quiet,
 		Poll: outbox.RelayConfig{PollInterval: 100 * time.Millisecond},
-		CDC:  outbox.CDCConfig{StatusInterval: 100 * time.Millisecond, RetentionInterval: 100 * time.Millisecond},
+		CDC:  cdc.Config{StatusInterval: 100 * time.Millisecond, RetentionInterval: 100 * time.Millisecond},
 	}
 	if mode != outbox.ModePoll {
 		cfg.CDC.Slot = testinfra.Name("slot")
@@ -127,7 +128,7 @@ func startRelay(t *testing.T, pool *pgxpool.Pool, brokers []string, topic string
 			})
 		})
 	}
-	relay, err := outbox.NewPublisher(pool, w, cfg)
+	relay, err := cdc.NewPublisher(pool, w, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -140,8 +141,8 @@ func startRelay(t *testing.T, pool *pgxpool.Pool, brokers []string, topic string
 			t.Errorf("relay: %v", err)
 		}
 	})
-	if cdc, ok := relay.(*outbox.CDCRelay); ok {
-		testinfra.WaitFor(t, 20*time.Second, "the relay to stream", func() (bool, error) { return cdc.Active(), nil })
+	if logBased, ok := relay.(*cdc.Relay); ok {
+		testinfra.WaitFor(t, 20*time.Second, "the relay to stream", func() (bool, error) { return logBased.Active(), nil })
 	}
 }
 

@@ -19,6 +19,7 @@ import (
 
 	"github.com/onceflow/onceflow/pkg/event"
 	"github.com/onceflow/onceflow/pkg/outbox"
+	"github.com/onceflow/onceflow/pkg/outbox/cdc"
 	"github.com/onceflow/onceflow/platform/pgroles/pgrolestest"
 	"github.com/onceflow/onceflow/platform/pgutil"
 	"github.com/onceflow/onceflow/platform/testinfra"
@@ -271,8 +272,8 @@ FROM pg_publication p WHERE p.pubname = $1`, cfg["publication.name"]).Scan(&pubT
 		t.Errorf("publication %s covers %v (insert %v, update %v, delete %v); want outbox_events, inserts only",
 			cfg["publication.name"], pubTables, inserts, updates, deletes)
 	}
-	if cfg["publication.name"] != outbox.Publication || cfg["table.include.list"] != "public.outbox_events" || cfg["plugin.name"] != "pgoutput" {
-		t.Errorf("publication.name, table.include.list and plugin.name must be %s, public.outbox_events and pgoutput", outbox.Publication)
+	if cfg["publication.name"] != cdc.Publication || cfg["table.include.list"] != "public.outbox_events" || cfg["plugin.name"] != "pgoutput" {
+		t.Errorf("publication.name, table.include.list and plugin.name must be %s, public.outbox_events and pgoutput", cdc.Publication)
 	}
 }
 

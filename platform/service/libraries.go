@@ -5,6 +5,7 @@ import (
 
 	"github.com/onceflow/onceflow/pkg/inbox"
 	"github.com/onceflow/onceflow/pkg/outbox"
+	"github.com/onceflow/onceflow/pkg/outbox/cdc"
 	"github.com/onceflow/onceflow/platform/inboxhttp"
 	"github.com/onceflow/onceflow/platform/lifecycle"
 	"github.com/onceflow/onceflow/platform/outboxhttp"
@@ -14,10 +15,10 @@ import (
 // publisher as cfg says (its Logger defaults to the service's), writing to
 // w, on a pool of its own (OwnPool, RelayPoolConns): in the pool the API's
 // requests and a consumer's transactions share, each claim would wait for
-// a connection first. It prepares the relay (Publisher.Prepare: in
+// a connection first. It prepares the relay (cdc.Publisher.Prepare: in
 // RELAY_MODE=wal, the slot exists before anything is emitted) and returns
 // its stage for Run.
-func (s *Service) OutboxRelay(ctx context.Context, w outbox.Writer, cfg outbox.PublisherConfig) (lifecycle.Stage, error) {
+func (s *Service) OutboxRelay(ctx context.Context, w outbox.Writer, cfg cdc.PublisherConfig) (lifecycle.Stage, error) {
 	pool, err := s.OwnPool(ctx, RelayPoolConns)
 	if err != nil {
 		return lifecycle.Stage{}, err
@@ -25,7 +26,7 @@ func (s *Service) OutboxRelay(ctx context.Context, w outbox.Writer, cfg outbox.P
 	if cfg.Logger == nil {
 		cfg.Logger = s.Logger
 	}
-	relay, err := outbox.NewPublisher(pool, w, cfg)
+	relay, err := cdc.NewPublisher(pool, w, cfg)
 	if err != nil {
 		return lifecycle.Stage{}, err
 	}
@@ -37,8 +38,8 @@ func (s *Service) OutboxRelay(ctx context.Context, w outbox.Writer, cfg outbox.P
 	// And after a failover, until the relay holds a slot on the promoted
 	// server again (Emit refuses meanwhile): not ready, so that a load
 	// balancer sends the writes elsewhere or waits.
-	if cdc, ok := relay.(*outbox.CDCRelay); ok && cfg.Mode == outbox.ModeWAL {
-		s.AddCheck("replication slot", cdc.SlotReady)
+	if logBased, ok := relay.(*cdc.Relay); ok && cfg.Mode == outbox.ModeWAL {
+		s.AddCheck("replication slot", logBased.SlotReady)
 	}
 	return lifecycle.Stage{Name: "outbox relay (" + string(cfg.Mode) + ")", Run: relay.Run}, nil
 }

@@ -15,6 +15,7 @@ import (
 	"github.com/onceflow/onceflow/pkg/event"
 	"github.com/onceflow/onceflow/pkg/inbox"
 	"github.com/onceflow/onceflow/pkg/outbox"
+	"github.com/onceflow/onceflow/pkg/outbox/cdc"
 )
 
 // The order events billing understands (published by the orders service).
@@ -95,10 +96,10 @@ func New(pool *pgxpool.Pool, logger *slog.Logger, now func() time.Time) *Billing
 }
 
 // WithRelayMode makes billing write its events as mode m's relay reads
-// them: outbox.Emit under RELAY_MODE=wal (outbox.RelayMode.Write), into the
+// them: cdc.Emit under RELAY_MODE=wal (cdc.Write), into the
 // outbox table otherwise.
 func (b *Billing) WithRelayMode(m outbox.RelayMode) *Billing {
-	b.write, b.queue = m.Write(), m.Queue()
+	b.write, b.queue = cdc.Write(m), cdc.Queue(m)
 	return b
 }
 

@@ -130,11 +130,11 @@ type Options struct {
 	// NaiveTopic is the topic NaivePublisher produces to.
 	NaiveTopic string
 	// WriteEvent writes an order's event in its transaction: outbox.Enqueue
-	// (the default; RELAY_MODE poll and cdc) or outbox.Emit (wal), as
-	// outbox.RelayMode.Write picks.
+	// (the default; RELAY_MODE poll and cdc) or cdc.Emit (wal), as
+	// cdc.Write picks.
 	WriteEvent outbox.WriteFunc
 	// QueueEvent queues a new order's event onto the pipeline that writes
-	// the order (Store.PlaceInPipeline), as outbox.RelayMode.Queue picks:
+	// the order (Store.PlaceInPipeline), as cdc.Queue picks:
 	// outbox.Queue, the default when WriteEvent is nil too. When it is nil
 	// and WriteEvent is not (wal), orders are placed statement by statement
 	// with WriteEvent.

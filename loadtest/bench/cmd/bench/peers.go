@@ -22,6 +22,7 @@ import (
 	"github.com/onceflow/onceflow/loadtest/bench/rig"
 	"github.com/onceflow/onceflow/pkg/event"
 	"github.com/onceflow/onceflow/pkg/outbox"
+	"github.com/onceflow/onceflow/pkg/outbox/cdc"
 	"github.com/onceflow/onceflow/platform/harness"
 	"github.com/onceflow/onceflow/platform/kafkautil"
 	"github.com/onceflow/onceflow/platform/pgutil"
@@ -312,7 +313,7 @@ func (e peerEnv) run(ctx context.Context, relay string, round int) (PeerRun, err
 
 	paced := 0
 	for _, rate := range e.o.peers.rates {
-		p, err := e.paced(ctx, s.pool, s.mode.Write(), s.topic, rate)
+		p, err := e.paced(ctx, s.pool, cdc.Write(s.mode), s.topic, rate)
 		if err != nil {
 			return r, fmt.Errorf("paced %d/s: %w", rate, err)
 		}
@@ -467,7 +468,7 @@ func (e peerEnv) waitFlowing(ctx context.Context, pool *pgxpool.Pool, mode outbo
 	if err != nil {
 		return err
 	}
-	write := mode.Write()
+	write := cdc.Write(mode)
 	for deadline := time.Now().Add(2 * time.Minute); time.Now().Before(deadline); {
 		if err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error { return write(ctx, tx, peerEvent(-1)) }); err != nil {
 			return err
@@ -561,7 +562,7 @@ func commitEvents(ctx context.Context, pool *pgxpool.Pool, mode outbox.RelayMode
 		}
 	} else {
 		for i := range n {
-			if err := outbox.Emit(ctx, tx, peerEvent(i)); err != nil {
+			if err := cdc.Emit(ctx, tx, peerEvent(i)); err != nil {
 				return time.Time{}, err
 			}
 		}

@@ -17,6 +17,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/onceflow/onceflow/pkg/outbox"
+	"github.com/onceflow/onceflow/pkg/outbox/cdc"
 )
 
 // The peers part's reference drain (issue 23: drain ÷ pg_recvlogical
@@ -25,7 +26,7 @@ import (
 // relay's drains commit, and writes what it receives to a pipe the bench
 // reads, so its figure is the walsender's decoding and sending and nothing
 // else. It reads pgoutput with the options the platform's relay passes
-// (pkg/outbox/cdc_stream.go: proto_version 1, the outbox's publication,
+// (pkg/outbox/cdc/stream.go: proto_version 1, the outbox's publication,
 // messages true), which pg_recvlogical passes with -o, so the walsender
 // decodes and sends exactly what it sends that relay.
 
@@ -65,7 +66,7 @@ func (e peerEnv) recvDrains(ctx context.Context, name string, mode outbox.RelayM
 	}
 	defer recv.stop()
 
-	if err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error { return mode.Write()(ctx, tx, peerEvent(-1)) }); err != nil {
+	if err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error { return cdc.Write(mode)(ctx, tx, peerEvent(-1)) }); err != nil {
 		return 0, 0, err
 	}
 	if _, err := recv.next(ctx, 1, 2*time.Minute); err != nil {
@@ -116,7 +117,7 @@ func startRecv(ctx context.Context, bin, dbURL, slot, stderr string) (*recvProc,
 	// a lost connection ends it instead of retrying.
 	cmd := exec.CommandContext(rctx, bin, "--start", "--slot", slot, "--dbname", dbURL, "--file", "-",
 		"--no-loop", "--fsync-interval", "0",
-		"--option", "proto_version=1", "--option", "publication_names="+outbox.Publication, "--option", "messages=true")
+		"--option", "proto_version=1", "--option", "publication_names="+cdc.Publication, "--option", "messages=true")
 	// Stopped with SIGINT, it tells the server where it got to and exits
 	// (Postgres 15's then logs "unexpected termination of replication
 	// stream" to its stderr file: that is the stop, not a failure).

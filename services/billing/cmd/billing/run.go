@@ -8,8 +8,8 @@ import (
 
 	"github.com/onceflow/onceflow/pkg/crashpoint"
 	"github.com/onceflow/onceflow/pkg/inbox"
-
 	"github.com/onceflow/onceflow/pkg/outbox"
+	"github.com/onceflow/onceflow/pkg/outbox/cdc"
 	"github.com/onceflow/onceflow/platform/config"
 	"github.com/onceflow/onceflow/platform/crash"
 	"github.com/onceflow/onceflow/platform/kafkautil"
@@ -43,7 +43,7 @@ type Config struct {
 	// RelayMode is poll (outbox rows, the polling relay), cdc (outbox rows,
 	// the log-based relay reading the replication stream; rows are deleted
 	// once confirmed) or wal (events written only to the WAL with
-	// outbox.Emit, the log-based relay). See docs/runbook-cdc.md.
+	// cdc.Emit, the log-based relay). See docs/runbook-cdc.md.
 	RelayMode string `env:"RELAY_MODE" envDefault:"poll"`
 	// ReplicationDatabaseURL is the log-based relay's walsender connection:
 	// a role with the REPLICATION attribute. Empty: DATABASE_URL.
@@ -121,10 +121,10 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout 
 
 	writer := kafkautil.NewWriter(cfg.KafkaBrokers, kafkautil.RelayBatchSize, kafkautil.WithSecurity(kafkaSecurity))
 	defer writer.Close()
-	relay, err := svc.OutboxRelay(ctx, writer, outbox.PublisherConfig{
+	relay, err := svc.OutboxRelay(ctx, writer, cdc.PublisherConfig{
 		Mode: relayMode, Topic: func(string) string { return cfg.BillingTopic }, Metrics: outbox.NewMetrics(svc.Registry),
 		Poll: outbox.RelayConfig{Standby: outbox.Standby{PublishReplicated: cfg.OutboxPublishReplicated}},
-		CDC: outbox.CDCConfig{Slot: cfg.OutboxSlot, ReplicationURL: cfg.ReplicationDatabaseURL,
+		CDC: cdc.Config{Slot: cfg.OutboxSlot, ReplicationURL: cfg.ReplicationDatabaseURL,
 			Standby: outbox.Standby{PublishReplicated: cfg.OutboxPublishReplicated}},
 	})
 	if err != nil {

@@ -8,6 +8,7 @@ import (
 
 	"github.com/onceflow/onceflow/pkg/crashpoint"
 	"github.com/onceflow/onceflow/pkg/outbox"
+	"github.com/onceflow/onceflow/pkg/outbox/cdc"
 	"github.com/onceflow/onceflow/platform/config"
 	"github.com/onceflow/onceflow/platform/crash"
 	"github.com/onceflow/onceflow/platform/kafkautil"
@@ -51,7 +52,7 @@ type Config struct {
 	// RelayMode is poll (outbox rows, the polling relay), cdc (outbox rows,
 	// the log-based relay reading the replication stream; rows are deleted
 	// once confirmed), wal (events written only to the WAL with
-	// outbox.Emit, the log-based relay), or debezium (outbox rows that
+	// cdc.Emit, the log-based relay), or debezium (outbox rows that
 	// Debezium publishes from its own slot: no relay runs here; see
 	// docs/debezium). See docs/runbook-cdc.md.
 	RelayMode string `env:"RELAY_MODE" envDefault:"poll"`
@@ -120,7 +121,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout 
 	if err != nil {
 		return err
 	}
-	opts := orders.Options{CrashPoint: crashPoint, WriteEvent: relayMode.Write(), QueueEvent: relayMode.Queue()}
+	opts := orders.Options{CrashPoint: crashPoint, WriteEvent: cdc.Write(relayMode), QueueEvent: cdc.Queue(relayMode)}
 	switch cfg.PublishMode {
 	case "outbox":
 	case "naive":
@@ -150,10 +151,10 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout 
 	case cfg.RelayEnabled:
 		writer := kafkautil.NewWriter(cfg.KafkaBrokers, kafkautil.RelayBatchSize, kafkautil.WithSecurity(kafkaSecurity))
 		defer writer.Close()
-		relayStage, err = svc.OutboxRelay(ctx, writer, outbox.PublisherConfig{
+		relayStage, err = svc.OutboxRelay(ctx, writer, cdc.PublisherConfig{
 			Mode: relayMode, Topic: func(string) string { return cfg.OrdersTopic }, Metrics: metrics,
 			Poll: outbox.RelayConfig{Standby: outbox.Standby{PublishReplicated: cfg.OutboxPublishReplicated}},
-			CDC: outbox.CDCConfig{Slot: cfg.OutboxSlot, ReplicationURL: cfg.ReplicationDatabaseURL,
+			CDC: cdc.Config{Slot: cfg.OutboxSlot, ReplicationURL: cfg.ReplicationDatabaseURL,
 				Standby: outbox.Standby{PublishReplicated: cfg.OutboxPublishReplicated}},
 		})
 		if err != nil {

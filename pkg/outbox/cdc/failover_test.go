@@ -1,0 +1,84 @@
+package cdc_test
+
+import (
+	"context"
+	"errors"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/onceflow/onceflow/pkg/outbox"
+	"github.com/onceflow/onceflow/pkg/outbox/cdc"
+	"github.com/onceflow/onceflow/pkg/pgerr"
+	"github.com/onceflow/onceflow/pkg/testenv"
+)
+
+// Issue 32: after a Postgres failover to a standby that has no copy of the
+// relay's slot (PostgreSQL 15, or a slot without FAILOVER), a WAL-only
+// service took writes before its relay had made a new slot on the promoted
+// server, and every event emitted in between was kept by nothing (17–30
+// OrderPlaced and 18 PaymentCaptured never published, in an independent
+// check). Prepare guards only the first start. Here the slot goes as a
+// promotion takes it; until the relay holds one again, Emit refuses with
+// an outage error (retried, never dead-lettered) and SlotReady says not
+// ready; once it does, writes are taken and published.
+func TestWALModeRefusesWritesUntilTheRelayHoldsASlotAgain(t *testing.T) {
+	t.Parallel()
+	e := newCDCEnv(t, 1, 50)
+	cfg := e.config()
+	cfg.Mode = outbox.ModeWAL
+	e.loseSlot(t, cfg, emit) // "a"/1 published, then the slot is gone
+	ctx := context.Background()
+
+	err := pgx.BeginFunc(ctx, e.pool, func(tx pgx.Tx) error { return cdc.Emit(ctx, tx, newEvent("a", 2)) })
+	if !errors.Is(err, cdc.ErrNoSlot) || !pgerr.IsUnavailable(err) {
+		t.Fatalf("Emit with no slot on the server: got %v, want an outage wrapping cdc.ErrNoSlot "+
+			"(the event would be kept by nothing)", err)
+	}
+	relay := newCDC(t, e.pool, e.w, cfg)
+	if err := relay.SlotReady(ctx); !errors.Is(err, cdc.ErrNoSlot) {
+		t.Fatalf("SlotReady with no slot: %v, want ErrNoSlot", err)
+	}
+	runCDC(t, relay)
+	testenv.WaitFor(t, 20*time.Second, "the relay to hold a slot again", func() (bool, error) {
+		return relay.SlotReady(ctx) == nil, nil
+	})
+	emit(t, e.pool, newEvent("a", 2))
+	testenv.WaitFor(t, 20*time.Second, "the event written once the slot is back", func() (bool, error) {
+		return e.c.distinct() == 2, nil
+	})
+}
+
+// Issue 32: on PostgreSQL 17 the relay creates its slot with FAILOVER, so
+// that a standby running with sync_replication_slots keeps a copy it
+// resumes from after a promotion (docs/operations.md); before 17 there is
+// no such slot, and it creates an ordinary one. Run it against the dev
+// stack's 15 and against a 17 (ONCEFLOW_PG_VERSION=17 devstack/stack.sh up,
+// ONCEFLOW_TEST_PG_URL).
+func TestCDCSlotIsAFailoverSlotFromPostgres17(t *testing.T) {
+	t.Parallel()
+	e := newCDCEnv(t, 1, 50)
+	runStreaming(t, newCDC(t, e.pool, e.w, e.config()))
+	ctx := context.Background()
+	var version string
+	if err := e.pool.QueryRow(ctx, `SHOW server_version_num`).Scan(&version); err != nil {
+		t.Fatal(err)
+	}
+	num, _ := strconv.Atoi(version)
+	if num < 170000 {
+		var n int
+		if err := e.pool.QueryRow(ctx, `SELECT count(*) FROM pg_replication_slots WHERE slot_name = $1`, e.slot).Scan(&n); err != nil || n != 1 {
+			t.Fatalf("PostgreSQL %d: want the slot created, got %d (%v)", num, n, err)
+		}
+		return
+	}
+	var failover bool
+	if err := e.pool.QueryRow(ctx, `SELECT failover FROM pg_replication_slots WHERE slot_name = $1`, e.slot).Scan(&failover); err != nil {
+		t.Fatal(err)
+	}
+	if !failover {
+		t.Fatalf("PostgreSQL %d: the relay's slot was created without FAILOVER: a promoted standby would not have it", num)
+	}
+}
