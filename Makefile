@@ -78,16 +78,18 @@ demo: services ## Run the platform end to end: place orders, wait until all are 
 	fi
 	@echo "  grafana     under 'docker compose up' (secrets in .env, see .env.example): http://127.0.0.1:3000 (dashboards in the onceflow folder; Prometheus at http://127.0.0.1:9090)"
 
-# The tests that need a Postgres standby (build tag standby: the relays' Standby.PublishReplicated):
-# a primary and a standby of their own (STANDBY_PG_PORT, its +1; data in .standby-stack, kept for the
+# The tests that need a Postgres standby (build tag standby: the relays' Standby.PublishReplicated, the
+# consumers' CommitReplicated), one package at a time (-p 1: each freezes the one walsender, and one
+# package's thaw would end another's freeze):
+# a primary and a standby of their own (STANDBY_PG_PORT, its +1, below the kernel's ephemeral ports; data in .standby-stack, kept for the
 # next run; `ONCEFLOW_STACK_DIR=.standby-stack devstack/stack.sh down postgres` stops them), Kafka
 # from the dev stack. Not part of `make test`, whose stack has one server.
-STANDBY_PG_PORT ?= 56532
+STANDBY_PG_PORT ?= 26532
 .PHONY: test-standby
 test-standby: up ## Run the tests that need a Postgres standby (outbox Standby.PublishReplicated, inbox CommitReplicated) on a primary+standby of their own
 	ONCEFLOW_STACK_DIR=$(CURDIR)/.standby-stack ONCEFLOW_PG_PORT=$(STANDBY_PG_PORT) ONCEFLOW_PG_STANDBY=1 devstack/stack.sh up postgres
 	ONCEFLOW_TEST_PG_URL='postgres://postgres:postgres@127.0.0.1:$(STANDBY_PG_PORT)/postgres?sslmode=disable' \
-	  go test -tags standby -race -count=1 -run Standby ./pkg/outbox/cdc/ ./pkg/inbox/
+	  go test -tags standby -race -count=1 -p 1 -run Standby ./pkg/outbox/cdc/ ./pkg/inbox/
 
 # -timeout: the quick proofs (loadtest/prove) run real crashes and restarts for several minutes.
 # k6: the k6 smoke scenario (loadtest/bench/rig) runs the project's k6 build.

@@ -109,35 +109,48 @@ func Read(ctx context.Context, q Querier, slots []string) (Position, error) {
 }
 
 // Await waits until the standbys flushed everything the primary had
-// flushed when it was called, polling with a growing pause (0.5 ms to
-// 50 ms), at most wait. It returns whether it had to wait; past wait, an
-// error wrapping ErrBehind that says where they are.
+// flushed when it was called, at most wait. It returns whether it had to
+// wait; past wait, an error wrapping ErrBehind that says where they are.
 func Await(ctx context.Context, q Querier, slots []string, wait time.Duration) (waited bool, err error) {
 	deadline := time.Now().Add(wait)
 	p, err := Read(ctx, q, slots)
 	if err != nil {
 		return false, err
 	}
-	target := p.Primary
-	for pause := 500 * time.Microsecond; !p.Has(target); pause = min(2*pause, 50*time.Millisecond) {
+	if p.Has(p.Primary) {
+		return false, nil
+	}
+	_, err = Until(ctx, q, slots, p.Primary, deadline)
+	return true, err
+}
+
+// Until polls the standbys' position, with a growing pause (0.5 ms to
+// 50 ms), until they flushed target or deadline passes: then an error
+// wrapping ErrBehind that says where they are. It returns the last
+// position read.
+func Until(ctx context.Context, q Querier, slots []string, target LSN, deadline time.Time) (Position, error) {
+	var p Position
+	for pause := 500 * time.Microsecond; ; pause = min(2*pause, 50*time.Millisecond) {
 		if time.Now().After(deadline) {
 			at := "no position"
 			if p.Slots > 0 && p.Standby > 0 {
 				at = p.Standby.String()
 			}
-			return true, fmt.Errorf("%w within %v: want %s, the standbys' slots (%d) are at %s", ErrBehind, wait, target, p.Slots, at)
+			return p, fmt.Errorf("%w: want %s, the standbys' slots (%d) are at %s", ErrBehind, target, p.Slots, at)
 		}
-		waited = true
 		t := time.NewTimer(pause)
 		select {
 		case <-ctx.Done():
 			t.Stop()
-			return true, ctx.Err()
+			return p, ctx.Err()
 		case <-t.C:
 		}
+		var err error
 		if p, err = Read(ctx, q, slots); err != nil {
-			return true, err
+			return p, err
+		}
+		if p.Has(target) {
+			return p, nil
 		}
 	}
-	return waited, nil
 }

@@ -22,8 +22,8 @@ import (
 )
 
 const standbyHint = `these tests need ONCEFLOW_TEST_PG_URL to name a primary with a streaming standby (through a physical slot) on this machine:
-  ONCEFLOW_STACK_DIR=/tmp/standby-stack ONCEFLOW_PG_PORT=56532 ONCEFLOW_PG_STANDBY=1 devstack/stack.sh up postgres
-  ONCEFLOW_TEST_PG_URL=postgres://postgres:postgres@127.0.0.1:56532/postgres?sslmode=disable go test -tags standby -run Standby ./pkg/outbox/
+  ONCEFLOW_STACK_DIR=/tmp/standby-stack ONCEFLOW_PG_PORT=26532 ONCEFLOW_PG_STANDBY=1 devstack/stack.sh up postgres
+  ONCEFLOW_TEST_PG_URL=postgres://postgres:postgres@127.0.0.1:26532/postgres?sslmode=disable go test -tags standby -run Standby ./pkg/outbox/cdc/
 (or make test-standby, which does both)`
 
 // freezeStandby stops the primary's walsender to the standby (SIGSTOP), as

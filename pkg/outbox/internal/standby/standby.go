@@ -8,12 +8,9 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"strconv"
-	"strings"
 	"time"
 
-	"github.com/jackc/pgx/v5"
-
+	"github.com/onceflow/onceflow/pkg/internal/standby"
 	"github.com/onceflow/onceflow/pkg/outbox/internal/metrics"
 	"github.com/onceflow/onceflow/pkg/outbox/internal/outage"
 )
@@ -47,33 +44,12 @@ type Config struct {
 // an outage the relay waits out, never the message's fault.
 var ErrBehind = errors.New("outbox: the standbys have not flushed the commits to publish")
 
-// standbyFlushed reads the primary's flush position and the lowest flush
-// position among the standbys' slots (NULL when there is none, or a slot
-// was never used). pg_current_wal_flush_lsn() bounds every commit a query
-// on the primary can see, and every commit a logical walsender decoded:
-// a commit made with synchronous_commit on is flushed before it is visible,
-// and a walsender decodes only flushed WAL.
-const standbyFlushed = `
-SELECT pg_current_wal_flush_lsn()::text,
-       (SELECT CASE WHEN count(*) = 0 OR bool_or(restart_lsn IS NULL) THEN NULL
-                    ELSE min(restart_lsn)::text END
-          FROM pg_replication_slots
-         WHERE slot_type = 'physical' AND (cardinality($1::text[]) = 0 OR slot_name = ANY ($1::text[]))),
-       (SELECT count(*) FROM pg_replication_slots
-         WHERE slot_type = 'physical' AND (cardinality($1::text[]) = 0 OR slot_name = ANY ($1::text[])))`
-
-// standbyFlush reads only the standbys' lowest flush position, and how
-// many slots it is the lowest of.
-const standbyFlush = `
-SELECT CASE WHEN count(*) = 0 OR bool_or(restart_lsn IS NULL) THEN NULL ELSE min(restart_lsn)::text END, count(*)
-  FROM pg_replication_slots
- WHERE slot_type = 'physical' AND (cardinality($1::text[]) = 0 OR slot_name = ANY ($1::text[]))`
+// LSN is a position in the WAL.
+type LSN = standby.LSN
 
 // Querier is what the waits query: a pooled connection, a transaction or
 // the pool itself.
-type Querier interface {
-	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
-}
+type Querier = standby.Querier
 
 // Gate waits for the standbys on behalf of one relay.
 type Gate struct {
@@ -102,25 +78,20 @@ func NewGate(cfg Config, m *metrics.Metrics, logger *slog.Logger, logInterval ti
 // Await waits until the standbys flushed everything the primary had
 // flushed when it was called, reading both through q, at most
 // ReplicatedWait. The polling relay calls it after its claim, in the claim's
-// transaction: every row it claimed committed below that position.
+// transaction: every row it claimed committed below that position
+// (pg_current_wal_flush_lsn() bounds every commit a query on the primary
+// can see: a commit made with synchronous_commit on is flushed before it is
+// visible).
 func (g *Gate) Await(ctx context.Context, q Querier) error {
 	if g == nil {
 		return nil
 	}
 	began := time.Now()
-	var (
-		primaryText string
-		standbyText *string
-		slots       int
-	)
-	if err := q.QueryRow(ctx, standbyFlushed, g.cfg.StandbySlots).Scan(&primaryText, &standbyText, &slots); err != nil {
-		return fmt.Errorf("reading the standbys' flush position: %w", err)
-	}
-	target, err := ParseLSN(primaryText)
+	p, err := standby.Read(ctx, q, g.cfg.StandbySlots)
 	if err != nil {
-		return fmt.Errorf("reading the primary's flush position %q: %w", primaryText, err)
+		return err
 	}
-	_, err = g.wait(ctx, q, target, began, standbyText, slots)
+	_, err = g.wait(ctx, q, p.Primary, began, p)
 	return err
 }
 
@@ -146,64 +117,41 @@ func (g *Gate) AwaitCommit(ctx context.Context, q Querier, walEnd LSN, seen *LSN
 		return nil
 	}
 	began := time.Now()
-	target := walEnd
-	if *seen >= target {
+	if *seen >= walEnd {
 		g.passed(ctx, "at_once", began)
 		return nil
 	}
-	var (
-		standbyText *string
-		slots       int
-	)
-	if err := q.QueryRow(ctx, standbyFlush, g.cfg.StandbySlots).Scan(&standbyText, &slots); err != nil {
-		return fmt.Errorf("reading the standbys' flush position: %w", err)
+	p, err := standby.Read(ctx, q, g.cfg.StandbySlots)
+	if err != nil {
+		return err
 	}
-	at, err := g.wait(ctx, q, target, began, standbyText, slots)
+	at, err := g.wait(ctx, q, walEnd, began, p)
 	*seen = max(*seen, at)
 	return err
 }
 
-// wait polls the standbys' flush position, first read as standbyText of
-// slots, until it reaches target or ReplicatedWait from began runs out. It
-// returns the last position read (0 for none).
-func (g *Gate) wait(ctx context.Context, q Querier, target LSN, began time.Time, standbyText *string, slots int) (LSN, error) {
-	position := func(s *string) LSN {
-		if s == nil {
-			return 0
-		}
-		lsn, err := ParseLSN(*s)
-		if err != nil {
-			return 0
-		}
-		return lsn
-	}
-	if at := position(standbyText); at >= target {
+// wait waits, from the first reading p, until the standbys reach target
+// or ReplicatedWait from began runs out. It returns the last position read
+// (0 for none).
+func (g *Gate) wait(ctx context.Context, q Querier, target LSN, began time.Time, p standby.Position) (LSN, error) {
+	if p.Has(target) {
 		g.passed(ctx, "at_once", began)
-		return at, nil
+		return p.Standby, nil
 	}
-	deadline := began.Add(g.cfg.ReplicatedWait)
-	pause := 500 * time.Microsecond
-	for {
-		if time.Now().After(deadline) {
-			return position(standbyText), g.timedOut(ctx, target, standbyText, slots)
-		}
-		t := time.NewTimer(pause)
-		select {
-		case <-ctx.Done():
-			t.Stop()
-			return position(standbyText), ctx.Err()
-		case <-t.C:
-		}
-		pause = min(2*pause, 50*time.Millisecond)
-		standbyText = nil
-		if err := q.QueryRow(ctx, standbyFlush, g.cfg.StandbySlots).Scan(&standbyText, &slots); err != nil {
-			return 0, fmt.Errorf("reading the standbys' flush position: %w", err)
-		}
-		if at := position(standbyText); at >= target {
-			g.passed(ctx, "waited", began)
-			return at, nil
-		}
+	p, err := standby.Until(ctx, q, g.cfg.StandbySlots, target, began.Add(g.cfg.ReplicatedWait))
+	switch {
+	case err == nil:
+		g.passed(ctx, "waited", began)
+	case errors.Is(err, standby.ErrBehind):
+		g.metrics.Waits.WithLabelValues("timeout").Inc()
+		g.metrics.Behind.Set(1)
+		err = fmt.Errorf("%w within %v (%w)", ErrBehind, g.cfg.ReplicatedWait, err)
+		g.health.Fail(ctx, err)
 	}
+	if p.Slots == 0 {
+		return 0, err
+	}
+	return p.Standby, err
 }
 
 func (g *Gate) passed(ctx context.Context, outcome string, began time.Time) {
@@ -211,19 +159,6 @@ func (g *Gate) passed(ctx context.Context, outcome string, began time.Time) {
 	g.metrics.Waited.Observe(time.Since(began).Seconds())
 	g.metrics.Behind.Set(0)
 	g.health.OK(ctx)
-}
-
-func (g *Gate) timedOut(ctx context.Context, target LSN, standby *string, slots int) error {
-	g.metrics.Waits.WithLabelValues("timeout").Inc()
-	g.metrics.Behind.Set(1)
-	at := "no position"
-	if standby != nil {
-		at = *standby
-	}
-	err := fmt.Errorf("%w within %v: want %s, the standbys' slots (%d) are at %s",
-		ErrBehind, g.cfg.ReplicatedWait, target, slots, at)
-	g.health.Fail(ctx, err)
-	return err
 }
 
 // Validate refuses a negative ReplicatedWait, which RefuseNegative does not
@@ -234,27 +169,3 @@ func (s Config) Validate(config string) error {
 	}
 	return nil
 }
-
-// LSN is a position in the WAL, as pg_lsn spells it ("16/B374D848"): read
-// here as text, so that the polling relay needs no replication client.
-type LSN uint64
-
-// ParseLSN reads pg_lsn's text form.
-func ParseLSN(s string) (LSN, error) {
-	hi, lo, ok := strings.Cut(s, "/")
-	if !ok {
-		return 0, fmt.Errorf("parsing LSN %q: no '/'", s)
-	}
-	h, err := strconv.ParseUint(hi, 16, 32)
-	if err != nil {
-		return 0, fmt.Errorf("parsing LSN %q: %w", s, err)
-	}
-	l, err := strconv.ParseUint(lo, 16, 32)
-	if err != nil {
-		return 0, fmt.Errorf("parsing LSN %q: %w", s, err)
-	}
-	return LSN(h<<32 | l), nil
-}
-
-// String is pg_lsn's text form.
-func (l LSN) String() string { return fmt.Sprintf("%X/%X", uint32(l>>32), uint32(l)) }
