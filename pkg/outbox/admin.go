@@ -11,11 +11,11 @@ import (
 // The operator side of the outbox: see what is dead and requeue it, prune
 // published rows, and replay what was already published. These functions
 // are meant for an admin endpoint, a CLI or a background worker; none of
-// them talks to Kafka. Requeue, RequeueDead and Replay are the polling
-// relay's (ModePoll): rows they set back to pending are picked up on its
-// next poll (RelayConfig.PollInterval). A service running a log-based relay
-// calls the same actions as methods of its RelayMode (dead.go, replay.go),
-// because those relays never read a row that was updated.
+// them talks to Kafka. Requeue, RequeueDead and Replay are methods of the
+// RelayMode the service runs (dead.go, replay.go), one entry point that
+// works in every mode: in ModePoll the rows they set back to pending are
+// picked up by the relay's next claim; the log-based relays never read a
+// row that was updated, so there the event is written again (below).
 //
 // Time comparisons (retention, a replay window left open at the end) use the
 // database's now(): published_at and created_at were stamped by that clock,

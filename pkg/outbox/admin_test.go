@@ -338,7 +338,7 @@ func TestReplayDryRunListsTheScopeAndChangesNothing(t *testing.T) {
 	pool, s, _, before := seedScope(t, seedReplayScenario) // no scope: every row watched
 	for _, tt := range replayScopes {
 		t.Run(tt.name, func(t *testing.T) {
-			items, err := outbox.Replay(ctx, pool, tt.filter, true)
+			items, err := outbox.ModePoll.Replay(ctx, pool, tt.filter, true)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -353,7 +353,7 @@ func TestReplayDryRunListsTheScopeAndChangesNothing(t *testing.T) {
 		})
 	}
 	// The items carry the aggregate and the creation time as stored.
-	items, err := outbox.Replay(ctx, pool, outbox.ReplayFilter{AggregateType: "thing", AggregateID: "a", From: longAgo, To: replayT0.Add(90 * time.Minute)}, true)
+	items, err := outbox.ModePoll.Replay(ctx, pool, outbox.ReplayFilter{AggregateType: "thing", AggregateID: "a", From: longAgo, To: replayT0.Add(90 * time.Minute)}, true)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -369,7 +369,7 @@ func TestReplayFlipsExactlyTheScopedRowsToPendingKeepingEventIDs(t *testing.T) {
 			ctx := context.Background()
 			pool, s, want, untouched := seedScope(t, seedReplayScenario, tt.want...)
 
-			items, err := outbox.Replay(ctx, pool, tt.filter, false)
+			items, err := outbox.ModePoll.Replay(ctx, pool, tt.filter, false)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -385,7 +385,7 @@ func TestReplayFlipsExactlyTheScopedRowsToPendingKeepingEventIDs(t *testing.T) {
 			equalIDs(t, "rows pending again under their event ids", replayed, want)
 			untouched.unchanged(t, "replaying the rows in scope")
 
-			again, err := outbox.Replay(ctx, pool, tt.filter, false)
+			again, err := outbox.ModePoll.Replay(ctx, pool, tt.filter, false)
 			if err != nil || len(again) != 0 {
 				t.Fatalf("replaying again before the relay ran: %d items, err %v; want none", len(again), err)
 			}
@@ -412,7 +412,7 @@ func TestReplayRefusesAnInvalidFilter(t *testing.T) {
 	for _, tt := range tests {
 		for _, dryRun := range []bool{true, false} {
 			t.Run(fmt.Sprintf("%s/dryRun=%v", tt.name, dryRun), func(t *testing.T) {
-				items, err := outbox.Replay(ctx, pool, tt.filter, dryRun)
+				items, err := outbox.ModePoll.Replay(ctx, pool, tt.filter, dryRun)
 				if !errors.Is(err, outbox.ErrInvalidFilter) || items != nil {
 					t.Fatalf("Replay(%+v) = %d items, err %v; want ErrInvalidFilter", tt.filter, len(items), err)
 				}
@@ -438,7 +438,7 @@ func TestReplayRefusesAScopeLargerThanMaxReplay(t *testing.T) {
 	}
 
 	for _, dryRun := range []bool{true, false} {
-		items, err := outbox.Replay(ctx, pool, outbox.ReplayFilter{AggregateType: "bulk", From: longAgo}, dryRun)
+		items, err := outbox.ModePoll.Replay(ctx, pool, outbox.ReplayFilter{AggregateType: "bulk", From: longAgo}, dryRun)
 		if !errors.Is(err, outbox.ErrReplayTooLarge) || items != nil {
 			t.Fatalf("dryRun=%v: %d items, err %v; want ErrReplayTooLarge", dryRun, len(items), err)
 		}
@@ -455,7 +455,7 @@ func TestReplayRefusesAScopeLargerThanMaxReplay(t *testing.T) {
 	}
 
 	// Exactly MaxReplay is allowed.
-	items, err := outbox.Replay(ctx, pool, outbox.ReplayFilter{AggregateType: "bulk", AggregateID: "big", From: longAgo}, false)
+	items, err := outbox.ModePoll.Replay(ctx, pool, outbox.ReplayFilter{AggregateType: "bulk", AggregateID: "big", From: longAgo}, false)
 	if err != nil || len(items) != outbox.MaxReplay {
 		t.Fatalf("replaying exactly MaxReplay events: %d items, err %v", len(items), err)
 	}
@@ -550,9 +550,9 @@ func TestRequeueMovesOnlyDeadRowsBackToPending(t *testing.T) {
 			ctx := context.Background()
 			pool, s, want, untouched := seedScope(t, seedDeadScenario, tt.want...)
 
-			n, err := outbox.Requeue(ctx, pool, tt.ids(s)...)
+			n, err := outbox.ModePoll.Requeue(ctx, pool, tt.ids(s)...)
 			checkRequeued(t, pool, "Requeue", n, err, want, untouched)
-			if n, err := outbox.Requeue(ctx, pool, tt.ids(s)...); err != nil || n != 0 {
+			if n, err := outbox.ModePoll.Requeue(ctx, pool, tt.ids(s)...); err != nil || n != 0 {
 				t.Fatalf("requeuing again: n=%d err=%v, want 0: the rows are no longer dead", n, err)
 			}
 		})
@@ -567,7 +567,7 @@ func TestRequeueOfAnUnknownIDIsNotFoundAndRequeuesNothing(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	pool, s, _, untouched := seedScope(t, seedDeadScenario)
-	n, err := outbox.Requeue(ctx, pool, append(idsOf(s, 0, 1), 999_999, 999_998)...)
+	n, err := outbox.ModePoll.Requeue(ctx, pool, append(idsOf(s, 0, 1), 999_999, 999_998)...)
 	if !errors.Is(err, outbox.ErrNotFound) || n != 0 {
 		t.Fatalf("Requeue with unknown ids: n=%d err=%v, want 0 and ErrNotFound", n, err)
 	}
@@ -597,7 +597,7 @@ func TestRequeueDeadByFilter(t *testing.T) {
 			ctx := context.Background()
 			pool, _, want, untouched := seedScope(t, seedDeadScenario, tt.want...)
 
-			n, err := outbox.RequeueDead(ctx, pool, tt.filter)
+			n, err := outbox.ModePoll.RequeueDead(ctx, pool, tt.filter)
 			checkRequeued(t, pool, "RequeueDead", n, err, want, untouched)
 		})
 	}
@@ -634,7 +634,7 @@ func TestListDeadShowsDeadRows(t *testing.T) {
 		t.Fatalf("ListDead(limit 2) = %+v, want the two oldest dead rows", limited)
 	}
 
-	if _, err := outbox.Requeue(ctx, pool, s[0].id); err != nil {
+	if _, err := outbox.ModePoll.Requeue(ctx, pool, s[0].id); err != nil {
 		t.Fatal(err)
 	}
 	dead, err = outbox.ListDead(ctx, pool, 0)

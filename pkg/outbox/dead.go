@@ -53,24 +53,7 @@ func ListDead(ctx context.Context, db DB, limit int) ([]DeadEvent, error) {
 	return dead, nil
 }
 
-// Requeue sets the dead rows among ids back to pending with a fresh budget
-// of attempts (see requeueSet for what happens to last_error) and returns
-// how many it requeued. Ids of rows that are not dead are ignored, so
-// requeuing is safe to repeat. If an id names no row (mistyped, or pruned
-// since), it requeues nothing and returns an error wrapping ErrNotFound
-// that lists the unknown ids.
-//
-// While a row is dead the relay holds back the later events of its
-// aggregate (see the package documentation); requeuing it releases them, to
-// be published after it, in order.
-//
-// Requeue is ModePoll.Requeue; with a log-based relay call the method of
-// its mode.
-func Requeue(ctx context.Context, db DB, ids ...int64) (int, error) {
-	return ModePoll.Requeue(ctx, db, ids...)
-}
-
-// DeadFilter selects dead rows for RequeueDead. Empty fields match anything.
+// DeadFilter selects dead rows for RelayMode.RequeueDead. Empty fields match anything.
 type DeadFilter struct {
 	AggregateType string
 	AggregateID   string
@@ -78,22 +61,20 @@ type DeadFilter struct {
 	Limit int
 }
 
-// RequeueDead is Requeue for every dead row matching f, oldest first; it
-// returns how many it requeued. The zero filter requeues every dead row,
-// which is what an operator wants once the cause (a missing topic, a broker
-// outage) is fixed.
+// Requeue sets the dead rows among ids back to pending with a fresh budget
+// of attempts, written again as a service whose relay runs in mode m needs
+// (see admin.go; requeueSet for what happens to last_error), and returns
+// how many it requeued. In ModePoll ids of rows that are not dead are
+// ignored, so requeuing is safe to repeat; in ModeCDC and ModeWAL a
+// requeued row leaves under its id, so a repeated call naming the same ids
+// is refused with ErrNotFound instead of counting 0, and in ModeWAL a call
+// that finds no dead row is refused with ErrNotInThisMode. If an id names
+// no row (mistyped, or pruned since), it requeues nothing and returns an
+// error wrapping ErrNotFound that lists the unknown ids.
 //
-// RequeueDead is ModePoll.RequeueDead; with a log-based relay call the
-// method of its mode.
-func RequeueDead(ctx context.Context, db DB, f DeadFilter) (int, error) {
-	return ModePoll.RequeueDead(ctx, db, f)
-}
-
-// Requeue is what the package-level Requeue does, for a service whose relay
-// runs in mode m. In ModeCDC and ModeWAL a requeued row leaves under its id
-// (see above), so a repeated call naming the same ids is refused with
-// ErrNotFound instead of counting 0; in ModeWAL a call that finds no dead
-// row is refused with ErrNotInThisMode.
+// While a row is dead the relay holds back the later events of its
+// aggregate (see the package documentation); requeuing it releases them, to
+// be published after it, in order.
 func (m RelayMode) Requeue(ctx context.Context, db DB, ids ...int64) (int, error) {
 	switch m {
 	case ModePoll:
@@ -106,9 +87,10 @@ func (m RelayMode) Requeue(ctx context.Context, db DB, ids ...int64) (int, error
 	return 0, errUnknownMode(m)
 }
 
-// RequeueDead is what the package-level RequeueDead does, for a service
-// whose relay runs in mode m; see RelayMode.Requeue for how each mode
-// writes the event again.
+// RequeueDead is Requeue for every dead row matching f, oldest first; it
+// returns how many it requeued. The zero filter requeues every dead row,
+// which is what an operator wants once the cause (a missing topic, a broker
+// outage) is fixed. See Requeue for how each mode writes the event again.
 func (m RelayMode) RequeueDead(ctx context.Context, db DB, f DeadFilter) (int, error) {
 	var limit any // nil: LIMIT NULL, no limit
 	if f.Limit > 0 {

@@ -42,10 +42,11 @@
 //     is marked dead, counted and logged, and never retried silently.
 //   - Outages are waited out: Run returns only when its context ends.
 //
-// Operator functions (ListDead, Requeue, RequeueDead, Replay, Prune) wrap
-// named errors callers can test with errors.Is: ErrNotFound (a requeue of
-// ids that name no row), ErrUnavailable (Postgres unreachable),
-// ErrInvalidFilter, ErrReplayTooLarge. Driver errors are translated in one
+// Operator functions (ListDead, RelayMode.Requeue, RelayMode.RequeueDead,
+// RelayMode.Replay, Prune) wrap named errors callers can test with
+// errors.Is: ErrNotFound (a requeue of ids that name no row),
+// ErrUnavailable (Postgres unreachable), ErrInvalidFilter,
+// ErrReplayTooLarge. Driver errors are translated in one
 // file (errors.go); outboxhttp maps the named errors to HTTP through
 // apperr.WriteHTTP.
 //
@@ -122,9 +123,9 @@
 // stream instead of polling (RELAY_MODE cdc and wal), is package
 // outbox/cdc, so that a service that only polls never compiles the
 // replication client. The relay modes are named here (RelayMode,
-// ParseRelayMode); the operator functions take the mode as a method
-// (RelayMode.Requeue, RelayMode.RequeueDead, RelayMode.Replay), and the
-// package-level Requeue, RequeueDead and Replay are ModePoll's. cdc.Write
+// ParseRelayMode); the operator actions are methods of the mode
+// (RelayMode.Requeue, RelayMode.RequeueDead, RelayMode.Replay), one entry
+// point for every mode: a poll-only service calls ModePoll's. cdc.Write
 // and cdc.Queue pick a mode's write (cdc.Emit in ModeWAL, Enqueue
 // otherwise), and cdc.NewPublisher the relay of a mode.
 //

@@ -43,7 +43,7 @@ func ExamplePrune() {
 // an operator lists them and sets them back to pending with a fresh budget of
 // attempts; the relay then publishes them, and the later events of their
 // aggregates that waited behind them.
-func ExampleRequeueDead() {
+func ExampleRelayMode_RequeueDead() {
 	ctx := context.Background()
 	pool, _, _, cleanup := exampleSetup(ctx)
 	defer cleanup()
@@ -66,7 +66,7 @@ func ExampleRequeueDead() {
 	for _, d := range dead {
 		fmt.Printf("dead: %s v%d after %d attempts: %s\n", d.AggregateID, d.AggregateVersion, d.Attempts, d.LastError)
 	}
-	n, err := outbox.RequeueDead(ctx, pool, outbox.DeadFilter{AggregateType: "order"})
+	n, err := outbox.ModePoll.RequeueDead(ctx, pool, outbox.DeadFilter{AggregateType: "order"})
 	fmt.Println("requeued:", n, err)
 	dead, err = outbox.ListDead(ctx, pool, 100)
 	fmt.Println("still dead:", len(dead), err)

@@ -77,7 +77,7 @@ func Example() {
 }
 
 // Operators replay a window of published events; the dry run only lists them.
-func ExampleReplay() {
+func ExampleRelayMode_Replay() {
 	ctx := context.Background()
 	pool, _, _, cleanup := exampleSetup(ctx)
 	defer cleanup()
@@ -89,7 +89,7 @@ func ExampleReplay() {
 	})
 	_, _ = pool.Exec(ctx, `UPDATE outbox_events SET state = 'published', published_at = now()`)
 
-	items, err := outbox.Replay(ctx, pool, outbox.ReplayFilter{
+	items, err := outbox.ModePoll.Replay(ctx, pool, outbox.ReplayFilter{
 		AggregateType: "order", AggregateID: "order-42", From: time.Now().Add(-time.Hour),
 	}, true)
 	fmt.Println(len(items), items[0].EventType, items[0].AggregateVersion, err)

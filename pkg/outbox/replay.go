@@ -81,9 +81,9 @@ type ReplayItem struct {
 }
 
 // Replay sets the published events matching f back to pending, in one
-// transaction, so the relay publishes them again under their original event
-// ids; it returns them in id order, the order the relay will publish them.
-// With dryRun it returns the same list and changes nothing.
+// transaction, so the relay of mode m publishes them again under their
+// original event ids; it returns them in id order, the order the relay will
+// publish them. With dryRun it returns the same list and changes nothing.
 //
 // A filter without AggregateType or From, or with To <= From, is refused
 // with an error wrapping ErrInvalidFilter; a scope of more than f.Max
@@ -91,14 +91,7 @@ type ReplayItem struct {
 // already removed by Prune are out of reach: keep Retention longer than the
 // window you may need to replay.
 //
-// Replay is ModePoll.Replay; with a log-based relay call the method of its
-// mode.
-func Replay(ctx context.Context, db DB, f ReplayFilter, dryRun bool) ([]ReplayItem, error) {
-	return ModePoll.Replay(ctx, db, f, dryRun)
-}
-
-// Replay is what the package-level Replay does, for a service whose relay
-// runs in mode m. In ModeCDC the scope is the rows still in the table whose
+// In ModePoll the scope is the rows the relay marked published. In ModeCDC the scope is the rows still in the table whose
 // position the relay confirmed (cdc.Config.Retain keeps them, one minute by
 // default: set it to the window you may need to replay), each written
 // again as a new row; the items returned name the new rows. In
