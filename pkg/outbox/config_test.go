@@ -49,22 +49,28 @@ func TestRelayConfigWithDefaultsKeepsNegatives(t *testing.T) {
 	}
 }
 
-// The documented defaults are the Default constants (the log-based
-// relay's are checked in package outbox/cdc).
-func TestConfigDefaultsAreTheConstants(t *testing.T) {
+// The documented defaults, as each field's doc comment gives them (the
+// log-based relay's are checked in package outbox/cdc).
+func TestConfigDefaultsAreTheDocumentedOnes(t *testing.T) {
 	t.Parallel()
 	r := outbox.RelayConfig{}.WithDefaults()
 	for _, d := range []struct {
 		name      string
 		got, want any
 	}{
-		{"Relay.BatchSize", r.BatchSize, outbox.DefaultBatchSize},
-		{"Relay.PollInterval", r.PollInterval, outbox.DefaultPollInterval},
-		{"Relay.RelayTTL", r.RelayTTL, 3 * outbox.DefaultRebalanceInterval},
-		{"Relay.MaxAttempts", r.MaxAttempts, outbox.DefaultMaxAttempts},
-		{"Relay.BackoffMax", r.BackoffMax, outbox.DefaultBackoffMax},
-		{"Relay.OutageBackoffMax", r.OutageBackoffMax, outbox.DefaultOutageBackoffMax},
-		{"Relay.LogInterval", r.LogInterval, outbox.DefaultLogInterval},
+		{"Relay.BatchSize", r.BatchSize, 500},
+		{"Relay.PollInterval", r.PollInterval, time.Second},
+		{"Relay.Linger", r.Linger, time.Millisecond},
+		{"Relay.RebalanceInterval", r.RebalanceInterval, 2 * time.Second},
+		{"Relay.RelayTTL", r.RelayTTL, 3 * 2 * time.Second},
+		{"Relay.LockTimeout", r.LockTimeout, 10 * time.Second},
+		{"Relay.PublishTimeout", r.PublishTimeout, 30 * time.Second},
+		{"Relay.MaxAttempts", r.MaxAttempts, 10},
+		{"Relay.BackoffMin", r.BackoffMin, 100 * time.Millisecond},
+		{"Relay.BackoffMax", r.BackoffMax, time.Minute},
+		{"Relay.OutageBackoffMin", r.OutageBackoffMin, 100 * time.Millisecond},
+		{"Relay.OutageBackoffMax", r.OutageBackoffMax, 10 * time.Second},
+		{"Relay.LogInterval", r.LogInterval, 30 * time.Second},
 	} {
 		if d.got != d.want {
 			t.Errorf("%s = %v, want %v", d.name, d.got, d.want)

@@ -110,8 +110,8 @@
 // to nothing and hand the stored context on unchanged.
 //
 // Knobs and their defaults are documented on RelayConfig and cdc.Config, one
-// convention for both: a zero field takes its default (a Default…
-// constant), WithDefaults fills them, Validate refuses negatives and
+// convention for both: a zero field takes the default its doc comment
+// gives, WithDefaults fills them, Validate refuses negatives and
 // impossible combinations, the constructors call both. Metrics are
 // documented on NewMetrics. The relay's crash point (after the broker's
 // acknowledgement, before marking the rows published or confirming the
