@@ -42,13 +42,12 @@
 //     is marked dead, counted and logged, and never retried silently.
 //   - Outages are waited out: Run returns only when its context ends.
 //
-// Operator functions (ListDead, RelayMode.Requeue, RelayMode.RequeueDead,
-// RelayMode.Replay, Prune) wrap named errors callers can test with
-// errors.Is: ErrNotFound (a requeue of ids that name no row),
-// ErrUnavailable (Postgres unreachable), ErrInvalidFilter,
-// ErrReplayTooLarge. Driver errors are translated in one
-// file (errors.go); outboxhttp maps the named errors to HTTP through
-// apperr.WriteHTTP.
+// Prune's errors wrap ErrUnavailable while Postgres is unreachable, which
+// callers test with errors.Is; driver errors are translated in one file
+// (errors.go). The operator's side — list and requeue dead events, replay
+// published ones, read the backlog and an aggregate's events — is package
+// outbox/outboxadmin, which a service that only enqueues, relays and
+// prunes never needs; platform/outboxhttp serves it over HTTP.
 //
 // Failures are classified (internal/kafkaerr.IsMessageError):
 //   - About the message: too large for the writer (kafka.MessageTooLargeError)
@@ -123,9 +122,9 @@
 // stream instead of polling (RELAY_MODE cdc and wal), is package
 // outbox/cdc, so that a service that only polls never compiles the
 // replication client. The relay modes are named here (RelayMode,
-// ParseRelayMode); the operator actions are methods of the mode
-// (RelayMode.Requeue, RelayMode.RequeueDead, RelayMode.Replay), one entry
-// point for every mode: a poll-only service calls ModePoll's. cdc.Write
+// ParseRelayMode); the operator actions take the mode
+// (outboxadmin.Requeue, RequeueDead and Replay), one entry point for every
+// mode. cdc.Write
 // and cdc.Queue pick a mode's write (cdc.Emit in ModeWAL, Enqueue
 // otherwise), and cdc.NewPublisher the relay of a mode.
 //

@@ -13,6 +13,7 @@ import (
 
 	"github.com/onceflow/onceflow/pkg/event"
 	"github.com/onceflow/onceflow/pkg/outbox"
+	"github.com/onceflow/onceflow/pkg/outbox/outboxadmin"
 	"github.com/onceflow/onceflow/pkg/testenv"
 )
 
@@ -229,7 +230,7 @@ func relayUntil(t *testing.T, relay *outbox.Relay, timeout time.Duration, what s
 // unless there were want.
 func requeueDeadRows(t *testing.T, pool *pgxpool.Pool, want int) {
 	t.Helper()
-	if n, err := outbox.ModePoll.Requeue(context.Background(), pool, deadIDs(t, pool)...); err != nil || n != want {
+	if n, err := outboxadmin.Requeue(context.Background(), pool, outbox.ModePoll, deadIDs(t, pool)...); err != nil || n != want {
 		t.Fatalf("requeue: n=%d err=%v, want %d", n, err, want)
 	}
 }

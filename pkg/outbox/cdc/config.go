@@ -101,7 +101,7 @@ type Config struct {
 	// Default 1000.
 	RetentionBatch int
 	// Retain keeps published rows this long after their insert, for an
-	// operator's replay (outbox.RelayMode.Replay) and the replay after a lost slot
+	// operator's replay (outboxadmin.Replay) and the replay after a lost slot
 	// (the relay republishes every pending row the table still holds; see
 	// the runbook). Rows the slot has not confirmed are never deleted,
 	// however old: "published" is commit-ordered (internal/lifecycle), so a

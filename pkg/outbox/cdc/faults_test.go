@@ -16,6 +16,7 @@ import (
 
 	"github.com/onceflow/onceflow/pkg/outbox"
 	"github.com/onceflow/onceflow/pkg/outbox/cdc"
+	"github.com/onceflow/onceflow/pkg/outbox/outboxadmin"
 	"github.com/onceflow/onceflow/pkg/outbox/outboxtest"
 	"github.com/onceflow/onceflow/pkg/testenv"
 )
@@ -354,7 +355,7 @@ func TestCDCLostSlotReplaysOnlyTheGapNotWhatWasPublished(t *testing.T) {
 	enqueue(t, pool, newEvent("p", 1), newEvent("p", 2), newEvent("p", 3))
 	testenv.WaitFor(t, 20*time.Second, "the published events", func() (bool, error) { return c.distinct() == 3, nil })
 	testenv.WaitFor(t, 30*time.Second, "the relay to count them published (its horizon past them)", func() (bool, error) {
-		r, err := outbox.Backlog(ctx, pool, outbox.BacklogConfig{})
+		r, err := outboxadmin.Backlog(ctx, pool, outboxadmin.BacklogConfig{})
 		return r.Pending.Count == 0, err
 	})
 	stop()

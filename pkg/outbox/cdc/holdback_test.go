@@ -11,6 +11,7 @@ import (
 
 	"github.com/onceflow/onceflow/pkg/outbox"
 	"github.com/onceflow/onceflow/pkg/outbox/cdc"
+	"github.com/onceflow/onceflow/pkg/outbox/outboxadmin"
 	"github.com/onceflow/onceflow/pkg/outbox/outboxtest"
 	"github.com/onceflow/onceflow/pkg/testenv"
 )
@@ -76,7 +77,7 @@ func TestCDCDeadEventHoldsBackItsAggregate(t *testing.T) {
 	defer big1w.Close()
 	stop()
 	runStreaming(t, newCDC(t, pool, big1w, cfg))
-	if n, err := outbox.ModeCDC.RequeueDead(ctx, pool, outbox.DeadFilter{}); err != nil || n != 3 {
+	if n, err := outboxadmin.RequeueDead(ctx, pool, outbox.ModeCDC, outboxadmin.DeadFilter{}); err != nil || n != 3 {
 		t.Fatalf("RequeueDead = %d, %v; want 3", n, err)
 	}
 	// The stream may deliver fine/2's transaction again (the slot had not
@@ -130,7 +131,7 @@ func TestCDCRedeliveredRowRequeuedMeanwhileGoesOutOnce(t *testing.T) {
 	raiseTopicMax(t, brokers, topic)
 	wide := newWideWriter(brokers)
 	defer wide.Close()
-	if n, err := outbox.ModeCDC.RequeueDead(ctx, pool, outbox.DeadFilter{}); err != nil || n != 1 {
+	if n, err := outboxadmin.RequeueDead(ctx, pool, outbox.ModeCDC, outboxadmin.DeadFilter{}); err != nil || n != 1 {
 		t.Fatalf("RequeueDead = %d, %v; want 1", n, err)
 	}
 	requeued := currentLSN(t, pool)

@@ -5,7 +5,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/onceflow/onceflow/pkg/outbox"
+	"github.com/onceflow/onceflow/pkg/outbox/outboxadmin"
 	"github.com/onceflow/onceflow/pkg/testenv"
 )
 
@@ -44,7 +44,7 @@ func TestCDCRetentionIgnoresOtherDatabasesTransactions(t *testing.T) {
 	defer e.logRetentionState(t)
 	testenv.WaitFor(t, 10*time.Second, "retention to delete the published row while another database holds an xid",
 		func() (bool, error) { return countRows(t, e.pool, "true") == 0, nil })
-	rep, err := outbox.Backlog(ctx, e.pool, outbox.BacklogConfig{PendingOlderThan: time.Microsecond})
+	rep, err := outboxadmin.Backlog(ctx, e.pool, outboxadmin.BacklogConfig{PendingOlderThan: time.Microsecond})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -13,6 +13,7 @@ import (
 
 	"github.com/onceflow/onceflow/pkg/outbox"
 	"github.com/onceflow/onceflow/pkg/outbox/cdc"
+	"github.com/onceflow/onceflow/pkg/outbox/outboxadmin"
 	"github.com/onceflow/onceflow/pkg/testenv"
 )
 
@@ -291,7 +292,7 @@ func TestCDCRequeuedDeadHeadGoesOutBeforeItsSuccessor(t *testing.T) {
 	if err := e.pool.QueryRow(ctx, `SELECT id FROM outbox_events WHERE event_id = $1`, big1.EventID).Scan(&headID); err != nil {
 		t.Fatal(err)
 	}
-	if n, err := outbox.ModeCDC.Requeue(ctx, e.pool, headID); err != nil || n != 1 {
+	if n, err := outboxadmin.Requeue(ctx, e.pool, outbox.ModeCDC, headID); err != nil || n != 1 {
 		t.Fatalf("Requeue = %d, %v; want 1", n, err)
 	}
 	testenv.WaitFor(t, 30*time.Second, "the head's copy dead again", func() (bool, error) {
@@ -304,7 +305,7 @@ func TestCDCRequeuedDeadHeadGoesOutBeforeItsSuccessor(t *testing.T) {
 	wide := newWideWriter(e.brokers)
 	t.Cleanup(func() { wide.Close() })
 	runStreaming(t, newCDC(t, e.pool, wide, cfg))
-	if n, err := outbox.ModeCDC.RequeueDead(ctx, e.pool, outbox.DeadFilter{}); err != nil || n != 2 {
+	if n, err := outboxadmin.RequeueDead(ctx, e.pool, outbox.ModeCDC, outboxadmin.DeadFilter{}); err != nil || n != 2 {
 		t.Fatalf("RequeueDead = %d, %v; want 2", n, err)
 	}
 	bigs := func() []string {
@@ -399,16 +400,16 @@ func TestBacklogLeavesOutRowsTheLogBasedRelayPublished(t *testing.T) {
 	testenv.WaitFor(t, 20*time.Second, "k/1..3 published", func() (bool, error) { return e.c.distinct() == 3, nil })
 	// What the relay published is known once its slot confirmed it (within
 	// a RetentionInterval or two): then Backlog counts none of it.
-	var rep outbox.BacklogReport
+	var rep outboxadmin.BacklogReport
 	testenv.WaitFor(t, 30*time.Second, "Backlog to count nothing pending", func() (bool, error) {
 		var err error
-		rep, err = outbox.Backlog(ctx, e.pool, outbox.BacklogConfig{Samples: 10})
+		rep, err = outboxadmin.Backlog(ctx, e.pool, outboxadmin.BacklogConfig{Samples: 10})
 		return err == nil && rep.Pending.Count == 0, err
 	})
 	stop()
 	late := newEvent("k", 4)
 	enqueue(t, e.pool, late)
-	rep, err := outbox.Backlog(ctx, e.pool, outbox.BacklogConfig{Samples: 10})
+	rep, err := outboxadmin.Backlog(ctx, e.pool, outboxadmin.BacklogConfig{Samples: 10})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -12,6 +12,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/onceflow/onceflow/pkg/outbox"
+	"github.com/onceflow/onceflow/pkg/outbox/outboxadmin"
 	"github.com/onceflow/onceflow/pkg/testenv"
 )
 
@@ -148,7 +149,7 @@ func TestDebeziumModeOperatorActions(t *testing.T) {
 		row{"other", "c", 1, "pending", 0, time.Time{}},           // 3: another aggregate type
 	)
 
-	n, err := mode.Requeue(ctx, pool, s[0].id)
+	n, err := outboxadmin.Requeue(ctx, pool, mode, s[0].id)
 	if err != nil || n != 1 {
 		t.Fatalf("Requeue of the dead row = %d, %v; want 1", n, err)
 	}
@@ -160,19 +161,19 @@ func TestDebeziumModeOperatorActions(t *testing.T) {
 	if newID <= s[3].id || state != "pending" {
 		t.Fatalf("the requeued event is row %d in state %s; want a new pending row (an insert, which the publication streams)", newID, state)
 	}
-	if _, err := mode.RequeueDead(ctx, pool, outbox.DeadFilter{}); !errors.Is(err, outbox.ErrNotInThisMode) {
+	if _, err := outboxadmin.RequeueDead(ctx, pool, mode, outboxadmin.DeadFilter{}); !errors.Is(err, outboxadmin.ErrNotInThisMode) {
 		t.Fatalf("RequeueDead with no dead row = %v; want ErrNotInThisMode (Debezium keeps no dead events)", err)
 	}
 
-	f := outbox.ReplayFilter{AggregateType: "thing", From: time.Now().Add(-time.Hour)}
-	dry, err := mode.Replay(ctx, pool, f, true)
+	f := outboxadmin.ReplayFilter{AggregateType: "thing", From: time.Now().Add(-time.Hour)}
+	dry, err := outboxadmin.Replay(ctx, pool, mode, f, true)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if len(dry) != 3 {
 		t.Fatalf("the replay's scope has %d rows, want 3 (every row of the window that is not dead)", len(dry))
 	}
-	items, err := mode.Replay(ctx, pool, f, false)
+	items, err := outboxadmin.Replay(ctx, pool, mode, f, false)
 	if err != nil {
 		t.Fatal(err)
 	}

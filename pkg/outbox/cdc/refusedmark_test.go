@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/onceflow/onceflow/pkg/outbox"
+	"github.com/onceflow/onceflow/pkg/outbox/outboxadmin"
 	"github.com/onceflow/onceflow/pkg/testenv"
 )
 
@@ -57,7 +58,7 @@ func TestCDCRefusedDeadMarkOfARequeuedRowHoldsUntilTheCopy(t *testing.T) {
 	if _, err := op.Exec(ctx, `UPDATE outbox_events SET state = 'dead', last_error = 'the other instance' WHERE id = $1`, id1); err != nil {
 		t.Fatal(err)
 	}
-	if n, err := outbox.ModeCDC.Requeue(ctx, op, id1); err != nil || n != 1 {
+	if n, err := outboxadmin.Requeue(ctx, op, outbox.ModeCDC, id1); err != nil || n != 1 {
 		t.Fatalf("Requeue = %d, %v; want 1", n, err)
 	}
 	if err := op.Commit(ctx); err != nil {
@@ -81,7 +82,7 @@ func TestCDCRefusedDeadMarkOfARequeuedRowHoldsUntilTheCopy(t *testing.T) {
 		t.Fatalf("big/2's row: %d dead, want 1 (held back behind big/1)", n)
 	}
 	// The operator requeues what is dead: the aggregate goes on, in order.
-	if n, err := outbox.ModeCDC.RequeueDead(ctx, e.pool, outbox.DeadFilter{}); err != nil || n != 2 {
+	if n, err := outboxadmin.RequeueDead(ctx, e.pool, outbox.ModeCDC, outboxadmin.DeadFilter{}); err != nil || n != 2 {
 		t.Fatalf("RequeueDead = %d, %v; want 2", n, err)
 	}
 	testenv.WaitFor(t, 30*time.Second, "big/2 and big/3 published", func() (bool, error) {

@@ -1,4 +1,4 @@
-package outbox_test
+package outboxadmin_test
 
 import (
 	"context"
@@ -17,13 +17,15 @@ import (
 
 	"github.com/onceflow/onceflow/pkg/event"
 	"github.com/onceflow/onceflow/pkg/outbox"
+	"github.com/onceflow/onceflow/pkg/outbox/outboxadmin"
+	"github.com/onceflow/onceflow/pkg/outbox/outboxtest"
 	"github.com/onceflow/onceflow/pkg/testenv"
 )
 
 // adminDB returns a pool on a fresh database with the outbox schema.
 func adminDB(t *testing.T) *pgxpool.Pool {
 	t.Helper()
-	return newOutboxDB(t)
+	return outboxtest.NewDatabase(t)
 }
 
 // row is one outbox row of a scenario, in the state the relay would have
@@ -311,20 +313,20 @@ func seedReplayScenario(t *testing.T, pool *pgxpool.Pool) []seeded {
 
 var replayScopes = []struct {
 	name   string
-	filter outbox.ReplayFilter
+	filter outboxadmin.ReplayFilter
 	want   []int // indexes into seedReplayScenario
 }{
-	{"aggregate type", outbox.ReplayFilter{AggregateType: "thing", From: longAgo}, []int{0, 1, 2, 3, 7}},
-	{"one aggregate", outbox.ReplayFilter{AggregateType: "thing", AggregateID: "a", From: longAgo}, []int{0, 1, 3}},
-	{"half-open window", outbox.ReplayFilter{AggregateType: "thing", From: replayT0.Add(time.Hour), To: replayT0.Add(2 * time.Hour)}, []int{1, 2}},
-	{"from only: up to now", outbox.ReplayFilter{AggregateType: "thing", From: replayT0.Add(time.Hour)}, []int{1, 2, 3, 7}},
-	{"to bounds the window", outbox.ReplayFilter{AggregateType: "thing", From: longAgo, To: replayT0.Add(time.Hour)}, []int{0}},
-	{"one aggregate in a window", outbox.ReplayFilter{AggregateType: "thing", AggregateID: "a", From: replayT0.Add(time.Minute), To: replayT0.Add(3 * time.Hour)}, []int{1, 3}},
-	{"other type", outbox.ReplayFilter{AggregateType: "other", From: longAgo}, []int{4}},
-	{"nothing in scope", outbox.ReplayFilter{AggregateType: "thing", AggregateID: "nope", From: longAgo}, nil},
+	{"aggregate type", outboxadmin.ReplayFilter{AggregateType: "thing", From: longAgo}, []int{0, 1, 2, 3, 7}},
+	{"one aggregate", outboxadmin.ReplayFilter{AggregateType: "thing", AggregateID: "a", From: longAgo}, []int{0, 1, 3}},
+	{"half-open window", outboxadmin.ReplayFilter{AggregateType: "thing", From: replayT0.Add(time.Hour), To: replayT0.Add(2 * time.Hour)}, []int{1, 2}},
+	{"from only: up to now", outboxadmin.ReplayFilter{AggregateType: "thing", From: replayT0.Add(time.Hour)}, []int{1, 2, 3, 7}},
+	{"to bounds the window", outboxadmin.ReplayFilter{AggregateType: "thing", From: longAgo, To: replayT0.Add(time.Hour)}, []int{0}},
+	{"one aggregate in a window", outboxadmin.ReplayFilter{AggregateType: "thing", AggregateID: "a", From: replayT0.Add(time.Minute), To: replayT0.Add(3 * time.Hour)}, []int{1, 3}},
+	{"other type", outboxadmin.ReplayFilter{AggregateType: "other", From: longAgo}, []int{4}},
+	{"nothing in scope", outboxadmin.ReplayFilter{AggregateType: "thing", AggregateID: "nope", From: longAgo}, nil},
 }
 
-func itemIDs(items []outbox.ReplayItem) []int64 {
+func itemIDs(items []outboxadmin.ReplayItem) []int64 {
 	ids := []int64{}
 	for _, it := range items {
 		ids = append(ids, it.ID)
@@ -338,7 +340,7 @@ func TestReplayDryRunListsTheScopeAndChangesNothing(t *testing.T) {
 	pool, s, _, before := seedScope(t, seedReplayScenario) // no scope: every row watched
 	for _, tt := range replayScopes {
 		t.Run(tt.name, func(t *testing.T) {
-			items, err := outbox.ModePoll.Replay(ctx, pool, tt.filter, true)
+			items, err := outboxadmin.Replay(ctx, pool, outbox.ModePoll, tt.filter, true)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -353,7 +355,7 @@ func TestReplayDryRunListsTheScopeAndChangesNothing(t *testing.T) {
 		})
 	}
 	// The items carry the aggregate and the creation time as stored.
-	items, err := outbox.ModePoll.Replay(ctx, pool, outbox.ReplayFilter{AggregateType: "thing", AggregateID: "a", From: longAgo, To: replayT0.Add(90 * time.Minute)}, true)
+	items, err := outboxadmin.Replay(ctx, pool, outbox.ModePoll, outboxadmin.ReplayFilter{AggregateType: "thing", AggregateID: "a", From: longAgo, To: replayT0.Add(90 * time.Minute)}, true)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -369,7 +371,7 @@ func TestReplayFlipsExactlyTheScopedRowsToPendingKeepingEventIDs(t *testing.T) {
 			ctx := context.Background()
 			pool, s, want, untouched := seedScope(t, seedReplayScenario, tt.want...)
 
-			items, err := outbox.ModePoll.Replay(ctx, pool, tt.filter, false)
+			items, err := outboxadmin.Replay(ctx, pool, outbox.ModePoll, tt.filter, false)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -385,7 +387,7 @@ func TestReplayFlipsExactlyTheScopedRowsToPendingKeepingEventIDs(t *testing.T) {
 			equalIDs(t, "rows pending again under their event ids", replayed, want)
 			untouched.unchanged(t, "replaying the rows in scope")
 
-			again, err := outbox.ModePoll.Replay(ctx, pool, tt.filter, false)
+			again, err := outboxadmin.Replay(ctx, pool, outbox.ModePoll, tt.filter, false)
 			if err != nil || len(again) != 0 {
 				t.Fatalf("replaying again before the relay ran: %d items, err %v; want none", len(again), err)
 			}
@@ -399,21 +401,21 @@ func TestReplayRefusesAnInvalidFilter(t *testing.T) {
 	pool, _, _, before := seedScope(t, seedReplayScenario)
 	tests := []struct {
 		name   string
-		filter outbox.ReplayFilter
+		filter outboxadmin.ReplayFilter
 	}{
-		{"no aggregate type", outbox.ReplayFilter{AggregateID: "a"}},
-		{"zero filter", outbox.ReplayFilter{}},
-		{"no window", outbox.ReplayFilter{AggregateType: "thing"}},
-		{"To without From", outbox.ReplayFilter{AggregateType: "thing", To: replayT0}},
-		{"Max above MaxReplay", outbox.ReplayFilter{AggregateType: "thing", From: longAgo, Max: outbox.MaxReplay + 1}},
-		{"To equals From", outbox.ReplayFilter{AggregateType: "thing", From: replayT0, To: replayT0}},
-		{"To before From", outbox.ReplayFilter{AggregateType: "thing", From: replayT0.Add(time.Hour), To: replayT0}},
+		{"no aggregate type", outboxadmin.ReplayFilter{AggregateID: "a"}},
+		{"zero filter", outboxadmin.ReplayFilter{}},
+		{"no window", outboxadmin.ReplayFilter{AggregateType: "thing"}},
+		{"To without From", outboxadmin.ReplayFilter{AggregateType: "thing", To: replayT0}},
+		{"Max above MaxReplay", outboxadmin.ReplayFilter{AggregateType: "thing", From: longAgo, Max: outboxadmin.MaxReplay + 1}},
+		{"To equals From", outboxadmin.ReplayFilter{AggregateType: "thing", From: replayT0, To: replayT0}},
+		{"To before From", outboxadmin.ReplayFilter{AggregateType: "thing", From: replayT0.Add(time.Hour), To: replayT0}},
 	}
 	for _, tt := range tests {
 		for _, dryRun := range []bool{true, false} {
 			t.Run(fmt.Sprintf("%s/dryRun=%v", tt.name, dryRun), func(t *testing.T) {
-				items, err := outbox.ModePoll.Replay(ctx, pool, tt.filter, dryRun)
-				if !errors.Is(err, outbox.ErrInvalidFilter) || items != nil {
+				items, err := outboxadmin.Replay(ctx, pool, outbox.ModePoll, tt.filter, dryRun)
+				if !errors.Is(err, outboxadmin.ErrInvalidFilter) || items != nil {
 					t.Fatalf("Replay(%+v) = %d items, err %v; want ErrInvalidFilter", tt.filter, len(items), err)
 				}
 			})
@@ -432,17 +434,17 @@ func TestReplayRefusesAScopeLargerThanMaxReplay(t *testing.T) {
 		                           event_version, payload, occurred_at, partition, state, attempts, published_at)
 		SELECT gen_random_uuid(), 'bulk', CASE WHEN g <= $1 THEN 'big' ELSE 'small' END, g, 'ThingHappened',
 		       1, '{}', now(), 0, 'published', 1, now()
-		FROM generate_series(1, $1 + 1) g`, outbox.MaxReplay)
+		FROM generate_series(1, $1 + 1) g`, outboxadmin.MaxReplay)
 	if err != nil {
 		t.Fatal(err)
 	}
 
 	for _, dryRun := range []bool{true, false} {
-		items, err := outbox.ModePoll.Replay(ctx, pool, outbox.ReplayFilter{AggregateType: "bulk", From: longAgo}, dryRun)
-		if !errors.Is(err, outbox.ErrReplayTooLarge) || items != nil {
+		items, err := outboxadmin.Replay(ctx, pool, outbox.ModePoll, outboxadmin.ReplayFilter{AggregateType: "bulk", From: longAgo}, dryRun)
+		if !errors.Is(err, outboxadmin.ErrReplayTooLarge) || items != nil {
 			t.Fatalf("dryRun=%v: %d items, err %v; want ErrReplayTooLarge", dryRun, len(items), err)
 		}
-		if want := fmt.Sprint(outbox.MaxReplay + 1); !strings.Contains(err.Error(), want) {
+		if want := fmt.Sprint(outboxadmin.MaxReplay + 1); !strings.Contains(err.Error(), want) {
 			t.Fatalf("error %q does not tell the scope's size, %s", err, want)
 		}
 	}
@@ -450,16 +452,16 @@ func TestReplayRefusesAScopeLargerThanMaxReplay(t *testing.T) {
 	if err := pool.QueryRow(ctx, "SELECT count(*) FROM outbox_events WHERE state = 'published'").Scan(&published); err != nil {
 		t.Fatal(err)
 	}
-	if published != outbox.MaxReplay+1 {
-		t.Fatalf("%d rows published after a refused replay, want all %d", published, outbox.MaxReplay+1)
+	if published != outboxadmin.MaxReplay+1 {
+		t.Fatalf("%d rows published after a refused replay, want all %d", published, outboxadmin.MaxReplay+1)
 	}
 
 	// Exactly MaxReplay is allowed.
-	items, err := outbox.ModePoll.Replay(ctx, pool, outbox.ReplayFilter{AggregateType: "bulk", AggregateID: "big", From: longAgo}, false)
-	if err != nil || len(items) != outbox.MaxReplay {
+	items, err := outboxadmin.Replay(ctx, pool, outbox.ModePoll, outboxadmin.ReplayFilter{AggregateType: "bulk", AggregateID: "big", From: longAgo}, false)
+	if err != nil || len(items) != outboxadmin.MaxReplay {
 		t.Fatalf("replaying exactly MaxReplay events: %d items, err %v", len(items), err)
 	}
-	if !slices.IsSortedFunc(items, func(a, b outbox.ReplayItem) int { return int(a.ID - b.ID) }) {
+	if !slices.IsSortedFunc(items, func(a, b outboxadmin.ReplayItem) int { return int(a.ID - b.ID) }) {
 		t.Fatal("replayed items are not in id order")
 	}
 }
@@ -550,9 +552,9 @@ func TestRequeueMovesOnlyDeadRowsBackToPending(t *testing.T) {
 			ctx := context.Background()
 			pool, s, want, untouched := seedScope(t, seedDeadScenario, tt.want...)
 
-			n, err := outbox.ModePoll.Requeue(ctx, pool, tt.ids(s)...)
+			n, err := outboxadmin.Requeue(ctx, pool, outbox.ModePoll, tt.ids(s)...)
 			checkRequeued(t, pool, "Requeue", n, err, want, untouched)
-			if n, err := outbox.ModePoll.Requeue(ctx, pool, tt.ids(s)...); err != nil || n != 0 {
+			if n, err := outboxadmin.Requeue(ctx, pool, outbox.ModePoll, tt.ids(s)...); err != nil || n != 0 {
 				t.Fatalf("requeuing again: n=%d err=%v, want 0: the rows are no longer dead", n, err)
 			}
 		})
@@ -567,8 +569,8 @@ func TestRequeueOfAnUnknownIDIsNotFoundAndRequeuesNothing(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	pool, s, _, untouched := seedScope(t, seedDeadScenario)
-	n, err := outbox.ModePoll.Requeue(ctx, pool, append(idsOf(s, 0, 1), 999_999, 999_998)...)
-	if !errors.Is(err, outbox.ErrNotFound) || n != 0 {
+	n, err := outboxadmin.Requeue(ctx, pool, outbox.ModePoll, append(idsOf(s, 0, 1), 999_999, 999_998)...)
+	if !errors.Is(err, outboxadmin.ErrNotFound) || n != 0 {
 		t.Fatalf("Requeue with unknown ids: n=%d err=%v, want 0 and ErrNotFound", n, err)
 	}
 	if !strings.Contains(err.Error(), "999998, 999999") {
@@ -581,23 +583,23 @@ func TestRequeueDeadByFilter(t *testing.T) {
 	t.Parallel()
 	tests := []struct {
 		name   string
-		filter outbox.DeadFilter
+		filter outboxadmin.DeadFilter
 		want   []int // indexes into seedDeadScenario
 	}{
-		{"every dead row", outbox.DeadFilter{}, []int{0, 1, 4, 5}},
-		{"aggregate type", outbox.DeadFilter{AggregateType: "thing"}, []int{0, 1, 5}},
-		{"one aggregate", outbox.DeadFilter{AggregateType: "thing", AggregateID: "a"}, []int{0, 5}},
-		{"aggregate id across types", outbox.DeadFilter{AggregateID: "a"}, []int{0, 4, 5}},
-		{"limit takes the oldest", outbox.DeadFilter{Limit: 2}, []int{0, 1}},
-		{"limit within a type", outbox.DeadFilter{AggregateType: "thing", Limit: 1}, []int{0}},
-		{"no match", outbox.DeadFilter{AggregateType: "nope"}, nil},
+		{"every dead row", outboxadmin.DeadFilter{}, []int{0, 1, 4, 5}},
+		{"aggregate type", outboxadmin.DeadFilter{AggregateType: "thing"}, []int{0, 1, 5}},
+		{"one aggregate", outboxadmin.DeadFilter{AggregateType: "thing", AggregateID: "a"}, []int{0, 5}},
+		{"aggregate id across types", outboxadmin.DeadFilter{AggregateID: "a"}, []int{0, 4, 5}},
+		{"limit takes the oldest", outboxadmin.DeadFilter{Limit: 2}, []int{0, 1}},
+		{"limit within a type", outboxadmin.DeadFilter{AggregateType: "thing", Limit: 1}, []int{0}},
+		{"no match", outboxadmin.DeadFilter{AggregateType: "nope"}, nil},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			ctx := context.Background()
 			pool, _, want, untouched := seedScope(t, seedDeadScenario, tt.want...)
 
-			n, err := outbox.ModePoll.RequeueDead(ctx, pool, tt.filter)
+			n, err := outboxadmin.RequeueDead(ctx, pool, outbox.ModePoll, tt.filter)
 			checkRequeued(t, pool, "RequeueDead", n, err, want, untouched)
 		})
 	}
@@ -609,7 +611,7 @@ func TestListDeadShowsDeadRows(t *testing.T) {
 	pool := adminDB(t)
 	s := seedDeadScenario(t, pool)
 
-	dead, err := outbox.ListDead(ctx, pool, 0)
+	dead, err := outboxadmin.ListDead(ctx, pool, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -626,7 +628,7 @@ func TestListDeadShowsDeadRows(t *testing.T) {
 		t.Fatalf("dead event = %s, want other/a v1, event %s, 3 attempts, last error %q", b, s[4].eventID, "broker said no")
 	}
 
-	limited, err := outbox.ListDead(ctx, pool, 2)
+	limited, err := outboxadmin.ListDead(ctx, pool, 2)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -634,10 +636,10 @@ func TestListDeadShowsDeadRows(t *testing.T) {
 		t.Fatalf("ListDead(limit 2) = %+v, want the two oldest dead rows", limited)
 	}
 
-	if _, err := outbox.ModePoll.Requeue(ctx, pool, s[0].id); err != nil {
+	if _, err := outboxadmin.Requeue(ctx, pool, outbox.ModePoll, s[0].id); err != nil {
 		t.Fatal(err)
 	}
-	dead, err = outbox.ListDead(ctx, pool, 0)
+	dead, err = outboxadmin.ListDead(ctx, pool, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
