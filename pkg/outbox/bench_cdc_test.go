@@ -43,7 +43,7 @@ func BenchmarkCDCWriteOverhead(b *testing.B) {
 	}
 }
 
-func benchCDCWriteOverhead(b *testing.B, write outbox.WriteFunc) {
+func benchCDCWriteOverhead(b *testing.B, write cdc.WriteFunc) {
 	const workers = 8
 	ctx := context.Background()
 	pool := benchPool(b, testenv.NewDatabase(b), workers+1, "on", nil)
@@ -242,7 +242,7 @@ func BenchmarkCDCPublishLag(b *testing.B) {
 	}
 }
 
-func benchCDCPublishLag(b *testing.B, write outbox.WriteFunc, rate int) {
+func benchCDCPublishLag(b *testing.B, write cdc.WriteFunc, rate int) {
 	ctx := context.Background()
 	brokers := testenv.KafkaBrokers(b)
 	topic := testenv.NewTopic(b, brokers, 6)

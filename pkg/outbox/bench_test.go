@@ -39,6 +39,7 @@ import (
 
 	"github.com/onceflow/onceflow/pkg/event"
 	"github.com/onceflow/onceflow/pkg/outbox"
+	"github.com/onceflow/onceflow/pkg/outbox/cdc"
 	"github.com/onceflow/onceflow/pkg/testenv"
 )
 
@@ -835,7 +836,7 @@ func benchIdleCPU(b *testing.B, pool *pgxpool.Pool, d time.Duration) (process, b
 // rate per second on a fixed schedule (an open loop: a slow commit does not
 // slow the schedule), and records in committed when each transaction's
 // Commit returned.
-func benchTrickle(ctx context.Context, pool *pgxpool.Pool, write outbox.WriteFunc, rate, n int, committed *benchClock) ([]string, error) {
+func benchTrickle(ctx context.Context, pool *pgxpool.Pool, write cdc.WriteFunc, rate, n int, committed *benchClock) ([]string, error) {
 	ids := make([]string, n)
 	for i := range ids {
 		ids[i] = uuid.NewString()

@@ -17,7 +17,7 @@
 //     restart, so consumers see duplicates, never gaps; package inbox absorbs
 //     them by event id.
 //   - Order, per aggregate, across any number of relays: rows carry a
-//     logical partition (a hash of the aggregate id, one of Partitions);
+//     logical partition (a hash of the aggregate id, one of 64);
 //     each partition is owned by one live relay at a time (a session advisory
 //     lock), relays rebalance the partitions as they join, leave or die, and
 //     every claim takes a per-partition fence lock before it claims rows in
@@ -57,8 +57,9 @@
 //     Writing it again gets the same answer, so each failure is an attempt of
 //     that row, and MaxAttempts make it dead. Only the row the error is about
 //     is charged, never its batch-mates. A row the relay cannot make into a
-//     message (its headers column does not decode, ErrUndecodable) is one
-//     too: it is never sent, and it holds back its aggregate's later rows.
+//     message (its headers column does not decode: its last error says
+//     "outbox: undecodable row") is one too: it is never sent, and it holds
+//     back its aggregate's later rows.
 //   - About the broker: everything else, such as a dial error, a connection
 //     reset or EOF, NotLeaderForPartition, LeaderNotAvailable,
 //     RequestTimedOut, NotEnoughReplicas, UnknownTopicOrPartition (a topic

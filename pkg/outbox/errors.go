@@ -15,11 +15,6 @@ var (
 	// (pgerr.IsUnavailable): worth retrying, and nobody's fault in the
 	// request.
 	ErrUnavailable = errors.New("outbox: database unavailable")
-	// ErrUndecodable is the reason recorded on a row the relay cannot make
-	// into a Kafka message (its headers column does not decode). Like any
-	// message error it is charged an attempt each try, and goes dead after
-	// MaxAttempts with this as its last error.
-	ErrUndecodable = errors.New("outbox: undecodable row")
 )
 
 // storeErrors are the names storeErr gives the driver's errors.

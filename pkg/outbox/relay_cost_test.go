@@ -10,6 +10,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/onceflow/onceflow/pkg/outbox"
+	"github.com/onceflow/onceflow/pkg/outbox/internal/publish"
 	"github.com/onceflow/onceflow/pkg/testenv"
 )
 
@@ -122,7 +123,7 @@ func TestAnUndecodableRowIsChargedThenDeadAndHoldsBackItsAggregate(t *testing.T)
 	if err := pool.QueryRow(ctx, `SELECT attempts, last_error FROM outbox_events WHERE state = 'dead'`).Scan(&attempts, &lastError); err != nil {
 		t.Fatal(err)
 	}
-	if attempts != maxAttempts || !strings.Contains(lastError, outbox.ErrUndecodable.Error()) {
+	if attempts != maxAttempts || !strings.Contains(lastError, publish.ErrUndecodable.Error()) {
 		t.Errorf("dead row: %d attempts, last error %q; want %d and the reason", attempts, lastError, maxAttempts)
 	}
 	if n := countRows(t, pool, "aggregate_id = 'bad' AND aggregate_version = 2 AND state = 'pending' AND attempts = 0"); n != 1 {

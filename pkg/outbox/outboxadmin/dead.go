@@ -244,7 +244,7 @@ func emitDead(ctx context.Context, tx pgx.Tx, query string, args ...any) (int, e
 	for i, d := range dead {
 		var h publish.Headers
 		if err := json.Unmarshal(d.headers, &h); err != nil {
-			return 0, fmt.Errorf("outbox: requeuing row %d: %w: headers: %w", d.id, outbox.ErrUndecodable, err)
+			return 0, fmt.Errorf("outbox: requeuing row %d: %w: headers: %w", d.id, publish.ErrUndecodable, err)
 		}
 		d.ev.CorrelationID, d.ev.CausationID, d.ev.Traceparent = h.CorrelationID, h.CausationID, h.Traceparent
 		if err := wal.Emit(ctx, tx, d.ev); err != nil {
