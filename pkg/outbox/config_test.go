@@ -1,12 +1,9 @@
 package outbox_test
 
 import (
-	"context"
 	"fmt"
 	"testing"
 	"time"
-
-	"github.com/segmentio/kafka-go"
 
 	"github.com/onceflow/onceflow/pkg/outbox"
 	"github.com/onceflow/onceflow/pkg/testenv"
@@ -84,10 +81,6 @@ func TestNewRelayValidates(t *testing.T) {
 	_, err := outbox.NewRelay(testenv.LazyPool(t), nopWriter{}, outbox.RelayConfig{RelayTTL: time.Millisecond})
 	testenv.CheckErr(t, err, "RelayTTL")
 }
-
-type nopWriter struct{}
-
-func (nopWriter) WriteMessages(context.Context, ...kafka.Message) error { return nil }
 
 // Constructors refuse a configuration no relay can run with; Validate says
 // why before anything starts.

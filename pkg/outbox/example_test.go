@@ -8,8 +8,6 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
-	"github.com/segmentio/kafka-go"
 
 	"github.com/onceflow/onceflow/pkg/event"
 	"github.com/onceflow/onceflow/pkg/outbox"
@@ -110,21 +108,4 @@ func ExamplePrune() {
 	n, err := outbox.Prune(ctx, pool, outbox.PruneConfig{Retention: 7 * 24 * time.Hour, Archive: true})
 	fmt.Println("archived:", n, err)
 	// Output: archived: 2 <nil>
-}
-
-// firstMessage reads the first message of the example's one-partition topic,
-// as any Kafka consumer would.
-func firstMessage(ctx context.Context, brokers []string, topic string) (kafka.Message, error) {
-	r := kafka.NewReader(kafka.ReaderConfig{Brokers: brokers, Topic: topic, Partition: 0, MaxWait: 100 * time.Millisecond})
-	defer r.Close()
-	ctx, cancel := context.WithTimeout(ctx, 20*time.Second)
-	defer cancel()
-	return r.ReadMessage(ctx)
-}
-
-// exampleSetup makes a fresh database with an orders table and the outbox
-// schema, and a fresh one-partition topic, on the dev stack (`make up`).
-func exampleSetup(ctx context.Context) (*pgxpool.Pool, []string, string, func()) {
-	return testenv.ForExample(ctx, `CREATE TABLE orders (id uuid PRIMARY KEY, amount_cents bigint NOT NULL)`,
-		[]testenv.Migration{{FS: outbox.Migrations, Table: outbox.MigrationsTable}})
 }

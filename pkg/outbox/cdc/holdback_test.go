@@ -22,12 +22,12 @@ import (
 // maxAttempts quick tries.
 func newHoldbackCDCEnv(t *testing.T, maxAttempts int) (*cdcEnv, cdc.Config) {
 	t.Helper()
-	e := &cdcEnv{relayEnv: &relayEnv{brokers: testenv.KafkaBrokers(t)}}
-	e.topic = newSmallTopic(t, e.brokers)
-	e.pool = newOutboxDB(t)
-	e.slot = newSlot(t, e.pool)
-	e.w = testenv.NewWriter(e.brokers, 10)
-	t.Cleanup(func() { e.w.Close() })
+	e := &cdcEnv{relayEnv: &relayEnv{Brokers: testenv.KafkaBrokers(t)}}
+	e.Topic = newSmallTopic(t, e.Brokers)
+	e.Pool = newOutboxDB(t)
+	e.slot = newSlot(t, e.Pool)
+	e.W = testenv.NewWriter(e.Brokers, 10)
+	t.Cleanup(func() { e.W.Close() })
 	cfg := e.config()
 	cfg.MaxAttempts, cfg.BackoffMin, cfg.BackoffMax = maxAttempts, 20*time.Millisecond, 50*time.Millisecond
 	return e, cfg
@@ -45,7 +45,7 @@ func TestCDCDeadEventHoldsBackItsAggregate(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	e, cfg := newHoldbackCDCEnv(t, 2)
-	brokers, topic, pool, w := e.brokers, e.topic, e.pool, e.w
+	brokers, topic, pool, w := e.Brokers, e.Topic, e.Pool, e.W
 	stop := runStreaming(t, newCDC(t, pool, w, cfg))
 
 	big1, big2 := newEvent("big", 1), newEvent("big", 2)
@@ -105,7 +105,7 @@ func TestCDCRedeliveredRowRequeuedMeanwhileGoesOutOnce(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	e, cfg := newHoldbackCDCEnv(t, 1)
-	brokers, topic, pool, slot, w := e.brokers, e.topic, e.pool, e.slot, e.w
+	brokers, topic, pool, slot, w := e.Brokers, e.Topic, e.Pool, e.slot, e.W
 	cfg.OutageBackoffMin, cfg.OutageBackoffMax = 20*time.Millisecond, 100*time.Millisecond
 	// The first relay never confirms anything: it stops after every batch,
 	// as a crash would, before the slot moves.

@@ -15,7 +15,6 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/onceflow/onceflow/pkg/event"
 	"github.com/onceflow/onceflow/pkg/outbox"
 	"github.com/onceflow/onceflow/pkg/outbox/outboxadmin"
 	"github.com/onceflow/onceflow/pkg/outbox/outboxtest"
@@ -26,77 +25,6 @@ import (
 func adminDB(t *testing.T) *pgxpool.Pool {
 	t.Helper()
 	return outboxtest.NewDatabase(t)
-}
-
-// row is one outbox row of a scenario, in the state the relay would have
-// left it in.
-type row struct {
-	aggType, aggID string
-	version        int64
-	state          string        // pending, published or dead
-	publishedAgo   time.Duration // published rows: published_at = now() - publishedAgo
-	createdAt      time.Time     // zero: the insert time
-}
-
-// seeded is where a row landed.
-type seeded struct {
-	id      int64
-	eventID uuid.UUID
-}
-
-// seedRows enqueues one event per row in one transaction (so ids follow the
-// order of rows), then forces each into its state.
-func seedRows(t *testing.T, pool *pgxpool.Pool, rows ...row) []seeded {
-	t.Helper()
-	ctx := context.Background()
-	evs := make([]event.Envelope, len(rows))
-	for i, r := range rows {
-		evs[i] = event.Envelope{
-			EventID: uuid.New(), EventType: "ThingHappened", EventVersion: 1,
-			AggregateType: r.aggType, AggregateID: r.aggID, AggregateVersion: r.version,
-			OccurredAt: time.Now(), Payload: []byte(`{"n":1}`),
-		}
-	}
-	if err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error { return outbox.EnqueueBatch(ctx, tx, evs...) }); err != nil {
-		t.Fatalf("enqueuing: %v", err)
-	}
-	out := make([]seeded, len(rows))
-	for i, r := range rows {
-		var createdAt any
-		if !r.createdAt.IsZero() {
-			createdAt = r.createdAt
-		}
-		err := pool.QueryRow(ctx, `
-			UPDATE outbox_events SET
-			    state = $2,
-			    attempts = CASE $2 WHEN 'pending' THEN 0 WHEN 'published' THEN 1 ELSE 3 END,
-			    next_attempt_at = CASE $2 WHEN 'dead' THEN now() ELSE next_attempt_at END,
-			    last_error = CASE $2 WHEN 'dead' THEN 'broker said no' END,
-			    published_at = CASE $2 WHEN 'published' THEN now() - $3::bigint * interval '1 microsecond' END,
-			    created_at = coalesce($4::timestamptz, created_at)
-			WHERE event_id = $1
-			RETURNING id`, evs[i].EventID, r.state, r.publishedAgo.Microseconds(), createdAt).Scan(&out[i].id)
-		if err != nil {
-			t.Fatalf("seeding row %d: %v", i, err)
-		}
-		out[i].eventID = evs[i].EventID
-	}
-	return out
-}
-
-// idsOf returns the ids of the seeded rows at the given indexes.
-func idsOf(s []seeded, idx ...int) []int64 {
-	ids := []int64{}
-	for _, i := range idx {
-		ids = append(ids, s[i].id)
-	}
-	return ids
-}
-
-// tableIDs returns the ids of table's rows matching where, in order.
-func tableIDs(t *testing.T, pool *pgxpool.Pool, table, where string, args ...any) []int64 {
-	t.Helper()
-	return testenv.QueryColumn[int64](t, pool, "SELECT id FROM "+table+" WHERE "+where+" ORDER BY id", args...)
 }
 
 // snapshot renders table's rows matching where, every column, as JSON, so
@@ -113,18 +41,6 @@ func snapshot(t *testing.T, pool *pgxpool.Pool, table, where string, args ...any
 	return s
 }
 
-func equalIDs(t *testing.T, what string, got, want []int64) {
-	t.Helper()
-	if !slices.Equal(got, want) {
-		t.Fatalf("%s: ids %v, want %v", what, got, want)
-	}
-}
-
-const (
-	day  = 24 * time.Hour
-	week = 7 * day
-)
-
 func TestPruneRemovesOnlyPublishedRowsPastRetention(t *testing.T) {
 	t.Parallel()
 	for _, archive := range []bool{false, true} {
@@ -133,12 +49,12 @@ func TestPruneRemovesOnlyPublishedRowsPastRetention(t *testing.T) {
 			pool := adminDB(t)
 			old := time.Now().Add(-30 * day)
 			s := seedRows(t, pool,
-				row{"thing", "a", 1, "published", week + time.Hour, time.Time{}}, // 0: past the window
-				row{"thing", "a", 2, "published", 30 * day, time.Time{}},         // 1: long past
-				row{"thing", "b", 1, "published", time.Hour, time.Time{}},        // 2: recent
-				row{"thing", "c", 1, "published", week - time.Hour, time.Time{}}, // 3: just inside
-				row{"thing", "d", 1, "pending", 0, old},                          // 4: old but not done
-				row{"thing", "e", 1, "dead", 0, old},                             // 5: old but dead
+				row{AggType: "thing", AggID: "a", Version: 1, State: "published", PublishedAgo: week + time.Hour}, // 0: past the window
+				row{AggType: "thing", AggID: "a", Version: 2, State: "published", PublishedAgo: 30 * day},         // 1: long past
+				row{AggType: "thing", AggID: "b", Version: 1, State: "published", PublishedAgo: time.Hour},        // 2: recent
+				row{AggType: "thing", AggID: "c", Version: 1, State: "published", PublishedAgo: week - time.Hour}, // 3: just inside
+				row{AggType: "thing", AggID: "d", Version: 1, State: "pending", CreatedAt: old},                   // 4: old but not done
+				row{AggType: "thing", AggID: "e", Version: 1, State: "dead", CreatedAt: old},                      // 5: old but dead
 			)
 			// As if they had been published once and set back by hand: the state,
 			// not published_at, says whether a row is done.
@@ -193,12 +109,12 @@ func TestPruneWorksInBatchesOldestFirst(t *testing.T) {
 				var rows []row
 				// Later rows were published earlier, so oldest first is not id order.
 				for i := range tt.old {
-					rows = append(rows, row{"thing", fmt.Sprint("old-", i), 1, "published", 8*day + time.Duration(i)*time.Hour, time.Time{}})
+					rows = append(rows, row{AggType: "thing", AggID: fmt.Sprint("old-", i), Version: 1, State: "published", PublishedAgo: 8*day + time.Duration(i)*time.Hour})
 				}
 				rows = append(rows,
-					row{"thing", "recent-1", 1, "published", time.Minute, time.Time{}},
-					row{"thing", "recent-2", 1, "published", 6 * day, time.Time{}},
-					row{"thing", "waiting", 1, "pending", 0, time.Time{}},
+					row{AggType: "thing", AggID: "recent-1", Version: 1, State: "published", PublishedAgo: time.Minute},
+					row{AggType: "thing", AggID: "recent-2", Version: 1, State: "published", PublishedAgo: 6 * day},
+					row{AggType: "thing", AggID: "waiting", Version: 1, State: "pending"},
 				)
 				s := seedRows(t, pool, rows...)
 
@@ -230,7 +146,7 @@ func TestPruneWorksInBatchesOldestFirst(t *testing.T) {
 				for _, size := range tt.batches {
 					var batch []int64
 					for range size {
-						batch = append(batch, s[next].id)
+						batch = append(batch, s[next].ID)
 						next--
 					}
 					want = append(want, batch)
@@ -247,9 +163,9 @@ func TestPrunerPrunesAtStartAndEveryInterval(t *testing.T) {
 	t.Parallel()
 	pool := adminDB(t)
 	s := seedRows(t, pool,
-		row{"thing", "a", 1, "published", 8 * day, time.Time{}},
-		row{"thing", "a", 2, "published", 9 * day, time.Time{}},
-		row{"thing", "b", 1, "pending", 0, time.Time{}},
+		row{AggType: "thing", AggID: "a", Version: 1, State: "published", PublishedAgo: 8 * day},
+		row{AggType: "thing", AggID: "a", Version: 2, State: "published", PublishedAgo: 9 * day},
+		row{AggType: "thing", AggID: "b", Version: 1, State: "pending"},
 	)
 	logs := &testenv.LogBuffer{}
 	pruner, err := outbox.NewPruner(pool, outbox.PrunerConfig{
@@ -272,14 +188,14 @@ func TestPrunerPrunesAtStartAndEveryInterval(t *testing.T) {
 		t.Fatalf("first run's log record = %v, want rows_removed 2 and archive true\n%s", rec, logs.String())
 	}
 
-	later := seedRows(t, pool, row{"thing", "c", 1, "published", 10 * day, time.Time{}})
+	later := seedRows(t, pool, row{AggType: "thing", AggID: "c", Version: 1, State: "published", PublishedAgo: 10 * day})
 	testenv.WaitFor(t, 10*time.Second, "a later run to archive a row published since and log it", func() (bool, error) {
 		return strings.Contains(logs.String(), `"rows_removed":1`) && len(tableIDs(t, pool, "outbox_events_archive", "true")) == 3, nil
 	})
 	if !strings.Contains(logs.String(), `"rows_removed":1`) {
 		t.Fatalf("no log record of the later run removing 1 row:\n%s", logs.String())
 	}
-	equalIDs(t, "archived", tableIDs(t, pool, "outbox_events_archive", "true"), []int64{s[0].id, s[1].id, later[0].id})
+	equalIDs(t, "archived", tableIDs(t, pool, "outbox_events_archive", "true"), []int64{s[0].ID, s[1].ID, later[0].ID})
 	equalIDs(t, "left in outbox_events", tableIDs(t, pool, "outbox_events", "true"), idsOf(s, 2))
 
 	stop()
@@ -300,14 +216,14 @@ func seedReplayScenario(t *testing.T, pool *pgxpool.Pool) []seeded {
 	t.Helper()
 	h := time.Hour
 	return seedRows(t, pool,
-		row{"thing", "a", 1, "published", h, replayT0},              // 0
-		row{"thing", "a", 2, "published", h, replayT0.Add(h)},       // 1
-		row{"thing", "b", 1, "published", h, replayT0.Add(h)},       // 2
-		row{"thing", "a", 3, "published", h, replayT0.Add(2 * h)},   // 3: exactly at a To below
-		row{"other", "a", 1, "published", h, replayT0.Add(h)},       // 4: another aggregate type
-		row{"thing", "a", 4, "pending", 0, replayT0.Add(3 * h)},     // 5: not published yet
-		row{"thing", "a", 5, "dead", 0, replayT0.Add(3 * h)},        // 6: dead, not published
-		row{"thing", "c", 1, "published", time.Minute, time.Time{}}, // 7: created just now
+		row{AggType: "thing", AggID: "a", Version: 1, State: "published", PublishedAgo: h, CreatedAt: replayT0},            // 0
+		row{AggType: "thing", AggID: "a", Version: 2, State: "published", PublishedAgo: h, CreatedAt: replayT0.Add(h)},     // 1
+		row{AggType: "thing", AggID: "b", Version: 1, State: "published", PublishedAgo: h, CreatedAt: replayT0.Add(h)},     // 2
+		row{AggType: "thing", AggID: "a", Version: 3, State: "published", PublishedAgo: h, CreatedAt: replayT0.Add(2 * h)}, // 3: exactly at a To below
+		row{AggType: "other", AggID: "a", Version: 1, State: "published", PublishedAgo: h, CreatedAt: replayT0.Add(h)},     // 4: another aggregate type
+		row{AggType: "thing", AggID: "a", Version: 4, State: "pending", CreatedAt: replayT0.Add(3 * h)},                    // 5: not published yet
+		row{AggType: "thing", AggID: "a", Version: 5, State: "dead", CreatedAt: replayT0.Add(3 * h)},                       // 6: dead, not published
+		row{AggType: "thing", AggID: "c", Version: 1, State: "published", PublishedAgo: time.Minute},                       // 7: created just now
 	)
 }
 
@@ -347,8 +263,8 @@ func TestReplayDryRunListsTheScopeAndChangesNothing(t *testing.T) {
 			equalIDs(t, "dry run", itemIDs(items), idsOf(s, tt.want...))
 			for i, it := range items {
 				w := s[tt.want[i]]
-				if it.EventID != w.eventID || it.EventType != "ThingHappened" || it.CreatedAt.IsZero() {
-					t.Fatalf("item %d = %+v, want event id %s", i, it, w.eventID)
+				if it.EventID != w.EventID || it.EventType != "ThingHappened" || it.CreatedAt.IsZero() {
+					t.Fatalf("item %d = %+v, want event id %s", i, it, w.EventID)
 				}
 			}
 			before.unchanged(t, "a dry run")
@@ -380,7 +296,7 @@ func TestReplayFlipsExactlyTheScopedRowsToPendingKeepingEventIDs(t *testing.T) {
 			// claim picks them up and consumers' inboxes see duplicates.
 			var eventIDs []uuid.UUID
 			for _, i := range tt.want {
-				eventIDs = append(eventIDs, s[i].eventID)
+				eventIDs = append(eventIDs, s[i].EventID)
 			}
 			replayed := tableIDs(t, pool, "outbox_events", `id = ANY($1) AND event_id = ANY($2) AND state = 'pending'
 				AND attempts = 0 AND published_at IS NULL AND next_attempt_at = '-infinity'`, want, eventIDs)
@@ -470,12 +386,12 @@ func TestReplayRefusesAScopeLargerThanMaxReplay(t *testing.T) {
 func seedDeadScenario(t *testing.T, pool *pgxpool.Pool) []seeded {
 	t.Helper()
 	return seedRows(t, pool,
-		row{"thing", "a", 1, "dead", 0, time.Time{}},        // 0
-		row{"thing", "b", 1, "dead", 0, time.Time{}},        // 1
-		row{"thing", "c", 1, "pending", 0, time.Time{}},     // 2
-		row{"thing", "d", 1, "published", day, time.Time{}}, // 3
-		row{"other", "a", 1, "dead", 0, time.Time{}},        // 4
-		row{"thing", "a", 2, "dead", 0, time.Time{}},        // 5
+		row{AggType: "thing", AggID: "a", Version: 1, State: "dead"},                         // 0
+		row{AggType: "thing", AggID: "b", Version: 1, State: "dead"},                         // 1
+		row{AggType: "thing", AggID: "c", Version: 1, State: "pending"},                      // 2
+		row{AggType: "thing", AggID: "d", Version: 1, State: "published", PublishedAgo: day}, // 3
+		row{AggType: "other", AggID: "a", Version: 1, State: "dead"},                         // 4
+		row{AggType: "thing", AggID: "a", Version: 2, State: "dead"},                         // 5
 	)
 }
 
@@ -621,22 +537,22 @@ func TestListDeadShowsDeadRows(t *testing.T) {
 	}
 	equalIDs(t, "ListDead", got, idsOf(s, 0, 1, 4, 5))
 	d := dead[2]
-	if d.EventID != s[4].eventID || d.EventType != "ThingHappened" || d.AggregateType != "other" ||
+	if d.EventID != s[4].EventID || d.EventType != "ThingHappened" || d.AggregateType != "other" ||
 		d.AggregateID != "a" || d.AggregateVersion != 1 || d.Attempts != 3 || d.LastError != "broker said no" ||
 		d.CreatedAt.IsZero() {
 		b, _ := json.Marshal(d)
-		t.Fatalf("dead event = %s, want other/a v1, event %s, 3 attempts, last error %q", b, s[4].eventID, "broker said no")
+		t.Fatalf("dead event = %s, want other/a v1, event %s, 3 attempts, last error %q", b, s[4].EventID, "broker said no")
 	}
 
 	limited, err := outboxadmin.ListDead(ctx, pool, 2)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(limited) != 2 || limited[0].ID != s[0].id || limited[1].ID != s[1].id {
+	if len(limited) != 2 || limited[0].ID != s[0].ID || limited[1].ID != s[1].ID {
 		t.Fatalf("ListDead(limit 2) = %+v, want the two oldest dead rows", limited)
 	}
 
-	if _, err := outboxadmin.Requeue(ctx, pool, outbox.ModePoll, s[0].id); err != nil {
+	if _, err := outboxadmin.Requeue(ctx, pool, outbox.ModePoll, s[0].ID); err != nil {
 		t.Fatal(err)
 	}
 	dead, err = outboxadmin.ListDead(ctx, pool, 0)

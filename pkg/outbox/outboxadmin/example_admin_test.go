@@ -13,7 +13,6 @@ import (
 	"github.com/onceflow/onceflow/pkg/event"
 	"github.com/onceflow/onceflow/pkg/outbox"
 	"github.com/onceflow/onceflow/pkg/outbox/outboxadmin"
-	"github.com/onceflow/onceflow/pkg/testenv"
 )
 
 // Once the cause of dead events is fixed (here, a topic that did not exist),
@@ -120,11 +119,4 @@ func ExampleReplay() {
 	}, true)
 	fmt.Println(len(items), items[0].EventType, items[0].AggregateVersion, err)
 	// Output: 1 OrderPlaced 1 <nil>
-}
-
-// exampleSetup makes a fresh database with the outbox schema on the dev
-// stack (`make up`), as package outbox's examples do.
-func exampleSetup(ctx context.Context) (*pgxpool.Pool, []string, string, func()) {
-	return testenv.ForExample(ctx, `CREATE TABLE orders (id uuid PRIMARY KEY, amount_cents bigint NOT NULL)`,
-		[]testenv.Migration{{FS: outbox.Migrations, Table: outbox.MigrationsTable}})
 }

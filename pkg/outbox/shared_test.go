@@ -1,0 +1,45 @@
+package outbox_test
+
+import "github.com/onceflow/onceflow/pkg/outbox/internal/outboxtesting"
+
+// The helpers these tests share with the other outbox packages' tests
+// (internal/outboxtesting), by the names the tests call them.
+type (
+	benchWireCounts = outboxtesting.WireCounts
+	benchRate       = outboxtesting.Rate
+	benchClock      = outboxtesting.Clock
+	nopWriter       = outboxtesting.NopWriter
+	switchWriter    = outboxtesting.SwitchWriter
+)
+
+const (
+	lagLoad      = outboxtesting.LagLoad
+	lagWarmUp    = outboxtesting.LagWarmUp
+	lagProducers = outboxtesting.LagProducers
+	lagIdle      = outboxtesting.LagIdle
+	bigBlob      = outboxtesting.BigBlob
+)
+
+var (
+	benchCountingPool = outboxtesting.CountingPool
+	benchTrickle      = outboxtesting.Trickle
+	newBenchClock     = outboxtesting.NewClock
+	benchLogger       = outboxtesting.Logger
+	benchOrderPlaced  = outboxtesting.OrderPlaced
+	firstMessage      = outboxtesting.FirstMessage
+	exampleSetup      = outboxtesting.ExampleSetup
+	runRelay          = outboxtesting.RunRelay
+	newRelayEnv       = outboxtesting.NewRelayEnv
+	newOutboxDB       = outboxtesting.NewOutboxDB
+	newOutboxDBURL    = outboxtesting.NewOutboxDBURL
+	newEvent          = outboxtesting.NewEvent
+	countRows         = outboxtesting.CountRows
+	newSmallTopic     = outboxtesting.NewSmallTopic
+	newTopicWithMax   = outboxtesting.NewTopicWithMax
+	raiseTopicMax     = outboxtesting.RaiseTopicMax
+	newWideWriter     = outboxtesting.NewWideWriter
+	blob              = outboxtesting.Blob
+	onTopic           = outboxtesting.OnTopic
+	enqueue           = outboxtesting.Enqueue
+	collect           = outboxtesting.Collect
+)
