@@ -5,6 +5,7 @@ import "github.com/onceflow/onceflow/pkg/outbox/internal/outboxtesting"
 // The helpers these tests share with the other outbox packages' tests
 // (internal/outboxtesting), by the names the tests call them.
 type (
+	row             = outboxtesting.Row
 	benchWireCounts = outboxtesting.WireCounts
 	benchRate       = outboxtesting.Rate
 	benchClock      = outboxtesting.Clock
@@ -13,6 +14,8 @@ type (
 )
 
 const (
+	day          = outboxtesting.Day
+	week         = outboxtesting.Week
 	lagLoad      = outboxtesting.LagLoad
 	lagWarmUp    = outboxtesting.LagWarmUp
 	lagProducers = outboxtesting.LagProducers
@@ -21,6 +24,11 @@ const (
 )
 
 var (
+	snapshot          = outboxtesting.Snapshot
+	seedRows          = outboxtesting.SeedRows
+	idsOf             = outboxtesting.IDsOf
+	tableIDs          = outboxtesting.TableIDs
+	equalIDs          = outboxtesting.EqualIDs
 	benchCountingPool = outboxtesting.CountingPool
 	benchTrickle      = outboxtesting.Trickle
 	newBenchClock     = outboxtesting.NewClock

@@ -15,6 +15,7 @@ const (
 )
 
 var (
+	snapshot     = outboxtesting.Snapshot
 	seedRows     = outboxtesting.SeedRows
 	idsOf        = outboxtesting.IDsOf
 	tableIDs     = outboxtesting.TableIDs

@@ -25,11 +25,12 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/segmentio/kafka-go"
+
 	"github.com/onceflow/onceflow/pkg/event"
 	"github.com/onceflow/onceflow/pkg/outbox"
 	"github.com/onceflow/onceflow/pkg/outbox/cdc"
 	"github.com/onceflow/onceflow/pkg/testenv"
-	"github.com/segmentio/kafka-go"
 )
 
 // Row is one outbox row of a scenario, in the state the relay would have
@@ -101,6 +102,20 @@ func IDsOf(s []Seeded, idx ...int) []int64 {
 func TableIDs(t *testing.T, pool *pgxpool.Pool, table, where string, args ...any) []int64 {
 	t.Helper()
 	return testenv.QueryColumn[int64](t, pool, "SELECT id FROM "+table+" WHERE "+where+" ORDER BY id", args...)
+}
+
+// Snapshot renders table's rows matching where, every column, as JSON, so
+// a test can tell whether anything at all changed.
+func Snapshot(t *testing.T, pool *pgxpool.Pool, table, where string, args ...any) string {
+	t.Helper()
+	var s string
+	err := pool.QueryRow(context.Background(),
+		"SELECT coalesce(jsonb_agg(to_jsonb(r) - 'archived_at' ORDER BY id)::text, '[]') FROM "+table+" r WHERE "+where,
+		args...).Scan(&s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
 }
 
 // EqualIDs fails t unless got and want hold the same ids in the same order.
