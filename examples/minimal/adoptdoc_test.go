@@ -16,24 +16,25 @@ import (
 
 // The packages docs/adopt.md may name, by the name it calls them.
 var adoptPackages = map[string]string{
-	"event":      "github.com/onceflow/onceflow/pkg/event",
-	"outbox":     "github.com/onceflow/onceflow/pkg/outbox",
-	"cdc":        "github.com/onceflow/onceflow/pkg/outbox/cdc",
-	"inbox":      "github.com/onceflow/onceflow/pkg/inbox",
-	"outboxtest": "github.com/onceflow/onceflow/pkg/outbox/outboxtest",
-	"inboxtest":  "github.com/onceflow/onceflow/pkg/inbox/inboxtest",
-	"lease":      "github.com/onceflow/onceflow/pkg/inbox/lease",
-	"leasetest":  "github.com/onceflow/onceflow/pkg/inbox/lease/leasetest",
-	"testenv":    "github.com/onceflow/onceflow/pkg/testenv",
-	"kafkasafe":  "github.com/onceflow/onceflow/pkg/kafkasafe",
-	"pgmigrate":  "github.com/onceflow/onceflow/pkg/pgmigrate",
-	"crashpoint": "github.com/onceflow/onceflow/pkg/crashpoint",
-	"pgerr":      "github.com/onceflow/onceflow/pkg/pgerr",
+	"event":       "github.com/onceflow/onceflow/pkg/event",
+	"outbox":      "github.com/onceflow/onceflow/pkg/outbox",
+	"cdc":         "github.com/onceflow/onceflow/pkg/outbox/cdc",
+	"inbox":       "github.com/onceflow/onceflow/pkg/inbox",
+	"outboxtest":  "github.com/onceflow/onceflow/pkg/outbox/outboxtest",
+	"outboxadmin": "github.com/onceflow/onceflow/pkg/outbox/outboxadmin",
+	"inboxtest":   "github.com/onceflow/onceflow/pkg/inbox/inboxtest",
+	"lease":       "github.com/onceflow/onceflow/pkg/inbox/lease",
+	"leasetest":   "github.com/onceflow/onceflow/pkg/inbox/lease/leasetest",
+	"testenv":     "github.com/onceflow/onceflow/pkg/testenv",
+	"kafkasafe":   "github.com/onceflow/onceflow/pkg/kafkasafe",
+	"pgmigrate":   "github.com/onceflow/onceflow/pkg/pgmigrate",
+	"crashpoint":  "github.com/onceflow/onceflow/pkg/crashpoint",
+	"pgerr":       "github.com/onceflow/onceflow/pkg/pgerr",
 }
 
 // TestAdoptGuideNamesWhatExists type-checks every identifier the adoption
 // guide names, in backticks or in its code blocks (`inbox.X`,
-// `outbox.RelayConfig.Topic`, `RelayMode.Requeue`, `inboxtest.Deliver`):
+// `outbox.RelayConfig.Topic`, `RelayConfig.Topic`, `inboxtest.Deliver`):
 // the guide once sent adopters to an inbox.Requeue that never existed
 // (issue 31). A renamed or removed name fails here, with the line.
 func TestAdoptGuideNamesWhatExists(t *testing.T) {

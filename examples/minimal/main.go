@@ -33,6 +33,7 @@ import (
 	"github.com/onceflow/onceflow/pkg/inbox"
 	"github.com/onceflow/onceflow/pkg/kafkasafe"
 	"github.com/onceflow/onceflow/pkg/outbox"
+	"github.com/onceflow/onceflow/pkg/outbox/outboxadmin"
 	"github.com/onceflow/onceflow/pkg/pgmigrate"
 )
 
@@ -182,7 +183,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout 
 // operator would: its outbox row (pending, published or dead) and its
 // inbox row of each consumer (processed, dead_lettered, …).
 func printStatus(ctx context.Context, pool *pgxpool.Pool, orderID string, stdout io.Writer) error {
-	events, err := outbox.EventsOf(ctx, pool, orderID)
+	events, err := outboxadmin.EventsOf(ctx, pool, orderID)
 	if err != nil {
 		return err
 	}

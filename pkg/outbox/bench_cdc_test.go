@@ -43,7 +43,7 @@ func BenchmarkCDCWriteOverhead(b *testing.B) {
 	}
 }
 
-func benchCDCWriteOverhead(b *testing.B, write outbox.WriteFunc) {
+func benchCDCWriteOverhead(b *testing.B, write cdc.WriteFunc) {
 	const workers = 8
 	ctx := context.Background()
 	pool := benchPool(b, testenv.NewDatabase(b), workers+1, "on", nil)
@@ -195,7 +195,7 @@ func benchCDCDrain(b *testing.B, mode string) {
 		case <-time.After(10 * time.Minute):
 			b.Fatalf("drained %d of %d events in 10 minutes", counted.n.Load(), len(msgs))
 		}
-		relayed.add(len(msgs), time.Since(start))
+		relayed.Add(len(msgs), time.Since(start))
 		stop()
 		<-ran
 		benchCloseWriter(w)
@@ -242,7 +242,7 @@ func BenchmarkCDCPublishLag(b *testing.B) {
 	}
 }
 
-func benchCDCPublishLag(b *testing.B, write outbox.WriteFunc, rate int) {
+func benchCDCPublishLag(b *testing.B, write cdc.WriteFunc, rate int) {
 	ctx := context.Background()
 	brokers := testenv.KafkaBrokers(b)
 	topic := testenv.NewTopic(b, brokers, 6)
@@ -281,7 +281,7 @@ func benchCDCPublishLag(b *testing.B, write outbox.WriteFunc, rate int) {
 			b.Fatal(err)
 		}
 		testenv.WaitFor(b, 30*time.Second, "the warm-up events to be acked and consumed", func() (bool, error) {
-			return acked.hasAll(warm) && arrived.hasAll(warm), nil
+			return acked.HasAll(warm) && arrived.HasAll(warm), nil
 		})
 
 		committed := newBenchClock()
@@ -291,17 +291,17 @@ func benchCDCPublishLag(b *testing.B, write outbox.WriteFunc, rate int) {
 		if err != nil {
 			b.Fatal(err)
 		}
-		events.add(len(ids), time.Since(start))
+		events.Add(len(ids), time.Since(start))
 		walBytes += benchWALSince(b, pool, before)
 		testenv.WaitFor(b, 30*time.Second, "every event to be acked and consumed", func() (bool, error) {
-			return acked.hasAll(ids) && arrived.hasAll(ids), nil
+			return acked.HasAll(ids) && arrived.HasAll(ids), nil
 		})
-		ackLag = append(ackLag, committed.lagsUntil(acked, ids)...)
-		consumeLag = append(consumeLag, committed.lagsUntil(arrived, ids)...)
+		ackLag = append(ackLag, committed.LagsUntil(acked, ids)...)
+		consumeLag = append(consumeLag, committed.LagsUntil(arrived, ids)...)
 		stopConsumers()
 	}
 	benchReportLag(b, events, ackLag, consumeLag)
-	b.ReportMetric(float64(walBytes)/float64(events.events), "wal-bytes/event")
+	b.ReportMetric(float64(walBytes)/float64(events.Events), "wal-bytes/event")
 }
 
 // emittedSQL is the content Emit writes (its binary encoding, internal/wal), as

@@ -2,14 +2,9 @@ package outbox_test
 
 import (
 	"context"
-	"net"
-	"strings"
-	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 
@@ -105,12 +100,12 @@ func benchRelayRoundTrips(b *testing.B, rate int, linger time.Duration) {
 			testenv.WaitFor(b, 30*time.Second, "every event to be acked and marked published", func() (bool, error) {
 				var unpublished int
 				err := pool.QueryRow(ctx, `SELECT count(*) FROM outbox_events WHERE state <> 'published'`).Scan(&unpublished)
-				return acked.hasAll(ids) && unpublished == 0, err
+				return acked.HasAll(ids) && unpublished == 0, err
 			})
 		}
 		waitPublished(warm)
 
-		before, rtBefore, claimsBefore := counts.snapshot(), benchCounterSum(reg, "outbox_relay_db_roundtrips_total"), benchCounterSum(reg, "outbox_relay_claims_total")
+		before, rtBefore, claimsBefore := counts.Snapshot(), benchCounterSum(reg, "outbox_relay_db_roundtrips_total"), benchCounterSum(reg, "outbox_relay_claims_total")
 		committed := newBenchClock()
 		sampleCtx, stopSampling := context.WithCancel(ctx)
 		sampled := make(chan [2]int, 1)
@@ -123,17 +118,17 @@ func benchRelayRoundTrips(b *testing.B, rate int, linger time.Duration) {
 		}
 		armedSamples, samples = armedSamples+armed[0], samples+armed[1]
 		waitPublished(ids)
-		d := counts.snapshot().minus(before)
+		d := counts.Snapshot().Minus(before)
 		events += float64(len(ids))
-		claims, wire, stmts = claims+float64(d.claims), wire+float64(d.roundTrips), stmts+float64(d.statements)
+		claims, wire, stmts = claims+float64(d.Claims), wire+float64(d.RoundTrips), stmts+float64(d.Statements)
 		metricRT += benchCounterSum(reg, "outbox_relay_db_roundtrips_total") - rtBefore
 		metricClaims += benchCounterSum(reg, "outbox_relay_claims_total") - claimsBefore
-		ackLag = append(ackLag, committed.lagsUntil(acked, ids)...)
+		ackLag = append(ackLag, committed.LagsUntil(acked, ids)...)
 
-		before = counts.snapshot()
+		before = counts.Snapshot()
 		<-time.After(rtIdle) // the idle window itself, not a wait for a condition
-		d = counts.snapshot().minus(before)
-		idleClaims, idleWire, idleFor = idleClaims+float64(d.claims), idleWire+float64(d.roundTrips), idleFor+rtIdle.Seconds()
+		d = counts.Snapshot().Minus(before)
+		idleClaims, idleWire, idleFor = idleClaims+float64(d.Claims), idleWire+float64(d.RoundTrips), idleFor+rtIdle.Seconds()
 	}
 	b.ReportMetric(0, "ns/op")
 	b.ReportMetric(claims/events, "claims/event")
@@ -187,103 +182,4 @@ func benchCounterSum(g prometheus.Gatherer, name string) float64 {
 		}
 	}
 	return sum
-}
-
-// benchCountingPool opens a pool on url whose connections count their round
-// trips, statements and claims in counts; the relay's lock connection, dialed
-// from the same config, counts too.
-func benchCountingPool(b testing.TB, url string, maxConns int32, counts *benchWireCounts) *pgxpool.Pool {
-	b.Helper()
-	cfg, err := pgxpool.ParseConfig(url)
-	if err != nil {
-		b.Fatal(err)
-	}
-	cfg.MaxConns = maxConns
-	dialer := &net.Dialer{KeepAlive: 5 * time.Minute}
-	cfg.ConnConfig.DialFunc = func(ctx context.Context, network, addr string) (net.Conn, error) {
-		c, err := dialer.DialContext(ctx, network, addr)
-		if err != nil {
-			return nil, err
-		}
-		return &benchCountingConn{Conn: c, counts: counts}, nil
-	}
-	cfg.ConnConfig.Tracer = counts
-	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
-	if err != nil {
-		b.Fatalf("opening pool: %v", err)
-	}
-	b.Cleanup(pool.Close)
-	return pool
-}
-
-// benchWireCounts counts what a pool's connections send: round trips (as
-// benchCountingConn sees them) and statements, claims among them (as a
-// pgx tracer sees them, single or pipelined).
-type benchWireCounts struct {
-	roundTrips, statements, claims atomic.Int64
-}
-
-type benchWireSnapshot struct{ roundTrips, statements, claims int64 }
-
-func (c *benchWireCounts) snapshot() benchWireSnapshot {
-	return benchWireSnapshot{c.roundTrips.Load(), c.statements.Load(), c.claims.Load()}
-}
-
-func (s benchWireSnapshot) minus(o benchWireSnapshot) benchWireSnapshot {
-	return benchWireSnapshot{s.roundTrips - o.roundTrips, s.statements - o.statements, s.claims - o.claims}
-}
-
-func (c *benchWireCounts) statement(sql string) {
-	c.statements.Add(1)
-	if strings.Contains(sql, "FOR UPDATE OF o") {
-		c.claims.Add(1)
-	}
-}
-
-func (c *benchWireCounts) TraceQueryStart(ctx context.Context, _ *pgx.Conn, data pgx.TraceQueryStartData) context.Context {
-	c.statement(data.SQL)
-	return ctx
-}
-
-func (c *benchWireCounts) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
-
-func (c *benchWireCounts) TraceBatchStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceBatchStartData) context.Context {
-	return ctx
-}
-
-func (c *benchWireCounts) TraceBatchQuery(_ context.Context, _ *pgx.Conn, data pgx.TraceBatchQueryData) {
-	c.statement(data.SQL)
-}
-
-func (c *benchWireCounts) TraceBatchEnd(context.Context, *pgx.Conn, pgx.TraceBatchEndData) {}
-
-// benchCountingConn counts a round trip whenever it writes after having read
-// (or writes first): however many writes a client makes before it waits for
-// the answer, the wait is one.
-type benchCountingConn struct {
-	net.Conn
-	counts *benchWireCounts
-	mu     sync.Mutex
-	read   bool
-	wrote  bool
-}
-
-func (c *benchCountingConn) Write(p []byte) (int, error) {
-	c.mu.Lock()
-	if c.read || !c.wrote {
-		c.counts.roundTrips.Add(1)
-	}
-	c.read, c.wrote = false, true
-	c.mu.Unlock()
-	return c.Conn.Write(p)
-}
-
-func (c *benchCountingConn) Read(p []byte) (int, error) {
-	n, err := c.Conn.Read(p)
-	if n > 0 {
-		c.mu.Lock()
-		c.read = true
-		c.mu.Unlock()
-	}
-	return n, err
 }

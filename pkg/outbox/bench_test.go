@@ -18,7 +18,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"log/slog"
 	"math"
 	"os"
 	"runtime"
@@ -422,7 +421,7 @@ func benchRelayDrain(b *testing.B, brokers []string, pool, relayPool *pgxpool.Po
 			}
 			total += n
 		}
-		relayed.add(total, time.Since(start))
+		relayed.Add(total, time.Since(start))
 		for kind, ds := range phases.since(before) {
 			spent[kind] = append(spent[kind], ds...)
 		}
@@ -438,8 +437,8 @@ func benchRelayDrain(b *testing.B, brokers []string, pool, relayPool *pgxpool.Po
 		}
 	}
 	benchReportDrain(b, relayed, raw)
-	batches := math.Ceil(float64(relayed.events) / float64(batch))
-	b.ReportMetric(benchMillis(relayed.elapsed)/batches, "ms/batch")
+	batches := math.Ceil(float64(relayed.Events) / float64(batch))
+	b.ReportMetric(benchMillis(relayed.Elapsed)/batches, "ms/batch")
 	for _, kind := range benchPhaseKinds {
 		b.ReportMetric(benchMillis(benchSum(spent[kind]))/batches, kind+"-ms/batch")
 	}
@@ -614,22 +613,13 @@ func benchBacklogMessages(b *testing.B, pool *pgxpool.Pool, topic string) []kafk
 // commit-to-consumer lags.
 func benchReportLag(b *testing.B, events benchRate, ackLag, consumeLag []time.Duration) {
 	b.ReportMetric(0, "ns/op")
-	b.ReportMetric(events.perSecond(), "events/s")
+	b.ReportMetric(events.PerSecond(), "events/s")
 	b.ReportMetric(benchMillis(benchPercentile(ackLag, 0.50)), "ack-p50-ms")
 	b.ReportMetric(benchMillis(benchPercentile(ackLag, 0.99)), "ack-p99-ms")
 	b.ReportMetric(benchMillis(benchPercentile(ackLag, 1)), "ack-max-ms")
 	b.ReportMetric(benchMillis(benchPercentile(consumeLag, 0.50)), "consume-p50-ms")
 	b.ReportMetric(benchMillis(benchPercentile(consumeLag, 0.99)), "consume-p99-ms")
 }
-
-// benchRate accumulates events over time.
-type benchRate struct {
-	events  int
-	elapsed time.Duration
-}
-
-func (r *benchRate) add(n int, d time.Duration) { r.events += n; r.elapsed += d }
-func (r *benchRate) perSecond() float64         { return float64(r.events) / r.elapsed.Seconds() }
 
 // benchProduceRaw writes msgs with w, batch messages a call, as a producer
 // writing straight to Kafka would, and adds the time it took to raw: the
@@ -641,16 +631,16 @@ func benchProduceRaw(b *testing.B, w *testenv.Writer, msgs []kafka.Message, batc
 			b.Fatalf("raw produce: %v", err)
 		}
 	}
-	raw.add(len(msgs), time.Since(start))
+	raw.Add(len(msgs), time.Since(start))
 }
 
 // benchReportDrain reports a drain benchmark's rates against the raw
 // baseline's, and the backlog's size.
 func benchReportDrain(b *testing.B, relayed, raw benchRate) {
 	b.ReportMetric(0, "ns/op")
-	b.ReportMetric(relayed.perSecond(), "relay-events/s")
-	b.ReportMetric(raw.perSecond(), "raw-events/s")
-	b.ReportMetric(relayed.perSecond()/raw.perSecond(), "ratio")
+	b.ReportMetric(relayed.PerSecond(), "relay-events/s")
+	b.ReportMetric(raw.PerSecond(), "raw-events/s")
+	b.ReportMetric(relayed.PerSecond()/raw.PerSecond(), "ratio")
 	b.ReportMetric(float64(drainBacklog), "events")
 }
 
@@ -693,13 +683,6 @@ func BenchmarkPublishLag(b *testing.B) {
 		b.Run(c.name, func(b *testing.B) { benchPublishLag(b, c.rate, c.writerTimeout, cmp.Or(c.syncCommit, "on")) })
 	}
 }
-
-const (
-	lagLoad      = 6 * time.Second // of commits at the benchmark's rate
-	lagWarmUp    = 500 * time.Millisecond
-	lagProducers = 4
-	lagIdle      = 2 * time.Second
-)
 
 func benchPublishLag(b *testing.B, rate int, writerTimeout time.Duration, relaySyncCommit string) {
 	ctx := context.Background()
@@ -754,7 +737,7 @@ func benchPublishLag(b *testing.B, rate int, writerTimeout time.Duration, relayS
 			b.Fatal(err)
 		}
 		testenv.WaitFor(b, 30*time.Second, "the warm-up events to be acked and consumed", func() (bool, error) {
-			return acked.hasAll(warm) && arrived.hasAll(warm), nil
+			return acked.HasAll(warm) && arrived.HasAll(warm), nil
 		})
 
 		batchesBefore := benchHistogram(b, reg, "outbox_batch_size")
@@ -766,18 +749,18 @@ func benchPublishLag(b *testing.B, rate int, writerTimeout time.Duration, relayS
 		if err != nil {
 			b.Fatal(err)
 		}
-		events.add(len(ids), time.Since(start))
+		events.Add(len(ids), time.Since(start))
 		testenv.WaitFor(b, 30*time.Second, "every event to be acked and consumed", func() (bool, error) {
-			return acked.hasAll(ids) && arrived.hasAll(ids), nil
+			return acked.HasAll(ids) && arrived.HasAll(ids), nil
 		})
 		for kind, ds := range phases.since(phasesBefore) {
 			spent[kind] = append(spent[kind], ds...)
 		}
-		cycles = append(cycles, acked.intervals(ids)...)
+		cycles = append(cycles, acked.Intervals(ids)...)
 		batches = batches.plus(benchHistogram(b, reg, "outbox_batch_size").minus(batchesBefore))
 		lagHist = lagHist.plus(benchHistogram(b, reg, "outbox_publish_lag_seconds").minus(lagBefore))
-		ackLag = append(ackLag, committed.lagsUntil(acked, ids)...)
-		consumeLag = append(consumeLag, committed.lagsUntil(arrived, ids)...)
+		ackLag = append(ackLag, committed.LagsUntil(acked, ids)...)
+		consumeLag = append(consumeLag, committed.LagsUntil(arrived, ids)...)
 
 		// Idle: no commits, no consumers. A relay that polled in a loop
 		// would show here as batches, CPU time, or database work.
@@ -831,52 +814,6 @@ func benchIdleCPU(b *testing.B, pool *pgxpool.Pool, d time.Duration) (process, b
 	return process, backends
 }
 
-// benchTrickle commits n events, one per transaction written with write, at
-// rate per second on a fixed schedule (an open loop: a slow commit does not
-// slow the schedule), and records in committed when each transaction's
-// Commit returned.
-func benchTrickle(ctx context.Context, pool *pgxpool.Pool, write outbox.WriteFunc, rate, n int, committed *benchClock) ([]string, error) {
-	ids := make([]string, n)
-	for i := range ids {
-		ids[i] = uuid.NewString()
-	}
-	due := make(chan int, n)
-	go func() {
-		defer close(due)
-		start := time.Now()
-		for i := range n {
-			// An open-loop schedule: event i is due at start + i/rate.
-			<-time.After(time.Until(start.Add(time.Duration(i) * time.Second / time.Duration(rate))))
-			due <- i
-		}
-	}()
-	var (
-		wg       sync.WaitGroup
-		mu       sync.Mutex
-		firstErr error
-	)
-	for range lagProducers {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for i := range due {
-				ev := benchOrderPlaced("order-"+strconv.Itoa(i), 1, i)
-				ev.EventID = uuid.MustParse(ids[i])
-				err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error { return write(ctx, tx, ev) })
-				if err != nil {
-					mu.Lock()
-					firstErr = cmp.Or(firstErr, err)
-					mu.Unlock()
-					continue
-				}
-				committed.mark(ids[i], time.Now())
-			}
-		}()
-	}
-	wg.Wait()
-	return ids, firstErr
-}
-
 // benchAckWriter is the relay's writer with a stopwatch: it records when the
 // broker acknowledged each event, the end of the commit-to-ack lag.
 type benchAckWriter struct {
@@ -889,7 +826,7 @@ func (a *benchAckWriter) WriteMessages(ctx context.Context, msgs ...kafka.Messag
 	now := time.Now()
 	if err == nil {
 		for _, m := range msgs {
-			a.acked.mark(benchEventID(m), now)
+			a.acked.Mark(benchEventID(m), now)
 		}
 	}
 	return err
@@ -917,7 +854,7 @@ func benchConsume(b *testing.B, brokers []string, topic string, partitions int, 
 					}
 					return
 				}
-				arrived.mark(benchEventID(m), time.Now())
+				arrived.Mark(benchEventID(m), time.Now())
 			}
 		}()
 	}
@@ -925,66 +862,6 @@ func benchConsume(b *testing.B, brokers []string, topic string, partitions int, 
 	stop = func() { once.Do(func() { cancel(); wg.Wait() }) }
 	b.Cleanup(stop)
 	return stop
-}
-
-// benchClock records a time per event id.
-type benchClock struct {
-	mu sync.Mutex
-	at map[string]time.Time
-}
-
-func newBenchClock() *benchClock { return &benchClock{at: map[string]time.Time{}} }
-
-// mark keeps the first time of an id: a redelivery is not a later arrival.
-func (c *benchClock) mark(id string, t time.Time) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if _, ok := c.at[id]; !ok {
-		c.at[id] = t
-	}
-}
-
-func (c *benchClock) hasAll(ids []string) bool {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	for _, id := range ids {
-		if _, ok := c.at[id]; !ok {
-			return false
-		}
-	}
-	return true
-}
-
-// lagsUntil returns, per id, the time from c's mark to later's. A negative
-// lag (the ack observed before the committing goroutine read the clock) is 0.
-func (c *benchClock) lagsUntil(later *benchClock, ids []string) []time.Duration {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	later.mu.Lock()
-	defer later.mu.Unlock()
-	lags := make([]time.Duration, 0, len(ids))
-	for _, id := range ids {
-		lags = append(lags, max(0, later.at[id].Sub(c.at[id])))
-	}
-	return lags
-}
-
-// intervals returns the times between the successive distinct marks of ids:
-// for acks under a steady load, how long each relay batch took end to end.
-func (c *benchClock) intervals(ids []string) []time.Duration {
-	c.mu.Lock()
-	var at []time.Time
-	for _, id := range ids {
-		at = append(at, c.at[id])
-	}
-	c.mu.Unlock()
-	slices.SortFunc(at, time.Time.Compare)
-	at = slices.Compact(at)
-	var ds []time.Duration
-	for i := 1; i < len(at); i++ {
-		ds = append(ds, at[i].Sub(at[i-1]))
-	}
-	return ds
 }
 
 func benchEventID(m kafka.Message) string {
@@ -1100,9 +977,6 @@ func benchBackendCPU(b *testing.B, pool *pgxpool.Pool) map[int32]int64 {
 // Helpers shared by the benchmarks.
 // ---------------------------------------------------------------------------
 
-// benchLogger keeps the relays' routine messages out of the results.
-var benchLogger = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
-
 // benchPool opens a pool of maxConns on url whose sessions use the given
 // synchronous_commit, traced by tracer if not nil, closed when the benchmark
 // ends.
@@ -1129,27 +1003,6 @@ func benchMigrate(b *testing.B, pool *pgxpool.Pool) {
 	b.Helper()
 	if err := testenv.Migrate(pool, testenv.Migration{FS: outbox.Migrations, Table: outbox.MigrationsTable}); err != nil {
 		b.Fatalf("migrating: %v", err)
-	}
-}
-
-// benchOrderPlaced is an event the size of a real one: a small payload, a
-// correlation id and a trace context.
-func benchOrderPlaced(orderID string, version int64, n int) event.Envelope {
-	payload, _ := json.Marshal(map[string]any{
-		"orderId": orderID, "customerId": "customer-" + strconv.Itoa(n%977),
-		"amountCents": 1000 + n%5000, "currency": "EUR",
-	})
-	return event.Envelope{
-		EventID:          event.NewID(),
-		EventType:        "OrderPlaced",
-		EventVersion:     1,
-		AggregateType:    "order",
-		AggregateID:      orderID,
-		AggregateVersion: version,
-		OccurredAt:       time.Now(),
-		CorrelationID:    uuid.NewString(),
-		Traceparent:      "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
-		Payload:          payload,
 	}
 }
 

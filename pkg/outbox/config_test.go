@@ -1,12 +1,9 @@
 package outbox_test
 
 import (
-	"context"
 	"fmt"
 	"testing"
 	"time"
-
-	"github.com/segmentio/kafka-go"
 
 	"github.com/onceflow/onceflow/pkg/outbox"
 	"github.com/onceflow/onceflow/pkg/testenv"
@@ -49,22 +46,28 @@ func TestRelayConfigWithDefaultsKeepsNegatives(t *testing.T) {
 	}
 }
 
-// The documented defaults are the Default constants (the log-based
-// relay's are checked in package outbox/cdc).
-func TestConfigDefaultsAreTheConstants(t *testing.T) {
+// The documented defaults, as each field's doc comment gives them (the
+// log-based relay's are checked in package outbox/cdc).
+func TestConfigDefaultsAreTheDocumentedOnes(t *testing.T) {
 	t.Parallel()
 	r := outbox.RelayConfig{}.WithDefaults()
 	for _, d := range []struct {
 		name      string
 		got, want any
 	}{
-		{"Relay.BatchSize", r.BatchSize, outbox.DefaultBatchSize},
-		{"Relay.PollInterval", r.PollInterval, outbox.DefaultPollInterval},
-		{"Relay.RelayTTL", r.RelayTTL, 3 * outbox.DefaultRebalanceInterval},
-		{"Relay.MaxAttempts", r.MaxAttempts, outbox.DefaultMaxAttempts},
-		{"Relay.BackoffMax", r.BackoffMax, outbox.DefaultBackoffMax},
-		{"Relay.OutageBackoffMax", r.OutageBackoffMax, outbox.DefaultOutageBackoffMax},
-		{"Relay.LogInterval", r.LogInterval, outbox.DefaultLogInterval},
+		{"Relay.BatchSize", r.BatchSize, 500},
+		{"Relay.PollInterval", r.PollInterval, time.Second},
+		{"Relay.Linger", r.Linger, time.Millisecond},
+		{"Relay.RebalanceInterval", r.RebalanceInterval, 2 * time.Second},
+		{"Relay.RelayTTL", r.RelayTTL, 3 * 2 * time.Second},
+		{"Relay.LockTimeout", r.LockTimeout, 10 * time.Second},
+		{"Relay.PublishTimeout", r.PublishTimeout, 30 * time.Second},
+		{"Relay.MaxAttempts", r.MaxAttempts, 10},
+		{"Relay.BackoffMin", r.BackoffMin, 100 * time.Millisecond},
+		{"Relay.BackoffMax", r.BackoffMax, time.Minute},
+		{"Relay.OutageBackoffMin", r.OutageBackoffMin, 100 * time.Millisecond},
+		{"Relay.OutageBackoffMax", r.OutageBackoffMax, 10 * time.Second},
+		{"Relay.LogInterval", r.LogInterval, 30 * time.Second},
 	} {
 		if d.got != d.want {
 			t.Errorf("%s = %v, want %v", d.name, d.got, d.want)
@@ -78,10 +81,6 @@ func TestNewRelayValidates(t *testing.T) {
 	_, err := outbox.NewRelay(testenv.LazyPool(t), nopWriter{}, outbox.RelayConfig{RelayTTL: time.Millisecond})
 	testenv.CheckErr(t, err, "RelayTTL")
 }
-
-type nopWriter struct{}
-
-func (nopWriter) WriteMessages(context.Context, ...kafka.Message) error { return nil }
 
 // Constructors refuse a configuration no relay can run with; Validate says
 // why before anything starts.

@@ -17,7 +17,7 @@
 //     restart, so consumers see duplicates, never gaps; package inbox absorbs
 //     them by event id.
 //   - Order, per aggregate, across any number of relays: rows carry a
-//     logical partition (a hash of the aggregate id, one of Partitions);
+//     logical partition (a hash of the aggregate id, one of 64);
 //     each partition is owned by one live relay at a time (a session advisory
 //     lock), relays rebalance the partitions as they join, leave or die, and
 //     every claim takes a per-partition fence lock before it claims rows in
@@ -42,12 +42,12 @@
 //     is marked dead, counted and logged, and never retried silently.
 //   - Outages are waited out: Run returns only when its context ends.
 //
-// Operator functions (ListDead, Requeue, RequeueDead, Replay, Prune) wrap
-// named errors callers can test with errors.Is: ErrNotFound (a requeue of
-// ids that name no row), ErrUnavailable (Postgres unreachable),
-// ErrInvalidFilter, ErrReplayTooLarge. Driver errors are translated in one
-// file (errors.go); outboxhttp maps the named errors to HTTP through
-// apperr.WriteHTTP.
+// Prune's errors wrap ErrUnavailable while Postgres is unreachable, which
+// callers test with errors.Is; driver errors are translated in one file
+// (errors.go). The operator's side — list and requeue dead events, replay
+// published ones, read the backlog and an aggregate's events — is package
+// outbox/outboxadmin, which a service that only enqueues, relays and
+// prunes never needs; platform/outboxhttp serves it over HTTP.
 //
 // Failures are classified (internal/kafkaerr.IsMessageError):
 //   - About the message: too large for the writer (kafka.MessageTooLargeError)
@@ -57,8 +57,9 @@
 //     Writing it again gets the same answer, so each failure is an attempt of
 //     that row, and MaxAttempts make it dead. Only the row the error is about
 //     is charged, never its batch-mates. A row the relay cannot make into a
-//     message (its headers column does not decode, ErrUndecodable) is one
-//     too: it is never sent, and it holds back its aggregate's later rows.
+//     message (its headers column does not decode: its last error says
+//     "outbox: undecodable row") is one too: it is never sent, and it holds
+//     back its aggregate's later rows.
 //   - About the broker: everything else, such as a dial error, a connection
 //     reset or EOF, NotLeaderForPartition, LeaderNotAvailable,
 //     RequestTimedOut, NotEnoughReplicas, UnknownTopicOrPartition (a topic
@@ -109,8 +110,8 @@
 // to nothing and hand the stored context on unchanged.
 //
 // Knobs and their defaults are documented on RelayConfig and cdc.Config, one
-// convention for both: a zero field takes its default (a Default…
-// constant), WithDefaults fills them, Validate refuses negatives and
+// convention for both: a zero field takes the default its doc comment
+// gives, WithDefaults fills them, Validate refuses negatives and
 // impossible combinations, the constructors call both. Metrics are
 // documented on NewMetrics. The relay's crash point (after the broker's
 // acknowledgement, before marking the rows published or confirming the
@@ -122,9 +123,9 @@
 // stream instead of polling (RELAY_MODE cdc and wal), is package
 // outbox/cdc, so that a service that only polls never compiles the
 // replication client. The relay modes are named here (RelayMode,
-// ParseRelayMode); the operator functions take the mode as a method
-// (RelayMode.Requeue, RelayMode.RequeueDead, RelayMode.Replay), and the
-// package-level Requeue, RequeueDead and Replay are ModePoll's. cdc.Write
+// ParseRelayMode); the operator actions take the mode
+// (outboxadmin.Requeue, RequeueDead and Replay), one entry point for every
+// mode. cdc.Write
 // and cdc.Queue pick a mode's write (cdc.Emit in ModeWAL, Enqueue
 // otherwise), and cdc.NewPublisher the relay of a mode.
 //

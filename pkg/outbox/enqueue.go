@@ -13,7 +13,7 @@ import (
 
 // insertEvent writes one pending event. The logical partition is computed by
 // Postgres from the aggregate id so every writer, in any language, agrees;
-// the partition count is passed in ($10, always Partitions) so that the
+// the partition count is passed in ($10, always partitionCount) so that the
 // constant the relay divides the work by is the only place it is written.
 // The correlation id, causation id and traceparent are written twice: in
 // headers, which the platform's relays read, and as columns of their own,
@@ -73,7 +73,7 @@ func Queue(b *pgx.Batch, evs ...event.Envelope) error {
 		// [16]byte, not uuid.UUID: pgx encodes it natively instead of through
 		// driver.Valuer and text.
 		b.Queue(insertEvent, [16]byte(ev.EventID), ev.AggregateType, ev.AggregateID, ev.AggregateVersion,
-			ev.EventType, ev.EventVersion, []byte(ev.Payload), headers, ev.OccurredAt, Partitions,
+			ev.EventType, ev.EventVersion, []byte(ev.Payload), headers, ev.OccurredAt, partitionCount,
 			ev.CorrelationID, ev.CausationID, ev.Traceparent)
 	}
 	return nil

@@ -10,27 +10,15 @@ import (
 // errors.Is and never look at driver errors: the store boundary of the
 // outbox is this file, where Postgres's errors become these.
 var (
-	// ErrNotFound is wrapped by the error of an operator function asked
-	// about outbox rows that do not exist (Requeue of unknown ids).
-	ErrNotFound = errors.New("outbox: no such event")
-	// ErrUnavailable is wrapped by the error of an operator function that
-	// could not reach Postgres (pgerr.IsUnavailable): worth retrying, and
-	// nobody's fault in the request.
+	// ErrUnavailable is wrapped by the error of Prune, and of an operator
+	// function (package outboxadmin), that could not reach Postgres
+	// (pgerr.IsUnavailable): worth retrying, and nobody's fault in the
+	// request.
 	ErrUnavailable = errors.New("outbox: database unavailable")
-	// ErrNotInThisMode is wrapped by the error of an operator action the
-	// relay mode cannot carry out (a replay in RELAY_MODE=wal, which keeps no
-	// copy of what it published): refused, with the reason and what to do
-	// instead, rather than answered with a success that will not happen.
-	ErrNotInThisMode = errors.New("outbox: not possible in this relay mode")
-	// ErrUndecodable is the reason recorded on a row the relay cannot make
-	// into a Kafka message (its headers column does not decode). Like any
-	// message error it is charged an attempt each try, and goes dead after
-	// MaxAttempts with this as its last error.
-	ErrUndecodable = errors.New("outbox: undecodable row")
 )
 
 // storeErrors are the names storeErr gives the driver's errors.
-var storeErrors = pgerr.StoreErrors{NotFound: ErrNotFound, Unavailable: ErrUnavailable}
+var storeErrors = pgerr.StoreErrors{Unavailable: ErrUnavailable}
 
 // storeErr wraps err, an error from Postgres while doing what, translating
 // what the driver says into this package's named errors; the driver's error

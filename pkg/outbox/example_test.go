@@ -8,8 +8,6 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
-	"github.com/segmentio/kafka-go"
 
 	"github.com/onceflow/onceflow/pkg/event"
 	"github.com/onceflow/onceflow/pkg/outbox"
@@ -76,39 +74,38 @@ func Example() {
 	// relay stopped: <nil>
 }
 
-// Operators replay a window of published events; the dry run only lists them.
-func ExampleReplay() {
+// Published events stay for a retention window, in which they can be
+// replayed, and are then pruned: here moved to outbox_events_archive. Pending
+// and dead rows are never pruned, however old. A service runs this in the
+// background with NewPruner(pool, cfg).Run(ctx).
+func ExamplePrune() {
 	ctx := context.Background()
 	pool, _, _, cleanup := exampleSetup(ctx)
 	defer cleanup()
-	_ = pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
-		return outbox.Enqueue(ctx, tx, event.Envelope{
-			EventID: uuid.New(), EventType: "OrderPlaced", EventVersion: 1, AggregateType: "order",
-			AggregateID: "order-42", AggregateVersion: 1, OccurredAt: time.Now(), Payload: []byte(`{}`),
-		})
+	err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+		for _, id := range []string{"order-1", "order-2", "order-3"} {
+			if err := outbox.Enqueue(ctx, tx, event.Envelope{
+				EventID: uuid.New(), EventType: "OrderPlaced", EventVersion: 1, AggregateType: "order",
+				AggregateID: id, AggregateVersion: 1, OccurredAt: time.Now(), Payload: []byte(`{}`),
+			}); err != nil {
+				return err
+			}
+		}
+		return nil
 	})
-	_, _ = pool.Exec(ctx, `UPDATE outbox_events SET state = 'published', published_at = now()`)
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	// Stand in for the relay, which published two of them eight days ago.
+	_, err = pool.Exec(ctx, `UPDATE outbox_events SET state = 'published', published_at = now() - interval '8 days'
+		WHERE aggregate_id IN ('order-1', 'order-2')`)
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
 
-	items, err := outbox.Replay(ctx, pool, outbox.ReplayFilter{
-		AggregateType: "order", AggregateID: "order-42", From: time.Now().Add(-time.Hour),
-	}, true)
-	fmt.Println(len(items), items[0].EventType, items[0].AggregateVersion, err)
-	// Output: 1 OrderPlaced 1 <nil>
-}
-
-// firstMessage reads the first message of the example's one-partition topic,
-// as any Kafka consumer would.
-func firstMessage(ctx context.Context, brokers []string, topic string) (kafka.Message, error) {
-	r := kafka.NewReader(kafka.ReaderConfig{Brokers: brokers, Topic: topic, Partition: 0, MaxWait: 100 * time.Millisecond})
-	defer r.Close()
-	ctx, cancel := context.WithTimeout(ctx, 20*time.Second)
-	defer cancel()
-	return r.ReadMessage(ctx)
-}
-
-// exampleSetup makes a fresh database with an orders table and the outbox
-// schema, and a fresh one-partition topic, on the dev stack (`make up`).
-func exampleSetup(ctx context.Context) (*pgxpool.Pool, []string, string, func()) {
-	return testenv.ForExample(ctx, `CREATE TABLE orders (id uuid PRIMARY KEY, amount_cents bigint NOT NULL)`,
-		[]testenv.Migration{{FS: outbox.Migrations, Table: outbox.MigrationsTable}})
+	n, err := outbox.Prune(ctx, pool, outbox.PruneConfig{Retention: 7 * 24 * time.Hour, Archive: true})
+	fmt.Println("archived:", n, err)
+	// Output: archived: 2 <nil>
 }

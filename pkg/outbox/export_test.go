@@ -16,3 +16,7 @@ type RelayHealth = relayHealth
 
 // Health is the relay's health, for the fault tests.
 func (r *Relay) Health() RelayHealth { return r.health() }
+
+// Partitions is the number of logical partitions, for the tests that count
+// the relays' share of them.
+const Partitions = partitionCount

@@ -6,7 +6,6 @@ import (
 	"log/slog"
 	"net/url"
 	"strings"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -18,25 +17,6 @@ import (
 	"github.com/onceflow/onceflow/pkg/outbox"
 	"github.com/onceflow/onceflow/pkg/testenv"
 )
-
-// switchWriter forwards to whichever writer is current and counts the writes,
-// so a test can take Kafka away from a relay and give it back.
-type switchWriter struct {
-	current atomic.Pointer[testenv.Writer]
-	writes  atomic.Int64
-}
-
-func (s *switchWriter) WriteMessages(ctx context.Context, msgs ...kafka.Message) error {
-	s.writes.Add(1)
-	return s.current.Load().WriteMessages(ctx, msgs...)
-}
-
-// runRelay runs relay until the test ends, failing it if Run returns early
-// or with an error.
-func runRelay(t *testing.T, relay *outbox.Relay) {
-	t.Helper()
-	testenv.RunInBackground(t, "Run", relay.Run)
-}
 
 // enqueueInterleaved commits versions 1 to versions of aggregates
 // aggregates, named by idFormat from their number, in one transaction:
@@ -73,7 +53,7 @@ func TestAKafkaOutageIsWaitedOutNotChargedToRows(t *testing.T) {
 	up := testenv.NewWriter(brokers, 100)
 	t.Cleanup(func() { up.Close() })
 	w := &switchWriter{}
-	w.current.Store(down)
+	w.Current.Store(down)
 	reg := prometheus.NewRegistry()
 	logs := &testenv.LogBuffer{}
 	relay, err := outbox.NewRelay(pool, w, outbox.RelayConfig{
@@ -90,7 +70,7 @@ func TestAKafkaOutageIsWaitedOutNotChargedToRows(t *testing.T) {
 	runRelay(t, relay)
 
 	testenv.WaitFor(t, 30*time.Second, "six failed writes, twice MaxAttempts (or a dead row)", func() (bool, error) {
-		return w.writes.Load() >= 6 || countRows(t, pool, "state = 'dead'") > 0, nil
+		return w.Writes.Load() >= 6 || countRows(t, pool, "state = 'dead'") > 0, nil
 	})
 	if n := countRows(t, pool, "state = 'dead'"); n != 0 {
 		t.Fatalf("%d rows dead during a Kafka outage, want 0: an outage is not the message's fault", n)
@@ -112,11 +92,11 @@ func TestAKafkaOutageIsWaitedOutNotChargedToRows(t *testing.T) {
 	}
 
 	c := collect(t, brokers, topic)
-	w.current.Store(up) // Kafka is back
+	w.Current.Store(up) // Kafka is back
 	testenv.WaitFor(t, 30*time.Second, "every event to be published after the outage", func() (bool, error) {
-		return c.distinct() == len(evs) && countRows(t, pool, "state = 'published'") == len(evs), nil
+		return c.Distinct() == len(evs) && countRows(t, pool, "state = 'published'") == len(evs), nil
 	})
-	c.checkOrder(t, want)
+	c.CheckOrder(t, want)
 	if got := testenv.MetricValue(t, reg, "outbox_kafka_connected"); got != 1 {
 		t.Errorf("outbox_kafka_connected = %v after recovery, want 1", got)
 	}
@@ -182,9 +162,9 @@ func TestAMissingTopicIsWaitedOutWhileOtherTopicsFlow(t *testing.T) {
 	testenv.NewTopicNamed(t, brokers, missing, 1)
 	c := collect(t, brokers, missing)
 	testenv.WaitFor(t, 30*time.Second, "the waiting events to go out once the topic exists", func() (bool, error) {
-		return c.distinct() == 2, nil
+		return c.Distinct() == 2, nil
 	})
-	c.checkOrder(t, map[string]int64{"g": 2})
+	c.CheckOrder(t, map[string]int64{"g": 2})
 }
 
 // slowWriter takes delay per write, as a slow or distant broker would, so
@@ -266,11 +246,11 @@ func TestABusyRelayHeartbeatsReportsItsBacklogAndShares(t *testing.T) {
 			testenv.MetricValue(t, reg2, "outbox_published_total") > 0, nil
 	})
 	testenv.WaitFor(t, 60*time.Second, fmt.Sprintf("all %d events to arrive", len(evs)), func() (bool, error) {
-		return c.distinct() == len(evs), nil
+		return c.Distinct() == len(evs), nil
 	})
-	c.checkOrder(t, want)
+	c.CheckOrder(t, want)
 	t.Logf("published: busy-1 %v, busy-2 %v; redeliveries %d",
-		testenv.MetricValue(t, reg1, "outbox_published_total"), testenv.MetricValue(t, reg2, "outbox_published_total"), c.dups())
+		testenv.MetricValue(t, reg1, "outbox_published_total"), testenv.MetricValue(t, reg2, "outbox_published_total"), c.Dups())
 }
 
 // A Postgres outage does not end Run: the relay's claim loop, heartbeat,
@@ -313,7 +293,7 @@ func TestAPostgresOutageIsWaitedOut(t *testing.T) {
 	}()
 	enqueue(t, direct, newEvent("a", 1), newEvent("a", 2))
 	testenv.WaitFor(t, 20*time.Second, "the first events to be published", func() (bool, error) {
-		return c.distinct() == 2, nil
+		return c.Distinct() == 2, nil
 	})
 
 	proxy.Cut()
@@ -333,9 +313,9 @@ func TestAPostgresOutageIsWaitedOut(t *testing.T) {
 
 	proxy.Heal()
 	testenv.WaitFor(t, 30*time.Second, "the events committed during the outage to be published", func() (bool, error) {
-		return c.distinct() == 4, nil
+		return c.Distinct() == 4, nil
 	})
-	c.checkOrder(t, map[string]int64{"a": 4})
+	c.CheckOrder(t, map[string]int64{"a": 4})
 	for _, what := range []string{"heartbeating in Postgres", "refreshing the backlog gauges"} {
 		if n := strings.Count(logs.String(), "outbox relay: "+what+" failed; retrying with backoff"); n != 1 {
 			t.Errorf("%q: %d lines about the outage's start, want 1 (bounded-rate logging)", what, n)

@@ -1,13 +1,6 @@
 package outbox
 
-import (
-	"context"
-	"fmt"
-
-	"github.com/jackc/pgx/v5"
-
-	"github.com/onceflow/onceflow/pkg/event"
-)
+import "fmt"
 
 // RelayMode is how a service's events reach Kafka (RELAY_MODE in the
 // services). Every mode publishes the same messages; they differ in what
@@ -46,12 +39,3 @@ func ParseRelayMode(s string) (RelayMode, error) {
 // External reports whether events of mode m are published by a process
 // other than the service (ModeDebezium): the service then runs no relay.
 func (m RelayMode) External() bool { return m == ModeDebezium }
-
-// WriteFunc writes one event inside the caller's transaction: Enqueue,
-// or cdc.Emit in ModeWAL (cdc.Write picks by mode).
-type WriteFunc func(ctx context.Context, tx pgx.Tx, ev event.Envelope) error
-
-// QueueFunc queues the write of events onto the caller's pipeline (see
-// Queue; cdc.Queue picks by mode), so that a business transaction and its events take one round
-// trip.
-type QueueFunc func(b *pgx.Batch, evs ...event.Envelope) error

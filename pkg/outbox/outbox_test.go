@@ -6,50 +6,13 @@ import (
 	"testing"
 	"time"
 
-	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/segmentio/kafka-go"
 
 	"github.com/onceflow/onceflow/pkg/event"
 	"github.com/onceflow/onceflow/pkg/outbox"
 	"github.com/onceflow/onceflow/pkg/testenv"
 )
-
-// newOutboxDB returns a pool on a fresh database with the outbox schema.
-func newOutboxDB(t *testing.T) *pgxpool.Pool {
-	t.Helper()
-	return testenv.NewPool(t, newOutboxDBURL(t))
-}
-
-// newOutboxDBURL returns the URL of a fresh database with the outbox schema.
-func newOutboxDBURL(t *testing.T) string {
-	t.Helper()
-	return testenv.NewMigratedDatabase(t, testenv.Migration{FS: outbox.Migrations, Table: outbox.MigrationsTable})
-}
-
-func newEvent(aggregateID string, version int64) event.Envelope {
-	return event.Envelope{
-		EventID:          uuid.New(),
-		EventType:        "ThingHappened",
-		EventVersion:     1,
-		AggregateType:    "thing",
-		AggregateID:      aggregateID,
-		AggregateVersion: version,
-		OccurredAt:       time.Now(),
-		CorrelationID:    "corr-1",
-		Payload:          []byte(`{"n":1}`),
-	}
-}
-
-func countRows(t *testing.T, pool *pgxpool.Pool, where string) int {
-	t.Helper()
-	var n int
-	if err := pool.QueryRow(context.Background(), "SELECT count(*) FROM outbox_events WHERE "+where).Scan(&n); err != nil {
-		t.Fatal(err)
-	}
-	return n
-}
 
 func TestEnqueueCommitsOrRollsBackWithTheBusinessTransaction(t *testing.T) {
 	t.Parallel()

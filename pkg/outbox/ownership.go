@@ -25,7 +25,7 @@ const advisoryLockClass = 0x6f627831 // "obx1"
 // dedicated connection: if the relay dies, Postgres drops the connection and
 // with it the locks, and the other relays take the partitions over on their
 // next rebalance. Every relay registers in outbox_relays and heartbeats; the
-// fair share is ceil(Partitions / live relays), so a relay that joins makes
+// fair share is ceil(partitionCount / live relays), so a relay that joins makes
 // the others release partitions, and one that leaves or dies lets them take
 // more.
 //
@@ -92,7 +92,7 @@ func (o *owner) rebalance(ctx context.Context, roundTrips prometheus.Counter) er
 		o.drop()
 		return fmt.Errorf("heartbeat: %w", err)
 	}
-	share := (Partitions + live - 1) / live
+	share := (partitionCount + live - 1) / live
 	owned := o.partitions()
 	switch {
 	case len(owned) > share:
@@ -108,8 +108,8 @@ func (o *owner) rebalance(ctx context.Context, roundTrips prometheus.Counter) er
 		o.logger.InfoContext(ctx, "outbox relay released partitions", slog.String("relay_id", o.id),
 			slog.Int("released", len(extra)), slog.Int("owned", share), slog.Int("live_relays", live))
 	case len(owned) < share:
-		candidates := make([]int32, 0, Partitions)
-		for p := int32(0); p < Partitions; p++ {
+		candidates := make([]int32, 0, partitionCount)
+		for p := int32(0); p < partitionCount; p++ {
 			if !slices.Contains(owned, p) {
 				candidates = append(candidates, p)
 			}

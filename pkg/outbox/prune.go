@@ -6,9 +6,23 @@ import (
 	"log/slog"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+
 	"github.com/onceflow/onceflow/pkg/internal/knob"
 	"github.com/onceflow/onceflow/pkg/internal/prune"
 )
+
+// DB is what Prune, NewPruner and the operator functions (package
+// outboxadmin) need from the caller's database handle. *pgxpool.Pool,
+// *pgx.Conn and pgx.Tx all satisfy it; given a pgx.Tx, the changes commit
+// with the caller's transaction (and Prune's batches are no longer separate
+// transactions).
+type DB interface {
+	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+	Begin(ctx context.Context) (pgx.Tx, error)
+}
 
 // PruneConfig configures Prune. Zero fields take the documented defaults.
 type PruneConfig struct {
@@ -33,7 +47,7 @@ type PruneConfig struct {
 	// Deleting a row does not take its event from that publisher: it reads
 	// the row's insert from its replication slot, and the publication
 	// streams no deletes. What the row still serves is the way back when
-	// the stream failed: a replay (RelayMode.Replay), and republishing the
+	// the stream failed: a replay (outboxadmin.Replay), and republishing the
 	// window of a slot that was dropped or invalidated, which only the
 	// table still holds. So set it well above the publisher's worst lag
 	// plus the time to notice and repair a lost slot — days, not minutes:

@@ -81,10 +81,6 @@ func NewRelay(pool *pgxpool.Pool, w Writer, cfg RelayConfig) (*Relay, error) {
 	}, nil
 }
 
-// Prepare does nothing: the polling relay publishes rows, which the table
-// keeps until it does.
-func (r *Relay) Prepare(context.Context) error { return nil }
-
 // Run relays until ctx ends, and returns nil then; an unreachable Kafka or
 // Postgres is waited out, never returned. Its work runs on four goroutines,
 // in the manner of River's producer, so that a busy claim loop never starves

@@ -360,7 +360,7 @@ func (r *Relay) scanClaimed(row pgx.CollectableRow) (publish.Claimed, error) {
 	var h publish.Headers
 	if err := json.Unmarshal(headers, &h); err != nil {
 		c.Msg.Topic = r.cfg.Topic(ev.AggregateType)
-		c.Undecodable = fmt.Errorf("%w: event %s: decoding the headers column: %w", ErrUndecodable, ev.EventID, err)
+		c.Undecodable = fmt.Errorf("%w: event %s: decoding the headers column: %w", publish.ErrUndecodable, ev.EventID, err)
 		return c, nil
 	}
 	ev.CorrelationID, ev.CausationID, ev.Traceparent = h.CorrelationID, h.CausationID, h.Traceparent

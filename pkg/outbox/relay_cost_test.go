@@ -10,6 +10,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/onceflow/onceflow/pkg/outbox"
+	"github.com/onceflow/onceflow/pkg/outbox/internal/publish"
 	"github.com/onceflow/onceflow/pkg/testenv"
 )
 
@@ -23,11 +24,11 @@ func TestAnArmedRelayPaysOneClaimAndTwoRoundTripsPerCommit(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	e := newRelayEnv(t, 1, 50)
-	pool, c := e.pool, e.c
-	relayPool, counts := e.countingPool(t)
+	pool, c := e.Pool, e.C
+	relayPool, counts := e.CountingPool(t)
 	reg := prometheus.NewRegistry()
-	relay, err := outbox.NewRelay(relayPool, e.w, outbox.RelayConfig{
-		ID: "frugal", Topic: e.topicFn, Metrics: outbox.NewMetrics(reg),
+	relay, err := outbox.NewRelay(relayPool, e.W, outbox.RelayConfig{
+		ID: "frugal", Topic: e.TopicFn, Metrics: outbox.NewMetrics(reg),
 		// No poll, heartbeat or gauge refresh during the test: only commits
 		// make the relay talk to Postgres.
 		PollInterval: time.Hour, RebalanceInterval: time.Hour,
@@ -48,7 +49,7 @@ func TestAnArmedRelayPaysOneClaimAndTwoRoundTripsPerCommit(t *testing.T) {
 		return countRows(t, pool, "state = 'published'") == 1, nil
 	})
 
-	before := counts.snapshot()
+	before := counts.Snapshot()
 	claimsBefore := testenv.MetricValue(t, reg, "outbox_relay_claims_total")
 	rtBefore := testenv.MetricValue(t, reg, "outbox_relay_db_roundtrips_total")
 	const commits = 20
@@ -58,26 +59,26 @@ func TestAnArmedRelayPaysOneClaimAndTwoRoundTripsPerCommit(t *testing.T) {
 			return countRows(t, pool, "state = 'published'") == i+2, nil
 		})
 	}
-	d := counts.snapshot().minus(before)
+	d := counts.Snapshot().Minus(before)
 	claims := testenv.MetricValue(t, reg, "outbox_relay_claims_total") - claimsBefore
 	roundTrips := testenv.MetricValue(t, reg, "outbox_relay_db_roundtrips_total") - rtBefore
 	t.Logf("%d commits: %d claims, %d round trips, %d statements on the wire; the relay counted %.0f claims, %.0f round trips",
-		commits, d.claims, d.roundTrips, d.statements, claims, roundTrips)
+		commits, d.Claims, d.RoundTrips, d.Statements, claims, roundTrips)
 	// A notification that arrives while the relay finishes a batch costs
 	// one empty claim; allow two of them.
-	if d.claims > commits+2 {
-		t.Errorf("%d claims for %d commits, want at most one each (+2)", d.claims, commits)
+	if d.Claims > commits+2 {
+		t.Errorf("%d claims for %d commits, want at most one each (+2)", d.Claims, commits)
 	}
-	if d.roundTrips > 2*(commits+2) {
-		t.Errorf("%d round trips for %d commits, want at most two each (+4)", d.roundTrips, commits)
+	if d.RoundTrips > 2*(commits+2) {
+		t.Errorf("%d round trips for %d commits, want at most two each (+4)", d.RoundTrips, commits)
 	}
 	// The relay does not count pgx preparing its statements on a
 	// connection it had not used yet: one round trip per pipeline, rare.
-	if prepares := float64(d.roundTrips) - roundTrips; claims != float64(d.claims) || prepares < 0 || prepares > 4 {
+	if prepares := float64(d.RoundTrips) - roundTrips; claims != float64(d.Claims) || prepares < 0 || prepares > 4 {
 		t.Errorf("the relay counted %.0f claims and %.0f round trips; its sockets saw %d and %d",
-			claims, roundTrips, d.claims, d.roundTrips)
+			claims, roundTrips, d.Claims, d.RoundTrips)
 	}
-	if got := c.distinct(); got > commits+1 {
+	if got := c.Distinct(); got > commits+1 {
 		t.Errorf("%d events on the topic, want at most %d", got, commits+1)
 	}
 }
@@ -92,7 +93,7 @@ func TestAnUndecodableRowIsChargedThenDeadAndHoldsBackItsAggregate(t *testing.T)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	e := newRelayEnv(t, 1, 50)
-	pool, c := e.pool, e.c
+	pool, c := e.Pool, e.C
 
 	enqueue(t, pool, newEvent("bad", 1))
 	if _, err := pool.Exec(ctx, `UPDATE outbox_events SET headers = '"not an object"' WHERE aggregate_id = 'bad'`); err != nil {
@@ -101,8 +102,8 @@ func TestAnUndecodableRowIsChargedThenDeadAndHoldsBackItsAggregate(t *testing.T)
 	enqueue(t, pool, newEvent("bad", 2), newEvent("good", 1))
 
 	const maxAttempts = 3
-	relay, err := outbox.NewRelay(pool, e.w, outbox.RelayConfig{
-		Topic: e.topicFn, MaxAttempts: maxAttempts,
+	relay, err := outbox.NewRelay(pool, e.W, outbox.RelayConfig{
+		Topic: e.TopicFn, MaxAttempts: maxAttempts,
 		BackoffMin: time.Millisecond, BackoffMax: time.Millisecond,
 	})
 	if err != nil {
@@ -122,7 +123,7 @@ func TestAnUndecodableRowIsChargedThenDeadAndHoldsBackItsAggregate(t *testing.T)
 	if err := pool.QueryRow(ctx, `SELECT attempts, last_error FROM outbox_events WHERE state = 'dead'`).Scan(&attempts, &lastError); err != nil {
 		t.Fatal(err)
 	}
-	if attempts != maxAttempts || !strings.Contains(lastError, outbox.ErrUndecodable.Error()) {
+	if attempts != maxAttempts || !strings.Contains(lastError, publish.ErrUndecodable.Error()) {
 		t.Errorf("dead row: %d attempts, last error %q; want %d and the reason", attempts, lastError, maxAttempts)
 	}
 	if n := countRows(t, pool, "aggregate_id = 'bad' AND aggregate_version = 2 AND state = 'pending' AND attempts = 0"); n != 1 {
@@ -131,8 +132,8 @@ func TestAnUndecodableRowIsChargedThenDeadAndHoldsBackItsAggregate(t *testing.T)
 	if n := countRows(t, pool, "aggregate_id = 'good' AND state = 'published'"); n != 1 {
 		t.Error("another aggregate's event was held back by the undecodable row")
 	}
-	testenv.WaitFor(t, 10*time.Second, "the good event on the topic", func() (bool, error) { return c.distinct() >= 1, nil })
-	c.checkOrder(t, map[string]int64{"good": 1, "bad": 0})
+	testenv.WaitFor(t, 10*time.Second, "the good event on the topic", func() (bool, error) { return c.Distinct() >= 1, nil })
+	c.CheckOrder(t, map[string]int64{"good": 1, "bad": 0})
 }
 
 // A relay whose registration vanished (another relay took it for dead and
@@ -142,9 +143,9 @@ func TestARelayReArmsWhenItsRegistrationIsRecreated(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	e := newRelayEnv(t, 1, 50)
-	pool, c := e.pool, e.c
-	relay, err := outbox.NewRelay(pool, e.w, outbox.RelayConfig{
-		ID: "phoenix", Topic: e.topicFn,
+	pool, c := e.Pool, e.C
+	relay, err := outbox.NewRelay(pool, e.W, outbox.RelayConfig{
+		ID: "phoenix", Topic: e.TopicFn,
 		PollInterval: time.Hour, RebalanceInterval: 100 * time.Millisecond,
 	})
 	if err != nil {
@@ -163,6 +164,6 @@ func TestARelayReArmsWhenItsRegistrationIsRecreated(t *testing.T) {
 	testenv.WaitFor(t, 10*time.Second, "the relay to register and arm again (an hourly poll would be too late)", armed)
 	enqueue(t, pool, newEvent("after", 1))
 	testenv.WaitFor(t, 5*time.Second, "the commit after re-registration to be published", func() (bool, error) {
-		return c.distinct() == 1, nil
+		return c.Distinct() == 1, nil
 	})
 }

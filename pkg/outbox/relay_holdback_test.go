@@ -9,10 +9,9 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
-	"github.com/segmentio/kafka-go"
 
-	"github.com/onceflow/onceflow/pkg/event"
 	"github.com/onceflow/onceflow/pkg/outbox"
+	"github.com/onceflow/onceflow/pkg/outbox/outboxadmin"
 	"github.com/onceflow/onceflow/pkg/testenv"
 )
 
@@ -170,48 +169,6 @@ func TestAFailedRowReleasesItsAggregateOnceItIsPublished(t *testing.T) {
 	}
 }
 
-// The holdback tests make the broker or the writer refuse a message for its
-// size, then let it through as an operator would: a topic of newSmallTopic
-// refuses an event whose payload is blob(…, bigBlob) until raiseTopicMax;
-// kafka-go's writer refuses a message over its BatchBytes (1 MiB by default,
-// 4 MiB in newWideWriter).
-const bigBlob = 200 << 10
-
-// newSmallTopic creates a one-partition topic that refuses messages over
-// 100 KiB (max.message.bytes).
-func newSmallTopic(t *testing.T, brokers []string) string {
-	t.Helper()
-	return newTopicWithMax(t, brokers, 100<<10)
-}
-
-// newTopicWithMax creates a one-partition topic for this test that refuses
-// messages over max bytes, and deletes it when the test ends.
-func newTopicWithMax(t *testing.T, brokers []string, max int) string {
-	t.Helper()
-	name := testenv.Name("test")
-	testenv.NewTopicNamed(t, brokers, name, 1, kafka.ConfigEntry{ConfigName: "max.message.bytes", ConfigValue: fmt.Sprint(max)})
-	return name
-}
-
-// raiseTopicMax lets topic take messages up to 4 MiB, as an operator would.
-func raiseTopicMax(t *testing.T, brokers []string, topic string) {
-	t.Helper()
-	setTopicConfig(t, brokers, topic, "max.message.bytes", fmt.Sprint(4<<20))
-}
-
-// newWideWriter returns a writer that takes messages up to 4 MiB; the
-// caller closes it.
-func newWideWriter(brokers []string) *testenv.Writer {
-	w := testenv.NewWriter(brokers, 10)
-	w.BatchBytes = 4 << 20
-	return w
-}
-
-// blob returns a JSON payload holding n bytes of c.
-func blob(c string, n int) []byte {
-	return []byte(`{"blob":"` + strings.Repeat(c, n) + `"}`)
-}
-
 // relayUntil runs relay's batches one after the other until done says so,
 // failing the test if a batch fails or done has not come within timeout;
 // what names the wait.
@@ -229,75 +186,7 @@ func relayUntil(t *testing.T, relay *outbox.Relay, timeout time.Duration, what s
 // unless there were want.
 func requeueDeadRows(t *testing.T, pool *pgxpool.Pool, want int) {
 	t.Helper()
-	if n, err := outbox.Requeue(context.Background(), pool, deadIDs(t, pool)...); err != nil || n != want {
+	if n, err := outboxadmin.Requeue(context.Background(), pool, outbox.ModePoll, deadIDs(t, pool)...); err != nil || n != want {
 		t.Fatalf("requeue: n=%d err=%v, want %d", n, err, want)
-	}
-}
-
-// onTopic reads partition 0 of topic from its start to its current end and
-// returns each message as aggregate/version, in offset order.
-func onTopic(t *testing.T, brokers []string, topic string) []string {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	conn, err := kafka.DialLeader(ctx, "tcp", brokers[0], topic, 0)
-	if err != nil {
-		t.Fatalf("dialing the leader of %s: %v", topic, err)
-	}
-	defer conn.Close()
-	deadline, _ := ctx.Deadline()
-	_ = conn.SetDeadline(deadline)
-	offset, end, err := conn.ReadOffsets()
-	if err != nil {
-		t.Fatalf("reading the offsets of %s: %v", topic, err)
-	}
-	got := []string{}
-	for offset < end {
-		if _, err := conn.Seek(offset, kafka.SeekAbsolute); err != nil {
-			t.Fatalf("seeking %s to %d: %v", topic, offset, err)
-		}
-		b := conn.ReadBatchWith(kafka.ReadBatchConfig{MinBytes: 1, MaxBytes: 16 << 20, MaxWait: time.Second})
-		for {
-			m, err := b.ReadMessage()
-			if err != nil {
-				break
-			}
-			ev, err := event.FromKafka(m)
-			if err != nil {
-				t.Fatalf("undecodable message at offset %d: %v", m.Offset, err)
-			}
-			got = append(got, fmt.Sprintf("%s/%d", ev.AggregateID, ev.AggregateVersion))
-			offset = m.Offset + 1
-		}
-		if err := b.Close(); err != nil {
-			t.Fatalf("reading %s at %d: %v", topic, offset, err)
-		}
-	}
-	return got
-}
-
-// setTopicConfig changes one setting of topic, as an operator would.
-func setTopicConfig(t *testing.T, brokers []string, topic, name, value string) {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	ctrl, err := testenv.Controller(ctx, brokers)
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := ctrl.RemoteAddr()
-	ctrl.Close()
-	c := &kafka.Client{Addr: kafka.TCP(addr.String())}
-	res, err := c.AlterConfigs(ctx, &kafka.AlterConfigsRequest{Addr: addr, Resources: []kafka.AlterConfigRequestResource{{
-		ResourceType: kafka.ResourceTypeTopic, ResourceName: topic,
-		Configs: []kafka.AlterConfigRequestConfig{{Name: name, Value: value}},
-	}}})
-	if err != nil {
-		t.Fatalf("setting %s of %s: %v", name, topic, err)
-	}
-	for _, err := range res.Errors {
-		if err != nil {
-			t.Fatalf("setting %s of %s: %v", name, topic, err)
-		}
 	}
 }

@@ -4,14 +4,6 @@ package outbox
 // (LISTEN/NOTIFY and arming, relay_wake.go), its claim and marks
 // (relay_batch.go) and its partition ownership (ownership.go).
 
-// notifyChannel is where the insert trigger (migrations 0001 and 0004) and
-// the operator functions wake the relays.
-const notifyChannel = "outbox_events"
-
-// wakeRelays is run by operator functions that make rows due without
-// inserting them (requeue, replay), so relays need not wait for their poll.
-const wakeRelays = `SELECT pg_notify('` + notifyChannel + `', '')`
-
 // wakeFenceKey is the advisory lock (class advisoryLockClass) that orders
 // arming against writers checking whether to notify; migration 0004 takes it
 // shared in the insert trigger.

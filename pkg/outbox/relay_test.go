@@ -9,13 +9,10 @@ import (
 	"os"
 	"os/exec"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
 
-	"github.com/google/uuid"
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 
@@ -25,83 +22,15 @@ import (
 	"github.com/onceflow/onceflow/pkg/testenv"
 )
 
-// enqueue commits events in one transaction.
-func enqueue(t *testing.T, pool *pgxpool.Pool, evs ...event.Envelope) {
-	t.Helper()
-	err := pgx.BeginFunc(context.Background(), pool, func(tx pgx.Tx) error {
-		return outbox.EnqueueBatch(context.Background(), tx, evs...)
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-}
-
-// collector reads a topic from the start, keeping the first delivery of each
-// event id (as an inbox would) and counting redeliveries.
-type collector struct {
-	mu         sync.Mutex
-	seen       map[uuid.UUID]bool
-	order      map[string][]int64 // aggregate id -> versions, first deliveries only
-	duplicates int
-}
-
-func collect(t *testing.T, brokers []string, topic string) *collector {
-	t.Helper()
-	c := &collector{seen: map[uuid.UUID]bool{}, order: map[string][]int64{}}
-	testenv.ReadEvents(t, brokers, topic, func(ev event.Envelope) {
-		c.mu.Lock()
-		defer c.mu.Unlock()
-		if c.seen[ev.EventID] {
-			c.duplicates++
-			return
-		}
-		c.seen[ev.EventID] = true
-		c.order[ev.AggregateID] = append(c.order[ev.AggregateID], ev.AggregateVersion)
-	})
-	return c
-}
-
-func (c *collector) distinct() int {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return len(c.seen)
-}
-
-func (c *collector) dups() int {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.duplicates
-}
-
-// checkOrder fails unless every aggregate's versions arrived as 1, 2, … want[id].
-func (c *collector) checkOrder(t *testing.T, want map[string]int64) {
-	t.Helper()
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	for id, n := range want {
-		got := c.order[id]
-		if int64(len(got)) != n {
-			t.Errorf("aggregate %s: %d versions arrived, want %d", id, len(got), n)
-			continue
-		}
-		for i, v := range got {
-			if v != int64(i+1) {
-				t.Errorf("aggregate %s: arrival %d is version %d, want %d (order broken)", id, i, v, i+1)
-				break
-			}
-		}
-	}
-}
-
 func TestACrashBetweenAckAndMarkRepublishes(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	e := newRelayEnv(t, 1, 10)
-	pool, c := e.pool, e.c
+	pool, c := e.Pool, e.C
 	enqueue(t, pool, newEvent("a", 1), newEvent("a", 2))
 
 	crashed := errors.New("killed after the ack")
-	relay, err := outbox.NewRelay(pool, e.w, outbox.RelayConfig{Topic: e.topicFn})
+	relay, err := outbox.NewRelay(pool, e.W, outbox.RelayConfig{Topic: e.TopicFn})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -115,7 +44,7 @@ func TestACrashBetweenAckAndMarkRepublishes(t *testing.T) {
 	if _, err := relay.RelayBatch(crashAfterAck); !errors.Is(err, crashed) {
 		t.Fatalf("err = %v, want the crash", err)
 	}
-	testenv.WaitFor(t, 20*time.Second, "the broker to have the events", func() (bool, error) { return c.distinct() == 2, nil })
+	testenv.WaitFor(t, 20*time.Second, "the broker to have the events", func() (bool, error) { return c.Distinct() == 2, nil })
 	if n := countRows(t, pool, "state = 'pending'"); n != 2 {
 		t.Fatalf("%d rows pending after the crash, want 2: nothing may be marked before the ack is recorded", n)
 	}
@@ -124,11 +53,11 @@ func TestACrashBetweenAckAndMarkRepublishes(t *testing.T) {
 	if n, err := relay.RelayBatch(ctx); err != nil || n != 2 {
 		t.Fatalf("after restart: n=%d err=%v", n, err)
 	}
-	testenv.WaitFor(t, 20*time.Second, "the republished duplicates", func() (bool, error) { return c.dups() == 2, nil })
+	testenv.WaitFor(t, 20*time.Second, "the republished duplicates", func() (bool, error) { return c.Dups() == 2, nil })
 	if n := countRows(t, pool, "state = 'published'"); n != 2 {
 		t.Fatalf("%d rows published, want 2", n)
 	}
-	c.checkOrder(t, map[string]int64{"a": 2})
+	c.CheckOrder(t, map[string]int64{"a": 2})
 }
 
 // A message the writer refuses as too large is the message's fault: it is
@@ -219,9 +148,9 @@ func TestATooLargeMessageBacksOffThenDeadThenRequeue(t *testing.T) {
 	defer relay.Close()
 	requeueDeadRows(t, pool, 1)
 	relayUntil(t, relay, 30*time.Second, "the requeued event and its successor to publish", func() (bool, error) {
-		return c.distinct() == 3, nil
+		return c.Distinct() == 3, nil
 	})
-	c.checkOrder(t, map[string]int64{"big": 2, "fine": 1})
+	c.CheckOrder(t, map[string]int64{"big": 2, "fine": 1})
 }
 
 func deadIDs(t *testing.T, pool *pgxpool.Pool) []int64 {
@@ -322,7 +251,7 @@ func TestThreeRelaysKeepOrderWhenOneIsKilled(t *testing.T) {
 		total += len(evs)
 		if step == 400 {
 			testenv.WaitFor(t, 30*time.Second, "some events to arrive before the kill", func() (bool, error) {
-				return c.distinct() > 200, nil
+				return c.Distinct() > 200, nil
 			})
 			if err := relays[0].Process.Signal(syscall.SIGKILL); err != nil {
 				t.Fatal(err)
@@ -330,13 +259,13 @@ func TestThreeRelaysKeepOrderWhenOneIsKilled(t *testing.T) {
 		}
 	}
 	testenv.WaitFor(t, 90*time.Second, fmt.Sprintf("all %d events to arrive", total), func() (bool, error) {
-		return c.distinct() == total, nil
+		return c.Distinct() == total, nil
 	})
-	c.checkOrder(t, want)
+	c.CheckOrder(t, want)
 	testenv.WaitFor(t, 30*time.Second, "the two survivors to own every partition", func() (bool, error) {
 		return ownersAndLocks(t, pool) == [2]int{2, outbox.Partitions}, nil
 	})
-	t.Logf("%d events in order across 51 aggregates; %d redeliveries after the kill", total, c.dups())
+	t.Logf("%d events in order across 51 aggregates; %d redeliveries after the kill", total, c.Dups())
 }
 
 // ownersAndLocks counts the sessions holding outbox partition locks, and the locks.
@@ -357,14 +286,14 @@ func TestARequeueWakesASleepingRelay(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	e := newRelayEnv(t, 1, 10)
-	pool, c := e.pool, e.c
+	pool, c := e.Pool, e.C
 	ev := newEvent("w", 1)
 	enqueue(t, pool, ev)
 	if _, err := pool.Exec(ctx, `UPDATE outbox_events SET state = 'dead', attempts = 10`); err != nil {
 		t.Fatal(err)
 	}
 	// Polling once an hour: only a wake-up can make it publish in time.
-	relay, err := outbox.NewRelay(pool, e.w, outbox.RelayConfig{Topic: e.topicFn, PollInterval: time.Hour})
+	relay, err := outbox.NewRelay(pool, e.W, outbox.RelayConfig{Topic: e.TopicFn, PollInterval: time.Hour})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -374,7 +303,7 @@ func TestARequeueWakesASleepingRelay(t *testing.T) {
 	})
 	requeueDeadRows(t, pool, 1)
 	testenv.WaitFor(t, 10*time.Second, "the requeued event to be published", func() (bool, error) {
-		return c.distinct() == 1, nil
+		return c.Distinct() == 1, nil
 	})
 }
 

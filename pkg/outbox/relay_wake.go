@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/onceflow/onceflow/pkg/internal/retry"
+	"github.com/onceflow/onceflow/pkg/outbox/internal/lifecycle"
 )
 
 // busyRate is the rate of claimed rows (per second) above which an armed
@@ -73,7 +74,7 @@ func (r *Relay) listenOnce(ctx context.Context, wake chan<- struct{}, listening 
 	conn := pooled.Hijack()
 	defer conn.Close(context.Background())
 	r.cfg.Metrics.RoundTrips.WithLabelValues("listen").Inc()
-	if _, err := conn.Exec(ctx, "LISTEN "+notifyChannel); err != nil {
+	if _, err := conn.Exec(ctx, "LISTEN "+lifecycle.NotifyChannel); err != nil {
 		return err
 	}
 	listening()

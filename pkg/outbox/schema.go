@@ -20,8 +20,9 @@ var Migrations = pgmigrate.Dir(migrationFiles)
 // MigrationsTable is the golang-migrate table the outbox schema is tracked in.
 const MigrationsTable = "outbox_schema_migrations"
 
-// Partitions is the number of logical partitions aggregates hash into.
-const Partitions = 64
+// partitionCount is the number of logical partitions aggregates hash into (the
+// relays share them out; docs/outbox.md).
+const partitionCount = 64
 
 // Migrate applies the outbox schema's pending migrations in pool's database,
 // tracked in MigrationsTable. Run it as a role that may create tables (the

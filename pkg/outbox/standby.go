@@ -1,10 +1,6 @@
 package outbox
 
-import (
-	"time"
-
-	"github.com/onceflow/onceflow/pkg/outbox/internal/standby"
-)
+import "time"
 
 // Standby says whether a relay publishes only what the standbys have
 // (issue 32): a commit is visible on the primary, and decoded by a logical
@@ -35,13 +31,11 @@ type Standby struct {
 	// commit before it is published. Default: every physical slot on the
 	// primary.
 	StandbySlots []string
-	// ReplicatedWait bounds one wait. The log-based relay sends the server
-	// no status update while it waits, so keep it well under the server's
-	// wal_sender_timeout (60s by default). Default DefaultReplicatedWait (5s).
+	// ReplicatedWait bounds one wait for the standbys: past it the batch
+	// (polling relay) or the stream (log-based relay) is abandoned and
+	// retried, and the relay reports a standby outage; nothing is charged
+	// to a row. The log-based relay sends the server no status update
+	// while it waits, so keep it well under the server's wal_sender_timeout
+	// (60s by default). Default 5s.
 	ReplicatedWait time.Duration
 }
-
-// DefaultReplicatedWait bounds one wait for the standbys: past it the batch
-// (polling relay) or the stream (log-based relay) is abandoned and retried,
-// and the relay reports a standby outage. Nothing is charged to a row.
-const DefaultReplicatedWait = standby.DefaultWait

@@ -92,8 +92,8 @@ func TestASleepingRelayIsWokenByEveryCommit(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	e := newRelayEnv(t, 1, 50)
-	pool, c := e.pool, e.c
-	relay, err := outbox.NewRelay(pool, e.w, outbox.RelayConfig{ID: "sleeper", Topic: e.topicFn, PollInterval: time.Hour})
+	pool, c := e.Pool, e.C
+	relay, err := outbox.NewRelay(pool, e.W, outbox.RelayConfig{ID: "sleeper", Topic: e.TopicFn, PollInterval: time.Hour})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -124,7 +124,7 @@ func TestASleepingRelayIsWokenByEveryCommit(t *testing.T) {
 		wg.Wait()
 		want += writers
 		testenv.WaitFor(t, 5*time.Second, fmt.Sprintf("round %d's %d commits to be published (a missed wake-up waits for the hourly poll)", round, writers),
-			func() (bool, error) { return c.distinct() == want, nil })
+			func() (bool, error) { return c.Distinct() == want, nil })
 	}
 	testenv.WaitFor(t, 10*time.Second, "the relay to re-arm once idle", armed)
 }

@@ -153,7 +153,7 @@ func thing(id string, version int64) event.Envelope {
 	}
 }
 
-func write(t *testing.T, pool *pgxpool.Pool, w outbox.WriteFunc, ev event.Envelope) {
+func write(t *testing.T, pool *pgxpool.Pool, w cdc.WriteFunc, ev event.Envelope) {
 	t.Helper()
 	ctx := context.Background()
 	if err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error { return w(ctx, tx, ev) }); err != nil {

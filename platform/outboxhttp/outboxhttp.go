@@ -9,7 +9,7 @@
 //	                     from and to required; a dry run unless dryRun is false;
 //	                     at most MaxReplay events per call
 //
-// The handler acts in the service's relay mode (outbox.RelayMode's methods):
+// The handler acts in the service's relay mode (outboxadmin's functions take it):
 // every mode requeues and replays for real, or refuses with 409 — a
 // requeue or replay is never answered with a success the relay will not
 // carry out (RELAY_MODE=wal keeps no copy of its events, so its replay and
@@ -17,11 +17,11 @@
 //
 // Errors are apperr bodies: 400 for a malformed request (a replay without
 // from and to among them), 404 for a requeue naming ids that do not exist
-// (outbox.ErrNotFound; nothing is requeued), 409 for an action the relay
-// mode cannot carry out (outbox.ErrNotInThisMode), 422 for a replay filter
-// outbox.Replay refuses or a scope over MaxReplay events (the message states
-// the cap), 503 while the database is unreachable (outbox.ErrUnavailable),
-// 500 otherwise.
+// (outboxadmin.ErrNotFound; nothing is requeued), 409 for an action the
+// relay mode cannot carry out (outboxadmin.ErrNotInThisMode), 422 for a
+// replay filter outboxadmin.Replay refuses or a scope over MaxReplay events
+// (the message states the cap), 503 while the database is unreachable
+// (outbox.ErrUnavailable), 500 otherwise.
 //
 // Mount it under a prefix with http.StripPrefix, on the operator listener
 // (httpserver.NewAdmin), which checks the bearer token: these endpoints
@@ -41,6 +41,7 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/onceflow/onceflow/pkg/outbox"
+	"github.com/onceflow/onceflow/pkg/outbox/outboxadmin"
 	"github.com/onceflow/onceflow/platform/apperr"
 	"github.com/onceflow/onceflow/platform/strictjson"
 )
@@ -120,7 +121,7 @@ func DecodeRequeue(body []byte) (RequeueRequest, error) {
 
 // DecodeReplay decodes a POST /replay body. Errors are apperr.Malformed
 // (400): an undecodable body, or one without "from" and "to"; the filter's
-// own rules are outbox.Replay's (422).
+// own rules are outboxadmin.Replay's (422).
 func DecodeReplay(body []byte) (ReplayRequest, error) {
 	var req ReplayRequest
 	if err := strictjson.Unmarshal(body, &req); err != nil {
@@ -152,7 +153,7 @@ func Handler(db outbox.DB, mode outbox.RelayMode, logger *slog.Logger) http.Hand
 			}
 			limit = n
 		}
-		dead, err := outbox.ListDead(r.Context(), db, limit)
+		dead, err := outboxadmin.ListDead(r.Context(), db, limit)
 		if err != nil {
 			fail(w, r, err)
 			return
@@ -172,13 +173,13 @@ func Handler(db outbox.DB, mode outbox.RelayMode, logger *slog.Logger) http.Hand
 		}
 		var n int
 		if len(req.IDs) > 0 {
-			n, err = mode.Requeue(r.Context(), db, req.IDs...)
+			n, err = outboxadmin.Requeue(r.Context(), db, mode, req.IDs...)
 		} else {
 			limit := req.Limit
 			if limit == 0 {
 				limit = MaxRequeue
 			}
-			n, err = mode.RequeueDead(r.Context(), db, outbox.DeadFilter{
+			n, err = outboxadmin.RequeueDead(r.Context(), db, mode, outboxadmin.DeadFilter{
 				AggregateType: req.AggregateType, AggregateID: req.AggregateID, Limit: limit,
 			})
 		}
@@ -199,7 +200,7 @@ func Handler(db outbox.DB, mode outbox.RelayMode, logger *slog.Logger) http.Hand
 			return
 		}
 		dryRun := req.DryRun == nil || *req.DryRun
-		items, err := mode.Replay(r.Context(), db, outbox.ReplayFilter{
+		items, err := outboxadmin.Replay(r.Context(), db, mode, outboxadmin.ReplayFilter{
 			AggregateType: req.AggregateType, AggregateID: req.AggregateID, From: req.From, To: req.To,
 			Max: MaxReplay,
 		}, dryRun)
@@ -235,11 +236,11 @@ func Handler(db outbox.DB, mode outbox.RelayMode, logger *slog.Logger) http.Hand
 // system; anything else stays an internal error (500, details in the log).
 func appError(err error) error {
 	switch {
-	case errors.Is(err, outbox.ErrInvalidFilter), errors.Is(err, outbox.ErrReplayTooLarge):
+	case errors.Is(err, outboxadmin.ErrInvalidFilter), errors.Is(err, outboxadmin.ErrReplayTooLarge):
 		return apperr.Errorf(apperr.Invalid, "%v", err)
-	case errors.Is(err, outbox.ErrNotFound):
+	case errors.Is(err, outboxadmin.ErrNotFound):
 		return apperr.Errorf(apperr.NotFound, "%v", err)
-	case errors.Is(err, outbox.ErrNotInThisMode):
+	case errors.Is(err, outboxadmin.ErrNotInThisMode):
 		return apperr.Errorf(apperr.Conflict, "%v", err)
 	case errors.Is(err, outbox.ErrUnavailable):
 		// The driver's error stays in the chain, for the log only.

@@ -83,8 +83,8 @@ type Billing struct {
 	store  *Store
 	logger *slog.Logger
 	now    func() time.Time
-	write  outbox.WriteFunc
-	queue  outbox.QueueFunc // nil: a batch's events are written one by one
+	write  cdc.WriteFunc
+	queue  cdc.QueueFunc // nil: a batch's events are written one by one
 }
 
 // New returns billing on pool; now is the clock (time.Now if nil).

@@ -16,6 +16,7 @@ import (
 
 	"github.com/onceflow/onceflow/pkg/event"
 	"github.com/onceflow/onceflow/pkg/outbox"
+	"github.com/onceflow/onceflow/pkg/outbox/cdc"
 	"github.com/onceflow/onceflow/platform/apperr"
 )
 
@@ -132,13 +133,13 @@ type Options struct {
 	// WriteEvent writes an order's event in its transaction: outbox.Enqueue
 	// (the default; RELAY_MODE poll and cdc) or cdc.Emit (wal), as
 	// cdc.Write picks.
-	WriteEvent outbox.WriteFunc
+	WriteEvent cdc.WriteFunc
 	// QueueEvent queues a new order's event onto the pipeline that writes
 	// the order (Store.PlaceInPipeline), as cdc.Queue picks:
 	// outbox.Queue, the default when WriteEvent is nil too. When it is nil
 	// and WriteEvent is not (wal), orders are placed statement by statement
 	// with WriteEvent.
-	QueueEvent outbox.QueueFunc
+	QueueEvent cdc.QueueFunc
 }
 
 // Service places, reads and cancels orders; its Store runs the SQL.
@@ -321,7 +322,7 @@ func (s *Service) crashPoint() error {
 // queue is how Place writes an order's event in its pipeline, or nil when
 // it runs its transaction statement by statement (the naive mode, and an
 // event write that cannot be queued: see Options.QueueEvent).
-func (s *Service) queue() outbox.QueueFunc {
+func (s *Service) queue() cdc.QueueFunc {
 	switch {
 	case s.opts.NaivePublisher != nil:
 		return nil

@@ -13,6 +13,7 @@ import (
 	"github.com/onceflow/onceflow/pkg/event"
 	"github.com/onceflow/onceflow/pkg/inbox"
 	"github.com/onceflow/onceflow/pkg/outbox"
+	"github.com/onceflow/onceflow/pkg/outbox/outboxadmin"
 )
 
 // topics reads the order's records from the two topics and their
@@ -60,7 +61,7 @@ func (r *reader) recordStep(rec record) {
 }
 
 // producedBy is the outbox rows of the service that publishes topic.
-func (r *reader) producedBy(topic string) []outbox.EventRecord {
+func (r *reader) producedBy(topic string) []outboxadmin.EventRecord {
 	if topic == r.src.BillingTopic {
 		return r.billingEvents
 	}
@@ -72,7 +73,7 @@ func (r *reader) producedBy(topic string) []outbox.EventRecord {
 // able to tell): the polling relay marks its rows published, the log-based
 // relay reading the table never updates them, and the WAL-only mode writes
 // no row at all.
-func relayMode(rows []outbox.EventRecord, eventID string) string {
+func relayMode(rows []outboxadmin.EventRecord, eventID string) string {
 	for _, e := range rows {
 		if e.EventID.String() != eventID {
 			continue
@@ -185,7 +186,7 @@ func (r *reader) check() {
 	}
 	outboxes := []struct {
 		service, topic, consumer string
-		rows                     []outbox.EventRecord
+		rows                     []outboxadmin.EventRecord
 		consumed                 []inbox.MessageRecord
 	}{
 		{"orders", r.src.OrdersTopic, "billing", r.ordersEvents, r.billingInbox},

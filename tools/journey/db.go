@@ -9,12 +9,12 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/onceflow/onceflow/pkg/inbox"
-	"github.com/onceflow/onceflow/pkg/outbox"
+	"github.com/onceflow/onceflow/pkg/outbox/outboxadmin"
 )
 
 // The services' own tables, whose stores export no such reads (as in
 // tools/reconcile); the outbox's and the inbox's tables are read through
-// outbox.EventsOf and inbox.MessagesOf. $1 is the order id.
+// outboxadmin.EventsOf and inbox.MessagesOf. $1 is the order id.
 const (
 	sqlOrder = `
 		SELECT id::text, status, customer_id, amount_cents, currency, version, created_at, updated_at
@@ -56,10 +56,10 @@ func (r *reader) databases(ctx context.Context) error {
 			r.add(Step{At: o.UpdatedAt, Where: "orders db", What: "order cancelled", State: o.Status})
 		}
 	}
-	if r.ordersEvents, err = outbox.EventsOf(ctx, r.src.Orders, r.j.OrderID); err != nil {
+	if r.ordersEvents, err = outboxadmin.EventsOf(ctx, r.src.Orders, r.j.OrderID); err != nil {
 		return fmt.Errorf("reading orders' outbox: %w", err)
 	}
-	if r.billingEvents, err = outbox.EventsOf(ctx, r.src.Billing, r.j.OrderID); err != nil {
+	if r.billingEvents, err = outboxadmin.EventsOf(ctx, r.src.Billing, r.j.OrderID); err != nil {
 		return fmt.Errorf("reading billing's outbox: %w", err)
 	}
 	if r.billingInbox, err = inbox.MessagesOf(ctx, r.src.Billing, r.j.OrderID); err != nil {
@@ -132,7 +132,7 @@ func (r *reader) consumed(rows []inbox.MessageRecord, eventType string) string {
 	return ""
 }
 
-func (r *reader) outboxSteps(where string, e outbox.EventRecord) {
+func (r *reader) outboxSteps(where string, e outboxadmin.EventRecord) {
 	what := fmt.Sprintf("outbox: %s v%d written (row %d)", e.EventType, e.AggregateVersion, e.ID)
 	if e.Archived {
 		what += ", now archived"

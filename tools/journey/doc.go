@@ -6,7 +6,7 @@
 // of the hop that led to it, and what is missing or odd.
 //
 // It only reads: the databases through a read-only role (reconcile_ro), the
-// outbox's and the inbox's tables through outbox.EventsOf and
+// outbox's and the inbox's tables through outboxadmin.EventsOf and
 // inbox.MessagesOf (this package knows neither table), Kafka by offset, the
 // ledger by idempotency key. onceflowctl journey is its command line.
 package journey

@@ -11,7 +11,7 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/onceflow/onceflow/pkg/inbox"
-	"github.com/onceflow/onceflow/pkg/outbox"
+	"github.com/onceflow/onceflow/pkg/outbox/outboxadmin"
 )
 
 // ErrNotFound: no database, topic or ledger knows the order.
@@ -19,7 +19,7 @@ var ErrNotFound = errors.New("no trace of this order anywhere")
 
 // Sources are what Follow reads. The databases are read-only handles.
 type Sources struct {
-	Orders, Billing, Shim outbox.BacklogDB
+	Orders, Billing, Shim outboxadmin.BacklogDB
 	// Brokers are Kafka's bootstrap addresses; empty skips the topics.
 	Brokers []string
 	// OrdersTopic and BillingTopic default to orders.events and
@@ -153,7 +153,7 @@ type reader struct {
 	j   *Journey
 	now time.Time
 
-	ordersEvents, billingEvents []outbox.EventRecord
+	ordersEvents, billingEvents []outboxadmin.EventRecord
 	billingInbox, shimInbox     []inbox.MessageRecord
 	forwards                    []forward
 	records                     map[string][]record // by topic

@@ -10,7 +10,7 @@ import (
 	"time"
 
 	"github.com/onceflow/onceflow/pkg/inbox"
-	"github.com/onceflow/onceflow/pkg/outbox"
+	"github.com/onceflow/onceflow/pkg/outbox/outboxadmin"
 )
 
 // The kinds of finding. Each has a runbook line in Runbooks.
@@ -159,7 +159,7 @@ func Run(ctx context.Context, src Sources, cfg Config) (Report, error) {
 		name string
 		db   Querier
 	}{{"orders", src.Orders}, {"billing", src.Billing}} {
-		b, err := outbox.Backlog(ctx, s.db, outbox.BacklogConfig{PendingOlderThan: cfg.OutboxStuckAfter, Samples: cfg.Samples})
+		b, err := outboxadmin.Backlog(ctx, s.db, outboxadmin.BacklogConfig{PendingOlderThan: cfg.OutboxStuckAfter, Samples: cfg.Samples})
 		err = translate("reading the outbox's backlog", err)
 		for _, f := range []Finding{
 			backlogFinding(KindOutboxStuck, s.name, b.Pending.Count, b.Pending.Oldest, b.Pending.Samples),

@@ -77,15 +77,15 @@ func benchCDCProcTx(b *testing.B, mode outbox.RelayMode) {
 		committed := time.Now()
 		after := p.waitAcked(b, int64(n), 10*time.Minute)
 		drained := time.Unix(0, after.DrainedAt).Sub(committed)
-		drain.add(n, drained)
+		drain.Add(n, drained)
 		b.Logf("%d events committed in one transaction in %v, drained in %v", n,
 			committed.Sub(start).Round(time.Millisecond), drained.Round(time.Millisecond))
 		sum.add(before, after)
 		p.stop(b)
 	}
 	b.ReportMetric(0, "ns/op")
-	b.ReportMetric(drain.perSecond(), "events/s")
-	sum.report(b, drain.events)
+	b.ReportMetric(drain.PerSecond(), "events/s")
+	sum.report(b, drain.Events)
 }
 
 func benchCDCProcRate(b *testing.B, mode outbox.RelayMode, rate int) {

@@ -8,54 +8,54 @@ import (
 
 	"github.com/onceflow/onceflow/pkg/internal/knob"
 	"github.com/onceflow/onceflow/pkg/outbox"
+	"github.com/onceflow/onceflow/pkg/outbox/internal/defaults"
 	"github.com/onceflow/onceflow/pkg/outbox/internal/publish"
 	"github.com/onceflow/onceflow/pkg/outbox/internal/standby"
 )
 
-// The log-based relay's own defaults, what a zero Config field means;
-// those both relays share are package outbox's (outbox.DefaultBatchSize,
-// outbox.DefaultPublishTimeout, outbox.DefaultBackoffMin,
-// outbox.DefaultOutageBackoffMin, outbox.DefaultLogInterval).
+// The log-based relay's own defaults, what a zero Config field means (each
+// field's doc comment gives the value); those both relays share are in
+// package outbox's internal/defaults.
 const (
-	// DefaultSlot is the replication slot's name.
-	DefaultSlot = "onceflow_outbox"
-	// DefaultFlushDelay is how long committed events wait for more to join
+	// defaultSlot is the replication slot's name.
+	defaultSlot = "onceflow_outbox"
+	// defaultFlushDelay is how long committed events wait for more to join
 	// their batch.
-	DefaultFlushDelay = 2 * time.Millisecond
-	// DefaultStatusInterval is how often the relay reports its confirmed
+	defaultFlushDelay = 2 * time.Millisecond
+	// defaultStatusInterval is how often the relay reports its confirmed
 	// position to the server.
-	DefaultStatusInterval = time.Second
-	// DefaultLagInterval is how often the slot's gauges are refreshed.
-	DefaultLagInterval = 2 * time.Second
-	// DefaultRetentionInterval is how often confirmed rows are deleted.
-	DefaultRetentionInterval = 5 * time.Second
-	// DefaultRetentionBatch is the most rows one retention DELETE removes.
-	DefaultRetentionBatch = 1000
-	// DefaultRetain is how long confirmed rows stay after their insert.
-	DefaultRetain = time.Minute
-	// DefaultMaxAttempts is how many writes that failed because of the
+	defaultStatusInterval = time.Second
+	// defaultLagInterval is how often the slot's gauges are refreshed.
+	defaultLagInterval = 2 * time.Second
+	// defaultRetentionInterval is how often confirmed rows are deleted.
+	defaultRetentionInterval = 5 * time.Second
+	// defaultRetentionBatch is the most rows one retention DELETE removes.
+	defaultRetentionBatch = 1000
+	// defaultRetain is how long confirmed rows stay after their insert.
+	defaultRetain = time.Minute
+	// defaultMaxAttempts is how many writes that failed because of the
 	// message an event gets before it is skipped as dead. Fewer than the
-	// polling relay's DefaultMaxAttempts, with a shorter backoff
-	// (DefaultBackoffMax): a stream cannot set one event aside and go on
+	// polling relay's (outbox.RelayConfig.MaxAttempts), with a shorter
+	// backoff (defaultBackoffMax): a stream cannot set one event aside and go on
 	// with the other aggregates, so every attempt holds up its topic.
-	DefaultMaxAttempts = 3
-	// DefaultBackoffMax caps the delay between those attempts.
-	DefaultBackoffMax = 2 * time.Second
-	// DefaultOutageBackoffMax caps the delay while Kafka or Postgres is
+	defaultMaxAttempts = 3
+	// defaultBackoffMax caps the delay between those attempts.
+	defaultBackoffMax = 2 * time.Second
+	// defaultOutageBackoffMax caps the delay while Kafka or Postgres is
 	// unreachable, and between a standby's tries to take the slot.
-	DefaultOutageBackoffMax = 5 * time.Second
+	defaultOutageBackoffMax = 5 * time.Second
 )
 
 // maxInFlightPerBatch is MaxInFlight's default in batches.
 const maxInFlightPerBatch = 4
 
 // Config configures a Relay. Zero fields take the documented defaults;
-// negative sizes and durations are refused (package outbox's config.go).
+// negative sizes and durations are refused (outbox.RelayConfig's convention).
 type Config struct {
 	// Slot is the logical replication slot (pgoutput) the relay reads and
 	// creates if it is missing. Slot names are global to the Postgres
 	// cluster: give each service's outbox its own. Only lower-case letters,
-	// digits and underscores. Default DefaultSlot ("onceflow_outbox").
+	// digits and underscores. Default "onceflow_outbox".
 	Slot string
 	// ReplicationURL is the connection string of a role with the
 	// REPLICATION attribute (the walsender connection). Default: the pool's
@@ -71,7 +71,7 @@ type Config struct {
 	// them lost (outbox_slot_lost_unrecoverable_total).
 	Mode outbox.RelayMode
 	// BatchSize is the most events written to Kafka at once.
-	// Default outbox.DefaultBatchSize (500).
+	// Default 500.
 	BatchSize int
 	// MaxInFlight is the most events of one topic decoded and not yet
 	// acknowledged by Kafka; with BatchSize it bounds the relay's memory
@@ -80,54 +80,52 @@ type Config struct {
 	// waiting; then the stream waits for it. Default 4 × BatchSize.
 	MaxInFlight int
 	// FlushDelay is how long committed events wait for more to join their
-	// batch before they are written. Default DefaultFlushDelay (2ms): the stream usually has
+	// batch before they are written. Default 2ms: the stream usually has
 	// the next commit already buffered, and a long delay is pure latency.
 	FlushDelay time.Duration
 	// StatusInterval is how often the relay reports its confirmed position
 	// to the server (and asks for a keepalive while idle, so an idle slot's
 	// position follows the server's WAL). It must be well under the server's
-	// wal_sender_timeout (default 60s). Default DefaultStatusInterval (1s).
+	// wal_sender_timeout (default 60s). Default 1s.
 	StatusInterval time.Duration
 	// LagInterval is how often the slot's gauges (outbox_slot_lag_bytes,
 	// outbox_slot_retained_wal_bytes, outbox_slot_wal_keep_size_bytes) and
-	// outbox_dead_events are refreshed. Default DefaultLagInterval (2s).
+	// outbox_dead_events are refreshed. Default 2s.
 	LagInterval time.Duration
 	// RetentionInterval is how often rows of outbox_events that Kafka
 	// acknowledged and the slot confirmed are deleted, in batches of
 	// RetentionBatch, and the most often the relay records its confirmed
-	// position in outbox_cdc_slots, which retention reads. Default
-	// DefaultRetentionInterval (5s).
+	// position in outbox_cdc_slots, which retention reads. Default 5s.
 	RetentionInterval time.Duration
 	// RetentionBatch is the most rows one retention DELETE removes.
-	// Default DefaultRetentionBatch (1000).
+	// Default 1000.
 	RetentionBatch int
 	// Retain keeps published rows this long after their insert, for an
-	// operator's replay (outbox.RelayMode.Replay) and the replay after a lost slot
+	// operator's replay (outboxadmin.Replay) and the replay after a lost slot
 	// (the relay republishes every pending row the table still holds; see
 	// the runbook). Rows the slot has not confirmed are never deleted,
 	// however old: "published" is commit-ordered (internal/lifecycle), so a
 	// transaction that inserted a lower id and committed later keeps its
-	// row until its own commit is confirmed. Default DefaultRetain (1m).
+	// row until its own commit is confirmed. Default 1m.
 	Retain time.Duration
 	// PublishTimeout bounds one write to Kafka; running out of it counts as
-	// a broker failure. Default outbox.DefaultPublishTimeout (30s).
+	// a broker failure. Default 30s.
 	PublishTimeout time.Duration
 	// MaxAttempts is how many writes that failed because of the message (too
 	// large, refused by a topic policy, …) an event gets before it is
 	// skipped as dead: a stream cannot set one event aside and go on with
 	// its aggregate later, as the polling relay does.
-	// Default DefaultMaxAttempts (3).
+	// Default 3.
 	MaxAttempts int
 	// BackoffMin and BackoffMax bound the delay between those attempts.
-	// Defaults outbox.DefaultBackoffMin (100ms) and DefaultBackoffMax (2s).
+	// Defaults 100ms and 2s.
 	BackoffMin, BackoffMax time.Duration
 	// OutageBackoffMin and OutageBackoffMax bound the capped, jittered delay
 	// while Kafka or Postgres is unreachable, and between a standby's tries
-	// to take the slot. Defaults outbox.DefaultOutageBackoffMin (100ms) and
-	// DefaultOutageBackoffMax (5s).
+	// to take the slot. Defaults 100ms and 5s.
 	OutageBackoffMin, OutageBackoffMax time.Duration
 	// LogInterval is the most often an ongoing failure is logged.
-	// Default outbox.DefaultLogInterval (30s).
+	// Default 30s.
 	LogInterval time.Duration
 	// OnSlotLost, if set, is called after the relay replaced a lost slot,
 	// with the window no slot streamed, before the relay republishes it
@@ -147,28 +145,28 @@ type Config struct {
 var slotName = regexp.MustCompile(`^[a-z0-9_]{1,63}$`)
 
 // WithDefaults returns c with every zero field set to its documented
-// default. Negative values are kept, for Validate to refuse (package outbox's config.go).
+// default. Negative values are kept, for Validate to refuse.
 func (c Config) WithDefaults() Config {
-	knob.Default(&c.Slot, DefaultSlot)
+	knob.Default(&c.Slot, defaultSlot)
 	if c.Topic == nil {
 		c.Topic = publish.DefaultTopic
 	}
 	knob.Default(&c.Mode, outbox.ModeCDC)
-	knob.Default(&c.BatchSize, outbox.DefaultBatchSize)
+	knob.Default(&c.BatchSize, defaults.BatchSize)
 	knob.Default(&c.MaxInFlight, maxInFlightPerBatch*c.BatchSize)
-	knob.Default(&c.RetentionBatch, DefaultRetentionBatch)
-	knob.Default(&c.MaxAttempts, DefaultMaxAttempts)
-	knob.Default(&c.FlushDelay, DefaultFlushDelay)
-	knob.Default(&c.StatusInterval, DefaultStatusInterval)
-	knob.Default(&c.LagInterval, DefaultLagInterval)
-	knob.Default(&c.RetentionInterval, DefaultRetentionInterval)
-	knob.Default(&c.Retain, DefaultRetain)
-	knob.Default(&c.PublishTimeout, outbox.DefaultPublishTimeout)
-	knob.Default(&c.BackoffMin, outbox.DefaultBackoffMin)
-	knob.Default(&c.BackoffMax, DefaultBackoffMax)
-	knob.Default(&c.OutageBackoffMin, outbox.DefaultOutageBackoffMin)
-	knob.Default(&c.OutageBackoffMax, DefaultOutageBackoffMax)
-	knob.Default(&c.LogInterval, outbox.DefaultLogInterval)
+	knob.Default(&c.RetentionBatch, defaultRetentionBatch)
+	knob.Default(&c.MaxAttempts, defaultMaxAttempts)
+	knob.Default(&c.FlushDelay, defaultFlushDelay)
+	knob.Default(&c.StatusInterval, defaultStatusInterval)
+	knob.Default(&c.LagInterval, defaultLagInterval)
+	knob.Default(&c.RetentionInterval, defaultRetentionInterval)
+	knob.Default(&c.Retain, defaultRetain)
+	knob.Default(&c.PublishTimeout, defaults.PublishTimeout)
+	knob.Default(&c.BackoffMin, defaults.BackoffMin)
+	knob.Default(&c.BackoffMax, defaultBackoffMax)
+	knob.Default(&c.OutageBackoffMin, defaults.OutageBackoffMin)
+	knob.Default(&c.OutageBackoffMax, defaultOutageBackoffMax)
+	knob.Default(&c.LogInterval, defaults.LogInterval)
 	if c.Logger == nil {
 		c.Logger = slog.Default()
 	}

@@ -37,25 +37,31 @@ func TestCDCConfigValidate(t *testing.T) {
 	}
 }
 
-// The documented defaults are the Default constants; those the polling
-// relay shares are package outbox's.
-func TestConfigDefaultsAreTheConstants(t *testing.T) {
+// The documented defaults, as each field's doc comment gives them.
+func TestConfigDefaultsAreTheDocumentedOnes(t *testing.T) {
 	t.Parallel()
 	c := cdc.Config{}.WithDefaults()
 	for _, d := range []struct {
 		name      string
 		got, want any
 	}{
-		{"CDC.Slot", c.Slot, cdc.DefaultSlot},
+		{"CDC.Slot", c.Slot, "onceflow_outbox"},
 		{"CDC.Mode", c.Mode, outbox.ModeCDC},
-		{"CDC.BatchSize", c.BatchSize, outbox.DefaultBatchSize},
-		{"CDC.MaxInFlight", c.MaxInFlight, 4 * outbox.DefaultBatchSize},
-		{"CDC.MaxAttempts", c.MaxAttempts, cdc.DefaultMaxAttempts},
-		{"CDC.BackoffMin", c.BackoffMin, outbox.DefaultBackoffMin},
-		{"CDC.BackoffMax", c.BackoffMax, cdc.DefaultBackoffMax},
-		{"CDC.OutageBackoffMax", c.OutageBackoffMax, cdc.DefaultOutageBackoffMax},
-		{"CDC.Retain", c.Retain, cdc.DefaultRetain},
-		{"CDC.LogInterval", c.LogInterval, outbox.DefaultLogInterval},
+		{"CDC.BatchSize", c.BatchSize, 500},
+		{"CDC.MaxInFlight", c.MaxInFlight, 4 * 500},
+		{"CDC.FlushDelay", c.FlushDelay, 2 * time.Millisecond},
+		{"CDC.StatusInterval", c.StatusInterval, time.Second},
+		{"CDC.LagInterval", c.LagInterval, 2 * time.Second},
+		{"CDC.RetentionInterval", c.RetentionInterval, 5 * time.Second},
+		{"CDC.RetentionBatch", c.RetentionBatch, 1000},
+		{"CDC.Retain", c.Retain, time.Minute},
+		{"CDC.PublishTimeout", c.PublishTimeout, 30 * time.Second},
+		{"CDC.MaxAttempts", c.MaxAttempts, 3},
+		{"CDC.BackoffMin", c.BackoffMin, 100 * time.Millisecond},
+		{"CDC.BackoffMax", c.BackoffMax, 2 * time.Second},
+		{"CDC.OutageBackoffMin", c.OutageBackoffMin, 100 * time.Millisecond},
+		{"CDC.OutageBackoffMax", c.OutageBackoffMax, 5 * time.Second},
+		{"CDC.LogInterval", c.LogInterval, 30 * time.Second},
 	} {
 		if d.got != d.want {
 			t.Errorf("%s = %v, want %v", d.name, d.got, d.want)

@@ -31,7 +31,7 @@
 // from one PublisherConfig, so a service runs whichever it gets. Knobs and
 // their defaults are documented on Config, with package outbox's
 // convention; the metrics are outbox.Metrics, shared with the polling
-// relay. The operator functions are package outbox's, as methods of the
-// mode (outbox.ModeCDC.Replay, outbox.ModeWAL.RequeueDead, …): they read
-// and write the table, not the stream.
+// relay. The operator functions are package outboxadmin's, which take the
+// mode (outboxadmin.Replay(ctx, db, outbox.ModeCDC, …), …): they read and
+// write the table, not the stream.
 package cdc

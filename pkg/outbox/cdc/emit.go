@@ -239,9 +239,18 @@ var ErrNoSlot = wal.ErrNoSlot
 // with an error wrapping ErrNoSlot.
 func Emit(ctx context.Context, tx pgx.Tx, ev event.Envelope) error { return wal.Emit(ctx, tx, ev) }
 
+// WriteFunc writes one event inside the caller's transaction:
+// outbox.Enqueue, or Emit in outbox.ModeWAL (Write picks by mode).
+type WriteFunc func(ctx context.Context, tx pgx.Tx, ev event.Envelope) error
+
+// QueueFunc queues the write of events onto the caller's pipeline (see
+// outbox.Queue; Queue picks by mode), so that a business transaction and
+// its events take one round trip.
+type QueueFunc func(b *pgx.Batch, evs ...event.Envelope) error
+
 // Write is the write of mode m: Emit for outbox.ModeWAL, outbox.Enqueue
 // otherwise, so that business code calls one function whatever relay runs.
-func Write(m outbox.RelayMode) outbox.WriteFunc {
+func Write(m outbox.RelayMode) WriteFunc {
 	if m == outbox.ModeWAL {
 		return Emit
 	}
@@ -251,7 +260,7 @@ func Write(m outbox.RelayMode) outbox.WriteFunc {
 // Queue is the queued write of mode m: outbox.Queue, or nil for
 // outbox.ModeWAL, whose events are written with Emit (Write) in the
 // caller's transaction.
-func Queue(m outbox.RelayMode) outbox.QueueFunc {
+func Queue(m outbox.RelayMode) QueueFunc {
 	if m == outbox.ModeWAL {
 		return nil
 	}

@@ -32,12 +32,12 @@ func TestWALModeRefusesWritesUntilTheRelayHoldsASlotAgain(t *testing.T) {
 	e.loseSlot(t, cfg, emit) // "a"/1 published, then the slot is gone
 	ctx := context.Background()
 
-	err := pgx.BeginFunc(ctx, e.pool, func(tx pgx.Tx) error { return cdc.Emit(ctx, tx, newEvent("a", 2)) })
+	err := pgx.BeginFunc(ctx, e.Pool, func(tx pgx.Tx) error { return cdc.Emit(ctx, tx, newEvent("a", 2)) })
 	if !errors.Is(err, cdc.ErrNoSlot) || !pgerr.IsUnavailable(err) {
 		t.Fatalf("Emit with no slot on the server: got %v, want an outage wrapping cdc.ErrNoSlot "+
 			"(the event would be kept by nothing)", err)
 	}
-	relay := newCDC(t, e.pool, e.w, cfg)
+	relay := newCDC(t, e.Pool, e.W, cfg)
 	if err := relay.SlotReady(ctx); !errors.Is(err, cdc.ErrNoSlot) {
 		t.Fatalf("SlotReady with no slot: %v, want ErrNoSlot", err)
 	}
@@ -45,9 +45,9 @@ func TestWALModeRefusesWritesUntilTheRelayHoldsASlotAgain(t *testing.T) {
 	testenv.WaitFor(t, 20*time.Second, "the relay to hold a slot again", func() (bool, error) {
 		return relay.SlotReady(ctx) == nil, nil
 	})
-	emit(t, e.pool, newEvent("a", 2))
+	emit(t, e.Pool, newEvent("a", 2))
 	testenv.WaitFor(t, 20*time.Second, "the event written once the slot is back", func() (bool, error) {
-		return e.c.distinct() == 2, nil
+		return e.C.Distinct() == 2, nil
 	})
 }
 
@@ -60,22 +60,22 @@ func TestWALModeRefusesWritesUntilTheRelayHoldsASlotAgain(t *testing.T) {
 func TestCDCSlotIsAFailoverSlotFromPostgres17(t *testing.T) {
 	t.Parallel()
 	e := newCDCEnv(t, 1, 50)
-	runStreaming(t, newCDC(t, e.pool, e.w, e.config()))
+	runStreaming(t, newCDC(t, e.Pool, e.W, e.config()))
 	ctx := context.Background()
 	var version string
-	if err := e.pool.QueryRow(ctx, `SHOW server_version_num`).Scan(&version); err != nil {
+	if err := e.Pool.QueryRow(ctx, `SHOW server_version_num`).Scan(&version); err != nil {
 		t.Fatal(err)
 	}
 	num, _ := strconv.Atoi(version)
 	if num < 170000 {
 		var n int
-		if err := e.pool.QueryRow(ctx, `SELECT count(*) FROM pg_replication_slots WHERE slot_name = $1`, e.slot).Scan(&n); err != nil || n != 1 {
+		if err := e.Pool.QueryRow(ctx, `SELECT count(*) FROM pg_replication_slots WHERE slot_name = $1`, e.slot).Scan(&n); err != nil || n != 1 {
 			t.Fatalf("PostgreSQL %d: want the slot created, got %d (%v)", num, n, err)
 		}
 		return
 	}
 	var failover bool
-	if err := e.pool.QueryRow(ctx, `SELECT failover FROM pg_replication_slots WHERE slot_name = $1`, e.slot).Scan(&failover); err != nil {
+	if err := e.Pool.QueryRow(ctx, `SELECT failover FROM pg_replication_slots WHERE slot_name = $1`, e.slot).Scan(&failover); err != nil {
 		t.Fatal(err)
 	}
 	if !failover {

@@ -16,6 +16,7 @@ import (
 
 	"github.com/onceflow/onceflow/pkg/outbox"
 	"github.com/onceflow/onceflow/pkg/outbox/cdc"
+	"github.com/onceflow/onceflow/pkg/outbox/outboxadmin"
 	"github.com/onceflow/onceflow/pkg/outbox/outboxtest"
 	"github.com/onceflow/onceflow/pkg/testenv"
 )
@@ -28,7 +29,7 @@ import (
 func TestCDCLostSlotGapIsRepublishedFromTheTable(t *testing.T) {
 	t.Parallel()
 	e := newCDCEnv(t, 1, 50)
-	pool, c := e.pool, e.c
+	pool, c := e.Pool, e.C
 	cfg := e.config()
 	// Retention as eager as it can be: the gap's rows are old enough to go
 	// at once if the relay's confirmed id passes them.
@@ -38,16 +39,16 @@ func TestCDCLostSlotGapIsRepublishedFromTheTable(t *testing.T) {
 	enqueue(t, pool, newEvent("a", 2), newEvent("a", 3))
 	enqueue(t, pool, newEvent("gap", 1))
 
-	relay := newCDC(t, pool, e.w, cfg)
+	relay := newCDC(t, pool, e.W, cfg)
 	runCDC(t, relay)
 	testenv.WaitFor(t, 30*time.Second, "the new slot to stream", func() (bool, error) { return relay.Active(), nil })
 	// A newer event, whose acknowledgement raises the confirmed id past the
 	// whole gap.
 	enqueue(t, pool, newEvent("b", 1))
 	testenv.WaitFor(t, 30*time.Second, "every event, the gap's included, to reach Kafka", func() (bool, error) {
-		return c.distinct() == 5, nil
+		return c.Distinct() == 5, nil
 	})
-	c.checkOrder(t, map[string]int64{"a": 3, "gap": 1, "b": 1})
+	c.CheckOrder(t, map[string]int64{"a": 3, "gap": 1, "b": 1})
 	// Retention still works once the gap is published.
 	testenv.WaitFor(t, 20*time.Second, "retention to delete the published rows", func() (bool, error) {
 		return countRows(t, pool, "true") == 0, nil
@@ -64,7 +65,7 @@ func TestCDCLostSlotGapIsRepublishedFromTheTable(t *testing.T) {
 func TestCDCLostSlotCreatorFrozenBeforeItStreamsKeepsTheGapFirst(t *testing.T) {
 	t.Parallel()
 	e := newCDCEnv(t, 1, 50)
-	pool, c := e.pool, e.c
+	pool, c := e.Pool, e.C
 	cfg := e.config()
 	cfg.OutageBackoffMin, cfg.OutageBackoffMax = 20*time.Millisecond, 200*time.Millisecond
 	e.loseSlot(t, cfg, enqueue)
@@ -79,7 +80,7 @@ func TestCDCLostSlotCreatorFrozenBeforeItStreamsKeepsTheGapFirst(t *testing.T) {
 		return nil
 	}
 	thawCreator := func() { thawOnce.Do(func() { close(thaw) }) }
-	creator := newCDC(t, pool, e.w, cfg)
+	creator := newCDC(t, pool, e.W, cfg)
 	testenv.RunInBackground(t, "the creator's Run", func(ctx context.Context) error {
 		return creator.Run(outboxtest.WithCrashPoint(ctx, freeze))
 	})
@@ -91,13 +92,13 @@ func TestCDCLostSlotCreatorFrozenBeforeItStreamsKeepsTheGapFirst(t *testing.T) {
 	}
 	enqueue(t, pool, newEvent("a", 3)) // in the new slot's stream
 
-	other := newCDC(t, pool, e.w, cfg)
+	other := newCDC(t, pool, e.W, cfg)
 	runCDC(t, other)
 	testenv.WaitFor(t, 30*time.Second, "the other relay to take the new slot", func() (bool, error) { return other.Active(), nil })
-	testenv.WaitFor(t, 30*time.Second, "a/3 to reach Kafka", func() (bool, error) { return c.distinct() >= 2, nil })
+	testenv.WaitFor(t, 30*time.Second, "a/3 to reach Kafka", func() (bool, error) { return c.Distinct() >= 2, nil })
 	thawCreator()
-	testenv.WaitFor(t, 30*time.Second, "every event to reach Kafka", func() (bool, error) { return c.distinct() == 3, nil })
-	c.checkOrder(t, map[string]int64{"a": 3})
+	testenv.WaitFor(t, 30*time.Second, "every event to reach Kafka", func() (bool, error) { return c.Distinct() == 3, nil })
+	c.CheckOrder(t, map[string]int64{"a": 3})
 }
 
 // Issue 19, item 9: a topic whose writes fail (here it does not exist and
@@ -107,7 +108,7 @@ func TestCDCLostSlotCreatorFrozenBeforeItStreamsKeepsTheGapFirst(t *testing.T) {
 func TestCDCOneFailingTopicDoesNotStopTheOthers(t *testing.T) {
 	t.Parallel()
 	e := newCDCEnv(t, 1, 50)
-	pool, c := e.pool, e.c
+	pool, c := e.Pool, e.C
 	missing := testenv.Name("missing")
 	cfg := e.config()
 	cfg.OutageBackoffMax = 200 * time.Millisecond
@@ -115,9 +116,9 @@ func TestCDCOneFailingTopicDoesNotStopTheOthers(t *testing.T) {
 		if aggType == "broken" {
 			return missing
 		}
-		return e.topic
+		return e.Topic
 	}
-	runStreaming(t, newCDC(t, pool, e.w, cfg))
+	runStreaming(t, newCDC(t, pool, e.W, cfg))
 
 	bad := newEvent("b-1", 1)
 	bad.AggregateType = "broken"
@@ -126,18 +127,18 @@ func TestCDCOneFailingTopicDoesNotStopTheOthers(t *testing.T) {
 		enqueue(t, pool, newEvent("fine", v))
 	}
 	testenv.WaitFor(t, 30*time.Second, "the healthy topic's events while the other topic fails", func() (bool, error) {
-		return c.distinct() == 3, nil
+		return c.Distinct() == 3, nil
 	})
-	c.checkOrder(t, map[string]int64{"fine": 3})
+	c.CheckOrder(t, map[string]int64{"fine": 3})
 
 	committed := currentLSN(t, pool)
 	if got := confirmedLSN(t, pool, e.slot); got >= committed {
 		t.Fatalf("slot confirmed %s, past the unpublished event of the failing topic (before %s)", got, committed)
 	}
-	testenv.NewTopicNamed(t, e.brokers, missing, 1)
-	late := collect(t, e.brokers, missing)
+	testenv.NewTopicNamed(t, e.Brokers, missing, 1)
+	late := collect(t, e.Brokers, missing)
 	testenv.WaitFor(t, 60*time.Second, "the failing topic's event once the topic exists", func() (bool, error) {
-		return late.distinct() == 1, nil
+		return late.Distinct() == 1, nil
 	})
 	testenv.WaitFor(t, 20*time.Second, "the slot to confirm past every event", func() (bool, error) {
 		return confirmedLSN(t, pool, e.slot) >= committed, nil
@@ -151,13 +152,13 @@ func TestCDCOneFailingTopicDoesNotStopTheOthers(t *testing.T) {
 func TestCDCInvalidEmittedMessageGoesDead(t *testing.T) {
 	t.Parallel()
 	e := newCDCEnv(t, 1, 50)
-	pool, c := e.pool, e.c
+	pool, c := e.Pool, e.C
 	reg := prometheus.NewRegistry()
 	cfg := e.config()
 	cfg.Metrics = outbox.NewMetrics(reg)
 	logs := &testenv.LogBuffer{}
 	cfg.Logger = slog.New(slog.NewJSONHandler(logs, nil))
-	runStreaming(t, newCDC(t, pool, e.w, cfg))
+	runStreaming(t, newCDC(t, pool, e.W, cfg))
 
 	forge := func(content string) {
 		t.Helper()
@@ -169,7 +170,7 @@ func TestCDCInvalidEmittedMessageGoesDead(t *testing.T) {
 	// JSON, but no event id, no aggregate: a PaymentCaptured nobody wrote.
 	forge(`{"eventType":"PaymentCaptured","eventVersion":1,"payload":{"amount":100}}`)
 	emit(t, pool, newEvent("a", 1))
-	testenv.WaitFor(t, 30*time.Second, "the valid event after the invalid ones", func() (bool, error) { return c.distinct() == 1, nil })
+	testenv.WaitFor(t, 30*time.Second, "the valid event after the invalid ones", func() (bool, error) { return c.Distinct() == 1, nil })
 	testenv.WaitFor(t, 10*time.Second, "both invalid messages counted dead", func() (bool, error) {
 		return testenv.MetricValue(t, reg, "outbox_dead_total") == 2, nil
 	})
@@ -181,7 +182,7 @@ func TestCDCInvalidEmittedMessageGoesDead(t *testing.T) {
 	if !strings.Contains(logs.String(), "PaymentCaptured") {
 		t.Errorf("the refusal's log does not show the refused content:\n%s", logs)
 	}
-	if n := c.distinct() + c.dups(); n != 1 {
+	if n := c.Distinct() + c.Dups(); n != 1 {
 		t.Errorf("%d messages on the topic, want only the valid one", n)
 	}
 }
@@ -195,13 +196,13 @@ func TestCDCRelayRefreshesTheDeadGauge(t *testing.T) {
 	cfg := e.config()
 	cfg.MaxAttempts, cfg.BackoffMin, cfg.Metrics = 1, 10*time.Millisecond, outbox.NewMetrics(reg)
 	cfg.LagInterval = 50 * time.Millisecond
-	runStreaming(t, newCDC(t, e.pool, e.w, cfg))
+	runStreaming(t, newCDC(t, e.Pool, e.W, cfg))
 
 	big := newEvent("big", 1)
 	big.Payload = []byte(`{"blob":"` + strings.Repeat("x", 1200<<10) + `"}`) // kafka-go's writer stops at 1 MiB
-	enqueue(t, e.pool, big)
+	enqueue(t, e.Pool, big)
 	testenv.WaitFor(t, 30*time.Second, "the row to be marked dead", func() (bool, error) {
-		return countRows(t, e.pool, "state = 'dead'") == 1, nil
+		return countRows(t, e.Pool, "state = 'dead'") == 1, nil
 	})
 	testenv.WaitFor(t, 20*time.Second, "outbox_dead_events to show the dead row", func() (bool, error) {
 		return testenv.MetricValue(t, reg, "outbox_dead_events") == 1, nil
@@ -215,7 +216,7 @@ func TestCDCRelayRefreshesTheDeadGauge(t *testing.T) {
 func TestCDCLostSlotInWALModeIsLoud(t *testing.T) {
 	t.Parallel()
 	e := newCDCEnv(t, 1, 50)
-	pool, c := e.pool, e.c
+	pool, c := e.Pool, e.C
 	reg := prometheus.NewRegistry()
 	logs := &testenv.LogBuffer{}
 	cfg := e.config()
@@ -223,9 +224,9 @@ func TestCDCLostSlotInWALModeIsLoud(t *testing.T) {
 	// As loseSlot, with "a"/2 emitted while the relay is stopped: in the
 	// WAL only, then in no slot's stream once the slot is gone. (Emitted
 	// after, it is refused: Emit takes no write while no slot holds it.)
-	stop := runStreaming(t, newCDC(t, pool, e.w, cfg))
+	stop := runStreaming(t, newCDC(t, pool, e.W, cfg))
 	emit(t, pool, newEvent("a", 1))
-	testenv.WaitFor(t, 20*time.Second, "the first event", func() (bool, error) { return c.distinct() == 1, nil })
+	testenv.WaitFor(t, 20*time.Second, "the first event", func() (bool, error) { return c.Distinct() == 1, nil })
 	stop()
 	emit(t, pool, newEvent("a", 2))
 	lostAt := currentLSN(t, pool)
@@ -234,7 +235,7 @@ func TestCDCLostSlotInWALModeIsLoud(t *testing.T) {
 		return err == nil, nil // 55006 while the walsender is still going away
 	})
 
-	relay := newCDC(t, pool, e.w, cfg)
+	relay := newCDC(t, pool, e.W, cfg)
 	runCDC(t, relay)
 	testenv.WaitFor(t, 30*time.Second, "the unrecoverable loss to be counted", func() (bool, error) {
 		return testenv.MetricValue(t, reg, "outbox_slot_lost_unrecoverable_total") == 1, nil
@@ -258,7 +259,7 @@ func TestCDCLostSlotInWALModeIsLoud(t *testing.T) {
 	}
 	testenv.WaitFor(t, 20*time.Second, "the new slot to stream", func() (bool, error) { return relay.Active(), nil })
 	emit(t, pool, newEvent("b", 1))
-	testenv.WaitFor(t, 20*time.Second, "events after the new slot", func() (bool, error) { return c.distinct() == 2, nil })
+	testenv.WaitFor(t, 20*time.Second, "events after the new slot", func() (bool, error) { return c.Distinct() == 2, nil })
 }
 
 // Issue 19, item 6: the relay exports the WAL its slot retains and the
@@ -271,14 +272,14 @@ func TestCDCSlotGaugesShowRetainedWALAgainstTheKeepSize(t *testing.T) {
 	cfg := e.config()
 	cfg.Metrics, cfg.LagInterval = outbox.NewMetrics(reg), 50*time.Millisecond
 	var keepMB int64
-	if err := e.pool.QueryRow(context.Background(),
+	if err := e.Pool.QueryRow(context.Background(),
 		`SELECT setting::bigint FROM pg_settings WHERE name = 'max_slot_wal_keep_size'`).Scan(&keepMB); err != nil {
 		t.Fatal(err)
 	}
 	if keepMB <= 0 {
 		t.Fatalf("max_slot_wal_keep_size is unlimited on this server; the dev stack sets 2GB (devstack/stack.sh): start it with `make up`")
 	}
-	runStreaming(t, newCDC(t, e.pool, e.w, cfg))
+	runStreaming(t, newCDC(t, e.Pool, e.W, cfg))
 	testenv.WaitFor(t, 20*time.Second, "the slot gauges", func() (bool, error) {
 		return testenv.MetricValue(t, reg, "outbox_slot_wal_keep_size_bytes") == float64(keepMB<<20) &&
 			testenv.MetricValue(t, reg, "outbox_slot_retained_wal_bytes") > 0, nil
@@ -294,11 +295,11 @@ func TestCDCSlotGaugesShowRetainedWALAgainstTheKeepSize(t *testing.T) {
 func TestCDCSlotLostDuringAKafkaOutageLosesNothing(t *testing.T) {
 	t.Parallel()
 	e := newCDCEnv(t, 1, 50)
-	pool, slot, c := e.pool, e.slot, e.c
+	pool, slot, c := e.Pool, e.slot, e.C
 	down := testenv.NewWriter([]string{testenv.ClosedAddr(t)}, 100)
 	t.Cleanup(func() { down.Close() })
 	sw := &switchWriter{}
-	sw.current.Store(down)
+	sw.Current.Store(down)
 	reg := prometheus.NewRegistry()
 	cfg := e.config()
 	cfg.Metrics = outbox.NewMetrics(reg)
@@ -308,7 +309,7 @@ func TestCDCSlotLostDuringAKafkaOutageLosesNothing(t *testing.T) {
 	runStreaming(t, newCDC(t, pool, sw, cfg))
 
 	enqueue(t, pool, newEvent("a", 1), newEvent("a", 2))
-	testenv.WaitFor(t, 20*time.Second, "writes to fail a few times", func() (bool, error) { return sw.writes.Load() >= 3, nil })
+	testenv.WaitFor(t, 20*time.Second, "writes to fail a few times", func() (bool, error) { return sw.Writes.Load() >= 3, nil })
 	testenv.WaitFor(t, 20*time.Second, "the slot to be dropped under the relay", func() (bool, error) {
 		_, err := pool.Exec(context.Background(), `
 SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots WHERE slot_name = $1 AND active_pid IS NOT NULL`, slot)
@@ -327,9 +328,9 @@ SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots WHERE slot_nam
 		return countRows(t, pool, "true") == 3, nil
 	})
 
-	sw.current.Store(e.w)
-	testenv.WaitFor(t, 60*time.Second, "every event once Kafka is back", func() (bool, error) { return c.distinct() == 3, nil })
-	c.checkOrder(t, map[string]int64{"a": 3})
+	sw.Current.Store(e.W)
+	testenv.WaitFor(t, 60*time.Second, "every event once Kafka is back", func() (bool, error) { return c.Distinct() == 3, nil })
+	c.CheckOrder(t, map[string]int64{"a": 3})
 	testenv.WaitFor(t, 20*time.Second, "retention to delete the published rows", func() (bool, error) {
 		return countRows(t, pool, "true") == 0, nil
 	})
@@ -345,16 +346,16 @@ func TestCDCLostSlotReplaysOnlyTheGapNotWhatWasPublished(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	e := newCDCEnv(t, 1, 50)
-	pool, c := e.pool, e.c
+	pool, c := e.Pool, e.C
 	cfg := e.config()
 	// Retention runs often but keeps every row: the published rows are in
 	// the table when the slot is lost, as with a production Retain.
 	cfg.RetentionInterval, cfg.Retain = 20*time.Millisecond, time.Hour
-	stop := runStreaming(t, newCDC(t, pool, e.w, cfg))
+	stop := runStreaming(t, newCDC(t, pool, e.W, cfg))
 	enqueue(t, pool, newEvent("p", 1), newEvent("p", 2), newEvent("p", 3))
-	testenv.WaitFor(t, 20*time.Second, "the published events", func() (bool, error) { return c.distinct() == 3, nil })
+	testenv.WaitFor(t, 20*time.Second, "the published events", func() (bool, error) { return c.Distinct() == 3, nil })
 	testenv.WaitFor(t, 30*time.Second, "the relay to count them published (its horizon past them)", func() (bool, error) {
-		r, err := outbox.Backlog(ctx, pool, outbox.BacklogConfig{})
+		r, err := outboxadmin.Backlog(ctx, pool, outboxadmin.BacklogConfig{})
 		return r.Pending.Count == 0, err
 	})
 	stop()
@@ -364,12 +365,12 @@ func TestCDCLostSlotReplaysOnlyTheGapNotWhatWasPublished(t *testing.T) {
 	})
 	enqueue(t, pool, newEvent("gap", 1))
 
-	runStreaming(t, newCDC(t, pool, e.w, cfg))
+	runStreaming(t, newCDC(t, pool, e.W, cfg))
 	enqueue(t, pool, newEvent("b", 1))
 	testenv.WaitFor(t, 30*time.Second, "the gap and the next event to reach Kafka", func() (bool, error) {
-		return c.distinct() == 5, nil
+		return c.Distinct() == 5, nil
 	})
-	if n := c.dups(); n != 0 {
+	if n := c.Dups(); n != 0 {
 		t.Errorf("the lost slot's replay sent %d event(s) a second time: it replayed rows the old slot had confirmed, not only the gap", n)
 	}
 	if n := countRows(t, pool, "true"); n != 5 {
@@ -403,7 +404,7 @@ func TestCDCGapReplaySeesAnAggregateCommittedDuringItWhole(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	e := newCDCEnv(t, 1, 50)
-	pool, c := e.pool, e.c
+	pool, c := e.Pool, e.C
 	cfg := e.config()
 	cfg.MaxInFlight = 2 // pages of two rows
 	e.loseSlot(t, cfg, enqueue)
@@ -427,7 +428,7 @@ func TestCDCGapReplaySeesAnAggregateCommittedDuringItWhole(t *testing.T) {
 		enqueue(t, pool, newEvent("f", 1), newEvent("f", 2), newEvent("f", 3))
 		return nil
 	}
-	gate := &pageGate{Writer: e.w, between: func() {
+	gate := &pageGate{Writer: e.W, between: func() {
 		// x/1 commits, then x/2 after it: both before the second page.
 		if err := txX.Commit(ctx); err != nil {
 			t.Error(err)
@@ -439,7 +440,7 @@ func TestCDCGapReplaySeesAnAggregateCommittedDuringItWhole(t *testing.T) {
 		return relay.Run(outboxtest.WithCrashPoint(ctx, opened))
 	})
 	testenv.WaitFor(t, 30*time.Second, "x/1 and x/2 to reach Kafka", func() (bool, error) {
-		return c.has(x1.EventID) && c.has(x2.EventID), nil
+		return c.Has(x1.EventID) && c.Has(x2.EventID), nil
 	})
-	c.checkOrder(t, map[string]int64{"x": 2, "f": 3})
+	c.CheckOrder(t, map[string]int64{"x": 2, "f": 3})
 }

@@ -11,6 +11,7 @@ import (
 
 	"github.com/onceflow/onceflow/pkg/outbox"
 	"github.com/onceflow/onceflow/pkg/outbox/cdc"
+	"github.com/onceflow/onceflow/pkg/outbox/outboxadmin"
 	"github.com/onceflow/onceflow/pkg/outbox/outboxtest"
 	"github.com/onceflow/onceflow/pkg/testenv"
 )
@@ -21,12 +22,12 @@ import (
 // maxAttempts quick tries.
 func newHoldbackCDCEnv(t *testing.T, maxAttempts int) (*cdcEnv, cdc.Config) {
 	t.Helper()
-	e := &cdcEnv{relayEnv: &relayEnv{brokers: testenv.KafkaBrokers(t)}}
-	e.topic = newSmallTopic(t, e.brokers)
-	e.pool = newOutboxDB(t)
-	e.slot = newSlot(t, e.pool)
-	e.w = testenv.NewWriter(e.brokers, 10)
-	t.Cleanup(func() { e.w.Close() })
+	e := &cdcEnv{relayEnv: &relayEnv{Brokers: testenv.KafkaBrokers(t)}}
+	e.Topic = newSmallTopic(t, e.Brokers)
+	e.Pool = newOutboxDB(t)
+	e.slot = newSlot(t, e.Pool)
+	e.W = testenv.NewWriter(e.Brokers, 10)
+	t.Cleanup(func() { e.W.Close() })
 	cfg := e.config()
 	cfg.MaxAttempts, cfg.BackoffMin, cfg.BackoffMax = maxAttempts, 20*time.Millisecond, 50*time.Millisecond
 	return e, cfg
@@ -44,7 +45,7 @@ func TestCDCDeadEventHoldsBackItsAggregate(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	e, cfg := newHoldbackCDCEnv(t, 2)
-	brokers, topic, pool, w := e.brokers, e.topic, e.pool, e.w
+	brokers, topic, pool, w := e.Brokers, e.Topic, e.Pool, e.W
 	stop := runStreaming(t, newCDC(t, pool, w, cfg))
 
 	big1, big2 := newEvent("big", 1), newEvent("big", 2)
@@ -76,7 +77,7 @@ func TestCDCDeadEventHoldsBackItsAggregate(t *testing.T) {
 	defer big1w.Close()
 	stop()
 	runStreaming(t, newCDC(t, pool, big1w, cfg))
-	if n, err := outbox.ModeCDC.RequeueDead(ctx, pool, outbox.DeadFilter{}); err != nil || n != 3 {
+	if n, err := outboxadmin.RequeueDead(ctx, pool, outbox.ModeCDC, outboxadmin.DeadFilter{}); err != nil || n != 3 {
 		t.Fatalf("RequeueDead = %d, %v; want 3", n, err)
 	}
 	// The stream may deliver fine/2's transaction again (the slot had not
@@ -104,7 +105,7 @@ func TestCDCRedeliveredRowRequeuedMeanwhileGoesOutOnce(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	e, cfg := newHoldbackCDCEnv(t, 1)
-	brokers, topic, pool, slot, w := e.brokers, e.topic, e.pool, e.slot, e.w
+	brokers, topic, pool, slot, w := e.Brokers, e.Topic, e.Pool, e.slot, e.W
 	cfg.OutageBackoffMin, cfg.OutageBackoffMax = 20*time.Millisecond, 100*time.Millisecond
 	// The first relay never confirms anything: it stops after every batch,
 	// as a crash would, before the slot moves.
@@ -130,7 +131,7 @@ func TestCDCRedeliveredRowRequeuedMeanwhileGoesOutOnce(t *testing.T) {
 	raiseTopicMax(t, brokers, topic)
 	wide := newWideWriter(brokers)
 	defer wide.Close()
-	if n, err := outbox.ModeCDC.RequeueDead(ctx, pool, outbox.DeadFilter{}); err != nil || n != 1 {
+	if n, err := outboxadmin.RequeueDead(ctx, pool, outbox.ModeCDC, outboxadmin.DeadFilter{}); err != nil || n != 1 {
 		t.Fatalf("RequeueDead = %d, %v; want 1", n, err)
 	}
 	requeued := currentLSN(t, pool)

@@ -5,7 +5,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/onceflow/onceflow/pkg/outbox"
+	"github.com/onceflow/onceflow/pkg/outbox/outboxadmin"
 	"github.com/onceflow/onceflow/pkg/testenv"
 )
 
@@ -23,7 +23,7 @@ func TestCDCRetentionIgnoresOtherDatabasesTransactions(t *testing.T) {
 	e := newCDCEnv(t, 1, 10)
 	cfg := e.config()
 	cfg.RetentionInterval, cfg.Retain = 50*time.Millisecond, time.Nanosecond
-	runStreaming(t, newCDC(t, e.pool, e.w, cfg))
+	runStreaming(t, newCDC(t, e.Pool, e.W, cfg))
 
 	// Opened once the slot is consistent: creating a logical slot waits
 	// for every transaction of the cluster, which Postgres decides, not the
@@ -39,12 +39,12 @@ func TestCDCRetentionIgnoresOtherDatabasesTransactions(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	enqueue(t, e.pool, newEvent("a", 1))
-	testenv.WaitFor(t, 20*time.Second, "the event on the topic", func() (bool, error) { return e.c.distinct() == 1, nil })
+	enqueue(t, e.Pool, newEvent("a", 1))
+	testenv.WaitFor(t, 20*time.Second, "the event on the topic", func() (bool, error) { return e.C.Distinct() == 1, nil })
 	defer e.logRetentionState(t)
 	testenv.WaitFor(t, 10*time.Second, "retention to delete the published row while another database holds an xid",
-		func() (bool, error) { return countRows(t, e.pool, "true") == 0, nil })
-	rep, err := outbox.Backlog(ctx, e.pool, outbox.BacklogConfig{PendingOlderThan: time.Microsecond})
+		func() (bool, error) { return countRows(t, e.Pool, "true") == 0, nil })
+	rep, err := outboxadmin.Backlog(ctx, e.Pool, outboxadmin.BacklogConfig{PendingOlderThan: time.Microsecond})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -21,6 +21,7 @@ import (
 	"github.com/onceflow/onceflow/pkg/internal/interleave"
 	"github.com/onceflow/onceflow/pkg/outbox"
 	"github.com/onceflow/onceflow/pkg/outbox/cdc"
+	"github.com/onceflow/onceflow/pkg/outbox/outboxadmin"
 	"github.com/onceflow/onceflow/pkg/testenv"
 )
 
@@ -256,7 +257,7 @@ func (w *outboxWorld) loseSlot(ctx context.Context) error {
 
 // check is the invariants after every step (see the top of the file).
 func (w *outboxWorld) check(ctx context.Context) error {
-	rep, err := outbox.Backlog(ctx, w.pool, outbox.BacklogConfig{Samples: 1000})
+	rep, err := outboxadmin.Backlog(ctx, w.pool, outboxadmin.BacklogConfig{Samples: 1000})
 	if err != nil {
 		return err
 	}
@@ -472,12 +473,12 @@ func TestInterleaveTwoRelaysAndAnOperatorRequeue(t *testing.T) {
 						err := ow.pool.QueryRow(ctx, `SELECT coalesce(array_agg(id), '{}') FROM outbox_events
 							WHERE state = 'dead' AND aggregate_version = 1`).Scan(&ids)
 						if err == nil {
-							_, err = outbox.ModeCDC.Requeue(ctx, ow.pool, ids...)
+							_, err = outboxadmin.Requeue(ctx, ow.pool, outbox.ModeCDC, ids...)
 						}
 						return err
 					}),
 					step("requeue-all", func(ctx context.Context) error {
-						_, err := outbox.ModeCDC.RequeueDead(ctx, ow.pool, outbox.DeadFilter{})
+						_, err := outboxadmin.RequeueDead(ctx, ow.pool, outbox.ModeCDC, outboxadmin.DeadFilter{})
 						return err
 					})),
 			},

@@ -148,7 +148,7 @@ func TestCDCCrashInsideABigTransactionRepublishesAllOfIt(t *testing.T) {
 			replies := map[time.Time]bool{}
 			testenv.Eventually(10*time.Second, func() bool {
 				var at *time.Time
-				_ = e.pool.QueryRow(context.Background(), `
+				_ = e.Pool.QueryRow(context.Background(), `
 SELECT reply_time FROM pg_stat_replication
 WHERE pid = (SELECT active_pid FROM pg_replication_slots WHERE slot_name = $1)`, cfg.Slot).Scan(&at)
 				if at != nil {
@@ -160,29 +160,29 @@ WHERE pid = (SELECT active_pid FROM pg_replication_slots WHERE slot_name = $1)`,
 		}
 		return nil
 	}
-	relay := newCDC(t, e.pool, e.w, cfg)
+	relay := newCDC(t, e.Pool, e.W, cfg)
 	stop := testenv.RunInBackground(t, "Run", func(ctx context.Context) error {
 		return relay.Run(outboxtest.WithCrashPoint(ctx, crash))
 	})
 	defer stop()
 	testenv.WaitFor(t, 20*time.Second, "the relay to stream", func() (bool, error) { return relay.Active(), nil })
-	if _, err := e.pool.Exec(context.Background(), insertBigTx, n); err != nil {
+	if _, err := e.Pool.Exec(context.Background(), insertBigTx, n); err != nil {
 		t.Fatal(err)
 	}
-	committed := currentLSN(t, e.pool)
-	testenv.WaitFor(t, 60*time.Second, "every event of the transaction", func() (bool, error) { return e.c.distinct() == n, nil })
+	committed := currentLSN(t, e.Pool)
+	testenv.WaitFor(t, 60*time.Second, "every event of the transaction", func() (bool, error) { return e.C.Distinct() == n, nil })
 	testenv.WaitFor(t, 20*time.Second, "the slot to confirm past the transaction", func() (bool, error) {
-		return confirmedLSN(t, e.pool, e.slot) >= committed, nil
+		return confirmedLSN(t, e.Pool, e.slot) >= committed, nil
 	})
 	if acks.Load() < n/100 {
 		t.Fatalf("the crash point was reached %d times, want at least %d (the crash never happened)", acks.Load(), n/100)
 	}
-	if e.c.dups() == 0 {
+	if e.C.Dups() == 0 {
 		t.Errorf("no event was published twice: the relay did not start the transaction again after the crash")
 	}
 	want := map[string]int64{}
 	for i := range 100 {
 		want[fmt.Sprintf("agg-%d", i)] = n / 100
 	}
-	e.c.checkOrder(t, want)
+	e.C.CheckOrder(t, want)
 }

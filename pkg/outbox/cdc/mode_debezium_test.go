@@ -12,6 +12,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/onceflow/onceflow/pkg/outbox"
+	"github.com/onceflow/onceflow/pkg/outbox/outboxadmin"
 	"github.com/onceflow/onceflow/pkg/testenv"
 )
 
@@ -27,12 +28,12 @@ func TestPruneRemovesPendingRowsOnlyPastPendingRetention(t *testing.T) {
 			ctx := context.Background()
 			pool := adminDB(t)
 			s := seedRows(t, pool,
-				row{"thing", "a", 1, "pending", 0, time.Now().Add(-3 * day)},         // 0: past the pending retention
-				row{"thing", "a", 2, "pending", 0, time.Now().Add(-day - time.Hour)}, // 1: just past it
-				row{"thing", "b", 1, "pending", 0, time.Now().Add(-day + time.Hour)}, // 2: just inside
-				row{"thing", "c", 1, "pending", 0, time.Time{}},                      // 3: new
-				row{"thing", "d", 1, "published", 8 * day, time.Time{}},              // 4: past Retention
-				row{"thing", "e", 1, "dead", 0, time.Now().Add(-30 * day)},           // 5: old but dead
+				row{AggType: "thing", AggID: "a", Version: 1, State: "pending", CreatedAt: time.Now().Add(-3 * day)},         // 0: past the pending retention
+				row{AggType: "thing", AggID: "a", Version: 2, State: "pending", CreatedAt: time.Now().Add(-day - time.Hour)}, // 1: just past it
+				row{AggType: "thing", AggID: "b", Version: 1, State: "pending", CreatedAt: time.Now().Add(-day + time.Hour)}, // 2: just inside
+				row{AggType: "thing", AggID: "c", Version: 1, State: "pending"},                                              // 3: new
+				row{AggType: "thing", AggID: "d", Version: 1, State: "published", PublishedAgo: 8 * day},                     // 4: past Retention
+				row{AggType: "thing", AggID: "e", Version: 1, State: "dead", CreatedAt: time.Now().Add(-30 * day)},           // 5: old but dead
 			)
 
 			// Without PendingRetention no pending row is touched, however old.
@@ -83,7 +84,7 @@ func TestWatchSlotReportsAnExternalPublishersSlot(t *testing.T) {
 		t.Fatal("outbox_external_publisher_streaming is not 1 before WatchSlot: a service with a relay of its own would page for Debezium")
 	}
 	testenv.RunInBackground(t, "WatchSlot", func(ctx context.Context) error {
-		return m.WatchSlot(ctx, e.pool, e.slot, 20*time.Millisecond, slog.Default())
+		return m.WatchSlot(ctx, e.Pool, e.slot, 20*time.Millisecond, slog.Default())
 	})
 
 	// No slot yet: nobody streams, nothing is measured behind.
@@ -92,10 +93,10 @@ func TestWatchSlotReportsAnExternalPublishersSlot(t *testing.T) {
 	})
 
 	// The publisher's slot exists and events are written, but nobody reads them.
-	if _, err := e.pool.Exec(ctx, `SELECT pg_create_logical_replication_slot($1, 'pgoutput')`, e.slot); err != nil {
+	if _, err := e.Pool.Exec(ctx, `SELECT pg_create_logical_replication_slot($1, 'pgoutput')`, e.slot); err != nil {
 		t.Fatal(err)
 	}
-	if err := pgx.BeginFunc(ctx, e.pool, func(tx pgx.Tx) error {
+	if err := pgx.BeginFunc(ctx, e.Pool, func(tx pgx.Tx) error {
 		for v := int64(1); v <= 20; v++ {
 			if err := outbox.Enqueue(ctx, tx, newEvent("a", v)); err != nil {
 				return err
@@ -105,7 +106,7 @@ func TestWatchSlotReportsAnExternalPublishersSlot(t *testing.T) {
 	}); err != nil {
 		t.Fatal(err)
 	}
-	seedRows(t, e.pool, row{"thing", "dead", 1, "dead", 0, time.Time{}})
+	seedRows(t, e.Pool, row{AggType: "thing", AggID: "dead", Version: 1, State: "dead"})
 	testenv.WaitFor(t, 10*time.Second, "the slot's lag, retained WAL and the dead row", func() (bool, error) {
 		return value("outbox_slot_lag_bytes") > 0 && value("outbox_slot_retained_wal_bytes") > 0 &&
 			value("outbox_slot_wal_keep_size_bytes") != 0 && value("outbox_dead_events") == 1 &&
@@ -116,10 +117,10 @@ func TestWatchSlotReportsAnExternalPublishersSlot(t *testing.T) {
 	}
 
 	// A publisher streams from the slot and catches up.
-	stop := runStreaming(t, newCDC(t, e.pool, e.w, e.config()))
+	stop := runStreaming(t, newCDC(t, e.Pool, e.W, e.config()))
 	testenv.WaitFor(t, 20*time.Second, "the slot read as streaming, its lag confirmed away", func() (bool, error) {
 		return value("outbox_external_publisher_streaming") == 1 && value("outbox_slot_lag_bytes") < 1<<20 &&
-			e.c.distinct() >= 20, nil
+			e.C.Distinct() >= 20, nil
 	})
 	if got := value("outbox_slot_active"); got != 0 {
 		t.Errorf("outbox_slot_active = %v: it is this process's own relay's, and WatchSlot's process runs none", got)
@@ -142,37 +143,37 @@ func TestDebeziumModeOperatorActions(t *testing.T) {
 	pool := adminDB(t)
 	mode := outbox.ModeDebezium
 	s := seedRows(t, pool,
-		row{"thing", "a", 1, "dead", 0, time.Time{}},              // 0: dead, from another mode
-		row{"thing", "a", 2, "pending", 0, time.Time{}},           // 1: streamed or not, nobody knows
-		row{"thing", "b", 1, "published", time.Hour, time.Time{}}, // 2: from the polling relay's time
-		row{"other", "c", 1, "pending", 0, time.Time{}},           // 3: another aggregate type
+		row{AggType: "thing", AggID: "a", Version: 1, State: "dead"},                               // 0: dead, from another mode
+		row{AggType: "thing", AggID: "a", Version: 2, State: "pending"},                            // 1: streamed or not, nobody knows
+		row{AggType: "thing", AggID: "b", Version: 1, State: "published", PublishedAgo: time.Hour}, // 2: from the polling relay's time
+		row{AggType: "other", AggID: "c", Version: 1, State: "pending"},                            // 3: another aggregate type
 	)
 
-	n, err := mode.Requeue(ctx, pool, s[0].id)
+	n, err := outboxadmin.Requeue(ctx, pool, mode, s[0].ID)
 	if err != nil || n != 1 {
 		t.Fatalf("Requeue of the dead row = %d, %v; want 1", n, err)
 	}
 	var state string
 	var newID int64
-	if err := pool.QueryRow(ctx, `SELECT id, state FROM outbox_events WHERE event_id = $1`, s[0].eventID).Scan(&newID, &state); err != nil {
+	if err := pool.QueryRow(ctx, `SELECT id, state FROM outbox_events WHERE event_id = $1`, s[0].EventID).Scan(&newID, &state); err != nil {
 		t.Fatal(err)
 	}
-	if newID <= s[3].id || state != "pending" {
+	if newID <= s[3].ID || state != "pending" {
 		t.Fatalf("the requeued event is row %d in state %s; want a new pending row (an insert, which the publication streams)", newID, state)
 	}
-	if _, err := mode.RequeueDead(ctx, pool, outbox.DeadFilter{}); !errors.Is(err, outbox.ErrNotInThisMode) {
+	if _, err := outboxadmin.RequeueDead(ctx, pool, mode, outboxadmin.DeadFilter{}); !errors.Is(err, outboxadmin.ErrNotInThisMode) {
 		t.Fatalf("RequeueDead with no dead row = %v; want ErrNotInThisMode (Debezium keeps no dead events)", err)
 	}
 
-	f := outbox.ReplayFilter{AggregateType: "thing", From: time.Now().Add(-time.Hour)}
-	dry, err := mode.Replay(ctx, pool, f, true)
+	f := outboxadmin.ReplayFilter{AggregateType: "thing", From: time.Now().Add(-time.Hour)}
+	dry, err := outboxadmin.Replay(ctx, pool, mode, f, true)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if len(dry) != 3 {
 		t.Fatalf("the replay's scope has %d rows, want 3 (every row of the window that is not dead)", len(dry))
 	}
-	items, err := mode.Replay(ctx, pool, f, false)
+	items, err := outboxadmin.Replay(ctx, pool, mode, f, false)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -22,7 +22,7 @@ func TestWALModeEventsEmittedAfterPrepareArePublished(t *testing.T) {
 	e := newCDCEnv(t, 1, 50)
 	cfg := e.config()
 	cfg.StatusInterval = 100 * time.Millisecond
-	p, err := cdc.NewPublisher(e.pool, e.w, cdc.PublisherConfig{Mode: outbox.ModeWAL, CDC: cfg})
+	p, err := cdc.NewPublisher(e.Pool, e.W, cdc.PublisherConfig{Mode: outbox.ModeWAL, CDC: cfg})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -32,11 +32,11 @@ func TestWALModeEventsEmittedAfterPrepareArePublished(t *testing.T) {
 		t.Fatal(err)
 	}
 	// The service takes writes at once; its relay is slow to start.
-	emit(t, e.pool, newEvent("first", 1))
+	emit(t, e.Pool, newEvent("first", 1))
 	testenv.RunInBackground(t, "Run", p.Run)
-	emit(t, e.pool, newEvent("second", 1))
+	emit(t, e.Pool, newEvent("second", 1))
 	testenv.WaitFor(t, 30*time.Second, "both events on the topic", func() (bool, error) {
-		return e.c.distinct() == 2, nil
+		return e.C.Distinct() == 2, nil
 	})
 	// Prepare on a slot that exists leaves it as it is.
 	if err := p.Prepare(ctx); err != nil {

@@ -27,6 +27,7 @@ import (
 
 	"github.com/onceflow/onceflow/pkg/outbox"
 	"github.com/onceflow/onceflow/pkg/outbox/cdc"
+	"github.com/onceflow/onceflow/pkg/outbox/internal/defaults"
 	"github.com/onceflow/onceflow/pkg/testenv"
 )
 
@@ -239,7 +240,7 @@ func relayChild(conf string) int {
 		return 2
 	}
 	defer pool.Close()
-	w := testenv.NewWriter(cfg.Brokers, outbox.DefaultBatchSize)
+	w := testenv.NewWriter(cfg.Brokers, defaults.BatchSize)
 	defer w.Close()
 	acked := &childAckWriter{w: w, want: cfg.Want}
 	relay, err := cdc.NewRelay(pool, acked, cdc.Config{Slot: cfg.Slot, Mode: outbox.RelayMode(cfg.Mode),

@@ -14,8 +14,8 @@ import (
 // Publisher is what a service runs to get its outbox's events to Kafka,
 // whatever the relay mode. Run publishes until ctx ends and returns nil
 // then; an unreachable Kafka or Postgres is waited out, never returned.
-// *outbox.Relay (outbox.ModePoll) and *Relay (outbox.ModeCDC,
-// outbox.ModeWAL) are Publishers, and NewPublisher picks one by mode, so
+// NewPublisher returns one for any mode (the polling *outbox.Relay in
+// outbox.ModePoll, a *Relay in outbox.ModeCDC and outbox.ModeWAL), so
 // that a service that offers every mode does not repeat the switch. The
 // switch lives here, beside the log-based relay, so that package outbox,
 // and a poll-only service, never compile the replication client.
@@ -30,10 +30,7 @@ type Publisher interface {
 	Run(ctx context.Context) error
 }
 
-var (
-	_ Publisher = (*outbox.Relay)(nil)
-	_ Publisher = (*Relay)(nil)
-)
+var _ Publisher = (*Relay)(nil)
 
 // PublisherConfig configures NewPublisher: the mode, what the relay of any
 // mode takes, and each relay's own knobs. Zero fields take the documented
@@ -75,7 +72,7 @@ func NewPublisher(pool *pgxpool.Pool, w outbox.Writer, cfg PublisherConfig) (Pub
 		if err != nil {
 			return nil, err
 		}
-		return r, nil
+		return polling{r}, nil
 	case outbox.ModeCDC, outbox.ModeWAL:
 		c := cfg.CDC
 		if c.Mode != "" && c.Mode != cfg.Mode {
@@ -115,6 +112,12 @@ func (cfg PublisherConfig) share(topic *func(string) string, logger **slog.Logge
 		*metrics = cfg.Metrics
 	}
 }
+
+// polling is the Publisher of outbox.ModePoll: the polling relay, which
+// needs no Prepare, since the table keeps each row until it is published.
+type polling struct{ *outbox.Relay }
+
+func (polling) Prepare(context.Context) error { return nil }
 
 // idle is the Publisher of a mode in which no relay of this process
 // publishes: its Run waits for ctx to end.

@@ -37,8 +37,8 @@ func TestNewPublisherPicksTheRelayOfItsMode(t *testing.T) {
 		if err != nil {
 			t.Fatalf("mode %q: %v", mode, err)
 		}
-		if _, ok := p.(*outbox.Relay); !ok {
-			t.Fatalf("mode %q: got %T, want *outbox.Relay", mode, p)
+		if pp, ok := p.(polling); !ok || pp.Relay == nil {
+			t.Fatalf("mode %q: got %T, want the polling *outbox.Relay", mode, p)
 		}
 		// What NewPublisher handed outbox.NewRelay.
 		c := cfg.poll()

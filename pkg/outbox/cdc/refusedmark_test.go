@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/onceflow/onceflow/pkg/outbox"
+	"github.com/onceflow/onceflow/pkg/outbox/outboxadmin"
 	"github.com/onceflow/onceflow/pkg/testenv"
 )
 
@@ -25,16 +26,16 @@ func TestCDCRefusedDeadMarkOfARequeuedRowHoldsUntilTheCopy(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	e, cfg := newHoldbackCDCEnv(t, 1)
-	wide := newWideWriter(e.brokers)
+	wide := newWideWriter(e.Brokers)
 	t.Cleanup(func() { wide.Close() })
 
 	// The slot first: creating it waits for the test's transaction.
-	runStreaming(t, newCDC(t, e.pool, wide, cfg))()
+	runStreaming(t, newCDC(t, e.Pool, wide, cfg))()
 
 	big1, big2, big3 := newEvent("big", 1), newEvent("big", 2), newEvent("big", 3)
 	big1.Payload = blob("x", bigBlob)
-	enqueue(t, e.pool, big1)
-	op, err := e.pool.Begin(ctx)
+	enqueue(t, e.Pool, big1)
+	op, err := e.Pool.Begin(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -44,44 +45,44 @@ func TestCDCRefusedDeadMarkOfARequeuedRowHoldsUntilTheCopy(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	runCDC(t, newCDC(t, e.pool, wide, cfg))
+	runCDC(t, newCDC(t, e.Pool, wide, cfg))
 	testenv.WaitFor(t, 30*time.Second, "the relay's dead mark of big/1 waiting on the row lock", func() (bool, error) {
 		var n int
-		err := e.pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
+		err := e.Pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
 			WHERE datname = current_database() AND wait_event_type = 'Lock'
 			  AND query LIKE 'UPDATE outbox_events SET state = ''dead''%'`).Scan(&n)
 		return n == 1, err
 	})
-	enqueue(t, e.pool, big2)
-	raiseTopicMax(t, e.brokers, e.topic)
+	enqueue(t, e.Pool, big2)
+	raiseTopicMax(t, e.Brokers, e.Topic)
 	if _, err := op.Exec(ctx, `UPDATE outbox_events SET state = 'dead', last_error = 'the other instance' WHERE id = $1`, id1); err != nil {
 		t.Fatal(err)
 	}
-	if n, err := outbox.ModeCDC.Requeue(ctx, op, id1); err != nil || n != 1 {
+	if n, err := outboxadmin.Requeue(ctx, op, outbox.ModeCDC, id1); err != nil || n != 1 {
 		t.Fatalf("Requeue = %d, %v; want 1", n, err)
 	}
 	if err := op.Commit(ctx); err != nil {
 		t.Fatal(err)
 	}
-	enqueue(t, e.pool, big3)
+	enqueue(t, e.Pool, big3)
 
 	bigs := func() []string {
-		return slices.DeleteFunc(onTopic(t, e.brokers, e.topic), func(s string) bool { return !strings.HasPrefix(s, "big/") })
+		return slices.DeleteFunc(onTopic(t, e.Brokers, e.Topic), func(s string) bool { return !strings.HasPrefix(s, "big/") })
 	}
 	dead := func(ev string) string { return "state = 'dead' AND event_id = '" + ev + "'" }
 	testenv.WaitFor(t, 30*time.Second, "big/1's copy published and big/3 settled", func() (bool, error) {
-		return slices.Contains(bigs(), "big/1") && countRows(t, e.pool, dead(big3.EventID.String())) == 1 ||
+		return slices.Contains(bigs(), "big/1") && countRows(t, e.Pool, dead(big3.EventID.String())) == 1 ||
 			slices.Contains(bigs(), "big/3"), nil
 	})
 	if got := bigs(); !slices.Equal(got, []string{"big/1"}) {
 		t.Fatalf("the topic holds big's events %v, want [big/1]: its copy, with big/2 (committed before the requeue) "+
 			"held back behind it, and big/3 behind big/2", got)
 	}
-	if n := countRows(t, e.pool, dead(big2.EventID.String())); n != 1 {
+	if n := countRows(t, e.Pool, dead(big2.EventID.String())); n != 1 {
 		t.Fatalf("big/2's row: %d dead, want 1 (held back behind big/1)", n)
 	}
 	// The operator requeues what is dead: the aggregate goes on, in order.
-	if n, err := outbox.ModeCDC.RequeueDead(ctx, e.pool, outbox.DeadFilter{}); err != nil || n != 2 {
+	if n, err := outboxadmin.RequeueDead(ctx, e.Pool, outbox.ModeCDC, outboxadmin.DeadFilter{}); err != nil || n != 2 {
 		t.Fatalf("RequeueDead = %d, %v; want 2", n, err)
 	}
 	testenv.WaitFor(t, 30*time.Second, "big/2 and big/3 published", func() (bool, error) {

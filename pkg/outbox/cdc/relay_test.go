@@ -84,13 +84,13 @@ type cdcEnv struct {
 func newCDCEnv(t *testing.T, partitions, batchSize int) *cdcEnv {
 	t.Helper()
 	e := &cdcEnv{relayEnv: newRelayEnv(t, partitions, batchSize)}
-	e.slot = newSlot(t, e.pool)
+	e.slot = newSlot(t, e.Pool)
 	return e
 }
 
 // config is a Config on the env's slot that publishes to its topic.
 func (e *cdcEnv) config() cdc.Config {
-	return cdc.Config{Slot: e.slot, Topic: e.topicFn}
+	return cdc.Config{Slot: e.slot, Topic: e.TopicFn}
 }
 
 // loseSlot runs a relay on cfg until a/1, committed by write (enqueue or
@@ -99,12 +99,12 @@ func (e *cdcEnv) config() cdc.Config {
 // slot's stream.
 func (e *cdcEnv) loseSlot(t *testing.T, cfg cdc.Config, write func(*testing.T, *pgxpool.Pool, ...event.Envelope)) {
 	t.Helper()
-	stop := runStreaming(t, newCDC(t, e.pool, e.w, cfg))
-	write(t, e.pool, newEvent("a", 1))
-	testenv.WaitFor(t, 20*time.Second, "the first event", func() (bool, error) { return e.c.distinct() == 1, nil })
+	stop := runStreaming(t, newCDC(t, e.Pool, e.W, cfg))
+	write(t, e.Pool, newEvent("a", 1))
+	testenv.WaitFor(t, 20*time.Second, "the first event", func() (bool, error) { return e.C.Distinct() == 1, nil })
 	stop()
 	testenv.WaitFor(t, 20*time.Second, "the slot to be dropped", func() (bool, error) {
-		_, err := e.pool.Exec(context.Background(), `SELECT pg_drop_replication_slot($1)`, e.slot)
+		_, err := e.Pool.Exec(context.Background(), `SELECT pg_drop_replication_slot($1)`, e.slot)
 		return err == nil, nil // 55006 while the walsender is still going away
 	})
 }
@@ -121,10 +121,10 @@ func (e *cdcEnv) logRetentionState(t *testing.T) {
 		confirmedID int64
 		lsn         string
 	)
-	err := e.pool.QueryRow(ctx, `SELECT gap_pending, confirmed_id, confirmed_lsn::text FROM outbox_cdc_slots WHERE slot_name = $1`, e.slot).
+	err := e.Pool.QueryRow(ctx, `SELECT gap_pending, confirmed_id, confirmed_lsn::text FROM outbox_cdc_slots WHERE slot_name = $1`, e.slot).
 		Scan(&gap, &confirmedID, &lsn)
 	t.Logf("outbox_cdc_slots: gap_pending %v, confirmed_id %d, confirmed_lsn %s (err %v)", gap, confirmedID, lsn, err)
-	rows, err := e.pool.Query(ctx, `SELECT id, state, coalesce(last_error, '') <> '', now() - created_at FROM outbox_events ORDER BY id`)
+	rows, err := e.Pool.Query(ctx, `SELECT id, state, coalesce(last_error, '') <> '', now() - created_at FROM outbox_events ORDER BY id`)
 	if err != nil {
 		t.Logf("reading the rows: %v", err)
 		return
@@ -325,7 +325,7 @@ func TestCDCSlotDoesNotAdvancePastUnacknowledgedEvents(t *testing.T) {
 	up := testenv.NewWriter(brokers, 100)
 	t.Cleanup(func() { down.Close(); up.Close() })
 	sw := &switchWriter{}
-	sw.current.Store(down)
+	sw.Current.Store(down)
 	reg := prometheus.NewRegistry()
 	relay := newCDC(t, pool, sw, cdc.Config{Slot: slot, Topic: func(string) string { return topic },
 		LagInterval: 50 * time.Millisecond, OutageBackoffMax: 200 * time.Millisecond, Metrics: outbox.NewMetrics(reg)})
@@ -341,7 +341,7 @@ func TestCDCSlotDoesNotAdvancePastUnacknowledgedEvents(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	testenv.WaitFor(t, 20*time.Second, "writes to fail a few times", func() (bool, error) { return sw.writes.Load() >= 5, nil })
+	testenv.WaitFor(t, 20*time.Second, "writes to fail a few times", func() (bool, error) { return sw.Writes.Load() >= 5, nil })
 	// Five status intervals: a wrongly confirmed position would show.
 	testenv.HoldsFor(t, 500*time.Millisecond, "the slot confirms nothing at or past the unacknowledged events' commit", func() (bool, error) {
 		return confirmedLSN(t, pool, slot) < committed, nil
@@ -377,7 +377,7 @@ func TestCDCSlotDoesNotAdvancePastUnacknowledgedEvents(t *testing.T) {
 func TestCDCStandbyTakesOverAndLosesNothing(t *testing.T) {
 	t.Parallel()
 	e := newCDCEnv(t, 3, 50)
-	pool, w, c := e.pool, e.w, e.c
+	pool, w, c := e.Pool, e.W, e.C
 	cfg := e.config()
 	cfg.BatchSize, cfg.OutageBackoffMax = 20, 200*time.Millisecond
 	first := newCDC(t, pool, w, cfg)
@@ -408,7 +408,7 @@ func TestCDCStandbyTakesOverAndLosesNothing(t *testing.T) {
 	for a := range aggregates {
 		want[fmt.Sprintf("agg-%d", a)] = versions
 	}
-	testenv.WaitFor(t, 30*time.Second, "some events to be published", func() (bool, error) { return c.distinct() >= 50, nil })
+	testenv.WaitFor(t, 30*time.Second, "some events to be published", func() (bool, error) { return c.Distinct() >= 50, nil })
 	if second.Active() {
 		t.Fatal("the standby streams while the first relay still holds the slot")
 	}
@@ -416,10 +416,10 @@ func TestCDCStandbyTakesOverAndLosesNothing(t *testing.T) {
 	testenv.WaitFor(t, 30*time.Second, "the standby to take over", func() (bool, error) { return second.Active(), nil })
 	<-done
 	testenv.WaitFor(t, 60*time.Second, "every event to arrive", func() (bool, error) {
-		return c.distinct() == aggregates*versions, nil
+		return c.Distinct() == aggregates*versions, nil
 	})
-	c.checkOrder(t, want)
-	t.Logf("%d events, %d redelivered after the takeover", written.Load(), c.dups())
+	c.CheckOrder(t, want)
+	t.Logf("%d events, %d redelivered after the takeover", written.Load(), c.Dups())
 }
 
 // A slot that was dropped while the relay was away is detected when it
@@ -429,7 +429,7 @@ func TestCDCStandbyTakesOverAndLosesNothing(t *testing.T) {
 func TestCDCLostSlotIsDetectedAndReplaced(t *testing.T) {
 	t.Parallel()
 	e := newCDCEnv(t, 1, 50)
-	pool, slot, w, c := e.pool, e.slot, e.w, e.c
+	pool, slot, w, c := e.Pool, e.slot, e.W, e.C
 	reg := prometheus.NewRegistry()
 	lost := make(chan cdc.LostSlot, 1)
 	cfg := e.config()
@@ -458,8 +458,8 @@ func TestCDCLostSlotIsDetectedAndReplaced(t *testing.T) {
 	// The window's events are not in the new slot's stream; the relay
 	// republished what the table holds before it streamed (issue 19 item
 	// 6; TestCDCLostSlotGapIsRepublishedFromTheTable), with no operator.
-	testenv.WaitFor(t, 20*time.Second, "the window and the event after the new slot", func() (bool, error) { return c.distinct() == 4, nil })
-	c.checkOrder(t, map[string]int64{"a": 3, "b": 1})
+	testenv.WaitFor(t, 20*time.Second, "the window and the event after the new slot", func() (bool, error) { return c.Distinct() == 4, nil })
+	c.CheckOrder(t, map[string]int64{"a": 3, "b": 1})
 	// a1 too: published before the loss, but still in the table (Retain),
 	// and the relay cannot tell which retained rows the old slot published.
 	if v := testenv.MetricValue(t, reg, "outbox_slot_gap_republished_total"); v != 3 {
@@ -476,19 +476,19 @@ func TestCDCLostSlotIsDetectedAndReplaced(t *testing.T) {
 func TestCDCMessageErrorSkipsTheEventAsDead(t *testing.T) {
 	t.Parallel()
 	e := newCDCEnv(t, 1, 10)
-	pool, c := e.pool, e.c
+	pool, c := e.Pool, e.C
 	reg := prometheus.NewRegistry()
 	cfg := e.config()
 	cfg.MaxAttempts, cfg.BackoffMin, cfg.Metrics = 2, 10*time.Millisecond, outbox.NewMetrics(reg)
 	cfg.RetentionInterval, cfg.Retain = 50*time.Millisecond, time.Nanosecond
-	runStreaming(t, newCDC(t, pool, e.w, cfg))
+	runStreaming(t, newCDC(t, pool, e.W, cfg))
 
 	big := newEvent("big", 1)
 	big.Payload = []byte(`{"blob":"` + strings.Repeat("x", 1200<<10) + `"}`) // kafka-go's writer stops at 1 MiB
 	enqueue(t, pool, big, newEvent("fine", 1))
 	enqueue(t, pool, newEvent("big", 2))
 	enqueue(t, pool, newEvent("after", 1))
-	testenv.WaitFor(t, 30*time.Second, "the events of other aggregates", func() (bool, error) { return c.distinct() == 2, nil })
+	testenv.WaitFor(t, 30*time.Second, "the events of other aggregates", func() (bool, error) { return c.Distinct() == 2, nil })
 	testenv.WaitFor(t, 20*time.Second, "the refused event and the one behind it to be skipped as dead", func() (bool, error) {
 		return testenv.MetricValue(t, reg, "outbox_dead_total") == 2, nil
 	})
@@ -503,7 +503,7 @@ func TestCDCMessageErrorSkipsTheEventAsDead(t *testing.T) {
 	testenv.WaitFor(t, 20*time.Second, "retention to keep only the dead rows", func() (bool, error) {
 		return countRows(t, pool, "true") == 2 && countRows(t, pool, "state = 'dead' AND last_error <> ''") == 2, nil
 	})
-	if n := c.distinct(); n != 2 {
+	if n := c.Distinct(); n != 2 {
 		t.Errorf("%d distinct events on the topic, want fine/1 and after/1 only: big/2 must wait behind the dead big/1", n)
 	}
 }
@@ -514,10 +514,10 @@ func TestCDCMessageErrorSkipsTheEventAsDead(t *testing.T) {
 func TestCDCRelayCreatesAMissingPublication(t *testing.T) {
 	t.Parallel()
 	e := newCDCEnv(t, 1, 10)
-	if _, err := e.pool.Exec(context.Background(), "DROP PUBLICATION "+cdc.Publication); err != nil {
+	if _, err := e.Pool.Exec(context.Background(), "DROP PUBLICATION "+cdc.Publication); err != nil {
 		t.Fatal(err)
 	}
-	runStreaming(t, newCDC(t, e.pool, e.w, e.config()))
-	enqueue(t, e.pool, newEvent("a", 1))
-	testenv.WaitFor(t, 20*time.Second, "the event", func() (bool, error) { return e.c.distinct() == 1, nil })
+	runStreaming(t, newCDC(t, e.Pool, e.W, e.config()))
+	enqueue(t, e.Pool, newEvent("a", 1))
+	testenv.WaitFor(t, 20*time.Second, "the event", func() (bool, error) { return e.C.Distinct() == 1, nil })
 }

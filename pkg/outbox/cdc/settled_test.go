@@ -66,42 +66,42 @@ func TestCDCDeadRowRestreamedWhileItsStateCannotBeReadStaysOffTheTopic(t *testin
 	cfg := e.config()
 	cfg.OutageBackoffMin, cfg.OutageBackoffMax = 20*time.Millisecond, 100*time.Millisecond
 	// The slot exists, and is confirmed up to here.
-	stop := runStreaming(t, newCDC(t, e.pool, e.w, cfg))
+	stop := runStreaming(t, newCDC(t, e.Pool, e.W, cfg))
 	stop()
 
 	// a/1 commits while no relay runs, and goes dead before one streams it:
 	// as the row a relay skipped as dead just before it stopped, unconfirmed.
 	a1 := newEvent("a", 1)
-	enqueue(t, e.pool, a1)
+	enqueue(t, e.Pool, a1)
 	where1 := "event_id = '" + a1.EventID.String() + "'"
-	if _, err := e.pool.Exec(context.Background(),
+	if _, err := e.Pool.Exec(context.Background(),
 		`UPDATE outbox_events SET state = 'dead', last_error = 'refused by the broker' WHERE `+where1); err != nil {
 		t.Fatal(err)
 	}
 
-	relayURL, heal := refuseSettledReads(t, e.url)
+	relayURL, heal := refuseSettledReads(t, e.URL)
 	reg := prometheus.NewRegistry()
 	cfg.Metrics = outbox.NewMetrics(reg)
-	relay := newCDC(t, testenv.NewPool(t, relayURL), e.w, cfg)
+	relay := newCDC(t, testenv.NewPool(t, relayURL), e.W, cfg)
 	runCDC(t, relay)
 	// Either the relay publishes a/1 without its state (the bug), or every
 	// attempt of one stream's check is refused and the next stream's too
 	// (3 attempts each): the relay ended the stream and read again.
 	testenv.WaitFor(t, 30*time.Second, "a/1 published, or the relay's reads refused on two streams", func() (bool, error) {
-		return e.c.has(a1.EventID) ||
+		return e.C.Has(a1.EventID) ||
 			testenv.LabeledMetricValue(t, reg, "outbox_db_errors_total", map[string]string{"op": "slot"}) >= 6, nil
 	})
-	if e.c.has(a1.EventID) {
+	if e.C.Has(a1.EventID) {
 		t.Fatalf("a/1 is on the topic: the relay published a dead row because it could not read its state")
 	}
 
 	heal()
 	a2 := newEvent("a", 2)
-	enqueue(t, e.pool, a2)
+	enqueue(t, e.Pool, a2)
 	testenv.WaitFor(t, 30*time.Second, "a/2 held back behind the dead a/1", func() (bool, error) {
-		return countRows(t, e.pool, "event_id = '"+a2.EventID.String()+"' AND state = 'dead'") == 1, nil
+		return countRows(t, e.Pool, "event_id = '"+a2.EventID.String()+"' AND state = 'dead'") == 1, nil
 	})
-	if e.c.has(a1.EventID) || e.c.has(a2.EventID) {
-		t.Errorf("on the topic: a/1 %v, a/2 %v; want neither: a/1 is dead, and a/2 waits behind it", e.c.has(a1.EventID), e.c.has(a2.EventID))
+	if e.C.Has(a1.EventID) || e.C.Has(a2.EventID) {
+		t.Errorf("on the topic: a/1 %v, a/2 %v; want neither: a/1 is dead, and a/2 waits behind it", e.C.Has(a1.EventID), e.C.Has(a2.EventID))
 	}
 }

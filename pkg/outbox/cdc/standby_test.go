@@ -71,7 +71,7 @@ func holdsNothing(t *testing.T, c *collector, pool *pgxpool.Pool, watch time.Dur
 	defer tick.Stop()
 	for time.Now().Before(deadline) {
 		<-tick.C
-		if n := c.distinct(); n > 0 {
+		if n := c.Distinct(); n > 0 {
 			t.Fatalf("%d event(s) published while the standby had not flushed their commit (%s): "+
 				"a failover to it would take back what consumers already saw", n, standbyBehind(pool))
 		}
@@ -120,8 +120,8 @@ func matches(m *dto.Metric, label, value string) bool {
 func TestStandbyPollingRelayPublishesOnlyWhatTheStandbyHas(t *testing.T) {
 	e := newRelayEnv(t, 1, 10)
 	reg := prometheus.NewRegistry()
-	relay, err := outbox.NewRelay(e.pool, e.w, outbox.RelayConfig{
-		Topic: e.topicFn, Metrics: outbox.NewMetrics(reg), PollInterval: 50 * time.Millisecond,
+	relay, err := outbox.NewRelay(e.Pool, e.W, outbox.RelayConfig{
+		Topic: e.TopicFn, Metrics: outbox.NewMetrics(reg), PollInterval: 50 * time.Millisecond,
 		OutageBackoffMax: 200 * time.Millisecond,
 		Standby:          outbox.Standby{PublishReplicated: true, ReplicatedWait: 500 * time.Millisecond},
 	})
@@ -130,17 +130,17 @@ func TestStandbyPollingRelayPublishesOnlyWhatTheStandbyHas(t *testing.T) {
 	}
 	testenv.RunInBackground(t, "Run", relay.Run)
 
-	thaw := freezeStandby(t, e.pool)
-	enqueue(t, e.pool, newEvent("a", 1))
-	holdsNothing(t, e.c, e.pool, 2*time.Second)
+	thaw := freezeStandby(t, e.Pool)
+	enqueue(t, e.Pool, newEvent("a", 1))
+	holdsNothing(t, e.C, e.Pool, 2*time.Second)
 	if n := counterValue(t, reg, "outbox_standby_waits_total", "outcome", "timeout"); n == 0 {
 		t.Errorf("outbox_standby_waits_total{outcome=timeout} is 0 after 2s with the standby frozen; want the outage counted")
 	}
-	if n := countRows(t, e.pool, "state = 'pending' AND attempts = 0"); n != 1 {
+	if n := countRows(t, e.Pool, "state = 'pending' AND attempts = 0"); n != 1 {
 		t.Errorf("%d rows pending with no attempt charged while the standby was behind, want 1 (an outage is no row's fault)", n)
 	}
 	thaw()
-	testenv.WaitFor(t, 20*time.Second, "the event once the standby has it", func() (bool, error) { return e.c.distinct() == 1, nil })
+	testenv.WaitFor(t, 20*time.Second, "the event once the standby has it", func() (bool, error) { return e.C.Distinct() == 1, nil })
 	if n := counterValue(t, reg, "outbox_standby_behind", "", ""); n != 0 {
 		t.Errorf("outbox_standby_behind is %v after the standby caught up, want 0", n)
 	}
@@ -156,11 +156,11 @@ func TestStandbyCDCRelayPublishesOnlyWhatTheStandbyHas(t *testing.T) {
 	cfg := e.config()
 	cfg.Standby = outbox.Standby{PublishReplicated: true, ReplicatedWait: 500 * time.Millisecond}
 	cfg.OutageBackoffMax = 200 * time.Millisecond
-	runStreaming(t, newCDC(t, e.pool, e.w, cfg))
+	runStreaming(t, newCDC(t, e.Pool, e.W, cfg))
 
-	thaw := freezeStandby(t, e.pool)
-	enqueue(t, e.pool, newEvent("a", 1))
-	holdsNothing(t, e.c, e.pool, 2*time.Second)
+	thaw := freezeStandby(t, e.Pool)
+	enqueue(t, e.Pool, newEvent("a", 1))
+	holdsNothing(t, e.C, e.Pool, 2*time.Second)
 	thaw()
-	testenv.WaitFor(t, 20*time.Second, "the event once the standby has it", func() (bool, error) { return e.c.distinct() == 1, nil })
+	testenv.WaitFor(t, 20*time.Second, "the event once the standby has it", func() (bool, error) { return e.C.Distinct() == 1, nil })
 }

@@ -42,7 +42,7 @@ const sqlSeed = `
 
 // Seed inserts r into the outbox's table (db must hold the outbox schema)
 // and returns the row's id and event id; it fails the test on any error.
-// It is for arranging what a test reads (operator tools, Backlog, admin
+// It is for arranging what a test reads (operator tools, outboxadmin.Backlog, admin
 // endpoints); tests of what a service enqueues should enqueue for real and
 // use RequireEnqueued.
 func Seed(t testing.TB, db SeedDB, r Row) (id int64, eventID uuid.UUID) {

@@ -574,7 +574,7 @@ func commitEvents(ctx context.Context, pool *pgxpool.Pool, mode outbox.RelayMode
 // paced commits events at rate per second for the paced duration from
 // peerWriters connections, one event per transaction, and measures commit
 // → broker append for each.
-func (e peerEnv) paced(ctx context.Context, pool *pgxpool.Pool, write outbox.WriteFunc, topic string, rate int) (PeerPaced, error) {
+func (e peerEnv) paced(ctx context.Context, pool *pgxpool.Pool, write cdc.WriteFunc, topic string, rate int) (PeerPaced, error) {
 	p := PeerPaced{Rate: rate}
 	before, err := topicEnds(ctx, e.brokers, topic)
 	if err != nil {
@@ -672,7 +672,7 @@ func (e peerEnv) paced(ctx context.Context, pool *pgxpool.Pool, write outbox.Wri
 // COMMIT was sent: a log-based relay may see the commit before the client
 // hears of it (the walsender reads the flushed WAL while the server still
 // answers), so the time after COMMIT returns made some latencies negative.
-func commitOne(ctx context.Context, conn *pgxpool.Conn, write outbox.WriteFunc, ev event.Envelope) (time.Time, error) {
+func commitOne(ctx context.Context, conn *pgxpool.Conn, write cdc.WriteFunc, ev event.Envelope) (time.Time, error) {
 	tx, err := conn.Begin(ctx)
 	if err != nil {
 		return time.Time{}, err

@@ -31,7 +31,7 @@
 // row, so "published" is derived, and from something commit-ordered, never
 // from the highest id (ids are drawn at INSERT, not at commit): a pending
 // row whose inserting transaction is older than the slot record's
-// published_xmin (see below). Backlog, retention and the cdc replay's scope
+// published_xmin (see below). outboxadmin.Backlog, retention and the cdc replay's scope
 // share that one test (publishedCDC).
 //
 // # The slot record (outbox_cdc_slots)
@@ -73,6 +73,16 @@ const (
 	StateDead      = "dead"
 )
 
+// NotifyChannel is where a row that became pending is announced to the
+// polling relays, which LISTEN on it: by the insert trigger (migrations
+// 0001 and 0004), and by the operator's requeue and replay (WakeRelays),
+// which make rows due without inserting them.
+const NotifyChannel = "outbox_events"
+
+// WakeRelays wakes the polling relays, so that they need not wait for their
+// poll.
+const WakeRelays = `SELECT pg_notify('` + NotifyChannel + `', '')`
+
 // The transitions a writer may be refused, by the label of
 // outbox_transitions_refused_total.
 const (
@@ -89,7 +99,7 @@ const (
 // the slot confirmed. row names outbox_events in the statement. id <=
 // confirmed_id is only an upper bound that keeps the scan short (no
 // published row lies above it); it is never the test itself: ids are drawn
-// at INSERT, not at commit. Retention, the cdc replay's scope and Backlog
+// at INSERT, not at commit. Retention, the cdc replay's scope and outboxadmin.Backlog
 // share it.
 func PublishedCDC(row string) string {
 	return `EXISTS (SELECT 1 FROM outbox_cdc_slots s
@@ -102,5 +112,5 @@ func PublishedCDC(row string) string {
 // 'pending' until retention deletes it, so it is left out; counting it made
 // a longer cdc.Config.Retain read as a stuck relay. Under Debezium the table
 // cannot tell what was published: every row stays pending (see
-// docs/outbox.md). The backlog gauges and Backlog share it.
+// docs/outbox.md). The backlog gauges and outboxadmin.Backlog share it.
 var BacklogPending = `state = 'pending' AND NOT ` + PublishedCDC("outbox_events")

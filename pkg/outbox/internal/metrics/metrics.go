@@ -124,7 +124,7 @@ func New(reg prometheus.Registerer) *Metrics {
 }
 
 // sqlBacklogGauges reads the backlog gauges; each subquery reads one partial index,
-// so the cost does not grow with the published rows. Pending is Backlog's:
+// so the cost does not grow with the published rows. Pending is outboxadmin.Backlog's:
 // not yet published, whatever the relay mode (lifecycle.BacklogPending).
 var sqlBacklogGauges = `
 SELECT (SELECT count(*) FROM outbox_events WHERE ` + lifecycle.BacklogPending + `),

@@ -12,7 +12,7 @@ import (
 )
 
 // DefaultLogInterval is the most often an outage is logged while it goes on
-// (outbox.DefaultLogInterval).
+// (the relays' LogInterval default, internal/defaults.LogInterval).
 const DefaultLogInterval = 30 * time.Second
 
 // Outage logs, in the relay's words, what retry.Outage reports about one

@@ -18,6 +18,12 @@ import (
 	"github.com/onceflow/onceflow/pkg/internal/kafkaerr"
 )
 
+// ErrUndecodable is the reason recorded on a row the relay cannot make into
+// a Kafka message (its headers column does not decode). Like any message
+// error it is charged an attempt each try, and goes dead after MaxAttempts
+// with this as its last error ("outbox: undecodable row").
+var ErrUndecodable = errors.New("outbox: undecodable row")
+
 // Writer is outbox.Writer, documented there.
 type Writer interface {
 	WriteMessages(ctx context.Context, msgs ...kafka.Message) error

@@ -1,4 +1,4 @@
-package outbox
+package outboxadmin
 
 import (
 	"cmp"
@@ -10,6 +10,8 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+
+	"github.com/onceflow/onceflow/pkg/outbox"
 )
 
 // ErrInvalidFilter is wrapped by the error of a Replay whose filter has no
@@ -70,8 +72,8 @@ func (f ReplayFilter) limit() int {
 
 // ReplayItem is one event in a Replay's scope.
 type ReplayItem struct {
-	// ID is the outbox row: after a replay in ModeCDC, the new row that
-	// carries the event again (see RelayMode.Replay).
+	// ID is the outbox row: after a replay in outbox.ModeCDC, the new row that
+	// carries the event again (see Replay).
 	ID               int64
 	EventID          uuid.UUID
 	EventType        string
@@ -81,9 +83,9 @@ type ReplayItem struct {
 }
 
 // Replay sets the published events matching f back to pending, in one
-// transaction, so the relay publishes them again under their original event
-// ids; it returns them in id order, the order the relay will publish them.
-// With dryRun it returns the same list and changes nothing.
+// transaction, so the relay of mode m publishes them again under their
+// original event ids; it returns them in id order, the order the relay will
+// publish them. With dryRun it returns the same list and changes nothing.
 //
 // A filter without AggregateType or From, or with To <= From, is refused
 // with an error wrapping ErrInvalidFilter; a scope of more than f.Max
@@ -91,32 +93,26 @@ type ReplayItem struct {
 // already removed by Prune are out of reach: keep Retention longer than the
 // window you may need to replay.
 //
-// Replay is ModePoll.Replay; with a log-based relay call the method of its
-// mode.
-func Replay(ctx context.Context, db DB, f ReplayFilter, dryRun bool) ([]ReplayItem, error) {
-	return ModePoll.Replay(ctx, db, f, dryRun)
-}
-
-// Replay is what the package-level Replay does, for a service whose relay
-// runs in mode m. In ModeCDC the scope is the rows still in the table whose
-// position the relay confirmed (cdc.Config.Retain keeps them, one minute by
-// default: set it to the window you may need to replay), each written
-// again as a new row; the items returned name the new rows. In
-// ModeDebezium the table cannot tell what Debezium has published, so the
-// scope is every row of the window that is not dead (PruneConfig.
-// PendingRetention keeps them), each written again as a new row: one that
-// Debezium had not published yet is then published twice, which the
-// consumers' inboxes absorb. That is also how to republish the window of a
-// slot that was lost. In ModeWAL it is refused with ErrNotInThisMode.
-func (m RelayMode) Replay(ctx context.Context, db DB, f ReplayFilter, dryRun bool) ([]ReplayItem, error) {
+// In outbox.ModePoll the scope is the rows the relay marked published. In
+// outbox.ModeCDC the scope is the rows still in the table whose position
+// the relay confirmed (cdc.Config.Retain keeps them, one minute by default:
+// set it to the window you may need to replay), each written again as a new
+// row; the items returned name the new rows. In outbox.ModeDebezium the
+// table cannot tell what Debezium has published, so the scope is every row
+// of the window that is not dead (outbox.PruneConfig.PendingRetention keeps
+// them), each written again as a new row: one that Debezium had not
+// published yet is then published twice, which the consumers' inboxes
+// absorb. That is also how to republish the window of a slot that was lost.
+// In outbox.ModeWAL it is refused with ErrNotInThisMode.
+func Replay(ctx context.Context, db outbox.DB, m outbox.RelayMode, f ReplayFilter, dryRun bool) ([]ReplayItem, error) {
 	switch m {
-	case ModePoll:
+	case outbox.ModePoll:
 		return replay(ctx, db, f, dryRun, replayScope, replayApply)
-	case ModeCDC:
+	case outbox.ModeCDC:
 		return replay(ctx, db, f, dryRun, replayScopeCDC, replayApplyCDC)
-	case ModeDebezium:
+	case outbox.ModeDebezium:
 		return replay(ctx, db, f, dryRun, replayScopeExternal, replayApplyExternal)
-	case ModeWAL:
+	case outbox.ModeWAL:
 		if err := f.validate(); err != nil {
 			return nil, err
 		}
@@ -128,7 +124,7 @@ func (m RelayMode) Replay(ctx context.Context, db DB, f ReplayFilter, dryRun boo
 
 // replay runs a replay whose scope (a WHERE clause over replayWindow's
 // parameters) and apply statement (returning replayItems) are a mode's.
-func replay(ctx context.Context, db DB, f ReplayFilter, dryRun bool, scope, apply string) ([]ReplayItem, error) {
+func replay(ctx context.Context, db outbox.DB, f ReplayFilter, dryRun bool, scope, apply string) ([]ReplayItem, error) {
 	if err := f.validate(); err != nil {
 		return nil, err
 	}

@@ -1,4 +1,4 @@
-package outbox
+package outboxadmin
 
 import (
 	"github.com/onceflow/onceflow/pkg/outbox/internal/lifecycle"
@@ -6,7 +6,9 @@ import (
 
 // Every statement of the operator functions, in one place: listing and
 // requeuing dead events (dead.go) and replaying published ones
-// (replay.go), in each relay mode, and pruning (prune.go).
+// (replay.go), in each relay mode. Pruning's are package outbox's
+// (prune_sql.go), the backlog's and the lookup's beside them (backlog.go,
+// lookup.go).
 
 const listDead = `
 SELECT id, event_id, event_type, aggregate_type, aggregate_id, aggregate_version,
@@ -123,7 +125,7 @@ FROM moved ORDER BY aggregate_version, id`
 // requeuedError is requeueSet's last_error: the cause of death, prefixed.
 const requeuedError = `'requeued: ' || coalesce(last_error, '')`
 
-// requeueCopyIDsSQL is requeueIDs for ModeCDC: the same refusal of unknown
+// requeueCopyIDsSQL is requeueIDs for outbox.ModeCDC: the same refusal of unknown
 // ids, then each dead row deleted and inserted again.
 var requeueCopyIDsSQL = requeueWanted + `
 moved AS (
@@ -132,7 +134,7 @@ moved AS (
 requeued AS (` + copyAsPending(requeuedError) + `
     RETURNING id)` + requeueReport
 
-// requeueCopyDead is requeueDead for ModeCDC.
+// requeueCopyDead is requeueDead for outbox.ModeCDC.
 var requeueCopyDead = chosenDead + `,
 moved AS (
     DELETE FROM outbox_events WHERE id IN (SELECT id FROM chosen) AND state = 'dead'
@@ -154,7 +156,7 @@ WITH moved AS (
     RETURNING *)` + copyAsPending("NULL") + `
 RETURNING ` + replayItems
 
-// replayScopeExternal: an external publisher (ModeDebezium) marks no row
+// replayScopeExternal: an external publisher (outbox.ModeDebezium) marks no row
 // published, so every row of the window that is not dead is in scope.
 const replayScopeExternal = `
 WHERE state IN ('pending', 'published')` + replayWindow
@@ -191,54 +193,3 @@ FROM (SELECT DISTINCT unnest($1::bigint[]) AS id) w
 WHERE NOT EXISTS (SELECT 1 FROM outbox_events o WHERE o.id = w.id)`
 
 const deleteIDs = `DELETE FROM outbox_events WHERE id = ANY($1::bigint[])`
-
-// pruneStatement deletes (or, with archive, archives) one batch of the
-// oldest rows matching doomed, a SELECT of ids whose $1 is the retention in
-// microseconds and $2 the batch size. The rows are selected once
-// (MATERIALIZED: see requeueDead); SKIP LOCKED: a row someone is replaying
-// right now is left for the next run instead of being waited for.
-func pruneStatement(doomed string, archive bool) string {
-	batch := `
-WITH doomed AS MATERIALIZED (` + doomed + `
-    FOR UPDATE SKIP LOCKED)`
-	if !archive {
-		return batch + `
-DELETE FROM outbox_events WHERE id IN (SELECT id FROM doomed)`
-	}
-	// Deleted and archived in one statement, so a row is never in both
-	// tables nor in neither. The column lists are explicit so that columns
-	// added to outbox_events later do not break it.
-	return batch + `,
-moved AS (
-    DELETE FROM outbox_events WHERE id IN (SELECT id FROM doomed)
-    RETURNING id, event_id, aggregate_type, aggregate_id, aggregate_version,
-              event_type, event_version, payload, headers, occurred_at, created_at,
-              partition, state, attempts, next_attempt_at, last_error, published_at,
-              correlation_id, causation_id, traceparent)
-INSERT INTO outbox_events_archive (
-    id, event_id, aggregate_type, aggregate_id, aggregate_version,
-    event_type, event_version, payload, headers, occurred_at, created_at,
-    partition, state, attempts, next_attempt_at, last_error, published_at,
-    correlation_id, causation_id, traceparent)
-SELECT id, event_id, aggregate_type, aggregate_id, aggregate_version,
-       event_type, event_version, payload, headers, occurred_at, created_at,
-       partition, state, attempts, next_attempt_at, last_error, published_at,
-       correlation_id, causation_id, traceparent
-FROM moved`
-}
-
-// publishedDoomed are the published rows past retention, oldest publication
-// first.
-const publishedDoomed = `
-    SELECT id FROM outbox_events
-    WHERE state = 'published' AND published_at < now() - $1::bigint * interval '1 microsecond'
-    ORDER BY published_at, id
-    LIMIT $2`
-
-// pendingDoomed are the pending rows created before PendingRetention, in id
-// order (the pending index's), which is creation order.
-const pendingDoomed = `
-    SELECT id FROM outbox_events
-    WHERE state = 'pending' AND created_at < now() - $1::bigint * interval '1 microsecond'
-    ORDER BY id
-    LIMIT $2`

@@ -1,4 +1,4 @@
-package outbox
+package outboxadmin
 
 import (
 	"context"
@@ -23,7 +23,7 @@ type EventRecord struct {
 	AggregateID      string
 	AggregateVersion int64
 	EventType        string
-	// State is pending, published or dead. Log-based relays (ModeCDC)
+	// State is pending, published or dead. Log-based relays (outbox.ModeCDC)
 	// never update a row: theirs stay pending until retention deletes them.
 	State     string
 	Attempts  int
@@ -56,7 +56,7 @@ const sqlEventsOf = `
 
 // EventsOf returns the outbox rows of every aggregate whose id is
 // aggregateID (of any aggregate type), oldest first, from the table and its
-// archive. An event written with Emit (ModeWAL) has no row and is not
+// archive. An event written with Emit (outbox.ModeWAL) has no row and is not
 // listed; neither is a row retention deleted without archiving. Errors are
 // named as Backlog's are.
 func EventsOf(ctx context.Context, db BacklogDB, aggregateID string) ([]EventRecord, error) {

@@ -1,4 +1,4 @@
-package outbox
+package outboxadmin
 
 import (
 	"context"
@@ -12,6 +12,8 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/onceflow/onceflow/pkg/event"
+	"github.com/onceflow/onceflow/pkg/outbox"
+	"github.com/onceflow/onceflow/pkg/outbox/internal/lifecycle"
 	"github.com/onceflow/onceflow/pkg/outbox/internal/publish"
 	"github.com/onceflow/onceflow/pkg/outbox/internal/wal"
 )
@@ -33,7 +35,7 @@ type DeadEvent struct {
 
 // ListDead returns up to limit dead events, oldest first, so an operator can
 // see what failed and why before requeuing it. A limit <= 0 means 100.
-func ListDead(ctx context.Context, db DB, limit int) ([]DeadEvent, error) {
+func ListDead(ctx context.Context, db outbox.DB, limit int) ([]DeadEvent, error) {
 	if limit <= 0 {
 		limit = 100
 	}
@@ -53,23 +55,6 @@ func ListDead(ctx context.Context, db DB, limit int) ([]DeadEvent, error) {
 	return dead, nil
 }
 
-// Requeue sets the dead rows among ids back to pending with a fresh budget
-// of attempts (see requeueSet for what happens to last_error) and returns
-// how many it requeued. Ids of rows that are not dead are ignored, so
-// requeuing is safe to repeat. If an id names no row (mistyped, or pruned
-// since), it requeues nothing and returns an error wrapping ErrNotFound
-// that lists the unknown ids.
-//
-// While a row is dead the relay holds back the later events of its
-// aggregate (see the package documentation); requeuing it releases them, to
-// be published after it, in order.
-//
-// Requeue is ModePoll.Requeue; with a log-based relay call the method of
-// its mode.
-func Requeue(ctx context.Context, db DB, ids ...int64) (int, error) {
-	return ModePoll.Requeue(ctx, db, ids...)
-}
-
 // DeadFilter selects dead rows for RequeueDead. Empty fields match anything.
 type DeadFilter struct {
 	AggregateType string
@@ -78,64 +63,64 @@ type DeadFilter struct {
 	Limit int
 }
 
-// RequeueDead is Requeue for every dead row matching f, oldest first; it
-// returns how many it requeued. The zero filter requeues every dead row,
-// which is what an operator wants once the cause (a missing topic, a broker
-// outage) is fixed.
+// Requeue sets the dead rows among ids back to pending with a fresh budget
+// of attempts, written again as a service whose relay runs in mode m needs
+// (see errors.go; requeueSet for what happens to last_error), and returns
+// how many it requeued. In outbox.ModePoll ids of rows that are not dead
+// are ignored, so requeuing is safe to repeat; in outbox.ModeCDC and
+// outbox.ModeWAL a requeued row leaves under its id, so a repeated call
+// naming the same ids is refused with ErrNotFound instead of counting 0,
+// and in outbox.ModeWAL a call that finds no dead row is refused with
+// ErrNotInThisMode. If an id names no row (mistyped, or pruned since), it
+// requeues nothing and returns an error wrapping ErrNotFound that lists the
+// unknown ids.
 //
-// RequeueDead is ModePoll.RequeueDead; with a log-based relay call the
-// method of its mode.
-func RequeueDead(ctx context.Context, db DB, f DeadFilter) (int, error) {
-	return ModePoll.RequeueDead(ctx, db, f)
-}
-
-// Requeue is what the package-level Requeue does, for a service whose relay
-// runs in mode m. In ModeCDC and ModeWAL a requeued row leaves under its id
-// (see above), so a repeated call naming the same ids is refused with
-// ErrNotFound instead of counting 0; in ModeWAL a call that finds no dead
-// row is refused with ErrNotInThisMode.
-func (m RelayMode) Requeue(ctx context.Context, db DB, ids ...int64) (int, error) {
+// While a row is dead the relay holds back the later events of its
+// aggregate (see package outbox's documentation); requeuing it releases
+// them, to be published after it, in order.
+func Requeue(ctx context.Context, db outbox.DB, m outbox.RelayMode, ids ...int64) (int, error) {
 	switch m {
-	case ModePoll:
+	case outbox.ModePoll:
 		return requeuePoll(ctx, db, ids)
-	case ModeCDC, ModeDebezium:
+	case outbox.ModeCDC, outbox.ModeDebezium:
 		return requeueCopyIDs(ctx, db, ids)
-	case ModeWAL:
+	case outbox.ModeWAL:
 		return requeueEmitIDs(ctx, db, ids)
 	}
 	return 0, errUnknownMode(m)
 }
 
-// RequeueDead is what the package-level RequeueDead does, for a service
-// whose relay runs in mode m; see RelayMode.Requeue for how each mode
-// writes the event again.
-func (m RelayMode) RequeueDead(ctx context.Context, db DB, f DeadFilter) (int, error) {
+// RequeueDead is Requeue for every dead row matching f, oldest first; it
+// returns how many it requeued. The zero filter requeues every dead row,
+// which is what an operator wants once the cause (a missing topic, a broker
+// outage) is fixed. See Requeue for how each mode writes the event again.
+func RequeueDead(ctx context.Context, db outbox.DB, m outbox.RelayMode, f DeadFilter) (int, error) {
 	var limit any // nil: LIMIT NULL, no limit
 	if f.Limit > 0 {
 		limit = f.Limit
 	}
 	switch m {
-	case ModePoll:
+	case outbox.ModePoll:
 		return requeueDeadPoll(ctx, db, f.AggregateType, f.AggregateID, limit)
-	case ModeCDC, ModeDebezium:
+	case outbox.ModeCDC, outbox.ModeDebezium:
 		tag, err := db.Exec(ctx, requeueCopyDead, f.AggregateType, f.AggregateID, limit)
 		if err != nil {
 			return 0, storeErr("requeuing dead events", err)
 		}
-		if n := int(tag.RowsAffected()); n > 0 || m == ModeCDC {
+		if n := int(tag.RowsAffected()); n > 0 || m == outbox.ModeCDC {
 			return n, nil
 		}
 		return 0, fmt.Errorf("%w: RELAY_MODE=debezium keeps no dead events: Debezium never marks an outbox row dead "+
 			"(a record Kafka refuses fails the connector's task: see the task's status and trace in Kafka Connect, "+
 			"GET /connectors/<name>/status), so there is nothing to requeue; dead rows here only come from a time this "+
 			"outbox ran another relay mode", ErrNotInThisMode)
-	case ModeWAL:
+	case outbox.ModeWAL:
 		return requeueEmitDead(ctx, db, f.AggregateType, f.AggregateID, limit)
 	}
 	return 0, errUnknownMode(m)
 }
 
-func requeuePoll(ctx context.Context, db DB, ids []int64) (int, error) {
+func requeuePoll(ctx context.Context, db outbox.DB, ids []int64) (int, error) {
 	n, err := requeueByID(ctx, db, requeueIDs, ids, "pruned rows are gone")
 	if err != nil {
 		return 0, err
@@ -143,7 +128,7 @@ func requeuePoll(ctx context.Context, db DB, ids []int64) (int, error) {
 	return wake(ctx, db, n), nil
 }
 
-func requeueDeadPoll(ctx context.Context, db DB, aggType, aggID string, limit any) (int, error) {
+func requeueDeadPoll(ctx context.Context, db outbox.DB, aggType, aggID string, limit any) (int, error) {
 	tag, err := db.Exec(ctx, requeueDead, aggType, aggID, limit)
 	if err != nil {
 		return 0, storeErr("requeuing dead events", err)
@@ -151,7 +136,7 @@ func requeueDeadPoll(ctx context.Context, db DB, aggType, aggID string, limit an
 	return wake(ctx, db, int(tag.RowsAffected())), nil
 }
 
-func requeueCopyIDs(ctx context.Context, db DB, ids []int64) (int, error) {
+func requeueCopyIDs(ctx context.Context, db outbox.DB, ids []int64) (int, error) {
 	return requeueByID(ctx, db, requeueCopyIDsSQL, ids,
 		"a requeued or replayed row was written again under a new id, and pruned rows are gone")
 }
@@ -159,7 +144,7 @@ func requeueCopyIDs(ctx context.Context, db DB, ids []int64) (int, error) {
 // requeueByID runs stmt, a requeue of the dead rows among ids that reports
 // how many it requeued and which ids name no row (requeueReport), and
 // refuses those ids; gone says where such a row may have gone.
-func requeueByID(ctx context.Context, db DB, stmt string, ids []int64, gone string) (int, error) {
+func requeueByID(ctx context.Context, db outbox.DB, stmt string, ids []int64, gone string) (int, error) {
 	if len(ids) == 0 {
 		return 0, nil
 	}
@@ -180,9 +165,9 @@ func requeueByID(ctx context.Context, db DB, stmt string, ids []int64, gone stri
 	return n, nil
 }
 
-// requeueEmitIDs is requeueIDs for ModeWAL: the same refusal of unknown
+// requeueEmitIDs is requeueIDs for outbox.ModeWAL: the same refusal of unknown
 // ids, then each dead row among them emitted and deleted.
-func requeueEmitIDs(ctx context.Context, db DB, ids []int64) (int, error) {
+func requeueEmitIDs(ctx context.Context, db outbox.DB, ids []int64) (int, error) {
 	if len(ids) == 0 {
 		return 0, nil
 	}
@@ -199,9 +184,9 @@ func requeueEmitIDs(ctx context.Context, db DB, ids []int64) (int, error) {
 	})
 }
 
-// requeueEmitDead is requeueDead for ModeWAL; finding nothing to requeue is
+// requeueEmitDead is requeueDead for outbox.ModeWAL; finding nothing to requeue is
 // refused, since the WAL-only relay never leaves a dead row behind.
-func requeueEmitDead(ctx context.Context, db DB, aggType, aggID string, limit any) (int, error) {
+func requeueEmitDead(ctx context.Context, db outbox.DB, aggType, aggID string, limit any) (int, error) {
 	return inTx(ctx, db, func(tx pgx.Tx) (int, error) {
 		n, err := emitDead(ctx, tx, selectDeadFiltered, aggType, aggID, limit)
 		if err == nil && n == 0 {
@@ -214,7 +199,7 @@ func requeueEmitDead(ctx context.Context, db DB, aggType, aggID string, limit an
 }
 
 // inTx runs f in a transaction of db and commits it if f succeeds.
-func inTx(ctx context.Context, db DB, f func(pgx.Tx) (int, error)) (int, error) {
+func inTx(ctx context.Context, db outbox.DB, f func(pgx.Tx) (int, error)) (int, error) {
 	tx, err := db.Begin(ctx)
 	if err != nil {
 		return 0, storeErr("beginning requeue", err)
@@ -259,7 +244,7 @@ func emitDead(ctx context.Context, tx pgx.Tx, query string, args ...any) (int, e
 	for i, d := range dead {
 		var h publish.Headers
 		if err := json.Unmarshal(d.headers, &h); err != nil {
-			return 0, fmt.Errorf("outbox: requeuing row %d: %w: headers: %w", d.id, ErrUndecodable, err)
+			return 0, fmt.Errorf("outbox: requeuing row %d: %w: headers: %w", d.id, publish.ErrUndecodable, err)
 		}
 		d.ev.CorrelationID, d.ev.CausationID, d.ev.Traceparent = h.CorrelationID, h.CausationID, h.Traceparent
 		if err := wal.Emit(ctx, tx, d.ev); err != nil {
@@ -288,9 +273,9 @@ func listIDs(ids []int64) string {
 
 // wake tells the relays that n rows became due, so they need not wait for
 // their poll. A lost wake-up only costs that poll, so its error is ignored.
-func wake(ctx context.Context, db DB, n int) int {
+func wake(ctx context.Context, db outbox.DB, n int) int {
 	if n > 0 {
-		_, _ = db.Exec(ctx, wakeRelays)
+		_, _ = db.Exec(ctx, lifecycle.WakeRelays)
 	}
 	return n
 }

@@ -1,35 +1,34 @@
-package outbox
+package outboxadmin
 
 import (
-	"context"
+	"errors"
 	"fmt"
 
-	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/onceflow/onceflow/pkg/outbox"
+	"github.com/onceflow/onceflow/pkg/pgerr"
 )
 
-// The operator side of the outbox: see what is dead and requeue it, prune
-// published rows, and replay what was already published. These functions
-// are meant for an admin endpoint, a CLI or a background worker; none of
-// them talks to Kafka. Requeue, RequeueDead and Replay are the polling
-// relay's (ModePoll): rows they set back to pending are picked up on its
-// next poll (RelayConfig.PollInterval). A service running a log-based relay
-// calls the same actions as methods of its RelayMode (dead.go, replay.go),
-// because those relays never read a row that was updated.
-//
-// Time comparisons (retention, a replay window left open at the end) use the
-// database's now(): published_at and created_at were stamped by that clock,
-// so comparing against it is immune to skew between application hosts.
+// The errors this package's functions wrap, besides outbox.ErrUnavailable.
+var (
+	// ErrNotFound is wrapped by the error of an operator function asked
+	// about outbox rows that do not exist (Requeue of unknown ids).
+	ErrNotFound = errors.New("outbox: no such event")
+	// ErrNotInThisMode is wrapped by the error of an operator action the
+	// relay mode cannot carry out (a replay in RELAY_MODE=wal, which keeps no
+	// copy of what it published): refused, with the reason and what to do
+	// instead, rather than answered with a success that will not happen.
+	ErrNotInThisMode = errors.New("outbox: not possible in this relay mode")
+)
 
-// DB is what the operator functions need from the caller's database handle.
-// *pgxpool.Pool, *pgx.Conn and pgx.Tx all satisfy it; given a pgx.Tx, the
-// changes commit with the caller's transaction (and Prune's batches are no
-// longer separate transactions).
-type DB interface {
-	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
-	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
-	Begin(ctx context.Context) (pgx.Tx, error)
-}
+// storeErrors are the names storeErr gives the driver's errors: this file
+// is the operator functions' store boundary, as package outbox's errors.go
+// is the library's.
+var storeErrors = pgerr.StoreErrors{NotFound: ErrNotFound, Unavailable: outbox.ErrUnavailable}
+
+// storeErr wraps err, an error from Postgres while doing what, translating
+// what the driver says into the named errors; the driver's error stays in
+// the chain for logs.
+func storeErr(what string, err error) error { return storeErrors.Translate("outbox: "+what, err) }
 
 // The operator actions of every relay mode (invariant 8: they work, or they
 // refuse with ErrNotInThisMode; none reports a success that will not
@@ -56,8 +55,8 @@ type DB interface {
 //     refuses fails the connector's task, which Connect reports), so a
 //     requeue that finds no dead row says so, with ErrNotInThisMode; and it
 //     marks no row published, so a replay's scope is every row of the
-//     window that is not dead (see RelayMode.Replay).
+//     window that is not dead (see Replay).
 
-func errUnknownMode(m RelayMode) error {
+func errUnknownMode(m outbox.RelayMode) error {
 	return fmt.Errorf("outbox: unknown relay mode %q (poll, cdc, wal or debezium)", m)
 }

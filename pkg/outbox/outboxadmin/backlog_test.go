@@ -1,4 +1,4 @@
-package outbox_test
+package outboxadmin_test
 
 import (
 	"context"
@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/onceflow/onceflow/pkg/outbox"
+	"github.com/onceflow/onceflow/pkg/outbox/outboxadmin"
 	"github.com/onceflow/onceflow/pkg/outbox/outboxtest"
 	"github.com/onceflow/onceflow/pkg/testenv"
 )
@@ -22,7 +23,7 @@ func TestBacklogCountsOldPendingAndDeadRows(t *testing.T) {
 	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	pool := testenv.NewPool(t, newOutboxDBURL(t))
+	pool := outboxtest.NewDatabase(t)
 
 	_, oldPending := outboxtest.Seed(t, pool, outboxtest.Row{State: "pending", Age: 2 * time.Hour})
 	_, midPending := outboxtest.Seed(t, pool, outboxtest.Row{State: "pending", Age: time.Hour})
@@ -32,7 +33,7 @@ func TestBacklogCountsOldPendingAndDeadRows(t *testing.T) {
 	outboxtest.Seed(t, pool, outboxtest.Row{State: "dead", Age: time.Second})
 
 	before := time.Now()
-	rep, err := outbox.Backlog(ctx, pool, outbox.BacklogConfig{PendingOlderThan: 30 * time.Minute, Samples: 5})
+	rep, err := outboxadmin.Backlog(ctx, pool, outboxadmin.BacklogConfig{PendingOlderThan: 30 * time.Minute, Samples: 5})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -47,14 +48,14 @@ func TestBacklogCountsOldPendingAndDeadRows(t *testing.T) {
 	}
 
 	// Fewer samples than rows: the oldest; none asked, none read.
-	rep, err = outbox.Backlog(ctx, pool, outbox.BacklogConfig{DeadOlderThan: 30 * time.Minute, Samples: 1})
+	rep, err = outboxadmin.Backlog(ctx, pool, outboxadmin.BacklogConfig{DeadOlderThan: 30 * time.Minute, Samples: 1})
 	if err != nil {
 		t.Fatal(err)
 	}
 	if rep.Pending.Count != 3 || !slices.Equal(rep.Pending.Samples, []uuid.UUID{oldPending}) || rep.Dead.Count != 1 {
 		t.Errorf("%+v, want 3 pending (sample %v), 1 dead", rep, oldPending)
 	}
-	rep, err = outbox.Backlog(ctx, pool, outbox.BacklogConfig{PendingOlderThan: 24 * time.Hour, DeadOlderThan: 24 * time.Hour})
+	rep, err = outboxadmin.Backlog(ctx, pool, outboxadmin.BacklogConfig{PendingOlderThan: 24 * time.Hour, DeadOlderThan: 24 * time.Hour})
 	if err != nil || rep.Pending.Count != 0 || !rep.Pending.Oldest.IsZero() || rep.Dead.Count != 0 || rep.Dead.Samples != nil {
 		t.Errorf("nothing a day old: %+v, %v", rep, err)
 	}
@@ -67,21 +68,21 @@ func TestBacklogErrors(t *testing.T) {
 	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	for _, cfg := range []outbox.BacklogConfig{{PendingOlderThan: -time.Second}, {DeadOlderThan: -1}, {Samples: -1}} {
-		if _, err := outbox.Backlog(ctx, nil, cfg); err == nil {
+	for _, cfg := range []outboxadmin.BacklogConfig{{PendingOlderThan: -time.Second}, {DeadOlderThan: -1}, {Samples: -1}} {
+		if _, err := outboxadmin.Backlog(ctx, nil, cfg); err == nil {
 			t.Errorf("%+v: accepted", cfg)
 		}
 	}
 
-	_, err := outbox.Backlog(ctx, testenv.NewPool(t, testenv.NewDatabase(t)), outbox.BacklogConfig{})
+	_, err := outboxadmin.Backlog(ctx, testenv.NewPool(t, testenv.NewDatabase(t)), outboxadmin.BacklogConfig{})
 	var pgErr *pgconn.PgError
 	if !errors.As(err, &pgErr) || pgErr.Code != "42P01" {
 		t.Errorf("an empty database: %v, want SQLSTATE 42P01", err)
 	}
 
-	closed := testenv.NewPool(t, newOutboxDBURL(t))
+	closed := outboxtest.NewDatabase(t)
 	closed.Close()
-	if _, err := outbox.Backlog(ctx, closed, outbox.BacklogConfig{}); !errors.Is(err, outbox.ErrUnavailable) {
+	if _, err := outboxadmin.Backlog(ctx, closed, outboxadmin.BacklogConfig{}); !errors.Is(err, outbox.ErrUnavailable) {
 		t.Errorf("a closed pool: %v, want ErrUnavailable", err)
 	}
 }
@@ -103,7 +104,7 @@ func ExampleBacklog() {
 		return
 	}
 
-	rep, err := outbox.Backlog(ctx, pool, outbox.BacklogConfig{PendingOlderThan: 5 * time.Minute, Samples: 3})
+	rep, err := outboxadmin.Backlog(ctx, pool, outboxadmin.BacklogConfig{PendingOlderThan: 5 * time.Minute, Samples: 3})
 	if err != nil {
 		fmt.Println(err)
 		return

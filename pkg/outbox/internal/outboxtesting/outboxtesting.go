@@ -1,4 +1,10 @@
-package cdc_test
+// Package outboxtesting holds the test helpers that package outbox's
+// tests, and those of its sub-packages (cdc, outboxadmin), share: fresh
+// outbox databases and rows seeded in a chosen state, events, topics that
+// refuse large messages, a collector that reads a topic as an inbox would,
+// the relay test environment, and the benchmarks' counting pool, clock and
+// load. Only _test.go files import it: it links package testing.
+package outboxtesting
 
 import (
 	"cmp"
@@ -23,52 +29,47 @@ import (
 
 	"github.com/onceflow/onceflow/pkg/event"
 	"github.com/onceflow/onceflow/pkg/outbox"
+	"github.com/onceflow/onceflow/pkg/outbox/cdc"
 	"github.com/onceflow/onceflow/pkg/testenv"
 )
 
-// adminDB returns a pool on a fresh database with the outbox schema.
-func adminDB(t *testing.T) *pgxpool.Pool {
-	t.Helper()
-	return newOutboxDB(t)
-}
-
-// row is one outbox row of a scenario, in the state the relay would have
+// Row is one outbox row of a scenario, in the state the relay would have
 // left it in.
-type row struct {
-	aggType, aggID string
-	version        int64
-	state          string        // pending, published or dead
-	publishedAgo   time.Duration // published rows: published_at = now() - publishedAgo
-	createdAt      time.Time     // zero: the insert time
+type Row struct {
+	AggType, AggID string
+	Version        int64
+	State          string        // pending, published or dead
+	PublishedAgo   time.Duration // published rows: published_at = now() - publishedAgo
+	CreatedAt      time.Time     // zero: the insert time
 }
 
-// seeded is where a row landed.
-type seeded struct {
-	id      int64
-	eventID uuid.UUID
+// Seeded is where a row landed.
+type Seeded struct {
+	ID      int64
+	EventID uuid.UUID
 }
 
-// seedRows enqueues one event per row in one transaction (so ids follow the
+// SeedRows enqueues one event per row in one transaction (so ids follow the
 // order of rows), then forces each into its state.
-func seedRows(t *testing.T, pool *pgxpool.Pool, rows ...row) []seeded {
+func SeedRows(t *testing.T, pool *pgxpool.Pool, rows ...Row) []Seeded {
 	t.Helper()
 	ctx := context.Background()
 	evs := make([]event.Envelope, len(rows))
 	for i, r := range rows {
 		evs[i] = event.Envelope{
 			EventID: uuid.New(), EventType: "ThingHappened", EventVersion: 1,
-			AggregateType: r.aggType, AggregateID: r.aggID, AggregateVersion: r.version,
+			AggregateType: r.AggType, AggregateID: r.AggID, AggregateVersion: r.Version,
 			OccurredAt: time.Now(), Payload: []byte(`{"n":1}`),
 		}
 	}
 	if err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error { return outbox.EnqueueBatch(ctx, tx, evs...) }); err != nil {
 		t.Fatalf("enqueuing: %v", err)
 	}
-	out := make([]seeded, len(rows))
+	out := make([]Seeded, len(rows))
 	for i, r := range rows {
 		var createdAt any
-		if !r.createdAt.IsZero() {
-			createdAt = r.createdAt
+		if !r.CreatedAt.IsZero() {
+			createdAt = r.CreatedAt
 		}
 		err := pool.QueryRow(ctx, `
 			UPDATE outbox_events SET
@@ -79,46 +80,62 @@ func seedRows(t *testing.T, pool *pgxpool.Pool, rows ...row) []seeded {
 			    published_at = CASE $2 WHEN 'published' THEN now() - $3::bigint * interval '1 microsecond' END,
 			    created_at = coalesce($4::timestamptz, created_at)
 			WHERE event_id = $1
-			RETURNING id`, evs[i].EventID, r.state, r.publishedAgo.Microseconds(), createdAt).Scan(&out[i].id)
+			RETURNING id`, evs[i].EventID, r.State, r.PublishedAgo.Microseconds(), createdAt).Scan(&out[i].ID)
 		if err != nil {
 			t.Fatalf("seeding row %d: %v", i, err)
 		}
-		out[i].eventID = evs[i].EventID
+		out[i].EventID = evs[i].EventID
 	}
 	return out
 }
 
-// idsOf returns the ids of the seeded rows at the given indexes.
-func idsOf(s []seeded, idx ...int) []int64 {
+// IDsOf returns the ids of the seeded rows at the given indexes.
+func IDsOf(s []Seeded, idx ...int) []int64 {
 	ids := []int64{}
 	for _, i := range idx {
-		ids = append(ids, s[i].id)
+		ids = append(ids, s[i].ID)
 	}
 	return ids
 }
 
-// tableIDs returns the ids of table's rows matching where, in order.
-func tableIDs(t *testing.T, pool *pgxpool.Pool, table, where string, args ...any) []int64 {
+// TableIDs returns the ids of table's rows matching where, in order.
+func TableIDs(t *testing.T, pool *pgxpool.Pool, table, where string, args ...any) []int64 {
 	t.Helper()
 	return testenv.QueryColumn[int64](t, pool, "SELECT id FROM "+table+" WHERE "+where+" ORDER BY id", args...)
 }
 
-func equalIDs(t *testing.T, what string, got, want []int64) {
+// Snapshot renders table's rows matching where, every column, as JSON, so
+// a test can tell whether anything at all changed.
+func Snapshot(t *testing.T, pool *pgxpool.Pool, table, where string, args ...any) string {
+	t.Helper()
+	var s string
+	err := pool.QueryRow(context.Background(),
+		"SELECT coalesce(jsonb_agg(to_jsonb(r) - 'archived_at' ORDER BY id)::text, '[]') FROM "+table+" r WHERE "+where,
+		args...).Scan(&s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+// EqualIDs fails t unless got and want hold the same ids in the same order.
+func EqualIDs(t *testing.T, what string, got, want []int64) {
 	t.Helper()
 	if !slices.Equal(got, want) {
 		t.Fatalf("%s: ids %v, want %v", what, got, want)
 	}
 }
 
+// Ages, for rows seeded in the past.
 const (
-	day  = 24 * time.Hour
-	week = 7 * day
+	Day  = 24 * time.Hour
+	Week = 7 * Day
 )
 
-// benchCountingPool opens a pool on url whose connections count their round
+// CountingPool opens a pool on url whose connections count their round
 // trips, statements and claims in counts; the relay's lock connection, dialed
 // from the same config, counts too.
-func benchCountingPool(b testing.TB, url string, maxConns int32, counts *benchWireCounts) *pgxpool.Pool {
+func CountingPool(b testing.TB, url string, maxConns int32, counts *WireCounts) *pgxpool.Pool {
 	b.Helper()
 	cfg, err := pgxpool.ParseConfig(url)
 	if err != nil {
@@ -131,7 +148,7 @@ func benchCountingPool(b testing.TB, url string, maxConns int32, counts *benchWi
 		if err != nil {
 			return nil, err
 		}
-		return &benchCountingConn{Conn: c, counts: counts}, nil
+		return &countingConn{Conn: c, counts: counts}, nil
 	}
 	cfg.ConnConfig.Tracer = counts
 	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
@@ -142,69 +159,72 @@ func benchCountingPool(b testing.TB, url string, maxConns int32, counts *benchWi
 	return pool
 }
 
-// benchWireCounts counts what a pool's connections send: round trips (as
-// benchCountingConn sees them) and statements, claims among them (as a
+// WireCounts counts what a pool's connections send: round trips (as
+// countingConn sees them) and statements, claims among them (as a
 // pgx tracer sees them, single or pipelined).
-type benchWireCounts struct {
-	roundTrips, statements, claims atomic.Int64
+type WireCounts struct {
+	RoundTrips, Statements, Claims atomic.Int64
 }
 
-type benchWireSnapshot struct{ roundTrips, statements, claims int64 }
+// WireSnapshot is what WireCounts counted up to a moment.
+type WireSnapshot struct{ RoundTrips, Statements, Claims int64 }
 
-func (c *benchWireCounts) snapshot() benchWireSnapshot {
-	return benchWireSnapshot{c.roundTrips.Load(), c.statements.Load(), c.claims.Load()}
+// Snapshot reads the counts now.
+func (c *WireCounts) Snapshot() WireSnapshot {
+	return WireSnapshot{c.RoundTrips.Load(), c.Statements.Load(), c.Claims.Load()}
 }
 
-func (s benchWireSnapshot) minus(o benchWireSnapshot) benchWireSnapshot {
-	return benchWireSnapshot{s.roundTrips - o.roundTrips, s.statements - o.statements, s.claims - o.claims}
+// Minus is what was counted between o and s.
+func (s WireSnapshot) Minus(o WireSnapshot) WireSnapshot {
+	return WireSnapshot{s.RoundTrips - o.RoundTrips, s.Statements - o.Statements, s.Claims - o.Claims}
 }
 
-func (c *benchWireCounts) statement(sql string) {
-	c.statements.Add(1)
+func (c *WireCounts) statement(sql string) {
+	c.Statements.Add(1)
 	if strings.Contains(sql, "FOR UPDATE OF o") {
-		c.claims.Add(1)
+		c.Claims.Add(1)
 	}
 }
 
-func (c *benchWireCounts) TraceQueryStart(ctx context.Context, _ *pgx.Conn, data pgx.TraceQueryStartData) context.Context {
+func (c *WireCounts) TraceQueryStart(ctx context.Context, _ *pgx.Conn, data pgx.TraceQueryStartData) context.Context {
 	c.statement(data.SQL)
 	return ctx
 }
 
-func (c *benchWireCounts) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
+func (c *WireCounts) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
 
-func (c *benchWireCounts) TraceBatchStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceBatchStartData) context.Context {
+func (c *WireCounts) TraceBatchStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceBatchStartData) context.Context {
 	return ctx
 }
 
-func (c *benchWireCounts) TraceBatchQuery(_ context.Context, _ *pgx.Conn, data pgx.TraceBatchQueryData) {
+func (c *WireCounts) TraceBatchQuery(_ context.Context, _ *pgx.Conn, data pgx.TraceBatchQueryData) {
 	c.statement(data.SQL)
 }
 
-func (c *benchWireCounts) TraceBatchEnd(context.Context, *pgx.Conn, pgx.TraceBatchEndData) {}
+func (c *WireCounts) TraceBatchEnd(context.Context, *pgx.Conn, pgx.TraceBatchEndData) {}
 
-// benchCountingConn counts a round trip whenever it writes after having read
+// countingConn counts a round trip whenever it writes after having read
 // (or writes first): however many writes a client makes before it waits for
 // the answer, the wait is one.
-type benchCountingConn struct {
+type countingConn struct {
 	net.Conn
-	counts *benchWireCounts
+	counts *WireCounts
 	mu     sync.Mutex
 	read   bool
 	wrote  bool
 }
 
-func (c *benchCountingConn) Write(p []byte) (int, error) {
+func (c *countingConn) Write(p []byte) (int, error) {
 	c.mu.Lock()
 	if c.read || !c.wrote {
-		c.counts.roundTrips.Add(1)
+		c.counts.RoundTrips.Add(1)
 	}
 	c.read, c.wrote = false, true
 	c.mu.Unlock()
 	return c.Conn.Write(p)
 }
 
-func (c *benchCountingConn) Read(p []byte) (int, error) {
+func (c *countingConn) Read(p []byte) (int, error) {
 	n, err := c.Conn.Read(p)
 	if n > 0 {
 		c.mu.Lock()
@@ -214,28 +234,31 @@ func (c *benchCountingConn) Read(p []byte) (int, error) {
 	return n, err
 }
 
-// benchRate accumulates events over time.
-type benchRate struct {
-	events  int
-	elapsed time.Duration
+// Rate accumulates events over time.
+type Rate struct {
+	Events  int
+	Elapsed time.Duration
 }
 
-func (r *benchRate) add(n int, d time.Duration) { r.events += n; r.elapsed += d }
+// Add counts n events over d.
+func (r *Rate) Add(n int, d time.Duration) { r.Events += n; r.Elapsed += d }
 
-func (r *benchRate) perSecond() float64 { return float64(r.events) / r.elapsed.Seconds() }
+// PerSecond is the rate over everything added.
+func (r *Rate) PerSecond() float64 { return float64(r.Events) / r.Elapsed.Seconds() }
 
+// The publish-lag benchmarks' load (Trickle).
 const (
-	lagLoad      = 6 * time.Second // of commits at the benchmark's rate
-	lagWarmUp    = 500 * time.Millisecond
-	lagProducers = 4
-	lagIdle      = 2 * time.Second
+	LagLoad      = 6 * time.Second // of commits at the benchmark's rate
+	LagWarmUp    = 500 * time.Millisecond
+	LagProducers = 4
+	LagIdle      = 2 * time.Second
 )
 
-// benchTrickle commits n events, one per transaction written with write, at
+// Trickle commits n events, one per transaction written with write, at
 // rate per second on a fixed schedule (an open loop: a slow commit does not
 // slow the schedule), and records in committed when each transaction's
 // Commit returned.
-func benchTrickle(ctx context.Context, pool *pgxpool.Pool, write outbox.WriteFunc, rate, n int, committed *benchClock) ([]string, error) {
+func Trickle(ctx context.Context, pool *pgxpool.Pool, write cdc.WriteFunc, rate, n int, committed *Clock) ([]string, error) {
 	ids := make([]string, n)
 	for i := range ids {
 		ids[i] = uuid.NewString()
@@ -255,12 +278,12 @@ func benchTrickle(ctx context.Context, pool *pgxpool.Pool, write outbox.WriteFun
 		mu       sync.Mutex
 		firstErr error
 	)
-	for range lagProducers {
+	for range LagProducers {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
 			for i := range due {
-				ev := benchOrderPlaced("order-"+strconv.Itoa(i), 1, i)
+				ev := OrderPlaced("order-"+strconv.Itoa(i), 1, i)
 				ev.EventID = uuid.MustParse(ids[i])
 				err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error { return write(ctx, tx, ev) })
 				if err != nil {
@@ -269,7 +292,7 @@ func benchTrickle(ctx context.Context, pool *pgxpool.Pool, write outbox.WriteFun
 					mu.Unlock()
 					continue
 				}
-				committed.mark(ids[i], time.Now())
+				committed.Mark(ids[i], time.Now())
 			}
 		}()
 	}
@@ -277,16 +300,17 @@ func benchTrickle(ctx context.Context, pool *pgxpool.Pool, write outbox.WriteFun
 	return ids, firstErr
 }
 
-// benchClock records a time per event id.
-type benchClock struct {
+// Clock records a time per event id.
+type Clock struct {
 	mu sync.Mutex
 	at map[string]time.Time
 }
 
-func newBenchClock() *benchClock { return &benchClock{at: map[string]time.Time{}} }
+// NewClock returns an empty Clock.
+func NewClock() *Clock { return &Clock{at: map[string]time.Time{}} }
 
-// mark keeps the first time of an id: a redelivery is not a later arrival.
-func (c *benchClock) mark(id string, t time.Time) {
+// Mark keeps the first time of an id: a redelivery is not a later arrival.
+func (c *Clock) Mark(id string, t time.Time) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if _, ok := c.at[id]; !ok {
@@ -294,7 +318,8 @@ func (c *benchClock) mark(id string, t time.Time) {
 	}
 }
 
-func (c *benchClock) hasAll(ids []string) bool {
+// HasAll reports whether every id has a mark.
+func (c *Clock) HasAll(ids []string) bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	for _, id := range ids {
@@ -305,9 +330,9 @@ func (c *benchClock) hasAll(ids []string) bool {
 	return true
 }
 
-// lagsUntil returns, per id, the time from c's mark to later's. A negative
+// LagsUntil returns, per id, the time from c's mark to later's. A negative
 // lag (the ack observed before the committing goroutine read the clock) is 0.
-func (c *benchClock) lagsUntil(later *benchClock, ids []string) []time.Duration {
+func (c *Clock) LagsUntil(later *Clock, ids []string) []time.Duration {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	later.mu.Lock()
@@ -319,9 +344,9 @@ func (c *benchClock) lagsUntil(later *benchClock, ids []string) []time.Duration 
 	return lags
 }
 
-// intervals returns the times between the successive distinct marks of ids:
+// Intervals returns the times between the successive distinct marks of ids:
 // for acks under a steady load, how long each relay batch took end to end.
-func (c *benchClock) intervals(ids []string) []time.Duration {
+func (c *Clock) Intervals(ids []string) []time.Duration {
 	c.mu.Lock()
 	var at []time.Time
 	for _, id := range ids {
@@ -337,12 +362,12 @@ func (c *benchClock) intervals(ids []string) []time.Duration {
 	return ds
 }
 
-// benchLogger keeps the relays' routine messages out of the results.
-var benchLogger = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
+// Logger keeps the relays' routine messages out of the results.
+var Logger = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
 
-// benchOrderPlaced is an event the size of a real one: a small payload, a
+// OrderPlaced is an event the size of a real one: a small payload, a
 // correlation id and a trace context.
-func benchOrderPlaced(orderID string, version int64, n int) event.Envelope {
+func OrderPlaced(orderID string, version int64, n int) event.Envelope {
 	payload, _ := json.Marshal(map[string]any{
 		"orderId": orderID, "customerId": "customer-" + strconv.Itoa(n%977),
 		"amountCents": 1000 + n%5000, "currency": "EUR",
@@ -361,13 +386,15 @@ func benchOrderPlaced(orderID string, version int64, n int) event.Envelope {
 	}
 }
 
-type nopWriter struct{}
+// NopWriter accepts every write and sends nothing, for relays that must
+// never reach Kafka.
+type NopWriter struct{}
 
-func (nopWriter) WriteMessages(context.Context, ...kafka.Message) error { return nil }
+func (NopWriter) WriteMessages(context.Context, ...kafka.Message) error { return nil }
 
-// firstMessage reads the first message of the example's one-partition topic,
+// FirstMessage reads the first message of the example's one-partition topic,
 // as any Kafka consumer would.
-func firstMessage(ctx context.Context, brokers []string, topic string) (kafka.Message, error) {
+func FirstMessage(ctx context.Context, brokers []string, topic string) (kafka.Message, error) {
 	r := kafka.NewReader(kafka.ReaderConfig{Brokers: brokers, Topic: topic, Partition: 0, MaxWait: 100 * time.Millisecond})
 	defer r.Close()
 	ctx, cancel := context.WithTimeout(ctx, 20*time.Second)
@@ -375,82 +402,84 @@ func firstMessage(ctx context.Context, brokers []string, topic string) (kafka.Me
 	return r.ReadMessage(ctx)
 }
 
-// exampleSetup makes a fresh database with an orders table and the outbox
+// ExampleSetup makes a fresh database with an orders table and the outbox
 // schema, and a fresh one-partition topic, on the dev stack (`make up`).
-func exampleSetup(ctx context.Context) (*pgxpool.Pool, []string, string, func()) {
+func ExampleSetup(ctx context.Context) (*pgxpool.Pool, []string, string, func()) {
 	return testenv.ForExample(ctx, `CREATE TABLE orders (id uuid PRIMARY KEY, amount_cents bigint NOT NULL)`,
 		[]testenv.Migration{{FS: outbox.Migrations, Table: outbox.MigrationsTable}})
 }
 
-// switchWriter forwards to whichever writer is current and counts the writes,
+// SwitchWriter forwards to whichever writer is current and counts the writes,
 // so a test can take Kafka away from a relay and give it back.
-type switchWriter struct {
-	current atomic.Pointer[testenv.Writer]
-	writes  atomic.Int64
+type SwitchWriter struct {
+	Current atomic.Pointer[testenv.Writer]
+	Writes  atomic.Int64
 }
 
-func (s *switchWriter) WriteMessages(ctx context.Context, msgs ...kafka.Message) error {
-	s.writes.Add(1)
-	return s.current.Load().WriteMessages(ctx, msgs...)
+func (s *SwitchWriter) WriteMessages(ctx context.Context, msgs ...kafka.Message) error {
+	s.Writes.Add(1)
+	return s.Current.Load().WriteMessages(ctx, msgs...)
 }
 
-// runRelay runs relay until the test ends, failing it if Run returns early
+// RunRelay runs relay until the test ends, failing it if Run returns early
 // or with an error.
-func runRelay(t *testing.T, relay *outbox.Relay) {
+func RunRelay(t *testing.T, relay *outbox.Relay) {
 	t.Helper()
 	testenv.RunInBackground(t, "Run", relay.Run)
 }
 
-// relayEnv is what most relay tests start from: a fresh outbox database, a
+// RelayEnv is what most relay tests start from: a fresh outbox database, a
 // topic with a collector reading it, and a writer to the brokers.
-type relayEnv struct {
-	brokers []string
-	topic   string
-	url     string // the database's
-	pool    *pgxpool.Pool
-	c       *collector
-	w       *testenv.Writer
+type RelayEnv struct {
+	Brokers []string
+	Topic   string
+	URL     string // the database's
+	Pool    *pgxpool.Pool
+	C       *Collector
+	W       *testenv.Writer
 }
 
-// newRelayEnv makes a relayEnv with a topic of the given partitions and a
+// NewRelayEnv makes a relayEnv with a topic of the given partitions and a
 // writer of the given batch size, closed when the test ends.
-func newRelayEnv(t *testing.T, partitions, batchSize int) *relayEnv {
+func NewRelayEnv(t *testing.T, partitions, batchSize int) *RelayEnv {
 	t.Helper()
-	e := &relayEnv{brokers: testenv.KafkaBrokers(t)}
-	e.topic = testenv.NewTopic(t, e.brokers, partitions)
-	e.url = newOutboxDBURL(t)
-	e.pool = testenv.NewPool(t, e.url)
-	e.c = collect(t, e.brokers, e.topic)
-	e.w = testenv.NewWriter(e.brokers, batchSize)
-	t.Cleanup(func() { e.w.Close() })
+	e := &RelayEnv{Brokers: testenv.KafkaBrokers(t)}
+	e.Topic = testenv.NewTopic(t, e.Brokers, partitions)
+	e.URL = NewOutboxDBURL(t)
+	e.Pool = testenv.NewPool(t, e.URL)
+	e.C = Collect(t, e.Brokers, e.Topic)
+	e.W = testenv.NewWriter(e.Brokers, batchSize)
+	t.Cleanup(func() { e.W.Close() })
 	return e
 }
 
-// topicFn routes every event to the env's topic (RelayConfig.Topic).
-func (e *relayEnv) topicFn(string) string { return e.topic }
+// TopicFn routes every event to the env's topic (RelayConfig.Topic).
+func (e *RelayEnv) TopicFn(string) string { return e.Topic }
 
-// countingPool opens a second pool on the env's database whose connections
+// CountingPool opens a second pool on the env's database whose connections
 // count their claims, statements and round trips, for the relay under test:
 // a test of what the relay costs Postgres need not take its word for it.
-func (e *relayEnv) countingPool(t *testing.T) (*pgxpool.Pool, *benchWireCounts) {
+func (e *RelayEnv) CountingPool(t *testing.T) (*pgxpool.Pool, *WireCounts) {
 	t.Helper()
-	counts := &benchWireCounts{}
-	return benchCountingPool(t, e.url, 4, counts), counts
+	counts := &WireCounts{}
+	return CountingPool(t, e.URL, 4, counts), counts
 }
 
-// newOutboxDB returns a pool on a fresh database with the outbox schema.
-func newOutboxDB(t *testing.T) *pgxpool.Pool {
+// NewOutboxDB returns a pool on a fresh database with the outbox schema.
+func NewOutboxDB(t *testing.T) *pgxpool.Pool {
 	t.Helper()
-	return testenv.NewPool(t, newOutboxDBURL(t))
+	return testenv.NewPool(t, NewOutboxDBURL(t))
 }
 
-// newOutboxDBURL returns the URL of a fresh database with the outbox schema.
-func newOutboxDBURL(t *testing.T) string {
+// NewOutboxDBURL returns the URL of a fresh database with the outbox schema.
+func NewOutboxDBURL(t *testing.T) string {
 	t.Helper()
 	return testenv.NewMigratedDatabase(t, testenv.Migration{FS: outbox.Migrations, Table: outbox.MigrationsTable})
 }
 
-func newEvent(aggregateID string, version int64) event.Envelope {
+// NewEvent is a small ThingHappened event of aggregate "thing" aggregateID
+// at version.
+func NewEvent(aggregateID string, version int64) event.Envelope {
 	return event.Envelope{
 		EventID:          uuid.New(),
 		EventType:        "ThingHappened",
@@ -464,7 +493,8 @@ func newEvent(aggregateID string, version int64) event.Envelope {
 	}
 }
 
-func countRows(t *testing.T, pool *pgxpool.Pool, where string) int {
+// CountRows counts the outbox rows matching where.
+func CountRows(t *testing.T, pool *pgxpool.Pool, where string) int {
 	t.Helper()
 	var n int
 	if err := pool.QueryRow(context.Background(), "SELECT count(*) FROM outbox_events WHERE "+where).Scan(&n); err != nil {
@@ -478,46 +508,46 @@ func countRows(t *testing.T, pool *pgxpool.Pool, where string) int {
 // refuses an event whose payload is blob(…, bigBlob) until raiseTopicMax;
 // kafka-go's writer refuses a message over its BatchBytes (1 MiB by default,
 // 4 MiB in newWideWriter).
-const bigBlob = 200 << 10
+const BigBlob = 200 << 10
 
-// newSmallTopic creates a one-partition topic that refuses messages over
+// NewSmallTopic creates a one-partition topic that refuses messages over
 // 100 KiB (max.message.bytes).
-func newSmallTopic(t *testing.T, brokers []string) string {
+func NewSmallTopic(t *testing.T, brokers []string) string {
 	t.Helper()
-	return newTopicWithMax(t, brokers, 100<<10)
+	return NewTopicWithMax(t, brokers, 100<<10)
 }
 
-// newTopicWithMax creates a one-partition topic for this test that refuses
+// NewTopicWithMax creates a one-partition topic for this test that refuses
 // messages over max bytes, and deletes it when the test ends.
-func newTopicWithMax(t *testing.T, brokers []string, max int) string {
+func NewTopicWithMax(t *testing.T, brokers []string, max int) string {
 	t.Helper()
 	name := testenv.Name("test")
 	testenv.NewTopicNamed(t, brokers, name, 1, kafka.ConfigEntry{ConfigName: "max.message.bytes", ConfigValue: fmt.Sprint(max)})
 	return name
 }
 
-// raiseTopicMax lets topic take messages up to 4 MiB, as an operator would.
-func raiseTopicMax(t *testing.T, brokers []string, topic string) {
+// RaiseTopicMax lets topic take messages up to 4 MiB, as an operator would.
+func RaiseTopicMax(t *testing.T, brokers []string, topic string) {
 	t.Helper()
-	setTopicConfig(t, brokers, topic, "max.message.bytes", fmt.Sprint(4<<20))
+	SetTopicConfig(t, brokers, topic, "max.message.bytes", fmt.Sprint(4<<20))
 }
 
-// newWideWriter returns a writer that takes messages up to 4 MiB; the
+// NewWideWriter returns a writer that takes messages up to 4 MiB; the
 // caller closes it.
-func newWideWriter(brokers []string) *testenv.Writer {
+func NewWideWriter(brokers []string) *testenv.Writer {
 	w := testenv.NewWriter(brokers, 10)
 	w.BatchBytes = 4 << 20
 	return w
 }
 
-// blob returns a JSON payload holding n bytes of c.
-func blob(c string, n int) []byte {
+// Blob returns a JSON payload holding n bytes of c.
+func Blob(c string, n int) []byte {
 	return []byte(`{"blob":"` + strings.Repeat(c, n) + `"}`)
 }
 
-// onTopic reads partition 0 of topic from its start to its current end and
+// OnTopic reads partition 0 of topic from its start to its current end and
 // returns each message as aggregate/version, in offset order.
-func onTopic(t *testing.T, brokers []string, topic string) []string {
+func OnTopic(t *testing.T, brokers []string, topic string) []string {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
@@ -557,8 +587,8 @@ func onTopic(t *testing.T, brokers []string, topic string) []string {
 	return got
 }
 
-// setTopicConfig changes one setting of topic, as an operator would.
-func setTopicConfig(t *testing.T, brokers []string, topic, name, value string) {
+// SetTopicConfig changes one setting of topic, as an operator would.
+func SetTopicConfig(t *testing.T, brokers []string, topic, name, value string) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
@@ -583,8 +613,8 @@ func setTopicConfig(t *testing.T, brokers []string, topic, name, value string) {
 	}
 }
 
-// enqueue commits events in one transaction.
-func enqueue(t *testing.T, pool *pgxpool.Pool, evs ...event.Envelope) {
+// Enqueue commits events in one transaction.
+func Enqueue(t *testing.T, pool *pgxpool.Pool, evs ...event.Envelope) {
 	t.Helper()
 	err := pgx.BeginFunc(context.Background(), pool, func(tx pgx.Tx) error {
 		return outbox.EnqueueBatch(context.Background(), tx, evs...)
@@ -594,18 +624,19 @@ func enqueue(t *testing.T, pool *pgxpool.Pool, evs ...event.Envelope) {
 	}
 }
 
-// collector reads a topic from the start, keeping the first delivery of each
+// Collector reads a topic from the start, keeping the first delivery of each
 // event id (as an inbox would) and counting redeliveries.
-type collector struct {
+type Collector struct {
 	mu         sync.Mutex
 	seen       map[uuid.UUID]bool
 	order      map[string][]int64 // aggregate id -> versions, first deliveries only
 	duplicates int
 }
 
-func collect(t *testing.T, brokers []string, topic string) *collector {
+// Collect starts a Collector on topic, read until the test ends.
+func Collect(t *testing.T, brokers []string, topic string) *Collector {
 	t.Helper()
-	c := &collector{seen: map[uuid.UUID]bool{}, order: map[string][]int64{}}
+	c := &Collector{seen: map[uuid.UUID]bool{}, order: map[string][]int64{}}
 	testenv.ReadEvents(t, brokers, topic, func(ev event.Envelope) {
 		c.mu.Lock()
 		defer c.mu.Unlock()
@@ -619,20 +650,29 @@ func collect(t *testing.T, brokers []string, topic string) *collector {
 	return c
 }
 
-func (c *collector) distinct() int {
+// Distinct is how many events arrived, redeliveries not counted.
+func (c *Collector) Distinct() int {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return len(c.seen)
 }
 
-func (c *collector) dups() int {
+// Has reports whether the collector saw the event.
+func (c *Collector) Has(id uuid.UUID) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.seen[id]
+}
+
+// Dups is how many redeliveries arrived.
+func (c *Collector) Dups() int {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return c.duplicates
 }
 
-// checkOrder fails unless every aggregate's versions arrived as 1, 2, … want[id].
-func (c *collector) checkOrder(t *testing.T, want map[string]int64) {
+// CheckOrder fails unless every aggregate's versions arrived as 1, 2, … want[id].
+func (c *Collector) CheckOrder(t *testing.T, want map[string]int64) {
 	t.Helper()
 	c.mu.Lock()
 	defer c.mu.Unlock()
