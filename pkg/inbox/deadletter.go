@@ -17,13 +17,9 @@ const (
 	HeaderDLTFailedAt  = engine.HeaderDLTFailedAt
 )
 
-// DeadLetterBodyLimit is how much of a message's value a dead letter keeps
-// when the dead-letter topic refuses the whole message (too large for the
-// writer or the topic): the record then carries the first DeadLetterBodyLimit
-// bytes and the HeaderDLTTruncated header, so the partition can move on and
-// the message is still visible, with its coordinates, for an operator.
-const DeadLetterBodyLimit = engine.DeadLetterBodyLimit
-
-// HeaderDLTTruncated, on a dead letter, holds the original value's size in
-// bytes when the value was cut to DeadLetterBodyLimit.
+// HeaderDLTTruncated is on a dead letter the dead-letter topic refused
+// whole (too large for the writer or the topic): it holds the original
+// value's size in bytes, and the letter carries the value's first 64 KiB,
+// so the partition moves on and the message stays visible, with its
+// coordinates, for an operator.
 const HeaderDLTTruncated = engine.HeaderDLTTruncated

@@ -83,7 +83,7 @@
 //
 // A dead letter the dead-letter topic refuses as it is (an error about the
 // message: too large, a policy) is written truncated: coordinates,
-// reason and the first DeadLetterBodyLimit bytes, with HeaderDLTTruncated.
+// reason and the value's first 64 KiB, with HeaderDLTTruncated.
 // A dead letter is published with no transaction open: the batch-mates
 // before it commit first, then it is published (waiting out a Kafka outage
 // without holding row locks or a connection), then its inbox row commits in
@@ -155,10 +155,11 @@
 // they cost next to nothing and hand the header's context on unchanged.
 //
 // Configuration follows one convention across the package. A zero field
-// takes its documented default, an exported constant (DefaultWorkers,
-// DefaultSessionTimeout, DefaultRetention, DefaultListLimit, lease.DefaultTTL,
-// …), or a fraction of another field where the doc says so (lease mode's
-// CallTimeout is LeaseTTL/3); a negative one is an error, never quietly the
+// takes the default its doc comment states in numbers (Workers 4,
+// GroupConfig.SessionTimeout 10s, PruneConfig.Retention 30 days, lease
+// mode's LeaseTTL 30s, …), or a fraction of another field where the doc
+// says so (lease mode's CallTimeout is LeaseTTL/3); WithDefaults returns a
+// config with them filled in, to read or log. A negative one is an error, never quietly the
 // default. Validate reports it, and combinations no consumer can run with
 // (a lease whose LeaseTTL does not outlast CallTimeout + LeaseMargin); WithDefaults
 // fills the zeros and keeps the negatives for Validate; the constructors and

@@ -22,6 +22,10 @@ import (
 // be dead-lettered only truncated.
 const bigMessage = 3 << 19 // 1.5 MiB
 
+// deadLetterBodyLimit is how much of a refused value a truncated dead letter
+// keeps: the 64 KiB HeaderDLTTruncated's doc promises.
+const deadLetterBodyLimit = 64 << 10
+
 // newTopicTakingBigMessages creates a topic whose max.message.bytes admits
 // bigMessage (the dev stack's broker keeps Kafka's default of about 1 MiB).
 func newTopicTakingBigMessages(t *testing.T, brokers []string) string {
@@ -150,10 +154,10 @@ func TestHostileMessagesNeverStopAPartition(t *testing.T) {
 				t.Errorf("%s: dead letter names %s/%s, want %s/0", h.name, hdr[inbox.HeaderDLTTopic], hdr[inbox.HeaderDLTPartition], f.topic)
 			}
 			if len(h.msg.Value) == bigMessage {
-				if hdr[inbox.HeaderDLTTruncated] != fmt.Sprint(bigMessage) || len(m.Value) != inbox.DeadLetterBodyLimit ||
-					!bytes.Equal(m.Value, h.msg.Value[:inbox.DeadLetterBodyLimit]) {
+				if hdr[inbox.HeaderDLTTruncated] != fmt.Sprint(bigMessage) || len(m.Value) != deadLetterBodyLimit ||
+					!bytes.Equal(m.Value, h.msg.Value[:deadLetterBodyLimit]) {
 					t.Errorf("%s: dead letter of %d bytes with %s=%q, want the first %d bytes and the original size",
-						h.name, len(m.Value), inbox.HeaderDLTTruncated, hdr[inbox.HeaderDLTTruncated], inbox.DeadLetterBodyLimit)
+						h.name, len(m.Value), inbox.HeaderDLTTruncated, hdr[inbox.HeaderDLTTruncated], deadLetterBodyLimit)
 				}
 			}
 		}
