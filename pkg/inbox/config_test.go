@@ -11,6 +11,7 @@ import (
 
 	"github.com/onceflow/onceflow/pkg/event"
 	"github.com/onceflow/onceflow/pkg/inbox"
+	"github.com/onceflow/onceflow/pkg/inbox/inboxadmin"
 	"github.com/onceflow/onceflow/pkg/inbox/lease"
 	"github.com/onceflow/onceflow/pkg/testenv"
 )
@@ -75,12 +76,12 @@ func TestGroupConfigValidate(t *testing.T) {
 // one, as the configurations do, before they touch Kafka or the database.
 func TestListingsRefuseANegativeLimit(t *testing.T) {
 	t.Parallel()
-	_, err := inbox.ListDeadLetters(context.Background(), []string{"127.0.0.1:1"}, "t.dlt", -1)
+	_, err := inboxadmin.ListDeadLetters(context.Background(), []string{"127.0.0.1:1"}, "t.dlt", -1)
 	testenv.CheckErr(t, err, "limit is negative (-1)")
-	testenv.CheckErr(t, inbox.ParkedFilter{Limit: -1}.Validate(), "limit must be from 1 to 1000")
-	testenv.CheckErr(t, inbox.ParkedFilter{Limit: inbox.MaxParkedLimit + 1}.Validate(), "limit must be from 1 to 1000")
-	testenv.CheckErr(t, inbox.ParkedFilter{}.Validate(), "")
-	_, err = inbox.ListParked(context.Background(), testenv.LazyPool(t), inbox.ParkedFilter{Limit: -1})
+	testenv.CheckErr(t, inboxadmin.ParkedFilter{Limit: -1}.Validate(), "limit must be from 1 to 1000")
+	testenv.CheckErr(t, inboxadmin.ParkedFilter{Limit: 1001}.Validate(), "limit must be from 1 to 1000")
+	testenv.CheckErr(t, inboxadmin.ParkedFilter{}.Validate(), "")
+	_, err = inboxadmin.ListParked(context.Background(), testenv.LazyPool(t), inboxadmin.ParkedFilter{Limit: -1})
 	testenv.CheckErr(t, err, "limit must be from 1 to 1000")
 }
 

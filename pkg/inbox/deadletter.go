@@ -1,6 +1,7 @@
 package inbox
 
 import (
+	"github.com/onceflow/onceflow/pkg/inbox/internal/dlt"
 	"github.com/onceflow/onceflow/pkg/inbox/internal/engine"
 )
 
@@ -9,12 +10,12 @@ type Writer = engine.Writer
 
 // Dead-letter headers added to the original message's headers.
 const (
-	HeaderDLTReason    = engine.HeaderDLTReason
-	HeaderDLTConsumer  = engine.HeaderDLTConsumer
-	HeaderDLTTopic     = engine.HeaderDLTTopic
-	HeaderDLTPartition = engine.HeaderDLTPartition
-	HeaderDLTOffset    = engine.HeaderDLTOffset
-	HeaderDLTFailedAt  = engine.HeaderDLTFailedAt
+	HeaderDLTReason    = dlt.HeaderDLTReason
+	HeaderDLTConsumer  = dlt.HeaderDLTConsumer
+	HeaderDLTTopic     = dlt.HeaderDLTTopic
+	HeaderDLTPartition = dlt.HeaderDLTPartition
+	HeaderDLTOffset    = dlt.HeaderDLTOffset
+	HeaderDLTFailedAt  = dlt.HeaderDLTFailedAt
 )
 
 // HeaderDLTTruncated is on a dead letter the dead-letter topic refused
@@ -22,4 +23,4 @@ const (
 // value's size in bytes, and the letter carries the value's first 64 KiB,
 // so the partition moves on and the message stays visible, with its
 // coordinates, for an operator.
-const HeaderDLTTruncated = engine.HeaderDLTTruncated
+const HeaderDLTTruncated = dlt.HeaderDLTTruncated

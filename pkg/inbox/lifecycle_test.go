@@ -16,6 +16,7 @@ import (
 
 	"github.com/onceflow/onceflow/pkg/event"
 	"github.com/onceflow/onceflow/pkg/inbox"
+	"github.com/onceflow/onceflow/pkg/inbox/inboxadmin"
 	"github.com/onceflow/onceflow/pkg/inbox/lease"
 	"github.com/onceflow/onceflow/pkg/testenv"
 )
@@ -292,14 +293,14 @@ func TestAHeldAggregateWhoseDeadLetterIsGoneIsReleasedByAnOperator(t *testing.T)
 			f.count(t, `SELECT count(*) FROM inbox_parked_messages WHERE message_id = $1`, v2.EventID) == 1, running()
 	})
 	ctx := context.Background()
-	res, err := inbox.RequeueDeadLetters(ctx, f.pool, f.writer, f.brokers, gone, inbox.RequeueFilter{EventIDs: []uuid.UUID{v1.EventID}})
+	res, err := inboxadmin.RequeueDeadLetters(ctx, f.pool, f.writer, f.brokers, gone, inboxadmin.RequeueFilter{EventIDs: []uuid.UUID{v1.EventID}})
 	if err != nil || res.Requeued != 0 {
 		t.Fatalf("requeue of a letter retention took = %+v, %v; want nothing sent", res, err)
 	}
-	if _, err := inbox.ReleaseHeld(ctx, f.pool, inbox.HeldAction{Consumer: "released", AggregateType: "thing", AggregateID: "order-6"}); !errors.Is(err, inbox.ErrInvalidHeldAction) {
+	if _, err := inboxadmin.ReleaseHeld(ctx, f.pool, inboxadmin.HeldAction{Consumer: "released", AggregateType: "thing", AggregateID: "order-6"}); !errors.Is(err, inboxadmin.ErrInvalidHeldAction) {
 		t.Fatalf("a release without a reason = %v, want ErrInvalidHeldAction", err)
 	}
-	held, err := inbox.ReleaseHeld(ctx, f.pool, inbox.HeldAction{Consumer: "released", AggregateType: "thing", AggregateID: "order-6",
+	held, err := inboxadmin.ReleaseHeld(ctx, f.pool, inboxadmin.HeldAction{Consumer: "released", AggregateType: "thing", AggregateID: "order-6",
 		Reason: "the dead letter left the DLT before anyone requeued it; v1 was settled by hand", Operator: "alice"})
 	if err != nil || len(held.Dead) != 1 || held.Dead[0] != v1.EventID || held.Parked != 1 {
 		t.Fatalf("ReleaseHeld = %+v, %v; want v1's hold and one parked event", held, err)
@@ -310,7 +311,7 @@ func TestAHeldAggregateWhoseDeadLetterIsGoneIsReleasedByAnOperator(t *testing.T)
 	if s := f.status(t, "released", v1); s != "dead_lettered" {
 		t.Fatalf("v1 is %s after the release, want still dead_lettered (visible)", s)
 	}
-	if _, err := inbox.ReleaseHeld(ctx, f.pool, inbox.HeldAction{Consumer: "released", AggregateType: "thing", AggregateID: "order-6", Reason: "again"}); !errors.Is(err, inbox.ErrNotHeld) {
+	if _, err := inboxadmin.ReleaseHeld(ctx, f.pool, inboxadmin.HeldAction{Consumer: "released", AggregateType: "thing", AggregateID: "order-6", Reason: "again"}); !errors.Is(err, inboxadmin.ErrNotHeld) {
 		t.Fatalf("a second release = %v, want ErrNotHeld", err)
 	}
 	if n := f.count(t, `SELECT count(*) FROM inbox_operator_actions WHERE consumer = 'released' AND action = 'release' AND operator = 'alice'`); n != 1 {
@@ -338,7 +339,7 @@ func TestSkipHeldRecordsTheDeadAndParkedEventsSkipped(t *testing.T) {
 	}
 	handle(t, c, event.ToKafka(f.topic, v1))
 	handle(t, c, event.ToKafka(f.topic, v2))
-	held, err := inbox.SkipHeld(context.Background(), f.pool, inbox.HeldAction{Consumer: "skipped", AggregateType: "thing",
+	held, err := inboxadmin.SkipHeld(context.Background(), f.pool, inboxadmin.HeldAction{Consumer: "skipped", AggregateType: "thing",
 		AggregateID: "order-7", Reason: "order-7 was cancelled upstream; its events no longer apply"})
 	if err != nil || len(held.Dead) != 1 || held.Parked != 1 {
 		t.Fatalf("SkipHeld = %+v, %v; want one dead and one parked event", held, err)
@@ -441,7 +442,7 @@ func TestADeadLetterTheTopicRefusedEvenTruncatedIsRequeuedFromTheInbox(t *testin
 	repair()
 	// A sweep finds it too (the nemesis's end-of-run requeue-all is one):
 	// not in the topic, but pending in the inbox.
-	res, err := inbox.RequeueDeadLetters(context.Background(), f.pool, f.writer, f.brokers, dlt, inbox.RequeueFilter{All: true})
+	res, err := inboxadmin.RequeueDeadLetters(context.Background(), f.pool, f.writer, f.brokers, dlt, inboxadmin.RequeueFilter{All: true})
 	if err != nil || res.Requeued != 1 {
 		t.Fatalf("a sweep = %+v, %v; want the one letter the topic refused", res, err)
 	}
@@ -490,7 +491,7 @@ WHERE consumer = 'lockorder' AND message_id = $1 AND status = 'requeued'`, v1.Ev
 	}
 	skipped := make(chan error, 1)
 	go func() {
-		_, err := inbox.SkipHeld(ctx, f.pool, inbox.HeldAction{Consumer: "lockorder", AggregateType: "thing",
+		_, err := inboxadmin.SkipHeld(ctx, f.pool, inboxadmin.HeldAction{Consumer: "lockorder", AggregateType: "thing",
 			AggregateID: "order-8", Reason: "cancelled upstream"})
 		skipped <- err
 	}()
@@ -503,7 +504,7 @@ WHERE consumer = 'lockorder' AND message_id = $1 AND status = 'requeued'`, v1.Ev
 	if err := worker.Commit(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if err := <-skipped; err != nil && !errors.Is(err, inbox.ErrNotHeld) {
+	if err := <-skipped; err != nil && !errors.Is(err, inboxadmin.ErrNotHeld) {
 		t.Fatalf("SkipHeld = %v, want ErrNotHeld: the worker applied the message and released its aggregate first", err)
 	}
 	if s := f.status(t, "lockorder", v1); s != "processed" {

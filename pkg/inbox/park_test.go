@@ -16,6 +16,7 @@ import (
 
 	"github.com/onceflow/onceflow/pkg/event"
 	"github.com/onceflow/onceflow/pkg/inbox"
+	"github.com/onceflow/onceflow/pkg/inbox/inboxadmin"
 	"github.com/onceflow/onceflow/pkg/testenv"
 )
 
@@ -25,7 +26,7 @@ func (f *fixture) requeue(t *testing.T, dlt string, n int, ids ...uuid.UUID) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	res, err := inbox.RequeueDeadLetters(ctx, f.pool, f.writer, f.brokers, dlt, inbox.RequeueFilter{EventIDs: ids})
+	res, err := inboxadmin.RequeueDeadLetters(ctx, f.pool, f.writer, f.brokers, dlt, inboxadmin.RequeueFilter{EventIDs: ids})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -96,20 +97,20 @@ func TestAKeyWhoseEarlierVersionIsDeadIsParkedUntilItsRequeue(t *testing.T) {
 			return f.count(t, "SELECT count(*) FROM effects WHERE aggregate_id = 'b'") == 2, nil
 		})
 		testenv.WaitFor(t, 30*time.Second, "a2 and a3 parked", func() (bool, error) {
-			rep, err := inbox.Backlog(context.Background(), f.pool, inbox.BacklogConfig{Samples: 10})
+			rep, err := inboxadmin.Backlog(context.Background(), f.pool, inboxadmin.BacklogConfig{Samples: 10})
 			return rep.Parked.Count == 2, err
 		})
 		if got := f.effectOrder(t, all); len(got) != 2 {
 			t.Fatalf("effects %v while a1 is dead, want only b's: a's later versions must be parked", got)
 		}
-		rep, err := inbox.Backlog(context.Background(), f.pool, inbox.BacklogConfig{Samples: 10})
+		rep, err := inboxadmin.Backlog(context.Background(), f.pool, inboxadmin.BacklogConfig{Samples: 10})
 		if err != nil {
 			t.Fatal(err)
 		}
 		if len(rep.Parked.Samples) != 2 || rep.Parked.Samples[0] != a2.EventID || rep.Parked.Samples[1] != a3.EventID {
 			t.Fatalf("parked samples %v, want a2 %v then a3 %v", rep.Parked.Samples, a2.EventID, a3.EventID)
 		}
-		parked, err := inbox.ListParked(context.Background(), f.pool, inbox.ParkedFilter{Consumer: cfg.Name})
+		parked, err := inboxadmin.ListParked(context.Background(), f.pool, inboxadmin.ParkedFilter{Consumer: cfg.Name})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -129,7 +130,7 @@ func TestAKeyWhoseEarlierVersionIsDeadIsParkedUntilItsRequeue(t *testing.T) {
 		if fmt.Sprint(got[2:]) != "[a1 a2 a3]" {
 			t.Fatalf("effects in order %v, want a1 a2 a3 after b's", got)
 		}
-		if rep, err := inbox.Backlog(context.Background(), f.pool, inbox.BacklogConfig{}); err != nil || rep.Parked.Count != 0 {
+		if rep, err := inboxadmin.Backlog(context.Background(), f.pool, inboxadmin.BacklogConfig{}); err != nil || rep.Parked.Count != 0 {
 			t.Fatalf("after the requeue %d messages are still parked (%v)", rep.Parked.Count, err)
 		}
 		testenv.WaitFor(t, 10*time.Second, "inbox_parked_messages back to 0", func() (bool, error) {
@@ -156,7 +157,7 @@ func TestASkipAheadConsumerAppliesSuccessorsAndTheRequeuedEventOnce(t *testing.T
 		testenv.WaitFor(t, 30*time.Second, "a2 applied past the dead a1", func() (bool, error) {
 			return f.count(t, "SELECT count(*) FROM effects WHERE event_id = $1", a2.EventID) == 1, nil
 		})
-		if rep, err := inbox.Backlog(context.Background(), f.pool, inbox.BacklogConfig{}); err != nil || rep.Parked.Count != 0 || rep.DeadLettered.Count != 1 {
+		if rep, err := inboxadmin.Backlog(context.Background(), f.pool, inboxadmin.BacklogConfig{}); err != nil || rep.Parked.Count != 0 || rep.DeadLettered.Count != 1 {
 			t.Fatalf("backlog %+v (%v), want a1 dead and nothing parked", rep, err)
 		}
 		repair()
@@ -216,7 +217,7 @@ func parkingThroughHandle(t *testing.T, f *fixture, mode string, pool *pgxpool.P
 	if got := f.effectOrder(t, all); fmt.Sprint(got) != "[b1]" {
 		t.Fatalf("effects %v while a1 is dead, want [b1]", got)
 	}
-	parked, err := inbox.ListParked(ctx, f.pool, inbox.ParkedFilter{})
+	parked, err := inboxadmin.ListParked(ctx, f.pool, inboxadmin.ParkedFilter{})
 	if err != nil || len(parked) != 2 || parked[0].EventID != a2.EventID || parked[1].EventID != a3.EventID {
 		t.Fatalf("parked %+v (%v), want a2 then a3", parked, err)
 	}
@@ -232,7 +233,7 @@ func parkingThroughHandle(t *testing.T, f *fixture, mode string, pool *pgxpool.P
 	}
 
 	repair()
-	if res, err := inbox.RequeueDeadLetters(ctx, pool, f.writer, f.brokers, dlt, inbox.RequeueFilter{EventIDs: []uuid.UUID{a1.EventID}}); err != nil || res.Requeued != 1 {
+	if res, err := inboxadmin.RequeueDeadLetters(ctx, pool, f.writer, f.brokers, dlt, inboxadmin.RequeueFilter{EventIDs: []uuid.UUID{a1.EventID}}); err != nil || res.Requeued != 1 {
 		t.Fatalf("requeue = %+v, %v; want 1 requeued", res, err)
 	}
 	if err := c.Handle(ctx, msg(a1, 4)); err != nil { // the requeued copy, later in the partition
@@ -241,7 +242,7 @@ func parkingThroughHandle(t *testing.T, f *fixture, mode string, pool *pgxpool.P
 	if got := f.effectOrder(t, all); fmt.Sprint(got) != "[b1 a1 a2 a3]" {
 		t.Fatalf("effects %v after the requeue, want [b1 a1 a2 a3]", got)
 	}
-	if parked, err := inbox.ListParked(ctx, f.pool, inbox.ParkedFilter{}); err != nil || len(parked) != 0 {
+	if parked, err := inboxadmin.ListParked(ctx, f.pool, inboxadmin.ParkedFilter{}); err != nil || len(parked) != 0 {
 		t.Fatalf("still parked after the requeue: %+v (%v)", parked, err)
 	}
 	if n := f.count(t, "SELECT count(*) FROM inbox_dead_keys"); n != 0 {

@@ -9,6 +9,7 @@ import (
 
 	"github.com/onceflow/onceflow/pkg/event"
 	"github.com/onceflow/onceflow/pkg/inbox"
+	"github.com/onceflow/onceflow/pkg/inbox/inboxadmin"
 	"github.com/onceflow/onceflow/pkg/testenv"
 )
 
@@ -63,7 +64,7 @@ func TestAHoldOlderThanTheDeadLetterRetentionIsCounted(t *testing.T) {
 		t.Fatalf("inbox_stranded_holds = %v; this test is about the hold it cannot see", s)
 	}
 
-	if _, err := inbox.ReleaseHeld(context.Background(), f.pool, inbox.HeldAction{Consumer: "retention", AggregateType: "thing",
+	if _, err := inboxadmin.ReleaseHeld(context.Background(), f.pool, inboxadmin.HeldAction{Consumer: "retention", AggregateType: "thing",
 		AggregateID: "order-9", Reason: "its dead letter left the topic; settled by hand"}); err != nil {
 		t.Fatal(err)
 	}

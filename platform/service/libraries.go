@@ -4,6 +4,7 @@ import (
 	"context"
 
 	"github.com/onceflow/onceflow/pkg/inbox"
+	"github.com/onceflow/onceflow/pkg/inbox/inboxadmin"
 	"github.com/onceflow/onceflow/pkg/outbox"
 	"github.com/onceflow/onceflow/pkg/outbox/cdc"
 	"github.com/onceflow/onceflow/platform/inboxhttp"
@@ -68,6 +69,6 @@ func (s *Service) InboxOperations(w inbox.Writer, topic string) (lifecycle.Stage
 		return lifecycle.Stage{}, err
 	}
 	s.Mount("/admin/inbox", inboxhttp.Handler(s.Pool, w, s.opts.KafkaBrokers, map[string]string{topic: topic + ".dlt"},
-		s.Logger, inbox.WithDialer(s.opts.Kafka.Dialer())))
+		s.Logger, inboxadmin.WithDialer(s.opts.Kafka.Dialer())))
 	return lifecycle.Stage{Name: "inbox pruner", Run: pruner.Run}, nil
 }

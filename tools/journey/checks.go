@@ -12,6 +12,7 @@ import (
 
 	"github.com/onceflow/onceflow/pkg/event"
 	"github.com/onceflow/onceflow/pkg/inbox"
+	"github.com/onceflow/onceflow/pkg/inbox/inboxadmin"
 	"github.com/onceflow/onceflow/pkg/outbox"
 )
 
@@ -186,7 +187,7 @@ func (r *reader) check() {
 	outboxes := []struct {
 		service, topic, consumer string
 		rows                     []outbox.EventRecord
-		consumed                 []inbox.MessageRecord
+		consumed                 []inboxadmin.MessageRecord
 	}{
 		{"orders", r.src.OrdersTopic, "billing", r.ordersEvents, r.billingInbox},
 		{"billing", r.src.BillingTopic, "reconciler-shim", r.billingEvents, r.shimInbox},
@@ -220,7 +221,7 @@ func (r *reader) check() {
 	}
 	for _, in := range []struct {
 		service string
-		rows    []inbox.MessageRecord
+		rows    []inboxadmin.MessageRecord
 	}{{"billing", r.billingInbox}, {"reconciler-shim", r.shimInbox}} {
 		for _, m := range in.rows {
 			switch m.Status {
@@ -270,7 +271,7 @@ func (r *reader) ledgerURL() string {
 	return strings.TrimRight(r.src.LedgerURL, "/")
 }
 
-func hasMessage(rows []inbox.MessageRecord, id string) bool {
+func hasMessage(rows []inboxadmin.MessageRecord, id string) bool {
 	for _, m := range rows {
 		if m.MessageID.String() == id {
 			return true

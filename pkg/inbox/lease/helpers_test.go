@@ -16,6 +16,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/onceflow/onceflow/pkg/event"
 	"github.com/onceflow/onceflow/pkg/inbox"
+	"github.com/onceflow/onceflow/pkg/inbox/inboxadmin"
 	"github.com/onceflow/onceflow/pkg/inbox/inboxtest"
 	"github.com/onceflow/onceflow/pkg/testenv"
 	"github.com/prometheus/client_golang/prometheus"
@@ -254,7 +255,7 @@ func (f *fixture) requeue(t *testing.T, dlt string, n int, ids ...uuid.UUID) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	res, err := inbox.RequeueDeadLetters(ctx, f.pool, f.writer, f.brokers, dlt, inbox.RequeueFilter{EventIDs: ids})
+	res, err := inboxadmin.RequeueDeadLetters(ctx, f.pool, f.writer, f.brokers, dlt, inboxadmin.RequeueFilter{EventIDs: ids})
 	if err != nil {
 		t.Fatal(err)
 	}
