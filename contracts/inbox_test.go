@@ -52,7 +52,7 @@ func TestValidatingDeadLettersAnEventOffTheContract(t *testing.T) {
 
 	dl := readAll(ctx, t, brokers, topic+".dlt", 1)[0]
 	h, _ := contracts.HeaderObject(dl.Headers)
-	reason, _ := h[inbox.HeaderDLTReason].(string)
+	reason, _ := h[inboxadmin.HeaderDLTReason].(string)
 	if !strings.Contains(reason, "off the contract") || !strings.Contains(reason, "/currency") || string(dl.Key) != bad.AggregateID {
 		t.Fatalf("dead letter of %q with reason %q; want the eur event's, with the schema error on /currency", dl.Key, reason)
 	}

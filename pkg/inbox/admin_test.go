@@ -13,7 +13,7 @@ import (
 	"github.com/segmentio/kafka-go"
 
 	"github.com/onceflow/onceflow/pkg/event"
-	"github.com/onceflow/onceflow/pkg/inbox"
+	"github.com/onceflow/onceflow/pkg/inbox/inboxadmin"
 	"github.com/onceflow/onceflow/pkg/inbox/inboxtest"
 	"github.com/onceflow/onceflow/pkg/testenv"
 )
@@ -131,12 +131,12 @@ func sampleEvent(aggregateID string) event.Envelope {
 func asDeadLetter(dlt string, m kafka.Message, consumer, reason string, offset int64, failedAt time.Time) kafka.Message {
 	dl := kafka.Message{Topic: dlt, Key: m.Key, Value: m.Value}
 	dl.Headers = append(slices.Clone(m.Headers),
-		kafka.Header{Key: inbox.HeaderDLTReason, Value: []byte(reason)},
-		kafka.Header{Key: inbox.HeaderDLTConsumer, Value: []byte(consumer)},
-		kafka.Header{Key: inbox.HeaderDLTTopic, Value: []byte(m.Topic)},
-		kafka.Header{Key: inbox.HeaderDLTPartition, Value: []byte("0")},
-		kafka.Header{Key: inbox.HeaderDLTOffset, Value: []byte(strconv.FormatInt(offset, 10))},
-		kafka.Header{Key: inbox.HeaderDLTFailedAt, Value: []byte(failedAt.Format(time.RFC3339Nano))},
+		kafka.Header{Key: inboxadmin.HeaderDLTReason, Value: []byte(reason)},
+		kafka.Header{Key: inboxadmin.HeaderDLTConsumer, Value: []byte(consumer)},
+		kafka.Header{Key: inboxadmin.HeaderDLTTopic, Value: []byte(m.Topic)},
+		kafka.Header{Key: inboxadmin.HeaderDLTPartition, Value: []byte("0")},
+		kafka.Header{Key: inboxadmin.HeaderDLTOffset, Value: []byte(strconv.FormatInt(offset, 10))},
+		kafka.Header{Key: inboxadmin.HeaderDLTFailedAt, Value: []byte(failedAt.Format(time.RFC3339Nano))},
 	)
 	return dl
 }

@@ -85,7 +85,7 @@
 //
 // A dead letter the dead-letter topic refuses as it is (an error about the
 // message: too large, a policy) is written truncated: coordinates,
-// reason and the value's first 64 KiB, with HeaderDLTTruncated.
+// reason and the value's first 64 KiB, with inboxadmin.HeaderDLTTruncated.
 // A dead letter is published with no transaction open: the batch-mates
 // before it commit first, then it is published (waiting out a Kafka outage
 // without holding row locks or a connection), then its inbox row commits in
@@ -125,9 +125,10 @@
 //   - Nothing is dropped silently and nothing retries forever: an
 //     undecodable message, an invalid or unknown-version event (an error
 //     wrapping ErrPermanent or event.ErrInvalid), or one still failing after
-//     MaxAttempts goes to the dead-letter topic (<topic>.dlt) with the reason
-//     and its original coordinates as headers, a 'dead_lettered' inbox row
-//     records it, and the partition moves on.
+//     MaxAttempts goes to the dead-letter topic (<topic>.dlt) with the
+//     reason and its original coordinates as headers
+//     (inboxadmin.HeaderDLTReason, …), a 'dead_lettered' inbox row records
+//     it, and the partition moves on.
 //   - While an event of an aggregate is dead (dead-lettered, not yet
 //     requeued and applied), the aggregate's later events are parked in
 //     inbox_parked_messages instead of applied, counted

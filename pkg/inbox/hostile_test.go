@@ -14,6 +14,7 @@ import (
 
 	"github.com/onceflow/onceflow/pkg/event"
 	"github.com/onceflow/onceflow/pkg/inbox"
+	"github.com/onceflow/onceflow/pkg/inbox/inboxadmin"
 	"github.com/onceflow/onceflow/pkg/testenv"
 )
 
@@ -129,7 +130,7 @@ func TestHostileMessagesNeverStopAPartition(t *testing.T) {
 				t.Fatalf("reading dead letters (%d of %d read): %v", len(byOffset), len(hs), err)
 			}
 			for _, kv := range m.Headers {
-				if kv.Key == inbox.HeaderDLTOffset {
+				if kv.Key == inboxadmin.HeaderDLTOffset {
 					byOffset[string(kv.Value)] = m
 				}
 			}
@@ -144,20 +145,20 @@ func TestHostileMessagesNeverStopAPartition(t *testing.T) {
 			for _, kv := range m.Headers {
 				hdr[kv.Key] = string(kv.Value)
 			}
-			if !strings.Contains(hdr[inbox.HeaderDLTReason], h.reason) {
-				t.Errorf("%s: dlt-reason %q, want it to mention %q", h.name, hdr[inbox.HeaderDLTReason], h.reason)
+			if !strings.Contains(hdr[inboxadmin.HeaderDLTReason], h.reason) {
+				t.Errorf("%s: dlt-reason %q, want it to mention %q", h.name, hdr[inboxadmin.HeaderDLTReason], h.reason)
 			}
-			if strings.Contains(hdr[inbox.HeaderDLTReason], "gave up after") {
-				t.Errorf("%s: retried as if transient (%q); want it dead-lettered at once", h.name, hdr[inbox.HeaderDLTReason])
+			if strings.Contains(hdr[inboxadmin.HeaderDLTReason], "gave up after") {
+				t.Errorf("%s: retried as if transient (%q); want it dead-lettered at once", h.name, hdr[inboxadmin.HeaderDLTReason])
 			}
-			if hdr[inbox.HeaderDLTTopic] != f.topic || hdr[inbox.HeaderDLTPartition] != "0" {
-				t.Errorf("%s: dead letter names %s/%s, want %s/0", h.name, hdr[inbox.HeaderDLTTopic], hdr[inbox.HeaderDLTPartition], f.topic)
+			if hdr[inboxadmin.HeaderDLTTopic] != f.topic || hdr[inboxadmin.HeaderDLTPartition] != "0" {
+				t.Errorf("%s: dead letter names %s/%s, want %s/0", h.name, hdr[inboxadmin.HeaderDLTTopic], hdr[inboxadmin.HeaderDLTPartition], f.topic)
 			}
 			if len(h.msg.Value) == bigMessage {
-				if hdr[inbox.HeaderDLTTruncated] != fmt.Sprint(bigMessage) || len(m.Value) != deadLetterBodyLimit ||
+				if hdr[inboxadmin.HeaderDLTTruncated] != fmt.Sprint(bigMessage) || len(m.Value) != deadLetterBodyLimit ||
 					!bytes.Equal(m.Value, h.msg.Value[:deadLetterBodyLimit]) {
 					t.Errorf("%s: dead letter of %d bytes with %s=%q, want the first %d bytes and the original size",
-						h.name, len(m.Value), inbox.HeaderDLTTruncated, hdr[inbox.HeaderDLTTruncated], deadLetterBodyLimit)
+						h.name, len(m.Value), inboxadmin.HeaderDLTTruncated, hdr[inboxadmin.HeaderDLTTruncated], deadLetterBodyLimit)
 				}
 			}
 		}

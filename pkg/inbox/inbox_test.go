@@ -18,6 +18,7 @@ import (
 
 	"github.com/onceflow/onceflow/pkg/event"
 	"github.com/onceflow/onceflow/pkg/inbox"
+	"github.com/onceflow/onceflow/pkg/inbox/inboxadmin"
 	"github.com/onceflow/onceflow/pkg/inbox/inboxtest"
 	"github.com/onceflow/onceflow/pkg/inbox/lease"
 	"github.com/onceflow/onceflow/pkg/testenv"
@@ -245,11 +246,11 @@ func TestPoisonMessagesAreDeadLetteredAndThePartitionMovesOn(t *testing.T) {
 		for _, kv := range m.Headers {
 			h[kv.Key] = string(kv.Value)
 		}
-		if !strings.Contains(h[inbox.HeaderDLTReason], want) {
-			t.Fatalf("dead letter %d reason = %q, want it to mention %q", i, h[inbox.HeaderDLTReason], want)
+		if !strings.Contains(h[inboxadmin.HeaderDLTReason], want) {
+			t.Fatalf("dead letter %d reason = %q, want it to mention %q", i, h[inboxadmin.HeaderDLTReason], want)
 		}
-		if h[inbox.HeaderDLTTopic] != f.topic || h[inbox.HeaderDLTOffset] != fmt.Sprint(i) {
-			t.Fatalf("dead letter %d came from %s@%s, want %s@%d", i, h[inbox.HeaderDLTTopic], h[inbox.HeaderDLTOffset], f.topic, i)
+		if h[inboxadmin.HeaderDLTTopic] != f.topic || h[inboxadmin.HeaderDLTOffset] != fmt.Sprint(i) {
+			t.Fatalf("dead letter %d came from %s@%s, want %s@%d", i, h[inboxadmin.HeaderDLTTopic], h[inboxadmin.HeaderDLTOffset], f.topic, i)
 		}
 	}
 	// The dead letter is published first, its row recorded after, in a
@@ -262,7 +263,7 @@ func TestPoisonMessagesAreDeadLetteredAndThePartitionMovesOn(t *testing.T) {
 		}
 		return n == 1 && testenv.MetricValue(t, f.registry, "inbox_dead_lettered_total") == 2, nil
 	})
-	for reason, want := range map[string]float64{inbox.ReasonUndecodable: 1, inbox.ReasonPermanent: 1, inbox.ReasonExhausted: 0} {
+	for reason, want := range map[string]float64{"undecodable": 1, "permanent": 1, "exhausted": 0} {
 		if got := testenv.LabeledMetricValue(t, f.registry, "inbox_dead_lettered_total", map[string]string{"reason": reason}); got != want {
 			t.Errorf("inbox_dead_lettered_total{reason=%q} = %v, want %v", reason, got, want)
 		}
@@ -289,7 +290,7 @@ func TestTransientFailuresRetryThenSucceedOrDeadLetter(t *testing.T) {
 
 	testenv.WaitFor(t, 30*time.Second, "the hopeless event to be dead-lettered", func() (bool, error) {
 		return testenv.LabeledMetricValue(t, f.registry, "inbox_dead_lettered_total",
-			map[string]string{"reason": inbox.ReasonExhausted}) == 1, nil
+			map[string]string{"reason": "exhausted"}) == 1, nil
 	})
 	// The dead-letter backlog: the hopeless event's row, until a requeue.
 	testenv.WaitFor(t, 10*time.Second, "inbox_dead_letters to count the dead-lettered row", func() (bool, error) {

@@ -11,7 +11,6 @@ import (
 	"time"
 
 	"github.com/onceflow/onceflow/pkg/event"
-	"github.com/onceflow/onceflow/pkg/inbox"
 	"github.com/onceflow/onceflow/pkg/inbox/inboxadmin"
 	"github.com/onceflow/onceflow/pkg/outbox"
 )
@@ -47,9 +46,9 @@ func (r *reader) recordStep(rec record) {
 	p, o := rec.Partition, rec.Offset
 	s := Step{At: rec.Time, Where: "kafka " + rec.Topic, Partition: &p, Offset: &o, Headers: rec.Headers,
 		EventID: rec.Headers[event.HeaderEventID], EventType: rec.Headers[event.HeaderEventType]}
-	if reason, dead := rec.Headers[inbox.HeaderDLTReason]; dead {
+	if reason, dead := rec.Headers[inboxadmin.HeaderDLTReason]; dead {
 		s.What = fmt.Sprintf("%s dead-lettered by %s at partition %d offset %d: %s", s.EventType,
-			rec.Headers[inbox.HeaderDLTConsumer], p, o, reason)
+			rec.Headers[inboxadmin.HeaderDLTConsumer], p, o, reason)
 		s.State = "dead_lettered"
 		r.add(s)
 		return

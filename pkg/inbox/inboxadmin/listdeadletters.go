@@ -20,6 +20,27 @@ import (
 // listparked.go. They are meant for an admin endpoint (the platform's
 // inboxhttp is one), a CLI or a background worker.
 
+// The headers a consumer adds to a message it gives up on, beside the
+// message's own, when it publishes the message to the dead-letter topic:
+// why (the error, cut to 4 KiB), which consumer, and where the message was.
+// DeadLetter holds them read back.
+const (
+	HeaderDLTReason    = dlt.HeaderDLTReason
+	HeaderDLTConsumer  = dlt.HeaderDLTConsumer
+	HeaderDLTTopic     = dlt.HeaderDLTTopic
+	HeaderDLTPartition = dlt.HeaderDLTPartition
+	HeaderDLTOffset    = dlt.HeaderDLTOffset
+	HeaderDLTFailedAt  = dlt.HeaderDLTFailedAt
+
+	// HeaderDLTTruncated is on a dead letter the dead-letter topic refused
+	// whole (too large for the writer or the topic): it holds the original
+	// value's size in bytes, and the letter carries the value's first 64
+	// KiB, so the partition moves on and the message stays visible, with
+	// its coordinates, for an operator. RequeueDeadLetters sends the whole
+	// original, which the inbox kept.
+	HeaderDLTTruncated = dlt.HeaderDLTTruncated
+)
+
 // DeadLetter describes one message of a dead-letter topic, from the headers
 // the consumer added when it gave up on the message. Fields whose header is
 // missing or unreadable keep their zero value; the Original coordinates are

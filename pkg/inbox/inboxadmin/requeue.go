@@ -118,7 +118,7 @@ type RequeueResult struct {
 	// Refused lists the matching dead letters the call did not send, and
 	// why; it changed nothing for them. A requeue sends an event whole or
 	// not at all: a letter the dead-letter topic holds only truncated
-	// (inbox.HeaderDLTTruncated) is sent from the original the inbox kept, and
+	// (HeaderDLTTruncated) is sent from the original the inbox kept, and
 	// refused when there is none; a message that does not decode as an
 	// event is refused, since its consumer could only dead-letter it again.
 	// Their aggregates stay held: ReleaseHeld or SkipHeld is the way out.
