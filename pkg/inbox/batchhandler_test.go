@@ -54,7 +54,7 @@ func TestABatchHandlerAppliesTheNewEventsOfABatchAtOnce(t *testing.T) {
 	cfg := inbox.Config{Name: "batched"}
 
 	h := &effectsHandler{}
-	inboxtest.DeliverBatched(t, f.pool, cfg, h, evs[0], evs[1], evs[0], evs[2])
+	inboxtest.DeliverBatched(t, f.Pool, cfg, h, evs[0], evs[1], evs[0], evs[2])
 	if len(h.batches) != 1 || len(h.batches[0]) != 3 || len(h.handled) != 0 {
 		t.Fatalf("HandleBatch got %d batches (first of %d), Handle %d events; want one batch of the 3 new events",
 			len(h.batches), len(h.batches[0]), len(h.handled))
@@ -73,13 +73,13 @@ func TestABatchHandlerAppliesTheNewEventsOfABatchAtOnce(t *testing.T) {
 
 	more := []event.Envelope{newEvent("c", 1), newEvent("d", 1)}
 	h = &effectsHandler{failBatches: 1}
-	if dl := inboxtest.DeliverBatched(t, f.pool, cfg, h, more...); len(dl) != 0 {
+	if dl := inboxtest.DeliverBatched(t, f.Pool, cfg, h, more...); len(dl) != 0 {
 		t.Fatalf("%d dead letters", len(dl))
 	}
 	if len(h.batches) != 1 || len(h.handled) != 2 {
 		t.Fatalf("after a failed batch: %d batches, %d events handled one by one; want 1 and 2", len(h.batches), len(h.handled))
 	}
-	if n := f.count(t, "SELECT count(*) FROM effects"); n != len(evs)+len(more) {
+	if n := f.Count(t, "SELECT count(*) FROM effects"); n != len(evs)+len(more) {
 		t.Fatalf("%d effects, want one per event (%d)", n, len(evs)+len(more))
 	}
 }

@@ -24,7 +24,7 @@ func TestHopsAtALowRateAreMeasured(t *testing.T) {
 	f := newFixture(t)
 	reg := prometheus.NewRegistry()
 	starts := make(chan time.Time, 1)
-	c, err := inbox.NewConsumer(f.pool, f.source(testenv.Name("group")), f.writer,
+	c, err := inbox.NewConsumer(f.Pool, f.Source(testenv.Name("group")), f.Writer,
 		func(context.Context, pgx.Tx, event.Envelope) error {
 			starts <- time.Now()
 			return nil
@@ -40,7 +40,7 @@ func TestHopsAtALowRateAreMeasured(t *testing.T) {
 		version++
 		ev := newEvent("hop", version)
 		ev.OccurredAt = time.Now()
-		f.produce(t, event.ToKafka(f.topic, ev))
+		f.Produce(t, event.ToKafka(f.Topic, ev))
 		select {
 		case start := <-starts:
 			return start.Sub(ev.OccurredAt)

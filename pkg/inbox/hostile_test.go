@@ -78,16 +78,16 @@ func applyNote(ctx context.Context, exec func(ctx context.Context, sql string, a
 func TestHostileMessagesNeverStopAPartition(t *testing.T) {
 	t.Parallel()
 	inBothModes(t, func(t *testing.T, f *fixture, mode string) {
-		f.topic = newTopicTakingBigMessages(t, f.brokers)
-		dlt := testenv.NewTopic(t, f.brokers, 1)
-		hs := hostileMessages(f.topic)
+		f.Topic = newTopicTakingBigMessages(t, f.Brokers)
+		dlt := testenv.NewTopic(t, f.Brokers, 1)
+		hs := hostileMessages(f.Topic)
 		good := newEvent("order-5", 1)
 		// A transport of its own: the default one caches topic metadata
 		// from before this topic existed. Timeouts of 30s rather than
 		// kafka-go's 10s: a 1.5 MiB acks=all write on a loaded 2-core
 		// machine took longer once ("i/o timeout"), and retrying a write
 		// that may have landed would produce a hostile message twice.
-		big := kafka.Writer{Addr: kafka.TCP(f.brokers...), RequiredAcks: kafka.RequireAll, BatchBytes: 4 << 20,
+		big := kafka.Writer{Addr: kafka.TCP(f.Brokers...), RequiredAcks: kafka.RequireAll, BatchBytes: 4 << 20,
 			BatchTimeout: time.Millisecond, WriteTimeout: 30 * time.Second, ReadTimeout: 30 * time.Second,
 			Transport: &kafka.Transport{MetadataTTL: 200 * time.Millisecond}}
 		defer big.Close()
@@ -95,7 +95,7 @@ func TestHostileMessagesNeverStopAPartition(t *testing.T) {
 		for _, h := range hs {
 			msgs = append(msgs, h.msg)
 		}
-		msgs = append(msgs, event.ToKafka(f.topic, good))
+		msgs = append(msgs, event.ToKafka(f.Topic, good))
 		for len(msgs) > 0 {
 			var err error
 			testenv.WaitFor(t, 90*time.Second, "the new topic to take messages", func() (bool, error) {
@@ -109,15 +109,15 @@ func TestHostileMessagesNeverStopAPartition(t *testing.T) {
 		}
 
 		group := testenv.Name("group")
-		cfg := inbox.Config{Name: "hostile-" + mode, DeadLetterTopic: dlt, Metrics: inbox.NewMetrics(f.registry),
+		cfg := inbox.Config{Name: "hostile-" + mode, DeadLetterTopic: dlt, Metrics: inbox.NewMetrics(f.Registry),
 			BackoffMin: time.Millisecond, BackoffMax: 10 * time.Millisecond}
-		running := runUntilCleanup(t, f.modeConsumer(t, mode, f.pool, group, applyNote, cfg))
+		running := runUntilCleanup(t, f.modeConsumer(t, mode, f.Pool, group, applyNote, cfg))
 
 		testenv.WaitFor(t, 30*time.Second, "the good event behind the hostile ones", func() (bool, error) {
-			return f.count(t, "SELECT count(*) FROM effects WHERE event_id = $1", good.EventID) == 1, running()
+			return f.Count(t, "SELECT count(*) FROM effects WHERE event_id = $1", good.EventID) == 1, running()
 		})
 
-		r := kafka.NewReader(kafka.ReaderConfig{Brokers: f.brokers, Topic: dlt, Partition: 0, MaxWait: 100 * time.Millisecond})
+		r := kafka.NewReader(kafka.ReaderConfig{Brokers: f.Brokers, Topic: dlt, Partition: 0, MaxWait: 100 * time.Millisecond})
 		defer r.Close()
 		rctx, rcancel := context.WithTimeout(context.Background(), 20*time.Second)
 		defer rcancel()
@@ -151,8 +151,8 @@ func TestHostileMessagesNeverStopAPartition(t *testing.T) {
 			if strings.Contains(hdr[inboxadmin.HeaderDLTReason], "gave up after") {
 				t.Errorf("%s: retried as if transient (%q); want it dead-lettered at once", h.name, hdr[inboxadmin.HeaderDLTReason])
 			}
-			if hdr[inboxadmin.HeaderDLTTopic] != f.topic || hdr[inboxadmin.HeaderDLTPartition] != "0" {
-				t.Errorf("%s: dead letter names %s/%s, want %s/0", h.name, hdr[inboxadmin.HeaderDLTTopic], hdr[inboxadmin.HeaderDLTPartition], f.topic)
+			if hdr[inboxadmin.HeaderDLTTopic] != f.Topic || hdr[inboxadmin.HeaderDLTPartition] != "0" {
+				t.Errorf("%s: dead letter names %s/%s, want %s/0", h.name, hdr[inboxadmin.HeaderDLTTopic], hdr[inboxadmin.HeaderDLTPartition], f.Topic)
 			}
 			if len(h.msg.Value) == bigMessage {
 				if hdr[inboxadmin.HeaderDLTTruncated] != fmt.Sprint(bigMessage) || len(m.Value) != deadLetterBodyLimit ||
@@ -162,9 +162,9 @@ func TestHostileMessagesNeverStopAPartition(t *testing.T) {
 				}
 			}
 		}
-		client := &kafka.Client{Addr: kafka.TCP(f.brokers...), Timeout: 5 * time.Second}
+		client := &kafka.Client{Addr: kafka.TCP(f.Brokers...), Timeout: 5 * time.Second}
 		testenv.WaitFor(t, 10*time.Second, "the group's offset to pass every message", func() (bool, error) {
-			ends, committed := endAndCommitted(t, client, f.topic, group, 1)
+			ends, committed := endAndCommitted(t, client, f.Topic, group, 1)
 			return committed[0] == ends[0] && ends[0] == int64(len(hs)+1), nil
 		})
 		// Each one once: no dead letter is published again on a retry.

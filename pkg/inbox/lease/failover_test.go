@@ -34,7 +34,7 @@ func TestAfterAServerSwitchALostLeaseRowIsCheckedBeforeItsFirstCall(t *testing.T
 			f := newFixture(t)
 			party := newBookingParty()
 			var checks atomic.Int64
-			eff := party.effect()
+			eff := party.Effect()
 			check := eff.Check
 			eff.Check = func(ctx context.Context, key string) (bool, error) {
 				checks.Add(1)
@@ -50,16 +50,16 @@ func TestAfterAServerSwitchALostLeaseRowIsCheckedBeforeItsFirstCall(t *testing.T
 				}
 				return nil
 			}
-			cfg := lease.Config{Config: fastRetries("switch-check", testenv.NewTopic(t, f.brokers, 1))}
-			c, err := lease.NewConsumer(f.pool, f.source(testenv.Name("group")), f.writer, eff, cfg)
+			cfg := lease.Config{Config: fastRetries("switch-check", testenv.NewTopic(t, f.Brokers, 1))}
+			c, err := lease.NewConsumer(f.Pool, f.Source(testenv.Name("group")), f.Writer, eff, cfg)
 			if err != nil {
 				t.Fatal(err)
 			}
 			ev := newEvent("order-1", 1)
-			m := event.ToKafka(f.topic, ev)
+			m := event.ToKafka(f.Topic, ev)
 			m.Time = time.Now()
 			other := newEvent("order-2", 1) // in the same batch, with a row that survived
-			om := event.ToKafka(f.topic, other)
+			om := event.ToKafka(f.Topic, other)
 			om.Time = time.Now()
 			if batch {
 				handle(t, c, m, om)
@@ -67,7 +67,7 @@ func TestAfterAServerSwitchALostLeaseRowIsCheckedBeforeItsFirstCall(t *testing.T
 				handle(t, c, m)
 				handle(t, c, om)
 			}
-			if n := party.bookings(ev.EventID.String()); n != 1 || checks.Load() != 0 {
+			if n := party.Bookings(ev.EventID.String()); n != 1 || checks.Load() != 0 {
 				t.Fatalf("first delivery: %d bookings, %d checks; want 1 and 0", n, checks.Load())
 			}
 
@@ -75,21 +75,21 @@ func TestAfterAServerSwitchALostLeaseRowIsCheckedBeforeItsFirstCall(t *testing.T
 			// aggregate's version guard) did not reach the standby, and the
 			// consumer now talks to another server.
 			ctx := context.Background()
-			if _, err := f.pool.Exec(ctx, `DELETE FROM inbox_messages WHERE consumer = $1 AND message_id = $2`, cfg.Name, ev.EventID); err != nil {
+			if _, err := f.Pool.Exec(ctx, `DELETE FROM inbox_messages WHERE consumer = $1 AND message_id = $2`, cfg.Name, ev.EventID); err != nil {
 				t.Fatal(err)
 			}
-			if _, err := f.pool.Exec(ctx, `DELETE FROM inbox_aggregate_versions WHERE consumer = $1 AND aggregate_id = $2`,
+			if _, err := f.Pool.Exec(ctx, `DELETE FROM inbox_aggregate_versions WHERE consumer = $1 AND aggregate_id = $2`,
 				cfg.Name, ev.AggregateID); err != nil {
 				t.Fatal(err)
 			}
-			if _, err := f.pool.Exec(ctx, `UPDATE inbox_servers SET server = 'the old primary' WHERE consumer = $1`, cfg.Name); err != nil {
+			if _, err := f.Pool.Exec(ctx, `UPDATE inbox_servers SET server = 'the old primary' WHERE consumer = $1`, cfg.Name); err != nil {
 				t.Fatal(err)
 			}
 
 			// A message produced after the switch (past the clock margin)
 			// cannot have been called before it: no check.
 			later := newEvent("order-3", 1)
-			lm := event.ToKafka(f.topic, later)
+			lm := event.ToKafka(f.Topic, later)
 			lm.Time = time.Now().Add(5 * time.Minute)
 			if batch {
 				handle(t, c, m, om, lm)
@@ -98,17 +98,17 @@ func TestAfterAServerSwitchALostLeaseRowIsCheckedBeforeItsFirstCall(t *testing.T
 				handle(t, c, om)
 				handle(t, c, lm)
 			}
-			if n := party.bookings(ev.EventID.String()); n != 1 {
+			if n := party.Bookings(ev.EventID.String()); n != 1 {
 				t.Fatalf("the redelivery of a call whose row the failover lost booked it %d times in all (%d checks), want once: "+
 					"after a server switch a first delivery from before it must check first", n, checks.Load())
 			}
 			if got := checks.Load(); got != 1 {
 				t.Fatalf("%d checks, want 1: only the message from before the switch whose row is missing", got)
 			}
-			if party.bookings(later.EventID.String()) != 1 || party.bookings(other.EventID.String()) != 1 {
-				t.Fatalf("bookings: later %d, other %d; want 1 each", party.bookings(later.EventID.String()), party.bookings(other.EventID.String()))
+			if party.Bookings(later.EventID.String()) != 1 || party.Bookings(other.EventID.String()) != 1 {
+				t.Fatalf("bookings: later %d, other %d; want 1 each", party.Bookings(later.EventID.String()), party.Bookings(other.EventID.String()))
 			}
-			if s := f.status(t, cfg.Name, ev); s != "processed" {
+			if s := f.Status(t, cfg.Name, ev); s != "processed" {
 				t.Fatalf("the redelivered row is %s, want processed", s)
 			}
 			mu.Lock()
@@ -118,7 +118,7 @@ func TestAfterAServerSwitchALostLeaseRowIsCheckedBeforeItsFirstCall(t *testing.T
 			mu.Unlock()
 			var server string
 			var switched bool
-			if err := f.pool.QueryRow(ctx, `SELECT server, switched_at IS NOT NULL FROM inbox_servers WHERE consumer = $1`, cfg.Name).
+			if err := f.Pool.QueryRow(ctx, `SELECT server, switched_at IS NOT NULL FROM inbox_servers WHERE consumer = $1`, cfg.Name).
 				Scan(&server, &switched); err != nil {
 				t.Fatal(err)
 			}

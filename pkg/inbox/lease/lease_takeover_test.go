@@ -34,7 +34,7 @@ func (f *fixture) secondMember(t *testing.T, eff lease.Effect, cfg lease.Config)
 func requireBookedOnce(t *testing.T, f *fixture, tp *leasetest.ThirdParty, evs []event.Envelope) {
 	t.Helper()
 	testenv.WaitFor(t, 60*time.Second, "every event marked done, and no call left in flight", func() (bool, error) {
-		return f.count(t, "SELECT count(*) FROM inbox_messages WHERE status = 'processed'") == len(evs) && tp.InFlight() == 0, nil
+		return f.Count(t, "SELECT count(*) FROM inbox_messages WHERE status = 'processed'") == len(evs) && tp.InFlight() == 0, nil
 	})
 	for _, ev := range evs {
 		if n := tp.Bookings(ev.EventID.String()); n != 1 {
@@ -89,7 +89,7 @@ func TestLeaseHolderFrozenPastItsLeaseDoesNotCallAfterTheTakeover(t *testing.T) 
 	})
 	f.secondMember(t, tp.Effect(), cfg)
 	testenv.WaitFor(t, 30*time.Second, "the second member to take the messages over and book them", func() (bool, error) {
-		return f.count(t, "SELECT count(*) FROM inbox_messages WHERE status = 'processed'") == len(evs), nil
+		return f.Count(t, "SELECT count(*) FROM inbox_messages WHERE status = 'processed'") == len(evs), nil
 	})
 	frozen.Resume()
 	testenv.WaitFor(t, 30*time.Second, "the first member's call to return", func() (bool, error) {
@@ -131,20 +131,20 @@ func TestLeaseModeWaitsOutAThirdPartyOutageLongerThanTheRetryBudget(t *testing.T
 	tp := leasetest.NewThirdParty()
 	tp.SetDown(fmt.Errorf("%w: dial tcp: connection refused", lease.ErrUnavailable))
 	cfg := lease.Config{LeaseTTL: time.Second, Config: inbox.Config{Workers: 1, MaxAttempts: 2,
-		BackoffMin: 5 * time.Millisecond, BackoffMax: 20 * time.Millisecond, Metrics: inbox.NewMetrics(f.registry)}}
+		BackoffMin: 5 * time.Millisecond, BackoffMax: 20 * time.Millisecond, Metrics: inbox.NewMetrics(f.Registry)}}
 	c := f.leaseConsumer(t, testenv.Name("group"), tp.Effect(), cfg)
 	running := runUntilCleanup(t, c)
 
 	testenv.WaitFor(t, 30*time.Second, "ten times the retry budget of failed calls and checks", func() (bool, error) {
-		return testenv.MetricValue(t, f.registry, "inbox_effect_errors_total") >= float64(10*cfg.MaxAttempts*len(evs)), running()
+		return testenv.MetricValue(t, f.Registry, "inbox_effect_errors_total") >= float64(10*cfg.MaxAttempts*len(evs)), running()
 	})
-	if n := f.count(t, "SELECT count(*) FROM inbox_messages WHERE status = 'dead_lettered'"); n != 0 {
+	if n := f.Count(t, "SELECT count(*) FROM inbox_messages WHERE status = 'dead_lettered'"); n != 0 {
 		t.Fatalf("%d messages dead-lettered by an outage of the third party", n)
 	}
-	if got := testenv.MetricValue(t, f.registry, "inbox_failures_total"); got != 0 {
+	if got := testenv.MetricValue(t, f.Registry, "inbox_failures_total"); got != 0 {
 		t.Errorf("inbox_failures_total = %v: the outage was charged to the messages", got)
 	}
-	if got := testenv.MetricValue(t, f.registry, "inbox_effect_connected"); got != 0 {
+	if got := testenv.MetricValue(t, f.Registry, "inbox_effect_connected"); got != 0 {
 		t.Errorf("inbox_effect_connected = %v during the outage, want 0", got)
 	}
 	if err := c.Healthy(); err == nil || !strings.Contains(err.Error(), "third party") {
@@ -155,6 +155,6 @@ func TestLeaseModeWaitsOutAThirdPartyOutageLongerThanTheRetryBudget(t *testing.T
 	requireBookedOnce(t, f, tp, evs)
 	requireBookedInOrder(t, tp, evs)
 	testenv.WaitFor(t, 10*time.Second, "Healthy and inbox_effect_connected to recover", func() (bool, error) {
-		return c.Healthy() == nil && testenv.MetricValue(t, f.registry, "inbox_effect_connected") == 1, nil
+		return c.Healthy() == nil && testenv.MetricValue(t, f.Registry, "inbox_effect_connected") == 1, nil
 	})
 }

@@ -12,20 +12,20 @@ import (
 
 func TestALeasedSideEffectRunsInAConsumerSpanContinuingTheProducer(t *testing.T) {
 	rec, f, ev, under := startTraced(t)
-	c, err := lease.NewConsumer(f.pool, f.source(testenv.Name("group")), f.writer, lease.Effect{
+	c, err := lease.NewConsumer(f.Pool, f.Source(testenv.Name("group")), f.Writer, lease.Effect{
 		Check: func(context.Context, string) (bool, error) { return false, nil },
 		Call: func(ctx context.Context, ev event.Envelope, _ string) error {
-			under.add(ctx, ev)
+			under.Add(ctx, ev)
 			return nil
 		},
-	}, lease.Config{Config: inbox.Config{Name: "lease-test", Metrics: inbox.NewMetrics(f.registry)}})
+	}, lease.Config{Config: inbox.Config{Name: "lease-test", Metrics: inbox.NewMetrics(f.Registry)}})
 	if err != nil {
 		t.Fatal(err)
 	}
 	runUntilCleanup(t, c)
 
-	saw := under.wait(t, ev, "the side effect to run and be marked done", func() bool {
-		return f.count(t, "SELECT count(*) FROM inbox_messages WHERE status = 'processed'") == 1
+	saw := under.Wait(t, ev, "the side effect to run and be marked done", func() bool {
+		return f.Count(t, "SELECT count(*) FROM inbox_messages WHERE status = 'processed'") == 1
 	})
-	checkOneConsumerSpan(t, rec, f.topic, ev, saw)
+	checkOneConsumerSpan(t, rec, f.Topic, ev, saw)
 }
