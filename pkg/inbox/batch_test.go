@@ -14,6 +14,7 @@ import (
 
 	"github.com/onceflow/onceflow/pkg/event"
 	"github.com/onceflow/onceflow/pkg/inbox"
+	"github.com/onceflow/onceflow/pkg/inbox/internal/inboxtesting"
 	"github.com/onceflow/onceflow/pkg/testenv"
 )
 
@@ -26,11 +27,11 @@ func inSavepoint(tx pgx.Tx) bool { return strings.Contains(fmt.Sprintf("%T", tx)
 func TestABatchSettlesDuplicatesStaleGapsAndAFailureLikeOneByOne(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t)
-	a1, a2, b1, c1, d1, d3 := newEvent("a", 1), newEvent("a", 2), newEvent("b", 1), newEvent("c", 1), newEvent("d", 1), newEvent("d", 3)
-	staleA := newEvent("a", 1) // an old version under a new id
+	a1, a2, b1, c1, d1, d3 := inboxtesting.NewEvent("a", 1), inboxtesting.NewEvent("a", 2), inboxtesting.NewEvent("b", 1), inboxtesting.NewEvent("c", 1), inboxtesting.NewEvent("d", 1), inboxtesting.NewEvent("d", 3)
+	staleA := inboxtesting.NewEvent("a", 1) // an old version under a new id
 	clean := make([]event.Envelope, 20)
 	for i := range clean {
-		clean[i] = newEvent(fmt.Sprintf("clean-%d", i), 1)
+		clean[i] = inboxtesting.NewEvent(fmt.Sprintf("clean-%d", i), 1)
 	}
 	// Phase one has no failures, so it must settle entirely on the fast
 	// path; phase two's c fails twice, so its batch falls back.
@@ -38,7 +39,7 @@ func TestABatchSettlesDuplicatesStaleGapsAndAFailureLikeOneByOne(t *testing.T) {
 	for _, ev := range append(clean, a1, a1, a2, a1, b1, staleA, d1, d3) {
 		phase1 = append(phase1, event.ToKafka(f.Topic, ev))
 	}
-	for _, ev := range []event.Envelope{c1, newEvent("e", 1)} {
+	for _, ev := range []event.Envelope{c1, inboxtesting.NewEvent("e", 1)} {
 		phase2 = append(phase2, event.ToKafka(f.Topic, ev))
 	}
 	f.Produce(t, phase1...)

@@ -12,6 +12,7 @@ import (
 	"github.com/onceflow/onceflow/pkg/event"
 	"github.com/onceflow/onceflow/pkg/inbox"
 	"github.com/onceflow/onceflow/pkg/inbox/inboxtest"
+	"github.com/onceflow/onceflow/pkg/inbox/internal/inboxtesting"
 	"github.com/onceflow/onceflow/pkg/testenv"
 )
 
@@ -50,7 +51,7 @@ func (h *effectsHandler) HandleBatch(ctx context.Context, tx pgx.Tx, evs []inbox
 func TestABatchHandlerAppliesTheNewEventsOfABatchAtOnce(t *testing.T) {
 	f := newFixture(t) // not parallel: it records the process's spans
 	spans := testenv.RecordSpans(t)
-	evs := []event.Envelope{newEvent("a", 1), newEvent("b", 1), newEvent("a", 2)}
+	evs := []event.Envelope{inboxtesting.NewEvent("a", 1), inboxtesting.NewEvent("b", 1), inboxtesting.NewEvent("a", 2)}
 	cfg := inbox.Config{Name: "batched"}
 
 	h := &effectsHandler{}
@@ -71,7 +72,7 @@ func TestABatchHandlerAppliesTheNewEventsOfABatchAtOnce(t *testing.T) {
 		t.Fatalf("%d spans ended, want the 3 events' consumer spans", n)
 	}
 
-	more := []event.Envelope{newEvent("c", 1), newEvent("d", 1)}
+	more := []event.Envelope{inboxtesting.NewEvent("c", 1), inboxtesting.NewEvent("d", 1)}
 	h = &effectsHandler{failBatches: 1}
 	if dl := inboxtest.DeliverBatched(t, f.Pool, cfg, h, more...); len(dl) != 0 {
 		t.Fatalf("%d dead letters", len(dl))

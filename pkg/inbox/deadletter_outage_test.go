@@ -14,6 +14,7 @@ import (
 
 	"github.com/onceflow/onceflow/pkg/event"
 	"github.com/onceflow/onceflow/pkg/inbox"
+	"github.com/onceflow/onceflow/pkg/inbox/internal/inboxtesting"
 	"github.com/onceflow/onceflow/pkg/inbox/lease"
 	"github.com/onceflow/onceflow/pkg/testenv"
 )
@@ -56,7 +57,7 @@ func testDeadLetterWaitingForKafka(t *testing.T, mode string) {
 	dlq := &switchWriter{}
 	dlq.current.Store(down)
 
-	good, bad, after := newEvent("a", 1), newEvent("b", 1), newEvent("c", 1)
+	good, bad, after := inboxtesting.NewEvent("a", 1), inboxtesting.NewEvent("b", 1), inboxtesting.NewEvent("c", 1)
 	// One write, one worker: good and bad arrive in one batch.
 	f.Produce(t, event.ToKafka(f.Topic, good), event.ToKafka(f.Topic, bad))
 	cfg := inbox.Config{Name: "test-consumer", Workers: 1, DeadLetterTopic: dlt, Metrics: inbox.NewMetrics(f.Registry),
@@ -88,7 +89,7 @@ func testDeadLetterWaitingForKafka(t *testing.T, mode string) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	running := runUntilCleanup(t, c)
+	running := inboxtesting.RunUntilCleanup(t, c)
 
 	testenv.WaitFor(t, 30*time.Second, "the dead letter to fail against the missing Kafka", func() (bool, error) {
 		return testenv.LabeledMetricValue(t, f.Registry, "inbox_kafka_errors_total", map[string]string{"op": "dead_letter"}) >= 2, running()
@@ -169,7 +170,7 @@ func TestADeadLetterPendingAtShutdownIsPublishedAfterRestart(t *testing.T) {
 	down := testenv.NewWriter([]string{testenv.ClosedAddr(t)}, 10)
 	t.Cleanup(func() { down.Close() })
 
-	good, bad := newEvent("a", 1), newEvent("b", 1)
+	good, bad := inboxtesting.NewEvent("a", 1), inboxtesting.NewEvent("b", 1)
 	f.Produce(t, event.ToKafka(f.Topic, good), event.ToKafka(f.Topic, bad))
 	group := testenv.Name("group")
 	consumer := func(dlq inbox.Writer, reg *prometheus.Registry) *inbox.Consumer {
@@ -202,7 +203,7 @@ func TestADeadLetterPendingAtShutdownIsPublishedAfterRestart(t *testing.T) {
 		t.Fatalf("%d inbox rows for the dead letter that was never published, want 0: a redelivery would skip it as a duplicate", n)
 	}
 
-	runUntilCleanup(t, consumer(f.Writer, prometheus.NewRegistry()))
+	inboxtesting.RunUntilCleanup(t, consumer(f.Writer, prometheus.NewRegistry()))
 	testenv.WaitFor(t, 30*time.Second, "the restarted consumer to dead-letter the event", func() (bool, error) {
 		return f.Count(t, "SELECT count(*) FROM inbox_messages WHERE status = 'dead_lettered' AND message_id = $1", bad.EventID) == 1, nil
 	})

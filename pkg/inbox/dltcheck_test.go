@@ -9,6 +9,7 @@ import (
 
 	"github.com/onceflow/onceflow/pkg/event"
 	"github.com/onceflow/onceflow/pkg/inbox"
+	"github.com/onceflow/onceflow/pkg/inbox/internal/inboxtesting"
 	"github.com/onceflow/onceflow/pkg/kafkasafe"
 	"github.com/onceflow/onceflow/pkg/testenv"
 )
@@ -54,7 +55,7 @@ func TestRunRefusesAMissingDeadLetterTopic(t *testing.T) {
 	done := make(chan error, 1)
 	go func() { done <- c.Run(runCtx) }()
 	testenv.WaitFor(t, 20*time.Second, "the new topic to take a message", func() (bool, error) {
-		return f.Writer.WriteMessages(ctx, event.ToKafka(topic, newEvent("a", 1))) == nil, nil
+		return f.Writer.WriteMessages(ctx, event.ToKafka(topic, inboxtesting.NewEvent("a", 1))) == nil, nil
 	})
 	testenv.WaitFor(t, 20*time.Second, "the consumer to handle a message", func() (bool, error) {
 		select {

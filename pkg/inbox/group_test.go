@@ -14,6 +14,7 @@ import (
 
 	"github.com/onceflow/onceflow/pkg/event"
 	"github.com/onceflow/onceflow/pkg/inbox"
+	"github.com/onceflow/onceflow/pkg/inbox/internal/inboxtesting"
 	"github.com/onceflow/onceflow/pkg/testenv"
 )
 
@@ -108,7 +109,7 @@ func (r *groupRig) produce(t *testing.T) {
 			for k := range 8 {
 				key := fmt.Sprintf("key-%d", (i*8+k)%24)
 				versions[key]++
-				msgs = append(msgs, event.ToKafka(r.f.Topic, newEvent(key, versions[key])))
+				msgs = append(msgs, event.ToKafka(r.f.Topic, inboxtesting.NewEvent(key, versions[key])))
 			}
 			// A new topic's leadership can still move (Not Leader For
 			// Partition): write the batch again, as the relay would. Copies

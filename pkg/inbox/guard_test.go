@@ -15,6 +15,7 @@ import (
 	"github.com/onceflow/onceflow/pkg/event"
 	"github.com/onceflow/onceflow/pkg/inbox"
 	"github.com/onceflow/onceflow/pkg/inbox/inboxtest"
+	"github.com/onceflow/onceflow/pkg/inbox/internal/inboxtesting"
 	"github.com/onceflow/onceflow/pkg/testenv"
 )
 
@@ -24,12 +25,12 @@ func TestOneKeyInVersionOrderAcrossWorkersAndStaleSkipped(t *testing.T) {
 	var msgs []kafka.Message
 	var versions []int64
 	for v := int64(1); v <= 1000; v++ {
-		msgs = append(msgs, event.ToKafka(f.Topic, newEvent("hot", v)))
+		msgs = append(msgs, event.ToKafka(f.Topic, inboxtesting.NewEvent("hot", v)))
 		// Other keys interleaved, spread over the workers.
-		msgs = append(msgs, event.ToKafka(f.Topic, newEvent("k"+string(rune('a'+v%7)), (v+6)/7)))
+		msgs = append(msgs, event.ToKafka(f.Topic, inboxtesting.NewEvent("k"+string(rune('a'+v%7)), (v+6)/7)))
 	}
 	// An older version re-emitted under a new event id: stale.
-	replayed := newEvent("hot", 500)
+	replayed := inboxtesting.NewEvent("hot", 500)
 	msgs = append(msgs, event.ToKafka(f.Topic, replayed))
 	f.Produce(t, msgs...)
 
@@ -68,7 +69,7 @@ func TestOneKeyInVersionOrderAcrossWorkersAndStaleSkipped(t *testing.T) {
 func TestKilledAfterCommitBeforeOffsetCommitRedeliveryIsANoOp(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t)
-	evs := []event.Envelope{newEvent("a", 1), newEvent("b", 1), newEvent("c", 1)}
+	evs := []event.Envelope{inboxtesting.NewEvent("a", 1), inboxtesting.NewEvent("b", 1), inboxtesting.NewEvent("c", 1)}
 	var msgs []kafka.Message
 	for _, ev := range evs {
 		msgs = append(msgs, event.ToKafka(f.Topic, ev))
@@ -119,7 +120,7 @@ func TestKilledAfterCommitBeforeOffsetCommitRedeliveryIsANoOp(t *testing.T) {
 func TestUpcastersChainOldVersionsToTheCurrentOne(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t)
-	old := newEvent("u", 1)
+	old := inboxtesting.NewEvent("u", 1)
 	old.EventVersion, old.Payload = 1, []byte(`{"amount":5}`)
 	f.Produce(t, event.ToKafka(f.Topic, old))
 	var got event.Envelope
@@ -159,7 +160,7 @@ func TestUpcastersChainOldVersionsToTheCurrentOne(t *testing.T) {
 func TestVersionGapsAreReportedOrWaitedFor(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t)
-	f.Produce(t, event.ToKafka(f.Topic, newEvent("g", 1)), event.ToKafka(f.Topic, newEvent("g", 3)))
+	f.Produce(t, event.ToKafka(f.Topic, inboxtesting.NewEvent("g", 1)), event.ToKafka(f.Topic, inboxtesting.NewEvent("g", 3)))
 	f.run(t, f.recordEffect, inbox.Config{Gaps: inbox.GapAccept})
 	testenv.WaitFor(t, 30*time.Second, "both events, the gap reported", func() (bool, error) {
 		return f.Count(t, "SELECT count(*) FROM effects") == 2 &&
@@ -168,7 +169,7 @@ func TestVersionGapsAreReportedOrWaitedFor(t *testing.T) {
 
 	g := newFixture(t)
 	dlt := testenv.NewTopic(t, g.Brokers, 1)
-	g.Produce(t, event.ToKafka(g.Topic, newEvent("g", 1)), event.ToKafka(g.Topic, newEvent("g", 3)))
+	g.Produce(t, event.ToKafka(g.Topic, inboxtesting.NewEvent("g", 1)), event.ToKafka(g.Topic, inboxtesting.NewEvent("g", 3)))
 	g.run(t, g.recordEffect, inbox.Config{Gaps: inbox.GapWait, MaxAttempts: 3, BackoffMin: time.Millisecond,
 		BackoffMax: 2 * time.Millisecond, DeadLetterTopic: dlt})
 	testenv.WaitFor(t, 30*time.Second, "the gapped event to be retried, then dead-lettered", func() (bool, error) {

@@ -11,6 +11,7 @@ import (
 
 	"github.com/onceflow/onceflow/pkg/event"
 	"github.com/onceflow/onceflow/pkg/inbox"
+	"github.com/onceflow/onceflow/pkg/inbox/internal/inboxtesting"
 	"github.com/onceflow/onceflow/pkg/testenv"
 )
 
@@ -32,13 +33,13 @@ func TestHopsAtALowRateAreMeasured(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	runUntilCleanup(t, c)
+	inboxtesting.RunUntilCleanup(t, c)
 
 	var version int64
 	send := func() time.Duration {
 		t.Helper()
 		version++
-		ev := newEvent("hop", version)
+		ev := inboxtesting.NewEvent("hop", version)
 		ev.OccurredAt = time.Now()
 		f.Produce(t, event.ToKafka(f.Topic, ev))
 		select {

@@ -15,6 +15,7 @@ import (
 	"github.com/onceflow/onceflow/pkg/event"
 	"github.com/onceflow/onceflow/pkg/inbox"
 	"github.com/onceflow/onceflow/pkg/inbox/inboxadmin"
+	"github.com/onceflow/onceflow/pkg/inbox/internal/inboxtesting"
 	"github.com/onceflow/onceflow/pkg/testenv"
 )
 
@@ -44,12 +45,12 @@ type hostile struct {
 }
 
 func hostileMessages(topic string) []hostile {
-	nulID := newEvent("order\x00-1", 1)
-	badType := newEvent("order-2", 1)
+	nulID := inboxtesting.NewEvent("order\x00-1", 1)
+	badType := inboxtesting.NewEvent("order-2", 1)
 	badType.EventType = "Order\xffPlaced"
 	// The handler stores this event's note in a text column; Postgres
 	// refuses the NUL in it (SQLSTATE 22021), which no retry changes.
-	nulNote := newEvent("order-3", 1)
+	nulNote := inboxtesting.NewEvent("order-3", 1)
 	nulNote.EventType, nulNote.Payload = "NoteAdded", []byte(`{"note":"a\u0000b"}`)
 	big := kafka.Message{Topic: topic, Key: []byte("order-4"), Value: bytes.Repeat([]byte("x"), bigMessage)}
 	return []hostile{
@@ -81,7 +82,7 @@ func TestHostileMessagesNeverStopAPartition(t *testing.T) {
 		f.Topic = newTopicTakingBigMessages(t, f.Brokers)
 		dlt := testenv.NewTopic(t, f.Brokers, 1)
 		hs := hostileMessages(f.Topic)
-		good := newEvent("order-5", 1)
+		good := inboxtesting.NewEvent("order-5", 1)
 		// A transport of its own: the default one caches topic metadata
 		// from before this topic existed. Timeouts of 30s rather than
 		// kafka-go's 10s: a 1.5 MiB acks=all write on a loaded 2-core
@@ -111,7 +112,7 @@ func TestHostileMessagesNeverStopAPartition(t *testing.T) {
 		group := testenv.Name("group")
 		cfg := inbox.Config{Name: "hostile-" + mode, DeadLetterTopic: dlt, Metrics: inbox.NewMetrics(f.Registry),
 			BackoffMin: time.Millisecond, BackoffMax: 10 * time.Millisecond}
-		running := runUntilCleanup(t, f.modeConsumer(t, mode, f.Pool, group, applyNote, cfg))
+		running := inboxtesting.RunUntilCleanup(t, f.modeConsumer(t, mode, f.Pool, group, applyNote, cfg))
 
 		testenv.WaitFor(t, 30*time.Second, "the good event behind the hostile ones", func() (bool, error) {
 			return f.Count(t, "SELECT count(*) FROM effects WHERE event_id = $1", good.EventID) == 1, running()

@@ -17,6 +17,7 @@ import (
 	"github.com/onceflow/onceflow/pkg/event"
 	"github.com/onceflow/onceflow/pkg/inbox"
 	"github.com/onceflow/onceflow/pkg/inbox/inboxadmin"
+	"github.com/onceflow/onceflow/pkg/inbox/internal/inboxtesting"
 	"github.com/onceflow/onceflow/pkg/inbox/lease"
 	"github.com/onceflow/onceflow/pkg/testenv"
 )
@@ -30,7 +31,7 @@ func (f *fixture) run(t *testing.T, h inbox.Handler, cfg inbox.Config) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	runUntilCleanup(t, c)
+	inboxtesting.RunUntilCleanup(t, c)
 }
 
 // inBothModes runs test as two parallel subtests, "transactional" and
@@ -91,7 +92,7 @@ func (f *fixture) recordEffect(ctx context.Context, tx pgx.Tx, ev event.Envelope
 func TestSameEventTenTimesHasOneEffect(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t)
-	ev := newEvent("agg", 1)
+	ev := inboxtesting.NewEvent("agg", 1)
 	msgs := make([]kafka.Message, 10)
 	for i := range msgs {
 		msgs[i] = event.ToKafka(f.Topic, ev)
@@ -123,8 +124,8 @@ func TestPoisonMessagesAreDeadLetteredAndThePartitionMovesOn(t *testing.T) {
 	dlt := testenv.NewTopic(t, f.Brokers, 1)
 	// The good event is of another aggregate: a later event of the bad
 	// one's aggregate would be parked behind it (park_test.go).
-	good := newEvent("other", 1)
-	badVersion := newEvent("agg", 1)
+	good := inboxtesting.NewEvent("other", 1)
+	badVersion := inboxtesting.NewEvent("agg", 1)
 	badVersion.EventVersion = 99
 	f.Produce(t,
 		kafka.Message{Key: []byte("agg"), Value: []byte("not an event")},
@@ -184,7 +185,7 @@ func TestTransientFailuresRetryThenSucceedOrDeadLetter(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t)
 	dlt := testenv.NewTopic(t, f.Brokers, 1)
-	flaky, hopeless := newEvent("a", 1), newEvent("b", 1)
+	flaky, hopeless := inboxtesting.NewEvent("a", 1), inboxtesting.NewEvent("b", 1)
 	f.Produce(t, event.ToKafka(f.Topic, flaky), event.ToKafka(f.Topic, hopeless))
 	var flakyTries atomic.Int32
 	f.run(t, func(ctx context.Context, tx pgx.Tx, ev event.Envelope) error {

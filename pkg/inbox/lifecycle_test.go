@@ -17,6 +17,7 @@ import (
 	"github.com/onceflow/onceflow/pkg/event"
 	"github.com/onceflow/onceflow/pkg/inbox"
 	"github.com/onceflow/onceflow/pkg/inbox/inboxadmin"
+	"github.com/onceflow/onceflow/pkg/inbox/internal/inboxtesting"
 	"github.com/onceflow/onceflow/pkg/inbox/lease"
 	"github.com/onceflow/onceflow/pkg/testenv"
 )
@@ -66,11 +67,11 @@ func TestALateDeadLetterWriteLeavesAProcessedRowAlone(t *testing.T) {
 	inBothModes(t, func(t *testing.T, f *fixture, mode string) {
 		dlt := testenv.NewTopic(t, f.Brokers, 1)
 		name := "shared-" + mode
-		v1, v2 := newEvent("order-2", 1), newEvent("order-2", 2)
+		v1, v2 := inboxtesting.NewEvent("order-2", 1), inboxtesting.NewEvent("order-2", 2)
 		gate := newGateWriter(f.Writer)
 		var a, b *inbox.Consumer
 		var err error
-		cfg := fastRetries(name, dlt)
+		cfg := inboxtesting.FastRetries(name, dlt)
 		if mode == "transactional" {
 			a, err = inbox.NewConsumer(f.Pool, f.Source(testenv.Name("a")), gate, func(context.Context, pgx.Tx, event.Envelope) error {
 				return inbox.Permanent(errors.New("member A's handler refuses it"))
@@ -80,14 +81,14 @@ func TestALateDeadLetterWriteLeavesAProcessedRowAlone(t *testing.T) {
 			}
 			b, err = inbox.NewConsumer(f.Pool, f.Source(testenv.Name("b")), f.Writer, f.recordEffect, cfg)
 		} else {
-			refusing := newBookingParty()
+			refusing := inboxtesting.NewBookingParty()
 			refusing.Refuse[v1.EventID.String()] = inbox.Permanent(errors.New("member A's third party refuses it"))
 			lcfg := lease.Config{Config: cfg, LeaseTTL: 300 * time.Millisecond}
 			a, err = lease.NewConsumer(f.Pool, f.Source(testenv.Name("a")), gate, refusing.Effect(), lcfg)
 			if err != nil {
 				t.Fatal(err)
 			}
-			b, err = lease.NewConsumer(f.Pool, f.Source(testenv.Name("b")), f.Writer, newBookingParty().Effect(), lcfg)
+			b, err = lease.NewConsumer(f.Pool, f.Source(testenv.Name("b")), f.Writer, inboxtesting.NewBookingParty().Effect(), lcfg)
 		}
 		if err != nil {
 			t.Fatal(err)
@@ -101,7 +102,7 @@ func TestALateDeadLetterWriteLeavesAProcessedRowAlone(t *testing.T) {
 				return f.Count(t, `SELECT count(*) FROM inbox_messages WHERE message_id = $1 AND lease_until < now()`, v1.EventID) == 1, nil
 			})
 		}
-		handle(t, b, event.ToKafka(f.Topic, v1))
+		inboxtesting.Handle(t, b, event.ToKafka(f.Topic, v1))
 		if s := f.Status(t, name, v1); s != "processed" {
 			t.Fatalf("B left v1 %s, want processed", s)
 		}
@@ -115,7 +116,7 @@ func TestALateDeadLetterWriteLeavesAProcessedRowAlone(t *testing.T) {
 		if n := f.Count(t, `SELECT count(*) FROM inbox_dead_keys WHERE message_id = $1`, v1.EventID); n != 0 {
 			t.Fatalf("A's late dead-letter write holds v1's aggregate (%d inbox_dead_keys rows) though v1 was applied", n)
 		}
-		handle(t, b, event.ToKafka(f.Topic, v2))
+		inboxtesting.Handle(t, b, event.ToKafka(f.Topic, v2))
 		if s := f.Status(t, name, v2); s != "processed" {
 			t.Fatalf("v2 is %s, want processed: it was parked behind an event that was applied", s)
 		}
@@ -131,19 +132,19 @@ func TestARequeuedTruncatedDeadLetterIsSentWholeAndReleasesItsAggregate(t *testi
 	f := newFixture(t)
 	dlt := testenv.Name("small-dlt")
 	testenv.NewTopicNamed(t, f.Brokers, dlt, 1, kafka.ConfigEntry{ConfigName: "max.message.bytes", ConfigValue: "100000"})
-	big := newEvent("order-4", 1)
+	big := inboxtesting.NewEvent("order-4", 1)
 	big.Payload = []byte(`{"pad":"` + strings.Repeat("x", 300_000) + `"}`)
-	next := newEvent("order-4", 2)
+	next := inboxtesting.NewEvent("order-4", 2)
 	apply, repair := refusedUntilRepaired(big)
 	c, err := inbox.NewConsumer(f.Pool, f.Source(testenv.Name("group")), f.Writer, func(ctx context.Context, tx pgx.Tx, ev event.Envelope) error {
 		return apply(ctx, tx.Exec, ev)
-	}, fastRetries("truncated", dlt))
+	}, inboxtesting.FastRetries("truncated", dlt))
 	if err != nil {
 		t.Fatal(err)
 	}
-	handle(t, c, event.ToKafka(f.Topic, big))
-	handle(t, c, event.ToKafka(f.Topic, next))
-	dl := lastMessage(t, f.Brokers, dlt)
+	inboxtesting.Handle(t, c, event.ToKafka(f.Topic, big))
+	inboxtesting.Handle(t, c, event.ToKafka(f.Topic, next))
+	dl := inboxtesting.LastMessage(t, f.Brokers, dlt)
 	if len(dl.Value) >= len(big.Payload) {
 		t.Fatalf("the dead letter holds %d bytes; want it truncated (the test's premise)", len(dl.Value))
 	}
@@ -153,11 +154,11 @@ func TestARequeuedTruncatedDeadLetterIsSentWholeAndReleasesItsAggregate(t *testi
 
 	repair()
 	f.Requeue(t, dlt, 1, big.EventID)
-	requeued := lastMessage(t, f.Brokers, f.Topic)
+	requeued := inboxtesting.LastMessage(t, f.Brokers, f.Topic)
 	if !bytes.Equal(requeued.Value, big.Payload) {
 		t.Errorf("the requeue sent %d bytes, want the whole original's %d", len(requeued.Value), len(big.Payload))
 	}
-	handle(t, c, requeued)
+	inboxtesting.Handle(t, c, requeued)
 	got := f.effectOrder(t, map[uuid.UUID]event.Envelope{big.EventID: big, next.EventID: next})
 	if fmt.Sprint(got) != "[order-41 order-42]" {
 		t.Fatalf("effects %v after the requeue, want v1 then v2 (big v1 is %s, v2 parked: %d)", got,
@@ -174,9 +175,9 @@ func TestAHeldAggregateWhoseDeadLetterIsGoneIsReleasedByAnOperator(t *testing.T)
 	t.Parallel()
 	f := newFixture(t)
 	gone := testenv.NewTopic(t, f.Brokers, 1) // the dead letters went here, then retention took them
-	v1, v2 := newEvent("order-6", 1), newEvent("order-6", 2)
+	v1, v2 := inboxtesting.NewEvent("order-6", 1), inboxtesting.NewEvent("order-6", 2)
 	apply, _ := refusedUntilRepaired(v1)
-	cfg := fastRetries("released", testenv.NewTopic(t, f.Brokers, 1))
+	cfg := inboxtesting.FastRetries("released", testenv.NewTopic(t, f.Brokers, 1))
 	cfg.LagInterval = 50 * time.Millisecond
 	cfg.Metrics = inbox.NewMetrics(f.Registry)
 	c, err := inbox.NewConsumer(f.Pool, f.Source(testenv.Name("group")), f.Writer, func(ctx context.Context, tx pgx.Tx, ev event.Envelope) error {
@@ -186,7 +187,7 @@ func TestAHeldAggregateWhoseDeadLetterIsGoneIsReleasedByAnOperator(t *testing.T)
 		t.Fatal(err)
 	}
 	f.Produce(t, event.ToKafka(f.Topic, v1), event.ToKafka(f.Topic, v2))
-	running := runUntilCleanup(t, c)
+	running := inboxtesting.RunUntilCleanup(t, c)
 	testenv.WaitFor(t, 30*time.Second, "v1 dead and v2 parked", func() (bool, error) {
 		return f.Status(t, "released", v1) == "dead_lettered" &&
 			f.Count(t, `SELECT count(*) FROM inbox_parked_messages WHERE message_id = $1`, v2.EventID) == 1, running()
@@ -228,16 +229,16 @@ func TestSkipHeldRecordsTheDeadAndParkedEventsSkipped(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t)
 	dlt := testenv.NewTopic(t, f.Brokers, 1)
-	v1, v2, v3 := newEvent("order-7", 1), newEvent("order-7", 2), newEvent("order-7", 3)
+	v1, v2, v3 := inboxtesting.NewEvent("order-7", 1), inboxtesting.NewEvent("order-7", 2), inboxtesting.NewEvent("order-7", 3)
 	apply, _ := refusedUntilRepaired(v1)
 	c, err := inbox.NewConsumer(f.Pool, f.Source(testenv.Name("group")), f.Writer, func(ctx context.Context, tx pgx.Tx, ev event.Envelope) error {
 		return apply(ctx, tx.Exec, ev)
-	}, fastRetries("skipped", dlt))
+	}, inboxtesting.FastRetries("skipped", dlt))
 	if err != nil {
 		t.Fatal(err)
 	}
-	handle(t, c, event.ToKafka(f.Topic, v1))
-	handle(t, c, event.ToKafka(f.Topic, v2))
+	inboxtesting.Handle(t, c, event.ToKafka(f.Topic, v1))
+	inboxtesting.Handle(t, c, event.ToKafka(f.Topic, v2))
 	held, err := inboxadmin.SkipHeld(context.Background(), f.Pool, inboxadmin.HeldAction{Consumer: "skipped", AggregateType: "thing",
 		AggregateID: "order-7", Reason: "order-7 was cancelled upstream; its events no longer apply"})
 	if err != nil || len(held.Dead) != 1 || held.Parked != 1 {
@@ -248,7 +249,7 @@ func TestSkipHeldRecordsTheDeadAndParkedEventsSkipped(t *testing.T) {
 			t.Fatalf("v%d is %s, want skipped", ev.AggregateVersion, s)
 		}
 	}
-	handle(t, c, event.ToKafka(f.Topic, v2), event.ToKafka(f.Topic, v3))
+	inboxtesting.Handle(t, c, event.ToKafka(f.Topic, v2), event.ToKafka(f.Topic, v3))
 	if got := f.effectOrder(t, map[uuid.UUID]event.Envelope{v1.EventID: v1, v2.EventID: v2, v3.EventID: v3}); fmt.Sprint(got) != "[order-73]" {
 		t.Fatalf("effects %v, want only v3: the skipped events are never applied", got)
 	}
@@ -268,40 +269,40 @@ func TestByDefaultAGapWaitsThenParksAndAStaleEventIsDeadLettered(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t)
 	dlt := testenv.NewTopic(t, f.Brokers, 1)
-	cfg := fastRetries("defaults", dlt)
+	cfg := inboxtesting.FastRetries("defaults", dlt)
 	cfg.MaxAttempts = 3
 	c, err := inbox.NewConsumer(f.Pool, f.Source(testenv.Name("group")), f.Writer, f.recordEffect, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
-	a1, a2, a3, a4 := newEvent("gap", 1), newEvent("gap", 2), newEvent("gap", 3), newEvent("gap", 4)
-	handle(t, c, event.ToKafka(f.Topic, a1))
-	handle(t, c, event.ToKafka(f.Topic, a3)) // v2 is missing
+	a1, a2, a3, a4 := inboxtesting.NewEvent("gap", 1), inboxtesting.NewEvent("gap", 2), inboxtesting.NewEvent("gap", 3), inboxtesting.NewEvent("gap", 4)
+	inboxtesting.Handle(t, c, event.ToKafka(f.Topic, a1))
+	inboxtesting.Handle(t, c, event.ToKafka(f.Topic, a3)) // v2 is missing
 	if s := f.Status(t, "defaults", a3); s != "dead_lettered" {
 		t.Fatalf("v3 over a missing v2 is %s, want dead_lettered after a bounded wait (it was applied over the gap)", s)
 	}
-	handle(t, c, event.ToKafka(f.Topic, a4))
+	inboxtesting.Handle(t, c, event.ToKafka(f.Topic, a4))
 	if n := f.Count(t, `SELECT count(*) FROM inbox_parked_messages WHERE message_id = $1`, a4.EventID); n != 1 {
 		t.Fatalf("v4 is not parked behind the dead v3 (%s)", f.Status(t, "defaults", a4))
 	}
-	handle(t, c, event.ToKafka(f.Topic, a2)) // the missing one comes after all
+	inboxtesting.Handle(t, c, event.ToKafka(f.Topic, a2)) // the missing one comes after all
 	f.Requeue(t, dlt, 1, a3.EventID)
-	handle(t, c, lastMessage(t, f.Brokers, f.Topic))
+	inboxtesting.Handle(t, c, inboxtesting.LastMessage(t, f.Brokers, f.Topic))
 	all := map[uuid.UUID]event.Envelope{a1.EventID: a1, a2.EventID: a2, a3.EventID: a3, a4.EventID: a4}
 	if got := fmt.Sprint(f.effectOrder(t, all)); got != "[gap1 gap2 gap3 gap4]" {
 		t.Fatalf("effects %s, want gap1 gap2 gap3 gap4", got)
 	}
 
-	b1, b2, b3 := newEvent("old", 1), newEvent("old", 2), newEvent("old", 3)
-	late := newEvent("old", 1) // another event of version 1, after version 2 was applied
-	handle(t, c, event.ToKafka(f.Topic, b1), event.ToKafka(f.Topic, b2))
-	handle(t, c, event.ToKafka(f.Topic, late))
+	b1, b2, b3 := inboxtesting.NewEvent("old", 1), inboxtesting.NewEvent("old", 2), inboxtesting.NewEvent("old", 3)
+	late := inboxtesting.NewEvent("old", 1) // another event of version 1, after version 2 was applied
+	inboxtesting.Handle(t, c, event.ToKafka(f.Topic, b1), event.ToKafka(f.Topic, b2))
+	inboxtesting.Handle(t, c, event.ToKafka(f.Topic, late))
 	var reason string
 	if err := f.Pool.QueryRow(context.Background(), `SELECT status || ': ' || coalesce(last_error, '') FROM inbox_messages WHERE message_id = $1`,
 		late.EventID).Scan(&reason); err != nil || !strings.Contains(reason, "dead_lettered: stale: version 1 arrived after version 2 was applied") {
 		t.Fatalf("the late older event is %q (%v), want dead_lettered with its reason", reason, err)
 	}
-	handle(t, c, event.ToKafka(f.Topic, b3))
+	inboxtesting.Handle(t, c, event.ToKafka(f.Topic, b3))
 	if s := f.Status(t, "defaults", b3); s != "processed" {
 		t.Fatalf("v3 after a stale dead letter is %s, want processed: a stale one holds nothing back", s)
 	}
@@ -309,7 +310,7 @@ func TestByDefaultAGapWaitsThenParksAndAStaleEventIsDeadLettered(t *testing.T) {
 	// In a batch with another event: the fast path meets the requeued row
 	// (a stale dead letter holds nothing) and must leave it to the
 	// message-by-message path, which applies it.
-	handle(t, c, lastMessage(t, f.Brokers, f.Topic), event.ToKafka(f.Topic, newEvent("another", 1)))
+	inboxtesting.Handle(t, c, inboxtesting.LastMessage(t, f.Brokers, f.Topic), event.ToKafka(f.Topic, inboxtesting.NewEvent("another", 1)))
 	if s := f.Status(t, "defaults", late); s != "processed" {
 		t.Fatalf("the requeued stale event is %s, want processed: the operator asked for it", s)
 	}
@@ -324,17 +325,17 @@ func TestADeadLetterTheTopicRefusedEvenTruncatedIsRequeuedFromTheInbox(t *testin
 	f := newFixture(t)
 	dlt := testenv.Name("tiny-dlt")
 	testenv.NewTopicNamed(t, f.Brokers, dlt, 1, kafka.ConfigEntry{ConfigName: "max.message.bytes", ConfigValue: "1000"})
-	v1, v2 := newEvent("order-8", 1), newEvent("order-8", 2)
+	v1, v2 := inboxtesting.NewEvent("order-8", 1), inboxtesting.NewEvent("order-8", 2)
 	v1.Payload = []byte(`{"pad":"` + strings.Repeat("y", 5000) + `"}`)
 	apply, repair := refusedUntilRepaired(v1)
 	c, err := inbox.NewConsumer(f.Pool, f.Source(testenv.Name("group")), f.Writer, func(ctx context.Context, tx pgx.Tx, ev event.Envelope) error {
 		return apply(ctx, tx.Exec, ev)
-	}, fastRetries("refused-dlt", dlt))
+	}, inboxtesting.FastRetries("refused-dlt", dlt))
 	if err != nil {
 		t.Fatal(err)
 	}
-	handle(t, c, event.ToKafka(f.Topic, v1))
-	handle(t, c, event.ToKafka(f.Topic, v2))
+	inboxtesting.Handle(t, c, event.ToKafka(f.Topic, v1))
+	inboxtesting.Handle(t, c, event.ToKafka(f.Topic, v2))
 	if s := f.Status(t, "refused-dlt", v1); s != "dead_lettered" {
 		t.Fatalf("v1 is %s, want dead_lettered", s)
 	}
@@ -345,11 +346,11 @@ func TestADeadLetterTheTopicRefusedEvenTruncatedIsRequeuedFromTheInbox(t *testin
 	if err != nil || res.Requeued != 1 {
 		t.Fatalf("a sweep = %+v, %v; want the one letter the topic refused", res, err)
 	}
-	requeued := lastMessage(t, f.Brokers, f.Topic)
+	requeued := inboxtesting.LastMessage(t, f.Brokers, f.Topic)
 	if !bytes.Equal(requeued.Value, v1.Payload) {
 		t.Fatalf("the requeue sent %d bytes, want the original's %d", len(requeued.Value), len(v1.Payload))
 	}
-	handle(t, c, requeued)
+	inboxtesting.Handle(t, c, requeued)
 	if got := fmt.Sprint(f.effectOrder(t, map[uuid.UUID]event.Envelope{v1.EventID: v1, v2.EventID: v2})); got != "[order-81 order-82]" {
 		t.Fatalf("effects %s after the requeue, want v1 then v2", got)
 	}
@@ -364,15 +365,15 @@ func TestSkipHeldWaitsForAWorkerReapplyingAndNeverDeadlocks(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t)
 	dlt := testenv.NewTopic(t, f.Brokers, 1)
-	v1 := newEvent("order-8", 1)
+	v1 := inboxtesting.NewEvent("order-8", 1)
 	apply, _ := refusedUntilRepaired(v1)
 	c, err := inbox.NewConsumer(f.Pool, f.Source(testenv.Name("group")), f.Writer, func(ctx context.Context, tx pgx.Tx, ev event.Envelope) error {
 		return apply(ctx, tx.Exec, ev)
-	}, fastRetries("lockorder", dlt))
+	}, inboxtesting.FastRetries("lockorder", dlt))
 	if err != nil {
 		t.Fatal(err)
 	}
-	handle(t, c, event.ToKafka(f.Topic, v1))
+	inboxtesting.Handle(t, c, event.ToKafka(f.Topic, v1))
 	f.Requeue(t, dlt, 1, v1.EventID)
 	if s := f.Status(t, "lockorder", v1); s != "requeued" {
 		t.Fatalf("v1 is %s, want requeued", s)

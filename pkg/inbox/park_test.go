@@ -17,6 +17,7 @@ import (
 	"github.com/onceflow/onceflow/pkg/event"
 	"github.com/onceflow/onceflow/pkg/inbox"
 	"github.com/onceflow/onceflow/pkg/inbox/inboxadmin"
+	"github.com/onceflow/onceflow/pkg/inbox/internal/inboxtesting"
 	"github.com/onceflow/onceflow/pkg/testenv"
 )
 
@@ -65,7 +66,7 @@ func TestAKeyWhoseEarlierVersionIsDeadIsParkedUntilItsRequeue(t *testing.T) {
 	t.Parallel()
 	inBothModes(t, func(t *testing.T, f *fixture, mode string) {
 		dlt := testenv.NewTopic(t, f.Brokers, 1)
-		a1, a2, a3, b1, b2 := newEvent("a", 1), newEvent("a", 2), newEvent("a", 3), newEvent("b", 1), newEvent("b", 2)
+		a1, a2, a3, b1, b2 := inboxtesting.NewEvent("a", 1), inboxtesting.NewEvent("a", 2), inboxtesting.NewEvent("a", 3), inboxtesting.NewEvent("b", 1), inboxtesting.NewEvent("b", 2)
 		all := map[uuid.UUID]event.Envelope{}
 		var msgs []kafka.Message
 		for _, ev := range []event.Envelope{a1, a2, b1, a3, b2} {
@@ -75,7 +76,7 @@ func TestAKeyWhoseEarlierVersionIsDeadIsParkedUntilItsRequeue(t *testing.T) {
 		apply, repair := refusedUntilRepaired(a1)
 		cfg := inbox.Config{Name: "park-" + mode, DeadLetterTopic: dlt, Metrics: inbox.NewMetrics(f.Registry),
 			LagInterval: 50 * time.Millisecond}
-		runUntilCleanup(t, f.modeConsumer(t, mode, f.Pool, testenv.Name("group"), apply, cfg))
+		inboxtesting.RunUntilCleanup(t, f.modeConsumer(t, mode, f.Pool, testenv.Name("group"), apply, cfg))
 		f.Produce(t, msgs...)
 
 		testenv.WaitFor(t, 30*time.Second, "key b applied past key a's dead v1", func() (bool, error) {
@@ -135,11 +136,11 @@ func TestASkipAheadConsumerAppliesSuccessorsAndTheRequeuedEventOnce(t *testing.T
 	t.Parallel()
 	inBothModes(t, func(t *testing.T, f *fixture, mode string) {
 		dlt := testenv.NewTopic(t, f.Brokers, 1)
-		a1, a2 := newEvent("a", 1), newEvent("a", 2)
+		a1, a2 := inboxtesting.NewEvent("a", 1), inboxtesting.NewEvent("a", 2)
 		all := map[uuid.UUID]event.Envelope{a1.EventID: a1, a2.EventID: a2}
 		apply, repair := refusedUntilRepaired(a1)
 		cfg := inbox.Config{Name: "skip-" + mode, DeadLetterTopic: dlt, DeadKeys: inbox.DeadKeySkipAhead}
-		runUntilCleanup(t, f.modeConsumer(t, mode, f.Pool, testenv.Name("group"), apply, cfg))
+		inboxtesting.RunUntilCleanup(t, f.modeConsumer(t, mode, f.Pool, testenv.Name("group"), apply, cfg))
 		f.Produce(t, event.ToKafka(f.Topic, a1), event.ToKafka(f.Topic, a2))
 
 		testenv.WaitFor(t, 30*time.Second, "a2 applied past the dead a1", func() (bool, error) {
@@ -185,7 +186,7 @@ func TestTheRuntimeRoleParksAndReleases(t *testing.T) {
 func parkingThroughHandle(t *testing.T, f *fixture, mode string, pool *pgxpool.Pool) {
 	t.Helper()
 	dlt := testenv.NewTopic(t, f.Brokers, 1)
-	a1, a2, a3, b1 := newEvent("a", 1), newEvent("a", 2), newEvent("a", 3), newEvent("b", 1)
+	a1, a2, a3, b1 := inboxtesting.NewEvent("a", 1), inboxtesting.NewEvent("a", 2), inboxtesting.NewEvent("a", 3), inboxtesting.NewEvent("b", 1)
 	all := map[uuid.UUID]event.Envelope{a1.EventID: a1, a2.EventID: a2, a3.EventID: a3, b1.EventID: b1}
 	apply, repair := refusedUntilRepaired(a1)
 	c := f.modeConsumer(t, mode, pool, testenv.Name("group"), apply, inbox.Config{Name: "handle-" + mode, DeadLetterTopic: dlt})
@@ -246,7 +247,7 @@ func TestParkedEventsLeftWithNothingDeadAheadAreReleasedByTheNextOwner(t *testin
 	t.Parallel()
 	inBothModes(t, func(t *testing.T, f *fixture, mode string) {
 		name := "orphans-" + mode
-		a2, a3 := newEvent("a", 2), newEvent("a", 3)
+		a2, a3 := inboxtesting.NewEvent("a", 2), inboxtesting.NewEvent("a", 3)
 		all := map[uuid.UUID]event.Envelope{a2.EventID: a2, a3.EventID: a3}
 		for i, ev := range []event.Envelope{a2, a3} {
 			m := event.ToKafka(f.Topic, ev)
@@ -269,7 +270,7 @@ func TestParkedEventsLeftWithNothingDeadAheadAreReleasedByTheNextOwner(t *testin
 				t.Fatal(err)
 			}
 		}
-		runUntilCleanup(t, f.modeConsumer(t, mode, f.Pool, testenv.Name("group"), insertEffect, inbox.Config{Name: name}))
+		inboxtesting.RunUntilCleanup(t, f.modeConsumer(t, mode, f.Pool, testenv.Name("group"), insertEffect, inbox.Config{Name: name}))
 		testenv.WaitFor(t, 30*time.Second, "the parked events released", func() (bool, error) {
 			return f.Count(t, "SELECT count(*) FROM inbox_parked_messages") == 0 &&
 				f.Count(t, "SELECT count(*) FROM effects") == 2, nil
@@ -294,7 +295,7 @@ func TestAnEarlierVersionArrivingAfterALaterDeadOneIsApplied(t *testing.T) {
 			t.Parallel()
 			f := newFixture(t)
 			dlt := testenv.NewTopic(t, f.Brokers, 1)
-			a1, a2 := newEvent("a", 1), newEvent("a", 2)
+			a1, a2 := inboxtesting.NewEvent("a", 1), inboxtesting.NewEvent("a", 2)
 			all := map[uuid.UUID]event.Envelope{a1.EventID: a1, a2.EventID: a2}
 			var a1Applied atomic.Bool
 			apply := func(ctx context.Context, exec func(context.Context, string, ...any) (pgconn.CommandTag, error), ev event.Envelope) error {
@@ -310,7 +311,7 @@ func TestAnEarlierVersionArrivingAfterALaterDeadOneIsApplied(t *testing.T) {
 				return nil
 			}
 			cfg := inbox.Config{Name: "late-" + mode, DeadLetterTopic: dlt, Metrics: inbox.NewMetrics(f.Registry)}
-			runUntilCleanup(t, f.modeConsumer(t, mode, f.Pool, testenv.Name("group"), apply, cfg))
+			inboxtesting.RunUntilCleanup(t, f.modeConsumer(t, mode, f.Pool, testenv.Name("group"), apply, cfg))
 
 			f.Produce(t, event.ToKafka(f.Topic, a2))
 			testenv.WaitFor(t, 30*time.Second, "a2 dead-lettered", func() (bool, error) {

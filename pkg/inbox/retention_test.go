@@ -10,6 +10,7 @@ import (
 	"github.com/onceflow/onceflow/pkg/event"
 	"github.com/onceflow/onceflow/pkg/inbox"
 	"github.com/onceflow/onceflow/pkg/inbox/inboxadmin"
+	"github.com/onceflow/onceflow/pkg/inbox/internal/inboxtesting"
 	"github.com/onceflow/onceflow/pkg/testenv"
 )
 
@@ -23,9 +24,9 @@ import (
 func TestAHoldOlderThanTheDeadLetterRetentionIsCounted(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t)
-	v1, v2 := newEvent("order-9", 1), newEvent("order-9", 2)
+	v1, v2 := inboxtesting.NewEvent("order-9", 1), inboxtesting.NewEvent("order-9", 2)
 	apply, _ := refusedUntilRepaired(v1)
-	cfg := fastRetries("retention", testenv.NewTopic(t, f.Brokers, 1))
+	cfg := inboxtesting.FastRetries("retention", testenv.NewTopic(t, f.Brokers, 1))
 	cfg.LagInterval = 50 * time.Millisecond
 	cfg.DeadLetterRetention = time.Hour
 	cfg.Metrics = inbox.NewMetrics(f.Registry)
@@ -36,7 +37,7 @@ func TestAHoldOlderThanTheDeadLetterRetentionIsCounted(t *testing.T) {
 		t.Fatal(err)
 	}
 	f.Produce(t, event.ToKafka(f.Topic, v1), event.ToKafka(f.Topic, v2))
-	running := runUntilCleanup(t, c)
+	running := inboxtesting.RunUntilCleanup(t, c)
 	testenv.WaitFor(t, 30*time.Second, "v1 dead and v2 parked", func() (bool, error) {
 		return f.Status(t, "retention", v1) == "dead_lettered" &&
 			f.Count(t, `SELECT count(*) FROM inbox_parked_messages WHERE message_id = $1`, v2.EventID) == 1, running()

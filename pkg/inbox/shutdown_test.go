@@ -15,6 +15,7 @@ import (
 
 	"github.com/onceflow/onceflow/pkg/event"
 	"github.com/onceflow/onceflow/pkg/inbox"
+	"github.com/onceflow/onceflow/pkg/inbox/internal/inboxtesting"
 	"github.com/onceflow/onceflow/pkg/inbox/lease"
 	"github.com/onceflow/onceflow/pkg/testenv"
 )
@@ -40,7 +41,7 @@ func TestRunEndsWithinTheGraceWhenCommitAndDeadLetterAlwaysFail(t *testing.T) {
 				CREATE TABLE children (id text REFERENCES parents DEFERRABLE INITIALLY DEFERRED)`); err != nil {
 				t.Fatal(err)
 			}
-			f.Produce(t, event.ToKafka(f.Topic, newEvent("orphan", 1)))
+			f.Produce(t, event.ToKafka(f.Topic, inboxtesting.NewEvent("orphan", 1)))
 			unreachable := testenv.NewWriter([]string{"127.0.0.1:1"}, 10)
 			defer unreachable.Close()
 			const grace = 500 * time.Millisecond
@@ -96,7 +97,7 @@ func TestRunEndsWithinTheGraceWhenCommitAndDeadLetterAlwaysFail(t *testing.T) {
 // the message's MaxAttempts, and never dead-letters it.
 func TestADatabaseOutageDoesNotSpendTheRetryBudget(t *testing.T) {
 	inBothModes(t, func(t *testing.T, f *fixture, mode string) {
-		ev := newEvent("survivor", 1)
+		ev := inboxtesting.NewEvent("survivor", 1)
 		f.Produce(t, event.ToKafka(f.Topic, ev))
 		var kills atomic.Int32
 		const outages = 6 // more than MaxAttempts
@@ -146,7 +147,7 @@ func TestADatabaseOutageDoesNotSpendTheRetryBudget(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		runUntilCleanup(t, c)
+		inboxtesting.RunUntilCleanup(t, c)
 		testenv.WaitFor(t, 30*time.Second, "the event to be handled after the outages", func() (bool, error) {
 			return f.Count(t, "SELECT count(*) FROM inbox_messages WHERE message_id = $1 AND status = 'processed'", ev.EventID) == 1, nil
 		})
@@ -185,16 +186,16 @@ func TestAPostgresOutageIsWaitedOut(t *testing.T) {
 		cfg := inbox.Config{Name: "outage-" + mode, MaxAttempts: 2, BackoffMin: 10 * time.Millisecond,
 			BackoffMax: 200 * time.Millisecond, LagInterval: 100 * time.Millisecond, Metrics: inbox.NewMetrics(f.Registry)}
 		c := f.modeConsumer(t, mode, pool, testenv.Name("group"), insertEffect, cfg)
-		running := runUntilCleanup(t, c)
+		running := inboxtesting.RunUntilCleanup(t, c)
 
-		f.Produce(t, event.ToKafka(f.Topic, newEvent("before", 1)))
+		f.Produce(t, event.ToKafka(f.Topic, inboxtesting.NewEvent("before", 1)))
 		testenv.WaitFor(t, 30*time.Second, "the first event", func() (bool, error) {
 			return f.Count(t, "SELECT count(*) FROM effects") == 1, running()
 		})
 		proxy.Cut()
 		var during []event.Envelope
 		for i := range 5 {
-			ev := newEvent(fmt.Sprintf("during-%d", i), 1)
+			ev := inboxtesting.NewEvent(fmt.Sprintf("during-%d", i), 1)
 			during = append(during, ev)
 			f.Produce(t, event.ToKafka(f.Topic, ev))
 		}

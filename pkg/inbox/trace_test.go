@@ -13,25 +13,28 @@ import (
 
 	"github.com/onceflow/onceflow/pkg/event"
 	"github.com/onceflow/onceflow/pkg/inbox"
+	"github.com/onceflow/onceflow/pkg/inbox/internal/inboxtesting"
 	"github.com/onceflow/onceflow/pkg/testenv"
 )
 
 func TestTheHandlerRunsInAConsumerSpanContinuingTheProducer(t *testing.T) {
-	rec, f, ev, under := startTraced(t)
+	rec, fx, ev, under := inboxtesting.StartTraced(t)
+	f := &fixture{fx}
 	f.run(t, func(ctx context.Context, tx pgx.Tx, ev event.Envelope) error {
 		under.Add(ctx, ev)
 		return f.recordEffect(ctx, tx, ev)
 	}, inbox.Config{})
 
 	saw := under.Wait(t, ev, "the event to be handled", func() bool { return f.Count(t, "SELECT count(*) FROM effects") == 1 })
-	checkOneConsumerSpan(t, rec, f.Topic, ev, saw)
+	inboxtesting.CheckOneConsumerSpan(t, rec, f.Topic, ev, saw)
 }
 
 // A handler that fails once takes the batch off the fast path; each run of
 // it has its own consumer span in the producer's trace, the failed one
 // marked as an error.
 func TestEachRunOfAFailingHandlerHasItsOwnSpan(t *testing.T) {
-	rec, f, ev, under := startTraced(t)
+	rec, fx, ev, under := inboxtesting.StartTraced(t)
+	f := &fixture{fx}
 	var failed atomic.Bool
 	f.run(t, func(ctx context.Context, tx pgx.Tx, ev event.Envelope) error {
 		under.Add(ctx, ev)
@@ -44,7 +47,7 @@ func TestEachRunOfAFailingHandlerHasItsOwnSpan(t *testing.T) {
 	saw := under.Wait(t, ev, "the event to be handled", func() bool { return f.Count(t, "SELECT count(*) FROM effects") == 1 })
 	var spans []sdktrace.ReadOnlySpan
 	testenv.WaitFor(t, 10*time.Second, "the consumer spans to end", func() (bool, error) {
-		spans = checkConsumerSpans(t, rec, f.Topic, ev, saw)
+		spans = inboxtesting.CheckConsumerSpans(t, rec, f.Topic, ev, saw)
 		return len(spans) >= 2, nil
 	})
 	errored := 0

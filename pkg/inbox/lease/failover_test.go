@@ -10,6 +10,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/onceflow/onceflow/pkg/event"
+	"github.com/onceflow/onceflow/pkg/inbox/internal/inboxtesting"
 	"github.com/onceflow/onceflow/pkg/inbox/lease"
 	"github.com/onceflow/onceflow/pkg/testenv"
 )
@@ -32,7 +33,7 @@ func TestAfterAServerSwitchALostLeaseRowIsCheckedBeforeItsFirstCall(t *testing.T
 		t.Run(map[bool]string{false: "alone", true: "batch"}[batch], func(t *testing.T) {
 			t.Parallel()
 			f := newFixture(t)
-			party := newBookingParty()
+			party := inboxtesting.NewBookingParty()
 			var checks atomic.Int64
 			eff := party.Effect()
 			check := eff.Check
@@ -50,22 +51,22 @@ func TestAfterAServerSwitchALostLeaseRowIsCheckedBeforeItsFirstCall(t *testing.T
 				}
 				return nil
 			}
-			cfg := lease.Config{Config: fastRetries("switch-check", testenv.NewTopic(t, f.Brokers, 1))}
+			cfg := lease.Config{Config: inboxtesting.FastRetries("switch-check", testenv.NewTopic(t, f.Brokers, 1))}
 			c, err := lease.NewConsumer(f.Pool, f.Source(testenv.Name("group")), f.Writer, eff, cfg)
 			if err != nil {
 				t.Fatal(err)
 			}
-			ev := newEvent("order-1", 1)
+			ev := inboxtesting.NewEvent("order-1", 1)
 			m := event.ToKafka(f.Topic, ev)
 			m.Time = time.Now()
-			other := newEvent("order-2", 1) // in the same batch, with a row that survived
+			other := inboxtesting.NewEvent("order-2", 1) // in the same batch, with a row that survived
 			om := event.ToKafka(f.Topic, other)
 			om.Time = time.Now()
 			if batch {
-				handle(t, c, m, om)
+				inboxtesting.Handle(t, c, m, om)
 			} else {
-				handle(t, c, m)
-				handle(t, c, om)
+				inboxtesting.Handle(t, c, m)
+				inboxtesting.Handle(t, c, om)
 			}
 			if n := party.Bookings(ev.EventID.String()); n != 1 || checks.Load() != 0 {
 				t.Fatalf("first delivery: %d bookings, %d checks; want 1 and 0", n, checks.Load())
@@ -88,15 +89,15 @@ func TestAfterAServerSwitchALostLeaseRowIsCheckedBeforeItsFirstCall(t *testing.T
 
 			// A message produced after the switch (past the clock margin)
 			// cannot have been called before it: no check.
-			later := newEvent("order-3", 1)
+			later := inboxtesting.NewEvent("order-3", 1)
 			lm := event.ToKafka(f.Topic, later)
 			lm.Time = time.Now().Add(5 * time.Minute)
 			if batch {
-				handle(t, c, m, om, lm)
+				inboxtesting.Handle(t, c, m, om, lm)
 			} else {
-				handle(t, c, m)
-				handle(t, c, om)
-				handle(t, c, lm)
+				inboxtesting.Handle(t, c, m)
+				inboxtesting.Handle(t, c, om)
+				inboxtesting.Handle(t, c, lm)
 			}
 			if n := party.Bookings(ev.EventID.String()); n != 1 {
 				t.Fatalf("the redelivery of a call whose row the failover lost booked it %d times in all (%d checks), want once: "+

@@ -14,6 +14,7 @@ import (
 
 	"github.com/onceflow/onceflow/pkg/event"
 	"github.com/onceflow/onceflow/pkg/inbox"
+	"github.com/onceflow/onceflow/pkg/inbox/internal/inboxtesting"
 	"github.com/onceflow/onceflow/pkg/inbox/lease"
 	"github.com/onceflow/onceflow/pkg/testenv"
 )
@@ -102,7 +103,7 @@ func runTracedLeaseConsumer(t *testing.T, f *fixture, r *renewals, eff lease.Eff
 	if err != nil {
 		t.Fatal(err)
 	}
-	runUntilCleanup(t, c)
+	inboxtesting.RunUntilCleanup(t, c)
 }
 
 // requireCallsEndBeforeTheirLeases fails the test for a Check or Call whose

@@ -11,6 +11,7 @@ import (
 
 	"github.com/onceflow/onceflow/pkg/event"
 	"github.com/onceflow/onceflow/pkg/inbox"
+	"github.com/onceflow/onceflow/pkg/inbox/internal/inboxtesting"
 	"github.com/onceflow/onceflow/pkg/inbox/lease"
 	"github.com/onceflow/onceflow/pkg/testenv"
 )
@@ -25,7 +26,7 @@ import (
 // where the bugs live, at the leases.
 func (f *fixture) secondMember(t *testing.T, eff lease.Effect, cfg lease.Config) {
 	t.Helper()
-	runUntilCleanup(t, f.leaseConsumer(t, testenv.Name("second"), eff, cfg))
+	inboxtesting.RunUntilCleanup(t, f.leaseConsumer(t, testenv.Name("second"), eff, cfg))
 }
 
 // requireBookedOnce waits until the third party has nothing in flight and
@@ -60,7 +61,7 @@ func TestLeaseTakeoverWhileTheHolderWaitsForACallSlotBooksEachKeyOnce(t *testing
 		CallTimeout: 750 * time.Millisecond, LeaseMargin: 200 * time.Millisecond,
 		Config: inbox.Config{Workers: 1, BackoffMin: 20 * time.Millisecond, BackoffMax: 200 * time.Millisecond}}
 
-	runUntilCleanup(t, f.leaseConsumer(t, testenv.Name("group"), tp.Effect(), cfg))
+	inboxtesting.RunUntilCleanup(t, f.leaseConsumer(t, testenv.Name("group"), tp.Effect(), cfg))
 	testenv.WaitFor(t, 30*time.Second, "the first member's first call", func() (bool, error) {
 		return tp.Received() >= 1, nil
 	})
@@ -83,7 +84,7 @@ func TestLeaseHolderFrozenPastItsLeaseDoesNotCallAfterTheTakeover(t *testing.T) 
 
 	frozen := leasetest.NewPausable(tp.Effect())
 	frozen.Pause()
-	runUntilCleanup(t, f.leaseConsumer(t, testenv.Name("group"), frozen.Effect(), cfg))
+	inboxtesting.RunUntilCleanup(t, f.leaseConsumer(t, testenv.Name("group"), frozen.Effect(), cfg))
 	testenv.WaitFor(t, 30*time.Second, "the first member to freeze on its call", func() (bool, error) {
 		return frozen.Waiting() == 1, nil
 	})
@@ -133,7 +134,7 @@ func TestLeaseModeWaitsOutAThirdPartyOutageLongerThanTheRetryBudget(t *testing.T
 	cfg := lease.Config{LeaseTTL: time.Second, Config: inbox.Config{Workers: 1, MaxAttempts: 2,
 		BackoffMin: 5 * time.Millisecond, BackoffMax: 20 * time.Millisecond, Metrics: inbox.NewMetrics(f.Registry)}}
 	c := f.leaseConsumer(t, testenv.Name("group"), tp.Effect(), cfg)
-	running := runUntilCleanup(t, c)
+	running := inboxtesting.RunUntilCleanup(t, c)
 
 	testenv.WaitFor(t, 30*time.Second, "ten times the retry budget of failed calls and checks", func() (bool, error) {
 		return testenv.MetricValue(t, f.Registry, "inbox_effect_errors_total") >= float64(10*cfg.MaxAttempts*len(evs)), running()

@@ -16,6 +16,7 @@ import (
 	"github.com/onceflow/onceflow/pkg/event"
 	"github.com/onceflow/onceflow/pkg/inbox"
 	"github.com/onceflow/onceflow/pkg/inbox/inboxtest"
+	"github.com/onceflow/onceflow/pkg/inbox/internal/inboxtesting"
 	"github.com/onceflow/onceflow/pkg/inbox/lease"
 	"github.com/onceflow/onceflow/pkg/testenv"
 )
@@ -93,7 +94,7 @@ func (f *fixture) leaseEvents(t *testing.T, keys, perKey int) []event.Envelope {
 	var msgs []kafka.Message
 	for v := 1; v <= perKey; v++ {
 		for k := range keys {
-			ev := newEvent(fmt.Sprintf("k%d", k), int64(v))
+			ev := inboxtesting.NewEvent(fmt.Sprintf("k%d", k), int64(v))
 			evs = append(evs, ev)
 			msgs = append(msgs, event.ToKafka(f.Topic, ev))
 		}
@@ -142,7 +143,7 @@ func TestALeaseBatchCallsDistinctKeysConcurrentlyAndEachKeyInOrder(t *testing.T)
 	b := newBooker(20 * time.Millisecond)
 	// One worker: whatever runs at once runs because the batch called
 	// distinct keys side by side.
-	runUntilCleanup(t, f.leaseConsumer(t, testenv.Name("group"), b.effect(), lease.Config{Config: inbox.Config{Workers: 1}, MaxInFlight: limit}))
+	inboxtesting.RunUntilCleanup(t, f.leaseConsumer(t, testenv.Name("group"), b.effect(), lease.Config{Config: inbox.Config{Workers: 1}, MaxInFlight: limit}))
 
 	testenv.WaitFor(t, 60*time.Second, "every event marked done", func() (bool, error) {
 		return f.Count(t, "SELECT count(*) FROM inbox_messages WHERE status = 'processed'") == len(evs), nil
@@ -192,7 +193,7 @@ func TestAfterACrashBetweenCallsAndDoneTheTakeoverChecksAndBooksNothingTwice(t *
 	}
 
 	second := f.leaseConsumer(t, group, b.effect(), lease.Config{Config: inbox.Config{Workers: 1}, LeaseTTL: time.Second})
-	runUntilCleanup(t, second)
+	inboxtesting.RunUntilCleanup(t, second)
 	testenv.WaitFor(t, 60*time.Second, "every event marked done", func() (bool, error) {
 		return f.Count(t, "SELECT count(*) FROM inbox_messages WHERE status = 'processed'") == len(evs), nil
 	})
@@ -233,7 +234,7 @@ func TestATakeoverThatCannotCheckIsRecordedUncertainAndNotCalled(t *testing.T) {
 	eff := b.effect()
 	eff.Check = func(context.Context, string) (bool, error) { return false, lease.ErrUnknowable }
 	cfg := lease.Config{Config: inbox.Config{Workers: 1, Metrics: inbox.NewMetrics(f.Registry)}, LeaseTTL: 500 * time.Millisecond}
-	runUntilCleanup(t, f.leaseConsumer(t, group, eff, cfg))
+	inboxtesting.RunUntilCleanup(t, f.leaseConsumer(t, group, eff, cfg))
 	testenv.WaitFor(t, 60*time.Second, "every event settled", func() (bool, error) {
 		return f.Count(t, "SELECT count(*) FROM inbox_messages WHERE status IN ('processed', 'uncertain')") == len(evs), nil
 	})
@@ -285,7 +286,7 @@ func TestDoneBatchRecordsABatchsOutcomesInOneCall(t *testing.T) {
 		_, err := tx.Exec(ctx, `INSERT INTO lease_outcomes SELECT * FROM unnest($1::uuid[], $2::text[])`, ids, outcomes)
 		return err
 	}
-	runUntilCleanup(t, f.leaseConsumer(t, testenv.Name("group"), eff, lease.Config{Config: inbox.Config{Workers: 1}}))
+	inboxtesting.RunUntilCleanup(t, f.leaseConsumer(t, testenv.Name("group"), eff, lease.Config{Config: inbox.Config{Workers: 1}}))
 	testenv.WaitFor(t, 60*time.Second, "every outcome recorded", func() (bool, error) {
 		return f.Count(t, "SELECT count(*) FROM lease_outcomes WHERE outcome = 'sent'") == len(evs), nil
 	})

@@ -11,6 +11,7 @@ import (
 
 	"github.com/onceflow/onceflow/pkg/event"
 	"github.com/onceflow/onceflow/pkg/inbox"
+	"github.com/onceflow/onceflow/pkg/inbox/internal/inboxtesting"
 	"github.com/onceflow/onceflow/pkg/inbox/lease"
 	"github.com/onceflow/onceflow/pkg/testenv"
 )
@@ -22,24 +23,24 @@ func TestARequeuedLeaseDeadLetterWhoseCallMayHaveLandedIsCheckedFirst(t *testing
 	t.Parallel()
 	f := newFixture(t)
 	dlt := testenv.NewTopic(t, f.Brokers, 1)
-	party := newBookingParty()
+	party := inboxtesting.NewBookingParty()
 	party.Set(errors.New("502 Bad Gateway (the booking landed)"))
-	cfg := lease.Config{Config: fastRetries("requeue-check", dlt), LeaseTTL: 600 * time.Millisecond}
+	cfg := lease.Config{Config: inboxtesting.FastRetries("requeue-check", dlt), LeaseTTL: 600 * time.Millisecond}
 	cfg.MaxAttempts = 1
 	c, err := lease.NewConsumer(f.Pool, f.Source(testenv.Name("group")), f.Writer, party.Effect(), cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
-	ev := newEvent("order-1", 1)
+	ev := inboxtesting.NewEvent("order-1", 1)
 	m := event.ToKafka(f.Topic, ev)
-	handle(t, c, m)
+	inboxtesting.Handle(t, c, m)
 	if s := f.Status(t, cfg.Name, ev); s != "dead_lettered" || party.Bookings(ev.EventID.String()) != 1 {
 		t.Fatalf("after the failed last call: row %s, %d bookings; want dead_lettered and 1", s, party.Bookings(ev.EventID.String()))
 	}
 
 	party.Set(nil) // the third party answers again
 	f.Requeue(t, dlt, 1, ev.EventID)
-	handle(t, c, lastMessage(t, f.Brokers, f.Topic))
+	inboxtesting.Handle(t, c, inboxtesting.LastMessage(t, f.Brokers, f.Topic))
 	if n := party.Bookings(ev.EventID.String()); n != 1 {
 		t.Fatalf("the requeued letter was booked %d times in all (row %s), want once: its redelivery must check first",
 			n, f.Status(t, cfg.Name, ev))
@@ -58,19 +59,19 @@ func TestADeadLeasedEventMovesBackOnlyItsOwnAggregateTypesGuard(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t)
 	dlt := testenv.NewTopic(t, f.Brokers, 1)
-	party := newBookingParty()
-	order1, order2 := newEvent("order-3", 1), newEvent("order-3", 2)
+	party := inboxtesting.NewBookingParty()
+	order1, order2 := inboxtesting.NewEvent("order-3", 1), inboxtesting.NewEvent("order-3", 2)
 	order1.AggregateType, order2.AggregateType = "order", "order"
-	pay1, pay2 := newEvent("order-3", 1), newEvent("order-3", 2)
+	pay1, pay2 := inboxtesting.NewEvent("order-3", 1), inboxtesting.NewEvent("order-3", 2)
 	pay1.AggregateType, pay2.AggregateType = "payment", "payment"
 	party.Refuse[pay2.EventID.String()] = inbox.Permanent(errors.New("refused"))
 	c, err := lease.NewConsumer(f.Pool, f.Source(testenv.Name("group")), f.Writer, party.Effect(),
-		lease.Config{Config: fastRetries("two-types", dlt)})
+		lease.Config{Config: inboxtesting.FastRetries("two-types", dlt)})
 	if err != nil {
 		t.Fatal(err)
 	}
 	for _, ev := range []event.Envelope{order1, order2, pay2, pay1} {
-		handle(t, c, event.ToKafka(f.Topic, ev))
+		inboxtesting.Handle(t, c, event.ToKafka(f.Topic, ev))
 	}
 	if s := f.Status(t, "two-types", pay2); s != "dead_lettered" {
 		t.Fatalf("payment v2 is %s, want dead_lettered", s)
@@ -90,18 +91,18 @@ func TestALeaseThatCannotBeMarkedDoneEndsUncertainNotLeased(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t)
 	dlt := testenv.NewTopic(t, f.Brokers, 1)
-	party := newBookingParty()
+	party := inboxtesting.NewBookingParty()
 	eff := party.Effect()
 	eff.Done = func(context.Context, pgx.Tx, event.Envelope, lease.Outcome) error {
 		return errors.New("the outcomes table refuses the record")
 	}
 	c, err := lease.NewConsumer(f.Pool, f.Source(testenv.Name("group")), f.Writer, eff,
-		lease.Config{Config: fastRetries("done-fails", dlt)})
+		lease.Config{Config: inboxtesting.FastRetries("done-fails", dlt)})
 	if err != nil {
 		t.Fatal(err)
 	}
-	ev := newEvent("order-5", 1)
-	handle(t, c, event.ToKafka(f.Topic, ev))
+	ev := inboxtesting.NewEvent("order-5", 1)
+	inboxtesting.Handle(t, c, event.ToKafka(f.Topic, ev))
 	if s := f.Status(t, "done-fails", ev); s != "uncertain" {
 		t.Fatalf("the message whose effect happened but could not be marked done is %s, want uncertain", s)
 	}
@@ -122,10 +123,10 @@ func TestARequeuedStaleDeadLetterBehindAnotherDeadEventKeepsItsRow(t *testing.T)
 	t.Parallel()
 	f := newFixture(t)
 	dlt := testenv.NewTopic(t, f.Brokers, 1)
-	cfg := fastRetries("stale-held", dlt)
+	cfg := inboxtesting.FastRetries("stale-held", dlt)
 	cfg.MaxAttempts = 1
-	b1, dead := newEvent("held", 1), newEvent("held", 2)
-	late := newEvent("held", 2) // another event of version 2: stale while dead is leased
+	b1, dead := inboxtesting.NewEvent("held", 1), inboxtesting.NewEvent("held", 2)
+	late := inboxtesting.NewEvent("held", 2) // another event of version 2: stale while dead is leased
 	var (
 		mu     sync.Mutex
 		broken = true
@@ -161,7 +162,7 @@ func TestARequeuedStaleDeadLetterBehindAnotherDeadEventKeepsItsRow(t *testing.T)
 	if err != nil {
 		t.Fatal(err)
 	}
-	handle(t, c, event.ToKafka(f.Topic, b1))
+	inboxtesting.Handle(t, c, event.ToKafka(f.Topic, b1))
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
@@ -174,7 +175,7 @@ func TestARequeuedStaleDeadLetterBehindAnotherDeadEventKeepsItsRow(t *testing.T)
 	case <-time.After(30 * time.Second):
 		t.Fatal("the dead one's call never started")
 	}
-	handle(t, c, event.ToKafka(f.Topic, late)) // dead holds the guard at 2: late is stale
+	inboxtesting.Handle(t, c, event.ToKafka(f.Topic, late)) // dead holds the guard at 2: late is stale
 	close(fail)
 	<-done
 	for _, ev := range []event.Envelope{late, dead} {
@@ -189,7 +190,7 @@ func TestARequeuedStaleDeadLetterBehindAnotherDeadEventKeepsItsRow(t *testing.T)
 		t.Fatal(err)
 	}
 	f.Requeue(t, dlt, 1, late.EventID)
-	handle(t, c, lastMessage(t, f.Brokers, f.Topic))
+	inboxtesting.Handle(t, c, inboxtesting.LastMessage(t, f.Brokers, f.Topic))
 	var st2, reason2 string
 	var attempts2 int
 	if err := f.Pool.QueryRow(context.Background(), row, late.EventID).Scan(&st2, &attempts2, &reason2); err != nil {
@@ -207,7 +208,7 @@ func TestARequeuedStaleDeadLetterBehindAnotherDeadEventKeepsItsRow(t *testing.T)
 	broken = false
 	mu.Unlock()
 	f.Requeue(t, dlt, 1, dead.EventID)
-	handle(t, c, lastMessage(t, f.Brokers, f.Topic))
+	inboxtesting.Handle(t, c, inboxtesting.LastMessage(t, f.Brokers, f.Topic))
 	testenv.WaitFor(t, 30*time.Second, "the dead one, then the parked stale one, done", func() (bool, error) {
 		return f.Status(t, "stale-held", dead) == "processed" && f.Status(t, "stale-held", late) == "processed", nil
 	})

@@ -9,6 +9,7 @@ import (
 
 	"github.com/onceflow/onceflow/pkg/event"
 	"github.com/onceflow/onceflow/pkg/inbox"
+	"github.com/onceflow/onceflow/pkg/inbox/internal/inboxtesting"
 	"github.com/onceflow/onceflow/pkg/inbox/lease"
 	"github.com/onceflow/onceflow/pkg/testenv"
 )
@@ -33,7 +34,7 @@ func TestLeaseModeARequeuedDeadLetterRunsItsEffectOnce(t *testing.T) {
 		}
 		return call(ctx, ev, key)
 	}
-	runUntilCleanup(t, f.leaseConsumer(t, testenv.Name("group"), eff, lease.Config{Config: inbox.Config{DeadLetterTopic: dlt}}))
+	inboxtesting.RunUntilCleanup(t, f.leaseConsumer(t, testenv.Name("group"), eff, lease.Config{Config: inbox.Config{DeadLetterTopic: dlt}}))
 
 	testenv.WaitFor(t, 30*time.Second, "v1 dead-lettered", func() (bool, error) {
 		return f.Count(t, "SELECT count(*) FROM inbox_messages WHERE message_id = $1 AND status = 'dead_lettered'", v1.EventID) == 1, nil

@@ -6,12 +6,14 @@ import (
 
 	"github.com/onceflow/onceflow/pkg/event"
 	"github.com/onceflow/onceflow/pkg/inbox"
+	"github.com/onceflow/onceflow/pkg/inbox/internal/inboxtesting"
 	"github.com/onceflow/onceflow/pkg/inbox/lease"
 	"github.com/onceflow/onceflow/pkg/testenv"
 )
 
 func TestALeasedSideEffectRunsInAConsumerSpanContinuingTheProducer(t *testing.T) {
-	rec, f, ev, under := startTraced(t)
+	rec, fx, ev, under := inboxtesting.StartTraced(t)
+	f := &fixture{fx}
 	c, err := lease.NewConsumer(f.Pool, f.Source(testenv.Name("group")), f.Writer, lease.Effect{
 		Check: func(context.Context, string) (bool, error) { return false, nil },
 		Call: func(ctx context.Context, ev event.Envelope, _ string) error {
@@ -22,10 +24,10 @@ func TestALeasedSideEffectRunsInAConsumerSpanContinuingTheProducer(t *testing.T)
 	if err != nil {
 		t.Fatal(err)
 	}
-	runUntilCleanup(t, c)
+	inboxtesting.RunUntilCleanup(t, c)
 
 	saw := under.Wait(t, ev, "the side effect to run and be marked done", func() bool {
 		return f.Count(t, "SELECT count(*) FROM inbox_messages WHERE status = 'processed'") == 1
 	})
-	checkOneConsumerSpan(t, rec, f.Topic, ev, saw)
+	inboxtesting.CheckOneConsumerSpan(t, rec, f.Topic, ev, saw)
 }
