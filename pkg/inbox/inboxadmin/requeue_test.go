@@ -1,4 +1,4 @@
-package inbox_test
+package inboxadmin_test
 
 import (
 	"context"
@@ -14,6 +14,8 @@ import (
 
 	"github.com/onceflow/onceflow/pkg/event"
 	"github.com/onceflow/onceflow/pkg/inbox/inboxadmin"
+	"github.com/onceflow/onceflow/pkg/inbox/inboxtest"
+	"github.com/onceflow/onceflow/pkg/inbox/internal/inboxtesting"
 	"github.com/onceflow/onceflow/pkg/testenv"
 )
 
@@ -37,10 +39,10 @@ func TestRequeueDeadLettersByEventID(t *testing.T) {
 	}
 	// b's row is requeued, not gone: its redelivery applies it (and, in
 	// lease mode, checks first when its last call may have landed).
-	equalStrings(t, "inbox rows after requeuing b", inboxRows(t, s.pool), sortedKeys(
-		rowKey("billing", "dead_lettered", s.a.EventID),
-		rowKey("billing", "requeued", s.b.EventID),
-		rowKey("shipping", "dead_lettered", s.a.EventID),
+	inboxtesting.EqualStrings(t, "inbox rows after requeuing b", inboxtesting.Rows(t, s.pool), inboxtesting.SortedKeys(
+		inboxtesting.RowKey("billing", "dead_lettered", s.a.EventID),
+		inboxtesting.RowKey("billing", "requeued", s.b.EventID),
+		inboxtesting.RowKey("shipping", "dead_lettered", s.a.EventID),
 	))
 	// The dead-letter topic is append-only: both dead letters are still listed.
 	if dls, err := inboxadmin.ListDeadLetters(ctx, s.brokers, s.dlt, 10); err != nil || len(dls) != 2 {
@@ -58,10 +60,10 @@ func TestRequeueDeadLettersByEventID(t *testing.T) {
 		t.Fatalf("second requeue of b = %+v, %v; want 1, nil", res, err)
 	}
 	sameMessage(t, "b requeued again", readAll(t, s.brokers, s.original, 2)[1], s.originalB)
-	equalStrings(t, "inbox rows after requeuing a handled b", inboxRows(t, s.pool), sortedKeys(
-		rowKey("billing", "dead_lettered", s.a.EventID),
-		rowKey("billing", "processed", s.b.EventID),
-		rowKey("shipping", "dead_lettered", s.a.EventID),
+	inboxtesting.EqualStrings(t, "inbox rows after requeuing a handled b", inboxtesting.Rows(t, s.pool), inboxtesting.SortedKeys(
+		inboxtesting.RowKey("billing", "dead_lettered", s.a.EventID),
+		inboxtesting.RowKey("billing", "processed", s.b.EventID),
+		inboxtesting.RowKey("shipping", "dead_lettered", s.a.EventID),
 	))
 }
 
@@ -82,10 +84,10 @@ func TestRequeueDeadLettersByConsumerAndAll(t *testing.T) {
 	sameMessage(t, "second requeued", got[1], s.originalB)
 	// Only billing's rows are requeued; shipping's dead letter of a is its
 	// own business.
-	equalStrings(t, "inbox rows after requeuing billing's", inboxRows(t, s.pool), sortedKeys(
-		rowKey("billing", "requeued", s.a.EventID),
-		rowKey("billing", "requeued", s.b.EventID),
-		rowKey("shipping", "dead_lettered", s.a.EventID)))
+	inboxtesting.EqualStrings(t, "inbox rows after requeuing billing's", inboxtesting.Rows(t, s.pool), inboxtesting.SortedKeys(
+		inboxtesting.RowKey("billing", "requeued", s.a.EventID),
+		inboxtesting.RowKey("billing", "requeued", s.b.EventID),
+		inboxtesting.RowKey("shipping", "dead_lettered", s.a.EventID)))
 	// Both dead letters are still in the topic, but no longer pending.
 	if res, err := inboxadmin.RequeueDeadLetters(ctx, s.pool, s.writer, s.brokers, s.dlt, inboxadmin.RequeueFilter{All: true}); err != nil || !reflect.DeepEqual(res, inboxadmin.RequeueResult{}) {
 		t.Fatalf("a second sweep = %+v, %v; want nothing left", res, err)
@@ -100,7 +102,7 @@ func TestRequeueDeadLettersByConsumerAndAll(t *testing.T) {
 func TestRequeueSweepIsBoundedAndFollowsTheCursor(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	pool := adminInboxDB(t)
+	pool := inboxtest.NewDatabase(t)
 	brokers := testenv.KafkaBrokers(t)
 	original := testenv.NewTopic(t, brokers, 1)
 	dlt := original + ".dlt"
@@ -157,7 +159,7 @@ func TestRequeueSweepIsBoundedAndFollowsTheCursor(t *testing.T) {
 			if err := w.WriteMessages(ctx, asDeadLetter(dlt, event.ToKafka(original, late), "billing", "late", total+1, failedAt)); err != nil {
 				t.Fatal(err)
 			}
-			seedInbox(t, pool, inboxRow{"billing", late.EventID, "dead_lettered", 0})
+			inboxtesting.SeedRows(t, pool, inboxtesting.NewRow("billing", late.EventID, "dead_lettered", 0))
 		}
 	}
 	if len(calls) != 3 || calls[0].Requeued != 1000 || calls[1].Requeued != 1000 || calls[2].Requeued != 500 ||
@@ -179,9 +181,9 @@ func TestRequeueSweepIsBoundedAndFollowsTheCursor(t *testing.T) {
 			t.Fatalf("event %s requeued %d times, want once", id, seen[id])
 		}
 	}
-	equalStrings(t, "dead_lettered inbox rows left after the pass", testenv.QueryColumn[string](t, pool,
+	inboxtesting.EqualStrings(t, "dead_lettered inbox rows left after the pass", testenv.QueryColumn[string](t, pool,
 		`SELECT consumer || ' ' || status || ' ' || message_id FROM inbox_messages WHERE status = 'dead_lettered' ORDER BY 1`),
-		[]string{rowKey("billing", "dead_lettered", lateID)})
+		[]string{inboxtesting.RowKey("billing", "dead_lettered", lateID)})
 
 	// The next pass reads every letter again and finds only the late one
 	// pending; the one after finds nothing left.
@@ -242,7 +244,7 @@ func TestRequeueKeepsTheRowsOfAFailedWrite(t *testing.T) {
 		}
 		// The deletes rolled back with the failed write: the letters are
 		// still pending, for the retry below and for any later sweep.
-		if rows := inboxRows(t, s.pool); len(rows) != 3 {
+		if rows := inboxtesting.Rows(t, s.pool); len(rows) != 3 {
 			t.Fatalf("inbox rows after a failed requeue = %q, want the 3 seeded", rows)
 		}
 	}
@@ -282,7 +284,7 @@ func TestRequeueRefusesAnUnsafeCall(t *testing.T) {
 	if res, err := inboxadmin.RequeueDeadLetters(ctx, tx, s.writer, s.brokers, s.dlt, inboxadmin.RequeueFilter{All: true}); err == nil || res.Requeued != 0 {
 		t.Fatalf("requeue in a transaction = %+v, %v; want it refused", res, err)
 	}
-	if rows := inboxRows(t, s.pool); len(rows) != 3 {
+	if rows := inboxtesting.Rows(t, s.pool); len(rows) != 3 {
 		t.Fatalf("a refused requeue changed the inbox: %q", rows)
 	}
 	readAll(t, s.brokers, s.original, 0)

@@ -1,4 +1,4 @@
-package inbox_test
+package inboxadmin_test
 
 import (
 	"context"
@@ -13,6 +13,8 @@ import (
 	"github.com/segmentio/kafka-go"
 
 	"github.com/onceflow/onceflow/pkg/inbox/inboxadmin"
+	"github.com/onceflow/onceflow/pkg/inbox/inboxtest"
+	"github.com/onceflow/onceflow/pkg/inbox/internal/inboxtesting"
 	"github.com/onceflow/onceflow/pkg/testenv"
 )
 
@@ -64,7 +66,7 @@ func TestListDeadLettersShowsWhyAndWhereOldestFirst(t *testing.T) {
 		t.Fatalf("second listing = %+v, want the same two", again)
 	}
 	// Listing touches neither the inbox nor the original topic.
-	if rows := inboxRows(t, s.pool); len(rows) != 3 {
+	if rows := inboxtesting.Rows(t, s.pool); len(rows) != 3 {
 		t.Fatalf("inbox rows after listing = %q, want the 3 seeded", rows)
 	}
 	readAll(t, s.brokers, s.original, 0)
@@ -158,7 +160,7 @@ func TestDeadLetterAdminUsesTheGivenDialer(t *testing.T) {
 	}
 	w := testenv.NewWriter(brokers, 10)
 	defer w.Close()
-	_, err := inboxadmin.RequeueDeadLetters(ctx, adminInboxDB(t), w, brokers, dlt, inboxadmin.RequeueFilter{All: true}, inboxadmin.WithDialer(tlsDialer))
+	_, err := inboxadmin.RequeueDeadLetters(ctx, inboxtest.NewDatabase(t), w, brokers, dlt, inboxadmin.RequeueFilter{All: true}, inboxadmin.WithDialer(tlsDialer))
 	if err == nil {
 		t.Fatal("RequeueDeadLetters over TLS to a PLAINTEXT broker succeeded: the given dialer was not used")
 	}

@@ -1,4 +1,4 @@
-package inbox_test
+package inboxadmin_test
 
 import (
 	"context"
