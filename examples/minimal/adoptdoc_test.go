@@ -22,6 +22,7 @@ var adoptPackages = map[string]string{
 	"inbox":      "github.com/onceflow/onceflow/pkg/inbox",
 	"outboxtest": "github.com/onceflow/onceflow/pkg/outbox/outboxtest",
 	"inboxtest":  "github.com/onceflow/onceflow/pkg/inbox/inboxtest",
+	"inboxadmin": "github.com/onceflow/onceflow/pkg/inbox/inboxadmin",
 	"lease":      "github.com/onceflow/onceflow/pkg/inbox/lease",
 	"leasetest":  "github.com/onceflow/onceflow/pkg/inbox/lease/leasetest",
 	"testenv":    "github.com/onceflow/onceflow/pkg/testenv",
