@@ -203,7 +203,7 @@ func printStatus(ctx context.Context, pool *pgxpool.Pool, orderID string, stdout
 // requeue sends every pending dead letter of the consumer back to topic,
 // once its cause is fixed (a handler for a new event type, say), a chunk
 // at a time until the pass has read the whole dead-letter topic.
-func requeue(ctx context.Context, pool *pgxpool.Pool, w inbox.Writer, brokers []string, topic string, stdout io.Writer) error {
+func requeue(ctx context.Context, pool *pgxpool.Pool, w inboxadmin.Writer, brokers []string, topic string, stdout io.Writer) error {
 	total, next := 0, ""
 	for {
 		res, err := inboxadmin.RequeueDeadLetters(ctx, pool, w, brokers, topic+kafkasafe.DeadLetterSuffix,

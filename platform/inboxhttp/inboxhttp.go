@@ -59,7 +59,6 @@ import (
 
 	"github.com/google/uuid"
 
-	"github.com/onceflow/onceflow/pkg/inbox"
 	"github.com/onceflow/onceflow/pkg/inbox/inboxadmin"
 	"github.com/onceflow/onceflow/platform/apperr"
 	"github.com/onceflow/onceflow/platform/strictjson"
@@ -119,7 +118,7 @@ func DecodeRequeue(body []byte) (RequeueRequest, error) {
 // {"orders": "orders.events.dlt"}. logger records every requeue and every
 // internal error. opts reach every read of the dead-letter topics: pass
 // inboxadmin.WithDialer(security.Dialer()) when the cluster wants TLS or SASL.
-func Handler(db inboxadmin.RequeueDB, w inbox.Writer, brokers []string, dltTopics map[string]string, logger *slog.Logger, opts ...inboxadmin.Option) http.Handler {
+func Handler(db inboxadmin.RequeueDB, w inboxadmin.Writer, brokers []string, dltTopics map[string]string, logger *slog.Logger, opts ...inboxadmin.Option) http.Handler {
 	topics := maps.Clone(dltTopics)
 	names := slices.Sorted(maps.Keys(topics))
 	writeError := func(rw http.ResponseWriter, r *http.Request, status int, msg string) {

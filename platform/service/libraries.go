@@ -63,7 +63,7 @@ func (s *Service) OutboxOperations(mode outbox.RelayMode, prune outbox.PruneConf
 // letters; see inboxhttp) for topic, whose dead letters are in topic+".dlt"
 // and are requeued through w, and the inbox pruner at its defaults. It
 // returns the pruner's stage for Run.
-func (s *Service) InboxOperations(w inbox.Writer, topic string) (lifecycle.Stage, error) {
+func (s *Service) InboxOperations(w inboxadmin.Writer, topic string) (lifecycle.Stage, error) {
 	pruner, err := inbox.NewPruner(s.Pool, inbox.PrunerConfig{Logger: s.Logger})
 	if err != nil {
 		return lifecycle.Stage{}, err
