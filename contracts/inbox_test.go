@@ -11,6 +11,7 @@ import (
 	"github.com/onceflow/onceflow/contracts"
 	"github.com/onceflow/onceflow/pkg/event"
 	"github.com/onceflow/onceflow/pkg/inbox"
+	"github.com/onceflow/onceflow/pkg/inbox/inboxadmin"
 	"github.com/onceflow/onceflow/pkg/inbox/inboxtest"
 	"github.com/onceflow/onceflow/pkg/testenv"
 )
@@ -51,7 +52,7 @@ func TestValidatingDeadLettersAnEventOffTheContract(t *testing.T) {
 
 	dl := readAll(ctx, t, brokers, topic+".dlt", 1)[0]
 	h, _ := contracts.HeaderObject(dl.Headers)
-	reason, _ := h[inbox.HeaderDLTReason].(string)
+	reason, _ := h[inboxadmin.HeaderDLTReason].(string)
 	if !strings.Contains(reason, "off the contract") || !strings.Contains(reason, "/currency") || string(dl.Key) != bad.AggregateID {
 		t.Fatalf("dead letter of %q with reason %q; want the eur event's, with the schema error on /currency", dl.Key, reason)
 	}
@@ -61,7 +62,7 @@ func TestValidatingDeadLettersAnEventOffTheContract(t *testing.T) {
 	// back and the good one's handler runs again in a transaction of its
 	// own (a call count of 2 failed this test in a loaded make test).
 	testenv.WaitFor(t, 30*time.Second, "the good event processed", func() (bool, error) {
-		rows, err := inbox.MessagesOf(ctx, pool, good.AggregateID)
+		rows, err := inboxadmin.MessagesOf(ctx, pool, good.AggregateID)
 		return len(rows) == 1 && rows[0].MessageID == good.EventID && rows[0].Status == "processed", err
 	})
 }

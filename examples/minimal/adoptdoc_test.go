@@ -23,6 +23,7 @@ var adoptPackages = map[string]string{
 	"outboxtest":  "github.com/onceflow/onceflow/pkg/outbox/outboxtest",
 	"outboxadmin": "github.com/onceflow/onceflow/pkg/outbox/outboxadmin",
 	"inboxtest":   "github.com/onceflow/onceflow/pkg/inbox/inboxtest",
+	"inboxadmin":  "github.com/onceflow/onceflow/pkg/inbox/inboxadmin",
 	"lease":       "github.com/onceflow/onceflow/pkg/inbox/lease",
 	"leasetest":   "github.com/onceflow/onceflow/pkg/inbox/lease/leasetest",
 	"testenv":     "github.com/onceflow/onceflow/pkg/testenv",

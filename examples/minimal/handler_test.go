@@ -10,6 +10,7 @@ import (
 
 	"github.com/onceflow/onceflow/pkg/event"
 	"github.com/onceflow/onceflow/pkg/inbox"
+	"github.com/onceflow/onceflow/pkg/inbox/inboxadmin"
 	"github.com/onceflow/onceflow/pkg/inbox/inboxtest"
 	"github.com/onceflow/onceflow/pkg/outbox"
 	"github.com/onceflow/onceflow/pkg/outbox/outboxtest"
@@ -52,7 +53,7 @@ func TestHandleDeadLettersAnUnknownTypeAtOnce(t *testing.T) {
 	if len(dead) != 1 {
 		t.Fatalf("%d dead letters, want 1", len(dead))
 	}
-	msgs, err := inbox.MessagesOf(context.Background(), pool, ev.AggregateID)
+	msgs, err := inboxadmin.MessagesOf(context.Background(), pool, ev.AggregateID)
 	if err != nil || len(msgs) != 1 {
 		t.Fatalf("MessagesOf = %+v, %v", msgs, err)
 	}

@@ -31,6 +31,7 @@ import (
 
 	"github.com/onceflow/onceflow/pkg/event"
 	"github.com/onceflow/onceflow/pkg/inbox"
+	"github.com/onceflow/onceflow/pkg/inbox/inboxadmin"
 	"github.com/onceflow/onceflow/pkg/kafkasafe"
 	"github.com/onceflow/onceflow/pkg/outbox"
 	"github.com/onceflow/onceflow/pkg/outbox/outboxadmin"
@@ -190,7 +191,7 @@ func printStatus(ctx context.Context, pool *pgxpool.Pool, orderID string, stdout
 	for _, e := range events {
 		fmt.Fprintf(stdout, "outbox: %s %s\n", e.EventType, e.State)
 	}
-	msgs, err := inbox.MessagesOf(ctx, pool, orderID)
+	msgs, err := inboxadmin.MessagesOf(ctx, pool, orderID)
 	if err != nil {
 		return err
 	}
@@ -203,11 +204,11 @@ func printStatus(ctx context.Context, pool *pgxpool.Pool, orderID string, stdout
 // requeue sends every pending dead letter of the consumer back to topic,
 // once its cause is fixed (a handler for a new event type, say), a chunk
 // at a time until the pass has read the whole dead-letter topic.
-func requeue(ctx context.Context, pool *pgxpool.Pool, w inbox.Writer, brokers []string, topic string, stdout io.Writer) error {
+func requeue(ctx context.Context, pool *pgxpool.Pool, w inboxadmin.Writer, brokers []string, topic string, stdout io.Writer) error {
 	total, next := 0, ""
 	for {
-		res, err := inbox.RequeueDeadLetters(ctx, pool, w, brokers, topic+kafkasafe.DeadLetterSuffix,
-			inbox.RequeueFilter{Consumer: consumerName, After: next})
+		res, err := inboxadmin.RequeueDeadLetters(ctx, pool, w, brokers, topic+kafkasafe.DeadLetterSuffix,
+			inboxadmin.RequeueFilter{Consumer: consumerName, After: next})
 		if err != nil {
 			return fmt.Errorf("requeuing dead letters: %w", err)
 		}

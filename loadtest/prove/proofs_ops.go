@@ -12,7 +12,7 @@ import (
 	"github.com/segmentio/kafka-go"
 
 	"github.com/onceflow/onceflow/pkg/event"
-	"github.com/onceflow/onceflow/pkg/inbox"
+	"github.com/onceflow/onceflow/pkg/inbox/inboxadmin"
 	"github.com/onceflow/onceflow/platform/kafkautil"
 )
 
@@ -286,7 +286,7 @@ func (h *Harness) poison(ctx context.Context, _ bool) Row {
 			continue
 		}
 		found++
-		if headerValue(m, inbox.HeaderDLTReason) != "" {
+		if headerValue(m, inboxadmin.HeaderDLTReason) != "" {
 			withReason++
 		}
 	}
@@ -298,7 +298,7 @@ func (h *Harness) poison(ctx context.Context, _ bool) Row {
 	row.FaultsDesc = fmt.Sprintf("%d malformed, %d unknown-version and %d contract-breaking messages", h.prof.Poison, h.prof.Poison, h.prof.Poison)
 	row.Absorbed = p.absorbed()
 	row.check(found == len(poison), "every poison message is in %s.dlt (%d of %d)", p.OrdersTopic, found, len(poison))
-	row.check(withReason == len(poison), "each dead letter carries its reason in the %s header (%d of %d)", inbox.HeaderDLTReason, withReason, len(poison))
+	row.check(withReason == len(poison), "each dead letter carries its reason in the %s header (%d of %d)", inboxadmin.HeaderDLTReason, withReason, len(poison))
 	row.check(foreign == 0, "no valid event was dead-lettered (%d)", foreign)
 	row.check(lag == 0, "billing's consumer lag is back to zero (%d)", lag)
 	endToEnd(&row, a)

@@ -14,6 +14,7 @@ import (
 
 	"github.com/onceflow/onceflow/pkg/event"
 	"github.com/onceflow/onceflow/pkg/inbox"
+	"github.com/onceflow/onceflow/pkg/inbox/internal/inboxtesting"
 	"github.com/onceflow/onceflow/pkg/testenv"
 )
 
@@ -26,22 +27,22 @@ func inSavepoint(tx pgx.Tx) bool { return strings.Contains(fmt.Sprintf("%T", tx)
 func TestABatchSettlesDuplicatesStaleGapsAndAFailureLikeOneByOne(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t)
-	a1, a2, b1, c1, d1, d3 := newEvent("a", 1), newEvent("a", 2), newEvent("b", 1), newEvent("c", 1), newEvent("d", 1), newEvent("d", 3)
-	staleA := newEvent("a", 1) // an old version under a new id
+	a1, a2, b1, c1, d1, d3 := inboxtesting.NewEvent("a", 1), inboxtesting.NewEvent("a", 2), inboxtesting.NewEvent("b", 1), inboxtesting.NewEvent("c", 1), inboxtesting.NewEvent("d", 1), inboxtesting.NewEvent("d", 3)
+	staleA := inboxtesting.NewEvent("a", 1) // an old version under a new id
 	clean := make([]event.Envelope, 20)
 	for i := range clean {
-		clean[i] = newEvent(fmt.Sprintf("clean-%d", i), 1)
+		clean[i] = inboxtesting.NewEvent(fmt.Sprintf("clean-%d", i), 1)
 	}
 	// Phase one has no failures, so it must settle entirely on the fast
 	// path; phase two's c fails twice, so its batch falls back.
 	var phase1, phase2 []kafka.Message
 	for _, ev := range append(clean, a1, a1, a2, a1, b1, staleA, d1, d3) {
-		phase1 = append(phase1, event.ToKafka(f.topic, ev))
+		phase1 = append(phase1, event.ToKafka(f.Topic, ev))
 	}
-	for _, ev := range []event.Envelope{c1, newEvent("e", 1)} {
-		phase2 = append(phase2, event.ToKafka(f.topic, ev))
+	for _, ev := range []event.Envelope{c1, inboxtesting.NewEvent("e", 1)} {
+		phase2 = append(phase2, event.ToKafka(f.Topic, ev))
 	}
-	f.produce(t, phase1...)
+	f.Produce(t, phase1...)
 
 	var (
 		mu            sync.Mutex
@@ -77,9 +78,9 @@ func TestABatchSettlesDuplicatesStaleGapsAndAFailureLikeOneByOne(t *testing.T) {
 
 	settled := func(n int) func() (bool, error) {
 		return func() (bool, error) {
-			return testenv.MetricValue(t, f.registry, "inbox_processed_total")+
-				testenv.MetricValue(t, f.registry, "inbox_duplicates_total")+
-				testenv.MetricValue(t, f.registry, "inbox_stale_total") == float64(n), nil
+			return testenv.MetricValue(t, f.Registry, "inbox_processed_total")+
+				testenv.MetricValue(t, f.Registry, "inbox_duplicates_total")+
+				testenv.MetricValue(t, f.Registry, "inbox_stale_total") == float64(n), nil
 		}
 	}
 	testenv.WaitFor(t, 30*time.Second, fmt.Sprintf("phase one's %d messages to settle", len(phase1)), settled(len(phase1)))
@@ -94,7 +95,7 @@ func TestABatchSettlesDuplicatesStaleGapsAndAFailureLikeOneByOne(t *testing.T) {
 		}
 	}
 	mu.Unlock()
-	f.produce(t, phase2...)
+	f.Produce(t, phase2...)
 	testenv.WaitFor(t, 30*time.Second, "phase two to settle", settled(len(phase1)+len(phase2)))
 	for metric, want := range map[string]float64{
 		"inbox_processed_total":    float64(len(clean)) + 7, // a1 a2 b1 d1 d3, then c1 e1
@@ -102,24 +103,24 @@ func TestABatchSettlesDuplicatesStaleGapsAndAFailureLikeOneByOne(t *testing.T) {
 		"inbox_stale_total":        1,
 		"inbox_version_gaps_total": 1, // d: 1 then 3
 	} {
-		if got := testenv.MetricValue(t, f.registry, metric); got != want {
+		if got := testenv.MetricValue(t, f.Registry, metric); got != want {
 			t.Errorf("%s = %v, want %v", metric, got, want)
 		}
 	}
 	for agg, want := range map[string]int{"a": 2, "b": 1, "c": 1, "d": 2, "e": 1, "clean-7": 1} {
-		if n := f.count(t, "SELECT count(*) FROM effects WHERE aggregate_id = $1", agg); n != want {
+		if n := f.Count(t, "SELECT count(*) FROM effects WHERE aggregate_id = $1", agg); n != want {
 			t.Errorf("aggregate %s has %d effects, want %d", agg, n, want)
 		}
 	}
-	if n := f.count(t, "SELECT count(*) FROM inbox_messages WHERE status = 'stale' AND message_id = $1", staleA.EventID); n != 1 {
+	if n := f.Count(t, "SELECT count(*) FROM inbox_messages WHERE status = 'stale' AND message_id = $1", staleA.EventID); n != 1 {
 		t.Error("the stale event's inbox row is not marked stale")
 	}
-	if n := f.count(t, "SELECT count(*) FROM inbox_aggregate_versions WHERE aggregate_id = 'a' AND version = 2"); n != 1 {
+	if n := f.Count(t, "SELECT count(*) FROM inbox_aggregate_versions WHERE aggregate_id = 'a' AND version = 2"); n != 1 {
 		t.Error("aggregate a's applied version is not 2")
 	}
 	mu.Lock()
 	defer mu.Unlock()
-	if got, want := testenv.MetricValue(t, f.registry, "inbox_failures_total"), float64(cFailures-fastFailures); got != want {
+	if got, want := testenv.MetricValue(t, f.Registry, "inbox_failures_total"), float64(cFailures-fastFailures); got != want {
 		t.Errorf("inbox_failures_total = %v, want %v (c's failures on the per-message path)", got, want)
 	}
 	if fastCalls == 0 {

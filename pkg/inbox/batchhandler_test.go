@@ -12,6 +12,7 @@ import (
 	"github.com/onceflow/onceflow/pkg/event"
 	"github.com/onceflow/onceflow/pkg/inbox"
 	"github.com/onceflow/onceflow/pkg/inbox/inboxtest"
+	"github.com/onceflow/onceflow/pkg/inbox/internal/inboxtesting"
 	"github.com/onceflow/onceflow/pkg/testenv"
 )
 
@@ -50,11 +51,11 @@ func (h *effectsHandler) HandleBatch(ctx context.Context, tx pgx.Tx, evs []inbox
 func TestABatchHandlerAppliesTheNewEventsOfABatchAtOnce(t *testing.T) {
 	f := newFixture(t) // not parallel: it records the process's spans
 	spans := testenv.RecordSpans(t)
-	evs := []event.Envelope{newEvent("a", 1), newEvent("b", 1), newEvent("a", 2)}
+	evs := []event.Envelope{inboxtesting.NewEvent("a", 1), inboxtesting.NewEvent("b", 1), inboxtesting.NewEvent("a", 2)}
 	cfg := inbox.Config{Name: "batched"}
 
 	h := &effectsHandler{}
-	inboxtest.DeliverBatched(t, f.pool, cfg, h, evs[0], evs[1], evs[0], evs[2])
+	inboxtest.DeliverBatched(t, f.Pool, cfg, h, evs[0], evs[1], evs[0], evs[2])
 	if len(h.batches) != 1 || len(h.batches[0]) != 3 || len(h.handled) != 0 {
 		t.Fatalf("HandleBatch got %d batches (first of %d), Handle %d events; want one batch of the 3 new events",
 			len(h.batches), len(h.batches[0]), len(h.handled))
@@ -71,15 +72,15 @@ func TestABatchHandlerAppliesTheNewEventsOfABatchAtOnce(t *testing.T) {
 		t.Fatalf("%d spans ended, want the 3 events' consumer spans", n)
 	}
 
-	more := []event.Envelope{newEvent("c", 1), newEvent("d", 1)}
+	more := []event.Envelope{inboxtesting.NewEvent("c", 1), inboxtesting.NewEvent("d", 1)}
 	h = &effectsHandler{failBatches: 1}
-	if dl := inboxtest.DeliverBatched(t, f.pool, cfg, h, more...); len(dl) != 0 {
+	if dl := inboxtest.DeliverBatched(t, f.Pool, cfg, h, more...); len(dl) != 0 {
 		t.Fatalf("%d dead letters", len(dl))
 	}
 	if len(h.batches) != 1 || len(h.handled) != 2 {
 		t.Fatalf("after a failed batch: %d batches, %d events handled one by one; want 1 and 2", len(h.batches), len(h.handled))
 	}
-	if n := f.count(t, "SELECT count(*) FROM effects"); n != len(evs)+len(more) {
+	if n := f.Count(t, "SELECT count(*) FROM effects"); n != len(evs)+len(more) {
 		t.Fatalf("%d effects, want one per event (%d)", n, len(evs)+len(more))
 	}
 }

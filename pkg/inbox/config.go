@@ -51,21 +51,6 @@ const (
 // only ever see the current version.
 type Upcaster = engine.Upcaster
 
-// The defaults of Config's fields, which a zero field takes.
-const (
-	DefaultWorkers          = engine.DefaultWorkers
-	DefaultBatchSize        = engine.DefaultBatchSize
-	DefaultMaxAttempts      = engine.DefaultMaxAttempts
-	DefaultBackoffMin       = engine.DefaultBackoffMin
-	DefaultBackoffMax       = engine.DefaultBackoffMax
-	DefaultLagInterval      = engine.DefaultLagInterval
-	DefaultShutdownGrace    = engine.DefaultShutdownGrace
-	DefaultErrorLogInterval = engine.DefaultErrorLogInterval
-
-	// DefaultDeadLetterRetention is Kafka's default retention.ms (7 days).
-	DefaultDeadLetterRetention = engine.DefaultDeadLetterRetention
-)
-
 // Config configures a Consumer, in either mode (a lease-mode consumer's own
 // knobs are in pkg/inbox/lease's Config). Zero fields take the documented defaults;
 // negative ones are refused by Validate.

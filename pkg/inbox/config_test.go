@@ -11,6 +11,7 @@ import (
 
 	"github.com/onceflow/onceflow/pkg/event"
 	"github.com/onceflow/onceflow/pkg/inbox"
+	"github.com/onceflow/onceflow/pkg/inbox/inboxadmin"
 	"github.com/onceflow/onceflow/pkg/inbox/lease"
 	"github.com/onceflow/onceflow/pkg/testenv"
 )
@@ -29,25 +30,25 @@ func TestConfigValidate(t *testing.T) {
 	checkValidateCases(t, tests)
 }
 
-// WithDefaults fills zeros with the exported defaults and keeps negatives
-// for Validate to refuse.
-func TestWithDefaultsUsesTheDefaultConstantsAndKeepsNegatives(t *testing.T) {
+// WithDefaults fills zeros with the defaults the fields' docs state and
+// keeps negatives for Validate to refuse.
+func TestWithDefaultsUsesTheDocumentedDefaultsAndKeepsNegatives(t *testing.T) {
 	t.Parallel()
 	d := lease.Config{Config: inbox.Config{Name: "c", Workers: -1}}.WithDefaults()
-	if d.Workers != -1 || d.BatchSize != inbox.DefaultBatchSize || d.MaxAttempts != inbox.DefaultMaxAttempts ||
-		d.ShutdownGrace != inbox.DefaultShutdownGrace {
+	if d.Workers != -1 || d.BatchSize != 100 || d.MaxAttempts != 5 ||
+		d.ShutdownGrace != 10*time.Second {
 		t.Fatalf("Config defaults: Workers %d, BatchSize %d, MaxAttempts %d, ShutdownGrace %v", d.Workers, d.BatchSize, d.MaxAttempts, d.ShutdownGrace)
 	}
-	if d.LeaseTTL != lease.DefaultTTL || d.CallTimeout != lease.DefaultTTL/3 || d.LeaseMargin != lease.DefaultTTL/10 ||
-		d.MaxInFlight != lease.DefaultMaxInFlight || !strings.HasPrefix(d.LeaseOwner, "c-") {
+	if d.LeaseTTL != 30*time.Second || d.CallTimeout != 10*time.Second || d.LeaseMargin != 3*time.Second ||
+		d.MaxInFlight != 16 || !strings.HasPrefix(d.LeaseOwner, "c-") {
 		t.Fatalf("lease defaults: %v %v %v %d %q", d.LeaseTTL, d.CallTimeout, d.LeaseMargin, d.MaxInFlight, d.LeaseOwner)
 	}
 	g := inbox.GroupConfig{CommitInterval: -1}.WithDefaults()
-	if g.CommitInterval != -1 || g.SessionTimeout != inbox.DefaultSessionTimeout || g.MaxWait != inbox.DefaultMaxWait {
+	if g.CommitInterval != -1 || g.SessionTimeout != 10*time.Second || g.MaxWait != 500*time.Millisecond {
 		t.Fatalf("GroupConfig defaults: CommitInterval %v, SessionTimeout %v, MaxWait %v", g.CommitInterval, g.SessionTimeout, g.MaxWait)
 	}
 	p := inbox.PrunerConfig{}.WithDefaults()
-	if p.PruneConfig.Retention != inbox.DefaultRetention || p.PruneConfig.BatchSize != inbox.DefaultPruneBatchSize || p.Interval != inbox.DefaultPruneInterval {
+	if p.PruneConfig.Retention != 30*24*time.Hour || p.PruneConfig.BatchSize != 1000 || p.Interval != time.Hour {
 		t.Fatalf("PrunerConfig defaults: %v %d %v", p.PruneConfig.Retention, p.PruneConfig.BatchSize, p.Interval)
 	}
 }
@@ -75,12 +76,12 @@ func TestGroupConfigValidate(t *testing.T) {
 // one, as the configurations do, before they touch Kafka or the database.
 func TestListingsRefuseANegativeLimit(t *testing.T) {
 	t.Parallel()
-	_, err := inbox.ListDeadLetters(context.Background(), []string{"127.0.0.1:1"}, "t.dlt", -1)
+	_, err := inboxadmin.ListDeadLetters(context.Background(), []string{"127.0.0.1:1"}, "t.dlt", -1)
 	testenv.CheckErr(t, err, "limit is negative (-1)")
-	testenv.CheckErr(t, inbox.ParkedFilter{Limit: -1}.Validate(), "limit must be from 1 to 1000")
-	testenv.CheckErr(t, inbox.ParkedFilter{Limit: inbox.MaxParkedLimit + 1}.Validate(), "limit must be from 1 to 1000")
-	testenv.CheckErr(t, inbox.ParkedFilter{}.Validate(), "")
-	_, err = inbox.ListParked(context.Background(), testenv.LazyPool(t), inbox.ParkedFilter{Limit: -1})
+	testenv.CheckErr(t, inboxadmin.ParkedFilter{Limit: -1}.Validate(), "limit must be from 1 to 1000")
+	testenv.CheckErr(t, inboxadmin.ParkedFilter{Limit: 1001}.Validate(), "limit must be from 1 to 1000")
+	testenv.CheckErr(t, inboxadmin.ParkedFilter{}.Validate(), "")
+	_, err = inboxadmin.ListParked(context.Background(), testenv.LazyPool(t), inboxadmin.ParkedFilter{Limit: -1})
 	testenv.CheckErr(t, err, "limit must be from 1 to 1000")
 }
 

@@ -6,6 +6,10 @@ import (
 	"github.com/onceflow/onceflow/pkg/inbox/internal/engine"
 )
 
+// Writer publishes dead letters; *kafka.Writer satisfies it (kafkasafe's
+// writer is one).
+type Writer = engine.Writer
+
 // Consumer handles the messages of one topic, in one consumer group,
 // through the inbox: NewConsumer's and NewBatchConsumer's, and lease mode's
 // (pkg/inbox/lease). Its methods are Run, Handle and Healthy; the

@@ -14,6 +14,7 @@ import (
 
 	"github.com/onceflow/onceflow/pkg/event"
 	"github.com/onceflow/onceflow/pkg/inbox"
+	"github.com/onceflow/onceflow/pkg/inbox/internal/inboxtesting"
 	"github.com/onceflow/onceflow/pkg/inbox/lease"
 	"github.com/onceflow/onceflow/pkg/testenv"
 )
@@ -46,20 +47,20 @@ func TestADeadLetterWaitingForKafkaHoldsNoTransactionOpen(t *testing.T) {
 func testDeadLetterWaitingForKafka(t *testing.T, mode string) {
 	ctx := context.Background()
 	f := newFixture(t)
-	if _, err := f.pool.Exec(ctx, `CREATE TABLE counters (id int PRIMARY KEY, n int NOT NULL);
+	if _, err := f.Pool.Exec(ctx, `CREATE TABLE counters (id int PRIMARY KEY, n int NOT NULL);
 		INSERT INTO counters VALUES (1, 0)`); err != nil {
 		t.Fatal(err)
 	}
-	dlt := testenv.NewTopic(t, f.brokers, 1)
+	dlt := testenv.NewTopic(t, f.Brokers, 1)
 	down := testenv.NewWriter([]string{testenv.ClosedAddr(t)}, 10)
 	t.Cleanup(func() { down.Close() })
 	dlq := &switchWriter{}
 	dlq.current.Store(down)
 
-	good, bad, after := newEvent("a", 1), newEvent("b", 1), newEvent("c", 1)
+	good, bad, after := inboxtesting.NewEvent("a", 1), inboxtesting.NewEvent("b", 1), inboxtesting.NewEvent("c", 1)
 	// One write, one worker: good and bad arrive in one batch.
-	f.produce(t, event.ToKafka(f.topic, good), event.ToKafka(f.topic, bad))
-	cfg := inbox.Config{Name: "test-consumer", Workers: 1, DeadLetterTopic: dlt, Metrics: inbox.NewMetrics(f.registry),
+	f.Produce(t, event.ToKafka(f.Topic, good), event.ToKafka(f.Topic, bad))
+	cfg := inbox.Config{Name: "test-consumer", Workers: 1, DeadLetterTopic: dlt, Metrics: inbox.NewMetrics(f.Registry),
 		BackoffMin: 10 * time.Millisecond, BackoffMax: 200 * time.Millisecond}
 	// The effect locks a row that others use too, in the inbox transaction
 	// (transactional mode) or on its own (lease mode).
@@ -72,29 +73,29 @@ func testDeadLetterWaitingForKafka(t *testing.T, mode string) {
 		}
 		return insertEffect(ctx, exec, ev)
 	}
-	src := f.source(testenv.Name("group"))
+	src := f.Source(testenv.Name("group"))
 	var c *inbox.Consumer
 	var err error
 	if mode == "transactional" {
-		c, err = inbox.NewConsumer(f.pool, src, dlq, func(ctx context.Context, tx pgx.Tx, ev event.Envelope) error {
+		c, err = inbox.NewConsumer(f.Pool, src, dlq, func(ctx context.Context, tx pgx.Tx, ev event.Envelope) error {
 			return effect(ctx, tx.Exec, ev)
 		}, cfg)
 	} else {
-		c, err = lease.NewConsumer(f.pool, src, dlq, lease.Effect{
+		c, err = lease.NewConsumer(f.Pool, src, dlq, lease.Effect{
 			Check: func(context.Context, string) (bool, error) { return false, nil },
-			Call:  func(ctx context.Context, ev event.Envelope, _ string) error { return effect(ctx, f.pool.Exec, ev) },
+			Call:  func(ctx context.Context, ev event.Envelope, _ string) error { return effect(ctx, f.Pool.Exec, ev) },
 		}, lease.Config{Config: cfg})
 	}
 	if err != nil {
 		t.Fatal(err)
 	}
-	running := runUntilCleanup(t, c)
+	running := inboxtesting.RunUntilCleanup(t, c)
 
 	testenv.WaitFor(t, 30*time.Second, "the dead letter to fail against the missing Kafka", func() (bool, error) {
-		return testenv.LabeledMetricValue(t, f.registry, "inbox_kafka_errors_total", map[string]string{"op": "dead_letter"}) >= 2, running()
+		return testenv.LabeledMetricValue(t, f.Registry, "inbox_kafka_errors_total", map[string]string{"op": "dead_letter"}) >= 2, running()
 	})
 	// Another writer of the counter must not wait for the outage.
-	err = pgx.BeginFunc(ctx, f.pool, func(tx pgx.Tx) error {
+	err = pgx.BeginFunc(ctx, f.Pool, func(tx pgx.Tx) error {
 		if _, err := tx.Exec(ctx, "SET LOCAL lock_timeout = '3s'"); err != nil {
 			return err
 		}
@@ -108,7 +109,7 @@ func testDeadLetterWaitingForKafka(t *testing.T, mode string) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if n := f.count(t, `SELECT count(*) FROM pg_stat_activity
+	if n := f.Count(t, `SELECT count(*) FROM pg_stat_activity
 		WHERE datname = current_database() AND state LIKE 'idle in transaction%'`); n != 0 {
 		t.Fatalf("%d connections idle in a transaction while the dead letter waits for Kafka, want 0", n)
 	}
@@ -118,25 +119,25 @@ func testDeadLetterWaitingForKafka(t *testing.T, mode string) {
 	// come after the dead letter's first failures: wait for it, with the
 	// dead-letter topic still out of reach.
 	if mode == "transactional" {
-		if n := f.count(t, "SELECT count(*) FROM effects WHERE event_id = $1", good.EventID); n != 1 {
+		if n := f.Count(t, "SELECT count(*) FROM effects WHERE event_id = $1", good.EventID); n != 1 {
 			t.Fatal("the dead letter's batch-mate is not committed while the dead letter waits for Kafka")
 		}
 	} else {
 		testenv.WaitFor(t, 30*time.Second, "the dead letter's batch-mate's effect while the dead letter waits for Kafka", func() (bool, error) {
-			return f.count(t, "SELECT count(*) FROM effects WHERE event_id = $1", good.EventID) == 1, running()
+			return f.Count(t, "SELECT count(*) FROM effects WHERE event_id = $1", good.EventID) == 1, running()
 		})
 	}
 
 	// Kafka is back: the dead letter goes out once and the partition moves on.
-	dlq.current.Store(f.writer)
-	f.produce(t, event.ToKafka(f.topic, after))
+	dlq.current.Store(f.Writer)
+	f.Produce(t, event.ToKafka(f.Topic, after))
 	testenv.WaitFor(t, 30*time.Second, "the event after the dead letter to be handled", func() (bool, error) {
-		return f.count(t, "SELECT count(*) FROM effects WHERE event_id = $1", after.EventID) == 1, running()
+		return f.Count(t, "SELECT count(*) FROM effects WHERE event_id = $1", after.EventID) == 1, running()
 	})
-	if n := f.count(t, "SELECT count(*) FROM inbox_messages WHERE status = 'dead_lettered' AND message_id = $1", bad.EventID); n != 1 {
+	if n := f.Count(t, "SELECT count(*) FROM inbox_messages WHERE status = 'dead_lettered' AND message_id = $1", bad.EventID); n != 1 {
 		t.Fatalf("%d dead_lettered inbox rows for the refused event, want 1", n)
 	}
-	if got := deadLettersOn(t, f.brokers, dlt); got != 1 {
+	if got := deadLettersOn(t, f.Brokers, dlt); got != 1 {
 		t.Fatalf("%d messages on the dead-letter topic, want 1", got)
 	}
 }
@@ -165,15 +166,15 @@ func deadLettersOn(t *testing.T, brokers []string, topic string) int64 {
 func TestADeadLetterPendingAtShutdownIsPublishedAfterRestart(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t)
-	dlt := testenv.NewTopic(t, f.brokers, 1)
+	dlt := testenv.NewTopic(t, f.Brokers, 1)
 	down := testenv.NewWriter([]string{testenv.ClosedAddr(t)}, 10)
 	t.Cleanup(func() { down.Close() })
 
-	good, bad := newEvent("a", 1), newEvent("b", 1)
-	f.produce(t, event.ToKafka(f.topic, good), event.ToKafka(f.topic, bad))
+	good, bad := inboxtesting.NewEvent("a", 1), inboxtesting.NewEvent("b", 1)
+	f.Produce(t, event.ToKafka(f.Topic, good), event.ToKafka(f.Topic, bad))
 	group := testenv.Name("group")
 	consumer := func(dlq inbox.Writer, reg *prometheus.Registry) *inbox.Consumer {
-		c, err := inbox.NewConsumer(f.pool, f.source(group), dlq, func(ctx context.Context, tx pgx.Tx, ev event.Envelope) error {
+		c, err := inbox.NewConsumer(f.Pool, f.Source(group), dlq, func(ctx context.Context, tx pgx.Tx, ev event.Envelope) error {
 			if ev.EventID == bad.EventID {
 				return inbox.Permanent(errors.New("refused"))
 			}
@@ -198,18 +199,18 @@ func TestADeadLetterPendingAtShutdownIsPublishedAfterRestart(t *testing.T) {
 	if err := <-done; err != nil {
 		t.Fatalf("first consumer: %v", err)
 	}
-	if n := f.count(t, "SELECT count(*) FROM inbox_messages WHERE message_id = $1", bad.EventID); n != 0 {
+	if n := f.Count(t, "SELECT count(*) FROM inbox_messages WHERE message_id = $1", bad.EventID); n != 0 {
 		t.Fatalf("%d inbox rows for the dead letter that was never published, want 0: a redelivery would skip it as a duplicate", n)
 	}
 
-	runUntilCleanup(t, consumer(f.writer, prometheus.NewRegistry()))
+	inboxtesting.RunUntilCleanup(t, consumer(f.Writer, prometheus.NewRegistry()))
 	testenv.WaitFor(t, 30*time.Second, "the restarted consumer to dead-letter the event", func() (bool, error) {
-		return f.count(t, "SELECT count(*) FROM inbox_messages WHERE status = 'dead_lettered' AND message_id = $1", bad.EventID) == 1, nil
+		return f.Count(t, "SELECT count(*) FROM inbox_messages WHERE status = 'dead_lettered' AND message_id = $1", bad.EventID) == 1, nil
 	})
-	if got := deadLettersOn(t, f.brokers, dlt); got != 1 {
+	if got := deadLettersOn(t, f.Brokers, dlt); got != 1 {
 		t.Fatalf("%d messages on the dead-letter topic, want 1", got)
 	}
-	if n := f.count(t, "SELECT count(*) FROM effects WHERE event_id = $1", good.EventID); n != 1 {
+	if n := f.Count(t, "SELECT count(*) FROM effects WHERE event_id = $1", good.EventID); n != 1 {
 		t.Fatalf("%d effects of the batch-mate, want 1", n)
 	}
 }

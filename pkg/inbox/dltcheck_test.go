@@ -9,6 +9,7 @@ import (
 
 	"github.com/onceflow/onceflow/pkg/event"
 	"github.com/onceflow/onceflow/pkg/inbox"
+	"github.com/onceflow/onceflow/pkg/inbox/internal/inboxtesting"
 	"github.com/onceflow/onceflow/pkg/kafkasafe"
 	"github.com/onceflow/onceflow/pkg/testenv"
 )
@@ -20,10 +21,10 @@ import (
 func TestRunRefusesAMissingDeadLetterTopic(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t)
-	topic := testenv.NewTopic(t, f.brokers, 1) // and no topic.dlt
+	topic := testenv.NewTopic(t, f.Brokers, 1) // and no topic.dlt
 	h := func(context.Context, pgx.Tx, event.Envelope) error { return nil }
-	src := inbox.GroupConfig{Brokers: f.brokers, Topic: topic, Group: testenv.Name("group")}
-	c, err := inbox.NewConsumer(f.pool, src, f.writer, h, inbox.Config{Name: "no-dlt"})
+	src := inbox.GroupConfig{Brokers: f.Brokers, Topic: topic, Group: testenv.Name("group")}
+	c, err := inbox.NewConsumer(f.Pool, src, f.Writer, h, inbox.Config{Name: "no-dlt"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -38,14 +39,14 @@ func TestRunRefusesAMissingDeadLetterTopic(t *testing.T) {
 	testenv.CheckErr(t, err, "kafkasafe.EnsureTopics")
 
 	// Config.DeadLetterTopic names the one that is checked.
-	c, err = inbox.NewConsumer(f.pool, src, f.writer, h, inbox.Config{Name: "no-dlt", DeadLetterTopic: topic + ".elsewhere"})
+	c, err = inbox.NewConsumer(f.Pool, src, f.Writer, h, inbox.Config{Name: "no-dlt", DeadLetterTopic: topic + ".elsewhere"})
 	if err != nil {
 		t.Fatal(err)
 	}
 	testenv.CheckErr(t, c.Run(ctx), topic+".elsewhere")
 
-	testenv.NewTopicNamed(t, f.brokers, topic+kafkasafe.DeadLetterSuffix, 1)
-	c, err = inbox.NewConsumer(f.pool, src, f.writer, h, inbox.Config{Name: "no-dlt"})
+	testenv.NewTopicNamed(t, f.Brokers, topic+kafkasafe.DeadLetterSuffix, 1)
+	c, err = inbox.NewConsumer(f.Pool, src, f.Writer, h, inbox.Config{Name: "no-dlt"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -54,7 +55,7 @@ func TestRunRefusesAMissingDeadLetterTopic(t *testing.T) {
 	done := make(chan error, 1)
 	go func() { done <- c.Run(runCtx) }()
 	testenv.WaitFor(t, 20*time.Second, "the new topic to take a message", func() (bool, error) {
-		return f.writer.WriteMessages(ctx, event.ToKafka(topic, newEvent("a", 1))) == nil, nil
+		return f.Writer.WriteMessages(ctx, event.ToKafka(topic, inboxtesting.NewEvent("a", 1))) == nil, nil
 	})
 	testenv.WaitFor(t, 20*time.Second, "the consumer to handle a message", func() (bool, error) {
 		select {
@@ -63,7 +64,7 @@ func TestRunRefusesAMissingDeadLetterTopic(t *testing.T) {
 		default:
 		}
 		var n int
-		err := f.pool.QueryRow(ctx, `SELECT count(*) FROM inbox_messages WHERE consumer = 'no-dlt'`).Scan(&n)
+		err := f.Pool.QueryRow(ctx, `SELECT count(*) FROM inbox_messages WHERE consumer = 'no-dlt'`).Scan(&n)
 		return n == 1, err
 	})
 	stop()

@@ -38,10 +38,12 @@
 // lease applier is pkg/inbox/lease's. Both use guard.go (version guard,
 // upcasters, payload checks), park.go (per-key parking behind a dead event),
 // deadletter.go, trace.go, errors.go (the error classes), health.go
-// (outages) and metrics.go. The operator's side is listdeadletters.go,
-// requeue.go (with dltread.go, their reader of a dead-letter topic), held.go
-// (releasing or skipping a held aggregate), prune.go, backlog.go, lookup.go
-// and listparked.go. Every write of the inbox's lifecycle tables, lease
+// (outages) and metrics.go; the dead letter's headers, the form kept
+// headers are stored in and the reading of a dead-letter topic are
+// internal/dlt's. Pruning is prune.go. The operator's side (listing,
+// requeuing, releasing or skipping, the backlog, an aggregate's rows) is
+// package inboxadmin (pkg/inbox/inboxadmin), which a service that only
+// consumes does not need. Every write of the inbox's lifecycle tables, lease
 // mode's included, is a transition of internal/state's state.go, the machine
 // written down once (docs/inbox.md draws it); the reads sit with the job
 // they serve (parking's in park.go, the lease applier's in pkg/inbox/lease).
@@ -83,7 +85,7 @@
 //
 // A dead letter the dead-letter topic refuses as it is (an error about the
 // message: too large, a policy) is written truncated: coordinates,
-// reason and the first DeadLetterBodyLimit bytes, with HeaderDLTTruncated.
+// reason and the value's first 64 KiB, with inboxadmin.HeaderDLTTruncated.
 // A dead letter is published with no transaction open: the batch-mates
 // before it commit first, then it is published (waiting out a Kafka outage
 // without holding row locks or a connection), then its inbox row commits in
@@ -123,17 +125,19 @@
 //   - Nothing is dropped silently and nothing retries forever: an
 //     undecodable message, an invalid or unknown-version event (an error
 //     wrapping ErrPermanent or event.ErrInvalid), or one still failing after
-//     MaxAttempts goes to the dead-letter topic (<topic>.dlt) with the reason
-//     and its original coordinates as headers, a 'dead_lettered' inbox row
-//     records it, and the partition moves on.
+//     MaxAttempts goes to the dead-letter topic (<topic>.dlt) with the
+//     reason and its original coordinates as headers
+//     (inboxadmin.HeaderDLTReason, …), a 'dead_lettered' inbox row records
+//     it, and the partition moves on.
 //   - While an event of an aggregate is dead (dead-lettered, not yet
 //     requeued and applied), the aggregate's later events are parked in
 //     inbox_parked_messages instead of applied, counted
-//     (inbox_parked_messages) and listed (ListParked, Backlog); the
-//     partition moves on for every other aggregate. A requeue of the dead
-//     event (RequeueDeadLetters) makes it apply, whatever the version guard
-//     says, and then releases the parked events in the order they arrived
-//     (park.go). Config.DeadKeys = DeadKeySkipAhead applies them at once
+//     (inbox_parked_messages) and listed (inboxadmin.ListParked,
+//     inboxadmin.Backlog); the partition moves on for every other
+//     aggregate. A requeue of the dead event
+//     (inboxadmin.RequeueDeadLetters) makes it apply, whatever the version
+//     guard says, and then releases the parked events in the order they
+//     arrived (park.go). Config.DeadKeys = DeadKeySkipAhead applies them at once
 //     instead, for consumers whose events of one aggregate are independent.
 //   - Old payload versions are converted by registered Upcasters, so a
 //     handler only ever sees the current version.
@@ -155,18 +159,19 @@
 // they cost next to nothing and hand the header's context on unchanged.
 //
 // Configuration follows one convention across the package. A zero field
-// takes its documented default, an exported constant (DefaultWorkers,
-// DefaultSessionTimeout, DefaultRetention, DefaultListLimit, lease.DefaultTTL,
-// …), or a fraction of another field where the doc says so (lease mode's
-// CallTimeout is LeaseTTL/3); a negative one is an error, never quietly the
+// takes the default its doc comment states in numbers (Workers 4,
+// GroupConfig.SessionTimeout 10s, PruneConfig.Retention 30 days, lease
+// mode's LeaseTTL 30s, …), or a fraction of another field where the doc
+// says so (lease mode's CallTimeout is LeaseTTL/3); WithDefaults returns a
+// config with them filled in, to read or log. A negative one is an error, never quietly the
 // default. Validate reports it, and combinations no consumer can run with
 // (a lease whose LeaseTTL does not outlast CallTimeout + LeaseMargin); WithDefaults
 // fills the zeros and keeps the negatives for Validate; the constructors and
 // functions call both. Config holds the knobs of every consumer,
 // lease.Config adds those only lease mode has, GroupConfig those of the
 // consumer group, PruneConfig and PrunerConfig those of pruning; the limits
-// of ListDeadLetters, ListParked (ParkedFilter) and RequeueDeadLetters
-// (RequeueFilter) and BacklogConfig's ages follow the same rule. Metrics are
+// of inboxadmin's listings and requeues and its BacklogConfig's ages follow
+// the same rule. Metrics are
 // documented on NewMetrics.
 // Two crash points (after the database commit, before the offset commit;
 // after a leased side effect, before marking it done) let a fault-injection

@@ -2,7 +2,6 @@ package inbox_test
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"time"
 
@@ -86,32 +85,6 @@ func ExamplePrune() {
 	n, err := inbox.Prune(ctx, pool, inbox.PruneConfig{Retention: 30 * 24 * time.Hour})
 	fmt.Println("pruned:", n, err)
 	// Output: pruned: 1 <nil>
-}
-
-// Once the cause is fixed, an operator sends a consumer's dead letters back
-// to their original topic; the inbox rows that recorded them are removed,
-// so the redelivery is handled, not skipped as a duplicate.
-func ExampleRequeueDeadLetters() {
-	ctx := context.Background()
-	pool, brokers, topic, cleanup := exampleSetup(ctx)
-	defer cleanup()
-	w := testenv.NewWriter(brokers, 10)
-	defer w.Close()
-	refuse := func(context.Context, pgx.Tx, event.Envelope) error {
-		return inbox.Permanent(errors.New("unknown customer"))
-	}
-	c, err := billingConsumer(pool, w, brokers, topic, refuse)
-	if err != nil {
-		fmt.Println(err)
-		return
-	}
-	if err := c.Handle(ctx, event.ToKafka(topic, exampleEvent("order-1"))); err != nil {
-		fmt.Println(err)
-		return
-	}
-	res, err := inbox.RequeueDeadLetters(ctx, pool, w, brokers, topic+".dlt", inbox.RequeueFilter{Consumer: "billing"})
-	fmt.Println("requeued:", res.Requeued, err)
-	// Output: requeued: 1 <nil>
 }
 
 // Constructors refuse a configuration no consumer can run with; Validate

@@ -14,6 +14,7 @@ import (
 
 	"github.com/onceflow/onceflow/pkg/event"
 	"github.com/onceflow/onceflow/pkg/inbox"
+	"github.com/onceflow/onceflow/pkg/inbox/internal/inboxtesting"
 	"github.com/onceflow/onceflow/pkg/testenv"
 )
 
@@ -40,9 +41,9 @@ const groupPartitions = 6
 func newGroupRig(t *testing.T) *groupRig {
 	t.Helper()
 	f := newFixture(t)
-	f.topic = testenv.NewTopic(t, f.brokers, groupPartitions)
-	testenv.NewTopicNamed(t, f.brokers, f.topic+".dlt", 1) // Run refuses to start without it
-	if _, err := f.pool.Exec(context.Background(), `CREATE TABLE applied (
+	f.Topic = testenv.NewTopic(t, f.Brokers, groupPartitions)
+	testenv.NewTopicNamed(t, f.Brokers, f.Topic+".dlt", 1) // Run refuses to start without it
+	if _, err := f.Pool.Exec(context.Background(), `CREATE TABLE applied (
 		seq bigserial PRIMARY KEY, event_id uuid NOT NULL, aggregate_id text NOT NULL, version bigint NOT NULL)`); err != nil {
 		t.Fatal(err)
 	}
@@ -54,9 +55,9 @@ func newGroupRig(t *testing.T) *groupRig {
 func (r *groupRig) start(t *testing.T) *member {
 	t.Helper()
 	m := &member{done: make(chan error, 1), reg: prometheus.NewRegistry()}
-	src := inbox.GroupConfig{Brokers: r.f.brokers, Topic: r.f.topic, Group: r.group,
+	src := inbox.GroupConfig{Brokers: r.f.Brokers, Topic: r.f.Topic, Group: r.group,
 		HeartbeatInterval: 200 * time.Millisecond, SessionTimeout: 6 * time.Second, RebalanceTimeout: 4 * time.Second}
-	c, err := inbox.NewConsumer(r.f.pool, src, r.f.writer, func(ctx context.Context, tx pgx.Tx, ev event.Envelope) error {
+	c, err := inbox.NewConsumer(r.f.Pool, src, r.f.Writer, func(ctx context.Context, tx pgx.Tx, ev event.Envelope) error {
 		_, err := tx.Exec(ctx, `INSERT INTO applied (event_id, aggregate_id, version) VALUES ($1, $2, $3)`,
 			ev.EventID, ev.AggregateID, ev.AggregateVersion)
 		return err
@@ -108,14 +109,14 @@ func (r *groupRig) produce(t *testing.T) {
 			for k := range 8 {
 				key := fmt.Sprintf("key-%d", (i*8+k)%24)
 				versions[key]++
-				msgs = append(msgs, event.ToKafka(r.f.topic, newEvent(key, versions[key])))
+				msgs = append(msgs, event.ToKafka(r.f.Topic, inboxtesting.NewEvent(key, versions[key])))
 			}
 			// A new topic's leadership can still move (Not Leader For
 			// Partition): write the batch again, as the relay would. Copies
 			// of events that did land are duplicates the inbox absorbs.
 			var err error
 			for try := 0; try < 50; try++ {
-				if err = r.f.writer.WriteMessages(context.Background(), msgs...); err == nil {
+				if err = r.f.Writer.WriteMessages(context.Background(), msgs...); err == nil {
 					break
 				}
 				<-time.After(100 * time.Millisecond)
@@ -135,7 +136,7 @@ func (r *groupRig) stopProducing() {
 }
 
 func (r *groupRig) applied(t *testing.T) int {
-	return r.f.count(t, "SELECT count(DISTINCT event_id) FROM applied")
+	return r.f.Count(t, "SELECT count(DISTINCT event_id) FROM applied")
 }
 
 // progress waits until the members applied 60 more events than now.
@@ -156,18 +157,18 @@ func (r *groupRig) check(t *testing.T, live *member) {
 	testenv.WaitFor(t, 60*time.Second, fmt.Sprintf("all %d events to be applied", sent), func() (bool, error) {
 		return r.applied(t) == sent, nil
 	})
-	if n := r.f.count(t, `SELECT count(*) FROM (SELECT event_id FROM applied GROUP BY event_id HAVING count(*) > 1) d`); n != 0 {
+	if n := r.f.Count(t, `SELECT count(*) FROM (SELECT event_id FROM applied GROUP BY event_id HAVING count(*) > 1) d`); n != 0 {
 		t.Errorf("%d events applied more than once", n)
 	}
-	if n := r.f.count(t, `SELECT count(*) FROM (
+	if n := r.f.Count(t, `SELECT count(*) FROM (
 		SELECT version, lag(version, 1, 0::bigint) OVER (PARTITION BY aggregate_id ORDER BY seq) AS prev FROM applied) a
 		WHERE version <> prev + 1`); n != 0 {
 		t.Errorf("%d applications out of per-key order", n)
 	}
-	client := &kafka.Client{Addr: kafka.TCP(r.f.brokers...), Timeout: 5 * time.Second}
+	client := &kafka.Client{Addr: kafka.TCP(r.f.Brokers...), Timeout: 5 * time.Second}
 	var lastSeen string
 	testenv.WaitFor(t, 30*time.Second, "every partition's committed offset to reach its end", func() (bool, error) {
-		ends, committed := endAndCommitted(t, client, r.f.topic, r.group, groupPartitions)
+		ends, committed := endAndCommitted(t, client, r.f.Topic, r.group, groupPartitions)
 		lastSeen = fmt.Sprintf("end %v, committed %v", ends, committed)
 		for p, end := range ends {
 			if committed[p] != end {

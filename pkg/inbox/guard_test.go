@@ -15,6 +15,7 @@ import (
 	"github.com/onceflow/onceflow/pkg/event"
 	"github.com/onceflow/onceflow/pkg/inbox"
 	"github.com/onceflow/onceflow/pkg/inbox/inboxtest"
+	"github.com/onceflow/onceflow/pkg/inbox/internal/inboxtesting"
 	"github.com/onceflow/onceflow/pkg/testenv"
 )
 
@@ -24,14 +25,14 @@ func TestOneKeyInVersionOrderAcrossWorkersAndStaleSkipped(t *testing.T) {
 	var msgs []kafka.Message
 	var versions []int64
 	for v := int64(1); v <= 1000; v++ {
-		msgs = append(msgs, event.ToKafka(f.topic, newEvent("hot", v)))
+		msgs = append(msgs, event.ToKafka(f.Topic, inboxtesting.NewEvent("hot", v)))
 		// Other keys interleaved, spread over the workers.
-		msgs = append(msgs, event.ToKafka(f.topic, newEvent("k"+string(rune('a'+v%7)), (v+6)/7)))
+		msgs = append(msgs, event.ToKafka(f.Topic, inboxtesting.NewEvent("k"+string(rune('a'+v%7)), (v+6)/7)))
 	}
 	// An older version re-emitted under a new event id: stale.
-	replayed := newEvent("hot", 500)
-	msgs = append(msgs, event.ToKafka(f.topic, replayed))
-	f.produce(t, msgs...)
+	replayed := inboxtesting.NewEvent("hot", 500)
+	msgs = append(msgs, event.ToKafka(f.Topic, replayed))
+	f.Produce(t, msgs...)
 
 	var mu sync.Mutex
 	f.run(t, func(ctx context.Context, tx pgx.Tx, ev event.Envelope) error {
@@ -44,8 +45,8 @@ func TestOneKeyInVersionOrderAcrossWorkersAndStaleSkipped(t *testing.T) {
 	}, inbox.Config{Workers: 4, BatchSize: 50, Stale: inbox.StaleSkip}) // the opt-in: skipped, counted
 
 	testenv.WaitFor(t, 60*time.Second, "all 2001 messages", func() (bool, error) {
-		return testenv.MetricValue(t, f.registry, "inbox_processed_total")+
-			testenv.MetricValue(t, f.registry, "inbox_stale_total") == 2001, nil
+		return testenv.MetricValue(t, f.Registry, "inbox_processed_total")+
+			testenv.MetricValue(t, f.Registry, "inbox_stale_total") == 2001, nil
 	})
 	mu.Lock()
 	defer mu.Unlock()
@@ -57,10 +58,10 @@ func TestOneKeyInVersionOrderAcrossWorkersAndStaleSkipped(t *testing.T) {
 			t.Fatalf("hot aggregate: handling %d was version %d, want %d", i, v, i+1)
 		}
 	}
-	if got := testenv.MetricValue(t, f.registry, "inbox_stale_total"); got != 1 {
+	if got := testenv.MetricValue(t, f.Registry, "inbox_stale_total"); got != 1 {
 		t.Fatalf("inbox_stale_total = %v, want 1", got)
 	}
-	if n := f.count(t, "SELECT count(*) FROM inbox_messages WHERE status = 'stale' AND message_id = $1", replayed.EventID); n != 1 {
+	if n := f.Count(t, "SELECT count(*) FROM inbox_messages WHERE status = 'stale' AND message_id = $1", replayed.EventID); n != 1 {
 		t.Fatal("the stale event's inbox row is not marked stale")
 	}
 }
@@ -68,17 +69,17 @@ func TestOneKeyInVersionOrderAcrossWorkersAndStaleSkipped(t *testing.T) {
 func TestKilledAfterCommitBeforeOffsetCommitRedeliveryIsANoOp(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t)
-	evs := []event.Envelope{newEvent("a", 1), newEvent("b", 1), newEvent("c", 1)}
+	evs := []event.Envelope{inboxtesting.NewEvent("a", 1), inboxtesting.NewEvent("b", 1), inboxtesting.NewEvent("c", 1)}
 	var msgs []kafka.Message
 	for _, ev := range evs {
-		msgs = append(msgs, event.ToKafka(f.topic, ev))
+		msgs = append(msgs, event.ToKafka(f.Topic, ev))
 	}
-	f.produce(t, msgs...)
+	f.Produce(t, msgs...)
 	group := testenv.Name("group")
 
 	// First life: dies right after its first database commit.
 	killed := errors.New("killed")
-	c1, err := inbox.NewConsumer(f.pool, f.source(group), f.writer, f.recordEffect, inbox.Config{
+	c1, err := inbox.NewConsumer(f.Pool, f.Source(group), f.Writer, f.recordEffect, inbox.Config{
 		Name: "crashy", Workers: 1, BatchSize: 10,
 	})
 	if err != nil {
@@ -93,14 +94,14 @@ func TestKilledAfterCommitBeforeOffsetCommitRedeliveryIsANoOp(t *testing.T) {
 	if err := c1.Run(crashAfterCommit); !errors.Is(err, killed) {
 		t.Fatalf("first life ended with %v, want the crash", err)
 	}
-	firstLife := f.count(t, "SELECT count(*) FROM effects")
+	firstLife := f.Count(t, "SELECT count(*) FROM effects")
 	if firstLife == 0 {
 		t.Fatal("the first life committed nothing before the crash point")
 	}
 
 	// Second life: the same group gets the uncommitted messages again.
 	reg := prometheus.NewRegistry()
-	c2, err := inbox.NewConsumer(f.pool, f.source(group), f.writer, f.recordEffect, inbox.Config{
+	c2, err := inbox.NewConsumer(f.Pool, f.Source(group), f.Writer, f.recordEffect, inbox.Config{
 		Name: "crashy", Metrics: inbox.NewMetrics(reg),
 	})
 	if err != nil {
@@ -112,16 +113,16 @@ func TestKilledAfterCommitBeforeOffsetCommitRedeliveryIsANoOp(t *testing.T) {
 	defer func() { cancel(); <-done }()
 	testenv.WaitFor(t, 30*time.Second, "the redeliveries", func() (bool, error) {
 		return testenv.MetricValue(t, reg, "inbox_duplicates_total") == float64(firstLife) &&
-			f.count(t, "SELECT count(*) FROM effects") == len(evs), nil
+			f.Count(t, "SELECT count(*) FROM effects") == len(evs), nil
 	})
 }
 
 func TestUpcastersChainOldVersionsToTheCurrentOne(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t)
-	old := newEvent("u", 1)
+	old := inboxtesting.NewEvent("u", 1)
 	old.EventVersion, old.Payload = 1, []byte(`{"amount":5}`)
-	f.produce(t, event.ToKafka(f.topic, old))
+	f.Produce(t, event.ToKafka(f.Topic, old))
 	var got event.Envelope
 	var mu sync.Mutex
 	f.run(t, func(ctx context.Context, tx pgx.Tx, ev event.Envelope) error {
@@ -147,7 +148,7 @@ func TestUpcastersChainOldVersionsToTheCurrentOne(t *testing.T) {
 		}},
 	}})
 	testenv.WaitFor(t, 30*time.Second, "the upcast event", func() (bool, error) {
-		return f.count(t, "SELECT count(*) FROM effects") == 1, nil
+		return f.Count(t, "SELECT count(*) FROM effects") == 1, nil
 	})
 	mu.Lock()
 	defer mu.Unlock()
@@ -159,22 +160,22 @@ func TestUpcastersChainOldVersionsToTheCurrentOne(t *testing.T) {
 func TestVersionGapsAreReportedOrWaitedFor(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t)
-	f.produce(t, event.ToKafka(f.topic, newEvent("g", 1)), event.ToKafka(f.topic, newEvent("g", 3)))
+	f.Produce(t, event.ToKafka(f.Topic, inboxtesting.NewEvent("g", 1)), event.ToKafka(f.Topic, inboxtesting.NewEvent("g", 3)))
 	f.run(t, f.recordEffect, inbox.Config{Gaps: inbox.GapAccept})
 	testenv.WaitFor(t, 30*time.Second, "both events, the gap reported", func() (bool, error) {
-		return f.count(t, "SELECT count(*) FROM effects") == 2 &&
-			testenv.MetricValue(t, f.registry, "inbox_version_gaps_total") == 1, nil
+		return f.Count(t, "SELECT count(*) FROM effects") == 2 &&
+			testenv.MetricValue(t, f.Registry, "inbox_version_gaps_total") == 1, nil
 	})
 
 	g := newFixture(t)
-	dlt := testenv.NewTopic(t, g.brokers, 1)
-	g.produce(t, event.ToKafka(g.topic, newEvent("g", 1)), event.ToKafka(g.topic, newEvent("g", 3)))
+	dlt := testenv.NewTopic(t, g.Brokers, 1)
+	g.Produce(t, event.ToKafka(g.Topic, inboxtesting.NewEvent("g", 1)), event.ToKafka(g.Topic, inboxtesting.NewEvent("g", 3)))
 	g.run(t, g.recordEffect, inbox.Config{Gaps: inbox.GapWait, MaxAttempts: 3, BackoffMin: time.Millisecond,
 		BackoffMax: 2 * time.Millisecond, DeadLetterTopic: dlt})
 	testenv.WaitFor(t, 30*time.Second, "the gapped event to be retried, then dead-lettered", func() (bool, error) {
-		return testenv.MetricValue(t, g.registry, "inbox_dead_lettered_total") == 1, nil
+		return testenv.MetricValue(t, g.Registry, "inbox_dead_lettered_total") == 1, nil
 	})
-	if n := g.count(t, "SELECT count(*) FROM effects"); n != 1 {
+	if n := g.Count(t, "SELECT count(*) FROM effects"); n != 1 {
 		t.Fatalf("%d effects, want only version 1's", n)
 	}
 }

@@ -11,6 +11,7 @@ import (
 
 	"github.com/onceflow/onceflow/pkg/event"
 	"github.com/onceflow/onceflow/pkg/inbox"
+	"github.com/onceflow/onceflow/pkg/inbox/internal/inboxtesting"
 	"github.com/onceflow/onceflow/pkg/testenv"
 )
 
@@ -24,7 +25,7 @@ func TestHopsAtALowRateAreMeasured(t *testing.T) {
 	f := newFixture(t)
 	reg := prometheus.NewRegistry()
 	starts := make(chan time.Time, 1)
-	c, err := inbox.NewConsumer(f.pool, f.source(testenv.Name("group")), f.writer,
+	c, err := inbox.NewConsumer(f.Pool, f.Source(testenv.Name("group")), f.Writer,
 		func(context.Context, pgx.Tx, event.Envelope) error {
 			starts <- time.Now()
 			return nil
@@ -32,15 +33,15 @@ func TestHopsAtALowRateAreMeasured(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	runUntilCleanup(t, c)
+	inboxtesting.RunUntilCleanup(t, c)
 
 	var version int64
 	send := func() time.Duration {
 		t.Helper()
 		version++
-		ev := newEvent("hop", version)
+		ev := inboxtesting.NewEvent("hop", version)
 		ev.OccurredAt = time.Now()
-		f.produce(t, event.ToKafka(f.topic, ev))
+		f.Produce(t, event.ToKafka(f.Topic, ev))
 		select {
 		case start := <-starts:
 			return start.Sub(ev.OccurredAt)

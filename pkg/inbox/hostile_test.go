@@ -14,6 +14,8 @@ import (
 
 	"github.com/onceflow/onceflow/pkg/event"
 	"github.com/onceflow/onceflow/pkg/inbox"
+	"github.com/onceflow/onceflow/pkg/inbox/inboxadmin"
+	"github.com/onceflow/onceflow/pkg/inbox/internal/inboxtesting"
 	"github.com/onceflow/onceflow/pkg/testenv"
 )
 
@@ -21,6 +23,10 @@ import (
 // default, 1 MiB) and than the broker's default message.max.bytes, so it can
 // be dead-lettered only truncated.
 const bigMessage = 3 << 19 // 1.5 MiB
+
+// deadLetterBodyLimit is how much of a refused value a truncated dead letter
+// keeps: the 64 KiB HeaderDLTTruncated's doc promises.
+const deadLetterBodyLimit = 64 << 10
 
 // newTopicTakingBigMessages creates a topic whose max.message.bytes admits
 // bigMessage (the dev stack's broker keeps Kafka's default of about 1 MiB).
@@ -39,12 +45,12 @@ type hostile struct {
 }
 
 func hostileMessages(topic string) []hostile {
-	nulID := newEvent("order\x00-1", 1)
-	badType := newEvent("order-2", 1)
+	nulID := inboxtesting.NewEvent("order\x00-1", 1)
+	badType := inboxtesting.NewEvent("order-2", 1)
 	badType.EventType = "Order\xffPlaced"
 	// The handler stores this event's note in a text column; Postgres
 	// refuses the NUL in it (SQLSTATE 22021), which no retry changes.
-	nulNote := newEvent("order-3", 1)
+	nulNote := inboxtesting.NewEvent("order-3", 1)
 	nulNote.EventType, nulNote.Payload = "NoteAdded", []byte(`{"note":"a\u0000b"}`)
 	big := kafka.Message{Topic: topic, Key: []byte("order-4"), Value: bytes.Repeat([]byte("x"), bigMessage)}
 	return []hostile{
@@ -73,16 +79,16 @@ func applyNote(ctx context.Context, exec func(ctx context.Context, sql string, a
 func TestHostileMessagesNeverStopAPartition(t *testing.T) {
 	t.Parallel()
 	inBothModes(t, func(t *testing.T, f *fixture, mode string) {
-		f.topic = newTopicTakingBigMessages(t, f.brokers)
-		dlt := testenv.NewTopic(t, f.brokers, 1)
-		hs := hostileMessages(f.topic)
-		good := newEvent("order-5", 1)
+		f.Topic = newTopicTakingBigMessages(t, f.Brokers)
+		dlt := testenv.NewTopic(t, f.Brokers, 1)
+		hs := hostileMessages(f.Topic)
+		good := inboxtesting.NewEvent("order-5", 1)
 		// A transport of its own: the default one caches topic metadata
 		// from before this topic existed. Timeouts of 30s rather than
 		// kafka-go's 10s: a 1.5 MiB acks=all write on a loaded 2-core
 		// machine took longer once ("i/o timeout"), and retrying a write
 		// that may have landed would produce a hostile message twice.
-		big := kafka.Writer{Addr: kafka.TCP(f.brokers...), RequiredAcks: kafka.RequireAll, BatchBytes: 4 << 20,
+		big := kafka.Writer{Addr: kafka.TCP(f.Brokers...), RequiredAcks: kafka.RequireAll, BatchBytes: 4 << 20,
 			BatchTimeout: time.Millisecond, WriteTimeout: 30 * time.Second, ReadTimeout: 30 * time.Second,
 			Transport: &kafka.Transport{MetadataTTL: 200 * time.Millisecond}}
 		defer big.Close()
@@ -90,7 +96,7 @@ func TestHostileMessagesNeverStopAPartition(t *testing.T) {
 		for _, h := range hs {
 			msgs = append(msgs, h.msg)
 		}
-		msgs = append(msgs, event.ToKafka(f.topic, good))
+		msgs = append(msgs, event.ToKafka(f.Topic, good))
 		for len(msgs) > 0 {
 			var err error
 			testenv.WaitFor(t, 90*time.Second, "the new topic to take messages", func() (bool, error) {
@@ -104,15 +110,15 @@ func TestHostileMessagesNeverStopAPartition(t *testing.T) {
 		}
 
 		group := testenv.Name("group")
-		cfg := inbox.Config{Name: "hostile-" + mode, DeadLetterTopic: dlt, Metrics: inbox.NewMetrics(f.registry),
+		cfg := inbox.Config{Name: "hostile-" + mode, DeadLetterTopic: dlt, Metrics: inbox.NewMetrics(f.Registry),
 			BackoffMin: time.Millisecond, BackoffMax: 10 * time.Millisecond}
-		running := runUntilCleanup(t, f.modeConsumer(t, mode, f.pool, group, applyNote, cfg))
+		running := inboxtesting.RunUntilCleanup(t, f.modeConsumer(t, mode, f.Pool, group, applyNote, cfg))
 
 		testenv.WaitFor(t, 30*time.Second, "the good event behind the hostile ones", func() (bool, error) {
-			return f.count(t, "SELECT count(*) FROM effects WHERE event_id = $1", good.EventID) == 1, running()
+			return f.Count(t, "SELECT count(*) FROM effects WHERE event_id = $1", good.EventID) == 1, running()
 		})
 
-		r := kafka.NewReader(kafka.ReaderConfig{Brokers: f.brokers, Topic: dlt, Partition: 0, MaxWait: 100 * time.Millisecond})
+		r := kafka.NewReader(kafka.ReaderConfig{Brokers: f.Brokers, Topic: dlt, Partition: 0, MaxWait: 100 * time.Millisecond})
 		defer r.Close()
 		rctx, rcancel := context.WithTimeout(context.Background(), 20*time.Second)
 		defer rcancel()
@@ -125,7 +131,7 @@ func TestHostileMessagesNeverStopAPartition(t *testing.T) {
 				t.Fatalf("reading dead letters (%d of %d read): %v", len(byOffset), len(hs), err)
 			}
 			for _, kv := range m.Headers {
-				if kv.Key == inbox.HeaderDLTOffset {
+				if kv.Key == inboxadmin.HeaderDLTOffset {
 					byOffset[string(kv.Value)] = m
 				}
 			}
@@ -140,26 +146,26 @@ func TestHostileMessagesNeverStopAPartition(t *testing.T) {
 			for _, kv := range m.Headers {
 				hdr[kv.Key] = string(kv.Value)
 			}
-			if !strings.Contains(hdr[inbox.HeaderDLTReason], h.reason) {
-				t.Errorf("%s: dlt-reason %q, want it to mention %q", h.name, hdr[inbox.HeaderDLTReason], h.reason)
+			if !strings.Contains(hdr[inboxadmin.HeaderDLTReason], h.reason) {
+				t.Errorf("%s: dlt-reason %q, want it to mention %q", h.name, hdr[inboxadmin.HeaderDLTReason], h.reason)
 			}
-			if strings.Contains(hdr[inbox.HeaderDLTReason], "gave up after") {
-				t.Errorf("%s: retried as if transient (%q); want it dead-lettered at once", h.name, hdr[inbox.HeaderDLTReason])
+			if strings.Contains(hdr[inboxadmin.HeaderDLTReason], "gave up after") {
+				t.Errorf("%s: retried as if transient (%q); want it dead-lettered at once", h.name, hdr[inboxadmin.HeaderDLTReason])
 			}
-			if hdr[inbox.HeaderDLTTopic] != f.topic || hdr[inbox.HeaderDLTPartition] != "0" {
-				t.Errorf("%s: dead letter names %s/%s, want %s/0", h.name, hdr[inbox.HeaderDLTTopic], hdr[inbox.HeaderDLTPartition], f.topic)
+			if hdr[inboxadmin.HeaderDLTTopic] != f.Topic || hdr[inboxadmin.HeaderDLTPartition] != "0" {
+				t.Errorf("%s: dead letter names %s/%s, want %s/0", h.name, hdr[inboxadmin.HeaderDLTTopic], hdr[inboxadmin.HeaderDLTPartition], f.Topic)
 			}
 			if len(h.msg.Value) == bigMessage {
-				if hdr[inbox.HeaderDLTTruncated] != fmt.Sprint(bigMessage) || len(m.Value) != inbox.DeadLetterBodyLimit ||
-					!bytes.Equal(m.Value, h.msg.Value[:inbox.DeadLetterBodyLimit]) {
+				if hdr[inboxadmin.HeaderDLTTruncated] != fmt.Sprint(bigMessage) || len(m.Value) != deadLetterBodyLimit ||
+					!bytes.Equal(m.Value, h.msg.Value[:deadLetterBodyLimit]) {
 					t.Errorf("%s: dead letter of %d bytes with %s=%q, want the first %d bytes and the original size",
-						h.name, len(m.Value), inbox.HeaderDLTTruncated, hdr[inbox.HeaderDLTTruncated], inbox.DeadLetterBodyLimit)
+						h.name, len(m.Value), inboxadmin.HeaderDLTTruncated, hdr[inboxadmin.HeaderDLTTruncated], deadLetterBodyLimit)
 				}
 			}
 		}
-		client := &kafka.Client{Addr: kafka.TCP(f.brokers...), Timeout: 5 * time.Second}
+		client := &kafka.Client{Addr: kafka.TCP(f.Brokers...), Timeout: 5 * time.Second}
 		testenv.WaitFor(t, 10*time.Second, "the group's offset to pass every message", func() (bool, error) {
-			ends, committed := endAndCommitted(t, client, f.topic, group, 1)
+			ends, committed := endAndCommitted(t, client, f.Topic, group, 1)
 			return committed[0] == ends[0] && ends[0] == int64(len(hs)+1), nil
 		})
 		// Each one once: no dead letter is published again on a retry.

@@ -9,90 +9,29 @@ import (
 	"testing"
 	"time"
 
-	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
-	"github.com/prometheus/client_golang/prometheus"
 	"github.com/segmentio/kafka-go"
 
 	"github.com/onceflow/onceflow/pkg/event"
 	"github.com/onceflow/onceflow/pkg/inbox"
-	"github.com/onceflow/onceflow/pkg/inbox/inboxtest"
+	"github.com/onceflow/onceflow/pkg/inbox/inboxadmin"
+	"github.com/onceflow/onceflow/pkg/inbox/internal/inboxtesting"
 	"github.com/onceflow/onceflow/pkg/inbox/lease"
 	"github.com/onceflow/onceflow/pkg/testenv"
 )
-
-// fixture is a fresh database with the inbox schema and an effects table,
-// a fresh topic and its dead-letter topic, and a consumer on them.
-type fixture struct {
-	pool     *pgxpool.Pool
-	brokers  []string
-	topic    string
-	writer   *testenv.Writer
-	registry *prometheus.Registry
-	calls    atomic.Int32
-}
-
-func newFixture(t *testing.T) *fixture {
-	t.Helper()
-	f := &fixture{brokers: testenv.KafkaBrokers(t), registry: prometheus.NewRegistry()}
-	f.pool = inboxtest.NewDatabase(t)
-	if _, err := f.pool.Exec(context.Background(),
-		`CREATE TABLE effects (event_id uuid PRIMARY KEY, aggregate_id text NOT NULL, seq bigserial)`); err != nil {
-		t.Fatal(err)
-	}
-	f.topic = testenv.NewTopic(t, f.brokers, 1)
-	testenv.NewTopicNamed(t, f.brokers, f.topic+".dlt", 1) // Run refuses to start without it
-	f.writer = testenv.NewWriter(f.brokers, 10)
-	t.Cleanup(func() { f.writer.Close() })
-	return f
-}
 
 // run starts a consumer with handler h until the test ends.
 func (f *fixture) run(t *testing.T, h inbox.Handler, cfg inbox.Config) {
 	t.Helper()
 	cfg.Name = "test-consumer"
-	cfg.Metrics = inbox.NewMetrics(f.registry)
-	c, err := inbox.NewConsumer(f.pool, f.source(testenv.Name("group")), f.writer, h, cfg)
+	cfg.Metrics = inbox.NewMetrics(f.Registry)
+	c, err := inbox.NewConsumer(f.Pool, f.Source(testenv.Name("group")), f.Writer, h, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
-	runUntilCleanup(t, c)
-}
-
-// source is the fixture's topic, read in group.
-func (f *fixture) source(group string) inbox.GroupConfig {
-	return inbox.GroupConfig{Brokers: f.brokers, Topic: f.topic, Group: group}
-}
-
-// runUntilCleanup runs c until the test ends, and returns running, which
-// reports an error once Run has returned early: Run must return only when its
-// context ends, so a WaitFor condition returns running() to fail fast.
-func runUntilCleanup(t *testing.T, c *inbox.Consumer) (running func() error) {
-	t.Helper()
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	var runErr error
-	go func() {
-		runErr = c.Run(ctx)
-		close(done)
-	}()
-	t.Cleanup(func() {
-		cancel()
-		<-done
-		if runErr != nil {
-			t.Errorf("consumer: %v", runErr)
-		}
-	})
-	return func() error {
-		select {
-		case <-done:
-			return fmt.Errorf("Run returned before the test ended: %v", runErr)
-		default:
-			return nil
-		}
-	}
+	inboxtesting.RunUntilCleanup(t, c)
 }
 
 // inBothModes runs test as two parallel subtests, "transactional" and
@@ -109,21 +48,21 @@ func inBothModes(t *testing.T, test func(t *testing.T, f *fixture, mode string))
 
 // modeConsumer is a consumer of the fixture's topic, read through pool in
 // group, in mode "transactional" (apply runs in the inbox transaction) or
-// "lease" (apply runs on f.pool beside it, the effect's Check finding
+// "lease" (apply runs on f.Pool beside it, the effect's Check finding
 // nothing): the tests that must hold in both modes build theirs here.
 func (f *fixture) modeConsumer(t *testing.T, mode string, pool *pgxpool.Pool, group string, apply execApply, cfg inbox.Config) *inbox.Consumer {
 	t.Helper()
 	var c *inbox.Consumer
 	var err error
 	if mode == "transactional" {
-		c, err = inbox.NewConsumer(pool, f.source(group), f.writer, func(ctx context.Context, tx pgx.Tx, ev event.Envelope) error {
+		c, err = inbox.NewConsumer(pool, f.Source(group), f.Writer, func(ctx context.Context, tx pgx.Tx, ev event.Envelope) error {
 			return apply(ctx, tx.Exec, ev)
 		}, cfg)
 	} else {
-		c, err = lease.NewConsumer(pool, f.source(group), f.writer, lease.Effect{
+		c, err = lease.NewConsumer(pool, f.Source(group), f.Writer, lease.Effect{
 			Check: func(context.Context, string) (bool, error) { return false, nil },
 			Call: func(ctx context.Context, ev event.Envelope, _ string) error {
-				return apply(ctx, f.pool.Exec, ev)
+				return apply(ctx, f.Pool.Exec, ev)
 			},
 		}, lease.Config{Config: cfg})
 	}
@@ -145,63 +84,36 @@ func insertEffect(ctx context.Context, exec func(ctx context.Context, sql string
 
 // recordEffect is a handler whose side effect is one row per event.
 func (f *fixture) recordEffect(ctx context.Context, tx pgx.Tx, ev event.Envelope) error {
-	f.calls.Add(1)
+	f.Calls.Add(1)
 	_, err := tx.Exec(ctx, "INSERT INTO effects (event_id, aggregate_id) VALUES ($1, $2)", ev.EventID, ev.AggregateID)
 	return err
-}
-
-func (f *fixture) produce(t *testing.T, msgs ...kafka.Message) {
-	t.Helper()
-	for i := range msgs {
-		msgs[i].Topic = f.topic
-	}
-	if err := f.writer.WriteMessages(context.Background(), msgs...); err != nil {
-		t.Fatal(err)
-	}
-}
-
-func (f *fixture) count(t *testing.T, query string, args ...any) int {
-	t.Helper()
-	var n int
-	if err := f.pool.QueryRow(context.Background(), query, args...).Scan(&n); err != nil {
-		t.Fatal(err)
-	}
-	return n
-}
-
-func newEvent(aggregateID string, version int64) event.Envelope {
-	return event.Envelope{
-		EventID: uuid.New(), EventType: "ThingHappened", EventVersion: 1,
-		AggregateType: "thing", AggregateID: aggregateID, AggregateVersion: version,
-		OccurredAt: time.Now(), Payload: []byte(`{"n":1}`),
-	}
 }
 
 func TestSameEventTenTimesHasOneEffect(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t)
-	ev := newEvent("agg", 1)
+	ev := inboxtesting.NewEvent("agg", 1)
 	msgs := make([]kafka.Message, 10)
 	for i := range msgs {
-		msgs[i] = event.ToKafka(f.topic, ev)
+		msgs[i] = event.ToKafka(f.Topic, ev)
 	}
-	f.produce(t, msgs...)
+	f.Produce(t, msgs...)
 	f.run(t, f.recordEffect, inbox.Config{})
 
 	testenv.WaitFor(t, 30*time.Second, "10 deliveries to be handled", func() (bool, error) {
-		return testenv.MetricValue(t, f.registry, "inbox_processed_total")+
-			testenv.MetricValue(t, f.registry, "inbox_duplicates_total") == 10, nil
+		return testenv.MetricValue(t, f.Registry, "inbox_processed_total")+
+			testenv.MetricValue(t, f.Registry, "inbox_duplicates_total") == 10, nil
 	})
-	if n := f.count(t, "SELECT count(*) FROM effects"); n != 1 {
+	if n := f.Count(t, "SELECT count(*) FROM effects"); n != 1 {
 		t.Fatalf("%d effects, want 1", n)
 	}
-	if n := f.count(t, "SELECT count(*) FROM inbox_messages WHERE status = 'processed'"); n != 1 {
+	if n := f.Count(t, "SELECT count(*) FROM inbox_messages WHERE status = 'processed'"); n != 1 {
 		t.Fatalf("%d inbox rows, want 1", n)
 	}
-	if got := testenv.MetricValue(t, f.registry, "inbox_duplicates_total"); got != 9 {
+	if got := testenv.MetricValue(t, f.Registry, "inbox_duplicates_total"); got != 9 {
 		t.Fatalf("inbox_duplicates_total = %v, want 9", got)
 	}
-	if got := f.calls.Load(); got != 1 {
+	if got := f.Calls.Load(); got != 1 {
 		t.Fatalf("handler ran %d times, want 1", got)
 	}
 }
@@ -209,16 +121,16 @@ func TestSameEventTenTimesHasOneEffect(t *testing.T) {
 func TestPoisonMessagesAreDeadLetteredAndThePartitionMovesOn(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t)
-	dlt := testenv.NewTopic(t, f.brokers, 1)
+	dlt := testenv.NewTopic(t, f.Brokers, 1)
 	// The good event is of another aggregate: a later event of the bad
 	// one's aggregate would be parked behind it (park_test.go).
-	good := newEvent("other", 1)
-	badVersion := newEvent("agg", 1)
+	good := inboxtesting.NewEvent("other", 1)
+	badVersion := inboxtesting.NewEvent("agg", 1)
 	badVersion.EventVersion = 99
-	f.produce(t,
+	f.Produce(t,
 		kafka.Message{Key: []byte("agg"), Value: []byte("not an event")},
-		event.ToKafka(f.topic, badVersion),
-		event.ToKafka(f.topic, good),
+		event.ToKafka(f.Topic, badVersion),
+		event.ToKafka(f.Topic, good),
 	)
 	f.run(t, func(ctx context.Context, tx pgx.Tx, ev event.Envelope) error {
 		if ev.EventVersion != 1 {
@@ -228,10 +140,10 @@ func TestPoisonMessagesAreDeadLetteredAndThePartitionMovesOn(t *testing.T) {
 	}, inbox.Config{DeadLetterTopic: dlt})
 
 	testenv.WaitFor(t, 30*time.Second, "the good event behind two poison messages", func() (bool, error) {
-		return f.count(t, "SELECT count(*) FROM effects WHERE event_id = $1", good.EventID) == 1, nil
+		return f.Count(t, "SELECT count(*) FROM effects WHERE event_id = $1", good.EventID) == 1, nil
 	})
 
-	r := kafka.NewReader(kafka.ReaderConfig{Brokers: f.brokers, Topic: dlt, Partition: 0, MaxWait: 100 * time.Millisecond})
+	r := kafka.NewReader(kafka.ReaderConfig{Brokers: f.Brokers, Topic: dlt, Partition: 0, MaxWait: 100 * time.Millisecond})
 	defer r.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
@@ -245,25 +157,25 @@ func TestPoisonMessagesAreDeadLetteredAndThePartitionMovesOn(t *testing.T) {
 		for _, kv := range m.Headers {
 			h[kv.Key] = string(kv.Value)
 		}
-		if !strings.Contains(h[inbox.HeaderDLTReason], want) {
-			t.Fatalf("dead letter %d reason = %q, want it to mention %q", i, h[inbox.HeaderDLTReason], want)
+		if !strings.Contains(h[inboxadmin.HeaderDLTReason], want) {
+			t.Fatalf("dead letter %d reason = %q, want it to mention %q", i, h[inboxadmin.HeaderDLTReason], want)
 		}
-		if h[inbox.HeaderDLTTopic] != f.topic || h[inbox.HeaderDLTOffset] != fmt.Sprint(i) {
-			t.Fatalf("dead letter %d came from %s@%s, want %s@%d", i, h[inbox.HeaderDLTTopic], h[inbox.HeaderDLTOffset], f.topic, i)
+		if h[inboxadmin.HeaderDLTTopic] != f.Topic || h[inboxadmin.HeaderDLTOffset] != fmt.Sprint(i) {
+			t.Fatalf("dead letter %d came from %s@%s, want %s@%d", i, h[inboxadmin.HeaderDLTTopic], h[inboxadmin.HeaderDLTOffset], f.Topic, i)
 		}
 	}
 	// The dead letter is published first, its row recorded after, in a
 	// transaction of its own (deadLetterAlone): reading the topic does not
 	// mean the row is there yet, nor the count.
 	testenv.WaitFor(t, 10*time.Second, "the unknown version's dead_lettered inbox row and both dead letters counted", func() (bool, error) {
-		n := f.count(t, "SELECT count(*) FROM inbox_messages WHERE status = 'dead_lettered' AND message_id = $1", badVersion.EventID)
+		n := f.Count(t, "SELECT count(*) FROM inbox_messages WHERE status = 'dead_lettered' AND message_id = $1", badVersion.EventID)
 		if n > 1 {
 			return false, fmt.Errorf("%d dead_lettered inbox rows for the unknown version, want 1", n)
 		}
-		return n == 1 && testenv.MetricValue(t, f.registry, "inbox_dead_lettered_total") == 2, nil
+		return n == 1 && testenv.MetricValue(t, f.Registry, "inbox_dead_lettered_total") == 2, nil
 	})
-	for reason, want := range map[string]float64{inbox.ReasonUndecodable: 1, inbox.ReasonPermanent: 1, inbox.ReasonExhausted: 0} {
-		if got := testenv.LabeledMetricValue(t, f.registry, "inbox_dead_lettered_total", map[string]string{"reason": reason}); got != want {
+	for reason, want := range map[string]float64{"undecodable": 1, "permanent": 1, "exhausted": 0} {
+		if got := testenv.LabeledMetricValue(t, f.Registry, "inbox_dead_lettered_total", map[string]string{"reason": reason}); got != want {
 			t.Errorf("inbox_dead_lettered_total{reason=%q} = %v, want %v", reason, got, want)
 		}
 	}
@@ -272,9 +184,9 @@ func TestPoisonMessagesAreDeadLetteredAndThePartitionMovesOn(t *testing.T) {
 func TestTransientFailuresRetryThenSucceedOrDeadLetter(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t)
-	dlt := testenv.NewTopic(t, f.brokers, 1)
-	flaky, hopeless := newEvent("a", 1), newEvent("b", 1)
-	f.produce(t, event.ToKafka(f.topic, flaky), event.ToKafka(f.topic, hopeless))
+	dlt := testenv.NewTopic(t, f.Brokers, 1)
+	flaky, hopeless := inboxtesting.NewEvent("a", 1), inboxtesting.NewEvent("b", 1)
+	f.Produce(t, event.ToKafka(f.Topic, flaky), event.ToKafka(f.Topic, hopeless))
 	var flakyTries atomic.Int32
 	f.run(t, func(ctx context.Context, tx pgx.Tx, ev event.Envelope) error {
 		if ev.EventID == hopeless.EventID {
@@ -288,17 +200,17 @@ func TestTransientFailuresRetryThenSucceedOrDeadLetter(t *testing.T) {
 		LagInterval: 50 * time.Millisecond})
 
 	testenv.WaitFor(t, 30*time.Second, "the hopeless event to be dead-lettered", func() (bool, error) {
-		return testenv.LabeledMetricValue(t, f.registry, "inbox_dead_lettered_total",
-			map[string]string{"reason": inbox.ReasonExhausted}) == 1, nil
+		return testenv.LabeledMetricValue(t, f.Registry, "inbox_dead_lettered_total",
+			map[string]string{"reason": "exhausted"}) == 1, nil
 	})
 	// The dead-letter backlog: the hopeless event's row, until a requeue.
 	testenv.WaitFor(t, 10*time.Second, "inbox_dead_letters to count the dead-lettered row", func() (bool, error) {
-		return testenv.MetricValue(t, f.registry, "inbox_dead_letters") == 1, nil
+		return testenv.MetricValue(t, f.Registry, "inbox_dead_letters") == 1, nil
 	})
 	// The two events' keys may go to different workers: the hopeless one's
 	// dead letter says nothing about where the flaky one's retries are.
 	testenv.WaitFor(t, 10*time.Second, "the flaky event's effect after its retries", func() (bool, error) {
-		n := f.count(t, "SELECT count(*) FROM effects WHERE event_id = $1", flaky.EventID)
+		n := f.Count(t, "SELECT count(*) FROM effects WHERE event_id = $1", flaky.EventID)
 		if n > 1 {
 			return false, fmt.Errorf("flaky event: %d effects, want 1 after retries", n)
 		}
@@ -308,7 +220,7 @@ func TestTransientFailuresRetryThenSucceedOrDeadLetter(t *testing.T) {
 		t.Fatalf("flaky event tried %d times, want 3", got)
 	}
 	var lastErr string
-	if err := f.pool.QueryRow(context.Background(),
+	if err := f.Pool.QueryRow(context.Background(),
 		"SELECT last_error FROM inbox_messages WHERE message_id = $1 AND status = 'dead_lettered'", hopeless.EventID).Scan(&lastErr); err != nil {
 		t.Fatal(err)
 	}
@@ -316,7 +228,7 @@ func TestTransientFailuresRetryThenSucceedOrDeadLetter(t *testing.T) {
 		t.Fatalf("last_error = %q", lastErr)
 	}
 	// 2 failures of the flaky event + 4 of the hopeless one.
-	if got := testenv.MetricValue(t, f.registry, "inbox_failures_total"); got != 6 {
+	if got := testenv.MetricValue(t, f.Registry, "inbox_failures_total"); got != 6 {
 		t.Fatalf("inbox_failures_total = %v, want 6", got)
 	}
 }

@@ -16,6 +16,8 @@ import (
 
 	"github.com/onceflow/onceflow/pkg/event"
 	"github.com/onceflow/onceflow/pkg/inbox"
+	"github.com/onceflow/onceflow/pkg/inbox/inboxadmin"
+	"github.com/onceflow/onceflow/pkg/inbox/internal/inboxtesting"
 	"github.com/onceflow/onceflow/pkg/inbox/lease"
 	"github.com/onceflow/onceflow/pkg/testenv"
 )
@@ -24,51 +26,6 @@ import (
 // Consumer.Handle (the consumer's real path, without a group), against the
 // real Postgres and Kafka. The interleaving checker (interleave_test.go)
 // finds each of them too when it is put back.
-
-// bookingParty is a third party that cannot dedupe, for these tests: Call
-// books, then fails with failWith while it is set (a 502 after the booking
-// landed); Check says whether the key was booked.
-type bookingParty struct {
-	mu       sync.Mutex
-	booked   map[string]int
-	failWith error
-	refuse   map[string]error // event id -> the error Call returns instead of booking
-}
-
-func newBookingParty() *bookingParty {
-	return &bookingParty{booked: map[string]int{}, refuse: map[string]error{}}
-}
-
-func (p *bookingParty) effect() lease.Effect {
-	return lease.Effect{
-		Check: func(_ context.Context, key string) (bool, error) {
-			p.mu.Lock()
-			defer p.mu.Unlock()
-			return p.booked[key] > 0, nil
-		},
-		Call: func(_ context.Context, _ event.Envelope, key string) error {
-			p.mu.Lock()
-			defer p.mu.Unlock()
-			if err := p.refuse[key]; err != nil {
-				return err
-			}
-			p.booked[key]++
-			return p.failWith
-		},
-	}
-}
-
-func (p *bookingParty) set(failWith error) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	p.failWith = failWith
-}
-
-func (p *bookingParty) bookings(key string) int {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	return p.booked[key]
-}
 
 // gateWriter is a dead-letter topic that is slow: its first write waits
 // until the test opens the gate (entered says it is waiting), then goes to
@@ -98,62 +55,6 @@ func (g *gateWriter) WriteMessages(ctx context.Context, msgs ...kafka.Message) e
 	return g.Writer.WriteMessages(ctx, msgs...)
 }
 
-// handle runs msgs through c, failing the test on an error.
-func handle(t *testing.T, c *inbox.Consumer, msgs ...kafka.Message) {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-	defer cancel()
-	if err := c.Handle(ctx, msgs...); err != nil {
-		t.Fatalf("Handle: %v", err)
-	}
-}
-
-// lastMessage reads the last message of partition 0 of topic: what a
-// requeue just produced.
-func lastMessage(t *testing.T, brokers []string, topic string) kafka.Message {
-	t.Helper()
-	conn, err := kafka.DialLeader(context.Background(), "tcp", brokers[0], topic, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	_, last, err := conn.ReadOffsets()
-	conn.Close()
-	if err != nil || last == 0 {
-		t.Fatalf("%s: end offset %d, %v; want a message", topic, last, err)
-	}
-	r := kafka.NewReader(kafka.ReaderConfig{Brokers: brokers, Topic: topic, Partition: 0, MaxWait: 100 * time.Millisecond,
-		MaxBytes: 4 << 20})
-	defer r.Close()
-	if err := r.SetOffset(last - 1); err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-	defer cancel()
-	m, err := r.ReadMessage(ctx)
-	if err != nil {
-		t.Fatalf("reading the last message of %s: %v", topic, err)
-	}
-	return m
-}
-
-func (f *fixture) status(t *testing.T, consumer string, ev event.Envelope) string {
-	t.Helper()
-	var s string
-	err := f.pool.QueryRow(context.Background(), `SELECT status FROM inbox_messages WHERE consumer = $1 AND message_id = $2`,
-		consumer, ev.EventID).Scan(&s)
-	if errors.Is(err, pgx.ErrNoRows) {
-		return "(no row)"
-	}
-	if err != nil {
-		t.Fatal(err)
-	}
-	return s
-}
-
-func fastRetries(name, dlt string) inbox.Config {
-	return inbox.Config{Name: name, DeadLetterTopic: dlt, BackoffMin: time.Millisecond, BackoffMax: 5 * time.Millisecond}
-}
-
 // Bug 2: member A waits on a slow dead-letter topic while member B (a
 // second group with the same inbox name, or the partition's next owner)
 // applies the same event. A's late dead-letter write must change nothing:
@@ -164,59 +65,59 @@ func fastRetries(name, dlt string) inbox.Config {
 func TestALateDeadLetterWriteLeavesAProcessedRowAlone(t *testing.T) {
 	t.Parallel()
 	inBothModes(t, func(t *testing.T, f *fixture, mode string) {
-		dlt := testenv.NewTopic(t, f.brokers, 1)
+		dlt := testenv.NewTopic(t, f.Brokers, 1)
 		name := "shared-" + mode
-		v1, v2 := newEvent("order-2", 1), newEvent("order-2", 2)
-		gate := newGateWriter(f.writer)
+		v1, v2 := inboxtesting.NewEvent("order-2", 1), inboxtesting.NewEvent("order-2", 2)
+		gate := newGateWriter(f.Writer)
 		var a, b *inbox.Consumer
 		var err error
-		cfg := fastRetries(name, dlt)
+		cfg := inboxtesting.FastRetries(name, dlt)
 		if mode == "transactional" {
-			a, err = inbox.NewConsumer(f.pool, f.source(testenv.Name("a")), gate, func(context.Context, pgx.Tx, event.Envelope) error {
+			a, err = inbox.NewConsumer(f.Pool, f.Source(testenv.Name("a")), gate, func(context.Context, pgx.Tx, event.Envelope) error {
 				return inbox.Permanent(errors.New("member A's handler refuses it"))
 			}, cfg)
 			if err != nil {
 				t.Fatal(err)
 			}
-			b, err = inbox.NewConsumer(f.pool, f.source(testenv.Name("b")), f.writer, f.recordEffect, cfg)
+			b, err = inbox.NewConsumer(f.Pool, f.Source(testenv.Name("b")), f.Writer, f.recordEffect, cfg)
 		} else {
-			refusing := newBookingParty()
-			refusing.refuse[v1.EventID.String()] = inbox.Permanent(errors.New("member A's third party refuses it"))
+			refusing := inboxtesting.NewBookingParty()
+			refusing.Refuse[v1.EventID.String()] = inbox.Permanent(errors.New("member A's third party refuses it"))
 			lcfg := lease.Config{Config: cfg, LeaseTTL: 300 * time.Millisecond}
-			a, err = lease.NewConsumer(f.pool, f.source(testenv.Name("a")), gate, refusing.effect(), lcfg)
+			a, err = lease.NewConsumer(f.Pool, f.Source(testenv.Name("a")), gate, refusing.Effect(), lcfg)
 			if err != nil {
 				t.Fatal(err)
 			}
-			b, err = lease.NewConsumer(f.pool, f.source(testenv.Name("b")), f.writer, newBookingParty().effect(), lcfg)
+			b, err = lease.NewConsumer(f.Pool, f.Source(testenv.Name("b")), f.Writer, inboxtesting.NewBookingParty().Effect(), lcfg)
 		}
 		if err != nil {
 			t.Fatal(err)
 		}
 		aDone := make(chan error, 1)
-		go func() { aDone <- a.Handle(context.Background(), event.ToKafka(f.topic, v1)) }()
+		go func() { aDone <- a.Handle(context.Background(), event.ToKafka(f.Topic, v1)) }()
 		<-gate.entered // A's dead letter waits on the slow topic
 		if mode == "lease" {
 			// A's lease expires while it waits: B takes it over.
 			testenv.WaitFor(t, 10*time.Second, "A's lease to expire", func() (bool, error) {
-				return f.count(t, `SELECT count(*) FROM inbox_messages WHERE message_id = $1 AND lease_until < now()`, v1.EventID) == 1, nil
+				return f.Count(t, `SELECT count(*) FROM inbox_messages WHERE message_id = $1 AND lease_until < now()`, v1.EventID) == 1, nil
 			})
 		}
-		handle(t, b, event.ToKafka(f.topic, v1))
-		if s := f.status(t, name, v1); s != "processed" {
+		inboxtesting.Handle(t, b, event.ToKafka(f.Topic, v1))
+		if s := f.Status(t, name, v1); s != "processed" {
 			t.Fatalf("B left v1 %s, want processed", s)
 		}
 		close(gate.open)
 		if err := <-aDone; err != nil {
 			t.Fatalf("A: %v", err)
 		}
-		if s := f.status(t, name, v1); s != "processed" {
+		if s := f.Status(t, name, v1); s != "processed" {
 			t.Fatalf("A's late dead-letter write turned B's processed v1 into %s", s)
 		}
-		if n := f.count(t, `SELECT count(*) FROM inbox_dead_keys WHERE message_id = $1`, v1.EventID); n != 0 {
+		if n := f.Count(t, `SELECT count(*) FROM inbox_dead_keys WHERE message_id = $1`, v1.EventID); n != 0 {
 			t.Fatalf("A's late dead-letter write holds v1's aggregate (%d inbox_dead_keys rows) though v1 was applied", n)
 		}
-		handle(t, b, event.ToKafka(f.topic, v2))
-		if s := f.status(t, name, v2); s != "processed" {
+		inboxtesting.Handle(t, b, event.ToKafka(f.Topic, v2))
+		if s := f.Status(t, name, v2); s != "processed" {
 			t.Fatalf("v2 is %s, want processed: it was parked behind an event that was applied", s)
 		}
 	})
@@ -230,38 +131,38 @@ func TestARequeuedTruncatedDeadLetterIsSentWholeAndReleasesItsAggregate(t *testi
 	t.Parallel()
 	f := newFixture(t)
 	dlt := testenv.Name("small-dlt")
-	testenv.NewTopicNamed(t, f.brokers, dlt, 1, kafka.ConfigEntry{ConfigName: "max.message.bytes", ConfigValue: "100000"})
-	big := newEvent("order-4", 1)
+	testenv.NewTopicNamed(t, f.Brokers, dlt, 1, kafka.ConfigEntry{ConfigName: "max.message.bytes", ConfigValue: "100000"})
+	big := inboxtesting.NewEvent("order-4", 1)
 	big.Payload = []byte(`{"pad":"` + strings.Repeat("x", 300_000) + `"}`)
-	next := newEvent("order-4", 2)
+	next := inboxtesting.NewEvent("order-4", 2)
 	apply, repair := refusedUntilRepaired(big)
-	c, err := inbox.NewConsumer(f.pool, f.source(testenv.Name("group")), f.writer, func(ctx context.Context, tx pgx.Tx, ev event.Envelope) error {
+	c, err := inbox.NewConsumer(f.Pool, f.Source(testenv.Name("group")), f.Writer, func(ctx context.Context, tx pgx.Tx, ev event.Envelope) error {
 		return apply(ctx, tx.Exec, ev)
-	}, fastRetries("truncated", dlt))
+	}, inboxtesting.FastRetries("truncated", dlt))
 	if err != nil {
 		t.Fatal(err)
 	}
-	handle(t, c, event.ToKafka(f.topic, big))
-	handle(t, c, event.ToKafka(f.topic, next))
-	dl := lastMessage(t, f.brokers, dlt)
+	inboxtesting.Handle(t, c, event.ToKafka(f.Topic, big))
+	inboxtesting.Handle(t, c, event.ToKafka(f.Topic, next))
+	dl := inboxtesting.LastMessage(t, f.Brokers, dlt)
 	if len(dl.Value) >= len(big.Payload) {
 		t.Fatalf("the dead letter holds %d bytes; want it truncated (the test's premise)", len(dl.Value))
 	}
-	if n := f.count(t, `SELECT count(*) FROM inbox_parked_messages WHERE message_id = $1`, next.EventID); n != 1 {
+	if n := f.Count(t, `SELECT count(*) FROM inbox_parked_messages WHERE message_id = $1`, next.EventID); n != 1 {
 		t.Fatalf("v2 is not parked behind the dead v1 (%d parked rows)", n)
 	}
 
 	repair()
-	f.requeue(t, dlt, 1, big.EventID)
-	requeued := lastMessage(t, f.brokers, f.topic)
+	f.Requeue(t, dlt, 1, big.EventID)
+	requeued := inboxtesting.LastMessage(t, f.Brokers, f.Topic)
 	if !bytes.Equal(requeued.Value, big.Payload) {
 		t.Errorf("the requeue sent %d bytes, want the whole original's %d", len(requeued.Value), len(big.Payload))
 	}
-	handle(t, c, requeued)
+	inboxtesting.Handle(t, c, requeued)
 	got := f.effectOrder(t, map[uuid.UUID]event.Envelope{big.EventID: big, next.EventID: next})
 	if fmt.Sprint(got) != "[order-41 order-42]" {
 		t.Fatalf("effects %v after the requeue, want v1 then v2 (big v1 is %s, v2 parked: %d)", got,
-			f.status(t, "truncated", big), f.count(t, `SELECT count(*) FROM inbox_parked_messages WHERE message_id = $1`, next.EventID))
+			f.Status(t, "truncated", big), f.Count(t, `SELECT count(*) FROM inbox_parked_messages WHERE message_id = $1`, next.EventID))
 	}
 }
 
@@ -273,51 +174,51 @@ func TestARequeuedTruncatedDeadLetterIsSentWholeAndReleasesItsAggregate(t *testi
 func TestAHeldAggregateWhoseDeadLetterIsGoneIsReleasedByAnOperator(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t)
-	gone := testenv.NewTopic(t, f.brokers, 1) // the dead letters went here, then retention took them
-	v1, v2 := newEvent("order-6", 1), newEvent("order-6", 2)
+	gone := testenv.NewTopic(t, f.Brokers, 1) // the dead letters went here, then retention took them
+	v1, v2 := inboxtesting.NewEvent("order-6", 1), inboxtesting.NewEvent("order-6", 2)
 	apply, _ := refusedUntilRepaired(v1)
-	cfg := fastRetries("released", testenv.NewTopic(t, f.brokers, 1))
+	cfg := inboxtesting.FastRetries("released", testenv.NewTopic(t, f.Brokers, 1))
 	cfg.LagInterval = 50 * time.Millisecond
-	cfg.Metrics = inbox.NewMetrics(f.registry)
-	c, err := inbox.NewConsumer(f.pool, f.source(testenv.Name("group")), f.writer, func(ctx context.Context, tx pgx.Tx, ev event.Envelope) error {
+	cfg.Metrics = inbox.NewMetrics(f.Registry)
+	c, err := inbox.NewConsumer(f.Pool, f.Source(testenv.Name("group")), f.Writer, func(ctx context.Context, tx pgx.Tx, ev event.Envelope) error {
 		return apply(ctx, tx.Exec, ev)
 	}, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
-	f.produce(t, event.ToKafka(f.topic, v1), event.ToKafka(f.topic, v2))
-	running := runUntilCleanup(t, c)
+	f.Produce(t, event.ToKafka(f.Topic, v1), event.ToKafka(f.Topic, v2))
+	running := inboxtesting.RunUntilCleanup(t, c)
 	testenv.WaitFor(t, 30*time.Second, "v1 dead and v2 parked", func() (bool, error) {
-		return f.status(t, "released", v1) == "dead_lettered" &&
-			f.count(t, `SELECT count(*) FROM inbox_parked_messages WHERE message_id = $1`, v2.EventID) == 1, running()
+		return f.Status(t, "released", v1) == "dead_lettered" &&
+			f.Count(t, `SELECT count(*) FROM inbox_parked_messages WHERE message_id = $1`, v2.EventID) == 1, running()
 	})
 	ctx := context.Background()
-	res, err := inbox.RequeueDeadLetters(ctx, f.pool, f.writer, f.brokers, gone, inbox.RequeueFilter{EventIDs: []uuid.UUID{v1.EventID}})
+	res, err := inboxadmin.RequeueDeadLetters(ctx, f.Pool, f.Writer, f.Brokers, gone, inboxadmin.RequeueFilter{EventIDs: []uuid.UUID{v1.EventID}})
 	if err != nil || res.Requeued != 0 {
 		t.Fatalf("requeue of a letter retention took = %+v, %v; want nothing sent", res, err)
 	}
-	if _, err := inbox.ReleaseHeld(ctx, f.pool, inbox.HeldAction{Consumer: "released", AggregateType: "thing", AggregateID: "order-6"}); !errors.Is(err, inbox.ErrInvalidHeldAction) {
+	if _, err := inboxadmin.ReleaseHeld(ctx, f.Pool, inboxadmin.HeldAction{Consumer: "released", AggregateType: "thing", AggregateID: "order-6"}); !errors.Is(err, inboxadmin.ErrInvalidHeldAction) {
 		t.Fatalf("a release without a reason = %v, want ErrInvalidHeldAction", err)
 	}
-	held, err := inbox.ReleaseHeld(ctx, f.pool, inbox.HeldAction{Consumer: "released", AggregateType: "thing", AggregateID: "order-6",
+	held, err := inboxadmin.ReleaseHeld(ctx, f.Pool, inboxadmin.HeldAction{Consumer: "released", AggregateType: "thing", AggregateID: "order-6",
 		Reason: "the dead letter left the DLT before anyone requeued it; v1 was settled by hand", Operator: "alice"})
 	if err != nil || len(held.Dead) != 1 || held.Dead[0] != v1.EventID || held.Parked != 1 {
 		t.Fatalf("ReleaseHeld = %+v, %v; want v1's hold and one parked event", held, err)
 	}
 	testenv.WaitFor(t, 30*time.Second, "the consumer to apply the released v2 by itself", func() (bool, error) {
-		return f.status(t, "released", v2) == "processed", running()
+		return f.Status(t, "released", v2) == "processed", running()
 	})
-	if s := f.status(t, "released", v1); s != "dead_lettered" {
+	if s := f.Status(t, "released", v1); s != "dead_lettered" {
 		t.Fatalf("v1 is %s after the release, want still dead_lettered (visible)", s)
 	}
-	if _, err := inbox.ReleaseHeld(ctx, f.pool, inbox.HeldAction{Consumer: "released", AggregateType: "thing", AggregateID: "order-6", Reason: "again"}); !errors.Is(err, inbox.ErrNotHeld) {
+	if _, err := inboxadmin.ReleaseHeld(ctx, f.Pool, inboxadmin.HeldAction{Consumer: "released", AggregateType: "thing", AggregateID: "order-6", Reason: "again"}); !errors.Is(err, inboxadmin.ErrNotHeld) {
 		t.Fatalf("a second release = %v, want ErrNotHeld", err)
 	}
-	if n := f.count(t, `SELECT count(*) FROM inbox_operator_actions WHERE consumer = 'released' AND action = 'release' AND operator = 'alice'`); n != 1 {
+	if n := f.Count(t, `SELECT count(*) FROM inbox_operator_actions WHERE consumer = 'released' AND action = 'release' AND operator = 'alice'`); n != 1 {
 		t.Fatalf("%d recorded releases, want 1", n)
 	}
 	testenv.WaitFor(t, 10*time.Second, "inbox_operator_actions{action=release} to count it", func() (bool, error) {
-		return testenv.LabeledMetricValue(t, f.registry, "inbox_operator_actions", map[string]string{"action": "release"}) == 1, nil
+		return testenv.LabeledMetricValue(t, f.Registry, "inbox_operator_actions", map[string]string{"action": "release"}) == 1, nil
 	})
 }
 
@@ -327,33 +228,33 @@ func TestAHeldAggregateWhoseDeadLetterIsGoneIsReleasedByAnOperator(t *testing.T)
 func TestSkipHeldRecordsTheDeadAndParkedEventsSkipped(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t)
-	dlt := testenv.NewTopic(t, f.brokers, 1)
-	v1, v2, v3 := newEvent("order-7", 1), newEvent("order-7", 2), newEvent("order-7", 3)
+	dlt := testenv.NewTopic(t, f.Brokers, 1)
+	v1, v2, v3 := inboxtesting.NewEvent("order-7", 1), inboxtesting.NewEvent("order-7", 2), inboxtesting.NewEvent("order-7", 3)
 	apply, _ := refusedUntilRepaired(v1)
-	c, err := inbox.NewConsumer(f.pool, f.source(testenv.Name("group")), f.writer, func(ctx context.Context, tx pgx.Tx, ev event.Envelope) error {
+	c, err := inbox.NewConsumer(f.Pool, f.Source(testenv.Name("group")), f.Writer, func(ctx context.Context, tx pgx.Tx, ev event.Envelope) error {
 		return apply(ctx, tx.Exec, ev)
-	}, fastRetries("skipped", dlt))
+	}, inboxtesting.FastRetries("skipped", dlt))
 	if err != nil {
 		t.Fatal(err)
 	}
-	handle(t, c, event.ToKafka(f.topic, v1))
-	handle(t, c, event.ToKafka(f.topic, v2))
-	held, err := inbox.SkipHeld(context.Background(), f.pool, inbox.HeldAction{Consumer: "skipped", AggregateType: "thing",
+	inboxtesting.Handle(t, c, event.ToKafka(f.Topic, v1))
+	inboxtesting.Handle(t, c, event.ToKafka(f.Topic, v2))
+	held, err := inboxadmin.SkipHeld(context.Background(), f.Pool, inboxadmin.HeldAction{Consumer: "skipped", AggregateType: "thing",
 		AggregateID: "order-7", Reason: "order-7 was cancelled upstream; its events no longer apply"})
 	if err != nil || len(held.Dead) != 1 || held.Parked != 1 {
 		t.Fatalf("SkipHeld = %+v, %v; want one dead and one parked event", held, err)
 	}
 	for _, ev := range []event.Envelope{v1, v2} {
-		if s := f.status(t, "skipped", ev); s != "skipped" {
+		if s := f.Status(t, "skipped", ev); s != "skipped" {
 			t.Fatalf("v%d is %s, want skipped", ev.AggregateVersion, s)
 		}
 	}
-	handle(t, c, event.ToKafka(f.topic, v2), event.ToKafka(f.topic, v3))
+	inboxtesting.Handle(t, c, event.ToKafka(f.Topic, v2), event.ToKafka(f.Topic, v3))
 	if got := f.effectOrder(t, map[uuid.UUID]event.Envelope{v1.EventID: v1, v2.EventID: v2, v3.EventID: v3}); fmt.Sprint(got) != "[order-73]" {
 		t.Fatalf("effects %v, want only v3: the skipped events are never applied", got)
 	}
-	if n := f.count(t, `SELECT count(*) FROM inbox_parked_messages WHERE consumer = 'skipped'`) +
-		f.count(t, `SELECT count(*) FROM inbox_dead_keys WHERE consumer = 'skipped'`); n != 0 {
+	if n := f.Count(t, `SELECT count(*) FROM inbox_parked_messages WHERE consumer = 'skipped'`) +
+		f.Count(t, `SELECT count(*) FROM inbox_dead_keys WHERE consumer = 'skipped'`); n != 0 {
 		t.Fatalf("%d parked messages and holds left, want none", n)
 	}
 }
@@ -367,50 +268,50 @@ func TestSkipHeldRecordsTheDeadAndParkedEventsSkipped(t *testing.T) {
 func TestByDefaultAGapWaitsThenParksAndAStaleEventIsDeadLettered(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t)
-	dlt := testenv.NewTopic(t, f.brokers, 1)
-	cfg := fastRetries("defaults", dlt)
+	dlt := testenv.NewTopic(t, f.Brokers, 1)
+	cfg := inboxtesting.FastRetries("defaults", dlt)
 	cfg.MaxAttempts = 3
-	c, err := inbox.NewConsumer(f.pool, f.source(testenv.Name("group")), f.writer, f.recordEffect, cfg)
+	c, err := inbox.NewConsumer(f.Pool, f.Source(testenv.Name("group")), f.Writer, f.recordEffect, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
-	a1, a2, a3, a4 := newEvent("gap", 1), newEvent("gap", 2), newEvent("gap", 3), newEvent("gap", 4)
-	handle(t, c, event.ToKafka(f.topic, a1))
-	handle(t, c, event.ToKafka(f.topic, a3)) // v2 is missing
-	if s := f.status(t, "defaults", a3); s != "dead_lettered" {
+	a1, a2, a3, a4 := inboxtesting.NewEvent("gap", 1), inboxtesting.NewEvent("gap", 2), inboxtesting.NewEvent("gap", 3), inboxtesting.NewEvent("gap", 4)
+	inboxtesting.Handle(t, c, event.ToKafka(f.Topic, a1))
+	inboxtesting.Handle(t, c, event.ToKafka(f.Topic, a3)) // v2 is missing
+	if s := f.Status(t, "defaults", a3); s != "dead_lettered" {
 		t.Fatalf("v3 over a missing v2 is %s, want dead_lettered after a bounded wait (it was applied over the gap)", s)
 	}
-	handle(t, c, event.ToKafka(f.topic, a4))
-	if n := f.count(t, `SELECT count(*) FROM inbox_parked_messages WHERE message_id = $1`, a4.EventID); n != 1 {
-		t.Fatalf("v4 is not parked behind the dead v3 (%s)", f.status(t, "defaults", a4))
+	inboxtesting.Handle(t, c, event.ToKafka(f.Topic, a4))
+	if n := f.Count(t, `SELECT count(*) FROM inbox_parked_messages WHERE message_id = $1`, a4.EventID); n != 1 {
+		t.Fatalf("v4 is not parked behind the dead v3 (%s)", f.Status(t, "defaults", a4))
 	}
-	handle(t, c, event.ToKafka(f.topic, a2)) // the missing one comes after all
-	f.requeue(t, dlt, 1, a3.EventID)
-	handle(t, c, lastMessage(t, f.brokers, f.topic))
+	inboxtesting.Handle(t, c, event.ToKafka(f.Topic, a2)) // the missing one comes after all
+	f.Requeue(t, dlt, 1, a3.EventID)
+	inboxtesting.Handle(t, c, inboxtesting.LastMessage(t, f.Brokers, f.Topic))
 	all := map[uuid.UUID]event.Envelope{a1.EventID: a1, a2.EventID: a2, a3.EventID: a3, a4.EventID: a4}
 	if got := fmt.Sprint(f.effectOrder(t, all)); got != "[gap1 gap2 gap3 gap4]" {
 		t.Fatalf("effects %s, want gap1 gap2 gap3 gap4", got)
 	}
 
-	b1, b2, b3 := newEvent("old", 1), newEvent("old", 2), newEvent("old", 3)
-	late := newEvent("old", 1) // another event of version 1, after version 2 was applied
-	handle(t, c, event.ToKafka(f.topic, b1), event.ToKafka(f.topic, b2))
-	handle(t, c, event.ToKafka(f.topic, late))
+	b1, b2, b3 := inboxtesting.NewEvent("old", 1), inboxtesting.NewEvent("old", 2), inboxtesting.NewEvent("old", 3)
+	late := inboxtesting.NewEvent("old", 1) // another event of version 1, after version 2 was applied
+	inboxtesting.Handle(t, c, event.ToKafka(f.Topic, b1), event.ToKafka(f.Topic, b2))
+	inboxtesting.Handle(t, c, event.ToKafka(f.Topic, late))
 	var reason string
-	if err := f.pool.QueryRow(context.Background(), `SELECT status || ': ' || coalesce(last_error, '') FROM inbox_messages WHERE message_id = $1`,
+	if err := f.Pool.QueryRow(context.Background(), `SELECT status || ': ' || coalesce(last_error, '') FROM inbox_messages WHERE message_id = $1`,
 		late.EventID).Scan(&reason); err != nil || !strings.Contains(reason, "dead_lettered: stale: version 1 arrived after version 2 was applied") {
 		t.Fatalf("the late older event is %q (%v), want dead_lettered with its reason", reason, err)
 	}
-	handle(t, c, event.ToKafka(f.topic, b3))
-	if s := f.status(t, "defaults", b3); s != "processed" {
+	inboxtesting.Handle(t, c, event.ToKafka(f.Topic, b3))
+	if s := f.Status(t, "defaults", b3); s != "processed" {
 		t.Fatalf("v3 after a stale dead letter is %s, want processed: a stale one holds nothing back", s)
 	}
-	f.requeue(t, dlt, 1, late.EventID)
+	f.Requeue(t, dlt, 1, late.EventID)
 	// In a batch with another event: the fast path meets the requeued row
 	// (a stale dead letter holds nothing) and must leave it to the
 	// message-by-message path, which applies it.
-	handle(t, c, lastMessage(t, f.brokers, f.topic), event.ToKafka(f.topic, newEvent("another", 1)))
-	if s := f.status(t, "defaults", late); s != "processed" {
+	inboxtesting.Handle(t, c, inboxtesting.LastMessage(t, f.Brokers, f.Topic), event.ToKafka(f.Topic, inboxtesting.NewEvent("another", 1)))
+	if s := f.Status(t, "defaults", late); s != "processed" {
 		t.Fatalf("the requeued stale event is %s, want processed: the operator asked for it", s)
 	}
 }
@@ -423,33 +324,33 @@ func TestADeadLetterTheTopicRefusedEvenTruncatedIsRequeuedFromTheInbox(t *testin
 	t.Parallel()
 	f := newFixture(t)
 	dlt := testenv.Name("tiny-dlt")
-	testenv.NewTopicNamed(t, f.brokers, dlt, 1, kafka.ConfigEntry{ConfigName: "max.message.bytes", ConfigValue: "1000"})
-	v1, v2 := newEvent("order-8", 1), newEvent("order-8", 2)
+	testenv.NewTopicNamed(t, f.Brokers, dlt, 1, kafka.ConfigEntry{ConfigName: "max.message.bytes", ConfigValue: "1000"})
+	v1, v2 := inboxtesting.NewEvent("order-8", 1), inboxtesting.NewEvent("order-8", 2)
 	v1.Payload = []byte(`{"pad":"` + strings.Repeat("y", 5000) + `"}`)
 	apply, repair := refusedUntilRepaired(v1)
-	c, err := inbox.NewConsumer(f.pool, f.source(testenv.Name("group")), f.writer, func(ctx context.Context, tx pgx.Tx, ev event.Envelope) error {
+	c, err := inbox.NewConsumer(f.Pool, f.Source(testenv.Name("group")), f.Writer, func(ctx context.Context, tx pgx.Tx, ev event.Envelope) error {
 		return apply(ctx, tx.Exec, ev)
-	}, fastRetries("refused-dlt", dlt))
+	}, inboxtesting.FastRetries("refused-dlt", dlt))
 	if err != nil {
 		t.Fatal(err)
 	}
-	handle(t, c, event.ToKafka(f.topic, v1))
-	handle(t, c, event.ToKafka(f.topic, v2))
-	if s := f.status(t, "refused-dlt", v1); s != "dead_lettered" {
+	inboxtesting.Handle(t, c, event.ToKafka(f.Topic, v1))
+	inboxtesting.Handle(t, c, event.ToKafka(f.Topic, v2))
+	if s := f.Status(t, "refused-dlt", v1); s != "dead_lettered" {
 		t.Fatalf("v1 is %s, want dead_lettered", s)
 	}
 	repair()
 	// A sweep finds it too (the nemesis's end-of-run requeue-all is one):
 	// not in the topic, but pending in the inbox.
-	res, err := inbox.RequeueDeadLetters(context.Background(), f.pool, f.writer, f.brokers, dlt, inbox.RequeueFilter{All: true})
+	res, err := inboxadmin.RequeueDeadLetters(context.Background(), f.Pool, f.Writer, f.Brokers, dlt, inboxadmin.RequeueFilter{All: true})
 	if err != nil || res.Requeued != 1 {
 		t.Fatalf("a sweep = %+v, %v; want the one letter the topic refused", res, err)
 	}
-	requeued := lastMessage(t, f.brokers, f.topic)
+	requeued := inboxtesting.LastMessage(t, f.Brokers, f.Topic)
 	if !bytes.Equal(requeued.Value, v1.Payload) {
 		t.Fatalf("the requeue sent %d bytes, want the original's %d", len(requeued.Value), len(v1.Payload))
 	}
-	handle(t, c, requeued)
+	inboxtesting.Handle(t, c, requeued)
 	if got := fmt.Sprint(f.effectOrder(t, map[uuid.UUID]event.Envelope{v1.EventID: v1, v2.EventID: v2})); got != "[order-81 order-82]" {
 		t.Fatalf("effects %s after the requeue, want v1 then v2", got)
 	}
@@ -463,23 +364,23 @@ func TestADeadLetterTheTopicRefusedEvenTruncatedIsRequeuedFromTheInbox(t *testin
 func TestSkipHeldWaitsForAWorkerReapplyingAndNeverDeadlocks(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t)
-	dlt := testenv.NewTopic(t, f.brokers, 1)
-	v1 := newEvent("order-8", 1)
+	dlt := testenv.NewTopic(t, f.Brokers, 1)
+	v1 := inboxtesting.NewEvent("order-8", 1)
 	apply, _ := refusedUntilRepaired(v1)
-	c, err := inbox.NewConsumer(f.pool, f.source(testenv.Name("group")), f.writer, func(ctx context.Context, tx pgx.Tx, ev event.Envelope) error {
+	c, err := inbox.NewConsumer(f.Pool, f.Source(testenv.Name("group")), f.Writer, func(ctx context.Context, tx pgx.Tx, ev event.Envelope) error {
 		return apply(ctx, tx.Exec, ev)
-	}, fastRetries("lockorder", dlt))
+	}, inboxtesting.FastRetries("lockorder", dlt))
 	if err != nil {
 		t.Fatal(err)
 	}
-	handle(t, c, event.ToKafka(f.topic, v1))
-	f.requeue(t, dlt, 1, v1.EventID)
-	if s := f.status(t, "lockorder", v1); s != "requeued" {
+	inboxtesting.Handle(t, c, event.ToKafka(f.Topic, v1))
+	f.Requeue(t, dlt, 1, v1.EventID)
+	if s := f.Status(t, "lockorder", v1); s != "requeued" {
 		t.Fatalf("v1 is %s, want requeued", s)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	worker, err := f.pool.Begin(ctx)
+	worker, err := f.Pool.Begin(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -490,12 +391,12 @@ WHERE consumer = 'lockorder' AND message_id = $1 AND status = 'requeued'`, v1.Ev
 	}
 	skipped := make(chan error, 1)
 	go func() {
-		_, err := inbox.SkipHeld(ctx, f.pool, inbox.HeldAction{Consumer: "lockorder", AggregateType: "thing",
+		_, err := inboxadmin.SkipHeld(ctx, f.Pool, inboxadmin.HeldAction{Consumer: "lockorder", AggregateType: "thing",
 			AggregateID: "order-8", Reason: "cancelled upstream"})
 		skipped <- err
 	}()
 	testenv.WaitFor(t, 20*time.Second, "the skip to wait on a lock", func() (bool, error) {
-		return f.count(t, `SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'`) == 1, nil
+		return f.Count(t, `SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'`) == 1, nil
 	})
 	if _, err := worker.Exec(ctx, `DELETE FROM inbox_dead_keys WHERE consumer = 'lockorder' AND message_id = $1`, v1.EventID); err != nil {
 		t.Fatalf("the worker's tDropHold after the skip started: %v (the skip locks holds before rows)", err)
@@ -503,10 +404,10 @@ WHERE consumer = 'lockorder' AND message_id = $1 AND status = 'requeued'`, v1.Ev
 	if err := worker.Commit(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if err := <-skipped; err != nil && !errors.Is(err, inbox.ErrNotHeld) {
+	if err := <-skipped; err != nil && !errors.Is(err, inboxadmin.ErrNotHeld) {
 		t.Fatalf("SkipHeld = %v, want ErrNotHeld: the worker applied the message and released its aggregate first", err)
 	}
-	if s := f.status(t, "lockorder", v1); s != "processed" {
+	if s := f.Status(t, "lockorder", v1); s != "processed" {
 		t.Fatalf("v1 is %s, want processed (the worker's)", s)
 	}
 }

@@ -8,29 +8,18 @@ import (
 
 // Metrics are the consumers' Prometheus metrics, labelled by consumer name.
 // Create them once per process and share them between its consumers.
+//
+// The reason label of inbox_dead_lettered_total says why a message went to
+// the dead-letter topic, in classes few enough to alert on (the full error
+// is in the letter's dlt-reason header and the inbox row's last_error):
+//   - undecodable: the message is not an event envelope;
+//   - invalid: the envelope or payload broke the contract (event.ErrInvalid);
+//   - permanent: the handler said retrying cannot help (Permanent);
+//   - exhausted: a transient failure outlasted Config.MaxAttempts (among
+//     them a version gap that was never filled, under GapWait);
+//   - stale: an older event arrived after a newer one of its aggregate was
+//     applied (StaleDeadLetter).
 type Metrics = engine.Metrics
-
-// The reason label of inbox_dead_lettered_total: why a message went to the
-// dead-letter topic, in classes few enough to alert on (the full error is in
-// the message's dlt-reason header and the inbox row's last_error).
-const (
-	// ReasonUndecodable: the message is not an event envelope.
-	ReasonUndecodable = engine.ReasonUndecodable
-
-	// ReasonInvalid: the envelope or payload broke the contract (event.ErrInvalid).
-	ReasonInvalid = engine.ReasonInvalid
-
-	// ReasonPermanent: the handler said retrying cannot help (Permanent).
-	ReasonPermanent = engine.ReasonPermanent
-
-	// ReasonExhausted: a transient failure outlasted MaxAttempts (a version
-	// gap that was never filled among them, under GapWait).
-	ReasonExhausted = engine.ReasonExhausted
-
-	// ReasonStale: an older event arrived after a newer one of its
-	// aggregate was applied (StaleDeadLetter).
-	ReasonStale = engine.ReasonStale
-)
 
 // NewMetrics creates the consumer metrics and registers them on reg (nil:
 // not registered, for tests and tools).

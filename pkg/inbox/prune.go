@@ -6,14 +6,6 @@ import (
 	"github.com/onceflow/onceflow/pkg/inbox/internal/engine"
 )
 
-// The defaults of PruneConfig's and PrunerConfig's fields, which a zero
-// field takes.
-const (
-	DefaultRetention      = engine.DefaultRetention
-	DefaultPruneBatchSize = engine.DefaultPruneBatchSize
-	DefaultPruneInterval  = engine.DefaultPruneInterval
-)
-
 // PruneConfig configures Prune. Zero fields take the documented defaults;
 // negative ones are refused by Validate.
 type PruneConfig = engine.PruneConfig
@@ -40,7 +32,7 @@ func Prune(ctx context.Context, db DB, cfg PruneConfig) (int, error) {
 
 // PrunerConfig configures a Pruner: PruneConfig is what each run prunes
 // (see its fields' defaults), Interval the time between runs (default
-// DefaultPruneInterval, 1h), Logger receives each run's outcome (default
+// 1h), Logger receives each run's outcome (default
 // slog.Default()). Zero fields take the defaults; negative ones are refused
 // by Validate. Both libraries' pruners share it (pkg/internal/prune).
 type PrunerConfig = engine.PrunerConfig

@@ -14,28 +14,28 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/onceflow/onceflow/pkg/inbox"
+	"github.com/onceflow/onceflow/pkg/inbox/inboxtest"
+	"github.com/onceflow/onceflow/pkg/inbox/internal/inboxtesting"
 	"github.com/onceflow/onceflow/pkg/testenv"
 )
-
-const adminDay = 24 * time.Hour
 
 func TestPruneRemovesOnlyProcessedRowsPastRetention(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	pool := adminInboxDB(t)
+	pool := inboxtest.NewDatabase(t)
 	ids := make([]uuid.UUID, 8)
 	for i := range ids {
 		ids[i] = uuid.New()
 	}
-	seedInbox(t, pool,
-		inboxRow{"billing", ids[6], "stale", 31 * adminDay}, // skipped by the version guard, past retention
-		inboxRow{"billing", ids[7], "stale", time.Hour},
-		inboxRow{"billing", ids[0], "processed", 31 * adminDay},      // past the default 30 days
-		inboxRow{"shim", ids[1], "processed", 400 * adminDay},        // long past, another consumer
-		inboxRow{"billing", ids[2], "processed", time.Hour},          // recent
-		inboxRow{"billing", ids[3], "processed", 29 * adminDay},      // just inside
-		inboxRow{"billing", ids[4], "dead_lettered", 400 * adminDay}, // old, but the audit of a dead letter
-		inboxRow{"shim", ids[5], "dead_lettered", time.Hour},
+	inboxtesting.SeedRows(t, pool,
+		inboxtesting.NewRow("billing", ids[6], "stale", 31*inboxtesting.Day), // skipped by the version guard, past retention
+		inboxtesting.NewRow("billing", ids[7], "stale", time.Hour),
+		inboxtesting.NewRow("billing", ids[0], "processed", 31*inboxtesting.Day),      // past the default 30 days
+		inboxtesting.NewRow("shim", ids[1], "processed", 400*inboxtesting.Day),        // long past, another consumer
+		inboxtesting.NewRow("billing", ids[2], "processed", time.Hour),                // recent
+		inboxtesting.NewRow("billing", ids[3], "processed", 29*inboxtesting.Day),      // just inside
+		inboxtesting.NewRow("billing", ids[4], "dead_lettered", 400*inboxtesting.Day), // old, but the audit of a dead letter
+		inboxtesting.NewRow("shim", ids[5], "dead_lettered", time.Hour),
 	)
 
 	n, err := inbox.Prune(ctx, pool, inbox.PruneConfig{}) // default retention: 30 days
@@ -45,22 +45,22 @@ func TestPruneRemovesOnlyProcessedRowsPastRetention(t *testing.T) {
 	if n != 3 {
 		t.Fatalf("Prune removed %d rows, want 3", n)
 	}
-	equalStrings(t, "left in inbox_messages", inboxRows(t, pool), sortedKeys(
-		rowKey("billing", "processed", ids[2]),
-		rowKey("billing", "processed", ids[3]),
-		rowKey("billing", "dead_lettered", ids[4]),
-		rowKey("shim", "dead_lettered", ids[5]),
-		rowKey("billing", "stale", ids[7]),
+	inboxtesting.EqualStrings(t, "left in inbox_messages", inboxtesting.Rows(t, pool), inboxtesting.SortedKeys(
+		inboxtesting.RowKey("billing", "processed", ids[2]),
+		inboxtesting.RowKey("billing", "processed", ids[3]),
+		inboxtesting.RowKey("billing", "dead_lettered", ids[4]),
+		inboxtesting.RowKey("shim", "dead_lettered", ids[5]),
+		inboxtesting.RowKey("billing", "stale", ids[7]),
 	))
 
 	if n, err := inbox.Prune(ctx, pool, inbox.PruneConfig{Retention: 2 * time.Hour}); err != nil || n != 1 {
 		t.Fatalf("Prune with a 2h retention = %d, %v; want the 29-day-old row only", n, err)
 	}
-	equalStrings(t, "left after a 2h retention", inboxRows(t, pool), sortedKeys(
-		rowKey("billing", "processed", ids[2]),
-		rowKey("billing", "dead_lettered", ids[4]),
-		rowKey("shim", "dead_lettered", ids[5]),
-		rowKey("billing", "stale", ids[7]),
+	inboxtesting.EqualStrings(t, "left after a 2h retention", inboxtesting.Rows(t, pool), inboxtesting.SortedKeys(
+		inboxtesting.RowKey("billing", "processed", ids[2]),
+		inboxtesting.RowKey("billing", "dead_lettered", ids[4]),
+		inboxtesting.RowKey("shim", "dead_lettered", ids[5]),
+		inboxtesting.RowKey("billing", "stale", ids[7]),
 	))
 }
 
@@ -77,7 +77,7 @@ func (b *batchRecorder) Exec(ctx context.Context, sql string, args ...any) (pgco
 	tag, err := b.Pool.Exec(ctx, sql, args...)
 	if err == nil {
 		b.removed = append(b.removed, tag.RowsAffected())
-		b.left = append(b.left, inboxRows(b.t, b.Pool))
+		b.left = append(b.left, inboxtesting.Rows(b.t, b.Pool))
 	}
 	return tag, err
 }
@@ -85,20 +85,20 @@ func (b *batchRecorder) Exec(ctx context.Context, sql string, args ...any) (pgco
 func TestPruneWorksInBatchesOldestFirst(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	pool := adminInboxDB(t)
+	pool := inboxtest.NewDatabase(t)
 	old := make([]uuid.UUID, 5)
-	var rows []inboxRow
+	var rows []inboxtesting.Row
 	for i := range old {
 		old[i] = uuid.New()
 		// Later rows are older, so oldest first is not insertion order.
-		rows = append(rows, inboxRow{"billing", old[i], "processed", 40*adminDay + time.Duration(i)*time.Hour})
+		rows = append(rows, inboxtesting.NewRow("billing", old[i], "processed", 40*inboxtesting.Day+time.Duration(i)*time.Hour))
 	}
 	recent, dead := uuid.New(), uuid.New()
 	rows = append(rows,
-		inboxRow{"billing", recent, "processed", time.Minute},
-		inboxRow{"billing", dead, "dead_lettered", 50 * adminDay},
+		inboxtesting.NewRow("billing", recent, "processed", time.Minute),
+		inboxtesting.NewRow("billing", dead, "dead_lettered", 50*inboxtesting.Day),
 	)
-	seedInbox(t, pool, rows...)
+	inboxtesting.SeedRows(t, pool, rows...)
 
 	rec := &batchRecorder{Pool: pool, t: t}
 	n, err := inbox.Prune(ctx, rec, inbox.PruneConfig{BatchSize: 2})
@@ -113,14 +113,14 @@ func TestPruneWorksInBatchesOldestFirst(t *testing.T) {
 	if fmt.Sprint(rec.removed) != "[2 2 1 0]" {
 		t.Fatalf("rows removed per statement = %v, want [2 2 1 0]", rec.removed)
 	}
-	keep := []string{rowKey("billing", "processed", recent), rowKey("billing", "dead_lettered", dead)}
+	keep := []string{inboxtesting.RowKey("billing", "processed", recent), inboxtesting.RowKey("billing", "dead_lettered", dead)}
 	want := [][]string{
-		sortedKeys(append(slices.Clone(keep), rowKey("billing", "processed", old[0]), rowKey("billing", "processed", old[1]), rowKey("billing", "processed", old[2]))...),
-		sortedKeys(append(slices.Clone(keep), rowKey("billing", "processed", old[0]))...),
-		sortedKeys(slices.Clone(keep)...),
+		inboxtesting.SortedKeys(append(slices.Clone(keep), inboxtesting.RowKey("billing", "processed", old[0]), inboxtesting.RowKey("billing", "processed", old[1]), inboxtesting.RowKey("billing", "processed", old[2]))...),
+		inboxtesting.SortedKeys(append(slices.Clone(keep), inboxtesting.RowKey("billing", "processed", old[0]))...),
+		inboxtesting.SortedKeys(slices.Clone(keep)...),
 	}
 	for i := range want {
-		equalStrings(t, fmt.Sprintf("left after batch %d", i+1), rec.left[i], want[i])
+		inboxtesting.EqualStrings(t, fmt.Sprintf("left after batch %d", i+1), rec.left[i], want[i])
 	}
 
 	rec.removed = nil
@@ -134,11 +134,11 @@ func TestPruneWorksInBatchesOldestFirst(t *testing.T) {
 
 func TestPrunerPrunesAtStartAndEveryInterval(t *testing.T) {
 	t.Parallel()
-	pool := adminInboxDB(t)
+	pool := inboxtest.NewDatabase(t)
 	first, second, kept := uuid.New(), uuid.New(), uuid.New()
-	seedInbox(t, pool,
-		inboxRow{"billing", first, "processed", 31 * adminDay},
-		inboxRow{"billing", kept, "dead_lettered", 31 * adminDay},
+	inboxtesting.SeedRows(t, pool,
+		inboxtesting.NewRow("billing", first, "processed", 31*inboxtesting.Day),
+		inboxtesting.NewRow("billing", kept, "dead_lettered", 31*inboxtesting.Day),
 	)
 	logs := &testenv.LogBuffer{}
 	pruner, err := inbox.NewPruner(pool, inbox.PrunerConfig{
@@ -154,17 +154,17 @@ func TestPrunerPrunesAtStartAndEveryInterval(t *testing.T) {
 	// logs it: wait for both, or a slow machine reads the log too early.
 	testenv.WaitFor(t, 10*time.Second, "the first run to prune the old processed row and log it", func() (bool, error) {
 		_, logged := logs.Record("inbox pruned processed messages")
-		return logged && len(inboxRows(t, pool)) == 1, nil
+		return logged && len(inboxtesting.Rows(t, pool)) == 1, nil
 	})
 	rec, ok := logs.Record("inbox pruned processed messages")
 	if !ok || rec["rows_removed"] != float64(1) {
 		t.Fatalf("first run's log record = %v, want rows_removed 1\n%s", rec, logs.String())
 	}
-	seedInbox(t, pool, inboxRow{"billing", second, "processed", 60 * adminDay})
+	inboxtesting.SeedRows(t, pool, inboxtesting.NewRow("billing", second, "processed", 60*inboxtesting.Day))
 	testenv.WaitFor(t, 10*time.Second, "a later run to prune a row added since", func() (bool, error) {
-		return len(inboxRows(t, pool)) == 1, nil
+		return len(inboxtesting.Rows(t, pool)) == 1, nil
 	})
-	equalStrings(t, "left", inboxRows(t, pool), []string{rowKey("billing", "dead_lettered", kept)})
+	inboxtesting.EqualStrings(t, "left", inboxtesting.Rows(t, pool), []string{inboxtesting.RowKey("billing", "dead_lettered", kept)})
 
 	stop()
 	if strings.Contains(logs.String(), `"level":"ERROR"`) {

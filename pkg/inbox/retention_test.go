@@ -9,6 +9,8 @@ import (
 
 	"github.com/onceflow/onceflow/pkg/event"
 	"github.com/onceflow/onceflow/pkg/inbox"
+	"github.com/onceflow/onceflow/pkg/inbox/inboxadmin"
+	"github.com/onceflow/onceflow/pkg/inbox/internal/inboxtesting"
 	"github.com/onceflow/onceflow/pkg/testenv"
 )
 
@@ -22,29 +24,29 @@ import (
 func TestAHoldOlderThanTheDeadLetterRetentionIsCounted(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t)
-	v1, v2 := newEvent("order-9", 1), newEvent("order-9", 2)
+	v1, v2 := inboxtesting.NewEvent("order-9", 1), inboxtesting.NewEvent("order-9", 2)
 	apply, _ := refusedUntilRepaired(v1)
-	cfg := fastRetries("retention", testenv.NewTopic(t, f.brokers, 1))
+	cfg := inboxtesting.FastRetries("retention", testenv.NewTopic(t, f.Brokers, 1))
 	cfg.LagInterval = 50 * time.Millisecond
 	cfg.DeadLetterRetention = time.Hour
-	cfg.Metrics = inbox.NewMetrics(f.registry)
-	c, err := inbox.NewConsumer(f.pool, f.source(testenv.Name("group")), f.writer, func(ctx context.Context, tx pgx.Tx, ev event.Envelope) error {
+	cfg.Metrics = inbox.NewMetrics(f.Registry)
+	c, err := inbox.NewConsumer(f.Pool, f.Source(testenv.Name("group")), f.Writer, func(ctx context.Context, tx pgx.Tx, ev event.Envelope) error {
 		return apply(ctx, tx.Exec, ev)
 	}, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
-	f.produce(t, event.ToKafka(f.topic, v1), event.ToKafka(f.topic, v2))
-	running := runUntilCleanup(t, c)
+	f.Produce(t, event.ToKafka(f.Topic, v1), event.ToKafka(f.Topic, v2))
+	running := inboxtesting.RunUntilCleanup(t, c)
 	testenv.WaitFor(t, 30*time.Second, "v1 dead and v2 parked", func() (bool, error) {
-		return f.status(t, "retention", v1) == "dead_lettered" &&
-			f.count(t, `SELECT count(*) FROM inbox_parked_messages WHERE message_id = $1`, v2.EventID) == 1, running()
+		return f.Status(t, "retention", v1) == "dead_lettered" &&
+			f.Count(t, `SELECT count(*) FROM inbox_parked_messages WHERE message_id = $1`, v2.EventID) == 1, running()
 	})
 	gauge := func() float64 {
-		return testenv.LabeledMetricValue(t, f.registry, "inbox_holds_past_dead_letter_retention", map[string]string{"consumer": "retention"})
+		return testenv.LabeledMetricValue(t, f.Registry, "inbox_holds_past_dead_letter_retention", map[string]string{"consumer": "retention"})
 	}
 	testenv.WaitFor(t, 10*time.Second, "the hold reported, not yet past the retention", func() (bool, error) {
-		return testenv.LabeledMetricValue(t, f.registry, "inbox_oldest_hold_age_seconds", map[string]string{"consumer": "retention"}) > 0, running()
+		return testenv.LabeledMetricValue(t, f.Registry, "inbox_oldest_hold_age_seconds", map[string]string{"consumer": "retention"}) > 0, running()
 	})
 	if g := gauge(); g != 0 {
 		t.Fatalf("a fresh hold counted %v past the retention, want 0", g)
@@ -52,18 +54,18 @@ func TestAHoldOlderThanTheDeadLetterRetentionIsCounted(t *testing.T) {
 
 	// Two hours later, by the hold's clock: the topic's retention (an hour)
 	// has deleted the letter, and the row still says dead_lettered.
-	if _, err := f.pool.Exec(context.Background(), `UPDATE inbox_dead_keys SET dead_at = now() - interval '2 hours' WHERE message_id = $1`,
+	if _, err := f.Pool.Exec(context.Background(), `UPDATE inbox_dead_keys SET dead_at = now() - interval '2 hours' WHERE message_id = $1`,
 		v1.EventID); err != nil {
 		t.Fatal(err)
 	}
 	testenv.WaitFor(t, 10*time.Second, "inbox_holds_past_dead_letter_retention to count the hold", func() (bool, error) {
 		return gauge() == 1, running()
 	})
-	if s := testenv.LabeledMetricValue(t, f.registry, "inbox_stranded_holds", map[string]string{"consumer": "retention"}); s != 0 {
+	if s := testenv.LabeledMetricValue(t, f.Registry, "inbox_stranded_holds", map[string]string{"consumer": "retention"}); s != 0 {
 		t.Fatalf("inbox_stranded_holds = %v; this test is about the hold it cannot see", s)
 	}
 
-	if _, err := inbox.ReleaseHeld(context.Background(), f.pool, inbox.HeldAction{Consumer: "retention", AggregateType: "thing",
+	if _, err := inboxadmin.ReleaseHeld(context.Background(), f.Pool, inboxadmin.HeldAction{Consumer: "retention", AggregateType: "thing",
 		AggregateID: "order-9", Reason: "its dead letter left the topic; settled by hand"}); err != nil {
 		t.Fatal(err)
 	}

@@ -15,6 +15,7 @@ import (
 
 	"github.com/onceflow/onceflow/pkg/event"
 	"github.com/onceflow/onceflow/pkg/inbox"
+	"github.com/onceflow/onceflow/pkg/inbox/internal/inboxtesting"
 	"github.com/onceflow/onceflow/pkg/inbox/lease"
 	"github.com/onceflow/onceflow/pkg/testenv"
 )
@@ -35,17 +36,17 @@ func TestRunEndsWithinTheGraceWhenCommitAndDeadLetterAlwaysFail(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
 			f := newFixture(t)
-			if _, err := f.pool.Exec(context.Background(), `
+			if _, err := f.Pool.Exec(context.Background(), `
 				CREATE TABLE parents (id text PRIMARY KEY);
 				CREATE TABLE children (id text REFERENCES parents DEFERRABLE INITIALLY DEFERRED)`); err != nil {
 				t.Fatal(err)
 			}
-			f.produce(t, event.ToKafka(f.topic, newEvent("orphan", 1)))
+			f.Produce(t, event.ToKafka(f.Topic, inboxtesting.NewEvent("orphan", 1)))
 			unreachable := testenv.NewWriter([]string{"127.0.0.1:1"}, 10)
 			defer unreachable.Close()
 			const grace = 500 * time.Millisecond
-			metrics := inbox.NewMetrics(f.registry)
-			c, err := inbox.NewConsumer(f.pool, f.source(testenv.Name("group")), unreachable,
+			metrics := inbox.NewMetrics(f.Registry)
+			c, err := inbox.NewConsumer(f.Pool, f.Source(testenv.Name("group")), unreachable,
 				func(ctx context.Context, tx pgx.Tx, ev event.Envelope) error {
 					_, err := tx.Exec(ctx, `INSERT INTO children VALUES ($1)`, ev.AggregateID)
 					return err // fine now; the commit fails
@@ -59,7 +60,7 @@ func TestRunEndsWithinTheGraceWhenCommitAndDeadLetterAlwaysFail(t *testing.T) {
 			done := make(chan error, 1)
 			go func() { done <- c.Run(ctx) }()
 			testenv.WaitFor(t, 30*time.Second, "the consumer to be stuck ("+tt.waitFor+")", func() (bool, error) {
-				return testenv.MetricValue(t, f.registry, tt.waitFor) >= 3, nil
+				return testenv.MetricValue(t, f.Registry, tt.waitFor) >= 3, nil
 			})
 			if tt.waitFor == "inbox_kafka_errors_total" {
 				if err := c.Healthy(); err == nil || !strings.Contains(err.Error(), "kafka") {
@@ -81,7 +82,7 @@ func TestRunEndsWithinTheGraceWhenCommitAndDeadLetterAlwaysFail(t *testing.T) {
 			case <-time.After(grace + 10*time.Second):
 				t.Fatalf("Run did not return within %v of ctx ending", grace+10*time.Second)
 			}
-			if n := f.count(t, "SELECT count(*) FROM children"); n != 0 {
+			if n := f.Count(t, "SELECT count(*) FROM children"); n != 0 {
 				t.Fatalf("%d children committed; the commit was to fail every time", n)
 			}
 		})
@@ -96,8 +97,8 @@ func TestRunEndsWithinTheGraceWhenCommitAndDeadLetterAlwaysFail(t *testing.T) {
 // the message's MaxAttempts, and never dead-letters it.
 func TestADatabaseOutageDoesNotSpendTheRetryBudget(t *testing.T) {
 	inBothModes(t, func(t *testing.T, f *fixture, mode string) {
-		ev := newEvent("survivor", 1)
-		f.produce(t, event.ToKafka(f.topic, ev))
+		ev := inboxtesting.NewEvent("survivor", 1)
+		f.Produce(t, event.ToKafka(f.Topic, ev))
 		var kills atomic.Int32
 		const outages = 6 // more than MaxAttempts
 		// killOwnConnection ends the session it runs in from the server
@@ -118,11 +119,11 @@ func TestADatabaseOutageDoesNotSpendTheRetryBudget(t *testing.T) {
 			return err
 		}
 		cfg := inbox.Config{Name: "outage-" + mode, MaxAttempts: 2, BackoffMin: time.Millisecond,
-			BackoffMax: 20 * time.Millisecond, Metrics: inbox.NewMetrics(f.registry)}
+			BackoffMax: 20 * time.Millisecond, Metrics: inbox.NewMetrics(f.Registry)}
 		var c *inbox.Consumer
 		var err error
 		if mode == "transactional" {
-			c, err = inbox.NewConsumer(f.pool, f.source(testenv.Name("group")), f.writer,
+			c, err = inbox.NewConsumer(f.Pool, f.Source(testenv.Name("group")), f.Writer,
 				func(ctx context.Context, tx pgx.Tx, ev event.Envelope) error {
 					if err := killOwnConnection(ctx, tx.Exec); err != nil {
 						return err
@@ -132,10 +133,10 @@ func TestADatabaseOutageDoesNotSpendTheRetryBudget(t *testing.T) {
 		} else {
 			// In lease mode the outage hits the lease transaction; the
 			// side effect is the call that follows.
-			c, err = lease.NewConsumer(f.pool, f.source(testenv.Name("group")), f.writer, lease.Effect{
+			c, err = lease.NewConsumer(f.Pool, f.Source(testenv.Name("group")), f.Writer, lease.Effect{
 				Check: func(context.Context, string) (bool, error) { return false, nil },
 				Call: func(ctx context.Context, ev event.Envelope, _ string) error {
-					_, err := f.pool.Exec(ctx, "INSERT INTO effects (event_id, aggregate_id) VALUES ($1, $2)", ev.EventID, ev.AggregateID)
+					_, err := f.Pool.Exec(ctx, "INSERT INTO effects (event_id, aggregate_id) VALUES ($1, $2)", ev.EventID, ev.AggregateID)
 					return err
 				},
 				Done: func(ctx context.Context, tx pgx.Tx, _ event.Envelope, _ lease.Outcome) error {
@@ -146,20 +147,20 @@ func TestADatabaseOutageDoesNotSpendTheRetryBudget(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		runUntilCleanup(t, c)
+		inboxtesting.RunUntilCleanup(t, c)
 		testenv.WaitFor(t, 30*time.Second, "the event to be handled after the outages", func() (bool, error) {
-			return f.count(t, "SELECT count(*) FROM inbox_messages WHERE message_id = $1 AND status = 'processed'", ev.EventID) == 1, nil
+			return f.Count(t, "SELECT count(*) FROM inbox_messages WHERE message_id = $1 AND status = 'processed'", ev.EventID) == 1, nil
 		})
 		if got := kills.Load(); got <= outages {
 			t.Fatalf("the connection was killed %d times, want %d before the success", got, outages)
 		}
-		if n := f.count(t, "SELECT count(*) FROM effects WHERE event_id = $1", ev.EventID); n != 1 {
+		if n := f.Count(t, "SELECT count(*) FROM effects WHERE event_id = $1", ev.EventID); n != 1 {
 			t.Fatalf("%d effects, want 1", n)
 		}
-		if got := testenv.MetricValue(t, f.registry, "inbox_dead_lettered_total"); got != 0 {
+		if got := testenv.MetricValue(t, f.Registry, "inbox_dead_lettered_total"); got != 0 {
 			t.Fatalf("inbox_dead_lettered_total = %v: the outage was charged to the message", got)
 		}
-		if got := testenv.MetricValue(t, f.registry, "inbox_database_errors_total"); got < 1 {
+		if got := testenv.MetricValue(t, f.Registry, "inbox_database_errors_total"); got < 1 {
 			t.Fatalf("inbox_database_errors_total = %v, want the outage counted", got)
 		}
 	})
@@ -171,7 +172,7 @@ func TestADatabaseOutageDoesNotSpendTheRetryBudget(t *testing.T) {
 // arrived meanwhile once the database is back, dead-lettering nothing.
 func TestAPostgresOutageIsWaitedOut(t *testing.T) {
 	inBothModes(t, func(t *testing.T, f *fixture, mode string) {
-		u, err := url.Parse(f.pool.Config().ConnString())
+		u, err := url.Parse(f.Pool.Config().ConnString())
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -183,25 +184,25 @@ func TestAPostgresOutageIsWaitedOut(t *testing.T) {
 		pool := testenv.NewPool(t, u.String())
 
 		cfg := inbox.Config{Name: "outage-" + mode, MaxAttempts: 2, BackoffMin: 10 * time.Millisecond,
-			BackoffMax: 200 * time.Millisecond, LagInterval: 100 * time.Millisecond, Metrics: inbox.NewMetrics(f.registry)}
+			BackoffMax: 200 * time.Millisecond, LagInterval: 100 * time.Millisecond, Metrics: inbox.NewMetrics(f.Registry)}
 		c := f.modeConsumer(t, mode, pool, testenv.Name("group"), insertEffect, cfg)
-		running := runUntilCleanup(t, c)
+		running := inboxtesting.RunUntilCleanup(t, c)
 
-		f.produce(t, event.ToKafka(f.topic, newEvent("before", 1)))
+		f.Produce(t, event.ToKafka(f.Topic, inboxtesting.NewEvent("before", 1)))
 		testenv.WaitFor(t, 30*time.Second, "the first event", func() (bool, error) {
-			return f.count(t, "SELECT count(*) FROM effects") == 1, running()
+			return f.Count(t, "SELECT count(*) FROM effects") == 1, running()
 		})
 		proxy.Cut()
 		var during []event.Envelope
 		for i := range 5 {
-			ev := newEvent(fmt.Sprintf("during-%d", i), 1)
+			ev := inboxtesting.NewEvent(fmt.Sprintf("during-%d", i), 1)
 			during = append(during, ev)
-			f.produce(t, event.ToKafka(f.topic, ev))
+			f.Produce(t, event.ToKafka(f.Topic, ev))
 		}
 		testenv.WaitFor(t, 30*time.Second, "the outage to show in Healthy and the gauge", func() (bool, error) {
 			err := c.Healthy()
 			return err != nil && strings.Contains(err.Error(), "database") &&
-				testenv.MetricValue(t, f.registry, "inbox_database_connected") == 0, running()
+				testenv.MetricValue(t, f.Registry, "inbox_database_connected") == 0, running()
 		})
 		// Long enough for several retries of every message.
 		deadline := time.Now().Add(2 * time.Second)
@@ -210,12 +211,12 @@ func TestAPostgresOutageIsWaitedOut(t *testing.T) {
 		})
 		proxy.Heal()
 		testenv.WaitFor(t, 30*time.Second, "the events of the outage to be handled", func() (bool, error) {
-			return f.count(t, "SELECT count(*) FROM effects") == 1+len(during), running()
+			return f.Count(t, "SELECT count(*) FROM effects") == 1+len(during), running()
 		})
 		testenv.WaitFor(t, 10*time.Second, "Healthy to clear", func() (bool, error) {
-			return c.Healthy() == nil && testenv.MetricValue(t, f.registry, "inbox_database_connected") == 1, nil
+			return c.Healthy() == nil && testenv.MetricValue(t, f.Registry, "inbox_database_connected") == 1, nil
 		})
-		if got := testenv.MetricValue(t, f.registry, "inbox_dead_lettered_total"); got != 0 {
+		if got := testenv.MetricValue(t, f.Registry, "inbox_dead_lettered_total"); got != 0 {
 			t.Fatalf("inbox_dead_lettered_total = %v: the outage was charged to the messages", got)
 		}
 	})

@@ -18,6 +18,7 @@ import (
 
 	"github.com/onceflow/onceflow/pkg/event"
 	"github.com/onceflow/onceflow/pkg/inbox"
+	"github.com/onceflow/onceflow/pkg/inbox/internal/inboxtesting"
 	"github.com/onceflow/onceflow/pkg/testenv"
 )
 
@@ -64,28 +65,28 @@ func TestStandbyConsumerCommitsOffsetsOnlyForWhatTheStandbyHas(t *testing.T) {
 		t.Run(fmt.Sprintf("CommitReplicated=%v", on), func(t *testing.T) {
 			f := newFixture(t)
 			group := testenv.Name("group")
-			cfg := inbox.Config{Name: "test-consumer", CommitReplicated: on, Metrics: inbox.NewMetrics(f.registry)}
-			c, err := inbox.NewConsumer(f.pool, f.source(group), f.writer, f.recordEffect, cfg)
+			cfg := inbox.Config{Name: "test-consumer", CommitReplicated: on, Metrics: inbox.NewMetrics(f.Registry)}
+			c, err := inbox.NewConsumer(f.Pool, f.Source(group), f.Writer, f.recordEffect, cfg)
 			if err != nil {
 				t.Fatal(err)
 			}
-			client := &kafka.Client{Addr: kafka.TCP(f.brokers...)}
+			client := &kafka.Client{Addr: kafka.TCP(f.Brokers...)}
 			committed := func() int64 {
-				_, offs := endAndCommitted(t, client, f.topic, group, 1)
+				_, offs := endAndCommitted(t, client, f.Topic, group, 1)
 				return offs[0]
 			}
-			running := runUntilCleanup(t, c)
+			running := inboxtesting.RunUntilCleanup(t, c)
 			// One message handled and committed first: the group has an
 			// offset, so what follows is a move of it, not its first.
-			f.produce(t, event.ToKafka(f.topic, newEvent("a", 1)))
+			f.Produce(t, event.ToKafka(f.Topic, inboxtesting.NewEvent("a", 1)))
 			testenv.WaitFor(t, 30*time.Second, "the first offset to be committed", func() (bool, error) {
 				return committed() == 1, running()
 			})
 
-			thaw := freezeStandby(t, f.pool)
-			f.produce(t, event.ToKafka(f.topic, newEvent("a", 2)))
+			thaw := freezeStandby(t, f.Pool)
+			f.Produce(t, event.ToKafka(f.Topic, inboxtesting.NewEvent("a", 2)))
 			testenv.WaitFor(t, 30*time.Second, "the second event to be applied", func() (bool, error) {
-				return f.count(t, "SELECT count(*) FROM effects") == 2, running()
+				return f.Count(t, "SELECT count(*) FROM effects") == 2, running()
 			})
 			// Several commit intervals (1 s) with the standby frozen.
 			deadline := time.Now().Add(3 * time.Second)
@@ -102,7 +103,7 @@ func TestStandbyConsumerCommitsOffsetsOnlyForWhatTheStandbyHas(t *testing.T) {
 			if !on {
 				t.Fatal("without CommitReplicated the offset did not move in 3 s either: this test cannot tell the setting's effect")
 			}
-			if v := testenv.MetricValue(t, f.registry, "inbox_standby_connected"); v != 0 {
+			if v := testenv.MetricValue(t, f.Registry, "inbox_standby_connected"); v != 0 {
 				t.Errorf("inbox_standby_connected = %v while the standby is frozen, want 0", v)
 			}
 			thaw()
@@ -110,7 +111,7 @@ func TestStandbyConsumerCommitsOffsetsOnlyForWhatTheStandbyHas(t *testing.T) {
 				return committed() == 2, running()
 			})
 			testenv.WaitFor(t, 10*time.Second, "inbox_standby_connected to be 1 again", func() (bool, error) {
-				return testenv.MetricValue(t, f.registry, "inbox_standby_connected") == 1, running()
+				return testenv.MetricValue(t, f.Registry, "inbox_standby_connected") == 1, running()
 			})
 		})
 	}

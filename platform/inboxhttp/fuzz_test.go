@@ -5,7 +5,7 @@ import (
 	"slices"
 	"testing"
 
-	"github.com/onceflow/onceflow/pkg/inbox"
+	"github.com/onceflow/onceflow/pkg/inbox/inboxadmin"
 	"github.com/onceflow/onceflow/platform/apperr"
 	"github.com/onceflow/onceflow/platform/inboxhttp"
 )
@@ -13,7 +13,7 @@ import (
 // FuzzDecodeRequeue feeds the dead-letter requeue decoder arbitrary bodies.
 // Properties: no panic; a refusal is Malformed (400); an accepted request
 // has no empty id list and at most MaxRequeueIDs ids, selects something, has
-// a limit from 0 to inbox.MaxRequeueLimit, and decodes the same after
+// a limit from 0 to inboxadmin.MaxRequeueLimit, and decodes the same after
 // encoding it again.
 func FuzzDecodeRequeue(f *testing.F) {
 	for _, seed := range []string{
@@ -36,7 +36,7 @@ func FuzzDecodeRequeue(f *testing.F) {
 		if (req.EventIDs != nil && len(req.EventIDs) == 0) || len(req.EventIDs) > inboxhttp.MaxRequeueIDs {
 			t.Fatalf("accepted %+v: an empty id list or too many ids", req)
 		}
-		if (!req.All && req.Consumer == "" && len(req.EventIDs) == 0) || req.Limit < 0 || req.Limit > inbox.MaxRequeueLimit {
+		if (!req.All && req.Consumer == "" && len(req.EventIDs) == 0) || req.Limit < 0 || req.Limit > inboxadmin.MaxRequeueLimit {
 			t.Fatalf("accepted %+v: it selects nothing or its limit is out of range", req)
 		}
 		again, _ := json.Marshal(req)

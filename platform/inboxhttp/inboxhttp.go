@@ -10,12 +10,12 @@
 //	                                        decodable: a requeue sends an event whole or not at all)
 //	GET  /parked?consumer=C&aggregateId=A&limit=N
 //	                                        the events parked behind a dead event of their
-//	                                        aggregate (inbox.ListParked), each aggregate's in
+//	                                        aggregate (inboxadmin.ListParked), each aggregate's in
 //	                                        the order they will be released; all filters optional
 //	POST /parked/release                    {"consumer":C,"aggregateType":T,"aggregateId":A,
-//	                                        "reason":WHY,"operator":WHO}: inbox.ReleaseHeld, the
+//	                                        "reason":WHY,"operator":WHO}: inboxadmin.ReleaseHeld, the
 //	                                        parked events are applied without the dead one
-//	POST /parked/skip                       the same body: inbox.SkipHeld, the dead and parked
+//	POST /parked/skip                       the same body: inboxadmin.SkipHeld, the dead and parked
 //	                                        events are recorded skipped, never applied
 //
 // A parked event leaves the parking by itself once the dead event of its
@@ -34,11 +34,11 @@
 // are answered 404 not_found with nothing requeued, as the outbox's requeue
 // answers unknown ids (when one call reads the whole pass, which it does up
 // to the scan limit; a longer pass answers per call, "requeued" counting);
-// at most MaxRequeueIDs ids per call. Every call sends back at most "limit" dead letters (1 to inbox.MaxRequeueLimit,
-// default inbox.MaxRequeueLimit); to requeue more, call again with "after"
+// at most MaxRequeueIDs ids per call. Every call sends back at most "limit" dead letters (1 to inboxadmin.MaxRequeueLimit,
+// default inboxadmin.MaxRequeueLimit); to requeue more, call again with "after"
 // set to the "next" of the previous answer until "next" is empty. A sweep
 // ("all", or "consumer" alone) sends back only the letters still pending, so
-// a second sweep finds nothing left (see inbox.RequeueFilter). Mount it
+// a second sweep finds nothing left (see inboxadmin.RequeueFilter). Mount it
 // under a prefix with http.StripPrefix on the operator listener
 // (httpserver.NewAdmin), which checks the bearer token: requeuing changes
 // what consumers receive. Every requeue is logged with what it sent back.
@@ -59,7 +59,7 @@ import (
 
 	"github.com/google/uuid"
 
-	"github.com/onceflow/onceflow/pkg/inbox"
+	"github.com/onceflow/onceflow/pkg/inbox/inboxadmin"
 	"github.com/onceflow/onceflow/platform/apperr"
 	"github.com/onceflow/onceflow/platform/strictjson"
 )
@@ -79,7 +79,7 @@ type RequeueRequest struct {
 	// set).
 	All bool `json:"all"`
 	// Limit is the most dead letters this call sends back: 1 to
-	// inbox.MaxRequeueLimit; absent or 0 means inbox.MaxRequeueLimit.
+	// inboxadmin.MaxRequeueLimit; absent or 0 means inboxadmin.MaxRequeueLimit.
 	Limit int `json:"limit"`
 	// After is the "next" of the previous call's answer, to go on with its
 	// pass; absent starts a pass.
@@ -87,8 +87,8 @@ type RequeueRequest struct {
 }
 
 // filter is the library's view of the request.
-func (req RequeueRequest) filter() inbox.RequeueFilter {
-	return inbox.RequeueFilter{Consumer: req.Consumer, EventIDs: req.EventIDs, All: req.All, Limit: req.Limit, After: req.After}
+func (req RequeueRequest) filter() inboxadmin.RequeueFilter {
+	return inboxadmin.RequeueFilter{Consumer: req.Consumer, EventIDs: req.EventIDs, All: req.All, Limit: req.Limit, After: req.After}
 }
 
 // DecodeRequeue decodes and checks a POST /dead-letters/requeue body. Errors
@@ -106,19 +106,19 @@ func DecodeRequeue(body []byte) (RequeueRequest, error) {
 	}
 	// {} and a negative limit are refused here, never taken for "everything".
 	if err := req.filter().Validate(); err != nil {
-		return req, apperr.Errorf(apperr.Malformed, "%s", strings.TrimPrefix(err.Error(), inbox.ErrInvalidFilter.Error()+": "))
+		return req, apperr.Errorf(apperr.Malformed, "%s", strings.TrimPrefix(err.Error(), inboxadmin.ErrInvalidFilter.Error()+": "))
 	}
 	return req, nil
 }
 
 // Handler serves the dead-letter endpoints. db holds the inbox, w produces
 // requeued messages (it must not have a Topic of its own; see
-// inbox.RequeueDeadLetters), brokers is the Kafka cluster, and dltTopics maps
+// inboxadmin.RequeueDeadLetters), brokers is the Kafka cluster, and dltTopics maps
 // the names callers use to the dead-letter topics, e.g.
 // {"orders": "orders.events.dlt"}. logger records every requeue and every
 // internal error. opts reach every read of the dead-letter topics: pass
-// inbox.WithDialer(security.Dialer()) when the cluster wants TLS or SASL.
-func Handler(db inbox.RequeueDB, w inbox.Writer, brokers []string, dltTopics map[string]string, logger *slog.Logger, opts ...inbox.AdminOption) http.Handler {
+// inboxadmin.WithDialer(security.Dialer()) when the cluster wants TLS or SASL.
+func Handler(db inboxadmin.RequeueDB, w inboxadmin.Writer, brokers []string, dltTopics map[string]string, logger *slog.Logger, opts ...inboxadmin.Option) http.Handler {
 	topics := maps.Clone(dltTopics)
 	names := slices.Sorted(maps.Keys(topics))
 	writeError := func(rw http.ResponseWriter, r *http.Request, status int, msg string) {
@@ -162,7 +162,7 @@ func Handler(db inbox.RequeueDB, w inbox.Writer, brokers []string, dltTopics map
 		if !ok {
 			return
 		}
-		dls, err := inbox.ListDeadLetters(r.Context(), brokers, topic, limit, opts...)
+		dls, err := inboxadmin.ListDeadLetters(r.Context(), brokers, topic, limit, opts...)
 		if err != nil {
 			apperr.WriteHTTP(rw, r, logger, err)
 			return
@@ -203,9 +203,9 @@ func Handler(db inbox.RequeueDB, w inbox.Writer, brokers []string, dltTopics map
 		if !ok {
 			return
 		}
-		res, err := inbox.RequeueDeadLetters(r.Context(), db, w, brokers, topic, req.filter(), opts...)
+		res, err := inboxadmin.RequeueDeadLetters(r.Context(), db, w, brokers, topic, req.filter(), opts...)
 		switch {
-		case errors.Is(err, inbox.ErrInvalidFilter):
+		case errors.Is(err, inboxadmin.ErrInvalidFilter):
 			writeError(rw, r, http.StatusUnprocessableEntity, err.Error())
 			return
 		case err != nil:
@@ -240,7 +240,7 @@ func Handler(db inbox.RequeueDB, w inbox.Writer, brokers []string, dltTopics map
 	})
 	mux.HandleFunc("GET /parked", func(rw http.ResponseWriter, r *http.Request) {
 		q := r.URL.Query()
-		f := inbox.ParkedFilter{Consumer: q.Get("consumer"), AggregateID: q.Get("aggregateId")}
+		f := inboxadmin.ParkedFilter{Consumer: q.Get("consumer"), AggregateID: q.Get("aggregateId")}
 		if s := q.Get("limit"); s != "" {
 			n, err := strconv.Atoi(s)
 			if err != nil || n < 1 || n > 1000 {
@@ -256,7 +256,7 @@ func Handler(db inbox.RequeueDB, w inbox.Writer, brokers []string, dltTopics map
 			return
 		}
 		defer tx.Rollback(context.WithoutCancel(r.Context())) //nolint:errcheck // read-only
-		ps, err := inbox.ListParked(r.Context(), tx, f)
+		ps, err := inboxadmin.ListParked(r.Context(), tx, f)
 		if err != nil {
 			apperr.WriteHTTP(rw, r, logger, err)
 			return
@@ -272,7 +272,7 @@ func Handler(db inbox.RequeueDB, w inbox.Writer, brokers []string, dltTopics map
 		}
 		apperr.WriteJSON(rw, http.StatusOK, map[string]any{"count": len(out), "parked": out})
 	})
-	for _, action := range []string{inbox.ActionRelease, inbox.ActionSkip} {
+	for _, action := range []string{inboxadmin.ActionRelease, inboxadmin.ActionSkip} {
 		mux.HandleFunc("POST /parked/"+action, func(rw http.ResponseWriter, r *http.Request) {
 			body, err := io.ReadAll(http.MaxBytesReader(rw, r.Body, 64<<10))
 			if err != nil {
@@ -284,19 +284,19 @@ func Handler(db inbox.RequeueDB, w inbox.Writer, brokers []string, dltTopics map
 				apperr.WriteHTTP(rw, r, logger, err)
 				return
 			}
-			a := inbox.HeldAction{Consumer: req.Consumer, AggregateType: req.AggregateType, AggregateID: req.AggregateID,
+			a := inboxadmin.HeldAction{Consumer: req.Consumer, AggregateType: req.AggregateType, AggregateID: req.AggregateID,
 				Reason: req.Reason, Operator: req.Operator}
 			if err := a.Validate(); err != nil {
-				writeError(rw, r, http.StatusBadRequest, strings.TrimPrefix(err.Error(), inbox.ErrInvalidHeldAction.Error()+": "))
+				writeError(rw, r, http.StatusBadRequest, strings.TrimPrefix(err.Error(), inboxadmin.ErrInvalidHeldAction.Error()+": "))
 				return
 			}
-			act := inbox.ReleaseHeld
-			if action == inbox.ActionSkip {
-				act = inbox.SkipHeld
+			act := inboxadmin.ReleaseHeld
+			if action == inboxadmin.ActionSkip {
+				act = inboxadmin.SkipHeld
 			}
 			res, err := act(r.Context(), db, a)
 			switch {
-			case errors.Is(err, inbox.ErrNotHeld):
+			case errors.Is(err, inboxadmin.ErrNotHeld):
 				writeError(rw, r, http.StatusNotFound, fmt.Sprintf("%s %s of consumer %s is not held; nothing was changed",
 					apperr.Quote(req.AggregateType), apperr.Quote(req.AggregateID), apperr.Quote(req.Consumer)))
 				return

@@ -15,7 +15,7 @@ import (
 	"github.com/segmentio/kafka-go"
 
 	"github.com/onceflow/onceflow/pkg/event"
-	"github.com/onceflow/onceflow/pkg/inbox"
+	"github.com/onceflow/onceflow/pkg/inbox/inboxadmin"
 	"github.com/onceflow/onceflow/pkg/inbox/inboxtest"
 	"github.com/onceflow/onceflow/platform/inboxhttp"
 	"github.com/onceflow/onceflow/platform/kafkautil"
@@ -41,12 +41,12 @@ func TestHandlerDeadLetterEndpoints(t *testing.T) {
 		}
 		m := event.ToKafka(original, evs[i])
 		dl := kafka.Message{Topic: dlt, Key: m.Key, Value: m.Value, Headers: append(m.Headers,
-			kafka.Header{Key: inbox.HeaderDLTReason, Value: []byte(fmt.Sprint("reason ", i))},
-			kafka.Header{Key: inbox.HeaderDLTConsumer, Value: []byte("billing")},
-			kafka.Header{Key: inbox.HeaderDLTTopic, Value: []byte(original)},
-			kafka.Header{Key: inbox.HeaderDLTPartition, Value: []byte("0")},
-			kafka.Header{Key: inbox.HeaderDLTOffset, Value: []byte(fmt.Sprint(10 + i))},
-			kafka.Header{Key: inbox.HeaderDLTFailedAt, Value: []byte(time.Now().UTC().Format(time.RFC3339Nano))},
+			kafka.Header{Key: inboxadmin.HeaderDLTReason, Value: []byte(fmt.Sprint("reason ", i))},
+			kafka.Header{Key: inboxadmin.HeaderDLTConsumer, Value: []byte("billing")},
+			kafka.Header{Key: inboxadmin.HeaderDLTTopic, Value: []byte(original)},
+			kafka.Header{Key: inboxadmin.HeaderDLTPartition, Value: []byte("0")},
+			kafka.Header{Key: inboxadmin.HeaderDLTOffset, Value: []byte(fmt.Sprint(10 + i))},
+			kafka.Header{Key: inboxadmin.HeaderDLTFailedAt, Value: []byte(time.Now().UTC().Format(time.RFC3339Nano))},
 		)}
 		if err := w.WriteMessages(ctx, dl); err != nil {
 			t.Fatal(err)

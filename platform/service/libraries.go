@@ -4,6 +4,7 @@ import (
 	"context"
 
 	"github.com/onceflow/onceflow/pkg/inbox"
+	"github.com/onceflow/onceflow/pkg/inbox/inboxadmin"
 	"github.com/onceflow/onceflow/pkg/outbox"
 	"github.com/onceflow/onceflow/pkg/outbox/cdc"
 	"github.com/onceflow/onceflow/platform/inboxhttp"
@@ -62,12 +63,12 @@ func (s *Service) OutboxOperations(mode outbox.RelayMode, prune outbox.PruneConf
 // letters; see inboxhttp) for topic, whose dead letters are in topic+".dlt"
 // and are requeued through w, and the inbox pruner at its defaults. It
 // returns the pruner's stage for Run.
-func (s *Service) InboxOperations(w inbox.Writer, topic string) (lifecycle.Stage, error) {
+func (s *Service) InboxOperations(w inboxadmin.Writer, topic string) (lifecycle.Stage, error) {
 	pruner, err := inbox.NewPruner(s.Pool, inbox.PrunerConfig{Logger: s.Logger})
 	if err != nil {
 		return lifecycle.Stage{}, err
 	}
 	s.Mount("/admin/inbox", inboxhttp.Handler(s.Pool, w, s.opts.KafkaBrokers, map[string]string{topic: topic + ".dlt"},
-		s.Logger, inbox.WithDialer(s.opts.Kafka.Dialer())))
+		s.Logger, inboxadmin.WithDialer(s.opts.Kafka.Dialer())))
 	return lifecycle.Stage{Name: "inbox pruner", Run: pruner.Run}, nil
 }

@@ -11,7 +11,7 @@ import (
 	"time"
 
 	"github.com/onceflow/onceflow/pkg/event"
-	"github.com/onceflow/onceflow/pkg/inbox"
+	"github.com/onceflow/onceflow/pkg/inbox/inboxadmin"
 	"github.com/onceflow/onceflow/pkg/outbox"
 	"github.com/onceflow/onceflow/pkg/outbox/outboxadmin"
 )
@@ -47,9 +47,9 @@ func (r *reader) recordStep(rec record) {
 	p, o := rec.Partition, rec.Offset
 	s := Step{At: rec.Time, Where: "kafka " + rec.Topic, Partition: &p, Offset: &o, Headers: rec.Headers,
 		EventID: rec.Headers[event.HeaderEventID], EventType: rec.Headers[event.HeaderEventType]}
-	if reason, dead := rec.Headers[inbox.HeaderDLTReason]; dead {
+	if reason, dead := rec.Headers[inboxadmin.HeaderDLTReason]; dead {
 		s.What = fmt.Sprintf("%s dead-lettered by %s at partition %d offset %d: %s", s.EventType,
-			rec.Headers[inbox.HeaderDLTConsumer], p, o, reason)
+			rec.Headers[inboxadmin.HeaderDLTConsumer], p, o, reason)
 		s.State = "dead_lettered"
 		r.add(s)
 		return
@@ -187,7 +187,7 @@ func (r *reader) check() {
 	outboxes := []struct {
 		service, topic, consumer string
 		rows                     []outboxadmin.EventRecord
-		consumed                 []inbox.MessageRecord
+		consumed                 []inboxadmin.MessageRecord
 	}{
 		{"orders", r.src.OrdersTopic, "billing", r.ordersEvents, r.billingInbox},
 		{"billing", r.src.BillingTopic, "reconciler-shim", r.billingEvents, r.shimInbox},
@@ -221,7 +221,7 @@ func (r *reader) check() {
 	}
 	for _, in := range []struct {
 		service string
-		rows    []inbox.MessageRecord
+		rows    []inboxadmin.MessageRecord
 	}{{"billing", r.billingInbox}, {"reconciler-shim", r.shimInbox}} {
 		for _, m := range in.rows {
 			switch m.Status {
@@ -271,7 +271,7 @@ func (r *reader) ledgerURL() string {
 	return strings.TrimRight(r.src.LedgerURL, "/")
 }
 
-func hasMessage(rows []inbox.MessageRecord, id string) bool {
+func hasMessage(rows []inboxadmin.MessageRecord, id string) bool {
 	for _, m := range rows {
 		if m.MessageID.String() == id {
 			return true

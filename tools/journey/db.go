@@ -8,13 +8,13 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/onceflow/onceflow/pkg/inbox"
+	"github.com/onceflow/onceflow/pkg/inbox/inboxadmin"
 	"github.com/onceflow/onceflow/pkg/outbox/outboxadmin"
 )
 
 // The services' own tables, whose stores export no such reads (as in
 // tools/reconcile); the outbox's and the inbox's tables are read through
-// outboxadmin.EventsOf and inbox.MessagesOf. $1 is the order id.
+// outboxadmin.EventsOf and inboxadmin.MessagesOf. $1 is the order id.
 const (
 	sqlOrder = `
 		SELECT id::text, status, customer_id, amount_cents, currency, version, created_at, updated_at
@@ -62,10 +62,10 @@ func (r *reader) databases(ctx context.Context) error {
 	if r.billingEvents, err = outboxadmin.EventsOf(ctx, r.src.Billing, r.j.OrderID); err != nil {
 		return fmt.Errorf("reading billing's outbox: %w", err)
 	}
-	if r.billingInbox, err = inbox.MessagesOf(ctx, r.src.Billing, r.j.OrderID); err != nil {
+	if r.billingInbox, err = inboxadmin.MessagesOf(ctx, r.src.Billing, r.j.OrderID); err != nil {
 		return fmt.Errorf("reading billing's inbox: %w", err)
 	}
-	if r.shimInbox, err = inbox.MessagesOf(ctx, r.src.Shim, r.j.OrderID); err != nil {
+	if r.shimInbox, err = inboxadmin.MessagesOf(ctx, r.src.Shim, r.j.OrderID); err != nil {
 		return fmt.Errorf("reading the shim's inbox: %w", err)
 	}
 	for _, e := range r.ordersEvents {
@@ -123,7 +123,7 @@ func (r *reader) databases(ctx context.Context) error {
 }
 
 // consumed is the id of the message of eventType the inbox rows hold, "".
-func (r *reader) consumed(rows []inbox.MessageRecord, eventType string) string {
+func (r *reader) consumed(rows []inboxadmin.MessageRecord, eventType string) string {
 	for _, m := range rows {
 		if m.EventType == eventType {
 			return m.MessageID.String()
@@ -144,7 +144,7 @@ func (r *reader) outboxSteps(where string, e outboxadmin.EventRecord) {
 	}
 }
 
-func (r *reader) inboxSteps(where string, m inbox.MessageRecord) {
+func (r *reader) inboxSteps(where string, m inboxadmin.MessageRecord) {
 	id := m.MessageID.String()
 	r.add(Step{At: m.ReceivedAt, Where: where, What: fmt.Sprintf("inbox %s: %s v%d received from %s/%d@%d (attempts %d)",
 		m.Consumer, m.EventType, m.AggregateVersion, m.Topic, m.Partition, m.Offset, m.Attempts),

@@ -7,6 +7,6 @@
 //
 // It only reads: the databases through a read-only role (reconcile_ro), the
 // outbox's and the inbox's tables through outboxadmin.EventsOf and
-// inbox.MessagesOf (this package knows neither table), Kafka by offset, the
+// inboxadmin.MessagesOf (this package knows neither table), Kafka by offset, the
 // ledger by idempotency key. onceflowctl journey is its command line.
 package journey

@@ -10,7 +10,7 @@ import (
 
 	"github.com/google/uuid"
 
-	"github.com/onceflow/onceflow/pkg/inbox"
+	"github.com/onceflow/onceflow/pkg/inbox/inboxadmin"
 	"github.com/onceflow/onceflow/pkg/outbox/outboxadmin"
 )
 
@@ -154,7 +154,7 @@ type reader struct {
 	now time.Time
 
 	ordersEvents, billingEvents []outboxadmin.EventRecord
-	billingInbox, shimInbox     []inbox.MessageRecord
+	billingInbox, shimInbox     []inboxadmin.MessageRecord
 	forwards                    []forward
 	records                     map[string][]record // by topic
 	charge                      *charge

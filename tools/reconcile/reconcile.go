@@ -9,7 +9,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/onceflow/onceflow/pkg/inbox"
+	"github.com/onceflow/onceflow/pkg/inbox/inboxadmin"
 	"github.com/onceflow/onceflow/pkg/outbox/outboxadmin"
 )
 
@@ -174,7 +174,7 @@ func Run(ctx context.Context, src Sources, cfg Config) (Report, error) {
 		name string
 		db   Querier
 	}{{"billing", src.Billing}, {"reconciler-shim", src.Shim}} {
-		b, err := inbox.Backlog(ctx, s.db, inbox.BacklogConfig{
+		b, err := inboxadmin.Backlog(ctx, s.db, inboxadmin.BacklogConfig{
 			LeaseExpiredFor: cfg.LeaseGrace, DeadLetteredOlderThan: cfg.DeadLetterSLA, Samples: cfg.Samples})
 		err = translate("reading the inbox's backlog", err)
 		for _, f := range []Finding{

@@ -44,7 +44,7 @@ func translate(op string, err error) error {
 // reconcile_ro (see package pgroles): the tool never writes.
 //
 // The backlog checks read the outbox's and the inbox's tables through
-// outboxadmin.Backlog and inbox.Backlog (in Run): this package knows
+// outboxadmin.Backlog and inboxadmin.Backlog (in Run): this package knows
 // neither their tables nor their states. The statements below read the
 // services' own tables, whose stores export no such reads. Each takes its
 // thresholds in microseconds.

@@ -44,7 +44,7 @@ const sqlSeed = `
 
 // Seed inserts r into the inbox's table (db must hold the inbox schema) and
 // returns its message id; it fails the test on any error. It is for
-// arranging what a test reads (operator tools, inbox.Backlog); tests of a
+// arranging what a test reads (operator tools, inboxadmin.Backlog); tests of a
 // handler should deliver for real with Deliver.
 func Seed(t testing.TB, db DB, r Row) uuid.UUID {
 	t.Helper()

@@ -10,11 +10,12 @@ import (
 	"github.com/onceflow/onceflow/pkg/internal/knob"
 )
 
-// The defaults of Config's lease knobs, which a zero field takes; CallTimeout
-// and LeaseMargin default to fractions of LeaseTTL.
+// The defaults of Config's lease knobs, which a zero field takes (each
+// field's doc says it); CallTimeout and LeaseMargin default to fractions of
+// LeaseTTL.
 const (
-	DefaultTTL         = 30 * time.Second
-	DefaultMaxInFlight = 16
+	defaultTTL         = 30 * time.Second
+	defaultMaxInFlight = 16
 )
 
 // Config configures a lease-mode consumer (NewConsumer): the
@@ -28,14 +29,14 @@ type Config struct {
 	// renewed the lease under its fencing token (or took it, a tenth of
 	// CallTimeout ago at most), so a lease must outlast
 	// CallTimeout + LeaseMargin (Validate refuses it otherwise). Default
-	// DefaultTTL.
+	// 30s.
 	LeaseTTL time.Duration
 	// CallTimeout bounds each Effect.Check and Effect.Call: its ctx ends
 	// CallTimeout after the renewal that preceded it, so before the lease
 	// does. A call cut off by it counts as the other side being unavailable
 	// (an outage: waited out, never an attempt), and the next try checks
 	// first. Effect.Check and Effect.Call must honour their ctx. Default
-	// LeaseTTL/3.
+	// LeaseTTL/3 (10s).
 	CallTimeout time.Duration
 	// LeaseMargin is how long after a call's ctx ended the call may still
 	// take effect on the other side: a request already on the wire, the
@@ -43,14 +44,14 @@ type Config struct {
 	// least this much, so a worker that takes over an expired lease checks
 	// only after the previous holder's last possible call has landed; and a
 	// worker whose own call failed checks, before trying again, no sooner
-	// than this after it. Default LeaseTTL/10.
+	// than this after it. Default LeaseTTL/10 (3s).
 	LeaseMargin time.Duration
 	// MaxInFlight bounds the side-effect calls (Effect.Check and
 	// Effect.Call) the consumer makes at once, across its workers: the most
 	// load it puts on the other side. The messages of one key are called
 	// one after the other, in order; distinct keys of a batch are called
 	// concurrently up to this limit. 1 makes one call at a time. Default
-	// DefaultMaxInFlight.
+	// 16.
 	MaxInFlight int
 	// LeaseOwner names this process in lease rows. Default: Name + a random
 	// suffix.
@@ -61,10 +62,10 @@ type Config struct {
 // its documented default; negative values are kept for Validate to refuse.
 func (c Config) WithDefaults() Config {
 	c.Config = c.Config.WithDefaults()
-	knob.Default(&c.LeaseTTL, DefaultTTL)
+	knob.Default(&c.LeaseTTL, defaultTTL)
 	knob.Default(&c.CallTimeout, c.LeaseTTL/3)
 	knob.Default(&c.LeaseMargin, c.LeaseTTL/10)
-	knob.Default(&c.MaxInFlight, DefaultMaxInFlight)
+	knob.Default(&c.MaxInFlight, defaultMaxInFlight)
 	if c.LeaseOwner == "" {
 		c.LeaseOwner = c.Name + "-" + uuid.NewString()[:8]
 	}

@@ -6,6 +6,7 @@ import (
 
 	"github.com/onceflow/onceflow/pkg/inbox"
 	"github.com/onceflow/onceflow/pkg/inbox/lease"
+	"github.com/onceflow/onceflow/pkg/testenv"
 )
 
 func TestLeaseConfigValidate(t *testing.T) {
@@ -26,4 +27,24 @@ func TestLeaseConfigValidate(t *testing.T) {
 		{"call timeout and margin inside the lease", lease.Config{Config: named, LeaseTTL: time.Second, CallTimeout: 750 * time.Millisecond, LeaseMargin: 200 * time.Millisecond}, ""},
 	}
 	checkValidateCases(t, tests)
+}
+
+// validateCase (as pkg/inbox's config tests have it: a composite literal
+// of another package's struct would need its field names) is a configuration and what its Validate must say: "" for
+// valid, else a substring of the error.
+type validateCase struct {
+	name string
+	cfg  interface{ Validate() error }
+	want string
+}
+
+// checkValidateCases checks each case in a parallel subtest.
+func checkValidateCases(t *testing.T, tests []validateCase) {
+	t.Helper()
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			testenv.CheckErr(t, tt.cfg.Validate(), tt.want)
+		})
+	}
 }

@@ -10,6 +10,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/onceflow/onceflow/pkg/event"
+	"github.com/onceflow/onceflow/pkg/inbox/internal/inboxtesting"
 	"github.com/onceflow/onceflow/pkg/inbox/lease"
 	"github.com/onceflow/onceflow/pkg/testenv"
 )
@@ -32,9 +33,9 @@ func TestAfterAServerSwitchALostLeaseRowIsCheckedBeforeItsFirstCall(t *testing.T
 		t.Run(map[bool]string{false: "alone", true: "batch"}[batch], func(t *testing.T) {
 			t.Parallel()
 			f := newFixture(t)
-			party := newBookingParty()
+			party := inboxtesting.NewBookingParty()
 			var checks atomic.Int64
-			eff := party.effect()
+			eff := party.Effect()
 			check := eff.Check
 			eff.Check = func(ctx context.Context, key string) (bool, error) {
 				checks.Add(1)
@@ -50,24 +51,24 @@ func TestAfterAServerSwitchALostLeaseRowIsCheckedBeforeItsFirstCall(t *testing.T
 				}
 				return nil
 			}
-			cfg := lease.Config{Config: fastRetries("switch-check", testenv.NewTopic(t, f.brokers, 1))}
-			c, err := lease.NewConsumer(f.pool, f.source(testenv.Name("group")), f.writer, eff, cfg)
+			cfg := lease.Config{Config: inboxtesting.FastRetries("switch-check", testenv.NewTopic(t, f.Brokers, 1))}
+			c, err := lease.NewConsumer(f.Pool, f.Source(testenv.Name("group")), f.Writer, eff, cfg)
 			if err != nil {
 				t.Fatal(err)
 			}
-			ev := newEvent("order-1", 1)
-			m := event.ToKafka(f.topic, ev)
+			ev := inboxtesting.NewEvent("order-1", 1)
+			m := event.ToKafka(f.Topic, ev)
 			m.Time = time.Now()
-			other := newEvent("order-2", 1) // in the same batch, with a row that survived
-			om := event.ToKafka(f.topic, other)
+			other := inboxtesting.NewEvent("order-2", 1) // in the same batch, with a row that survived
+			om := event.ToKafka(f.Topic, other)
 			om.Time = time.Now()
 			if batch {
-				handle(t, c, m, om)
+				inboxtesting.Handle(t, c, m, om)
 			} else {
-				handle(t, c, m)
-				handle(t, c, om)
+				inboxtesting.Handle(t, c, m)
+				inboxtesting.Handle(t, c, om)
 			}
-			if n := party.bookings(ev.EventID.String()); n != 1 || checks.Load() != 0 {
+			if n := party.Bookings(ev.EventID.String()); n != 1 || checks.Load() != 0 {
 				t.Fatalf("first delivery: %d bookings, %d checks; want 1 and 0", n, checks.Load())
 			}
 
@@ -75,40 +76,40 @@ func TestAfterAServerSwitchALostLeaseRowIsCheckedBeforeItsFirstCall(t *testing.T
 			// aggregate's version guard) did not reach the standby, and the
 			// consumer now talks to another server.
 			ctx := context.Background()
-			if _, err := f.pool.Exec(ctx, `DELETE FROM inbox_messages WHERE consumer = $1 AND message_id = $2`, cfg.Name, ev.EventID); err != nil {
+			if _, err := f.Pool.Exec(ctx, `DELETE FROM inbox_messages WHERE consumer = $1 AND message_id = $2`, cfg.Name, ev.EventID); err != nil {
 				t.Fatal(err)
 			}
-			if _, err := f.pool.Exec(ctx, `DELETE FROM inbox_aggregate_versions WHERE consumer = $1 AND aggregate_id = $2`,
+			if _, err := f.Pool.Exec(ctx, `DELETE FROM inbox_aggregate_versions WHERE consumer = $1 AND aggregate_id = $2`,
 				cfg.Name, ev.AggregateID); err != nil {
 				t.Fatal(err)
 			}
-			if _, err := f.pool.Exec(ctx, `UPDATE inbox_servers SET server = 'the old primary' WHERE consumer = $1`, cfg.Name); err != nil {
+			if _, err := f.Pool.Exec(ctx, `UPDATE inbox_servers SET server = 'the old primary' WHERE consumer = $1`, cfg.Name); err != nil {
 				t.Fatal(err)
 			}
 
 			// A message produced after the switch (past the clock margin)
 			// cannot have been called before it: no check.
-			later := newEvent("order-3", 1)
-			lm := event.ToKafka(f.topic, later)
+			later := inboxtesting.NewEvent("order-3", 1)
+			lm := event.ToKafka(f.Topic, later)
 			lm.Time = time.Now().Add(5 * time.Minute)
 			if batch {
-				handle(t, c, m, om, lm)
+				inboxtesting.Handle(t, c, m, om, lm)
 			} else {
-				handle(t, c, m)
-				handle(t, c, om)
-				handle(t, c, lm)
+				inboxtesting.Handle(t, c, m)
+				inboxtesting.Handle(t, c, om)
+				inboxtesting.Handle(t, c, lm)
 			}
-			if n := party.bookings(ev.EventID.String()); n != 1 {
+			if n := party.Bookings(ev.EventID.String()); n != 1 {
 				t.Fatalf("the redelivery of a call whose row the failover lost booked it %d times in all (%d checks), want once: "+
 					"after a server switch a first delivery from before it must check first", n, checks.Load())
 			}
 			if got := checks.Load(); got != 1 {
 				t.Fatalf("%d checks, want 1: only the message from before the switch whose row is missing", got)
 			}
-			if party.bookings(later.EventID.String()) != 1 || party.bookings(other.EventID.String()) != 1 {
-				t.Fatalf("bookings: later %d, other %d; want 1 each", party.bookings(later.EventID.String()), party.bookings(other.EventID.String()))
+			if party.Bookings(later.EventID.String()) != 1 || party.Bookings(other.EventID.String()) != 1 {
+				t.Fatalf("bookings: later %d, other %d; want 1 each", party.Bookings(later.EventID.String()), party.Bookings(other.EventID.String()))
 			}
-			if s := f.status(t, cfg.Name, ev); s != "processed" {
+			if s := f.Status(t, cfg.Name, ev); s != "processed" {
 				t.Fatalf("the redelivered row is %s, want processed", s)
 			}
 			mu.Lock()
@@ -118,7 +119,7 @@ func TestAfterAServerSwitchALostLeaseRowIsCheckedBeforeItsFirstCall(t *testing.T
 			mu.Unlock()
 			var server string
 			var switched bool
-			if err := f.pool.QueryRow(ctx, `SELECT server, switched_at IS NOT NULL FROM inbox_servers WHERE consumer = $1`, cfg.Name).
+			if err := f.Pool.QueryRow(ctx, `SELECT server, switched_at IS NOT NULL FROM inbox_servers WHERE consumer = $1`, cfg.Name).
 				Scan(&server, &switched); err != nil {
 				t.Fatal(err)
 			}

@@ -2,6 +2,7 @@ package lease
 
 import (
 	"github.com/onceflow/onceflow/pkg/inbox"
+	"github.com/onceflow/onceflow/pkg/inbox/inboxadmin"
 	"github.com/onceflow/onceflow/pkg/inbox/internal/engine"
 	"github.com/onceflow/onceflow/pkg/inbox/internal/state"
 
@@ -215,7 +216,7 @@ func (w *world) txConsumer(t testing.TB, refuse func(event.Envelope) bool) (*eng
 }
 
 func (w *world) requeue(ctx context.Context, ids ...uuid.UUID) error {
-	_, err := engine.RequeueDeadLetters(ctx, w.l.pool, &w.copies, w.l.brokers, w.l.dlt, engine.RequeueFilter{EventIDs: ids})
+	_, err := inboxadmin.RequeueDeadLetters(ctx, w.l.pool, &w.copies, w.l.brokers, w.l.dlt, inboxadmin.RequeueFilter{EventIDs: ids})
 	return err
 }
 
@@ -698,9 +699,9 @@ func TestInterleavingsOfATruncatedDeadLetterAndItsRequeue(t *testing.T) {
 			}},
 			interleave.Actor{Name: "Op2", Steps: []interleave.Step{
 				step("release", func(ctx context.Context) error {
-					_, err := engine.ReleaseHeld(ctx, l.pool, engine.HeldAction{Consumer: w.name, AggregateType: "order", AggregateID: "o5",
+					_, err := inboxadmin.ReleaseHeld(ctx, l.pool, inboxadmin.HeldAction{Consumer: w.name, AggregateType: "order", AggregateID: "o5",
 						Reason: "the interleaving checker's second operator", Operator: "op2"})
-					if errors.Is(err, engine.ErrNotHeld) {
+					if errors.Is(err, inboxadmin.ErrNotHeld) {
 						return nil // the requeue got there first, or nothing died yet
 					}
 					return err

@@ -14,6 +14,7 @@ import (
 
 	"github.com/onceflow/onceflow/pkg/event"
 	"github.com/onceflow/onceflow/pkg/inbox"
+	"github.com/onceflow/onceflow/pkg/inbox/internal/inboxtesting"
 	"github.com/onceflow/onceflow/pkg/inbox/lease"
 	"github.com/onceflow/onceflow/pkg/testenv"
 )
@@ -51,7 +52,7 @@ func watchedEffect(t *testing.T, f *fixture, r *renewals, failFirst bool) (lease
 	record := func(ctx context.Context, op, key string) {
 		s := callSeen{op: op, renewals: r.n.Load()}
 		s.deadline, _ = ctx.Deadline()
-		if err := f.pool.QueryRow(context.Background(),
+		if err := f.Pool.QueryRow(context.Background(),
 			`SELECT lease_until FROM inbox_messages WHERE message_id = $1`, key).Scan(&s.leaseUntil); err != nil {
 			t.Errorf("%s %s: reading its lease: %v", op, key, err)
 		}
@@ -87,7 +88,7 @@ func watchedEffect(t *testing.T, f *fixture, r *renewals, failFirst bool) (lease
 // counts renewals.
 func runTracedLeaseConsumer(t *testing.T, f *fixture, r *renewals, eff lease.Effect, cfg lease.Config) {
 	t.Helper()
-	pc, err := pgxpool.ParseConfig(f.pool.Config().ConnString())
+	pc, err := pgxpool.ParseConfig(f.Pool.Config().ConnString())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -98,11 +99,11 @@ func runTracedLeaseConsumer(t *testing.T, f *fixture, r *renewals, eff lease.Eff
 	}
 	t.Cleanup(pool.Close)
 	cfg.Name = "lease-test"
-	c, err := lease.NewConsumer(pool, f.source(testenv.Name("group")), f.writer, eff, cfg)
+	c, err := lease.NewConsumer(pool, f.Source(testenv.Name("group")), f.Writer, eff, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
-	runUntilCleanup(t, c)
+	inboxtesting.RunUntilCleanup(t, c)
 }
 
 // requireCallsEndBeforeTheirLeases fails the test for a Check or Call whose
@@ -133,7 +134,7 @@ func TestCallsUnderAFreshBatchLeaseNeedNoRenewal(t *testing.T) {
 	cfg := lease.Config{LeaseTTL: time.Minute}
 	runTracedLeaseConsumer(t, f, &r, eff, cfg)
 	testenv.WaitFor(t, 60*time.Second, "every event marked done", func() (bool, error) {
-		return f.count(t, "SELECT count(*) FROM inbox_messages WHERE status = 'processed'") == len(evs), nil
+		return f.Count(t, "SELECT count(*) FROM inbox_messages WHERE status = 'processed'") == len(evs), nil
 	})
 	got := seen()
 	if len(got) != len(evs) {
@@ -159,7 +160,7 @@ func TestALateCallUnderABatchLeaseRenewsFirst(t *testing.T) {
 		Config: inbox.Config{BackoffMin: 20 * time.Millisecond, BackoffMax: 50 * time.Millisecond}}
 	runTracedLeaseConsumer(t, f, &r, eff, cfg)
 	testenv.WaitFor(t, 60*time.Second, "the event marked done", func() (bool, error) {
-		return f.count(t, "SELECT count(*) FROM inbox_messages WHERE status = 'processed'") == 1, nil
+		return f.Count(t, "SELECT count(*) FROM inbox_messages WHERE status = 'processed'") == 1, nil
 	})
 	got := seen()
 	ops := make([]string, len(got))

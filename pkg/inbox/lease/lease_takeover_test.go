@@ -11,6 +11,7 @@ import (
 
 	"github.com/onceflow/onceflow/pkg/event"
 	"github.com/onceflow/onceflow/pkg/inbox"
+	"github.com/onceflow/onceflow/pkg/inbox/internal/inboxtesting"
 	"github.com/onceflow/onceflow/pkg/inbox/lease"
 	"github.com/onceflow/onceflow/pkg/testenv"
 )
@@ -25,7 +26,7 @@ import (
 // where the bugs live, at the leases.
 func (f *fixture) secondMember(t *testing.T, eff lease.Effect, cfg lease.Config) {
 	t.Helper()
-	runUntilCleanup(t, f.leaseConsumer(t, testenv.Name("second"), eff, cfg))
+	inboxtesting.RunUntilCleanup(t, f.leaseConsumer(t, testenv.Name("second"), eff, cfg))
 }
 
 // requireBookedOnce waits until the third party has nothing in flight and
@@ -34,7 +35,7 @@ func (f *fixture) secondMember(t *testing.T, eff lease.Effect, cfg lease.Config)
 func requireBookedOnce(t *testing.T, f *fixture, tp *leasetest.ThirdParty, evs []event.Envelope) {
 	t.Helper()
 	testenv.WaitFor(t, 60*time.Second, "every event marked done, and no call left in flight", func() (bool, error) {
-		return f.count(t, "SELECT count(*) FROM inbox_messages WHERE status = 'processed'") == len(evs) && tp.InFlight() == 0, nil
+		return f.Count(t, "SELECT count(*) FROM inbox_messages WHERE status = 'processed'") == len(evs) && tp.InFlight() == 0, nil
 	})
 	for _, ev := range evs {
 		if n := tp.Bookings(ev.EventID.String()); n != 1 {
@@ -60,7 +61,7 @@ func TestLeaseTakeoverWhileTheHolderWaitsForACallSlotBooksEachKeyOnce(t *testing
 		CallTimeout: 750 * time.Millisecond, LeaseMargin: 200 * time.Millisecond,
 		Config: inbox.Config{Workers: 1, BackoffMin: 20 * time.Millisecond, BackoffMax: 200 * time.Millisecond}}
 
-	runUntilCleanup(t, f.leaseConsumer(t, testenv.Name("group"), tp.Effect(), cfg))
+	inboxtesting.RunUntilCleanup(t, f.leaseConsumer(t, testenv.Name("group"), tp.Effect(), cfg))
 	testenv.WaitFor(t, 30*time.Second, "the first member's first call", func() (bool, error) {
 		return tp.Received() >= 1, nil
 	})
@@ -83,13 +84,13 @@ func TestLeaseHolderFrozenPastItsLeaseDoesNotCallAfterTheTakeover(t *testing.T) 
 
 	frozen := leasetest.NewPausable(tp.Effect())
 	frozen.Pause()
-	runUntilCleanup(t, f.leaseConsumer(t, testenv.Name("group"), frozen.Effect(), cfg))
+	inboxtesting.RunUntilCleanup(t, f.leaseConsumer(t, testenv.Name("group"), frozen.Effect(), cfg))
 	testenv.WaitFor(t, 30*time.Second, "the first member to freeze on its call", func() (bool, error) {
 		return frozen.Waiting() == 1, nil
 	})
 	f.secondMember(t, tp.Effect(), cfg)
 	testenv.WaitFor(t, 30*time.Second, "the second member to take the messages over and book them", func() (bool, error) {
-		return f.count(t, "SELECT count(*) FROM inbox_messages WHERE status = 'processed'") == len(evs), nil
+		return f.Count(t, "SELECT count(*) FROM inbox_messages WHERE status = 'processed'") == len(evs), nil
 	})
 	frozen.Resume()
 	testenv.WaitFor(t, 30*time.Second, "the first member's call to return", func() (bool, error) {
@@ -131,20 +132,20 @@ func TestLeaseModeWaitsOutAThirdPartyOutageLongerThanTheRetryBudget(t *testing.T
 	tp := leasetest.NewThirdParty()
 	tp.SetDown(fmt.Errorf("%w: dial tcp: connection refused", lease.ErrUnavailable))
 	cfg := lease.Config{LeaseTTL: time.Second, Config: inbox.Config{Workers: 1, MaxAttempts: 2,
-		BackoffMin: 5 * time.Millisecond, BackoffMax: 20 * time.Millisecond, Metrics: inbox.NewMetrics(f.registry)}}
+		BackoffMin: 5 * time.Millisecond, BackoffMax: 20 * time.Millisecond, Metrics: inbox.NewMetrics(f.Registry)}}
 	c := f.leaseConsumer(t, testenv.Name("group"), tp.Effect(), cfg)
-	running := runUntilCleanup(t, c)
+	running := inboxtesting.RunUntilCleanup(t, c)
 
 	testenv.WaitFor(t, 30*time.Second, "ten times the retry budget of failed calls and checks", func() (bool, error) {
-		return testenv.MetricValue(t, f.registry, "inbox_effect_errors_total") >= float64(10*cfg.MaxAttempts*len(evs)), running()
+		return testenv.MetricValue(t, f.Registry, "inbox_effect_errors_total") >= float64(10*cfg.MaxAttempts*len(evs)), running()
 	})
-	if n := f.count(t, "SELECT count(*) FROM inbox_messages WHERE status = 'dead_lettered'"); n != 0 {
+	if n := f.Count(t, "SELECT count(*) FROM inbox_messages WHERE status = 'dead_lettered'"); n != 0 {
 		t.Fatalf("%d messages dead-lettered by an outage of the third party", n)
 	}
-	if got := testenv.MetricValue(t, f.registry, "inbox_failures_total"); got != 0 {
+	if got := testenv.MetricValue(t, f.Registry, "inbox_failures_total"); got != 0 {
 		t.Errorf("inbox_failures_total = %v: the outage was charged to the messages", got)
 	}
-	if got := testenv.MetricValue(t, f.registry, "inbox_effect_connected"); got != 0 {
+	if got := testenv.MetricValue(t, f.Registry, "inbox_effect_connected"); got != 0 {
 		t.Errorf("inbox_effect_connected = %v during the outage, want 0", got)
 	}
 	if err := c.Healthy(); err == nil || !strings.Contains(err.Error(), "third party") {
@@ -155,6 +156,6 @@ func TestLeaseModeWaitsOutAThirdPartyOutageLongerThanTheRetryBudget(t *testing.T
 	requireBookedOnce(t, f, tp, evs)
 	requireBookedInOrder(t, tp, evs)
 	testenv.WaitFor(t, 10*time.Second, "Healthy and inbox_effect_connected to recover", func() (bool, error) {
-		return c.Healthy() == nil && testenv.MetricValue(t, f.registry, "inbox_effect_connected") == 1, nil
+		return c.Healthy() == nil && testenv.MetricValue(t, f.Registry, "inbox_effect_connected") == 1, nil
 	})
 }

@@ -16,6 +16,7 @@ import (
 	"github.com/onceflow/onceflow/pkg/event"
 	"github.com/onceflow/onceflow/pkg/inbox"
 	"github.com/onceflow/onceflow/pkg/inbox/inboxtest"
+	"github.com/onceflow/onceflow/pkg/inbox/internal/inboxtesting"
 	"github.com/onceflow/onceflow/pkg/inbox/lease"
 	"github.com/onceflow/onceflow/pkg/testenv"
 )
@@ -85,7 +86,7 @@ func (b *booker) bookings(key string) int {
 // them in that order.
 func (f *fixture) leaseEvents(t *testing.T, keys, perKey int) []event.Envelope {
 	t.Helper()
-	if _, err := f.pool.Exec(context.Background(),
+	if _, err := f.Pool.Exec(context.Background(),
 		`CREATE TABLE IF NOT EXISTS lease_outcomes (event_id uuid PRIMARY KEY, outcome text NOT NULL)`); err != nil {
 		t.Fatal(err)
 	}
@@ -93,19 +94,19 @@ func (f *fixture) leaseEvents(t *testing.T, keys, perKey int) []event.Envelope {
 	var msgs []kafka.Message
 	for v := 1; v <= perKey; v++ {
 		for k := range keys {
-			ev := newEvent(fmt.Sprintf("k%d", k), int64(v))
+			ev := inboxtesting.NewEvent(fmt.Sprintf("k%d", k), int64(v))
 			evs = append(evs, ev)
-			msgs = append(msgs, event.ToKafka(f.topic, ev))
+			msgs = append(msgs, event.ToKafka(f.Topic, ev))
 		}
 	}
-	f.produce(t, msgs...)
+	f.Produce(t, msgs...)
 	return evs
 }
 
 func (f *fixture) leaseConsumer(t *testing.T, group string, eff lease.Effect, cfg lease.Config) *inbox.Consumer {
 	t.Helper()
 	cfg.Name = "lease-test"
-	c, err := lease.NewConsumer(f.pool, f.source(group), f.writer, eff, cfg)
+	c, err := lease.NewConsumer(f.Pool, f.Source(group), f.Writer, eff, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -142,10 +143,10 @@ func TestALeaseBatchCallsDistinctKeysConcurrentlyAndEachKeyInOrder(t *testing.T)
 	b := newBooker(20 * time.Millisecond)
 	// One worker: whatever runs at once runs because the batch called
 	// distinct keys side by side.
-	runUntilCleanup(t, f.leaseConsumer(t, testenv.Name("group"), b.effect(), lease.Config{Config: inbox.Config{Workers: 1}, MaxInFlight: limit}))
+	inboxtesting.RunUntilCleanup(t, f.leaseConsumer(t, testenv.Name("group"), b.effect(), lease.Config{Config: inbox.Config{Workers: 1}, MaxInFlight: limit}))
 
 	testenv.WaitFor(t, 60*time.Second, "every event marked done", func() (bool, error) {
-		return f.count(t, "SELECT count(*) FROM inbox_messages WHERE status = 'processed'") == len(evs), nil
+		return f.Count(t, "SELECT count(*) FROM inbox_messages WHERE status = 'processed'") == len(evs), nil
 	})
 	for _, ev := range evs {
 		if n := b.bookings(ev.EventID.String()); n != 1 {
@@ -163,7 +164,7 @@ func TestALeaseBatchCallsDistinctKeysConcurrentlyAndEachKeyInOrder(t *testing.T)
 	if got := b.maxInFlight.Load(); got < 2 || got > limit {
 		t.Fatalf("at most %d calls ran at once, want 2..%d (distinct keys concurrently, within MaxInFlight)", got, limit)
 	}
-	if n := f.count(t, "SELECT count(*) FROM lease_outcomes WHERE outcome = 'sent'"); n != len(evs) {
+	if n := f.Count(t, "SELECT count(*) FROM lease_outcomes WHERE outcome = 'sent'"); n != len(evs) {
 		t.Fatalf("%d outcomes recorded as sent, want %d", n, len(evs))
 	}
 	t.Logf("%d events of %d keys, one worker: up to %d calls at once", len(evs), keys, b.maxInFlight.Load())
@@ -182,7 +183,7 @@ func TestAfterACrashBetweenCallsAndDoneTheTakeoverChecksAndBooksNothingTwice(t *
 	// The ones booked and left leased: the takeover must find them booked.
 	var orphans []event.Envelope
 	for _, ev := range evs {
-		if b.bookings(ev.EventID.String()) > 0 && f.count(t,
+		if b.bookings(ev.EventID.String()) > 0 && f.Count(t,
 			"SELECT count(*) FROM inbox_messages WHERE message_id = $1 AND status = 'leased'", ev.EventID) == 1 {
 			orphans = append(orphans, ev)
 		}
@@ -192,9 +193,9 @@ func TestAfterACrashBetweenCallsAndDoneTheTakeoverChecksAndBooksNothingTwice(t *
 	}
 
 	second := f.leaseConsumer(t, group, b.effect(), lease.Config{Config: inbox.Config{Workers: 1}, LeaseTTL: time.Second})
-	runUntilCleanup(t, second)
+	inboxtesting.RunUntilCleanup(t, second)
 	testenv.WaitFor(t, 60*time.Second, "every event marked done", func() (bool, error) {
-		return f.count(t, "SELECT count(*) FROM inbox_messages WHERE status = 'processed'") == len(evs), nil
+		return f.Count(t, "SELECT count(*) FROM inbox_messages WHERE status = 'processed'") == len(evs), nil
 	})
 	for _, ev := range evs {
 		if n := b.bookings(ev.EventID.String()); n != 1 {
@@ -203,7 +204,7 @@ func TestAfterACrashBetweenCallsAndDoneTheTakeoverChecksAndBooksNothingTwice(t *
 	}
 	for _, ev := range orphans {
 		var outcome string
-		if err := f.pool.QueryRow(context.Background(), "SELECT outcome FROM lease_outcomes WHERE event_id = $1", ev.EventID).Scan(&outcome); err != nil {
+		if err := f.Pool.QueryRow(context.Background(), "SELECT outcome FROM lease_outcomes WHERE event_id = $1", ev.EventID).Scan(&outcome); err != nil {
 			t.Fatal(err)
 		}
 		if outcome != string(lease.AlreadyPresent) {
@@ -232,12 +233,12 @@ func TestATakeoverThatCannotCheckIsRecordedUncertainAndNotCalled(t *testing.T) {
 	// Second life: the third party cannot say whether it has the key.
 	eff := b.effect()
 	eff.Check = func(context.Context, string) (bool, error) { return false, lease.ErrUnknowable }
-	cfg := lease.Config{Config: inbox.Config{Workers: 1, Metrics: inbox.NewMetrics(f.registry)}, LeaseTTL: 500 * time.Millisecond}
-	runUntilCleanup(t, f.leaseConsumer(t, group, eff, cfg))
+	cfg := lease.Config{Config: inbox.Config{Workers: 1, Metrics: inbox.NewMetrics(f.Registry)}, LeaseTTL: 500 * time.Millisecond}
+	inboxtesting.RunUntilCleanup(t, f.leaseConsumer(t, group, eff, cfg))
 	testenv.WaitFor(t, 60*time.Second, "every event settled", func() (bool, error) {
-		return f.count(t, "SELECT count(*) FROM inbox_messages WHERE status IN ('processed', 'uncertain')") == len(evs), nil
+		return f.Count(t, "SELECT count(*) FROM inbox_messages WHERE status IN ('processed', 'uncertain')") == len(evs), nil
 	})
-	uncertain := f.count(t, "SELECT count(*) FROM inbox_messages WHERE status = 'uncertain'")
+	uncertain := f.Count(t, "SELECT count(*) FROM inbox_messages WHERE status = 'uncertain'")
 	if uncertain == 0 {
 		t.Fatal("no message recorded uncertain, though the crash left at least one called and leased")
 	}
@@ -246,7 +247,7 @@ func TestATakeoverThatCannotCheckIsRecordedUncertainAndNotCalled(t *testing.T) {
 			t.Errorf("event %s booked %d times", ev.EventID, n)
 		}
 	}
-	if got := testenv.MetricValue(t, f.registry, "inbox_uncertain_total"); got != float64(uncertain) {
+	if got := testenv.MetricValue(t, f.Registry, "inbox_uncertain_total"); got != float64(uncertain) {
 		t.Fatalf("inbox_uncertain_total = %v, want %d", got, uncertain)
 	}
 }
@@ -260,12 +261,12 @@ func TestDoneBatchRecordsABatchsOutcomesInOneCall(t *testing.T) {
 	evs := f.leaseEvents(t, 8, 1)
 	b := newBooker(0)
 	eff := b.effect()
-	if _, err := lease.NewConsumer(f.pool, f.source(testenv.Name("group")), f.writer, eff,
+	if _, err := lease.NewConsumer(f.Pool, f.Source(testenv.Name("group")), f.Writer, eff,
 		lease.Config{Config: inbox.Config{Name: "both"}}); err != nil {
 		t.Fatal(err)
 	}
 	eff.DoneBatch = func(ctx context.Context, tx pgx.Tx, done []lease.DoneEvent) error { return nil }
-	if _, err := lease.NewConsumer(f.pool, f.source(testenv.Name("group")), f.writer, eff,
+	if _, err := lease.NewConsumer(f.Pool, f.Source(testenv.Name("group")), f.Writer, eff,
 		lease.Config{Config: inbox.Config{Name: "both"}}); err == nil {
 		t.Fatal("an Effect with Done and DoneBatch was accepted")
 	}
@@ -285,11 +286,11 @@ func TestDoneBatchRecordsABatchsOutcomesInOneCall(t *testing.T) {
 		_, err := tx.Exec(ctx, `INSERT INTO lease_outcomes SELECT * FROM unnest($1::uuid[], $2::text[])`, ids, outcomes)
 		return err
 	}
-	runUntilCleanup(t, f.leaseConsumer(t, testenv.Name("group"), eff, lease.Config{Config: inbox.Config{Workers: 1}}))
+	inboxtesting.RunUntilCleanup(t, f.leaseConsumer(t, testenv.Name("group"), eff, lease.Config{Config: inbox.Config{Workers: 1}}))
 	testenv.WaitFor(t, 60*time.Second, "every outcome recorded", func() (bool, error) {
-		return f.count(t, "SELECT count(*) FROM lease_outcomes WHERE outcome = 'sent'") == len(evs), nil
+		return f.Count(t, "SELECT count(*) FROM lease_outcomes WHERE outcome = 'sent'") == len(evs), nil
 	})
-	if n := f.count(t, "SELECT count(*) FROM inbox_messages WHERE status = 'processed'"); n != len(evs) {
+	if n := f.Count(t, "SELECT count(*) FROM inbox_messages WHERE status = 'processed'"); n != len(evs) {
 		t.Fatalf("%d messages marked done, want %d", n, len(evs))
 	}
 	mu.Lock()

@@ -11,54 +11,10 @@ import (
 
 	"github.com/onceflow/onceflow/pkg/event"
 	"github.com/onceflow/onceflow/pkg/inbox"
+	"github.com/onceflow/onceflow/pkg/inbox/internal/inboxtesting"
 	"github.com/onceflow/onceflow/pkg/inbox/lease"
 	"github.com/onceflow/onceflow/pkg/testenv"
 )
-
-// bookingParty is a third party that cannot dedupe, for these tests: Call
-// books, then fails with failWith while it is set (a 502 after the booking
-// landed); Check says whether the key was booked.
-type bookingParty struct {
-	mu       sync.Mutex
-	booked   map[string]int
-	failWith error
-	refuse   map[string]error // event id -> the error Call returns instead of booking
-}
-
-func newBookingParty() *bookingParty {
-	return &bookingParty{booked: map[string]int{}, refuse: map[string]error{}}
-}
-
-func (p *bookingParty) effect() lease.Effect {
-	return lease.Effect{
-		Check: func(_ context.Context, key string) (bool, error) {
-			p.mu.Lock()
-			defer p.mu.Unlock()
-			return p.booked[key] > 0, nil
-		},
-		Call: func(_ context.Context, _ event.Envelope, key string) error {
-			p.mu.Lock()
-			defer p.mu.Unlock()
-			if err := p.refuse[key]; err != nil {
-				return err
-			}
-			p.booked[key]++
-			return p.failWith
-		},
-	}
-}
-
-func (p *bookingParty) set(failWith error) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	p.failWith = failWith
-}
-
-func (p *bookingParty) bookings(key string) int {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	return p.booked[key]
-}
 
 // Bug 1: a call that fails with a plain error on its last allowed attempt
 // may have landed. Its dead letter, requeued, must be checked before it is
@@ -66,30 +22,30 @@ func (p *bookingParty) bookings(key string) int {
 func TestARequeuedLeaseDeadLetterWhoseCallMayHaveLandedIsCheckedFirst(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t)
-	dlt := testenv.NewTopic(t, f.brokers, 1)
-	party := newBookingParty()
-	party.set(errors.New("502 Bad Gateway (the booking landed)"))
-	cfg := lease.Config{Config: fastRetries("requeue-check", dlt), LeaseTTL: 600 * time.Millisecond}
+	dlt := testenv.NewTopic(t, f.Brokers, 1)
+	party := inboxtesting.NewBookingParty()
+	party.Set(errors.New("502 Bad Gateway (the booking landed)"))
+	cfg := lease.Config{Config: inboxtesting.FastRetries("requeue-check", dlt), LeaseTTL: 600 * time.Millisecond}
 	cfg.MaxAttempts = 1
-	c, err := lease.NewConsumer(f.pool, f.source(testenv.Name("group")), f.writer, party.effect(), cfg)
+	c, err := lease.NewConsumer(f.Pool, f.Source(testenv.Name("group")), f.Writer, party.Effect(), cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
-	ev := newEvent("order-1", 1)
-	m := event.ToKafka(f.topic, ev)
-	handle(t, c, m)
-	if s := f.status(t, cfg.Name, ev); s != "dead_lettered" || party.bookings(ev.EventID.String()) != 1 {
-		t.Fatalf("after the failed last call: row %s, %d bookings; want dead_lettered and 1", s, party.bookings(ev.EventID.String()))
+	ev := inboxtesting.NewEvent("order-1", 1)
+	m := event.ToKafka(f.Topic, ev)
+	inboxtesting.Handle(t, c, m)
+	if s := f.Status(t, cfg.Name, ev); s != "dead_lettered" || party.Bookings(ev.EventID.String()) != 1 {
+		t.Fatalf("after the failed last call: row %s, %d bookings; want dead_lettered and 1", s, party.Bookings(ev.EventID.String()))
 	}
 
-	party.set(nil) // the third party answers again
-	f.requeue(t, dlt, 1, ev.EventID)
-	handle(t, c, lastMessage(t, f.brokers, f.topic))
-	if n := party.bookings(ev.EventID.String()); n != 1 {
+	party.Set(nil) // the third party answers again
+	f.Requeue(t, dlt, 1, ev.EventID)
+	inboxtesting.Handle(t, c, inboxtesting.LastMessage(t, f.Brokers, f.Topic))
+	if n := party.Bookings(ev.EventID.String()); n != 1 {
 		t.Fatalf("the requeued letter was booked %d times in all (row %s), want once: its redelivery must check first",
-			n, f.status(t, cfg.Name, ev))
+			n, f.Status(t, cfg.Name, ev))
 	}
-	if s := f.status(t, cfg.Name, ev); s != "processed" {
+	if s := f.Status(t, cfg.Name, ev); s != "processed" {
 		t.Fatalf("the requeued letter's row is %s, want processed", s)
 	}
 }
@@ -102,27 +58,27 @@ func TestARequeuedLeaseDeadLetterWhoseCallMayHaveLandedIsCheckedFirst(t *testing
 func TestADeadLeasedEventMovesBackOnlyItsOwnAggregateTypesGuard(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t)
-	dlt := testenv.NewTopic(t, f.brokers, 1)
-	party := newBookingParty()
-	order1, order2 := newEvent("order-3", 1), newEvent("order-3", 2)
+	dlt := testenv.NewTopic(t, f.Brokers, 1)
+	party := inboxtesting.NewBookingParty()
+	order1, order2 := inboxtesting.NewEvent("order-3", 1), inboxtesting.NewEvent("order-3", 2)
 	order1.AggregateType, order2.AggregateType = "order", "order"
-	pay1, pay2 := newEvent("order-3", 1), newEvent("order-3", 2)
+	pay1, pay2 := inboxtesting.NewEvent("order-3", 1), inboxtesting.NewEvent("order-3", 2)
 	pay1.AggregateType, pay2.AggregateType = "payment", "payment"
-	party.refuse[pay2.EventID.String()] = inbox.Permanent(errors.New("refused"))
-	c, err := lease.NewConsumer(f.pool, f.source(testenv.Name("group")), f.writer, party.effect(),
-		lease.Config{Config: fastRetries("two-types", dlt)})
+	party.Refuse[pay2.EventID.String()] = inbox.Permanent(errors.New("refused"))
+	c, err := lease.NewConsumer(f.Pool, f.Source(testenv.Name("group")), f.Writer, party.Effect(),
+		lease.Config{Config: inboxtesting.FastRetries("two-types", dlt)})
 	if err != nil {
 		t.Fatal(err)
 	}
 	for _, ev := range []event.Envelope{order1, order2, pay2, pay1} {
-		handle(t, c, event.ToKafka(f.topic, ev))
+		inboxtesting.Handle(t, c, event.ToKafka(f.Topic, ev))
 	}
-	if s := f.status(t, "two-types", pay2); s != "dead_lettered" {
+	if s := f.Status(t, "two-types", pay2); s != "dead_lettered" {
 		t.Fatalf("payment v2 is %s, want dead_lettered", s)
 	}
-	if n := party.bookings(pay1.EventID.String()); n != 1 {
+	if n := party.Bookings(pay1.EventID.String()); n != 1 {
 		t.Fatalf("payment v1 booked %d times (row %s), want once: the payment's guard was moved back to the order's version",
-			n, f.status(t, "two-types", pay1))
+			n, f.Status(t, "two-types", pay1))
 	}
 }
 
@@ -134,23 +90,23 @@ func TestADeadLeasedEventMovesBackOnlyItsOwnAggregateTypesGuard(t *testing.T) {
 func TestALeaseThatCannotBeMarkedDoneEndsUncertainNotLeased(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t)
-	dlt := testenv.NewTopic(t, f.brokers, 1)
-	party := newBookingParty()
-	eff := party.effect()
+	dlt := testenv.NewTopic(t, f.Brokers, 1)
+	party := inboxtesting.NewBookingParty()
+	eff := party.Effect()
 	eff.Done = func(context.Context, pgx.Tx, event.Envelope, lease.Outcome) error {
 		return errors.New("the outcomes table refuses the record")
 	}
-	c, err := lease.NewConsumer(f.pool, f.source(testenv.Name("group")), f.writer, eff,
-		lease.Config{Config: fastRetries("done-fails", dlt)})
+	c, err := lease.NewConsumer(f.Pool, f.Source(testenv.Name("group")), f.Writer, eff,
+		lease.Config{Config: inboxtesting.FastRetries("done-fails", dlt)})
 	if err != nil {
 		t.Fatal(err)
 	}
-	ev := newEvent("order-5", 1)
-	handle(t, c, event.ToKafka(f.topic, ev))
-	if s := f.status(t, "done-fails", ev); s != "uncertain" {
+	ev := inboxtesting.NewEvent("order-5", 1)
+	inboxtesting.Handle(t, c, event.ToKafka(f.Topic, ev))
+	if s := f.Status(t, "done-fails", ev); s != "uncertain" {
 		t.Fatalf("the message whose effect happened but could not be marked done is %s, want uncertain", s)
 	}
-	if n := party.bookings(ev.EventID.String()); n != 1 {
+	if n := party.Bookings(ev.EventID.String()); n != 1 {
 		t.Fatalf("booked %d times, want once", n)
 	}
 }
@@ -166,11 +122,11 @@ func TestALeaseThatCannotBeMarkedDoneEndsUncertainNotLeased(t *testing.T) {
 func TestARequeuedStaleDeadLetterBehindAnotherDeadEventKeepsItsRow(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t)
-	dlt := testenv.NewTopic(t, f.brokers, 1)
-	cfg := fastRetries("stale-held", dlt)
+	dlt := testenv.NewTopic(t, f.Brokers, 1)
+	cfg := inboxtesting.FastRetries("stale-held", dlt)
 	cfg.MaxAttempts = 1
-	b1, dead := newEvent("held", 1), newEvent("held", 2)
-	late := newEvent("held", 2) // another event of version 2: stale while dead is leased
+	b1, dead := inboxtesting.NewEvent("held", 1), inboxtesting.NewEvent("held", 2)
+	late := inboxtesting.NewEvent("held", 2) // another event of version 2: stale while dead is leased
 	var (
 		mu     sync.Mutex
 		broken = true
@@ -202,15 +158,15 @@ func TestARequeuedStaleDeadLetterBehindAnotherDeadEventKeepsItsRow(t *testing.T)
 			return nil
 		},
 	}
-	c, err := lease.NewConsumer(f.pool, f.source(testenv.Name("group")), f.writer, effect, lease.Config{Config: cfg})
+	c, err := lease.NewConsumer(f.Pool, f.Source(testenv.Name("group")), f.Writer, effect, lease.Config{Config: cfg})
 	if err != nil {
 		t.Fatal(err)
 	}
-	handle(t, c, event.ToKafka(f.topic, b1))
+	inboxtesting.Handle(t, c, event.ToKafka(f.Topic, b1))
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		if err := c.Handle(context.Background(), event.ToKafka(f.topic, dead)); err != nil {
+		if err := c.Handle(context.Background(), event.ToKafka(f.Topic, dead)); err != nil {
 			t.Error(err)
 		}
 	}()
@@ -219,41 +175,41 @@ func TestARequeuedStaleDeadLetterBehindAnotherDeadEventKeepsItsRow(t *testing.T)
 	case <-time.After(30 * time.Second):
 		t.Fatal("the dead one's call never started")
 	}
-	handle(t, c, event.ToKafka(f.topic, late)) // dead holds the guard at 2: late is stale
+	inboxtesting.Handle(t, c, event.ToKafka(f.Topic, late)) // dead holds the guard at 2: late is stale
 	close(fail)
 	<-done
 	for _, ev := range []event.Envelope{late, dead} {
-		if s := f.status(t, "stale-held", ev); s != "dead_lettered" {
+		if s := f.Status(t, "stale-held", ev); s != "dead_lettered" {
 			t.Fatalf("%v (version %d) is %s, want dead_lettered", ev.EventID, ev.AggregateVersion, s)
 		}
 	}
 	row := `SELECT status, attempts, coalesce(last_error, '') FROM inbox_messages WHERE consumer = 'stale-held' AND message_id = $1`
 	var st, reason string
 	var attempts int
-	if err := f.pool.QueryRow(context.Background(), row, late.EventID).Scan(&st, &attempts, &reason); err != nil {
+	if err := f.Pool.QueryRow(context.Background(), row, late.EventID).Scan(&st, &attempts, &reason); err != nil {
 		t.Fatal(err)
 	}
-	f.requeue(t, dlt, 1, late.EventID)
-	handle(t, c, lastMessage(t, f.brokers, f.topic))
+	f.Requeue(t, dlt, 1, late.EventID)
+	inboxtesting.Handle(t, c, inboxtesting.LastMessage(t, f.Brokers, f.Topic))
 	var st2, reason2 string
 	var attempts2 int
-	if err := f.pool.QueryRow(context.Background(), row, late.EventID).Scan(&st2, &attempts2, &reason2); err != nil {
+	if err := f.Pool.QueryRow(context.Background(), row, late.EventID).Scan(&st2, &attempts2, &reason2); err != nil {
 		t.Fatalf("the requeued stale dead letter's row is gone (%v): the requeue became a parked first delivery", err)
 	}
 	if st2 != "requeued" || attempts2 != attempts || reason2 != reason {
 		t.Fatalf("the requeued stale dead letter's row is %s/%d/%q, want requeued/%d/%q (parked behind the dead one, kept)",
 			st2, attempts2, reason2, attempts, reason)
 	}
-	if n := f.count(t, `SELECT count(*) FROM inbox_parked_messages WHERE message_id = $1`, late.EventID); n != 1 {
+	if n := f.Count(t, `SELECT count(*) FROM inbox_parked_messages WHERE message_id = $1`, late.EventID); n != 1 {
 		t.Fatalf("the requeued stale dead letter is not parked behind the dead one")
 	}
 
 	mu.Lock()
 	broken = false
 	mu.Unlock()
-	f.requeue(t, dlt, 1, dead.EventID)
-	handle(t, c, lastMessage(t, f.brokers, f.topic))
+	f.Requeue(t, dlt, 1, dead.EventID)
+	inboxtesting.Handle(t, c, inboxtesting.LastMessage(t, f.Brokers, f.Topic))
 	testenv.WaitFor(t, 30*time.Second, "the dead one, then the parked stale one, done", func() (bool, error) {
-		return f.status(t, "stale-held", dead) == "processed" && f.status(t, "stale-held", late) == "processed", nil
+		return f.Status(t, "stale-held", dead) == "processed" && f.Status(t, "stale-held", late) == "processed", nil
 	})
 }

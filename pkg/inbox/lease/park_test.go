@@ -9,6 +9,7 @@ import (
 
 	"github.com/onceflow/onceflow/pkg/event"
 	"github.com/onceflow/onceflow/pkg/inbox"
+	"github.com/onceflow/onceflow/pkg/inbox/internal/inboxtesting"
 	"github.com/onceflow/onceflow/pkg/inbox/lease"
 	"github.com/onceflow/onceflow/pkg/testenv"
 )
@@ -19,7 +20,7 @@ import (
 func TestLeaseModeARequeuedDeadLetterRunsItsEffectOnce(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t)
-	dlt := testenv.NewTopic(t, f.brokers, 1)
+	dlt := testenv.NewTopic(t, f.Brokers, 1)
 	evs := f.leaseEvents(t, 1, 1)
 	v1 := evs[0]
 	b := newBooker(0)
@@ -33,19 +34,19 @@ func TestLeaseModeARequeuedDeadLetterRunsItsEffectOnce(t *testing.T) {
 		}
 		return call(ctx, ev, key)
 	}
-	runUntilCleanup(t, f.leaseConsumer(t, testenv.Name("group"), eff, lease.Config{Config: inbox.Config{DeadLetterTopic: dlt}}))
+	inboxtesting.RunUntilCleanup(t, f.leaseConsumer(t, testenv.Name("group"), eff, lease.Config{Config: inbox.Config{DeadLetterTopic: dlt}}))
 
 	testenv.WaitFor(t, 30*time.Second, "v1 dead-lettered", func() (bool, error) {
-		return f.count(t, "SELECT count(*) FROM inbox_messages WHERE message_id = $1 AND status = 'dead_lettered'", v1.EventID) == 1, nil
+		return f.Count(t, "SELECT count(*) FROM inbox_messages WHERE message_id = $1 AND status = 'dead_lettered'", v1.EventID) == 1, nil
 	})
 	broken.Store(false) // the cause is fixed
-	f.requeue(t, dlt, 1, v1.EventID)
+	f.Requeue(t, dlt, 1, v1.EventID)
 	testenv.WaitFor(t, 30*time.Second, "the requeued v1 settled", func() (bool, error) {
-		return f.count(t, "SELECT count(*) FROM inbox_messages WHERE message_id = $1 AND status IN ('processed', 'stale')", v1.EventID) == 1, nil
+		return f.Count(t, "SELECT count(*) FROM inbox_messages WHERE message_id = $1 AND status IN ('processed', 'stale')", v1.EventID) == 1, nil
 	})
 	if n := b.bookings(v1.EventID.String()); n != 1 {
 		var status string
-		_ = f.pool.QueryRow(context.Background(), "SELECT status FROM inbox_messages WHERE message_id = $1", v1.EventID).Scan(&status)
+		_ = f.Pool.QueryRow(context.Background(), "SELECT status FROM inbox_messages WHERE message_id = $1", v1.EventID).Scan(&status)
 		t.Fatalf("the requeued v1 was booked %d times (its inbox row: %s), want once", n, status)
 	}
 }

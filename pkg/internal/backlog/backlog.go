@@ -1,7 +1,7 @@
 // Package backlog is the one backlog read of both libraries: how many rows
 // of one status are older than an age, when the oldest began, and the ids of
 // the oldest few. Which rows (the statements) and what the report holds are
-// each library's: outboxadmin.Backlog and inbox.Backlog.
+// each library's: outboxadmin.Backlog and inboxadmin.Backlog.
 package backlog
 
 import (

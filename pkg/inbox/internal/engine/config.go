@@ -84,25 +84,25 @@ type Config struct {
 
 	// Workers handle messages in parallel, each message going to the worker
 	// its key hashes to, so one key (one aggregate) is handled in order.
-	// Default DefaultWorkers.
+	// Default 4.
 	Workers int
 	// BatchSize is the most messages a worker hands its applier at once
 	// (the transactional applier handles them in one database transaction,
 	// with a savepoint each when one fails, so one failure does not undo
 	// the others; the lease applier leases and marks them done in one
 	// transaction each). It is also each worker's queue capacity. Default
-	// DefaultBatchSize.
+	// 100.
 	BatchSize int
 
 	// Applying, in both modes: retries, dead letters, the version guard,
 	// parking, upcasting.
 
 	// MaxAttempts bounds how often a failing handler (or side effect) runs
-	// for one message before it is dead-lettered. Default DefaultMaxAttempts.
+	// for one message before it is dead-lettered. Default 5.
 	MaxAttempts int
 	// BackoffMin and BackoffMax bound the jittered exponential delay between
 	// attempts, and between retries through an outage. Defaults
-	// DefaultBackoffMin and DefaultBackoffMax.
+	// 50ms and 5s.
 	BackoffMin, BackoffMax time.Duration
 	// DeadLetterTopic receives messages that cannot be handled.
 	// Default: the message's topic + ".dlt".
@@ -149,16 +149,16 @@ type Config struct {
 	// Running: shutdown, outages, observability, fault injection.
 
 	// LagInterval is how often consumer_lag_messages and
-	// inbox_dead_letters are refreshed. Default DefaultLagInterval.
+	// inbox_dead_letters are refreshed. Default 5s.
 	LagInterval time.Duration
 	// ShutdownGrace is how long the work in hand may go on after Run's ctx
 	// ended (a SIGTERM): a batch being handled, a retry, a dead letter being
 	// published. After it, unfinished messages are abandoned uncommitted and
-	// redelivered later. Default DefaultShutdownGrace.
+	// redelivered later. Default 10s.
 	ShutdownGrace time.Duration
 	// ErrorLogInterval bounds how often an outage is logged: its first
 	// failure, then one line per interval with a count, then its end.
-	// Default DefaultErrorLogInterval.
+	// Default 30s.
 	ErrorLogInterval time.Duration
 	// DeadLetterRetention is how long the dead-letter topic keeps a letter
 	// (its retention.ms): set it to the topic's. A hold older than this
@@ -167,7 +167,7 @@ type Config struct {
 	// dead_lettered. inbox_holds_past_dead_letter_retention counts those,
 	// for the InboxDeadLetterPastRetention alert; an operator then
 	// releases or skips the aggregate (ReleaseHeld, SkipHeld). Default
-	// DefaultDeadLetterRetention.
+	// 7 days (Kafka's default retention.ms).
 	DeadLetterRetention time.Duration
 	// Logger receives failures and dead letters. Default: slog.Default().
 	Logger *slog.Logger

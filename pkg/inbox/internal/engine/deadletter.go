@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"time"
 
+	"github.com/onceflow/onceflow/pkg/inbox/internal/dlt"
 	"github.com/onceflow/onceflow/pkg/inbox/internal/state"
 
 	"github.com/jackc/pgx/v5"
@@ -22,16 +23,6 @@ import (
 type Writer interface {
 	WriteMessages(ctx context.Context, msgs ...kafka.Message) error
 }
-
-// Dead-letter headers added to the original message's headers.
-const (
-	HeaderDLTReason    = "dlt-reason"
-	HeaderDLTConsumer  = "dlt-consumer"
-	HeaderDLTTopic     = "dlt-original-topic"
-	HeaderDLTPartition = "dlt-original-partition"
-	HeaderDLTOffset    = "dlt-original-offset"
-	HeaderDLTFailedAt  = "dlt-failed-at"
-)
 
 // reasonClass is the reason label of a dead letter: ev is nil when the
 // message did not decode.
@@ -57,10 +48,6 @@ func reasonClass(ev *event.Envelope, reason error) string {
 // the message is still visible, with its coordinates, for an operator.
 const DeadLetterBodyLimit = 64 << 10
 
-// HeaderDLTTruncated, on a dead letter, holds the original value's size in
-// bytes when the value was cut to DeadLetterBodyLimit.
-const HeaderDLTTruncated = "dlt-truncated-from"
-
 // PublishDeadLetter publishes m to the dead-letter topic with the reason. It
 // retries while the broker is unreachable, until it succeeds or ctx ends
 // (then it returns an error, the offset is not committed, and the message
@@ -71,16 +58,16 @@ const HeaderDLTTruncated = "dlt-truncated-from"
 func (s *Shared) PublishDeadLetter(ctx context.Context, m kafka.Message, ev *event.Envelope, reason error) (stored DLStored, err error) {
 	truncated := false
 	topic := s.deadLetterTopic(m)
-	dlt := []kafka.Header{
-		{Key: HeaderDLTReason, Value: []byte(truncate(reason.Error(), 4<<10))},
-		{Key: HeaderDLTConsumer, Value: []byte(s.Config.Name)},
-		{Key: HeaderDLTTopic, Value: []byte(m.Topic)},
-		{Key: HeaderDLTPartition, Value: []byte(fmt.Sprint(m.Partition))},
-		{Key: HeaderDLTOffset, Value: []byte(fmt.Sprint(m.Offset))},
-		{Key: HeaderDLTFailedAt, Value: []byte(time.Now().UTC().Format(time.RFC3339Nano))},
+	dltHeaders := []kafka.Header{
+		{Key: dlt.HeaderDLTReason, Value: []byte(truncate(reason.Error(), 4<<10))},
+		{Key: dlt.HeaderDLTConsumer, Value: []byte(s.Config.Name)},
+		{Key: dlt.HeaderDLTTopic, Value: []byte(m.Topic)},
+		{Key: dlt.HeaderDLTPartition, Value: []byte(fmt.Sprint(m.Partition))},
+		{Key: dlt.HeaderDLTOffset, Value: []byte(fmt.Sprint(m.Offset))},
+		{Key: dlt.HeaderDLTFailedAt, Value: []byte(time.Now().UTC().Format(time.RFC3339Nano))},
 	}
 	dl := kafka.Message{Topic: topic, Key: m.Key, Value: m.Value,
-		Headers: append(append([]kafka.Header{}, m.Headers...), dlt...)}
+		Headers: append(append([]kafka.Header{}, m.Headers...), dltHeaders...)}
 	for attempt := 1; ; attempt++ {
 		err := s.dlq.WriteMessages(ctx, dl)
 		if err == nil {
@@ -95,7 +82,7 @@ func (s *Shared) PublishDeadLetter(ctx context.Context, m kafka.Message, ev *eve
 			// Too large (or otherwise refused) as it is: keep the
 			// coordinates, the reason and the start of the body.
 			truncated = true
-			dl = truncatedDeadLetter(dl, m, dlt)
+			dl = truncatedDeadLetter(dl, m, dltHeaders)
 			s.Config.Logger.WarnContext(ctx, "inbox dead-letters a message truncated; the topic refused it whole",
 				slog.String("consumer", s.Config.Name), slog.String("topic", m.Topic), slog.Int("partition", m.Partition),
 				slog.Int64("offset", m.Offset), slog.Int("bytes", len(m.Value)), slog.Any("error", err))
@@ -252,7 +239,7 @@ func (s *Shared) DeadLetterAlone(ctx context.Context, m kafka.Message, ev *event
 // keepOriginal keeps m whole, in tx, for the requeue of its dead letter,
 // which the dead-letter topic took only truncated (inTopic) or not at all.
 func (s *Shared) keepOriginal(ctx context.Context, tx pgx.Tx, m kafka.Message, ev *event.Envelope, inTopic bool) error {
-	headers, err := encodeHeaders(m.Headers)
+	headers, err := dlt.EncodeHeaders(m.Headers)
 	if err != nil {
 		return err
 	}
@@ -297,7 +284,7 @@ func (s *Shared) deadLetterSettled(ctx context.Context, d Delivery, due *DueDead
 // truncatedDeadLetter is dl cut down to what any topic takes: the key and
 // the original headers cut to 1 KiB each, the first DeadLetterBodyLimit bytes
 // of the value, and the dead-letter headers.
-func truncatedDeadLetter(dl, m kafka.Message, dlt []kafka.Header) kafka.Message {
+func truncatedDeadLetter(dl, m kafka.Message, dltHeaders []kafka.Header) kafka.Message {
 	out := kafka.Message{Topic: dl.Topic, Key: []byte(truncate(string(m.Key), 1<<10))}
 	out.Value = m.Value
 	if len(out.Value) > DeadLetterBodyLimit {
@@ -306,8 +293,8 @@ func truncatedDeadLetter(dl, m kafka.Message, dlt []kafka.Header) kafka.Message 
 	for _, h := range m.Headers {
 		out.Headers = append(out.Headers, kafka.Header{Key: truncate(h.Key, 256), Value: []byte(truncate(string(h.Value), 1<<10))})
 	}
-	out.Headers = append(out.Headers, dlt...)
-	out.Headers = append(out.Headers, kafka.Header{Key: HeaderDLTTruncated, Value: []byte(fmt.Sprint(len(m.Value)))})
+	out.Headers = append(out.Headers, dltHeaders...)
+	out.Headers = append(out.Headers, kafka.Header{Key: dlt.HeaderDLTTruncated, Value: []byte(fmt.Sprint(len(m.Value)))})
 	return out
 }
 

@@ -9,6 +9,7 @@ import (
 
 	"github.com/segmentio/kafka-go"
 
+	"github.com/onceflow/onceflow/pkg/inbox/internal/dlt"
 	"github.com/onceflow/onceflow/pkg/internal/retry"
 )
 
@@ -31,7 +32,7 @@ func (c *Consumer) requireDeadLetterTopic(ctx context.Context) error {
 	}
 	var lastLog time.Time
 	for attempt := 1; ; attempt++ {
-		_, err := topicPartitions(ctx, c.group.Dialer, c.group.Brokers, topic)
+		_, err := dlt.TopicPartitions(ctx, c.group.Dialer, c.group.Brokers, topic)
 		switch {
 		case err == nil:
 			return nil

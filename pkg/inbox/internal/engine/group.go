@@ -44,50 +44,50 @@ type GroupConfig struct {
 	// same one and the group spreads the partitions among them. Required.
 	Group string
 	// StartOffset is where a partition the group never committed starts:
-	// kafka.FirstOffset (DefaultStartOffset) or kafka.LastOffset.
+	// kafka.FirstOffset (the default) or kafka.LastOffset.
 	StartOffset int64
 	// SessionTimeout is how long the coordinator waits for a heartbeat
 	// before it gives the member's partitions to others. Default
-	// DefaultSessionTimeout.
+	// 10s.
 	SessionTimeout time.Duration
 	// HeartbeatInterval is how often the member heartbeats. Default
-	// DefaultHeartbeatInterval.
+	// 1s.
 	HeartbeatInterval time.Duration
 	// RebalanceTimeout is how long the coordinator waits for every member
 	// to rejoin in a rebalance. A member finishes the work in hand (up to
-	// half of it) before it rejoins. Default DefaultRebalanceTimeout.
+	// half of it) before it rejoins. Default 10s.
 	RebalanceTimeout time.Duration
 	// CommitInterval is how often finished offsets are committed. A crash
 	// loses at most this much of offset commits, which are redelivered and
-	// absorbed by the inbox. Default DefaultCommitInterval.
+	// absorbed by the inbox. Default 100ms.
 	CommitInterval time.Duration
 	// MaxWait is the longest a partition's fetch waits at the broker for
 	// MinBytes to arrive. A fetch returns as soon as MinBytes are there, so
 	// with MinBytes 1 MaxWait costs a new message no latency: it only sets
 	// how often an idle partition asks again — one fetch request per
 	// partition per MaxWait, on the broker and here. Default
-	// DefaultMaxWait, 500ms (50ms cost ~4× the idle CPU, for nothing).
+	// 500ms (50ms cost ~4× the idle CPU, for nothing).
 	MaxWait time.Duration
 	// MinBytes is how much a fetch waits for (up to MaxWait) before it
-	// answers. Default DefaultMinBytes, 1: a message is handed over the moment it is
+	// answers. Default 1: a message is handed over the moment it is
 	// committed to the log. More batches fetches at high rates at the price
 	// of up to MaxWait of latency at low ones.
 	MinBytes int
 	// MaxBytes bounds one fetch's answer per partition; a larger message
-	// still comes through, alone. Default DefaultMaxBytes (10 MiB).
+	// still comes through, alone. Default 10 MiB.
 	MaxBytes int
 	// QueueCapacity is how many fetched messages each partition's reader
-	// holds ahead of the dispatcher. Default DefaultQueueCapacity.
+	// holds ahead of the dispatcher. Default 100.
 	QueueCapacity int
 	// ReadBackoffMin and ReadBackoffMax bound the wait between fetches
 	// that failed in a row (a broker error); a fetch that worked, empty or
-	// not, is followed by the next at once. Defaults DefaultReadBackoffMin
-	// and DefaultReadBackoffMax, 10ms and 100ms (kafka-go's own, 100ms and
+	// not, is followed by the next at once. Defaults
+	// 10ms and 100ms (kafka-go's own, 100ms and
 	// 1s, slow down recovery after a leader change).
 	ReadBackoffMin, ReadBackoffMax time.Duration
 	// Dialer connects to the brokers, with TLS and SASL when it has them
 	// (a dialer with the cluster's TLS and SASL). Default: plain TCP,
-	// DefaultDialTimeout.
+	// a 3s dial timeout.
 	Dialer *kafka.Dialer
 }
 

@@ -188,7 +188,7 @@ func (m *Metrics) init(consumer string) {
 	m.strandedHolds.WithLabelValues(consumer)
 	m.oldestHold.WithLabelValues(consumer)
 	m.pastRetention.WithLabelValues(consumer)
-	for _, a := range []string{ActionRelease, ActionSkip} {
+	for _, a := range []string{state.ActionRelease, state.ActionSkip} {
 		m.operatorActions.WithLabelValues(consumer, a)
 	}
 	// The ops every consumer runs, so that rate() of the error counters has

@@ -2,10 +2,10 @@ package engine
 
 import (
 	"context"
-	"encoding/json"
 	"log/slog"
 	"sync"
 
+	"github.com/onceflow/onceflow/pkg/inbox/internal/dlt"
 	"github.com/onceflow/onceflow/pkg/inbox/internal/state"
 
 	"github.com/google/uuid"
@@ -163,17 +163,9 @@ func (s *Shared) ParkCheck(ctx context.Context, tx pgx.Tx, ev *event.Envelope) (
 	return parkDecision{Verdict: ParkIt, Release: true}, nil
 }
 
-// storedHeader is one Kafka header of a parked message, as msg_headers
-// keeps it: both fields base64 (json's []byte), since neither needs to be
-// valid UTF-8 nor free of NUL bytes, which jsonb refuses.
-type storedHeader struct {
-	Key   []byte `json:"key"`
-	Value []byte `json:"value"`
-}
-
 // Park stores m, whole, in inbox_parked_messages.
 func (s *Shared) Park(ctx context.Context, tx pgx.Tx, m kafka.Message, ev *event.Envelope, blockedBy *uuid.UUID) error {
-	headers, err := encodeHeaders(m.Headers)
+	headers, err := dlt.EncodeHeaders(m.Headers)
 	if err != nil {
 		return err
 	}
@@ -185,28 +177,6 @@ func (s *Shared) Park(ctx context.Context, tx pgx.Tx, m kafka.Message, ev *event
 		slog.String("consumer", s.Config.Name), slog.String("event_id", ev.EventID.String()),
 		slog.String("aggregate_id", ev.AggregateID), slog.Int64("version", ev.AggregateVersion))
 	return nil
-}
-
-// encodeHeaders is how park and keepOriginal store a message's headers.
-func encodeHeaders(headers []kafka.Header) ([]byte, error) {
-	hs := make([]storedHeader, len(headers))
-	for i, h := range headers {
-		hs[i] = storedHeader{Key: []byte(h.Key), Value: h.Value}
-	}
-	return json.Marshal(hs)
-}
-
-// decodeHeaders reads back the headers park stored.
-func decodeHeaders(raw []byte) ([]kafka.Header, error) {
-	var hs []storedHeader
-	if err := json.Unmarshal(raw, &hs); err != nil {
-		return nil, err
-	}
-	out := make([]kafka.Header, len(hs))
-	for i, h := range hs {
-		out[i] = kafka.Header{Key: string(h.Key), Value: h.Value}
-	}
-	return out, nil
 }
 
 // holdDeadKey records, in the dead letter's transaction, that ev is dead.

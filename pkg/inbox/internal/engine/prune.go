@@ -31,7 +31,7 @@ const (
 // negative ones are refused by Validate.
 type PruneConfig struct {
 	// Retention is how long the row of a handled event is kept after
-	// processed_at. Default DefaultRetention (30 days).
+	// processed_at. Default 30 days.
 	//
 	// The row is what makes a redelivery a no-op: once it is pruned, the
 	// same event delivered again runs the handler again. So Retention must
@@ -44,7 +44,7 @@ type PruneConfig struct {
 	Retention time.Duration
 	// BatchSize is the most rows removed per statement (and transaction), so
 	// pruning a large backlog never holds many locks or a long transaction.
-	// Default DefaultPruneBatchSize.
+	// Default 1000.
 	BatchSize int
 }
 
@@ -99,7 +99,7 @@ func Prune(ctx context.Context, db DB, cfg PruneConfig) (int, error) {
 
 // PrunerConfig configures a Pruner: PruneConfig is what each run prunes
 // (see its fields' defaults), Interval the time between runs (default
-// DefaultPruneInterval, 1h), Logger receives each run's outcome (default
+// 1h), Logger receives each run's outcome (default
 // slog.Default()). Zero fields take the defaults; negative ones are refused
 // by Validate. Both libraries' pruners share it (pkg/internal/prune).
 type PrunerConfig = prune.Config[PruneConfig]

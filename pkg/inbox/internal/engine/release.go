@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 
+	"github.com/onceflow/onceflow/pkg/inbox/internal/dlt"
 	"github.com/onceflow/onceflow/pkg/inbox/internal/state"
 
 	"github.com/google/uuid"
@@ -91,7 +92,7 @@ func (c *Consumer) nextParked(ctx context.Context, k AggregateKey) (m kafka.Mess
 	if err != nil {
 		return m, false, false, DBErrors.Translate("reading a parked message", err)
 	}
-	if m.Headers, err = decodeHeaders(headers); err != nil {
+	if m.Headers, err = dlt.DecodeHeaders(headers); err != nil {
 		return m, false, false, fmt.Errorf("parked message %s: its headers: %w", id, err)
 	}
 	return m, settled, true, nil
@@ -173,7 +174,7 @@ func (c *Consumer) resumeReleases(ctx context.Context, g *generation, assigned m
 			done = append(done, id)
 			continue
 		}
-		if m.Headers, err = decodeHeaders(headers); err != nil {
+		if m.Headers, err = dlt.DecodeHeaders(headers); err != nil {
 			continue
 		}
 		ms = append(ms, m)

@@ -490,3 +490,10 @@ func TakeQuery(ctx context.Context, q interface {
 }, tr *Transition, args ...any) (pgx.Rows, error) {
 	return q.Query(ctx, tr.SQL, args...)
 }
+
+// The actions RecordAction records in inbox_operator_actions.action, and
+// the action label of inbox_operator_actions_total.
+const (
+	ActionRelease = "release"
+	ActionSkip    = "skip"
+)

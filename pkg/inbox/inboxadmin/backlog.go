@@ -1,4 +1,4 @@
-package engine
+package inboxadmin
 
 import (
 	"context"
@@ -21,7 +21,7 @@ type BacklogDB = backlog.DB
 // consumer's expired leases, uncertain and dead-lettered rows, of any age,
 // and lists no samples.
 type BacklogConfig struct {
-	// Consumer restricts the counts to one consumer (Config.Name); ""
+	// Consumer restricts the counts to one consumer (inbox.Config.Name); ""
 	// counts every consumer in the database.
 	Consumer string
 	// LeaseExpiredFor counts a leased row once its lease_until is at least
@@ -128,5 +128,5 @@ func Backlog(ctx context.Context, db BacklogDB, cfg BacklogConfig) (BacklogRepor
 
 func backlogState(ctx context.Context, db BacklogDB, what, count, sample string, olderThan time.Duration, cfg BacklogConfig) (BacklogState, error) {
 	return backlog.Read(ctx, db, count, sample, []any{olderThan.Microseconds(), cfg.Consumer}, cfg.Samples,
-		func(doing string, err error) error { return DBErrors.Translate("inbox: "+doing+" "+what, err) })
+		func(doing string, err error) error { return dbErrors.Translate("inbox: "+doing+" "+what, err) })
 }

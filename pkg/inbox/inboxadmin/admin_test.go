@@ -1,4 +1,4 @@
-package inbox_test
+package inboxadmin_test
 
 import (
 	"context"
@@ -13,62 +13,11 @@ import (
 	"github.com/segmentio/kafka-go"
 
 	"github.com/onceflow/onceflow/pkg/event"
-	"github.com/onceflow/onceflow/pkg/inbox"
+	"github.com/onceflow/onceflow/pkg/inbox/inboxadmin"
 	"github.com/onceflow/onceflow/pkg/inbox/inboxtest"
+	"github.com/onceflow/onceflow/pkg/inbox/internal/inboxtesting"
 	"github.com/onceflow/onceflow/pkg/testenv"
 )
-
-// adminInboxDB returns a pool on a fresh database with the inbox schema.
-func adminInboxDB(t *testing.T) *pgxpool.Pool {
-	t.Helper()
-	return inboxtest.NewDatabase(t)
-}
-
-// inboxRow is one inbox row of a scenario, as the consumer would have left it.
-type inboxRow struct {
-	consumer string
-	id       uuid.UUID
-	status   string        // processed or dead_lettered
-	age      time.Duration // processed_at (and received_at) = now() - age
-}
-
-func seedInbox(t *testing.T, pool *pgxpool.Pool, rows ...inboxRow) {
-	t.Helper()
-	for i, r := range rows {
-		// Dead-lettered rows get an old processed_at too, so that only the
-		// status can keep Prune away from them.
-		_, err := pool.Exec(context.Background(), `
-			INSERT INTO inbox_messages (consumer, message_id, event_type, aggregate_id, aggregate_version,
-			                            topic, kafka_partition, kafka_offset, status, last_error, payload_hash,
-			                            received_at, processed_at)
-			VALUES ($1, $2, 'ThingHappened', 'agg', 1, 'things', 0, $3, $4,
-			        CASE $4 WHEN 'dead_lettered' THEN 'boom' END, '\x00',
-			        now() - $5::bigint * interval '1 microsecond', now() - $5::bigint * interval '1 microsecond')`,
-			r.consumer, r.id, i, r.status, r.age.Microseconds())
-		if err != nil {
-			t.Fatalf("seeding inbox row %d: %v", i, err)
-		}
-	}
-}
-
-// inboxRows lists every inbox row as "consumer status message_id", sorted.
-func inboxRows(t *testing.T, pool *pgxpool.Pool) []string {
-	t.Helper()
-	return testenv.QueryColumn[string](t, pool, `SELECT consumer || ' ' || status || ' ' || message_id FROM inbox_messages ORDER BY 1`)
-}
-
-func rowKey(consumer, status string, id uuid.UUID) string {
-	return consumer + " " + status + " " + id.String()
-}
-
-func sortedKeys(keys ...string) []string { slices.Sort(keys); return keys }
-
-func equalStrings(t *testing.T, what string, got, want []string) {
-	t.Helper()
-	if !slices.Equal(got, want) {
-		t.Fatalf("%s:\n got %q\nwant %q", what, got, want)
-	}
-}
 
 // dltScenario is an original topic and its dead-letter topic holding two
 // dead letters of consumer "billing", a and b, whose dead_lettered inbox rows
@@ -86,7 +35,7 @@ type dltScenario struct {
 
 func newDLTScenario(t *testing.T) *dltScenario {
 	t.Helper()
-	s := &dltScenario{pool: adminInboxDB(t), brokers: testenv.KafkaBrokers(t)}
+	s := &dltScenario{pool: inboxtest.NewDatabase(t), brokers: testenv.KafkaBrokers(t)}
 	s.original = testenv.NewTopic(t, s.brokers, 1)
 	s.dlt = s.original + ".dlt"
 	testenv.NewTopicNamed(t, s.brokers, s.dlt, 1)
@@ -111,10 +60,10 @@ func newDLTScenario(t *testing.T) *dltScenario {
 			t.Fatalf("producing a dead letter: %v", err)
 		}
 	}
-	seedInbox(t, s.pool,
-		inboxRow{"billing", s.a.EventID, "dead_lettered", time.Minute},
-		inboxRow{"billing", s.b.EventID, "dead_lettered", time.Minute},
-		inboxRow{"shipping", s.a.EventID, "dead_lettered", time.Minute},
+	inboxtesting.SeedRows(t, s.pool,
+		inboxtesting.NewRow("billing", s.a.EventID, "dead_lettered", time.Minute),
+		inboxtesting.NewRow("billing", s.b.EventID, "dead_lettered", time.Minute),
+		inboxtesting.NewRow("shipping", s.a.EventID, "dead_lettered", time.Minute),
 	)
 	return s
 }
@@ -131,12 +80,12 @@ func sampleEvent(aggregateID string) event.Envelope {
 func asDeadLetter(dlt string, m kafka.Message, consumer, reason string, offset int64, failedAt time.Time) kafka.Message {
 	dl := kafka.Message{Topic: dlt, Key: m.Key, Value: m.Value}
 	dl.Headers = append(slices.Clone(m.Headers),
-		kafka.Header{Key: inbox.HeaderDLTReason, Value: []byte(reason)},
-		kafka.Header{Key: inbox.HeaderDLTConsumer, Value: []byte(consumer)},
-		kafka.Header{Key: inbox.HeaderDLTTopic, Value: []byte(m.Topic)},
-		kafka.Header{Key: inbox.HeaderDLTPartition, Value: []byte("0")},
-		kafka.Header{Key: inbox.HeaderDLTOffset, Value: []byte(strconv.FormatInt(offset, 10))},
-		kafka.Header{Key: inbox.HeaderDLTFailedAt, Value: []byte(failedAt.Format(time.RFC3339Nano))},
+		kafka.Header{Key: inboxadmin.HeaderDLTReason, Value: []byte(reason)},
+		kafka.Header{Key: inboxadmin.HeaderDLTConsumer, Value: []byte(consumer)},
+		kafka.Header{Key: inboxadmin.HeaderDLTTopic, Value: []byte(m.Topic)},
+		kafka.Header{Key: inboxadmin.HeaderDLTPartition, Value: []byte("0")},
+		kafka.Header{Key: inboxadmin.HeaderDLTOffset, Value: []byte(strconv.FormatInt(offset, 10))},
+		kafka.Header{Key: inboxadmin.HeaderDLTFailedAt, Value: []byte(failedAt.Format(time.RFC3339Nano))},
 	)
 	return dl
 }

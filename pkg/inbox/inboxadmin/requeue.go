@@ -1,4 +1,4 @@
-package engine
+package inboxadmin
 
 import (
 	"cmp"
@@ -9,13 +9,13 @@ import (
 	"strconv"
 	"strings"
 
-	"github.com/onceflow/onceflow/pkg/inbox/internal/state"
-
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/segmentio/kafka-go"
 
 	"github.com/onceflow/onceflow/pkg/event"
+	"github.com/onceflow/onceflow/pkg/inbox/internal/dlt"
+	"github.com/onceflow/onceflow/pkg/inbox/internal/state"
 )
 
 // ErrInvalidFilter is wrapped by the error of a RequeueDeadLetters whose
@@ -50,7 +50,7 @@ const requeueScanLimit = 10 * MaxRequeueLimit
 // or not: the caller said exactly what it wants, including an event that was
 // requeued before.
 type RequeueFilter struct {
-	// Consumer selects the dead letters of one consumer (Config.Name).
+	// Consumer selects the dead letters of one consumer (inbox.Config.Name).
 	Consumer string
 	// EventIDs selects the dead letters of these events. A message that was
 	// not an event (it had no readable event id) never matches.
@@ -200,7 +200,7 @@ type RequeueDB interface {
 //
 //	var next string
 //	for {
-//		res, err := inbox.RequeueDeadLetters(ctx, pool, w, brokers, dlt, inbox.RequeueFilter{All: true, After: next})
+//		res, err := inboxadmin.RequeueDeadLetters(ctx, pool, w, brokers, dlt, inboxadmin.RequeueFilter{All: true, After: next})
 //		…
 //		if next = res.Next; next == "" {
 //			break
@@ -208,7 +208,7 @@ type RequeueDB interface {
 //	}
 //
 // For each dead letter it marks the dead-lettering consumer's dead_lettered
-// inbox row requeued (the transition requeue of state.go; the consumer
+// inbox row requeued (the transition requeue of pkg/inbox/internal/state; the consumer
 // applies the redelivery of a requeued row instead of taking it for a
 // duplicate, and in lease mode checks first when its last call may have
 // landed) and produces the original message through w: its key, value and
@@ -225,13 +225,13 @@ type RequeueDB interface {
 // requeued before). Consequences worth knowing:
 //   - The requeued message reaches every consumer of the original topic, not
 //     only the one that gave up; the others absorb it as a duplicate (while
-//     their inbox rows are within PruneConfig.Retention).
+//     their inbox rows are within inbox.PruneConfig.Retention).
 //   - Dead letters stay in dltTopic (see ListDeadLetters); a sweep tells the
 //     pending ones by their inbox rows.
 //   - The message lands where w's balancer puts it: with a writer
 //     hashing the key, on its original partition, if the partition count did
 //     not change, but after any later events of its aggregate. Those later
-//     events were parked by the consumer that dead-lettered it (Config.
+//     events were parked by the consumer that dead-lettered it (inbox.Config.
 //     DeadKeys), and stay parked until the requeued event is applied; then
 //     they are applied in order after it. The requeued event is applied
 //     even if the consumer's version guard has moved past it (a consumer
@@ -246,7 +246,7 @@ type RequeueDB interface {
 //
 // WithDialer connects the reads of dltTopic with a TLS/SASL dialer (w
 // carries its own security); the default is plain TCP.
-func RequeueDeadLetters(ctx context.Context, db RequeueDB, w Writer, brokers []string, dltTopic string, filter RequeueFilter, opts ...AdminOption) (RequeueResult, error) {
+func RequeueDeadLetters(ctx context.Context, db RequeueDB, w Writer, brokers []string, dltTopic string, filter RequeueFilter, opts ...Option) (RequeueResult, error) {
 	if err := filter.Validate(); err != nil {
 		return RequeueResult{}, err
 	}
@@ -255,7 +255,7 @@ func RequeueDeadLetters(ctx context.Context, db RequeueDB, w Writer, brokers []s
 	}
 	limit := cmp.Or(filter.Limit, MaxRequeueLimit)
 	dialer := adminDialer(opts)
-	partitions, err := topicPartitions(ctx, dialer, brokers, dltTopic)
+	partitions, err := dlt.TopicPartitions(ctx, dialer, brokers, dltTopic)
 	if err != nil {
 		return RequeueResult{}, err
 	}
@@ -263,7 +263,7 @@ func RequeueDeadLetters(ctx context.Context, db RequeueDB, w Writer, brokers []s
 	if filter.After == "" {
 		// A new pass covers what the topic holds now.
 		for _, p := range partitions {
-			first, last, err := partitionOffsets(ctx, dialer, brokers, p)
+			first, last, err := dlt.PartitionOffsets(ctx, dialer, brokers, p)
 			if err != nil {
 				return RequeueResult{}, err
 			}
@@ -280,7 +280,7 @@ func RequeueDeadLetters(ctx context.Context, db RequeueDB, w Writer, brokers []s
 			continue // the topic was recreated with fewer partitions: nothing left there
 		}
 		p := partitions[idx]
-		first, last, err := partitionOffsets(ctx, dialer, brokers, p)
+		first, last, err := dlt.PartitionOffsets(ctx, dialer, brokers, p)
 		if err != nil {
 			return RequeueResult{Requeued: rq.total, Refused: rq.refused}, err
 		}
@@ -291,7 +291,7 @@ func RequeueDeadLetters(ctx context.Context, db RequeueDB, w Writer, brokers []s
 			continue
 		}
 		next := start
-		err = readPartition(ctx, dialer, brokers, p, start, end, func(_ int, m kafka.Message) (bool, error) {
+		err = dlt.ReadPartition(ctx, dialer, brokers, p, start, end, func(_ int, m kafka.Message) (bool, error) {
 			next = m.Offset + 1
 			if err := rq.visit(ctx, m, limit); err != nil {
 				return false, err
@@ -353,7 +353,7 @@ func (rq *requeuer) fromDatabase(ctx context.Context, limit int) error {
 		headers []byte
 	)
 	_, err = pgx.ForEachRow(rows, []any{&k.consumer, &k.id, &m.Topic, &m.Key, &m.Value, &headers}, func() error {
-		hs, err := decodeHeaders(headers)
+		hs, err := dlt.DecodeHeaders(headers)
 		if err != nil {
 			return err
 		}
@@ -409,12 +409,12 @@ func (rq *requeuer) visit(ctx context.Context, m kafka.Message, limit int) error
 	}
 	if dl.OriginalTopic == "" {
 		return fmt.Errorf("inbox: dead letter %s/%d/%d has no %s header; cannot requeue it",
-			rq.dltTopic, m.Partition, m.Offset, HeaderDLTTopic)
+			rq.dltTopic, m.Partition, m.Offset, dlt.HeaderDLTTopic)
 	}
 	rq.keys = append(rq.keys, key)
 	rq.msgs = append(rq.msgs, originalMessage(dl.OriginalTopic, m))
 	rq.letters = append(rq.letters, dl)
-	rq.truncated = append(rq.truncated, hasHeader(m, HeaderDLTTruncated))
+	rq.truncated = append(rq.truncated, hasHeader(m, dlt.HeaderDLTTruncated))
 	if len(rq.msgs) >= min(requeueChunk, limit-rq.total) {
 		return rq.flush(ctx)
 	}
@@ -524,7 +524,7 @@ func (rq *requeuer) wholeOrRefused(ctx context.Context, tx pgx.Tx) error {
 			headers []byte
 		)
 		if _, err := pgx.ForEachRow(rows, []any{&k.consumer, &k.id, &m.Key, &m.Value, &headers}, func() error {
-			hs, err := decodeHeaders(headers)
+			hs, err := dlt.DecodeHeaders(headers)
 			if err != nil {
 				return err
 			}

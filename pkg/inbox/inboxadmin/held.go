@@ -1,4 +1,4 @@
-package engine
+package inboxadmin
 
 import (
 	"context"
@@ -6,10 +6,10 @@ import (
 	"fmt"
 	"strings"
 
-	"github.com/onceflow/onceflow/pkg/inbox/internal/state"
-
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+
+	"github.com/onceflow/onceflow/pkg/inbox/internal/state"
 )
 
 // The way out of a held aggregate, for an operator. An aggregate is held
@@ -21,13 +21,13 @@ import (
 // events be applied without it, and SkipHeld gives up on the dead and the
 // parked events alike. Both need a reason, record it with what they did in
 // inbox_operator_actions, and change only rows in the states they name
-// (state.go): two operators acting at once, or an operator racing the
+// (pkg/inbox/internal/state): two operators acting at once, or an operator racing the
 // requeued event's redelivery, never both win.
 
 // HeldAction names a held aggregate of one consumer, and why the operator
 // acts on it.
 type HeldAction struct {
-	// Consumer is the inbox's name (Config.Name). Required.
+	// Consumer is the inbox's name (inbox.Config.Name). Required.
 	Consumer string
 	// AggregateType and AggregateID name the aggregate. Required.
 	AggregateType, AggregateID string
@@ -72,13 +72,13 @@ func (a HeldAction) Validate() error {
 
 // The actions recorded in inbox_operator_actions.
 const (
-	ActionRelease = "release"
-	ActionSkip    = "skip"
+	ActionRelease = state.ActionRelease
+	ActionSkip    = state.ActionSkip
 )
 
 // ReleaseHeld lets the parked events of a held aggregate go: its holds are
 // removed, and the consumer applies the parked events in the order they
-// arrived (within its LagInterval, or at the aggregate's next event). The
+// arrived (within its inbox.Config.LagInterval, or at the aggregate's next event). The
 // dead events stay dead and visible: a dead_lettered row stays so, a
 // requeued one whose copy never came goes back to dead_lettered, and a
 // later requeue of one applies it after its successors. Use it when the
@@ -187,7 +187,7 @@ func actOnHeld(ctx context.Context, db RequeueDB, a HeldAction, action string) (
 		if errors.Is(err, ErrNotHeld) {
 			return HeldResult{}, err
 		}
-		return HeldResult{}, DBErrors.Translate("inbox: "+action+" of a held aggregate", err)
+		return HeldResult{}, dbErrors.Translate("inbox: "+action+" of a held aggregate", err)
 	}
 	return res, nil
 }

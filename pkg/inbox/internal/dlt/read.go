@@ -1,4 +1,4 @@
-package engine
+package dlt
 
 import (
 	"cmp"
@@ -13,7 +13,8 @@ import (
 	"github.com/onceflow/onceflow/pkg/internal/retry"
 )
 
-// Reading a dead-letter topic, for ListDeadLetters and RequeueDeadLetters:
+// Reading a dead-letter topic, for inboxadmin's ListDeadLetters and
+// RequeueDeadLetters (and its metadata, for the consumer's check at start):
 // plain partition readers from each partition's first offset up to its
 // high-water mark, with no consumer group and no committed offset, so a
 // read changes nothing and can be repeated.
@@ -24,66 +25,35 @@ import (
 // hanging it.
 const readIdleTimeout = 10 * time.Second
 
-// AdminOption changes how ListDeadLetters and RequeueDeadLetters reach Kafka.
-type AdminOption func(*adminOptions)
-
-type adminOptions struct{ dialer *kafka.Dialer }
-
-// WithDialer makes ListDeadLetters and RequeueDeadLetters connect with d:
-// pass a dialer with the TLS and SASL settings so a cluster that wants TLS or SASL is
-// read the way the service's consumers read it. A nil d keeps the default.
-func WithDialer(d *kafka.Dialer) AdminOption {
-	return func(o *adminOptions) { o.dialer = d }
-}
-
-// adminDialer is the dialer opts ask for, or plain TCP with a 5s timeout.
-// A caller's dialer is copied with that timeout when it has none, because a
-// zero timeout would leave a dial to a dead broker to the context alone.
-func adminDialer(opts []AdminOption) *kafka.Dialer {
-	var o adminOptions
-	for _, opt := range opts {
-		opt(&o)
-	}
-	if o.dialer == nil {
-		return &kafka.Dialer{Timeout: 5 * time.Second}
-	}
-	if o.dialer.Timeout == 0 {
-		d := *o.dialer
-		d.Timeout = 5 * time.Second
-		return &d
-	}
-	return o.dialer
-}
-
-// readDeadLetterTopic calls visit with every message of topic, partition by
+// ReadTopic calls visit with every message of topic, partition by
 // partition, each from its first offset up to the high-water mark it had
 // when reading began. visit returns false to skip the rest of the partition.
-func readDeadLetterTopic(ctx context.Context, dialer *kafka.Dialer, brokers []string, topic string, visit func(partition int, m kafka.Message) (bool, error)) error {
-	partitions, err := topicPartitions(ctx, dialer, brokers, topic)
+func ReadTopic(ctx context.Context, dialer *kafka.Dialer, brokers []string, topic string, visit func(partition int, m kafka.Message) (bool, error)) error {
+	partitions, err := TopicPartitions(ctx, dialer, brokers, topic)
 	if err != nil {
 		return err
 	}
 	for _, p := range partitions {
-		first, last, err := partitionOffsets(ctx, dialer, brokers, p)
+		first, last, err := PartitionOffsets(ctx, dialer, brokers, p)
 		if err != nil {
 			return err
 		}
 		if first >= last {
 			continue
 		}
-		if err := readPartition(ctx, dialer, brokers, p, first, last, visit); err != nil {
+		if err := ReadPartition(ctx, dialer, brokers, p, first, last, visit); err != nil {
 			return err
 		}
 	}
 	return nil
 }
 
-// topicPartitions reads the partitions of topic, in id order, with a
+// TopicPartitions reads the partitions of topic, in id order, with a
 // metadata request that does not ask the broker to create a missing topic
 // (kafka.Conn.ReadPartitions does), and does not retry an unknown topic until
 // ctx ends (kafka.Dialer.LookupPartitions does). The client's transport
 // takes dialer's TLS and SASL, so metadata goes the way the reads go.
-func topicPartitions(ctx context.Context, dialer *kafka.Dialer, brokers []string, topic string) ([]kafka.Partition, error) {
+func TopicPartitions(ctx context.Context, dialer *kafka.Dialer, brokers []string, topic string) ([]kafka.Partition, error) {
 	transport := &kafka.Transport{DialTimeout: dialer.Timeout, TLS: dialer.TLS, SASL: dialer.SASLMechanism}
 	defer transport.CloseIdleConnections()
 	client := &kafka.Client{Addr: kafka.TCP(brokers...), Transport: transport, Timeout: 10 * time.Second}
@@ -107,12 +77,12 @@ func topicPartitions(ctx context.Context, dialer *kafka.Dialer, brokers []string
 	return partitions, nil
 }
 
-// partitionOffsets returns the first offset of p and its high-water mark,
+// PartitionOffsets returns the first offset of p and its high-water mark,
 // from p's leader (DialPartition is DialLeader without a second metadata
 // lookup). A partition whose leader is moving, or was only just elected,
 // answers with a temporary error for a moment: those are retried a few
 // times, with the leader looked up afresh.
-func partitionOffsets(ctx context.Context, dialer *kafka.Dialer, brokers []string, p kafka.Partition) (first, last int64, err error) {
+func PartitionOffsets(ctx context.Context, dialer *kafka.Dialer, brokers []string, p kafka.Partition) (first, last int64, err error) {
 	const attempts = 5
 	for attempt := 1; ; attempt++ {
 		first, last, err = readOffsets(ctx, dialer, p)
@@ -123,7 +93,7 @@ func partitionOffsets(ctx context.Context, dialer *kafka.Dialer, brokers []strin
 		if !retry.Sleep(ctx, time.Duration(attempt)*100*time.Millisecond) {
 			return 0, 0, fmt.Errorf("inbox: reading the offsets of %s/%d: %w", p.Topic, p.ID, ctx.Err())
 		}
-		partitions, perr := topicPartitions(ctx, dialer, brokers, p.Topic)
+		partitions, perr := TopicPartitions(ctx, dialer, brokers, p.Topic)
 		if perr == nil && p.ID < len(partitions) {
 			p = partitions[p.ID]
 		}
@@ -146,9 +116,9 @@ func readOffsets(ctx context.Context, dialer *kafka.Dialer, p kafka.Partition) (
 	return conn.ReadOffsets()
 }
 
-// readPartition calls visit with the messages of p from offset start up to
+// ReadPartition calls visit with the messages of p from offset start up to
 // end, until visit returns false.
-func readPartition(ctx context.Context, dialer *kafka.Dialer, brokers []string, p kafka.Partition, start, end int64,
+func ReadPartition(ctx context.Context, dialer *kafka.Dialer, brokers []string, p kafka.Partition, start, end int64,
 	visit func(int, kafka.Message) (bool, error)) error {
 	r := kafka.NewReader(kafka.ReaderConfig{
 		Brokers:        brokers,

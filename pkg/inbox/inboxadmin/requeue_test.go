@@ -1,4 +1,4 @@
-package inbox_test
+package inboxadmin_test
 
 import (
 	"context"
@@ -13,7 +13,9 @@ import (
 	"github.com/segmentio/kafka-go"
 
 	"github.com/onceflow/onceflow/pkg/event"
-	"github.com/onceflow/onceflow/pkg/inbox"
+	"github.com/onceflow/onceflow/pkg/inbox/inboxadmin"
+	"github.com/onceflow/onceflow/pkg/inbox/inboxtest"
+	"github.com/onceflow/onceflow/pkg/inbox/internal/inboxtesting"
 	"github.com/onceflow/onceflow/pkg/testenv"
 )
 
@@ -22,7 +24,7 @@ func TestRequeueDeadLettersByEventID(t *testing.T) {
 	s := newDLTScenario(t)
 	ctx := context.Background()
 
-	res, err := inbox.RequeueDeadLetters(ctx, s.pool, s.writer, s.brokers, s.dlt, inbox.RequeueFilter{EventIDs: []uuid.UUID{s.b.EventID}})
+	res, err := inboxadmin.RequeueDeadLetters(ctx, s.pool, s.writer, s.brokers, s.dlt, inboxadmin.RequeueFilter{EventIDs: []uuid.UUID{s.b.EventID}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -37,13 +39,13 @@ func TestRequeueDeadLettersByEventID(t *testing.T) {
 	}
 	// b's row is requeued, not gone: its redelivery applies it (and, in
 	// lease mode, checks first when its last call may have landed).
-	equalStrings(t, "inbox rows after requeuing b", inboxRows(t, s.pool), sortedKeys(
-		rowKey("billing", "dead_lettered", s.a.EventID),
-		rowKey("billing", "requeued", s.b.EventID),
-		rowKey("shipping", "dead_lettered", s.a.EventID),
+	inboxtesting.EqualStrings(t, "inbox rows after requeuing b", inboxtesting.Rows(t, s.pool), inboxtesting.SortedKeys(
+		inboxtesting.RowKey("billing", "dead_lettered", s.a.EventID),
+		inboxtesting.RowKey("billing", "requeued", s.b.EventID),
+		inboxtesting.RowKey("shipping", "dead_lettered", s.a.EventID),
 	))
 	// The dead-letter topic is append-only: both dead letters are still listed.
-	if dls, err := inbox.ListDeadLetters(ctx, s.brokers, s.dlt, 10); err != nil || len(dls) != 2 {
+	if dls, err := inboxadmin.ListDeadLetters(ctx, s.brokers, s.dlt, 10); err != nil || len(dls) != 2 {
 		t.Fatalf("after the requeue the DLT lists %d dead letters (%v), want 2", len(dls), err)
 	}
 
@@ -54,14 +56,14 @@ func TestRequeueDeadLettersByEventID(t *testing.T) {
 		WHERE consumer = 'billing' AND message_id = $1 AND status = 'requeued'`, s.b.EventID); err != nil {
 		t.Fatal(err)
 	}
-	if res, err := inbox.RequeueDeadLetters(ctx, s.pool, s.writer, s.brokers, s.dlt, inbox.RequeueFilter{EventIDs: []uuid.UUID{s.b.EventID}}); err != nil || res.Requeued != 1 {
+	if res, err := inboxadmin.RequeueDeadLetters(ctx, s.pool, s.writer, s.brokers, s.dlt, inboxadmin.RequeueFilter{EventIDs: []uuid.UUID{s.b.EventID}}); err != nil || res.Requeued != 1 {
 		t.Fatalf("second requeue of b = %+v, %v; want 1, nil", res, err)
 	}
 	sameMessage(t, "b requeued again", readAll(t, s.brokers, s.original, 2)[1], s.originalB)
-	equalStrings(t, "inbox rows after requeuing a handled b", inboxRows(t, s.pool), sortedKeys(
-		rowKey("billing", "dead_lettered", s.a.EventID),
-		rowKey("billing", "processed", s.b.EventID),
-		rowKey("shipping", "dead_lettered", s.a.EventID),
+	inboxtesting.EqualStrings(t, "inbox rows after requeuing a handled b", inboxtesting.Rows(t, s.pool), inboxtesting.SortedKeys(
+		inboxtesting.RowKey("billing", "dead_lettered", s.a.EventID),
+		inboxtesting.RowKey("billing", "processed", s.b.EventID),
+		inboxtesting.RowKey("shipping", "dead_lettered", s.a.EventID),
 	))
 }
 
@@ -70,11 +72,11 @@ func TestRequeueDeadLettersByConsumerAndAll(t *testing.T) {
 	s := newDLTScenario(t)
 	ctx := context.Background()
 
-	if res, err := inbox.RequeueDeadLetters(ctx, s.pool, s.writer, s.brokers, s.dlt, inbox.RequeueFilter{Consumer: "nobody"}); err != nil || !reflect.DeepEqual(res, inbox.RequeueResult{}) {
+	if res, err := inboxadmin.RequeueDeadLetters(ctx, s.pool, s.writer, s.brokers, s.dlt, inboxadmin.RequeueFilter{Consumer: "nobody"}); err != nil || !reflect.DeepEqual(res, inboxadmin.RequeueResult{}) {
 		t.Fatalf("requeue of an unknown consumer = %+v, %v; want 0, nil", res, err)
 	}
-	res, err := inbox.RequeueDeadLetters(ctx, s.pool, s.writer, s.brokers, s.dlt, inbox.RequeueFilter{Consumer: "billing", All: true})
-	if err != nil || !reflect.DeepEqual(res, inbox.RequeueResult{Requeued: 2}) {
+	res, err := inboxadmin.RequeueDeadLetters(ctx, s.pool, s.writer, s.brokers, s.dlt, inboxadmin.RequeueFilter{Consumer: "billing", All: true})
+	if err != nil || !reflect.DeepEqual(res, inboxadmin.RequeueResult{Requeued: 2}) {
 		t.Fatalf("requeue all of billing = %+v, %v; want 2, nil", res, err)
 	}
 	got := readAll(t, s.brokers, s.original, 2)
@@ -82,12 +84,12 @@ func TestRequeueDeadLettersByConsumerAndAll(t *testing.T) {
 	sameMessage(t, "second requeued", got[1], s.originalB)
 	// Only billing's rows are requeued; shipping's dead letter of a is its
 	// own business.
-	equalStrings(t, "inbox rows after requeuing billing's", inboxRows(t, s.pool), sortedKeys(
-		rowKey("billing", "requeued", s.a.EventID),
-		rowKey("billing", "requeued", s.b.EventID),
-		rowKey("shipping", "dead_lettered", s.a.EventID)))
+	inboxtesting.EqualStrings(t, "inbox rows after requeuing billing's", inboxtesting.Rows(t, s.pool), inboxtesting.SortedKeys(
+		inboxtesting.RowKey("billing", "requeued", s.a.EventID),
+		inboxtesting.RowKey("billing", "requeued", s.b.EventID),
+		inboxtesting.RowKey("shipping", "dead_lettered", s.a.EventID)))
 	// Both dead letters are still in the topic, but no longer pending.
-	if res, err := inbox.RequeueDeadLetters(ctx, s.pool, s.writer, s.brokers, s.dlt, inbox.RequeueFilter{All: true}); err != nil || !reflect.DeepEqual(res, inbox.RequeueResult{}) {
+	if res, err := inboxadmin.RequeueDeadLetters(ctx, s.pool, s.writer, s.brokers, s.dlt, inboxadmin.RequeueFilter{All: true}); err != nil || !reflect.DeepEqual(res, inboxadmin.RequeueResult{}) {
 		t.Fatalf("a second sweep = %+v, %v; want nothing left", res, err)
 	}
 	readAll(t, s.brokers, s.original, 2)
@@ -100,7 +102,7 @@ func TestRequeueDeadLettersByConsumerAndAll(t *testing.T) {
 func TestRequeueSweepIsBoundedAndFollowsTheCursor(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	pool := adminInboxDB(t)
+	pool := inboxtest.NewDatabase(t)
 	brokers := testenv.KafkaBrokers(t)
 	original := testenv.NewTopic(t, brokers, 1)
 	dlt := original + ".dlt"
@@ -138,11 +140,11 @@ func TestRequeueSweepIsBoundedAndFollowsTheCursor(t *testing.T) {
 
 	var (
 		next   string
-		calls  []inbox.RequeueResult
+		calls  []inboxadmin.RequeueResult
 		lateID uuid.UUID
 	)
 	for len(calls) < 5 {
-		res, err := inbox.RequeueDeadLetters(ctx, pool, w, brokers, dlt, inbox.RequeueFilter{All: true, After: next})
+		res, err := inboxadmin.RequeueDeadLetters(ctx, pool, w, brokers, dlt, inboxadmin.RequeueFilter{All: true, After: next})
 		if err != nil {
 			t.Fatalf("call %d (after %q): %v", len(calls)+1, next, err)
 		}
@@ -157,7 +159,7 @@ func TestRequeueSweepIsBoundedAndFollowsTheCursor(t *testing.T) {
 			if err := w.WriteMessages(ctx, asDeadLetter(dlt, event.ToKafka(original, late), "billing", "late", total+1, failedAt)); err != nil {
 				t.Fatal(err)
 			}
-			seedInbox(t, pool, inboxRow{"billing", late.EventID, "dead_lettered", 0})
+			inboxtesting.SeedRows(t, pool, inboxtesting.NewRow("billing", late.EventID, "dead_lettered", 0))
 		}
 	}
 	if len(calls) != 3 || calls[0].Requeued != 1000 || calls[1].Requeued != 1000 || calls[2].Requeued != 500 ||
@@ -179,21 +181,21 @@ func TestRequeueSweepIsBoundedAndFollowsTheCursor(t *testing.T) {
 			t.Fatalf("event %s requeued %d times, want once", id, seen[id])
 		}
 	}
-	equalStrings(t, "dead_lettered inbox rows left after the pass", testenv.QueryColumn[string](t, pool,
+	inboxtesting.EqualStrings(t, "dead_lettered inbox rows left after the pass", testenv.QueryColumn[string](t, pool,
 		`SELECT consumer || ' ' || status || ' ' || message_id FROM inbox_messages WHERE status = 'dead_lettered' ORDER BY 1`),
-		[]string{rowKey("billing", "dead_lettered", lateID)})
+		[]string{inboxtesting.RowKey("billing", "dead_lettered", lateID)})
 
 	// The next pass reads every letter again and finds only the late one
 	// pending; the one after finds nothing left.
-	res, err := inbox.RequeueDeadLetters(ctx, pool, w, brokers, dlt, inbox.RequeueFilter{All: true})
-	if err != nil || !reflect.DeepEqual(res, inbox.RequeueResult{Requeued: 1}) {
+	res, err := inboxadmin.RequeueDeadLetters(ctx, pool, w, brokers, dlt, inboxadmin.RequeueFilter{All: true})
+	if err != nil || !reflect.DeepEqual(res, inboxadmin.RequeueResult{Requeued: 1}) {
 		t.Fatalf("second pass = %+v, %v; want the late letter requeued and the pass done", res, err)
 	}
 	if ev, err := event.FromKafka(readAll(t, brokers, original, total+1)[total]); err != nil || ev.EventID != lateID {
 		t.Fatalf("the second pass requeued %v (%v), want the late event %s", ev.EventID, err, lateID)
 	}
-	res, err = inbox.RequeueDeadLetters(ctx, pool, w, brokers, dlt, inbox.RequeueFilter{All: true})
-	if err != nil || !reflect.DeepEqual(res, inbox.RequeueResult{}) {
+	res, err = inboxadmin.RequeueDeadLetters(ctx, pool, w, brokers, dlt, inboxadmin.RequeueFilter{All: true})
+	if err != nil || !reflect.DeepEqual(res, inboxadmin.RequeueResult{}) {
 		t.Fatalf("third pass = %+v, %v; want nothing left", res, err)
 	}
 	readAll(t, brokers, original, total+1)
@@ -208,14 +210,14 @@ func TestRequeueByEventIDFollowsTheCursor(t *testing.T) {
 	t.Parallel()
 	s := newDLTScenario(t)
 	ctx := context.Background()
-	filter := inbox.RequeueFilter{EventIDs: []uuid.UUID{s.a.EventID, s.b.EventID}, Limit: 1}
-	res, err := inbox.RequeueDeadLetters(ctx, s.pool, s.writer, s.brokers, s.dlt, filter)
-	if err != nil || !reflect.DeepEqual(res, inbox.RequeueResult{Requeued: 1, Next: "0:1:2"}) {
+	filter := inboxadmin.RequeueFilter{EventIDs: []uuid.UUID{s.a.EventID, s.b.EventID}, Limit: 1}
+	res, err := inboxadmin.RequeueDeadLetters(ctx, s.pool, s.writer, s.brokers, s.dlt, filter)
+	if err != nil || !reflect.DeepEqual(res, inboxadmin.RequeueResult{Requeued: 1, Next: "0:1:2"}) {
 		t.Fatalf("first call = %+v, %v; want a requeued and the cursor 0:1:2", res, err)
 	}
 	sameMessage(t, "first call", readAll(t, s.brokers, s.original, 1)[0], s.originalA)
 	filter.After = res.Next
-	if res, err = inbox.RequeueDeadLetters(ctx, s.pool, s.writer, s.brokers, s.dlt, filter); err != nil || !reflect.DeepEqual(res, inbox.RequeueResult{Requeued: 1}) {
+	if res, err = inboxadmin.RequeueDeadLetters(ctx, s.pool, s.writer, s.brokers, s.dlt, filter); err != nil || !reflect.DeepEqual(res, inboxadmin.RequeueResult{Requeued: 1}) {
 		t.Fatalf("second call = %+v, %v; want b requeued and the pass done", res, err)
 	}
 	sameMessage(t, "second call", readAll(t, s.brokers, s.original, 2)[1], s.originalB)
@@ -234,21 +236,21 @@ func TestRequeueKeepsTheRowsOfAFailedWrite(t *testing.T) {
 	s := newDLTScenario(t)
 	ctx := context.Background()
 
-	for _, filter := range []inbox.RequeueFilter{{EventIDs: []uuid.UUID{s.a.EventID}}, {All: true}} {
+	for _, filter := range []inboxadmin.RequeueFilter{{EventIDs: []uuid.UUID{s.a.EventID}}, {All: true}} {
 		fw := &failingWriter{}
-		res, err := inbox.RequeueDeadLetters(ctx, s.pool, fw, s.brokers, s.dlt, filter)
-		if err == nil || !strings.Contains(err.Error(), "broker unreachable") || !reflect.DeepEqual(res, inbox.RequeueResult{}) || fw.calls != 1 {
+		res, err := inboxadmin.RequeueDeadLetters(ctx, s.pool, fw, s.brokers, s.dlt, filter)
+		if err == nil || !strings.Contains(err.Error(), "broker unreachable") || !reflect.DeepEqual(res, inboxadmin.RequeueResult{}) || fw.calls != 1 {
 			t.Fatalf("requeue %+v through a failing writer = %+v, %v after %d writes; want 0 and its error after 1", filter, res, err, fw.calls)
 		}
 		// The deletes rolled back with the failed write: the letters are
 		// still pending, for the retry below and for any later sweep.
-		if rows := inboxRows(t, s.pool); len(rows) != 3 {
+		if rows := inboxtesting.Rows(t, s.pool); len(rows) != 3 {
 			t.Fatalf("inbox rows after a failed requeue = %q, want the 3 seeded", rows)
 		}
 	}
 	readAll(t, s.brokers, s.original, 0)
 
-	if res, err := inbox.RequeueDeadLetters(ctx, s.pool, s.writer, s.brokers, s.dlt, inbox.RequeueFilter{All: true}); err != nil || res.Requeued != 2 {
+	if res, err := inboxadmin.RequeueDeadLetters(ctx, s.pool, s.writer, s.brokers, s.dlt, inboxadmin.RequeueFilter{All: true}); err != nil || res.Requeued != 2 {
 		t.Fatalf("retried requeue = %+v, %v; want 2, nil", res, err)
 	}
 	got := readAll(t, s.brokers, s.original, 2)
@@ -260,17 +262,17 @@ func TestRequeueRefusesAnUnsafeCall(t *testing.T) {
 	t.Parallel()
 	s := newDLTScenario(t)
 	ctx := context.Background()
-	for _, f := range []inbox.RequeueFilter{
+	for _, f := range []inboxadmin.RequeueFilter{
 		{},
 		{All: true, EventIDs: []uuid.UUID{s.a.EventID}},
 		{All: true, Limit: -1},
-		{All: true, Limit: inbox.MaxRequeueLimit + 1},
+		{All: true, Limit: inboxadmin.MaxRequeueLimit + 1},
 		{All: true, After: "garbage"},
 		{All: true, After: "0:5:5"},
 		{All: true, After: "1:0:5,0:0:5"},
 	} {
-		res, err := inbox.RequeueDeadLetters(ctx, s.pool, s.writer, s.brokers, s.dlt, f)
-		if !errors.Is(err, inbox.ErrInvalidFilter) || !reflect.DeepEqual(res, inbox.RequeueResult{}) {
+		res, err := inboxadmin.RequeueDeadLetters(ctx, s.pool, s.writer, s.brokers, s.dlt, f)
+		if !errors.Is(err, inboxadmin.ErrInvalidFilter) || !reflect.DeepEqual(res, inboxadmin.RequeueResult{}) {
 			t.Fatalf("filter %+v: %+v, %v; want nothing and an error wrapping ErrInvalidFilter", f, res, err)
 		}
 	}
@@ -279,10 +281,10 @@ func TestRequeueRefusesAnUnsafeCall(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer tx.Rollback(ctx) //nolint:errcheck // test cleanup
-	if res, err := inbox.RequeueDeadLetters(ctx, tx, s.writer, s.brokers, s.dlt, inbox.RequeueFilter{All: true}); err == nil || res.Requeued != 0 {
+	if res, err := inboxadmin.RequeueDeadLetters(ctx, tx, s.writer, s.brokers, s.dlt, inboxadmin.RequeueFilter{All: true}); err == nil || res.Requeued != 0 {
 		t.Fatalf("requeue in a transaction = %+v, %v; want it refused", res, err)
 	}
-	if rows := inboxRows(t, s.pool); len(rows) != 3 {
+	if rows := inboxtesting.Rows(t, s.pool); len(rows) != 3 {
 		t.Fatalf("a refused requeue changed the inbox: %q", rows)
 	}
 	readAll(t, s.brokers, s.original, 0)

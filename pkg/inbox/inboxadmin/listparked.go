@@ -1,4 +1,4 @@
-package engine
+package inboxadmin
 
 import (
 	"context"
@@ -28,25 +28,25 @@ type Parked struct {
 	ParkedAt  time.Time
 }
 
-// MaxParkedLimit is the most parked messages one ListParked call lists.
-const MaxParkedLimit = 1000
+// maxParkedLimit is the most parked messages one ListParked call lists.
+const maxParkedLimit = 1000
 
 // ParkedFilter selects what ListParked lists. The zero value lists the
-// oldest DefaultListLimit parked messages of every consumer.
+// oldest 100 parked messages of every consumer.
 type ParkedFilter struct {
-	// Consumer restricts the list to one consumer (Config.Name).
+	// Consumer restricts the list to one consumer (inbox.Config.Name).
 	Consumer string
 	// AggregateID restricts it to one aggregate.
 	AggregateID string
-	// Limit is the most messages listed, from 1 to MaxParkedLimit; 0 means
-	// DefaultListLimit.
+	// Limit is the most messages listed, from 1 to 1000; 0 means
+	// 100.
 	Limit int
 }
 
-// Validate refuses a negative Limit, or one above MaxParkedLimit.
+// Validate refuses a negative Limit, or one above 1000.
 func (f ParkedFilter) Validate() error {
-	if f.Limit < 0 || f.Limit > MaxParkedLimit {
-		return fmt.Errorf("inbox: ListParked: the limit must be from 1 to %d (0: %d), not %d", MaxParkedLimit, DefaultListLimit, f.Limit)
+	if f.Limit < 0 || f.Limit > maxParkedLimit {
+		return fmt.Errorf("inbox: ListParked: the limit must be from 1 to %d (0: %d), not %d", maxParkedLimit, defaultListLimit, f.Limit)
 	}
 	return nil
 }
@@ -68,11 +68,11 @@ func ListParked(ctx context.Context, db BacklogDB, f ParkedFilter) ([]Parked, er
 		return nil, err
 	}
 	if f.Limit == 0 {
-		f.Limit = DefaultListLimit
+		f.Limit = defaultListLimit
 	}
 	rows, err := db.Query(ctx, listParked, f.Consumer, f.AggregateID, f.Limit)
 	if err != nil {
-		return nil, DBErrors.Translate("inbox: listing parked messages", err)
+		return nil, dbErrors.Translate("inbox: listing parked messages", err)
 	}
 	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (Parked, error) {
 		var p Parked
@@ -81,7 +81,7 @@ func ListParked(ctx context.Context, db BacklogDB, f ParkedFilter) ([]Parked, er
 		return p, err
 	})
 	if err != nil {
-		return nil, DBErrors.Translate("inbox: listing parked messages", err)
+		return nil, dbErrors.Translate("inbox: listing parked messages", err)
 	}
 	return out, nil
 }

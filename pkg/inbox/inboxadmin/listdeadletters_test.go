@@ -1,4 +1,4 @@
-package inbox_test
+package inboxadmin_test
 
 import (
 	"context"
@@ -12,7 +12,9 @@ import (
 	"github.com/google/uuid"
 	"github.com/segmentio/kafka-go"
 
-	"github.com/onceflow/onceflow/pkg/inbox"
+	"github.com/onceflow/onceflow/pkg/inbox/inboxadmin"
+	"github.com/onceflow/onceflow/pkg/inbox/inboxtest"
+	"github.com/onceflow/onceflow/pkg/inbox/internal/inboxtesting"
 	"github.com/onceflow/onceflow/pkg/testenv"
 )
 
@@ -21,14 +23,14 @@ func TestListDeadLettersShowsWhyAndWhereOldestFirst(t *testing.T) {
 	s := newDLTScenario(t)
 	ctx := context.Background()
 
-	dls, err := inbox.ListDeadLetters(ctx, s.brokers, s.dlt, 10)
+	dls, err := inboxadmin.ListDeadLetters(ctx, s.brokers, s.dlt, 10)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if len(dls) != 2 {
 		t.Fatalf("listed %d dead letters, want 2: %+v", len(dls), dls)
 	}
-	want := []inbox.DeadLetter{
+	want := []inboxadmin.DeadLetter{
 		{Partition: 0, Offset: 0, Reason: "unknown ThingHappened version 2", Consumer: "billing",
 			OriginalTopic: s.original, OriginalPartition: 0, OriginalOffset: 7, FailedAt: s.failedAtA,
 			EventID: s.a.EventID, EventType: "ThingHappened", AggregateID: "order-a",
@@ -48,7 +50,7 @@ func TestListDeadLettersShowsWhyAndWhereOldestFirst(t *testing.T) {
 		}
 	}
 
-	one, err := inbox.ListDeadLetters(ctx, s.brokers, s.dlt, 1)
+	one, err := inboxadmin.ListDeadLetters(ctx, s.brokers, s.dlt, 1)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -56,7 +58,7 @@ func TestListDeadLettersShowsWhyAndWhereOldestFirst(t *testing.T) {
 		t.Fatalf("limit 1 listed %+v, want only the oldest (a)", one)
 	}
 	// Listing commits nothing: a second listing sees the same.
-	again, err := inbox.ListDeadLetters(ctx, s.brokers, s.dlt, 0)
+	again, err := inboxadmin.ListDeadLetters(ctx, s.brokers, s.dlt, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -64,7 +66,7 @@ func TestListDeadLettersShowsWhyAndWhereOldestFirst(t *testing.T) {
 		t.Fatalf("second listing = %+v, want the same two", again)
 	}
 	// Listing touches neither the inbox nor the original topic.
-	if rows := inboxRows(t, s.pool); len(rows) != 3 {
+	if rows := inboxtesting.Rows(t, s.pool); len(rows) != 3 {
 		t.Fatalf("inbox rows after listing = %q, want the 3 seeded", rows)
 	}
 	readAll(t, s.brokers, s.original, 0)
@@ -106,7 +108,7 @@ func TestListDeadLettersMergesPartitionsByAppendTime(t *testing.T) {
 		{3, "first@1/0 second@0/0 third@1/1"},
 		{1, "first@1/0"},
 	} {
-		dls, err := inbox.ListDeadLetters(context.Background(), brokers, dlt, tt.limit)
+		dls, err := inboxadmin.ListDeadLetters(context.Background(), brokers, dlt, tt.limit)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -127,13 +129,13 @@ func TestListDeadLettersOfAnEmptyOrMissingTopic(t *testing.T) {
 	t.Parallel()
 	brokers := testenv.KafkaBrokers(t)
 	empty := testenv.NewTopic(t, brokers, 3)
-	dls, err := inbox.ListDeadLetters(context.Background(), brokers, empty, 10)
+	dls, err := inboxadmin.ListDeadLetters(context.Background(), brokers, empty, 10)
 	if err != nil || len(dls) != 0 {
 		t.Fatalf("empty topic listed %v, %v; want nothing and no error", dls, err)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	_, err = inbox.ListDeadLetters(ctx, brokers, testenv.Name("missing"), 10)
+	_, err = inboxadmin.ListDeadLetters(ctx, brokers, testenv.Name("missing"), 10)
 	if !errors.Is(err, kafka.UnknownTopicOrPartition) {
 		t.Fatalf("missing topic: error %v, want one wrapping kafka.UnknownTopicOrPartition", err)
 	}
@@ -147,18 +149,18 @@ func TestDeadLetterAdminUsesTheGivenDialer(t *testing.T) {
 	t.Parallel()
 	brokers := testenv.KafkaBrokers(t)
 	dlt := testenv.NewTopic(t, brokers, 2)
-	if _, err := inbox.ListDeadLetters(context.Background(), brokers, dlt, 10); err != nil {
+	if _, err := inboxadmin.ListDeadLetters(context.Background(), brokers, dlt, 10); err != nil {
 		t.Fatalf("listing with the default dialer: %v", err)
 	}
 	tlsDialer := &kafka.Dialer{Timeout: 3 * time.Second, TLS: &tls.Config{InsecureSkipVerify: true}} //nolint:gosec // never verified: the handshake must fail first
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	if _, err := inbox.ListDeadLetters(ctx, brokers, dlt, 10, inbox.WithDialer(tlsDialer)); err == nil {
+	if _, err := inboxadmin.ListDeadLetters(ctx, brokers, dlt, 10, inboxadmin.WithDialer(tlsDialer)); err == nil {
 		t.Fatal("ListDeadLetters over TLS to a PLAINTEXT broker succeeded: the given dialer was not used")
 	}
 	w := testenv.NewWriter(brokers, 10)
 	defer w.Close()
-	_, err := inbox.RequeueDeadLetters(ctx, adminInboxDB(t), w, brokers, dlt, inbox.RequeueFilter{All: true}, inbox.WithDialer(tlsDialer))
+	_, err := inboxadmin.RequeueDeadLetters(ctx, inboxtest.NewDatabase(t), w, brokers, dlt, inboxadmin.RequeueFilter{All: true}, inboxadmin.WithDialer(tlsDialer))
 	if err == nil {
 		t.Fatal("RequeueDeadLetters over TLS to a PLAINTEXT broker succeeded: the given dialer was not used")
 	}

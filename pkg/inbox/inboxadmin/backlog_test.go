@@ -1,9 +1,8 @@
-package inbox_test
+package inboxadmin_test
 
 import (
 	"context"
 	"errors"
-	"fmt"
 	"slices"
 	"testing"
 	"time"
@@ -12,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/onceflow/onceflow/pkg/inbox"
+	"github.com/onceflow/onceflow/pkg/inbox/inboxadmin"
 	"github.com/onceflow/onceflow/pkg/inbox/inboxtest"
 	"github.com/onceflow/onceflow/pkg/pgerr"
 	"github.com/onceflow/onceflow/pkg/testenv"
@@ -36,7 +36,7 @@ func TestBacklogCountsLeasesUncertainAndDeadLetters(t *testing.T) {
 	inboxtest.Seed(t, pool, inboxtest.Row{Consumer: "a", Status: "processed", Age: 72 * time.Hour})
 
 	before := time.Now()
-	rep, err := inbox.Backlog(ctx, pool, inbox.BacklogConfig{LeaseExpiredFor: time.Minute, DeadLetteredOlderThan: 24 * time.Hour, Samples: 5})
+	rep, err := inboxadmin.Backlog(ctx, pool, inboxadmin.BacklogConfig{LeaseExpiredFor: time.Minute, DeadLetteredOlderThan: 24 * time.Hour, Samples: 5})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -54,7 +54,7 @@ func TestBacklogCountsLeasesUncertainAndDeadLetters(t *testing.T) {
 	}
 
 	// One consumer only, and no samples asked: none read.
-	rep, err = inbox.Backlog(ctx, pool, inbox.BacklogConfig{Consumer: "b"})
+	rep, err = inboxadmin.Backlog(ctx, pool, inboxadmin.BacklogConfig{Consumer: "b"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -70,13 +70,13 @@ func TestBacklogErrors(t *testing.T) {
 	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	for _, cfg := range []inbox.BacklogConfig{{LeaseExpiredFor: -1}, {UncertainOlderThan: -1}, {DeadLetteredOlderThan: -1}, {Samples: -1}} {
-		if _, err := inbox.Backlog(ctx, nil, cfg); err == nil {
+	for _, cfg := range []inboxadmin.BacklogConfig{{LeaseExpiredFor: -1}, {UncertainOlderThan: -1}, {DeadLetteredOlderThan: -1}, {Samples: -1}} {
+		if _, err := inboxadmin.Backlog(ctx, nil, cfg); err == nil {
 			t.Errorf("%+v: accepted", cfg)
 		}
 	}
 
-	_, err := inbox.Backlog(ctx, testenv.NewPool(t, testenv.NewDatabase(t)), inbox.BacklogConfig{})
+	_, err := inboxadmin.Backlog(ctx, testenv.NewPool(t, testenv.NewDatabase(t)), inboxadmin.BacklogConfig{})
 	var pgErr *pgconn.PgError
 	if !errors.As(err, &pgErr) || pgErr.Code != "42P01" {
 		t.Errorf("an empty database: %v, want SQLSTATE 42P01", err)
@@ -84,33 +84,7 @@ func TestBacklogErrors(t *testing.T) {
 
 	closed := testenv.NewPool(t, testenv.NewDatabase(t))
 	closed.Close()
-	if _, err := inbox.Backlog(ctx, closed, inbox.BacklogConfig{}); !pgerr.IsUnavailable(err) {
+	if _, err := inboxadmin.Backlog(ctx, closed, inboxadmin.BacklogConfig{}); !pgerr.IsUnavailable(err) {
 		t.Errorf("a closed pool: %v, want an outage", err)
 	}
-}
-
-// An operator's check (tools/reconcile does this) asks for leases whose
-// worker died mid-effect, for uncertain effects and for dead letters nobody
-// requeued within a day; it reads only, so a read-only role can run it.
-func ExampleBacklog() {
-	ctx := context.Background()
-	pool, _, _, cleanup := exampleSetup(ctx)
-	defer cleanup()
-
-	rep, err := inbox.Backlog(ctx, pool, inbox.BacklogConfig{
-		LeaseExpiredFor:       time.Minute,
-		DeadLetteredOlderThan: 24 * time.Hour,
-		Samples:               5,
-	})
-	if err != nil {
-		fmt.Println(err)
-		return
-	}
-	fmt.Println("expired leases:", rep.LeaseExpired.Count)
-	fmt.Println("uncertain:", rep.Uncertain.Count)
-	fmt.Println("dead letters over a day old:", rep.DeadLettered.Count)
-	// Output:
-	// expired leases: 0
-	// uncertain: 0
-	// dead letters over a day old: 0
 }

@@ -1,4 +1,4 @@
-package engine
+package inboxadmin
 
 import (
 	"context"
@@ -10,14 +10,36 @@ import (
 	"github.com/segmentio/kafka-go"
 
 	"github.com/onceflow/onceflow/pkg/event"
+	"github.com/onceflow/onceflow/pkg/inbox/internal/dlt"
 )
 
-// The operator side of the inbox, one job per file: listing a dead-letter
-// topic (here), requeuing dead letters to their original topic once the
-// cause is fixed (requeue.go, which reads the topic as dltread.go does),
-// pruning the rows of handled events (prune.go), and the reads of
-// backlog.go, lookup.go and listparked.go. They are meant for an admin
-// endpoint (see inboxhttp), a CLI or a background worker.
+// One job per file: listing a dead-letter topic (here), requeuing dead
+// letters to their original topic once the cause is fixed (requeue.go; both
+// read the topic through internal/dlt), releasing or skipping a held
+// aggregate (held.go), and the reads of backlog.go, lookup.go and
+// listparked.go. They are meant for an admin endpoint (the platform's
+// inboxhttp is one), a CLI or a background worker.
+
+// The headers a consumer adds to a message it gives up on, beside the
+// message's own, when it publishes the message to the dead-letter topic:
+// why (the error, cut to 4 KiB), which consumer, and where the message was.
+// DeadLetter holds them read back.
+const (
+	HeaderDLTReason    = dlt.HeaderDLTReason
+	HeaderDLTConsumer  = dlt.HeaderDLTConsumer
+	HeaderDLTTopic     = dlt.HeaderDLTTopic
+	HeaderDLTPartition = dlt.HeaderDLTPartition
+	HeaderDLTOffset    = dlt.HeaderDLTOffset
+	HeaderDLTFailedAt  = dlt.HeaderDLTFailedAt
+
+	// HeaderDLTTruncated is on a dead letter the dead-letter topic refused
+	// whole (too large for the writer or the topic): it holds the original
+	// value's size in bytes, and the letter carries the value's first 64
+	// KiB, so the partition moves on and the message stays visible, with
+	// its coordinates, for an operator. RequeueDeadLetters sends the whole
+	// original, which the inbox kept.
+	HeaderDLTTruncated = dlt.HeaderDLTTruncated
+)
 
 // DeadLetter describes one message of a dead-letter topic, from the headers
 // the consumer added when it gave up on the message. Fields whose header is
@@ -32,7 +54,7 @@ type DeadLetter struct {
 
 	// Reason is why the consumer gave up: the decode or handler error.
 	Reason string
-	// Consumer is the name (Config.Name) of the consumer that gave up.
+	// Consumer is the name (inbox.Config.Name) of the consumer that gave up.
 	Consumer string
 	// OriginalTopic, OriginalPartition and OriginalOffset locate the message
 	// where the consumer read it.
@@ -60,18 +82,18 @@ func deadLetterOf(m kafka.Message) DeadLetter {
 	}
 	dl := DeadLetter{
 		Partition: m.Partition, Offset: m.Offset, Time: m.Time,
-		Reason: h[HeaderDLTReason], Consumer: h[HeaderDLTConsumer], OriginalTopic: h[HeaderDLTTopic],
+		Reason: h[dlt.HeaderDLTReason], Consumer: h[dlt.HeaderDLTConsumer], OriginalTopic: h[dlt.HeaderDLTTopic],
 		OriginalPartition: -1, OriginalOffset: -1,
 		EventType: h[event.HeaderEventType], AggregateID: h[event.HeaderAggregateID],
 		KeySize: len(m.Key), ValueSize: len(m.Value),
 	}
-	if p, err := strconv.Atoi(h[HeaderDLTPartition]); err == nil {
+	if p, err := strconv.Atoi(h[dlt.HeaderDLTPartition]); err == nil {
 		dl.OriginalPartition = p
 	}
-	if o, err := strconv.ParseInt(h[HeaderDLTOffset], 10, 64); err == nil {
+	if o, err := strconv.ParseInt(h[dlt.HeaderDLTOffset], 10, 64); err == nil {
 		dl.OriginalOffset = o
 	}
-	if t, err := time.Parse(time.RFC3339Nano, h[HeaderDLTFailedAt]); err == nil {
+	if t, err := time.Parse(time.RFC3339Nano, h[dlt.HeaderDLTFailedAt]); err == nil {
 		dl.FailedAt = t
 	}
 	if id, err := uuid.Parse(h[event.HeaderEventID]); err == nil {
@@ -80,13 +102,13 @@ func deadLetterOf(m kafka.Message) DeadLetter {
 	return dl
 }
 
-// DefaultListLimit is how many dead letters (ListDeadLetters) or parked
+// defaultListLimit is how many dead letters (ListDeadLetters) or parked
 // messages (ListParked) a listing returns when its limit is zero.
-const DefaultListLimit = 100
+const defaultListLimit = 100
 
 // ListDeadLetters returns up to limit dead letters of dltTopic, oldest
 // first (by the time each was appended; the order within a partition is
-// kept). A zero limit means DefaultListLimit; a negative one is refused.
+// kept). A zero limit means 100; a negative one is refused.
 //
 // It reads every partition from its first offset up to its high-water mark
 // at the time of the call, with plain partition readers: no consumer group,
@@ -96,16 +118,16 @@ const DefaultListLimit = 100
 // pending is in the inbox: its consumer's dead_lettered row.
 //
 // WithDialer connects with a TLS/SASL dialer; the default is plain TCP.
-func ListDeadLetters(ctx context.Context, brokers []string, dltTopic string, limit int, opts ...AdminOption) ([]DeadLetter, error) {
+func ListDeadLetters(ctx context.Context, brokers []string, dltTopic string, limit int, opts ...Option) ([]DeadLetter, error) {
 	if limit < 0 {
 		return nil, fmt.Errorf("inbox: ListDeadLetters: the limit is negative (%d); leave it zero for the default", limit)
 	}
 	if limit == 0 {
-		limit = DefaultListLimit
+		limit = defaultListLimit
 	}
 	dialer := adminDialer(opts)
 	var perPartition [][]DeadLetter
-	err := readDeadLetterTopic(ctx, dialer, brokers, dltTopic, func(p int, m kafka.Message) (bool, error) {
+	err := dlt.ReadTopic(ctx, dialer, brokers, dltTopic, func(p int, m kafka.Message) (bool, error) {
 		for len(perPartition) <= p {
 			perPartition = append(perPartition, nil)
 		}

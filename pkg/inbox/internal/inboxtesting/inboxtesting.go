@@ -1,4 +1,10 @@
-package lease_test
+// Package inboxtesting is the test fixture the tests of package inbox and
+// of its lease mode share: a database with the inbox schema, a topic and
+// its dead-letter topic, a consumer run until the test ends, traced events,
+// a third party that cannot dedupe. It is imported only by _test.go files
+// (an internal package, so no adopter sees it; the adopter's kit is
+// inboxtest).
+package inboxtesting
 
 import (
 	"context"
@@ -9,59 +15,58 @@ import (
 	"testing"
 	"time"
 
-	sdktrace "go.opentelemetry.io/otel/sdk/trace"
-
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
-	"github.com/onceflow/onceflow/pkg/event"
-	"github.com/onceflow/onceflow/pkg/inbox"
-	"github.com/onceflow/onceflow/pkg/inbox/inboxtest"
-	"github.com/onceflow/onceflow/pkg/testenv"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/segmentio/kafka-go"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 	"go.opentelemetry.io/otel/trace"
+
+	"github.com/onceflow/onceflow/pkg/event"
+	"github.com/onceflow/onceflow/pkg/inbox"
+	"github.com/onceflow/onceflow/pkg/inbox/inboxadmin"
+	"github.com/onceflow/onceflow/pkg/inbox/inboxtest"
+	"github.com/onceflow/onceflow/pkg/testenv"
 )
 
-// Helpers copied from pkg/inbox's tests (inbox_test.go, lifecycle_test.go,
-// trace_test.go, config_test.go), which the lease tests share with them.
-
-// fixture is a fresh database with the inbox schema and an effects table,
+// Fixture is a fresh database with the inbox schema and an effects table,
 // a fresh topic and its dead-letter topic, and a consumer on them.
-type fixture struct {
-	pool     *pgxpool.Pool
-	brokers  []string
-	topic    string
-	writer   *testenv.Writer
-	registry *prometheus.Registry
-	calls    atomic.Int32
+type Fixture struct {
+	Pool     *pgxpool.Pool
+	Brokers  []string
+	Topic    string
+	Writer   *testenv.Writer
+	Registry *prometheus.Registry
+	Calls    atomic.Int32 // for a test's handler to count its runs
 }
 
-func newFixture(t *testing.T) *fixture {
+// NewFixture makes a fixture, cleaned up when t ends.
+func NewFixture(t *testing.T) *Fixture {
 	t.Helper()
-	f := &fixture{brokers: testenv.KafkaBrokers(t), registry: prometheus.NewRegistry()}
-	f.pool = inboxtest.NewDatabase(t)
-	if _, err := f.pool.Exec(context.Background(),
+	f := &Fixture{Brokers: testenv.KafkaBrokers(t), Registry: prometheus.NewRegistry()}
+	f.Pool = inboxtest.NewDatabase(t)
+	if _, err := f.Pool.Exec(context.Background(),
 		`CREATE TABLE effects (event_id uuid PRIMARY KEY, aggregate_id text NOT NULL, seq bigserial)`); err != nil {
 		t.Fatal(err)
 	}
-	f.topic = testenv.NewTopic(t, f.brokers, 1)
-	testenv.NewTopicNamed(t, f.brokers, f.topic+".dlt", 1) // Run refuses to start without it
-	f.writer = testenv.NewWriter(f.brokers, 10)
-	t.Cleanup(func() { f.writer.Close() })
+	f.Topic = testenv.NewTopic(t, f.Brokers, 1)
+	testenv.NewTopicNamed(t, f.Brokers, f.Topic+".dlt", 1) // Run refuses to start without it
+	f.Writer = testenv.NewWriter(f.Brokers, 10)
+	t.Cleanup(func() { f.Writer.Close() })
 	return f
 }
 
-// source is the fixture's topic, read in group.
-func (f *fixture) source(group string) inbox.GroupConfig {
-	return inbox.GroupConfig{Brokers: f.brokers, Topic: f.topic, Group: group}
+// Source is the fixture's topic, read in group.
+func (f *Fixture) Source(group string) inbox.GroupConfig {
+	return inbox.GroupConfig{Brokers: f.Brokers, Topic: f.Topic, Group: group}
 }
 
-// runUntilCleanup runs c until the test ends, and returns running, which
+// RunUntilCleanup runs c until the test ends, and returns running, which
 // reports an error once Run has returned early: Run must return only when its
 // context ends, so a WaitFor condition returns running() to fail fast.
-func runUntilCleanup(t *testing.T, c *inbox.Consumer) (running func() error) {
+func RunUntilCleanup(t *testing.T, c *inbox.Consumer) (running func() error) {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
@@ -87,26 +92,29 @@ func runUntilCleanup(t *testing.T, c *inbox.Consumer) (running func() error) {
 	}
 }
 
-func (f *fixture) produce(t *testing.T, msgs ...kafka.Message) {
+// Produce writes msgs to the fixture's topic.
+func (f *Fixture) Produce(t *testing.T, msgs ...kafka.Message) {
 	t.Helper()
 	for i := range msgs {
-		msgs[i].Topic = f.topic
+		msgs[i].Topic = f.Topic
 	}
-	if err := f.writer.WriteMessages(context.Background(), msgs...); err != nil {
+	if err := f.Writer.WriteMessages(context.Background(), msgs...); err != nil {
 		t.Fatal(err)
 	}
 }
 
-func (f *fixture) count(t *testing.T, query string, args ...any) int {
+// Count runs query, a SELECT count(*), on the fixture's database.
+func (f *Fixture) Count(t *testing.T, query string, args ...any) int {
 	t.Helper()
 	var n int
-	if err := f.pool.QueryRow(context.Background(), query, args...).Scan(&n); err != nil {
+	if err := f.Pool.QueryRow(context.Background(), query, args...).Scan(&n); err != nil {
 		t.Fatal(err)
 	}
 	return n
 }
 
-func newEvent(aggregateID string, version int64) event.Envelope {
+// NewEvent is a valid event of aggregate aggregateID at version.
+func NewEvent(aggregateID string, version int64) event.Envelope {
 	return event.Envelope{
 		EventID: uuid.New(), EventType: "ThingHappened", EventVersion: 1,
 		AggregateType: "thing", AggregateID: aggregateID, AggregateVersion: version,
@@ -114,8 +122,8 @@ func newEvent(aggregateID string, version int64) event.Envelope {
 	}
 }
 
-// handle runs msgs through c, failing the test on an error.
-func handle(t *testing.T, c *inbox.Consumer, msgs ...kafka.Message) {
+// Handle runs msgs through c, failing the test on an error.
+func Handle(t *testing.T, c *inbox.Consumer, msgs ...kafka.Message) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
@@ -124,9 +132,9 @@ func handle(t *testing.T, c *inbox.Consumer, msgs ...kafka.Message) {
 	}
 }
 
-// lastMessage reads the last message of partition 0 of topic: what a
+// LastMessage reads the last message of partition 0 of topic: what a
 // requeue just produced.
-func lastMessage(t *testing.T, brokers []string, topic string) kafka.Message {
+func LastMessage(t *testing.T, brokers []string, topic string) kafka.Message {
 	t.Helper()
 	conn, err := kafka.DialLeader(context.Background(), "tcp", brokers[0], topic, 0)
 	if err != nil {
@@ -152,10 +160,11 @@ func lastMessage(t *testing.T, brokers []string, topic string) kafka.Message {
 	return m
 }
 
-func (f *fixture) status(t *testing.T, consumer string, ev event.Envelope) string {
+// Status is consumer's inbox row status for ev, "(no row)" if it has none.
+func (f *Fixture) Status(t *testing.T, consumer string, ev event.Envelope) string {
 	t.Helper()
 	var s string
-	err := f.pool.QueryRow(context.Background(), `SELECT status FROM inbox_messages WHERE consumer = $1 AND message_id = $2`,
+	err := f.Pool.QueryRow(context.Background(), `SELECT status FROM inbox_messages WHERE consumer = $1 AND message_id = $2`,
 		consumer, ev.EventID).Scan(&s)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return "(no row)"
@@ -166,29 +175,31 @@ func (f *fixture) status(t *testing.T, consumer string, ev event.Envelope) strin
 	return s
 }
 
-func fastRetries(name, dlt string) inbox.Config {
+// FastRetries is a consumer's config that retries within milliseconds.
+func FastRetries(name, dlt string) inbox.Config {
 	return inbox.Config{Name: name, DeadLetterTopic: dlt, BackoffMin: time.Millisecond, BackoffMax: 5 * time.Millisecond}
 }
 
-// startTraced starts a trace test: spans recorded, a fixture, a traced
-// event produced to its topic, and a runUnder for the handler to record
+// StartTraced starts a trace test: spans recorded, a Fixture, a traced
+// event produced to its topic, and a RunUnder for the handler to record
 // what it ran under.
-func startTraced(t *testing.T) (*tracetest.SpanRecorder, *fixture, event.Envelope, *runUnder) {
+func StartTraced(t *testing.T) (*tracetest.SpanRecorder, *Fixture, event.Envelope, *RunUnder) {
 	t.Helper()
 	rec := testenv.RecordSpans(t)
-	f := newFixture(t)
-	ev := tracedEvent()
-	f.produce(t, event.ToKafka(f.topic, ev))
-	return rec, f, ev, &runUnder{}
+	f := NewFixture(t)
+	ev := TracedEvent()
+	f.Produce(t, event.ToKafka(f.Topic, ev))
+	return rec, f, ev, &RunUnder{}
 }
 
-// runUnder records the traceparent each event's handler or side effect ran under.
-type runUnder struct {
+// RunUnder records the traceparent each event's handler or side effect ran under.
+type RunUnder struct {
 	mu sync.Mutex
 	m  map[string]string
 }
 
-func (r *runUnder) add(ctx context.Context, ev event.Envelope) {
+// Add records the traceparent ctx carries as ev's.
+func (r *RunUnder) Add(ctx context.Context, ev event.Envelope) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if r.m == nil {
@@ -197,64 +208,46 @@ func (r *runUnder) add(ctx context.Context, ev event.Envelope) {
 	r.m[ev.EventID.String()] = event.TraceparentFromContext(ctx)
 }
 
-func (r *runUnder) of(ev event.Envelope) (string, bool) {
+// Of is the traceparent ev ran under, if it ran.
+func (r *RunUnder) Of(ev event.Envelope) (string, bool) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	tp, ok := r.m[ev.EventID.String()]
 	return tp, ok
 }
 
-// wait waits up to 30 seconds for ev to have run and for done, named what,
+// Wait waits up to 30 seconds for ev to have run and for done, named what,
 // and returns the traceparent ev ran under.
-func (r *runUnder) wait(t *testing.T, ev event.Envelope, what string, done func() bool) string {
+func (r *RunUnder) Wait(t *testing.T, ev event.Envelope, what string, done func() bool) string {
 	t.Helper()
 	var saw string
 	testenv.WaitFor(t, 30*time.Second, what, func() (bool, error) {
 		var ok bool
-		saw, ok = r.of(ev)
+		saw, ok = r.Of(ev)
 		return ok && done(), nil
 	})
 	return saw
 }
 
-// checkOneConsumerSpan waits for a span to end, then checks as
-// checkConsumerSpans does and that ev, run once, had one consumer span.
-func checkOneConsumerSpan(t *testing.T, rec *tracetest.SpanRecorder, topic string, ev event.Envelope, handlerSaw string) {
+// CheckOneConsumerSpan waits for a span to end, then checks as
+// CheckConsumerSpans does and that ev, run once, had one consumer span.
+func CheckOneConsumerSpan(t *testing.T, rec *tracetest.SpanRecorder, topic string, ev event.Envelope, handlerSaw string) {
 	t.Helper()
 	testenv.WaitFor(t, 10*time.Second, "the consumer span to end", func() (bool, error) {
 		return len(rec.Ended()) > 0, nil
 	})
-	if spans := checkConsumerSpans(t, rec, topic, ev, handlerSaw); len(spans) != 1 {
+	if spans := CheckConsumerSpans(t, rec, topic, ev, handlerSaw); len(spans) != 1 {
 		t.Fatalf("%d consumer spans, want 1", len(spans))
 	}
 }
 
-// validateCase is a configuration and what its Validate must say: "" for
-// valid, else a substring of the error.
-type validateCase struct {
-	name string
-	cfg  interface{ Validate() error }
-	want string
-}
-
-// checkValidateCases checks each case in a parallel subtest.
-func checkValidateCases(t *testing.T, tests []validateCase) {
-	t.Helper()
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			t.Parallel()
-			testenv.CheckErr(t, tt.cfg.Validate(), tt.want)
-		})
-	}
-}
-
-// requeue sends the dead letters of ids in dlt back to their topic, as an
+// Requeue sends the dead letters of ids in dlt back to their topic, as an
 // operator would, and fails the test unless it sent n.
-func (f *fixture) requeue(t *testing.T, dlt string, n int, ids ...uuid.UUID) {
+func (f *Fixture) Requeue(t *testing.T, dlt string, n int, ids ...uuid.UUID) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	res, err := inbox.RequeueDeadLetters(ctx, f.pool, f.writer, f.brokers, dlt, inbox.RequeueFilter{EventIDs: ids})
+	res, err := inboxadmin.RequeueDeadLetters(ctx, f.Pool, f.Writer, f.Brokers, dlt, inboxadmin.RequeueFilter{EventIDs: ids})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -269,17 +262,17 @@ const (
 	producerSpanID  = testenv.CallerSpanID
 )
 
-// tracedEvent is an event whose Kafka header carries a producer's context.
-func tracedEvent() event.Envelope {
-	ev := newEvent("agg", 1)
+// TracedEvent is an event whose Kafka header carries a producer's context.
+func TracedEvent() event.Envelope {
+	ev := NewEvent("agg", 1)
 	ev.Traceparent = testenv.CallerTraceparent
 	return ev
 }
 
-// checkConsumerSpans checks that every consumer span of ev continues the
+// CheckConsumerSpans checks that every consumer span of ev continues the
 // producer's context from the header, that the handler's last run was under
 // one of them, and returns them (one per run of the handler).
-func checkConsumerSpans(t *testing.T, rec *tracetest.SpanRecorder, topic string, ev event.Envelope, handlerSaw string) []sdktrace.ReadOnlySpan {
+func CheckConsumerSpans(t *testing.T, rec *tracetest.SpanRecorder, topic string, ev event.Envelope, handlerSaw string) []sdktrace.ReadOnlySpan {
 	t.Helper()
 	var found []sdktrace.ReadOnlySpan
 	sawIt := false

@@ -1,4 +1,4 @@
-package engine
+package inboxadmin
 
 import (
 	"context"
@@ -26,7 +26,7 @@ type MessageRecord struct {
 	Partition int
 	Offset    int64
 	// Status is the row's status: processed, leased, uncertain, stale,
-	// dead_lettered, requeued, skipped (state.go), or one a later version
+	// dead_lettered, requeued, skipped (pkg/inbox/internal/state), or one a later version
 	// of the library adds.
 	Status    string
 	Attempts  int
@@ -53,7 +53,7 @@ const sqlMessagesOf = `
 func MessagesOf(ctx context.Context, db BacklogDB, aggregateID string) ([]MessageRecord, error) {
 	rows, err := db.Query(ctx, sqlMessagesOf, aggregateID)
 	if err != nil {
-		return nil, DBErrors.Translate("inbox: reading an aggregate's messages", err)
+		return nil, dbErrors.Translate("inbox: reading an aggregate's messages", err)
 	}
 	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (MessageRecord, error) {
 		var m MessageRecord
@@ -63,7 +63,7 @@ func MessagesOf(ctx context.Context, db BacklogDB, aggregateID string) ([]Messag
 		return m, err
 	})
 	if err != nil {
-		return nil, DBErrors.Translate("inbox: reading an aggregate's messages", err)
+		return nil, dbErrors.Translate("inbox: reading an aggregate's messages", err)
 	}
 	return out, nil
 }
