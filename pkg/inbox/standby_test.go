@@ -7,13 +7,10 @@
 package inbox_test
 
 import (
-	"context"
 	"fmt"
-	"syscall"
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/segmentio/kafka-go"
 
 	"github.com/onceflow/onceflow/pkg/event"
@@ -21,36 +18,6 @@ import (
 	"github.com/onceflow/onceflow/pkg/inbox/internal/inboxtesting"
 	"github.com/onceflow/onceflow/pkg/testenv"
 )
-
-const standbyHint = `these tests need ONCEFLOW_TEST_PG_URL to name a primary with a streaming standby (through a physical slot) on this machine:
-  ONCEFLOW_STACK_DIR=/tmp/standby-stack ONCEFLOW_PG_PORT=26532 ONCEFLOW_PG_STANDBY=1 devstack/stack.sh up postgres
-  ONCEFLOW_TEST_PG_URL=postgres://postgres:postgres@127.0.0.1:26532/postgres?sslmode=disable go test -tags standby -run Standby ./pkg/inbox/
-(or make test-standby, which does both)`
-
-// freezeStandby stops the primary's walsender to the standby (SIGSTOP), as
-// a standby that falls behind or a cut network does; it goes on when the
-// returned thaw is called or the test ends.
-func freezeStandby(t *testing.T, pool *pgxpool.Pool) (thaw func()) {
-	t.Helper()
-	var pid int
-	err := pool.QueryRow(context.Background(), `SELECT coalesce(min(active_pid), 0) FROM pg_replication_slots
-		WHERE slot_type = 'physical' AND active`).Scan(&pid)
-	if err != nil || pid == 0 {
-		t.Fatalf("no standby streams from this server through a physical slot (%v)\n%s", err, standbyHint)
-	}
-	if err := syscall.Kill(pid, syscall.SIGSTOP); err != nil {
-		t.Fatalf("freezing the walsender %d (the server must run on this machine, as this user): %v\n%s", pid, err, standbyHint)
-	}
-	thawed := false
-	thaw = func() {
-		if !thawed {
-			thawed = true
-			_ = syscall.Kill(pid, syscall.SIGCONT)
-		}
-	}
-	t.Cleanup(thaw)
-	return thaw
-}
 
 // Issue 32 (15/async/wal with the relays publishing only what the standby
 // has: 33 orders without a charge): billing applied events, committed its
@@ -83,14 +50,16 @@ func TestStandbyConsumerCommitsOffsetsOnlyForWhatTheStandbyHas(t *testing.T) {
 				return committed() == 1, running()
 			})
 
-			thaw := freezeStandby(t, f.Pool)
+			thaw := testenv.FreezeStandby(t, f.Pool)
 			f.Produce(t, event.ToKafka(f.Topic, inboxtesting.NewEvent("a", 2)))
 			testenv.WaitFor(t, 30*time.Second, "the second event to be applied", func() (bool, error) {
 				return f.Count(t, "SELECT count(*) FROM effects") == 2, running()
 			})
 			// Several commit intervals (1 s) with the standby frozen.
 			deadline := time.Now().Add(3 * time.Second)
-			for time.Now().Before(deadline) {
+			tick := time.NewTicker(100 * time.Millisecond)
+			defer tick.Stop()
+			for ; time.Now().Before(deadline); <-tick.C {
 				if got := committed(); got != 1 {
 					if on {
 						t.Fatalf("offset %d committed while the standby had not flushed the work it counts: a failover to it would skip that message for good", got)
@@ -98,7 +67,6 @@ func TestStandbyConsumerCommitsOffsetsOnlyForWhatTheStandbyHas(t *testing.T) {
 					t.Logf("without CommitReplicated the offset moved to %d with the standby frozen (what the setting prevents)", got)
 					return
 				}
-				time.Sleep(100 * time.Millisecond)
 			}
 			if !on {
 				t.Fatal("without CommitReplicated the offset did not move in 3 s either: this test cannot tell the setting's effect")

@@ -9,7 +9,6 @@ package cdc_test
 import (
 	"context"
 	"fmt"
-	"syscall"
 	"testing"
 	"time"
 
@@ -20,37 +19,6 @@ import (
 	"github.com/onceflow/onceflow/pkg/outbox"
 	"github.com/onceflow/onceflow/pkg/testenv"
 )
-
-const standbyHint = `these tests need ONCEFLOW_TEST_PG_URL to name a primary with a streaming standby (through a physical slot) on this machine:
-  ONCEFLOW_STACK_DIR=/tmp/standby-stack ONCEFLOW_PG_PORT=26532 ONCEFLOW_PG_STANDBY=1 devstack/stack.sh up postgres
-  ONCEFLOW_TEST_PG_URL=postgres://postgres:postgres@127.0.0.1:26532/postgres?sslmode=disable go test -tags standby -run Standby ./pkg/outbox/cdc/
-(or make test-standby, which does both)`
-
-// freezeStandby stops the primary's walsender to the standby (SIGSTOP), as
-// a standby that falls behind or a cut network does: the primary goes on
-// committing, the standby receives nothing. The walsender goes on when the
-// returned thaw is called or the test ends.
-func freezeStandby(t *testing.T, pool *pgxpool.Pool) (thaw func()) {
-	t.Helper()
-	var pid int
-	err := pool.QueryRow(context.Background(), `SELECT coalesce(min(active_pid), 0) FROM pg_replication_slots
-		WHERE slot_type = 'physical' AND active`).Scan(&pid)
-	if err != nil || pid == 0 {
-		t.Fatalf("no standby streams from this server through a physical slot (%v)\n%s", err, standbyHint)
-	}
-	if err := syscall.Kill(pid, syscall.SIGSTOP); err != nil {
-		t.Fatalf("freezing the walsender %d (the server must run on this machine, as this user): %v\n%s", pid, err, standbyHint)
-	}
-	thawed := false
-	thaw = func() {
-		if !thawed {
-			thawed = true
-			_ = syscall.Kill(pid, syscall.SIGCONT)
-		}
-	}
-	t.Cleanup(thaw)
-	return thaw
-}
 
 // standbyBehind reports the primary's flush position and the standbys'
 // lowest, for the failure message.
@@ -130,7 +98,7 @@ func TestStandbyPollingRelayPublishesOnlyWhatTheStandbyHas(t *testing.T) {
 	}
 	testenv.RunInBackground(t, "Run", relay.Run)
 
-	thaw := freezeStandby(t, e.Pool)
+	thaw := testenv.FreezeStandby(t, e.Pool)
 	enqueue(t, e.Pool, newEvent("a", 1))
 	holdsNothing(t, e.C, e.Pool, 2*time.Second)
 	if n := counterValue(t, reg, "outbox_standby_waits_total", "outcome", "timeout"); n == 0 {
@@ -158,7 +126,7 @@ func TestStandbyCDCRelayPublishesOnlyWhatTheStandbyHas(t *testing.T) {
 	cfg.OutageBackoffMax = 200 * time.Millisecond
 	runStreaming(t, newCDC(t, e.Pool, e.W, cfg))
 
-	thaw := freezeStandby(t, e.Pool)
+	thaw := testenv.FreezeStandby(t, e.Pool)
 	enqueue(t, e.Pool, newEvent("a", 1))
 	holdsNothing(t, e.C, e.Pool, 2*time.Second)
 	thaw()
