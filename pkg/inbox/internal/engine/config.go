@@ -133,8 +133,14 @@ type Config struct {
 	// an asynchronous standby a failover loses the primary's last commits;
 	// without this, the offsets of the messages they applied survive in
 	// Kafka and those messages are never delivered again (a charge lost
-	// for good); with it, they are redelivered and applied on the promoted
-	// server. Each commit of offsets then reads the standbys' position
+	// for good); with it, Kafka's committed offsets stay behind them, so a
+	// member that joins or rejoins the group after the failover (a restart,
+	// a rebalance) reads them again and applies them on the promoted
+	// server. Not yet covered: a member that stays up through the failover
+	// keeps fetching from where it was and, once the promoted server has a
+	// standby, commits past them (a switch of server must drop the pending
+	// offsets and rejoin; docs/operations.md). Each commit of offsets then
+	// reads the standbys' position
 	// once (every GroupConfig.CommitInterval) and waits for them up to
 	// CommitInterval; while they are behind or down, offsets stay where
 	// they are (the messages are handled meanwhile, and redelivered after
