@@ -66,10 +66,24 @@ SELECT pg_current_wal_flush_lsn()::text,
           FROM pg_replication_slots
          WHERE slot_type = 'physical' AND (cardinality($1::text[]) = 0 OR slot_name = ANY ($1::text[]))),
        (SELECT count(*) FROM pg_replication_slots
-         WHERE slot_type = 'physical' AND (cardinality($1::text[]) = 0 OR slot_name = ANY ($1::text[])))`
+         WHERE slot_type = 'physical' AND (cardinality($1::text[]) = 0 OR slot_name = ANY ($1::text[]))),
+       coalesce(host(inet_server_addr()), 'local') || ':' || coalesce(inet_server_port()::text, '') ||
+         ' started ' || extract(epoch FROM pg_postmaster_start_time())::text`
+
+// ErrSwitched is what a wait returns when a reading came from another
+// server than the first (a failover while it waited): positions of two
+// servers do not compare.
+var ErrSwitched = errors.New("the database is another server now")
 
 // Position is one reading.
 type Position struct {
+	// Server names the server the reading came from: its address and port
+	// (which tell servers apart behind a multi-host URL) and its
+	// postmaster's start time (which tells them apart behind one address;
+	// a restart changes it too). A standby shares the old primary's
+	// system identifier, and the timeline changes only at the first
+	// checkpoint after a promotion, so neither can serve.
+	Server string
 	// Primary is the primary's flush position when it was read.
 	Primary LSN
 	// Standby is the lowest flush position among the standbys' slots; 0
@@ -93,7 +107,7 @@ func Read(ctx context.Context, q Querier, slots []string) (Position, error) {
 		standby *string
 		p       Position
 	)
-	if err := q.QueryRow(ctx, flushed, slots).Scan(&primary, &standby, &p.Slots); err != nil {
+	if err := q.QueryRow(ctx, flushed, slots).Scan(&primary, &standby, &p.Slots, &p.Server); err != nil {
 		return Position{}, fmt.Errorf("reading the standbys' flush position: %w", err)
 	}
 	var err error
@@ -109,26 +123,26 @@ func Read(ctx context.Context, q Querier, slots []string) (Position, error) {
 }
 
 // Await waits until the standbys flushed everything the primary had
-// flushed when it was called, at most wait. It returns whether it had to
-// wait; past wait, an error wrapping ErrBehind that says where they are.
-func Await(ctx context.Context, q Querier, slots []string, wait time.Duration) (waited bool, err error) {
+// flushed when it was called, at most wait. It returns its first reading
+// (whose Server says where that was); past wait, an error wrapping
+// ErrBehind that says where they are; a reading from another server,
+// ErrSwitched.
+func Await(ctx context.Context, q Querier, slots []string, wait time.Duration) (Position, error) {
 	deadline := time.Now().Add(wait)
 	p, err := Read(ctx, q, slots)
-	if err != nil {
-		return false, err
+	if err != nil || p.Has(p.Primary) {
+		return p, err
 	}
-	if p.Has(p.Primary) {
-		return false, nil
-	}
-	_, err = Until(ctx, q, slots, p.Primary, deadline)
-	return true, err
+	_, err = Until(ctx, q, slots, p.Primary, p.Server, deadline)
+	return p, err
 }
 
 // Until polls the standbys' position, with a growing pause (0.5 ms to
 // 50 ms), until they flushed target or deadline passes: then an error
-// wrapping ErrBehind that says where they are. It returns the last
-// position read.
-func Until(ctx context.Context, q Querier, slots []string, target LSN, deadline time.Time) (Position, error) {
+// wrapping ErrBehind that says where they are. target is a position on
+// server (Position.Server); a reading from another one ends the wait with
+// ErrSwitched. It returns the last position read.
+func Until(ctx context.Context, q Querier, slots []string, target LSN, server string, deadline time.Time) (Position, error) {
 	var p Position
 	for pause := 500 * time.Microsecond; ; pause = min(2*pause, 50*time.Millisecond) {
 		if time.Now().After(deadline) {
@@ -148,6 +162,9 @@ func Until(ctx context.Context, q Querier, slots []string, target LSN, deadline 
 		var err error
 		if p, err = Read(ctx, q, slots); err != nil {
 			return p, err
+		}
+		if p.Server != server {
+			return p, fmt.Errorf("%w (%s, was %s)", ErrSwitched, p.Server, server)
 		}
 		if p.Has(target) {
 			return p, nil

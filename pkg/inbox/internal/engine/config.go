@@ -133,14 +133,14 @@ type Config struct {
 	// an asynchronous standby a failover loses the primary's last commits;
 	// without this, the offsets of the messages they applied survive in
 	// Kafka and those messages are never delivered again (a charge lost
-	// for good); with it, Kafka's committed offsets stay behind them, so a
-	// member that joins or rejoins the group after the failover (a restart,
-	// a rebalance) reads them again and applies them on the promoted
-	// server. Not yet covered: a member that stays up through the failover
-	// keeps fetching from where it was and, once the promoted server has a
-	// standby, commits past them (a switch of server must drop the pending
-	// offsets and rejoin; docs/operations.md). Each commit of offsets then
-	// reads the standbys' position
+	// for good); with it, Kafka's committed offsets stay behind them, and
+	// a consumer that finds its database on another server than its
+	// uncommitted work was done on (its address or start time changed: a
+	// failover, or a restart) drops those offsets and rejoins its group,
+	// so it reads the messages again from the committed ones: what
+	// survived is absorbed as a duplicate, what was lost is applied on the
+	// promoted server (inbox_server_switches_total counts it). Each commit
+	// of offsets then reads the standbys' position
 	// once (every GroupConfig.CommitInterval) and waits for them up to
 	// CommitInterval; while they are behind or down, offsets stay where
 	// they are (the messages are handled meanwhile, and redelivered after

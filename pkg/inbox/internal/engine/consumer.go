@@ -24,6 +24,11 @@ type Consumer struct {
 	cfg     Config
 	shared  *Shared // the pool, the outages, the parked aggregates to release
 	applier Applier
+	// server is the database server the consumer's uncommitted work was
+	// done on, as the last reading of Config.CommitReplicated saw it
+	// (standby.Position.Server); "" before the first.
+	serverMu sync.Mutex
+	server   string
 }
 
 // Applier is an engine that settles the batches of the dispatcher's

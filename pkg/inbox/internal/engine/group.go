@@ -295,7 +295,12 @@ func (c *Consumer) fetch(ctx context.Context, g *generation, k partitionKey, off
 // it lets the work in hand finish for a bounded time, commits once more and
 // drops the generation's tracking; kafka-go joins the next generation only
 // after that, so the next owner of a partition starts where this one stopped.
+//
+// With Config.CommitReplicated, a commit that finds the database on another
+// server than the work was done on (a failover) ends the generation instead:
+// see switched.
 func (c *Consumer) commitLoop(ctx, gctx context.Context, gen *kafka.Generation, g *generation) {
+	c.noteServer(ctx)
 	tick := time.NewTicker(c.group.CommitInterval)
 	defer tick.Stop()
 	for {
@@ -307,7 +312,10 @@ func (c *Consumer) commitLoop(ctx, gctx context.Context, gen *kafka.Generation, 
 			c.endGeneration(gen, g, c.group.RebalanceTimeout/2)
 			return
 		case <-tick.C:
-			c.commit(ctx, gen, g)
+			if c.commit(ctx, gen, g) {
+				c.endGeneration(gen, g, 0) // g is dropped: it commits nothing
+				return                     // a function of the generation that returns ends it
+			}
 		}
 	}
 }
@@ -328,13 +336,16 @@ func (c *Consumer) endGeneration(gen *kafka.Generation, g *generation, grace tim
 		slog.Int("generation", int(gen.ID)), slog.Bool("drained", g.drained()))
 }
 
-func (c *Consumer) commit(ctx context.Context, gen *kafka.Generation, g *generation) {
+// commit commits the generation's finished offsets. It reports whether
+// the database switched servers under them (CommitReplicated only): the
+// generation is then dropped, uncommitted, and must end.
+func (c *Consumer) commit(ctx context.Context, gen *kafka.Generation, g *generation) (switched bool) {
 	offs := g.pending()
 	if len(offs) == 0 {
-		return
+		return false
 	}
-	if !c.replicated(ctx) {
-		return // the offsets stay; the next tick tries again
+	if ok, switched := c.replicated(ctx, g); !ok {
+		return switched // the offsets stay; the next tick tries again
 	}
 	err := gen.CommitOffsets(offs)
 	switch {
@@ -348,6 +359,7 @@ func (c *Consumer) commit(ctx context.Context, gen *kafka.Generation, g *generat
 	default:
 		c.shared.kafka.Fail(ctx, "commit", err)
 	}
+	return false
 }
 
 // replicated reports whether offsets may be committed now: always, unless
@@ -356,17 +368,73 @@ func (c *Consumer) commit(ctx context.Context, gen *kafka.Generation, g *generat
 // covers the commits of every message they count (each committed, with
 // synchronous_commit on, before it was finished). A wait bounded by
 // CommitInterval that runs out, or a read that fails, is reported as the
-// standbys' outage and the commit is left to a later tick.
-func (c *Consumer) replicated(ctx context.Context) bool {
+// standbys' outage and the commit is left to a later tick. A reading from
+// another server than the last one is a failover: see switched.
+func (c *Consumer) replicated(ctx context.Context, g *generation) (ok, switched bool) {
 	if c.shared.standby == nil {
-		return true
+		return true, false
 	}
-	if _, err := standby.Await(ctx, c.shared.Pool, c.cfg.StandbySlots, c.group.CommitInterval); err != nil {
+	p, err := standby.Await(ctx, c.shared.Pool, c.cfg.StandbySlots, c.group.CommitInterval)
+	if p.Server != "" && c.serverIs(p.Server) != "" || errors.Is(err, standby.ErrSwitched) {
+		c.switched(ctx, g, err)
+		return false, true
+	}
+	if err != nil {
 		if ctx.Err() == nil {
 			c.shared.standby.Fail(ctx, "commit", err)
 		}
-		return false
+		return false, false
 	}
 	c.shared.standby.OK(ctx, "commit")
-	return true
+	return true, false
+}
+
+// switched handles a failover under uncommitted work: the work behind the
+// pending offsets was done on the old server, and with asynchronous
+// replication its last commits died with it. Committing those offsets
+// (once the promoted server has a standby of its own, the standby check
+// passes) would skip for good the messages whose work was lost. So the
+// generation is dropped, nothing of it committed, and ends; the member
+// joins the next one, whose assignments start at the offsets committed
+// before, and reads the messages again: what survived is a duplicate the
+// inbox absorbs, what was lost is applied on the new server.
+func (c *Consumer) switched(ctx context.Context, g *generation, cause error) {
+	g.drop()
+	c.serverMu.Lock()
+	c.server = "" // the next generation records the new one
+	c.serverMu.Unlock()
+	ServerSwitches(c.cfg.Metrics).WithLabelValues(c.cfg.Name).Inc()
+	c.cfg.Logger.WarnContext(ctx, "inbox's database is another server now (a failover): the offsets of the work done on the old one are not committed; rejoining the group to read again from the last committed offsets",
+		slog.String("consumer", c.cfg.Name), slog.Any("cause", cause))
+}
+
+// noteServer records the server the work of a new generation is done on,
+// if none was recorded (CommitReplicated only): a failover between the
+// generation's first work and its first commit is then seen too.
+func (c *Consumer) noteServer(ctx context.Context) {
+	if c.shared.standby == nil {
+		return
+	}
+	c.serverMu.Lock()
+	known := c.server != ""
+	c.serverMu.Unlock()
+	if known {
+		return
+	}
+	if p, err := standby.Read(ctx, c.shared.Pool, c.cfg.StandbySlots); err == nil {
+		c.serverIs(p.Server)
+	}
+}
+
+// serverIs records server as the one the work is done on and returns the
+// one recorded before, if it was another ("" if it is the same or none
+// was).
+func (c *Consumer) serverIs(server string) (was string) {
+	c.serverMu.Lock()
+	defer c.serverMu.Unlock()
+	if c.server != "" && c.server != server {
+		was = c.server
+	}
+	c.server = server
+	return was
 }

@@ -77,7 +77,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		gaps:      counter("inbox_version_gaps_total", "Events whose aggregate version skipped one or more versions."),
 		uncertain: counter("inbox_uncertain_total", "Leased messages whose side effect may or may not have happened; see the reconciliation report."),
 		serverSwitches: counter("inbox_server_switches_total",
-			"Lease mode: times the consumer found its database on another server than the one it recorded (a failover, a restore); first deliveries of older messages then check before calling (lease_server.go)."),
+			"Times the consumer found its database on another server than the one it recorded (a failover, a restore, a restart). Lease mode: first deliveries of older messages then check before calling (lease/lease_server.go). Config.CommitReplicated: the offsets of the work done on the old server are dropped, uncommitted, and the consumer rejoins its group to read them again (group.go)."),
 		seconds: histogram("inbox_processing_seconds",
 			"Time to handle one message in a transaction of its own (a retry, lease mode, a batch of one), commit included.",
 			prometheus.ExponentialBuckets(0.0001, 2, 16)),

@@ -138,7 +138,7 @@ func (g *Gate) wait(ctx context.Context, q Querier, target LSN, began time.Time,
 		g.passed(ctx, "at_once", began)
 		return p.Standby, nil
 	}
-	p, err := standby.Until(ctx, q, g.cfg.StandbySlots, target, began.Add(g.cfg.ReplicatedWait))
+	p, err := standby.Until(ctx, q, g.cfg.StandbySlots, target, p.Server, began.Add(g.cfg.ReplicatedWait))
 	switch {
 	case err == nil:
 		g.passed(ctx, "waited", began)
