@@ -37,12 +37,12 @@ const (
 var errShortMessage = errors.New("pgoutput message shorter than its fields")
 
 // beginFinal reads a Begin message (after its type byte): the LSN of its
-// transaction's commit record.
-func beginFinal(b []byte) (pglogrepl.LSN, error) {
+// transaction's commit record, and its xid.
+func beginFinal(b []byte) (pglogrepl.LSN, uint32, error) {
 	if len(b) < 8+8+4 { // final LSN, commit time, xid
-		return 0, errShortMessage
+		return 0, 0, errShortMessage
 	}
-	return pglogrepl.LSN(binary.BigEndian.Uint64(b)), nil
+	return pglogrepl.LSN(binary.BigEndian.Uint64(b)), binary.BigEndian.Uint32(b[16:]), nil
 }
 
 // commitEnd reads a Commit message (after its type byte): the position

@@ -444,3 +444,47 @@ func TestCDCGapReplaySeesAnAggregateCommittedDuringItWhole(t *testing.T) {
 	})
 	c.CheckOrder(t, map[string]int64{"x": 2, "f": 3})
 }
+
+// The slot record (outbox_cdc_slots) is written beside the stream, best
+// effort: a write that cannot get through (its row locked by a retention
+// waiting for a synchronous standby, a slow database) must not stop the
+// stream. Before the fix a failed record was tried again with every status
+// update, each taking the whole StatusInterval, after which the read
+// deadline had passed already: the stream never read another message.
+func TestCDCStreamGoesOnWhileItsSlotRecordIsLocked(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	e := newCDCEnv(t, 1, 10)
+	cfg := e.config()
+	reg := prometheus.NewRegistry()
+	cfg.Metrics = outbox.NewMetrics(reg)
+	cfg.RetentionInterval = 50 * time.Millisecond
+	runStreaming(t, newCDC(t, e.Pool, e.W, cfg))
+	enqueue(t, e.Pool, newEvent("a", 1))
+	testenv.WaitFor(t, 20*time.Second, "a/1 published", func() (bool, error) { return e.C.Distinct() == 1, nil })
+
+	lock, err := e.Pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lock.Rollback(ctx) //nolint:errcheck // only a lock
+	if _, err := lock.Exec(ctx, `SELECT 1 FROM outbox_cdc_slots WHERE slot_name = $1 FOR UPDATE`, e.slot); err != nil {
+		t.Fatal(err)
+	}
+	// One at a time: each a/v is written only once the relay tried to
+	// record a/v-1's position and could not.
+	failedRecords := func() float64 {
+		return testenv.LabeledMetricValue(t, reg, "outbox_db_errors_total", map[string]string{"op": "slot"})
+	}
+	for v := int64(2); v <= 5; v++ {
+		enqueue(t, e.Pool, newEvent("a", v))
+		testenv.WaitFor(t, 10*time.Second, fmt.Sprintf("a/%d published while the slot record stays locked", v), func() (bool, error) {
+			return e.C.Distinct() == int(v), nil
+		})
+		failed := failedRecords()
+		testenv.WaitFor(t, 10*time.Second, fmt.Sprintf("a/%d's position recorded, and failing", v), func() (bool, error) {
+			return failedRecords() > failed, nil
+		})
+	}
+	e.C.CheckOrder(t, map[string]int64{"a": 5})
+}

@@ -398,25 +398,25 @@ func (r *Relay) topicUp(topic string) {
 
 // dead skips an event Kafka keeps refusing because of the message (or one
 // held back behind such an event, holdBehindDead): for a table row it
-// marks the row dead (retention keeps dead rows; outbox_dead_events counts
-// them) so an operator can find it, and only then is the event logged with
-// its identity and counted in outbox_dead_total. An error means the mark
-// is not durable: the caller must not acknowledge the event (the slot
-// would be confirmed past a row that stays pending, and the event would be
-// lost). A mark refused because the row is no longer pending (dead
-// already, or requeued: its copy carries the event) is counted and logged,
-// and the event is settled.
+// marks the row dead (markDead; retention keeps dead rows;
+// outbox_dead_events counts them) so an operator can find it, and only
+// then is the event logged with its identity and counted in
+// outbox_dead_total. An error means the mark is not durable: the caller
+// must not acknowledge the event (the slot would be confirmed past a row
+// that stays pending, and the event would be lost). A mark refused because
+// the row is no longer pending (dead already, or requeued: its copy
+// carries the event) is counted and logged, and the event is settled.
 func (r *Relay) dead(ctx context.Context, e cdcEvent, cause error) error {
 	if e.rowID != 0 {
-		tag, err := r.pool.Exec(ctx, markDeadCDC, e.rowID, cause.Error(), r.cfg.MaxAttempts)
+		refused, err := r.markDead(ctx, e, cause)
 		if err != nil {
 			if ctx.Err() == nil {
 				r.cfg.Metrics.DbErrors.WithLabelValues("slot").Inc()
 			}
 			return fmt.Errorf("marking outbox row %d dead (not acknowledged: the next stream delivers it again): %w", e.rowID, err)
 		}
-		if tag.RowsAffected() == 0 {
-			set(r.cfg.Metrics).Refuse(ctx, r.cfg.Logger, lifecycle.TransitionMarkDead, "the row is not pending: dead already, or requeued (its copy carries the event)",
+		if refused != "" {
+			set(r.cfg.Metrics).Refuse(ctx, r.cfg.Logger, lifecycle.TransitionMarkDead, refused,
 				slog.Int64("outbox_id", e.rowID), slog.String("event_id", publish.Header(e.Msg, event.HeaderEventID)))
 			return nil
 		}
@@ -431,3 +431,66 @@ func (r *Relay) dead(ctx context.Context, e cdcEvent, cause error) error {
 		slog.String("aggregate_id", string(e.Msg.Key)), slog.Int64("outbox_id", e.rowID), slog.Any("error", cause))
 	return nil
 }
+
+// markDead takes e's row pending → dead (internal/lifecycle), or says why
+// it was refused. The stream delivers a transaction once its commit is
+// flushed, which is before other sessions see it: by microseconds on a lone
+// server, for as long as a synchronous standby has not answered on a
+// replicated one. A row not there for the UPDATE may be one whose
+// transaction has not ended yet: taken for settled, its event would be
+// acknowledged with the row left pending, neither published nor dead, and
+// the slot confirmed past it. So a missing row is waited for while its
+// transaction runs (its xid in pg_stat_activity), and refused only once
+// the row is dead, requeued, or still missing after its transaction
+// ended (deleted: by hand, or pruned as too old).
+func (r *Relay) markDead(ctx context.Context, e cdcEvent, cause error) (refused string, err error) {
+	var xid uint32
+	if e.tx != nil {
+		xid = e.tx.xid
+	}
+	started, warned, ended := time.Now(), false, false
+	for attempt := 1; ; attempt++ {
+		tag, err := r.pool.Exec(ctx, markDeadCDC, e.rowID, cause.Error(), r.cfg.MaxAttempts)
+		if err != nil {
+			return "", err
+		}
+		if tag.RowsAffected() == 1 {
+			return "", nil
+		}
+		var (
+			state           *string
+			copied, running bool
+		)
+		if err := r.pool.QueryRow(ctx, rowAfterRefusedMark, e.rowID, publish.Header(e.Msg, event.HeaderEventID), int64(xid)).
+			Scan(&state, &copied, &running); err != nil {
+			return "", err
+		}
+		switch {
+		case state != nil && *state == lifecycle.StateDead:
+			return "the row is dead already", nil
+		case copied:
+			return "the row was requeued: its copy carries the event", nil
+		case state != nil:
+			continue // visible (and pending) since the UPDATE: again
+		case !running && ended:
+			return "the row is gone although its transaction ended (deleted by hand, or pruned as too old)", nil
+		case !running:
+			// Ended between the UPDATE and the read: one more UPDATE, whose
+			// snapshot is taken after it ended, sees its row.
+			ended = true
+			continue
+		}
+		if !warned && time.Since(started) >= time.Second {
+			warned = true
+			r.cfg.Logger.WarnContext(ctx, msgWaitingForCommit, slog.Int64("outbox_id", e.rowID),
+				slog.String("event_id", publish.Header(e.Msg, event.HeaderEventID)), slog.Uint64("xid", uint64(xid)))
+		}
+		if !retry.Sleep(ctx, retry.Backoff(attempt, time.Millisecond, r.cfg.OutageBackoffMax)) {
+			return "", ctx.Err()
+		}
+	}
+}
+
+// msgWaitingForCommit is logged once a row the relay must mark dead has not
+// become visible for a second after the stream delivered its commit.
+const msgWaitingForCommit = "waiting for an outbox row's transaction to end before marking it dead: its commit was flushed, and the stream delivered it, but other sessions do not see it yet (a synchronous standby that has not answered?)"

@@ -196,5 +196,15 @@ WHERE EXISTS (SELECT 1 FROM outbox_events o WHERE o.id = x.id AND o.state = 'dea
 // it is.
 const markDeadCDC = `UPDATE outbox_events SET state = 'dead', last_error = $2, attempts = $3 WHERE id = $1 AND state = 'pending'`
 
+// rowAfterRefusedMark is why markDeadCDC changed nothing: the row's state
+// (NULL: not there), whether a requeued copy carries its event (the same
+// event id under another id), and whether its transaction ($3, an xid; 0:
+// unknown) still runs, committed but not yet visible to other sessions.
+// pg_stat_activity shows every role's backend_xid (horizonXid).
+const rowAfterRefusedMark = `
+SELECT (SELECT state FROM outbox_events WHERE id = $1),
+       EXISTS (SELECT 1 FROM outbox_events WHERE event_id = $2 AND id <> $1),
+       $3::bigint <> 0 AND EXISTS (SELECT 1 FROM pg_stat_activity WHERE backend_xid = $3::bigint::text::xid)`
+
 // currentWAL is the server's current WAL position.
 const currentWAL = `SELECT pg_current_wal_lsn()::text`

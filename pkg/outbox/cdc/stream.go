@@ -50,7 +50,10 @@ type txn struct {
 	sealed  bool          // its commit was decoded: no more events will join
 	pending int           // events handed to a lane and not yet acknowledged
 	maxID   int64         // highest outbox id among its events
-	elem    *list.Element // in streamer.txs
+	// xid is the transaction's id: the stream delivers a commit once it is
+	// flushed, which can be before other sessions see it (Relay.markDead).
+	xid  uint32
+	elem *list.Element // in streamer.txs
 }
 
 // streamer is the state of one replication connection. Only its own
@@ -405,7 +408,7 @@ func (s *streamer) decode(ctx context.Context, x pglogrepl.XLogData) error {
 	body := data[1:]
 	switch data[0] {
 	case pgoBegin:
-		final, err := beginFinal(body)
+		final, xid, err := beginFinal(body)
 		if err != nil {
 			return fmt.Errorf("parsing a begin message: %w", err)
 		}
@@ -418,7 +421,7 @@ func (s *streamer) decode(ctx context.Context, x pglogrepl.XLogData) error {
 			return fmt.Errorf("waiting for the standbys: %w", err)
 		}
 		s.open = s.begin()
-		s.open.recheck = final < s.fresh
+		s.open.recheck, s.open.xid = final < s.fresh, xid
 	case pgoRelation:
 		msg, err := pglogrepl.Parse(data)
 		if err != nil {
@@ -510,15 +513,20 @@ func (s *streamer) sendStatus(ctx context.Context) error {
 		return fmt.Errorf("sending the standby status: %w", err)
 	}
 	s.lastStatus = time.Now()
-	s.nextStatus = s.lastStatus.Add(s.r.cfg.StatusInterval)
-	if !time.Now().Before(s.nextRecord) {
+	if !s.lastStatus.Before(s.nextRecord) {
 		s.record(ctx)
 	}
+	// From now, not from before the record, which may have taken the
+	// whole interval: the stream must get to read in between.
+	s.nextStatus = time.Now().Add(s.r.cfg.StatusInterval)
 	return nil
 }
 
 // record writes the confirmed position to outbox_cdc_slots if it moved,
-// and then not again for RetentionInterval. Best effort, and not with
+// and then, written or not, not again for RetentionInterval: a write that
+// cannot get through (its row locked, the database slow) tried with every
+// status update took the stream's whole time, and the stream stopped
+// reading (TestCDCStreamGoesOnWhileItsSlotRecordIsLocked). Best effort, and not with
 // every status update: the slot itself is the source of truth, and the
 // record only bounds retention, which reads it every RetentionInterval, and
 // dates a lost slot's window, which a record a few seconds old widens by
@@ -531,6 +539,7 @@ func (s *streamer) record(ctx context.Context) {
 	recCtx, cancel := context.WithTimeout(ctx, s.r.cfg.StatusInterval)
 	tag, err := s.r.pool.Exec(recCtx, recordConfirmed, s.r.cfg.Slot, s.confirmed.String(), s.confirmedID, s.generation)
 	cancel()
+	s.nextRecord = time.Now().Add(s.r.cfg.RetentionInterval)
 	if err != nil {
 		if ctx.Err() == nil {
 			s.r.cfg.Metrics.DbErrors.WithLabelValues("slot").Inc()
@@ -543,5 +552,4 @@ func (s *streamer) record(ctx context.Context) {
 			slog.String("slot", s.r.cfg.Slot), slog.String("lsn", s.confirmed.String()))
 	}
 	s.recorded, s.recordedID = s.confirmed, s.confirmedID
-	s.nextRecord = time.Now().Add(s.r.cfg.RetentionInterval)
 }

@@ -15,7 +15,8 @@
 //	published  polling relay          claimed         markPublished … AND state = 'pending'
 //	pending    polling relay          claimed         markFailed / markDeferred … AND state = 'pending' (attempts +1, or deferred)
 //	dead       polling relay          claimed         markFailed, attempts exhausted
-//	dead       log-based relay        pending         markDeadCDC … AND state = 'pending' (skipped, or held back behind a dead one)
+//	dead       log-based relay        pending         markDeadCDC … AND state = 'pending' (skipped, or held back behind a dead one;
+//	                                                  a row not visible yet, its commit flushed but not ended, is waited for: cdc markDead)
 //	pending    operator (poll)        dead            requeueSet … AND state = 'dead'
 //	copy       operator (cdc)         dead            DELETE … state = 'dead' + INSERT of a pending copy, one statement
 //	copy       operator (cdc replay)  published*      DELETE … in replayScopeCDC + INSERT of a pending copy, one statement
