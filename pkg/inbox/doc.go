@@ -20,25 +20,24 @@
 // This package is the front door: what an adopter calls, and nothing else.
 // The engine behind it is pkg/inbox/internal/engine (most names here are
 // aliases of its types or thin calls of its functions, and their fields and
-// methods are documented there), one job per file. The Consumer is the
-// dispatcher: consumer.go (Run, the key → worker routing, batching, Handle,
-// and the Applier interface it hands each batch to) over group.go (the
-// consumer group, partition readers, offset commits), offsets.go (what may
-// be committed), release.go (releasing parked messages through the applier)
-// and lag.go (the backlog gauges). NewConsumer (or lease.NewConsumer,
-// through the engine's NewApplied) picks the applier once, and the appliers
-// never call back into the dispatcher: what they need is built once and
-// handed to them (shared.go: the pool, the settings, the outages, the
-// dead-letter writer) and comes with each message (delivery.go: the message
-// and its generation, which they may only finish or ask whether it was
-// dropped). The transactional applier, TxApplier, is txapply.go (inbox row,
-// version guard and handler in one transaction, with a savepoint per
-// message, retries), txapply_fast.go (a whole batch set-based, the first
-// try) and txapply_handle.go (the handler in its span, which both call); the
-// lease applier is pkg/inbox/lease's. Both use guard.go (version guard,
-// upcasters, payload checks), park.go (per-key parking behind a dead event),
-// deadletter.go, trace.go, errors.go (the error classes), health.go
-// (outages) and metrics.go; the dead letter's headers, the form kept
+// methods are documented there), one stage of a message per file. The
+// Consumer is the dispatcher, consume.go: Run, the key → worker routing,
+// batching, Handle and the Applier interface it hands each batch to, over
+// the consumer group, its partition readers and offset commits, what may
+// be committed, and what comes with each message (its generation, which an
+// applier may only finish or ask whether it was dropped); release.go
+// releases parked messages through the applier and lag.go keeps the backlog
+// gauges. NewConsumer (or lease.NewConsumer, through the engine's
+// NewApplied) picks the applier once, and the appliers never call back
+// into the dispatcher: what they need is built once and handed to them
+// (apply.go's Shared: the pool, the settings, the outages, the dead-letter
+// writer). The transactional applier, TxApplier, is apply.go: inbox row,
+// version guard and handler in one transaction, a whole batch set-based
+// first, then a savepoint per message with retries; the lease applier is
+// pkg/inbox/lease's. Both settle through settle.go (the version guard,
+// upcasters and payload checks; per-key parking behind a dead event),
+// deadletter.go, errors.go (the error classes), health.go (outages) and
+// observe.go (spans and metrics); the dead letter's headers, the form kept
 // headers are stored in and the reading of a dead-letter topic are
 // internal/dlt's. Pruning is prune.go. The operator's side (listing,
 // requeuing, releasing or skipping, the backlog, an aggregate's rows) is
@@ -46,7 +45,7 @@
 // consumes does not need. Every write of the inbox's lifecycle tables, lease
 // mode's included, is a transition of internal/state's state.go, the machine
 // written down once (docs/inbox.md draws it); the reads sit with the job
-// they serve (parking's in park.go, the lease applier's in pkg/inbox/lease).
+// they serve (parking's in settle.go, the lease applier's in pkg/inbox/lease).
 //
 // Consumer groups: a Consumer is one member of the Kafka consumer group in
 // its GroupConfig (kafka-go's consumer-group API). For every generation the
@@ -137,7 +136,7 @@
 //     aggregate. A requeue of the dead event
 //     (inboxadmin.RequeueDeadLetters) makes it apply, whatever the version
 //     guard says, and then releases the parked events in the order they
-//     arrived (park.go). Config.DeadKeys = DeadKeySkipAhead applies them at once
+//     arrived (internal/engine/settle.go). Config.DeadKeys = DeadKeySkipAhead applies them at once
 //     instead, for consumers whose events of one aggregate are independent.
 //   - Old payload versions are converted by registered Upcasters, so a
 //     handler only ever sees the current version.

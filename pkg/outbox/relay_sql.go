@@ -1,8 +1,8 @@
 package outbox
 
-// Every statement the polling relay runs, in one place: its wake-up
-// (LISTEN/NOTIFY and arming, relay_wake.go), its claim and marks
-// (relay_batch.go) and its partition ownership (ownership.go).
+// Every statement the polling relay (relay.go) runs, in one place: its
+// wake-up (LISTEN/NOTIFY and arming), its claim and marks, and its
+// partition ownership.
 
 // wakeFenceKey is the advisory lock (class advisoryLockClass) that orders
 // arming against writers checking whether to notify; migration 0004 takes it

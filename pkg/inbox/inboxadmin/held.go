@@ -14,7 +14,7 @@ import (
 
 // The way out of a held aggregate, for an operator. An aggregate is held
 // while a dead event of it is not requeued and applied: its later events
-// are parked (park.go). The normal way out is to fix the cause and requeue
+// are parked (settle.go). The normal way out is to fix the cause and requeue
 // the dead event (RequeueDeadLetters). When that cannot work — the dead
 // letter left the dead-letter topic through its retention, it cannot be
 // sent whole, the event is wrong for good — ReleaseHeld lets the parked

@@ -461,7 +461,7 @@ func (rq *requeuer) flush(ctx context.Context) error {
 			return fmt.Errorf("inbox: marking dead_lettered rows requeued: %w", err)
 		}
 		// The aggregates stay held until the requeued messages are applied;
-		// then their parked messages are released (park.go).
+		// then their parked messages are released (settle.go).
 		if _, err := state.Take(ctx, tx, &state.RequeueHold, consumers, ids); err != nil {
 			return fmt.Errorf("inbox: marking dead aggregates requeued: %w", err)
 		}

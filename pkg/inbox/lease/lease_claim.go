@@ -47,7 +47,7 @@ func (a *applier) leaseBatch(ctx context.Context, items []*leaseItem) {
 			return err
 		}
 		// A held aggregate's messages are left to planAlone, where each is
-		// parked or released on its own (park.go).
+		// parked or released on its own (settle.go).
 		fresh, err := a.unheld(ctx, tx, fresh)
 		if err != nil || len(fresh) == 0 {
 			return err

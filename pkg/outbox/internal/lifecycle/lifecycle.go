@@ -59,7 +59,7 @@
 // # The relay's ownership
 //
 // Polling relay: a logical partition is owned by whoever holds its session
-// advisory lock (outbox/ownership.go), and each claim first takes the partition's
+// advisory lock (outbox/relay.go), and each claim first takes the partition's
 // fence (fencePartitions), so a claim sees everything the previous claim
 // of that partition wrote, whoever held it. Log-based relay: the slot is
 // owned by the walsender that runs START_REPLICATION on it (Postgres

@@ -1,11 +1,21 @@
+// What the engine reports: its metrics and the spans around each message.
+
 package engine
 
 import (
+	"context"
+	"strconv"
 	"time"
 
-	"github.com/onceflow/onceflow/pkg/inbox/internal/state"
-
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/segmentio/kafka-go"
+	"go.opentelemetry.io/otel"
+	"go.opentelemetry.io/otel/attribute"
+	semconv "go.opentelemetry.io/otel/semconv/v1.37.0"
+	"go.opentelemetry.io/otel/trace"
+
+	"github.com/onceflow/onceflow/pkg/event"
+	"github.com/onceflow/onceflow/pkg/inbox/internal/state"
 )
 
 // Metrics are the consumers' Prometheus metrics, labelled by consumer name.
@@ -77,7 +87,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		gaps:      counter("inbox_version_gaps_total", "Events whose aggregate version skipped one or more versions."),
 		uncertain: counter("inbox_uncertain_total", "Leased messages whose side effect may or may not have happened; see the reconciliation report."),
 		serverSwitches: counter("inbox_server_switches_total",
-			"Times the consumer found its database on another server than the one it recorded (a failover, a restore, a restart). Lease mode: first deliveries of older messages then check before calling (lease/lease_server.go). Config.CommitReplicated: the offsets of the work done on the old server are dropped, uncommitted, and the consumer rejoins its group to read them again (group.go)."),
+			"Times the consumer found its database on another server than the one it recorded (a failover, a restore, a restart). Lease mode: first deliveries of older messages then check before calling (lease/lease_server.go). Config.CommitReplicated: the offsets of the work done on the old server are dropped, uncommitted, and the consumer rejoins its group to read them again (consume.go)."),
 		seconds: histogram("inbox_processing_seconds",
 			"Time to handle one message in a transaction of its own (a retry, lease mode, a batch of one), commit included.",
 			prometheus.ExponentialBuckets(0.0001, 2, 16)),
@@ -230,3 +240,24 @@ func EffectErrors(m *Metrics) *prometheus.CounterVec { return m.effectErrors }
 
 // EffectConnected is inbox_effect_connected.
 func EffectConnected(m *Metrics) *prometheus.GaugeVec { return m.effectConnected }
+
+// tracerScope names the consumer's spans (the instrumentation scope).
+const tracerScope = "github.com/onceflow/onceflow/pkg/inbox"
+
+// StartProcess starts the consumer span of one message: a child of the
+// trace context in its traceparent header (the producer's span), so the
+// trace goes on from the service that published the event. The handler's
+// ctx carries the span: events it enqueues store its traceparent, and calls
+// it makes continue the trace. Spans come from the process-wide tracer
+// provider (tracing.Setup); without one they are no-ops that pass the
+// header's context on unchanged.
+func (s *Shared) StartProcess(ctx context.Context, m kafka.Message, ev event.Envelope) (context.Context, trace.Span) {
+	return otel.GetTracerProvider().Tracer(tracerScope).Start(event.ContextWithTraceparent(ctx, ev.Traceparent),
+		"process "+m.Topic, trace.WithSpanKind(trace.SpanKindConsumer), trace.WithAttributes(
+			semconv.MessagingSystemKafka, semconv.MessagingOperationTypeProcess,
+			semconv.MessagingOperationName("process"), semconv.MessagingDestinationName(m.Topic),
+			semconv.MessagingConsumerGroupName(s.Config.Name), semconv.MessagingMessageID(ev.EventID.String()),
+			semconv.MessagingKafkaMessageKey(string(m.Key)), semconv.MessagingKafkaOffset(int(m.Offset)),
+			semconv.MessagingDestinationPartitionID(strconv.Itoa(m.Partition)),
+			attribute.String("onceflow.event_type", ev.EventType)))
+}
