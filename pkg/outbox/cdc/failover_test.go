@@ -51,6 +51,35 @@ func TestWALModeRefusesWritesUntilTheRelayHoldsASlotAgain(t *testing.T) {
 	})
 }
 
+// Issue 32: Emit's check must be for a slot a relay of this database
+// keeps (recorded in outbox_cdc_slots), not for any pgoutput slot: another
+// tool's slot in the same database (Debezium's, a subscription's, one made
+// by hand to look at the WAL) decodes the emitted message for that tool
+// only, and no relay publishes it. Before the fix such a slot satisfied
+// Emit while the relay's own was gone: the write was taken, and the event
+// kept by nothing the relay reads.
+func TestWALModeEmitIsNotSatisfiedByAnotherToolsSlot(t *testing.T) {
+	t.Parallel()
+	e := newCDCEnv(t, 1, 50)
+	cfg := e.config()
+	cfg.Mode = outbox.ModeWAL
+	e.loseSlot(t, cfg, emit) // "a"/1 published, then the relay's slot is gone
+	ctx := context.Background()
+	other := newSlot(t, e.Pool)
+	if _, err := e.Pool.Exec(ctx, `SELECT pg_create_logical_replication_slot($1, 'pgoutput')`, other); err != nil {
+		t.Fatal(err)
+	}
+
+	err := pgx.BeginFunc(ctx, e.Pool, func(tx pgx.Tx) error { return cdc.Emit(ctx, tx, newEvent("a", 2)) })
+	if !errors.Is(err, cdc.ErrNoSlot) {
+		t.Fatalf("Emit while only another tool's slot (%s) holds the database's WAL: got %v, want ErrNoSlot "+
+			"(the relay's slot %s is gone: the event would be decoded for that tool alone)", other, err, e.slot)
+	}
+	if err := newCDC(t, e.Pool, e.W, cfg).SlotReady(ctx); !errors.Is(err, cdc.ErrNoSlot) {
+		t.Fatalf("SlotReady while only another tool's slot exists: %v, want ErrNoSlot", err)
+	}
+}
+
 // Issue 32: on PostgreSQL 17 the relay creates its slot with FAILOVER, so
 // that a standby running with sync_replication_slots keeps a copy it
 // resumes from after a promotion (docs/operations.md); before 17 there is

@@ -60,6 +60,12 @@ func (e peerEnv) recvDrains(ctx context.Context, name string, mode outbox.RelayM
 	if _, err := pool.Exec(ctx, `SELECT pg_create_logical_replication_slot($1, 'pgoutput')`, name); err != nil {
 		return 0, 0, fmt.Errorf("creating slot %s: %w", name, err)
 	}
+	// Recorded as a relay's slot: Emit (WAL-only mode) is satisfied by no
+	// other (wal.SlotHeld).
+	if _, err := pool.Exec(ctx, `INSERT INTO outbox_cdc_slots (slot_name, confirmed_lsn)
+		SELECT slot_name, confirmed_flush_lsn FROM pg_replication_slots WHERE slot_name = $1`, name); err != nil {
+		return 0, 0, fmt.Errorf("recording slot %s: %w", name, err)
+	}
 	recv, err := startRecv(ctx, e.recvBin, dbURL, name, filepath.Join(e.work, name+".stderr"))
 	if err != nil {
 		return 0, 0, err

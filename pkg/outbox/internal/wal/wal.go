@@ -58,8 +58,8 @@ const (
 // Transactional (true): the message is decoded at the transaction's commit,
 // in commit order with the transaction's other changes, and never if it
 // rolls back. It emits nothing, and returns no row, unless the server holds
-// a slot that decodes it (SlotHeld): after a failover to a
-// server without the relay's slot, the write is refused, not lost.
+// the relay's slot, which decodes it (SlotHeld): after a failover to a
+// server without it, the write is refused, not lost.
 const emitEvent = `
 SELECT pg_logical_emit_message(true, $1::text,
     $2::bytea || int8send((extract(epoch FROM clock_timestamp()) * 1000000)::bigint) || convert_to($3::jsonb::text, 'UTF8'))
@@ -126,17 +126,21 @@ func NoSlotErr(what string) error {
 		&pgconn.PgError{Severity: "ERROR", Code: "57P03", Message: "no logical replication slot holds this database's WAL yet"})
 }
 
-// SlotHeld is true when the current database has a pgoutput slot that
-// reached a consistent position (confirmed_flush_lsn is set once it did:
-// a transaction that sees it, and writes after, is decoded) and is not
-// lost. Read in the writer's own transaction, it is about the server that
-// transaction commits on.
+// SlotHeld is true when the current database has a slot its relay keeps
+// (one recorded in outbox_cdc_slots, which the relay writes before it
+// creates a slot) that reached a consistent position (confirmed_flush_lsn
+// is set once it did: a transaction that sees it, and writes after, is
+// decoded) and is not lost. Any other pgoutput slot of the database
+// (Debezium's, a subscription's, one made by hand to look at the WAL)
+// decodes what Emit writes for its own reader only, and does not count
+// (TestWALModeEmitIsNotSatisfiedByAnotherToolsSlot). Read in the writer's
+// own transaction, it is about the server that transaction commits on.
 const SlotHeld = `SELECT ` + SlotHeldExpr
 
 // SlotHeldExpr is SlotHeld's condition, for a statement's WHERE.
-const SlotHeldExpr = `EXISTS (SELECT 1 FROM pg_replication_slots
-               WHERE database = current_database() AND slot_type = 'logical' AND plugin = 'pgoutput'
-                 AND confirmed_flush_lsn IS NOT NULL AND wal_status IS DISTINCT FROM 'lost')`
+const SlotHeldExpr = `EXISTS (SELECT 1 FROM pg_replication_slots s JOIN outbox_cdc_slots r ON r.slot_name = s.slot_name
+               WHERE s.database = current_database() AND s.slot_type = 'logical' AND s.plugin = 'pgoutput'
+                 AND s.confirmed_flush_lsn IS NOT NULL AND s.wal_status IS DISTINCT FROM 'lost')`
 
 // CheckSlotHeld returns NoSlotErr unless q's server holds a slot (SlotHeld).
 func CheckSlotHeld(ctx context.Context, q interface {
