@@ -394,7 +394,7 @@ func (n *nemesisRun) apply(ctx context.Context, s step) {
 		defer n.release(keys...)
 		rec := check.Record{Kind: check.KindFault, Fault: s.Kind, Target: s.Target, At: time.Now(), Detail: s.Param}
 		if s.Kind == NemPGFailover {
-			rec.Mode = string(n.h.stack.HA) // what check/failover.go allows it to take back
+			rec.Mode = n.pgFailoverMode() // what check/failover.go allows it to take back
 		}
 		detail, err := n.run(ctx, s)
 		if detail != "" {

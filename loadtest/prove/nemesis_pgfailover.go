@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"net/http"
+	"os"
 	"slices"
 	"strings"
 	"time"
@@ -57,6 +58,20 @@ func schedulePGFailover(s *step, dur func(lo, hi time.Duration) time.Duration) {
 }
 
 // pgFailover runs the fault and measures the resumption.
+// pgFailoverMode is a failover's Mode in the history: the replication,
+// then the words check/failover.go reads (check.ModeReplicated,
+// check.ModeNoSlotSync).
+func (n *nemesisRun) pgFailoverMode() string {
+	mode := string(n.h.stack.HA)
+	if n.h.opts.PublishReplicated {
+		mode += " " + check.ModeReplicated
+	}
+	if os.Getenv("ONCEFLOW_PG_VERSION") != "17" {
+		mode += " " + check.ModeNoSlotSync
+	}
+	return mode
+}
+
 func (n *nemesisRun) pgFailover(ctx context.Context, s step) (string, error) {
 	stack := n.h.stack
 	if stack.HA == PGNoStandby {

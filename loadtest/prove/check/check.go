@@ -192,7 +192,7 @@ func Check(history []Record) Result {
 			keyBooked[rec.Key]++
 		}
 	}
-	windows := asyncWindows(faults)
+	windows := asyncWindows(faults, res.Mode)
 	takenBackIDs := map[string]bool{}
 	for _, id := range ids {
 		v := views[id]
@@ -200,9 +200,9 @@ func Check(history []Record) Result {
 			res.Orders++
 		}
 		fs := v.check(keyBooked)
-		if len(fs) > 0 && len(windows) > 0 && v.exposed(windows) {
+		if w, exposed := v.exposed(windows); len(fs) > 0 && exposed {
 			var excused int
-			if fs, excused = v.takenBack(fs); excused > 0 {
+			if fs, excused = v.takenBack(fs, w); excused > 0 {
 				res.TakenBack++
 				takenBackIDs[id] = true
 			}

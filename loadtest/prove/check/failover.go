@@ -2,6 +2,7 @@ package check
 
 import (
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -29,31 +30,57 @@ import (
 //     synchronized_standby_slots stops for the log-based relays), and any
 //     duplicate or order violation (a redone charge must be the same
 //     payment under the same key).
+//   - Asynchronous replication with the services holding back what the
+//     standby does not have (Mode's word "replicated": the relays publish
+//     and the consumers commit offsets only past what the standby flushed):
+//     then a loss downstream of an order the database kept is the
+//     platform's too, since what was consumed and lost is read again. An
+//     order that survived keeps every finding, except in WAL-only mode
+//     when the server has no failover slots (Mode's word "noslotsync":
+//     PostgreSQL before 17), where the events committed and not yet
+//     published when the slot went are lost, as documented
+//     (outbox_slot_lost_unrecoverable_total).
 const FaultPGFailover = "pgfailover"
+
+// The words a pgfailover fault's Mode may hold after its replication.
+const (
+	ModeReplicated = "replicated" // the services run with Standby.PublishReplicated and CommitReplicated
+	ModeNoSlotSync = "noslotsync" // the promoted server has no copy of a logical slot (before PostgreSQL 17)
+)
 
 // failoverSlack widens a window at both ends: a commit acknowledged at the
 // edge, a timestamp taken a moment off.
 const failoverSlack = 5 * time.Second
 
-// window is an asynchronous failover's exposure.
-type window struct{ from, to time.Time }
+// window is an asynchronous failover's exposure, and what the platform
+// held back across it (the words of its Mode).
+type window struct {
+	from, to time.Time
+	// keptSurvivors: the services held back what the standby did not have,
+	// so an order the database kept loses nothing downstream either.
+	keptSurvivors bool
+}
 
-// asyncWindows are the exposures of the asynchronous failovers in faults.
-func asyncWindows(faults []Record) []window {
+// asyncWindows are the exposures of the asynchronous failovers in faults;
+// relayMode is the run's (Result.Mode).
+func asyncWindows(faults []Record, relayMode string) []window {
 	var out []window
 	for _, f := range faults {
-		if f.Fault != FaultPGFailover || f.Mode != "async" || f.At.IsZero() {
+		words := strings.Fields(f.Mode)
+		if f.Fault != FaultPGFailover || len(words) == 0 || words[0] != "async" || f.At.IsZero() {
 			continue
 		}
 		killed := f.At.Add(time.Duration(f.Seconds * float64(time.Second)))
-		out = append(out, window{f.At.Add(-failoverSlack), killed.Add(failoverSlack)})
+		w := window{from: f.At.Add(-failoverSlack), to: killed.Add(failoverSlack)}
+		w.keptSurvivors = slices.Contains(words, ModeReplicated) && (relayMode != "wal" || !slices.Contains(words, ModeNoSlotSync))
+		out = append(out, w)
 	}
 	return out
 }
 
-// exposed reports whether any of the order's timed records (a client's
-// call, a message, a booking) falls in one of ws.
-func (v *orderView) exposed(ws []window) bool {
+// exposed returns the first of ws that any of the order's timed records (a
+// client's call, a message, a booking) falls in.
+func (v *orderView) exposed(ws []window) (window, bool) {
 	for _, r := range v.records {
 		switch r.Kind {
 		case KindPlace, KindCancel, KindMessage, KindBooking:
@@ -62,19 +89,26 @@ func (v *orderView) exposed(ws []window) bool {
 		}
 		for _, w := range ws {
 			if !r.At.Before(w.from) && !r.At.After(w.to) {
-				return true
+				return w, true
 			}
 		}
 	}
-	return false
+	return window{}, false
 }
 
 // takenBack splits an exposed order's findings into those an asynchronous
 // failover explains (losses inside Postgres) and those it does not. An
 // order the orders database no longer has while its effects exist outside
 // Postgres keeps its atomicity findings: published from a commit the
-// standby never had.
-func (v *orderView) takenBack(fs []Finding) (kept []Finding, excused int) {
+// standby never had. An order the database kept keeps every finding when
+// the services held back what the standby did not have (w.keptSurvivors).
+func (v *orderView) takenBack(fs []Finding, w window) (kept []Finding, excused int) {
+	if w.keptSurvivors && v.row != nil {
+		for i := range fs {
+			fs[i].What += " (the order survived the asynchronous failover, and the services held back what the standby did not have: nothing downstream of it may be lost)"
+		}
+		return fs, 0
+	}
 	escaped := v.row == nil && (countType(distinctEvents(v.messages["orders"]), orderPlaced) > 0 || v.charge != nil || len(v.bookings) > 0)
 	for _, f := range fs {
 		switch {

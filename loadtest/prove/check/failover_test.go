@@ -51,7 +51,20 @@ func TestFailoverRules(t *testing.T) {
 	reconcile := func(ids string) check.Record {
 		return check.Record{Kind: check.KindReconcile, Outcome: check.Findings, Detail: "order_without_charge in billing: 1 (" + ids + ")"}
 	}
+	walRun := func(extra ...[]check.Record) []check.Record {
+		h := run(extra...)
+		h[0].Mode = "wal"
+		return h
+	}
 	tests = append(tests,
+		test{"async replicated: a surviving order's lost charge is a finding", run([]check.Record{failover("async replicated", t0.Add(-time.Second)), reconcile("c")}, charged),
+			map[string]int{check.Loss: 1, check.Unresolved: 1}, 0},
+		test{"async replicated, no failover slots, poll: the same", run([]check.Record{failover("async replicated noslotsync", t0.Add(-time.Second)), reconcile("c")}, charged),
+			map[string]int{check.Loss: 1, check.Unresolved: 1}, 0},
+		test{"async replicated, no failover slots, WAL-only: the lost slot's documented loss", walRun([]check.Record{failover("async replicated noslotsync", t0.Add(-time.Second)), reconcile("c")}, charged),
+			nil, 1},
+		test{"async replicated: an acknowledged order in the window may still be taken back", run([]check.Record{failover("async replicated", t0.Add(-time.Second))}, vanished),
+			nil, 1},
 		test{"async: reconciliation of a taken-back charge", run([]check.Record{failover("async", t0.Add(-time.Second)), reconcile("c")}, charged), nil, 1},
 		test{"async: reconciliation of another order", run([]check.Record{failover("async", t0.Add(-time.Second)), reconcile("x")}, charged),
 			map[string]int{check.Unresolved: 1}, 1},
