@@ -466,8 +466,8 @@ func (r *Relay) markDead(ctx context.Context, e cdcEvent, cause error) (refused 
 			return "", err
 		}
 		switch {
-		case state != nil && *state == lifecycle.StateDead:
-			return "the row is dead already", nil
+		case state != nil && *state != lifecycle.StatePending:
+			return "the row is " + *state + " already", nil
 		case copied:
 			return "the row was requeued: its copy carries the event", nil
 		case state != nil:
