@@ -21,6 +21,10 @@
 //     dead letters, parked messages), with the oldest few of each.
 //   - MessagesOf returns the inbox rows of one aggregate: an event's status.
 //
+// Pruning once, now (a service prunes in the background with
+// inbox.NewPruner):
+//   - Prune removes the rows of handled events past their retention.
+//
 // Every write here is a transition of the inbox's state machine
 // (pkg/inbox/internal/state, drawn in docs/inbox.md), the same the
 // consumers make, so an operator racing a consumer or another operator
