@@ -10,7 +10,7 @@
 //     ones only unless named by event id, in calls of at most
 //     MaxRequeueLimit that go on from a cursor.
 //
-// Aggregates held behind a dead message (inbox.Config.DeadKeys, DeadKeyPark):
+// Aggregates held behind a dead message (unless inbox.Config.SkipAheadOfDead):
 //   - ListParked lists the messages waiting behind it.
 //   - ReleaseHeld lets them go, leaving the dead message dead; SkipHeld
 //     gives up on the dead and the parked alike, recorded skipped. Either

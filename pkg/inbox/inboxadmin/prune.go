@@ -8,7 +8,7 @@ import (
 )
 
 // Prune removes processed, stale (skipped by the version guard, under
-// inbox.StaleSkip) and skipped (by an operator) rows whose
+// inbox.Config.SkipStale) and skipped (by an operator) rows whose
 // processed_at is older than cfg.Retention, and the originals kept for
 // truncated dead letters that are no longer dead, and returns how many rows
 // it removed. Dead-lettered, requeued, leased and uncertain rows are never
