@@ -74,7 +74,7 @@ func TestABatchSettlesDuplicatesStaleGapsAndAFailureLikeOneByOne(t *testing.T) {
 		}
 		return f.recordEffect(ctx, tx, ev)
 	}, inbox.Config{Workers: 1, BatchSize: 100, BackoffMin: time.Millisecond, BackoffMax: 5 * time.Millisecond,
-		Gaps: inbox.GapAccept, Stale: inbox.StaleSkip}) // the opt-ins, whose outcomes the fast path must match
+		AcceptGaps: true, SkipStale: true}) // the opt-ins, whose outcomes the fast path must match
 
 	settled := func(n int) func() (bool, error) {
 		return func() (bool, error) {

@@ -24,7 +24,6 @@ func TestConfigValidate(t *testing.T) {
 		{"negative workers", inbox.Config{Name: "c", Workers: -1}, "Workers is negative"},
 		{"negative batch size", inbox.Config{Name: "c", BatchSize: -1}, "BatchSize is negative"},
 		{"negative shutdown grace", inbox.Config{Name: "c", ShutdownGrace: -time.Second}, "ShutdownGrace is negative"},
-		{"unknown gap policy", inbox.Config{Name: "c", Gaps: 7}, "neither GapWait nor GapAccept"},
 		{"backoff bounds crossed", inbox.Config{Name: "c", BackoffMin: time.Minute}, "BackoffMin (1m0s) exceeds BackoffMax (5s)"},
 	}
 	checkValidateCases(t, tests)

@@ -105,11 +105,11 @@
 //     parallel, but each key always goes to the same worker. With the version
 //     guard on (the default), an event at or below the aggregate version this
 //     consumer already applied (another event id) is dead-lettered with its
-//     reason, holding nothing back (Config.Stale; StaleSkip skips it,
-//     counted, as an opt-in); a jump of more than one is a gap: by default
-//     (GapWait) the event waits a bounded time (MaxAttempts retries), then
-//     is dead-lettered and its successors park behind it; GapAccept
-//     applies it at once, reported, as an opt-in. The lifecycle of every
+//     reason, holding nothing back (Config.SkipStale skips it, counted, as
+//     an opt-in); a jump of more than one is a gap: by default the event
+//     waits a bounded time (MaxAttempts retries), then is dead-lettered and
+//     its successors park behind it; Config.AcceptGaps applies it at once,
+//     reported, as an opt-in. The lifecycle of every
 //     inbox row, with who may move it, is internal/state's state.go (docs/inbox.md draws it).
 //   - Throughput: a worker handles up to BatchSize messages in one
 //     transaction. It first tries the whole batch with set-based inbox work
@@ -136,8 +136,9 @@
 //     aggregate. A requeue of the dead event
 //     (inboxadmin.RequeueDeadLetters) makes it apply, whatever the version
 //     guard says, and then releases the parked events in the order they
-//     arrived (internal/engine/settle.go). Config.DeadKeys = DeadKeySkipAhead applies them at once
-//     instead, for consumers whose events of one aggregate are independent.
+//     arrived (internal/engine/settle.go). Config.SkipAheadOfDead applies
+//     them at once instead, for consumers whose events of one aggregate are
+//     independent.
 //   - Old payload versions are converted by registered Upcasters, so a
 //     handler only ever sees the current version.
 //

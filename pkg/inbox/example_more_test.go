@@ -58,35 +58,6 @@ func ExampleConsumer_Handle() {
 	// charges: 1
 }
 
-// Handled events' rows are what make a redelivery a no-op, so they are kept
-// for a retention window longer than any redelivery, then pruned. A service
-// runs this in the background with NewPruner(pool, cfg).Run(ctx).
-func ExamplePrune() {
-	ctx := context.Background()
-	pool, brokers, topic, cleanup := exampleSetup(ctx)
-	defer cleanup()
-	w := testenv.NewWriter(brokers, 10)
-	defer w.Close()
-	nothing := func(context.Context, pgx.Tx, event.Envelope) error { return nil }
-	c, err := billingConsumer(pool, w, brokers, topic, nothing)
-	if err != nil {
-		fmt.Println(err)
-		return
-	}
-	if err := c.Handle(ctx, event.ToKafka(topic, exampleEvent("order-1")), event.ToKafka(topic, exampleEvent("order-2"))); err != nil {
-		fmt.Println(err)
-		return
-	}
-	// Stand in for time: one of them was handled 31 days ago.
-	if _, err := pool.Exec(ctx, `UPDATE inbox_messages SET processed_at = now() - interval '31 days' WHERE aggregate_id = 'order-1'`); err != nil {
-		fmt.Println(err)
-		return
-	}
-	n, err := inbox.Prune(ctx, pool, inbox.PruneConfig{Retention: 30 * 24 * time.Hour})
-	fmt.Println("pruned:", n, err)
-	// Output: pruned: 1 <nil>
-}
-
 // Constructors refuse a configuration no consumer can run with; Validate
 // says why before anything starts.
 func ExampleConfig_Validate() {

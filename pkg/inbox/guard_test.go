@@ -19,7 +19,7 @@ import (
 	"github.com/onceflow/onceflow/pkg/testenv"
 )
 
-func TestOneKeyInVersionOrderAcrossWorkersAndStaleSkipped(t *testing.T) {
+func TestOneKeyInVersionOrderAcrossWorkersAndStaleEventsSkipped(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t)
 	var msgs []kafka.Message
@@ -42,7 +42,7 @@ func TestOneKeyInVersionOrderAcrossWorkersAndStaleSkipped(t *testing.T) {
 			mu.Unlock()
 		}
 		return f.recordEffect(ctx, tx, ev)
-	}, inbox.Config{Workers: 4, BatchSize: 50, Stale: inbox.StaleSkip}) // the opt-in: skipped, counted
+	}, inbox.Config{Workers: 4, BatchSize: 50, SkipStale: true}) // the opt-in: skipped, counted
 
 	testenv.WaitFor(t, 60*time.Second, "all 2001 messages", func() (bool, error) {
 		return testenv.MetricValue(t, f.Registry, "inbox_processed_total")+
@@ -161,7 +161,7 @@ func TestVersionGapsAreReportedOrWaitedFor(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t)
 	f.Produce(t, event.ToKafka(f.Topic, inboxtesting.NewEvent("g", 1)), event.ToKafka(f.Topic, inboxtesting.NewEvent("g", 3)))
-	f.run(t, f.recordEffect, inbox.Config{Gaps: inbox.GapAccept})
+	f.run(t, f.recordEffect, inbox.Config{AcceptGaps: true})
 	testenv.WaitFor(t, 30*time.Second, "both events, the gap reported", func() (bool, error) {
 		return f.Count(t, "SELECT count(*) FROM effects") == 2 &&
 			testenv.MetricValue(t, f.Registry, "inbox_version_gaps_total") == 1, nil
@@ -170,7 +170,7 @@ func TestVersionGapsAreReportedOrWaitedFor(t *testing.T) {
 	g := newFixture(t)
 	dlt := testenv.NewTopic(t, g.Brokers, 1)
 	g.Produce(t, event.ToKafka(g.Topic, inboxtesting.NewEvent("g", 1)), event.ToKafka(g.Topic, inboxtesting.NewEvent("g", 3)))
-	g.run(t, g.recordEffect, inbox.Config{Gaps: inbox.GapWait, MaxAttempts: 3, BackoffMin: time.Millisecond,
+	g.run(t, g.recordEffect, inbox.Config{AcceptGaps: false, MaxAttempts: 3, BackoffMin: time.Millisecond,
 		BackoffMax: 2 * time.Millisecond, DeadLetterTopic: dlt})
 	testenv.WaitFor(t, 30*time.Second, "the gapped event to be retried, then dead-lettered", func() (bool, error) {
 		return testenv.MetricValue(t, g.Registry, "inbox_dead_lettered_total") == 1, nil

@@ -265,7 +265,7 @@ func TestSkipHeldRecordsTheDeadAndParkedEventsSkipped(t *testing.T) {
 // it comes, is applied, and the requeued one after it. An older event that
 // arrives after a newer one was applied is dead-lettered with its reason,
 // holding nothing back; its requeue applies it.
-func TestByDefaultAGapWaitsThenParksAndAStaleEventIsDeadLettered(t *testing.T) {
+func TestByDefaultAGapIsWaitedForThenParksAndAStaleEventIsDeadLettered(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t)
 	dlt := testenv.NewTopic(t, f.Brokers, 1)

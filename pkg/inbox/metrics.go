@@ -16,9 +16,9 @@ import (
 //   - invalid: the envelope or payload broke the contract (event.ErrInvalid);
 //   - permanent: the handler said retrying cannot help (Permanent);
 //   - exhausted: a transient failure outlasted Config.MaxAttempts (among
-//     them a version gap that was never filled, under GapWait);
+//     them a version gap that was never filled, Config.AcceptGaps false);
 //   - stale: an older event arrived after a newer one of its aggregate was
-//     applied (StaleDeadLetter).
+//     applied (Config.SkipStale false).
 type Metrics = engine.Metrics
 
 // NewMetrics creates the consumer metrics and registers them on reg (nil:

@@ -128,7 +128,7 @@ func TestAKeyWhoseEarlierVersionIsDeadIsParkedUntilItsRequeue(t *testing.T) {
 	})
 }
 
-// A consumer that skips ahead (Config.DeadKeys = DeadKeySkipAhead) applies
+// A consumer that skips ahead (Config.SkipAheadOfDead) applies
 // a dead event's successors at once, parks nothing, and still applies the
 // dead event when an operator requeues it, although its version guard has
 // moved past it. In both modes.
@@ -139,7 +139,7 @@ func TestASkipAheadConsumerAppliesSuccessorsAndTheRequeuedEventOnce(t *testing.T
 		a1, a2 := inboxtesting.NewEvent("a", 1), inboxtesting.NewEvent("a", 2)
 		all := map[uuid.UUID]event.Envelope{a1.EventID: a1, a2.EventID: a2}
 		apply, repair := refusedUntilRepaired(a1)
-		cfg := inbox.Config{Name: "skip-" + mode, DeadLetterTopic: dlt, DeadKeys: inbox.DeadKeySkipAhead}
+		cfg := inbox.Config{Name: "skip-" + mode, DeadLetterTopic: dlt, SkipAheadOfDead: true}
 		inboxtesting.RunUntilCleanup(t, f.modeConsumer(t, mode, f.Pool, testenv.Name("group"), apply, cfg))
 		f.Produce(t, event.ToKafka(f.Topic, a1), event.ToKafka(f.Topic, a2))
 

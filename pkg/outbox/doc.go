@@ -42,10 +42,11 @@
 //     is marked dead, counted and logged, and never retried silently.
 //   - Outages are waited out: Run returns only when its context ends.
 //
-// Prune's errors wrap ErrUnavailable while Postgres is unreachable, which
-// callers test with errors.Is; driver errors are translated in one file
-// (errors.go). The operator's side — list and requeue dead events, replay
-// published ones, read the backlog and an aggregate's events — is package
+// A prune's errors (logged by a Pruner, returned by outboxadmin.Prune) wrap
+// ErrUnavailable while Postgres is unreachable, which callers test with
+// errors.Is; driver errors are translated in one file (errors.go). The
+// operator's side — list and requeue dead events, replay published ones,
+// read the backlog and an aggregate's events, prune once — is package
 // outbox/outboxadmin, which a service that only enqueues, relays and
 // prunes never needs; platform/outboxhttp serves it over HTTP.
 //

@@ -10,8 +10,9 @@ import (
 // errors.Is and never look at driver errors: the store boundary of the
 // outbox is this file, where Postgres's errors become these.
 var (
-	// ErrUnavailable is wrapped by the error of Prune, and of an operator
-	// function (package outboxadmin), that could not reach Postgres
+	// ErrUnavailable is wrapped by the error of a prune (a Pruner's run,
+	// outboxadmin.Prune), and of an operator function (package
+	// outboxadmin), that could not reach Postgres
 	// (pgerr.IsUnavailable): worth retrying, and nobody's fault in the
 	// request.
 	ErrUnavailable = errors.New("outbox: database unavailable")

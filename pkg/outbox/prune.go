@@ -11,20 +11,22 @@ import (
 
 	"github.com/onceflow/onceflow/pkg/internal/knob"
 	"github.com/onceflow/onceflow/pkg/internal/prune"
+	"github.com/onceflow/onceflow/pkg/outbox/internal/pruning"
 )
 
-// DB is what Prune, NewPruner and the operator functions (package
-// outboxadmin) need from the caller's database handle. *pgxpool.Pool,
-// *pgx.Conn and pgx.Tx all satisfy it; given a pgx.Tx, the changes commit
-// with the caller's transaction (and Prune's batches are no longer separate
-// transactions).
+// DB is what NewPruner and the operator functions (package outboxadmin,
+// its one-shot Prune among them) need from the caller's database handle.
+// *pgxpool.Pool, *pgx.Conn and pgx.Tx all satisfy it; given a pgx.Tx, the
+// changes commit with the caller's transaction (and a prune's batches are
+// no longer separate transactions).
 type DB interface {
 	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
 	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
 	Begin(ctx context.Context) (pgx.Tx, error)
 }
 
-// PruneConfig configures Prune. Zero fields take the documented defaults.
+// PruneConfig is what a prune removes: each run of a Pruner, or one
+// outboxadmin.Prune. Zero fields take the documented defaults.
 type PruneConfig struct {
 	// Retention is how long a published row is kept after publication, the
 	// window in which it can still be replayed. Default 7 days.
@@ -73,35 +75,6 @@ func (c PruneConfig) Validate() error {
 	return knob.RefuseNegative("outbox: PruneConfig", c)
 }
 
-// Prune removes published rows older than cfg.Retention (by published_at),
-// and with cfg.PendingRetention set pending rows older than that (by
-// created_at), deleting or archiving them per cfg.Archive, and returns how
-// many it removed. Dead rows are never touched, however old, and pending
-// ones only as PendingRetention says: they are work not yet done. It works
-// oldest first in batches of cfg.BatchSize, each its own statement and short
-// transaction, until a batch comes up short, so an interrupted Prune keeps
-// what it removed and the next one resumes.
-//
-// On error the count is what the batches before the failure removed.
-func Prune(ctx context.Context, db DB, cfg PruneConfig) (int, error) {
-	if err := cfg.Validate(); err != nil {
-		return 0, err
-	}
-	cfg = cfg.WithDefaults()
-	total, err := prune.Batches(ctx, db, pruneStatement(publishedDoomed, cfg.Archive), cfg.Retention, cfg.BatchSize)
-	if err != nil {
-		return total, storeErr("pruning published events", err)
-	}
-	if cfg.PendingRetention == 0 {
-		return total, nil
-	}
-	n, err := prune.Batches(ctx, db, pruneStatement(pendingDoomed, cfg.Archive), cfg.PendingRetention, cfg.BatchSize)
-	if err != nil {
-		err = storeErr("pruning pending events", err)
-	}
-	return total + n, err
-}
-
 // PrunerConfig configures a Pruner: PruneConfig is what each run prunes
 // (see its fields' defaults), Interval the time between runs (default 1h),
 // Logger receives each run's outcome (default slog.Default()). Zero fields
@@ -109,10 +82,10 @@ func Prune(ctx context.Context, db DB, cfg PruneConfig) (int, error) {
 // pruners share it (pkg/internal/prune).
 type PrunerConfig = prune.Config[PruneConfig]
 
-// Pruner runs Prune in the background, once at start and then every
-// Interval, until the ctx of its Run(ctx) ends. Several instances may run
-// at once: batches skip rows another holds, so they share the work rather
-// than collide.
+// Pruner prunes in the background (what outboxadmin.Prune does once), at
+// start and then every Interval, until the ctx of its Run(ctx) ends.
+// Several instances may run at once: batches skip rows another holds, so
+// they share the work rather than collide.
 type Pruner = prune.Pruner
 
 // NewPruner returns a pruner of the outbox in db.
@@ -122,11 +95,12 @@ func NewPruner(db DB, cfg PrunerConfig) (*Pruner, error) {
 		if c.PendingRetention > 0 {
 			what = "published and expired pending events"
 		}
+		rows := pruning.Rows{Retention: c.Retention, PendingRetention: c.PendingRetention, BatchSize: c.BatchSize, Archive: c.Archive}
 		return prune.Run{
 			What: what,
 			Attrs: []slog.Attr{slog.Bool("archive", c.Archive), slog.Duration("retention", c.Retention),
 				slog.Duration("pending_retention", c.PendingRetention)},
-			Once: func(ctx context.Context) (int, error) { return Prune(ctx, db, c) },
+			Once: func(ctx context.Context) (int, error) { return pruning.Once(ctx, db, rows, storeErr) },
 		}
 	})
 }

@@ -239,7 +239,7 @@ func TestHandleBatchWritesWhatHandleWritesOneByOne(t *testing.T) {
 	// The guard's opt-ins (skip the stale re-emission, accept the gap to
 	// v3): this test compares the handlers, not the guard; by default both
 	// would be dead-lettered before either handler saw them (pkg/inbox).
-	cfg := inbox.Config{Name: "billing", Stale: inbox.StaleSkip, Gaps: inbox.GapAccept}
+	cfg := inbox.Config{Name: "billing", SkipStale: true, AcceptGaps: true}
 
 	one, onePool := newBilling(t)
 	var oneDead int

@@ -10,7 +10,7 @@
 //     ones only unless named by event id, in calls of at most
 //     MaxRequeueLimit that go on from a cursor.
 //
-// Aggregates held behind a dead message (inbox.Config.DeadKeys, DeadKeyPark):
+// Aggregates held behind a dead message (unless inbox.Config.SkipAheadOfDead):
 //   - ListParked lists the messages waiting behind it.
 //   - ReleaseHeld lets them go, leaving the dead message dead; SkipHeld
 //     gives up on the dead and the parked alike, recorded skipped. Either
@@ -20,6 +20,10 @@
 //   - Backlog counts what needs attention (expired leases, uncertain rows,
 //     dead letters, parked messages), with the oldest few of each.
 //   - MessagesOf returns the inbox rows of one aggregate: an event's status.
+//
+// Pruning once, now (a service prunes in the background with
+// inbox.NewPruner):
+//   - Prune removes the rows of handled events past their retention.
 //
 // Every write here is a transition of the inbox's state machine
 // (pkg/inbox/internal/state, drawn in docs/inbox.md), the same the

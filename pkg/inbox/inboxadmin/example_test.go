@@ -78,3 +78,40 @@ func ExampleBacklog() {
 	// uncertain: 0
 	// dead letters over a day old: 0
 }
+
+// Handled events' rows are what make a redelivery a no-op, so they are kept
+// for a retention window longer than any redelivery, then pruned. A service
+// runs this in the background with inbox.NewPruner(pool, cfg).Run(ctx).
+func ExamplePrune() {
+	ctx := context.Background()
+	pool, brokers, topic, cleanup := exampleSetup(ctx)
+	defer cleanup()
+	w := testenv.NewWriter(brokers, 10)
+	defer w.Close()
+	nothing := func(context.Context, pgx.Tx, event.Envelope) error { return nil }
+	src := inbox.GroupConfig{Brokers: brokers, Topic: topic, Group: topic + "-group"}
+	c, err := inbox.NewConsumer(pool, src, w, nothing, inbox.Config{Name: "billing"})
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	if err := c.Handle(ctx, event.ToKafka(topic, paymentCaptured("order-1")), event.ToKafka(topic, paymentCaptured("order-2"))); err != nil {
+		fmt.Println(err)
+		return
+	}
+	// Stand in for time: one of them was handled 31 days ago.
+	if _, err := pool.Exec(ctx, `UPDATE inbox_messages SET processed_at = now() - interval '31 days' WHERE aggregate_id = 'order-1'`); err != nil {
+		fmt.Println(err)
+		return
+	}
+	n, err := inboxadmin.Prune(ctx, pool, inbox.PruneConfig{Retention: 30 * 24 * time.Hour})
+	fmt.Println("pruned:", n, err)
+	// Output: pruned: 1 <nil>
+}
+
+func paymentCaptured(orderID string) event.Envelope {
+	return event.Envelope{
+		EventID: uuid.New(), EventType: "PaymentCaptured", EventVersion: 1, AggregateType: "payment",
+		AggregateID: orderID, AggregateVersion: 1, OccurredAt: time.Now(), Payload: []byte(`{}`),
+	}
+}

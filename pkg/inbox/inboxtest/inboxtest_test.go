@@ -64,14 +64,14 @@ func TestDeliverRunsTheRealInboxPath(t *testing.T) {
 
 	// The version guard: an older version than the last applied (another
 	// event id) is dead-lettered, visibly, with its reason (the default,
-	// StaleDeadLetter), or skipped as stale when the consumer opts in.
+	// SkipStale false), or skipped as stale when the consumer opts in.
 	old := ev("a", 1)
 	if dl := inboxtest.Deliver(t, pool, cfg, record, old); len(dl) != 1 {
 		t.Fatalf("an older version gave %d dead letters, want 1", len(dl))
 	}
 	inboxtest.RequireStatus(t, pool, "billing", old.EventID, "dead_lettered")
 	older := ev("a", 1)
-	inboxtest.Deliver(t, pool, inbox.Config{Name: "billing", Stale: inbox.StaleSkip}, record, older)
+	inboxtest.Deliver(t, pool, inbox.Config{Name: "billing", SkipStale: true}, record, older)
 	inboxtest.RequireStatus(t, pool, "billing", older.EventID, "stale")
 
 	// A permanent failure is dead-lettered, and the handler's work undone.

@@ -325,7 +325,7 @@ func (w *world) final(ctx context.Context) error {
 			return fmt.Errorf("stranded: the aggregate of %s is held, but its row is %q, not a requeueable dead letter", w.label(id), orNone(st[id]))
 		}
 	}
-	// A stale dead letter (StaleDeadLetter) is right only behind a later
+	// A stale dead letter (SkipStale false) is right only behind a later
 	// version of the same aggregate type that was applied: "dead and
 	// visible" is not enough of an end for an event the guard skipped over
 	// by mistake.

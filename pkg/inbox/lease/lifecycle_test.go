@@ -119,7 +119,7 @@ func TestALeaseThatCannotBeMarkedDoneEndsUncertainNotLeased(t *testing.T) {
 // the dead one as a requeue: its row stays requeued, with its attempts and
 // reason, not deleted and turned into a parked first delivery; and the
 // requeue of the dead one then applies both.
-func TestARequeuedStaleDeadLetterBehindAnotherDeadEventKeepsItsRow(t *testing.T) {
+func TestARequeuedDeadLetterOfAStaleEventBehindAnotherDeadEventKeepsItsRow(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t)
 	dlt := testenv.NewTopic(t, f.Brokers, 1)

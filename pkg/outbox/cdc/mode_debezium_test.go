@@ -37,7 +37,7 @@ func TestPruneRemovesPendingRowsOnlyPastPendingRetention(t *testing.T) {
 			)
 
 			// Without PendingRetention no pending row is touched, however old.
-			n, err := outbox.Prune(ctx, pool, outbox.PruneConfig{Archive: archive})
+			n, err := outboxadmin.Prune(ctx, pool, outbox.PruneConfig{Archive: archive})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -45,7 +45,7 @@ func TestPruneRemovesPendingRowsOnlyPastPendingRetention(t *testing.T) {
 				t.Fatalf("Prune without PendingRetention removed %d rows, want 1 (the published one)", n)
 			}
 
-			n, err = outbox.Prune(ctx, pool, outbox.PruneConfig{Archive: archive, PendingRetention: day, BatchSize: 1})
+			n, err = outboxadmin.Prune(ctx, pool, outbox.PruneConfig{Archive: archive, PendingRetention: day, BatchSize: 1})
 			if err != nil {
 				t.Fatal(err)
 			}

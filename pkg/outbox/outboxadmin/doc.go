@@ -1,10 +1,11 @@
 // Package outboxadmin is the operator side of the outbox: see what is
 // dead and requeue it (ListDead, Requeue, RequeueDead), replay what was
 // already published (Replay), count what is old and stuck (Backlog), and
-// read the events of one aggregate (EventsOf). These functions are meant
-// for an admin endpoint, a CLI, a reconciliation job or a background
-// worker; none of them talks to Kafka. A service that only enqueues,
-// relays and prunes never needs this package (that is package outbox);
+// read the events of one aggregate (EventsOf), and prune once, now
+// (Prune). These functions are meant for an admin endpoint, a CLI, a
+// reconciliation job or a background worker; none of them talks to Kafka.
+// A service that only enqueues, relays and prunes in the background
+// (outbox.NewPruner) never needs this package;
 // platform/outboxhttp serves these functions over HTTP.
 //
 // Requeue, RequeueDead and Replay take the outbox.RelayMode the service

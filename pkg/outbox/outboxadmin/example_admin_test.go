@@ -120,3 +120,39 @@ func ExampleReplay() {
 	fmt.Println(len(items), items[0].EventType, items[0].AggregateVersion, err)
 	// Output: 1 OrderPlaced 1 <nil>
 }
+
+// Published events stay for a retention window, in which they can be
+// replayed, and are then pruned: here moved to outbox_events_archive. Pending
+// and dead rows are never pruned, however old. A service runs this in the
+// background with outbox.NewPruner(pool, cfg).Run(ctx).
+func ExamplePrune() {
+	ctx := context.Background()
+	pool, _, _, cleanup := exampleSetup(ctx)
+	defer cleanup()
+	err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+		for _, id := range []string{"order-1", "order-2", "order-3"} {
+			if err := outbox.Enqueue(ctx, tx, event.Envelope{
+				EventID: uuid.New(), EventType: "OrderPlaced", EventVersion: 1, AggregateType: "order",
+				AggregateID: id, AggregateVersion: 1, OccurredAt: time.Now(), Payload: []byte(`{}`),
+			}); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	// Stand in for the relay, which published two of them eight days ago.
+	_, err = pool.Exec(ctx, `UPDATE outbox_events SET state = 'published', published_at = now() - interval '8 days'
+		WHERE aggregate_id IN ('order-1', 'order-2')`)
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+
+	n, err := outboxadmin.Prune(ctx, pool, outbox.PruneConfig{Retention: 7 * 24 * time.Hour, Archive: true})
+	fmt.Println("archived:", n, err)
+	// Output: archived: 2 <nil>
+}

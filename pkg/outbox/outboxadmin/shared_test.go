@@ -21,4 +21,5 @@ var (
 	tableIDs     = outboxtesting.TableIDs
 	equalIDs     = outboxtesting.EqualIDs
 	exampleSetup = outboxtesting.ExampleSetup
+	newOutboxDB  = outboxtesting.NewOutboxDB
 )

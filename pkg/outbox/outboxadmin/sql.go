@@ -6,9 +6,9 @@ import (
 
 // Every statement of the operator functions, in one place: listing and
 // requeuing dead events (dead.go) and replaying published ones
-// (replay.go), in each relay mode. Pruning's are package outbox's
-// (prune_sql.go), the backlog's and the lookup's beside them (backlog.go,
-// lookup.go).
+// (replay.go), in each relay mode. Pruning's are internal/pruning's
+// (sql.go), shared with outbox.NewPruner; the backlog's and the lookup's
+// are beside them (backlog.go, lookup.go).
 
 const listDead = `
 SELECT id, event_id, event_type, aggregate_type, aggregate_id, aggregate_version,

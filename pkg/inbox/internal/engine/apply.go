@@ -378,7 +378,7 @@ func (a *TxApplier) apply(ctx context.Context, tx pgx.Tx, m kafka.Message, ev *e
 // work: one INSERT for every message's inbox row, one locked read and one
 // upsert for the version guard, then the handlers one after another without
 // savepoints. It is all or nothing: if any message is undecodable, needs an
-// upcaster that fails, finds a version gap under GapWait, or its handler
+// upcaster that fails, finds a version gap (AcceptGaps false), or its handler
 // fails, the transaction is rolled back and fastBatch returns false, and the
 // caller takes the savepoint path, which settles each message on its own
 // (retry, dead letter). Handlers run in a transaction that may roll back, as

@@ -3,51 +3,10 @@ package engine
 import (
 	"encoding/json"
 	"errors"
-	"fmt"
 	"log/slog"
 	"time"
 
 	"github.com/onceflow/onceflow/pkg/internal/knob"
-)
-
-// GapPolicy says what to do with an event whose aggregate version is more
-// than one above the last one this consumer applied: a later version over
-// a missing earlier one.
-type GapPolicy int
-
-const (
-	// GapWait, the default, waits for the missing versions a bounded time:
-	// the event is retried with backoff (MaxAttempts, BackoffMin,
-	// BackoffMax), and then dead-lettered, visibly, with the gap as its
-	// reason; its aggregate's later events park behind it (DeadKeys) until
-	// an operator requeues it (it is then applied whatever the guard says)
-	// or releases the aggregate. A missing earlier version that arrives
-	// meanwhile is applied (it comes before the dead one). Nothing jumps
-	// ahead: a refund is never forwarded over a capture that never came.
-	GapWait GapPolicy = iota
-	// GapAccept handles the event at once and reports the gap (metric and
-	// log): an explicit opt-in, right when events may be missing for good
-	// (topic retention, a consumer that starts late) and handlers do not
-	// depend on every step.
-	GapAccept
-)
-
-// StalePolicy says what to do with an event at or below the aggregate
-// version this consumer already applied that is not a redelivery (another
-// event id): an older event arriving after a newer one was applied.
-type StalePolicy int
-
-const (
-	// StaleDeadLetter, the default, dead-letters it with its reason
-	// ("version N arrived after version M was applied", reason label
-	// stale), without holding its aggregate back: nothing vanishes
-	// silently, and an operator who requeues it has it applied whatever
-	// the guard says.
-	StaleDeadLetter StalePolicy = iota
-	// StaleSkip skips it, marked stale in the inbox and counted
-	// (inbox_stale_total): an explicit opt-in, for consumers that keep
-	// only the latest state of an aggregate and lose nothing by it.
-	StaleSkip
 )
 
 // Upcaster converts the payload of EventType from version From to From+1.
@@ -110,19 +69,53 @@ type Config struct {
 	// DisableVersionGuard turns off the aggregate-version check, for topics
 	// whose events carry no meaningful per-aggregate sequence.
 	DisableVersionGuard bool
-	// Gaps is the version-gap policy. Default GapWait: a bounded wait, then
-	// a dead letter its aggregate parks behind.
-	Gaps GapPolicy
-	// Stale is what happens to an older event that arrives after a newer
-	// one of its aggregate was applied. Default StaleDeadLetter.
-	Stale StalePolicy
-	// DeadKeys says what happens to the later events of an aggregate whose
-	// earlier event is dead (dead-lettered, not yet requeued and applied).
-	// Default DeadKeyPark: they are parked, and applied in order once the
-	// dead one is requeued and applied. DeadKeySkipAhead applies them at
-	// once; only for consumers whose events of one aggregate do not depend
-	// on each other (see DeadKeySkipAhead).
-	DeadKeys DeadKeyPolicy
+	// AcceptGaps says what happens to an event whose aggregate version is
+	// more than one above the last one this consumer applied: a later
+	// version over a missing earlier one.
+	//
+	// Default false: it waits for the missing versions a bounded time. The
+	// event is retried with backoff (MaxAttempts, BackoffMin, BackoffMax),
+	// and then dead-lettered, visibly, with the gap as its reason; its
+	// aggregate's later events park behind it (SkipAheadOfDead) until an
+	// operator requeues it (it is then applied whatever the guard says) or
+	// releases the aggregate. A missing earlier version that arrives
+	// meanwhile is applied (it comes before the dead one). Nothing jumps
+	// ahead: a refund is never forwarded over a capture that never came.
+	//
+	// True handles the event at once and reports the gap (metric and log):
+	// an explicit opt-in, right when events may be missing for good (topic
+	// retention, a consumer that starts late) and handlers do not depend on
+	// every step.
+	AcceptGaps bool
+	// SkipStale says what happens to an event at or below the aggregate
+	// version this consumer already applied that is not a redelivery
+	// (another event id): an older event arriving after a newer one was
+	// applied.
+	//
+	// Default false: it is dead-lettered with its reason ("version N
+	// arrived after version M was applied", reason label stale), without
+	// holding its aggregate back: nothing vanishes silently, and an
+	// operator who requeues it has it applied whatever the guard says.
+	//
+	// True skips it, marked stale in the inbox and counted
+	// (inbox_stale_total): an explicit opt-in, for consumers that keep only
+	// the latest state of an aggregate and lose nothing by it.
+	SkipStale bool
+	// SkipAheadOfDead says what happens to the later events of an
+	// aggregate whose earlier event is dead (dead-lettered, not yet
+	// requeued and applied).
+	//
+	// Default false: they are parked until the dead one is requeued and
+	// applied, then applied in order. The only safe choice when a later
+	// event depends on an earlier one (a refund on its capture, a status on
+	// the order's creation).
+	//
+	// True applies them at once, as if the dead message were not there; a
+	// requeued dead message is still applied when it comes back, after its
+	// successors. Only for consumers whose events of one aggregate are
+	// independent of each other or carry the whole state (a projection
+	// that keeps the latest snapshot, notifications, an audit log).
+	SkipAheadOfDead bool
 	// Upcasters convert older event versions to the current one.
 	Upcasters []Upcaster
 
@@ -204,8 +197,8 @@ func (c Config) WithDefaults() Config {
 }
 
 // Validate reports the first field of c that no consumer can run with: a
-// missing Name, a negative count or duration, an unknown gap or dead-key
-// policy, or backoff bounds the wrong way round. It checks c as
+// missing Name, a negative count or duration, or backoff bounds the wrong
+// way round. It checks c as
 // NewConsumer would use it, after WithDefaults.
 func (c Config) Validate() error {
 	if c.Name == "" {
@@ -214,15 +207,6 @@ func (c Config) Validate() error {
 	const name = "inbox: Config"
 	if err := knob.RefuseNegative(name, c); err != nil {
 		return err
-	}
-	if c.Gaps != GapWait && c.Gaps != GapAccept {
-		return fmt.Errorf("inbox: Config.Gaps is %d, neither GapWait nor GapAccept", c.Gaps)
-	}
-	if c.Stale != StaleDeadLetter && c.Stale != StaleSkip {
-		return fmt.Errorf("inbox: Config.Stale is %d, neither StaleDeadLetter nor StaleSkip", c.Stale)
-	}
-	if c.DeadKeys != DeadKeyPark && c.DeadKeys != DeadKeySkipAhead {
-		return fmt.Errorf("inbox: Config.DeadKeys is %d, neither DeadKeyPark nor DeadKeySkipAhead", c.DeadKeys)
 	}
 	d := c.WithDefaults()
 	return knob.RefuseCrossed(name, "BackoffMin", d.BackoffMin, "BackoffMax", d.BackoffMax)

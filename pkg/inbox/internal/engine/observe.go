@@ -48,10 +48,10 @@ const (
 	// ReasonPermanent: the handler said retrying cannot help (Permanent).
 	ReasonPermanent = "permanent"
 	// ReasonExhausted: a transient failure outlasted MaxAttempts (a version
-	// gap that was never filled among them, under GapWait).
+	// gap that was never filled among them, AcceptGaps false).
 	ReasonExhausted = "exhausted"
 	// ReasonStale: an older event arrived after a newer one of its
-	// aggregate was applied (StaleDeadLetter).
+	// aggregate was applied (SkipStale false).
 	ReasonStale = "stale"
 )
 

@@ -70,7 +70,7 @@ type DB interface {
 }
 
 // Prune removes processed, stale (skipped by the version guard, under
-// StaleSkip) and skipped (by an operator) rows whose processed_at is older
+// SkipStale) and skipped (by an operator) rows whose processed_at is older
 // than cfg.Retention, and the originals kept for truncated dead letters
 // that are no longer dead, and returns how many rows it removed.
 // Dead-lettered, requeued, leased and uncertain rows are never touched,

@@ -37,25 +37,6 @@ import (
 // The requeued message is applied whatever the version guard says: the
 // operator asked for it.
 
-// DeadKeyPolicy says what a consumer does with the later messages of an
-// aggregate whose earlier message is dead.
-type DeadKeyPolicy int
-
-const (
-	// DeadKeyPark parks them until the dead message is requeued and applied,
-	// then applies them in order. The default, and the only safe choice
-	// when a later event depends on an earlier one (a refund on its capture,
-	// a status on the order's creation).
-	DeadKeyPark DeadKeyPolicy = iota
-	// DeadKeySkipAhead applies them at once, as if the dead message were
-	// not there; a requeued dead message is still applied when it comes
-	// back, after its successors. For consumers whose events of one
-	// aggregate are independent of each other or carry the whole state
-	// (a projection that keeps the latest snapshot, notifications, an
-	// audit log).
-	DeadKeySkipAhead
-)
-
 // The SQL of parking. $1 is always the consumer.
 const (
 	// parkState reads what decides a message's fate: its own hold's status
@@ -146,7 +127,7 @@ func (s *Shared) ParkCheck(ctx context.Context, tx pgx.Tx, ev *event.Envelope) (
 	switch {
 	case own != nil:
 		return parkDecision{Verdict: ProceedRequeued, Release: anyParked}, nil
-	case s.Config.DeadKeys == DeadKeySkipAhead:
+	case s.Config.SkipAheadOfDead:
 		return parkDecision{Verdict: proceed}, nil
 	case otherDead:
 		return parkDecision{Verdict: ParkIt, BlockedBy: deadOne}, nil
@@ -193,7 +174,7 @@ func (s *Shared) holdDeadKey(ctx context.Context, tx pgx.Tx, ev *event.Envelope)
 	if _, err := state.Take(ctx, tx, &state.Hold, s.Config.Name, ev.EventID, ev.AggregateType, ev.AggregateID, ev.AggregateVersion); err != nil {
 		return err
 	}
-	if s.Config.DeadKeys == DeadKeyPark && !s.Config.DisableVersionGuard && s.ReservesVersions {
+	if !s.Config.SkipAheadOfDead && !s.Config.DisableVersionGuard && s.ReservesVersions {
 		if _, err := state.Take(ctx, tx, &state.Unreserve, s.Config.Name, ev.AggregateType, ev.AggregateID, ev.AggregateVersion); err != nil {
 			return err
 		}
@@ -269,7 +250,7 @@ FOR UPDATE OF v`
 // GuardBatch is guardVersion for a batch: it marks stale messages in outs
 // (and in the inbox), advances each aggregate's version once, and returns
 // the log lines and gap counts to emit once the transaction commits. A gap
-// under GapWait, and a stale event under StaleDeadLetter, is an error: the
+// (unless AcceptGaps), and a stale event (unless SkipStale), is an error: the
 // message-by-message path settles it (a retry, a dead letter).
 func (s *Shared) GuardBatch(ctx context.Context, tx pgx.Tx, evs []event.Envelope, outs []Outcome) ([]func(), error) {
 	var keys []AggregateKey
@@ -309,7 +290,7 @@ func (s *Shared) GuardBatch(ctx context.Context, tx pgx.Tx, evs []event.Envelope
 		prev, known := applied[k]
 		switch {
 		case !known || ev.AggregateVersion == prev+1:
-		case ev.AggregateVersion <= prev && s.Config.Stale == StaleDeadLetter:
+		case ev.AggregateVersion <= prev && !s.Config.SkipStale:
 			return nil, &staleError{version: ev.AggregateVersion, applied: prev}
 		case ev.AggregateVersion <= prev:
 			outs[i] = Stale
@@ -321,7 +302,7 @@ func (s *Shared) GuardBatch(ctx context.Context, tx pgx.Tx, evs []event.Envelope
 			})
 			continue
 		default: // a gap
-			if s.Config.Gaps == GapWait {
+			if !s.Config.AcceptGaps {
 				return nil, fmt.Errorf("aggregate %s: version %d follows %d", ev.AggregateID, ev.AggregateVersion, prev)
 			}
 			notes = append(notes, func() {
@@ -412,7 +393,7 @@ func (s *Shared) GuardVersion(ctx context.Context, tx pgx.Tx, ev *event.Envelope
 			slog.String("event_id", ev.EventID.String()), slog.String("aggregate_id", ev.AggregateID),
 			slog.Int64("version", ev.AggregateVersion), slog.Int64("applied_version", *prev))
 		return false, nil
-	case ev.AggregateVersion <= *prev && s.Config.Stale == StaleDeadLetter:
+	case ev.AggregateVersion <= *prev && !s.Config.SkipStale:
 		s.Config.Logger.WarnContext(ctx, "inbox dead-letters a stale event: an older version arrived after a newer one was applied",
 			slog.String("consumer", s.Config.Name), slog.String("event_id", ev.EventID.String()), slog.String("aggregate_id", ev.AggregateID),
 			slog.Int64("version", ev.AggregateVersion), slog.Int64("applied_version", *prev))
@@ -430,7 +411,7 @@ func (s *Shared) GuardVersion(ctx context.Context, tx pgx.Tx, ev *event.Envelope
 		s.Config.Logger.WarnContext(ctx, "inbox sees a version gap", slog.String("consumer", s.Config.Name),
 			slog.String("event_id", ev.EventID.String()), slog.String("aggregate_id", ev.AggregateID),
 			slog.Int64("version", ev.AggregateVersion), slog.Int64("applied_version", *prev))
-		if s.Config.Gaps == GapWait {
+		if !s.Config.AcceptGaps {
 			return false, fmt.Errorf("aggregate %s: version %d follows %d; waiting for the missing ones",
 				ev.AggregateID, ev.AggregateVersion, *prev)
 		}
@@ -449,7 +430,7 @@ func (s *Shared) recordedState() string {
 }
 
 // staleError is the dead-letter reason of an event at or below the
-// version its aggregate already applied (StaleDeadLetter). It is permanent
+// version its aggregate already applied (SkipStale false). It is permanent
 // (no retry makes it newer), and it holds nothing back: the dead letter of
 // an older event must not park the newer ones (recordDeadLetter).
 type staleError struct{ version, applied int64 }

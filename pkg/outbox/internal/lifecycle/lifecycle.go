@@ -21,7 +21,7 @@
 //	copy       operator (cdc)         dead            DELETE … state = 'dead' + INSERT of a pending copy, one statement
 //	copy       operator (cdc replay)  published*      DELETE … in replayScopeCDC + INSERT of a pending copy, one statement
 //	deleted    retention (cdc)        published*      deleteConfirmedBatch … AND state = 'pending' AND published*
-//	deleted    Prune                  published       pruneStatement … state = 'published' (or pending past PendingRetention)
+//	deleted    Pruner, admin Prune    published       pruneStatement … state = 'published' (or pending past PendingRetention)
 //
 // "held back" is a dead row whose last_error names the dead event ahead of
 // it; "requeued copy" is a pending row whose event id a dead row had, under

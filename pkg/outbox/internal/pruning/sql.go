@@ -1,6 +1,6 @@
-package outbox
+package pruning
 
-// Prune's statements (prune.go).
+// The statements of Once (pruning.go).
 
 // pruneStatement deletes (or, with archive, archives) one batch of the
 // oldest rows matching doomed, a SELECT of ids whose $1 is the retention in
