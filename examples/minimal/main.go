@@ -52,8 +52,8 @@ func main() {
 const consumerName = "minimal"
 
 func run(ctx context.Context, args []string, getenv func(string) string, stdout io.Writer) error {
-	dbURL := or(getenv("DATABASE_URL"), "postgres://postgres:postgres@127.0.0.1:55432/postgres?sslmode=disable")
-	brokers := strings.Split(or(getenv("KAFKA_BROKERS"), "127.0.0.1:59092"), ",")
+	dbURL := or(getenv("DATABASE_URL"), "postgres://postgres:postgres@127.0.0.1:7432/postgres?sslmode=disable")
+	brokers := strings.Split(or(getenv("KAFKA_BROKERS"), "127.0.0.1:7092"), ",")
 	topic := or(getenv("TOPIC"), "minimal.orders")
 	logger := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
 

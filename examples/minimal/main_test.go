@@ -22,11 +22,11 @@ func TestMinimalRuns(t *testing.T) {
 	t.Parallel()
 	admin := os.Getenv("ONCEFLOW_TEST_PG_URL")
 	if admin == "" {
-		admin = "postgres://postgres:postgres@127.0.0.1:55432/postgres?sslmode=disable"
+		admin = "postgres://postgres:postgres@127.0.0.1:7432/postgres?sslmode=disable"
 	}
 	brokers := os.Getenv("ONCEFLOW_TEST_KAFKA_BROKERS")
 	if brokers == "" {
-		brokers = "127.0.0.1:59092"
+		brokers = "127.0.0.1:7092"
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()

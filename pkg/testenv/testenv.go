@@ -4,8 +4,8 @@
 // command that starts it; nothing is ever skipped.
 //
 // The servers are found through ONCEFLOW_TEST_PG_URL (default
-// postgres://postgres:postgres@127.0.0.1:55432/postgres?sslmode=disable) and
-// ONCEFLOW_TEST_KAFKA_BROKERS (default 127.0.0.1:59092), so the libraries'
+// postgres://postgres:postgres@127.0.0.1:7432/postgres?sslmode=disable) and
+// ONCEFLOW_TEST_KAFKA_BROKERS (default 127.0.0.1:7092), so the libraries'
 // tests and a team's own (through the kits, outboxtest and inboxtest) run
 // against any Postgres and Kafka. It imports nothing of the platform, which
 // builds its own test infrastructure (platform/testinfra) on it.
@@ -34,7 +34,7 @@ func PostgresAdminURL() string {
 	if u := os.Getenv("ONCEFLOW_TEST_PG_URL"); u != "" {
 		return u
 	}
-	return "postgres://postgres:postgres@127.0.0.1:55432/postgres?sslmode=disable"
+	return "postgres://postgres:postgres@127.0.0.1:7432/postgres?sslmode=disable"
 }
 
 // KafkaBrokers returns the test brokers after checking one answers.
@@ -54,7 +54,7 @@ func kafkaBrokers() []string {
 	if b := os.Getenv("ONCEFLOW_TEST_KAFKA_BROKERS"); b != "" {
 		return strings.Split(b, ",")
 	}
-	return []string{"127.0.0.1:59092"}
+	return []string{"127.0.0.1:7092"}
 }
 
 // Name returns a unique lower-case name with prefix, for databases and topics.

@@ -132,7 +132,7 @@ func readyz(checks map[string]Check) echo.HandlerFunc {
 // (the reconcile job's plain mux): 200 when every check passes, else 503,
 // and always the one body shape, each check's name with "ok" or its error:
 //
-//	{"kafka":"ok","postgres":"dial tcp 127.0.0.1:55432: connection refused"}
+//	{"kafka":"ok","postgres":"dial tcp 127.0.0.1:7432: connection refused"}
 //
 // A program with no dependency to check still names what it is ready for,
 // so that a client reads the same shape everywhere.

@@ -21,7 +21,7 @@ type Env struct {
 	// run as a separate job).
 	MigrateDatabaseURL string `env:"MIGRATE_DATABASE_URL"`
 	// KafkaBrokers is a comma-separated list of bootstrap brokers.
-	KafkaBrokers []string `env:"KAFKA_BROKERS" envDefault:"127.0.0.1:59092"`
+	KafkaBrokers []string `env:"KAFKA_BROKERS" envDefault:"127.0.0.1:7092"`
 	// Kafka is KAFKA_TLS, KAFKA_SASL_MECHANISM and the other Kafka security
 	// variables (see kafkautil.SecurityConfig); the default is PLAINTEXT.
 	Kafka kafkautil.SecurityConfig

@@ -26,9 +26,9 @@ var ErrFindings = errors.New("the reconciliation found inconsistencies (see the 
 
 // The dev stack's sources, read as reconcile_ro (see tools/cmd/pgroles).
 const (
-	defaultOrdersURL  = "postgres://reconcile_ro:reconcile_ro@127.0.0.1:55432/orders?sslmode=disable"
-	defaultBillingURL = "postgres://reconcile_ro:reconcile_ro@127.0.0.1:55432/billing?sslmode=disable"
-	defaultShimURL    = "postgres://reconcile_ro:reconcile_ro@127.0.0.1:55432/shim?sslmode=disable"
+	defaultOrdersURL  = "postgres://reconcile_ro:reconcile_ro@127.0.0.1:7432/orders?sslmode=disable"
+	defaultBillingURL = "postgres://reconcile_ro:reconcile_ro@127.0.0.1:7432/billing?sslmode=disable"
+	defaultShimURL    = "postgres://reconcile_ro:reconcile_ro@127.0.0.1:7432/shim?sslmode=disable"
 	defaultLedgerURL  = "http://127.0.0.1:8084"
 )
 

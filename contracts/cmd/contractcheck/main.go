@@ -9,7 +9,7 @@
 //
 // Usage:
 //
-//	contractcheck [-brokers 127.0.0.1:59092] [-asyncapi docs/asyncapi.yaml] [-show 5] [topic=channel ...]
+//	contractcheck [-brokers 127.0.0.1:7092] [-asyncapi docs/asyncapi.yaml] [-show 5] [topic=channel ...]
 //
 // With no argument it checks each channel of the document on the topic of
 // its address; topic=channel checks a topic of another name (ORDERS_TOPIC
@@ -43,7 +43,7 @@ func main() {
 
 func run(ctx context.Context, args []string, stdout io.Writer) error {
 	fs := flag.NewFlagSet("contractcheck", flag.ContinueOnError)
-	brokers := fs.String("brokers", envOr("KAFKA_BROKERS", "127.0.0.1:59092"), "Kafka bootstrap brokers, comma-separated")
+	brokers := fs.String("brokers", envOr("KAFKA_BROKERS", "127.0.0.1:7092"), "Kafka bootstrap brokers, comma-separated")
 	docPath := fs.String("asyncapi", "docs/asyncapi.yaml", "the AsyncAPI document")
 	show := fs.Int("show", 5, "how many invalid records of each topic to print")
 	if err := fs.Parse(args); err != nil {

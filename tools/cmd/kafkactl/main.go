@@ -8,10 +8,10 @@
 //
 // Usage:
 //
-//	kafkactl wait          -brokers 127.0.0.1:59092 -timeout 60s [-expect-brokers 3]
-//	kafkactl ensure-topics -brokers 127.0.0.1:59092 -partitions 6 [-replication-factor 3 -min-insync-replicas 2] orders.events billing.events
-//	kafkactl topics        -brokers 127.0.0.1:59092
-//	kafkactl tail          -brokers 127.0.0.1:59092 -n 10 orders.events
+//	kafkactl wait          -brokers 127.0.0.1:7092 -timeout 60s [-expect-brokers 3]
+//	kafkactl ensure-topics -brokers 127.0.0.1:7092 -partitions 6 [-replication-factor 3 -min-insync-replicas 2] orders.events billing.events
+//	kafkactl topics        -brokers 127.0.0.1:7092
+//	kafkactl tail          -brokers 127.0.0.1:7092 -n 10 orders.events
 package main
 
 import (
@@ -43,7 +43,7 @@ const usage = `usage:
                          the last records of a topic (all partitions, oldest first) with their headers`
 
 // defaultBrokers matches the dev stack's default ONCEFLOW_KAFKA_PORT.
-const defaultBrokers = "127.0.0.1:59092"
+const defaultBrokers = "127.0.0.1:7092"
 
 // run is main without the process (lifecycle.RunFunc). The broker comes from
 // the -brokers flag only, so getenv goes unused.

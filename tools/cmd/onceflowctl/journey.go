@@ -15,10 +15,10 @@ import (
 // The dev stack's sources for journey, read as reconcile_ro (the same
 // variables as reconcile's).
 const (
-	defaultOrdersDB  = "postgres://reconcile_ro:reconcile_ro@127.0.0.1:55432/orders?sslmode=disable"
-	defaultBillingDB = "postgres://reconcile_ro:reconcile_ro@127.0.0.1:55432/billing?sslmode=disable"
-	defaultShimDB    = "postgres://reconcile_ro:reconcile_ro@127.0.0.1:55432/shim?sslmode=disable"
-	defaultBrokers   = "127.0.0.1:59092"
+	defaultOrdersDB  = "postgres://reconcile_ro:reconcile_ro@127.0.0.1:7432/orders?sslmode=disable"
+	defaultBillingDB = "postgres://reconcile_ro:reconcile_ro@127.0.0.1:7432/billing?sslmode=disable"
+	defaultShimDB    = "postgres://reconcile_ro:reconcile_ro@127.0.0.1:7432/shim?sslmode=disable"
+	defaultBrokers   = "127.0.0.1:7092"
 	defaultLedger    = "http://127.0.0.1:8084"
 )
 
@@ -34,7 +34,7 @@ then what is missing or odd. Reads only, as reconcile_ro.
 
 Sources: ONCEFLOW_RECONCILE_ORDERS_URL, ONCEFLOW_RECONCILE_BILLING_URL,
 ONCEFLOW_RECONCILE_SHIM_URL (default the dev stack's databases as reconcile_ro),
-KAFKA_BROKERS (default 127.0.0.1:59092), ORDERS_TOPIC, BILLING_TOPIC,
+KAFKA_BROKERS (default 127.0.0.1:7092), ORDERS_TOPIC, BILLING_TOPIC,
 ONCEFLOW_LEDGER_URL (default http://127.0.0.1:8084; "none" skips it).
 
 flags:

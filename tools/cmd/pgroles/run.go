@@ -21,7 +21,7 @@ var Producers = []string{"orders", "billing"}
 // ReaderRole reads every service database; the reconciliation report uses it.
 const ReaderRole = "reconcile_ro"
 
-const defaultAdminURL = "postgres://postgres:postgres@127.0.0.1:55432/postgres?sslmode=disable"
+const defaultAdminURL = "postgres://postgres:postgres@127.0.0.1:7432/postgres?sslmode=disable"
 
 // run is main without the process (lifecycle.RunFunc); args starts with the
 // program's name.

@@ -307,14 +307,14 @@ func adminURL(getenv func(string) string) string {
 	if u := getenv("ONCEFLOW_TEST_PG_URL"); u != "" {
 		return u
 	}
-	return "postgres://postgres:postgres@127.0.0.1:55432/postgres?sslmode=disable"
+	return "postgres://postgres:postgres@127.0.0.1:7432/postgres?sslmode=disable"
 }
 
 func brokers(getenv func(string) string) []string {
 	if b := getenv("ONCEFLOW_TEST_KAFKA_BROKERS"); b != "" {
 		return strings.Split(b, ",")
 	}
-	return []string{"127.0.0.1:59092"}
+	return []string{"127.0.0.1:7092"}
 }
 
 // cdcModes are the relay modes the cdc part compares, as the benchmarks

@@ -33,7 +33,7 @@ type Config struct {
 	AdminAddr string `env:"ADMIN_ADDR" envDefault:"127.0.0.1:9082"`
 	// DatabaseURL is the service's own Postgres database, as its runtime role
 	// (billing_app: reads and writes the tables, no DDL; see package pgroles).
-	DatabaseURL string `env:"DATABASE_URL" envDefault:"postgres://billing_app:billing_app@127.0.0.1:55432/billing?sslmode=disable"`
+	DatabaseURL string `env:"DATABASE_URL" envDefault:"postgres://billing_app:billing_app@127.0.0.1:7432/billing?sslmode=disable"`
 	// OrdersTopic is consumed; its dead letters go to OrdersTopic + ".dlt".
 	OrdersTopic string `env:"ORDERS_TOPIC" envDefault:"orders.events"`
 	// BillingTopic receives every payment event.

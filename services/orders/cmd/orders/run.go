@@ -31,7 +31,7 @@ type Config struct {
 	AdminAddr string `env:"ADMIN_ADDR" envDefault:"127.0.0.1:9081"`
 	// DatabaseURL is the service's own Postgres database, as its runtime role
 	// (orders_app: reads and writes the tables, no DDL; see package pgroles).
-	DatabaseURL string `env:"DATABASE_URL" envDefault:"postgres://orders_app:orders_app@127.0.0.1:55432/orders?sslmode=disable"`
+	DatabaseURL string `env:"DATABASE_URL" envDefault:"postgres://orders_app:orders_app@127.0.0.1:7432/orders?sslmode=disable"`
 	// OrdersTopic receives every order event.
 	OrdersTopic string `env:"ORDERS_TOPIC" envDefault:"orders.events"`
 	// OutboxRetention is how long published outbox rows are kept before the

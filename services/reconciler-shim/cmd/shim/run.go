@@ -34,7 +34,7 @@ type Config struct {
 	AdminAddr string `env:"ADMIN_ADDR" envDefault:"127.0.0.1:9083"`
 	// DatabaseURL is the shim's own Postgres database, as its runtime role
 	// (shim_app: reads and writes the tables, no DDL; see package pgroles).
-	DatabaseURL string `env:"DATABASE_URL" envDefault:"postgres://shim_app:shim_app@127.0.0.1:55432/shim?sslmode=disable"`
+	DatabaseURL string `env:"DATABASE_URL" envDefault:"postgres://shim_app:shim_app@127.0.0.1:7432/shim?sslmode=disable"`
 	// BillingTopic is consumed; its dead letters go to BillingTopic + ".dlt".
 	BillingTopic string `env:"BILLING_TOPIC" envDefault:"billing.events"`
 	// ConsumerGroup is the Kafka consumer group.
