@@ -680,11 +680,7 @@ func (r *Relay) relayBatch(ctx context.Context, ops wakeOps) (res batchResult, e
 			sends = append(sends, c)
 		}
 	}
-	endSends := publish.StartSends(ctx, sends)
-	publishCtx, cancel := context.WithTimeout(ctx, r.cfg.PublishTimeout)
-	errs := publish.Batch(publishCtx, r.writer, sends)
-	cancel()
-	endSends(errs)
+	errs := publish.Send(ctx, r.writer, r.cfg.PublishTimeout, sends)
 	if ctx.Err() != nil {
 		return res, ctx.Err() // leave the rows pending; the next run republishes them
 	}

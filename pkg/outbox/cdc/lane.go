@@ -129,18 +129,14 @@ func (l *lane) publish(ctx context.Context, todo []cdcEvent) (bool, error) {
 		} else if len(idx) == 0 {
 			break
 		}
-		// publish.StartSends replaces a message's headers rather than write to
+		// publish.Send (its StartSends) replaces a message's headers rather than write to
 		// them, so a retry starts from the stored traceparent again.
 		batch := make([]publish.Claimed, len(idx))
 		for j, i := range idx {
 			batch[j] = todo[i].Claimed
 		}
 		r.cfg.Metrics.BatchSize.Observe(float64(len(batch)))
-		endSends := publish.StartSends(ctx, batch)
-		pubCtx, cancel := context.WithTimeout(ctx, r.cfg.PublishTimeout)
-		errs := publish.Batch(pubCtx, r.writer, batch)
-		cancel()
-		endSends(errs)
+		errs := publish.Send(ctx, r.writer, r.cfg.PublishTimeout, batch)
 		if ctx.Err() != nil {
 			return false, nil
 		}

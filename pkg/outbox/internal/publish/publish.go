@@ -48,6 +48,17 @@ type Claimed struct {
 	Undecodable error
 }
 
+// Send is what both relays do with a batch: Batch within timeout, each
+// message in its span (StartSends). It returns one error per row.
+func Send(ctx context.Context, w Writer, timeout time.Duration, batch []Claimed) []error {
+	end := StartSends(ctx, batch)
+	sendCtx, cancel := context.WithTimeout(ctx, timeout)
+	errs := Batch(sendCtx, w, batch)
+	cancel()
+	end(errs)
+	return errs
+}
+
 // Batch writes the batch to w and returns one error per row (nil: acked).
 // Each topic is written separately and concurrently: kafka-go fails a whole
 // write when one of its topics is unknown, and one misrouted aggregate type
