@@ -14,6 +14,7 @@ import (
 	"github.com/onceflow/onceflow/platform/crash"
 	"github.com/onceflow/onceflow/platform/kafkautil"
 	"github.com/onceflow/onceflow/platform/lifecycle"
+	"github.com/onceflow/onceflow/platform/outboxrelay"
 	"github.com/onceflow/onceflow/platform/service"
 	"github.com/onceflow/onceflow/services/billing"
 )
@@ -121,7 +122,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout 
 
 	writer := kafkautil.NewWriter(cfg.KafkaBrokers, kafkautil.RelayBatchSize, kafkautil.WithSecurity(kafkaSecurity))
 	defer writer.Close()
-	relay, err := svc.OutboxRelay(ctx, writer, cdc.PublisherConfig{
+	relay, err := outboxrelay.Stage(ctx, svc, writer, cdc.PublisherConfig{
 		Mode: relayMode, Topic: func(string) string { return cfg.BillingTopic }, Metrics: outbox.NewMetrics(svc.Registry),
 		Poll: outbox.RelayConfig{Standby: outbox.Standby{PublishReplicated: cfg.OutboxPublishReplicated}},
 		CDC: cdc.Config{Slot: cfg.OutboxSlot, ReplicationURL: cfg.ReplicationDatabaseURL,

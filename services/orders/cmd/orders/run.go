@@ -13,6 +13,7 @@ import (
 	"github.com/onceflow/onceflow/platform/crash"
 	"github.com/onceflow/onceflow/platform/kafkautil"
 	"github.com/onceflow/onceflow/platform/lifecycle"
+	"github.com/onceflow/onceflow/platform/outboxrelay"
 	"github.com/onceflow/onceflow/platform/service"
 	"github.com/onceflow/onceflow/services/orders"
 )
@@ -151,7 +152,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout 
 	case cfg.RelayEnabled:
 		writer := kafkautil.NewWriter(cfg.KafkaBrokers, kafkautil.RelayBatchSize, kafkautil.WithSecurity(kafkaSecurity))
 		defer writer.Close()
-		relayStage, err = svc.OutboxRelay(ctx, writer, cdc.PublisherConfig{
+		relayStage, err = outboxrelay.Stage(ctx, svc, writer, cdc.PublisherConfig{
 			Mode: relayMode, Topic: func(string) string { return cfg.OrdersTopic }, Metrics: metrics,
 			Poll: outbox.RelayConfig{Standby: outbox.Standby{PublishReplicated: cfg.OutboxPublishReplicated}},
 			CDC: cdc.Config{Slot: cfg.OutboxSlot, ReplicationURL: cfg.ReplicationDatabaseURL,
