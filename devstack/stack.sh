@@ -274,8 +274,13 @@ PG_STANDBY_NAME=onceflow_standby # application_name, what synchronous_standby_na
 # unpacked: a download cache shared by every stack of this checkout, or
 # /var/lib/onceflow when the postgres user cannot reach the checkout.
 pg17_bin_dir() {
-  local d="$ROOT/.devstack/pgbin/$PG17_RELEASE"
-  if is_root && ! runuser -u postgres -- test -x "$ROOT/.devstack"; then
+  local d="$ROOT/.devstack/pgbin/$PG17_RELEASE" probe="$ROOT/.devstack"
+  # Before .devstack exists (a fresh clone's first run) ask about the
+  # checkout itself: asking about the missing directory answered "no" until
+  # something made it, and the same run then looked for the binaries in the
+  # other place (a failover found "PostgreSQL is not installed").
+  [[ -e $probe ]] || probe=$ROOT
+  if is_root && ! runuser -u postgres -- test -x "$probe"; then
     d="/var/lib/onceflow/pgbin/$PG17_RELEASE"
   fi
   printf '%s\n' "$d"
