@@ -159,15 +159,12 @@ func (w *outboxWorld) close() {
 	for i := len(w.closers) - 1; i >= 0; i-- {
 		w.closers[i]()
 	}
-	deadline := time.Now().Add(20 * time.Second)
-	for time.Now().Before(deadline) {
+	// 55006 while the walsender is still going away: try again a while.
+	testenv.Eventually(20*time.Second, func() bool {
 		_, err := w.pool.Exec(context.Background(),
 			`SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_name = $1`, w.slot)
-		if err == nil {
-			break
-		}
-		time.Sleep(20 * time.Millisecond) //nolint:forbidigo // a cleanup retry, not a test's wait
-	}
+		return err == nil
+	})
 	w.pool.Close()
 }
 
