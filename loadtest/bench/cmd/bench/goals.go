@@ -235,6 +235,18 @@ func goalsTable(res Results) string {
 	return b.String()
 }
 
+// label names a run in the tables: its scenario, side and round.
+func (r Run) label() string {
+	label := r.Key
+	if r.Side != "" {
+		label += " (" + r.Side + ")"
+	}
+	if r.Round > 0 {
+		label += fmt.Sprintf(" #%d", r.Round+1)
+	}
+	return label
+}
+
 // windowsTable lists the windows of runs (a ramp's steps, a steady run's
 // load) with the figures measured from the databases and /proc; first
 // names each row's run when there are several.
@@ -243,13 +255,7 @@ func windowsTable(runs []Run) string {
 	b.WriteString("| run | offered | placed | settled | lag median first → last quarter | hop orders → billing p50 / p99 | hop billing → shim p50 / p99 | CPU µs/order: programs / all but k6 / k6 | relay claims / round trips per event: orders, billing |\n")
 	b.WriteString("|---|---|---|---|---|---|---|---|---|\n")
 	for _, r := range runs {
-		label := r.Key
-		if r.Side != "" {
-			label += " (" + r.Side + ")"
-		}
-		if r.Round > 0 {
-			label += fmt.Sprintf(" #%d", r.Round+1)
-		}
+		label := r.label()
 		for _, w := range r.Windows {
 			relay := func(svc string) string {
 				c, ok := w.Relay[svc]

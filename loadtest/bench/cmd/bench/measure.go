@@ -416,6 +416,10 @@ type placedOrder struct {
 	settled time.Time     // the shim's first capture forward (forwards.forwarded_at), zero if none
 	hop1    time.Duration // orders outbox row → billing inbox row; -1 if not seen
 	hop2    time.Duration // billing outbox row → shim inbox row; -1 if not seen
+	// stages splits the two hops and the shim's work into the steps the
+	// databases' timestamps can tell apart (stageNames); -1 where a
+	// timestamp is missing.
+	stages [len(stageNames)]time.Duration
 }
 
 // The hops, from the three databases' own timestamps (one server, one
@@ -429,7 +433,7 @@ type placedOrder struct {
 const (
 	qOrders        = `SELECT id::text, created_at FROM orders WHERE customer_id <> 'warm-up'`
 	qSettled       = `SELECT order_id::text, min(forwarded_at) FROM forwards WHERE kind = 'capture' GROUP BY order_id`
-	qOutboxEvents  = `SELECT event_id::text, aggregate_id, created_at FROM outbox_events`
+	qOutboxEvents  = `SELECT event_id::text, aggregate_id, created_at, published_at FROM outbox_events`
 	qInboxReceived = `SELECT message_id::text, min(received_at) FROM inbox_messages GROUP BY message_id`
 )
 
@@ -452,8 +456,12 @@ func loadOrders(ctx context.Context, p *rig.Platform) ([]placedOrder, error) {
 		var out []outboxEvent
 		err := query(ctx, url, qOutboxEvents, func(r pgx.Rows) error {
 			var o outboxEvent
-			if err := r.Scan(&o.Event, &o.Order, &o.At); err != nil {
+			var published *time.Time
+			if err := r.Scan(&o.Event, &o.Order, &o.At, &published); err != nil {
 				return err
+			}
+			if published != nil {
+				o.Published = *published
 			}
 			out = append(out, o)
 			return nil
@@ -487,10 +495,14 @@ func loadOrders(ctx context.Context, p *rig.Platform) ([]placedOrder, error) {
 	return joinOrders(placed, settled, ordersOut, billingIn, billingOut, shimIn), nil
 }
 
-// outboxEvent is an outbox row: its event id, its order and its created_at.
+// outboxEvent is an outbox row: its event id, its order, its created_at
+// and its published_at (the start of the polling relay's claim
+// transaction, which marks it in the same transaction; zero if not
+// published).
 type outboxEvent struct {
 	Event, Order string
 	At           time.Time
+	Published    time.Time
 }
 
 // joinOrders puts together what loadOrders read: each order's placement
@@ -498,15 +510,21 @@ type outboxEvent struct {
 // has one event per hop under this load).
 func joinOrders(placed, settled map[string]time.Time, ordersOut []outboxEvent, billingIn map[string]time.Time,
 	billingOut []outboxEvent, shimIn map[string]time.Time) []placedOrder {
-	hop := func(out []outboxEvent, in map[string]time.Time) map[string]time.Duration {
-		m := map[string]time.Duration{}
+	// arrival is an order's first event of a hop to arrive: the outbox
+	// row and the consumer's received_at.
+	type arrival struct {
+		ev   outboxEvent
+		recv time.Time
+	}
+	hop := func(out []outboxEvent, in map[string]time.Time) map[string]arrival {
+		m := map[string]arrival{}
 		for _, e := range out {
 			recv, ok := in[e.Event]
 			if !ok {
 				continue
 			}
-			if d, seen := m[e.Order]; !seen || recv.Sub(e.At) < d {
-				m[e.Order] = recv.Sub(e.At)
+			if a, seen := m[e.Order]; !seen || recv.Sub(e.At) < a.recv.Sub(a.ev.At) {
+				m[e.Order] = arrival{ev: e, recv: recv}
 			}
 		}
 		return m
@@ -515,12 +533,18 @@ func joinOrders(placed, settled map[string]time.Time, ordersOut []outboxEvent, b
 	out := make([]placedOrder, 0, len(placed))
 	for id, at := range placed {
 		o := placedOrder{placed: at, settled: settled[id], hop1: -1, hop2: -1}
-		if d, ok := h1[id]; ok {
-			o.hop1 = d
+		for i := range o.stages {
+			o.stages[i] = -1
 		}
-		if d, ok := h2[id]; ok {
-			o.hop2 = d
+		a1, ok1 := h1[id]
+		a2, ok2 := h2[id]
+		if ok1 {
+			o.hop1 = a1.recv.Sub(a1.ev.At)
 		}
+		if ok2 {
+			o.hop2 = a2.recv.Sub(a2.ev.At)
+		}
+		o.stages = orderStages(o, a1.ev.At, a1.ev.Published, a1.recv, a2.ev.At, a2.ev.Published, a2.recv)
 		out = append(out, o)
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].placed.Before(out[j].placed) })
@@ -551,6 +575,11 @@ type Window struct {
 	// outbox commit → shim handler start, for the window's orders.
 	Hop1 HopStat `json:"hopOrdersBilling"`
 	Hop2 HopStat `json:"hopBillingShim"`
+	// Stages splits the window's orders' path into the steps the
+	// databases' timestamps tell apart (stageNames), each with its p50
+	// and p99; a step no order of the window has a timestamp for is left
+	// out (the log-based relays record no published_at).
+	Stages []StageStat `json:"stages,omitempty"`
 	// HopMetric is the consumers' own inbox_hop_seconds over the window
 	// (occurredAt → handler start), by consumer program (billing: hop 1,
 	// shim: hop 2), where the programs export it.
@@ -575,6 +604,7 @@ func window(rate float64, from, to time.Time, orders []placedOrder, samples []sa
 	}
 	q := to.Sub(from) / 4
 	var first, last, hop1, hop2 []float64
+	var stages [len(stageNames)][]float64
 	lastUnsettled := false
 	n, settledIn := 0, 0
 	for _, o := range orders {
@@ -609,6 +639,11 @@ func window(rate float64, from, to time.Time, orders []placedOrder, samples []sa
 		if o.hop2 >= 0 {
 			hop2 = append(hop2, float64(o.hop2.Microseconds())/1000)
 		}
+		for i, d := range o.stages {
+			if d >= 0 {
+				stages[i] = append(stages[i], float64(d.Microseconds())/1000)
+			}
+		}
 	}
 	w.PlacedPerSecond = float64(n) / secs
 	w.SettledPerSecond = float64(settledIn) / secs
@@ -619,6 +654,11 @@ func window(rate float64, from, to time.Time, orders []placedOrder, samples []sa
 	starved := n > 0 && len(last) == 0
 	w.LagGrowing = lastUnsettled || starved || w.LagLastMs-w.LagFirstMs > float64(lagBudget.Milliseconds())
 	w.Hop1, w.Hop2 = hopStat(hop1), hopStat(hop2)
+	for i, ms := range stages {
+		if len(ms) > 0 {
+			w.Stages = append(w.Stages, StageStat{Stage: stageNames[i], HopStat: hopStat(ms)})
+		}
+	}
 	w.CPUPerOrderUs = cpuPerOrder(samples, from, to, n)
 	for _, svc := range []string{"billing", "shim"} {
 		if len(samples) == 0 {

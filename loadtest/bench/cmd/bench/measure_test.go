@@ -141,10 +141,10 @@ func TestJoinOrdersTakesEachHopFromTheDatabasesTimestamps(t *testing.T) {
 	ms := func(n int) time.Time { return t0.Add(time.Duration(n) * time.Millisecond) }
 	placed := map[string]time.Time{"o1": ms(0), "o2": ms(10), "o3": ms(20)}
 	settled := map[string]time.Time{"o1": ms(50), "o2": ms(90)}
-	ordersOut := []outboxEvent{{"e1", "o1", ms(1)}, {"e2", "o2", ms(11)}, {"e3", "o3", ms(21)}}
+	ordersOut := []outboxEvent{{"e1", "o1", ms(1), ms(2)}, {"e2", "o2", ms(11), ms(20)}, {"e3", "o3", ms(21), time.Time{}}}
 	// e1 reached billing twice (a redelivery): the inbox keeps the first.
 	billingIn := map[string]time.Time{"e1": ms(5), "e2": ms(31)}
-	billingOut := []outboxEvent{{"p1", "o1", ms(7)}, {"p2", "o2", ms(33)}}
+	billingOut := []outboxEvent{{"p1", "o1", ms(7), ms(8)}, {"p2", "o2", ms(33), time.Time{}}}
 	shimIn := map[string]time.Time{"p1": ms(9)}
 	got := joinOrders(placed, settled, ordersOut, billingIn, billingOut, shimIn)
 	if len(got) != 3 || !got[0].placed.Equal(ms(0)) || !got[2].placed.Equal(ms(20)) {
@@ -158,6 +158,25 @@ func TestJoinOrdersTakesEachHopFromTheDatabasesTimestamps(t *testing.T) {
 	}
 	if !got[2].settled.IsZero() {
 		t.Error("an unsettled order has a settlement")
+	}
+	// o1: out 1, claimed 2, billing 5, its event 7, claimed 8, shim 9, settled 50.
+	d := func(n int) time.Duration { return time.Duration(n) * time.Millisecond }
+	wantStages := [][len(stageNames)]time.Duration{
+		{d(1), d(3), d(2), d(1), d(1), d(41)},
+		{d(9), d(11), -1, -1, -1, -1}, // p2 never reached the shim: hop 2 unknown
+		{-1, -1, -1, -1, -1, -1},        // e3 never claimed
+	}
+	for i, w := range wantStages {
+		if got[i].stages != w {
+			t.Errorf("order %d: stages %v; want %v", i, got[i].stages, w)
+		}
+	}
+	w := window(100, ms(0), ms(30), got, nil)
+	if len(w.Stages) != len(stageNames) || w.Stages[5].Events != 1 || w.Stages[0].Events != 2 {
+		t.Errorf("window stages = %+v; want all six, the first of two orders, the last of one", w.Stages)
+	}
+	if tbl := stagesTable([]Window{w}); !strings.Contains(tbl, "| 100/s | 1.0 ms") {
+		t.Errorf("stages table:\n%s", tbl)
 	}
 }
 

@@ -263,6 +263,12 @@ func markdown(res Results, o options, table string) string {
 		if len(measured) > 0 {
 			b.WriteString("\nEvery run's windows (ramp: each step's plateau; steady and soak: the whole load), measured from the databases and /proc:\n\n")
 			b.WriteString(windowsTable(measured))
+			for _, r := range measured {
+				if st := stagesTable(r.Windows); st != "" {
+					fmt.Fprintf(&b, "\nWhere an order's time goes, %s: p50 / p99 of each step, from the databases' timestamps (stages.go says which):\n\n", r.label())
+					b.WriteString(st)
+				}
+			}
 		}
 	}
 	if r, ok := res.K6["ramp"]; ok && len(r.Steps) > 0 {
