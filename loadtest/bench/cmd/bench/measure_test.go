@@ -164,7 +164,7 @@ func TestJoinOrdersTakesEachHopFromTheDatabasesTimestamps(t *testing.T) {
 	wantStages := [][len(stageNames)]time.Duration{
 		{d(1), d(3), d(2), d(1), d(1), d(41)},
 		{d(9), d(11), -1, -1, -1, -1}, // p2 never reached the shim: hop 2 unknown
-		{-1, -1, -1, -1, -1, -1},        // e3 never claimed
+		{-1, -1, -1, -1, -1, -1},      // e3 never claimed
 	}
 	for i, w := range wantStages {
 		if got[i].stages != w {
