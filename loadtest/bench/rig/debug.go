@@ -59,6 +59,30 @@ func (p *Platform) Profile(ctx context.Context, name string, d time.Duration, pa
 	return fmt.Errorf("profiling %s: %v", name, errs)
 }
 
+// Trace writes an execution trace of program name over d to path (go tool
+// trace; `go tool trace -pprof=sync|net|sched path` says where goroutines
+// blocked), from its debug listener or pprof on its operator listener.
+func (p *Platform) Trace(ctx context.Context, name string, d time.Duration, path string) error {
+	secs := max(1, int(d.Round(time.Second)/time.Second))
+	var errs []error
+	for _, src := range []struct{ url, token string }{
+		{p.DebugURLs[name], ""}, {p.adminURL(name), p.AdminToken},
+	} {
+		if src.url == "" {
+			continue
+		}
+		err := fetchProfile(ctx, fmt.Sprintf("%s/debug/pprof/trace?seconds=%d", src.url, secs), src.token, path)
+		if err == nil {
+			return nil
+		}
+		errs = append(errs, err)
+		if ctx.Err() != nil {
+			break
+		}
+	}
+	return fmt.Errorf("tracing %s: %v", name, errs)
+}
+
 func fetchProfile(ctx context.Context, url, token, path string) error {
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
 	if err != nil {

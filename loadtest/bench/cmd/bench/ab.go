@@ -106,7 +106,7 @@ func measureRun(ctx context.Context, p *rig.Platform, run *Run, shape loadShape,
 }
 
 // profileDuring starts CPU profiles of the four programs over the middle
-// half of a steady run's load (-profile-dir; none for the ramp and the
+// half of a steady run's load, and execution traces of its first seconds (-profile-dir; none for the ramp and the
 // spike, whose load changes under the profile) and returns a function that
 // waits for them and lists the files written.
 func profileDuring(ctx context.Context, o options, p *rig.Platform, label string, shape loadShape, say func(string, ...any)) func() []string {
@@ -128,14 +128,29 @@ func profileDuring(ctx context.Context, o options, p *rig.Platform, label string
 			case <-ctx.Done():
 				return
 			}
+			// An execution trace of the first seconds beside the profile:
+			// where each goroutine waited (the knee is set by waits).
+			traced := make(chan string, 1)
+			go func() {
+				path := filepath.Join(dir, label+"-"+prog+".trace")
+				if err := p.Trace(ctx, prog, min(length, 4*time.Second), path); err != nil {
+					say("%s: %v", label, err)
+					path = ""
+				}
+				traced <- path
+			}()
 			path := filepath.Join(dir, label+"-"+prog+".pprof")
 			if err := p.Profile(ctx, prog, length, path); err != nil {
 				say("%s: %v", label, err)
-				return
+				path = ""
 			}
 			mu.Lock()
-			files = append(files, path)
-			mu.Unlock()
+			defer mu.Unlock()
+			for _, f := range []string{path, <-traced} {
+				if f != "" {
+					files = append(files, f)
+				}
+			}
 		}()
 	}
 	return func() []string {

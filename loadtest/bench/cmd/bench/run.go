@@ -70,7 +70,7 @@ func parseFlags(args []string, stdout io.Writer) (options, error) {
 	fs.BoolVar(&o.fsync, "fsync", true, "measure the disk's fsync rate with pg_test_fsync (~10 s)")
 	fs.StringVar(&o.base, "base", "", "a git revision (commit, tag, branch) whose programs run every k6 scenario too, alternated with the working tree's, each figure then with the base's value and the ratio (make bench BASE=rev)")
 	fs.IntVar(&o.abRounds, "ab-rounds", 1, "with -base: rounds of each scenario per side, alternated A B, B A, … (figures are the rounds' mean)")
-	fs.StringVar(&o.profileDir, "profile-dir", "", "save a CPU profile of every program over the middle half of the steady and soak runs here (empty: none); read with go tool pprof -top FILE")
+	fs.StringVar(&o.profileDir, "profile-dir", "", "save a CPU profile (the middle half) and an execution trace (4 s of it) of every program over the steady and soak runs here (empty: none); read with go tool pprof -top FILE, go tool trace -pprof=sync FILE")
 	fs.IntVar(&o.peers.rounds, "peers-rounds", 2, "peers: rounds, each running every relay once (the first relay changes from round to round)")
 	peerRates := fs.String("peers-rates", "200,1000", "peers: the paced phases' rates, events/s from 8 connections")
 	fs.DurationVar(&o.peers.paced, "peers-paced", 20*time.Second, "peers: how long each paced phase commits events")

@@ -1,0 +1,56 @@
+package kafkasafe_test
+
+import (
+	"context"
+	"fmt"
+	"sort"
+	"testing"
+	"time"
+
+	"github.com/segmentio/kafka-go"
+
+	"github.com/onceflow/onceflow/pkg/testenv"
+	"github.com/onceflow/onceflow/pkg/kafkasafe"
+)
+
+// BenchmarkWriteLatency is what one synchronous write of a few messages
+// waits for, the relay's case (it writes a claimed batch and waits for the
+// acks), by BatchTimeout: kafka-go holds every partial batch for
+// BatchTimeout before it sends it, even when the caller has nothing more to
+// add, so the timeout is latency on every write.
+func BenchmarkWriteLatency(b *testing.B) {
+	brokers := testenv.KafkaBrokers(b)
+	topic := testenv.NewTopic(b, brokers, 6)
+	for _, msgs := range []int{1, 10} {
+		for _, timeout := range []time.Duration{200 * time.Microsecond, time.Microsecond} {
+			b.Run(fmt.Sprintf("msgs=%d/timeout=%v", msgs, timeout), func(b *testing.B) {
+				w := kafkasafe.NewWriter(brokers, kafkasafe.WriterConfig{BatchTimeout: timeout})
+				defer w.Close()
+				batch := make([]kafka.Message, msgs)
+				for i := range batch {
+					batch[i] = kafka.Message{Topic: topic, Key: []byte(fmt.Sprint("k", i)), Value: []byte("v")}
+				}
+				ctx := context.Background()
+				testenv.WaitFor(b, 20*time.Second, "the topic to take writes", func() (bool, error) {
+					return w.WriteMessages(ctx, batch...) == nil, nil
+				})
+				const writes = 400
+				lat := make([]time.Duration, 0, writes)
+				b.ResetTimer()
+				for range b.N {
+					lat = lat[:0]
+					for range writes {
+						t0 := time.Now()
+						if err := w.WriteMessages(ctx, batch...); err != nil {
+							b.Fatal(err)
+						}
+						lat = append(lat, time.Since(t0))
+					}
+				}
+				sort.Slice(lat, func(i, j int) bool { return lat[i] < lat[j] })
+				b.ReportMetric(float64(lat[len(lat)/2].Microseconds()), "p50-µs")
+				b.ReportMetric(float64(lat[len(lat)*99/100].Microseconds()), "p99-µs")
+			})
+		}
+	}
+}
