@@ -9,8 +9,8 @@ import (
 
 	"github.com/segmentio/kafka-go"
 
-	"github.com/onceflow/onceflow/pkg/testenv"
 	"github.com/onceflow/onceflow/pkg/kafkasafe"
+	"github.com/onceflow/onceflow/pkg/testenv"
 )
 
 // BenchmarkWriteLatency is what one synchronous write of a few messages
