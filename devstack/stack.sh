@@ -450,6 +450,12 @@ shared_buffers = 128MB
 logging_collector = off
 log_line_prefix = '%m [%p] %q%u@%d '
 EOF
+    # make bench counts each program's statements per order from
+    # pg_stat_statements (its cost is a hash update per statement); a
+    # server without the module starts without it.
+    if [[ -n $(find "$(dirname "$PG_BIN")" -name pg_stat_statements.so -print -quit 2>/dev/null) ]]; then
+      echo "shared_preload_libraries = 'pg_stat_statements'"
+    fi
     if [[ $role == standby ]]; then
       # dbname: PG 17's slot synchronization connects to a database.
       cat <<EOF

@@ -28,8 +28,13 @@ type Run struct {
 	// CPUPerOrderUs is every process group's CPU over the whole k6 run
 	// (load, drain, audit) per order placed; k6's is its rusage.
 	CPUPerOrderUs map[string]float64 `json:"cpuPerOrderUs,omitempty"`
-	// Profiles are the CPU profiles saved (-profile-dir).
+	// Profiles are the CPU profiles and traces saved (-profile-dir).
 	Profiles []string `json:"profiles,omitempty"`
+	// StatementsPerOrder is each program's SQL statements over the whole
+	// run per order placed, "all" their sum (statements.go); TopStatements
+	// the statements that ran at least once per ten orders.
+	StatementsPerOrder map[string]float64 `json:"statementsPerOrder,omitempty"`
+	TopStatements      []stmtStat         `json:"topStatements,omitempty"`
 }
 
 // buildBase builds rev's programs into bin/bench/base-<commit>: it exports

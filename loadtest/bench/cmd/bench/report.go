@@ -270,6 +270,10 @@ func markdown(res Results, o options, table string) string {
 				}
 			}
 		}
+		if st := statementsTable(res.Runs); st != "" {
+			b.WriteString("\nSQL statements per order placed, by program's database, over each whole run (pg_stat_statements, top level; statements.go):\n\n")
+			b.WriteString(st)
+		}
 	}
 	if r, ok := res.K6["ramp"]; ok && len(r.Steps) > 0 {
 		b.WriteString("\nRamp steps (each held " + o.stepDuration + "; a step passes with lag p99 ≤ 100 ms and ≥ 95 % of the offered rate):\n\n")

@@ -452,6 +452,7 @@ func runPlatform(ctx context.Context, o options, res *Results, getenv func(strin
 	}
 	workRoot := filepath.Join(o.root, "bin", "bench", "work")
 	n := 0
+	stmtProblem := false
 	scenario := func(key string, sd side, round int, script string, knob variant, shape loadShape, vars ...string) (*rig.Platform, rig.Report, error) {
 		n++
 		label := key
@@ -479,18 +480,31 @@ func runPlatform(ctx context.Context, o options, res *Results, getenv func(strin
 		say("k6 %s (%s)%s …", filepath.Base(script), strings.Join(vars, " "), map[bool]string{true: " against " + o.base, false: ""}[sd.name != ""])
 		// An overloaded run drains for minutes; only a stall should end the wait.
 		vars = append(vars, "DRAIN_TIMEOUT_MS=300000")
+		stmtErr := resetStatements(ctx, adminURL(getenv))
+		if stmtErr != nil && !stmtProblem {
+			stmtProblem = true
+			res.Problems = append(res.Problems, "statements per order: pg_stat_statements is not loaded (a stack from before devstack/stack.sh preloaded it: make down && make up): "+stmtErr.Error())
+		}
 		smp := startSampler(p, servers, time.Second)
 		profiled := profileDuring(ctx, o, p, label, shape, say)
 		r, err := rig.K6(ctx, k6, filepath.Join(o.root, "loadtest", "k6", script), p, indent(stdout), vars...)
 		samples := smp.finish()
 		profiles := profiled()
+		var stmts map[string]float64
+		var topStmts []stmtStat
+		if stmtErr == nil && err == nil {
+			dbs := map[string]string{"orders": p.OrdersDB, "billing": p.BillingDB, "shim": p.ShimDB}
+			if stmts, topStmts, stmtErr = readStatements(ctx, adminURL(getenv), dbs, r.OrdersPlaced); stmtErr != nil {
+				res.Problems = append(res.Problems, fmt.Sprintf("%s: statements per order: %v", label, stmtErr))
+			}
+		}
 		if err != nil {
 			p.Stop()
 			p.Destroy(context.WithoutCancel(ctx))
 			return nil, r, fmt.Errorf("%s: %w", label, err)
 		}
 		if !knob.notInResults {
-			run := Run{Key: key, Side: sd.name, Round: round, K6: r, Profiles: profiles}
+			run := Run{Key: key, Side: sd.name, Round: round, K6: r, Profiles: profiles, StatementsPerOrder: stmts, TopStatements: topStmts}
 			if err := measureRun(ctx, p, &run, shape, samples); err != nil {
 				res.Problems = append(res.Problems, fmt.Sprintf("%s: measuring: %v", label, err))
 			}
