@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"fmt"
+	"net/url"
 	"sort"
 	"strings"
 
@@ -43,7 +44,7 @@ func resetStatements(ctx context.Context, adminURL string) error {
 }
 
 // readStatements returns each program's statements per order over the run
-// (dbs: program → database name), with "all" their sum, and the statements
+// (dbs: program → its database's URL), with "all" their sum, and the statements
 // that ran at least once per ten orders, most frequent first.
 func readStatements(ctx context.Context, adminURL string, dbs map[string]string, orders float64) (map[string]float64, []stmtStat, error) {
 	if orders <= 0 {
@@ -51,7 +52,12 @@ func readStatements(ctx context.Context, adminURL string, dbs map[string]string,
 	}
 	program := map[string]string{}
 	names := make([]string, 0, len(dbs))
-	for prog, db := range dbs {
+	for prog, dbURL := range dbs {
+		u, err := url.Parse(dbURL)
+		if err != nil {
+			return nil, nil, err
+		}
+		db := strings.TrimPrefix(u.Path, "/")
 		program[db] = prog
 		names = append(names, db)
 	}
