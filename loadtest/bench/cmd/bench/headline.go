@@ -121,11 +121,12 @@ func headlineRows(in headlineInput) []headlineRow {
 		bl, r := baseCells(v, bv, bok, "orders/s")
 		add(headlineRow{kneeFigure, formatValue(v, "orders/s"), bl, r, goalKnee.text, verdictOf(goalKnee, v)})
 
-		bound, ok := mean(work, inWindow(cpuBoundRate, func(w Window) (float64, bool) {
-			b := cpuBound(w, res.Machine.CPUs)
-			return b, b > 0
-		}))
-		if ok {
+		// The rounds' mean CPU per order, then the bound: a bound per round
+		// averaged would weigh a cheap round more than a dear one.
+		all, ok1 := mean(work, inWindow(cpuBoundRate, cpuIn(cpuAllButK6)))
+		k6, ok2 := mean(work, inWindow(cpuBoundRate, cpuIn("k6")))
+		bound := cpuBound(Window{CPUPerOrderUs: map[string]float64{cpuAllButK6: all, "k6": k6}}, res.Machine.CPUs)
+		if ok1 && ok2 && bound > 0 {
 			add(headlineRow{boundFigure, formatValue(v, "orders/s"), formatValue(bound, "orders/s") + " (CPU bound)",
 				f2(v / bound), goalKneeOfBound.text, verdictOf(goalKneeOfBound, v/bound)})
 		} else {

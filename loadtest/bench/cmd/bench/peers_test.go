@@ -57,6 +57,11 @@ func TestPeersTable(t *testing.T) {
 			t.Errorf("table lacks %q:\n%s", want, table)
 		}
 	}
+	if strings.Contains(table, "CPU per event: the relay's process") {
+		t.Errorf("per-rate CPU rows from runs that measured none:\n%s", table)
+	}
+	runs[0].Paced[0].RelayCPU, runs[1].Paced[0].RelayCPU, runs[2].Paced[0].RelayCPU = 100, 120, 400
+	requireRow(t, "the table", peersTable(runs, nil), "| … CPU per event: the relay's process | 400.0 µs | 110.0 µs (100.0 µs–120.0 µs) | – |")
 	if strings.Contains(table, "fresh process") {
 		t.Errorf("the big transaction's rows without its run:\n%s", table)
 	}
