@@ -18,6 +18,7 @@ import (
 const (
 	headlineBeginMarker = "<!-- make bench: headline begin -->"
 	headlineEndMarker   = "<!-- make bench: headline end -->"
+	headlineTitle       = "## The latest `make bench` (generated)"
 )
 
 // headlineRow is one row of the headline table.
@@ -330,7 +331,7 @@ const peersAnchor = "debezium-beside-the-platforms-log-based-relay-generated-by-
 func headlineMarkdown(in headlineInput) string {
 	res, m := in.res, in.res.Machine
 	var b bytes.Buffer
-	fmt.Fprintf(&b, "%s\n## The latest `make bench` (generated)\n\n", headlineBeginMarker)
+	fmt.Fprintf(&b, "%s\n%s\n\n", headlineBeginMarker, headlineTitle)
 	b.WriteString("| | |\n|---|---|\n")
 	run := fmt.Sprintf("%s, %.1f minutes", m.Date, res.Seconds/60)
 	if res.Revision != "" {

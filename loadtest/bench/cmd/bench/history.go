@@ -68,7 +68,13 @@ func writeHistory(root, dir string, started time.Time, part, title string, secti
 	for _, s := range sections {
 		var kept []string
 		for _, line := range strings.Split(strings.TrimSpace(s), "\n") {
-			if !strings.HasPrefix(line, "<!-- make bench") {
+			switch {
+			case strings.HasPrefix(line, "<!-- make bench"):
+			case line == headlineTitle: // here it is no longer the latest
+				kept = append(kept, "## Headline")
+			case line == detailsTitle:
+				kept = append(kept, "## In detail")
+			default:
 				kept = append(kept, line)
 			}
 		}

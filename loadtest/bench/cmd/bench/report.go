@@ -133,6 +133,7 @@ const (
 	endMarker        = "<!-- make bench: generated results end -->"
 	knobsBeginMarker = "<!-- make bench -only knobs: generated results begin -->"
 	knobsEndMarker   = "<!-- make bench -only knobs: generated results end -->"
+	detailsTitle     = "## The latest run in detail (generated)"
 )
 
 // knobsMarkdown is the generated section of the knobs part.
@@ -151,7 +152,7 @@ func knobsMarkdown(res Results, o options) string {
 // latest run's tables, below the headline and the page's Method.
 func detailsMarkdown(res Results, o options) string {
 	var b bytes.Buffer
-	fmt.Fprintf(&b, "%s\n## The latest run in detail (generated)\n\n", beginMarker)
+	fmt.Fprintf(&b, "%s\n%s\n\n", beginMarker, detailsTitle)
 	fmt.Fprintf(&b, "The run of the headline (%s); everything between the markers is replaced by the next run, which\n", res.Machine.Date)
 	b.WriteString("keeps this one in [benchmarks/history](benchmarks/history/README.md).")
 	if o.jsonOut != "" {
