@@ -242,10 +242,11 @@ func peersHeadlineRows(in headlineInput) []headlineRow {
 		if in.latestPeers != "" {
 			m = "not run in this invocation; the latest peers run: " + in.latestPeers + " ([its section](#" + peersAnchor + "))"
 		}
+		v := ""
 		if in.ran["peers"] {
-			m = "no result: the part failed (see Problems)"
+			m, v = "no result: the part failed (see Problems)", "n/a"
 		}
-		return []headlineRow{{figure + strings.Join(rates, " / ") + " events/s", m, "", "", goalPeersCPU.text, ""}}
+		return []headlineRow{{figure + strings.Join(rates, " / ") + " events/s", m, "", "", goalPeersCPU.text, v}}
 	}
 	by := map[string][]PeerRun{}
 	for _, r := range in.res.Peers {

@@ -305,3 +305,28 @@ func TestRewriteFromJSONKeepsTheRunInTheHistory(t *testing.T) {
 		t.Error("-from rewrote the JSON it read")
 	}
 }
+
+// A peers run on its own leaves the headline, one run's, as it was, but
+// the date its peers row points to becomes the new run's.
+func TestNotePeersRunUpdatesTheHeadlinesPointer(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "BENCHMARKS.md")
+	res := headlineFixture(false)
+	res.Peers, res.Parts = nil, res.Parts[:len(res.Parts)-1] // all but peers
+	headline := headlineMarkdown(headlineInput{res: res, ran: ranParts(res), latestPeers: "2026-11-25 04:48:01 UTC"})
+	if err := writeHeadline(path, headline); err != nil {
+		t.Fatal(err)
+	}
+	if err := notePeersRun(path, "2026-12-02 10:00:00 UTC"); err != nil {
+		t.Fatal(err)
+	}
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := "not run in this invocation; the latest peers run: 2026-12-02 10:00:00 UTC ([its section]("; !strings.Contains(string(b), want) {
+		t.Errorf("the page lacks %q:\n%s", want, b)
+	}
+	if strings.Contains(string(b), "2026-11-25") {
+		t.Errorf("the old date is still there:\n%s", b)
+	}
+}

@@ -133,3 +133,25 @@ func writeHeadline(path, section string) error {
 	s = title + "\n\n" + strings.TrimSuffix(section, "\n") + "\n\n" + strings.TrimLeft(rest, "\n")
 	return os.WriteFile(path, []byte(strings.TrimRight(s, "\n")+"\n"), 0o644)
 }
+
+// latestPeersNote matches the date a headline gives for the latest peers
+// run when its own run had none.
+var latestPeersNote = regexp.MustCompile(`(the latest peers run: )([^(|]+?)( \()`)
+
+// notePeersRun points a headline written without the peers part at a
+// peers run made since (-only peers writes no headline: the headline is one
+// run's, whole).
+func notePeersRun(path, date string) error {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		if os.IsNotExist(err) {
+			return nil
+		}
+		return err
+	}
+	s := latestPeersNote.ReplaceAllString(string(b), "${1}"+date+"${3}")
+	if s == string(b) {
+		return nil
+	}
+	return os.WriteFile(path, []byte(s), 0o644)
+}

@@ -99,6 +99,11 @@ func report(o options, res Results, fresh bool, stdout io.Writer, say func(strin
 				return err
 			}
 			say("rewrote the %s section of %s", part, o.out)
+			if part == "peers" && !mainRan {
+				if err := notePeersRun(at(root, o.out), res.Machine.Date); err != nil {
+					return err
+				}
+			}
 			return keep(part, fmt.Sprintf("`make bench -only %s`, %s (generated)", part, res.Machine.Date), md)
 		}
 		return nil
