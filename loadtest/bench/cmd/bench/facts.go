@@ -108,14 +108,25 @@ func quietness(load string, cpus int) (bool, string) {
 		return false, fmt.Sprintf("load at start unknown (%q)", load)
 	}
 	limit := quietLoadPerCPU * float64(cpus)
-	for i, window := range []string{"1", "5", "15"} {
+	for i, window := range []string{"1-minute", "5-minute", "15-minute"} {
 		v, err := strconv.ParseFloat(f[i], 64)
 		if err != nil {
 			return false, fmt.Sprintf("load at start unreadable (%q)", load)
 		}
 		if v > limit {
-			return false, fmt.Sprintf("load %s over %s minutes at start, above %.2f (%.2f per CPU × %d CPUs)", f[i], window, limit, quietLoadPerCPU, cpus)
+			return false, fmt.Sprintf("%s load %s at start, above %.2f (%.2f per CPU × %d CPUs)", window, f[i], limit, quietLoadPerCPU, cpus)
 		}
 	}
 	return true, fmt.Sprintf("load %s (1/5/15 min) at start, each at most %.2f (%.2f per CPU × %d CPUs)", strings.Join(f[:3], " / "), limit, quietLoadPerCPU, cpus)
+}
+
+// treeRevision is the working tree's commit as `git describe --always
+// --dirty` names it ("" outside a git checkout): a figure means little
+// without the code it measured.
+func treeRevision(ctx context.Context, root string) string {
+	out, err := exec.CommandContext(ctx, "git", "-C", root, "describe", "--always", "--dirty", "--abbrev=12").Output()
+	if err != nil {
+		return ""
+	}
+	return strings.TrimSpace(string(out))
 }

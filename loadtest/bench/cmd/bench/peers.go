@@ -100,6 +100,12 @@ type PeerPaced struct {
 	P99    float64 `json:"p99Ms"`
 	Max    float64 `json:"maxMs"`
 	Missed int     `json:"missed"` // events committed but not on the topic
+	// RelayCPU and WalsenderCPU are the relay process's and its
+	// walsender's CPU microseconds per event over this phase (its wait for
+	// the stragglers included): issue 33 judges the relay at each rate,
+	// and a low rate's small batches cost more per event than a high one's.
+	RelayCPU     float64 `json:"relayCPUUsPerEvent,omitempty"`
+	WalsenderCPU float64 `json:"walsenderCPUUsPerEvent,omitempty"`
 }
 
 // peerOptions are the part's flags.
@@ -313,10 +319,13 @@ func (e peerEnv) run(ctx context.Context, relay string, round int) (PeerRun, err
 
 	paced := 0
 	for _, rate := range e.o.peers.rates {
+		rc, wc := cpu()
 		p, err := e.paced(ctx, s.pool, cdc.Write(s.mode), s.topic, rate)
 		if err != nil {
 			return r, fmt.Errorf("paced %d/s: %w", rate, err)
 		}
+		rcEnd, wcEnd := cpu()
+		p.RelayCPU, p.WalsenderCPU = perEvent(rcEnd-rc, p.Events), perEvent(wcEnd-wc, p.Events)
 		r.Paced = append(r.Paced, p)
 		paced += p.Events
 	}

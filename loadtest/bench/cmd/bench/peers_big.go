@@ -7,8 +7,8 @@ import (
 )
 
 // The peers part's big transaction (-peers-big N; issue 23: one
-// 1,000,000-event transaction, drain ÷ Debezium's with a cold JVM ≥ 2×,
-// the platform's relay ≤ 64 MB): after the rounds, each relay as a fresh
+// 1,000,000-event transaction, the drain against Debezium's with a cold
+// JVM and the relay's peak RSS): after the rounds, each relay as a fresh
 // process (Debezium: a fresh Kafka Connect, so a cold JVM) on a fresh
 // database, slot and topic drains one N-event transaction, commit → the
 // broker's append of its last record, and its process's peak RSS is read

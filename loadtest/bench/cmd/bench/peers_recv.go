@@ -20,8 +20,9 @@ import (
 	"github.com/onceflow/onceflow/pkg/outbox/cdc"
 )
 
-// The peers part's reference drain (issue 23: drain ÷ pg_recvlogical
-// reading the same slot alone, the walsender's limit, ≥ 0.8): PostgreSQL's
+// The peers part's reference drain (issue 23: a relay's drain divided by
+// pg_recvlogical's reading the same slot alone, the walsender's limit;
+// today's goals are goals.go's): PostgreSQL's
 // own pg_recvlogical streams a fresh slot while the same transactions as a
 // relay's drains commit, and writes what it receives to a pipe the bench
 // reads, so its figure is the walsender's decoding and sending and nothing

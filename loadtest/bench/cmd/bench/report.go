@@ -45,99 +45,44 @@ func ratio(a, b float64) float64 {
 	return a / b
 }
 
-// resultsTable is the headline: each comparison as a ratio, with the raw
-// numbers it divides and the goal it answers to.
-func resultsTable(res Results) string {
+// libraryTable is the library benchmarks, each against the baseline the
+// benchmark measures beside it in the same process.
+func libraryTable(res Results) string {
 	var b bytes.Buffer
 	row := func(cells ...string) { fmt.Fprintf(&b, "| %s |\n", strings.Join(cells, " | ")) }
-	row("comparison", "measured", "baseline", "ratio", "goal", "")
-	row("---", "---", "---", "---", "---", "---")
-	missing := func(what string) { row(what, "not run", "", "", "", "") }
+	row("benchmark", "measured", "baseline", "ratio")
+	row("---", "---", "---", "---")
+	missing := func(what string) { row(what, "not run", "", "") }
 
 	if g, ok := res.Go["write"]; ok {
 		m := g.Metrics
-		row("write path: order + outbox vs bare order insert (tx/s)", f0(m["outbox-tx/s"])+" tx/s", f0(m["bare-tx/s"])+" tx/s",
-			f2(m["ratio"]), "ratio ≥ 0.90", verdict(m["ratio"] >= 0.90))
+		row("write path: order + outbox vs bare order insert (tx/s)", f0(m["outbox-tx/s"])+" tx/s", f0(m["bare-tx/s"])+" tx/s", f2(m["ratio"]))
 		row("write path: p99 commit latency", f1(m["outbox-p99-ms"])+" ms", f1(m["bare-p99-ms"])+" ms",
-			f2(ratio(m["outbox-p99-ms"], m["bare-p99-ms"])), "", "")
+			f2(ratio(m["outbox-p99-ms"], m["bare-p99-ms"])))
 	} else {
 		missing("write path")
 	}
 	if g, ok := res.Go["drain"]; ok {
 		m := g.Metrics
-		// The section's goals are both (BENCHMARKS.md: "≥ 20,000 events/s and
-		// ratio ≥ 0.50"): a row is met only when every one is.
 		row(fmt.Sprintf("relay drain of %s events vs raw kafka-go produce (events/s)", f0(cmp.Or(m["events"], 100_000))), f0(m["relay-events/s"])+" events/s",
-			f0(m["raw-events/s"])+" events/s", f2(m["ratio"]), "≥ 20,000 events/s and ratio ≥ 0.50",
-			verdict(m["relay-events/s"] >= 20000 && m["ratio"] >= 0.50))
+			f0(m["raw-events/s"])+" events/s", f2(m["ratio"]))
 	} else {
 		missing("relay drain")
 	}
 	if g, ok := res.Go["consume"]; ok {
 		m := g.Metrics
 		row("billing consumption: 10% duplicates vs clean (events/s)", f0(m["dup-events/s"])+" events/s",
-			f0(m["clean-events/s"])+" events/s", f2(m["ratio"]), "clean ≥ 10,000 events/s and ratio ≥ 0.90",
-			verdict(m["clean-events/s"] >= 10000 && m["ratio"] >= 0.90))
+			f0(m["clean-events/s"])+" events/s", f2(m["ratio"]))
 	} else {
 		missing("billing consumption")
-	}
-	cdcRows(res, row)
-	out, okO := res.K6["outbox"]
-	naive, okN := res.K6["naive"]
-	switch {
-	case okO && okN:
-		row(fmt.Sprintf("end to end at %s orders/s offered: outbox vs naive dual write (orders/s)", f0(out.OfferedRate)),
-			f0(out.OrdersPerSecond), f0(naive.OrdersPerSecond), f2(ratio(out.OrdersPerSecond, naive.OrdersPerSecond)), "", "")
-		row("end to end: commit → settlement p99, outbox vs naive", f0(out.LagP99Ms)+" ms", f0(naive.LagP99Ms)+" ms",
-			f2(ratio(out.LagP99Ms, naive.LagP99Ms)), "", "")
-	case okO:
-		row("end to end: outbox vs naive dual write", "naive mode not run", "", "", "", "")
-	default:
-		missing("end to end: outbox vs naive")
-	}
-	if okO {
-		// One figure a row: the columns are measured / baseline / ratio,
-		// and a p50 is none of the last two.
-		steady := fmt.Sprintf("steady %s orders/s (outbox): ", f0(out.OfferedRate))
-		row(steady+"achieved", f0(out.OrdersPerSecond)+" orders/s", "", "", "≥ 95 % of 1,000 offered",
-			verdict(out.OfferedRate >= 1000 && out.OrdersPerSecond >= 950))
-		row(steady+"commit → settlement p50", f0(out.LagP50Ms)+" ms", "", "", "", "")
-		row(steady+"commit → settlement p99", f0(out.LagP99Ms)+" ms", "", "", "p99 ≤ 100 ms at 1,000 orders/s",
-			verdict(out.OfferedRate >= 1000 && out.OrdersPerSecond >= 950 && out.LagP99Ms <= 100))
-	}
-	if r, ok := res.K6["ramp"]; ok {
-		row("system: highest steady orders/s with commit → settlement p99 ≤ 100 ms (ramp knee)", f0(r.Knee)+" orders/s", "", "",
-			"≥ 2,000 orders/s sustained; ≥ 1,000 at p99 ≤ 100 ms", verdict(r.Knee >= 2000))
-	} else {
-		missing("system knee (ramp)")
-	}
-	if s, ok := res.K6["spike"]; ok {
-		row("spike: lag p99 over the whole run, backlog peak (orders outbox)", f0(s.LagP99Ms)+" ms",
-			"peak "+f0(s.BacklogPeakOrders)+" rows", "", "", invariants(s))
-		if ph := s.Phases; ph["before"] != nil && ph["spike"] != nil && ph["after"] != nil {
-			row("spike: lag p99 of orders placed before / during / after the burst", fmt.Sprintf("%s / %s / %s ms",
-				f0(ph["before"].LagP99Ms), f0(ph["spike"].LagP99Ms), f0(ph["after"].LagP99Ms)), "", "", "", "")
-		}
-	}
-	if s, ok := res.K6["soak"]; ok {
-		row(fmt.Sprintf("soak %s s at %s orders/s: lag p99", f0(s.LoadSeconds), f0(s.OfferedRate)), f0(s.LagP99Ms)+" ms", "", "", "", invariants(s))
-	}
-	lost, dup := 0.0, 0.0
-	for _, r := range res.K6 {
-		lost += r.Lost
-		dup += r.Duplicated + r.ThirdPartyDuplicates
-	}
-	if len(res.K6) > 0 {
-		row("invariants over every k6 run: lost / duplicated settlements", f0(lost)+" / "+f0(dup), "", "", "0 / 0", verdict(lost == 0 && dup == 0))
 	}
 	return b.String()
 }
 
-// cdcRows are the cdc part's rows (issue 15): the polling relay and the
-// log-based relay's table (RELAY_MODE=cdc) and wal modes, each figure
-// from one benchmark run. The polling relay has no goal here: it is the
-// baseline the log-based modes are to beat.
-func cdcRows(res Results, row func(...string)) {
+// modesTable is the cdc part (issue 15): the polling relay and the
+// log-based relay's table (RELAY_MODE=cdc) and wal modes side by side, a
+// column each, every figure from one benchmark run.
+func modesTable(res Results) string {
 	ran := false
 	for _, kind := range []string{"write", "drain", "lag"} {
 		for _, mode := range cdcModes {
@@ -146,51 +91,34 @@ func cdcRows(res Results, row func(...string)) {
 		}
 	}
 	if !ran {
-		row("relay modes poll / cdc (table) / wal", "not run", "", "", "", "")
-		return
+		return ""
 	}
-	label := map[string]string{"poll": "poll", "table": "cdc (table)", "wal": "wal"}
-	each := func(kind string, f func(mode string, m map[string]float64)) {
+	var b bytes.Buffer
+	b.WriteString("| figure | poll | cdc (table) | wal |\n|---|---|---|---|\n")
+	each := func(label, kind string, cell func(m map[string]float64) string) {
+		cells := []string{label}
 		for _, mode := range cdcModes {
 			if g, ok := res.Go["cdc-"+kind+"-"+mode]; ok {
-				f(mode, g.Metrics)
+				cells = append(cells, cell(g.Metrics))
 			} else {
-				row(fmt.Sprintf("relay mode %s: %s", label[mode], kind), "not run", "", "", "", "")
+				cells = append(cells, "not run")
 			}
 		}
+		fmt.Fprintf(&b, "| %s |\n", strings.Join(cells, " | "))
 	}
-	each("write", func(mode string, m map[string]float64) {
-		goal, met := "", ""
-		switch mode {
-		case "table":
-			goal, met = "ratio ≥ 0.75", verdict(m["ratio"] >= 0.75)
-		case "wal":
-			goal, met = "ratio ≥ 0.95", verdict(m["ratio"] >= 0.95)
-		}
-		row(fmt.Sprintf("relay mode %s, write: order + event vs bare order insert (tx/s)", label[mode]),
-			f0(m["event-tx/s"])+" tx/s", f0(m["bare-tx/s"])+" tx/s", f2(m["ratio"]), goal, met)
+	each("write: order + event ÷ bare order insert (tx/s)", "write", func(m map[string]float64) string {
+		return fmt.Sprintf("%s (%s / %s)", f2(m["ratio"]), f0(m["event-tx/s"]), f0(m["bare-tx/s"]))
 	})
-	each("write", func(mode string, m map[string]float64) {
-		row(fmt.Sprintf("relay mode %s, WAL bytes per event (write phase, over the bare insert's)", label[mode]),
-			f0(m["wal-bytes/event"])+" B", "", "", "reported", "")
+	each("WAL bytes per event (write phase, over the bare insert's)", "write", func(m map[string]float64) string {
+		return f0(m["wal-bytes/event"]) + " B"
 	})
-	each("drain", func(mode string, m map[string]float64) {
-		goal, met := "", ""
-		if mode != "poll" {
-			goal, met = "ratio ≥ 0.50", verdict(m["ratio"] >= 0.50)
-		}
-		row(fmt.Sprintf("relay mode %s, drain of %s events vs raw kafka-go produce (events/s)", label[mode], f0(m["events"])),
-			f0(m["relay-events/s"])+" events/s", f0(m["raw-events/s"])+" events/s", f2(m["ratio"]), goal, met)
+	each("drain of a backlog ÷ raw kafka-go produce (events/s)", "drain", func(m map[string]float64) string {
+		return fmt.Sprintf("%s (%s / %s of %s)", f2(m["ratio"]), f0(m["relay-events/s"]), f0(m["raw-events/s"]), f0(m["events"]))
 	})
-	each("lag", func(mode string, m map[string]float64) {
-		goal, met := "", ""
-		if mode != "poll" {
-			goal, met = "p99 ≤ 5 ms, no polling", verdict(m["ack-p99-ms"] <= 5)
-		}
-		lag := fmt.Sprintf("relay mode %s, commit → Kafka ack lag at %s events/s: ", label[mode], f0(m["events/s"]))
-		row(lag+"p50", f1(m["ack-p50-ms"])+" ms", "", "", "", "")
-		row(lag+"p99", f1(m["ack-p99-ms"])+" ms", "", "", goal, met)
+	each("commit → Kafka ack at a steady rate: p50 / p99", "lag", func(m map[string]float64) string {
+		return fmt.Sprintf("%s / %s ms at %s/s", f1(m["ack-p50-ms"]), f1(m["ack-p99-ms"]), f0(m["events/s"]))
 	})
+	return b.String()
 }
 
 func invariants(r rig.Report) string {
@@ -205,6 +133,7 @@ const (
 	endMarker        = "<!-- make bench: generated results end -->"
 	knobsBeginMarker = "<!-- make bench -only knobs: generated results begin -->"
 	knobsEndMarker   = "<!-- make bench -only knobs: generated results end -->"
+	detailsTitle     = "## The latest run in detail (generated)"
 )
 
 // knobsMarkdown is the generated section of the knobs part.
@@ -219,39 +148,31 @@ func knobsMarkdown(res Results, o options) string {
 	return b.String()
 }
 
-// markdown is the generated section of BENCHMARKS.md.
-func markdown(res Results, o options, table string) string {
+// detailsMarkdown is the generated details section of BENCHMARKS.md: the
+// latest run's tables, below the headline and the page's Method.
+func detailsMarkdown(res Results, o options) string {
 	var b bytes.Buffer
-	m := res.Machine
-	fmt.Fprintf(&b, "%s\n## `make bench`: the latest run (generated)\n\n", beginMarker)
-	fmt.Fprintf(&b, "Written by `make bench` (loadtest/bench/cmd/bench) on %s in %.1f minutes; everything between the markers is\n", m.Date, res.Seconds/60)
-	fmt.Fprintf(&b, "replaced by the next run. Raw numbers: [`%s`](%s); lag over time of the steady run: [`%s`](%s).\n\n", o.jsonOut, o.jsonOut, o.svgOut, o.svgOut)
-	fmt.Fprintf(&b, "Machine: %d CPUs (%s), %.1f GiB, load %s when it started; %s; %s; Kafka %s; `pg_test_fsync` fdatasync %s/s.\n",
-		m.CPUs, m.CPUModel, m.MemoryGB, m.Load, m.Go, strings.SplitN(m.Postgres, " on ", 2)[0], m.Kafka, f0(m.FsyncPerSec))
-	// Whether the run may be called quiet is the load's to say, not the
-	// writer's: a busy start makes every figure below pessimistic.
-	if quiet, why := quietness(m.Load, m.CPUs); quiet {
-		fmt.Fprintf(&b, "On a quiet machine: %s.\n\n", why)
-	} else {
-		fmt.Fprintf(&b, "**Not a quiet machine**: %s; the figures below are pessimistic and not comparable with a quiet run's.\n\n", why)
+	fmt.Fprintf(&b, "%s\n%s\n\n", beginMarker, detailsTitle)
+	fmt.Fprintf(&b, "The run of the headline (%s); everything between the markers is replaced by the next run, which\n", res.Machine.Date)
+	b.WriteString("keeps this one in [benchmarks/history](benchmarks/history/README.md).")
+	if o.jsonOut != "" {
+		fmt.Fprintf(&b, " Raw numbers: [`%s`](%s).", o.jsonOut, o.jsonOut)
 	}
-	b.WriteString(table)
+	b.WriteString("\n\n### Library benchmarks\n\n")
+	b.WriteString(libraryTable(res))
+	if t := modesTable(res); t != "" {
+		fmt.Fprintf(&b, "\nThe relay modes side by side (`cdc` part; a ratio with the measured and baseline figures in brackets):\n\n%s", t)
+	}
 	if len(res.Runs) > 0 {
-		b.WriteString("\n### End-to-end figures and goals (issue 12)\n\n")
+		b.WriteString("\n### End to end\n\n")
+		b.WriteString("From the ramp's plateaus (each step held " + o.stepDuration + "; hops from the databases' timestamps, CPU from /proc, as Method says)")
 		if res.Base != "" {
-			fmt.Fprintf(&b, "Every figure also measured, in this same run, against the programs of `%s` (`-base`), alternated with\n"+
-				"the working tree's; the ratio divides this tree's value by the base's.\n\n", res.Base)
+			fmt.Fprintf(&b, ", against `%s`'s programs in this same run", short(res.Base))
 		}
-		b.WriteString("Steps, hops, CPU and relay counters come from the ramp's plateaus (`-steps`, each held " + o.stepDuration + ").\n" +
-			"A hop runs from the upstream outbox row's `created_at` (`clock_timestamp()` at its INSERT, the transaction's last\n" +
-			"statement, so the hop includes its COMMIT) to the downstream inbox row's `received_at` (`now()`: the start of the\n" +
-			"consumer's transaction that applies or leases the event). CPU is `/proc/<pid>/stat` utime + stime per process over\n" +
-			"the plateau, per order placed in it: the four programs, Postgres (the postmaster, its live children and the ones it\n" +
-			"reaped, so the whole shared server), the Kafka broker's JVM, and k6. Relay costs are the relays' `outbox_relay_*`\n" +
-			"counters over `outbox_published_total`; n/a where a relay has no such counter.\n\n")
-		b.WriteString(goalsTable(res))
+		b.WriteString(":\n\n")
+		b.WriteString(e2eTable(res))
 		if ab := abTable(res); ab != "" {
-			b.WriteString("\nEach scenario against the base, as a whole (k6's report; the steady and soak runs' hops over their load; CPU over\nthe whole run):\n\n")
+			b.WriteString("\nEach scenario against the base as a whole (k6's figures; hops over a steady run's load; CPU over the whole run):\n\n")
 			b.WriteString(ab)
 		}
 		var measured []Run
@@ -261,9 +182,12 @@ func markdown(res Results, o options, table string) string {
 			}
 		}
 		if len(measured) > 0 {
-			b.WriteString("\nEvery run's windows (ramp: each step's plateau; steady and soak: the whole load), measured from the databases and /proc:\n\n")
+			b.WriteString("\nEvery run's windows (ramp: each step's plateau; steady and soak: the whole load), from the databases and /proc:\n\n")
 			b.WriteString(windowsTable(measured))
 			for _, r := range measured {
+				if r.Side != "" || r.Round > 0 {
+					continue // the page stays short: the base's are in the JSON
+				}
 				if st := stagesTable(r.Windows); st != "" {
 					fmt.Fprintf(&b, "\nWhere an order's time goes, %s: p50 / p99 of each step, from the databases' timestamps (stages.go says which):\n\n", r.label())
 					b.WriteString(st)
@@ -276,7 +200,7 @@ func markdown(res Results, o options, table string) string {
 		}
 	}
 	if r, ok := res.K6["ramp"]; ok && len(r.Steps) > 0 {
-		b.WriteString("\nRamp steps (each held " + o.stepDuration + "; a step passes with lag p99 ≤ 100 ms and ≥ 95 % of the offered rate):\n\n")
+		b.WriteString("\nRamp steps as k6 saw them (a step passes with lag p99 ≤ 100 ms and ≥ 95 % of the offered rate):\n\n")
 		b.WriteString("| offered orders/s | achieved | lag p50 | lag p99 | |\n|---|---|---|---|---|\n")
 		for _, s := range r.Steps {
 			ok := "pass"
@@ -287,7 +211,7 @@ func markdown(res Results, o options, table string) string {
 		}
 	}
 	if len(res.K6) > 0 {
-		b.WriteString("\nEvery k6 run (HTTP latency is `POST /orders`; backlog peaks are outbox rows pending):\n\n")
+		b.WriteString("\nEvery k6 run of this tree (HTTP latency is `POST /orders`; backlog peaks are outbox rows pending):\n\n")
 		b.WriteString("| run | offered | orders/s | HTTP p50 / p95 / p99 | lag p50 / p99 / max | outbox backlog peak orders / billing | consumer lag peak billing / shim | errors | lost / doubled | k6 exit |\n")
 		b.WriteString("|---|---|---|---|---|---|---|---|---|---|\n")
 		for _, key := range []string{"outbox", "naive", "ramp", "spike", "soak"} {
@@ -301,17 +225,22 @@ func markdown(res Results, o options, table string) string {
 				f0(r.ConsumerLagPeakBilling), f0(r.ConsumerLagPeakShim),
 				f0(r.Errors), f0(r.Lost), f0(r.Duplicated+r.ThirdPartyDuplicates), r.ExitCode)
 		}
+		if s, ok := res.K6["spike"]; ok {
+			if ph := s.Phases; ph["before"] != nil && ph["spike"] != nil && ph["after"] != nil {
+				fmt.Fprintf(&b, "\nThe spike's lag p99 for orders placed before / during / after the burst: %s / %s / %s ms.\n",
+					f0(ph["before"].LagP99Ms), f0(ph["spike"].LagP99Ms), f0(ph["after"].LagP99Ms))
+			}
+		}
 	}
 	if len(res.Runs) > 0 {
-		b.WriteString("\nCPU per order placed over each whole k6 run (load, drain and audit), by process (µs; /proc/<pid>/stat for the\n" +
-			"programs, Postgres (the whole server, shared with anything else on it) and Kafka; k6's rusage):\n\n")
+		b.WriteString("\nCPU per order placed over each whole k6 run (load, drain and audit), by process (µs):\n\n")
 		b.WriteString(cpuTable(res.Runs))
 	}
-	if len(res.Lag) > 0 {
+	if len(res.Lag) > 0 && o.svgOut != "" {
 		fmt.Fprintf(&b, "\n![commit → settlement lag over time, steady run](%s)\n", o.svgOut)
 	}
 	if len(res.Missed) > 0 {
-		b.WriteString("\nScenario thresholds missed (goals, not invariants):\n\n")
+		b.WriteString("\nScenario thresholds missed (k6's own thresholds, not invariants):\n\n")
 		for _, m := range res.Missed {
 			fmt.Fprintf(&b, "- %s\n", m)
 		}

@@ -24,16 +24,21 @@ import (
 
 type options struct {
 	root, out, jsonOut, svgOut string
-	only                       map[string]bool
-	rate                       int
-	steadyDuration             string
-	steps                      string
-	stepDuration               string
-	spikeRate                  int
-	soakDuration               string
-	fsync                      bool
-	knobRate                   int
-	drainEvents                int
+	// history is where each written section is kept too (history.go).
+	history string
+	// from is a results JSON of an earlier run to write the page from,
+	// running nothing (-from).
+	from           string
+	only           map[string]bool
+	rate           int
+	steadyDuration string
+	steps          string
+	stepDuration   string
+	spikeRate      int
+	soakDuration   string
+	fsync          bool
+	knobRate       int
+	drainEvents    int
 	// base is a git revision whose programs run the k6 scenarios beside the
 	// working tree's (-base, make bench BASE=), abRounds times each.
 	base       string
@@ -58,6 +63,8 @@ func parseFlags(args []string, stdout io.Writer) (options, error) {
 	fs.StringVar(&o.out, "out", "BENCHMARKS.md", "the file whose results section is rewritten (empty: none)")
 	fs.StringVar(&o.jsonOut, "json", "benchmarks/results.json", "where the results go as JSON (empty: nowhere)")
 	fs.StringVar(&o.svgOut, "svg", "benchmarks/steady-lag.svg", "where the steady run's lag plot goes (empty: nowhere)")
+	fs.StringVar(&o.history, "history", "benchmarks/history", "where every section written to -out is also kept, one file per run and part (empty: nowhere)")
+	fs.StringVar(&o.from, "from", "", "write -out's sections and the history from this results JSON of an earlier run (e.g. benchmarks/results.json), running nothing")
 	fs.StringVar(&only, "only", strings.Join(defaultParts, ","), "which parts to run: "+strings.Join(parts, ","))
 	fs.IntVar(&o.knobRate, "knob-rate", 300, "orders/s offered to every variant of the knobs part")
 	fs.IntVar(&o.rate, "rate", 1000, "orders/s offered to naive and outbox mode alike (the steady runs)")
@@ -72,7 +79,7 @@ func parseFlags(args []string, stdout io.Writer) (options, error) {
 	fs.IntVar(&o.abRounds, "ab-rounds", 1, "with -base: rounds of each scenario per side, alternated A B, B A, … (figures are the rounds' mean)")
 	fs.StringVar(&o.profileDir, "profile-dir", "", "save a CPU profile (the middle half) and an execution trace (4 s of it) of every program over the steady and soak runs here (empty: none); read with go tool pprof -top FILE, go tool trace -pprof=sync FILE")
 	fs.IntVar(&o.peers.rounds, "peers-rounds", 2, "peers: rounds, each running every relay once (the first relay changes from round to round)")
-	peerRates := fs.String("peers-rates", "200,1000", "peers: the paced phases' rates, events/s from 8 connections")
+	peerRates := fs.String("peers-rates", "200,1000,5000", "peers: the paced phases' rates, events/s from 8 connections (the headline judges 200, 1,000 and 5,000)")
 	fs.DurationVar(&o.peers.paced, "peers-paced", 20*time.Second, "peers: how long each paced phase commits events")
 	fs.DurationVar(&o.peers.idle, "peers-idle", 10*time.Second, "peers: the idle window whose CPU each relay is charged")
 	fs.IntVar(&o.peers.big, "peers-big", 0, "peers: after the rounds, each relay as a fresh process drains one transaction of this many events, for its drain rate and peak RSS (issue 23: 1000000; 0: not run)")
@@ -121,7 +128,12 @@ func contains(list []string, s string) bool {
 
 // Results is everything one `make bench` measured; it is also the JSON file.
 type Results struct {
-	Machine Machine               `json:"machine"`
+	Machine Machine `json:"machine"`
+	// Revision is the working tree's commit (and whether it had
+	// uncommitted changes), as `git describe --always --dirty` says.
+	Revision string `json:"revision,omitempty"`
+	// Parts are the parts this invocation ran (-only).
+	Parts   []string              `json:"parts,omitempty"`
 	Started time.Time             `json:"started"`
 	Seconds float64               `json:"seconds"`
 	Go      map[string]GoBench    `json:"goBenchmarks,omitempty"`
@@ -165,8 +177,17 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout 
 		fmt.Fprintf(stdout, "[%5.0fs] %s\n", time.Since(start).Seconds(), fmt.Sprintf(format, a...))
 	}
 
+	if o.from != "" {
+		return rewrite(o, stdout, say)
+	}
 	say("machine facts …")
 	res.Machine = machineFacts(ctx, root, adminURL(getenv), o.fsync)
+	res.Revision = treeRevision(ctx, root)
+	for _, p := range parts {
+		if o.only[p] {
+			res.Parts = append(res.Parts, p)
+		}
+	}
 	printMachine(stdout, res.Machine)
 
 	goBench := func(part, pkg, pattern, name string) {
@@ -220,74 +241,8 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout 
 	}
 	res.Seconds = time.Since(start).Seconds()
 
-	mainRan := false
-	for _, p := range defaultParts {
-		mainRan = mainRan || o.only[p]
-	}
-	if mainRan {
-		table := resultsTable(res)
-		fmt.Fprintln(stdout)
-		fmt.Fprintln(stdout, table)
-		if len(res.Runs) > 0 {
-			fmt.Fprintln(stdout, goalsTable(res))
-		}
-		if ab := abTable(res); ab != "" {
-			fmt.Fprintln(stdout, ab)
-		}
-		if o.jsonOut != "" {
-			if err := writeJSON(at(root, o.jsonOut), res); err != nil {
-				return err
-			}
-			say("wrote %s", o.jsonOut)
-		}
-		if o.svgOut != "" && len(res.Lag) > 0 {
-			if err := os.MkdirAll(filepath.Dir(at(root, o.svgOut)), 0o755); err != nil {
-				return err
-			}
-			title := fmt.Sprintf("commit → settlement lag, steady %d orders/s (outbox mode), %s", o.rate, res.Started.Format("2006-01-02 15:04 UTC"))
-			if err := os.WriteFile(at(root, o.svgOut), []byte(lagSVG(res.Lag, title)), 0o644); err != nil {
-				return err
-			}
-			say("wrote %s", o.svgOut)
-		}
-		if o.out != "" {
-			if err := writeMarkdown(at(root, o.out), markdown(res, o, table), beginMarker, endMarker); err != nil {
-				return err
-			}
-			say("rewrote the results section of %s", o.out)
-		}
-	}
-	// A part with a section of its own (knobs, peers) prints its table and
-	// writes its results beside the main ones: -json's file with -<part>
-	// before .json, and its section of -out.
-	writePart := func(part, table, md, begin, end string) error {
-		fmt.Fprintln(stdout)
-		fmt.Fprintln(stdout, table)
-		if o.jsonOut != "" {
-			path := strings.TrimSuffix(at(root, o.jsonOut), ".json") + "-" + part + ".json"
-			if err := writeJSON(path, res); err != nil {
-				return err
-			}
-			say("wrote %s", path)
-		}
-		if o.out != "" {
-			if err := writeMarkdown(at(root, o.out), md, begin, end); err != nil {
-				return err
-			}
-			say("rewrote the %s section of %s", part, o.out)
-		}
-		return nil
-	}
-	if len(res.Knobs) > 0 {
-		if err := writePart("knobs", knobTable(res.Knobs), knobsMarkdown(res, o), knobsBeginMarker, knobsEndMarker); err != nil {
-			return err
-		}
-	}
-	if len(res.Peers) > 0 {
-		table := peersTable(res.Peers, res.PeersBig)
-		if err := writePart("peers", table, peersMarkdown(res, o, table), peersBeginMarker, peersEndMarker); err != nil {
-			return err
-		}
+	if err := report(o, res, true, stdout, say); err != nil {
+		return err
 	}
 	if len(res.Problems) > 0 {
 		return fmt.Errorf("%d part(s) failed: %s", len(res.Problems), strings.Join(res.Problems, "; "))

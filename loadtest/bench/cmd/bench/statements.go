@@ -118,7 +118,11 @@ func statementsTable(runs []Run) string {
 		return b.String()
 	}
 	fmt.Fprintf(&b, "\nThe statements of %s that ran at least once per ten orders:\n\n| program | per order | statement |\n|---|---|---|\n", first.label())
-	for _, s := range first.TopStatements {
+	for i, s := range first.TopStatements {
+		if i == 12 {
+			fmt.Fprintf(&b, "| | | (%d more in the JSON) |\n", len(first.TopStatements)-i)
+			break
+		}
 		fmt.Fprintf(&b, "| %s | %s | `%s` |\n", s.Program, f2(s.PerOrder), strings.ReplaceAll(s.Query, "|", `\|`))
 	}
 	return b.String()
