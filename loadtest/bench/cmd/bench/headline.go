@@ -345,6 +345,9 @@ func headlineMarkdown(in headlineInput) string {
 	fmt.Fprintf(&b, "| run | %s |\n", run)
 	fmt.Fprintf(&b, "| machine | %d CPUs (%s), %.1f GiB; `pg_test_fsync` fdatasync %s/s; %s; %s; Kafka %s |\n",
 		m.CPUs, m.CPUModel, m.MemoryGB, f0(m.FsyncPerSec), m.Go, strings.SplitN(m.Postgres, " on ", 2)[0], m.Kafka)
+	if res.CommitDelayUs > 0 {
+		fmt.Fprintf(&b, "| disk | **slowed**: every k6 run's databases waited %d µs before each WAL flush (`-commit-delay-us`) |\n", res.CommitDelayUs)
+	}
 	if quiet, why := quietness(m.Load, m.CPUs); quiet {
 		fmt.Fprintf(&b, "| quiet | yes: %s |\n", why)
 	} else {

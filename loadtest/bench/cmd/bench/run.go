@@ -13,6 +13,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -45,6 +46,8 @@ type options struct {
 	abRounds   int
 	profileDir string
 	peers      peerOptions
+	// commitDelayUs slows every k6 run's commits (-commit-delay-us).
+	commitDelayUs int
 }
 
 var parts = []string{"write", "drain", "consume", "cdc", "modes", "ramp", "spike", "soak", "knobs", "peers"}
@@ -77,6 +80,7 @@ func parseFlags(args []string, stdout io.Writer) (options, error) {
 	fs.BoolVar(&o.fsync, "fsync", true, "measure the disk's fsync rate with pg_test_fsync (~10 s)")
 	fs.StringVar(&o.base, "base", "", "a git revision (commit, tag, branch) whose programs run every k6 scenario too, alternated with the working tree's, each figure then with the base's value and the ratio (make bench BASE=rev)")
 	fs.IntVar(&o.abRounds, "ab-rounds", 1, "with -base: rounds of each scenario per side, alternated A B, B A, … (figures are the rounds' mean)")
+	fs.IntVar(&o.commitDelayUs, "commit-delay-us", 0, "emulate a slower disk in the k6 runs: their databases set commit_delay to this many µs with commit_siblings 0, so every WAL flush waits that much first (e.g. 50 turns a 10,500 fdatasync/s disk into about 7,000; 0: off)")
 	fs.StringVar(&o.profileDir, "profile-dir", "", "save a CPU profile (the middle half) and an execution trace (4 s of it) of every program over the steady and soak runs here (empty: none); read with go tool pprof -top FILE, go tool trace -pprof=sync FILE")
 	fs.IntVar(&o.peers.rounds, "peers-rounds", 2, "peers: rounds, each running every relay once (the first relay changes from round to round)")
 	peerRates := fs.String("peers-rates", "200,1000,5000", "peers: the paced phases' rates, events/s from 8 connections (the headline judges 200, 1,000 and 5,000)")
@@ -146,6 +150,9 @@ type Results struct {
 	PeersBig []PeerBig `json:"peersBig,omitempty"`
 	// Base is the -base revision the k6 scenarios also ran against.
 	Base string `json:"base,omitempty"`
+	// CommitDelayUs is -commit-delay-us: every k6 run's databases waited
+	// this long before each WAL flush (a slower disk, emulated).
+	CommitDelayUs int `json:"commitDelayUs,omitempty"`
 	// Runs are every k6 run with the figures measured around it (both
 	// sides with -base), in the order they ran.
 	Runs     []Run    `json:"runs,omitempty"`
@@ -418,10 +425,17 @@ func runPlatform(ctx context.Context, o options, res *Results, getenv func(strin
 		// The working tree's programs listen on port 0 and log the bound
 		// addresses; a -base revision's may predate that "listening" line, so
 		// they get ports picked in advance (racy, but only for old binaries).
+		dbSettings := knob.dbSettings
+		if o.commitDelayUs > 0 {
+			// commit_siblings 0: the delay comes before every flush, not
+			// only when five other transactions are open.
+			dbSettings = append(slices.Clone(dbSettings), fmt.Sprintf("commit_delay = %d", o.commitDelayUs), "commit_siblings = 0")
+			res.CommitDelayUs = o.commitDelayUs
+		}
 		p, err := rig.Start(ctx, rig.Config{
 			PrePickPorts: sd.name != "",
 			BinDir:       sd.binDir, WorkDir: filepath.Join(workRoot, label), PostgresURL: adminURL(getenv),
-			Brokers: brokers(getenv), Name: name, Env: knob.env, Partitions: knob.partitions, DatabaseSettings: knob.dbSettings,
+			Brokers: brokers(getenv), Name: name, Env: knob.env, Partitions: knob.partitions, DatabaseSettings: dbSettings,
 			DatabaseParams: knob.dbParams,
 		})
 		if err != nil {
