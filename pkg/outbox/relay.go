@@ -258,6 +258,15 @@ func (r *Relay) drain(ctx context.Context, armed bool, wake chan struct{}) bool 
 			case <-wake:
 			default:
 			}
+		case n == 0 && r.noteRate(0, time.Now()) > busyRate:
+			// Busy a moment ago: this is a gap between commits, not the
+			// end of the traffic. Arming now would make every writer wait
+			// at the fence (arm) several times a second; claim again after
+			// a short sleep instead, and arm once the rate has fallen.
+			if !retry.Sleep(ctx, max(r.cfg.Linger, time.Millisecond)) {
+				return armed
+			}
+			continue
 		case n == 0:
 			armFirst = true
 			continue
@@ -628,6 +637,7 @@ func (r *Relay) relayBatch(ctx context.Context, ops wakeOps) (res batchResult, e
 	claim := &pgx.Batch{}
 	if ops.arm {
 		claim.Queue("begin")
+		claim.Queue(armSettings)
 		claim.Queue(arm, r.cfg.ID, advisoryLockClass, wakeFenceKey)
 		claim.Queue("commit")
 	}
@@ -828,7 +838,7 @@ func (r *Relay) readClaim(b *pgx.Batch, br pgx.BatchResults, arming bool) (batch
 		if err != nil {
 			return nil, armed, fmt.Errorf("setting up the claim (%s): %w", firstWord(b.QueuedQueries[i].SQL), err)
 		}
-		if arming && i == 1 {
+		if arming && b.QueuedQueries[i].SQL == arm {
 			armed = tag.RowsAffected() == 1
 		}
 	}

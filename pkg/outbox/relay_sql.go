@@ -15,9 +15,20 @@ const wakeFenceKey = -1
 // It runs in a transaction of its own, committed in the claim's round trip
 // before the claim's transaction begins: held through the claim, the fence
 // would make writers' commits wait for the Kafka publish.
+//
+// The fence also holds back every writer that comes to it after the relay
+// asked for it (PostgreSQL queues a shared request behind a waiting
+// exclusive one) until the arming transaction ends, so that transaction
+// commits without waiting for its WAL flush (armSettings): writers then wait
+// for the commits already under way, not for one more flush. A crash that
+// loses the flag loses no event: the relay is not woken, and its poll
+// (PollInterval) claims the rows.
 const arm = `
 WITH fence AS (SELECT pg_advisory_xact_lock($2::int, $3::int))
 UPDATE outbox_relays SET waiting = true FROM fence WHERE id = $1`
+
+// armSettings makes the arming transaction's commit asynchronous (see arm).
+const armSettings = `SELECT set_config('synchronous_commit', 'off', true)`
 
 // disarm runs in the claim transaction, so it costs no round trip of its own.
 const disarm = `UPDATE outbox_relays SET waiting = false WHERE id = $1 AND waiting`

@@ -339,7 +339,7 @@ func requireRow(t *testing.T, what, table, want string) {
 func TestStatementsTableNamesEachProgramAndTheFrequentStatements(t *testing.T) {
 	runs := []Run{
 		{Key: "outbox", StatementsPerOrder: map[string]float64{"orders": 1.25, "billing": 2, "shim": 3, "all": 6.25},
-			TopStatements: []stmtStat{{Program: "orders", PerOrder: 1, Query: "INSERT INTO orders (a|b) VALUES ($1)"}}},
+			TopStatements: []stmtStat{{Program: "orders", PerOrder: 1, ExecUsPerOrder: 12, Query: "INSERT INTO orders (a|b) VALUES ($1)"}}},
 		{Key: "outbox", Side: "base", StatementsPerOrder: map[string]float64{"orders": 5, "all": 5}},
 		{Key: "ramp"},
 	}
@@ -347,7 +347,7 @@ func TestStatementsTableNamesEachProgramAndTheFrequentStatements(t *testing.T) {
 	for _, want := range []string{
 		"| outbox | 1.2 | 2.0 | 3.0 | 6.2 |",
 		"| outbox (base) | 5.0 | 0.0 | 0.0 | 5.0 |",
-		"| orders | 1.00 | `INSERT INTO orders (a\\|b) VALUES ($1)` |",
+		"| orders | 1.00 | 12 | `INSERT INTO orders (a\\|b) VALUES ($1)` |",
 	} {
 		if !strings.Contains(got, want) {
 			t.Errorf("statements table lacks %q:\n%s", want, got)

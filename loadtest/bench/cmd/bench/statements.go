@@ -24,7 +24,11 @@ import (
 type stmtStat struct {
 	Program  string  `json:"program"`
 	PerOrder float64 `json:"perOrder"`
-	Query    string  `json:"query"`
+	// ExecUsPerOrder is the statement's execution time per order, µs
+	// (pg_stat_statements' total_exec_time: in the executor, not parsing
+	// or the round trip).
+	ExecUsPerOrder float64 `json:"execUsPerOrder"`
+	Query          string  `json:"query"`
 }
 
 // resetStatements empties pg_stat_statements before a run, creating the
@@ -45,7 +49,8 @@ func resetStatements(ctx context.Context, adminURL string) error {
 
 // readStatements returns each program's statements per order over the run
 // (dbs: program → its database's URL), with "all" their sum, and the statements
-// that ran at least once per ten orders, most frequent first.
+// that ran at least once per ten orders or took 5 µs per order, most
+// frequent first.
 func readStatements(ctx context.Context, adminURL string, dbs map[string]string, orders float64) (map[string]float64, []stmtStat, error) {
 	if orders <= 0 {
 		return nil, nil, nil
@@ -63,22 +68,23 @@ func readStatements(ctx context.Context, adminURL string, dbs map[string]string,
 	}
 	per := map[string]float64{}
 	var top []stmtStat
-	err := query(ctx, adminURL, `SELECT d.datname, s.calls, s.query
+	err := query(ctx, adminURL, `SELECT d.datname, s.calls, s.total_exec_time, s.query
 FROM pg_stat_statements s JOIN pg_database d ON d.oid = s.dbid
 WHERE d.datname = ANY('{`+strings.Join(names, ",")+`}')`, func(r pgx.Rows) error {
 		var (
-			db, q string
-			calls int64
+			db, q  string
+			calls  int64
+			execMs float64
 		)
-		if err := r.Scan(&db, &calls, &q); err != nil {
+		if err := r.Scan(&db, &calls, &execMs, &q); err != nil {
 			return err
 		}
 		prog := program[db]
 		v := float64(calls) / orders
 		per[prog] += v
 		per["all"] += v
-		if v >= 0.1 {
-			top = append(top, stmtStat{Program: prog, PerOrder: v, Query: oneLine(q, 100)})
+		if v >= 0.1 || execMs*1000/orders >= 5 {
+			top = append(top, stmtStat{Program: prog, PerOrder: v, ExecUsPerOrder: execMs * 1000 / orders, Query: oneLine(q, 100)})
 		}
 		return nil
 	})
@@ -117,13 +123,13 @@ func statementsTable(runs []Run) string {
 	if first == nil || len(first.TopStatements) == 0 {
 		return b.String()
 	}
-	fmt.Fprintf(&b, "\nThe statements of %s that ran at least once per ten orders:\n\n| program | per order | statement |\n|---|---|---|\n", first.label())
+	fmt.Fprintf(&b, "\nThe statements of %s that ran at least once per ten orders or took at least 5 µs per order, with their execution time per order:\n\n| program | per order | µs per order | statement |\n|---|---|---|---|\n", first.label())
 	for i, s := range first.TopStatements {
 		if i == 12 {
-			fmt.Fprintf(&b, "| | | (%d more in the JSON) |\n", len(first.TopStatements)-i)
+			fmt.Fprintf(&b, "| | | | (%d more in the JSON) |\n", len(first.TopStatements)-i)
 			break
 		}
-		fmt.Fprintf(&b, "| %s | %s | `%s` |\n", s.Program, f2(s.PerOrder), strings.ReplaceAll(s.Query, "|", `\|`))
+		fmt.Fprintf(&b, "| %s | %s | %s | `%s` |\n", s.Program, f2(s.PerOrder), f0(s.ExecUsPerOrder), strings.ReplaceAll(s.Query, "|", `\|`))
 	}
 	return b.String()
 }
