@@ -145,28 +145,29 @@ func refusal(data []byte, err error) error {
 		// The reason quotes one character (or escape) at most.
 		return apperr.Errorf(apperr.Malformed, "request body is not valid JSON (at byte %d): %s", syn.ByteOffset, cut(syn.Err))
 	case errors.As(err, &sem):
-		field := "the body"
+		field, path := "the body", ""
 		if sem.JSONPointer != "" {
-			field = pathOf(data, sem.JSONPointer)
+			path = pathOf(data, sem.JSONPointer)
+			field = label(path)
 		}
 		switch {
 		case sem.Err == json.ErrUnknownName:
-			msg := "unknown field " + apperr.Quote(field)
+			msg := "unknown field " + apperr.Quote(path)
 			if hasFieldFolded(sem.GoType, sem.JSONPointer.LastToken()) {
 				msg += " (field names are case-sensitive)"
 			}
 			return apperr.Errorf(apperr.Malformed, "%s", msg)
 		case sem.JSONKind != 0 && sem.GoType != nil && sem.Err == nil:
 			return apperr.Errorf(apperr.Malformed, "request body is not valid JSON for this endpoint: %s must be %s, got a JSON %s",
-				label(field), kind(sem.GoType), jsonKind(sem.JSONKind))
+				field, kind(sem.GoType), jsonKind(sem.JSONKind))
 		case sem.JSONKind == '0' && sem.GoType != nil:
 			// A number the Go type cannot hold: 1.5 or 1e400 for an int.
 			return apperr.Errorf(apperr.Malformed, "request body is not valid JSON for this endpoint: %s must be %s, got the JSON number %s",
-				label(field), kind(sem.GoType), apperr.Quote(string(sem.JSONValue)))
+				field, kind(sem.GoType), apperr.Quote(string(sem.JSONValue)))
 		case sem.Err != nil:
 			// A field's own UnmarshalJSON / UnmarshalText, or a time: its
 			// error may quote the value, so it is cut.
-			return apperr.Errorf(apperr.Malformed, "request body is not valid JSON for this endpoint: %s: %s", label(field), cut(sem.Err))
+			return apperr.Errorf(apperr.Malformed, "request body is not valid JSON for this endpoint: %s: %s", field, cut(sem.Err))
 		}
 	}
 	return apperr.Errorf(apperr.Malformed, "request body is not valid JSON for this endpoint: %s", cut(err))
