@@ -142,7 +142,8 @@ FUZZ_TARGETS = \
 	./services/orders:FuzzDecodePlaceRequest \
 	./platform/outboxhttp:FuzzDecodeRequeue \
 	./platform/outboxhttp:FuzzDecodeReplay \
-	./platform/inboxhttp:FuzzDecodeRequeue
+	./platform/inboxhttp:FuzzDecodeRequeue \
+	./platform/strictjson:FuzzAgreesWithThreePass
 
 .PHONY: fuzz
 fuzz: ## Fuzz every decoder for FUZZTIME each (default 30s); a failure leaves its input in the package's testdata/fuzz/

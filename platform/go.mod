@@ -19,6 +19,7 @@ require (
 )
 
 require (
+	github.com/go-json-experiment/json v1.27.2 // indirect
 	github.com/jackc/pgio v1.0.0 // indirect
 	github.com/jackc/pglogrepl v0.0.0-20250509230407-a9884f6bd75a // indirect
 	github.com/kylelemons/godebug v1.1.0 // indirect

@@ -57,7 +57,12 @@ func TestUnmarshal(t *testing.T) {
 		{"empty", "  ", "empty"},
 		{"truncated", `{"id":`, "not valid JSON"},
 		{"wrong type", `{"count":"1"}`, "count must be an integer"},
-		{"not an object", `[]`, "must be an object"},
+		{"not an object", `[]`, "the body must be an object, got a JSON array"},
+		{"unknown nested field", `{"inner":{"zzz":1}}`, `unknown field "inner.zzz"`},
+		{"wrong type in an array element", `{"list":[{"name":1}]}`, "list[0].name must be a string, got a JSON number"},
+		{"fraction for an integer", `{"count":1.5}`, `count must be an integer, got the JSON number "1.5"`},
+		{"wrong type in a map", `{"labels":{"a":1}}`, "labels.a must be a string"},
+		{"lone surrogate", `{"id":"\ud800"}`, "surrogate"},
 		{"bad time", `{"at":"yesterday"}`, "not valid JSON for this endpoint"},
 		{"duplicate key", `{"id":"a","count":1,"id":"b"}`, `field "id" appears twice`},
 		{"duplicate key in a nested object", `{"inner":{"name":"a","name":"b"}}`, `field "inner.name" appears twice`},
@@ -86,7 +91,9 @@ func TestUnmarshal(t *testing.T) {
 func TestErrorsDoNotEchoTheInput(t *testing.T) {
 	t.Parallel()
 	long := strings.Repeat("K", 100_000)
-	for _, body := range []string{`{"` + long + `":1}`, `{"at":"` + long + `"}`, `{"inner":{"` + long + `":1}}`} {
+	for _, body := range []string{`{"` + long + `":1}`, `{"at":"` + long + `"}`, `{"inner":{"` + long + `":1}}`,
+		`{"labels":{"` + long + `":1}}`, `{"count":1` + strings.Repeat("1", 100_000) + `.5}`,
+		`{"labels":{"` + long + `":"a","` + long + `":"b"}}`, `{"labels":{"` + long + `":"\u0000"}}`} {
 		var v target
 		err := strictjson.Unmarshal([]byte(body), &v)
 		if err == nil || len(err.Error()) > 400 {

@@ -50,6 +50,7 @@ type Shim struct {
 	logger  *slog.Logger
 	metrics *Metrics
 	now     func() time.Time
+	sent    sentPayments
 }
 
 // New returns a shim forwarding to tp.
@@ -123,7 +124,7 @@ func request(ev event.Envelope) (req thirdparty.SettleRequest, p payment, ok boo
 }
 
 func (s *Shim) forward(ctx context.Context, ev event.Envelope, key string) error {
-	req, _, ok, err := request(ev)
+	req, p, ok, err := request(ev)
 	if err != nil || !ok {
 		if !ok {
 			s.logger.InfoContext(ctx, "shim ignores this event type", slog.String("event_type", ev.EventType),
@@ -135,6 +136,7 @@ func (s *Shim) forward(ctx context.Context, ev event.Envelope, key string) error
 	s.metrics.callError(OpSettle, err)
 	switch {
 	case err == nil:
+		s.sent.put(ev, req, p)
 		return nil
 	case errors.Is(err, thirdparty.ErrRejected):
 		return inbox.Permanent(err)
@@ -154,16 +156,21 @@ func (s *Shim) forward(ctx context.Context, ev event.Envelope, key string) error
 // it): the moment the payment is settled, as far as the platform can tell.
 // The counters are bumped before the commit, so a commit that fails and is
 // retried counts the forward twice; that is rare, and only ever over-counts.
+// A payment this process just forwarded comes from s.sent, decoded by the
+// call; the others (settled by Check, or a retried record) are decoded here.
 func (s *Shim) record(ctx context.Context, tx pgx.Tx, done []lease.DoneEvent) error {
 	fs := make([]Forward, 0, len(done))
 	ps := make([]payment, 0, len(done))
 	for _, d := range done {
-		req, p, ok, err := request(d.Event)
-		if err != nil {
-			return err
-		}
+		req, p, ok := s.sent.take(d.Event)
 		if !ok {
-			continue
+			var err error
+			if req, p, ok, err = request(d.Event); err != nil {
+				return err
+			}
+			if !ok {
+				continue
+			}
 		}
 		fs = append(fs, Forward{EventID: d.Event.EventID, EventType: d.Event.EventType, OrderID: p.OrderID,
 			Kind: req.Kind, Outcome: string(d.Outcome)})

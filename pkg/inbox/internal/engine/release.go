@@ -24,6 +24,11 @@ import (
 // that is not (its generation was dropped, the shutdown grace ended) stays
 // parked first, and the aggregate's next message releases it.
 func (c *Consumer) releaseParked(ctx context.Context, batch []fetched) error {
+	if c.shared.Released.empty() {
+		// Nothing to release (a requeued dead message is rare): no need to
+		// decode every envelope of the batch a second time to find its key.
+		return nil
+	}
 	type target struct {
 		k   AggregateKey
 		gen *generation

@@ -226,6 +226,14 @@ func (r *releases) Add(k AggregateKey) {
 	r.keys[k] = true
 }
 
+// empty reports whether no aggregate waits for its release, which is
+// nearly always: releaseParked then reads no envelope again.
+func (r *releases) empty() bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return len(r.keys) == 0
+}
+
 // take removes k and reports whether it was there.
 func (r *releases) take(k AggregateKey) bool {
 	r.mu.Lock()
