@@ -1,6 +1,7 @@
 package kafkasafe
 
 import (
+	"sync/atomic"
 	"time"
 
 	"github.com/segmentio/kafka-go"
@@ -41,6 +42,7 @@ type WriterConfig struct {
 type Writer struct {
 	*kafka.Writer
 	transport *kafka.Transport
+	closed    atomic.Bool // WriteMessages's own path refuses writes after Close, as kafka-go's does
 }
 
 // KafkaWriter returns the writer w wraps: the relay reads its batch limits
@@ -49,6 +51,7 @@ func (w *Writer) KafkaWriter() *kafka.Writer { return w.Writer }
 
 // Close flushes and closes the writer, then its transport.
 func (w *Writer) Close() error {
+	w.closed.Store(true)
 	err := w.Writer.Close()
 	w.transport.CloseIdleConnections()
 	return err
