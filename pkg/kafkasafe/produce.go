@@ -7,6 +7,8 @@ import (
 	"time"
 
 	"github.com/segmentio/kafka-go"
+	"github.com/segmentio/kafka-go/protocol"
+	produceAPI "github.com/segmentio/kafka-go/protocol/produce"
 )
 
 // WriteMessages writes msgs and returns once Kafka acknowledged them, as
@@ -34,47 +36,57 @@ func (w *Writer) WriteMessages(ctx context.Context, msgs ...kafka.Message) error
 	if w.closed.Load() {
 		return io.ErrClosedPipe
 	}
-	parts := w.direct(ctx, msgs)
-	if parts == nil {
+	leaders := w.direct(ctx, msgs)
+	if leaders == nil {
 		return w.Writer.WriteMessages(ctx, msgs...)
 	}
-	if len(parts) == 1 { // a lone partition: no goroutine to wait for
-		for p, idx := range parts {
-			return w.retry(ctx, msgs, idx, w.produce(ctx, msgs, p, idx))
+	var failed []bool      // per message: its partition's request failed
+	if len(leaders) == 1 { // one broker leads them all: no goroutine to wait for
+		for _, parts := range leaders {
+			failed = w.produce(ctx, msgs, parts, failed)
 		}
+	} else {
+		var (
+			mu sync.Mutex
+			wg sync.WaitGroup
+		)
+		for _, parts := range leaders {
+			wg.Go(func() {
+				f := w.produce(ctx, msgs, parts, nil)
+				mu.Lock()
+				defer mu.Unlock()
+				for i, bad := range f {
+					if bad {
+						if failed == nil {
+							failed = make([]bool, len(msgs))
+						}
+						failed[i] = true
+					}
+				}
+			})
+		}
+		wg.Wait()
 	}
-	errs := make(kafka.WriteErrors, len(msgs))
-	failed := false
-	var (
-		mu sync.Mutex
-		wg sync.WaitGroup
-	)
-	for p, idx := range parts {
-		wg.Go(func() {
-			err := w.retry(ctx, msgs, idx, w.produce(ctx, msgs, p, idx))
-			if err == nil {
-				return
-			}
-			mu.Lock()
-			defer mu.Unlock()
-			failed = true
-			spread(errs, idx, err)
-		})
-	}
-	wg.Wait()
-	if !failed {
+	if failed == nil {
 		return nil
 	}
-	return errs
+	return w.retry(ctx, msgs, failed)
 }
 
-// direct returns msgs' indexes per partition when the write can go as one
-// produce request per partition, nil when it must go through kafka-go's
-// writer.
-func (w *Writer) direct(ctx context.Context, msgs []kafka.Message) map[int][]int {
+// partition is one partition's messages in a write: their indexes, in
+// order.
+type partition struct {
+	id  int
+	idx []int
+}
+
+// direct returns msgs' partitions per leading broker when the write can go
+// as one produce request per broker, each partition's messages one record
+// batch; nil when it must go through kafka-go's writer.
+func (w *Writer) direct(ctx context.Context, msgs []kafka.Message) map[int][]partition {
 	kw := w.Writer
 	if len(msgs) == 0 || kw.Async || kw.Completion != nil || kw.Topic != "" || kw.Balancer == nil ||
-		kw.Logger != nil || kw.ErrorLogger != nil {
+		kw.Logger != nil || kw.ErrorLogger != nil || kw.RequiredAcks == kafka.RequireNone {
 		return nil
 	}
 	topic := msgs[0].Topic
@@ -90,90 +102,148 @@ func (w *Writer) direct(ctx context.Context, msgs []kafka.Message) map[int][]int
 			return nil
 		}
 	}
-	n, ok := w.partitionCount(ctx, topic)
+	leaderOf, ok := w.leaders(ctx, topic)
 	if !ok {
 		return nil
 	}
-	partitions := make([]int, n)
-	for i := range partitions {
-		partitions[i] = i
+	ids := make([]int, len(leaderOf))
+	for i := range ids {
+		ids[i] = i
 	}
-	parts := make(map[int][]int, min(len(msgs), n))
-	bytes := make(map[int]int64, min(len(msgs), n))
+	at := make(map[int]int, min(len(msgs), len(ids))) // partition -> index in its leader's list
+	leaders := map[int][]partition{}
+	bytes := make(map[int]int64, min(len(msgs), len(ids)))
 	for i := range msgs {
-		p := kw.Balancer.Balance(msgs[i], partitions...)
-		parts[p] = append(parts[p], i)
+		p := kw.Balancer.Balance(msgs[i], ids...)
+		if p < 0 || p >= len(ids) {
+			return nil
+		}
+		b := leaderOf[p]
+		j, seen := at[p]
+		if !seen {
+			j = len(leaders[b])
+			at[p] = j
+			leaders[b] = append(leaders[b], partition{id: p})
+		}
+		leaders[b][j].idx = append(leaders[b][j].idx, i)
 		bytes[p] += size(msgs[i])
 		// Where kafka-go would cut a partition's messages into several
-		// record batches, it goes: one request must be one record batch.
-		if len(parts[p]) > max(kw.BatchSize, 1) || bytes[p] > limit {
+		// record batches, it goes: one partition's messages must be one
+		// record batch.
+		if len(leaders[b][j].idx) > max(kw.BatchSize, 1) || bytes[p] > limit {
 			return nil
 		}
 	}
-	return parts
+	return leaders
 }
 
-// partitionCount is topic's partition count from the transport's metadata
-// (cached: no request while it is fresh); false when the transport does not
-// know the topic, for kafka-go's writer to report.
-func (w *Writer) partitionCount(ctx context.Context, topic string) (int, bool) {
+// leaders is the leading broker of each of topic's partitions, from the
+// transport's metadata (cached: no request while it is fresh); false when
+// the transport does not know the topic, for kafka-go's writer to report.
+func (w *Writer) leaders(ctx context.Context, topic string) ([]int, bool) {
 	md, err := w.client().Metadata(ctx, &kafka.MetadataRequest{Topics: []string{topic}})
 	if err != nil {
-		return 0, false
+		return nil, false
 	}
 	for _, t := range md.Topics {
-		if t.Name == topic && t.Error == nil && len(t.Partitions) > 0 {
-			return len(t.Partitions), true
+		if t.Name != topic || t.Error != nil || len(t.Partitions) == 0 {
+			continue
 		}
+		leaderOf := make([]int, len(t.Partitions))
+		for _, p := range t.Partitions {
+			if p.ID < 0 || p.ID >= len(leaderOf) {
+				return nil, false
+			}
+			leaderOf[p.ID] = p.Leader.ID
+		}
+		return leaderOf, true
 	}
-	return 0, false
+	return nil, false
 }
 
-// produce sends msgs[idx] to partition p as one record batch and waits for
-// the acknowledgement.
-func (w *Writer) produce(ctx context.Context, msgs []kafka.Message, p int, idx []int) error {
+// produce sends parts, partitions of one leading broker, in one produce
+// request, each partition's messages one record batch, and waits for the
+// acknowledgement. It marks in failed (allocated if nil) the messages of
+// the partitions that were not acknowledged, and returns it.
+func (w *Writer) produce(ctx context.Context, msgs []kafka.Message, parts []partition, failed []bool) []bool {
 	kw := w.Writer
-	records := make([]kafka.Record, len(idx))
-	for j, i := range idx {
-		m := &msgs[i]
-		records[j] = kafka.Record{Time: m.Time, Headers: m.Headers}
-		if m.Key != nil {
-			records[j].Key = kafka.NewBytes(m.Key)
+	topic := msgs[parts[0].idx[0]].Topic
+	req := &produceAPI.Request{Acks: int16(kw.RequiredAcks), Topics: []produceAPI.RequestTopic{{
+		Topic: topic, Partitions: make([]produceAPI.RequestPartition, len(parts)),
+	}}}
+	for k, p := range parts {
+		records := make([]kafka.Record, len(p.idx))
+		for j, i := range p.idx {
+			m := &msgs[i]
+			records[j] = kafka.Record{Time: m.Time, Headers: m.Headers}
+			if m.Key != nil {
+				records[j].Key = kafka.NewBytes(m.Key)
+			}
+			if m.Value != nil {
+				records[j].Value = kafka.NewBytes(m.Value)
+			}
 		}
-		if m.Value != nil {
-			records[j].Value = kafka.NewBytes(m.Value)
-		}
+		req.Topics[0].Partitions[k] = produceAPI.RequestPartition{Partition: int32(p.id), RecordSet: protocol.RecordSet{
+			Attributes: protocol.Attributes(kw.Compression) & 0x7, Records: kafka.NewRecordReader(records...),
+		}}
 	}
 	ctx, cancel := context.WithTimeout(ctx, w.writeTimeout())
 	defer cancel()
-	res, err := w.client().Produce(ctx, &kafka.ProduceRequest{
-		Topic: msgs[idx[0]].Topic, Partition: p, RequiredAcks: kw.RequiredAcks, Compression: kw.Compression,
-		Records: kafka.NewRecordReader(records...),
-	})
-	if err != nil {
-		return err
+	// The broker's own wait, half of what is left of ctx as kafka-go's
+	// client asks, so that its answer arrives before ctx ends.
+	req.Timeout = int32(max(time.Until(deadline(ctx))/2, time.Millisecond) / time.Millisecond)
+	res, err := w.roundTripper().RoundTrip(ctx, w.Addr, req)
+	acked := map[int32]bool{}
+	if r, ok := res.(*produceAPI.Response); err == nil && ok {
+		for _, t := range r.Topics {
+			for _, p := range t.Partitions {
+				if t.Topic == topic && p.ErrorCode == 0 {
+					acked[p.Partition] = true
+				}
+			}
+		}
 	}
-	if res != nil && res.Error != nil {
-		return res.Error
+	for _, p := range parts {
+		if acked[int32(p.id)] {
+			continue
+		}
+		if failed == nil {
+			failed = make([]bool, len(msgs))
+		}
+		for _, i := range p.idx {
+			failed[i] = true
+		}
 	}
-	return nil
+	return failed
 }
 
-// retry writes msgs[idx] again through kafka-go's writer when the direct
-// produce failed (err), so that the caller gets that writer's retries and
-// errors; it returns the outcome.
-func (w *Writer) retry(ctx context.Context, msgs []kafka.Message, idx []int, err error) error {
-	if err == nil {
-		return nil
-	}
+// retry writes the messages whose direct produce failed again through
+// kafka-go's writer, so that the caller gets that writer's retries and
+// errors, and returns the write's outcome.
+func (w *Writer) retry(ctx context.Context, msgs []kafka.Message, failed []bool) error {
 	if ctx.Err() != nil {
 		return ctx.Err()
+	}
+	var idx []int
+	for i, bad := range failed {
+		if bad {
+			idx = append(idx, i)
+		}
+	}
+	if len(idx) == len(msgs) {
+		return w.Writer.WriteMessages(ctx, msgs...)
 	}
 	again := make([]kafka.Message, len(idx))
 	for j, i := range idx {
 		again[j] = msgs[i]
 	}
-	return w.Writer.WriteMessages(ctx, again...)
+	err := w.Writer.WriteMessages(ctx, again...)
+	if err == nil {
+		return nil
+	}
+	errs := make(kafka.WriteErrors, len(msgs))
+	spread(errs, idx, err)
+	return errs
 }
 
 // spread records err, the outcome of writing msgs[idx] (a kafka.WriteErrors
@@ -192,6 +262,19 @@ func spread(errs kafka.WriteErrors, idx []int, err error) {
 
 func (w *Writer) client() *kafka.Client {
 	return &kafka.Client{Addr: w.Addr, Transport: w.Transport, Timeout: w.writeTimeout()}
+}
+
+func (w *Writer) roundTripper() kafka.RoundTripper {
+	if w.Transport != nil {
+		return w.Transport
+	}
+	return kafka.DefaultTransport
+}
+
+// deadline is ctx's deadline; ctx always has one here.
+func deadline(ctx context.Context) time.Time {
+	d, _ := ctx.Deadline()
+	return d
 }
 
 // writeTimeout is kafka-go's writer's WriteTimeout, with its default.
