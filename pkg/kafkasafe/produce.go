@@ -19,19 +19,23 @@ import (
 // A write the relays make at a steady rate holds a few messages, and
 // kafka-go's writer spends far more on its machinery per call than on the
 // messages: a timer and a goroutine per partition batch, room for BatchSize
-// messages allocated per partition, and four goroutine hand-offs before the
-// request leaves (about 250 µs of CPU and 1 ms of latency per call on the
-// dev stack, against 100 µs and 0.3 ms for the same produce request sent
-// directly). So a write whose every partition's messages fit one record
-// batch goes as one produce request per partition, straight through the
-// writer's transport, with the writer's acks, compression and write
-// timeout; a partition whose request fails is written again through
-// kafka-go's writer, whose retries and errors the caller then gets. Any
-// other write (a message near BatchBytes, more messages for one partition
-// than BatchSize, a topic the transport does not know yet, a writer
-// configured in a way this path does not reproduce) goes through kafka-go's
-// writer as it is. An aggregate's messages share a partition, so they share
-// one request and its fate, in order, either way.
+// messages allocated per partition, four goroutine hand-offs before a
+// request leaves, and a request per partition (about 250 µs of CPU and
+// 1 ms of latency per call of one message on the dev stack, against 100 µs
+// and 0.3 ms for the same produce request sent directly). So a write whose
+// every partition's messages fit one record batch goes as one produce
+// request per leading broker, each partition's messages one record batch,
+// straight through the writer's transport, with the writer's acks,
+// compression and write timeout. The partitions a broker did not
+// acknowledge are written again through kafka-go's writer, whose retries
+// and errors the caller then gets (a request that timed out may have been
+// appended: the messages are then written twice, in order, as kafka-go's
+// own retries would). Any other write (a message near BatchBytes, more
+// messages for one partition than BatchSize, a topic the transport does not
+// know yet, a writer configured in a way this path does not reproduce) goes
+// through kafka-go's writer as it is. An aggregate's messages share a
+// partition, so they share one record batch and its fate, in order, either
+// way.
 func (w *Writer) WriteMessages(ctx context.Context, msgs ...kafka.Message) error {
 	if w.closed.Load() {
 		return io.ErrClosedPipe
