@@ -35,6 +35,9 @@ import (
 //     Debezium's), and the rate the commits reached (events/s).
 //   - idle: three seconds with nothing to publish.
 //
+// ONCEFLOW_BENCH_CDC_FLUSH_DELAY (a duration) sets the child relay's
+// Config.FlushDelay, to weigh the CPU a longer wait for batch-mates saves at
+// the mid rates against the latency it adds.
 // ONCEFLOW_BENCH_CDC_CPUPROFILE=prefix writes the child's CPU profile of each
 // run to prefix-<phase>-<mode>.prof (go tool pprof takes the test binary),
 // ONCEFLOW_BENCH_CDC_MEMPROFILE=prefix its allocations to …mprof.

@@ -73,6 +73,7 @@ type cdcChildConfig struct {
 	Mode       string   `json:"mode"`
 	Want       int64    `json:"want"`
 	SampleHeap bool     `json:"sample_heap"` // costs the child some CPU: only where the peak heap is reported
+	FlushDelay string   `json:"flush_delay"` // Config.FlushDelay, "" for its default
 	CPUProfile string   `json:"cpuprofile"`
 	MemProfile string   `json:"memprofile"`
 }
@@ -209,6 +210,7 @@ func (e *cdcProcEnv) writers(tb testing.TB, n int) *pgxpool.Pool {
 func (e *cdcProcEnv) start(tb testing.TB, phase string) *cdcProc {
 	tb.Helper()
 	cfg := e.cfg
+	cfg.FlushDelay = os.Getenv("ONCEFLOW_BENCH_CDC_FLUSH_DELAY")
 	if prefix := os.Getenv("ONCEFLOW_BENCH_CDC_CPUPROFILE"); prefix != "" {
 		cfg.CPUProfile = fmt.Sprintf("%s-%s-%s.prof", prefix, phase, cfg.Mode)
 	}
@@ -266,8 +268,15 @@ func relayChild(conf string) int {
 	w := testenv.NewWriter(cfg.Brokers, kafkasafe.DefaultBatchSize)
 	defer w.Close()
 	acked := &childAckWriter{w: w, want: cfg.Want}
+	var flush time.Duration
+	if cfg.FlushDelay != "" {
+		if flush, err = time.ParseDuration(cfg.FlushDelay); err != nil {
+			fmt.Fprintln(os.Stderr, "relay child: ONCEFLOW_BENCH_CDC_FLUSH_DELAY:", err)
+			return 2
+		}
+	}
 	relay, err := cdc.NewRelay(pool, acked, cdc.Config{Slot: cfg.Slot, Mode: outbox.RelayMode(cfg.Mode),
-		Topic: func(string) string { return cfg.Topic }, Logger: benchLogger})
+		Topic: func(string) string { return cfg.Topic }, Logger: benchLogger, FlushDelay: flush})
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "relay child:", err)
 		return 2
