@@ -11,9 +11,10 @@ import (
 
 // DefaultBatchSize is WriterConfig.BatchSize's default. The relay cuts its
 // writes to fit one record batch per partition, so the size only bounds how
-// much of a backlog one write takes; kafka-go also allocates room for that
-// many messages per partition of every write, so a larger one costs memory
-// at a steady rate (issue 23).
+// much of a backlog one write takes, and which writes Writer.WriteMessages
+// sends itself (a partition's messages up to this many); kafka-go's writer,
+// which takes the others, allocates room for that many messages per
+// partition of every write, so a larger one costs memory (issue 23).
 const DefaultBatchSize = 100
 
 // DefaultBatchTimeout is WriterConfig.BatchTimeout's default: callers write
