@@ -94,9 +94,12 @@ func (w *Writer) direct(ctx context.Context, msgs []kafka.Message) map[int][]par
 		return nil
 	}
 	topic := msgs[0].Topic
-	limit := kw.BatchBytes
+	limit, count := kw.BatchBytes, kw.BatchSize
 	if limit <= 0 {
 		limit = 1 << 20 // kafka-go's default
+	}
+	if count <= 0 {
+		count = 100 // kafka-go's default
 	}
 	for i := range msgs {
 		// One topic per write (the relays write each topic on its own), and
@@ -134,7 +137,7 @@ func (w *Writer) direct(ctx context.Context, msgs []kafka.Message) map[int][]par
 		// Where kafka-go would cut a partition's messages into several
 		// record batches, it goes: one partition's messages must be one
 		// record batch.
-		if len(leaders[b][j].idx) > max(kw.BatchSize, 1) || bytes[p] > limit {
+		if len(leaders[b][j].idx) > count || bytes[p] > limit {
 			return nil
 		}
 	}
