@@ -1,8 +1,11 @@
 package kafkasafe_test
 
 import (
+	"bytes"
 	"context"
 	"encoding/hex"
+	"errors"
+	"io"
 	"slices"
 	"strconv"
 	"testing"
@@ -123,5 +126,49 @@ func TestNewWriterIsSafe(t *testing.T) {
 		if err != nil {
 			t.Fatalf("reading partition %d: %v", p, err)
 		}
+	}
+}
+
+// Writer.WriteMessages sends a write whose partitions each fit one record
+// batch as produce requests of its own, and answers as kafka-go's writer
+// does: a message the topic refuses (over its max.message.bytes) fails
+// alone in a kafka.WriteErrors, its batch-mates on other partitions are
+// written; a message over BatchBytes is a kafka.MessageTooLargeError naming
+// it; a write after Close is io.ErrClosedPipe.
+func TestWriterAnswersAsKafkaGo(t *testing.T) {
+	t.Parallel()
+	brokers := testenv.KafkaBrokers(t)
+	topic := testenv.Name("safe")
+	testenv.NewTopicNamed(t, brokers, topic, 6, kafka.ConfigEntry{ConfigName: "max.message.bytes", ConfigValue: "2048"})
+	w := kafkasafe.NewWriter(brokers, kafkasafe.WriterConfig{})
+	w.BatchBytes = 64 << 10
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	small := func(key string) kafka.Message {
+		return kafka.Message{Topic: topic, Key: []byte(key), Value: []byte("v")}
+	}
+	testenv.WaitFor(t, 20*time.Second, "the new topic to take writes", func() (bool, error) {
+		return w.WriteMessages(ctx, small("abc")) == nil, nil
+	})
+
+	// "abc" and "abcd" land on partitions 3 and 2 (TestNewWriterIsSafe).
+	big := kafka.Message{Topic: topic, Key: []byte("abcd"), Value: make([]byte, 4096)}
+	err := w.WriteMessages(ctx, small("abc"), big)
+	var we kafka.WriteErrors
+	if !errors.As(err, &we) || len(we) != 2 || we[0] != nil || !errors.Is(we[1], kafka.MessageSizeTooLarge) {
+		t.Fatalf("writing a message the topic refuses beside one it takes = %v, want WriteErrors [nil, %v]", err, kafka.MessageSizeTooLarge)
+	}
+
+	huge := kafka.Message{Topic: topic, Key: []byte("abcd"), Value: make([]byte, 128<<10)}
+	var tooLarge kafka.MessageTooLargeError
+	if err := w.WriteMessages(ctx, small("abc"), huge); !errors.As(err, &tooLarge) || !bytes.Equal(tooLarge.Message.Value, huge.Value) {
+		t.Fatalf("writing a message over BatchBytes = %v, want a kafka.MessageTooLargeError naming it", err)
+	}
+
+	if err := w.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := w.WriteMessages(ctx, small("abc")); !errors.Is(err, io.ErrClosedPipe) {
+		t.Fatalf("writing after Close = %v, want %v", err, io.ErrClosedPipe)
 	}
 }

@@ -1,6 +1,7 @@
 package kafkasafe
 
 import (
+	"sync/atomic"
 	"time"
 
 	"github.com/segmentio/kafka-go"
@@ -10,9 +11,10 @@ import (
 
 // DefaultBatchSize is WriterConfig.BatchSize's default. The relay cuts its
 // writes to fit one record batch per partition, so the size only bounds how
-// much of a backlog one write takes; kafka-go also allocates room for that
-// many messages per partition of every write, so a larger one costs memory
-// at a steady rate (issue 23).
+// much of a backlog one write takes, and which writes Writer.WriteMessages
+// sends itself (a partition's messages up to this many); kafka-go's writer,
+// which takes the others, allocates room for that many messages per
+// partition of every write, so a larger one costs memory (issue 23).
 const DefaultBatchSize = 100
 
 // DefaultBatchTimeout is WriterConfig.BatchTimeout's default. Callers write
@@ -48,6 +50,7 @@ type WriterConfig struct {
 type Writer struct {
 	*kafka.Writer
 	transport *kafka.Transport
+	closed    atomic.Bool // WriteMessages's own path refuses writes after Close, as kafka-go's does
 }
 
 // KafkaWriter returns the writer w wraps: the relay reads its batch limits
@@ -56,6 +59,7 @@ func (w *Writer) KafkaWriter() *kafka.Writer { return w.Writer }
 
 // Close flushes and closes the writer, then its transport.
 func (w *Writer) Close() error {
+	w.closed.Store(true)
 	err := w.Writer.Close()
 	w.transport.CloseIdleConnections()
 	return err

@@ -32,9 +32,10 @@ const RelayBatchSize = kafkasafe.DefaultBatchSize
 // producer: testdata/java-partitions.tsv holds the Java client's own
 // answers), connecting over PLAINTEXT unless WithSecurity adds TLS and SASL.
 //
-// batchSize caps the messages of one partition in one record batch; kafka-go
-// also allocates room for that many messages for each partition of every
-// write, however few it holds, so a caller that writes a few messages per
+// batchSize caps the messages of one partition in one record batch; kafka-go's
+// writer (which takes the writes kafkasafe.Writer does not send itself)
+// allocates room for that many messages for each partition of every write,
+// however few it holds, so a caller that writes a few messages per
 // partition at a time (a relay at a steady rate) should keep it small:
 // RelayBatchSize.
 func NewWriter(brokers []string, batchSize int, opts ...WriterOption) *Writer {

@@ -29,10 +29,15 @@ import (
 //     ONCEFLOW_BENCH_CDC_TX_EVENTS) events committed while the relay streams,
 //     drained: commit → the last event's ack, and the peak heap and RSS
 //     meanwhile (issue 23: ≤ 64 MB whatever the transaction's size).
-//   - rate=1000: one event per transaction at 1,000 commits/s for lagLoad:
-//     CPU and allocations per event at a steady rate.
+//   - rate=200, rate=1000, rate=5000: one event per transaction at that
+//     many commits a second for lagLoad: CPU and allocations per event at a
+//     steady rate (the rates make bench -only peers compares with
+//     Debezium's), and the rate the commits reached (events/s).
 //   - idle: three seconds with nothing to publish.
 //
+// ONCEFLOW_BENCH_CDC_FLUSH_DELAY (a duration) sets the child relay's
+// Config.FlushDelay, to weigh the CPU a longer wait for batch-mates saves at
+// the mid rates against the latency it adds.
 // ONCEFLOW_BENCH_CDC_CPUPROFILE=prefix writes the child's CPU profile of each
 // run to prefix-<phase>-<mode>.prof (go tool pprof takes the test binary),
 // ONCEFLOW_BENCH_CDC_MEMPROFILE=prefix its allocations to …mprof.
@@ -43,7 +48,9 @@ func BenchmarkCDCRelayProcess(b *testing.B) {
 			name = "mode=table"
 		}
 		b.Run("tx/"+name, func(b *testing.B) { benchCDCProcTx(b, mode) })
-		b.Run("rate=1000/"+name, func(b *testing.B) { benchCDCProcRate(b, mode, 1000) })
+		for _, rate := range []int{200, 1000, 5000} {
+			b.Run("rate="+strconv.Itoa(rate)+"/"+name, func(b *testing.B) { benchCDCProcRate(b, mode, rate) })
+		}
 	}
 	b.Run("idle/mode=table", benchCDCProcIdle)
 }
@@ -90,27 +97,38 @@ func benchCDCProcTx(b *testing.B, mode outbox.RelayMode) {
 
 func benchCDCProcRate(b *testing.B, mode outbox.RelayMode, rate int) {
 	ctx := context.Background()
-	var sum cdcProcDelta
+	var (
+		sum       cdcProcDelta
+		committed benchRate
+	)
 	events := 0
+	// One connection commits a few hundred to a couple of thousand
+	// transactions a second: more of them at the higher rates, so that the
+	// schedule, not the commits, sets the rate.
+	producers := max(lagProducers, rate/500)
 	for range b.N {
 		warmN := int(lagWarmUp.Seconds() * float64(rate))
 		n := int(lagLoad.Seconds() * float64(rate))
 		e := newCDCProcEnv(b, mode, warmN+n)
-		p := e.start(b, "rate")
-		if _, err := benchTrickle(ctx, e.pool, cdc.Write(mode), rate, warmN, newBenchClock()); err != nil {
+		pool := e.writers(b, producers)
+		p := e.start(b, "rate"+strconv.Itoa(rate))
+		if _, err := benchTrickleFrom(ctx, pool, cdc.Write(mode), rate, warmN, producers, newBenchClock()); err != nil {
 			b.Fatal(err)
 		}
 		p.waitAcked(b, int64(warmN), time.Minute)
 		before := p.mark(b)
-		if _, err := benchTrickle(ctx, e.pool, cdc.Write(mode), rate, n, newBenchClock()); err != nil {
+		start := time.Now()
+		if _, err := benchTrickleFrom(ctx, pool, cdc.Write(mode), rate, n, producers, newBenchClock()); err != nil {
 			b.Fatal(err)
 		}
+		committed.Add(n, time.Since(start))
 		after := p.waitAcked(b, int64(warmN+n), time.Minute)
 		sum.add(before, after)
 		events += n
 		p.stop(b)
 	}
 	b.ReportMetric(0, "ns/op")
+	b.ReportMetric(committed.PerSecond(), "events/s")
 	sum.report(b, events)
 }
 

@@ -80,8 +80,10 @@ type Config struct {
 	// waiting; then the stream waits for it. Default 4 × BatchSize.
 	MaxInFlight int
 	// FlushDelay is how long committed events wait for more to join their
-	// batch before they are written. Default 2ms: the stream usually has
-	// the next commit already buffered, and a long delay is pure latency.
+	// batch before they are written, while events flow: an event that finds
+	// its topic's lane idle for longer than this goes at once. Default 2ms:
+	// the stream usually has the next commit already buffered, and a long
+	// delay is pure latency.
 	FlushDelay time.Duration
 	// StatusInterval is how often the relay reports its confirmed position
 	// to the server (and asks for a keepalive while idle, so an idle slot's

@@ -60,10 +60,18 @@ func (r *Relay) newLane(topic string, acked chan<- laneAck, holds map[string]hol
 }
 
 // run publishes until ctx ends. A batch is whatever the queue holds, up to
-// BatchSize, after waiting FlushDelay for more to join a short one.
+// BatchSize, after waiting FlushDelay for more to join a short one while
+// events flow: an event that finds the lane idle since longer than
+// FlushDelay (a relay at a low rate, one event every few milliseconds)
+// goes at once, since nothing would join it, and waiting only added the
+// delay and a timer's wake-up to every event.
 func (l *lane) run(ctx context.Context) {
 	defer l.r.topicUp(l.topic) // a lane that stops is no longer down
 	batch := make([]cdcEvent, 0, l.r.cfg.BatchSize)
+	flush := time.NewTimer(time.Hour)
+	flush.Stop()
+	defer flush.Stop()
+	var published time.Time // when the last batch was acknowledged
 	for {
 		batch = batch[:0]
 		select {
@@ -72,21 +80,33 @@ func (l *lane) run(ctx context.Context) {
 		case <-ctx.Done():
 			return
 		}
-		flush := time.NewTimer(l.r.cfg.FlushDelay)
-	fill:
+		// What queued up while the last batch was in flight joins at once.
+	queued:
 		for len(batch) < l.r.cfg.BatchSize {
 			select {
 			case ev := <-l.in:
 				batch = append(batch, ev)
-			case <-flush.C:
-				break fill
-			case <-ctx.Done():
-				flush.Stop()
-				return
+			default:
+				break queued
 			}
 		}
-		flush.Stop()
+		if len(batch) < l.r.cfg.BatchSize && time.Since(published) < l.r.cfg.FlushDelay {
+			flush.Reset(l.r.cfg.FlushDelay)
+		fill:
+			for len(batch) < l.r.cfg.BatchSize {
+				select {
+				case ev := <-l.in:
+					batch = append(batch, ev)
+				case <-flush.C:
+					break fill
+				case <-ctx.Done():
+					return
+				}
+			}
+			flush.Stop()
+		}
 		ok, err := l.publish(ctx, batch)
+		published = time.Now()
 		var a laneAck
 		switch {
 		case err != nil:

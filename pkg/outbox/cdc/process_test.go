@@ -25,9 +25,9 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/segmentio/kafka-go"
 
+	"github.com/onceflow/onceflow/pkg/kafkasafe"
 	"github.com/onceflow/onceflow/pkg/outbox"
 	"github.com/onceflow/onceflow/pkg/outbox/cdc"
-	"github.com/onceflow/onceflow/pkg/outbox/internal/defaults"
 	"github.com/onceflow/onceflow/pkg/testenv"
 )
 
@@ -73,6 +73,7 @@ type cdcChildConfig struct {
 	Mode       string   `json:"mode"`
 	Want       int64    `json:"want"`
 	SampleHeap bool     `json:"sample_heap"` // costs the child some CPU: only where the peak heap is reported
+	FlushDelay string   `json:"flush_delay"` // Config.FlushDelay, "" for its default
 	CPUProfile string   `json:"cpuprofile"`
 	MemProfile string   `json:"memprofile"`
 }
@@ -185,10 +186,31 @@ func newCDCProcEnv(tb testing.TB, mode outbox.RelayMode, want int) *cdcProcEnv {
 	}}
 }
 
+// writers is a pool of n connections to e's database, for n committing
+// producers (benchTrickleFrom).
+func (e *cdcProcEnv) writers(tb testing.TB, n int) *pgxpool.Pool {
+	tb.Helper()
+	if n <= 4 { // pgxpool's default size on a machine of few cores
+		return e.pool
+	}
+	pc, err := pgxpool.ParseConfig(e.cfg.DB)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	pc.MaxConns = int32(n)
+	pool, err := pgxpool.NewWithConfig(context.Background(), pc)
+	if err != nil {
+		tb.Fatalf("opening pool: %v", err)
+	}
+	tb.Cleanup(pool.Close)
+	return pool
+}
+
 // start starts the child and waits until it streams.
 func (e *cdcProcEnv) start(tb testing.TB, phase string) *cdcProc {
 	tb.Helper()
 	cfg := e.cfg
+	cfg.FlushDelay = os.Getenv("ONCEFLOW_BENCH_CDC_FLUSH_DELAY")
 	if prefix := os.Getenv("ONCEFLOW_BENCH_CDC_CPUPROFILE"); prefix != "" {
 		cfg.CPUProfile = fmt.Sprintf("%s-%s-%s.prof", prefix, phase, cfg.Mode)
 	}
@@ -240,11 +262,21 @@ func relayChild(conf string) int {
 		return 2
 	}
 	defer pool.Close()
-	w := testenv.NewWriter(cfg.Brokers, defaults.BatchSize)
+	// The services' relay writer (platform/kafkautil.RelayBatchSize), which
+	// make bench -only peers runs beside Debezium: kafka-go allocates room
+	// for its BatchSize messages in every partition's record batch.
+	w := testenv.NewWriter(cfg.Brokers, kafkasafe.DefaultBatchSize)
 	defer w.Close()
 	acked := &childAckWriter{w: w, want: cfg.Want}
+	var flush time.Duration
+	if cfg.FlushDelay != "" {
+		if flush, err = time.ParseDuration(cfg.FlushDelay); err != nil {
+			fmt.Fprintln(os.Stderr, "relay child: ONCEFLOW_BENCH_CDC_FLUSH_DELAY:", err)
+			return 2
+		}
+	}
 	relay, err := cdc.NewRelay(pool, acked, cdc.Config{Slot: cfg.Slot, Mode: outbox.RelayMode(cfg.Mode),
-		Topic: func(string) string { return cfg.Topic }, Logger: benchLogger})
+		Topic: func(string) string { return cfg.Topic }, Logger: benchLogger, FlushDelay: flush})
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "relay child:", err)
 		return 2

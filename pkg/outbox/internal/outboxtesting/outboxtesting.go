@@ -259,6 +259,13 @@ const (
 // slow the schedule), and records in committed when each transaction's
 // Commit returned.
 func Trickle(ctx context.Context, pool *pgxpool.Pool, write cdc.WriteFunc, rate, n int, committed *Clock) ([]string, error) {
+	return TrickleFrom(ctx, pool, write, rate, n, LagProducers, committed)
+}
+
+// TrickleFrom is Trickle with producers committing connections: a rate
+// above what LagProducers commit one after the other (a few thousand a
+// second) needs more of them, and pool at least as many connections.
+func TrickleFrom(ctx context.Context, pool *pgxpool.Pool, write cdc.WriteFunc, rate, n, producers int, committed *Clock) ([]string, error) {
 	ids := make([]string, n)
 	for i := range ids {
 		ids[i] = uuid.NewString()
@@ -278,7 +285,7 @@ func Trickle(ctx context.Context, pool *pgxpool.Pool, write cdc.WriteFunc, rate,
 		mu       sync.Mutex
 		firstErr error
 	)
-	for range LagProducers {
+	for range producers {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
