@@ -15,24 +15,32 @@ import (
 
 // BenchmarkWriteLatency is what one synchronous write of a few messages
 // waits for, the relay's case (it writes a claimed batch and waits for the
-// acks), by BatchTimeout: kafka-go holds every partial batch for
-// BatchTimeout before it sends it, even when the caller has nothing more to
-// add, so the timeout is latency on every write.
+// acks): through kafka-go's writer by BatchTimeout (it holds every partial
+// batch that long before it sends it, even when the caller has nothing more
+// to add), and through Writer.WriteMessages's own produce requests.
 func BenchmarkWriteLatency(b *testing.B) {
 	brokers := testenv.KafkaBrokers(b)
 	topic := testenv.NewTopic(b, brokers, 6)
 	for _, msgs := range []int{1, 10} {
-		for _, timeout := range []time.Duration{200 * time.Microsecond, time.Microsecond} {
-			b.Run(fmt.Sprintf("msgs=%d/timeout=%v", msgs, timeout), func(b *testing.B) {
-				w := kafkasafe.NewWriter(brokers, kafkasafe.WriterConfig{BatchTimeout: timeout})
+		for _, path := range []struct {
+			name    string
+			timeout time.Duration
+			direct  bool
+		}{{"kafka-go/timeout=200µs", 200 * time.Microsecond, false}, {"kafka-go/timeout=1µs", time.Microsecond, false}, {"direct", 0, true}} {
+			b.Run(fmt.Sprintf("msgs=%d/%s", msgs, path.name), func(b *testing.B) {
+				w := kafkasafe.NewWriter(brokers, kafkasafe.WriterConfig{BatchTimeout: path.timeout})
 				defer w.Close()
+				write := w.Writer.WriteMessages // kafka-go's writer
+				if path.direct {
+					write = w.WriteMessages
+				}
 				batch := make([]kafka.Message, msgs)
 				for i := range batch {
 					batch[i] = kafka.Message{Topic: topic, Key: []byte(fmt.Sprint("k", i)), Value: []byte("v")}
 				}
 				ctx := context.Background()
 				testenv.WaitFor(b, 20*time.Second, "the topic to take writes", func() (bool, error) {
-					return w.WriteMessages(ctx, batch...) == nil, nil
+					return write(ctx, batch...) == nil, nil
 				})
 				const writes = 400
 				lat := make([]time.Duration, 0, writes)
@@ -41,7 +49,7 @@ func BenchmarkWriteLatency(b *testing.B) {
 					lat = lat[:0]
 					for range writes {
 						t0 := time.Now()
-						if err := w.WriteMessages(ctx, batch...); err != nil {
+						if err := write(ctx, batch...); err != nil {
 							b.Fatal(err)
 						}
 						lat = append(lat, time.Since(t0))
