@@ -183,7 +183,7 @@ bench-inbox: up ## Run billing's consumption benchmarks: events/s, dup/clean rat
 .PHONY: bench
 # BASE=<rev> also runs every k6 scenario against that revision's programs,
 # alternated with the working tree's, and prints each figure's ratio.
-bench: up k6 ## Run every benchmark and k6 scenario in one go: ratios table, BENCHMARKS.md results, benchmarks/*.json|svg (~19 min; BENCH_ARGS, BASE=rev for a same-run A/B)
+bench: up k6 ## Run every benchmark and k6 scenario in one go: BENCHMARKS.md's headline and detail, benchmarks/history/, benchmarks/*.json|svg (~20 min; BENCH_ARGS, BASE=rev for a same-run A/B)
 	go run ./loadtest/bench/cmd/bench $(if $(BASE),-base $(BASE)) $(BENCH_ARGS)
 
 # k6 built with xk6 and the project's extension (loadtest/xk6-onceflow), every
