@@ -185,8 +185,8 @@ func detailsMarkdown(res Results, o options) string {
 			b.WriteString("\nEvery run's windows (ramp: each step's plateau; steady and soak: the whole load), from the databases and /proc:\n\n")
 			b.WriteString(windowsTable(measured))
 			for _, r := range measured {
-				if r.Side != "" || r.Round > 0 {
-					continue // the page stays short: the base's are in the JSON
+				if r.Side != "" || r.Round > 0 || (r.Key != "ramp" && r.Key != "outbox") {
+					continue // the page stays short: the others are in the JSON
 				}
 				if st := stagesTable(r.Windows); st != "" {
 					fmt.Fprintf(&b, "\nWhere an order's time goes, %s: p50 / p99 of each step, from the databases' timestamps (stages.go says which):\n\n", r.label())

@@ -110,8 +110,8 @@ func statementsTable(runs []Run) string {
 	var b strings.Builder
 	var first *Run
 	for i, r := range runs {
-		if len(r.StatementsPerOrder) == 0 {
-			continue
+		if len(r.StatementsPerOrder) == 0 || (r.Key != "ramp" && r.Key != "outbox") {
+			continue // the steady run and the ramp; the others are in the JSON
 		}
 		if first == nil {
 			b.WriteString("| run | orders | billing | shim | all |\n|---|---|---|---|---|\n")
@@ -125,7 +125,7 @@ func statementsTable(runs []Run) string {
 	}
 	fmt.Fprintf(&b, "\nThe statements of %s that ran at least once per ten orders or took at least 5 µs per order, with their execution time per order:\n\n| program | per order | µs per order | statement |\n|---|---|---|---|\n", first.label())
 	for i, s := range first.TopStatements {
-		if i == 12 {
+		if i == 10 {
 			fmt.Fprintf(&b, "| | | | (%d more in the JSON) |\n", len(first.TopStatements)-i)
 			break
 		}
