@@ -2,6 +2,7 @@ package rig
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -39,30 +40,26 @@ func (p *Platform) adminURL(name string) string {
 // debug listener, or, for a binary without one, from pprof on its operator
 // listener.
 func (p *Platform) Profile(ctx context.Context, name string, d time.Duration, path string) error {
-	secs := max(1, int(d.Round(time.Second)/time.Second))
-	var errs []error
-	for _, src := range []struct{ url, token string }{
-		{p.DebugURLs[name], ""}, {p.adminURL(name), p.AdminToken},
-	} {
-		if src.url == "" {
-			continue
-		}
-		err := fetchProfile(ctx, fmt.Sprintf("%s/debug/pprof/profile?seconds=%d", src.url, secs), src.token, path)
-		if err == nil {
-			return nil
-		}
-		errs = append(errs, err)
-		if ctx.Err() != nil {
-			break
-		}
+	if err := p.pprof(ctx, name, "profile", d, path); err != nil {
+		return fmt.Errorf("profiling %s: %v", name, err)
 	}
-	return fmt.Errorf("profiling %s: %v", name, errs)
+	return nil
 }
 
 // Trace writes an execution trace of program name over d to path (go tool
 // trace; `go tool trace -pprof=sync|net|sched path` says where goroutines
-// blocked), from its debug listener or pprof on its operator listener.
+// blocked), from the same listeners as Profile.
 func (p *Platform) Trace(ctx context.Context, name string, d time.Duration, path string) error {
+	if err := p.pprof(ctx, name, "trace", d, path); err != nil {
+		return fmt.Errorf("tracing %s: %v", name, err)
+	}
+	return nil
+}
+
+// pprof fetches /debug/pprof/<kind>?seconds=… of program name into path,
+// from its debug listener, else from its operator listener with the token;
+// the error lists each listener's.
+func (p *Platform) pprof(ctx context.Context, name, kind string, d time.Duration, path string) error {
 	secs := max(1, int(d.Round(time.Second)/time.Second))
 	var errs []error
 	for _, src := range []struct{ url, token string }{
@@ -71,7 +68,7 @@ func (p *Platform) Trace(ctx context.Context, name string, d time.Duration, path
 		if src.url == "" {
 			continue
 		}
-		err := fetchProfile(ctx, fmt.Sprintf("%s/debug/pprof/trace?seconds=%d", src.url, secs), src.token, path)
+		err := fetchProfile(ctx, fmt.Sprintf("%s/debug/pprof/%s?seconds=%d", src.url, kind, secs), src.token, path)
 		if err == nil {
 			return nil
 		}
@@ -80,7 +77,10 @@ func (p *Platform) Trace(ctx context.Context, name string, d time.Duration, path
 			break
 		}
 	}
-	return fmt.Errorf("tracing %s: %v", name, errs)
+	if len(errs) == 0 {
+		return errors.New("no debug or operator listener")
+	}
+	return errors.Join(errs...)
 }
 
 func fetchProfile(ctx context.Context, url, token, path string) error {
