@@ -280,9 +280,42 @@ func (p *Platform) K6Env() []string {
 		"ORDERS_URL=" + p.OrdersURL, "BILLING_URL=" + p.BillingURL, "SHIM_URL=" + p.ShimURL,
 		"RECONCILER_URL=" + p.ReconcilerURL,
 		"ORDERS_ADMIN_URL=" + p.OrdersAdminURL, "BILLING_ADMIN_URL=" + p.BillingAdminURL, "SHIM_ADMIN_URL=" + p.ShimAdminURL,
-		"ORDERS_DB=" + p.OrdersDB, "BILLING_DB=" + p.BillingDB, "SHIM_DB=" + p.ShimDB,
+		"ORDERS_DB=" + k6DB(p.OrdersDB), "BILLING_DB=" + k6DB(p.BillingDB), "SHIM_DB=" + k6DB(p.ShimDB),
 		"KAFKA_BROKERS=" + strings.Join(p.Brokers, ","), "ORDERS_TOPIC=" + p.OrdersTopic,
 	}
+}
+
+// K6ApplicationName is the application_name of k6's connections to the
+// databases (K6Env), so that the Postgres backends serving k6's own queries
+// (its settlement poll, its audit) can be told from the platform's and
+// charged to k6 (K6BackendPIDs).
+const K6ApplicationName = "onceflow-k6"
+
+// k6DB is dbURL with k6's application_name.
+func k6DB(dbURL string) string {
+	u, err := url.Parse(dbURL)
+	if err != nil {
+		return dbURL
+	}
+	q := u.Query()
+	q.Set("application_name", K6ApplicationName)
+	u.RawQuery = q.Encode()
+	return u.String()
+}
+
+// K6BackendPIDs returns the pids of the Postgres backends of the server at
+// pgURL connected with K6ApplicationName now.
+func K6BackendPIDs(ctx context.Context, pgURL string) ([]int, error) {
+	conn, err := pgx.Connect(ctx, pgURL)
+	if err != nil {
+		return nil, err
+	}
+	defer conn.Close(ctx)
+	rows, err := conn.Query(ctx, `SELECT pid FROM pg_stat_activity WHERE application_name = $1`, K6ApplicationName)
+	if err != nil {
+		return nil, err
+	}
+	return pgx.CollectRows(rows, pgx.RowTo[int])
 }
 
 func (p *Platform) createDatabase(ctx context.Context, name string) (string, error) {

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"encoding/json"
 	"io"
 	"math"
@@ -8,7 +9,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+
 	"github.com/onceflow/onceflow/loadtest/bench/rig"
+	"github.com/onceflow/onceflow/platform/testinfra"
 )
 
 // The relay's counters are what the bench's samples keep.
@@ -359,5 +363,49 @@ func TestStatementsTableNamesEachProgramAndTheFrequentStatements(t *testing.T) {
 	}
 	if statementsTable([]Run{{Key: "ramp"}}) != "" {
 		t.Error("no counts, yet a table")
+	}
+}
+
+// The Postgres backends serving k6 (its settlement poll, its audit) are
+// k6's work, not the platform's: their CPU moves from "postgres" to "k6",
+// and stays moved after they end.
+func TestK6sQueriesAreChargedToK6(t *testing.T) {
+	pgURL := testinfra.NewDatabase(t)
+	ctx := context.Background()
+	cfg, err := pgx.ParseConfig(pgURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.RuntimeParams["application_name"] = rig.K6ApplicationName
+	conn, err := pgx.ConnectConfig(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Work that shows in /proc: a few hundred ms of a backend's CPU.
+	if _, err := conn.Exec(ctx, `SELECT count(*) FROM generate_series(1, 5000000)`); err != nil {
+		t.Fatal(err)
+	}
+	p := &rig.Platform{OrdersDB: pgURL, BillingDB: pgURL, ShimDB: pgURL}
+	for _, kv := range p.K6Env() {
+		if strings.HasSuffix(strings.SplitN(kv, "=", 2)[0], "_DB") && !strings.Contains(kv, "application_name="+rig.K6ApplicationName) {
+			t.Errorf("k6's %s does not name k6 as its application", kv)
+		}
+	}
+	s := &sampler{pgURL: pgURL}
+	cpu := map[string]time.Duration{"postgres": time.Hour, "k6": time.Minute}
+	s.chargeK6Queries(cpu)
+	moved := time.Hour - cpu["postgres"]
+	if moved < 50*time.Millisecond || cpu["k6"] != time.Minute+moved {
+		t.Fatalf("after the charge: postgres %v, k6 %v; want some of k6's backend's CPU (≥ 50 ms) moved from one to the other", cpu["postgres"], cpu["k6"])
+	}
+	conn.Close(ctx)
+	testinfra.WaitFor(t, 10*time.Second, "k6's backend to end", func() (bool, error) {
+		pids, err := rig.K6BackendPIDs(ctx, pgURL)
+		return len(pids) == 0, err
+	})
+	again := map[string]time.Duration{"postgres": time.Hour, "k6": time.Minute}
+	s.chargeK6Queries(again)
+	if time.Hour-again["postgres"] < moved {
+		t.Errorf("once k6's backend ended, %v moved, want at least the %v it was seen with", time.Hour-again["postgres"], moved)
 	}
 }

@@ -454,7 +454,7 @@ func runPlatform(ctx context.Context, o options, res *Results, getenv func(strin
 			stmtProblem = true
 			res.Problems = append(res.Problems, "statements per order: pg_stat_statements is not loaded (a stack from before devstack/stack.sh preloaded it: make down && make up): "+stmtErr.Error())
 		}
-		smp := startSampler(p, servers, time.Second)
+		smp := startSampler(p, servers, adminURL(getenv), time.Second)
 		profiled := profileDuring(ctx, o, p, label, shape, say)
 		r, err := rig.K6(ctx, k6, filepath.Join(o.root, "loadtest", "k6", script), p, indent(stdout), vars...)
 		samples := smp.finish()
