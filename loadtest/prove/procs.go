@@ -74,6 +74,14 @@ type Proc struct {
 	// arm returns the extra environment of the next start: the crash point
 	// the harness arms for it, or nothing.
 	arm func() map[string]string
+	// armed is the environment arm gave the current lifetime; unspent is
+	// set when that lifetime ended by itself (a start that failed because
+	// a server was down) and so never reached its crash point: the next
+	// start gets the same arming instead of spending another of arm's
+	// budget (chaos asks for three kills of the shim; a Postgres fault
+	// that failed three starts in a row used to spend all three).
+	armed   map[string]string
+	unspent bool
 	// scrape lists the counters to follow across restarts (see Counter).
 	scrape []string
 
@@ -119,10 +127,15 @@ func (p *Proc) Start(ctx context.Context) error {
 	return nil
 }
 
-// spawn starts one lifetime with the next arming.
+// spawn starts one lifetime with the next arming, or the last one again
+// when the lifetime it was given did not use it (unspent).
 func (p *Proc) spawn(ctx context.Context) error {
 	if p.arm != nil {
-		p.hp.SetEnv(p.arm())
+		if !p.unspent || p.armed == nil {
+			p.armed = p.arm()
+		}
+		p.unspent = false
+		p.hp.SetEnv(p.armed)
 	}
 	return p.hp.Start(ctx)
 }
@@ -145,6 +158,7 @@ func (p *Proc) supervise(done chan struct{}) {
 		if !killed && !p.stopping {
 			p.exits++
 			p.lastExit = fmt.Sprintf("%s: %v", time.Now().UTC().Format(time.RFC3339), err)
+			p.unspent = true
 		}
 		stopping := p.stopping
 		p.mu.Unlock()
