@@ -26,8 +26,12 @@ func TestTailShowsTheLastRecordsWithTheirHeaders(t *testing.T) {
 	}
 	w := kafkautil.NewWriter(brokers, 10)
 	defer w.Close()
+	// Each record its own millisecond: tail orders by record time, and four
+	// writes can all land within one millisecond (its order within one is
+	// the partitions').
+	t0 := time.Now().Add(-time.Minute).Truncate(time.Millisecond)
 	for i, key := range []string{"a", "b", "c", "a"} {
-		if err := w.WriteMessages(ctx, kafka.Message{Topic: topic, Key: []byte(key), Value: []byte(`{"n":` + string(rune('0'+i)) + `}`),
+		if err := w.WriteMessages(ctx, kafka.Message{Topic: topic, Time: t0.Add(time.Duration(i) * time.Millisecond), Key: []byte(key), Value: []byte(`{"n":` + string(rune('0'+i)) + `}`),
 			Headers: []kafka.Header{{Key: "event-type", Value: []byte("Thing")}, {Key: "seq", Value: []byte{byte('0' + i)}}}}); err != nil {
 			t.Fatal(err)
 		}
